@@ -1,0 +1,442 @@
+"""The NATS bus: typed publish/subscribe/request over catalog entries, JetStream streams and KV.
+
+Every publish carries W3C trace context in headers and runs in a producer span; every handler
+runs in a consumer span whose parent is the producer's. A message that fails to decode is
+logged with its subject and sent to `dra.v1.deadletter.<consumer>`; the consumer keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType, StreamConfig
+from nats.js.kv import KeyValue
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from shared.events.base import Message, now_unix
+from shared.events.catalog import (
+    BUCKETS,
+    DEAD_LETTER,
+    STREAMS,
+    Bucket,
+    Entry,
+)
+from shared.events.deadletter import DeadLetter
+from shared.logs import get_logger
+from shared.telemetry import extract_context, inject_headers
+
+log = get_logger(__name__)
+tracer = trace.get_tracer(__name__)
+
+M = TypeVar("M", bound=Message)
+R = TypeVar("R", bound=Message)
+
+_ENCODER = msgspec.json.Encoder()
+_CONSUMER_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class BusError(RuntimeError):
+    """The bus could not do what was asked (not connected, no reply, bad reply)."""
+
+
+@dataclass
+class MsgContext:
+    """What a handler may want besides the decoded message."""
+
+    subject: str
+    headers: dict[str, str] = field(default_factory=dict)
+    raw: Msg | None = None
+
+
+Handler = Callable[[M, MsgContext], Awaitable[None]]
+RequestHandler = Callable[[M], Awaitable[Message]]
+
+
+def encode(message: Message) -> bytes:
+    return _ENCODER.encode(message)
+
+
+def consumer_token(name: str) -> str:
+    """A consumer name made safe as one subject token and durable name."""
+    return _CONSUMER_NAME.sub("_", name) or "consumer"
+
+
+class TypedKV(Generic[M]):
+    """A JetStream KV bucket whose values are one message type."""
+
+    def __init__(self, bus: Bus, bucket: Bucket, kv: KeyValue) -> None:
+        self._bus = bus
+        self.bucket = bucket
+        self._kv = kv
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(bucket.message)
+
+    def _decode(self, key: str, raw: bytes | None) -> M | None:
+        if raw is None or raw == b"":
+            return None
+        try:
+            value: M = self._decoder.decode(raw)
+            return value
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.error("undecodable KV value skipped", bucket=self.bucket.name, key=key, error=str(exc))
+            return None
+
+    async def get(self, key: str) -> M | None:
+        try:
+            entry = await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return self._decode(key, entry.value)
+
+    async def put(self, key: str, value: Message) -> int:
+        """Write a value; the write carries trace context like any publish."""
+        ack = await self._bus.js.publish(
+            f"$KV.{self.bucket.name}.{key}", encode(value), headers=inject_headers()
+        )
+        return int(ack.seq)
+
+    async def delete(self, key: str) -> None:
+        try:
+            await self._kv.delete(key)
+        except nats.js.errors.KeyNotFoundError:
+            return
+
+    async def keys(self) -> list[str]:
+        try:
+            return list(await self._kv.keys())
+        except nats.js.errors.NoKeysError:
+            return []
+
+    async def items(self) -> dict[str, M]:
+        out: dict[str, M] = {}
+        for key in await self.keys():
+            value = await self.get(key)
+            if value is not None:
+                out[key] = value
+        return out
+
+    async def watch(self, keys: str = ">") -> AsyncIterator[tuple[str, M | None]]:
+        """Current values, then every change: (key, value) with value None for a delete.
+
+        An empty marker (key "") separates the initial values from live updates.
+        """
+        watcher = await self._kv.watch(keys)
+        try:
+            while True:
+                try:
+                    entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
+                except nats.errors.TimeoutError:
+                    continue
+                if entry is None:
+                    yield "", None
+                    continue
+                if entry.operation in ("DEL", "PURGE"):
+                    yield entry.key, None
+                else:
+                    yield entry.key, self._decode(entry.key, entry.value)
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+class Bus:
+    """A connected NATS client with JetStream, bound to the event catalog."""
+
+    def __init__(self, nc: NatsClient, name: str) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.name = name
+        self._subs: list[Subscription] = []
+        self._kv_cache: dict[str, TypedKV[Any]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str,
+        connect_timeout: float = 2.0,
+        initial_attempts: int = 30,
+        reconnect_wait: float = 0.25,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> Bus:
+        """Connect with backoff; once connected, reconnect forever on loss."""
+
+        async def on_disconnect() -> None:
+            log.warning("nats disconnected", client=name)
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected", client=name, server=str(nc.connected_url.netloc if nc.connected_url else ""))
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error", client=name, error=str(exc) or type(exc).__name__)
+
+        delay = 0.1
+        last_error: Exception | None = None
+        for _attempt in range(max(1, initial_attempts)):
+            nc = NatsClient()
+            try:
+                await nc.connect(
+                    servers=url.split(","),
+                    name=name,
+                    connect_timeout=int(max(1, connect_timeout)),
+                    reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
+                    max_reconnect_attempts=-1,
+                    allow_reconnect=True,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                    error_cb=on_error,
+                    user=user,
+                    password=password,
+                    ping_interval=5,
+                    max_outstanding_pings=2,
+                )
+                return cls(nc, name)
+            except Exception as exc:  # noqa: BLE001 - any connect failure is retried
+                last_error = exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise BusError(
+            f"cannot connect to NATS at {url} after {initial_attempts} attempts: {last_error}; "
+            "check GPU_DRA_NATS_URL and that the server is up"
+        )
+
+    async def provision(self) -> None:
+        """Create or update the catalog's streams and KV buckets (idempotent)."""
+        for stream in STREAMS:
+            config = StreamConfig(
+                name=stream.name,
+                subjects=list(stream.subjects),
+                max_age=stream.max_age_s,
+                max_bytes=stream.max_bytes,
+                storage=StorageType.FILE,
+                duplicate_window=120.0,
+            )
+            try:
+                await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                await self.js.update_stream(config)
+        for bucket in BUCKETS:
+            await self._bucket(bucket)
+
+    async def _bucket(self, bucket: Bucket) -> KeyValue:
+        try:
+            return await self.js.key_value(bucket.name)
+        except nats.js.errors.BucketNotFoundError:
+            try:
+                return await self.js.create_key_value(
+                    KeyValueConfig(bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None)
+                )
+            except nats.js.errors.BadRequestError:
+                return await self.js.key_value(bucket.name)
+
+    async def kv(self, bucket: Bucket) -> TypedKV[Any]:
+        """The typed KV bucket (created if missing)."""
+        cached = self._kv_cache.get(bucket.name)
+        if cached is None:
+            cached = TypedKV(self, bucket, await self._bucket(bucket))
+            self._kv_cache[bucket.name] = cached
+        return cached
+
+    async def publish(
+        self, entry: Entry, message: Message, *, msg_id: str | None = None, durable: bool = True, **tokens: str
+    ) -> None:
+        """Publish an event. Durable events go through JetStream (stored, de-duplicated by msg_id)."""
+        if not isinstance(message, entry.message):
+            raise TypeError(f"{entry.name} carries {entry.message.__name__}, not {type(message).__name__}")
+        subject = entry.format(**tokens)
+        with tracer.start_as_current_span(f"publish {entry.name}", kind=SpanKind.PRODUCER) as span:
+            span.set_attribute("messaging.system", "nats")
+            span.set_attribute("messaging.destination.name", subject)
+            headers = inject_headers({"Nats-Msg-Id": msg_id} if msg_id else None)
+            payload = encode(message)
+            if durable:
+                await self.js.publish(subject, payload, headers=headers)
+            else:
+                await self.nc.publish(subject, payload, headers=headers)
+
+    async def _dead_letter(self, msg: Msg, consumer: str, error: str) -> None:
+        log.error("undecodable message dead-lettered", subject=msg.subject, consumer=consumer, error=error)
+        letter = DeadLetter(
+            subject=msg.subject,
+            consumer=consumer,
+            error=error,
+            payload=msg.data[:65536].decode("utf-8", "replace"),
+            observed_at=now_unix(),
+        )
+        try:
+            await self.publish(DEAD_LETTER, letter, consumer=consumer_token(consumer))
+        except Exception as exc:  # noqa: BLE001 - a lost dead letter must not stop the consumer
+            log.error("dead letter not stored", subject=msg.subject, error=str(exc))
+
+    def _decode(self, decoder: msgspec.json.Decoder[Any], msg: Msg) -> tuple[Any, str]:
+        try:
+            return decoder.decode(msg.data), ""
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return None, str(exc)
+
+    async def subscribe(
+        self,
+        entry: Entry,
+        handler: Handler[Any],
+        *,
+        queue: str | None = None,
+        durable: str | None = None,
+        deliver_new: bool = False,
+        **tokens: str,
+    ) -> Subscription:
+        """Call `handler(message, ctx)` for each message on the entry's subjects.
+
+        `durable`: a JetStream durable consumer of that name (replays what it has not acked,
+        survives restarts); without it, a core NATS subscription (live messages only).
+        """
+        decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(entry.message)
+        subject = entry.wildcard(**tokens)
+        consumer = durable or self.name
+
+        async def on_message(msg: Msg) -> None:
+            headers = dict(msg.headers or {})
+            message, error = self._decode(decoder, msg)
+            if error:
+                await self._dead_letter(msg, consumer, error)
+                if durable:
+                    await msg.ack()
+                return
+            parent = extract_context(headers)
+            with tracer.start_as_current_span(
+                f"consume {entry.name}", context=parent, kind=SpanKind.CONSUMER
+            ) as span:
+                span.set_attribute("messaging.system", "nats")
+                span.set_attribute("messaging.destination.name", msg.subject)
+                try:
+                    await handler(message, MsgContext(subject=msg.subject, headers=headers, raw=msg))
+                except Exception as exc:  # noqa: BLE001 - one bad message must not end the consumer
+                    span.record_exception(exc)
+                    span.set_status(Status(StatusCode.ERROR, str(exc)))
+                    log.exception("handler failed", subject=msg.subject, consumer=consumer)
+                    if durable:
+                        await msg.nak(delay=1.0)
+                    return
+            if durable:
+                await msg.ack()
+
+        if durable:
+            config = ConsumerConfig(
+                durable_name=consumer_token(durable),
+                deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+                ack_wait=30.0,
+                max_deliver=20,
+                filter_subject=subject,
+            )
+            sub: Subscription = await self.js.subscribe(
+                subject, queue=queue, cb=on_message, durable=consumer_token(durable), manual_ack=True, config=config
+            )
+        else:
+            sub = await self.nc.subscribe(subject, queue=queue or "", cb=on_message)
+        self._subs.append(sub)
+        return sub
+
+    async def serve(
+        self, entry: Entry, handler: RequestHandler[Any], *, queue: str | None = None, **tokens: str
+    ) -> Subscription:
+        """Answer requests on the entry's subject with `await handler(request) -> reply`."""
+        if entry.reply is None:
+            raise TypeError(f"{entry.name} is not a request/reply entry")
+        decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(entry.message)
+        reply_type = entry.reply
+        subject = entry.wildcard(**tokens)
+
+        async def on_request(msg: Msg) -> None:
+            headers = dict(msg.headers or {})
+            request, error = self._decode(decoder, msg)
+            if error:
+                await self._dead_letter(msg, self.name, error)
+                if msg.reply:
+                    await msg.respond(_error_reply(reply_type, "invalid-request", f"undecodable request: {error}"))
+                return
+            with tracer.start_as_current_span(
+                f"serve {entry.name}", context=extract_context(headers), kind=SpanKind.SERVER
+            ) as span:
+                try:
+                    reply = await handler(request)
+                except Exception as exc:  # noqa: BLE001 - a failed handler answers with an error
+                    span.record_exception(exc)
+                    span.set_status(Status(StatusCode.ERROR, str(exc)))
+                    log.exception("request handler failed", subject=msg.subject)
+                    if msg.reply:
+                        await msg.respond(_error_reply(reply_type, "internal", f"{type(exc).__name__}: {exc}"))
+                    return
+                if msg.reply:
+                    await self.nc.publish(msg.reply, encode(reply), headers=inject_headers())
+
+        sub = await self.nc.subscribe(subject, queue=queue or "", cb=on_request)
+        self._subs.append(sub)
+        return sub
+
+    async def request(self, entry: Entry, message: Message, *, timeout: float = 5.0, **tokens: str) -> Any:
+        """Send a request and decode the typed reply; BusError when nobody answers in time."""
+        if entry.reply is None:
+            raise TypeError(f"{entry.name} is not a request/reply entry")
+        subject = entry.format(**tokens)
+        with tracer.start_as_current_span(f"request {entry.name}", kind=SpanKind.CLIENT) as span:
+            span.set_attribute("messaging.destination.name", subject)
+            try:
+                msg = await self.nc.request(subject, encode(message), timeout=timeout, headers=inject_headers())
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+                span.set_status(Status(StatusCode.ERROR, "no reply"))
+                raise BusError(
+                    f"no reply on {subject} within {timeout}s ({type(exc).__name__}): is the service for this node running?"
+                ) from exc
+            try:
+                return msgspec.json.decode(msg.data, type=entry.reply)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise BusError(f"malformed reply on {subject}: {exc}") from exc
+
+    def spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+        """Run a background task tied to this bus's lifetime."""
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.nc.is_connected)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001, S110 - closing anyway
+                pass
+        self._subs.clear()
+        if not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.drain(), timeout=2.0)
+            except Exception:  # noqa: BLE001 - close regardless
+                await self.nc.close()
+
+
+def _error_reply(reply_type: type[Message], code: str, message: str) -> bytes:
+    """An error reply of the entry's reply type, when that type has `ok` and `error` fields."""
+    from shared.events.devices import DeviceOpError
+
+    fields = set(reply_type.__struct_fields__)
+    if {"ok", "error"} <= fields:
+        return encode(reply_type(ok=False, error=DeviceOpError(code=code, message=message)))
+    return b""

@@ -1,0 +1,49 @@
+"""The `gpu-dra` console script: one subcommand per service and tool, dispatched lazily."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "discovery": ("services.discovery.cli", "NVML inventory, health and device operations for one node"),
+    "publisher": ("services.publisher.cli", "inventory and health -> ResourceSlices"),
+    "preparer": ("services.preparer.cli", "the kubelet DRA plugin (prepare/unprepare, CDI, checkpoint)"),
+    "computedomain": ("services.computedomain.cli", "ComputeDomain controller and node agent"),
+    "apiserver": ("embedded.apiserver.cli", "the embedded Kubernetes API server"),
+    "up": ("embedded.cluster.up", "a local GPU cluster: NATS, API server, simulated nodes"),
+    "demo": ("embedded.cluster.demo", "run sample workloads on a local cluster and show the result"),
+    "explain": ("embedded.cluster.explain", "why a pod or claim is (not) allocated"),
+    "events": ("shared.events.cli", "the event catalog: list subjects, export JSON Schemas"),
+    "nats": ("shared.natsserver_cli", "run an embedded nats-server with JetStream"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: gpu-dra <command> [options]", "", "commands:"]
+    lines += [f"  {name:<14} {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += ["", "Run 'gpu-dra <command> --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"gpu-dra: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module_name, _ = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        print(f"gpu-dra: command {name!r} is not available in this build ({exc})", file=sys.stderr)
+        return 2
+    result = module.main(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

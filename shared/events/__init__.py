@@ -1,0 +1,1 @@
+"""The event catalog: versioned msgspec messages and the subjects they travel on."""

@@ -1,0 +1,186 @@
+"""The event catalog: every message type bound to its subject pattern, in one place.
+
+Subjects are versioned and hierarchical so that NATS permissions and subscriptions can be
+scoped by node, device, namespace or domain. `{token}` marks one subject token.
+Third parties read the JSON Schemas that `gpu-dra events schema` derives from this table.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from shared.events.base import Message
+from shared.events.claims import ClaimLifecycle
+from shared.events.computedomain import DomainMember, DomainStatusChanged
+from shared.events.deadletter import DeadLetter
+from shared.events.devices import (
+    InjectXidReply,
+    InjectXidRequest,
+    MigCreateReply,
+    MigCreateRequest,
+    MigDestroyReply,
+    MigDestroyRequest,
+    MpsStartReply,
+    MpsStartRequest,
+    MpsStopReply,
+    MpsStopRequest,
+    SetSharingReply,
+    SetSharingRequest,
+)
+from shared.events.health import DeviceHealth
+from shared.events.inventory import InventoryWithdrawn, NodeInventory
+
+Pattern = Literal["event", "request", "kv"]
+
+_TOKEN = re.compile(r"\{(\w+)\}")
+_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+class SubjectError(ValueError):
+    """A subject token was missing or not a single safe NATS token."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One catalog entry: a message type on a subject pattern."""
+
+    name: str
+    subject: str  # e.g. "dra.v1.inventory.{node}"
+    message: type[Message]
+    pattern: Pattern
+    summary: str
+    reply: type[Message] | None = None
+
+    @property
+    def tokens(self) -> list[str]:
+        return _TOKEN.findall(self.subject)
+
+    def format(self, **tokens: str) -> str:
+        """The concrete subject; each token must be one NATS token (no dots, spaces or wildcards)."""
+        missing = [t for t in self.tokens if t not in tokens]
+        if missing:
+            raise SubjectError(f"subject {self.subject!r} needs tokens {missing}")
+        for key, value in tokens.items():
+            if not _SAFE_TOKEN.match(value):
+                raise SubjectError(
+                    f"subject token {key}={value!r} must match [A-Za-z0-9_-]+ (no dots or wildcards)"
+                )
+        return _TOKEN.sub(lambda m: tokens[m.group(1)], self.subject)
+
+    def wildcard(self, **tokens: str) -> str:
+        """A subscription subject: given tokens filled in, the rest as `*`."""
+        return _TOKEN.sub(lambda m: tokens.get(m.group(1), "*"), self.subject)
+
+
+INVENTORY = Entry(
+    "inventory", "dra.v1.inventory.{node}", NodeInventory, "event",
+    "A node's GPU inventory changed (also the last value in KV bucket dra-inventory, key <node>).",
+)
+INVENTORY_WITHDRAWN = Entry(
+    "inventory-withdrawn", "dra.v1.inventory-withdrawn.{node}", InventoryWithdrawn, "event",
+    "A node's discovery withdrew its inventory for good; its ResourceSlices are deleted.",
+)
+HEALTH = Entry(
+    "device-health", "dra.v1.health.{node}.{device}", DeviceHealth, "event",
+    "A device's health changed (XID, GPU lost, recovered); last value in KV dra-health.",
+)
+CLAIM = Entry(
+    "claim-lifecycle", "dra.v1.claim.{namespace}.{node}.{event}", ClaimLifecycle, "event",
+    "A claim was prepared, failed, unprepared or rolled back on a node.",
+)
+DEVICE_SET_SHARING = Entry(
+    "device-set-sharing", "dra.v1.device.{node}.set-sharing", SetSharingRequest, "request",
+    "Set compute mode and time-slice interval on GPUs.", SetSharingReply,
+)
+DEVICE_MIG_CREATE = Entry(
+    "device-mig-create", "dra.v1.device.{node}.mig-create", MigCreateRequest, "request",
+    "Create a MIG device at a placement (idempotent).", MigCreateReply,
+)
+DEVICE_MIG_DESTROY = Entry(
+    "device-mig-destroy", "dra.v1.device.{node}.mig-destroy", MigDestroyRequest, "request",
+    "Destroy a MIG device (idempotent).", MigDestroyReply,
+)
+DEVICE_MPS_START = Entry(
+    "device-mps-start", "dra.v1.device.{node}.mps-start", MpsStartRequest, "request",
+    "Start an MPS control daemon for GPUs with limits (idempotent).", MpsStartReply,
+)
+DEVICE_MPS_STOP = Entry(
+    "device-mps-stop", "dra.v1.device.{node}.mps-stop", MpsStopRequest, "request",
+    "Stop an MPS control daemon (idempotent).", MpsStopReply,
+)
+DEVICE_INJECT_XID = Entry(
+    "device-inject-xid", "dra.v1.device.{node}.inject-xid", InjectXidRequest, "request",
+    "Simulation: raise an XID or GPU-lost on a device, or recover it.", InjectXidReply,
+)
+CD_MEMBER = Entry(
+    "cd-member", "dra.v1.cd.{domain_uid}.member.{node}", DomainMember, "event",
+    "A node joined, changed or left a ComputeDomain (last value in KV dra-cd-members).",
+)
+CD_STATUS = Entry(
+    "cd-status", "dra.v1.cd.{domain_uid}.status", DomainStatusChanged, "event",
+    "A ComputeDomain's readiness changed.",
+)
+DEAD_LETTER = Entry(
+    "dead-letter", "dra.v1.deadletter.{consumer}", DeadLetter, "event",
+    "A message a consumer could not decode, with the reason.",
+)
+
+CATALOG: tuple[Entry, ...] = (
+    INVENTORY,
+    INVENTORY_WITHDRAWN,
+    HEALTH,
+    CLAIM,
+    DEVICE_SET_SHARING,
+    DEVICE_MIG_CREATE,
+    DEVICE_MIG_DESTROY,
+    DEVICE_MPS_START,
+    DEVICE_MPS_STOP,
+    DEVICE_INJECT_XID,
+    CD_MEMBER,
+    CD_STATUS,
+    DEAD_LETTER,
+)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A JetStream stream: retained events third parties can replay."""
+
+    name: str
+    subjects: tuple[str, ...]
+    max_age_s: float
+    max_bytes: int = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A JetStream KV bucket holding last values."""
+
+    name: str
+    message: type[Message]
+    history: int = 1
+    ttl_s: float = 0.0  # 0: no expiry
+
+
+EVENTS_STREAM = Stream(
+    "DRA_EVENTS",
+    ("dra.v1.inventory.>", "dra.v1.inventory-withdrawn.>", "dra.v1.health.>", "dra.v1.claim.>", "dra.v1.cd.>"),
+    max_age_s=7 * 24 * 3600,
+)
+DEAD_LETTER_STREAM = Stream("DRA_DEADLETTER", ("dra.v1.deadletter.>",), max_age_s=3 * 24 * 3600, max_bytes=64 << 20)
+STREAMS: tuple[Stream, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM)
+
+INVENTORY_BUCKET = Bucket("dra-inventory", NodeInventory)
+HEALTH_BUCKET = Bucket("dra-health", DeviceHealth)
+CD_MEMBERS_BUCKET = Bucket("dra-cd-members", DomainMember)
+BUCKETS: tuple[Bucket, ...] = (INVENTORY_BUCKET, HEALTH_BUCKET, CD_MEMBERS_BUCKET)
+
+
+def entry(name: str) -> Entry:
+    """The catalog entry called `name`."""
+    for item in CATALOG:
+        if item.name == name:
+            return item
+    raise KeyError(f"no catalog entry {name!r}; known: {', '.join(e.name for e in CATALOG)}")

@@ -1,0 +1,68 @@
+"""Structured logging: JSON (or key=value) lines that carry the current trace and span ids."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from opentelemetry import trace
+
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, fmt: str, service: str) -> None:
+        super().__init__()
+        self._json = fmt == "json"
+        self._service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "service": self._service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            fields["trace_id"] = format(span.trace_id, "032x")
+            fields["span_id"] = format(span.span_id, "016x")
+        for key, value in record.__dict__.items():
+            if key not in _RESERVED and not key.startswith("_"):
+                fields[key] = value
+        if record.exc_info:
+            fields["error"] = self.formatException(record.exc_info)
+        if self._json:
+            return json.dumps(fields, default=str)
+        head = f"{fields.pop('ts')} {fields.pop('level'):<7} {fields.pop('msg')}"
+        rest = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("service", "logger"))
+        return f"{head} {rest}".rstrip()
+
+
+class StructuredLogger(logging.LoggerAdapter[logging.Logger]):
+    """`log.info("msg", key=value, ...)`: keyword arguments become structured fields."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("exc_info", "stack_info", "stacklevel")}
+        kwargs["extra"] = extra
+        return msg, kwargs
+
+
+def get_logger(name: str) -> StructuredLogger:
+    """A logger whose keyword arguments are emitted as fields."""
+    return StructuredLogger(logging.getLogger(name), {})
+
+
+def setup_logging(service: str, level: str = "info", fmt: str = "text") -> None:
+    """Configure the root logger once per process: to stderr, JSON or text, with trace ids."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter(fmt, service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("nats", "aiohttp.access", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

@@ -1,0 +1,135 @@
+"""The bus over a real nats-server: typed events across processes, traces, dead letters, reconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+from opentelemetry import trace
+
+from shared.bus import Bus, MsgContext
+from shared.events import catalog
+from shared.events.deadletter import DeadLetter
+from shared.events.devices import MigCreateReply, MigCreateRequest
+from shared.events.inventory import Gpu, MigPlacement, NodeInventory
+from shared.natsserver import EmbeddedNats
+from shared.telemetry import memory_spans, setup_telemetry
+
+setup_telemetry("tests", "memory")
+tracer = trace.get_tracer(__name__)
+
+
+def inventory(node: str) -> NodeInventory:
+    gpu = Gpu(name="gpu-0", index=0, minor=0, uuid="GPU-1", product_name="NVIDIA H100 80GB HBM3", brand="Nvidia",
+              architecture="Hopper", cuda_compute_capability="9.0.0", memory_bytes=85899345920,
+              pci_bus_id="0000:3b:00.0")
+    return NodeInventory(node=node, driver_version="550.163.1", cuda_driver_version="12.4.0", gpus=[gpu])
+
+
+async def read_line(stream: asyncio.StreamReader) -> str:
+    return (await asyncio.wait_for(stream.readline(), timeout=20)).decode().strip()
+
+
+async def test_event_crosses_processes_with_trace_and_dead_letter(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    producer = await Bus.connect(nats_server.url, name="test-producer")
+    await producer.provision()
+    trace_file = tmp_path / "spans.jsonl"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.shared.consumer_proc", nats_server.url, str(trace_file),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert await read_line(proc.stdout) == "READY"
+    letters: list[DeadLetter] = []
+    got_letter = asyncio.Event()
+
+    async def on_letter(msg: DeadLetter, ctx: MsgContext) -> None:
+        letters.append(msg)
+        got_letter.set()
+
+    await producer.subscribe(catalog.DEAD_LETTER, on_letter)
+    with tracer.start_as_current_span("test-root") as root:
+        await producer.publish(catalog.INVENTORY, inventory("n1"), msg_id="n1-1", node="n1")
+        root_trace = root.get_span_context().trace_id
+    line = await read_line(proc.stdout)
+    assert line == f"GOT node=n1 gpus=1 trace={root_trace:032x}"
+    # A malformed payload on the same subject: dead-lettered, and the consumer keeps consuming.
+    await producer.js.publish("dra.v1.inventory.bad", b'{"node": 5')
+    await asyncio.wait_for(got_letter.wait(), timeout=10)
+    assert letters[0].subject == "dra.v1.inventory.bad"
+    assert letters[0].consumer == "test-consumer"
+    await producer.publish(catalog.INVENTORY, inventory("last"), node="last")
+    assert (await read_line(proc.stdout)).startswith("GOT node=last")
+    assert await asyncio.wait_for(proc.wait(), timeout=20) == 0
+    spans = [json.loads(x) for x in trace_file.read_text().splitlines()]
+    consumer_span = next(s for s in spans if s["attributes"].get("messaging.destination.name") == "dra.v1.inventory.n1")
+    producer_span = next(
+        s for s in memory_spans()
+        if s.name == "publish inventory" and s.attributes.get("messaging.destination.name") == "dra.v1.inventory.n1"
+    )
+    assert consumer_span["trace_id"] == f"{producer_span.context.trace_id:032x}"
+    assert consumer_span["parent_span_id"] == f"{producer_span.context.span_id:016x}"
+    # The payload decodes to the same Struct on the stream too.
+    stored = await producer.js.get_last_msg("DRA_EVENTS", "dra.v1.inventory.n1")
+    assert msgspec.json.decode(stored.data, type=NodeInventory) == inventory("n1")
+    await producer.close()
+
+
+async def test_request_reply_and_kv(nats_server: EmbeddedNats) -> None:
+    bus = await Bus.connect(nats_server.url, name="t")
+    await bus.provision()
+    await bus.provision()  # idempotent
+
+    async def create(req: MigCreateRequest) -> MigCreateReply:
+        return MigCreateReply(ok=req.profile == "1g.10gb", created=True)
+
+    await bus.serve(catalog.DEVICE_MIG_CREATE, create, node="n1")
+    reply = await bus.request(catalog.DEVICE_MIG_CREATE, MigCreateRequest(
+        gpu_uuid="GPU-1", profile="1g.10gb", placement=MigPlacement(0, 1)), node="n1")
+    assert reply == MigCreateReply(ok=True, created=True)
+    # An undecodable request gets a typed error reply.
+    raw = await bus.nc.request("dra.v1.device.n1.mig-create", b"[]", timeout=5)
+    bad = msgspec.json.decode(raw.data, type=MigCreateReply)
+    assert not bad.ok and bad.error is not None and bad.error.code == "invalid-request"
+    kv = await bus.kv(catalog.INVENTORY_BUCKET)
+    assert await kv.get("n1") is None
+    await kv.put("n1", inventory("n1"))
+    assert await kv.get("n1") == inventory("n1")
+    assert await kv.keys() == ["n1"]
+    await bus.close()
+
+
+async def test_clients_reconnect_after_server_restart(nats_server: EmbeddedNats) -> None:
+    bus = await Bus.connect(nats_server.url, name="reconnecting")
+    await bus.provision()
+    received: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_inventory(msg: NodeInventory, ctx: MsgContext) -> None:
+        await received.put(msg.node)
+
+    await bus.subscribe(catalog.INVENTORY, on_inventory)
+    await bus.publish(catalog.INVENTORY, inventory("before"), node="before")
+    assert await asyncio.wait_for(received.get(), 10) == "before"
+    await nats_server.stop(kill=True)
+    await nats_server.start()
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:  # reconnect is asynchronous; keep publishing until it goes through
+        try:
+            await bus.publish(catalog.INVENTORY, inventory("after"), node="after")
+            break
+        except Exception:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+    assert await asyncio.wait_for(received.get(), 10) == "after"
+    await bus.close()
+
+
+def test_subject_tokens_are_checked() -> None:
+    with pytest.raises(ValueError, match="no dots"):
+        catalog.INVENTORY.format(node="a.b")
+    assert catalog.CLAIM.wildcard(namespace="ns") == "dra.v1.claim.ns.*.*"
