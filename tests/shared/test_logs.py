@@ -1,0 +1,30 @@
+"""Structured log lines carry the current trace and span ids and keyword fields."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from opentelemetry import trace
+
+from shared.logs import _Formatter, get_logger
+from shared.telemetry import setup_telemetry
+
+
+def test_json_log_line_has_trace_ids_and_fields() -> None:
+    setup_telemetry("tests", "memory")
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("test.logs")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    with trace.get_tracer(__name__).start_as_current_span("work") as span:
+        get_logger("test.logs").info("claim prepared", claim="ns/c1", devices=2)
+        line = json.loads(_Formatter("json", "preparer").format(records[0]))
+    ctx = span.get_span_context()
+    assert line["trace_id"] == f"{ctx.trace_id:032x}" and line["span_id"] == f"{ctx.span_id:016x}"
+    assert (line["msg"], line["claim"], line["devices"], line["service"]) == ("claim prepared", "ns/c1", 2, "preparer")
