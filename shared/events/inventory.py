@@ -19,13 +19,9 @@ class MigPlacement(msgspec.Struct, frozen=True):
     size: int
 
 
-class MigProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One row of a GPU's MIG profile table (GPU-instance profile with C == G)."""
+class MigResources(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a MIG GPU instance holds: memory and engines (the published capacities)."""
 
-    name: str  # e.g. "1g.10gb"
-    gi_profile_id: int  # NVML GpuInstanceProfileInfo.id
-    ci_profile_id: int = 0
-    slice_count: int  # compute slices
     memory_mib: int
     multiprocessors: int
     copy_engines: int = 0
@@ -33,10 +29,19 @@ class MigProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     encoders: int = 0
     jpeg_engines: int = 0
     ofa_engines: int = 0
+
+
+class MigProfile(MigResources, kw_only=True, omit_defaults=True):
+    """One row of a GPU's MIG profile table (GPU-instance profile with C == G)."""
+
+    name: str  # e.g. "1g.10gb"
+    gi_profile_id: int  # NVML GpuInstanceProfileInfo.id
+    ci_profile_id: int = 0
+    slice_count: int  # compute slices
     placements: list[MigPlacement] = msgspec.field(default_factory=list)
 
 
-class MigDevice(msgspec.Struct, kw_only=True, omit_defaults=True):
+class MigDevice(MigResources, kw_only=True, omit_defaults=True):
     """A MIG device that exists now on a GPU (created statically or by the preparer)."""
 
     name: str  # gpu-<minor>-mig-<profile>-<gi>-<start>
@@ -46,13 +51,6 @@ class MigDevice(msgspec.Struct, kw_only=True, omit_defaults=True):
     placement: MigPlacement
     gpu_instance_id: int
     compute_instance_id: int
-    memory_mib: int
-    multiprocessors: int
-    copy_engines: int = 0
-    decoders: int = 0
-    encoders: int = 0
-    jpeg_engines: int = 0
-    ofa_engines: int = 0
     device_path_caps: list[str] = msgspec.field(default_factory=list)  # /dev/nvidia-caps/nvidia-capN
 
 
