@@ -16,7 +16,7 @@ run: $(STAMP)
 	$(BIN)/gpu-dra demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check shared tests/shared embedded/cluster
+	$(BIN)/ruff check shared services embedded tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy shared

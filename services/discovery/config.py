@@ -1,0 +1,70 @@
+"""Discovery settings: flags and `GPU_DRA_*` environment variables → DiscoveryConfig.
+
+Owns the setting names, defaults and the derived paths (dev root, state dir, MPS root).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from shared.config import CommonConfig, ConfigError, load_config
+
+DEFAULT_IGNORED_XIDS = [13, 31, 43, 45, 68, 109]
+
+
+DESCRIPTION = ("GPU discovery: the node's NVML handle (inventory, health, device operations). "
+               "Sub-action: 'inject-xid --node N --device gpu-0 --xid 79'.")
+__all__ = ["ConfigError", "DiscoveryConfig", "parse"]
+
+
+class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
+    node: str = ""
+    simulate: str = ""  # e.g. h100x8, a100-40gbx8:mig, h100x4+l40sx2
+    machine: str = ""  # YAML machine file (simulation)
+    driver_root: str = ""  # host driver root holding libnvidia-ml.so.1
+    dev_root: str = ""  # where /dev and /proc live ("/" on real nodes; a fake tree under simulation)
+    sys_root: str = ""  # where /sys lives (defaults to dev_root)
+    state_dir: str = ""  # simulated NVML state (defaults to <dev_root>/var/lib/gpu-dra)
+    mps_root: str = ""  # MPS pipe/shm/log dirs (defaults to <state_dir>/mps)
+    once: bool = False
+    output: Literal["json"] = "json"
+    rescan_interval: float = 30.0
+    ignore_xids: list[int] = msgspec.field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
+    additional_xids_to_ignore: list[int] = msgspec.field(default_factory=list)
+    event_timeout_ms: int = 1000
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.simulate or self.machine)
+
+    def resolved(self) -> DiscoveryConfig:
+        """A copy with the derived defaults filled in."""
+        node = self.node or os.environ.get("NODE_NAME", "") or socket.gethostname()
+        dev_root = self.dev_root or (str(Path(os.environ.get("TMPDIR", "/tmp")) / "gpu-dra-sim" / node)
+                                     if self.simulated else "/")
+        state_dir = self.state_dir or str(Path(dev_root) / "var" / "lib" / "gpu-dra")
+        mps_root = self.mps_root or (str(Path(state_dir) / "mps") if self.simulated
+                                     else "/var/lib/kubelet/plugins/gpu.nvidia.com/mps")
+        return msgspec.structs.replace(self, node=node, dev_root=dev_root, sys_root=self.sys_root or dev_root,
+                                       state_dir=state_dir, mps_root=mps_root)
+
+    @property
+    def ignored(self) -> set[int]:
+        return set(self.ignore_xids) | set(self.additional_xids_to_ignore)
+
+
+def parse(argv: list[str]) -> DiscoveryConfig:
+    """Flags and GPU_DRA_* env → resolved config; ConfigError on anything unknown or malformed."""
+    cfg = load_config(DiscoveryConfig, argv, prog="gpu-dra discovery", description=DESCRIPTION)
+    if cfg.rescan_interval <= 0:
+        raise ConfigError("--rescan-interval must be > 0")
+    if cfg.simulate and cfg.machine:
+        raise ConfigError("give either --simulate SPEC or --machine FILE, not both")
+    if cfg.simulated and cfg.driver_root:
+        raise ConfigError("--driver-root selects real NVML; it cannot be combined with --simulate/--machine")
+    return cfg.resolved()

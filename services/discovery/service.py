@@ -1,0 +1,136 @@
+"""The discovery run loop: open NVML (real or simulated), scan, publish on change, serve operations.
+
+Owns the lifecycle: inventory to KV `dra-inventory/<node>` and `dra.v1.inventory.<node>` only when
+the content hash changes, re-scans on a period and on NVML events, health monitoring and the
+device-operation handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from services.discovery import inventory, machine
+from services.discovery.config import DiscoveryConfig
+from services.discovery.health import HealthMonitor
+from services.discovery.mps import MpsManager
+from services.discovery.nvml import Nvml, load_real_binding
+from services.discovery.operations import Operations
+from services.discovery.simnvml import SimNvml
+from shared.events import catalog
+from shared.events.inventory import NodeInventory
+from shared.logs import get_logger
+from shared.telemetry import get_tracer
+
+log = get_logger(__name__)
+tracer = get_tracer(__name__)
+
+
+def open_nvml(cfg: DiscoveryConfig) -> Nvml:
+    """The NVML layer over the simulated binding (--simulate/--machine) or real pynvml.
+
+    Raises MachineError for a bad spec and NvmlUnavailable when the library cannot be loaded.
+    """
+    if cfg.simulated:
+        spec = machine.parse_spec(cfg.simulate) if cfg.simulate else machine.load_file(cfg.machine)
+        state_file = Path(cfg.state_dir) / f"simnvml-{cfg.node}.json"
+        return Nvml(SimNvml(cfg.node, spec, state_file, Path(cfg.dev_root)))
+    return Nvml(load_real_binding(cfg.driver_root or None), driver_root=cfg.driver_root or None)
+
+
+class Scanner:
+    """NVML → NodeInventory for one node (no bus)."""
+
+    def __init__(self, cfg: DiscoveryConfig, nvml: Nvml):
+        self.cfg = cfg
+        self.nvml = nvml
+        self.mps = MpsManager(Path(cfg.mps_root), nvml)
+
+    async def scan(self) -> NodeInventory:
+        with tracer.start_as_current_span("discovery.scan") as span:
+            facts = await self.nvml.call(self.nvml.read)
+            inv = inventory.build(self.cfg.node, facts, dev_root=Path(self.cfg.dev_root),
+                                  sys_root=Path(self.cfg.sys_root), simulated=self.nvml.simulated,
+                                  mps=self.mps.by_gpu(), observed_at=time.time())
+            span.set_attribute("gpu.count", len(inv.gpus))
+            span.set_attribute("inventory.hash", inv.content_hash)
+            return inv
+
+
+class DiscoveryService:
+    def __init__(self, cfg: DiscoveryConfig, nvml: Nvml, bus: Any):
+        self.cfg = cfg
+        self.nvml = nvml
+        self.bus = bus
+        self.scanner = Scanner(cfg, nvml)
+        self.kv: Any = None
+        self.current: NodeInventory | None = None
+        self.published_hash = ""
+        self.publish_count = 0
+        self._scan_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self.health = HealthMonitor(cfg.node, nvml, bus, cfg.ignored, lambda: self.current,
+                                    on_event=self._wake.set, timeout_ms=cfg.event_timeout_ms)
+        self.ops = Operations(cfg.node, nvml, self.scanner.mps, self.health, lambda: self.current, self.rescan)
+        self.ready = asyncio.Event()
+
+    async def rescan(self) -> NodeInventory:
+        """Scan now; publish to KV and the event stream only if the content hash changed."""
+        async with self._scan_lock:
+            inv = await self.scanner.scan()
+            self.current = inv
+            if inv.content_hash != self.published_hash:
+                with tracer.start_as_current_span("discovery.publish-inventory"):
+                    await self.kv.put(self.cfg.node, inv)
+                    await self.bus.publish(catalog.INVENTORY, inv,
+                                           msg_id=f"inventory.{self.cfg.node}.{inv.content_hash}.{inv.observed_at}",
+                                           node=self.cfg.node)
+                self.published_hash = inv.content_hash
+                self.publish_count += 1
+                log.info("inventory published", node=self.cfg.node, gpus=len(inv.gpus), hash=inv.content_hash,
+                         mig_devices=sum(len(g.mig_devices) for g in inv.gpus))
+            return inv
+
+    async def start(self) -> None:
+        await self.bus.provision()
+        self.kv = await self.bus.kv(catalog.INVENTORY_BUCKET)
+        last = await self.kv.get(self.cfg.node)
+        if last is not None:
+            self.published_hash = last.content_hash
+        await self.rescan()
+        await self.health.start()
+        await self.ops.serve(self.bus)
+        self.ready.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            while not stop.is_set():
+                waiter = asyncio.ensure_future(self._wake.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({waiter, stopper}, timeout=self.cfg.rescan_interval,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+                self._wake.clear()
+                if stop.is_set():
+                    break
+                try:
+                    await self.rescan()
+                except Exception as exc:
+                    log.exception("periodic re-scan failed", error=str(exc))
+        finally:
+            await self.ops.close()
+            await self.health.stop()
+
+
+async def run_service(cfg: DiscoveryConfig, bus: Any, stop: asyncio.Event) -> None:
+    """Open NVML first (a node without NVML publishes nothing), then run until `stop`."""
+    nvml = open_nvml(cfg)
+    await nvml.start()
+    try:
+        await DiscoveryService(cfg, nvml, bus).run(stop)
+    finally:
+        await nvml.close()

@@ -1,0 +1,70 @@
+"""In-process discovery on a simulated machine, for tests and the local cluster.
+
+`running_discovery` starts the same `DiscoveryService` the CLI runs, over a given Bus, with the
+simulated NVML state and fake `/dev` tree under `root`, and stops it on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from services.discovery.config import DiscoveryConfig
+from services.discovery.service import DiscoveryService, open_nvml
+from shared.bus import Bus
+from shared.events.inventory import NodeInventory
+
+
+class RunningDiscovery:
+    """A started discovery service; `inventory` is what it last scanned."""
+
+    def __init__(self, service: DiscoveryService):
+        self.service = service
+
+    @property
+    def inventory(self) -> NodeInventory:
+        assert self.service.current is not None, "discovery has not scanned yet"
+        return self.service.current
+
+    @property
+    def config(self) -> DiscoveryConfig:
+        return self.service.cfg
+
+    async def rescan(self) -> NodeInventory:
+        return await self.service.rescan()
+
+
+@contextlib.asynccontextmanager
+async def running_discovery(
+    bus: Bus,
+    node: str = "n1",
+    simulate: str = "h100x8",
+    root: Path | str = "/tmp/gpu-dra-sim",
+    machine: str = "",
+    rescan_interval: float = 30.0,
+    **overrides: object,
+) -> AsyncIterator[RunningDiscovery]:
+    """Run discovery for `node` on a simulated machine (`simulate` spec or `machine` YAML file)."""
+    root = Path(root) / node
+    cfg = DiscoveryConfig(node=node, simulate="" if machine else simulate, machine=machine,
+                          dev_root=str(root), rescan_interval=rescan_interval, **overrides).resolved()  # type: ignore[arg-type]
+    nvml = open_nvml(cfg)
+    await nvml.start()
+    service = DiscoveryService(cfg, nvml, bus)
+    stopping = asyncio.Event()
+    task = asyncio.create_task(service.run(stopping), name=f"discovery-{node}")
+    ready = asyncio.create_task(service.ready.wait())
+    try:
+        done, _ = await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            task.result()  # raises why it stopped
+            raise RuntimeError(f"discovery for {node} stopped before it was ready")
+        yield RunningDiscovery(service)
+    finally:
+        ready.cancel()
+        stopping.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await nvml.close()
