@@ -1,0 +1,310 @@
+"""NATS users and subject permissions for a deployment, derived from the event catalog.
+
+Owns who may publish and subscribe to what: one user per cluster service (publisher, controller,
+admin) and, because nats-server config-file users have no permission templates, one user per
+node *and* node service (`discovery.<node>`, `preparer.<node>`, `cd-agent.<node>`) whose publish
+rights name only that node's subjects. Renders the `authorization {}` block the shipped
+nats-server configs include, Kubernetes Secrets for the cluster side, and one password file per
+node service for the node side. Existing passwords are kept, so re-running with more nodes only
+adds users.
+
+    python deploy/nats/nats_users.py --nodes gpu-a,gpu-b --credentials-dir ./nats-credentials
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.events.catalog import (
+    BUCKETS,
+    CATALOG,
+    CD_MEMBER,
+    CD_MEMBERS_BUCKET,
+    CD_STATUS,
+    CLAIM,
+    DEAD_LETTER,
+    EVENTS_STREAM,
+    HEALTH,
+    HEALTH_BUCKET,
+    INVENTORY,
+    INVENTORY_BUCKET,
+    INVENTORY_WITHDRAWN,
+    STREAMS,
+    Entry,
+)
+
+NAMESPACE = "gpu-dra"
+NODE_ROLES = ("discovery", "preparer", "cd-agent")
+CLUSTER_ROLES = ("publisher", "controller", "admin")
+# Node names become one subject token; the catalog accepts exactly this alphabet.
+_NODE_TOKEN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+INBOX = "_INBOX.>"
+JS = "$JS.API"
+# The publisher's own membership bucket (services/publisher/ownership.py), not in the catalog.
+PUBLISHER_REPLICAS_BUCKET = "dra-publisher-replicas"
+ROUTE_USER = "route"  # the cluster-route credential (nats-cluster.conf); not a client user
+
+
+class UsersError(ValueError):
+    """Bad input for the generator; the message says what and how to fix it."""
+
+
+@dataclass
+class Permissions:
+    publish: list[str] = field(default_factory=list)
+    subscribe: list[str] = field(default_factory=list)
+    allow_responses: bool = False
+
+    def as_config(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "publish": {"allow": sorted(set(self.publish))},
+            "subscribe": {"allow": sorted(set(self.subscribe))},
+        }
+        if self.allow_responses:
+            out["allow_responses"] = {"max": 1, "expires": "1m"}
+        return out
+
+
+def check_node(node: str) -> str:
+    """A node name usable as one NATS subject token, or UsersError saying why not."""
+    if "." in node:
+        raise UsersError(
+            f"node name {node!r} contains '.', which splits a NATS subject token; the event catalog "
+            "(shared/events/catalog.py) needs node names of [a-z0-9-] only: use short node names "
+            "(kubelet --hostname-override) or wait for the catalog to encode dotted names"
+        )
+    if not _NODE_TOKEN.match(node):
+        raise UsersError(f"node name {node!r} is not a Kubernetes node name of [a-z0-9-], 1-63 characters")
+    return node
+
+
+def _stream_names() -> list[str]:
+    return [s.name for s in STREAMS] + [f"KV_{b.name}" for b in BUCKETS]
+
+
+def _jetstream_base() -> list[str]:
+    """What every service needs of the JetStream API: account info, stream info, and the idempotent
+    create that `Bus.provision()` sends at start (a create never changes an existing stream)."""
+    subjects = [f"{JS}.INFO", f"{JS}.STREAM.NAMES"]  # NAMES: find the stream of a subject
+    for name in _stream_names():
+        subjects += [f"{JS}.STREAM.INFO.{name}", f"{JS}.STREAM.CREATE.{name}"]
+    return subjects
+
+
+def _kv_read(bucket: str, keys: str = ">") -> list[str]:
+    """Get and watch a KV bucket (reads are not secret; writes are what is scoped)."""
+    stream = f"KV_{bucket}"
+    return [
+        f"{JS}.STREAM.MSG.GET.{stream}",
+        f"{JS}.DIRECT.GET.{stream}.$KV.{bucket}.{keys}",
+        f"{JS}.CONSUMER.CREATE.{stream}",
+        f"{JS}.CONSUMER.CREATE.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+def _durable_consumer(stream: str) -> list[str]:
+    return [
+        f"{JS}.CONSUMER.CREATE.{stream}",
+        f"{JS}.CONSUMER.CREATE.{stream}.>",
+        f"{JS}.CONSUMER.DURABLE.CREATE.{stream}.>",
+        f"{JS}.CONSUMER.INFO.{stream}.>",
+        f"{JS}.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+def _dead_letters() -> str:
+    return DEAD_LETTER.wildcard().replace("*", ">")
+
+
+def _events(entries: Iterable[Entry], **tokens: str) -> list[str]:
+    return [e.wildcard(**tokens) for e in entries]
+
+
+def node_permissions(role: str, node: str) -> Permissions:
+    """What `role` on `node` may do: publish only that node's subjects and KV keys."""
+    check_node(node)
+    device_ops = [e for e in CATALOG if e.pattern == "request"]
+    common = [*_jetstream_base(), _dead_letters()]
+    if role == "discovery":
+        return Permissions(
+            publish=common
+            + _events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH), node=node)
+            + [f"$KV.{INVENTORY_BUCKET.name}.{node}", f"$KV.{HEALTH_BUCKET.name}.{node}.>"]
+            + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>"),
+            subscribe=[*_events(device_ops, node=node), INBOX],
+            allow_responses=True,
+        )
+    if role == "preparer":
+        return Permissions(
+            publish=common
+            + _events((CLAIM,), node=node)
+            + _events(device_ops, node=node)
+            + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>")
+            + _kv_read(CD_MEMBERS_BUCKET.name),
+            subscribe=[INBOX],
+        )
+    if role == "cd-agent":
+        return Permissions(
+            publish=common
+            + _events((CD_MEMBER,), node=node)
+            + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}"]
+            + _kv_read(CD_MEMBERS_BUCKET.name),
+            subscribe=[CD_STATUS.wildcard(), CD_MEMBER.wildcard(), INBOX],
+        )
+    raise UsersError(f"unknown node role {role!r}; known: {', '.join(NODE_ROLES)}")
+
+
+def cluster_permissions(role: str) -> Permissions:
+    """What a cluster service may do; none of them may publish a node's events."""
+    common = [*_jetstream_base(), _dead_letters()]
+    if role == "publisher":
+        replicas = PUBLISHER_REPLICAS_BUCKET
+        return Permissions(
+            publish=[
+                *common,
+                f"{JS}.STREAM.INFO.KV_{replicas}", f"{JS}.STREAM.CREATE.KV_{replicas}", f"$KV.{replicas}.>",
+                f"{JS}.CONSUMER.DELETE.KV_{replicas}.*",
+                *_kv_read(replicas), *_kv_read(INVENTORY_BUCKET.name), *_kv_read(HEALTH_BUCKET.name),
+                *_durable_consumer(EVENTS_STREAM.name),
+                # a withdrawn node's last values are removed by the publisher
+                f"$KV.{INVENTORY_BUCKET.name}.*", f"$KV.{HEALTH_BUCKET.name}.>",
+            ],
+            subscribe=[*_events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH)), INBOX],
+        )
+    if role == "controller":
+        return Permissions(
+            publish=common
+            + _events((CD_STATUS,))
+            + _kv_read(CD_MEMBERS_BUCKET.name)
+            + _durable_consumer(EVENTS_STREAM.name)
+            + [f"$KV.{CD_MEMBERS_BUCKET.name}.>"],
+            subscribe=["dra.v1.cd.>", INBOX],
+        )
+    if role == "admin":
+        return Permissions(publish=[">"], subscribe=[">"], allow_responses=False)
+    raise UsersError(f"unknown cluster role {role!r}; known: {', '.join(CLUSTER_ROLES)}")
+
+
+def node_user(role: str, node: str) -> str:
+    return f"{role}.{node}"
+
+
+def all_users(nodes: Iterable[str]) -> dict[str, Permissions]:
+    users: dict[str, Permissions] = {role: cluster_permissions(role) for role in CLUSTER_ROLES}
+    for node in nodes:
+        for role in NODE_ROLES:
+            users[node_user(role, node)] = node_permissions(role, node)
+    return users
+
+
+def render_authorization(users: Mapping[str, Permissions], passwords: Mapping[str, str]) -> str:
+    """The `authorization {}` block (NATS config accepts JSON values; strings stay literal)."""
+    missing = sorted(set(users) - set(passwords))
+    if ROUTE_USER in users:
+        raise UsersError(f"{ROUTE_USER!r} is reserved for cluster routes")
+    if missing:
+        raise UsersError(f"no password for NATS user(s) {', '.join(missing)}")
+    entries = []
+    for name in sorted(users):
+        entry = {"user": name, "password": passwords[name], "permissions": users[name].as_config()}
+        entries.append("    " + json.dumps(entry, sort_keys=True))
+    header = "# Generated by deploy/nats/nats_users.py: do not edit; re-run it to add nodes.\n"
+    return header + "authorization {\n  users: [\n" + ",\n".join(entries) + "\n  ]\n}\n"
+
+
+def load_or_create_passwords(directory: Path, users: Iterable[str]) -> dict[str, str]:
+    """One `<user>.password` file per user under `directory` (0600); existing ones are kept."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out: dict[str, str] = {}
+    for name in users:
+        path = directory / f"{name}.password"
+        if path.exists():
+            value = path.read_text().strip()
+            if not value:
+                raise UsersError(f"{path} is empty: delete it to get a new password, or write one into it")
+        else:
+            value = secrets.token_urlsafe(32)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(value + "\n")
+        out[name] = value
+    return out
+
+
+def _secret(name: str, data: Mapping[str, str]) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "gpu-dra"}},
+        "stringData": dict(data),
+    }
+
+
+def cluster_secrets(authorization: str, passwords: Mapping[str, str]) -> list[dict[str, object]]:
+    """The NATS server's users file, its route password, and one Secret per cluster service."""
+    out = [
+        _secret("gpu-dra-nats-users", {"users.conf": authorization}),
+        _secret("gpu-dra-nats-route", {"user": ROUTE_USER, "password": passwords[ROUTE_USER]}),
+    ]
+    out += [_secret(f"gpu-dra-nats-{role}", {"user": role, "password": passwords[role]}) for role in CLUSTER_ROLES]
+    return out
+
+
+def write_outputs(nodes: list[str], credentials_dir: Path) -> Path:
+    """Write users.conf, secrets.yaml and per-node password files; returns secrets.yaml's path."""
+    for node in nodes:
+        check_node(node)
+    if len(set(nodes)) != len(nodes):
+        raise UsersError("a node is listed twice in --nodes")
+    users = all_users(nodes)
+    passwords = load_or_create_passwords(credentials_dir / "users", [*users, ROUTE_USER])
+    authorization = render_authorization(users, passwords)
+    (credentials_dir / "users.conf").write_text(authorization)
+    for node in nodes:
+        node_dir = credentials_dir / "nodes" / node
+        node_dir.mkdir(parents=True, exist_ok=True)
+        for role in NODE_ROLES:
+            target = node_dir / f"{role}.password"
+            target.write_text(passwords[node_user(role, node)] + "\n")
+            target.chmod(0o600)
+    docs = [json.dumps(s, indent=2, sort_keys=True) for s in cluster_secrets(authorization, passwords)]
+    secrets_path = credentials_dir / "secrets.yaml"
+    secrets_path.write_text("---\n".join(d + "\n" for d in docs))  # JSON documents are YAML
+    secrets_path.chmod(0o600)
+    return secrets_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nats_users.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", required=True, help="comma-separated GPU node names (kubectl get nodes)")
+    parser.add_argument("--credentials-dir", required=True, type=Path,
+                        help="where passwords are kept between runs (keep it private and backed up)")
+    args = parser.parse_args(argv)
+    nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
+    if not nodes:
+        print("nats_users.py: error: --nodes names no node", file=sys.stderr)
+        return 2
+    try:
+        secrets_path = write_outputs(nodes, args.credentials_dir)
+    except UsersError as exc:
+        print(f"nats_users.py: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {secrets_path} (kubectl apply -f it) and {args.credentials_dir / 'nodes'}/<node>/*.password "
+          "(copy each node's files to /etc/gpu-dra/nats/ on that node, mode 0600)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,227 @@
+"""Garbage collection and namespace deletion, as background controllers over the store.
+
+- ownerReferences: a dependent whose owners are all gone is deleted (background cascade); an
+  owner being deleted in the foreground (`foregroundDeletion` finalizer) has its dependents
+  deleted first and loses the finalizer when none remain; an `orphan` finalizer strips the
+  owner's references from its dependents instead.
+- namespaces: a namespace with a deletionTimestamp has everything in it deleted (honouring
+  their finalizers), then its `kubernetes` finalizer removed, then it is gone.
+- pods bound to a node that does not exist are deleted (the pod GC controller's orphan cleanup),
+  and pods whose grace period ran out on a node whose kubelet never finished them are removed.
+
+Sweeps run on a task woken by relevant changes; each sweep is one pass over the objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from typing import Any
+
+from embedded.apiserver import errors
+from embedded.apiserver.core import Core, meta
+from embedded.apiserver.storage import Change, ObjKey, ResKey
+
+NAMESPACES: ResKey = ("", "namespaces")
+
+
+class GarbageCollector:
+    def __init__(self, core: Core, pod_grace_expiry: bool = True, namespace_delay: float = 0.5) -> None:
+        self.core = core
+        self.pod_grace_expiry = pod_grace_expiry
+        # The namespace controller acts a moment after the deletion, as upstream's does (so that
+        # `kubectl delete -f` of a namespace and its content finds the content still there).
+        self.namespace_delay = namespace_delay
+        self._ns_seen: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+        core.store.add_listener(self._on_change)
+
+    def wake(self) -> None:
+        self._wake.set()
+        self.idle.clear()
+
+    def _on_change(self, change: Change) -> None:
+        md = meta(change.obj)
+        if change.type == "DELETED" or md.get("deletionTimestamp") or (
+            change.type == "ADDED" and md.get("ownerReferences")
+        ):
+            self.wake()
+        elif change.type == "MODIFIED" and change.prev is not None and (
+            meta(change.prev).get("ownerReferences") != md.get("ownerReferences")
+        ):
+            self.wake()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="apiserver-gc")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            except TimeoutError:
+                if self.pod_grace_expiry and self._expired_pods():
+                    self.wake()
+                continue
+            self._wake.clear()
+            for _ in range(100):
+                if not self.sweep():
+                    break
+                await asyncio.sleep(0)
+            if not self._wake.is_set():
+                self.idle.set()
+
+    # ---- one pass
+
+    def sweep(self) -> bool:
+        """One pass; True when it changed something (so another pass may be needed)."""
+        store = self.core.store
+        by_uid: dict[str, tuple[ResKey, ObjKey, dict[str, Any]]] = {}
+        dependents: dict[str, list[tuple[ResKey, ObjKey, dict[str, Any]]]] = {}
+        everything = []
+        for res in store.resources():
+            for key, obj in store.items(res):
+                md = meta(obj)
+                everything.append((res, key, obj))
+                if md.get("uid"):
+                    by_uid[md["uid"]] = (res, key, obj)
+                for ref in md.get("ownerReferences") or []:
+                    dependents.setdefault(ref.get("uid", ""), []).append((res, key, obj))
+        changed = False
+        for res, key, obj in everything:
+            md = meta(obj)
+            if res == NAMESPACES and md.get("deletionTimestamp"):
+                changed |= self._finish_namespace(key, obj)
+                continue
+            refs = md.get("ownerReferences") or []
+            if refs:
+                changed |= self._dependent(res, key, obj, refs, by_uid, bool(dependents.get(md.get("uid", ""))))
+            if md.get("deletionTimestamp"):
+                finalizers = md.get("finalizers") or []
+                uid = md.get("uid", "")
+                if "foregroundDeletion" in finalizers and not dependents.get(uid):
+                    self._remove_finalizer(res, key, "foregroundDeletion")
+                    changed = True
+                if "orphan" in finalizers:
+                    for d_res, d_key, d_obj in dependents.get(uid, []):
+                        self._drop_ref(d_res, d_key, d_obj, uid)
+                    self._remove_finalizer(res, key, "orphan")
+                    changed = True
+            if res == ("", "pods"):
+                changed |= self._pod(key, obj)
+        return changed
+
+    def _dependent(
+        self, res: ResKey, key: ObjKey, obj: dict[str, Any], refs: list[dict[str, Any]],
+        by_uid: dict[str, tuple[ResKey, ObjKey, dict[str, Any]]],
+        has_dependents: bool,
+    ) -> bool:
+        """Delete a dependent with no solid owner left (owners gone or deleting in the foreground).
+
+        Like upstream, it is itself deleted in the foreground only when an owner waits for it and it has
+        dependents of its own; otherwise in the background."""
+        owners = [by_uid.get(ref.get("uid", "")) for ref in refs]
+        waiting = False
+        for owner in owners:
+            if owner is None:
+                continue
+            omd = meta(owner[2])
+            if omd.get("deletionTimestamp") and "foregroundDeletion" in (omd.get("finalizers") or []):
+                waiting = True
+            else:
+                return False  # a solid owner remains
+        return self._delete(res, key, "Foreground" if waiting and has_dependents else None)
+
+    def _delete(self, res_key: ResKey, key: ObjKey, propagation: str | None) -> bool:
+        res = self.core.registry.by_key(*res_key)
+        obj = self.core.store.get(res_key, key)
+        if res is None or obj is None:
+            return False
+        md = meta(obj)
+        if md.get("deletionTimestamp") and (propagation != "Foreground" or "foregroundDeletion" in (
+                md.get("finalizers") or [])):
+            return False
+        try:
+            self.core.delete(res, key[0], key[1], propagation)
+        except errors.ApiError:
+            return False
+        return True
+
+    def _remove_finalizer(self, res_key: ResKey, key: ObjKey, finalizer: str) -> None:
+        res = self.core.registry.by_key(*res_key)
+        if res is not None:
+            self.core.remove_finalizer(res, key, finalizer)
+
+    def _drop_ref(self, res_key: ResKey, key: ObjKey, obj: dict[str, Any], uid: str) -> None:
+        md = meta(obj)
+        refs = [r for r in md.get("ownerReferences") or [] if r.get("uid") != uid]
+        new_md = {**md, "ownerReferences": refs}
+        if not refs:
+            new_md.pop("ownerReferences")
+        self.core.store.put(res_key, key, {**obj, "metadata": new_md})
+
+    def _finish_namespace(self, key: ObjKey, ns: dict[str, Any]) -> bool:
+        name = key[1]
+        loop = asyncio.get_running_loop()
+        uid = meta(ns).get("uid", name)
+        first = self._ns_seen.setdefault(uid, loop.time())
+        if loop.time() - first < self.namespace_delay:
+            loop.call_later(self.namespace_delay - (loop.time() - first) + 0.01, self.wake)
+            return False
+        content = self.core.store.in_namespace(name)
+        changed = False
+        if content:
+            for res_key, obj_key, _ in content:
+                changed |= self._delete(res_key, obj_key, "Background")
+            return changed
+        spec = ns.get("spec") or {}
+        if "kubernetes" in (spec.get("finalizers") or []):
+            finalizers = [f for f in spec["finalizers"] if f != "kubernetes"]
+            ns = self.core.store.put(NAMESPACES, key, {**ns, "spec": {**spec, "finalizers": finalizers}})
+            changed = True
+        if not (ns.get("spec") or {}).get("finalizers") and not meta(ns).get("finalizers"):
+            self.core.store.delete(NAMESPACES, key)
+            self._ns_seen.pop(uid, None)
+            changed = True
+        return changed
+
+    def _pod(self, key: ObjKey, pod: dict[str, Any]) -> bool:
+        node = (pod.get("spec") or {}).get("nodeName")
+        md = meta(pod)
+        if not md.get("deletionTimestamp") or md.get("finalizers"):
+            return False
+        if node and self.core.store.get(("", "nodes"), ("", node)) is None:
+            self.core.store.delete(("", "pods"), key)
+            return True
+        if self.pod_grace_expiry and _past(md.get("deletionTimestamp")):
+            self.core.store.delete(("", "pods"), key)
+            return True
+        return False
+
+    def _expired_pods(self) -> bool:
+        for _, pod in self.core.store.items(("", "pods")):
+            md = meta(pod)
+            if md.get("deletionTimestamp") and not md.get("finalizers") and md.get("deletionGracePeriodSeconds") \
+                    and _past(md["deletionTimestamp"]):
+                return True
+        return False
+
+
+def _past(ts: str | None) -> bool:
+    if not ts:
+        return False
+    try:
+        when = dt.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return False
+    return when <= dt.datetime.now(dt.UTC)

@@ -1,0 +1,496 @@
+"""The aiohttp application: bearer-token auth, URL parsing into (group, version, resource,
+namespace, name, subresource), content negotiation (JSON, Table, PartialObjectMetadata,
+aggregated discovery) and the mapping of verbs onto the core. Errors leave as Status objects.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import yaml
+from aiohttp import web
+
+from embedded.apiserver import discovery, errors, openapi_docs, patch, protobuf, tables, versions
+from embedded.apiserver.resources import Resource
+from embedded.apiserver.selectors import SelectorError, parse_field_selector, parse_label_selector
+from embedded.apiserver.storage import deep_copy
+from embedded.apiserver.watch import WatchRequest
+
+if TYPE_CHECKING:
+    from embedded.apiserver.server import ApiServer
+
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
+OPEN_PATHS = {"/healthz", "/livez", "/readyz", "/version"}
+
+
+def _truthy(value: str | None) -> bool:
+    """Go's strconv.ParseBool truths, which query parameters use (clients send true, True or 1)."""
+    return value in ("1", "t", "T", "true", "TRUE", "True")
+
+
+def json_response(body: Any, status: int = 200, content_type: str = "application/json",
+                  warnings: list[str] | None = None) -> web.Response:
+    headers = {"Content-Type": content_type}
+    if warnings:
+        headers["Warning"] = ", ".join('299 - "' + w.replace('"', '\\"') + '"' for w in warnings)
+    return web.Response(body=_encode(body), status=status, headers=headers)
+
+
+def status_response(err: errors.ApiError) -> web.Response:
+    return json_response(err.status(), status=err.code)
+
+
+@dataclass
+class Target:
+    group: str
+    version: str
+    res: Resource | None
+    namespace: str | None
+    name: str
+    subresource: str
+    watch_prefix: bool = False
+
+
+def build_app(server: ApiServer) -> web.Application:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path not in OPEN_PATHS and server.token:
+            auth = request.headers.get("Authorization", "")
+            if not (auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip(), server.token)):
+                return json_response(errors.status(401, "Unauthorized", "Unauthorized"), status=401)
+        try:
+            return await handler(request)
+        except errors.ApiError as err:
+            return status_response(err)
+        except SelectorError as err:
+            return status_response(errors.bad_request(str(err)))
+
+    app = web.Application(middlewares=[middleware], client_max_size=64 * 1024 * 1024)
+    handlers = Handlers(server)
+    app.router.add_get("/healthz", handlers.ok)
+    app.router.add_get("/livez", handlers.ok)
+    app.router.add_get("/readyz", handlers.ok)
+    app.router.add_get("/version", handlers.version)
+    app.router.add_get("/openapi/v2", handlers.openapi_v2)
+    app.router.add_get("/openapi/v3", handlers.openapi_v3_index)
+    app.router.add_get("/openapi/v3/{path:.*}", handlers.openapi_v3)
+    app.router.add_route("*", "/api", handlers.api_root)
+    app.router.add_route("*", "/apis", handlers.apis_root)
+    app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
+    app.router.add_route("*", "/apis/{tail:.*}", handlers.resource)
+    return app
+
+
+class Handlers:
+    def __init__(self, server: ApiServer) -> None:
+        self.server = server
+        self.core = server.core
+        self.registry = server.registry
+
+    async def ok(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def version(self, request: web.Request) -> web.Response:
+        return json_response(discovery.SERVER_VERSION)
+
+    async def openapi_v2(self, request: web.Request) -> web.Response:
+        doc = openapi_docs.v2(self.registry)
+        if doc is None:
+            raise errors.ApiError(404, "NotFound", "the OpenAPI v2 document is not available in this build")
+        return json_response(doc)
+
+    async def openapi_v3_index(self, request: web.Request) -> web.Response:
+        return json_response(openapi_docs.v3_index(self.registry))
+
+    async def openapi_v3(self, request: web.Request) -> web.Response:
+        doc = openapi_docs.v3_document(self.registry, request.match_info["path"])
+        if doc is None:
+            raise errors.ApiError(404, "NotFound", f"no OpenAPI v3 document for {request.match_info['path']!r}")
+        return json_response(doc)
+
+    async def api_root(self, request: web.Request) -> web.Response:
+        media = discovery.wants_aggregated(request.headers.get("Accept", ""))
+        if media:
+            return json_response(discovery.aggregated(self.registry, True, media), content_type=media)
+        return json_response(discovery.api_versions(f"127.0.0.1:{self.server.port}"))
+
+    async def apis_root(self, request: web.Request) -> web.Response:
+        media = discovery.wants_aggregated(request.headers.get("Accept", ""))
+        if media:
+            return json_response(discovery.aggregated(self.registry, False, media), content_type=media)
+        return json_response(discovery.api_group_list(self.registry))
+
+    # ---- routing
+
+    def _target(self, request: web.Request) -> Target | web.Response:
+        legacy = request.path.startswith("/api/")
+        segs = [s for s in request.match_info["tail"].split("/") if s]
+        if legacy:
+            if not segs:
+                return json_response(discovery.api_versions(f"127.0.0.1:{self.server.port}"))
+            group, version, rest = "", segs[0], segs[1:]
+        else:
+            if len(segs) == 1:
+                doc = discovery.api_group(self.registry, segs[0])
+                if doc is None:
+                    raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+                return json_response(doc)
+            group, version, rest = segs[0], segs[1], segs[2:]
+        if not rest:
+            doc = discovery.resource_list(self.registry, group, version)
+            if doc is None:
+                raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+            return json_response(doc)
+        watch_prefix = False
+        if rest[0] == "watch":
+            watch_prefix, rest = True, rest[1:]
+        namespace: str | None = None
+        if len(rest) >= 3 and rest[0] == "namespaces" and not (group == "" and rest[2] in ("status", "finalize")):
+            namespace, rest = rest[1], rest[2:]
+        plural = rest[0]
+        name = rest[1] if len(rest) > 1 else ""
+        sub = rest[2] if len(rest) > 2 else ""
+        if len(rest) > 3:
+            raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+        res = self.registry.get(group, version, plural)
+        if res is None:
+            raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+        if namespace is not None and not res.namespaced:
+            raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+        if res.namespaced and name and namespace is None:
+            raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+        if sub and sub not in res.subresources:
+            raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+        return Target(group, version, res, namespace, name, sub, watch_prefix)
+
+    async def resource(self, request: web.Request) -> web.StreamResponse:
+        target = self._target(request)
+        if isinstance(target, web.Response):
+            return target
+        method = request.method
+        q = request.query
+        if method == "GET":
+            if target.name:
+                return self._get(request, target)
+            if target.watch_prefix or _truthy(q.get("watch")):
+                return await self._watch(request, target)
+            return self._list(request, target)
+        if method == "POST" and not target.name:
+            return await self._create(request, target)
+        if method == "POST" and target.subresource in ("binding", "eviction"):
+            return await self._pod_action(request, target)
+        if method == "PUT" and target.name:
+            return await self._update(request, target)
+        if method == "PATCH" and target.name:
+            return await self._patch(request, target)
+        if method == "DELETE":
+            if target.name:
+                return await self._delete(request, target)
+            return await self._delete_collection(request, target)
+        raise errors.method_not_allowed()
+
+    # ---- encoding
+
+    def _out(self, target: Target, obj: dict[str, Any]) -> dict[str, Any]:
+        assert target.res is not None
+        return versions.convert(target.res, obj, target.version)
+
+    def _respond_object(self, request: web.Request, target: Target, obj: dict[str, Any], status: int = 200,
+                        warnings: list[str] | None = None) -> web.Response:
+        out = self._out(target, obj)
+        accept = request.headers.get("Accept", "")
+        assert target.res is not None
+        if tables.wants_table(accept):
+            md = {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion", "")}
+            out = tables.table(target.res, target.version, [out], md, request.query.get("includeObject", "Metadata"))
+        elif tables.wants_metadata(accept):
+            out = tables.partial_metadata(out)
+        if target.subresource == "scale" and target.res is not None:
+            out = scale_of(out)
+        return json_response(out, status=status, warnings=warnings)
+
+    # ---- verbs
+
+    def _get(self, request: web.Request, target: Target) -> web.Response:
+        assert target.res is not None
+        obj = self.core.get(target.res, target.namespace or "", target.name)
+        return self._respond_object(request, target, obj)
+
+    def _selectors(self, request: web.Request, res: Resource) -> tuple[Any, Any]:
+        label = parse_label_selector(request.query.get("labelSelector"))
+        field = parse_field_selector(request.query.get("fieldSelector"), res.allowed_fields(), res.kind)
+        return label, field
+
+    def _list(self, request: web.Request, target: Target) -> web.Response:
+        res = target.res
+        assert res is not None
+        q = request.query
+        label, field = self._selectors(request, res)
+        try:
+            limit = int(q.get("limit") or 0)
+        except ValueError:
+            raise errors.bad_request(f"invalid limit {q.get('limit')!r}: it must be an integer") from None
+        page = self.core.list_objects(res, target.namespace, label, field, limit, q.get("continue", ""))
+        list_meta: dict[str, Any] = {"resourceVersion": page.resource_version}
+        if page.continue_token:
+            list_meta["continue"] = page.continue_token
+            list_meta["remainingItemCount"] = page.remaining
+        accept = request.headers.get("Accept", "")
+        if target.version == res.storage_version and not tables.wants_table(accept) \
+                and not tables.wants_metadata(accept):
+            # The hot path (informers, LIST of 10k slices): join each object's cached JSON.
+            store = self.server.store
+            head = _encode({"kind": f"{res.kind}List", "apiVersion": res.api_version(target.version),
+                            "metadata": list_meta})
+            items_raw = b",".join(store.encoded(res.key, k, o) for k, o in zip(page.keys, page.items, strict=True))
+            body_raw = head[:-1] + b',"items":[' + items_raw + b"]}"
+            return web.Response(body=body_raw, headers={"Content-Type": "application/json"})
+        items = [self._out(target, o) for o in page.items]
+        if tables.wants_table(accept):
+            body = tables.table(res, target.version, items, list_meta, q.get("includeObject", "Metadata"))
+        elif tables.wants_metadata(accept):
+            body = {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta,
+                    "items": [tables.partial_metadata(o) for o in items]}
+        else:
+            body = {"kind": f"{res.kind}List", "apiVersion": res.api_version(target.version),
+                    "metadata": list_meta, "items": items}
+        return json_response(body)
+
+    async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
+        res = target.res
+        assert res is not None
+        q = request.query
+        label, field = self._selectors(request, res)
+        timeout = q.get("timeoutSeconds")
+        accept = request.headers.get("Accept", "")
+        wr = WatchRequest(
+            res=res, version=target.version, namespace=target.namespace if res.namespaced else None,
+            label=label, field=field, resource_version=q.get("resourceVersion", ""),
+            bookmarks=_truthy(q.get("allowWatchBookmarks")),
+            timeout=float(timeout) if timeout else None,
+            send_initial=_truthy(q.get("sendInitialEvents")),
+            as_table=tables.wants_table(accept), include_object=q.get("includeObject", "Metadata"),
+            metadata_only=tables.wants_metadata(accept),
+        )
+        return await self.server.hub.serve(request, wr)
+
+    async def _body(self, request: web.Request) -> Any:
+        raw = await request.read()
+        ctype = request.headers.get("Content-Type", "application/json").split(";")[0].strip()
+        if ctype == protobuf.MEDIA_TYPE:
+            try:
+                return protobuf.decode_body(raw)
+            except protobuf.ProtobufError as exc:
+                raise errors.ApiError(415, "UnsupportedMediaType", str(exc)) from exc
+        try:
+            if ctype in ("application/yaml", patch.APPLY_PATCH):
+                return yaml.safe_load(raw)
+            return _decode(raw)
+        except (msgspec.DecodeError, yaml.YAMLError) as exc:
+            raise errors.bad_request(f"the request body is not valid JSON: {exc}") from exc
+
+    @staticmethod
+    def _dry_run(request: web.Request) -> bool:
+        values = request.query.getall("dryRun", [])
+        for v in values:
+            if v != "All":
+                raise errors.bad_request(f'dryRun: Unsupported value: "{v}": supported values: "All"')
+        return bool(values)
+
+    @staticmethod
+    def _field_validation(request: web.Request) -> str:
+        value = request.query.get("fieldValidation", "")
+        if value not in ("", "Strict", "Warn", "Ignore"):
+            raise errors.bad_request(
+                f'fieldValidation: Unsupported value: "{value}": supported values: "Ignore", "Strict", "Warn"')
+        return value or "Warn"
+
+    async def _create(self, request: web.Request, target: Target) -> web.Response:
+        assert target.res is not None
+        if target.namespace is None and target.res.namespaced:
+            raise errors.method_not_allowed()
+        body = await self._body(request)
+        obj, warnings = self.core.create(
+            target.res, target.version, target.namespace or "", body, self._dry_run(request), self._field_validation(request)
+        )
+        return self._respond_object(request, target, obj, status=201, warnings=warnings)
+
+    async def _update(self, request: web.Request, target: Target) -> web.Response:
+        assert target.res is not None
+        body = await self._body(request)
+        if target.subresource == "scale":
+            return await self._update_scale(request, target, body)
+        if target.subresource == "finalize":
+            return self._finalize(request, target, body)
+        obj, warnings = self.core.update(
+            target.res, target.version, target.namespace or "", target.name, body, target.subresource,
+            self._dry_run(request), self._field_validation(request),
+        )
+        return self._respond_object(request, target, obj, warnings=warnings)
+
+    async def _patch(self, request: web.Request, target: Target) -> web.Response:
+        res = target.res
+        assert res is not None
+        ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+        raw = await request.read()
+        if ctype == patch.APPLY_PATCH:
+            return await self._apply(request, target, raw)
+        if target.subresource == "scale":
+            current = scale_of(self._out(target, self.core.get(res, target.namespace or "", target.name)))
+            doc = _decode(raw) if raw else {}
+            patched = patch.merge_patch(current, doc) if ctype != patch.JSON_PATCH else patch.json_patch(current, doc)
+            return await self._update_scale(request, target, patched)
+        obj, warnings = self.core.patch(
+            res, target.version, target.namespace or "", target.name, ctype, raw, target.subresource,
+            self._dry_run(request), self._field_validation(request),
+        )
+        return self._respond_object(request, target, obj, warnings=warnings)
+
+    async def _apply(self, request: web.Request, target: Target, raw: bytes) -> web.Response:
+        """Server-side apply, approximated: create when absent, else merge the applied fields."""
+        res = target.res
+        assert res is not None
+        if not request.query.get("fieldManager"):
+            raise errors.bad_request("PATCH, application/apply-patch+yaml requires fieldManager to be set")
+        try:
+            doc = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise errors.bad_request(f"error decoding YAML: {exc}") from exc
+        ns = target.namespace or ""
+        if res.namespaced:
+            doc.setdefault("metadata", {}).setdefault("namespace", ns)
+        exists = res and self.server.store.get(res.key, (ns if res.namespaced else "", target.name)) is not None
+        if not exists:
+            doc.setdefault("metadata", {})["name"] = target.name
+            obj, warnings = self.core.create(res, target.version, ns, doc, self._dry_run(request))
+            return self._respond_object(request, target, obj, status=201, warnings=warnings)
+        ctype = patch.MERGE_PATCH if res.is_custom else patch.STRATEGIC_PATCH
+        obj, warnings = self.core.patch(res, target.version, ns, target.name, ctype, _encode(doc),
+                                        target.subresource, self._dry_run(request))
+        return self._respond_object(request, target, obj, warnings=warnings)
+
+    async def _delete(self, request: web.Request, target: Target) -> web.Response:
+        res = target.res
+        assert res is not None
+        options = await self._delete_options(request)
+        obj, gone = self.core.delete(
+            res, target.namespace or "", target.name, options.get("propagationPolicy"),
+            options.get("gracePeriodSeconds"), options.get("preconditions"), self._dry_run(request)
+        )
+        if gone and not _returns_deleted_object(res):
+            uid = (obj.get("metadata") or {}).get("uid", "")
+            return json_response(errors.success_status(res, target.name, uid))
+        return json_response(self._out(target, obj), status=200 if gone else 202)
+
+    async def _delete_options(self, request: web.Request) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        raw = await request.read()
+        if raw.strip():
+            try:
+                body = _decode(raw)
+            except msgspec.DecodeError as exc:
+                raise errors.bad_request(f"invalid DeleteOptions: {exc}") from exc
+            if isinstance(body, dict):
+                options.update(body)
+        q = request.query
+        if q.get("propagationPolicy"):
+            options["propagationPolicy"] = q["propagationPolicy"]
+        if q.get("gracePeriodSeconds"):
+            options["gracePeriodSeconds"] = int(q["gracePeriodSeconds"])
+        if options.get("orphanDependents") is True and not options.get("propagationPolicy"):
+            options["propagationPolicy"] = "Orphan"
+        return options
+
+    async def _delete_collection(self, request: web.Request, target: Target) -> web.Response:
+        res = target.res
+        assert res is not None
+        label, field = self._selectors(request, res)
+        options = await self._delete_options(request)
+        page = self.core.list_objects(res, target.namespace, label, field)
+        deleted = []
+        for obj in page.items:
+            md = obj.get("metadata") or {}
+            try:
+                out, _ = self.core.delete(res, md.get("namespace", ""), md["name"], options.get("propagationPolicy"),
+                                          options.get("gracePeriodSeconds"), None, self._dry_run(request))
+            except errors.ApiError as err:
+                if err.code == 404:
+                    continue
+                raise
+            deleted.append(self._out(target, out))
+        return json_response({"kind": f"{res.kind}List", "apiVersion": res.api_version(target.version),
+                              "metadata": {"resourceVersion": str(self.server.store.rv)}, "items": deleted})
+
+    # ---- subresources with their own shapes
+
+    async def _pod_action(self, request: web.Request, target: Target) -> web.Response:
+        res = target.res
+        assert res is not None and res.key == ("", "pods")
+        body = await self._body(request)
+        ns = target.namespace or ""
+        if target.subresource == "eviction":
+            options = (body or {}).get("deleteOptions") or {}
+            self.core.delete(res, ns, target.name, options.get("propagationPolicy"),
+                             options.get("gracePeriodSeconds"), options.get("preconditions"), self._dry_run(request))
+            return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                  "code": 201}, status=201)
+        node = ((body or {}).get("target") or {}).get("name")
+        if not node:
+            raise errors.invalid(res, target.name, [{"reason": "FieldValueRequired", "field": "target.name",
+                                                     "message": "Required value"}])
+        pod = self.core.get(res, ns, target.name)
+        if (pod.get("spec") or {}).get("nodeName"):
+            raise errors.conflict(res, target.name, f"pod {target.name} is already assigned to node "
+                                                    f"\"{pod['spec']['nodeName']}\"")
+        self.server.bind_pod(res, pod, node)
+        return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                              "code": 201}, status=201)
+
+    def _finalize(self, request: web.Request, target: Target, body: Any) -> web.Response:
+        res = target.res
+        assert res is not None
+        current = self.core.get(res, "", target.name)
+        finalizers = ((body or {}).get("spec") or {}).get("finalizers") or []
+        updated = {**current, "spec": {**(current.get("spec") or {}), "finalizers": finalizers}}
+        stored = self.server.store.put(res.key, ("", target.name), updated)
+        self.server.gc.wake()
+        return json_response(self._out(target, stored))
+
+    async def _update_scale(self, request: web.Request, target: Target, body: Any) -> web.Response:
+        res = target.res
+        assert res is not None
+        replicas = ((body or {}).get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or replicas < 0:
+            raise errors.invalid(res, target.name, [{"reason": "FieldValueInvalid", "field": "spec.replicas",
+                                                     "message": "Invalid value: must be a non-negative integer"}])
+        current = self._out(target, self.core.get(res, target.namespace or "", target.name))
+        new = deep_copy({**current, "spec": {**(current.get("spec") or {}), "replicas": replicas}})
+        obj, _ = self.core.update(res, target.version, target.namespace or "", target.name, new)
+        return json_response(scale_of(self._out(target, obj)))
+
+
+# Kinds whose registry returns the deleted object rather than a Status (ReturnDeletedObject upstream).
+_RETURNS_OBJECT = {("", "pods"), ("", "services"), ("", "serviceaccounts"), ("rbac.authorization.k8s.io", "rolebindings"),
+                   ("networking.k8s.io", "networkpolicies")}
+
+
+def _returns_deleted_object(res: Resource) -> bool:
+    return res.is_custom or res.group == "resource.k8s.io" or res.key in _RETURNS_OBJECT
+
+
+def scale_of(obj: dict[str, Any]) -> dict[str, Any]:
+    md = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    selector = (spec.get("selector") or {}).get("matchLabels") or {}
+    return {
+        "kind": "Scale", "apiVersion": "autoscaling/v1",
+        "metadata": {k: md[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in md},
+        "spec": {"replicas": spec.get("replicas", 1)},
+        "status": {"replicas": status.get("replicas", 0),
+                   "selector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))},
+    }

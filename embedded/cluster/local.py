@@ -1,0 +1,236 @@
+"""A whole local GPU cluster on one machine: NATS, the API server and every service as its own process.
+
+Owns the layout of the data directory, the order things start in and what "ready" means for each
+(observed effects, not timers: the API server answers, a node's inventory is in KV, its plugin
+sockets exist and its Node is Ready, its ResourceSlices are published), and the teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import msgspec
+from kubernetes_asyncio import client
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from embedded.cluster.processes import Supervisor, gpu_dra
+from shared.bus import Bus
+from shared.config import CommonConfig
+from shared.deviceclasses import device_classes
+from shared.events import catalog
+from shared.logs import get_logger
+from shared.natsserver import EmbeddedNats, free_port
+
+log = get_logger(__name__)
+GPU_DRIVER = "gpu.nvidia.com"
+
+
+class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
+    nodes: int = 2
+    gpus: str = "h100x8"  # --simulate spec for every node
+    machine: str = ""  # YAML machine file for every node (instead of --gpus)
+    kubeconfig: str = ""  # where to write the kubeconfig (default <data-dir>/kubeconfig)
+    data_dir: str = ""  # all state; a temp dir removed on exit when not given
+    node_prefix: str = "gpu-node-"
+    dynamic_mig: bool = False  # publish MIG-capable GPUs as partitionable devices
+    start_timeout: float = 90.0
+
+
+class LocalCluster:
+    """`async with LocalCluster(cfg, progress=print) as cluster:` a running cluster."""
+
+    def __init__(self, cfg: ClusterConfig, progress: Callable[[str], None] | None = None):
+        self.cfg = cfg
+        self.progress = progress or (lambda line: None)
+        self._own_dir = not cfg.data_dir
+        self.data_dir = Path(cfg.data_dir or tempfile.mkdtemp(prefix="gpu-dra-cluster-"))
+        self.kubeconfig_path = Path(cfg.kubeconfig) if cfg.kubeconfig else self.data_dir / "kubeconfig"
+        self.node_names = [f"{cfg.node_prefix}{i}" for i in range(cfg.nodes)]
+        self.nats: EmbeddedNats | None = None
+        self.nats_url = cfg.nats_url
+        self.supervisor: Supervisor | None = None
+        self.api: client.ApiClient | None = None
+        self.bus: Bus | None = None
+        self.token = secrets.token_hex(16)
+        self.extra_env: dict[str, str] = {}
+
+    def node_dir(self, node: str) -> Path:
+        return self.data_dir / "nodes" / node
+
+    def node_paths(self, node: str) -> dict[str, Path]:
+        root = self.node_dir(node)
+        return {
+            "root": root,
+            "registry": root / "var/lib/kubelet/plugins_registry",
+            "plugins": root / "var/lib/kubelet/plugins",
+            "cdi": root / "var/run/cdi",
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> LocalCluster:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    def _env(self) -> dict[str, str]:
+        return {"GPU_DRA_NATS_URL": self.nats_url, "GPU_DRA_LOG_FORMAT": "json",
+                "KUBECONFIG": str(self.kubeconfig_path), **self.extra_env}
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.nats_url:
+            self.nats = EmbeddedNats(store_dir=self.data_dir / "nats")
+            await self.nats.start()
+            self.nats_url = self.nats.url
+        self.progress(f"nats-server (JetStream)   {self.nats_url}")
+        self.bus = await Bus.connect(self.nats_url, name="gpu-dra-up")
+        await self.bus.provision()
+        sup = self.supervisor = Supervisor(self.data_dir / "logs", self._env())
+        port = free_port()
+        await sup.start("apiserver", gpu_dra("apiserver", "--port", str(port), "--kubeconfig",
+                                             str(self.kubeconfig_path), "--data-dir",
+                                             str(self.data_dir / "apiserver"), "--token", self.token))
+        await sup.wait_until("the API server", self._apiserver_ready, timeout=self.cfg.start_timeout)
+        self.progress(f"API server                https://127.0.0.1:{port} (kubeconfig {self.kubeconfig_path})")
+        await self._install_cluster_objects()
+        await self._start_cluster_services()
+        await asyncio.gather(*(self._start_node(node) for node in self.node_names))
+        await sup.wait_until("ResourceSlices for every node", self._slices_published, timeout=self.cfg.start_timeout)
+        self.progress(f"ResourceSlices published  {len(self.node_names)} node(s)")
+
+    async def stop(self) -> None:
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+        if self.api is not None:
+            await self.api.close()
+        if self.bus is not None:
+            with contextlib.suppress(Exception):
+                await self.bus.close()
+        if self.nats is not None:
+            await self.nats.close()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ steps
+    async def _apiserver_ready(self) -> bool:
+        if not self.kubeconfig_path.exists():
+            return False
+        if self.api is None:
+            cfg = client.Configuration()
+            await kube_config.load_kube_config(config_file=str(self.kubeconfig_path), client_configuration=cfg)
+            self.api = client.ApiClient(cfg)
+        try:
+            await client.VersionApi(self.api).get_code()
+        except (TimeoutError, OSError, ApiException):
+            return False
+        return True
+
+    async def api_client(self) -> client.ApiClient:
+        assert self.api is not None
+        return self.api
+
+    async def _apply(self, group: str, version: str, plural: str, body: dict[str, Any],
+                     namespace: str | None = None) -> None:
+        custom = client.CustomObjectsApi(self.api)
+        try:
+            if namespace:
+                await custom.create_namespaced_custom_object(group, version, namespace, plural, body)
+            else:
+                await custom.create_cluster_custom_object(group, version, plural, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    async def _install_cluster_objects(self) -> None:
+        from services.computedomain.crd import crds  # the ComputeDomain service owns its CRDs
+
+        ext = client.ApiextensionsV1Api(self.api)
+        for crd in crds():
+            with contextlib.suppress(ApiException):
+                await ext.create_custom_resource_definition(crd)
+        for dc in device_classes("v1"):
+            await self._apply("resource.k8s.io", "v1", "deviceclasses", dc)
+        core = client.CoreV1Api(self.api)
+        for name in ("gpu-dra", "default"):
+            with contextlib.suppress(ApiException):
+                await core.create_namespace({"metadata": {"name": name}})
+        for node in self.node_names:
+            body = {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node,
+                                                           "nvidia.com/gpu.present": "true"}},
+                    "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}}
+            with contextlib.suppress(ApiException):
+                await core.create_node(body)
+        self.progress(f"CRDs, DeviceClasses, Nodes {', '.join(self.node_names)}")
+
+    async def _start_cluster_services(self) -> None:
+        assert self.supervisor is not None
+        kube = ["--kubeconfig", str(self.kubeconfig_path)]
+        await self.supervisor.start("publisher", gpu_dra("publisher", *kube, *(
+            ["--mode", "dynamic-mig"] if self.cfg.dynamic_mig else [])))
+        await self.supervisor.start("scheduler", gpu_dra("scheduler", *kube))
+        await self.supervisor.start("controllers", gpu_dra("controllers", *kube))
+        await self.supervisor.start("computedomain-controller", gpu_dra("computedomain", "controller", *kube))
+        self.progress("publisher, scheduler, controllers, computedomain controller started")
+
+    async def _start_node(self, node: str) -> None:
+        assert self.supervisor is not None
+        paths = self.node_paths(node)
+        for p in paths.values():
+            p.mkdir(parents=True, exist_ok=True)
+        machine = ["--machine", self.cfg.machine] if self.cfg.machine else ["--simulate", self.cfg.gpus]
+        await self.supervisor.start(f"{node}-discovery", gpu_dra(
+            "discovery", "--node", node, *machine, "--dev-root", str(paths["root"])))
+        await self.supervisor.wait_until(f"{node} inventory", lambda: self._has_inventory(node),
+                                         timeout=self.cfg.start_timeout)
+        await self.supervisor.start(f"{node}-preparer", gpu_dra(
+            "preparer", "--node", node, "--kubeconfig", str(self.kubeconfig_path),
+            "--registry-dir", str(paths["registry"]), "--plugins-dir", str(paths["plugins"]),
+            "--cdi-dir", str(paths["cdi"]), "--dev-root", str(paths["root"])))
+        await self.supervisor.start(f"{node}-kubelet", gpu_dra(
+            "kubelet", "--node", node, "--kubeconfig", str(self.kubeconfig_path),
+            "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"])))
+        await self.supervisor.wait_until(f"{node} Ready", lambda: self._node_ready(node),
+                                         timeout=self.cfg.start_timeout)
+        self.progress(f"node {node:<18} discovery, preparer, kubelet ready")
+
+    async def _has_inventory(self, node: str) -> bool:
+        assert self.bus is not None
+        kv = await self.bus.kv(catalog.INVENTORY_BUCKET)
+        return await kv.get(node) is not None
+
+    async def _node_ready(self, node: str) -> bool:
+        try:
+            obj = await client.CoreV1Api(self.api).read_node(node)
+        except ApiException:
+            return False
+        return any(c.type == "Ready" and c.status == "True" for c in (obj.status.conditions or []))
+
+    async def _slices_published(self) -> bool:
+        custom = client.CustomObjectsApi(self.api)
+        listed = await custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
+        nodes = {(s.get("spec") or {}).get("nodeName") for s in listed.get("items") or []
+                 if (s.get("spec") or {}).get("driver") == GPU_DRIVER}
+        return set(self.node_names) <= nodes
+
+
+@contextlib.asynccontextmanager
+async def local_cluster(progress: Callable[[str], None] | None = None, **settings: Any) -> AsyncIterator[LocalCluster]:
+    cfg = msgspec.convert(settings, ClusterConfig)
+    async with LocalCluster(cfg, progress) as cluster:
+        yield cluster

@@ -1,0 +1,72 @@
+"""A terminal waterfall of one trace, from the JSON-lines span files the local cluster's services write.
+
+Owns reading span files, choosing a trace (by a root span name), and drawing it as an indented tree
+with a time bar per span: service, span name, offset and duration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+BAR_WIDTH = 32
+
+
+def read_spans(path: Path) -> list[dict[str, Any]]:
+    spans: list[dict[str, Any]] = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return spans
+    for line in lines:
+        try:
+            spans.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written right now
+    return spans
+
+
+def traces_with(spans: list[dict[str, Any]], name_part: str) -> list[list[dict[str, Any]]]:
+    """Traces containing a span whose name contains `name_part`, biggest first."""
+    by_trace: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for span in spans:
+        by_trace[span["trace_id"]].append(span)
+    chosen = [t for t in by_trace.values() if any(name_part in s["name"] for s in t)]
+    return sorted(chosen, key=lambda t: (-len({s.get("service") for s in t}), -len(t)))
+
+
+def render(trace: list[dict[str, Any]]) -> str:
+    """An indented tree, children under parents in start order, with bars on a shared time axis."""
+    ids = {s["span_id"] for s in trace}
+    children: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    roots = []
+    for span in trace:
+        if span["parent_span_id"] and span["parent_span_id"] in ids:
+            children[span["parent_span_id"]].append(span)
+        else:
+            roots.append(span)
+    t0 = min(s["start_ns"] for s in trace)
+    t1 = max(s["end_ns"] for s in trace)
+    total = max(t1 - t0, 1)
+    lines = [f"trace {trace[0]['trace_id']}  {total / 1e6:.1f} ms, {len(trace)} spans, "
+             f"{len({s.get('service') for s in trace})} services"]
+
+    def walk(span: dict[str, Any], depth: int) -> None:
+        start = (span["start_ns"] - t0) / total
+        width = max((span["end_ns"] - span["start_ns"]) / total, 0.0)
+        lo = int(start * BAR_WIDTH)
+        hi = max(lo + 1, int((start + width) * BAR_WIDTH))
+        bar = " " * lo + "█" * (hi - lo) + " " * (BAR_WIDTH - hi)
+        label = f"{'  ' * depth}{span['name']}"
+        service = str(span.get("service") or "")
+        dur_ms = (span["end_ns"] - span["start_ns"]) / 1e6
+        flag = " !" if span.get("status") == "ERROR" else ""
+        lines.append(f"  {service[:22]:<22} {label[:52]:<52} |{bar}| {dur_ms:8.2f} ms{flag}")
+        for child in sorted(children[span["span_id"]], key=lambda s: s["start_ns"]):
+            walk(child, depth + 1)
+
+    for root in sorted(roots, key=lambda s: s["start_ns"]):
+        walk(root, 0)
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The kubelet emulator: the kubelet's side of plugin registration and the DRA gRPC protocols."""

@@ -1,0 +1,81 @@
+"""The kubelet emulator's plugin watcher: register every DRA plugin whose socket appears in the registry dir.
+
+Owns scanning `<registry-dir>/*-reg.sock` (the kubelet's plugin watcher does the same with fsnotify),
+registering each new socket through the real registration protocol, dropping plugins whose socket
+went away or was replaced, and routing prepare/unprepare calls to the driver's plugin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from embedded.kubelet.client import Claim, DraPlugin, PluginError, PreparedClaim, register
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+SCAN_INTERVAL = 0.25
+
+
+class PluginRegistry:
+    """Registered DRA plugins by driver name; `changed` is set whenever the set changes."""
+
+    def __init__(self, registry_dir: Path):
+        self.registry_dir = registry_dir
+        self.plugins: dict[str, DraPlugin] = {}
+        self._sockets: dict[Path, tuple[int, str]] = {}  # socket -> (inode, driver)
+        self.changed = asyncio.Event()
+
+    def drivers(self) -> set[str]:
+        return set(self.plugins)
+
+    async def prepare(self, driver: str, claims: list[Claim]) -> dict[str, PreparedClaim]:
+        return await self.plugins[driver].prepare(claims)
+
+    async def unprepare(self, driver: str, claims: list[Claim]) -> dict[str, str]:
+        plugin = self.plugins.get(driver)
+        if plugin is None:
+            return {c.uid: f"driver {driver} is not registered" for c in claims}
+        return await plugin.unprepare(claims)
+
+    async def scan(self) -> None:
+        present: dict[Path, int] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for path in self.registry_dir.glob("*-reg.sock"):
+                with contextlib.suppress(FileNotFoundError):
+                    present[path] = path.stat().st_ino
+        for path, (inode, driver) in list(self._sockets.items()):
+            if present.get(path) != inode:
+                del self._sockets[path]
+                plugin = self.plugins.pop(driver, None)
+                if plugin is not None:
+                    await plugin.close()
+                log.info("plugin deregistered", driver=driver, socket=str(path))
+                self.changed.set()
+        for path, inode in present.items():
+            if path in self._sockets:
+                continue
+            try:
+                plugin = await register(path)
+            except PluginError as exc:
+                log.warning("plugin registration failed; will retry", socket=str(path), error=str(exc))
+                continue
+            old = self.plugins.pop(plugin.driver, None)
+            if old is not None:
+                await old.close()
+            self.plugins[plugin.driver] = plugin
+            self._sockets[path] = (inode, plugin.driver)
+            log.info("plugin registered", driver=plugin.driver, version=plugin.version, endpoint=plugin.endpoint)
+            self.changed.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            await self.scan()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), SCAN_INTERVAL)
+
+    async def close(self) -> None:
+        for plugin in self.plugins.values():
+            await plugin.close()
+        self.plugins.clear()

@@ -1,0 +1,387 @@
+"""Structured-parameters allocation, as kube-scheduler does it (reference §5): a pure function.
+
+Owns the search for one pod's unallocated claims on one node: requests in order, `ExactCount` and
+`All`, `firstAvailable` subrequests (result `req/sub`), `matchAttribute` constraints, adminAccess
+(namespace label), counters (partitionable devices), taints vs tolerations, depth-first with
+backtracking under a step budget. The output is the `status.allocation` v1 dict per claim, or a
+`NodeReport` saying per request which check rejected which devices. Claim parsing lives in
+`requests.py`, slice gathering in `pools.py`, result building in `results.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+import msgspec
+
+from embedded.scheduler.cel import CelError
+from embedded.scheduler.pools import Candidate, CounterKey, DeviceId, Pool, SliceIndex, node_labels
+from embedded.scheduler.report import ClaimProblem, NodeReport, RequestReport
+from embedded.scheduler.requests import ClaimError, ClaimRequests, Constraint, Req, parse_claims
+from embedded.scheduler.results import allocation_result
+
+MAX_RESULTS = 32
+DEFAULT_BUDGET = 100_000  # device tries per node before the search gives up
+
+
+class AllocatedState:
+    """Devices held by allocated claims (admin-access results excluded), with the claim holding each."""
+
+    def __init__(self, devices: Mapping[DeviceId, str] | None = None):
+        self.devices: dict[DeviceId, str] = dict(devices or {})
+
+    @classmethod
+    def from_claims(cls, claims: Iterable[Mapping[str, Any]]) -> AllocatedState:
+        state = cls()
+        for claim in claims:
+            state.add_claim(claim)
+        return state
+
+    def add_claim(self, claim: Mapping[str, Any]) -> None:
+        md = claim.get("metadata") or {}
+        owner = f"{md.get('namespace', '')}/{md.get('name', '')}"
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for r in (allocation.get("devices") or {}).get("results") or []:
+            if r.get("adminAccess") or r.get("shareID"):
+                continue
+            self.devices[(r["driver"], r["pool"], r["device"])] = owner
+
+    def remove_claim(self, claim: Mapping[str, Any]) -> None:
+        md = claim.get("metadata") or {}
+        owner = f"{md.get('namespace', '')}/{md.get('name', '')}"
+        for key in [k for k, v in self.devices.items() if v == owner]:
+            del self.devices[key]
+
+
+class NodeOutcome(msgspec.Struct, kw_only=True):
+    """One node: allocations by claim (`namespace/name`) when it fits, and the report either way."""
+
+    node: str
+    allocations: dict[str, dict[str, Any]] | None
+    report: NodeReport
+
+
+class ScheduleOutcome(msgspec.Struct, kw_only=True):
+    """The first node that fits (if any), with the reports of the nodes tried."""
+
+    node: str | None
+    allocations: dict[str, dict[str, Any]]
+    reports: list[NodeReport]
+    problems: list[ClaimProblem]
+
+
+def tolerates(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("key") and t.get("key") != taint.get("key"):
+            continue
+        op = t.get("operator") or "Equal"
+        if op == "Exists" or (op == "Equal" and (t.get("value") or "") == (taint.get("value") or "")):
+            return True
+    return False
+
+
+def blocking_taint(device: Candidate, tolerations: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    for taint in device.taints:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(taint, tolerations):
+            return taint
+    return None
+
+
+def constraint_value(device: Candidate, attribute: str) -> Any:
+    """matchAttribute lookup: the exact `dom/name` key, else `name` when `dom` is the driver's domain."""
+    attrs = device.device.get("attributes") or {}
+    if attribute in attrs:
+        found = attrs[attribute]
+    else:
+        domain, _, ident = attribute.rpartition("/")
+        if domain != device.driver or ident not in attrs:
+            return None
+        found = attrs[ident]
+    return tuple(sorted((k, str(v)) for k, v in found.items()))
+
+
+class _ConstraintState:
+    __slots__ = ("count", "spec", "value")
+
+    def __init__(self, spec: Constraint):
+        self.spec = spec
+        self.value: Any = None
+        self.count = 0
+
+    def add(self, req: Req, device: Candidate) -> bool:
+        if not self.spec.applies(req):
+            return True
+        value = constraint_value(device, self.spec.attribute)
+        if value is None:
+            return False
+        if self.count and value != self.value:
+            return False
+        self.value = value
+        self.count += 1
+        return True
+
+    def remove(self, req: Req) -> None:
+        if self.spec.applies(req):
+            self.count -= 1
+            if self.count == 0:
+                self.value = None
+
+
+class _Budget(Exception):
+    pass
+
+
+def _describe_taint(taint: Mapping[str, Any]) -> str:
+    value = taint.get("value") or ""
+    return f"{taint.get('key')}{'=' + value if value else ''}:{taint.get('effect')}"
+
+
+class NodeAttempt:
+    """One pod's claims on one node: per-device filtering, then the combined search."""
+
+    def __init__(self, claims: list[ClaimRequests], pools: list[Pool], allocated: AllocatedState, node: str,
+                 budget: int = DEFAULT_BUDGET):
+        self.claims = claims
+        self.pools = [p for p in pools if not p.incomplete and not p.invalid]
+        self.all_pools = pools
+        self.allocated = allocated
+        self.node = node
+        self.budget = budget
+        self.steps = 0
+        self.counters: dict[CounterKey, dict[str, Fraction]] = {}
+        for p in self.pools:
+            self.counters.update(p.counters)
+        self.used: dict[CounterKey, dict[str, Fraction]] = {}
+        self.chosen: dict[DeviceId, list[int]] = {}  # device -> claim indices that picked it in this attempt
+        self.results: list[list[tuple[Req, Candidate]]] = [[] for _ in claims]
+        self.constraints = [[_ConstraintState(c) for c in cr.constraints] for cr in claims]
+        self.eligible: dict[int, list[Candidate]] = {}
+        self.reports: dict[int, RequestReport] = {}
+        self.picked_alt: dict[tuple[int, int], int] = {}
+
+    # ---- per-device checks (independent of the other choices) -------------------------------------
+
+    def filter(self, req: Req) -> RequestReport:
+        report = RequestReport(claim=req.claim_key, request=req.name, device_class=req.class_name,
+                               wanted="all" if req.mode == "All" else str(req.count))
+        eligible: list[Candidate] = []
+        for pool in self.pools:
+            for device in pool.devices:
+                report.seen += 1
+                try:
+                    reason = self._static_reason(req, device)
+                except CelError as exc:
+                    report.error = (f"selector `{_short(exc.expression)}` failed on device {device.label()}: "
+                                    f"{exc.message}")
+                    self.eligible[id(req)] = []
+                    self.reports[id(req)] = report
+                    return report
+                if reason is None:
+                    eligible.append(device)
+                elif req.mode == "All" and not reason.startswith(("not in class", "selector")):
+                    report.rejection(reason).add(device.label())
+                    report.error = report.error or f"allocationMode All needs every matching device, but {reason}"
+                else:
+                    report.rejection(reason).add(device.label())
+        report.eligible = len(eligible)
+        if req.mode == "All":
+            if any(p.incomplete for p in self.all_pools):
+                report.error = report.error or "allocationMode All cannot be used while a pool is incomplete"
+            elif not eligible:
+                report.error = report.error or "allocationMode All matched no device"
+        self.eligible[id(req)] = [] if report.error else eligible
+        self.reports[id(req)] = report
+        return report
+
+    def _static_reason(self, req: Req, device: Candidate) -> str | None:
+        for sel in req.class_selectors:
+            if not device.env.matches(sel):
+                return f"not in class {req.class_name}"
+        for i, sel in enumerate(req.selectors):
+            if not device.env.matches(sel):
+                return f"selector #{i + 1} `{_short(sel.expression)}` is false"
+        if not req.admin and not device.shareable and device.id in self.allocated.devices:
+            return f"already allocated to claim {self.allocated.devices[device.id]}"
+        taint = blocking_taint(device, req.tolerations)
+        if taint is not None:
+            return f"taint {_describe_taint(taint)} not tolerated"
+        if not req.admin:
+            short = self._counter_shortage(device)
+            if short:
+                return f"counters used up by allocated devices ({short})"
+        return None
+
+    def _counter_shortage(self, device: Candidate) -> str:
+        for ckey, amounts in device.consumes:
+            have = self.counters.get(ckey, {})
+            used = self.used.get(ckey, {})
+            for name, amount in amounts.items():
+                if amount > have.get(name, Fraction(0)) - used.get(name, Fraction(0)):
+                    return f"{ckey[3]}: {name}"
+        return ""
+
+    # ---- combined search ------------------------------------------------------------------------
+
+    def run(self) -> bool:
+        try:
+            return self._claim(0)
+        except _Budget:
+            return False
+
+    def _claim(self, ci: int) -> bool:
+        if ci == len(self.claims):
+            return True
+        return self._request(ci, 0)
+
+    def _request(self, ci: int, ri: int) -> bool:
+        claim = self.claims[ci]
+        if ri == len(claim.requests):
+            return self._claim(ci + 1)
+        spec = claim.requests[ri]
+        for ai, req in enumerate(spec.alternatives):
+            eligible = self.eligible[id(req)]
+            if self.reports[id(req)].error or (req.mode != "All" and len(eligible) < req.count):
+                continue
+            n = len(self.eligible[id(req)]) if req.mode == "All" else req.count
+            if len(self.results[ci]) + n > MAX_RESULTS:
+                self.reports[id(req)].error = (f"the claim would get more than {MAX_RESULTS} devices "
+                                               f"({len(self.results[ci])} + {n})")
+                continue
+            self.picked_alt[(ci, ri)] = ai
+            if self._slot(ci, ri, req, n, 0, 0):
+                return True
+        return False
+
+    def _slot(self, ci: int, ri: int, req: Req, n: int, k: int, start: int) -> bool:
+        if k == n:
+            return self._request(ci, ri + 1)
+        devices = self.eligible[id(req)]
+        report = self.reports[id(req)]
+        positions = [k] if req.mode == "All" else range(start, len(devices))
+        for pos in positions:
+            self.steps += 1
+            if self.steps > self.budget:
+                raise _Budget
+            device = devices[pos]
+            reason = self._conflict(ci, req, device)
+            if reason is None:
+                self._take(ci, req, device)
+                if self._slot(ci, ri, req, n, k + 1, pos + 1):
+                    return True
+                self._undo(ci, req, device)
+            else:
+                report.rejection(reason, conflicts=True).add(device.label())
+            if req.mode == "All":
+                return False
+        return False
+
+    def _conflict(self, ci: int, req: Req, device: Candidate) -> str | None:
+        holders = self.chosen.get(device.id)
+        if holders and (not req.admin or ci in holders):
+            return "already chosen for another request of this pod"
+        if not req.admin:
+            short = self._counter_shortage(device)
+            if short:
+                return f"counters taken by this pod's other devices ({short})"
+        states = self.constraints[ci]
+        for i, state in enumerate(states):
+            if not state.add(req, device):
+                for prior in states[:i]:
+                    prior.remove(req)
+                return f"matchAttribute {state.spec.attribute} differs from the devices already chosen"
+        return None
+
+    def _take(self, ci: int, req: Req, device: Candidate) -> None:
+        if not device.shareable:
+            self.chosen.setdefault(device.id, []).append(ci)
+        if not req.admin:
+            for ckey, amounts in device.consumes:
+                used = self.used.setdefault(ckey, {})
+                for name, amount in amounts.items():
+                    used[name] = used.get(name, Fraction(0)) + amount
+        self.results[ci].append((req, device))
+
+    def _undo(self, ci: int, req: Req, device: Candidate) -> None:
+        self.results[ci].pop()
+        if not device.shareable:
+            holders = self.chosen[device.id]
+            holders.remove(ci)
+            if not holders:
+                del self.chosen[device.id]
+        if not req.admin:
+            for ckey, amounts in device.consumes:
+                used = self.used[ckey]
+                for name, amount in amounts.items():
+                    used[name] -= amount
+        for state in self.constraints[ci]:
+            state.remove(req)
+
+
+def _short(expression: str, limit: int = 90) -> str:
+    text = " ".join(expression.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def allocate_on_node(claims: list[ClaimRequests], index: SliceIndex, allocated: AllocatedState,
+                     node: Mapping[str, Any] | str, budget: int = DEFAULT_BUDGET) -> NodeOutcome:
+    """Allocate all `claims` (already parsed) together on `node`, or explain why not."""
+    node_obj: Mapping[str, Any] = {"metadata": {"name": node}} if isinstance(node, str) else node
+    name, _ = node_labels(node_obj)
+    pools = index.gather(node_obj, allocated.devices)
+    report = NodeReport(node=name)
+    report.notes = [p.incomplete for p in pools if p.incomplete] + [p.invalid for p in pools if p.invalid]
+    if not pools:
+        report.problem = "no ResourceSlices are published for this node"
+    attempt = NodeAttempt(claims, pools, allocated, name, budget)
+    for claim in claims:
+        for spec in claim.requests:
+            for req in spec.alternatives:
+                report.requests.append(attempt.filter(req))
+    fits = attempt.run()
+    if attempt.steps > budget:
+        report.problem = report.problem or f"the search gave up after {budget} device tries"
+    if not fits:
+        if not report.problem and any(p.invalid for p in pools):
+            report.problem = "a pool visible from this node is invalid; see notes"
+        return NodeOutcome(node=name, allocations=None, report=report)
+    report.fits = True
+    allocations: dict[str, dict[str, Any]] = {}
+    for ci, claim in enumerate(claims):
+        picked = attempt.results[ci]
+        for req, device in picked:
+            attempt.reports[id(req)].allocated.append(device.label())
+        chosen_alts = {ri: claim.requests[ri].alternatives[attempt.picked_alt.get((ci, ri), 0)]
+                       for ri in range(len(claim.requests))}
+        allocations[claim.key] = allocation_result(claim, chosen_alts, picked, name)
+    # On success only the chosen firstAvailable subrequests stay in the report.
+    report.requests = [r for r in report.requests if r.allocated or "/" not in r.request]
+    return NodeOutcome(node=name, allocations=allocations, report=report)
+
+
+def schedule(claims: list[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]],
+             slices: Iterable[Mapping[str, Any]] | SliceIndex, allocated: AllocatedState,
+             nodes: Iterable[Mapping[str, Any] | str], *, admin_namespaces: Iterable[str] = (),
+             budget: int = DEFAULT_BUDGET, all_nodes: bool = False) -> ScheduleOutcome:
+    """Try `nodes` in order; the first that fits wins (with `all_nodes`, every node is still reported)."""
+    try:
+        parsed = parse_claims(claims, classes, set(admin_namespaces))
+    except ClaimError as exc:
+        return ScheduleOutcome(node=None, allocations={}, reports=[],
+                               problems=[ClaimProblem(claim=exc.claim, message=exc.message)])
+    index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
+    reports: list[NodeReport] = []
+    winner: NodeOutcome | None = None
+    for node in nodes:
+        outcome = allocate_on_node(parsed, index, allocated, node, budget)
+        reports.append(outcome.report)
+        if outcome.allocations is not None and winner is None:
+            winner = outcome
+            if not all_nodes:
+                break
+    if winner is None:
+        return ScheduleOutcome(node=None, allocations={}, reports=reports, problems=[])
+    return ScheduleOutcome(node=winner.node, allocations=winner.allocations or {}, reports=reports, problems=[])

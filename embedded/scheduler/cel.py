@@ -1,0 +1,176 @@
+"""CEL selectors for DRA devices: compile once, evaluate against a cached per-device environment.
+
+Owns the `device` variable as Kubernetes builds it (`driver`, `attributes` and `capacity` keyed by
+domain, unqualified names under the driver's domain, versions as semvers, capacities as
+quantities, `allowMultipleAllocations`), the program cache (one compile per expression text),
+and turning compile/runtime failures into `CelError`s whose message says what was wrong.
+Evaluation uses the compiled `common-expression-language` package (`import cel`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import cel as _cel
+
+from embedded.scheduler.celext import FUNCTIONS, quantity_value, semver_value
+from embedded.scheduler.values import QuantityError, SemverError, parse_quantity, parse_semver
+
+MAX_EXPRESSION_LENGTH = 10 * 1024
+# `device.attributes['dom']` / `device.capacity["dom"]`: an unknown domain is an empty map, not an error.
+_DOMAIN_LOOKUP = re.compile(r"device\s*\.\s*(attributes|capacity)\s*\[\s*(['\"])([^'\"]+)\2\s*\]")
+_QUOTED_MESSAGE = re.compile(r"Python function call failed: \w+: (.*?)\. Check function arguments")
+
+
+class CelError(ValueError):
+    """A selector that does not compile or fails on a device; `expression` is its text."""
+
+    def __init__(self, expression: str, message: str):
+        super().__init__(message)
+        self.expression = expression
+        self.message = message
+
+
+class Selector:
+    """One compiled expression and the domains it looks up literally."""
+
+    __slots__ = ("domains", "expression", "program")
+
+    def __init__(self, expression: str):
+        self.expression = expression
+        if not expression.strip():
+            raise CelError(expression, "empty CEL expression: a selector must be a boolean expression over `device`")
+        if len(expression) > MAX_EXPRESSION_LENGTH:
+            raise CelError(expression, f"CEL expression is {len(expression)} characters; the limit is "
+                                       f"{MAX_EXPRESSION_LENGTH}")
+        try:
+            self.program = _cel.compile(expression)
+        except (ValueError, RuntimeError) as exc:
+            raise CelError(expression, f"CEL syntax error: {_first_lines(str(exc))}") from None
+        self.domains = frozenset(m.group(3) for m in _DOMAIN_LOOKUP.finditer(expression))
+
+
+_compiled: dict[str, Selector | CelError] = {}
+
+
+def compile_selector(expression: str) -> Selector:
+    """The cached compiled program for `expression`; CelError (also cached) if it does not compile."""
+    found = _compiled.get(expression)
+    if found is None:
+        try:
+            found = Selector(expression)
+        except CelError as exc:
+            found = exc
+        if len(_compiled) > 10_000:
+            _compiled.clear()
+        _compiled[expression] = found
+    if isinstance(found, CelError):
+        raise found
+    return found
+
+
+def _first_lines(text: str, limit: int = 3) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[:limit] if line.strip())
+
+
+def split_name(name: str, driver: str) -> tuple[str, str]:
+    """`type` -> (driver, type); `resource.kubernetes.io/pciBusID` -> (resource.kubernetes.io, pciBusID)."""
+    domain, sep, ident = name.rpartition("/")
+    return (domain, ident) if sep else (driver, name)
+
+
+def attribute_value(attr: dict[str, Any]) -> Any:
+    """A v1 DeviceAttribute -> its CEL value (version -> semver map)."""
+    if "string" in attr:
+        return attr["string"]
+    if "int" in attr:
+        return int(attr["int"])
+    if "bool" in attr:
+        return bool(attr["bool"])
+    if "version" in attr:
+        return semver_value(parse_semver(attr["version"]))
+    for key in ("strings", "ints", "bools"):
+        if key in attr:
+            return list(attr[key])
+    if "versions" in attr:
+        return [semver_value(parse_semver(v)) for v in attr["versions"]]
+    raise ValueError(f"attribute has no value field (string, int, bool, version): {attr}")
+
+
+class DeviceEnv:
+    """The CEL `device` variable of one device, its Context, and its selector results."""
+
+    __slots__ = ("_context", "_domains", "_variables", "device", "driver", "error", "results")
+
+    def __init__(self, driver: str, device: dict[str, Any]):
+        self.driver = driver
+        self.device = device
+        self.results: dict[str, bool | CelError] = {}
+        self.error = ""
+        attributes: dict[str, dict[str, Any]] = {driver: {}}
+        capacity: dict[str, dict[str, Any]] = {driver: {}}
+        try:
+            for name, attr in (device.get("attributes") or {}).items():
+                domain, ident = split_name(name, driver)
+                attributes.setdefault(domain, {})[ident] = attribute_value(attr)
+            for name, cap in (device.get("capacity") or {}).items():
+                domain, ident = split_name(name, driver)
+                capacity.setdefault(domain, {})[ident] = quantity_value(parse_quantity(str(cap["value"])))
+        except (SemverError, QuantityError, ValueError, KeyError, TypeError) as exc:
+            self.error = f"device {device.get('name')} has a malformed attribute or capacity: {exc}"
+        self._variables: dict[str, Any] = {
+            "driver": driver,
+            "attributes": attributes,
+            "capacity": capacity,
+            "allowMultipleAllocations": bool(device.get("allowMultipleAllocations", False)),
+        }
+        self._domains: set[str] = set(attributes) & set(capacity)
+        self._context: Any = None
+
+    def _context_for(self, selector: Selector) -> Any:
+        missing = selector.domains - self._domains
+        if missing or self._context is None:
+            for domain in missing:
+                self._variables["attributes"].setdefault(domain, {})
+                self._variables["capacity"].setdefault(domain, {})
+            self._domains |= missing
+            self._context = _cel.Context(variables={"device": self._variables}, functions=FUNCTIONS)
+        return self._context
+
+    def matches(self, selector: Selector) -> bool:
+        """Whether the selector accepts this device; CelError for a failure (cached either way)."""
+        cached = self.results.get(selector.expression)
+        if cached is None:
+            cached = self._evaluate(selector)
+            self.results[selector.expression] = cached
+        if isinstance(cached, CelError):
+            raise cached
+        return cached
+
+    def _evaluate(self, selector: Selector) -> bool | CelError:
+        if self.error:
+            return CelError(selector.expression, self.error)
+        try:
+            value = selector.program.execute(self._context_for(selector))
+        except KeyError as exc:
+            return CelError(selector.expression, f"no such key: {exc.args[0] if exc.args else exc}")
+        except Exception as exc:  # the cel package raises several types for runtime errors
+            return CelError(selector.expression, runtime_message(exc))
+        if not isinstance(value, bool):
+            return CelError(selector.expression, f"selector returned {type(value).__name__} {value!r}, "
+                                                 "but it must return a bool")
+        return value
+
+
+def runtime_message(exc: BaseException) -> str:
+    text = str(exc)
+    m = _QUOTED_MESSAGE.search(text)
+    if m:
+        return m.group(1)
+    return _first_lines(text) or type(exc).__name__
+
+
+def evaluate(expression: str, driver: str, device: dict[str, Any]) -> bool:
+    """One-off evaluation (tools, tests); the allocator keeps DeviceEnvs instead."""
+    return DeviceEnv(driver, device).matches(compile_selector(expression))

@@ -1,0 +1,63 @@
+"""`python -m examples.ledger`: flags -> LedgerService; also `--report` to print a saved ledger."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from . import store
+from .accounting import LedgerFileError
+from .consumer import DEFAULT_DURABLE, LedgerService
+from .schema import ContractError, load_contract
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m examples.ledger",
+                                     description="Per-namespace GPU-seconds from the driver's claim lifecycle events.")
+    parser.add_argument("--schemas", type=Path, required=True,
+                        help="directory written by `gpu-dra events schema --out DIR`")
+    parser.add_argument("--nats", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+                        help="NATS URL (default $NATS_URL or nats://127.0.0.1:4222)")
+    parser.add_argument("--state", type=Path, default=Path("gpu-seconds-ledger.json"),
+                        help="ledger file, replaced atomically after each batch")
+    parser.add_argument("--durable", default=DEFAULT_DURABLE, help="durable consumer name")
+    parser.add_argument("--namespace", help="account only this namespace")
+    parser.add_argument("--report", action="store_true", help="print the saved ledger as JSON and exit")
+    return parser.parse_args(argv)
+
+
+async def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        contract = load_contract(args.schemas)
+        if args.report:
+            ledger = await store.load(args.state, contract.retention_s)
+            print(json.dumps(ledger.report(now=time.time()), indent=2, sort_keys=True))
+            return 0
+        service = LedgerService(args.nats, contract, args.state, durable=args.durable, namespace=args.namespace)
+        await service.start()
+    except (ContractError, LedgerFileError, RuntimeError) as exc:
+        print(f"ledger: {exc}", file=sys.stderr)
+        return 2
+    task = asyncio.create_task(service.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await service.close()
+    print(json.dumps(service.ledger.report(now=time.time()), indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,163 @@
+"""The ledger itself: per-namespace GPU-seconds from claim lifecycle events, idempotent under replay.
+
+A claim's use on a node opens at `prepared` and closes at `unprepared` (or `rolled-back`); its cost
+is (close - open) by the producer's `observed_at` times the devices it got, so replaying the same
+events always gives the same totals. Full GPUs add to `gpu_seconds`; MIG devices add to
+`mig_seconds[<profile>]` (a biller prices each profile). Every state-changing event is remembered
+by its key (event id, else Nats-Msg-Id, else stream sequence) for as long as the stream can replay
+it, so a redelivered or replayed event changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FORMAT_VERSION = 1
+OPENS = {"prepared"}
+CLOSES = {"unprepared", "rolled-back"}
+_MIG = re.compile(r"^gpu-\d+-mig-(.+)-\d+-\d+$")
+
+Outcome = Literal["applied", "duplicate", "ignored"]
+
+
+class LedgerFileError(ValueError):
+    """A ledger file that cannot be read back; the text says which and why."""
+
+
+@dataclass
+class OpenUse:
+    """A claim prepared on a node and not yet unprepared."""
+
+    namespace: str
+    claim: str
+    node: str
+    started_at: float
+    devices: list[str]
+
+
+@dataclass
+class NamespaceTotals:
+    gpu_seconds: float = 0.0
+    mig_seconds: dict[str, float] = field(default_factory=dict)
+    claims_closed: int = 0
+
+
+@dataclass
+class Stats:
+    applied: int = 0
+    duplicates: int = 0
+    ignored: int = 0
+    rejected: int = 0
+    unmatched_closes: int = 0
+
+
+def mig_profile(device: str) -> str | None:
+    """`gpu-0-mig-1g24gb-19-0` -> `1g24gb`; None for a full GPU."""
+    m = _MIG.match(device)
+    return m.group(1) if m else None
+
+
+def dedupe_key(event: dict[str, Any], msg_id: str | None, stream_seq: int) -> str:
+    if event.get("event_id"):
+        return f"id:{event['event_id']}"
+    if msg_id:
+        return f"msg:{msg_id}"
+    return f"seq:{stream_seq}"
+
+
+class Ledger:
+    def __init__(self, retention_s: float = 7 * 24 * 3600) -> None:
+        self.retention_s = retention_s
+        self.namespaces: dict[str, NamespaceTotals] = {}
+        self.open: dict[str, OpenUse] = {}
+        self.applied: dict[str, float] = {}  # dedupe key -> observed_at
+        self.stats = Stats()
+        self.newest = 0.0
+
+    def apply(self, event: dict[str, Any], key: str) -> Outcome:
+        """Account one schema-checked ClaimLifecycle event."""
+        kind = event["event"]
+        if kind not in OPENS and kind not in CLOSES:
+            self.stats.ignored += 1
+            return "ignored"
+        if key in self.applied:
+            self.stats.duplicates += 1
+            return "duplicate"
+        at = float(event.get("observed_at", 0.0))
+        self.applied[key] = at
+        self.newest = max(self.newest, at)
+        use_key = f"{event['claim_uid']}@{event['node']}"
+        if kind in OPENS:
+            if use_key not in self.open:  # a re-prepare of an open use keeps its original start
+                self.open[use_key] = OpenUse(
+                    event["claim_namespace"], event["claim_name"], event["node"], at,
+                    [d["device"] for d in event.get("devices", [])])
+        else:
+            use = self.open.pop(use_key, None)
+            if use is None:
+                self.stats.unmatched_closes += 1
+            else:
+                self._charge(use, max(0.0, at - use.started_at))
+        self.stats.applied += 1
+        self._prune()
+        return "applied"
+
+    def _charge(self, use: OpenUse, seconds: float) -> None:
+        totals = self.namespaces.setdefault(use.namespace, NamespaceTotals())
+        for device in use.devices:
+            profile = mig_profile(device)
+            if profile is None:
+                totals.gpu_seconds += seconds
+            else:
+                totals.mig_seconds[profile] = totals.mig_seconds.get(profile, 0.0) + seconds
+        totals.claims_closed += 1
+
+    def _prune(self) -> None:
+        """Forget keys of events the stream no longer holds (they cannot be replayed)."""
+        horizon = self.newest - self.retention_s
+        if self.applied and min(self.applied.values()) < horizon:
+            self.applied = {k: at for k, at in self.applied.items() if at >= horizon}
+
+    def report(self, now: float | None = None) -> dict[str, Any]:
+        """Totals per namespace; with `now`, open uses are counted up to it as `running_gpu_seconds`."""
+        out: dict[str, Any] = {}
+        for namespace in sorted({*self.namespaces, *(u.namespace for u in self.open.values())}):
+            totals = self.namespaces.get(namespace, NamespaceTotals())
+            entry: dict[str, Any] = {"gpu_seconds": totals.gpu_seconds, "mig_seconds": dict(totals.mig_seconds),
+                                     "claims_closed": totals.claims_closed,
+                                     "claims_open": sum(1 for u in self.open.values() if u.namespace == namespace)}
+            if now is not None:
+                entry["running_gpu_seconds"] = sum(
+                    max(0.0, now - u.started_at) * sum(1 for d in u.devices if mig_profile(d) is None)
+                    for u in self.open.values() if u.namespace == namespace)
+            out[namespace] = entry
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "namespaces": {ns: asdict(t) for ns, t in sorted(self.namespaces.items())},
+            "open": {k: asdict(u) for k, u in sorted(self.open.items())},
+            "applied": self.applied,
+            "stats": asdict(self.stats),
+            "newest": self.newest,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], retention_s: float, where: str = "ledger") -> Ledger:
+        if data.get("version") != FORMAT_VERSION:
+            raise LedgerFileError(f"{where}: format version {data.get('version')!r}, expected {FORMAT_VERSION}; "
+                                  "move it aside to rebuild the ledger from the stream")
+        ledger = cls(retention_s)
+        try:
+            ledger.namespaces = {ns: NamespaceTotals(**t) for ns, t in data["namespaces"].items()}
+            ledger.open = {k: OpenUse(**u) for k, u in data["open"].items()}
+            ledger.applied = {str(k): float(v) for k, v in data["applied"].items()}
+            ledger.stats = Stats(**data["stats"])
+            ledger.newest = float(data["newest"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LedgerFileError(f"{where}: malformed ledger ({type(exc).__name__}: {exc}); "
+                                  "move it aside to rebuild the ledger from the stream") from None
+        return ledger

@@ -1,0 +1,147 @@
+"""The ledger's NATS side: a durable JetStream pull consumer on the claim lifecycle stream.
+
+Each fetched batch is checked against the published schema, accounted, written to the ledger file,
+and only then acknowledged. A crash before the ack means redelivery, which the ledger recognises
+by event key and ignores; a crash before the write means the batch is simply applied again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from . import store
+from .accounting import Ledger, dedupe_key
+from .schema import Contract, SchemaViolation
+
+log = logging.getLogger("gpu_seconds_ledger")
+
+DEFAULT_DURABLE = "gpu-seconds-ledger"
+
+
+class LedgerService:
+    """Connect, consume, account, persist, ack; `await service.run()` until cancelled."""
+
+    def __init__(
+        self,
+        nats_url: str,
+        contract: Contract,
+        state_path: Path,
+        *,
+        durable: str = DEFAULT_DURABLE,
+        namespace: str | None = None,
+        ack_wait_s: float = 30.0,
+        batch: int = 256,
+        after_persist: Callable[[list[Msg]], Awaitable[None]] | None = None,
+    ) -> None:
+        self.nats_url = nats_url
+        self.contract = contract
+        self.state_path = state_path
+        self.durable = durable
+        self.filter_subject = contract.scoped(namespace) if namespace else contract.filter_subject
+        self.ack_wait_s = ack_wait_s
+        self.batch = batch
+        self.after_persist = after_persist  # test seam: runs between the write and the acks
+        self.ledger = Ledger(contract.retention_s)
+        self.nc: Client | None = None
+        self._sub: Any = None
+        self._progress = asyncio.Condition()
+
+    async def start(self, stream_wait_s: float = 30.0) -> None:
+        """Load the ledger file, connect, and bind the durable consumer (waiting for the stream)."""
+        self.ledger = await store.load(self.state_path, self.contract.retention_s)
+        self.nc = await nats.connect(self.nats_url, name=f"ledger-{self.durable}", max_reconnect_attempts=-1)
+        js = self.nc.jetstream()
+        config = ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self.ack_wait_s,
+            max_deliver=-1,
+            filter_subject=self.filter_subject,
+        )
+        deadline = asyncio.get_running_loop().time() + stream_wait_s
+        delay = 0.1
+        while True:
+            try:
+                self._sub = await js.pull_subscribe(
+                    self.filter_subject, durable=self.durable, stream=self.contract.stream, config=config)
+                break
+            except nats.js.errors.NotFoundError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise RuntimeError(
+                        f"stream {self.contract.stream} not found on {self.nats_url} after {stream_wait_s:.0f} s; "
+                        "is the driver's NATS (with JetStream) the one given?") from None
+                log.info("waiting for stream %s", self.contract.stream)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        log.info("ledger bound to %s (durable %s, filter %s)", self.contract.stream, self.durable,
+                 self.filter_subject)
+
+    async def run(self) -> None:
+        """Consume until cancelled."""
+        if self._sub is None:
+            raise RuntimeError("call start() first")
+        while True:
+            try:
+                msgs = await self._sub.fetch(self.batch, timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue
+            if msgs:
+                await self.handle(msgs)
+
+    def _account(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        seq = msg.metadata.sequence.stream
+        try:
+            event = json.loads(msg.data)
+            self.contract.check(event)
+        except (json.JSONDecodeError, UnicodeDecodeError, SchemaViolation) as exc:
+            key = f"rejected:{headers.get('Nats-Msg-Id') or seq}"
+            if key not in self.ledger.applied:
+                self.ledger.applied[key] = self.ledger.newest
+                self.ledger.stats.rejected += 1
+                log.warning("message on %s does not match the published schema, skipped: %s", msg.subject, exc)
+            return
+        self.ledger.apply(event, dedupe_key(event, headers.get("Nats-Msg-Id"), seq))
+
+    async def handle(self, msgs: list[Msg]) -> None:
+        """Account a batch, persist it, then acknowledge it."""
+        for msg in msgs:
+            self._account(msg)
+        await store.save(self.state_path, self.ledger)
+        if self.after_persist is not None:
+            await self.after_persist(msgs)
+        for msg in msgs:
+            await msg.ack()
+        if self.nc is not None:
+            await self.nc.flush()
+        pending = msgs[-1].metadata.num_pending
+        if pending == 0:
+            log.info("caught up: %d applied, %d duplicates, %d rejected", self.ledger.stats.applied,
+                     self.ledger.stats.duplicates, self.ledger.stats.rejected)
+        async with self._progress:
+            self._progress.notify_all()
+
+    async def wait_until(self, predicate: Callable[[Ledger], bool], timeout: float = 10.0) -> None:
+        """Until the ledger satisfies `predicate` after a batch (or already does)."""
+        async with asyncio.timeout(timeout), self._progress:
+            await self._progress.wait_for(lambda: predicate(self.ledger))
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+            self.nc = None

@@ -1,0 +1,351 @@
+"""The node agent: runs the IMEX daemon of the one ComputeDomain this node serves, and its membership.
+
+Owns, per node: which domain it serves and for which channel claims (persisted in
+`<state-dir>/agent-state.json` so a restarted agent resumes), the domain's daemon files and
+supervisor, and the node's member entry. Requests (from the channel preparer on this node):
+  `dra.v1.cd-agent.<node>.join`  -> look the domain up (its last `dra.v1.cd.<uid>.status` event),
+     take the node's clique id from discovery's inventory, join membership with the lowest free
+     index, write the peers' names, start the daemon; a claim for a second domain is refused.
+  `dra.v1.cd-agent.<node>.leave` -> the last claim stops the daemon and leaves.
+Peer changes (KV watch on the domain) rewrite the hosts file and signal the daemon; a peer whose
+daemon came back (NotReady -> Ready) is also signalled so its peers redial at once. The daemon's
+readiness is the member's status. `dra.v1.cd.<uid>.deleted` stops the daemon and leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import nats.js.errors
+
+from services.computedomain.config import AgentConfig
+from services.computedomain.events import (
+    CD_AGENT_JOIN,
+    CD_AGENT_LEAVE,
+    CD_DELETED,
+    DomainDeleted,
+    JoinReply,
+    JoinRequest,
+    LeaveReply,
+    LeaveRequest,
+)
+from services.computedomain.imex import ImexSupervisor
+from services.computedomain.imexconfig import DaemonFiles, write_hosts, write_static
+from services.computedomain.membership import Membership, MembershipError, token
+from shared.bus import Bus, MsgContext
+from shared.events.catalog import CD_STATUS, EVENTS_STREAM, INVENTORY_BUCKET
+from shared.events.computedomain import DomainMember, DomainStatusChanged
+from shared.events.inventory import NodeInventory
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+STATE_FILE = "agent-state.json"
+
+
+class AgentError(RuntimeError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _State(msgspec.Struct, kw_only=True):
+    domain_uid: str = ""
+    claims: list[str] = msgspec.field(default_factory=list)
+
+
+def clique_of(inventory: NodeInventory) -> str:
+    """`<clusterUUID>.<cliqueId>` shared by all the node's GPUs, "" without NVLink fabric."""
+    cliques = {
+        f"{g.fabric.cluster_uuid}.{g.fabric.clique_id}"
+        for g in inventory.gpus
+        if g.fabric is not None and g.fabric.state == "completed"
+        and g.fabric.cluster_uuid.strip("0-") != ""
+    }
+    if len(cliques) > 1:
+        raise AgentError("invalid", f"node {inventory.node}'s GPUs are in different NVLink cliques "
+                         f"({', '.join(sorted(cliques))}); a ComputeDomain node needs one clique")
+    return cliques.pop() if cliques else ""
+
+
+@dataclass
+class _Domain:
+    uid: str
+    name: str
+    namespace: str
+    member: DomainMember
+    files: DaemonFiles
+    claims: set[str] = field(default_factory=set)
+    supervisor: ImexSupervisor | None = None
+    watcher: asyncio.Task[None] | None = None
+    peers: dict[int, str] = field(default_factory=dict)
+    peer_status: dict[str, str] = field(default_factory=dict)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, bus: Bus) -> None:
+        self.cfg = cfg
+        self.bus = bus
+        self.membership = Membership(bus, max_per_clique=cfg.max_nodes_per_imex_domain)
+        self.state_dir = Path(cfg.state_dir)
+        self.domain: _Domain | None = None
+        self._lock = asyncio.Lock()
+        self.ready = asyncio.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        await asyncio.to_thread(self.state_dir.mkdir, parents=True, exist_ok=True)
+        await self._resume()
+        await self.bus.serve(CD_AGENT_JOIN, self._serve_join, node=token(self.cfg.node))
+        await self.bus.serve(CD_AGENT_LEAVE, self._serve_leave, node=token(self.cfg.node))
+        await self.bus.subscribe(CD_DELETED, self._on_deleted)
+        self.ready.set()
+        log.info("computedomain agent ready", node=self.cfg.node, ip=self.cfg.ip_address)
+        try:
+            await stopping.wait()
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        """Stop the daemon but keep the membership and state: a restarted agent resumes them."""
+        domain = self.domain
+        if domain is None:
+            return
+        if domain.watcher is not None:
+            domain.watcher.cancel()
+        if domain.supervisor is not None:
+            await domain.supervisor.stop()
+        with contextlib.suppress(Exception):
+            await self.membership.set_status(domain.member, "NotReady")
+
+    async def _resume(self) -> None:
+        state = await asyncio.to_thread(self._read_state)
+        for stale in await self.membership.node_memberships(self.cfg.node):
+            if stale.domain_uid != state.domain_uid:
+                log.info("leaving a domain this node no longer serves", domain=stale.domain_uid)
+                await self.membership.leave(stale, reason="agent has no claim for it")
+        if state.domain_uid and state.claims:
+            try:
+                for claim in state.claims:
+                    await self._join(state.domain_uid, claim, "", resume=True)
+            except AgentError as exc:
+                log.warning("cannot resume the domain this node served", domain=state.domain_uid, error=str(exc))
+                await self._drop_domain(reason=str(exc))
+
+    def _read_state(self) -> _State:
+        path = self.state_dir / STATE_FILE
+        try:
+            return msgspec.json.decode(path.read_bytes(), type=_State)
+        except FileNotFoundError:
+            return _State()
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.error("agent state unreadable; starting empty", path=str(path), error=str(exc))
+            return _State()
+
+    async def _save_state(self) -> None:
+        domain = self.domain
+        state = _State(domain_uid=domain.uid if domain else "", claims=sorted(domain.claims) if domain else [])
+
+        def _write() -> None:
+            path = self.state_dir / STATE_FILE
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(msgspec.json.encode(state))
+            os.replace(tmp, path)
+
+        await asyncio.to_thread(_write)
+
+    # ---- requests --------------------------------------------------------------------------
+
+    async def _serve_join(self, request: JoinRequest) -> JoinReply:
+        try:
+            domain = await self._join(request.domain_uid, request.claim_uid, request.claim_namespace)
+        except AgentError as exc:
+            return JoinReply(ok=False, error_code=exc.code, error=str(exc), domain_uid=request.domain_uid)  # type: ignore[arg-type]
+        return JoinReply(ok=True, domain_uid=domain.uid, domain_name=domain.name, domain_namespace=domain.namespace,
+                         clique_id=domain.member.clique_id, index=domain.member.index)
+
+    async def _serve_leave(self, request: LeaveRequest) -> LeaveReply:
+        async with self._lock:
+            domain = self.domain
+            if domain is None or domain.uid != request.domain_uid:
+                return LeaveReply(ok=True)  # unknown claim: nothing to undo (idempotent)
+            domain.claims.discard(request.claim_uid)
+            if domain.claims:
+                await self._save_state()
+                return LeaveReply(ok=True)
+            await self._drop_domain(reason="last channel claim unprepared")
+            return LeaveReply(ok=True, left_domain=True)
+
+    async def _on_deleted(self, event: DomainDeleted, _ctx: MsgContext) -> None:
+        async with self._lock:
+            if self.domain is not None and self.domain.uid == event.domain_uid:
+                await self._drop_domain(reason="ComputeDomain deleted")
+
+    # ---- joining and leaving ---------------------------------------------------------------
+
+    async def _lookup(self, uid: str) -> DomainStatusChanged:
+        """The domain as the controller last announced it; not-found while it has not (yet)."""
+        for subject, gone in ((f"dra.v1.cd.{token(uid)}.deleted", True), (CD_STATUS.format(domain_uid=token(uid)), False)):
+            try:
+                raw = await self.bus.js.get_last_msg(EVENTS_STREAM.name, subject)
+            except nats.js.errors.NotFoundError:
+                continue
+            if gone:
+                raise AgentError("invalid", f"ComputeDomain {uid} is being deleted; its claims cannot be prepared")
+            try:
+                return msgspec.json.decode(raw.data or b"", type=DomainStatusChanged)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise AgentError("internal", f"undecodable status event for ComputeDomain {uid}: {exc}") from None
+        raise AgentError("unavailable", f"ComputeDomain {uid} is not known (yet): no status from the "
+                         "computedomain controller; is it running, and does the domain exist?")
+
+    async def _clique(self) -> str:
+        kv = await self.bus.kv(INVENTORY_BUCKET)
+        inventory = await kv.get(self.cfg.node)
+        if inventory is None:
+            raise AgentError("unavailable", f"no GPU inventory for node {self.cfg.node} yet; is discovery running?")
+        return clique_of(inventory)
+
+    async def _join(self, uid: str, claim_uid: str, claim_namespace: str, *, resume: bool = False) -> _Domain:
+        if not uid:
+            raise AgentError("invalid", "the channel config has an empty domainID; it must be the ComputeDomain UID")
+        async with self._lock:
+            current = self.domain
+            if current is not None:
+                if current.uid != uid:
+                    raise AgentError(
+                        "conflict",
+                        f"node {self.cfg.node} already serves ComputeDomain {current.namespace}/{current.name} "
+                        f"(uid {current.uid}); a node serves one ComputeDomain at a time: run this workload on "
+                        "other nodes or wait until that domain's pods leave this node")
+                if claim_namespace and claim_namespace != current.namespace:
+                    raise AgentError("invalid", self._namespace_error(claim_namespace, current.namespace, current.name))
+                current.claims.add(claim_uid)
+                await self._save_state()
+                return current
+            announced = await self._lookup(uid)
+            if claim_namespace and claim_namespace != announced.domain_namespace:
+                raise AgentError("invalid", self._namespace_error(
+                    claim_namespace, announced.domain_namespace, announced.domain_name))
+            clique = await self._clique()
+            files = DaemonFiles(self.state_dir / "domains" / token(uid))
+            member = DomainMember(domain_uid=uid, domain_name=announced.domain_name,
+                                  domain_namespace=announced.domain_namespace, node=self.cfg.node,
+                                  ip_address=self.cfg.ip_address, clique_id=clique, index=-1)
+            try:
+                member = await self.membership.join(member)
+            except MembershipError as exc:
+                raise AgentError("conflict", str(exc)) from None
+            domain = _Domain(uid=uid, name=announced.domain_name, namespace=announced.domain_namespace,
+                             member=member, files=files, claims={claim_uid})
+            self.domain = domain
+            await self._save_state()
+            await self._start(domain)
+            log.info("serving compute domain", domain=uid, name=domain.name, clique=clique or "(none)",
+                     index=member.index, resume=resume)
+            return domain
+
+    @staticmethod
+    def _namespace_error(claim_ns: str, domain_ns: str, name: str) -> str:
+        return (f"the claim is in namespace {claim_ns!r} but ComputeDomain {name} is in {domain_ns!r}; "
+                "a channel claim must be in its domain's namespace")
+
+    async def _start(self, domain: _Domain) -> None:
+        if domain.member.clique_id == "":
+            # No NVLink fabric: no IMEX daemon; the node is Ready at once (and gets no channel devices).
+            domain.member = await self.membership.set_status(domain.member, "Ready")
+            return
+        await asyncio.to_thread(write_static, domain.files, bind_ip=self.cfg.ip_address,
+                                server_port=self.cfg.imex_server_port, cmd_port=self.cfg.imex_cmd_port,
+                                max_nodes=self.cfg.max_nodes_per_imex_domain)
+        replayed = asyncio.Event()
+        domain.watcher = asyncio.create_task(self._watch_peers(domain, replayed), name=f"peers-{domain.uid}")
+        await replayed.wait()  # the hosts file lists the peers known now, before the daemon reads it
+
+        async def on_ready(ready: bool) -> None:
+            if self.domain is domain:
+                domain.member = await self.membership.set_status(domain.member, "Ready" if ready else "NotReady")
+
+        domain.supervisor = ImexSupervisor(
+            name=f"{domain.uid}@{self.cfg.node}", command=self.cfg.imex_command, config=domain.files.config,
+            on_ready=on_ready, reload_signal=self.cfg.imex_reload_signal,
+            check_command=self.cfg.imex_check_command, log_file=domain.files.log)
+        await domain.supervisor.start()
+
+    async def _watch_peers(self, domain: _Domain, replayed: asyncio.Event) -> None:
+        peers: dict[str, DomainMember] = {}
+        me = token(self.cfg.node)
+        try:
+            async for _d, node_token, member in self.membership.watch(domain.uid):
+                if node_token == "":
+                    await self._apply_peers(domain, peers, restarted=False)
+                    replayed.set()
+                    continue
+                if node_token == me:
+                    continue
+                restarted = False
+                if member is None:
+                    peers.pop(node_token, None)
+                    domain.peer_status.pop(node_token, None)
+                else:
+                    before = domain.peer_status.get(node_token)
+                    restarted = before == "NotReady" and member.status == "Ready" and node_token in peers
+                    peers[node_token] = member
+                    domain.peer_status[node_token] = member.status
+                if replayed.is_set():
+                    await self._apply_peers(domain, peers, restarted=restarted)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - losing the watch must be visible, not silent
+            log.exception("peer watch failed", domain=domain.uid)
+            replayed.set()
+
+    async def _apply_peers(self, domain: _Domain, peers: dict[str, DomainMember], *, restarted: bool) -> None:
+        wanted = {m.index: m.ip_address for m in peers.values()
+                  if m.clique_id == domain.member.clique_id and m.index >= 0}
+        wanted[domain.member.index] = self.cfg.ip_address
+        changed = wanted != domain.peers
+        if changed:
+            domain.peers = wanted
+            await asyncio.to_thread(write_hosts, domain.files, wanted)
+        if (changed or restarted) and domain.supervisor is not None:
+            domain.supervisor.reload()
+
+    async def _drop_domain(self, *, reason: str) -> None:
+        """Stop the daemon, leave the membership, forget the domain (caller holds the lock)."""
+        domain = self.domain
+        self.domain = None
+        await self._save_state()
+        if domain is None:
+            return
+        if domain.watcher is not None:
+            domain.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await domain.watcher
+        if domain.supervisor is not None:
+            await domain.supervisor.stop()
+        await self.membership.leave(domain.member, reason=reason)
+        await asyncio.to_thread(_remove_tree, domain.files.directory)
+        log.info("stopped serving compute domain", domain=domain.uid, reason=reason)
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def describe(agent: Agent) -> str:
+    """One line for logs and tests: what the agent serves."""
+    d = agent.domain
+    if d is None:
+        return json.dumps({"node": agent.cfg.node, "domain": None})
+    return json.dumps({"node": agent.cfg.node, "domain": d.uid, "claims": sorted(d.claims),
+                       "index": d.member.index, "status": d.member.status})

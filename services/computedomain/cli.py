@@ -1,0 +1,96 @@
+"""`gpu-dra computedomain controller|agent`: flags -> typed config -> run until SIGINT/SIGTERM.
+
+Owns process wiring only: the Kubernetes client (controller: kubeconfig or in-cluster), the NATS
+connection (an embedded nats-server when no URL is set), leader election around the controller,
+and exit codes (0 ok, 2 bad settings, 1 failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+from services.computedomain.config import AgentConfig, ControllerConfig
+from shared.config import ConfigError, load_config
+from shared.logs import get_logger
+from shared.runtime import connected_bus, prepare_process, run_until_stopped
+
+log = get_logger(__name__)
+
+USAGE = """usage: gpu-dra computedomain <controller|agent> [options]
+
+  controller   ComputeDomain CRs -> claim templates, membership, status (leader-elected)
+  agent        per node: the IMEX daemon of the domain this node serves, and its membership
+
+Run 'gpu-dra computedomain <command> --help' for its options."""
+
+
+async def kube_api_client(kubeconfig: str) -> Any:
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+async def run_controller(cfg: ControllerConfig, stopping: asyncio.Event) -> None:
+    from services.computedomain.controller import Controller
+    from services.computedomain.leader import LeaderElector
+
+    api = await kube_api_client(cfg.kubeconfig)
+    try:
+        async with connected_bus(cfg, "computedomain-controller") as bus:
+            async def lead(lost: asyncio.Event) -> None:
+                await Controller(api, bus, deletion_timeout=cfg.deletion_timeout).run(lost)
+
+            if not cfg.leader_election:
+                await lead(stopping)
+                return
+            elector = LeaderElector(api, namespace=cfg.lease_namespace, name=cfg.lease_name, identity=cfg.identity,
+                                    lease_duration=cfg.lease_duration, renew_deadline=cfg.renew_deadline,
+                                    retry_period=cfg.retry_period)
+            await elector.run(stopping, lead)
+    finally:
+        await api.close()
+
+
+async def run_agent(cfg: AgentConfig, stopping: asyncio.Event) -> None:
+    from services.computedomain.agent import Agent
+
+    async with connected_bus(cfg, f"computedomain-agent-{cfg.node}") as bus:
+        await Agent(cfg, bus).run(stopping)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    command, rest = args[0], args[1:]
+    try:
+        if command == "controller":
+            controller_cfg = load_config(ControllerConfig, rest, prog="gpu-dra computedomain controller",
+                                         description="ComputeDomain controller").resolved()
+            prepare_process(controller_cfg, "computedomain-controller")
+            asyncio.run(run_until_stopped(lambda stopping: run_controller(controller_cfg, stopping)))
+            return 0
+        if command == "agent":
+            agent_cfg = load_config(AgentConfig, rest, prog="gpu-dra computedomain agent",
+                                    description="ComputeDomain node agent (IMEX daemons)").resolved()
+            prepare_process(agent_cfg, "computedomain-agent")
+            asyncio.run(run_until_stopped(lambda stopping: run_agent(agent_cfg, stopping)))
+            return 0
+    except ConfigError as exc:
+        print(f"gpu-dra computedomain {command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a failed start is reported in one line, with the cause
+        log.exception("computedomain failed")
+        print(f"gpu-dra computedomain {command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"gpu-dra computedomain: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2

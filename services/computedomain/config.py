@@ -1,0 +1,72 @@
+"""ComputeDomain settings: flags and `GPU_DRA_*` variables -> ControllerConfig and AgentConfig."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from typing import Annotated
+
+import msgspec
+
+from services.computedomain.imex import DEFAULT_COMMAND
+from services.computedomain.membership import MAX_PER_CLIQUE
+from shared.config import CommonConfig, ConfigError
+
+
+def _h(text: str, **limits: float) -> msgspec.Meta:
+    return msgspec.Meta(description=text, **limits)  # type: ignore[call-overload, no-any-return]
+
+
+class ControllerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
+    kubeconfig: Annotated[str, _h("kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config)")] = ""
+    identity: Annotated[str, _h("leader-election identity (default: POD_NAME or host name, plus a random suffix)")] = ""
+    leader_election: Annotated[bool, _h("elect a leader through a coordination.k8s.io Lease")] = True
+    lease_namespace: Annotated[str, _h("namespace of the Lease (default: POD_NAMESPACE, else default)")] = ""
+    lease_name: Annotated[str, _h("name of the Lease")] = "gpu-dra-computedomain-controller"
+    lease_duration: Annotated[float, _h("seconds a leader holds the Lease without renewing", gt=0)] = 15.0
+    renew_deadline: Annotated[float, _h("seconds a leader keeps trying to renew before it steps down", gt=0)] = 10.0
+    retry_period: Annotated[float, _h("seconds between Lease attempts", gt=0)] = 2.0
+    deletion_timeout: Annotated[float, _h("seconds to wait for agents to leave a deleted domain", gt=0)] = 10.0
+
+    def resolved(self) -> ControllerConfig:
+        if not self.renew_deadline < self.lease_duration:
+            raise ConfigError(
+                f"--renew-deadline ({self.renew_deadline}) must be below --lease-duration ({self.lease_duration})")
+        if not self.retry_period < self.renew_deadline:
+            raise ConfigError(
+                f"--retry-period ({self.retry_period}) must be below --renew-deadline ({self.renew_deadline})")
+        return msgspec.structs.replace(
+            self,
+            identity=self.identity or os.environ.get("POD_NAME", "") or socket.gethostname(),
+            lease_namespace=self.lease_namespace or os.environ.get("POD_NAMESPACE", "") or "default",
+        )
+
+
+class AgentConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
+    node: Annotated[str, _h("this node's name (default: NODE_NAME, else the host name)")] = ""
+    ip_address: Annotated[str, _h("the address IMEX daemons use on this node (default: POD_IP, else the host's)")] = ""
+    state_dir: Annotated[str, _h("where domain files and agent state live")] = (
+        "/var/lib/kubelet/plugins/compute-domain.nvidia.com")
+    imex_command: Annotated[str, _h("IMEX daemon command; {config} is its config file")] = DEFAULT_COMMAND
+    imex_check_command: Annotated[str, _h("readiness command printing READY (empty: the daemon's status lines)")] = ""
+    imex_reload_signal: Annotated[str, _h("signal that tells the daemon its peers changed")] = "SIGHUP"
+    imex_server_port: Annotated[int, _h("IMEX peer port", ge=1, le=65535)] = 50000
+    imex_cmd_port: Annotated[int, _h("IMEX command port", ge=1, le=65535)] = 50005
+    max_nodes_per_imex_domain: Annotated[int, _h("IMEX nodes per clique", ge=1, le=99)] = MAX_PER_CLIQUE
+
+    def resolved(self) -> AgentConfig:
+        node = self.node or os.environ.get("NODE_NAME", "") or socket.gethostname()
+        ip = self.ip_address or os.environ.get("POD_IP", "")
+        if not ip:
+            try:
+                ip = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                ip = "127.0.0.1"
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise ConfigError(f"--ip-address {ip!r} is not an IP address") from None
+        if not os.path.isabs(self.state_dir):
+            raise ConfigError(f"--state-dir must be an absolute path, got {self.state_dir!r}")
+        return msgspec.structs.replace(self, node=node, ip_address=ip)

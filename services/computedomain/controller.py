@@ -1,0 +1,354 @@
+"""The ComputeDomain controller: CRs -> finalizer, workload claim template, status from membership.
+
+Owns, while it leads: a watch on ComputeDomains (all namespaces) and a watch on the membership KV.
+For each live domain it adds the finalizer, creates the workload ResourceClaimTemplate
+(`spec.channel.resourceClaimTemplate.name`, class `compute-domain-default-channel.nvidia.com`, opaque
+ComputeDomainChannelConfig with the UID and allocationMode), announces the domain on
+`dra.v1.cd.<uid>.status`, and writes `status` whenever a member event changes it (coalesced per
+domain: one write in flight, the next one carries every change since). Ready when every listed
+node is Ready and (deprecated `numNodes` > 0) at least numNodes are listed; no nodes and numNodes 0
+is Ready, as upstream. On deletion: announce `dra.v1.cd.<uid>.deleted` (agents stop the daemon and
+leave), delete the template, wait (bounded) for the members to go, purge the domain's KV keys,
+then drop the finalizer, so nothing stays Terminating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from services.computedomain import crd
+from services.computedomain.channels import channel_config
+from services.computedomain.events import CD_DELETED, DomainDeleted
+from services.computedomain.membership import Membership, token
+from shared.bus import Bus
+from shared.events.base import now_unix
+from shared.events.catalog import CD_STATUS
+from shared.events.computedomain import DomainMember, DomainStatusChanged
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass
+class _Domain:
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    num_nodes: int = 0
+    template: str = ""
+    allocation_mode: str = "Single"
+    live: bool = False  # seen as a CR without deletionTimestamp
+    deleting: bool = False
+    finalized: bool = False  # our finalizer and template are in place
+    written: dict[str, Any] | None = None  # the status last written (or read from the CR)
+    announced: tuple[str, int] | None = None  # (status, nodes) last published
+    members: dict[str, DomainMember] = field(default_factory=dict)
+    dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # any member change (deletion waits on it)
+    worker: asyncio.Task[None] | None = None
+    # timing for the benchmark: when the last member turned Ready, and when status said Ready
+    last_member_ready_at: float = 0.0
+    ready_written_at: float = 0.0
+
+
+def desired_status(domain: _Domain) -> dict[str, Any]:
+    nodes = sorted(
+        ({"name": m.node, "ipAddress": m.ip_address, "cliqueID": m.clique_id, "index": m.index, "status": m.status}
+         for m in domain.members.values()),
+        key=lambda n: (n["cliqueID"], n["index"], n["name"]),
+    )
+    ready = all(n["status"] == "Ready" for n in nodes) and len(nodes) >= domain.num_nodes
+    return {"status": "Ready" if ready else "NotReady", "nodes": nodes}
+
+
+class Controller:
+    def __init__(self, api: client.ApiClient, bus: Bus, *, deletion_timeout: float = 10.0) -> None:
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+        self.bus = bus
+        self.membership = Membership(bus)
+        self.deletion_timeout = deletion_timeout
+        self.domains: dict[str, _Domain] = {}
+        self._by_token: dict[str, str] = {}
+        self.resource_version = "v1"
+        self.synced = asyncio.Event()
+        self.writes = 0
+
+    # ---- running ---------------------------------------------------------------------------
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        self.resource_version = await self._resource_api_version()
+        tasks = [asyncio.create_task(self._watch_members(), name="cd-members"),
+                 asyncio.create_task(self._watch_domains(), name="cd-domains")]
+        stop = asyncio.create_task(stopping.wait())
+        try:
+            done, _ = await asyncio.wait({stop, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stop:
+                    task.result()  # a watch that ended with an error ends the controller
+        finally:
+            stop.cancel()
+            for task in tasks + [d.worker for d in self.domains.values() if d.worker]:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _resource_api_version(self) -> str:
+        try:
+            groups = await client.ApisApi(self.api).get_api_versions()
+        except ApiException:
+            return "v1"
+        for group in groups.groups or []:
+            if group.name == "resource.k8s.io":
+                served = {v.version for v in group.versions or []}
+                for version in ("v1", "v1beta2", "v1beta1"):
+                    if version in served:
+                        return version
+        return "v1"
+
+    def _domain(self, uid: str) -> _Domain:
+        domain = self.domains.get(uid)
+        if domain is None:
+            domain = self.domains[uid] = _Domain(uid=uid)
+            self._by_token[token(uid)] = uid
+            domain.worker = asyncio.create_task(self._sync_loop(domain), name=f"cd-sync-{uid}")
+        return domain
+
+    # ---- membership ------------------------------------------------------------------------
+
+    async def _watch_members(self) -> None:
+        async for domain_token, node_token, member in self.membership.watch():
+            if domain_token == "":
+                continue
+            uid = member.domain_uid if member is not None else self._by_token.get(domain_token, domain_token)
+            domain = self._domain(uid)
+            if member is None:
+                gone = [n for n in domain.members if token(n) == node_token]
+                for n in gone:
+                    domain.members.pop(n)
+            else:
+                previous = domain.members.get(member.node)
+                domain.members[member.node] = member
+                if member.status == "Ready" and (previous is None or previous.status != "Ready"):
+                    domain.last_member_ready_at = member.observed_at or now_unix()
+            domain.changed.set()
+            domain.dirty.set()
+
+    # ---- ComputeDomain CRs -----------------------------------------------------------------
+
+    async def _watch_domains(self) -> None:
+        while True:
+            listed = await self.custom.list_cluster_custom_object(crd.GROUP, crd.VERSION, crd.PLURAL)
+            seen = set()
+            for obj in listed.get("items") or []:
+                seen.add(obj["metadata"]["uid"])
+                self._on_object(obj, "ADDED")
+            for uid, domain in list(self.domains.items()):
+                if domain.live and uid not in seen:
+                    self._on_object(None, "DELETED", uid=uid)
+            self.synced.set()
+            for domain in self.domains.values():
+                if not domain.name:
+                    domain.dirty.set()
+            version = (listed.get("metadata") or {}).get("resourceVersion", "")
+            try:
+                async with watch.Watch() as stream:
+                    async for event in stream.stream(
+                        self.custom.list_cluster_custom_object, crd.GROUP, crd.VERSION, crd.PLURAL,
+                        resource_version=version, allow_watch_bookmarks=True, timeout_seconds=300,
+                    ):
+                        kind, obj = event["type"], event["object"]
+                        if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
+                            self._on_object(obj, kind)
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise
+                log.info("ComputeDomain watch expired; relisting")
+
+    def _on_object(self, obj: dict[str, Any] | None, kind: str, uid: str = "") -> None:
+        if obj is not None:
+            uid = obj["metadata"]["uid"]
+        domain = self._domain(uid)
+        if kind == "DELETED" or obj is None:
+            domain.live = False
+            domain.deleting = False
+            domain.dirty.set()
+            return
+        md, spec = obj["metadata"], obj.get("spec") or {}
+        channel = spec.get("channel") or {}
+        domain.namespace, domain.name = md["namespace"], md["name"]
+        domain.num_nodes = int(spec.get("numNodes") or 0)
+        domain.template = ((channel.get("resourceClaimTemplate") or {}).get("name")) or ""
+        domain.allocation_mode = channel.get("allocationMode") or "Single"
+        domain.deleting = bool(md.get("deletionTimestamp"))
+        domain.live = not domain.deleting
+        if kind == "ADDED" or domain.written is None:
+            domain.written = obj.get("status")
+        domain.finalized = crd.FINALIZER in (md.get("finalizers") or [])
+        domain.dirty.set()
+
+    # ---- per-domain work -------------------------------------------------------------------
+
+    async def _sync_loop(self, domain: _Domain) -> None:
+        backoff = 0.2
+        while True:
+            await domain.dirty.wait()
+            domain.dirty.clear()
+            try:
+                await self._sync(domain)
+                backoff = 0.2
+                if self.domains.get(domain.uid) is not domain:
+                    return  # forgotten
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - retried with backoff; the domain must converge
+                log.warning("ComputeDomain sync failed; retrying", domain=domain.uid, error=str(exc))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                domain.dirty.set()
+
+    async def _sync(self, domain: _Domain) -> None:
+        if not domain.name:
+            if self.synced.is_set():
+                # members of a domain with no CR after the full list: deleted while nobody led
+                log.info("removing members of a ComputeDomain that no longer exists", domain=domain.uid)
+                await self._forget(domain)
+            return
+        if domain.deleting:
+            await self._finalize(domain)
+            return
+        if not domain.live:
+            await self._forget(domain)
+            return
+        if not domain.finalized:
+            await self._add_finalizer(domain)
+            domain.finalized = True
+        await self._ensure_template(domain)
+        status = desired_status(domain)
+        if status != domain.written:
+            await self.custom.patch_namespaced_custom_object_status(
+                crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL, domain.name, {"status": status},
+                _content_type=MERGE_PATCH)  # type: ignore[call-arg]
+            self.writes += 1
+            domain.written = status
+            if status["status"] == "Ready" and status["nodes"]:
+                domain.ready_written_at = now_unix()
+        announce = (status["status"], len(status["nodes"]))
+        if announce != domain.announced:
+            await self.bus.publish(CD_STATUS, DomainStatusChanged(
+                domain_uid=domain.uid, domain_name=domain.name, domain_namespace=domain.namespace,
+                status=announce[0], nodes=announce[1], observed_at=now_unix()), domain_uid=token(domain.uid))
+            domain.announced = announce
+
+    async def _add_finalizer(self, domain: _Domain) -> None:
+        obj = await self.custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL,
+                                                             domain.name)
+        finalizers = list(obj["metadata"].get("finalizers") or [])
+        if crd.FINALIZER in finalizers:
+            return
+        await self.custom.patch_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL, domain.name,
+            {"metadata": {"finalizers": [*finalizers, crd.FINALIZER],
+                          "resourceVersion": obj["metadata"]["resourceVersion"]}},
+            _content_type=MERGE_PATCH)  # type: ignore[call-arg]
+
+    def template_body(self, domain: _Domain) -> dict[str, Any]:
+        if self.resource_version == "v1":
+            request: dict[str, Any] = {"name": "channel", "exactly": {"deviceClassName": crd.CHANNEL_DEVICE_CLASS}}
+        else:
+            request = {"name": "channel", "deviceClassName": crd.CHANNEL_DEVICE_CLASS}
+        return {
+            "apiVersion": f"resource.k8s.io/{self.resource_version}",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {
+                "name": domain.template,
+                "namespace": domain.namespace,
+                "labels": {crd.LABEL_DOMAIN: domain.uid, crd.LABEL_TARGET: "Workload"},
+                "ownerReferences": [{"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND,
+                                     "name": domain.name, "uid": domain.uid}],
+            },
+            "spec": {"spec": {"devices": {
+                "requests": [request],
+                "config": [{"requests": ["channel"], "opaque": {
+                    "driver": crd.DRIVER, "parameters": channel_config(domain.uid, domain.allocation_mode)}}],
+            }}},
+        }
+
+    async def _ensure_template(self, domain: _Domain) -> None:
+        if not domain.template:
+            return
+        try:
+            await self.custom.create_namespaced_custom_object(
+                "resource.k8s.io", self.resource_version, domain.namespace, "resourceclaimtemplates",
+                self.template_body(domain))
+            log.info("created workload claim template", domain=domain.uid, template=domain.template)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    async def _delete_template(self, domain: _Domain) -> None:
+        if not domain.template:
+            return
+        try:
+            existing = await self.custom.get_namespaced_custom_object(
+                "resource.k8s.io", self.resource_version, domain.namespace, "resourceclaimtemplates", domain.template)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        if (existing["metadata"].get("labels") or {}).get(crd.LABEL_DOMAIN) != domain.uid:
+            return  # not ours: a user's template of the same name stays
+        with contextlib.suppress(ApiException):
+            await self.custom.delete_namespaced_custom_object(
+                "resource.k8s.io", self.resource_version, domain.namespace, "resourceclaimtemplates", domain.template)
+
+    async def _finalize(self, domain: _Domain) -> None:
+        await self.bus.publish(CD_DELETED, DomainDeleted(domain_uid=domain.uid, domain_name=domain.name,
+                                                         domain_namespace=domain.namespace, observed_at=now_unix()),
+                               domain_uid=token(domain.uid))
+        await self._delete_template(domain)
+        deadline = time.monotonic() + self.deletion_timeout
+        while domain.members and time.monotonic() < deadline:
+            domain.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(domain.changed.wait(), deadline - time.monotonic())
+        if domain.members:
+            log.warning("members did not leave a deleted domain in time; removing them",
+                        domain=domain.uid, nodes=sorted(domain.members))
+        await self.membership.purge_domain(domain.uid)
+        try:
+            obj = await self.custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, domain.namespace,
+                                                                 crd.PLURAL, domain.name)
+        except ApiException as exc:
+            if exc.status == 404:
+                await self._forget(domain)
+                return
+            raise
+        finalizers = [f for f in obj["metadata"].get("finalizers") or [] if f != crd.FINALIZER]
+        with contextlib.suppress(ApiException):
+            await self.custom.patch_namespaced_custom_object(
+                crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL, domain.name,
+                {"metadata": {"finalizers": finalizers or None, "resourceVersion": obj["metadata"]["resourceVersion"]}},
+                _content_type=MERGE_PATCH)  # type: ignore[call-arg]
+        log.info("ComputeDomain cleaned up", domain=domain.uid, name=f"{domain.namespace}/{domain.name}")
+
+    async def _forget(self, domain: _Domain) -> None:
+        """The CR is gone: drop what is left (a domain deleted while no controller was leading)."""
+        if domain.members:
+            await self.bus.publish(CD_DELETED, DomainDeleted(
+                domain_uid=domain.uid, domain_name=domain.name, domain_namespace=domain.namespace,
+                observed_at=now_unix()), domain_uid=token(domain.uid))
+        await self.membership.purge_domain(domain.uid)
+        domain.members.clear()
+        self.domains.pop(domain.uid, None)
+        self._by_token.pop(token(domain.uid), None)
+        if domain.worker is not None and domain.worker is not asyncio.current_task():
+            domain.worker.cancel()

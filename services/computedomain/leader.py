@@ -1,0 +1,169 @@
+"""Leader election through a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
+
+Owns the Lease record: a candidate creates it or takes it over once the holder has not renewed it
+for `lease_duration` (measured on the candidate's own clock from when it last saw the record
+change, so clock skew between nodes does not matter); updates are compare-and-set through the
+resourceVersion, so only one candidate wins. The leader renews every `retry_period`; if it cannot
+renew within `renew_deadline` it stops leading. On a clean stop it releases the Lease (empty
+holder), so a standby takes over at its next attempt instead of waiting out the duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+
+def _now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _micro(value: object) -> str:
+    """A MicroTime string from what the client decoded (a datetime or a string), "" when unset."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return str(value or "")
+
+
+class LeaderElector:
+    def __init__(self, api: client.ApiClient, *, namespace: str, name: str, identity: str,
+                 lease_duration: float = 15.0, renew_deadline: float = 10.0, retry_period: float = 2.0) -> None:
+        self.coord = client.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.name = name
+        self.identity = f"{identity}-{uuid.uuid4().hex[:8]}"
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.leading = asyncio.Event()
+        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
+        self._observed_at = 0.0
+        self.transitions_seen = 0
+
+    def _spec(self, transitions: int, acquire: str) -> dict[str, Any]:
+        now = _now_micro()
+        return {"holderIdentity": self.identity, "leaseDurationSeconds": max(1, round(self.lease_duration)),
+                "acquireTime": acquire or now, "renewTime": now, "leaseTransitions": transitions}
+
+    async def _try(self) -> bool:
+        """One attempt to acquire or renew; True when we hold the Lease afterwards."""
+        try:
+            lease = await self.coord.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = {"metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(0, "")}
+            try:
+                await self.coord.create_namespaced_lease(self.namespace, body)  # type: ignore[arg-type]
+            except ApiException as create_exc:
+                if create_exc.status == 409:
+                    return False
+                raise
+            return True
+        spec = lease.spec
+        holder = spec.holder_identity or ""
+        renew = str(spec.renew_time or "")
+        record = (holder, renew)
+        now = time.monotonic()
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        duration = float(spec.lease_duration_seconds or self.lease_duration)
+        if holder and holder != self.identity and now < self._observed_at + duration:
+            return False  # someone else holds it and has renewed recently
+        transitions = int(spec.lease_transitions or 0) + (0 if holder == self.identity else 1)
+        acquire = _micro(spec.acquire_time) if holder == self.identity else ""
+        body = {"metadata": {"name": self.name, "namespace": self.namespace,
+                             "resourceVersion": lease.metadata.resource_version},
+                "spec": self._spec(transitions, acquire)}
+        try:
+            await self.coord.replace_namespaced_lease(self.name, self.namespace, body)  # type: ignore[arg-type]
+        except ApiException as exc:
+            if exc.status == 409:
+                return False  # another candidate updated it first
+            raise
+        if holder != self.identity:
+            self.transitions_seen = transitions
+        return True
+
+    async def _attempt(self) -> bool:
+        try:
+            return await self._try()
+        except ApiException as exc:
+            log.warning("lease attempt failed", lease=self.name, status=exc.status)
+        except Exception as exc:  # noqa: BLE001 - the API server may be briefly unreachable
+            log.warning("lease attempt failed", lease=self.name, error=str(exc) or type(exc).__name__)
+        return False
+
+    async def run(self, stopping: asyncio.Event, lead: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
+        """Campaign until `stopping`; while leading, run `lead(lost)` (it must return when `lost` is set)."""
+        while not stopping.is_set():
+            if not await self._attempt():
+                await _wait(stopping, self.retry_period)
+                continue
+            log.info("became leader", lease=f"{self.namespace}/{self.name}", identity=self.identity)
+            self.leading.set()
+            lost = asyncio.Event()
+            work: asyncio.Future[None] = asyncio.ensure_future(lead(lost))
+            renewer = asyncio.create_task(self._renew(stopping, lost))
+            try:
+                await asyncio.wait({work, renewer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                lost.set()
+                renewer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renewer
+                try:
+                    await asyncio.wait_for(asyncio.shield(work), 10.0)
+                except (TimeoutError, asyncio.CancelledError):
+                    work.cancel()
+                except Exception:  # noqa: BLE001 - reported below
+                    log.exception("leader work failed")
+                self.leading.clear()
+            if stopping.is_set():
+                await self.release()
+                return
+            log.warning("stopped leading", lease=self.name, identity=self.identity)
+            await self.release()
+            await _wait(stopping, self.retry_period)
+
+    async def _renew(self, stopping: asyncio.Event, lost: asyncio.Event) -> None:
+        last_ok = time.monotonic()
+        while not stopping.is_set():
+            await _wait(stopping, self.retry_period)
+            if stopping.is_set():
+                return
+            if await self._attempt():
+                last_ok = time.monotonic()
+            elif time.monotonic() - last_ok > self.renew_deadline:
+                lost.set()
+                return
+
+    async def release(self) -> None:
+        """Give the Lease up if we hold it (a clean stop)."""
+        with contextlib.suppress(Exception):
+            lease = await self.coord.read_namespaced_lease(self.name, self.namespace)
+            if lease.spec.holder_identity != self.identity:
+                return
+            body = {"metadata": {"name": self.name, "namespace": self.namespace,
+                                 "resourceVersion": lease.metadata.resource_version},
+                    "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro(),
+                             "leaseTransitions": lease.spec.lease_transitions or 0}}
+            await self.coord.replace_namespaced_lease(self.name, self.namespace, body)  # type: ignore[arg-type]
+            log.info("released leadership", lease=self.name, identity=self.identity)
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)

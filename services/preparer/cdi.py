@@ -1,0 +1,145 @@
+"""CDI specs for prepared claims: one file per claim in the CDI dir, written atomically, removed on unprepare.
+
+Owns the spec layout (kind `k8s.gpu.nvidia.com/claim`, device names `<claimUID>-<device>`, file
+`k8s.gpu.nvidia.com-claim_<uid>.json`), the minimum `cdiVersion` for the features used, the
+claim-wide edits (control device nodes, `NVIDIA_VISIBLE_DEVICES=void`) and per-device edits
+(device nodes, MPS pipe/shm mounts and env).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from services.preparer.checkpoint import atomic_write
+
+VENDOR = "k8s.gpu.nvidia.com"
+CLASS = "claim"
+KIND = f"{VENDOR}/{CLASS}"
+MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"  # noqa: S108 - the path CUDA's MPS client looks in
+_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+
+class CdiError(ValueError):
+    """A spec could not be built or written."""
+
+
+@dataclass
+class DeviceNode:
+    path: str  # in the container
+    host_path: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "hostPath": self.host_path}
+
+
+@dataclass
+class Mount:
+    host_path: str
+    container_path: str
+    options: list[str] = field(default_factory=lambda: ["rw", "nosuid", "nodev", "bind"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hostPath": self.host_path, "containerPath": self.container_path, "options": self.options}
+
+
+@dataclass
+class CdiDevice:
+    device: str  # canonical device name, e.g. gpu-0
+    nodes: list[DeviceNode] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)
+    mounts: list[Mount] = field(default_factory=list)
+
+
+def spec_file_name(claim_uid: str) -> str:
+    return f"{VENDOR}-{CLASS}_{claim_uid}.json".replace("/", "_")
+
+
+def device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def device_id(claim_uid: str, device: str) -> str:
+    return f"{KIND}={device_name(claim_uid, device)}"
+
+
+def mps_edits(pipe_dir: str, shm_dir: str) -> tuple[list[str], list[Mount]]:
+    """Env and mounts a container needs to reach an MPS control daemon."""
+    return ([f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"],
+            [Mount(pipe_dir, MPS_PIPE_IN_CONTAINER), Mount(shm_dir, "/dev/shm")])
+
+
+def _edits(nodes: list[DeviceNode], env: list[str], mounts: list[Mount]) -> dict[str, Any]:
+    edits: dict[str, Any] = {}
+    if env:
+        edits["env"] = list(env)
+    if nodes:
+        edits["deviceNodes"] = [n.to_json() for n in nodes]
+    if mounts:
+        edits["mounts"] = [m.to_json() for m in mounts]
+    return edits
+
+
+def build_spec(claim_uid: str, devices: list[CdiDevice], control_nodes: list[DeviceNode]) -> dict[str, Any]:
+    """The claim's CDI spec as a JSON-ready dict (validated like the CDI loader validates)."""
+    if not devices:
+        raise CdiError(f"claim {claim_uid} has no devices for a CDI spec")
+    out_devices = []
+    seen: set[str] = set()
+    for dev in devices:
+        name = device_name(claim_uid, dev.device)
+        if not _NAME.match(name):
+            raise CdiError(f"CDI device name {name!r} is not valid (letters, digits, _.:- inside)")
+        if name in seen:
+            continue
+        seen.add(name)
+        edits = _edits(dev.nodes, dev.env, dev.mounts)
+        if not edits:
+            raise CdiError(f"CDI device {name} would have no container edits")
+        out_devices.append({"name": name, "containerEdits": edits})
+    spec: dict[str, Any] = {
+        # 0.5.0: deviceNodes[].hostPath and device names that may start with a digit (claim UIDs).
+        "cdiVersion": "0.5.0",
+        "kind": KIND,
+        "devices": out_devices,
+        "containerEdits": _edits(control_nodes, ["NVIDIA_VISIBLE_DEVICES=void"], []),
+    }
+    return spec
+
+
+class CdiWriter:
+    """Writes and removes per-claim specs in one CDI directory."""
+
+    def __init__(self, cdi_dir: Path) -> None:
+        self.dir = Path(cdi_dir)
+
+    def path_for(self, claim_uid: str) -> Path:
+        return self.dir / spec_file_name(claim_uid)
+
+    def _write_sync(self, claim_uid: str, spec: dict[str, Any]) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.path_for(claim_uid)
+        atomic_write(path, msgspec.json.format(msgspec.json.encode(spec), indent=2))
+        return path
+
+    async def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
+        try:
+            return await asyncio.to_thread(self._write_sync, claim_uid, spec)
+        except OSError as exc:
+            raise CdiError(f"cannot write CDI spec for claim {claim_uid} in {self.dir}: {exc}") from exc
+
+    def _remove_sync(self, claim_uid: str) -> bool:
+        with contextlib.suppress(FileNotFoundError):
+            self.path_for(claim_uid).unlink()
+            return True
+        return False
+
+    async def remove(self, claim_uid: str) -> bool:
+        """Delete the claim's spec; an absent spec is fine."""
+        return await asyncio.to_thread(self._remove_sync, claim_uid)

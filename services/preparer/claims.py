@@ -1,0 +1,165 @@
+"""The ResourceClaim fetch port: the claim fields the preparer reads, and how it reads them.
+
+Owns the msgspec view of a ResourceClaim (metadata, allocation results and configs, node
+selector), the `ClaimSource` port, and the Kubernetes implementation over kubernetes-asyncio
+that discovers which `resource.k8s.io` version the API server serves (v1 on 1.34+, else v1beta2
+or v1beta1; the fields read here have the same shape in all three).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import msgspec
+
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+RESOURCE_GROUP = "resource.k8s.io"
+PREFERRED_VERSIONS = ("v1", "v1beta2", "v1beta1")
+
+
+class ObjectMeta(msgspec.Struct, kw_only=True):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+
+
+class AllocationResult(msgspec.Struct, kw_only=True):
+    request: str
+    driver: str
+    pool: str
+    device: str
+    adminAccess: bool | None = None
+    shareID: str | None = None
+
+
+class OpaqueConfig(msgspec.Struct, kw_only=True):
+    driver: str
+    parameters: Any = None
+
+
+class AllocationConfig(msgspec.Struct, kw_only=True):
+    source: str = "FromClaim"
+    requests: list[str] | None = None
+    opaque: OpaqueConfig | None = None
+
+
+class DeviceAllocation(msgspec.Struct, kw_only=True):
+    results: list[AllocationResult] = msgspec.field(default_factory=list)
+    config: list[AllocationConfig] = msgspec.field(default_factory=list)
+
+
+class SelectorRequirement(msgspec.Struct, kw_only=True):
+    key: str
+    operator: str
+    values: list[str] = msgspec.field(default_factory=list)
+
+
+class SelectorTerm(msgspec.Struct, kw_only=True):
+    matchExpressions: list[SelectorRequirement] = msgspec.field(default_factory=list)
+    matchFields: list[SelectorRequirement] = msgspec.field(default_factory=list)
+
+
+class NodeSelector(msgspec.Struct, kw_only=True):
+    nodeSelectorTerms: list[SelectorTerm] = msgspec.field(default_factory=list)
+
+
+class Allocation(msgspec.Struct, kw_only=True):
+    devices: DeviceAllocation | None = None
+    nodeSelector: NodeSelector | None = None
+
+
+class ClaimStatus(msgspec.Struct, kw_only=True):
+    allocation: Allocation | None = None
+
+
+class ResourceClaim(msgspec.Struct, kw_only=True):
+    metadata: ObjectMeta
+    status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
+
+
+def decode_claim(data: bytes) -> ResourceClaim:
+    return msgspec.json.decode(data, type=ResourceClaim)
+
+
+def selector_node_names(selector: NodeSelector | None) -> set[str] | None:
+    """Node names a selector pins with `metadata.name In [...]`; None when it pins none by name."""
+    if selector is None:
+        return None
+    names: set[str] = set()
+    pinned = False
+    for term in selector.nodeSelectorTerms:
+        for req in term.matchFields:
+            if req.key == "metadata.name" and req.operator == "In":
+                pinned = True
+                names.update(req.values)
+    return names if pinned else None
+
+
+class ClaimNotFound(LookupError):
+    """The claim does not exist (deleted)."""
+
+
+class ClaimFetchError(RuntimeError):
+    """The claim could not be read (API server down, forbidden); retry later."""
+
+
+class ClaimSource(Protocol):
+    """Reads a ResourceClaim by namespace and name."""
+
+    async def get(self, namespace: str, name: str) -> ResourceClaim: ...
+
+
+class KubeClaimSource:
+    """ClaimSource over a kubernetes-asyncio ApiClient; claims decoded with msgspec from the raw JSON."""
+
+    def __init__(self, api_client: Any, *, timeout: float = 20.0) -> None:
+        self.api_client = api_client
+        self.timeout = timeout
+        self.version = ""
+
+    async def _get(self, path: str) -> tuple[int, bytes]:
+        """Status and body of a GET; HTTP errors are statuses, transport failures ClaimFetchError."""
+        try:
+            response = await self.api_client.call_api(
+                path, "GET", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+                _preload_content=False, _request_timeout=self.timeout,
+            )
+        except Exception as exc:  # noqa: BLE001 - transport failures are retryable
+            status = getattr(exc, "status", None)
+            if isinstance(status, int) and status:
+                return status, b""
+            raise ClaimFetchError(f"GET {path}: {exc}") from exc
+        raw = response[0] if isinstance(response, tuple) else response
+        body = await raw.read()
+        return int(getattr(raw, "status", 200)), body
+
+    async def discover(self) -> str:
+        """The best `resource.k8s.io` version the server serves (asked once per version, then cached)."""
+        if self.version:
+            return self.version
+        tried: list[str] = []
+        for version in PREFERRED_VERSIONS:
+            status, _ = await self._get(f"/apis/{RESOURCE_GROUP}/{version}")
+            if status == 200:
+                self.version = version
+                log.info("resource.k8s.io version chosen", version=version)
+                return version
+            tried.append(f"{version}: HTTP {status}")
+        raise ClaimFetchError(f"the API server serves no usable {RESOURCE_GROUP} version ({'; '.join(tried)}); "
+                              f"need one of {', '.join(PREFERRED_VERSIONS)}")
+
+    async def get(self, namespace: str, name: str) -> ResourceClaim:
+        version = await self.discover()
+        status, body = await self._get(f"/apis/{RESOURCE_GROUP}/{version}/namespaces/{namespace}/resourceclaims/{name}")
+        if status == 404:
+            raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found")
+        if status >= 400:
+            raise ClaimFetchError(f"GET ResourceClaim {namespace}/{name}: HTTP {status}: {body[:300]!r}")
+        try:
+            return decode_claim(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ClaimFetchError(f"ResourceClaim {namespace}/{name} did not decode: {exc}") from exc

@@ -1,0 +1,130 @@
+"""`gpu-dra preparer`: flags -> typed config -> run the kubelet plugin until SIGINT/SIGTERM.
+
+Owns process wiring only: the Kubernetes client (kubeconfig or in-cluster), the NATS connection
+in the background (an embedded nats-server when no URL is set), the Kubernetes Event for a
+quarantined checkpoint, and exit codes (0 ok, 2 bad settings, 1 failed to start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from services.preparer.claims import KubeClaimSource
+from services.preparer.config import ConfigError, PreparerConfig, parse
+from services.preparer.service import PreparerService
+from services.preparer.sockets import SocketError
+from shared.bus import Bus
+from shared.logs import get_logger
+from shared.natsserver import EmbeddedNats
+from shared.runtime import prepare_process, run_until_stopped
+
+log = get_logger(__name__)
+
+
+async def kube_api_client(kubeconfig: str) -> Any:
+    """A kubernetes-asyncio ApiClient from a kubeconfig file, or in-cluster credentials."""
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
+    async def report(reason: str, moved_to: Path) -> None:
+        from kubernetes_asyncio.client import CoreV1Api
+
+        body = {
+            "apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": "CheckpointCorrupt",
+            "metadata": {"generateName": f"{node}.gpu-dra-preparer.", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "message": f"{driver} checkpoint was corrupt ({reason[:300]}); moved to {moved_to} and started empty",
+            "source": {"component": "gpu-dra-preparer", "host": node},
+        }
+        await CoreV1Api(api_client).create_namespaced_event("default", body)
+
+    return report
+
+
+async def connect_bus_forever(cfg: PreparerConfig, service: PreparerService, stopping: asyncio.Event) -> None:
+    """Attach a bus to the service as soon as NATS answers; keep trying until stopped."""
+    embedded: EmbeddedNats | None = None
+    url = cfg.nats_url
+    if not url:
+        embedded = EmbeddedNats()
+        await embedded.start()
+        url = embedded.url
+        log.info("no NATS URL configured; started embedded nats-server", url=url)
+    bus: Bus | None = None
+    try:
+        while bus is None and not stopping.is_set():
+            try:
+                bus = await Bus.connect(url, name=f"preparer-{cfg.node}", initial_attempts=3,
+                                        user=cfg.nats_user or None, password=cfg.nats_password or None)
+            except Exception as exc:  # noqa: BLE001 - keep serving the plain path, try again
+                log.warning("NATS not reachable yet; plain GPU prepares still work", error=str(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), timeout=2.0)
+        if bus is None:
+            return
+        try:
+            await bus.provision()
+        except Exception as exc:  # noqa: BLE001 - another service may own the streams
+            log.info("stream/bucket provisioning skipped", error=str(exc))
+        service.attach_bus(bus)
+        await stopping.wait()
+    finally:
+        if bus is not None:
+            await bus.close()
+        if embedded is not None:
+            await embedded.close()
+
+
+async def _run(cfg: PreparerConfig) -> int:
+    api_client = await kube_api_client(cfg.kubeconfig)
+    service = PreparerService(cfg, KubeClaimSource(api_client),
+                              report_corrupt=corrupt_checkpoint_reporter(api_client, cfg.node, cfg.driver))
+    failed: list[BaseException] = []
+
+    async def main(stopping: asyncio.Event) -> None:
+        try:
+            await service.start()
+        except (SocketError, OSError) as exc:
+            failed.append(exc)
+            return
+        bus_task = asyncio.create_task(connect_bus_forever(cfg, service, stopping))
+        try:
+            await stopping.wait()
+        finally:
+            await service.stop()
+            with contextlib.suppress(asyncio.CancelledError):
+                await bus_task
+            await api_client.close()
+
+    await run_until_stopped(main)
+    if failed:
+        print(f"gpu-dra preparer: error: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse(list(argv or []))
+    except ConfigError as exc:
+        print(f"gpu-dra preparer: error: {exc}", file=sys.stderr)
+        return 2
+    prepare_process(cfg, f"preparer-{cfg.node}")
+    return asyncio.run(_run(cfg))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

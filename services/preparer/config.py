@@ -1,0 +1,46 @@
+"""Preparer settings: flags and `GPU_DRA_*` environment variables -> PreparerConfig, with derived defaults."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Annotated
+
+import msgspec
+
+from shared.config import CommonConfig, ConfigError, load_config
+
+DESCRIPTION = "The kubelet DRA plugin for gpu.nvidia.com: registration, prepare/unprepare, CDI, checkpoint."
+
+
+def _h(text: str) -> msgspec.Meta:
+    return msgspec.Meta(description=text)
+
+
+class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
+    node: Annotated[str, _h("this node's name (default: NODE_NAME, else the host name)")] = ""
+    driver: Annotated[str, _h("DRA driver name")] = "gpu.nvidia.com"
+    registry_dir: Annotated[str, _h("kubelet plugin registration directory")] = "/var/lib/kubelet/plugins_registry"
+    plugins_dir: Annotated[str, _h("kubelet plugins directory (holds <driver>/dra.sock and checkpoint.json)")] = (
+        "/var/lib/kubelet/plugins")
+    cdi_dir: Annotated[str, _h("CDI spec directory")] = "/var/run/cdi"
+    dev_root: Annotated[str, _h("host root of /dev for CDI host paths (default: what discovery reports)")] = ""
+    boot_id_path: Annotated[str, _h("file holding the kernel boot id")] = "/proc/sys/kernel/random/boot_id"
+    kubeconfig: Annotated[str, _h("kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config)")] = ""
+    cleanup_interval: Annotated[float, msgspec.Meta(gt=0, description="seconds between stale-claim cleanups")] = 600.0
+    device_op_timeout: Annotated[float, msgspec.Meta(gt=0, description="seconds to wait for discovery")] = 30.0
+
+    def resolved(self) -> PreparerConfig:
+        node = self.node or os.environ.get("NODE_NAME", "") or socket.gethostname()
+        return msgspec.structs.replace(self, node=node)
+
+
+def parse(argv: list[str], env: dict[str, str] | None = None) -> PreparerConfig:
+    cfg = load_config(PreparerConfig, argv, prog="gpu-dra preparer", description=DESCRIPTION, env=env)
+    for name in ("registry_dir", "plugins_dir", "cdi_dir"):
+        if not os.path.isabs(getattr(cfg, name)):
+            raise ConfigError(f"--{name.replace('_', '-')} must be an absolute path, got {getattr(cfg, name)!r}")
+    return cfg.resolved()
+
+
+__all__ = ["ConfigError", "PreparerConfig", "parse"]

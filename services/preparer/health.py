@@ -1,0 +1,80 @@
+"""Device health for the kubelet (`v1alpha1.DRAResourceHealth/NodeWatchResources`), from discovery's events.
+
+Owns the per-device health view for this node (KV `dra-health` at start, then live
+`dra.v1.health.<node>.*` events) and the stream: each message is the complete device list of the
+driver's pool, sent on every change and at least every `resend_s` so that no device times out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from services.preparer.devices import Inventory
+from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
+from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
+from shared.events import catalog
+from shared.events.health import DeviceHealth
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+_STATUS = {"Healthy": health_pb2.HEALTHY, "Unhealthy": health_pb2.UNHEALTHY, "Unknown": health_pb2.UNKNOWN}
+
+
+class HealthWatch(health_grpc.DRAResourceHealthServicer):
+    def __init__(self, node: str, inventory: Inventory, pool: str = "", resend_s: float = 10.0) -> None:
+        self.node = node
+        self.pool = pool or node
+        self.inventory = inventory
+        self.resend_s = resend_s
+        self.states: dict[str, DeviceHealth] = {}
+        self._changed = asyncio.Event()
+
+    def _note(self, health: DeviceHealth) -> None:
+        if health.node == self.node:
+            self.states[health.device] = health
+            self._changed.set()
+
+    async def watch(self, bus: Any) -> None:
+        kv = await bus.kv(catalog.HEALTH_BUCKET)
+        for key, value in (await kv.items()).items():
+            if key.startswith(f"{self.node}."):
+                self._note(value)
+
+        async def on_event(message: DeviceHealth, _ctx: Any) -> None:
+            self._note(message)
+
+        await bus.subscribe(catalog.HEALTH, on_event, node=self.node)
+
+    def snapshot(self) -> health_pb2.NodeWatchResourcesResponse:
+        names: list[str] = []
+        inv = self.inventory.current
+        for gpu in inv.gpus if inv is not None else []:
+            names.append(gpu.name)
+            names += [m.name for m in gpu.mig_devices]
+        now = int(time.time())
+        out = health_pb2.NodeWatchResourcesResponse()
+        for name in names:
+            state = self.states.get(name)
+            out.devices.append(health_pb2.DeviceHealth(
+                device=health_pb2.DeviceIdentifier(pool_name=self.pool, device_name=name),
+                health=_STATUS[state.state] if state else health_pb2.HEALTHY,
+                last_updated_time=now, message=(state.message or state.reason)[:1024] if state else ""))
+        return out
+
+    async def NodeWatchResources(self, request: Any, context: Any):  # type: ignore[no-untyped-def]  # noqa: N802
+        while True:
+            yield self.snapshot()
+            self._changed.clear()
+            waits = [asyncio.ensure_future(self._changed.wait()), asyncio.ensure_future(self.inventory.changed.wait())]
+            try:
+                await asyncio.wait(waits, timeout=self.resend_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+
+def add_health_service(server: Any, watch: HealthWatch) -> None:
+    health_grpc.add_DRAResourceHealthServicer_to_server(watch, server)

@@ -1,0 +1,40 @@
+"""Preparer metrics in the shape of the reference driver's: request counts and durations per operation,
+in-flight requests, prepared devices by type, and errors by type (Prometheus default registry)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from services.preparer.checkpoint import Checkpoint
+
+BUCKETS = tuple(0.05 * 2**k for k in range(9))
+
+REQUESTS = Counter("gpu_dra_requests", "Successful kubelet DRA requests", ["driver", "operation"])
+DURATION = Histogram("gpu_dra_request_duration_seconds", "Kubelet DRA request duration", ["driver", "operation"],
+                     buckets=BUCKETS)
+INFLIGHT = Gauge("gpu_dra_requests_inflight", "Kubelet DRA requests in progress", ["driver", "operation"])
+PREPARED = Gauge("gpu_dra_prepared_devices", "Devices in completed claims", ["node", "driver", "device_type"])
+PREPARE_ERRORS = Counter("gpu_dra_node_prepare_errors", "Claims that failed to prepare", ["driver", "error_type"])
+UNPREPARE_ERRORS = Counter("gpu_dra_node_unprepare_errors", "Claims that failed to unprepare", ["driver", "error_type"])
+
+
+def init(driver: str) -> None:
+    """Pre-create the request series with zero values."""
+    for op in ("prepare", "unprepare"):
+        REQUESTS.labels(driver, op)
+        DURATION.labels(driver, op)
+        INFLIGHT.labels(driver, op)
+
+
+def set_prepared(node: str, driver: str, checkpoint: Checkpoint) -> None:
+    counts = {"gpu": 0, "mig": 0, "unknown": 0}
+    for record in checkpoint.claims.values():
+        if record.state != "PrepareCompleted":
+            continue
+        for dev in record.devices:
+            counts[dev.kind if dev.kind in counts else "unknown"] += 1
+    for kind, count in counts.items():
+        PREPARED.labels(node, driver, kind).set(count)

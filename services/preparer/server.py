@@ -1,0 +1,149 @@
+"""The kubelet-facing gRPC surface: DRA `v1` and `v1beta1` DRAPlugin servicers over one core.
+
+Owns decoding requests, the server span per RPC (continuing the kubelet's W3C context from gRPC
+metadata), per-request metrics, and encoding per-claim results: every claim of a request gets an
+entry, and a per-claim failure is that entry's `error`, never a gRPC error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import grpc
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from services.preparer import metrics
+from services.preparer.checkpoint import PreparedDevice
+from services.preparer.prepare import ClaimRef, Preparer, PrepareResult
+from services.preparer.protos import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from shared.logs import get_logger
+from shared.telemetry import extract_grpc_context, get_tracer
+
+log = get_logger(__name__)
+tracer = get_tracer(__name__)
+
+
+def _refs(claims: Any) -> list[ClaimRef]:
+    seen: dict[str, ClaimRef] = {}
+    for c in claims:
+        seen.setdefault(c.uid, ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name))
+    return list(seen.values())
+
+
+class DraCore:
+    """The version-independent handling of one RPC; the servicers below only translate messages."""
+
+    def __init__(self, preparer: Preparer, driver: str) -> None:
+        self.preparer = preparer
+        self.driver = driver
+        metrics.init(driver)
+
+    async def _safe_prepare(self, ref: ClaimRef) -> PrepareResult:
+        if not ref.uid or not ref.name or not ref.namespace:
+            return PrepareResult(error=f"claim {ref} lacks a uid, name or namespace; the kubelet must send all three")
+        try:
+            return await self.preparer.prepare(ref)
+        except Exception as exc:  # noqa: BLE001 - one claim's failure must not fail the others
+            log.exception("prepare crashed", claim=str(ref))
+            return PrepareResult(error=f"error preparing devices for claim {ref}: internal error: {exc}")
+
+    async def _safe_unprepare(self, ref: ClaimRef) -> str:
+        try:
+            return await self.preparer.unprepare(ref)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("unprepare crashed", claim=str(ref))
+            return f"error unpreparing devices for claim {ref}: internal error: {exc}"
+
+    async def run(self, operation: str, method: str, version: str, request: Any,
+                  context: grpc.aio.ServicerContext) -> dict[str, Any]:
+        parent = extract_grpc_context(context.invocation_metadata())
+        refs = _refs(request.claims)
+        start = time.perf_counter()
+        metrics.INFLIGHT.labels(self.driver, operation).inc()
+        with tracer.start_as_current_span(method, context=parent, kind=SpanKind.SERVER) as span:
+            span.set_attribute("rpc.system", "grpc")
+            span.set_attribute("rpc.service", f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin")
+            span.set_attribute("rpc.method", method)
+            span.set_attribute("dra.claims", len(refs))
+            try:
+                if operation == "prepare":
+                    results: list[Any] = list(await asyncio.gather(*(self._safe_prepare(r) for r in refs)))
+                else:
+                    results = list(await asyncio.gather(*(self._safe_unprepare(r) for r in refs)))
+            finally:
+                metrics.INFLIGHT.labels(self.driver, operation).dec()
+            failed = [r for r in results if (r.error if isinstance(r, PrepareResult) else r)]
+            if failed:
+                span.set_status(Status(StatusCode.ERROR, f"{len(failed)} of {len(refs)} claims failed"))
+                (metrics.PREPARE_ERRORS if operation == "prepare" else metrics.UNPREPARE_ERRORS).labels(
+                    self.driver, "prepare_devices").inc(len(failed))
+            else:
+                metrics.REQUESTS.labels(self.driver, operation).inc()
+        metrics.DURATION.labels(self.driver, operation).observe(time.perf_counter() - start)
+        return {ref.uid: result for ref, result in zip(refs, results, strict=True)}
+
+
+def _v1_device(dev: PreparedDevice) -> dra_v1_pb2.Device:
+    out = dra_v1_pb2.Device(request_names=dev.requests, pool_name=dev.pool, device_name=dev.device,
+                            cdi_device_ids=dev.cdi_device_ids)
+    if dev.share_id:
+        out.share_id = dev.share_id
+    return out
+
+
+def _v1beta1_device(dev: PreparedDevice) -> dra_v1beta1_pb2.Device:
+    return dra_v1beta1_pb2.Device(request_names=dev.requests, pool_name=dev.pool, device_name=dev.device,
+                                  cdi_device_ids=dev.cdi_device_ids)
+
+
+class DraV1(dra_v1_pb2_grpc.DRAPluginServicer):
+    def __init__(self, core: DraCore) -> None:
+        self.core = core
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> dra_v1_pb2.NodePrepareResourcesResponse:  # noqa: N802
+        results = await self.core.run("prepare", "NodePrepareResources", "v1", request, context)
+        response = dra_v1_pb2.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]
+            if result.error:
+                entry.error = result.error
+            else:
+                entry.devices.extend(_v1_device(d) for d in result.devices)
+        return response
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> dra_v1_pb2.NodeUnprepareResourcesResponse:  # noqa: N802
+        results = await self.core.run("unprepare", "NodeUnprepareResources", "v1", request, context)
+        response = dra_v1_pb2.NodeUnprepareResourcesResponse()
+        for uid, error in results.items():
+            response.claims[uid].error = error
+        return response
+
+
+class DraV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    def __init__(self, core: DraCore) -> None:
+        self.core = core
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:  # noqa: N802
+        results = await self.core.run("prepare", "NodePrepareResources", "v1beta1", request, context)
+        response = dra_v1beta1_pb2.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]
+            if result.error:
+                entry.error = result.error
+            else:
+                entry.devices.extend(_v1beta1_device(d) for d in result.devices)
+        return response
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> dra_v1beta1_pb2.NodeUnprepareResourcesResponse:  # noqa: N802
+        results = await self.core.run("unprepare", "NodeUnprepareResources", "v1beta1", request, context)
+        response = dra_v1beta1_pb2.NodeUnprepareResourcesResponse()
+        for uid, error in results.items():
+            response.claims[uid].error = error
+        return response
+
+
+def add_dra_services(server: grpc.aio.Server, core: DraCore) -> None:
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1(core), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1beta1(core), server)

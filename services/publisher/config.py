@@ -1,0 +1,81 @@
+"""Publisher settings: flags and `GPU_DRA_*` environment variables -> PublisherConfig.
+
+Owns the setting names, their defaults and the checks that need more than a type (positive
+periods, a complete API endpoint). Everything else about a setting is in `shared.config`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Annotated, Literal
+
+import msgspec
+
+from shared.config import CommonConfig, ConfigError, load_config
+
+DESCRIPTION = (
+    "ResourceSlice publisher: node inventories and device health (from NATS) become ResourceSlices "
+    "for gpu.nvidia.com and compute-domain.nvidia.com. Run one or more replicas; nodes are shared out."
+)
+__all__ = ["ConfigError", "PublisherConfig", "parse"]
+
+
+def _help(text: str) -> msgspec.Meta:
+    return msgspec.Meta(description=text)
+
+
+class PublisherConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
+    kubeconfig: Annotated[str, _help("kubeconfig file; empty uses --api-url/--api-token, then in-cluster")] = ""
+    api_url: Annotated[str, _help("API server URL (instead of a kubeconfig)")] = ""
+    api_token: Annotated[str, _help("bearer token for --api-url")] = ""
+    api_ca_file: Annotated[str, _help("CA bundle for --api-url; empty with https skips verification")] = ""
+    api_version: Annotated[
+        Literal["auto", "v1", "v1beta1"], _help("resource.k8s.io version to write; auto discovers it")
+    ] = "auto"
+    counter_layout: Annotated[
+        Literal["auto", "beside-devices", "counters-only-slice"],
+        _help("where dynamic-MIG counter sets go: auto picks by server version (1.35+: counters-only slice)"),
+    ] = "auto"
+    mig_mode: Annotated[
+        Literal["static", "dynamic"],
+        _help("static: full GPUs or existing MIG devices; dynamic: partitionable devices with counters"),
+    ] = "static"
+    taint_effect: Annotated[
+        Literal["NoSchedule", "NoExecute"], _help("effect of the taint an unhealthy device gets")
+    ] = "NoSchedule"
+    compute_domains: Annotated[bool, _help("publish compute-domain.nvidia.com slices (channel-0, daemon-0)")] = True
+    replica_id: Annotated[str, _help("this replica's name among publishers; default <host>-<pid>")] = ""
+    heartbeat_seconds: Annotated[float, _help("how often a replica renews its membership")] = 1.0
+    lease_seconds: Annotated[float, _help("a replica silent this long is gone; its nodes move")] = 5.0
+    resync_seconds: Annotated[float, _help("full re-read of KV and slices (writes only what differs)")] = 60.0
+    workers: Annotated[int, msgspec.Meta(ge=1, le=256, description="nodes synced concurrently")] = 16
+
+    def resolved(self) -> PublisherConfig:
+        replica = self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+        return msgspec.structs.replace(self, replica_id=replica)
+
+
+def parse(argv: list[str]) -> PublisherConfig:
+    """Flags and GPU_DRA_* env -> resolved config; ConfigError on anything unknown or malformed."""
+    cfg = load_config(PublisherConfig, argv, prog="gpu-dra publisher", description=DESCRIPTION)
+    check(cfg)
+    return cfg.resolved()
+
+
+def check(cfg: PublisherConfig) -> None:
+    """Cross-field checks; ConfigError names the setting and what it needs."""
+    for name in ("heartbeat_seconds", "lease_seconds", "resync_seconds"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
+    if cfg.lease_seconds <= cfg.heartbeat_seconds:
+        raise ConfigError(
+            f"--lease-seconds ({cfg.lease_seconds}) must exceed --heartbeat-seconds ({cfg.heartbeat_seconds}), "
+            "or replicas would expire between heartbeats"
+        )
+    if cfg.kubeconfig and cfg.api_url:
+        raise ConfigError("give either --kubeconfig or --api-url, not both")
+    if cfg.api_token and not cfg.api_url:
+        raise ConfigError("--api-token needs --api-url")
+    if cfg.kubeconfig and not os.path.isfile(cfg.kubeconfig):
+        raise ConfigError(f"--kubeconfig {cfg.kubeconfig!r} is not a readable file")

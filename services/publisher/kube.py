@@ -1,0 +1,115 @@
+"""The publisher's door to the Kubernetes API: a kubernetes-asyncio ApiClient and raw JSON calls on it.
+
+Owns client construction (kubeconfig, URL + token, in-cluster), one `request` that returns the
+status and body bytes (decoded by the caller with msgspec, the hot objects never become models),
+and `watch_lines`, a list-then-watch stream that reports 410 Gone so the caller re-lists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+_JSON = msgspec.json.Decoder()
+
+
+class ApiError(RuntimeError):
+    """A non-2xx answer: the status, the server's reason and message."""
+
+    def __init__(self, status: int, method: str, path: str, body: bytes) -> None:
+        self.status = status
+        self.reason = ""
+        self.message = body.decode("utf-8", "replace")[:2000]
+        try:
+            doc = json.loads(body)
+            self.reason = str(doc.get("reason") or "")
+            self.message = str(doc.get("message") or self.message)
+        except (ValueError, AttributeError):
+            pass
+        super().__init__(f"{method} {path}: HTTP {status} {self.reason}: {self.message}")
+
+
+class WatchExpired(RuntimeError):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+async def make_client(*, kubeconfig: str = "", url: str = "", token: str = "", ca_file: str = "") -> Any:
+    """An ApiClient for a kubeconfig, for a URL and token, or (neither) for the in-cluster service account."""
+    if kubeconfig:
+        return await k8s_config.new_client_from_config(config_file=kubeconfig)
+    configuration = k8s_client.Configuration()
+    if url:
+        configuration.host = url.rstrip("/")
+        if token:
+            configuration.api_key = {"BearerToken": token}
+            configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        if ca_file:
+            configuration.ssl_ca_cert = ca_file
+        elif url.startswith("https"):
+            configuration.verify_ssl = False
+    else:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    return k8s_client.ApiClient(configuration)
+
+
+async def request(api_client: Any, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
+                  body: Any = None, timeout: float = 30.0) -> bytes:
+    """Send one request; the body bytes on 2xx, ApiError otherwise."""
+    resp = await api_client.call_api(
+        path, method, query_params=query or [], body=body,
+        header_params={"Accept": "application/json", "Content-Type": "application/json"},
+        auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout,
+    )
+    try:
+        data: bytes = await resp.read()
+    finally:
+        resp.release()
+    if not 200 <= resp.status <= 299:
+        raise ApiError(resp.status, method, path, data)
+    return data
+
+
+def decode(raw: bytes) -> Any:
+    return _JSON.decode(raw)
+
+
+async def get_json(api_client: Any, path: str, query: list[tuple[str, str]] | None = None) -> Any:
+    return _JSON.decode(await request(api_client, "GET", path, query=query))
+
+
+async def watch_lines(api_client: Any, path: str, *, resource_version: str,
+                      query: list[tuple[str, str]] | None = None, timeout_s: int = 300) -> AsyncIterator[bytes]:
+    """Raw watch events (one JSON object a line) from `resource_version`; WatchExpired on 410.
+
+    The stream ends when the server closes it (after `timeout_s`); the caller watches again from
+    the last resourceVersion it saw.
+    """
+    params = [*(query or []), ("watch", "true"), ("resourceVersion", resource_version),
+              ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_s))]
+    resp = await api_client.call_api(
+        path, "GET", query_params=params, header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"], _preload_content=False, _request_timeout=(10, timeout_s + 30),
+    )
+    try:
+        if resp.status == 410:
+            raise WatchExpired(f"watch {path} from {resource_version}: 410 Gone")
+        if not 200 <= resp.status <= 299:
+            raise ApiError(resp.status, "WATCH", path, await resp.read())
+        while True:
+            line = await resp.content.readline()
+            if not line:
+                return
+            line = line.strip()
+            if line:
+                yield line
+    finally:
+        resp.release()

@@ -1,0 +1,125 @@
+"""The cluster's Nodes by name -> uid, kept current by LIST then WATCH (410 Gone: LIST again).
+
+Owns only that map and the callback fired when a node appears, disappears or is re-created
+(a new uid): the publisher needs the uid for owner references and deletes a gone node's slices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import msgspec
+
+from services.publisher import kube
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class NodeMeta(msgspec.Struct):
+    name: str
+    uid: str = ""
+    resourceVersion: str = ""  # noqa: N815
+
+
+class NodeView(msgspec.Struct):
+    metadata: NodeMeta
+
+
+class ListMeta(msgspec.Struct):
+    resourceVersion: str = ""  # noqa: N815
+    # `continue` is a Python keyword; paging reads it through `rename`.
+    cont: str = msgspec.field(default="", name="continue")
+
+
+class NodeList(msgspec.Struct):
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[NodeView] = msgspec.field(default_factory=list)
+
+
+class StatusView(msgspec.Struct):
+    code: int = 0
+    message: str = ""
+
+
+class NodeEvent(msgspec.Struct):
+    type: str
+    object: msgspec.Raw
+
+
+_LIST = msgspec.json.Decoder(NodeList)
+_EVENT = msgspec.json.Decoder(NodeEvent)
+_NODE = msgspec.json.Decoder(NodeView)
+_STATUS = msgspec.json.Decoder(StatusView)
+
+
+class NodeWatcher:
+    """`uids[name]` for every Node; `on_change(name)` when one comes, goes or changes uid."""
+
+    def __init__(self, api_client: object, on_change: Callable[[str], None], *, watch_timeout_s: int = 300) -> None:
+        self.api = api_client
+        self.on_change = on_change
+        self.uids: dict[str, str] = {}
+        self.synced = asyncio.Event()
+        self.relists = 0
+        self._rv = ""
+        self._watch_timeout_s = watch_timeout_s
+
+    async def relist(self) -> None:
+        nodes: dict[str, str] = {}
+        cont = ""
+        while True:
+            query = [("limit", "500")] + ([("continue", cont)] if cont else [])
+            page = _LIST.decode(await kube.request(self.api, "GET", "/api/v1/nodes", query=query))
+            nodes.update({n.metadata.name: n.metadata.uid for n in page.items})
+            self._rv = self._rv if cont else page.metadata.resourceVersion
+            cont = page.metadata.cont
+            if not cont:
+                break
+        changed = {n for n in set(nodes) | set(self.uids) if nodes.get(n) != self.uids.get(n)}
+        self.uids = nodes
+        self.relists += 1
+        self.synced.set()
+        for name in sorted(changed):
+            self.on_change(name)
+
+    async def run(self) -> None:
+        """LIST, then WATCH from the list's resourceVersion, forever."""
+        backoff = 0.2
+        while True:
+            try:
+                if not self._rv:
+                    await self.relist()
+                await self._watch()
+                backoff = 0.2
+            except asyncio.CancelledError:
+                raise
+            except kube.WatchExpired as exc:
+                log.info("node watch expired; listing again", reason=str(exc))
+                self._rv = ""
+            except Exception as exc:  # noqa: BLE001 - API server restarts and network blips
+                log.warning("node watch failed; retrying", error=str(exc), backoff_s=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                self._rv = ""
+
+    async def _watch(self) -> None:
+        async for line in kube.watch_lines(self.api, "/api/v1/nodes", resource_version=self._rv,
+                                           timeout_s=self._watch_timeout_s):
+            event = _EVENT.decode(line)
+            if event.type == "ERROR":
+                status = _STATUS.decode(event.object)
+                if status.code == 410:
+                    raise kube.WatchExpired(status.message or "watch expired")
+                raise RuntimeError(f"node watch error {status.code}: {status.message}")
+            node = _NODE.decode(event.object).metadata
+            self._rv = node.resourceVersion or self._rv
+            if event.type == "BOOKMARK":
+                continue
+            if event.type == "DELETED":
+                if self.uids.pop(node.name, None) is not None:
+                    self.on_change(node.name)
+            elif self.uids.get(node.name) != node.uid:
+                self.uids[node.name] = node.uid
+                self.on_change(node.name)

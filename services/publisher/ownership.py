@@ -1,0 +1,165 @@
+"""Which publisher replica owns which node: heartbeats in a JetStream KV bucket, rendezvous hashing.
+
+Each replica puts a heartbeat under its id every `heartbeat_s`; every replica watches the bucket
+and counts a peer as live while its last heartbeat is younger than `lease_s` by the watcher's own
+monotonic clock (no clock skew between hosts matters). A node belongs to the live replica with the
+highest hash of (node, replica), so a membership change moves only the nodes it must. A replica
+that stops cleanly deletes its key, and its nodes move at once; one that dies moves them after
+`lease_s`. The last values stay in KV, so the new owner converges without a replay (no gap).
+Two replicas may briefly both act on a node while views differ; writes carry resourceVersion
+preconditions and content hashes, so the overlap costs a conflict, not a wrong slice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable
+
+from shared.bus import Bus
+from shared.events.base import Message
+from shared.events.catalog import Bucket
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class ReplicaHeartbeat(Message, kw_only=True):
+    """One publisher replica saying it is alive."""
+
+    replica: str
+    started_at: float
+    beat_at: float
+    seq: int = 0
+
+
+REPLICAS_BUCKET = Bucket("dra-publisher-replicas", ReplicaHeartbeat)
+
+
+def score(node: str, replica: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{node}\0{replica}".encode(), digest_size=8).digest(), "big")
+
+
+def owner_of(node: str, replicas: frozenset[str] | set[str]) -> str | None:
+    """The replica that owns `node` among `replicas` (rendezvous hashing); None when there are none."""
+    if not replicas:
+        return None
+    return max(replicas, key=lambda r: (score(node, r), r))
+
+
+class Membership:
+    """This replica's view of the live publishers; `owns(node)` answers from it."""
+
+    def __init__(self, bus: Bus, replica: str, *, heartbeat_s: float = 1.0, lease_s: float = 5.0,
+                 on_change: Callable[[frozenset[str], frozenset[str]], None] | None = None) -> None:
+        self.bus = bus
+        self.replica = replica
+        self.heartbeat_s = heartbeat_s
+        self.lease_s = lease_s
+        self.on_change = on_change
+        self.live: frozenset[str] = frozenset({replica})
+        self._seen: dict[str, float] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = time.time()
+        self._seq = 0
+        self._kv = None
+        self._synced = asyncio.Event()
+        self._changed = asyncio.Event()
+
+    def owns(self, node: str) -> bool:
+        return owner_of(node, self.live) == self.replica
+
+    async def wait_for(self, replicas: set[str] | frozenset[str]) -> None:
+        """Return once this replica's view of the live set is exactly `replicas`."""
+        while self.live != replicas:
+            changed = self._changed
+            await changed.wait()
+
+    async def start(self) -> None:
+        """Beat once, read the current members, then keep beating and watching."""
+        self._kv = await self.bus.kv(REPLICAS_BUCKET)
+        await self._beat()
+        self._seen[self.replica] = time.monotonic()
+        self._tasks = [asyncio.create_task(self._beat_loop(), name=f"heartbeat-{self.replica}"),
+                       asyncio.create_task(self._watch_loop(), name=f"members-{self.replica}"),
+                       asyncio.create_task(self._expire_loop(), name=f"expire-{self.replica}")]
+        await self._synced.wait()
+        self._recompute()
+
+    async def stop(self, *, clean: bool = True) -> None:
+        """Stop beating; a clean stop deletes the key so peers take the nodes over at once."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        if clean and self._kv is not None:
+            with contextlib.suppress(Exception):
+                await self._kv.delete(self.replica)
+
+    async def _beat(self) -> None:
+        self._seq += 1
+        assert self._kv is not None
+        await self._kv.put(self.replica, ReplicaHeartbeat(replica=self.replica, started_at=self._started,
+                                                          beat_at=time.time(), seq=self._seq))
+
+    async def _beat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self._beat()
+            except Exception as exc:  # noqa: BLE001 - NATS may be reconnecting; peers wait lease_s
+                log.warning("publisher heartbeat failed", replica=self.replica, error=str(exc))
+
+    async def _watch_loop(self) -> None:
+        assert self._kv is not None
+        while True:
+            try:
+                async for key, value in self._kv.watch(">"):
+                    if key == "":
+                        self._synced.set()
+                    elif value is None:
+                        if key != self.replica:
+                            self._seen.pop(key, None)
+                            self._recompute()
+                    else:
+                        self._observe(key, value)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - watch again after a NATS hiccup
+                log.warning("replica watch failed; watching again", error=str(exc))
+                await asyncio.sleep(self.heartbeat_s)
+
+    def _observe(self, key: str, beat: ReplicaHeartbeat) -> None:
+        age = time.time() - beat.beat_at
+        if key != self.replica and age > self.lease_s:
+            # A heartbeat left behind by a replica that died (seen on the initial read).
+            if age > 10 * self.lease_s and self._kv is not None:
+                self.bus.spawn(self._kv.delete(key))
+            return
+        fresh = key not in self._seen
+        self._seen[key] = time.monotonic()
+        if fresh:
+            self._recompute()
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.heartbeat_s, self.lease_s / 4))
+            self._recompute()
+
+    def _recompute(self) -> None:
+        now = time.monotonic()
+        self._seen[self.replica] = now  # this replica is live while it runs
+        live = frozenset(r for r, seen in self._seen.items() if now - seen < self.lease_s)
+        for gone in set(self._seen) - live:
+            self._seen.pop(gone, None)
+        if live != self.live:
+            before, self.live = self.live, live
+            log.info("publisher replicas changed", replica=self.replica, live=",".join(sorted(live)))
+            if self.on_change is not None:
+                self.on_change(before, live)
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()

@@ -1,0 +1,331 @@
+"""The publisher run loop: NATS inventory and health in, one work queue keyed by node, slices out.
+
+Owns the wiring and the node-level state machine: what the publisher believes about every node
+(last inventory, device health, withdrawal), which nodes this replica owns (`ownership`), the work
+queue that coalesces bursts per node, the periodic resync from KV and a fresh LIST, and the trace
+of each sync (a child of the inventory or health event that caused it; coalesced causes are links).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from prometheus_client import Counter, Histogram
+
+from services.publisher import apiversion, slices, split
+from services.publisher.config import PublisherConfig
+from services.publisher.nodes import NodeWatcher
+from services.publisher.ownership import Membership, owner_of
+from services.publisher.writer import InvalidSlice, SliceWriter, WriteStats
+from shared.bus import Bus, MsgContext
+from shared.events import catalog
+from shared.events.health import DeviceHealth
+from shared.events.inventory import InventoryWithdrawn, NodeInventory
+from shared.logs import get_logger
+from shared.telemetry import get_tracer
+
+log = get_logger(__name__)
+tracer = get_tracer(__name__)
+
+WRITES = Counter("gpu_dra_publisher_slice_writes", "ResourceSlice writes", ["verb"])
+LATENCY = Histogram("gpu_dra_publisher_inventory_to_slice_seconds",
+                    "From an inventory's observation to its slices being written",
+                    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+RETRY_DELAY_S = 2.0
+
+
+class WorkQueue:
+    """Nodes waiting for a sync. A node is queued once however often it is added; one worker at a time."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._pending: dict[str, list[otel_context.Context]] = {}
+        self._active: set[str] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def add(self, node: str, ctx: otel_context.Context | None = None) -> None:
+        causes = self._pending.get(node)
+        if causes is None:
+            self._pending[node] = causes = []
+            if node not in self._active:
+                self._queue.put_nowait(node)
+        if ctx is not None:
+            causes.append(ctx)
+        self._idle.clear()
+
+    async def get(self) -> tuple[str, list[otel_context.Context]]:
+        node = await self._queue.get()
+        self._active.add(node)
+        return node, self._pending.pop(node, [])
+
+    def done(self, node: str) -> None:
+        self._active.discard(node)
+        if node in self._pending:
+            self._queue.put_nowait(node)
+        elif not self._pending and not self._active:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def __len__(self) -> int:
+        return len(self._pending) + len(self._active)
+
+
+class NodeState:
+    """What the publisher knows of every node, newest observation first-class."""
+
+    def __init__(self) -> None:
+        self.inventory: dict[str, NodeInventory] = {}
+        self.health: dict[str, dict[str, DeviceHealth]] = {}
+        self.withdrawn: dict[str, float] = {}
+
+    def set_inventory(self, inv: NodeInventory) -> bool:
+        current = self.inventory.get(inv.node)
+        if current is not None and inv.observed_at < current.observed_at:
+            return False
+        if inv.observed_at and inv.observed_at <= self.withdrawn.get(inv.node, 0.0):
+            return False
+        self.withdrawn.pop(inv.node, None)
+        self.inventory[inv.node] = inv
+        return True
+
+    def withdraw(self, node: str, at: float) -> None:
+        self.inventory.pop(node, None)
+        self.withdrawn[node] = at
+
+    def set_health(self, h: DeviceHealth) -> bool:
+        devices = self.health.setdefault(h.node, {})
+        current = devices.get(h.device)
+        if current is not None and h.observed_at < current.observed_at:
+            return False
+        devices[h.device] = h
+        return True
+
+    def nodes(self) -> set[str]:
+        return set(self.inventory) | set(self.withdrawn)
+
+
+class Publisher:
+    """One publisher replica."""
+
+    def __init__(self, cfg: PublisherConfig, bus: Bus, api_client: Any,
+                 profile: apiversion.ServerProfile | None = None) -> None:
+        self.cfg = cfg
+        self.bus = bus
+        self.api = api_client
+        self.profile = profile
+        self.opts = slices.SliceOptions(mig_mode=cfg.mig_mode, taint_effect=cfg.taint_effect,
+                                        compute_domains=cfg.compute_domains)
+        self.state = NodeState()
+        self.queue = WorkQueue()
+        self.writer: SliceWriter | None = None
+        self.nodes = NodeWatcher(api_client, self._node_changed)
+        self.membership = Membership(bus, cfg.replica_id, heartbeat_s=cfg.heartbeat_seconds,
+                                     lease_s=cfg.lease_seconds, on_change=self._members_changed)
+        self.latencies: list[float] = []
+        self.syncs = 0
+        self._notes: dict[str, tuple[str, ...]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ready = False
+        self.started = asyncio.Event()
+        self._synced = asyncio.Event()
+
+    @property
+    def stats(self) -> WriteStats:
+        return self.writer.stats if self.writer else WriteStats()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self.profile is None:
+            self.profile = await apiversion.discover(self.api, wanted=self.cfg.api_version,
+                                                     layout=self.cfg.counter_layout)
+        log.info("publishing ResourceSlices", api=self.profile.group_version, server=self.profile.git_version,
+                 counter_layout=self.profile.counter_layout, mig_mode=self.cfg.mig_mode,
+                 replica=self.cfg.replica_id)
+        self.writer = SliceWriter(self.api, self.profile)
+        # Subscribe before reading KV: a change in between is seen twice, never missed.
+        await self.bus.subscribe(catalog.INVENTORY, self._on_inventory)
+        await self.bus.subscribe(catalog.INVENTORY_WITHDRAWN, self._on_withdrawn)
+        await self.bus.subscribe(catalog.HEALTH, self._on_health)
+        await self._load_kv(time.time())
+        for driver in slices.DRIVERS:
+            await self.writer.list_driver(driver)
+        self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
+        await self.nodes.synced.wait()
+        await self.membership.start()
+        self._tasks += [asyncio.create_task(self._worker(), name=f"publisher-worker-{i}")
+                        for i in range(self.cfg.workers)]
+        self._tasks.append(asyncio.create_task(self._resync_loop(), name="publisher-resync"))
+        self._ready = True
+        for node in self._known_nodes():
+            self.queue.add(node)
+        self.started.set()
+
+    async def stop(self, *, clean: bool = True) -> None:
+        """Stop; a clean stop hands this replica's nodes to its peers at once."""
+        await self.membership.stop(clean=clean)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+
+    async def idle(self) -> None:
+        """Return once no node is waiting or being synced."""
+        await self.queue.wait_idle()
+
+    def next_sync(self) -> asyncio.Event:
+        """An event set when the next node sync finishes (for tests and benchmarks: no polling)."""
+        return self._synced
+
+    def _known_nodes(self) -> set[str]:
+        store_nodes = self.writer.store.nodes() if self.writer else set()
+        return self.state.nodes() | store_nodes
+
+    # ------------------------------------------------------------------ inputs
+    def _enqueue(self, node: str, ctx: otel_context.Context | None = None) -> None:
+        if self._ready and self.membership.owns(node):
+            self.queue.add(node, ctx)
+
+    async def _on_inventory(self, inv: NodeInventory, _ctx: MsgContext) -> None:
+        if self.state.set_inventory(inv):
+            self._enqueue(inv.node, otel_context.get_current())
+
+    async def _on_withdrawn(self, msg: InventoryWithdrawn, _ctx: MsgContext) -> None:
+        log.info("inventory withdrawn; deleting the node's slices", node=msg.node, reason=msg.reason)
+        self.state.withdraw(msg.node, msg.observed_at or time.time())
+        self._enqueue(msg.node, otel_context.get_current())
+
+    async def _on_health(self, h: DeviceHealth, _ctx: MsgContext) -> None:
+        if self.state.set_health(h):
+            self._enqueue(h.node, otel_context.get_current())
+
+    def _node_changed(self, node: str) -> None:
+        self._enqueue(node)
+
+    def _members_changed(self, before: frozenset[str], after: frozenset[str]) -> None:
+        me = self.cfg.replica_id
+        gained = [n for n in self._known_nodes() if owner_of(n, after) == me and owner_of(n, before) != me]
+        if gained:
+            log.info("nodes taken over", replica=me, count=len(gained))
+        for node in gained:
+            self._enqueue(node)
+
+    async def _load_kv(self, since: float) -> None:
+        """Merge the KV's last values into the state; what KV no longer holds (and no event renewed) goes."""
+        inventories = await (await self.bus.kv(catalog.INVENTORY_BUCKET)).items()
+        for inv in inventories.values():
+            self.state.set_inventory(inv)
+        for node, inv in list(self.state.inventory.items()):
+            if node not in inventories and inv.observed_at < since:
+                self.state.inventory.pop(node, None)
+                self.state.withdrawn.setdefault(node, inv.observed_at)
+        health = await (await self.bus.kv(catalog.HEALTH_BUCKET)).items()
+        for h in health.values():
+            self.state.set_health(h)
+        in_kv = {(h.node, h.device) for h in health.values()}
+        for node, devices in self.state.health.items():
+            for device, h in list(devices.items()):
+                if (node, device) not in in_kv and h.observed_at < since:
+                    devices.pop(device, None)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.resync_seconds)
+            try:
+                await self.resync()
+            except Exception as exc:  # noqa: BLE001 - try again next period
+                log.warning("resync failed", error=str(exc))
+
+    async def resync(self) -> None:
+        """Re-read KV and every slice, then sync every owned node (writing only what differs)."""
+        assert self.writer is not None
+        await self._load_kv(time.time())
+        for driver in slices.DRIVERS:
+            await self.writer.list_driver(driver)
+        for node in self._known_nodes():
+            self._enqueue(node)
+
+    # ------------------------------------------------------------------ sync
+    async def _worker(self) -> None:
+        while True:
+            node, causes = await self.queue.get()
+            try:
+                await self.sync_node(node, causes)
+            except (InvalidSlice, split.SplitError) as exc:
+                log.error("slices for node not published", node=node, error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - retried later; the queue keeps going
+                log.warning("node sync failed; retrying", node=node, error=str(exc), retry_s=RETRY_DELAY_S)
+                self.bus.spawn(self._retry_later(node))
+            finally:
+                self.queue.done(node)
+                done, self._synced = self._synced, asyncio.Event()
+                done.set()
+
+    async def _retry_later(self, node: str) -> None:
+        await asyncio.sleep(RETRY_DELAY_S)
+        self._enqueue(node)
+
+    async def sync_node(self, node: str, causes: list[otel_context.Context] | None = None) -> WriteStats:
+        """Bring one node's pools on the server to what its inventory and health call for."""
+        assert self.writer is not None and self.profile is not None
+        causes = causes or []
+        parent = causes[-1] if causes else None
+        links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in causes[:-1]]
+        total = WriteStats()
+        with tracer.start_as_current_span("publisher.sync-node", context=parent, links=links) as span:
+            span.set_attribute("k8s.node.name", node)
+            if not self.membership.owns(node):
+                span.set_attribute("publisher.skipped", "not-owner")
+                return total
+            inv = self.state.inventory.get(node)
+            uid = self.nodes.uids.get(node)
+            pools: dict[str, slices.DesiredPool] = {}
+            if inv is not None and uid is None:
+                self._note(node, ("inventory present but no Node object; slices wait for the Node",))
+            elif inv is not None and uid is not None:
+                pools = slices.desired_pools(inv, self.state.health.get(node, {}), self.opts, self.profile)
+                self._note(node, tuple(n for p in pools.values() for n in p.notes))
+            for driver in slices.DRIVERS:
+                stats = await self.writer.sync(driver, node, pools.get(driver), uid or "")
+                total.creates += stats.creates
+                total.updates += stats.updates
+                total.deletes += stats.deletes
+                total.conflicts += stats.conflicts
+            for verb, count in (("create", total.creates), ("update", total.updates), ("delete", total.deletes)):
+                if count:
+                    WRITES.labels(verb).inc(count)
+            span.set_attribute("publisher.writes", total.writes)
+            span.set_attribute("publisher.devices", sum(p.device_count for p in pools.values()))
+            self.syncs += 1
+            if total.writes and inv is not None and inv.observed_at > 0:
+                latency = max(0.0, time.time() - inv.observed_at)
+                self.latencies.append(latency)
+                LATENCY.observe(latency)
+            if total.writes:
+                log.info("slices written", node=node, creates=total.creates, updates=total.updates,
+                         deletes=total.deletes)
+        return total
+
+    def _note(self, node: str, notes: tuple[str, ...]) -> None:
+        if self._notes.get(node) != notes:
+            self._notes[node] = notes
+            for note in notes:
+                log.warning(note, node=node)
+
+
+async def run_service(cfg: PublisherConfig, bus: Bus, api_client: Any, stop: asyncio.Event) -> None:
+    publisher = Publisher(cfg, bus, api_client)
+    await publisher.start()
+    try:
+        await stop.wait()
+    finally:
+        await publisher.stop()

@@ -1,0 +1,161 @@
+"""Inventory + health -> the pools a node should publish (pure: no I/O, no clock).
+
+Owns the choices the publisher makes about a node: which devices each GPU advertises in the chosen
+MIG mode (through `shared.devicemodel`), which taints an unhealthy device carries, the
+`compute-domain.nvidia.com` devices, and the warnings a fallback deserves. `split.py` then cuts each
+pool into slices the server accepts.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from services.publisher import split
+from services.publisher.apiversion import ServerProfile
+from shared import devicemodel
+from shared.events.health import DeviceHealth
+from shared.events.inventory import Gpu, NodeInventory
+
+GPU_DRIVER = devicemodel.GPU_DRIVER
+CD_DRIVER = "compute-domain.nvidia.com"
+TAINT_XID = "gpu.nvidia.com/xid"
+TAINT_GPU_LOST = "gpu.nvidia.com/gpu-lost"
+TAINT_UNMONITORED = "gpu.nvidia.com/unmonitored"
+CLIQUE_ATTRIBUTE = "cliqueID"  # <clusterUUID>.<cliqueId>, as ComputeDomain status names cliques
+
+MigMode = Literal["static", "dynamic"]
+TaintEffect = Literal["NoSchedule", "NoExecute"]
+
+
+class SliceOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-deployment choices."""
+
+    mig_mode: MigMode = "static"
+    taint_effect: TaintEffect = "NoSchedule"
+    compute_domains: bool = True
+
+
+class DesiredPool(msgspec.Struct, kw_only=True):
+    """One driver's pool on one node, already split into slice contents."""
+
+    driver: str
+    node: str
+    slices: list[split.SliceContent]
+    notes: list[str] = msgspec.field(default_factory=list)  # warnings for the log
+
+    @property
+    def device_count(self) -> int:
+        return sum(len(s.devices) for s in self.slices)
+
+
+def rfc3339(ts: float) -> str:
+    """Seconds since the epoch -> `2026-12-03T06:00:00Z` (whole seconds, as the server stores it)."""
+    return datetime.datetime.fromtimestamp(int(ts), tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def health_taints(health: DeviceHealth | None, effect: TaintEffect, profile: ServerProfile) -> list[dict[str, Any]]:
+    """The taints one health record calls for: XID value, GPU lost, or (1.35+) unmonitored."""
+    if health is None or health.state == "Healthy":
+        return []
+    added = rfc3339(health.observed_at) if health.observed_at > 0 else None
+    if health.state == "Unknown":
+        if not profile.taint_effect_none:
+            return []
+        taint: dict[str, Any] = {"key": TAINT_UNMONITORED, "value": "", "effect": "None"}
+    elif health.reason == "gpu-lost":
+        taint = {"key": TAINT_GPU_LOST, "value": "", "effect": effect}
+    else:
+        taint = {"key": TAINT_XID, "value": str(health.xid), "effect": effect}
+    if added:
+        taint["timeAdded"] = added
+    return [taint]
+
+
+def _parent_name(device_name: str) -> str | None:
+    parsed = devicemodel.parse_mig_name(device_name)
+    return devicemodel.gpu_name(parsed[0]) if parsed else None
+
+
+def device_taints(name: str, health: Mapping[str, DeviceHealth], effect: TaintEffect,
+                  profile: ServerProfile) -> list[dict[str, Any]]:
+    """A device's own taints, plus its parent GPU's for a MIG device (one taint per key, own first)."""
+    taints = health_taints(health.get(name), effect, profile)
+    parent = _parent_name(name)
+    if parent is not None:
+        keys = {t["key"] for t in taints}
+        taints += [t for t in health_taints(health.get(parent), effect, profile) if t["key"] not in keys]
+    return taints
+
+
+def _gpu_devices(gpu: Gpu, inv: NodeInventory, mode: MigMode, notes: list[str]) -> list[dict[str, Any]]:
+    if mode == "dynamic":
+        return devicemodel.dynamic_mode_devices(gpu, inv)
+    devices = devicemodel.default_mode_devices(gpu, inv)
+    if gpu.mig_enabled and not devices:
+        notes.append(f"{gpu.name} has MIG enabled but no MIG devices; it advertises nothing")
+    return devices
+
+
+def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: SliceOptions,
+             profile: ServerProfile) -> DesiredPool:
+    """The node's `gpu.nvidia.com` pool: devices per the MIG mode, taints from health, split to limits."""
+    notes: list[str] = []
+    mode = opts.mig_mode
+    if mode == "dynamic" and inv.gpus and not any(devicemodel.supports_dynamic_mig(g) for g in inv.gpus):
+        notes.append("dynamic MIG asked for, but no GPU on the node is MIG-capable; publishing static devices")
+        mode = "static"
+    devices: list[dict[str, Any]] = []
+    counter_sets: list[dict[str, Any]] = []
+    for gpu in inv.gpus:
+        devices += _gpu_devices(gpu, inv, mode, notes)
+        if mode == "dynamic" and devicemodel.supports_dynamic_mig(gpu):
+            cs = devicemodel.counter_set(gpu)
+            if cs is not None:
+                counter_sets.append(cs)
+    for device in devices:
+        taints = device_taints(device["name"], health, opts.taint_effect, profile)
+        if taints:
+            device["taints"] = taints
+    return DesiredPool(driver=GPU_DRIVER, node=inv.node, notes=notes,
+                       slices=split.split_pool(devices, counter_sets, profile))
+
+
+def clique_id(inv: NodeInventory) -> str:
+    """`<clusterUUID>.<cliqueId>` when every GPU has completed fabric registration in one clique, else ""."""
+    cliques = {
+        (g.fabric.cluster_uuid, g.fabric.clique_id)
+        for g in inv.gpus
+        if g.fabric is not None and g.fabric.cluster_uuid and g.fabric.state == "completed"
+    }
+    if len(cliques) != 1 or any(g.fabric is None for g in inv.gpus):
+        return ""
+    cluster_uuid, clique = next(iter(cliques))
+    return f"{cluster_uuid}.{clique}"
+
+
+def compute_domain_pool(inv: NodeInventory, profile: ServerProfile) -> DesiredPool:
+    """`channel-0` and `daemon-0`, with the node's NVLink clique when it has one."""
+    clique = clique_id(inv)
+    devices = []
+    for kind in ("channel", "daemon"):
+        attrs: dict[str, Any] = {"type": {"string": kind}, "id": {"int": 0}}
+        if clique:
+            attrs[CLIQUE_ATTRIBUTE] = {"string": clique}
+        devices.append({"name": f"{kind}-0", "attributes": attrs})
+    return DesiredPool(driver=CD_DRIVER, node=inv.node, slices=split.split_pool(devices, [], profile))
+
+
+def desired_pools(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: SliceOptions,
+                  profile: ServerProfile) -> dict[str, DesiredPool]:
+    """Every pool the node should have, by driver. A driver missing from the result has no pool."""
+    pools = {GPU_DRIVER: gpu_pool(inv, health, opts, profile)}
+    if opts.compute_domains and inv.gpus:
+        pools[CD_DRIVER] = compute_domain_pool(inv, profile)
+    return pools
+
+
+DRIVERS = (GPU_DRIVER, CD_DRIVER)

@@ -1,0 +1,95 @@
+"""Test helpers: a NATS-backed little world of nodes with discovery and computedomain agents."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.computedomain.agent import Agent
+from services.computedomain.channels import ChannelPreparer
+from services.computedomain.config import AgentConfig
+from services.discovery.testing import running_discovery
+from shared.bus import Bus
+from shared.events.base import now_unix
+from shared.events.catalog import CD_STATUS
+from shared.events.computedomain import DomainStatusChanged
+from shared.natsserver import free_port
+
+
+@dataclass
+class Node:
+    name: str
+    agent: Agent
+    channels: ChannelPreparer
+    root: Path
+
+
+def node_ip(i: int) -> str:
+    return f"127.0.{90 + i // 200}.{1 + i % 200}"
+
+
+async def announce(bus: Bus, uid: str, name: str = "cd", namespace: str = "ns") -> None:
+    """What the controller publishes when it first sees a domain."""
+    await bus.publish(CD_STATUS, DomainStatusChanged(domain_uid=uid, domain_name=name, domain_namespace=namespace,
+                                                     status="NotReady", nodes=0, observed_at=now_unix()),
+                      domain_uid=uid)
+
+
+@contextlib.asynccontextmanager
+async def running_nodes(bus: Bus, tmp_path: Path, specs: list[str], *, port: int | None = None,
+                        ready_timeout: float = 10.0, **agent_overrides: object) -> AsyncIterator[list[Node]]:
+    """One discovery + agent (+ the channel preparer core) per spec, e.g. ["gb200x4:clique=1"] * 3."""
+    port = port or free_port()
+    nodes: list[Node] = []
+    async with contextlib.AsyncExitStack() as stack:
+        stopping = asyncio.Event()
+        tasks = []
+        for i, spec in enumerate(specs):
+            name = f"node-{i}"
+            await stack.enter_async_context(running_discovery(bus, name, simulate=spec, root=tmp_path / "sim"))
+            cfg = AgentConfig(node=name, ip_address=node_ip(i), state_dir=str(tmp_path / "agents" / name),
+                              imex_server_port=port, imex_cmd_port=port + 1, **agent_overrides).resolved()  # type: ignore[arg-type]
+            agent = Agent(cfg, bus)
+            tasks.append(asyncio.create_task(agent.run(stopping)))
+            await agent.ready.wait()
+            nodes.append(Node(name, agent, ChannelPreparer(bus, node=name, dev_root=str(tmp_path / "sim" / name),
+                                                          ready_timeout=ready_timeout, simulated=True),
+                              tmp_path / "agents" / name))
+        try:
+            yield nodes
+        finally:
+            stopping.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def wait_for_object(custom, group: str, version: str, namespace: str, plural: str, name: str,
+                          predicate, timeout: float = 15.0):
+    """The object once `predicate(obj or None)` holds (None: it is gone), by watching, not polling."""
+    from kubernetes_asyncio import watch
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    async def _wait():
+        while True:
+            listed = await custom.list_namespaced_custom_object(group, version, namespace, plural,
+                                                                field_selector=f"metadata.name={name}")
+            items = listed.get("items") or []
+            current = items[0] if items else None
+            if predicate(current):
+                return current
+            try:
+                async with watch.Watch() as stream:
+                    async for event in stream.stream(
+                            custom.list_namespaced_custom_object, group, version, namespace, plural,
+                            field_selector=f"metadata.name={name}",
+                            resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=30):
+                        obj = None if event["type"] == "DELETED" else event["object"]
+                        if predicate(obj):
+                            return obj
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise
+
+    return await asyncio.wait_for(_wait(), timeout)

@@ -1,0 +1,133 @@
+"""Agents and the channel preparer core on simulated GB200 nodes over a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from services.computedomain.channels import (
+    CHANNEL_COUNT,
+    ChannelClaim,
+    ChannelConfigError,
+    ChannelConflict,
+    ChannelNotReady,
+    channel_config,
+    parse_channel_config,
+)
+from services.computedomain.membership import Membership
+from shared.bus import Bus
+from tests.computedomain.helpers import announce, node_ip, running_nodes
+
+GB200 = "gb200x4:clique=1"
+
+
+@pytest.fixture
+async def bus(nats_server):
+    b = await Bus.connect(nats_server.url, name="test")
+    await b.provision()
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+def claim(uid: str, domain: str, mode: str = "Single", ns: str = "ns") -> ChannelClaim:
+    return ChannelClaim(uid=uid, namespace=ns, name=f"claim-{uid}", config=parse_channel_config(channel_config(domain, mode)))
+
+
+async def test_three_nodes_join_get_channel0_then_leave_without_a_trace(bus, tmp_path):
+    await announce(bus, "cd-1")
+    async with running_nodes(bus, tmp_path, [GB200] * 3) as nodes:
+        edits = await asyncio.gather(*(n.channels.prepare(claim(f"c{i}", "cd-1")) for i, n in enumerate(nodes)))
+        assert sorted(e.index for e in edits) == [0, 1, 2]
+        for e in edits:
+            assert [d.path for d in e.device_nodes] == ["/dev/nvidia-caps-imex-channels/channel0"]
+            assert e.device_nodes[0].minor == 0 and e.clique_id.endswith(".1")
+            assert "COMPUTE_DOMAIN_UUID=cd-1" in e.env
+        members = await Membership(bus).members("cd-1")
+        assert {m.status for m in members.values()} == {"Ready"}
+        # every daemon's hosts file names all three peers by DNS index
+        for n in nodes:
+            hosts = (n.root / "domains" / "cd-1" / "hosts").read_text()
+            assert all(node_ip(i) in hosts for i in range(3))
+        pids = [n.agent.domain.supervisor.pid for n in nodes]
+        for i, n in enumerate(nodes):
+            assert await n.channels.unprepare(f"c{i}", "cd-1") is True
+        assert await Membership(bus).members("cd-1") == {}
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        assert not (nodes[0].root / "domains" / "cd-1").exists()
+
+
+async def test_second_domain_on_a_busy_node_is_refused_and_the_first_is_unaffected(bus, tmp_path):
+    await announce(bus, "cd-a")
+    await announce(bus, "cd-b", name="other")
+    async with running_nodes(bus, tmp_path, [GB200]) as nodes:
+        (node,) = nodes
+        await node.channels.prepare(claim("a1", "cd-a"))
+        with pytest.raises(ChannelConflict, match=r"already serves ComputeDomain ns/cd .*one ComputeDomain at a time"):
+            await node.channels.prepare(claim("b1", "cd-b"))
+        assert (await Membership(bus).members("cd-a"))["node-0"].status == "Ready"
+        assert await Membership(bus).members("cd-b") == {}
+        assert node.agent.domain.uid == "cd-a" and node.agent.domain.claims == {"a1"}
+        # the same domain again (a second pod of the workload) is fine; the wrong namespace is not
+        await node.channels.prepare(claim("a2", "cd-a"))
+        with pytest.raises(Exception, match="must be in its domain's namespace"):
+            await node.channels.prepare(claim("a3", "cd-a", ns="elsewhere"))
+        assert await node.channels.unprepare("a1", "cd-a") is False  # a2 still holds the domain
+        assert await node.channels.unprepare("a2", "cd-a") is True
+
+
+async def test_killed_daemon_is_restarted_and_its_peers_are_told(bus, tmp_path):
+    await announce(bus, "cd-k")
+    async with running_nodes(bus, tmp_path, [GB200] * 2) as nodes:
+        first = await asyncio.gather(*(n.channels.prepare(claim(f"k{i}", "cd-k")) for i, n in enumerate(nodes)))
+        victim, peer = nodes[1].agent.domain.supervisor, nodes[0].agent.domain.supervisor
+        reloads_before = peer.reloads
+        ms = Membership(bus)
+        seen: list[str] = []
+
+        async def follow() -> None:
+            async for _d, node, m in ms.watch("cd-k"):
+                if node == "node-1" and m is not None:
+                    seen.append(m.status)
+                    if seen[-2:] == ["NotReady", "Ready"]:
+                        return
+
+        watcher = asyncio.create_task(follow())
+        os.kill(victim.pid, signal.SIGKILL)
+        await asyncio.wait_for(watcher, 10)
+        assert victim.restarts == 1
+        assert peer.reloads > reloads_before  # the peer's daemon was signalled to redial
+        # a new claim on the restarted node is served at once
+        again = await nodes[1].channels.prepare(claim("k1b", "cd-k"))
+        assert again.index == first[1].index  # the restart kept the node's DNS index
+
+
+async def test_all_mode_gives_every_channel_and_non_fabric_nodes_get_none(bus, tmp_path):
+    await announce(bus, "cd-all")
+    await announce(bus, "cd-plain")
+    async with running_nodes(bus, tmp_path, [GB200, "h100x2"]) as nodes:
+        edits = await nodes[0].channels.prepare(claim("x", "cd-all", mode="All"))
+        assert len(edits.device_nodes) == CHANNEL_COUNT == 2048
+        assert edits.device_nodes[-1].path.endswith("/channel2047") and edits.device_nodes[-1].minor == 2047
+        assert edits.to_cdi()["deviceNodes"][5]["type"] == "c"
+        plain = await nodes[1].channels.prepare(claim("y", "cd-plain"))
+        assert plain.device_nodes == [] and plain.clique_id == "" and plain.index == -1
+
+
+async def test_unknown_domain_is_retryable_and_bad_configs_are_permanent(bus, tmp_path):
+    async with running_nodes(bus, tmp_path, [GB200], ready_timeout=0.5) as nodes:
+        with pytest.raises(ChannelNotReady, match="not known"):
+            await nodes[0].channels.prepare(claim("z", "cd-missing"))
+        assert nodes[0].agent.domain is None
+    with pytest.raises(ChannelConfigError, match="strict decoding error"):
+        parse_channel_config({**channel_config("u"), "extra": 1})
+    with pytest.raises(ChannelConfigError, match="domainID is empty"):
+        parse_channel_config(channel_config(""))
+    with pytest.raises(ChannelConfigError, match="allocationMode"):
+        parse_channel_config(channel_config("u", "Some"))

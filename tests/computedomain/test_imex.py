@@ -1,0 +1,127 @@
+"""The simulated IMEX daemon over real loopback TCP, under the supervisor: ready, reload, restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.computedomain import imexd
+from services.computedomain.imex import ImexError, ImexSupervisor, render_command
+from services.computedomain.imexconfig import DaemonFiles, write_hosts, write_static
+from shared.natsserver import free_port
+
+
+class Watched:
+    """A supervisor plus an event per readiness value, so tests await changes instead of sleeping."""
+
+    def __init__(self, name: str, files: DaemonFiles) -> None:
+        self.changes: asyncio.Queue[bool] = asyncio.Queue()
+        self.sup = ImexSupervisor(name=name, command=f"{sys.executable} -m services.computedomain.imexd "
+                                  "--config {config}", config=files.config, on_ready=self._on)
+
+    async def _on(self, ready: bool) -> None:
+        await self.changes.put(ready)
+
+    async def until(self, ready: bool, timeout: float = 10.0) -> None:
+        async def _wait() -> None:
+            while self.sup.ready != ready or not self.changes.empty():
+                if await self.changes.get() == ready and self.changes.empty():
+                    return
+        if self.sup.ready == ready and self.changes.empty():
+            return
+        await asyncio.wait_for(_wait(), timeout)
+
+
+def domain(tmp_path: Path, count: int, port: int) -> tuple[list[DaemonFiles], dict[int, str]]:
+    ips = {i: f"127.0.{77 + i // 200}.{1 + i % 200}" for i in range(count)}
+    files = []
+    for i in range(count):
+        f = DaemonFiles(tmp_path / f"n{i}")
+        write_static(f, bind_ip=ips[i], server_port=port, cmd_port=port + 1, max_nodes=18)
+        files.append(f)
+    return files, ips
+
+
+async def test_three_daemons_connect_then_recover_from_a_kill(tmp_path):
+    files, ips = domain(tmp_path, 3, free_port())
+    for f in files:
+        write_hosts(f, ips)
+    daemons = [Watched(f"n{i}", f) for i, f in enumerate(files)]
+    try:
+        for d in daemons:
+            await d.sup.start()
+        for d in daemons:
+            await d.until(True)
+        assert await imexd.query(files[0].config) == "READY"
+        victim = daemons[2].sup.pid
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        await daemons[2].until(False)
+        await daemons[0].until(False)  # its peer went away
+        for d in daemons:
+            await d.until(True)
+        assert daemons[2].sup.restarts == 1 and daemons[2].sup.pid != victim
+    finally:
+        for d in daemons:
+            await d.sup.stop()
+    assert all(d.sup.pid is None for d in daemons)
+
+
+async def test_sighup_adds_a_peer_from_the_hosts_file(tmp_path):
+    files, ips = domain(tmp_path, 2, free_port())
+    write_hosts(files[0], {0: ips[0]})  # n0 alone: ready at once
+    write_hosts(files[1], ips)
+    a, b = Watched("n0", files[0]), Watched("n1", files[1])
+    try:
+        await a.sup.start()
+        await a.until(True)
+        await b.sup.start()
+        await b.until(True)  # b knows a and reaches it
+        write_hosts(files[0], ips)
+        a.sup.reload()
+        assert a.sup.reloads == 1
+        await asyncio.wait_for(a.sup.wait_reloaded(1), 5)
+        await a.until(True)  # a now has b as a peer, and reaches it
+        assert await imexd.query(files[0].config) == "READY"
+        assert sorted(imexd.resolve_peers(imexd.load_config(files[0].config))) == [ips[1]]
+    finally:
+        await a.sup.stop()
+        await b.sup.stop()
+
+
+async def test_a_peer_that_is_down_keeps_the_daemon_not_ready(tmp_path):
+    files, ips = domain(tmp_path, 2, free_port())
+    write_hosts(files[0], ips)
+    a = Watched("n0", files[0])
+    try:
+        await a.sup.start()
+        proc_ok = await asyncio.wait_for(_query_until_answer(files[0].config), 10)
+        assert proc_ok == "NOT_READY"
+        assert not a.sup.ready
+    finally:
+        await a.sup.stop()
+
+
+async def _query_until_answer(config: Path) -> str:
+    while True:
+        try:
+            return await imexd.query(config)
+        except OSError:
+            await asyncio.sleep(0.05)  # the daemon is still binding its command port
+
+
+def test_bad_config_is_a_clear_error(tmp_path, capsys):
+    cfg = tmp_path / "imexd.cfg"
+    cfg.write_text("SERVER_PORT=notaport\nIMEX_NODE_CONFIG_FILE=nodes.cfg\n")
+    assert imexd.main(["--config", str(cfg)]) == 2
+    assert "SERVER_PORT='notaport' is not an integer" in capsys.readouterr().err
+    cfg.write_text("SERVER_PORT=50000\n")
+    assert imexd.main(["--config", str(cfg)]) == 2
+    assert "IMEX_NODE_CONFIG_FILE is not set" in capsys.readouterr().err
+    with pytest.raises(ImexError, match="cannot be parsed"):
+        render_command("imexd 'unclosed", cfg)

@@ -1,0 +1,94 @@
+"""Membership in NATS KV: lowest free index per clique, compare-and-set, the 18-node limit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.computedomain.membership import Membership, MembershipError, index_key, member_key
+from shared.bus import Bus
+from shared.events.computedomain import DomainMember
+
+CLIQUE_A = "6f2a9c1e-3b4d-5e6f-8a9b-0c1d2e3f4a5b.1"
+CLIQUE_B = "6f2a9c1e-3b4d-5e6f-8a9b-0c1d2e3f4a5b.2"
+
+
+def member(node: str, clique: str = CLIQUE_A, uid: str = "uid-1") -> DomainMember:
+    return DomainMember(domain_uid=uid, domain_name="cd", domain_namespace="ns", node=node,
+                        ip_address="127.0.0.1", clique_id=clique, index=-1)
+
+
+@pytest.fixture
+async def buses(nats_server):
+    opened = [await Bus.connect(nats_server.url, name=f"agent-{i}") for i in range(4)]
+    await opened[0].provision()
+    try:
+        yield opened
+    finally:
+        for bus in opened:
+            await bus.close()
+
+
+async def test_concurrent_joins_get_distinct_lowest_indices_and_the_19th_is_refused(buses):
+    # 18 nodes over 4 separate connections join at once: every index 0..17 exactly once.
+    memberships = [Membership(bus) for bus in buses]
+    joined = await asyncio.gather(*(memberships[i % 4].join(member(f"n{i}")) for i in range(18)))
+    assert sorted(m.index for m in joined) == list(range(18))
+    with pytest.raises(MembershipError, match="already has 18 nodes"):
+        await memberships[0].join(member("n18"))
+    # another clique has its own 0..17
+    other = await memberships[1].join(member("b0", CLIQUE_B))
+    assert other.index == 0
+    assert len(await memberships[2].members("uid-1")) == 19
+
+
+async def test_rejoin_keeps_index_and_leave_frees_the_lowest(buses):
+    ms = Membership(buses[0])
+    a = await ms.join(member("a"))
+    b = await ms.join(member("b"))
+    c = await ms.join(member("c"))
+    assert (a.index, b.index, c.index) == (0, 1, 2)
+    again = await ms.join(member("b"))  # an agent restart joins again
+    assert again.index == 1
+    await ms.leave(b)
+    assert set(await ms.members("uid-1")) == {"a", "c"}
+    d = await ms.join(member("d"))
+    assert d.index == 1  # the lowest free index
+    assert (await ms.members("uid-1"))["d"].index == 1
+
+
+async def test_non_fabric_nodes_take_no_index_and_purge_removes_every_key(buses):
+    ms = Membership(buses[0])
+    plain = await ms.join(member("cpu", clique=""))
+    assert plain.index == -1
+    await ms.join(member("a"))
+    await ms.join(member("x", uid="uid-2"))
+    assert await ms.purge_domain("uid-1") >= 3  # two members and one reservation
+    assert await ms.members("uid-1") == {}
+    kv = await buses[0].kv(__import__("shared.events.catalog", fromlist=["x"]).CD_MEMBERS_BUCKET)
+    assert await kv.get(index_key("uid-1", CLIQUE_A, 0)) is None
+    assert await kv.get(member_key("uid-2", "x")) is not None  # other domains untouched
+
+
+async def test_watch_replays_then_follows_changes(buses):
+    ms = Membership(buses[0])
+    await ms.join(member("a"))
+    seen: list[tuple[str, str | None]] = []
+    marker = asyncio.Event()
+
+    async def follow() -> None:
+        async for _d, node, value in ms.watch("uid-1"):
+            if node == "":
+                marker.set()
+                continue
+            seen.append((node, value.status if value else None))
+            if len(seen) == 3:
+                return
+
+    task = asyncio.create_task(follow())
+    await marker.wait()
+    b = await Membership(buses[1]).join(member("b"))
+    await Membership(buses[1]).set_status(b, "Ready")
+    await asyncio.wait_for(task, 5)
+    assert seen == [("a", "NotReady"), ("b", "NotReady"), ("b", "Ready")]

@@ -1,0 +1,144 @@
+"""Helpers for the deployment tests: render Kustomize overlays once, generate NATS users, and
+run the shipped nats-server configs with test credentials."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from shared.natsserver import EmbeddedNats, free_port, nats_server_binary
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+KUBERNETES = DEPLOY / "kubernetes"
+NATS_DIR = DEPLOY / "nats"
+OVERLAYS = ("dev", "production")
+V1BETA1_COMPONENT = KUBERNETES / "components" / "resource-v1beta1"
+
+
+def kubectl_binary() -> str:
+    found = shutil.which("kubectl")
+    if not found:
+        pytest.skip("kubectl is not installed: `kubectl kustomize` renders the overlays")
+    return found
+
+
+@functools.cache
+def _render(path: str) -> tuple[dict[str, Any], ...]:
+    proc = subprocess.run(
+        [kubectl_binary(), "kustomize", path], capture_output=True, text=True, timeout=60, check=False
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"kubectl kustomize {path} failed:\n{proc.stderr}")
+    return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
+
+
+def render(path: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl kustomize <path>` renders (cached per path)."""
+    return [dict(obj) for obj in _render(str(path))]
+
+
+def render_overlay(name: str) -> list[dict[str, Any]]:
+    return render(KUBERNETES / "overlays" / name)
+
+
+@functools.cache
+def _with_v1beta1_dir(name: str) -> Path:
+    """A kustomization beside nothing in the repo: the overlay plus the 1.32/1.33 component."""
+    root = Path(tempfile.mkdtemp(prefix=f"gpu-dra-{name}-v1beta1-"))
+    atexit.register(shutil.rmtree, root, True)
+    overlay = KUBERNETES / "overlays" / name
+    (root / "kustomization.yaml").write_text(
+        yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            # kustomize takes relative paths only
+            "resources": [os.path.relpath(overlay, root)],
+            "components": [os.path.relpath(V1BETA1_COMPONENT, root)],
+        })
+    )
+    return root
+
+
+def render_overlay_v1beta1(name: str) -> list[dict[str, Any]]:
+    return render(_with_v1beta1_dir(name))
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    for obj in objects:
+        if obj["kind"] == kind and obj["metadata"]["name"] == name:
+            return obj
+    raise AssertionError(f"no {kind}/{name} among {[(o['kind'], o['metadata']['name']) for o in objects]}")
+
+
+def nats_users_module() -> ModuleType:
+    """deploy/nats/nats_users.py, imported from its path (deploy/ is not a package)."""
+    name = "gpu_dra_deploy_nats_users"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, NATS_DIR / "nats_users.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_password(user: str) -> str:
+    return f"test-{user}-pw"
+
+
+test_password.__test__ = False  # type: ignore[attr-defined]
+
+
+def nats_layout(tmp_path: Path, nodes: list[str]) -> Path:
+    """The shipped configs under <tmp>/config and generated users (test passwords) under <tmp>/auth,
+    the same layout as the StatefulSet's mounts. Returns the config directory."""
+    users_mod = nats_users_module()
+    config_dir = tmp_path / "config"
+    auth_dir = tmp_path / "auth"
+    config_dir.mkdir(parents=True)
+    auth_dir.mkdir(parents=True)
+    for conf in ("nats.conf", "nats-cluster.conf", "tls.conf"):
+        shutil.copy(NATS_DIR / conf, config_dir / conf)
+    users = users_mod.all_users(nodes)
+    passwords = {name: test_password(name) for name in users}
+    (auth_dir / "users.conf").write_text(users_mod.render_authorization(users, passwords))
+    return config_dir
+
+
+class ShippedConfigNats(EmbeddedNats):
+    """nats-server run on a shipped config file with its per-server environment (the values the
+    StatefulSet sets), on loopback. The store, ports and routes come from `env`, not flags."""
+
+    def __init__(self, config_file: Path, env: dict[str, str], store_dir: Path) -> None:
+        super().__init__(store_dir=store_dir, port=int(env["NATS_CLIENT_PORT"]), config_file=config_file)
+        self.env = env
+
+    def _args(self) -> list[str]:
+        assert self.config_file is not None
+        inherited = [f"{k}={v}" for k, v in sorted(self.env.items())]
+        return [shutil.which("env") or "/usr/bin/env", *inherited, nats_server_binary(),
+                "-a", "127.0.0.1", "-c", str(self.config_file)]
+
+
+def server_env(name: str, store: Path, **extra: str) -> dict[str, str]:
+    return {
+        "NATS_SERVER_NAME": name,
+        "NATS_CLIENT_PORT": str(free_port()),
+        "NATS_MONITOR_PORT": str(free_port()),
+        "NATS_STORE_DIR": str(store),
+        **extra,
+    }

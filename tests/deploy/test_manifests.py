@@ -1,0 +1,266 @@
+"""The Kustomize overlays: they render, every object validates against the upstream Kubernetes
+schemas (1.32 and 1.34), and the rendered objects have the properties the design promises
+(least-privilege RBAC, pinned images, probes, requests, node mounts, production shape)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tests.deploy.conftest import (
+    OVERLAYS,
+    find,
+    nats_users_module,
+    render_overlay,
+    render_overlay_v1beta1,
+)
+
+pytestmark = pytest.mark.kubectl
+
+CLUSTER_SCOPED = {
+    "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+}
+WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet"}
+SLICE_WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
+
+
+def _pod_specs(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(o["metadata"]["name"], o["spec"]["template"]["spec"]) for o in objects if o["kind"] in WORKLOADS]
+
+
+def _containers(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(f"{name}/{c['name']}", c) for name, spec in _pod_specs(objects) for c in spec["containers"]]
+
+
+def _validate_all(objects: list[dict[str, Any]], version: str) -> list[str]:
+    problems = []
+    for obj in objects:
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            problems.append(f"{where}: {path}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError:
+            problems.append(f"{where}: Kubernetes {version} has no {obj['apiVersion']} {obj['kind']}")
+    return problems
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_every_object_kind(overlay: str) -> None:
+    kinds = {o["kind"] for o in render_overlay(overlay)}
+    expected = {
+        "Namespace", "CustomResourceDefinition", "DeviceClass", "ServiceAccount", "ClusterRole",
+        "ClusterRoleBinding", "Role", "RoleBinding", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding", "ConfigMap", "Service", "StatefulSet", "DaemonSet",
+        "Deployment", "PodDisruptionBudget", "NetworkPolicy",
+    }
+    assert expected <= kinds, f"missing kinds: {sorted(expected - kinds)}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_validates_against_kubernetes_1_34(overlay: str) -> None:
+    assert _validate_all(render_overlay(overlay), "1.34.0") == []
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_with_v1beta1_component_validates_against_kubernetes_1_32(overlay: str) -> None:
+    assert _validate_all(render_overlay_v1beta1(overlay), "1.32.0") == []
+
+
+def test_v1_device_classes_do_not_exist_on_1_32_which_is_why_the_component_exists() -> None:
+    problems = _validate_all(render_overlay("dev"), "1.32.0")
+    assert problems and all("DeviceClass" in p and "has no resource.k8s.io/v1" in p for p in problems), problems
+
+
+def test_validation_catches_a_broken_object() -> None:
+    broken = find(render_overlay("dev"), "Deployment", "gpu-dra-publisher")
+    broken = {**broken, "spec": {**broken["spec"], "replicas": "two"}}
+    assert _validate_all([broken], "1.34.0"), "the validator accepted replicas: 'two'"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_namespaced_objects_live_in_gpu_dra(overlay: str) -> None:
+    for obj in render_overlay(overlay):
+        namespace = obj["metadata"].get("namespace")
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert namespace is None, f"{obj['kind']}/{obj['metadata']['name']} is cluster-scoped"
+        else:
+            assert namespace == "gpu-dra", f"{obj['kind']}/{obj['metadata']['name']} in {namespace!r}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_images_are_pinned_and_never_latest(overlay: str) -> None:
+    for where, container in _containers(render_overlay(overlay)):
+        image = container["image"]
+        assert "@sha256:" in image or re.search(r":v?\d+\.\d+(\.\d+)?[\w.-]*$", image), f"{where}: {image} unpinned"
+        assert not image.endswith(":latest"), f"{where}: {image}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_has_probes_requests_and_a_memory_limit(overlay: str) -> None:
+    for where, container in _containers(render_overlay(overlay)):
+        assert "livenessProbe" in container and "startupProbe" in container, where
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"]), where
+        assert "memory" in container["resources"]["limits"], where
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_cluster_services_run_restricted(overlay: str) -> None:
+    objects = render_overlay(overlay)
+    for name in ("gpu-dra-publisher", "gpu-dra-controller", "gpu-dra-nats"):
+        kind = "StatefulSet" if name == "gpu-dra-nats" else "Deployment"
+        spec = find(objects, kind, name)["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["runAsUser"] != 0, name
+        for container in spec["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False and ctx["readOnlyRootFilesystem"] is True, name
+            assert ctx["capabilities"]["drop"] == ["ALL"], name
+
+
+def _rules_by_service_account(objects: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    roles = {(o["kind"], o["metadata"]["name"]): o.get("rules", []) for o in objects
+             if o["kind"] in ("Role", "ClusterRole")}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for binding in objects:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        rules = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        for subject in binding["subjects"]:
+            if subject["kind"] == "ServiceAccount":
+                out.setdefault(subject["name"], []).extend(rules)
+    return out
+
+
+def _can(rules: list[dict[str, Any]], group: str, resource: str, verbs: set[str]) -> set[str]:
+    granted: set[str] = set()
+    for rule in rules:
+        if group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []):
+            if resource in rule.get("resources", []) or "*" in rule.get("resources", []):
+                granted |= set(rule["verbs"]) & verbs
+    return granted
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_the_publisher_may_write_resourceslices(overlay: str) -> None:
+    rules = _rules_by_service_account(render_overlay(overlay))
+    writers = {sa for sa, r in rules.items() if _can(r, "resource.k8s.io", "resourceslices", SLICE_WRITE_VERBS)}
+    assert writers == {"gpu-dra-publisher"}
+    assert not _can(rules["gpu-dra-node"], "resource.k8s.io", "resourceslices", SLICE_WRITE_VERBS)
+    assert _can(rules["gpu-dra-node"], "resource.k8s.io", "resourceclaims", {"get"}) == {"get"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_service_account_may_read_secrets_or_escalate(overlay: str) -> None:
+    for sa, rules in _rules_by_service_account(render_overlay(overlay)).items():
+        for rule in rules:
+            assert "*" not in rule["verbs"] and "*" not in rule.get("resources", []), (sa, rule)
+            assert "secrets" not in rule.get("resources", []), (sa, rule)
+            assert not {"bind", "escalate", "impersonate"} & set(rule["verbs"]), (sa, rule)
+
+
+def test_node_agents_mount_the_kubelet_cdi_dev_and_driver_root_host_paths() -> None:
+    ds = find(render_overlay("production"), "DaemonSet", "gpu-dra-node")
+    spec = ds["spec"]["template"]["spec"]
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert set(host_paths.values()) >= {
+        "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/dev", "/", "/etc/gpu-dra/nats",
+    }
+    mounts = {c["name"]: {m["mountPath"]: m for m in c["volumeMounts"]} for c in spec["containers"]}
+    assert set(mounts) == {"discovery", "preparer", "cd-agent"}
+    assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"} <= set(mounts["preparer"])
+    assert mounts["discovery"]["/driver-root"]["readOnly"] is True
+    # discovery has no API credentials at all; the others get the token through a projected volume
+    assert spec["automountServiceAccountToken"] is False
+    assert "/var/run/secrets/kubernetes.io/serviceaccount" not in mounts["discovery"]
+    assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts["preparer"]
+
+
+def test_node_agents_use_the_generated_per_node_nats_users() -> None:
+    users = nats_users_module()
+    spec = find(render_overlay("production"), "DaemonSet", "gpu-dra-node")["spec"]["template"]["spec"]
+    roles = {"discovery": "discovery", "preparer": "preparer", "cd-agent": "cd-agent"}
+    for container in spec["containers"]:
+        role = roles[container["name"]]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["GPU_DRA_NATS_USER"]["value"] == users.node_user(role, "$(GPU_DRA_NODE)")
+        assert env["GPU_DRA_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+        credential = next(m for m in container["volumeMounts"] if m["name"] == "nats-credentials")
+        assert credential["subPath"] == f"{role}.password" and credential["readOnly"] is True
+    assert set(roles.values()) == set(users.NODE_ROLES)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_secrets_the_manifests_reference_are_the_ones_the_generator_writes(overlay: str) -> None:
+    users = nats_users_module()
+    passwords = {name: "x" for name in [*users.CLUSTER_ROLES, users.ROUTE_USER]}
+    generated = {s["metadata"]["name"]: set(s["stringData"]) for s in users.cluster_secrets("", passwords)}
+    referenced: dict[str, set[str]] = {}
+    for _, spec in _pod_specs(render_overlay(overlay)):
+        for volume in spec.get("volumes", []):
+            if "secret" in volume:
+                referenced.setdefault(volume["secret"]["secretName"], set())
+        for container in spec["containers"]:
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    referenced.setdefault(ref["name"], set()).add(ref["key"])
+    for name, keys in referenced.items():
+        assert name in generated, f"{name} is referenced but nats_users.py does not write it"
+        assert keys <= generated[name], f"{name}: keys {keys - generated[name]} not written"
+
+
+def test_production_runs_a_three_member_nats_cluster_and_two_of_each_cluster_service() -> None:
+    objects = render_overlay("production")
+    nats = find(objects, "StatefulSet", "gpu-dra-nats")
+    assert nats["spec"]["replicas"] == 3
+    container = nats["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["-c", "/etc/nats/config/nats-cluster.conf"]
+    env = [e["name"] for e in container["env"]]
+    assert env.index("NATS_ROUTE_PASSWORD") < env.index("NATS_ROUTE_0"), "$(NATS_ROUTE_PASSWORD) must come first"
+    assert {"NATS_ROUTE_0", "NATS_ROUTE_1", "NATS_ROUTE_2"} <= set(env)
+    assert find(objects, "PodDisruptionBudget", "gpu-dra-nats")["spec"] == {
+        "minAvailable": 2, "selector": nats["spec"]["selector"]}
+    assert find(objects, "Deployment", "gpu-dra-publisher")["spec"]["replicas"] == 2
+    controller = find(objects, "Deployment", "gpu-dra-controller")
+    assert controller["spec"]["replicas"] == 2
+    controller_env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert controller_env["GPU_DRA_LEADER_ELECTION"] == "true"
+
+
+def test_dev_runs_one_nats_server_with_the_single_server_config() -> None:
+    nats = find(render_overlay("dev"), "StatefulSet", "gpu-dra-nats")
+    assert nats["spec"]["replicas"] == 1
+    assert nats["spec"]["template"]["spec"]["containers"][0]["args"] == ["-c", "/etc/nats/config/nats.conf"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nats_config_map_carries_the_files_tested_here(overlay: str) -> None:
+    from tests.deploy.conftest import NATS_DIR
+
+    objects = render_overlay(overlay)
+    config = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("gpu-dra-nats-config"))
+    for name, text in config["data"].items():
+        assert text == (NATS_DIR / name).read_text(), name
+    sts = find(objects, "StatefulSet", "gpu-dra-nats")
+    names = [v["configMap"]["name"] for v in sts["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    assert names == [config["metadata"]["name"]], "the StatefulSet must mount the hashed ConfigMap"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_deny_ingress_by_default_and_open_nats_to_labelled_clients(overlay: str) -> None:
+    objects = render_overlay(overlay)
+    deny = find(objects, "NetworkPolicy", "gpu-dra-default-deny-ingress")["spec"]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    nats_rules = find(objects, "NetworkPolicy", "gpu-dra-nats")["spec"]["ingress"]
+    client_label = {"gpu-dra.nvidia.com/nats-client": "true"}
+    assert nats_rules[0]["from"][0]["podSelector"]["matchLabels"] == client_label
+    for name, _ in _pod_specs(objects):
+        if name != "gpu-dra-nats":
+            labels = next(o for o in objects if o["metadata"]["name"] == name and o["kind"] in WORKLOADS)
+            assert labels["spec"]["template"]["metadata"]["labels"].items() >= client_label.items(), name

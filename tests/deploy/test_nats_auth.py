@@ -1,0 +1,183 @@
+"""A real nats-server with the shipped config and generated users (test passwords): each node
+service may publish its own node's subjects and is refused another node's, and cluster services
+cannot forge node events. Refusals arrive as the server's async permissions-violation error,
+which the tests await; allowed publishes are awaited at a subscriber."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+
+from shared.bus import Bus
+from shared.events import catalog
+from shared.events.inventory import NodeInventory
+from shared.natsserver import EmbeddedNats
+from tests.deploy.conftest import ShippedConfigNats, nats_layout, server_env, test_password
+
+NODES = ["gpu-a", "gpu-b"]
+WAIT = 5.0
+
+
+@dataclass
+class Conn:
+    nc: Client
+    errors: asyncio.Queue[str]
+
+    async def refused(self, verb: str, subject: str) -> None:
+        """Wait for the server's permissions violation naming `subject`."""
+        expected = f'permissions violation for {verb} to "{subject}"'
+        seen = []
+        try:
+            while True:
+                error = await asyncio.wait_for(self.errors.get(), WAIT)
+                if expected.lower() in error.lower():
+                    return
+                seen.append(error)
+        except TimeoutError:
+            raise AssertionError(f"no refusal of {verb} to {subject!r} within {WAIT}s; errors seen: {seen}") from None
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
+    config_dir = nats_layout(tmp_path, NODES)
+    store = tmp_path / "js"
+    srv = ShippedConfigNats(config_dir / "nats.conf", server_env("auth-test", store), store)
+    await srv.start()
+    try:
+        yield srv
+    finally:
+        await srv.close()
+
+
+async def _connect(srv: EmbeddedNats, user: str, password: str | None = None) -> Conn:
+    errors: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_error(exc: Exception) -> None:
+        errors.put_nowait(str(exc))
+
+    nc = await nats.connect(srv.url, user=user, password=password or test_password(user), error_cb=on_error,
+                            allow_reconnect=False, connect_timeout=2)
+    return Conn(nc, errors)
+
+
+async def _delivered(admin: Conn, publisher: Conn, subject: str) -> None:
+    """`publisher` publishes on `subject` and the admin's subscription receives it."""
+    sub = await admin.nc.subscribe(subject)
+    await admin.nc.flush()
+    await publisher.nc.publish(subject, b"{}")
+    await publisher.nc.flush()
+    msg = await sub.next_msg(timeout=WAIT)
+    assert msg.subject == subject
+    await sub.unsubscribe()
+
+
+async def _refused(conn: Conn, subject: str) -> None:
+    await conn.nc.publish(subject, b"{}")
+    await conn.nc.flush()
+    await conn.refused("publish", subject)
+
+
+async def test_a_node_agent_publishes_its_own_nodes_subjects_and_is_refused_another_nodes(server: EmbeddedNats) -> None:
+    admin = await _connect(server, "admin")
+    discovery = await _connect(server, "discovery.gpu-a")
+    preparer = await _connect(server, "preparer.gpu-a")
+    cd_agent = await _connect(server, "cd-agent.gpu-a")
+    try:
+        allowed = [
+            (discovery, catalog.INVENTORY.format(node="gpu-a")),
+            (discovery, catalog.HEALTH.format(node="gpu-a", device="gpu-0")),
+            (discovery, catalog.INVENTORY_WITHDRAWN.format(node="gpu-a")),
+            (discovery, "$KV.dra-inventory.gpu-a"),
+            (preparer, catalog.CLAIM.format(namespace="team-x", node="gpu-a", event="prepared")),
+            (preparer, catalog.DEVICE_MIG_CREATE.format(node="gpu-a")),
+            (cd_agent, catalog.CD_MEMBER.format(domain_uid="cd-1", node="gpu-a")),
+            (cd_agent, "$KV.dra-cd-members.cd-1.gpu-a"),
+        ]
+        for conn, subject in allowed:
+            await _delivered(admin, conn, subject)
+        refused = [
+            (discovery, catalog.INVENTORY.format(node="gpu-b")),
+            (discovery, catalog.HEALTH.format(node="gpu-b", device="gpu-0")),
+            (discovery, catalog.INVENTORY_WITHDRAWN.format(node="gpu-b")),
+            (discovery, "$KV.dra-inventory.gpu-b"),
+            (discovery, "$KV.dra-health.gpu-b.gpu-0"),
+            (discovery, catalog.CLAIM.format(namespace="team-x", node="gpu-a", event="prepared")),
+            (preparer, catalog.CLAIM.format(namespace="team-x", node="gpu-b", event="prepared")),
+            (preparer, catalog.DEVICE_MIG_CREATE.format(node="gpu-b")),
+            (preparer, catalog.INVENTORY.format(node="gpu-a")),
+            (cd_agent, catalog.CD_MEMBER.format(domain_uid="cd-1", node="gpu-b")),
+            (cd_agent, "$KV.dra-cd-members.cd-1.gpu-b"),
+            (cd_agent, catalog.CD_STATUS.format(domain_uid="cd-1")),
+            # no node agent may reshape or empty the streams
+            (discovery, "$JS.API.STREAM.UPDATE.DRA_EVENTS"),
+            (discovery, "$JS.API.STREAM.PURGE.KV_dra-inventory"),
+            (preparer, "$JS.API.STREAM.DELETE.DRA_EVENTS"),
+            (cd_agent, "$JS.API.STREAM.MSG.DELETE.KV_dra-cd-members"),
+        ]
+        for conn, subject in refused:
+            await _refused(conn, subject)
+    finally:
+        for conn in (admin, discovery, preparer, cd_agent):
+            await conn.nc.close()
+
+
+async def test_a_node_agent_may_not_listen_to_another_nodes_device_requests(server: EmbeddedNats) -> None:
+    discovery = await _connect(server, "discovery.gpu-a")
+    try:
+        await discovery.nc.subscribe(catalog.DEVICE_MIG_CREATE.format(node="gpu-a"))
+        other = catalog.DEVICE_MIG_CREATE.format(node="gpu-b")
+        await discovery.nc.subscribe(other)
+        await discovery.nc.flush()
+        await discovery.refused("subscription", other)
+        assert discovery.errors.empty(), "its own node's subscription was refused"
+    finally:
+        await discovery.nc.close()
+
+
+async def test_cluster_services_cannot_forge_node_events(server: EmbeddedNats) -> None:
+    publisher = await _connect(server, "publisher")
+    controller = await _connect(server, "controller")
+    try:
+        await _refused(publisher, catalog.INVENTORY.format(node="gpu-a"))
+        await _refused(publisher, catalog.CLAIM.format(namespace="ns", node="gpu-a", event="prepared"))
+        await _refused(controller, catalog.CD_MEMBER.format(domain_uid="cd-1", node="gpu-a"))
+    finally:
+        await publisher.nc.close()
+        await controller.nc.close()
+
+
+async def test_a_wrong_password_is_refused(server: EmbeddedNats) -> None:
+    with pytest.raises((nats.errors.Error, OSError)):
+        await _connect(server, "discovery.gpu-a", password="not-the-password")
+
+
+async def test_discovery_starts_through_the_bus_with_its_node_user(server: EmbeddedNats) -> None:
+    """The service start path (connect, provision, KV put, durable publish) works within the
+    permissions, and the stored values are readable by the publisher's user."""
+    admin = await Bus.connect(server.url, name="admin", user="admin", password=test_password("admin"))
+    await admin.provision()
+    bus = await Bus.connect(server.url, name="discovery-gpu-a", user="discovery.gpu-a",
+                            password=test_password("discovery.gpu-a"))
+    reader = await Bus.connect(server.url, name="publisher", user="publisher", password=test_password("publisher"))
+    try:
+        await bus.provision()  # streams exist with the same config: create is a no-op
+        inventory = NodeInventory(node="gpu-a", driver_version="550.163.1", cuda_driver_version="12.4.0")
+        kv = await bus.kv(catalog.INVENTORY_BUCKET)
+        await kv.put("gpu-a", inventory)
+        await bus.publish(catalog.INVENTORY, inventory, msg_id="gpu-a-1", node="gpu-a")
+        assert await kv.get("gpu-a") == inventory
+        stored = await (await reader.kv(catalog.INVENTORY_BUCKET)).get("gpu-a")
+        assert stored == inventory
+        info = await reader.js.stream_info(catalog.EVENTS_STREAM.name)
+        assert info.state.messages == 1
+    finally:
+        await reader.close()
+        await bus.close()
+        await admin.close()

@@ -1,0 +1,280 @@
+"""The third-party ledger example (examples/ledger/) against a real nats-server.
+
+Our own Bus is the producer, as the preparer is; the ledger reads only the exported JSON Schemas
+and nats-py. Totals are exact because cost is computed from the producer's timestamps.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import jsonschema
+import nats
+import pytest
+
+from examples.ledger.accounting import Ledger, LedgerFileError
+from examples.ledger.consumer import LedgerService
+from examples.ledger.schema import ContractError, SchemaViolation, load_contract
+from shared.bus import Bus
+from shared.events import catalog
+from shared.events.claims import ClaimLifecycle, PreparedDeviceRef
+from shared.events.schema import write_schemas
+
+REPO = Path(__file__).resolve().parents[2]
+LEDGER_DIR = REPO / "examples" / "ledger"
+T0 = 1_000_000.0
+
+
+@pytest.fixture
+def schemas(tmp_path: Path) -> Path:
+    out = tmp_path / "schemas"
+    write_schemas(out)  # what `gpu-dra events schema --out DIR` writes
+    return out
+
+
+@pytest.fixture
+async def bus(nats_server) -> AsyncIterator[Bus]:
+    producer = await Bus.connect(nats_server.url, name="preparer-under-test")
+    await producer.provision()
+    try:
+        yield producer
+    finally:
+        await producer.nc.close()
+
+
+def lifecycle(event: str, uid: str, namespace: str, at: float, devices: tuple[str, ...] = (),
+              node: str = "node-1", generation: int = 1) -> ClaimLifecycle:
+    return ClaimLifecycle(
+        event=event, node=node, driver="gpu.nvidia.com", claim_uid=uid, claim_namespace=namespace,  # type: ignore[arg-type]
+        claim_name=f"claim-{uid}", event_id=f"{uid}/{event}/{generation}", observed_at=at,
+        devices=[PreparedDeviceRef(request="gpu", pool=node, device=d, uuid=f"GPU-{d}") for d in devices])
+
+
+async def publish(bus: Bus, events: list[ClaimLifecycle]) -> None:
+    for ev in events:
+        await bus.publish(catalog.CLAIM, ev, msg_id=ev.event_id, namespace=ev.claim_namespace, node=ev.node,
+                          event=ev.event)
+
+
+# team-a: 2 GPUs x 100 s + 1 GPU x 40 s = 240; team-b: one 1g10gb MIG device x 30 s, one GPU open.
+FIRST_HALF = [
+    lifecycle("prepare-started", "a1", "team-a", T0),
+    lifecycle("prepared", "a1", "team-a", T0, ("gpu-0", "gpu-1")),
+    lifecycle("prepared", "b1", "team-b", T0 + 10, ("gpu-2-mig-1g10gb-19-0",)),
+    lifecycle("prepare-failed", "a9", "team-a", T0 + 11),
+]
+SECOND_HALF = [
+    lifecycle("unprepared", "a1", "team-a", T0 + 100),
+    lifecycle("unprepared", "b1", "team-b", T0 + 40),
+    lifecycle("prepared", "a2", "team-a", T0 + 200, ("gpu-3",)),
+    lifecycle("unprepared", "a2", "team-a", T0 + 240),
+    lifecycle("prepared", "b2", "team-b", T0 + 300, ("gpu-4",)),
+]
+ALL_EVENTS = FIRST_HALF + SECOND_HALF
+STATE_CHANGING = sum(1 for e in ALL_EVENTS if e.event in ("prepared", "unprepared"))
+
+
+def assert_exact_totals(ledger: Ledger) -> None:
+    report = ledger.report(now=T0 + 310)
+    assert report == {
+        "team-a": {"gpu_seconds": 240.0, "mig_seconds": {}, "claims_closed": 2, "claims_open": 0,
+                   "running_gpu_seconds": 0.0},
+        "team-b": {"gpu_seconds": 0.0, "mig_seconds": {"1g10gb": 30.0}, "claims_closed": 1, "claims_open": 1,
+                   "running_gpu_seconds": 10.0},
+    }
+
+
+def service(nats_server, schemas: Path, state: Path, **options) -> LedgerService:
+    return LedgerService(nats_server.url, load_contract(schemas), state, **options)
+
+
+async def run_until(svc: LedgerService, predicate, timeout: float = 15.0) -> None:
+    await svc.start()
+    task = asyncio.create_task(svc.run())
+    try:
+        await svc.wait_until(predicate, timeout)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await svc.close()
+
+
+async def test_exact_totals_per_namespace(nats_server, bus: Bus, schemas: Path, tmp_path: Path) -> None:
+    await publish(bus, ALL_EVENTS)
+    svc = service(nats_server, schemas, tmp_path / "ledger.json")
+    await run_until(svc, lambda lg: lg.stats.applied == STATE_CHANGING)
+    assert_exact_totals(svc.ledger)
+    assert svc.ledger.stats.ignored == 2  # prepare-started, prepare-failed
+    saved = json.loads((tmp_path / "ledger.json").read_text())
+    assert saved["namespaces"]["team-a"]["gpu_seconds"] == 240.0
+
+
+async def test_restart_mid_stream_counts_each_event_once(nats_server, bus: Bus, schemas: Path,
+                                                         tmp_path: Path) -> None:
+    state = tmp_path / "ledger.json"
+    await publish(bus, FIRST_HALF)
+    first = service(nats_server, schemas, state)
+    await run_until(first, lambda lg: lg.stats.applied == 2)
+    assert first.ledger.report()["team-a"]["claims_open"] == 1
+
+    await publish(bus, SECOND_HALF)  # while the ledger is down
+    second = service(nats_server, schemas, state)
+    await run_until(second, lambda lg: lg.stats.applied == STATE_CHANGING)
+    assert_exact_totals(second.ledger)
+    assert second.ledger.stats.duplicates == 0  # the durable consumer resumed after the acked ones
+
+
+async def test_crash_between_write_and_ack_is_not_double_counted(nats_server, bus: Bus, schemas: Path,
+                                                                  tmp_path: Path) -> None:
+    state = tmp_path / "ledger.json"
+    await publish(bus, ALL_EVENTS)
+
+    async def crash(_msgs) -> None:
+        raise RuntimeError("simulated crash after the ledger file was written")
+
+    doomed = service(nats_server, schemas, state, ack_wait_s=1.0, after_persist=crash)
+    await doomed.start()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        await doomed.run()
+    await doomed.close()
+    assert_exact_totals(await_load(state))  # written, never acked
+
+    survivor = service(nats_server, schemas, state, ack_wait_s=1.0)
+    await run_until(survivor, lambda lg: lg.stats.duplicates == STATE_CHANGING)  # redelivered after ack_wait
+    assert_exact_totals(survivor.ledger)
+    assert survivor.ledger.stats.applied == STATE_CHANGING
+
+
+def await_load(state: Path) -> Ledger:
+    return Ledger.from_json(json.loads(state.read_text()), 7 * 24 * 3600)
+
+
+async def test_full_replay_with_kept_ledger_changes_nothing_and_lost_ledger_rebuilds(
+        nats_server, bus: Bus, schemas: Path, tmp_path: Path) -> None:
+    state = tmp_path / "ledger.json"
+    await publish(bus, ALL_EVENTS)
+    await run_until(service(nats_server, schemas, state), lambda lg: lg.stats.applied == STATE_CHANGING)
+
+    replay = service(nats_server, schemas, state, durable="ledger-replay")  # a new consumer reads from seq 1
+    await run_until(replay, lambda lg: lg.stats.duplicates == STATE_CHANGING)
+    assert_exact_totals(replay.ledger)
+
+    rebuilt = service(nats_server, schemas, tmp_path / "fresh.json", durable="ledger-rebuild")
+    await run_until(rebuilt, lambda lg: lg.stats.applied == STATE_CHANGING)
+    assert_exact_totals(rebuilt.ledger)
+
+
+async def test_messages_that_break_the_schema_are_skipped_without_blocking(nats_server, bus: Bus, schemas: Path,
+                                                                           tmp_path: Path) -> None:
+    raw = await nats.connect(nats_server.url)
+    js = raw.jetstream()
+    await js.publish("dra.v1.claim.team-a.node-1.prepared", b"not json")
+    await js.publish("dra.v1.claim.team-a.node-1.prepared", json.dumps({"event": "prepared"}).encode())
+    await js.publish("dra.v1.claim.team-a.node-1.prepared", json.dumps(
+        {"event": "paused", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "team-a",
+         "claim_name": "c"}).encode())
+    await raw.close()
+    await publish(bus, ALL_EVENTS)
+    svc = service(nats_server, schemas, tmp_path / "ledger.json")
+    await run_until(svc, lambda lg: lg.stats.applied == STATE_CHANGING)
+    assert svc.ledger.stats.rejected == 3
+    assert_exact_totals(svc.ledger)
+
+
+async def test_namespace_scope_accounts_only_that_namespace(nats_server, bus: Bus, schemas: Path,
+                                                            tmp_path: Path) -> None:
+    await publish(bus, ALL_EVENTS)
+    svc = service(nats_server, schemas, tmp_path / "ledger.json", namespace="team-b", durable="team-b-only")
+    assert svc.filter_subject == "dra.v1.claim.team-b.*.*"
+    await run_until(svc, lambda lg: lg.stats.applied == 3)
+    assert set(svc.ledger.report()) == {"team-b"}
+
+
+def test_contract_comes_from_the_exported_index(schemas: Path, tmp_path: Path) -> None:
+    contract = load_contract(schemas)
+    assert contract.filter_subject == "dra.v1.claim.*.*.*"
+    assert contract.stream == "DRA_EVENTS"
+    assert contract.retention_s == catalog.EVENTS_STREAM.max_age_s
+    with pytest.raises(ContractError, match="gpu-dra events schema --out"):
+        load_contract(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("message", [
+    {"event": "prepared"},
+    {"event": "paused", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c"},
+    {"event": "prepared", "node": 3, "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c"},
+    {"event": "prepared", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c",
+     "devices": [{"request": "gpu", "pool": "p"}]},
+    {"event": "prepared", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c",
+     "devices": [{"request": "gpu", "pool": "p", "device": "gpu-0"}], "observed_at": 12.5},
+])
+def test_schema_checker_agrees_with_jsonschema(schemas: Path, message: dict) -> None:
+    contract = load_contract(schemas)
+    try:
+        jsonschema.validate(message, contract.schema)
+        expected_valid = True
+    except jsonschema.ValidationError:
+        expected_valid = False
+    try:
+        contract.check(message)
+        valid = True
+    except SchemaViolation:
+        valid = False
+    assert valid == expected_valid
+
+
+async def test_corrupt_ledger_file_stops_start_and_is_left_alone(nats_server, bus: Bus, schemas: Path,
+                                                                 tmp_path: Path) -> None:
+    state = tmp_path / "ledger.json"
+    state.write_text('{"version": 1, "namespaces": ')
+    svc = service(nats_server, schemas, state)
+    with pytest.raises(LedgerFileError, match="move it aside"):
+        await svc.start()
+    assert state.read_text() == '{"version": 1, "namespaces": '
+
+
+def test_the_example_imports_only_the_standard_library_and_nats() -> None:
+    allowed = set(sys.stdlib_module_names) | {"nats"}
+    for module in LEDGER_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            assert roots <= allowed, f"{module.name} imports {roots - allowed}"
+
+
+async def test_runs_as_a_process_and_prints_the_report_on_sigterm(nats_server, bus: Bus, schemas: Path,
+                                                                   tmp_path: Path) -> None:
+    await publish(bus, ALL_EVENTS)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "examples.ledger", "--schemas", str(schemas), "--nats", nats_server.url,
+        "--state", str(tmp_path / "ledger.json"), cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(20):
+            assert proc.stderr is not None
+            while True:
+                line = (await proc.stderr.readline()).decode()
+                assert line, "the ledger exited before catching up"
+                if "caught up" in line:
+                    break
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    report = json.loads(out)
+    assert report["team-a"]["gpu_seconds"] == 240.0
+    assert report["team-b"]["mig_seconds"] == {"1g10gb": 30.0}

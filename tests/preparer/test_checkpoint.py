@@ -1,0 +1,118 @@
+"""The checkpoint file: crash-safe writes, forward tolerance, boot-id wipe, corrupt-file quarantine."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from services.preparer.checkpoint import SCHEMA_VERSION, Checkpoint, ClaimRecord, PreparedDevice
+from tests.preparer.helpers import MemoryClaims, claim_doc, running_node
+
+
+def record(state: str = "PrepareCompleted") -> ClaimRecord:
+    return ClaimRecord(state=state, name="c", namespace="ns",  # type: ignore[arg-type]
+                       devices=[PreparedDevice(requests=["gpu"], pool="n1", device="gpu-0")])
+
+
+async def test_round_trip_and_no_temp_files_left(root: Path) -> None:
+    path = root / "cp" / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="boot-1")
+    await cp.load()
+    await cp.put("uid-1", record())
+    assert [p.name for p in path.parent.iterdir()] == ["checkpoint.json"]
+    again = Checkpoint(path, boot_id="boot-1")
+    await again.load()
+    assert again.claims == {"uid-1": record()}
+    doc = json.loads(path.read_text())
+    assert doc["nodeBootID"] == "boot-1" and doc["schemaVersion"] == SCHEMA_VERSION
+    assert "checksum" not in json.dumps(doc)
+
+
+async def test_unknown_fields_from_a_newer_version_are_kept(root: Path) -> None:
+    path = root / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b")
+    await cp.load()
+    await cp.put("uid-1", record())
+    doc = json.loads(path.read_text())
+    doc["schemaVersion"] = SCHEMA_VERSION + 1
+    doc["futureTop"] = {"x": 1}
+    doc["preparedClaims"]["uid-1"]["futureClaimField"] = [1, 2]
+    doc["preparedClaims"]["uid-1"]["devices"][0]["futureDeviceField"] = True  # below our level: dropped is fine
+    path.write_text(json.dumps(doc))
+    newer = Checkpoint(path, boot_id="b")
+    await newer.load()
+    assert newer.quarantined is None
+    assert newer.claims["uid-1"].state == "PrepareCompleted"
+    await newer.put("uid-2", record("PrepareStarted"))
+    rewritten = json.loads(path.read_text())
+    assert rewritten["futureTop"] == {"x": 1}
+    assert rewritten["schemaVersion"] == SCHEMA_VERSION + 1
+    assert rewritten["preparedClaims"]["uid-1"]["futureClaimField"] == [1, 2]
+    assert set(rewritten["preparedClaims"]) == {"uid-1", "uid-2"}
+
+
+async def test_a_reboot_wipes_prepared_state(root: Path) -> None:
+    path = root / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="before")
+    await cp.load()
+    await cp.put("uid-1", record())
+    after = Checkpoint(path, boot_id="after")
+    await after.load()
+    assert after.claims == {} and after.wiped_for_reboot == 1
+    assert json.loads(path.read_text())["nodeBootID"] == "after"
+
+
+async def test_a_legacy_file_without_boot_id_is_kept_and_stamped(root: Path) -> None:
+    path = root / "checkpoint.json"
+    path.write_text(json.dumps({"preparedClaims": {"u": {"state": "PrepareCompleted", "name": "c", "namespace": "ns"}}}))
+    cp = Checkpoint(path, boot_id="now")
+    await cp.load()
+    assert set(cp.claims) == {"u"}
+    assert json.loads(path.read_text())["nodeBootID"] == "now"
+
+
+async def test_a_corrupt_file_is_quarantined_and_start_continues(root: Path) -> None:
+    for garbage in (b'{"preparedClaims": {"u": {"state": "Halfway"}}}', b"\x00\x01not json", b"[1, 2]"):
+        path = root / "checkpoint.json"
+        path.write_bytes(garbage)
+        cp = Checkpoint(path, boot_id="b")
+        await cp.load()
+        assert cp.claims == {}
+        assert cp.quarantined is not None and cp.quarantined.read_bytes() == garbage
+        assert cp.corrupt_reason
+        assert json.loads(path.read_text())["preparedClaims"] == {}
+        cp.quarantined.unlink()
+
+
+async def test_reboot_through_the_service_wipes_and_the_device_is_free(claims: MemoryClaims, root: Path) -> None:
+    (root / "host" / "dev").mkdir(parents=True)
+    (root / "host" / "dev" / "nvidia0").touch()
+    claim = claims.add(claim_doc(name="pre-reboot", results=[("gpu", "gpu-0")]))
+    async with running_node(claims, root, dev_root=str(root / "host")) as node:
+        assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
+    (root / "boot_id").write_text("a-new-boot\n")
+    os.sync()
+    other = claims.add(claim_doc(name="post-reboot", results=[("gpu", "gpu-0")]))
+    async with running_node(claims, root, dev_root=str(root / "host")) as node:
+        assert node.service.checkpoint.claims == {}
+        assert (await node.plugin.prepare([other]))[other.uid].error == ""
+
+
+async def test_a_corrupt_checkpoint_is_reported(claims: MemoryClaims, root: Path) -> None:
+    from services.preparer.service import PreparerService
+    from tests.preparer.helpers import node_config
+
+    cfg = node_config(root)
+    cp_path = Path(cfg.plugins_dir) / "gpu.nvidia.com" / "checkpoint.json"
+    cp_path.parent.mkdir(parents=True)
+    cp_path.write_text("{broken")
+    reports: list[tuple[str, Path]] = []
+
+    async def report(reason: str, moved: Path) -> None:
+        reports.append((reason, moved))
+
+    async with PreparerService(cfg, claims, report_corrupt=report):
+        pass
+    [(reason, moved)] = reports
+    assert moved.read_text() == "{broken" and reason

@@ -1,0 +1,85 @@
+"""The `gpu-dra preparer` command line, the v1beta1 service, and the DRAResourceHealth stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from embedded.kubelet.client import register
+from services.discovery.testing import RunningDiscovery
+from services.preparer.config import ConfigError, parse
+from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
+from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
+from shared.bus import Bus
+from shared.events import catalog
+from shared.events.devices import InjectXidRequest
+from tests.preparer.helpers import MemoryClaims, claim_doc, running_node
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_settings_from_flags_and_env() -> None:
+    cfg = parse(["--node", "n7", "--cdi-dir", "/tmp/cdi"], env={"GPU_DRA_CLEANUP_INTERVAL": "30"})
+    assert (cfg.node, cfg.cdi_dir, cfg.cleanup_interval, cfg.driver) == ("n7", "/tmp/cdi", 30.0, "gpu.nvidia.com")
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--cleanup-interval", "soon"], {}, "--cleanup-interval"),
+    ([], {"GPU_DRA_CDI_ROOT": "/x"}, "unknown setting(s) GPU_DRA_CDI_ROOT"),
+    (["--plugins-dir", "relative/dir"], {}, "--plugins-dir must be an absolute path"),
+])
+def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse(argv, env=env)
+
+
+def test_the_command_exits_2_on_a_bad_setting_and_changes_nothing(root: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "shared.cli", "preparer", "--cleanup-interval", "-1",
+                          "--plugins-dir", str(root / "p")], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 2
+    assert "--cleanup-interval" in run.stderr
+    assert not (root / "p").exists()
+
+
+async def test_v1beta1_prepare_matches_v1(claims: MemoryClaims, root: Path) -> None:
+    (root / "host" / "dev").mkdir(parents=True)
+    (root / "host" / "dev" / "nvidia2").touch()
+    claim = claims.add(claim_doc(name="beta", results=[("gpu", "gpu-2")]))
+    async with running_node(claims, root, dev_root=str(root / "host")) as node:
+        beta = await register(node.service.registration_socket, known={"v1beta1.DRAPlugin": "v1beta1"})
+        try:
+            via_beta = (await beta.prepare([claim]))[claim.uid]
+        finally:
+            await beta.close()
+        via_v1 = (await node.plugin.prepare([claim]))[claim.uid]
+        assert via_beta == via_v1 and via_beta.devices[0].device == "gpu-2"
+        assert json.loads((node.cdi_dir / node.cdi_files()[0]).read_text())["devices"][0]["name"].endswith("gpu-2")
+
+
+async def test_health_stream_reports_every_device_and_follows_xids(claims: MemoryClaims, root: Path, bus: Bus,
+                                                                   discovery: RunningDiscovery) -> None:
+    async with running_node(claims, root, bus=bus) as node:
+        async with grpc.aio.insecure_channel(f"unix:{node.service.dra_socket}") as channel:
+            stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                health_pb2.NodeWatchResourcesRequest())
+            first = await stream.read()
+            assert {d.device.device_name for d in first.devices} == {f"gpu-{i}" for i in range(8)}
+            assert all(d.health == health_pb2.HEALTHY and d.device.pool_name == "n1" for d in first.devices)
+            reply = await bus.request(catalog.DEVICE_INJECT_XID, InjectXidRequest(gpu_uuid="gpu-4", xid=79), node="n1")
+            assert reply.ok, reply.error
+            async with asyncio.timeout(10):
+                while True:
+                    update = await stream.read()
+                    states = {d.device.device_name: d.health for d in update.devices}
+                    if states["gpu-4"] == health_pb2.UNHEALTHY:
+                        break
+            assert len(update.devices) == 8
+            assert states["gpu-3"] == health_pb2.HEALTHY
+            stream.cancel()

@@ -1,0 +1,121 @@
+"""kill -9 of a real `gpu-dra preparer` process between PrepareStarted and PrepareCompleted: the restarted
+process rolls the claim back and the device is free. Claims come from the embedded API server, devices
+from an in-process simulated discovery, over a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from embedded.apiserver.testing import running_apiserver
+from embedded.kubelet.client import register
+from services.discovery.testing import running_discovery
+from shared.bus import Bus
+from shared.events import catalog
+from shared.events.devices import MigCreateReply, MigCreateRequest
+from shared.natsserver import EmbeddedNats
+from tests.preparer.helpers import ApiClaims, claim_doc, node_config
+
+REPO = Path(__file__).resolve().parents[2]
+MIG = "gpu-1-mig-2g20gb-14-2"
+
+
+async def start_preparer(root: Path, kubeconfig: Path, nats_url: str, log_path: Path) -> asyncio.subprocess.Process:
+    cfg = node_config(root)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
+    log = open(log_path, "ab")  # noqa: ASYNC230, SIM115 - handed to the child
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "shared.cli", "preparer", "--node", "n1", "--registry-dir", cfg.registry_dir,
+            "--plugins-dir", cfg.plugins_dir, "--cdi-dir", cfg.cdi_dir, "--boot-id-path", cfg.boot_id_path,
+            "--kubeconfig", str(kubeconfig), "--nats-url", nats_url, "--cleanup-interval", "600",
+            cwd=REPO, env=env, stdout=log, stderr=log)
+    finally:
+        log.close()
+    return proc
+
+
+async def wait_for_socket(path: Path, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+    async with asyncio.timeout(30):
+        while not path.exists():
+            assert proc.returncode is None, log_path.read_text()[-3000:]
+            await asyncio.sleep(0.05)
+
+
+def checkpoint(root: Path) -> dict:
+    return json.loads((root / "plugins" / "gpu.nvidia.com" / "checkpoint.json").read_text())["preparedClaims"]
+
+
+async def test_kill_9_mid_prepare_then_restart_rolls_back_and_frees_the_device(root: Path,
+                                                                               nats_server: EmbeddedNats) -> None:
+    bus = await Bus.connect(nats_server.url, name="crash-test")
+    await bus.provision()
+    log_path = root / "preparer.log"
+    reg_socket = root / "reg" / "gpu.nvidia.com-reg.sock"
+    try:
+        async with running_apiserver(root / "api") as api, api.client() as client, \
+                running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim") as disc:
+            claims = ApiClaims(client)
+            claim = await claims.add(claim_doc(name="dyn", results=[("mig", MIG)]))
+
+            # Take over discovery's MIG-create subject: really create the device, then never answer.
+            real_sub = next(s for s in disc.service.bus._subs if s.subject == "dra.v1.device.n1.mig-create")
+            await real_sub.unsubscribe()
+            created = asyncio.Event()
+            hang = asyncio.Event()
+
+            async def create_then_hang(req: MigCreateRequest) -> MigCreateReply:
+                reply = await disc.service.ops.mig_create(req)
+                assert reply.ok, reply.error
+                created.set()
+                await hang.wait()
+                return reply
+
+            hijack = await bus.serve(catalog.DEVICE_MIG_CREATE, create_then_hang, node="n1")
+
+            proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
+            await wait_for_socket(reg_socket, proc, log_path)
+            plugin = await register(reg_socket)
+            prepare = asyncio.create_task(plugin.prepare([claim], timeout=30))
+            async with asyncio.timeout(20):
+                await created.wait()
+            assert checkpoint(root)[claim.uid]["state"] == "PrepareStarted"
+            assert [m.name for m in disc.inventory.gpus[1].mig_devices] == [MIG]
+            proc.send_signal(signal.SIGKILL)
+            assert await proc.wait() == -signal.SIGKILL
+            prepare.cancel()
+            await plugin.close()
+            hang.set()
+
+            # Discovery answers normally again; a new preparer process starts on the same node.
+            await hijack.unsubscribe()
+            await bus.serve(catalog.DEVICE_MIG_CREATE, disc.service.ops.mig_create, node="n1")
+            proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
+            try:
+                await wait_for_socket(reg_socket, proc, log_path)
+                try:
+                    async with asyncio.timeout(20):
+                        while claim.uid in checkpoint(root) or disc.inventory.gpus[1].mig_devices:
+                            await asyncio.sleep(0.05)
+                except TimeoutError:
+                    raise AssertionError(f"not rolled back: {log_path.read_text()[-4000:]}") from None
+                assert "partial prepare rolled back" in log_path.read_text()
+                # the device is free: the kubelet's retry prepares it from scratch
+                plugin = await register(reg_socket)
+                result = (await plugin.prepare([claim]))[claim.uid]
+                assert result.error == "", result.error
+                assert [m.name for m in disc.inventory.gpus[1].mig_devices] == [MIG]
+                assert await plugin.unprepare([claim]) == {claim.uid: ""}
+                assert disc.inventory.gpus[1].mig_devices == []
+                await plugin.close()
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                async with asyncio.timeout(15):
+                    await proc.wait()
+            assert not reg_socket.exists(), "clean shutdown removes the registration socket"
+    finally:
+        await bus.close()

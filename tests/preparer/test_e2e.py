@@ -1,0 +1,129 @@
+"""End to end in one process: claims in the embedded API server, the preparer on its real sockets, discovery
+over a real nats-server. Traces, NATS outages, concurrent calls and stale-claim cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from embedded.apiserver.testing import running_apiserver
+from embedded.kubelet.client import register
+from services.discovery.testing import RunningDiscovery
+from services.preparer.checkpoint import ClaimRecord, PreparedDevice
+from services.preparer.claims import KubeClaimSource
+from shared.bus import Bus
+from shared.events.claims import ClaimLifecycle
+from shared.natsserver import EmbeddedNats
+from shared.telemetry import setup_telemetry
+from tests.preparer.helpers import ApiClaims, claim_doc, gpu_config, running_node
+
+
+@pytest.fixture(scope="module")
+def spans() -> InMemorySpanExporter:
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = setup_telemetry("preparer-tests", "none")
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+async def test_one_trace_from_kubelet_through_discovery_to_checkpoint(
+        spans: InMemorySpanExporter, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    async with running_apiserver(root / "api") as api, api.client() as client:
+        claims = ApiClaims(client)
+        claim = await claims.add(claim_doc(name="traced", results=[("gpu", "gpu-0")], configs=[
+            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}})]))
+        async with running_node(KubeClaimSource(client), root, bus=bus) as node:
+            spans.clear()
+            result = (await node.plugin.prepare([claim]))[claim.uid]
+            assert result.error == ""
+            finished = spans.get_finished_spans()
+            client_span = next(s for s in finished if s.name == "kubelet NodePrepareResources")
+            in_trace = [s for s in finished if s.context.trace_id == client_span.context.trace_id]
+            by_name = {s.name: s for s in in_trace}
+            server = by_name["NodePrepareResources"]
+            assert server.kind == trace.SpanKind.SERVER
+            assert server.parent is not None and server.parent.span_id == client_span.context.span_id
+            for child in ("claim.get", "configs", "device.set-sharing", "cdi.write", "checkpoint.write"):
+                assert child in by_name, (child, sorted(by_name))
+            assert "serve device-set-sharing" in by_name  # discovery continued the same trace over NATS
+            assert by_name["claim.get"].parent.span_id == server.context.span_id
+            await node.plugin.unprepare([claim])
+
+
+async def test_plain_gpu_works_with_nats_down_and_events_follow_when_it_returns(
+        root: Path, nats_server: EmbeddedNats, discovery: RunningDiscovery) -> None:
+    bus = await Bus.connect(nats_server.url, name="preparer-under-test", reconnect_wait=0.1)
+    try:
+        async with running_apiserver(root / "api") as api, api.client() as client:
+            claims = ApiClaims(client)
+            claim = await claims.add(claim_doc(name="offline", results=[("gpu", "gpu-3")]))
+            async with running_node(KubeClaimSource(client), root, bus=bus) as node:
+                await node.service.events.drained()
+                await nats_server.stop()
+                result = (await node.plugin.prepare([claim]))[claim.uid]
+                assert result.error == "" and result.devices[0].device == "gpu-3"
+                assert [e.event for e in node.service.events.pending] == ["prepare-started", "prepared"]
+                await nats_server.start()
+                async with asyncio.timeout(30):
+                    await node.service.events.drained()
+                reader = await Bus.connect(nats_server.url, name="reader")
+                try:
+                    sub = await reader.js.subscribe("dra.v1.claim.default.n1.>", ordered_consumer=True)
+                    seen = []
+                    async with asyncio.timeout(10):
+                        while len(seen) < 2:
+                            msg = await sub.next_msg(timeout=5)
+                            seen.append(msgspec.json.decode(msg.data, type=ClaimLifecycle))
+                    assert [(e.event, e.claim_uid) for e in seen] == [("prepare-started", claim.uid),
+                                                                      ("prepared", claim.uid)]
+                    assert seen[1].devices[0].device == "gpu-3"
+                    assert msg.subject == "dra.v1.claim.default.n1.prepared"
+                finally:
+                    await reader.close()
+                assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
+    finally:
+        await bus.close()
+
+
+async def test_concurrent_calls_for_one_claim_are_serialised(root: Path) -> None:
+    async with running_apiserver(root / "api") as api, api.client() as client:
+        (root / "host" / "dev").mkdir(parents=True)
+        (root / "host" / "dev" / "nvidia0").touch()
+        claims = ApiClaims(client)
+        claim = await claims.add(claim_doc(name="twice", results=[("gpu", "gpu-0")]))
+        async with running_node(KubeClaimSource(client), root, dev_root=str(root / "host")) as node:
+            second = await register(node.service.registration_socket)
+            try:
+                a, b = await asyncio.gather(node.plugin.prepare([claim]), second.prepare([claim]))
+            finally:
+                await second.close()
+            assert a == b and a[claim.uid].error == ""
+            assert [e.event for e in node.service.events.pending] == ["prepare-started", "prepared"]
+
+
+async def test_stale_prepare_started_claims_are_rolled_back(root: Path) -> None:
+    async with running_apiserver(root / "api") as api, api.client() as client:
+        claims = ApiClaims(client)
+        live = await claims.add(claim_doc(name="live", results=[("gpu", "gpu-1")]))
+        gone = await claims.add(claim_doc(name="gone", results=[("gpu", "gpu-0")]))
+        moved = await claims.add(claim_doc(name="moved", results=[("gpu", "gpu-2")], node="n2"))
+        await claims.delete(gone)
+        async with running_node(KubeClaimSource(client), root) as node:
+            for ref, dev in ((live, "gpu-1"), (gone, "gpu-0"), (moved, "gpu-2")):
+                await node.service.checkpoint.put(ref.uid, ClaimRecord(
+                    state="PrepareStarted", name=ref.name, namespace=ref.namespace, started_at=time.time(),
+                    devices=[PreparedDevice(requests=["gpu"], pool="n1", device=dev)]))
+            assert await node.service.preparer.cleanup_stale() == 2
+            assert set(node.service.checkpoint.claims) == {live.uid}
+            rolled = [e for e in node.service.events.pending if e.event == "rolled-back"]
+            assert {e.claim_uid for e in rolled} == {gone.uid, moved.uid}

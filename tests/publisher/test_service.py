@@ -1,0 +1,223 @@
+"""The publisher end to end: real discovery (simulated NVML) -> real NATS -> publisher -> embedded API server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from embedded.apiserver.validation import validate_object
+from services.discovery.testing import running_discovery
+from services.publisher import kube, objects
+from services.publisher.testing import ensure_node, node_slices, running_publisher, until
+from shared.bus import Bus
+from shared.events import catalog
+from shared.events.devices import InjectXidRequest
+from shared.events.inventory import InventoryWithdrawn
+from shared.telemetry import memory_spans, setup_telemetry
+from tests.publisher.inventories import widened
+
+apiserver_testing = pytest.importorskip("embedded.apiserver.testing", reason="embedded API server not built yet")
+running_apiserver = apiserver_testing.running_apiserver
+
+setup_telemetry("tests", "memory")
+
+
+@pytest.fixture
+async def bus(nats_server):
+    bus = await Bus.connect(nats_server.url, name="test-publisher-harness")
+    await bus.provision()
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+@pytest.fixture
+async def api(tmp_path):
+    async with running_apiserver(tmp_path / "api") as server:
+        client = await kube.make_client(kubeconfig=str(server.kubeconfig_path))
+        try:
+            server.client_raw = client
+            yield server
+        finally:
+            await client.close()
+
+
+def taints(slices: list[dict]) -> dict[str, list[dict]]:
+    return {d["name"]: d["taints"] for s in slices for d in s["spec"].get("devices", []) if d.get("taints")}
+
+
+async def inject(bus: Bus, node: str, uuid: str, **what) -> None:
+    reply = await bus.request(catalog.DEVICE_INJECT_XID, InjectXidRequest(gpu_uuid=uuid, **what), node=node)
+    assert reply.ok, reply
+
+
+async def test_h100x8_slices_validate_and_a_noop_resync_writes_nothing(bus, api, nats_server, tmp_path):
+    client = api.client_raw
+    uid = await ensure_node(client, "n1")
+    # The publisher first, so the inventory reaches it as an event (whose trace the write continues).
+    async with running_publisher(nats_server.url, str(api.kubeconfig_path)) as pub:
+        async with running_discovery(bus, node="n1", simulate="h100x8", root=tmp_path / "sim"):
+            await until(pub, lambda: _has_slices(client, "n1", 1))
+            await until(pub, lambda: _has_slices(client, "n1", 1, driver="compute-domain.nvidia.com"))
+            [gpu_slice] = await node_slices(client, "n1")
+            assert validate_object("resource.k8s.io", "v1", "ResourceSlice", gpu_slice) == []
+            assert [d["name"] for d in gpu_slice["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
+            assert gpu_slice["spec"]["pool"]["resourceSliceCount"] == 1
+            assert gpu_slice["metadata"]["ownerReferences"][0]["uid"] == uid
+            writes = pub.stats.writes
+            assert writes == 2  # one GPU slice and one compute-domain slice
+            await pub.resync()
+            await pub.idle()
+            assert pub.stats.writes == writes  # the no-op resync wrote nothing
+            assert pub.syncs >= 2
+
+    spans = memory_spans()
+    sync = [s for s in spans if s.name == "publisher.sync-node" and s.attributes.get("publisher.writes")]
+    discovery_traces = {s.context.trace_id for s in spans if s.name == "discovery.publish-inventory"}
+    assert any(s.context.trace_id in discovery_traces for s in sync), "the write continues discovery's trace"
+    posts = [s for s in spans if s.name == "POST resourceslice"]
+    assert any(p.parent is not None and p.parent.span_id in {s.context.span_id for s in sync} for p in posts)
+
+
+async def _has_slices(client, node: str, count: int, driver: str = "gpu.nvidia.com") -> bool:
+    return len(await node_slices(client, node, driver)) == count
+
+
+async def test_xid_taints_survive_a_publisher_restart_and_recovery_clears_them(bus, api, nats_server, tmp_path):
+    client = api.client_raw
+    await ensure_node(client, "n1")
+    async with running_discovery(bus, node="n1", simulate="h100x8", root=tmp_path / "sim") as disc:
+        uuid = disc.inventory.gpus[2].uuid
+        async with running_publisher(nats_server.url, str(api.kubeconfig_path), taint_effect="NoExecute") as pub:
+            await until(pub, lambda: _has_slices(client, "n1", 1))
+            await inject(bus, "n1", uuid, xid=79)
+
+            async def tainted() -> bool:
+                return "gpu-2" in taints(await node_slices(client, "n1"))
+
+            await until(pub, tainted)
+            [taint] = taints(await node_slices(client, "n1"))["gpu-2"]
+            assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.nvidia.com/xid", "79", "NoExecute")
+            before = await node_slices(client, "n1")
+
+        async with running_publisher(nats_server.url, str(api.kubeconfig_path), taint_effect="NoExecute") as pub:
+            await pub.idle()
+            assert pub.stats.writes == 0  # the restarted publisher finds the taint already right (from KV)
+            assert await node_slices(client, "n1") == before
+            await inject(bus, "n1", uuid, recover=True)
+
+            async def clear() -> bool:
+                return taints(await node_slices(client, "n1")) == {}
+
+            await until(pub, clear)
+            [after] = await node_slices(client, "n1")
+            assert after["spec"]["pool"]["generation"] == before[0]["spec"]["pool"]["generation"] + 1
+
+
+async def test_slices_go_when_the_inventory_is_withdrawn_or_the_node_is_deleted(bus, api, nats_server, tmp_path):
+    client = api.client_raw
+    for node in ("n1", "n2"):
+        await ensure_node(client, node)
+    async with running_discovery(bus, node="n1", simulate="h100x2", root=tmp_path / "sim"), \
+            running_discovery(bus, node="n2", simulate="l40sx1", root=tmp_path / "sim"), \
+            running_publisher(nats_server.url, str(api.kubeconfig_path)) as pub:
+        await until(pub, lambda: _has_slices(client, "n1", 1))
+        await until(pub, lambda: _has_slices(client, "n2", 1))
+        await bus.publish(catalog.INVENTORY_WITHDRAWN, InventoryWithdrawn(node="n1", reason="drained"), node="n1")
+
+        async def n1_gone() -> bool:
+            return (await _has_slices(client, "n1", 0)
+                    and await _has_slices(client, "n1", 0, driver="compute-domain.nvidia.com"))
+
+        await until(pub, n1_gone)
+        await kube.request(client, "DELETE", "/api/v1/nodes/n2")
+        await until(pub, lambda: _has_slices(client, "n2", 0))
+
+
+async def test_a_129_device_node_is_published_as_two_slices(bus, api, nats_server, tmp_path):
+    client = api.client_raw
+    await ensure_node(client, "big")
+    async with running_discovery(bus, node="seed", simulate="h100x1", root=tmp_path / "sim") as disc:
+        big = widened(disc.inventory, 129, node="big")
+    async with running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False) as pub:
+        await (await bus.kv(catalog.INVENTORY_BUCKET)).put("big", big)
+        await bus.publish(catalog.INVENTORY, big, node="big")
+        await until(pub, lambda: _has_slices(client, "big", 2))
+        stored = await node_slices(client, "big")
+        assert [len(s["spec"]["devices"]) for s in stored] == [128, 1]
+        assert {s["spec"]["pool"]["resourceSliceCount"] for s in stored} == {2}
+        assert len({s["spec"]["pool"]["generation"] for s in stored}) == 1
+
+
+async def test_dynamic_mig_counters_only_layout_is_accepted(bus, api, nats_server, tmp_path):
+    client = api.client_raw
+    await ensure_node(client, "n1")
+    async with running_discovery(bus, node="n1", simulate="h100x2", root=tmp_path / "sim"), \
+            running_publisher(nats_server.url, str(api.kubeconfig_path), mig_mode="dynamic",
+                              counter_layout="counters-only-slice") as pub:
+        await until(pub, lambda: _has_slices(client, "n1", 3))
+        stored = await node_slices(client, "n1")
+        head = stored[0]["spec"]
+        assert [cs["name"] for cs in head["sharedCounters"]] == ["gpu-0-counter-set", "gpu-1-counter-set"]
+        assert "devices" not in head
+        names = {d["name"] for s in stored[1:] for d in s["spec"]["devices"]}
+        assert {"gpu-0", "gpu-1", "gpu-0-mig-1g10gb-19-0", "gpu-1-mig-7g80gb-0-0"} <= names
+
+
+async def test_conflicts_and_external_edits_are_read_again_and_repaired(bus, api, nats_server, tmp_path):
+    client = api.client_raw
+    await ensure_node(client, "n1")
+    async with running_discovery(bus, node="n1", simulate="h100x1", root=tmp_path / "sim"), \
+            running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False) as pub:
+        await until(pub, lambda: _has_slices(client, "n1", 1))
+        [stored] = await node_slices(client, "n1")
+        # Someone else edits the slice: the publisher's cached resourceVersion is now stale.
+        stored["spec"]["devices"][0]["attributes"]["productName"] = {"string": "tampered"}
+        stored["metadata"]["annotations"][objects.HASH_ANNOTATION] = "tampered"
+        path = f"/apis/resource.k8s.io/v1/resourceslices/{stored['metadata']['name']}"
+        await kube.request(client, "PUT", path, body=stored)
+        cached = pub.writer.store.pool("gpu.nvidia.com", "n1")[stored["metadata"]["name"]]
+        assert objects.HASH_ANNOTATION in cached.metadata.annotations
+        # Force a change so the publisher writes with its stale resourceVersion: 409, re-read, retry.
+        cached.metadata.annotations[objects.HASH_ANNOTATION] = "stale-cache"
+        stats = await asyncio.wait_for(pub.sync_node("n1"), 20)
+        assert stats.conflicts == 1 and stats.updates == 1
+        [repaired] = await node_slices(client, "n1")
+        assert repaired["spec"]["devices"][0]["attributes"]["productName"] != {"string": "tampered"}
+        assert repaired["spec"]["pool"]["generation"] == stored["spec"]["pool"]["generation"] + 1
+
+
+async def test_a_crashed_replica_hands_its_nodes_over(bus, api, nats_server, tmp_path):
+    client = api.client_raw
+    nodes = [f"n{i}" for i in range(6)]
+    for node in nodes:
+        await ensure_node(client, node)
+    async with running_discovery(bus, node="seed", simulate="h100x1", root=tmp_path / "sim") as disc:
+        seed = disc.inventory
+    kv = await bus.kv(catalog.INVENTORY_BUCKET)
+    for node in nodes:
+        await kv.put(node, msgspec.structs.replace(seed, node=node))
+    url, kubeconfig = nats_server.url, str(api.kubeconfig_path)
+    async with running_publisher(url, kubeconfig, replica_id="a", compute_domains=False) as a:
+        async with running_publisher(url, kubeconfig, replica_id="b", compute_domains=False,
+                                     clean_stop=False) as b:
+            await a.membership.wait_for({"a", "b"})
+            await b.membership.wait_for({"a", "b"})
+            for node in nodes:
+                await until(a, lambda node=node: _has_slices(client, node, 1))
+            b_nodes = [n for n in nodes if b.membership.owns(n)]
+            assert b_nodes and not any(a.membership.owns(n) for n in b_nodes)
+        # b died without a word; once its lease runs out, a owns b's nodes and publishes their changes.
+        await a.membership.wait_for({"a"})
+        changed = msgspec.structs.replace(seed, node=b_nodes[0], gpus=seed.gpus * 0)
+        await kv.put(b_nodes[0], changed)
+        await bus.publish(catalog.INVENTORY, changed, node=b_nodes[0])
+
+        async def emptied() -> bool:
+            stored = await node_slices(client, b_nodes[0])
+            return len(stored) == 1 and not stored[0]["spec"].get("devices")
+
+        await until(a, emptied)
