@@ -133,7 +133,26 @@ def _secret(obj: dict[str, Any]) -> None:
         obj["data"] = data
 
 
+def _deployment(obj: dict[str, Any]) -> None:
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("replicas", 1)
+    spec.setdefault("strategy", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}})
+    spec.setdefault("revisionHistoryLimit", 10)
+    spec.setdefault("progressDeadlineSeconds", 600)
+
+
+def _job(obj: dict[str, Any]) -> None:
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("completions", 1)
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+
+
 _CREATE = {
+    ("apps", "deployments"): _deployment,
+    ("batch", "jobs"): _job,
     ("", "secrets"): _secret,
     ("", "pods"): _pod,
     ("", "namespaces"): _namespace,

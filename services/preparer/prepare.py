@@ -251,9 +251,9 @@ class Preparer:
                 record.mps_daemon_id = daemon
                 await self.checkpoint.put(ref.uid, record)
                 with tracer.start_as_current_span("device.mps-start"):
-                    reply = await self.ops.mps_start(daemon, gpu_uuids,
-                                                     mps.defaultActiveThreadPercentage if mps else None, limits)
-                env, mounts = mps_edits(reply.pipe_dir, reply.shm_dir)
+                    started = await self.ops.mps_start(daemon, gpu_uuids,
+                                                       mps.defaultActiveThreadPercentage if mps else None, limits)
+                env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
                 for i in group.results:
                     cdi_devices[i].env += env
                     cdi_devices[i].mounts += mounts

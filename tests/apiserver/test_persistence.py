@@ -117,3 +117,19 @@ async def test_bad_flag_is_a_clear_error() -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert b"port" in err
+
+
+def test_thread_variant_serves_synchronous_callers(tmp_path: Path) -> None:
+    import json as _json
+    import ssl
+    import urllib.request
+
+    from embedded.apiserver.testing import running_apiserver_thread
+
+    with running_apiserver_thread(tmp_path) as api:
+        ctx = ssl.create_default_context(cadata=api.server.ca_pem.decode())
+        req = urllib.request.Request(f"{api.url}/api/v1/namespaces", headers={"Authorization": f"Bearer {api.token}"})
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:  # verifies the served certificate
+            names = [i["metadata"]["name"] for i in _json.load(resp)["items"]]
+        assert "default" in names
+        assert yaml.safe_load(api.kubeconfig_path.read_text())["clusters"][0]["cluster"]["server"] == api.url

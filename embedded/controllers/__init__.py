@@ -1,0 +1,1 @@
+"""Workload controllers for the local cluster: Deployment -> ReplicaSet -> Pods, Job -> Pods."""

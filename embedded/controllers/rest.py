@@ -1,0 +1,194 @@
+"""Plain-JSON access to the Kubernetes API over one kubernetes-asyncio ApiClient.
+
+Owns paths, status codes and watch streams; objects stay dicts (no model round trips, nothing
+dropped). Errors become ApiError with the server's reason and message; a 410 (HTTP or a watch
+ERROR event) becomes Gone so that informers know to re-list.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One API resource: where it lives and how it is addressed."""
+
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if subresource:
+            base += f"/{subresource}"
+        return base
+
+
+PODS = Resource("", "v1", "pods", "Pod")
+REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet")
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
+JOBS = Resource("batch", "v1", "jobs", "Job")
+
+
+class ApiError(RuntimeError):
+    """The API server refused a request; `status` and `reason` as it sent them."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+class Gone(ApiError):
+    """The resourceVersion asked for is older than the server keeps: re-list."""
+
+
+def _error(status: int, body: Any) -> ApiError:
+    if isinstance(body, dict) and body.get("kind") == "Status":
+        reason, message = str(body.get("reason") or ""), str(body.get("message") or "")
+    else:
+        reason, message = "", str(body)[:500]
+    cls = Gone if status == 410 else ApiError
+    return cls(status, reason or "Error", message)
+
+
+class Kube:
+    """The few verbs controllers need, on dicts."""
+
+    def __init__(self, api_client: ApiClient, request_timeout: float = 30.0) -> None:
+        self.api_client = api_client
+        self.request_timeout = request_timeout
+
+    async def _call(self, method: str, path: str, query: list[tuple[str, Any]] | None = None,
+                    body: Any = None, content_type: str = JSON, timeout: float | None = None) -> Any:
+        headers = {"Accept": JSON}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        resp = await self.api_client.call_api(
+            path, method, {}, query or [], headers, body=body, auth_settings=["BearerToken"],
+            _preload_content=False, _request_timeout=timeout or self.request_timeout)
+        try:
+            text = await resp.text()
+        finally:
+            resp.release()
+        try:
+            data = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            data = text
+        if resp.status >= 400:
+            raise _error(resp.status, data)
+        return data
+
+    async def list(self, res: Resource, namespace: str | None = None, label_selector: str | None = None,
+                   page_size: int = 500) -> tuple[list[dict[str, Any]], str]:
+        """Every object (following `continue`), and the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query: list[tuple[str, Any]] = [("limit", page_size)]
+            if label_selector:
+                query.append(("labelSelector", label_selector))
+            if token:
+                query.append(("continue", token))
+            data = await self._call("GET", res.path(namespace), query)
+            items.extend(data.get("items") or [])
+            meta = data.get("metadata") or {}
+            token = meta.get("continue") or ""
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    async def watch(self, res: Resource, resource_version: str, timeout_s: int = 300,
+                    bookmarks: bool = True) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(type, object) events from `resource_version` until the server ends the stream."""
+        query: list[tuple[str, Any]] = [("watch", "true"), ("resourceVersion", resource_version),
+                                        ("timeoutSeconds", timeout_s)]
+        if bookmarks:
+            query.append(("allowWatchBookmarks", "true"))
+        resp = await self.api_client.call_api(
+            res.path(), "GET", {}, query, {"Accept": JSON}, auth_settings=["BearerToken"],
+            _preload_content=False, _request_timeout=(self.request_timeout, timeout_s + 30))
+        try:
+            if resp.status >= 400:
+                text = await resp.text()
+                try:
+                    raise _error(resp.status, json.loads(text))
+                except json.JSONDecodeError:
+                    raise _error(resp.status, text) from None
+            while True:
+                line = await resp.content.readline()
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type", ""), event.get("object") or {}
+                if kind == "ERROR":
+                    raise _error(int(obj.get("code") or 500), obj)
+                yield kind, obj
+        finally:
+            resp.close()
+
+    async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+        data: dict[str, Any] = await self._call("GET", res.path(namespace, name))
+        return data
+
+    async def create(self, res: Resource, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        data: dict[str, Any] = await self._call("POST", res.path(namespace), body=body)
+        return data
+
+    async def replace(self, res: Resource, obj: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
+        """PUT with the object's resourceVersion: a 409 means someone else wrote first."""
+        md = obj["metadata"]
+        data: dict[str, Any] = await self._call("PUT", res.path(md.get("namespace"), md["name"], subresource),
+                                                body=obj)
+        return data
+
+    async def patch(self, res: Resource, namespace: str | None, name: str, patch: dict[str, Any],
+                    subresource: str | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = await self._call("PATCH", res.path(namespace, name, subresource), body=patch,
+                                                content_type=MERGE_PATCH)
+        return data
+
+    async def delete(self, res: Resource, namespace: str | None, name: str, uid: str | None = None,
+                     propagation: str | None = None) -> None:
+        """Delete (with a uid precondition when given); an object already gone is not an error."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if propagation:
+            body["propagationPolicy"] = propagation
+        try:
+            await self._call("DELETE", res.path(namespace, name), body=body)
+        except ApiError as exc:
+            if exc.not_found:
+                return
+            raise
