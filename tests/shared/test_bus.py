@@ -67,9 +67,11 @@ async def test_event_crosses_processes_with_trace_and_dead_letter(nats_server: E
     assert await asyncio.wait_for(proc.wait(), timeout=20) == 0
     spans = [json.loads(x) for x in trace_file.read_text().splitlines()]
     consumer_span = next(s for s in spans if s["attributes"].get("messaging.destination.name") == "dra.v1.inventory.n1")
+    assert consumer_span["trace_id"] == f"{root_trace:032x}"
     producer_span = next(
         s for s in memory_spans()
         if s.name == "publish inventory" and s.attributes.get("messaging.destination.name") == "dra.v1.inventory.n1"
+        and s.context.trace_id == root_trace  # other tests in this process publish on the same subject
     )
     assert consumer_span["trace_id"] == f"{producer_span.context.trace_id:032x}"
     assert consumer_span["parent_span_id"] == f"{producer_span.context.span_id:016x}"
