@@ -10,6 +10,7 @@ import functools
 from typing import Any
 
 from embedded.apiserver import _schemas_errors as fe
+from embedded.apiserver._schemas_check import json_type
 
 _REASONS = {"FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate"}
 _ABSENT = object()
@@ -28,20 +29,6 @@ def _program(rule: str) -> Any:
         text = str(exc)
         marker = text.find("ERROR:")
         return text[marker:] if marker >= 0 else text
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object" if isinstance(value, dict) else "null"
 
 
 def check_rules(schema: dict[str, Any], value: Any, old: Any, path: str, errors: list[fe.FieldError]) -> None:
@@ -100,14 +87,14 @@ def _apply(rule: dict[str, Any], value: Any, old: Any, path: str, errors: list[f
     try:
         result = program.execute(context)
     except Exception as exc:  # a runtime error (no such key, bad types) fails the rule, as upstream
-        errors.append(fe.invalid(where, _json_type(value), f"{exc} evaluating rule: {text}"))
+        errors.append(fe.invalid(where, json_type(value), f"{exc} evaluating rule: {text}"))
         return
     if result is True:
         return
     message = rule.get("message") or f"failed rule: {text}"
     reason = str(rule["reason"]) if rule.get("reason") in _REASONS else fe.INVALID
     if reason == fe.INVALID:
-        errors.append(fe.invalid(where, _json_type(value), message))
+        errors.append(fe.invalid(where, json_type(value), message))
     else:
         errors.append(fe.FieldError(reason, where, message))
 

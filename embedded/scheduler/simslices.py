@@ -12,8 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from services.discovery.config import DiscoveryConfig
-from services.discovery.service import Scanner, open_nvml
+from services.discovery.testing import scan_simulated
 from services.publisher import objects, slices
 from services.publisher.apiversion import ServerProfile, layout_for
 from shared.events.health import DeviceHealth
@@ -24,15 +23,7 @@ async def simulated_inventory(node: str, simulate: str = "h100x8", machine: str 
                               root: Path | str | None = None) -> NodeInventory:
     """Scan a simulated machine once (its fake /dev tree lives under `root`, a temp dir by default)."""
     base = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="gpu-dra-sched-"))
-    dev = base / node
-    cfg = DiscoveryConfig(node=node, simulate="" if machine else simulate, machine=machine, dev_root=str(dev),
-                          state_dir=str(dev / "state"), sys_root=str(dev), mps_root=str(dev / "mps")).resolved()
-    nvml = open_nvml(cfg)
-    await nvml.start()
-    try:
-        return await Scanner(cfg, nvml).scan()
-    finally:
-        await nvml.close()
+    return await scan_simulated(base, node, simulate, machine)
 
 
 def node_slices(inv: NodeInventory, *, mig_mode: Literal["static", "dynamic"] = "static", minor: int = 34,

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from services.discovery.config import DiscoveryConfig
-from services.discovery.service import DiscoveryService, open_nvml
+from services.discovery.service import DiscoveryService, Scanner, open_nvml
 from shared.bus import Bus
 from shared.events.inventory import NodeInventory
 
@@ -67,4 +67,21 @@ async def running_discovery(
         stopping.set()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await nvml.close()
+
+
+async def scan_simulated(root: Path | str, node: str = "n1", simulate: str = "h100x8",
+                         machine: str = "") -> NodeInventory:
+    """Scan a simulated machine once, without a bus: what `gpu-dra discovery --once` prints.
+
+    The fake `/dev` tree and simulated NVML state live under `root/<node>`.
+    """
+    dev = Path(root) / node
+    cfg = DiscoveryConfig(node=node, simulate="" if machine else simulate, machine=machine,
+                          dev_root=str(dev)).resolved()
+    nvml = open_nvml(cfg)
+    await nvml.start()
+    try:
+        return await Scanner(cfg, nvml).scan()
+    finally:
         await nvml.close()

@@ -9,8 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.discovery.config import DiscoveryConfig
-from services.discovery.service import Scanner, open_nvml
+from services.discovery.testing import scan_simulated
 from shared import devicemodel
 from shared.events.inventory import NodeInventory
 
@@ -25,13 +24,7 @@ SEMVER = r"^\d+\.\d+\.\d+$"
 
 
 async def scan(tmp_path: Path, spec: str, node: str = "n1") -> NodeInventory:
-    cfg = DiscoveryConfig(node=node, simulate=spec, dev_root=str(tmp_path / node)).resolved()
-    nvml = open_nvml(cfg)
-    await nvml.start()
-    try:
-        return await Scanner(cfg, nvml).scan()
-    finally:
-        await nvml.close()
+    return await scan_simulated(tmp_path, node, spec)
 
 
 def once(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -123,13 +116,7 @@ async def test_static_mig_devices_replace_the_full_gpu(tmp_path):
         "- profile: a100-40gb\n  mig_enabled: true\n  mig_devices:\n"
         "  - {profile: 3g.20gb, placement: 0}\n  - {profile: 1g.5gb, placement: 4}\n"
         "- profile: t4\n")
-    cfg = DiscoveryConfig(node="n1", machine=str(machine), dev_root=str(tmp_path / "n1")).resolved()
-    nvml = open_nvml(cfg)
-    await nvml.start()
-    try:
-        inv = await Scanner(cfg, nvml).scan()
-    finally:
-        await nvml.close()
+    inv = await scan_simulated(tmp_path, "n1", machine=str(machine))
     a100, t4 = inv.gpus
     assert not t4.mig_capable and t4.mig_profiles == []
     devices = devicemodel.default_mode_devices(a100, inv)

@@ -7,27 +7,18 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from services.discovery import config as discovery_config
-from services.discovery.service import Scanner, open_nvml
+from services.discovery.testing import scan_simulated
 from shared.events.inventory import Gpu, NodeInventory
 
 
 async def scan(tmp_path: Path, node: str, *, simulate: str = "", machine: dict | None = None) -> NodeInventory:
     """The inventory `gpu-dra discovery --once` would print for this simulated machine."""
-    argv = ["--node", node, "--dev-root", str(tmp_path / "dev" / node)]
+    machine_file = ""
     if machine is not None:
         path = tmp_path / f"{node}-machine.yaml"
         path.write_text(yaml.safe_dump(machine))
-        argv += ["--machine", str(path)]
-    else:
-        argv += ["--simulate", simulate]
-    cfg = discovery_config.parse(argv)
-    nvml = open_nvml(cfg)
-    await nvml.start()
-    try:
-        return await Scanner(cfg, nvml).scan()
-    finally:
-        await nvml.close()
+        machine_file = str(path)
+    return await scan_simulated(tmp_path / "dev", node, simulate, machine_file)
 
 
 STATIC_MIG_MACHINE = {
