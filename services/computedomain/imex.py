@@ -76,6 +76,7 @@ class ImexSupervisor:
         self.ready = False
         self.restarts = 0
         self.reloads = 0  # signals sent
+        self._reload_waiters: list[asyncio.Future[None]] = []
         self.reloads_done = 0  # reloads the daemon reported (`IMEX-SIM RELOAD <n>`), this incarnation
         self._reported = asyncio.Condition()
         self._accepting = False  # the daemon has spoken: its signal handlers are installed
@@ -98,11 +99,22 @@ class ImexSupervisor:
         if proc is None or proc.returncode is not None:
             return
         self.reloads += 1
+        for waiter in self._reload_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._reload_waiters.clear()
         if not self._accepting:
             self._pending_reload = True
             return
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(self.reload_signal)
+
+    async def wait_signalled(self, count: int) -> None:
+        """Until more than `count` reload signals have been sent in all (see `reloads`)."""
+        while self.reloads <= count:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._reload_waiters.append(waiter)
+            await waiter
 
     async def wait_reloaded(self, count: int) -> None:
         """Until the daemon has reported `count` reloads (the simulated daemon reports them)."""

@@ -102,7 +102,8 @@ async def test_killed_daemon_is_restarted_and_its_peers_are_told(bus, tmp_path):
         os.kill(victim.pid, signal.SIGKILL)
         await asyncio.wait_for(watcher, 10)
         assert victim.restarts == 1
-        assert peer.reloads > reloads_before  # the peer's daemon was signalled to redial
+        # the peer's agent sees the same Ready and signals its daemon to redial
+        await asyncio.wait_for(peer.wait_signalled(reloads_before), 10)
         # a new claim on the restarted node is served at once
         again = await nodes[1].channels.prepare(claim("k1b", "cd-k"))
         assert again.index == first[1].index  # the restart kept the node's DNS index
