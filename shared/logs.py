@@ -11,6 +11,7 @@ from typing import Any
 from opentelemetry import trace
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_FIELDS = "structured_fields"  # the record attribute that holds a StructuredLogger call's keyword fields
 
 
 class _Formatter(logging.Formatter):
@@ -32,8 +33,9 @@ class _Formatter(logging.Formatter):
             fields["trace_id"] = format(span.trace_id, "032x")
             fields["span_id"] = format(span.span_id, "016x")
         for key, value in record.__dict__.items():
-            if key not in _RESERVED and not key.startswith("_"):
-                fields[key] = value
+            if key not in _RESERVED and key != _FIELDS and not key.startswith("_"):
+                fields[key] = value  # `extra=` of other libraries' calls
+        fields.update(getattr(record, _FIELDS, None) or {})
         if record.exc_info:
             fields["error"] = self.formatException(record.exc_info)
         if self._json:
@@ -47,8 +49,9 @@ class StructuredLogger(logging.LoggerAdapter[logging.Logger]):
     """`log.info("msg", key=value, ...)`: keyword arguments become structured fields."""
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("exc_info", "stack_info", "stacklevel")}
-        kwargs["extra"] = extra
+        # kept apart from the record's own attributes, so any name works (`process=`, `name=`, ...)
+        fields = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("exc_info", "stack_info", "stacklevel")}
+        kwargs["extra"] = {_FIELDS: fields}
         return msg, kwargs
 
 
