@@ -18,7 +18,7 @@ log = get_logger(__name__)
 
 
 class NodeMeta(msgspec.Struct):
-    name: str
+    name: str = ""  # a BOOKMARK's object carries only its resourceVersion
     uid: str = ""
     resourceVersion: str = ""  # noqa: N815
 
