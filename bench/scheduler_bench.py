@@ -2,34 +2,121 @@
 
 Figures: building the slice index, first-fit allocation (cold: device CEL environments built; warm:
 reused), a filter pass over every node (as kube-scheduler's Filter), and warm CEL cost per evaluation.
+Through the loop: 100 single-GPU pods (one template each) against the in-process API server, 4
+simulated 16-GPU H100 nodes (16 is the most a node may simulate, so 100 pods do not fit at once: two
+waves of 50, each created in a burst, bound, then deleted and its claims freed), the Scheduler as a
+task; "pod created -> bound" latency per pod (create call start -> a pods watch sees
+spec.nodeName), p50/p99 over the 100 pods, median of 3 runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from embedded.apiserver.testing import running_apiserver
+from embedded.kubeapi import DEVICECLASSES, PODS, RESOURCECLAIMTEMPLATES, RESOURCESLICES, Kube
+from embedded.kubeapi import NODES as NODE_RESOURCE
 from embedded.scheduler.allocator import AllocatedState, schedule
 from embedded.scheduler.cel import DeviceEnv, compile_selector
+from embedded.scheduler.loop import Scheduler
 from embedded.scheduler.pools import SliceIndex
 from embedded.scheduler.simslices import node_slices, renamed, simulated_inventory
 from shared.deviceclasses import device_classes
 
 NODES = 1000
+LOOP_PODS = 100
+LOOP_NODES = 4
+LOOP_WAVE = 50
+LOOP_GPUS = "h100x16"
 
 
-def _claim(i: int) -> dict:
+def _claim(i: int) -> dict[str, Any]:
     sel = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"
     return {"metadata": {"namespace": "bench", "name": f"c{i}"}, "spec": {"devices": {"requests": [
         {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": sel}}]}}]}}}
 
 
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def loop_latency(inv: Any) -> dict[str, float]:
+    """One run of 100 pods through the scheduler loop; latencies in ms."""
+    base = node_slices(inv)
+    with tempfile.TemporaryDirectory(prefix="gpu-dra-sched-bench-") as tmp:
+        async with running_apiserver(Path(tmp)) as api, api.client() as client:
+            kube = Kube(client)
+            for cls in device_classes("v1"):
+                await kube.create(DEVICECLASSES, None, cls)
+            for i in range(LOOP_NODES):
+                name = f"node-{i}"
+                await kube.create(NODE_RESOURCE, None, {"metadata": {"name": name}, "status": {"conditions": [
+                    {"type": "Ready", "status": "True"}]}})
+                for s in renamed(base, inv.node, name):
+                    s["metadata"].pop("ownerReferences", None)
+                    await kube.create(RESOURCESLICES, None, s)
+            await kube.create(RESOURCECLAIMTEMPLATES, "default", {
+                "metadata": {"name": "one-gpu", "namespace": "default"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": "gpu.nvidia.com"}}]}}}})
+            stopping = asyncio.Event()
+            scheduler = Scheduler(client)
+            task = asyncio.create_task(scheduler.run(stopping))
+            await scheduler.ready.wait()
+            _, rv = await kube.list(PODS, "default")
+            created: dict[str, float] = {}
+            bound: dict[str, float] = {}
+            wave_bound = asyncio.Event()
+
+            async def watch() -> None:
+                async for kind, pod in kube.watch(PODS, rv, timeout_s=120):
+                    if kind == "BOOKMARK":
+                        continue
+                    name = pod["metadata"]["name"]
+                    if pod["spec"].get("nodeName") and name not in bound:
+                        bound[name] = time.perf_counter()
+                        if len(bound) % LOOP_WAVE == 0:
+                            wave_bound.set()
+
+            watcher = asyncio.create_task(watch())
+            start = time.perf_counter()
+            for wave in range(LOOP_PODS // LOOP_WAVE):
+                wave_bound.clear()
+                names = [f"p{wave * LOOP_WAVE + i:03d}" for i in range(LOOP_WAVE)]
+                for name in names:
+                    created[name] = time.perf_counter()
+                    await kube.create(PODS, "default", {"metadata": {"name": name}, "spec": {
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}})
+                await asyncio.wait_for(wave_bound.wait(), 120)
+                for name in names:
+                    await kube.delete(PODS, "default", name)
+                while scheduler.state.allocated.devices:  # the generated claims are garbage-collected
+                    await asyncio.sleep(0.01)
+            total = time.perf_counter() - start
+            stopping.set()
+            await task
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            latencies = [(bound[n] - created[n]) * 1e3 for n in created]
+            return {"p50": _percentile(latencies, 0.5), "p99": _percentile(latencies, 0.99), "total": total}
+
+
 def main() -> int:
     inv = asyncio.run(simulated_inventory("node-0000", "h100x8"))
     base = node_slices(inv)
+    big = asyncio.run(simulated_inventory("big-node", LOOP_GPUS))
+    loop_runs = [asyncio.run(loop_latency(big)) for _ in range(3)]
     nodes = [f"node-{i:04d}" for i in range(NODES)]
     slices = [s for n in nodes for s in renamed(base, "node-0000", n)]
     classes = device_classes()
@@ -64,6 +151,10 @@ def main() -> int:
         "one_claim_all_nodes_filtered_warm_ms_median": round(statistics.median(warm), 1),
         "one_claim_first_node_fits_ms": round(first_fit_ms, 2),
         "cel_evaluation_warm_us": round(cel_us, 2),
+        "loop_pods": LOOP_PODS, "loop_nodes": LOOP_NODES, "loop_gpus_per_node": 16, "loop_wave": LOOP_WAVE,
+        "loop_pod_created_to_bound_p50_ms_median": round(statistics.median(r["p50"] for r in loop_runs), 1),
+        "loop_pod_created_to_bound_p99_ms_median": round(statistics.median(r["p99"] for r in loop_runs), 1),
+        "loop_all_pods_bound_s_median": round(statistics.median(r["total"] for r in loop_runs), 2),
     }
     for k, v in figures.items():
         print(f"{k:45} {v}")

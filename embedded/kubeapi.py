@@ -173,6 +173,12 @@ class Kube:
         data: dict[str, Any] = await self._call("POST", res.path(namespace), body=body)
         return data
 
+    async def create_subresource(self, res: Resource, namespace: str | None, name: str, subresource: str,
+                                 body: dict[str, Any]) -> dict[str, Any]:
+        """POST to a subresource (pods/binding, pods/eviction)."""
+        data: dict[str, Any] = await self._call("POST", res.path(namespace, name, subresource), body=body)
+        return data
+
     async def replace(self, res: Resource, obj: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
         """PUT with the object's resourceVersion: a 409 means someone else wrote first."""
         md = obj["metadata"]

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "controllers": ("embedded.controllers.cli", "Deployment, ReplicaSet and Job controllers of the local cluster"),
     "up": ("embedded.cluster.up", "a local GPU cluster: NATS, API server, simulated nodes"),
     "demo": ("embedded.cluster.demo", "run sample workloads on a local cluster and show the result"),
+    "pipeline-demo": ("embedded.cluster.pipeline_demo", "inventory -> NATS -> ResourceSlices in one process, traced"),
     "explain": ("embedded.cluster.explain", "why a pod or claim is (not) allocated"),
     "events": ("shared.events.cli", "the event catalog: list subjects, export JSON Schemas"),
     "nats": ("shared.natsserver_cli", "run an embedded nats-server with JetStream"),

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
-OPEN_PATHS = {"/healthz", "/livez", "/readyz", "/version"}
+OPEN_PATHS = {"/healthz", "/livez", "/readyz", "/version", "/version/"}
 
 
 def _truthy(value: str | None) -> bool:
@@ -75,6 +75,7 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_get("/livez", handlers.ok)
     app.router.add_get("/readyz", handlers.ok)
     app.router.add_get("/version", handlers.version)
+    app.router.add_get("/version/", handlers.version)  # kubernetes clients ask with the slash
     app.router.add_get("/openapi/v2", handlers.openapi_v2)
     app.router.add_get("/openapi/v3", handlers.openapi_v3_index)
     app.router.add_get("/openapi/v3/{path:.*}", handlers.openapi_v3)

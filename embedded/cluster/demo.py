@@ -1,111 +1,187 @@
-"""`gpu-dra demo`: the main job on embedded defaults.
+"""`gpu-dra demo` (what `make run` runs): sample workloads on a full local cluster, shown and torn down.
 
-Runs the inventory pipeline for real on one machine: an embedded nats-server with JetStream, the
-embedded API server, discovery on a simulated node (8x H100 plus a MIG-partitioned A100), and the
-publisher; shows the ResourceSlices that come out (devices, UUIDs, capacities), then injects an
-XID and shows the device taint appear and clear, and prints the trace of the inventory change as
-a waterfall across the services. Tears everything down and exits 0.
-
-The full workload demo (pods and claims through the scheduler and the kubelet emulator) lives in
-`embedded/cluster/workloads_demo.py` and is not wired up yet.
+Brings up a local cluster (two simulated nodes with H100s and a MIG-partitioned A100), applies the
+sample workloads in `examples/workloads/`, waits for their pods, prints what every container got
+(devices, UUIDs, sharing) and a waterfall of one claim-preparation trace, then tears it all down.
+Exit code 0 only when every sample pod ran.
 """
 
 from __future__ import annotations
 
 import asyncio
-import tempfile
+import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from embedded.apiserver.testing import running_apiserver
-from embedded.cluster.waterfall import render, traces_with
-from services.discovery.testing import running_discovery
-from services.publisher.testing import ensure_node, node_slices, running_publisher, until
-from shared.bus import Bus
-from shared.events import catalog
-from shared.events.devices import InjectXidRequest
-from shared.logs import setup_logging
-from shared.natsserver import EmbeddedNats
-from shared.telemetry import memory_spans, setup_telemetry, span_to_dict
+from kubernetes_asyncio import client
 
-NODE = "gpu-node-0"
-MACHINE = """\
+from embedded.cluster.apply import Applier, load_documents
+from embedded.cluster.local import ClusterConfig, LocalCluster
+from embedded.cluster.processes import ProcessFailed
+from embedded.cluster.waterfall import read_spans, render, traces_with
+from embedded.nodeagent.pods import EDITS_ANNOTATION
+from shared.config import ConfigError, load_config
+from shared.logs import setup_logging
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
+DEMO_MACHINE = """\
 gpus:
 - profile: h100
-  count: 8
+  count: 4
 - profile: a100-40gb
   mig_enabled: true
   mig_devices:
   - {profile: 3g.20gb, placement: 0}
-  - {profile: 1g.5gb, placement: 4}
+  - {profile: 2g.10gb, placement: 4}
+  - {profile: 1g.5gb, placement: 6}
 """
 
 
-def _devices(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [d for s in slices for d in s["spec"].get("devices") or []]
+class DemoConfig(ClusterConfig, kw_only=True, forbid_unknown_fields=True):
+    workloads: str = ""  # a folder of manifests (default: examples/workloads)
+    wait_timeout: float = 120.0
 
 
-def _print_devices(slices: list[dict[str, Any]]) -> None:
-    print(f"  {'DEVICE':<24} {'TYPE':<5} {'PRODUCT':<24} {'MEMORY':<8} {'NUMA':<5} UUID")
-    for d in _devices(slices):
-        a = d.get("attributes") or {}
-        mem = ((d.get("capacity") or {}).get("memory") or {}).get("value", "")
-        print(f"  {d['name']:<24} {a['type']['string']:<5} {a['productName']['string'][:24]:<24} {mem:<8} "
-              f"{a.get('numaNode', {}).get('int', ''):<5} {a.get('uuid', {}).get('string', '')}")
+async def _pods(api: client.ApiClient, namespaces: set[str]) -> list[dict[str, Any]]:
+    listed = await client.CoreV1Api(api).list_pod_for_all_namespaces()
+    pods = api.sanitize_for_serialization(listed).get("items") or []
+    return [p for p in pods if p["metadata"]["namespace"] in namespaces]
 
 
-async def _demo(work: Path) -> int:
-    machine = work / "machine.yaml"
-    machine.write_text(MACHINE)
-    async with EmbeddedNats(store_dir=work / "nats") as nats_srv, running_apiserver(work) as api:
-        print(f"embedded nats-server (JetStream)  {nats_srv.url}")
-        print(f"embedded API server               {api.url}  (kubeconfig {api.kubeconfig_path})")
-        bus = await Bus.connect(nats_srv.url, name="demo")
-        await bus.provision()
-        try:
-            async with api.client() as client_:
-                await ensure_node(client_, NODE)
-            async with running_publisher(nats_srv.url, str(api.kubeconfig_path)) as publisher, \
-                    running_discovery(bus, NODE, machine=str(machine), root=work / "nodes") as disc:
-                print(f"discovery on {NODE}: {len(disc.inventory.gpus)} simulated GPUs; publisher running\n")
-                async with api.client() as client_:
-                    async def published() -> bool:
-                        return len(_devices(await node_slices(client_, NODE))) >= 10
+def _running(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running"
 
-                    await until(publisher, published, timeout=30)
-                    slices = await node_slices(client_, NODE)
-                    print(f"ResourceSlices for {NODE} ({len(slices)} slice(s), driver gpu.nvidia.com):")
-                    _print_devices(slices)
 
-                    gpu = disc.inventory.gpus[3]
-                    reply = await bus.request(catalog.DEVICE_INJECT_XID,
-                                              InjectXidRequest(gpu_uuid=gpu.uuid, xid=79), timeout=10, node=NODE)
-                    assert reply.ok, reply.error
+async def wait_for_pods(api: client.ApiClient, namespaces: set[str], timeout: float) -> list[dict[str, Any]]:
+    """Until every pod in `namespaces` runs (or `timeout`), woken by pod watch events."""
+    from kubernetes_asyncio import watch
 
-                    async def tainted(want: bool) -> bool:
-                        dev = next(d for d in _devices(await node_slices(client_, NODE)) if d["name"] == gpu.name)
-                        return bool(dev.get("taints")) == want
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = await _pods(api, namespaces)
+        if pods and all(_running(p) for p in pods):
+            return pods
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return pods
+        w = watch.Watch()
+        async with w:
+            async for _ in w.stream(client.CoreV1Api(api).list_pod_for_all_namespaces,
+                                    timeout_seconds=max(1, int(min(left, 5)))):
+                break  # something changed: look again
 
-                    await until(publisher, lambda: tainted(True), timeout=30)
-                    dev = next(d for d in _devices(await node_slices(client_, NODE)) if d["name"] == gpu.name)
-                    print(f"\ninjected XID 79 on {gpu.name}: taints {dev['taints']}")
-                    await bus.request(catalog.DEVICE_INJECT_XID,
-                                      InjectXidRequest(gpu_uuid=gpu.uuid, recover=True), timeout=10, node=NODE)
-                    await until(publisher, lambda: tainted(False), timeout=30)
-                    print(f"recovered {gpu.name}: taint removed")
-        finally:
-            await bus.close()
-    spans = [span_to_dict(s) for s in memory_spans()]
-    traces = traces_with(spans, "discovery.publish-inventory")
-    if traces:
-        print("\nthe first inventory change, traced from discovery through NATS to the API write:\n")
-        print(render(traces[-1]))
-    print("\ndemo finished: all services stopped")
-    return 0
+
+async def _device_uuids(api: client.ApiClient) -> dict[str, str]:
+    """'pool/device' -> UUID, from the published ResourceSlices."""
+    listed = await client.CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
+    out: dict[str, str] = {}
+    for s in listed.get("items") or []:
+        pool = s["spec"]["pool"]["name"]
+        for d in s["spec"].get("devices") or []:
+            uuid = ((d.get("attributes") or {}).get("uuid") or {}).get("string")
+            if uuid:
+                out[f"{pool}/{d['name']}"] = uuid
+    return out
+
+
+async def _sharing(api: client.ApiClient, pod: dict[str, Any]) -> str:
+    """The sharing strategy from the claims' opaque GpuConfig (exclusive when none)."""
+    custom = client.CustomObjectsApi(api)
+    ns = pod["metadata"]["namespace"]
+    modes: set[str] = set()
+    names = [e.get("resourceClaimName") for e in pod["spec"].get("resourceClaims") or []]
+    names += [s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []]
+    for name in filter(None, names):
+        claim = await custom.get_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims", name)
+        configs = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("config") or []
+        for c in configs:
+            params = (c.get("opaque") or {}).get("parameters") or {}
+            strategy = (params.get("sharing") or {}).get("strategy")
+            if strategy:
+                modes.add(strategy)
+        if len({r.get("uid") for r in (claim.get("status") or {}).get("reservedFor") or []}) > 1:
+            modes.add("shared claim")
+    return ", ".join(sorted(modes)) or "exclusive"
+
+
+async def print_table(api: client.ApiClient, pods: list[dict[str, Any]]) -> None:
+    uuids = await _device_uuids(api)
+    rows = [("POD", "CONTAINER", "NODE", "DEVICES", "UUIDS", "SHARING")]
+    for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
+        edits = json.loads((pod["metadata"].get("annotations") or {}).get(EDITS_ANNOTATION, "{}"))
+        sharing = await _sharing(api, pod)
+        name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        for container, got in sorted(edits.items()):
+            devices = got.get("devices") or []
+            rows.append((name, container, pod["spec"].get("nodeName", ""),
+                         " ".join(d.split("/", 1)[1] for d in devices),
+                         " ".join(uuids.get(d, "?")[:12] for d in devices), sharing))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
+async def _demo(cfg: DemoConfig) -> int:
+    folder = Path(cfg.workloads) if cfg.workloads else WORKLOADS
+    manifests = sorted(folder.glob("*.yaml"))
+    if not manifests:
+        print(f"gpu-dra demo: no manifests in {folder}", file=sys.stderr)
+        return 2
+    print("starting a local GPU cluster:")
+    cluster = LocalCluster(cfg, progress=lambda line: print(f"  {line}", flush=True))
+    if not cfg.machine and cfg.gpus == ClusterConfig().gpus:
+        cluster.data_dir.mkdir(parents=True, exist_ok=True)
+        machine = cluster.data_dir / "demo-machine.yaml"
+        machine.write_text(DEMO_MACHINE)
+        cfg.machine = str(machine)
+    cluster.extra_env["GPU_DRA_OTEL_EXPORTER"] = f"file:{cluster.data_dir / 'traces.jsonl'}"
+    async with cluster:
+        api = await cluster.api_client()
+        applier = Applier(api)
+        namespaces: set[str] = set()
+        print(f"\napplying {len(manifests)} sample workloads from {folder}:")
+        for path in manifests:
+            docs = load_documents(path)
+            for doc in docs:
+                await applier.create(doc)
+                if doc["kind"] == "Namespace":
+                    namespaces.add(doc["metadata"]["name"])
+                elif (doc.get("metadata") or {}).get("namespace"):
+                    namespaces.add(doc["metadata"]["namespace"])
+            print(f"  {path.name}")
+        started = time.monotonic()
+        pods = await wait_for_pods(api, namespaces, cfg.wait_timeout)
+        running = [p for p in pods if _running(p)]
+        print(f"\n{len(running)}/{len(pods)} pods running after {time.monotonic() - started:.1f}s:\n")
+        await print_table(api, running)
+        for pod in pods:
+            if not _running(pod):
+                conds = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
+                why = (conds.get("PodScheduled") or conds.get("Ready") or {}).get("message", "")
+                print(f"  NOT RUNNING {pod['metadata']['namespace']}/{pod['metadata']['name']}: {why}")
+        traces = traces_with(read_spans(cluster.data_dir / "traces.jsonl"), "NodePrepareResources")
+        if traces:
+            print("\none claim preparation, as traced across the services:\n")
+            print(render(traces[0]))
+        ok = bool(pods) and len(running) == len(pods)
+    print("\ncluster stopped; nothing left running.")
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    setup_logging("gpu-dra-demo", "warning")
-    setup_telemetry("gpu-dra-demo", "memory")
-    with tempfile.TemporaryDirectory(prefix="gpu-dra-demo-") as work:
-        return asyncio.run(_demo(Path(work)))
+    try:
+        cfg = load_config(DemoConfig, list(sys.argv[1:] if argv is None else argv), prog="gpu-dra demo",
+                          description=__doc__ or "")
+    except ConfigError as exc:
+        print(f"gpu-dra demo: {exc}", file=sys.stderr)
+        return 2
+    setup_logging("gpu-dra-demo", "warning" if cfg.log_level == "info" else cfg.log_level, cfg.log_format)
+    try:
+        return asyncio.run(_demo(cfg))
+    except ProcessFailed as exc:
+        print(f"gpu-dra demo: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

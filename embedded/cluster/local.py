@@ -62,16 +62,22 @@ class LocalCluster:
         self.bus: Bus | None = None
         self.token = secrets.token_hex(16)
         self.extra_env: dict[str, str] = {}
+        # Unix socket paths are limited to 107 bytes, which a deep --data-dir easily exceeds, so the
+        # kubelet dirs (sockets, checkpoints) live under a short runtime dir; <node>/var/lib/kubelet
+        # in the data dir is a link to it, so the data dir still shows a node's whole tree.
+        self.socket_root = Path(tempfile.mkdtemp(prefix="gdra-", dir="/tmp"))
 
     def node_dir(self, node: str) -> Path:
         return self.data_dir / "nodes" / node
 
     def node_paths(self, node: str) -> dict[str, Path]:
         root = self.node_dir(node)
+        kubelet = self.socket_root / str(self.node_names.index(node))
         return {
             "root": root,
-            "registry": root / "var/lib/kubelet/plugins_registry",
-            "plugins": root / "var/lib/kubelet/plugins",
+            "kubelet": kubelet,
+            "registry": kubelet / "plugins_registry",
+            "plugins": kubelet / "plugins",
             "cdi": root / "var/run/cdi",
         }
 
@@ -124,6 +130,7 @@ class LocalCluster:
                 await self.bus.close()
         if self.nats is not None:
             await self.nats.close()
+        shutil.rmtree(self.socket_root, ignore_errors=True)
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -193,6 +200,10 @@ class LocalCluster:
         paths = self.node_paths(node)
         for p in paths.values():
             p.mkdir(parents=True, exist_ok=True)
+        link = paths["root"] / "var/lib/kubelet"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(paths["kubelet"], target_is_directory=True)
         machine = ["--machine", self.cfg.machine] if self.cfg.machine else ["--simulate", self.cfg.gpus]
         await self.supervisor.start(f"{node}-discovery", gpu_dra(
             "discovery", "--node", node, *machine, "--dev-root", str(paths["root"])))

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
-import time
 from pathlib import Path
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client.exceptions import ApiException
 
+from embedded.nodeagent.node import NodeAgent
 from embedded.nodeagent.plugins import PluginRegistry
 from embedded.nodeagent.pods import PodRunner
 from shared.config import CommonConfig, ConfigError, load_config
@@ -30,19 +28,8 @@ class KubeletConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     cdi_dir: str = "/var/run/cdi"
     require_driver: str = "gpu.nvidia.com"  # the node is Ready once this driver is registered
     resync_seconds: float = 30.0
-
-
-async def set_node_ready(core: client.CoreV1Api, node: str, ready: bool, message: str) -> None:
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    body = {"status": {"conditions": [{
-        "type": "Ready", "status": "True" if ready else "False", "lastHeartbeatTime": now,
-        "lastTransitionTime": now, "reason": "KubeletReady" if ready else "KubeletNotReady", "message": message}],
-        "nodeInfo": {"kubeletVersion": "v1.34.0-gpu-dra-emulator", "machineID": node, "systemUUID": node,
-                     "bootID": node, "kernelVersion": "", "osImage": "gpu-dra simulated node",
-                     "containerRuntimeVersion": "cdi://emulated", "kubeProxyVersion": "",
-                     "operatingSystem": "linux", "architecture": "amd64"}}}
-    with contextlib.suppress(ApiException):
-        await core.patch_node_status(node, body)
+    state_dir: str = ""  # what it prepared, kept across restarts ("" = <registry-dir>/../gpu-dra-kubelet)
+    heartbeat_seconds: float = 10.0
 
 
 async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
@@ -51,21 +38,23 @@ async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
     async with client.ApiClient(api_cfg) as api:
         core = client.CoreV1Api(api)
         plugins = PluginRegistry(Path(cfg.registry_dir))
-        runner = PodRunner(cfg.node, api, plugins, [Path(cfg.cdi_dir)], resync_seconds=cfg.resync_seconds)
+        runner = PodRunner(cfg.node, api, plugins, [Path(cfg.cdi_dir)], resync_seconds=cfg.resync_seconds,
+                           state_dir=Path(cfg.state_dir) if cfg.state_dir else
+                           Path(cfg.registry_dir).parent / "gpu-dra-kubelet")
+        agent = NodeAgent(core, api, cfg.node)
         watcher = asyncio.create_task(plugins.run(stopping))
+        lease = asyncio.create_task(agent.heartbeat(stopping, cfg.heartbeat_seconds))
         wake = asyncio.Event()
 
         async def readiness() -> None:
-            ready: bool | None = None
+            """Node status on every plugin change, and at least every heartbeat (lastHeartbeatTime)."""
             while not stopping.is_set():
-                now_ready = cfg.require_driver in plugins.drivers() if cfg.require_driver else True
-                if now_ready != ready:
-                    ready = now_ready
-                    await set_node_ready(core, cfg.node, ready, f"DRA drivers: {sorted(plugins.drivers())}")
+                plugins.changed.clear()  # before looking, so a registration meanwhile is not missed
+                ready = cfg.require_driver in plugins.drivers() if cfg.require_driver else True
+                await agent.set_ready(ready, f"DRA drivers: {sorted(plugins.drivers())}")
                 wake.set()  # pods waiting for a driver get another go
-                plugins.changed.clear()
                 waits = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(plugins.changed.wait())]
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waits, timeout=cfg.heartbeat_seconds, return_when=asyncio.FIRST_COMPLETED)
                 for w in waits:
                     w.cancel()
 
@@ -73,10 +62,10 @@ async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
         try:
             await runner.run(stopping, wake)
         finally:
-            for task in (watcher, ready_task):
+            for task in (watcher, ready_task, lease):
                 task.cancel()
-            await asyncio.gather(watcher, ready_task, return_exceptions=True)
-            await set_node_ready(core, cfg.node, False, "kubelet emulator stopped")
+            await asyncio.gather(watcher, ready_task, lease, return_exceptions=True)
+            await agent.set_ready(False, "kubelet emulator stopped")
             await plugins.close()
 
 

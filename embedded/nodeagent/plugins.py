@@ -31,7 +31,10 @@ class PluginRegistry:
         return set(self.plugins)
 
     async def prepare(self, driver: str, claims: list[Claim]) -> dict[str, PreparedClaim]:
-        return await self.plugins[driver].prepare(claims)
+        plugin = self.plugins.get(driver)
+        if plugin is None:
+            raise PluginError(f"driver {driver} is not registered (no socket in {self.registry_dir})")
+        return await plugin.prepare(claims)
 
     async def unprepare(self, driver: str, claims: list[Claim]) -> dict[str, str]:
         plugin = self.plugins.get(driver)

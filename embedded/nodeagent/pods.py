@@ -1,9 +1,14 @@
-"""The kubelet emulator's pod loop: prepare the claims of pods bound to this node, run them, unprepare.
+"""The kubelet emulator's pod loop: prepare the claims of pods bound to this node, run them, finish them.
 
-Owns, for one node: watching its pods, checking each claim is allocated and reserved for the pod,
-calling `NodePrepareResources` per driver through a DRA client, resolving the returned CDI ids into
-what each container gets (recorded on the pod as an annotation `kubectl get -o yaml` shows), the
-pod's Running/Ready status, and `NodeUnprepareResources` once the last pod using a claim is gone.
+Owns, for one node: watching its pods, checking each claim (from `spec.resourceClaims` and the
+scheduler's `status.extendedResourceClaimStatus`) is allocated and reserved for the pod, calling
+`NodePrepareResources` per driver through a DRA client (one call at a time, so a claim is never
+prepared twice concurrently), resolving the returned CDI ids into what each container gets (recorded
+on the pod as an annotation `kubectl get -o yaml` shows), the pod's Running/Ready status (or Pending
+with `PrepareResourcesFailed` and the driver's message, retried with backoff), the opt-in emulated
+exit, and `NodeUnprepareResources` once the last pod using a claim is gone, then the grace-period-0
+delete that lets the API server drop a terminating pod. What it prepared survives restarts in a
+state file (`state.py`); every re-list prunes pods that vanished meanwhile.
 """
 
 from __future__ import annotations
@@ -13,20 +18,25 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiohttp
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from embedded.kubelet.client import Claim, PreparedDevice
+from embedded.kubelet.client import Claim, PluginError, PreparedDevice
 from embedded.kubelet.client import PreparedClaim as KubeletPreparedClaim
 from embedded.nodeagent.cdi_resolve import CdiResolutionError, load_specs, resolve
+from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
 from shared.logs import get_logger
 
 log = get_logger(__name__)
 EDITS_ANNOTATION = "gpu.nvidia.com/container-edits"
+EXIT_ANNOTATION = "gpu-dra.nvidia.com/emulate-exit"
+FAILED_REASON = "PrepareResourcesFailed"
+RETRY_MIN, RETRY_MAX = 0.2, 5.0
 
 
 class DraClient(Protocol):
@@ -51,34 +61,69 @@ class PreparedClaim:
     pods: set[str] = field(default_factory=set)  # pod uids using it
 
 
+# (claim name, request name or "" for the whole claim)
+Use = tuple[str, str]
+
+
 def claim_name_for(pod: dict[str, Any], entry: dict[str, Any]) -> str | None:
     """The ResourceClaim a pod's `spec.resourceClaims[]` entry refers to (None until generated)."""
     if entry.get("resourceClaimName"):
         return str(entry["resourceClaimName"])
     for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-        if status.get("name") == entry.get("name"):
-            return status.get("resourceClaimName")
+        if status.get("name") == entry.get("name") and status.get("resourceClaimName"):
+            return str(status["resourceClaimName"])
     return None
 
 
-def container_edits(pod: dict[str, Any], prepared: dict[str, PreparedClaim],
-                    claim_names: dict[str, str], cdi_dirs: list[Path]) -> dict[str, dict[str, Any]]:
-    """container name -> what it gets, from its `resources.claims` and the prepared devices."""
+def pod_claims(pod: dict[str, Any]) -> tuple[list[str], dict[str, list[Use]]]:
+    """(claim names the pod needs, container name -> what of them it uses). Raises if one is not generated."""
+    spec = pod.get("spec") or {}
+    by_entry: dict[str, str] = {}
+    for entry in spec.get("resourceClaims") or []:
+        name = claim_name_for(pod, entry)
+        if name is None:
+            raise PrepareFailed(f"claim {entry.get('name')!r} has not been generated yet")
+        by_entry[entry["name"]] = name
+    names = list(dict.fromkeys(by_entry.values()))
+    uses: dict[str, list[Use]] = {}
+    for container in spec.get("containers") or []:
+        for ref in ((container.get("resources") or {}).get("claims")) or []:
+            name = by_entry.get(ref.get("name", ""))
+            if name:
+                uses.setdefault(container["name"], []).append((name, ref.get("request") or ""))
+    extended = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    if extended.get("resourceClaimName"):
+        name = str(extended["resourceClaimName"])
+        if name not in names:
+            names.append(name)
+        for mapping in extended.get("requestMappings") or []:
+            uses.setdefault(mapping.get("containerName", ""), []).append((name, mapping.get("requestName") or ""))
+    return names, uses
+
+
+def _wants(request: str, names: list[str]) -> bool:
+    return not request or not names or any(n == request or n.split("/")[0] == request for n in names)
+
+
+def container_edits(pod: dict[str, Any], prepared: dict[str, PreparedClaim], uses: dict[str, list[Use]],
+                    cdi_dirs: list[Path]) -> dict[str, dict[str, Any]]:
+    """container name -> what it gets, from the claims (and requests) it uses and the prepared devices."""
     specs = load_specs(cdi_dirs)
     by_name = {p.ref.name: p for p in prepared.values()}
     out: dict[str, dict[str, Any]] = {}
     for container in (pod.get("spec") or {}).get("containers") or []:
         ids: list[str] = []
         devices: list[str] = []
-        for use in ((container.get("resources") or {}).get("claims")) or []:
-            claim = by_name.get(claim_names.get(use.get("name", ""), ""))
+        for claim_name, request in uses.get(container["name"], []):
+            claim = by_name.get(claim_name)
             if claim is None:
                 continue
-            wanted = use.get("request")
             for dev in claim.devices:
-                if wanted and dev.request_names and wanted not in dev.request_names:
+                if not _wants(request, dev.request_names):
                     continue
-                devices.append(f"{dev.pool}/{dev.device}")
+                label = f"{dev.pool}/{dev.device}"
+                if label not in devices:
+                    devices.append(label)
                 ids += [i for i in dev.cdi_device_ids if i not in ids]
         if not ids:
             continue
@@ -88,11 +133,65 @@ def container_edits(pod: dict[str, Any], prepared: dict[str, PreparedClaim],
     return out
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _inputs(pod: dict[str, Any]) -> str:
+    """What a prepare attempt depends on in the pod itself (not our own status writes)."""
+    status = pod.get("status") or {}
+    annotations = {k: v for k, v in ((pod.get("metadata") or {}).get("annotations") or {}).items()
+                   if k != EDITS_ANNOTATION}
+    return json.dumps([(pod.get("spec") or {}).get("resourceClaims"), status.get("resourceClaimStatuses"),
+                       status.get("extendedResourceClaimStatus"), annotations], sort_keys=True)
+
+
+def _is_ready(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def pod_status(pod: dict[str, Any], *, phase: str, reason: str = "", message: str = "",
+               exit_code: int | None = None) -> dict[str, Any]:
+    """A pod status as the kubelet writes it: Running/Ready, Pending waiting on `reason`, or terminated."""
+    now = _now()
+    ready = phase == "Running"
+    why = {"reason": reason, "message": message} if reason else {}
+    if exit_code is not None:
+        why = {"reason": "PodCompleted"}
+    conditions = [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+        {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+        {"type": "ContainersReady", "status": "True" if ready else "False", "lastTransitionTime": now, **why},
+        {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now, **why},
+    ]
+    started = ((pod.get("status") or {}).get("startTime")) or now
+    statuses = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if exit_code is not None:
+            state: dict[str, Any] = {"terminated": {
+                "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                "startedAt": started, "finishedAt": now}}
+        elif ready:
+            state = {"running": {"startedAt": now}}
+        else:
+            state = {"waiting": {"reason": reason or "ContainerCreating", **({"message": message} if message else {})}}
+        statuses.append({"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": ready,
+                         "restartCount": 0, "started": ready, "state": state})
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions, "containerStatuses": statuses,
+                              "hostIP": "127.0.0.1"}
+    if phase != "Pending":
+        status["podIP"] = "127.0.0.1"
+        status["startTime"] = started
+    return status
+
+
 class PodRunner:
     """Runs this node's pods as far as DRA is concerned."""
 
     def __init__(self, node: str, api: client.ApiClient, dra: DraClient, cdi_dirs: list[Path],
-                 resync_seconds: float = 30.0, on_change: Callable[[], None] | None = None):
+                 resync_seconds: float = 30.0, on_change: Callable[[], None] | None = None,
+                 state_dir: Path | None = None):
         self.node = node
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -100,11 +199,26 @@ class PodRunner:
         self.dra = dra
         self.cdi_dirs = cdi_dirs
         self.resync_seconds = resync_seconds
+        self.store = StateStore(state_dir)
         self.prepared: dict[str, PreparedClaim] = {}  # claim uid -> state
         self.pods: dict[str, dict[str, Any]] = {}  # pod uid -> last seen pod
+        self.prepare_calls = 0  # NodePrepareResources calls made (tests, metrics)
         self._lock = asyncio.Lock()
         self._on_change = on_change
         self._retry: set[str] = set()
+        self._attempted: dict[str, str] = {}  # pod uid -> inputs of the last failed attempt
+        for rec in self.store.load():
+            self.prepared[rec.uid] = PreparedClaim(
+                Claim(namespace=rec.namespace, uid=rec.uid, name=rec.name), set(rec.drivers),
+                [PreparedDevice(**msgspec_to_dict(d)) for d in rec.devices], set(rec.pods))
+        if self.prepared:
+            log.info("re-learned prepared claims from the state file", node=node, claims=len(self.prepared))
+
+    async def _save(self) -> None:
+        await self.store.save([
+            ClaimRecord(namespace=s.ref.namespace, uid=s.ref.uid, name=s.ref.name, drivers=sorted(s.drivers),
+                        devices=[DeviceRecord(**asdict(d)) for d in s.devices], pods=sorted(s.pods))
+            for s in self.prepared.values()])
 
     # ------------------------------------------------------------------ API helpers
     async def _get_claim(self, namespace: str, name: str) -> dict[str, Any]:
@@ -112,28 +226,9 @@ class PodRunner:
                                                              "resourceclaims", name)
         return dict(obj)
 
-    async def _pod_status(self, pod: dict[str, Any], *, phase: str, ready: bool, reason: str = "",
-                          message: str = "", edits: dict[str, Any] | None = None) -> None:
+    async def _write_status(self, pod: dict[str, Any], status: dict[str, Any],
+                            edits: dict[str, Any] | None = None) -> None:
         meta = pod["metadata"]
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        conditions = [
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
-            {"type": "ContainersReady", "status": "True" if ready else "False", "lastTransitionTime": now,
-             **({"reason": reason, "message": message} if reason else {})},
-            {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now,
-             **({"reason": reason, "message": message} if reason else {})},
-        ]
-        statuses = [{
-            "name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": ready, "restartCount": 0,
-            "started": ready,
-            "state": {"running": {"startedAt": now}} if ready else
-                     {"waiting": {"reason": reason or "ContainerCreating", "message": message}},
-        } for c in (pod.get("spec") or {}).get("containers") or []]
-        status: dict[str, Any] = {"phase": phase, "conditions": conditions, "containerStatuses": statuses,
-                                  "hostIP": "127.0.0.1", "podIP": "127.0.0.1"}
-        if ready:
-            status["startTime"] = now
         if edits is not None:
             body = {"metadata": {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}}
             await self.core.patch_namespaced_pod(meta["name"], meta["namespace"], body)
@@ -143,19 +238,23 @@ class PodRunner:
     async def _prepare_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         ns, uid = meta["namespace"], meta["uid"]
-        claim_names: dict[str, str] = {}
+        names, uses = pod_claims(pod)
         wanted: dict[str, Claim] = {}
         drivers_of: dict[str, set[str]] = {}
-        for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
-            name = claim_name_for(pod, entry)
-            if name is None:
-                raise PrepareFailed(f"claim {entry.get('name')!r} has not been generated yet")
-            claim_names[entry["name"]] = name
-            claim = await self._get_claim(ns, name)
+        for name in names:
+            try:
+                claim = await self._get_claim(ns, name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise PrepareFailed(f"ResourceClaim {ns}/{name} does not exist") from exc
+                raise
             status = claim.get("status") or {}
             if not any(r.get("uid") == uid for r in status.get("reservedFor") or []):
-                raise PrepareFailed(f"ResourceClaim {ns}/{name} is not reserved for this pod")
+                raise PrepareFailed(f"ResourceClaim {ns}/{name} is not reserved for this pod "
+                                    f"(the scheduler reserves it; check status.reservedFor)")
             results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+            if not status.get("allocation"):
+                raise PrepareFailed(f"ResourceClaim {ns}/{name} is not allocated")
             ref = Claim(namespace=ns, uid=claim["metadata"]["uid"], name=name)
             wanted[ref.uid] = ref
             drivers_of[ref.uid] = {r["driver"] for r in results}
@@ -166,6 +265,7 @@ class PodRunner:
             for driver in sorted(drivers_of[claim_uid]):
                 if driver not in self.dra.drivers():
                     raise PrepareFailed(f"driver {driver} is not registered on node {self.node}")
+                self.prepare_calls += 1
                 answer = (await self.dra.prepare(driver, [ref])).get(claim_uid)
                 if answer is None or answer.error:
                     raise PrepareFailed(f"{driver} could not prepare {ns}/{ref.name}: "
@@ -174,66 +274,130 @@ class PodRunner:
             self.prepared[claim_uid] = PreparedClaim(ref, drivers_of[claim_uid], devices)
         for claim_uid in wanted:
             self.prepared[claim_uid].pods.add(uid)
-        edits = container_edits(pod, {u: self.prepared[u] for u in wanted}, claim_names, self.cdi_dirs)
-        await self._pod_status(pod, phase="Running", ready=True, edits=edits)
+        await self._save()
+        edits = container_edits(pod, {u: self.prepared[u] for u in wanted}, uses, self.cdi_dirs)
+        await self._write_status(pod, pod_status(pod, phase="Running"), edits)
         log.info("pod running", node=self.node, pod=f"{ns}/{meta['name']}", claims=len(wanted))
+        code = (meta.get("annotations") or {}).get(EXIT_ANNOTATION)
+        if code is not None:
+            exit_code = int(code) if code.strip().lstrip("-").isdigit() else 1
+            phase = "Succeeded" if exit_code == 0 else "Failed"
+            await self._write_status(pod, pod_status(pod, phase=phase, exit_code=exit_code))
+            log.info("pod exited (emulated)", node=self.node, pod=f"{ns}/{meta['name']}", exit_code=exit_code)
+            await self._release_pod(uid)
 
-    async def _release_pod(self, pod_uid: str) -> None:
+    async def _release_pod(self, pod_uid: str) -> bool:
+        """Drop the pod from its claims, unprepare the ones nobody uses; True when none failed."""
+        ok = True
+        changed = False
         for claim_uid, state in list(self.prepared.items()):
-            state.pods.discard(pod_uid)
+            if pod_uid in state.pods:
+                state.pods.discard(pod_uid)
+                changed = True
             if state.pods:
                 continue
-            errors = [e for driver in sorted(state.drivers)
-                      for e in [(await self.dra.unprepare(driver, [state.ref])).get(claim_uid, "")] if e]
+            errors: list[str] = []
+            for driver in sorted(state.drivers):
+                try:
+                    error = (await self.dra.unprepare(driver, [state.ref])).get(claim_uid, "")
+                except PluginError as exc:
+                    error = str(exc)
+                if error:
+                    errors.append(error)
             if errors:
+                ok = False
                 log.warning("unprepare failed; will retry", claim=state.ref.name, errors=errors)
                 continue
             del self.prepared[claim_uid]
+            changed = True
             log.info("claim unprepared", node=self.node, claim=f"{state.ref.namespace}/{state.ref.name}")
+        if changed:
+            await self._save()
+        return ok
 
-    async def sync_pod(self, pod: dict[str, Any]) -> None:
+    def _orphans(self) -> bool:
+        return any(not s.pods for s in self.prepared.values())
+
+    def _holds_claims(self, uid: str) -> bool:
+        return any(uid in s.pods for s in self.prepared.values())
+
+    async def sync_pod(self, pod: dict[str, Any], force: bool = False) -> None:
         meta = pod["metadata"]
         uid = meta["uid"]
         async with self._lock:
             self.pods[uid] = pod
             phase = (pod.get("status") or {}).get("phase", "Pending")
-            if meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
-                await self._release_pod(uid)
-                return
-            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                        for c in (pod.get("status") or {}).get("conditions") or [])
-            if phase == "Running" and ready and uid not in self._retry:
-                # Known to be running; after a restart, re-learn which claims it holds.
-                for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
-                    name = claim_name_for(pod, entry)
-                    for state in self.prepared.values():
-                        if state.ref.name == name and state.ref.namespace == meta["namespace"]:
-                            state.pods.add(uid)
-                return
-            try:
-                await self._prepare_pod(pod)
+            if meta.get("deletionTimestamp"):
+                await self._finish_deleted(pod)
+            elif phase in ("Succeeded", "Failed"):
                 self._retry.discard(uid)
-            except (PrepareFailed, CdiResolutionError, ApiException) as exc:
-                self._retry.add(uid)
-                reason = exc.reason if isinstance(exc, ApiException) else str(exc)
-                log.info("pod not ready yet", node=self.node, pod=f"{meta['namespace']}/{meta['name']}",
-                         reason=reason)
-                with contextlib.suppress(ApiException):
-                    await self._pod_status(pod, phase="Pending", ready=False, reason="PrepareResourcesFailed",
-                                           message=str(reason))
+                if not await self._release_pod(uid):
+                    self._retry.add(uid)
+            elif phase == "Running" and _is_ready(pod) and self._holds_claims(uid):
+                self._retry.discard(uid)
+            elif uid in self._retry and self._attempted.get(uid) == _inputs(pod) and not force:
+                pass  # our own Pending status coming back; the retry loop's backoff decides when to try again
+            else:
+                self._attempted[uid] = _inputs(pod)
+                await self._try_prepare(pod)
         if self._on_change:
             self._on_change()
+
+    async def _finish_deleted(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        if not await self._release_pod(uid):
+            self._retry.add(uid)
+            return
+        try:
+            await self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body=client.V1DeleteOptions(
+                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
+            log.info("pod finished", node=self.node, pod=f"{meta['namespace']}/{meta['name']}")
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                log.warning("final pod delete failed; will retry", pod=meta["name"], status=exc.status)
+                self._retry.add(uid)
+                return
+        self._retry.discard(uid)
+
+    async def _try_prepare(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        try:
+            await self._prepare_pod(pod)
+            self._retry.discard(uid)
+        except (PrepareFailed, CdiResolutionError, PluginError, ApiException, aiohttp.ClientError) as exc:
+            self._retry.add(uid)
+            reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
+            log.info("pod not ready yet", node=self.node, pod=f"{meta['namespace']}/{meta['name']}",
+                     reason=reason)
+            with contextlib.suppress(ApiException, OSError, TimeoutError, aiohttp.ClientError):
+                await self._write_status(pod, pod_status(pod, phase="Pending", reason=FAILED_REASON,
+                                                         message=reason))
 
     async def forget_pod(self, uid: str) -> None:
         async with self._lock:
             self.pods.pop(uid, None)
             self._retry.discard(uid)
-            await self._release_pod(uid)
+            self._attempted.pop(uid, None)
+            if not await self._release_pod(uid):
+                log.warning("claims of a vanished pod not unprepared; the next re-list retries", pod_uid=uid)
         if self._on_change:
             self._on_change()
 
+    async def prune(self, present: set[str]) -> None:
+        """After a (re-)list: pods that vanished (also while we were down) give their claims up."""
+        gone = {p for s in self.prepared.values() for p in s.pods} - present
+        gone |= set(self.pods) - present
+        orphaned = [u for u, s in self.prepared.items() if not s.pods]
+        for uid in gone:
+            await self.forget_pod(uid)
+        if orphaned and not gone:
+            async with self._lock:
+                await self._release_pod("")
+
     async def retry_pending(self) -> None:
-        """Try again the pods that could not start (claim not generated yet, driver not registered...)."""
+        """Try again the pods that could not start (claim not reserved yet, driver not registered...)."""
         for uid in list(self._retry):
             pod = self.pods.get(uid)
             if pod is None:
@@ -246,10 +410,12 @@ class PodRunner:
                 if exc.status == 404:
                     await self.forget_pod(uid)
                 continue
-            await self.sync_pod(self.api.sanitize_for_serialization(fresh))
+            except (TimeoutError, OSError, aiohttp.ClientError):
+                continue  # API server away; the next round tries again
+            await self.sync_pod(self.api.sanitize_for_serialization(fresh), force=True)
 
     async def _retry_loop(self, stopping: asyncio.Event, wake: asyncio.Event | None) -> None:
-        delay = 0.2
+        delay = RETRY_MIN
         while not stopping.is_set():
             waits = [asyncio.ensure_future(stopping.wait())]
             if wake is not None:
@@ -259,21 +425,29 @@ class PodRunner:
                 w.cancel()
             if wake is not None and wake.is_set():
                 wake.clear()
-                delay = 0.2
-            if self._retry:
+                delay = RETRY_MIN
+            if self._retry or self._orphans():
                 await self.retry_pending()
-                delay = min(delay * 2, 2.0) if self._retry else 0.2
+                if self._orphans():  # claims whose unprepare failed (driver not back yet...)
+                    async with self._lock:
+                        await self._release_pod("")
+                delay = min(delay * 2, RETRY_MAX) if self._retry or self._orphans() else RETRY_MIN
 
     # ------------------------------------------------------------------ watch loop
     async def run(self, stopping: asyncio.Event, wake: asyncio.Event | None = None) -> None:
         """List+watch this node's pods until `stopping`; `wake` (plugins changed) retries waiting pods."""
         retry = asyncio.create_task(self._retry_loop(stopping, wake))
+        loop = asyncio.create_task(self._list_and_watch(stopping))
+        stop = asyncio.create_task(stopping.wait())
         try:
-            await self._list_and_watch(stopping)
+            await asyncio.wait([loop, stop], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            retry.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await retry
+            for task in (retry, loop, stop):
+                task.cancel()
+            results = await asyncio.gather(retry, loop, stop, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
 
     async def _list_and_watch(self, stopping: asyncio.Event) -> None:
         selector = f"spec.nodeName={self.node}"
@@ -284,22 +458,23 @@ class PodRunner:
                 seen = set()
                 for pod in listing.get("items") or []:
                     seen.add(pod["metadata"]["uid"])
+                await self.prune(seen)
+                for pod in listing.get("items") or []:
                     await self.sync_pod(pod)
-                for uid in set(self.pods) - seen:
-                    await self.forget_pod(uid)
                 version = listing["metadata"].get("resourceVersion", "")
                 await self._watch(selector, version, stopping)
             except ApiException as exc:
                 if exc.status != 410:
                     log.warning("pod watch failed; re-listing", node=self.node, status=exc.status)
-            except (TimeoutError, OSError) as exc:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stopping.wait(), 1.0)
+            except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 log.warning("API server unreachable; retrying", node=self.node, error=str(exc))
-                with contextlib.suppress(asyncio.TimeoutError):
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), 1.0)
 
     async def _watch(self, selector: str, version: str, stopping: asyncio.Event) -> None:
         w = watch.Watch()
-        deadline = time.monotonic() + self.resync_seconds
         async with w:
             stream = w.stream(self.core.list_pod_for_all_namespaces, field_selector=selector,
                               resource_version=version, timeout_seconds=max(1, int(self.resync_seconds)),
@@ -317,5 +492,7 @@ class PodRunner:
                     await self.forget_pod(raw["metadata"]["uid"])
                 else:
                     await self.sync_pod(raw)
-                if time.monotonic() > deadline:
-                    return
+
+
+def msgspec_to_dict(record: DeviceRecord) -> dict[str, Any]:
+    return {f: getattr(record, f) for f in record.__struct_fields__}

@@ -7,7 +7,7 @@ import sys
 
 
 def test_demo_publishes_slices_and_round_trips_a_taint():
-    done = subprocess.run([sys.executable, "-m", "shared.cli", "demo"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "shared.cli", "pipeline-demo"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
     assert "gpu-7 " in out and "gpu-8-mig-3g20gb-9-0" in out, out

@@ -1,0 +1,117 @@
+"""Local-cluster benchmark: pod created -> Running latency (p50/p99) for single-GPU pods on 4 nodes.
+
+Everything is real: `gpu-dra up`'s processes (NATS, API server, publisher, scheduler, controllers,
+and per node discovery, preparer and kubelet emulator). 4 nodes x 8 simulated H100s hold 32 GPUs,
+so 100 pods run in waves of `--wave` (default 25): create a wave at once, time each pod from its
+creation to Running+Ready (watch events), delete the wave, wait for its claims to be freed.
+
+    .venv/bin/python bench/cluster_bench.py [--pods 100] [--wave 25] [--nodes 4]
+
+Prints the figures and writes them to bench/results/cluster.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from embedded.cluster.local import ClusterConfig, LocalCluster  # noqa: E402
+from embedded.kubeapi import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube  # noqa: E402
+
+NS = "default"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {"bench": "1"}},
+            "spec": {"containers": [{"name": "ctr", "image": "ubuntu:22.04", "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}
+
+
+def ready(obj: dict[str, Any]) -> bool:
+    st = obj.get("status") or {}
+    return st.get("phase") == "Running" and any(c.get("type") == "Ready" and c.get("status") == "True"
+                                                for c in st.get("conditions") or [])
+
+
+async def wave(kube: Kube, names: list[str]) -> list[float]:
+    _, rv = await kube.list(PODS, NS)
+    created: dict[str, float] = {}
+    latency: dict[str, float] = {}
+
+    async def watch_until_all_ready() -> None:
+        version = rv
+        while len(latency) < len(names):
+            async for kind, obj in kube.watch(PODS, version, timeout_s=120):
+                version = (obj.get("metadata") or {}).get("resourceVersion", version)
+                name = (obj.get("metadata") or {}).get("name")
+                if kind in ("ADDED", "MODIFIED") and name in created and name not in latency and ready(obj):
+                    latency[name] = time.perf_counter() - created[name]
+                if len(latency) == len(names):
+                    return
+
+    watcher = asyncio.create_task(watch_until_all_ready())
+    for name in names:
+        created[name] = time.perf_counter()
+        await kube.create(PODS, NS, pod(name))
+    await asyncio.wait_for(watcher, 300)
+    for name in names:
+        await kube.delete(PODS, NS, name)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the next wave needs the GPUs back
+        pods, _ = await kube.list(PODS, NS, label_selector="bench=1")
+        claims, _ = await kube.list(RESOURCECLAIMS, NS)
+        if not pods and not any((c.get("status") or {}).get("allocation") for c in claims):
+            break
+        await asyncio.sleep(0.2)
+    return [latency[n] for n in names]
+
+
+async def main(pods: int, wave_size: int, nodes: int) -> dict[str, Any]:
+    cfg = ClusterConfig(nodes=nodes, gpus="h100x8", start_timeout=180)
+    started = time.perf_counter()
+    async with LocalCluster(cfg) as cluster:
+        up_s = time.perf_counter() - started
+        kube = Kube(await cluster.api_client())
+        await kube.create(RESOURCECLAIMTEMPLATES, NS, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
+        latencies: list[float] = []
+        waves: list[float] = []
+        for start in range(0, pods, wave_size):
+            names = [f"bench-{i}" for i in range(start, min(pods, start + wave_size))]
+            t = time.perf_counter()
+            latencies += await wave(kube, names)
+            waves.append(time.perf_counter() - t)
+    return {"pods": pods, "nodes": nodes, "wave": wave_size, "cluster_up_s": round(up_s, 2),
+            "pod_running_p50_ms": round(pct(latencies, 0.5) * 1000, 1),
+            "pod_running_p99_ms": round(pct(latencies, 0.99) * 1000, 1),
+            "pod_running_mean_ms": round(statistics.fmean(latencies) * 1000, 1),
+            "wave_median_s": round(statistics.median(waves), 2)}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=100)
+    parser.add_argument("--wave", type=int, default=25)
+    parser.add_argument("--nodes", type=int, default=4)
+    args = parser.parse_args()
+    result = asyncio.run(main(args.pods, args.wave, args.nodes))
+    print(json.dumps(result, indent=2))
+    out = REPO / "bench" / "results" / "cluster.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {out}")

@@ -1,0 +1,149 @@
+"""The scheduler's writes: claim allocation + reservedFor, pod binding, PodScheduled, Events, deallocation.
+
+Owns the write side of a Plan. Claim status goes through `resourceclaims/status` PUT with the
+cached resourceVersion (a 409 means the cache was behind: the fresh claim is cached and the pod is
+tried again); every answer is applied to the ClusterState at once, so the next decision sees the
+devices as taken. Binding goes through `pods/binding`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from embedded.kubeapi import EVENTS, PODS, RESOURCECLAIMS, ApiError, Kube
+from embedded.scheduler.plan import MAX_RESERVED, Plan, reserved_for_pod
+from embedded.scheduler.state import ClusterState, key_of
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+Obj = dict[str, Any]
+SCHEDULER_NAME = "default-scheduler"
+DONE_PHASES = ("Succeeded", "Failed")
+
+
+class Conflict(Exception):
+    """A claim changed under us; the pod is tried again with the fresh claim."""
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Writer:
+    def __init__(self, kube: Kube, state: ClusterState) -> None:
+        self.kube = kube
+        self.state = state
+
+    async def _write_claim_status(self, claim: Obj) -> Obj:
+        try:
+            written = await self.kube.replace(RESOURCECLAIMS, claim, subresource="status")
+        except ApiError as exc:
+            if not exc.conflict and not exc.not_found:
+                raise
+            ns, name = key_of(claim)
+            try:
+                fresh = await self.kube.get(RESOURCECLAIMS, ns, name)
+                self.state.apply(RESOURCECLAIMS, "MODIFIED", fresh)
+            except ApiError as again:
+                if not again.not_found:
+                    raise
+                self.state.apply(RESOURCECLAIMS, "DELETED", claim)
+            raise Conflict(f"claim {ns}/{name} changed while it was written ({exc.reason})") from exc
+        self.state.apply(RESOURCECLAIMS, "MODIFIED", written)
+        return written
+
+    async def reserve(self, plan: Plan, pod: Obj) -> None:
+        """Allocate the plan's new claims and reserve every claim of the pod for it."""
+        md = pod["metadata"]
+        consumer = {"resource": "pods", "name": md["name"], "uid": md["uid"]}
+        for key in plan.claims:
+            ns, name = key.split("/", 1)
+            cached = self.state.get(RESOURCECLAIMS, ns, name)
+            if cached is None:
+                raise Conflict(f"claim {key} disappeared")
+            status = cached.get("status") or {}
+            allocation = plan.allocations.get(key)
+            if allocation is None and not status.get("allocation"):
+                raise Conflict(f"claim {key} was deallocated meanwhile")
+            if allocation is not None and status.get("allocation"):
+                raise Conflict(f"claim {key} was allocated meanwhile")
+            if allocation is None and reserved_for_pod(cached, md["uid"]):
+                continue
+            claim = copy.deepcopy(cached)
+            new_status = claim.setdefault("status", {})
+            if allocation is not None:
+                new_status["allocation"] = allocation
+            reserved = [r for r in new_status.get("reservedFor") or [] if r.get("uid") != md["uid"]]
+            if len(reserved) >= MAX_RESERVED:
+                raise Conflict(f"claim {key} is already reserved for {MAX_RESERVED} consumers")
+            new_status["reservedFor"] = [*reserved, consumer]
+            await self._write_claim_status(claim)
+
+    async def bind(self, pod: Obj, node: str) -> None:
+        ns, name = key_of(pod)
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        await self.kube.create_subresource(PODS, ns, name, "binding", body)
+        bound = copy.deepcopy(pod)
+        bound.setdefault("spec", {})["nodeName"] = node
+        self.state.apply(PODS, "MODIFIED", bound)  # the watch brings the server's version right after
+
+    async def mark_unschedulable(self, pod: Obj, message: str) -> bool:
+        """PodScheduled=False (Unschedulable) with `message`; False when it already says exactly that."""
+        ns, name = key_of(pod)
+        conditions = list((pod.get("status") or {}).get("conditions") or [])
+        old = next((c for c in conditions if c.get("type") == "PodScheduled"), None)
+        if old and old.get("status") == "False" and old.get("reason") == "Unschedulable" and old.get("message") == message:
+            return False
+        cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                "lastProbeTime": None,
+                "lastTransitionTime": old.get("lastTransitionTime") if old and old.get("status") == "False" else _now()}
+        conditions = [c for c in conditions if c.get("type") != "PodScheduled"] + [cond]
+        updated = await self.kube.patch(PODS, ns, name, {"status": {"conditions": conditions}}, subresource="status")
+        self.state.apply(PODS, "MODIFIED", updated)
+        return True
+
+    async def event(self, pod: Obj, reason: str, message: str, warning: bool = False) -> None:
+        ns, name = key_of(pod)
+        now = _now()
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{name}.", "namespace": ns},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name,
+                                   "uid": pod["metadata"].get("uid", "")},
+                "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
+                "source": {"component": SCHEDULER_NAME}, "reportingComponent": SCHEDULER_NAME,
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        try:
+            await self.kube.create(EVENTS, ns, body)
+        except ApiError as exc:  # events are best effort, as upstream's recorder
+            log.warning("could not record event", pod=f"{ns}/{name}", reason=reason, error=str(exc))
+
+    async def release(self) -> bool:
+        """Drop consumers that are gone or done from every claim; free claims nobody uses. True if any write."""
+        pods = {(p.get("metadata") or {}).get("uid"): p for p in self.state.values(PODS)}
+        wrote = False
+        for claim in self.state.values(RESOURCECLAIMS):
+            status = claim.get("status") or {}
+            reserved = status.get("reservedFor") or []
+            keep = [r for r in reserved if r.get("resource") != "pods" or (
+                r.get("uid") in pods and (pods[r["uid"]].get("status") or {}).get("phase") not in DONE_PHASES)]
+            if len(keep) == len(reserved) and (keep or not status.get("allocation")):
+                continue
+            updated = copy.deepcopy(claim)
+            new_status = updated.setdefault("status", {})
+            if keep:
+                new_status["reservedFor"] = keep
+            else:
+                new_status.pop("reservedFor", None)
+                new_status.pop("allocation", None)
+                new_status.pop("devices", None)
+            try:
+                await self._write_claim_status(updated)
+            except Conflict:
+                continue  # the fresh claim is cached; the next pass looks again
+            wrote = True
+            log.info("released claim" if not keep else "removed finished consumers from claim",
+                     claim=f"{key_of(claim)[0]}/{key_of(claim)[1]}", consumers=len(keep))
+        return wrote
