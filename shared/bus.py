@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -50,6 +51,52 @@ _CONSUMER_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 class BusError(RuntimeError):
     """The bus could not do what was asked (not connected, no reply, bad reply)."""
+
+
+PUBLISH_RETRY_S = 30.0
+"""How long a JetStream publish keeps retrying through a leader change before it gives up."""
+
+
+def _retryable(exc: BaseException) -> bool:
+    """A JetStream publish error that a leader change or reconnect explains (worth retrying)."""
+    if isinstance(exc, (nats.errors.TimeoutError, nats.errors.NoRespondersError, TimeoutError,
+                        nats.errors.ConnectionReconnectingError, nats.js.errors.ServiceUnavailableError,
+                        nats.js.errors.NoStreamResponseError)):
+        return True
+    if isinstance(exc, nats.js.errors.APIError):
+        text = f"{exc.description or ''} {exc.err_code or ''} {exc.code or ''}".lower()
+        return "leader" in text or exc.code == 503
+    return False
+
+
+async def publish_with_retry(
+    js: JetStreamContext, subject: str, payload: bytes, headers: dict[str, str], *, budget_s: float = PUBLISH_RETRY_S
+) -> Any:
+    """Publish to JetStream, retrying a leader change / reconnect with backoff for `budget_s`.
+
+    `headers` must carry a Nats-Msg-Id: the stream drops a retry whose first try was already
+    stored, so a retry never doubles an event.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + budget_s
+    delay = 0.05
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return await js.publish(subject, payload, headers=headers)
+        except Exception as exc:  # noqa: BLE001 - classified just below
+            if not _retryable(exc):
+                raise
+            if loop.time() + delay > deadline:
+                raise BusError(
+                    f"JetStream publish to {subject} failed {attempts} times over {budget_s:.0f}s "
+                    f"({type(exc).__name__}: {exc}); check that a majority of the NATS cluster is up"
+                ) from exc
+            log.warning("jetstream publish retried", subject=subject, attempt=attempts,
+                        error=type(exc).__name__)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 @dataclass
@@ -102,9 +149,8 @@ class TypedKV(Generic[M]):
 
     async def put(self, key: str, value: Message) -> int:
         """Write a value; the write carries trace context like any publish."""
-        ack = await self._bus.js.publish(
-            f"$KV.{self.bucket.name}.{key}", encode(value), headers=inject_headers()
-        )
+        headers = inject_headers({"Nats-Msg-Id": uuid.uuid4().hex})  # a retry is dropped as a duplicate
+        ack = await publish_with_retry(self._bus.js, f"$KV.{self.bucket.name}.{key}", encode(value), headers)
         return int(ack.seq)
 
     async def delete(self, key: str) -> None:
@@ -153,8 +199,9 @@ class TypedKV(Generic[M]):
 class Bus:
     """A connected NATS client with JetStream, bound to the event catalog."""
 
-    def __init__(self, nc: NatsClient, name: str) -> None:
+    def __init__(self, nc: NatsClient, name: str, *, replicas: int = 1) -> None:
         self.nc = nc
+        self.replicas = replicas
         self.js: JetStreamContext = nc.jetstream()
         self.name = name
         self._subs: list[Subscription] = []
@@ -172,11 +219,15 @@ class Bus:
         reconnect_wait: float = 0.25,
         user: str | None = None,
         password: str | None = None,
+        replicas: int = 1,
     ) -> Bus:
-        """Connect with backoff; once connected, reconnect forever on loss."""
+        """Connect with backoff; once connected, reconnect forever on loss.
+
+        `replicas` is how many copies provision() asks for when it creates a stream or bucket."""
 
         async def on_disconnect() -> None:
-            log.warning("nats disconnected", client=name)
+            if not (nc.is_closed or nc.is_draining):  # our own close() is no news
+                log.warning("nats disconnected", client=name)
 
         async def on_reconnect() -> None:
             log.info("nats reconnected", client=name, server=str(nc.connected_url.netloc if nc.connected_url else ""))
@@ -204,7 +255,7 @@ class Bus:
                     ping_interval=5,
                     max_outstanding_pings=2,
                 )
-                return cls(nc, name)
+                return cls(nc, name, replicas=replicas)
             except Exception as exc:  # noqa: BLE001 - any connect failure is retried
                 last_error = exc
                 await asyncio.sleep(delay)
@@ -215,8 +266,17 @@ class Bus:
         )
 
     async def provision(self) -> None:
-        """Create or update the catalog's streams and KV buckets (idempotent)."""
+        """Create or update the catalog's streams and KV buckets (idempotent).
+
+        New streams and buckets get `self.replicas` copies; an existing stream keeps its replica
+        count when it already has more (an operator may have scaled it up)."""
         for stream in STREAMS:
+            replicas = self.replicas
+            try:
+                existing = await self.js.stream_info(stream.name)
+                replicas = max(replicas, int(existing.config.num_replicas or 1))
+            except nats.js.errors.NotFoundError:
+                pass
             config = StreamConfig(
                 name=stream.name,
                 subjects=list(stream.subjects),
@@ -224,6 +284,7 @@ class Bus:
                 max_bytes=stream.max_bytes,
                 storage=StorageType.FILE,
                 duplicate_window=120.0,
+                num_replicas=replicas,
             )
             try:
                 await self.js.add_stream(config)
@@ -238,7 +299,9 @@ class Bus:
         except nats.js.errors.BucketNotFoundError:
             try:
                 return await self.js.create_key_value(
-                    KeyValueConfig(bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None)
+                    KeyValueConfig(
+                        bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None, replicas=self.replicas
+                    )
                 )
             except nats.js.errors.BadRequestError:
                 return await self.js.key_value(bucket.name)
@@ -261,11 +324,13 @@ class Bus:
         with tracer.start_as_current_span(f"publish {entry.name}", kind=SpanKind.PRODUCER) as span:
             span.set_attribute("messaging.system", "nats")
             span.set_attribute("messaging.destination.name", subject)
-            headers = inject_headers({"Nats-Msg-Id": msg_id} if msg_id else None)
             payload = encode(message)
             if durable:
-                await self.js.publish(subject, payload, headers=headers)
+                # every durable publish carries a message id, so a retry is de-duplicated by the stream
+                headers = inject_headers({"Nats-Msg-Id": msg_id or uuid.uuid4().hex})
+                await publish_with_retry(self.js, subject, payload, headers)
             else:
+                headers = inject_headers({"Nats-Msg-Id": msg_id} if msg_id else None)
                 await self.nc.publish(subject, payload, headers=headers)
 
     async def _dead_letter(self, msg: Msg, consumer: str, error: str) -> None:

@@ -39,6 +39,9 @@ class CommonConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nats_url: Annotated[str, _help("NATS server URL(s), comma-separated; empty starts an embedded nats-server")] = ""
     nats_user: Annotated[str, _help("NATS user name (multi-tenant deployments)")] = ""
     nats_password: Annotated[str, _help("NATS password")] = ""
+    nats_replicas: Annotated[
+        int, msgspec.Meta(ge=1, le=5, description="copies of each JetStream stream/KV bucket this service creates")
+    ] = 1
     log_level: Annotated[Literal["debug", "info", "warning", "error"], _help("log level")] = "info"
     log_format: Annotated[Literal["text", "json"], _help("log line format")] = "text"
     otel_exporter: Annotated[

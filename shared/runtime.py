@@ -32,7 +32,8 @@ async def connected_bus(config: CommonConfig, client_name: str) -> AsyncIterator
         url = embedded.url
         log.info("no NATS URL configured; started embedded nats-server", url=url)
     bus = await Bus.connect(
-        url, name=client_name, user=config.nats_user or None, password=config.nats_password or None
+        url, name=client_name, user=config.nats_user or None, password=config.nats_password or None,
+        replicas=config.nats_replicas,
     )
     try:
         await bus.provision()

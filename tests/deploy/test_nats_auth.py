@@ -73,7 +73,11 @@ async def _delivered(admin: Conn, publisher: Conn, subject: str) -> None:
     await admin.nc.flush()
     await publisher.nc.publish(subject, b"{}")
     await publisher.nc.flush()
-    msg = await sub.next_msg(timeout=WAIT)
+    try:
+        msg = await sub.next_msg(timeout=WAIT)
+    except nats.errors.TimeoutError:
+        raise AssertionError(f"{subject!r} was not delivered within {WAIT}s; errors seen: "
+                             f"{[publisher.errors.get_nowait() for _ in range(publisher.errors.qsize())]}") from None
     assert msg.subject == subject
     await sub.unsubscribe()
 

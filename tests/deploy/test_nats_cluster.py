@@ -57,19 +57,24 @@ async def _connect(servers: list[ShippedConfigNats], user: str) -> Bus:
     return await Bus.connect(_urls(servers), name=user, user=user, password=test_password(user))
 
 
-async def _provision_replicated(bus: Bus, replicas: int) -> None:
-    """The catalog's streams and buckets as Bus.provision() makes them, with `replicas` copies.
-    Retries while the cluster elects its JetStream meta leader (no event tells us when)."""
+async def _wait_for_meta_leader(bus: Bus) -> None:
+    """Retries while the cluster elects its JetStream meta leader (no event tells us when)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 30
     while True:
         try:
             await bus.js.account_info()
-            break
+            return
         except (nats.errors.Error, nats.js.errors.Error):
             if loop.time() > deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def _provision_replicated(bus: Bus, replicas: int) -> None:
+    """The catalog's streams and buckets as Bus.provision() makes them, with `replicas` copies.
+    Retries while the cluster elects its JetStream meta leader (no event tells us when)."""
+    await _wait_for_meta_leader(bus)
     for stream in catalog.STREAMS:
         await bus.js.add_stream(StreamConfig(
             name=stream.name, subjects=list(stream.subjects), max_age=stream.max_age_s, max_bytes=stream.max_bytes,
@@ -166,14 +171,58 @@ async def test_killing_the_stream_leader_loses_no_event(cluster: list[ShippedCon
             await bus.close()
 
 
-@pytest.mark.xfail(strict=True, reason="Bus.provision() has no replicas setting: it rewrites an R3 stream to R1 "
-                   "(needs a shared/bus.py change, see docs/operations.md 'Replicas of streams')")
 async def test_bus_provision_keeps_the_replicas_of_existing_streams(cluster: list[ShippedConfigNats]) -> None:
     admin = await _connect(cluster, "admin")
     try:
         await _provision_replicated(admin, REPLICAS)
-        await admin.provision()  # what every service does at start
+        await admin.provision()  # what every service does at start (replicas defaults to 1)
         info = await admin.js.stream_info(catalog.EVENTS_STREAM.name)
+        assert admin.replicas == 1
         assert info.config.num_replicas == REPLICAS
     finally:
+        await admin.close()
+
+
+async def test_bus_provision_creates_streams_and_buckets_with_the_configured_replicas(
+    cluster: list[ShippedConfigNats],
+) -> None:
+    admin = await Bus.connect(_urls(cluster), name="admin", user="admin", password=test_password("admin"),
+                              replicas=REPLICAS)
+    try:
+        await _wait_for_meta_leader(admin)
+        await admin.provision()
+        for stream in catalog.STREAMS:
+            assert (await admin.js.stream_info(stream.name)).config.num_replicas == REPLICAS, stream.name
+        for bucket in catalog.BUCKETS:
+            info = await admin.js.stream_info(f"KV_{bucket.name}")
+            assert info.config.num_replicas == REPLICAS, bucket.name
+    finally:
+        await admin.close()
+
+
+async def test_bus_publish_retries_a_leader_change_without_doubling_events(cluster: list[ShippedConfigNats]) -> None:
+    """Bus.publish itself (no retry loop in the caller) rides through the stream leader's SIGKILL;
+    Nats-Msg-Id de-duplication keeps every event exactly once."""
+    admin = await _connect(cluster, "admin")
+    await _provision_replicated(admin, REPLICAS)
+    producer = await _connect(cluster, "discovery.gpu-a")
+    count = 40
+    try:
+        leader = (await admin.js.stream_info(catalog.EVENTS_STREAM.name)).cluster.leader
+        victim = next(s for s in cluster if s.env["NATS_SERVER_NAME"] == leader)
+        for seq in range(count):
+            if seq == count // 2:
+                await victim.stop(kill=True)
+            inventory = _inventory("gpu-a", seq)
+            await (await producer.kv(catalog.INVENTORY_BUCKET)).put("gpu-a", inventory)
+            await producer.publish(catalog.INVENTORY, inventory, msg_id=f"gpu-a-{seq}", node="gpu-a")
+        # a repeated publish of an already stored id is dropped, not doubled
+        await producer.publish(catalog.INVENTORY, _inventory("gpu-a", 0), msg_id="gpu-a-0", node="gpu-a")
+        info = await admin.js.stream_info(catalog.EVENTS_STREAM.name)
+        assert info.cluster.leader != leader
+        assert info.state.messages == count
+        last = await (await admin.kv(catalog.INVENTORY_BUCKET)).get("gpu-a")
+        assert last is not None and last.content_hash == f"gpu-a-{count - 1}"
+    finally:
+        await producer.close()
         await admin.close()
