@@ -40,46 +40,14 @@ from embedded.apiserver._schemas_paths import (
     group_version_path,
     to_swagger_paths,
 )
+from embedded.apiserver.resources import BUILTIN
 
 V3_PREFIX = "#/components/schemas/"
 V2_PREFIX = "#/definitions/"
 _ALWAYS = (STATUS_DEF, DELETE_OPTIONS_DEF, PATCH_DEF, WATCH_EVENT_DEF)
 
-# (group, versions, kind, plural, namespaced, subresources): what the embedded server serves.
-_BUILTIN: tuple[tuple[str, str, str, str, bool, tuple[str, ...]], ...] = (
-    ("", "v1", "Namespace", "namespaces", False, ("status",)),
-    ("", "v1", "Node", "nodes", False, ("status",)),
-    ("", "v1", "Pod", "pods", True, ("status",)),
-    ("", "v1", "Event", "events", True, ()),
-    ("", "v1", "ConfigMap", "configmaps", True, ()),
-    ("", "v1", "Secret", "secrets", True, ()),
-    ("", "v1", "ServiceAccount", "serviceaccounts", True, ()),
-    ("", "v1", "Service", "services", True, ("status",)),
-    ("apps", "v1", "Deployment", "deployments", True, ("status", "scale")),
-    ("apps", "v1", "ReplicaSet", "replicasets", True, ("status", "scale")),
-    ("apps", "v1", "DaemonSet", "daemonsets", True, ("status",)),
-    ("batch", "v1", "Job", "jobs", True, ("status",)),
-    ("coordination.k8s.io", "v1", "Lease", "leases", True, ()),
-    ("rbac.authorization.k8s.io", "v1", "Role", "roles", True, ()),
-    ("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True, ()),
-    ("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False, ()),
-    ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False, ()),
-    ("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True, ()),
-    ("networking.k8s.io", "v1", "Ingress", "ingresses", True, ("status",)),
-    ("networking.k8s.io", "v1", "IngressClass", "ingressclasses", False, ()),
-    ("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration", "validatingwebhookconfigurations",
-     False, ()),
-    ("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration", "mutatingwebhookconfigurations", False, ()),
-    ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicy", "validatingadmissionpolicies", False,
-     ("status",)),
-    ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings",
-     False, ()),
-    ("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False, ("status",)),
-    ("resource.k8s.io", "v1,v1beta1", "DeviceClass", "deviceclasses", False, ()),
-    ("resource.k8s.io", "v1,v1beta1", "ResourceClaim", "resourceclaims", True, ("status",)),
-    ("resource.k8s.io", "v1,v1beta1", "ResourceClaimTemplate", "resourceclaimtemplates", True, ()),
-    ("resource.k8s.io", "v1,v1beta1", "ResourceSlice", "resourceslices", False, ()),
-)
+# The subresources that OpenAPI documents as paths of their own.
+_DOCUMENTED_SUBRESOURCES = ("status", "scale")
 
 _lock = threading.Lock()
 _crds: dict[str, dict[str, Any]] = {}
@@ -123,10 +91,12 @@ class _Custom(msgspec.Struct, frozen=True):
 
 
 def _builtin_served() -> list[ServedResource]:
+    """Every built-in kind the server serves (resources.BUILTIN, the one list), per version."""
     out = []
-    for group, versions, kind, plural, namespaced, subs in _BUILTIN:
-        for version in versions.split(","):
-            out.append(ServedResource(group, version, kind, plural, namespaced, subs))
+    for res in BUILTIN:
+        subs = tuple(s for s in res.subresources if s in _DOCUMENTED_SUBRESOURCES)
+        for version in res.versions:
+            out.append(ServedResource(res.group, version, res.kind, res.plural, res.namespaced, subs))
     return out
 
 

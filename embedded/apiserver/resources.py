@@ -93,8 +93,12 @@ BUILTIN: list[Resource] = [
        subresources=["status", "scale"], field_selectors=("status.replicas",)),
     _r("apps", "v1", "DaemonSet", "daemonsets", True, short_names=["ds"], categories=["all"],
        subresources=["status"]),
+    _r("apps", "v1", "StatefulSet", "statefulsets", True, short_names=["sts"], categories=["all"],
+       subresources=["status", "scale"]),
     _r("batch", "v1", "Job", "jobs", True, categories=["all"], subresources=["status"],
        field_selectors=("status.successful",)),
+    _r("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True, short_names=["pdb"],
+       subresources=["status"]),
     _r("coordination.k8s.io", "v1", "Lease", "leases", True, has_generation=False),
     _r("events.k8s.io", "v1", "Event", "events", True, has_generation=False,
        field_selectors=("regarding.kind", "regarding.name", "regarding.namespace", "regarding.uid", "reason",
@@ -126,7 +130,7 @@ BUILTIN: list[Resource] = [
 
 # Groups in the order discovery lists them (the core group is served under /api).
 GROUP_ORDER = [
-    "", "apps", "batch", "coordination.k8s.io", "events.k8s.io", "rbac.authorization.k8s.io", "networking.k8s.io",
+    "", "apps", "batch", "policy", "coordination.k8s.io", "events.k8s.io", "rbac.authorization.k8s.io", "networking.k8s.io",
     "admissionregistration.k8s.io", "apiextensions.k8s.io", "resource.k8s.io",
 ]
 

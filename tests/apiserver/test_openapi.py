@@ -20,6 +20,7 @@ from embedded.apiserver.openapi import (
     openapi_v3_index,
     remove_crd_schema,
 )
+from embedded.apiserver.resources import BUILTIN
 
 KUBECTL = shutil.which("kubectl")
 CRD = {
@@ -130,10 +131,11 @@ def test_swagger_v2_has_definitions_with_patch_metadata() -> None:
 def _discovery() -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
     groups: dict[str, list[str]] = {}
     resources: dict[str, list[dict[str, Any]]] = {}
-    crds = [(c["spec"]["group"], ",".join(v["name"] for v in c["spec"]["versions"]), c["spec"]["names"]["kind"],
-             c["spec"]["names"]["plural"], c["spec"]["scope"] == "Namespaced", ()) for c in openapi._crds.values()]
-    for group, versions, kind, plural, namespaced, _subs in [*openapi._BUILTIN, *crds]:
-        for version in versions.split(","):
+    crds = [(c["spec"]["group"], [v["name"] for v in c["spec"]["versions"]], c["spec"]["names"]["kind"],
+             c["spec"]["names"]["plural"], c["spec"]["scope"] == "Namespaced") for c in openapi._crds.values()]
+    builtin = [(r.group, r.versions, r.kind, r.plural, r.namespaced) for r in BUILTIN]
+    for group, versions, kind, plural, namespaced in [*builtin, *crds]:
+        for version in versions:
             gv = f"{group}/{version}" if group else version
             if group:
                 groups.setdefault(group, [])
