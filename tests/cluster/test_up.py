@@ -130,3 +130,5 @@ def test_kubectl_sees_the_cluster_and_pods_get_and_free_gpus_and_ctrl_c_leaves_n
     assert leftovers == [], leftovers
     sockets = [p for p in up.data_dir.rglob("*.sock")] if up.data_dir.exists() else []
     assert sockets == [], sockets
+    kubelet_dirs = [n / "var/lib/kubelet" for n in (up.data_dir / "nodes").iterdir()]  # links to short socket dirs
+    assert all(d.is_symlink() and not d.exists() for d in kubelet_dirs), "the socket dirs are removed"
