@@ -26,7 +26,11 @@ from pathlib import Path
 from shared.events.catalog import (
     BUCKETS,
     CATALOG,
+    CD_AGENT_JOIN,
+    CD_AGENT_LEAVE,
+    CD_DELETED,
     CD_MEMBER,
+    CD_MEMBER_LEFT,
     CD_MEMBERS_BUCKET,
     CD_STATUS,
     CLAIM,
@@ -107,6 +111,7 @@ def _kv_read(bucket: str, keys: str = ">") -> list[str]:
         f"{JS}.DIRECT.GET.{stream}.$KV.{bucket}.{keys}",
         f"{JS}.CONSUMER.CREATE.{stream}",
         f"{JS}.CONSUMER.CREATE.{stream}.>",
+        f"{JS}.CONSUMER.INFO.{stream}.*",  # nats-py's KV watch (and keys()) reads its consumer's info
         f"$JS.FC.{stream}.>",
     ]
 
@@ -134,7 +139,8 @@ def _events(entries: Iterable[Entry], **tokens: str) -> list[str]:
 def node_permissions(role: str, node: str) -> Permissions:
     """What `role` on `node` may do: publish only that node's subjects and KV keys."""
     check_node(node)
-    device_ops = [e for e in CATALOG if e.pattern == "request"]
+    agent_ops = [CD_AGENT_JOIN, CD_AGENT_LEAVE]
+    device_ops = [e for e in CATALOG if e.pattern == "request" and e not in agent_ops]
     common = [*_jetstream_base(), _dead_letters()]
     if role == "discovery":
         return Permissions(
@@ -150,17 +156,21 @@ def node_permissions(role: str, node: str) -> Permissions:
             publish=common
             + _events((CLAIM,), node=node)
             + _events(device_ops, node=node)
+            + _events(agent_ops, node=node)
             + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>")
             + _kv_read(CD_MEMBERS_BUCKET.name),
-            subscribe=[INBOX],
+            # the kubelet's device-health stream follows this node's health events
+            subscribe=[*_events((HEALTH,), node=node), INBOX],
         )
     if role == "cd-agent":
         return Permissions(
             publish=common
-            + _events((CD_MEMBER,), node=node)
+            + _events((CD_MEMBER, CD_MEMBER_LEFT), node=node)
             + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}"]
             + _kv_read(CD_MEMBERS_BUCKET.name),
-            subscribe=[CD_STATUS.wildcard(), CD_MEMBER.wildcard(), INBOX],
+            subscribe=[CD_STATUS.wildcard(), CD_MEMBER.wildcard(), CD_DELETED.wildcard(),
+                       *_events(agent_ops, node=node), INBOX],
+            allow_responses=True,
         )
     raise UsersError(f"unknown node role {role!r}; known: {', '.join(NODE_ROLES)}")
 

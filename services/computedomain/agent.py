@@ -25,22 +25,27 @@ import msgspec
 import nats.js.errors
 
 from services.computedomain.config import AgentConfig
-from services.computedomain.events import (
+from services.computedomain.imex import ImexSupervisor
+from services.computedomain.imexconfig import DaemonFiles, write_hosts, write_static
+from services.computedomain.membership import Membership, MembershipError, token
+from shared.bus import Bus, MsgContext
+from shared.events.catalog import (
     CD_AGENT_JOIN,
     CD_AGENT_LEAVE,
     CD_DELETED,
+    CD_STATUS,
+    EVENTS_STREAM,
+    INVENTORY_BUCKET,
+)
+from shared.events.computedomain import (
     DomainDeleted,
+    DomainMember,
+    DomainStatusChanged,
     JoinReply,
     JoinRequest,
     LeaveReply,
     LeaveRequest,
 )
-from services.computedomain.imex import ImexSupervisor
-from services.computedomain.imexconfig import DaemonFiles, write_hosts, write_static
-from services.computedomain.membership import Membership, MembershipError, token
-from shared.bus import Bus, MsgContext
-from shared.events.catalog import CD_STATUS, EVENTS_STREAM, INVENTORY_BUCKET
-from shared.events.computedomain import DomainMember, DomainStatusChanged
 from shared.events.inventory import NodeInventory
 from shared.logs import get_logger
 
@@ -192,7 +197,7 @@ class Agent:
 
     async def _lookup(self, uid: str) -> DomainStatusChanged:
         """The domain as the controller last announced it; not-found while it has not (yet)."""
-        for subject, gone in ((f"dra.v1.cd.{token(uid)}.deleted", True), (CD_STATUS.format(domain_uid=token(uid)), False)):
+        for subject, gone in ((CD_DELETED.format(domain_uid=token(uid)), True), (CD_STATUS.format(domain_uid=token(uid)), False)):
             try:
                 raw = await self.bus.js.get_last_msg(EVENTS_STREAM.name, subject)
             except nats.js.errors.NotFoundError:
@@ -331,8 +336,9 @@ class Agent:
                 await domain.watcher
         if domain.supervisor is not None:
             await domain.supervisor.stop()
-        await self.membership.leave(domain.member, reason=reason)
+        # the files go before the member: leaving is what the controller (and a deletion) waits for
         await asyncio.to_thread(_remove_tree, domain.files.directory)
+        await self.membership.leave(domain.member, reason=reason)
         log.info("stopped serving compute domain", domain=domain.uid, reason=reason)
 
 

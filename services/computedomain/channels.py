@@ -30,9 +30,10 @@ from typing import Any, Literal
 import msgspec
 
 from services.computedomain.crd import CHANNEL_CONFIG_KIND, CONFIG_API_VERSION
-from services.computedomain.events import CD_AGENT_JOIN, CD_AGENT_LEAVE, JoinReply, JoinRequest, LeaveRequest
 from services.computedomain.membership import Membership, token, wait_for_status
 from shared.bus import Bus, BusError
+from shared.events.catalog import CD_AGENT_JOIN, CD_AGENT_LEAVE
+from shared.events.computedomain import JoinReply, JoinRequest, LeaveRequest
 from shared.logs import get_logger
 
 log = get_logger(__name__)

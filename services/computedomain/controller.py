@@ -25,12 +25,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.computedomain import crd
 from services.computedomain.channels import channel_config
-from services.computedomain.events import CD_DELETED, DomainDeleted
 from services.computedomain.membership import Membership, token
 from shared.bus import Bus
 from shared.events.base import now_unix
-from shared.events.catalog import CD_STATUS
-from shared.events.computedomain import DomainMember, DomainStatusChanged
+from shared.events.catalog import CD_DELETED, CD_STATUS
+from shared.events.computedomain import DomainDeleted, DomainMember, DomainStatusChanged
 from shared.logs import get_logger
 
 log = get_logger(__name__)

@@ -21,11 +21,10 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from services.computedomain.events import CD_MEMBER_LEFT, MemberLeft
 from shared.bus import Bus, TypedKV, encode
 from shared.events.base import now_unix
-from shared.events.catalog import CD_MEMBER, CD_MEMBERS_BUCKET
-from shared.events.computedomain import DomainMember, MemberStatus
+from shared.events.catalog import CD_MEMBER, CD_MEMBER_LEFT, CD_MEMBERS_BUCKET
+from shared.events.computedomain import DomainMember, MemberLeft, MemberStatus
 from shared.logs import get_logger
 
 log = get_logger(__name__)

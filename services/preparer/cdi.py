@@ -1,9 +1,10 @@
 """CDI specs for prepared claims: one file per claim in the CDI dir, written atomically, removed on unprepare.
 
-Owns the spec layout (kind `k8s.gpu.nvidia.com/claim`, device names `<claimUID>-<device>`, file
-`k8s.gpu.nvidia.com-claim_<uid>.json`), the minimum `cdiVersion` for the features used, the
-claim-wide edits (control device nodes, `NVIDIA_VISIBLE_DEVICES=void`) and per-device edits
-(device nodes, MPS pipe/shm mounts and env).
+Owns the spec layout per driver (`CdiKind`: `k8s.gpu.nvidia.com/claim` for GPUs,
+`k8s.compute-domain.nvidia.com/claim` for IMEX channels, as upstream; device names
+`<claimUID>-<device>`, file `<vendor>-claim_<uid>.json`), the minimum `cdiVersion` for the features
+used, the claim-wide edits (GPU: control device nodes, `NVIDIA_VISIBLE_DEVICES=void`) and per-device
+edits (device nodes, char-device major/minor/mode for nodes a runtime creates, MPS mounts and env).
 """
 
 from __future__ import annotations
@@ -30,13 +31,46 @@ class CdiError(ValueError):
     """A spec could not be built or written."""
 
 
+@dataclass(frozen=True)
+class CdiKind:
+    """One driver's CDI vendor and class, and the env every container of its claims gets."""
+
+    vendor: str
+    cls: str = CLASS
+    common_env: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return f"{self.vendor}/{self.cls}"
+
+
+GPU_CDI = CdiKind(VENDOR, CLASS, ("NVIDIA_VISIBLE_DEVICES=void",))
+CHANNEL_CDI = CdiKind("k8s.compute-domain.nvidia.com", CLASS)
+
+
 @dataclass
 class DeviceNode:
     path: str  # in the container
     host_path: str
+    type: str = ""  # "c" for a char device the runtime creates from major/minor
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
+    permissions: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "hostPath": self.host_path}
+        out: dict[str, Any] = {"path": self.path, "hostPath": self.host_path}
+        if self.type:
+            out["type"] = self.type
+        if self.major is not None:
+            out["major"] = self.major
+        if self.minor is not None:
+            out["minor"] = self.minor
+        if self.file_mode is not None:
+            out["fileMode"] = self.file_mode
+        if self.permissions:
+            out["permissions"] = self.permissions
+        return out
 
 
 @dataclass
@@ -57,16 +91,16 @@ class CdiDevice:
     mounts: list[Mount] = field(default_factory=list)
 
 
-def spec_file_name(claim_uid: str) -> str:
-    return f"{VENDOR}-{CLASS}_{claim_uid}.json".replace("/", "_")
+def spec_file_name(claim_uid: str, cdi_kind: CdiKind = GPU_CDI) -> str:
+    return f"{cdi_kind.vendor}-{cdi_kind.cls}_{claim_uid}.json".replace("/", "_")
 
 
 def device_name(claim_uid: str, device: str) -> str:
     return f"{claim_uid}-{device}"
 
 
-def device_id(claim_uid: str, device: str) -> str:
-    return f"{KIND}={device_name(claim_uid, device)}"
+def device_id(claim_uid: str, device: str, cdi_kind: CdiKind = GPU_CDI) -> str:
+    return f"{cdi_kind.kind}={device_name(claim_uid, device)}"
 
 
 def mps_edits(pipe_dir: str, shm_dir: str) -> tuple[list[str], list[Mount]]:
@@ -86,7 +120,8 @@ def _edits(nodes: list[DeviceNode], env: list[str], mounts: list[Mount]) -> dict
     return edits
 
 
-def build_spec(claim_uid: str, devices: list[CdiDevice], control_nodes: list[DeviceNode]) -> dict[str, Any]:
+def build_spec(claim_uid: str, devices: list[CdiDevice], control_nodes: list[DeviceNode],
+               cdi_kind: CdiKind = GPU_CDI) -> dict[str, Any]:
     """The claim's CDI spec as a JSON-ready dict (validated like the CDI loader validates)."""
     if not devices:
         raise CdiError(f"claim {claim_uid} has no devices for a CDI spec")
@@ -106,21 +141,27 @@ def build_spec(claim_uid: str, devices: list[CdiDevice], control_nodes: list[Dev
     spec: dict[str, Any] = {
         # 0.5.0: deviceNodes[].hostPath and device names that may start with a digit (claim UIDs).
         "cdiVersion": "0.5.0",
-        "kind": KIND,
+        "kind": cdi_kind.kind,
         "devices": out_devices,
-        "containerEdits": _edits(control_nodes, ["NVIDIA_VISIBLE_DEVICES=void"], []),
     }
+    common = _edits(control_nodes, list(cdi_kind.common_env), [])
+    if common:
+        spec["containerEdits"] = common
     return spec
 
 
 class CdiWriter:
     """Writes and removes per-claim specs in one CDI directory."""
 
-    def __init__(self, cdi_dir: Path) -> None:
+    def __init__(self, cdi_dir: Path, cdi_kind: CdiKind = GPU_CDI) -> None:
         self.dir = Path(cdi_dir)
+        self.cdi_kind = cdi_kind
 
     def path_for(self, claim_uid: str) -> Path:
-        return self.dir / spec_file_name(claim_uid)
+        return self.dir / spec_file_name(claim_uid, self.cdi_kind)
+
+    def device_id(self, claim_uid: str, device: str) -> str:
+        return device_id(claim_uid, device, self.cdi_kind)
 
     def _write_sync(self, claim_uid: str, spec: dict[str, Any]) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,10 @@
-"""`gpu-dra preparer`: flags -> typed config -> run the kubelet plugin until SIGINT/SIGTERM.
+"""`gpu-dra preparer`: flags -> typed config -> run the kubelet plugins until SIGINT/SIGTERM.
 
-Owns process wiring only: the Kubernetes client (kubeconfig or in-cluster), the NATS connection
-in the background (an embedded nats-server when no URL is set), the Kubernetes Event for a
-quarantined checkpoint, and exit codes (0 ok, 2 bad settings, 1 failed to start).
+Owns process wiring only: one PreparerService per driver in `--drivers` (each on its own sockets),
+the Kubernetes client they share (kubeconfig or in-cluster), the one NATS connection in the
+background that every service gets once it answers (an embedded nats-server when no URL is set),
+the Kubernetes Event for a quarantined checkpoint, and exit codes (0 ok, 2 bad settings, 1 failed
+to start).
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
     return report
 
 
-async def connect_bus_forever(cfg: PreparerConfig, service: PreparerService, stopping: asyncio.Event) -> None:
-    """Attach a bus to the service as soon as NATS answers; keep trying until stopped."""
+async def connect_bus_forever(cfg: PreparerConfig, services: list[PreparerService], stopping: asyncio.Event) -> None:
+    """Attach a bus to the services as soon as NATS answers; keep trying until stopped."""
     embedded: EmbeddedNats | None = None
     url = cfg.nats_url
     if not url:
@@ -79,7 +81,8 @@ async def connect_bus_forever(cfg: PreparerConfig, service: PreparerService, sto
             await bus.provision()
         except Exception as exc:  # noqa: BLE001 - another service may own the streams
             log.info("stream/bucket provisioning skipped", error=str(exc))
-        service.attach_bus(bus)
+        for service in services:
+            service.attach_bus(bus)
         await stopping.wait()
     finally:
         if bus is not None:
@@ -90,21 +93,30 @@ async def connect_bus_forever(cfg: PreparerConfig, service: PreparerService, sto
 
 async def _run(cfg: PreparerConfig) -> int:
     api_client = await kube_api_client(cfg.kubeconfig)
-    service = PreparerService(cfg, KubeClaimSource(api_client),
-                              report_corrupt=corrupt_checkpoint_reporter(api_client, cfg.node, cfg.driver))
+    claims = KubeClaimSource(api_client)
+    services = [PreparerService(cfg, claims, driver=driver,
+                                report_corrupt=corrupt_checkpoint_reporter(api_client, cfg.node, driver))
+                for driver in cfg.drivers]
     failed: list[BaseException] = []
 
     async def main(stopping: asyncio.Event) -> None:
+        started: list[PreparerService] = []
         try:
-            await service.start()
+            for service in services:
+                await service.start()
+                started.append(service)
         except (SocketError, OSError) as exc:
             failed.append(exc)
+            for service in reversed(started):
+                await service.stop()
+            await api_client.close()
             return
-        bus_task = asyncio.create_task(connect_bus_forever(cfg, service, stopping))
+        bus_task = asyncio.create_task(connect_bus_forever(cfg, services, stopping))
         try:
             await stopping.wait()
         finally:
-            await service.stop()
+            for service in reversed(services):
+                await service.stop()
             with contextlib.suppress(asyncio.CancelledError):
                 await bus_task
             await api_client.close()

@@ -9,8 +9,11 @@ from typing import Annotated
 import msgspec
 
 from shared.config import CommonConfig, ConfigError, load_config
+from shared.deviceclasses import CD_DRIVER, GPU_DRIVER
 
-DESCRIPTION = "The kubelet DRA plugin for gpu.nvidia.com: registration, prepare/unprepare, CDI, checkpoint."
+DRIVERS = (GPU_DRIVER, CD_DRIVER)
+DESCRIPTION = ("The kubelet DRA plugins for gpu.nvidia.com and compute-domain.nvidia.com (each on its own "
+               "registration and DRA sockets): prepare/unprepare, CDI, checkpoint.")
 
 
 def _h(text: str) -> msgspec.Meta:
@@ -19,7 +22,8 @@ def _h(text: str) -> msgspec.Meta:
 
 class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     node: Annotated[str, _h("this node's name (default: NODE_NAME, else the host name)")] = ""
-    driver: Annotated[str, _h("DRA driver name")] = "gpu.nvidia.com"
+    drivers: Annotated[list[str], _h(f"DRA drivers to serve, comma-separated, each on its own sockets ({', '.join(DRIVERS)})")] = (
+        msgspec.field(default_factory=lambda: list(DRIVERS)))
     registry_dir: Annotated[str, _h("kubelet plugin registration directory")] = "/var/lib/kubelet/plugins_registry"
     plugins_dir: Annotated[str, _h("kubelet plugins directory (holds <driver>/dra.sock and checkpoint.json)")] = (
         "/var/lib/kubelet/plugins")
@@ -29,6 +33,9 @@ class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     kubeconfig: Annotated[str, _h("kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config)")] = ""
     cleanup_interval: Annotated[float, msgspec.Meta(gt=0, description="seconds between stale-claim cleanups")] = 600.0
     device_op_timeout: Annotated[float, msgspec.Meta(gt=0, description="seconds to wait for discovery")] = 30.0
+    channel_ready_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
+        "seconds a ComputeDomain channel prepare waits for the node's IMEX daemon to be Ready before it "
+        "answers with a retryable error (the kubelet calls again)"))] = 20.0
 
     def resolved(self) -> PreparerConfig:
         node = self.node or os.environ.get("NODE_NAME", "") or socket.gethostname()
@@ -40,7 +47,11 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> PreparerConfig:
     for name in ("registry_dir", "plugins_dir", "cdi_dir"):
         if not os.path.isabs(getattr(cfg, name)):
             raise ConfigError(f"--{name.replace('_', '-')} must be an absolute path, got {getattr(cfg, name)!r}")
+    unknown = [d for d in cfg.drivers if d not in DRIVERS]
+    if unknown or not cfg.drivers or len(set(cfg.drivers)) != len(cfg.drivers):
+        raise ConfigError(f"--drivers must name each of {', '.join(DRIVERS)} at most once (at least one), "
+                          f"got {','.join(cfg.drivers)!r}")
     return cfg.resolved()
 
 
-__all__ = ["ConfigError", "PreparerConfig", "parse"]
+__all__ = ["DRIVERS", "ConfigError", "PreparerConfig", "parse"]

@@ -143,6 +143,20 @@ class Inventory:
             if key == self.node and value is not None:
                 await self.update(value)
 
+    async def follow(self, bus: Any, retry_s: float = 1.0) -> None:
+        """`watch`, started again whenever NATS drops it (until cancelled)."""
+        while True:
+            try:
+                await self.watch(bus)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - NATS away: try again
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError from exc  # a cleanup error must not swallow our stop
+                log.info("inventory watch interrupted; retrying", error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(retry_s)
+
     def host_path(self, container_path: str) -> str:
         root = self.dev_root.rstrip("/")
         return f"{root}{container_path}" if root else container_path

@@ -29,8 +29,11 @@ def init(driver: str) -> None:
         INFLIGHT.labels(driver, op)
 
 
+DEVICE_TYPES = {"gpu.nvidia.com": ("gpu", "mig"), "compute-domain.nvidia.com": ("channel", "daemon")}
+
+
 def set_prepared(node: str, driver: str, checkpoint: Checkpoint) -> None:
-    counts = {"gpu": 0, "mig": 0, "unknown": 0}
+    counts = dict.fromkeys((*DEVICE_TYPES.get(driver, ()), "unknown"), 0)
     for record in checkpoint.claims.values():
         if record.state != "PrepareCompleted":
             continue

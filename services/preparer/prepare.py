@@ -1,25 +1,24 @@
-"""The core: claim + allocation + configs -> prepared devices, and the way back.
+"""The `gpu.nvidia.com` core: claim + allocation + configs -> prepared GPUs and MIG devices, and the way back.
 
-Owns the prepare/unprepare state machine per claim (checkpoint `PrepareStarted` -> side effects ->
-CDI -> `PrepareCompleted`), idempotency, the overlap guard (a device held by another completed
-claim is refused unless both share it by config), per-claim serialisation, rollback of partial
-prepares (at start, on retry, and for stale claims periodically), and lifecycle events.
+Owns what a GPU prepare does inside the shared claim state machine (`claimstate.ClaimPreparer`:
+serialisation, idempotency, rollback, stale cleanup, events): device resolution, opaque configs,
+the overlap guard (a device held by another completed claim is refused unless both share it by
+config), time-slicing, MPS and dynamic MIG through discovery, and the claim's CDI spec.
 I/O goes through small ports: ClaimSource, Inventory, DeviceOps, CdiWriter, Checkpoint.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
 from services.preparer import metrics
 from services.preparer.cdi import CdiDevice, CdiWriter, DeviceNode, build_spec, device_id, mps_edits
 from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
-from services.preparer.claims import ClaimNotFound, ClaimSource, ResourceClaim, selector_node_names
+from services.preparer.claims import ClaimSource, ResourceClaim
+from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed
 from services.preparer.configs import (
     ConfigError,
     GpuConfig,
@@ -32,32 +31,11 @@ from services.preparer.configs import (
 )
 from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
 from services.preparer.lifecycle import LifecycleEvents
-from shared.events.claims import PreparedDeviceRef
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    uid: str
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}:{self.uid}"
-
-
-@dataclass
-class PrepareResult:
-    devices: list[PreparedDevice] = field(default_factory=list)
-    error: str = ""
-
-
-class PrepareFailed(Exception):
-    """A claim cannot be prepared as allocated; the message goes to the kubelet and the pod's events."""
 
 
 @dataclass
@@ -70,66 +48,19 @@ class _Planned:
     share_id: str
 
 
-class Preparer:
+class Preparer(ClaimPreparer):
     def __init__(self, *, driver: str, node: str, claims: ClaimSource, inventory: Inventory, ops: DeviceOps,
                  cdi: CdiWriter, checkpoint: Checkpoint, events: LifecycleEvents, pool: str = "") -> None:
-        self.driver = driver
-        self.node = node
-        self.pool = pool or node
-        self.claims = claims
+        super().__init__(driver=driver, node=node, claims=claims, cdi=cdi, checkpoint=checkpoint, events=events,
+                         pool=pool)
         self.inventory = inventory
         self.ops = ops
-        self.cdi = cdi
-        self.checkpoint = checkpoint
-        self.events = events
-        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-
-    # -- prepare ---------------------------------------------------------------------------
-    async def prepare(self, ref: ClaimRef) -> PrepareResult:
-        async with self._locks[ref.uid]:
-            record = self.checkpoint.claims.get(ref.uid)
-            if record is not None and record.state == "PrepareCompleted":
-                return PrepareResult(devices=list(record.devices))
-            try:
-                devices = await self._prepare(ref, record)
-            except PrepareFailed as exc:
-                message = f"error preparing devices for claim {ref}: {exc}"
-                log.warning("prepare failed", claim=str(ref), error=str(exc))
-                return PrepareResult(error=message)
-            return PrepareResult(devices=devices)
-
-    async def _fetch(self, ref: ClaimRef) -> ResourceClaim:
-        with tracer.start_as_current_span("claim.get") as span:
-            span.set_attribute("k8s.namespace.name", ref.namespace)
-            span.set_attribute("dra.claim.name", ref.name)
-            try:
-                claim = await self.claims.get(ref.namespace, ref.name)
-            except ClaimNotFound as exc:
-                raise PrepareFailed(str(exc)) from None
-            except Exception as exc:  # noqa: BLE001 - any fetch failure fails this claim, retried by the kubelet
-                raise PrepareFailed(f"retrieve claim {ref.namespace}/{ref.name}: {exc}") from None
-        if claim.metadata.uid != ref.uid:
-            raise PrepareFailed(f"claim {ref.namespace}/{ref.name} got replaced (UID {claim.metadata.uid}, "
-                                f"kubelet asked for {ref.uid})")
-        if claim.status.allocation is None:
-            raise PrepareFailed(f"claim {ref.namespace}/{ref.name} not allocated")
-        return claim
 
     def _plan(self, claim: ResourceClaim) -> tuple[list[_Planned], list[RawConfig]]:
         allocation = claim.status.allocation
         assert allocation is not None
-        pinned = selector_node_names(allocation.nodeSelector)
-        if pinned is not None and self.node not in pinned:
-            raise PrepareFailed(f"claim is allocated to node(s) {', '.join(sorted(pinned))}, not to this node "
-                                f"{self.node}")
-        results = allocation.devices.results if allocation.devices else []
         planned: list[_Planned] = []
-        for index, result in enumerate(results):
-            if result.driver != self.driver:
-                continue
-            if result.pool != self.pool:
-                raise PrepareFailed(f"device {result.pool}/{result.device} is in pool {result.pool!r}, not this "
-                                    f"node's pool {self.pool!r}: the claim is allocated to another node")
+        for index, result in self._our_results(claim):
             try:
                 resolved = self.inventory.resolve(result.device)
             except DeviceError as exc:
@@ -259,25 +190,7 @@ class Preparer:
                     cdi_devices[i].mounts += mounts
         return [cdi_devices[i] for i in sorted(cdi_devices)]
 
-    # -- unprepare and rollback ------------------------------------------------------------
-    async def unprepare(self, ref: ClaimRef) -> str:
-        """"" on success (also for a claim never prepared here), else the reason to retry."""
-        async with self._locks[ref.uid]:
-            record = self.checkpoint.claims.get(ref.uid)
-            if record is None:
-                log.info("unprepare noop: claim not found in checkpoint", claim=str(ref))
-                return ""
-            try:
-                await self._undo(ref.uid, record)
-                await self.checkpoint.remove(ref.uid)
-            except Exception as exc:  # noqa: BLE001 - the kubelet retries unprepare
-                log.warning("unprepare failed", claim=str(ref), error=str(exc))
-                return f"error unpreparing devices for claim {ref}: {exc}"
-        self._locks.pop(ref.uid, None)
-        metrics.set_prepared(self.node, self.driver, self.checkpoint)
-        self._emit("unprepared", ClaimRef(ref.uid, record.namespace, record.name), record)
-        return ""
-
+    # -- unprepare -------------------------------------------------------------------------
     def _still_used(self, uid: str, device: str) -> bool:
         return any(r.state == "PrepareCompleted" for _, r, _ in self.checkpoint.holders(device, exclude=uid))
 
@@ -315,71 +228,3 @@ class Preparer:
         except DeviceError:
             return ""
         return resolved.mig.uuid if resolved.mig is not None else ""
-
-    async def _rollback(self, uid: str, record: ClaimRecord, *, reason: str) -> None:
-        """Undo a partial prepare and forget it; if undo fails the PrepareStarted entry stays for a later try."""
-        try:
-            await self._undo(uid, record)
-        except Exception as exc:  # noqa: BLE001
-            log.error("rollback of a partial prepare failed; will retry", claim_uid=uid, error=str(exc))
-            raise PrepareFailed(f"rollback of an earlier partial prepare failed: {exc}") from None
-        await self.checkpoint.remove(uid)
-        self._emit("rolled-back", ClaimRef(uid, record.namespace, record.name), record, error=reason)
-        log.info("partial prepare rolled back", claim=f"{record.namespace}/{record.name}:{uid}", reason=reason)
-
-    async def recover(self, *, only_failed: bool = False) -> int:
-        """Roll back PrepareStarted claims no prepare is working on: at start all of them (a crash
-        interrupted them), later those whose rollback failed before. Returns how many were rolled back."""
-        done = 0
-        for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
-            lock = self._locks[uid]
-            if only_failed and lock.locked():
-                continue
-            async with lock:
-                if self.checkpoint.claims.get(uid) is not record:
-                    continue  # prepared or rolled back meanwhile
-                try:
-                    await self._rollback(uid, record, reason="interrupted prepare found at start"
-                                         if not only_failed else "partial prepare left by a failed rollback")
-                    done += 1
-                except PrepareFailed:
-                    continue
-        metrics.set_prepared(self.node, self.driver, self.checkpoint)
-        return done
-
-    async def cleanup_stale(self) -> int:
-        """Roll back PrepareStarted claims whose ResourceClaim is gone or no longer allocated here."""
-        done = 0
-        for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
-            lock = self._locks[uid]
-            if lock.locked() or not record.name:
-                continue  # being prepared right now, or a legacy entry without a name
-            try:
-                claim = await self.claims.get(record.namespace, record.name)
-                stale = claim.metadata.uid != uid or claim.status.allocation is None or not any(
-                    r.driver == self.driver and r.pool == self.pool
-                    for r in (claim.status.allocation.devices.results if claim.status.allocation.devices else []))
-            except ClaimNotFound:
-                stale = True
-            except Exception as exc:  # noqa: BLE001 - transient: next round
-                log.info("stale-claim check deferred", claim_uid=uid, error=str(exc))
-                continue
-            if not stale:
-                log.info("partially prepared claim not stale", claim=f"{record.namespace}/{record.name}")
-                continue
-            async with lock:
-                if self.checkpoint.claims.get(uid) is record:
-                    try:
-                        await self._rollback(uid, record, reason="stale claim (deleted or not allocated here)")
-                        done += 1
-                    except PrepareFailed:
-                        continue
-        return done
-
-    # -- events ----------------------------------------------------------------------------
-    def _emit(self, event: str, ref: ClaimRef, record: ClaimRecord, error: str = "") -> None:
-        refs = [PreparedDeviceRef(request=d.requests[0] if d.requests else "", pool=d.pool, device=d.device,
-                                  uuid=d.uuid, sharing=d.sharing, cdi_device_ids=list(d.cdi_device_ids))
-                for d in record.devices]
-        self.events.emit(event, uid=ref.uid, namespace=ref.namespace, name=ref.name,  # type: ignore[arg-type]
-                         generation=record.generation, devices=refs, error=error)

@@ -1,4 +1,4 @@
-"""The kubelet-facing gRPC surface: DRA `v1` and `v1beta1` DRAPlugin servicers over one core.
+"""The kubelet-facing gRPC surface: DRA `v1` and `v1beta1` DRAPlugin servicers over one driver's core.
 
 Owns decoding requests, the server span per RPC (continuing the kubelet's W3C context from gRPC
 metadata), per-request metrics, and encoding per-claim results: every claim of a request gets an
@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.preparer import metrics
 from services.preparer.checkpoint import PreparedDevice
-from services.preparer.prepare import ClaimRef, Preparer, PrepareResult
+from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareResult
 from services.preparer.protos import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from shared.logs import get_logger
 from shared.telemetry import extract_grpc_context, get_tracer
@@ -35,7 +35,7 @@ def _refs(claims: Any) -> list[ClaimRef]:
 class DraCore:
     """The version-independent handling of one RPC; the servicers below only translate messages."""
 
-    def __init__(self, preparer: Preparer, driver: str) -> None:
+    def __init__(self, preparer: ClaimPreparer, driver: str) -> None:
         self.preparer = preparer
         self.driver = driver
         metrics.init(driver)

@@ -13,7 +13,16 @@ from typing import Literal
 
 from shared.events.base import Message
 from shared.events.claims import ClaimLifecycle
-from shared.events.computedomain import DomainMember, DomainStatusChanged
+from shared.events.computedomain import (
+    DomainDeleted,
+    DomainMember,
+    DomainStatusChanged,
+    JoinReply,
+    JoinRequest,
+    LeaveReply,
+    LeaveRequest,
+    MemberLeft,
+)
 from shared.events.deadletter import DeadLetter
 from shared.events.devices import (
     InjectXidReply,
@@ -122,6 +131,25 @@ CD_STATUS = Entry(
     "cd-status", "dra.v1.cd.{domain_uid}.status", DomainStatusChanged, "event",
     "A ComputeDomain's readiness changed.",
 )
+CD_MEMBER_LEFT = Entry(
+    "cd-member-left", "dra.v1.cd.{domain_uid}.left.{node}", MemberLeft, "event",
+    "A node left a ComputeDomain (its KV entry under <domain-uid>.<node> was deleted).",
+)
+CD_DELETED = Entry(
+    "cd-deleted", "dra.v1.cd.{domain_uid}.deleted", DomainDeleted, "event",
+    "A ComputeDomain is being deleted; its daemons stop and its members leave.",
+)
+# The agent's requests are node-scoped like the device operations, and deliberately outside
+# `dra.v1.cd.>`: that prefix is captured by the DRA_EVENTS stream, which would answer a request
+# with a JetStream ack, and its second token is a domain UID.
+CD_AGENT_JOIN = Entry(
+    "cd-agent-join", "dra.v1.cd-agent.{node}.join", JoinRequest, "request",
+    "A channel claim for a ComputeDomain is prepared on a node: run its IMEX daemon, join.", JoinReply,
+)
+CD_AGENT_LEAVE = Entry(
+    "cd-agent-leave", "dra.v1.cd-agent.{node}.leave", LeaveRequest, "request",
+    "A channel claim was unprepared on a node; the last one leaves the domain.", LeaveReply,
+)
 DEAD_LETTER = Entry(
     "dead-letter", "dra.v1.deadletter.{consumer}", DeadLetter, "event",
     "A message a consumer could not decode, with the reason.",
@@ -140,6 +168,10 @@ CATALOG: tuple[Entry, ...] = (
     DEVICE_INJECT_XID,
     CD_MEMBER,
     CD_STATUS,
+    CD_MEMBER_LEFT,
+    CD_DELETED,
+    CD_AGENT_JOIN,
+    CD_AGENT_LEAVE,
     DEAD_LETTER,
 )
 

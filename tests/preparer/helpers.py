@@ -105,10 +105,11 @@ def node_config(root: Path, node: str = "n1", **overrides: Any) -> PreparerConfi
 
 
 @contextlib.asynccontextmanager
-async def running_node(claims: Any, root: Path, *, bus: Any = None, node: str = "n1",
+async def running_node(claims: Any, root: Path, *, bus: Any = None, node: str = "n1", driver: str = DRIVER,
                        **overrides: Any) -> AsyncIterator[Node]:
+    """The preparer of `driver` on its real sockets, registered with a kubelet emulator."""
     cfg = node_config(root, node, **overrides)
-    service = PreparerService(cfg, claims)
+    service = PreparerService(cfg, claims, driver=driver)
     await service.start()
     if bus is not None:
         service.attach_bus(bus)
@@ -124,8 +125,8 @@ async def running_node(claims: Any, root: Path, *, bus: Any = None, node: str = 
 async def wait_inventory(service: PreparerService, timeout: float = 10.0) -> None:
     """Until the preparer has discovery's inventory for its node."""
     async with asyncio.timeout(timeout):
-        while service.inventory.current is None:
-            await service.inventory.changed.wait()
+        while service.plugin.inventory.current is None:
+            await service.plugin.inventory.changed.wait()
 
 
 def cleanup(root: Path) -> None:

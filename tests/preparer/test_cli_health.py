@@ -26,13 +26,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_settings_from_flags_and_env() -> None:
     cfg = parse(["--node", "n7", "--cdi-dir", "/tmp/cdi"], env={"GPU_DRA_CLEANUP_INTERVAL": "30"})
-    assert (cfg.node, cfg.cdi_dir, cfg.cleanup_interval, cfg.driver) == ("n7", "/tmp/cdi", 30.0, "gpu.nvidia.com")
+    assert (cfg.node, cfg.cdi_dir, cfg.cleanup_interval) == ("n7", "/tmp/cdi", 30.0)
+    assert cfg.drivers == ["gpu.nvidia.com", "compute-domain.nvidia.com"]  # both, each on its own sockets
+    assert parse(["--drivers", "compute-domain.nvidia.com"]).drivers == ["compute-domain.nvidia.com"]
 
 
 @pytest.mark.parametrize(("argv", "env", "message"), [
     (["--cleanup-interval", "soon"], {}, "--cleanup-interval"),
     ([], {"GPU_DRA_CDI_ROOT": "/x"}, "unknown setting(s) GPU_DRA_CDI_ROOT"),
     (["--plugins-dir", "relative/dir"], {}, "--plugins-dir must be an absolute path"),
+    (["--drivers", "gpu.nvidia.com,tpu.example.com"], {}, "--drivers must name each of"),
 ])
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -1,0 +1,214 @@
+"""The per-claim state machine every driver's preparer shares; the driver supplies what a prepare does.
+
+Owns, for one driver on one node: per-claim serialisation, idempotency (a `PrepareCompleted` claim
+returns its checkpointed devices and does nothing else), unprepare (undo, then forget), rollback
+of partial prepares (at start, after a failed rollback, and for stale claims), the claim fetch and
+the checks every driver makes (same UID, allocated, pinned to this node, in this node's pool), and
+lifecycle events. A driver subclasses `ClaimPreparer` and implements the port:
+  `_prepare(ref, previous)`  fetch, plan, write `PrepareStarted`, side effects, CDI, `PrepareCompleted`
+  `_undo(uid, record)`       undo a claim's side effects (idempotent)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from services.preparer import metrics
+from services.preparer.cdi import CdiWriter
+from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
+from services.preparer.claims import (
+    AllocationResult,
+    ClaimNotFound,
+    ClaimSource,
+    ResourceClaim,
+    selector_node_names,
+)
+from services.preparer.lifecycle import LifecycleEvents
+from shared.events.claims import PreparedDeviceRef
+from shared.logs import get_logger
+from shared.telemetry import get_tracer
+
+log = get_logger(__name__)
+tracer = get_tracer(__name__)
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    uid: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}:{self.uid}"
+
+
+@dataclass
+class PrepareResult:
+    devices: list[PreparedDevice] = field(default_factory=list)
+    error: str = ""
+
+
+class PrepareFailed(Exception):
+    """A claim cannot be prepared as allocated; the message goes to the kubelet and the pod's events."""
+
+
+class ClaimPreparer:
+    """Prepare and unprepare one driver's claims on one node (see the module doc)."""
+
+    def __init__(self, *, driver: str, node: str, claims: ClaimSource, cdi: CdiWriter, checkpoint: Checkpoint,
+                 events: LifecycleEvents, pool: str = "") -> None:
+        self.driver = driver
+        self.node = node
+        self.pool = pool or node
+        self.claims = claims
+        self.cdi = cdi
+        self.checkpoint = checkpoint
+        self.events = events
+        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    # -- the port ---------------------------------------------------------------------------
+    async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
+        """Prepare a claim not completed here (`previous`: a PrepareStarted left by an earlier try)."""
+        raise NotImplementedError
+
+    async def _undo(self, uid: str, record: ClaimRecord) -> None:
+        """Undo a claim's side effects, CDI spec included (idempotent: safe to repeat)."""
+        raise NotImplementedError
+
+    # -- prepare ---------------------------------------------------------------------------
+    async def prepare(self, ref: ClaimRef) -> PrepareResult:
+        async with self._locks[ref.uid]:
+            record = self.checkpoint.claims.get(ref.uid)
+            if record is not None and record.state == "PrepareCompleted":
+                return PrepareResult(devices=list(record.devices))
+            try:
+                devices = await self._prepare(ref, record)
+            except PrepareFailed as exc:
+                message = f"error preparing devices for claim {ref}: {exc}"
+                log.warning("prepare failed", claim=str(ref), error=str(exc))
+                return PrepareResult(error=message)
+            return PrepareResult(devices=devices)
+
+    async def _fetch(self, ref: ClaimRef) -> ResourceClaim:
+        with tracer.start_as_current_span("claim.get") as span:
+            span.set_attribute("k8s.namespace.name", ref.namespace)
+            span.set_attribute("dra.claim.name", ref.name)
+            try:
+                claim = await self.claims.get(ref.namespace, ref.name)
+            except ClaimNotFound as exc:
+                raise PrepareFailed(str(exc)) from None
+            except Exception as exc:  # noqa: BLE001 - any fetch failure fails this claim, retried by the kubelet
+                raise PrepareFailed(f"retrieve claim {ref.namespace}/{ref.name}: {exc}") from None
+        if claim.metadata.uid != ref.uid:
+            raise PrepareFailed(f"claim {ref.namespace}/{ref.name} got replaced (UID {claim.metadata.uid}, "
+                                f"kubelet asked for {ref.uid})")
+        if claim.status.allocation is None:
+            raise PrepareFailed(f"claim {ref.namespace}/{ref.name} not allocated")
+        return claim
+
+    def _our_results(self, claim: ResourceClaim) -> list[tuple[int, AllocationResult]]:
+        """(index, result) of this driver's allocation results; refuses a claim allocated elsewhere."""
+        allocation = claim.status.allocation
+        assert allocation is not None
+        pinned = selector_node_names(allocation.nodeSelector)
+        if pinned is not None and self.node not in pinned:
+            raise PrepareFailed(f"claim is allocated to node(s) {', '.join(sorted(pinned))}, not to this node "
+                                f"{self.node}")
+        ours: list[tuple[int, AllocationResult]] = []
+        for index, result in enumerate(allocation.devices.results if allocation.devices else []):
+            if result.driver != self.driver:
+                continue
+            if result.pool != self.pool:
+                raise PrepareFailed(f"device {result.pool}/{result.device} is in pool {result.pool!r}, not this "
+                                    f"node's pool {self.pool!r}: the claim is allocated to another node")
+            ours.append((index, result))
+        return ours
+
+    # -- unprepare and rollback ------------------------------------------------------------
+    async def unprepare(self, ref: ClaimRef) -> str:
+        """"" on success (also for a claim never prepared here), else the reason to retry."""
+        async with self._locks[ref.uid]:
+            record = self.checkpoint.claims.get(ref.uid)
+            if record is None:
+                log.info("unprepare noop: claim not found in checkpoint", claim=str(ref))
+                return ""
+            try:
+                await self._undo(ref.uid, record)
+                await self.checkpoint.remove(ref.uid)
+            except Exception as exc:  # noqa: BLE001 - the kubelet retries unprepare
+                log.warning("unprepare failed", claim=str(ref), error=str(exc))
+                return f"error unpreparing devices for claim {ref}: {exc}"
+        self._locks.pop(ref.uid, None)
+        metrics.set_prepared(self.node, self.driver, self.checkpoint)
+        self._emit("unprepared", ClaimRef(ref.uid, record.namespace, record.name), record)
+        return ""
+
+    async def _rollback(self, uid: str, record: ClaimRecord, *, reason: str) -> None:
+        """Undo a partial prepare and forget it; if undo fails the PrepareStarted entry stays for a later try."""
+        try:
+            await self._undo(uid, record)
+        except Exception as exc:  # noqa: BLE001
+            log.error("rollback of a partial prepare failed; will retry", claim_uid=uid, error=str(exc))
+            raise PrepareFailed(f"rollback of an earlier partial prepare failed: {exc}") from None
+        await self.checkpoint.remove(uid)
+        self._emit("rolled-back", ClaimRef(uid, record.namespace, record.name), record, error=reason)
+        log.info("partial prepare rolled back", claim=f"{record.namespace}/{record.name}:{uid}", reason=reason)
+
+    async def recover(self, *, only_failed: bool = False) -> int:
+        """Roll back PrepareStarted claims no prepare is working on: at start all of them (a crash
+        interrupted them), later those whose rollback failed before. Returns how many were rolled back."""
+        done = 0
+        for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
+            lock = self._locks[uid]
+            if only_failed and lock.locked():
+                continue
+            async with lock:
+                if self.checkpoint.claims.get(uid) is not record:
+                    continue  # prepared or rolled back meanwhile
+                try:
+                    await self._rollback(uid, record, reason="interrupted prepare found at start"
+                                         if not only_failed else "partial prepare left by a failed rollback")
+                    done += 1
+                except PrepareFailed:
+                    continue
+        metrics.set_prepared(self.node, self.driver, self.checkpoint)
+        return done
+
+    async def cleanup_stale(self) -> int:
+        """Roll back PrepareStarted claims whose ResourceClaim is gone or no longer allocated here."""
+        done = 0
+        for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
+            lock = self._locks[uid]
+            if lock.locked() or not record.name:
+                continue  # being prepared right now, or a legacy entry without a name
+            try:
+                claim = await self.claims.get(record.namespace, record.name)
+                stale = claim.metadata.uid != uid or claim.status.allocation is None or not any(
+                    r.driver == self.driver and r.pool == self.pool
+                    for r in (claim.status.allocation.devices.results if claim.status.allocation.devices else []))
+            except ClaimNotFound:
+                stale = True
+            except Exception as exc:  # noqa: BLE001 - transient: next round
+                log.info("stale-claim check deferred", claim_uid=uid, error=str(exc))
+                continue
+            if not stale:
+                log.info("partially prepared claim not stale", claim=f"{record.namespace}/{record.name}")
+                continue
+            async with lock:
+                if self.checkpoint.claims.get(uid) is record:
+                    try:
+                        await self._rollback(uid, record, reason="stale claim (deleted or not allocated here)")
+                        done += 1
+                    except PrepareFailed:
+                        continue
+        return done
+
+    # -- events ----------------------------------------------------------------------------
+    def _emit(self, event: str, ref: ClaimRef, record: ClaimRecord, error: str = "") -> None:
+        refs = [PreparedDeviceRef(request=d.requests[0] if d.requests else "", pool=d.pool, device=d.device,
+                                  uuid=d.uuid, sharing=d.sharing, cdi_device_ids=list(d.cdi_device_ids))
+                for d in record.devices]
+        self.events.emit(event, uid=ref.uid, namespace=ref.namespace, name=ref.name,  # type: ignore[arg-type]
+                         generation=record.generation, devices=refs, error=error)

@@ -1,0 +1,56 @@
+"""The `gpu.nvidia.com` driver plugin: the GPU preparer and what it needs around it in the host.
+
+Owns the wiring of the GPU side: the node's inventory (local cache first, then discovery's KV
+value), device operations through discovery, the DRAResourceHealth stream on the DRA socket, the
+rollback of interrupted prepares at start, and the rollbacks that had to wait for discovery. The
+plain full-GPU path never waits for NATS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from services.preparer.cdi import CdiWriter
+from services.preparer.devices import DeviceOps, Inventory
+from services.preparer.drivers import PluginContext
+from services.preparer.health import HealthWatch, add_health_service
+from services.preparer.prepare import Preparer
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class GpuPlugin:
+    def __init__(self, ctx: PluginContext) -> None:
+        cfg = ctx.cfg
+        self.inventory = Inventory(cfg.node, ctx.plugin_dir / "inventory-cache.json", dev_root=cfg.dev_root)
+        self.ops = DeviceOps(cfg.node, timeout=cfg.device_op_timeout)
+        self.preparer = Preparer(driver=ctx.driver, node=cfg.node, claims=ctx.claims, inventory=self.inventory,
+                                 ops=self.ops, cdi=CdiWriter(Path(cfg.cdi_dir)), checkpoint=ctx.checkpoint,
+                                 events=ctx.events)
+        self.health = HealthWatch(cfg.node, self.inventory)
+
+    async def start(self) -> None:
+        await self.inventory.load_cache()
+        await self.preparer.recover()
+
+    def add_services(self, server: grpc.aio.Server) -> None:
+        add_health_service(server, self.health)
+
+    def attach_bus(self, bus: Any) -> dict[str, Coroutine[Any, Any, None]]:
+        self.ops.bus = bus
+        return {"inventory-watch": self.inventory.follow(bus), "health-watch": self.health.watch(bus),
+                "recover-with-bus": self._recover_with_bus()}
+
+    async def _recover_with_bus(self) -> None:
+        """Rollbacks that needed discovery (dynamic MIG, MPS, time-slicing) and failed at start run now."""
+        if not self.preparer.checkpoint.by_state("PrepareStarted"):
+            return
+        await self.inventory.wait_live(timeout=10.0)
+        done = await self.preparer.recover(only_failed=True)
+        if done:
+            log.info("interrupted prepares rolled back once discovery was reachable", claims=done)
