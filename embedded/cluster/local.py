@@ -36,13 +36,24 @@ GPU_DRIVER = "gpu.nvidia.com"
 
 class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     nodes: int = 2
-    gpus: str = "h100x8"  # --simulate spec for every node
+    gpus: str = "h100x8"  # --simulate spec for every node, or SPEC;SPEC;... one per node (cycled)
     machine: str = ""  # YAML machine file for every node (instead of --gpus)
     kubeconfig: str = ""  # where to write the kubeconfig (default <data-dir>/kubeconfig)
     data_dir: str = ""  # all state; a temp dir removed on exit when not given
     node_prefix: str = "gpu-node-"
     dynamic_mig: bool = False  # publish MIG-capable GPUs as partitionable devices
+    compute_domains: bool = True  # run a ComputeDomain agent (IMEX daemons) on every node
     start_timeout: float = 90.0
+
+    def node_spec(self, index: int) -> str:
+        """The --simulate spec of node `index`: `--gpus` may list one per node, separated by ';'."""
+        specs = [s.strip() for s in self.gpus.split(";") if s.strip()]
+        return specs[index % len(specs)] if specs else self.gpus
+
+
+def node_ip(index: int) -> str:
+    """A loopback address of a node's own, so that IMEX daemons of several nodes share one port."""
+    return f"127.0.{90 + index // 200}.{1 + index % 200}"
 
 
 class LocalCluster:
@@ -66,6 +77,7 @@ class LocalCluster:
         # kubelet dirs (sockets, checkpoints) live under a short runtime dir; <node>/var/lib/kubelet
         # in the data dir is a link to it, so the data dir still shows a node's whole tree.
         self.socket_root = Path(tempfile.mkdtemp(prefix="gdra-", dir="/tmp"))
+        self.imex_port = free_port()  # every node's IMEX daemon listens on it, each on its node's address
 
     def node_dir(self, node: str) -> Path:
         return self.data_dir / "nodes" / node
@@ -204,7 +216,8 @@ class LocalCluster:
         link.parent.mkdir(parents=True, exist_ok=True)
         if not link.is_symlink():
             link.symlink_to(paths["kubelet"], target_is_directory=True)
-        machine = ["--machine", self.cfg.machine] if self.cfg.machine else ["--simulate", self.cfg.gpus]
+        index = self.node_names.index(node)
+        machine = ["--machine", self.cfg.machine] if self.cfg.machine else ["--simulate", self.cfg.node_spec(index)]
         await self.supervisor.start(f"{node}-discovery", gpu_dra(
             "discovery", "--node", node, *machine, "--dev-root", str(paths["root"])))
         await self.supervisor.wait_until(f"{node} inventory", lambda: self._has_inventory(node),
@@ -213,6 +226,11 @@ class LocalCluster:
             "preparer", "--node", node, "--kubeconfig", str(self.kubeconfig_path),
             "--registry-dir", str(paths["registry"]), "--plugins-dir", str(paths["plugins"]),
             "--cdi-dir", str(paths["cdi"]), "--dev-root", str(paths["root"])))
+        if self.cfg.compute_domains:
+            await self.supervisor.start(f"{node}-cd-agent", gpu_dra(
+                "computedomain", "agent", "--node", node, "--ip-address", node_ip(index),
+                "--state-dir", str(paths["plugins"] / "compute-domain.nvidia.com"),
+                "--imex-server-port", str(self.imex_port), "--imex-cmd-port", str(self.imex_port + 1)))
         await self.supervisor.start(f"{node}-kubelet", gpu_dra(
             "kubelet", "--node", node, "--kubeconfig", str(self.kubeconfig_path),
             "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"])))
