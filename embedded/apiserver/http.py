@@ -135,6 +135,8 @@ class Handlers:
                 return json_response(discovery.api_versions(f"127.0.0.1:{self.server.port}"))
             group, version, rest = "", segs[0], segs[1:]
         else:
+            if not segs:  # `/apis/`, as some clients ask
+                return json_response(discovery.api_group_list(self.registry))
             if len(segs) == 1:
                 doc = discovery.api_group(self.registry, segs[0])
                 if doc is None:

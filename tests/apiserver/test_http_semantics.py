@@ -104,6 +104,8 @@ async def test_discovery_documents(http: Http) -> None:
     resource = next(g for g in groups["groups"] if g["name"] == "resource.k8s.io")
     assert [v["version"] for v in resource["versions"]] == ["v1", "v1beta1"]
     assert resource["preferredVersion"]["version"] == "v1"
+    status, slashed, _ = await http("GET", "/apis/")  # the trailing slash some clients send
+    assert status == 200 and slashed == groups
     _, core, _ = await http("GET", "/api/v1")
     pods = next(r for r in core["resources"] if r["name"] == "pods")
     assert pods["namespaced"] and "watch" in pods["verbs"] and pods["shortNames"] == ["po"]
