@@ -9,16 +9,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from shared.bus import Bus
-from shared.config import CommonConfig
+from shared.config import CommonConfig, ConfigError, load_config
 from shared.logs import get_logger, setup_logging
 from shared.metrics import start_metrics
 from shared.natsserver import EmbeddedNats
 from shared.telemetry import setup_telemetry, shutdown_telemetry
 
 log = get_logger(__name__)
+C = TypeVar("C", bound=CommonConfig)
 
 
 @contextlib.asynccontextmanager
@@ -67,3 +70,25 @@ async def run_until_stopped(main: Callable[[asyncio.Event], Awaitable[None]]) ->
         await main(stopping)
     finally:
         shutdown_telemetry()
+
+
+def service_main(
+    config_type: type[C],
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    description: str,
+    service: Callable[[C], str],
+    run: Callable[[C, asyncio.Event], Awaitable[None]],
+) -> int:
+    """A service's `main`: flags and `GPU_DRA_*` -> config (exit 2 naming a bad setting), logs,
+    traces and metrics for `service(cfg)`, then `run(cfg, stopping)` until SIGINT/SIGTERM (exit 0)."""
+    try:
+        cfg = load_config(config_type, list(sys.argv[1:] if argv is None else argv), prog=prog,
+                          description=description)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    prepare_process(cfg, service(cfg))
+    asyncio.run(run_until_stopped(lambda stopping: run(cfg, stopping)))
+    return 0

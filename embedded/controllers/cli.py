@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Annotated
 
 import msgspec
@@ -11,8 +10,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
 
 from embedded.controllers.runner import Controllers
-from shared.config import CommonConfig, ConfigError, load_config
-from shared.runtime import prepare_process, run_until_stopped
+from shared.config import CommonConfig
+from shared.runtime import service_main
 
 DESCRIPTION = ("Workload controllers of the local cluster: Deployments -> ReplicaSets -> Pods and Jobs -> Pods, "
                "driven by watches on the API server, until SIGTERM/SIGINT.")
@@ -31,12 +30,5 @@ async def run(cfg: ControllersConfig, stopping: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = load_config(ControllersConfig, list(sys.argv[1:] if argv is None else argv),
-                          prog="gpu-dra controllers", description=DESCRIPTION)
-    except ConfigError as exc:
-        print(f"gpu-dra controllers: {exc}", file=sys.stderr)
-        return 2
-    prepare_process(cfg, "controllers")
-    asyncio.run(run_until_stopped(lambda stopping: run(cfg, stopping)))
-    return 0
+    return service_main(ControllersConfig, argv, prog="gpu-dra controllers", description=DESCRIPTION,
+                        service=lambda cfg: "controllers", run=run)

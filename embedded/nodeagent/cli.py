@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 from kubernetes_asyncio import client
@@ -12,9 +11,9 @@ from kubernetes_asyncio import config as kube_config
 from embedded.nodeagent.node import NodeAgent
 from embedded.nodeagent.plugins import PluginRegistry
 from embedded.nodeagent.pods import PodRunner
-from shared.config import CommonConfig, ConfigError, load_config
+from shared.config import CommonConfig
 from shared.logs import get_logger
-from shared.runtime import prepare_process, run_until_stopped
+from shared.runtime import service_main
 
 log = get_logger(__name__)
 DESCRIPTION = ("Kubelet emulator: registers DRA plugins from the registry dir, prepares the claims of pods "
@@ -70,12 +69,5 @@ async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = load_config(KubeletConfig, list(sys.argv[1:] if argv is None else argv), prog="gpu-dra kubelet",
-                          description=DESCRIPTION)
-    except ConfigError as exc:
-        print(f"gpu-dra kubelet: {exc}", file=sys.stderr)
-        return 2
-    prepare_process(cfg, f"kubelet-{cfg.node}")
-    asyncio.run(run_until_stopped(lambda stopping: run(cfg, stopping)))
-    return 0
+    return service_main(KubeletConfig, argv, prog="gpu-dra kubelet", description=DESCRIPTION,
+                        service=lambda cfg: f"kubelet-{cfg.node}", run=run)

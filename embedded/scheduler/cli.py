@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
 
 from embedded.scheduler.loop import Scheduler
-from shared.config import CommonConfig, ConfigError, load_config
-from shared.runtime import prepare_process, run_until_stopped
+from shared.config import CommonConfig
+from shared.runtime import service_main
 
 DESCRIPTION = ("DRA scheduler of the local cluster: generates claims from templates and extended resources, "
                "allocates devices from ResourceSlices, reserves claims and binds pods; frees claims of finished pods.")
@@ -29,12 +28,5 @@ async def run(cfg: SchedulerConfig, stopping: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = load_config(SchedulerConfig, list(sys.argv[1:] if argv is None else argv), prog="gpu-dra scheduler",
-                          description=DESCRIPTION)
-    except ConfigError as exc:
-        print(f"gpu-dra scheduler: {exc}", file=sys.stderr)
-        return 2
-    prepare_process(cfg, "scheduler")
-    asyncio.run(run_until_stopped(lambda stopping: run(cfg, stopping)))
-    return 0
+    return service_main(SchedulerConfig, argv, prog="gpu-dra scheduler", description=DESCRIPTION,
+                        service=lambda cfg: "scheduler", run=run)
