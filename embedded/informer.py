@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import aiohttp
@@ -56,9 +56,20 @@ def controller_of(obj: Obj | None) -> Obj | None:
     return None
 
 
-def _rv(obj: Obj) -> int | None:
+def resource_version(obj: Obj) -> int | None:
+    """The object's resourceVersion as a number (the embedded server's are), or None."""
     text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
     return int(text) if text.isdigit() else None
+
+
+async def until_synced(synced: Iterable[asyncio.Event], stopping: asyncio.Event) -> bool:
+    """Wait until every informer has listed once (True), or until `stopping` is set first (False)."""
+    listed: asyncio.Future[Any] = asyncio.gather(*(event.wait() for event in synced))
+    stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait([listed, stop], return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    listed.cancel()
+    return not stopping.is_set()
 
 
 def _deleting(obj: Obj) -> Obj:
@@ -122,7 +133,7 @@ class Informer:
         if uid in self._gone and not (obj.get("metadata") or {}).get("deletionTimestamp"):
             obj = _deleting(obj)
         if old is not None and uid_of(old) == uid:
-            new_rv, old_rv = _rv(obj), _rv(old)
+            new_rv, old_rv = resource_version(obj), resource_version(old)
             if new_rv is not None and old_rv is not None and new_rv <= old_rv:
                 return False  # stale, or a write we applied already
         self.objects[key] = obj
@@ -169,7 +180,7 @@ class Informer:
             if uid_of(obj) in self._gone and not (obj.get("metadata") or {}).get("deletionTimestamp"):
                 obj = _deleting(obj)
             old = self.objects.get(key)
-            if old is not None and uid_of(old) == uid_of(obj) and _rv(old) == _rv(obj):
+            if old is not None and uid_of(old) == uid_of(obj) and resource_version(old) == resource_version(obj):
                 continue
             self.objects[key] = obj
             self._index(key, old, obj)

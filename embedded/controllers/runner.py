@@ -23,7 +23,7 @@ from kubernetes_asyncio.client import ApiClient
 from embedded.controllers.deployments import DeploymentController
 from embedded.controllers.jobs import JobController
 from embedded.controllers.replicasets import ReplicaSetController
-from embedded.informer import Informer, Obj, controller_of, key_of
+from embedded.informer import Informer, Obj, controller_of, key_of, until_synced
 from embedded.kubeapi import DEPLOYMENTS, JOBS, PODS, REPLICASETS, ApiError, Kube
 from shared.logs import get_logger
 
@@ -183,12 +183,7 @@ class Controllers:
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(i.run(stopping), name=f"inform-{i.res.plural}")
                                           for i in self.informers]
         try:
-            synced: asyncio.Future[Any] = asyncio.gather(*(i.synced.wait() for i in self.informers))
-            stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
-            await asyncio.wait([synced, stop], return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            synced.cancel()
-            if stopping.is_set():
+            if not await until_synced((i.synced for i in self.informers), stopping):
                 return
             tasks += [asyncio.create_task(self._work(), name=f"controller-worker-{n}") for n in range(self.workers)]
             self.ready.set()

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
+from embedded.informer import until_synced
 from embedded.kubeapi import (
     DEVICECLASSES,
     NAMESPACES,
@@ -122,12 +123,7 @@ class Scheduler:
     async def run(self, stopping: asyncio.Event) -> None:
         informers = [asyncio.create_task(self._inform(res, stopping), name=f"inform-{res.plural}") for res in WATCHED]
         try:
-            synced: asyncio.Future[Any] = asyncio.gather(*(e.wait() for e in self.synced.values()))
-            stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
-            await asyncio.wait([synced, stop], return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            synced.cancel()
-            if stopping.is_set():
+            if not await until_synced(self.synced.values(), stopping):
                 return
             self.ready.set()
             log.info("scheduler synced", pods=len(self.state.values(PODS)), nodes=len(self.state.values(NODES)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from embedded.informer import key_of, resource_version
 from embedded.kubeapi import (
     DEVICECLASSES,
     NAMESPACES,
@@ -34,19 +35,9 @@ Key = tuple[str, str]
 Obj = dict[str, Any]
 
 
-def key_of(obj: Obj) -> Key:
-    md = obj.get("metadata") or {}
-    return str(md.get("namespace") or ""), str(md.get("name") or "")
-
-
 def claim_key(obj: Obj) -> str:
     ns, name = key_of(obj)
     return f"{ns}/{name}"
-
-
-def _rv(obj: Obj) -> int | None:
-    text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-    return int(text) if text.isdigit() else None
 
 
 class ClusterState:
@@ -74,7 +65,7 @@ class ClusterState:
     def replace_all(self, res: Resource, items: Iterable[Obj]) -> None:
         self.objects[res.plural] = {key_of(o): o for o in items}
         if res is PODS:
-            for pod in sorted(items, key=lambda o: _rv(o) or 0):
+            for pod in sorted(items, key=lambda o: resource_version(o) or 0):
                 self._arrived(pod)
         if res is RESOURCECLAIMS:
             self.allocated = AllocatedState.from_claims(self.objects[res.plural].values())
@@ -85,7 +76,7 @@ class ClusterState:
         key = key_of(obj)
         old = cache.get(key)
         if old is not None and event != "DELETED":
-            new_rv, old_rv = _rv(obj), _rv(old)
+            new_rv, old_rv = resource_version(obj), resource_version(old)
             if new_rv is not None and old_rv is not None and new_rv < old_rv:
                 return old  # stale: we already hold a newer version
         if res is RESOURCECLAIMS and old is not None:
