@@ -34,6 +34,7 @@ from shared.events.catalog import (
     STREAMS,
     Bucket,
     Entry,
+    Stream,
 )
 from shared.events.deadletter import DeadLetter
 from shared.logs import get_logger
@@ -44,6 +45,7 @@ tracer = trace.get_tracer(__name__)
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R", bound=Message)
+T = TypeVar("T")
 
 _ENCODER = msgspec.json.Encoder()
 _CONSUMER_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -58,15 +60,46 @@ PUBLISH_RETRY_S = 30.0
 
 
 def _retryable(exc: BaseException) -> bool:
-    """A JetStream publish error that a leader change or reconnect explains (worth retrying)."""
+    """A JetStream error that a leader change or reconnect explains (worth retrying)."""
     if isinstance(exc, (nats.errors.TimeoutError, nats.errors.NoRespondersError, TimeoutError,
                         nats.errors.ConnectionReconnectingError, nats.js.errors.ServiceUnavailableError,
                         nats.js.errors.NoStreamResponseError)):
         return True
     if isinstance(exc, nats.js.errors.APIError):
-        text = f"{exc.description or ''} {exc.err_code or ''} {exc.code or ''}".lower()
-        return "leader" in text or exc.code == 503
+        # KV errors (KeyNotFoundError, ...) subclass APIError without setting its fields
+        code = getattr(exc, "code", None)
+        text = f"{getattr(exc, 'description', '') or ''} {getattr(exc, 'err_code', '') or ''} {code or ''}"
+        return "leader" in text.lower() or code == 503
     return False
+
+
+async def retry_jetstream(
+    call: Callable[[], Awaitable[T]], what: str, *, budget_s: float = PUBLISH_RETRY_S
+) -> T:
+    """`await call()`, retrying a leader change / reconnect with backoff for `budget_s`.
+
+    For JetStream API calls (stream and bucket lookups, KV reads and watches) that fail while a
+    NATS cluster elects a new meta or stream leader; any other error is raised at once.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + budget_s
+    delay = 0.05
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return await call()
+        except Exception as exc:  # noqa: BLE001 - classified just below
+            if not _retryable(exc):
+                raise
+            if loop.time() + delay > deadline:
+                raise BusError(
+                    f"{what} failed {attempts} times over {budget_s:.0f}s "
+                    f"({type(exc).__name__}: {exc}); check that a majority of the NATS cluster is up"
+                ) from exc
+            log.warning("jetstream call retried", call=what, attempt=attempts, error=type(exc).__name__)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 async def publish_with_retry(
@@ -77,26 +110,8 @@ async def publish_with_retry(
     `headers` must carry a Nats-Msg-Id: the stream drops a retry whose first try was already
     stored, so a retry never doubles an event.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + budget_s
-    delay = 0.05
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            return await js.publish(subject, payload, headers=headers)
-        except Exception as exc:  # noqa: BLE001 - classified just below
-            if not _retryable(exc):
-                raise
-            if loop.time() + delay > deadline:
-                raise BusError(
-                    f"JetStream publish to {subject} failed {attempts} times over {budget_s:.0f}s "
-                    f"({type(exc).__name__}: {exc}); check that a majority of the NATS cluster is up"
-                ) from exc
-            log.warning("jetstream publish retried", subject=subject, attempt=attempts,
-                        error=type(exc).__name__)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+    return await retry_jetstream(lambda: js.publish(subject, payload, headers=headers),
+                                 f"JetStream publish to {subject}", budget_s=budget_s)
 
 
 @dataclass
@@ -142,7 +157,7 @@ class TypedKV(Generic[M]):
 
     async def get(self, key: str) -> M | None:
         try:
-            entry = await self._kv.get(key)
+            entry = await retry_jetstream(lambda: self._kv.get(key), f"KV get {self.bucket.name}/{key}")
         except nats.js.errors.KeyNotFoundError:
             return None
         return self._decode(key, entry.value)
@@ -161,7 +176,7 @@ class TypedKV(Generic[M]):
 
     async def keys(self) -> list[str]:
         try:
-            return list(await self._kv.keys())
+            return list(await retry_jetstream(self._kv.keys, f"KV keys of {self.bucket.name}"))
         except nats.js.errors.NoKeysError:
             return []
 
@@ -178,7 +193,7 @@ class TypedKV(Generic[M]):
 
         An empty marker (key "") separates the initial values from live updates.
         """
-        watcher = await self._kv.watch(keys)
+        watcher = await retry_jetstream(lambda: self._kv.watch(keys), f"KV watch {self.bucket.name}/{keys}")
         try:
             while True:
                 try:
@@ -207,6 +222,19 @@ class Bus:
         self._subs: list[Subscription] = []
         self._kv_cache: dict[str, TypedKV[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._reconnect_callbacks: list[Callable[[], None]] = []
+
+    def on_reconnect(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` after every reconnect. Core subscriptions come back by themselves but miss
+        what was published while the connection was away; a consumer re-reads its state here."""
+        self._reconnect_callbacks.append(callback)
+
+    def _reconnected(self) -> None:
+        for callback in list(self._reconnect_callbacks):
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - one listener must not stop the others
+                log.exception("reconnect callback failed", client=self.name)
 
     @classmethod
     async def connect(
@@ -229,8 +257,12 @@ class Bus:
             if not (nc.is_closed or nc.is_draining):  # our own close() is no news
                 log.warning("nats disconnected", client=name)
 
+        connected: list[Bus] = []  # the Bus below, once there is one
+
         async def on_reconnect() -> None:
             log.info("nats reconnected", client=name, server=str(nc.connected_url.netloc if nc.connected_url else ""))
+            for bus in connected:
+                bus._reconnected()
 
         async def on_error(exc: Exception) -> None:
             log.warning("nats error", client=name, error=str(exc) or type(exc).__name__)
@@ -255,7 +287,8 @@ class Bus:
                     ping_interval=5,
                     max_outstanding_pings=2,
                 )
-                return cls(nc, name, replicas=replicas)
+                connected.append(cls(nc, name, replicas=replicas))
+                return connected[0]
             except Exception as exc:  # noqa: BLE001 - any connect failure is retried
                 last_error = exc
                 await asyncio.sleep(delay)
@@ -271,29 +304,36 @@ class Bus:
         New streams and buckets get `self.replicas` copies; an existing stream keeps its replica
         count when it already has more (an operator may have scaled it up)."""
         for stream in STREAMS:
-            replicas = self.replicas
-            try:
-                existing = await self.js.stream_info(stream.name)
-                replicas = max(replicas, int(existing.config.num_replicas or 1))
-            except nats.js.errors.NotFoundError:
-                pass
-            config = StreamConfig(
-                name=stream.name,
-                subjects=list(stream.subjects),
-                max_age=stream.max_age_s,
-                max_bytes=stream.max_bytes,
-                storage=StorageType.FILE,
-                duplicate_window=120.0,
-                num_replicas=replicas,
-            )
-            try:
-                await self.js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                await self.js.update_stream(config)
+            await retry_jetstream(lambda stream=stream: self._provision_stream(stream), f"provision stream {stream.name}")
         for bucket in BUCKETS:
             await self._bucket(bucket)
 
+    async def _provision_stream(self, stream: Stream) -> None:
+        replicas = self.replicas
+        try:
+            existing = await self.js.stream_info(stream.name)
+            replicas = max(replicas, int(existing.config.num_replicas or 1))
+        except nats.js.errors.NotFoundError:
+            pass
+        config = StreamConfig(
+            name=stream.name,
+            subjects=list(stream.subjects),
+            max_age=stream.max_age_s,
+            max_bytes=stream.max_bytes,
+            storage=StorageType.FILE,
+            duplicate_window=120.0,
+            num_replicas=replicas,
+        )
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError:
+            await self.js.update_stream(config)
+
     async def _bucket(self, bucket: Bucket) -> KeyValue:
+        """The bucket, created if missing; retried while the cluster elects a leader."""
+        return await retry_jetstream(lambda: self._bucket_once(bucket), f"open KV bucket {bucket.name}")
+
+    async def _bucket_once(self, bucket: Bucket) -> KeyValue:
         try:
             return await self.js.key_value(bucket.name)
         except nats.js.errors.BucketNotFoundError:

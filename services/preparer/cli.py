@@ -70,7 +70,8 @@ async def connect_bus_forever(cfg: PreparerConfig, services: list[PreparerServic
         while bus is None and not stopping.is_set():
             try:
                 bus = await Bus.connect(url, name=f"preparer-{cfg.node}", initial_attempts=3,
-                                        user=cfg.nats_user or None, password=cfg.nats_password or None)
+                                        user=cfg.nats_user or None, password=cfg.nats_password or None,
+                                        replicas=cfg.nats_replicas)
             except Exception as exc:  # noqa: BLE001 - keep serving the plain path, try again
                 log.warning("NATS not reachable yet; plain GPU prepares still work", error=str(exc))
                 with contextlib.suppress(TimeoutError):

@@ -90,8 +90,13 @@ class Membership:
 
     async def stop(self, *, clean: bool = True) -> None:
         """Stop beating; a clean stop deletes the key so peers take the nodes over at once."""
-        for task in self._tasks:
-            task.cancel()
+        # nats-py swallows a CancelledError that arrives while it flushes a publish (Client._flush_pending),
+        # so a loop cancelled there goes on: cancel again until every task has ended.
+        pending = set(self._tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.5)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

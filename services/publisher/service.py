@@ -154,6 +154,7 @@ class Publisher:
         await self.bus.subscribe(catalog.INVENTORY, self._on_inventory)
         await self.bus.subscribe(catalog.INVENTORY_WITHDRAWN, self._on_withdrawn)
         await self.bus.subscribe(catalog.HEALTH, self._on_health)
+        self.bus.on_reconnect(self._reconnected)
         await self._load_kv(time.time())
         for driver in slices.DRIVERS:
             await self.writer.list_driver(driver)
@@ -170,6 +171,7 @@ class Publisher:
 
     async def stop(self, *, clean: bool = True) -> None:
         """Stop; a clean stop hands this replica's nodes to its peers at once."""
+        self._ready = False
         await self.membership.stop(clean=clean)
         for task in self._tasks:
             task.cancel()
@@ -207,6 +209,22 @@ class Publisher:
     async def _on_health(self, h: DeviceHealth, _ctx: MsgContext) -> None:
         if self.state.set_health(h):
             self._enqueue(h.node, otel_context.get_current())
+
+    def _reconnected(self) -> None:
+        if self._ready:
+            self.bus.spawn(self._catch_up())
+
+    async def _catch_up(self) -> None:
+        """After a NATS reconnect: the subscriptions above missed what was published while the
+        connection was away (a NATS node lost), so re-read KV, as at start, and sync every node."""
+        try:
+            await self._load_kv(time.time())
+        except Exception as exc:  # noqa: BLE001 - the periodic resync repairs it
+            log.warning("re-reading KV after a NATS reconnect failed; the next resync repairs it", error=str(exc))
+            return
+        log.info("KV re-read after a NATS reconnect", nodes=len(self.state.inventory))
+        for node in self._known_nodes():
+            self._enqueue(node)
 
     def _node_changed(self, node: str) -> None:
         self._enqueue(node)

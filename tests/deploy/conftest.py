@@ -3,6 +3,7 @@ run the shipped nats-server configs with test credentials."""
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import functools
 import importlib.util
@@ -11,13 +12,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 import pytest
 import yaml
 
+from shared.bus import Bus
 from shared.natsserver import EmbeddedNats, free_port, nats_server_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,6 +30,9 @@ DEPLOY = REPO / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 NATS_DIR = DEPLOY / "nats"
 OVERLAYS = ("dev", "production")
+CLUSTER_NODES = ["gpu-a", "gpu-b"]  # the GPU nodes the `nats_cluster` fixture's users are generated for
+CLUSTER_SIZE = 3
+ROUTE_PASSWORD = "route-test-pw"
 V1BETA1_COMPONENT = KUBERNETES / "components" / "resource-v1beta1"
 
 
@@ -142,3 +150,47 @@ def server_env(name: str, store: Path, **extra: str) -> dict[str, str]:
         "NATS_STORE_DIR": str(store),
         **extra,
     }
+
+
+@pytest.fixture
+async def nats_cluster(tmp_path: Path) -> AsyncIterator[list[ShippedConfigNats]]:
+    """Three nats-server processes as one JetStream cluster on loopback, each on the shipped cluster
+    config with users generated for CLUSTER_NODES (passwords from `test_password`)."""
+    config = nats_layout(tmp_path, CLUSTER_NODES) / "nats-cluster.conf"
+    cluster_ports = [free_port() for _ in range(CLUSTER_SIZE)]
+    routes = {f"NATS_ROUTE_{i}": f"nats-route://route:{ROUTE_PASSWORD}@127.0.0.1:{port}"
+              for i, port in enumerate(cluster_ports)}
+    servers = []
+    for i, port in enumerate(cluster_ports):
+        store = tmp_path / f"nats-{i}"
+        env = server_env(f"gpu-dra-nats-{i}", store / "jetstream", NATS_CLUSTER_PORT=str(port),
+                         NATS_ROUTE_PASSWORD=ROUTE_PASSWORD, **routes)
+        servers.append(ShippedConfigNats(config, env, store))
+    try:
+        await asyncio.gather(*(s.start(timeout=30) for s in servers))
+        yield servers
+    finally:
+        await asyncio.gather(*(s.close() for s in servers))
+
+
+def cluster_urls(servers: list[ShippedConfigNats]) -> str:
+    """GPU_DRA_NATS_URL for these servers: every client URL, comma-separated."""
+    return ",".join(s.url for s in servers)
+
+
+def server_name(server: ShippedConfigNats) -> str:
+    return server.env["NATS_SERVER_NAME"]
+
+
+async def wait_for_meta_leader(bus: Bus, timeout: float = 30.0) -> None:
+    """Retries while the cluster elects its JetStream meta leader (no event tells us when)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            await bus.js.account_info()
+            return
+        except (nats.errors.Error, nats.js.errors.Error):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.2)

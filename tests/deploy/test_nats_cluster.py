@@ -3,14 +3,11 @@ cluster config with the generated users: the catalog's streams and KV buckets wi
 discovery users publishing inventories, a publisher-user durable consumer reading them, and the
 stream leader killed (SIGKILL) mid-run. No event is lost or duplicated, the consumer sees every
 event, and the KV holds each node's last inventory.
-(Services joining this cluster - discovery, publisher, preparer processes - come with issue 9's
-second part.)"""
+(The services themselves on this cluster, as processes: test_services_on_nats_cluster.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import nats.errors
 import nats.js.errors
@@ -20,61 +17,34 @@ from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 from shared.bus import Bus, BusError, MsgContext
 from shared.events import catalog
 from shared.events.inventory import NodeInventory
-from shared.natsserver import free_port
-from tests.deploy.conftest import ShippedConfigNats, nats_layout, server_env, test_password
+from tests.deploy.conftest import (
+    CLUSTER_NODES,
+    CLUSTER_SIZE,
+    ShippedConfigNats,
+    cluster_urls,
+    test_password,
+    wait_for_meta_leader,
+)
 
-NODES = ["gpu-a", "gpu-b"]
+NODES = CLUSTER_NODES
 EVENTS_PER_NODE = 60
-REPLICAS = 3
-ROUTE_PASSWORD = "route-test-pw"
+REPLICAS = CLUSTER_SIZE
 FAILOVER_BUDGET_S = 30.0
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[list[ShippedConfigNats]]:
-    config = nats_layout(tmp_path, NODES) / "nats-cluster.conf"
-    cluster_ports = [free_port() for _ in range(REPLICAS)]
-    routes = {f"NATS_ROUTE_{i}": f"nats-route://route:{ROUTE_PASSWORD}@127.0.0.1:{port}"
-              for i, port in enumerate(cluster_ports)}
-    servers = []
-    for i, port in enumerate(cluster_ports):
-        store = tmp_path / f"nats-{i}"
-        env = server_env(f"gpu-dra-nats-{i}", store / "jetstream", NATS_CLUSTER_PORT=str(port),
-                         NATS_ROUTE_PASSWORD=ROUTE_PASSWORD, **routes)
-        servers.append(ShippedConfigNats(config, env, store))
-    try:
-        await asyncio.gather(*(s.start(timeout=30) for s in servers))
-        yield servers
-    finally:
-        await asyncio.gather(*(s.close() for s in servers))
-
-
-def _urls(servers: list[ShippedConfigNats]) -> str:
-    return ",".join(s.url for s in servers)
+def cluster(nats_cluster: list[ShippedConfigNats]) -> list[ShippedConfigNats]:
+    return nats_cluster
 
 
 async def _connect(servers: list[ShippedConfigNats], user: str) -> Bus:
-    return await Bus.connect(_urls(servers), name=user, user=user, password=test_password(user))
-
-
-async def _wait_for_meta_leader(bus: Bus) -> None:
-    """Retries while the cluster elects its JetStream meta leader (no event tells us when)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while True:
-        try:
-            await bus.js.account_info()
-            return
-        except (nats.errors.Error, nats.js.errors.Error):
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+    return await Bus.connect(cluster_urls(servers), name=user, user=user, password=test_password(user))
 
 
 async def _provision_replicated(bus: Bus, replicas: int) -> None:
     """The catalog's streams and buckets as Bus.provision() makes them, with `replicas` copies.
     Retries while the cluster elects its JetStream meta leader (no event tells us when)."""
-    await _wait_for_meta_leader(bus)
+    await wait_for_meta_leader(bus)
     for stream in catalog.STREAMS:
         await bus.js.add_stream(StreamConfig(
             name=stream.name, subjects=list(stream.subjects), max_age=stream.max_age_s, max_bytes=stream.max_bytes,
@@ -186,10 +156,10 @@ async def test_bus_provision_keeps_the_replicas_of_existing_streams(cluster: lis
 async def test_bus_provision_creates_streams_and_buckets_with_the_configured_replicas(
     cluster: list[ShippedConfigNats],
 ) -> None:
-    admin = await Bus.connect(_urls(cluster), name="admin", user="admin", password=test_password("admin"),
+    admin = await Bus.connect(cluster_urls(cluster), name="admin", user="admin", password=test_password("admin"),
                               replicas=REPLICAS)
     try:
-        await _wait_for_meta_leader(admin)
+        await wait_for_meta_leader(admin)
         await admin.provision()
         for stream in catalog.STREAMS:
             assert (await admin.js.stream_info(stream.name)).config.num_replicas == REPLICAS, stream.name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import msgspec
 import pytest
@@ -188,6 +189,33 @@ async def test_conflicts_and_external_edits_are_read_again_and_repaired(bus, api
         [repaired] = await node_slices(client, "n1")
         assert repaired["spec"]["devices"][0]["attributes"]["productName"] != {"string": "tampered"}
         assert repaired["spec"]["pool"]["generation"] == stored["spec"]["pool"]["generation"] + 1
+
+
+async def test_an_inventory_missed_while_nats_was_away_is_read_from_kv_on_reconnect(bus, api, nats_server, tmp_path):
+    """The inventory subscription is core NATS: what is published while the connection is down (its NATS
+    node lost) never arrives. On reconnect the publisher re-reads KV, as at start, instead of waiting for
+    the periodic resync (an hour here)."""
+    client = api.client_raw
+    await ensure_node(client, "n1")
+    async with running_discovery(bus, node="seed", simulate="h100x2", root=tmp_path / "sim") as disc:
+        seed = disc.inventory
+    kv = await bus.kv(catalog.INVENTORY_BUCKET)
+    await kv.put("n1", msgspec.structs.replace(seed, node="n1"))
+    async with running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False) as pub:
+
+        async def devices() -> int:
+            return sum(len(s["spec"].get("devices") or []) for s in await node_slices(client, "n1"))
+
+        await until(pub, lambda: _equals(devices(), 2))
+        # the value a discovery wrote whose event the publisher did not hear
+        await kv.put("n1", msgspec.structs.replace(seed, node="n1", gpus=seed.gpus[:1],
+                                                   observed_at=seed.observed_at + 1))
+        await nats_server.restart()
+        await until(pub, lambda: _equals(devices(), 1), timeout=30)
+
+
+async def _equals(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
 
 
 async def test_a_crashed_replica_hands_its_nodes_over(bus, api, nats_server, tmp_path):
