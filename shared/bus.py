@@ -8,6 +8,7 @@ logged with its subject and sent to `dra.v1.deadletter.<consumer>`; the consumer
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -304,7 +305,7 @@ class Bus:
         New streams and buckets get `self.replicas` copies; an existing stream keeps its replica
         count when it already has more (an operator may have scaled it up)."""
         for stream in STREAMS:
-            await retry_jetstream(lambda stream=stream: self._provision_stream(stream), f"provision stream {stream.name}")
+            await retry_jetstream(functools.partial(self._provision_stream, stream), f"provision stream {stream.name}")
         for bucket in BUCKETS:
             await self._bucket(bucket)
 
