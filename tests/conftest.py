@@ -1,4 +1,4 @@
-"""Fixtures shared by every test: a real nats-server with JetStream."""
+"""Fixtures shared by every test: a real nats-server with JetStream, and a provisioned Bus on it."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from shared.bus import Bus
 from shared.natsserver import EmbeddedNats
 
 
@@ -17,3 +18,13 @@ async def nats_server(tmp_path) -> AsyncIterator[EmbeddedNats]:
         yield srv
     finally:
         await srv.close()
+
+
+@pytest.fixture
+async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
+    connected = await Bus.connect(nats_server.url, name="test-harness")
+    await connected.provision()
+    try:
+        yield connected
+    finally:
+        await connected.close()

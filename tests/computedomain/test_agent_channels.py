@@ -18,20 +18,9 @@ from services.computedomain.channels import (
     parse_channel_config,
 )
 from services.computedomain.membership import Membership
-from shared.bus import Bus
 from tests.computedomain.helpers import announce, node_ip, running_nodes
 
 GB200 = "gb200x4:clique=1"
-
-
-@pytest.fixture
-async def bus(nats_server):
-    b = await Bus.connect(nats_server.url, name="test")
-    await b.provision()
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 def claim(uid: str, domain: str, mode: str = "Single", ns: str = "ns") -> ChannelClaim:

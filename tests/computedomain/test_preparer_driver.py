@@ -40,16 +40,6 @@ CHANNEL0 = "/dev/nvidia-caps-imex-channels/channel0"
 
 
 @pytest.fixture
-async def bus(nats_server) -> AsyncIterator[Bus]:
-    connected = await Bus.connect(nats_server.url, name="cd-preparer-test")
-    await connected.provision()
-    try:
-        yield connected
-    finally:
-        await connected.close()
-
-
-@pytest.fixture
 def root() -> Any:
     path = short_root()
     try:

@@ -9,7 +9,6 @@ import pytest
 
 from services.discovery.testing import RunningDiscovery, running_discovery
 from shared.bus import Bus
-from shared.natsserver import EmbeddedNats
 from tests.preparer.helpers import MemoryClaims, cleanup, short_root
 
 
@@ -25,16 +24,6 @@ def root() -> Iterator[Path]:
 @pytest.fixture
 def claims() -> MemoryClaims:
     return MemoryClaims()
-
-
-@pytest.fixture
-async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
-    connected = await Bus.connect(nats_server.url, name="preparer-test")
-    await connected.provision()
-    try:
-        yield connected
-    finally:
-        await connected.close()
 
 
 @pytest.fixture

@@ -26,16 +26,6 @@ setup_telemetry("tests", "memory")
 
 
 @pytest.fixture
-async def bus(nats_server):
-    bus = await Bus.connect(nats_server.url, name="test-publisher-harness")
-    await bus.provision()
-    try:
-        yield bus
-    finally:
-        await bus.close()
-
-
-@pytest.fixture
 async def api(tmp_path):
     async with running_apiserver(tmp_path / "api") as server:
         client = await kube.make_client(kubeconfig=str(server.kubeconfig_path))
