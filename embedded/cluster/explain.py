@@ -12,15 +12,13 @@ import asyncio
 import sys
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio import config as kube_config
-
 from embedded.kubeapi import NODES, PODS, RESOURCECLAIMS, ApiError, Kube
 from embedded.scheduler.allocator import schedule
 from embedded.scheduler.explain import report_text
 from embedded.scheduler.plan import plan_pod
 from embedded.scheduler.pools import SliceIndex
 from embedded.scheduler.state import ClusterState, load_state
+from shared.kubeclient import kube_api_client
 
 Obj = dict[str, Any]
 
@@ -88,9 +86,7 @@ def explain_claim(state: ClusterState, namespace: str, name: str) -> str:
 
 
 async def explain(kind: str, namespace: str, name: str, kubeconfig: str) -> str:
-    api_cfg = client.Configuration()
-    await kube_config.load_kube_config(config_file=kubeconfig or None, client_configuration=api_cfg)
-    async with client.ApiClient(api_cfg) as api:
+    async with await kube_api_client(kubeconfig) as api:
         state = await load_state(Kube(api))
     return explain_pod(state, namespace, name) if kind == "pod" else explain_claim(state, namespace, name)
 

@@ -6,11 +6,10 @@ import asyncio
 from typing import Annotated
 
 import msgspec
-from kubernetes_asyncio import client
-from kubernetes_asyncio import config as kube_config
 
 from embedded.controllers.runner import Controllers
 from shared.config import CommonConfig
+from shared.kubeclient import kube_api_client
 from shared.runtime import service_main
 
 DESCRIPTION = ("Workload controllers of the local cluster: Deployments -> ReplicaSets -> Pods and Jobs -> Pods, "
@@ -23,9 +22,7 @@ class ControllersConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
 
 
 async def run(cfg: ControllersConfig, stopping: asyncio.Event) -> None:
-    api_cfg = client.Configuration()
-    await kube_config.load_kube_config(config_file=cfg.kubeconfig or None, client_configuration=api_cfg)
-    async with client.ApiClient(api_cfg) as api:
+    async with await kube_api_client(cfg.kubeconfig) as api:
         await Controllers(api, resync_seconds=cfg.resync_seconds).run(stopping)
 
 

@@ -6,12 +6,12 @@ import asyncio
 from pathlib import Path
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio import config as kube_config
 
 from embedded.nodeagent.node import NodeAgent
 from embedded.nodeagent.plugins import PluginRegistry
 from embedded.nodeagent.pods import PodRunner
 from shared.config import CommonConfig
+from shared.kubeclient import kube_api_client
 from shared.logs import get_logger
 from shared.runtime import service_main
 
@@ -32,9 +32,7 @@ class KubeletConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
 
 
 async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
-    api_cfg = client.Configuration()
-    await kube_config.load_kube_config(config_file=cfg.kubeconfig or None, client_configuration=api_cfg)
-    async with client.ApiClient(api_cfg) as api:
+    async with await kube_api_client(cfg.kubeconfig) as api:
         core = client.CoreV1Api(api)
         plugins = PluginRegistry(Path(cfg.registry_dir))
         runner = PodRunner(cfg.node, api, plugins, [Path(cfg.cdi_dir)], resync_seconds=cfg.resync_seconds,

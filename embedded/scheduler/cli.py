@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio import config as kube_config
-
 from embedded.scheduler.loop import Scheduler
 from shared.config import CommonConfig
+from shared.kubeclient import kube_api_client
 from shared.runtime import service_main
 
 DESCRIPTION = ("DRA scheduler of the local cluster: generates claims from templates and extended resources, "
@@ -21,9 +19,7 @@ class SchedulerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
 
 
 async def run(cfg: SchedulerConfig, stopping: asyncio.Event) -> None:
-    api_cfg = client.Configuration()
-    await kube_config.load_kube_config(config_file=cfg.kubeconfig or None, client_configuration=api_cfg)
-    async with client.ApiClient(api_cfg) as api:
+    async with await kube_api_client(cfg.kubeconfig) as api:
         await Scheduler(api, resync_seconds=cfg.resync_seconds).run(stopping)
 
 

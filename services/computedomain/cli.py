@@ -8,12 +8,11 @@ and exit codes (0 ok, 2 bad settings, 1 failed).
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-from typing import Any
 
 from services.computedomain.config import AgentConfig, ControllerConfig
 from shared.config import ConfigError, load_config
+from shared.kubeclient import kube_api_client
 from shared.logs import get_logger
 from shared.runtime import connected_bus, prepare_process, run_until_stopped
 
@@ -25,17 +24,6 @@ USAGE = """usage: gpu-dra computedomain <controller|agent> [options]
   agent        per node: the IMEX daemon of the domain this node serves, and its membership
 
 Run 'gpu-dra computedomain <command> --help' for its options."""
-
-
-async def kube_api_client(kubeconfig: str) -> Any:
-    from kubernetes_asyncio import client, config
-
-    configuration = client.Configuration()
-    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
-    return client.ApiClient(configuration)
 
 
 async def run_controller(cfg: ControllerConfig, stopping: asyncio.Event) -> None:

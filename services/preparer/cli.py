@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,23 +20,12 @@ from services.preparer.config import ConfigError, PreparerConfig, parse
 from services.preparer.service import PreparerService
 from services.preparer.sockets import SocketError
 from shared.bus import Bus
+from shared.kubeclient import kube_api_client
 from shared.logs import get_logger
 from shared.natsserver import EmbeddedNats
 from shared.runtime import prepare_process, run_until_stopped
 
 log = get_logger(__name__)
-
-
-async def kube_api_client(kubeconfig: str) -> Any:
-    """A kubernetes-asyncio ApiClient from a kubeconfig file, or in-cluster credentials."""
-    from kubernetes_asyncio import client, config
-
-    configuration = client.Configuration()
-    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
-    return client.ApiClient(configuration)
 
 
 def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
