@@ -3,7 +3,8 @@
 Everything is real: `gpu-dra up`'s processes (NATS, API server, publisher, scheduler, controllers,
 and per node discovery, preparer and kubelet emulator). 4 nodes x 8 simulated H100s hold 32 GPUs,
 so 100 pods run in waves of `--wave` (default 25): create a wave at once, time each pod from its
-creation to Running+Ready (watch events), delete the wave, wait for its claims to be freed.
+creation to Running+Ready (watch events), delete the wave, wait for its claims to be freed. Then
+`--singles` pods one at a time: the latency of the path itself, without a burst's queue.
 
     .venv/bin/python bench/cluster_bench.py [--pods 100] [--wave 25] [--nodes 4]
 
@@ -80,7 +81,7 @@ async def wave(kube: Kube, names: list[str]) -> list[float]:
     return [latency[n] for n in names]
 
 
-async def main(pods: int, wave_size: int, nodes: int) -> dict[str, Any]:
+async def main(pods: int, wave_size: int, nodes: int, singles: int) -> dict[str, Any]:
     cfg = ClusterConfig(nodes=nodes, gpus="h100x8", start_timeout=180)
     started = time.perf_counter()
     async with LocalCluster(cfg) as cluster:
@@ -97,11 +98,17 @@ async def main(pods: int, wave_size: int, nodes: int) -> dict[str, Any]:
             t = time.perf_counter()
             latencies += await wave(kube, names)
             waves.append(time.perf_counter() - t)
+        single: list[float] = []  # one pod at a time: the path's own latency, without a burst's queue
+        for i in range(singles):
+            single += await wave(kube, [f"bench-single-{i}"])
     return {"pods": pods, "nodes": nodes, "wave": wave_size, "cluster_up_s": round(up_s, 2),
             "pod_running_p50_ms": round(pct(latencies, 0.5) * 1000, 1),
             "pod_running_p99_ms": round(pct(latencies, 0.99) * 1000, 1),
             "pod_running_mean_ms": round(statistics.fmean(latencies) * 1000, 1),
-            "wave_median_s": round(statistics.median(waves), 2)}
+            "wave_median_s": round(statistics.median(waves), 2),
+            "single_pods": singles,
+            "single_pod_running_p50_ms": round(pct(single, 0.5) * 1000, 1) if single else None,
+            "single_pod_running_p99_ms": round(pct(single, 0.99) * 1000, 1) if single else None}
 
 
 if __name__ == "__main__":
@@ -109,8 +116,9 @@ if __name__ == "__main__":
     parser.add_argument("--pods", type=int, default=100)
     parser.add_argument("--wave", type=int, default=25)
     parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--singles", type=int, default=20, help="pods created one at a time after the waves")
     args = parser.parse_args()
-    result = asyncio.run(main(args.pods, args.wave, args.nodes))
+    result = asyncio.run(main(args.pods, args.wave, args.nodes, args.singles))
     print(json.dumps(result, indent=2))
     out = REPO / "bench" / "results" / "cluster.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
