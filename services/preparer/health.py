@@ -1,8 +1,9 @@
 """Device health for the kubelet (`v1alpha1.DRAResourceHealth/NodeWatchResources`), from discovery's events.
 
 Owns the per-device health view for this node (KV `dra-health` at start, then live
-`dra.v1.health.<node>.*` events) and the stream: each message is the complete device list of the
-driver's pool, sent on every change and at least every `resend_s` so that no device times out.
+`dra.v1.health.<node>.*` events, and KV again after a NATS reconnect, since a core subscription
+misses what was published meanwhile) and the stream: each message is the complete device list of
+the driver's pool, sent on every change and at least every `resend_s` so that no device times out.
 """
 
 from __future__ import annotations
@@ -30,23 +31,36 @@ class HealthWatch(health_grpc.DRAResourceHealthServicer):
         self.inventory = inventory
         self.resend_s = resend_s
         self.states: dict[str, DeviceHealth] = {}
-        self._changed = asyncio.Event()
+        # set (and replaced) on every change: each stream waits on the one it took before its snapshot,
+        # so neither a change during a send nor another stream's wait can swallow a wake-up
+        self.changed = asyncio.Event()
 
     def _note(self, health: DeviceHealth) -> None:
-        if health.node == self.node:
+        if health.node == self.node and self.states.get(health.device) != health:
             self.states[health.device] = health
-            self._changed.set()
+            self.changed.set()
+            self.changed = asyncio.Event()
 
     async def watch(self, bus: Any) -> None:
         kv = await bus.kv(catalog.HEALTH_BUCKET)
-        for key, value in (await kv.items()).items():
-            if key.startswith(f"{self.node}."):
-                self._note(value)
+        self._note_all(await kv.items())
 
         async def on_event(message: DeviceHealth, _ctx: Any) -> None:
             self._note(message)
 
         await bus.subscribe(catalog.HEALTH, on_event, node=self.node)
+        bus.on_reconnect(lambda: bus.spawn(self._read_kv(kv)))
+
+    async def _read_kv(self, kv: Any) -> None:
+        try:
+            self._note_all(await kv.items())
+        except Exception as exc:  # noqa: BLE001 - live events and the next reconnect still come
+            log.warning("device health not re-read from KV after a reconnect", node=self.node, error=str(exc))
+
+    def _note_all(self, stored: dict[str, DeviceHealth]) -> None:
+        for key, value in stored.items():
+            if key.startswith(f"{self.node}."):
+                self._note(value)
 
     def snapshot(self) -> health_pb2.NodeWatchResourcesResponse:
         names: list[str] = []
@@ -66,9 +80,9 @@ class HealthWatch(health_grpc.DRAResourceHealthServicer):
 
     async def NodeWatchResources(self, request: Any, context: Any):  # type: ignore[no-untyped-def]  # noqa: N802
         while True:
+            health_changed, inventory_changed = self.changed, self.inventory.changed
             yield self.snapshot()
-            self._changed.clear()
-            waits = [asyncio.ensure_future(self._changed.wait()), asyncio.ensure_future(self.inventory.changed.wait())]
+            waits = [asyncio.ensure_future(health_changed.wait()), asyncio.ensure_future(inventory_changed.wait())]
             try:
                 await asyncio.wait(waits, timeout=self.resend_s, return_when=asyncio.FIRST_COMPLETED)
             finally:

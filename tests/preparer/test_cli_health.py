@@ -19,6 +19,8 @@ from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
+from shared.events.health import DeviceHealth
+from shared.natsserver import EmbeddedNats
 from tests.preparer.helpers import MemoryClaims, claim_doc, running_node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,4 +87,27 @@ async def test_health_stream_reports_every_device_and_follows_xids(claims: Memor
                         break
             assert len(update.devices) == 8
             assert states["gpu-3"] == health_pb2.HEALTHY
+            stream.cancel()
+
+
+async def test_health_missed_while_nats_was_away_is_read_from_kv_on_reconnect(
+        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery, nats_server: EmbeddedNats) -> None:
+    """The health subscription is core NATS: an event published while the connection is away never
+    arrives. After a reconnect the preparer re-reads KV, and its stream says so without waiting."""
+    async with running_node(claims, root, bus=bus) as node:
+        async with grpc.aio.insecure_channel(f"unix:{node.service.dra_socket}") as channel:
+            stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                health_pb2.NodeWatchResourcesRequest())
+            first = await stream.read()
+            assert all(d.health == health_pb2.HEALTHY for d in first.devices)
+            # the last value discovery wrote, whose event the preparer did not hear
+            kv = await bus.kv(catalog.HEALTH_BUCKET)
+            await kv.put("n1.gpu-5", DeviceHealth(node="n1", device="gpu-5", state="Unhealthy", reason="xid", xid=79,
+                                                 message="XID 79: GPU has fallen off the bus"))
+            await nats_server.restart()
+            async with asyncio.timeout(8):  # under the 10 s resend: the re-read wakes the stream
+                while True:
+                    update = await stream.read()
+                    if {d.device.device_name: d.health for d in update.devices}["gpu-5"] == health_pb2.UNHEALTHY:
+                        break
             stream.cancel()
