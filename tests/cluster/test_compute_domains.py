@@ -9,6 +9,7 @@ its status; deleting the workload and the domain leaves no daemon, claim, templa
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
@@ -98,4 +99,14 @@ async def test_a_four_node_domain_across_two_cliques_runs_its_workload_and_leave
     assert await pods_in(api, NS) == []
     assert cluster.bus is not None
     assert await Membership(cluster.bus).members(uid) == {}
-    assert imex_daemons(cluster) == []
+    await no_daemons_left(cluster)
+
+
+async def no_daemons_left(cluster: LocalCluster, timeout: float = 15.0) -> None:
+    """A process's exit has no event a test can await: look at the process table until the IMEX
+    daemons are gone, bounded, so that a daemon left running fails with its command line."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (left := imex_daemons(cluster)) and loop.time() < deadline:
+        await asyncio.sleep(0.2)
+    assert left == [], f"IMEX daemons still running {timeout:.0f}s after their domain was deleted: {left}"

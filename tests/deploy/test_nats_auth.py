@@ -68,16 +68,25 @@ async def _connect(srv: EmbeddedNats, user: str, password: str | None = None) ->
 
 
 async def _delivered(admin: Conn, publisher: Conn, subject: str) -> None:
-    """`publisher` publishes on `subject` and the admin's subscription receives it."""
+    """`publisher` publishes on `subject` and the admin's subscription receives it.
+
+    Published again every second until it arrives (at most WAIT): an allowed subject must get
+    through, and a refusal would show up as an error on either connection."""
     sub = await admin.nc.subscribe(subject)
     await admin.nc.flush()
-    await publisher.nc.publish(subject, b"{}")
-    await publisher.nc.flush()
-    try:
-        msg = await sub.next_msg(timeout=WAIT)
-    except nats.errors.TimeoutError:
-        raise AssertionError(f"{subject!r} was not delivered within {WAIT}s; errors seen: "
-                             f"{[publisher.errors.get_nowait() for _ in range(publisher.errors.qsize())]}") from None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    msg = None
+    while msg is None and loop.time() < deadline:
+        await publisher.nc.publish(subject, b"{}")
+        await publisher.nc.flush()
+        try:
+            msg = await sub.next_msg(timeout=1.0)
+        except nats.errors.TimeoutError:
+            continue
+    if msg is None:
+        seen = [c.errors.get_nowait() for c in (publisher, admin) for _ in range(c.errors.qsize())]
+        raise AssertionError(f"{subject!r} was not delivered within {WAIT}s; errors seen: {seen}")
     assert msg.subject == subject
     await sub.unsubscribe()
 
