@@ -8,7 +8,6 @@ Exit code 0 only when every sample pod ran.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -18,12 +17,9 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from embedded.cluster.apply import Applier, load_documents
-from embedded.cluster.local import ClusterConfig, LocalCluster
-from embedded.cluster.processes import ProcessFailed
+from embedded.cluster.local import ClusterConfig, LocalCluster, cluster_main
 from embedded.cluster.waterfall import read_spans, render, traces_with
 from embedded.nodeagent.pods import EDITS_ANNOTATION
-from shared.config import ConfigError, load_config
-from shared.logs import setup_logging
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 DEMO_MACHINE = """\
@@ -171,17 +167,4 @@ async def _demo(cfg: DemoConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = load_config(DemoConfig, list(sys.argv[1:] if argv is None else argv), prog="gpu-dra demo",
-                          description=__doc__ or "")
-    except ConfigError as exc:
-        print(f"gpu-dra demo: {exc}", file=sys.stderr)
-        return 2
-    setup_logging("gpu-dra-demo", "warning" if cfg.log_level == "info" else cfg.log_level, cfg.log_format)
-    try:
-        return asyncio.run(_demo(cfg))
-    except ProcessFailed as exc:
-        print(f"gpu-dra demo: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return cluster_main(DemoConfig, argv, prog="gpu-dra demo", description=__doc__ or "", run=_demo)

@@ -11,31 +11,35 @@ import asyncio
 import contextlib
 import secrets
 import shutil
+import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from kubernetes_asyncio import client
-from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from embedded.cluster.processes import Supervisor, gpu_dra
+from embedded.cluster.processes import ProcessFailed, Supervisor, gpu_dra
 from shared.bus import Bus
-from shared.config import CommonConfig
+from shared.config import CommonConfig, ConfigError, load_config
 from shared.deviceclasses import device_classes
 from shared.events import catalog
-from shared.logs import get_logger
+from shared.kubeclient import kube_api_client
+from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats, free_port
 
 log = get_logger(__name__)
 GPU_DRIVER = "gpu.nvidia.com"
 
 
+C = TypeVar("C", bound="ClusterConfig")
+
+
 class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
-    nodes: int = 2
+    nodes: Annotated[int, msgspec.Meta(ge=1, description="simulated GPU nodes")] = 2
     gpus: str = "h100x8"  # --simulate spec for every node, or SPEC;SPEC;... one per node (cycled)
     machine: str = ""  # YAML machine file for every node (instead of --gpus)
     kubeconfig: str = ""  # where to write the kubeconfig (default <data-dir>/kubeconfig)
@@ -151,9 +155,7 @@ class LocalCluster:
         if not self.kubeconfig_path.exists():
             return False
         if self.api is None:
-            cfg = client.Configuration()
-            await kube_config.load_kube_config(config_file=str(self.kubeconfig_path), client_configuration=cfg)
-            self.api = client.ApiClient(cfg)
+            self.api = await kube_api_client(str(self.kubeconfig_path))
         try:
             await client.VersionApi(self.api).get_code()
         except (TimeoutError, OSError, ApiException):
@@ -263,3 +265,24 @@ async def local_cluster(progress: Callable[[str], None] | None = None, **setting
     cfg = msgspec.convert(settings, ClusterConfig)
     async with LocalCluster(cfg, progress) as cluster:
         yield cluster
+
+
+def cluster_main(config_type: type[C], argv: list[str] | None, *, prog: str, description: str,
+                 run: Callable[[C], Awaitable[int]]) -> int:
+    """`gpu-dra up` and `gpu-dra demo`: flags -> config (exit 2 naming a bad setting), quiet logs,
+    `run(cfg)`; a service that exits while the cluster runs is exit 1, Ctrl-C 130."""
+    try:
+        cfg = load_config(config_type, list(sys.argv[1:] if argv is None else argv), prog=prog,
+                          description=description)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    service = prog.replace(" ", "-")
+    setup_logging(service, "warning" if cfg.log_level == "info" else cfg.log_level, cfg.log_format)
+    try:
+        return asyncio.run(run(cfg))
+    except ProcessFailed as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from embedded.cluster.local import ClusterConfig, LocalCluster
-from embedded.cluster.processes import ProcessFailed
-from shared.config import ConfigError, load_config
-from shared.logs import setup_logging
+from embedded.cluster.local import ClusterConfig, LocalCluster, cluster_main
 from shared.runtime import stop_event
 
 DESCRIPTION = ("A local GPU cluster: embedded NATS, the embedded API server, and per simulated node a "
@@ -35,20 +32,4 @@ async def _up(cfg: ClusterConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = load_config(ClusterConfig, list(sys.argv[1:] if argv is None else argv), prog="gpu-dra up",
-                          description=DESCRIPTION)
-    except ConfigError as exc:
-        print(f"gpu-dra up: {exc}", file=sys.stderr)
-        return 2
-    if cfg.nodes < 1:
-        print("gpu-dra up: --nodes must be at least 1", file=sys.stderr)
-        return 2
-    setup_logging("gpu-dra-up", "warning" if cfg.log_level == "info" else cfg.log_level, cfg.log_format)
-    try:
-        return asyncio.run(_up(cfg))
-    except ProcessFailed as exc:
-        print(f"gpu-dra up: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return cluster_main(ClusterConfig, argv, prog="gpu-dra up", description=DESCRIPTION, run=_up)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from embedded.cluster.local import node_ip
 from services.computedomain.agent import Agent
 from services.computedomain.channels import ChannelPreparer
 from services.computedomain.config import AgentConfig
@@ -25,10 +26,6 @@ class Node:
     agent: Agent
     channels: ChannelPreparer
     root: Path
-
-
-def node_ip(i: int) -> str:
-    return f"127.0.{90 + i // 200}.{1 + i % 200}"
 
 
 async def announce(bus: Bus, uid: str, name: str = "cd", namespace: str = "ns") -> None:
