@@ -58,22 +58,26 @@ class NodeAgent:
         self.coord = client.CoordinationV1Api(api)
         self.node = node
 
-    async def ensure_node(self) -> None:
+    async def ensure_node(self, status: dict[str, Any]) -> None:
+        """Register the Node if it is missing, with `status` in the create (as a kubelet does), so the
+        object is never seen without one."""
         try:
             await self.core.read_node(self.node)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node, "labels": {
-                "kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}}}
+                "kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}},
+                "status": status}
             with contextlib.suppress(ApiException):
                 await self.core.create_node(cast(Any, body))
             log.info("node registered", node=self.node)
 
     async def set_ready(self, ready: bool, message: str) -> None:
         try:
-            await self.ensure_node()
-            await self.core.patch_node_status(self.node, {"status": node_status(self.node, ready, message)})
+            status = node_status(self.node, ready, message)
+            await self.ensure_node(status)
+            await self.core.patch_node_status(self.node, {"status": status})
         except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
             log.warning("node status not written; retried on the next change or heartbeat", node=self.node,
                         error=str(exc))

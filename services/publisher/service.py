@@ -79,26 +79,39 @@ class WorkQueue:
 
 
 class NodeState:
-    """What the publisher knows of every node, newest observation first-class."""
+    """What the publisher knows of every node, newest observation first-class.
+
+    Every accepted inventory, withdrawal and health report is numbered in the order this replica
+    received it (`received`). A KV read drops what KV no longer holds only if it was received before
+    the read began: an event that arrives while KV is being read may be newer than what the read
+    returns, whatever its observation time says.
+    """
 
     def __init__(self) -> None:
         self.inventory: dict[str, NodeInventory] = {}
         self.health: dict[str, dict[str, DeviceHealth]] = {}
         self.withdrawn: dict[str, float] = {}
+        self.received = 0
+        self._inventory_seq: dict[str, int] = {}
+        self._health_seq: dict[tuple[str, str], int] = {}
 
     def set_inventory(self, inv: NodeInventory) -> bool:
         current = self.inventory.get(inv.node)
         if current is not None and inv.observed_at < current.observed_at:
             return False
-        if inv.observed_at and inv.observed_at <= self.withdrawn.get(inv.node, 0.0):
+        if inv.observed_at and inv.observed_at < self.withdrawn.get(inv.node, 0.0):
             return False
         self.withdrawn.pop(inv.node, None)
         self.inventory[inv.node] = inv
+        self.received += 1
+        self._inventory_seq[inv.node] = self.received
         return True
 
     def withdraw(self, node: str, at: float) -> None:
         self.inventory.pop(node, None)
         self.withdrawn[node] = at
+        self.received += 1
+        self._inventory_seq[node] = self.received
 
     def set_health(self, h: DeviceHealth) -> bool:
         devices = self.health.setdefault(h.node, {})
@@ -106,7 +119,22 @@ class NodeState:
         if current is not None and h.observed_at < current.observed_at:
             return False
         devices[h.device] = h
+        self.received += 1
+        self._health_seq[(h.node, h.device)] = self.received
         return True
+
+    def drop_absent(self, inventories: set[str], health: set[tuple[str, str]], read_began: int) -> None:
+        """After a KV read that began when `received` was `read_began`: forget what KV no longer holds
+        and nothing since renewed. A node forgotten this way counts as withdrawn as of its last
+        inventory, so a later copy of that same inventory (KV read again) brings it back."""
+        for node, inv in list(self.inventory.items()):
+            if node not in inventories and self._inventory_seq.get(node, 0) <= read_began:
+                self.inventory.pop(node, None)
+                self.withdrawn.setdefault(node, inv.observed_at)
+        for node, devices in self.health.items():
+            for device in list(devices):
+                if (node, device) not in health and self._health_seq.get((node, device), 0) <= read_began:
+                    devices.pop(device, None)
 
     def nodes(self) -> set[str]:
         return set(self.inventory) | set(self.withdrawn)
@@ -155,7 +183,7 @@ class Publisher:
         await self.bus.subscribe(catalog.INVENTORY_WITHDRAWN, self._on_withdrawn)
         await self.bus.subscribe(catalog.HEALTH, self._on_health)
         self.bus.on_reconnect(self._reconnected)
-        await self._load_kv(time.time())
+        await self._load_kv()
         for driver in slices.DRIVERS:
             await self.writer.list_driver(driver)
         self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
@@ -218,7 +246,7 @@ class Publisher:
         """After a NATS reconnect: the subscriptions above missed what was published while the
         connection was away (a NATS node lost), so re-read KV, as at start, and sync every node."""
         try:
-            await self._load_kv(time.time())
+            await self._load_kv()
         except Exception as exc:  # noqa: BLE001 - the periodic resync repairs it
             log.warning("re-reading KV after a NATS reconnect failed; the next resync repairs it", error=str(exc))
             return
@@ -237,23 +265,16 @@ class Publisher:
         for node in gained:
             self._enqueue(node)
 
-    async def _load_kv(self, since: float) -> None:
+    async def _load_kv(self) -> None:
         """Merge the KV's last values into the state; what KV no longer holds (and no event renewed) goes."""
+        read_began = self.state.received
         inventories = await (await self.bus.kv(catalog.INVENTORY_BUCKET)).items()
         for inv in inventories.values():
             self.state.set_inventory(inv)
-        for node, inv in list(self.state.inventory.items()):
-            if node not in inventories and inv.observed_at < since:
-                self.state.inventory.pop(node, None)
-                self.state.withdrawn.setdefault(node, inv.observed_at)
         health = await (await self.bus.kv(catalog.HEALTH_BUCKET)).items()
         for h in health.values():
             self.state.set_health(h)
-        in_kv = {(h.node, h.device) for h in health.values()}
-        for node, devices in self.state.health.items():
-            for device, h in list(devices.items()):
-                if (node, device) not in in_kv and h.observed_at < since:
-                    devices.pop(device, None)
+        self.state.drop_absent(set(inventories), {(h.node, h.device) for h in health.values()}, read_began)
 
     async def _resync_loop(self) -> None:
         while True:
@@ -266,7 +287,7 @@ class Publisher:
     async def resync(self) -> None:
         """Re-read KV and every slice, then sync every owned node (writing only what differs)."""
         assert self.writer is not None
-        await self._load_kv(time.time())
+        await self._load_kv()
         for driver in slices.DRIVERS:
             await self.writer.list_driver(driver)
         for node in self._known_nodes():

@@ -185,7 +185,8 @@ async def test_node_ready_pod_runs_two_containers_share_gpu_and_delete_unprepare
             node = await cluster.core.read_node("n1")
         except ApiException:
             return False
-        return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+        conditions = (node.status.conditions if node.status else None) or []
+        return any(c.type == "Ready" and c.status == "True" for c in conditions)
     await until("node n1 Ready", ready)
     node = await cluster.core.read_node("n1")
     assert node.status.allocatable["pods"] == "110" and node.status.capacity["cpu"] == "16"
