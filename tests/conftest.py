@@ -1,4 +1,6 @@
-"""Fixtures shared by every test: a real nats-server with JetStream, and a provisioned Bus on it."""
+"""Fixtures shared by every test: a real nats-server with JetStream, and a provisioned Bus on it.
+
+The run's watchdog is the plugin tests/watchdog.py (`-p tests.watchdog` in pyproject's addopts)."""
 
 from __future__ import annotations
 
@@ -28,3 +30,4 @@ async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
         yield connected
     finally:
         await connected.close()
+

@@ -1,0 +1,49 @@
+"""The run's watchdog ends a run whose failed test then hangs in teardown, and says why."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HANGING = '''
+import asyncio
+import pytest
+
+async def stubborn():
+    while True:  # swallows cancellation, as a library flushing a socket may
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+@pytest.fixture
+async def leaked():
+    asyncio.get_running_loop().create_task(stubborn(), name="stubborn-task")
+    yield
+
+async def test_fails_then_hangs_in_teardown(leaked):
+    assert 1 == 2, "the failure the watchdog must still show"
+'''
+
+
+async def test_a_failed_test_hanging_in_teardown_ends_the_run_with_its_failure_and_task_stacks(
+        tmp_path: Path) -> None:
+    (tmp_path / "test_hang.py").write_text(HANGING)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_mode = auto\n"
+                                         "asyncio_default_fixture_loop_scope = function\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.watchdog",
+        "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), "-o", "timeout=60",
+        str(tmp_path / "test_hang.py"),
+        cwd=ROOT, env={**os.environ, "GPU_DRA_TEST_WATCHDOG_S": "3", "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    text = out.decode()
+    assert proc.returncode == 3, text
+    assert "test_fails_then_hangs_in_teardown still running after 3s" in text
+    assert "the failure the watchdog must still show" in text
+    assert "stubborn-task" in text and "in stubborn" in text

@@ -1,0 +1,83 @@
+"""A pytest plugin: a last-resort watchdog for the test run. One test (setup, call and teardown) that
+outlives GPU_DRA_TEST_WATCHDOG_S (180 s by default, beyond pytest-timeout's 120 s) ends the run with its failure reports, every thread's stack and every asyncio task's stack.
+
+pytest-timeout stops its timer as soon as a test fails (its `pytest_exception_interact` hook), so a
+teardown that then hangs (a task that will not end when its event loop is closed) would hang CI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import gc
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+class Watchdog:
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.failures: list[str] = []
+        self._timer: threading.Timer | None = None
+        self.capture: Any = None  # pytest's capture manager: suspended so that the report reaches the terminal
+
+    def arm(self, nodeid: str) -> None:
+        self.failures = []
+        self._timer = threading.Timer(self.limit_s, self._fire, args=(nodeid,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def record(self, report: Any) -> None:
+        if report.failed:
+            self.failures.append(f"--- {report.nodeid} failed in {report.when}:\n{report.longreprtext}")
+
+    def _fire(self, nodeid: str) -> None:
+        if self.capture is not None:
+            self.capture.suspend_global_capture(in_=False)
+        out = sys.stderr
+        out.write(f"\n\n*** {nodeid} still running after {self.limit_s:.0f}s (setup, call and teardown); "
+                  "ending the test run ***\n")
+        for failure in self.failures:
+            out.write(failure + "\n")
+        out.write("\n*** thread stacks ***\n")
+        out.flush()
+        faulthandler.dump_traceback(file=out, all_threads=True)
+        out.write("\n*** asyncio tasks ***\n")
+        for loop in [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]:
+            if loop.is_closed():
+                continue
+            for task in list(asyncio.all_tasks(loop)):
+                out.write(f"{task!r}\n")
+                task.print_stack(limit=12, file=out)
+        out.flush()
+        os._exit(3)
+
+
+_WATCHDOG = Watchdog(limit_s=float(os.environ.get("GPU_DRA_TEST_WATCHDOG_S", "180")))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _WATCHDOG.capture = config.pluginmanager.getplugin("capturemanager")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _WATCHDOG.arm(item.nodeid)
+    try:
+        yield
+    finally:
+        _WATCHDOG.disarm()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _WATCHDOG.record(report)
