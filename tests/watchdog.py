@@ -1,5 +1,7 @@
 """A pytest plugin: a last-resort watchdog for the test run. One test (setup, call and teardown) that
-outlives GPU_DRA_TEST_WATCHDOG_S (180 s by default, beyond pytest-timeout's 120 s) ends the run with its failure reports, every thread's stack and every asyncio task's stack.
+outlives GPU_DRA_TEST_WATCHDOG_S (180 s by default, beyond pytest-timeout's 120 s; a test marked with a
+longer timeout gets that plus 60 s) ends the run with its failure reports, every thread's stack and
+every asyncio task's stack.
 
 pytest-timeout stops its timer as soon as a test fails (its `pytest_exception_interact` hook), so a
 teardown that then hangs (a task that will not end when its event loop is closed) would hang CI.
@@ -26,9 +28,10 @@ class Watchdog:
         self._timer: threading.Timer | None = None
         self.capture: Any = None  # pytest's capture manager: suspended so that the report reaches the terminal
 
-    def arm(self, nodeid: str) -> None:
+    def arm(self, nodeid: str, limit_s: float | None = None) -> None:
         self.failures = []
-        self._timer = threading.Timer(self.limit_s, self._fire, args=(nodeid,))
+        limit = max(self.limit_s, limit_s or 0.0)
+        self._timer = threading.Timer(limit, self._fire, args=(nodeid, limit))
         self._timer.daemon = True
         self._timer.start()
 
@@ -41,11 +44,11 @@ class Watchdog:
         if report.failed:
             self.failures.append(f"--- {report.nodeid} failed in {report.when}:\n{report.longreprtext}")
 
-    def _fire(self, nodeid: str) -> None:
+    def _fire(self, nodeid: str, limit_s: float) -> None:
         if self.capture is not None:
             self.capture.suspend_global_capture(in_=False)
         out = sys.stderr
-        out.write(f"\n\n*** {nodeid} still running after {self.limit_s:.0f}s (setup, call and teardown); "
+        out.write(f"\n\n*** {nodeid} still running after {limit_s:.0f}s (setup, call and teardown); "
                   "ending the test run ***\n")
         for failure in self.failures:
             out.write(failure + "\n")
@@ -72,7 +75,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    _WATCHDOG.arm(item.nodeid)
+    marker = item.get_closest_marker("timeout")  # a test allowed longer than pytest-timeout's default
+    _WATCHDOG.arm(item.nodeid, float(marker.args[0]) + 60 if marker and marker.args else None)
     try:
         yield
     finally:
