@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -176,3 +177,12 @@ def load_config(
     parser = build_parser(cls, prog, description)
     args = parser.parse_args(list(argv) if argv is not None else None)
     return config_from(cls, args, env)
+
+
+def load_config_or_report(cls: type[C], argv: Sequence[str] | None, *, prog: str, description: str = "") -> C | None:
+    """`load_config` for a command's `main`: None after printing `prog: <what is wrong>` to stderr (exit 2)."""
+    try:
+        return load_config(cls, argv, prog=prog, description=description)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None

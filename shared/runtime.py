@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from shared.bus import Bus
-from shared.config import CommonConfig, ConfigError, load_config
+from shared.config import CommonConfig, load_config_or_report
 from shared.logs import get_logger, setup_logging
 from shared.metrics import start_metrics
 from shared.natsserver import EmbeddedNats
@@ -83,11 +82,8 @@ def service_main(
 ) -> int:
     """A service's `main`: flags and `GPU_DRA_*` -> config (exit 2 naming a bad setting), logs,
     traces and metrics for `service(cfg)`, then `run(cfg, stopping)` until SIGINT/SIGTERM (exit 0)."""
-    try:
-        cfg = load_config(config_type, list(sys.argv[1:] if argv is None else argv), prog=prog,
-                          description=description)
-    except ConfigError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+    cfg = load_config_or_report(config_type, argv, prog=prog, description=description)
+    if cfg is None:
         return 2
     prepare_process(cfg, service(cfg))
     asyncio.run(run_until_stopped(lambda stopping: run(cfg, stopping)))

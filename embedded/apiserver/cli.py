@@ -9,7 +9,7 @@ from typing import Annotated
 
 import msgspec
 
-from shared.config import CommonConfig, ConfigError, load_config
+from shared.config import CommonConfig, load_config_or_report
 from shared.logs import get_logger, setup_logging
 
 log = get_logger(__name__)
@@ -50,11 +50,9 @@ async def serve(config: ApiServerConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        config = load_config(ApiServerConfig, argv, prog="gpu-dra apiserver",
-                             description="the embedded Kubernetes API server")
-    except ConfigError as exc:
-        print(f"gpu-dra apiserver: {exc}", file=sys.stderr)
+    config = load_config_or_report(ApiServerConfig, argv, prog="gpu-dra apiserver",
+                                   description="the embedded Kubernetes API server")
+    if config is None:
         return 2
     setup_logging("apiserver", config.log_level, config.log_format)
     try:

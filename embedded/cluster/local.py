@@ -24,7 +24,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from embedded.cluster.processes import ProcessFailed, Supervisor, gpu_dra
 from shared.bus import Bus
-from shared.config import CommonConfig, ConfigError, load_config
+from shared.config import CommonConfig, load_config_or_report
 from shared.deviceclasses import device_classes
 from shared.events import catalog
 from shared.kubeclient import kube_api_client
@@ -271,11 +271,8 @@ def cluster_main(config_type: type[C], argv: list[str] | None, *, prog: str, des
                  run: Callable[[C], Awaitable[int]]) -> int:
     """`gpu-dra up` and `gpu-dra demo`: flags -> config (exit 2 naming a bad setting), quiet logs,
     `run(cfg)`; a service that exits while the cluster runs is exit 1, Ctrl-C 130."""
-    try:
-        cfg = load_config(config_type, list(sys.argv[1:] if argv is None else argv), prog=prog,
-                          description=description)
-    except ConfigError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+    cfg = load_config_or_report(config_type, argv, prog=prog, description=description)
+    if cfg is None:
         return 2
     service = prog.replace(" ", "-")
     setup_logging(service, "warning" if cfg.log_level == "info" else cfg.log_level, cfg.log_format)
