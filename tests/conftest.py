@@ -30,4 +30,3 @@ async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
         yield connected
     finally:
         await connected.close()
-
