@@ -39,6 +39,7 @@ from shared.events.catalog import (
 )
 from shared.events.deadletter import DeadLetter
 from shared.logs import get_logger
+from shared.tasks import raise_if_cancelling
 from shared.telemetry import extract_context, inject_headers
 
 log = get_logger(__name__)
@@ -201,6 +202,7 @@ class TypedKV(Generic[M]):
                     entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
                 except nats.errors.TimeoutError:
                     continue
+                raise_if_cancelling()  # updates() is a wait_for, which can drop a cancellation
                 if entry is None:
                     yield "", None
                     continue

@@ -48,6 +48,7 @@ from shared.events.computedomain import (
 )
 from shared.events.inventory import NodeInventory
 from shared.logs import get_logger
+from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
 
@@ -119,16 +120,19 @@ class Agent:
             await self._shutdown()
 
     async def _shutdown(self) -> None:
-        """Stop the daemon but keep the membership and state: a restarted agent resumes them."""
-        domain = self.domain
-        if domain is None:
-            return
-        if domain.watcher is not None:
-            domain.watcher.cancel()
-        if domain.supervisor is not None:
-            await domain.supervisor.stop()
-        with contextlib.suppress(Exception):
-            await self.membership.set_status(domain.member, "NotReady")
+        """Stop the daemon but keep the membership and state: a restarted agent resumes them.
+
+        Under the lock, so that a join still starting its daemon finishes first and that daemon is stopped too."""
+        async with self._lock:
+            domain = self.domain
+            if domain is None:
+                return
+            if domain.watcher is not None:
+                await cancel_and_wait([domain.watcher])
+            if domain.supervisor is not None:
+                await domain.supervisor.stop()
+            with contextlib.suppress(Exception):
+                await self.membership.set_status(domain.member, "NotReady")
 
     async def _resume(self) -> None:
         state = await asyncio.to_thread(self._read_state)
@@ -331,9 +335,7 @@ class Agent:
         if domain is None:
             return
         if domain.watcher is not None:
-            domain.watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await domain.watcher
+            await cancel_and_wait([domain.watcher])
         if domain.supervisor is not None:
             await domain.supervisor.stop()
         # the files go before the member: leaving is what the controller (and a deletion) waits for

@@ -31,6 +31,7 @@ from shared.events.base import now_unix
 from shared.events.catalog import CD_DELETED, CD_STATUS
 from shared.events.computedomain import DomainDeleted, DomainMember, DomainStatusChanged
 from shared.logs import get_logger
+from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
 
@@ -96,9 +97,9 @@ class Controller:
                     task.result()  # a watch that ended with an error ends the controller
         finally:
             stop.cancel()
-            for task in tasks + [d.worker for d in self.domains.values() if d.worker]:
+            for task in [d.worker for d in self.domains.values() if d.worker]:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
 
     async def _resource_api_version(self) -> str:
         try:

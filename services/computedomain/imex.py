@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from shared.logs import get_logger
+from shared.tasks import cancelling
 
 log = get_logger(__name__)
 
@@ -173,9 +174,25 @@ class ImexSupervisor:
                 await self._set_ready(False)
             await asyncio.sleep(self.check_interval)
 
+    def _ending(self) -> bool:
+        """Stopped, or this task cancelled, even where a callee swallowed the CancelledError (see
+        shared.tasks): a cancelled supervisor never restarts its daemon."""
+        return self._stopping.is_set() or cancelling()
+
     async def _run(self) -> None:
+        try:
+            await self._supervise()
+        finally:
+            proc = self._proc
+            self._proc = None
+            if proc is not None and proc.returncode is None:
+                # Cancelled rather than stopped (its owner's loop is closing): the daemon must not outlive it.
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+
+    async def _supervise(self) -> None:
         backoff = 0.1
-        while not self._stopping.is_set():
+        while not self._ending():
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -204,7 +221,7 @@ class ImexSupervisor:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(reader, 2.0)
             await self._set_ready(False)
-            if self._stopping.is_set():
+            if self._ending():
                 break
             self.restarts += 1
             if asyncio.get_running_loop().time() - started > 30.0:
@@ -213,7 +230,6 @@ class ImexSupervisor:
                         restarts=self.restarts, backoff_s=backoff)
             await self._wait_stop(backoff)
             backoff = min(backoff * 2, 5.0)
-        self._proc = None
 
     async def _wait_stop(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -27,6 +27,7 @@ from services.preparer.registration import Registration, add_registration_servic
 from services.preparer.server import DraCore, add_dra_services
 from shared.deviceclasses import GPU_DRIVER
 from shared.logs import get_logger
+from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
 
@@ -101,11 +102,10 @@ class PreparerService:
             if server is not None:
                 await server.stop(grace=1.0)
                 sockets.remove(path)
-        for task in self._tasks:
-            task.cancel()
+        await cancel_and_wait(self._tasks)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                task.result()
         self._tasks.clear()
 
     async def __aenter__(self) -> PreparerService:

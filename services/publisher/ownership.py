@@ -22,6 +22,7 @@ from shared.bus import Bus
 from shared.events.base import Message
 from shared.events.catalog import Bucket
 from shared.logs import get_logger
+from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
 
@@ -90,13 +91,7 @@ class Membership:
 
     async def stop(self, *, clean: bool = True) -> None:
         """Stop beating; a clean stop deletes the key so peers take the nodes over at once."""
-        # nats-py swallows a CancelledError that arrives while it flushes a publish (Client._flush_pending),
-        # so a loop cancelled there goes on: cancel again until every task has ended.
-        pending = set(self._tasks)
-        while pending:
-            for task in pending:
-                task.cancel()
-            _, pending = await asyncio.wait(pending, timeout=0.5)
+        await cancel_and_wait(self._tasks)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

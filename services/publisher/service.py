@@ -27,6 +27,7 @@ from shared.events import catalog
 from shared.events.health import DeviceHealth
 from shared.events.inventory import InventoryWithdrawn, NodeInventory
 from shared.logs import get_logger
+from shared.tasks import cancel_and_wait
 from shared.telemetry import get_tracer
 
 log = get_logger(__name__)
@@ -201,11 +202,10 @@ class Publisher:
         """Stop; a clean stop hands this replica's nodes to its peers at once."""
         self._ready = False
         await self.membership.stop(clean=clean)
-        for task in self._tasks:
-            task.cancel()
+        await cancel_and_wait(self._tasks)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                task.result()
         self._tasks = []
 
     async def idle(self) -> None:

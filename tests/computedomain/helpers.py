@@ -37,7 +37,7 @@ async def announce(bus: Bus, uid: str, name: str = "cd", namespace: str = "ns") 
 
 @contextlib.asynccontextmanager
 async def running_nodes(bus: Bus, tmp_path: Path, specs: list[str], *, port: int | None = None,
-                        ready_timeout: float = 10.0, **agent_overrides: object) -> AsyncIterator[list[Node]]:
+                        ready_timeout: float = 30.0, **agent_overrides: object) -> AsyncIterator[list[Node]]:
     """One discovery + agent (+ the channel preparer core) per spec, e.g. ["gb200x4:clique=1"] * 3."""
     port = port or free_port()
     nodes: list[Node] = []

@@ -107,6 +107,60 @@ async def test_a_peer_that_is_down_keeps_the_daemon_not_ready(tmp_path):
         await a.sup.stop()
 
 
+async def test_a_cancelled_supervisor_kills_its_daemon_even_when_its_report_swallows_the_cancel(tmp_path):
+    """Its owner's event loop closing cancels the supervisor instead of stopping it. nats-py can swallow
+    that CancelledError inside the readiness report (a KV put); the supervisor must still end, not
+    restart the daemon and wait on it forever."""
+    files, ips = domain(tmp_path, 1, free_port())
+    write_hosts(files[0], ips)
+    up, reporting_down = asyncio.Event(), asyncio.Event()
+
+    async def on_ready(ready: bool) -> None:
+        if ready:
+            up.set()
+        else:
+            reporting_down.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                pass  # what a library flushing a socket may do
+
+    sup = ImexSupervisor(name="n0", command=f"{sys.executable} -m services.computedomain.imexd --config {{config}}",
+                         config=files[0].config, on_ready=on_ready)
+    await sup.start()
+    assert sup._task is not None
+    await asyncio.wait_for(up.wait(), 10)
+    assert sup.pid is not None
+    os.kill(sup.pid, signal.SIGKILL)  # the supervisor reports NotReady...
+    await asyncio.wait_for(reporting_down.wait(), 10)
+    sup._task.cancel()  # ...and is cancelled meanwhile
+    await asyncio.wait_for(asyncio.gather(sup._task, return_exceptions=True), 10)
+    assert sup.restarts == 0 and sup.pid is None
+
+
+async def test_a_supervisor_cancelled_while_its_daemon_runs_kills_it(tmp_path):
+    files, ips = domain(tmp_path, 1, free_port())
+    write_hosts(files[0], ips)
+    a = Watched("n0", files[0])
+    await a.sup.start()
+    await a.until(True)
+    pid = a.sup.pid
+    assert pid is not None and a.sup._task is not None
+    a.sup._task.cancel()
+    await asyncio.gather(a.sup._task, return_exceptions=True)
+    # killed, not just abandoned: reaped by the loop's child watcher once it exits
+    await asyncio.wait_for(_gone(pid), 10)
+
+
+async def _gone(pid: int) -> None:
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(0.05)  # a process's exit has no event a test can await
+
+
 async def _query_until_answer(config: Path) -> str:
     while True:
         try:
