@@ -93,6 +93,13 @@ class _Domain:
     peers: dict[int, str] = field(default_factory=dict)
     peer_status: dict[str, str] = field(default_factory=dict)
 
+    async def stop_daemon(self) -> None:
+        """Stop watching the peers, then the IMEX daemon (the membership is the caller's)."""
+        if self.watcher is not None:
+            await cancel_and_wait([self.watcher])
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+
 
 class Agent:
     def __init__(self, cfg: AgentConfig, bus: Bus) -> None:
@@ -127,10 +134,7 @@ class Agent:
             domain = self.domain
             if domain is None:
                 return
-            if domain.watcher is not None:
-                await cancel_and_wait([domain.watcher])
-            if domain.supervisor is not None:
-                await domain.supervisor.stop()
+            await domain.stop_daemon()
             with contextlib.suppress(Exception):
                 await self.membership.set_status(domain.member, "NotReady")
 
@@ -334,10 +338,7 @@ class Agent:
         await self._save_state()
         if domain is None:
             return
-        if domain.watcher is not None:
-            await cancel_and_wait([domain.watcher])
-        if domain.supervisor is not None:
-            await domain.supervisor.stop()
+        await domain.stop_daemon()
         # the files go before the member: leaving is what the controller (and a deletion) waits for
         await asyncio.to_thread(_remove_tree, domain.files.directory)
         await self.membership.leave(domain.member, reason=reason)
