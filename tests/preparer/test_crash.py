@@ -16,6 +16,7 @@ from embedded.kubelet.client import register
 from services.discovery.testing import running_discovery
 from shared.bus import Bus
 from shared.events import catalog
+from shared.events.claims import ClaimLifecycle
 from shared.events.devices import MigCreateReply, MigCreateRequest
 from shared.natsserver import EmbeddedNats
 from tests.preparer.helpers import ApiClaims, claim_doc, node_config
@@ -94,16 +95,25 @@ async def test_kill_9_mid_prepare_then_restart_rolls_back_and_frees_the_device(r
             # Discovery answers normally again; a new preparer process starts on the same node.
             await hijack.unsubscribe()
             await bus.serve(catalog.DEVICE_MIG_CREATE, disc.service.ops.mig_create, node="n1")
+            rolled_back: asyncio.Future[ClaimLifecycle] = asyncio.get_running_loop().create_future()
+
+            async def on_rolled_back(event: ClaimLifecycle, _ctx: object) -> None:
+                if event.claim_uid == claim.uid and not rolled_back.done():
+                    rolled_back.set_result(event)
+
+            await bus.subscribe(catalog.CLAIM, on_rolled_back, namespace=claim.namespace, node="n1",
+                                event="rolled-back")
             proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
             try:
                 await wait_for_socket(reg_socket, proc, log_path)
                 try:
                     async with asyncio.timeout(20):
-                        while claim.uid in checkpoint(root) or disc.inventory.gpus[1].mig_devices:
-                            await asyncio.sleep(0.05)
+                        event = await rolled_back
                 except TimeoutError:
                     raise AssertionError(f"not rolled back: {log_path.read_text()[-4000:]}") from None
-                assert "partial prepare rolled back" in log_path.read_text()
+                # the event follows the undo (MIG device destroyed, discovery re-scanned) and the checkpoint write
+                assert claim.uid not in checkpoint(root) and disc.inventory.gpus[1].mig_devices == []
+                assert event.error and [d.device for d in event.devices] == [MIG]
                 # the device is free: the kubelet's retry prepares it from scratch
                 plugin = await register(reg_socket)
                 result = (await plugin.prepare([claim]))[claim.uid]
