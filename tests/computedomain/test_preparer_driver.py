@@ -12,9 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from embedded.apiserver.testing import running_apiserver
@@ -27,7 +24,6 @@ from shared.bus import Bus
 from shared.deviceclasses import CD_DRIVER
 from shared.events.catalog import CD_AGENT_JOIN, INVENTORY_BUCKET
 from shared.events.computedomain import DomainMember
-from shared.telemetry import setup_telemetry
 from tests.computedomain.helpers import Node, announce, node_ip, running_nodes
 from tests.preparer.helpers import ApiClaims, claim_doc, cleanup, running_node, short_root
 from tests.preparer.helpers import Node as PreparerNode
@@ -47,15 +43,6 @@ def root() -> Any:
     finally:
         cleanup(path)
 
-
-@pytest.fixture(scope="module")
-def spans() -> InMemorySpanExporter:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = setup_telemetry("cd-preparer-tests", "none")
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
 
 
 def channel_claim(name: str, domain_uid: str, mode: str = "Single") -> dict[str, Any]:

@@ -18,9 +18,6 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from embedded.apiserver.testing import running_apiserver
@@ -32,21 +29,11 @@ from services.discovery.testing import running_discovery
 from services.preparer.claims import KubeClaimSource
 from shared.bus import Bus
 from shared.natsserver import EmbeddedNats
-from shared.telemetry import setup_telemetry
 from tests.preparer.helpers import ApiClaims, Node, claim_doc, cleanup, running_node, short_root
 
 PREPARE_SPAN = "kubelet NodePrepareResources"
 REPO = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(scope="module")
-def spans() -> InMemorySpanExporter:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = setup_telemetry("kubelet-tests", "none")
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
 
 
 async def until(what: str, check: Callable[[], Awaitable[Any]], timeout: float = 15.0) -> Any:

@@ -8,10 +8,7 @@ import time
 from pathlib import Path
 
 import msgspec
-import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from embedded.apiserver.testing import running_apiserver
@@ -22,18 +19,7 @@ from services.preparer.claims import KubeClaimSource
 from shared.bus import Bus
 from shared.events.claims import ClaimLifecycle
 from shared.natsserver import EmbeddedNats
-from shared.telemetry import setup_telemetry
 from tests.preparer.helpers import ApiClaims, claim_doc, gpu_config, running_node
-
-
-@pytest.fixture(scope="module")
-def spans() -> InMemorySpanExporter:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = setup_telemetry("preparer-tests", "none")
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
 
 
 async def test_one_trace_from_kubelet_through_discovery_to_checkpoint(

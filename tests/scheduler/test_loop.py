@@ -4,29 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from embedded.kubeapi import EVENTS, NAMESPACES, NODES, PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES
 from embedded.scheduler.loop import Scheduler
 from embedded.scheduler.simslices import node_slices
 from embedded.scheduler.state import WATCHED
-from shared.telemetry import setup_telemetry
 from tests.scheduler.loophelpers import add_node, cluster, condition, devices_of, eventually
-
-
-@pytest.fixture(scope="module")
-def spans() -> InMemorySpanExporter:
-    """Finished spans of this module's tests, whatever provider the process installed first."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = setup_telemetry("scheduler-tests", "none")
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
 
 GPU = {"deviceClassName": "gpu.nvidia.com"}
 
