@@ -57,18 +57,18 @@ def parse_ld_cache(data: bytes) -> list[tuple[str, str]]:
         (count,) = struct.unpack_from("<I", data, 12)
         start = 16 + count * _OLD_ENTRY.size
         start = (start + 7) & ~7  # the new table is 8-byte aligned after the old one
-    if not data[start:].startswith(_NEW_MAGIC):
+    table_data = data[start:]  # string offsets in the new table count from its own header
+    if not table_data.startswith(_NEW_MAGIC):
         raise DriverRootError("ld cache has no glibc-ld.so.cache1.1 table")
-    if len(data) < start + _NEW_HEADER.size:
+    if len(table_data) < _NEW_HEADER.size:
         raise DriverRootError("ld cache is truncated")
-    _, nlibs, _strings, _ext = _NEW_HEADER.unpack_from(data, start)
-    table = start + _NEW_HEADER.size
-    if nlibs > (len(data) - table) // _NEW_ENTRY.size:
+    _, nlibs, _strings, _ext = _NEW_HEADER.unpack_from(table_data, 0)
+    if nlibs > (len(table_data) - _NEW_HEADER.size) // _NEW_ENTRY.size:
         raise DriverRootError(f"ld cache claims {nlibs} entries, more than the file holds")
     out: list[tuple[str, str]] = []
     for i in range(nlibs):
-        _flags, key, value, _os, _hw = _NEW_ENTRY.unpack_from(data, table + i * _NEW_ENTRY.size)
-        out.append((_cstr(data, key), _cstr(data, value)))
+        _flags, key, value, _os, _hw = _NEW_ENTRY.unpack_from(table_data, _NEW_HEADER.size + i * _NEW_ENTRY.size)
+        out.append((_cstr(table_data, key), _cstr(table_data, value)))
     return out
 
 
