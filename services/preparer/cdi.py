@@ -115,6 +115,9 @@ class ContainerEdits:
     mounts: list[Mount] = field(default_factory=list)
     hooks: list[Hook] = field(default_factory=list)
 
+    def to_json(self) -> dict[str, Any]:
+        return _edits(self.nodes, list(dict.fromkeys(self.env)), self.mounts, self.hooks)
+
 
 @dataclass
 class CdiDevice:
@@ -202,7 +205,7 @@ def _document(cdi_kind: CdiKind, devices: list[CdiDevice], common: ContainerEdit
         "devices": out_devices,
     }
     mounts = [m for m in common.mounts if m.container_path not in device_mounts]
-    edits = _edits(common.nodes, list(dict.fromkeys(common.env)), mounts, common.hooks)
+    edits = ContainerEdits(common.nodes, common.env, mounts, common.hooks).to_json()
     if edits:
         spec["containerEdits"] = edits
     return spec
