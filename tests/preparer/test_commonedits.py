@@ -238,3 +238,16 @@ async def test_a_driver_installed_after_start_is_picked_up(tmp_path: Path) -> No
     edits = await common.get()
     assert common.files.version == V
     assert {m.host_path for m in edits.mounts} >= {f"{p}" for p in EXPECTED_LIBRARIES}  # host root is /
+
+
+def test_missing_optional_files_are_skipped_with_one_debug_line(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    fake = make_driver_root(tmp_path / "driver", binaries=("nvidia-smi", "nvidia-cdi-hook"), firmware=False,
+                            sockets=False)
+    with caplog.at_level(logging.DEBUG, logger="services.preparer.commonedits"):
+        files = build_driver_files(DriverRoot.of(str(fake.root)), f"{fake.root}/usr/bin/nvidia-cdi-hook")
+    assert (files.binaries, files.firmware, files.ipc) == (["/usr/bin/nvidia-smi"], [], [])
+    assert files.warnings == [] and len(files.hooks) == 4
+    [line] = [r for r in caplog.records if r.name == "services.preparer.commonedits"]
+    assert line.levelno == logging.DEBUG and line.getMessage() == "optional driver files absent; skipped"
+    assert "nvidia-imex" in str(line.structured_fields["missing"])  # type: ignore[attr-defined]
