@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,10 +76,13 @@ def device_kind(name: str) -> str:
 class Inventory:
     """The latest NodeInventory for this node, from the bus or the local cache."""
 
-    def __init__(self, node: str, cache_path: Path, dev_root: str = "") -> None:
+    def __init__(self, node: str, cache_path: Path, dev_root: str = "",
+                 dev_local: Callable[[str], Path] | None = None) -> None:
         self.node = node
         self.cache_path = Path(cache_path)
         self.dev_root_override = dev_root
+        # where this process reads a device node (the host path unless it sees the dev root elsewhere)
+        self.dev_local = dev_local or (lambda path: Path(self.host_path(path)))
         self.current: NodeInventory | None = None
         self.live = False  # True once discovery's current value arrived (not just the local cache)
         self.changed = asyncio.Event()
@@ -174,7 +178,7 @@ class Inventory:
         minor = int((gpu_m or mig_m).group(1))  # type: ignore[union-attr]
         inv = self.current
         if inv is None:
-            if gpu_m and Path(self.host_path(f"/dev/nvidia{minor}")).exists():
+            if gpu_m and self.dev_local(f"/dev/nvidia{minor}").exists():
                 return ResolvedDevice(name=name, kind="gpu", gpu=None, minor=minor)
             raise DeviceError(f"device {name} is unknown: no inventory from discovery yet and "
                               f"{self.host_path(f'/dev/nvidia{minor}')} does not exist")

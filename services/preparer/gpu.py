@@ -32,7 +32,8 @@ class GpuPlugin:
         self.common = CommonEdits(driver_root=cfg.driver_root, container_driver_root=cfg.container_driver_root,
                                   dev_root=cfg.dev_root, cdi_hook_path=cfg.cdi_hook_path)
         self.inventory = Inventory(cfg.node, ctx.plugin_dir / "inventory-cache.json",
-                                   dev_root=self.common.dev_root_override)
+                                   dev_root=self.common.dev_root_override,
+                                   dev_local=self.common.root.dev_local if self.common.configured else None)
         self.ops = DeviceOps(cfg.node, timeout=cfg.device_op_timeout)
         self.preparer = Preparer(driver=ctx.driver, node=cfg.node, claims=ctx.claims, inventory=self.inventory,
                                  ops=self.ops, cdi=CdiWriter(Path(cfg.cdi_dir)), checkpoint=ctx.checkpoint,

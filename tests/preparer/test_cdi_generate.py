@@ -17,7 +17,7 @@ import yaml
 
 from tests.fakedriver import make_driver_root
 from tests.preparer.cdischema import spec_errors
-from tests.preparer.test_commonedits import expected_hook_args, upgrade
+from tests.preparer.driverfiles import expected_hook_args, upgrade
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "cdi"

@@ -18,8 +18,8 @@ from shared.bus import Bus
 from shared.driverroot import DriverRoot
 from tests.fakedriver import make_driver_root
 from tests.preparer.cdischema import spec_errors
+from tests.preparer.driverfiles import EXPECTED_LIBRARIES, expected_hook_args
 from tests.preparer.helpers import MemoryClaims, Node, claim_doc, gpu_config, running_node
-from tests.preparer.test_commonedits import EXPECTED_LIBRARIES, expected_hook_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,6 +53,23 @@ async def test_a_full_gpu_claim_gets_the_driver_userspace_without_nats(claims: M
                                                           "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"}
     [device] = spec["devices"]  # the GPU's own node, under the driver root (the dev root by default)
     assert device["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia1", "hostPath": f"{fake.root}/dev/nvidia1"}]
+
+
+async def test_a_container_driver_root_gives_host_paths_and_finds_the_gpu_without_nats(
+        claims: MemoryClaims, root: Path) -> None:
+    fake = make_driver_root(root / "mnt")  # the host's /run/nvidia/driver, mounted here
+    claim = claims.add(claim_doc(name="operator", results=[("gpu", "gpu-1")]))
+    async with running_node(claims, root, driver_root="/run/nvidia/driver",
+                            container_driver_root=str(fake.root)) as node:
+        result = (await node.plugin.prepare([claim]))[claim.uid]  # no inventory yet: /dev/nvidia1 is looked at here
+        assert result.error == ""
+        spec = spec_of(node, claim.uid)
+    assert spec_errors(spec) == []
+    assert str(root) not in json.dumps(spec)
+    assert {m["hostPath"] for m in spec["containerEdits"]["mounts"]} >= {
+        f"/run/nvidia/driver{p}" for p in EXPECTED_LIBRARIES}
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia1", "hostPath": "/run/nvidia/driver/dev/nvidia1"}]
 
 
 async def test_every_gpu_claim_kind_carries_the_common_edits(claims: MemoryClaims, root: Path, bus: Bus,
