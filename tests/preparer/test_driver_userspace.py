@@ -18,7 +18,7 @@ from shared.bus import Bus
 from shared.driverroot import DriverRoot
 from tests.fakedriver import make_driver_root
 from tests.preparer.cdischema import spec_errors
-from tests.preparer.driverfiles import EXPECTED_LIBRARIES, expected_hook_args
+from tests.preparer.driverfiles import EXPECTED_LIBRARIES, expected_hook_args, upgrade
 from tests.preparer.helpers import MemoryClaims, Node, claim_doc, gpu_config, running_node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,15 +131,27 @@ def _kubeconfig(path: Path) -> Path:
     return path
 
 
-def test_the_preparer_exits_2_naming_a_driver_root_without_nvml(root: Path) -> None:
-    fake = make_driver_root(root / "driver", nvml=False)
+def _no_nvml(base: Path) -> tuple[Path, str]:
+    fake = make_driver_root(base, nvml=False)
+    return fake.root, f"no libnvidia-ml.so.1 under driver root {fake.root}"
+
+
+def _mixed(base: Path) -> tuple[Path, str]:
+    fake = make_driver_root(base)
+    upgrade(fake.root, fake.lib_dir, "560.28.03", cuda=False)
+    return fake.root, f"driver root {fake.root} mixes driver versions"
+
+
+@pytest.mark.parametrize("case", [_no_nvml, _mixed], ids=["no-nvml", "mixed-versions"])
+def test_the_preparer_exits_2_naming_an_unusable_driver_root(root: Path, case) -> None:
+    driver, message = case(root / "driver")
     run = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "preparer", "--driver-root", str(fake.root), "--drivers",
+        [sys.executable, "-m", "shared.cli", "preparer", "--driver-root", str(driver), "--drivers",
          "gpu.nvidia.com", "--node", "n1", "--registry-dir", str(root / "reg"), "--plugins-dir",
          str(root / "plugins"), "--cdi-dir", str(root / "cdi"), "--kubeconfig", str(_kubeconfig(root / "kc"))],
         cwd=REPO, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert run.returncode == 2, run.stderr
-    assert f"no libnvidia-ml.so.1 under driver root {fake.root}" in run.stderr
+    assert run.stderr.startswith("gpu-dra preparer: error: ") and message in run.stderr
     assert not (root / "reg" / "gpu.nvidia.com-reg.sock").exists()
     assert not (root / "cdi").exists()
 
