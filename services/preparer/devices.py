@@ -2,7 +2,8 @@
 
 Owns the inventory view (discovery's KV value for this node, cached on local disk so that a
 restart with NATS down still knows the GPUs, with the device tree as the last fallback for full
-GPUs) and the bus calls for time-slicing, MPS and MIG. Device node paths in CDI are derived here.
+GPUs) and the bus calls for time-slicing, MPS and MIG. Device node host paths in CDI are derived here
+(the control nodes every claim gets come from `commonedits`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ log = get_logger(__name__)
 
 _GPU_NAME = re.compile(r"^gpu-(\d+)$")
 _MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$")
-DEFAULT_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 class DeviceError(RuntimeError):
@@ -164,11 +164,6 @@ class Inventory:
     def host_path(self, container_path: str) -> str:
         root = self.dev_root.rstrip("/")
         return f"{root}{container_path}" if root else container_path
-
-    def control_device_paths(self) -> list[str]:
-        if self.current is not None and self.current.control_device_paths:
-            return list(self.current.control_device_paths)
-        return list(DEFAULT_CONTROL_DEVICES)
 
     def resolve(self, name: str) -> ResolvedDevice:
         """Map an allocated device name to hardware here, or raise DeviceError."""
