@@ -9,6 +9,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "discovery": ("services.discovery.cli", "NVML inventory, health and device operations for one node"),
     "publisher": ("services.publisher.cli", "inventory and health -> ResourceSlices"),
     "preparer": ("services.preparer.cli", "the kubelet DRA plugin (prepare/unprepare, CDI, checkpoint)"),
+    "cdi": ("services.preparer.nodespec", "'cdi generate': this node's CDI spec (driver userspace + GPUs)"),
     "computedomain": ("services.computedomain.cli", "ComputeDomain controller and node agent"),
     "apiserver": ("embedded.apiserver.cli", "the embedded Kubernetes API server"),
     "kubelet": ("embedded.nodeagent.cli", "the kubelet emulator for one simulated node"),

@@ -27,6 +27,8 @@ class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     simulate: str = ""  # e.g. h100x8, a100-40gbx8:mig, h100x4+l40sx2
     machine: str = ""  # YAML machine file (simulation)
     driver_root: str = ""  # host driver root holding libnvidia-ml.so.1
+    container_driver_root: str = ""  # where this process sees the driver root, when mounted elsewhere
+    cdi_hook_path: str = "/usr/bin/nvidia-cdi-hook"  # host path of nvidia-cdi-hook (same settings as the preparer)
     dev_root: str = ""  # where /dev and /proc live ("/" on real nodes; a fake tree under simulation)
     sys_root: str = ""  # where /sys lives (defaults to dev_root)
     state_dir: str = ""  # simulated NVML state (defaults to <dev_root>/var/lib/gpu-dra)
@@ -37,6 +39,11 @@ class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     ignore_xids: list[int] = msgspec.field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
     additional_xids_to_ignore: list[int] = msgspec.field(default_factory=list)
     event_timeout_ms: int = 1000
+
+    @property
+    def local_driver_root(self) -> str:
+        """Where this process reads the driver root ("" = the system's libnvidia-ml)."""
+        return self.container_driver_root or self.driver_root
 
     @property
     def simulated(self) -> bool:

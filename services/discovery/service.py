@@ -37,7 +37,7 @@ def open_nvml(cfg: DiscoveryConfig) -> Nvml:
         spec = machine.parse_spec(cfg.simulate) if cfg.simulate else machine.load_file(cfg.machine)
         state_file = Path(cfg.state_dir) / f"simnvml-{cfg.node}.json"
         return Nvml(SimNvml(cfg.node, spec, state_file, Path(cfg.dev_root)))
-    return Nvml(load_real_binding(cfg.driver_root or None), driver_root=cfg.driver_root or None)
+    return Nvml(load_real_binding(cfg.local_driver_root or None), driver_root=cfg.local_driver_root or None)
 
 
 class Scanner:

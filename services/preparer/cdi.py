@@ -2,9 +2,12 @@
 
 Owns the spec layout per driver (`CdiKind`: `k8s.gpu.nvidia.com/claim` for GPUs,
 `k8s.compute-domain.nvidia.com/claim` for IMEX channels, as upstream; device names
-`<claimUID>-<device>`, file `<vendor>-claim_<uid>.json`), the minimum `cdiVersion` for the features
-used, the claim-wide edits (GPU: control device nodes, `NVIDIA_VISIBLE_DEVICES=void`) and per-device
-edits (device nodes, char-device major/minor/mode for nodes a runtime creates, MPS mounts and env).
+`<claimUID>-<device>`, file `<vendor>-claim_<uid>.json`; `k8s.gpu.nvidia.com/device` for the node
+spec of `gpu-dra cdi generate`), the minimum `cdiVersion` for the features used, the spec-level
+edits (`ContainerEdits`: for GPU claims the node's driver userspace from `commonedits`: device
+nodes, mounts, hooks, env) and per-device edits (device nodes, char-device major/minor/mode for
+nodes a runtime creates, MPS mounts and env). A device mount wins over a spec-level mount at the
+same container path (a claim's MPS pipe dir over a node-wide one).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,19 +37,19 @@ class CdiError(ValueError):
 
 @dataclass(frozen=True)
 class CdiKind:
-    """One driver's CDI vendor and class, and the env every container of its claims gets."""
+    """One driver's CDI vendor and class."""
 
     vendor: str
     cls: str = CLASS
-    common_env: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
         return f"{self.vendor}/{self.cls}"
 
 
-GPU_CDI = CdiKind(VENDOR, CLASS, ("NVIDIA_VISIBLE_DEVICES=void",))
+GPU_CDI = CdiKind(VENDOR, CLASS)
 CHANNEL_CDI = CdiKind("k8s.compute-domain.nvidia.com", CLASS)
+NODE_CDI = CdiKind(VENDOR, "device")  # the node spec `gpu-dra cdi generate` prints (as nvidia-ctk's)
 
 
 @dataclass
@@ -83,12 +87,49 @@ class Mount:
         return {"hostPath": self.host_path, "containerPath": self.container_path, "options": self.options}
 
 
+READ_ONLY = ["ro", "nosuid", "nodev", "rbind", "rprivate"]  # driver files in a container (as the toolkit)
+
+
+@dataclass
+class Hook:
+    """An OCI hook the runtime runs (e.g. `nvidia-cdi-hook update-ldcache`); args[0] is the program name."""
+
+    path: str
+    args: list[str]
+    hook_name: str = "createContainer"
+    env: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hookName": self.hook_name, "path": self.path, "args": list(self.args)}
+        if self.env:
+            out["env"] = list(self.env)
+        return out
+
+
+@dataclass
+class ContainerEdits:
+    """Spec-level edits: what every container that uses any device of the spec gets."""
+
+    nodes: list[DeviceNode] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)
+    mounts: list[Mount] = field(default_factory=list)
+    hooks: list[Hook] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return _edits(self.nodes, list(dict.fromkeys(self.env)), self.mounts, self.hooks)
+
+
 @dataclass
 class CdiDevice:
     device: str  # canonical device name, e.g. gpu-0
     nodes: list[DeviceNode] = field(default_factory=list)
     env: list[str] = field(default_factory=list)
     mounts: list[Mount] = field(default_factory=list)
+
+
+def gpu_device_nodes(minor: int, host_path: Callable[[str], str], caps: Sequence[str] = ()) -> list[DeviceNode]:
+    """A GPU's device node (for a MIG device: its parent's) plus the MIG GI/CI capability nodes."""
+    return [DeviceNode(p, host_path(p)) for p in (f"/dev/nvidia{minor}", *caps)]
 
 
 def spec_file_name(claim_uid: str, cdi_kind: CdiKind = GPU_CDI) -> str:
@@ -109,7 +150,8 @@ def mps_edits(pipe_dir: str, shm_dir: str) -> tuple[list[str], list[Mount]]:
             [Mount(pipe_dir, MPS_PIPE_IN_CONTAINER), Mount(shm_dir, "/dev/shm")])
 
 
-def _edits(nodes: list[DeviceNode], env: list[str], mounts: list[Mount]) -> dict[str, Any]:
+def _edits(nodes: list[DeviceNode], env: list[str], mounts: list[Mount], hooks: list[Hook] | None = None
+           ) -> dict[str, Any]:
     edits: dict[str, Any] = {}
     if env:
         edits["env"] = list(env)
@@ -117,18 +159,34 @@ def _edits(nodes: list[DeviceNode], env: list[str], mounts: list[Mount]) -> dict
         edits["deviceNodes"] = [n.to_json() for n in nodes]
     if mounts:
         edits["mounts"] = [m.to_json() for m in mounts]
+    if hooks:
+        edits["hooks"] = [h.to_json() for h in hooks]
     return edits
 
 
-def build_spec(claim_uid: str, devices: list[CdiDevice], control_nodes: list[DeviceNode],
+def build_spec(claim_uid: str, devices: list[CdiDevice], common: ContainerEdits,
                cdi_kind: CdiKind = GPU_CDI) -> dict[str, Any]:
     """The claim's CDI spec as a JSON-ready dict (validated like the CDI loader validates)."""
     if not devices:
         raise CdiError(f"claim {claim_uid} has no devices for a CDI spec")
+    named = [CdiDevice(device_name(claim_uid, d.device), d.nodes, d.env, d.mounts) for d in devices]
+    return _document(cdi_kind, named, common)
+
+
+def build_node_spec(devices: list[CdiDevice], common: ContainerEdits, cdi_kind: CdiKind = NODE_CDI
+                    ) -> dict[str, Any]:
+    """A node-wide spec whose device names are used as given (`0`, `GPU-<uuid>`, `0:1`, `all`)."""
+    if not devices:
+        raise CdiError("no devices for a CDI spec")
+    return _document(cdi_kind, devices, common)
+
+
+def _document(cdi_kind: CdiKind, devices: list[CdiDevice], common: ContainerEdits) -> dict[str, Any]:
     out_devices = []
     seen: set[str] = set()
+    device_mounts: set[str] = set()
     for dev in devices:
-        name = device_name(claim_uid, dev.device)
+        name = dev.device
         if not _NAME.match(name):
             raise CdiError(f"CDI device name {name!r} is not valid (letters, digits, _.:- inside)")
         if name in seen:
@@ -137,16 +195,19 @@ def build_spec(claim_uid: str, devices: list[CdiDevice], control_nodes: list[Dev
         edits = _edits(dev.nodes, dev.env, dev.mounts)
         if not edits:
             raise CdiError(f"CDI device {name} would have no container edits")
+        device_mounts.update(m.container_path for m in dev.mounts)
         out_devices.append({"name": name, "containerEdits": edits})
     spec: dict[str, Any] = {
         # 0.5.0: deviceNodes[].hostPath and device names that may start with a digit (claim UIDs).
+        # Spec-level mounts and hooks exist since 0.3.0.
         "cdiVersion": "0.5.0",
         "kind": cdi_kind.kind,
         "devices": out_devices,
     }
-    common = _edits(control_nodes, list(cdi_kind.common_env), [])
-    if common:
-        spec["containerEdits"] = common
+    mounts = [m for m in common.mounts if m.container_path not in device_mounts]
+    edits = ContainerEdits(common.nodes, common.env, mounts, common.hooks).to_json()
+    if edits:
+        spec["containerEdits"] = edits
     return spec
 
 

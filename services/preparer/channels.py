@@ -38,7 +38,7 @@ from services.computedomain.channels import (
 )
 from services.computedomain.crd import CHANNEL_CONFIG_KIND, DAEMON_DEVICE_CLASS
 from services.preparer import metrics
-from services.preparer.cdi import CHANNEL_CDI, CdiDevice, CdiWriter, DeviceNode, build_spec
+from services.preparer.cdi import CHANNEL_CDI, CdiDevice, CdiWriter, ContainerEdits, DeviceNode, build_spec
 from services.preparer.checkpoint import ClaimRecord, PreparedDevice
 from services.preparer.claims import AllocationResult, ResourceClaim
 from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed
@@ -194,7 +194,8 @@ class ChannelClaimPreparer(ClaimPreparer):
                                 file_mode=CHANNEL_FILE_MODE, permissions="rw") for d in edits.device_nodes]
             device = record.devices[0]
             if nodes:  # a node without NVLink fabric gets no IMEX channel, and no CDI device at all
-                spec = build_spec(ref.uid, [CdiDevice(device.device, nodes, env=list(edits.env))], [], CHANNEL_CDI)
+                spec = build_spec(ref.uid, [CdiDevice(device.device, nodes, env=list(edits.env))], ContainerEdits(),
+                                  CHANNEL_CDI)
                 record.cdi_spec = (await self.cdi.write(ref.uid, spec)).name
                 device.cdi_device_ids = [self.cdi.device_id(ref.uid, device.device)]
         record.state = "PrepareCompleted"

@@ -3,8 +3,8 @@
 Owns process wiring only: one PreparerService per driver in `--drivers` (each on its own sockets),
 the Kubernetes client they share (kubeconfig or in-cluster), the one NATS connection in the
 background that every service gets once it answers (an embedded nats-server when no URL is set),
-the Kubernetes Event for a quarantined checkpoint, and exit codes (0 ok, 2 bad settings, 1 failed
-to start).
+the Kubernetes Event for a quarantined checkpoint, and exit codes (0 ok, 2 bad settings, including a
+--driver-root that holds no usable driver, 1 failed to start).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from services.preparer.config import ConfigError, PreparerConfig, parse
 from services.preparer.service import PreparerService
 from services.preparer.sockets import SocketError
 from shared.bus import Bus
+from shared.driverroot import DriverRootError
 from shared.kubeclient import kube_api_client
 from shared.logs import get_logger
 from shared.natsserver import EmbeddedNats
@@ -94,7 +95,7 @@ async def _run(cfg: PreparerConfig) -> int:
             for service in services:
                 await service.start()
                 started.append(service)
-        except (SocketError, OSError) as exc:
+        except (SocketError, OSError, DriverRootError) as exc:
             failed.append(exc)
             for service in reversed(started):
                 await service.stop()
@@ -113,7 +114,7 @@ async def _run(cfg: PreparerConfig) -> int:
     await run_until_stopped(main)
     if failed:
         print(f"gpu-dra preparer: error: {failed[0]}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(failed[0], DriverRootError) else 1  # a --driver-root without a driver: bad settings
     return 0
 
 

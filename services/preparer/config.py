@@ -28,7 +28,16 @@ class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     plugins_dir: Annotated[str, _h("kubelet plugins directory (holds <driver>/dra.sock and checkpoint.json)")] = (
         "/var/lib/kubelet/plugins")
     cdi_dir: Annotated[str, _h("CDI spec directory")] = "/var/run/cdi"
-    dev_root: Annotated[str, _h("host root of /dev for CDI host paths (default: what discovery reports)")] = ""
+    driver_root: Annotated[str, _h(
+        "host path of the NVIDIA driver root whose userspace every GPU claim's CDI spec mounts (/, or "
+        "/run/nvidia/driver with the GPU operator); unset: / is probed and, without a driver there, specs "
+        "carry device nodes only")] = ""
+    container_driver_root: Annotated[str, _h(
+        "where this process sees the driver root, when it is mounted elsewhere (default: --driver-root)")] = ""
+    dev_root: Annotated[str, _h("host root of /dev for CDI host paths (default: --driver-root if set, else "
+                                "what discovery reports)")] = ""
+    cdi_hook_path: Annotated[str, _h("host path of nvidia-cdi-hook (NVIDIA container toolkit) named in CDI hooks")] = (
+        "/usr/bin/nvidia-cdi-hook")
     boot_id_path: Annotated[str, _h("file holding the kernel boot id")] = "/proc/sys/kernel/random/boot_id"
     kubeconfig: Annotated[str, _h("kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config)")] = ""
     cleanup_interval: Annotated[float, msgspec.Meta(gt=0, description="seconds between stale-claim cleanups")] = 600.0
@@ -44,8 +53,9 @@ class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
 
 def parse(argv: list[str], env: dict[str, str] | None = None) -> PreparerConfig:
     cfg = load_config(PreparerConfig, argv, prog="gpu-dra preparer", description=DESCRIPTION, env=env)
-    for name in ("registry_dir", "plugins_dir", "cdi_dir"):
-        if not os.path.isabs(getattr(cfg, name)):
+    required = ("registry_dir", "plugins_dir", "cdi_dir")
+    for name in (*required, "driver_root", "container_driver_root", "dev_root", "cdi_hook_path"):
+        if (name in required or getattr(cfg, name)) and not os.path.isabs(getattr(cfg, name)):
             raise ConfigError(f"--{name.replace('_', '-')} must be an absolute path, got {getattr(cfg, name)!r}")
     unknown = [d for d in cfg.drivers if d not in DRIVERS]
     if unknown or not cfg.drivers or len(set(cfg.drivers)) != len(cfg.drivers):

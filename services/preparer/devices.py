@@ -2,7 +2,8 @@
 
 Owns the inventory view (discovery's KV value for this node, cached on local disk so that a
 restart with NATS down still knows the GPUs, with the device tree as the last fallback for full
-GPUs) and the bus calls for time-slicing, MPS and MIG. Device node paths in CDI are derived here.
+GPUs) and the bus calls for time-slicing, MPS and MIG. Device node host paths in CDI are derived here
+(the control nodes every claim gets come from `commonedits`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,6 @@ log = get_logger(__name__)
 
 _GPU_NAME = re.compile(r"^gpu-(\d+)$")
 _MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$")
-DEFAULT_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 class DeviceError(RuntimeError):
@@ -75,10 +76,13 @@ def device_kind(name: str) -> str:
 class Inventory:
     """The latest NodeInventory for this node, from the bus or the local cache."""
 
-    def __init__(self, node: str, cache_path: Path, dev_root: str = "") -> None:
+    def __init__(self, node: str, cache_path: Path, dev_root: str = "",
+                 dev_local: Callable[[str], Path] | None = None) -> None:
         self.node = node
         self.cache_path = Path(cache_path)
         self.dev_root_override = dev_root
+        # where this process reads a device node (the host path unless it sees the dev root elsewhere)
+        self.dev_local = dev_local or (lambda path: Path(self.host_path(path)))
         self.current: NodeInventory | None = None
         self.live = False  # True once discovery's current value arrived (not just the local cache)
         self.changed = asyncio.Event()
@@ -161,11 +165,6 @@ class Inventory:
         root = self.dev_root.rstrip("/")
         return f"{root}{container_path}" if root else container_path
 
-    def control_device_paths(self) -> list[str]:
-        if self.current is not None and self.current.control_device_paths:
-            return list(self.current.control_device_paths)
-        return list(DEFAULT_CONTROL_DEVICES)
-
     def resolve(self, name: str) -> ResolvedDevice:
         """Map an allocated device name to hardware here, or raise DeviceError."""
         gpu_m, mig_m = _GPU_NAME.match(name), _MIG_NAME.match(name)
@@ -174,7 +173,7 @@ class Inventory:
         minor = int((gpu_m or mig_m).group(1))  # type: ignore[union-attr]
         inv = self.current
         if inv is None:
-            if gpu_m and Path(self.host_path(f"/dev/nvidia{minor}")).exists():
+            if gpu_m and self.dev_local(f"/dev/nvidia{minor}").exists():
                 return ResolvedDevice(name=name, kind="gpu", gpu=None, minor=minor)
             raise DeviceError(f"device {name} is unknown: no inventory from discovery yet and "
                               f"{self.host_path(f'/dev/nvidia{minor}')} does not exist")

@@ -1,7 +1,8 @@
 """The `gpu.nvidia.com` driver plugin: the GPU preparer and what it needs around it in the host.
 
-Owns the wiring of the GPU side: the node's inventory (local cache first, then discovery's KV
-value), device operations through discovery, the DRAResourceHealth stream on the DRA socket, the
+Owns the wiring of the GPU side: the node's driver userspace for CDI (`commonedits`, built before
+the sockets serve), the node's inventory (local cache first, then discovery's KV value), device
+operations through discovery, the DRAResourceHealth stream on the DRA socket, the
 rollback of interrupted prepares at start, and the rollbacks that had to wait for discovery. The
 plain full-GPU path never waits for NATS.
 """
@@ -15,6 +16,7 @@ from typing import Any
 import grpc
 
 from services.preparer.cdi import CdiWriter
+from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceOps, Inventory
 from services.preparer.drivers import PluginContext
 from services.preparer.health import HealthWatch, add_health_service
@@ -27,14 +29,20 @@ log = get_logger(__name__)
 class GpuPlugin:
     def __init__(self, ctx: PluginContext) -> None:
         cfg = ctx.cfg
-        self.inventory = Inventory(cfg.node, ctx.plugin_dir / "inventory-cache.json", dev_root=cfg.dev_root)
+        self.common = CommonEdits(driver_root=cfg.driver_root, container_driver_root=cfg.container_driver_root,
+                                  dev_root=cfg.dev_root, cdi_hook_path=cfg.cdi_hook_path)
+        self.inventory = Inventory(cfg.node, ctx.plugin_dir / "inventory-cache.json",
+                                   dev_root=self.common.dev_root_override,
+                                   dev_local=self.common.root.dev_local if self.common.configured else None)
         self.ops = DeviceOps(cfg.node, timeout=cfg.device_op_timeout)
         self.preparer = Preparer(driver=ctx.driver, node=cfg.node, claims=ctx.claims, inventory=self.inventory,
                                  ops=self.ops, cdi=CdiWriter(Path(cfg.cdi_dir)), checkpoint=ctx.checkpoint,
-                                 events=ctx.events)
+                                 events=ctx.events, common=self.common)
         self.health = HealthWatch(cfg.node, self.inventory)
 
     async def start(self) -> None:
+        """The driver's common CDI edits (DriverRootError for an unusable --driver-root), then the caches."""
+        await self.common.start()
         await self.inventory.load_cache()
         await self.preparer.recover()
 

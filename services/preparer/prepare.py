@@ -3,7 +3,8 @@
 Owns what a GPU prepare does inside the shared claim state machine (`claimstate.ClaimPreparer`:
 serialisation, idempotency, rollback, stale cleanup, events): device resolution, opaque configs,
 the overlap guard (a device held by another completed claim is refused unless both share it by
-config), time-slicing, MPS and dynamic MIG through discovery, and the claim's CDI spec.
+config), time-slicing, MPS and dynamic MIG through discovery, and the claim's CDI spec (its devices'
+nodes plus the node's common edits, the driver userspace, from `commonedits`).
 I/O goes through small ports: ClaimSource, Inventory, DeviceOps, CdiWriter, Checkpoint.
 """
 
@@ -15,10 +16,11 @@ from dataclasses import dataclass
 import msgspec
 
 from services.preparer import metrics
-from services.preparer.cdi import CdiDevice, CdiWriter, DeviceNode, build_spec, device_id, mps_edits
+from services.preparer.cdi import CdiDevice, CdiWriter, build_spec, device_id, gpu_device_nodes, mps_edits
 from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from services.preparer.claims import ClaimSource, ResourceClaim
 from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed
+from services.preparer.commonedits import CommonEdits
 from services.preparer.configs import (
     ConfigError,
     GpuConfig,
@@ -50,11 +52,13 @@ class _Planned:
 
 class Preparer(ClaimPreparer):
     def __init__(self, *, driver: str, node: str, claims: ClaimSource, inventory: Inventory, ops: DeviceOps,
-                 cdi: CdiWriter, checkpoint: Checkpoint, events: LifecycleEvents, pool: str = "") -> None:
+                 cdi: CdiWriter, checkpoint: Checkpoint, events: LifecycleEvents, common: CommonEdits,
+                 pool: str = "") -> None:
         super().__init__(driver=driver, node=node, claims=claims, cdi=cdi, checkpoint=checkpoint, events=events,
                          pool=pool)
         self.inventory = inventory
         self.ops = ops
+        self.common = common  # the node's driver userspace, in every claim spec
 
     def _plan(self, claim: ResourceClaim) -> tuple[list[_Planned], list[RawConfig]]:
         allocation = claim.status.allocation
@@ -121,8 +125,8 @@ class Preparer(ClaimPreparer):
         try:
             cdi_devices = await self._apply(ref, record, planned, groups)
             with tracer.start_as_current_span("cdi.write"):
-                control = [DeviceNode(p, self.inventory.host_path(p)) for p in self.inventory.control_device_paths()]
-                spec = build_spec(ref.uid, cdi_devices, control) if cdi_devices else None
+                common = await self.common.get(self.inventory.dev_root)
+                spec = build_spec(ref.uid, cdi_devices, common) if cdi_devices else None
                 if spec is not None:
                     path = await self.cdi.write(ref.uid, spec)
                     record.cdi_spec = path.name
@@ -147,7 +151,7 @@ class Preparer(ClaimPreparer):
         cdi_devices: dict[int, CdiDevice] = {}
         for i, item in enumerate(planned):
             res = item.resolved
-            nodes = [DeviceNode(f"/dev/nvidia{res.minor}", self.inventory.host_path(f"/dev/nvidia{res.minor}"))]
+            caps: list[str] = []
             if res.kind == "mig":
                 mig = res.mig
                 if mig is None:
@@ -161,8 +165,8 @@ class Preparer(ClaimPreparer):
                     record.devices[i].uuid = mig.uuid
                     await self.checkpoint.put(ref.uid, record)  # rollback must know what exists now
                     await self.inventory.wait_mig(mig.uuid, present=True)
-                nodes += [DeviceNode(p, self.inventory.host_path(p)) for p in mig.device_path_caps]
-            cdi_devices[i] = CdiDevice(device=res.name, nodes=nodes)
+                caps = list(mig.device_path_caps)
+            cdi_devices[i] = CdiDevice(device=res.name, nodes=gpu_device_nodes(res.minor, self.inventory.host_path, caps))
         for group in groups:
             kind = strategy(group.config)
             gpu_uuids = sorted({planned[i].resolved.uuid for i in group.results if planned[i].resolved.kind == "gpu"})

@@ -25,9 +25,9 @@ from shared.deviceclasses import CD_DRIVER
 from shared.events.catalog import CD_AGENT_JOIN, INVENTORY_BUCKET
 from shared.events.computedomain import DomainMember
 from tests.computedomain.helpers import Node, announce, node_ip, running_nodes
+from tests.preparer.cdischema import spec_errors
 from tests.preparer.helpers import ApiClaims, claim_doc, cleanup, running_node, short_root
 from tests.preparer.helpers import Node as PreparerNode
-from tests.preparer.test_cdi import SCHEMA_DIR, loader_errors
 
 GB200 = "gb200x4:clique=1"
 NODE = "node-0"  # what running_nodes calls its first node
@@ -78,17 +78,7 @@ def cdi_spec(prep: PreparerNode, uid: str) -> dict[str, Any]:
 
 
 def assert_valid_cdi(spec: dict[str, Any]) -> None:
-    assert loader_errors(spec) == []
-    if SCHEMA_DIR.is_dir():
-        from jsonschema import Draft7Validator
-        from referencing import Registry, Resource
-        from referencing.jsonschema import DRAFT7
-
-        defs = Resource.from_contents(json.loads((SCHEMA_DIR / "defs.json").read_text()),
-                                      default_specification=DRAFT7)
-        validator = Draft7Validator(json.loads((SCHEMA_DIR / "schema.json").read_text()),
-                                    registry=Registry().with_resource("defs.json", defs))
-        assert [e.message for e in validator.iter_errors(spec)] == []
+    assert spec_errors(spec) == []
 
 
 @contextlib.asynccontextmanager

@@ -175,6 +175,10 @@ def test_node_agents_mount_the_kubelet_cdi_dev_and_driver_root_host_paths() -> N
     assert set(mounts) == {"discovery", "preparer", "cd-agent"}
     assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"} <= set(mounts["preparer"])
     assert mounts["discovery"]["/driver-root"]["readOnly"] is True
+    assert mounts["preparer"]["/driver-root"]["readOnly"] is True  # the driver userspace for claim CDI specs
+    for name in ("discovery", "preparer"):
+        env = {e["name"]: e.get("value") for e in next(c for c in spec["containers"] if c["name"] == name)["env"]}
+        assert (env["GPU_DRA_DRIVER_ROOT"], env["GPU_DRA_CONTAINER_DRIVER_ROOT"]) == ("/", "/driver-root"), name
     # discovery has no API credentials at all; the others get the token through a projected volume
     assert spec["automountServiceAccountToken"] is False
     assert "/var/run/secrets/kubernetes.io/serviceaccount" not in mounts["discovery"]

@@ -33,7 +33,8 @@ async def test_full_gpu_prepare_and_unprepare_without_nats(claims: MemoryClaims,
         spec = json.loads(spec_file.read_text())
         assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
         assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
-        assert {"path": "/dev/nvidiactl", "hostPath": f"{dev_root}/dev/nvidiactl"} in spec["containerEdits"]["deviceNodes"]
+        assert {"path": "/dev/nvidiactl", "hostPath": f"{dev_root}/dev/nvidiactl", "fileMode": 0o666,
+                "permissions": "rwm"} in spec["containerEdits"]["deviceNodes"]
         [cdi_dev] = spec["devices"]
         assert cdi_dev["name"] == f"{claim.uid}-gpu-1"
         assert cdi_dev["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia1", "hostPath": f"{dev_root}/dev/nvidia1"}]
