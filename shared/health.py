@@ -30,6 +30,8 @@ from shared.logs import get_logger
 
 log = get_logger(__name__)
 
+PATHS = ("/metrics", "/healthz", "/readyz")
+LIVENESS_PATH, READINESS_PATH = "/healthz", "/readyz"
 DEFAULT_STALL_SECONDS = 10.0
 DEFAULT_TICK_SECONDS = 1.0
 
@@ -140,15 +142,15 @@ def _handler(health: Health, registry: CollectorRegistry) -> type[BaseHTTPReques
             url = urlsplit(self.path)
             if url.path == "/metrics":
                 self._metrics(parse_qs(url.query))
-            elif url.path == "/healthz":
+            elif url.path == LIVENESS_PATH:
                 stall = health.stalled()
                 self._text(503 if stall else 200, f"not alive: {stall}\n" if stall else "ok\n")
-            elif url.path == "/readyz":
+            elif url.path == READINESS_PATH:
                 missing = health.not_ready()
                 self._text(503 if missing else 200,
                            "not ready: " + "; ".join(missing) + "\n" if missing else "ok\n")
             else:
-                self._text(404, f"no such path {url.path}: this endpoint serves /metrics, /healthz and /readyz\n")
+                self._text(404, f"no such path {url.path}: this endpoint serves {', '.join(PATHS)}\n")
 
         def _metrics(self, params: dict[str, list[str]]) -> None:
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
