@@ -55,11 +55,8 @@ class HealthCheck(pb2_grpc.HealthServicer):
         stall = self.health.stalled()
         if stall is not None:
             return stall
-        for plugin in self.plugins:
-            found = await self._plugin_problem(plugin)
-            if found is not None:
-                return found
-        return None
+        found = await asyncio.gather(*(self._plugin_problem(plugin) for plugin in self.plugins))
+        return "; ".join(f for f in found if f is not None) or None
 
     async def _plugin_problem(self, plugin: Plugin) -> str | None:
         try:
