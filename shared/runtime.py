@@ -1,7 +1,8 @@
 """Service start-up and shutdown shared by every service: logs, traces, metrics and health, NATS, signals.
 
-`run_service` gives the service a connected, provisioned Bus (starting an embedded nats-server
-when no URL is configured, and ready only while connected) and runs its main coroutine until
+`prepare_process` sets up logs, traces and the metrics/health endpoint; `connected_bus` gives the
+service a connected, provisioned Bus (starting an embedded nats-server when no URL is configured;
+the process is ready only while connected); `run_until_stopped` runs its main coroutine until
 SIGINT/SIGTERM, with the health watchdog (shared.health) ticking on its loop.
 """
 
