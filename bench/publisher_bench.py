@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
 from services.discovery.testing import running_discovery  # noqa: E402
-from services.publisher import kube  # noqa: E402
 from services.publisher.testing import ensure_node, running_publisher, until  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.events import catalog  # noqa: E402
+from shared.kubeclient import kube_api_client
 from shared.natsserver import EmbeddedNats  # noqa: E402
 
 
@@ -39,7 +39,7 @@ async def main(nodes: int, changes: int) -> dict[str, object]:
     async with EmbeddedNats(store_dir=tmp / "nats") as nats_srv, running_apiserver(tmp / "api") as api:
         bus = await Bus.connect(nats_srv.url, name="bench")
         await bus.provision()
-        client = await kube.make_client(kubeconfig=str(api.kubeconfig_path))
+        client = await kube_api_client(str(api.kubeconfig_path))
         async with running_discovery(bus, node="seed", simulate="h100x8", root=tmp / "sim") as disc:
             seed = disc.inventory
         names = [f"node-{i:04d}" for i in range(nodes)]

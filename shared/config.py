@@ -48,7 +48,10 @@ class CommonConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     otel_exporter: Annotated[
         str, _help("trace exporter when OTEL_EXPORTER_OTLP_ENDPOINT is unset: none, console, memory, file:<path>")
     ] = "none"
-    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535, description="Prometheus port; 0 is off")] = 0
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535, description=(
+        "HTTP port of /metrics (Prometheus), /healthz (liveness) and /readyz (readiness); 0 is off"))] = 0
+    health_stall_seconds: Annotated[float, msgspec.Meta(gt=1, le=3600, description=(
+        "/healthz fails once the event loop has not ticked (every second) for this long"))] = 10.0
 
 
 def _flag(name: str) -> str:

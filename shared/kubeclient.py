@@ -1,19 +1,44 @@
-"""The one way a service gets its Kubernetes client: in-cluster credentials or a kubeconfig file."""
+"""The one way a service gets its Kubernetes client: a kubeconfig file, an API URL and token, or in-cluster.
+
+TLS verification of the API server is never silently off: an https URL without a CA file is
+verified against the system's trust store, and skipping verification takes the explicit
+`insecure_skip_tls_verify` (the publisher's `--api-insecure-skip-tls-verify`), logged as a warning
+at every start.
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+from shared.logs import get_logger
 
-async def kube_api_client(kubeconfig: str = "") -> Any:
-    """A kubernetes-asyncio ApiClient: in-cluster credentials when no kubeconfig is given and the
-    process runs in a pod, else the kubeconfig file (`KUBECONFIG` / `~/.kube/config` when empty).
+log = get_logger(__name__)
+
+
+async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "", ca_file: str = "",
+                          insecure_skip_tls_verify: bool = False) -> Any:
+    """A kubernetes-asyncio ApiClient, from the first that applies: `url` (with a bearer `token` and
+    the `ca_file` that signs its certificate), in-cluster credentials when no kubeconfig is given and
+    the process runs in a pod, else the kubeconfig file (`KUBECONFIG` / `~/.kube/config` when empty).
     The caller closes it (`async with`, or `await api.close()`)."""
     from kubernetes_asyncio import client, config
 
     configuration = client.Configuration()
-    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if url:
+        configuration.host = url.rstrip("/")
+        if token:
+            configuration.api_key = {"BearerToken": token}
+            configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        if ca_file:
+            configuration.ssl_ca_cert = ca_file
+        if insecure_skip_tls_verify:
+            configuration.verify_ssl = False
+            log.warning("TLS verification of the API server is OFF (--api-insecure-skip-tls-verify): anyone on "
+                        "the path can read the token and the traffic; give --api-ca-file instead", url=url)
+    elif insecure_skip_tls_verify:
+        raise ValueError("insecure_skip_tls_verify applies to an API URL only; a kubeconfig says it itself")
+    elif not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)

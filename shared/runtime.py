@@ -1,7 +1,9 @@
-"""Service start-up and shutdown shared by every service: logs, traces, metrics, NATS, signals.
+"""Service start-up and shutdown shared by every service: logs, traces, metrics and health, NATS, signals.
 
-`run_service` gives the service a connected, provisioned Bus (starting an embedded nats-server
-when no URL is configured) and runs its main coroutine until SIGINT/SIGTERM.
+`prepare_process` sets up logs, traces and the metrics/health endpoint; `connected_bus` gives the
+service a connected, provisioned Bus (starting an embedded nats-server when no URL is configured;
+the process is ready only while connected); `run_until_stopped` runs its main coroutine until
+SIGINT/SIGTERM, with the health watchdog (shared.health) ticking on its loop.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from typing import TypeVar
 
 from shared.bus import Bus
 from shared.config import CommonConfig, load_config_or_report
+from shared.health import HEALTH, serve
 from shared.logs import get_logger, setup_logging
-from shared.metrics import start_metrics
 from shared.natsserver import EmbeddedNats
+from shared.tasks import cancel_and_wait
 from shared.telemetry import setup_telemetry, shutdown_telemetry
 
 log = get_logger(__name__)
@@ -25,23 +28,32 @@ C = TypeVar("C", bound=CommonConfig)
 
 @contextlib.asynccontextmanager
 async def connected_bus(config: CommonConfig, client_name: str) -> AsyncIterator[Bus]:
-    """A provisioned Bus on the configured NATS, or on an embedded server when none is set."""
+    """A provisioned Bus on the configured NATS, or on an embedded server when none is set.
+
+    The process is not ready (shared.health) from the moment this is entered until it is connected,
+    nor while the connection is lost."""
+    buses: list[Bus] = []
+    remove_check = HEALTH.add_check("connected to NATS", lambda: any(bus.connected for bus in buses))
     embedded: EmbeddedNats | None = None
-    url = config.nats_url
-    if not url:
-        embedded = EmbeddedNats()
-        await embedded.start()
-        url = embedded.url
-        log.info("no NATS URL configured; started embedded nats-server", url=url)
-    bus = await Bus.connect(
-        url, name=client_name, user=config.nats_user or None, password=config.nats_password or None,
-        replicas=config.nats_replicas,
-    )
     try:
-        await bus.provision()
-        yield bus
+        url = config.nats_url
+        if not url:
+            embedded = EmbeddedNats()
+            await embedded.start()
+            url = embedded.url
+            log.info("no NATS URL configured; started embedded nats-server", url=url)
+        bus = await Bus.connect(
+            url, name=client_name, user=config.nats_user or None, password=config.nats_password or None,
+            replicas=config.nats_replicas,
+        )
+        try:
+            await bus.provision()
+            buses.append(bus)
+            yield bus
+        finally:
+            await bus.close()
     finally:
-        await bus.close()
+        remove_check()
         if embedded is not None:
             await embedded.close()
 
@@ -56,18 +68,23 @@ def stop_event() -> asyncio.Event:
 
 
 def prepare_process(config: CommonConfig, service: str) -> None:
-    """Logs, traces and metrics for this process."""
+    """Logs, traces, and the metrics and health endpoint (on `--metrics-port`; 0 is off) for this process."""
     setup_logging(service, config.log_level, config.log_format)
     setup_telemetry(service, config.otel_exporter)
-    start_metrics(config.metrics_port)
+    HEALTH.configure(config.health_stall_seconds)
+    if config.metrics_port > 0:
+        serve(config.metrics_port)
 
 
 async def run_until_stopped(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-    """Run `main(stopping)`; a signal sets `stopping`, and main is expected to return soon after."""
+    """Run `main(stopping)` with the health watchdog ticking; a signal sets `stopping`, and main is
+    expected to return soon after."""
     stopping = stop_event()
+    watchdog = asyncio.create_task(HEALTH.watchdog(), name="health-watchdog")
     try:
         await main(stopping)
     finally:
+        await cancel_and_wait([watchdog])
         shutdown_telemetry()
 
 

@@ -21,6 +21,7 @@ from services.discovery.operations import Operations
 from services.discovery.simnvml import SimNvml
 from shared.events import catalog
 from shared.events.inventory import NodeInventory
+from shared.health import HEALTH
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 
@@ -129,8 +130,10 @@ class DiscoveryService:
 async def run_service(cfg: DiscoveryConfig, bus: Any, stop: asyncio.Event) -> None:
     """Open NVML first (a node without NVML publishes nothing), then run until `stop`."""
     nvml = open_nvml(cfg)
-    await nvml.start()
-    try:
-        await DiscoveryService(cfg, nvml, bus).run(stop)
-    finally:
-        await nvml.close()
+    service = DiscoveryService(cfg, nvml, bus)
+    with HEALTH.check("first inventory scanned and published", service.ready.is_set):
+        await nvml.start()
+        try:
+            await service.run(stop)
+        finally:
+            await nvml.close()

@@ -3,8 +3,9 @@
 Owns process wiring only: one PreparerService per driver in `--drivers` (each on its own sockets),
 the Kubernetes client they share (kubeconfig or in-cluster), the one NATS connection in the
 background that every service gets once it answers (an embedded nats-server when no URL is set),
-the Kubernetes Event for a quarantined checkpoint, and exit codes (0 ok, 2 bad settings, including a
---driver-root that holds no usable driver, 1 failed to start).
+the Kubernetes Event for a quarantined checkpoint, readiness (each driver registered with the
+kubelet) and the gRPC health service on `--healthcheck-port`, and exit codes (0 ok, 2 bad settings,
+including a --driver-root that holds no usable driver, 1 failed to start).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from typing import Any
 
 from services.preparer.claims import KubeClaimSource
 from services.preparer.config import ConfigError, PreparerConfig, parse
+from services.preparer.healthcheck import HealthCheck, HealthCheckServer
 from services.preparer.service import PreparerService
 from services.preparer.sockets import SocketError
 from shared.bus import Bus
 from shared.driverroot import DriverRootError
+from shared.health import HEALTH
 from shared.kubeclient import kube_api_client
 from shared.logs import get_logger
 from shared.natsserver import EmbeddedNats
@@ -90,11 +93,21 @@ async def _run(cfg: PreparerConfig) -> int:
     failed: list[BaseException] = []
 
     async def main(stopping: asyncio.Event) -> None:
+        with contextlib.ExitStack() as readiness:
+            for service in services:
+                readiness.enter_context(HEALTH.check(f"{service.driver} registered with the kubelet",
+                                                     service.registration.registered.is_set))
+            await serve(stopping)
+
+    async def serve(stopping: asyncio.Event) -> None:
         started: list[PreparerService] = []
+        health_server = HealthCheckServer(HealthCheck(services), cfg.healthcheck_port) if cfg.healthcheck_port else None
         try:
             for service in services:
                 await service.start()
                 started.append(service)
+            if health_server is not None:
+                await health_server.start()
         except (SocketError, OSError, DriverRootError) as exc:
             failed.append(exc)
             for service in reversed(started):
@@ -105,6 +118,8 @@ async def _run(cfg: PreparerConfig) -> int:
         try:
             await stopping.wait()
         finally:
+            if health_server is not None:
+                await health_server.stop()
             for service in reversed(services):
                 await service.stop()
             with contextlib.suppress(asyncio.CancelledError):

@@ -42,6 +42,9 @@ class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     kubeconfig: Annotated[str, _h("kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config)")] = ""
     cleanup_interval: Annotated[float, msgspec.Meta(gt=0, description="seconds between stale-claim cleanups")] = 600.0
     device_op_timeout: Annotated[float, msgspec.Meta(gt=0, description="seconds to wait for discovery")] = 30.0
+    healthcheck_port: Annotated[int, msgspec.Meta(ge=0, le=65535, description=(
+        "TCP port of the gRPC health service (grpc.health.v1, for the kubelet's grpc probe; NVIDIA's chart "
+        "uses 51516); 0 is off"))] = 0
     channel_ready_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
         "seconds a ComputeDomain channel prepare waits for the node's IMEX daemon to be Ready before it "
         "answers with a retryable error (the kubelet calls again)"))] = 20.0

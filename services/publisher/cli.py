@@ -11,9 +11,9 @@ import sys
 
 from services.publisher import config
 from services.publisher.apiversion import ApiDiscoveryError
-from services.publisher.kube import make_client
 from services.publisher.service import run_service
 from shared.config import ConfigError
+from shared.kubeclient import kube_api_client
 from shared.runtime import connected_bus, prepare_process, run_until_stopped
 
 
@@ -25,8 +25,8 @@ def _fail(msg: str, code: int) -> int:
 async def _serve(cfg: config.PublisherConfig) -> int:
     prepare_process(cfg, "publisher")
     try:
-        api = await make_client(kubeconfig=cfg.kubeconfig, url=cfg.api_url, token=cfg.api_token,
-                                ca_file=cfg.api_ca_file)
+        api = await kube_api_client(cfg.kubeconfig, url=cfg.api_url, token=cfg.api_token, ca_file=cfg.api_ca_file,
+                                    insecure_skip_tls_verify=cfg.api_insecure_skip_tls_verify)
     except Exception as exc:  # noqa: BLE001 - kubeconfig and in-cluster loading raise many types
         return _fail(f"cannot configure the Kubernetes client: {exc}; give --kubeconfig or --api-url", 3)
 

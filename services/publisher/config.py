@@ -26,10 +26,13 @@ def _help(text: str) -> msgspec.Meta:
 
 
 class PublisherConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
-    kubeconfig: Annotated[str, _help("kubeconfig file; empty uses --api-url/--api-token, then in-cluster")] = ""
+    kubeconfig: Annotated[str, _help(
+        "kubeconfig file; empty uses --api-url/--api-token, then in-cluster, then KUBECONFIG or ~/.kube/config")] = ""
     api_url: Annotated[str, _help("API server URL (instead of a kubeconfig)")] = ""
     api_token: Annotated[str, _help("bearer token for --api-url")] = ""
-    api_ca_file: Annotated[str, _help("CA bundle for --api-url; empty with https skips verification")] = ""
+    api_ca_file: Annotated[str, _help("CA bundle for an https --api-url; empty uses the system's trust store")] = ""
+    api_insecure_skip_tls_verify: Annotated[bool, _help(
+        "do not verify the certificate of an https --api-url (testing only; logged as a warning at start)")] = False
     api_version: Annotated[
         Literal["auto", "v1", "v1beta1"], _help("resource.k8s.io version to write; auto discovers it")
     ] = "auto"
@@ -77,5 +80,10 @@ def check(cfg: PublisherConfig) -> None:
         raise ConfigError("give either --kubeconfig or --api-url, not both")
     if cfg.api_token and not cfg.api_url:
         raise ConfigError("--api-token needs --api-url")
+    if (cfg.api_ca_file or cfg.api_insecure_skip_tls_verify) and not cfg.api_url:
+        raise ConfigError("--api-ca-file and --api-insecure-skip-tls-verify need --api-url (a kubeconfig carries "
+                          "its own CA)")
+    if cfg.api_ca_file and cfg.api_insecure_skip_tls_verify:
+        raise ConfigError("give --api-ca-file or --api-insecure-skip-tls-verify, not both")
     if cfg.kubeconfig and not os.path.isfile(cfg.kubeconfig):
         raise ConfigError(f"--kubeconfig {cfg.kubeconfig!r} is not a readable file")

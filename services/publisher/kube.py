@@ -1,6 +1,6 @@
 """The publisher's door to the Kubernetes API: a kubernetes-asyncio ApiClient and raw JSON calls on it.
 
-Owns client construction (kubeconfig, URL + token, in-cluster), one `request` that returns the
+Owns (on a client from `shared.kubeclient.kube_api_client`) one `request` that returns the
 status and body bytes (decoded by the caller with msgspec, the hot objects never become models),
 and `watch_lines`, a list-then-watch stream that reports 410 Gone so the caller re-lists.
 """
@@ -12,8 +12,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
 
 from shared.logs import get_logger
 
@@ -40,25 +38,6 @@ class ApiError(RuntimeError):
 
 class WatchExpired(RuntimeError):
     """The watch's resourceVersion is too old (410 Gone): list again."""
-
-
-async def make_client(*, kubeconfig: str = "", url: str = "", token: str = "", ca_file: str = "") -> Any:
-    """An ApiClient for a kubeconfig, for a URL and token, or (neither) for the in-cluster service account."""
-    if kubeconfig:
-        return await k8s_config.new_client_from_config(config_file=kubeconfig)
-    configuration = k8s_client.Configuration()
-    if url:
-        configuration.host = url.rstrip("/")
-        if token:
-            configuration.api_key = {"BearerToken": token}
-            configuration.api_key_prefix = {"BearerToken": "Bearer"}
-        if ca_file:
-            configuration.ssl_ca_cert = ca_file
-        elif url.startswith("https"):
-            configuration.verify_ssl = False
-    else:
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    return k8s_client.ApiClient(configuration)
 
 
 async def request(api_client: Any, method: str, path: str, *, query: list[tuple[str, str]] | None = None,

@@ -17,6 +17,7 @@ from services.publisher import kube
 from services.publisher.config import PublisherConfig, check
 from services.publisher.service import Publisher
 from shared.bus import Bus
+from shared.kubeclient import kube_api_client
 
 _replicas = itertools.count(1)
 
@@ -33,7 +34,7 @@ async def running_publisher(nats_url: str, kubeconfig: str, *, clean_stop: bool 
     cfg = PublisherConfig(nats_url=nats_url, kubeconfig=kubeconfig, **settings)
     check(cfg)
     bus = await Bus.connect(nats_url, name=f"publisher-{cfg.replica_id}")
-    api = await kube.make_client(kubeconfig=kubeconfig)
+    api = await kube_api_client(kubeconfig)
     publisher = Publisher(cfg, bus, api)
     try:
         await bus.provision()

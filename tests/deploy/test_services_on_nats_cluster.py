@@ -43,6 +43,7 @@ from services.publisher.testing import ensure_node
 from shared.bus import PUBLISH_RETRY_S, Bus, BusError
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
+from shared.kubeclient import kube_api_client
 from shared.natsserver import free_port
 from tests.deploy.conftest import (
     CLUSTER_NODES,
@@ -305,7 +306,7 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
             await svc.main.wait_until("the API server's kubeconfig", lambda: _exists(svc.kubeconfig),
                                       timeout=START_TIMEOUT)
             await asyncio.gather(*(svc.start_discovery(node, "h100x2") for node in CLUSTER_NODES))
-            api = await kube.make_client(kubeconfig=str(svc.kubeconfig))
+            api = await kube_api_client(str(svc.kubeconfig))
             await asyncio.wait_for(_retry_api(lambda: asyncio.gather(*(ensure_node(api, n) for n in CLUSTER_NODES))),
                                    START_TIMEOUT)
             world.watch(_watch_slices(api, world), "the ResourceSlice watch")

@@ -16,6 +16,7 @@ from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
 from shared.events.inventory import InventoryWithdrawn
+from shared.kubeclient import kube_api_client
 from shared.telemetry import memory_spans, setup_telemetry
 from tests.publisher.inventories import widened
 
@@ -28,7 +29,7 @@ setup_telemetry("tests", "memory")
 @pytest.fixture
 async def api(tmp_path):
     async with running_apiserver(tmp_path / "api") as server:
-        client = await kube.make_client(kubeconfig=str(server.kubeconfig_path))
+        client = await kube_api_client(str(server.kubeconfig_path))
         try:
             server.client_raw = client
             yield server

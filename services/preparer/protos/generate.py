@@ -12,7 +12,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-PROTOS = ("dra_v1.proto", "dra_v1beta1.proto", "pluginregistration_v1.proto", "dra_health_v1alpha1.proto")
+PROTOS = ("dra_v1.proto", "dra_v1beta1.proto", "pluginregistration_v1.proto", "dra_health_v1alpha1.proto",
+          "grpc_health_v1.proto")
 
 
 def main() -> int:

@@ -1,0 +1,65 @@
+"""shared.kubeclient against the embedded API server over real TLS (its self-signed certificate): an https
+URL is verified (against the system store when no CA file is given, so this server is refused), the CA
+file makes it trusted, and skipping verification is an explicit, logged opt-in. The publisher's flags
+refuse TLS settings that would be ignored."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import aiohttp
+import pytest
+from kubernetes_asyncio.client import VersionApi
+
+from embedded.apiserver.testing import running_apiserver
+from services.publisher import config
+from shared.config import ConfigError
+from shared.kubeclient import kube_api_client
+
+
+async def _version(api: object) -> str:
+    try:
+        return str((await VersionApi(api).get_code()).git_version)
+    finally:
+        await api.close()  # type: ignore[attr-defined]
+
+
+async def test_https_is_verified_unless_skipping_is_asked_for_and_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async with running_apiserver(tmp_path) as server:
+        assert server.url.startswith("https://")
+        ca = tmp_path / "ca.pem"
+        ca.write_bytes(server.server.ca_pem)
+
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await _version(await kube_api_client(url=server.url, token=server.token))
+
+        assert await _version(await kube_api_client(url=server.url, token=server.token, ca_file=str(ca)))
+        assert not [r for r in caplog.records if "TLS verification" in r.getMessage()]
+
+        with caplog.at_level(logging.WARNING, logger="shared.kubeclient"):
+            assert await _version(await kube_api_client(url=server.url, token=server.token,
+                                                        insecure_skip_tls_verify=True))
+        warned = [r for r in caplog.records if "TLS verification of the API server is OFF" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+
+
+async def test_skipping_verification_without_a_url_is_refused() -> None:
+    with pytest.raises(ValueError, match="applies to an API URL only"):
+        await kube_api_client(insecure_skip_tls_verify=True)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--api-insecure-skip-tls-verify"], "need --api-url"),
+    (["--api-ca-file", "/etc/ca.pem"], "need --api-url"),
+    (["--api-url", "https://k:6443", "--api-ca-file", "/ca", "--api-insecure-skip-tls-verify"], "not both"),
+])
+def test_publisher_refuses_tls_settings_that_would_be_ignored(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config.parse(argv)
+
+
+def test_publisher_takes_the_explicit_opt_in() -> None:
+    cfg = config.parse(["--api-url", "https://k:6443", "--api-insecure-skip-tls-verify"])
+    assert cfg.api_insecure_skip_tls_verify is True and config.parse([]).api_insecure_skip_tls_verify is False
