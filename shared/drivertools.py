@@ -1,9 +1,19 @@
 """Running the driver root's own binaries (nvidia-smi, nvidia-cuda-mps-control, ...) from this process.
 
-Owns where a binary is (`DriverRoot.find_binary`), the environment it runs with (the driver root's
-library dirs on LD_LIBRARY_PATH and its binary dirs first on PATH, so a tool that starts a sibling,
-as `nvidia-cuda-mps-control` starts `nvidia-cuda-mps-server`, finds the driver's one), and a bounded
-run: an asyncio subprocess killed when it outlives its timeout. Nothing here blocks the event loop.
+Owns where a binary is (`DriverRoot.find_binary`), how it is started, and a bounded run: an asyncio
+subprocess killed when it outlives its timeout. Nothing here blocks the event loop.
+
+How: the driver root's library dirs must come first, but a driver root that is a whole host root
+(`/` mounted at /driver-root) also holds the host's C library, and that libc under this container's
+dynamic loader crashes or fails on symbol versions. So
+  - an ELF binary whose loader (PT_INTERP) exists under the root runs through that loader:
+    `<root>/lib64/ld-linux-x86-64.so.2 --library-path <root's lib dirs> <binary> ARGS` (host loader,
+    host libc, driver libraries: one consistent set);
+  - anything else (a root with only the driver's files, as on GKE, or a script) runs directly with
+    LD_LIBRARY_PATH = the root's library dirs, leaving out any dir that holds a libc.so.6.
+The root's binary dirs go first on PATH either way, so a tool that starts a sibling (as
+`nvidia-cuda-mps-control` starts `nvidia-cuda-mps-server`) finds the driver's one. NVIDIA's MPS pod
+chroots into the driver root instead; this process does not (see docs of services.discovery.mpsdaemon).
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -33,6 +44,36 @@ class ToolError(RuntimeError):
         self.kind = kind
 
 
+_PT_INTERP = 3
+
+
+def read_interp(path: str | Path) -> str:
+    """The program interpreter (PT_INTERP) of a 64-bit little-endian ELF executable; "" for anything else."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return ""
+            phoff = struct.unpack_from("<Q", head, 32)[0]
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            if phentsize < 56 or phnum > 512:
+                return ""
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+            for i in range(min(phnum, len(table) // phentsize)):
+                p_type, _flags, p_offset, _vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+                if p_type == _PT_INTERP and 0 < p_filesz < 4096:
+                    f.seek(p_offset)
+                    return f.read(p_filesz).split(b"\0", 1)[0].decode("utf-8", "replace")
+    except (OSError, struct.error):
+        return ""
+    return ""
+
+
+def _holds_libc(directory: Path) -> bool:
+    return (directory / "libc.so.6").exists()
+
+
 @dataclass
 class ToolResult:
     argv: list[str]
@@ -47,42 +88,48 @@ class DriverTools:
 
     root: DriverRoot
     timeout: float = DEFAULT_TIMEOUT_S
-    _paths: dict[str, str] = field(default_factory=dict, repr=False)
+    _launches: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, driver_root: str = "", container_driver_root: str = "",
            timeout: float = DEFAULT_TIMEOUT_S) -> DriverTools:
         return cls(DriverRoot.of(driver_root or "/", container_driver_root), timeout)
 
-    def _find(self, name: str) -> str:
+    def _launch(self, name: str) -> tuple[list[str], dict[str, str]]:
+        """(argv prefix, env additions) that start `name` (blocking: file lookups)."""
         found = self.root.find_binary(name)
         if not found:
             raise ToolError("missing", f"{name} not found under driver root {self.root.local('/')} (looked in "
                                        f"{', '.join(BINARY_DIRS)}); install the NVIDIA driver's utilities there or "
                                        "point --driver-root at the root that has them")
-        return str(self.root.local(found))
+        exe = str(self.root.local(found))
+        bins = [str(self.root.local(d)) for d in BINARY_DIRS]
+        path = os.environ.get("PATH", "")
+        env = {"PATH": ":".join([*bins, path] if path else bins)}
+        dirs = [self.root.local(d) for d in self.root.library_dirs()]
+        interp = read_interp(exe)
+        loader = self.root.local(interp) if interp else None
+        if loader is not None and loader.is_file():
+            return [str(loader), "--library-path", ":".join(str(d) for d in dirs), exe], env
+        current = os.environ.get("LD_LIBRARY_PATH", "")
+        usable = [str(d) for d in dirs if not _holds_libc(d)]
+        if usable or current:
+            env["LD_LIBRARY_PATH"] = ":".join([*usable, current] if current else usable)
+        return [exe], env
 
-    async def path(self, name: str) -> str:
-        """Where this process runs `name` from (ToolError "missing" if the root has none)."""
-        if name not in self._paths:
-            self._paths[name] = await asyncio.to_thread(self._find, name)
-        return self._paths[name]
+    async def launch(self, name: str) -> tuple[list[str], dict[str, str]]:
+        """How `name` is started: (argv prefix, env additions); ToolError "missing" if the root has none."""
+        if name not in self._launches:
+            self._launches[name] = await asyncio.to_thread(self._launch, name)
+        argv, env = self._launches[name]
+        return list(argv), dict(env)
 
     async def has(self, name: str) -> bool:
         try:
-            await self.path(name)
+            await self.launch(name)
         except ToolError:
             return False
         return True
-
-    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """This process's environment with the driver root's libraries and binaries first, plus `extra`."""
-        env = dict(os.environ)
-        env.update(self.root.library_path_env())
-        bins = [str(self.root.local(d)) for d in BINARY_DIRS]
-        env["PATH"] = ":".join([*bins, env["PATH"]] if env.get("PATH") else bins)
-        env.update(extra or {})
-        return env
 
     async def run(self, name: str, args: list[str], *, stdin: str | None = None, env: dict[str, str] | None = None,
                   timeout: float | None = None, output: Path | None = None,
@@ -92,8 +139,8 @@ class DriverTools:
         `output`: a file that takes stdout and stderr instead of pipes, for a command whose children
         keep running (a daemon that forks must not hold our pipes open). A non-zero exit is returned,
         not raised: callers say what it means."""
-        exe = await self.path(name)
-        argv = [exe, *args]
+        prefix, tool_env = await self.launch(name)
+        argv = [*prefix, *args]
         limit = self.timeout if timeout is None else timeout
         sink: IO[bytes] | None = None
         try:
@@ -103,7 +150,7 @@ class DriverTools:
                 *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=sink if sink is not None else asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT if sink is not None else asyncio.subprocess.PIPE,
-                env=self.env(env), start_new_session=new_session)
+                env={**os.environ, **tool_env, **(env or {})}, start_new_session=new_session)
         except OSError as exc:
             raise ToolError("failed", f"cannot run {' '.join(argv)}: {exc}") from exc
         finally:
@@ -125,4 +172,4 @@ class DriverTools:
                           (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace"))
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "DriverTools", "ToolError", "ToolResult"]
+__all__ = ["DEFAULT_TIMEOUT_S", "DriverTools", "ToolError", "ToolResult", "read_interp"]
