@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.files import atomic_write, read_boot_id  # noqa: F401 - read_boot_id re-exported for the service
+from shared.files import atomic_write as atomic_write  # re-exported: cdi, devices
+from shared.files import read_boot_id as read_boot_id  # re-exported: the service
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 
