@@ -13,7 +13,10 @@ line names nvidia-cuda-mps-control and its env names our pipe dir) before anythi
 pid reused after a reboot is never killed.
 
 Not done: chroot into the driver root (NVIDIA's daemon pod does when the root has a shell); the
-binaries run with the root's LD_LIBRARY_PATH and PATH instead (shared.drivertools). The daemon runs
+binaries run through the root's loader or with its library dirs instead (shared.drivertools). Open
+on a node whose driver root is the whole host root: the `nvidia-cuda-mps-server` the daemon execs
+for the first client starts under this container's loader and does not see the root's libraries;
+a chroot (the container is privileged) is the fix, left for a GPU machine to verify. The daemon runs
 in discovery's container: a restart of that container ends it (see MpsManager.reconcile).
 """
 
