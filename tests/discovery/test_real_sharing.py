@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from services.discovery import config
 from services.discovery.testing import RunningDiscovery, running_discovery
 from shared.bus import Bus
 from shared.events import catalog
@@ -201,3 +202,16 @@ async def test_mps_records_after_a_discovery_restart(bus, tmp_path, fake):
         assert fake.calls("nvidia-cuda-mps-control")[-1]["stdin"] == "quit\n"
         assert wait_gone(alive_pid)
         assert not Path(alive.pipe_dir).parent.exists()
+
+
+def test_a_driver_root_under_simulation_selects_the_real_binaries(tmp_path) -> None:
+    sim = config.parse(["--node", "n1", "--simulate", "h100x2", "--dev-root", str(tmp_path)])
+    assert not sim.runs_driver_tools, "the local cluster: simulated GPUs, no binaries"
+    both = config.parse(["--node", "n1", "--simulate", "h100x2", "--dev-root", str(tmp_path),
+                         "--driver-root", str(tmp_path / "driver")])
+    assert both.runs_driver_tools and both.simulated
+    real_node = config.parse(["--node", "n1"])
+    assert real_node.runs_driver_tools
+    assert real_node.state_dir == "/var/lib/kubelet/plugins/gpu.nvidia.com/discovery"
+    with pytest.raises(config.ConfigError, match="--tool-timeout"):
+        config.parse(["--node", "n1", "--tool-timeout", "0"])
