@@ -9,6 +9,7 @@ Owns the three roots every real-node path needs (facts from NVIDIA's container t
 and the lookups under them: the driver's library directories (from the root's own ld cache
 `etc/ld.so.cache`, else the standard directories), the driver version (from the versioned file behind
 `libnvidia-ml.so.1`), libraries, binaries and ELF SONAMEs. Blocking file I/O: call from a thread.
+Running the root's binaries is shared.drivertools' job.
 """
 
 from __future__ import annotations
@@ -282,12 +283,6 @@ class DriverRoot:
                     "or point --driver-root at a single driver")
             version = candidates[0].rsplit("libnvidia-ml.so.", 1)[1]
         return version
-
-    def library_path_env(self) -> dict[str, str]:
-        """Environment for running one of the root's binaries from this process (its libraries first)."""
-        dirs = [str(self.local(d)) for d in self.library_dirs()]
-        current = os.environ.get("LD_LIBRARY_PATH", "")
-        return {"LD_LIBRARY_PATH": ":".join([*dirs, current] if current else dirs)}
 
 
 __all__ = ["DriverRoot", "DriverRootError", "build_ld_cache", "parse_ld_cache", "read_soname"]

@@ -15,7 +15,8 @@ Every stub appends one JSON line per call to `<root>/.fake/calls.jsonl` (`bin`, 
   nvidia-imex                runs until SIGTERM/SIGINT; SIGHUP is recorded as {"signal": "SIGHUP"}
   nvidia-imex-ctl            `-q` prints .fake/imex-status (default READY)
   anything else              records and exits 0
-Faults: `fake.fail(bin, msg)` makes a stub print msg and exit 1; `fake.hang(bin)` makes it sleep.
+Faults: `fake.fail(bin, msg)` makes a stub print msg and exit 1; `fake.hang(bin)` makes it sleep;
+`fake.fail_once(bin, msg, when=...)` fails only the next call (the next whose argv or stdin holds `when`).
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def alive(pid):
 
 
 def faults():
+    fail_once()
     fail = os.path.join(FAKE, "fail", NAME)
     if os.path.exists(fail):
         with open(fail) as f:
@@ -124,6 +126,30 @@ def faults():
         sys.exit(1)
     if os.path.exists(os.path.join(FAKE, "hang", NAME)):
         time.sleep(3600)
+
+
+def fail_once():
+    """`FakeDriver.fail_once`: the first call (whose argv or stdin holds `when`) fails; the marker is consumed."""
+    marker = os.path.join(FAKE, "fail-once", NAME)
+    try:
+        with open(marker) as f:
+            fault = json.load(f)
+    except (OSError, ValueError):
+        return
+    if fault["when"]:
+        mine = {{}}
+        with open(os.path.join(FAKE, "calls.jsonl")) as f:  # this call, as record() wrote it
+            for line in f:
+                call = json.loads(line)
+                mine = call if call["pid"] == os.getpid() else mine
+        if fault["when"] not in " ".join(mine.get("argv", [])) + " " + mine.get("stdin", ""):
+            return
+    try:
+        os.unlink(marker)
+    except OSError:
+        return  # another call took it
+    sys.stderr.write(fault["message"] + "\n")
+    sys.exit(1)
 
 
 def mps_control():
@@ -277,6 +303,13 @@ class FakeDriver:
 
     def library(self, name: str) -> Path:
         return self.root / self.lib_dir.lstrip("/") / name
+
+    # -- added for the time-slice and MPS tests ------------------------------------------------
+    def fail_once(self, binary: str, message: str = "injected failure", *, when: str = "") -> None:
+        """The next call of `binary` (with `when` in its arguments or stdin, if given) prints `message` and
+        exits 1; the calls after it behave."""
+        (self.fake / "fail-once").mkdir(parents=True, exist_ok=True)
+        (self.fake / "fail-once" / binary).write_text(json.dumps({"message": message, "when": when}))
 
 
 def _bind_socket(path: Path) -> None:

@@ -1,6 +1,10 @@
 """Discovery settings: flags and `GPU_DRA_*` environment variables → DiscoveryConfig.
 
 Owns the setting names, defaults and the derived paths (dev root, state dir, MPS root).
+`--driver-root` names where the driver's files are: on a real node NVML is loaded from it; under
+`--simulate/--machine` NVML stays simulated and only the driver's binaries (nvidia-smi,
+nvidia-cuda-mps-control) are run from it, so the real time-slice and MPS code runs against
+simulated GPUs (tests use a fake driver root). Simulation without a driver root runs no binary.
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     node: str = ""
     simulate: str = ""  # e.g. h100x8, a100-40gbx8:mig, h100x4+l40sx2
     machine: str = ""  # YAML machine file (simulation)
-    driver_root: str = ""  # host driver root holding libnvidia-ml.so.1
+    driver_root: str = ""  # host driver root holding libnvidia-ml.so.1 and the driver's binaries
     container_driver_root: str = ""  # where this process sees the driver root, when mounted elsewhere
     cdi_hook_path: str = "/usr/bin/nvidia-cdi-hook"  # host path of nvidia-cdi-hook (same settings as the preparer)
     dev_root: str = ""  # where /dev and /proc live ("/" on real nodes; a fake tree under simulation)
     sys_root: str = ""  # where /sys lives (defaults to dev_root)
-    state_dir: str = ""  # simulated NVML state (defaults to <dev_root>/var/lib/gpu-dra)
-    mps_root: str = ""  # MPS pipe/shm/log dirs (defaults to <state_dir>/mps)
+    state_dir: str = ""  # simulated NVML state, applied time-slices (see `resolved` for the defaults)
+    mps_root: str = ""  # MPS pipe/shm/log dirs and daemon records (defaults to <state_dir>/mps)
+    tool_timeout: float = 30.0  # seconds one run of a driver binary (nvidia-smi, MPS control) may take
     once: bool = False
     output: Literal["json"] = "json"
     rescan_interval: float = 30.0
@@ -54,11 +59,18 @@ class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         node = self.node or os.environ.get("NODE_NAME", "") or socket.gethostname()
         dev_root = self.dev_root or (str(Path(os.environ.get("TMPDIR", "/tmp")) / "gpu-dra-sim" / node)
                                      if self.simulated else "/")
-        state_dir = self.state_dir or str(Path(dev_root) / "var" / "lib" / "gpu-dra")
+        # Real nodes: under the kubelet plugins dir, the host path the node DaemonSet mounts writable.
+        state_dir = self.state_dir or (str(Path(dev_root) / "var" / "lib" / "gpu-dra") if self.simulated
+                                       else "/var/lib/kubelet/plugins/gpu.nvidia.com/discovery")
         mps_root = self.mps_root or (str(Path(state_dir) / "mps") if self.simulated
                                      else "/var/lib/kubelet/plugins/gpu.nvidia.com/mps")
         return msgspec.structs.replace(self, node=node, dev_root=dev_root, sys_root=self.sys_root or dev_root,
                                        state_dir=state_dir, mps_root=mps_root)
+
+    @property
+    def runs_driver_tools(self) -> bool:
+        """Whether time-slicing and MPS run the driver's binaries (a real node, or a driver root given)."""
+        return bool(self.driver_root) or not self.simulated
 
     @property
     def ignored(self) -> set[int]:
@@ -72,6 +84,6 @@ def parse(argv: list[str]) -> DiscoveryConfig:
         raise ConfigError("--rescan-interval must be > 0")
     if cfg.simulate and cfg.machine:
         raise ConfigError("give either --simulate SPEC or --machine FILE, not both")
-    if cfg.simulated and cfg.driver_root:
-        raise ConfigError("--driver-root selects real NVML; it cannot be combined with --simulate/--machine")
+    if cfg.tool_timeout <= 0:
+        raise ConfigError("--tool-timeout must be > 0 seconds")
     return cfg.resolved()

@@ -1,126 +1,216 @@
-"""MPS control daemons for sets of GPUs: pipe/shm/log dirs under the MPS root, limits, start and stop.
+"""MPS control daemons for sets of GPUs: their records, dirs and lifecycle (start, stop, reconcile).
 
-Owns the daemon records (`<mps_root>/<id>/daemon.json`). Under simulation no process is started:
-the daemon is recorded in the simulated NVML state. On real nodes `nvidia-cuda-mps-control -d` runs.
+Owns the daemon records (`<mps_root>/<id>/daemon.json`, `MpsDaemonRecord`) and the per-daemon dirs
+beside them (`pipe/`, `shm/`, `log/`). The record is written before the daemon starts and removed
+last when it stops, so whatever a crash interrupts, the record (and the daemon's pid file in its
+pipe dir) lets a later `stop` find and end the daemon. On a real node, or with a driver root under
+simulation, the daemon is a process (services.discovery.mpsdaemon); under simulation without a driver
+root no process runs and the simulated NVML keeps a copy of the record.
+
+Who decides that a daemon should exist is the preparer: its checkpoint names the daemon before the
+start request, and its rollback or unprepare asks for the stop. Here, at start, `reconcile` only
+cleans records whose daemon is gone (a reboot, or discovery's container restarted, which ends the
+processes it started).
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
+import contextlib
 import shutil
-import subprocess
+import time
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
+from services.discovery.mpsdaemon import READY_QUERY, MpsControl
 from services.discovery.nvml import Nvml, NvmlOpError
-from services.discovery.simnvml.state import SimMps
+from shared.drivertools import ToolError
 from shared.events.devices import MpsStartRequest
+from shared.files import atomic_write
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+RECORD = "daemon.json"
+
+
+class MpsDaemonRecord(msgspec.Struct, kw_only=True):
+    """One MPS control daemon this node runs (or is starting) for a set of GPUs."""
+
+    daemon_id: str
+    gpu_uuids: list[str]
+    active_thread_percentage: int | None = None
+    pinned_device_memory_limits: dict[str, int] = msgspec.field(default_factory=dict)  # uuid -> bytes
+    pipe_dir: str
+    shm_dir: str
+    log_dir: str
+    state: Literal["starting", "ready"] = "starting"
+    pid: int = 0  # the control daemon's pid once started (its pid file in pipe_dir is the other source)
+    created_at: float = 0.0
 
 
 class MpsManager:
-    def __init__(self, root: Path, nvml: Nvml):
+    def __init__(self, root: Path, nvml: Nvml, control: MpsControl | None = None):
         self.root = Path(root)
         self.nvml = nvml
+        self.control = control
+        self._records: dict[str, MpsDaemonRecord] = {}
 
-    def _record_path(self, daemon_id: str) -> Path:
+    # ------------------------------------------------------------------ records
+    def _dir(self, daemon_id: str) -> Path:
         if not daemon_id or "/" in daemon_id or daemon_id.startswith("."):
             raise NvmlOpError("invalid-argument", f"MPS daemon id {daemon_id!r} must be a plain name")
-        return self.root / daemon_id / "daemon.json"
+        return self.root / daemon_id
 
-    def daemons(self) -> dict[str, SimMps]:
-        out: dict[str, SimMps] = {}
+    def _load_sync(self) -> dict[str, MpsDaemonRecord]:
+        out: dict[str, MpsDaemonRecord] = {}
         if not self.root.is_dir():
             return out
-        for rec in self.root.glob("*/daemon.json"):
+        for path in sorted(self.root.glob(f"*/{RECORD}")):
             try:
-                d = msgspec.json.decode(rec.read_bytes(), type=SimMps)
-            except (OSError, msgspec.DecodeError):
+                d = msgspec.json.decode(path.read_bytes(), type=MpsDaemonRecord)
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("unreadable MPS daemon record ignored", path=str(path), error=str(exc))
                 continue
             out[d.daemon_id] = d
         return out
 
-    def by_gpu(self) -> dict[str, str]:
-        return {u: d.daemon_id for d in self.daemons().values() for u in d.gpu_uuids}
+    async def load(self) -> None:
+        self._records = await asyncio.to_thread(self._load_sync)
 
-    def start(self, req: MpsStartRequest, known_uuids: set[str]) -> SimMps:
-        """Runs on the NVML worker thread (it sets compute modes)."""
-        rec_path = self._record_path(req.daemon_id)
+    async def _write(self, d: MpsDaemonRecord) -> None:
+        base = self._dir(d.daemon_id)
+
+        def write() -> None:
+            base.mkdir(parents=True, exist_ok=True)
+            atomic_write(base / RECORD, msgspec.json.encode(d))
+
+        await asyncio.to_thread(write)
+        self._records[d.daemon_id] = d
+
+    def daemons(self) -> dict[str, MpsDaemonRecord]:
+        return dict(self._records)
+
+    def by_gpu(self) -> dict[str, str]:
+        return {u: d.daemon_id for d in self._records.values() for u in d.gpu_uuids}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, req: MpsStartRequest, known_uuids: set[str]) -> MpsDaemonRecord:
+        """Start (or confirm) the daemon; on failure nothing of it is left. Idempotent."""
+        base = self._dir(req.daemon_id)
         unknown = [u for u in req.gpu_uuids if u not in known_uuids]
         if unknown or not req.gpu_uuids:
             raise NvmlOpError("not-found", f"unknown GPU UUIDs for MPS: {unknown or 'none given'}")
         if req.active_thread_percentage is not None and not 1 <= req.active_thread_percentage <= 100:
             raise NvmlOpError("invalid-argument", "active_thread_percentage must be within 1..100")
-        existing = self.daemons().get(req.daemon_id)
+        existing = self._records.get(req.daemon_id)
         if existing is not None:
             if sorted(existing.gpu_uuids) != sorted(req.gpu_uuids):
                 raise NvmlOpError("invalid-argument", f"MPS daemon {req.daemon_id} already serves other GPUs")
-            return existing
+            if existing.state == "ready" and (self.control is None or await self.control.running_pid(existing)):
+                return existing
+            log.info("MPS daemon record without a ready daemon; starting it again", daemon=req.daemon_id)
+            await self._teardown(existing)
         taken = self.by_gpu()
         busy = [u for u in req.gpu_uuids if u in taken]
         if busy:
             raise NvmlOpError("in-use", f"GPUs {busy} are already served by MPS daemon {taken[busy[0]]}")
-        base = rec_path.parent
-        d = SimMps(daemon_id=req.daemon_id, gpu_uuids=list(req.gpu_uuids),
-                   active_thread_percentage=req.active_thread_percentage,
-                   pinned_device_memory_limits=dict(req.pinned_device_memory_limits),
-                   pipe_dir=str(base / "pipe"), shm_dir=str(base / "shm"), log_dir=str(base / "log"))
-        for p in (d.pipe_dir, d.shm_dir, d.log_dir):
-            Path(p).mkdir(parents=True, exist_ok=True)
-        for u in req.gpu_uuids:
-            self.nvml.set_compute_mode(u, "ExclusiveProcess")
-        sim = self.nvml.sim()
-        if sim is not None:
-            sim.simMpsRecord(d, d.daemon_id)
-        else:
-            self._spawn(d)
-        (Path(d.log_dir) / "startup.log").write_text("startup complete\n")
-        rec_path.write_bytes(msgspec.json.encode(d))
+        d = MpsDaemonRecord(daemon_id=req.daemon_id, gpu_uuids=list(req.gpu_uuids),
+                            active_thread_percentage=req.active_thread_percentage,
+                            pinned_device_memory_limits=dict(req.pinned_device_memory_limits),
+                            pipe_dir=str(base / "pipe"), shm_dir=str(base / "shm"), log_dir=str(base / "log"),
+                            created_at=time.time())
+        await self._write(d)  # before the daemon exists: a crash from here on leaves a record to stop
+        try:
+            for sub in (d.pipe_dir, d.shm_dir, d.log_dir):
+                await asyncio.to_thread(Path(sub).mkdir, parents=True, exist_ok=True)
+            for u in d.gpu_uuids:
+                await self.nvml.call(self.nvml.set_compute_mode, u, "ExclusiveProcess")
+            if self.control is None:
+                self._sim_record(d)
+            else:
+                await self._run(d)
+            d.state = "ready"
+            await self._write(d)
+        except Exception as exc:
+            log.warning("MPS daemon start failed; cleaning up", daemon=d.daemon_id, error=str(exc))
+            try:
+                await self._teardown(d)
+            except Exception as cleanup:  # noqa: BLE001 - the record stays for the preparer's stop
+                log.error("MPS daemon cleanup after a failed start failed; its record stays for a later stop",
+                          daemon=d.daemon_id, error=str(cleanup))
+            raise
         return d
 
-    def stop(self, daemon_id: str) -> bool:
-        rec_path = self._record_path(daemon_id)
-        d = self.daemons().get(daemon_id)
-        if d is None:
-            return False
+    async def _run(self, d: MpsDaemonRecord) -> None:
+        """The real daemon: `-d`, the limits over the control pipe, then a readiness query."""
+        assert self.control is not None
+        d.pid = await self.control.spawn(d)
+        await self._write(d)
+        if d.active_thread_percentage is not None:
+            await self.control.command(d, f"set_default_active_thread_percentage {d.active_thread_percentage}")
+        for uuid, limit in sorted(d.pinned_device_memory_limits.items()):
+            await self.control.command(d, f"set_default_device_pinned_mem_limit {uuid} {max(1, limit >> 20)}M")
+        answer = await self.control.command(d, READY_QUERY)
+        with contextlib.suppress(ValueError, IndexError):
+            got = float(answer.split()[0])
+            if d.active_thread_percentage is not None and got != d.active_thread_percentage:
+                raise ToolError("failed", f"MPS daemon {d.daemon_id} reports active thread percentage {answer!r}, "
+                                          f"not the {d.active_thread_percentage} it was given")
+        log.info("MPS daemon ready", daemon=d.daemon_id, pid=d.pid, gpus=d.gpu_uuids, ready_answer=answer)
+
+    def _sim_record(self, d: MpsDaemonRecord | None, daemon_id: str = "") -> None:
         sim = self.nvml.sim()
-        if sim is not None:
-            sim.simMpsRecord(None, daemon_id)
-        else:
-            self._control(d, "quit")
+        if sim is not None:  # the simulator converts to its own type
+            sim.simMpsRecord(msgspec.to_builtins(d) if d is not None else None, daemon_id or (d.daemon_id if d else ""))
+
+    async def _teardown(self, d: MpsDaemonRecord) -> bool:
+        """Stop the daemon, reset compute modes, remove its dirs, then its record. True if it was running."""
+        ran = await self.control.stop(d) if self.control is not None else False
+        if self.control is None:
+            self._sim_record(None, d.daemon_id)
         for u in d.gpu_uuids:
             try:
-                self.nvml.set_compute_mode(u, "Default")
-            except NvmlOpError:
-                pass
-        rec_path.unlink(missing_ok=True)
-        shutil.rmtree(rec_path.parent, ignore_errors=True)
+                await self.nvml.call(self.nvml.set_compute_mode, u, "Default")
+            except NvmlOpError as exc:
+                log.warning("compute mode reset failed", gpu=u, error=str(exc))
+        base = self._dir(d.daemon_id)
+
+        def remove() -> None:
+            for sub in ("pipe", "shm", "log"):
+                shutil.rmtree(base / sub, ignore_errors=True)
+            (base / RECORD).unlink(missing_ok=True)
+            shutil.rmtree(base, ignore_errors=True)
+
+        await asyncio.to_thread(remove)
+        self._records.pop(d.daemon_id, None)
+        return ran
+
+    async def stop(self, daemon_id: str) -> bool:
+        """Stop a daemon and remove what it had; False when there was no record of it (idempotent)."""
+        base = self._dir(daemon_id)
+        d = self._records.get(daemon_id)
+        if d is None:
+            if await asyncio.to_thread(base.exists):  # interrupted before its record was written
+                await asyncio.to_thread(shutil.rmtree, base, True)
+            return False
+        await self._teardown(d)
         return True
 
-    # ------------------------------------------------------------------ real daemons
-    def _env(self, d: SimMps) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(CUDA_VISIBLE_DEVICES=",".join(d.gpu_uuids), CUDA_MPS_PIPE_DIRECTORY=d.pipe_dir,
-                   CUDA_MPS_LOG_DIRECTORY=d.log_dir)
-        return env
-
-    def _control(self, d: SimMps, command: str) -> None:
-        exe = shutil.which("nvidia-cuda-mps-control")
-        if exe is None:
-            raise NvmlOpError("not-supported", "nvidia-cuda-mps-control not found on PATH")
-        res = subprocess.run([exe], input=command + "\n", env=self._env(d), capture_output=True, text=True,
-                             timeout=30, check=False)
-        if res.returncode != 0:
-            raise NvmlOpError("nvml-error", f"nvidia-cuda-mps-control {command!r}: {res.stderr.strip()}")
-
-    def _spawn(self, d: SimMps) -> None:
-        exe = shutil.which("nvidia-cuda-mps-control")
-        if exe is None:
-            raise NvmlOpError("not-supported", "nvidia-cuda-mps-control not found on PATH")
-        res = subprocess.run([exe, "-d"], env=self._env(d), capture_output=True, text=True, timeout=30, check=False)
-        if res.returncode != 0:
-            raise NvmlOpError("nvml-error", f"starting the MPS control daemon: {res.stderr.strip()}")
-        if d.active_thread_percentage is not None:
-            self._control(d, f"set_default_active_thread_percentage {d.active_thread_percentage}")
-        for uuid, limit in d.pinned_device_memory_limits.items():
-            self._control(d, f"set_default_device_pinned_mem_limit {uuid} {max(1, limit >> 20)}M")
+    async def reconcile(self) -> None:
+        """At start: clean the records whose daemon is gone; remember the pid of those still running."""
+        if self.control is None:
+            return
+        for d in list(self._records.values()):
+            pid = await self.control.running_pid(d)
+            if pid:
+                if pid != d.pid:
+                    d.pid = pid
+                    await self._write(d)
+                continue
+            log.warning("MPS daemon of a record is gone (node reboot or discovery container restart); cleaning "
+                        "its record and dirs, claims using it must be prepared again", daemon=d.daemon_id,
+                        gpus=d.gpu_uuids, state=d.state)
+            await self._teardown(d)

@@ -9,9 +9,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import math
-import os
-import shutil
-import subprocess
 import threading
 import uuid as uuidlib
 from concurrent.futures import ThreadPoolExecutor
@@ -21,11 +18,11 @@ from typing import Any, TypeVar
 
 import pynvml as N
 
+from shared.driverroot import DriverRoot, DriverRootError
+
 T = TypeVar("T")
 
 LIB_NAME = "libnvidia-ml.so.1"
-LIB_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "lib64",
-            "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "usr/lib", "lib")
 NO_ID = 0xFFFFFFFF
 HEALTH_EVENTS = N.nvmlEventTypeXidCriticalError | N.nvmlEventTypeDoubleBitEccError | N.nvmlEventTypeSingleBitEccError
 _GPU_LOST_EVENT = getattr(N, "nvmlEventTypeGpuUnavailableError", 0)
@@ -133,16 +130,13 @@ class RawEvent:
 
 
 def find_library(driver_root: str | Path) -> Path:
-    """libnvidia-ml.so.1 under a host driver root, or NvmlUnavailable listing where it looked."""
-    root = Path(driver_root)
-    for d in LIB_DIRS:
-        cand = root / d / LIB_NAME
-        if cand.exists():
-            return cand
-    raise NvmlUnavailable(
-        f"no {LIB_NAME} under driver root {root} (looked in {', '.join(LIB_DIRS)}); "
-        "pass the host's driver root (e.g. /run/nvidia/driver or /) or use --simulate"
-    )
+    """libnvidia-ml.so.1 under a driver root as this process sees it (through the root's ld cache, else the
+    standard library dirs), or NvmlUnavailable saying where it looked."""
+    root = DriverRoot.of(str(driver_root))
+    try:
+        return root.local(root.nvml_library())
+    except DriverRootError as exc:
+        raise NvmlUnavailable(f"{exc}; or use --simulate") from None
 
 
 def load_real_binding(driver_root: str | None) -> Any:
@@ -176,13 +170,11 @@ def _s(value: Any) -> str:
 class Nvml:
     """One NVML session. Sync methods run on the worker thread via `call`; `wait_event` has its own."""
 
-    def __init__(self, binding: Any, *, driver_root: str | None = None):
+    def __init__(self, binding: Any):
         self._b = binding
         self.simulated = bool(getattr(binding, "is_simulated", False))
-        self.driver_root = driver_root
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
         self._handles: dict[str, Any] = {}
-        self._timeslice: dict[str, int] = {}
         self._auto_mig: set[str] = set()
         self._lock = threading.Lock()
         self._open = False
@@ -256,7 +248,7 @@ class Nvml:
             addressing_mode=int(getattr(addressing, "value", addressing)) if addressing is not None else None,
             mig_capable=mig_mode is not None, mig_enabled=bool(mig_mode and mig_mode[0] == N.NVML_DEVICE_MIG_ENABLE),
             compute_mode=_opt(b.nvmlDeviceGetComputeMode, h),
-            timeslice=self._read_timeslice(uuid, h),
+            timeslice=self._read_timeslice(h),
         )
         if g.mig_capable:
             g.profiles = self._read_profiles(h)
@@ -265,11 +257,10 @@ class Nvml:
         g.fabric = self._read_fabric(h)
         return g
 
-    def _read_timeslice(self, uuid: str, h: Any) -> int | None:
+    def _read_timeslice(self, h: Any) -> int | None:
+        """The simulated interval; None on real NVML, which cannot read it (services.discovery.timeslice)."""
         getter = getattr(self._b, "simGetTimeslice", None)
-        if getter is not None:
-            return int(getter(h))
-        return self._timeslice.get(uuid)
+        return int(getter(h)) if getter is not None else None
 
     def _read_profiles(self, h: Any) -> list[ProfileFacts]:
         b = self._b
@@ -364,33 +355,12 @@ class Nvml:
             raise NvmlOpError("nvml-error", f"setting compute mode {mode} on {uuid}: {exc}") from exc
 
     def set_timeslice(self, uuid: str, level: str) -> None:
-        h = self._handle(uuid)
-        value = TIMESLICES[level]
+        """Simulated NVML only: real GPUs get theirs from nvidia-smi (services.discovery.timeslice)."""
         setter = getattr(self._b, "simSetTimeslice", None)
-        if setter is not None:
-            setter(h, value)
-            return
-        smi = self._nvidia_smi()
-        env = dict(os.environ)
-        if self.driver_root:
-            env["LD_PRELOAD"] = str(find_library(self.driver_root))
-        res = subprocess.run([smi, "compute-policy", "-i", uuid, "--set-timeslice", str(value)],
-                             capture_output=True, text=True, env=env, timeout=30, check=False)
-        if res.returncode != 0:
-            raise NvmlOpError("nvml-error", f"nvidia-smi --set-timeslice {value} on {uuid} failed: "
-                                            f"{(res.stderr or res.stdout).strip()}")
-        self._timeslice[uuid] = value
-
-    def _nvidia_smi(self) -> str:
-        if self.driver_root:
-            for d in ("usr/bin", "bin"):
-                cand = Path(self.driver_root) / d / "nvidia-smi"
-                if cand.exists():
-                    return str(cand)
-        found = shutil.which("nvidia-smi")
-        if not found:
-            raise NvmlOpError("not-supported", "nvidia-smi not found (needed to set the time-slice interval)")
-        return found
+        if setter is None:
+            raise NvmlOpError("not-supported", "NVML cannot set the compute time-slice; it is set with nvidia-smi "
+                                               "from the driver root")
+        setter(self._handle(uuid), TIMESLICES[level])
 
     def create_mig(self, gpu_uuid: str, gi_profile_id: int, start: int) -> tuple[MigFacts, bool]:
         """Create (or find) the MIG device with a GI profile at a placement start. Returns (device, created)."""

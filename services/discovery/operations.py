@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from services.discovery.mps import MpsManager
 from services.discovery.nvml import NO_ID, Nvml, NvmlOpError, RawEvent
+from services.discovery.timeslice import Timeslices
+from shared.drivertools import ToolError
 from shared.events import catalog
 from shared.events.devices import (
     DeviceOpError,
@@ -39,18 +41,24 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
+_TOOL_CODES = {"missing": "not-supported", "failed": "tool-failed", "timeout": "timeout"}
+
+
 def _err(exc: BaseException) -> DeviceOpError:
     if isinstance(exc, NvmlOpError):
         return DeviceOpError(code=exc.code, message=str(exc))
+    if isinstance(exc, ToolError):
+        return DeviceOpError(code=_TOOL_CODES.get(exc.kind, "tool-failed"), message=str(exc))
     return DeviceOpError(code="nvml-error", message=f"{type(exc).__name__}: {exc}")
 
 
 class Operations:
-    def __init__(self, node: str, nvml: Nvml, mps: MpsManager, health: HealthMonitor | None,
+    def __init__(self, node: str, nvml: Nvml, mps: MpsManager, timeslices: Timeslices, health: HealthMonitor | None,
                  inventory: Callable[[], NodeInventory | None], rescan: Callable[[], Awaitable[NodeInventory]]):
         self.node = node
         self.nvml = nvml
         self.mps = mps
+        self.timeslices = timeslices
         self.health = health
         self._inventory = inventory
         self._rescan = rescan
@@ -94,7 +102,7 @@ class Operations:
                     raise NvmlOpError("not-found", f"no GPUs with UUIDs {unknown} on node {self.node}")
                 for u in req.gpu_uuids:
                     await self.nvml.call(self.nvml.set_compute_mode, u, req.compute_mode)
-                    await self.nvml.call(self.nvml.set_timeslice, u, req.timeslice)
+                    await self.timeslices.set(u, req.timeslice)
             except Exception as exc:
                 return SetSharingReply(ok=False, error=_err(exc))
             finally:
@@ -145,7 +153,7 @@ class Operations:
     async def mps_start(self, req: MpsStartRequest) -> MpsStartReply:
         async with self._lock:
             try:
-                d = await self.nvml.call(self.mps.start, req, self._gpu_uuids())
+                d = await self.mps.start(req, self._gpu_uuids())
             except Exception as exc:
                 return MpsStartReply(ok=False, error=_err(exc))
             await self._safe_rescan()
@@ -154,7 +162,7 @@ class Operations:
     async def mps_stop(self, req: MpsStopRequest) -> MpsStopReply:
         async with self._lock:
             try:
-                stopped = await self.nvml.call(self.mps.stop, req.daemon_id)
+                stopped = await self.mps.stop(req.daemon_id)
             except Exception as exc:
                 return MpsStopReply(ok=False, error=_err(exc))
             await self._safe_rescan()

@@ -2,7 +2,8 @@
 
 Owns the lifecycle: inventory to KV `dra-inventory/<node>` and `dra.v1.inventory.<node>` only when
 the content hash changes, re-scans on a period and on NVML events, health monitoring and the
-device-operation handlers.
+device-operation handlers. Time-slicing and MPS run the driver root's binaries on a real node and
+whenever a driver root is given (also under simulation); simulation without one runs none.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from services.discovery import inventory, machine
 from services.discovery.config import DiscoveryConfig
 from services.discovery.health import HealthMonitor
 from services.discovery.mps import MpsManager
+from services.discovery.mpsdaemon import CONTROL, MpsControl
 from services.discovery.nvml import Nvml, load_real_binding
 from services.discovery.operations import Operations
 from services.discovery.simnvml import SimNvml
+from services.discovery.timeslice import Timeslices
+from shared.drivertools import DriverTools
 from shared.events import catalog
 from shared.events.inventory import NodeInventory
 from shared.health import HEALTH
@@ -38,20 +42,43 @@ def open_nvml(cfg: DiscoveryConfig) -> Nvml:
         spec = machine.parse_spec(cfg.simulate) if cfg.simulate else machine.load_file(cfg.machine)
         state_file = Path(cfg.state_dir) / f"simnvml-{cfg.node}.json"
         return Nvml(SimNvml(cfg.node, spec, state_file, Path(cfg.dev_root)))
-    return Nvml(load_real_binding(cfg.local_driver_root or None), driver_root=cfg.local_driver_root or None)
+    return Nvml(load_real_binding(cfg.local_driver_root or None))
+
+
+def driver_tools(cfg: DiscoveryConfig) -> DriverTools | None:
+    """The driver root's binaries, when time-slicing and MPS are real (see DiscoveryConfig.runs_driver_tools)."""
+    if not cfg.runs_driver_tools:
+        return None
+    return DriverTools.of(cfg.driver_root, cfg.container_driver_root, timeout=cfg.tool_timeout)
 
 
 class Scanner:
-    """NVML → NodeInventory for one node (no bus)."""
+    """NVML → NodeInventory for one node (no bus), with the MPS and time-slice state discovery keeps."""
 
     def __init__(self, cfg: DiscoveryConfig, nvml: Nvml):
         self.cfg = cfg
         self.nvml = nvml
-        self.mps = MpsManager(Path(cfg.mps_root), nvml)
+        self.tools = driver_tools(cfg)
+        control = MpsControl(self.tools, ready_timeout=cfg.tool_timeout) if self.tools is not None else None
+        self.mps = MpsManager(Path(cfg.mps_root), nvml, control)
+        self.timeslices = Timeslices(Path(cfg.state_dir), nvml, self.tools)
+        self._loaded = False
+
+    async def load(self) -> None:
+        """Read the MPS and time-slice records kept on disk (once; scan calls it first)."""
+        if not self._loaded:
+            await self.mps.load()
+            await self.timeslices.load()
+            self._loaded = True
 
     async def scan(self) -> NodeInventory:
+        await self.load()
         with tracer.start_as_current_span("discovery.scan") as span:
             facts = await self.nvml.call(self.nvml.read)
+            applied = self.timeslices.current()
+            if applied is not None:
+                for g in facts.gpus:
+                    g.timeslice = applied.get(g.uuid, 0)
             inv = inventory.build(self.cfg.node, facts, dev_root=Path(self.cfg.dev_root),
                                   sys_root=Path(self.cfg.sys_root), simulated=self.nvml.simulated,
                                   mps=self.mps.by_gpu(), observed_at=time.time())
@@ -74,7 +101,8 @@ class DiscoveryService:
         self._wake = asyncio.Event()
         self.health = HealthMonitor(cfg.node, nvml, bus, cfg.ignored, lambda: self.current,
                                     on_event=self._wake.set, timeout_ms=cfg.event_timeout_ms)
-        self.ops = Operations(cfg.node, nvml, self.scanner.mps, self.health, lambda: self.current, self.rescan)
+        self.ops = Operations(cfg.node, nvml, self.scanner.mps, self.scanner.timeslices, self.health,
+                              lambda: self.current, self.rescan)
         self.ready = asyncio.Event()
 
     async def rescan(self) -> NodeInventory:
@@ -100,10 +128,22 @@ class DiscoveryService:
         last = await self.kv.get(self.cfg.node)
         if last is not None:
             self.published_hash = last.content_hash
+        await self.scanner.load()
+        await self._check_tools()
+        await self.scanner.mps.reconcile()
         await self.rescan()
         await self.health.start()
         await self.ops.serve(self.bus)
         self.ready.set()
+
+    async def _check_tools(self) -> None:
+        tools = self.scanner.tools
+        if tools is None:
+            return
+        for name, needed_for in (("nvidia-smi", "time-slicing"), (CONTROL, "MPS")):
+            if not await tools.has(name):
+                log.warning("driver binary missing: claims that need it will fail to prepare", binary=name,
+                            needed_for=needed_for, driver_root=str(tools.root.local("/")))
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from shared.files import atomic_write as atomic_write  # re-exported: cdi, devices
+from shared.files import read_boot_id as read_boot_id  # re-exported: the service
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 
@@ -27,7 +29,6 @@ tracer = get_tracer(__name__)
 API_VERSION = "checkpoint.gpu.nvidia.com/v1"
 KIND = "PreparerCheckpoint"
 SCHEMA_VERSION = 1
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
 
@@ -77,32 +78,6 @@ class _Known(msgspec.Struct, kw_only=True):
 
 class CheckpointError(RuntimeError):
     """The checkpoint could not be written (disk full, permissions): the operation must fail."""
-
-
-def read_boot_id(path: str = BOOT_ID_PATH) -> str:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return ""
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that a crash leaves either the old or the new file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 class Checkpoint:

@@ -171,10 +171,11 @@ class Preparer(ClaimPreparer):
             kind = strategy(group.config)
             gpu_uuids = sorted({planned[i].resolved.uuid for i in group.results if planned[i].resolved.kind == "gpu"})
             if kind == "TimeSlicing" and gpu_uuids:
-                with tracer.start_as_current_span("device.set-sharing"):
-                    await self.ops.set_sharing(gpu_uuids, "Default", interval(group.config))
+                # Recorded before the call: a crash, failure or timeout of the call still leaves the GPUs to reset.
                 record.timesliced_gpus = sorted(set(record.timesliced_gpus) | set(gpu_uuids))
                 await self.checkpoint.put(ref.uid, record)
+                with tracer.start_as_current_span("device.set-sharing"):
+                    await self.ops.set_sharing(gpu_uuids, "Default", interval(group.config))
             elif kind == "MPS" and gpu_uuids:
                 assert isinstance(group.config, GpuConfig) and group.config.sharing is not None
                 mps = group.config.sharing.mpsConfig
@@ -183,7 +184,7 @@ class Preparer(ClaimPreparer):
                     limits = pinned_limits(mps, gpu_uuids)
                 except ConfigError as exc:
                     raise PrepareFailed(str(exc)) from None
-                record.mps_daemon_id = daemon
+                record.mps_daemon_id = daemon  # recorded before the start: rollback stops whatever got started
                 await self.checkpoint.put(ref.uid, record)
                 with tracer.start_as_current_span("device.mps-start"):
                     started = await self.ops.mps_start(daemon, gpu_uuids,

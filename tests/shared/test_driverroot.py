@@ -67,7 +67,6 @@ def test_library_dirs_come_from_the_roots_ld_cache_then_the_standard_dirs(tmp_pa
     assert root.nvml_library() == "/opt/nvidia/lib/libnvidia-ml.so.1"
     assert root.driver_version() == DRIVER_VERSION
     assert root.find_binary("nvidia-smi") == "/usr/bin/nvidia-smi"
-    assert root.library_path_env()["LD_LIBRARY_PATH"].split(":")[0] == str(fake.root) + "/opt/nvidia/lib"
 
 
 def test_without_an_ld_cache_the_standard_dirs_are_searched(tmp_path: Path) -> None:

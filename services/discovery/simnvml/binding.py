@@ -14,6 +14,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pynvml as N
 
 from services.discovery import devtree, profiles
@@ -727,12 +728,13 @@ class SimNvml:
                 gpu.timeslice = level
                 self._persist()
 
-    def simMpsRecord(self, daemon: st.SimMps | None, daemon_id: str) -> None:
+    def simMpsRecord(self, daemon: dict[str, Any] | None, daemon_id: str) -> None:
+        """Keep (or drop, with None) a copy of discovery's MPS daemon record, given as plain data."""
         with self._lock:
             if daemon is None:
                 self.state.mps.pop(daemon_id, None)
             else:
-                self.state.mps[daemon_id] = daemon
+                self.state.mps[daemon_id] = msgspec.convert(daemon, st.SimMps)
             self._persist()
 
     def simMpsDaemons(self) -> dict[str, st.SimMps]:
