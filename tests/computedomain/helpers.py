@@ -38,7 +38,8 @@ async def announce(bus: Bus, uid: str, name: str = "cd", namespace: str = "ns") 
 @contextlib.asynccontextmanager
 async def running_nodes(bus: Bus, tmp_path: Path, specs: list[str], *, port: int | None = None,
                         ready_timeout: float = 30.0, **agent_overrides: object) -> AsyncIterator[list[Node]]:
-    """One discovery + agent (+ the channel preparer core) per spec, e.g. ["gb200x4:clique=1"] * 3."""
+    """One discovery + agent (+ the channel preparer core) per spec, e.g. ["gb200x4:clique=1"] * 3; the
+    agents run the simulated daemon unless `agent_overrides` say otherwise."""
     port = port or free_port()
     nodes: list[Node] = []
     async with contextlib.AsyncExitStack() as stack:
@@ -48,7 +49,8 @@ async def running_nodes(bus: Bus, tmp_path: Path, specs: list[str], *, port: int
             name = f"node-{i}"
             await stack.enter_async_context(running_discovery(bus, name, simulate=spec, root=tmp_path / "sim"))
             cfg = AgentConfig(node=name, ip_address=node_ip(i), state_dir=str(tmp_path / "agents" / name),
-                              imex_server_port=port, imex_cmd_port=port + 1, **agent_overrides).resolved()  # type: ignore[arg-type]
+                              imex_server_port=port, imex_cmd_port=port + 1,
+                              **{"imex_daemon": "simulated", **agent_overrides}).resolved()  # type: ignore[arg-type]
             agent = Agent(cfg, bus)
             tasks.append(asyncio.create_task(agent.run(stopping)))
             await agent.ready.wait()

@@ -65,7 +65,7 @@ async def test_processes_domain_ready_then_leader_killed_and_standby_continues(n
             async with running_discovery(bus, "n0", simulate="gb200x4:clique=3", root=tmp_path / "sim"):
                 procs.append(await _spawn("agent", "--node", "n0", "--ip-address", "127.0.88.1",
                                           "--state-dir", str(tmp_path / "agent"), "--imex-server-port", str(port),
-                                          "--imex-cmd-port", str(port + 1), env=env))
+                                          "--imex-cmd-port", str(port + 1), "--imex-daemon", "simulated", env=env))
                 created = await custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, "ns", crd.PLURAL, {
                     "apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "metadata": {"name": "p"},
                     "spec": {"channel": {"resourceClaimTemplate": {"name": "p-channel"}}}})
