@@ -2,7 +2,9 @@
 
 Owns the choice made once at agent start from the settings. Real (the default): `nvidia-imex -c
 {config}` and readiness by `nvidia-imex-ctl -c {config} -q` printing READY, both found in the driver
-root's binary dirs and run with its library path; reload signal SIGUSR1 (nvidia-imex's "restart the
+root's binary dirs and run with the driver's own libraries first (links by SONAME in
+`<state-dir>/driver-lib`: the root's library dirs also hold its libc, which must not be loaded
+by this container's dynamic loader); reload signal SIGUSR1 (nvidia-imex's "restart the
 connections", handled once per 5 s; SIGHUP only dumps its log buffer); peers through the hosts file
 the daemon resolves with (`--hosts-file`, the container's /etc/hosts). Simulated (`--imex-daemon
 simulated`, what `gpu-dra up` asks for): `python -m services.computedomain.imexd`, readiness from its
@@ -14,15 +16,18 @@ but a warning, and a clear error for the first channel claim that needs it.
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.computedomain.config import AgentConfig
 from services.computedomain.imexconfig import DaemonFiles
-from shared.driverroot import BINARY_DIRS, DriverRoot
+from shared.driverroot import BINARY_DIRS, DriverRoot, read_soname
 
+DRIVER_LIBRARIES = ("libnvidia-*.so.*", "libcuda.so.*")  # the driver's, never the system's (libc, libstdc++)
 SIMULATOR_COMMAND = f"{shlex.quote(sys.executable)} -m services.computedomain.imexd --config {{config}}"
 
 
@@ -71,4 +76,19 @@ def resolve_launch(cfg: AgentConfig) -> DaemonLaunch:
     return DaemonLaunch(command=daemon, check_command=check, reload_signal=cfg.imex_reload_signal,
                         signal_spacing=cfg.imex_signal_spacing, simulated=False,
                         hosts_file=Path(cfg.hosts_file) if cfg.imex_peer_mode == "dns" else None,
-                        env=root.library_path_env(), problem=problem)
+                        env=driver_library_env(root, Path(cfg.state_dir) / "driver-lib"), problem=problem)
+
+
+def driver_library_env(root: DriverRoot, links: Path) -> dict[str, str]:
+    """LD_LIBRARY_PATH for the root's binaries: a directory of links, by SONAME, to the driver's own
+    libraries (made afresh), ahead of what this process has."""
+    shutil.rmtree(links, ignore_errors=True)
+    links.mkdir(parents=True)
+    for pattern in DRIVER_LIBRARIES:
+        for library in root.libraries_matching(pattern):
+            target = root.local(library)
+            name = read_soname(target) or target.name
+            if not (links / name).exists():
+                (links / name).symlink_to(target)
+    current = os.environ.get("LD_LIBRARY_PATH", "")
+    return {"LD_LIBRARY_PATH": f"{links}:{current}" if current else str(links)}

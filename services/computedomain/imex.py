@@ -230,8 +230,8 @@ class ImexSupervisor:
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True, env=self.env, preexec_fn=orphans.die_with_parent())
+            *orphans.with_parent_death_signal(self.argv), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=self.env)
         if self.pid_file is not None:
             await asyncio.to_thread(orphans.record, self.pid_file, proc.pid, self.argv[0])
         return proc

@@ -1,9 +1,9 @@
 """No IMEX daemon outlives its agent: a record per running daemon, a parent-death signal, a sweep at start.
 
 Owns three guards. `record`/`forget` keep `<domain-dir>/imexd.pid` (the daemon's pid and its kernel
-start time, so a reused pid is never mistaken for our daemon). `die_with_parent()` is a preexec hook
-(Linux PR_SET_PDEATHSIG) that sends the daemon SIGTERM when the thread that started it (the agent's
-event loop) dies, even by SIGKILL. `sweep(domains_dir)` runs at agent start, before any daemon is
+start time, so a reused pid is never mistaken for our daemon). `with_parent_death_signal(argv)` starts
+the daemon through a tiny launcher that sets Linux PR_SET_PDEATHSIG, so the daemon gets SIGTERM when
+the agent dies, even by SIGKILL. `sweep(domains_dir)` runs at agent start, before any daemon is
 started: every recorded daemon still alive is from a previous agent (this one has started none yet),
 so it is ended (SIGTERM, SIGKILL after a grace) and its record removed; the daemon of a domain the
 agent resumes is started afresh by the resume. Blocking (reads /proc, waits): call via to_thread.
@@ -12,13 +12,11 @@ agent resumes is started afresh by the resume. Blocking (reads /proc, waits): ca
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from shared.logs import get_logger
@@ -26,7 +24,6 @@ from shared.logs import get_logger
 log = get_logger(__name__)
 
 PID_FILE = "imexd.pid"
-_PR_SET_PDEATHSIG = 1
 
 
 def start_time(pid: int) -> int | None:
@@ -92,22 +89,25 @@ def sweep(domains_dir: Path, grace_s: float = 5.0) -> list[int]:
     return ended
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when this thread ends; None off Linux.
+# Runs as the daemon's first image: set the parent-death signal, then become the daemon (same pid).
+# A separate image rather than a preexec_fn: code between fork and exec in a threaded parent (the
+# agent has executor threads) can crash or deadlock the child.
+_LAUNCHER = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)  # the agent died before the prctl: nobody would signal us
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    sys.stderr.write(f"cannot start {sys.argv[2]}: {exc.strerror}\\n")
+    sys.exit(127)
+"""
 
-    The prctl function is looked up here, in the parent, so that the child (after fork, before exec)
-    only calls it."""
+
+def with_parent_death_signal(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when the thread that starts it (the agent's event loop) ends,
+    even by SIGKILL (Linux PR_SET_PDEATHSIG, kept across exec); `argv` unchanged elsewhere."""
     if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the prctl: nobody would signal us
-            os._exit(1)
-
-    return preexec
+        return argv
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *argv]
