@@ -206,7 +206,13 @@ class ImexSupervisor:
                 probe = await asyncio.create_subprocess_exec(
                     *self.check_argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
                     env=self.env)
-                out, _ = await asyncio.wait_for(probe.communicate(), 10.0)
+                try:
+                    out, _ = await asyncio.wait_for(probe.communicate(), 10.0)
+                finally:
+                    if probe.returncode is None:  # timed out, or the daemon is being stopped
+                        with contextlib.suppress(ProcessLookupError):
+                            probe.kill()
+                        await probe.wait()
                 await self._set_ready(out == b"READY\n")
             except (OSError, TimeoutError):
                 await self._set_ready(False)
@@ -262,6 +268,7 @@ class ImexSupervisor:
             finally:
                 for task in (*waits, *helpers[1:]):
                     task.cancel()
+                await asyncio.gather(*waits, *helpers[1:], return_exceptions=True)
             replaced = not exited.done() and self._restart.is_set() and not self._ending()
             if not exited.done():
                 await self._terminate(proc)
