@@ -154,8 +154,10 @@ async def test_peers_by_ip_rewrite_the_nodes_file_and_restart_the_daemon(bus, tm
         old_pid = first.pid
         await nodes[1].channels.prepare(claim("b", "cd-ip"))
         assert files.nodes.read_text() == f"{node_ip(0)}\n{node_ip(1)}\n"  # index order, on every node
-        await until(lambda: first.replaced >= 1 and first.pid is not None)
-        assert wait_gone(old_pid) and first.pid != old_pid and first.restarts == 0
+        mine = lambda: [c for c in daemon_calls(fake) if c["argv"] == ["-c", str(files.config)]]  # noqa: E731
+        await until(lambda: len(mine()) == 2)  # the restarted daemon has started
+        assert wait_gone(old_pid), "the daemon with the old nodes file is still running"
+        assert first.replaced == 1 and first.restarts == 0 and first.pid == mine()[-1]["pid"] != old_pid
         assert hosts.read_text() == HOSTS_BEFORE, "peers by IP touch no hosts file"
         assert "SIM" not in files.config.read_text()
 
