@@ -131,7 +131,7 @@ async def main_async(nodes: int, rounds: int) -> dict[str, object]:
                     await stack.enter_async_context(
                         running_discovery(bus, node, simulate=f"gb200x4:clique={clique}", root=root / "sim"))
                     cfg = AgentConfig(node=node, ip_address=f"127.0.99.{i + 1}", state_dir=str(root / "agents" / node),
-                                      imex_server_port=port, imex_cmd_port=port + 1).resolved()
+                                      imex_server_port=port, imex_cmd_port=port + 1, imex_daemon="simulated").resolved()
                     agent = Agent(cfg, bus)
                     tasks.append(asyncio.create_task(agent.run(stopping)))
                     await agent.ready.wait()

@@ -232,7 +232,8 @@ class LocalCluster:
             await self.supervisor.start(f"{node}-cd-agent", gpu_dra(
                 "computedomain", "agent", "--node", node, "--ip-address", node_ip(index),
                 "--state-dir", str(paths["plugins"] / "compute-domain.nvidia.com"),
-                "--imex-server-port", str(self.imex_port), "--imex-cmd-port", str(self.imex_port + 1)))
+                "--imex-server-port", str(self.imex_port), "--imex-cmd-port", str(self.imex_port + 1),
+                "--imex-daemon", "simulated"))  # no nvidia-imex here: the simulated daemon, each node its own address
         await self.supervisor.start(f"{node}-kubelet", gpu_dra(
             "kubelet", "--node", node, "--kubeconfig", str(self.kubeconfig_path),
             "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"])))

@@ -7,9 +7,12 @@ supervisor, and the node's member entry. Requests (from the channel preparer on 
      take the node's clique id from discovery's inventory, join membership with the lowest free
      index, write the peers' names, start the daemon; a claim for a second domain is refused.
   `dra.v1.cd-agent.<node>.leave` -> the last claim stops the daemon and leaves.
-Peer changes (KV watch on the domain) rewrite the hosts file and signal the daemon; a peer whose
-daemon came back (NotReady -> Ready) is also signalled so its peers redial at once. The daemon's
-readiness is the member's status. `dra.v1.cd.<uid>.deleted` stops the daemon and leaves.
+Peer changes (KV watch on the domain) rewrite the hosts entries and signal the daemon (peers by
+IP: rewrite the nodes file and restart it); a peer whose daemon came back (NotReady -> Ready) is also
+signalled so its peers redial at once. The daemon's readiness is the member's status.
+`dra.v1.cd.<uid>.deleted` stops the daemon and leaves. Which daemon runs: services.computedomain.daemon.
+At start, before anything else, daemons a previous (killed) agent left running are ended and the
+files of domains it no longer serves removed (services.computedomain.orphans).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from pathlib import Path
 import msgspec
 import nats.js.errors
 
+from services.computedomain import orphans
 from services.computedomain.config import AgentConfig
+from services.computedomain.daemon import DaemonLaunch, resolve_launch
 from services.computedomain.imex import ImexSupervisor
-from services.computedomain.imexconfig import DaemonFiles, write_hosts, write_static
+from services.computedomain.imexconfig import DaemonFiles, clear_hosts_block, write_peers, write_static
 from services.computedomain.membership import Membership, MembershipError, token
 from shared.bus import Bus, MsgContext
 from shared.events.catalog import (
@@ -110,11 +115,19 @@ class Agent:
         self.domain: _Domain | None = None
         self._lock = asyncio.Lock()
         self.ready = asyncio.Event()
+        self.launch: DaemonLaunch | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> None:
         await asyncio.to_thread(self.state_dir.mkdir, parents=True, exist_ok=True)
+        ended = await asyncio.to_thread(orphans.sweep, self.domains_dir)
+        if ended:
+            log.warning("ended IMEX daemons a previous agent left running", pids=ended)
+        self.launch = await asyncio.to_thread(resolve_launch, self.cfg)
+        if self.launch.problem:
+            log.warning("no IMEX daemon can run on this node; channel claims on NVLink nodes will fail",
+                        problem=self.launch.problem)
         await self._resume()
         await self.bus.serve(CD_AGENT_JOIN, self._serve_join, node=token(self.cfg.node))
         await self.bus.serve(CD_AGENT_LEAVE, self._serve_leave, node=token(self.cfg.node))
@@ -125,6 +138,10 @@ class Agent:
             await stopping.wait()
         finally:
             await self._shutdown()
+
+    @property
+    def domains_dir(self) -> Path:
+        return self.state_dir / "domains"
 
     async def _shutdown(self) -> None:
         """Stop the daemon but keep the membership and state: a restarted agent resumes them.
@@ -140,6 +157,7 @@ class Agent:
 
     async def _resume(self) -> None:
         state = await asyncio.to_thread(self._read_state)
+        await asyncio.to_thread(self._remove_stale_files, state.domain_uid if state.claims else "")
         for stale in await self.membership.node_memberships(self.cfg.node):
             if stale.domain_uid != state.domain_uid:
                 log.info("leaving a domain this node no longer serves", domain=stale.domain_uid)
@@ -151,6 +169,19 @@ class Agent:
             except AgentError as exc:
                 log.warning("cannot resume the domain this node served", domain=state.domain_uid, error=str(exc))
                 await self._drop_domain(reason=str(exc))
+
+    def _remove_stale_files(self, wanted_uid: str) -> None:
+        """The files of domains the state does not want (left by an agent killed while leaving), and our
+        hosts entries when it wants none."""
+        wanted = token(wanted_uid) if wanted_uid else None
+        if self.domains_dir.is_dir():
+            for path in self.domains_dir.iterdir():
+                if path.name != wanted:
+                    log.info("removing a domain's files this node no longer serves", path=str(path))
+                    _remove_tree(path)
+        assert self.launch is not None
+        if not wanted_uid and self.launch.hosts_file is not None:
+            clear_hosts_block(self.launch.hosts_file)
 
     def _read_state(self) -> _State:
         path = self.state_dir / STATE_FILE
@@ -248,7 +279,11 @@ class Agent:
                 raise AgentError("invalid", self._namespace_error(
                     claim_namespace, announced.domain_namespace, announced.domain_name))
             clique = await self._clique()
-            files = DaemonFiles(self.state_dir / "domains" / token(uid))
+            assert self.launch is not None
+            if clique and self.launch.problem:
+                raise AgentError("unavailable", f"node {self.cfg.node} cannot run the IMEX daemon of ComputeDomain "
+                                 f"{announced.domain_namespace}/{announced.domain_name}: {self.launch.problem}")
+            files = DaemonFiles(self.domains_dir / token(uid))
             member = DomainMember(domain_uid=uid, domain_name=announced.domain_name,
                                   domain_namespace=announced.domain_namespace, node=self.cfg.node,
                                   ip_address=self.cfg.ip_address, clique_id=clique, index=-1)
@@ -275,21 +310,25 @@ class Agent:
             # No NVLink fabric: no IMEX daemon; the node is Ready at once (and gets no channel devices).
             domain.member = await self.membership.set_status(domain.member, "Ready")
             return
+        launch = self.launch
+        assert launch is not None
         await asyncio.to_thread(write_static, domain.files, bind_ip=self.cfg.ip_address,
                                 server_port=self.cfg.imex_server_port, cmd_port=self.cfg.imex_cmd_port,
-                                max_nodes=self.cfg.max_nodes_per_imex_domain)
+                                max_nodes=self.cfg.max_nodes_per_imex_domain, peer_mode=self.cfg.imex_peer_mode,
+                                sim_hosts=domain.files.hosts if launch.simulated else None)
         replayed = asyncio.Event()
         domain.watcher = asyncio.create_task(self._watch_peers(domain, replayed), name=f"peers-{domain.uid}")
-        await replayed.wait()  # the hosts file lists the peers known now, before the daemon reads it
+        await replayed.wait()  # the hosts (or nodes) file lists the peers known now, before the daemon reads it
 
         async def on_ready(ready: bool) -> None:
             if self.domain is domain:
                 domain.member = await self.membership.set_status(domain.member, "Ready" if ready else "NotReady")
 
         domain.supervisor = ImexSupervisor(
-            name=f"{domain.uid}@{self.cfg.node}", command=self.cfg.imex_command, config=domain.files.config,
-            on_ready=on_ready, reload_signal=self.cfg.imex_reload_signal,
-            check_command=self.cfg.imex_check_command, log_file=domain.files.log)
+            name=f"{domain.uid}@{self.cfg.node}", command=launch.command, config=domain.files.config,
+            on_ready=on_ready, reload_signal=launch.reload_signal, signal_spacing=launch.signal_spacing,
+            check_command=launch.check_command, check_interval=self.cfg.imex_check_interval, env=launch.env,
+            log_file=domain.files.log, pid_file=domain.files.pid)
         await domain.supervisor.start()
 
     async def _watch_peers(self, domain: _Domain, replayed: asyncio.Event) -> None:
@@ -324,11 +363,17 @@ class Agent:
         wanted = {m.index: m.ip_address for m in peers.values()
                   if m.clique_id == domain.member.clique_id and m.index >= 0}
         wanted[domain.member.index] = self.cfg.ip_address
-        changed = wanted != domain.peers
-        if changed:
+        changed = False
+        if wanted != domain.peers:
             domain.peers = wanted
-            await asyncio.to_thread(write_hosts, domain.files, wanted)
-        if (changed or restarted) and domain.supervisor is not None:
+            assert self.launch is not None
+            changed = await asyncio.to_thread(write_peers, domain.files, wanted, peer_mode=self.cfg.imex_peer_mode,
+                                              hosts_file=self.launch.hosts_for(domain.files))
+        if domain.supervisor is None:
+            return
+        if changed and self.cfg.imex_peer_mode == "ip":
+            domain.supervisor.restart()  # the daemon reads its nodes file only at start
+        elif changed or restarted:
             domain.supervisor.reload()
 
     async def _drop_domain(self, *, reason: str) -> None:
@@ -341,6 +386,8 @@ class Agent:
         await domain.stop_daemon()
         # the files go before the member: leaving is what the controller (and a deletion) waits for
         await asyncio.to_thread(_remove_tree, domain.files.directory)
+        if self.launch is not None and self.launch.hosts_file is not None:
+            await asyncio.to_thread(clear_hosts_block, self.launch.hosts_file)
         await self.membership.leave(domain.member, reason=reason)
         log.info("stopped serving compute domain", domain=domain.uid, reason=reason)
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
-from services.computedomain.imex import DEFAULT_COMMAND
+from services.computedomain.imex import ImexError, parse_signal
 from services.computedomain.membership import MAX_PER_CLIQUE
 from shared.config import CommonConfig, ConfigError
+from shared.driverroot import DriverRoot, DriverRootError
 
 
 def _h(text: str, **limits: float) -> msgspec.Meta:
@@ -48,9 +49,26 @@ class AgentConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     ip_address: Annotated[str, _h("the address IMEX daemons use on this node (default: POD_IP, else the host's)")] = ""
     state_dir: Annotated[str, _h("where domain files and agent state live")] = (
         "/var/lib/kubelet/plugins/compute-domain.nvidia.com")
-    imex_command: Annotated[str, _h("IMEX daemon command; {config} is its config file")] = DEFAULT_COMMAND
-    imex_check_command: Annotated[str, _h("readiness command printing READY (empty: the daemon's status lines)")] = ""
-    imex_reload_signal: Annotated[str, _h("signal that tells the daemon its peers changed")] = "SIGHUP"
+    driver_root: Annotated[str, _h("host path of the NVIDIA driver root (/, or /run/nvidia/driver with the GPU "
+                                   "operator)")] = "/"
+    container_driver_root: Annotated[str, _h("where this container sees --driver-root (default: the same path)")] = ""
+    imex_daemon: Annotated[Literal["real", "simulated"], _h(
+        "real: nvidia-imex from the driver root; simulated: the simulator (the local cluster)")] = "real"
+    imex_command: Annotated[str, _h("IMEX daemon command; {config} is its config file (default: nvidia-imex -c "
+                                    "{config} from the driver root, or the simulator)")] = ""
+    imex_check_command: Annotated[str, _h("readiness command printing READY (default: nvidia-imex-ctl -c {config} "
+                                          "-q from the driver root; the simulator: its status lines)")] = ""
+    imex_check_interval: Annotated[float, _h("seconds between readiness checks", gt=0)] = 1.0
+    imex_reload_signal: Annotated[str, _h("signal that tells the daemon its peers changed (nvidia-imex: SIGUSR1 "
+                                          "restarts its connections)")] = "SIGUSR1"
+    imex_signal_spacing: Annotated[float, _h("least seconds between two reload signals to nvidia-imex (it ignores "
+                                             "a SIGUSR1 within 5 s of the last); later changes are coalesced",
+                                             ge=0)] = 5.0
+    imex_peer_mode: Annotated[Literal["dns", "ip"], _h(
+        "dns: peers as compute-domain-daemon-NNNN in --hosts-file, the daemon signalled on change; "
+        "ip: peers' IPs in the nodes file, the daemon restarted on change")] = "dns"
+    hosts_file: Annotated[str, _h("the hosts file the real daemon resolves peer names with; the agent owns a "
+                                  "marked block in it")] = "/etc/hosts"
     imex_server_port: Annotated[int, _h("IMEX peer port", ge=1, le=65535)] = 50000
     imex_cmd_port: Annotated[int, _h("IMEX command port", ge=1, le=65535)] = 50005
     max_nodes_per_imex_domain: Annotated[int, _h("IMEX nodes per clique", ge=1, le=99)] = MAX_PER_CLIQUE
@@ -69,4 +87,11 @@ class AgentConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"--ip-address {ip!r} is not an IP address") from None
         if not os.path.isabs(self.state_dir):
             raise ConfigError(f"--state-dir must be an absolute path, got {self.state_dir!r}")
+        if not os.path.isabs(self.hosts_file):
+            raise ConfigError(f"--hosts-file must be an absolute path, got {self.hosts_file!r}")
+        try:
+            DriverRoot.of(self.driver_root, self.container_driver_root)
+            parse_signal(self.imex_reload_signal)
+        except (DriverRootError, ImexError) as exc:
+            raise ConfigError(str(exc)) from None
         return msgspec.structs.replace(self, node=node, ip_address=ip)

@@ -1,28 +1,34 @@
-"""IMEX daemon supervision for one domain on one node: start, signal on peer change, restart on death.
+"""IMEX daemon supervision for one domain on one node: start, signal or restart on peer change, restart on death.
 
 Owns the child process. Readiness comes from the daemon's stdout (`IMEX-SIM STATUS READY|NOT_READY`
 lines, which the simulated daemon prints) or, for a daemon that prints nothing useful (the real
 `nvidia-imex`), from a check command run every `check_interval` that must print `READY`
 (`nvidia-imex-ctl -c {config} -q`). Every change is handed to `on_ready(bool)`. A daemon that exits
-while not being stopped is restarted with backoff (0.1 s doubling to 5 s) and counted.
+while not being stopped is restarted with backoff (0.1 s doubling to 5 s) and counted; `restart()`
+(peers by IP) replaces it at once without counting.
+Reload signals: sent only once the daemon catches the signal (its /proc SigCgt mask; the default
+action of SIGHUP and SIGUSR1 ends a process), at most one per `signal_spacing` seconds (nvidia-imex
+ignores a SIGUSR1 within 5 s of the last one): changes inside that window are coalesced into one
+signal at its end. No daemon outlives the supervisor: a pid record per daemon and a parent-death
+signal (services.computedomain.orphans).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shlex
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from services.computedomain import orphans
 from shared.logs import get_logger
 from shared.tasks import cancelling
 
 log = get_logger(__name__)
 
-DEFAULT_COMMAND = f"{shlex.quote(sys.executable)} -m services.computedomain.imexd --config {{config}}"
 _STOP_GRACE_S = 5.0
 
 
@@ -37,7 +43,7 @@ def render_command(template: str, config: Path) -> list[str]:
     except ValueError as exc:
         raise ImexError(f"IMEX command {template!r} cannot be parsed: {exc}") from None
     if not argv:
-        raise ImexError("IMEX command is empty; set --imex-command (default: the simulated daemon)")
+        raise ImexError("IMEX command is empty; set --imex-command or leave it unset for the default daemon")
     return argv
 
 
@@ -45,11 +51,26 @@ def parse_signal(name: str) -> signal.Signals:
     try:
         return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
     except KeyError:
-        raise ImexError(f"unknown signal {name!r}; use e.g. SIGHUP or SIGUSR1") from None
+        raise ImexError(f"unknown signal {name!r}; use e.g. SIGUSR1 or SIGHUP") from None
+
+
+def catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (/proc/<pid>/status SigCgt); True where /proc
+    cannot tell (not Linux), False once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    for line in text.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    return True
 
 
 class ImexSupervisor:
-    """One supervised IMEX daemon; `start()`, `reload()` on peer changes, `stop()`."""
+    """One supervised IMEX daemon; `start()`, `reload()` or `restart()` on peer changes, `stop()`."""
 
     def __init__(
         self,
@@ -58,30 +79,37 @@ class ImexSupervisor:
         command: str,
         config: Path,
         on_ready: Callable[[bool], Awaitable[None]],
-        reload_signal: str = "SIGHUP",
+        reload_signal: str = "SIGUSR1",
+        signal_spacing: float = 0.0,
         check_command: str = "",
         check_interval: float = 1.0,
+        env: dict[str, str] | None = None,
         log_file: Path | None = None,
+        pid_file: Path | None = None,
     ) -> None:
         self.name = name
         self.argv = render_command(command, config)
         self.check_argv = render_command(check_command, config) if check_command else None
         self.check_interval = check_interval
         self.reload_signal = parse_signal(reload_signal)
+        self.signal_spacing = signal_spacing
         self.config = config
+        self.env = {**os.environ, **env} if env else None
         self.log_file = log_file
+        self.pid_file = pid_file
         self._on_ready = on_ready
         self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._restart = asyncio.Event()
+        self._reload_wanted = asyncio.Event()
         self.ready = False
-        self.restarts = 0
+        self.restarts = 0  # deaths, not counting `restart()`
+        self.replaced = 0  # `restart()`s done
         self.reloads = 0  # signals sent
         self._reload_waiters: list[asyncio.Future[None]] = []
         self.reloads_done = 0  # reloads the daemon reported (`IMEX-SIM RELOAD <n>`), this incarnation
         self._reported = asyncio.Condition()
-        self._accepting = False  # the daemon has spoken: its signal handlers are installed
-        self._pending_reload = False
 
     @property
     def pid(self) -> int | None:
@@ -92,23 +120,14 @@ class ImexSupervisor:
             self._task = asyncio.create_task(self._run(), name=f"imex-{self.name}")
 
     def reload(self) -> None:
-        """Tell the daemon its peers changed (it re-reads names and redials).
+        """Tell the daemon its peers changed (it re-resolves the names and redials); sent by `_signaller`."""
+        if self.pid is not None:
+            self._reload_wanted.set()
 
-        Until the daemon has printed its first line it may not have its signal handlers yet (and
-        SIGHUP's default action ends a process), so the signal waits for that line."""
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        self.reloads += 1
-        for waiter in self._reload_waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        self._reload_waiters.clear()
-        if not self._accepting:
-            self._pending_reload = True
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(self.reload_signal)
+    def restart(self) -> None:
+        """Replace the daemon by a fresh one (it reads its nodes file only at start)."""
+        if self._task is not None:
+            self._restart.set()
 
     async def wait_signalled(self, count: int) -> None:
         """Until more than `count` reload signals have been sent in all (see `reloads`)."""
@@ -138,17 +157,35 @@ class ImexSupervisor:
             except Exception:  # noqa: BLE001 - a failed report must not end supervision
                 log.exception("IMEX readiness report failed", daemon=self.name)
 
+    async def _signaller(self, proc: asyncio.subprocess.Process) -> None:
+        loop = asyncio.get_running_loop()
+        last = -self.signal_spacing
+        while True:
+            await self._reload_wanted.wait()
+            while not await asyncio.to_thread(catches, proc.pid, self.reload_signal):
+                if proc.returncode is not None:
+                    return
+                await asyncio.sleep(0.02)  # the daemon is still starting; its handlers have no event
+            wait = last + self.signal_spacing - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)  # changes meanwhile ride on this one signal
+            self._reload_wanted.clear()
+            if proc.returncode is not None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(self.reload_signal)
+            last = loop.time()
+            self.reloads += 1
+            for waiter in self._reload_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._reload_waiters.clear()
+
     async def _read_status(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         sink = self.log_file.open("ab") if self.log_file else None
         try:
             async for line in proc.stdout:
-                if not self._accepting:
-                    self._accepting = True
-                    if self._pending_reload:
-                        self._pending_reload = False
-                        with contextlib.suppress(ProcessLookupError):
-                            proc.send_signal(self.reload_signal)
                 if sink is not None:
                     sink.write(line)
                     sink.flush()
@@ -167,8 +204,15 @@ class ImexSupervisor:
         while True:
             try:
                 probe = await asyncio.create_subprocess_exec(
-                    *self.check_argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-                out, _ = await asyncio.wait_for(probe.communicate(), 10.0)
+                    *self.check_argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+                    env=self.env)
+                try:
+                    out, _ = await asyncio.wait_for(probe.communicate(), 10.0)
+                finally:
+                    if probe.returncode is None:  # timed out, or the daemon is being stopped
+                        with contextlib.suppress(ProcessLookupError):
+                            probe.kill()
+                        await probe.wait()
                 await self._set_ready(out == b"READY\n")
             except (OSError, TimeoutError):
                 await self._set_ready(False)
@@ -190,13 +234,19 @@ class ImexSupervisor:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
 
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            *orphans.with_parent_death_signal(self.argv), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=self.env)
+        if self.pid_file is not None:
+            await asyncio.to_thread(orphans.record, self.pid_file, proc.pid, self.argv[0])
+        return proc
+
     async def _supervise(self) -> None:
         backoff = 0.1
         while not self._ending():
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True)
+                proc = await self._spawn()
             except OSError as exc:
                 log.error("IMEX daemon cannot start", daemon=self.name, command=self.argv[0], error=str(exc))
                 await self._wait_stop(backoff)
@@ -204,25 +254,35 @@ class ImexSupervisor:
                 continue
             self._proc = proc
             self.reloads_done = 0
-            self._accepting = False
-            self._pending_reload = False
+            self._restart.clear()
+            self._reload_wanted.clear()  # a fresh daemon reads the current files
             started = asyncio.get_running_loop().time()
             log.info("IMEX daemon started", daemon=self.name, pid=proc.pid, restarts=self.restarts)
-            reader = asyncio.create_task(self._read_status(proc))
-            checker = asyncio.create_task(self._check_loop()) if self.check_argv else None
-            stop_wait = asyncio.create_task(self._stopping.wait())
+            helpers = [asyncio.create_task(self._read_status(proc)), asyncio.create_task(self._signaller(proc))]
+            if self.check_argv:
+                helpers.append(asyncio.create_task(self._check_loop()))
+            waits = [asyncio.create_task(self._stopping.wait()), asyncio.create_task(self._restart.wait())]
             exited = asyncio.create_task(proc.wait())
-            await asyncio.wait({exited, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-            stop_wait.cancel()
-            if checker is not None:
-                checker.cancel()
+            try:
+                await asyncio.wait({exited, *waits}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (*waits, *helpers[1:]):
+                    task.cancel()
+                await asyncio.gather(*waits, *helpers[1:], return_exceptions=True)
+            replaced = not exited.done() and self._restart.is_set() and not self._ending()
             if not exited.done():
                 await self._terminate(proc)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(reader, 2.0)
+                await asyncio.wait_for(helpers[0], 2.0)
+            if self.pid_file is not None:
+                await asyncio.to_thread(orphans.forget, self.pid_file)
             await self._set_ready(False)
             if self._ending():
                 break
+            if replaced:
+                self.replaced += 1
+                log.info("IMEX daemon restarted for new peers", daemon=self.name, replaced=self.replaced)
+                continue
             self.restarts += 1
             if asyncio.get_running_loop().time() - started > 30.0:
                 backoff = 0.1  # it ran a good while: this death is not a crash loop

@@ -1,9 +1,16 @@
-"""The files an IMEX daemon reads, for one domain on one node: `imexd.cfg`, `nodes.cfg`, `hosts`.
+"""The files an IMEX daemon reads, for one domain on one node: `imexd.cfg`, `nodes.cfg`, the hosts entries.
 
-Owns their layout under `<state-dir>/domains/<domain-uid>/`. DNS-name mode as the upstream driver
-runs it: `nodes.cfg` statically lists `compute-domain-daemon-0000` .. `-<max-1>`, and the peers are
-made known by rewriting `hosts` (`<ip>\\t<name>` per same-clique member, by its index); the daemon is
-then signalled to re-resolve. Writes are atomic (temp file + rename) and skipped when unchanged.
+Owns their layout under `<state-dir>/domains/<domain-uid>/` and how peers are written (facts from
+NVIDIA's compute-domain daemon). `imexd.cfg` names `IMEX_NODE_CONFIG_FILE` and `SERVER_PORT`; only
+the simulated daemon's config also names its own hosts file (`IMEX_SIM_HOSTS_FILE`). Two peer modes:
+  dns  `nodes.cfg` statically lists `compute-domain-daemon-0000` .. `-<max-1>`, and the peers are made
+       known by a marked block of `<ip>\\t<name>` lines (one per same-clique member, by its index) in
+       the hosts file the daemon resolves names with; the daemon is then signalled to redial. A peer's
+       new IP needs no restart.
+  ip   `nodes.cfg` lists the same-clique members' IPs in index order; the daemon is restarted on change.
+Writes are skipped when unchanged. Files of our own are replaced atomically (temp file + rename); the
+shared hosts file (the container's `/etc/hosts`, a bind mount that a rename cannot replace) is
+rewritten in place, keeping every line outside our block. Blocking: call via to_thread.
 """
 
 from __future__ import annotations
@@ -11,8 +18,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 DNS_NAME = "compute-domain-daemon-{index:04d}"
+BLOCK_BEGIN = "# gpu-dra computedomain: begin"
+BLOCK_END = "# gpu-dra computedomain: end"
+
+PeerMode = Literal["dns", "ip"]
 
 
 def dns_name(index: int) -> str:
@@ -33,11 +45,17 @@ class DaemonFiles:
 
     @property
     def hosts(self) -> Path:
+        """The simulated daemon's own hosts file (the real one resolves through the container's)."""
         return self.directory / "hosts"
 
     @property
     def log(self) -> Path:
         return self.directory / "imexd.log"
+
+    @property
+    def pid(self) -> Path:
+        """The running daemon's record (see services.computedomain.orphans)."""
+        return self.directory / "imexd.pid"
 
 
 def _write(path: Path, text: str) -> bool:
@@ -50,13 +68,15 @@ def _write(path: Path, text: str) -> bool:
     return True
 
 
-def write_static(files: DaemonFiles, *, bind_ip: str, server_port: int, cmd_port: int, max_nodes: int) -> None:
-    """imexd.cfg and nodes.cfg, written once per daemon start (blocking; call via to_thread)."""
-    _write(files.config, "\n".join([
+def write_static(files: DaemonFiles, *, bind_ip: str, server_port: int, cmd_port: int, max_nodes: int,
+                 peer_mode: PeerMode = "dns", sim_hosts: Path | None = None) -> None:
+    """imexd.cfg (and, in dns mode, the static nodes.cfg), written once per daemon start.
+
+    `sim_hosts`: the simulated daemon's hosts file, named in the config by a key only it reads."""
+    lines = [
         "# written by gpu-dra computedomain agent",
         f"IMEX_CMD_BIND_INTERFACE_IP={bind_ip}",
         f"IMEX_NODE_CONFIG_FILE={files.nodes}",
-        f"IMEX_SIM_HOSTS_FILE={files.hosts}",
         f"SERVER_PORT={server_port}",
         f"IMEX_CMD_PORT={cmd_port}",
         "IMEX_CMD_ENABLED=1",
@@ -65,14 +85,58 @@ def write_static(files: DaemonFiles, *, bind_ip: str, server_port: int, cmd_port
         "DAEMONIZE=0",
         "LOG_FILE_NAME=",
         "IMEX_NODE_DISCONNECTED_GRACE_TIME=-1",
-        "",
-    ]))
-    _write(files.nodes, "".join(dns_name(i) + "\n" for i in range(max_nodes)))
-    if not files.hosts.exists():
-        _write(files.hosts, "")
+    ]
+    if sim_hosts is not None:
+        lines.append(f"IMEX_SIM_HOSTS_FILE={sim_hosts}")
+    _write(files.config, "\n".join([*lines, ""]))
+    if peer_mode == "dns":
+        _write(files.nodes, "".join(dns_name(i) + "\n" for i in range(max_nodes)))
+    elif not files.nodes.exists():
+        _write(files.nodes, "")
 
 
-def write_hosts(files: DaemonFiles, peers: dict[int, str]) -> bool:
-    """The hosts file for `peers` (index -> IP); True when it changed."""
-    lines = [f"{ip}\t{dns_name(index)}\n" for index, ip in sorted(peers.items())]
-    return _write(files.hosts, "".join(lines))
+def write_peers(files: DaemonFiles, peers: dict[int, str], *, peer_mode: PeerMode, hosts_file: Path) -> bool:
+    """Make `peers` (DNS index -> IP, this node included) known to the daemon; True when a file changed.
+
+    dns: our block in `hosts_file`; ip: the IPs in index order in nodes.cfg."""
+    if peer_mode == "ip":
+        return _write(files.nodes, "".join(f"{ip}\n" for _index, ip in sorted(peers.items())))
+    return write_hosts_block(hosts_file, [f"{ip}\t{dns_name(index)}" for index, ip in sorted(peers.items())])
+
+
+def _without_block(text: str) -> list[str]:
+    kept: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if line.strip() == BLOCK_BEGIN:
+            inside = True
+        elif line.strip() == BLOCK_END and inside:
+            inside = False
+        elif not inside:
+            kept.append(line)
+    return kept
+
+
+def write_hosts_block(path: Path, entries: list[str]) -> bool:
+    """Replace our marked block in the hosts file `path` by `entries` (none: remove the block); True when
+    it changed. Lines outside the block are kept as they are. In place: `/etc/hosts` is a bind mount."""
+    try:
+        current = path.read_text()
+    except FileNotFoundError:
+        if not entries:
+            return False
+        current = ""
+    kept = _without_block(current)
+    block = [BLOCK_BEGIN, *entries, BLOCK_END] if entries else []
+    text = "".join(line + "\n" for line in [*kept, *block])
+    if text == current:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:  # truncated and rewritten, never replaced by a rename
+        f.write(text)
+    return True
+
+
+def clear_hosts_block(path: Path) -> bool:
+    """Remove our block from the hosts file `path` (the node serves no domain any more)."""
+    return write_hosts_block(path, [])

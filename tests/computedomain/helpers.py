@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from embedded.cluster.local import node_ip
 from services.computedomain.agent import Agent
-from services.computedomain.channels import ChannelPreparer
+from services.computedomain.channels import ChannelClaim, ChannelEdits, ChannelNotReady, ChannelPreparer
 from services.computedomain.config import AgentConfig
 from services.discovery.testing import running_discovery
 from shared.bus import Bus
@@ -37,8 +38,10 @@ async def announce(bus: Bus, uid: str, name: str = "cd", namespace: str = "ns") 
 
 @contextlib.asynccontextmanager
 async def running_nodes(bus: Bus, tmp_path: Path, specs: list[str], *, port: int | None = None,
-                        ready_timeout: float = 30.0, **agent_overrides: object) -> AsyncIterator[list[Node]]:
-    """One discovery + agent (+ the channel preparer core) per spec, e.g. ["gb200x4:clique=1"] * 3."""
+                        ready_timeout: float = 30.0, per_node: Sequence[dict[str, object]] = (),
+                        **agent_overrides: object) -> AsyncIterator[list[Node]]:
+    """One discovery + agent (+ the channel preparer core) per spec, e.g. ["gb200x4:clique=1"] * 3; the
+    agents run the simulated daemon unless `agent_overrides` say otherwise; `per_node[i]`: node i's own."""
     port = port or free_port()
     nodes: list[Node] = []
     async with contextlib.AsyncExitStack() as stack:
@@ -48,7 +51,9 @@ async def running_nodes(bus: Bus, tmp_path: Path, specs: list[str], *, port: int
             name = f"node-{i}"
             await stack.enter_async_context(running_discovery(bus, name, simulate=spec, root=tmp_path / "sim"))
             cfg = AgentConfig(node=name, ip_address=node_ip(i), state_dir=str(tmp_path / "agents" / name),
-                              imex_server_port=port, imex_cmd_port=port + 1, **agent_overrides).resolved()  # type: ignore[arg-type]
+                              imex_server_port=port, imex_cmd_port=port + 1,
+                              **{"imex_daemon": "simulated", **agent_overrides,
+                                 **(per_node[i] if i < len(per_node) else {})}).resolved()  # type: ignore[arg-type]
             agent = Agent(cfg, bus)
             tasks.append(asyncio.create_task(agent.run(stopping)))
             await agent.ready.wait()
@@ -60,6 +65,23 @@ async def running_nodes(bus: Bus, tmp_path: Path, specs: list[str], *, port: int
         finally:
             stopping.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def spawn_computedomain(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    """`python -m services.computedomain ARGS` as a real process in its own session, output discarded."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.computedomain", *args, env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+
+
+async def prepare_when_agent_answers(channels: ChannelPreparer, claim: ChannelClaim) -> ChannelEdits:
+    """Prepare once the agent process serves requests (kubelet retries the same way while it starts)."""
+    for _ in range(100):
+        try:
+            return await channels.prepare(claim)
+        except ChannelNotReady:
+            await asyncio.sleep(0.1)
+    raise AssertionError("agent never prepared the claim")
 
 
 async def wait_for_object(custom, group: str, version: str, namespace: str, plural: str, name: str,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 
 from kubernetes_asyncio import client
 
@@ -21,7 +20,7 @@ from services.computedomain.cli import main
 from services.discovery.testing import running_discovery
 from shared.bus import Bus
 from shared.natsserver import free_port
-from tests.computedomain.helpers import wait_for_object
+from tests.computedomain.helpers import prepare_when_agent_answers, spawn_computedomain, wait_for_object
 
 
 def test_help_and_bad_settings(capsys, monkeypatch):
@@ -36,12 +35,6 @@ def test_help_and_bad_settings(capsys, monkeypatch):
     assert "unknown setting(s) GPU_DRA_IMEX_PORT" in capsys.readouterr().err
     monkeypatch.delenv("GPU_DRA_IMEX_PORT")
     assert main(["sideways"]) == 2
-
-
-async def _spawn(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.computedomain", *args, env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
 
 
 async def test_processes_domain_ready_then_leader_killed_and_standby_continues(nats_server, tmp_path):
@@ -59,13 +52,13 @@ async def test_processes_domain_ready_then_leader_killed_and_standby_continues(n
                "--renew-deadline", "1.5", "--retry-period", "0.2"]
         port = free_port()
         try:
-            procs.append(await _spawn(*ctl, "--identity", "one", env=env))
-            procs.append(await _spawn(*ctl, "--identity", "two", env=env))
+            procs.append(await spawn_computedomain(*ctl, "--identity", "one", env=env))
+            procs.append(await spawn_computedomain(*ctl, "--identity", "two", env=env))
             custom = client.CustomObjectsApi(kube)
             async with running_discovery(bus, "n0", simulate="gb200x4:clique=3", root=tmp_path / "sim"):
-                procs.append(await _spawn("agent", "--node", "n0", "--ip-address", "127.0.88.1",
+                procs.append(await spawn_computedomain("agent", "--node", "n0", "--ip-address", "127.0.88.1",
                                           "--state-dir", str(tmp_path / "agent"), "--imex-server-port", str(port),
-                                          "--imex-cmd-port", str(port + 1), env=env))
+                                          "--imex-cmd-port", str(port + 1), "--imex-daemon", "simulated", env=env))
                 created = await custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, "ns", crd.PLURAL, {
                     "apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "metadata": {"name": "p"},
                     "spec": {"channel": {"resourceClaimTemplate": {"name": "p-channel"}}}})
@@ -75,7 +68,7 @@ async def test_processes_domain_ready_then_leader_killed_and_standby_continues(n
                 channels = ChannelPreparer(bus, node="n0", dev_root=str(tmp_path / "sim" / "n0"),
                                            ready_timeout=20, simulated=True)
                 cfg = parse_channel_config(channel_config(uid))
-                edits = await _prepare_when_agent_answers(channels, ChannelClaim("c0", "ns", "c0", cfg))
+                edits = await prepare_when_agent_answers(channels, ChannelClaim("c0", "ns", "c0", cfg))
                 assert edits.device_nodes[0].path == "/dev/nvidia-caps-imex-channels/channel0"
                 await wait_for_object(custom, crd.GROUP, crd.VERSION, "ns", crd.PLURAL, "p",
                                       lambda o: o and (o.get("status") or {}).get("status") == "Ready"
@@ -111,14 +104,3 @@ async def _wait_lease(kube) -> str:
             pass
         await asyncio.sleep(0.05)  # the processes are still starting; nothing to watch yet
     raise AssertionError("no controller took the Lease")
-
-
-async def _prepare_when_agent_answers(channels, claim):
-    from services.computedomain.channels import ChannelNotReady
-
-    for _ in range(100):
-        try:
-            return await channels.prepare(claim)
-        except ChannelNotReady:
-            await asyncio.sleep(0.1)  # kubelet retries the same way while the agent starts
-    raise AssertionError("agent never prepared the claim")

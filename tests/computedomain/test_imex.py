@@ -12,7 +12,7 @@ import pytest
 
 from services.computedomain import imexd
 from services.computedomain.imex import ImexError, ImexSupervisor, render_command
-from services.computedomain.imexconfig import DaemonFiles, write_hosts, write_static
+from services.computedomain.imexconfig import DaemonFiles, write_peers, write_static
 from shared.natsserver import free_port
 
 
@@ -37,12 +37,17 @@ class Watched:
         await asyncio.wait_for(_wait(), timeout)
 
 
+def write_hosts(files: DaemonFiles, ips: dict[int, str]) -> None:
+    """The simulated daemon's own hosts file names `ips` by DNS index."""
+    write_peers(files, ips, peer_mode="dns", hosts_file=files.hosts)
+
+
 def domain(tmp_path: Path, count: int, port: int) -> tuple[list[DaemonFiles], dict[int, str]]:
     ips = {i: f"127.0.{77 + i // 200}.{1 + i % 200}" for i in range(count)}
     files = []
     for i in range(count):
         f = DaemonFiles(tmp_path / f"n{i}")
-        write_static(f, bind_ip=ips[i], server_port=port, cmd_port=port + 1, max_nodes=18)
+        write_static(f, bind_ip=ips[i], server_port=port, cmd_port=port + 1, max_nodes=18, sim_hosts=f.hosts)
         files.append(f)
     return files, ips
 
@@ -84,6 +89,7 @@ async def test_sighup_adds_a_peer_from_the_hosts_file(tmp_path):
         await b.until(True)  # b knows a and reaches it
         write_hosts(files[0], ips)
         a.sup.reload()
+        await asyncio.wait_for(a.sup.wait_signalled(0), 5)
         assert a.sup.reloads == 1
         await asyncio.wait_for(a.sup.wait_reloaded(1), 5)
         await a.until(True)  # a now has b as a peer, and reaches it

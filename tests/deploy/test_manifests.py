@@ -268,3 +268,47 @@ def test_network_policies_deny_ingress_by_default_and_open_nats_to_labelled_clie
         if name != "gpu-dra-nats":
             labels = next(o for o in objects if o["metadata"]["name"] == name and o["kind"] in WORKLOADS)
             assert labels["spec"]["template"]["metadata"]["labels"].items() >= client_label.items(), name
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, f"selector form not handled here: {selector}"
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_admit_imex_between_node_agents_and_nothing_wider(overlay: str) -> None:
+    objects = render_overlay(overlay)
+    agent_labels = find(objects, "DaemonSet", "gpu-dra-node")["spec"]["template"]["metadata"]["labels"]
+    imex_rules = []
+    for policy in (o for o in objects if o["kind"] == "NetworkPolicy"):
+        for rule in policy["spec"].get("ingress", []):
+            ports = rule.get("ports", [])
+            if any(p["port"] <= 50000 <= p.get("endPort", p["port"]) for p in ports):
+                imex_rules.append((policy, rule))
+    assert imex_rules, "no NetworkPolicy admits the IMEX port 50000"
+    for policy, rule in imex_rules:
+        assert _selects(policy["spec"]["podSelector"], agent_labels), "50000 must be open on node-agent pods only"
+        assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "gpu-dra-node"}
+        assert rule["ports"] == [{"protocol": "TCP", "port": 50000}]
+        assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "gpu-dra-node"}}}], \
+            "only node-agent pods may dial the IMEX port (no namespaceSelector, no ipBlock)"
+        assert _selects(rule["from"][0]["podSelector"], agent_labels)
+
+
+def test_the_node_agent_runs_the_real_imex_daemon_from_the_mounted_driver_root() -> None:
+    from services.computedomain.config import AgentConfig
+    from shared.config import config_from
+
+    spec = find(render_overlay("production"), "DaemonSet", "gpu-dra-node")["spec"]["template"]["spec"]
+    agent = next(c for c in spec["containers"] if c["name"] == "cd-agent")
+    env = {e["name"]: e["value"] for e in agent["env"] if "value" in e}
+    assert env["SERVICE_COMMAND"] == "computedomain agent"
+    cfg = config_from(AgentConfig, {}, env={k: v for k, v in env.items() if k.startswith("GPU_DRA_")})
+    assert cfg.imex_daemon == "real" and cfg.imex_command == "" and cfg.imex_check_command == "", \
+        "the shipped agent must run nvidia-imex from the driver root, not the simulator or another command"
+    assert cfg.imex_peer_mode == "dns" and cfg.hosts_file == "/etc/hosts" and cfg.imex_server_port == 50000
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == cfg.container_driver_root)
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["hostPath"]["path"] == cfg.driver_root
+    assert {"name": "imex", "containerPort": 50000} in agent["ports"]
