@@ -95,8 +95,9 @@ class DriverTools:
            timeout: float = DEFAULT_TIMEOUT_S) -> DriverTools:
         return cls(DriverRoot.of(driver_root or "/", container_driver_root), timeout)
 
-    def _launch(self, name: str) -> tuple[list[str], dict[str, str]]:
-        """(argv prefix, env additions) that start `name` (blocking: file lookups)."""
+    def command(self, name: str) -> tuple[list[str], dict[str, str]]:
+        """(argv prefix, env additions) that start `name` (blocking: file lookups; `launch` is the async,
+        cached form). Long-running daemons (nvidia-imex) are started from this too."""
         found = self.root.find_binary(name)
         if not found:
             raise ToolError("missing", f"{name} not found under driver root {self.root.local('/')} (looked in "
@@ -120,7 +121,7 @@ class DriverTools:
     async def launch(self, name: str) -> tuple[list[str], dict[str, str]]:
         """How `name` is started: (argv prefix, env additions); ToolError "missing" if the root has none."""
         if name not in self._launches:
-            self._launches[name] = await asyncio.to_thread(self._launch, name)
+            self._launches[name] = await asyncio.to_thread(self.command, name)
         argv, env = self._launches[name]
         return list(argv), dict(env)
 

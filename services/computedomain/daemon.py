@@ -16,18 +16,16 @@ but a warning, and a clear error for the first channel claim that needs it.
 
 from __future__ import annotations
 
-import os
 import shlex
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.computedomain.config import AgentConfig
 from services.computedomain.imexconfig import DaemonFiles
-from shared.driverroot import BINARY_DIRS, DriverRoot, read_soname
+from shared.driverroot import BINARY_DIRS
+from shared.drivertools import DriverTools, ToolError
 
-DRIVER_LIBRARIES = ("libnvidia-*.so.*", "libcuda.so.*")  # the driver's, never the system's (libc, libstdc++)
 SIMULATOR_COMMAND = f"{shlex.quote(sys.executable)} -m services.computedomain.imexd --config {{config}}"
 
 
@@ -53,17 +51,21 @@ def resolve_launch(cfg: AgentConfig) -> DaemonLaunch:
         return DaemonLaunch(command=cfg.imex_command or SIMULATOR_COMMAND, check_command=cfg.imex_check_command,
                             reload_signal=cfg.imex_reload_signal, signal_spacing=0.0, simulated=True,
                             hosts_file=None)
-    root = DriverRoot.of(cfg.driver_root, cfg.container_driver_root)
+    tools = DriverTools.of(cfg.driver_root, cfg.container_driver_root)
+    root = tools.root
     missing: list[str] = []
+    env: dict[str, str] = {}
 
     def command(setting: str, binary: str, *args: str) -> str:
         if setting:
             return setting
-        found = root.find_binary(binary)
-        if not found:
+        try:
+            prefix, tool_env = tools.command(binary)
+        except ToolError:
             missing.append(binary)
             return ""
-        return shlex.join([str(root.local(found)), *args])
+        env.update(tool_env)
+        return shlex.join([*prefix, *args])
 
     daemon = command(cfg.imex_command, "nvidia-imex", "-c", "{config}")
     check = command(cfg.imex_check_command, "nvidia-imex-ctl", "-c", "{config}", "-q")
@@ -76,19 +78,4 @@ def resolve_launch(cfg: AgentConfig) -> DaemonLaunch:
     return DaemonLaunch(command=daemon, check_command=check, reload_signal=cfg.imex_reload_signal,
                         signal_spacing=cfg.imex_signal_spacing, simulated=False,
                         hosts_file=Path(cfg.hosts_file) if cfg.imex_peer_mode == "dns" else None,
-                        env=driver_library_env(root, Path(cfg.state_dir) / "driver-lib"), problem=problem)
-
-
-def driver_library_env(root: DriverRoot, links: Path) -> dict[str, str]:
-    """LD_LIBRARY_PATH for the root's binaries: a directory of links, by SONAME, to the driver's own
-    libraries (made afresh), ahead of what this process has."""
-    shutil.rmtree(links, ignore_errors=True)
-    links.mkdir(parents=True)
-    for pattern in DRIVER_LIBRARIES:
-        for library in root.libraries_matching(pattern):
-            target = root.local(library)
-            name = read_soname(target) or target.name
-            if not (links / name).exists():
-                (links / name).symlink_to(target)
-    current = os.environ.get("LD_LIBRARY_PATH", "")
-    return {"LD_LIBRARY_PATH": f"{links}:{current}" if current else str(links)}
+                        env=env, problem=problem)

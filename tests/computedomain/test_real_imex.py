@@ -87,11 +87,9 @@ async def test_the_real_daemon_runs_from_the_driver_root_with_its_config_and_ctl
         await until(lambda: daemon_calls(fake) != [])  # readiness is the ctl's answer: the stub may still start
         (started,) = daemon_calls(fake)
         assert started["argv"] == ["-c", str(files.config)] and started["pid"] == sup.pid
-        # the driver's libraries by SONAME, not its library dir (which holds the host's libc)
-        links = node.root / "driver-lib"
-        assert started["env"]["LD_LIBRARY_PATH"].split(":")[0] == str(links)
-        assert (links / "libnvidia-ml.so.1").resolve() == fake.library(f"libnvidia-ml.so.{fake.version}")
-        assert (links / "libcuda.so.1").exists() and not (links / "libc.so.6").exists()
+        # started as shared.drivertools starts driver binaries: never with a library dir that holds a libc
+        lib_dir = str(fake.library("x").parent)
+        assert lib_dir not in started["env"].get("LD_LIBRARY_PATH", "").split(":")
         config = dict(line.split("=", 1) for line in files.config.read_text().splitlines() if "=" in line)
         assert config["IMEX_NODE_CONFIG_FILE"] == str(files.nodes) and config["SERVER_PORT"] == "50000"
         assert config["IMEX_CMD_BIND_INTERFACE_IP"] == node_ip(0)
