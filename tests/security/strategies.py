@@ -5,13 +5,15 @@ of a valid document (one value anywhere replaced by arbitrary JSON, or deleted).
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import msgspec
 import msgspec.inspect as mi
 from hypothesis import strategies as st
 
-FUZZ = {"max_examples": 200, "deadline": 1000}  # every example well under 1 s, the suite under a minute
+# Every example well under 1 s, the suite under a minute; bench/fuzz_inputs.py raises the count.
+FUZZ = {"max_examples": int(os.environ.get("GPU_DRA_FUZZ_EXAMPLES", "200")), "deadline": 1000}
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
