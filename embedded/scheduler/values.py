@@ -1,7 +1,8 @@
 """Kubernetes quantities and semantic versions as exact values, for CEL and for counter arithmetic.
 
-Owns parsing (`resource.Quantity` syntax: `40Gi`, `1.5`, `100m`, `1e3`; strict semver 2.0.0) and
-comparison. Quantities are exact `Fraction`s so that sums of counters never round.
+Owns semver parsing (strict semver 2.0.0), comparison, and formatting quantities back to text.
+Quantities are parsed by `shared.quantity` (bounded, exact `Fraction`s so that sums of counters
+never round); its names are re-exported here for the scheduler's modules.
 """
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ import re
 from fractions import Fraction
 from functools import lru_cache
 
-_QUANTITY = re.compile(
-    r"^(?P<sign>[+-]?)(?P<number>\d+(?:\.\d*)?|\.\d+)"
-    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE](?P<exp>[+-]?\d+))?$"
-)
-_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+from shared.quantity import QuantityError, parse_quantity
+
+__all__ = ["QuantityError", "parse_quantity", "format_quantity", "Semver", "SemverError", "parse_semver",
+           "compare_semver", "semver_text"]
+
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?"
@@ -23,32 +23,8 @@ _SEMVER = re.compile(
 )
 
 
-class QuantityError(ValueError):
-    """Not a Kubernetes quantity."""
-
-
 class SemverError(ValueError):
     """Not a strict semantic version."""
-
-
-@lru_cache(maxsize=4096)
-def parse_quantity(text: str) -> Fraction:
-    """`40Gi` -> 42949672960, `100m` -> 1/10; QuantityError names the accepted forms."""
-    m = _QUANTITY.match(text.strip()) if isinstance(text, str) else None
-    if m is None:
-        raise QuantityError(
-            f"{text!r} is not a quantity: use a number with an optional suffix "
-            "(Ki Mi Gi Ti Pi Ei, n u m k M G T P E) or exponent, e.g. 40Gi, 500m, 1e3"
-        )
-    value = Fraction(m.group("number"))
-    suffix = m.group("suffix") or ""
-    if suffix in _BINARY:
-        value *= 1 << _BINARY[suffix]
-    elif m.group("exp") is not None:
-        value *= Fraction(10) ** int(m.group("exp"))
-    else:
-        value *= Fraction(10) ** _DECIMAL[suffix]
-    return -value if m.group("sign") == "-" else value
 
 
 def format_quantity(value: Fraction) -> str:

@@ -90,6 +90,8 @@ def parse_channel_config(parameters: bytes | str | dict[str, Any]) -> ComputeDom
             config = msgspec.convert(parameters, ComputeDomainChannelConfig)
         else:
             config = msgspec.json.decode(parameters, type=ComputeDomainChannelConfig)
+    except RecursionError:
+        raise ChannelConfigError(f"{CHANNEL_CONFIG_KIND} nests too deeply; it is one flat object") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ChannelConfigError(
             f"strict decoding error in {CHANNEL_CONFIG_KIND}: {exc}; expected "

@@ -136,8 +136,11 @@ class ChannelClaimPreparer(ClaimPreparer):
         for uid, record, held in self.checkpoint.holders(device, exclude=ref.uid):
             if held.admin_access or domain_of(record) != domain:
                 continue  # another domain: the agent answers with the one-domain-per-node error
-            raise PrepareFailed(f"requested device {device} is already allocated to different claim "
-                                f"{record.namespace}/{record.name} ({uid}) of the same ComputeDomain")
+            # The log names the holder; the reply (this claim's) does not: it may be another tenant's claim.
+            log.warning("device held by another claim", claim=str(ref), device=device,
+                        holder=f"{record.namespace}/{record.name}:{uid}")
+            raise PrepareFailed(f"requested device {device} is already allocated to a different claim of the "
+                                "same ComputeDomain on this node")
 
     # -- prepare -----------------------------------------------------------------------------
     async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:

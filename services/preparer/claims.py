@@ -17,6 +17,10 @@ from shared.logs import get_logger
 log = get_logger(__name__)
 
 RESOURCE_GROUP = "resource.k8s.io"
+# A claim body larger than this is refused before decoding: the API server stores objects of at most
+# 1.5 MiB (etcd) and takes request bodies of at most 3 MiB, so no real claim comes near it, and
+# decoding 3 MiB takes a bounded ~0.2 s.
+MAX_CLAIM_BYTES = 3 * 1024 * 1024
 PREFERRED_VERSIONS = ("v1", "v1beta2", "v1beta1")
 
 
@@ -81,8 +85,20 @@ class ResourceClaim(msgspec.Struct, kw_only=True):
     status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
 
 
+class ClaimDecodeError(ValueError):
+    """A ResourceClaim body that is too large, not JSON, nests too deeply or has the wrong shape."""
+
+
 def decode_claim(data: bytes) -> ResourceClaim:
-    return msgspec.json.decode(data, type=ResourceClaim)
+    """A ResourceClaim from JSON; ClaimDecodeError (saying why) for anything else, checked by size first."""
+    if len(data) > MAX_CLAIM_BYTES:
+        raise ClaimDecodeError(f"the body is {len(data)} bytes, more than the {MAX_CLAIM_BYTES} a claim may have")
+    try:
+        return msgspec.json.decode(data, type=ResourceClaim)
+    except RecursionError:
+        raise ClaimDecodeError("the body nests too deeply") from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ClaimDecodeError(str(exc)) from None
 
 
 def selector_node_names(selector: NodeSelector | None) -> set[str] | None:
@@ -161,5 +177,5 @@ class KubeClaimSource:
             raise ClaimFetchError(f"GET ResourceClaim {namespace}/{name}: HTTP {status}: {body[:300]!r}")
         try:
             return decode_claim(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except ClaimDecodeError as exc:
             raise ClaimFetchError(f"ResourceClaim {namespace}/{name} did not decode: {exc}") from exc

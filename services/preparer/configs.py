@@ -4,6 +4,12 @@ validation, and which config applies to which allocated device.
 Owns the user-visible config rules: class configs before claim configs, later over earlier, a
 config naming a request or its parent request (`req` matches `req/sub`), type compatibility
 (GpuConfig -> full GPU, MigDeviceConfig -> MIG). An unknown field is an error naming it.
+
+Owns the input limits of opaque configs too (docs/security.md, "Input limits"), all checked before
+any work that grows with the input: parameters at most `MAX_PARAMETERS_BYTES` of JSON, at most
+`MAX_CONFIGS` config entries per claim and `MAX_REQUESTS_PER_CONFIG` request names per entry,
+quantities through the bounded `shared.quantity` parser, a pinned-memory limit at most the GPU's
+memory, an active-thread percentage within 0..100, an interval one of the four names.
 """
 
 from __future__ import annotations
@@ -11,15 +17,22 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 import msgspec
 
+from shared.quantity import MAX_VALUE, QuantityError, parse_bytes
+
 API_GROUP_VERSION = "resource.nvidia.com/v1beta1"
 MIB = 1024 * 1024
+# Upstream limits of resource.k8s.io (opaque parameters <= 10 KiB, <= 64 allocation configs, <= 32
+# requests), enforced here too: a claim written to another API server, or an old one, gets no further.
+MAX_PARAMETERS_BYTES = 10 * 1024
+MAX_CONFIGS = 64
+MAX_REQUESTS_PER_CONFIG = 32
 
 Interval = Literal["Default", "Short", "Medium", "Long"]
+INTERVALS = ("Default", "Short", "Medium", "Long")
 
 
 class ConfigError(ValueError):
@@ -70,11 +83,17 @@ _UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\
 _AT = re.compile(r"^(.*) - at `\$\.?([^`]*)`$")
 
 
+_LONG_VALUE = re.compile(r"'([^']{40})[^']{8,}'")
+
+
 def _explain(exc: msgspec.ValidationError, kind: str) -> str:
-    text = str(exc)
+    text = _LONG_VALUE.sub(lambda m: f"'{m.group(1)}...'", str(exc))  # an input value is never echoed whole
+    if text.startswith("Invalid enum value") and text.endswith("interval`"):
+        return f'invalid {kind}: field "sharing.timeSlicingConfig.interval" must be one of {", ".join(INTERVALS)}'
     m = _UNKNOWN_FIELD.match(text)
     if m:
         path = ".".join(p for p in (m.group(2) or "", m.group(1)) if p)
+        path = path if len(path) <= 80 else f"{path[:60]}... ({len(path)} characters)"
         return f'strict decoding error: unknown field "{path}" in {kind}'
     m = _AT.match(text)
     if m:
@@ -82,16 +101,29 @@ def _explain(exc: msgspec.ValidationError, kind: str) -> str:
     return f"invalid {kind}: {text}"
 
 
+def parameters_size(parameters: Any) -> int:
+    """Bytes of `parameters` as compact JSON; ConfigError for what JSON cannot hold or nests too deeply."""
+    try:
+        return len(msgspec.json.encode(parameters))
+    except RecursionError:
+        raise ConfigError("opaque parameters nest too deeply; a config is a few levels of objects") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ConfigError(f"opaque parameters are not JSON: {exc}") from None
+
+
 def decode_config(parameters: Any) -> DeviceConfig:
     """Strictly decode one opaque `parameters` object (already parsed JSON) and validate it."""
     if not isinstance(parameters, dict):
         raise ConfigError(f"opaque parameters must be an object with apiVersion and kind, got {type(parameters).__name__}")
+    size = parameters_size(parameters)
+    if size > MAX_PARAMETERS_BYTES:
+        raise ConfigError(f"opaque parameters are {size} bytes of JSON, more than the {MAX_PARAMETERS_BYTES} allowed")
     api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
     if api_version != API_GROUP_VERSION:
-        raise ConfigError(f"unsupported opaque config apiVersion {api_version!r}; use {API_GROUP_VERSION!r}")
-    cls = _KINDS.get(str(kind))
+        raise ConfigError(f"unsupported opaque config apiVersion {_short(api_version)}; use {API_GROUP_VERSION!r}")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ConfigError(f"unknown opaque config kind {kind!r}; supported: {', '.join(_KINDS)}")
+        raise ConfigError(f"unknown opaque config kind {_short(kind)}; supported: {', '.join(_KINDS)}")
     try:
         config = msgspec.convert(parameters, cls)
     except msgspec.ValidationError as exc:
@@ -100,24 +132,21 @@ def decode_config(parameters: Any) -> DeviceConfig:
     return config
 
 
-def parse_quantity(text: str) -> int:
-    """A Kubernetes resource quantity ("1Gi", "512M", "1.5G", "1e9") in bytes."""
-    m = re.fullmatch(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?\s*", text)
-    if not m:
-        raise ConfigError(f"invalid memory quantity {text!r}; use e.g. 512Mi, 2Gi or 1G")
+def _short(value: Any) -> str:
+    """`value` for an error message, clipped: an input is never echoed whole."""
     try:
-        number = Decimal(m.group(1))
-    except InvalidOperation:
-        raise ConfigError(f"invalid memory quantity {text!r}") from None
-    suffix = m.group(2) or ""
-    factor = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-              "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}[suffix]
-    return int(number * factor)
+        text = repr(value)
+    except ValueError:  # an integer past Python's digit limit
+        return "a very large number"
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
-def _pinned_limit(text: str, where: str) -> int:
-    """Normalised like upstream: whole MiB, and more than zero."""
-    mib = parse_quantity(text) // MIB
+def _pinned_limit(text: str, where: str, maximum: int = MAX_VALUE) -> int:
+    """Normalised like upstream: whole MiB, and more than zero; at most `maximum` bytes (the GPU's memory)."""
+    try:
+        mib = parse_bytes(text, what="pinned memory limit", maximum=maximum) // MIB
+    except QuantityError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     if mib <= 0:
         raise ConfigError(f"{where}: pinned memory limit {text!r} must be at least 1Mi")
     return mib * MIB
@@ -126,11 +155,12 @@ def _pinned_limit(text: str, where: str) -> int:
 def _validate_mps(mps: MpsConfig, where: str) -> None:
     pct = mps.defaultActiveThreadPercentage
     if pct is not None and not 0 <= pct <= 100:
-        raise ConfigError(f"{where}.mpsConfig.defaultActiveThreadPercentage must be within 0..100, got {pct}")
+        shown = pct if abs(pct) < 10**6 else "a larger number"
+        raise ConfigError(f"{where}.mpsConfig.defaultActiveThreadPercentage must be within 0..100, got {shown}")
     if mps.defaultPinnedDeviceMemoryLimit is not None:
         _pinned_limit(mps.defaultPinnedDeviceMemoryLimit, f"{where}.mpsConfig.defaultPinnedDeviceMemoryLimit")
     for key, value in mps.defaultPerDevicePinnedMemoryLimit.items():
-        _pinned_limit(value, f"{where}.mpsConfig.defaultPerDevicePinnedMemoryLimit[{key}]")
+        _pinned_limit(value, f"{where}.mpsConfig.defaultPerDevicePinnedMemoryLimit[{_short(key)}]")
 
 
 def validate(config: DeviceConfig) -> None:
@@ -138,7 +168,7 @@ def validate(config: DeviceConfig) -> None:
     if sharing is None:
         return
     if sharing.strategy not in ("TimeSlicing", "MPS"):
-        raise ConfigError(f"unknown GPU sharing strategy: {sharing.strategy!r}; use TimeSlicing or MPS")
+        raise ConfigError(f"unknown GPU sharing strategy: {_short(sharing.strategy)}; use TimeSlicing or MPS")
     if sharing.strategy == "TimeSlicing" and sharing.mpsConfig is not None:
         raise ConfigError("cannot use MpsConfig with the 'TimeSlicing' strategy")
     if isinstance(sharing, GpuSharing) and sharing.strategy == "MPS" and sharing.timeSlicingConfig is not None:
@@ -157,24 +187,29 @@ def interval(config: DeviceConfig) -> Interval:
     return "Default"
 
 
-def pinned_limits(mps: MpsConfig | None, uuids: list[str]) -> dict[str, int]:
-    """Per-GPU pinned memory limits in bytes; keys are UUIDs of the group or indexes into its sorted UUIDs."""
+def pinned_limits(mps: MpsConfig | None, uuids: list[str], memory: dict[str, int] | None = None) -> dict[str, int]:
+    """Per-GPU pinned memory limits in bytes; keys are UUIDs of the group or indexes into its sorted UUIDs.
+
+    `memory` is each GPU's memory in bytes (from the inventory): no limit may exceed its GPU's memory.
+    """
     if mps is None:
         return {}
     ordered = sorted(uuids)
+    memory = memory or {}
     limits: dict[str, int] = {}
     if mps.defaultPinnedDeviceMemoryLimit is not None:
-        value = _pinned_limit(mps.defaultPinnedDeviceMemoryLimit, "defaultPinnedDeviceMemoryLimit")
-        limits = dict.fromkeys(ordered, value)
+        for uuid in ordered:
+            limits[uuid] = _pinned_limit(mps.defaultPinnedDeviceMemoryLimit, "defaultPinnedDeviceMemoryLimit",
+                                         memory.get(uuid) or MAX_VALUE)
     for key, text in mps.defaultPerDevicePinnedMemoryLimit.items():
         if key in ordered:
             uuid = key
         elif key.isdigit() and int(key) < len(ordered):
             uuid = ordered[int(key)]
         else:
-            raise ConfigError(f"defaultPerDevicePinnedMemoryLimit key {key!r} is neither a UUID of the claim's "
+            raise ConfigError(f"defaultPerDevicePinnedMemoryLimit key {_short(key)} is neither a UUID of the claim's "
                               f"devices nor an index below {len(ordered)}")
-        limits[uuid] = _pinned_limit(text, f"defaultPerDevicePinnedMemoryLimit[{key}]")
+        limits[uuid] = _pinned_limit(text, f"defaultPerDevicePinnedMemoryLimit[{uuid}]", memory.get(uuid) or MAX_VALUE)
     return limits
 
 
@@ -215,6 +250,12 @@ def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]
     Raises ConfigError for a config that does not decode or a request-named config that does not
     fit its device's type.
     """
+    if len(entries) > MAX_CONFIGS:
+        raise ConfigError(f"the claim carries {len(entries)} config entries, more than the {MAX_CONFIGS} allowed")
+    for position, entry in enumerate(entries):
+        if len(entry.requests) > MAX_REQUESTS_PER_CONFIG:
+            raise ConfigError(f"config entry {position} names {len(entry.requests)} requests, more than the "
+                              f"{MAX_REQUESTS_PER_CONFIG} allowed")
     ordered = [e for e in entries if e.source == "FromClass"] + [e for e in entries if e.source != "FromClass"]
     decoded: list[tuple[list[str], DeviceConfig, bool]] = [
         ([], MigDeviceConfig(), False), ([], GpuConfig(), False)]  # defaults: lowest precedence
@@ -227,7 +268,8 @@ def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]
         try:
             decoded.append((entry.requests, decode_config(entry.parameters), True))
         except ConfigError as exc:
-            where = f"{entry.source} config for requests {entry.requests}" if entry.requests else f"{entry.source} config"
+            where = f"{_short(entry.source)} config for requests {_short(entry.requests)}" if entry.requests else \
+                f"{_short(entry.source)} config"
             raise ConfigError(f"{where}: {exc}") from None
     groups: dict[int, Selected] = {}
     for index, (request, device_kind) in enumerate(results):

@@ -25,6 +25,7 @@ from services.preparer.configs import (
     ConfigError,
     GpuConfig,
     RawConfig,
+    Selected,
     interval,
     mps_daemon_id,
     pinned_limits,
@@ -39,6 +40,8 @@ from shared.telemetry import get_tracer
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
 
+MAX_RESULTS = 32  # upstream AllocationResultsMaxSize: a claim holds at most 32 devices
+
 
 @dataclass
 class _Planned:
@@ -48,6 +51,15 @@ class _Planned:
     resolved: ResolvedDevice
     admin_access: bool
     share_id: str
+
+
+def _group_pinned_limits(group: Selected, planned: list[_Planned]) -> dict[str, int]:
+    """An MPS group's pinned memory limits per GPU UUID, each at most that GPU's memory (ConfigError if not)."""
+    if strategy(group.config) != "MPS" or not isinstance(group.config, GpuConfig) or group.config.sharing is None:
+        return {}
+    gpus = [planned[i].resolved for i in group.results if planned[i].resolved.kind == "gpu"]
+    memory = {r.uuid: r.gpu.memory_bytes for r in gpus if r.gpu is not None}
+    return pinned_limits(group.config.sharing.mpsConfig, sorted({r.uuid for r in gpus}), memory)
 
 
 class Preparer(ClaimPreparer):
@@ -64,7 +76,11 @@ class Preparer(ClaimPreparer):
         allocation = claim.status.allocation
         assert allocation is not None
         planned: list[_Planned] = []
-        for index, result in self._our_results(claim):
+        ours = self._our_results(claim)
+        if len(ours) > MAX_RESULTS:
+            raise PrepareFailed(f"the claim is allocated {len(ours)} devices of this driver, more than the "
+                                f"{MAX_RESULTS} a claim may hold")
+        for index, result in ours:
             try:
                 resolved = self.inventory.resolve(result.device)
             except DeviceError as exc:
@@ -86,9 +102,11 @@ class Preparer(ClaimPreparer):
                     continue
                 if held.shared and i in shared_by_config:
                     continue
-                raise PrepareFailed(f"requested device {item.resolved.name} is already allocated to different "
-                                    f"claim {record.namespace}/{record.name} ({uid}); share it by giving both "
-                                    "claims a sharing config")
+                # The holder may be another tenant's claim: the log names it, the reply (this claim's) does not.
+                log.warning("device held by another claim", claim=str(ref), device=item.resolved.name,
+                            holder=f"{record.namespace}/{record.name}:{uid}", holder_state=record.state)
+                raise PrepareFailed(f"requested device {item.resolved.name} is already allocated to a different "
+                                    "claim on this node; share it by giving both claims a sharing config")
 
     async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
         claim = await self._fetch(ref)
@@ -100,6 +118,7 @@ class Preparer(ClaimPreparer):
                     if strategy(group.config) == "MPS" and not isinstance(group.config, GpuConfig):
                         raise ConfigError("MPS on MIG devices is not supported by this driver yet; use MPS on "
                                           "full GPUs or TimeSlicing")
+                    _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
             except ConfigError as exc:
                 raise PrepareFailed(str(exc)) from None
             span.set_attribute("configs.groups", len(groups))
@@ -180,10 +199,7 @@ class Preparer(ClaimPreparer):
                 assert isinstance(group.config, GpuConfig) and group.config.sharing is not None
                 mps = group.config.sharing.mpsConfig
                 daemon = mps_daemon_id(ref.uid, gpu_uuids)
-                try:
-                    limits = pinned_limits(mps, gpu_uuids)
-                except ConfigError as exc:
-                    raise PrepareFailed(str(exc)) from None
+                limits = _group_pinned_limits(group, planned)  # validated before the prepare started
                 record.mps_daemon_id = daemon  # recorded before the start: rollback stops whatever got started
                 await self.checkpoint.put(ref.uid, record)
                 with tracer.start_as_current_span("device.mps-start"):

@@ -160,7 +160,8 @@ async def test_a_device_held_by_another_claim_is_refused(claims: MemoryClaims, r
     async with running_node(claims, root, dev_root=str(dev_root)) as node:
         assert (await node.plugin.prepare([first]))[first.uid].error == ""
         refused = (await node.plugin.prepare([second]))[second.uid]
-        assert f"already allocated to different claim default/first ({first.uid})" in refused.error
+        assert "gpu-0 is already allocated to a different claim on this node" in refused.error
+        assert first.uid not in refused.error and "default/first" not in refused.error  # the holder is not named
         assert (await node.plugin.prepare([admin]))[admin.uid].error == ""  # admin access is exempt
         await node.plugin.unprepare([first])
         assert (await node.plugin.prepare([second]))[second.uid].error == ""

@@ -95,7 +95,7 @@ async def test_dynamic_mig_is_created_on_prepare_and_destroyed_on_unprepare(
         assert len(dev["containerEdits"]["deviceNodes"]) == 3
         # a second claim for the same MIG device is refused while the first holds it
         other = claims.add(claim_doc(name="dyn2", results=[("mig", name)]))
-        assert "already allocated to different claim default/dyn" in (await node.plugin.prepare([other]))[other.uid].error
+        assert "already allocated to a different claim" in (await node.plugin.prepare([other]))[other.uid].error
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
         assert gpu(discovery, "gpu-4").mig_devices == []
 
@@ -110,7 +110,7 @@ async def test_a_gpu_shared_by_config_goes_to_both_claims(claims: MemoryClaims, 
         results = await node.plugin.prepare([a])
         results |= await node.plugin.prepare([b, c])
         assert results[a.uid].error == "" and results[b.uid].error == ""
-        assert "already allocated to different claim" in results[c.uid].error
+        assert "already allocated to a different claim" in results[c.uid].error
         assert await node.plugin.unprepare([a]) == {a.uid: ""}
         assert gpu(discovery, "gpu-5").sharing.timeslice == "Default"  # interval Default both ways
         assert node.service.checkpoint.claims[b.uid].state == "PrepareCompleted"
