@@ -13,7 +13,7 @@ from embedded.apiserver.testing import RunningApiServer, running_apiserver
 
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "reference"
 
 
 @pytest.fixture

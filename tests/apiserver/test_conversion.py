@@ -20,7 +20,7 @@ from embedded.apiserver.conversion import (
 from embedded.apiserver.validation import validate_object
 from tests.apiserver.test_validation import claim, h100_slice
 
-WORKLOADS = Path("/work/shared/reference/workloads")
+WORKLOADS = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "workloads"
 
 
 def assert_valid(obj: dict[str, Any]) -> None:
@@ -127,7 +127,6 @@ def test_lists_convert_every_item() -> None:
     assert convert_resource(beta, "v1") == listing
 
 
-@pytest.mark.skipif(not WORKLOADS.is_dir(), reason="reference workloads are absent (../shared/reference/workloads)")
 def test_reference_workloads_round_trip() -> None:
     converted = 0
     for path in sorted(glob.glob(str(WORKLOADS / "*.yaml"))):

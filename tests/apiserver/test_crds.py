@@ -117,9 +117,7 @@ async def test_deleting_the_crd_deletes_its_objects_and_stops_serving(api: Runni
 
 
 async def test_upstream_compute_domain_crd_is_served(tmp_path: Path) -> None:
-    path = Path(__file__).resolve().parents[3] / "shared" / "reference" / "computedomain-crd.yaml"
-    if not path.exists():
-        pytest.skip(f"reference CRD {path} is absent")
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "computedomain-crd.yaml"
     crd = yaml.safe_load(path.read_text())
     async with running_apiserver(tmp_path) as api, api.client() as c:
         await client.ApiextensionsV1Api(c).create_custom_resource_definition(crd)

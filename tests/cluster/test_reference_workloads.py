@@ -1,8 +1,8 @@
 """The reference workloads (all but VFIO and IMEX) run on a local cluster as their comments say.
 
 One cluster for the module: 2 simulated nodes, each with 4 H100s and 2 MIG-partitioned A100s, every
-service its own process. Manifests come from ../shared/reference/workloads (skipped when that folder
-is absent); each test applies one and checks what the kubelet emulator recorded for every container.
+service its own process. Manifests come from tests/fixtures/reference/workloads (NVIDIA's quickstart workloads, copied into
+the repo); each test applies one and checks what the kubelet emulator recorded for every container.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from tests.cluster.helpers import (
     wait_pods,
 )
 
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "workloads"
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240),
-              pytest.mark.skipif(not REFERENCE.is_dir(), reason="needs ../shared/reference/workloads")]
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "workloads"
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
