@@ -3,6 +3,8 @@
 Every publish carries W3C trace context in headers and runs in a producer span; every handler
 runs in a consumer span whose parent is the producer's. A message that fails to decode is
 logged with its subject and sent to `dra.v1.deadletter.<consumer>`; the consumer keeps going.
+A message or KV value whose body names another identity than its subject or key (shared/identity.py)
+is refused the same way, with reason `identity-mismatch`, and never reaches the handler.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from nats.js.kv import KeyValue
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from shared import identity
 from shared.events.base import Message, now_unix
 from shared.events.catalog import (
     BUCKETS,
@@ -146,23 +149,35 @@ class TypedKV(Generic[M]):
         self.bucket = bucket
         self._kv = kv
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(bucket.message)
+        self._refused: set[tuple[str, int]] = set()  # (key, revision or value hash) already dead-lettered
 
-    def _decode(self, key: str, raw: bytes | None) -> M | None:
+    def decode(self, key: str, raw: bytes | None, revision: int = 0) -> M | None:
+        """The value stored under `key`, or None when it is empty, undecodable or names another
+        identity than its key (refused: counted, logged and dead-lettered once per revision)."""
         if raw is None or raw == b"":
             return None
         try:
             value: M = self._decoder.decode(raw)
-            return value
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.error("undecodable KV value skipped", bucket=self.bucket.name, key=key, error=str(exc))
             return None
+        mismatch = identity.check_kv(self.bucket, key, value)
+        if mismatch is None:
+            return value
+        seen = (key, revision or hash(raw))
+        if seen not in self._refused:  # a resync reads it again: report each revision once
+            self._refused.add(seen)
+            identity.refused(self._bus.name, mismatch)
+            self._bus.spawn(self._bus.dead_letter(mismatch.where, raw, self._bus.name, mismatch.error,
+                                                  reason=identity.REASON))
+        return None
 
     async def get(self, key: str) -> M | None:
         try:
             entry = await retry_jetstream(lambda: self._kv.get(key), f"KV get {self.bucket.name}/{key}")
         except nats.js.errors.KeyNotFoundError:
             return None
-        return self._decode(key, entry.value)
+        return self.decode(key, entry.value, int(entry.revision or 0))
 
     async def put(self, key: str, value: Message) -> int:
         """Write a value; the write carries trace context like any publish."""
@@ -209,7 +224,7 @@ class TypedKV(Generic[M]):
                 if entry.operation in ("DEL", "PURGE"):
                     yield entry.key, None
                 else:
-                    yield entry.key, self._decode(entry.key, entry.value)
+                    yield entry.key, self.decode(entry.key, entry.value, int(entry.revision or 0))
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
 
@@ -376,19 +391,26 @@ class Bus:
                 headers = inject_headers({"Nats-Msg-Id": msg_id} if msg_id else None)
                 await self.nc.publish(subject, payload, headers=headers)
 
-    async def _dead_letter(self, msg: Msg, consumer: str, error: str) -> None:
-        log.error("undecodable message dead-lettered", subject=msg.subject, consumer=consumer, error=error)
+    async def _dead_letter(self, msg: Msg, consumer: str, error: str, reason: str = "undecodable") -> None:
+        if reason == "undecodable":
+            log.error("undecodable message dead-lettered", subject=msg.subject, consumer=consumer, error=error)
+        await self.dead_letter(msg.subject, msg.data, consumer, error, reason=reason)
+
+    async def dead_letter(self, subject: str, data: bytes, consumer: str, error: str, *, reason: str) -> None:
+        """Keep a refused message on `dra.v1.deadletter.<consumer>` (never raises: a lost dead letter
+        must not stop the consumer)."""
         letter = DeadLetter(
-            subject=msg.subject,
+            subject=subject,
             consumer=consumer,
             error=error,
-            payload=msg.data[:65536].decode("utf-8", "replace"),
+            payload=data[:65536].decode("utf-8", "replace"),
             observed_at=now_unix(),
+            reason=reason,
         )
         try:
             await self.publish(DEAD_LETTER, letter, consumer=consumer_token(consumer))
         except Exception as exc:  # noqa: BLE001 - a lost dead letter must not stop the consumer
-            log.error("dead letter not stored", subject=msg.subject, error=str(exc))
+            log.error("dead letter not stored", subject=subject, error=str(exc))
 
     def _decode(self, decoder: msgspec.json.Decoder[Any], msg: Msg) -> tuple[Any, str]:
         try:
@@ -420,6 +442,13 @@ class Bus:
             message, error = self._decode(decoder, msg)
             if error:
                 await self._dead_letter(msg, consumer, error)
+                if durable:
+                    await msg.ack()
+                return
+            mismatch = identity.check_event(entry, msg.subject, message)
+            if mismatch is not None:
+                identity.refused(consumer, mismatch)
+                await self._dead_letter(msg, consumer, mismatch.error, reason=identity.REASON)
                 if durable:
                     await msg.ack()
                 return

@@ -1,11 +1,11 @@
 """The ledger itself: per-namespace GPU-seconds from claim lifecycle events, idempotent under replay.
 
 A claim's use on a node opens at `prepared` and closes at `unprepared` (or `rolled-back`); its cost
-is (close - open) by the producer's `observed_at` times the devices it got, so replaying the same
-events always gives the same totals. Full GPUs add to `gpu_seconds`; MIG devices add to
+is (close - open) by the producer's `observed_at` (bounded by the server's timestamp, trust.py)
+times the devices it got, so replaying the same events always gives the same totals. Full GPUs add to `gpu_seconds`; MIG devices add to
 `mig_seconds[<profile>]` (a biller prices each profile). Every state-changing event is remembered
-by its key (event id, else Nats-Msg-Id, else stream sequence) for as long as the stream can replay
-it, so a redelivered or replayed event changes nothing.
+by its key (event id under its subject's node, else stream sequence: trust.event_key) for as long
+as the stream can replay it, so a redelivered or replayed event changes nothing.
 """
 
 from __future__ import annotations
@@ -51,20 +51,14 @@ class Stats:
     ignored: int = 0
     rejected: int = 0
     unmatched_closes: int = 0
+    identity_mismatches: int = 0  # body named another namespace/node/id than its subject: not accounted
+    clamped_times: int = 0  # body time out of bounds of the server's timestamp: replaced by the bound
 
 
 def mig_profile(device: str) -> str | None:
     """`gpu-0-mig-1g24gb-19-0` -> `1g24gb`; None for a full GPU."""
     m = _MIG.match(device)
     return m.group(1) if m else None
-
-
-def dedupe_key(event: dict[str, Any], msg_id: str | None, stream_seq: int) -> str:
-    if event.get("event_id"):
-        return f"id:{event['event_id']}"
-    if msg_id:
-        return f"msg:{msg_id}"
-    return f"seq:{stream_seq}"
 
 
 class Ledger:

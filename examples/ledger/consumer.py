@@ -3,6 +3,8 @@
 Each fetched batch is checked against the published schema, accounted, written to the ledger file,
 and only then acknowledged. A crash before the ack means redelivery, which the ledger recognises
 by event key and ignores; a crash before the write means the batch is simply applied again.
+An event whose body speaks for another namespace or node than its subject is not accounted, and
+body times are bounded by the server's (trust.py).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from . import store
-from .accounting import Ledger, dedupe_key
+from . import store, trust
+from .accounting import Ledger
 from .schema import Contract, SchemaViolation
 
 log = logging.getLogger("gpu_seconds_ledger")
@@ -115,7 +117,22 @@ class LedgerService:
                 self.ledger.stats.rejected += 1
                 log.warning("message on %s does not match the published schema, skipped: %s", msg.subject, exc)
             return
-        self.ledger.apply(event, dedupe_key(event, headers.get("Nats-Msg-Id"), seq))
+        why = trust.mismatch(self.contract.subject_pattern, self.contract.binds, msg.subject, event)
+        if why:
+            key = f"identity:{seq}"
+            if key not in self.ledger.applied:
+                self.ledger.applied[key] = self.ledger.newest
+                self.ledger.stats.identity_mismatches += 1
+                log.warning("identity-mismatch: event on %s not accounted: %s", msg.subject, why)
+            return
+        at, clamped = trust.bounded_time(float(event.get("observed_at", 0.0)), trust.server_time(msg.metadata))
+        if clamped:
+            log.warning("event on %s says observed_at=%s, out of bounds of the server's time; accounted at %s",
+                        msg.subject, event.get("observed_at"), at)
+            event["observed_at"] = at
+        node = (trust.subject_tokens(self.contract.subject_pattern, msg.subject) or {}).get("node", "")
+        if self.ledger.apply(event, trust.event_key(event, node, seq)) == "applied" and clamped:
+            self.ledger.stats.clamped_times += 1
 
     async def handle(self, msgs: list[Msg]) -> None:
         """Account a batch, persist it, then acknowledge it."""

@@ -8,7 +8,7 @@ additionalProperties, items, $ref into $defs, anyOf/oneOf) so the ledger needs n
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ class Contract:
     stream: str
     retention_s: float
     schema: dict[str, Any]
+    binds: dict[str, str] = field(default_factory=dict)  # subject token -> the body field it authenticates
 
     def check(self, message: Any) -> None:
         check(message, self.schema, self.schema, "$")
@@ -94,8 +95,12 @@ def load_contract(schema_dir: Path) -> Contract:
     except (FileNotFoundError, json.JSONDecodeError) as exc:
         raise ContractError(f"cannot read {schema_path}: {exc}") from None
     stream = streams[0]
+    binds = entry.get("binds") or {}
+    unknown = [name for name in binds if f"{{{name}}}" not in entry["subject"]]
+    if not isinstance(binds, dict) or unknown:
+        raise ContractError(f"{index_path}: binds {binds!r} of {CLAIM_ENTRY!r} name tokens not in {entry['subject']}")
     return Contract(entry["subject"], entry["subscribe"], stream["name"],
-                    float(stream.get("max_age_s") or 7 * 24 * 3600), schema)
+                    float(stream.get("max_age_s") or 7 * 24 * 3600), schema, {str(k): str(v) for k, v in binds.items()})
 
 
 def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,6 @@ index (-1). Every member write is also published on `dra.v1.cd.<uid>.member.<nod
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -23,14 +22,13 @@ from nats.js.kv import KeyValue
 
 from shared.bus import Bus, TypedKV, encode
 from shared.events.base import now_unix
-from shared.events.catalog import CD_MEMBER, CD_MEMBER_LEFT, CD_MEMBERS_BUCKET
+from shared.events.catalog import CD_MEMBER, CD_MEMBER_LEFT, CD_MEMBERS_BUCKET, as_token
 from shared.events.computedomain import DomainMember, MemberLeft, MemberStatus
 from shared.logs import get_logger
 
 log = get_logger(__name__)
 
 MAX_PER_CLIQUE = 18
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
 class MembershipError(RuntimeError):
@@ -39,7 +37,7 @@ class MembershipError(RuntimeError):
 
 def token(text: str) -> str:
     """`text` as one KV-key / subject token (dots and other unsafe characters become `_`)."""
-    return _UNSAFE.sub("_", text) or "_"
+    return as_token(text)
 
 
 def member_key(domain_uid: str, node: str) -> str:
@@ -177,23 +175,22 @@ class Membership:
 
     async def members(self, domain_uid: str) -> dict[str, DomainMember]:
         """The domain's members by node name."""
+        typed, _ = await self._kv()
         out: dict[str, DomainMember] = {}
-        for raw_value in (await self._entries(f"{token(domain_uid)}.*")).values():
-            try:
-                member = msgspec.json.decode(raw_value, type=DomainMember)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            out[member.node] = member
+        for key, raw_value in (await self._entries(f"{token(domain_uid)}.*")).items():
+            member = typed.decode(key, raw_value)  # refuses a value naming another node than its key
+            if member is not None:
+                out[member.node] = member
         return out
 
     async def node_memberships(self, node: str) -> list[DomainMember]:
         """Every domain this node is recorded in (an agent resuming after a restart)."""
+        typed, _ = await self._kv()
         out: list[DomainMember] = []
-        for raw_value in (await self._entries(f"*.{token(node)}")).values():
-            try:
-                out.append(msgspec.json.decode(raw_value, type=DomainMember))
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
+        for key, raw_value in (await self._entries(f"*.{token(node)}")).items():
+            member = typed.decode(key, raw_value)
+            if member is not None:
+                out.append(member)
         return out
 
     async def purge_domain(self, domain_uid: str) -> int:

@@ -1,19 +1,23 @@
 """Claim lifecycle events (`dra.v1.claim.<ns>.<node>.<event>`), buffered while the bus is away.
 
 Owns the bounded in-memory queue and its sender: prepare never waits on NATS; events are sent in
-order once a bus is connected, each with `Nats-Msg-Id` = its event id so a resend after a lost
-ack is de-duplicated by JetStream.
+order once a bus is connected. Each event's id names this node (`claim_event_id`: no other node
+can mint one that collides with it), and its `Nats-Msg-Id` is that id plus a random suffix drawn
+once per process: a resend after a lost ack is de-duplicated by JetStream, and nobody can send a
+message id ahead of ours to make the stream drop our event as a duplicate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import secrets
 from typing import Any
 
 from shared.events import catalog
 from shared.events.base import now_unix
-from shared.events.claims import ClaimEventKind, ClaimLifecycle, PreparedDeviceRef
+from shared.events.catalog import as_token
+from shared.events.claims import ClaimEventKind, ClaimLifecycle, PreparedDeviceRef, claim_event_id
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -21,7 +25,7 @@ log = get_logger(__name__)
 
 def subject_token(value: str) -> str:
     """A namespace or node made safe as one subject token."""
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in value) or "_"
+    return as_token(value)
 
 
 class LifecycleEvents:
@@ -31,6 +35,7 @@ class LifecycleEvents:
         self.node = node
         self.driver = driver
         self.pending: collections.deque[ClaimLifecycle] = collections.deque(maxlen=max_buffered)
+        self._msg_id_suffix = secrets.token_hex(8)  # unguessable by other publishers (module docstring)
         self.sent = 0
         self.dropped = 0
         self._wake = asyncio.Event()
@@ -43,9 +48,10 @@ class LifecycleEvents:
         if len(self.pending) == self.pending.maxlen:
             self.dropped += 1
             log.warning("lifecycle buffer full; oldest event dropped", buffered=len(self.pending))
+        event_id = claim_event_id(subject_token(self.node), uid, event, generation)
         self.pending.append(ClaimLifecycle(
             event=event, node=self.node, driver=self.driver, claim_uid=uid, claim_namespace=namespace,
-            claim_name=name, devices=devices or [], error=error, event_id=f"{uid}/{event}/{generation}",
+            claim_name=name, devices=devices or [], error=error, event_id=event_id,
             observed_at=now_unix()))
         self._drained.clear()
         self._wake.set()
@@ -66,7 +72,7 @@ class LifecycleEvents:
             while self.pending and self.bus is not None and self.bus.connected:
                 event = self.pending[0]
                 try:
-                    await self.bus.publish(catalog.CLAIM, event, msg_id=event.event_id,
+                    await self.bus.publish(catalog.CLAIM, event, msg_id=f"{event.event_id}/{self._msg_id_suffix}",
                                            namespace=subject_token(event.claim_namespace),
                                            node=subject_token(event.node), event=event.event)
                 except Exception as exc:  # noqa: BLE001 - keep it queued and retry

@@ -51,6 +51,29 @@ class SubjectError(ValueError):
     """A subject token was missing or not a single safe NATS token."""
 
 
+def as_token(value: str) -> str:
+    """`value` as one subject token or KV-key token: every character outside [A-Za-z0-9_-] becomes `_`.
+
+    Producers name subjects with it; consumers compare a body's field with the subject through it."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in value) or "_"
+
+
+Binds = tuple[tuple[str, str], ...]
+"""(subject or key token, body field): the body field must name what the token names."""
+
+
+def bound_fields(message: Message, tokens: dict[str, str], binds: Binds) -> list[tuple[str, str, str]]:
+    """(field, token value, body value) for each bound field whose body value disagrees with its token."""
+    wrong = []
+    for token, field_name in binds:
+        if token not in tokens:
+            continue
+        body = str(getattr(message, field_name, ""))
+        if as_token(body) != as_token(tokens[token]):
+            wrong.append((field_name, tokens[token], body))
+    return wrong
+
+
 @dataclass(frozen=True)
 class Entry:
     """One catalog entry: a message type on a subject pattern."""
@@ -61,10 +84,26 @@ class Entry:
     pattern: Pattern
     summary: str
     reply: type[Message] | None = None
+    binds: Binds = ()  # identity: NATS permissions authenticate the subject, so its tokens bind the body
 
     @property
     def tokens(self) -> list[str]:
         return _TOKEN.findall(self.subject)
+
+    def parse(self, subject: str) -> dict[str, str] | None:
+        """The token values of a concrete subject of this entry; None when it is not one."""
+        pattern = self.subject.split(".")
+        parts = subject.split(".")
+        if len(parts) != len(pattern):
+            return None
+        values: dict[str, str] = {}
+        for want, got in zip(pattern, parts, strict=True):
+            name = _TOKEN.fullmatch(want)
+            if name:
+                values[name.group(1)] = got
+            elif want != got:
+                return None
+        return values
 
     def format(self, **tokens: str) -> str:
         """The concrete subject; each token must be one NATS token (no dots, spaces or wildcards)."""
@@ -86,18 +125,22 @@ class Entry:
 INVENTORY = Entry(
     "inventory", "dra.v1.inventory.{node}", NodeInventory, "event",
     "A node's GPU inventory changed (also the last value in KV bucket dra-inventory, key <node>).",
+    binds=(("node", "node"),),
 )
 INVENTORY_WITHDRAWN = Entry(
     "inventory-withdrawn", "dra.v1.inventory-withdrawn.{node}", InventoryWithdrawn, "event",
     "A node's discovery withdrew its inventory for good; its ResourceSlices are deleted.",
+    binds=(("node", "node"),),
 )
 HEALTH = Entry(
     "device-health", "dra.v1.health.{node}.{device}", DeviceHealth, "event",
     "A device's health changed (XID, GPU lost, recovered); last value in KV dra-health.",
+    binds=(("node", "node"), ("device", "device")),
 )
 CLAIM = Entry(
     "claim-lifecycle", "dra.v1.claim.{namespace}.{node}.{event}", ClaimLifecycle, "event",
     "A claim was prepared, failed, unprepared or rolled back on a node.",
+    binds=(("namespace", "claim_namespace"), ("node", "node"), ("event", "event")),
 )
 DEVICE_SET_SHARING = Entry(
     "device-set-sharing", "dra.v1.device.{node}.set-sharing", SetSharingRequest, "request",
@@ -126,18 +169,22 @@ DEVICE_INJECT_XID = Entry(
 CD_MEMBER = Entry(
     "cd-member", "dra.v1.cd.{domain_uid}.member.{node}", DomainMember, "event",
     "A node joined, changed or left a ComputeDomain (last value in KV dra-cd-members).",
+    binds=(("domain_uid", "domain_uid"), ("node", "node")),
 )
 CD_STATUS = Entry(
     "cd-status", "dra.v1.cd.{domain_uid}.status", DomainStatusChanged, "event",
     "A ComputeDomain's readiness changed.",
+    binds=(("domain_uid", "domain_uid"),),
 )
 CD_MEMBER_LEFT = Entry(
     "cd-member-left", "dra.v1.cd.{domain_uid}.left.{node}", MemberLeft, "event",
     "A node left a ComputeDomain (its KV entry under <domain-uid>.<node> was deleted).",
+    binds=(("domain_uid", "domain_uid"), ("node", "node")),
 )
 CD_DELETED = Entry(
     "cd-deleted", "dra.v1.cd.{domain_uid}.deleted", DomainDeleted, "event",
     "A ComputeDomain is being deleted; its daemons stop and its members leave.",
+    binds=(("domain_uid", "domain_uid"),),
 )
 # The agent's requests are node-scoped like the device operations, and deliberately outside
 # `dra.v1.cd.>`: that prefix is captured by the DRA_EVENTS stream, which would answer a request
@@ -194,6 +241,29 @@ class Bucket:
     message: type[Message]
     history: int = 1
     ttl_s: float = 0.0  # 0: no expiry
+    key: str = ""  # key pattern, e.g. "{node}"
+    key_rest: bool = False  # the pattern's last token takes the rest of a longer key (dotted device names)
+    binds: Binds = ()  # identity: NATS permissions scope writes by key, so the key binds the value
+
+    def parse_key(self, key: str) -> dict[str, str] | None:
+        """The token values of a key of this bucket's pattern; None for a key of another shape
+        (e.g. the controller's index keys in dra-cd-members, which no node may write)."""
+        pattern = self.key.split(".") if self.key else []
+        parts = key.split(".")
+        if not pattern or len(parts) < len(pattern):
+            return None
+        if len(parts) > len(pattern):
+            if not self.key_rest:
+                return None
+            parts = [*parts[: len(pattern) - 1], ".".join(parts[len(pattern) - 1:])]
+        values: dict[str, str] = {}
+        for want, got in zip(pattern, parts, strict=True):
+            name = _TOKEN.fullmatch(want)
+            if name:
+                values[name.group(1)] = got
+            elif want != got:
+                return None
+        return values
 
 
 EVENTS_STREAM = Stream(
@@ -204,9 +274,11 @@ EVENTS_STREAM = Stream(
 DEAD_LETTER_STREAM = Stream("DRA_DEADLETTER", ("dra.v1.deadletter.>",), max_age_s=3 * 24 * 3600, max_bytes=64 << 20)
 STREAMS: tuple[Stream, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM)
 
-INVENTORY_BUCKET = Bucket("dra-inventory", NodeInventory)
-HEALTH_BUCKET = Bucket("dra-health", DeviceHealth)
-CD_MEMBERS_BUCKET = Bucket("dra-cd-members", DomainMember)
+INVENTORY_BUCKET = Bucket("dra-inventory", NodeInventory, key="{node}", binds=(("node", "node"),))
+HEALTH_BUCKET = Bucket("dra-health", DeviceHealth, key="{node}.{device}", key_rest=True,
+                       binds=(("node", "node"), ("device", "device")))
+CD_MEMBERS_BUCKET = Bucket("dra-cd-members", DomainMember, key="{domain_uid}.{node}",
+                           binds=(("domain_uid", "domain_uid"), ("node", "node")))
 BUCKETS: tuple[Bucket, ...] = (INVENTORY_BUCKET, HEALTH_BUCKET, CD_MEMBERS_BUCKET)
 
 

@@ -33,5 +33,23 @@ class ClaimLifecycle(Message, kw_only=True):
     claim_name: str
     devices: list[PreparedDeviceRef] = msgspec.field(default_factory=list)
     error: str = ""
-    event_id: str = ""  # `<claim uid>/<event>/<prepare generation>`: replay-safe de-duplication key
+    event_id: str = ""  # `<node>/<claim uid>/<event>/<prepare generation>`: see claim_event_id
     observed_at: float = 0.0
+
+
+def claim_event_id(node: str, claim_uid: str, event: str, generation: int) -> str:
+    """The id the preparer on `node` gives a claim event: replay-safe (the same step of the same claim
+    always gets the same id) and scoped by the node, which its subject authenticates, so no other
+    node can mint an id that collides with it. (Ids from before 2026-12 lack the node.)"""
+    return f"{node}/{claim_uid}/{event}/{generation}"
+
+
+def event_id_node(event_id: str) -> str | None:
+    """The node a claim event id names; "" for an id without one (empty, or the older
+    `<claim uid>/<event>/<generation>`); None for an id of neither shape."""
+    parts = event_id.split("/")
+    if event_id == "" or len(parts) == 3:
+        return ""
+    if len(parts) == 4 and all(parts):
+        return parts[0]
+    return None

@@ -43,8 +43,11 @@ def write_schemas(out_dir: Path) -> dict[str, Any]:
             "summary": entry.summary,
             "schema": f"{entry.message.__name__}.json",
             **({"reply_schema": f"{entry.reply.__name__}.json"} if entry.reply else {}),
+            # identity: which body field must name what each subject token names (see docs/security.md)
+            **({"binds": dict(entry.binds)} if entry.binds else {}),
         })
     index["streams"] = [{"name": s.name, "subjects": list(s.subjects), "max_age_s": s.max_age_s} for s in STREAMS]
-    index["buckets"] = [{"name": b.name, "schema": f"{b.message.__name__}.json"} for b in BUCKETS]
+    index["buckets"] = [{"name": b.name, "schema": f"{b.message.__name__}.json",
+                         **({"key": b.key, "binds": dict(b.binds)} if b.binds else {})} for b in BUCKETS]
     (out_dir / "index.json").write_text(json.dumps(index, indent=2) + "\n")
     return index

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,12 +25,13 @@ from examples.ledger.consumer import LedgerService
 from examples.ledger.schema import ContractError, SchemaViolation, load_contract
 from shared.bus import Bus
 from shared.events import catalog
-from shared.events.claims import ClaimLifecycle, PreparedDeviceRef
+from shared.events.claims import ClaimLifecycle, PreparedDeviceRef, claim_event_id
 from shared.events.schema import write_schemas
 
 REPO = Path(__file__).resolve().parents[2]
 LEDGER_DIR = REPO / "examples" / "ledger"
-T0 = 1_000_000.0
+# Recent times: the ledger bounds body times by the server's timestamp (examples/ledger/trust.py).
+T0 = time.time() - 1200.0
 
 
 @pytest.fixture
@@ -53,7 +55,7 @@ def lifecycle(event: str, uid: str, namespace: str, at: float, devices: tuple[st
               node: str = "node-1", generation: int = 1) -> ClaimLifecycle:
     return ClaimLifecycle(
         event=event, node=node, driver="gpu.nvidia.com", claim_uid=uid, claim_namespace=namespace,  # type: ignore[arg-type]
-        claim_name=f"claim-{uid}", event_id=f"{uid}/{event}/{generation}", observed_at=at,
+        claim_name=f"claim-{uid}", event_id=claim_event_id(node, uid, event, generation), observed_at=at,
         devices=[PreparedDeviceRef(request="gpu", pool=node, device=d, uuid=f"GPU-{d}") for d in devices])
 
 

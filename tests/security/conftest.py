@@ -1,0 +1,98 @@
+"""The attack suite's parts: a real nats-server on the shipped configuration with the generated users
+(test passwords) for two GPU nodes, buses connected as each user, and the embedded API server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shared.bus import Bus
+from shared.events import catalog
+from shared.events.deadletter import DeadLetter
+from shared.kubeclient import kube_api_client
+from shared.natsserver import EmbeddedNats
+from tests.deploy.conftest import ShippedConfigNats, nats_layout, server_env, test_password
+
+NODES = ["gpu-a", "gpu-b"]
+WAIT_S = 10.0
+
+apiserver_testing = pytest.importorskip("embedded.apiserver.testing", reason="embedded API server not built yet")
+
+
+def url_as(server: EmbeddedNats, user: str) -> str:
+    """The server's URL with `user`'s credentials in it (for clients that take only a URL)."""
+    return server.url.replace("nats://", f"nats://{user}:{test_password(user)}@", 1)
+
+
+@contextlib.asynccontextmanager
+async def bus_as(server: EmbeddedNats, user: str) -> AsyncIterator[Bus]:
+    """A bus connected as the shipped NATS user `user`."""
+    bus = await Bus.connect(server.url, name=user, user=user, password=test_password(user), initial_attempts=3)
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+@pytest.fixture
+async def shipped_nats(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
+    """nats-server on deploy/nats/nats.conf with the users `nats_users.py` generates for NODES;
+    the streams and buckets provisioned by the admin, as the deployment's init does."""
+    config_dir = nats_layout(tmp_path / "nats", NODES)
+    store = tmp_path / "nats" / "js"
+    server = ShippedConfigNats(config_dir / "nats.conf", server_env("security-test", store), store)
+    await server.start()
+    try:
+        async with bus_as(server, "admin") as admin:
+            await admin.provision()
+        yield server
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def admin_bus(shipped_nats: EmbeddedNats) -> AsyncIterator[Bus]:
+    async with bus_as(shipped_nats, "admin") as bus:
+        yield bus
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[object]:
+    async with apiserver_testing.running_apiserver(tmp_path / "api") as server:
+        client = await kube_api_client(str(server.kubeconfig_path))
+        try:
+            server.client_raw = client
+            yield server
+        finally:
+            await client.close()
+
+
+class DeadLetters:
+    """Dead letters as the admin sees them, awaited one by one."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[DeadLetter] = asyncio.Queue()
+
+    async def next(self, *, reason: str, subject: str) -> DeadLetter:
+        """The next dead letter with this reason about this subject (others are skipped)."""
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                letter = await self.queue.get()
+                if letter.reason == reason and letter.subject == subject:
+                    return letter
+
+
+@pytest.fixture
+async def dead_letters(admin_bus: Bus) -> DeadLetters:
+    letters = DeadLetters()
+
+    async def on_letter(letter: DeadLetter, _ctx: object) -> None:
+        letters.queue.put_nowait(letter)
+
+    await admin_bus.subscribe(catalog.DEAD_LETTER, on_letter)
+    await admin_bus.nc.flush()
+    return letters
