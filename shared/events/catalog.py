@@ -247,7 +247,8 @@ class Bucket:
 
     def parse_key(self, key: str) -> dict[str, str] | None:
         """The token values of a key of this bucket's pattern; None for a key of another shape
-        (e.g. the controller's index keys in dra-cd-members, which no node may write)."""
+        (e.g. the index reservations `<uid>.idx.<clique>.<n>` in dra-cd-members: not bound here,
+        NATS permissions decide who writes them)."""
         pattern = self.key.split(".") if self.key else []
         parts = key.split(".")
         if not pattern or len(parts) < len(pattern):
