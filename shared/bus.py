@@ -167,9 +167,7 @@ class TypedKV(Generic[M]):
         seen = (key, revision or hash(raw))
         if seen not in self._refused:  # a resync reads it again: report each revision once
             self._refused.add(seen)
-            identity.refused(self._bus.name, mismatch)
-            self._bus.spawn(self._bus.dead_letter(mismatch.where, raw, self._bus.name, mismatch.error,
-                                                  reason=identity.REASON))
+            self._bus.spawn(self._bus.refuse(mismatch, raw, self._bus.name))
         return None
 
     async def get(self, key: str) -> M | None:
@@ -396,6 +394,11 @@ class Bus:
             log.error("undecodable message dead-lettered", subject=msg.subject, consumer=consumer, error=error)
         await self.dead_letter(msg.subject, msg.data, consumer, error, reason=reason)
 
+    async def refuse(self, mismatch: identity.Mismatch, data: bytes, consumer: str) -> None:
+        """A message or value that speaks for another identity: counted, logged, dead-lettered."""
+        identity.refused(consumer, mismatch)
+        await self.dead_letter(mismatch.where, data, consumer, mismatch.error, reason=identity.REASON)
+
     async def dead_letter(self, subject: str, data: bytes, consumer: str, error: str, *, reason: str) -> None:
         """Keep a refused message on `dra.v1.deadletter.<consumer>` (never raises: a lost dead letter
         must not stop the consumer)."""
@@ -447,8 +450,7 @@ class Bus:
                 return
             mismatch = identity.check_event(entry, msg.subject, message)
             if mismatch is not None:
-                identity.refused(consumer, mismatch)
-                await self._dead_letter(msg, consumer, mismatch.error, reason=identity.REASON)
+                await self.refuse(mismatch, msg.data, consumer)
                 if durable:
                     await msg.ack()
                 return

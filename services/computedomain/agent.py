@@ -33,6 +33,7 @@ from services.computedomain.daemon import DaemonLaunch, resolve_launch
 from services.computedomain.imex import ImexSupervisor
 from services.computedomain.imexconfig import DaemonFiles, clear_hosts_block, write_peers, write_static
 from services.computedomain.membership import Membership, MembershipError, token
+from shared import identity
 from shared.bus import Bus, MsgContext
 from shared.events.catalog import (
     CD_AGENT_JOIN,
@@ -244,9 +245,15 @@ class Agent:
             if gone:
                 raise AgentError("invalid", f"ComputeDomain {uid} is being deleted; its claims cannot be prepared")
             try:
-                return msgspec.json.decode(raw.data or b"", type=DomainStatusChanged)
+                status = msgspec.json.decode(raw.data or b"", type=DomainStatusChanged)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 raise AgentError("internal", f"undecodable status event for ComputeDomain {uid}: {exc}") from None
+            mismatch = identity.check_event(CD_STATUS, subject, status)
+            if mismatch is not None:
+                await self.bus.refuse(mismatch, raw.data or b"", self.bus.name)
+                raise AgentError("internal", f"the status event for ComputeDomain {uid} names another domain; "
+                                 "it was dead-lettered: check who publishes on its subject")
+            return status
         raise AgentError("unavailable", f"ComputeDomain {uid} is not known (yet): no status from the "
                          "computedomain controller; is it running, and does the domain exist?")
 
