@@ -166,6 +166,8 @@ class TypedKV(Generic[M]):
             return value
         seen = (key, revision or hash(raw))
         if seen not in self._refused:  # a resync reads it again: report each revision once
+            if len(self._refused) >= 4096:  # bounded: a node rewriting its key must not grow this without end
+                self._refused.clear()
             self._refused.add(seen)
             self._bus.spawn(self._bus.refuse(mismatch, raw, self._bus.name))
         return None
