@@ -51,6 +51,10 @@ class Core:
         self.on_created: list[Callable[[Resource, dict[str, Any]], None]] = []
         self.before_delete: dict[tuple[str, str], Callable[[Resource, dict[str, Any]], None]] = {}
         self.graceful_pods = True
+        # Admission after validation, before storage: (operation, res, version, subresource, namespace,
+        # name, object, oldObject) in the request's version; it raises an ApiError to refuse (server.py).
+        self.admit: Callable[[str, Resource, str, str, str, str, dict[str, Any] | None,
+                              dict[str, Any] | None], None] | None = None
 
     # ---- reads
 
@@ -163,10 +167,12 @@ class Core:
             obj.pop("status", None)
         defaults.on_create(res, obj)
         obj, warnings = self._validate(res, version, obj, None, field_validation)
-        stored = versions.to_storage(res, obj, version)
         key = (namespace, name)
         if self.store.get(res.key, key) is not None:
             raise errors.already_exists(res, name)
+        if self.admit is not None:
+            self.admit("CREATE", res, version, "", namespace, name, obj, None)
+        stored = versions.to_storage(res, obj, version)
         if dry_run:
             return stored, warnings
         stored = self.store.put(res.key, key, stored)
@@ -306,6 +312,9 @@ class Core:
                 md["generation"] = int(md.get("generation") or 0) + 1
         defaults.on_update(res, new, old)
         new, warnings = self._validate(res, version, new, old, field_validation)
+        if self.admit is not None:
+            self.admit("UPDATE", res, version, subresource, old_md.get("namespace", "") if res.namespaced else "",
+                       name, new, old)
         stored = versions.to_storage(res, new, version)
         if dry_run:
             return stored, warnings
@@ -385,6 +394,9 @@ class Core:
     ) -> tuple[dict[str, Any], bool]:
         """Delete now, or mark for deletion; returns (object, deleted-now)."""
         current = self.get(res, namespace, name)
+        if self.admit is not None:
+            self.admit("DELETE", res, res.storage_version, "", namespace if res.namespaced else "", name, None,
+                       current)
         md = meta(current)
         if preconditions:
             if preconditions.get("uid") and preconditions["uid"] != md.get("uid"):

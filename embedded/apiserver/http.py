@@ -1,11 +1,12 @@
-"""The aiohttp application: bearer-token auth, URL parsing into (group, version, resource,
-namespace, name, subresource), content negotiation (JSON, Table, PartialObjectMetadata,
-aggregated discovery) and the mapping of verbs onto the core. Errors leave as Status objects.
+"""The aiohttp application: the request chain (body limit, authentication, RBAC), URL parsing into
+(group, version, resource, namespace, name, subresource), content negotiation (JSON, Table,
+PartialObjectMetadata, aggregated discovery) and the mapping of verbs onto the core, plus the two
+APIs that are not storage (SelfSubjectAccessReview, TokenRequest). Errors leave as Status objects.
 """
 
 from __future__ import annotations
 
-import hmac
+import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,18 @@ import msgspec
 import yaml
 from aiohttp import web
 
-from embedded.apiserver import discovery, errors, openapi_docs, patch, protobuf, tables, versions
+from embedded.apiserver import (
+    admission,
+    authn,
+    discovery,
+    errors,
+    openapi_docs,
+    patch,
+    protobuf,
+    rbac,
+    tables,
+    versions,
+)
 from embedded.apiserver.resources import Resource
 from embedded.apiserver.selectors import SelectorError, parse_field_selector, parse_label_selector
 from embedded.apiserver.storage import deep_copy
@@ -58,18 +70,32 @@ class Target:
 def build_app(server: ApiServer) -> web.Application:
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path not in OPEN_PATHS and server.token:
+        if (request.content_length or 0) > admission.MAX_REQUEST_BODY:
+            return status_response(_too_large())
+        user = _OPEN_USER
+        if request.path not in OPEN_PATHS and server.authenticator.enabled:
             auth = request.headers.get("Authorization", "")
-            if not (auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip(), server.token)):
+            found = server.authenticator.authenticate(auth[7:].strip()) if auth.startswith("Bearer ") else None
+            if found is None:
                 return json_response(errors.status(401, "Unauthorized", "Unauthorized"), status=401)
+            user = found
+            attrs = rbac.request_attributes(request.method, request.path, request.query_string)
+            allowed, reason = server.authorizer.authorize(user, attrs)
+            if not allowed:
+                return status_response(rbac.forbidden(user, attrs, reason))
+        token = authn.current_user.set(user)
         try:
             return await handler(request)
         except errors.ApiError as err:
             return status_response(err)
         except SelectorError as err:
             return status_response(errors.bad_request(str(err)))
+        except web.HTTPRequestEntityTooLarge:
+            return status_response(_too_large())
+        finally:
+            authn.current_user.reset(token)
 
-    app = web.Application(middlewares=[middleware], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[middleware], client_max_size=admission.MAX_REQUEST_BODY)
     handlers = Handlers(server)
     app.router.add_get("/healthz", handlers.ok)
     app.router.add_get("/livez", handlers.ok)
@@ -81,9 +107,19 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_get("/openapi/v3/{path:.*}", handlers.openapi_v3)
     app.router.add_route("*", "/api", handlers.api_root)
     app.router.add_route("*", "/apis", handlers.apis_root)
+    app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", handlers.self_access_review)
     app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
     app.router.add_route("*", "/apis/{tail:.*}", handlers.resource)
     return app
+
+
+# Whoever calls a server that checks no token (plain HTTP without one): everything is allowed.
+_OPEN_USER = authn.UserInfo("system:anonymous", "", (authn.MASTERS,))
+
+
+def _too_large() -> errors.ApiError:
+    return errors.ApiError(413, "RequestEntityTooLarge",
+                           f"Request entity too large: limit is {admission.MAX_REQUEST_BODY}")
 
 
 class Handlers:
@@ -124,6 +160,52 @@ class Handlers:
         if media:
             return json_response(discovery.aggregated(self.registry, False, media), content_type=media)
         return json_response(discovery.api_group_list(self.registry))
+
+    # ---- APIs that are not storage
+
+    async def self_access_review(self, request: web.Request) -> web.Response:
+        """`kubectl auth can-i`: may the caller do this? Answered by the same RBAC as its requests."""
+        body = await self._body(request)
+        spec = (body or {}).get("spec") or {} if isinstance(body, dict) else {}
+        ra, nra = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+        if bool(ra) == bool(nra):
+            raise errors.ApiError(422, "Invalid", 'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: '
+                                  "spec: Invalid value: exactly one of nonResourceAttributes or "
+                                  "resourceAttributes must be specified")
+        if ra:
+            attrs = rbac.Attributes(ra.get("verb", ""), "", True, ra.get("group", ""), ra.get("version", ""),
+                                    ra.get("resource", ""), ra.get("subresource", ""), ra.get("namespace", ""),
+                                    ra.get("name", ""))
+        else:
+            attrs = rbac.Attributes(nra.get("verb", ""), nra.get("path", ""), False)
+        user = authn.current_user.get() or _OPEN_USER
+        allowed, reason = self.server.authorizer.authorize(user, attrs)
+        status: dict[str, Any] = {"allowed": allowed}
+        if reason:
+            status["reason"] = reason
+        return json_response({"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+                              "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}, status=201)
+
+    async def _token_request(self, request: web.Request, target: Target) -> web.Response:
+        """TokenRequest: a token for a ServiceAccount (`kubectl create token`)."""
+        assert target.res is not None
+        sa = self.core.get(target.res, target.namespace or "", target.name)
+        body = await self._body(request)
+        spec = dict(((body or {}) if isinstance(body, dict) else {}).get("spec") or {})
+        seconds = spec.get("expirationSeconds") or 3600
+        if not isinstance(seconds, int) or seconds < 600:
+            raise errors.ApiError(422, "Invalid", f'TokenRequest.authentication.k8s.io "{target.name}" is invalid: '
+                                  "spec.expirationSeconds: Invalid value: may not specify a duration less "
+                                  "than 10 minutes")
+        audiences = list(spec.get("audiences") or [authn.ISSUER])
+        token, expires = self.server.authenticator.issue(
+            target.namespace or "", target.name, (sa.get("metadata") or {}).get("uid", ""), seconds, audiences)
+        spec.update(audiences=audiences, expirationSeconds=seconds, boundObjectRef=spec.get("boundObjectRef"))
+        stamp = dt.datetime.fromtimestamp(expires, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return json_response({"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+                              "metadata": {"name": target.name, "namespace": target.namespace,
+                                           "creationTimestamp": None},
+                              "spec": spec, "status": {"token": token, "expirationTimestamp": stamp}}, status=201)
 
     # ---- routing
 
@@ -184,6 +266,9 @@ class Handlers:
             return self._list(request, target)
         if method == "POST" and not target.name:
             return await self._create(request, target)
+        if method == "POST" and target.subresource == "token" and target.res is not None \
+                and target.res.key == ("", "serviceaccounts"):
+            return await self._token_request(request, target)
         if method == "POST" and target.subresource in ("binding", "eviction"):
             return await self._pod_action(request, target)
         if method == "PUT" and target.name:

@@ -1,5 +1,6 @@
-"""The API server as one object: storage, registry, core, controllers (GC, CRDs) and the HTTP
-listener on 127.0.0.1, plus the kubeconfig that points clients at it."""
+"""The API server as one object: storage, registry, core, controllers (GC, CRDs), the request
+chain (authentication, RBAC, admission) and the HTTP listener on 127.0.0.1, plus the kubeconfigs
+that point clients at it (the admin's, and one per ServiceAccount token)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from embedded.apiserver import tls
+from embedded.apiserver import admission, authn, rbac, tls
 from embedded.apiserver.core import Core, now
 from embedded.apiserver.crds import CrdController
 from embedded.apiserver.gc import GarbageCollector
@@ -22,6 +23,7 @@ from embedded.apiserver.storage import Store
 from embedded.apiserver.watch import WatchHub
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+ADMIN = authn.UserInfo("kubernetes-admin", "", (authn.MASTERS, authn.AUTHENTICATED))
 
 
 class ApiServer:
@@ -34,6 +36,7 @@ class ApiServer:
         history_size: int = 20000,
         bookmark_interval: float = 60.0,
         tls: bool = True,
+        token_file: Path | None = None,
     ) -> None:
         self.host = host
         self.tls = tls
@@ -48,6 +51,15 @@ class ApiServer:
         self.crds.load_existing()
         self.gc = GarbageCollector(self.core)
         self.hub = WatchHub(self.store, bookmark_interval)
+        # `token` is the admin's (system:masters: RBAC does not apply); the token file adds identities.
+        # No token at all (plain HTTP without one) leaves the server open, as before.
+        static = authn.parse_token_file(token_file.read_text(), str(token_file)) if token_file else {}
+        if self.token:
+            static[self.token] = ADMIN
+        self.authenticator = authn.Authenticator(self.store, static, authn.Authenticator.signing_key_for(data_dir))
+        self.authorizer = rbac.RbacAuthorizer(self.store)
+        self.policies = admission.PolicyAdmission(self.store)
+        self.core.admit = self._admit
         self._runner: web.AppRunner | None = None
 
     @property
@@ -86,6 +98,21 @@ class ApiServer:
         for name in DEFAULT_NAMESPACES:
             if self.store.get(ns_res.key, ("", name)) is None:
                 self.core.create(ns_res, "v1", "", {"metadata": {"name": name}})
+        for plural, objects in (("clusterroles", rbac.bootstrap_cluster_roles()),
+                                ("clusterrolebindings", rbac.bootstrap_cluster_role_bindings())):
+            res = self.registry.by_key(rbac.RBAC, plural)
+            assert res is not None
+            for obj in objects:
+                if self.store.get(res.key, ("", obj["metadata"]["name"])) is None:
+                    self.core.create(res, "v1", "", obj)
+
+    def _admit(self, operation: str, res: Resource, version: str, subresource: str, namespace: str, name: str,
+               obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        if obj is not None:
+            admission.check_size(res, name, obj)
+        user = authn.current_user.get()
+        if user is not None:  # the server's own writes (GC, finalizers) are not admitted by policies
+            self.policies.admit(user, operation, res, version, subresource, namespace, name, obj, old)
 
     def bind_pod(self, res: Resource, pod: dict[str, Any], node: str) -> None:
         """The pods/binding subresource: set spec.nodeName and the PodScheduled condition."""
@@ -98,7 +125,8 @@ class ApiServer:
         updated = {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": node}, "status": status}
         self.store.put(res.key, (md.get("namespace", ""), md["name"]), updated)
 
-    def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
+    def kubeconfig(self, namespace: str = "default", token: str | None = None) -> dict[str, Any]:
+        """A kubeconfig for the admin, or for whoever holds `token`."""
         cluster: dict[str, Any] = {"server": self.url}
         if self.tls:
             cluster["certificate-authority-data"] = base64.b64encode(self.ca_pem).decode()
@@ -106,17 +134,17 @@ class ApiServer:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "gpu-dra", "cluster": cluster}],
-            "users": [{"name": "gpu-dra", "user": {"token": self.token}}],
+            "users": [{"name": "gpu-dra", "user": {"token": self.token if token is None else token}}],
             "contexts": [{"name": "gpu-dra", "context": {"cluster": "gpu-dra", "user": "gpu-dra",
                                                          "namespace": namespace}}],
             "current-context": "gpu-dra",
             "preferences": {},
         }
 
-    def write_kubeconfig(self, path: Path) -> Path:
+    def write_kubeconfig(self, path: Path, token: str | None = None) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.kubeconfig(), sort_keys=False))
+        tmp.write_text(yaml.safe_dump(self.kubeconfig(token=token), sort_keys=False))
         tmp.chmod(0o600)
         tmp.replace(path)
         return path

@@ -1,0 +1,157 @@
+"""Authentication: a bearer token in, a user (name, uid, groups) out, or nobody (401).
+
+Owns the two kinds of token a real API server accepts that the local cluster needs: static tokens
+from a `--token-auth-file` CSV (`token,user,uid,"group1,group2"`, as kube-apiserver reads it) and
+ServiceAccount tokens, JWTs this server signs when asked through the TokenRequest API
+(`POST .../serviceaccounts/<name>/token`) and accepts while unexpired and while the
+ServiceAccount still exists with the uid the token names. The user of the request in flight is
+kept in a context variable so that admission sees who is asking.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import csv
+import hashlib
+import hmac
+import io
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from embedded.apiserver.storage import Store
+
+AUTHENTICATED = "system:authenticated"
+MASTERS = "system:masters"  # the group that bypasses authorization, as upstream
+SERVICE_ACCOUNTS = "system:serviceaccounts"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+SA_PREFIX = "system:serviceaccount:"
+
+
+class UserInfo(msgspec.Struct, frozen=True):
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: dict[str, list[str]] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"username": self.username, "groups": list(self.groups)}
+        if self.uid:
+            body["uid"] = self.uid
+        if self.extra:
+            body["extra"] = self.extra
+        return body
+
+
+# Who the request in flight is; None for the server's own writes (GC, finalizers).
+current_user: contextvars.ContextVar[UserInfo | None] = contextvars.ContextVar("current_user", default=None)
+
+
+class TokenFileError(ValueError):
+    """A token file line that is not `token,user,uid[,"groups"]`; the message names the line."""
+
+
+def parse_token_file(text: str, source: str = "token file") -> dict[str, UserInfo]:
+    """kube-apiserver's static token CSV: token,user,uid and an optional quoted comma-separated group list.
+    Every user is also in system:authenticated, as upstream adds it."""
+    users: dict[str, UserInfo] = {}
+    for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        if not row or (len(row) == 1 and not row[0].strip()) or row[0].lstrip().startswith("#"):
+            continue
+        if len(row) < 3 or not row[0].strip() or not row[1].strip():
+            raise TokenFileError(f"{source} line {lineno}: expected token,user,uid[,\"group1,group2\"], "
+                                 f"got {len(row)} field(s)")
+        token, user, uid = (c.strip() for c in row[:3])
+        groups = [g.strip() for g in row[3].split(",") if g.strip()] if len(row) > 3 else []
+        if token in users:
+            raise TokenFileError(f"{source} line {lineno}: the token of {user!r} is already used by "
+                                 f"{users[token].username!r}; every identity needs its own token")
+        users[token] = UserInfo(user, uid, tuple(dict.fromkeys([*groups, AUTHENTICATED])))
+    return users
+
+
+def service_account_user(namespace: str, name: str, uid: str = "") -> UserInfo:
+    return UserInfo(f"{SA_PREFIX}{namespace}:{name}", uid,
+                    (SERVICE_ACCOUNTS, f"{SERVICE_ACCOUNTS}:{namespace}", AUTHENTICATED))
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Authenticator:
+    """Static tokens plus ServiceAccount JWTs signed with `signing_key` (HS256)."""
+
+    def __init__(self, store: Store, static: dict[str, UserInfo], signing_key: bytes) -> None:
+        self.store = store
+        self.static = static
+        self.signing_key = signing_key
+
+    @staticmethod
+    def signing_key_for(data_dir: Path | None) -> bytes:
+        """A key kept in the data dir (tokens survive a restart), or a fresh one in memory."""
+        if data_dir is None:
+            return secrets.token_bytes(32)
+        path = data_dir / "sa-signing.key"
+        if path.exists():
+            return bytes.fromhex(path.read_text().strip())
+        data_dir.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_bytes(32)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(key.hex())
+        tmp.chmod(0o600)
+        tmp.replace(path)
+        return key
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.static)
+
+    def authenticate(self, token: str) -> UserInfo | None:
+        for known, user in self.static.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                return user
+        if token.count(".") == 2:
+            return self._service_account(token)
+        return None
+
+    def issue(self, namespace: str, name: str, uid: str, expiration_seconds: int,
+              audiences: list[str]) -> tuple[str, int]:
+        """A ServiceAccount token and its expiry (Unix seconds)."""
+        issued = int(time.time())
+        expires = issued + expiration_seconds
+        claims = {"aud": audiences or [ISSUER], "exp": expires, "iat": issued, "nbf": issued, "iss": ISSUER,
+                  "sub": f"{SA_PREFIX}{namespace}:{name}",
+                  "jti": secrets.token_hex(8),
+                  "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": name, "uid": uid}}}
+        head = _b64(msgspec.json.encode({"alg": "HS256", "typ": "JWT"}))
+        body = _b64(msgspec.json.encode(claims))
+        sig = _b64(hmac.new(self.signing_key, f"{head}.{body}".encode(), hashlib.sha256).digest())
+        return f"{head}.{body}.{sig}", expires
+
+    def _service_account(self, token: str) -> UserInfo | None:
+        head, body, sig = token.split(".")
+        want = hmac.new(self.signing_key, f"{head}.{body}".encode(), hashlib.sha256).digest()
+        try:
+            if not hmac.compare_digest(_unb64(sig), want):
+                return None
+            claims = msgspec.json.decode(_unb64(body))
+        except (ValueError, msgspec.DecodeError):
+            return None
+        if not isinstance(claims, dict) or int(claims.get("exp") or 0) <= time.time():
+            return None
+        k8s = claims.get("kubernetes.io") or {}
+        namespace = k8s.get("namespace", "")
+        sa = k8s.get("serviceaccount") or {}
+        stored = self.store.get(("", "serviceaccounts"), (namespace, sa.get("name", "")))
+        if stored is None or (stored.get("metadata") or {}).get("uid") != sa.get("uid"):
+            return None  # the ServiceAccount was deleted (or recreated): its tokens die with it
+        return service_account_user(namespace, sa["name"], sa["uid"])

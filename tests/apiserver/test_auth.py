@@ -1,0 +1,227 @@
+"""The embedded server's request chain as a real one runs it: static tokens from a token file and
+ServiceAccount tokens from the TokenRequest API (401 for anything else), RBAC from stored Roles
+and bindings (403 with the upstream message, over raw HTTP, kubernetes-asyncio and kubectl),
+SelfSubjectAccessReview for `kubectl auth can-i`, deploy/'s ValidatingAdmissionPolicy, and the
+size limits (413 over 3 MiB of body, 422 over 1 MiB of ConfigMap data)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from embedded.apiserver.testing import RunningApiServer, running_apiserver
+from embedded.cluster.apply import Applier
+from tests.apiserver.conftest import KUBECTL
+from tests.apiserver.test_crud import slice_body
+
+REPO = Path(__file__).resolve().parents[2]
+ADMISSION = REPO / "deploy/kubernetes/base/admission.yaml"
+ALICE = "alice-token-0123456789"
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[RunningApiServer]:
+    tokens = tmp_path / "tokens.csv"
+    tokens.write_text(f'{ALICE},alice,1001,"dev,qa"\n')
+    async with running_apiserver(tmp_path, token_file=tokens) as server:
+        yield server
+
+
+async def _http(api: RunningApiServer, method: str, path: str, token: str, body: Any = None,
+                raw: bytes | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as session, \
+            session.request(method, api.url + path, data=data, headers=headers, ssl=False) as resp:
+        text = await resp.text()
+        return resp.status, json.loads(text) if text else None
+
+
+async def _admin(api: RunningApiServer, method: str, path: str, body: Any = None) -> Any:
+    status, out = await _http(api, method, path, api.token, body)
+    assert status in (200, 201), (status, out)
+    return out
+
+
+async def _grant_alice_pod_reading(api: RunningApiServer) -> None:
+    await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles", {
+        "metadata": {"name": "pod-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]})
+    await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", {
+        "metadata": {"name": "qa-reads-pods"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "qa"}]})
+
+
+async def test_unknown_token_is_401_and_known_one_is_its_own_identity(api: RunningApiServer) -> None:
+    status, body = await _http(api, "GET", "/api/v1/namespaces", "not-a-token")
+    assert status == 401
+    assert body == {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "Unauthorized", "reason": "Unauthorized", "code": 401}
+    forged = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.AAAA"  # JWT-shaped, wrong signature
+    assert (await _http(api, "GET", "/api/v1/namespaces", forged))[0] == 401
+    # alice is authenticated (discovery is open to everyone authenticated) but holds no grant yet.
+    assert (await _http(api, "GET", "/api", ALICE))[0] == 200
+    status, body = await _http(api, "GET", "/api/v1/namespaces/default/pods", ALICE)
+    assert status == 403 and body["reason"] == "Forbidden"
+    assert body["message"] == ('pods is forbidden: User "alice" cannot list resource "pods" in API group "" '
+                               'in the namespace "default"')
+    assert body["details"] == {"kind": "pods"}
+
+
+async def test_rbac_denies_then_role_binding_grants_exactly_what_it_says(api: RunningApiServer) -> None:
+    await _grant_alice_pod_reading(api)
+    assert (await _http(api, "GET", "/api/v1/namespaces/default/pods", ALICE))[0] == 200
+    async with aiohttp.ClientSession() as session, session.get(  # a watch: the status line, then close
+            api.url + "/api/v1/namespaces/default/pods?watch=true", ssl=False,
+            headers={"Authorization": f"Bearer {ALICE}"}) as watch:
+        assert watch.status == 200
+    # Not in another namespace, not another verb, not cluster-wide.
+    status, body = await _http(api, "GET", "/api/v1/namespaces/kube-system/pods", ALICE)
+    assert status == 403 and 'in the namespace "kube-system"' in body["message"]
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    status, body = await _http(api, "POST", "/api/v1/namespaces/default/pods", ALICE, pod)
+    assert status == 403 and 'cannot create resource "pods"' in body["message"]
+    status, body = await _http(api, "GET", "/apis/resource.k8s.io/v1/resourceslices/s1", ALICE)
+    assert status == 403
+    assert body["message"] == ('resourceslices.resource.k8s.io "s1" is forbidden: User "alice" cannot get resource '
+                               '"resourceslices" in API group "resource.k8s.io" at the cluster scope')
+    assert body["details"] == {"name": "s1", "group": "resource.k8s.io", "kind": "resourceslices"}
+    # A binding to a role that does not exist says so, as upstream's RBAC reason does.
+    await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "metadata": {"name": "dangling"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                      "name": "nope"},
+        "subjects": [{"kind": "User", "name": "alice"}]})
+    status, body = await _http(api, "GET", "/api/v1/nodes", ALICE)
+    assert status == 403 and body["message"].endswith(
+        'at the cluster scope: RBAC: clusterrole.rbac.authorization.k8s.io "nope" not found')
+
+
+async def test_service_account_token_through_kubernetes_asyncio(api: RunningApiServer, tmp_path: Path) -> None:
+    await _admin(api, "POST", "/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "robot"}})
+    issued = await _admin(api, "POST", "/api/v1/namespaces/default/serviceaccounts/robot/token",
+                          {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}})
+    assert issued["kind"] == "TokenRequest" and issued["status"]["expirationTimestamp"]
+    token = issued["status"]["token"]
+    kubeconfig = api.server.write_kubeconfig(tmp_path / "robot.kubeconfig", token=token)
+    configuration = client.Configuration()
+    from kubernetes_asyncio import config
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    async with client.ApiClient(configuration) as robot:
+        with pytest.raises(ApiException) as denied:
+            await client.CoreV1Api(robot).list_namespaced_config_map("default")
+        assert denied.value.status == 403
+        assert json.loads(denied.value.body)["message"] == (
+            'configmaps is forbidden: User "system:serviceaccount:default:robot" cannot list resource "configmaps" '
+            'in API group "" in the namespace "default"')
+        # Bound through the ServiceAccount subject and through its groups.
+        await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+            "metadata": {"name": "cm-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]})
+        await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", {
+            "metadata": {"name": "robot-cm"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cm-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "robot", "namespace": "default"}]})
+        listed = await client.CoreV1Api(robot).list_namespaced_config_map("default")
+        assert listed.items == []
+        with pytest.raises(ApiException) as elsewhere:
+            await client.CoreV1Api(robot).list_namespaced_config_map("kube-system")
+        assert elsewhere.value.status == 403
+        # Deleting the ServiceAccount kills its tokens.
+        await _admin(api, "DELETE", "/api/v1/namespaces/default/serviceaccounts/robot")
+        with pytest.raises(ApiException) as gone:
+            await client.CoreV1Api(robot).list_namespaced_config_map("default")
+        assert gone.value.status == 401
+
+
+async def _kubectl(kubeconfig: Path, cache: Path, *args: str) -> tuple[int, str, str]:
+    import asyncio
+    import os
+
+    assert KUBECTL is not None
+    proc = await asyncio.create_subprocess_exec(
+        KUBECTL, "--cache-dir", str(cache), *args, env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
+async def test_kubectl_auth_can_i_and_forbidden_error(api: RunningApiServer, tmp_path: Path) -> None:
+    await _grant_alice_pod_reading(api)
+    alice = api.server.write_kubeconfig(tmp_path / "alice.kubeconfig", token=ALICE)
+    cache = tmp_path / "kubectl-cache"
+    rc, out, _ = await _kubectl(alice, cache, "auth", "can-i", "list", "pods")
+    assert (rc, out.strip()) == (0, "yes")
+    rc, out, _ = await _kubectl(alice, cache, "auth", "can-i", "create", "pods")
+    assert (rc, out.strip()) == (1, "no")
+    rc, out, _ = await _kubectl(alice, cache, "auth", "can-i", "list", "pods", "-n", "kube-system")
+    assert (rc, out.strip()) == (1, "no")
+    rc, out, _ = await _kubectl(alice, cache, "auth", "can-i", "delete", "resourceslices.resource.k8s.io")
+    assert (rc, out.strip()) == (1, "no")
+    rc, out, _ = await _kubectl(api.kubeconfig_path, cache, "auth", "can-i", "delete", "resourceslices")
+    assert (rc, out.strip()) == (0, "yes")  # the admin is in system:masters
+    rc, _, err = await _kubectl(alice, cache, "get", "configmaps")
+    assert rc == 1
+    assert ('Error from server (Forbidden): configmaps is forbidden: User "alice" cannot list resource "configmaps" '
+            'in API group "" in the namespace "default"') in err
+
+
+async def test_deploy_admission_policy_lets_only_the_publisher_write_our_slices(api: RunningApiServer) -> None:
+    async with api.client() as admin:
+        applier = Applier(admin)
+        await applier.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-dra"}})
+        for doc in yaml.safe_load_all(ADMISSION.read_text()):
+            await applier.create(doc)
+    for name in ("gpu-dra-publisher", "gpu-dra-node"):
+        await _admin(api, "POST", "/api/v1/namespaces/gpu-dra/serviceaccounts", {"metadata": {"name": name}})
+    # Both may write slices as far as RBAC goes: the policy is what holds.
+    await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+        "metadata": {"name": "slice-writer"},
+        "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["*"]}]})
+    await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "metadata": {"name": "slice-writers"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "slice-writer"},
+        "subjects": [{"kind": "Group", "name": "system:serviceaccounts:gpu-dra"}]})
+    tokens = {}
+    for name in ("gpu-dra-publisher", "gpu-dra-node"):
+        issued = await _admin(api, "POST", f"/api/v1/namespaces/gpu-dra/serviceaccounts/{name}/token", {"spec": {}})
+        tokens[name] = issued["status"]["token"]
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+    status, body = await _http(api, "POST", path, tokens["gpu-dra-node"], slice_body("forged"))
+    assert status == 403 and body["reason"] == "Forbidden"
+    assert body["message"] == (
+        'resourceslices.resource.k8s.io "forged" is forbidden: ValidatingAdmissionPolicy \'gpu-dra-resourceslices\' '
+        "with binding 'gpu-dra-resourceslices' denied request: ResourceSlices of driver gpu.nvidia.com are written "
+        "only by gpu-dra-publisher, not by system:serviceaccount:gpu-dra:gpu-dra-node")
+    assert (await _http(api, "GET", f"{path}/forged", api.token))[0] == 404  # nothing stored
+    # Another driver's slices are not guarded; the publisher writes ours.
+    status, _ = await _http(api, "POST", path, tokens["gpu-dra-node"], slice_body("other", driver="example.com"))
+    assert status == 201
+    status, _ = await _http(api, "POST", path, tokens["gpu-dra-publisher"], slice_body("real"))
+    assert status == 201
+    status, body = await _http(api, "DELETE", f"{path}/real", tokens["gpu-dra-node"])
+    assert status == 403 and "not by system:serviceaccount:gpu-dra:gpu-dra-node" in body["message"]
+    assert (await _http(api, "GET", f"{path}/real", api.token))[0] == 200
+
+
+async def test_size_limits(api: RunningApiServer) -> None:
+    big = {"metadata": {"name": "big"}, "data": {"blob": "x" * (1024 * 1024 + 1)}}
+    status, body = await _http(api, "POST", "/api/v1/namespaces/default/configmaps", api.token, big)
+    assert status == 422 and body["reason"] == "Invalid"
+    assert body["message"] == 'ConfigMap "big" is invalid: []: Too long: must have at most 1048576 bytes'
+    status, body = await _http(api, "POST", "/api/v1/namespaces/default/configmaps", api.token,
+                               raw=b'{"metadata":{"name":"huge"},"data":{"a":"' + b"x" * (3 * 1024 * 1024) + b'"}}')
+    assert status == 413 and body["reason"] == "RequestEntityTooLarge"
+    assert body["message"] == "Request entity too large: limit is 3145728"
+    assert (await _http(api, "GET", "/api/v1/namespaces/default/configmaps/big", api.token))[0] == 404
+    ok = {"metadata": {"name": "ok"}, "data": {"blob": "x" * (1024 * 1024 - 10)}}
+    assert (await _http(api, "POST", "/api/v1/namespaces/default/configmaps", api.token, ok))[0] == 201
