@@ -9,6 +9,7 @@ from typing import Annotated
 
 import msgspec
 
+from embedded.apiserver.authn import TokenFileError
 from shared.config import CommonConfig, load_config_or_report
 from shared.logs import get_logger, setup_logging
 
@@ -19,7 +20,12 @@ class ApiServerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535, description="port on 127.0.0.1; 0 picks a free one")] = 6443
     kubeconfig: Annotated[str, msgspec.Meta(description="where to write a kubeconfig for kubectl and clients")] = ""
     data_dir: Annotated[str, msgspec.Meta(description="persist objects here (SQLite); empty keeps them in memory")] = ""
-    token: Annotated[str, msgspec.Meta(description="bearer token clients must send; empty makes a random one")] = ""
+    token: Annotated[str, msgspec.Meta(description=(
+        "the admin's bearer token (system:masters); empty makes a random one, written only to --kubeconfig. "
+        "A flag shows in `ps`: prefer leaving it empty"))] = ""
+    token_auth_file: Annotated[str, msgspec.Meta(description=(
+        'static tokens, one identity a line: token,user,uid,"group1,group2" (as kube-apiserver\'s '
+        "--token-auth-file); ServiceAccount tokens come from the TokenRequest API"))] = ""
     insecure_http: Annotated[bool, msgspec.Meta(
         description="serve plain HTTP instead of TLS (kubectl then sends no token, so the token is not checked)")] = False
     bookmark_interval: Annotated[float, msgspec.Meta(gt=0, description="seconds between watch bookmarks")] = 60.0
@@ -35,6 +41,7 @@ async def serve(config: ApiServerConfig) -> None:
         port=config.port,
         bookmark_interval=config.bookmark_interval,
         tls=not config.insecure_http,
+        token_file=Path(config.token_auth_file) if config.token_auth_file else None,
     )
     stopping = stop_event()
     await server.start()
@@ -57,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("apiserver", config.log_level, config.log_format)
     try:
         asyncio.run(serve(config))
+    except TokenFileError as exc:
+        print(f"gpu-dra apiserver: --token-auth-file: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:  # TlsUnavailable: no way to make a serving certificate
         print(f"gpu-dra apiserver: {exc}", file=sys.stderr)
         return 1

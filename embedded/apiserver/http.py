@@ -30,10 +30,12 @@ from embedded.apiserver.resources import Resource
 from embedded.apiserver.selectors import SelectorError, parse_field_selector, parse_label_selector
 from embedded.apiserver.storage import deep_copy
 from embedded.apiserver.watch import WatchRequest
+from shared.logs import get_logger
 
 if TYPE_CHECKING:
     from embedded.apiserver.server import ApiServer
 
+log = get_logger(__name__)
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
 OPEN_PATHS = {"/healthz", "/livez", "/readyz", "/version", "/version/"}
@@ -82,7 +84,10 @@ def build_app(server: ApiServer) -> web.Application:
             attrs = rbac.request_attributes(request.method, request.path, request.query_string)
             allowed, reason = server.authorizer.authorize(user, attrs)
             if not allowed:
-                return status_response(rbac.forbidden(user, attrs, reason))
+                denied = rbac.forbidden(user, attrs, reason)
+                log.info("request forbidden", user=user.username, method=request.method, path=request.path,
+                         reason=denied.message)
+                return status_response(denied)
         token = authn.current_user.set(user)
         try:
             return await handler(request)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,8 @@ class ApiServer:
     def write_kubeconfig(self, path: Path, token: str | None = None) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.kubeconfig(token=token), sort_keys=False))
-        tmp.chmod(0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a credential: never readable by others
+        with os.fdopen(fd, "w") as f:
+            f.write(yaml.safe_dump(self.kubeconfig(token=token), sort_keys=False))
         tmp.replace(path)
         return path

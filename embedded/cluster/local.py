@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import shutil
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import msgspec
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from embedded.cluster import identities
 from embedded.cluster.processes import ProcessFailed, Supervisor, gpu_dra
 from shared.bus import Bus
 from shared.config import CommonConfig, load_config_or_report
@@ -75,7 +75,8 @@ class LocalCluster:
         self.supervisor: Supervisor | None = None
         self.api: client.ApiClient | None = None
         self.bus: Bus | None = None
-        self.token = secrets.token_hex(16)
+        self.identities_dir = self.data_dir / "identities"  # a kubeconfig per identity, and the token file
+        self.kubeconfigs: dict[str, Path] = {}
         self.extra_env: dict[str, str] = {}
         # Unix socket paths are limited to 107 bytes, which a deep --data-dir easily exceeds, so the
         # kubelet dirs (sockets, checkpoints) live under a short runtime dir; <node>/var/lib/kubelet
@@ -111,8 +112,15 @@ class LocalCluster:
         await self.stop()
 
     def _env(self) -> dict[str, str]:
-        return {"GPU_DRA_NATS_URL": self.nats_url, "GPU_DRA_LOG_FORMAT": "json",
-                "KUBECONFIG": str(self.kubeconfig_path), **self.extra_env}
+        # No process inherits the admin's kubeconfig: each gets its own identity's (`_kube`), or none.
+        # POD_NAMESPACE as a pod in deploy/'s namespace has it (the controller's Lease lives there).
+        return {"GPU_DRA_NATS_URL": self.nats_url, "GPU_DRA_LOG_FORMAT": "json", "KUBECONFIG": "",
+                "POD_NAMESPACE": identities.NODE.namespace, **self.extra_env}
+
+    def _kube(self, identity: str) -> tuple[list[str], dict[str, str]]:
+        """The flags and environment that make a process `identity` (a kubeconfig file path, not a token)."""
+        path = str(self.kubeconfigs[identity])
+        return ["--kubeconfig", path], {"KUBECONFIG": path}
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -125,12 +133,17 @@ class LocalCluster:
         await self.bus.provision()
         sup = self.supervisor = Supervisor(self.data_dir / "logs", self._env())
         port = free_port()
+        kubelets = identities.kubelet_tokens(self.node_names)
+        token_file = await asyncio.to_thread(identities.write_secret, self.identities_dir / "tokens.csv",
+                                             identities.token_file_text(kubelets))
+        # The admin's token is made by the server and written only into its kubeconfig (0600).
         await sup.start("apiserver", gpu_dra("apiserver", "--port", str(port), "--kubeconfig",
                                              str(self.kubeconfig_path), "--data-dir",
-                                             str(self.data_dir / "apiserver"), "--token", self.token))
+                                             str(self.data_dir / "apiserver"), "--token-auth-file", str(token_file)))
         await sup.wait_until("the API server", self._apiserver_ready, timeout=self.cfg.start_timeout)
         self.progress(f"API server                https://127.0.0.1:{port} (kubeconfig {self.kubeconfig_path})")
         await self._install_cluster_objects()
+        await self._install_identities(kubelets)
         await self._start_cluster_services()
         await asyncio.gather(*(self._start_node(node) for node in self.node_names))
         await sup.wait_until("ResourceSlices for every node", self._slices_published, timeout=self.cfg.start_timeout)
@@ -199,14 +212,29 @@ class LocalCluster:
                 await core.create_node(body)
         self.progress(f"CRDs, DeviceClasses, Nodes {', '.join(self.node_names)}")
 
+    async def _install_identities(self, kubelets: dict[str, str]) -> None:
+        """deploy/'s RBAC and policies plus the embedded components' roles, then a kubeconfig per identity."""
+        assert self.api is not None
+        await identities.install(self.api, identities.NODE.namespace)
+        accounts = {"publisher": identities.PUBLISHER, "controller": identities.CONTROLLER, "node": identities.NODE,
+                    "scheduler": identities.SCHEDULER, "controllers": identities.WORKLOAD_CONTROLLERS}
+        tokens = {f"kubelet-{node}": token for node, token in kubelets.items()}
+        for identity, sa in accounts.items():
+            tokens[identity] = await identities.service_account_token(self.api, sa)
+        for identity, token in tokens.items():
+            self.kubeconfigs[identity] = await identities.write_kubeconfig(
+                self.kubeconfig_path, token, self.identities_dir / f"{identity}.kubeconfig")
+        self.progress("RBAC and admission policies of deploy/, an identity per service")
+
     async def _start_cluster_services(self) -> None:
         assert self.supervisor is not None
-        kube = ["--kubeconfig", str(self.kubeconfig_path)]
-        await self.supervisor.start("publisher", gpu_dra("publisher", *kube, *(
-            ["--mode", "dynamic-mig"] if self.cfg.dynamic_mig else [])))
-        await self.supervisor.start("scheduler", gpu_dra("scheduler", *kube))
-        await self.supervisor.start("controllers", gpu_dra("controllers", *kube))
-        await self.supervisor.start("computedomain-controller", gpu_dra("computedomain", "controller", *kube))
+        mode = ["--mode", "dynamic-mig"] if self.cfg.dynamic_mig else []
+        for name, identity, argv in (("publisher", "publisher", ["publisher", *mode]),
+                                     ("scheduler", "scheduler", ["scheduler"]),
+                                     ("controllers", "controllers", ["controllers"]),
+                                     ("computedomain-controller", "controller", ["computedomain", "controller"])):
+            flags, env = self._kube(identity)
+            await self.supervisor.start(name, gpu_dra(*argv, *flags), env=env)
         self.progress("publisher, scheduler, controllers, computedomain controller started")
 
     async def _start_node(self, node: str) -> None:
@@ -224,19 +252,21 @@ class LocalCluster:
             "discovery", "--node", node, *machine, "--dev-root", str(paths["root"])))
         await self.supervisor.wait_until(f"{node} inventory", lambda: self._has_inventory(node),
                                          timeout=self.cfg.start_timeout)
+        node_flags, node_env = self._kube("node")
         await self.supervisor.start(f"{node}-preparer", gpu_dra(
-            "preparer", "--node", node, "--kubeconfig", str(self.kubeconfig_path),
+            "preparer", "--node", node, *node_flags,
             "--registry-dir", str(paths["registry"]), "--plugins-dir", str(paths["plugins"]),
-            "--cdi-dir", str(paths["cdi"]), "--dev-root", str(paths["root"])))
+            "--cdi-dir", str(paths["cdi"]), "--dev-root", str(paths["root"])), env=node_env)
         if self.cfg.compute_domains:
             await self.supervisor.start(f"{node}-cd-agent", gpu_dra(
                 "computedomain", "agent", "--node", node, "--ip-address", node_ip(index),
                 "--state-dir", str(paths["plugins"] / "compute-domain.nvidia.com"),
                 "--imex-server-port", str(self.imex_port), "--imex-cmd-port", str(self.imex_port + 1),
                 "--imex-daemon", "simulated"))  # no nvidia-imex here: the simulated daemon, each node its own address
+        kubelet_flags, kubelet_env = self._kube(f"kubelet-{node}")
         await self.supervisor.start(f"{node}-kubelet", gpu_dra(
-            "kubelet", "--node", node, "--kubeconfig", str(self.kubeconfig_path),
-            "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"])))
+            "kubelet", "--node", node, *kubelet_flags,
+            "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"])), env=kubelet_env)
         await self.supervisor.wait_until(f"{node} Ready", lambda: self._node_ready(node),
                                          timeout=self.cfg.start_timeout)
         self.progress(f"node {node:<18} discovery, preparer, kubelet ready")
