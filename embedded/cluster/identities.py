@@ -86,7 +86,8 @@ EMBEDDED_ROLES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "gpu-dra:embedded-kubelet": ([
         _rule([""], ["nodes"], [*_READ, "create", "update", "patch"]),
         _rule([""], ["nodes/status"], ["patch", "update"]),
-        _rule([""], ["pods"], [*_READ, "create", "delete"]),
+        # patch beyond system:node: the emulator records a pod's CDI edits in an annotation
+        _rule([""], ["pods"], [*_READ, "create", "delete", "patch"]),
         _rule([""], ["pods/status"], ["patch", "update"]),
         _rule([""], ["namespaces", "services", "configmaps", "secrets"], _READ),
         _rule([""], ["serviceaccounts/token"], ["create"]),
