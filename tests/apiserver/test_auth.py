@@ -225,3 +225,32 @@ async def test_size_limits(api: RunningApiServer) -> None:
     assert (await _http(api, "GET", "/api/v1/namespaces/default/configmaps/big", api.token))[0] == 404
     ok = {"metadata": {"name": "ok"}, "data": {"blob": "x" * (1024 * 1024 - 10)}}
     assert (await _http(api, "POST", "/api/v1/namespaces/default/configmaps", api.token, ok))[0] == 201
+
+
+async def test_an_object_over_the_etcd_limit_is_refused_and_not_stored(api: RunningApiServer) -> None:
+    event = {"metadata": {"name": "loud"}, "involvedObject": {"kind": "Node", "name": "n"},
+             "reason": "Loud", "message": "x" * (1536 * 1024 + 1)}
+    status, body = await _http(api, "POST", "/api/v1/namespaces/default/events", api.token, event)
+    assert status == 413 and body["message"] == "etcdserver: request is too large"
+    assert (await _http(api, "GET", "/api/v1/namespaces/default/events/loud", api.token))[0] == 404
+
+
+def test_token_file_lines_are_checked_and_a_bad_file_stops_the_server(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from embedded.apiserver.authn import TokenFileError, parse_token_file
+
+    users = parse_token_file('# comment\nt1,bob,7\nt2,carol,8,"a, b"\n')
+    assert users["t1"].groups == ("system:authenticated",)
+    assert users["t2"].username == "carol" and users["t2"].groups == ("a", "b", "system:authenticated")
+    with pytest.raises(TokenFileError, match="line 1: expected token,user,uid"):
+        parse_token_file("only-a-token\n")
+    with pytest.raises(TokenFileError, match="line 2: the token of 'eve' is already used by 'bob'"):
+        parse_token_file("t1,bob,7\nt1,eve,9\n")
+    bad = tmp_path / "tokens.csv"
+    bad.write_text("t1,bob\n")
+    done = subprocess.run([sys.executable, "-m", "shared.cli", "apiserver", "--port", "0", "--token-auth-file",
+                           str(bad)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2
+    assert "--token-auth-file" in done.stderr and "line 1: expected token,user,uid" in done.stderr
