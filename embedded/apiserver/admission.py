@@ -87,7 +87,7 @@ def _rule_matches(rule: dict[str, Any], res: Resource, version: str, operation: 
         bool(subresource) and f"{res.plural}/*" in resources)
     if not ok:
         return False
-    scope = rule.get("scope", "*")
+    scope = str(rule.get("scope", "*"))
     return scope == "*" or (scope == "Namespaced") == namespaced_request
 
 

@@ -171,8 +171,9 @@ class Handlers:
     async def self_access_review(self, request: web.Request) -> web.Response:
         """`kubectl auth can-i`: may the caller do this? Answered by the same RBAC as its requests."""
         body = await self._body(request)
-        spec = (body or {}).get("spec") or {} if isinstance(body, dict) else {}
-        ra, nra = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+        spec: dict[str, Any] = (body.get("spec") or {}) if isinstance(body, dict) else {}
+        ra: dict[str, Any] = spec.get("resourceAttributes") or {}
+        nra: dict[str, Any] = spec.get("nonResourceAttributes") or {}
         if bool(ra) == bool(nra):
             raise errors.ApiError(422, "Invalid", 'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: '
                                   "spec: Invalid value: exactly one of nonResourceAttributes or "

@@ -160,9 +160,10 @@ async def install(api: client.ApiClient, namespace: str = "gpu-dra") -> None:
 
 async def service_account_token(api: client.ApiClient, sa: ServiceAccount) -> str:
     """A token for `sa` from the TokenRequest API, as `kubectl create token` gets one."""
-    issued = await client.CoreV1Api(api).create_namespaced_service_account_token(
-        sa.name, sa.namespace, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                "spec": {"expirationSeconds": TOKEN_SECONDS}})
+    request = client.AuthenticationV1TokenRequest(
+        api_version="authentication.k8s.io/v1", kind="TokenRequest",
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=TOKEN_SECONDS))
+    issued = await client.CoreV1Api(api).create_namespaced_service_account_token(sa.name, sa.namespace, request)
     return str(issued.status.token)
 
 
