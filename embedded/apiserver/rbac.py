@@ -63,6 +63,11 @@ def request_attributes(method: str, path: str, query: str = "") -> Attributes:
     params = parse_qs(query)
     if not name and verb == "get":
         verb = "watch" if (params.get("watch") or [""])[0] in ("1", "t", "T", "true", "TRUE", "True") else "list"
+        # A list or watch of one name (fieldSelector metadata.name=x) is authorized as that name.
+        for term in (params.get("fieldSelector") or [""])[0].split(","):
+            key, _, value = term.replace("==", "=").partition("=")
+            if key.strip() == "metadata.name" and value and not key.endswith("!"):
+                name = value.strip()
     if not name and verb == "delete":
         verb = "deletecollection"
     return Attributes(verb, path, True, group, version, resource, subresource, namespace, name)

@@ -103,6 +103,21 @@ async def test_rbac_denies_then_role_binding_grants_exactly_what_it_says(api: Ru
     status, body = await _http(api, "GET", "/api/v1/nodes", ALICE)
     assert status == 403 and body["message"].endswith(
         'at the cluster scope: RBAC: clusterrole.rbac.authorization.k8s.io "nope" not found')
+    # resourceNames: one ConfigMap by name, also as a list/watch of that name (as upstream reads fieldSelector).
+    await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles", {
+        "metadata": {"name": "one-cm"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["settings"],
+                   "verbs": ["get", "list"]}]})
+    await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", {
+        "metadata": {"name": "alice-one-cm"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "one-cm"},
+        "subjects": [{"kind": "User", "name": "alice"}]})
+    await _admin(api, "POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "settings"}})
+    assert (await _http(api, "GET", "/api/v1/namespaces/default/configmaps/settings", ALICE))[0] == 200
+    assert (await _http(api, "GET", "/api/v1/namespaces/default/configmaps/other", ALICE))[0] == 403
+    base = "/api/v1/namespaces/default/configmaps"
+    assert (await _http(api, "GET", f"{base}?fieldSelector=metadata.name%3Dsettings", ALICE))[0] == 200
+    assert (await _http(api, "GET", base, ALICE))[0] == 403
 
 
 async def test_service_account_token_through_kubernetes_asyncio(api: RunningApiServer, tmp_path: Path) -> None:
@@ -254,3 +269,49 @@ def test_token_file_lines_are_checked_and_a_bad_file_stops_the_server(tmp_path: 
                            str(bad)], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 2
     assert "--token-auth-file" in done.stderr and "line 1: expected token,user,uid" in done.stderr
+
+
+async def test_policy_variables_namespace_selector_and_failure_policy(api: RunningApiServer) -> None:
+    await _admin(api, "POST", "/api/v1/namespaces", {"metadata": {"name": "prod", "labels": {"env": "prod"}}})
+    await _admin(api, "POST", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies", {
+        "metadata": {"name": "small-configmaps"},
+        "spec": {"failurePolicy": "Fail",
+                 "matchConstraints": {
+                     "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                                        "resources": ["configmaps"]}],
+                     "namespaceSelector": {"matchLabels": {"env": "prod"}}},
+                 "variables": [{"name": "keys", "expression": "object.data.size()"},
+                               {"name": "limit", "expression": "2"}],
+                 "validations": [{"expression": "variables.keys <= variables.limit",
+                                  "message": "at most two keys in prod"},
+                                 {"expression": "object.data.missing == 'x'"}]}})
+    await _admin(api, "POST", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings", {
+        "metadata": {"name": "small-configmaps-prod"},
+        "spec": {"policyName": "small-configmaps", "validationActions": ["Deny"]}})
+    three = {"metadata": {"name": "three"}, "data": {"a": "1", "b": "2", "c": "3"}}
+    status, body = await _http(api, "POST", "/api/v1/namespaces/prod/configmaps", api.token, three)
+    assert status == 422 and body["reason"] == "Invalid"
+    assert body["message"] == ('configmaps "three" is forbidden: ValidatingAdmissionPolicy \'small-configmaps\' '
+                               "with binding 'small-configmaps-prod' denied request: at most two keys in prod")
+    # Outside the selected namespaces the policy does not apply.
+    assert (await _http(api, "POST", "/api/v1/namespaces/default/configmaps", api.token, three))[0] == 201
+    # An expression that fails at run time denies under failurePolicy Fail.
+    two = {"metadata": {"name": "two"}, "data": {"a": "1", "b": "2"}}
+    status, body = await _http(api, "POST", "/api/v1/namespaces/prod/configmaps", api.token, two)
+    assert status == 422 and "expression 'object.data.missing == 'x'' resulted in error" in body["message"]
+    assert (await _http(api, "GET", "/api/v1/namespaces/prod/configmaps/two", api.token))[0] == 404
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
+async def test_kubectl_create_token_gives_a_working_service_account_token(api: RunningApiServer,
+                                                                           tmp_path: Path) -> None:
+    cache = tmp_path / "kubectl-cache"
+    rc, _, err = await _kubectl(api.kubeconfig_path, cache, "create", "serviceaccount", "bot")
+    assert rc == 0, err
+    rc, out, err = await _kubectl(api.kubeconfig_path, cache, "create", "token", "bot", "--duration", "1h")
+    assert rc == 0, err
+    bot = api.server.write_kubeconfig(tmp_path / "bot.kubeconfig", token=out.strip())
+    rc, out, _ = await _kubectl(bot, cache, "auth", "can-i", "get", "configmaps")
+    assert (rc, out.strip()) == (1, "no")
+    rc, _, err = await _kubectl(bot, cache, "get", "configmaps")
+    assert rc == 1 and 'User "system:serviceaccount:default:bot" cannot list resource "configmaps"' in err
