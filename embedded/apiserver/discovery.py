@@ -31,9 +31,10 @@ _SUBRESOURCE_VERBS = {
     "eviction": ["create"],
     "finalize": ["update"],
     "ephemeralcontainers": ["get", "patch", "update"],
+    "token": ["create"],
 }
 _SUBRESOURCE_KIND = {"binding": ("", "v1", "Binding"), "eviction": ("policy", "v1", "Eviction"),
-                     "scale": ("autoscaling", "v1", "Scale")}
+                     "scale": ("autoscaling", "v1", "Scale"), "token": ("authentication.k8s.io", "v1", "TokenRequest")}
 
 
 def wants_aggregated(accept: str) -> str | None:
