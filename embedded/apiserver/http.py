@@ -1,7 +1,7 @@
 """The aiohttp application: the request chain (body limit, authentication, RBAC), URL parsing into
 (group, version, resource, namespace, name, subresource), content negotiation (JSON, Table,
 PartialObjectMetadata, aggregated discovery) and the mapping of verbs onto the core, plus the two
-APIs that are not storage (SelfSubjectAccessReview, TokenRequest). Errors leave as Status objects.
+APIs that are not storage (SelfSubjectAccessReview and -RulesReview, TokenRequest). Errors leave as Status objects.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_route("*", "/api", handlers.api_root)
     app.router.add_route("*", "/apis", handlers.apis_root)
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", handlers.self_access_review)
+    app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", handlers.self_rules_review)
     app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
     app.router.add_route("*", "/apis/{tail:.*}", handlers.resource)
     return app
@@ -191,6 +192,23 @@ class Handlers:
             status["reason"] = reason
         return json_response({"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
                               "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}, status=201)
+
+    async def self_rules_review(self, request: web.Request) -> web.Response:
+        """`kubectl auth can-i --list`: every rule that applies to the caller in a namespace."""
+        body = await self._body(request)
+        spec: dict[str, Any] = (body.get("spec") or {}) if isinstance(body, dict) else {}
+        user = authn.current_user.get() or _OPEN_USER
+        resource_rules, non_resource_rules = [], []
+        for rule in self.server.authorizer.rules_for(user, str(spec.get("namespace") or "")):
+            if rule.get("nonResourceURLs"):
+                non_resource_rules.append({"verbs": rule.get("verbs") or [], "nonResourceURLs": rule["nonResourceURLs"]})
+            else:
+                resource_rules.append({k: rule[k] for k in ("verbs", "apiGroups", "resources", "resourceNames")
+                                       if rule.get(k) is not None})
+        return json_response({"kind": "SelfSubjectRulesReview", "apiVersion": "authorization.k8s.io/v1",
+                              "metadata": {"creationTimestamp": None}, "spec": spec,
+                              "status": {"resourceRules": resource_rules, "nonResourceRules": non_resource_rules,
+                                         "incomplete": False}}, status=201)
 
     async def _token_request(self, request: web.Request, target: Target) -> web.Response:
         """TokenRequest: a token for a ServiceAccount (`kubectl create token`)."""

@@ -1,6 +1,6 @@
 """Kubernetes protobuf request bodies (`application/vnd.kubernetes.protobuf`) for the kinds that
 `kubectl create <kind>` sends that way: Namespace, ConfigMap, Secret, ServiceAccount, and the
-SelfSubjectAccessReview of `kubectl auth can-i` and TokenRequest of `kubectl create token`.
+SelfSubjectAccessReview and SelfSubjectRulesReview of `kubectl auth can-i [--list]` and TokenRequest of `kubectl create token`.
 
 kubectl's typed subcommands encode their body as the `k8s\\0` magic followed by a runtime.Unknown
 envelope whose `raw` field holds the object's protobuf. This module decodes those into the JSON
@@ -89,6 +89,8 @@ KINDS: dict[tuple[str, str], Schema] = {
                                    4: ("version", "str"), 5: ("resource", "str"), 6: ("subresource", "str"),
                                    7: ("name", "str")}),
         2: ("nonResourceAttributes", {1: ("path", "str"), 2: ("verb", "str")})})},
+    ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): {1: ("metadata", OBJECT_META),
+                                                            2: ("spec", {1: ("namespace", "str")})},
     ("authentication.k8s.io/v1", "TokenRequest"): {1: ("metadata", OBJECT_META), 2: ("spec", {
         1: ("audiences", "strs"), 4: ("expirationSeconds", "int"), 3: ("boundObjectRef", OBJECT_REFERENCE)})},
 }

@@ -158,6 +158,26 @@ class RbacAuthorizer:
             reason = "RBAC: " + ("[" + ", ".join(missing) + "]" if len(missing) > 1 else missing[0])
         return False, reason
 
+    def rules_for(self, user: UserInfo, namespace: str) -> list[dict[str, Any]]:
+        """Every rule that applies to `user` in `namespace` (SelfSubjectRulesReview, `kubectl auth can-i --list`)."""
+        if MASTERS in user.groups:
+            return [rule for role in bootstrap_cluster_roles() if role["metadata"]["name"] == "cluster-admin"
+                    for rule in role["rules"]]
+        bindings = [("", b) for _, b in self.store.items((RBAC, "clusterrolebindings"))]
+        if namespace:
+            bindings += [(namespace, b) for _, b in self.store.items((RBAC, "rolebindings"), namespace)]
+        rules: list[dict[str, Any]] = []
+        for ns, binding in bindings:
+            if not any(_subject_matches(s, user, ns) for s in binding.get("subjects") or []):
+                continue
+            ref = binding.get("roleRef") or {}
+            if ref.get("kind") == "ClusterRole":
+                role = self.store.get((RBAC, "clusterroles"), ("", ref.get("name", "")))
+            else:
+                role = self.store.get((RBAC, "roles"), (ns, ref.get("name", "")))
+            rules.extend((role or {}).get("rules") or [])
+        return rules
+
     def _binding_allows(self, binding: dict[str, Any], namespace: str, user: UserInfo, attrs: Attributes,
                         missing: list[str]) -> bool:
         if not any(_subject_matches(s, user, namespace) for s in binding.get("subjects") or []):

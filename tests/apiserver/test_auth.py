@@ -184,6 +184,11 @@ async def test_kubectl_auth_can_i_and_forbidden_error(api: RunningApiServer, tmp
     assert (rc, out.strip()) == (1, "no")
     rc, out, _ = await _kubectl(api.kubeconfig_path, cache, "auth", "can-i", "delete", "resourceslices")
     assert (rc, out.strip()) == (0, "yes")  # the admin is in system:masters
+    rc, out, err = await _kubectl(alice, cache, "auth", "can-i", "--list")
+    assert rc == 0, err
+    pods_row = next(line for line in out.splitlines() if line.startswith("pods "))
+    assert "[get list watch]" in pods_row
+    assert "selfsubjectaccessreviews.authorization.k8s.io" in out and "configmaps" not in out
     rc, _, err = await _kubectl(alice, cache, "get", "configmaps")
     assert rc == 1
     assert ('Error from server (Forbidden): configmaps is forbidden: User "alice" cannot list resource "configmaps" '

@@ -26,14 +26,32 @@ GROUP, VERSION = "resource.k8s.io", "v1"
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
     root = tmp_path_factory.mktemp("rbaccluster")
-    cfg = ClusterConfig(nodes=1, gpus="h100x2", data_dir=str(root / "data"), compute_domains=False,
-                        start_timeout=120)
+    cfg = ClusterConfig(nodes=1, gpus="h100x2", data_dir=str(root / "data"), start_timeout=120)
     async with LocalCluster(cfg) as c:
         yield c
 
 
 def _token(kubeconfig: Path) -> str:
     return str(yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"])
+
+
+def _descendants(pids: set[int]) -> set[int]:
+    """`pids` and every process below them (from /proc/<pid>/stat's parent pid)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found = set(pids)
+    grew = True
+    while grew:
+        below = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= below
+        grew = bool(below)
+    return found
 
 
 def _slice(name: str, node: str) -> dict:
@@ -49,13 +67,19 @@ async def test_no_credential_on_any_argv_or_environment(cluster: LocalCluster) -
     assert len(secrets) == len(cluster.kubeconfigs) + 1  # every identity its own token
     children = [c for c in cluster.supervisor.children if c.process and c.process.returncode is None]
     assert {c.name for c in children} >= {"apiserver", "publisher", "scheduler", "controllers"}
-    for child in children:
-        cmdline = Path(f"/proc/{child.pid}/cmdline").read_bytes().decode(errors="replace")
-        environ = Path(f"/proc/{child.pid}/environ").read_bytes().decode(errors="replace")
-        assert "--token\x00" not in cmdline, (child.name, cmdline)
+    assert {c.name for c in children} >= {f"{cluster.node_names[0]}-{s}" for s in ("preparer", "kubelet", "cd-agent")}
+    processes = _descendants({c.pid for c in children})
+    assert processes >= {c.pid for c in children}  # and whatever they started
+    for pid in processes:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue  # exited meanwhile
+        assert "--token\x00" not in cmdline, cmdline
         for secret in secrets:
-            assert secret not in cmdline, f"{child.name} has a token on its argv"
-            assert secret not in environ, f"{child.name} has a token in its environment"
+            assert secret not in cmdline, f"a token is on the argv of {cmdline!r}"
+            assert secret not in environ, f"a token is in the environment of {cmdline!r}"
     for path in [cluster.kubeconfig_path, *cluster.kubeconfigs.values()]:
         assert path.stat().st_mode & 0o077 == 0, f"{path} is readable by others"
 
