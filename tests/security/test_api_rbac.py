@@ -69,7 +69,6 @@ async def test_no_credential_on_any_argv_or_environment(cluster: LocalCluster) -
     assert {c.name for c in children} >= {"apiserver", "publisher", "scheduler", "controllers"}
     assert {c.name for c in children} >= {f"{cluster.node_names[0]}-{s}" for s in ("preparer", "kubelet", "cd-agent")}
     processes = _descendants({c.pid for c in children})
-    assert processes >= {c.pid for c in children}  # and whatever they started
     for pid in processes:
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
