@@ -6,7 +6,6 @@ APIs that are not storage (SelfSubjectAccessReview and -RulesReview, TokenReques
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ from aiohttp import web
 
 from embedded.apiserver import (
     admission,
+    authapi,
     authn,
     discovery,
     errors,
@@ -170,66 +170,18 @@ class Handlers:
     # ---- APIs that are not storage
 
     async def self_access_review(self, request: web.Request) -> web.Response:
-        """`kubectl auth can-i`: may the caller do this? Answered by the same RBAC as its requests."""
-        body = await self._body(request)
-        spec: dict[str, Any] = (body.get("spec") or {}) if isinstance(body, dict) else {}
-        ra: dict[str, Any] = spec.get("resourceAttributes") or {}
-        nra: dict[str, Any] = spec.get("nonResourceAttributes") or {}
-        if bool(ra) == bool(nra):
-            raise errors.ApiError(422, "Invalid", 'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: '
-                                  "spec: Invalid value: exactly one of nonResourceAttributes or "
-                                  "resourceAttributes must be specified")
-        if ra:
-            attrs = rbac.Attributes(ra.get("verb", ""), "", True, ra.get("group", ""), ra.get("version", ""),
-                                    ra.get("resource", ""), ra.get("subresource", ""), ra.get("namespace", ""),
-                                    ra.get("name", ""))
-        else:
-            attrs = rbac.Attributes(nra.get("verb", ""), nra.get("path", ""), False)
         user = authn.current_user.get() or _OPEN_USER
-        allowed, reason = self.server.authorizer.authorize(user, attrs)
-        status: dict[str, Any] = {"allowed": allowed}
-        if reason:
-            status["reason"] = reason
-        return json_response({"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
-                              "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}, status=201)
+        return json_response(authapi.access_review(self.server.authorizer, user, await self._body(request)), 201)
 
     async def self_rules_review(self, request: web.Request) -> web.Response:
-        """`kubectl auth can-i --list`: every rule that applies to the caller in a namespace."""
-        body = await self._body(request)
-        spec: dict[str, Any] = (body.get("spec") or {}) if isinstance(body, dict) else {}
         user = authn.current_user.get() or _OPEN_USER
-        resource_rules, non_resource_rules = [], []
-        for rule in self.server.authorizer.rules_for(user, str(spec.get("namespace") or "")):
-            if rule.get("nonResourceURLs"):
-                non_resource_rules.append({"verbs": rule.get("verbs") or [], "nonResourceURLs": rule["nonResourceURLs"]})
-            else:
-                resource_rules.append({k: rule[k] for k in ("verbs", "apiGroups", "resources", "resourceNames")
-                                       if rule.get(k) is not None})
-        return json_response({"kind": "SelfSubjectRulesReview", "apiVersion": "authorization.k8s.io/v1",
-                              "metadata": {"creationTimestamp": None}, "spec": spec,
-                              "status": {"resourceRules": resource_rules, "nonResourceRules": non_resource_rules,
-                                         "incomplete": False}}, status=201)
+        return json_response(authapi.rules_review(self.server.authorizer, user, await self._body(request)), 201)
 
     async def _token_request(self, request: web.Request, target: Target) -> web.Response:
-        """TokenRequest: a token for a ServiceAccount (`kubectl create token`)."""
         assert target.res is not None
         sa = self.core.get(target.res, target.namespace or "", target.name)
-        body = await self._body(request)
-        spec = dict(((body or {}) if isinstance(body, dict) else {}).get("spec") or {})
-        seconds = spec.get("expirationSeconds") or 3600
-        if not isinstance(seconds, int) or seconds < 600:
-            raise errors.ApiError(422, "Invalid", f'TokenRequest.authentication.k8s.io "{target.name}" is invalid: '
-                                  "spec.expirationSeconds: Invalid value: may not specify a duration less "
-                                  "than 10 minutes")
-        audiences = list(spec.get("audiences") or [authn.ISSUER])
-        token, expires = self.server.authenticator.issue(
-            target.namespace or "", target.name, (sa.get("metadata") or {}).get("uid", ""), seconds, audiences)
-        spec.update(audiences=audiences, expirationSeconds=seconds, boundObjectRef=spec.get("boundObjectRef"))
-        stamp = dt.datetime.fromtimestamp(expires, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return json_response({"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
-                              "metadata": {"name": target.name, "namespace": target.namespace,
-                                           "creationTimestamp": None},
-                              "spec": spec, "status": {"token": token, "expirationTimestamp": stamp}}, status=201)
+        issued = authapi.token_request(self.server.authenticator, sa, await self._body(request))
+        return json_response(issued, status=201)
 
     # ---- routing
 

@@ -1,0 +1,76 @@
+"""The API server's APIs that store nothing: SelfSubjectAccessReview and SelfSubjectRulesReview
+(`kubectl auth can-i [--list]`, answered by the same RBAC as the caller's requests) and TokenRequest
+(`kubectl create token`: a ServiceAccount token from the authenticator). Each takes the decoded
+request body and returns the response object."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from embedded.apiserver import errors
+from embedded.apiserver.authn import ISSUER, Authenticator, UserInfo
+from embedded.apiserver.rbac import Attributes, RbacAuthorizer
+
+
+def _spec(body: Any) -> dict[str, Any]:
+    spec = body.get("spec") if isinstance(body, dict) else None
+    return dict(spec) if isinstance(spec, dict) else {}
+
+
+def access_review(authorizer: RbacAuthorizer, user: UserInfo, body: Any) -> dict[str, Any]:
+    """May `user` do what the review's spec describes?"""
+    spec = _spec(body)
+    ra: dict[str, Any] = spec.get("resourceAttributes") or {}
+    nra: dict[str, Any] = spec.get("nonResourceAttributes") or {}
+    if bool(ra) == bool(nra):
+        raise errors.ApiError(422, "Invalid", 'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: '
+                              "spec: Invalid value: exactly one of nonResourceAttributes or "
+                              "resourceAttributes must be specified")
+    if ra:
+        attrs = Attributes(ra.get("verb", ""), "", True, ra.get("group", ""), ra.get("version", ""),
+                           ra.get("resource", ""), ra.get("subresource", ""), ra.get("namespace", ""),
+                           ra.get("name", ""))
+    else:
+        attrs = Attributes(nra.get("verb", ""), nra.get("path", ""), False)
+    allowed, reason = authorizer.authorize(user, attrs)
+    status: dict[str, Any] = {"allowed": allowed}
+    if reason:
+        status["reason"] = reason
+    return {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
+
+
+def rules_review(authorizer: RbacAuthorizer, user: UserInfo, body: Any) -> dict[str, Any]:
+    """Every rule that applies to `user` in the spec's namespace."""
+    spec = _spec(body)
+    resource_rules, non_resource_rules = [], []
+    for rule in authorizer.rules_for(user, str(spec.get("namespace") or "")):
+        if rule.get("nonResourceURLs"):
+            non_resource_rules.append({"verbs": rule.get("verbs") or [], "nonResourceURLs": rule["nonResourceURLs"]})
+        else:
+            resource_rules.append({k: rule[k] for k in ("verbs", "apiGroups", "resources", "resourceNames")
+                                   if rule.get(k) is not None})
+    return {"kind": "SelfSubjectRulesReview", "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {"creationTimestamp": None}, "spec": spec,
+            "status": {"resourceRules": resource_rules, "nonResourceRules": non_resource_rules,
+                       "incomplete": False}}
+
+
+def token_request(authenticator: Authenticator, service_account: dict[str, Any], body: Any) -> dict[str, Any]:
+    """A token for the stored `service_account` (10 minutes at least, an hour by default)."""
+    md = service_account.get("metadata") or {}
+    name, namespace = md.get("name", ""), md.get("namespace", "")
+    spec = _spec(body)
+    seconds = spec.get("expirationSeconds") or 3600
+    if not isinstance(seconds, int) or seconds < 600:
+        raise errors.ApiError(422, "Invalid", f'TokenRequest.authentication.k8s.io "{name}" is invalid: '
+                              "spec.expirationSeconds: Invalid value: may not specify a duration less "
+                              "than 10 minutes")
+    audiences = list(spec.get("audiences") or [ISSUER])
+    token, expires = authenticator.issue(namespace, name, md.get("uid", ""), seconds, audiences)
+    spec.update(audiences=audiences, expirationSeconds=seconds, boundObjectRef=spec.get("boundObjectRef"))
+    stamp = dt.datetime.fromtimestamp(expires, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": None},
+            "spec": spec, "status": {"token": token, "expirationTimestamp": stamp}}
