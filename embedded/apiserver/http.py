@@ -1,7 +1,7 @@
 """The aiohttp application: the request chain (body limit, authentication, RBAC), URL parsing into
 (group, version, resource, namespace, name, subresource), content negotiation (JSON, Table,
-PartialObjectMetadata, aggregated discovery) and the mapping of verbs onto the core, plus the two
-APIs that are not storage (SelfSubjectAccessReview and -RulesReview, TokenRequest). Errors leave as Status objects.
+PartialObjectMetadata, aggregated discovery) and the mapping of verbs onto the core; the routes of
+the APIs that store nothing (authapi.py). Errors leave as Status objects.
 """
 
 from __future__ import annotations
