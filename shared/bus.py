@@ -2,16 +2,23 @@
 
 Every publish carries W3C trace context in headers and runs in a producer span; every handler
 runs in a consumer span whose parent is the producer's. A message that fails to decode is
-logged with its subject and sent to `dra.v1.deadletter.<consumer>`; the consumer keeps going.
+logged with its subject and sent to `dra.v1.deadletter.<identity>.<consumer>`; the consumer keeps going.
 A message or KV value whose body names another identity than its subject or key (shared/identity.py)
 is refused the same way, with reason `identity-mismatch`, and never reaches the handler.
+
+Identity: a client that logs in as NATS user `u` takes replies on `_INBOX_<token(u)>.>` only and
+files dead letters under `<token(u)>`, so the server's per-user permissions can pin both. KV reads
+are direct gets of one key and watches through consumers whose filter is in the create subject,
+which per-node permissions allow for that node's keys only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import re
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,8 +32,9 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType, StreamConfig
+from nats.js.api import ConsumerConfig, ConsumerInfo, DeliverPolicy, KeyValueConfig, StorageType, StreamConfig
 from nats.js.kv import KeyValue
+from nats.js.manager import JetStreamManager
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -119,6 +127,62 @@ async def publish_with_retry(
                                  f"JetStream publish to {subject}", budget_s=budget_s)
 
 
+class NatsTLS(msgspec.Struct, frozen=True, kw_only=True):
+    """How a client proves who it is and checks the server, beyond user/password.
+
+    `ca_file`: verify the server's certificate against this CA (a tls:// URL without it uses the
+    system CAs). `cert_file`/`key_file`: a client certificate (servers with `verify: true`).
+    `creds_file`: a NATS decentralized-auth .creds file (user JWT + NKEY seed); `nkey_seed_file`: an
+    NKEY user's seed. Both need the `nkeys` package. With either, the user name is not sent: it only
+    names the client's inbox prefix and dead-letter subjects, so it must be the name the server's
+    permissions were generated for."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    creds_file: str = ""
+    nkey_seed_file: str = ""
+
+    @property
+    def signs(self) -> bool:
+        return bool(self.creds_file or self.nkey_seed_file)
+
+    def _context(self) -> ssl.SSLContext | None:
+        if not (self.ca_file or self.cert_file or self.key_file):
+            return None
+        if bool(self.cert_file) != bool(self.key_file):
+            raise BusError("a NATS client certificate needs both GPU_DRA_NATS_TLS_CERT and GPU_DRA_NATS_TLS_KEY")
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file or None)
+            if self.cert_file:
+                context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise BusError(f"cannot load the NATS TLS files ({exc}); check GPU_DRA_NATS_TLS_CA/_CERT/_KEY") from exc
+        return context
+
+    async def connect_options(self) -> dict[str, Any]:
+        """nats-py connect() keyword arguments (files are read off the event loop)."""
+        options: dict[str, Any] = {}
+        context = await asyncio.to_thread(self._context)
+        if context is not None:
+            options["tls"] = context
+        if self.signs:
+            try:
+                import nkeys  # type: ignore[import-not-found,unused-ignore]  # noqa: F401 - nats-py signs with it
+            except ModuleNotFoundError as exc:
+                raise BusError("NATS .creds/NKEY authentication needs the 'nkeys' package (pip install nkeys); "
+                               "or use GPU_DRA_NATS_USER/GPU_DRA_NATS_PASSWORD") from exc
+            for path in (self.creds_file, self.nkey_seed_file):
+                if path and not await asyncio.to_thread(os.access, path, os.R_OK):
+                    raise BusError(f"NATS credentials file {path} is missing or unreadable; mount the Secret that "
+                                   "`gpu-dra nats credentials` wrote")
+        if self.creds_file:
+            options["user_credentials"] = self.creds_file
+        elif self.nkey_seed_file:
+            options["nkeys_seed"] = self.nkey_seed_file
+        return options
+
+
 @dataclass
 class MsgContext:
     """What a handler may want besides the decoded message."""
@@ -141,13 +205,54 @@ def consumer_token(name: str) -> str:
     return _CONSUMER_NAME.sub("_", name) or "consumer"
 
 
+def identity_token(user: str) -> str:
+    """The subject token of a NATS user (`preparer.gpu-a` -> `preparer_gpu-a`): its inbox prefix and
+    dead-letter subjects carry it, and its permissions name it."""
+    return consumer_token(user)
+
+
+def inbox_prefix(user: str | None) -> str:
+    """Where a client takes replies: `_INBOX_<identity>` for a named user, nats' default otherwise."""
+    return f"_INBOX_{identity_token(user)}" if user else "_INBOX"
+
+
+class _FilterInCreateSubject(JetStreamManager):
+    """Consumer creation that names every unnamed, non-durable consumer with one filter subject.
+
+    nats-py's KV watch, keys() and ephemeral subscriptions create unnamed consumers through
+    `$JS.API.CONSUMER.CREATE.<stream>`, a subject that does not show what they read. A named consumer
+    is created through `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, and the server refuses a
+    create whose filter differs from the subject's: permissions on that subject decide which keys a
+    node may watch and which namespaces a reader may follow. A fresh name each time also lets an
+    ordered consumer's reset create its replacement."""
+
+    async def add_consumer(
+        self, stream: str, config: ConsumerConfig | None = None, timeout: float | None = None, **params: Any
+    ) -> ConsumerInfo:
+        if (config is not None and not config.durable_name and not config.filter_subjects
+                and config.filter_subject not in (None, "", ">")):
+            config.name = f"flt{uuid.uuid4().hex}"
+        return await super().add_consumer(stream, config, timeout, **params)
+
+
+class _BusJetStream(_FilterInCreateSubject, JetStreamContext):
+    """The bus's JetStream context: its subscribe() creates consumers through _FilterInCreateSubject."""
+
+    @property
+    def _jsm(self) -> JetStreamManager:
+        return _FilterInCreateSubject(conn=self._nc, prefix=self._prefix, timeout=self._timeout)
+
+
 class TypedKV(Generic[M]):
     """A JetStream KV bucket whose values are one message type."""
 
     def __init__(self, bus: Bus, bucket: Bucket, kv: KeyValue) -> None:
         self._bus = bus
         self.bucket = bucket
-        self._kv = kv
+        # Reads go through direct get of the one key ($JS.API.DIRECT.GET.<stream>.<key subject>),
+        # the read a per-node permission can name; STREAM.MSG.GET is not allowed to node users.
+        stream = f"KV_{bucket.name}"
+        self._kv = KeyValue(name=bucket.name, stream=stream, pre=f"$KV.{bucket.name}.", js=kv._js, direct=True)
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(bucket.message)
         self._refused: set[tuple[str, int]] = set()  # (key, revision or value hash) already dead-lettered
 
@@ -191,15 +296,27 @@ class TypedKV(Generic[M]):
         except nats.js.errors.KeyNotFoundError:
             return
 
-    async def keys(self) -> list[str]:
+    async def keys(self, pattern: str = ">") -> list[str]:
+        """Keys matching `pattern` (a node user may list only its own node's keys)."""
         try:
-            return list(await retry_jetstream(self._kv.keys, f"KV keys of {self.bucket.name}"))
+            watcher = await retry_jetstream(
+                lambda: self._kv.watch(pattern, ignore_deletes=True, meta_only=True), f"KV keys of {self.bucket.name}"
+            )
         except nats.js.errors.NoKeysError:
             return []
+        keys: list[str] = []
+        try:
+            async for entry in watcher:
+                if not entry:
+                    break
+                keys.append(entry.key)
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        return keys
 
-    async def items(self) -> dict[str, M]:
+    async def items(self, pattern: str = ">") -> dict[str, M]:
         out: dict[str, M] = {}
-        for key in await self.keys():
+        for key in await self.keys(pattern):
             value = await self.get(key)
             if value is not None:
                 out[key] = value
@@ -232,11 +349,12 @@ class TypedKV(Generic[M]):
 class Bus:
     """A connected NATS client with JetStream, bound to the event catalog."""
 
-    def __init__(self, nc: NatsClient, name: str, *, replicas: int = 1) -> None:
+    def __init__(self, nc: NatsClient, name: str, *, replicas: int = 1, user: str | None = None) -> None:
         self.nc = nc
         self.replicas = replicas
-        self.js: JetStreamContext = nc.jetstream()
+        self.js: JetStreamContext = _BusJetStream(nc)
         self.name = name
+        self.identity = identity_token(user) if user else consumer_token(name)
         self._subs: list[Subscription] = []
         self._kv_cache: dict[str, TypedKV[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -266,10 +384,17 @@ class Bus:
         user: str | None = None,
         password: str | None = None,
         replicas: int = 1,
+        tls: NatsTLS | None = None,
     ) -> Bus:
         """Connect with backoff; once connected, reconnect forever on loss.
 
-        `replicas` is how many copies provision() asks for when it creates a stream or bucket."""
+        `replicas` is how many copies provision() asks for when it creates a stream or bucket.
+        `user` also names the client's inbox prefix (`_INBOX_<identity>`); `tls` adds a CA, a client
+        certificate, a NATS .creds file or an NKEY seed file (see NatsTLS)."""
+        tls = tls or NatsTLS()
+        options = await tls.connect_options()
+        identity = user
+        login = None if tls.signs else user
 
         async def on_disconnect() -> None:
             if not (nc.is_closed or nc.is_draining):  # our own close() is no news
@@ -300,12 +425,14 @@ class Bus:
                     disconnected_cb=on_disconnect,
                     reconnected_cb=on_reconnect,
                     error_cb=on_error,
-                    user=user,
-                    password=password,
+                    user=login,
+                    password=password if login else None,
                     ping_interval=5,
                     max_outstanding_pings=2,
+                    inbox_prefix=inbox_prefix(identity),
+                    **options,
                 )
-                connected.append(cls(nc, name, replicas=replicas))
+                connected.append(cls(nc, name, replicas=replicas, user=identity))
                 return connected[0]
             except Exception as exc:  # noqa: BLE001 - any connect failure is retried
                 last_error = exc
@@ -358,7 +485,8 @@ class Bus:
             try:
                 return await self.js.create_key_value(
                     KeyValueConfig(
-                        bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None, replicas=self.replicas
+                        bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None, replicas=self.replicas,
+                        direct=True,  # TypedKV reads by direct get only
                     )
                 )
             except nats.js.errors.BadRequestError:
@@ -413,7 +541,7 @@ class Bus:
             reason=reason,
         )
         try:
-            await self.publish(DEAD_LETTER, letter, consumer=consumer_token(consumer))
+            await self.publish(DEAD_LETTER, letter, identity=self.identity, consumer=consumer_token(consumer))
         except Exception as exc:  # noqa: BLE001 - a lost dead letter must not stop the consumer
             log.error("dead letter not stored", subject=subject, error=str(exc))
 

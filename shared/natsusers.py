@@ -1,14 +1,15 @@
 """NATS users and subject permissions for a deployment, derived from the event catalog.
 
 Owns who may publish and subscribe to what: one user per cluster service (publisher, controller,
-admin) and, because nats-server config-file users have no permission templates, one user per
-node *and* node service (`discovery.<node>`, `preparer.<node>`, `cd-agent.<node>`) whose publish
-rights name only that node's subjects. Renders the `authorization {}` block the shipped
-nats-server configs include, Kubernetes Secrets for the cluster side, and one password file per
-node service for the node side. Existing passwords are kept, so re-running with more nodes only
-adds users.
+admin); because nats-server config-file users have no permission templates, one user per node
+*and* node service (`discovery.<node>`, `preparer.<node>`, `cd-agent.<node>`) whose rights name only
+that node's subjects and KV keys; and read-only `reader.<name>` users that see the claim events of
+the namespaces they are granted. Every user takes replies on its own `_INBOX_<identity>.>` and
+files dead letters under `dra.v1.deadletter.<identity>.>` only (shared.bus). Renders the
+`authorization {}` block the shipped nats-server configs include and Kubernetes Secrets. Existing
+passwords are kept, so re-running with more nodes only adds users.
 
-    python deploy/nats/nats_users.py --nodes gpu-a,gpu-b --credentials-dir ./nats-credentials
+    gpu-dra nats credentials --nodes gpu-a,gpu-b --credentials-dir ./nats-credentials
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.bus import identity_token, inbox_prefix
 from shared.events.catalog import (
     BUCKETS,
     CATALOG,
@@ -48,9 +50,9 @@ from shared.events.catalog import (
 NAMESPACE = "gpu-dra"
 NODE_ROLES = ("discovery", "preparer", "cd-agent")
 CLUSTER_ROLES = ("publisher", "controller", "admin")
+READER_ROLE = "reader"
 # Node names become one subject token; the catalog accepts exactly this alphabet.
 _NODE_TOKEN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-INBOX = "_INBOX.>"
 JS = "$JS.API"
 # The publisher's own membership bucket (services/publisher/ownership.py), not in the catalog.
 PUBLISHER_REPLICAS_BUCKET = "dra-publisher-replicas"
@@ -104,16 +106,29 @@ def _jetstream_base() -> list[str]:
 
 
 def _kv_read(bucket: str, keys: str = ">") -> list[str]:
-    """Get and watch a KV bucket (reads are not secret; writes are what is scoped)."""
+    """Get and watch the keys `keys` of a KV bucket, by no other API.
+
+    A get is a direct get whose subject names the key (the batch form `DIRECT.GET.<stream>` with a
+    body, and STREAM.MSG.GET, which can read any sequence, are not allowed). A watch or key listing
+    is a consumer created through `CONSUMER.CREATE.<stream>.<name>.<filter>`: the server refuses a
+    create whose filter differs from the subject's, so the allowed filters are exactly `keys`
+    (shared.bus names every KV consumer so that nats-py puts the filter there)."""
     stream = f"KV_{bucket}"
+    key_subject = f"$KV.{bucket}.{keys}"
     return [
-        f"{JS}.STREAM.MSG.GET.{stream}",
-        f"{JS}.DIRECT.GET.{stream}.$KV.{bucket}.{keys}",
-        f"{JS}.CONSUMER.CREATE.{stream}",
-        f"{JS}.CONSUMER.CREATE.{stream}.>",
-        f"{JS}.CONSUMER.INFO.{stream}.*",  # nats-py's KV watch (and keys()) reads its consumer's info
+        f"{JS}.DIRECT.GET.{stream}.{key_subject}",
+        f"{JS}.CONSUMER.CREATE.{stream}.*.{key_subject}",
+        f"{JS}.CONSUMER.INFO.{stream}.*",  # nats-py's KV watch reads its consumer's info (config, counts)
         f"$JS.FC.{stream}.>",
     ]
+
+
+def _own_inbox(user: str) -> str:
+    return f"{inbox_prefix(user)}.>"
+
+
+def _own_dead_letters(user: str) -> str:
+    return DEAD_LETTER.wildcard(identity=identity_token(user)).replace(".*", ".>")
 
 
 def _durable_consumer(stream: str) -> list[str]:
@@ -128,10 +143,6 @@ def _durable_consumer(stream: str) -> list[str]:
     ]
 
 
-def _dead_letters() -> str:
-    return DEAD_LETTER.wildcard().replace("*", ">")
-
-
 def _events(entries: Iterable[Entry], **tokens: str) -> list[str]:
     return [e.wildcard(**tokens) for e in entries]
 
@@ -139,16 +150,18 @@ def _events(entries: Iterable[Entry], **tokens: str) -> list[str]:
 def node_permissions(role: str, node: str) -> Permissions:
     """What `role` on `node` may do: publish only that node's subjects and KV keys."""
     check_node(node)
+    user = node_user(role, node)
+    inbox = _own_inbox(user)
     agent_ops = [CD_AGENT_JOIN, CD_AGENT_LEAVE]
     device_ops = [e for e in CATALOG if e.pattern == "request" and e not in agent_ops]
-    common = [*_jetstream_base(), _dead_letters()]
+    common = [*_jetstream_base(), _own_dead_letters(user)]
     if role == "discovery":
         return Permissions(
             publish=common
             + _events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH), node=node)
             + [f"$KV.{INVENTORY_BUCKET.name}.{node}", f"$KV.{HEALTH_BUCKET.name}.{node}.>"]
             + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>"),
-            subscribe=[*_events(device_ops, node=node), INBOX],
+            subscribe=[*_events(device_ops, node=node), inbox],
             allow_responses=True,
         )
     if role == "preparer":
@@ -160,7 +173,7 @@ def node_permissions(role: str, node: str) -> Permissions:
             + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>")
             + _kv_read(CD_MEMBERS_BUCKET.name),
             # the kubelet's device-health stream follows this node's health events
-            subscribe=[*_events((HEALTH,), node=node), INBOX],
+            subscribe=[*_events((HEALTH,), node=node), inbox],
         )
     if role == "cd-agent":
         return Permissions(
@@ -169,7 +182,7 @@ def node_permissions(role: str, node: str) -> Permissions:
             + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}"]
             + _kv_read(CD_MEMBERS_BUCKET.name),
             subscribe=[CD_STATUS.wildcard(), CD_MEMBER.wildcard(), CD_DELETED.wildcard(),
-                       *_events(agent_ops, node=node), INBOX],
+                       *_events(agent_ops, node=node), inbox],
             allow_responses=True,
         )
     raise UsersError(f"unknown node role {role!r}; known: {', '.join(NODE_ROLES)}")
@@ -177,7 +190,8 @@ def node_permissions(role: str, node: str) -> Permissions:
 
 def cluster_permissions(role: str) -> Permissions:
     """What a cluster service may do; none of them may publish a node's events."""
-    common = [*_jetstream_base(), _dead_letters()]
+    common = [*_jetstream_base(), _own_dead_letters(role)]
+    inbox = _own_inbox(role)
     if role == "publisher":
         replicas = PUBLISHER_REPLICAS_BUCKET
         return Permissions(
@@ -190,7 +204,7 @@ def cluster_permissions(role: str) -> Permissions:
                 # a withdrawn node's last values are removed by the publisher
                 f"$KV.{INVENTORY_BUCKET.name}.*", f"$KV.{HEALTH_BUCKET.name}.>",
             ],
-            subscribe=[*_events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH)), INBOX],
+            subscribe=[*_events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH)), inbox],
         )
     if role == "controller":
         return Permissions(
@@ -199,22 +213,58 @@ def cluster_permissions(role: str) -> Permissions:
             + _kv_read(CD_MEMBERS_BUCKET.name)
             + _durable_consumer(EVENTS_STREAM.name)
             + [f"$KV.{CD_MEMBERS_BUCKET.name}.>"],
-            subscribe=["dra.v1.cd.>", INBOX],
+            subscribe=["dra.v1.cd.>", inbox],
         )
     if role == "admin":
         return Permissions(publish=[">"], subscribe=[">"], allow_responses=False)
     raise UsersError(f"unknown cluster role {role!r}; known: {', '.join(CLUSTER_ROLES)}")
 
 
+def check_namespace(namespace: str) -> str:
+    """A Kubernetes namespace name (one subject token), or UsersError saying why not."""
+    if not _NODE_TOKEN.match(namespace):
+        raise UsersError(f"namespace {namespace!r} is not a Kubernetes namespace name of [a-z0-9-], 1-63 characters")
+    return namespace
+
+
+def reader_permissions(name: str, namespaces: Iterable[str]) -> Permissions:
+    """A read-only third party (billing, audit): the claim events of `namespaces`, nothing else.
+
+    It may subscribe to those claim subjects and create JetStream consumers whose filter (in the
+    create subject) lies inside them; no KV, no requests, no publishes of events, no stream info."""
+    grants = sorted({check_namespace(ns) for ns in namespaces})
+    if not grants:
+        raise UsersError(f"reader {name!r} is granted no namespace; name at least one")
+    user = reader_user(name)
+    claims = [CLAIM.wildcard(namespace=ns) for ns in grants]
+    return Permissions(
+        publish=[
+            f"{JS}.STREAM.NAMES",  # which stream holds a subject
+            *(f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.dra.v1.claim.{ns}.>" for ns in grants),
+            f"$JS.FC.{EVENTS_STREAM.name}.>",  # flow-control replies of its push consumers
+        ],
+        subscribe=[*claims, _own_inbox(user)],
+    )
+
+
 def node_user(role: str, node: str) -> str:
     return f"{role}.{node}"
 
 
-def all_users(nodes: Iterable[str]) -> dict[str, Permissions]:
+def reader_user(name: str) -> str:
+    if not _NODE_TOKEN.match(name):
+        raise UsersError(f"reader name {name!r} must be [a-z0-9-], 1-63 characters")
+    return f"{READER_ROLE}.{name}"
+
+
+def all_users(nodes: Iterable[str], readers: Mapping[str, Iterable[str]] | None = None) -> dict[str, Permissions]:
+    """Every user: the cluster services, each node's services, and the readers ({name: namespaces})."""
     users: dict[str, Permissions] = {role: cluster_permissions(role) for role in CLUSTER_ROLES}
     for node in nodes:
         for role in NODE_ROLES:
             users[node_user(role, node)] = node_permissions(role, node)
+    for name, namespaces in (readers or {}).items():
+        users[reader_user(name)] = reader_permissions(name, namespaces)
     return users
 
 

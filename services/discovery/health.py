@@ -45,7 +45,7 @@ class HealthMonitor:
     async def start(self) -> None:
         self.kv = await self.bus.kv(catalog.HEALTH_BUCKET)
         prefix = f"{self.node}."
-        for key in await self.kv.keys():
+        for key in await self.kv.keys(f"{self.node}.>"):  # only its own keys: all its user may read
             if key.startswith(prefix):
                 value = await self.kv.get(key)
                 if value is not None:

@@ -43,7 +43,7 @@ class HealthWatch(health_grpc.DRAResourceHealthServicer):
 
     async def watch(self, bus: Any) -> None:
         kv = await bus.kv(catalog.HEALTH_BUCKET)
-        self._note_all(await kv.items())
+        self._note_all(await kv.items(f"{self.node}.>"))
 
         async def on_event(message: DeviceHealth, _ctx: Any) -> None:
             self._note(message)
@@ -53,7 +53,7 @@ class HealthWatch(health_grpc.DRAResourceHealthServicer):
 
     async def _read_kv(self, kv: Any) -> None:
         try:
-            self._note_all(await kv.items())
+            self._note_all(await kv.items(f"{self.node}.>"))
         except Exception as exc:  # noqa: BLE001 - live events and the next reconnect still come
             log.warning("device health not re-read from KV after a reconnect", node=self.node, error=str(exc))
 

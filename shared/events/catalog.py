@@ -198,8 +198,9 @@ CD_AGENT_LEAVE = Entry(
     "A channel claim was unprepared on a node; the last one leaves the domain.", LeaveReply,
 )
 DEAD_LETTER = Entry(
-    "dead-letter", "dra.v1.deadletter.{consumer}", DeadLetter, "event",
-    "A message a consumer could not decode, with the reason.",
+    "dead-letter", "dra.v1.deadletter.{identity}.{consumer}", DeadLetter, "event",
+    "A message a consumer could not decode, with the reason; filed under the NATS identity of the "
+    "consumer that saw it, the only dead-letter subjects that identity may publish.",
 )
 
 CATALOG: tuple[Entry, ...] = (
