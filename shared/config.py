@@ -40,6 +40,12 @@ class CommonConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nats_url: Annotated[str, _help("NATS server URL(s), comma-separated; empty starts an embedded nats-server")] = ""
     nats_user: Annotated[str, _help("NATS user name (multi-tenant deployments)")] = ""
     nats_password: Annotated[str, _help("NATS password")] = ""
+    nats_creds: Annotated[str, _help("NATS .creds file (user JWT + NKEY seed); GPU_DRA_NATS_USER still names the "
+                                     "inbox and dead-letter identity")] = ""
+    nats_nkey_seed_file: Annotated[str, _help("NATS NKEY user seed file (instead of a password)")] = ""
+    nats_tls_ca: Annotated[str, _help("CA bundle that signed the NATS server certificate (tls:// URLs)")] = ""
+    nats_tls_cert: Annotated[str, _help("client certificate for NATS servers that verify clients")] = ""
+    nats_tls_key: Annotated[str, _help("private key of GPU_DRA_NATS_TLS_CERT")] = ""
     nats_replicas: Annotated[
         int, msgspec.Meta(ge=1, le=5, description="copies of each JetStream stream/KV bucket this service creates")
     ] = 1

@@ -14,7 +14,7 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from shared.bus import Bus
+from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, load_config_or_report
 from shared.health import HEALTH, serve
 from shared.logs import get_logger, setup_logging
@@ -24,6 +24,12 @@ from shared.telemetry import setup_telemetry, shutdown_telemetry
 
 log = get_logger(__name__)
 C = TypeVar("C", bound=CommonConfig)
+
+
+def nats_tls(config: CommonConfig) -> NatsTLS:
+    """The TLS and credential files a service's settings name (GPU_DRA_NATS_TLS_*, _CREDS, _NKEY_SEED_FILE)."""
+    return NatsTLS(ca_file=config.nats_tls_ca, cert_file=config.nats_tls_cert, key_file=config.nats_tls_key,
+                   creds_file=config.nats_creds, nkey_seed_file=config.nats_nkey_seed_file)
 
 
 @contextlib.asynccontextmanager
@@ -44,7 +50,7 @@ async def connected_bus(config: CommonConfig, client_name: str) -> AsyncIterator
             log.info("no NATS URL configured; started embedded nats-server", url=url)
         bus = await Bus.connect(
             url, name=client_name, user=config.nats_user or None, password=config.nats_password or None,
-            replicas=config.nats_replicas,
+            replicas=config.nats_replicas, tls=nats_tls(config),
         )
         try:
             await bus.provision()

@@ -27,7 +27,7 @@ from shared.health import HEALTH
 from shared.kubeclient import kube_api_client
 from shared.logs import get_logger
 from shared.natsserver import EmbeddedNats
-from shared.runtime import prepare_process, run_until_stopped
+from shared.runtime import nats_tls, prepare_process, run_until_stopped
 
 log = get_logger(__name__)
 
@@ -63,7 +63,7 @@ async def connect_bus_forever(cfg: PreparerConfig, services: list[PreparerServic
             try:
                 bus = await Bus.connect(url, name=f"preparer-{cfg.node}", initial_attempts=3,
                                         user=cfg.nats_user or None, password=cfg.nats_password or None,
-                                        replicas=cfg.nats_replicas)
+                                        replicas=cfg.nats_replicas, tls=nats_tls(cfg))
             except Exception as exc:  # noqa: BLE001 - keep serving the plain path, try again
                 log.warning("NATS not reachable yet; plain GPU prepares still work", error=str(exc))
                 with contextlib.suppress(TimeoutError):

@@ -111,9 +111,10 @@ def test_password(user: str) -> str:
 test_password.__test__ = False  # type: ignore[attr-defined]
 
 
-def nats_layout(tmp_path: Path, nodes: list[str]) -> Path:
+def nats_layout(tmp_path: Path, nodes: list[str], readers: dict[str, list[str]] | None = None) -> Path:
     """The shipped configs under <tmp>/config and generated users (test passwords) under <tmp>/auth,
-    the same layout as the StatefulSet's mounts. Returns the config directory."""
+    the same layout as the StatefulSet's mounts; `readers`: {reader name: namespaces}. Returns the
+    config directory."""
     users_mod = nats_users_module()
     config_dir = tmp_path / "config"
     auth_dir = tmp_path / "auth"
@@ -121,7 +122,7 @@ def nats_layout(tmp_path: Path, nodes: list[str]) -> Path:
     auth_dir.mkdir(parents=True)
     for conf in ("nats.conf", "nats-cluster.conf", "tls.conf"):
         shutil.copy(NATS_DIR / conf, config_dir / conf)
-    users = users_mod.all_users(nodes)
+    users = users_mod.all_users(nodes, readers)
     passwords = {name: test_password(name) for name in users}
     (auth_dir / "users.conf").write_text(users_mod.render_authorization(users, passwords))
     return config_dir

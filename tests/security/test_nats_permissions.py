@@ -1,0 +1,319 @@
+"""Attacks on the shipped NATS users, played against a real nats-server started with the shipped
+config and generated users: a node reading another node's replies, KV entries or dead letters, and a
+third-party reader reaching past its namespaces. Each refusal is awaited as the server's
+permissions-violation error (or, for a create the server itself refuses, its error reply); each
+allowed path is shown working, so a refusal is never just a broken setup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from shared.bus import Bus, MsgContext
+from shared.events import catalog
+from shared.events.claims import ClaimLifecycle
+from shared.events.deadletter import DeadLetter
+from shared.events.health import DeviceHealth
+from shared.events.inventory import NodeInventory
+from shared.natsserver import EmbeddedNats
+from tests.deploy.conftest import ShippedConfigNats, nats_layout, server_env, test_password
+
+NODES = ["gpu-a", "gpu-b"]
+READERS = {"billing": ["team-a"]}
+WAIT = 5.0
+INV = catalog.INVENTORY_BUCKET.name
+INV_STREAM = f"KV_{INV}"
+
+
+@dataclass
+class Conn:
+    nc: Client
+    errors: asyncio.Queue[str]
+
+    async def refused(self, verb: str, subject: str) -> None:
+        """Wait for the server's permissions violation naming `subject`."""
+        expected = f'permissions violation for {verb} to "{subject}"'.lower()
+        seen = []
+        try:
+            while True:
+                error = await asyncio.wait_for(self.errors.get(), WAIT)
+                if expected in error.lower():
+                    return
+                seen.append(error)
+        except TimeoutError:
+            raise AssertionError(f"no refusal of {verb} to {subject!r} within {WAIT}s; errors seen: {seen}") from None
+
+    async def request_refused(self, subject: str, body: bytes = b"") -> None:
+        """A request on `subject` is refused by the server and no reply comes back."""
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await self.nc.request(subject, body, timeout=1.0)
+        await self.refused("publish", subject)
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
+    config_dir = nats_layout(tmp_path, NODES, READERS)
+    store = tmp_path / "js"
+    srv = ShippedConfigNats(config_dir / "nats.conf", server_env("security-test", store), store)
+    await srv.start()
+    try:
+        yield srv
+    finally:
+        await srv.close()
+
+
+async def _connect(srv: EmbeddedNats, user: str, *, inbox: str | None = None) -> Conn:
+    errors: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_error(exc: Exception) -> None:
+        errors.put_nowait(str(exc))
+
+    options = {"inbox_prefix": inbox} if inbox else {}
+    nc = await nats.connect(srv.url, user=user, password=test_password(user), error_cb=on_error,
+                            allow_reconnect=False, connect_timeout=2, **options)
+    return Conn(nc, errors)
+
+
+async def _bus(srv: EmbeddedNats, user: str) -> Bus:
+    return await Bus.connect(srv.url, name=user, user=user, password=test_password(user), initial_attempts=2)
+
+
+@pytest.fixture
+async def seeded(server: EmbeddedNats) -> AsyncIterator[EmbeddedNats]:
+    """Streams and buckets provisioned; each node's discovery has stored its inventory and health."""
+    admin = await _bus(server, "admin")
+    await admin.provision()
+    await admin.close()
+    for node in NODES:
+        bus = await _bus(server, f"discovery.{node}")
+        try:
+            await (await bus.kv(catalog.INVENTORY_BUCKET)).put(node, NodeInventory(node=node, driver_version="550.1", cuda_driver_version="12.4.0"))
+            health = DeviceHealth(node=node, device="gpu-0", uuid=f"GPU-{node}", state="Healthy")
+            await (await bus.kv(catalog.HEALTH_BUCKET)).put(f"{node}.gpu-0", health)
+        finally:
+            await bus.close()
+    yield server
+
+
+async def test_a_node_cannot_listen_to_the_shared_inbox_nor_another_users(server: EmbeddedNats) -> None:
+    node_a = await _connect(server, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
+    try:
+        for subject in ("_INBOX.>", "_INBOX_preparer_gpu-b.>", "_INBOX_publisher.>", "_INBOX_discovery_gpu-a.>"):
+            await node_a.nc.subscribe(subject)
+            await node_a.nc.flush()
+            await node_a.refused("subscription", subject)
+        own = await node_a.nc.subscribe("_INBOX_preparer_gpu-a.>")
+        await node_a.nc.flush()
+        assert node_a.errors.empty(), "its own inbox was refused"
+        await own.unsubscribe()
+    finally:
+        await node_a.nc.close()
+
+
+async def test_a_request_reply_works_on_per_user_inboxes(server: EmbeddedNats) -> None:
+    """The preparer asks its node's discovery (which answers through allow_responses) and gets the
+    reply on `_INBOX_preparer_gpu-a`; a client on the default `_INBOX` prefix gets nothing."""
+    discovery = await _bus(server, "discovery.gpu-a")
+    preparer = await _bus(server, "preparer.gpu-a")
+    try:
+        subject = catalog.DEVICE_MIG_CREATE.format(node="gpu-a")
+
+        async def answer(msg: nats.aio.msg.Msg) -> None:
+            assert msg.reply.startswith("_INBOX_preparer_gpu-a.")
+            await msg.respond(b"pong")
+
+        await discovery.nc.subscribe(subject, cb=answer)
+        await discovery.nc.flush()
+        assert (await preparer.nc.request(subject, b"ping", timeout=WAIT)).data == b"pong"
+        plain = await _connect(server, "preparer.gpu-a")  # nats-py's default _INBOX prefix
+        try:
+            with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+                await plain.nc.request(subject, b"ping", timeout=1.0)
+            assert any("_inbox." in e.lower() for e in [await plain.errors.get()]), "default inbox not refused"
+        finally:
+            await plain.nc.close()
+    finally:
+        await preparer.close()
+        await discovery.close()
+
+
+async def test_a_node_cannot_read_another_nodes_kv_entry_by_any_api(seeded: EmbeddedNats) -> None:
+    node_a = await _connect(seeded, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
+    try:
+        other = f"$KV.{INV}.gpu-b"
+        await node_a.request_refused(f"$JS.API.DIRECT.GET.{INV_STREAM}.{other}")
+        await node_a.request_refused(f"$JS.API.DIRECT.GET.{INV_STREAM}", json.dumps({"last_by_subj": other}).encode())
+        await node_a.request_refused(f"$JS.API.STREAM.MSG.GET.{INV_STREAM}",
+                                     json.dumps({"last_by_subj": other}).encode())
+        # nats-py's own KV API (direct get, watch through an unnamed consumer, keys)
+        kv = await node_a.nc.jetstream(timeout=1.0).key_value(INV)
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await kv.get("gpu-b")
+        await node_a.refused("publish", f"$JS.API.DIRECT.GET.{INV_STREAM}.{other}")
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
+            await kv.watch("gpu-b")
+        await node_a.refused("publish", f"$JS.API.CONSUMER.CREATE.{INV_STREAM}")
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
+            await kv.keys()
+        await node_a.refused("publish", f"$JS.API.CONSUMER.CREATE.{INV_STREAM}")
+        # a named consumer whose create subject shows the filter: another node's key, or everything
+        for name, filter_subject in (("w1", other), ("w2", f"$KV.{INV}.>"), ("w3", f"$KV.{INV}.*")):
+            subject = f"$JS.API.CONSUMER.CREATE.{INV_STREAM}.{name}.{filter_subject}"
+            body = {"stream_name": INV_STREAM, "config": {"name": name, "filter_subject": filter_subject,
+                                                          "deliver_subject": "_INBOX_preparer_gpu-a.x"}}
+            await node_a.request_refused(subject, json.dumps(body).encode())
+        await node_a.request_refused(f"$JS.API.CONSUMER.DURABLE.CREATE.{INV_STREAM}.d1")
+    finally:
+        await node_a.nc.close()
+
+
+async def test_a_consumer_create_cannot_smuggle_another_filter_past_its_subject(seeded: EmbeddedNats) -> None:
+    """The subject names the node's own key (allowed), the body asks for another node's: the server
+    itself refuses the mismatch, so no consumer of node B's key exists afterwards."""
+    node_a = await _connect(seeded, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
+    try:
+        own, other = f"$KV.{INV}.gpu-a", f"$KV.{INV}.gpu-b"
+        for config in ({"filter_subject": other}, {"filter_subjects": [other]}, {"filter_subjects": [own, other]},
+                       {"filter_subject": f"$KV.{INV}.>"}):
+            body = {"stream_name": INV_STREAM,
+                    "config": {"name": "smuggle", "deliver_subject": "_INBOX_preparer_gpu-a.s", **config}}
+            reply = await node_a.nc.request(f"$JS.API.CONSUMER.CREATE.{INV_STREAM}.smuggle.{own}",
+                                            json.dumps(body).encode(), timeout=WAIT)
+            answer = json.loads(reply.data)
+            assert "error" in answer, f"the server created a consumer for {config}: {answer}"
+    finally:
+        await node_a.nc.close()
+
+
+async def test_a_node_reads_its_own_kv_entries_through_the_bus(seeded: EmbeddedNats) -> None:
+    bus = await _bus(seeded, "preparer.gpu-a")
+    try:
+        inventory = await bus.kv(catalog.INVENTORY_BUCKET)
+        assert (await inventory.get("gpu-a")) == NodeInventory(node="gpu-a", driver_version="550.1", cuda_driver_version="12.4.0")
+        health = await bus.kv(catalog.HEALTH_BUCKET)
+        assert await health.keys("gpu-a.>") == ["gpu-a.gpu-0"]
+        assert set(await health.items("gpu-a.>")) == {"gpu-a.gpu-0"}
+        watch = inventory.watch("gpu-a")
+        key, value = await asyncio.wait_for(anext(watch), WAIT)
+        assert key == "gpu-a" and value is not None and value.node == "gpu-a"
+        await watch.aclose()
+    finally:
+        await bus.close()
+
+
+async def test_a_node_cannot_file_a_dead_letter_for_another_consumer(seeded: EmbeddedNats) -> None:
+    node_a = await _connect(seeded, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
+    admin = await _connect(seeded, "admin")
+    try:
+        for subject in ("dra.v1.deadletter.publisher.publisher", "dra.v1.deadletter.discovery_gpu-b.x",
+                        "dra.v1.deadletter.preparer_gpu-b.preparer-gpu-b"):
+            await node_a.nc.publish(subject, b"{}")
+            await node_a.nc.flush()
+            await node_a.refused("publish", subject)
+        own = "dra.v1.deadletter.preparer_gpu-a.anything"
+        sub = await admin.nc.subscribe(own)
+        await admin.nc.flush()
+        await node_a.nc.publish(own, b"{}")
+        assert (await sub.next_msg(timeout=WAIT)).subject == own
+    finally:
+        await admin.nc.close()
+        await node_a.nc.close()
+
+
+async def test_the_bus_files_an_undecodable_message_under_its_own_identity(seeded: EmbeddedNats) -> None:
+    """End to end with the shipped permissions: discovery.gpu-a's consumer of its device requests
+    gets garbage and the dead letter is stored under `discovery_gpu-a`."""
+    bus = await _bus(seeded, "discovery.gpu-a")
+    admin = await _bus(seeded, "admin")
+    letters: asyncio.Queue[tuple[str, DeadLetter]] = asyncio.Queue()
+
+    async def on_letter(letter: DeadLetter, ctx: MsgContext) -> None:
+        letters.put_nowait((ctx.subject, letter))
+
+    try:
+        await admin.subscribe(catalog.DEAD_LETTER, on_letter)
+        await admin.nc.flush()
+        subject = catalog.DEVICE_MIG_CREATE.format(node="gpu-a")
+
+        async def handler(request: object) -> object:
+            raise AssertionError("garbage was decoded")
+
+        await bus.serve(catalog.DEVICE_MIG_CREATE, handler, node="gpu-a")  # type: ignore[arg-type]
+        await bus.nc.flush()
+        await admin.nc.publish(subject, b"not json")
+        letter_subject, letter = await asyncio.wait_for(letters.get(), WAIT)
+        assert letter_subject == "dra.v1.deadletter.discovery_gpu-a.discovery_gpu-a"
+        assert letter.subject == subject and letter.consumer == "discovery.gpu-a"
+    finally:
+        await admin.close()
+        await bus.close()
+
+
+async def test_a_reader_sees_claim_events_of_its_namespaces_only(seeded: EmbeddedNats) -> None:
+    preparer = await _bus(seeded, "preparer.gpu-a")
+    reader_bus = await _bus(seeded, "reader.billing")
+    reader = await _connect(seeded, "reader.billing", inbox="_INBOX_reader_billing")
+    try:
+        live = await reader.nc.subscribe(catalog.CLAIM.wildcard(namespace="team-a"))
+        for subject in (catalog.CLAIM.wildcard(namespace="team-b"), "dra.v1.claim.>", "dra.v1.>",
+                        catalog.INVENTORY.wildcard(), "$KV.>"):
+            await reader.nc.subscribe(subject)
+            await reader.nc.flush()
+            await reader.refused("subscription", subject)
+
+        def event(ns: str, n: int) -> ClaimLifecycle:
+            return ClaimLifecycle(event_id=f"{ns}-{n}", claim_uid=f"uid-{ns}-{n}", claim_namespace=ns,
+                                  claim_name=f"c{n}", node="gpu-a", driver="gpu.nvidia.com", event="prepared",
+                                  observed_at=float(n))
+
+        for n, ns in enumerate(("team-b", "team-a", "team-b", "team-a")):
+            await preparer.publish(catalog.CLAIM, event(ns, n), msg_id=f"{ns}-{n}", namespace=ns, node="gpu-a",
+                                   event="prepared")
+        got = [json.loads((await live.next_msg(timeout=WAIT)).data)["claim_namespace"] for _ in range(2)]
+        assert got == ["team-a", "team-a"]
+        with pytest.raises(nats.errors.TimeoutError):
+            await live.next_msg(timeout=0.3)  # team-b's two events never arrived
+
+        # stored events, through a JetStream consumer pinned to its namespace
+        stored: asyncio.Queue[str] = asyncio.Queue()
+
+        async def on_stored(msg: nats.aio.msg.Msg) -> None:
+            stored.put_nowait(json.loads(msg.data)["claim_namespace"])
+
+        await reader_bus.js.subscribe(catalog.CLAIM.wildcard(namespace="team-a"), stream=catalog.EVENTS_STREAM.name,
+                                      cb=on_stored, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        assert [await asyncio.wait_for(stored.get(), WAIT) for _ in range(2)] == ["team-a", "team-a"]
+        # consumers over team-b, over every claim, or with no filter in the subject: refused
+        for filter_subject in (catalog.CLAIM.wildcard(namespace="team-b"), "dra.v1.claim.>"):
+            subject = f"$JS.API.CONSUMER.CREATE.{catalog.EVENTS_STREAM.name}.r1.{filter_subject}"
+            body = {"stream_name": catalog.EVENTS_STREAM.name,
+                    "config": {"name": "r1", "filter_subject": filter_subject,
+                               "deliver_subject": "_INBOX_reader_billing.r"}}
+            await reader.request_refused(subject, json.dumps(body).encode())
+        await reader.request_refused(f"$JS.API.CONSUMER.CREATE.{catalog.EVENTS_STREAM.name}")
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
+            await reader_bus.js.subscribe(catalog.CLAIM.wildcard(namespace="team-b"),
+                                          stream=catalog.EVENTS_STREAM.name, ordered_consumer=True)
+        # no KV, no requests, no events of its own
+        await reader.request_refused(f"$JS.API.DIRECT.GET.{INV_STREAM}.$KV.{INV}.gpu-a")
+        await reader.request_refused(catalog.DEVICE_MIG_CREATE.format(node="gpu-a"))
+        await reader.request_refused(f"$JS.API.STREAM.INFO.{catalog.EVENTS_STREAM.name}")
+        for subject in (catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared"),
+                        "dra.v1.deadletter.reader_billing.x"):
+            await reader.nc.publish(subject, b"{}")
+            await reader.nc.flush()
+            await reader.refused("publish", subject)
+    finally:
+        await reader.nc.close()
+        await reader_bus.close()
+        await preparer.close()
