@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import re
 import ssl
 import uuid
@@ -50,6 +49,7 @@ from shared.events.catalog import (
 )
 from shared.events.deadletter import DeadLetter
 from shared.logs import get_logger
+from shared.natsjwt import Creds, CredsError
 from shared.tasks import raise_if_cancelling
 from shared.telemetry import extract_context, inject_headers
 
@@ -132,20 +132,18 @@ class NatsTLS(msgspec.Struct, frozen=True, kw_only=True):
 
     `ca_file`: verify the server's certificate against this CA (a tls:// URL without it uses the
     system CAs). `cert_file`/`key_file`: a client certificate (servers with `verify: true`).
-    `creds_file`: a NATS decentralized-auth .creds file (user JWT + NKEY seed); `nkey_seed_file`: an
-    NKEY user's seed. Both need the `nkeys` package. With either, the user name is not sent: it only
-    names the client's inbox prefix and dead-letter subjects, so it must be the name the server's
-    permissions were generated for."""
+    `creds_file`: a NATS .creds file (user JWT + NKEY seed, from `gpu-dra nats credentials`); with
+    it no password is sent and the user name only names the client's inbox prefix and dead-letter
+    subjects (when no user is given, the JWT's name does)."""
 
     ca_file: str = ""
     cert_file: str = ""
     key_file: str = ""
     creds_file: str = ""
-    nkey_seed_file: str = ""
 
     @property
     def signs(self) -> bool:
-        return bool(self.creds_file or self.nkey_seed_file)
+        return bool(self.creds_file)
 
     def _context(self) -> ssl.SSLContext | None:
         if not (self.ca_file or self.cert_file or self.key_file):
@@ -160,27 +158,28 @@ class NatsTLS(msgspec.Struct, frozen=True, kw_only=True):
             raise BusError(f"cannot load the NATS TLS files ({exc}); check GPU_DRA_NATS_TLS_CA/_CERT/_KEY") from exc
         return context
 
-    async def connect_options(self) -> dict[str, Any]:
-        """nats-py connect() keyword arguments (files are read off the event loop)."""
+    def _creds(self) -> Creds:
+        try:
+            with open(self.creds_file, encoding="utf-8") as handle:
+                return Creds(handle.read())
+        except OSError as exc:
+            raise BusError(f"cannot read NATS credentials {self.creds_file} ({exc}); mount the Secret that "
+                           "`gpu-dra nats credentials` wrote, or set GPU_DRA_NATS_CREDS to its file") from exc
+        except CredsError as exc:
+            raise BusError(f"NATS credentials {self.creds_file} are not usable ({exc}); write them again "
+                           "with `gpu-dra nats credentials`") from exc
+
+    async def connect_options(self) -> tuple[dict[str, Any], str | None]:
+        """nats-py connect() keyword arguments and the creds' user name (files read off the event loop)."""
         options: dict[str, Any] = {}
         context = await asyncio.to_thread(self._context)
         if context is not None:
             options["tls"] = context
-        if self.signs:
-            try:
-                import nkeys  # type: ignore[import-not-found,unused-ignore]  # noqa: F401 - nats-py signs with it
-            except ModuleNotFoundError as exc:
-                raise BusError("NATS .creds/NKEY authentication needs the 'nkeys' package (pip install nkeys); "
-                               "or use GPU_DRA_NATS_USER/GPU_DRA_NATS_PASSWORD") from exc
-            for path in (self.creds_file, self.nkey_seed_file):
-                if path and not await asyncio.to_thread(os.access, path, os.R_OK):
-                    raise BusError(f"NATS credentials file {path} is missing or unreadable; mount the Secret that "
-                                   "`gpu-dra nats credentials` wrote")
-        if self.creds_file:
-            options["user_credentials"] = self.creds_file
-        elif self.nkey_seed_file:
-            options["nkeys_seed"] = self.nkey_seed_file
-        return options
+        if not self.creds_file:
+            return options, None
+        creds = await asyncio.to_thread(self._creds)
+        options["user_jwt_cb"], options["signature_cb"] = creds.callbacks()
+        return options, creds.name or None
 
 
 @dataclass
@@ -392,8 +391,8 @@ class Bus:
         `user` also names the client's inbox prefix (`_INBOX_<identity>`); `tls` adds a CA, a client
         certificate, a NATS .creds file or an NKEY seed file (see NatsTLS)."""
         tls = tls or NatsTLS()
-        options = await tls.connect_options()
-        identity = user
+        options, creds_user = await tls.connect_options()
+        identity = user or creds_user
         login = None if tls.signs else user
 
         async def on_disconnect() -> None:

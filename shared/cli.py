@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pipeline-demo": ("embedded.cluster.pipeline_demo", "inventory -> NATS -> ResourceSlices in one process, traced"),
     "explain": ("embedded.cluster.explain", "why a pod or claim is (not) allocated"),
     "events": ("shared.events.cli", "the event catalog: list subjects, export JSON Schemas"),
-    "nats": ("shared.natsserver_cli", "run an embedded nats-server with JetStream"),
+    "nats": ("shared.natsserver_cli", "an embedded nats-server; 'nats credentials': NATS JWT creds as Secrets"),
 }
 
 

@@ -1,4 +1,5 @@
-"""`gpu-dra nats`: run an embedded nats-server with JetStream until interrupted."""
+"""`gpu-dra nats`: run an embedded nats-server with JetStream until interrupted;
+`gpu-dra nats credentials`: the deployment's NATS credentials (shared.natscreds)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ async def _run(store: Path | None, port: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["credentials"]:
+        from shared.natscreds import main as credentials
+
+        return credentials(argv[1:])
     parser = argparse.ArgumentParser(prog="gpu-dra nats", description="embedded nats-server with JetStream")
     parser.add_argument("--store-dir", type=Path, default=None, help="JetStream store (default: a temp dir)")
     parser.add_argument("--port", type=int, default=0, help="client port (default: a free one)")

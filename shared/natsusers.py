@@ -302,7 +302,8 @@ def load_or_create_passwords(directory: Path, users: Iterable[str]) -> dict[str,
     return out
 
 
-def _secret(name: str, data: Mapping[str, str]) -> dict[str, object]:
+def secret_object(name: str, data: Mapping[str, str]) -> dict[str, object]:
+    """A Kubernetes Secret of `data` in the driver's namespace."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -315,10 +316,10 @@ def _secret(name: str, data: Mapping[str, str]) -> dict[str, object]:
 def cluster_secrets(authorization: str, passwords: Mapping[str, str]) -> list[dict[str, object]]:
     """The NATS server's users file, its route password, and one Secret per cluster service."""
     out = [
-        _secret("gpu-dra-nats-users", {"users.conf": authorization}),
-        _secret("gpu-dra-nats-route", {"user": ROUTE_USER, "password": passwords[ROUTE_USER]}),
+        secret_object("gpu-dra-nats-users", {"users.conf": authorization}),
+        secret_object("gpu-dra-nats-route", {"user": ROUTE_USER, "password": passwords[ROUTE_USER]}),
     ]
-    out += [_secret(f"gpu-dra-nats-{role}", {"user": role, "password": passwords[role]}) for role in CLUSTER_ROLES]
+    out += [secret_object(f"gpu-dra-nats-{role}", {"user": role, "password": passwords[role]}) for role in CLUSTER_ROLES]
     return out
 
 

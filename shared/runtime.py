@@ -27,9 +27,9 @@ C = TypeVar("C", bound=CommonConfig)
 
 
 def nats_tls(config: CommonConfig) -> NatsTLS:
-    """The TLS and credential files a service's settings name (GPU_DRA_NATS_TLS_*, _CREDS, _NKEY_SEED_FILE)."""
+    """The TLS and credential files a service's settings name (GPU_DRA_NATS_TLS_CA/_CERT/_KEY, _CREDS)."""
     return NatsTLS(ca_file=config.nats_tls_ca, cert_file=config.nats_tls_cert, key_file=config.nats_tls_key,
-                   creds_file=config.nats_creds, nkey_seed_file=config.nats_nkey_seed_file)
+                   creds_file=config.nats_creds)
 
 
 @contextlib.asynccontextmanager
