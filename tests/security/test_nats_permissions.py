@@ -17,7 +17,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 from nats.aio.client import Client
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 
 from shared.bus import Bus, MsgContext
 from shared.events import catalog
