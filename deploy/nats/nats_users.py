@@ -1,13 +1,13 @@
-"""Compatibility entry point: the users and permissions generator lives in shared/natsusers.py and
-runs as `gpu-dra nats credentials`; this script keeps `python deploy/nats/nats_users.py` working.
+"""Compatibility entry point for `gpu-dra nats credentials` (shared/natscreds.py): the deployment's
+NATS users, their permissions (shared/natsusers.py) and JWT/NKEY credentials as Kubernetes Secrets.
 
-    python deploy/nats/nats_users.py --nodes gpu-a,gpu-b --credentials-dir ./nats-credentials
+    python deploy/nats/nats_users.py --nodes gpu-a,gpu-b --credentials-dir ./nats-keys --output ./out
 """
 
 from __future__ import annotations
 
-from shared.natsusers import *  # noqa: F403 - the module's public names, for scripts and tests
-from shared.natsusers import main
+from shared.natscreds import main
+from shared.natsusers import *  # noqa: F403 - the permission functions, for scripts and tests
 
 if __name__ == "__main__":
     raise SystemExit(main())

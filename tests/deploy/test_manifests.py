@@ -10,6 +10,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from shared.natscreds import Issued, secrets_for
+from shared.natsusers import all_users
 from tests.deploy.conftest import (
     OVERLAYS,
     find,
@@ -195,27 +197,28 @@ def test_node_agents_use_the_generated_per_node_nats_users() -> None:
         assert env["GPU_DRA_NATS_USER"]["value"] == users.node_user(role, "$(GPU_DRA_NODE)")
         assert env["GPU_DRA_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
         credential = next(m for m in container["volumeMounts"] if m["name"] == "nats-credentials")
-        assert credential["subPath"] == f"{role}.password" and credential["readOnly"] is True
+        assert credential["subPath"] == f"{role}.creds" and credential["readOnly"] is True
+        assert credential["mountPath"] == "/etc/gpu-dra/nats/creds"
     assert set(roles.values()) == set(users.NODE_ROLES)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_secrets_the_manifests_reference_are_the_ones_the_generator_writes(overlay: str) -> None:
-    users = nats_users_module()
-    passwords = {name: "x" for name in [*users.CLUSTER_ROLES, users.ROUTE_USER]}
-    generated = {s["metadata"]["name"]: set(s["stringData"]) for s in users.cluster_secrets("", passwords)}
+    issued = Issued("", {name: "x" for name in all_users(["gpu-a"])}, "x")
+    generated = {s["metadata"]["name"]: set(s["stringData"]) for s in secrets_for(issued, ["gpu-a"], {})}
     referenced: dict[str, set[str]] = {}
     for _, spec in _pod_specs(render_overlay(overlay)):
         for volume in spec.get("volumes", []):
             if "secret" in volume:
-                referenced.setdefault(volume["secret"]["secretName"], set())
+                keys = {item["key"] for item in volume["secret"].get("items", [])}
+                referenced.setdefault(volume["secret"]["secretName"], set()).update(keys)
         for container in spec["containers"]:
             for env in container.get("env", []):
                 ref = env.get("valueFrom", {}).get("secretKeyRef")
                 if ref:
                     referenced.setdefault(ref["name"], set()).add(ref["key"])
     for name, keys in referenced.items():
-        assert name in generated, f"{name} is referenced but nats_users.py does not write it"
+        assert name in generated, f"{name} is referenced but `gpu-dra nats credentials` does not write it"
         assert keys <= generated[name], f"{name}: keys {keys - generated[name]} not written"
 
 

@@ -70,32 +70,36 @@ def test_nats_server_accepts_the_config_with_tls_enabled(tmp_path: Path) -> None
     assert '# include "tls.conf"' in (config_dir / "nats.conf").read_text()
 
 
-def test_generator_writes_users_secrets_and_node_files_and_keeps_passwords(tmp_path: Path) -> None:
+def test_generator_writes_secrets_and_keeps_keys_private_and_stable(tmp_path: Path) -> None:
     users = nats_users_module()
-    creds = tmp_path / "creds"
-    secrets_path = users.write_outputs(["gpu-a"], creds)
-    first = (creds / "nodes" / "gpu-a" / "discovery.password").read_text()
-    assert (creds / "nodes" / "gpu-a" / "discovery.password").stat().st_mode & 0o077 == 0
-    users.write_outputs(["gpu-a", "gpu-b"], creds)
-    assert (creds / "nodes" / "gpu-a" / "discovery.password").read_text() == first, "re-running changed a password"
-    assert (creds / "nodes" / "gpu-b" / "cd-agent.password").exists()
-    docs = [json.loads(d) for d in secrets_path.read_text().split("---\n") if d.strip()]
+    keys, out = tmp_path / "keys", tmp_path / "out"
+    assert users.main(["--nodes", "gpu-a", "--credentials-dir", str(keys), "--output", str(out)]) == 0
+    seed = (keys / "users" / "discovery.gpu-a.nk").read_text()
+    assert all(p.stat().st_mode & 0o077 == 0 for p in keys.rglob("*.nk"))
+    assert (out / "secrets.yaml").stat().st_mode & 0o077 == 0
+    assert users.main(["--nodes", "gpu-a,gpu-b", "--credentials-dir", str(keys), "--output", str(out)]) == 0
+    assert (keys / "users" / "discovery.gpu-a.nk").read_text() == seed, "re-running changed a key"
+    docs = [json.loads(d) for d in (out / "secrets.yaml").read_text().split("---\n") if d.strip()]
     names = {d["metadata"]["name"] for d in docs}
-    assert names == {"gpu-dra-nats-users", "gpu-dra-nats-route", "gpu-dra-nats-publisher",
-                     "gpu-dra-nats-controller", "gpu-dra-nats-admin"}
+    assert names == {"gpu-dra-nats-users", "gpu-dra-nats-route", "gpu-dra-nats-publisher", "gpu-dra-nats-controller",
+                     "gpu-dra-nats-admin", "gpu-dra-nats-node-gpu-a", "gpu-dra-nats-node-gpu-b"}
     users_conf = next(d for d in docs if d["metadata"]["name"] == "gpu-dra-nats-users")["stringData"]["users.conf"]
-    assert '"user": "discovery.gpu-b"' in users_conf and first.strip() in users_conf
+    assert "resolver: MEMORY" in users_conf and "operator:" in users_conf
 
 
 @pytest.mark.parametrize(
     ("node", "complaint"),
-    [("ip-10-0-0-1.ec2.internal", "contains '.'"), ("GPU_A", "not a Kubernetes node name"), ("", "not a Kubernetes")],
+    [("ip-10-0-0-1.ec2.internal", "contains '.'"), ("GPU_A", "not a Kubernetes node name")],
 )
-def test_generator_refuses_bad_node_names_and_writes_nothing(tmp_path: Path, node: str, complaint: str) -> None:
+def test_generator_refuses_bad_node_names_and_writes_nothing(
+    tmp_path: Path, node: str, complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     users = nats_users_module()
-    with pytest.raises(users.UsersError, match=complaint):
-        users.write_outputs(["gpu-a", node], tmp_path / "creds")
+    assert users.main(["--nodes", f"gpu-a,{node}", "--credentials-dir", str(tmp_path / "creds")]) == 2
+    assert complaint in capsys.readouterr().err
     assert not (tmp_path / "creds").exists()
+    with pytest.raises(users.UsersError, match="not a Kubernetes"):
+        users.check_node("")
 
 
 def test_generator_cli_reports_bad_input_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
