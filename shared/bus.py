@@ -479,7 +479,10 @@ class Bus:
 
     async def _bucket_once(self, bucket: Bucket) -> KeyValue:
         try:
-            return await self.js.key_value(bucket.name)
+            kv = await self.js.key_value(bucket.name)
+            if not kv._direct:  # noqa: SLF001 - nats-py's record of the stream's allow_direct
+                await self._enable_direct_get(bucket)
+            return kv
         except nats.js.errors.BucketNotFoundError:
             try:
                 return await self.js.create_key_value(
@@ -490,6 +493,20 @@ class Bus:
                 )
             except nats.js.errors.BadRequestError:
                 return await self.js.key_value(bucket.name)
+
+    async def _enable_direct_get(self, bucket: Bucket) -> None:
+        """A bucket made before reads went through direct get: turn it on (the publisher and admin may;
+        a node user's attempt is refused and logged, and its reads fail until one of them has)."""
+        stream = f"KV_{bucket.name}"
+        try:
+            info = await self.js.stream_info(stream)
+            info.config.allow_direct = True
+            await asyncio.wait_for(self.js.update_stream(info.config), timeout=2.0)
+            log.info("direct get enabled on KV bucket", bucket=bucket.name)
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
+            log.warning("KV bucket has no direct get and this user cannot enable it; reads fail until the "
+                        "publisher starts (or run `nats stream edit --allow-direct`)", bucket=bucket.name,
+                        stream=stream, error=str(exc) or type(exc).__name__)
 
     async def kv(self, bucket: Bucket) -> TypedKV[Any]:
         """The typed KV bucket (created if missing)."""

@@ -194,6 +194,8 @@ def cluster_permissions(role: str) -> Permissions:
                 f"{JS}.STREAM.INFO.KV_{replicas}", f"{JS}.STREAM.CREATE.KV_{replicas}", f"$KV.{replicas}.>",
                 f"{JS}.CONSUMER.DELETE.KV_{replicas}.*",
                 *_kv_read(replicas), *_kv_read(INVENTORY_BUCKET.name), *_kv_read(HEALTH_BUCKET.name),
+                # turns on direct get for buckets made before KV reads went through it (Bus._bucket_once)
+                *(f"{JS}.STREAM.UPDATE.KV_{b.name}" for b in BUCKETS),
                 *_durable_consumer(EVENTS_STREAM.name),
                 # a withdrawn node's last values are removed by the publisher
                 f"$KV.{INVENTORY_BUCKET.name}.*", f"$KV.{HEALTH_BUCKET.name}.>",

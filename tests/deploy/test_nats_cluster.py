@@ -52,7 +52,7 @@ async def _provision_replicated(bus: Bus, replicas: int) -> None:
         ))
     for bucket in catalog.BUCKETS:
         await bus.js.create_key_value(KeyValueConfig(
-            bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None, replicas=replicas,
+            bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None, replicas=replicas, direct=True,
         ))
 
 

@@ -108,7 +108,7 @@ async def _refused_login(deployment: Deployment, creds: str) -> None:
     would keep retrying, as it does through any outage)."""
     assert deployment.server is not None
     user_jwt, signature = Creds(Path(creds).read_text()).callbacks()
-    with pytest.raises(nats.errors.Error, match="(?i)authorization"):
+    with pytest.raises(nats.errors.Error, match=r"(?i)authorization"):
         await nats.connect(deployment.server.url, user_jwt_cb=user_jwt, signature_cb=signature,
                            allow_reconnect=False, connect_timeout=2)
 

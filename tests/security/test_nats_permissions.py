@@ -17,7 +17,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 from nats.aio.client import Client
-from nats.js.api import DeliverPolicy
+from nats.js.api import DeliverPolicy, KeyValueConfig
 
 from shared.bus import Bus, MsgContext
 from shared.events import catalog
@@ -317,3 +317,27 @@ async def test_a_reader_sees_claim_events_of_its_namespaces_only(seeded: Embedde
         await reader.nc.close()
         await reader_bus.close()
         await preparer.close()
+
+
+async def test_a_bucket_made_without_direct_get_is_migrated_by_the_publisher(server: EmbeddedNats) -> None:
+    """Buckets from before KV reads went through direct get: the publisher's start turns it on (a
+    node user may not), after which the node reads its own key."""
+    admin = await _bus(server, "admin")
+    await admin.js.create_key_value(KeyValueConfig(bucket=INV, history=1))  # as older versions made it
+    assert not (await admin.js.stream_info(INV_STREAM)).config.allow_direct
+    await admin.close()
+    node = await _bus(server, "preparer.gpu-a")
+    publisher = await _bus(server, "publisher")
+    try:
+        await node.kv(catalog.INVENTORY_BUCKET)  # refused to update the stream: logged, nothing changed
+        assert not (await publisher.js.stream_info(INV_STREAM)).config.allow_direct
+        await publisher.kv(catalog.INVENTORY_BUCKET)
+        assert (await publisher.js.stream_info(INV_STREAM)).config.allow_direct
+        discovery = await _bus(server, "discovery.gpu-a")
+        inventory = NodeInventory(node="gpu-a", driver_version="550.1", cuda_driver_version="12.4.0")
+        await (await discovery.kv(catalog.INVENTORY_BUCKET)).put("gpu-a", inventory)
+        await discovery.close()
+        assert await (await node.kv(catalog.INVENTORY_BUCKET)).get("gpu-a") == inventory
+    finally:
+        await publisher.close()
+        await node.close()
