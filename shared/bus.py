@@ -215,6 +215,9 @@ def inbox_prefix(user: str | None) -> str:
     return f"_INBOX_{identity_token(user)}" if user else "_INBOX"
 
 
+_AUTO_CONSUMER = "flt"
+
+
 class _FilterInCreateSubject(JetStreamManager):
     """Consumer creation that names every unnamed, non-durable consumer with one filter subject.
 
@@ -229,8 +232,9 @@ class _FilterInCreateSubject(JetStreamManager):
         self, stream: str, config: ConsumerConfig | None = None, timeout: float | None = None, **params: Any
     ) -> ConsumerInfo:
         if (config is not None and not config.durable_name and not config.filter_subjects
-                and config.filter_subject not in (None, "", ">")):
-            config.name = f"flt{uuid.uuid4().hex}"
+                and config.filter_subject not in (None, "", ">")
+                and (config.name is None or config.name.startswith(_AUTO_CONSUMER))):  # a caller's name stays
+            config.name = f"{_AUTO_CONSUMER}{uuid.uuid4().hex}"
         return await super().add_consumer(stream, config, timeout, **params)
 
 
@@ -245,13 +249,13 @@ class _BusJetStream(_FilterInCreateSubject, JetStreamContext):
 class TypedKV(Generic[M]):
     """A JetStream KV bucket whose values are one message type."""
 
-    def __init__(self, bus: Bus, bucket: Bucket, kv: KeyValue) -> None:
+    def __init__(self, bus: Bus, bucket: Bucket) -> None:
         self._bus = bus
         self.bucket = bucket
         # Reads go through direct get of the one key ($JS.API.DIRECT.GET.<stream>.<key subject>),
         # the read a per-node permission can name; STREAM.MSG.GET is not allowed to node users.
         stream = f"KV_{bucket.name}"
-        self._kv = KeyValue(name=bucket.name, stream=stream, pre=f"$KV.{bucket.name}.", js=kv._js, direct=True)
+        self._kv = KeyValue(name=bucket.name, stream=stream, pre=f"$KV.{bucket.name}.", js=bus.js, direct=True)
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(bucket.message)
         self._refused: set[tuple[str, int]] = set()  # (key, revision or value hash) already dead-lettered
 
@@ -512,7 +516,8 @@ class Bus:
         """The typed KV bucket (created if missing)."""
         cached = self._kv_cache.get(bucket.name)
         if cached is None:
-            cached = TypedKV(self, bucket, await self._bucket(bucket))
+            await self._bucket(bucket)  # created if missing, direct get turned on if it can be
+            cached = TypedKV(self, bucket)
             self._kv_cache[bucket.name] = cached
         return cached
 
