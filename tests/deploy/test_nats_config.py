@@ -1,6 +1,7 @@
 """The shipped NATS configs pass `nats-server -t` (single server, cluster member, with TLS), a
-missing per-server setting is refused by name, and the users generator keeps passwords, adds
-nodes, and refuses node names that cannot be one subject token without writing anything."""
+missing per-server setting is refused by name, generated JWT users load, and the credentials
+generator keeps keys, adds nodes, and refuses node names that cannot be one subject token without
+writing anything."""
 
 from __future__ import annotations
 
@@ -36,6 +37,21 @@ def _check(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str
 @pytest.mark.parametrize("config", ["nats.conf", "nats-cluster.conf"])
 def test_nats_server_accepts_the_shipped_config(tmp_path: Path, config: str) -> None:
     config_dir = nats_layout(tmp_path, ["gpu-a", "gpu-b"])
+    proc = _check(config_dir / config, SERVER_ENV | {"NATS_STORE_DIR": str(tmp_path / "js")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "is valid" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("config", ["nats.conf", "nats-cluster.conf"])
+def test_nats_server_accepts_the_shipped_config_with_generated_jwt_users(tmp_path: Path, config: str) -> None:
+    """users.conf as `gpu-dra nats credentials` writes it (operator JWT, MEMORY resolver)."""
+    config_dir = nats_layout(tmp_path, ["gpu-a"])
+    out = tmp_path / "out"
+    assert nats_users_module().main(["--nodes", "gpu-a", "--credentials-dir", str(tmp_path / "keys"),
+                                     "--output", str(out)]) == 0
+    docs = [json.loads(d) for d in (out / "secrets.yaml").read_text().split("---\n") if d.strip()]
+    users_conf = next(d for d in docs if d["metadata"]["name"] == "gpu-dra-nats-users")["stringData"]["users.conf"]
+    (tmp_path / "auth" / "users.conf").write_text(users_conf)
     proc = _check(config_dir / config, SERVER_ENV | {"NATS_STORE_DIR": str(tmp_path / "js")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "is valid" in proc.stdout + proc.stderr
