@@ -396,6 +396,9 @@ class Bus:
         certificate, a NATS .creds file or an NKEY seed file (see NatsTLS)."""
         tls = tls or NatsTLS()
         options, creds_user = await tls.connect_options()
+        if user and creds_user and user != creds_user:
+            raise BusError(f"GPU_DRA_NATS_USER is {user!r} but the creds file is for {creds_user!r}: the inbox and "
+                           "dead-letter subjects would not be the ones its permissions allow; fix either one")
         identity = user or creds_user
         login = None if tls.signs else user
 

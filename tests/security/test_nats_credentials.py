@@ -232,3 +232,14 @@ async def test_a_damaged_creds_file_stops_the_connect_with_a_clear_error(tmp_pat
     with pytest.raises(CredsError):
         Creds("nothing")
 
+
+async def test_a_user_name_that_is_not_the_creds_user_is_refused_before_connecting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secrets = _run_credentials(["--nodes", "gpu-a", "--credentials-dir", str(tmp_path / "keys")], capsys)
+    path = tmp_path / "preparer.creds"
+    path.write_text(secrets["gpu-dra-nats-node-gpu-a"]["preparer.creds"])
+    with pytest.raises(BusError, match=r"creds file is for 'preparer\.gpu-a'"):
+        await Bus.connect("nats://127.0.0.1:1", name="t", user="discovery.gpu-a", tls=NatsTLS(creds_file=str(path)),
+                          initial_attempts=1)
+
