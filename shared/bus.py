@@ -246,6 +246,18 @@ class _BusJetStream(_FilterInCreateSubject, JetStreamContext):
         return _FilterInCreateSubject(conn=self._nc, prefix=self._prefix, timeout=self._timeout)
 
 
+def decode_body(decoder: msgspec.json.Decoder[Any], data: bytes) -> tuple[Any, str]:
+    """A message body decoded, or None and why not: malformed, the wrong shape, or nested deeper
+    than the decoder can follow (msgspec raises RecursionError there; it must become a dead letter,
+    never an exception out of a consumer)."""
+    try:
+        return decoder.decode(data), ""
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return None, str(exc)
+    except RecursionError:
+        return None, "JSON nested too deeply to decode: send a flat message of the catalog's schema"
+
+
 class TypedKV(Generic[M]):
     """A JetStream KV bucket whose values are one message type."""
 
@@ -264,10 +276,10 @@ class TypedKV(Generic[M]):
         identity than its key (refused: counted, logged and dead-lettered once per revision)."""
         if raw is None or raw == b"":
             return None
-        try:
-            value: M = self._decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.error("undecodable KV value skipped", bucket=self.bucket.name, key=key, error=str(exc))
+        decoded, error = decode_body(self._decoder, raw)
+        value: M = decoded
+        if error:
+            log.error("undecodable KV value skipped", bucket=self.bucket.name, key=key, error=error)
             return None
         mismatch = identity.check_kv(self.bucket, key, value)
         if mismatch is None:
@@ -554,7 +566,7 @@ class Bus:
         await self.dead_letter(mismatch.where, data, consumer, mismatch.error, reason=identity.REASON)
 
     async def dead_letter(self, subject: str, data: bytes, consumer: str, error: str, *, reason: str) -> None:
-        """Keep a refused message on `dra.v1.deadletter.<consumer>` (never raises: a lost dead letter
+        """Keep a refused message on `dra.v1.deadletter.<identity>.<consumer>` (never raises: a lost dead letter
         must not stop the consumer)."""
         letter = DeadLetter(
             subject=subject,
@@ -570,10 +582,7 @@ class Bus:
             log.error("dead letter not stored", subject=subject, error=str(exc))
 
     def _decode(self, decoder: msgspec.json.Decoder[Any], msg: Msg) -> tuple[Any, str]:
-        try:
-            return decoder.decode(msg.data), ""
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return None, str(exc)
+        return decode_body(decoder, msg.data)
 
     async def subscribe(
         self,
@@ -693,10 +702,10 @@ class Bus:
                 raise BusError(
                     f"no reply on {subject} within {timeout}s ({type(exc).__name__}): is the service for this node running?"
                 ) from exc
-            try:
-                return msgspec.json.decode(msg.data, type=entry.reply)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise BusError(f"malformed reply on {subject}: {exc}") from exc
+            reply, error = decode_body(msgspec.json.Decoder(entry.reply), msg.data)
+            if error:
+                raise BusError(f"malformed reply on {subject}: {error}")
+            return reply
 
     def spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         """Run a background task tied to this bus's lifetime."""
