@@ -18,6 +18,7 @@ import asyncio
 import functools
 import re
 import ssl
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -208,6 +209,15 @@ def identity_token(user: str) -> str:
     """The subject token of a NATS user (`preparer.gpu-a` -> `preparer_gpu-a`): its inbox prefix and
     dead-letter subjects carry it, and its permissions name it."""
     return consumer_token(user)
+
+
+def url_user(url: str) -> str | None:
+    """The user named in a NATS URL's credentials (`nats://user:pass@host`), first server first."""
+    for server in url.split(","):
+        name = urllib.parse.urlsplit(server.strip()).username
+        if name:
+            return urllib.parse.unquote(name)
+    return None
 
 
 def inbox_prefix(user: str | None) -> str:
@@ -411,7 +421,7 @@ class Bus:
         if user and creds_user and user != creds_user:
             raise BusError(f"GPU_DRA_NATS_USER is {user!r} but the creds file is for {creds_user!r}: the inbox and "
                            "dead-letter subjects would not be the ones its permissions allow; fix either one")
-        identity = user or creds_user
+        identity = user or creds_user or url_user(url)
         login = None if tls.signs else user
 
         async def on_disconnect() -> None:
