@@ -25,7 +25,7 @@ from pathlib import Path
 
 from services.computedomain import orphans
 from shared.logs import get_logger
-from shared.tasks import cancelling
+from shared.tasks import cancel_and_wait, cancelling, raise_if_cancelling
 
 log = get_logger(__name__)
 
@@ -202,6 +202,7 @@ class ImexSupervisor:
     async def _check_loop(self) -> None:
         assert self.check_argv is not None
         while True:
+            raise_if_cancelling()  # asked to stop while a probe's wait_for swallowed it
             try:
                 probe = await asyncio.create_subprocess_exec(
                     *self.check_argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
@@ -245,6 +246,11 @@ class ImexSupervisor:
     async def _supervise(self) -> None:
         backoff = 0.1
         while not self._ending():
+            # Cleared before the spawn, not after: the new daemon reads the files after this point, and a
+            # restart() or reload() asked for while it spawns must still reach it (lost, the daemon would
+            # keep a nodes file older than the request).
+            self._restart.clear()
+            self._reload_wanted.clear()
             try:
                 proc = await self._spawn()
             except OSError as exc:
@@ -254,8 +260,6 @@ class ImexSupervisor:
                 continue
             self._proc = proc
             self.reloads_done = 0
-            self._restart.clear()
-            self._reload_wanted.clear()  # a fresh daemon reads the current files
             started = asyncio.get_running_loop().time()
             log.info("IMEX daemon started", daemon=self.name, pid=proc.pid, restarts=self.restarts)
             helpers = [asyncio.create_task(self._read_status(proc)), asyncio.create_task(self._signaller(proc))]
@@ -266,9 +270,9 @@ class ImexSupervisor:
             try:
                 await asyncio.wait({exited, *waits}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (*waits, *helpers[1:]):
-                    task.cancel()
-                await asyncio.gather(*waits, *helpers[1:], return_exceptions=True)
+                # cancel_and_wait, not cancel + gather: a check probe's wait_for can swallow the
+                # cancellation (Python 3.11), and a gather would then wait for ever.
+                await cancel_and_wait([*waits, *helpers[1:]])
             replaced = not exited.done() and self._restart.is_set() and not self._ending()
             if not exited.done():
                 await self._terminate(proc)

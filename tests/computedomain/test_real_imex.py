@@ -139,8 +139,6 @@ async def test_a_new_peer_is_written_to_the_hosts_block_and_the_daemon_is_signal
         assert hosts[1].read_text() == HOSTS_BEFORE
 
 
-@pytest.mark.skip(reason="known flake: the IP-mode daemon restart hung in ~2 of 5 runs (CI must not hang); "
-                         "to be fixed before IP mode is relied on, see the closing note of issue 14")
 async def test_peers_by_ip_rewrite_the_nodes_file_and_restart_the_daemon(bus, tmp_path):
     fake = make_driver_root(tmp_path / "driver")
     (hosts,) = hosts_files(tmp_path, 1)
