@@ -16,6 +16,7 @@ from shared.events.deadletter import DeadLetter
 from shared.kubeclient import kube_api_client
 from shared.natsserver import EmbeddedNats
 from tests.deploy.conftest import ShippedConfigNats, nats_layout, server_env, test_password
+from tests.preparer.conftest import discovery, root  # noqa: F401 - the preparer suite's fixtures, for test_inputs
 
 NODES = ["gpu-a", "gpu-b"]
 WAIT_S = 10.0

@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from embedded.kubelet.client import Claim
-from services.discovery.testing import RunningDiscovery, running_discovery
+from services.discovery.testing import RunningDiscovery
 from services.preparer.claims import (
     ClaimDecodeError,
     ClaimFetchError,
@@ -27,7 +26,7 @@ from services.preparer.claims import (
     decode_claim,
 )
 from shared.bus import Bus
-from tests.preparer.helpers import claim_doc, cleanup, gpu_config, running_node, short_root
+from tests.preparer.helpers import claim_doc, gpu_config, running_node
 
 BOUND_S = 1.0
 
@@ -58,21 +57,6 @@ class JsonClaims:
             return decode_claim(body)
         except ClaimDecodeError as exc:
             raise ClaimFetchError(f"ResourceClaim {namespace}/{name} did not decode: {exc}") from exc
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = short_root()
-    try:
-        yield path
-    finally:
-        cleanup(path)
-
-
-@pytest.fixture
-async def discovery(bus: Bus, root: Path) -> AsyncIterator[RunningDiscovery]:
-    async with running_discovery(bus, node="n1", simulate="h100x8", root=root / "sim") as disc:
-        yield disc
 
 
 def mps(**mps_config: Any) -> dict[str, Any]:
