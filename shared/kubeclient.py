@@ -42,4 +42,25 @@ async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    _without_env_lookups(api, configuration)
+    return api
+
+
+_PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy")
+
+
+def _without_env_lookups(api: Any, configuration: Any) -> None:
+    """kubernetes-asyncio opens its aiohttp session with `trust_env=True`, which makes every request
+    look up `.netrc` and proxy settings in an executor thread (~2 ms of a 0.5 ms GET). With no proxy
+    variable set there is nothing to find: the session is reopened without the lookups. With one set,
+    the proxy is honoured as client-go does (from the environment), so the session stays as it is."""
+    import aiohttp
+
+    if configuration.proxy or any(os.environ.get(name) for name in _PROXY_VARIABLES):
+        return
+    rest = api.rest_client
+    old = rest.pool_manager
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=old.connector, connector_owner=True, trust_env=False, read_bufsize=2**21)
+    old._connector = None  # the connector now belongs to the new session; the old one closes nothing

@@ -63,3 +63,32 @@ def test_publisher_refuses_tls_settings_that_would_be_ignored(argv: list[str], m
 def test_publisher_takes_the_explicit_opt_in() -> None:
     cfg = config.parse(["--api-url", "https://k:6443", "--api-insecure-skip-tls-verify"])
     assert cfg.api_insecure_skip_tls_verify is True and config.parse([]).api_insecure_skip_tls_verify is False
+
+
+async def test_requests_skip_environment_lookups_unless_a_proxy_is_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy variable: the session does no .netrc/proxy lookups per request (they cost a thread hop
+    each). HTTPS_PROXY set: requests go through that proxy, as client-go's do."""
+    import asyncio
+
+    seen: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readline())
+        writer.close()
+
+    listener = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    async with running_apiserver(tmp_path) as server, listener:
+        for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy", "NO_PROXY",
+                     "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        api = await kube_api_client(url=server.url, token=server.token, insecure_skip_tls_verify=True)
+        assert api.rest_client.pool_manager.trust_env is False
+        assert await _version(api)
+        assert seen == []
+
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
+        with pytest.raises(aiohttp.ClientError):
+            await _version(await kube_api_client(url=server.url, token=server.token, insecure_skip_tls_verify=True))
+        assert seen and seen[0].startswith(b"CONNECT 127.0.0.1:")
