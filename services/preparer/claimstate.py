@@ -89,7 +89,30 @@ class ClaimPreparer:
                 message = f"error preparing devices for claim {ref}: {exc}"
                 log.warning("prepare failed", claim=str(ref), error=str(exc))
                 return PrepareResult(error=message)
+            except asyncio.CancelledError:
+                # The kubelet gave up (its deadline passed, or it went away): nobody will use what this
+                # prepare did, so undo it now, under the claim's lock, rather than at the next sweep.
+                await asyncio.shield(self._abandon(ref))
+                raise
             return PrepareResult(devices=devices)
+
+    async def _abandon(self, ref: ClaimRef) -> None:
+        """Roll back the PrepareStarted entry a cancelled prepare left (a step cut short by the
+        cancellation still reached its side-effect record first, so the undo covers it). If the undo
+        fails the entry stays and the periodic recovery retries it."""
+        record = self.checkpoint.claims.get(ref.uid)
+        if record is None or record.state != "PrepareStarted":
+            return
+        log.warning("prepare abandoned by the kubelet (deadline passed or client gone); rolling back",
+                    claim=str(ref))
+        try:
+            await self._rollback(ref.uid, record, reason="prepare abandoned: the kubelet's deadline passed "
+                                                         "or it went away")
+        except PrepareFailed as exc:
+            log.error("rollback of an abandoned prepare failed; the periodic recovery retries it", claim=str(ref),
+                      error=str(exc))
+        finally:
+            metrics.set_prepared(self.node, self.driver, self.checkpoint)
 
     async def _fetch(self, ref: ClaimRef) -> ResourceClaim:
         with tracer.start_as_current_span("claim.get") as span:
