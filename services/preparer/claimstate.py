@@ -67,6 +67,9 @@ class ClaimPreparer:
         self.checkpoint = checkpoint
         self.events = events
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # Set when a rollback failed (discovery slow or away): `retry_failed_rollbacks` tries again within
+        # seconds, so a device is not held by a dead prepare until the periodic sweep.
+        self.rollback_failed = asyncio.Event()
 
     # -- the port ---------------------------------------------------------------------------
     async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
@@ -174,6 +177,7 @@ class ClaimPreparer:
             await self._undo(uid, record)
         except Exception as exc:  # noqa: BLE001
             log.error("rollback of a partial prepare failed; will retry", claim_uid=uid, error=str(exc))
+            self.rollback_failed.set()
             raise PrepareFailed(f"rollback of an earlier partial prepare failed: {exc}") from None
         await self.checkpoint.remove(uid)
         self._emit("rolled-back", ClaimRef(uid, record.namespace, record.name), record, error=reason)
@@ -198,6 +202,19 @@ class ClaimPreparer:
                     continue
         metrics.set_prepared(self.node, self.driver, self.checkpoint)
         return done
+
+    async def retry_failed_rollbacks(self, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:
+        """Forever: after a rollback failed, try the PrepareStarted entries again, backing off while
+        they keep failing (each undo is idempotent)."""
+        delay = first_delay
+        while True:
+            await self.rollback_failed.wait()
+            await asyncio.sleep(delay)
+            self.rollback_failed.clear()
+            done = await self.recover(only_failed=True)
+            if done:
+                log.info("failed rollbacks retried", claims=done)
+            delay = min(delay * 2, max_delay) if self.rollback_failed.is_set() else first_delay
 
     async def cleanup_stale(self) -> int:
         """Roll back PrepareStarted claims whose ResourceClaim is gone or no longer allocated here."""

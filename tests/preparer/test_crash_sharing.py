@@ -39,11 +39,12 @@ async def node_parts(root: Path, nats_server: EmbeddedNats, *, tool_timeout: flo
         await bus.close()
 
 
-async def start_ready_preparer(root: Path, api: Any, nats_server: EmbeddedNats) -> asyncio.subprocess.Process:
+async def start_ready_preparer(root: Path, api: Any, nats_server: EmbeddedNats,
+                              *extra: str) -> asyncio.subprocess.Process:
     """A preparer process that has discovery's inventory (it caches it on disk when it arrives): a claim
     sent earlier would fail on an unknown device, and the kill would land nowhere."""
     log_path = root / "preparer.log"
-    proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
+    proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path, *extra)
     await wait_for_socket(root / "reg" / "gpu.nvidia.com-reg.sock", proc, log_path)
     await wait_for_socket(root / "plugins" / "gpu.nvidia.com" / "inventory-cache.json", proc, log_path)
     return proc
@@ -158,6 +159,38 @@ async def test_a_prepare_abandoned_by_the_kubelet_is_rolled_back_at_once(root: P
             prepared = await plugin.prepare([plain], timeout=10)
             assert not prepared[plain.uid].error, prepared[plain.uid].error
             assert checkpoint(root)[plain.uid]["timesliced_gpus"] == []
+            assert fake.timeslice(uuid) == "0"
+        finally:
+            await plugin.close()
+            await stop(proc)
+
+
+async def test_a_time_slice_call_past_the_device_op_deadline_is_undone_within_seconds(
+        root: Path, nats_server: EmbeddedNats) -> None:
+    """nvidia-smi hangs past the preparer's device-op deadline (1 s), and the reset the rollback asks for
+    waits behind it in discovery and times out too. The failed rollback is retried within seconds, not
+    at the 10-minute sweep: the GPU ends at Default and the entry is gone."""
+    async with node_parts(root, nats_server, tool_timeout=3.0) as (bus, api, claims, disc, fake):
+        uuid = disc.inventory.gpus[0].uuid
+        claim = await claims.add(claim_doc(name="ts", results=[("gpu", "gpu-0")], configs=[
+            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+        rolled_back = await rolled_back_future(bus, claim.uid, claim.namespace)
+        fake.hang("nvidia-smi")
+        proc = await start_ready_preparer(root, api, nats_server, "--device-op-timeout", "1")
+        plugin = await register(root / "reg" / "gpu.nvidia.com-reg.sock")
+        try:
+            prepare = asyncio.create_task(plugin.prepare([claim], timeout=30))
+            async with asyncio.timeout(5):
+                while not fake.calls("nvidia-smi"):
+                    await asyncio.sleep(0.02)
+            fake.heal("nvidia-smi")  # the hung call stays hung until discovery's 3 s tool timeout
+            result = (await prepare)[claim.uid]
+            assert "rollback" in result.error and "time-slice" in result.error, result.error
+            assert checkpoint(root)[claim.uid]["state"] == "PrepareStarted"  # the undo failed: still recorded
+            async with asyncio.timeout(5):
+                await rolled_back
+            assert claim.uid not in checkpoint(root)
+            assert fake.calls("nvidia-smi")[-1]["argv"][-1] == "0"
             assert fake.timeslice(uuid) == "0"
         finally:
             await plugin.close()
