@@ -153,8 +153,8 @@ class DiscoveryService:
                         node=self.cfg.node, bucket=catalog.INVENTORY_BUCKET.name,
                         found="deleted or undecodable" if value is None else f"inventory of {value.node!r} "
                         f"hash {value.content_hash}")
+            self.key_repairs += 1  # counted first: a watcher may see the restored value before the put returns
             await self.kv.put(self.cfg.node, ours)
-            self.key_repairs += 1
 
     async def start(self) -> None:
         await self.bus.provision()
