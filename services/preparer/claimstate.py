@@ -2,7 +2,8 @@
 
 Owns, for one driver on one node: per-claim serialisation, idempotency (a `PrepareCompleted` claim
 returns its checkpointed devices and does nothing else), unprepare (undo, then forget), rollback
-of partial prepares (at start, after a failed rollback, and for stale claims), the claim fetch and
+of partial prepares (at start, when the kubelet abandons a prepare, within seconds after a failed
+rollback, and for stale claims), the claim fetch and
 the checks every driver makes (same UID, allocated, pinned to this node, in this node's pool), and
 lifecycle events. A driver subclasses `ClaimPreparer` and implements the port:
   `_prepare(ref, previous)`  fetch, plan, write `PrepareStarted`, side effects, CDI, `PrepareCompleted`

@@ -2,7 +2,9 @@
 
 Owns the wiring and the node-level state machine: what the publisher believes about every node
 (last inventory, device health, withdrawal), which nodes this replica owns (`ownership`), the work
-queue that coalesces bursts per node, the periodic resync from KV and a fresh LIST, and the trace
+queue that coalesces bursts per node, the periodic resync from KV and a fresh LIST, the rule for
+deleting a node's slices (an explicit withdrawal, or the Node gone for the grace; never an empty or
+unreadable KV read), and the trace
 of each sync (a child of the inventory or health event that caused it; coalesced causes are links).
 """
 
