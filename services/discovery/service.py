@@ -27,6 +27,7 @@ from shared.events import catalog
 from shared.events.inventory import NodeInventory
 from shared.health import HEALTH
 from shared.logs import get_logger
+from shared.tasks import cancel_and_wait, raise_if_cancelling
 from shared.telemetry import get_tracer
 
 log = get_logger(__name__)
@@ -96,7 +97,9 @@ class DiscoveryService:
         self.kv: Any = None
         self.current: NodeInventory | None = None
         self.published_hash = ""
+        self.published: NodeInventory | None = None  # the value this service last wrote to its KV key
         self.publish_count = 0
+        self.key_repairs = 0
         self._scan_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self.health = HealthMonitor(cfg.node, nvml, bus, cfg.ignored, lambda: self.current,
@@ -117,10 +120,41 @@ class DiscoveryService:
                                            msg_id=f"inventory.{self.cfg.node}.{inv.content_hash}.{inv.observed_at}",
                                            node=self.cfg.node)
                 self.published_hash = inv.content_hash
+                self.published = inv
                 self.publish_count += 1
                 log.info("inventory published", node=self.cfg.node, gpus=len(inv.gpus), hash=inv.content_hash,
                          mig_devices=sum(len(g.mig_devices) for g in inv.gpus))
             return inv
+
+    async def guard_key(self, retry_s: float = 1.0) -> None:
+        """Keep this node's KV entry what this service published: a value written under it by anyone else
+        (garbage, another node's inventory, a delete) is overwritten with the true inventory as soon as
+        the watch reports it. The publisher keeps a node's slices whatever the key holds; this repairs
+        the key so that they follow the node's real inventory again. Restarted whenever NATS drops it."""
+        while True:
+            try:
+                async for key, value in self.kv.watch(self.cfg.node):
+                    if key == self.cfg.node:
+                        await self._repair_key(value)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - NATS away: watch again
+                raise_if_cancelling()
+                log.info("inventory key watch interrupted; retrying", error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(retry_s)
+
+    async def _repair_key(self, value: NodeInventory | None) -> None:
+        async with self._scan_lock:  # after a rescan's own write has been noted as published
+            ours = self.published
+            if ours is None or (value is not None and value.node == ours.node
+                                and value.content_hash == ours.content_hash):
+                return  # ours (the hash covers the content), or nothing published yet
+            log.warning("this node's inventory key was changed by someone else; restoring it",
+                        node=self.cfg.node, bucket=catalog.INVENTORY_BUCKET.name,
+                        found="deleted or undecodable" if value is None else f"inventory of {value.node!r} "
+                        f"hash {value.content_hash}")
+            self.key_repairs += 1  # counted first: a watcher may see the restored value before the put returns
+            await self.kv.put(self.cfg.node, ours)
 
     async def start(self) -> None:
         await self.bus.provision()
@@ -128,6 +162,7 @@ class DiscoveryService:
         last = await self.kv.get(self.cfg.node)
         if last is not None:
             self.published_hash = last.content_hash
+            self.published = last
         await self.scanner.load()
         await self._check_tools()
         await self.scanner.mps.reconcile()
@@ -147,6 +182,7 @@ class DiscoveryService:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
+        guard = asyncio.create_task(self.guard_key(), name=f"inventory-key-guard-{self.cfg.node}")
         try:
             while not stop.is_set():
                 waiter = asyncio.ensure_future(self._wake.wait())
@@ -163,6 +199,7 @@ class DiscoveryService:
                 except Exception as exc:
                     log.exception("periodic re-scan failed", error=str(exc))
         finally:
+            await cancel_and_wait([guard])
             await self.ops.close()
             await self.health.stop()
 

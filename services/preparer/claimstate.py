@@ -2,7 +2,8 @@
 
 Owns, for one driver on one node: per-claim serialisation, idempotency (a `PrepareCompleted` claim
 returns its checkpointed devices and does nothing else), unprepare (undo, then forget), rollback
-of partial prepares (at start, after a failed rollback, and for stale claims), the claim fetch and
+of partial prepares (at start, when the kubelet abandons a prepare, within seconds after a failed
+rollback, and for stale claims), the claim fetch and
 the checks every driver makes (same UID, allocated, pinned to this node, in this node's pool), and
 lifecycle events. A driver subclasses `ClaimPreparer` and implements the port:
   `_prepare(ref, previous)`  fetch, plan, write `PrepareStarted`, side effects, CDI, `PrepareCompleted`
@@ -67,6 +68,9 @@ class ClaimPreparer:
         self.checkpoint = checkpoint
         self.events = events
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # Set when a rollback failed (discovery slow or away): `retry_failed_rollbacks` tries again within
+        # seconds, so a device is not held by a dead prepare until the periodic sweep.
+        self.rollback_failed = asyncio.Event()
 
     # -- the port ---------------------------------------------------------------------------
     async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
@@ -89,7 +93,30 @@ class ClaimPreparer:
                 message = f"error preparing devices for claim {ref}: {exc}"
                 log.warning("prepare failed", claim=str(ref), error=str(exc))
                 return PrepareResult(error=message)
+            except asyncio.CancelledError:
+                # The kubelet gave up (its deadline passed, or it went away): nobody will use what this
+                # prepare did, so undo it now, under the claim's lock, rather than at the next sweep.
+                await asyncio.shield(self._abandon(ref))
+                raise
             return PrepareResult(devices=devices)
+
+    async def _abandon(self, ref: ClaimRef) -> None:
+        """Roll back the PrepareStarted entry a cancelled prepare left (a step cut short by the
+        cancellation still reached its side-effect record first, so the undo covers it). If the undo
+        fails the entry stays and the periodic recovery retries it."""
+        record = self.checkpoint.claims.get(ref.uid)
+        if record is None or record.state != "PrepareStarted":
+            return
+        log.warning("prepare abandoned by the kubelet (deadline passed or client gone); rolling back",
+                    claim=str(ref))
+        try:
+            await self._rollback(ref.uid, record, reason="prepare abandoned: the kubelet's deadline passed "
+                                                         "or it went away")
+        except PrepareFailed as exc:
+            log.error("rollback of an abandoned prepare failed; the periodic recovery retries it", claim=str(ref),
+                      error=str(exc))
+        finally:
+            metrics.set_prepared(self.node, self.driver, self.checkpoint)
 
     async def _fetch(self, ref: ClaimRef) -> ResourceClaim:
         with tracer.start_as_current_span("claim.get") as span:
@@ -151,6 +178,7 @@ class ClaimPreparer:
             await self._undo(uid, record)
         except Exception as exc:  # noqa: BLE001
             log.error("rollback of a partial prepare failed; will retry", claim_uid=uid, error=str(exc))
+            self.rollback_failed.set()
             raise PrepareFailed(f"rollback of an earlier partial prepare failed: {exc}") from None
         await self.checkpoint.remove(uid)
         self._emit("rolled-back", ClaimRef(uid, record.namespace, record.name), record, error=reason)
@@ -175,6 +203,19 @@ class ClaimPreparer:
                     continue
         metrics.set_prepared(self.node, self.driver, self.checkpoint)
         return done
+
+    async def retry_failed_rollbacks(self, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:
+        """Forever: after a rollback failed, try the PrepareStarted entries again, backing off while
+        they keep failing (each undo is idempotent)."""
+        delay = first_delay
+        while True:
+            await self.rollback_failed.wait()
+            await asyncio.sleep(delay)
+            self.rollback_failed.clear()
+            done = await self.recover(only_failed=True)
+            if done:
+                log.info("failed rollbacks retried", claims=done)
+            delay = min(delay * 2, max_delay) if self.rollback_failed.is_set() else first_delay
 
     async def cleanup_stale(self) -> int:
         """Roll back PrepareStarted claims whose ResourceClaim is gone or no longer allocated here."""

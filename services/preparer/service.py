@@ -77,6 +77,8 @@ class PreparerService:
         add_registration_service(self._reg_server, self.registration)
         await sockets.serve_on(self._reg_server, self.registration_socket)
         self._tasks.append(asyncio.create_task(self._cleanup_loop(), name=f"stale-claim-cleanup-{self.driver}"))
+        self._tasks.append(asyncio.create_task(self.preparer.retry_failed_rollbacks(),
+                                               name=f"rollback-retry-{self.driver}"))
         log.info("preparer serving", driver=self.driver, node=self.cfg.node, dra_socket=str(self.dra_socket),
                  registration_socket=str(self.registration_socket), claims=len(self.checkpoint.claims))
 

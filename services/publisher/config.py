@@ -52,6 +52,9 @@ class PublisherConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     heartbeat_seconds: Annotated[float, _help("how often a replica renews its membership")] = 1.0
     lease_seconds: Annotated[float, _help("a replica silent this long is gone; its nodes move")] = 5.0
     resync_seconds: Annotated[float, _help("full re-read of KV and slices (writes only what differs)")] = 60.0
+    node_gone_grace: Annotated[float, _help(
+        "seconds a Node must be gone from Kubernetes before its slices are deleted (an explicit withdrawal "
+        "from the node's discovery deletes them at once; an empty or unreadable inventory never does)")] = 300.0
     workers: Annotated[int, msgspec.Meta(ge=1, le=256, description="nodes synced concurrently")] = 16
 
     def resolved(self) -> PublisherConfig:
@@ -68,7 +71,7 @@ def parse(argv: list[str]) -> PublisherConfig:
 
 def check(cfg: PublisherConfig) -> None:
     """Cross-field checks; ConfigError names the setting and what it needs."""
-    for name in ("heartbeat_seconds", "lease_seconds", "resync_seconds"):
+    for name in ("heartbeat_seconds", "lease_seconds", "resync_seconds", "node_gone_grace"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
     if cfg.lease_seconds <= cfg.heartbeat_seconds:

@@ -2,7 +2,9 @@
 
 Owns the wiring and the node-level state machine: what the publisher believes about every node
 (last inventory, device health, withdrawal), which nodes this replica owns (`ownership`), the work
-queue that coalesces bursts per node, the periodic resync from KV and a fresh LIST, and the trace
+queue that coalesces bursts per node, the periodic resync from KV and a fresh LIST, the rule for
+deleting a node's slices (an explicit withdrawal, or the Node gone for the grace; never an empty or
+unreadable KV read), and the trace
 of each sync (a child of the inventory or health event that caused it; coalesced causes are links).
 """
 
@@ -124,14 +126,11 @@ class NodeState:
         self._health_seq[(h.node, h.device)] = self.received
         return True
 
-    def drop_absent(self, inventories: set[str], health: set[tuple[str, str]], read_began: int) -> None:
-        """After a KV read that began when `received` was `read_began`: forget what KV no longer holds
-        and nothing since renewed. A node forgotten this way counts as withdrawn as of its last
-        inventory, so a later copy of that same inventory (KV read again) brings it back."""
-        for node, inv in list(self.inventory.items()):
-            if node not in inventories and self._inventory_seq.get(node, 0) <= read_began:
-                self.inventory.pop(node, None)
-                self.withdrawn.setdefault(node, inv.observed_at)
+    def drop_absent(self, health: set[tuple[str, str]], read_began: int) -> None:
+        """After a KV read that began when `received` was `read_began`: forget the device health KV no
+        longer holds and nothing since renewed. Inventories are never dropped this way: a key that reads
+        back missing or undecodable (a KV error, a garbage value, a NATS outage) says nothing about the
+        node's GPUs, so its last inventory stands until an explicit withdrawal or the Node's removal."""
         for node, devices in self.health.items():
             for device in list(devices):
                 if (node, device) not in health and self._health_seq.get((node, device), 0) <= read_began:
@@ -161,6 +160,8 @@ class Publisher:
         self.latencies: list[float] = []
         self.syncs = 0
         self._notes: dict[str, tuple[str, ...]] = {}
+        self._gone_since: dict[str, float] = {}  # node -> when (monotonic) it was first seen gone from Kubernetes
+        self._grace_timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._ready = False
         self.started = asyncio.Event()
@@ -201,6 +202,9 @@ class Publisher:
     async def stop(self, *, clean: bool = True) -> None:
         """Stop; a clean stop hands this replica's nodes to its peers at once."""
         self._ready = False
+        for timer in self._grace_timers.values():
+            timer.cancel()
+        self._grace_timers.clear()
         await self.membership.stop(clean=clean)
         await cancel_and_wait(self._tasks)
         for task in self._tasks:
@@ -230,6 +234,8 @@ class Publisher:
             self._enqueue(inv.node, otel_context.get_current())
 
     async def _on_withdrawn(self, msg: InventoryWithdrawn, _ctx: MsgContext) -> None:
+        # Authenticated: only the node's own user may publish on its subject, and the bus refuses a
+        # message whose `node` is not the subject's (the catalog's binds).
         log.info("inventory withdrawn; deleting the node's slices", node=msg.node, reason=msg.reason)
         self.state.withdraw(msg.node, msg.observed_at or time.time())
         self._enqueue(msg.node, otel_context.get_current())
@@ -274,7 +280,7 @@ class Publisher:
         health = await (await self.bus.kv(catalog.HEALTH_BUCKET)).items()
         for h in health.values():
             self.state.set_health(h)
-        self.state.drop_absent(set(inventories), {(h.node, h.device) for h in health.values()}, read_began)
+        self.state.drop_absent({(h.node, h.device) for h in health.values()}, read_began)
 
     async def _resync_loop(self) -> None:
         while True:
@@ -328,9 +334,11 @@ class Publisher:
             inv = self.state.inventory.get(node)
             uid = self.nodes.uids.get(node)
             pools: dict[str, slices.DesiredPool] = {}
-            if inv is not None and uid is None:
-                self._note(node, ("inventory present but no Node object; slices wait for the Node",))
-            elif inv is not None and uid is not None:
+            keep = self._keep_as_is(node, inv, uid)
+            if keep:
+                span.set_attribute("publisher.skipped", keep)
+                return total
+            if inv is not None and uid is not None:
                 pools = slices.desired_pools(inv, self.state.health.get(node, {}), self.opts, self.profile)
                 self._note(node, tuple(n for p in pools.values() for n in p.notes))
             for driver in slices.DRIVERS:
@@ -353,6 +361,40 @@ class Publisher:
                 log.info("slices written", node=node, creates=total.creates, updates=total.updates,
                          deletes=total.deletes)
         return total
+
+    def _keep_as_is(self, node: str, inv: NodeInventory | None, uid: str | None) -> str:
+        """Why a node's slices must stay as they are ("" when the sync may write). Slices are deleted
+        only on an explicit withdrawal or once the Node has been gone from Kubernetes for the grace;
+        a node whose inventory is unknown (KV read empty or undecodable, a restart during a NATS
+        outage) keeps whatever slices it has."""
+        if uid is not None:
+            self._gone_since.pop(node, None)
+            timer = self._grace_timers.pop(node, None)
+            if timer is not None:
+                timer.cancel()
+        if node in self.state.withdrawn:
+            return ""
+        if uid is None:
+            now = time.monotonic()
+            left = self.cfg.node_gone_grace - (now - self._gone_since.setdefault(node, now))
+            if left <= 0:
+                self._note(node, (f"Node gone from Kubernetes for {self.cfg.node_gone_grace:g} s; its slices "
+                                  "are deleted",))
+                return ""
+            self._note(node, (f"no Node object; the node's slices are kept for up to {self.cfg.node_gone_grace:g} s "
+                              "in case it comes back",))
+            if node not in self._grace_timers:
+                self._grace_timers[node] = asyncio.get_running_loop().call_later(left, self._grace_over, node)
+            return "node-gone-grace"
+        if inv is None:
+            self._note(node, ("no inventory known for this node (KV empty or unreadable); its slices are kept "
+                              "as they are until discovery publishes or withdraws",))
+            return "inventory-unknown"
+        return ""
+
+    def _grace_over(self, node: str) -> None:
+        self._grace_timers.pop(node, None)
+        self._enqueue(node)
 
     def _note(self, node: str, notes: tuple[str, ...]) -> None:
         if self._notes.get(node) != notes:

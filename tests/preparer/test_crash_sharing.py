@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from embedded.apiserver.testing import running_apiserver
-from embedded.kubelet.client import register
+from embedded.kubelet.client import PluginError, register
 from services.discovery.testing import RunningDiscovery, running_discovery
 from shared.bus import Bus
 from shared.events import catalog
@@ -25,7 +25,7 @@ from tests.preparer.test_crash import checkpoint, start_preparer, wait_for_socke
 
 
 @contextlib.asynccontextmanager
-async def node_parts(root: Path, nats_server: EmbeddedNats) -> AsyncIterator[tuple[Bus, Any, ApiClaims,
+async def node_parts(root: Path, nats_server: EmbeddedNats, *, tool_timeout: float = 2.0) -> AsyncIterator[tuple[Bus, Any, ApiClaims,
                                                                                   RunningDiscovery, FakeDriver]]:
     fake = make_driver_root(root / "driver")
     bus = await Bus.connect(nats_server.url, name="crash-sharing-test")
@@ -33,17 +33,18 @@ async def node_parts(root: Path, nats_server: EmbeddedNats) -> AsyncIterator[tup
     try:
         async with running_apiserver(root / "api") as api, api.client() as client, \
                 running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim", driver_root=str(fake.root),
-                                  tool_timeout=2.0) as disc:
+                                  tool_timeout=tool_timeout) as disc:
             yield bus, api, ApiClaims(client), disc, fake
     finally:
         await bus.close()
 
 
-async def start_ready_preparer(root: Path, api: Any, nats_server: EmbeddedNats) -> asyncio.subprocess.Process:
+async def start_ready_preparer(root: Path, api: Any, nats_server: EmbeddedNats,
+                              *extra: str) -> asyncio.subprocess.Process:
     """A preparer process that has discovery's inventory (it caches it on disk when it arrives): a claim
     sent earlier would fail on an unknown device, and the kill would land nowhere."""
     log_path = root / "preparer.log"
-    proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
+    proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path, *extra)
     await wait_for_socket(root / "reg" / "gpu.nvidia.com-reg.sock", proc, log_path)
     await wait_for_socket(root / "plugins" / "gpu.nvidia.com" / "inventory-cache.json", proc, log_path)
     return proc
@@ -120,6 +121,79 @@ async def test_kill_9_during_the_timeslice_call_leaves_no_policy_after_restart(r
             assert fake.timeslice(uuid) == "0"
             assert disc.inventory.gpus[0].sharing.timeslice == "Default"
         finally:
+            await stop(proc)
+
+
+async def test_a_prepare_abandoned_by_the_kubelet_is_rolled_back_at_once(root: Path,
+                                                                          nats_server: EmbeddedNats) -> None:
+    """The kubelet's deadline passes while the time-slice call still runs: the preparer finishes that step
+    (discovery kills the hung nvidia-smi at its timeout), resets the GPU and drops the PrepareStarted entry
+    within 2 s of the cancellation, not at the 10-minute sweep; the next claim gets the GPU at Default."""
+    async with node_parts(root, nats_server, tool_timeout=1.5) as (bus, api, claims, disc, fake):
+        uuid = disc.inventory.gpus[0].uuid
+        claim = await claims.add(claim_doc(name="ts", results=[("gpu", "gpu-0")], configs=[
+            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+        rolled_back = await rolled_back_future(bus, claim.uid, claim.namespace)
+        fake.hang("nvidia-smi")
+        proc = await start_ready_preparer(root, api, nats_server)
+        plugin = await register(root / "reg" / "gpu.nvidia.com-reg.sock")
+        try:
+            prepare = asyncio.create_task(plugin.prepare([claim], timeout=1.0))
+            async with asyncio.timeout(5):
+                while not fake.calls("nvidia-smi"):  # the stub's own record: another process's effect
+                    await asyncio.sleep(0.02)
+            fake.heal("nvidia-smi")  # the hung call stays hung; the reset after it runs normally
+            try:
+                await prepare
+                raise AssertionError("the prepare finished before the kubelet's deadline")
+            except PluginError as exc:
+                assert "DEADLINE_EXCEEDED" in str(exc)
+            async with asyncio.timeout(2.0):
+                event = await rolled_back
+            assert "abandoned" in event.error
+            assert claim.uid not in checkpoint(root)
+            assert [c["argv"][-1] for c in fake.calls("nvidia-smi")] == ["3", "0"]
+            assert fake.timeslice(uuid) == "0"
+
+            plain = await claims.add(claim_doc(name="next", results=[("gpu", "gpu-0")]))
+            prepared = await plugin.prepare([plain], timeout=10)
+            assert not prepared[plain.uid].error, prepared[plain.uid].error
+            assert checkpoint(root)[plain.uid]["timesliced_gpus"] == []
+            assert fake.timeslice(uuid) == "0"
+        finally:
+            await plugin.close()
+            await stop(proc)
+
+
+async def test_a_time_slice_call_past_the_device_op_deadline_is_undone_within_seconds(
+        root: Path, nats_server: EmbeddedNats) -> None:
+    """nvidia-smi hangs past the preparer's device-op deadline (1 s), and the reset the rollback asks for
+    waits behind it in discovery and times out too. The failed rollback is retried within seconds, not
+    at the 10-minute sweep: the GPU ends at Default and the entry is gone."""
+    async with node_parts(root, nats_server, tool_timeout=3.0) as (bus, api, claims, disc, fake):
+        uuid = disc.inventory.gpus[0].uuid
+        claim = await claims.add(claim_doc(name="ts", results=[("gpu", "gpu-0")], configs=[
+            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+        rolled_back = await rolled_back_future(bus, claim.uid, claim.namespace)
+        fake.hang("nvidia-smi")
+        proc = await start_ready_preparer(root, api, nats_server, "--device-op-timeout", "1")
+        plugin = await register(root / "reg" / "gpu.nvidia.com-reg.sock")
+        try:
+            prepare = asyncio.create_task(plugin.prepare([claim], timeout=30))
+            async with asyncio.timeout(5):
+                while not fake.calls("nvidia-smi"):
+                    await asyncio.sleep(0.02)
+            fake.heal("nvidia-smi")  # the hung call stays hung until discovery's 3 s tool timeout
+            result = (await prepare)[claim.uid]
+            assert "rollback" in result.error and "time-slice" in result.error, result.error
+            assert checkpoint(root)[claim.uid]["state"] == "PrepareStarted"  # the undo failed: still recorded
+            async with asyncio.timeout(5):
+                await rolled_back
+            assert claim.uid not in checkpoint(root)
+            assert fake.calls("nvidia-smi")[-1]["argv"][-1] == "0"
+            assert fake.timeslice(uuid) == "0"
+        finally:
+            await plugin.close()
             await stop(proc)
 
 

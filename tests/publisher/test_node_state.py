@@ -1,4 +1,4 @@
-"""The publisher's node state: which KV absences count as withdrawals, and which later copies come back."""
+"""The publisher's node state: a KV absence is never a withdrawal; an explicit one refuses older copies."""
 
 from __future__ import annotations
 
@@ -12,25 +12,16 @@ def inventory(node: str, observed_at: float) -> NodeInventory:
                          observed_at=observed_at)
 
 
-def test_an_inventory_received_while_kv_is_read_survives_the_reads_absence() -> None:
-    """Discovery scans at t=100, writes KV, then publishes; the publisher's KV read began at t=101 but
-    listed the keys before the write landed, and the event arrived during the read. The node stays."""
+def test_an_inventory_kv_no_longer_holds_is_kept() -> None:
+    """A KV read that comes back without a node's key (an error, a garbage value skipped, an outage)
+    is no withdrawal: the node's last inventory stands and its slices stay."""
     state = NodeState()
-    state.set_inventory(inventory("early", 50.0))  # known before the read; KV no longer has it
+    state.set_inventory(inventory("early", 50.0))
     read_began = state.received
-    assert state.set_inventory(inventory("late", 100.0))  # the event, mid-read
-    state.drop_absent(set(), set(), read_began)
-    assert set(state.inventory) == {"late"}
-    assert state.withdrawn == {"early": 50.0}
-
-
-def test_a_node_dropped_for_its_absence_comes_back_with_the_same_inventory() -> None:
-    state = NodeState()
-    state.set_inventory(inventory("n1", 100.0))
-    state.drop_absent(set(), set(), state.received)
-    assert "n1" not in state.inventory and "n1" in state.nodes()  # its slices are deleted
-    assert state.set_inventory(inventory("n1", 100.0))  # a later KV read holds it after all
-    assert "n1" in state.inventory and "n1" not in state.withdrawn
+    assert state.set_inventory(inventory("late", 100.0))  # an event, mid-read
+    state.drop_absent(set(), read_began)
+    assert set(state.inventory) == {"early", "late"}
+    assert state.withdrawn == {}
 
 
 def test_an_explicit_withdrawal_still_refuses_the_older_inventory() -> None:
@@ -46,5 +37,5 @@ def test_health_received_during_the_read_survives_and_older_health_goes() -> Non
     state.set_health(DeviceHealth(node="n1", device="gpu-0", state="Unhealthy", observed_at=10.0))
     read_began = state.received
     state.set_health(DeviceHealth(node="n1", device="gpu-1", state="Unhealthy", observed_at=5.0))
-    state.drop_absent({"n1"}, set(), read_began)
+    state.drop_absent(set(), read_began)
     assert set(state.health["n1"]) == {"gpu-1"}

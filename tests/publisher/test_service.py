@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable
 
 import msgspec
@@ -109,7 +110,7 @@ async def test_xid_taints_survive_a_publisher_restart_and_recovery_clears_them(b
             assert after["spec"]["pool"]["generation"] == before[0]["spec"]["pool"]["generation"] + 1
 
 
-async def test_slices_go_when_the_inventory_is_withdrawn_or_the_node_is_deleted(bus, api, nats_server, tmp_path):
+async def test_slices_go_when_the_inventory_is_withdrawn(bus, api, nats_server, tmp_path):
     client = api.client_raw
     for node in ("n1", "n2"):
         await ensure_node(client, node)
@@ -125,8 +126,96 @@ async def test_slices_go_when_the_inventory_is_withdrawn_or_the_node_is_deleted(
                     and await _has_slices(client, "n1", 0, driver="compute-domain.nvidia.com"))
 
         await until(pub, n1_gone)
-        await kube.request(client, "DELETE", "/api/v1/nodes/n2")
+
+
+async def test_a_deleted_nodes_slices_go_only_after_the_grace(bus, api, nats_server, tmp_path):
+    """The Node is deleted without cascading to its slices (orphan propagation): the publisher keeps them
+    for --node-gone-grace, in case the Node comes back, then deletes them."""
+    client = api.client_raw
+    await ensure_node(client, "n2")
+    async with running_discovery(bus, node="n2", simulate="l40sx1", root=tmp_path / "sim"), \
+            running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False,
+                              node_gone_grace=1.5) as pub:
+        await until(pub, lambda: _has_slices(client, "n2", 1))
+        synced = pub.next_sync()
+        await kube.request(client, "DELETE", "/api/v1/nodes/n2", query=[("propagationPolicy", "Orphan")])
+        deleted_at = time.monotonic()
+        await asyncio.wait_for(synced.wait(), 10)  # the sync the Node's removal caused
+        await pub.idle()
+        assert await _has_slices(client, "n2", 1), "deleted before the grace ran out"
         await until(pub, lambda: _has_slices(client, "n2", 0))
+        assert time.monotonic() - deleted_at >= 1.5
+
+
+async def _seed_two_nodes(bus, client, tmp_path) -> dict[str, object]:
+    async with running_discovery(bus, node="seed", simulate="h100x2", root=tmp_path / "seed") as disc:
+        seed = disc.inventory
+    kv = await bus.kv(catalog.INVENTORY_BUCKET)
+    out = {}
+    for node in ("n1", "n2"):
+        await ensure_node(client, node)
+        out[node] = msgspec.structs.replace(seed, node=node)
+        await kv.put(node, out[node])
+    return out
+
+
+async def _all_slices(client) -> list[dict]:
+    return await node_slices(client, "n1") + await node_slices(client, "n2")
+
+
+async def test_a_publisher_restarted_through_a_nats_outage_with_kv_read_empty_deletes_nothing(
+        bus, api, nats_server, tmp_path):
+    client = api.client_raw
+    await _seed_two_nodes(bus, client, tmp_path)
+    url, kubeconfig = nats_server.url, str(api.kubeconfig_path)
+    async with running_publisher(url, kubeconfig, compute_domains=False) as pub:
+        await until(pub, lambda: _has_slices(client, "n1", 1))
+        await until(pub, lambda: _has_slices(client, "n2", 1))
+    before = await _all_slices(client)
+    kv = await bus.kv(catalog.INVENTORY_BUCKET)
+    for node in ("n1", "n2"):  # what a read during the outage gives: nothing
+        await kv.delete(node)
+    await nats_server.restart()
+    async with running_publisher(url, kubeconfig, compute_domains=False) as pub:
+        await pub.idle()
+        await pub.resync()
+        await pub.idle()
+        assert pub.stats.deletes == 0 and pub.stats.writes == 0
+        assert await _all_slices(client) == before
+
+
+async def test_garbage_in_a_nodes_inventory_key_keeps_its_slices_and_discovery_restores_the_key(
+        bus, api, nats_server, tmp_path):
+    client = api.client_raw
+    await _seed_two_nodes(bus, client, tmp_path)
+    kv = await bus.kv(catalog.INVENTORY_BUCKET)
+    async with running_discovery(bus, node="n3", simulate="l40sx1", root=tmp_path / "sim") as disc, \
+            running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False) as pub:
+        await ensure_node(client, "n3")
+        for node in ("n1", "n2", "n3"):
+            await until(pub, lambda node=node: _has_slices(client, node, 1))
+        before = {node: await node_slices(client, node) for node in ("n1", "n2", "n3")}
+
+        # n1 has no discovery running: the garbage stays, and the publisher keeps n1's slices.
+        await bus.nc.publish("$KV.dra-inventory.n1", b"\x00not an inventory{")
+        # n3's discovery sees its key change under it and writes its true inventory back.
+        watch = kv.watch("n3")
+        while (await anext(watch))[0] != "":  # the current value; live changes follow
+            pass
+        await bus.nc.publish("$KV.dra-inventory.n3", b"garbage")
+        async with asyncio.timeout(5):
+            async for _key, value in watch:
+                if value is not None:  # the garbage reads as None; then discovery's write
+                    break
+        await watch.aclose()
+        assert value is not None and value.content_hash == disc.inventory.content_hash
+        assert disc.service.key_repairs == 1
+        assert await kv.get("n1") is None  # unreadable
+        await pub.resync()
+        await pub.idle()
+        assert pub.stats.deletes == 0
+        for node in ("n1", "n2", "n3"):
+            assert await node_slices(client, node) == before[node]
 
 
 async def test_a_129_device_node_is_published_as_two_slices(bus, api, nats_server, tmp_path):

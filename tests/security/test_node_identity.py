@@ -8,6 +8,7 @@ dead letter (reason `identity-mismatch`) and read back from the metric.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,22 @@ async def test_a_membership_value_naming_another_node_is_not_a_member(
         members = await Membership(admin_bus).members("cd-1")
         assert {node: m.ip_address for node, m in members.items()} == {"gpu-b": "10.0.0.2"}
         await dead_letters.next(reason=REASON, subject="$KV.dra-cd-members.cd-1.gpu-a")
+
+
+async def test_discovery_restores_its_own_key_under_its_shipped_permissions(
+        shipped_nats: EmbeddedNats, admin_bus: Bus, tmp_path: Path) -> None:
+    """The key guard needs only what discovery.<node> may do: watch and write its own key."""
+    async with bus_as(shipped_nats, "discovery.gpu-b") as disc_b, \
+            running_discovery(disc_b, node="gpu-b", simulate="h100x1", root=tmp_path / "sim") as real_b:
+        kv = await admin_bus.kv(catalog.INVENTORY_BUCKET)
+        watch = kv.watch("gpu-b")
+        while (await anext(watch))[0] != "":
+            pass
+        await admin_bus.nc.publish("$KV.dra-inventory.gpu-b", b"{not json")
+        async with asyncio.timeout(5):
+            async for _key, value in watch:
+                if value is not None:
+                    break
+        await watch.aclose()
+        assert value.content_hash == real_b.inventory.content_hash
+        assert real_b.service.key_repairs == 1
