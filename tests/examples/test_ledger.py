@@ -55,7 +55,7 @@ def lifecycle(event: str, uid: str, namespace: str, at: float, devices: tuple[st
               node: str = "node-1", generation: int = 1) -> ClaimLifecycle:
     return ClaimLifecycle(
         event=event, node=node, driver="gpu.nvidia.com", claim_uid=uid, claim_namespace=namespace,  # type: ignore[arg-type]
-        claim_name=f"claim-{uid}", event_id=claim_event_id(node, uid, event, generation), observed_at=at,
+        claim_name=f"claim-{uid}", event_id=claim_event_id(node, uid, generation, event), observed_at=at,
         devices=[PreparedDeviceRef(request="gpu", pool=node, device=d, uuid=f"GPU-{d}") for d in devices])
 
 

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 MIG = "gpu-1-mig-2g20gb-14-2"
 
 
-async def start_preparer(root: Path, kubeconfig: Path, nats_url: str, log_path: Path) -> asyncio.subprocess.Process:
+async def start_preparer(root: Path, kubeconfig: Path, nats_url: str, log_path: Path,
+                         *flags: str) -> asyncio.subprocess.Process:
     cfg = node_config(root)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
     log = open(log_path, "ab")  # noqa: ASYNC230, SIM115 - handed to the child
@@ -34,6 +35,7 @@ async def start_preparer(root: Path, kubeconfig: Path, nats_url: str, log_path: 
             sys.executable, "-m", "shared.cli", "preparer", "--node", "n1", "--registry-dir", cfg.registry_dir,
             "--plugins-dir", cfg.plugins_dir, "--cdi-dir", cfg.cdi_dir, "--boot-id-path", cfg.boot_id_path,
             "--kubeconfig", str(kubeconfig), "--nats-url", nats_url, "--cleanup-interval", "600",
+            *flags,
             cwd=REPO, env=env, stdout=log, stderr=log)
     finally:
         log.close()
