@@ -150,7 +150,8 @@ class ChannelClaimPreparer(ClaimPreparer):
         plan = self._plan(claim)
         if plan is None:  # no device of ours in the claim: nothing to do, remembered as done
             record = ClaimRecord(state="PrepareCompleted", name=ref.name, namespace=ref.namespace,
-                                 started_at=time.time(), completed_at=time.time())
+                                 preparation=self.checkpoint.next_preparation(), started_at=time.time(),
+                                 completed_at=time.time())
             await self.checkpoint.put(ref.uid, record)
             return []
         result, config = plan
