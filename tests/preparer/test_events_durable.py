@@ -11,6 +11,7 @@ import signal
 from collections import Counter
 from pathlib import Path
 
+import jsonschema
 import msgspec
 import pytest
 from prometheus_client import REGISTRY
@@ -22,6 +23,7 @@ from services.preparer.checkpoint import ClaimRecord, PreparedDevice
 from services.preparer.lifecycle import LifecycleEvents
 from shared.bus import Bus
 from shared.events.claims import ClaimLifecycle
+from shared.events.schema import write_schemas
 from shared.natsserver import EmbeddedNats
 from tests.preparer.helpers import ApiClaims, MemoryClaims, claim_doc, gpu_config, running_node
 from tests.preparer.test_crash import start_preparer, wait_for_socket
@@ -235,3 +237,17 @@ async def test_a_full_outbox_refuses_new_events_counts_them_and_compacts_what_wa
         sender.cancel()
     assert path.read_bytes() == b""  # acks outnumbered what is pending: rewritten with nothing left
     assert REGISTRY.get_sample_value("gpu_dra_outbox_events", {"driver": "gpu.test"}) == 0
+
+
+def test_the_exported_schema_names_the_failure_reasons(tmp_path: Path) -> None:
+    write_schemas(tmp_path)
+    schema = json.loads((tmp_path / "ClaimLifecycle.json").read_text())
+    assert set(schema["properties"]["reason"]["enum"]) == {
+        "", "not-found", "not-allocated", "other-node", "invalid-config", "device-busy", "device-error", "timeout",
+        "internal"}
+    assert schema["properties"]["reason"]["default"] == ""  # older events without it stay valid
+    event = LifecycleEvents("n1", "gpu.nvidia.com").make("prepare-failed", uid="u", namespace="d", name="c",
+                                                         preparation=7, error="no", reason="timeout").event
+    jsonschema.validate(msgspec.to_builtins(event), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**msgspec.to_builtins(event), "reason": "bad luck"}, schema)
