@@ -6,7 +6,8 @@ of partial prepares (at start, after a failed rollback, and for stale claims), t
 the checks every driver makes (same UID, allocated, pinned to this node, in this node's pool), and
 lifecycle events: each carried by the checkpoint write of the state change it reports (the outbox
 record is on file when the change is), and a `prepare-failed` with its reason class for every
-failed prepare (also one that failed before `prepare-started`). A driver subclasses `ClaimPreparer` and implements the port:
+failed prepare (also one that failed before `prepare-started`). A driver subclasses
+`ClaimPreparer` and implements the port:
   `_prepare(ref, previous)`  fetch, plan, write `PrepareStarted`, side effects, CDI, `PrepareCompleted`
   `_undo(uid, record)`       undo a claim's side effects (idempotent)
 """

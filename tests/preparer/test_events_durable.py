@@ -251,3 +251,19 @@ def test_the_exported_schema_names_the_failure_reasons(tmp_path: Path) -> None:
     jsonschema.validate(msgspec.to_builtins(event), schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**msgspec.to_builtins(event), "reason": "bad luck"}, schema)
+
+
+async def test_a_line_cut_short_by_a_crash_is_skipped_and_the_rest_is_sent(root: Path) -> None:
+    path = root / "outbox.jsonl"
+    first = LifecycleEvents("n1", "gpu.nvidia.com", path)
+    records = [first.make(kind, uid="u1", namespace="default", name="c", preparation=4)
+               for kind in ("prepare-started", "prepared")]
+    await first.outbox.add(records)
+    with path.open("ab") as f:
+        f.write(b'{"seq":3,"msg_id":"n1/u1/4/unprep')  # the write a SIGKILL interrupted
+    again = LifecycleEvents("n1", "gpu.nvidia.com", path)
+    assert await again.outbox.load() == 2
+    assert [r.msg_id for r in again.outbox.pending.values()] == [r.msg_id for r in records]  # ids kept
+    assert again.outbox.max_preparation == 4
+    await again.outbox.add([again.make("unprepared", uid="u1", namespace="default", name="c", preparation=4)])
+    assert await LifecycleEvents("n1", "gpu.nvidia.com", path).outbox.load() == 3  # nothing glued to the torn line
