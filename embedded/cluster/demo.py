@@ -50,6 +50,17 @@ def _running(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") == "Running"
 
 
+async def _why_not_running(api: client.ApiClient, pod: dict[str, Any]) -> str:
+    """The kubelet's last FailedPrepareDynamicResources message for the pod, else its conditions' message."""
+    meta = pod["metadata"]
+    events = await client.CoreV1Api(api).list_namespaced_event(
+        meta["namespace"], field_selector=f"involvedObject.uid={meta['uid']},reason=FailedPrepareDynamicResources")
+    if events.items:
+        return str(max(events.items, key=lambda e: str(e.last_timestamp or "")).message)
+    conds = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
+    return str((conds.get("PodScheduled") or conds.get("Ready") or {}).get("message", ""))
+
+
 async def wait_for_pods(api: client.ApiClient, namespaces: set[str], timeout: float) -> list[dict[str, Any]]:
     """Until every pod in `namespaces` runs (or `timeout`), woken by pod watch events."""
     from kubernetes_asyncio import watch
@@ -154,8 +165,7 @@ async def _demo(cfg: DemoConfig) -> int:
         await print_table(api, running)
         for pod in pods:
             if not _running(pod):
-                conds = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
-                why = (conds.get("PodScheduled") or conds.get("Ready") or {}).get("message", "")
+                why = await _why_not_running(api, pod)
                 print(f"  NOT RUNNING {pod['metadata']['namespace']}/{pod['metadata']['name']}: {why}")
         traces = traces_with(read_spans(cluster.data_dir / "traces.jsonl"), "NodePrepareResources")
         if traces:

@@ -4,8 +4,9 @@ Owns, for one node: watching its pods, checking each claim (from `spec.resourceC
 scheduler's `status.extendedResourceClaimStatus`) is allocated and reserved for the pod, calling
 `NodePrepareResources` per driver through a DRA client (one call at a time, so a claim is never
 prepared twice concurrently), resolving the returned CDI ids into what each container gets (recorded
-on the pod as an annotation `kubectl get -o yaml` shows), the pod's Running/Ready status (or Pending
-with `PrepareResourcesFailed` and the driver's message, retried with backoff), the opt-in emulated
+on the pod as an annotation `kubectl get -o yaml` shows), the pod's Running/Ready status (or, as the
+kubelet does, Pending with its containers `ContainerCreating` and a Warning Event
+`FailedPrepareDynamicResources` on the pod carrying the error, retried with backoff), the opt-in emulated
 exit, and `NodeUnprepareResources` once the last pod using a claim is gone, then the grace-period-0
 delete that lets the API server drop a terminating pod. What it prepared survives restarts in a
 state file (`state.py`); every re-list prunes pods that vanished meanwhile.
@@ -35,7 +36,9 @@ from shared.logs import get_logger
 log = get_logger(__name__)
 EDITS_ANNOTATION = "gpu.nvidia.com/container-edits"
 EXIT_ANNOTATION = "gpu-dra.nvidia.com/emulate-exit"
-FAILED_REASON = "PrepareResourcesFailed"
+FAILED_REASON = "FailedPrepareDynamicResources"  # the kubelet's Event reason (pkg/kubelet/events)
+WAITING_REASON = "ContainerCreating"
+KUBELET_COMPONENT = "kubelet"
 RETRY_MIN, RETRY_MAX = 0.2, 5.0
 
 
@@ -151,14 +154,17 @@ def _is_ready(pod: dict[str, Any]) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-def pod_status(pod: dict[str, Any], *, phase: str, reason: str = "", message: str = "",
-               exit_code: int | None = None) -> dict[str, Any]:
-    """A pod status as the kubelet writes it: Running/Ready, Pending waiting on `reason`, or terminated."""
+def pod_status(pod: dict[str, Any], *, phase: str, exit_code: int | None = None) -> dict[str, Any]:
+    """A pod status as the kubelet writes it: Running/Ready, Pending with containers `ContainerCreating`, or
+    terminated. Written as a strategic merge patch, so what another state set is nulled (no stale reason)."""
     now = _now()
     ready = phase == "Running"
-    why = {"reason": reason, "message": message} if reason else {}
+    names = " ".join(c["name"] for c in (pod.get("spec") or {}).get("containers") or [])
+    why: dict[str, Any] = {"reason": None, "message": None}
     if exit_code is not None:
-        why = {"reason": "PodCompleted"}
+        why = {"reason": "PodCompleted", "message": None}
+    elif not ready:
+        why = {"reason": "ContainersNotReady", "message": f"containers with unready status: [{names}]"}
     conditions = [
         {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
         {"type": "Initialized", "status": "True", "lastTransitionTime": now},
@@ -169,13 +175,13 @@ def pod_status(pod: dict[str, Any], *, phase: str, reason: str = "", message: st
     statuses = []
     for c in (pod.get("spec") or {}).get("containers") or []:
         if exit_code is not None:
-            state: dict[str, Any] = {"terminated": {
+            state: dict[str, Any] = {"waiting": None, "running": None, "terminated": {
                 "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
                 "startedAt": started, "finishedAt": now}}
         elif ready:
-            state = {"running": {"startedAt": now}}
+            state = {"waiting": None, "terminated": None, "running": {"startedAt": now}}
         else:
-            state = {"waiting": {"reason": reason or "ContainerCreating", **({"message": message} if message else {})}}
+            state = {"running": None, "terminated": None, "waiting": {"reason": WAITING_REASON}}
         statuses.append({"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": ready,
                          "restartCount": 0, "started": ready, "state": state})
     status: dict[str, Any] = {"phase": phase, "conditions": conditions, "containerStatuses": statuses,
@@ -207,6 +213,7 @@ class PodRunner:
         self._on_change = on_change
         self._retry: set[str] = set()
         self._attempted: dict[str, str] = {}  # pod uid -> inputs of the last failed attempt
+        self._reported: dict[str, str] = {}  # pod uid -> the last FailedPrepareDynamicResources message
         for rec in self.store.load():
             self.prepared[rec.uid] = PreparedClaim(
                 Claim(namespace=rec.namespace, uid=rec.uid, name=rec.name), set(rec.drivers),
@@ -366,20 +373,39 @@ class PodRunner:
         try:
             await self._prepare_pod(pod)
             self._retry.discard(uid)
+            self._reported.pop(uid, None)
         except (PrepareFailed, CdiResolutionError, PluginError, ApiException, aiohttp.ClientError) as exc:
             self._retry.add(uid)
             reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
             log.info("pod not ready yet", node=self.node, pod=f"{meta['namespace']}/{meta['name']}",
                      reason=reason)
             with contextlib.suppress(ApiException, OSError, TimeoutError, aiohttp.ClientError):
-                await self._write_status(pod, pod_status(pod, phase="Pending", reason=FAILED_REASON,
-                                                         message=reason))
+                if isinstance(exc, (PrepareFailed, CdiResolutionError, PluginError)):
+                    await self._failed_event(pod, f"Failed to prepare dynamic resources: {reason}")
+                await self._write_status(pod, pod_status(pod, phase="Pending"))
+
+    async def _failed_event(self, pod: dict[str, Any], message: str) -> None:
+        """The kubelet's Warning Event on the pod; once per distinct message (its recorder aggregates repeats)."""
+        meta = pod["metadata"]
+        if self._reported.get(meta["uid"]) == message:
+            return
+        now = _now()
+        await self.core.create_namespaced_event(meta["namespace"], {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"],
+                               "name": meta["name"], "uid": meta["uid"]},
+            "reason": FAILED_REASON, "message": message[:1024], "type": "Warning",
+            "source": {"component": KUBELET_COMPONENT, "host": self.node}, "reportingComponent": KUBELET_COMPONENT,
+            "reportingInstance": self.node, "firstTimestamp": now, "lastTimestamp": now, "count": 1})
+        self._reported[meta["uid"]] = message
 
     async def forget_pod(self, uid: str) -> None:
         async with self._lock:
             self.pods.pop(uid, None)
             self._retry.discard(uid)
             self._attempted.pop(uid, None)
+            self._reported.pop(uid, None)
             if not await self._release_pod(uid):
                 log.warning("claims of a vanished pod not unprepared; the next re-list retries", pod_uid=uid)
         if self._on_change:

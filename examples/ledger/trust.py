@@ -5,7 +5,7 @@ The driver's NATS users are scoped by subject: a node's preparer may publish onl
 
 - identity: each subject token named in the contract's `binds` (index.json) must name what the
   body field names (`claim_namespace`, `node`, `event`), and an `event_id` that carries a node
-  (`<node>/<claim uid>/<event>/<generation>`) must carry the subject's; otherwise the event is
+  (`<node>/<claim uid>/<preparation>/<event>`) must carry the subject's; otherwise the event is
   not accounted (`identity_mismatches`);
 - de-duplication: by the event id alone, scoped by the subject's node, so no node's id can
   collide with another's (the `Nats-Msg-Id` header is not trusted: any publisher sets it);

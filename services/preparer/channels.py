@@ -41,9 +41,10 @@ from services.preparer import metrics
 from services.preparer.cdi import CHANNEL_CDI, CdiDevice, CdiWriter, ContainerEdits, DeviceNode, build_spec
 from services.preparer.checkpoint import ClaimRecord, PreparedDevice
 from services.preparer.claims import AllocationResult, ResourceClaim
-from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed
+from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed, failure_reason
 from services.preparer.devices import Inventory
 from services.preparer.drivers import PluginContext
+from shared.events.claims import FailureReason
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 
@@ -93,14 +94,15 @@ class ChannelClaimPreparer(ClaimPreparer):
             return None
         if len(ours) != 1:
             raise PrepareFailed(f"a ComputeDomain channel claim has exactly one {self.driver} device; this one has "
-                                f"{len(ours)} ({', '.join(r.device for _, r in ours)})")
+                                f"{len(ours)} ({', '.join(r.device for _, r in ours)})", "invalid-config")
         _, result = ours[0]
         if result.device.startswith("daemon-"):
             raise PrepareFailed(f"device {result.device} (class {DAEMON_DEVICE_CLASS}) is not prepared by this "
                                 "driver: the node's computedomain agent runs the IMEX daemon itself; workloads "
-                                "use the ComputeDomain's channel claim template")
+                                "use the ComputeDomain's channel claim template", "invalid-config")
         if not result.device.startswith("channel-"):
-            raise PrepareFailed(f"device {result.device!r} is not a device this driver publishes (channel-0)")
+            raise PrepareFailed(f"device {result.device!r} is not a device this driver publishes (channel-0)",
+                                "invalid-config")
         return result, self._config_for(claim, result.request)
 
     def _config_for(self, claim: ResourceClaim, request: str) -> ComputeDomainChannelConfig:
@@ -114,7 +116,7 @@ class ChannelClaimPreparer(ClaimPreparer):
         for position, entry in enumerate(ordered):
             if entry.opaque is None:
                 raise PrepareFailed(f"only opaque parameters are supported by this driver (config entry {position} "
-                                    "has no 'opaque')")
+                                    "has no 'opaque')", "invalid-config")
             if entry.opaque.driver != self.driver:
                 continue
             names = list(entry.requests or [])
@@ -126,11 +128,11 @@ class ChannelClaimPreparer(ClaimPreparer):
         if parameters is None:
             raise PrepareFailed(f"request {request!r} has no {CHANNEL_CONFIG_KIND} for {self.driver}: channel "
                                 "claims come from the ComputeDomain's ResourceClaimTemplate "
-                                "(spec.channel.resourceClaimTemplate.name), which carries it")
+                                "(spec.channel.resourceClaimTemplate.name), which carries it", "invalid-config")
         try:
             return parse_channel_config(parameters if isinstance(parameters, dict) else msgspec.json.encode(parameters))
         except ChannelConfigError as exc:
-            raise PrepareFailed(str(exc)) from None
+            raise PrepareFailed(str(exc), "invalid-config") from None
 
     def _guard(self, ref: ClaimRef, device: str, domain: str) -> None:
         for uid, record, held in self.checkpoint.holders(device, exclude=ref.uid):
@@ -140,7 +142,7 @@ class ChannelClaimPreparer(ClaimPreparer):
             log.warning("device held by another claim", claim=str(ref), device=device,
                         holder=f"{record.namespace}/{record.name}:{uid}")
             raise PrepareFailed(f"requested device {device} is already allocated to a different claim of the "
-                                "same ComputeDomain on this node")
+                                "same ComputeDomain on this node", "device-busy")
 
     # -- prepare -----------------------------------------------------------------------------
     async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
@@ -148,14 +150,15 @@ class ChannelClaimPreparer(ClaimPreparer):
         plan = self._plan(claim)
         if plan is None:  # no device of ours in the claim: nothing to do, remembered as done
             record = ClaimRecord(state="PrepareCompleted", name=ref.name, namespace=ref.namespace,
-                                 started_at=time.time(), completed_at=time.time())
+                                 preparation=self.checkpoint.next_preparation(), started_at=time.time(),
+                                 completed_at=time.time())
             await self.checkpoint.put(ref.uid, record)
             return []
         result, config = plan
         channels = self.channels
         if channels is None or self.inventory.current is None:
             raise PrepareFailed(f"not ready for channel claims yet on node {self.node} (NATS or discovery's "
-                                "inventory has not arrived); the kubelet retries")
+                                "inventory has not arrived); the kubelet retries", "device-busy")
         self._guard(ref, result.device, config.domain_id)
         if previous is not None and domain_of(previous) != config.domain_id:
             await self._rollback(ref.uid, previous, reason="retry of a claim recorded for another domain")
@@ -166,8 +169,7 @@ class ChannelClaimPreparer(ClaimPreparer):
                 devices=[PreparedDevice(requests=[result.request.split("/", 1)[0]], pool=result.pool,
                                         device=result.device, kind="channel", admin_access=bool(result.adminAccess))],
                 configs=[msgspec.to_builtins(config)])
-            await self.checkpoint.put(ref.uid, record)
-            self._emit("prepare-started", ref, record)
+            await self.checkpoint.put(ref.uid, record, events=[self._event("prepare-started", ref, record)])
         else:
             record = previous  # resume: the agent still holds the join of the earlier attempt
         channels.dev_root = Path(self.inventory.dev_root)
@@ -179,14 +181,14 @@ class ChannelClaimPreparer(ClaimPreparer):
         except ChannelError as exc:
             if exc.retryable:
                 log.info("channel not ready yet; the kubelet retries", claim=str(ref), error=str(exc))
-                raise PrepareFailed(str(exc)) from None
-            await self._fail(ref, record, str(exc))
+                raise PrepareFailed(str(exc), "timeout") from None
+            await self._fail(ref, record, str(exc), "invalid-config" if isinstance(exc, ChannelConfigError)
+                             else "device-error")
         try:
             await self._complete(ref, record, edits)
         except Exception as exc:  # noqa: BLE001 - CDI or checkpoint write failed: undo the whole claim
-            await self._fail(ref, record, str(exc))
+            await self._fail(ref, record, str(exc), failure_reason(exc))
         metrics.set_prepared(self.node, self.driver, self.checkpoint)
-        self._emit("prepared", ref, record)
         log.info("channel claim prepared", claim=str(ref), domain=config.domain_id,
                  channels=len(edits.device_nodes), cdi=record.cdi_spec or "(none: no NVLink fabric)")
         return list(record.devices)
@@ -203,18 +205,18 @@ class ChannelClaimPreparer(ClaimPreparer):
                 device.cdi_device_ids = [self.cdi.device_id(ref.uid, device.device)]
         record.state = "PrepareCompleted"
         record.completed_at = time.time()
-        await self.checkpoint.put(ref.uid, record)
+        await self.checkpoint.put(ref.uid, record, events=[self._event("prepared", ref, record)])
 
-    async def _fail(self, ref: ClaimRef, record: ClaimRecord, reason: str) -> NoReturn:
+    async def _fail(self, ref: ClaimRef, record: ClaimRecord, reason: str, kind: FailureReason) -> NoReturn:
         """A permanent failure: release the claim at the agent, forget it, tell the kubelet why.
         (A failed rollback leaves the claim PrepareStarted: the next call or unprepare tries again.)"""
         log.warning("channel claim failed; rolling back", claim=str(ref), error=reason)
         try:
-            await self._rollback(ref.uid, record, reason=reason)
+            await self._rollback(ref.uid, record, reason=reason, failed=kind)
         except PrepareFailed as exc:
             log.warning("channel claim rollback failed; will retry", claim=str(ref), error=str(exc))
-        self._emit("prepare-failed", ref, record, error=reason)
-        raise PrepareFailed(reason)
+            raise PrepareFailed(reason, kind) from None  # prepare() records its prepare-failed
+        raise PrepareFailed(reason, kind, reported=True)
 
     # -- unprepare ---------------------------------------------------------------------------
     async def _undo(self, uid: str, record: ClaimRecord) -> None:

@@ -1,8 +1,12 @@
 """Durable prepared-claim state: `<plugin dir>/checkpoint.json`, the preparer's crash-recovery backbone.
 
 Owns the two-phase record per claim (`PrepareStarted` -> `PrepareCompleted`), the schema version,
-the node boot id (a reboot wipes prepared state), crash-safe replacement (temp file, fsync, rename,
-fsync of the directory) and quarantine of a corrupt file. Decoding is forward-tolerant: fields a
+the node boot id (a reboot wipes prepared state), the node's preparation sequence (`preparationSeq`:
+bumped when a preparation starts, kept across unprepare, restarts and reboots; claim event ids carry
+it), crash-safe replacement (temp file, fsync, rename, fsync of the directory) and quarantine of a
+corrupt file. A write may carry records for a `Journal` (the lifecycle-event outbox): they are
+appended in the same thread just before the checkpoint's fsync'd replacement, so the events of a
+state change are on disk when the change is. Decoding is forward-tolerant: fields a
 newer version wrote are kept on rewrite, never rejected, and there is no checksum over re-serialised
 JSON (the upstream driver's crash loop, NVIDIA/k8s-dra-driver-gpu#1080).
 """
@@ -13,8 +17,9 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -56,7 +61,8 @@ class ClaimRecord(msgspec.Struct, kw_only=True):
     state: ClaimState
     name: str
     namespace: str
-    generation: int = 1  # bumps on each fresh prepare attempt (event de-duplication)
+    generation: int = 1  # no longer used (event ids carry `preparation`); kept for older readers
+    preparation: int = 0  # the node's preparation sequence when this preparation started (0: before 2026-12)
     devices: list[PreparedDevice] = msgspec.field(default_factory=list)
     configs: list[dict[str, Any]] = msgspec.field(default_factory=list)  # decoded opaque configs applied
     mps_daemon_id: str = ""
@@ -73,7 +79,26 @@ class _Known(msgspec.Struct, kw_only=True):
     kind: str = KIND
     schemaVersion: int = SCHEMA_VERSION
     nodeBootID: str = ""
+    preparationSeq: int = 0
     preparedClaims: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+
+
+class Journal(Protocol):
+    """Where the records a checkpoint write carries go (the lifecycle-event outbox)."""
+
+    def write_sync(self, records: Sequence[Any]) -> list[Any]:
+        """Append `records` (in the checkpoint's write thread, before its replacement); those kept."""
+        ...
+
+    def committed(self, records: Sequence[Any]) -> None:
+        """On the event loop, after the write: `records` (as `write_sync` returned them) are on file."""
+        ...
+
+
+def _fresh_sequence() -> int:
+    """Where the preparation sequence starts without a readable checkpoint: milliseconds since the epoch,
+    above any sequence an earlier (lost or corrupt) checkpoint of this node can have reached."""
+    return int(time.time() * 1000)
 
 
 class CheckpointError(RuntimeError):
@@ -93,6 +118,8 @@ class Checkpoint:
         self.quarantined: Path | None = None  # where a corrupt file was moved at load
         self.corrupt_reason = ""
         self.wiped_for_reboot = 0
+        self.preparation_seq = 0  # the last preparation number handed out (next_preparation)
+        self.journal: Journal | None = None  # where the records a write carries go
 
     # -- loading ---------------------------------------------------------------------------
     def _quarantine(self, reason: str) -> None:
@@ -109,6 +136,7 @@ class Checkpoint:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
+            self.preparation_seq = _fresh_sequence()
             return
         try:
             top = msgspec.json.decode(data)
@@ -122,7 +150,9 @@ class Checkpoint:
                 claims[uid] = msgspec.convert(raw, ClaimRecord)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             self._quarantine(str(exc))
+            self.preparation_seq = _fresh_sequence()
             return
+        self.preparation_seq = known.preparationSeq or _fresh_sequence()
         if known.schemaVersion > SCHEMA_VERSION:
             log.warning("checkpoint written by a newer schema; unknown fields are kept as they are",
                         schema_version=known.schemaVersion, ours=SCHEMA_VERSION)
@@ -145,7 +175,8 @@ class Checkpoint:
     def _document(self) -> bytes:
         top = dict(self._raw_top)
         top.update(apiVersion=API_VERSION, kind=KIND, schemaVersion=max(SCHEMA_VERSION, int(
-            top.get("schemaVersion", SCHEMA_VERSION) or SCHEMA_VERSION)), nodeBootID=self.boot_id)
+            top.get("schemaVersion", SCHEMA_VERSION) or SCHEMA_VERSION)), nodeBootID=self.boot_id,
+                   preparationSeq=self.preparation_seq)
         prepared: dict[str, Any] = {}
         for uid, record in self.claims.items():
             merged = dict(self._raw_claims.get(uid, {}))
@@ -154,21 +185,38 @@ class Checkpoint:
         top["preparedClaims"] = prepared
         return msgspec.json.format(msgspec.json.encode(top), indent=1)
 
-    async def save(self) -> None:
+    def next_preparation(self) -> int:
+        """A new preparation number; the next write persists it (the PrepareStarted write, normally)."""
+        self.preparation_seq += 1
+        return self.preparation_seq
+
+    async def save(self, events: Sequence[Any] = ()) -> None:
+        """Write the document; `events` go to the journal first, in the same durable step (see the module doc)."""
         with tracer.start_as_current_span("checkpoint.write") as span:
             span.set_attribute("checkpoint.claims", len(self.claims))
             async with self._write_lock:
                 data = self._document()
+                journal = self.journal if events else None
+                kept: list[Any] = []
+
+                def write() -> None:
+                    if journal is not None:
+                        kept.extend(journal.write_sync(events))
+                    atomic_write(self.path, data)
+
                 try:
-                    await asyncio.to_thread(atomic_write, self.path, data)
+                    await asyncio.to_thread(write)
                 except OSError as exc:
                     raise CheckpointError(f"cannot write checkpoint {self.path}: {exc}") from exc
+                finally:
+                    if journal is not None and kept:
+                        journal.committed(kept)  # on file: sent even when the checkpoint write failed
 
-    async def put(self, uid: str, record: ClaimRecord) -> None:
+    async def put(self, uid: str, record: ClaimRecord, *, events: Sequence[Any] = ()) -> None:
         previous = self.claims.get(uid)
         self.claims[uid] = record
         try:
-            await self.save()
+            await self.save(events)
         except CheckpointError:
             if previous is None:
                 self.claims.pop(uid, None)
@@ -176,15 +224,16 @@ class Checkpoint:
                 self.claims[uid] = previous
             raise
 
-    async def remove(self, uid: str) -> None:
+    async def remove(self, uid: str, *, events: Sequence[Any] = ()) -> None:
         previous = self.claims.pop(uid, None)
         self._raw_claims.pop(uid, None)
-        if previous is None:
+        if previous is None and not events:
             return
         try:
-            await self.save()
+            await self.save(events)
         except CheckpointError:
-            self.claims[uid] = previous
+            if previous is not None:
+                self.claims[uid] = previous
             raise
 
     # -- queries ---------------------------------------------------------------------------

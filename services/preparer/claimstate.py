@@ -5,7 +5,10 @@ returns its checkpointed devices and does nothing else), unprepare (undo, then f
 of partial prepares (at start, when the kubelet abandons a prepare, within seconds after a failed
 rollback, and for stale claims), the claim fetch and
 the checks every driver makes (same UID, allocated, pinned to this node, in this node's pool), and
-lifecycle events. A driver subclasses `ClaimPreparer` and implements the port:
+lifecycle events: each carried by the checkpoint write of the state change it reports (the outbox
+record is on file when the change is), and a `prepare-failed` with its reason class for every
+failed prepare (also one that failed before `prepare-started`). A driver subclasses
+`ClaimPreparer` and implements the port:
   `_prepare(ref, previous)`  fetch, plan, write `PrepareStarted`, side effects, CDI, `PrepareCompleted`
   `_undo(uid, record)`       undo a claim's side effects (idempotent)
 """
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 
 from services.preparer import metrics
 from services.preparer.cdi import CdiWriter
-from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
+from services.preparer.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice
 from services.preparer.claims import (
     AllocationResult,
     ClaimNotFound,
@@ -26,8 +29,10 @@ from services.preparer.claims import (
     ResourceClaim,
     selector_node_names,
 )
+from services.preparer.devices import DeviceError
 from services.preparer.lifecycle import LifecycleEvents
-from shared.events.claims import PreparedDeviceRef
+from services.preparer.outbox import OutboxRecord
+from shared.events.claims import ClaimEventKind, FailureReason, PreparedDeviceRef
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 
@@ -52,7 +57,24 @@ class PrepareResult:
 
 
 class PrepareFailed(Exception):
-    """A claim cannot be prepared as allocated; the message goes to the kubelet and the pod's events."""
+    """A claim cannot be prepared as allocated; the message goes to the kubelet and the pod's events.
+    `reason` is its class in the `prepare-failed` event; `reported`: that event is already recorded."""
+
+    def __init__(self, message: str, reason: FailureReason = "internal", *, reported: bool = False) -> None:
+        super().__init__(message)
+        self.reason: FailureReason = reason
+        self.reported = reported
+
+
+def failure_reason(exc: BaseException) -> FailureReason:
+    """The class of an unexpected failure during a prepare's side effects."""
+    if isinstance(exc, TimeoutError) or isinstance(exc.__cause__, TimeoutError):
+        return "timeout"
+    if isinstance(exc, PrepareFailed):
+        return exc.reason
+    if isinstance(exc, DeviceError):
+        return "device-error"
+    return "internal"
 
 
 class ClaimPreparer:
@@ -67,6 +89,8 @@ class ClaimPreparer:
         self.cdi = cdi
         self.checkpoint = checkpoint
         self.events = events
+        if checkpoint.journal is None:
+            checkpoint.journal = events.outbox  # checkpoint writes carry their events into the outbox
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Set when a rollback failed (discovery slow or away): `retry_failed_rollbacks` tries again within
         # seconds, so a device is not held by a dead prepare until the periodic sweep.
@@ -87,23 +111,29 @@ class ClaimPreparer:
             record = self.checkpoint.claims.get(ref.uid)
             if record is not None and record.state == "PrepareCompleted":
                 return PrepareResult(devices=list(record.devices))
+            started_after = self.checkpoint.preparation_seq
             try:
                 devices = await self._prepare(ref, record)
             except PrepareFailed as exc:
                 message = f"error preparing devices for claim {ref}: {exc}"
-                log.warning("prepare failed", claim=str(ref), error=str(exc))
+                log.warning("prepare failed", claim=str(ref), error=str(exc), reason=exc.reason)
+                if not exc.reported:
+                    await self._report_failure(ref, exc, started_after)
                 return PrepareResult(error=message)
             except asyncio.CancelledError:
                 # The kubelet gave up (its deadline passed, or it went away): nobody will use what this
                 # prepare did, so undo it now, under the claim's lock, rather than at the next sweep.
                 await asyncio.shield(self._abandon(ref))
                 raise
+            except Exception as exc:
+                await self._report_failure(ref, PrepareFailed(str(exc), failure_reason(exc)), started_after)
+                raise
             return PrepareResult(devices=devices)
 
     async def _abandon(self, ref: ClaimRef) -> None:
         """Roll back the PrepareStarted entry a cancelled prepare left (a step cut short by the
-        cancellation still reached its side-effect record first, so the undo covers it). If the undo
-        fails the entry stays and the periodic recovery retries it."""
+        cancellation still reached its side-effect record first, so the undo covers it), with its
+        `prepare-failed` (reason `timeout`). If the undo fails the entry stays and is retried."""
         record = self.checkpoint.claims.get(ref.uid)
         if record is None or record.state != "PrepareStarted":
             return
@@ -111,12 +141,28 @@ class ClaimPreparer:
                     claim=str(ref))
         try:
             await self._rollback(ref.uid, record, reason="prepare abandoned: the kubelet's deadline passed "
-                                                         "or it went away")
+                                                         "or it went away", failed="timeout")
         except PrepareFailed as exc:
             log.error("rollback of an abandoned prepare failed; the periodic recovery retries it", claim=str(ref),
                       error=str(exc))
         finally:
             metrics.set_prepared(self.node, self.driver, self.checkpoint)
+
+    async def _report_failure(self, ref: ClaimRef, exc: PrepareFailed, started_after: int) -> None:
+        """Record the `prepare-failed` of an attempt that did not (it names the preparation this attempt
+        started, if it got that far and the entry is still there; else a preparation of its own)."""
+        current = self.checkpoint.claims.get(ref.uid)
+        if current is not None and current.preparation > started_after:
+            event = self._event("prepare-failed", ref, current, error=str(exc), reason=exc.reason)
+        else:
+            event = self.events.make("prepare-failed", uid=ref.uid, namespace=ref.namespace, name=ref.name,
+                                     preparation=self.checkpoint.next_preparation(), error=str(exc),
+                                     reason=exc.reason)
+        try:
+            await self.checkpoint.save(events=[event])
+        except CheckpointError as err:
+            log.error("prepare-failed event not recorded: the checkpoint cannot be written", claim=str(ref),
+                      error=str(err))
 
     async def _fetch(self, ref: ClaimRef) -> ResourceClaim:
         with tracer.start_as_current_span("claim.get") as span:
@@ -125,14 +171,14 @@ class ClaimPreparer:
             try:
                 claim = await self.claims.get(ref.namespace, ref.name)
             except ClaimNotFound as exc:
-                raise PrepareFailed(str(exc)) from None
+                raise PrepareFailed(str(exc), "not-found") from None
             except Exception as exc:  # noqa: BLE001 - any fetch failure fails this claim, retried by the kubelet
-                raise PrepareFailed(f"retrieve claim {ref.namespace}/{ref.name}: {exc}") from None
+                raise PrepareFailed(f"retrieve claim {ref.namespace}/{ref.name}: {exc}", failure_reason(exc)) from None
         if claim.metadata.uid != ref.uid:
             raise PrepareFailed(f"claim {ref.namespace}/{ref.name} got replaced (UID {claim.metadata.uid}, "
-                                f"kubelet asked for {ref.uid})")
+                                f"kubelet asked for {ref.uid})", "not-found")
         if claim.status.allocation is None:
-            raise PrepareFailed(f"claim {ref.namespace}/{ref.name} not allocated")
+            raise PrepareFailed(f"claim {ref.namespace}/{ref.name} not allocated", "not-allocated")
         return claim
 
     def _our_results(self, claim: ResourceClaim) -> list[tuple[int, AllocationResult]]:
@@ -142,14 +188,15 @@ class ClaimPreparer:
         pinned = selector_node_names(allocation.nodeSelector)
         if pinned is not None and self.node not in pinned:
             raise PrepareFailed(f"claim is allocated to node(s) {', '.join(sorted(pinned))}, not to this node "
-                                f"{self.node}")
+                                f"{self.node}", "other-node")
         ours: list[tuple[int, AllocationResult]] = []
         for index, result in enumerate(allocation.devices.results if allocation.devices else []):
             if result.driver != self.driver:
                 continue
             if result.pool != self.pool:
                 raise PrepareFailed(f"device {result.pool}/{result.device} is in pool {result.pool!r}, not this "
-                                    f"node's pool {self.pool!r}: the claim is allocated to another node")
+                                    f"node's pool {self.pool!r}: the claim is allocated to another node",
+                                    "other-node")
             ours.append((index, result))
         return ours
 
@@ -163,25 +210,30 @@ class ClaimPreparer:
                 return ""
             try:
                 await self._undo(ref.uid, record)
-                await self.checkpoint.remove(ref.uid)
+                await self.checkpoint.remove(ref.uid, events=[
+                    self._event("unprepared", ClaimRef(ref.uid, record.namespace, record.name), record)])
             except Exception as exc:  # noqa: BLE001 - the kubelet retries unprepare
                 log.warning("unprepare failed", claim=str(ref), error=str(exc))
                 return f"error unpreparing devices for claim {ref}: {exc}"
         self._locks.pop(ref.uid, None)
         metrics.set_prepared(self.node, self.driver, self.checkpoint)
-        self._emit("unprepared", ClaimRef(ref.uid, record.namespace, record.name), record)
         return ""
 
-    async def _rollback(self, uid: str, record: ClaimRecord, *, reason: str) -> None:
-        """Undo a partial prepare and forget it; if undo fails the PrepareStarted entry stays for a later try."""
+    async def _rollback(self, uid: str, record: ClaimRecord, *, reason: str,
+                        failed: FailureReason | None = None) -> None:
+        """Undo a partial prepare and forget it; if undo fails the PrepareStarted entry stays for a later try.
+        `failed`: the rollback ends a failed prepare, whose `prepare-failed` (of that class) goes with it."""
         try:
             await self._undo(uid, record)
         except Exception as exc:  # noqa: BLE001
             log.error("rollback of a partial prepare failed; will retry", claim_uid=uid, error=str(exc))
             self.rollback_failed.set()
-            raise PrepareFailed(f"rollback of an earlier partial prepare failed: {exc}") from None
-        await self.checkpoint.remove(uid)
-        self._emit("rolled-back", ClaimRef(uid, record.namespace, record.name), record, error=reason)
+            raise PrepareFailed(f"rollback of an earlier partial prepare failed: {exc}", failure_reason(exc)) from None
+        ref = ClaimRef(uid, record.namespace, record.name)
+        events = [self._event("rolled-back", ref, record, error=reason)]
+        if failed is not None:
+            events.append(self._event("prepare-failed", ref, record, error=reason, reason=failed))
+        await self.checkpoint.remove(uid, events=events)
         log.info("partial prepare rolled back", claim=f"{record.namespace}/{record.name}:{uid}", reason=reason)
 
     async def recover(self, *, only_failed: bool = False) -> int:
@@ -247,9 +299,11 @@ class ClaimPreparer:
         return done
 
     # -- events ----------------------------------------------------------------------------
-    def _emit(self, event: str, ref: ClaimRef, record: ClaimRecord, error: str = "") -> None:
+    def _event(self, event: ClaimEventKind, ref: ClaimRef, record: ClaimRecord, *, error: str = "",
+               reason: FailureReason = "") -> OutboxRecord:
+        """The event `event` of the preparation `record` is, for the checkpoint write that reports it."""
         refs = [PreparedDeviceRef(request=d.requests[0] if d.requests else "", pool=d.pool, device=d.device,
                                   uuid=d.uuid, sharing=d.sharing, cdi_device_ids=list(d.cdi_device_ids))
                 for d in record.devices]
-        self.events.emit(event, uid=ref.uid, namespace=ref.namespace, name=ref.name,  # type: ignore[arg-type]
-                         generation=record.generation, devices=refs, error=error)
+        return self.events.make(event, uid=ref.uid, namespace=ref.namespace, name=ref.name,
+                                preparation=record.preparation, devices=refs, error=error, reason=reason)

@@ -45,6 +45,11 @@ class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     healthcheck_port: Annotated[int, msgspec.Meta(ge=0, le=65535, description=(
         "TCP port of the gRPC health service (grpc.health.v1, for the kubelet's grpc probe; NVIDIA's chart "
         "uses 51516); 0 is off"))] = 0
+    outbox_max_events: Annotated[int, msgspec.Meta(gt=0, description=(
+        "lifecycle events the outbox (<plugins>/<driver>/outbox.jsonl) holds while NATS is away; past it, new "
+        "events are dropped (gpu_dra_outbox_dropped_total, an error log)"))] = 100_000
+    outbox_max_bytes: Annotated[int, msgspec.Meta(gt=0, description=(
+        "bytes of pending lifecycle events the outbox holds while NATS is away (see --outbox-max-events)"))] = 64 << 20
     channel_ready_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
         "seconds a ComputeDomain channel prepare waits for the node's IMEX daemon to be Ready before it "
         "answers with a retryable error (the kubelet calls again)"))] = 20.0

@@ -1,26 +1,37 @@
-"""Claim lifecycle events (`dra.v1.claim.<ns>.<node>.<event>`), buffered while the bus is away.
+"""Claim lifecycle events (`dra.v1.claim.<ns>.<node>.<event>`): minted here, kept in the outbox, sent when NATS is there.
 
-Owns the bounded in-memory queue and its sender: prepare never waits on NATS; events are sent in
-order once a bus is connected. Each event's id names this node (`claim_event_id`: no other node
-can mint one that collides with it), and its `Nats-Msg-Id` is that id plus a random suffix drawn
-once per process: a resend after a lost ack is de-duplicated by JetStream, and nobody can send a
-message id ahead of ours to make the stream drop our event as a duplicate.
+Owns the making of an event (its id, its `Nats-Msg-Id`) and the sender that drains the durable
+outbox (`outbox.py`) to JetStream in order: prepare never waits on NATS. Each event's id names this
+node and the preparation it belongs to (`claim_event_id`: no other node can mint one that collides
+with it; each preparation of a claim has ids of its own). Its `Nats-Msg-Id` is that id plus a random
+suffix drawn once per process and stored with the outbox record, so a resend (after a lost ack, or
+by the next process from the outbox) is de-duplicated by JetStream, and nobody can send a message id
+ahead of ours to make the stream drop our event as a duplicate.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import secrets
+from pathlib import Path
 from typing import Any
 
+from services.preparer.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Outbox, OutboxRecord
 from shared.events import catalog
 from shared.events.base import now_unix
 from shared.events.catalog import as_token
-from shared.events.claims import ClaimEventKind, ClaimLifecycle, PreparedDeviceRef, claim_event_id
+from shared.events.claims import (
+    ClaimEventKind,
+    ClaimLifecycle,
+    FailureReason,
+    PreparedDeviceRef,
+    claim_event_id,
+)
 from shared.logs import get_logger
 
 log = get_logger(__name__)
+
+ACK_BATCH = 64  # sent events noted in the outbox per write
 
 
 def subject_token(value: str) -> str:
@@ -29,31 +40,45 @@ def subject_token(value: str) -> str:
 
 
 class LifecycleEvents:
-    """Queue events now, publish them when a bus is there."""
+    """Make events, and send what the outbox holds whenever a bus is there."""
 
-    def __init__(self, node: str, driver: str, max_buffered: int = 10000) -> None:
+    def __init__(self, node: str, driver: str, outbox_path: Path | None = None, *,
+                 max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.node = node
         self.driver = driver
-        self.pending: collections.deque[ClaimLifecycle] = collections.deque(maxlen=max_buffered)
-        self._msg_id_suffix = secrets.token_hex(8)  # unguessable by other publishers (module docstring)
-        self.sent = 0
-        self.dropped = 0
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
+        self.outbox = Outbox(outbox_path, driver=driver, max_events=max_events, max_bytes=max_bytes,
+                             on_commit=self._committed)
+        self._msg_id_suffix = secrets.token_hex(8)  # unguessable by other publishers (module docstring)
+        self.sent = 0
         self.bus: Any = None
 
-    def emit(self, event: ClaimEventKind, *, uid: str, namespace: str, name: str, generation: int,
-             devices: list[PreparedDeviceRef] | None = None, error: str = "") -> None:
-        if len(self.pending) == self.pending.maxlen:
-            self.dropped += 1
-            log.warning("lifecycle buffer full; oldest event dropped", buffered=len(self.pending))
-        event_id = claim_event_id(subject_token(self.node), uid, event, generation)
-        self.pending.append(ClaimLifecycle(
+    @property
+    def pending(self) -> list[ClaimLifecycle]:
+        """The events not yet stored by JetStream, oldest first."""
+        return [r.event for r in self.outbox.pending.values() if r.event is not None]
+
+    @property
+    def dropped(self) -> int:
+        return self.outbox.dropped
+
+    def make(self, event: ClaimEventKind, *, uid: str, namespace: str, name: str, preparation: int,
+             devices: list[PreparedDeviceRef] | None = None, error: str = "",
+             reason: FailureReason = "") -> OutboxRecord:
+        """An outbox record for one event; it is kept once a checkpoint write (or `outbox.add`) carries it."""
+        event_id = claim_event_id(subject_token(self.node), uid, preparation, event)
+        message = ClaimLifecycle(
             event=event, node=self.node, driver=self.driver, claim_uid=uid, claim_namespace=namespace,
-            claim_name=name, devices=devices or [], error=error, event_id=event_id,
-            observed_at=now_unix()))
-        self._drained.clear()
+            claim_name=name, devices=devices or [], error=error, reason=reason, event_id=event_id,
+            observed_at=now_unix())
+        return OutboxRecord(seq=self.outbox.next_seq(), msg_id=f"{event_id}/{self._msg_id_suffix}",
+                            preparation=preparation, event=message)
+
+    def _committed(self) -> None:
+        if self.outbox.pending:
+            self._drained.clear()
         self._wake.set()
 
     def attach(self, bus: Any) -> None:
@@ -61,29 +86,46 @@ class LifecycleEvents:
         self._wake.set()
 
     async def drained(self) -> None:
-        """Until every queued event has been sent."""
+        """Until every event in the outbox has been sent."""
         await self._drained.wait()
 
+    async def _send(self) -> bool:
+        """Send what is pending, in order; False when a publish failed (retry later)."""
+        acked: list[int] = []
+        try:
+            for seq, record in list(self.outbox.pending.items()):
+                if self.bus is None or not self.bus.connected:
+                    return True
+                event = record.event
+                assert event is not None
+                try:
+                    await self.bus.publish(catalog.CLAIM, event, msg_id=record.msg_id,
+                                           namespace=subject_token(event.claim_namespace),
+                                           node=subject_token(event.node), event=event.event)
+                except Exception as exc:  # noqa: BLE001 - it stays in the outbox; retried
+                    log.info("lifecycle event not sent yet; will retry", error=str(exc) or type(exc).__name__)
+                    return False
+                self.sent += 1
+                acked.append(seq)
+                if len(acked) >= ACK_BATCH:
+                    await self.outbox.ack(acked)
+                    acked = []
+            return True
+        finally:
+            if acked:
+                await self.outbox.ack(acked)
+
     async def run(self) -> None:
-        """Send queued events whenever a connected bus is attached (until cancelled)."""
+        """Send the outbox whenever a connected bus is attached (until cancelled)."""
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self.pending and self.bus is not None and self.bus.connected:
-                event = self.pending[0]
-                try:
-                    await self.bus.publish(catalog.CLAIM, event, msg_id=f"{event.event_id}/{self._msg_id_suffix}",
-                                           namespace=subject_token(event.claim_namespace),
-                                           node=subject_token(event.node), event=event.event)
-                except Exception as exc:  # noqa: BLE001 - keep it queued and retry
-                    log.info("lifecycle event not sent yet; will retry", error=str(exc) or type(exc).__name__)
-                    await asyncio.sleep(0.5)
-                    self._wake.set()
-                    break
-                self.pending.popleft()
-                self.sent += 1
-            if not self.pending:
+            ok = await self._send()
+            if not self.outbox.pending:
                 self._drained.set()
+            elif not ok:
+                await asyncio.sleep(0.5)
+                self._wake.set()
             elif self.bus is not None and not self._wake.is_set():
                 await asyncio.sleep(0.25)  # bus attached but disconnected: poll for its return
                 self._wake.set()

@@ -41,3 +41,6 @@ def set_prepared(node: str, driver: str, checkpoint: Checkpoint) -> None:
             counts[dev.kind if dev.kind in counts else "unknown"] += 1
     for kind, count in counts.items():
         PREPARED.labels(node, driver, kind).set(count)
+
+OUTBOX_EVENTS = Gauge("gpu_dra_outbox_events", "Lifecycle events in the outbox not yet stored by JetStream", ["driver"])
+OUTBOX_DROPPED = Counter("gpu_dra_outbox_dropped", "Lifecycle events refused because the outbox was full", ["driver"])

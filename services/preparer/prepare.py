@@ -19,7 +19,7 @@ from services.preparer import metrics
 from services.preparer.cdi import CdiDevice, CdiWriter, build_spec, device_id, gpu_device_nodes, mps_edits
 from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from services.preparer.claims import ClaimSource, ResourceClaim
-from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed
+from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed, failure_reason
 from services.preparer.commonedits import CommonEdits
 from services.preparer.configs import (
     ConfigError,
@@ -79,12 +79,12 @@ class Preparer(ClaimPreparer):
         ours = self._our_results(claim)
         if len(ours) > MAX_RESULTS:
             raise PrepareFailed(f"the claim is allocated {len(ours)} devices of this driver, more than the "
-                                f"{MAX_RESULTS} a claim may hold")
+                                f"{MAX_RESULTS} a claim may hold", "invalid-config")
         for index, result in ours:
             try:
                 resolved = self.inventory.resolve(result.device)
             except DeviceError as exc:
-                raise PrepareFailed(str(exc)) from None
+                raise PrepareFailed(str(exc), "device-error") from None
             planned.append(_Planned(index, result.request, result.pool, resolved, bool(result.adminAccess),
                                     result.shareID or ""))
         raw = [RawConfig(source=c.source, requests=list(c.requests or []),
@@ -106,7 +106,8 @@ class Preparer(ClaimPreparer):
                 log.warning("device held by another claim", claim=str(ref), device=item.resolved.name,
                             holder=f"{record.namespace}/{record.name}:{uid}", holder_state=record.state)
                 raise PrepareFailed(f"requested device {item.resolved.name} is already allocated to a different "
-                                    "claim on this node; share it by giving both claims a sharing config")
+                                    "claim on this node; share it by giving both claims a sharing config",
+                                    "device-busy")
 
     async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
         claim = await self._fetch(ref)
@@ -120,7 +121,7 @@ class Preparer(ClaimPreparer):
                                           "full GPUs or TimeSlicing")
                     _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
             except ConfigError as exc:
-                raise PrepareFailed(str(exc)) from None
+                raise PrepareFailed(str(exc), "invalid-config") from None
             span.set_attribute("configs.groups", len(groups))
         shared = {i for g in groups if strategy(g.config) for i in g.results}
         self._guard(ref, planned, shared)
@@ -135,12 +136,10 @@ class Preparer(ClaimPreparer):
         for group in groups:
             for i in group.results:
                 devices[i].sharing = strategy(group.config)
-        generation = (previous.generation + 1) if previous is not None else 1
-        record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace, generation=generation,
-                             devices=devices, started_at=time.time(),
+        record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
+                             preparation=self.checkpoint.next_preparation(), devices=devices, started_at=time.time(),
                              configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit])
-        await self.checkpoint.put(ref.uid, record)
-        self._emit("prepare-started", ref, record)
+        await self.checkpoint.put(ref.uid, record, events=[self._event("prepare-started", ref, record)])
         try:
             cdi_devices = await self._apply(ref, record, planned, groups)
             with tracer.start_as_current_span("cdi.write"):
@@ -153,14 +152,13 @@ class Preparer(ClaimPreparer):
                 dev.cdi_device_ids = [device_id(ref.uid, dev.device)] if spec is not None else []
             record.state = "PrepareCompleted"
             record.completed_at = time.time()
-            await self.checkpoint.put(ref.uid, record)
+            await self.checkpoint.put(ref.uid, record, events=[self._event("prepared", ref, record)])
         except Exception as exc:
             log.warning("prepare failed after it started; rolling back", claim=str(ref), error=str(exc))
-            await self._rollback(ref.uid, record, reason=str(exc))
-            self._emit("prepare-failed", ref, record, error=str(exc))
-            raise PrepareFailed(str(exc)) from None
+            reason = failure_reason(exc)
+            await self._rollback(ref.uid, record, reason=str(exc), failed=reason)
+            raise PrepareFailed(str(exc), reason, reported=True) from None
         metrics.set_prepared(self.node, self.driver, self.checkpoint)
-        self._emit("prepared", ref, record)
         log.info("claim prepared", claim=str(ref), devices=[d.device for d in record.devices])
         return list(record.devices)
 

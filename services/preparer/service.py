@@ -1,7 +1,8 @@
 """One kubelet plugin's wiring and lifetime: sockets up, checkpoint recovered, bus attached when it is there.
 
 Owns, for one driver on one node, what every driver has: `<registry>/<driver>-reg.sock`,
-`<plugins>/<driver>/dra.sock` and `<plugins>/<driver>/checkpoint.json`, the lifecycle-event sender,
+`<plugins>/<driver>/dra.sock`, `<plugins>/<driver>/checkpoint.json` and `<plugins>/<driver>/outbox.jsonl`
+(the lifecycle events not yet in JetStream; what a previous process left is sent), the event sender,
 the start order (checkpoint first, the driver's start work, DRA socket before the registration
 socket), stale-claim cleanup every `cleanup_interval`, the driver's background work once a bus is
 attached, and clean shutdown (sockets removed). What differs per driver comes from its
@@ -45,7 +46,9 @@ class PreparerService:
         self.checkpoint = Checkpoint(self.plugin_dir / "checkpoint.json",
                                      boot_id=read_boot_id(cfg.boot_id_path))
         self.report_corrupt = report_corrupt
-        self.events = LifecycleEvents(cfg.node, driver)
+        self.events = LifecycleEvents(cfg.node, driver, self.plugin_dir / "outbox.jsonl",
+                                      max_events=cfg.outbox_max_events, max_bytes=cfg.outbox_max_bytes)
+        self.checkpoint.journal = self.events.outbox
         self.plugin = drivers.build(drivers.PluginContext(cfg=cfg, driver=driver, claims=claims,
                                                           plugin_dir=self.plugin_dir, checkpoint=self.checkpoint,
                                                           events=self.events))
@@ -62,6 +65,9 @@ class PreparerService:
         sockets.check_path(self.dra_socket)
         sockets.check_path(self.registration_socket)
         await self.checkpoint.load()
+        await self.events.outbox.load()
+        # a preparation whose events reached the outbox but whose checkpoint write did not keeps its number
+        self.checkpoint.preparation_seq = max(self.checkpoint.preparation_seq, self.events.outbox.max_preparation)
         if self.checkpoint.quarantined is not None and self.report_corrupt is not None:
             try:
                 await self.report_corrupt(self.checkpoint.corrupt_reason, self.checkpoint.quarantined)

@@ -10,6 +10,14 @@ from shared.events.base import Message
 
 ClaimEventKind = Literal["prepare-started", "prepared", "prepare-failed", "unprepared", "rolled-back"]
 
+FailureReason = Literal["", "not-found", "not-allocated", "other-node", "invalid-config", "device-busy",
+                        "device-error", "timeout", "internal"]
+"""Why a prepare failed, as a class a consumer can count on (`prepare-failed` events; "" otherwise):
+not-found (claim gone or replaced), not-allocated, other-node (allocated to another node or pool),
+invalid-config (opaque config or allocation this driver refuses), device-busy (held by another claim,
+or not ready yet), device-error (discovery or the device refused), timeout (a device operation ran past
+its deadline), internal (checkpoint, CDI or anything else on this node)."""
+
 
 class PreparedDeviceRef(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One device a claim got on a node."""
@@ -33,15 +41,19 @@ class ClaimLifecycle(Message, kw_only=True):
     claim_name: str
     devices: list[PreparedDeviceRef] = msgspec.field(default_factory=list)
     error: str = ""
-    event_id: str = ""  # `<node>/<claim uid>/<event>/<prepare generation>`: see claim_event_id
+    reason: FailureReason = ""  # prepare-failed: the class of the failure (see FailureReason)
+    event_id: str = ""  # `<node>/<claim uid>/<preparation>/<event>`: see claim_event_id
     observed_at: float = 0.0
 
 
-def claim_event_id(node: str, claim_uid: str, event: str, generation: int) -> str:
-    """The id the preparer on `node` gives a claim event: replay-safe (the same step of the same claim
-    always gets the same id) and scoped by the node, which its subject authenticates, so no other
-    node can mint an id that collides with it. (Ids from before 2026-12 lack the node.)"""
-    return f"{node}/{claim_uid}/{event}/{generation}"
+def claim_event_id(node: str, claim_uid: str, preparation: int, event: str) -> str:
+    """The id the preparer on `node` gives a claim event: one per step of one preparation. `preparation`
+    is the node's preparation sequence (in the preparer's checkpoint; it survives unprepare and restarts),
+    so re-preparing a claim, a retry and a rollback each get ids of their own, while a resend of the same
+    event keeps its id. Scoped by the node, which the event's subject authenticates, so no other node can
+    mint an id that collides with it. (Ids from before 2026-12 are `<node>/<uid>/<event>/<generation>` or,
+    older, lack the node.)"""
+    return f"{node}/{claim_uid}/{preparation}/{event}"
 
 
 def event_id_node(event_id: str) -> str | None:

@@ -17,12 +17,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import jsonschema
+import msgspec
 import nats
 import pytest
 
 from examples.ledger.accounting import Ledger, LedgerFileError
 from examples.ledger.consumer import LedgerService
 from examples.ledger.schema import ContractError, SchemaViolation, load_contract
+from examples.ledger.trust import event_key
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.claims import ClaimLifecycle, PreparedDeviceRef, claim_event_id
@@ -52,10 +54,10 @@ async def bus(nats_server) -> AsyncIterator[Bus]:
 
 
 def lifecycle(event: str, uid: str, namespace: str, at: float, devices: tuple[str, ...] = (),
-              node: str = "node-1", generation: int = 1) -> ClaimLifecycle:
+              node: str = "node-1", preparation: int = 1) -> ClaimLifecycle:
     return ClaimLifecycle(
         event=event, node=node, driver="gpu.nvidia.com", claim_uid=uid, claim_namespace=namespace,  # type: ignore[arg-type]
-        claim_name=f"claim-{uid}", event_id=claim_event_id(node, uid, event, generation), observed_at=at,
+        claim_name=f"claim-{uid}", event_id=claim_event_id(node, uid, preparation, event), observed_at=at,
         devices=[PreparedDeviceRef(request="gpu", pool=node, device=d, uuid=f"GPU-{d}") for d in devices])
 
 
@@ -81,6 +83,18 @@ SECOND_HALF = [
 ]
 ALL_EVENTS = FIRST_HALF + SECOND_HALF
 STATE_CHANGING = sum(1 for e in ALL_EVENTS if e.event in ("prepared", "unprepared"))
+
+
+def test_each_preparation_of_one_claim_is_accounted_and_each_resend_once() -> None:
+    """A standalone claim used by three pods one after another: three preparations, three uses."""
+    ledger = Ledger()
+    events = [lifecycle(kind, "s1", "team-a", T0 + 100 * p + (10 if kind == "unprepared" else 0), ("gpu-0",),
+                        preparation=p) for p in (1, 2, 3) for kind in ("prepared", "unprepared")]
+    for ev in events + events:  # every event delivered twice (a resend after a restart)
+        ledger.apply(msgspec.to_builtins(ev), event_key(msgspec.to_builtins(ev), ev.node, 0))
+    assert ledger.stats.applied == 6 and ledger.stats.duplicates == 6
+    assert ledger.report()["team-a"]["claims_closed"] == 3
+    assert ledger.report()["team-a"]["gpu_seconds"] == 30.0
 
 
 def assert_exact_totals(ledger: Ledger) -> None:

@@ -211,14 +211,18 @@ async def test_claim_not_reserved_is_pending_with_reason_then_both_pods_run_with
     first = await cluster.create_pod("waiting", claim.name, ["main"])
     second = await cluster.create_pod("waiting2", claim.name, ["main"])
 
-    async def pending() -> dict[str, Any] | None:
-        p = await cluster.pod("waiting")
-        statuses = (p or {}).get("status", {}).get("containerStatuses") or []
-        waiting = (statuses and statuses[0]["state"].get("waiting")) or {}
-        return waiting if waiting.get("reason") == FAILED_REASON else None
-    waiting = await until("PrepareResourcesFailed", pending)
-    assert "not reserved for this pod" in waiting["message"]
-    assert (await cluster.pod("waiting"))["status"]["phase"] == "Pending"
+    async def failed_events() -> list[Any]:
+        listed = await cluster.core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.uid={first['metadata']['uid']},reason={FAILED_REASON}")
+        return list(listed.items)
+    [event] = await until(FAILED_REASON, failed_events)  # as the kubelet: a Warning Event on the pod
+    assert event.type == "Warning" and event.source.component == "kubelet"
+    assert (event.involved_object.kind, event.involved_object.name) == ("Pod", "waiting")
+    assert event.message.startswith("Failed to prepare dynamic resources: ")
+    assert "not reserved for this pod" in event.message
+    pending = await cluster.pod("waiting")
+    assert pending["status"]["phase"] == "Pending"
+    assert pending["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "ContainerCreating"}}
     assert cluster.checkpointed() == set()
 
     spans.clear()
@@ -226,6 +230,11 @@ async def test_claim_not_reserved_is_pending_with_reason_then_both_pods_run_with
     for name in ("waiting", "waiting2"):
         running = await cluster.running(name)
         assert edits_of(running)["main"]["devices"] == ["n1/gpu-1"]
+        # nothing of the failed attempts is left on the running pod
+        assert set(running["status"]["containerStatuses"][0]["state"]) == {"running"}
+        ready = next(c for c in running["status"]["conditions"] if c["type"] == "Ready")
+        assert "reason" not in ready and "message" not in ready
+    assert len(await failed_events()) == 1  # repeats of one failure are not recorded again
     assert len([s for s in spans.get_finished_spans() if s.name == PREPARE_SPAN]) == 1  # shared, prepared once
 
     await cluster.core.delete_namespaced_pod("waiting", "default")

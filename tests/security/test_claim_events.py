@@ -49,7 +49,7 @@ def event(kind: str, uid: str, namespace: str, node: str, at: float, *, event_id
     return ClaimLifecycle(
         event=kind, node=node, driver="gpu.nvidia.com", claim_uid=uid, claim_namespace=namespace,  # type: ignore[arg-type]
         claim_name=f"claim-{uid}", observed_at=at,
-        event_id=claim_event_id(node, uid, kind, 1) if event_id is None else event_id,
+        event_id=claim_event_id(node, uid, 1, kind) if event_id is None else event_id,
         devices=[PreparedDeviceRef(request="gpu", pool=node, device=d) for d in devices])
 
 
@@ -61,11 +61,12 @@ async def forge(bus: Bus, ev: ClaimLifecycle, *, namespace: str, node: str, msg_
 async def real_claim_on_gpu_b(bus: Bus, uid: str) -> float:
     """gpu-b's preparer emits prepared then unprepared for `uid` (team-b, one GPU); the GPU-seconds due."""
     events = LifecycleEvents("gpu-b", "gpu.nvidia.com")
-    events.emit("prepared", uid=uid, namespace="team-b", name=f"claim-{uid}", generation=1,
-                devices=[PreparedDeviceRef(request="gpu", pool="gpu-b", device="gpu-0")])
-    events.emit("unprepared", uid=uid, namespace="team-b", name=f"claim-{uid}", generation=1)
+    await events.outbox.add([
+        events.make("prepared", uid=uid, namespace="team-b", name=f"claim-{uid}", preparation=1,
+                    devices=[PreparedDeviceRef(request="gpu", pool="gpu-b", device="gpu-0")]),
+        events.make("unprepared", uid=uid, namespace="team-b", name=f"claim-{uid}", preparation=1)])
     prepared, unprepared = list(events.pending)
-    assert prepared.event_id == f"gpu-b/{uid}/prepared/1"
+    assert prepared.event_id == f"gpu-b/{uid}/1/prepared"
     events.attach(bus)
     sender = asyncio.create_task(events.run())
     try:
@@ -110,7 +111,7 @@ async def test_a_forged_future_event_id_does_not_drop_the_real_event(
     async with bus_as(shipped_nats, "preparer.gpu-a") as attacker, bus_as(shipped_nats, "preparer.gpu-b") as real:
         now = now_unix()
         for kind in ("prepared", "unprepared"):
-            target = claim_event_id("gpu-b", "b1", kind, 1)
+            target = claim_event_id("gpu-b", "b1", 1, kind)
             # gpu-b's future id in the body (refused: not gpu-a's), and as the stream's message id
             await forge(attacker, event(kind, "b1", "team-b", "gpu-a", now, event_id=target),
                         namespace="team-b", node="gpu-a", msg_id=target)

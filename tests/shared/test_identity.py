@@ -45,10 +45,10 @@ def test_a_body_naming_another_node_than_its_subject_is_a_mismatch() -> None:
 
 def test_claim_events_bind_namespace_node_and_the_event_ids_node() -> None:
     subject = catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared")
-    assert check_event(catalog.CLAIM, subject, claim(event_id=claim_event_id("gpu-a", "u1", "prepared", 1))) is None
+    assert check_event(catalog.CLAIM, subject, claim(event_id=claim_event_id("gpu-a", "u1", 1, "prepared"))) is None
     assert check_event(catalog.CLAIM, subject, claim(event_id="u1/prepared/1")) is None  # the older id shape
     for wrong in (claim(namespace="team-b"), claim(node="gpu-b"),
-                  claim(event_id=claim_event_id("gpu-b", "u1", "prepared", 1)), claim(event_id="a/b")):
+                  claim(event_id=claim_event_id("gpu-b", "u1", 1, "prepared")), claim(event_id="a/b")):
         assert check_event(catalog.CLAIM, subject, wrong) is not None, wrong
     assert event_id_node("gpu-a/u1/prepared/3") == "gpu-a"
     assert event_id_node("u1/prepared/3") == "" and event_id_node("") == ""
