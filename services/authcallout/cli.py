@@ -19,7 +19,8 @@ import msgspec
 
 from services.authcallout.service import AuthCallout, kube_token_reviewer, parse_roles
 from shared.bus import Bus
-from shared.config import CommonConfig, ConfigError, load_config
+from shared.config import CommonConfig, ConfigError
+from shared.health import HEALTH
 from shared.kubeclient import kube_api_client
 from shared.logs import get_logger
 from shared.natscreds import CALLOUT_SUBJECT
@@ -81,10 +82,12 @@ async def serve(callout: AuthCallout, bus: Bus, stopping: asyncio.Event) -> None
         task.add_done_callback(pending.discard)
 
     sub = await bus.nc.subscribe(CALLOUT_SUBJECT, queue=QUEUE, cb=on_request)
+    remove_check = HEALTH.add_check("connected to NATS", lambda: bus.connected)
     log.info("nats auth callout ready", subject=CALLOUT_SUBJECT)
     try:
         await stopping.wait()
     finally:
+        remove_check()
         await sub.unsubscribe()
         if pending:
             await asyncio.wait(pending, timeout=5)
