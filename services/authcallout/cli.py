@@ -54,7 +54,8 @@ class CalloutConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         = 3600
 
 
-def _callout(cfg: CalloutConfig, review: Any) -> AuthCallout:
+def _settings(cfg: CalloutConfig) -> tuple[KeyPair, dict[str, tuple[str, ...]]]:
+    """The issuer key and the roles, or ConfigError naming the setting to fix."""
     for name in ("issuer_seed_file", "account", "auth_account", "nats_url", "nats_creds"):
         if not getattr(cfg, name):
             raise ConfigError(f"--{name.replace('_', '-')} is required (see deploy/kubernetes/base/auth-callout.yaml)")
@@ -63,8 +64,7 @@ def _callout(cfg: CalloutConfig, review: Any) -> AuthCallout:
         roles = parse_roles(cfg.service_account_roles)
     except (OSError, NKeyError, UsersError) as exc:
         raise ConfigError(f"{exc}; mount Secret gpu-dra-nats-auth-callout from `gpu-dra nats credentials`") from exc
-    return AuthCallout(issuer=issuer, account=cfg.account, auth_account=cfg.auth_account, roles=roles,
-                       review=review, audience=cfg.audience, max_ttl_s=cfg.max_ttl_seconds)
+    return issuer, roles
 
 
 async def serve(callout: AuthCallout, bus: Bus, stopping: asyncio.Event) -> None:
@@ -94,9 +94,11 @@ async def serve(callout: AuthCallout, bus: Bus, stopping: asyncio.Event) -> None
 
 
 async def run(cfg: CalloutConfig, stopping: asyncio.Event) -> None:
+    issuer, roles = _settings(cfg)
     api = await kube_api_client(cfg.kubeconfig)
     try:
-        callout = _callout(cfg, kube_token_reviewer(api))
+        callout = AuthCallout(issuer=issuer, account=cfg.account, auth_account=cfg.auth_account, roles=roles,
+                              review=kube_token_reviewer(api), audience=cfg.audience, max_ttl_s=cfg.max_ttl_seconds)
         bus = await Bus.connect(cfg.nats_url, name="auth-callout", tls=nats_tls(cfg))
         try:
             await serve(callout, bus, stopping)

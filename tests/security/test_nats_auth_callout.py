@@ -259,3 +259,23 @@ async def test_tokens_that_name_no_node_role_are_refused(setup: Setup) -> None:
     assert 'result="allowed"' not in metrics
     log = setup.callout_log.read_text()
     assert "nats connect refused" in log and "system:serviceaccount:gpu-dra:tenant-app has no NATS role" in log
+
+
+def test_callout_settings_that_cannot_work_stop_it_with_exit_2(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from services.authcallout.cli import main as callout_main
+    from services.authcallout.service import parse_roles
+
+    assert parse_roles("gpu-dra/gpu-dra-node=discovery,preparer") == {
+        "system:serviceaccount:gpu-dra:gpu-dra-node": ("discovery", "preparer")}
+    for bad, complaint in (("gpu-dra/x=admin", "unknown role"), ("gpu-dra-node=preparer", "expected NAMESPACE/"),
+                           ("", "no service account")):
+        with pytest.raises(ValueError, match=complaint):
+            parse_roles(bad)
+    seed = tmp_path / "issuer.nk"
+    seed.write_text("not a seed")
+    base = ["--nats-url", "nats://127.0.0.1:1", "--nats-creds", "x", "--account", "A", "--auth-account", "B"]
+    assert callout_main(base) == 2
+    assert "--issuer-seed-file is required" in capsys.readouterr().err
+    assert callout_main([*base, "--issuer-seed-file", str(seed)]) == 2
+    assert "gpu-dra-nats-auth-callout" in capsys.readouterr().err
