@@ -76,6 +76,14 @@ class Setup:
             return await resp.text()
 
 
+async def _until(what: str, condition: Any, timeout: float = WAIT_S) -> None:
+    """Poll an async `condition()` until it holds; fail naming `what` after `timeout`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
 async def _admin(api: RunningApiServer, method: str, path: str, body: Any = None) -> Any:
     async with aiohttp.ClientSession() as session, session.request(
             method, api.url + path, json=body, headers={"Authorization": f"Bearer {api.token}"}, ssl=False) as resp:
@@ -259,6 +267,34 @@ async def test_tokens_that_name_no_node_role_are_refused(setup: Setup) -> None:
     assert 'result="allowed"' not in metrics
     log = setup.callout_log.read_text()
     assert "nats connect refused" in log and "system:serviceaccount:gpu-dra:tenant-app has no NATS role" in log
+
+
+async def test_the_token_is_read_again_at_every_connect(setup: Setup) -> None:
+    """The kubelet rotates the projected token in place; the bus sends what the file holds when it
+    (re)connects: a wrong token keeps it out, the next good one lets it back in as the same identity."""
+    path = Path(await setup.token("gpu-dra-node", "agents-gpu-a", name="rotating"))
+    bus = await setup.bus(str(path), "preparer.gpu-a")
+    try:
+        path.write_text(Path(await setup.token("gpu-dra-node", "agents-gpu-a", audiences=("other",),
+                                               name="wrong")).read_text())
+        await setup.nats.restart()
+
+        async def refused_for_audience() -> bool:
+            return 'reason="audience",result="refused"' in await setup.metrics()
+
+        await _until("the reconnect with the wrong token to be refused", refused_for_audience)
+        assert not bus.connected
+        path.write_text(Path(await setup.token("gpu-dra-node", "agents-gpu-a", name="fresh")).read_text())
+
+        async def connected() -> bool:
+            return bus.connected
+
+        await _until("the bus to reconnect with the fresh token", connected, timeout=20)
+        own = catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared")
+        await bus.nc.publish(own, b"{}")
+        await bus.nc.flush()
+    finally:
+        await bus.close()
 
 
 def test_callout_settings_that_cannot_work_stop_it_with_exit_2(tmp_path: Path,
