@@ -26,7 +26,7 @@ import yaml
 
 from embedded.apiserver.testing import RunningApiServer, running_apiserver
 from embedded.cluster import identities
-from shared.bus import Bus, NatsTLS
+from shared.bus import Bus, BusError, NatsTLS
 from shared.cli import main as gpu_dra
 from shared.events import catalog
 from shared.natsjwt import Creds
@@ -315,3 +315,19 @@ def test_callout_settings_that_cannot_work_stop_it_with_exit_2(tmp_path: Path,
     assert "--issuer-seed-file is required" in capsys.readouterr().err
     assert callout_main([*base, "--issuer-seed-file", str(seed)]) == 2
     assert "gpu-dra-nats-auth-callout" in capsys.readouterr().err
+
+
+async def test_a_token_without_the_sentinel_or_an_identity_is_refused_before_connecting(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    with pytest.raises(BusError, match="needs GPU_DRA_NATS_CREDS"):
+        await Bus.connect("nats://127.0.0.1:1", name="t", user="preparer.gpu-a", initial_attempts=1,
+                          tls=NatsTLS(token_file=str(token)))
+    creds = tmp_path / "sentinel.creds"
+    creds.write_text(_secrets(tmp_path)["gpu-dra-nats-sentinel"]["sentinel.creds"])
+    with pytest.raises(BusError, match="needs GPU_DRA_NATS_USER"):
+        await Bus.connect("nats://127.0.0.1:1", name="t", initial_attempts=1,
+                          tls=NatsTLS(creds_file=str(creds), token_file=str(token)))
+    with pytest.raises(BusError, match="cannot read the NATS token"):
+        await Bus.connect("nats://127.0.0.1:1", name="t", user="preparer.gpu-a", initial_attempts=1,
+                          tls=NatsTLS(creds_file=str(creds), token_file=str(tmp_path / "missing")))
