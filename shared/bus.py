@@ -135,12 +135,16 @@ class NatsTLS(msgspec.Struct, frozen=True, kw_only=True):
     system CAs). `cert_file`/`key_file`: a client certificate (servers with `verify: true`).
     `creds_file`: a NATS .creds file (user JWT + NKEY seed, from `gpu-dra nats credentials`); with
     it no password is sent and the user name only names the client's inbox prefix and dead-letter
-    subjects (when no user is given, the JWT's name does)."""
+    subjects (when no user is given, the JWT's name does). `token_file`: a projected ServiceAccount
+    token (audience `nats`) sent as the auth token with the sentinel's creds, for the auth callout
+    (services/authcallout) to decide who the client is; the user name is the identity asked for
+    (`preparer.<node>`), and the file is read again at every connect, as the kubelet rotates it."""
 
     ca_file: str = ""
     cert_file: str = ""
     key_file: str = ""
     creds_file: str = ""
+    token_file: str = ""
 
     @property
     def signs(self) -> bool:
@@ -177,10 +181,28 @@ class NatsTLS(msgspec.Struct, frozen=True, kw_only=True):
         if context is not None:
             options["tls"] = context
         if not self.creds_file:
+            if self.token_file:
+                raise BusError("GPU_DRA_NATS_TOKEN_FILE needs GPU_DRA_NATS_CREDS: the sentinel's creds "
+                               "(Secret gpu-dra-nats-sentinel) that route the connect to the auth callout")
             return options, None
         creds = await asyncio.to_thread(self._creds)
         options["user_jwt_cb"], options["signature_cb"] = creds.callbacks()
+        if self.token_file:
+            await asyncio.to_thread(self._token)  # a missing token fails now, with its name
+            options["token"] = self._token
+            return options, None  # the sentinel's name is not the client's identity
         return options, creds.name or None
+
+    def _token(self) -> str:
+        """The ServiceAccount token as it is now (nats-py asks at every connect, so a rotated token
+        is used from the next reconnect on; a few hundred bytes from the kubelet's tmpfs)."""
+        try:
+            with open(self.token_file, encoding="utf-8") as handle:
+                return handle.read().strip()
+        except OSError as exc:
+            raise BusError(f"cannot read the NATS token {self.token_file} ({exc}); mount a projected "
+                           "ServiceAccount token with audience nats there (deploy/kubernetes/base/node-agents.yaml)"
+                           ) from exc
 
 
 @dataclass
@@ -422,6 +444,9 @@ class Bus:
             raise BusError(f"GPU_DRA_NATS_USER is {user!r} but the creds file is for {creds_user!r}: the inbox and "
                            "dead-letter subjects would not be the ones its permissions allow; fix either one")
         identity = user or creds_user or url_user(url)
+        if tls.token_file and not user:
+            raise BusError("GPU_DRA_NATS_TOKEN_FILE needs GPU_DRA_NATS_USER: the identity the auth callout is "
+                           "asked for (e.g. preparer.<node>)")
         login = None if tls.signs else user
 
         async def on_disconnect() -> None:
@@ -445,7 +470,8 @@ class Bus:
             try:
                 await nc.connect(
                     servers=url.split(","),
-                    name=name,
+                    # with a token the connection's name is the identity asked of the auth callout
+                    name=identity if tls.token_file else name,
                     connect_timeout=int(max(1, connect_timeout)),
                     reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
                     max_reconnect_attempts=-1,

@@ -42,6 +42,9 @@ class CommonConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nats_password: Annotated[str, _help("NATS password")] = ""
     nats_creds: Annotated[str, _help("NATS .creds file (user JWT + NKEY seed from `gpu-dra nats credentials`), "
                                      "instead of a password")] = ""
+    nats_token_file: Annotated[str, _help(
+        "projected ServiceAccount token (audience nats) sent to the NATS auth callout, with GPU_DRA_NATS_CREDS "
+        "naming the sentinel's creds and GPU_DRA_NATS_USER the identity asked for; read at every connect")] = ""
     nats_tls_ca: Annotated[str, _help("CA bundle that signed the NATS server certificate (tls:// URLs)")] = ""
     nats_tls_cert: Annotated[str, _help("client certificate for NATS servers that verify clients")] = ""
     nats_tls_key: Annotated[str, _help("private key of GPU_DRA_NATS_TLS_CERT")] = ""

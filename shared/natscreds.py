@@ -7,9 +7,17 @@ readers leaves every other credential valid); `--rotate USER` gives a user a new
 old one in the account JWT. Writes Kubernetes Secrets (YAML on stdout, or `secrets.yaml` in
 `--output`): `gpu-dra-nats-users` (the server's `users.conf`: operator JWT, MEMORY resolver with the
 account JWTs preloaded), `gpu-dra-nats-route`, one per cluster service, one per node
-(`gpu-dra-nats-node-<node>`: `<role>.creds` for its three services) and one per reader.
+(`gpu-dra-nats-node-<node>`: `<role>.creds` for its three services, only for `--nodes`) and one
+per reader.
 
-    gpu-dra nats credentials --nodes gpu-a,gpu-b --reader billing=team-a,team-b --credentials-dir ./nats-keys
+Node services need no per-node files: an auth callout account (`AUTH`) sends every connect of its
+`sentinel` user (Secret `gpu-dra-nats-sentinel`, a bearer JWT that may do nothing by itself) to
+`gpu-dra nats auth-callout` (services/authcallout), which checks the ServiceAccount token the client
+sends and answers with a user JWT for that node's role. Its Secret `gpu-dra-nats-auth-callout` holds
+its own creds and the issuer key, a signing key of both `AUTH` (for the responses) and `GPU_DRA` (for
+the user JWTs it mints).
+
+    gpu-dra nats credentials --reader billing=team-a,team-b --credentials-dir ./nats-keys
 """
 
 from __future__ import annotations
@@ -41,7 +49,11 @@ from shared.nkeys import KeyKind, KeyPair, NKeyError
 
 ACCOUNT = "GPU_DRA"
 SYSTEM_ACCOUNT = "SYS"
+AUTH_ACCOUNT = "AUTH"
 OPERATOR = "gpu-dra"
+CALLOUT_USER = "auth-callout"  # the callout service's own user in AUTH (bypasses the callout)
+SENTINEL_USER = "sentinel"  # what node services connect as; the callout decides who they are
+CALLOUT_SUBJECT = "$SYS.REQ.USER.AUTH"
 
 
 @dataclass
@@ -51,6 +63,8 @@ class Issued:
     server_config: str
     creds: dict[str, str]
     route_password: str
+    callout: dict[str, str]  # Secret gpu-dra-nats-auth-callout: its creds, the issuer seed, the account keys
+    sentinel: str  # the sentinel's .creds
 
 
 class KeyStore:
@@ -117,10 +131,24 @@ def issue(users: Mapping[str, Permissions], credentials_dir: Path, rotate: list[
     operator = store.key("operator", "operator")
     account = store.key("account", "account")
     system = store.key("system-account", "account")
-    account_jwt = natsjwt.account_jwt(operator, account, ACCOUNT, jetstream=True,
-                                      revocations=_revocations(store, rotated))
+    revoked = _revocations(store, rotated)
     system_jwt = natsjwt.account_jwt(operator, system, SYSTEM_ACCOUNT, jetstream=False)
     operator_jwt = natsjwt.operator_jwt(operator, OPERATOR, system.public_key)
+    auth = store.key("auth-account", "account")
+    issuer = store.key("callout-issuer", "account")
+    callout_user = store.key(f"users/{CALLOUT_USER}", "user")
+    sentinel_user = store.key(f"users/{SENTINEL_USER}", "user")
+    # GPU_DRA lets the issuer sign its users; AUTH lets it sign responses and calls out for all but the service.
+    account_jwt = natsjwt.account_jwt(operator, account, ACCOUNT, jetstream=True,
+                                      revocations=revoked, signing_keys=[issuer.public_key])
+    auth_jwt = natsjwt.account_jwt(operator, auth, AUTH_ACCOUNT, jetstream=False, signing_keys=[issuer.public_key],
+                                   auth_users=[callout_user.public_key], allowed_accounts=[account.public_key])
+    callout_creds = natsjwt.creds_file(natsjwt.user_jwt(
+        auth, callout_user, CALLOUT_USER, publish=[], subscribe=[CALLOUT_SUBJECT], allow_responses=True),
+        callout_user)
+    sentinel_creds = natsjwt.creds_file(natsjwt.user_jwt(
+        auth, sentinel_user, SENTINEL_USER, publish=[], subscribe=[], allow_responses=False, bearer=True),
+        sentinel_user)
     creds = {}
     for name, perms in sorted(users.items()):
         user = store.key(f"users/{name}", "user")
@@ -135,9 +163,12 @@ def issue(users: Mapping[str, Permissions], credentials_dir: Path, rotate: list[
         "resolver_preload: {\n"
         f"  {account.public_key}: {json.dumps(account_jwt)}\n"
         f"  {system.public_key}: {json.dumps(system_jwt)}\n"
+        f"  {auth.public_key}: {json.dumps(auth_jwt)}\n"
         "}\n"
     )
-    return Issued(server_config, creds, store.secret("route.password"))
+    callout = {"user.creds": callout_creds, "issuer.nk": issuer.seed + "\n", "account": account.public_key,
+               "auth-account": auth.public_key}
+    return Issued(server_config, creds, store.secret("route.password"), callout, sentinel_creds)
 
 
 def secrets_for(issued: Issued, nodes: list[str], readers: Mapping[str, list[str]]) -> list[dict[str, object]]:
@@ -148,6 +179,8 @@ def secrets_for(issued: Issued, nodes: list[str], readers: Mapping[str, list[str
     ]
     out += [secret_object(f"gpu-dra-nats-{role}", {"user": role, "user.creds": issued.creds[role]})
             for role in CLUSTER_ROLES]
+    out += [secret_object("gpu-dra-nats-auth-callout", issued.callout),
+            secret_object("gpu-dra-nats-sentinel", {"sentinel.creds": issued.sentinel})]
     for node in nodes:
         out.append(secret_object(f"gpu-dra-nats-node-{node}",
                                  {f"{role}.creds": issued.creds[node_user(role, node)] for role in NODE_ROLES}))
@@ -171,7 +204,8 @@ def _readers(values: list[str]) -> dict[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu-dra nats credentials", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", required=True, help="comma-separated GPU node names (kubectl get nodes)")
+    parser.add_argument("--nodes", default="", help="comma-separated GPU node names that get per-node .creds "
+                        "files (not needed with the auth callout, which the shipped DaemonSet uses)")
     parser.add_argument("--reader", action="append", default=[], metavar="NAME=NS[,NS...]",
                         help="a read-only third party that sees the claim events of these namespaces (repeatable)")
     parser.add_argument("--credentials-dir", required=True, type=Path,
@@ -183,8 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
     try:
-        if not nodes:
-            raise UsersError("--nodes names no node")
         for node in nodes:
             check_node(node)
         if len(set(nodes)) != len(nodes):

@@ -9,6 +9,15 @@ the accounts; an account signs its users, whose JWT carries the user's publish/s
 (`pub`, `sub`, `resp`). The server trusts the operator JWT and reads account JWTs from a MEMORY
 resolver preloaded in its config; a client presents its user JWT and signs the connect nonce with
 the user seed (both from a .creds file).
+
+Auth callout (nats-server 2.10+): an account whose JWT has `authorization.auth_users` hands every
+other user's connect to a service: the server publishes an `authorization_request` JWT (signed by
+the server's key, `aud` "nats-authorization-request", `nats.user_nkey` the key the answer must
+name, `nats.server_id.id` the server, `nats.connect_opts.auth_token` what the client sent) on
+`$SYS.REQ.USER.AUTH`; the service replies with an `authorization_response` JWT (`sub` the user
+nkey, `aud` the server id, `nats.jwt` a user JWT or `nats.error`), signed by the callout account
+or one of its signing keys (then `nats.issuer_account` names it). The user JWT inside is issued by
+an account in `authorization.allowed_accounts` (or its signing key, with `issuer_account`).
 """
 
 from __future__ import annotations
@@ -70,8 +79,11 @@ def operator_jwt(operator: KeyPair, name: str, system_account: str) -> str:
 
 
 def account_jwt(operator: KeyPair, account: KeyPair, name: str, *, jetstream: bool,
-                revocations: Mapping[str, int] | None = None) -> str:
-    """An account with no connection limits; JetStream enabled (unlimited storage) when asked."""
+                revocations: Mapping[str, int] | None = None, signing_keys: list[str] | None = None,
+                auth_users: list[str] | None = None, allowed_accounts: list[str] | None = None) -> str:
+    """An account with no connection limits; JetStream enabled (unlimited storage) when asked.
+    `signing_keys` may issue its users; `auth_users` turns on auth callout for every other user of
+    it, answered by those users, who may place users into `allowed_accounts`."""
     limits: dict[str, Any] = {"subs": UNLIMITED, "data": UNLIMITED, "payload": UNLIMITED, "imports": UNLIMITED,
                               "exports": UNLIMITED, "wildcards": True, "conn": UNLIMITED, "leaf": UNLIMITED}
     if jetstream:
@@ -81,17 +93,44 @@ def account_jwt(operator: KeyPair, account: KeyPair, name: str, *, jetstream: bo
                             "default_permissions": {"pub": {}, "sub": {}}}
     if revocations:
         nats["revocations"] = dict(revocations)
+    if signing_keys:
+        nats["signing_keys"] = list(signing_keys)
+    if auth_users:
+        nats["authorization"] = {"auth_users": list(auth_users), "allowed_accounts": list(allowed_accounts or [])}
     return encode({"sub": account.public_key, "name": name, "nats": nats}, operator)
 
 
-def user_jwt(account: KeyPair, user: KeyPair, name: str, *, publish: list[str], subscribe: list[str],
-             allow_responses: bool) -> str:
-    """A user of `account` whose permissions are baked into its JWT."""
-    nats: dict[str, Any] = {"type": "user", "version": 2, "pub": {"allow": publish}, "sub": {"allow": subscribe},
+def user_jwt(account: KeyPair, user: KeyPair | str, name: str, *, publish: list[str], subscribe: list[str],
+             allow_responses: bool, issuer_account: str = "", expires: int | None = None,
+             bearer: bool = False) -> str:
+    """A user of `account` whose permissions are baked into its JWT. `user` is its key (or public
+    key); `issuer_account` names the account when `account` is one of its signing keys; `expires`
+    (Unix seconds) ends the connection then; `bearer` lets it connect without signing the nonce.
+    Empty allow lists deny everything (NATS reads a permission with no allow as no limit)."""
+    nats: dict[str, Any] = {"type": "user", "version": 2,
+                            "pub": {"allow": publish} if publish else {"deny": [">"]},
+                            "sub": {"allow": subscribe} if subscribe else {"deny": [">"]},
                             "subs": UNLIMITED, "data": UNLIMITED, "payload": UNLIMITED}
     if allow_responses:
         nats["resp"] = {"max": 1, "ttl": 60_000_000_000}  # one reply within a minute (nanoseconds)
-    return encode({"sub": user.public_key, "name": name, "nats": nats}, account)
+    if issuer_account:
+        nats["issuer_account"] = issuer_account
+    if bearer:
+        nats["bearer_token"] = True
+    claims: dict[str, Any] = {"sub": user if isinstance(user, str) else user.public_key, "name": name, "nats": nats}
+    if expires is not None:
+        claims["exp"] = expires
+    return encode(claims, account)
+
+
+def authorization_response(issuer: KeyPair, issuer_account: str, user_nkey: str, server_id: str, *,
+                           user_jwt: str = "", error: str = "") -> str:
+    """The auth callout's answer to one request: the user's JWT, or the reason it is refused."""
+    nats: dict[str, Any] = {"type": "authorization_response", "version": 2}
+    nats |= {"jwt": user_jwt} if user_jwt else {"error": error or "not authorized"}
+    if issuer_account and issuer_account != issuer.public_key:
+        nats["issuer_account"] = issuer_account
+    return encode({"sub": user_nkey, "aud": server_id, "nats": nats}, issuer)
 
 
 def creds_file(jwt: str, user: KeyPair) -> str:

@@ -27,9 +27,10 @@ C = TypeVar("C", bound=CommonConfig)
 
 
 def nats_tls(config: CommonConfig) -> NatsTLS:
-    """The TLS and credential files a service's settings name (GPU_DRA_NATS_TLS_CA/_CERT/_KEY, _CREDS)."""
+    """The TLS and credential files a service's settings name (GPU_DRA_NATS_TLS_CA/_CERT/_KEY, _CREDS,
+    _TOKEN_FILE)."""
     return NatsTLS(ca_file=config.nats_tls_ca, cert_file=config.nats_tls_cert, key_file=config.nats_tls_key,
-                   creds_file=config.nats_creds)
+                   creds_file=config.nats_creds, token_file=config.nats_token_file)
 
 
 @contextlib.asynccontextmanager

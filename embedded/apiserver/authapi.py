@@ -1,7 +1,9 @@
 """The API server's APIs that store nothing: SelfSubjectAccessReview and SelfSubjectRulesReview
-(`kubectl auth can-i [--list]`, answered by the same RBAC as the caller's requests) and TokenRequest
-(`kubectl create token`: a ServiceAccount token from the authenticator). Each takes the decoded
-request body and returns the response object."""
+(`kubectl auth can-i [--list]`, answered by the same RBAC as the caller's requests), TokenRequest
+(`kubectl create token`, or the kubelet's projected tokens: a ServiceAccount token from the
+authenticator, bound to a pod when `boundObjectRef` names one) and TokenReview (a service asks who a
+token's holder is, for the audiences it accepts). Each takes the decoded request body and returns
+the response object."""
 
 from __future__ import annotations
 
@@ -68,9 +70,52 @@ def token_request(authenticator: Authenticator, service_account: dict[str, Any],
                               "spec.expirationSeconds: Invalid value: may not specify a duration less "
                               "than 10 minutes")
     audiences = list(spec.get("audiences") or [ISSUER])
-    token, expires = authenticator.issue(namespace, name, md.get("uid", ""), seconds, audiences)
+    bound = _bound_pod(authenticator, name, namespace, spec.get("boundObjectRef"))
+    token, expires = authenticator.issue(namespace, name, md.get("uid", ""), seconds, audiences, bound)
     spec.update(audiences=audiences, expirationSeconds=seconds, boundObjectRef=spec.get("boundObjectRef"))
     stamp = dt.datetime.fromtimestamp(expires, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
             "metadata": {"name": name, "namespace": namespace, "creationTimestamp": None},
             "spec": spec, "status": {"token": token, "expirationTimestamp": stamp}}
+
+
+def _bound_pod(authenticator: Authenticator, name: str, namespace: str, ref: Any) -> dict[str, Any] | None:
+    """The `pod` (and, once scheduled, `node`) claims of a token bound to a pod of the SA's namespace."""
+    if not ref:
+        return None
+    invalid = f'TokenRequest.authentication.k8s.io "{name}" is invalid: spec.boundObjectRef'
+    if not isinstance(ref, dict) or ref.get("kind") != "Pod" or ref.get("apiVersion", "v1") != "v1":
+        raise errors.ApiError(422, "Invalid", f"{invalid}.kind: Unsupported value: {ref!r}: this API server "
+                              "binds tokens to Pods (v1) only")
+    pod = authenticator.store.get(("", "pods"), (namespace, str(ref.get("name") or "")))
+    if pod is None:
+        raise errors.ApiError(404, "NotFound", f'pods "{ref.get("name")}" not found')
+    uid = (pod.get("metadata") or {}).get("uid", "")
+    if ref.get("uid") and ref["uid"] != uid:
+        raise errors.ApiError(409, "Conflict", f'the UID in the bound object reference ({ref["uid"]}) does not '
+                              f'match the UID in record ({uid}). The object might have been deleted and then '
+                              "recreated")
+    out: dict[str, Any] = {"pod": {"name": pod["metadata"]["name"], "uid": uid}}
+    node_name = (pod.get("spec") or {}).get("nodeName") or ""
+    if node_name:
+        node = authenticator.store.get(("", "nodes"), ("", node_name))
+        out["node"] = {"name": node_name, "uid": ((node or {}).get("metadata") or {}).get("uid", "")}
+    return out
+
+
+def token_review(authenticator: Authenticator, body: Any) -> dict[str, Any]:
+    """Who holds `spec.token`, for one of `spec.audiences` (the API server's own when none are given)."""
+    spec = _spec(body)
+    token = spec.get("token")
+    if not isinstance(token, str) or not token:
+        raise errors.ApiError(422, "Invalid", 'TokenReview.authentication.k8s.io "" is invalid: spec.token: '
+                              "Required value: token must be set")
+    wanted = [str(a) for a in spec.get("audiences") or [ISSUER]]
+    user, accepted, error = authenticator.review(token, wanted)
+    status: dict[str, Any] = {"authenticated": user is not None, "user": {}}
+    if user is not None:
+        status.update(user=user.to_json(), audiences=accepted)
+    else:
+        status["error"] = error or "invalid bearer token"
+    return {"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}

@@ -3,9 +3,13 @@
 Owns the two kinds of token a real API server accepts that the local cluster needs: static tokens
 from a `--token-auth-file` CSV (`token,user,uid,"group1,group2"`, as kube-apiserver reads it) and
 ServiceAccount tokens, JWTs this server signs when asked through the TokenRequest API
-(`POST .../serviceaccounts/<name>/token`) and accepts while unexpired and while the
-ServiceAccount still exists with the uid the token names. The user of the request in flight is
-kept in a context variable so that admission sees who is asking.
+(`POST .../serviceaccounts/<name>/token`) and accepts while unexpired, for one of the audiences the
+caller accepts (the API server's own, ISSUER, for requests; a TokenReview names others), and while
+the ServiceAccount (and the pod a token is bound to) still exists with the uid the token names. A
+token bound to a pod carries the pod and, when the pod is on a node, the node (as Kubernetes 1.30+
+does), and authenticates with upstream's extras (`authentication.kubernetes.io/pod-name`,
+`pod-uid`, `node-name`, `node-uid`, `credential-id`). The user of the request in flight is kept in
+a context variable so that admission sees who is asking.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ MASTERS = "system:masters"  # the group that bypasses authorization, as upstream
 SERVICE_ACCOUNTS = "system:serviceaccounts"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 SA_PREFIX = "system:serviceaccount:"
+EXTRA = "authentication.kubernetes.io/"  # upstream's prefix of a bound token's user.extra keys
 
 
 class UserInfo(msgspec.Struct, frozen=True):
@@ -116,42 +121,76 @@ class Authenticator:
         return bool(self.static)
 
     def authenticate(self, token: str) -> UserInfo | None:
+        """The user of an API request's bearer token (ServiceAccount tokens for the API server's audience)."""
         for known, user in self.static.items():
             if hmac.compare_digest(known.encode(), token.encode()):
                 return user
         if token.count(".") == 2:
-            return self._service_account(token)
+            return self.review(token, [ISSUER])[0]
         return None
 
+    def review(self, token: str, audiences: list[str]) -> tuple[UserInfo | None, list[str], str]:
+        """A ServiceAccount token checked for one of `audiences`: its user, the audiences it was
+        accepted for, and why it was not (empty when it was), as a TokenReview reports them."""
+        if token.count(".") != 2:
+            return None, [], "invalid bearer token"
+        return self._service_account(token, audiences)
+
     def issue(self, namespace: str, name: str, uid: str, expiration_seconds: int,
-              audiences: list[str]) -> tuple[str, int]:
-        """A ServiceAccount token and its expiry (Unix seconds)."""
+              audiences: list[str], bound: dict[str, Any] | None = None) -> tuple[str, int]:
+        """A ServiceAccount token and its expiry (Unix seconds); `bound` adds the `pod` and `node`
+        ({"name", "uid"}) the token is bound to."""
         issued = int(time.time())
         expires = issued + expiration_seconds
+        k8s: dict[str, Any] = {"namespace": namespace, "serviceaccount": {"name": name, "uid": uid}, **(bound or {})}
         claims = {"aud": audiences or [ISSUER], "exp": expires, "iat": issued, "nbf": issued, "iss": ISSUER,
                   "sub": f"{SA_PREFIX}{namespace}:{name}",
                   "jti": secrets.token_hex(8),
-                  "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": name, "uid": uid}}}
+                  "kubernetes.io": k8s}
         head = _b64(msgspec.json.encode({"alg": "HS256", "typ": "JWT"}))
         body = _b64(msgspec.json.encode(claims))
         sig = _b64(hmac.new(self.signing_key, f"{head}.{body}".encode(), hashlib.sha256).digest())
         return f"{head}.{body}.{sig}", expires
 
-    def _service_account(self, token: str) -> UserInfo | None:
+    def _service_account(self, token: str, audiences: list[str]) -> tuple[UserInfo | None, list[str], str]:
+        invalid = "invalid bearer token"
         head, body, sig = token.split(".")
         want = hmac.new(self.signing_key, f"{head}.{body}".encode(), hashlib.sha256).digest()
         try:
             if not hmac.compare_digest(_unb64(sig), want):
-                return None
+                return None, [], invalid
             claims = msgspec.json.decode(_unb64(body))
         except (ValueError, msgspec.DecodeError):
-            return None
-        if not isinstance(claims, dict) or int(claims.get("exp") or 0) <= time.time():
-            return None
+            return None, [], invalid
+        if not isinstance(claims, dict):
+            return None, [], invalid
+        if int(claims.get("exp") or 0) <= time.time():
+            return None, [], f"{invalid}, service account token has expired"
+        aud = claims.get("aud")
+        token_audiences = [aud] if isinstance(aud, str) else list(aud or [])
+        accepted = [a for a in audiences if a in token_audiences]
+        if not accepted:
+            return None, [], f"{invalid}, token audiences {token_audiences} is invalid for the target audiences {audiences}"
         k8s = claims.get("kubernetes.io") or {}
         namespace = k8s.get("namespace", "")
         sa = k8s.get("serviceaccount") or {}
         stored = self.store.get(("", "serviceaccounts"), (namespace, sa.get("name", "")))
         if stored is None or (stored.get("metadata") or {}).get("uid") != sa.get("uid"):
-            return None  # the ServiceAccount was deleted (or recreated): its tokens die with it
-        return service_account_user(namespace, sa["name"], sa["uid"])
+            # the ServiceAccount was deleted (or recreated): its tokens die with it
+            return None, [], f"{invalid}, service account {namespace}/{sa.get('name', '')} has been deleted"
+        extra: dict[str, list[str]] = {}
+        pod = k8s.get("pod")
+        if isinstance(pod, dict):
+            stored_pod = self.store.get(("", "pods"), (namespace, pod.get("name", "")))
+            if stored_pod is None or (stored_pod.get("metadata") or {}).get("uid") != pod.get("uid"):
+                return None, [], f"{invalid}, pod {namespace}/{pod.get('name', '')} the token is bound to is gone"
+            extra = {f"{EXTRA}pod-name": [pod["name"]], f"{EXTRA}pod-uid": [pod["uid"]]}
+            node = k8s.get("node")
+            if isinstance(node, dict) and node.get("name"):
+                extra[f"{EXTRA}node-name"] = [node["name"]]
+                if node.get("uid"):
+                    extra[f"{EXTRA}node-uid"] = [node["uid"]]
+        if claims.get("jti"):
+            extra[f"{EXTRA}credential-id"] = [f"JTI={claims['jti']}"]
+        user = service_account_user(namespace, sa["name"], sa["uid"])
+        return UserInfo(user.username, user.uid, user.groups, extra), accepted, ""

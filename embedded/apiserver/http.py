@@ -114,6 +114,7 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_route("*", "/apis", handlers.apis_root)
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", handlers.self_access_review)
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", handlers.self_rules_review)
+    app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", handlers.token_review)
     app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
     app.router.add_route("*", "/apis/{tail:.*}", handlers.resource)
     return app
@@ -176,6 +177,10 @@ class Handlers:
     async def self_rules_review(self, request: web.Request) -> web.Response:
         user = authn.current_user.get() or _OPEN_USER
         return json_response(authapi.rules_review(self.server.authorizer, user, await self._body(request)), 201)
+
+    async def token_review(self, request: web.Request) -> web.Response:
+        # RBAC (`create tokenreviews`) was checked by the middleware, as for any request.
+        return json_response(authapi.token_review(self.server.authenticator, await self._body(request)), 201)
 
     async def _token_request(self, request: web.Request, target: Target) -> web.Response:
         assert target.res is not None

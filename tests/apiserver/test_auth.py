@@ -320,3 +320,48 @@ async def test_kubectl_create_token_gives_a_working_service_account_token(api: R
     assert (rc, out.strip()) == (1, "no")
     rc, _, err = await _kubectl(bot, cache, "get", "configmaps")
     assert rc == 1 and 'User "system:serviceaccount:default:bot" cannot list resource "configmaps"' in err
+
+
+async def test_token_review_of_pod_bound_tokens(api: RunningApiServer) -> None:
+    """TokenReview as upstream answers it: a token bound to a scheduled pod authenticates with the
+    pod's and node's names and uids in user.extra, for the audiences it was issued for only; the
+    caller needs `create tokenreviews`; a token for the API server's audience only is not for `nats`,
+    and a token for `nats` is not accepted by the API server."""
+    await _admin(api, "POST", "/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "agent"}})
+    await _admin(api, "POST", "/api/v1/nodes", {"metadata": {"name": "gpu-a"}})
+    pod = await _admin(api, "POST", "/api/v1/namespaces/default/pods", {
+        "metadata": {"name": "agent-x"},
+        "spec": {"nodeName": "gpu-a", "serviceAccountName": "agent", "containers": [{"name": "c", "image": "i"}]}})
+    uid = pod["metadata"]["uid"]
+    issued = await _admin(api, "POST", "/api/v1/namespaces/default/serviceaccounts/agent/token", {
+        "spec": {"audiences": ["nats"], "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "agent-x",
+                                                          "uid": uid}}})
+    token = issued["status"]["token"]
+
+    review = await _admin(api, "POST", "/apis/authentication.k8s.io/v1/tokenreviews", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+        "spec": {"token": token, "audiences": ["nats"]}})
+    status = review["status"]
+    assert status["authenticated"] is True and status["audiences"] == ["nats"]
+    assert status["user"]["username"] == "system:serviceaccount:default:agent"
+    extra = status["user"]["extra"]
+    assert extra["authentication.kubernetes.io/pod-name"] == ["agent-x"]
+    assert extra["authentication.kubernetes.io/pod-uid"] == [uid]
+    assert extra["authentication.kubernetes.io/node-name"] == ["gpu-a"]
+    assert extra["authentication.kubernetes.io/credential-id"][0].startswith("JTI=")
+
+    other = await _admin(api, "POST", "/apis/authentication.k8s.io/v1/tokenreviews", {"spec": {"token": token}})
+    assert other["status"]["authenticated"] is False and "audiences" in other["status"]["error"]
+    # The API server itself takes only tokens for its own audience.
+    assert (await _http(api, "GET", "/api/v1/namespaces/default/pods", token))[0] == 401
+    # Only a caller allowed `create tokenreviews` may ask.
+    status_code, body = await _http(api, "POST", "/apis/authentication.k8s.io/v1/tokenreviews", ALICE,
+                                    {"spec": {"token": token}})
+    assert status_code == 403 and body["message"] == (
+        'tokenreviews.authentication.k8s.io is forbidden: User "alice" cannot create resource "tokenreviews" '
+        'in API group "authentication.k8s.io" at the cluster scope')
+    # The pod's deletion ends the token.
+    await _admin(api, "DELETE", "/api/v1/namespaces/default/pods/agent-x?gracePeriodSeconds=0")
+    gone = await _admin(api, "POST", "/apis/authentication.k8s.io/v1/tokenreviews",
+                        {"spec": {"token": token, "audiences": ["nats"]}})
+    assert gone["status"]["authenticated"] is False and "agent-x" in gone["status"]["error"]

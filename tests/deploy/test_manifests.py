@@ -171,7 +171,7 @@ def test_node_agents_mount_the_kubelet_cdi_dev_and_driver_root_host_paths() -> N
     spec = ds["spec"]["template"]["spec"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert set(host_paths.values()) >= {
-        "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/dev", "/", "/etc/gpu-dra/nats",
+        "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/dev", "/",
     }
     mounts = {c["name"]: {m["mountPath"]: m for m in c["volumeMounts"]} for c in spec["containers"]}
     assert set(mounts) == {"discovery", "preparer", "cd-agent"}
@@ -187,24 +187,34 @@ def test_node_agents_mount_the_kubelet_cdi_dev_and_driver_root_host_paths() -> N
     assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts["preparer"]
 
 
-def test_node_agents_use_the_generated_per_node_nats_users() -> None:
+def test_node_agents_ask_the_auth_callout_for_their_node_role_with_a_projected_token() -> None:
+    """No per-node files: the sentinel's creds (one Secret for all nodes), a projected token for
+    audience nats, and the node role's identity asked for; no hostPath holds NATS credentials."""
     users = nats_users_module()
     spec = find(render_overlay("production"), "DaemonSet", "gpu-dra-node")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    token_sources = volumes["nats-token"]["projected"]["sources"]
+    assert token_sources == [{"serviceAccountToken": {"path": "token", "audience": "nats", "expirationSeconds": 3600}}]
+    assert volumes["nats-sentinel"]["secret"]["secretName"] == "gpu-dra-nats-sentinel"
+    assert not any("nats" in v.get("hostPath", {}).get("path", "") for v in spec["volumes"])
+    assert spec["serviceAccountName"] == "gpu-dra-node"
     roles = {"discovery": "discovery", "preparer": "preparer", "cd-agent": "cd-agent"}
     for container in spec["containers"]:
         role = roles[container["name"]]
         env = {e["name"]: e for e in container["env"]}
         assert env["GPU_DRA_NATS_USER"]["value"] == users.node_user(role, "$(GPU_DRA_NODE)")
         assert env["GPU_DRA_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-        credential = next(m for m in container["volumeMounts"] if m["name"] == "nats-credentials")
-        assert credential["subPath"] == f"{role}.creds" and credential["readOnly"] is True
-        assert credential["mountPath"] == "/etc/gpu-dra/nats/creds"
+        assert env["GPU_DRA_NATS_CREDS"]["value"] == "/etc/gpu-dra/nats/sentinel.creds"
+        assert env["GPU_DRA_NATS_TOKEN_FILE"]["value"] == "/var/run/secrets/gpu-dra/nats/token"
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["nats-sentinel"] == "/etc/gpu-dra/nats" and mounts["nats-token"] == "/var/run/secrets/gpu-dra/nats"
     assert set(roles.values()) == set(users.NODE_ROLES)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_secrets_the_manifests_reference_are_the_ones_the_generator_writes(overlay: str) -> None:
-    issued = Issued("", {name: "x" for name in all_users(["gpu-a"])}, "x")
+    callout = {"user.creds": "x", "issuer.nk": "x", "account": "x", "auth-account": "x"}
+    issued = Issued("", {name: "x" for name in all_users(["gpu-a"])}, "x", callout, "x")
     generated = {s["metadata"]["name"]: set(s["stringData"]) for s in secrets_for(issued, ["gpu-a"], {})}
     referenced: dict[str, set[str]] = {}
     for _, spec in _pod_specs(render_overlay(overlay)):

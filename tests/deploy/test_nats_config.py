@@ -98,7 +98,8 @@ def test_generator_writes_secrets_and_keeps_keys_private_and_stable(tmp_path: Pa
     docs = [json.loads(d) for d in (out / "secrets.yaml").read_text().split("---\n") if d.strip()]
     names = {d["metadata"]["name"] for d in docs}
     assert names == {"gpu-dra-nats-users", "gpu-dra-nats-route", "gpu-dra-nats-publisher", "gpu-dra-nats-controller",
-                     "gpu-dra-nats-admin", "gpu-dra-nats-node-gpu-a", "gpu-dra-nats-node-gpu-b"}
+                     "gpu-dra-nats-admin", "gpu-dra-nats-node-gpu-a", "gpu-dra-nats-node-gpu-b",
+                     "gpu-dra-nats-auth-callout", "gpu-dra-nats-sentinel"}
     users_conf = next(d for d in docs if d["metadata"]["name"] == "gpu-dra-nats-users")["stringData"]["users.conf"]
     assert "resolver: MEMORY" in users_conf and "operator:" in users_conf
 
@@ -122,7 +123,8 @@ def test_generator_cli_reports_bad_input_with_exit_code_2(tmp_path: Path, capsys
     users = nats_users_module()
     assert users.main(["--nodes", "a.b", "--credentials-dir", str(tmp_path / "c")]) == 2
     assert "contains '.'" in capsys.readouterr().err
-    assert users.main(["--nodes", " , ", "--credentials-dir", str(tmp_path / "c")]) == 2
+    assert users.main(["--reader", "billing", "--credentials-dir", str(tmp_path / "c")]) == 2
+    assert "expected NAME=namespace" in capsys.readouterr().err
 
 
 def test_node_users_publish_only_subjects_naming_their_node() -> None:

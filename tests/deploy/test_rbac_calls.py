@@ -44,6 +44,8 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/computedomain/leader.py", "read_namespaced_lease"): [(CO, "leases", {"get"})],
     ("services/computedomain/leader.py", "create_namespaced_lease"): [(CO, "leases", {"create"})],
     ("services/computedomain/leader.py", "replace_namespaced_lease"): [(CO, "leases", {"update"})],
+    ("services/authcallout/service.py", "api:AuthenticationV1Api"): [("authentication.k8s.io", "tokenreviews",
+                                                                       {"create"})],
     ("services/publisher/nodes.py", "request:GET"): [("", "nodes", {"list"})],
     ("services/publisher/nodes.py", "watch_lines"): [("", "nodes", {"watch"})],
     ("services/publisher/apiversion.py", "get_json"): DISCOVERY,
@@ -54,7 +56,7 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
 }
 # the `gpu-dra` command whose process runs each service package's (or module's) calls
 COMMANDS = {"services/preparer": "preparer", "services/publisher": "publisher",
-            "services/computedomain": "computedomain controller"}
+            "services/computedomain": "computedomain controller", "services/authcallout": "nats auth-callout"}
 # API helpers and test support, not call sites
 NOT_CALL_SITES = {"services/publisher/kube.py", "services/publisher/testing.py", "services/discovery/testing.py"}
 
