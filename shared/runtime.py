@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from shared.bus import Bus, NatsTLS
-from shared.config import CommonConfig, load_config_or_report
+from shared.config import CommonConfig, ConfigError, load_config_or_report
 from shared.health import HEALTH, serve
 from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats
@@ -103,12 +104,19 @@ def service_main(
     description: str,
     service: Callable[[C], str],
     run: Callable[[C, asyncio.Event], Awaitable[None]],
+    check: Callable[[C], object] | None = None,
 ) -> int:
     """A service's `main`: flags and `GPU_DRA_*` -> config (exit 2 naming a bad setting), logs,
     traces and metrics for `service(cfg)`, then `run(cfg, stopping)` until SIGINT/SIGTERM (exit 0)."""
     cfg = load_config_or_report(config_type, argv, prog=prog, description=description)
     if cfg is None:
         return 2
+    if check is not None:  # settings that need more than their type (files, keys): before anything starts
+        try:
+            check(cfg)
+        except ConfigError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
     prepare_process(cfg, service(cfg))
     asyncio.run(run_until_stopped(lambda stopping: run(cfg, stopping)))
     return 0

@@ -10,7 +10,6 @@ Exit codes: 0 after a clean stop, 2 for a bad setting.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -109,9 +108,5 @@ async def run(cfg: CalloutConfig, stopping: asyncio.Event) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return service_main(CalloutConfig, argv, prog="gpu-dra nats auth-callout", description=DESCRIPTION,
-                            service=lambda _: "auth-callout", run=run)
-    except ConfigError as exc:
-        print(f"gpu-dra nats auth-callout: {exc}", file=sys.stderr)
-        return 2
+    return service_main(CalloutConfig, argv, prog="gpu-dra nats auth-callout", description=DESCRIPTION,
+                        service=lambda _: "auth-callout", run=run, check=_settings)
