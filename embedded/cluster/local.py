@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 import secrets
 import shutil
 import signal
@@ -73,6 +75,36 @@ class ClusterNats(EmbeddedNats):
         return with_parent_death_signal(super()._args())
 
 
+# Temporary dirs are named <prefix><pid of gpu-dra up>-<random>, so that the ones an `up` killed with
+# SIGKILL left behind can be told apart from those of an `up` still running, and removed.
+RUNTIME_PREFIX, DATA_PREFIX = "gdra-", "gpu-dra-cluster-"
+_OWNED = re.compile(rf"(?:{RUNTIME_PREFIX}|{DATA_PREFIX})(\d+)-[a-z0-9_]+")
+
+
+def sweep_orphaned_dirs() -> list[Path]:
+    """Remove the temporary dirs of `gpu-dra up`s that are gone (killed before they could); the removed."""
+    removed: list[Path] = []
+    for root in {Path("/tmp"), Path(tempfile.gettempdir())}:
+        for path in [*root.glob(f"{RUNTIME_PREFIX}*-*"), *root.glob(f"{DATA_PREFIX}*-*")]:
+            owned = _OWNED.fullmatch(path.name)
+            if owned is None or not path.is_dir() or _alive(int(owned[1])):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            log.warning("removed a dir a killed gpu-dra up left behind", path=str(path), pid=int(owned[1]))
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def node_ip(index: int) -> str:
     """A loopback address of a node's own, so that IMEX daemons of several nodes share one port."""
     return f"127.0.{90 + index // 200}.{1 + index % 200}"
@@ -85,7 +117,7 @@ class LocalCluster:
         self.cfg = cfg
         self.progress = progress or (lambda line: None)
         self._own_dir = not cfg.data_dir
-        self.data_dir = Path(cfg.data_dir or tempfile.mkdtemp(prefix="gpu-dra-cluster-"))
+        self.data_dir = Path(cfg.data_dir or tempfile.mkdtemp(prefix=f"{DATA_PREFIX}{os.getpid()}-"))
         self.kubeconfig_path = Path(cfg.kubeconfig) if cfg.kubeconfig else self.data_dir / "kubeconfig"
         self.node_names = [f"{cfg.node_prefix}{i}" for i in range(cfg.nodes)]
         self.nats: ClusterNats | None = None
@@ -101,7 +133,7 @@ class LocalCluster:
         # Unix socket paths are limited to 107 bytes, which a deep --data-dir easily exceeds, so the
         # services are given the kubelet dirs (sockets, checkpoints) as <short runtime dir>/<index>, a
         # link to <node>/var/lib/kubelet in the data dir: the state stays in the data dir, the paths short.
-        self.socket_root = Path(tempfile.mkdtemp(prefix="gdra-", dir="/tmp"))
+        self.socket_root = Path(tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-", dir="/tmp"))
         # The admin's token: new for every `up` (a stale kubeconfig is never accepted), the same across
         # restarts of the API server within one (clients keep working). In its environment, not on `ps`.
         self._admin_token = secrets.token_urlsafe(24)
@@ -149,6 +181,7 @@ class LocalCluster:
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self._forget_previous_run)
+        await asyncio.to_thread(sweep_orphaned_dirs)
         if not self.nats_url:
             self.nats = ClusterNats(store_dir=self.data_dir / "nats")
             await self.nats.start()
@@ -178,6 +211,7 @@ class LocalCluster:
 
     async def stop(self) -> None:
         """Everything down, whatever state start() got to; run it to its end (finish_even_if_cancelled)."""
+        self.progress("stopping: every service, nats-server, the temporary dirs")
         if self._nats_keeper is not None:
             await cancel_and_wait([self._nats_keeper])
         if self.supervisor is not None:
