@@ -173,3 +173,21 @@ def test_demo_interrupted_during_teardown_leaves_nothing(tmp_path: Path, cleanup
     assert demo.proc.wait(timeout=60) == 130, "".join(demo.output)
     leaves_nothing(demo, pids)
     assert not demo.data_dir.exists()
+
+
+def test_up_killed_with_sigkill_takes_its_processes_along_and_the_next_up_sweeps_its_dirs(tmp_path: Path,
+                                                                                          cleanup) -> None:
+    from embedded.cluster.local import sweep_orphaned_dirs
+
+    up = Up(tmp_path / "cluster", nodes=1)
+    cleanup(up)
+    up.wait_ready()
+    pids = up.pids()
+    assert len(pids) >= 8, pids  # nats-server, apiserver, 4 cluster services, discovery, preparer, ...
+    os.kill(up.proc.pid, signal.SIGKILL)  # up alone: no chance to clean up
+    up.proc.wait()
+    assert gone(pids) == [], "every child got its parent-death signal"
+    left = up.runtime_dirs()
+    assert left, "the short socket dir is still there"
+    assert set(left) <= set(sweep_orphaned_dirs())  # what the next `up` does first
+    assert up.runtime_dirs() == []
