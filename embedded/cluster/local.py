@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import re
-import secrets
 import shutil
 import signal
 import sys
@@ -134,9 +133,6 @@ class LocalCluster:
         # services are given the kubelet dirs (sockets, checkpoints) as <short runtime dir>/<index>, a
         # link to <node>/var/lib/kubelet in the data dir: the state stays in the data dir, the paths short.
         self.socket_root = Path(tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-", dir="/tmp"))
-        # The admin's token: new for every `up` (a stale kubeconfig is never accepted), the same across
-        # restarts of the API server within one (clients keep working). In its environment, not on `ps`.
-        self._admin_token = secrets.token_urlsafe(24)
         self.imex_port = free_port()  # every node's IMEX daemon listens on it, each on its node's address
 
     def node_dir(self, node: str) -> Path:
@@ -195,11 +191,11 @@ class LocalCluster:
         kubelets = identities.kubelet_tokens(self.node_names)
         token_file = await asyncio.to_thread(identities.write_secret, self.identities_dir / "tokens.csv",
                                              identities.token_file_text(kubelets))
-        # The admin's token is made by the server and written only into its kubeconfig (0600).
+        # The admin's token is made by the server and written only into its kubeconfig (0600); a restarted
+        # server writes a new one there (kubectl reads the file afresh; the services have their own).
         await sup.start("apiserver", gpu_dra("apiserver", "--port", str(port), "--kubeconfig",
                                              str(self.kubeconfig_path), "--data-dir",
-                                             str(self.data_dir / "apiserver"), "--token-auth-file", str(token_file)),
-                        env={"GPU_DRA_TOKEN": self._admin_token})
+                                             str(self.data_dir / "apiserver"), "--token-auth-file", str(token_file)))
         await sup.wait_until("the API server", self._apiserver_ready, timeout=self.cfg.start_timeout)
         self.progress(f"API server                https://127.0.0.1:{port} (kubeconfig {self.kubeconfig_path})")
         await self._install_cluster_objects()
