@@ -130,15 +130,17 @@ def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_st
     second.kubectl("wait", "--for=condition=Ready", "pod/next", "--timeout=60s")
 
 
-def test_sigint_during_start_stops_everything_and_removes_the_temporary_dirs(cleanup) -> None:
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_start_stops_everything_and_removes_the_temporary_dirs(sig: signal.Signals, code: int,
+                                                                               cleanup) -> None:
     up = Up(None)  # no --data-dir: a temporary one, which must go too
     cleanup(up)
     line = up.wait_line(lambda line: "API server" in line)  # services are being started now
     data_dir = Path(re.search(r"kubeconfig (\S+)/kubeconfig\)", line)[1])  # type: ignore[index]
     up.data_dir = data_dir
     pids = up.pids()
-    up.signal(signal.SIGINT)
-    assert up.proc.wait(timeout=60) == 130, "".join(up.output)
+    up.signal(sig)
+    assert up.proc.wait(timeout=60) == code, "".join(up.output)
     assert "ready:" not in "".join(up.output)
     leaves_nothing(up, pids)
     assert not data_dir.exists()
@@ -191,3 +193,26 @@ def test_up_killed_with_sigkill_takes_its_processes_along_and_the_next_up_sweeps
     assert left, "the short socket dir is still there"
     assert set(left) <= set(sweep_orphaned_dirs())  # what the next `up` does first
     assert up.runtime_dirs() == []
+
+
+def test_nats_server_killed_is_restarted_on_its_port_with_its_data_and_the_cluster_goes_on(tmp_path: Path,
+                                                                                          cleanup) -> None:
+    port = free_port()
+    up = Up(tmp_path / "cluster", "--metrics-port", str(port), nodes=1)
+    cleanup(up)
+    up.wait_ready()
+    nats_url = re.search(r"nats://\S+", up.wait_line(lambda line: "nats-server (JetStream)" in line))
+    assert nats_url
+    up.kubectl("apply", "-f", "-", stdin=pod_manifest("before"))
+    up.kubectl("wait", "--for=condition=Ready", "pod/before", "--timeout=60s")
+    events = asyncio.run(_stream_messages(nats_url[0]))
+    (old,) = up.pids(f"nats-server .*{up.data_dir}")
+    mark = len(up.output)
+    os.kill(old, signal.SIGKILL)
+    up.wait_line(lambda line: "nats-server restarted" in line, timeout=30, after=mark)
+    assert metric(f"http://127.0.0.1:{port}/metrics", "gpu_dra_up_process_restarts_total",
+                  process="nats-server") == 1.0
+    assert asyncio.run(_stream_messages(nats_url[0])) >= events, "same port, same JetStream data"
+    up.kubectl("delete", "pod", "before", "--wait=true", "--timeout=60s")
+    up.kubectl("apply", "-f", "-", stdin=pod_manifest("after"))
+    up.kubectl("wait", "--for=condition=Ready", "pod/after", "--timeout=60s")
