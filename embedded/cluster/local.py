@@ -255,13 +255,13 @@ class LocalCluster:
             self.progress(f"nats-server {describe_exit(code)}; restarting in {delay:.1f}s "
                           f"(restart {self.nats_restarts + 1}); log {self.nats.log_path}")
             await asyncio.sleep(delay)
+            started = loop.time()  # a start that fails is a short run: the backoff grows
             try:
                 await self.nats.start()
             except Exception as exc:  # noqa: BLE001 - retried with backoff, like any service
                 log.error("nats-server did not come back", error=str(exc))
                 self.progress(f"nats-server did not come back: {exc}")
                 continue
-            started = loop.time()
             self.nats_restarts += 1
             RESTARTS.labels("nats-server").inc()
             RUNNING.labels("nats-server").set(1)
