@@ -36,7 +36,7 @@ from shared.bus import Bus
 from shared.config import CommonConfig, load_config_or_report
 from shared.deviceclasses import device_classes
 from shared.events import catalog
-from shared.health import serve
+from shared.health import HEALTH, serve
 from shared.kubeclient import kube_api_client
 from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats, free_port
@@ -230,6 +230,13 @@ class LocalCluster:
         for node in self.node_names:  # sockets of services that are gone; the state beside them stays
             for sock in self.node_paths(node)["state"].rglob("*.sock"):
                 sock.unlink(missing_ok=True)
+
+    def running(self) -> bool:
+        """Every process of the cluster runs now (none is waiting out a restart backoff)."""
+        processes = [c.process for c in self.supervisor.children] if self.supervisor else []
+        if self.nats is not None:
+            processes.append(self.nats.proc)
+        return bool(processes) and all(p is not None and p.returncode is None for p in processes)
 
     def _forget_previous_run(self) -> None:
         """On a data dir used before: the kubeconfigs name a server (port, token) that is gone, so they are
@@ -439,6 +446,7 @@ async def until_signalled(main: Awaitable[int], prog: str) -> int:
     task = asyncio.ensure_future(main)
     loop = asyncio.get_running_loop()
     got: list[signal.Signals] = []
+    watchdog = asyncio.create_task(HEALTH.watchdog(), name="health-watchdog")  # /healthz, /readyz
 
     def on_signal(sig: signal.Signals) -> None:
         if got:
@@ -459,3 +467,4 @@ async def until_signalled(main: Awaitable[int], prog: str) -> int:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        await cancel_and_wait([watchdog])

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from embedded.cluster.local import ClusterConfig, LocalCluster, cluster_main
+from shared.health import HEALTH
 from shared.runtime import stop_event
 
 DESCRIPTION = ("A local GPU cluster: embedded NATS, the embedded API server, and per simulated node a "
@@ -18,6 +19,7 @@ async def _up(cfg: ClusterConfig) -> int:
     # Until ready, a signal cancels the start (cluster_main); from then on it ends the wait below.
     async with LocalCluster(cfg, progress=lambda line: print(f"  {line}", flush=True)) as cluster:
         stopping = stop_event()
+        HEALTH.add_check("every process of the cluster runs", cluster.running)  # /readyz on --metrics-port
         print(f"\nready: {len(cluster.node_names)} node(s) x {cfg.machine or cfg.gpus}", flush=True)
         print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
         print(f"  logs in {cluster.data_dir / 'logs'}; a service that exits is restarted; Ctrl-C stops everything",

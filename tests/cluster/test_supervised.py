@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import nats
@@ -65,6 +66,8 @@ def test_a_preparer_killed_with_sigkill_is_restarted_and_prepares_the_next_claim
     (old,) = up.pids(pattern)
     others = {pid for pid in up.pids() if pid != old}
     mark = len(up.output)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as resp:
+        assert resp.status == 200, "every process runs"
 
     os.kill(old, signal.SIGKILL)
     up.wait_line(lambda line: f"{NODE0}-preparer restarted" in line, timeout=30, after=mark)
@@ -78,6 +81,8 @@ def test_a_preparer_killed_with_sigkill_is_restarted_and_prepares_the_next_claim
     assert metric(url, "gpu_dra_up_process_restarts_total", process=f"{NODE0}-preparer") == 1.0
     assert metric(url, "gpu_dra_up_process_running", process=f"{NODE0}-preparer") == 1.0
     assert metric(url, "gpu_dra_up_process_restarts_total", process="gpu-node-1-preparer") is None
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
+        assert resp.status == 200
 
     # A new claim on that node is prepared by the restarted preparer.
     up.kubectl("apply", "-f", "-", stdin=pod_manifest("after-restart", node=NODE0))
