@@ -78,18 +78,22 @@ def describe_exit(code: int | None) -> str:
 
 
 class Supervisor:
-    """Starts children, restarts one that exits (with backoff), and stops them all."""
+    """Starts children, restarts one that exits (with backoff), and stops them all.
+
+    `restart=False` is for harnesses that must see any exit: a child that exits is then `failed`."""
 
     def __init__(self, log_dir: Path, base_env: dict[str, str] | None = None,
                  report: Callable[[str], None] | None = None,
-                 backoff: Callable[[], Backoff] = Backoff):
+                 backoff: Callable[[], Backoff] = Backoff, restart: bool = True):
         self.log_dir = log_dir
+        self.restart = restart
         self.base_env = base_env or {}
         self.report = report or (lambda line: None)
         self._backoff = backoff
         self.children: list[Child] = []
         self._loops: list[asyncio.Task[None]] = []
-        # A child that cannot be kept running: it refused its settings (exit 2), or could not be started.
+        # A child that cannot be kept running: it refused its settings (exit 2), or could not be started
+        # (with restart=False: any child that exits).
         self.failed: asyncio.Future[Child] = asyncio.get_running_loop().create_future()
         self._stopping = asyncio.Event()
 
@@ -139,6 +143,11 @@ class Supervisor:
                 RUNNING.labels(child.name).set(0)
                 ran = loop.time() - child.started_at
                 child.last_exit = code
+                if not self.restart:
+                    log.error("process exited", process=child.name, code=code, log=str(child.log_path))
+                    if not self.failed.done():
+                        self.failed.set_result(child)
+                    return
                 if code == USAGE_EXIT:
                     log.error("process refused its settings; not restarting it", process=child.name, code=code,
                               log=str(child.log_path))

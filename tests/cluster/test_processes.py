@@ -101,3 +101,18 @@ async def test_stop_ends_every_child_and_its_group_and_restarts_nothing(supervis
     assert not any("restart" in x for x in supervisor.lines)  # type: ignore[attr-defined]
     with pytest.raises(asyncio.CancelledError):
         await supervisor.start("late", SLEEPER)
+
+
+async def test_without_restarts_any_exit_fails_the_wait(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path / "logs", restart=False)
+    try:
+        child = await sup.start("once", [sys.executable, "-c", "raise SystemExit(0)"])
+
+        async def never() -> bool:
+            return False
+
+        with pytest.raises(ProcessFailed, match="once exit status 0 while waiting for Godot"):
+            await sup.wait_until("Godot", never, timeout=20)
+        assert child.restarts == 0
+    finally:
+        await sup.stop(grace=2)
