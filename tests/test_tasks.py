@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from shared.tasks import cancel_and_wait, raise_if_cancelling
+from shared.tasks import cancel_and_wait, finish_even_if_cancelled, raise_if_cancelling
 
 
 async def test_cancel_and_wait_ends_a_task_that_swallows_its_first_cancellation() -> None:
@@ -42,3 +42,30 @@ async def test_a_watch_loop_cancelled_as_its_update_arrives_ends() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
+
+
+async def test_a_teardown_runs_to_its_end_through_cancellations_then_the_caller_is_cancelled() -> None:
+    entered, release, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def teardown() -> None:
+        entered.set()
+        await release.wait()
+        finished.set()
+
+    caller = asyncio.create_task(finish_even_if_cancelled(teardown()))
+    await entered.wait()
+    for _ in range(3):  # Ctrl-C, Ctrl-C, SIGTERM during the teardown
+        caller.cancel()
+        await asyncio.sleep(0)
+    assert not caller.done() and not finished.is_set()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert finished.is_set()
+
+
+async def test_a_teardown_that_is_not_interrupted_returns_its_result() -> None:
+    async def teardown() -> int:
+        return 7
+
+    assert await finish_even_if_cancelled(teardown()) == 7

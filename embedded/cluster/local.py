@@ -2,14 +2,22 @@
 
 Owns the layout of the data directory, the order things start in and what "ready" means for each
 (observed effects, not timers: the API server answers, a node's inventory is in KV, its plugin
-sockets exist and its Node is Ready, its ResourceSlices are published), and the teardown.
+sockets exist and its Node is Ready, its ResourceSlices are published), keeping nats-server and every
+service running (processes.py restarts one that dies), and the teardown, which completes even when
+interrupted and leaves no process and no temporary directory behind.
+
+Started again on the same data directory, it resumes: API objects, checkpoints and JetStream data
+are kept; the kubeconfigs and tokens are new (the old ones name a server that is gone).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,14 +30,18 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from embedded.cluster import identities
-from embedded.cluster.processes import ProcessFailed, Supervisor, gpu_dra
+from embedded.cluster.processes import RESTARTS, RUNNING, ProcessFailed, Supervisor, describe_exit, gpu_dra
+from shared.backoff import Backoff
 from shared.bus import Bus
 from shared.config import CommonConfig, load_config_or_report
 from shared.deviceclasses import device_classes
 from shared.events import catalog
+from shared.health import HEALTH, serve
 from shared.kubeclient import kube_api_client
 from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats, free_port
+from shared.parentdeath import with_parent_death_signal
+from shared.tasks import cancel_and_wait, finish_even_if_cancelled
 
 log = get_logger(__name__)
 GPU_DRIVER = "gpu.nvidia.com"
@@ -55,6 +67,43 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         return specs[index % len(specs)] if specs else self.gpus
 
 
+class ClusterNats(EmbeddedNats):
+    """The cluster's nats-server: it dies with `gpu-dra up`, even when that is SIGKILLed."""
+
+    def _args(self) -> list[str]:
+        return with_parent_death_signal(super()._args())
+
+
+# Temporary dirs are named <prefix><pid of gpu-dra up>-<random>, so that the ones an `up` killed with
+# SIGKILL left behind can be told apart from those of an `up` still running, and removed.
+RUNTIME_PREFIX, DATA_PREFIX = "gdra-", "gpu-dra-cluster-"
+_OWNED = re.compile(rf"(?:{RUNTIME_PREFIX}|{DATA_PREFIX})(\d+)-[a-z0-9_]+")
+
+
+def sweep_orphaned_dirs() -> list[Path]:
+    """Remove the temporary dirs of `gpu-dra up`s that are gone (killed before they could); the removed."""
+    removed: list[Path] = []
+    for root in {Path("/tmp"), Path(tempfile.gettempdir())}:
+        for path in [*root.glob(f"{RUNTIME_PREFIX}*-*"), *root.glob(f"{DATA_PREFIX}*-*")]:
+            owned = _OWNED.fullmatch(path.name)
+            if owned is None or not path.is_dir() or _alive(int(owned[1])):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            log.warning("removed a dir a killed gpu-dra up left behind", path=str(path), pid=int(owned[1]))
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def node_ip(index: int) -> str:
     """A loopback address of a node's own, so that IMEX daemons of several nodes share one port."""
     return f"127.0.{90 + index // 200}.{1 + index % 200}"
@@ -67,10 +116,12 @@ class LocalCluster:
         self.cfg = cfg
         self.progress = progress or (lambda line: None)
         self._own_dir = not cfg.data_dir
-        self.data_dir = Path(cfg.data_dir or tempfile.mkdtemp(prefix="gpu-dra-cluster-"))
+        self.data_dir = Path(cfg.data_dir or tempfile.mkdtemp(prefix=f"{DATA_PREFIX}{os.getpid()}-"))
         self.kubeconfig_path = Path(cfg.kubeconfig) if cfg.kubeconfig else self.data_dir / "kubeconfig"
         self.node_names = [f"{cfg.node_prefix}{i}" for i in range(cfg.nodes)]
-        self.nats: EmbeddedNats | None = None
+        self.nats: ClusterNats | None = None
+        self._nats_keeper: asyncio.Task[None] | None = None
+        self.nats_restarts = 0
         self.nats_url = cfg.nats_url
         self.supervisor: Supervisor | None = None
         self.api: client.ApiClient | None = None
@@ -79,9 +130,9 @@ class LocalCluster:
         self.kubeconfigs: dict[str, Path] = {}
         self.extra_env: dict[str, str] = {}
         # Unix socket paths are limited to 107 bytes, which a deep --data-dir easily exceeds, so the
-        # kubelet dirs (sockets, checkpoints) live under a short runtime dir; <node>/var/lib/kubelet
-        # in the data dir is a link to it, so the data dir still shows a node's whole tree.
-        self.socket_root = Path(tempfile.mkdtemp(prefix="gdra-", dir="/tmp"))
+        # services are given the kubelet dirs (sockets, checkpoints) as <short runtime dir>/<index>, a
+        # link to <node>/var/lib/kubelet in the data dir: the state stays in the data dir, the paths short.
+        self.socket_root = Path(tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-", dir="/tmp"))
         self.imex_port = free_port()  # every node's IMEX daemon listens on it, each on its node's address
 
     def node_dir(self, node: str) -> Path:
@@ -92,6 +143,7 @@ class LocalCluster:
         kubelet = self.socket_root / str(self.node_names.index(node))
         return {
             "root": root,
+            "state": root / "var/lib/kubelet",
             "kubelet": kubelet,
             "registry": kubelet / "plugins_registry",
             "plugins": kubelet / "plugins",
@@ -103,13 +155,13 @@ class LocalCluster:
         try:
             await self.start()
         except BaseException:
-            await self.stop()
+            await finish_even_if_cancelled(self.stop())
             raise
         return self
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
                         tb: TracebackType | None) -> None:
-        await self.stop()
+        await finish_even_if_cancelled(self.stop())
 
     def _env(self) -> dict[str, str]:
         # No process inherits the admin's kubeconfig: each gets its own identity's (`_kube`), or none.
@@ -124,19 +176,23 @@ class LocalCluster:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._forget_previous_run)
+        await asyncio.to_thread(sweep_orphaned_dirs)
         if not self.nats_url:
-            self.nats = EmbeddedNats(store_dir=self.data_dir / "nats")
+            self.nats = ClusterNats(store_dir=self.data_dir / "nats")
             await self.nats.start()
             self.nats_url = self.nats.url
+            self._nats_keeper = asyncio.create_task(self._keep_nats_running(), name="supervise-nats-server")
         self.progress(f"nats-server (JetStream)   {self.nats_url}")
         self.bus = await Bus.connect(self.nats_url, name="gpu-dra-up")
         await self.bus.provision()
-        sup = self.supervisor = Supervisor(self.data_dir / "logs", self._env())
+        sup = self.supervisor = Supervisor(self.data_dir / "logs", self._env(), report=self.progress)
         port = free_port()
         kubelets = identities.kubelet_tokens(self.node_names)
         token_file = await asyncio.to_thread(identities.write_secret, self.identities_dir / "tokens.csv",
                                              identities.token_file_text(kubelets))
-        # The admin's token is made by the server and written only into its kubeconfig (0600).
+        # The admin's token is made by the server and written only into its kubeconfig (0600); a restarted
+        # server writes a new one there (kubectl reads the file afresh; the services have their own).
         await sup.start("apiserver", gpu_dra("apiserver", "--port", str(port), "--kubeconfig",
                                              str(self.kubeconfig_path), "--data-dir",
                                              str(self.data_dir / "apiserver"), "--token-auth-file", str(token_file)))
@@ -150,23 +206,79 @@ class LocalCluster:
         self.progress(f"ResourceSlices published  {len(self.node_names)} node(s)")
 
     async def stop(self) -> None:
+        """Everything down, whatever state start() got to; run it to its end (finish_even_if_cancelled)."""
+        self.progress("stopping: every service, nats-server, the temporary dirs")
+        if self._nats_keeper is not None:
+            await cancel_and_wait([self._nats_keeper])
         if self.supervisor is not None:
             await self.supervisor.stop()
         if self.api is not None:
-            await self.api.close()
+            with contextlib.suppress(Exception):
+                await self.api.close()
         if self.bus is not None:
             with contextlib.suppress(Exception):
                 await self.bus.close()
         if self.nats is not None:
             await self.nats.close()
+        await asyncio.to_thread(self._remove_runtime_files)
+
+    def _remove_runtime_files(self) -> None:
         shutil.rmtree(self.socket_root, ignore_errors=True)
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+            return
+        for node in self.node_names:  # sockets of services that are gone; the state beside them stays
+            for sock in self.node_paths(node)["state"].rglob("*.sock"):
+                sock.unlink(missing_ok=True)
+
+    def running(self) -> bool:
+        """Every process of the cluster runs now (none is waiting out a restart backoff)."""
+        processes = [c.process for c in self.supervisor.children] if self.supervisor else []
+        if self.nats is not None:
+            processes.append(self.nats.proc)
+        return bool(processes) and all(p is not None and p.returncode is None for p in processes)
+
+    def _forget_previous_run(self) -> None:
+        """On a data dir used before: the kubeconfigs name a server (port, token) that is gone, so they are
+        removed before the new server writes its own, and readiness is never judged by a stale file."""
+        for stale in (self.kubeconfig_path, *self.identities_dir.glob("*.kubeconfig")):
+            stale.unlink(missing_ok=True)
+
+    async def _keep_nats_running(self) -> None:
+        """Restart nats-server (same port, same store) when it dies, with the project's backoff."""
+        assert self.nats is not None and self.nats.proc is not None
+        loop = asyncio.get_running_loop()
+        backoff = Backoff()
+        started = loop.time()
+        RUNNING.labels("nats-server").set(1)
+        while True:
+            assert self.nats.proc is not None
+            code = await self.nats.proc.wait()
+            RUNNING.labels("nats-server").set(0)
+            backoff.ran(loop.time() - started)
+            delay = backoff.next()
+            log.error("nats-server exited; restarting it", code=code, restarts=self.nats_restarts + 1,
+                      backoff_s=delay, log=str(self.nats.log_path))
+            self.progress(f"nats-server {describe_exit(code)}; restarting in {delay:.1f}s "
+                          f"(restart {self.nats_restarts + 1}); log {self.nats.log_path}")
+            await asyncio.sleep(delay)
+            started = loop.time()  # a start that fails is a short run: the backoff grows
+            try:
+                await self.nats.start()
+            except Exception as exc:  # noqa: BLE001 - retried with backoff, like any service
+                log.error("nats-server did not come back", error=str(exc))
+                self.progress(f"nats-server did not come back: {exc}")
+                continue
+            self.nats_restarts += 1
+            RESTARTS.labels("nats-server").inc()
+            RUNNING.labels("nats-server").set(1)
+            self.progress(f"nats-server restarted (pid {self.nats.proc.pid if self.nats.proc else 0}, "
+                          f"restart {self.nats_restarts})")
 
     # ------------------------------------------------------------------ steps
     async def _apiserver_ready(self) -> bool:
         if not self.kubeconfig_path.exists():
-            return False
+            return False  # removed at start: it appears when this run's server has written it
         if self.api is None:
             self.api = await kube_api_client(str(self.kubeconfig_path))
         try:
@@ -204,12 +316,18 @@ class LocalCluster:
         for name in ("gpu-dra", "default"):
             with contextlib.suppress(ApiException):
                 await core.create_namespace({"metadata": {"name": name}})
+        not_ready = {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}
         for node in self.node_names:
-            body = {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node,
+            body: dict[str, Any] = {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node,
                                                            "nvidia.com/gpu.present": "true"}},
-                    "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}}
-            with contextlib.suppress(ApiException):
+                    "status": not_ready}
+            try:
                 await core.create_node(body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                # Kept from a previous run: Ready again only once this run's kubelet says so.
+                await core.patch_node_status(node, {"status": not_ready})
         self.progress(f"CRDs, DeviceClasses, Nodes {', '.join(self.node_names)}")
 
     async def _install_identities(self, kubelets: dict[str, str]) -> None:
@@ -240,12 +358,14 @@ class LocalCluster:
     async def _start_node(self, node: str) -> None:
         assert self.supervisor is not None
         paths = self.node_paths(node)
-        for p in paths.values():
-            p.mkdir(parents=True, exist_ok=True)
-        link = paths["root"] / "var/lib/kubelet"
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.is_symlink():
-            link.symlink_to(paths["kubelet"], target_is_directory=True)
+        state = paths["state"]
+        if state.is_symlink():
+            state.unlink()  # the layout of older versions: the state lived in the runtime dir
+        for key in ("root", "state", "cdi"):
+            paths[key].mkdir(parents=True, exist_ok=True)
+        paths["kubelet"].symlink_to(state, target_is_directory=True)
+        for key in ("registry", "plugins"):
+            paths[key].mkdir(parents=True, exist_ok=True)
         index = self.node_names.index(node)
         machine = ["--machine", self.cfg.machine] if self.cfg.machine else ["--simulate", self.cfg.node_spec(index)]
         await self.supervisor.start(f"{node}-discovery", gpu_dra(
@@ -300,17 +420,51 @@ async def local_cluster(progress: Callable[[str], None] | None = None, **setting
 
 def cluster_main(config_type: type[C], argv: list[str] | None, *, prog: str, description: str,
                  run: Callable[[C], Awaitable[int]]) -> int:
-    """`gpu-dra up` and `gpu-dra demo`: flags -> config (exit 2 naming a bad setting), quiet logs,
-    `run(cfg)`; a service that exits while the cluster runs is exit 1, Ctrl-C 130."""
+    """`gpu-dra up` and `gpu-dra demo`: flags -> config (exit 2 naming a bad setting), quiet logs, the
+    metrics endpoint (`--metrics-port`), `run(cfg)`; a service that cannot be kept running (it refuses
+    its settings) is exit 1, Ctrl-C during start or teardown 130 (SIGTERM 143)."""
     cfg = load_config_or_report(config_type, argv, prog=prog, description=description)
     if cfg is None:
         return 2
     service = prog.replace(" ", "-")
     setup_logging(service, "warning" if cfg.log_level == "info" else cfg.log_level, cfg.log_format)
+    if cfg.metrics_port > 0:
+        serve(cfg.metrics_port)  # the restart counts and which services run (processes.RESTARTS, RUNNING)
     try:
-        return asyncio.run(run(cfg))
+        return asyncio.run(until_signalled(run(cfg), prog))
     except ProcessFailed as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+async def until_signalled(main: Awaitable[int], prog: str) -> int:
+    """`await main`; SIGINT or SIGTERM cancels it (its teardown then runs to the end: LocalCluster
+    stops with finish_even_if_cancelled, so a second signal cannot cut it short) and the exit status is
+    128 + the signal. `main` may take the signals over (stop_event) once it handles them itself."""
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+    got: list[signal.Signals] = []
+    watchdog = asyncio.create_task(HEALTH.watchdog(), name="health-watchdog")  # /healthz, /readyz
+
+    def on_signal(sig: signal.Signals) -> None:
+        if got:
+            print(f"{prog}: still stopping (waiting for every process to end)", file=sys.stderr, flush=True)
+        else:
+            print(f"{prog}: {sig.name}: stopping", file=sys.stderr, flush=True)
+            task.cancel()
+        got.append(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not got:
+            raise
+        return 128 + int(got[0])
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await cancel_and_wait([watchdog])

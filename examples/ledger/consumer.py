@@ -46,6 +46,7 @@ class LedgerService:
         namespace: str | None = None,
         ack_wait_s: float = 30.0,
         batch: int = 256,
+        fetch_timeout_s: float = 1.0,
         after_persist: Callable[[list[Msg]], Awaitable[None]] | None = None,
     ) -> None:
         self.nats_url = nats_url
@@ -55,6 +56,8 @@ class LedgerService:
         self.filter_subject = contract.scoped(namespace) if namespace else contract.filter_subject
         self.ack_wait_s = ack_wait_s
         self.batch = batch
+        self.fetch_timeout_s = fetch_timeout_s
+        self.idle_fetches = 0  # fetches that found nothing new (the stream was idle)
         self.after_persist = after_persist  # test seam: runs between the write and the acks
         self.ledger = Ledger(contract.retention_s)
         self.nc: Client | None = None
@@ -93,16 +96,24 @@ class LedgerService:
                  self.filter_subject)
 
     async def run(self) -> None:
-        """Consume until cancelled."""
+        """Consume until cancelled; an idle stream is waited out, not an error."""
         if self._sub is None:
             raise RuntimeError("call start() first")
         while True:
             try:
-                msgs = await self._sub.fetch(self.batch, timeout=1.0)
-            except nats.errors.TimeoutError:
+                msgs = await self._sub.fetch(self.batch, timeout=self.fetch_timeout_s)
+            except (TimeoutError, nats.errors.TimeoutError):
+                # Nothing arrived in time. nats-py raises its own TimeoutError (FetchTimeoutError) or,
+                # when the deadline ran out between its two pull requests, asyncio's (the builtin).
+                await self._idle()
                 continue
             if msgs:
                 await self.handle(msgs)
+
+    async def _idle(self) -> None:
+        self.idle_fetches += 1
+        async with self._progress:
+            self._progress.notify_all()
 
     def _account(self, msg: Msg) -> None:
         headers = msg.headers or {}

@@ -26,6 +26,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from services.computedomain import crd
 from services.computedomain.channels import channel_config
 from services.computedomain.membership import Membership, token
+from shared.backoff import Backoff
 from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_DELETED, CD_STATUS
@@ -198,21 +199,20 @@ class Controller:
     # ---- per-domain work -------------------------------------------------------------------
 
     async def _sync_loop(self, domain: _Domain) -> None:
-        backoff = 0.2
+        backoff = Backoff(initial_s=0.2, cap_s=5.0)
         while True:
             await domain.dirty.wait()
             domain.dirty.clear()
             try:
                 await self._sync(domain)
-                backoff = 0.2
+                backoff.reset()
                 if self.domains.get(domain.uid) is not domain:
                     return  # forgotten
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - retried with backoff; the domain must converge
                 log.warning("ComputeDomain sync failed; retrying", domain=domain.uid, error=str(exc))
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await asyncio.sleep(backoff.next())
                 domain.dirty.set()
 
     async def _sync(self, domain: _Domain) -> None:

@@ -4,7 +4,7 @@ Owns the child process. Readiness comes from the daemon's stdout (`IMEX-SIM STAT
 lines, which the simulated daemon prints) or, for a daemon that prints nothing useful (the real
 `nvidia-imex`), from a check command run every `check_interval` that must print `READY`
 (`nvidia-imex-ctl -c {config} -q`). Every change is handed to `on_ready(bool)`. A daemon that exits
-while not being stopped is restarted with backoff (0.1 s doubling to 5 s) and counted; `restart()`
+while not being stopped is restarted with backoff (shared.backoff: 0.1 s doubling to 5 s) and counted; `restart()`
 (peers by IP) replaces it at once without counting.
 Reload signals: sent only once the daemon catches the signal (its /proc SigCgt mask; the default
 action of SIGHUP and SIGUSR1 ends a process), at most one per `signal_spacing` seconds (nvidia-imex
@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from services.computedomain import orphans
+from shared.backoff import Backoff
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait, cancelling, raise_if_cancelling
 
@@ -244,7 +245,7 @@ class ImexSupervisor:
         return proc
 
     async def _supervise(self) -> None:
-        backoff = 0.1
+        backoff = Backoff(initial_s=0.1, cap_s=5.0, stable_after_s=30.0)
         while not self._ending():
             # Cleared before the spawn, not after: the new daemon reads the files after this point, and a
             # restart() or reload() asked for while it spawns must still reach it (lost, the daemon would
@@ -255,8 +256,7 @@ class ImexSupervisor:
                 proc = await self._spawn()
             except OSError as exc:
                 log.error("IMEX daemon cannot start", daemon=self.name, command=self.argv[0], error=str(exc))
-                await self._wait_stop(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await self._wait_stop(backoff.next())
                 continue
             self._proc = proc
             self.reloads_done = 0
@@ -288,12 +288,11 @@ class ImexSupervisor:
                 log.info("IMEX daemon restarted for new peers", daemon=self.name, replaced=self.replaced)
                 continue
             self.restarts += 1
-            if asyncio.get_running_loop().time() - started > 30.0:
-                backoff = 0.1  # it ran a good while: this death is not a crash loop
+            backoff.ran(asyncio.get_running_loop().time() - started)  # a good while: not a crash loop
+            delay = backoff.next()
             log.warning("IMEX daemon exited; restarting", daemon=self.name, code=proc.returncode,
-                        restarts=self.restarts, backoff_s=backoff)
-            await self._wait_stop(backoff)
-            backoff = min(backoff * 2, 5.0)
+                        restarts=self.restarts, backoff_s=delay)
+            await self._wait_stop(delay)
 
     async def _wait_stop(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

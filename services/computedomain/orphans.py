@@ -1,7 +1,7 @@
 """No IMEX daemon outlives its agent: a record per running daemon, a parent-death signal, a sweep at start.
 
 Owns three guards. `record`/`forget` keep `<domain-dir>/imexd.pid` (the daemon's pid and its kernel
-start time, so a reused pid is never mistaken for our daemon). `with_parent_death_signal(argv)` starts
+start time, so a reused pid is never mistaken for our daemon). `with_parent_death_signal(argv)` (shared.parentdeath) starts
 the daemon through a tiny launcher that sets Linux PR_SET_PDEATHSIG, so the daemon gets SIGTERM when
 the agent dies, even by SIGKILL. `sweep(domains_dir)` runs at agent start, before any daemon is
 started: every recorded daemon still alive is from a previous agent (this one has started none yet),
@@ -15,13 +15,15 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 from shared.logs import get_logger
+from shared.parentdeath import with_parent_death_signal
 
 log = get_logger(__name__)
+
+__all__ = ["end", "forget", "record", "start_time", "sweep", "with_parent_death_signal"]
 
 PID_FILE = "imexd.pid"
 
@@ -87,27 +89,3 @@ def sweep(domains_dir: Path, grace_s: float = 5.0) -> list[int]:
             ended.append(pid)
         forget(path)
     return ended
-
-
-# Runs as the daemon's first image: set the parent-death signal, then become the daemon (same pid).
-# A separate image rather than a preexec_fn: code between fork and exec in a threaded parent (the
-# agent has executor threads) can crash or deadlock the child.
-_LAUNCHER = """
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-if os.getppid() != int(sys.argv[1]):
-    sys.exit(1)  # the agent died before the prctl: nobody would signal us
-try:
-    os.execvp(sys.argv[2], sys.argv[2:])
-except OSError as exc:
-    sys.stderr.write(f"cannot start {sys.argv[2]}: {exc.strerror}\\n")
-    sys.exit(127)
-"""
-
-
-def with_parent_death_signal(argv: list[str]) -> list[str]:
-    """`argv` run so that it gets SIGTERM when the thread that starts it (the agent's event loop) ends,
-    even by SIGKILL (Linux PR_SET_PDEATHSIG, kept across exec); `argv` unchanged elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return argv
-    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *argv]

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +91,144 @@ async def apply(api: client.ApiClient, path: Path) -> list[dict[str, Any]]:
 def checkpoint_text(node_dir: Path) -> str:
     path = node_dir / "var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json"
     return path.read_text() if path.exists() else ""
+
+
+POD = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: one-gpu, namespace: default}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {{deviceClassName: gpu.nvidia.com{selector}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  containers:
+  - name: ctr
+    image: ubuntu:22.04
+    resources: {{claims: [{{name: gpu}}]}}
+  resourceClaims:
+  - {{name: gpu, resourceClaimTemplateName: {template}}}
+"""
+
+
+def pod_manifest(name: str, template: str = "one-gpu", selector: str = "", node: str = "") -> str:
+    text = POD.format(name=name, template=template, selector=selector)
+    if template != "one-gpu":
+        text = text.replace("name: one-gpu,", f"name: {template},")
+    if node:
+        text = text.replace("spec:\n  containers:", f"spec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n"
+                                                  "  containers:")
+    return text
+
+
+class Up:
+    """`gpu-dra up` as a user runs it: a subprocess in its own session, its console read as it comes."""
+
+    def __init__(self, data_dir: Path | None, *args: str, nodes: int = 2, command: str = "up"):
+        self.data_dir = data_dir
+        self.kubeconfig = data_dir / "kubeconfig" if data_dir else None
+        argv = [sys.executable, "-m", "shared.cli", command, "--nodes", str(nodes), "--gpus", "h100x1", *args]
+        if data_dir is not None:
+            argv += ["--data-dir", str(data_dir)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.output: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.output.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self.output.append("")  # EOF
+            self._changed.notify_all()
+
+    def wait_line(self, match: Callable[[str], bool], timeout: float = 150, after: int = 0) -> str:
+        """The first console line (from index `after`) that `match`es, as soon as it is printed."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.output[after:]:
+                    if line and match(line):
+                        return line
+                if self.output and self.output[-1] == "":
+                    raise AssertionError(f"{self.proc.args[3]} exited ({self.proc.wait()}) before the line came:\n"
+                                         + "".join(self.output))
+                left = deadline - time.monotonic()
+                assert left > 0, "no such line in time:\n" + "".join(self.output)
+                self._changed.wait(left)
+
+    def wait_ready(self, timeout: float = 150) -> None:
+        self.wait_line(lambda line: line.startswith("ready:"), timeout)
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        done = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args], input=stdin,
+                              capture_output=True, text=True, timeout=60)
+        if check:
+            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def json(self, *args: str) -> dict:
+        return dict(json.loads(self.kubectl(*args, "-o", "json")))
+
+    def pids(self, pattern: str = "") -> list[int]:
+        """Pids of processes whose command line has `pattern` (default: the data dir)."""
+        found = subprocess.run(["pgrep", "-f", pattern or str(self.data_dir)], capture_output=True, text=True)
+        return [int(p) for p in found.stdout.split()]
+
+    def runtime_dirs(self) -> list[Path]:
+        """The temporary dirs this `up` made (named after its pid) that still exist."""
+        import tempfile
+
+        owned = re.compile(rf"(gdra|gpu-dra-cluster)-{self.proc.pid}-.+")
+        return [p for root in {Path("/tmp"), Path(tempfile.gettempdir())} for p in root.iterdir()
+                if owned.fullmatch(p.name)]
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def gone(pids: list[int], timeout: float = 30) -> list[int]:
+    """Those of `pids` still alive (not zombies) after `timeout`; they are not our children to wait for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in pids if _alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def metric(url: str, name: str, **labels: str) -> float | None:
+    """One sample of a Prometheus endpoint (real HTTP), or None when it is not there."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    for line in text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.split()[-1])
+    return None

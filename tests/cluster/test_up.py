@@ -2,80 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.cluster.helpers import Up, pod_manifest
+
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
-
-POD = """\
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: one-gpu, namespace: default}}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {{deviceClassName: gpu.nvidia.com{selector}}}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  containers:
-  - name: ctr
-    image: ubuntu:22.04
-    resources: {{claims: [{{name: gpu}}]}}
-  resourceClaims:
-  - {{name: gpu, resourceClaimTemplateName: {template}}}
-"""
-
-
-def pod_manifest(name: str, template: str = "one-gpu", selector: str = "") -> str:
-    text = POD.format(name=name, template=template, selector=selector)
-    if template != "one-gpu":
-        text = text.replace("name: one-gpu,", f"name: {template},")
-    return text
-
-
-class Up:
-    def __init__(self, data_dir: Path):
-        self.data_dir = data_dir
-        self.kubeconfig = data_dir / "kubeconfig"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "up", "--nodes", "2", "--gpus", "h100x1", "--data-dir",
-             str(data_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.output: list[str] = []
-
-    def wait_ready(self, timeout: float = 150) -> None:
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-            if line.startswith("ready:"):
-                return
-            assert time.monotonic() < deadline, "".join(self.output)
-        raise AssertionError("gpu-dra up exited before ready:\n" + "".join(self.output))
-
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        done = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args], input=stdin,
-                              capture_output=True, text=True, timeout=60)
-        if check:
-            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-        return done.stdout
-
-    def json(self, *args: str) -> dict:
-        return dict(json.loads(self.kubectl(*args, "-o", "json")))
-
 
 @pytest.fixture
 def up(tmp_path: Path):
@@ -84,9 +23,7 @@ def up(tmp_path: Path):
         cluster.wait_ready()
         yield cluster
     finally:
-        if cluster.proc.poll() is None:
-            os.killpg(cluster.proc.pid, signal.SIGKILL)
-            cluster.proc.wait()
+        cluster.kill()
 
 
 def test_kubectl_sees_the_cluster_and_pods_get_and_free_gpus_and_ctrl_c_leaves_nothing(up: Up) -> None:
@@ -125,10 +62,11 @@ def test_kubectl_sees_the_cluster_and_pods_get_and_free_gpus_and_ctrl_c_leaves_n
 
     # Ctrl-C: everything stops, no process and no socket left behind.
     os.killpg(up.proc.pid, signal.SIGINT)
-    assert up.proc.wait(timeout=60) == 0, "".join(up.output) + (up.proc.stdout.read() if up.proc.stdout else "")
+    assert up.proc.wait(timeout=60) == 0, "".join(up.output)
     leftovers = subprocess.run(["pgrep", "-f", str(up.data_dir)], capture_output=True, text=True).stdout.split()
     assert leftovers == [], leftovers
     sockets = [p for p in up.data_dir.rglob("*.sock")] if up.data_dir.exists() else []
     assert sockets == [], sockets
-    kubelet_dirs = [n / "var/lib/kubelet" for n in (up.data_dir / "nodes").iterdir()]  # links to short socket dirs
-    assert all(d.is_symlink() and not d.exists() for d in kubelet_dirs), "the socket dirs are removed"
+    assert up.runtime_dirs() == [], "the short socket dirs are removed"
+    checkpoints = list((up.data_dir / "nodes").glob("*/var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json"))
+    assert len(checkpoints) == 2, "the kubelet state stays in the data dir"

@@ -235,14 +235,14 @@ class Services:
         return self.root / "nodes" / node
 
     async def start_apiserver(self) -> None:
-        self.main = Supervisor(self.world.log_dir)
+        self.main = Supervisor(self.world.log_dir, restart=False)
         self.world.supervisors.append(self.main)
         await self.main.start("apiserver", gpu_dra(
             "apiserver", "--port", str(free_port()), "--kubeconfig", str(self.kubeconfig),
             "--data-dir", str(self.root / "apiserver"), "--token", secrets.token_hex(16)))
 
     async def start_discovery(self, node: str, simulate: str, generation: int = 0) -> None:
-        sup = Supervisor(self.world.log_dir)
+        sup = Supervisor(self.world.log_dir, restart=False)
         self.discovery[node] = sup
         self.world.supervisors.append(sup)
         await sup.start(f"{node}-discovery-{generation}", gpu_dra(

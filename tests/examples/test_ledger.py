@@ -294,3 +294,24 @@ async def test_runs_as_a_process_and_prints_the_report_on_sigterm(nats_server, b
     report = json.loads(out)
     assert report["team-a"]["gpu_seconds"] == 240.0
     assert report["team-b"]["mig_seconds"] == {"1g10gb": 30.0}
+
+
+async def test_an_idle_stream_is_waited_out_not_fatal(nats_server, bus: Bus, schemas: Path, tmp_path: Path) -> None:
+    """fetch() on an idle stream times out every `fetch_timeout_s`; nats-py raises its own TimeoutError or,
+    when the deadline runs out between its two pull requests, asyncio's. Neither may end the ledger."""
+    svc = service(nats_server, schemas, tmp_path / "ledger.json", fetch_timeout_s=0.005)
+    await svc.start()
+    task = asyncio.create_task(svc.run())
+    try:
+        idle = asyncio.ensure_future(svc.wait_until(lambda lg: svc.idle_fetches >= 200, timeout=30))
+        await asyncio.wait({task, idle}, return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), f"the ledger stopped on an idle stream: {task.exception()!r}"
+        await idle
+        await publish(bus, ALL_EVENTS)  # and it still consumes afterwards
+        await svc.wait_until(lambda lg: lg.stats.applied == STATE_CHANGING, timeout=15)
+        assert not task.done()
+        assert_exact_totals(svc.ledger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await svc.close()

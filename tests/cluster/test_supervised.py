@@ -1,0 +1,223 @@
+"""`gpu-dra up` keeps its cluster running and leaves nothing behind (issue 16, item 6).
+
+A service killed with SIGKILL is restarted (as the kubelet restarts a DaemonSet pod) and the rest keep
+going; a second `up` on the same data dir resumes with fresh credentials and the state kept; a signal
+during start, or during the teardown of `up` or `demo`, leaves no process and no temporary dir.
+Real processes throughout: the test reads the console as it is printed and checks pids in /proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import nats
+import pytest
+
+from shared.events import catalog
+from shared.natsserver import free_port
+from tests.cluster.helpers import Up, gone, metric, pod_manifest
+
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
+
+NODE0 = "gpu-node-0"
+
+
+def checkpoint_claims(data_dir: Path, node: str = NODE0) -> dict:
+    path = data_dir / "nodes" / node / "var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json"
+    return dict(json.loads(path.read_text()).get("preparedClaims") or {})
+
+
+def claim_uid(up: Up, pod: str) -> str:
+    (claim,) = [c for c in up.json("get", "resourceclaims")["items"]
+                if c["metadata"]["name"].startswith(f"{pod}-")]
+    return str(claim["metadata"]["uid"])
+
+
+def leaves_nothing(up: Up, pids: list[int]) -> None:
+    assert pids, "the cluster's processes were seen"
+    assert gone(pids) == [], f"still running after {up.proc.args[3]} exited: {gone(pids, 0)}"
+    assert up.pids() == [] if up.data_dir else True
+    assert up.runtime_dirs() == [], "temporary dirs are removed"
+
+
+@pytest.fixture
+def cleanup():
+    started: list[Up] = []
+    yield started.append
+    for up in started:
+        up.kill()
+
+
+def test_a_preparer_killed_with_sigkill_is_restarted_and_prepares_the_next_claim(tmp_path: Path, cleanup) -> None:
+    port = free_port()
+    up = Up(tmp_path / "cluster", "--metrics-port", str(port))
+    cleanup(up)
+    up.wait_ready()
+    pattern = f"shared.cli preparer --node {NODE0} .*{up.data_dir}"
+    (old,) = up.pids(pattern)
+    others = {pid for pid in up.pids() if pid != old}
+    mark = len(up.output)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as resp:
+        assert resp.status == 200, "every process runs"
+
+    os.kill(old, signal.SIGKILL)
+    up.wait_line(lambda line: f"{NODE0}-preparer restarted" in line, timeout=30, after=mark)
+    exited = up.wait_line(lambda line: f"{NODE0}-preparer (pid {old}) killed by SIGKILL" in line, after=mark)
+    assert "restarting in" in exited, exited
+    (new,) = up.pids(pattern)
+    assert new != old
+    assert up.proc.poll() is None, "up keeps going"
+    assert others <= set(up.pids()), "no other service was stopped or restarted"
+    url = f"http://127.0.0.1:{port}/metrics"
+    assert metric(url, "gpu_dra_up_process_restarts_total", process=f"{NODE0}-preparer") == 1.0
+    assert metric(url, "gpu_dra_up_process_running", process=f"{NODE0}-preparer") == 1.0
+    assert metric(url, "gpu_dra_up_process_restarts_total", process="gpu-node-1-preparer") is None
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
+        assert resp.status == 200
+
+    # A new claim on that node is prepared by the restarted preparer.
+    up.kubectl("apply", "-f", "-", stdin=pod_manifest("after-restart", node=NODE0))
+    up.kubectl("wait", "--for=condition=Ready", "pod/after-restart", "--timeout=60s")
+    assert claim_uid(up, "after-restart") in checkpoint_claims(up.data_dir)
+
+
+async def _stream_messages(url: str) -> int:
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().stream_info(catalog.EVENTS_STREAM.name)
+        return int(info.state.messages)
+    finally:
+        await nc.close()
+
+
+def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_state_kept(tmp_path: Path,
+                                                                                        cleanup) -> None:
+    data_dir = tmp_path / "cluster"
+    first = Up(data_dir)
+    cleanup(first)
+    first.wait_ready()
+    first.kubectl("apply", "-f", "-", stdin=pod_manifest("kept", node=NODE0))
+    first.kubectl("wait", "--for=condition=Ready", "pod/kept", "--timeout=60s")
+    uid = claim_uid(first, "kept")
+    old_kubeconfig = first.kubeconfig.read_text() if first.kubeconfig else ""
+    nats_url = re.search(r"nats://\S+", first.wait_line(lambda line: "nats-server (JetStream)" in line))
+    assert nats_url
+    events = asyncio.run(_stream_messages(nats_url[0]))
+    assert events > 0, "the prepare was published"
+    first.signal(signal.SIGINT)
+    assert first.proc.wait(timeout=60) == 0, "".join(first.output)
+
+    second = Up(data_dir)
+    cleanup(second)
+    second.wait_ready(timeout=150)  # the stale kubeconfig names a server that is gone: no hang on it
+    assert second.kubeconfig is not None and second.kubeconfig.read_text() != old_kubeconfig
+    stale = subprocess.run(["kubectl", "--kubeconfig", "/dev/stdin", "get", "nodes"], input=old_kubeconfig,
+                           capture_output=True, text=True, timeout=60)
+    assert stale.returncode != 0, "the old kubeconfig (its token, its port) no longer gets in"
+    pod = second.json("get", "pod", "kept")
+    assert pod["metadata"]["uid"] and pod["status"]["phase"] == "Running", "API objects are kept"
+    assert claim_uid(second, "kept") == uid
+    assert uid in checkpoint_claims(data_dir), "the node's checkpoint is kept"
+    nats_url = re.search(r"nats://\S+", second.wait_line(lambda line: "nats-server (JetStream)" in line))
+    assert nats_url
+    assert asyncio.run(_stream_messages(nats_url[0])) >= events, "JetStream data is kept"
+    second.kubectl("delete", "pod", "kept", "--wait=true", "--timeout=60s")  # and it is a working cluster
+    second.kubectl("apply", "-f", "-", stdin=pod_manifest("next", node=NODE0))
+    second.kubectl("wait", "--for=condition=Ready", "pod/next", "--timeout=60s")
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_start_stops_everything_and_removes_the_temporary_dirs(sig: signal.Signals, code: int,
+                                                                               cleanup) -> None:
+    up = Up(None)  # no --data-dir: a temporary one, which must go too
+    cleanup(up)
+    line = up.wait_line(lambda line: "API server" in line)  # services are being started now
+    data_dir = Path(re.search(r"kubeconfig (\S+)/kubeconfig\)", line)[1])  # type: ignore[index]
+    up.data_dir = data_dir
+    pids = up.pids()
+    up.signal(sig)
+    assert up.proc.wait(timeout=60) == code, "".join(up.output)
+    assert "ready:" not in "".join(up.output)
+    leaves_nothing(up, pids)
+    assert not data_dir.exists()
+
+
+def test_signals_during_teardown_do_not_cut_it_short(tmp_path: Path, cleanup) -> None:
+    up = Up(tmp_path / "cluster")
+    cleanup(up)
+    up.wait_ready()
+    pids = up.pids()
+    up.signal(signal.SIGINT)
+    up.wait_line(lambda line: line.startswith("stopping"), timeout=30)
+    up.signal(signal.SIGINT)  # impatient Ctrl-C, then SIGTERM, while the services are being stopped
+    up.signal(signal.SIGTERM)
+    assert up.proc.wait(timeout=60) == 0, "".join(up.output)
+    leaves_nothing(up, pids)
+
+
+def test_demo_interrupted_during_teardown_leaves_nothing(tmp_path: Path, cleanup) -> None:
+    workloads = tmp_path / "workloads"
+    workloads.mkdir()
+    (workloads / "one.yaml").write_text(pod_manifest("demo-pod"))
+    demo = Up(None, "--workloads", str(workloads), nodes=1, command="demo")
+    cleanup(demo)
+    line = demo.wait_line(lambda line: "API server" in line)
+    demo.data_dir = Path(re.search(r"kubeconfig (\S+)/kubeconfig\)", line)[1])  # type: ignore[index]
+    demo.wait_line(lambda line: "pods running after" in line)
+    pids = demo.pids()
+    demo.wait_line(lambda line: "stopping: every service" in line)
+    demo.signal(signal.SIGINT)  # the demo is done and tearing down: Ctrl-C, Ctrl-C
+    demo.signal(signal.SIGINT)
+    assert demo.proc.wait(timeout=60) == 130, "".join(demo.output)
+    leaves_nothing(demo, pids)
+    assert not demo.data_dir.exists()
+
+
+def test_up_killed_with_sigkill_takes_its_processes_along_and_the_next_up_sweeps_its_dirs(tmp_path: Path,
+                                                                                          cleanup) -> None:
+    from embedded.cluster.local import sweep_orphaned_dirs
+
+    up = Up(tmp_path / "cluster", nodes=1)
+    cleanup(up)
+    up.wait_ready()
+    pids = up.pids()
+    assert len(pids) >= 8, pids  # nats-server, apiserver, 4 cluster services, discovery, preparer, ...
+    os.kill(up.proc.pid, signal.SIGKILL)  # up alone: no chance to clean up
+    up.proc.wait()
+    assert gone(pids) == [], "every child got its parent-death signal"
+    left = up.runtime_dirs()
+    assert left, "the short socket dir is still there"
+    assert set(left) <= set(sweep_orphaned_dirs())  # what the next `up` does first
+    assert up.runtime_dirs() == []
+
+
+def test_nats_server_killed_is_restarted_on_its_port_with_its_data_and_the_cluster_goes_on(tmp_path: Path,
+                                                                                          cleanup) -> None:
+    port = free_port()
+    up = Up(tmp_path / "cluster", "--metrics-port", str(port), nodes=1)
+    cleanup(up)
+    up.wait_ready()
+    nats_url = re.search(r"nats://\S+", up.wait_line(lambda line: "nats-server (JetStream)" in line))
+    assert nats_url
+    up.kubectl("apply", "-f", "-", stdin=pod_manifest("before"))
+    up.kubectl("wait", "--for=condition=Ready", "pod/before", "--timeout=60s")
+    events = asyncio.run(_stream_messages(nats_url[0]))
+    (old,) = up.pids(f"nats-server .*{up.data_dir}")
+    mark = len(up.output)
+    os.kill(old, signal.SIGKILL)
+    up.wait_line(lambda line: "nats-server restarted" in line, timeout=30, after=mark)
+    assert metric(f"http://127.0.0.1:{port}/metrics", "gpu_dra_up_process_restarts_total",
+                  process="nats-server") == 1.0
+    assert asyncio.run(_stream_messages(nats_url[0])) >= events, "same port, same JetStream data"
+    up.kubectl("delete", "pod", "before", "--wait=true", "--timeout=60s")
+    up.kubectl("apply", "-f", "-", stdin=pod_manifest("after"))
+    up.kubectl("wait", "--for=condition=Ready", "pod/after", "--timeout=60s")
