@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from embedded.apiserver.testing import running_apiserver
 from tests.deploy.conftest import OVERLAYS, kubectl_binary, render_overlay
 
-running_apiserver = pytest.importorskip("embedded.apiserver.testing").running_apiserver
 MISSING = re.compile(r'no matches for kind "(\w+)" in version "([\w./]+)"')
 
 

@@ -139,5 +139,5 @@ def test_node_users_publish_only_subjects_naming_their_node() -> None:
 
 
 def test_publisher_replicas_bucket_matches_the_publisher() -> None:
-    ownership = pytest.importorskip("services.publisher.ownership", reason="publisher not written yet")
+    from services.publisher import ownership
     assert nats_users_module().PUBLISHER_REPLICAS_BUCKET == ownership.REPLICAS_BUCKET.name

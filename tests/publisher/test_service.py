@@ -9,6 +9,7 @@ from collections.abc import Awaitable
 import msgspec
 import pytest
 
+import embedded.apiserver.testing as apiserver_testing
 from embedded.apiserver.validation import validate_object
 from services.discovery.testing import running_discovery
 from services.publisher import kube, objects
@@ -21,7 +22,6 @@ from shared.kubeclient import kube_api_client
 from shared.telemetry import memory_spans, setup_telemetry
 from tests.publisher.inventories import widened
 
-apiserver_testing = pytest.importorskip("embedded.apiserver.testing", reason="embedded API server not built yet")
 running_apiserver = apiserver_testing.running_apiserver
 
 setup_telemetry("tests", "memory")

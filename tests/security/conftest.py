@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import embedded.apiserver.testing as apiserver_testing
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.deadletter import DeadLetter
@@ -21,7 +22,6 @@ from tests.preparer.conftest import discovery, root  # noqa: F401 - the preparer
 NODES = ["gpu-a", "gpu-b"]
 WAIT_S = 10.0
 
-apiserver_testing = pytest.importorskip("embedded.apiserver.testing", reason="embedded API server not built yet")
 
 
 def url_as(server: EmbeddedNats, user: str) -> str:
