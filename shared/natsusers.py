@@ -173,7 +173,9 @@ def node_permissions(role: str, node: str) -> Permissions:
         return Permissions(
             publish=common
             + _events((CD_MEMBER, CD_MEMBER_LEFT), node=node)
-            + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}"]
+            # its membership `<domain>.<node>` and its index bids `<domain>.idx.<clique>.<NN>.<node>`
+            # (services/computedomain/membership.py): every key it writes ends in its node
+            + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}", f"$KV.{CD_MEMBERS_BUCKET.name}.*.idx.*.*.{node}"]
             + _kv_read(CD_MEMBERS_BUCKET.name),
             subscribe=[CD_STATUS.wildcard(), CD_MEMBER.wildcard(), CD_DELETED.wildcard(),
                        *_events(agent_ops, node=node), inbox],

@@ -1,13 +1,17 @@
 """Domain membership in NATS KV `dra-cd-members`: who is in a domain, with which DNS index.
 
 Owns the key layout and the index allocation. Keys:
-  `<domain-uid>.<node>`                       the node's DomainMember (its agent is the only writer)
-  `<domain-uid>.idx.<clique-token>.<NN>`      index reservation: the owner's DomainMember at join
-An index is taken by *creating* its reservation key (JetStream compare-and-set: create fails when
-the key exists), trying the lowest free index first, so two nodes never hold the same index in a
-clique; at most `max_per_clique` (18) indices exist per clique. A node that joins again keeps its
-index while its reservation is still its own. Nodes without NVLink fabric (clique "") take no
-index (-1). Every member write is also published on `dra.v1.cd.<uid>.member.<node>`.
+  `<domain-uid>.<node>`                          the node's DomainMember (its agent is the only writer)
+  `<domain-uid>.idx.<clique-token>.<NN>.<node>`  the node's bid for index NN: its DomainMember at join
+Every key a node's agent writes ends in its node, so the shipped NATS user `cd-agent.<node>` may
+write exactly `*.<node>` and `*.idx.*.*.<node>` (shared/natsusers.py) and cannot write, replace or
+delete another node's membership or bid. Index NN of a clique belongs to the bid with the lowest
+stream sequence among its live bids: a node bids for the lowest index nobody holds, reads the bids
+back, keeps the index when it is the first bidder and withdraws its bid otherwise (then tries the
+next), so two nodes never hold the same index in a clique, and the holder is named by the key the
+server authenticated, never by the body. At most `max_per_clique` (18) indices exist per clique. A
+node that joins again keeps its index while it still holds it. Nodes without NVLink fabric (clique
+"") take no index (-1). Every member write is also published on `dra.v1.cd.<uid>.member.<node>`.
 """
 
 from __future__ import annotations
@@ -44,8 +48,13 @@ def member_key(domain_uid: str, node: str) -> str:
     return f"{token(domain_uid)}.{token(node)}"
 
 
-def index_key(domain_uid: str, clique_id: str, index: int) -> str:
-    return f"{token(domain_uid)}.idx.{token(clique_id)}.{index:02d}"
+def index_key(domain_uid: str, clique_id: str, index: int, node: str) -> str:
+    """`node`'s bid for `index` in the clique."""
+    return f"{index_prefix(domain_uid, clique_id)}.{index:02d}.{token(node)}"
+
+
+def index_prefix(domain_uid: str, clique_id: str) -> str:
+    return f"{token(domain_uid)}.idx.{token(clique_id)}"
 
 
 def is_member_key(key: str) -> bool:
@@ -69,8 +78,8 @@ class Membership:
             self._raw = await self.bus.js.key_value(CD_MEMBERS_BUCKET.name)
         return self._typed, self._raw
 
-    async def _entries(self, pattern: str) -> dict[str, bytes]:
-        """Current (non-deleted) values of the keys matching `pattern`.
+    async def _listing(self, pattern: str) -> dict[str, tuple[bytes, int]]:
+        """(value, revision) of the live (non-deleted) keys matching `pattern`.
 
         The subjects come from the bucket stream's state (exact, unlike a watcher's end-of-replay
         marker, which can arrive before the last buffered entry); each value is then read."""
@@ -80,7 +89,7 @@ class Membership:
             info = await self.bus.js.stream_info(f"KV_{CD_MEMBERS_BUCKET.name}", subjects_filter=prefix + pattern)
         except nats.errors.TimeoutError as exc:
             raise MembershipError(f"KV {CD_MEMBERS_BUCKET.name} did not answer listing {pattern}") from exc
-        found: dict[str, bytes] = {}
+        found: dict[str, tuple[bytes, int]] = {}
         for subject in (info.state.subjects or {}):
             key = subject[len(prefix):]
             try:
@@ -88,38 +97,39 @@ class Membership:
             except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
                 continue
             if entry.value:
-                found[key] = entry.value
+                found[key] = (entry.value, int(entry.revision or 0))
         return found
 
-    async def _holder(self, key: str) -> tuple[str, int] | None:
-        """(node, revision) of a reservation, or None when free."""
-        _, raw = await self._kv()
-        try:
-            entry = await raw.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None
-        if not entry.value:
-            return None
-        try:
-            holder = msgspec.json.decode(entry.value, type=DomainMember)
-        except msgspec.DecodeError:
-            return ("", int(entry.revision or 0))
-        return holder.node, int(entry.revision or 0)
+    async def _entries(self, pattern: str) -> dict[str, bytes]:
+        """Current (non-deleted) values of the keys matching `pattern`."""
+        return {key: value for key, (value, _rev) in (await self._listing(pattern)).items()}
+
+    async def holders(self, domain_uid: str, clique_id: str, index: str = "*") -> dict[int, str]:
+        """{index: node token holding it} in a clique: per index, the live bid with the lowest revision."""
+        first: dict[int, tuple[int, str]] = {}
+        for key, (_value, revision) in (await self._listing(f"{index_prefix(domain_uid, clique_id)}.{index}.*")).items():
+            number, node = key.rsplit(".", 2)[1:]
+            if not number.isdigit():
+                continue
+            held = first.get(int(number))
+            if held is None or revision < held[0]:
+                first[int(number)] = (revision, node)
+        return {number: node for number, (_rev, node) in first.items()}
 
     async def _reserve(self, member: DomainMember) -> int:
-        """Take the lowest free index in the member's clique (compare-and-set per index)."""
+        """Take the lowest index nobody holds in the member's clique (bid, read back, keep or withdraw)."""
         _, raw = await self._kv()
-        taken_keys = await self._entries(f"{token(member.domain_uid)}.idx.{token(member.clique_id)}.*")
-        taken = {int(k.rsplit(".", 1)[1]) for k in taken_keys}
+        taken = await self.holders(member.domain_uid, member.clique_id)
         for index in range(self.max_per_clique):
             if index in taken:
                 continue
+            key = index_key(member.domain_uid, member.clique_id, index, member.node)
             claim = msgspec.structs.replace(member, index=index, observed_at=now_unix())
-            try:
-                await raw.create(index_key(member.domain_uid, member.clique_id, index), encode(claim))
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue  # another node took it between our listing and our create
-            return index
+            await raw.put(key, encode(claim))
+            holder = (await self.holders(member.domain_uid, member.clique_id, f"{index:02d}")).get(index)
+            if holder == token(member.node):
+                return index
+            await raw.delete(key)  # another node bid first between our listing and our bid
         raise MembershipError(
             f"clique {member.clique_id!r} of domain {member.domain_uid} already has {self.max_per_clique} "
             f"nodes (the IMEX limit per clique); node {member.node} cannot join: shrink the workload or "
@@ -135,8 +145,8 @@ class Membership:
             index = -1
             previous = await typed.get(member_key(member.domain_uid, member.node))
             if previous is not None and previous.clique_id == member.clique_id and previous.index >= 0:
-                holder = await self._holder(index_key(member.domain_uid, member.clique_id, previous.index))
-                if holder is not None and holder[0] == member.node:
+                held = await self.holders(member.domain_uid, member.clique_id, f"{previous.index:02d}")
+                if held.get(previous.index) == token(member.node):
                     index = previous.index
             if index < 0:
                 index = await self._reserve(member)
@@ -158,17 +168,11 @@ class Membership:
                                domain_uid=token(member.domain_uid), node=token(member.node))
 
     async def leave(self, member: DomainMember, reason: str = "") -> None:
-        """Remove this node's membership and give its index back (only if the reservation is its own)."""
+        """Remove this node's membership and withdraw its bid for its index (the key is its own)."""
         typed, raw = await self._kv()
         await typed.delete(member_key(member.domain_uid, member.node))
         if member.index >= 0:
-            key = index_key(member.domain_uid, member.clique_id, member.index)
-            holder = await self._holder(key)
-            if holder is not None and holder[0] == member.node:
-                try:
-                    await raw.delete(key, last=holder[1])
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    log.warning("index reservation changed hands while leaving", key=key)
+            await raw.delete(index_key(member.domain_uid, member.clique_id, member.index, member.node))
         left = MemberLeft(domain_uid=member.domain_uid, node=member.node, reason=reason, observed_at=now_unix())
         await self.bus.publish(CD_MEMBER_LEFT, left, domain_uid=token(member.domain_uid), node=token(member.node))
         log.info("left compute domain", domain=member.domain_uid, node=member.node, reason=reason)
