@@ -5,17 +5,30 @@ write another node's membership or index bid."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from pathlib import Path
 
 import msgspec
 import nats.errors
 import pytest
 
+from services.computedomain.agent import Agent
+from services.computedomain.channels import (
+    ChannelClaim,
+    ChannelPreparer,
+    channel_config,
+    parse_channel_config,
+)
+from services.computedomain.config import AgentConfig
 from services.computedomain.membership import Membership, index_key, member_key
+from services.discovery.testing import running_discovery
 from shared.bus import encode
 from shared.events import catalog
 from shared.events.computedomain import DomainMember
-from shared.natsserver import EmbeddedNats
-from tests.security.conftest import bus_as
+from shared.identity import REASON
+from shared.natsserver import EmbeddedNats, free_port
+from tests.computedomain.helpers import announce, prepare_when_agent_answers
+from tests.security.conftest import DeadLetters, bus_as
 
 UID = "5f0c7a52-cd01-4d7e-9d7a-1f2e3d4c5b6a"
 CLIQUE = "fabric-1.0"
@@ -60,3 +73,65 @@ async def test_an_agent_cannot_write_another_nodes_membership_or_index_bid(
         own = key.replace("gpu-a", "gpu-b")
         await hostile.js.publish(f"$KV.{catalog.CD_MEMBERS_BUCKET.name}.{own}",
                                  encode(msgspec.structs.replace(forged, node="gpu-b")), timeout=2.0)
+
+
+async def _files(agent: Agent) -> dict[str, str]:
+    """The IMEX daemon's peer files of the domain the agent serves (nodes config and hosts)."""
+    assert agent.domain is not None
+    files = agent.domain.files
+    return {path.name: path.read_text() for path in (files.nodes, files.hosts) if path.exists()}
+
+
+async def test_an_agent_cannot_join_a_domain_not_assigned_to_its_node(
+        shipped_nats: EmbeddedNats, tmp_path: Path, dead_letters: DeadLetters) -> None:
+    """gpu-a's agent serves a domain the controller assigned to gpu-a only; gpu-b's agent, with valid
+    node creds, writes itself into that domain (membership and index bid): it is no member for the
+    controller nor for gpu-a, the IMEX nodes config does not change, and the write is dead-lettered
+    `identity-mismatch`. Once the controller assigns gpu-b, the same membership counts."""
+    members_key = f"$KV.{catalog.CD_MEMBERS_BUCKET.name}.{member_key(UID, 'gpu-b')}"
+    async with contextlib.AsyncExitStack() as stack:
+        bus = {user: await stack.enter_async_context(bus_as(shipped_nats, user)) for user in (
+            "controller", "discovery.gpu-a", "cd-agent.gpu-a", "preparer.gpu-a", "cd-agent.gpu-b")}
+        await stack.enter_async_context(running_discovery(bus["discovery.gpu-a"], "gpu-a", simulate="gb200x4:clique=1",
+                                                          root=tmp_path / "sim"))
+        controller = Membership(bus["controller"], require_assignment=True)
+        await announce(bus["controller"], UID, namespace="team-a")
+        await controller.assign(UID, "gpu-a", ["team-a/workload-a"])
+        cfg = AgentConfig(node="gpu-a", ip_address="127.0.0.1", state_dir=str(tmp_path / "agent-a"),
+                          imex_server_port=free_port(), imex_cmd_port=free_port(), imex_daemon="simulated",
+                          require_assignment=True).resolved()
+        agent = Agent(cfg, bus["cd-agent.gpu-a"])
+        stopping = asyncio.Event()
+        run = asyncio.create_task(agent.run(stopping))
+        try:
+            await agent.ready.wait()
+            channels = ChannelPreparer(bus["preparer.gpu-a"], node="gpu-a", dev_root=str(tmp_path / "sim" / "gpu-a"),
+                                       ready_timeout=20, simulated=True)
+            await prepare_when_agent_answers(channels, ChannelClaim("claim-a", "team-a", "workload-a",
+                                                                    parse_channel_config(channel_config(UID))))
+            assert agent.domain is not None and agent.domain.member.index == 0
+            peers_before, files_before = dict(agent.domain.peers), await _files(agent)
+
+            # the attack: gpu-b's agent writes itself into the domain, bidding for index 0 too
+            hostile = Membership(bus["cd-agent.gpu-b"])  # a hostile agent runs whatever code it likes
+            clique = agent.domain.member.clique_id
+            forged = msgspec.structs.replace(member("gpu-b"), clique_id=clique, ip_address="10.6.6.6", status="Ready")
+            await hostile.join(forged)
+            await dead_letters.next(reason=REASON, subject=members_key)
+            assert set(await controller.members(UID)) == {"gpu-a"}
+            assert await controller.holders(UID, clique) == {0: "gpu-a"}
+            assert await Membership(bus["controller"]).holders(UID, clique) == {0: "gpu-a", 1: "gpu-b"}  # it did bid
+            assert agent.domain.peers == peers_before and await _files(agent) == files_before
+
+            # the same membership counts once the controller assigns the domain to gpu-b
+            await controller.assign(UID, "gpu-b", ["team-a/workload-b"])
+            async with asyncio.timeout(10):
+                async for _d, node, value in controller.watch(UID):
+                    if node == "gpu-b" and value is not None:
+                        break
+            while len(agent.domain.peers) != 2:  # the agent's own watch applies it right after
+                await asyncio.sleep(0.05)
+            assert "10.6.6.6" in "".join((await _files(agent)).values())
+        finally:
+            stopping.set()
+            await run
