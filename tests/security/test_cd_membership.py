@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats.errors
 import pytest
+from kubernetes_asyncio import client as kube
 
+from services.computedomain import crd
 from services.computedomain.agent import Agent
+from services.computedomain.assignments import Assigner
 from services.computedomain.channels import (
     ChannelClaim,
     ChannelPreparer,
@@ -20,13 +25,14 @@ from services.computedomain.channels import (
     parse_channel_config,
 )
 from services.computedomain.config import AgentConfig
-from services.computedomain.membership import Membership, index_key, member_key
+from services.computedomain.membership import Membership, index_key, member_key, token
 from services.discovery.testing import running_discovery
-from shared.bus import encode
+from shared.bus import Bus, encode
 from shared.events import catalog
 from shared.events.computedomain import DomainMember
 from shared.identity import REASON
 from shared.natsserver import EmbeddedNats, free_port
+from shared.tasks import cancel_and_wait
 from tests.computedomain.helpers import announce, prepare_when_agent_answers
 from tests.security.conftest import DeadLetters, bus_as
 
@@ -135,3 +141,68 @@ async def test_an_agent_cannot_join_a_domain_not_assigned_to_its_node(
         finally:
             stopping.set()
             await run
+
+
+async def _assignment_changes(bus: Bus) -> AsyncIterator[tuple[set[str], str]]:
+    """(nodes the domain is assigned to, what changed) at each change of its assignment keys."""
+    bucket = await bus.js.key_value(catalog.CD_MEMBERS_BUCKET.name)
+    watcher = await bucket.watch(f"{token(UID)}.assign.*")
+    nodes: set[str] = set()
+    try:
+        while True:
+            entry = await watcher.updates(timeout=10)
+            if entry is None:
+                yield set(nodes), "replayed"
+                continue
+            node = entry.key.rsplit(".", 1)[1]
+            if entry.operation in ("DEL", "PURGE"):
+                nodes.discard(node)
+                yield set(nodes), f"unassigned {node}"
+            else:
+                nodes.add(node)
+                yield set(nodes), f"assigned {node}"
+    finally:
+        await watcher.stop()
+
+
+def _channel_claim(name: str, node: str) -> dict[str, Any]:
+    """A ResourceClaim allocated on `node` with a channel of the domain, as the scheduler writes it."""
+    config = {"source": "FromClaim", "requests": [], "opaque": {"driver": crd.DRIVER, "parameters": channel_config(UID)}}
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "channel", "exactly": {"deviceClassName": crd.CHANNEL_DEVICE_CLASS}}],
+                             "config": [config]}},
+        "status": {"allocation": {
+            "devices": {"results": [{"request": "channel", "driver": crd.DRIVER, "pool": node, "device": "channel-0"}],
+                        "config": [config]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+    }
+
+
+async def test_the_controller_assigns_a_domain_to_the_nodes_of_its_allocated_channel_claims(
+        shipped_nats: EmbeddedNats, api: Any) -> None:
+    custom = kube.CustomObjectsApi(api.client_raw)
+    async with bus_as(shipped_nats, "controller") as bus:
+        membership = Membership(bus, require_assignment=True)
+        assigner = asyncio.create_task(Assigner(api.client_raw, membership).run())
+        changes = _assignment_changes(bus)
+        try:
+            async with asyncio.timeout(10):
+                assert await anext(changes) == (set(), "replayed")
+                await kube.CoreV1Api(api.client_raw).create_namespace({"metadata": {"name": "team-a"}})
+                doc = _channel_claim("workload-a", "gpu-a")
+                created = await custom.create_namespaced_custom_object("resource.k8s.io", "v1", "team-a",
+                                                                       "resourceclaims", doc)
+                await custom.patch_namespaced_custom_object_status(
+                    "resource.k8s.io", "v1", "team-a", "resourceclaims", "workload-a", {"status": doc["status"]},
+                    _content_type="application/merge-patch+json")
+                assert await anext(changes) == ({"gpu-a"}, "assigned gpu-a")
+                assert created["metadata"]["uid"]
+                await custom.delete_namespaced_custom_object("resource.k8s.io", "v1", "team-a", "resourceclaims",
+                                                             "workload-a")
+                assert await anext(changes) == (set(), "unassigned gpu-a")
+        finally:
+            await changes.aclose()
+            await cancel_and_wait([assigner])
