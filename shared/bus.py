@@ -69,6 +69,10 @@ class BusError(RuntimeError):
     """The bus could not do what was asked (not connected, no reply, bad reply)."""
 
 
+class LoginRefused(BusError):
+    """NATS refused the client's credentials (Bus.connect gave up; retrying will not help until they change)."""
+
+
 PUBLISH_RETRY_S = 30.0
 """How long a JetStream publish keeps retrying through a leader change before it gives up."""
 
@@ -496,7 +500,7 @@ class Bus:
                 if refused_login(exc):
                     refusals += 1
                     if refusals >= max(1, login_attempts):
-                        raise BusError(
+                        raise LoginRefused(
                             f"NATS at {shown} refused the login of {who()} {refusals} times ({exc}): the "
                             "password or creds do not match a user the server knows, or the user was revoked; "
                             "give this service the credentials `gpu-dra nats credentials` wrote for it (its "
