@@ -25,7 +25,7 @@ from services.computedomain.channels import (
     parse_channel_config,
 )
 from services.computedomain.config import AgentConfig
-from services.computedomain.membership import Membership, index_key, member_key, token
+from services.computedomain.membership import Membership, MembershipError, index_key, member_key, token
 from services.discovery.testing import running_discovery
 from shared.bus import Bus, encode
 from shared.events import catalog
@@ -206,3 +206,21 @@ async def test_the_controller_assigns_a_domain_to_the_nodes_of_its_allocated_cha
         finally:
             await changes.aclose()
             await cancel_and_wait([assigner])
+
+
+async def test_an_unassigned_nodes_early_bids_do_not_take_indices(shipped_nats: EmbeddedNats) -> None:
+    """gpu-b's agent bids for every index of a domain assigned only to gpu-a before gpu-a joins:
+    with assignments required, gpu-a still gets index 0 and gpu-b holds none."""
+    async with bus_as(shipped_nats, "cd-agent.gpu-a") as bus_a, bus_as(shipped_nats, "cd-agent.gpu-b") as bus_b, \
+            bus_as(shipped_nats, "controller") as controller:
+        await Membership(controller).assign(UID, "gpu-a", ["team-a/workload-a"])
+        squatter = Membership(bus_b, max_per_clique=2)  # without the check, a clique of 2 would be full
+        for index in range(2):
+            await bus_b.js.publish(f"$KV.{catalog.CD_MEMBERS_BUCKET.name}.{index_key(UID, CLIQUE, index, 'gpu-b')}",
+                                   encode(msgspec.structs.replace(member("gpu-b"), index=index)), timeout=2.0)
+        assert await squatter.holders(UID, CLIQUE) == {0: "gpu-b", 1: "gpu-b"}
+        with pytest.raises(MembershipError, match="already has 2 nodes"):
+            await Membership(bus_a, max_per_clique=2).join(member("gpu-a"))
+        joined = await Membership(bus_a, max_per_clique=2, require_assignment=True).join(member("gpu-a"))
+        assert joined.index == 0
+        assert await Membership(controller, require_assignment=True).holders(UID, CLIQUE) == {0: "gpu-a"}
