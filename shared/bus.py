@@ -69,6 +69,10 @@ class BusError(RuntimeError):
     """The bus could not do what was asked (not connected, no reply, bad reply)."""
 
 
+class LoginRefused(BusError):
+    """NATS refused the client's credentials (Bus.connect gave up; retrying will not help until they change)."""
+
+
 PUBLISH_RETRY_S = 30.0
 """How long a JetStream publish keeps retrying through a leader change before it gives up."""
 
@@ -427,6 +431,7 @@ class Bus:
         name: str,
         connect_timeout: float = 2.0,
         initial_attempts: int = 30,
+        login_attempts: int = 3,
         reconnect_wait: float = 0.25,
         user: str | None = None,
         password: str | None = None,
@@ -435,6 +440,10 @@ class Bus:
     ) -> Bus:
         """Connect with backoff; once connected, reconnect forever on loss.
 
+        A server that cannot be reached is tried `initial_attempts` times (backoff 0.1 s doubling to
+        2 s). A server that refuses the login (wrong password, unknown user, revoked or foreign
+        creds) is tried `login_attempts` times, then BusError says what was refused, for which user
+        or creds file, and what to do: the service exits non-zero instead of waiting forever.
         `replicas` is how many copies provision() asks for when it creates a stream or bucket.
         `user` also names the client's inbox prefix (`_INBOX_<identity>`); `tls` adds a CA, a client
         certificate, a NATS .creds file or an NKEY seed file (see NatsTLS)."""
@@ -460,22 +469,46 @@ class Bus:
             for bus in connected:
                 bus._reconnected()
 
+        dial_errors: list[Exception] = []  # the last dial's error (nats-py reports it here, then "no servers")
+
         async def on_error(exc: Exception) -> None:
+            dial_errors[:] = [exc]
             log.warning("nats error", client=name, error=str(exc) or type(exc).__name__)
 
+        def refused_login(exc: Exception) -> bool:
+            text = str(exc).lower()
+            return isinstance(exc, nats.errors.Error) and ("authorization violation" in text
+                                                           or "authentication" in text)
+
+        def who() -> str:
+            if tls.token_file:
+                return f"the token in {tls.token_file} asking the auth callout for user {identity!r}"
+            if tls.creds_file:
+                return f"creds file {tls.creds_file} (user {creds_user!r})"
+            if login:
+                return f"user {login!r} (GPU_DRA_NATS_USER with GPU_DRA_NATS_PASSWORD)"
+            if identity:
+                return f"user {identity!r} (from GPU_DRA_NATS_URL)"
+            return "an anonymous client (neither GPU_DRA_NATS_USER nor GPU_DRA_NATS_CREDS is set)"
+
+        servers = url.split(",")
+        shown = re.sub(r"//[^/@,]*@", "//", url)  # no password in an error message
         delay = 0.1
         last_error: Exception | None = None
-        for _attempt in range(max(1, initial_attempts)):
+        unreachable = refusals = 0
+        while True:
             nc = NatsClient()
             try:
+                # A bounded try per attempt (a refused login raises at once, an unreachable pool after two
+                # dials per server): this loop decides whether to try again, with its backoff.
                 await nc.connect(
-                    servers=url.split(","),
+                    servers=servers,
                     # with a token the connection's name is the identity asked of the auth callout
                     name=identity if tls.token_file else name,
                     connect_timeout=int(max(1, connect_timeout)),
                     reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
-                    max_reconnect_attempts=-1,
-                    allow_reconnect=True,
+                    max_reconnect_attempts=1,
+                    allow_reconnect=False,
                     disconnected_cb=on_disconnect,
                     reconnected_cb=on_reconnect,
                     error_cb=on_error,
@@ -486,16 +519,39 @@ class Bus:
                     inbox_prefix=inbox_prefix(identity),
                     **options,
                 )
-                connected.append(cls(nc, name, replicas=replicas, user=identity))
-                return connected[0]
-            except Exception as exc:  # noqa: BLE001 - any connect failure is retried
+            except Exception as exc:  # noqa: BLE001 - classified just below
                 last_error = exc
+                try:
+                    await nc.close()  # a failed first try leaves its socket open
+                except Exception:  # noqa: BLE001 - closing a half-open client is best effort
+                    log.debug("closing a failed NATS client failed", client=name)
+                if refused_login(exc):
+                    refusals += 1
+                    if refusals >= max(1, login_attempts):
+                        raise LoginRefused(
+                            f"NATS at {shown} refused the login of {who()} {refusals} times ({exc}): the "
+                            "password or creds do not match a user the server knows, or the user was revoked; "
+                            "give this service the credentials `gpu-dra nats credentials` wrote for it (its "
+                            "Secret), re-run that command if the user was rotated, then restart it"
+                        ) from None
+                else:
+                    unreachable += 1
+                    if isinstance(exc, nats.errors.NoServersError) and dial_errors:
+                        last_error = dial_errors[0]
+                    if unreachable >= max(1, initial_attempts):
+                        raise BusError(
+                            f"cannot connect to NATS at {shown} after {unreachable} attempts: "
+                            f"{str(last_error) or type(last_error).__name__}; "
+                            "check GPU_DRA_NATS_URL and that the server is up"
+                        ) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        raise BusError(
-            f"cannot connect to NATS at {url} after {initial_attempts} attempts: {last_error}; "
-            "check GPU_DRA_NATS_URL and that the server is up"
-        )
+                continue
+            # once in, a lost connection is redialled forever (nats-py reads these at each disconnect)
+            nc.options["allow_reconnect"] = True
+            nc.options["max_reconnect_attempts"] = -1
+            connected.append(cls(nc, name, replicas=replicas, user=identity))
+            return connected[0]
 
     async def provision(self) -> None:
         """Create or update the catalog's streams and KV buckets (idempotent).

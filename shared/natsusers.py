@@ -173,8 +173,15 @@ def node_permissions(role: str, node: str) -> Permissions:
         return Permissions(
             publish=common
             + _events((CD_MEMBER, CD_MEMBER_LEFT), node=node)
-            + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}"]
-            + _kv_read(CD_MEMBERS_BUCKET.name),
+            # its membership `<domain>.<node>` and its index bids `<domain>.idx.<clique>.<NN>.<node>`
+            # (services/computedomain/membership.py): every key it writes ends in its node
+            + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}", f"$KV.{CD_MEMBERS_BUCKET.name}.*.idx.*.*.{node}"]
+            + _kv_read(CD_MEMBERS_BUCKET.name)
+            + _kv_read(INVENTORY_BUCKET.name, node)  # its node's clique
+            # the last status / deletion of a domain it is asked to join (an ordered consumer per subject)
+            + [f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.{CD_STATUS.wildcard()}",
+               f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.{CD_DELETED.wildcard()}",
+               f"{JS}.CONSUMER.INFO.{EVENTS_STREAM.name}.*", f"$JS.FC.{EVENTS_STREAM.name}.>"],
             subscribe=[CD_STATUS.wildcard(), CD_MEMBER.wildcard(), CD_DELETED.wildcard(),
                        *_events(agent_ops, node=node), inbox],
             allow_responses=True,

@@ -45,6 +45,8 @@ from shared.tasks import cancel_and_wait, finish_even_if_cancelled
 
 log = get_logger(__name__)
 GPU_DRIVER = "gpu.nvidia.com"
+# the ComputeDomain controller assigns domains from allocated claims; agents count only those (docs/security.md)
+ASSIGNED_DOMAINS_ONLY = {"GPU_DRA_REQUIRE_ASSIGNMENT": "true"}
 
 
 C = TypeVar("C", bound="ClusterConfig")
@@ -352,6 +354,8 @@ class LocalCluster:
                                      ("controllers", "controllers", ["controllers"]),
                                      ("computedomain-controller", "controller", ["computedomain", "controller"])):
             flags, env = self._kube(identity)
+            if name == "computedomain-controller":
+                env = {**env, **ASSIGNED_DOMAINS_ONLY}
             await self.supervisor.start(name, gpu_dra(*argv, *flags), env=env)
         self.progress("publisher, scheduler, controllers, computedomain controller started")
 
@@ -382,7 +386,8 @@ class LocalCluster:
                 "computedomain", "agent", "--node", node, "--ip-address", node_ip(index),
                 "--state-dir", str(paths["plugins"] / "compute-domain.nvidia.com"),
                 "--imex-server-port", str(self.imex_port), "--imex-cmd-port", str(self.imex_port + 1),
-                "--imex-daemon", "simulated"))  # no nvidia-imex here: the simulated daemon, each node its own address
+                "--imex-daemon", "simulated"),  # no nvidia-imex here: the simulated daemon, each node its own address
+                env=ASSIGNED_DOMAINS_ONLY)
         kubelet_flags, kubelet_env = self._kube(f"kubelet-{node}")
         await self.supervisor.start(f"{node}-kubelet", gpu_dra(
             "kubelet", "--node", node, *kubelet_flags,

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
-import nats.js.errors
+import nats.errors
+from nats.js.api import DeliverPolicy
 
 from services.computedomain import orphans
 from services.computedomain.config import AgentConfig
@@ -111,7 +112,8 @@ class Agent:
     def __init__(self, cfg: AgentConfig, bus: Bus) -> None:
         self.cfg = cfg
         self.bus = bus
-        self.membership = Membership(bus, max_per_clique=cfg.max_nodes_per_imex_domain)
+        self.membership = Membership(bus, max_per_clique=cfg.max_nodes_per_imex_domain,
+                                     require_assignment=cfg.require_assignment)
         self.state_dir = Path(cfg.state_dir)
         self.domain: _Domain | None = None
         self._lock = asyncio.Lock()
@@ -238,24 +240,41 @@ class Agent:
     async def _lookup(self, uid: str) -> DomainStatusChanged:
         """The domain as the controller last announced it; not-found while it has not (yet)."""
         for subject, gone in ((CD_DELETED.format(domain_uid=token(uid)), True), (CD_STATUS.format(domain_uid=token(uid)), False)):
-            try:
-                raw = await self.bus.js.get_last_msg(EVENTS_STREAM.name, subject)
-            except nats.js.errors.NotFoundError:
+            data = await self._last_event(subject)
+            if data is None:
                 continue
             if gone:
                 raise AgentError("invalid", f"ComputeDomain {uid} is being deleted; its claims cannot be prepared")
             try:
-                status = msgspec.json.decode(raw.data or b"", type=DomainStatusChanged)
+                status = msgspec.json.decode(data, type=DomainStatusChanged)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 raise AgentError("internal", f"undecodable status event for ComputeDomain {uid}: {exc}") from None
             mismatch = identity.check_event(CD_STATUS, subject, status)
             if mismatch is not None:
-                await self.bus.refuse(mismatch, raw.data or b"", self.bus.name)
+                await self.bus.refuse(mismatch, data, self.bus.name)
                 raise AgentError("internal", f"the status event for ComputeDomain {uid} names another domain; "
                                  "it was dead-lettered: check who publishes on its subject")
             return status
         raise AgentError("unavailable", f"ComputeDomain {uid} is not known (yet): no status from the "
                          "computedomain controller; is it running, and does the domain exist?")
+
+    async def _last_event(self, subject: str) -> bytes | None:
+        """The last event stored on `subject`, or None. Read through an ordered consumer filtered to
+        that subject (the read a cd-agent's NATS user may do: the filter is in the create subject);
+        STREAM.MSG.GET, which reads any subject, is not allowed to node users."""
+        sub = await self.bus.js.subscribe(subject, stream=EVENTS_STREAM.name, ordered_consumer=True,
+                                          deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+        try:
+            info = await sub.consumer_info()
+            if not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
+                return None
+            try:
+                return (await sub.next_msg(timeout=5.0)).data or b""
+            except nats.errors.TimeoutError:
+                raise AgentError("unavailable", f"NATS did not deliver the last event on {subject} within 5 s; "
+                                 "kubelet retries") from None
+        finally:
+            await sub.unsubscribe()
 
     async def _clique(self) -> str:
         kv = await self.bus.kv(INVENTORY_BUCKET)
@@ -290,6 +309,10 @@ class Agent:
             if clique and self.launch.problem:
                 raise AgentError("unavailable", f"node {self.cfg.node} cannot run the IMEX daemon of ComputeDomain "
                                  f"{announced.domain_namespace}/{announced.domain_name}: {self.launch.problem}")
+            if self.membership.require_assignment and token(self.cfg.node) not in await self.membership.assigned(uid):
+                raise AgentError("unavailable", f"ComputeDomain {announced.domain_namespace}/{announced.domain_name} "
+                                 f"is not assigned to node {self.cfg.node} (yet): the controller assigns a domain "
+                                 "to the nodes its channel claims are allocated on; kubelet retries")
             files = DaemonFiles(self.domains_dir / token(uid))
             member = DomainMember(domain_uid=uid, domain_name=announced.domain_name,
                                   domain_namespace=announced.domain_namespace, node=self.cfg.node,

@@ -34,7 +34,8 @@ async def run_controller(cfg: ControllerConfig, stopping: asyncio.Event) -> None
     try:
         async with connected_bus(cfg, "computedomain-controller") as bus:
             async def lead(lost: asyncio.Event) -> None:
-                await Controller(api, bus, deletion_timeout=cfg.deletion_timeout).run(lost)
+                await Controller(api, bus, deletion_timeout=cfg.deletion_timeout,
+                                 require_assignment=cfg.require_assignment).run(lost)
 
             if not cfg.leader_election:
                 await lead(stopping)

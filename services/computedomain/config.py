@@ -19,6 +19,11 @@ def _h(text: str, **limits: float) -> msgspec.Meta:
     return msgspec.Meta(description=text, **limits)  # type: ignore[call-overload, no-any-return]
 
 
+_REQUIRE = _h("count a node's membership only while the controller has assigned its domain to the node (from the "
+             "ResourceClaims allocated there); the controller writes the assignments, and controller and agents "
+             "must agree on this setting")
+
+
 class ControllerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     kubeconfig: Annotated[str, _h("kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config)")] = ""
     identity: Annotated[str, _h("leader-election identity (default: POD_NAME or host name, plus a random suffix)")] = ""
@@ -29,6 +34,7 @@ class ControllerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     renew_deadline: Annotated[float, _h("seconds a leader keeps trying to renew before it steps down", gt=0)] = 10.0
     retry_period: Annotated[float, _h("seconds between Lease attempts", gt=0)] = 2.0
     deletion_timeout: Annotated[float, _h("seconds to wait for agents to leave a deleted domain", gt=0)] = 10.0
+    require_assignment: Annotated[bool, _REQUIRE] = False
 
     def resolved(self) -> ControllerConfig:
         if not self.renew_deadline < self.lease_duration:
@@ -72,6 +78,7 @@ class AgentConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     imex_server_port: Annotated[int, _h("IMEX peer port", ge=1, le=65535)] = 50000
     imex_cmd_port: Annotated[int, _h("IMEX command port", ge=1, le=65535)] = 50005
     max_nodes_per_imex_domain: Annotated[int, _h("IMEX nodes per clique", ge=1, le=99)] = MAX_PER_CLIQUE
+    require_assignment: Annotated[bool, _REQUIRE] = False
 
     def resolved(self) -> AgentConfig:
         node = self.node or os.environ.get("NODE_NAME", "") or socket.gethostname()

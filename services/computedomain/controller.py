@@ -24,6 +24,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.computedomain import crd
+from services.computedomain.assignments import Assigner
 from services.computedomain.channels import channel_config
 from services.computedomain.membership import Membership, token
 from shared.backoff import Backoff
@@ -72,11 +73,12 @@ def desired_status(domain: _Domain) -> dict[str, Any]:
 
 
 class Controller:
-    def __init__(self, api: client.ApiClient, bus: Bus, *, deletion_timeout: float = 10.0) -> None:
+    def __init__(self, api: client.ApiClient, bus: Bus, *, deletion_timeout: float = 10.0,
+                 require_assignment: bool = False) -> None:
         self.api = api
         self.custom = client.CustomObjectsApi(api)
         self.bus = bus
-        self.membership = Membership(bus)
+        self.membership = Membership(bus, require_assignment=require_assignment)
         self.deletion_timeout = deletion_timeout
         self.domains: dict[str, _Domain] = {}
         self._by_token: dict[str, str] = {}
@@ -90,6 +92,9 @@ class Controller:
         self.resource_version = await self._resource_api_version()
         tasks = [asyncio.create_task(self._watch_members(), name="cd-members"),
                  asyncio.create_task(self._watch_domains(), name="cd-domains")]
+        if self.membership.require_assignment:
+            assigner = Assigner(self.api, self.membership, resource_version=self.resource_version)
+            tasks.append(asyncio.create_task(assigner.run(), name="cd-assignments"))
         stop = asyncio.create_task(stopping.wait())
         try:
             done, _ = await asyncio.wait({stop, *tasks}, return_when=asyncio.FIRST_COMPLETED)

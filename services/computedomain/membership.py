@@ -1,13 +1,25 @@
 """Domain membership in NATS KV `dra-cd-members`: who is in a domain, with which DNS index.
 
 Owns the key layout and the index allocation. Keys:
-  `<domain-uid>.<node>`                       the node's DomainMember (its agent is the only writer)
-  `<domain-uid>.idx.<clique-token>.<NN>`      index reservation: the owner's DomainMember at join
-An index is taken by *creating* its reservation key (JetStream compare-and-set: create fails when
-the key exists), trying the lowest free index first, so two nodes never hold the same index in a
-clique; at most `max_per_clique` (18) indices exist per clique. A node that joins again keeps its
-index while its reservation is still its own. Nodes without NVLink fabric (clique "") take no
-index (-1). Every member write is also published on `dra.v1.cd.<uid>.member.<node>`.
+  `<domain-uid>.<node>`                          the node's DomainMember (its agent is the only writer)
+  `<domain-uid>.idx.<clique-token>.<NN>.<node>`  the node's bid for index NN: its DomainMember at join
+Every key a node's agent writes ends in its node, so the shipped NATS user `cd-agent.<node>` may
+write exactly `*.<node>` and `*.idx.*.*.<node>` (shared/natsusers.py) and cannot write, replace or
+delete another node's membership or bid. Index NN of a clique belongs to the bid with the lowest
+stream sequence among its live bids: a node bids for the lowest index nobody holds, reads the bids
+back, keeps the index when it is the first bidder and withdraws its bid otherwise (then tries the
+next), so two nodes never hold the same index in a clique, and the holder is named by the key the
+server authenticated, never by the body. At most `max_per_clique` (18) indices exist per clique. A
+node that joins again keeps its index while it still holds it. Nodes without NVLink fabric (clique
+"") take no index (-1). Every member write is also published on `dra.v1.cd.<uid>.member.<node>`.
+
+  `<domain-uid>.assign.<node>`                   the controller's assignment of the domain to a node
+An assignment is written by the controller alone (from the ResourceClaims allocated with a channel
+of the domain on that node); no agent's NATS user can write a key of that shape. With
+`require_assignment`, what this module reads and watches counts a member only while its domain is
+assigned to its node: a membership written by an agent for a domain not assigned to its node is no
+member (refused: counted, logged and dead-lettered `identity-mismatch`, shared.identity), so it
+changes neither the domain's status nor any peer's IMEX nodes config.
 """
 
 from __future__ import annotations
@@ -20,11 +32,13 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from shared.bus import Bus, TypedKV, encode
+from shared import identity
+from shared.bus import Bus, TypedKV, encode, retry_jetstream
 from shared.events.base import now_unix
 from shared.events.catalog import CD_MEMBER, CD_MEMBER_LEFT, CD_MEMBERS_BUCKET, as_token
 from shared.events.computedomain import DomainMember, MemberLeft, MemberStatus
 from shared.logs import get_logger
+from shared.tasks import raise_if_cancelling
 
 log = get_logger(__name__)
 
@@ -44,22 +58,42 @@ def member_key(domain_uid: str, node: str) -> str:
     return f"{token(domain_uid)}.{token(node)}"
 
 
-def index_key(domain_uid: str, clique_id: str, index: int) -> str:
-    return f"{token(domain_uid)}.idx.{token(clique_id)}.{index:02d}"
+def index_key(domain_uid: str, clique_id: str, index: int, node: str) -> str:
+    """`node`'s bid for `index` in the clique."""
+    return f"{index_prefix(domain_uid, clique_id)}.{index:02d}.{token(node)}"
+
+
+def index_prefix(domain_uid: str, clique_id: str) -> str:
+    return f"{token(domain_uid)}.idx.{token(clique_id)}"
+
+
+def assignment_key(domain_uid: str, node: str) -> str:
+    return f"{token(domain_uid)}.{ASSIGN}.{token(node)}"
+
+
+ASSIGN = "assign"
 
 
 def is_member_key(key: str) -> bool:
     return key.count(".") == 1
 
 
+def _assignment_of(key: str) -> tuple[str, str] | None:
+    """(domain token, node token) of an assignment key, else None."""
+    parts = key.split(".")
+    return (parts[0], parts[2]) if len(parts) == 3 and parts[1] == ASSIGN else None
+
+
 class Membership:
     """Join, update and leave domains for one node, and read or watch any domain's members."""
 
-    def __init__(self, bus: Bus, *, max_per_clique: int = MAX_PER_CLIQUE) -> None:
+    def __init__(self, bus: Bus, *, max_per_clique: int = MAX_PER_CLIQUE, require_assignment: bool = False) -> None:
         if not 1 <= max_per_clique <= 99:
             raise MembershipError(f"max_per_clique must be 1..99, not {max_per_clique}")
         self.bus = bus
         self.max_per_clique = max_per_clique
+        self.require_assignment = require_assignment
+        self._refused: set[tuple[str, int]] = set()  # (key, observed_at) already dead-lettered
         self._typed: TypedKV[DomainMember] | None = None
         self._raw: KeyValue | None = None
 
@@ -69,8 +103,8 @@ class Membership:
             self._raw = await self.bus.js.key_value(CD_MEMBERS_BUCKET.name)
         return self._typed, self._raw
 
-    async def _entries(self, pattern: str) -> dict[str, bytes]:
-        """Current (non-deleted) values of the keys matching `pattern`.
+    async def _listing(self, pattern: str) -> dict[str, tuple[bytes, int]]:
+        """(value, revision) of the live (non-deleted) keys matching `pattern`.
 
         The subjects come from the bucket stream's state (exact, unlike a watcher's end-of-replay
         marker, which can arrive before the last buffered entry); each value is then read."""
@@ -80,7 +114,7 @@ class Membership:
             info = await self.bus.js.stream_info(f"KV_{CD_MEMBERS_BUCKET.name}", subjects_filter=prefix + pattern)
         except nats.errors.TimeoutError as exc:
             raise MembershipError(f"KV {CD_MEMBERS_BUCKET.name} did not answer listing {pattern}") from exc
-        found: dict[str, bytes] = {}
+        found: dict[str, tuple[bytes, int]] = {}
         for subject in (info.state.subjects or {}):
             key = subject[len(prefix):]
             try:
@@ -88,38 +122,41 @@ class Membership:
             except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
                 continue
             if entry.value:
-                found[key] = entry.value
+                found[key] = (entry.value, int(entry.revision or 0))
         return found
 
-    async def _holder(self, key: str) -> tuple[str, int] | None:
-        """(node, revision) of a reservation, or None when free."""
-        _, raw = await self._kv()
-        try:
-            entry = await raw.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None
-        if not entry.value:
-            return None
-        try:
-            holder = msgspec.json.decode(entry.value, type=DomainMember)
-        except msgspec.DecodeError:
-            return ("", int(entry.revision or 0))
-        return holder.node, int(entry.revision or 0)
+    async def _entries(self, pattern: str) -> dict[str, bytes]:
+        """Current (non-deleted) values of the keys matching `pattern`."""
+        return {key: value for key, (value, _rev) in (await self._listing(pattern)).items()}
+
+    async def holders(self, domain_uid: str, clique_id: str, index: str = "*") -> dict[int, str]:
+        """{index: node token holding it} in a clique: per index, the live bid with the lowest revision
+        (with `require_assignment`, among the bids of nodes the domain is assigned to)."""
+        assigned = await self.assigned(domain_uid) if self.require_assignment else None
+        first: dict[int, tuple[int, str]] = {}
+        for key, (_value, revision) in (await self._listing(f"{index_prefix(domain_uid, clique_id)}.{index}.*")).items():
+            number, node = key.rsplit(".", 2)[1:]
+            if not number.isdigit() or (assigned is not None and node not in assigned):
+                continue
+            held = first.get(int(number))
+            if held is None or revision < held[0]:
+                first[int(number)] = (revision, node)
+        return {number: node for number, (_rev, node) in first.items()}
 
     async def _reserve(self, member: DomainMember) -> int:
-        """Take the lowest free index in the member's clique (compare-and-set per index)."""
+        """Take the lowest index nobody holds in the member's clique (bid, read back, keep or withdraw)."""
         _, raw = await self._kv()
-        taken_keys = await self._entries(f"{token(member.domain_uid)}.idx.{token(member.clique_id)}.*")
-        taken = {int(k.rsplit(".", 1)[1]) for k in taken_keys}
+        taken = await self.holders(member.domain_uid, member.clique_id)
         for index in range(self.max_per_clique):
             if index in taken:
                 continue
+            key = index_key(member.domain_uid, member.clique_id, index, member.node)
             claim = msgspec.structs.replace(member, index=index, observed_at=now_unix())
-            try:
-                await raw.create(index_key(member.domain_uid, member.clique_id, index), encode(claim))
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue  # another node took it between our listing and our create
-            return index
+            await raw.put(key, encode(claim))
+            holder = (await self.holders(member.domain_uid, member.clique_id, f"{index:02d}")).get(index)
+            if holder == token(member.node):
+                return index
+            await raw.delete(key)  # another node bid first between our listing and our bid
         raise MembershipError(
             f"clique {member.clique_id!r} of domain {member.domain_uid} already has {self.max_per_clique} "
             f"nodes (the IMEX limit per clique); node {member.node} cannot join: shrink the workload or "
@@ -135,8 +172,8 @@ class Membership:
             index = -1
             previous = await typed.get(member_key(member.domain_uid, member.node))
             if previous is not None and previous.clique_id == member.clique_id and previous.index >= 0:
-                holder = await self._holder(index_key(member.domain_uid, member.clique_id, previous.index))
-                if holder is not None and holder[0] == member.node:
+                held = await self.holders(member.domain_uid, member.clique_id, f"{previous.index:02d}")
+                if held.get(previous.index) == token(member.node):
                     index = previous.index
             if index < 0:
                 index = await self._reserve(member)
@@ -158,17 +195,11 @@ class Membership:
                                domain_uid=token(member.domain_uid), node=token(member.node))
 
     async def leave(self, member: DomainMember, reason: str = "") -> None:
-        """Remove this node's membership and give its index back (only if the reservation is its own)."""
+        """Remove this node's membership and withdraw its bid for its index (the key is its own)."""
         typed, raw = await self._kv()
         await typed.delete(member_key(member.domain_uid, member.node))
         if member.index >= 0:
-            key = index_key(member.domain_uid, member.clique_id, member.index)
-            holder = await self._holder(key)
-            if holder is not None and holder[0] == member.node:
-                try:
-                    await raw.delete(key, last=holder[1])
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    log.warning("index reservation changed hands while leaving", key=key)
+            await raw.delete(index_key(member.domain_uid, member.clique_id, member.index, member.node))
         left = MemberLeft(domain_uid=member.domain_uid, node=member.node, reason=reason, observed_at=now_unix())
         await self.bus.publish(CD_MEMBER_LEFT, left, domain_uid=token(member.domain_uid), node=token(member.node))
         log.info("left compute domain", domain=member.domain_uid, node=member.node, reason=reason)
@@ -176,12 +207,47 @@ class Membership:
     async def members(self, domain_uid: str) -> dict[str, DomainMember]:
         """The domain's members by node name."""
         typed, _ = await self._kv()
+        assigned = await self.assigned(domain_uid) if self.require_assignment else None
         out: dict[str, DomainMember] = {}
         for key, raw_value in (await self._entries(f"{token(domain_uid)}.*")).items():
             member = typed.decode(key, raw_value)  # refuses a value naming another node than its key
-            if member is not None:
-                out[member.node] = member
+            if member is None:
+                continue
+            if assigned is not None and key.split(".", 1)[1] not in assigned:
+                await self._refuse_unassigned(key, member)
+                continue
+            out[member.node] = member
         return out
+
+    # ---- assignments (the controller's) ------------------------------------------------------
+
+    async def assign(self, domain_uid: str, node: str, claims: list[str]) -> None:
+        """Assign the domain to `node` (the controller: a claim with its channel is allocated there)."""
+        _, raw = await self._kv()
+        await raw.put(assignment_key(domain_uid, node), msgspec.json.encode({"claims": sorted(claims)}))
+        log.info("compute domain assigned to node", domain=domain_uid, node=node, claims=len(claims))
+
+    async def unassign(self, domain_uid: str, node: str) -> None:
+        _, raw = await self._kv()
+        await raw.delete(assignment_key(domain_uid, node))
+        log.info("compute domain no longer assigned to node", domain=domain_uid, node=node)
+
+    async def assigned(self, domain_uid: str) -> set[str]:
+        """The node tokens the domain is assigned to."""
+        return {key.rsplit(".", 1)[1] for key in await self._entries(f"{token(domain_uid)}.{ASSIGN}.*")}
+
+    async def assignments(self) -> set[tuple[str, str]]:
+        """Every (domain token, node token) assignment."""
+        return {pair for key in await self._entries(f"*.{ASSIGN}.*") if (pair := _assignment_of(key))}
+
+    async def _refuse_unassigned(self, key: str, member: DomainMember) -> None:
+        """A membership for a domain the controller did not assign to its node: no member, dead-lettered once."""
+        if (key, int(member.observed_at)) in self._refused:
+            return
+        self._refused.add((key, int(member.observed_at)))
+        mismatch = identity.Mismatch(CD_MEMBERS_BUCKET.name, f"$KV.{CD_MEMBERS_BUCKET.name}.{key}", (
+            ("domain_uid", f"not assigned to node {member.node}", member.domain_uid),))
+        await self.bus.refuse(mismatch, encode(member), self.bus.name)
 
     async def node_memberships(self, node: str) -> list[DomainMember]:
         """Every domain this node is recorded in (an agent resuming after a restart)."""
@@ -207,6 +273,10 @@ class Membership:
     async def watch(self, domain_uid: str | None = None) -> AsyncIterator[tuple[str, str, DomainMember | None]]:
         """(domain-token, node-token, member or None when it left); a ("", "", None) marker ends the replay."""
         typed, _ = await self._kv()
+        if self.require_assignment:
+            async for item in self._watch_assigned(typed, domain_uid):
+                yield item
+            return
         pattern = f"{token(domain_uid)}.*" if domain_uid else "*.*"
         async for key, value in typed.watch(pattern):
             if key == "":
@@ -216,6 +286,71 @@ class Membership:
                 continue
             domain_token, node_token = key.split(".", 1)
             yield domain_token, node_token, value
+
+    async def _watch_assigned(self, typed: TypedKV[DomainMember],
+                              domain_uid: str | None) -> AsyncIterator[tuple[str, str, DomainMember | None]]:
+        """watch() counting a member only while its domain is assigned to its node. Members and
+        assignments come in any order: an unassigned member is held (refused once), and shown when
+        its assignment arrives; an assignment withdrawn takes its member away."""
+        _, raw = await self._kv()
+        assigned: set[tuple[str, str]] = set()
+        written: dict[tuple[str, str], DomainMember] = {}  # every member key's value, assigned or not
+        shown: set[tuple[str, str]] = set()
+        replayed = False
+        pattern = f"{token(domain_uid)}.>" if domain_uid else ">"
+        watcher = await retry_jetstream(lambda: raw.watch(pattern), f"KV watch {CD_MEMBERS_BUCKET.name}/{pattern}")
+        try:
+            while True:
+                try:
+                    entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
+                except nats.errors.TimeoutError:
+                    continue
+                raise_if_cancelling()
+                if entry is None:
+                    for pair in sorted(written):
+                        if pair in assigned:
+                            shown.add(pair)
+                            yield pair[0], pair[1], written[pair]
+                        else:
+                            await self._refuse_unassigned(".".join(pair), written[pair])
+                    replayed = True
+                    yield "", "", None
+                    continue
+                gone = entry.operation in ("DEL", "PURGE") or not entry.value
+                assignment = _assignment_of(entry.key)
+                if assignment is not None:
+                    if gone:
+                        assigned.discard(assignment)
+                        if assignment in shown:
+                            shown.discard(assignment)
+                            yield assignment[0], assignment[1], None
+                    else:
+                        assigned.add(assignment)
+                        if replayed and assignment in written and assignment not in shown:
+                            shown.add(assignment)
+                            yield assignment[0], assignment[1], written[assignment]
+                    continue
+                if not is_member_key(entry.key):
+                    continue
+                domain_token, node_token = entry.key.split(".", 1)
+                pair = (domain_token, node_token)
+                member = None if gone else typed.decode(entry.key, entry.value, int(entry.revision or 0))
+                if member is None:
+                    written.pop(pair, None)
+                    if pair in shown:
+                        shown.discard(pair)
+                        yield domain_token, node_token, None
+                    continue
+                written[pair] = member
+                if not replayed:
+                    continue
+                if pair in assigned:
+                    shown.add(pair)
+                    yield domain_token, node_token, member
+                else:
+                    await self._refuse_unassigned(entry.key, member)
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
 
 
 async def wait_for_status(

@@ -21,7 +21,7 @@ from services.preparer.config import ConfigError, PreparerConfig, parse
 from services.preparer.healthcheck import HealthCheck, HealthCheckServer
 from services.preparer.service import PreparerService
 from services.preparer.sockets import SocketError
-from shared.bus import Bus
+from shared.bus import Bus, LoginRefused
 from shared.driverroot import DriverRootError
 from shared.health import HEALTH
 from shared.kubeclient import kube_api_client
@@ -30,6 +30,7 @@ from shared.natsserver import EmbeddedNats
 from shared.runtime import nats_tls, prepare_process, run_until_stopped
 
 log = get_logger(__name__)
+LOGIN_RETRY_S = 30.0  # between tries while NATS refuses the credentials (it will until they change)
 
 
 def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
@@ -64,6 +65,11 @@ async def connect_bus_forever(cfg: PreparerConfig, services: list[PreparerServic
                 bus = await Bus.connect(url, name=f"preparer-{cfg.node}", initial_attempts=3,
                                         user=cfg.nats_user or None, password=cfg.nats_password or None,
                                         replicas=cfg.nats_replicas, tls=nats_tls(cfg))
+            except LoginRefused as exc:  # the creds file is read again at each try: a fixed Secret heals it
+                log.error("NATS refused this preparer's credentials; plain GPU prepares still work, events and "
+                          "ComputeDomain channels do not", error=str(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), timeout=LOGIN_RETRY_S)
             except Exception as exc:  # noqa: BLE001 - keep serving the plain path, try again
                 log.warning("NATS not reachable yet; plain GPU prepares still work", error=str(exc))
                 with contextlib.suppress(TimeoutError):

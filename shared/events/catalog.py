@@ -248,7 +248,7 @@ class Bucket:
 
     def parse_key(self, key: str) -> dict[str, str] | None:
         """The token values of a key of this bucket's pattern; None for a key of another shape
-        (e.g. the index reservations `<uid>.idx.<clique>.<n>` in dra-cd-members: not bound here,
+        (e.g. the index bids `<uid>.idx.<clique>.<n>.<node>` in dra-cd-members: not bound here,
         NATS permissions decide who writes them)."""
         pattern = self.key.split(".") if self.key else []
         parts = key.split(".")

@@ -67,7 +67,7 @@ async def test_non_fabric_nodes_take_no_index_and_purge_removes_every_key(buses)
     assert await ms.purge_domain("uid-1") >= 3  # two members and one reservation
     assert await ms.members("uid-1") == {}
     kv = await buses[0].kv(__import__("shared.events.catalog", fromlist=["x"]).CD_MEMBERS_BUCKET)
-    assert await kv.get(index_key("uid-1", CLIQUE_A, 0)) is None
+    assert await kv.get(index_key("uid-1", CLIQUE_A, 0, "a")) is None
     assert await kv.get(member_key("uid-2", "x")) is not None  # other domains untouched
 
 

@@ -40,6 +40,8 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
         (RK, "resourceclaimtemplates", {"create"})],
     ("services/computedomain/controller.py", "delete_namespaced_custom_object"): [
         (RK, "resourceclaimtemplates", {"delete"})],
+    ("services/computedomain/assignments.py", "api:CustomObjectsApi"): [],
+    ("services/computedomain/assignments.py", "list_cluster_custom_object"): [(RK, "resourceclaims", {"list", "watch"})],
     ("services/computedomain/leader.py", "api:CoordinationV1Api"): [],
     ("services/computedomain/leader.py", "read_namespaced_lease"): [(CO, "leases", {"get"})],
     ("services/computedomain/leader.py", "create_namespaced_lease"): [(CO, "leases", {"create"})],

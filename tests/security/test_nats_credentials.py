@@ -6,6 +6,7 @@ valid, and a rotated key is refused. The Ed25519 under the NKEYs is checked agai
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -104,13 +105,16 @@ async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
 
 
 async def _refused_login(deployment: Deployment, creds: str) -> None:
-    """The server refuses a connect with these creds (a plain client that does not retry; the Bus
-    would keep retrying, as it does through any outage)."""
+    """The server refuses a connect with these creds, and the Bus gives up within seconds naming the
+    creds file (a service exits non-zero instead of retrying forever)."""
     assert deployment.server is not None
     user_jwt, signature = Creds(Path(creds).read_text()).callbacks()
     with pytest.raises(nats.errors.Error, match=r"(?i)authorization"):
         await nats.connect(deployment.server.url, user_jwt_cb=user_jwt, signature_cb=signature,
                            allow_reconnect=False, connect_timeout=2)
+    async with asyncio.timeout(10):
+        with pytest.raises(BusError, match=f"refused the login of creds file {re.escape(creds)}"):
+            await Bus.connect(deployment.server.url, name="t", tls=NatsTLS(creds_file=creds))
 
 
 async def _refused_publish(deployment: Deployment, creds: str, subject: str) -> None:

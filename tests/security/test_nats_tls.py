@@ -105,7 +105,7 @@ async def test_without_the_right_certificates_the_connect_fails(
     tls_server: str, pki: dict[str, Path], overrides: dict[str, str]
 ) -> None:
     config = _settings(pki, **{k: str(pki[v]) if v else "" for k, v in overrides.items()})
-    options, _ = await nats_tls(config).connect_options()  # what Bus.connect passes (it would keep retrying)
+    options, _ = await nats_tls(config).connect_options()  # what Bus.connect passes
     with pytest.raises((nats.errors.Error, OSError, ssl.SSLError, TimeoutError)):
         await nats.connect(tls_server, user=config.nats_user, password=config.nats_password, allow_reconnect=False,
                            connect_timeout=2, **options)

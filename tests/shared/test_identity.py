@@ -67,5 +67,5 @@ def test_kv_keys_bind_values_including_dotted_device_names_and_skip_other_key_sh
                           ip_address="10.0.0.1", clique_id="c", index=0)
     assert check_kv(catalog.CD_MEMBERS_BUCKET, "cd-1.gpu-a", member) is not None
     assert check_kv(catalog.CD_MEMBERS_BUCKET, "cd-1.gpu-b", member) is None
-    # index reservations (`<uid>.idx.<clique>.<n>`) are not membership keys: NATS permissions decide their writers
-    assert check_kv(catalog.CD_MEMBERS_BUCKET, "cd-1.idx.c.00", member) is None
+    # index bids (`<uid>.idx.<clique>.<n>.<node>`) are not membership keys: NATS permissions decide their writers
+    assert check_kv(catalog.CD_MEMBERS_BUCKET, "cd-1.idx.c.00.gpu-a", member) is None
