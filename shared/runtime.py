@@ -13,7 +13,7 @@ import contextlib
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, ConfigError, load_config_or_report
@@ -35,6 +35,28 @@ def nats_tls(config: CommonConfig) -> NatsTLS:
 
 
 @contextlib.asynccontextmanager
+async def nats_url_or_embedded(config: CommonConfig) -> AsyncIterator[str]:
+    """The configured NATS URL, or that of an embedded nats-server (JetStream on) run for this block."""
+    if config.nats_url:
+        yield config.nats_url
+        return
+    embedded = EmbeddedNats()
+    await embedded.start()
+    log.info("no NATS URL configured; started embedded nats-server", url=embedded.url)
+    try:
+        yield embedded.url
+    finally:
+        await embedded.close()
+
+
+async def connect_configured(config: CommonConfig, url: str, client_name: str, **options: Any) -> Bus:
+    """Bus.connect with the configured identity (user, password, creds, token, TLS) and replicas."""
+    return await Bus.connect(url, name=client_name, user=config.nats_user or None,
+                             password=config.nats_password or None, replicas=config.nats_replicas,
+                             tls=nats_tls(config), **options)
+
+
+@contextlib.asynccontextmanager
 async def connected_bus(config: CommonConfig, client_name: str) -> AsyncIterator[Bus]:
     """A provisioned Bus on the configured NATS, or on an embedded server when none is set.
 
@@ -42,28 +64,17 @@ async def connected_bus(config: CommonConfig, client_name: str) -> AsyncIterator
     nor while the connection is lost."""
     buses: list[Bus] = []
     remove_check = HEALTH.add_check("connected to NATS", lambda: any(bus.connected for bus in buses))
-    embedded: EmbeddedNats | None = None
     try:
-        url = config.nats_url
-        if not url:
-            embedded = EmbeddedNats()
-            await embedded.start()
-            url = embedded.url
-            log.info("no NATS URL configured; started embedded nats-server", url=url)
-        bus = await Bus.connect(
-            url, name=client_name, user=config.nats_user or None, password=config.nats_password or None,
-            replicas=config.nats_replicas, tls=nats_tls(config),
-        )
-        try:
-            await bus.provision()
-            buses.append(bus)
-            yield bus
-        finally:
-            await bus.close()
+        async with nats_url_or_embedded(config) as url:
+            bus = await connect_configured(config, url, client_name)
+            try:
+                await bus.provision()
+                buses.append(bus)
+                yield bus
+            finally:
+                await bus.close()
     finally:
         remove_check()
-        if embedded is not None:
-            await embedded.close()
 
 
 def stop_event() -> asyncio.Event:

@@ -25,7 +25,7 @@ from shared.logs import get_logger
 from shared.natscreds import CALLOUT_SUBJECT
 from shared.natsusers import UsersError
 from shared.nkeys import KeyPair, NKeyError
-from shared.runtime import nats_tls, service_main
+from shared.runtime import connect_configured, service_main
 
 log = get_logger(__name__)
 DESCRIPTION = "NATS auth callout: node-bound ServiceAccount tokens -> node-scoped NATS users"
@@ -98,7 +98,7 @@ async def run(cfg: CalloutConfig, stopping: asyncio.Event) -> None:
     try:
         callout = AuthCallout(issuer=issuer, account=cfg.account, auth_account=cfg.auth_account, roles=roles,
                               review=kube_token_reviewer(api), audience=cfg.audience, max_ttl_s=cfg.max_ttl_seconds)
-        bus = await Bus.connect(cfg.nats_url, name="auth-callout", tls=nats_tls(cfg))
+        bus = await connect_configured(cfg, cfg.nats_url, "auth-callout")
         try:
             await serve(callout, bus, stopping)
         finally:

@@ -26,8 +26,7 @@ from shared.driverroot import DriverRootError
 from shared.health import HEALTH
 from shared.kubeclient import kube_api_client
 from shared.logs import get_logger
-from shared.natsserver import EmbeddedNats
-from shared.runtime import nats_tls, prepare_process, run_until_stopped
+from shared.runtime import connect_configured, nats_url_or_embedded, prepare_process, run_until_stopped
 
 log = get_logger(__name__)
 LOGIN_RETRY_S = 30.0  # between tries while NATS refuses the credentials (it will until they change)
@@ -51,43 +50,33 @@ def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
 
 async def connect_bus_forever(cfg: PreparerConfig, services: list[PreparerService], stopping: asyncio.Event) -> None:
     """Attach a bus to the services as soon as NATS answers; keep trying until stopped."""
-    embedded: EmbeddedNats | None = None
-    url = cfg.nats_url
-    if not url:
-        embedded = EmbeddedNats()
-        await embedded.start()
-        url = embedded.url
-        log.info("no NATS URL configured; started embedded nats-server", url=url)
-    bus: Bus | None = None
-    try:
-        while bus is None and not stopping.is_set():
-            try:
-                bus = await Bus.connect(url, name=f"preparer-{cfg.node}", initial_attempts=3,
-                                        user=cfg.nats_user or None, password=cfg.nats_password or None,
-                                        replicas=cfg.nats_replicas, tls=nats_tls(cfg))
-            except LoginRefused as exc:  # the creds file is read again at each try: a fixed Secret heals it
-                log.error("NATS refused this preparer's credentials; plain GPU prepares still work, events and "
-                          "ComputeDomain channels do not", error=str(exc))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), timeout=LOGIN_RETRY_S)
-            except Exception as exc:  # noqa: BLE001 - keep serving the plain path, try again
-                log.warning("NATS not reachable yet; plain GPU prepares still work", error=str(exc))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), timeout=2.0)
-        if bus is None:
-            return
+    async with nats_url_or_embedded(cfg) as url:
+        bus: Bus | None = None
         try:
-            await bus.provision()
-        except Exception as exc:  # noqa: BLE001 - another service may own the streams
-            log.info("stream/bucket provisioning skipped", error=str(exc))
-        for service in services:
-            service.attach_bus(bus)
-        await stopping.wait()
-    finally:
-        if bus is not None:
-            await bus.close()
-        if embedded is not None:
-            await embedded.close()
+            while bus is None and not stopping.is_set():
+                try:
+                    bus = await connect_configured(cfg, url, f"preparer-{cfg.node}", initial_attempts=3)
+                except LoginRefused as exc:  # the creds file is read again at each try: a fixed Secret heals it
+                    log.error("NATS refused this preparer's credentials; plain GPU prepares still work, events and "
+                              "ComputeDomain channels do not", error=str(exc))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stopping.wait(), timeout=LOGIN_RETRY_S)
+                except Exception as exc:  # noqa: BLE001 - keep serving the plain path, try again
+                    log.warning("NATS not reachable yet; plain GPU prepares still work", error=str(exc))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stopping.wait(), timeout=2.0)
+            if bus is None:
+                return
+            try:
+                await bus.provision()
+            except Exception as exc:  # noqa: BLE001 - another service may own the streams
+                log.info("stream/bucket provisioning skipped", error=str(exc))
+            for service in services:
+                service.attach_bus(bus)
+            await stopping.wait()
+        finally:
+            if bus is not None:
+                await bus.close()
 
 
 async def _run(cfg: PreparerConfig) -> int:
