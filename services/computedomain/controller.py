@@ -84,6 +84,9 @@ class Controller:
         self._by_token: dict[str, str] = {}
         self.resource_version = "v1"
         self.synced = asyncio.Event()
+        # Set once the membership replay has ended: until then a domain's members are not known, and a
+        # new leader must neither write a status from none nor finalize a deletion without waiting for them.
+        self.members_replayed = asyncio.Event()
         self.writes = 0
 
     # ---- running ---------------------------------------------------------------------------
@@ -133,6 +136,7 @@ class Controller:
     async def _watch_members(self) -> None:
         async for domain_token, node_token, member in self.membership.watch():
             if domain_token == "":
+                self.members_replayed.set()
                 continue
             uid = member.domain_uid if member is not None else self._by_token.get(domain_token, domain_token)
             domain = self._domain(uid)
@@ -205,6 +209,7 @@ class Controller:
 
     async def _sync_loop(self, domain: _Domain) -> None:
         backoff = Backoff(initial_s=0.2, cap_s=5.0)
+        await self.members_replayed.wait()
         while True:
             await domain.dirty.wait()
             domain.dirty.clear()
