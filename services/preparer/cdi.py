@@ -7,7 +7,11 @@ spec of `gpu-dra cdi generate`), the minimum `cdiVersion` for the features used,
 edits (`ContainerEdits`: for GPU claims the node's driver userspace from `commonedits`: device
 nodes, mounts, hooks, env) and per-device edits (device nodes, char-device major/minor/mode for
 nodes a runtime creates, MPS mounts and env). A device mount wins over a spec-level mount at the
-same container path (a claim's MPS pipe dir over a node-wide one).
+same container path (a claim's MPS pipe dir over a node-wide one). A spec is written whole (temp
+file, fsync, rename) with no fsync of the CDI directory when the node has a boot id (`sync_dir`):
+the claim's `PrepareCompleted` checkpoint write comes after it, and a rename lost to a power loss is
+a reboot that drops every prepared claim, whose specs the kubelet's next prepare writes again (the
+crash argument is in `checkpoint`'s module doc).
 """
 
 from __future__ import annotations
@@ -214,9 +218,10 @@ def _document(cdi_kind: CdiKind, devices: list[CdiDevice], common: ContainerEdit
 class CdiWriter:
     """Writes and removes per-claim specs in one CDI directory."""
 
-    def __init__(self, cdi_dir: Path, cdi_kind: CdiKind = GPU_CDI) -> None:
+    def __init__(self, cdi_dir: Path, cdi_kind: CdiKind = GPU_CDI, *, sync_dir: bool = True) -> None:
         self.dir = Path(cdi_dir)
         self.cdi_kind = cdi_kind
+        self.sync_dir = sync_dir  # False where the checkpoint's boot id covers a lost rename (module doc)
 
     def path_for(self, claim_uid: str) -> Path:
         return self.dir / spec_file_name(claim_uid, self.cdi_kind)
@@ -227,7 +232,7 @@ class CdiWriter:
     def _write_sync(self, claim_uid: str, spec: dict[str, Any]) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.path_for(claim_uid)
-        atomic_write(path, msgspec.json.format(msgspec.json.encode(spec), indent=2))
+        atomic_write(path, msgspec.json.format(msgspec.json.encode(spec), indent=2), sync_dir=self.sync_dir)
         return path
 
     async def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:

@@ -35,9 +35,9 @@ class GpuPlugin:
                                    dev_root=self.common.dev_root_override,
                                    dev_local=self.common.root.dev_local if self.common.configured else None)
         self.ops = DeviceOps(cfg.node, timeout=cfg.device_op_timeout)
+        cdi = CdiWriter(Path(cfg.cdi_dir), sync_dir=ctx.checkpoint.sync_dir)
         self.preparer = Preparer(driver=ctx.driver, node=cfg.node, claims=ctx.claims, inventory=self.inventory,
-                                 ops=self.ops, cdi=CdiWriter(Path(cfg.cdi_dir)), checkpoint=ctx.checkpoint,
-                                 events=ctx.events, common=self.common)
+                                 ops=self.ops, cdi=cdi, checkpoint=ctx.checkpoint, events=ctx.events, common=self.common)
         self.health = HealthWatch(cfg.node, self.inventory)
 
     async def start(self) -> None:
