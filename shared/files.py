@@ -1,7 +1,7 @@
 """Crash-safe file replacement: the one way services write state files that must survive a crash.
 
-Owns `atomic_write` (temp file, fsync, rename, and unless the caller says the rename need not survive
-a power loss, fsync of the directory), the count of the fsyncs it makes (`gpu_dra_fsyncs_total`, by
+Owns `atomic_write` (temp file, fsync, rename, fsync of the directory; a caller whose file a power loss
+makes moot anyway may skip either fsync), the count of the fsyncs it makes (`gpu_dra_fsyncs_total`, by
 `what`: file or dir; the benches read it) and the node's boot id, which tells a state file written
 before a reboot (whose processes and GPU settings are gone) from a current one. Blocking: call from
 a thread.
@@ -43,16 +43,18 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True, sync_file: bool = True) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file, never a torn one.
-    `sync_dir=False`: the rename itself may be lost to a power loss (the old file then stays); for
-    callers whose state a reboot throws away anyway (their module doc says why)."""
+    A process crash never does, fsync or not. Against a power loss: `sync_dir=False` lets the rename be
+    lost (the old file stays) and `sync_file=False` the data too (a torn or empty file may be left);
+    for callers whose state a reboot throws away anyway (their module doc says why)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as out:
         out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-        _FILE_FSYNCS.inc()
+        if sync_file:
+            out.flush()
+            os.fsync(out.fileno())
+            _FILE_FSYNCS.inc()
     os.replace(tmp, path)
     if sync_dir:
         _fsync_dir(path.parent)

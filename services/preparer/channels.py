@@ -239,7 +239,7 @@ class ChannelPlugin:
         cfg = ctx.cfg
         # dev root and simulation flag of the node (where /proc/devices and /dev live) come from discovery
         self.inventory = Inventory(cfg.node, ctx.plugin_dir / "inventory-cache.json", dev_root=cfg.dev_root)
-        cdi = CdiWriter(Path(cfg.cdi_dir), CHANNEL_CDI, sync_dir=ctx.checkpoint.sync_dir)
+        cdi = CdiWriter(Path(cfg.cdi_dir), CHANNEL_CDI, durable=not ctx.checkpoint.power_loss_is_reboot)
         self.preparer = ChannelClaimPreparer(
             driver=ctx.driver, node=cfg.node, claims=ctx.claims, cdi=cdi,
             checkpoint=ctx.checkpoint, events=ctx.events, inventory=self.inventory,
@@ -248,6 +248,7 @@ class ChannelPlugin:
     async def start(self) -> None:
         await self.inventory.load_cache()
         await self.preparer.recover()
+        await self.preparer.sweep_specs()
 
     def add_services(self, server: Any) -> None:
         return None

@@ -27,8 +27,11 @@ Crash argument (what each write must survive):
   milliseconds, above any number handed out unless more than 1,000 preparations a second were made
   on average since the sequence started). So a write with a boot id costs one fsync, not two: the
   directory is fsync'd only when there is no boot id to detect the reboot (`sync_dir`).
-The CDI spec of a claim (`cdi.py`) rests on the same argument: it is written (fsync'd, renamed) before
-the `PrepareCompleted` write that makes it visible to the kubelet, and has no directory fsync of its own.
+The CDI spec of a claim (`cdi.py`) rests on the same argument, one step further: it is written (renamed
+into place) before the `PrepareCompleted` write that hands its device ids to the kubelet, and has no
+fsync of its own: a process crash keeps it whole, and a power loss is a reboot after which no claim is
+prepared, so no container is handed the spec before the kubelet's next prepare writes it again; specs
+of claims that are not prepared again (a torn one included) are swept at start (`CdiWriter.sweep`).
 """
 from __future__ import annotations
 
@@ -136,7 +139,8 @@ class Checkpoint:
         self._queue: list[tuple[Sequence[Any], asyncio.Future[None]]] = []  # changes awaiting a write
         self._committer: asyncio.Task[None] | None = None
         self.writes = 0  # documents written (tests, benches)
-        self.sync_dir = not boot_id  # see the module doc: without a boot id a lost rename would go unnoticed
+        self.power_loss_is_reboot = bool(boot_id)  # a power loss shows as a new boot id at the next load
+        self.sync_dir = not self.power_loss_is_reboot  # see the module doc: else a lost rename goes unnoticed
         self.quarantined: Path | None = None  # where a corrupt file was moved at load
         self.corrupt_reason = ""
         self.wiped_for_reboot = 0

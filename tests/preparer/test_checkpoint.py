@@ -166,8 +166,9 @@ async def test_one_fsync_a_write_with_a_boot_id_two_without(root: Path) -> None:
 
 async def test_a_power_loss_that_lost_the_last_renames_is_a_reboot_and_the_claim_prepares_again(
         claims: MemoryClaims, root: Path) -> None:
-    """What a power loss can leave without directory fsyncs: the checkpoint as it was before the prepare
-    (its rename lost), the outbox without the prepare's events and no CDI spec (its rename lost too). The boot id changed, so the state is dropped,
+    """What a power loss can leave without directory fsyncs and spec fsyncs: the checkpoint as it was before
+    the prepare (its rename lost), the outbox without the prepare's events, no CDI spec (its rename lost too)
+    and a torn spec of a claim no one prepares again. The boot id changed, so the state is dropped,
     the preparation sequence does not go back, and the kubelet's prepare writes the spec again."""
     (root / "host" / "dev").mkdir(parents=True)
     (root / "host" / "dev" / "nvidia0").touch()
@@ -183,10 +184,17 @@ async def test_a_power_loss_that_lost_the_last_renames_is_a_reboot_and_the_claim
     cp_path.write_bytes(before_prepare)
     outbox_path.write_bytes(outbox_before)  # the outbox has no fsync of its own either
     spec.unlink()
+    gone = spec.with_name("k8s.gpu.nvidia.com-claim_0e1f-gone.json")  # a claim whose pod went meanwhile
+    gone.write_bytes(b'{"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvid')  # torn: its data never reached the disk
+    temp = spec.with_name(".k8s.gpu.nvidia.com-claim_0e1f-gone.json.4242.tmp")
+    temp.write_bytes(b"")
+    other_kind = spec.with_name("k8s.compute-domain.nvidia.com-claim_0e1f-gone.json")
+    other_kind.write_text("{}")  # another driver's: not ours to sweep
     (root / "boot_id").write_text("after-the-power-loss\n")
     async with running_node(claims, root, dev_root=str(root / "host")) as node:
         assert node.service.checkpoint.claims == {} and node.service.checkpoint.wiped_for_reboot == 0
         assert node.service.checkpoint.preparation_seq > used
+        assert not gone.exists() and not temp.exists() and other_kind.exists()
         assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
         assert json.loads(spec.read_text())["devices"][0]["name"] == f"{claim.uid}-gpu-0"
         assert node.service.checkpoint.claims[claim.uid].preparation > used

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from embedded.kubelet.client import cdi_ids_for
+from shared.files import fsync_count
 from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node
 
 
@@ -187,3 +188,18 @@ async def test_a_spec_that_cannot_be_written_fails_the_prepare_and_the_checkpoin
         assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
         assert json.loads(cp_path.read_text())["preparedClaims"][claim.uid]["state"] == "PrepareCompleted"
         assert spec_file.exists()
+
+
+async def test_a_prepare_and_unprepare_cost_three_fsyncs_with_a_boot_id_eight_without(
+        claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    """One fsync a checkpoint write (PrepareStarted, PrepareCompleted, removal) and none for the CDI spec
+    when a power loss shows as a reboot (checkpoint module doc); without a boot id, files and directories."""
+    for boot_id, expected in (("boot-1", 3), ("", 8)):
+        (root / "boot_id").write_text(boot_id)
+        claim = claims.add(claim_doc(name=f"counted-{expected}", results=[("gpu", "gpu-0")]))
+        async with running_node(claims, root, dev_root=str(dev_root)) as node:
+            assert node.service.checkpoint.boot_id == boot_id
+            before = fsync_count()
+            assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
+            assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
+            assert fsync_count() - before == expected
