@@ -198,3 +198,18 @@ async def test_a_power_loss_that_lost_the_last_renames_is_a_reboot_and_the_claim
         assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
         assert json.loads(spec.read_text())["devices"][0]["name"] == f"{claim.uid}-gpu-0"
         assert node.service.checkpoint.claims[claim.uid].preparation > used
+
+
+async def test_a_caller_cancelled_during_a_group_write_does_not_stop_the_others(root: Path) -> None:
+    path = root / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b")
+    await cp.load()
+    first = asyncio.create_task(cp.put("cancelled", record()))
+    second = asyncio.create_task(cp.put("kept", record()))
+    await asyncio.sleep(0)  # both queued, the committer started
+    first.cancel()
+    await second
+    assert first.cancelled()
+    third = asyncio.create_task(cp.put("later", record()))
+    await third
+    assert set(json.loads(path.read_text())["preparedClaims"]) == {"cancelled", "kept", "later"}
