@@ -218,8 +218,20 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 figures[v.name]["batched"] = batched[v.name]
                 figures[v.name]["concurrent"] = concurrent[v.name]
             main_v = variants[0]
-            on, off = figures["tracing-on"]["prepare"]["p50_ms"], figures["main"]["prepare"]["p50_ms"]
-            figures["tracing_overhead_prepare_p50_pct"] = round((on - off) / off * 100, 1)
+            on_v, off_v = figures["tracing-on"], figures["main"]
+
+            def overhead(on: float, off: float, *, rate: bool = False) -> float:
+                """How much worse exporter-on is, in % (negative: better, i.e. noise)."""
+                return round(((off - on) / off if rate else (on - off) / off) * 100, 1)
+
+            figures["tracing_overhead_pct"] = {
+                "prepare_p50": overhead(on_v["prepare"]["p50_ms"], off_v["prepare"]["p50_ms"]),
+                "prepare_mean": overhead(on_v["prepare"]["mean_ms"], off_v["prepare"]["mean_ms"]),
+                "batched_claims_per_s": overhead(on_v["batched"]["claims_per_s"], off_v["batched"]["claims_per_s"],
+                                                 rate=True),
+                "concurrent_claims_per_s": overhead(on_v["concurrent"]["claims_per_s"],
+                                                    off_v["concurrent"]["claims_per_s"], rate=True),
+            }
             if args.soak:
                 assert main_v.plugin is not None
                 samples = [round(main_v.rss_mb(), 1)]
