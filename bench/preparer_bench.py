@@ -1,33 +1,49 @@
-"""Preparer benchmark: 1-GPU prepare+unprepare latency (p50/p99) and prepares per second, over the real
-unix sockets, against the embedded API server, with the preparer as its own `gpu-dra preparer` process.
+"""Preparer benchmark: 1-GPU prepare/unprepare latency (p50/p95/p99), fsyncs per cycle, sequential, batched and
+concurrent claims per second, RSS over a soak, and tracing overhead (exporter on vs off), over the real unix
+sockets, against the embedded API server, with each preparer as its own `gpu-dra preparer` process.
 
-    .venv/bin/python bench/preparer_bench.py [--cycles 300] [--batch-rounds 40]
+    .venv/bin/python bench/preparer_bench.py [--cycles 300] [--batch-rounds 40] [--concurrent-rounds 10]
+        [--soak 10000] [--compare-repo /path/to/other/checkout] [--out bench/results/preparer.json]
 
-Prints the figures and writes them to bench/results/preparer.json.
+Variants run side by side and are interleaved cycle by cycle (the machine is noisy; medians of interleaved
+runs compare): `main` (this checkout, no trace exporter), `tracing-on` (this checkout, spans exported to a
+file) and, with --compare-repo, `compare` (another checkout's preparer, e.g. the commit before a change).
+fsyncs are read from each preparer's `gpu_dra_fsyncs_total` (its /metrics); RSS from /proc/<pid>/status.
+Prints the figures and writes them to --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
-from embedded.kubelet.client import Claim, register  # noqa: E402
+from embedded.kubelet.client import Claim, DraPlugin, register  # noqa: E402
 from tests.preparer.helpers import ApiClaims, claim_doc  # noqa: E402
 
-GPUS = 8
+GPUS = 64  # fake device nodes: enough for 64 concurrent one-GPU claims without overlap
+BATCH = 8
+CONCURRENT = 64
+_FSYNC_LINE = re.compile(r'^gpu_dra_fsyncs_total\{what="(\w+)"\} ([0-9.e+]+)$', re.M)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -36,88 +52,217 @@ def pct(values: list[float], q: float) -> float:
 
 
 def ms(values: list[float]) -> dict[str, float]:
-    return {"p50_ms": round(pct(values, 0.5) * 1000, 3), "p99_ms": round(pct(values, 0.99) * 1000, 3),
-            "mean_ms": round(statistics.fmean(values) * 1000, 3)}
+    return {"p50_ms": round(pct(values, 0.5) * 1000, 3), "p95_ms": round(pct(values, 0.95) * 1000, 3),
+            "p99_ms": round(pct(values, 0.99) * 1000, 3), "mean_ms": round(statistics.fmean(values) * 1000, 3)}
 
 
-async def main(cycles: int, batch_rounds: int) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="gdb-", dir="/tmp"))  # noqa: S108 - short socket paths
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Variant:
+    name: str
+    repo: Path
+    env: dict[str, str]
+    root: Path = Path()
+    port: int = 0
+    proc: Any = None
+    plugin: DraPlugin | None = None
+    prepare_s: list[float] = field(default_factory=list)
+    unprepare_s: list[float] = field(default_factory=list)
+    fsyncs: dict[str, float] = field(default_factory=dict)
+
+    def rss_mb(self) -> float:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+    def fsync_total(self) -> float | None:
+        """The preparer's fsyncs so far (None: a preparer that does not count them)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as reply:  # noqa: S310
+            found = _FSYNC_LINE.findall(reply.read().decode())
+        return sum(float(v) for _, v in found) if found else None
+
+
+@contextlib.asynccontextmanager
+async def running_preparer(variant: Variant, base: Path, kubeconfig: Path) -> AsyncIterator[Variant]:
+    root = base / variant.name
     dev = root / "host" / "dev"
     dev.mkdir(parents=True)
     for name in [f"nvidia{i}" for i in range(GPUS)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
         (dev / name).touch()
     (root / "boot_id").write_text("bench-boot\n")
-    async with running_apiserver(root / "api") as api, api.client() as client:
-        claims = ApiClaims(client)
-        singles = [await claims.add(claim_doc(name=f"one-{i}", results=[("gpu", "gpu-0")])) for i in range(cycles)]
-        batches: list[list[Claim]] = []
-        for r in range(batch_rounds):
-            batches.append([await claims.add(claim_doc(name=f"b{r}-{g}", results=[("gpu", f"gpu-{g}")]))
-                            for g in range(GPUS)])
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
-        log = open(root / "preparer.log", "wb")  # noqa: ASYNC230, SIM115
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli", "preparer", "--node", "n1", "--registry-dir", str(root / "reg"),
-            "--plugins-dir", str(root / "plugins"), "--cdi-dir", str(root / "cdi"), "--dev-root", str(root / "host"),
-            "--boot-id-path", str(root / "boot_id"), "--kubeconfig", str(api.kubeconfig_path),
-            cwd=REPO, env=env, stdout=log, stderr=log)
-        log.close()
-        reg = root / "reg" / "gpu.nvidia.com-reg.sock"
-        try:
-            async with asyncio.timeout(60):
-                while not reg.exists():
-                    await asyncio.sleep(0.05)
-            plugin = await register(reg)
-            # warm-up: version discovery, first connections
-            for claim in singles[:5]:
-                assert (await plugin.prepare([claim]))[claim.uid].error == ""
-                await plugin.unprepare([claim])
-            prepare_s, unprepare_s, pair_s = [], [], []
-            start_all = time.perf_counter()
-            for claim in singles[5:]:
-                t0 = time.perf_counter()
-                result = (await plugin.prepare([claim]))[claim.uid]
-                t1 = time.perf_counter()
-                errors = await plugin.unprepare([claim])
-                t2 = time.perf_counter()
-                assert result.error == "" and errors[claim.uid] == "", (result.error, errors)
-                prepare_s.append(t1 - t0)
-                unprepare_s.append(t2 - t1)
-                pair_s.append(t2 - t0)
-            sequential_elapsed = time.perf_counter() - start_all
+    variant.root, variant.port = root, free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
+    env.update(variant.env, PYTHONPATH=str(variant.repo))
+    log = open(root / "preparer.log", "wb")  # noqa: ASYNC230, SIM115
+    variant.proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "shared.cli", "preparer", "--node", "n1", "--registry-dir", str(root / "reg"),
+        "--plugins-dir", str(root / "plugins"), "--cdi-dir", str(root / "cdi"), "--dev-root", str(root / "host"),
+        "--boot-id-path", str(root / "boot_id"), "--kubeconfig", str(kubeconfig),
+        "--metrics-port", str(variant.port), cwd=variant.repo, env=env, stdout=log, stderr=log)
+    log.close()
+    reg = root / "reg" / "gpu.nvidia.com-reg.sock"
+    try:
+        async with asyncio.timeout(60):
+            while not reg.exists():
+                assert variant.proc.returncode is None, (root / "preparer.log").read_text()[-3000:]
+                await asyncio.sleep(0.05)
+        variant.plugin = await register(reg)
+        yield variant
+    finally:
+        if variant.plugin is not None:
+            await variant.plugin.close()
+        variant.proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(variant.proc.wait(), timeout=15)
+
+
+async def cycle(plugin: DraPlugin, claim: Claim) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    result = (await plugin.prepare([claim]))[claim.uid]
+    t1 = time.perf_counter()
+    errors = await plugin.unprepare([claim])
+    t2 = time.perf_counter()
+    assert result.error == "" and errors[claim.uid] == "", (result.error, errors)
+    return t1 - t0, t2 - t1
+
+
+async def batch_round(plugin: DraPlugin, claims: list[Claim]) -> None:
+    results = await plugin.prepare(claims)
+    assert all(r.error == "" for r in results.values()), results
+    errors = await plugin.unprepare(claims)
+    assert all(e == "" for e in errors.values()), errors
+
+
+async def concurrent_round(plugin: DraPlugin, claims: list[Claim]) -> None:
+    prepared = await asyncio.gather(*(plugin.prepare([c]) for c in claims))
+    assert all(r[c.uid].error == "" for r, c in zip(prepared, claims, strict=True)), prepared
+    unprepared = await asyncio.gather(*(plugin.unprepare([c]) for c in claims))
+    assert all(e[c.uid] == "" for e, c in zip(unprepared, claims, strict=True)), unprepared
+
+
+async def timed_phase(variants: list[Variant], rounds: int, claims_per_round: int, work: Any,
+                      claims: list[list[Claim]]) -> dict[str, dict[str, float | None]]:
+    """`rounds` rounds of `work(plugin, claims[r])`, interleaved across variants; claims/s and fsyncs per claim."""
+    elapsed = dict.fromkeys((v.name for v in variants), 0.0)
+    before = {v.name: v.fsync_total() for v in variants}
+    for r in range(rounds):
+        for v in variants:
+            assert v.plugin is not None
             t0 = time.perf_counter()
-            for batch in batches:
-                results = await plugin.prepare(batch)
-                assert all(r.error == "" for r in results.values())
-                await plugin.unprepare(batch)
-            batch_elapsed = time.perf_counter() - t0
-            await plugin.close()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(proc.wait(), timeout=15)
-    shutil.rmtree(root, ignore_errors=True)
-    measured = len(pair_s)
-    return {
-        "what": "1-GPU claim prepare+unprepare over the real DRA v1 unix socket; claims GET from the embedded "
-                "API server; preparer in its own process (no NATS needed on this path)",
-        "cycles": measured,
-        "prepare": ms(prepare_s),
-        "unprepare": ms(unprepare_s),
-        "prepare_plus_unprepare": ms(pair_s),
-        "sequential_prepares_per_s": round(measured / sequential_elapsed, 1),
-        "batched_prepares_per_s": round(batch_rounds * GPUS / batch_elapsed, 1),
-        "batch": f"{GPUS} claims per NodePrepareResources call, then one NodeUnprepareResources",
+            await work(v.plugin, claims[r % len(claims)])
+            elapsed[v.name] += time.perf_counter() - t0
+    out: dict[str, dict[str, float | None]] = {}
+    for v in variants:
+        after, start = v.fsync_total(), before[v.name]
+        n = rounds * claims_per_round
+        out[v.name] = {"claims_per_s": round(n / elapsed[v.name], 1),
+                       "fsyncs_per_cycle": round((after - start) / n, 3) if after is not None and start is not None
+                       else None}
+    return out
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    base = Path(tempfile.mkdtemp(prefix="gdb-", dir="/tmp"))  # noqa: S108 - short socket paths
+    variants = [Variant("main", REPO, {}),
+                Variant("tracing-on", REPO, {"GPU_DRA_OTEL_EXPORTER": f"file:{base / 'spans.jsonl'}"})]
+    if args.compare_repo:
+        variants.append(Variant("compare", Path(args.compare_repo), {}))
+    figures: dict[str, Any] = {
+        "what": "1-GPU claims over the real DRA v1 unix socket; claims GET from the embedded API server; each "
+                "preparer its own process (its embedded nats-server not counted in RSS); variants interleaved "
+                "cycle by cycle",
         "cpus": os.cpu_count(),
     }
+    try:
+        async with running_apiserver(base / "api") as api, api.client() as client, contextlib.AsyncExitStack() as stack:
+            claims = ApiClaims(client)
+            singles = [await claims.add(claim_doc(name=f"one-{i}", results=[("gpu", "gpu-0")]))
+                       for i in range(args.cycles + 5)]
+            batches = [[await claims.add(claim_doc(name=f"b{r}-{g}", results=[("gpu", f"gpu-{g}")]))
+                        for g in range(BATCH)] for r in range(min(args.batch_rounds, 20))]
+            crowd = [await claims.add(claim_doc(name=f"c-{g}", results=[("gpu", f"gpu-{g}")]))
+                     for g in range(CONCURRENT)]
+            for v in variants:
+                await stack.enter_async_context(running_preparer(v, base, api.kubeconfig_path))
+            for v in variants:  # warm-up: version discovery, first connections, first writes
+                assert v.plugin is not None
+                for claim in singles[:5]:
+                    await cycle(v.plugin, claim)
+            figures["rss_mb_after_warmup"] = {v.name: round(v.rss_mb(), 1) for v in variants}
+            before = {v.name: v.fsync_total() for v in variants}
+            t_seq = dict.fromkeys((v.name for v in variants), 0.0)
+            for claim in singles[5:]:
+                for v in variants:
+                    assert v.plugin is not None
+                    p, u = await cycle(v.plugin, claim)
+                    v.prepare_s.append(p)
+                    v.unprepare_s.append(u)
+                    t_seq[v.name] += p + u
+            for v in variants:
+                after, start = v.fsync_total(), before[v.name]
+                figures[v.name] = {
+                    "cycles": len(v.prepare_s),
+                    "prepare": ms(v.prepare_s),
+                    "unprepare": ms(v.unprepare_s),
+                    "prepare_plus_unprepare": ms([p + u for p, u in zip(v.prepare_s, v.unprepare_s, strict=True)]),
+                    "sequential_claims_per_s": round(len(v.prepare_s) / t_seq[v.name], 1),
+                    "sequential_fsyncs_per_cycle": round((after - start) / len(v.prepare_s), 3)
+                    if after is not None and start is not None else None,
+                }
+            batched = await timed_phase(variants, args.batch_rounds, BATCH, batch_round, batches)
+            concurrent = await timed_phase(variants, args.concurrent_rounds, CONCURRENT, concurrent_round, [crowd])
+            for v in variants:
+                figures[v.name]["batched"] = batched[v.name]
+                figures[v.name]["concurrent"] = concurrent[v.name]
+            main_v = variants[0]
+            on_v, off_v = figures["tracing-on"], figures["main"]
+
+            def overhead(on: float, off: float, *, rate: bool = False) -> float:
+                """How much worse exporter-on is, in % (negative: better, i.e. noise)."""
+                return round(((off - on) / off if rate else (on - off) / off) * 100, 1)
+
+            figures["tracing_overhead_pct"] = {
+                "prepare_p50": overhead(on_v["prepare"]["p50_ms"], off_v["prepare"]["p50_ms"]),
+                "prepare_mean": overhead(on_v["prepare"]["mean_ms"], off_v["prepare"]["mean_ms"]),
+                "batched_claims_per_s": overhead(on_v["batched"]["claims_per_s"], off_v["batched"]["claims_per_s"],
+                                                 rate=True),
+                "concurrent_claims_per_s": overhead(on_v["concurrent"]["claims_per_s"],
+                                                    off_v["concurrent"]["claims_per_s"], rate=True),
+            }
+            if args.soak:
+                assert main_v.plugin is not None
+                samples = [round(main_v.rss_mb(), 1)]
+                pool = singles[5:] or singles
+                for i in range(args.soak):
+                    await cycle(main_v.plugin, pool[i % len(pool)])
+                    if (i + 1) % max(1, args.soak // 10) == 0:
+                        samples.append(round(main_v.rss_mb(), 1))
+                figures["soak"] = {"cycles": args.soak, "rss_mb_samples": samples, "rss_mb_end": samples[-1],
+                                   "rss_mb_growth_second_half": round(samples[-1] - samples[len(samples) // 2], 1)}
+            figures["rss_mb_end"] = {v.name: round(v.rss_mb(), 1) for v in variants}
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    figures["batch"] = f"{BATCH} claims per NodePrepareResources call, then one NodeUnprepareResources"
+    figures["concurrent_calls"] = f"{CONCURRENT} one-claim NodePrepareResources calls at once, then as many unprepares"
+    return figures
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cycles", type=int, default=300)
-    parser.add_argument("--batch-rounds", type=int, default=40)
-    args = parser.parse_args()
-    figures = asyncio.run(main(args.cycles + 5, args.batch_rounds))
-    out = REPO / "bench" / "results" / "preparer.json"
+    parser.add_argument("--cycles", type=int, default=300, help="sequential prepare+unprepare cycles per variant")
+    parser.add_argument("--batch-rounds", type=int, default=40, help="rounds of 8-claim calls per variant")
+    parser.add_argument("--concurrent-rounds", type=int, default=10, help="rounds of 64 concurrent calls per variant")
+    parser.add_argument("--soak", type=int, default=0, help="cycles of the RSS soak on `main` (0: no soak)")
+    parser.add_argument("--compare-repo", default="", help="another checkout whose preparer runs as `compare`")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "preparer.json"))
+    arguments = parser.parse_args()
+    if arguments.compare_repo:
+        arguments.compare_repo = str(Path(arguments.compare_repo).resolve())
+    figures = asyncio.run(main(arguments))
+    out = Path(arguments.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))

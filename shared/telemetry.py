@@ -2,7 +2,11 @@
 
 Exporters: OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT is set; otherwise what `exporter` names:
 "console", "file:<path>" (one JSON span per line, read by the terminal waterfall and tests),
-"memory" (in-process, for tests) or "none".
+"memory" (in-process, for tests) or "none". With "none" (and no OTLP endpoint) no SDK provider is
+installed: the API's no-op tracer hands out non-recording spans (no ids drawn, no attributes kept, no
+processors), which still carry a caller's remote context through, so a kubelet's `traceparent` reaches
+NATS headers and log lines all the same. With an exporter, the SDK's sampler decides (OTEL_TRACES_SAMPLER,
+e.g. `parentbased_traceidratio` with OTEL_TRACES_SAMPLER_ARG): a span not sampled is not recorded.
 """
 
 from __future__ import annotations
@@ -67,14 +71,18 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
     }
 
 
-def setup_telemetry(service_name: str, exporter: str | None = None) -> TracerProvider:
-    """Install the process's tracer provider once. Later calls return the first provider."""
+def setup_telemetry(service_name: str, exporter: str | None = None) -> TracerProvider | None:
+    """Install the process's tracer provider once (None: no exporter, the no-op tracer stays). Later
+    calls return the first provider."""
     global _provider, _memory_exporter
     if _provider is not None:
         return _provider
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     chosen = exporter if exporter is not None else os.environ.get("GPU_DRA_OTEL_EXPORTER", "none")
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+    otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    if chosen == "none" and not otlp:
+        return None  # spans cost nothing where nobody collects them (module doc)
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if otlp:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -85,7 +93,7 @@ def setup_telemetry(service_name: str, exporter: str | None = None) -> TracerPro
     elif chosen == "memory":
         _memory_exporter = InMemorySpanExporter()
         provider.add_span_processor(SimpleSpanProcessor(_memory_exporter))
-    elif chosen != "none":
+    else:
         raise ValueError(f"unknown trace exporter {chosen!r}: use none, console, memory or file:<path>")
     trace.set_tracer_provider(provider)
     _provider = provider

@@ -43,7 +43,8 @@ def spans() -> InMemorySpanExporter:
     """Finished spans of this module's tests, whatever tracer provider the process installed first."""
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
-        provider = setup_telemetry("gpu-dra-tests", "none")
+        provider = setup_telemetry("gpu-dra-tests", "memory")
+        assert provider is not None
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return exporter

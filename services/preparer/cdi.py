@@ -7,7 +7,13 @@ spec of `gpu-dra cdi generate`), the minimum `cdiVersion` for the features used,
 edits (`ContainerEdits`: for GPU claims the node's driver userspace from `commonedits`: device
 nodes, mounts, hooks, env) and per-device edits (device nodes, char-device major/minor/mode for
 nodes a runtime creates, MPS mounts and env). A device mount wins over a spec-level mount at the
-same container path (a claim's MPS pipe dir over a node-wide one).
+same container path (a claim's MPS pipe dir over a node-wide one). A spec is written whole (temp
+file, rename) before the claim's `PrepareCompleted` checkpoint write, which orders it; where the node
+has a boot id it has no fsync of its own (`durable`): a power loss is a reboot that drops every
+prepared claim, and the kubelet's next prepare writes the spec again (the crash argument is in
+`checkpoint`'s module doc). At start, `sweep` removes the specs (and temp files) of claims the
+checkpoint does not hold: a spec is written after its claim's `PrepareStarted` entry and removed
+before the entry is, so such a spec belongs to no claim (one left by a reboot, or torn by a power loss).
 """
 
 from __future__ import annotations
@@ -214,9 +220,10 @@ def _document(cdi_kind: CdiKind, devices: list[CdiDevice], common: ContainerEdit
 class CdiWriter:
     """Writes and removes per-claim specs in one CDI directory."""
 
-    def __init__(self, cdi_dir: Path, cdi_kind: CdiKind = GPU_CDI) -> None:
+    def __init__(self, cdi_dir: Path, cdi_kind: CdiKind = GPU_CDI, *, durable: bool = True) -> None:
         self.dir = Path(cdi_dir)
         self.cdi_kind = cdi_kind
+        self.durable = durable  # False where the checkpoint's boot id makes a power loss moot (module doc)
 
     def path_for(self, claim_uid: str) -> Path:
         return self.dir / spec_file_name(claim_uid, self.cdi_kind)
@@ -227,7 +234,8 @@ class CdiWriter:
     def _write_sync(self, claim_uid: str, spec: dict[str, Any]) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.path_for(claim_uid)
-        atomic_write(path, msgspec.json.format(msgspec.json.encode(spec), indent=2))
+        atomic_write(path, msgspec.json.format(msgspec.json.encode(spec), indent=2), sync_dir=self.durable,
+                     sync_file=self.durable)
         return path
 
     async def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
@@ -241,6 +249,28 @@ class CdiWriter:
             self.path_for(claim_uid).unlink()
             return True
         return False
+
+    def _sweep_sync(self, keep: set[str]) -> list[str]:
+        prefix = spec_file_name("", self.cdi_kind)[: -len(".json")]
+        removed = []
+        for path in self.dir.glob(f"*{prefix}*"):
+            name = path.name
+            if name.startswith(prefix) and name.endswith(".json"):
+                uid = name[len(prefix): -len(".json")]
+            elif name.startswith(f".{prefix}") and name.endswith(".tmp"):
+                uid = ""  # a temp file a crash left mid-write
+            else:
+                continue
+            if uid in keep:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(name)
+        return removed
+
+    async def sweep(self, keep: set[str]) -> list[str]:
+        """At start: remove this kind's specs of claims not in `keep` (the checkpoint's) and temp files."""
+        return await asyncio.to_thread(self._sweep_sync, keep)
 
     async def remove(self, claim_uid: str) -> bool:
         """Delete the claim's spec; an absent spec is fine."""

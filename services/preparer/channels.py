@@ -239,14 +239,16 @@ class ChannelPlugin:
         cfg = ctx.cfg
         # dev root and simulation flag of the node (where /proc/devices and /dev live) come from discovery
         self.inventory = Inventory(cfg.node, ctx.plugin_dir / "inventory-cache.json", dev_root=cfg.dev_root)
+        cdi = CdiWriter(Path(cfg.cdi_dir), CHANNEL_CDI, durable=not ctx.checkpoint.power_loss_is_reboot)
         self.preparer = ChannelClaimPreparer(
-            driver=ctx.driver, node=cfg.node, claims=ctx.claims, cdi=CdiWriter(Path(cfg.cdi_dir), CHANNEL_CDI),
+            driver=ctx.driver, node=cfg.node, claims=ctx.claims, cdi=cdi,
             checkpoint=ctx.checkpoint, events=ctx.events, inventory=self.inventory,
             ready_timeout=cfg.channel_ready_timeout, request_timeout=cfg.device_op_timeout)
 
     async def start(self) -> None:
         await self.inventory.load_cache()
         await self.preparer.recover()
+        await self.preparer.sweep_specs()
 
     def add_services(self, server: Any) -> None:
         return None

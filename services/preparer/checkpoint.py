@@ -3,14 +3,36 @@
 Owns the two-phase record per claim (`PrepareStarted` -> `PrepareCompleted`), the schema version,
 the node boot id (a reboot wipes prepared state), the node's preparation sequence (`preparationSeq`:
 bumped when a preparation starts, kept across unprepare, restarts and reboots; claim event ids carry
-it), crash-safe replacement (temp file, fsync, rename, fsync of the directory) and quarantine of a
-corrupt file. A write may carry records for a `Journal` (the lifecycle-event outbox): they are
-appended in the same thread just before the checkpoint's fsync'd replacement, so the events of a
-state change are on disk when the change is. Decoding is forward-tolerant: fields a
-newer version wrote are kept on rewrite, never rejected, and there is no checksum over re-serialised
-JSON (the upstream driver's crash loop, NVIDIA/k8s-dra-driver-gpu#1080).
-"""
+it), crash-safe replacement and quarantine of a corrupt file. A write may carry records for a
+`Journal` (the lifecycle-event outbox): they are appended in the same thread just before the
+checkpoint's replacement, so the events of a state change are on disk when the change is. Decoding
+is forward-tolerant: fields a newer version wrote are kept on rewrite, never rejected, and there is
+no checksum over re-serialised JSON (the upstream driver's crash loop, NVIDIA/k8s-dra-driver-gpu#1080).
 
+Group commit: a state change is one write of the whole document, and every change made while a write
+is on its way goes out together in the next one (one temp file, one fsync, one rename), each caller
+resuming once the write that carries its change has replaced the file. So N claims changing state at
+once cost one write, not N, and a failed write fails every change it carried (each caller restores its
+own record).
+
+Crash argument (what each write must survive):
+- A process crash (SIGKILL, OOM kill) loses nothing the kernel has: a rename is atomic, so the file is
+  the old document or the new one and the restarted preparer rolls back `PrepareStarted` claims. No
+  fsync is needed for that.
+- A power loss or kernel crash reboots the node: the boot id changes, and the next load drops every
+  prepared claim (the kubelet prepares them again, rewriting their CDI specs), so it does not matter
+  whether the last rename reached the disk. What does matter is that the file which did land is whole
+  (the temp file is fsync'd before the rename: no torn JSON quarantined as corrupt) and that the
+  preparation sequence never goes back (after a reboot it restarts at least at the clock in
+  milliseconds, above any number handed out unless more than 1,000 preparations a second were made
+  on average since the sequence started). So a write with a boot id costs one fsync, not two: the
+  directory is fsync'd only when there is no boot id to detect the reboot (`sync_dir`).
+The CDI spec of a claim (`cdi.py`) rests on the same argument, one step further: it is written (renamed
+into place) before the `PrepareCompleted` write that hands its device ids to the kubelet, and has no
+fsync of its own: a process crash keeps it whole, and a power loss is a reboot after which no claim is
+prepared, so no container is handed the spec before the kubelet's next prepare writes it again; specs
+of claims that are not prepared again (a torn one included) are swept at start (`CdiWriter.sweep`).
+"""
 from __future__ import annotations
 
 import asyncio
@@ -114,7 +136,11 @@ class Checkpoint:
         self.claims: dict[str, ClaimRecord] = {}
         self._raw_top: dict[str, Any] = {}
         self._raw_claims: dict[str, dict[str, Any]] = {}
-        self._write_lock = asyncio.Lock()
+        self._queue: list[tuple[Sequence[Any], asyncio.Future[None]]] = []  # changes awaiting a write
+        self._committer: asyncio.Task[None] | None = None
+        self.writes = 0  # documents written (tests, benches)
+        self.power_loss_is_reboot = bool(boot_id)  # a power loss shows as a new boot id at the next load
+        self.sync_dir = not self.power_loss_is_reboot  # see the module doc: else a lost rename goes unnoticed
         self.quarantined: Path | None = None  # where a corrupt file was moved at load
         self.corrupt_reason = ""
         self.wiped_for_reboot = 0
@@ -160,6 +186,7 @@ class Checkpoint:
         self._raw_claims = dict(known.preparedClaims)
         if known.nodeBootID and self.boot_id and known.nodeBootID != self.boot_id:
             self.wiped_for_reboot = len(claims)
+            self.preparation_seq = max(self.preparation_seq, _fresh_sequence())  # a lost rename: never back
             log.warning("node rebooted since the checkpoint was written; prepared state wiped",
                         stored_boot_id=known.nodeBootID, boot_id=self.boot_id, claims=len(claims))
             self._raw_claims = {}
@@ -191,26 +218,61 @@ class Checkpoint:
         return self.preparation_seq
 
     async def save(self, events: Sequence[Any] = ()) -> None:
-        """Write the document; `events` go to the journal first, in the same durable step (see the module doc)."""
+        """Write the document (together with every other change pending now: group commit); `events` go
+        to the journal first, in the same durable step (see the module doc)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((events, done))
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit(), name="checkpoint-commit")
+        await done
+
+    async def _commit(self) -> None:
+        """Write what is queued, then what queued meanwhile, until nothing is (one task at a time)."""
+        while self._queue:
+            batch, self._queue = self._queue, []
+            error: BaseException | None = None
+            try:
+                await self._write([e for events, _ in batch for e in events], len(batch))
+            except BaseException as exc:  # noqa: BLE001 - handed to every waiter; cancellation re-raised below
+                error = exc
+            for _, done in batch:
+                if done.done():
+                    continue  # its caller was cancelled
+                if error is None:
+                    done.set_result(None)
+                elif isinstance(error, CheckpointError):
+                    done.set_exception(error)
+                else:
+                    done.set_exception(CheckpointError(f"checkpoint write of {self.path} interrupted: {error!r}"))
+            if error is not None and not isinstance(error, CheckpointError):
+                for _, done in self._queue:
+                    if not done.done():
+                        done.set_exception(CheckpointError(f"checkpoint write of {self.path} interrupted"))
+                self._queue = []
+                raise error
+
+    async def _write(self, events: list[Any], changes: int) -> None:
         with tracer.start_as_current_span("checkpoint.write") as span:
             span.set_attribute("checkpoint.claims", len(self.claims))
-            async with self._write_lock:
-                data = self._document()
-                journal = self.journal if events else None
-                kept: list[Any] = []
+            span.set_attribute("checkpoint.changes", changes)
+            data = self._document()
+            journal = self.journal if events else None
+            kept: list[Any] = []
+            sync_dir = self.sync_dir
 
-                def write() -> None:
-                    if journal is not None:
-                        kept.extend(journal.write_sync(events))
-                    atomic_write(self.path, data)
+            def write() -> None:
+                if journal is not None:
+                    kept.extend(journal.write_sync(events))
+                atomic_write(self.path, data, sync_dir=sync_dir)
 
-                try:
-                    await asyncio.to_thread(write)
-                except OSError as exc:
-                    raise CheckpointError(f"cannot write checkpoint {self.path}: {exc}") from exc
-                finally:
-                    if journal is not None and kept:
-                        journal.committed(kept)  # on file: sent even when the checkpoint write failed
+            self.writes += 1
+            try:
+                await asyncio.to_thread(write)
+            except OSError as exc:
+                raise CheckpointError(f"cannot write checkpoint {self.path}: {exc}") from exc
+            finally:
+                if journal is not None and kept:
+                    journal.committed(kept)  # on file: sent even when the checkpoint write failed
 
     async def put(self, uid: str, record: ClaimRecord, *, events: Sequence[Any] = ()) -> None:
         previous = self.claims.get(uid)

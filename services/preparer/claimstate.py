@@ -256,6 +256,14 @@ class ClaimPreparer:
         metrics.set_prepared(self.node, self.driver, self.checkpoint)
         return done
 
+    async def sweep_specs(self) -> int:
+        """At start, after `recover`: remove CDI specs of claims the checkpoint does not hold (cdi module doc)."""
+        removed = await self.cdi.sweep(set(self.checkpoint.claims))
+        if removed:
+            log.info("CDI specs of claims not prepared here removed (left by a reboot or a crash)",
+                     driver=self.driver, specs=len(removed))
+        return len(removed)
+
     async def retry_failed_rollbacks(self, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:
         """Forever: after a rollback failed, try the PrepareStarted entries again, backing off while
         they keep failing (each undo is idempotent)."""

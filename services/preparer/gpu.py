@@ -35,9 +35,9 @@ class GpuPlugin:
                                    dev_root=self.common.dev_root_override,
                                    dev_local=self.common.root.dev_local if self.common.configured else None)
         self.ops = DeviceOps(cfg.node, timeout=cfg.device_op_timeout)
+        cdi = CdiWriter(Path(cfg.cdi_dir), durable=not ctx.checkpoint.power_loss_is_reboot)
         self.preparer = Preparer(driver=ctx.driver, node=cfg.node, claims=ctx.claims, inventory=self.inventory,
-                                 ops=self.ops, cdi=CdiWriter(Path(cfg.cdi_dir)), checkpoint=ctx.checkpoint,
-                                 events=ctx.events, common=self.common)
+                                 ops=self.ops, cdi=cdi, checkpoint=ctx.checkpoint, events=ctx.events, common=self.common)
         self.health = HealthWatch(cfg.node, self.inventory)
 
     async def start(self) -> None:
@@ -45,6 +45,7 @@ class GpuPlugin:
         await self.common.start()
         await self.inventory.load_cache()
         await self.preparer.recover()
+        await self.preparer.sweep_specs()
 
     def add_services(self, server: grpc.aio.Server) -> None:
         add_health_service(server, self.health)

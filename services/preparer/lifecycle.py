@@ -1,7 +1,10 @@
 """Claim lifecycle events (`dra.v1.claim.<ns>.<node>.<event>`): minted here, kept in the outbox, sent when NATS is there.
 
 Owns the making of an event (its id, its `Nats-Msg-Id`) and the sender that drains the durable
-outbox (`outbox.py`) to JetStream in order: prepare never waits on NATS. Each event's id names this
+outbox (`outbox.py`) to JetStream in order: prepare never waits on NATS, and the sender lingers
+`SEND_LINGER` after it is woken, so a prepare's `prepare-started` and `prepared`, and the events of
+claims prepared together, go out in one round after the kubelet's call rather than interleaved with
+it (one ack line written per round, not per event). Each event's id names this
 node and the preparation it belongs to (`claim_event_id`: no other node can mint one that collides
 with it; each preparation of a claim has ids of its own). Its `Nats-Msg-Id` is that id plus a random
 suffix drawn once per process and stored with the outbox record, so a resend (after a lost ack, or
@@ -32,6 +35,7 @@ from shared.logs import get_logger
 log = get_logger(__name__)
 
 ACK_BATCH = 64  # sent events noted in the outbox per write
+SEND_LINGER = 0.02  # seconds the sender waits after a wake, so the events of a burst go out in one round
 
 
 def subject_token(value: str) -> str:
@@ -43,8 +47,10 @@ class LifecycleEvents:
     """Make events, and send what the outbox holds whenever a bus is there."""
 
     def __init__(self, node: str, driver: str, outbox_path: Path | None = None, *,
-                 max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int = DEFAULT_MAX_BYTES,
+                 linger: float = SEND_LINGER) -> None:
         self.node = node
+        self.linger = linger
         self.driver = driver
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
@@ -119,6 +125,7 @@ class LifecycleEvents:
         """Send the outbox whenever a connected bus is attached (until cancelled)."""
         while True:
             await self._wake.wait()
+            await asyncio.sleep(self.linger)  # let the rest of the burst land in the outbox (module doc)
             self._wake.clear()
             ok = await self._send()
             if not self.outbox.pending:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 from pathlib import Path
 
-from services.preparer.checkpoint import SCHEMA_VERSION, Checkpoint, ClaimRecord, PreparedDevice
+from services.preparer.checkpoint import (
+    SCHEMA_VERSION,
+    Checkpoint,
+    CheckpointError,
+    ClaimRecord,
+    PreparedDevice,
+)
+from shared.files import fsync_count
 from tests.preparer.helpers import MemoryClaims, claim_doc, running_node
 
 
@@ -116,3 +125,91 @@ async def test_a_corrupt_checkpoint_is_reported(claims: MemoryClaims, root: Path
         pass
     [(reason, moved)] = reports
     assert moved.read_text() == "{broken" and reason
+
+
+async def test_changes_made_together_share_one_write(root: Path) -> None:
+    path = root / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b")
+    await cp.load()
+    before = cp.writes
+    await asyncio.gather(*(cp.put(f"uid-{i}", record()) for i in range(8)))
+    assert cp.writes - before == 1
+    assert set(json.loads(path.read_text())["preparedClaims"]) == {f"uid-{i}" for i in range(8)}
+    # a change made while a write is on its way goes out in the next one, not lost and not alone per claim
+    await asyncio.gather(cp.remove("uid-0"), cp.remove("uid-1"), cp.put("uid-9", record()))
+    assert cp.writes - before == 2
+    assert set(json.loads(path.read_text())["preparedClaims"]) == {f"uid-{i}" for i in (2, 3, 4, 5, 6, 7, 9)}
+
+
+async def test_a_failed_group_write_fails_every_change_it_carried(root: Path) -> None:
+    path = root / "cp" / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b")
+    await cp.load()
+    await cp.put("kept", record())
+    shutil.rmtree(path.parent)  # the next write cannot create its temp file
+    results = await asyncio.gather(cp.put("new", record()), cp.remove("kept"), return_exceptions=True)
+    assert all(isinstance(r, CheckpointError) for r in results), results
+    assert set(cp.claims) == {"kept"}  # each caller restored its own record
+    path.parent.mkdir()
+    await cp.put("after", record())  # the committer is not stuck
+    assert set(json.loads(path.read_text())["preparedClaims"]) == {"kept", "after"}
+
+
+async def test_one_fsync_a_write_with_a_boot_id_two_without(root: Path) -> None:
+    for boot_id, expected in (("b", 1), ("", 2)):
+        cp = Checkpoint(root / f"checkpoint-{expected}.json", boot_id=boot_id)
+        await cp.load()
+        before = fsync_count()
+        await cp.put("uid-1", record())
+        assert fsync_count() - before == expected
+
+
+async def test_a_power_loss_that_lost_the_last_renames_is_a_reboot_and_the_claim_prepares_again(
+        claims: MemoryClaims, root: Path) -> None:
+    """What a power loss can leave without directory fsyncs and spec fsyncs: the checkpoint as it was before
+    the prepare (its rename lost), the outbox without the prepare's events, no CDI spec (its rename lost too)
+    and a torn spec of a claim no one prepares again. The boot id changed, so the state is dropped,
+    the preparation sequence does not go back, and the kubelet's prepare writes the spec again."""
+    (root / "host" / "dev").mkdir(parents=True)
+    (root / "host" / "dev" / "nvidia0").touch()
+    claim = claims.add(claim_doc(name="survivor", results=[("gpu", "gpu-0")]))
+    async with running_node(claims, root, dev_root=str(root / "host")) as node:
+        cp_path, outbox_path = node.service.checkpoint.path, node.service.plugin_dir / "outbox.jsonl"
+        before_prepare = cp_path.read_bytes()
+        outbox_before = outbox_path.read_bytes() if outbox_path.exists() else b""
+        assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
+        used = node.service.checkpoint.claims[claim.uid].preparation
+        spec = node.service.plugin.preparer.cdi.path_for(claim.uid)
+        assert spec.exists()
+    cp_path.write_bytes(before_prepare)
+    outbox_path.write_bytes(outbox_before)  # the outbox has no fsync of its own either
+    spec.unlink()
+    gone = spec.with_name("k8s.gpu.nvidia.com-claim_0e1f-gone.json")  # a claim whose pod went meanwhile
+    gone.write_bytes(b'{"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvid')  # torn: its data never reached the disk
+    temp = spec.with_name(".k8s.gpu.nvidia.com-claim_0e1f-gone.json.4242.tmp")
+    temp.write_bytes(b"")
+    other_kind = spec.with_name("k8s.compute-domain.nvidia.com-claim_0e1f-gone.json")
+    other_kind.write_text("{}")  # another driver's: not ours to sweep
+    (root / "boot_id").write_text("after-the-power-loss\n")
+    async with running_node(claims, root, dev_root=str(root / "host")) as node:
+        assert node.service.checkpoint.claims == {} and node.service.checkpoint.wiped_for_reboot == 0
+        assert node.service.checkpoint.preparation_seq > used
+        assert not gone.exists() and not temp.exists() and other_kind.exists()
+        assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
+        assert json.loads(spec.read_text())["devices"][0]["name"] == f"{claim.uid}-gpu-0"
+        assert node.service.checkpoint.claims[claim.uid].preparation > used
+
+
+async def test_a_caller_cancelled_during_a_group_write_does_not_stop_the_others(root: Path) -> None:
+    path = root / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b")
+    await cp.load()
+    first = asyncio.create_task(cp.put("cancelled", record()))
+    second = asyncio.create_task(cp.put("kept", record()))
+    await asyncio.sleep(0)  # both queued, the committer started
+    first.cancel()
+    await second
+    assert first.cancelled()
+    third = asyncio.create_task(cp.put("later", record()))
+    await third
+    assert set(json.loads(path.read_text())["preparedClaims"]) == {"cancelled", "kept", "later"}

@@ -4,11 +4,13 @@ config errors, node and overlap checks."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from embedded.kubelet.client import cdi_ids_for
+from shared.files import fsync_count
 from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node
 
 
@@ -165,3 +167,39 @@ async def test_a_device_held_by_another_claim_is_refused(claims: MemoryClaims, r
         assert (await node.plugin.prepare([admin]))[admin.uid].error == ""  # admin access is exempt
         await node.plugin.unprepare([first])
         assert (await node.plugin.prepare([second]))[second.uid].error == ""
+
+
+async def test_a_spec_that_cannot_be_written_fails_the_prepare_and_the_checkpoint_never_says_prepared(
+        claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    """The spec is written before the PrepareCompleted checkpoint write (which orders it: no directory fsync of
+    its own): when it fails, that write does not happen, the claim is rolled back and a later prepare succeeds."""
+    claim = claims.add(claim_doc(name="blocked", results=[("gpu", "gpu-0")]))
+    async with running_node(claims, root, dev_root=str(dev_root)) as node:
+        cp_path = root / "plugins" / "gpu.nvidia.com" / "checkpoint.json"
+        spec_file = node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{claim.uid}.json"
+        blocker = spec_file.with_name(f".{spec_file.name}.{os.getpid()}.tmp")  # the spec's temp file
+        blocker.mkdir(parents=True)
+        result = (await node.plugin.prepare([claim]))[claim.uid]
+        assert "Is a directory" in result.error and str(blocker) in result.error, result.error
+        assert json.loads(cp_path.read_text())["preparedClaims"] == {}
+        assert not spec_file.exists()
+        assert [e.event for e in node.service.events.pending] == ["prepare-started", "rolled-back", "prepare-failed"]
+        blocker.rmdir()
+        assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
+        assert json.loads(cp_path.read_text())["preparedClaims"][claim.uid]["state"] == "PrepareCompleted"
+        assert spec_file.exists()
+
+
+async def test_a_prepare_and_unprepare_cost_three_fsyncs_with_a_boot_id_eight_without(
+        claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    """One fsync a checkpoint write (PrepareStarted, PrepareCompleted, removal) and none for the CDI spec
+    when a power loss shows as a reboot (checkpoint module doc); without a boot id, files and directories."""
+    for boot_id, expected in (("boot-1", 3), ("", 8)):
+        (root / "boot_id").write_text(boot_id)
+        claim = claims.add(claim_doc(name=f"counted-{expected}", results=[("gpu", "gpu-0")]))
+        async with running_node(claims, root, dev_root=str(dev_root)) as node:
+            assert node.service.checkpoint.boot_id == boot_id
+            before = fsync_count()
+            assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
+            assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
+            assert fsync_count() - before == expected
