@@ -6,8 +6,11 @@ sockets exist and its Node is Ready, its ResourceSlices are published), keeping 
 service running (processes.py restarts one that dies), and the teardown, which completes even when
 interrupted and leaves no process and no temporary directory behind.
 
-Started again on the same data directory, it resumes: API objects, checkpoints and JetStream data
-are kept; the kubeconfigs and tokens are new (the old ones name a server that is gone).
+nats-server runs with the deployment's NATS users (natsidentities.py): every service connects as its own
+user, given by a .creds file named in its environment, and `up` itself as the admin.
+
+Started again on the same data directory, it resumes: API objects, checkpoints, JetStream data and the
+NATS keys are kept; the kubeconfigs, tokens and NATS user JWTs are new (the old ones name a server that is gone).
 """
 
 from __future__ import annotations
