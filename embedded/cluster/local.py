@@ -77,7 +77,11 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         # every node gets NATS users named after it, whose permissions name it as one subject token
         for index in {0, self.nodes - 1}:
-            check_node(f"{self.node_prefix}{index}")
+            try:
+                check_node(f"{self.node_prefix}{index}")
+            except ValueError as exc:
+                raise ValueError(f"--node-prefix {self.node_prefix!r} makes node names a NATS user cannot be "
+                                 f"named after ({exc}); use lowercase letters, digits and '-'") from None
 
 
 class ClusterNats(EmbeddedNats):

@@ -23,6 +23,7 @@ import pytest
 import pytest_asyncio
 
 from embedded.cluster.local import ClusterConfig, LocalCluster
+from embedded.cluster.up import main as up_main
 from services.publisher.testing import node_slices
 from shared.bus import Bus
 from shared.events import catalog
@@ -169,3 +170,9 @@ async def test_a_node_user_reads_neither_the_shared_inbox_nor_another_nodes_kv_e
             assert conn.errors.empty(), f"{user}: its own entry was refused: {conn.errors.get_nowait()}"
         finally:
             await conn.nc.close()
+
+
+async def test_node_names_no_nats_user_can_be_named_after_are_refused_before_anything_starts(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert up_main(["--node-prefix", "gpu.node-", "--nodes", "1"]) == 2
+    assert "--node-prefix 'gpu.node-'" in capsys.readouterr().err
