@@ -212,7 +212,7 @@ def cluster_permissions(role: str) -> Permissions:
     if role == "controller":
         return Permissions(
             publish=common
-            + _events((CD_STATUS,))
+            + _events((CD_STATUS, CD_DELETED))  # a domain's status, and its deletion (agents stop its daemon)
             + _kv_read(CD_MEMBERS_BUCKET.name)
             + _durable_consumer(EVENTS_STREAM.name)
             + [f"$KV.{CD_MEMBERS_BUCKET.name}.>"],

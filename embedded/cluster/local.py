@@ -6,8 +6,11 @@ sockets exist and its Node is Ready, its ResourceSlices are published), keeping 
 service running (processes.py restarts one that dies), and the teardown, which completes even when
 interrupted and leaves no process and no temporary directory behind.
 
-Started again on the same data directory, it resumes: API objects, checkpoints and JetStream data
-are kept; the kubeconfigs and tokens are new (the old ones name a server that is gone).
+nats-server runs with the deployment's NATS users (natsidentities.py): every service connects as its own
+user, given by a .creds file named in its environment, and `up` itself as the admin.
+
+Started again on the same data directory, it resumes: API objects, checkpoints, JetStream data and the
+NATS keys are kept; the kubeconfigs, tokens and NATS user JWTs are new (the old ones name a server that is gone).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from embedded.cluster import identities
+from embedded.cluster.natsidentities import ADMIN, CONTROLLER, PUBLISHER, NatsIdentities, issue_identities
 from embedded.cluster.processes import RESTARTS, RUNNING, ProcessFailed, Supervisor, describe_exit, gpu_dra
 from shared.backoff import Backoff
-from shared.bus import Bus
+from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, load_config_or_report
 from shared.deviceclasses import device_classes
 from shared.events import catalog
@@ -40,6 +44,7 @@ from shared.health import HEALTH, serve
 from shared.kubeclient import kube_api_client
 from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats, free_port
+from shared.natsusers import check_node, node_user
 from shared.parentdeath import with_parent_death_signal
 from shared.tasks import cancel_and_wait, finish_even_if_cancelled
 
@@ -47,6 +52,7 @@ log = get_logger(__name__)
 GPU_DRIVER = "gpu.nvidia.com"
 # the ComputeDomain controller assigns domains from allocated claims; agents count only those (docs/security.md)
 ASSIGNED_DOMAINS_ONLY = {"GPU_DRA_REQUIRE_ASSIGNMENT": "true"}
+NATS_CREDENTIAL_ENV = ("GPU_DRA_NATS_USER", "GPU_DRA_NATS_PASSWORD", "GPU_DRA_NATS_CREDS", "GPU_DRA_NATS_TOKEN_FILE")
 
 
 C = TypeVar("C", bound="ClusterConfig")
@@ -67,6 +73,15 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         """The --simulate spec of node `index`: `--gpus` may list one per node, separated by ';'."""
         specs = [s.strip() for s in self.gpus.split(";") if s.strip()]
         return specs[index % len(specs)] if specs else self.gpus
+
+    def __post_init__(self) -> None:
+        # every node gets NATS users named after it, whose permissions name it as one subject token
+        for index in {0, self.nodes - 1}:
+            try:
+                check_node(f"{self.node_prefix}{index}")
+            except ValueError as exc:
+                raise ValueError(f"--node-prefix {self.node_prefix!r} makes node names a NATS user cannot be "
+                                 f"named after ({exc}); use lowercase letters, digits and '-'") from None
 
 
 class ClusterNats(EmbeddedNats):
@@ -125,6 +140,8 @@ class LocalCluster:
         self._nats_keeper: asyncio.Task[None] | None = None
         self.nats_restarts = 0
         self.nats_url = cfg.nats_url
+        # the deployment's NATS users, one .creds per identity; None with --nats-url (that server's auth is yours)
+        self.nats_identities: NatsIdentities | None = None
         self.supervisor: Supervisor | None = None
         self.api: client.ApiClient | None = None
         self.bus: Bus | None = None
@@ -168,8 +185,17 @@ class LocalCluster:
     def _env(self) -> dict[str, str]:
         # No process inherits the admin's kubeconfig: each gets its own identity's (`_kube`), or none.
         # POD_NAMESPACE as a pod in deploy/'s namespace has it (the controller's Lease lives there).
+        # Nor the caller's NATS credentials when up runs the server: a process is only the user `_nats` gives it.
+        own_nats = dict.fromkeys(NATS_CREDENTIAL_ENV, "") if self.nats_identities else {}
         return {"GPU_DRA_NATS_URL": self.nats_url, "GPU_DRA_LOG_FORMAT": "json", "KUBECONFIG": "",
-                "POD_NAMESPACE": identities.NODE.namespace, **self.extra_env}
+                "POD_NAMESPACE": identities.NODE.namespace, **own_nats, **self.extra_env}
+
+    def _nats(self, user: str) -> dict[str, str]:
+        """The environment that makes a process the NATS user `user` (its .creds file; none with --nats-url)."""
+        return self.nats_identities.env(user) if self.nats_identities else {}
+
+    def _nats_tls(self, user: str) -> NatsTLS | None:
+        return self.nats_identities.tls(user) if self.nats_identities else None
 
     def _kube(self, identity: str) -> tuple[list[str], dict[str, str]]:
         """The flags and environment that make a process `identity` (a kubeconfig file path, not a token)."""
@@ -181,12 +207,15 @@ class LocalCluster:
         await asyncio.to_thread(self._forget_previous_run)
         await asyncio.to_thread(sweep_orphaned_dirs)
         if not self.nats_url:
-            self.nats = ClusterNats(store_dir=self.data_dir / "nats")
+            ids = self.nats_identities = await issue_identities(self.identities_dir, self.node_names)
+            self.nats = ClusterNats(store_dir=self.data_dir / "nats", config_file=ids.server_config)
             await self.nats.start()
             self.nats_url = self.nats.url
             self._nats_keeper = asyncio.create_task(self._keep_nats_running(), name="supervise-nats-server")
-        self.progress(f"nats-server (JetStream)   {self.nats_url}")
-        self.bus = await Bus.connect(self.nats_url, name="gpu-dra-up")
+        users = f" (a NATS user per service: {self.identities_dir / 'nats'})" if self.nats_identities else ""
+        self.progress(f"nats-server (JetStream)   {self.nats_url}{users}")
+        # up itself is the admin: it provisions the streams and buckets, as a deployment's init does
+        self.bus = await Bus.connect(self.nats_url, name="gpu-dra-up", tls=self._nats_tls(ADMIN))
         await self.bus.provision()
         sup = self.supervisor = Supervisor(self.data_dir / "logs", self._env(), report=self.progress)
         port = free_port()
@@ -354,8 +383,10 @@ class LocalCluster:
                                      ("controllers", "controllers", ["controllers"]),
                                      ("computedomain-controller", "controller", ["computedomain", "controller"])):
             flags, env = self._kube(identity)
+            if name == "publisher":
+                env = {**env, **self._nats(PUBLISHER)}
             if name == "computedomain-controller":
-                env = {**env, **ASSIGNED_DOMAINS_ONLY}
+                env = {**env, **ASSIGNED_DOMAINS_ONLY, **self._nats(CONTROLLER)}
             await self.supervisor.start(name, gpu_dra(*argv, *flags), env=env)
         self.progress("publisher, scheduler, controllers, computedomain controller started")
 
@@ -373,21 +404,23 @@ class LocalCluster:
         index = self.node_names.index(node)
         machine = ["--machine", self.cfg.machine] if self.cfg.machine else ["--simulate", self.cfg.node_spec(index)]
         await self.supervisor.start(f"{node}-discovery", gpu_dra(
-            "discovery", "--node", node, *machine, "--dev-root", str(paths["root"])))
+            "discovery", "--node", node, *machine, "--dev-root", str(paths["root"])),
+            env=self._nats(node_user("discovery", node)))
         await self.supervisor.wait_until(f"{node} inventory", lambda: self._has_inventory(node),
                                          timeout=self.cfg.start_timeout)
         node_flags, node_env = self._kube("node")
         await self.supervisor.start(f"{node}-preparer", gpu_dra(
             "preparer", "--node", node, *node_flags,
             "--registry-dir", str(paths["registry"]), "--plugins-dir", str(paths["plugins"]),
-            "--cdi-dir", str(paths["cdi"]), "--dev-root", str(paths["root"])), env=node_env)
+            "--cdi-dir", str(paths["cdi"]), "--dev-root", str(paths["root"])),
+            env={**node_env, **self._nats(node_user("preparer", node))})
         if self.cfg.compute_domains:
             await self.supervisor.start(f"{node}-cd-agent", gpu_dra(
                 "computedomain", "agent", "--node", node, "--ip-address", node_ip(index),
                 "--state-dir", str(paths["plugins"] / "compute-domain.nvidia.com"),
                 "--imex-server-port", str(self.imex_port), "--imex-cmd-port", str(self.imex_port + 1),
                 "--imex-daemon", "simulated"),  # no nvidia-imex here: the simulated daemon, each node its own address
-                env=ASSIGNED_DOMAINS_ONLY)
+                env={**ASSIGNED_DOMAINS_ONLY, **self._nats(node_user("cd-agent", node))})
         kubelet_flags, kubelet_env = self._kube(f"kubelet-{node}")
         await self.supervisor.start(f"{node}-kubelet", gpu_dra(
             "kubelet", "--node", node, *kubelet_flags,

@@ -22,6 +22,7 @@ import nats
 import pytest
 
 from shared.events import catalog
+from shared.natsjwt import Creds
 from shared.natsserver import free_port
 from tests.cluster.helpers import Up, gone, metric, pod_manifest
 
@@ -90,8 +91,10 @@ def test_a_preparer_killed_with_sigkill_is_restarted_and_prepares_the_next_claim
     assert claim_uid(up, "after-restart") in checkpoint_claims(up.data_dir)
 
 
-async def _stream_messages(url: str) -> int:
-    nc = await nats.connect(url)
+async def _stream_messages(url: str, data_dir: Path) -> int:
+    """Messages in DRA_EVENTS, read as up's own NATS identity (its .creds in the data dir)."""
+    jwt_cb, sign_cb = Creds((data_dir / "identities/nats/admin.creds").read_text()).callbacks()
+    nc = await nats.connect(url, user_jwt_cb=jwt_cb, signature_cb=sign_cb, inbox_prefix="_INBOX_admin")
     try:
         info = await nc.jetstream().stream_info(catalog.EVENTS_STREAM.name)
         return int(info.state.messages)
@@ -111,7 +114,7 @@ def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_st
     old_kubeconfig = first.kubeconfig.read_text() if first.kubeconfig else ""
     nats_url = re.search(r"nats://\S+", first.wait_line(lambda line: "nats-server (JetStream)" in line))
     assert nats_url
-    events = asyncio.run(_stream_messages(nats_url[0]))
+    events = asyncio.run(_stream_messages(nats_url[0], data_dir))
     assert events > 0, "the prepare was published"
     first.signal(signal.SIGINT)
     assert first.proc.wait(timeout=60) == 0, "".join(first.output)
@@ -129,7 +132,7 @@ def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_st
     assert uid in checkpoint_claims(data_dir), "the node's checkpoint is kept"
     nats_url = re.search(r"nats://\S+", second.wait_line(lambda line: "nats-server (JetStream)" in line))
     assert nats_url
-    assert asyncio.run(_stream_messages(nats_url[0])) >= events, "JetStream data is kept"
+    assert asyncio.run(_stream_messages(nats_url[0], data_dir)) >= events, "JetStream data is kept"
     second.kubectl("delete", "pod", "kept", "--wait=true", "--timeout=60s")  # and it is a working cluster
     second.kubectl("apply", "-f", "-", stdin=pod_manifest("next", node=NODE0))
     second.kubectl("wait", "--for=condition=Ready", "pod/next", "--timeout=60s")
@@ -210,14 +213,14 @@ def test_nats_server_killed_is_restarted_on_its_port_with_its_data_and_the_clust
     assert nats_url
     up.kubectl("apply", "-f", "-", stdin=pod_manifest("before"))
     up.kubectl("wait", "--for=condition=Ready", "pod/before", "--timeout=60s")
-    events = asyncio.run(_stream_messages(nats_url[0]))
+    events = asyncio.run(_stream_messages(nats_url[0], up.data_dir))
     (old,) = up.pids(f"nats-server .*{up.data_dir}")
     mark = len(up.output)
     os.kill(old, signal.SIGKILL)
     up.wait_line(lambda line: "nats-server restarted" in line, timeout=30, after=mark)
     assert metric(f"http://127.0.0.1:{port}/metrics", "gpu_dra_up_process_restarts_total",
                   process="nats-server") == 1.0
-    assert asyncio.run(_stream_messages(nats_url[0])) >= events, "same port, same JetStream data"
+    assert asyncio.run(_stream_messages(nats_url[0], up.data_dir)) >= events, "same port, same JetStream data"
     up.kubectl("delete", "pod", "before", "--wait=true", "--timeout=60s")
     up.kubectl("apply", "-f", "-", stdin=pod_manifest("after"))
     up.kubectl("wait", "--for=condition=Ready", "pod/after", "--timeout=60s")

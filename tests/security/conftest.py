@@ -6,9 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import nats
+import nats.errors
 import pytest
+from nats.aio.client import Client
 
 import embedded.apiserver.testing as apiserver_testing
 from shared.bus import Bus
@@ -21,6 +26,46 @@ from tests.preparer.conftest import discovery, root  # noqa: F401 - the preparer
 
 NODES = ["gpu-a", "gpu-b"]
 WAIT_S = 10.0
+REFUSAL_WAIT_S = 5.0
+
+
+@dataclass
+class Conn:
+    """A raw nats-py client and the errors the server sent it (permissions violations among them)."""
+
+    nc: Client
+    errors: asyncio.Queue[str]
+
+    async def refused(self, verb: str, subject: str) -> None:
+        """Wait for the server's permissions violation naming `subject`."""
+        expected = f'permissions violation for {verb} to "{subject}"'.lower()
+        seen = []
+        try:
+            while True:
+                error = await asyncio.wait_for(self.errors.get(), REFUSAL_WAIT_S)
+                if expected in error.lower():
+                    return
+                seen.append(error)
+        except TimeoutError:
+            raise AssertionError(f"no refusal of {verb} to {subject!r} within {REFUSAL_WAIT_S}s; "
+                                 f"errors seen: {seen}") from None
+
+    async def request_refused(self, subject: str, body: bytes = b"") -> None:
+        """A request on `subject` is refused by the server and no reply comes back."""
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await self.nc.request(subject, body, timeout=1.0)
+        await self.refused("publish", subject)
+
+
+async def connect_watched(url: str, **options: Any) -> Conn:
+    """A raw client (no reconnect) whose server errors are kept; `options` are nats.connect()'s."""
+    errors: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_error(exc: Exception) -> None:
+        errors.put_nowait(str(exc))
+
+    nc = await nats.connect(url, error_cb=on_error, allow_reconnect=False, connect_timeout=2, **options)
+    return Conn(nc, errors)
 
 
 

@@ -9,14 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from nats.aio.client import Client
 from nats.js.api import DeliverPolicy, KeyValueConfig
 
 from shared.bus import Bus, MsgContext
@@ -27,37 +25,13 @@ from shared.events.health import DeviceHealth
 from shared.events.inventory import NodeInventory
 from shared.natsserver import EmbeddedNats
 from tests.deploy.conftest import ShippedConfigNats, nats_layout, server_env, test_password
+from tests.security.conftest import Conn, connect_watched
 
 NODES = ["gpu-a", "gpu-b"]
 READERS = {"billing": ["team-a"]}
 WAIT = 5.0
 INV = catalog.INVENTORY_BUCKET.name
 INV_STREAM = f"KV_{INV}"
-
-
-@dataclass
-class Conn:
-    nc: Client
-    errors: asyncio.Queue[str]
-
-    async def refused(self, verb: str, subject: str) -> None:
-        """Wait for the server's permissions violation naming `subject`."""
-        expected = f'permissions violation for {verb} to "{subject}"'.lower()
-        seen = []
-        try:
-            while True:
-                error = await asyncio.wait_for(self.errors.get(), WAIT)
-                if expected in error.lower():
-                    return
-                seen.append(error)
-        except TimeoutError:
-            raise AssertionError(f"no refusal of {verb} to {subject!r} within {WAIT}s; errors seen: {seen}") from None
-
-    async def request_refused(self, subject: str, body: bytes = b"") -> None:
-        """A request on `subject` is refused by the server and no reply comes back."""
-        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
-            await self.nc.request(subject, body, timeout=1.0)
-        await self.refused("publish", subject)
 
 
 @pytest.fixture
@@ -73,15 +47,8 @@ async def server(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
 
 
 async def _connect(srv: EmbeddedNats, user: str, *, inbox: str | None = None) -> Conn:
-    errors: asyncio.Queue[str] = asyncio.Queue()
-
-    async def on_error(exc: Exception) -> None:
-        errors.put_nowait(str(exc))
-
     options = {"inbox_prefix": inbox} if inbox else {}
-    nc = await nats.connect(srv.url, user=user, password=test_password(user), error_cb=on_error,
-                            allow_reconnect=False, connect_timeout=2, **options)
-    return Conn(nc, errors)
+    return await connect_watched(srv.url, user=user, password=test_password(user), **options)
 
 
 async def _bus(srv: EmbeddedNats, user: str) -> Bus:
