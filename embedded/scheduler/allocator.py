@@ -18,11 +18,13 @@ import msgspec
 
 from embedded.scheduler.cel import CelError
 from embedded.scheduler.pools import Candidate, CounterKey, DeviceId, Pool, SliceIndex, node_labels
-from embedded.scheduler.report import ClaimProblem, NodeReport, RequestReport
+from embedded.scheduler.report import SAMPLE, ClaimProblem, NodeReport, Rejection, RequestReport
 from embedded.scheduler.requests import ClaimError, ClaimRequests, Constraint, Req, parse_claims
 from embedded.scheduler.results import allocation_result
 
 MAX_RESULTS = 32
+MAX_VERDICTS = 256  # request signatures remembered per device
+_UNSET: Any = object()
 DEFAULT_BUDGET = 100_000  # device tries per node before the search gives up
 
 
@@ -131,6 +133,21 @@ class _ConstraintState:
                 self.value = None
 
 
+def _cel_verdict(req: Req, device: Candidate) -> str | CelError | None:
+    """The first class selector or request selector that rejects the device (its reason), or the
+    CelError of one that fails; None when every selector accepts it."""
+    try:
+        for sel in req.class_selectors:
+            if not device.env.matches(sel):
+                return f"not in class {req.class_name}"
+        for i, sel in enumerate(req.selectors):
+            if not device.env.matches(sel):
+                return f"selector #{i + 1} `{_short(sel.expression)}` is false"
+    except CelError as exc:
+        return exc
+    return None
+
+
 class _Budget(Exception):
     pass
 
@@ -169,26 +186,52 @@ class NodeAttempt:
         report = RequestReport(claim=req.claim_key, request=req.name, device_class=req.class_name,
                                wanted="all" if req.mode == "All" else str(req.count))
         eligible: list[Candidate] = []
+        signature, admin, every = req.signature, req.admin, req.mode == "All"
+        taken = self.allocated.devices
+        buckets: dict[str, Rejection] = {}  # reason -> its entry in report.rejections (first-seen order)
+        seen = 0
         for pool in self.pools:
+            seen += len(pool.devices)
             for device in pool.devices:
-                report.seen += 1
-                try:
-                    reason = self._static_reason(req, device)
-                except CelError as exc:
-                    report.error = (f"selector `{_short(exc.expression)}` failed on device {device.label()}: "
-                                    f"{exc.message}")
+                # The CEL part depends only on the request's selectors: cached on the device.
+                verdict = device.verdicts.get(signature, _UNSET)
+                if verdict is _UNSET:
+                    verdict = _cel_verdict(req, device)
+                    if len(device.verdicts) >= MAX_VERDICTS:
+                        device.verdicts.clear()
+                    device.verdicts[signature] = verdict
+                if verdict is None:
+                    # Then the checks that depend on allocations and tolerations, cheapest first.
+                    if not admin and not device.shareable and device.id in taken:
+                        reason = f"already allocated to claim {taken[device.id]}"
+                    elif device.taints and (taint := blocking_taint(device, req.tolerations)) is not None:
+                        reason = f"taint {_describe_taint(taint)} not tolerated"
+                    elif not admin and device.consumes and (short := self._counter_shortage(device)):
+                        reason = f"counters used up by allocated devices ({short})"
+                    else:
+                        eligible.append(device)
+                        continue
+                    if every:
+                        report.error = report.error or f"allocationMode All needs every matching device, but {reason}"
+                elif verdict.__class__ is str:
+                    reason = verdict
+                else:
+                    report.seen = seen - len(pool.devices) + pool.devices.index(device) + 1
+                    report.error = (f"selector `{_short(verdict.expression)}` failed on device {device.text}: "
+                                    f"{verdict.message}")
                     self.eligible[id(req)] = []
                     self.reports[id(req)] = report
                     return report
-                if reason is None:
-                    eligible.append(device)
-                elif req.mode == "All" and not reason.startswith(("not in class", "selector")):
-                    report.rejection(reason).add(device.label())
-                    report.error = report.error or f"allocationMode All needs every matching device, but {reason}"
-                else:
-                    report.rejection(reason).add(device.label())
+                bucket = buckets.get(reason)
+                if bucket is None:
+                    bucket = buckets[reason] = Rejection(reason=reason)
+                    report.rejections.append(bucket)
+                bucket.count += 1
+                if len(bucket.devices) < SAMPLE:
+                    bucket.devices.append(device.text)
+        report.seen = seen
         report.eligible = len(eligible)
-        if req.mode == "All":
+        if every:
             if any(p.incomplete for p in self.all_pools):
                 report.error = report.error or "allocationMode All cannot be used while a pool is incomplete"
             elif not eligible:
@@ -196,24 +239,6 @@ class NodeAttempt:
         self.eligible[id(req)] = [] if report.error else eligible
         self.reports[id(req)] = report
         return report
-
-    def _static_reason(self, req: Req, device: Candidate) -> str | None:
-        for sel in req.class_selectors:
-            if not device.env.matches(sel):
-                return f"not in class {req.class_name}"
-        for i, sel in enumerate(req.selectors):
-            if not device.env.matches(sel):
-                return f"selector #{i + 1} `{_short(sel.expression)}` is false"
-        if not req.admin and not device.shareable and device.id in self.allocated.devices:
-            return f"already allocated to claim {self.allocated.devices[device.id]}"
-        taint = blocking_taint(device, req.tolerations)
-        if taint is not None:
-            return f"taint {_describe_taint(taint)} not tolerated"
-        if not req.admin:
-            short = self._counter_shortage(device)
-            if short:
-                return f"counters used up by allocated devices ({short})"
-        return None
 
     def _counter_shortage(self, device: Candidate) -> str:
         for ckey, amounts in device.consumes:

@@ -40,6 +40,7 @@ class Req:
         "mode",
         "name",
         "selectors",
+        "signature",
         "tolerations",
         "top",
     )
@@ -60,6 +61,9 @@ class Req:
                                           (class_obj.get("spec") or {}).get("selectors") or [])
         self.selectors = _selectors(claim_key, where, body.get("selectors") or [])
         self.selectors += _capacity_selectors(claim_key, where, body.get("capacity") or {})
+        # What the per-device CEL verdict depends on: equal signatures, equal verdicts (and reasons).
+        self.signature = "\x00".join([self.class_name, *(s.expression for s in self.class_selectors), "\x01",
+                                       *(s.expression for s in self.selectors)])
 
 
 class RequestSpec:
