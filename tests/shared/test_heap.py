@@ -33,3 +33,21 @@ def test_a_frozen_cycle_waits_for_the_next_settle() -> None:
     assert gone() is not None  # frozen: a full pass does not look at it
     settle()
     assert gone() is None
+
+
+def test_collection_is_paused_inside_the_block_only() -> None:
+    import shared.heap as heap
+
+    with heap.collection_paused():
+        assert not gc.isenabled()
+        with heap.collection_paused():  # nested: the outer block decides
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with heap.collection_paused():
+            pass
+        assert not gc.isenabled()  # a caller's own disable is left alone
+    finally:
+        gc.enable()
