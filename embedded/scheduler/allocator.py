@@ -172,13 +172,15 @@ class NodeAttempt:
         self.steps = 0
         self.counters: dict[CounterKey, dict[str, Fraction]] = {}
         for p in self.pools:
-            self.counters.update(p.counters)
+            if p.counters:
+                self.counters.update(p.counters)
         self.used: dict[CounterKey, dict[str, Fraction]] = {}
-        self.chosen: dict[DeviceId, list[int]] = {}  # device -> claim indices that picked it in this attempt
-        self.results: list[list[tuple[Req, Candidate]]] = [[] for _ in claims]
-        self.constraints = [[_ConstraintState(c) for c in cr.constraints] for cr in claims]
         self.eligible: dict[int, list[Candidate]] = {}
         self.reports: dict[int, RequestReport] = {}
+        # The search's state, set up by run() (most nodes fail in filtering and never search).
+        self.chosen: dict[DeviceId, list[int]] = {}  # device -> claim indices that picked it in this attempt
+        self.results: list[list[tuple[Req, Candidate]]] = []
+        self.constraints: list[list[_ConstraintState]] = []
         self.picked_alt: dict[tuple[int, int], int] = {}
 
     # ---- per-device checks (independent of the other choices) -------------------------------------
@@ -203,8 +205,9 @@ class NodeAttempt:
                     device.verdicts[signature] = verdict
                 if verdict is None:
                     # Then the checks that depend on allocations and tolerations, cheapest first.
-                    if not admin and not device.shareable and device.id in taken:
-                        reason = f"already allocated to claim {taken[device.id]}"
+                    owner = None if admin or device.shareable else taken.get(device.id)
+                    if owner is not None:
+                        reason = f"already allocated to claim {owner}"
                     elif device.taints and (taint := blocking_taint(device, req.tolerations)) is not None:
                         reason = f"taint {_describe_taint(taint)} not tolerated"
                     elif not admin and device.consumes and (short := self._counter_shortage(device)):
@@ -253,10 +256,18 @@ class NodeAttempt:
     # ---- combined search ------------------------------------------------------------------------
 
     def run(self) -> bool:
+        if self.claims and self.claims[0].requests and not any(
+                self._may_try(req) for req in self.claims[0].requests[0].alternatives):
+            return False  # the first request has no alternative to try: the search would stop at once
+        self.results = [[] for _ in self.claims]
+        self.constraints = [[_ConstraintState(c) for c in cr.constraints] for cr in self.claims]
         try:
             return self._claim(0)
         except _Budget:
             return False
+
+    def _may_try(self, req: Req) -> bool:
+        return not self.reports[id(req)].error and (req.mode == "All" or len(self.eligible[id(req)]) >= req.count)
 
     def _claim(self, ci: int) -> bool:
         if ci == len(self.claims):
@@ -269,8 +280,7 @@ class NodeAttempt:
             return self._claim(ci + 1)
         spec = claim.requests[ri]
         for ai, req in enumerate(spec.alternatives):
-            eligible = self.eligible[id(req)]
-            if self.reports[id(req)].error or (req.mode != "All" and len(eligible) < req.count):
+            if not self._may_try(req):
                 continue
             n = len(self.eligible[id(req)]) if req.mode == "All" else req.count
             if len(self.results[ci]) + n > MAX_RESULTS:
@@ -355,11 +365,15 @@ def _short(expression: str, limit: int = 90) -> str:
 def allocate_on_node(claims: list[ClaimRequests], index: SliceIndex, allocated: AllocatedState,
                      node: Mapping[str, Any] | str, budget: int = DEFAULT_BUDGET) -> NodeOutcome:
     """Allocate all `claims` (already parsed) together on `node`, or explain why not."""
-    node_obj: Mapping[str, Any] = {"metadata": {"name": node}} if isinstance(node, str) else node
-    name, _ = node_labels(node_obj)
+    node_obj: Mapping[str, Any]
+    if isinstance(node, str):
+        name, node_obj = node, {"metadata": {"name": node}}
+    else:
+        name, node_obj = node_labels(node)[0], node
     pools = index.gather(node_obj, allocated.devices)
     report = NodeReport(node=name)
-    report.notes = [p.incomplete for p in pools if p.incomplete] + [p.invalid for p in pools if p.invalid]
+    if any(p.incomplete or p.invalid for p in pools):
+        report.notes = [p.incomplete for p in pools if p.incomplete] + [p.invalid for p in pools if p.invalid]
     if not pools:
         report.problem = "no ResourceSlices are published for this node"
     attempt = NodeAttempt(claims, pools, allocated, name, budget)

@@ -96,9 +96,10 @@ Consumers = list[tuple[DeviceId, list[tuple[CounterKey, dict[str, Fraction]]]]]
 MAX_VIEWS = 20_000
 
 
-def node_labels(node: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+def node_labels(node: Mapping[str, Any]) -> tuple[str, Mapping[str, str]]:
+    """The node's name and labels (the node's own mapping: read it, do not change it)."""
     md = node.get("metadata") or {}
-    return str(md.get("name", "")), dict(md.get("labels") or {})
+    return str(md.get("name", "")), md.get("labels") or {}
 
 
 def _requirement_matches(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
