@@ -191,6 +191,13 @@ class NodeAttempt:
         eligible: list[Candidate] = []
         signature, admin, every = req.signature, req.admin, req.mode == "All"
         taken = self.allocated.devices
+        kept = self.pools[0] if len(self.pools) == 1 and self.pools[0].plain and not every else None
+        if kept is not None:
+            # One plain pool: the outcome is fixed by the selectors and by who holds each device.
+            holders = tuple(map(taken.get, kept.ids))
+            hit = kept.filtered.get((signature, admin))
+            if hit is not None and hit[0] == holders:
+                return self._reuse(req, report, hit[1], hit[2], len(kept.devices))
         buckets: dict[str, Rejection] = {}  # reason -> its entry in report.rejections (first-seen order)
         seen = 0
         for pool in self.pools:
@@ -235,12 +242,26 @@ class NodeAttempt:
                     bucket.devices.append(device.text)
         report.seen = seen
         report.eligible = len(eligible)
+        if kept is not None:
+            if len(kept.filtered) >= MAX_VERDICTS:
+                kept.filtered.clear()
+            kept.filtered[(signature, admin)] = (holders, tuple(eligible), tuple(
+                (r.reason, r.count, tuple(r.devices)) for r in report.rejections))
         if every:
             if any(p.incomplete for p in self.all_pools):
                 report.error = report.error or "allocationMode All cannot be used while a pool is incomplete"
             elif not eligible:
                 report.error = report.error or "allocationMode All matched no device"
         self.eligible[id(req)] = [] if report.error else eligible
+        self.reports[id(req)] = report
+        return report
+
+    def _reuse(self, req: Req, report: RequestReport, eligible: tuple[Candidate, ...],
+               rejections: tuple[tuple[str, int, tuple[str, ...]], ...], seen: int) -> RequestReport:
+        report.seen, report.eligible = seen, len(eligible)
+        report.rejections = [Rejection(reason=reason, count=count, devices=list(devices))
+                             for reason, count, devices in rejections]
+        self.eligible[id(req)] = list(eligible)
         self.reports[id(req)] = report
         return report
 

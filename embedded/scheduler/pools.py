@@ -74,7 +74,8 @@ class Candidate:
 class Pool:
     """The newest generation of one (driver, pool) as visible from a node."""
 
-    __slots__ = ("counters", "devices", "driver", "generation", "incomplete", "invalid", "name")
+    __slots__ = ("counters", "devices", "driver", "filtered", "generation", "ids", "incomplete", "invalid", "name",
+                 "plain")
 
     def __init__(self, driver: str, name: str, generation: int):
         self.driver = driver
@@ -84,6 +85,11 @@ class Pool:
         self.counters: dict[CounterKey, dict[str, Fraction]] = {}
         self.incomplete = ""
         self.invalid = ""
+        # Kept pools only (see SliceIndex.gather): no counters and no taints, so a request's filtering
+        # depends on its selectors and on who holds each device; the allocator keeps its results here.
+        self.plain = False
+        self.ids: tuple[DeviceId, ...] = ()
+        self.filtered: dict[Any, Any] = {}
 
     def with_counters(self, counters: dict[CounterKey, dict[str, Fraction]]) -> Pool:
         """The same pool with other (netted) counters; devices are shared."""
@@ -241,6 +247,8 @@ class SliceIndex:
                                    f"{entry.declared} slices of generation {entry.generation} are published")
             consumers: Consumers = []
             self._fill(pool, entry, relevant, node, consumers)
+            pool.plain = not pool.counters and not any(d.taints for d in pool.devices)
+            pool.ids = tuple(d.id for d in pool.devices)
             out.append((pool, consumers))
         return out
 

@@ -344,3 +344,24 @@ def test_requests_with_other_selectors_get_their_own_verdicts(h100_slices: list[
     for _ in range(2):
         assert devices_of(schedule([this], classes, index, AllocatedState(), ["h100-node"]), "default/this") == ["gpu-3"]
         assert devices_of(schedule([other], classes, index, AllocatedState(), ["h100-node"]), "default/other") == ["gpu-0"]
+
+
+def test_kept_filter_results_follow_who_holds_each_device(h100_slices: list[dict[str, Any]],
+                                                          classes: list[dict[str, Any]]) -> None:
+    index = SliceIndex(h100_slices)
+    state = AllocatedState()
+    held = {}
+    for i in range(8):
+        c = claim(f"c{i}", [exactly("gpu")])
+        out = schedule([c], classes, index, state, ["h100-node"])
+        held[devices_of(out, f"default/c{i}")[0]] = commit(state, c, out)
+    assert sorted(held) == sorted(f"gpu-{i}" for i in range(8))
+    full = schedule([claim("late", [exactly("gpu")])], classes, index, state, ["h100-node"])
+    assert full.node is None
+    assert sum(r.count for r in full.reports[0].requests[0].rejections) == 8
+    assert {r.reason for r in full.reports[0].requests[0].rejections} == {
+        f"already allocated to claim default/c{i}" for i in range(8)}
+    state.remove_claim(held["gpu-5"])
+    again = schedule([claim("late", [exactly("gpu")])], classes, index, state, ["h100-node"])
+    assert devices_of(again, "default/late") == ["gpu-5"]
+    assert again.reports[0].requests[0].eligible == 1
