@@ -2,7 +2,8 @@
 
 Runs everything in-process: embedded nats-server, embedded API server, one publisher replica.
 Prints the figures and writes bench/results/publisher.json.
-    .venv/bin/python bench/publisher_bench.py [--nodes 1000] [--changes 100]
+    .venv/bin/python bench/publisher_bench.py [--nodes 1000] [--changes 100] [--runs 3]
+Each figure is the median over the runs (a fresh NATS, API server and publisher each time).
 """
 
 from __future__ import annotations
@@ -106,8 +107,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--changes", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=3, help="each figure is the median over this many runs")
     args = parser.parse_args()
-    figures = asyncio.run(main(args.nodes, args.changes))
+    runs = [asyncio.run(main(args.nodes, args.changes)) for _ in range(args.runs)]
+    figures: dict[str, object] = {"runs": args.runs}
+    for key, first in runs[0].items():
+        values = [r[key] for r in runs]
+        numeric = isinstance(first, (int, float)) and all(isinstance(v, (int, float)) for v in values)
+        figures[key] = statistics.median(values) if numeric else first  # type: ignore[type-var]
     for key, value in figures.items():
         print(f"{key:>26}: {value}")
     out = Path(__file__).resolve().parent / "results" / "publisher.json"
