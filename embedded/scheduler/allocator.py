@@ -277,9 +277,12 @@ class NodeAttempt:
     # ---- combined search ------------------------------------------------------------------------
 
     def run(self) -> bool:
-        if self.claims and self.claims[0].requests and not any(
-                self._may_try(req) for req in self.claims[0].requests[0].alternatives):
-            return False  # the first request has no alternative to try: the search would stop at once
+        if self.claims and self.claims[0].requests:
+            for req in self.claims[0].requests[0].alternatives:
+                if self._may_try(req):
+                    break
+            else:
+                return False  # the first request has no alternative to try: the search would stop at once
         self.results = [[] for _ in self.claims]
         self.constraints = [[_ConstraintState(c) for c in cr.constraints] for cr in self.claims]
         try:
@@ -393,8 +396,10 @@ def allocate_on_node(claims: list[ClaimRequests], index: SliceIndex, allocated: 
         name, node_obj = node_labels(node)[0], node
     pools = index.gather(node_obj, allocated.devices)
     report = NodeReport(node=name)
-    if any(p.incomplete or p.invalid for p in pools):
-        report.notes = [p.incomplete for p in pools if p.incomplete] + [p.invalid for p in pools if p.invalid]
+    for p in pools:
+        if p.incomplete or p.invalid:
+            report.notes = [p.incomplete for p in pools if p.incomplete] + [p.invalid for p in pools if p.invalid]
+            break
     if not pools:
         report.problem = "no ResourceSlices are published for this node"
     attempt = NodeAttempt(claims, pools, allocated, name, budget)

@@ -199,8 +199,9 @@ class SliceIndex:
         for entry in self.pools.values():
             entry.slices.sort(key=lambda sl: str((sl.get("metadata") or {}).get("name", "")))
         self._old_envs = previous._envs if previous is not None else {}
-        # node (name, labels when they matter) -> its pools before allocations, with their counter consumers
-        self._views: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[Pool, Consumers]]] = {}
+        # node name (with its labels when selector pools exist) -> its pools before allocations, and
+        # per pool the devices consuming its counters
+        self._views: dict[Any, tuple[list[Pool], list[Consumers]]] = {}
 
     def slice_count(self) -> int:
         return sum(len(p.slices) for p in self.pools.values())
@@ -208,21 +209,25 @@ class SliceIndex:
     def gather(self, node: Mapping[str, Any], allocated: Mapping[DeviceId, Any]) -> list[Pool]:
         """The pools visible from `node`, sorted by (driver, pool), with counters net of `allocated`.
 
-        The pools are shared between calls (treat them as read-only); a pool whose counters are
-        consumed by allocated devices comes as a copy with netted counters."""
+        The pools (and, when no counters are consumed, the list itself) are shared between calls:
+        treat them as read-only. A pool whose counters are consumed by allocated devices comes as a
+        copy with netted counters."""
         name, labels = node_labels(node)
-        key = (name, tuple(sorted(labels.items())) if self.anywhere else ())
+        key: Any = (name, tuple(sorted(labels.items()))) if self.anywhere else name
         view = self._views.get(key)
         if view is None:
             view = self._view(node)
             if len(self._views) >= MAX_VIEWS:
                 self._views.clear()
             self._views[key] = view
+        pools, consumers = view
+        if not consumers:
+            return pools
         out: list[Pool] = []
-        for pool, consumers in view:
-            if consumers and any(did in allocated for did, _ in consumers):
+        for pool, users in zip(pools, consumers, strict=True):
+            if users and any(did in allocated for did, _ in users):
                 counters = {ckey: dict(amounts) for ckey, amounts in pool.counters.items()}
-                for did, consumes in consumers:
+                for did, consumes in users:
                     if did in allocated:
                         for ckey, amounts in consumes:
                             have = counters[ckey]
@@ -232,10 +237,13 @@ class SliceIndex:
             out.append(pool)
         return out
 
-    def _view(self, node: Mapping[str, Any]) -> list[tuple[Pool, Consumers]]:
+    def _view(self, node: Mapping[str, Any]) -> tuple[list[Pool], list[Consumers]]:
+        """The node's pools before allocations, and per pool the devices that consume its counters
+        (an empty list of those when no pool has any)."""
         name, _ = node_labels(node)
         keys = sorted(self.by_node.get(name, set()) | self.anywhere)
-        out: list[tuple[Pool, Consumers]] = []
+        pools: list[Pool] = []
+        consumers: list[Consumers] = []
         for key in keys:
             entry = self.pools[key]
             relevant = [sl for sl in entry.slices if self._relevant(sl, node)]
@@ -245,12 +253,13 @@ class SliceIndex:
             if len(entry.slices) != entry.declared:
                 pool.incomplete = (f"pool {key[1]} of {key[0]} is incomplete: {len(entry.slices)} of "
                                    f"{entry.declared} slices of generation {entry.generation} are published")
-            consumers: Consumers = []
-            self._fill(pool, entry, relevant, node, consumers)
+            users: Consumers = []
+            self._fill(pool, entry, relevant, node, users)
             pool.plain = not pool.counters and not any(d.taints for d in pool.devices)
             pool.ids = tuple(d.id for d in pool.devices)
-            out.append((pool, consumers))
-        return out
+            pools.append(pool)
+            consumers.append(users)
+        return pools, (consumers if any(consumers) else [])
 
     @staticmethod
     def _relevant(sl: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
