@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 import cel as _cel
+import msgspec
 
 from embedded.scheduler.celext import FUNCTIONS, quantity_value, semver_value
 from embedded.scheduler.values import QuantityError, SemverError, parse_quantity, parse_semver
@@ -132,29 +133,44 @@ def attribute_value(attr: dict[str, Any]) -> Any:
     raise ValueError(f"attribute has no value field (string, int, bool, version): {attr}")
 
 
-_MISSING = ("<absent>",)
+_MISSING = b""  # no JSON text is empty
 _projected: dict[tuple[str, tuple[Any, ...]], bool | CelError] = {}
 MAX_PROJECTIONS = 100_000
 
 
+_json = msgspec.json.Encoder()
+
+
 def _frozen(value: Any) -> Any:
-    """A raw JSON value as a hashable key that tells apart what CEL would tell apart (1 vs True vs "1")."""
+    """A raw JSON value as a hashable key that tells apart what CEL would tell apart (1 vs True vs "1"):
+    its JSON text, or for values JSON cannot hold, a tagged tuple."""
+    try:
+        return _json.encode(value)
+    except (TypeError, ValueError):
+        pass
     kind = value.__class__
-    if kind is str:
-        return value
     if kind is dict:
         return (dict, tuple((k, _frozen(v)) for k, v in value.items()))
-    if kind is list:
+    if kind is list or kind is tuple:
         return (list, tuple(_frozen(v) for v in value))
     return (kind.__name__, value)
+
+
+def _field(fields: dict[str, Any], name: str) -> Any:
+    return _frozen(fields[name]) if name in fields else _MISSING
 
 
 def device_problem(driver: str, device: dict[str, Any]) -> str:
     """Why the device's attributes or capacity cannot become a CEL value ("" when they can)."""
     try:
         for attr in (device.get("attributes") or {}).values():
-            if attr.__class__ is dict and attr.get("string").__class__ is str:
-                continue
+            if attr.__class__ is dict:
+                if "string" in attr:
+                    continue  # as attribute_value: taken as it is
+                version = attr.get("version")
+                if version is not None and "int" not in attr and "bool" not in attr:
+                    parse_semver(version)  # cached; the CEL value is built only if a selector needs it
+                    continue
             attribute_value(attr)
         for cap in (device.get("capacity") or {}).values():
             parse_quantity(str(cap["value"]))
@@ -227,12 +243,12 @@ class DeviceEnv:
                 fields = device.get(kind) or {}
                 qualified = f"{domain}/{ident}"
                 if domain != driver:
-                    out.append(_frozen(fields.get(qualified, _MISSING)))
+                    out.append(_field(fields, qualified))
                     continue
                 # Both spellings land on the same CEL key; the later one in the map wins.
                 both = ident in fields and qualified in fields
                 later = list(fields).index(qualified) > list(fields).index(ident) if both else None
-                out.append((_frozen(fields.get(ident, _MISSING)), _frozen(fields.get(qualified, _MISSING)), later))
+                out.append((_field(fields, ident), _field(fields, qualified), later))
         return tuple(out)
 
     def matches(self, selector: Selector) -> bool:
