@@ -10,6 +10,7 @@ backtracking under a step budget. The output is the `status.allocation` v1 dict 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
@@ -26,14 +27,20 @@ from shared.heap import collection_paused
 MAX_RESULTS = 32
 MAX_VERDICTS = 256  # request signatures remembered per device
 _UNSET: Any = object()
+_stamps = itertools.count(1)
 DEFAULT_BUDGET = 100_000  # device tries per node before the search gives up
 
 
 class AllocatedState:
-    """Devices held by allocated claims (admin-access results excluded), with the claim holding each."""
+    """Devices held by allocated claims (admin-access results excluded), with the claim holding each.
+
+    Change `devices` only through `add_claim` / `remove_claim`: they stamp each touched pool with a
+    number never used before, which is what kept filtering results are checked against."""
 
     def __init__(self, devices: Mapping[DeviceId, str] | None = None):
         self.devices: dict[DeviceId, str] = dict(devices or {})
+        self.serial = next(_stamps)
+        self._touched: dict[tuple[str, str], int] = {}
 
     @classmethod
     def from_claims(cls, claims: Iterable[Mapping[str, Any]]) -> AllocatedState:
@@ -50,12 +57,18 @@ class AllocatedState:
             if r.get("adminAccess") or r.get("shareID"):
                 continue
             self.devices[(r["driver"], r["pool"], r["device"])] = owner
+            self._touched[(r["driver"], r["pool"])] = next(_stamps)
 
     def remove_claim(self, claim: Mapping[str, Any]) -> None:
         md = claim.get("metadata") or {}
         owner = f"{md.get('namespace', '')}/{md.get('name', '')}"
         for key in [k for k, v in self.devices.items() if v == owner]:
             del self.devices[key]
+            self._touched[(key[0], key[1])] = next(_stamps)
+
+    def pool_stamp(self, driver: str, pool: str) -> tuple[int, int]:
+        """Equal stamps: the same devices of this pool held by the same claims."""
+        return self.serial, self._touched.get((driver, pool), 0)
 
 
 class NodeOutcome(msgspec.Struct, kw_only=True):
@@ -193,8 +206,8 @@ class NodeAttempt:
         taken = self.allocated.devices
         kept = self.pools[0] if len(self.pools) == 1 and self.pools[0].plain and not every else None
         if kept is not None:
-            # One plain pool: the outcome is fixed by the selectors and by who holds each device.
-            holders = tuple(map(taken.get, kept.ids))
+            # One plain pool: the outcome is fixed by the selectors and by who holds each device (stamped).
+            holders = self.allocated.pool_stamp(kept.driver, kept.name)
             hit = kept.filtered.get((signature, admin))
             if hit is not None and hit[0] == holders:
                 return self._reuse(req, report, hit[1], hit[2], len(kept.devices))

@@ -74,8 +74,7 @@ class Candidate:
 class Pool:
     """The newest generation of one (driver, pool) as visible from a node."""
 
-    __slots__ = ("counters", "devices", "driver", "filtered", "generation", "ids", "incomplete", "invalid", "name",
-                 "plain")
+    __slots__ = ("counters", "devices", "driver", "filtered", "generation", "incomplete", "invalid", "name", "plain")
 
     def __init__(self, driver: str, name: str, generation: int):
         self.driver = driver
@@ -86,9 +85,9 @@ class Pool:
         self.incomplete = ""
         self.invalid = ""
         # Kept pools only (see SliceIndex.gather): no counters and no taints, so a request's filtering
-        # depends on its selectors and on who holds each device; the allocator keeps its results here.
+        # depends on its selectors and on who holds each device; the allocator keeps its results here,
+        # with the AllocatedState's stamp of the pool.
         self.plain = False
-        self.ids: tuple[DeviceId, ...] = ()
         self.filtered: dict[Any, Any] = {}
 
     def with_counters(self, counters: dict[CounterKey, dict[str, Fraction]]) -> Pool:
@@ -256,7 +255,6 @@ class SliceIndex:
             users: Consumers = []
             self._fill(pool, entry, relevant, node, users)
             pool.plain = not pool.counters and not any(d.taints for d in pool.devices)
-            pool.ids = tuple(d.id for d in pool.devices)
             pools.append(pool)
             consumers.append(users)
         return pools, (consumers if any(consumers) else [])

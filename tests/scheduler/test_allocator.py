@@ -365,3 +365,9 @@ def test_kept_filter_results_follow_who_holds_each_device(h100_slices: list[dict
     again = schedule([claim("late", [exactly("gpu")])], classes, index, state, ["h100-node"])
     assert devices_of(again, "default/late") == ["gpu-5"]
     assert again.reports[0].requests[0].eligible == 1
+    # Another AllocatedState (built, not changed through add/remove) is another stamp.
+    one_held = AllocatedState({(GPU, "h100-node", "gpu-0"): "x/a"})
+    assert devices_of(schedule([claim("p", [exactly("gpu")])], classes, index, one_held, ["h100-node"]),
+                      "default/p") == ["gpu-1"]
+    assert devices_of(schedule([claim("q", [exactly("gpu")])], classes, index, AllocatedState(), ["h100-node"]),
+                      "default/q") == ["gpu-0"]
