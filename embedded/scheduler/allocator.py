@@ -71,7 +71,7 @@ class AllocatedState:
         return self.serial, self._touched.get((driver, pool), 0)
 
 
-class NodeOutcome(msgspec.Struct, kw_only=True):
+class NodeOutcome(msgspec.Struct, kw_only=True, gc=False):
     """One node: allocations by claim (`namespace/name`) when it fits, and the report either way."""
 
     node: str
