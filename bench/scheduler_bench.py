@@ -1,7 +1,7 @@
 """Allocation time for one claim in a 1,000-node x 8-GPU simulated pool; writes bench/results/scheduler.json.
 
 Figures: building the slice index, first-fit allocation (cold: a fresh index, CEL result caches
-emptied, median of 3; warm: the same index again, median of 15), a filter pass over every node (as
+emptied, median of 5; warm: the same index again, median of 45), a filter pass over every node (as
 kube-scheduler's Filter), and warm CEL cost per evaluation. Wall and process-CPU milliseconds: on a
 shared machine the CPU figure is the steadier one.
 Through the loop: 100 single-GPU pods (one template each) against the in-process API server, 4
@@ -38,8 +38,8 @@ LOOP_PODS = 100
 LOOP_NODES = 4
 LOOP_WAVE = 50
 LOOP_GPUS = "h100x16"
-COLD_RUNS = 3
-WARM_RUNS = 15
+COLD_RUNS = 5
+WARM_RUNS = 45
 
 
 def _claim(i: int) -> dict[str, Any]:
