@@ -28,6 +28,7 @@ from embedded.apiserver.core import Core, meta
 from embedded.apiserver.storage import Change, ObjKey, ResKey
 
 NAMESPACES: ResKey = ("", "namespaces")
+MAX_PENDING_NEW = 10_000
 
 
 class GarbageCollector:
@@ -71,6 +72,10 @@ class GarbageCollector:
         if change.type == "DELETED" or md.get("deletionTimestamp"):
             self.wake()
         elif change.type == "ADDED" and md.get("ownerReferences"):
+            if len(self._new) >= MAX_PENDING_NEW:  # not swept for long (not started?): one full sweep will do
+                self._new.clear()
+                self.wake()
+                return
             self._new.append((change.res, change.key))
             self._wake.set()
             self.idle.clear()
