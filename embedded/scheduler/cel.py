@@ -5,6 +5,11 @@ domain, unqualified names under the driver's domain, versions as semvers, capaci
 quantities, `allowMultipleAllocations`), the program cache (one compile per expression text),
 and turning compile/runtime failures into `CelError`s whose message says what was wrong.
 Evaluation uses the compiled `common-expression-language` package (`import cel`).
+
+Most selectors read a few literal fields (`device.driver`, `device.attributes['dom'].name`,
+`device.capacity['dom'].name`). For those the result depends on nothing else, so it is cached by
+(expression, the raw values of those fields) across devices: a fleet of identical GPUs costs one
+evaluation, not one per device. A device's CEL variable is built only when a projection misses.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import re
 from typing import Any
 
 import cel as _cel
+import msgspec
 
 from embedded.scheduler.celext import FUNCTIONS, quantity_value, semver_value
 from embedded.scheduler.values import QuantityError, SemverError, parse_quantity, parse_semver
@@ -21,6 +27,17 @@ MAX_EXPRESSION_LENGTH = 10 * 1024
 # `device.attributes['dom']` / `device.capacity["dom"]`: an unknown domain is an empty map, not an error.
 _DOMAIN_LOOKUP = re.compile(r"device\s*\.\s*(attributes|capacity)\s*\[\s*(['\"])([^'\"]+)\2\s*\]")
 _QUOTED_MESSAGE = re.compile(r"Python function call failed: \w+: (.*?)\. Check function arguments")
+# Every mention of `device` must be one of these for a selector's result to be cached by projection.
+_DEVICE_WORD = re.compile(r"\bdevice\b")
+_FIELD_REF = re.compile(
+    r"device\s*\.\s*(?:"
+    r"(?P<plain>driver|allowMultipleAllocations)\b(?!\s*\()"
+    r"|(?P<map>attributes|capacity)\s*\[\s*(?P<q>['\"])(?P<dom>[^'\"\\]+)(?P=q)\s*\]\s*"
+    r"(?:\.\s*(?P<ident>[A-Za-z_][A-Za-z0-9_]*)\b(?!\s*\()"
+    r"|\[\s*(?P<q2>['\"])(?P<ident2>[^'\"\\]+)(?P=q2)\s*\])"
+    r")"
+)
+Ref = tuple[str, str, str]  # ("driver" | "allowMultipleAllocations" | "attributes" | "capacity", domain, name)
 
 
 class CelError(ValueError):
@@ -35,7 +52,7 @@ class CelError(ValueError):
 class Selector:
     """One compiled expression and the domains it looks up literally."""
 
-    __slots__ = ("domains", "expression", "program")
+    __slots__ = ("domains", "expression", "program", "refs")
 
     def __init__(self, expression: str):
         self.expression = expression
@@ -49,6 +66,24 @@ class Selector:
         except (ValueError, RuntimeError) as exc:
             raise CelError(expression, f"CEL syntax error: {_first_lines(str(exc))}") from None
         self.domains = frozenset(m.group(3) for m in _DOMAIN_LOOKUP.finditer(expression))
+        self.refs = field_refs(expression)
+
+
+def field_refs(expression: str) -> tuple[Ref, ...] | None:
+    """The device fields `expression` reads, when each mention of `device` is a literal field lookup;
+    None when the result may depend on more (a whole map, a computed key, `device` alone)."""
+    refs: list[Ref] = []
+    for word in _DEVICE_WORD.finditer(expression):
+        m = _FIELD_REF.match(expression, word.start())
+        if m is None:
+            return None
+        if m.group("plain"):
+            ref: Ref = (m.group("plain"), "", "")
+        else:
+            ref = (m.group("map"), m.group("dom"), m.group("ident") or m.group("ident2"))
+        if ref not in refs:
+            refs.append(ref)
+    return tuple(refs)
 
 
 _compiled: dict[str, Selector | CelError] = {}
@@ -98,37 +133,94 @@ def attribute_value(attr: dict[str, Any]) -> Any:
     raise ValueError(f"attribute has no value field (string, int, bool, version): {attr}")
 
 
-class DeviceEnv:
-    """The CEL `device` variable of one device, its Context, and its selector results."""
+_MISSING = b""  # no JSON text is empty
+_projected: dict[tuple[str, tuple[Any, ...]], bool | CelError] = {}
+MAX_PROJECTIONS = 100_000
 
-    __slots__ = ("_context", "_domains", "_variables", "device", "driver", "error", "results")
+
+_json = msgspec.json.Encoder()
+
+
+def _frozen(value: Any) -> Any:
+    """A raw JSON value as a hashable key that tells apart what CEL would tell apart (1 vs True vs "1"):
+    its JSON text, or for values JSON cannot hold, a tagged tuple."""
+    try:
+        return _json.encode(value)
+    except (TypeError, ValueError):
+        pass
+    kind = value.__class__
+    if kind is dict:
+        return (dict, tuple((k, _frozen(v)) for k, v in value.items()))
+    if kind is list or kind is tuple:
+        return (list, tuple(_frozen(v) for v in value))
+    return (kind.__name__, value)
+
+
+def _field(fields: dict[str, Any], name: str) -> Any:
+    return _frozen(fields[name]) if name in fields else _MISSING
+
+
+def device_problem(driver: str, device: dict[str, Any]) -> str:
+    """Why the device's attributes or capacity cannot become a CEL value ("" when they can)."""
+    try:
+        for attr in (device.get("attributes") or {}).values():
+            if attr.__class__ is dict:
+                if "string" in attr:
+                    continue  # as attribute_value: taken as it is
+                version = attr.get("version")
+                if version is not None and "int" not in attr and "bool" not in attr:
+                    parse_semver(version)  # cached; the CEL value is built only if a selector needs it
+                    continue
+            attribute_value(attr)
+        for cap in (device.get("capacity") or {}).values():
+            parse_quantity(str(cap["value"]))
+    except (SemverError, QuantityError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"device {device.get('name')} has a malformed attribute or capacity: {exc}"
+    return ""
+
+
+class DeviceEnv:
+    """The CEL `device` variable of one device (built on first need), its Context, and its selector results."""
+
+    __slots__ = ("_context", "_domains", "_error", "_variables", "device", "driver", "results")
 
     def __init__(self, driver: str, device: dict[str, Any]):
         self.driver = driver
         self.device = device
         self.results: dict[str, bool | CelError] = {}
-        self.error = ""
+        self._error: str | None = None
+        self._variables: dict[str, Any] | None = None
+        self._domains: set[str] = set()
+        self._context: Any = None
+
+    @property
+    def error(self) -> str:
+        """Why this device cannot be evaluated at all ("" when it can)."""
+        if self._error is None:
+            self._error = device_problem(self.driver, self.device)
+        return self._error
+
+    def _build(self) -> dict[str, Any]:
+        device, driver = self.device, self.driver
         attributes: dict[str, dict[str, Any]] = {driver: {}}
         capacity: dict[str, dict[str, Any]] = {driver: {}}
-        try:
-            for name, attr in (device.get("attributes") or {}).items():
-                domain, ident = split_name(name, driver)
-                attributes.setdefault(domain, {})[ident] = attribute_value(attr)
-            for name, cap in (device.get("capacity") or {}).items():
-                domain, ident = split_name(name, driver)
-                capacity.setdefault(domain, {})[ident] = quantity_value(parse_quantity(str(cap["value"])))
-        except (SemverError, QuantityError, ValueError, KeyError, TypeError) as exc:
-            self.error = f"device {device.get('name')} has a malformed attribute or capacity: {exc}"
-        self._variables: dict[str, Any] = {
+        for name, attr in (device.get("attributes") or {}).items():
+            domain, ident = split_name(name, driver)
+            attributes.setdefault(domain, {})[ident] = attribute_value(attr)
+        for name, cap in (device.get("capacity") or {}).items():
+            domain, ident = split_name(name, driver)
+            capacity.setdefault(domain, {})[ident] = quantity_value(parse_quantity(str(cap["value"])))
+        self._domains = set(attributes) & set(capacity)
+        return {
             "driver": driver,
             "attributes": attributes,
             "capacity": capacity,
             "allowMultipleAllocations": bool(device.get("allowMultipleAllocations", False)),
         }
-        self._domains: set[str] = set(attributes) & set(capacity)
-        self._context: Any = None
 
     def _context_for(self, selector: Selector) -> Any:
+        if self._variables is None:
+            self._variables = self._build()
         missing = selector.domains - self._domains
         if missing or self._context is None:
             for domain in missing:
@@ -138,11 +230,41 @@ class DeviceEnv:
             self._context = _cel.Context(variables={"device": self._variables}, functions=FUNCTIONS)
         return self._context
 
+    def projection(self, refs: tuple[Ref, ...]) -> tuple[Any, ...]:
+        """The raw values of the fields `refs` names: equal projections give equal selector results."""
+        device, driver = self.device, self.driver
+        out: list[Any] = []
+        for kind, domain, ident in refs:
+            if kind == "driver":
+                out.append(driver)
+            elif kind == "allowMultipleAllocations":
+                out.append(bool(device.get("allowMultipleAllocations", False)))
+            else:
+                fields = device.get(kind) or {}
+                qualified = f"{domain}/{ident}"
+                if domain != driver:
+                    out.append(_field(fields, qualified))
+                    continue
+                # Both spellings land on the same CEL key; the later one in the map wins.
+                both = ident in fields and qualified in fields
+                later = list(fields).index(qualified) > list(fields).index(ident) if both else None
+                out.append((_field(fields, ident), _field(fields, qualified), later))
+        return tuple(out)
+
     def matches(self, selector: Selector) -> bool:
         """Whether the selector accepts this device; CelError for a failure (cached either way)."""
         cached = self.results.get(selector.expression)
         if cached is None:
-            cached = self._evaluate(selector)
+            if self.error or selector.refs is None:
+                cached = self._evaluate(selector)
+            else:
+                key = (selector.expression, self.projection(selector.refs))
+                cached = _projected.get(key)
+                if cached is None:
+                    cached = self._evaluate(selector)
+                    if len(_projected) >= MAX_PROJECTIONS:
+                        _projected.clear()
+                    _projected[key] = cached
             self.results[selector.expression] = cached
         if isinstance(cached, CelError):
             raise cached

@@ -5,7 +5,9 @@ a pool's newest generation counts, completeness (`resourceSliceCount` slices pre
 pool gives nothing), validity (duplicate devices, unknown counter sets), the counter sets of both
 layouts (1.34: beside the devices in one slice; 1.35+: counters-only slices of the pool), and the
 counters already consumed by allocated devices. `SliceIndex` is built once per set of slices and
-keeps each device's CEL environment across scheduling attempts.
+keeps each device's CEL environment across scheduling attempts, and what each node sees (its pools
+and candidates, before allocations) across scheduling cycles: a cycle only nets the counters of
+pools whose devices are allocated.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class Candidate:
         "shareable",
         "slice_name",
         "taints",
+        "text",
+        "verdicts",
     )
 
     def __init__(self, driver: str, pool: str, slice_name: str, device: dict[str, Any], env: DeviceEnv,
@@ -56,19 +60,21 @@ class Candidate:
         self.node_selector = node_selector
         self.all_nodes = all_nodes
         self.shareable = bool(device.get("allowMultipleAllocations", False))
+        self.text = f"{pool}/{self.name}" if pool != node_name else self.name
+        self.verdicts: dict[str, Any] = {}  # request signature -> CEL verdict (the allocator's cache)
 
     @property
     def driver(self) -> str:
         return self.id[0]
 
     def label(self) -> str:
-        return f"{self.pool}/{self.name}" if self.pool != self.node_name else self.name
+        return self.text
 
 
 class Pool:
     """The newest generation of one (driver, pool) as visible from a node."""
 
-    __slots__ = ("counters", "devices", "driver", "generation", "incomplete", "invalid", "name")
+    __slots__ = ("counters", "devices", "driver", "filtered", "generation", "incomplete", "invalid", "name", "plain")
 
     def __init__(self, driver: str, name: str, generation: int):
         self.driver = driver
@@ -78,11 +84,27 @@ class Pool:
         self.counters: dict[CounterKey, dict[str, Fraction]] = {}
         self.incomplete = ""
         self.invalid = ""
+        # Kept pools only (see SliceIndex.gather): no counters and no taints, so a request's filtering
+        # depends on its selectors and on who holds each device; the allocator keeps its results here,
+        # with the AllocatedState's stamp of the pool.
+        self.plain = False
+        self.filtered: dict[Any, Any] = {}
+
+    def with_counters(self, counters: dict[CounterKey, dict[str, Fraction]]) -> Pool:
+        """The same pool with other (netted) counters; devices are shared."""
+        out = Pool(self.driver, self.name, self.generation)
+        out.devices, out.counters, out.incomplete, out.invalid = self.devices, counters, self.incomplete, self.invalid
+        return out
 
 
-def node_labels(node: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+Consumers = list[tuple[DeviceId, list[tuple[CounterKey, dict[str, Fraction]]]]]
+MAX_VIEWS = 20_000
+
+
+def node_labels(node: Mapping[str, Any]) -> tuple[str, Mapping[str, str]]:
+    """The node's name and labels (the node's own mapping: read it, do not change it)."""
     md = node.get("metadata") or {}
-    return str(md.get("name", "")), dict(md.get("labels") or {})
+    return str(md.get("name", "")), md.get("labels") or {}
 
 
 def _requirement_matches(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
@@ -176,15 +198,51 @@ class SliceIndex:
         for entry in self.pools.values():
             entry.slices.sort(key=lambda sl: str((sl.get("metadata") or {}).get("name", "")))
         self._old_envs = previous._envs if previous is not None else {}
+        # node name (with its labels when selector pools exist) -> its pools before allocations, and
+        # per pool the devices consuming its counters
+        self._views: dict[Any, tuple[list[Pool], list[Consumers]]] = {}
 
     def slice_count(self) -> int:
         return sum(len(p.slices) for p in self.pools.values())
 
     def gather(self, node: Mapping[str, Any], allocated: Mapping[DeviceId, Any]) -> list[Pool]:
-        """The pools visible from `node`, sorted by (driver, pool), with counters net of `allocated`."""
+        """The pools visible from `node`, sorted by (driver, pool), with counters net of `allocated`.
+
+        The pools (and, when no counters are consumed, the list itself) are shared between calls:
+        treat them as read-only. A pool whose counters are consumed by allocated devices comes as a
+        copy with netted counters."""
+        name, labels = node_labels(node)
+        key: Any = (name, tuple(sorted(labels.items()))) if self.anywhere else name
+        view = self._views.get(key)
+        if view is None:
+            view = self._view(node)
+            if len(self._views) >= MAX_VIEWS:
+                self._views.clear()
+            self._views[key] = view
+        pools, consumers = view
+        if not consumers:
+            return pools
+        out: list[Pool] = []
+        for pool, users in zip(pools, consumers, strict=True):
+            if users and any(did in allocated for did, _ in users):
+                counters = {ckey: dict(amounts) for ckey, amounts in pool.counters.items()}
+                for did, consumes in users:
+                    if did in allocated:
+                        for ckey, amounts in consumes:
+                            have = counters[ckey]
+                            for cname, amount in amounts.items():
+                                have[cname] = have.get(cname, Fraction(0)) - amount
+                pool = pool.with_counters(counters)
+            out.append(pool)
+        return out
+
+    def _view(self, node: Mapping[str, Any]) -> tuple[list[Pool], list[Consumers]]:
+        """The node's pools before allocations, and per pool the devices that consume its counters
+        (an empty list of those when no pool has any)."""
         name, _ = node_labels(node)
         keys = sorted(self.by_node.get(name, set()) | self.anywhere)
-        out: list[Pool] = []
+        pools: list[Pool] = []
+        consumers: list[Consumers] = []
         for key in keys:
             entry = self.pools[key]
             relevant = [sl for sl in entry.slices if self._relevant(sl, node)]
@@ -194,9 +252,12 @@ class SliceIndex:
             if len(entry.slices) != entry.declared:
                 pool.incomplete = (f"pool {key[1]} of {key[0]} is incomplete: {len(entry.slices)} of "
                                    f"{entry.declared} slices of generation {entry.generation} are published")
-            self._fill(pool, entry, relevant, node, allocated)
-            out.append(pool)
-        return out
+            users: Consumers = []
+            self._fill(pool, entry, relevant, node, users)
+            pool.plain = not pool.counters and not any(d.taints for d in pool.devices)
+            pools.append(pool)
+            consumers.append(users)
+        return pools, (consumers if any(consumers) else [])
 
     @staticmethod
     def _relevant(sl: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
@@ -213,7 +274,7 @@ class SliceIndex:
         return False
 
     def _fill(self, pool: Pool, entry: _PoolSlices, relevant: list[dict[str, Any]], node: Mapping[str, Any],
-              allocated: Mapping[DeviceId, Any]) -> None:
+              consumers: Consumers) -> None:
         driver = pool.driver
         names: set[str] = set()
         pool_sets: set[str] = set()
@@ -243,11 +304,8 @@ class SliceIndex:
                     names.add(dname)
                     consumes = self._consumption(pool, sname, own_sets, pool_sets, device)
                     did = (driver, pool.name, dname)
-                    if did in allocated and not device.get("allowMultipleAllocations"):
-                        for ckey, amounts in consumes:
-                            have = pool.counters[ckey]
-                            for cname, amount in amounts.items():
-                                have[cname] = have.get(cname, Fraction(0)) - amount
+                    if consumes and not device.get("allowMultipleAllocations"):
+                        consumers.append((did, consumes))
                     if id(sl) not in relevant_ids or (per_device and not _device_visible(device, node)):
                         continue
                     env = self._env(driver, pool.name, sname, device)

@@ -13,7 +13,7 @@ import msgspec
 SAMPLE = 4  # device names kept per rejection reason
 
 
-class Rejection(msgspec.Struct, kw_only=True):
+class Rejection(msgspec.Struct, kw_only=True, gc=False):
     """One reason and the devices it applied to."""
 
     reason: str
@@ -26,7 +26,7 @@ class Rejection(msgspec.Struct, kw_only=True):
             self.devices.append(device)
 
 
-class RequestReport(msgspec.Struct, kw_only=True):
+class RequestReport(msgspec.Struct, kw_only=True, gc=False):
     """One request (or firstAvailable subrequest) of one claim on one node."""
 
     claim: str  # namespace/name
@@ -50,7 +50,7 @@ class RequestReport(msgspec.Struct, kw_only=True):
         return r
 
 
-class NodeReport(msgspec.Struct, kw_only=True):
+class NodeReport(msgspec.Struct, kw_only=True, gc=False):
     """One node's verdict for a pod's claims."""
 
     node: str

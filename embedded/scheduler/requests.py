@@ -8,6 +8,7 @@ constraint request names that exist. Capacity requests become the equivalent sel
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -40,6 +41,7 @@ class Req:
         "mode",
         "name",
         "selectors",
+        "signature",
         "tolerations",
         "top",
     )
@@ -60,6 +62,10 @@ class Req:
                                           (class_obj.get("spec") or {}).get("selectors") or [])
         self.selectors = _selectors(claim_key, where, body.get("selectors") or [])
         self.selectors += _capacity_selectors(claim_key, where, body.get("capacity") or {})
+        # What the per-device CEL verdict depends on: equal signatures, equal verdicts (and reasons).
+        signature = "\x00".join([self.class_name, *(s.expression for s in self.class_selectors), "\x01",
+                                  *(s.expression for s in self.selectors)])
+        self.signature = sys.intern(signature)  # the same object for every claim alike: identity-fast lookups
 
 
 class RequestSpec:

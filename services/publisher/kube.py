@@ -42,11 +42,20 @@ class WatchExpired(RuntimeError):
 
 async def request(api_client: Any, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
                   body: Any = None, timeout: float = 30.0) -> bytes:
-    """Send one request; the body bytes on 2xx, ApiError otherwise."""
-    resp = await api_client.call_api(
-        path, method, query_params=query or [], body=body,
-        header_params={"Accept": "application/json", "Content-Type": "application/json"},
-        auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout,
+    """Send one request; the body bytes on 2xx, ApiError otherwise.
+
+    It goes to the client's REST layer directly (auth headers from the client, its session, TLS and
+    timeout handling): `ApiClient.call_api` first walks the whole body in Python to turn models into
+    dicts (~0.3 ms for one 8-GPU slice, more than the rest of the request); our bodies are plain
+    JSON already."""
+    headers = {**api_client.default_headers, "Accept": "application/json", "Content-Type": "application/json"}
+    if api_client.cookie:
+        headers["Cookie"] = api_client.cookie
+    params = list(query or [])
+    await api_client.update_params_for_auth(headers, params, ["BearerToken"])
+    resp = await api_client.rest_client.request(
+        method, api_client.configuration.host + path, query_params=params, headers=headers, body=body,
+        _preload_content=False, _request_timeout=timeout,
     )
     try:
         data: bytes = await resp.read()

@@ -28,6 +28,7 @@ from shared.bus import Bus, MsgContext
 from shared.events import catalog
 from shared.events.health import DeviceHealth
 from shared.events.inventory import InventoryWithdrawn, NodeInventory
+from shared.heap import settle
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
 from shared.telemetry import get_tracer
@@ -197,6 +198,7 @@ class Publisher:
         self._ready = True
         for node in self._known_nodes():
             self.queue.add(node)
+        settle()  # the KV and slices just loaded stay out of the collector's full passes
         self.started.set()
 
     async def stop(self, *, clean: bool = True) -> None:
@@ -298,6 +300,7 @@ class Publisher:
             await self.writer.list_driver(driver)
         for node in self._known_nodes():
             self._enqueue(node)
+        settle()  # once per resync: the fleet's objects, re-read, are frozen again
 
     # ------------------------------------------------------------------ sync
     async def _worker(self) -> None:

@@ -130,3 +130,36 @@ async def test_graceful_pod_deletion_on_a_node_waits_for_the_kubelet(api: Runnin
         await core.create_namespaced_pod("default", {**pod, "spec": {"containers": pod["spec"]["containers"]}})
         await core.delete_namespaced_pod("p", "default")
         await wait_deleted(api, "", "pods", "default", "p")
+
+
+async def test_objects_created_with_owners_are_checked_alone(api: RunningApiServer) -> None:
+    """A burst of owned creates costs no full sweep; one whose owner is gone (or another object by the
+    same name: a different uid) is still deleted."""
+    gc = api.server.gc
+    sweeps = 0
+    full_sweep = gc.sweep
+
+    def counting() -> bool:
+        nonlocal sweeps
+        sweeps += 1
+        return full_sweep()
+
+    gc.sweep = counting  # type: ignore[method-assign]
+    async with api.client() as c:
+        core = client.CoreV1Api(c)
+        owner = await core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
+        await asyncio.gather(*(core.create_namespaced_config_map("default", {"metadata": {
+            "name": f"child-{i}", "ownerReferences": [owner_ref(owner)]}}) for i in range(30)))
+        await asyncio.wait_for(gc.idle.wait(), 10)
+        assert sweeps == 0
+        assert len((await core.list_namespaced_config_map("default")).items) >= 31
+        gone = {**owner_ref(owner), "uid": "0f7c61f2-0000-4000-8000-000000000000"}
+        await core.create_namespaced_config_map("default", {"metadata": {"name": "stray", "ownerReferences": [gone]}})
+        await wait_deleted(api, "", "configmaps", "default", "stray")
+        await core.delete_namespaced_config_map("owner", "default")
+        await core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})  # same name, new uid
+        await core.create_namespaced_config_map("default", {"metadata": {
+            "name": "late", "ownerReferences": [owner_ref(owner)]}})
+        await wait_deleted(api, "", "configmaps", "default", "late")
+        await wait_deleted(api, "", "configmaps", "default", "child-29")
+        assert sweeps > 0

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from embedded.scheduler.allocator import AllocatedState, schedule
+from embedded.scheduler.pools import SliceIndex
 from embedded.scheduler.simslices import node_slices
 from tests.scheduler.conftest import claim, exactly
 
@@ -302,3 +303,71 @@ def test_search_budget_is_bounded(h100_inv: Any, classes: list[dict[str, Any]]) 
     out = schedule([c], classes, slices, AllocatedState(), ["h100-node"], budget=2000)
     assert out.node is None
     assert out.reports[0].problem == "the search gave up after 2000 device tries"
+
+
+def test_one_index_serves_many_cycles(h100_inv: Any, h100_slices: list[dict[str, Any]],
+                                      classes: list[dict[str, Any]]) -> None:
+    """What a node sees is kept on the index between cycles: counters are netted per call (never in
+    the kept pools), and a node's labels are part of what it sees."""
+    slices = node_slices(h100_inv, mig_mode="dynamic", minor=35)
+    index = SliceIndex(slices)
+    uuid0 = uuid_of(slices, "gpu-0")
+    full = claim("full", [exactly("gpu", GPU, f"device.attributes['gpu.nvidia.com'].uuid == '{uuid0}'")])
+    mig = claim("mig", [exactly("mig", "mig.nvidia.com", f"device.attributes['gpu.nvidia.com'].parentUUID == '{uuid0}'")])
+    state = AllocatedState()
+    held = commit(state, mig, schedule([mig], classes, index, state, ["h100-node"]))
+    out = schedule([full], classes, index, state, ["h100-node"])
+    assert out.node is None
+    assert any(r.reason.startswith("counters used up") for r in out.reports[0].requests[0].rejections)
+    state.remove_claim(held)
+    assert devices_of(schedule([full], classes, index, state, ["h100-node"]), "default/full") == ["gpu-0"]
+
+    shared = copy.deepcopy(h100_slices[0])
+    shared["metadata"]["name"] = "rack-pool"
+    del shared["spec"]["nodeName"]
+    shared["spec"]["pool"]["name"] = "rack-a"
+    shared["spec"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "rack", "operator": "In", "values": ["a"]}]}]}
+    index = SliceIndex([shared])
+    one = claim("c", [exactly("g")])
+    assert schedule([one], classes, index, AllocatedState(), [{"metadata": {"name": "n", "labels": {"rack": "a"}}}]).node
+    moved = schedule([one], classes, index, AllocatedState(), [{"metadata": {"name": "n", "labels": {"rack": "b"}}}])
+    assert moved.node is None and moved.reports[0].problem == "no ResourceSlices are published for this node"
+
+
+def test_requests_with_other_selectors_get_their_own_verdicts(h100_slices: list[dict[str, Any]],
+                                                              classes: list[dict[str, Any]]) -> None:
+    index = SliceIndex(h100_slices)
+    uuid3 = uuid_of(h100_slices, "gpu-3")
+    this = claim("this", [exactly("gpu", GPU, f"device.attributes['gpu.nvidia.com'].uuid == '{uuid3}'")])
+    other = claim("other", [exactly("gpu", GPU, f"device.attributes['gpu.nvidia.com'].uuid != '{uuid3}'")])
+    for _ in range(2):
+        assert devices_of(schedule([this], classes, index, AllocatedState(), ["h100-node"]), "default/this") == ["gpu-3"]
+        assert devices_of(schedule([other], classes, index, AllocatedState(), ["h100-node"]), "default/other") == ["gpu-0"]
+
+
+def test_kept_filter_results_follow_who_holds_each_device(h100_slices: list[dict[str, Any]],
+                                                          classes: list[dict[str, Any]]) -> None:
+    index = SliceIndex(h100_slices)
+    state = AllocatedState()
+    held = {}
+    for i in range(8):
+        c = claim(f"c{i}", [exactly("gpu")])
+        out = schedule([c], classes, index, state, ["h100-node"])
+        held[devices_of(out, f"default/c{i}")[0]] = commit(state, c, out)
+    assert sorted(held) == sorted(f"gpu-{i}" for i in range(8))
+    full = schedule([claim("late", [exactly("gpu")])], classes, index, state, ["h100-node"])
+    assert full.node is None
+    assert sum(r.count for r in full.reports[0].requests[0].rejections) == 8
+    assert {r.reason for r in full.reports[0].requests[0].rejections} == {
+        f"already allocated to claim default/c{i}" for i in range(8)}
+    state.remove_claim(held["gpu-5"])
+    again = schedule([claim("late", [exactly("gpu")])], classes, index, state, ["h100-node"])
+    assert devices_of(again, "default/late") == ["gpu-5"]
+    assert again.reports[0].requests[0].eligible == 1
+    # Another AllocatedState (built, not changed through add/remove) is another stamp.
+    one_held = AllocatedState({(GPU, "h100-node", "gpu-0"): "x/a"})
+    assert devices_of(schedule([claim("p", [exactly("gpu")])], classes, index, one_held, ["h100-node"]),
+                      "default/p") == ["gpu-1"]
+    assert devices_of(schedule([claim("q", [exactly("gpu")])], classes, index, AllocatedState(), ["h100-node"]),
+                      "default/q") == ["gpu-0"]

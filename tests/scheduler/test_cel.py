@@ -100,3 +100,82 @@ def test_evaluation_cost_is_microseconds() -> None:
             env._evaluate(s)  # bypass the result cache: measure CEL itself
     per_eval = (time.perf_counter() - start) / (rounds * len(selectors))
     assert per_eval < 500e-6, f"{per_eval * 1e6:.1f} µs per evaluation"
+
+
+@pytest.mark.parametrize(("expression", "refs"), [
+    ("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+     (("driver", "", ""), ("attributes", GPU, "type"))),
+    ('device.capacity["gpu.nvidia.com"]["memory"].compareTo(quantity("40Gi")) >= 0',
+     (("capacity", GPU, "memory"),)),
+    ("has(device.attributes['resource.kubernetes.io'].pciBusID) && device.allowMultipleAllocations",
+     (("attributes", "resource.kubernetes.io", "pciBusID"), ("allowMultipleAllocations", "", ""))),
+    # Whole maps, a computed key, a method on the map, `device` itself: the result may depend on more.
+    ("'x' in device.attributes['gpu.nvidia.com']", None),
+    ("device.attributes['gpu.nvidia.com'].size() == 0", None),
+    ("device.attributes['gpu.nvidia.com'][device.driver] == 1", None),
+    ("device.attributes[device.driver].type == 'gpu'", None),
+    ("'device' == 'device'", None),
+    ("[1].all(x, x == 1)", ()),
+])
+def test_selectors_name_the_fields_they_read(expression: str, refs: tuple[Any, ...] | None) -> None:
+    assert compile_selector(expression).refs == refs
+
+
+def _variant(name: str, **attributes: Any) -> dict[str, Any]:
+    return {**DEVICE, "name": name, "attributes": {**DEVICE["attributes"], **attributes}}
+
+
+def test_results_are_shared_between_devices_that_agree_on_the_fields_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    expression = "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA A100') && device.driver != 'x'"
+    selector = compile_selector(expression)
+    evaluated: list[str] = []
+    full = DeviceEnv._evaluate
+
+    def counting(env: DeviceEnv, sel: Any) -> Any:
+        evaluated.append(env.device["name"])
+        return full(env, sel)
+
+    monkeypatch.setattr(DeviceEnv, "_evaluate", counting)
+    same = [DeviceEnv(GPU, _variant(f"gpu-{i}", uuid={"string": f"GPU-{i}"})) for i in range(50)]
+    assert all(env.matches(selector) for env in same)
+    assert evaluated == ["gpu-0"]  # one evaluation for 50 devices that differ only in fields not read
+    other = DeviceEnv(GPU, _variant("h100", productName={"string": "NVIDIA H100"}))
+    assert other.matches(selector) is False
+    assert evaluated == ["gpu-0", "h100"]
+
+
+@pytest.mark.parametrize("value", [{"int": 1}, {"bool": True}, {"string": "1"}, {"ints": [1]}, {"int": "1"}, {}])
+def test_shared_results_equal_a_full_evaluation(value: dict[str, Any]) -> None:
+    for expression in ("device.attributes['gpu.nvidia.com'].v == 1", "has(device.attributes['gpu.nvidia.com'].v)",
+                       "device.attributes['gpu.nvidia.com'].v == true"):
+        selector = compile_selector(expression)
+        for device in (_variant("a", v=value), _variant("b", v=value, uuid={"string": "GPU-b"})):
+            expected = DeviceEnv(GPU, device)._evaluate(selector)
+            env = DeviceEnv(GPU, device)
+            try:
+                got: Any = env.matches(selector)
+            except CelError as exc:
+                got = exc
+            if isinstance(expected, CelError):
+                assert isinstance(got, CelError) and got.message == expected.message
+            else:
+                assert got is expected
+
+
+def test_the_later_of_two_spellings_wins_as_in_a_full_evaluation() -> None:
+    selector = compile_selector("device.attributes['gpu.nvidia.com'].kind == 'b'")
+    first = {**DEVICE, "attributes": {"kind": {"string": "a"}, "gpu.nvidia.com/kind": {"string": "b"}}}
+    second = {**DEVICE, "attributes": {"gpu.nvidia.com/kind": {"string": "b"}, "kind": {"string": "a"}}}
+    assert DeviceEnv(GPU, first).matches(selector) is True
+    assert DeviceEnv(GPU, second).matches(selector) is False
+
+
+def test_a_malformed_device_fails_even_when_its_fields_read_match_a_good_one() -> None:
+    selector = compile_selector("device.attributes['gpu.nvidia.com'].type == 'gpu' && device.driver != 'y'")
+    assert DeviceEnv(GPU, DEVICE).matches(selector)
+    bad = DeviceEnv(GPU, _variant("bad", driverVersion={"version": "not-a-version"}))
+    with pytest.raises(CelError, match="malformed attribute"):
+        bad.matches(selector)
+    no_value = DeviceEnv(GPU, {**DEVICE, "capacity": {"memory": {}}})
+    with pytest.raises(CelError, match="malformed attribute"):
+        no_value.matches(selector)
