@@ -33,7 +33,10 @@ class QuantityError(ValueError):
 
 
 def _shown(text: str) -> str:
-    return repr(text) if len(text) <= MAX_LENGTH else f"{text[:20]!r}... ({len(text)} characters)"
+    """The input as an error shows it: quoted, and cut short where its escaped form would run long
+    (a control or astral character is shown as an escape up to 10 characters wide)."""
+    shown = repr(text)
+    return shown if len(shown) <= MAX_LENGTH + 2 else f"{text[:20]!r}... ({len(text)} characters)"
 
 
 def parse_quantity(text: str) -> Fraction:
@@ -49,7 +52,7 @@ def parse_quantity(text: str) -> Fraction:
 def _parse(text: str) -> Fraction:
     m = _QUANTITY.fullmatch(text)
     if m is None:
-        raise QuantityError(f"{text!r} is not a quantity: use {_FORMS}")
+        raise QuantityError(f"{_shown(text)} is not a quantity: use {_FORMS}")
     whole, _, fraction = m.group("number").partition(".")
     scale = -len(fraction)  # value = digits * 10**scale * 2**binary
     binary = 0
@@ -57,7 +60,7 @@ def _parse(text: str) -> Fraction:
     if m.group("exp") is not None:
         exponent = int(m.group("exp"))  # at most MAX_LENGTH digits: cheap
         if abs(exponent) > MAX_EXPONENT:
-            raise QuantityError(f"quantity {text!r}: exponent {exponent} is out of range "
+            raise QuantityError(f"quantity {_shown(text)}: exponent {exponent} is out of range "
                                 f"-{MAX_EXPONENT}..{MAX_EXPONENT}")
         scale += exponent
     elif suffix in _BINARY:
@@ -67,7 +70,7 @@ def _parse(text: str) -> Fraction:
     digits = int(whole + fraction or "0")
     value = Fraction((digits * 10 ** max(scale, 0)) << binary, 10 ** max(-scale, 0))
     if value > MAX_VALUE:
-        raise QuantityError(f"quantity {text!r} is too large: at most {MAX_VALUE} (2^63-1)")
+        raise QuantityError(f"quantity {_shown(text)} is too large: at most {MAX_VALUE} (2^63-1)")
     return -value if m.group("sign") == "-" else value
 
 
@@ -77,5 +80,5 @@ def parse_bytes(text: str, *, what: str = "quantity", maximum: int = MAX_VALUE) 
     if value < 0:
         raise QuantityError(f"{what} {_shown(text)} must not be negative")
     if value > maximum:
-        raise QuantityError(f"{what} {text!r} is {int(value)} bytes, more than the {maximum} allowed")
+        raise QuantityError(f"{what} {_shown(text)} is {int(value)} bytes, more than the {maximum} allowed")
     return int(value)

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from embedded.apiserver.validation import validate_object
@@ -90,6 +90,7 @@ def test_quantities_in_the_grammar_parse_exactly_or_are_refused_for_a_limit(case
 
 @settings(**FUZZ)
 @given(st.text(max_size=80) | st.text("0123456789.eE+-KMGTPEimnuk ", max_size=80) | st.integers() | st.none())
+@example("0" * 21 + "\x1f" * 11 + "\x08" + "\U00011daa\U0001239a\U00018cd6" * 3)  # escapes once made the error long
 def test_any_other_text_is_a_quantity_within_the_limits_or_a_clear_error(text: Any) -> None:
     try:
         value = parse_quantity(text)
