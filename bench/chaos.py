@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import random
@@ -204,11 +205,16 @@ class Run:
     listed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+SHARED_CLAIM = "chaos-shared"  # a standalone claim: pods at once share it, pods one after another re-prepare it
+
+
 def pod_body(name: str, template: str) -> dict[str, Any]:
+    """A pod whose claim comes from `template`, or is the standalone SHARED_CLAIM."""
+    ref = {"resourceClaimName": SHARED_CLAIM} if template == SHARED_CLAIM else {"resourceClaimTemplateName": template}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {LABEL: "1"}},
             "spec": {"containers": [{"name": "ctr", "image": "ubuntu:22.04",
                                      "resources": {"claims": [{"name": "gpu"}]}}],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}}
+                     "resourceClaims": [{"name": "gpu", **ref}]}}
 
 
 def is_running(pod: dict[str, Any]) -> bool:
@@ -250,7 +256,8 @@ async def pod_life(api: Api, run: Run, name: str, template: str, hold: float, po
     if await until(run, lambda: name in run.seen and is_running(run.seen[name]), pod_timeout):
         run.succeeded.add(name)
         pod = run.seen[name]
-        claim = ((pod.get("status") or {}).get("resourceClaimStatuses") or [{}])[0].get("resourceClaimName", "")
+        claim = SHARED_CLAIM if template == SHARED_CLAIM else \
+            ((pod.get("status") or {}).get("resourceClaimStatuses") or [{}])[0].get("resourceClaimName", "")
         if claim:
             with contextlib.suppress(ApiError):
                 obj = await api.call(lambda k: k.get(RESOURCECLAIMS, NS, claim))
@@ -277,7 +284,7 @@ async def churn(api: Api, run: Run, concurrency: int, pod_timeout: float, progre
 
     async def one(i: int) -> None:
         try:
-            template = "chaos-ts-gpu" if i % 3 == 2 else "chaos-gpu"
+            template = SHARED_CLAIM if i % 5 == 4 else "chaos-ts-gpu" if i % 3 == 2 else "chaos-gpu"
             await pod_life(api, run, f"chaos-{i}", template, rng.uniform(0, 0.3), pod_timeout)
         finally:
             slots.release()
@@ -425,23 +432,40 @@ def check_events(events: list[dict[str, Any]], run: Run) -> dict[str, Any]:
             "no_event_id": ids.get("", 0)}
 
 
-def recovery(events: list[dict[str, Any]], run: Run, up: UpProcess) -> tuple[list[float], list[float]]:
-    """Per preparer kill: seconds to the node's next `prepared`, from the kill and from the restart
-    (`up` prints "<node>-preparer restarted")."""
+def serving_times(up: UpProcess, node: str) -> list[float]:
+    """When the node's GPU preparer said "preparer serving" (its log), as wall times."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in (up.data_dir / "logs" / f"{node}-preparer.log").read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("msg") == "preparer serving" and entry.get("driver") == "gpu.nvidia.com":
+                    stamp = datetime.datetime.fromisoformat(entry["ts"].replace("Z", "+00:00"))
+                    out.append(stamp.timestamp())
+    return out
+
+
+def recovery(events: list[dict[str, Any]], run: Run, up: UpProcess) -> dict[str, list[float]]:
+    """Per preparer kill, seconds: to the node's next `prepared` from the kill, and from the restart
+    (`up` prints "<node>-preparer restarted"); and the restarted preparer's start (to "preparer serving")."""
     prepared = sorted((e["observed_at"], e["node"]) for e in events if e.get("event") == "prepared")
-    from_kill, from_restart = [], []
+    out: dict[str, list[float]] = {"from_kill": [], "from_restart": [], "start": []}
     for target, node, at in run.kills:
         if target != "preparer":
             continue
         nxt = next((t for t, n in prepared if n == node and t > at), None)
         if nxt is None:
             continue
-        from_kill.append(nxt - at)
+        out["from_kill"].append(nxt - at)
         restarted = next((t for t, line in zip(up.stamps, up.lines, strict=False)
                           if t > at and f"{node}-preparer restarted" in line), None)
-        if restarted is not None and restarted < nxt:
-            from_restart.append(nxt - restarted)
-    return from_kill, from_restart
+        if restarted is None or restarted > nxt:
+            continue
+        out["from_restart"].append(nxt - restarted)
+        serving = next((t for t in serving_times(up, node) if t > at), None)
+        if serving is not None:
+            out["start"].append(serving - restarted)
+    return out
 
 
 def figures(values: list[float]) -> dict[str, Any]:
@@ -497,6 +521,13 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
                         "metadata": {"name": name, "namespace": NS}, "spec": {"spec": {"devices": spec}}})
             await api.call(create)
 
+        async def create_shared(k: Kube) -> None:
+            with contextlib.suppress(ApiError):
+                await k.create(RESOURCECLAIMS, NS, {
+                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": SHARED_CLAIM, "namespace": NS}, "spec": {"devices": TEMPLATES["chaos-gpu"]}})
+        await api.call(create_shared)
+
         progress = asyncio.Condition()
         tasks = [asyncio.create_task(poll_pods(api, run)), asyncio.create_task(sample_doubles(up, api, run))]
         kill_task = asyncio.create_task(killer(up, run, kill_schedule(run, kills_each), progress))
@@ -525,6 +556,7 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
         with_pods = {n: node_state(up, n, claims, pods_now) for n in names}
         for name in final:
             await api.call(lambda k, name=name: k.delete(PODS, NS, name))
+        await api.call(lambda k: k.delete(RESOURCECLAIMS, NS, SHARED_CLAIM))
 
         async def all_gone() -> bool:
             claims, _ = await api.call(lambda k: k.list(RESOURCECLAIMS, NS))
@@ -552,7 +584,7 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
         book = read_json(ledger_state)
         applied = set(book.get("applied") or {})
         ev = check_events(events, run)
-        rec, rec_restart = recovery(events, run, up)
+        rec = recovery(events, run, up)
         leaks = sum(len(s["mismatch"]) + len(s["policy_left"]) + len(s["not_completed"])
                     for s in (*with_pods.values(), *empty.values())) + \
             sum(s["checkpoint"] + s["cdi_specs"] for s in empty.values()) + len(claims)
@@ -576,7 +608,9 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
             "ledger_open_uses": len(book.get("open") or {}), "ledger_stats": book.get("stats", {}),
             "pods_checked_for_events": len(run.claim_of),
             "preparer_kills": len([k for k in run.kills if k[0] == "preparer"]),
-            "preparer_recovery_s": figures(rec), "preparer_recovery_after_restart_s": figures(rec_restart),
+            "preparer_recovery_s": figures(rec["from_kill"]),
+            "preparer_recovery_after_restart_s": figures(rec["from_restart"]),
+            "preparer_restart_to_serving_s": figures(rec["start"]),
         }
         result["ok"] = not (result["pods_stuck"] or leaks or result["doubles"] or result["duplicate_events"]
                             or result["lost_events"] or result["ledger_missing"] or result["ledger_extra"]
