@@ -445,26 +445,29 @@ def serving_times(up: UpProcess, node: str) -> list[float]:
     return out
 
 
-def recovery(events: list[dict[str, Any]], run: Run, up: UpProcess) -> dict[str, list[float]]:
-    """Per preparer kill, seconds: to the node's next `prepared` from the kill, and from the restart
-    (`up` prints "<node>-preparer restarted"); and the restarted preparer's start (to "preparer serving")."""
+def recovery(events: list[dict[str, Any]], run: Run, up: UpProcess) -> list[dict[str, Any]]:
+    """Per preparer kill, seconds: to the node's next `prepared` from the kill (`from_kill`) and from the
+    restart (`up` prints "<node>-preparer restarted"), and the restarted preparer's start (restart to its
+    log's "preparer serving")."""
     prepared = sorted((e["observed_at"], e["node"]) for e in events if e.get("event") == "prepared")
-    out: dict[str, list[float]] = {"from_kill": [], "from_restart": [], "start": []}
+    out: list[dict[str, Any]] = []
     for target, node, at in run.kills:
         if target != "preparer":
             continue
+        one: dict[str, Any] = {"node": node, "at": time.strftime("%H:%M:%S", time.localtime(at))}
+        out.append(one)
         nxt = next((t for t, n in prepared if n == node and t > at), None)
         if nxt is None:
             continue
-        out["from_kill"].append(nxt - at)
+        one["from_kill"] = round(nxt - at, 2)
         restarted = next((t for t, line in zip(up.stamps, up.lines, strict=False)
                           if t > at and f"{node}-preparer restarted" in line), None)
         if restarted is None or restarted > nxt:
             continue
-        out["from_restart"].append(nxt - restarted)
+        one["from_restart"] = round(nxt - restarted, 2)
         serving = next((t for t in serving_times(up, node) if t > at), None)
         if serving is not None:
-            out["start"].append(serving - restarted)
+            one["start"] = round(serving - restarted, 2)
     return out
 
 
@@ -608,9 +611,11 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
             "ledger_open_uses": len(book.get("open") or {}), "ledger_stats": book.get("stats", {}),
             "pods_checked_for_events": len(run.claim_of),
             "preparer_kills": len([k for k in run.kills if k[0] == "preparer"]),
-            "preparer_recovery_s": figures(rec["from_kill"]),
-            "preparer_recovery_after_restart_s": figures(rec["from_restart"]),
-            "preparer_restart_to_serving_s": figures(rec["start"]),
+            "preparer_recovery_s": figures([r["from_kill"] for r in rec if "from_kill" in r]),
+            "preparer_recovery_after_restart_s": figures([r["from_restart"] for r in rec if "from_restart" in r]),
+            "preparer_restart_to_serving_s": figures([r["start"] for r in rec if "start" in r]),
+            "preparer_recoveries": rec,
+            "kill_log": [f"{time.strftime('%H:%M:%S', time.localtime(at))} {t} {n}".strip() for t, n, at in run.kills],
         }
         result["ok"] = not (result["pods_stuck"] or leaks or result["doubles"] or result["duplicate_events"]
                             or result["lost_events"] or result["ledger_missing"] or result["ledger_extra"]
