@@ -599,6 +599,7 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
             "churn_s": round(churn_s, 1),
             "pods_created": run.created + keep, "pods_succeeded": len(run.succeeded) + (keep if final_ok else 0),
             "pods_stuck": len(stuck), "stuck": sorted(stuck)[:20],
+            "stuck_never_running": sorted(run.never_running)[:20], "stuck_never_gone": sorted(run.never_gone)[:20],
             "kills": dict(Counter(t for t, _, _ in run.kills)), "kills_total": len(run.kills),
             "leaks": leaks, "claims_left": len(claims), "nodes_with_pods": with_pods, "nodes_empty": empty,
             "doubles": len(run.doubles), "double_samples": sorted(run.doubles)[:20],
