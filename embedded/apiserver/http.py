@@ -245,6 +245,11 @@ class Handlers:
             if target.watch_prefix or _truthy(q.get("watch")):
                 return await self._watch(request, target)
             return self._list(request, target)
+        response = await self._write(request, target, method)
+        await self.server.store.persisted()  # an acknowledged write survives a SIGKILL of the server
+        return response
+
+    async def _write(self, request: web.Request, target: Target, method: str) -> web.StreamResponse:
         if method == "POST" and not target.name:
             return await self._create(request, target)
         if method == "POST" and target.subresource == "token" and target.res is not None \

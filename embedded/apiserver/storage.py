@@ -4,13 +4,15 @@ Objects are plain dicts in their storage version, owned by the store once writte
 mutate a dict they put or got; they build a new one). Every write takes the next resourceVersion
 from one global counter, appends a `Change` to a bounded history (what watches resume from) and
 fans it out to live watchers. With a data directory, writes are also queued to SQLite on a
-writer thread, so the event loop never blocks on disk; `close()` flushes them.
+writer thread, so the event loop never blocks on disk; `persisted()` waits for their commit (the
+server answers a write only then) and `close()` flushes them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import queue
 import sqlite3
 import threading
@@ -184,10 +186,21 @@ class Store:
         """Called synchronously after every change (the garbage collector uses this)."""
         self._listeners.append(listener)
 
+    async def persisted(self) -> None:
+        """Return once every change made so far is in the data dir: the server answers a write only
+        then, so an acknowledged write survives a SIGKILL of the server (as etcd's does)."""
+        if self._db is not None:
+            await self._db.committed(self.rv)
+
     async def close(self) -> None:
         if self._db is not None:
             await asyncio.to_thread(self._db.close)
             self._db = None
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
 
 
 class _SqliteWriter:
@@ -205,6 +218,9 @@ class _SqliteWriter:
         conn.commit()
         conn.close()
         self._queue: queue.Queue[tuple[Change, int] | None] = queue.Queue()
+        self.committed_rv = 0  # every change up to it is in the file (a SIGKILL of the server keeps it)
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._waiters_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="apiserver-sqlite", daemon=True)
         self._thread.start()
 
@@ -219,7 +235,29 @@ class _SqliteWriter:
             ]
         finally:
             conn.close()
+        self.committed_rv = rv
         return rv, rows
+
+    async def committed(self, rv: int) -> None:
+        """Return once the changes up to `rv` are committed (the writer thread wakes us)."""
+        if self.committed_rv >= rv:
+            return
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        with self._waiters_lock:
+            if self.committed_rv >= rv:
+                return
+            self._waiters.append((rv, loop, done))
+        await done
+
+    def _wake(self, rv: int) -> None:
+        with self._waiters_lock:
+            self.committed_rv = rv
+            ready = [w for w in self._waiters if w[0] <= rv]
+            self._waiters = [w for w in self._waiters if w[0] > rv]
+        for _, loop, done in ready:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_resolve, done)
 
     def submit(self, change: Change, rv: int) -> None:
         self._queue.put((change, rv))
@@ -252,6 +290,8 @@ class _SqliteWriter:
             if last_rv is not None:
                 conn.execute("INSERT OR REPLACE INTO meta VALUES ('rv', ?)", (str(last_rv),))
             conn.commit()
+            if last_rv is not None:
+                self._wake(last_rv)
             if done:
                 conn.close()
                 return

@@ -365,6 +365,10 @@ class PodRunner:
                 log.warning("final pod delete failed; will retry", pod=meta["name"], status=exc.status)
                 self._retry.add(uid)
                 return
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:  # API server away: the retry loop tries again
+            log.warning("final pod delete failed; will retry", pod=meta["name"], error=str(exc))
+            self._retry.add(uid)
+            return
         self._retry.discard(uid)
 
     async def _try_prepare(self, pod: dict[str, Any]) -> None:
@@ -453,10 +457,14 @@ class PodRunner:
                 wake.clear()
                 delay = RETRY_MIN
             if self._retry or self._orphans():
-                await self.retry_pending()
-                if self._orphans():  # claims whose unprepare failed (driver not back yet...)
-                    async with self._lock:
-                        await self._release_pod("")
+                try:
+                    await self.retry_pending()
+                    if self._orphans():  # claims whose unprepare failed (driver not back yet...)
+                        async with self._lock:
+                            await self._release_pod("")
+                except Exception as exc:  # noqa: BLE001 - a dead retry loop would leave waiting pods waiting forever
+                    log.error("retrying waiting pods failed; the next round tries again", node=self.node,
+                              error=f"{type(exc).__name__}: {exc}", waiting=len(self._retry))
                 delay = min(delay * 2, RETRY_MAX) if self._retry or self._orphans() else RETRY_MIN
 
     # ------------------------------------------------------------------ watch loop

@@ -1,0 +1,61 @@
+"""The kubelet emulator's retry loop outlives an API server that goes away mid-round (found by bench/chaos.py:
+a pod's final delete hit a killed API server, the error ended the retry task, and pods waiting for a
+driver that had just registered again stayed ContainerCreating for good)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from kubernetes_asyncio import client
+
+from embedded.nodeagent.plugins import PluginRegistry
+from embedded.nodeagent.pods import PodRunner
+from shared.natsserver import free_port
+
+
+def unreachable_api() -> client.ApiClient:
+    cfg = client.Configuration()
+    cfg.host = f"https://127.0.0.1:{free_port()}"  # nothing listens there: connection refused
+    cfg.verify_ssl = False
+    return client.ApiClient(cfg)
+
+
+def deleted_pod(uid: str) -> dict:
+    return {"metadata": {"name": "p", "namespace": "default", "uid": uid,
+                         "deletionTimestamp": "2026-12-04T00:00:00Z"}, "spec": {}, "status": {}}
+
+
+async def test_a_final_delete_that_cannot_reach_the_api_server_is_retried_not_raised(tmp_path: Path) -> None:
+    api = unreachable_api()
+    try:
+        runner = PodRunner("n", api, PluginRegistry(tmp_path / "reg"), [], state_dir=tmp_path / "state")
+        await runner.sync_pod(deleted_pod("u1"))
+        assert runner._retry == {"u1"}, "the retry loop deletes it once the API server is back"
+    finally:
+        await api.close()
+
+
+async def test_the_retry_loop_keeps_going_after_a_round_fails(tmp_path: Path) -> None:
+    api = unreachable_api()
+    runner = PodRunner("n", api, PluginRegistry(tmp_path / "reg"), [], state_dir=tmp_path / "state")
+    runner._retry.add("u1")
+    rounds: list[int] = []
+    second = asyncio.Event()
+
+    async def retry_pending() -> None:
+        rounds.append(len(rounds))
+        if len(rounds) == 1:
+            raise RuntimeError("a round that fails in a way nobody foresaw")
+        second.set()
+
+    runner.retry_pending = retry_pending  # type: ignore[method-assign]
+    stopping = asyncio.Event()
+    loop = asyncio.create_task(runner._retry_loop(stopping, None))
+    try:
+        await asyncio.wait_for(second.wait(), 5)
+    finally:
+        stopping.set()
+        await asyncio.wait_for(loop, 5)
+        await api.close()
+    assert len(rounds) >= 2, "the round after the failed one ran"
