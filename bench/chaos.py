@@ -52,6 +52,7 @@ from nats.errors import TimeoutError as NatsTimeout  # noqa: E402
 
 from embedded.kubeapi import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, ApiError, Kube  # noqa: E402
 from shared.kubeclient import kube_api_client  # noqa: E402
+from shared.natsjwt import Creds  # noqa: E402
 
 NS = "default"
 LABEL = "chaos"
@@ -390,8 +391,18 @@ def node_state(up: UpProcess, node: str, claims: list[dict[str, Any]], pods: lis
             "not_completed": sorted(u for u, e in entries.items() if e.get("state") != "PrepareCompleted")}
 
 
-async def stream_events(url: str) -> list[dict[str, Any]]:
-    nc = await nats.connect(url)
+def admin_login(data_dir: Path) -> dict[str, Any]:
+    """nats.connect options for `gpu-dra up`'s own admin identity (its NATS has no anonymous user)."""
+    jwt_cb, sign_cb = Creds(admin_creds(data_dir).read_text()).callbacks()
+    return {"user_jwt_cb": jwt_cb, "signature_cb": sign_cb, "inbox_prefix": "_INBOX_admin"}
+
+
+def admin_creds(data_dir: Path) -> Path:
+    return data_dir / "identities" / "nats" / "admin.creds"
+
+
+async def stream_events(url: str, login: dict[str, Any]) -> list[dict[str, Any]]:
+    nc = await nats.connect(url, **login)
     try:
         js = nc.jetstream()
         sub = await js.pull_subscribe("dra.v1.claim.>", stream="DRA_EVENTS")
@@ -514,6 +525,7 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
         ledger_state = data_dir / "ledger.json"
         ledger = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "examples.ledger", "--schemas", str(schemas), "--nats", url,
+            "--creds", str(admin_creds(data_dir)), "--inbox-prefix", "_INBOX_admin",
             "--state", str(ledger_state), cwd=REPO, stdout=asyncio.subprocess.DEVNULL,
             stderr=open(data_dir / "ledger.log", "wb"), start_new_session=True)  # noqa: ASYNC230, SIM115
         for name, spec in TEMPLATES.items():
@@ -571,11 +583,11 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
         empty = {n: node_state(up, n, claims, []) for n in names}
 
         async def stream_settled(last: list[int] = [-1]) -> bool:  # noqa: B006 - the last count seen
-            count = len(await stream_events(url))
+            count = len(await stream_events(url, admin_login(data_dir)))
             same, last[0] = count == last[0], count
             return same
         await settle(stream_settled, 60, "DRA_EVENTS settled")
-        events = await stream_events(url)
+        events = await stream_events(url, admin_login(data_dir))
         wanted = {f"id:{e['event_id']}" for e in events if e.get("event") in STATE_CHANGING}
 
         async def ledger_caught_up() -> bool:

@@ -26,6 +26,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="directory written by `gpu-dra events schema --out DIR`")
     parser.add_argument("--nats", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
                         help="NATS URL (default $NATS_URL or nats://127.0.0.1:4222)")
+    parser.add_argument("--creds", default=os.environ.get("NATS_CREDS") or None,
+                        help="NATS .creds file of the reader user the operator issued (default $NATS_CREDS)")
+    parser.add_argument("--inbox-prefix", default=os.environ.get("NATS_INBOX_PREFIX") or None,
+                        help="where replies come: the `_INBOX_<identity>` the reader user may subscribe to")
     parser.add_argument("--state", type=Path, default=Path("gpu-seconds-ledger.json"),
                         help="ledger file, replaced atomically after each batch")
     parser.add_argument("--durable", default=DEFAULT_DURABLE, help="durable consumer name")
@@ -43,7 +47,8 @@ async def main(argv: list[str] | None = None) -> int:
             ledger = await store.load(args.state, contract.retention_s)
             print(json.dumps(ledger.report(now=time.time()), indent=2, sort_keys=True))
             return 0
-        service = LedgerService(args.nats, contract, args.state, durable=args.durable, namespace=args.namespace)
+        service = LedgerService(args.nats, contract, args.state, durable=args.durable, namespace=args.namespace,
+                                credentials=args.creds, inbox_prefix=args.inbox_prefix)
         await service.start()
     except (ContractError, LedgerFileError, RuntimeError) as exc:
         print(f"ledger: {exc}", file=sys.stderr)

@@ -48,8 +48,12 @@ class LedgerService:
         batch: int = 256,
         fetch_timeout_s: float = 1.0,
         after_persist: Callable[[list[Msg]], Awaitable[None]] | None = None,
+        credentials: str | None = None,
+        inbox_prefix: str | None = None,
     ) -> None:
         self.nats_url = nats_url
+        self.credentials = credentials  # a .creds file (JWT + NKEY seed): the reader user the operator issued
+        self.inbox_prefix = inbox_prefix  # `_INBOX_<identity>`: the only inbox a reader user may subscribe to
         self.contract = contract
         self.state_path = state_path
         self.durable = durable
@@ -67,7 +71,13 @@ class LedgerService:
     async def start(self, stream_wait_s: float = 30.0) -> None:
         """Load the ledger file, connect, and bind the durable consumer (waiting for the stream)."""
         self.ledger = await store.load(self.state_path, self.contract.retention_s)
-        self.nc = await nats.connect(self.nats_url, name=f"ledger-{self.durable}", max_reconnect_attempts=-1)
+        login: dict[str, Any] = {}
+        if self.credentials:
+            login["user_credentials"] = self.credentials  # nats-py needs `nkeys` for it: nats-py[nkeys]
+        if self.inbox_prefix:
+            login["inbox_prefix"] = self.inbox_prefix
+        self.nc = await nats.connect(self.nats_url, name=f"ledger-{self.durable}", max_reconnect_attempts=-1,
+                                     **login)
         js = self.nc.jetstream()
         config = ConsumerConfig(
             durable_name=self.durable,
