@@ -31,7 +31,7 @@ from kubernetes_asyncio import client, watch  # noqa: E402
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
 from services.computedomain import crd  # noqa: E402
 from services.computedomain.agent import Agent  # noqa: E402
-from services.computedomain.channels import (  # noqa: E402
+from services.computedomain.channelcore import (  # noqa: E402
     ChannelClaim,
     ChannelPreparer,
     channel_config,

@@ -25,7 +25,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.computedomain import crd
 from services.computedomain.assignments import Assigner
-from services.computedomain.channels import channel_config
+from services.computedomain.channelcore import channel_config
 from services.computedomain.membership import Membership, token
 from shared.backoff import Backoff
 from shared.bus import Bus

@@ -36,7 +36,7 @@ from shared.events.inventory import NodeInventory
 from shared.logs import get_logger
 
 if TYPE_CHECKING:
-    from services.discovery.health import HealthMonitor
+    from services.discovery.healthevents import HealthMonitor
 
 log = get_logger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from services.discovery import inventory, machine
 from services.discovery.config import DiscoveryConfig
-from services.discovery.health import HealthMonitor
+from services.discovery.healthevents import HealthMonitor
 from services.discovery.mps import MpsManager
 from services.discovery.mpsdaemon import CONTROL, MpsControl
 from services.discovery.nvml import Nvml, load_real_binding

@@ -59,7 +59,7 @@ def build(ctx: PluginContext) -> DriverPlugin:
 
         return GpuPlugin(ctx)
     if ctx.driver == CD_DRIVER:
-        from services.preparer.channels import ChannelPlugin
+        from services.preparer.channeldriver import ChannelPlugin
 
         return ChannelPlugin(ctx)
     raise ValueError(f"no kubelet plugin for driver {ctx.driver!r}; known: {GPU_DRIVER}, {CD_DRIVER}")

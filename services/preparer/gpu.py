@@ -19,7 +19,7 @@ from services.preparer.cdi import CdiWriter
 from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceOps, Inventory
 from services.preparer.drivers import PluginContext
-from services.preparer.health import HealthWatch, add_health_service
+from services.preparer.healthwatch import HealthWatch, add_health_service
 from services.preparer.prepare import Preparer
 from shared.logs import get_logger
 

@@ -18,10 +18,7 @@ import msgspec
 from services.preparer import metrics
 from services.preparer.cdi import CdiDevice, CdiWriter, build_spec, device_id, gpu_device_nodes, mps_edits
 from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
-from services.preparer.claims import ClaimSource, ResourceClaim
-from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed, failure_reason
-from services.preparer.commonedits import CommonEdits
-from services.preparer.configs import (
+from services.preparer.claimconfigs import (
     ConfigError,
     GpuConfig,
     RawConfig,
@@ -32,6 +29,9 @@ from services.preparer.configs import (
     select,
     strategy,
 )
+from services.preparer.claims import ClaimSource, ResourceClaim
+from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed, failure_reason
+from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
 from services.preparer.lifecycle import LifecycleEvents
 from shared.logs import get_logger

@@ -6,7 +6,7 @@ Owns, for one driver on one node, what every driver has: `<registry>/<driver>-re
 the start order (checkpoint first, the driver's start work, DRA socket before the registration
 socket), stale-claim cleanup every `cleanup_interval`, the driver's background work once a bus is
 attached, and clean shutdown (sockets removed). What differs per driver comes from its
-`drivers.DriverPlugin` (`gpu.py`, `channels.py`). `gpu-dra preparer` runs one of these per driver.
+`drivers.DriverPlugin` (`gpu.py`, `channeldriver.py`). `gpu-dra preparer` runs one of these per driver.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from embedded.cluster.local import node_ip
 from services.computedomain.agent import Agent
-from services.computedomain.channels import ChannelClaim, ChannelEdits, ChannelNotReady, ChannelPreparer
+from services.computedomain.channelcore import ChannelClaim, ChannelEdits, ChannelNotReady, ChannelPreparer
 from services.computedomain.config import AgentConfig
 from services.discovery.testing import running_discovery
 from shared.bus import Bus

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from services.computedomain.channels import (
+from services.computedomain.channelcore import (
     CHANNEL_COUNT,
     ChannelClaim,
     ChannelConfigError,

@@ -10,7 +10,7 @@ from kubernetes_asyncio import client
 
 from embedded.apiserver.testing import running_apiserver
 from services.computedomain import crd
-from services.computedomain.channels import (
+from services.computedomain.channelcore import (
     ChannelClaim,
     ChannelPreparer,
     channel_config,

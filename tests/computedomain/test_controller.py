@@ -11,7 +11,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from embedded.apiserver.testing import running_apiserver
 from services.computedomain import crd
-from services.computedomain.channels import ChannelClaim, ChannelConflict, parse_channel_config
+from services.computedomain.channelcore import ChannelClaim, ChannelConflict, parse_channel_config
 from services.computedomain.controller import Controller
 from services.computedomain.membership import Membership
 from shared.bus import Bus

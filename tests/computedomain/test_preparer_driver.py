@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from embedded.apiserver.testing import running_apiserver
 from services.computedomain.agent import clique_of
-from services.computedomain.channels import channel_config
+from services.computedomain.channelcore import channel_config
 from services.computedomain.crd import CHANNEL_DEVICE_CLASS
 from services.computedomain.membership import Membership, wait_for_status
 from services.preparer.claims import KubeClaimSource

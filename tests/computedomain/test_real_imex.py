@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from services.computedomain import orphans
-from services.computedomain.channels import (
+from services.computedomain.channelcore import (
     ChannelClaim,
     ChannelNotReady,
     ChannelPreparer,

@@ -18,7 +18,7 @@ from kubernetes_asyncio import client as kube
 from services.computedomain import crd
 from services.computedomain.agent import Agent
 from services.computedomain.assignments import Assigner
-from services.computedomain.channels import (
+from services.computedomain.channelcore import (
     ChannelClaim,
     ChannelPreparer,
     channel_config,

@@ -7,7 +7,7 @@ Owns what a channel prepare does inside the shared claim state machine (`claimst
   2. channel-0 exclusivity among this node's claims of the same domain (upstream #641); a claim of
      another domain is left to the agent, which refuses it with "one ComputeDomain at a time";
   3. `PrepareStarted` (with the config, so unprepare knows the domain), then
-     `services.computedomain.channels.ChannelPreparer.prepare`: the agent joins, the daemon becomes Ready;
+     `services.computedomain.channelcore.ChannelPreparer.prepare`: the agent joins, the daemon becomes Ready;
   4. the CDI spec (kind `k8s.compute-domain.nvidia.com/claim`, device `<claimUID>-channel-0`) with the
      channel char devices and the domain's env, then `PrepareCompleted`.
 A daemon that is not Ready yet (or an agent that does not answer) is a retryable per-claim error and
@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from services.computedomain.channels import (
+from services.computedomain.channelcore import (
     ChannelClaim,
     ChannelConfigError,
     ChannelEdits,
