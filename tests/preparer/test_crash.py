@@ -82,9 +82,18 @@ async def test_kill_9_mid_prepare_then_restart_rolls_back_and_frees_the_device(r
             proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
             await wait_for_socket(reg_socket, proc, log_path)
             plugin = await register(reg_socket)
-            prepare = asyncio.create_task(plugin.prepare([claim], timeout=30))
+            # As the kubelet does: a prepare that fails fast (the preparer's bus not attached yet, so no
+            # device operation can be asked for) is sent again, until one reaches the MIG create.
             async with asyncio.timeout(20):
-                await created.wait()
+                while True:
+                    prepare = asyncio.create_task(plugin.prepare([claim], timeout=30))
+                    reached = asyncio.create_task(created.wait())
+                    await asyncio.wait({prepare, reached}, return_when=asyncio.FIRST_COMPLETED)
+                    if reached.done():
+                        break
+                    reached.cancel()
+                    assert prepare.result()[claim.uid].error, "prepared without the MIG create"
+                    await asyncio.sleep(0.2)
             assert checkpoint(root)[claim.uid]["state"] == "PrepareStarted"
             assert [m.name for m in disc.inventory.gpus[1].mig_devices] == [MIG]
             proc.send_signal(signal.SIGKILL)
