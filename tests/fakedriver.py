@@ -278,7 +278,10 @@ class FakeDriver:
         path = self.fake / "calls.jsonl"
         if not path.exists():
             return []
-        out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        text = path.read_text()
+        # Only whole lines: a stub may be appending its record right now, and a read can see part of it.
+        complete = text[: text.rfind("\n") + 1]
+        out = [json.loads(line) for line in complete.splitlines() if line.strip()]
         return [c for c in out if binary is None or c["bin"] == binary]
 
     def fail(self, binary: str, message: str = "injected failure") -> None:
