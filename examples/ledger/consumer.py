@@ -125,6 +125,14 @@ class LedgerService:
         async with self._progress:
             self._progress.notify_all()
 
+    def _first_sight(self, key: str) -> bool:
+        """Note a skipped message under `key` (kept with the ledger, so a redelivery is not counted
+        again); False when it was noted before."""
+        if key in self.ledger.applied:
+            return False
+        self.ledger.applied[key] = self.ledger.newest
+        return True
+
     def _account(self, msg: Msg) -> None:
         headers = msg.headers or {}
         seq = msg.metadata.sequence.stream
@@ -132,17 +140,13 @@ class LedgerService:
             event = json.loads(msg.data)
             self.contract.check(event)
         except (json.JSONDecodeError, UnicodeDecodeError, SchemaViolation) as exc:
-            key = f"rejected:{headers.get('Nats-Msg-Id') or seq}"
-            if key not in self.ledger.applied:
-                self.ledger.applied[key] = self.ledger.newest
+            if self._first_sight(f"rejected:{headers.get('Nats-Msg-Id') or seq}"):
                 self.ledger.stats.rejected += 1
                 log.warning("message on %s does not match the published schema, skipped: %s", msg.subject, exc)
             return
         why = trust.mismatch(self.contract.subject_pattern, self.contract.binds, msg.subject, event)
         if why:
-            key = f"identity:{seq}"
-            if key not in self.ledger.applied:
-                self.ledger.applied[key] = self.ledger.newest
+            if self._first_sight(f"identity:{seq}"):
                 self.ledger.stats.identity_mismatches += 1
                 log.warning("identity-mismatch: event on %s not accounted: %s", msg.subject, why)
             return

@@ -74,6 +74,18 @@ def bound_fields(message: Message, tokens: dict[str, str], binds: Binds) -> list
     return wrong
 
 
+def _match_tokens(pattern: list[str], parts: list[str]) -> dict[str, str] | None:
+    """The `{token}` values of `parts` against a same-length `pattern`; None where a literal differs."""
+    values: dict[str, str] = {}
+    for want, got in zip(pattern, parts, strict=True):
+        name = _TOKEN.fullmatch(want)
+        if name:
+            values[name.group(1)] = got
+        elif want != got:
+            return None
+    return values
+
+
 @dataclass(frozen=True)
 class Entry:
     """One catalog entry: a message type on a subject pattern."""
@@ -96,14 +108,7 @@ class Entry:
         parts = subject.split(".")
         if len(parts) != len(pattern):
             return None
-        values: dict[str, str] = {}
-        for want, got in zip(pattern, parts, strict=True):
-            name = _TOKEN.fullmatch(want)
-            if name:
-                values[name.group(1)] = got
-            elif want != got:
-                return None
-        return values
+        return _match_tokens(pattern, parts)
 
     def format(self, **tokens: str) -> str:
         """The concrete subject; each token must be one NATS token (no dots, spaces or wildcards)."""
@@ -258,14 +263,7 @@ class Bucket:
             if not self.key_rest:
                 return None
             parts = [*parts[: len(pattern) - 1], ".".join(parts[len(pattern) - 1:])]
-        values: dict[str, str] = {}
-        for want, got in zip(pattern, parts, strict=True):
-            name = _TOKEN.fullmatch(want)
-            if name:
-                values[name.group(1)] = got
-            elif want != got:
-                return None
-        return values
+        return _match_tokens(pattern, parts)
 
 
 EVENTS_STREAM = Stream(

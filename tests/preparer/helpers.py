@@ -154,3 +154,15 @@ class ApiClaims:
 
     async def delete(self, claim: Claim) -> None:
         await self.api.delete_namespaced_resource_claim(claim.name, claim.namespace)
+
+
+async def send_all(events: Any, bus: Any) -> None:
+    """Attach `bus` to a LifecycleEvents and run its sender until everything pending is sent."""
+    events.attach(bus)
+    sender = asyncio.create_task(events.run())
+    try:
+        await events.drained()
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sender

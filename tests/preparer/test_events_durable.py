@@ -25,7 +25,7 @@ from shared.bus import Bus
 from shared.events.claims import ClaimLifecycle
 from shared.events.schema import write_schemas
 from shared.natsserver import EmbeddedNats
-from tests.preparer.helpers import ApiClaims, MemoryClaims, claim_doc, gpu_config, running_node
+from tests.preparer.helpers import ApiClaims, MemoryClaims, claim_doc, gpu_config, running_node, send_all
 from tests.preparer.test_crash import start_preparer, wait_for_socket
 
 SUBJECTS = "dra.v1.claim.>"
@@ -103,12 +103,7 @@ async def test_a_retry_after_a_rollback_gets_new_ids_and_a_resend_keeps_its_own(
     outbox.write_bytes(before_sending)
     again = LifecycleEvents("n1", "gpu.nvidia.com", outbox)
     assert await again.outbox.load() == 3
-    again.attach(bus)
-    sender = asyncio.create_task(again.run())
-    try:
-        await again.drained()
-    finally:
-        sender.cancel()
+    await send_all(again, bus)
     assert again.sent == 3 and await stored_count(bus) == 3
     assert await LifecycleEvents("n1", "gpu.nvidia.com", outbox).outbox.load() == 0  # all acked on file
 
@@ -229,12 +224,7 @@ async def test_a_full_outbox_refuses_new_events_counts_them_and_compacts_what_wa
     assert [e.claim_uid for e in events.pending] == ["u0", "u1"] and events.dropped == 1
     assert REGISTRY.get_sample_value("gpu_dra_outbox_dropped_total", {"driver": "gpu.test"}) == before + 1
     assert REGISTRY.get_sample_value("gpu_dra_outbox_events", {"driver": "gpu.test"}) == 2
-    events.attach(bus)
-    sender = asyncio.create_task(events.run())
-    try:
-        await events.drained()
-    finally:
-        sender.cancel()
+    await send_all(events, bus)
     assert path.read_bytes() == b""  # acks outnumbered what is pending: rewritten with nothing left
     assert REGISTRY.get_sample_value("gpu_dra_outbox_events", {"driver": "gpu.test"}) == 0
 

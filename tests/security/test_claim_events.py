@@ -26,6 +26,7 @@ from shared.events.claims import ClaimLifecycle, PreparedDeviceRef, claim_event_
 from shared.events.schema import write_schemas
 from shared.identity import REASON
 from shared.natsserver import EmbeddedNats
+from tests.preparer.helpers import send_all
 from tests.security.conftest import DeadLetters, bus_as, url_as
 
 
@@ -67,14 +68,7 @@ async def real_claim_on_gpu_b(bus: Bus, uid: str) -> float:
         events.make("unprepared", uid=uid, namespace="team-b", name=f"claim-{uid}", preparation=1)])
     prepared, unprepared = list(events.pending)
     assert prepared.event_id == f"gpu-b/{uid}/1/prepared"
-    events.attach(bus)
-    sender = asyncio.create_task(events.run())
-    try:
-        await events.drained()
-    finally:
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sender
+    await send_all(events, bus)
     return unprepared.observed_at - prepared.observed_at
 
 
