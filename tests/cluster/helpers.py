@@ -186,6 +186,20 @@ class Up:
         found = subprocess.run(["pgrep", "-f", pattern or str(self.data_dir)], capture_output=True, text=True)
         return [int(p) for p in found.stdout.split()]
 
+    def pid_matches(self, pid: int, pattern: str, timeout: float = 20) -> bool:
+        """Whether process `pid` comes to have a command line matching `pattern` (it may still be
+        exec-ing) while it lives, within `timeout`."""
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while time.monotonic() < deadline:
+            if pid in self.pids(pattern):
+                return True
+            if not Path(f"/proc/{pid}").exists():
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        return False
+
     def runtime_dirs(self) -> list[Path]:
         """The temporary dirs this `up` made (named after its pid) that still exist."""
         import tempfile

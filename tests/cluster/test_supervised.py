@@ -71,11 +71,16 @@ def test_a_preparer_killed_with_sigkill_is_restarted_and_prepares_the_next_claim
         assert resp.status == 200, "every process runs"
 
     os.kill(old, signal.SIGKILL)
-    up.wait_line(lambda line: f"{NODE0}-preparer restarted" in line, timeout=30, after=mark)
+    restarted = up.wait_line(lambda line: f"{NODE0}-preparer restarted" in line, timeout=30, after=mark)
     exited = up.wait_line(lambda line: f"{NODE0}-preparer (pid {old}) killed by SIGKILL" in line, after=mark)
     assert "restarting in" in exited, exited
-    (new,) = up.pids(pattern)
+    found = re.search(r"\(pid (\d+),", restarted)
+    assert found, restarted
+    new = int(found[1])
     assert new != old
+    # The launcher that sets the parent-death signal execs the preparer in place (same pid): its
+    # command line names the preparer once the exec is done.
+    assert up.pid_matches(new, pattern), "".join(up.output[mark:])
     assert up.proc.poll() is None, "up keeps going"
     assert others <= set(up.pids()), "no other service was stopped or restarted"
     url = f"http://127.0.0.1:{port}/metrics"
