@@ -50,6 +50,20 @@ class Conn:
             raise AssertionError(f"no refusal of {verb} to {subject!r} within {REFUSAL_WAIT_S}s; "
                                  f"errors seen: {seen}") from None
 
+    async def delivered(self, subject: str, to: Any) -> None:
+        """Publish on `subject` (allowed for us) and see the subscription `to` (another client's) get it;
+        a refusal the server sends meanwhile fails at once, naming it."""
+        await self.nc.publish(subject, b"{}")
+        await self.nc.flush()
+        got = asyncio.ensure_future(to.next_msg(timeout=WAIT_S))
+        refusal = asyncio.ensure_future(self.errors.get())
+        done, _ = await asyncio.wait({got, refusal}, return_when=asyncio.FIRST_COMPLETED)
+        refusal.cancel()
+        if got not in done:
+            got.cancel()
+            raise AssertionError(f"publish to {subject!r} refused: {refusal.result()}")
+        assert got.result().subject == subject
+
     async def request_refused(self, subject: str, body: bytes = b"") -> None:
         """A request on `subject` is refused by the server and no reply comes back."""
         with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):

@@ -192,8 +192,7 @@ async def test_a_node_cannot_file_a_dead_letter_for_another_consumer(seeded: Emb
         own = "dra.v1.deadletter.preparer_gpu-a.anything"
         sub = await admin.nc.subscribe(own)
         await admin.nc.flush()
-        await node_a.nc.publish(own, b"{}")
-        assert (await sub.next_msg(timeout=WAIT)).subject == own
+        await node_a.delivered(own, sub)
     finally:
         await admin.nc.close()
         await node_a.nc.close()
