@@ -68,6 +68,7 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     dynamic_mig: bool = False  # publish MIG-capable GPUs as partitionable devices
     compute_domains: bool = True  # run a ComputeDomain agent (IMEX daemons) on every node
     start_timeout: float = 90.0
+    runtime: str = "sandbox"  # sandbox: containers run under bubblewrap (logs, exits); none: not executed
 
     def node_spec(self, index: int) -> str:
         """The --simulate spec of node `index`: `--gpus` may list one per node, separated by ';'."""
@@ -146,6 +147,7 @@ class LocalCluster:
         self.api: client.ApiClient | None = None
         self.bus: Bus | None = None
         self.identities_dir = self.data_dir / "identities"  # a kubeconfig per identity, and the token file
+        self.pod_log_dir = self.data_dir / "pod-logs"  # every kubelet writes here, the API server's pods/log reads
         self.kubeconfigs: dict[str, Path] = {}
         self.extra_env: dict[str, str] = {}
         # Unix socket paths are limited to 107 bytes, which a deep --data-dir easily exceeds, so the
@@ -226,7 +228,8 @@ class LocalCluster:
         # server writes a new one there (kubectl reads the file afresh; the services have their own).
         await sup.start("apiserver", gpu_dra("apiserver", "--port", str(port), "--kubeconfig",
                                              str(self.kubeconfig_path), "--data-dir",
-                                             str(self.data_dir / "apiserver"), "--token-auth-file", str(token_file)))
+                                             str(self.data_dir / "apiserver"), "--token-auth-file", str(token_file),
+                                             "--pod-log-dir", str(self.pod_log_dir)))
         await sup.wait_until("the API server", self._apiserver_ready, timeout=self.cfg.start_timeout)
         self.progress(f"API server                https://127.0.0.1:{port} (kubeconfig {self.kubeconfig_path})")
         await self._install_cluster_objects()
@@ -424,7 +427,9 @@ class LocalCluster:
         kubelet_flags, kubelet_env = self._kube(f"kubelet-{node}")
         await self.supervisor.start(f"{node}-kubelet", gpu_dra(
             "kubelet", "--node", node, *kubelet_flags,
-            "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"])), env=kubelet_env)
+            "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"]), "--runtime", self.cfg.runtime,
+            "--pod-log-dir", str(self.pod_log_dir),
+            "--sim-state", str(paths["root"] / "var" / "lib" / "gpu-dra" / f"simnvml-{node}.json")), env=kubelet_env)
         await self.supervisor.wait_until(f"{node} Ready", lambda: self._node_ready(node),
                                          timeout=self.cfg.start_timeout)
         self.progress(f"node {node:<18} discovery, preparer, kubelet ready")
