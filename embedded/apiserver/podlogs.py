@@ -80,8 +80,12 @@ def handler(server: Any) -> Any:
         container = _container(pod, q.get("container", ""))
         root: Path | None = getattr(server, "pod_log_dir", None)
         runs = _runs(root / f"{ns}_{name}_{pod['metadata']['uid']}" / container) if root else []
-        truthy = {"true", "1"}
-        if q.get("previous", "") in truthy:
+        truthy = {"true", "1", "t"}  # as Go's strconv.ParseBool, any case
+
+        def flag(key: str) -> bool:
+            return q.get(key, "").lower() in truthy
+
+        if flag("previous"):
             if len(runs) < 2:
                 raise errors.bad_request(f'previous terminated container "{container}" in pod "{name}" not found')
             path = runs[-2]
@@ -90,7 +94,7 @@ def handler(server: Any) -> Any:
         else:
             waiting = (_state(pod, container).get("waiting") or {}).get("reason", "ContainerCreating")
             raise errors.bad_request(f'container "{container}" in pod "{name}" is waiting to start: {waiting}')
-        timestamps = q.get("timestamps", "") in truthy
+        timestamps = flag("timestamps")
         data = await asyncio.to_thread(_read, path, 0)
         offset = len(data)
         if q.get("tailLines", "").isdigit():
@@ -100,7 +104,7 @@ def handler(server: Any) -> Any:
         body = _format(data, timestamps)
         if q.get("limitBytes", "").isdigit():
             body = body[:int(q["limitBytes"])]
-        if q.get("follow", "") not in truthy:
+        if not flag("follow"):
             return web.Response(body=body, content_type="text/plain")
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(request)

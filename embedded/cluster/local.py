@@ -69,6 +69,7 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     compute_domains: bool = True  # run a ComputeDomain agent (IMEX daemons) on every node
     start_timeout: float = 90.0
     runtime: str = "sandbox"  # sandbox: containers run under bubblewrap (logs, exits); none: not executed
+    restart_backoff: float = 10.0  # seconds before a failed container's first restart (doubling, at most 300)
 
     def node_spec(self, index: int) -> str:
         """The --simulate spec of node `index`: `--gpus` may list one per node, separated by ';'."""
@@ -428,6 +429,7 @@ class LocalCluster:
         await self.supervisor.start(f"{node}-kubelet", gpu_dra(
             "kubelet", "--node", node, *kubelet_flags,
             "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"]), "--runtime", self.cfg.runtime,
+            "--backoff-seconds", str(self.cfg.restart_backoff),
             "--pod-log-dir", str(self.pod_log_dir),
             "--sim-state", str(paths["root"] / "var" / "lib" / "gpu-dra" / f"simnvml-{node}.json")), env=kubelet_env)
         await self.supervisor.wait_until(f"{node} Ready", lambda: self._node_ready(node),
