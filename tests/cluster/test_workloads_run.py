@@ -214,7 +214,8 @@ spec:
     first = await asyncio.to_thread(follow.stdout.readline)  # kubectl is streaming
     started = time.monotonic()
     await client.CoreV1Api(api).delete_namespaced_pod("crash", "run")
-    out, _ = await asyncio.to_thread(follow.communicate, timeout=30)
+    out = await asyncio.wait_for(asyncio.to_thread(follow.stdout.read), 30)  # until kubectl ends: the container did
+    assert await asyncio.to_thread(follow.wait, 5) == 0
     assert first + out == "run\nup\n", out
     assert time.monotonic() - started < 5, "SIGTERM ended the container well before its grace period"
     await until(lambda: _gone(api, "crash"), "the pod deleted once its container stopped", timeout=10)
