@@ -68,8 +68,11 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     dynamic_mig: bool = False  # publish MIG-capable GPUs as partitionable devices
     compute_domains: bool = True  # run a ComputeDomain agent (IMEX daemons) on every node
     start_timeout: float = 90.0
-    runtime: str = "sandbox"  # sandbox: containers run under bubblewrap (logs, exits); none: not executed
-    restart_backoff: float = 10.0  # seconds before a failed container's first restart (doubling, at most 300)
+    runtime: Annotated[str, msgspec.Meta(description=(
+        "sandbox: each container's command runs under bubblewrap (read-only host root, no network, own PID "
+        "namespace; logs, exits, restarts); none: containers are not executed, pods only show Running"))] = "sandbox"
+    restart_backoff: Annotated[float, msgspec.Meta(gt=0, description=(
+        "seconds before a failed container's first restart (doubling up to 300, as the kubelet)"))] = 10.0
 
     def node_spec(self, index: int) -> str:
         """The --simulate spec of node `index`: `--gpus` may list one per node, separated by ';'."""
@@ -84,6 +87,8 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
             except ValueError as exc:
                 raise ValueError(f"--node-prefix {self.node_prefix!r} makes node names a NATS user cannot be "
                                  f"named after ({exc}); use lowercase letters, digits and '-'") from None
+        if self.runtime not in ("sandbox", "none"):
+            raise ValueError(f"--runtime {self.runtime!r}: use sandbox (containers run under bubblewrap) or none")
 
 
 class ClusterNats(EmbeddedNats):
@@ -207,6 +212,10 @@ class LocalCluster:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.cfg.runtime == "sandbox" and shutil.which("bwrap") is None:
+            self.progress("containers will NOT run: bubblewrap (bwrap) is not installed; `apt-get install -y "
+                          "bubblewrap` (or `make sandbox`) and start again. Running with --runtime none.")
+            self.cfg = msgspec.structs.replace(self.cfg, runtime="none")
         await asyncio.to_thread(self._forget_previous_run)
         await asyncio.to_thread(sweep_orphaned_dirs)
         if not self.nats_url:
