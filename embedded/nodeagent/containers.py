@@ -102,9 +102,11 @@ class PodWorker:
         self.inits = [ContainerState(c["name"], c.get("image", ""), init=True) for c in spec.get("initContainers") or []]
         self.mains = [ContainerState(c["name"], c.get("image", "")) for c in spec.get("containers") or []]
         self.specs = {c["name"]: c for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]}
-        self.phase = "Pending"
+        status = pod.get("status") or {}
+        # a pod already Running (the emulator restarted) stays Running while its containers start again
+        self.phase = "Running" if status.get("phase") == "Running" else "Pending"
         self.initialized = not self.inits
-        self.started_at = now()
+        self.started_at = status.get("startTime") or now()
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self.dirty = False  # a status change not written yet (the PodRunner's writer clears it)
         self._stopping = False

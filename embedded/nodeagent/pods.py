@@ -302,8 +302,9 @@ class PodRunner:
             self.prepared[claim_uid].pods.add(uid)
         await self._save()
         edits = container_edits(pod, {u: self.prepared[u] for u in wanted}, uses, self.cdi_dirs)
-        if self.runtime is not None:
-            await self._write_status(pod, pod_status(pod, phase="Pending"), edits)
+        if self.runtime is not None:  # its containers start; the worker writes the status from here on
+            body = {"metadata": {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}}
+            await self.core.patch_namespaced_pod(meta["name"], meta["namespace"], body)
             self._start_worker(pod, edits)
             return
         await self._write_status(pod, pod_status(pod, phase="Running"), edits)
@@ -374,7 +375,7 @@ class PodRunner:
                 self._retry.discard(uid)
                 if not await self._release_pod(uid):
                     self._retry.add(uid)
-            elif phase == "Running" and _is_ready(pod) and self._holds_claims(uid):
+            elif phase == "Running" and _is_ready(pod) and self._holds_claims(uid) and self.runtime is None:
                 self._retry.discard(uid)
             elif uid in self._finished or worker is not None:
                 pass  # exited: never started again (the old emulated exit wrote a Succeeded pod back to Pending)
