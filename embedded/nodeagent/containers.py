@@ -28,6 +28,7 @@ from shared.logs import get_logger
 
 log = get_logger(__name__)
 BACKOFF_MAX = 300.0
+IDLE = "trap 'exit 0' TERM; sleep infinity & wait"  # what a container without a command runs
 
 
 def now() -> str:
@@ -167,8 +168,8 @@ class PodWorker:
     async def _run_once(self, c: ContainerState) -> int:
         spec = self.specs[c.name]
         argv = [*(spec.get("command") or []), *(spec.get("args") or [])]
-        if not argv:
-            argv = ["true"]  # an image's entrypoint is unknown here: nothing to run
+        if not argv:  # the image's entrypoint is unknown here: the container idles until stopped
+            argv = ["sh", "-c", IDLE]
         env, binds, uid = await asyncio.to_thread(self._env, c.name)
         tmp = self.work / c.name / "tmp"
         work = self.work / c.name / "work"

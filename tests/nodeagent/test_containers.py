@@ -171,3 +171,15 @@ async def test_init_containers_run_in_order_and_sigkill_after_grace(node: dict[s
     started = time.monotonic()
     await w.stop(1.0)
     assert 0.9 < time.monotonic() - started < 5, "TERM ignored: killed once the grace period was over"
+
+
+async def test_container_without_command_idles_until_stopped(node: dict[str, Path]) -> None:
+    p = pod("idle", [{"name": "ctr", "image": "nginx"}], policy="Always")
+    w = worker(node, p)
+    w.start()
+    await until(lambda: w.status()["conditions"][3]["status"] == "True")
+    started = time.monotonic()
+    await w.stop(10.0)
+    assert time.monotonic() - started < 5, "SIGTERM stops it (no wait for the grace period)"
+    # 0 once its TERM trap is set, 143 (128 + SIGTERM) when stopped before the shell got that far
+    assert w.status()["containerStatuses"][0]["state"]["terminated"]["exitCode"] in (0, 143)
