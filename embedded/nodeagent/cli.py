@@ -60,6 +60,7 @@ async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
         core = client.CoreV1Api(api)
         plugins = PluginRegistry(Path(cfg.registry_dir))
         state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(cfg.registry_dir).parent / "gpu-dra-kubelet"
+        state_dir = await asyncio.to_thread(state_dir.resolve)  # containers' dirs named by their real place
         runtime = await asyncio.to_thread(container_runtime, cfg, state_dir)
         runner = PodRunner(cfg.node, api, plugins, [Path(cfg.cdi_dir)], resync_seconds=cfg.resync_seconds,
                            state_dir=state_dir, runtime=runtime)

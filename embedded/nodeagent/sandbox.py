@@ -30,6 +30,14 @@ def find_bwrap() -> str:
     return path
 
 
+def _can_bind(host: str, inside: str) -> bool:
+    """A CDI mount is made when its host path exists and its mount point can be: on the private tmpfs dirs, or
+    an existing path of the read-only host root (no directory can be created there)."""
+    if not host or not inside or inside in ("/tmp", WORK_DIR) or not Path(host).exists():
+        return False
+    return inside.startswith(("/tmp/", "/run/", "/dev/", WORK_DIR + "/")) or Path(inside).exists()
+
+
 def bwrap_argv(bwrap: str, argv: list[str], *, work: Path, tmp: Path, shim_dir: Path, uid: int,
                env: dict[str, str], binds: list[tuple[str, str]] | None = None, sim_state: str = "") -> list[str]:
     """`bwrap ... -- argv`: `env` is the whole environment (cleared first); `binds` are read-only host:container
@@ -41,7 +49,7 @@ def bwrap_argv(bwrap: str, argv: list[str], *, work: Path, tmp: Path, shim_dir: 
            "--unshare-user", "--uid", str(uid), "--gid", str(uid),
            "--die-with-parent", "--new-session", "--clearenv"]
     for host, inside in binds or []:
-        if host and inside and Path(host).exists() and inside not in ("/tmp", WORK_DIR):
+        if _can_bind(host, inside):
             out += ["--ro-bind", host, inside]
     for key, value in env.items():
         out += ["--setenv", key, value]
