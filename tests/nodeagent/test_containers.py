@@ -118,6 +118,7 @@ async def test_hostile_commands_fail_inside_and_harm_nothing(node: dict[str, Pat
     (sentinel / "keep").write_text("kept")
     try:
         script = (f"rm -rf {sentinel} /etc/hostname /usr/bin/env 2>&1 | head -3; echo pwned > /etc/pwned; "
+                  "timeout 3 rm -rf --no-preserve-root / 2>/dev/null; "
                   "apt-get install -y -q cowsay >/dev/null 2>&1; echo apt=$?; "
                   "getent hosts example.com || echo no-network; echo ok > /tmp/mine && cat /tmp/mine; exit 3")
         p = pod("evil", [{"name": "ctr", "image": "x", "command": ["bash", "-c", script]}],
