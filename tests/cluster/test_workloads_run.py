@@ -244,3 +244,31 @@ async def _log_has(api: client.ApiClient, text: str) -> bool:
         return text in await log(api, "crash")
     except client.ApiException:
         return False
+
+
+async def test_deployment_rolls_to_a_new_template(cluster: LocalCluster) -> None:
+    api = await cluster.api_client()
+    apps = client.AppsV1Api(api)
+    template = {"metadata": {"labels": {"app": "web"}}, "spec": {"terminationGracePeriodSeconds": 5, "containers": [
+        {"name": "ctr", "image": "busybox", "command": ["sh", "-c", "echo v=$V; trap 'exit 0' TERM; sleep 60 & wait"],
+         "env": [{"name": "V", "value": "1"}]}]}}
+    await apps.create_namespaced_deployment("run", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "run"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "template": template}})
+    kubectl = ["kubectl", "--kubeconfig", str(cluster.kubeconfig_path), "-n", "run"]
+
+    async def rollout() -> None:
+        done = await asyncio.to_thread(subprocess.run, [*kubectl, "rollout", "status", "deployment/web",
+                                                        "--timeout=60s"], capture_output=True, text=True, timeout=90)
+        assert done.returncode == 0, done.stderr + done.stdout
+    await rollout()
+    template["spec"]["containers"][0]["env"][0]["value"] = "2"  # type: ignore[index]
+    await apps.patch_namespaced_deployment("web", "run", {"spec": {"template": template}})
+    await rollout()
+
+    async def rolled() -> list[str] | None:
+        listed = await client.CoreV1Api(api).list_namespaced_pod("run", label_selector="app=web")
+        pods = [p for p in listed.items if p.metadata.deletion_timestamp is None]
+        logs = [await log(api, p.metadata.name) for p in pods if p.status.phase == "Running"]
+        return logs if len(listed.items) == 2 and logs == ["v=2\n", "v=2\n"] else None
+    await until(rolled, "two new pods printing v=2, the old ones gone")
