@@ -6,8 +6,10 @@ scheduler's `status.extendedResourceClaimStatus`) is allocated and reserved for 
 prepared twice concurrently), resolving the returned CDI ids into what each container gets (recorded
 on the pod as an annotation `kubectl get -o yaml` shows), the pod's Running/Ready status (or, as the
 kubelet does, Pending with its containers `ContainerCreating` and a Warning Event
-`FailedPrepareDynamicResources` on the pod carrying the error, retried with backoff), the opt-in emulated
-exit, and `NodeUnprepareResources` once the last pod using a claim is gone, then the grace-period-0
+`FailedPrepareDynamicResources` on the pod carrying the error, retried with backoff), its containers (with a
+`Runtime`: run sandboxed by `containers.PodWorker`, which writes the status from then on; without one, the
+opt-in emulated exit), termination (SIGTERM, SIGKILL after the grace period), `NodeUnprepareResources` once the
+last pod using a claim is gone or finished, then the grace-period-0
 delete that lets the API server drop a terminating pod. What it prepared survives restarts in a
 state file (`state.py`); every re-list prunes pods that vanished meanwhile.
 """
