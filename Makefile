@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit clean
+.PHONY: run test lint typecheck unit clean sandbox
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -12,7 +12,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)
+# bubblewrap runs the local cluster's containers (gpu-dra up/demo, tests/cluster); best effort: without it
+# the kubelet emulator says so and runs pods with --runtime none.
+sandbox:
+	@if command -v bwrap >/dev/null; then echo "sandbox: bubblewrap found at $$(command -v bwrap)"; \
+	elif ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ]; then \
+	  echo "sandbox: bubblewrap missing and not installed (needs apt-get as root): containers will not run"; \
+	else echo "sandbox: installing bubblewrap (apt-get install -y -q bubblewrap)"; \
+	  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) \
+	  && echo "sandbox: bubblewrap installed at $$(command -v bwrap)" \
+	  || echo "sandbox: apt-get could not install bubblewrap: containers will not run"; fi
+
+run: $(STAMP) sandbox
 	$(BIN)/gpu-dra demo
 
 lint: $(STAMP)
@@ -21,7 +33,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy shared
 
-unit: $(STAMP)
+unit: $(STAMP) sandbox
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: lint typecheck unit

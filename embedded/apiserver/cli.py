@@ -28,6 +28,8 @@ class ApiServerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         "--token-auth-file); ServiceAccount tokens come from the TokenRequest API"))] = ""
     insecure_http: Annotated[bool, msgspec.Meta(
         description="serve plain HTTP instead of TLS (kubectl then sends no token, so the token is not checked)")] = False
+    pod_log_dir: Annotated[str, msgspec.Meta(
+        description="where the kubelets write container logs (served as pods/{name}/log); empty: none")] = ""
     bookmark_interval: Annotated[float, msgspec.Meta(gt=0, description="seconds between watch bookmarks")] = 60.0
 
 
@@ -43,6 +45,7 @@ async def serve(config: ApiServerConfig) -> None:
         tls=not config.insecure_http,
         token_file=Path(config.token_auth_file) if config.token_auth_file else None,
     )
+    server.pod_log_dir = Path(config.pod_log_dir) if config.pod_log_dir else None
     stopping = stop_event()
     await server.start()
     if config.kubeconfig:

@@ -21,6 +21,7 @@ from embedded.apiserver import (
     errors,
     openapi_docs,
     patch,
+    podlogs,
     protobuf,
     rbac,
     tables,
@@ -115,6 +116,7 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", handlers.self_access_review)
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", handlers.self_rules_review)
     app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", handlers.token_review)
+    app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}/log", podlogs.handler(server))
     app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
     app.router.add_route("*", "/apis/{tail:.*}", handlers.resource)
     return app

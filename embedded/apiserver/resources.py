@@ -80,7 +80,7 @@ BUILTIN: list[Resource] = [
     _r("", "v1", "Node", "nodes", False, short_names=["no"], subresources=["status"],
        field_selectors=("spec.unschedulable",), has_generation=False),
     _r("", "v1", "Pod", "pods", True, short_names=["po"], categories=["all"],
-       subresources=["status", "binding", "eviction", "ephemeralcontainers"], field_selectors=POD_FIELDS),
+       subresources=["status", "binding", "eviction", "ephemeralcontainers", "log"], field_selectors=POD_FIELDS),
     _r("", "v1", "Event", "events", True, short_names=["ev"], field_selectors=EVENT_FIELDS, has_generation=False),
     _r("", "v1", "ConfigMap", "configmaps", True, short_names=["cm"], has_generation=False),
     _r("", "v1", "Secret", "secrets", True, field_selectors=("type",), has_generation=False),

@@ -41,6 +41,7 @@ class ApiServer:
     ) -> None:
         self.host = host
         self.tls = tls
+        self.pod_log_dir: Path | None = None  # the kubelets' container logs (pods/{name}/log)
         self.data_dir = data_dir
         self.ca_pem = b""
         self.port = port

@@ -2,7 +2,7 @@
 
 Brings up a local cluster (two simulated nodes with H100s and a MIG-partitioned A100), applies the
 sample workloads in `examples/workloads/`, waits for their pods, prints what every container got
-(devices, UUIDs, sharing) and a waterfall of one claim-preparation trace, then tears it all down.
+(devices, UUIDs, sharing), the first lines each container logged (its `nvidia-smi -L`), and a waterfall of one claim-preparation trace, then tears it all down.
 Exit code 0 only when every sample pod ran.
 """
 
@@ -130,6 +130,35 @@ async def print_table(api: client.ApiClient, pods: list[dict[str, Any]]) -> None
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
+async def _log_head(api: client.ApiClient, pod: dict[str, Any], container: str, lines: int,
+                    timeout: float = 5.0) -> list[str]:
+    """The first `lines` of a container's log through the API server (waiting a little for its first line)."""
+    import asyncio
+
+    meta = pod["metadata"]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            text = await client.CoreV1Api(api).read_namespaced_pod_log(meta["name"], meta["namespace"],
+                                                                       container=container)
+        except client.ApiException as exc:
+            text = ""
+            if time.monotonic() >= deadline:
+                return [f"(no log: {exc.status} {exc.reason})"]
+        if text or time.monotonic() >= deadline:
+            return str(text).splitlines()[:lines] or ["(no output yet)"]
+        await asyncio.sleep(0.2)
+
+
+async def print_logs(api: client.ApiClient, pods: list[dict[str, Any]], lines: int = 3) -> None:
+    """Each container's first log lines, as `kubectl logs POD -c CONTAINER | head` shows them."""
+    for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
+        for c in pod["spec"].get("containers") or []:
+            print(f"  kubectl logs -n {pod['metadata']['namespace']} {pod['metadata']['name']} -c {c['name']}:")
+            for line in await _log_head(api, pod, c["name"], lines):
+                print(f"    {line}")
+
+
 async def _demo(cfg: DemoConfig) -> int:
     folder = Path(cfg.workloads) if cfg.workloads else WORKLOADS
     manifests = sorted(folder.glob("*.yaml"))
@@ -163,6 +192,9 @@ async def _demo(cfg: DemoConfig) -> int:
         running = [p for p in pods if _running(p)]
         print(f"\n{len(running)}/{len(pods)} pods running after {time.monotonic() - started:.1f}s:\n")
         await print_table(api, running)
+        if cfg.runtime != "none" and running:
+            print("\nwhat each container printed (its first lines):\n")
+            await print_logs(api, running)
         for pod in pods:
             if not _running(pod):
                 why = await _why_not_running(api, pod)

@@ -68,6 +68,11 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     dynamic_mig: bool = False  # publish MIG-capable GPUs as partitionable devices
     compute_domains: bool = True  # run a ComputeDomain agent (IMEX daemons) on every node
     start_timeout: float = 90.0
+    runtime: Annotated[str, msgspec.Meta(description=(
+        "sandbox: each container's command runs under bubblewrap (read-only host root, no network, own PID "
+        "namespace; logs, exits, restarts); none: containers are not executed, pods only show Running"))] = "sandbox"
+    restart_backoff: Annotated[float, msgspec.Meta(gt=0, description=(
+        "seconds before a failed container's first restart (doubling up to 300, as the kubelet)"))] = 10.0
 
     def node_spec(self, index: int) -> str:
         """The --simulate spec of node `index`: `--gpus` may list one per node, separated by ';'."""
@@ -82,6 +87,8 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
             except ValueError as exc:
                 raise ValueError(f"--node-prefix {self.node_prefix!r} makes node names a NATS user cannot be "
                                  f"named after ({exc}); use lowercase letters, digits and '-'") from None
+        if self.runtime not in ("sandbox", "none"):
+            raise ValueError(f"--runtime {self.runtime!r}: use sandbox (containers run under bubblewrap) or none")
 
 
 class ClusterNats(EmbeddedNats):
@@ -146,6 +153,7 @@ class LocalCluster:
         self.api: client.ApiClient | None = None
         self.bus: Bus | None = None
         self.identities_dir = self.data_dir / "identities"  # a kubeconfig per identity, and the token file
+        self.pod_log_dir = self.data_dir / "pod-logs"  # every kubelet writes here, the API server's pods/log reads
         self.kubeconfigs: dict[str, Path] = {}
         self.extra_env: dict[str, str] = {}
         # Unix socket paths are limited to 107 bytes, which a deep --data-dir easily exceeds, so the
@@ -204,6 +212,10 @@ class LocalCluster:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.cfg.runtime == "sandbox" and shutil.which("bwrap") is None:
+            self.progress("containers will NOT run: bubblewrap (bwrap) is not installed; `apt-get install -y "
+                          "bubblewrap` (or `make sandbox`) and start again. Running with --runtime none.")
+            self.cfg = msgspec.structs.replace(self.cfg, runtime="none")
         await asyncio.to_thread(self._forget_previous_run)
         await asyncio.to_thread(sweep_orphaned_dirs)
         if not self.nats_url:
@@ -226,7 +238,8 @@ class LocalCluster:
         # server writes a new one there (kubectl reads the file afresh; the services have their own).
         await sup.start("apiserver", gpu_dra("apiserver", "--port", str(port), "--kubeconfig",
                                              str(self.kubeconfig_path), "--data-dir",
-                                             str(self.data_dir / "apiserver"), "--token-auth-file", str(token_file)))
+                                             str(self.data_dir / "apiserver"), "--token-auth-file", str(token_file),
+                                             "--pod-log-dir", str(self.pod_log_dir)))
         await sup.wait_until("the API server", self._apiserver_ready, timeout=self.cfg.start_timeout)
         self.progress(f"API server                https://127.0.0.1:{port} (kubeconfig {self.kubeconfig_path})")
         await self._install_cluster_objects()
@@ -424,7 +437,10 @@ class LocalCluster:
         kubelet_flags, kubelet_env = self._kube(f"kubelet-{node}")
         await self.supervisor.start(f"{node}-kubelet", gpu_dra(
             "kubelet", "--node", node, *kubelet_flags,
-            "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"])), env=kubelet_env)
+            "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"]), "--runtime", self.cfg.runtime,
+            "--backoff-seconds", str(self.cfg.restart_backoff),
+            "--pod-log-dir", str(self.pod_log_dir),
+            "--sim-state", str(paths["root"] / "var" / "lib" / "gpu-dra" / f"simnvml-{node}.json")), env=kubelet_env)
         await self.supervisor.wait_until(f"{node} Ready", lambda: self._node_ready(node),
                                          timeout=self.cfg.start_timeout)
         self.progress(f"node {node:<18} discovery, preparer, kubelet ready")

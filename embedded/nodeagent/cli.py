@@ -7,9 +7,11 @@ from pathlib import Path
 
 from kubernetes_asyncio import client
 
+from embedded.nodeagent import nvidiasmi
 from embedded.nodeagent.node import NodeAgent
 from embedded.nodeagent.plugins import PluginRegistry
-from embedded.nodeagent.pods import PodRunner
+from embedded.nodeagent.pods import PodRunner, Runtime
+from embedded.nodeagent.sandbox import SandboxUnavailable, find_bwrap
 from shared.config import CommonConfig
 from shared.kubeclient import kube_api_client
 from shared.logs import get_logger
@@ -29,15 +31,39 @@ class KubeletConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     resync_seconds: float = 30.0
     state_dir: str = ""  # what it prepared, kept across restarts ("" = <registry-dir>/../gpu-dra-kubelet)
     heartbeat_seconds: float = 10.0
+    runtime: str = "sandbox"  # sandbox: containers run under bubblewrap; none: not executed (status only)
+    pod_log_dir: str = ""  # container logs, read by the API server's pods/log ("" = <state-dir>/pod-logs)
+    sim_state: str = ""  # the simulated NVML state file the nvidia-smi shim answers from
+    backoff_seconds: float = 10.0  # the first restart back-off (doubles up to 300 s), as the kubelet's
+
+
+def container_runtime(cfg: KubeletConfig, state_dir: Path) -> Runtime | None:
+    """The sandboxed runtime, or None (`--runtime none`, or bubblewrap missing: said loudly)."""
+    if cfg.runtime == "none":
+        return None
+    if cfg.runtime != "sandbox":
+        raise ValueError(f"--runtime {cfg.runtime!r}: expected sandbox or none")
+    try:
+        bwrap = find_bwrap()
+    except SandboxUnavailable as exc:
+        log.error("containers will not run (as with --runtime none)", node=cfg.node, error=str(exc))
+        return None
+    shim_dir = state_dir / "bin"
+    nvidiasmi.install(shim_dir)
+    return Runtime(bwrap=bwrap, work_root=state_dir / "pods", shim_dir=shim_dir, sim_state=cfg.sim_state,
+                   log_root=Path(cfg.pod_log_dir) if cfg.pod_log_dir else state_dir / "pod-logs",
+                   backoff_base=cfg.backoff_seconds)
 
 
 async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
     async with await kube_api_client(cfg.kubeconfig) as api:
         core = client.CoreV1Api(api)
         plugins = PluginRegistry(Path(cfg.registry_dir))
+        state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(cfg.registry_dir).parent / "gpu-dra-kubelet"
+        state_dir = await asyncio.to_thread(state_dir.resolve)  # containers' dirs named by their real place
+        runtime = await asyncio.to_thread(container_runtime, cfg, state_dir)
         runner = PodRunner(cfg.node, api, plugins, [Path(cfg.cdi_dir)], resync_seconds=cfg.resync_seconds,
-                           state_dir=Path(cfg.state_dir) if cfg.state_dir else
-                           Path(cfg.registry_dir).parent / "gpu-dra-kubelet")
+                           state_dir=state_dir, runtime=runtime)
         agent = NodeAgent(core, api, cfg.node)
         watcher = asyncio.create_task(plugins.run(stopping))
         lease = asyncio.create_task(agent.heartbeat(stopping, cfg.heartbeat_seconds))

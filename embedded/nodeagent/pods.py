@@ -6,8 +6,10 @@ scheduler's `status.extendedResourceClaimStatus`) is allocated and reserved for 
 prepared twice concurrently), resolving the returned CDI ids into what each container gets (recorded
 on the pod as an annotation `kubectl get -o yaml` shows), the pod's Running/Ready status (or, as the
 kubelet does, Pending with its containers `ContainerCreating` and a Warning Event
-`FailedPrepareDynamicResources` on the pod carrying the error, retried with backoff), the opt-in emulated
-exit, and `NodeUnprepareResources` once the last pod using a claim is gone, then the grace-period-0
+`FailedPrepareDynamicResources` on the pod carrying the error, retried with backoff), its containers (with a
+`Runtime`: run sandboxed by `containers.PodWorker`, which writes the status from then on; without one, the
+opt-in emulated exit), termination (SIGTERM, SIGKILL after the grace period), `NodeUnprepareResources` once the
+last pod using a claim is gone or finished, then the grace-period-0
 delete that lets the API server drop a terminating pod. What it prepared survives restarts in a
 state file (`state.py`); every re-list prunes pods that vanished meanwhile.
 """
@@ -30,6 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from embedded.kubelet.client import Claim, PluginError, PreparedDevice
 from embedded.kubelet.client import PreparedClaim as KubeletPreparedClaim
 from embedded.nodeagent.cdi_resolve import CdiResolutionError, load_specs, resolve
+from embedded.nodeagent.containers import PodWorker
 from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
 from shared.logs import get_logger
 
@@ -192,12 +195,24 @@ def pod_status(pod: dict[str, Any], *, phase: str, exit_code: int | None = None)
     return status
 
 
+@dataclass
+class Runtime:
+    """Where and how the sandboxed runtime runs containers (None on the PodRunner: `--runtime none`)."""
+
+    bwrap: str
+    work_root: Path  # per pod, per container: private /tmp and work dir
+    log_root: Path  # <namespace>_<pod>_<uid>/<container>/<restart>.log
+    shim_dir: Path  # holds the nvidia-smi shim
+    sim_state: str  # the simulated NVML state file the shim answers from
+    backoff_base: float = 10.0
+
+
 class PodRunner:
-    """Runs this node's pods as far as DRA is concerned."""
+    """Runs this node's pods: their claims prepared, their containers (with a Runtime) executed."""
 
     def __init__(self, node: str, api: client.ApiClient, dra: DraClient, cdi_dirs: list[Path],
                  resync_seconds: float = 30.0, on_change: Callable[[], None] | None = None,
-                 state_dir: Path | None = None):
+                 state_dir: Path | None = None, runtime: Runtime | None = None):
         self.node = node
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -214,6 +229,12 @@ class PodRunner:
         self._retry: set[str] = set()
         self._attempted: dict[str, str] = {}  # pod uid -> inputs of the last failed attempt
         self._reported: dict[str, str] = {}  # pod uid -> the last FailedPrepareDynamicResources message
+        self.runtime = runtime
+        self.workers: dict[str, PodWorker] = {}  # pod uid -> its running (or finished) containers
+        self._finished: set[str] = set()  # pods whose (emulated) exit was written: never prepared again
+        self._terminating: set[str] = set()  # pods whose containers are being stopped (grace period)
+        self._writes: dict[str, asyncio.Task[None]] = {}  # pod uid -> its status writer
+        self._stops: dict[str, asyncio.Task[None]] = {}  # pod uid -> its termination (grace period, then delete)
         for rec in self.store.load():
             self.prepared[rec.uid] = PreparedClaim(
                 Claim(namespace=rec.namespace, uid=rec.uid, name=rec.name), set(rec.drivers),
@@ -283,6 +304,11 @@ class PodRunner:
             self.prepared[claim_uid].pods.add(uid)
         await self._save()
         edits = container_edits(pod, {u: self.prepared[u] for u in wanted}, uses, self.cdi_dirs)
+        if self.runtime is not None:  # its containers start; the worker writes the status from here on
+            body = {"metadata": {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}}
+            await self.core.patch_namespaced_pod(meta["name"], meta["namespace"], body)
+            self._start_worker(pod, edits)
+            return
         await self._write_status(pod, pod_status(pod, phase="Running"), edits)
         log.info("pod running", node=self.node, pod=f"{ns}/{meta['name']}", claims=len(wanted))
         code = (meta.get("annotations") or {}).get(EXIT_ANNOTATION)
@@ -290,6 +316,7 @@ class PodRunner:
             exit_code = int(code) if code.strip().lstrip("-").isdigit() else 1
             phase = "Succeeded" if exit_code == 0 else "Failed"
             await self._write_status(pod, pod_status(pod, phase=phase, exit_code=exit_code))
+            self._finished.add(uid)
             log.info("pod exited (emulated)", node=self.node, pod=f"{ns}/{meta['name']}", exit_code=exit_code)
             await self._release_pod(uid)
 
@@ -334,14 +361,26 @@ class PodRunner:
         async with self._lock:
             self.pods[uid] = pod
             phase = (pod.get("status") or {}).get("phase", "Pending")
-            if meta.get("deletionTimestamp"):
+            worker = self.workers.get(uid)
+            if uid in self._terminating:
+                pass  # its containers are being stopped; the final delete follows
+            elif meta.get("deletionTimestamp") and worker is not None:
+                self._terminating.add(uid)
+                grace = meta.get("deletionGracePeriodSeconds")
+                self._stops[uid] = asyncio.create_task(
+                    self._terminate(pod, worker, 30.0 if grace is None else float(grace)))
+            elif meta.get("deletionTimestamp"):
                 await self._finish_deleted(pod)
+            elif worker is not None and worker.phase not in ("Succeeded", "Failed"):
+                pass  # its containers run; the worker writes the status
             elif phase in ("Succeeded", "Failed"):
                 self._retry.discard(uid)
                 if not await self._release_pod(uid):
                     self._retry.add(uid)
-            elif phase == "Running" and _is_ready(pod) and self._holds_claims(uid):
+            elif phase == "Running" and _is_ready(pod) and self._holds_claims(uid) and self.runtime is None:
                 self._retry.discard(uid)
+            elif uid in self._finished or worker is not None:
+                pass  # exited: never started again (the old emulated exit wrote a Succeeded pod back to Pending)
             elif uid in self._retry and self._attempted.get(uid) == _inputs(pod) and not force:
                 pass  # our own Pending status coming back; the retry loop's backoff decides when to try again
             else:
@@ -349,6 +388,62 @@ class PodRunner:
                 await self._try_prepare(pod)
         if self._on_change:
             self._on_change()
+
+    # ------------------------------------------------------------------ containers
+    def _start_worker(self, pod: dict[str, Any], edits: dict[str, dict[str, Any]]) -> None:
+        rt = self.runtime
+        assert rt is not None
+        worker = PodWorker(pod, edits, bwrap=rt.bwrap, work_root=rt.work_root, log_root=rt.log_root,
+                           shim_dir=rt.shim_dir, sim_state=rt.sim_state, on_change=self._worker_changed,
+                           backoff_base=rt.backoff_base)
+        self.workers[pod["metadata"]["uid"]] = worker
+        worker.start()
+        log.info("pod started", node=self.node, pod=f"{pod['metadata']['namespace']}/{pod['metadata']['name']}",
+                 containers=len(worker.mains), init_containers=len(worker.inits))
+
+    def _worker_changed(self, worker: PodWorker) -> None:
+        """Write the worker's status: one writer per pod, which always writes the latest state."""
+        uid = worker.pod["metadata"]["uid"]
+        worker.dirty = True
+        if uid not in self._writes or self._writes[uid].done():
+            self._writes[uid] = asyncio.create_task(self._write_worker(worker))
+
+    async def _write_worker(self, worker: PodWorker) -> None:
+        delay = RETRY_MIN
+        while worker.dirty:
+            worker.dirty = False
+            try:
+                await self._write_status(worker.pod, worker.status())
+                delay = RETRY_MIN
+            except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
+                if isinstance(exc, ApiException) and exc.status == 404:
+                    return  # the pod is gone
+                log.warning("pod status not written; retrying", pod=worker.pod["metadata"]["name"], error=str(exc))
+                worker.dirty = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+        if worker.phase in ("Succeeded", "Failed"):
+            log.info("pod finished running", node=self.node, pod=worker.pod["metadata"]["name"], phase=worker.phase)
+
+    async def _terminate(self, pod: dict[str, Any], worker: PodWorker, grace: float) -> None:
+        uid = pod["metadata"]["uid"]
+        try:
+            await worker.stop(grace)
+            writer = self._writes.pop(uid, None)
+            if writer is not None:
+                writer.cancel()
+            async with self._lock:
+                self.workers.pop(uid, None)
+                await self._finish_deleted(pod)
+        finally:
+            self._terminating.discard(uid)
+            self._stops.pop(uid, None)
+
+    async def stop_all(self) -> None:
+        """The emulator stops: its containers go with it (SIGTERM, 2 s, SIGKILL)."""
+        await asyncio.gather(*(w.stop(2.0) for w in self.workers.values()), return_exceptions=True)
+        for task in self._writes.values():
+            task.cancel()
 
     async def _finish_deleted(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -405,7 +500,11 @@ class PodRunner:
         self._reported[meta["uid"]] = message
 
     async def forget_pod(self, uid: str) -> None:
+        worker = self.workers.pop(uid, None)
+        if worker is not None:
+            await worker.stop(0.0)
         async with self._lock:
+            self._finished.discard(uid)
             self.pods.pop(uid, None)
             self._retry.discard(uid)
             self._attempted.pop(uid, None)
@@ -479,6 +578,7 @@ class PodRunner:
             for task in (retry, loop, stop):
                 task.cancel()
             results = await asyncio.gather(retry, loop, stop, return_exceptions=True)
+            await self.stop_all()
         for result in results:
             if isinstance(result, Exception):
                 raise result

@@ -34,7 +34,9 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
     root = tmp_path_factory.mktemp("refcluster")
     machine = root / "machine.yaml"
     machine.write_text(MIG_MACHINE)
-    cfg = ClusterConfig(nodes=2, machine=str(machine), data_dir=str(root / "data"), start_timeout=120)
+    # What the emulator records, not what runs: the images' own binaries (cuda-sample's /tmp/sample) are not here.
+    cfg = ClusterConfig(nodes=2, machine=str(machine), data_dir=str(root / "data"), start_timeout=120,
+                        runtime="none")
     async with LocalCluster(cfg) as c:
         yield c
 

@@ -63,7 +63,8 @@ class Cluster:
     def kubelet_config(self) -> kubelet_cli.KubeletConfig:
         return kubelet_cli.KubeletConfig(
             node="n1", kubeconfig=str(self.api.kubeconfig_path), registry_dir=str(self.root / "reg"),
-            cdi_dir=str(self.root / "cdi"), state_dir=str(self.root / "kubelet-state"), resync_seconds=5.0)
+            cdi_dir=str(self.root / "cdi"), state_dir=str(self.root / "kubelet-state"), resync_seconds=5.0,
+            runtime="none")  # claims and status, not processes (test_containers.py runs those)
 
     def start_kubelet(self) -> None:
         self.stopping = asyncio.Event()
@@ -89,7 +90,7 @@ class Cluster:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "shared.cli", "kubelet", "--node", cfg.node, "--kubeconfig", cfg.kubeconfig,
             "--registry-dir", cfg.registry_dir, "--cdi-dir", cfg.cdi_dir, "--state-dir", cfg.state_dir,
-            "--resync-seconds", "5", cwd=str(REPO), stdout=asyncio.subprocess.DEVNULL,
+            "--resync-seconds", "5", "--runtime", "none", cwd=str(REPO), stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL)
 
     async def pod(self, name: str, ns: str = "default") -> dict[str, Any] | None:

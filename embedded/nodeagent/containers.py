@@ -1,0 +1,278 @@
+"""The kubelet emulator's container runtime: runs a pod's containers as sandboxed processes, as the kubelet does.
+
+Owns, for each pod: its init containers in order, then its containers side by side, each a bubblewrap process
+(`sandbox.py`) with the pod's env, the CDI edits' env/mounts and the `nvidia-smi` shim (`nvidiasmi.py`); the
+container states (waiting/running/terminated with exit code and reason), restarts per restartPolicy with the
+kubelet's doubling back-off (`CrashLoopBackOff` meanwhile), the pod phase (Running, Succeeded, Failed) and
+termination (SIGTERM to the container's processes, SIGKILL once the grace period is over). Output goes, a line
+at a time with its timestamp, to `<log-dir>/<namespace>_<pod>_<uid>/<container>/<restart>.log`, where the API
+server's pod log subresource reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from embedded.nodeagent import nvidiasmi
+from embedded.nodeagent.sandbox import CONTAINER_PATH, NOBODY, SHIM_DIR, SIM_STATE, WORK_DIR, bwrap_argv
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+BACKOFF_MAX = 300.0
+IDLE = "trap 'exit 0' TERM; sleep infinity & wait"  # what a container without a command runs
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stamp() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def pod_log_dir(root: Path, pod: dict[str, Any]) -> Path:
+    meta = pod["metadata"]
+    return root / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+@dataclass
+class ContainerState:
+    name: str
+    image: str
+    init: bool = False
+    restarts: int = 0
+    state: dict[str, Any] = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
+    last: dict[str, Any] = field(default_factory=dict)
+    done: bool = False  # will not run again
+
+    def status(self) -> dict[str, Any]:
+        running = "running" in self.state
+        out = {"name": self.name, "image": self.image, "imageID": "", "restartCount": self.restarts,
+               "ready": running and not self.init, "started": running,
+               "state": {k: self.state.get(k) for k in ("waiting", "running", "terminated")},
+               "lastState": self.last}
+        if running:
+            out["containerID"] = f"bwrap://{self.name}-{self.restarts}"
+        return out
+
+
+def _flag(value: bool) -> str:
+    return "True" if value else "False"
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{parent}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{parent}/task/{task}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+                    out += kids
+                    todo += kids
+    return out
+
+
+class PodWorker:
+    """One pod's containers, from start to a final phase or until stopped."""
+
+    def __init__(self, pod: dict[str, Any], edits: dict[str, dict[str, Any]], *, bwrap: str, work_root: Path,
+                 log_root: Path, shim_dir: Path, sim_state: str, on_change: Callable[[PodWorker], None],
+                 backoff_base: float = 10.0) -> None:
+        self.pod = pod
+        self.edits = edits
+        self.bwrap = bwrap
+        self.work = work_root / pod["metadata"]["uid"]
+        self.logs = pod_log_dir(log_root, pod)
+        self.shim_dir = shim_dir
+        self.sim_state = sim_state
+        self.on_change = on_change
+        self.backoff_base = backoff_base
+        spec = pod.get("spec") or {}
+        self.policy = spec.get("restartPolicy") or "Always"
+        self.inits = [ContainerState(c["name"], c.get("image", ""), init=True) for c in spec.get("initContainers") or []]
+        self.mains = [ContainerState(c["name"], c.get("image", "")) for c in spec.get("containers") or []]
+        self.specs = {c["name"]: c for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]}
+        status = pod.get("status") or {}
+        # a pod already Running (the emulator restarted) stays Running while its containers start again
+        self.phase = "Running" if status.get("phase") == "Running" else "Pending"
+        self.initialized = not self.inits
+        self.started_at = status.get("startTime") or now()
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self.dirty = False  # a status change not written yet (the PodRunner's writer clears it)
+        self._stopping = False
+        self._stop_event = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        t = now()
+        ready = self.phase == "Running" and all("running" in c.state for c in self.mains)
+        why = {"reason": None, "message": None}
+        if self.phase in ("Succeeded", "Failed"):
+            why = {"reason": "PodCompleted", "message": None}
+        elif not ready:
+            bad = " ".join(c.name for c in self.mains if "running" not in c.state)
+            why = {"reason": "ContainersNotReady", "message": f"containers with unready status: [{bad}]"}
+        return {"phase": self.phase, "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": self.started_at,
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": self.started_at},
+                    {"type": "Initialized", "status": _flag(self.initialized), "lastTransitionTime": t},
+                    {"type": "ContainersReady", "status": _flag(ready), "lastTransitionTime": t, **why},
+                    {"type": "Ready", "status": _flag(ready), "lastTransitionTime": t, **why}],
+                "initContainerStatuses": [c.status() for c in self.inits] or None,
+                "containerStatuses": [c.status() for c in self.mains]}
+
+    def _changed(self) -> None:
+        self.on_change(self)
+
+    # ------------------------------------------------------------------ one run of one container
+    def _env(self, name: str) -> tuple[dict[str, str], list[tuple[str, str]], int]:
+        spec = self.specs[name]
+        env = {"PATH": f"{SHIM_DIR}:{CONTAINER_PATH}", "HOME": WORK_DIR, "HOSTNAME": self.pod["metadata"]["name"],  # noqa: S108
+               "KUBERNETES_POD_NAME": self.pod["metadata"]["name"], nvidiasmi.STATE_ENV: SIM_STATE}
+        edits = self.edits.get(name) or {}
+        for entry in edits.get("env") or []:
+            key, _, value = entry.partition("=")
+            env[key] = value
+        nodes = list(edits.get("deviceNodes") or [])
+        env[nvidiasmi.NODES_ENV] = ":".join(nodes)
+        uuids = self._uuids(nodes)
+        if uuids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
+        for item in spec.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+        binds = [tuple(m.split(":", 1)) for m in edits.get("mounts") or [] if ":" in m]
+        ctx = {**((self.pod.get("spec") or {}).get("securityContext") or {}), **(spec.get("securityContext") or {})}
+        uid = 0 if ctx.get("runAsUser") == 0 or (ctx.get("privileged") is True) else NOBODY
+        return env, [(a, b) for a, b in binds], uid
+
+    def _uuids(self, nodes: list[str]) -> list[str]:
+        try:
+            state = json.loads(Path(self.sim_state).read_text())
+        except (OSError, ValueError):
+            return []
+        return nvidiasmi.visible_uuids(nvidiasmi.visible_devices(state, nodes))
+
+    async def _run_once(self, c: ContainerState) -> int:
+        spec = self.specs[c.name]
+        argv = [*(spec.get("command") or []), *(spec.get("args") or [])]
+        if not argv:  # the image's entrypoint is unknown here: the container idles until stopped
+            argv = ["sh", "-c", IDLE]
+        env, binds, uid = await asyncio.to_thread(self._env, c.name)
+        tmp = self.work / c.name / "tmp"
+        work = self.work / c.name / "work"
+        log_path = self.logs / c.name / f"{c.restarts}.log"
+        for d in (tmp, work, log_path.parent):
+            await asyncio.to_thread(d.mkdir, parents=True, exist_ok=True)
+        if uid == NOBODY:
+            for d in (tmp, work):
+                await asyncio.to_thread(os.chmod, d, 0o777)  # noqa: S103 - the private dirs of an unprivileged user
+        sim = self.sim_state if self.sim_state and await asyncio.to_thread(os.path.exists, self.sim_state) else ""
+        cmd = bwrap_argv(self.bwrap, argv, work=work, tmp=tmp, shim_dir=self.shim_dir, uid=uid, env=env,
+                         binds=binds, sim_state=sim)
+        started = now()
+        proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        self._procs[c.name] = proc
+        c.state = {"running": {"startedAt": started}}
+        self._changed()
+        log.info("container started", pod=self.pod["metadata"]["name"], container=c.name, pid=proc.pid,
+                 image=c.image, restarts=c.restarts)
+        assert proc.stdout is not None
+        f = await asyncio.to_thread(open, log_path, "ab", buffering=0)
+        with f:
+            while True:
+                line = await proc.stdout.readline()
+                if not line:
+                    break
+                await asyncio.to_thread(f.write, stamp().encode() + b" " + line.rstrip(b"\n") + b"\n")
+        code = await proc.wait()
+        self._procs.pop(c.name, None)
+        if code < 0:
+            code = 128 - code  # killed by a signal: as a runtime reports it
+        c.state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                  "startedAt": started, "finishedAt": now()}}
+        log.info("container exited", pod=self.pod["metadata"]["name"], container=c.name, exit_code=code)
+        return code
+
+    async def _loop(self, c: ContainerState, restart: Callable[[int], bool]) -> int:
+        backoff = self.backoff_base
+        while True:
+            code = await self._run_once(c)
+            if self._stopping or not restart(code):
+                c.done = True
+                self._changed()
+                return code
+            c.last = dict(c.state)
+            c.restarts += 1
+            c.state = {"waiting": {"reason": "CrashLoopBackOff", "message":
+                                   f"back-off {backoff:g}s restarting failed container={c.name} "
+                                   f"pod={self.pod['metadata']['name']}"}}
+            self._changed()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_event.wait(), backoff)
+            if self._stopping:
+                c.done = True
+                return code
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def run(self) -> None:
+        try:
+            for c in self.inits:  # in order; a failed one is retried unless the policy is Never
+                code = await self._loop(c, lambda rc: rc != 0 and self.policy != "Never")
+                if code != 0 or self._stopping:
+                    self.phase = "Failed" if not self._stopping or code != 0 else self.phase
+                    self._changed()
+                    return
+            self.initialized = True
+            self.phase = "Running"
+            self._changed()
+            policy = self.policy
+            codes = await asyncio.gather(*(self._loop(c, lambda rc: policy == "Always" or
+                                                      (policy == "OnFailure" and rc != 0)) for c in self.mains))
+            if not self._stopping:
+                self.phase = "Succeeded" if all(rc == 0 for rc in codes) else "Failed"
+                self._changed()
+        except OSError as exc:
+            log.error("container could not start", pod=self.pod["metadata"]["name"], error=str(exc))
+            self.phase = "Failed"
+            self._changed()
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.run())
+
+    async def stop(self, grace: float) -> None:
+        """SIGTERM every process of every container, SIGKILL what is left after `grace` seconds."""
+        self._stopping = True
+        self._stop_event.set()
+        procs = list(self._procs.values())
+        for proc in procs:
+            for pid in _descendants(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        if procs:
+            _, pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=grace)
+            for proc in procs:
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()  # bwrap; --die-with-parent takes the sandbox with it
+            for fut in pending:
+                with contextlib.suppress(Exception):
+                    await fut
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task

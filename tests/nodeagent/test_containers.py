@@ -1,0 +1,186 @@
+"""The sandboxed container runtime: real bubblewrap processes, their logs, exits, restarts and termination, and
+the nvidia-smi shim answering from a simulated NVML state for exactly the devices a container was given."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from embedded.nodeagent import nvidiasmi
+from embedded.nodeagent.containers import PodWorker
+from services.discovery.simnvml.state import SimCi, SimGi, SimGpu, SimMps, SimState
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60),
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (make setup)")]
+
+H100 = "GPU-11111111-0000-0000-0000-000000000000"
+A100 = "GPU-22222222-0000-0000-0000-000000000000"
+MIG_A = "MIG-aaaaaaaa-0000-0000-0000-000000000000"
+MIG_B = "MIG-bbbbbbbb-0000-0000-0000-000000000000"
+
+
+def sim_state() -> SimState:
+    return SimState(node="n1", machine="x", driver_version="550.54.15", cuda_version=12040, gpus=[
+        SimGpu(index=0, profile="h100", uuid=H100, minor=0, bus_id="0000:1a:00.0", pcie_root="pci0000:00",
+               numa_node=0, compute_mode=3, timeslice=2),
+        SimGpu(index=1, profile="a100-40gb", uuid=A100, minor=1, bus_id="0000:2a:00.0", pcie_root="pci0000:00",
+               numa_node=0, mig_enabled=True, gis=[
+                   SimGi(id=1, profile_index=1, start=0, size=2, cis=[SimCi(id=0, profile_index=1, uuid=MIG_A)]),
+                   SimGi(id=2, profile_index=0, start=2, size=1, cis=[SimCi(id=0, profile_index=0, uuid=MIG_B)])])],
+        mps={"d1": SimMps(daemon_id="d1", gpu_uuids=[H100], active_thread_percentage=50, pipe_dir="/p",
+                          shm_dir="/s", log_dir="/l")})
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> dict[str, Path]:
+    state = tmp_path / "simnvml.json"
+    state.write_bytes(msgspec.json.encode(sim_state()))
+    shim = tmp_path / "bin"
+    nvidiasmi.install(shim)
+    return {"state": state, "shim": shim, "work": tmp_path / "pods", "logs": tmp_path / "logs"}
+
+
+def pod(name: str, containers: list[dict[str, Any]], policy: str = "Never", **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+            "spec": {"containers": containers, "restartPolicy": policy, **spec}}
+
+
+def worker(node: dict[str, Path], p: dict[str, Any], edits: dict[str, Any] | None = None,
+           seen: list[dict[str, Any]] | None = None) -> PodWorker:
+    def changed(w: PodWorker) -> None:
+        if seen is not None:
+            seen.append(w.status())
+    return PodWorker(p, edits or {}, bwrap=shutil.which("bwrap") or "", work_root=node["work"],
+                     log_root=node["logs"], shim_dir=node["shim"], sim_state=str(node["state"]),
+                     on_change=changed, backoff_base=0.3)
+
+
+def log_of(node: dict[str, Path], p: dict[str, Any], container: str, run: int = 0) -> str:
+    meta = p["metadata"]
+    path = node["logs"] / f"ns_{meta['name']}_{meta['uid']}" / container / f"{run}.log"
+    return "".join(line.partition(" ")[2] + "\n" for line in path.read_text().splitlines())
+
+
+async def until(check: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def gpu_edits(*nodes: str) -> dict[str, Any]:
+    return {"ctr": {"env": ["NVIDIA_VISIBLE_DEVICES=void", "EXTRA=from-cdi"], "deviceNodes": list(nodes)}}
+
+
+async def test_container_prints_its_gpu_env_and_exits(node: dict[str, Path]) -> None:
+    p = pod("one", [{"name": "ctr", "image": "ubuntu:22.04", "command": ["bash", "-c"],
+                     "args": ["nvidia-smi -L; env | grep -E '^(CUDA|NVIDIA|EXTRA|GREETING)' | sort; id -u"],
+                     "env": [{"name": "GREETING", "value": "hi"}]}])
+    w = worker(node, p, gpu_edits("/dev/nvidia0", "/dev/nvidiactl"))
+    w.start()
+    await w.task  # type: ignore[misc]
+    assert w.phase == "Succeeded"
+    term = w.status()["containerStatuses"][0]["state"]["terminated"]
+    assert (term["exitCode"], term["reason"]) == (0, "Completed")
+    assert log_of(node, p, "ctr").splitlines() == [
+        f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100})", f"CUDA_VISIBLE_DEVICES={H100}", "EXTRA=from-cdi",
+        "GREETING=hi", "NVIDIA_VISIBLE_DEVICES=void", "65534"]
+
+
+async def test_shim_shows_only_the_visible_mig_device_and_sharing() -> None:
+    state = msgspec.to_builtins(sim_state())
+    cap = nvidiasmi.devtree.mig_cap_minors(1, 2, 0)[1]
+    env = {nvidiasmi.STATE_ENV: "", nvidiasmi.NODES_ENV: f"/dev/nvidia1:/dev/nvidia-caps/nvidia-cap{cap}"}
+    devices = nvidiasmi.visible_devices(state, env[nvidiasmi.NODES_ENV].split(":"))
+    assert nvidiasmi.list_lines(devices) == [f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {A100})",
+                                             f"  MIG 1g.5gb       Device  0: (UUID: {MIG_B})"]
+    assert nvidiasmi.visible_uuids(devices) == [MIG_B]
+    assert nvidiasmi.query(state, devices, ["name", "uuid", "memory.total", "index"], {"csv"}) == [
+        "name, uuid, memory.total [MiB], index", f"NVIDIA A100-SXM4-40GB, {A100}, 40960 MiB, 0"]
+    full = nvidiasmi.visible_devices(state, ["/dev/nvidia0"])
+    table = "\n".join(nvidiasmi.table(state, full))
+    assert "Exclusive_Process" in table and "Time Slice Interval                   : Medium" in table
+    assert "MPS Server                            : Running (daemon d1, active thread percentage 50)" in table
+    assert nvidiasmi.run(["--query-gpu=bogus", "--format=csv"], {nvidiasmi.STATE_ENV: "/nonexistent"})[0] == 9
+
+
+async def test_hostile_commands_fail_inside_and_harm_nothing(node: dict[str, Path]) -> None:
+    sentinel = Path(__file__).parent / f".sentinel-{os.getpid()}"
+    sentinel.mkdir()
+    (sentinel / "keep").write_text("kept")
+    try:
+        script = (f"rm -rf {sentinel} /etc/hostname /usr/bin/env 2>&1 | head -3; echo pwned > /etc/pwned; "
+                  "timeout 3 rm -rf --no-preserve-root / 2>/dev/null; "
+                  "apt-get install -y -q cowsay >/dev/null 2>&1; echo apt=$?; "
+                  "getent hosts example.com || echo no-network; echo ok > /tmp/mine && cat /tmp/mine; exit 3")
+        p = pod("evil", [{"name": "ctr", "image": "x", "command": ["bash", "-c", script]}],
+                securityContext={"runAsUser": 0})
+        w = worker(node, p)
+        w.start()
+        await w.task  # type: ignore[misc]
+        out = log_of(node, p, "ctr")
+        assert w.phase == "Failed" and w.status()["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
+        assert "Read-only file system" in out and "apt=100" in out and "no-network" in out and "ok" in out, out
+        assert (sentinel / "keep").read_text() == "kept"
+        assert not Path("/etc/pwned").exists() and Path("/usr/bin/env").exists()
+    finally:
+        shutil.rmtree(sentinel)
+
+
+async def test_crash_loop_backs_off_and_runs_again(node: dict[str, Path]) -> None:
+    marker = "/run/pod/ran"  # the work dir survives restarts: the second run succeeds and stays up
+    script = f"if [ -e {marker} ]; then echo second; trap 'echo bye; exit 0' TERM; sleep 30 & wait; " \
+             f"else touch {marker}; echo first; exit 1; fi"
+    p = pod("crash", [{"name": "ctr", "image": "x", "command": ["sh", "-c", script]}], policy="Always")
+    seen: list[dict[str, Any]] = []
+    w = worker(node, p, seen=seen)
+    w.start()
+    await until(lambda: w.status()["containerStatuses"][0]["restartCount"] == 1
+                and w.status()["containerStatuses"][0]["state"]["running"] is not None)
+    reasons = [(s["containerStatuses"][0]["state"].get("waiting") or {}).get("reason") for s in seen]
+    assert "CrashLoopBackOff" in reasons
+    status = w.status()
+    assert status["phase"] == "Running" and status["conditions"][3]["status"] == "True", status
+    assert status["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 1
+    await until(lambda: "second" in log_of(node, p, "ctr", 1))
+    assert log_of(node, p, "ctr", 0) == "first\n"
+    started = time.monotonic()
+    await w.stop(10.0)
+    assert time.monotonic() - started < 5, "SIGTERM ended it (no wait for the grace period)"
+    assert "bye" in log_of(node, p, "ctr", 1)
+
+
+async def test_init_containers_run_in_order_and_sigkill_after_grace(node: dict[str, Path]) -> None:
+    p = pod("init", [{"name": "ctr", "image": "x", "command": ["sh", "-c", "cd && pwd; "
+                                                                           "trap '' TERM; echo up; sleep 60"]}],
+            initContainers=[{"name": "a", "image": "x", "command": ["sh", "-c", "echo a"]},
+                            {"name": "b", "image": "x", "command": ["sh", "-c", "echo b"]}])
+    w = worker(node, p)
+    w.start()
+    await until(lambda: w.phase == "Running" and (node["logs"] / "ns_init_uid-init" / "ctr" / "0.log").exists()
+                and "up" in log_of(node, p, "ctr"))
+    assert [log_of(node, p, c) for c in ("a", "b")] == ["a\n", "b\n"]
+    assert all(c["state"]["terminated"]["reason"] == "Completed" for c in w.status()["initContainerStatuses"])
+    started = time.monotonic()
+    await w.stop(1.0)
+    assert 0.9 < time.monotonic() - started < 5, "TERM ignored: killed once the grace period was over"
+
+
+async def test_container_without_command_idles_until_stopped(node: dict[str, Path]) -> None:
+    p = pod("idle", [{"name": "ctr", "image": "nginx"}], policy="Always")
+    w = worker(node, p)
+    w.start()
+    await until(lambda: w.status()["conditions"][3]["status"] == "True")
+    started = time.monotonic()
+    await w.stop(10.0)
+    assert time.monotonic() - started < 5, "SIGTERM stops it (no wait for the grace period)"
+    # 0 once its TERM trap is set, 143 (128 + SIGTERM) when stopped before the shell got that far
+    assert w.status()["containerStatuses"][0]["state"]["terminated"]["exitCode"] in (0, 143)
