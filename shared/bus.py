@@ -39,6 +39,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from shared import identity
+from shared.events import cloudevents
 from shared.events.base import Message, now_unix
 from shared.events.catalog import (
     BUCKETS,
@@ -639,12 +640,15 @@ class Bus:
             span.set_attribute("messaging.system", "nats")
             span.set_attribute("messaging.destination.name", subject)
             payload = encode(message)
+            # every durable publish carries a message id, so a retry is de-duplicated by the stream
+            msg_id = msg_id or (uuid.uuid4().hex if durable else None)
+            headers = cloudevents.headers(entry, message, subject, msg_id or uuid.uuid4().hex, self.name)
+            if msg_id:
+                headers["Nats-Msg-Id"] = msg_id
+            headers = inject_headers(headers)
             if durable:
-                # every durable publish carries a message id, so a retry is de-duplicated by the stream
-                headers = inject_headers({"Nats-Msg-Id": msg_id or uuid.uuid4().hex})
                 await publish_with_retry(self.js, subject, payload, headers)
             else:
-                headers = inject_headers({"Nats-Msg-Id": msg_id} if msg_id else None)
                 await self.nc.publish(subject, payload, headers=headers)
 
     async def _dead_letter(self, msg: Msg, consumer: str, error: str, reason: str = "undecodable") -> None:

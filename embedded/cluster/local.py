@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -210,6 +211,20 @@ class LocalCluster:
         path = str(self.kubeconfigs[identity])
         return ["--kubeconfig", path], {"KUBECONFIG": path}
 
+    def nats_env(self) -> dict[str, str]:
+        """How a tool reaches this cluster's NATS as up's own identity (`gpu-dra events tail`)."""
+        env = {"GPU_DRA_NATS_URL": self.nats_url}
+        if self.nats_identities:
+            env.update(self.nats_identities.env(ADMIN))
+        return env
+
+    def _write_nats_file(self) -> None:
+        """<data-dir>/nats.json: the URL and up's credential, for `gpu-dra events tail` (0600)."""
+        env = self.nats_env()
+        text = json.dumps({"url": env["GPU_DRA_NATS_URL"], "creds": env.get("GPU_DRA_NATS_CREDS", ""),
+                           "user": env.get("GPU_DRA_NATS_USER", "")}, indent=2) + "\n"
+        identities.write_secret(self.data_dir / "nats.json", text)
+
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.runtime == "sandbox" and shutil.which("bwrap") is None:
@@ -229,6 +244,7 @@ class LocalCluster:
         # up itself is the admin: it provisions the streams and buckets, as a deployment's init does
         self.bus = await Bus.connect(self.nats_url, name="gpu-dra-up", tls=self._nats_tls(ADMIN))
         await self.bus.provision()
+        await asyncio.to_thread(self._write_nats_file)
         sup = self.supervisor = Supervisor(self.data_dir / "logs", self._env(), report=self.progress)
         port = free_port()
         kubelets = identities.kubelet_tokens(self.node_names)

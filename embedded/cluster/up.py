@@ -22,6 +22,8 @@ async def _up(cfg: ClusterConfig) -> int:
         HEALTH.add_check("every process of the cluster runs", cluster.running)  # /readyz on --metrics-port
         print(f"\nready: {len(cluster.node_names)} node(s) x {cfg.machine or cfg.gpus}", flush=True)
         print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
+        nats_env = " ".join(f"{k}={v}" for k, v in cluster.nats_env().items())
+        print(f"  export {nats_env}   # gpu-dra events tail", flush=True)
         print(f"  logs in {cluster.data_dir / 'logs'}; a service that exits is restarted; Ctrl-C stops everything",
               flush=True)
         assert cluster.supervisor is not None

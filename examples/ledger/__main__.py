@@ -24,10 +24,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      description="Per-namespace GPU-seconds from the driver's claim lifecycle events.")
     parser.add_argument("--schemas", type=Path, required=True,
                         help="directory written by `gpu-dra events schema --out DIR`")
-    parser.add_argument("--nats", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
-                        help="NATS URL (default $NATS_URL or nats://127.0.0.1:4222)")
-    parser.add_argument("--creds", default=os.environ.get("NATS_CREDS") or None,
-                        help="NATS .creds file of the reader user the operator issued (default $NATS_CREDS)")
+    parser.add_argument("--nats", default=os.environ.get("GPU_DRA_NATS_URL") or os.environ.get("NATS_URL")
+                        or "nats://127.0.0.1:4222",
+                        help="NATS URL (default $GPU_DRA_NATS_URL as `gpu-dra up` prints it, $NATS_URL, or "
+                             "nats://127.0.0.1:4222)")
+    parser.add_argument("--creds", default=os.environ.get("NATS_CREDS") or os.environ.get("GPU_DRA_NATS_CREDS") or None,
+                        help="NATS .creds file of the reader user the operator issued (default $NATS_CREDS, "
+                             "then $GPU_DRA_NATS_CREDS)")
     parser.add_argument("--inbox-prefix", default=os.environ.get("NATS_INBOX_PREFIX") or None,
                         help="where replies come: the `_INBOX_<identity>` the reader user may subscribe to")
     parser.add_argument("--state", type=Path, default=Path("gpu-seconds-ledger.json"),

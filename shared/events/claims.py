@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from shared.events.base import Message
+from shared.events.base import OBSERVED_AT, Message, doc
 
 ClaimEventKind = Literal["prepare-started", "prepared", "prepare-failed", "unprepared", "rolled-back"]
 
@@ -19,31 +19,37 @@ or not ready yet), device-error (discovery or the device refused), timeout (a de
 its deadline), internal (checkpoint, CDI or anything else on this node)."""
 
 
-class PreparedDeviceRef(msgspec.Struct, kw_only=True, omit_defaults=True):
+class PreparedDeviceRef(msgspec.Struct, kw_only=True):
     """One device a claim got on a node."""
 
-    request: str
-    pool: str
-    device: str
-    uuid: str = ""
-    sharing: str = ""  # "" | TimeSlicing | MPS
-    cdi_device_ids: list[str] = msgspec.field(default_factory=list)
+    request: Annotated[str, doc("The claim's request this device satisfies (spec.devices.requests[].name).")]
+    pool: Annotated[str, doc("The ResourceSlice pool of the device (the node name for node-local GPUs).")]
+    device: Annotated[str, doc("The device name in its ResourceSlice, e.g. gpu-0 or gpu-0-mig-1g.10gb-19-0.")]
+    uuid: Annotated[str, doc("The GPU or MIG device UUID (GPU-... / MIG-...); empty for channels.")] = ""
+    sharing: Annotated[str, doc("How the device is shared: '' (exclusive), TimeSlicing or MPS.")] = ""
+    cdi_device_ids: Annotated[list[str], doc("The CDI device ids handed to the kubelet for this device.")] = (
+        msgspec.field(default_factory=list))
 
 
 class ClaimLifecycle(Message, kw_only=True):
     """A step in a claim's life on a node. Subject `dra.v1.claim.<namespace>.<node>.<event>`."""
 
-    event: ClaimEventKind
-    node: str
-    driver: str
-    claim_uid: str
-    claim_namespace: str
-    claim_name: str
-    devices: list[PreparedDeviceRef] = msgspec.field(default_factory=list)
-    error: str = ""
-    reason: FailureReason = ""  # prepare-failed: the class of the failure (see FailureReason)
-    event_id: str = ""  # `<node>/<claim uid>/<preparation>/<event>`: see claim_event_id
-    observed_at: float = 0.0
+    event: Annotated[ClaimEventKind, doc("The step: prepare-started, prepared, prepare-failed, unprepared or "
+                                         "rolled-back (a prepare undone after a crash or failure).")]
+    node: Annotated[str, doc("The node the claim was prepared on; equals the subject's node token.")]
+    driver: Annotated[str, doc("The DRA driver name, gpu.nvidia.com or compute-domain.nvidia.com.")]
+    claim_uid: Annotated[str, doc("The ResourceClaim's metadata.uid.")]
+    claim_namespace: Annotated[str, doc("The ResourceClaim's namespace; equals the subject's namespace token.")]
+    claim_name: Annotated[str, doc("The ResourceClaim's name.")]
+    devices: Annotated[list[PreparedDeviceRef], doc("The devices of the claim on this node (empty for "
+                                                     "prepare-started and prepare-failed).")] = (
+        msgspec.field(default_factory=list))
+    error: Annotated[str, doc("For prepare-failed: what went wrong, for people; '' otherwise.")] = ""
+    reason: Annotated[FailureReason, doc("For prepare-failed: the class of the failure, for programs "
+                                         "(see FailureReason); '' otherwise.")] = ""
+    event_id: Annotated[str, doc("Unique id of this event, `<node>/<claim uid>/<preparation>/<event>`; "
+                                 "a resend keeps it, so de-duplicate on it. Also the CloudEvents id.")] = ""
+    observed_at: Annotated[float, OBSERVED_AT] = 0.0
 
 
 def claim_event_id(node: str, claim_uid: str, preparation: int, event: str) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from shared.events.base import Message
+from shared.events.base import OBSERVED_AT, Message, doc
 
 HealthState = Literal["Healthy", "Unhealthy", "Unknown"]
 
@@ -12,12 +12,13 @@ HealthState = Literal["Healthy", "Unhealthy", "Unknown"]
 class DeviceHealth(Message, kw_only=True):
     """The health of one device. Published on change; last value kept in KV `<node>.<device>`."""
 
-    node: str
-    device: str  # gpu-<minor> or a MIG device name
-    uuid: str = ""
-    state: HealthState
-    reason: str = ""  # "xid" | "gpu-lost" | "recovered"
-    xid: int = 0
-    message: str = ""
-    event_id: str = ""  # stable id of the NVML event that caused it, for de-duplication
-    observed_at: float = 0.0
+    node: Annotated[str, doc("The node; equals the subject's node token.")]
+    device: Annotated[str, doc("The device name, gpu-<minor> or a MIG device name; equals the subject's "
+                               "device token.")]
+    uuid: Annotated[str, doc("The GPU or MIG device UUID.")] = ""
+    state: Annotated[HealthState, doc("Healthy, Unhealthy or Unknown.")]
+    reason: Annotated[str, doc("What changed: xid, gpu-lost or recovered.")] = ""
+    xid: Annotated[int, doc("The XID error code for reason xid; 0 otherwise.")] = 0
+    message: Annotated[str, doc("What happened, for people.")] = ""
+    event_id: Annotated[str, doc("Stable id of the NVML event that caused it, for de-duplication.")] = ""
+    observed_at: Annotated[float, OBSERVED_AT] = 0.0

@@ -7,112 +7,120 @@ publisher's choice, and device node paths are the preparer's. Names follow upstr
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
-from shared.events.base import Message
+from shared.events.base import OBSERVED_AT, Message, doc
 
 
 class MigPlacement(msgspec.Struct, frozen=True):
     """A GPU-instance placement: the first memory slice and how many slices it spans."""
 
-    start: int
-    size: int
+    start: Annotated[int, doc("The first memory slice of the placement (NVML GpuInstancePlacement.start).")]
+    size: Annotated[int, doc("How many memory slices the placement spans.")]
 
 
-class MigResources(msgspec.Struct, kw_only=True, omit_defaults=True):
+class MigResources(msgspec.Struct, kw_only=True):
     """What a MIG GPU instance holds: memory and engines (the published capacities)."""
 
-    memory_mib: int
-    multiprocessors: int
-    copy_engines: int = 0
-    decoders: int = 0
-    encoders: int = 0
-    jpeg_engines: int = 0
-    ofa_engines: int = 0
+    memory_mib: Annotated[int, doc("Framebuffer memory of the instance.", unit="MiB")]
+    multiprocessors: Annotated[int, doc("Streaming multiprocessors of the instance.")]
+    copy_engines: Annotated[int, doc("Copy engines of the instance.")] = 0
+    decoders: Annotated[int, doc("Video decoders (NVDEC) of the instance.")] = 0
+    encoders: Annotated[int, doc("Video encoders (NVENC) of the instance.")] = 0
+    jpeg_engines: Annotated[int, doc("JPEG decoders of the instance.")] = 0
+    ofa_engines: Annotated[int, doc("Optical-flow accelerators of the instance.")] = 0
 
 
-class MigProfile(MigResources, kw_only=True, omit_defaults=True):
+class MigProfile(MigResources, kw_only=True):
     """One row of a GPU's MIG profile table (GPU-instance profile with C == G)."""
 
-    name: str  # e.g. "1g.10gb"
-    gi_profile_id: int  # NVML GpuInstanceProfileInfo.id
-    ci_profile_id: int = 0
-    slice_count: int  # compute slices
-    placements: list[MigPlacement] = msgspec.field(default_factory=list)
+    name: Annotated[str, doc("The profile name, e.g. 1g.10gb or 1g.10gb+me.")]
+    gi_profile_id: Annotated[int, doc("NVML GpuInstanceProfileInfo.id of the profile.")]
+    ci_profile_id: Annotated[int, doc("NVML compute-instance profile id used with it.")] = 0
+    slice_count: Annotated[int, doc("Compute slices the profile takes.")]
+    placements: Annotated[list[MigPlacement], doc("Every placement NVML allows for the profile.")] = (
+        msgspec.field(default_factory=list))
 
 
-class MigDevice(MigResources, kw_only=True, omit_defaults=True):
+class MigDevice(MigResources, kw_only=True):
     """A MIG device that exists now on a GPU (created statically or by the preparer)."""
 
-    name: str  # gpu-<minor>-mig-<profile>-<gi>-<start>
-    uuid: str  # MIG-...
-    profile: str
-    gi_profile_id: int
-    placement: MigPlacement
-    gpu_instance_id: int
-    compute_instance_id: int
-    device_path_caps: list[str] = msgspec.field(default_factory=list)  # /dev/nvidia-caps/nvidia-capN
+    name: Annotated[str, doc("The device name, gpu-<minor>-mig-<profile>-<gi profile id>-<placement start>.")]
+    uuid: Annotated[str, doc("The MIG device UUID (MIG-...).")]
+    profile: Annotated[str, doc("The MIG profile name, e.g. 1g.10gb.")]
+    gi_profile_id: Annotated[int, doc("NVML GPU-instance profile id.")]
+    placement: Annotated[MigPlacement, doc("Where the GPU instance sits in the GPU's memory slices.")]
+    gpu_instance_id: Annotated[int, doc("NVML GPU instance id.")]
+    compute_instance_id: Annotated[int, doc("NVML compute instance id.")]
+    device_path_caps: Annotated[list[str], doc("The /dev/nvidia-caps/nvidia-capN nodes giving access.")] = (
+        msgspec.field(default_factory=list))
 
 
-class FabricInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+class FabricInfo(msgspec.Struct, kw_only=True):
     """NVLink fabric membership (Multi-Node NVLink): the cluster UUID and clique id."""
 
-    cluster_uuid: str
-    clique_id: int
-    state: str = "completed"
+    cluster_uuid: Annotated[str, doc("The NVLink fabric cluster UUID.")]
+    clique_id: Annotated[int, doc("The NVLink clique id within the cluster.")]
+    state: Annotated[str, doc("The fabric registration state, as NVML reports it (completed when usable).")] = (
+        "completed")
 
 
-class Sharing(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Sharing(msgspec.Struct, kw_only=True):
     """The sharing state discovery has applied to a GPU."""
 
-    compute_mode: str = "Default"  # Default | ExclusiveProcess | Prohibited
-    timeslice: str = "Default"  # Default | Short | Medium | Long
-    mps_daemon: str = ""  # id of the MPS control daemon serving this GPU, if any
+    compute_mode: Annotated[str, doc("NVML compute mode: Default, ExclusiveProcess or Prohibited.")] = "Default"
+    timeslice: Annotated[str, doc("Time-slice interval: Default, Short, Medium or Long.")] = "Default"
+    mps_daemon: Annotated[str, doc("Id of the MPS control daemon serving this GPU; '' when none.")] = ""
 
 
-class Gpu(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Gpu(msgspec.Struct, kw_only=True):
     """A physical GPU as NVML reports it."""
 
-    name: str  # gpu-<minor>
-    index: int
-    minor: int
-    uuid: str
-    product_name: str
-    brand: str
-    architecture: str  # e.g. "Hopper"
-    cuda_compute_capability: str  # semver, e.g. "9.0.0"
-    memory_bytes: int
-    pci_bus_id: str  # 0000:3b:00.0
-    pcie_root: str = ""  # pci0000:3a
-    numa_node: int = -1
-    addressing_mode: str = ""  # HMM | ATS | "" (unsupported)
-    mig_capable: bool = False
-    mig_enabled: bool = False
-    memory_slice_count: int = 0
-    mig_profiles: list[MigProfile] = msgspec.field(default_factory=list)
-    mig_devices: list[MigDevice] = msgspec.field(default_factory=list)
-    fabric: FabricInfo | None = None
-    sharing: Sharing = msgspec.field(default_factory=Sharing)
-    device_path: str = ""  # /dev/nvidia<minor>
+    name: Annotated[str, doc("The device name, gpu-<minor>.")]
+    index: Annotated[int, doc("NVML device index.")]
+    minor: Annotated[int, doc("The device's minor number (/dev/nvidia<minor>).")]
+    uuid: Annotated[str, doc("The GPU UUID (GPU-...).")]
+    product_name: Annotated[str, doc("NVML product name, e.g. NVIDIA H100 80GB HBM3.")]
+    brand: Annotated[str, doc("NVML brand, e.g. Nvidia or Tesla.")]
+    architecture: Annotated[str, doc("GPU architecture, e.g. Hopper.")]
+    cuda_compute_capability: Annotated[str, doc("CUDA compute capability as semver, e.g. 9.0.0.")]
+    memory_bytes: Annotated[int, doc("Total framebuffer memory.", unit="bytes")]
+    pci_bus_id: Annotated[str, doc("PCI bus id, e.g. 0000:3b:00.0.")]
+    pcie_root: Annotated[str, doc("The PCIe root complex, e.g. pci0000:3a; '' when unknown.")] = ""
+    numa_node: Annotated[int, doc("NUMA node of the GPU; -1 when unknown.")] = -1
+    addressing_mode: Annotated[str, doc("HMM, ATS, or '' when unsupported.")] = ""
+    mig_capable: Annotated[bool, doc("Whether the GPU supports MIG.")] = False
+    mig_enabled: Annotated[bool, doc("Whether MIG mode is on.")] = False
+    memory_slice_count: Annotated[int, doc("MIG memory slices of the GPU; 0 without MIG.")] = 0
+    mig_profiles: Annotated[list[MigProfile], doc("The GPU's MIG profile table.")] = (
+        msgspec.field(default_factory=list))
+    mig_devices: Annotated[list[MigDevice], doc("MIG devices that exist now.")] = (
+        msgspec.field(default_factory=list))
+    fabric: Annotated[FabricInfo | None, doc("NVLink fabric membership; null without Multi-Node NVLink.")] = None
+    sharing: Annotated[Sharing, doc("The sharing state applied to the GPU.")] = msgspec.field(default_factory=Sharing)
+    device_path: Annotated[str, doc("The device node, /dev/nvidia<minor>.")] = ""
 
 
 class NodeInventory(Message, kw_only=True):
     """Everything discovery knows about a node's GPUs. KV value under the node name."""
 
-    node: str
-    driver_version: str  # semver-normalised, e.g. "550.163.1"
-    cuda_driver_version: str  # e.g. "12.4.0"
-    gpus: list[Gpu] = msgspec.field(default_factory=list)
-    control_device_paths: list[str] = msgspec.field(default_factory=list)  # /dev/nvidiactl, ...
-    dev_root: str = "/"  # where the node's /dev lives (a fake tree under simulation)
-    simulated: bool = False
-    content_hash: str = ""  # hash of the content above; unchanged hash publishes nothing
-    observed_at: float = 0.0
+    node: Annotated[str, doc("The node; equals the subject's (or KV key's) node token.")]
+    driver_version: Annotated[str, doc("NVIDIA driver version, semver-normalised, e.g. 550.163.1.")]
+    cuda_driver_version: Annotated[str, doc("CUDA driver API version, e.g. 12.4.0.")]
+    gpus: Annotated[list[Gpu], doc("The node's physical GPUs.")] = msgspec.field(default_factory=list)
+    control_device_paths: Annotated[list[str], doc("Control device nodes, e.g. /dev/nvidiactl.")] = (
+        msgspec.field(default_factory=list))
+    dev_root: Annotated[str, doc("Where the node's /dev lives (a fake tree under simulation).")] = "/"
+    simulated: Annotated[bool, doc("True when the inventory comes from the simulated NVML.")] = False
+    content_hash: Annotated[str, doc("Hash of the content above; an unchanged hash means nothing changed.")] = ""
+    observed_at: Annotated[float, OBSERVED_AT] = 0.0
 
 
 class InventoryWithdrawn(Message, kw_only=True):
     """Discovery on a node stopped for good (node drained or removed): its slices go."""
 
-    node: str
-    reason: str = ""
-    observed_at: float = 0.0
+    node: Annotated[str, doc("The node; equals the subject's node token.")]
+    reason: Annotated[str, doc("Why the inventory was withdrawn, for people.")] = ""
+    observed_at: Annotated[float, OBSERVED_AT] = 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -47,6 +48,20 @@ def test_kubectl_sees_the_cluster_and_pods_get_and_free_gpus_and_ctrl_c_leaves_n
     assert table == {"a": "Running", "b": "Running", "c": "Pending"}, table
     up.kubectl("delete", "pod", "a", "--wait=true", "--timeout=60s")
     up.kubectl("wait", "--for=condition=Ready", "pod/c", "--timeout=60s")
+
+    # `gpu-dra events tail` with what up printed (no flags): pod a's claim prepared, then unprepared.
+    exports = up.wait_line(lambda line: "export GPU_DRA_NATS_URL=" in line).split("#")[0].split()[1:]
+    env = {**os.environ, **dict(item.split("=", 1) for item in exports)}
+    claim_a = next(c["metadata"]["uid"] for c in claims if c["metadata"]["name"].startswith("a-"))
+    tailed = subprocess.run([sys.executable, "-m", "shared.cli", "events", "tail", "--since", "10m", "--type",
+                             "unprepared", "--count", "1"], capture_output=True, text=True, timeout=60, env=env)
+    assert tailed.returncode == 0 and "unprepared default/a-" in tailed.stdout, tailed.stdout + tailed.stderr
+    tailed = subprocess.run([sys.executable, "-m", "shared.cli", "events", "tail", "--since", "10m", "--namespace",
+                             "default", "--type", "prepared", "--count", "3", "-o", "json"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert tailed.returncode == 0, tailed.stderr
+    prepared = [json.loads(line)["data"] for line in tailed.stdout.splitlines()]
+    assert claim_a in {p["claim_uid"] for p in prepared} and {p["event"] for p in prepared} == {"prepared"}
 
     # A selector that matches nothing: Pending, with an explanation on the pod and from `gpu-dra explain`.
     up.kubectl("apply", "-f", "-", stdin=pod_manifest(
