@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check shared services embedded tests bench
 
 typecheck: $(STAMP)
-	$(BIN)/mypy shared
+	$(BIN)/mypy shared services embedded
 
 unit: $(STAMP) sandbox
 	$(BIN)/python -m pytest -q -p no:cacheprovider

@@ -143,7 +143,8 @@ class Kube:
             query.append(("allowWatchBookmarks", "true"))
         resp = await self.api_client.call_api(
             res.path(), "GET", {}, query, {"Accept": JSON}, auth_settings=["BearerToken"],
-            _preload_content=False, _request_timeout=(self.request_timeout, timeout_s + 30))
+            _preload_content=False,
+            _request_timeout=(self.request_timeout, timeout_s + 30))  # type: ignore[arg-type]  # (connect, total) is accepted at run time
         try:
             if resp.status >= 400:
                 text = await resp.text()

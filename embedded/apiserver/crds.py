@@ -124,7 +124,7 @@ class CrdController:
         def cond(kind: str, reason: str, message: str) -> dict[str, Any]:
             prev = old_conds.get(kind)
             if prev and prev.get("status") == "True":
-                return prev
+                return dict(prev)
             return {"type": kind, "status": "True", "lastTransitionTime": stamp, "reason": reason, "message": message}
 
         stored = list(old.get("storedVersions") or [])

@@ -91,7 +91,8 @@ def build_app(server: ApiServer) -> web.Application:
                 return status_response(denied)
         token = authn.current_user.set(user)
         try:
-            return await handler(request)
+            response: web.StreamResponse = await handler(request)
+            return response
         except errors.ApiError as err:
             return status_response(err)
         except SelectorError as err:

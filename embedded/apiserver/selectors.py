@@ -6,6 +6,7 @@ turns it into a 400 BadRequest Status.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -53,22 +54,22 @@ def parse_label_selector(text: str | None) -> Matcher | None:
         tok = take()
         if tok == "!":
             key = take()
-            reqs.append(lambda labels, k=key: k not in labels)
+            reqs.append(functools.partial(_lacks, key))
         else:
             key = tok
             _check_key(key)
             op = toks[i] if i < len(toks) else ","
             if op == ",":
-                reqs.append(lambda labels, k=key: k in labels)
+                reqs.append(functools.partial(_has, key))
             elif op in ("=", "==", "!="):
                 i += 1
                 value = toks[i] if i < len(toks) and toks[i] != "," else ""
                 if value:
                     i += 1
                 if op == "!=":
-                    reqs.append(lambda labels, k=key, v=value: labels.get(k) != v)
+                    reqs.append(functools.partial(_differs, key, value))
                 else:
-                    reqs.append(lambda labels, k=key, v=value: k in labels and labels[k] == v)
+                    reqs.append(functools.partial(_equals, key, value))
             elif op in ("in", "notin"):
                 i += 1
                 if take() != "(":
@@ -81,9 +82,9 @@ def parse_label_selector(text: str | None) -> Matcher | None:
                     if t != ",":
                         values.add(t)
                 if op == "in":
-                    reqs.append(lambda labels, k=key, vs=frozenset(values): labels.get(k) in vs)
+                    reqs.append(functools.partial(_among, key, frozenset(values)))
                 else:
-                    reqs.append(lambda labels, k=key, vs=frozenset(values): labels.get(k) not in vs)
+                    reqs.append(functools.partial(_not_among, key, frozenset(values)))
             elif op in ("<", ">"):
                 i += 1
                 bound = take()
@@ -91,7 +92,7 @@ def parse_label_selector(text: str | None) -> Matcher | None:
                     limit = int(bound)
                 except ValueError as exc:
                     raise SelectorError(f"for 'Gt', 'Lt' operators, the value must be an integer: {bound}") from exc
-                reqs.append(lambda labels, k=key, n=limit, gt=(op == ">"): _cmp(labels.get(k), n, gt))
+                reqs.append(functools.partial(_compares, key, limit, op == ">"))
             else:
                 raise SelectorError(f"found '{op}', expected: '=', '!=', '==', 'in', notin' in selector {text!r}")
         if i < len(toks):
@@ -112,6 +113,35 @@ def _cmp(value: str | None, limit: int, gt: bool) -> bool:
     except (TypeError, ValueError):
         return False
     return n > limit if gt else n < limit
+
+
+def _has(key: str, labels: dict[str, str]) -> bool:
+    return key in labels
+
+
+def _lacks(key: str, labels: dict[str, str]) -> bool:
+    return key not in labels
+
+
+def _equals(key: str, value: str, labels: dict[str, str]) -> bool:
+    return key in labels and labels[key] == value
+
+
+def _differs(key: str, value: str, labels: dict[str, str]) -> bool:
+    return labels.get(key) != value
+
+
+def _among(key: str, values: frozenset[str], labels: dict[str, str]) -> bool:
+    return labels.get(key) in values
+
+
+def _not_among(key: str, values: frozenset[str], labels: dict[str, str]) -> bool:
+    return labels.get(key) not in values
+
+
+def _compares(key: str, limit: int, greater: bool, labels: dict[str, str]) -> bool:
+    return _cmp(labels.get(key), limit, greater)
+
 
 
 _KEY = re.compile(r"^([a-z0-9A-Z.-]{1,253}/)?[a-zA-Z0-9]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?$")

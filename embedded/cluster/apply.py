@@ -78,7 +78,7 @@ class Applier:
         except ApiException as exc:
             if exc.status != 409:
                 raise ManifestError(f"creating {obj['kind']} {obj.get('metadata', {}).get('name')}: "
-                                    f"{exc.status} {exc.body}") from exc
+                                    f"{exc.status} {exc.body!r}") from exc
             name = obj["metadata"]["name"]
             return dict(await self._get(f"{path}/{name}"))
 

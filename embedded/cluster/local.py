@@ -369,20 +369,20 @@ class LocalCluster:
         ext = client.ApiextensionsV1Api(self.api)
         for crd in crds():
             with contextlib.suppress(ApiException):
-                await ext.create_custom_resource_definition(crd)
+                await ext.create_custom_resource_definition(crd)  # type: ignore[arg-type]  # the client sends plain dicts as they are
         for dc in device_classes("v1"):
             await self._apply("resource.k8s.io", "v1", "deviceclasses", dc)
         core = client.CoreV1Api(self.api)
         for name in ("gpu-dra", "default"):
             with contextlib.suppress(ApiException):
-                await core.create_namespace({"metadata": {"name": name}})
+                await core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]  # the client sends plain dicts as they are
         not_ready = {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}
         for node in self.node_names:
             body: dict[str, Any] = {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node,
                                                            "nvidia.com/gpu.present": "true"}},
                     "status": not_ready}
             try:
-                await core.create_node(body)
+                await core.create_node(body)  # type: ignore[arg-type]  # the client sends plain dicts as they are
             except ApiException as exc:
                 if exc.status != 409:
                     raise

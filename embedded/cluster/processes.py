@@ -17,6 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
@@ -198,7 +199,8 @@ class Supervisor:
 
         waiter = asyncio.ensure_future(satisfied())
         try:
-            done, _ = await asyncio.wait({waiter, self.failed}, timeout=timeout,
+            watched: set[asyncio.Future[Any]] = {waiter, self.failed}
+            done, _ = await asyncio.wait(watched, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not waiter.done():

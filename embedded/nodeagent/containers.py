@@ -118,7 +118,7 @@ class PodWorker:
     def status(self) -> dict[str, Any]:
         t = now()
         ready = self.phase == "Running" and all("running" in c.state for c in self.mains)
-        why = {"reason": None, "message": None}
+        why: dict[str, str | None] = {"reason": None, "message": None}
         if self.phase in ("Succeeded", "Failed"):
             why = {"reason": "PodCompleted", "message": None}
         elif not ready:
@@ -179,7 +179,8 @@ class PodWorker:
         if uid == NOBODY:
             for d in (tmp, work):
                 await asyncio.to_thread(os.chmod, d, 0o777)  # noqa: S103 - the private dirs of an unprivileged user
-        sim = self.sim_state if self.sim_state and await asyncio.to_thread(os.path.exists, self.sim_state) else ""
+        has_sim = bool(self.sim_state) and await asyncio.to_thread(os.path.isfile, self.sim_state)
+        sim = self.sim_state if has_sim else ""
         cmd = bwrap_argv(self.bwrap, argv, work=work, tmp=tmp, shim_dir=self.shim_dir, uid=uid, env=env,
                          binds=binds, sim_state=sim)
         started = now()

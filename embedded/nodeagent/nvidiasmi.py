@@ -140,7 +140,7 @@ def _query_value(state: dict[str, Any], d: Visible, name: str, units: bool, coun
     }
     if name not in values:
         raise KeyError(name)
-    return values[name]
+    return str(values[name])
 
 
 def query(state: dict[str, Any], devices: list[Visible], fields: list[str], fmt: set[str]) -> list[str]:

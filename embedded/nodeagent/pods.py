@@ -489,7 +489,7 @@ class PodRunner:
         if self._reported.get(meta["uid"]) == message:
             return
         now = _now()
-        await self.core.create_namespaced_event(meta["namespace"], {
+        await self.core.create_namespaced_event(meta["namespace"], {  # type: ignore[arg-type]  # a plain dict
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"],

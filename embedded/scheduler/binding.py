@@ -12,9 +12,10 @@ import copy
 import time
 from typing import Any
 
+from embedded.informer import key_of
 from embedded.kubeapi import EVENTS, PODS, RESOURCECLAIMS, ApiError, Kube
 from embedded.scheduler.plan import MAX_RESERVED, Plan, reserved_for_pod
-from embedded.scheduler.state import ClusterState, key_of
+from embedded.scheduler.state import ClusterState
 from shared.logs import get_logger
 
 log = get_logger(__name__)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from embedded.informer import key_of
 from embedded.kubeapi import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, ApiError, Kube
-from embedded.scheduler.state import EXTENDED_ANNOTATION, POD_CLAIM_ANNOTATION, ClusterState, key_of
+from embedded.scheduler.state import EXTENDED_ANNOTATION, POD_CLAIM_ANNOTATION, ClusterState
 from shared.logs import get_logger
 
 log = get_logger(__name__)

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
-from embedded.informer import until_synced
+from embedded.informer import key_of, until_synced
 from embedded.kubeapi import (
     DEVICECLASSES,
     NAMESPACES,
@@ -35,7 +35,7 @@ from embedded.kubeapi import (
 from embedded.scheduler.binding import DONE_PHASES, SCHEDULER_NAME, Conflict, Writer
 from embedded.scheduler.claimgen import ClaimGenerator
 from embedded.scheduler.plan import IndexCache, plan_pod
-from embedded.scheduler.state import WATCHED, ClusterState, key_of
+from embedded.scheduler.state import WATCHED, ClusterState
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 

@@ -147,7 +147,8 @@ class HealthMonitor:
 
     async def gpu_lost_all(self, message: str) -> int:
         inv = self._inventory()
-        devices = [(d.name, d.uuid) for g in (inv.gpus if inv else []) for d in [g, *g.mig_devices]]
+        devices = [pair for g in (inv.gpus if inv else [])
+                   for pair in [(g.name, g.uuid), *((m.name, m.uuid) for m in g.mig_devices)]]
         return await self._set_many(devices, "Unhealthy", "gpu-lost", 0, message)
 
     async def recover(self, uuid: str) -> int:

@@ -241,7 +241,7 @@ class Nvml:
         g = GpuFacts(
             index=index, minor=int(b.nvmlDeviceGetMinorNumber(h)), uuid=uuid, name=_s(b.nvmlDeviceGetName(h)),
             brand=int(_opt(b.nvmlDeviceGetBrand, h) or 0), architecture=int(b.nvmlDeviceGetArchitecture(h)),
-            cc=tuple(b.nvmlDeviceGetCudaComputeCapability(h)),  # type: ignore[arg-type]
+            cc=tuple(b.nvmlDeviceGetCudaComputeCapability(h)),
             memory_total=int(mem.total) if mem is not None else None,
             bus_id=_s(pci.busId), pci_device_id=int(pci.pciDeviceId),
             numa_node=_opt(b.nvmlDeviceGetNumaNodeId, h),

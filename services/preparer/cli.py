@@ -43,7 +43,7 @@ def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
             "message": f"{driver} checkpoint was corrupt ({reason[:300]}); moved to {moved_to} and started empty",
             "source": {"component": "gpu-dra-preparer", "host": node},
         }
-        await CoreV1Api(api_client).create_namespaced_event("default", body)
+        await CoreV1Api(api_client).create_namespaced_event("default", body)  # type: ignore[arg-type]  # the client sends plain dicts as they are
 
     return report
 

@@ -76,7 +76,7 @@ class HealthCheck(pb2_grpc.HealthServicer):
                     f"{exc.code().name} {exc.details()}")
         return None
 
-    async def _status(self) -> int:
+    async def _status(self) -> pb2.HealthCheckResponse.ServingStatus.ValueType:
         found = await self.problem()
         if found != self._last_problem:
             if found is None:
@@ -97,7 +97,7 @@ class HealthCheck(pb2_grpc.HealthServicer):
         if request.service not in SERVICES:
             yield pb2.HealthCheckResponse(status=pb2.HealthCheckResponse.SERVICE_UNKNOWN)
             await asyncio.Event().wait()  # per the protocol, the stream stays open
-        last: int | None = None
+        last: pb2.HealthCheckResponse.ServingStatus.ValueType | None = None
         while True:
             status = await self._status()
             if status != last:

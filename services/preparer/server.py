@@ -57,7 +57,7 @@ class DraCore:
             return f"error unpreparing devices for claim {ref}: internal error: {exc}"
 
     async def run(self, operation: str, method: str, version: str, request: Any,
-                  context: grpc.aio.ServicerContext) -> dict[str, Any]:
+                  context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, Any]:
         refs = _refs(request.claims)
         if not refs:  # the health check's probe call (healthcheck.py): no span, no request metrics
             return {}

@@ -88,8 +88,8 @@ def choose_version(served: list[str], wanted: str = "auto") -> str:
 def profile_from(group: dict[str, object], version: dict[str, object], *, wanted: str = "auto",
                  layout: str = "auto") -> ServerProfile:
     """A ServerProfile from the decoded APIGroup and version.Info documents."""
-    versions = group.get("versions") or []
-    served = [str(v.get("version")) for v in versions if isinstance(v, dict)]  # type: ignore[union-attr]
+    versions = group.get("versions")
+    served = [str(v.get("version")) for v in (versions if isinstance(versions, list) else []) if isinstance(v, dict)]
     api_version = choose_version(served, wanted)
     try:
         major = int(str(version.get("major") or "1"))

@@ -17,8 +17,9 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Callable
+from typing import Any
 
-from shared.bus import Bus
+from shared.bus import Bus, TypedKV
 from shared.events.base import Message
 from shared.events.catalog import Bucket
 from shared.logs import get_logger
@@ -65,7 +66,7 @@ class Membership:
         self._tasks: list[asyncio.Task[None]] = []
         self._started = time.time()
         self._seq = 0
-        self._kv = None
+        self._kv: TypedKV[Any] | None = None
         self._synced = asyncio.Event()
         self._changed = asyncio.Event()
 

@@ -21,12 +21,14 @@ from services.discovery import devtree, profiles
 from services.discovery.machine import MachineSpec
 from services.discovery.simnvml import state as st
 
+SUCCESS: int = N.NVML_SUCCESS
+
 _NS = uuidlib.UUID("5b0f3a5e-7c1d-4e8a-9d2b-6a4c3e1f0b7d")
 _BASE = 0x7F00_0000_0000
 _KIND_GPU, _KIND_GI, _KIND_CI, _KIND_MIG, _KIND_SET = 1, 2, 3, 4, 5
 _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}  # NVML_COMPUTE_INSTANCE_PROFILE_* -> slices
 NO_ID = 0xFFFFFFFF
-SUPPORTED_EVENTS = (N.nvmlEventTypeXidCriticalError | N.nvmlEventTypeDoubleBitEccError
+SUPPORTED_EVENTS: int = (N.nvmlEventTypeXidCriticalError | N.nvmlEventTypeDoubleBitEccError
                     | N.nvmlEventTypeSingleBitEccError | N.nvmlEventTypeGpuUnavailableError)
 
 
@@ -363,11 +365,11 @@ class SimNvml:
 
     def nvmlDeviceGetGpuFabricInfo(self, handle: Any, ref: Any) -> int:
         self._fill_fabric(handle, ref)
-        return N.NVML_SUCCESS
+        return SUCCESS
 
     def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, ref: Any) -> int:
         self._fill_fabric(handle, ref)
-        return N.NVML_SUCCESS
+        return SUCCESS
 
     # ------------------------------------------------------------------ MIG
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
@@ -388,7 +390,7 @@ class SimNvml:
             if gpu.mig_enabled != enable:
                 gpu.mig_enabled = enable
                 self._persist()
-            return N.NVML_SUCCESS
+            return SUCCESS
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
         gpu = self._gpu(handle)
@@ -436,7 +438,7 @@ class SimNvml:
                 arr[i].start = start
                 arr[i].size = spec.size
         count.value = len(spec.starts)
-        return N.NVML_SUCCESS
+        return SUCCESS
 
     def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: Any, profileId: int) -> int:
         with self._lock:
@@ -507,7 +509,7 @@ class SimNvml:
             for i, gi in enumerate(found):
                 arr[i] = _ptr(N.c_nvmlGpuInstance_t, _addr(_KIND_GI, gpu.index, gi.id))
             _out(countRef).value = len(found)
-            return N.NVML_SUCCESS
+            return SUCCESS
 
     def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpuInstanceId: int) -> Any:
         with self._lock:
@@ -537,7 +539,7 @@ class SimNvml:
                 raise _err(N.NVML_ERROR_IN_USE)
             gpu.gis.remove(gi)
             self._persist()
-            return N.NVML_SUCCESS
+            return SUCCESS
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gpuInstance: Any, profile: int, engProfile: int,
                                                      version: int = 2) -> Any:
@@ -580,7 +582,7 @@ class SimNvml:
             for i, c in enumerate(found):
                 arr[i] = _ptr(N.c_nvmlComputeInstance_t, _addr(_KIND_CI, gpu.index, gi.id, c.id))
             _out(countRef).value = len(found)
-            return N.NVML_SUCCESS
+            return SUCCESS
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gpuInstance: Any, computeInstanceId: int) -> Any:
         with self._lock:
@@ -608,7 +610,7 @@ class SimNvml:
             _, gi, ci = self._ci_of(computeInstance)
             gi.cis.remove(ci)
             self._persist()
-            return N.NVML_SUCCESS
+            return SUCCESS
 
     def _mig_list(self, gpu: st.SimGpu) -> list[tuple[st.SimGi, st.SimCi]]:
         return [(gi, ci) for gi in sorted(gpu.gis, key=lambda g: g.id) for ci in sorted(gi.cis, key=lambda c: c.id)]

@@ -1,12 +1,15 @@
 """Regenerate the committed *_pb2.py / *_pb2_grpc.py beside this file from our .proto sources.
 
-Run from anywhere: `python services/preparer/protos/generate.py` (needs grpcio-tools, a dev extra).
+Run from anywhere: `python services/preparer/protos/generate.py` (needs grpcio-tools and mypy-protobuf, dev
+extras). Typed stubs (`*_pb2.pyi`, `*_pb2_grpc.pyi`, by mypy-protobuf's protoc plugins) are written beside
+them, so `make typecheck` checks every use of the messages and stubs strictly.
 The include root is the repository root, so generated modules import each other as
 `services.preparer.protos.<name>_pb2` and descriptor file names are unique per version.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,7 +26,10 @@ def main() -> int:
         print("generate.py: grpcio-tools is missing; install the dev extra (pip install -e '.[dev]')", file=sys.stderr)
         return 2
     rel = HERE.relative_to(REPO)
-    args = ["protoc", f"-I{REPO}", f"--python_out={REPO}", f"--grpc_python_out={REPO}"]
+    # mypy-protobuf's plugins (protoc-gen-mypy, protoc-gen-mypy_grpc) live beside this interpreter
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    args = ["protoc", f"-I{REPO}", f"--python_out={REPO}", f"--grpc_python_out={REPO}", f"--mypy_out={REPO}",
+            f"--mypy_grpc_out={REPO}"]
     args += [str(rel / name) for name in PROTOS]
     code = protoc.main(args)
     if code != 0:
