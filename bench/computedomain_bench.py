@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kubernetes_asyncio import client, watch  # noqa: E402
 
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
+from embedded.harness.discovery import running_discovery  # noqa: E402
 from services.computedomain import crd  # noqa: E402
 from services.computedomain.agent import Agent  # noqa: E402
 from services.computedomain.channelcore import (  # noqa: E402
@@ -40,7 +41,6 @@ from services.computedomain.channelcore import (  # noqa: E402
 from services.computedomain.config import AgentConfig  # noqa: E402
 from services.computedomain.controller import Controller  # noqa: E402
 from services.computedomain.membership import Membership  # noqa: E402
-from services.discovery.testing import running_discovery  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.events.catalog import CD_STATUS  # noqa: E402
 from shared.logs import setup_logging  # noqa: E402

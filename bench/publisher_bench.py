@@ -22,8 +22,8 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
-from services.discovery.testing import running_discovery  # noqa: E402
-from services.publisher.testing import ensure_node, running_publisher, until  # noqa: E402
+from embedded.harness.discovery import running_discovery  # noqa: E402
+from embedded.harness.publisher import ensure_node, running_publisher, until  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.events import catalog  # noqa: E402
 from shared.kubeclient import kube_api_client

@@ -24,6 +24,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Commands of the local-cluster world: they need the `embedded` extra and the embedded/ package, which
+# the production image leaves out.
+EMBEDDED_EXTRA = "embedded"
+_EMBEDDED_MODULES = ("embedded", "kubernetes_validate", "cel")
+
+
 def usage() -> str:
     lines = ["usage: gpu-dra <command> [options]", "", "commands:"]
     lines += [f"  {name:<14} {summary}" for name, (_, summary) in COMMANDS.items()]
@@ -44,7 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        print(f"gpu-dra: command {name!r} is not available in this build ({exc})", file=sys.stderr)
+        missing = (exc.name or "").split(".")[0]
+        if module_name.startswith("embedded.") or missing in _EMBEDDED_MODULES:
+            print(f"gpu-dra: command {name!r} is part of the local-cluster world, which this install lacks "
+                  f"(no module {exc.name!r}); install it with: pip install 'gpu-dra[{EMBEDDED_EXTRA}]' "
+                  "(a production image runs only the services)", file=sys.stderr)
+        else:
+            print(f"gpu-dra: command {name!r} is not available in this build ({exc})", file=sys.stderr)
         return 2
     result = module.main(rest)
     return int(result or 0)

@@ -18,8 +18,8 @@ from typing import Any
 
 from embedded.apiserver.testing import running_apiserver
 from embedded.cluster.waterfall import render, traces_with
-from services.discovery.testing import running_discovery
-from services.publisher.testing import ensure_node, node_slices, running_publisher, until
+from embedded.harness.discovery import running_discovery
+from embedded.harness.publisher import ensure_node, node_slices, running_publisher, until
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from services.discovery.testing import scan_simulated
+from embedded.harness.discovery import scan_simulated
 from services.publisher import objects, slices
 from services.publisher.apiversion import ServerProfile, layout_for
 from shared.events.health import DeviceHealth

@@ -20,7 +20,6 @@ from services.discovery.mps import MpsManager
 from services.discovery.mpsdaemon import CONTROL, MpsControl
 from services.discovery.nvml import Nvml, load_real_binding
 from services.discovery.operations import Operations
-from services.discovery.simnvml import SimNvml
 from services.discovery.timeslice import Timeslices
 from shared.drivertools import DriverTools
 from shared.events import catalog
@@ -40,6 +39,8 @@ def open_nvml(cfg: DiscoveryConfig) -> Nvml:
     Raises MachineError for a bad spec and NvmlUnavailable when the library cannot be loaded.
     """
     if cfg.simulated:
+        from services.discovery.simnvml import SimNvml  # the simulator is loaded only when asked for
+
         spec = machine.parse_spec(cfg.simulate) if cfg.simulate else machine.load_file(cfg.machine)
         state_file = Path(cfg.state_dir) / f"simnvml-{cfg.node}.json"
         return Nvml(SimNvml(cfg.node, spec, state_file, Path(cfg.dev_root)))

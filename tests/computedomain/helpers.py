@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedded.cluster.local import node_ip
+from embedded.harness.discovery import running_discovery
 from services.computedomain.agent import Agent
 from services.computedomain.channelcore import ChannelClaim, ChannelEdits, ChannelNotReady, ChannelPreparer
 from services.computedomain.config import AgentConfig
-from services.discovery.testing import running_discovery
 from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_STATUS

@@ -9,6 +9,7 @@ import signal
 from kubernetes_asyncio import client
 
 from embedded.apiserver.testing import running_apiserver
+from embedded.harness.discovery import running_discovery
 from services.computedomain import crd
 from services.computedomain.channelcore import (
     ChannelClaim,
@@ -17,7 +18,6 @@ from services.computedomain.channelcore import (
     parse_channel_config,
 )
 from services.computedomain.cli import main
-from services.discovery.testing import running_discovery
 from shared.bus import Bus
 from shared.natsserver import free_port
 from tests.computedomain.helpers import prepare_when_agent_answers, spawn_computedomain, wait_for_object

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from embedded.harness.discovery import running_discovery
 from services.computedomain import orphans
 from services.computedomain.channelcore import (
     ChannelClaim,
@@ -29,7 +30,6 @@ from services.computedomain.cli import main
 from services.computedomain.imex import ImexSupervisor
 from services.computedomain.imexconfig import BLOCK_BEGIN, BLOCK_END, DaemonFiles, dns_name
 from services.computedomain.membership import Membership, wait_for_status
-from services.discovery.testing import running_discovery
 from tests.computedomain.helpers import (
     announce,
     node_ip,

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from embedded.harness.discovery import RunningDiscovery
 from services.discovery.config import DiscoveryConfig
 from services.discovery.service import Scanner, open_nvml
-from services.discovery.testing import RunningDiscovery
 from shared.bus import Bus
 from shared.driverroot import DriverRoot
 from tests.preparer.cdischema import spec_errors

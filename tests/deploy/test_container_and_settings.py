@@ -4,10 +4,15 @@ manifests set is a setting the service actually has (an unknown one stops a serv
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import re
 import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -71,13 +76,42 @@ def test_dockerfile_health_is_documented_as_kubernetes_probes() -> None:
     assert "Probes" in (REPO / "docs" / "operations.md").read_text()
 
 
-def test_dockerfile_copies_what_the_package_needs() -> None:
+def test_dockerfile_copies_the_services_and_not_the_local_cluster_world() -> None:
     steps = _instructions(DOCKERFILE.read_text())
     copied = {a.split()[0] for kind, a in steps if kind == "COPY" and not a.startswith("--")}
-    packages = {"shared", "services", "embedded"}  # [tool.setuptools.packages.find] include
-    assert packages | {"pyproject.toml"} <= copied | {w for a in copied for w in a.split()}
-    for name in packages:
-        assert (REPO / name).is_dir(), name
+    assert {"shared", "services", "pyproject.toml"} <= copied
+    assert "embedded" not in copied and "tests" not in copied and "." not in copied, copied
+    installs = [a for kind, a in steps if kind == "RUN" and "pip install" in a]
+    assert installs and all("[" not in a.split("pip install", 1)[1].split("&&")[0] for a in installs), \
+        "the image installs no extra (dev, embedded)"
+
+
+def _imports(root: Path) -> set[tuple[str, str]]:
+    found = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {(str(path.relative_to(REPO)), a.name.split(".")[0]) for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add((str(path.relative_to(REPO)), node.module.split(".")[0]))
+    return found
+
+
+def test_what_the_image_ships_needs_neither_embedded_nor_its_extra_nor_test_helpers() -> None:
+    shipped = _imports(REPO / "shared") | _imports(REPO / "services")
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["embedded"]
+    assert {"kubernetes-validate", "common-expression-language"} <= {re.split(r"[<>=]", r)[0] for r in extra}
+    forbidden = {"embedded", "tests", "kubernetes_validate", "cel", "pytest"}
+    assert sorted((f, m) for f, m in shipped if m in forbidden) == []
+    helpers = [p for root in ("shared", "services") for p in (REPO / root).rglob("testing.py")]
+    assert helpers == [], "test helpers live under embedded/harness or tests/"
+
+
+def test_a_local_cluster_command_without_the_embedded_world_names_the_extra() -> None:
+    code = "import sys; sys.modules['embedded'] = None; from shared.cli import main; sys.exit(main(['up']))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2
+    assert "pip install 'gpu-dra[embedded]'" in done.stderr, done.stderr
 
 
 def test_otel_collector_pipelines_use_only_defined_components() -> None:

@@ -35,11 +35,11 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from embedded.cluster.processes import ProcessFailed, Supervisor, gpu_dra
+from embedded.harness.publisher import ensure_node
 from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
 from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
 from services.publisher import kube
 from services.publisher.ownership import REPLICAS_BUCKET
-from services.publisher.testing import ensure_node
 from shared.bus import PUBLISH_RETRY_S, Bus, BusError
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest

@@ -6,7 +6,7 @@ import asyncio
 import subprocess
 import sys
 
-from services.discovery.testing import running_discovery
+from embedded.harness.discovery import running_discovery
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.discovery.testing import scan_simulated
+from embedded.harness.discovery import scan_simulated
 from shared import devicemodel
 from shared.events.inventory import NodeInventory
 

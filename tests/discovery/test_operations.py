@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.discovery.testing import running_discovery
+from embedded.harness.discovery import running_discovery
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import (

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from embedded.harness.discovery import RunningDiscovery, running_discovery
 from services.discovery import config
-from services.discovery.testing import RunningDiscovery, running_discovery
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import MpsStartRequest, MpsStopRequest, SetSharingRequest

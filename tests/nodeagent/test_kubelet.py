@@ -21,11 +21,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from embedded.apiserver.testing import running_apiserver
+from embedded.harness.discovery import running_discovery
 from embedded.kubeapi import PODS, RESOURCECLAIMS, Kube
 from embedded.kubelet.client import Claim
 from embedded.nodeagent import cli as kubelet_cli
 from embedded.nodeagent.pods import EDITS_ANNOTATION, EXIT_ANNOTATION, FAILED_REASON
-from services.discovery.testing import running_discovery
 from services.preparer.claims import KubeClaimSource
 from shared.bus import Bus
 from shared.natsserver import EmbeddedNats

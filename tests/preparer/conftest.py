@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.discovery.testing import RunningDiscovery, running_discovery
+from embedded.harness.discovery import RunningDiscovery, running_discovery
 from shared.bus import Bus
 from tests.preparer.helpers import MemoryClaims, cleanup, short_root
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.discovery.testing import RunningDiscovery
+from embedded.harness.discovery import RunningDiscovery
 from services.preparer.cdi import CdiDevice, ContainerEdits, DeviceNode, build_spec
 from shared.bus import Bus
 from tests.preparer.cdischema import cdi_validator, loader_errors

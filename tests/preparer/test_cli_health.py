@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import register
-from services.discovery.testing import RunningDiscovery
 from services.preparer.config import ConfigError, parse
 from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
 from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc

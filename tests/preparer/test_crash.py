@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from embedded.apiserver.testing import running_apiserver
+from embedded.harness.discovery import running_discovery
 from embedded.kubelet.client import register
-from services.discovery.testing import running_discovery
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.claims import ClaimLifecycle

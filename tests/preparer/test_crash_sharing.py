@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from embedded.apiserver.testing import running_apiserver
+from embedded.harness.discovery import RunningDiscovery, running_discovery
 from embedded.kubelet.client import PluginError, register
-from services.discovery.testing import RunningDiscovery, running_discovery
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.claims import ClaimLifecycle

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.discovery.testing import RunningDiscovery
+from embedded.harness.discovery import RunningDiscovery
 from services.preparer.commonedits import build_driver_files, control_nodes, edits_of
 from shared.bus import Bus
 from shared.driverroot import DriverRoot

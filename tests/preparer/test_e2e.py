@@ -12,8 +12,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from embedded.apiserver.testing import running_apiserver
+from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import register
-from services.discovery.testing import RunningDiscovery
 from services.preparer.checkpoint import ClaimRecord, PreparedDevice
 from services.preparer.claims import KubeClaimSource
 from shared.bus import Bus

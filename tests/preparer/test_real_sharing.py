@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.discovery.testing import RunningDiscovery, running_discovery
+from embedded.harness.discovery import RunningDiscovery, running_discovery
 from shared.bus import Bus
 from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
 from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from services.discovery.testing import RunningDiscovery
+from embedded.harness.discovery import RunningDiscovery
 from services.preparer.devices import DeviceOps
 from shared.bus import Bus
 from shared.events.inventory import MigPlacement

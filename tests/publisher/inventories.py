@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from services.discovery.testing import scan_simulated
+from embedded.harness.discovery import scan_simulated
 from shared.events.inventory import Gpu, NodeInventory
 
 

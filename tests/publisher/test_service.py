@@ -11,9 +11,9 @@ import pytest
 
 import embedded.apiserver.testing as apiserver_testing
 from embedded.apiserver.validation import validate_object
-from services.discovery.testing import running_discovery
+from embedded.harness.discovery import running_discovery
+from embedded.harness.publisher import ensure_node, node_slices, running_publisher, until
 from services.publisher import kube, objects
-from services.publisher.testing import ensure_node, node_slices, running_publisher, until
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest

@@ -15,6 +15,7 @@ import nats.errors
 import pytest
 from kubernetes_asyncio import client as kube
 
+from embedded.harness.discovery import running_discovery
 from services.computedomain import crd
 from services.computedomain.agent import Agent
 from services.computedomain.assignments import Assigner
@@ -26,7 +27,6 @@ from services.computedomain.channelcore import (
 )
 from services.computedomain.config import AgentConfig
 from services.computedomain.membership import Membership, MembershipError, index_key, member_key, token
-from services.discovery.testing import running_discovery
 from shared.bus import Bus, encode
 from shared.events import catalog
 from shared.events.computedomain import DomainMember

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import Claim
-from services.discovery.testing import RunningDiscovery
 from services.preparer.claims import (
     ClaimDecodeError,
     ClaimFetchError,

@@ -15,10 +15,10 @@ from typing import Any
 import msgspec
 from prometheus_client import REGISTRY
 
+from embedded.harness.discovery import running_discovery
+from embedded.harness.publisher import ensure_node, node_slices, running_publisher, until
 from services.computedomain.membership import Membership
-from services.discovery.testing import running_discovery
 from services.publisher.service import Publisher
-from services.publisher.testing import ensure_node, node_slices, running_publisher, until
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.computedomain import DomainMember

@@ -24,7 +24,7 @@ import pytest_asyncio
 
 from embedded.cluster.local import ClusterConfig, LocalCluster
 from embedded.cluster.up import main as up_main
-from services.publisher.testing import node_slices
+from embedded.harness.publisher import node_slices
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.health import DeviceHealth
