@@ -16,6 +16,11 @@ from shared.logs import get_logger
 log = get_logger(__name__)
 
 
+class KubeConfigError(RuntimeError):
+    """No Kubernetes client could be configured (kubeconfig missing or malformed, in-cluster files
+    unreadable); the message says what to give instead."""
+
+
 async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "", ca_file: str = "",
                           insecure_skip_tls_verify: bool = False) -> Any:
     """A kubernetes-asyncio ApiClient, from the first that applies: `url` (with a bearer `token` and
@@ -38,10 +43,15 @@ async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "
                         "the path can read the token and the traffic; give --api-ca-file instead", url=url)
     elif insecure_skip_tls_verify:
         raise ValueError("insecure_skip_tls_verify applies to an API URL only; a kubeconfig says it itself")
-    elif not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
-        await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
+        try:
+            if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            else:
+                await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
+        except Exception as exc:  # noqa: BLE001 - kubeconfig and in-cluster loading raise many types
+            raise KubeConfigError(f"cannot configure the Kubernetes client: {exc}; give --kubeconfig (or "
+                                  "KUBECONFIG) or run in a pod with a ServiceAccount") from exc
     api = client.ApiClient(configuration)
     _without_env_lookups(api, configuration)
     return api

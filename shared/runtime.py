@@ -107,6 +107,9 @@ async def run_until_stopped(main: Callable[[asyncio.Event], Awaitable[None]]) ->
         shutdown_telemetry()
 
 
+Failures = Sequence[tuple[type[BaseException], int]]
+
+
 def service_main(
     config_type: type[C],
     argv: Sequence[str] | None,
@@ -114,20 +117,51 @@ def service_main(
     prog: str,
     description: str,
     service: Callable[[C], str],
-    run: Callable[[C, asyncio.Event], Awaitable[None]],
+    run: Callable[[C, asyncio.Event], Awaitable[int | None]],
     check: Callable[[C], object] | None = None,
+    parse: Callable[[list[str]], C] | None = None,
+    failures: Failures = (),
 ) -> int:
-    """A service's `main`: flags and `GPU_DRA_*` -> config (exit 2 naming a bad setting), logs,
-    traces and metrics for `service(cfg)`, then `run(cfg, stopping)` until SIGINT/SIGTERM (exit 0)."""
-    cfg = load_config_or_report(config_type, argv, prog=prog, description=description)
-    if cfg is None:
-        return 2
-    if check is not None:  # settings that need more than their type (files, keys): before anything starts
-        try:
+    """Every process's `main`: flags and `GPU_DRA_*` -> config (exit 2 naming a bad setting), logs,
+    traces, metrics and health for `service(cfg)`, then `run(cfg, stopping)` until SIGINT/SIGTERM.
+
+    `parse(argv)`: the service's own flags -> config (its cross-field checks included; ConfigError is
+    exit 2); by default `load_config` of `config_type`, then `check(cfg)`. `run` returns the exit code
+    (None: 0). `failures`: (exception type, exit code) pairs: such an error from `check` or `run` ends
+    the process with `prog: error: <message>` and that code, for the errors a service documents (the
+    API server unreachable, NVML missing, ...); anything else is a crash with its traceback."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if parse is not None:
+            cfg = parse(args)
+        else:
+            loaded = load_config_or_report(config_type, args, prog=prog, description=description)
+            if loaded is None:
+                return 2
+            cfg = loaded
+        if check is not None:  # settings that need more than their type (files, keys): before anything starts
             check(cfg)
-        except ConfigError as exc:
-            print(f"{prog}: {exc}", file=sys.stderr)
-            return 2
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except tuple(kind for kind, _ in failures) as exc:
+        return _failed(prog, exc, failures)
     prepare_process(cfg, service(cfg))
-    asyncio.run(run_until_stopped(lambda stopping: run(cfg, stopping)))
-    return 0
+    code: list[int | None] = [None]
+
+    async def main(stopping: asyncio.Event) -> None:
+        code[0] = await run(cfg, stopping)
+
+    try:
+        asyncio.run(run_until_stopped(main))
+    except tuple(kind for kind, _ in failures) as exc:
+        return _failed(prog, exc, failures)
+    return int(code[0] or 0)
+
+
+def _failed(prog: str, exc: BaseException, failures: Failures) -> int:
+    for kind, exit_code in failures:
+        if isinstance(exc, kind):
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return exit_code
+    raise exc

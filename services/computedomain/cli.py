@@ -2,7 +2,7 @@
 
 Owns process wiring only: the Kubernetes client (controller: kubeconfig or in-cluster), the NATS
 connection (an embedded nats-server when no URL is set), leader election around the controller,
-and exit codes (0 ok, 2 bad settings, 1 failed).
+and exit codes (0 ok, 2 bad settings, 1 failed to start), through shared.runtime.service_main.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import asyncio
 import sys
 
 from services.computedomain.config import AgentConfig, ControllerConfig
-from shared.config import ConfigError, load_config
-from shared.kubeclient import kube_api_client
+from shared.bus import BusError
+from shared.config import load_config
+from shared.kubeclient import KubeConfigError, kube_api_client
 from shared.logs import get_logger
-from shared.runtime import connected_bus, prepare_process, run_until_stopped
+from shared.runtime import connected_bus, service_main
 
 log = get_logger(__name__)
 
@@ -61,25 +62,17 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = args[0], args[1:]
-    try:
-        if command == "controller":
-            controller_cfg = load_config(ControllerConfig, rest, prog="gpu-dra computedomain controller",
-                                         description="ComputeDomain controller").resolved()
-            prepare_process(controller_cfg, "computedomain-controller")
-            asyncio.run(run_until_stopped(lambda stopping: run_controller(controller_cfg, stopping)))
-            return 0
-        if command == "agent":
-            agent_cfg = load_config(AgentConfig, rest, prog="gpu-dra computedomain agent",
-                                    description="ComputeDomain node agent (IMEX daemons)").resolved()
-            prepare_process(agent_cfg, "computedomain-agent")
-            asyncio.run(run_until_stopped(lambda stopping: run_agent(agent_cfg, stopping)))
-            return 0
-    except ConfigError as exc:
-        print(f"gpu-dra computedomain {command}: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - a failed start is reported in one line, with the cause
-        log.exception("computedomain failed")
-        print(f"gpu-dra computedomain {command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    # a failed start is reported in one line with its cause (exit 1); the traceback is in the log
+    failures = ((KubeConfigError, 1), (OSError, 1), (BusError, 1))
+    if command == "controller":
+        prog = "gpu-dra computedomain controller"
+        return service_main(ControllerConfig, rest, prog=prog, description="ComputeDomain controller",
+                            parse=lambda a: load_config(ControllerConfig, a, prog=prog).resolved(),
+                            service=lambda _: "computedomain-controller", run=run_controller, failures=failures)
+    if command == "agent":
+        prog = "gpu-dra computedomain agent"
+        return service_main(AgentConfig, rest, prog=prog, description="ComputeDomain node agent (IMEX daemons)",
+                            parse=lambda a: load_config(AgentConfig, a, prog=prog).resolved(),
+                            service=lambda _: "computedomain-agent", run=run_agent, failures=failures)
     print(f"gpu-dra computedomain: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2

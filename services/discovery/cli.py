@@ -16,10 +16,9 @@ from services.discovery.machine import MachineError
 from services.discovery.nvml import NvmlUnavailable
 from services.discovery.service import Scanner, open_nvml, run_service
 from shared.bus import Bus, BusError
-from shared.config import ConfigError
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
-from shared.runtime import connected_bus, prepare_process, run_until_stopped
+from shared.runtime import connected_bus, service_main
 
 
 def _fail(msg: str, code: int) -> int:
@@ -38,14 +37,11 @@ async def _once(cfg: config.DiscoveryConfig) -> int:
     return 0
 
 
-async def _serve(cfg: config.DiscoveryConfig) -> int:
-    prepare_process(cfg, f"discovery-{cfg.node}")
-
-    async def main(stopping: asyncio.Event) -> None:
-        async with connected_bus(cfg, f"discovery-{cfg.node}") as bus:
-            await run_service(cfg, bus, stopping)
-
-    await run_until_stopped(main)
+async def _serve(cfg: config.DiscoveryConfig, stopping: asyncio.Event) -> int:
+    if cfg.once:
+        return await _once(cfg)
+    async with connected_bus(cfg, f"discovery-{cfg.node}") as bus:
+        await run_service(cfg, bus, stopping)
     return 0
 
 
@@ -87,16 +83,18 @@ async def inject_xid(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if args and args[0] == "inject-xid":
+    if args and args[0] == "inject-xid":
+        try:
             return asyncio.run(inject_xid(args[1:]))
-        cfg = config.parse(args)
-        return asyncio.run(_once(cfg) if cfg.once else _serve(cfg))
-    except SystemExit as exc:  # argparse: message already printed
-        return int(exc.code or 0) if not isinstance(exc.code, str) else _fail(exc.code, 2)
-    except (MachineError, ConfigError) as exc:
-        return _fail(str(exc), 2)
-    except NvmlUnavailable as exc:
-        return _fail(str(exc), 3)
-    except (TimeoutError, OSError, BusError) as exc:
-        return _fail(f"{type(exc).__name__}: {exc}", 1)
+        except SystemExit as exc:  # argparse: message already printed
+            return int(exc.code or 0) if not isinstance(exc.code, str) else _fail(exc.code, 2)
+        except (TimeoutError, OSError, BusError) as exc:
+            return _fail(f"{type(exc).__name__}: {exc}", 1)
+    return service_main(config.DiscoveryConfig, args, prog="gpu-dra discovery", description=config.DESCRIPTION,
+                        parse=config.parse, service=lambda cfg: f"discovery-{cfg.node}", run=_serve,
+                        failures=((MachineError, 2), (NvmlUnavailable, 3), (TimeoutError, 1), (OSError, 1),
+                                  (BusError, 1)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from services.preparer.claims import KubeClaimSource
-from services.preparer.config import ConfigError, PreparerConfig, parse
+from services.preparer.config import DESCRIPTION, PreparerConfig, parse
 from services.preparer.healthcheck import HealthCheck, HealthCheckServer
 from services.preparer.service import PreparerService
 from services.preparer.sockets import SocketError
 from shared.bus import Bus, LoginRefused
 from shared.driverroot import DriverRootError
 from shared.health import HEALTH
-from shared.kubeclient import kube_api_client
+from shared.kubeclient import KubeConfigError, kube_api_client
 from shared.logs import get_logger
-from shared.runtime import connect_configured, nats_url_or_embedded, prepare_process, run_until_stopped
+from shared.runtime import connect_configured, nats_url_or_embedded, service_main
 
 log = get_logger(__name__)
 LOGIN_RETRY_S = 30.0  # between tries while NATS refuses the credentials (it will until they change)
@@ -79,24 +79,18 @@ async def connect_bus_forever(cfg: PreparerConfig, services: list[PreparerServic
                 await bus.close()
 
 
-async def _run(cfg: PreparerConfig) -> int:
+async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
     api_client = await kube_api_client(cfg.kubeconfig)
     claims = KubeClaimSource(api_client)
     services = [PreparerService(cfg, claims, driver=driver,
                                 report_corrupt=corrupt_checkpoint_reporter(api_client, cfg.node, driver))
                 for driver in cfg.drivers]
-    failed: list[BaseException] = []
-
-    async def main(stopping: asyncio.Event) -> None:
-        with contextlib.ExitStack() as readiness:
-            for service in services:
-                readiness.enter_context(HEALTH.check(f"{service.driver} registered with the kubelet",
-                                                     service.registration.registered.is_set))
-            await serve(stopping)
-
-    async def serve(stopping: asyncio.Event) -> None:
-        started: list[PreparerService] = []
-        health_server = HealthCheckServer(HealthCheck(services), cfg.healthcheck_port) if cfg.healthcheck_port else None
+    started: list[PreparerService] = []
+    health_server = HealthCheckServer(HealthCheck(services), cfg.healthcheck_port) if cfg.healthcheck_port else None
+    with contextlib.ExitStack() as readiness:
+        for service in services:
+            readiness.enter_context(HEALTH.check(f"{service.driver} registered with the kubelet",
+                                                 service.registration.registered.is_set))
         try:
             for service in services:
                 await service.start()
@@ -104,11 +98,11 @@ async def _run(cfg: PreparerConfig) -> int:
             if health_server is not None:
                 await health_server.start()
         except (SocketError, OSError, DriverRootError) as exc:
-            failed.append(exc)
             for service in reversed(started):
                 await service.stop()
             await api_client.close()
-            return
+            print(f"gpu-dra preparer: error: {exc}", file=sys.stderr)
+            return 2 if isinstance(exc, DriverRootError) else 1  # a --driver-root without a driver: bad settings
         bus_task = asyncio.create_task(connect_bus_forever(cfg, services, stopping))
         try:
             await stopping.wait()
@@ -120,22 +114,13 @@ async def _run(cfg: PreparerConfig) -> int:
             with contextlib.suppress(asyncio.CancelledError):
                 await bus_task
             await api_client.close()
-
-    await run_until_stopped(main)
-    if failed:
-        print(f"gpu-dra preparer: error: {failed[0]}", file=sys.stderr)
-        return 2 if isinstance(failed[0], DriverRootError) else 1  # a --driver-root without a driver: bad settings
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = parse(list(argv or []))
-    except ConfigError as exc:
-        print(f"gpu-dra preparer: error: {exc}", file=sys.stderr)
-        return 2
-    prepare_process(cfg, f"preparer-{cfg.node}")
-    return asyncio.run(_run(cfg))
+    return service_main(PreparerConfig, argv, prog="gpu-dra preparer", description=DESCRIPTION,
+                        parse=parse, service=lambda cfg: f"preparer-{cfg.node}", run=_run,
+                        failures=((KubeConfigError, 2),))
 
 
 if __name__ == "__main__":
