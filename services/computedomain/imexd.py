@@ -29,7 +29,7 @@ HELLO = b"IMEX-SIM HELLO"
 WELCOME = b"IMEX-SIM WELCOME"
 
 
-class ConfigError(ValueError):
+class ImexConfigError(ValueError):
     """The config or nodes file is missing or malformed."""
 
 
@@ -47,14 +47,14 @@ def _parse_kv(path: Path) -> dict[str, str]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"cannot read IMEX config {path}: {exc.strerror}") from None
+        raise ImexConfigError(f"cannot read IMEX config {path}: {exc.strerror}") from None
     values: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         if "=" not in line:
-            raise ConfigError(f"{path}:{number}: expected KEY=VALUE, got {line!r}")
+            raise ImexConfigError(f"{path}:{number}: expected KEY=VALUE, got {line!r}")
         key, _, value = line.partition("=")
         values[key.strip()] = value.strip()
     return values
@@ -67,9 +67,9 @@ def _int(values: dict[str, str], key: str, default: int, path: Path) -> int:
     try:
         number = int(raw)
     except ValueError:
-        raise ConfigError(f"{path}: {key}={raw!r} is not an integer") from None
+        raise ImexConfigError(f"{path}: {key}={raw!r} is not an integer") from None
     if not 0 < number < 65536:
-        raise ConfigError(f"{path}: {key}={number} is not a TCP port (1..65535)")
+        raise ImexConfigError(f"{path}: {key}={number} is not a TCP port (1..65535)")
     return number
 
 
@@ -77,12 +77,12 @@ def load_config(path: Path) -> ImexConfig:
     values = _parse_kv(path)
     nodes = values.get("IMEX_NODE_CONFIG_FILE", "")
     if not nodes:
-        raise ConfigError(f"{path}: IMEX_NODE_CONFIG_FILE is not set; it names the nodes config")
+        raise ImexConfigError(f"{path}: IMEX_NODE_CONFIG_FILE is not set; it names the nodes config")
     bind_ip = values.get("IMEX_CMD_BIND_INTERFACE_IP") or values.get("IMEX_BIND_INTERFACE_IP") or "127.0.0.1"
     try:
         ipaddress.ip_address(bind_ip)
     except ValueError:
-        raise ConfigError(f"{path}: bind address {bind_ip!r} is not an IP address") from None
+        raise ImexConfigError(f"{path}: bind address {bind_ip!r} is not an IP address") from None
     nodes_path = Path(nodes) if Path(nodes).is_absolute() else path.parent / nodes
     hosts = values.get("IMEX_SIM_HOSTS_FILE", "/etc/hosts")
     hosts_path = Path(hosts) if Path(hosts).is_absolute() else path.parent / hosts
@@ -116,7 +116,7 @@ def resolve_peers(config: ImexConfig) -> list[str]:
     try:
         entries = [ln.strip() for ln in config.nodes_file.read_text().splitlines()]
     except OSError as exc:
-        raise ConfigError(f"cannot read IMEX nodes config {config.nodes_file}: {exc.strerror}") from None
+        raise ImexConfigError(f"cannot read IMEX nodes config {config.nodes_file}: {exc.strerror}") from None
     hosts = read_hosts(config.hosts_file)
     peers: list[str] = []
     for entry in entries:
@@ -238,7 +238,7 @@ class Daemon:
         try:
             self.config = load_config(self.config_path)
             peers = resolve_peers(self.config)
-        except ConfigError as exc:
+        except ImexConfigError as exc:
             self._say(f"ERROR {exc}")
             return
         self._reloads += 1
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             print(answer)
             return 0 if answer == "READY" else 1
         return asyncio.run(_main(Path(args.config)))
-    except ConfigError as exc:
+    except ImexConfigError as exc:
         print(f"imexd: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

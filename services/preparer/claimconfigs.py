@@ -35,7 +35,7 @@ Interval = Literal["Default", "Short", "Medium", "Long"]
 INTERVALS = ("Default", "Short", "Medium", "Long")
 
 
-class ConfigError(ValueError):
+class ClaimConfigError(ValueError):
     """An opaque config is malformed or does not fit the device; the message says what to change."""
 
 
@@ -102,32 +102,32 @@ def _explain(exc: msgspec.ValidationError, kind: str) -> str:
 
 
 def parameters_size(parameters: Any) -> int:
-    """Bytes of `parameters` as compact JSON; ConfigError for what JSON cannot hold or nests too deeply."""
+    """Bytes of `parameters` as compact JSON; ClaimConfigError for what JSON cannot hold or nests too deeply."""
     try:
         return len(msgspec.json.encode(parameters))
     except RecursionError:
-        raise ConfigError("opaque parameters nest too deeply; a config is a few levels of objects") from None
+        raise ClaimConfigError("opaque parameters nest too deeply; a config is a few levels of objects") from None
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ConfigError(f"opaque parameters are not JSON: {exc}") from None
+        raise ClaimConfigError(f"opaque parameters are not JSON: {exc}") from None
 
 
 def decode_config(parameters: Any) -> DeviceConfig:
     """Strictly decode one opaque `parameters` object (already parsed JSON) and validate it."""
     if not isinstance(parameters, dict):
-        raise ConfigError(f"opaque parameters must be an object with apiVersion and kind, got {type(parameters).__name__}")
+        raise ClaimConfigError(f"opaque parameters must be an object with apiVersion and kind, got {type(parameters).__name__}")
     size = parameters_size(parameters)
     if size > MAX_PARAMETERS_BYTES:
-        raise ConfigError(f"opaque parameters are {size} bytes of JSON, more than the {MAX_PARAMETERS_BYTES} allowed")
+        raise ClaimConfigError(f"opaque parameters are {size} bytes of JSON, more than the {MAX_PARAMETERS_BYTES} allowed")
     api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
     if api_version != API_GROUP_VERSION:
-        raise ConfigError(f"unsupported opaque config apiVersion {_short(api_version)}; use {API_GROUP_VERSION!r}")
+        raise ClaimConfigError(f"unsupported opaque config apiVersion {_short(api_version)}; use {API_GROUP_VERSION!r}")
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ConfigError(f"unknown opaque config kind {_short(kind)}; supported: {', '.join(_KINDS)}")
+        raise ClaimConfigError(f"unknown opaque config kind {_short(kind)}; supported: {', '.join(_KINDS)}")
     try:
         config = msgspec.convert(parameters, cls)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_explain(exc, str(kind))) from None
+        raise ClaimConfigError(_explain(exc, str(kind))) from None
     validate(config)
     return config
 
@@ -146,9 +146,9 @@ def _pinned_limit(text: str, where: str, maximum: int = MAX_VALUE) -> int:
     try:
         mib = parse_bytes(text, what="pinned memory limit", maximum=maximum) // MIB
     except QuantityError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        raise ClaimConfigError(f"{where}: {exc}") from None
     if mib <= 0:
-        raise ConfigError(f"{where}: pinned memory limit {text!r} must be at least 1Mi")
+        raise ClaimConfigError(f"{where}: pinned memory limit {text!r} must be at least 1Mi")
     return mib * MIB
 
 
@@ -156,7 +156,7 @@ def _validate_mps(mps: MpsConfig, where: str) -> None:
     pct = mps.defaultActiveThreadPercentage
     if pct is not None and not 0 <= pct <= 100:
         shown = pct if abs(pct) < 10**6 else "a larger number"
-        raise ConfigError(f"{where}.mpsConfig.defaultActiveThreadPercentage must be within 0..100, got {shown}")
+        raise ClaimConfigError(f"{where}.mpsConfig.defaultActiveThreadPercentage must be within 0..100, got {shown}")
     if mps.defaultPinnedDeviceMemoryLimit is not None:
         _pinned_limit(mps.defaultPinnedDeviceMemoryLimit, f"{where}.mpsConfig.defaultPinnedDeviceMemoryLimit")
     for key, value in mps.defaultPerDevicePinnedMemoryLimit.items():
@@ -168,11 +168,11 @@ def validate(config: DeviceConfig) -> None:
     if sharing is None:
         return
     if sharing.strategy not in ("TimeSlicing", "MPS"):
-        raise ConfigError(f"unknown GPU sharing strategy: {_short(sharing.strategy)}; use TimeSlicing or MPS")
+        raise ClaimConfigError(f"unknown GPU sharing strategy: {_short(sharing.strategy)}; use TimeSlicing or MPS")
     if sharing.strategy == "TimeSlicing" and sharing.mpsConfig is not None:
-        raise ConfigError("cannot use MpsConfig with the 'TimeSlicing' strategy")
+        raise ClaimConfigError("cannot use MpsConfig with the 'TimeSlicing' strategy")
     if isinstance(sharing, GpuSharing) and sharing.strategy == "MPS" and sharing.timeSlicingConfig is not None:
-        raise ConfigError("cannot use TimeSlicingConfig with the 'MPS' strategy")
+        raise ClaimConfigError("cannot use TimeSlicingConfig with the 'MPS' strategy")
     if sharing.mpsConfig is not None:
         _validate_mps(sharing.mpsConfig, "sharing")
 
@@ -207,7 +207,7 @@ def pinned_limits(mps: MpsConfig | None, uuids: list[str], memory: dict[str, int
         elif key.isdigit() and int(key) < len(ordered):
             uuid = ordered[int(key)]
         else:
-            raise ConfigError(f"defaultPerDevicePinnedMemoryLimit key {_short(key)} is neither a UUID of the claim's "
+            raise ClaimConfigError(f"defaultPerDevicePinnedMemoryLimit key {_short(key)} is neither a UUID of the claim's "
                               f"devices nor an index below {len(ordered)}")
         limits[uuid] = _pinned_limit(text, f"defaultPerDevicePinnedMemoryLimit[{uuid}]", memory.get(uuid) or MAX_VALUE)
     return limits
@@ -247,37 +247,37 @@ def _matches(names: list[str], request: str) -> bool:
 def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]) -> list[Selected]:
     """Configs for our `results` (request name, device kind "gpu"|"mig"), grouped by config object.
 
-    Raises ConfigError for a config that does not decode or a request-named config that does not
+    Raises ClaimConfigError for a config that does not decode or a request-named config that does not
     fit its device's type.
     """
     if len(entries) > MAX_CONFIGS:
-        raise ConfigError(f"the claim carries {len(entries)} config entries, more than the {MAX_CONFIGS} allowed")
+        raise ClaimConfigError(f"the claim carries {len(entries)} config entries, more than the {MAX_CONFIGS} allowed")
     for position, entry in enumerate(entries):
         if len(entry.requests) > MAX_REQUESTS_PER_CONFIG:
-            raise ConfigError(f"config entry {position} names {len(entry.requests)} requests, more than the "
+            raise ClaimConfigError(f"config entry {position} names {len(entry.requests)} requests, more than the "
                               f"{MAX_REQUESTS_PER_CONFIG} allowed")
     ordered = [e for e in entries if e.source == "FromClass"] + [e for e in entries if e.source != "FromClass"]
     decoded: list[tuple[list[str], DeviceConfig, bool]] = [
         ([], MigDeviceConfig(), False), ([], GpuConfig(), False)]  # defaults: lowest precedence
     for position, entry in enumerate(ordered):
         if not entry.has_opaque:
-            raise ConfigError("only opaque parameters are supported by this driver (config entry "
+            raise ClaimConfigError("only opaque parameters are supported by this driver (config entry "
                               f"{position} has no 'opaque')")
         if entry.driver != driver:
             continue
         try:
             decoded.append((entry.requests, decode_config(entry.parameters), True))
-        except ConfigError as exc:
+        except ClaimConfigError as exc:
             where = f"{_short(entry.source)} config for requests {_short(entry.requests)}" if entry.requests else \
                 f"{_short(entry.source)} config"
-            raise ConfigError(f"{where}: {exc}") from None
+            raise ClaimConfigError(f"{where}: {exc}") from None
     groups: dict[int, Selected] = {}
     for index, (request, device_kind) in enumerate(results):
         chosen: tuple[list[str], DeviceConfig, bool] | None = None
         for names, config, explicit in reversed(decoded):
             if names and _matches(names, request):
                 if _DEVICE_KIND[config.kind] != device_kind:
-                    raise ConfigError(f"cannot apply {config.kind} to request {request!r}: its device is of type "
+                    raise ClaimConfigError(f"cannot apply {config.kind} to request {request!r}: its device is of type "
                                       f"{device_kind!r} (use {'GpuConfig' if device_kind == 'gpu' else 'MigDeviceConfig'})")
                 chosen = (names, config, explicit)
                 break

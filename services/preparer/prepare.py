@@ -19,7 +19,7 @@ from services.preparer import metrics
 from services.preparer.cdi import CdiDevice, CdiWriter, build_spec, device_id, gpu_device_nodes, mps_edits
 from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from services.preparer.claimconfigs import (
-    ConfigError,
+    ClaimConfigError,
     GpuConfig,
     RawConfig,
     Selected,
@@ -54,7 +54,7 @@ class _Planned:
 
 
 def _group_pinned_limits(group: Selected, planned: list[_Planned]) -> dict[str, int]:
-    """An MPS group's pinned memory limits per GPU UUID, each at most that GPU's memory (ConfigError if not)."""
+    """An MPS group's pinned memory limits per GPU UUID, each at most that GPU's memory (ClaimConfigError if not)."""
     if strategy(group.config) != "MPS" or not isinstance(group.config, GpuConfig) or group.config.sharing is None:
         return {}
     gpus = [planned[i].resolved for i in group.results if planned[i].resolved.kind == "gpu"]
@@ -117,10 +117,10 @@ class Preparer(ClaimPreparer):
                 groups = select(self.driver, raw, [(p.request, p.resolved.kind) for p in planned])
                 for group in groups:
                     if strategy(group.config) == "MPS" and not isinstance(group.config, GpuConfig):
-                        raise ConfigError("MPS on MIG devices is not supported by this driver yet; use MPS on "
+                        raise ClaimConfigError("MPS on MIG devices is not supported by this driver yet; use MPS on "
                                           "full GPUs or TimeSlicing")
                     _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
-            except ConfigError as exc:
+            except ClaimConfigError as exc:
                 raise PrepareFailed(str(exc), "invalid-config") from None
             span.set_attribute("configs.groups", len(groups))
         shared = {i for g in groups if strategy(g.config) for i in g.results}
