@@ -50,8 +50,9 @@ sys.path.insert(0, str(REPO))
 import nats  # noqa: E402
 from nats.errors import TimeoutError as NatsTimeout  # noqa: E402
 
-from embedded.kubeapi import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, ApiError, Kube  # noqa: E402
-from shared.kubeclient import kube_api_client  # noqa: E402
+from embedded.kubeapi import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube  # noqa: E402
+from shared.kube.client import kube_api_client  # noqa: E402
+from shared.kube.rest import ApiError  # noqa: E402
 from shared.natsjwt import Creds  # noqa: E402
 
 NS = "default"

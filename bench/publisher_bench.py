@@ -26,7 +26,7 @@ from embedded.harness.discovery import running_discovery  # noqa: E402
 from embedded.harness.publisher import ensure_node, running_publisher, until  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.events import catalog  # noqa: E402
-from shared.kubeclient import kube_api_client
+from shared.kube.client import kube_api_client
 from shared.natsserver import EmbeddedNats  # noqa: E402
 
 FEED_CONCURRENCY = 64

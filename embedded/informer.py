@@ -28,7 +28,8 @@ from typing import Any
 
 import aiohttp
 
-from embedded.kubeapi import ApiError, Gone, Kube, Resource
+from embedded.kubeapi import Kube, Resource
+from shared.kube.rest import ApiError, Gone
 from shared.logs import get_logger
 
 log = get_logger(__name__)

@@ -14,6 +14,8 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
+from shared.kube.rest import ApiError, Gone
+
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -56,28 +58,6 @@ RESOURCECLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceCl
 RESOURCECLAIMTEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate")
 RESOURCESLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False)
 DEVICECLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False)
-
-
-class ApiError(RuntimeError):
-    """The API server refused a request; `status` and `reason` as it sent them."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
-
-
-class Gone(ApiError):
-    """The resourceVersion asked for is older than the server keeps: re-list."""
 
 
 def _error(status: int, body: Any) -> ApiError:

@@ -42,7 +42,7 @@ from shared.config import CommonConfig, load_config_or_report
 from shared.deviceclasses import device_classes
 from shared.events import catalog
 from shared.health import HEALTH, serve
-from shared.kubeclient import kube_api_client
+from shared.kube.client import kube_api_client
 from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats, free_port
 from shared.natsusers import check_node, node_user

@@ -9,7 +9,7 @@ import msgspec
 
 from embedded.controllers.runner import Controllers
 from shared.config import CommonConfig
-from shared.kubeclient import kube_api_client
+from shared.kube.client import kube_api_client
 from shared.runtime import service_main
 
 DESCRIPTION = ("Workload controllers of the local cluster: Deployments -> ReplicaSets -> Pods and Jobs -> Pods, "

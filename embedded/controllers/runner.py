@@ -24,7 +24,8 @@ from embedded.controllers.deployments import DeploymentController
 from embedded.controllers.jobs import JobController
 from embedded.controllers.replicasets import ReplicaSetController
 from embedded.informer import Informer, Obj, controller_of, key_of, until_synced
-from embedded.kubeapi import DEPLOYMENTS, JOBS, PODS, REPLICASETS, ApiError, Kube
+from embedded.kubeapi import DEPLOYMENTS, JOBS, PODS, REPLICASETS, Kube
+from shared.kube.rest import ApiError
 from shared.logs import get_logger
 
 log = get_logger(__name__)

@@ -13,11 +13,11 @@ import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from services.publisher import kube
 from services.publisher.config import PublisherConfig, check
 from services.publisher.service import Publisher
 from shared.bus import Bus
-from shared.kubeclient import kube_api_client
+from shared.kube import rest as kube
+from shared.kube.client import kube_api_client
 
 _replicas = itertools.count(1)
 

@@ -13,7 +13,7 @@ from embedded.nodeagent.plugins import PluginRegistry
 from embedded.nodeagent.pods import PodRunner, Runtime
 from embedded.nodeagent.sandbox import SandboxUnavailable, find_bwrap
 from shared.config import CommonConfig
-from shared.kubeclient import kube_api_client
+from shared.kube.client import kube_api_client
 from shared.logs import get_logger
 from shared.runtime import service_main
 

@@ -13,9 +13,10 @@ import time
 from typing import Any
 
 from embedded.informer import key_of
-from embedded.kubeapi import EVENTS, PODS, RESOURCECLAIMS, ApiError, Kube
+from embedded.kubeapi import EVENTS, PODS, RESOURCECLAIMS, Kube
 from embedded.scheduler.plan import MAX_RESERVED, Plan, reserved_for_pod
 from embedded.scheduler.state import ClusterState
+from shared.kube.rest import ApiError
 from shared.logs import get_logger
 
 log = get_logger(__name__)

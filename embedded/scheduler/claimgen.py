@@ -14,8 +14,9 @@ import copy
 from typing import Any
 
 from embedded.informer import key_of
-from embedded.kubeapi import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, ApiError, Kube
+from embedded.kubeapi import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube
 from embedded.scheduler.state import EXTENDED_ANNOTATION, POD_CLAIM_ANNOTATION, ClusterState
+from shared.kube.rest import ApiError
 from shared.logs import get_logger
 
 log = get_logger(__name__)

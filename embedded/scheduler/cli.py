@@ -6,7 +6,7 @@ import asyncio
 
 from embedded.scheduler.loop import Scheduler
 from shared.config import CommonConfig
-from shared.kubeclient import kube_api_client
+from shared.kube.client import kube_api_client
 from shared.runtime import service_main
 
 DESCRIPTION = ("DRA scheduler of the local cluster: generates claims from templates and extended resources, "

@@ -27,8 +27,6 @@ from embedded.kubeapi import (
     RESOURCECLAIMS,
     RESOURCECLAIMTEMPLATES,
     RESOURCESLICES,
-    ApiError,
-    Gone,
     Kube,
     Resource,
 )
@@ -36,6 +34,7 @@ from embedded.scheduler.binding import DONE_PHASES, SCHEDULER_NAME, Conflict, Wr
 from embedded.scheduler.claimgen import ClaimGenerator
 from embedded.scheduler.plan import IndexCache, plan_pod
 from embedded.scheduler.state import WATCHED, ClusterState
+from shared.kube.rest import ApiError, Gone
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 

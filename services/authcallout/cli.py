@@ -1,7 +1,7 @@
 """`gpu-dra nats auth-callout`: flags -> CalloutConfig -> answer `$SYS.REQ.USER.AUTH` until stopped.
 
 Owns process wiring only: the issuer key (Secret gpu-dra-nats-auth-callout's `issuer.nk`), the
-Kubernetes client that sends TokenReviews (shared.kubeclient: kubeconfig or in-cluster), the NATS
+Kubernetes client that sends TokenReviews (shared.kube.client: kubeconfig or in-cluster), the NATS
 connection as the callout's own user of `AUTH` (GPU_DRA_NATS_CREDS; no JetStream, so no
 provisioning) and one task per request, so a slow TokenReview delays only its own connect.
 Exit codes: 0 after a clean stop, 2 for a bad setting.
@@ -20,7 +20,7 @@ from services.authcallout.service import AuthCallout, kube_token_reviewer, parse
 from shared.bus import Bus
 from shared.config import CommonConfig, ConfigError
 from shared.health import HEALTH
-from shared.kubeclient import kube_api_client
+from shared.kube.client import kube_api_client
 from shared.logs import get_logger
 from shared.natscreds import CALLOUT_SUBJECT
 from shared.natsusers import UsersError

@@ -13,7 +13,7 @@ import sys
 from services.computedomain.config import AgentConfig, ControllerConfig
 from shared.bus import BusError
 from shared.config import load_config
-from shared.kubeclient import KubeConfigError, kube_api_client
+from shared.kube.client import KubeConfigError, kube_api_client
 from shared.logs import get_logger
 from shared.runtime import connected_bus, service_main
 

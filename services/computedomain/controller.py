@@ -32,6 +32,8 @@ from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_DELETED, CD_STATUS
 from shared.events.computedomain import DomainDeleted, DomainMember, DomainStatusChanged
+from shared.kube.rest import ApiError
+from shared.kube.versions import best_version, served_versions
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
 
@@ -112,16 +114,10 @@ class Controller:
 
     async def _resource_api_version(self) -> str:
         try:
-            groups = await client.ApisApi(self.api).get_api_versions()
-        except ApiException:
+            return best_version(await served_versions(self.api)) or "v1"
+        except (ApiError, OSError) as exc:
+            log.warning("cannot tell which resource.k8s.io version the server serves; using v1", error=str(exc))
             return "v1"
-        for group in groups.groups or []:
-            if group.name == "resource.k8s.io":
-                served = {v.version for v in group.versions or []}
-                for version in ("v1", "v1beta2", "v1beta1"):
-                    if version in served:
-                        return version
-        return "v1"
 
     def _domain(self, uid: str) -> _Domain:
         domain = self.domains.get(uid)

@@ -12,16 +12,15 @@ from typing import Any, Protocol
 
 import msgspec
 
+from shared.kube.versions import PREFERRED_VERSIONS, RESOURCE_GROUP, best_version, served_versions
 from shared.logs import get_logger
 
 log = get_logger(__name__)
 
-RESOURCE_GROUP = "resource.k8s.io"
 # A claim body larger than this is refused before decoding: the API server stores objects of at most
 # 1.5 MiB (etcd) and takes request bodies of at most 3 MiB, so no real claim comes near it, and
 # decoding 3 MiB takes a bounded ~0.2 s.
 MAX_CLAIM_BYTES = 3 * 1024 * 1024
-PREFERRED_VERSIONS = ("v1", "v1beta2", "v1beta1")
 
 
 class ObjectMeta(msgspec.Struct, kw_only=True):
@@ -154,19 +153,20 @@ class KubeClaimSource:
         return int(getattr(raw, "status", 200)), body
 
     async def discover(self) -> str:
-        """The best `resource.k8s.io` version the server serves (asked once per version, then cached)."""
+        """The best `resource.k8s.io` version the server serves (asked once, then cached)."""
         if self.version:
             return self.version
-        tried: list[str] = []
-        for version in PREFERRED_VERSIONS:
-            status, _ = await self._get(f"/apis/{RESOURCE_GROUP}/{version}")
-            if status == 200:
-                self.version = version
-                log.info("resource.k8s.io version chosen", version=version)
-                return version
-            tried.append(f"{version}: HTTP {status}")
-        raise ClaimFetchError(f"the API server serves no usable {RESOURCE_GROUP} version ({'; '.join(tried)}); "
-                              f"need one of {', '.join(PREFERRED_VERSIONS)}")
+        try:
+            served = await served_versions(self.api_client)
+        except Exception as exc:  # noqa: BLE001 - transport failures are retryable
+            raise ClaimFetchError(f"GET /apis/{RESOURCE_GROUP}: {exc}") from exc
+        version = best_version(served)
+        if version is None:
+            raise ClaimFetchError(f"the API server serves no usable {RESOURCE_GROUP} version (it serves "
+                                  f"{served or 'none'}); need one of {', '.join(PREFERRED_VERSIONS)}")
+        self.version = version
+        log.info("resource.k8s.io version chosen", version=version)
+        return version
 
     async def get(self, namespace: str, name: str) -> ResourceClaim:
         version = await self.discover()

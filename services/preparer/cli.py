@@ -24,7 +24,7 @@ from services.preparer.sockets import SocketError
 from shared.bus import Bus, LoginRefused
 from shared.driverroot import DriverRootError
 from shared.health import HEALTH
-from shared.kubeclient import KubeConfigError, kube_api_client
+from shared.kube.client import KubeConfigError, kube_api_client
 from shared.logs import get_logger
 from shared.runtime import connect_configured, nats_url_or_embedded, service_main
 

@@ -12,6 +12,8 @@ from typing import Literal
 
 import msgspec
 
+from shared.kube.versions import best_version
+
 SUPPORTED_VERSIONS = ("v1", "v1beta1")
 Layout = Literal["beside-devices", "counters-only-slice"]
 
@@ -76,9 +78,9 @@ def choose_version(served: list[str], wanted: str = "auto") -> str:
                 f"--api-version {wanted} asked for, but the server serves resource.k8s.io {served or 'not at all'}"
             )
         return wanted
-    for version in SUPPORTED_VERSIONS:
-        if version in served:
-            return version
+    version = best_version(served, SUPPORTED_VERSIONS)
+    if version is not None:
+        return version
     raise ApiDiscoveryError(
         f"the API server serves resource.k8s.io {served or 'not at all'}; the publisher needs v1 (1.34+) "
         "or v1beta1 (1.32/1.33 with DynamicResourceAllocation enabled)"
@@ -103,7 +105,7 @@ def profile_from(group: dict[str, object], version: dict[str, object], *, wanted
 
 async def discover(api_client: object, *, wanted: str = "auto", layout: str = "auto") -> ServerProfile:
     """Ask the server (a kubernetes-asyncio ApiClient) which version to write and how to lay out counters."""
-    from services.publisher.kube import get_json
+    from shared.kube.rest import get_json
 
     try:
         group = await get_json(api_client, "/apis/resource.k8s.io")

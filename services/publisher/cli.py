@@ -11,7 +11,7 @@ import asyncio
 from services.publisher import config
 from services.publisher.apiversion import ApiDiscoveryError
 from services.publisher.service import run_service
-from shared.kubeclient import KubeConfigError, kube_api_client
+from shared.kube.client import KubeConfigError, kube_api_client
 from shared.runtime import connected_bus, service_main
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from services.publisher import kube
+from shared.kube import rest as kube
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -40,6 +40,7 @@ class NodeList(msgspec.Struct):
 
 class StatusView(msgspec.Struct):
     code: int = 0
+    reason: str = ""
     message: str = ""
 
 
@@ -95,7 +96,7 @@ class NodeWatcher:
                 backoff = 0.2
             except asyncio.CancelledError:
                 raise
-            except kube.WatchExpired as exc:
+            except kube.Gone as exc:
                 log.info("node watch expired; listing again", reason=str(exc))
                 self._rv = ""
             except Exception as exc:  # noqa: BLE001 - API server restarts and network blips
@@ -111,7 +112,7 @@ class NodeWatcher:
             if event.type == "ERROR":
                 status = _STATUS.decode(event.object)
                 if status.code == 410:
-                    raise kube.WatchExpired(status.message or "watch expired")
+                    raise kube.Gone(410, status.reason or "Expired", status.message or "watch expired")
                 raise RuntimeError(f"node watch error {status.code}: {status.message}")
             node = _NODE.decode(event.object).metadata
             self._rv = node.resourceVersion or self._rv

@@ -15,9 +15,10 @@ from typing import Any
 import msgspec
 from opentelemetry.trace import SpanKind
 
-from services.publisher import kube, objects
+from services.publisher import objects
 from services.publisher.apiversion import ServerProfile
 from services.publisher.slices import DesiredPool
+from shared.kube import rest as kube
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 

@@ -22,7 +22,8 @@ from embedded.apiserver.testing import RunningApiServer, running_apiserver
 from embedded.controllers.replicasets import is_active, now_iso
 from embedded.controllers.runner import Controllers
 from embedded.informer import Informer, uid_of
-from embedded.kubeapi import DEPLOYMENTS, JOBS, PODS, REPLICASETS, ApiError, Kube, Resource
+from embedded.kubeapi import DEPLOYMENTS, JOBS, PODS, REPLICASETS, Kube, Resource
+from shared.kube.rest import ApiError
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "default"

@@ -60,7 +60,7 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
 COMMANDS = {"services/preparer": "preparer", "services/publisher": "publisher",
             "services/computedomain": "computedomain controller", "services/authcallout": "nats auth-callout"}
 # API helpers and test support, not call sites
-NOT_CALL_SITES = {"services/publisher/kube.py", "embedded/harness/publisher.py", "embedded/harness/discovery.py"}
+NOT_CALL_SITES = {"shared/kube/rest.py", "embedded/harness/publisher.py", "embedded/harness/discovery.py"}
 
 _PATTERNS = (
     (re.compile(r"\.((?:create|read|list|patch|replace|delete|get|watch)_(?:namespaced|cluster)_\w+)\b"),

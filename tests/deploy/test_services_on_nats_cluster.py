@@ -38,12 +38,12 @@ from embedded.cluster.processes import ProcessFailed, Supervisor, gpu_dra
 from embedded.harness.publisher import ensure_node
 from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
 from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
-from services.publisher import kube
 from services.publisher.ownership import REPLICAS_BUCKET
 from shared.bus import PUBLISH_RETRY_S, Bus, BusError
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
-from shared.kubeclient import kube_api_client
+from shared.kube import rest as kube
+from shared.kube.client import kube_api_client
 from shared.natsserver import free_port
 from tests.deploy.conftest import (
     CLUSTER_NODES,
@@ -133,7 +133,7 @@ async def _watch_slices(api: Any, world: World) -> None:
         world.slices = {s["metadata"]["name"]: s for s in listed["items"]}
         world.notify()
         rv = listed["metadata"]["resourceVersion"]
-        with contextlib.suppress(kube.WatchExpired):
+        with contextlib.suppress(kube.Gone):
             async for line in kube.watch_lines(api, SLICES, resource_version=rv, query=query, timeout_s=120):
                 event = json.loads(line)
                 obj = event["object"]

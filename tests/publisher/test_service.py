@@ -13,12 +13,13 @@ import embedded.apiserver.testing as apiserver_testing
 from embedded.apiserver.validation import validate_object
 from embedded.harness.discovery import running_discovery
 from embedded.harness.publisher import ensure_node, node_slices, running_publisher, until
-from services.publisher import kube, objects
+from services.publisher import objects
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
 from shared.events.inventory import InventoryWithdrawn
-from shared.kubeclient import kube_api_client
+from shared.kube import rest as kube
+from shared.kube.client import kube_api_client
 from shared.telemetry import memory_spans, setup_telemetry
 from tests.publisher.inventories import widened
 

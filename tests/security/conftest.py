@@ -19,7 +19,7 @@ import embedded.apiserver.testing as apiserver_testing
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.deadletter import DeadLetter
-from shared.kubeclient import kube_api_client
+from shared.kube.client import kube_api_client
 from shared.natsserver import EmbeddedNats
 from tests.deploy.conftest import ShippedConfigNats, nats_layout, server_env, test_password
 from tests.preparer.conftest import discovery, root  # noqa: F401 - the preparer suite's fixtures, for test_inputs

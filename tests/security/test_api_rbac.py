@@ -17,7 +17,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from embedded.cluster.local import ClusterConfig, LocalCluster
-from shared.kubeclient import kube_api_client
+from shared.kube.client import kube_api_client
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
 GROUP, VERSION = "resource.k8s.io", "v1"

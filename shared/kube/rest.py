@@ -1,8 +1,9 @@
-"""The publisher's door to the Kubernetes API: a kubernetes-asyncio ApiClient and raw JSON calls on it.
+"""Raw JSON calls on the one Kubernetes client, and the one API error type.
 
-Owns (on a client from `shared.kubeclient.kube_api_client`) one `request` that returns the
-status and body bytes (decoded by the caller with msgspec, the hot objects never become models),
-and `watch_lines`, a list-then-watch stream that reports 410 Gone so the caller re-lists.
+On a client from `shared.kube.client.kube_api_client`: `request` returns the body bytes (decoded by
+the caller with msgspec: hot objects never become models), `get_json` decodes them, `watch_lines` is
+a watch stream that raises `Gone` on 410 so the caller re-lists. `ApiError` (status, reason, message)
+is what every layer raises and catches for an API server's refusal.
 """
 
 from __future__ import annotations
@@ -21,23 +22,39 @@ _JSON = msgspec.json.Decoder()
 
 
 class ApiError(RuntimeError):
-    """A non-2xx answer: the status, the server's reason and message."""
+    """The API server refused a request: `status`, and `reason` and `message` as its Status said them."""
 
-    def __init__(self, status: int, method: str, path: str, body: bytes) -> None:
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
         self.status = status
-        self.reason = ""
-        self.message = body.decode("utf-8", "replace")[:2000]
+        self.reason = reason
+        self.message = message
+
+    @classmethod
+    def from_response(cls, status: int, method: str, path: str, body: bytes) -> ApiError:
+        """The error for a non-2xx answer to `method path` (Gone for 410), from its Status body."""
+        reason, message = "", body.decode("utf-8", "replace")[:2000]
         try:
             doc = json.loads(body)
-            self.reason = str(doc.get("reason") or "")
-            self.message = str(doc.get("message") or self.message)
+            reason = str(doc.get("reason") or "")
+            message = str(doc.get("message") or message)
         except (ValueError, AttributeError):
             pass
-        super().__init__(f"{method} {path}: HTTP {status} {self.reason}: {self.message}")
+        error = (Gone if status == 410 else cls)(status, reason or "Error", message)
+        error.args = (f"{method} {path}: HTTP {status} {reason}: {message}",)
+        return error
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
 
 
-class WatchExpired(RuntimeError):
-    """The watch's resourceVersion is too old (410 Gone): list again."""
+class Gone(ApiError):
+    """The resourceVersion asked for is older than the server keeps (410 Gone): list again."""
 
 
 async def request(api_client: Any, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
@@ -62,7 +79,7 @@ async def request(api_client: Any, method: str, path: str, *, query: list[tuple[
     finally:
         resp.release()
     if not 200 <= resp.status <= 299:
-        raise ApiError(resp.status, method, path, data)
+        raise ApiError.from_response(resp.status, method, path, data)
     return data
 
 
@@ -76,7 +93,7 @@ async def get_json(api_client: Any, path: str, query: list[tuple[str, str]] | No
 
 async def watch_lines(api_client: Any, path: str, *, resource_version: str,
                       query: list[tuple[str, str]] | None = None, timeout_s: int = 300) -> AsyncIterator[bytes]:
-    """Raw watch events (one JSON object a line) from `resource_version`; WatchExpired on 410.
+    """Raw watch events (one JSON object a line) from `resource_version`; Gone on 410.
 
     The stream ends when the server closes it (after `timeout_s`); the caller watches again from
     the last resourceVersion it saw.
@@ -89,9 +106,9 @@ async def watch_lines(api_client: Any, path: str, *, resource_version: str,
     )
     try:
         if resp.status == 410:
-            raise WatchExpired(f"watch {path} from {resource_version}: 410 Gone")
+            raise Gone(410, "Expired", f"watch {path} from {resource_version}: 410 Gone")
         if not 200 <= resp.status <= 299:
-            raise ApiError(resp.status, "WATCH", path, await resp.read())
+            raise ApiError.from_response(resp.status, "WATCH", path, await resp.read())
         while True:
             line = await resp.content.readline()
             if not line:

@@ -1,4 +1,4 @@
-"""shared.kubeclient against the embedded API server over real TLS (its self-signed certificate): an https
+"""shared.kube.client against the embedded API server over real TLS (its self-signed certificate): an https
 URL is verified (against the system store when no CA file is given, so this server is refused), the CA
 file makes it trusted, and skipping verification is an explicit, logged opt-in. The publisher's flags
 refuse TLS settings that would be ignored."""
@@ -15,7 +15,7 @@ from kubernetes_asyncio.client import VersionApi
 from embedded.apiserver.testing import running_apiserver
 from services.publisher import config
 from shared.config import ConfigError
-from shared.kubeclient import kube_api_client
+from shared.kube.client import kube_api_client
 
 
 async def _version(api: object) -> str:
@@ -38,7 +38,7 @@ async def test_https_is_verified_unless_skipping_is_asked_for_and_logged(
         assert await _version(await kube_api_client(url=server.url, token=server.token, ca_file=str(ca)))
         assert not [r for r in caplog.records if "TLS verification" in r.getMessage()]
 
-        with caplog.at_level(logging.WARNING, logger="shared.kubeclient"):
+        with caplog.at_level(logging.WARNING, logger="shared.kube.client"):
             assert await _version(await kube_api_client(url=server.url, token=server.token,
                                                         insecure_skip_tls_verify=True))
         warned = [r for r in caplog.records if "TLS verification of the API server is OFF" in r.getMessage()]
