@@ -6,6 +6,14 @@ change, so clock skew between nodes does not matter); updates are compare-and-se
 resourceVersion, so only one candidate wins. The leader renews every `retry_period`; if it cannot
 renew within `renew_deadline` it stops leading. On a clean stop it releases the Lease (empty
 holder), so a standby takes over at its next attempt instead of waiting out the duration.
+
+Why not kubernetes-asyncio's `leaderelection` (LeaseLock), checked against its 36.x source: it never
+releases the Lease (no release-on-cancel), so every rollout of the controller leaves it leaderless for
+a full lease duration (15 s by default) where ours hands over within one retry period (2 s; see
+tests/computedomain/test_leader.py); it cannot be stopped by an event, only cancelled mid-request; its
+renew loop treats any exception as a lost lease without a renew deadline; and it logs through the
+stdlib root logger rather than ours. Everything else here (the Lease's fields, compare-and-set by
+resourceVersion) is client-go's protocol, which both implement.
 """
 
 from __future__ import annotations
