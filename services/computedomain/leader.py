@@ -10,9 +10,8 @@ holder), so a standby takes over at its next attempt instead of waiting out the 
 Why not kubernetes-asyncio's `leaderelection` (LeaseLock), checked against its 36.x source: it never
 releases the Lease (no release-on-cancel), so every rollout of the controller leaves it leaderless for
 a full lease duration (15 s by default) where ours lets the next candidate lead at its first attempt (see
-tests/computedomain/test_leader.py); it cannot be stopped by an event, only cancelled mid-request; its
-renew loop treats any exception as a lost lease without a renew deadline; and it logs through the
-stdlib root logger rather than ours. Everything else here (the Lease's fields, compare-and-set by
+tests/computedomain/test_leader.py); it cannot be stopped by an event, only cancelled mid-request; and it
+logs through the stdlib root logger rather than ours. Everything else here (the Lease's fields, compare-and-set by
 resourceVersion) is client-go's protocol, which both implement.
 """
 
