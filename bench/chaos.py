@@ -50,8 +50,8 @@ sys.path.insert(0, str(REPO))
 import nats  # noqa: E402
 from nats.errors import TimeoutError as NatsTimeout  # noqa: E402
 
-from embedded.kubeapi import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube  # noqa: E402
 from shared.kube.client import kube_api_client  # noqa: E402
+from shared.kube.resources import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube  # noqa: E402
 from shared.kube.rest import ApiError  # noqa: E402
 from shared.natsjwt import Creds  # noqa: E402
 

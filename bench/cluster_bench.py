@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from embedded.cluster.local import ClusterConfig, LocalCluster  # noqa: E402
-from embedded.kubeapi import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube  # noqa: E402
+from shared.kube.resources import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube  # noqa: E402
 
 NS = "default"
 

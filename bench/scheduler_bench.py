@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from embedded.apiserver.testing import running_apiserver
-from embedded.kubeapi import DEVICECLASSES, PODS, RESOURCECLAIMTEMPLATES, RESOURCESLICES, Kube
-from embedded.kubeapi import NODES as NODE_RESOURCE
 from embedded.scheduler import cel as cel_module
 from embedded.scheduler.allocator import AllocatedState, schedule
 from embedded.scheduler.cel import DeviceEnv, compile_selector
@@ -32,6 +30,8 @@ from embedded.scheduler.loop import Scheduler
 from embedded.scheduler.pools import SliceIndex
 from embedded.scheduler.simslices import node_slices, renamed, simulated_inventory
 from shared.deviceclasses import device_classes
+from shared.kube.resources import DEVICECLASSES, PODS, RESOURCECLAIMTEMPLATES, RESOURCESLICES, Kube
+from shared.kube.resources import NODES as NODE_RESOURCE
 
 NODES = 1000
 LOOP_PODS = 100

@@ -12,13 +12,13 @@ import asyncio
 import sys
 from typing import Any
 
-from embedded.kubeapi import NODES, PODS, RESOURCECLAIMS, Kube
 from embedded.scheduler.allocator import schedule
 from embedded.scheduler.explain import report_text
 from embedded.scheduler.plan import plan_pod
 from embedded.scheduler.pools import SliceIndex
 from embedded.scheduler.state import ClusterState, load_state
 from shared.kube.client import kube_api_client
+from shared.kube.resources import NODES, PODS, RESOURCECLAIMS, Kube
 from shared.kube.rest import ApiError
 
 Obj = dict[str, Any]

@@ -30,8 +30,8 @@ from embedded.controllers.replicasets import (
     set_condition,
     write_status,
 )
-from embedded.informer import Informer, Obj, key_of, uid_of
-from embedded.kubeapi import DEPLOYMENTS, REPLICASETS, Kube
+from shared.kube.informer import Informer, Obj, key_of, uid_of
+from shared.kube.resources import DEPLOYMENTS, REPLICASETS, Kube
 from shared.kube.rest import ApiError
 from shared.logs import get_logger
 from shared.telemetry import get_tracer

@@ -35,8 +35,8 @@ from embedded.controllers.replicasets import (
     set_condition,
     write_status,
 )
-from embedded.informer import Informer, Obj, key_of, uid_of
-from embedded.kubeapi import JOBS, Kube
+from shared.kube.informer import Informer, Obj, key_of, uid_of
+from shared.kube.resources import JOBS, Kube
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 

@@ -17,8 +17,8 @@ import copy
 import datetime as dt
 from collections.abc import Callable
 
-from embedded.informer import Informer, Obj, key_of, uid_of
-from embedded.kubeapi import EVENTS, PODS, REPLICASETS, Kube, Resource
+from shared.kube.informer import Informer, Obj, key_of, uid_of
+from shared.kube.resources import EVENTS, PODS, REPLICASETS, Kube, Resource
 from shared.kube.rest import ApiError
 from shared.logs import get_logger
 from shared.telemetry import get_tracer

@@ -23,8 +23,8 @@ from kubernetes_asyncio.client import ApiClient
 from embedded.controllers.deployments import DeploymentController
 from embedded.controllers.jobs import JobController
 from embedded.controllers.replicasets import ReplicaSetController
-from embedded.informer import Informer, Obj, controller_of, key_of, until_synced
-from embedded.kubeapi import DEPLOYMENTS, JOBS, PODS, REPLICASETS, Kube
+from shared.kube.informer import Informer, Obj, controller_of, key_of, until_synced
+from shared.kube.resources import DEPLOYMENTS, JOBS, PODS, REPLICASETS, Kube
 from shared.kube.rest import ApiError
 from shared.logs import get_logger
 

@@ -12,10 +12,10 @@ import copy
 import time
 from typing import Any
 
-from embedded.informer import key_of
-from embedded.kubeapi import EVENTS, PODS, RESOURCECLAIMS, Kube
 from embedded.scheduler.plan import MAX_RESERVED, Plan, reserved_for_pod
 from embedded.scheduler.state import ClusterState
+from shared.kube.informer import key_of
+from shared.kube.resources import EVENTS, PODS, RESOURCECLAIMS, Kube
 from shared.kube.rest import ApiError
 from shared.logs import get_logger
 

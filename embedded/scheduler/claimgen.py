@@ -13,9 +13,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from embedded.informer import key_of
-from embedded.kubeapi import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube
 from embedded.scheduler.state import EXTENDED_ANNOTATION, POD_CLAIM_ANNOTATION, ClusterState
+from shared.kube.informer import key_of
+from shared.kube.resources import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube
 from shared.kube.rest import ApiError
 from shared.logs import get_logger
 

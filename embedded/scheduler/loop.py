@@ -18,8 +18,12 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
-from embedded.informer import key_of, until_synced
-from embedded.kubeapi import (
+from embedded.scheduler.binding import DONE_PHASES, SCHEDULER_NAME, Conflict, Writer
+from embedded.scheduler.claimgen import ClaimGenerator
+from embedded.scheduler.plan import IndexCache, plan_pod
+from embedded.scheduler.state import WATCHED, ClusterState
+from shared.kube.informer import key_of, until_synced
+from shared.kube.resources import (
     DEVICECLASSES,
     NAMESPACES,
     NODES,
@@ -30,10 +34,6 @@ from embedded.kubeapi import (
     Kube,
     Resource,
 )
-from embedded.scheduler.binding import DONE_PHASES, SCHEDULER_NAME, Conflict, Writer
-from embedded.scheduler.claimgen import ClaimGenerator
-from embedded.scheduler.plan import IndexCache, plan_pod
-from embedded.scheduler.state import WATCHED, ClusterState
 from shared.kube.rest import ApiError, Gone
 from shared.logs import get_logger
 from shared.telemetry import get_tracer

@@ -12,12 +12,12 @@ from typing import Any
 
 import msgspec
 
-from embedded.kubeapi import NODES, PODS, RESOURCECLAIMS, RESOURCESLICES
 from embedded.scheduler.allocator import ScheduleOutcome, schedule
 from embedded.scheduler.explain import condition_message
 from embedded.scheduler.nodefilter import node_rejection, order_nodes
 from embedded.scheduler.pools import SliceIndex
 from embedded.scheduler.state import ClusterState, claim_key
+from shared.kube.resources import NODES, PODS, RESOURCECLAIMS, RESOURCESLICES
 
 Obj = dict[str, Any]
 MAX_RESERVED = 256

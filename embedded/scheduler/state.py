@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from embedded.informer import key_of, resource_version
-from embedded.kubeapi import (
+from embedded.scheduler.allocator import AllocatedState
+from shared.kube.informer import key_of, resource_version
+from shared.kube.resources import (
     DEVICECLASSES,
     NAMESPACES,
     NODES,
@@ -24,7 +25,6 @@ from embedded.kubeapi import (
     Kube,
     Resource,
 )
-from embedded.scheduler.allocator import AllocatedState
 
 WATCHED: tuple[Resource, ...] = (PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, RESOURCESLICES, DEVICECLASSES,
                                  NODES, NAMESPACES)

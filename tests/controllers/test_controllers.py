@@ -21,8 +21,8 @@ import pytest
 from embedded.apiserver.testing import RunningApiServer, running_apiserver
 from embedded.controllers.replicasets import is_active, now_iso
 from embedded.controllers.runner import Controllers
-from embedded.informer import Informer, uid_of
-from embedded.kubeapi import DEPLOYMENTS, JOBS, PODS, REPLICASETS, Kube, Resource
+from shared.kube.informer import Informer, uid_of
+from shared.kube.resources import DEPLOYMENTS, JOBS, PODS, REPLICASETS, Kube, Resource
 from shared.kube.rest import ApiError
 
 ROOT = Path(__file__).resolve().parents[2]

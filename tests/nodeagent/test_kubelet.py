@@ -22,12 +22,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from embedded.apiserver.testing import running_apiserver
 from embedded.harness.discovery import running_discovery
-from embedded.kubeapi import PODS, RESOURCECLAIMS, Kube
 from embedded.kubelet.client import Claim
 from embedded.nodeagent import cli as kubelet_cli
 from embedded.nodeagent.pods import EDITS_ANNOTATION, EXIT_ANNOTATION, FAILED_REASON
 from services.preparer.claims import KubeClaimSource
 from shared.bus import Bus
+from shared.kube.resources import PODS, RESOURCECLAIMS, Kube
 from shared.natsserver import EmbeddedNats
 from tests.preparer.helpers import ApiClaims, Node, claim_doc, cleanup, running_node, short_root
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from embedded.apiserver.testing import RunningApiServer, running_apiserver
-from embedded.kubeapi import DEVICECLASSES, NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, Kube
 from embedded.scheduler.loop import Scheduler
 from embedded.scheduler.simslices import node_slices, renamed
 from shared.deviceclasses import device_classes
+from shared.kube.resources import DEVICECLASSES, NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, Kube
 
 
 class Cluster:

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from embedded.kubeapi import RESOURCECLAIMS
+from shared.kube.resources import RESOURCECLAIMS
 from tests.scheduler.loophelpers import cluster, eventually
 from tests.scheduler.test_loop import named_claim
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from embedded.kubeapi import RESOURCECLAIMS, RESOURCECLAIMTEMPLATES
+from shared.kube.resources import RESOURCECLAIMS, RESOURCECLAIMTEMPLATES
 from tests.scheduler.loophelpers import cluster, condition, eventually
 from tests.scheduler.test_loop import template
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedded.kubeapi import EVENTS, NAMESPACES, NODES, PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES
 from embedded.scheduler.loop import Scheduler
 from embedded.scheduler.simslices import node_slices
 from embedded.scheduler.state import WATCHED
+from shared.kube.resources import EVENTS, NAMESPACES, NODES, PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES
 from tests.scheduler.loophelpers import add_node, cluster, condition, devices_of, eventually
 
 GPU = {"deviceClassName": "gpu.nvidia.com"}

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from embedded.kubeapi import Kube, Resource
+from shared.kube.resources import Kube, Resource
 from shared.kube.rest import ApiError, Gone
 from shared.logs import get_logger
 
