@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes_asyncio import client, watch
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.computedomain import crd
@@ -32,12 +32,15 @@ from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_DELETED, CD_STATUS
 from shared.events.computedomain import DomainDeleted, DomainMember, DomainStatusChanged
+from shared.kube.informer import Informer
+from shared.kube.resources import Kube, Resource
 from shared.kube.rest import ApiError
 from shared.kube.versions import best_version, served_versions
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
+COMPUTEDOMAINS = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, "ComputeDomain")
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -151,33 +154,26 @@ class Controller:
     # ---- ComputeDomain CRs -----------------------------------------------------------------
 
     async def _watch_domains(self) -> None:
-        while True:
-            listed = await self.custom.list_cluster_custom_object(crd.GROUP, crd.VERSION, crd.PLURAL)
-            seen = set()
-            for obj in listed.get("items") or []:
-                seen.add(obj["metadata"]["uid"])
-                self._on_object(obj, "ADDED")
-            for uid, domain in list(self.domains.items()):
-                if domain.live and uid not in seen:
-                    self._on_object(None, "DELETED", uid=uid)
+        """ComputeDomain CRs through the one informer (list + watch, re-list on 410 Gone); each change
+        marks its domain dirty."""
+        domains = Informer(Kube(self.api), COMPUTEDOMAINS,
+                           on_change=lambda kind, obj, old: self._on_object(obj, kind))
+        never = asyncio.Event()  # the controller's run() cancels this task when it stops
+        listing = asyncio.create_task(domains.run(never), name="cd-domains-informer")
+        try:
+            synced = asyncio.create_task(domains.synced.wait())
+            await asyncio.wait({listing, synced}, return_when=asyncio.FIRST_COMPLETED)
+            synced.cancel()
+            if listing.done():
+                listing.result()
+                return
             self.synced.set()
             for domain in self.domains.values():
                 if not domain.name:
                     domain.dirty.set()
-            version = (listed.get("metadata") or {}).get("resourceVersion", "")
-            try:
-                async with watch.Watch() as stream:
-                    async for event in stream.stream(
-                        self.custom.list_cluster_custom_object, crd.GROUP, crd.VERSION, crd.PLURAL,
-                        resource_version=version, allow_watch_bookmarks=True, timeout_seconds=300,
-                    ):
-                        kind, obj = event["type"], event["object"]
-                        if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
-                            self._on_object(obj, kind)
-            except ApiException as exc:
-                if exc.status != 410:
-                    raise
-                log.info("ComputeDomain watch expired; relisting")
+            await listing
+        finally:
+            await cancel_and_wait([listing])
 
     def _on_object(self, obj: dict[str, Any] | None, kind: str, uid: str = "") -> None:
         if obj is not None:
