@@ -123,6 +123,23 @@ def _node_roles(o: dict[str, Any]) -> str:
     return ",".join(sorted(roles)) or "<none>"
 
 
+def _node_address(kind: str) -> Callable[[dict[str, Any]], str]:
+    def cell(o: dict[str, Any]) -> str:
+        for a in (o.get("status") or {}).get("addresses") or []:
+            if a.get("type") == kind and a.get("address"):
+                return str(a["address"])
+        return "<none>"
+
+    return cell
+
+
+def _node_info(key: str) -> Callable[[dict[str, Any]], str]:
+    def cell(o: dict[str, Any]) -> str:
+        return str(((o.get("status") or {}).get("nodeInfo") or {}).get(key) or "<unknown>")
+
+    return cell
+
+
 def _claim_state(o: dict[str, Any]) -> str:
     status = o.get("status") or {}
     states = []
@@ -184,7 +201,12 @@ COLUMNS: dict[tuple[str, str], list[Column]] = {
                    ("Nominated Node", "string", "", 1, _get("status.nominatedNodeName")),
                    ("Readiness Gates", "string", "", 1, lambda o: "<none>")],
     ("", "nodes"): [NAME, ("Status", "string", "", 0, _node_status), ("Roles", "string", "", 0, _node_roles), AGE,
-                    ("Version", "string", "", 0, _get("status.nodeInfo.kubeletVersion"))],
+                    ("Version", "string", "", 0, _get("status.nodeInfo.kubeletVersion")),
+                    ("Internal-IP", "string", "", 1, _node_address("InternalIP")),
+                    ("External-IP", "string", "", 1, _node_address("ExternalIP")),
+                    ("OS-Image", "string", "", 1, _node_info("osImage")),
+                    ("Kernel-Version", "string", "", 1, _node_info("kernelVersion")),
+                    ("Container-Runtime", "string", "", 1, _node_info("containerRuntimeVersion"))],
     ("", "namespaces"): [NAME, ("Status", "string", "", 0, _get("status.phase")), AGE],
     ("", "configmaps"): [NAME, ("Data", "integer", "", 0, lambda o: len(o.get("data") or {}) + len(
         o.get("binaryData") or {})), AGE],

@@ -92,6 +92,11 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"--runtime {self.runtime!r}: use sandbox (containers run under bubblewrap) or none")
 
 
+def publisher_argv(cfg: ClusterConfig) -> list[str]:
+    """The publisher's command line for this cluster (its MIG flag is `--mig-mode static|dynamic`)."""
+    return ["publisher", "--mig-mode", "dynamic" if cfg.dynamic_mig else "static"]
+
+
 class ClusterNats(EmbeddedNats):
     """The cluster's nats-server: it dies with `gpu-dra up`, even when that is SIGKILLed."""
 
@@ -406,8 +411,7 @@ class LocalCluster:
 
     async def _start_cluster_services(self) -> None:
         assert self.supervisor is not None
-        mode = ["--mode", "dynamic-mig"] if self.cfg.dynamic_mig else []
-        for name, identity, argv in (("publisher", "publisher", ["publisher", *mode]),
+        for name, identity, argv in (("publisher", "publisher", publisher_argv(self.cfg)),
                                      ("scheduler", "scheduler", ["scheduler"]),
                                      ("controllers", "controllers", ["controllers"]),
                                      ("computedomain-controller", "controller", ["computedomain", "controller"])):
