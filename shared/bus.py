@@ -39,6 +39,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from shared import identity
+from shared.backoff import Backoff
 from shared.events import cloudevents
 from shared.events.base import Message, now_unix
 from shared.events.catalog import (
@@ -102,7 +103,8 @@ async def retry_jetstream(
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + budget_s
-    delay = 0.05
+    backoff = Backoff(initial_s=0.05, cap_s=1.0)
+    delay = backoff.next()
     attempts = 0
     while True:
         attempts += 1
@@ -118,7 +120,7 @@ async def retry_jetstream(
                 ) from exc
             log.warning("jetstream call retried", call=what, attempt=attempts, error=type(exc).__name__)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = backoff.next()
 
 
 async def publish_with_retry(
@@ -494,7 +496,7 @@ class Bus:
 
         servers = url.split(",")
         shown = re.sub(r"//[^/@,]*@", "//", url)  # no password in an error message
-        delay = 0.1
+        backoff = Backoff(initial_s=0.1, cap_s=2.0)
         last_error: Exception | None = None
         unreachable = refusals = 0
         while True:
@@ -545,8 +547,7 @@ class Bus:
                             f"{str(last_error) or type(last_error).__name__}; "
                             "check GPU_DRA_NATS_URL and that the server is up"
                         ) from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await asyncio.sleep(backoff.next())
                 continue
             # once in, a lost connection is redialled forever (nats-py reads these at each disconnect)
             nc.options["allow_reconnect"] = True

@@ -2,6 +2,10 @@
 
 Owns only that map and the callback fired when a node appears, disappears or is re-created
 (a new uid): the publisher needs the uid for owner references and deletes a gone node's slices.
+
+Not shared.kube.informer on purpose: at fleet scale (1,000+ nodes, bench/publisher_bench.py) this
+keeps two strings per node, decoded by msgspec straight from the pages (`limit=500` + `continue`),
+where the informer keeps every Node object as a dict (tens of kB each, with its status and images).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from shared.backoff import Backoff
 from shared.kube import rest as kube
 from shared.logs import get_logger
 
@@ -87,22 +92,22 @@ class NodeWatcher:
 
     async def run(self) -> None:
         """LIST, then WATCH from the list's resourceVersion, forever."""
-        backoff = 0.2
+        backoff = Backoff(initial_s=0.2, cap_s=5.0)
         while True:
             try:
                 if not self._rv:
                     await self.relist()
                 await self._watch()
-                backoff = 0.2
+                backoff.reset()
             except asyncio.CancelledError:
                 raise
             except kube.Gone as exc:
                 log.info("node watch expired; listing again", reason=str(exc))
                 self._rv = ""
             except Exception as exc:  # noqa: BLE001 - API server restarts and network blips
-                log.warning("node watch failed; retrying", error=str(exc), backoff_s=backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                delay = backoff.next()
+                log.warning("node watch failed; retrying", error=str(exc), backoff_s=delay)
+                await asyncio.sleep(delay)
                 self._rv = ""
 
     async def _watch(self) -> None:
