@@ -1,5 +1,6 @@
-"""Preparer metrics in the shape of the reference driver's: request counts and durations per operation,
-in-flight requests, prepared devices by type, and errors by type (Prometheus default registry)."""
+"""Preparer metrics under the reference driver's names and labels (`nvidia_dra_*`, so its dashboards and
+alerts work): request counts and durations per operation, in-flight requests, prepared devices by type,
+and errors by type; ours (`gpu_dra_*`) for the outbox (Prometheus default registry)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ if TYPE_CHECKING:
 
 BUCKETS = tuple(0.05 * 2**k for k in range(9))
 
-REQUESTS = Counter("gpu_dra_requests", "Successful kubelet DRA requests", ["driver", "operation"])
-DURATION = Histogram("gpu_dra_request_duration_seconds", "Kubelet DRA request duration", ["driver", "operation"],
+REQUESTS = Counter("nvidia_dra_requests", "Successful kubelet DRA requests", ["driver", "operation"])
+DURATION = Histogram("nvidia_dra_request_duration_seconds", "Kubelet DRA request duration", ["driver", "operation"],
                      buckets=BUCKETS)
-INFLIGHT = Gauge("gpu_dra_requests_inflight", "Kubelet DRA requests in progress", ["driver", "operation"])
-PREPARED = Gauge("gpu_dra_prepared_devices", "Devices in completed claims", ["node", "driver", "device_type"])
-PREPARE_ERRORS = Counter("gpu_dra_node_prepare_errors", "Claims that failed to prepare", ["driver", "error_type"])
-UNPREPARE_ERRORS = Counter("gpu_dra_node_unprepare_errors", "Claims that failed to unprepare", ["driver", "error_type"])
+INFLIGHT = Gauge("nvidia_dra_requests_inflight", "Kubelet DRA requests in progress", ["driver", "operation"])
+PREPARED = Gauge("nvidia_dra_prepared_devices", "Devices in completed claims", ["node", "driver", "device_type"])
+PREPARE_ERRORS = Counter("nvidia_dra_node_prepare_errors", "Claims that failed to prepare", ["driver", "error_type"])
+UNPREPARE_ERRORS = Counter("nvidia_dra_node_unprepare_errors", "Claims that failed to unprepare", ["driver", "error_type"])
 
 
 def init(driver: str) -> None:
