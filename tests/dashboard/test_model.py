@@ -1,0 +1,22 @@
+from services.dashboard.model import Allocation, build_fleet
+
+
+def _slice(node: str, devices: list[dict]) -> dict:
+    return {"spec": {"nodeName": node, "pool": {"name": node}, "devices": devices}}
+
+
+def test_claimed_and_tainted_devices_land_on_their_node() -> None:
+    slices = [
+        _slice("node-b", [{"name": "gpu-0", "attributes": {"productName": {"string": "NVIDIA H100"}},
+                           "capacity": {"memory": {"value": "80Gi"}}}]),
+        _slice("node-a", [{"name": "gpu-0", "taints": [{"key": "gpu.nvidia.com/xid", "value": "79"}]},
+                          {"name": "gpu-1"}]),
+    ]
+    claims = [{"metadata": {"namespace": "team-a", "name": "c1"},
+               "status": {"allocation": {"devices": {"results": [{"pool": "node-b", "device": "gpu-0"}]}}}}]
+    fleet = build_fleet(slices, claims)
+    assert [n.name for n in fleet] == ["node-a", "node-b"]
+    assert fleet[0].devices[0].taints == ["gpu.nvidia.com/xid=79"]
+    assert fleet[0].devices[1].allocation is None
+    b0 = fleet[1].devices[0]
+    assert (b0.product, b0.memory, b0.allocation) == ("NVIDIA H100", "80Gi", Allocation("team-a", "c1"))
