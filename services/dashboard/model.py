@@ -66,3 +66,20 @@ def build_fleet(slices: list[dict[str, Any]], claims: list[dict[str, Any]]) -> l
                 )
             )
     return [nodes[name] for name in sorted(nodes)]
+
+
+def device_state(device: Device) -> str:
+    """A text label per state (the page shows it besides the colour): tainted wins over claimed."""
+    if device.taints:
+        return "tainted"
+    return "claimed" if device.allocation is not None else "free"
+
+
+def counters(fleet: list[Node]) -> dict[str, dict[str, int]]:
+    """Device counts by product, then by state."""
+    out: dict[str, dict[str, int]] = {}
+    for node in fleet:
+        for device in node.devices:
+            by_state = out.setdefault(device.product or "unknown", {"free": 0, "claimed": 0, "tainted": 0})
+            by_state[device_state(device)] += 1
+    return out
