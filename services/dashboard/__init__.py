@@ -1,0 +1,1 @@
+"""Fleet dashboard (issue 20): read-only view of nodes, GPUs, MIG slices and claims."""
