@@ -37,6 +37,7 @@ from nats.js.kv import KeyValue
 from nats.js.manager import JetStreamManager
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from prometheus_client import Counter, Gauge
 
 from shared import identity
 from shared.backoff import Backoff
@@ -57,6 +58,10 @@ from shared.tasks import raise_if_cancelling
 from shared.telemetry import extract_context, inject_headers
 
 log = get_logger(__name__)
+NATS_CONNECTED = Gauge("gpu_dra_nats_connected", "1 while the client's NATS connection is up", ["client"])
+NATS_RECONNECTS = Counter("gpu_dra_nats_reconnects", "NATS reconnections after a lost connection", ["client"])
+DEAD_LETTERS = Counter("gpu_dra_dead_letters", "Messages a consumer refused and filed as dead letters",
+                       ["consumer", "reason"])
 tracer = trace.get_tracer(__name__)
 
 M = TypeVar("M", bound=Message)
@@ -464,11 +469,14 @@ class Bus:
         async def on_disconnect() -> None:
             if not (nc.is_closed or nc.is_draining):  # our own close() is no news
                 log.warning("nats disconnected", client=name)
+                NATS_CONNECTED.labels(name).set(0)
 
         connected: list[Bus] = []  # the Bus below, once there is one
 
         async def on_reconnect() -> None:
             log.info("nats reconnected", client=name, server=str(nc.connected_url.netloc if nc.connected_url else ""))
+            NATS_CONNECTED.labels(name).set(1)
+            NATS_RECONNECTS.labels(name).inc()
             for bus in connected:
                 bus._reconnected()
 
@@ -553,6 +561,7 @@ class Bus:
             nc.options["allow_reconnect"] = True
             nc.options["max_reconnect_attempts"] = -1
             connected.append(cls(nc, name, replicas=replicas, user=identity))
+            NATS_CONNECTED.labels(name).set(1)
             return connected[0]
 
     async def provision(self) -> None:
@@ -665,6 +674,7 @@ class Bus:
     async def dead_letter(self, subject: str, data: bytes, consumer: str, error: str, *, reason: str) -> None:
         """Keep a refused message on `dra.v1.deadletter.<identity>.<consumer>` (never raises: a lost dead letter
         must not stop the consumer)."""
+        DEAD_LETTERS.labels(consumer, reason).inc()
         letter = DeadLetter(
             subject=subject,
             consumer=consumer,

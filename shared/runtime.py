@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
+import platform
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
+
+from prometheus_client import Gauge
 
 from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, ConfigError, load_config_or_report
@@ -86,8 +90,20 @@ def stop_event() -> asyncio.Event:
     return stopping
 
 
+BUILD_INFO = Gauge("gpu_dra_build_info", "1, labelled with what runs: the service, the package version, Python",
+                   ["service", "version", "python"])
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("gpu-dra")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
 def prepare_process(config: CommonConfig, service: str) -> None:
     """Logs, traces, and the metrics and health endpoint (on `--metrics-port`; 0 is off) for this process."""
+    BUILD_INFO.labels(service, package_version(), platform.python_version()).set(1)
     setup_logging(service, config.log_level, config.log_format)
     setup_telemetry(service, config.otel_exporter)
     HEALTH.configure(config.health_stall_seconds)

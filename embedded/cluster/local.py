@@ -162,6 +162,7 @@ class LocalCluster:
         self.pod_log_dir = self.data_dir / "pod-logs"  # every kubelet writes here, the API server's pods/log reads
         self.kubeconfigs: dict[str, Path] = {}
         self.extra_env: dict[str, str] = {}
+        self.metrics_ports: dict[str, int] = {}  # service -> its /metrics port (with --metrics-port)
         # Unix socket paths are limited to 107 bytes, which a deep --data-dir easily exceeds, so the
         # services are given the kubelet dirs (sockets, checkpoints) as <short runtime dir>/<index>, a
         # link to <node>/var/lib/kubelet in the data dir: the state stays in the data dir, the paths short.
@@ -409,6 +410,18 @@ class LocalCluster:
                 self.kubeconfig_path, token, self.identities_dir / f"{identity}.kubeconfig")
         self.progress("RBAC and admission policies of deploy/, an identity per service")
 
+    async def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        """Start a service under the supervisor; with `--metrics-port BASE`, it serves /metrics on the next
+        port after BASE (`<data-dir>/metrics.json` maps each service to its port)."""
+        assert self.supervisor is not None
+        extra = {}
+        if self.cfg.metrics_port > 0:
+            port = self.metrics_ports.setdefault(name, self.cfg.metrics_port + 1 + len(self.metrics_ports))
+            extra = {"GPU_DRA_METRICS_PORT": str(port)}
+            await asyncio.to_thread(
+                (self.data_dir / "metrics.json").write_text, json.dumps(self.metrics_ports, indent=2) + "\n")
+        await self.supervisor.start(name, argv, env={**(env or {}), **extra})
+
     async def _start_cluster_services(self) -> None:
         assert self.supervisor is not None
         for name, identity, argv in (("publisher", "publisher", publisher_argv(self.cfg)),
@@ -420,7 +433,7 @@ class LocalCluster:
                 env = {**env, **self._nats(PUBLISHER)}
             if name == "computedomain-controller":
                 env = {**env, **ASSIGNED_DOMAINS_ONLY, **self._nats(CONTROLLER)}
-            await self.supervisor.start(name, gpu_dra(*argv, *flags), env=env)
+            await self._start(name, gpu_dra(*argv, *flags), env=env)
         self.progress("publisher, scheduler, controllers, computedomain controller started")
 
     async def _start_node(self, node: str) -> None:
@@ -436,26 +449,26 @@ class LocalCluster:
             paths[key].mkdir(parents=True, exist_ok=True)
         index = self.node_names.index(node)
         machine = ["--machine", self.cfg.machine] if self.cfg.machine else ["--simulate", self.cfg.node_spec(index)]
-        await self.supervisor.start(f"{node}-discovery", gpu_dra(
+        await self._start(f"{node}-discovery", gpu_dra(
             "discovery", "--node", node, *machine, "--dev-root", str(paths["root"])),
             env=self._nats(node_user("discovery", node)))
         await self.supervisor.wait_until(f"{node} inventory", lambda: self._has_inventory(node),
                                          timeout=self.cfg.start_timeout)
         node_flags, node_env = self._kube("node")
-        await self.supervisor.start(f"{node}-preparer", gpu_dra(
+        await self._start(f"{node}-preparer", gpu_dra(
             "preparer", "--node", node, *node_flags,
             "--registry-dir", str(paths["registry"]), "--plugins-dir", str(paths["plugins"]),
             "--cdi-dir", str(paths["cdi"]), "--dev-root", str(paths["root"])),
             env={**node_env, **self._nats(node_user("preparer", node))})
         if self.cfg.compute_domains:
-            await self.supervisor.start(f"{node}-cd-agent", gpu_dra(
+            await self._start(f"{node}-cd-agent", gpu_dra(
                 "computedomain", "agent", "--node", node, "--ip-address", node_ip(index),
                 "--state-dir", str(paths["plugins"] / "compute-domain.nvidia.com"),
                 "--imex-server-port", str(self.imex_port), "--imex-cmd-port", str(self.imex_port + 1),
                 "--imex-daemon", "simulated"),  # no nvidia-imex here: the simulated daemon, each node its own address
                 env={**ASSIGNED_DOMAINS_ONLY, **self._nats(node_user("cd-agent", node))})
         kubelet_flags, kubelet_env = self._kube(f"kubelet-{node}")
-        await self.supervisor.start(f"{node}-kubelet", gpu_dra(
+        await self._start(f"{node}-kubelet", gpu_dra(
             "kubelet", "--node", node, *kubelet_flags,
             "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"]), "--runtime", self.cfg.runtime,
             "--backoff-seconds", str(self.cfg.restart_backoff),

@@ -22,6 +22,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import Gauge
 
 from services.computedomain import crd
 from services.computedomain.assignments import Assigner
@@ -41,6 +42,7 @@ from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
 COMPUTEDOMAINS = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, "ComputeDomain")
+COMPUTE_DOMAINS = Gauge("nvidia_dra_compute_domain_info", "ComputeDomains by global status", ["status"])
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -249,6 +251,16 @@ class Controller:
                 domain_uid=domain.uid, domain_name=domain.name, domain_namespace=domain.namespace,
                 status=announce[0], nodes=announce[1], observed_at=now_unix()), domain_uid=token(domain.uid))
             domain.announced = announce
+            self._count_statuses()
+
+    def _count_statuses(self) -> None:
+        """nvidia_dra_compute_domain_info{status}: the domains per global status, as the reference driver."""
+        counts = {"Ready": 0, "NotReady": 0}
+        for other in self.domains.values():
+            if other.live and other.announced is not None:
+                counts[str(other.announced[0])] = counts.get(str(other.announced[0]), 0) + 1
+        for status, count in counts.items():
+            COMPUTE_DOMAINS.labels(status).set(count)
 
     async def _add_finalizer(self, domain: _Domain) -> None:
         obj = await self.custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL,
@@ -351,6 +363,7 @@ class Controller:
         await self.membership.purge_domain(domain.uid)
         domain.members.clear()
         self.domains.pop(domain.uid, None)
+        self._count_statuses()
         self._by_token.pop(token(domain.uid), None)
         if domain.worker is not None and domain.worker is not asyncio.current_task():
             domain.worker.cancel()

@@ -23,12 +23,15 @@ import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from prometheus_client import Counter
+
 from services.computedomain import orphans
 from shared.backoff import Backoff
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait, cancelling, raise_if_cancelling
 
 log = get_logger(__name__)
+IMEX_RESTARTS = Counter("gpu_dra_imex_daemon_restarts", "IMEX daemons restarted after they died")
 
 _STOP_GRACE_S = 5.0
 
@@ -288,6 +291,7 @@ class ImexSupervisor:
                 log.info("IMEX daemon restarted for new peers", daemon=self.name, replaced=self.replaced)
                 continue
             self.restarts += 1
+            IMEX_RESTARTS.inc()
             backoff.ran(asyncio.get_running_loop().time() - started)  # a good while: not a crash loop
             delay = backoff.next()
             log.warning("IMEX daemon exited; restarting", daemon=self.name, code=proc.returncode,

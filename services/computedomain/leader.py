@@ -27,10 +27,12 @@ from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import Gauge
 
 from shared.logs import get_logger
 
 log = get_logger(__name__)
+LEADER = Gauge("gpu_dra_leader", "1 while this process leads (holds the Lease)", ["lease"])
 
 
 def _now_micro() -> str:
@@ -121,6 +123,7 @@ class LeaderElector:
                 continue
             log.info("became leader", lease=f"{self.namespace}/{self.name}", identity=self.identity)
             self.leading.set()
+            LEADER.labels(f"{self.namespace}/{self.name}").set(1)
             lost = asyncio.Event()
             work: asyncio.Future[None] = asyncio.ensure_future(lead(lost))
             renewer = asyncio.create_task(self._renew(stopping, lost))
@@ -138,6 +141,7 @@ class LeaderElector:
                 except Exception:  # noqa: BLE001 - reported below
                     log.exception("leader work failed")
                 self.leading.clear()
+                LEADER.labels(f"{self.namespace}/{self.name}").set(0)
             if stopping.is_set():
                 await self.release()
                 return

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import Histogram
+
 from services.discovery import inventory, machine
 from services.discovery.config import DiscoveryConfig
 from services.discovery.healthevents import HealthMonitor
@@ -31,6 +33,8 @@ from shared.telemetry import get_tracer
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
+SCAN_SECONDS = Histogram("gpu_dra_nvml_scan_duration_seconds", "One NVML inventory scan of the node",
+                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 
 
 def open_nvml(cfg: DiscoveryConfig) -> Nvml:
@@ -75,7 +79,7 @@ class Scanner:
 
     async def scan(self) -> NodeInventory:
         await self.load()
-        with tracer.start_as_current_span("discovery.scan") as span:
+        with tracer.start_as_current_span("discovery.scan") as span, SCAN_SECONDS.time():
             facts = await self.nvml.call(self.nvml.read)
             applied = self.timeslices.current()
             if applied is not None:

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import Gauge
+
 from shared.bus import Bus, TypedKV
 from shared.events.base import Message
 from shared.events.catalog import Bucket
@@ -26,6 +28,7 @@ from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
+LIVE_REPLICAS = Gauge("gpu_dra_publisher_live_replicas", "Publisher replicas this one sees alive (they share the nodes)")
 
 
 class ReplicaHeartbeat(Message, kw_only=True):
@@ -159,6 +162,7 @@ class Membership:
             self._seen.pop(gone, None)
         if live != self.live:
             before, self.live = self.live, live
+            LIVE_REPLICAS.set(len(live))
             log.info("publisher replicas changed", replica=self.replica, live=",".join(sorted(live)))
             if self.on_change is not None:
                 self.on_change(before, live)

@@ -30,7 +30,7 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/preparer/cli.py", "create_namespaced_event"): [("", "events", {"create"})],
     ("services/preparer/claims.py", "call_api"): [(RK, "resourceclaims", {"get"})],
     ("services/computedomain/controller.py", "api:CustomObjectsApi"): [],
-    ("services/computedomain/controller.py", "list_cluster_custom_object"): [(RN, "computedomains", {"list", "watch"})],
+    ("services/computedomain/controller.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
     ("services/computedomain/controller.py", "get_namespaced_custom_object"): [
         (RN, "computedomains", {"get"}), (RK, "resourceclaimtemplates", {"get"})],
     ("services/computedomain/controller.py", "patch_namespaced_custom_object"): [(RN, "computedomains", {"patch"})],
@@ -69,6 +69,8 @@ _PATTERNS = (
     (re.compile(r"\b(\w+V\d\w*Api|CustomObjectsApi)\("), lambda m: f"api:{m.group(1)}"),
     (re.compile(r"\bkube\.request\(\s*[\w.]+,\s*\"(\w+)\""), lambda m: f"request:{m.group(1)}"),
     (re.compile(r"\b(watch_lines|get_json|call_api)\("), lambda m: m.group(1)),
+    # the one informer (shared.kube.informer) lists and watches the resource it is given
+    (re.compile(r"\bInformer\(\s*Kube\([^)]*\),\s*(\w+)"), lambda m: f"informer:{m.group(1)}"),
 )
 
 

@@ -1,0 +1,86 @@
+"""deploy/'s monitoring (PrometheusRule alerts, Grafana dashboard) against the metrics the services
+really export: `gpu-dra up --metrics-port BASE` gives every service a /metrics port, each is scraped
+over HTTP and parsed with prometheus_client's parser, and every metric the rules and the dashboard
+use must be among them (issue 18)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.natsserver import free_port
+from tests.cluster.helpers import Up
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "deploy/kubernetes/components/monitoring/prometheusrule.yaml"
+DASHBOARD = REPO / "deploy/monitoring/grafana-dashboard.json"
+NAME = re.compile(r"\b((?:nvidia|gpu)_dra_[a-z0-9_]+)")
+SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
+
+
+def used_metrics() -> dict[str, str]:
+    """Metric names in the alert rules and the dashboard -> where each is used."""
+    used: dict[str, str] = {}
+    for group in yaml.safe_load(RULES.read_text())["spec"]["groups"]:
+        for rule in group["rules"]:
+            used.update({name: f"alert {rule['alert']}" for name in NAME.findall(rule["expr"])})
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel["targets"]:
+            used.update({name: f"panel {panel['title']!r}" for name in NAME.findall(target["expr"])})
+    return used
+
+
+def family_of(name: str, families: set[str]) -> str | None:
+    if name in families:
+        return name
+    for suffix in SUFFIXES:
+        if name.endswith(suffix) and name.removesuffix(suffix) in families:
+            return name.removesuffix(suffix)
+    return None
+
+
+def scrape(port: int) -> tuple[set[str], str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {f.name for f in text_string_to_metric_families(text)}, text
+
+
+def test_every_metric_of_the_alerts_and_the_dashboard_is_exported_by_a_service(tmp_path: Path) -> None:
+    used = used_metrics()
+    assert len(used) >= 15, used
+    base = free_port()
+    up = Up(tmp_path / "cluster", "--metrics-port", str(base), nodes=1)
+    try:
+        up.wait_ready()
+        ports = json.loads((tmp_path / "cluster/metrics.json").read_text())
+        assert set(ports) >= {"publisher", "computedomain-controller", "gpu-node-0-discovery",
+                              "gpu-node-0-preparer", "gpu-node-0-cd-agent"}, ports
+        exported: dict[str, set[str]] = {}
+        for service, port in ports.items():
+            families, text = scrape(port)
+            exported[service] = families
+            assert 'service="' in text and "gpu_dra_build_info" in families, f"{service} has no build info"
+            with pytest.raises(urllib.error.HTTPError) as nothing:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/no-such-path", timeout=10)
+            assert nothing.value.code == 404
+        everything = set().union(*exported.values())
+        missing = {name: where for name, where in used.items() if family_of(name, everything) is None}
+        assert missing == {}, f"used but exported by no service: {missing}"
+        # the reference driver's names, where it has the metric
+        assert {"nvidia_dra_requests", "nvidia_dra_request_duration_seconds", "nvidia_dra_prepared_devices",
+                "nvidia_dra_requests_inflight"} <= exported["gpu-node-0-preparer"]
+        assert "nvidia_dra_compute_domain_info" in exported["computedomain-controller"]
+        assert {"gpu_dra_nvml_scan_duration_seconds", "gpu_dra_xid_events"} <= exported["gpu-node-0-discovery"]
+    finally:
+        up.kill()
