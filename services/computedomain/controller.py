@@ -33,6 +33,7 @@ from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_DELETED, CD_STATUS
 from shared.events.computedomain import DomainDeleted, DomainMember, DomainStatusChanged
+from shared.kube import events as kube_events
 from shared.kube.informer import Informer
 from shared.kube.resources import Kube, Resource
 from shared.kube.rest import ApiError
@@ -246,6 +247,14 @@ class Controller:
             if status["status"] == "Ready" and status["nodes"]:
                 domain.ready_written_at = now_unix()
         announce = (status["status"], len(status["nodes"]))
+        if announce != domain.announced and announce[0] != (domain.announced or ("",))[0]:
+            await kube_events.record(
+                self.api, namespace=domain.namespace, component="gpu-dra-computedomain-controller",
+                involved={"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": "ComputeDomain", "name": domain.name,
+                          "namespace": domain.namespace, "uid": domain.uid},
+                reason="Ready" if announce[0] == "Ready" else "NotReady", type_="Normal",
+                message=f"ComputeDomain is {announce[0]}: {announce[1]} of {domain.num_nodes} node(s) "
+                        f"{'ready' if announce[0] == 'Ready' else 'joined so far'}")
         if announce != domain.announced:
             await self.bus.publish(CD_STATUS, DomainStatusChanged(
                 domain_uid=domain.uid, domain_name=domain.name, domain_namespace=domain.namespace,

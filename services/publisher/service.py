@@ -29,6 +29,7 @@ from shared.events import catalog
 from shared.events.health import DeviceHealth
 from shared.events.inventory import InventoryWithdrawn, NodeInventory
 from shared.heap import settle
+from shared.kube import events as kube_events
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
 from shared.telemetry import get_tracer
@@ -149,6 +150,7 @@ class Publisher:
         self.cfg = cfg
         self.bus = bus
         self.api = api_client
+        self._tainted: dict[str, dict[str, tuple[str, int]]] = {}  # node -> device -> (reason, xid) reported
         self.profile = profile
         self.opts = slices.SliceOptions(mig_mode=cfg.mig_mode, taint_effect=cfg.taint_effect,
                                         compute_domains=cfg.compute_domains)
@@ -363,7 +365,29 @@ class Publisher:
             if total.writes:
                 log.info("slices written", node=node, creates=total.creates, updates=total.updates,
                          deletes=total.deletes)
+            if inv is not None and uid is not None:
+                await self._report_taints(node, uid)
         return total
+
+    async def _report_taints(self, node: str, uid: str) -> None:
+        """A Warning Event on the Node for each device newly tainted (with its XID), a Normal one for each
+        taint removed, as its slices now say (`kubectl describe node` shows them)."""
+        now = {d: h for d, h in self.state.health.get(node, {}).items() if h.state != "Healthy"}
+        before = self._tainted.get(node, {})
+        self._tainted[node] = {d: (h.reason, h.xid) for d, h in now.items()}
+        involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
+        for device, h in now.items():
+            if before.get(device) != (h.reason, h.xid):
+                what = f"XID {h.xid}" if h.reason == "xid" else h.reason or h.state
+                await kube_events.record(
+                    self.api, namespace="default", involved=involved, reason="DeviceTainted", type_="Warning",
+                    component="gpu-dra-publisher",
+                    message=f"{device} ({h.uuid or 'no uuid'}) tainted in its ResourceSlice: {what}"
+                            f"{': ' + h.message if h.message else ''}; new claims avoid it")
+        for device in sorted(set(before) - set(now)):
+            await kube_events.record(
+                self.api, namespace="default", involved=involved, reason="DeviceTaintRemoved",
+                component="gpu-dra-publisher", message=f"{device} is healthy again; its taint was removed")
 
     def _keep_as_is(self, node: str, inv: NodeInventory | None, uid: str | None) -> str:
         """Why a node's slices must stay as they are ("" when the sync may write). Slices are deleted

@@ -20,6 +20,7 @@ from kubernetes_asyncio import client
 
 from embedded.cluster.local import ClusterConfig, LocalCluster
 from services.computedomain.membership import Membership
+from shared.kube.rest import get_json
 from tests.cluster.helpers import edits, pods_in, wait_pods
 from tests.computedomain.helpers import wait_for_object
 
@@ -60,6 +61,20 @@ def imex_daemons(cluster: LocalCluster) -> list[str]:
             and not line.split(maxsplit=2)[1].endswith("bwrap")]  # a sandboxed container is not a daemon
 
 
+async def _domain_events(api: Any, uid: str, reason: str, timeout: float = 20.0) -> list[dict[str, Any]]:
+    """The controller's Events about the ComputeDomain `uid` with `reason`, once there is one (the Event
+    is recorded right after the status it reports; no watch on Events for one line)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    delay = 0.05
+    while True:
+        listed = await get_json(api, f"/api/v1/namespaces/{NS}/events")
+        found = [e for e in listed["items"] if e["involvedObject"].get("uid") == uid and e["reason"] == reason]
+        if found or asyncio.get_running_loop().time() > deadline:
+            return found
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
 async def test_a_four_node_domain_across_two_cliques_runs_its_workload_and_leaves_nothing(
         cluster: LocalCluster) -> None:
     api = await cluster.api_client()
@@ -89,6 +104,8 @@ async def test_a_four_node_domain_across_two_cliques_runs_its_workload_and_leave
     assert all(sorted(indices) == [0, 1] for indices in by_clique.values()), by_clique
     assert len(imex_daemons(cluster)) == 4
     uid = domain["metadata"]["uid"]
+    ready = await _domain_events(api, uid, "Ready")
+    assert ready and ready[0]["involvedObject"]["kind"] == "ComputeDomain" and "Ready" in ready[0]["message"]
 
     # Tear down: the workload, then the domain; nothing may stay behind or stuck Terminating.
     await apps.delete_namespaced_deployment("trainer", NS)

@@ -31,6 +31,8 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/preparer/claims.py", "call_api"): [(RK, "resourceclaims", {"get"})],
     ("services/computedomain/controller.py", "api:CustomObjectsApi"): [],
     ("services/computedomain/controller.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
+    ("services/computedomain/controller.py", "events:create"): [("", "events", {"create"})],
+    ("services/publisher/service.py", "events:create"): [("", "events", {"create"})],
     ("services/computedomain/controller.py", "get_namespaced_custom_object"): [
         (RN, "computedomains", {"get"}), (RK, "resourceclaimtemplates", {"get"})],
     ("services/computedomain/controller.py", "patch_namespaced_custom_object"): [(RN, "computedomains", {"patch"})],
@@ -69,6 +71,8 @@ _PATTERNS = (
     (re.compile(r"\b(\w+V\d\w*Api|CustomObjectsApi)\("), lambda m: f"api:{m.group(1)}"),
     (re.compile(r"\bkube\.request\(\s*[\w.]+,\s*\"(\w+)\""), lambda m: f"request:{m.group(1)}"),
     (re.compile(r"\b(watch_lines|get_json|call_api)\("), lambda m: m.group(1)),
+    # a Kubernetes Event (shared.kube.events)
+    (re.compile(r"\bkube_events\.record\("), lambda m: "events:create"),
     # the one informer (shared.kube.informer) lists and watches the resource it is given
     (re.compile(r"\bInformer\(\s*Kube\([^)]*\),\s*(\w+)"), lambda m: f"informer:{m.group(1)}"),
 )

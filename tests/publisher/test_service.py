@@ -20,6 +20,7 @@ from shared.events.devices import InjectXidRequest
 from shared.events.inventory import InventoryWithdrawn
 from shared.kube import rest as kube
 from shared.kube.client import kube_api_client
+from shared.kube.rest import get_json
 from shared.telemetry import memory_spans, setup_telemetry
 from tests.publisher.inventories import widened
 
@@ -80,6 +81,16 @@ async def _has_slices(client, node: str, count: int, driver: str = "gpu.nvidia.c
     return len(await node_slices(client, node, driver)) == count
 
 
+async def _node_events(client, node: str, reason: str) -> list[dict]:
+    """The Events about Node `node` with `reason` (namespace default, as the kubelet's)."""
+    listed = await get_json(client, "/api/v1/namespaces/default/events")
+    return [e for e in listed["items"] if e["involvedObject"]["name"] == node and e["reason"] == reason]
+
+
+async def _node_event(client, node: str, reason: str) -> bool:
+    return bool(await _node_events(client, node, reason))
+
+
 async def test_xid_taints_survive_a_publisher_restart_and_recovery_clears_them(bus, api, nats_server, tmp_path):
     client = api.client_raw
     await ensure_node(client, "n1")
@@ -96,6 +107,9 @@ async def test_xid_taints_survive_a_publisher_restart_and_recovery_clears_them(b
             [taint] = taints(await node_slices(client, "n1"))["gpu-2"]
             assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.nvidia.com/xid", "79", "NoExecute")
             before = await node_slices(client, "n1")
+            await until(pub, lambda: _node_event(client, "n1", "DeviceTainted"))
+            [event] = await _node_events(client, "n1", "DeviceTainted")
+            assert event["type"] == "Warning" and "gpu-2" in event["message"] and "XID 79" in event["message"]
 
         async with running_publisher(nats_server.url, str(api.kubeconfig_path), taint_effect="NoExecute") as pub:
             await pub.idle()
@@ -107,6 +121,7 @@ async def test_xid_taints_survive_a_publisher_restart_and_recovery_clears_them(b
                 return taints(await node_slices(client, "n1")) == {}
 
             await until(pub, clear)
+            await until(pub, lambda: _node_event(client, "n1", "DeviceTaintRemoved"))
             [after] = await node_slices(client, "n1")
             assert after["spec"]["pool"]["generation"] == before[0]["spec"]["pool"]["generation"] + 1
 
