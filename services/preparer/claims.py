@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from shared.kube import rest as kube
 from shared.kube.versions import PREFERRED_VERSIONS, RESOURCE_GROUP, best_version, served_versions
 from shared.logs import get_logger
 
@@ -136,22 +137,6 @@ class KubeClaimSource:
         self.timeout = timeout
         self.version = ""
 
-    async def _get(self, path: str) -> tuple[int, bytes]:
-        """Status and body of a GET; HTTP errors are statuses, transport failures ClaimFetchError."""
-        try:
-            response = await self.api_client.call_api(
-                path, "GET", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-                _preload_content=False, _request_timeout=self.timeout,
-            )
-        except Exception as exc:  # noqa: BLE001 - transport failures are retryable
-            status = getattr(exc, "status", None)
-            if isinstance(status, int) and status:
-                return status, b""
-            raise ClaimFetchError(f"GET {path}: {exc}") from exc
-        raw = response[0] if isinstance(response, tuple) else response
-        body = await raw.read()
-        return int(getattr(raw, "status", 200)), body
-
     async def discover(self) -> str:
         """The best `resource.k8s.io` version the server serves (asked once, then cached)."""
         if self.version:
@@ -170,11 +155,15 @@ class KubeClaimSource:
 
     async def get(self, namespace: str, name: str) -> ResourceClaim:
         version = await self.discover()
-        status, body = await self._get(f"/apis/{RESOURCE_GROUP}/{version}/namespaces/{namespace}/resourceclaims/{name}")
-        if status == 404:
-            raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found")
-        if status >= 400:
-            raise ClaimFetchError(f"GET ResourceClaim {namespace}/{name}: HTTP {status}: {body[:300]!r}")
+        path = f"/apis/{RESOURCE_GROUP}/{version}/namespaces/{namespace}/resourceclaims/{name}"
+        try:
+            body = await kube.request(self.api_client, "GET", path, timeout=self.timeout)
+        except kube.ApiError as exc:
+            if exc.not_found:
+                raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found") from None
+            raise ClaimFetchError(f"GET ResourceClaim {namespace}/{name}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - transport failures are retryable
+            raise ClaimFetchError(f"GET {path}: {exc}") from exc
         try:
             return decode_claim(body)
         except ClaimDecodeError as exc:

@@ -28,7 +28,7 @@ DISCOVERY: list[tuple[str, str, set[str]]] = []
 CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/preparer/cli.py", "api:CoreV1Api"): [],
     ("services/preparer/cli.py", "create_namespaced_event"): [("", "events", {"create"})],
-    ("services/preparer/claims.py", "call_api"): [(RK, "resourceclaims", {"get"})],
+    ("services/preparer/claims.py", "request:GET"): [(RK, "resourceclaims", {"get"})],
     ("services/computedomain/controller.py", "api:CustomObjectsApi"): [],
     ("services/computedomain/controller.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
     ("services/computedomain/controller.py", "events:create"): [("", "events", {"create"})],
