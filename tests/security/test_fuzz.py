@@ -26,7 +26,7 @@ from embedded.apiserver.validation import validate_object
 from embedded.kubelet.client import Claim
 from services.computedomain.channelcore import ChannelConfigError, parse_channel_config
 from services.preparer.claimconfigs import (
-    ConfigError,
+    ClaimConfigError,
     GpuConfig,
     MigDeviceConfig,
     RawConfig,
@@ -118,7 +118,7 @@ configs = st.one_of(mutated(st.sampled_from(VALID_CONFIGS)), shaped(GpuConfig), 
 def test_opaque_configs_decode_or_fail_with_a_config_error(parameters: Any) -> None:
     try:
         config = decode_config(parameters)
-    except ConfigError as exc:
+    except ClaimConfigError as exc:
         assert 0 < len(str(exc)) < MESSAGE_LIMIT
     else:
         assert isinstance(config, GpuConfig | MigDeviceConfig)
@@ -132,7 +132,7 @@ def test_config_selection_for_a_claim_never_crashes(entries: list[tuple[str, lis
            for source, requests, parameters in entries]
     try:
         groups = select(DRIVER, raw, [("gpu", "gpu"), ("mig/small", "mig")])
-    except ConfigError as exc:
+    except ClaimConfigError as exc:
         assert 0 < len(str(exc)) < MESSAGE_LIMIT
     else:
         assert sorted(i for g in groups for i in g.results) == [0, 1]
