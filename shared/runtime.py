@@ -89,7 +89,7 @@ def stop_event() -> asyncio.Event:
 def prepare_process(config: CommonConfig, service: str) -> None:
     """Logs, traces, and the metrics and health endpoint (on `--metrics-port`; 0 is off) for this process."""
     setup_logging(service, config.log_level, config.log_format)
-    setup_telemetry(service, config.otel_exporter)
+    setup_telemetry(service, config.otel_exporter, node=str(getattr(config, "node", "") or ""))
     HEALTH.configure(config.health_stall_seconds)
     if config.metrics_port > 0:
         serve(config.metrics_port)

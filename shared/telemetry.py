@@ -1,8 +1,9 @@
 """Tracing set-up and W3C trace-context propagation through NATS headers and gRPC metadata.
 
-Exporters: OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT is set; otherwise what `exporter` names:
-"console", "file:<path>" (one JSON span per line, read by the terminal waterfall and tests),
-"memory" (in-process, for tests) or "none". With "none" (and no OTLP endpoint) no SDK provider is
+Exporters: OTLP when OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) is set, over
+OTEL_EXPORTER_OTLP_PROTOCOL (`http/protobuf`, the default, or `grpc`); beside it, what `exporter` names:
+"console", "file:<path>" (one JSON span per line, read by the terminal waterfall and tests, so the
+demo's waterfall works beside OTLP), "memory" (in-process, for tests) or "none". With "none" (and no OTLP endpoint) no SDK provider is
 installed: the API's no-op tracer hands out non-recording spans (no ids drawn, no attributes kept, no
 processors), which still carry a caller's remote context through, so a kubelet's `traceparent` reaches
 NATS headers and log lines all the same. With an exporter, the SDK's sampler decides (OTEL_TRACES_SAMPLER,
@@ -11,9 +12,12 @@ e.g. `parentbased_traceidratio` with OTEL_TRACES_SAMPLER_ARG): a span not sample
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import socket
 import threading
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -71,9 +75,49 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
     }
 
 
-def setup_telemetry(service_name: str, exporter: str | None = None) -> TracerProvider | None:
+def service_resource(service: str, node: str = "") -> Resource:
+    """The resource of one process: `service.name` names the logical service (`gpu-dra-preparer`, never
+    the node: N nodes are one service with N instances), `service.instance.id` this process,
+    `service.version` the package, `k8s.node.name` the node where there is one. `service` is the
+    process's log name (`preparer-<node>`, `scheduler`, ...); OTEL_RESOURCE_ATTRIBUTES adds to these."""
+    logical = service[: -len(node) - 1] if node and service.endswith(f"-{node}") else service
+    attributes: dict[str, str] = {
+        "service.name": logical if logical.startswith("gpu-dra") else f"gpu-dra-{logical}",
+        "service.namespace": "gpu-dra",
+        "service.instance.id": f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
+        "service.version": _version(),
+    }
+    if node:
+        attributes["k8s.node.name"] = node
+    return Resource.create(attributes)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpu-dra")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def otlp_exporter() -> SpanExporter:
+    """The OTLP span exporter OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL names (`http/protobuf` or `grpc`)."""
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        return HttpExporter()
+    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported: use grpc or http/protobuf "
+                     "(http/json is not implemented by the Python SDK)")
+
+
+def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str = "") -> TracerProvider | None:
     """Install the process's tracer provider once (None: no exporter, the no-op tracer stays). Later
-    calls return the first provider."""
+    calls return the first provider. Head sampling is the SDK's, from OTEL_TRACES_SAMPLER/_ARG."""
     global _provider, _memory_exporter
     if _provider is not None:
         return _provider
@@ -81,11 +125,11 @@ def setup_telemetry(service_name: str, exporter: str | None = None) -> TracerPro
     otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     if chosen == "none" and not otlp:
         return None  # spans cost nothing where nobody collects them (module doc)
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = TracerProvider(resource=service_resource(service_name, node))
     if otlp:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(otlp_exporter()))
+    if chosen in ("none", ""):
+        pass
     elif chosen == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif chosen.startswith("file:"):
@@ -110,6 +154,24 @@ def shutdown_telemetry() -> None:
     if _provider is not None:
         _provider.force_flush()
         _provider.shutdown()
+
+
+def current_traceparent() -> str:
+    """The W3C `traceparent` of the current span ("" when there is none to continue, e.g. no-op)."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+def traceparent_context(traceparent: str) -> otel_context.Context:
+    """A context whose parent is the span a stored `traceparent` names (empty context if none)."""
+    return _PROPAGATOR.extract({"traceparent": traceparent} if traceparent else {})
+
+
+def span_link(traceparent: str) -> list[trace.Link]:
+    """A link to the span a stored `traceparent` names (none if it names no valid span)."""
+    ctx = trace.get_current_span(traceparent_context(traceparent)).get_span_context()
+    return [trace.Link(ctx)] if ctx.is_valid else []
 
 
 def get_tracer(name: str) -> trace.Tracer:
@@ -146,10 +208,15 @@ __all__ = [
     "extract_grpc_context",
     "get_tracer",
     "inject_grpc_metadata",
+    "current_traceparent",
     "inject_headers",
     "memory_spans",
+    "otlp_exporter",
     "propagate",
+    "service_resource",
     "setup_telemetry",
     "shutdown_telemetry",
+    "span_link",
+    "traceparent_context",
     "span_to_dict",
 ]
