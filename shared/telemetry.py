@@ -35,6 +35,10 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+# The W3C context of a claim's trace, set by the scheduler when it allocates the claim; the preparer
+# links to it (its parent when the kubelet sends no context of its own).
+CLAIM_TRACEPARENT_ANNOTATION = "gpu.nvidia.com/traceparent"
+
 _PROPAGATOR = TraceContextTextMapPropagator()
 _memory_exporter: InMemorySpanExporter | None = None
 _provider: TracerProvider | None = None
@@ -204,6 +208,7 @@ def extract_grpc_context(metadata: Iterable[tuple[str, str | bytes]] | None) -> 
 
 
 __all__ = [
+    "CLAIM_TRACEPARENT_ANNOTATION",
     "extract_context",
     "extract_grpc_context",
     "get_tracer",
