@@ -39,6 +39,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 # links to it (its parent when the kubelet sends no context of its own).
 CLAIM_TRACEPARENT_ANNOTATION = "gpu.nvidia.com/traceparent"
 
+# Context key: True where the kubelet's RPC carried a trace context (the preparer keeps it as parent).
+KUBELET_CONTEXT = otel_context.create_key("gpu_dra.kubelet_context")
+
 _PROPAGATOR = TraceContextTextMapPropagator()
 _memory_exporter: InMemorySpanExporter | None = None
 _provider: TracerProvider | None = None
@@ -209,6 +212,7 @@ def extract_grpc_context(metadata: Iterable[tuple[str, str | bytes]] | None) -> 
 
 __all__ = [
     "CLAIM_TRACEPARENT_ANNOTATION",
+    "KUBELET_CONTEXT",
     "extract_context",
     "extract_grpc_context",
     "get_tracer",
