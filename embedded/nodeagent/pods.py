@@ -298,11 +298,13 @@ class PodRunner:
                 if driver not in self.dra.drivers():
                     raise PrepareFailed(f"driver {driver} is not registered on node {self.node}")
                 self.prepare_calls += 1
-                token = otel_context.attach(traceparent_context(traceparents[claim_uid]))
+                traceparent = traceparents[claim_uid]
+                token = otel_context.attach(traceparent_context(traceparent)) if traceparent else None
                 try:
                     answer = (await self.dra.prepare(driver, [ref])).get(claim_uid)
                 finally:
-                    otel_context.detach(token)
+                    if token is not None:
+                        otel_context.detach(token)
                 if answer is None or answer.error:
                     raise PrepareFailed(f"{driver} could not prepare {ns}/{ref.name}: "
                                         f"{answer.error if answer else 'no answer'}")
