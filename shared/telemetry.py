@@ -12,13 +12,14 @@ e.g. `parentbased_traceidratio` with OTEL_TRACES_SAMPLER_ARG): a span not sample
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -181,6 +182,16 @@ def span_link(traceparent: str) -> list[trace.Link]:
     return [trace.Link(ctx)] if ctx.is_valid else []
 
 
+@contextlib.contextmanager
+def kubelet_context(sent: bool) -> Iterator[None]:
+    """Within: KUBELET_CONTEXT says whether the kubelet's call carried a trace context."""
+    token = otel_context.attach(otel_context.set_value(KUBELET_CONTEXT, sent))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
 def get_tracer(name: str) -> trace.Tracer:
     return trace.get_tracer(name)
 
@@ -219,6 +230,7 @@ __all__ = [
     "inject_grpc_metadata",
     "current_traceparent",
     "inject_headers",
+    "kubelet_context",
     "memory_spans",
     "otlp_exporter",
     "propagate",
