@@ -7,7 +7,8 @@ demo's waterfall works beside OTLP), "memory" (in-process, for tests) or "none".
 installed: the API's no-op tracer hands out non-recording spans (no ids drawn, no attributes kept, no
 processors), which still carry a caller's remote context through, so a kubelet's `traceparent` reaches
 NATS headers and log lines all the same. With an exporter, the SDK's sampler decides (OTEL_TRACES_SAMPLER,
-e.g. `parentbased_traceidratio` with OTEL_TRACES_SAMPLER_ARG): a span not sampled is not recorded.
+e.g. `parentbased_traceidratio` with OTEL_TRACES_SAMPLER_ARG): a span not sampled is not recorded;
+periodic roots (PERIODIC) are kept at GPU_DRA_OTEL_PERIODIC_RATIO only.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler, SamplingResult, TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 # The W3C context of a claim's trace, set by the scheduler when it allocates the claim; the preparer
@@ -42,6 +44,12 @@ CLAIM_TRACEPARENT_ANNOTATION = "gpu.nvidia.com/traceparent"
 
 # Context key: True where the kubelet's RPC carried a trace context (the preparer keeps it as parent).
 KUBELET_CONTEXT = otel_context.create_key("gpu_dra.kubelet_context")
+
+# A span attribute marking periodic work (a scan, a resync) that is its own root: PeriodicSampler
+# samples such roots at GPU_DRA_OTEL_PERIODIC_RATIO (default 0.01), so thousands of nodes' no-op
+# passes do not flood the backend; what such a pass changes is traced in spans of its own.
+PERIODIC = "gpu_dra.periodic"
+DEFAULT_PERIODIC_RATIO = 0.01
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _memory_exporter: InMemorySpanExporter | None = None
@@ -81,6 +89,37 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
         "status": span.status.status_code.name,
         "attributes": dict(span.attributes or {}),
     }
+
+
+class PeriodicSampler(Sampler):
+    """Root spans marked PERIODIC: sampled at `ratio`; every other span: as `base` (the env's) decides."""
+
+    def __init__(self, base: Sampler, ratio: float) -> None:
+        self.base = base
+        self.periodic = TraceIdRatioBased(ratio)
+
+    def should_sample(self, parent_context: otel_context.Context | None, trace_id: int, name: str,
+                      kind: trace.SpanKind | None = None, attributes: Any = None,
+                      links: Sequence[trace.Link] | None = None,
+                      trace_state: trace.TraceState | None = None) -> SamplingResult:
+        root = not trace.get_current_span(parent_context).get_span_context().is_valid
+        chosen = self.periodic if root and attributes and attributes.get(PERIODIC) else self.base
+        return chosen.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self) -> str:
+        return f"PeriodicSampler{{{self.periodic.get_description()},{self.base.get_description()}}}"
+
+
+def periodic_ratio() -> float:
+    """GPU_DRA_OTEL_PERIODIC_RATIO: the share of periodic root spans kept (0..1)."""
+    raw = os.environ.get("GPU_DRA_OTEL_PERIODIC_RATIO", "")
+    try:
+        ratio = float(raw) if raw else DEFAULT_PERIODIC_RATIO
+    except ValueError:
+        raise ValueError(f"GPU_DRA_OTEL_PERIODIC_RATIO={raw!r} is not a number: give a ratio from 0 to 1") from None
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"GPU_DRA_OTEL_PERIODIC_RATIO={raw!r} is out of range: give a ratio from 0 to 1")
+    return ratio
 
 
 def service_resource(service: str, node: str = "") -> Resource:
@@ -134,6 +173,7 @@ def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str
     if chosen == "none" and not otlp:
         return None  # spans cost nothing where nobody collects them (module doc)
     provider = TracerProvider(resource=service_resource(service_name, node))
+    provider.sampler = PeriodicSampler(provider.sampler, periodic_ratio())  # base: OTEL_TRACES_SAMPLER
     if otlp:
         provider.add_span_processor(BatchSpanProcessor(otlp_exporter()))
     if chosen in ("none", ""):
@@ -222,6 +262,7 @@ def extract_grpc_context(metadata: Iterable[tuple[str, str | bytes]] | None) -> 
 
 
 __all__ = [
+    "PERIODIC",
     "CLAIM_TRACEPARENT_ANNOTATION",
     "KUBELET_CONTEXT",
     "extract_context",
@@ -235,6 +276,7 @@ __all__ = [
     "otlp_exporter",
     "propagate",
     "service_resource",
+    "PeriodicSampler",
     "setup_telemetry",
     "shutdown_telemetry",
     "span_link",

@@ -31,10 +31,12 @@ from shared.events.inventory import InventoryWithdrawn, NodeInventory
 from shared.heap import settle
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
-from shared.telemetry import get_tracer
+from shared.telemetry import PERIODIC, get_tracer
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
+_RESYNC_KEY = otel_context.create_key("gpu_dra.publisher.resync")
+RESYNC = otel_context.set_value(_RESYNC_KEY, True, otel_context.Context())  # a cause: the periodic resync
 
 WRITES = Counter("gpu_dra_publisher_slice_writes", "ResourceSlice writes", ["verb"])
 LATENCY = Histogram("gpu_dra_publisher_inventory_to_slice_seconds",
@@ -299,7 +301,7 @@ class Publisher:
         for driver in slices.DRIVERS:
             await self.writer.list_driver(driver)
         for node in self._known_nodes():
-            self._enqueue(node)
+            self._enqueue(node, RESYNC)
         settle()  # once per resync: the fleet's objects, re-read, are frozen again
 
     # ------------------------------------------------------------------ sync
@@ -328,8 +330,11 @@ class Publisher:
         causes = causes or []
         parent = causes[-1] if causes else None
         links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in causes[:-1]]
+        # only the periodic resync asked for it: a no-op pass, mostly; sampled low (shared.telemetry)
+        periodic = bool(causes) and all(otel_context.get_value(_RESYNC_KEY, c) for c in causes)
         total = WriteStats()
-        with tracer.start_as_current_span("publisher.sync-node", context=parent, links=links) as span:
+        with tracer.start_as_current_span("publisher.sync-node", context=parent, links=links,
+                                          attributes={PERIODIC: periodic}) as span:
             span.set_attribute("k8s.node.name", node)
             if not self.membership.owns(node):
                 span.set_attribute("publisher.skipped", "not-owner")

@@ -80,3 +80,25 @@ def test_otlp_over_the_protocol_the_env_names_with_the_services_resource_and_hea
     assert span.resource["service.name"] == "gpu-dra-preparer"
     assert span.resource["k8s.node.name"] == "n1"
     assert span.resource["service.version"] and span.resource["service.instance.id"]
+
+
+PERIODIC_SCRIPT = """
+from shared.telemetry import PERIODIC, get_tracer, setup_telemetry
+setup_telemetry("publisher", "memory")
+tracer = get_tracer("t")
+with tracer.start_as_current_span("resync", attributes={PERIODIC: True}) as idle:
+    pass
+with tracer.start_as_current_span("inventory-changed") as cause:
+    with tracer.start_as_current_span("sync", attributes={PERIODIC: True}) as caused:
+        pass
+print(idle.is_recording() or idle.get_span_context().trace_flags.sampled, cause.get_span_context().trace_flags.sampled,
+      caused.get_span_context().trace_flags.sampled)
+"""
+
+
+@pytest.mark.parametrize(("ratio", "idle_kept"), [("0", "False"), ("1", "True")])
+def test_periodic_roots_are_sampled_at_their_own_ratio_and_work_they_join_is_not(ratio: str, idle_kept: str) -> None:
+    out = subprocess.run([sys.executable, "-c", PERIODIC_SCRIPT], cwd=REPO, capture_output=True, text=True,
+                         check=True, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                                      "GPU_DRA_OTEL_PERIODIC_RATIO": ratio})
+    assert out.stdout.split() == [idle_kept, "True", "True"], out.stderr
