@@ -80,6 +80,7 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
     return {
         "name": span.name,
         "service": (span.resource.attributes.get("service.name") if span.resource else None),
+        "node": (span.resource.attributes.get("k8s.node.name", "") if span.resource else ""),
         "trace_id": format(ctx.trace_id, "032x") if ctx else "",
         "span_id": format(ctx.span_id, "016x") if ctx else "",
         "parent_span_id": format(parent.span_id, "016x") if parent else "",
