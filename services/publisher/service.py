@@ -23,6 +23,7 @@ from services.publisher import apiversion, slices, split
 from services.publisher.config import PublisherConfig
 from services.publisher.nodes import NodeWatcher
 from services.publisher.ownership import Membership, owner_of
+from services.publisher.taintevents import TaintEvents
 from services.publisher.writer import InvalidSlice, SliceWriter, WriteStats
 from shared.bus import Bus, MsgContext
 from shared.events import catalog
@@ -151,6 +152,7 @@ class Publisher:
         self.cfg = cfg
         self.bus = bus
         self.api = api_client
+        self.taint_events = TaintEvents(api_client)  # Events on the Node when a device taint changes
         self.profile = profile
         self.opts = slices.SliceOptions(mig_mode=cfg.mig_mode, taint_effect=cfg.taint_effect,
                                         compute_domains=cfg.compute_domains)
@@ -358,6 +360,8 @@ class Publisher:
             for verb, count in (("create", total.creates), ("update", total.updates), ("delete", total.deletes)):
                 if count:
                     WRITES.labels(verb).inc(count)
+            if uid is not None and pools:
+                await self.taint_events.report(node, uid, pools)
             span.set_attribute("publisher.writes", total.writes)
             span.set_attribute("publisher.devices", sum(p.device_count for p in pools.values()))
             self.syncs += 1
