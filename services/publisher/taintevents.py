@@ -10,20 +10,15 @@ fails the sync.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from services.publisher.slices import DesiredPool
-from shared.kube import rest as kube
-from shared.logs import get_logger
-
-log = get_logger(__name__)
+from shared.kube.events import event_body, record
 
 COMPONENT = "gpu-dra-publisher"
 ADDED = "DeviceTaintAdded"
 REMOVED = "DeviceTaintRemoved"
-EVENTS_NAMESPACE = "default"  # where upstream's components record Events about cluster-scoped objects
 
 
 def _taint(t: Mapping[str, Any]) -> str:
@@ -59,19 +54,11 @@ class TaintEvents:
         return out
 
     async def report(self, node: str, node_uid: str, pools: Mapping[str, DesiredPool]) -> None:
+        involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}
         for reason, device, taint in self.changes(node, pools):
             verb = "added to" if reason == ADDED else "removed from"
-            message = f"taint {taint} {verb} device {device} in the node's ResourceSlices"
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            body = {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{node}.", "namespace": EVENTS_NAMESPACE},
-                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid},
-                "reason": reason, "message": message, "type": "Warning" if reason == ADDED else "Normal",
-                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-                "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
-            try:
-                await kube.request(self.api, "POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", body=body)
+            body = event_body(involved, reason=reason, component=COMPONENT,
+                              message=f"taint {taint} {verb} device {device} in the node's ResourceSlices",
+                              type="Warning" if reason == ADDED else "Normal")
+            if await record(self.api, body):
                 self.posted += 1
-            except Exception as exc:  # noqa: BLE001 - an Event is best effort (module doc)
-                log.warning("node event not recorded", node=node, reason=reason, error=str(exc))
