@@ -32,6 +32,7 @@ from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_DELETED, CD_STATUS
 from shared.events.computedomain import DomainDeleted, DomainMember, DomainStatusChanged
+from shared.kube.events import event_body, record
 from shared.kube.informer import Informer
 from shared.kube.resources import Kube, Resource
 from shared.kube.rest import ApiError
@@ -240,6 +241,9 @@ class Controller:
                 crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL, domain.name, {"status": status},
                 _content_type=MERGE_PATCH)  # type: ignore[call-arg]
             self.writes += 1
+            before = (domain.written or {}).get("status")  # a new domain starts NotReady: no news
+            if status["status"] != before and (before is not None or status["status"] == "Ready"):
+                await self._status_event(domain, status)
             domain.written = status
             if status["status"] == "Ready" and status["nodes"]:
                 domain.ready_written_at = now_unix()
@@ -249,6 +253,16 @@ class Controller:
                 domain_uid=domain.uid, domain_name=domain.name, domain_namespace=domain.namespace,
                 status=announce[0], nodes=announce[1], observed_at=now_unix()), domain_uid=token(domain.uid))
             domain.announced = announce
+
+    async def _status_event(self, domain: _Domain, status: dict[str, Any]) -> None:
+        """An Event on the ComputeDomain when its status turns Ready or NotReady (best effort)."""
+        ready = sum(1 for n in status["nodes"] if n["status"] == "Ready")
+        involved = {"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "name": domain.name,
+                    "namespace": domain.namespace, "uid": domain.uid}
+        message = f"status {status['status']}: {ready} of {domain.num_nodes} nodes Ready"
+        await record(self.api, event_body(involved, reason=f"ComputeDomain{status['status']}", message=message,
+                                          type="Normal" if status["status"] == "Ready" else "Warning",
+                                          component="compute-domain-controller"))
 
     async def _add_finalizer(self, domain: _Domain) -> None:
         obj = await self.custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL,
