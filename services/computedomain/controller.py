@@ -32,7 +32,7 @@ from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_DELETED, CD_STATUS
 from shared.events.computedomain import DomainDeleted, DomainMember, DomainStatusChanged
-from shared.kube.events import event_body, record
+from shared.kube.events import event_body, record_event
 from shared.kube.informer import Informer
 from shared.kube.resources import Kube, Resource
 from shared.kube.rest import ApiError
@@ -260,7 +260,7 @@ class Controller:
         involved = {"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "name": domain.name,
                     "namespace": domain.namespace, "uid": domain.uid}
         message = f"status {status['status']}: {ready} of {domain.num_nodes} nodes Ready"
-        await record(self.api, event_body(involved, reason=f"ComputeDomain{status['status']}", message=message,
+        await record_event(self.api, event_body(involved, reason=f"ComputeDomain{status['status']}", message=message,
                                           type="Normal" if status["status"] == "Ready" else "Warning",
                                           component="compute-domain-controller"))
 

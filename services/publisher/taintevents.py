@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.publisher.slices import DesiredPool
-from shared.kube.events import event_body, record
+from shared.kube.events import event_body, record_event
 
 COMPONENT = "gpu-dra-publisher"
 ADDED = "DeviceTaintAdded"
@@ -60,5 +60,5 @@ class TaintEvents:
             body = event_body(involved, reason=reason, component=COMPONENT,
                               message=f"taint {taint} {verb} device {device} in the node's ResourceSlices",
                               type="Warning" if reason == ADDED else "Normal")
-            if await record(self.api, body):
+            if await record_event(self.api, body):
                 self.posted += 1

@@ -33,7 +33,7 @@ def event_body(involved: dict[str, Any], *, reason: str, message: str, type: Eve
         "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
 
 
-async def record(api_client: Any, body: dict[str, Any]) -> bool:
+async def record_event(api_client: Any, body: dict[str, Any]) -> bool:
     """Write the Event (best effort, module doc); whether it was written."""
     namespace = body["metadata"]["namespace"]
     try:

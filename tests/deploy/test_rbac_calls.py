@@ -30,7 +30,6 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/preparer/cli.py", "create_namespaced_event"): [("", "events", {"create"})],
     ("services/preparer/claims.py", "call_api"): [(RK, "resourceclaims", {"get"})],
     ("services/computedomain/controller.py", "api:CustomObjectsApi"): [],
-    ("services/computedomain/controller.py", "list_cluster_custom_object"): [(RN, "computedomains", {"list", "watch"})],
     ("services/computedomain/controller.py", "get_namespaced_custom_object"): [
         (RN, "computedomains", {"get"}), (RK, "resourceclaimtemplates", {"get"})],
     ("services/computedomain/controller.py", "patch_namespaced_custom_object"): [(RN, "computedomains", {"patch"})],
@@ -51,6 +50,8 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/publisher/nodes.py", "request:GET"): [("", "nodes", {"list"})],
     ("services/publisher/nodes.py", "watch_lines"): [("", "nodes", {"watch"})],
     ("services/publisher/apiversion.py", "get_json"): DISCOVERY,
+    ("services/publisher/taintevents.py", "record_event"): [("", "events", {"create"})],
+    ("services/computedomain/controller.py", "record_event"): [("", "events", {"create"})],
     ("services/publisher/writer.py", "request:GET"): [(RK, "resourceslices", {"list"})],
     ("services/publisher/writer.py", "request:POST"): [(RK, "resourceslices", {"create"})],
     ("services/publisher/writer.py", "request:PUT"): [(RK, "resourceslices", {"update"})],
@@ -69,6 +70,7 @@ _PATTERNS = (
     (re.compile(r"\b(\w+V\d\w*Api|CustomObjectsApi)\("), lambda m: f"api:{m.group(1)}"),
     (re.compile(r"\bkube\.request\(\s*[\w.]+,\s*\"(\w+)\""), lambda m: f"request:{m.group(1)}"),
     (re.compile(r"\b(watch_lines|get_json|call_api)\("), lambda m: m.group(1)),
+    (re.compile(r"\b(record_event)\("), lambda m: m.group(1)),  # shared.kube.events: creates an Event
 )
 
 
