@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("embedded.cluster.demo", "run sample workloads on a local cluster and show the result"),
     "pipeline-demo": ("embedded.cluster.pipeline_demo", "inventory -> NATS -> ResourceSlices in one process, traced"),
     "explain": ("embedded.cluster.explain", "why a pod or claim is (not) allocated"),
+    "trace": ("embedded.cluster.tracecli", "one claim's trace as a waterfall, from a span-store or OTLP-JSON file"),
     "events": ("shared.events.cli", "the event catalog: list subjects, export JSON Schemas"),
     "nats": ("shared.natsserver_cli", "an embedded nats-server; 'nats credentials': NATS JWT creds as Secrets"),
 }

@@ -1,20 +1,26 @@
 """Tracing set-up and W3C trace-context propagation through NATS headers and gRPC metadata.
 
-Exporters: OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT is set; otherwise what `exporter` names:
-"console", "file:<path>" (one JSON span per line, read by the terminal waterfall and tests),
-"memory" (in-process, for tests) or "none". With "none" (and no OTLP endpoint) no SDK provider is
+Exporters: OTLP when OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) is set, over
+OTEL_EXPORTER_OTLP_PROTOCOL (`http/protobuf`, the default, or `grpc`); beside it, what `exporter` names:
+"console", "file:<path>" (one JSON span per line, read by the terminal waterfall and tests, so the
+demo's waterfall works beside OTLP), "memory" (in-process, for tests) or "none". With "none" (and no OTLP endpoint) no SDK provider is
 installed: the API's no-op tracer hands out non-recording spans (no ids drawn, no attributes kept, no
 processors), which still carry a caller's remote context through, so a kubelet's `traceparent` reaches
 NATS headers and log lines all the same. With an exporter, the SDK's sampler decides (OTEL_TRACES_SAMPLER,
-e.g. `parentbased_traceidratio` with OTEL_TRACES_SAMPLER_ARG): a span not sampled is not recorded.
+e.g. `parentbased_traceidratio` with OTEL_TRACES_SAMPLER_ARG): a span not sampled is not recorded;
+periodic roots (PERIODIC) are kept at GPU_DRA_OTEL_PERIODIC_RATIO only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import json
 import os
+import socket
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -29,7 +35,21 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler, SamplingResult, TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+# The W3C context of a claim's trace, set by the scheduler when it allocates the claim; the preparer
+# links to it (its parent when the kubelet sends no context of its own).
+CLAIM_TRACEPARENT_ANNOTATION = "gpu.nvidia.com/traceparent"
+
+# Context key: True where the kubelet's RPC carried a trace context (the preparer keeps it as parent).
+KUBELET_CONTEXT = otel_context.create_key("gpu_dra.kubelet_context")
+
+# A span attribute marking periodic work (a scan, a resync) that is its own root: PeriodicSampler
+# samples such roots at GPU_DRA_OTEL_PERIODIC_RATIO (default 0.01), so thousands of nodes' no-op
+# passes do not flood the backend; what such a pass changes is traced in spans of its own.
+PERIODIC = "gpu_dra.periodic"
+DEFAULT_PERIODIC_RATIO = 0.01
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _memory_exporter: InMemorySpanExporter | None = None
@@ -60,6 +80,7 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
     return {
         "name": span.name,
         "service": (span.resource.attributes.get("service.name") if span.resource else None),
+        "node": (span.resource.attributes.get("k8s.node.name", "") if span.resource else ""),
         "trace_id": format(ctx.trace_id, "032x") if ctx else "",
         "span_id": format(ctx.span_id, "016x") if ctx else "",
         "parent_span_id": format(parent.span_id, "016x") if parent else "",
@@ -71,9 +92,80 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
     }
 
 
-def setup_telemetry(service_name: str, exporter: str | None = None) -> TracerProvider | None:
+class PeriodicSampler(Sampler):
+    """Root spans marked PERIODIC: sampled at `ratio`; every other span: as `base` (the env's) decides."""
+
+    def __init__(self, base: Sampler, ratio: float) -> None:
+        self.base = base
+        self.periodic = TraceIdRatioBased(ratio)
+
+    def should_sample(self, parent_context: otel_context.Context | None, trace_id: int, name: str,
+                      kind: trace.SpanKind | None = None, attributes: Any = None,
+                      links: Sequence[trace.Link] | None = None,
+                      trace_state: trace.TraceState | None = None) -> SamplingResult:
+        root = not trace.get_current_span(parent_context).get_span_context().is_valid
+        chosen = self.periodic if root and attributes and attributes.get(PERIODIC) else self.base
+        return chosen.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self) -> str:
+        return f"PeriodicSampler{{{self.periodic.get_description()},{self.base.get_description()}}}"
+
+
+def periodic_ratio() -> float:
+    """GPU_DRA_OTEL_PERIODIC_RATIO: the share of periodic root spans kept (0..1)."""
+    raw = os.environ.get("GPU_DRA_OTEL_PERIODIC_RATIO", "")
+    try:
+        ratio = float(raw) if raw else DEFAULT_PERIODIC_RATIO
+    except ValueError:
+        raise ValueError(f"GPU_DRA_OTEL_PERIODIC_RATIO={raw!r} is not a number: give a ratio from 0 to 1") from None
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"GPU_DRA_OTEL_PERIODIC_RATIO={raw!r} is out of range: give a ratio from 0 to 1")
+    return ratio
+
+
+def service_resource(service: str, node: str = "") -> Resource:
+    """The resource of one process: `service.name` names the logical service (`gpu-dra-preparer`, never
+    the node: N nodes are one service with N instances), `service.instance.id` this process,
+    `service.version` the package, `k8s.node.name` the node where there is one. `service` is the
+    process's log name (`preparer-<node>`, `scheduler`, ...); OTEL_RESOURCE_ATTRIBUTES adds to these."""
+    logical = service[: -len(node) - 1] if node and service.endswith(f"-{node}") else service
+    attributes: dict[str, str] = {
+        "service.name": logical if logical.startswith("gpu-dra") else f"gpu-dra-{logical}",
+        "service.namespace": "gpu-dra",
+        "service.instance.id": f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
+        "service.version": _version(),
+    }
+    if node:
+        attributes["k8s.node.name"] = node
+    return Resource.create(attributes)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpu-dra")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def otlp_exporter() -> SpanExporter:
+    """The OTLP span exporter OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL names (`http/protobuf` or `grpc`)."""
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        return HttpExporter()
+    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported: use grpc or http/protobuf "
+                     "(http/json is not implemented by the Python SDK)")
+
+
+def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str = "") -> TracerProvider | None:
     """Install the process's tracer provider once (None: no exporter, the no-op tracer stays). Later
-    calls return the first provider."""
+    calls return the first provider. Head sampling is the SDK's, from OTEL_TRACES_SAMPLER/_ARG."""
     global _provider, _memory_exporter
     if _provider is not None:
         return _provider
@@ -81,11 +173,12 @@ def setup_telemetry(service_name: str, exporter: str | None = None) -> TracerPro
     otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     if chosen == "none" and not otlp:
         return None  # spans cost nothing where nobody collects them (module doc)
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = TracerProvider(resource=service_resource(service_name, node))
+    provider.sampler = PeriodicSampler(provider.sampler, periodic_ratio())  # base: OTEL_TRACES_SAMPLER
     if otlp:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(otlp_exporter()))
+    if chosen in ("none", ""):
+        pass
     elif chosen == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif chosen.startswith("file:"):
@@ -110,6 +203,34 @@ def shutdown_telemetry() -> None:
     if _provider is not None:
         _provider.force_flush()
         _provider.shutdown()
+
+
+def current_traceparent() -> str:
+    """The W3C `traceparent` of the current span ("" when there is none to continue, e.g. no-op)."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+def traceparent_context(traceparent: str) -> otel_context.Context:
+    """A context whose parent is the span a stored `traceparent` names (empty context if none)."""
+    return _PROPAGATOR.extract({"traceparent": traceparent} if traceparent else {})
+
+
+def span_link(traceparent: str) -> list[trace.Link]:
+    """A link to the span a stored `traceparent` names (none if it names no valid span)."""
+    ctx = trace.get_current_span(traceparent_context(traceparent)).get_span_context()
+    return [trace.Link(ctx)] if ctx.is_valid else []
+
+
+@contextlib.contextmanager
+def kubelet_context(sent: bool) -> Iterator[None]:
+    """Within: KUBELET_CONTEXT says whether the kubelet's call carried a trace context."""
+    token = otel_context.attach(otel_context.set_value(KUBELET_CONTEXT, sent))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def get_tracer(name: str) -> trace.Tracer:
@@ -142,14 +263,24 @@ def extract_grpc_context(metadata: Iterable[tuple[str, str | bytes]] | None) -> 
 
 
 __all__ = [
+    "PERIODIC",
+    "CLAIM_TRACEPARENT_ANNOTATION",
+    "KUBELET_CONTEXT",
     "extract_context",
     "extract_grpc_context",
     "get_tracer",
     "inject_grpc_metadata",
+    "current_traceparent",
     "inject_headers",
+    "kubelet_context",
     "memory_spans",
+    "otlp_exporter",
     "propagate",
+    "service_resource",
+    "PeriodicSampler",
     "setup_telemetry",
     "shutdown_telemetry",
+    "span_link",
+    "traceparent_context",
     "span_to_dict",
 ]

@@ -1,4 +1,6 @@
-"""`gpu-dra explain pod|claim NS/NAME`: why a pod or claim is, or is not, allocated.
+"""`gpu-dra explain pod|claim NS/NAME`: why a pod or claim is, or is not, allocated, and why a bound
+pod is stuck in prepare (the kubelet's last `FailedPrepareDynamicResources` Event, its devices' taints
+in the ResourceSlices, the node's Ready condition and taints).
 
 Loads the cluster once (the scheduler's own state loading), then prints the allocation that exists
 or what the scheduler's plan says about every node (`report_text`, all nodes tried). Exit 0 with a
@@ -18,10 +20,11 @@ from embedded.scheduler.plan import plan_pod
 from embedded.scheduler.pools import SliceIndex
 from embedded.scheduler.state import ClusterState, load_state
 from shared.kube.client import kube_api_client
-from shared.kube.resources import NODES, PODS, RESOURCECLAIMS, Kube
+from shared.kube.resources import EVENTS, NODES, PODS, RESOURCECLAIMS, Kube
 from shared.kube.rest import ApiError
 
 Obj = dict[str, Any]
+FAILED_PREPARE = "FailedPrepareDynamicResources"  # the kubelet's Event reason
 
 
 class NotFound(Exception):
@@ -44,7 +47,54 @@ def _allocation_lines(claim: Obj) -> list[str]:
     return lines
 
 
-def explain_pod(state: ClusterState, namespace: str, name: str) -> str:
+def _taints(taints: list[Obj] | None) -> str:
+    return ", ".join(f"{t.get('key')}{'=' + str(t['value']) if t.get('value') else ''}:{t.get('effect')}"
+                     for t in taints or [])
+
+
+def _device_taints(state: ClusterState, claim: Obj) -> dict[str, str]:
+    """driver/pool/device -> its taints in the ResourceSlices, for the claim's allocated devices."""
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    wanted = {(r.get("driver"), r.get("pool"), r.get("device")) for r in results}
+    found: dict[str, str] = {}
+    for sl in state.values_slices():
+        spec = sl.get("spec") or {}
+        pool = (spec.get("pool") or {}).get("name")
+        for dev in spec.get("devices") or []:
+            if (spec.get("driver"), pool, dev.get("name")) in wanted and dev.get("taints"):
+                found[f"{spec.get('driver')}/{pool}/{dev.get('name')}"] = _taints(dev["taints"])
+    return found
+
+
+def _prepare_lines(state: ClusterState, pod: Obj, node: str, claims: list[Obj], events: list[Obj]) -> list[str]:
+    """Why a bound pod is not running: the prepare failure the kubelet reported, the devices, the node."""
+    uid = pod["metadata"].get("uid")
+    failures = [e for e in events if e.get("reason") == FAILED_PREPARE
+                and (e.get("involvedObject") or {}).get("uid") == uid]
+    lines: list[str] = []
+    if failures:
+        last = max(failures, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+        count = sum(int(e.get("count") or 1) for e in failures)
+        lines.append(f"prepare on node {node} failed ({count}x, last at {last.get('lastTimestamp')}): "
+                     f"{last.get('message')}")
+    else:
+        lines.append(f"waiting for the kubelet on node {node} to prepare the claims (no failure reported)")
+    for claim in claims:
+        for device, taints in sorted(_device_taints(state, claim).items()):
+            lines.append(f"  device {device} is tainted: {taints}")
+    node_obj = state.get(NODES, "", node)
+    if node_obj is None:
+        lines.append(f"node {node}: not found (deleted?)")
+        return lines
+    ready = next((c for c in (node_obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    health = (f"Ready={ready.get('status')}" + (f" ({ready.get('reason')}: {ready.get('message')})"
+                                                 if ready.get("status") != "True" else "")) if ready else "no Ready condition"
+    taints = _taints((node_obj.get("spec") or {}).get("taints"))
+    lines.append(f"node {node}: {health}" + (f"; taints: {taints}" if taints else ""))
+    return lines
+
+
+def explain_pod(state: ClusterState, namespace: str, name: str, events: list[Obj] | None = None) -> str:
     pod = state.get(PODS, namespace, name)
     if pod is None:
         raise NotFound(f"pod {namespace}/{name} not found")
@@ -55,10 +105,14 @@ def explain_pod(state: ClusterState, namespace: str, name: str) -> str:
     if cond and cond.get("status") == "False":
         lines.append(f"PodScheduled=False ({cond.get('reason')}): {cond.get('message')}")
     lines += [f"missing: {m}" for m in missing]
+    claims: list[Obj] = []
     for claim_name in names:
         claim = state.get(RESOURCECLAIMS, namespace, claim_name)
         assert claim is not None
+        claims.append(claim)
         lines += _allocation_lines(claim)
+    if node and (pod.get("status") or {}).get("phase", "Pending") == "Pending":
+        lines += _prepare_lines(state, pod, node, claims, events or [])
     if not node and not missing:
         plan = plan_pod(state, pod, SliceIndex(state.values_slices()), all_nodes=True)
         for n, why in sorted(plan.node_rejections.items()):
@@ -88,8 +142,10 @@ def explain_claim(state: ClusterState, namespace: str, name: str) -> str:
 
 async def explain(kind: str, namespace: str, name: str, kubeconfig: str) -> str:
     async with await kube_api_client(kubeconfig) as api:
-        state = await load_state(Kube(api))
-    return explain_pod(state, namespace, name) if kind == "pod" else explain_claim(state, namespace, name)
+        kube = Kube(api)
+        state = await load_state(kube)
+        events = (await kube.list(EVENTS, namespace))[0] if kind == "pod" else []
+    return explain_pod(state, namespace, name, events) if kind == "pod" else explain_claim(state, namespace, name)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -60,7 +60,9 @@ def render(trace: list[dict[str, Any]]) -> str:
         hi = max(lo + 1, int((start + width) * BAR_WIDTH))
         bar = " " * lo + "█" * (hi - lo) + " " * (BAR_WIDTH - hi)
         label = f"{'  ' * depth}{span['name']}"
-        service = str(span.get("service") or "")
+        service = str(span.get("service") or "").removeprefix("gpu-dra-")
+        if span.get("node"):
+            service += f"@{span['node']}"  # one service, many nodes: the node tells them apart
         dur_ms = (span["end_ns"] - span["start_ns"]) / 1e6
         flag = " !" if span.get("status") == "ERROR" else ""
         lines.append(f"  {service[:22]:<22} {label[:52]:<52} |{bar}| {dur_ms:8.2f} ms{flag}")

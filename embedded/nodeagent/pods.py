@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import aiohttp
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
+from opentelemetry import context as otel_context
 
 from embedded.kubelet.client import Claim, PluginError, PreparedDevice
 from embedded.kubelet.client import PreparedClaim as KubeletPreparedClaim
@@ -35,6 +36,7 @@ from embedded.nodeagent.cdi_resolve import CdiResolutionError, load_specs, resol
 from embedded.nodeagent.containers import PodWorker
 from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
 from shared.logs import get_logger
+from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION, traceparent_context
 
 log = get_logger(__name__)
 EDITS_ANNOTATION = "gpu.nvidia.com/container-edits"
@@ -269,6 +271,7 @@ class PodRunner:
         names, uses = pod_claims(pod)
         wanted: dict[str, Claim] = {}
         drivers_of: dict[str, set[str]] = {}
+        traceparents: dict[str, str] = {}  # the claim's trace, started by the scheduler: the call joins it
         for name in names:
             try:
                 claim = await self._get_claim(ns, name)
@@ -286,6 +289,7 @@ class PodRunner:
             ref = Claim(namespace=ns, uid=claim["metadata"]["uid"], name=name)
             wanted[ref.uid] = ref
             drivers_of[ref.uid] = {r["driver"] for r in results}
+            traceparents[ref.uid] = (claim["metadata"].get("annotations") or {}).get(CLAIM_TRACEPARENT_ANNOTATION, "")
         for claim_uid, ref in wanted.items():
             if claim_uid in self.prepared:
                 continue
@@ -294,7 +298,13 @@ class PodRunner:
                 if driver not in self.dra.drivers():
                     raise PrepareFailed(f"driver {driver} is not registered on node {self.node}")
                 self.prepare_calls += 1
-                answer = (await self.dra.prepare(driver, [ref])).get(claim_uid)
+                traceparent = traceparents[claim_uid]
+                token = otel_context.attach(traceparent_context(traceparent)) if traceparent else None
+                try:
+                    answer = (await self.dra.prepare(driver, [ref])).get(claim_uid)
+                finally:
+                    if token is not None:
+                        otel_context.detach(token)
                 if answer is None or answer.error:
                     raise PrepareFailed(f"{driver} could not prepare {ns}/{ref.name}: "
                                         f"{answer.error if answer else 'no answer'}")

@@ -4,6 +4,12 @@ Owns the write side of a Plan. Claim status goes through `resourceclaims/status`
 cached resourceVersion (a 409 means the cache was behind: the fresh claim is cached and the pod is
 tried again); every answer is applied to the ClusterState at once, so the next decision sees the
 devices as taken. Binding goes through `pods/binding`.
+
+Each claim the scheduler allocates starts that claim's trace (a root span `scheduler.allocate_claim`,
+linked to the pod's scheduling span): its W3C context goes on the claim as the annotation
+`gpu.nvidia.com/traceparent` for the preparer to continue. The status subresource leaves metadata
+alone (as upstream's), so the annotation is a PUT of the claim with the cached resourceVersion just
+before the allocation's status PUT, and only when tracing is on (no-op tracer: no context, no write).
 """
 
 from __future__ import annotations
@@ -12,14 +18,19 @@ import copy
 import time
 from typing import Any
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
 from embedded.scheduler.plan import MAX_RESERVED, Plan, reserved_for_pod
 from embedded.scheduler.state import ClusterState
 from shared.kube.informer import key_of
 from shared.kube.resources import EVENTS, PODS, RESOURCECLAIMS, Kube
 from shared.kube.rest import ApiError
 from shared.logs import get_logger
+from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION, current_traceparent, get_tracer
 
 log = get_logger(__name__)
+tracer = get_tracer(__name__)
 Obj = dict[str, Any]
 SCHEDULER_NAME = "default-scheduler"
 DONE_PHASES = ("Succeeded", "Failed")
@@ -44,14 +55,8 @@ class Writer:
         except ApiError as exc:
             if not exc.conflict and not exc.not_found:
                 raise
+            await self._refresh(claim)
             ns, name = key_of(claim)
-            try:
-                fresh = await self.kube.get(RESOURCECLAIMS, ns, name)
-                self.state.apply(RESOURCECLAIMS, "MODIFIED", fresh)
-            except ApiError as again:
-                if not again.not_found:
-                    raise
-                self.state.apply(RESOURCECLAIMS, "DELETED", claim)
             raise Conflict(f"claim {ns}/{name} changed while it was written ({exc.reason})") from exc
         self.state.apply(RESOURCECLAIMS, "MODIFIED", written)
         return written
@@ -81,7 +86,56 @@ class Writer:
             if len(reserved) >= MAX_RESERVED:
                 raise Conflict(f"claim {key} is already reserved for {MAX_RESERVED} consumers")
             new_status["reservedFor"] = [*reserved, consumer]
+            if allocation is None:
+                await self._write_claim_status(claim)
+                continue
+            await self._allocate(claim, allocation, pod)
+
+    async def _allocate(self, claim: Obj, allocation: Obj, pod: Obj) -> None:
+        """Write a new allocation in the claim's own trace (module doc)."""
+        md = claim["metadata"]
+        results = (allocation.get("devices") or {}).get("results") or []
+        pod_span = trace.get_current_span().get_span_context()
+        with tracer.start_as_current_span(
+                "scheduler.allocate_claim", context=otel_context.Context(),
+                links=[trace.Link(pod_span)] if pod_span.is_valid else None,
+                attributes={"dra.claim.uid": md.get("uid", ""), "dra.claim.name": md.get("name", ""),
+                            "k8s.namespace.name": md.get("namespace", ""),
+                            "k8s.pod.uid": pod["metadata"].get("uid", ""),
+                            "k8s.pod.name": pod["metadata"].get("name", ""),
+                            "dra.device": [f"{r.get('pool')}/{r.get('device')}" for r in results],
+                            "dra.driver": sorted({str(r.get("driver", "")) for r in results})}):
+            traceparent = current_traceparent()
+            if traceparent and (md.get("annotations") or {}).get(CLAIM_TRACEPARENT_ANNOTATION) != traceparent:
+                annotated = copy.deepcopy(claim)
+                annotated["metadata"].setdefault("annotations", {})[CLAIM_TRACEPARENT_ANNOTATION] = traceparent
+                annotated.pop("status", None)
+                written = await self._write_claim(annotated)
+                claim["metadata"] = written["metadata"]
             await self._write_claim_status(claim)
+
+    async def _write_claim(self, claim: Obj) -> Obj:
+        """PUT a claim's metadata/spec with its resourceVersion (a 409: Conflict, the fresh claim cached)."""
+        try:
+            written = await self.kube.replace(RESOURCECLAIMS, claim)
+        except ApiError as exc:
+            if not exc.conflict and not exc.not_found:
+                raise
+            await self._refresh(claim)
+            ns, name = key_of(claim)
+            raise Conflict(f"claim {ns}/{name} changed while it was written ({exc.reason})") from exc
+        self.state.apply(RESOURCECLAIMS, "MODIFIED", written)
+        return written
+
+    async def _refresh(self, claim: Obj) -> None:
+        ns, name = key_of(claim)
+        try:
+            fresh = await self.kube.get(RESOURCECLAIMS, ns, name)
+            self.state.apply(RESOURCECLAIMS, "MODIFIED", fresh)
+        except ApiError as again:
+            if not again.not_found:
+                raise
+            self.state.apply(RESOURCECLAIMS, "DELETED", claim)
 
     async def bind(self, pod: Obj, node: str) -> None:
         ns, name = key_of(pod)

@@ -33,7 +33,7 @@ from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_DELETED, CD_STATUS
 from shared.events.computedomain import DomainDeleted, DomainMember, DomainStatusChanged
-from shared.kube import events as kube_events
+from shared.kube.events import event_body, record_event
 from shared.kube.informer import Informer
 from shared.kube.resources import Kube, Resource
 from shared.kube.rest import ApiError
@@ -243,18 +243,13 @@ class Controller:
                 crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL, domain.name, {"status": status},
                 _content_type=MERGE_PATCH)  # type: ignore[call-arg]
             self.writes += 1
+            before = (domain.written or {}).get("status")  # a new domain starts NotReady: no news
+            if status["status"] != before and (before is not None or status["status"] == "Ready"):
+                await self._status_event(domain, status)
             domain.written = status
             if status["status"] == "Ready" and status["nodes"]:
                 domain.ready_written_at = now_unix()
         announce = (status["status"], len(status["nodes"]))
-        if announce != domain.announced and announce[0] != (domain.announced or ("",))[0]:
-            await kube_events.record(
-                self.api, namespace=domain.namespace, component="gpu-dra-computedomain-controller",
-                involved={"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": "ComputeDomain", "name": domain.name,
-                          "namespace": domain.namespace, "uid": domain.uid},
-                reason="Ready" if announce[0] == "Ready" else "NotReady", type_="Normal",
-                message=f"ComputeDomain is {announce[0]}: {announce[1]} of {domain.num_nodes} node(s) "
-                        f"{'ready' if announce[0] == 'Ready' else 'joined so far'}")
         if announce != domain.announced:
             await self.bus.publish(CD_STATUS, DomainStatusChanged(
                 domain_uid=domain.uid, domain_name=domain.name, domain_namespace=domain.namespace,
@@ -270,6 +265,16 @@ class Controller:
                 counts[str(other.announced[0])] = counts.get(str(other.announced[0]), 0) + 1
         for status, count in counts.items():
             COMPUTE_DOMAINS.labels(status).set(count)
+
+    async def _status_event(self, domain: _Domain, status: dict[str, Any]) -> None:
+        """An Event on the ComputeDomain when its status turns Ready or NotReady (best effort)."""
+        ready = sum(1 for n in status["nodes"] if n["status"] == "Ready")
+        involved = {"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "name": domain.name,
+                    "namespace": domain.namespace, "uid": domain.uid}
+        message = f"status {status['status']}: {ready} of {domain.num_nodes} nodes Ready"
+        await record_event(self.api, event_body(involved, reason=f"ComputeDomain{status['status']}", message=message,
+                                          type="Normal" if status["status"] == "Ready" else "Warning",
+                                          component="compute-domain-controller"))
 
     async def _add_finalizer(self, domain: _Domain) -> None:
         obj = await self.custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL,

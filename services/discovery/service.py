@@ -29,7 +29,7 @@ from shared.events.inventory import NodeInventory
 from shared.health import HEALTH
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait, raise_if_cancelling
-from shared.telemetry import get_tracer
+from shared.telemetry import PERIODIC, get_tracer
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
@@ -79,7 +79,8 @@ class Scanner:
 
     async def scan(self) -> NodeInventory:
         await self.load()
-        with tracer.start_as_current_span("discovery.scan") as span, SCAN_SECONDS.time():
+        # a timer's scan (no parent) is periodic: sampled low; one a change asked for is in that trace
+        with tracer.start_as_current_span("discovery.scan", attributes={PERIODIC: True}) as span, SCAN_SECONDS.time():
             facts = await self.nvml.call(self.nvml.read)
             applied = self.timeslices.current()
             if applied is not None:

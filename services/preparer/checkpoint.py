@@ -219,12 +219,15 @@ class Checkpoint:
 
     async def save(self, events: Sequence[Any] = ()) -> None:
         """Write the document (together with every other change pending now: group commit); `events` go
-        to the journal first, in the same durable step (see the module doc)."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((events, done))
-        if self._committer is None or self._committer.done():
-            self._committer = asyncio.create_task(self._commit(), name="checkpoint-commit")
-        await done
+        to the journal first, in the same durable step (see the module doc). The wait is a span of its own
+        in the caller's trace (the shared `checkpoint.write` is a child of the first waiter's only)."""
+        with tracer.start_as_current_span("checkpoint.save") as span:
+            span.set_attribute("checkpoint.events", len(events))
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._queue.append((events, done))
+            if self._committer is None or self._committer.done():
+                self._committer = asyncio.create_task(self._commit(), name="checkpoint-commit")
+            await done
 
     async def _commit(self) -> None:
         """Write what is queued, then what queued meanwhile, until nothing is (one task at a time)."""

@@ -29,6 +29,7 @@ class ObjectMeta(msgspec.Struct, kw_only=True):
     namespace: str = ""
     uid: str = ""
     resourceVersion: str = ""
+    annotations: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class AllocationResult(msgspec.Struct, kw_only=True):
@@ -76,8 +77,15 @@ class Allocation(msgspec.Struct, kw_only=True):
     nodeSelector: NodeSelector | None = None
 
 
+class Consumer(msgspec.Struct, kw_only=True):
+    resource: str = ""
+    name: str = ""
+    uid: str = ""
+
+
 class ClaimStatus(msgspec.Struct, kw_only=True):
     allocation: Allocation | None = None
+    reservedFor: list[Consumer] = msgspec.field(default_factory=list)
 
 
 class ResourceClaim(msgspec.Struct, kw_only=True):

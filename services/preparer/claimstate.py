@@ -16,8 +16,13 @@ failed prepare (also one that failed before `prepare-started`). A driver subclas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from services.preparer import metrics
 from services.preparer.cdi import CdiWriter
@@ -34,7 +39,13 @@ from services.preparer.lifecycle import LifecycleEvents
 from services.preparer.outbox import OutboxRecord
 from shared.events.claims import ClaimEventKind, FailureReason, PreparedDeviceRef
 from shared.logs import get_logger
-from shared.telemetry import get_tracer
+from shared.telemetry import (
+    CLAIM_TRACEPARENT_ANNOTATION,
+    KUBELET_CONTEXT,
+    get_tracer,
+    span_link,
+    traceparent_context,
+)
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
@@ -163,6 +174,37 @@ class ClaimPreparer:
         except CheckpointError as err:
             log.error("prepare-failed event not recorded: the checkpoint cannot be written", claim=str(ref),
                       error=str(err))
+
+    @contextlib.contextmanager
+    def claim_span(self, ref: ClaimRef, claim: ResourceClaim) -> Iterator[trace.Span]:
+        """The span `claim.prepare` in the claim's trace: linked to the scheduler's context on the claim
+        (its `gpu.nvidia.com/traceparent`), and its child when the kubelet sent no context of its own
+        (then linked back to this RPC's server span instead)."""
+        traceparent = claim.metadata.annotations.get(CLAIM_TRACEPARENT_ANNOTATION, "")
+        links = span_link(traceparent)
+        parent: otel_context.Context | None = None
+        if links and not otel_context.get_value(KUBELET_CONTEXT):
+            parent = traceparent_context(traceparent)
+            server = trace.get_current_span().get_span_context()
+            links = [trace.Link(server)] if server.is_valid else []
+        attributes: dict[str, str | list[str]] = {
+            "dra.claim.uid": ref.uid, "dra.claim.name": ref.name, "k8s.namespace.name": ref.namespace,
+            "dra.driver": self.driver, "k8s.node.name": self.node}
+        pods = [c.uid for c in claim.status.reservedFor if c.resource == "pods" and c.uid]
+        if pods:
+            attributes["k8s.pod.uid"] = pods[0] if len(pods) == 1 else pods
+        with tracer.start_as_current_span("claim.prepare", context=parent, links=links,
+                                          attributes=attributes) as span:
+            yield span
+
+    @staticmethod
+    def describe_devices(span: trace.Span, devices: list[PreparedDevice]) -> None:
+        """The prepared devices on a claim's span: names, GPU UUIDs, CDI ids."""
+        if not span.is_recording():
+            return
+        span.set_attribute("dra.device", [d.device for d in devices])
+        span.set_attribute("gpu.uuid", [d.uuid for d in devices if d.uuid])
+        span.set_attribute("cdi.device_ids", [i for d in devices for i in d.cdi_device_ids])
 
     async def _fetch(self, ref: ClaimRef) -> ResourceClaim:
         with tracer.start_as_current_span("claim.get") as span:

@@ -9,7 +9,9 @@ node and the preparation it belongs to (`claim_event_id`: no other node can mint
 with it; each preparation of a claim has ids of its own). Its `Nats-Msg-Id` is that id plus a random
 suffix drawn once per process and stored with the outbox record, so a resend (after a lost ack, or
 by the next process from the outbox) is de-duplicated by JetStream, and nobody can send a message id
-ahead of ours to make the stream drop our event as a duplicate.
+ahead of ours to make the stream drop our event as a duplicate. The record keeps the `traceparent`
+of the span that made the event (the claim's prepare), and the sender publishes it in that context,
+so the event joins the claim's trace, even when sent by the next process.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import asyncio
 import secrets
 from pathlib import Path
 from typing import Any
+
+from opentelemetry import context as otel_context
 
 from services.preparer.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Outbox, OutboxRecord
 from shared.events import catalog
@@ -31,6 +35,7 @@ from shared.events.claims import (
     claim_event_id,
 )
 from shared.logs import get_logger
+from shared.telemetry import current_traceparent, traceparent_context
 
 log = get_logger(__name__)
 
@@ -80,7 +85,7 @@ class LifecycleEvents:
             claim_name=name, devices=devices or [], error=error, reason=reason, event_id=event_id,
             observed_at=now_unix())
         return OutboxRecord(seq=self.outbox.next_seq(), msg_id=f"{event_id}/{self._msg_id_suffix}",
-                            preparation=preparation, event=message)
+                            preparation=preparation, event=message, traceparent=current_traceparent())
 
     def _committed(self) -> None:
         if self.outbox.pending:
@@ -104,6 +109,8 @@ class LifecycleEvents:
                     return True
                 event = record.event
                 assert event is not None
+                # the publish continues the trace of the span that caused the event, not the sender's
+                token = otel_context.attach(traceparent_context(record.traceparent))
                 try:
                     await self.bus.publish(catalog.CLAIM, event, msg_id=record.msg_id,
                                            namespace=subject_token(event.claim_namespace),
@@ -111,6 +118,8 @@ class LifecycleEvents:
                 except Exception as exc:  # noqa: BLE001 - it stays in the outbox; retried
                     log.info("lifecycle event not sent yet; will retry", error=str(exc) or type(exc).__name__)
                     return False
+                finally:
+                    otel_context.detach(token)
                 self.sent += 1
                 acked.append(seq)
                 if len(acked) >= ACK_BATCH:

@@ -43,6 +43,7 @@ class OutboxRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     msg_id: str = ""  # Nats-Msg-Id: the event id and the suffix of the process that made it
     preparation: int = 0  # the preparation the event belongs to (restores the checkpoint's sequence)
     event: ClaimLifecycle | None = None
+    traceparent: str = ""  # W3C context of the span that caused the event: its publish continues that trace
 
 
 _encode = msgspec.json.Encoder().encode

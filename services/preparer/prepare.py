@@ -111,6 +111,13 @@ class Preparer(ClaimPreparer):
 
     async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
         claim = await self._fetch(ref)
+        with self.claim_span(ref, claim) as span:
+            devices = await self._prepare_claim(ref, previous, claim)
+            self.describe_devices(span, devices)
+            return devices
+
+    async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
+                             claim: ResourceClaim) -> list[PreparedDevice]:
         planned, raw = self._plan(claim)
         with tracer.start_as_current_span("configs") as span:
             try:

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import grpc
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.preparer import metrics
@@ -19,7 +20,7 @@ from services.preparer.checkpoint import PreparedDevice
 from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareResult
 from services.preparer.protos import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from shared.logs import get_logger
-from shared.telemetry import extract_grpc_context, get_tracer
+from shared.telemetry import extract_grpc_context, get_tracer, kubelet_context
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
@@ -62,9 +63,11 @@ class DraCore:
         if not refs:  # the health check's probe call (healthcheck.py): no span, no request metrics
             return {}
         parent = extract_grpc_context(context.invocation_metadata())
+        # whether the kubelet sent a context: it then stays the parent of each claim's prepare span
+        sent = trace.get_current_span(parent).get_span_context().is_valid
         start = time.perf_counter()
         metrics.INFLIGHT.labels(self.driver, operation).inc()
-        with tracer.start_as_current_span(method, context=parent, kind=SpanKind.SERVER) as span:
+        with kubelet_context(sent), tracer.start_as_current_span(method, context=parent, kind=SpanKind.SERVER) as span:
             span.set_attribute("rpc.system", "grpc")
             span.set_attribute("rpc.service", f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin")
             span.set_attribute("rpc.method", method)

@@ -23,19 +23,21 @@ from services.publisher import apiversion, slices, split
 from services.publisher.config import PublisherConfig
 from services.publisher.nodes import NodeWatcher
 from services.publisher.ownership import Membership, owner_of
+from services.publisher.taintevents import TaintEvents
 from services.publisher.writer import InvalidSlice, SliceWriter, WriteStats
 from shared.bus import Bus, MsgContext
 from shared.events import catalog
 from shared.events.health import DeviceHealth
 from shared.events.inventory import InventoryWithdrawn, NodeInventory
 from shared.heap import settle
-from shared.kube import events as kube_events
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
-from shared.telemetry import get_tracer
+from shared.telemetry import PERIODIC, get_tracer
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
+_RESYNC_KEY = otel_context.create_key("gpu_dra.publisher.resync")
+RESYNC = otel_context.set_value(_RESYNC_KEY, True, otel_context.Context())  # a cause: the periodic resync
 
 WRITES = Counter("gpu_dra_publisher_slice_writes", "ResourceSlice writes", ["verb"])
 LATENCY = Histogram("gpu_dra_publisher_inventory_to_slice_seconds",
@@ -150,7 +152,7 @@ class Publisher:
         self.cfg = cfg
         self.bus = bus
         self.api = api_client
-        self._tainted: dict[str, dict[str, tuple[str, int]]] = {}  # node -> device -> (reason, xid) reported
+        self.taint_events = TaintEvents(api_client)  # Events on the Node when a device taint changes
         self.profile = profile
         self.opts = slices.SliceOptions(mig_mode=cfg.mig_mode, taint_effect=cfg.taint_effect,
                                         compute_domains=cfg.compute_domains)
@@ -301,7 +303,7 @@ class Publisher:
         for driver in slices.DRIVERS:
             await self.writer.list_driver(driver)
         for node in self._known_nodes():
-            self._enqueue(node)
+            self._enqueue(node, RESYNC)
         settle()  # once per resync: the fleet's objects, re-read, are frozen again
 
     # ------------------------------------------------------------------ sync
@@ -330,8 +332,11 @@ class Publisher:
         causes = causes or []
         parent = causes[-1] if causes else None
         links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in causes[:-1]]
+        # only the periodic resync asked for it: a no-op pass, mostly; sampled low (shared.telemetry)
+        periodic = bool(causes) and all(otel_context.get_value(_RESYNC_KEY, c) for c in causes)
         total = WriteStats()
-        with tracer.start_as_current_span("publisher.sync-node", context=parent, links=links) as span:
+        with tracer.start_as_current_span("publisher.sync-node", context=parent, links=links,
+                                          attributes={PERIODIC: periodic}) as span:
             span.set_attribute("k8s.node.name", node)
             if not self.membership.owns(node):
                 span.set_attribute("publisher.skipped", "not-owner")
@@ -355,6 +360,8 @@ class Publisher:
             for verb, count in (("create", total.creates), ("update", total.updates), ("delete", total.deletes)):
                 if count:
                     WRITES.labels(verb).inc(count)
+            if uid is not None and pools:
+                await self.taint_events.report(node, uid, pools)
             span.set_attribute("publisher.writes", total.writes)
             span.set_attribute("publisher.devices", sum(p.device_count for p in pools.values()))
             self.syncs += 1
@@ -365,29 +372,7 @@ class Publisher:
             if total.writes:
                 log.info("slices written", node=node, creates=total.creates, updates=total.updates,
                          deletes=total.deletes)
-            if inv is not None and uid is not None:
-                await self._report_taints(node, uid)
         return total
-
-    async def _report_taints(self, node: str, uid: str) -> None:
-        """A Warning Event on the Node for each device newly tainted (with its XID), a Normal one for each
-        taint removed, as its slices now say (`kubectl describe node` shows them)."""
-        now = {d: h for d, h in self.state.health.get(node, {}).items() if h.state != "Healthy"}
-        before = self._tainted.get(node, {})
-        self._tainted[node] = {d: (h.reason, h.xid) for d, h in now.items()}
-        involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
-        for device, h in now.items():
-            if before.get(device) != (h.reason, h.xid):
-                what = f"XID {h.xid}" if h.reason == "xid" else h.reason or h.state
-                await kube_events.record(
-                    self.api, namespace="default", involved=involved, reason="DeviceTainted", type_="Warning",
-                    component="gpu-dra-publisher",
-                    message=f"{device} ({h.uuid or 'no uuid'}) tainted in its ResourceSlice: {what}"
-                            f"{': ' + h.message if h.message else ''}; new claims avoid it")
-        for device in sorted(set(before) - set(now)):
-            await kube_events.record(
-                self.api, namespace="default", involved=involved, reason="DeviceTaintRemoved",
-                component="gpu-dra-publisher", message=f"{device} is healthy again; its taint was removed")
 
     def _keep_as_is(self, node: str, inv: NodeInventory | None, uid: str | None) -> str:
         """Why a node's slices must stay as they are ("" when the sync may write). Slices are deleted

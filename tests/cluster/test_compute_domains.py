@@ -104,7 +104,7 @@ async def test_a_four_node_domain_across_two_cliques_runs_its_workload_and_leave
     assert all(sorted(indices) == [0, 1] for indices in by_clique.values()), by_clique
     assert len(imex_daemons(cluster)) == 4
     uid = domain["metadata"]["uid"]
-    ready = await _domain_events(api, uid, "Ready")
+    ready = await _domain_events(api, uid, "ComputeDomainReady")
     assert ready and ready[0]["involvedObject"]["kind"] == "ComputeDomain" and "Ready" in ready[0]["message"]
 
     # Tear down: the workload, then the domain; nothing may stay behind or stuck Terminating.

@@ -158,6 +158,12 @@ async def test_standby_controller_takes_over_and_keeps_status_current(world, tmp
             await nodes[1].channels.unprepare("f1", cd["metadata"]["uid"])
             cd = await wait_cd(custom, "fo", lambda o: o and len(o["status"]["nodes"]) == 1)
             assert cd["status"]["status"] == "NotReady"  # numNodes 2 not met
+            # the status changes are Events on the domain (its first NotReady is no news)
+            listed = await client.CoreV1Api(kube).list_namespaced_event("ns")
+            seen = [(e.reason, e.type, e.message) for e in sorted(listed.items, key=lambda e: int(e.metadata.resource_version))
+                    if e.involved_object.kind == crd.KIND and e.involved_object.name == "fo"]
+            assert seen == [("ComputeDomainReady", "Normal", "status Ready: 2 of 2 nodes Ready"),
+                            ("ComputeDomainNotReady", "Warning", "status NotReady: 1 of 2 nodes Ready")]
     finally:
         second_stop.set()
         await second_task

@@ -31,8 +31,6 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/preparer/claims.py", "request:GET"): [(RK, "resourceclaims", {"get"})],
     ("services/computedomain/controller.py", "api:CustomObjectsApi"): [],
     ("services/computedomain/controller.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
-    ("services/computedomain/controller.py", "events:create"): [("", "events", {"create"})],
-    ("services/publisher/service.py", "events:create"): [("", "events", {"create"})],
     ("services/computedomain/controller.py", "get_namespaced_custom_object"): [
         (RN, "computedomains", {"get"}), (RK, "resourceclaimtemplates", {"get"})],
     ("services/computedomain/controller.py", "patch_namespaced_custom_object"): [(RN, "computedomains", {"patch"})],
@@ -53,6 +51,8 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/publisher/nodes.py", "request:GET"): [("", "nodes", {"list"})],
     ("services/publisher/nodes.py", "watch_lines"): [("", "nodes", {"watch"})],
     ("services/publisher/apiversion.py", "get_json"): DISCOVERY,
+    ("services/publisher/taintevents.py", "record_event"): [("", "events", {"create"})],
+    ("services/computedomain/controller.py", "record_event"): [("", "events", {"create"})],
     ("services/publisher/writer.py", "request:GET"): [(RK, "resourceslices", {"list"})],
     ("services/publisher/writer.py", "request:POST"): [(RK, "resourceslices", {"create"})],
     ("services/publisher/writer.py", "request:PUT"): [(RK, "resourceslices", {"update"})],
@@ -71,8 +71,7 @@ _PATTERNS = (
     (re.compile(r"\b(\w+V\d\w*Api|CustomObjectsApi)\("), lambda m: f"api:{m.group(1)}"),
     (re.compile(r"\bkube\.request\(\s*[\w.]+,\s*\"(\w+)\""), lambda m: f"request:{m.group(1)}"),
     (re.compile(r"\b(watch_lines|get_json|call_api)\("), lambda m: m.group(1)),
-    # a Kubernetes Event (shared.kube.events)
-    (re.compile(r"\bkube_events\.record\("), lambda m: "events:create"),
+    (re.compile(r"\b(record_event)\("), lambda m: m.group(1)),  # shared.kube.events: creates an Event
     # the one informer (shared.kube.informer) lists and watches the resource it is given
     (re.compile(r"\bInformer\(\s*Kube\([^)]*\),\s*(\w+)"), lambda m: f"informer:{m.group(1)}"),
 )

@@ -19,6 +19,7 @@ from services.preparer.claims import KubeClaimSource
 from shared.bus import Bus
 from shared.events.claims import ClaimLifecycle
 from shared.natsserver import EmbeddedNats
+from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION
 from tests.preparer.helpers import ApiClaims, claim_doc, gpu_config, running_node
 
 
@@ -43,6 +44,35 @@ async def test_one_trace_from_kubelet_through_discovery_to_checkpoint(
                 assert child in by_name, (child, sorted(by_name))
             assert "serve device-set-sharing" in by_name  # discovery continued the same trace over NATS
             assert by_name["claim.get"].parent.span_id == server.context.span_id
+            await node.plugin.unprepare([claim])
+
+
+async def test_a_kubelet_without_trace_context_gets_the_prepare_into_the_claims_trace(
+        spans: InMemorySpanExporter, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    scheduler = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the claim's trace, as annotated
+    async with running_apiserver(root / "api") as api, api.client() as client:
+        doc = claim_doc(name="annotated", results=[("gpu", "gpu-1")])
+        doc["metadata"]["annotations"] = {CLAIM_TRACEPARENT_ANNOTATION: scheduler}
+        claim = await ApiClaims(client).add(doc)
+        async with running_node(KubeClaimSource(client), root, bus=bus) as node:
+            spans.clear()
+            plugin = node.plugin
+            request = plugin._pb2.NodePrepareResourcesRequest(claims=[plugin._pb2.Claim(  # noqa: SLF001
+                namespace=claim.namespace, uid=claim.uid, name=claim.name)])
+            response = await plugin._stub.NodePrepareResources(request, timeout=30)  # noqa: SLF001 - no metadata
+            assert response.claims[claim.uid].error == ""
+            await node.service.events.drained()
+            finished = spans.get_finished_spans()
+            server = next(s for s in finished if s.name == "NodePrepareResources")
+            assert server.parent is None  # nobody sent a context: the RPC is a root ...
+            prepare = next(s for s in finished if s.name == "claim.prepare")
+            # ... and the claim's prepare continues the scheduler's trace, linked back to the RPC
+            assert prepare.parent is not None and format(prepare.parent.span_id, "016x") == "b7ad6b7169203331"
+            assert format(prepare.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+            assert [link.context.span_id for link in prepare.links] == [server.context.span_id]
+            assert prepare.attributes["dra.device"] == ("gpu-1",)
+            published = [s for s in finished if s.name == "publish claim-lifecycle"]
+            assert len(published) == 2 and all(s.parent.span_id == prepare.context.span_id for s in published)
             await node.plugin.unprepare([claim])
 
 

@@ -8,6 +8,7 @@ from collections.abc import Awaitable
 
 import msgspec
 import pytest
+from kubernetes_asyncio.client import CoreV1Api
 
 import embedded.apiserver.testing as apiserver_testing
 from embedded.apiserver.validation import validate_object
@@ -20,7 +21,6 @@ from shared.events.devices import InjectXidRequest
 from shared.events.inventory import InventoryWithdrawn
 from shared.kube import rest as kube
 from shared.kube.client import kube_api_client
-from shared.kube.rest import get_json
 from shared.telemetry import memory_spans, setup_telemetry
 from tests.publisher.inventories import widened
 
@@ -42,6 +42,14 @@ async def api(tmp_path):
 
 def taints(slices: list[dict]) -> dict[str, list[dict]]:
     return {d["name"]: d["taints"] for s in slices for d in s["spec"].get("devices", []) if d.get("taints")}
+
+
+async def node_events(client, node: str) -> list[tuple[str, str, str]]:
+    """(reason, type, message) of the publisher's Events about the node, oldest first."""
+    listed = await CoreV1Api(client).list_namespaced_event("default")
+    return [(e.reason, e.type, e.message) for e in sorted(listed.items, key=lambda e: int(e.metadata.resource_version))
+            if e.involved_object.kind == "Node" and e.involved_object.name == node
+            and e.source.component == "gpu-dra-publisher"]
 
 
 async def inject(bus: Bus, node: str, uuid: str, **what) -> None:
@@ -81,16 +89,6 @@ async def _has_slices(client, node: str, count: int, driver: str = "gpu.nvidia.c
     return len(await node_slices(client, node, driver)) == count
 
 
-async def _node_events(client, node: str, reason: str) -> list[dict]:
-    """The Events about Node `node` with `reason` (namespace default, as the kubelet's)."""
-    listed = await get_json(client, "/api/v1/namespaces/default/events")
-    return [e for e in listed["items"] if e["involvedObject"]["name"] == node and e["reason"] == reason]
-
-
-async def _node_event(client, node: str, reason: str) -> bool:
-    return bool(await _node_events(client, node, reason))
-
-
 async def test_xid_taints_survive_a_publisher_restart_and_recovery_clears_them(bus, api, nats_server, tmp_path):
     client = api.client_raw
     await ensure_node(client, "n1")
@@ -107,9 +105,9 @@ async def test_xid_taints_survive_a_publisher_restart_and_recovery_clears_them(b
             [taint] = taints(await node_slices(client, "n1"))["gpu-2"]
             assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.nvidia.com/xid", "79", "NoExecute")
             before = await node_slices(client, "n1")
-            await until(pub, lambda: _node_event(client, "n1", "DeviceTainted"))
-            [event] = await _node_events(client, "n1", "DeviceTainted")
-            assert event["type"] == "Warning" and "gpu-2" in event["message"] and "XID 79" in event["message"]
+            assert await node_events(client, "n1") == [
+                ("DeviceTaintAdded", "Warning", "taint gpu.nvidia.com/xid=79:NoExecute added to device "
+                                                "gpu.nvidia.com/gpu-2 in the node's ResourceSlices")]
 
         async with running_publisher(nats_server.url, str(api.kubeconfig_path), taint_effect="NoExecute") as pub:
             await pub.idle()
@@ -121,7 +119,9 @@ async def test_xid_taints_survive_a_publisher_restart_and_recovery_clears_them(b
                 return taints(await node_slices(client, "n1")) == {}
 
             await until(pub, clear)
-            await until(pub, lambda: _node_event(client, "n1", "DeviceTaintRemoved"))
+            assert (await node_events(client, "n1"))[1:] == [  # the restart's first sync only recorded
+                ("DeviceTaintRemoved", "Normal", "taint gpu.nvidia.com/xid=79:NoExecute removed from device "
+                                                 "gpu.nvidia.com/gpu-2 in the node's ResourceSlices")]
             [after] = await node_slices(client, "n1")
             assert after["spec"]["pool"]["generation"] == before[0]["spec"]["pool"]["generation"] + 1
 

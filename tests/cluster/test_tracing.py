@@ -1,0 +1,92 @@
+"""One trace per claim, as an SRE sees it: `gpu-dra up` exporting OTLP over gRPC to an in-test receiver;
+one pod's claim trace holds the scheduler, the kubelet call, the preparer, CDI and checkpoint spans and the
+claim's lifecycle events, with the claim, pod, device and GPU attributes and per-service resources."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.helpers import Up, pod_manifest
+from tests.otlpreceiver import Received, Spans, grpc_receiver
+
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
+
+WANTED = ("scheduler.allocate_claim", "kubelet NodePrepareResources", "NodePrepareResources", "claim.prepare",
+          "cdi.write", "checkpoint.write", "publish claim-lifecycle")
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Up, Spans]]:
+    spans = Spans()
+    server, port = grpc_receiver(spans)
+    cluster = Up(tmp_path_factory.mktemp("traced") / "cluster", nodes=1, env={
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    try:
+        cluster.wait_ready()
+        yield cluster, spans
+    finally:
+        cluster.kill()
+        server.stop(0)
+
+
+def claim_trace(spans: Spans, claim_uid: str, timeout: float = 60) -> list[Received]:
+    """The spans of the trace the scheduler started for the claim, once every WANTED name is in it."""
+    deadline = time.monotonic() + timeout
+    names: set[str] = set()
+    while time.monotonic() < deadline:
+        got = spans.snapshot()
+        roots = [s for s in got if s.name == "scheduler.allocate_claim" and s.attributes.get("dra.claim.uid") == claim_uid]
+        if roots:
+            in_trace = [s for s in got if s.trace_id == roots[0].trace_id]
+            names = {s.name for s in in_trace}
+            if all(n in names for n in WANTED) and sum(s.name == "publish claim-lifecycle" for s in in_trace) >= 2:
+                return in_trace
+        time.sleep(0.2)
+    raise AssertionError(f"claim {claim_uid}'s trace lacks {sorted(set(WANTED) - names)}; has {sorted(names)}")
+
+
+def test_one_claims_trace_goes_from_the_scheduler_to_its_lifecycle_events(traced: tuple[Up, Spans]) -> None:
+    up, spans = traced
+    up.kubectl("apply", "-f", "-", stdin=pod_manifest("traced"))
+    up.kubectl("wait", "--for=condition=Ready", "pod/traced", "--timeout=60s")
+    pod = up.json("get", "pod", "traced")
+    (claim,) = [c for c in up.json("get", "resourceclaims")["items"] if c["metadata"]["name"].startswith("traced-")]
+    uid = claim["metadata"]["uid"]
+    traceparent = claim["metadata"]["annotations"]["gpu.nvidia.com/traceparent"]
+
+    in_trace = claim_trace(spans, uid)
+    by_name = {s.name: s for s in in_trace}
+    root = by_name["scheduler.allocate_claim"]
+    assert traceparent.split("-")[1:3] == [root.trace_id, root.span_id]
+    assert root.parent_span_id == "" and root.links, "a root of its own, linked to the pod's scheduling span"
+    assert root.attributes["k8s.pod.uid"] == pod["metadata"]["uid"]
+    # the kubelet's call continues the claim's trace, and stays the parent of the preparer's server span
+    assert by_name["kubelet NodePrepareResources"].parent_span_id == root.span_id
+    assert by_name["NodePrepareResources"].parent_span_id == by_name["kubelet NodePrepareResources"].span_id
+    prepare = by_name["claim.prepare"]
+    assert prepare.parent_span_id == by_name["NodePrepareResources"].span_id
+    assert (root.trace_id, root.span_id) in prepare.links
+    assert prepare.attributes["dra.claim.uid"] == uid
+    assert prepare.attributes["k8s.namespace.name"] == "default"
+    assert prepare.attributes["k8s.pod.uid"] == pod["metadata"]["uid"]
+    (device,) = prepare.attributes["dra.device"]
+    assert device.startswith("gpu-") and prepare.attributes["gpu.uuid"][0].startswith("GPU-")
+    assert prepare.attributes["cdi.device_ids"] == [f"k8s.gpu.nvidia.com/claim={uid}-{device}"]
+    # the lifecycle events are published (from the outbox, later) in the spans that caused them
+    spans_by_id = {s.span_id: s for s in in_trace}
+    published = [s for s in in_trace if s.name == "publish claim-lifecycle"]
+    assert all(spans_by_id[s.parent_span_id].name == "claim.prepare" for s in published)
+    assert {s.attributes["messaging.destination.name"].rsplit(".", 1)[1] for s in published} >= {
+        "prepare-started", "prepared"}
+    # resources: one logical service each, the node apart
+    services = {s.resource["service.name"] for s in in_trace}
+    assert {"gpu-dra-scheduler", "gpu-dra-kubelet", "gpu-dra-preparer"} <= services, services
+    preparer = by_name["claim.prepare"].resource
+    assert preparer["k8s.node.name"] == "gpu-node-0"
+    assert preparer["service.version"] and preparer["service.instance.id"]
