@@ -60,6 +60,7 @@ from shared.telemetry import extract_context, inject_headers
 log = get_logger(__name__)
 NATS_CONNECTED = Gauge("gpu_dra_nats_connected", "1 while the client's NATS connection is up", ["client"])
 NATS_RECONNECTS = Counter("gpu_dra_nats_reconnects", "NATS reconnections after a lost connection", ["client"])
+JETSTREAM_RETRIES = Counter("gpu_dra_jetstream_retries", "JetStream calls retried (leader changes, reconnects)")
 DEAD_LETTERS = Counter("gpu_dra_dead_letters", "Messages a consumer refused and filed as dead letters",
                        ["consumer", "reason"])
 tracer = trace.get_tracer(__name__)
@@ -124,6 +125,7 @@ async def retry_jetstream(
                     f"({type(exc).__name__}: {exc}); check that a majority of the NATS cluster is up"
                 ) from exc
             log.warning("jetstream call retried", call=what, attempt=attempts, error=type(exc).__name__)
+            JETSTREAM_RETRIES.inc()
             await asyncio.sleep(delay)
             delay = backoff.next()
 

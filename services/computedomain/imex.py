@@ -23,7 +23,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from services.computedomain import orphans
 from shared.backoff import Backoff
@@ -31,6 +31,7 @@ from shared.logs import get_logger
 from shared.tasks import cancel_and_wait, cancelling, raise_if_cancelling
 
 log = get_logger(__name__)
+IMEX_RUNNING = Gauge("gpu_dra_imex_daemons_running", "IMEX daemons this agent runs now")
 IMEX_RESTARTS = Counter("gpu_dra_imex_daemon_restarts", "IMEX daemons restarted after they died")
 
 _STOP_GRACE_S = 5.0
@@ -265,6 +266,7 @@ class ImexSupervisor:
             self.reloads_done = 0
             started = asyncio.get_running_loop().time()
             log.info("IMEX daemon started", daemon=self.name, pid=proc.pid, restarts=self.restarts)
+            IMEX_RUNNING.inc()
             helpers = [asyncio.create_task(self._read_status(proc)), asyncio.create_task(self._signaller(proc))]
             if self.check_argv:
                 helpers.append(asyncio.create_task(self._check_loop()))
@@ -279,6 +281,7 @@ class ImexSupervisor:
             replaced = not exited.done() and self._restart.is_set() and not self._ending()
             if not exited.done():
                 await self._terminate(proc)
+            IMEX_RUNNING.dec()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(helpers[0], 2.0)
             if self.pid_file is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from services.publisher import apiversion, slices, split
 from services.publisher.config import PublisherConfig
@@ -43,6 +43,8 @@ WRITES = Counter("gpu_dra_publisher_slice_writes", "ResourceSlice writes", ["ver
 LATENCY = Histogram("gpu_dra_publisher_inventory_to_slice_seconds",
                     "From an inventory's observation to its slices being written",
                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+QUEUE_DEPTH = Gauge("gpu_dra_publisher_queue_depth", "Nodes waiting for a slice sync or being synced")
+OWNED_NODES = Gauge("gpu_dra_publisher_owned_nodes", "Nodes with an inventory that this replica owns")
 RETRY_DELAY_S = 2.0
 
 
@@ -158,6 +160,8 @@ class Publisher:
                                         compute_domains=cfg.compute_domains)
         self.state = NodeState()
         self.queue = WorkQueue()
+        QUEUE_DEPTH.set_function(lambda: len(self.queue))  # read at scrape time: nodes waiting or syncing
+        OWNED_NODES.set_function(lambda: sum(1 for node in self.state.inventory if self.membership.owns(node)))
         self.writer: SliceWriter | None = None
         self.nodes = NodeWatcher(api_client, self._node_changed)
         self.membership = Membership(bus, cfg.replica_id, heartbeat_s=cfg.heartbeat_seconds,
