@@ -173,6 +173,23 @@ def _service_ports(o: dict[str, Any]) -> str:
     return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports) or "<none>"
 
 
+def _node_address(kind: str) -> Callable[[dict[str, Any]], str]:
+    """The node's first address of `kind` (InternalIP, ExternalIP), "<none>" without one, as upstream."""
+    def cell(o: dict[str, Any]) -> str:
+        for address in (o.get("status") or {}).get("addresses") or []:
+            if isinstance(address, dict) and address.get("type") == kind:
+                return str(address.get("address", ""))
+        return "<none>"
+    return cell
+
+
+def _node_info(field: str) -> Callable[[dict[str, Any]], str]:
+    """status.nodeInfo.<field>, "<unknown>" when empty, as upstream prints OS image, kernel and runtime."""
+    def cell(o: dict[str, Any]) -> str:
+        return str(((o.get("status") or {}).get("nodeInfo") or {}).get(field) or "<unknown>")
+    return cell
+
+
 def _created_at(o: dict[str, Any]) -> str:
     return str(_md(o).get("creationTimestamp", ""))
 
@@ -184,7 +201,12 @@ COLUMNS: dict[tuple[str, str], list[Column]] = {
                    ("Nominated Node", "string", "", 1, _get("status.nominatedNodeName")),
                    ("Readiness Gates", "string", "", 1, lambda o: "<none>")],
     ("", "nodes"): [NAME, ("Status", "string", "", 0, _node_status), ("Roles", "string", "", 0, _node_roles), AGE,
-                    ("Version", "string", "", 0, _get("status.nodeInfo.kubeletVersion"))],
+                    ("Version", "string", "", 0, _get("status.nodeInfo.kubeletVersion")),
+                    ("Internal-IP", "string", "", 1, _node_address("InternalIP")),
+                    ("External-IP", "string", "", 1, _node_address("ExternalIP")),
+                    ("OS-Image", "string", "", 1, _node_info("osImage")),
+                    ("Kernel-Version", "string", "", 1, _node_info("kernelVersion")),
+                    ("Container-Runtime", "string", "", 1, _node_info("containerRuntimeVersion"))],
     ("", "namespaces"): [NAME, ("Status", "string", "", 0, _get("status.phase")), AGE],
     ("", "configmaps"): [NAME, ("Data", "integer", "", 0, lambda o: len(o.get("data") or {}) + len(
         o.get("binaryData") or {})), AGE],

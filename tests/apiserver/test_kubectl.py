@@ -184,3 +184,25 @@ async def test_typed_create_subcommands_send_protobuf(kubectl: Kubectl, api: Run
         assert (await core.read_namespace("team")).status.phase == "Active"
     rc, _, err = await kubectl("create", "deployment", "web", "--image=nginx", check=False)
     assert rc != 0 and "send Deployment as application/json" in err
+
+
+async def test_get_nodes_wide_has_upstreams_columns(kubectl: Kubectl) -> None:
+    await kubectl("apply", "-f", "-", stdin="""
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+status:
+  addresses: [{type: Hostname, address: n1}, {type: InternalIP, address: 10.0.0.7}]
+  nodeInfo: {kubeletVersion: v1.34.0, osImage: Ubuntu 24.04, kernelVersion: 6.8.0, containerRuntimeVersion: "",
+             machineID: m, systemUUID: u, bootID: b, kubeProxyVersion: "", operatingSystem: linux,
+             architecture: amd64}
+""")
+    _, out, _ = await kubectl("get", "nodes", "-o", "wide")
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION", "INTERNAL-IP", "EXTERNAL-IP", "OS-IMAGE",
+                              "KERNEL-VERSION", "CONTAINER-RUNTIME"]
+    cells = row.split()
+    assert cells[0] == "n1" and cells[4] == "v1.34.0" and cells[5:7] == ["10.0.0.7", "<none>"], row
+    assert cells[7:] == ["Ubuntu", "24.04", "6.8.0", "<unknown>"], row
+    _, narrow, _ = await kubectl("get", "nodes")
+    assert "INTERNAL-IP" not in narrow
