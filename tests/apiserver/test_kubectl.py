@@ -206,3 +206,22 @@ status:
     assert cells[7:] == ["Ubuntu", "24.04", "6.8.0", "<unknown>"], row
     _, narrow, _ = await kubectl("get", "nodes")
     assert "INTERNAL-IP" not in narrow
+
+
+async def test_apply_a_list_and_an_unknown_kind_with_the_protobuf_openapi_v2(kubectl: Kubectl,
+                                                                             api: RunningApiServer) -> None:
+    # kubectl's validation reads /openapi/v2 only as protobuf (gnostic's openapi.v2.Document)
+    await kubectl("apply", "-f", "-", stdin="""
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: ConfigMap, metadata: {name: l1, namespace: default}, data: {a: "1"}}
+- {apiVersion: v1, kind: ConfigMap, metadata: {name: l2, namespace: default}, data: {b: "2"}}
+""")
+    async with api.client() as c:
+        names = {cm.metadata.name for cm in (await client.CoreV1Api(c).list_namespaced_config_map("default")).items}
+    assert {"l1", "l2"} <= names
+    rc, _, err = await kubectl("apply", "-f", "-", check=False,
+                               stdin="apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n")
+    assert rc == 1 and 'no matches for kind "Widget" in version "example.com/v1"' in err, err
+    assert "proto" not in err
