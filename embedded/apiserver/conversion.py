@@ -15,7 +15,7 @@ from typing import Any
 
 GROUP = "resource.k8s.io"
 STORAGE_VERSION = "v1"
-SERVED_VERSIONS = ("v1", "v1beta1")
+SERVED_VERSIONS = ("v1", "v1beta2", "v1beta1")
 DRA_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"})
 
 _V1_SHAPE = frozenset({"v1", "v1beta2"})

@@ -6,6 +6,7 @@ the APIs that store nothing (authapi.py). Errors leave as Status objects.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from embedded.apiserver import (
     discovery,
     errors,
     openapi_docs,
+    openapi_proto,
     patch,
     podlogs,
     protobuf,
@@ -148,6 +150,9 @@ class Handlers:
         doc = openapi_docs.v2(self.registry)
         if doc is None:
             raise errors.ApiError(404, "NotFound", "the OpenAPI v2 document is not available in this build")
+        if openapi_proto.wants_protobuf(request.headers.get("Accept", "")):
+            body = await asyncio.to_thread(openapi_proto.document, doc)
+            return web.Response(body=body, headers={"Content-Type": openapi_proto.RESPONSE_TYPE})
         return json_response(doc)
 
     async def openapi_v3_index(self, request: web.Request) -> web.Response:

@@ -308,6 +308,6 @@ def openapi_v2_bytes(resources: Iterable[Any] | None = None) -> bytes:
 
 def openapi_v2(resources: Iterable[Any] | None = None) -> dict[str, Any]:
     """The Swagger 2.0 document (/openapi/v2, JSON) with definitions for every served kind.
-    Note: client-go asks for it only as protobuf; answer 406 to that and kubectl falls back."""
+    client-go asks for it as protobuf: http.py answers that with openapi_proto.document(this)."""
     doc: dict[str, Any] = msgspec.json.decode(openapi_v2_bytes(resources))
     return doc

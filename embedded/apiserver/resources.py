@@ -122,10 +122,10 @@ BUILTIN: list[Resource] = [
        "validatingadmissionpolicybindings", False, categories=["api-extensions"]),
     _r("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
        short_names=["crd", "crds"], categories=["api-extensions"], subresources=["status"]),
-    _r("resource.k8s.io", "v1,v1beta1", "DeviceClass", "deviceclasses", False),
-    _r("resource.k8s.io", "v1,v1beta1", "ResourceClaim", "resourceclaims", True, subresources=["status"]),
-    _r("resource.k8s.io", "v1,v1beta1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
-    _r("resource.k8s.io", "v1,v1beta1", "ResourceSlice", "resourceslices", False,
+    _r("resource.k8s.io", "v1,v1beta2,v1beta1", "DeviceClass", "deviceclasses", False),
+    _r("resource.k8s.io", "v1,v1beta2,v1beta1", "ResourceClaim", "resourceclaims", True, subresources=["status"]),
+    _r("resource.k8s.io", "v1,v1beta2,v1beta1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
+    _r("resource.k8s.io", "v1,v1beta2,v1beta1", "ResourceSlice", "resourceslices", False,
        field_selectors=("spec.nodeName", "spec.driver")),
 ]
 

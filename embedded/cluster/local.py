@@ -36,6 +36,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from embedded.cluster import identities
 from embedded.cluster.natsidentities import ADMIN, CONTROLLER, PUBLISHER, NatsIdentities, issue_identities
 from embedded.cluster.processes import RESTARTS, RUNNING, ProcessFailed, Supervisor, describe_exit, gpu_dra
+from services.discovery import profiles
+from services.discovery.machine import MachineError, parse_spec
 from shared.backoff import Backoff
 from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, load_config_or_report
@@ -61,14 +63,26 @@ C = TypeVar("C", bound="ClusterConfig")
 
 class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     nodes: Annotated[int, msgspec.Meta(ge=1, description="simulated GPU nodes")] = 2
-    gpus: str = "h100x8"  # --simulate spec for every node, or SPEC;SPEC;... one per node (cycled)
-    machine: str = ""  # YAML machine file for every node (instead of --gpus)
-    kubeconfig: str = ""  # where to write the kubeconfig (default <data-dir>/kubeconfig)
-    data_dir: str = ""  # all state; a temp dir removed on exit when not given
-    node_prefix: str = "gpu-node-"
-    dynamic_mig: bool = False  # publish MIG-capable GPUs as partitionable devices
-    compute_domains: bool = True  # run a ComputeDomain agent (IMEX daemons) on every node
-    start_timeout: float = 90.0
+    gpus: Annotated[str, msgspec.Meta(description=(
+        "the simulated GPUs of every node: <profile>x<count>[:mig][,clique=N] joined by '+' for one node "
+        "(h100x4+l40sx2), SPEC;SPEC;... one per node (cycled); clique=N sets the NVLink clique "
+        f"(gb200x4:clique=7); profiles: {', '.join(profiles.choices())}"))] = "h100x8"
+    machine: Annotated[str, msgspec.Meta(description=(
+        "YAML machine file (docs/discovery.md) for every node, instead of --gpus"))] = ""
+    kubeconfig: Annotated[str, msgspec.Meta(description=(
+        "where to write the admin kubeconfig; empty: <data-dir>/kubeconfig"))] = ""
+    data_dir: Annotated[str, msgspec.Meta(description=(
+        "all state (API objects, logs, node dirs); run again on it to resume; empty: a temp dir removed "
+        "on exit"))] = ""
+    node_prefix: Annotated[str, msgspec.Meta(description=(
+        "node names are <prefix><index>: lowercase letters, digits and '-'"))] = "gpu-node-"
+    dynamic_mig: Annotated[bool, msgspec.Meta(description=(
+        "publish MIG-capable GPUs as partitionable devices with counters (the publisher's --mig-mode dynamic)"
+    ))] = False
+    compute_domains: Annotated[bool, msgspec.Meta(description=(
+        "run a ComputeDomain agent (simulated IMEX daemon) on every node"))] = True
+    start_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
+        "seconds each start step (a node's inventory, a node Ready) may take"))] = 90.0
     runtime: Annotated[str, msgspec.Meta(description=(
         "sandbox: each container's command runs under bubblewrap (read-only host root, no network, own PID "
         "namespace; logs, exits, restarts); none: containers are not executed, pods only show Running"))] = "sandbox"
@@ -88,13 +102,25 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
             except ValueError as exc:
                 raise ValueError(f"--node-prefix {self.node_prefix!r} makes node names a NATS user cannot be "
                                  f"named after ({exc}); use lowercase letters, digits and '-'") from None
+        if self.machine and not Path(self.machine).is_file():
+            raise ValueError(f"--machine {self.machine!r} is not a file; give a YAML machine file (docs/discovery.md)")
+        if not self.machine:
+            for spec in {self.node_spec(index) for index in range(self.nodes)}:
+                try:
+                    parse_spec(spec)
+                except MachineError as exc:
+                    raise ValueError(f"--gpus {spec!r}: {exc}") from None
         if self.runtime not in ("sandbox", "none"):
             raise ValueError(f"--runtime {self.runtime!r}: use sandbox (containers run under bubblewrap) or none")
 
 
 def publisher_argv(cfg: ClusterConfig) -> list[str]:
-    """The publisher's command line for this cluster (its MIG flag is `--mig-mode static|dynamic`)."""
-    return ["publisher", "--mig-mode", "dynamic" if cfg.dynamic_mig else "static"]
+    """The publisher's command line for this cluster (its MIG flag is `--mig-mode static|dynamic`). The
+    embedded API server validates slices by the 1.35 rules (a slice has devices or sharedCounters, not both)
+    while /version says 1.34, so dynamic MIG names its counter layout rather than deriving it."""
+    if cfg.dynamic_mig:
+        return ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice"]
+    return ["publisher", "--mig-mode", "static"]
 
 
 class ClusterNats(EmbeddedNats):

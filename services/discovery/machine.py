@@ -82,7 +82,10 @@ def parse_spec(spec: str) -> MachineSpec:
             if opt == "mig":
                 mig = True
             elif opt.startswith("clique="):
-                clique = int(opt.split("=", 1)[1])
+                value = opt.split("=", 1)[1]
+                if not value.isdigit():
+                    raise MachineError(f"clique={value!r} in {part!r}: the clique is a number, e.g. clique=7")
+                clique = int(value)
             else:
                 raise MachineError(f"unknown --simulate option {opt!r} in {part!r}; valid: mig, clique=N")
         gpus.append(GpuSpec(profile=m.group("profile"), count=int(m.group("count") or 1),

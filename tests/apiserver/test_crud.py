@@ -220,6 +220,29 @@ async def test_v1beta1_reads_and_writes_share_one_storage_version(api: RunningAp
         assert again.api_version == "resource.k8s.io/v1" and again.spec.devices[0].name == "gpu-0"
 
 
+async def test_v1beta2_is_discovered_and_converts_with_v1_and_v1beta1(api: RunningApiServer) -> None:
+    async with api.client() as c:
+        group = await client.ApisApi(c).get_api_versions()
+        (dra,) = [g for g in group.groups if g.name == "resource.k8s.io"]
+        assert [v.version for v in dra.versions] == ["v1", "v1beta2", "v1beta1"]
+        assert dra.preferred_version.version == "v1"
+        kinds = await client.ResourceV1beta2Api(c).get_api_resources()
+        assert {r.kind for r in kinds.resources if "/" not in r.name} == \
+            {"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"}
+        beta2 = client.ResourceV1beta2Api(c)
+        await beta2.create_resource_slice({**slice_body("s-beta2"), "apiVersion": "resource.k8s.io/v1beta2"})
+        v1 = await client.ResourceV1Api(c).read_resource_slice("s-beta2")
+        assert v1.api_version == "resource.k8s.io/v1" and v1.spec.devices[0].name == "gpu-0"
+        beta1 = await client.ResourceV1beta1Api(c).read_resource_slice("s-beta2")
+        assert beta1.spec.devices[0].basic is not None  # the v1beta1 shape
+        await client.ResourceV1Api(c).create_namespaced_resource_claim("default", claim_body("c2"))
+        claim = await beta2.read_namespaced_resource_claim("c2", "default")
+        assert claim.api_version == "resource.k8s.io/v1beta2"
+        assert claim.spec.devices.requests[0].exactly.device_class_name == "gpu.nvidia.com"
+        listed = await beta2.list_resource_slice()
+        assert listed.api_version == "resource.k8s.io/v1beta2" and [s.metadata.name for s in listed.items] == ["s-beta2"]
+
+
 async def test_leases_events_nodes_and_namespaced_kinds(api: RunningApiServer) -> None:
     async with api.client() as c:
         coord = client.CoordinationV1Api(c)

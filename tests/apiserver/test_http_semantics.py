@@ -102,7 +102,7 @@ async def test_discovery_documents(http: Http) -> None:
     assert status == 200 and version["major"] == "1" and version["gitVersion"].startswith("v1.")
     _, groups, _ = await http("GET", "/apis")
     resource = next(g for g in groups["groups"] if g["name"] == "resource.k8s.io")
-    assert [v["version"] for v in resource["versions"]] == ["v1", "v1beta1"]
+    assert [v["version"] for v in resource["versions"]] == ["v1", "v1beta2", "v1beta1"]
     assert resource["preferredVersion"]["version"] == "v1"
     status, slashed, _ = await http("GET", "/apis/")  # the trailing slash some clients send
     assert status == 200 and slashed == groups

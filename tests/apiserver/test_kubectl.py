@@ -184,3 +184,44 @@ async def test_typed_create_subcommands_send_protobuf(kubectl: Kubectl, api: Run
         assert (await core.read_namespace("team")).status.phase == "Active"
     rc, _, err = await kubectl("create", "deployment", "web", "--image=nginx", check=False)
     assert rc != 0 and "send Deployment as application/json" in err
+
+
+async def test_get_nodes_wide_has_upstreams_columns(kubectl: Kubectl) -> None:
+    await kubectl("apply", "-f", "-", stdin="""
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+status:
+  addresses: [{type: Hostname, address: n1}, {type: InternalIP, address: 10.0.0.7}]
+  nodeInfo: {kubeletVersion: v1.34.0, osImage: Ubuntu 24.04, kernelVersion: 6.8.0, containerRuntimeVersion: "",
+             machineID: m, systemUUID: u, bootID: b, kubeProxyVersion: "", operatingSystem: linux,
+             architecture: amd64}
+""")
+    _, out, _ = await kubectl("get", "nodes", "-o", "wide")
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION", "INTERNAL-IP", "EXTERNAL-IP", "OS-IMAGE",
+                              "KERNEL-VERSION", "CONTAINER-RUNTIME"]
+    cells = row.split()
+    assert cells[0] == "n1" and cells[4] == "v1.34.0" and cells[5:7] == ["10.0.0.7", "<none>"], row
+    assert cells[7:] == ["Ubuntu", "24.04", "6.8.0", "<unknown>"], row
+    _, narrow, _ = await kubectl("get", "nodes")
+    assert "INTERNAL-IP" not in narrow
+
+
+async def test_apply_a_list_and_an_unknown_kind_with_the_protobuf_openapi_v2(kubectl: Kubectl,
+                                                                             api: RunningApiServer) -> None:
+    # kubectl's validation reads /openapi/v2 only as protobuf (gnostic's openapi.v2.Document)
+    await kubectl("apply", "-f", "-", stdin="""
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: ConfigMap, metadata: {name: l1, namespace: default}, data: {a: "1"}}
+- {apiVersion: v1, kind: ConfigMap, metadata: {name: l2, namespace: default}, data: {b: "2"}}
+""")
+    async with api.client() as c:
+        names = {cm.metadata.name for cm in (await client.CoreV1Api(c).list_namespaced_config_map("default")).items}
+    assert {"l1", "l2"} <= names
+    rc, _, err = await kubectl("apply", "-f", "-", check=False,
+                               stdin="apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n")
+    assert rc == 1 and 'no matches for kind "Widget" in version "example.com/v1"' in err, err
+    assert "proto" not in err

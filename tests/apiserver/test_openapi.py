@@ -21,6 +21,7 @@ from embedded.apiserver.openapi import (
     remove_crd_schema,
 )
 from embedded.apiserver.resources import BUILTIN
+from embedded.apiserver.testing import RunningApiServer
 
 KUBECTL = shutil.which("kubectl")
 CRD = {
@@ -289,3 +290,16 @@ async def test_kubectl_explain_reads_a_crd_schema(kube_env: dict[str, Any]) -> N
     assert rc == 0, out
     assert "KIND:       Widget" in out and "What the widget should be." in out, out
     assert "size\t<integer>" in out and "Widget size in cm." in out, out
+
+
+async def test_openapi_v2_protobuf_is_a_gnostic_document(api: RunningApiServer) -> None:
+    import aiohttp
+
+    from embedded.apiserver import openapi_proto
+    headers = {"Accept": openapi_proto.MEDIA_TYPE, "Authorization": f"Bearer {api.token}"}
+    async with aiohttp.ClientSession() as session, \
+            session.get(api.url + "/openapi/v2", headers=headers, ssl=False) as reply:
+        body = await reply.read()
+        assert reply.status == 200 and reply.headers["Content-Type"] == openapi_proto.RESPONSE_TYPE
+    assert body.startswith(b"\x0a\x032.0")  # Document.swagger (field 1) = "2.0"
+    assert b"io.k8s.api.resource.v1.ResourceSlice" in body and b"x-kubernetes-group-version-kind" in body
