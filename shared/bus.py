@@ -652,11 +652,12 @@ class Bus:
             span.set_attribute("messaging.system", "nats")
             span.set_attribute("messaging.destination.name", subject)
             payload = encode(message)
-            # every durable publish carries a message id, so a retry is de-duplicated by the stream
-            msg_id = msg_id or (uuid.uuid4().hex if durable else None)
-            headers = cloudevents.headers(entry, message, subject, msg_id or uuid.uuid4().hex, self.name)
-            if msg_id:
-                headers["Nats-Msg-Id"] = msg_id
+            # every durable publish carries a message id, so a retry is de-duplicated by the stream; the
+            # id (given or drawn) is also the CloudEvents id of an event that has no event id of its own
+            event_id = msg_id or uuid.uuid4().hex
+            headers = cloudevents.headers(entry, message, subject, event_id, self.name)
+            if msg_id or durable:
+                headers["Nats-Msg-Id"] = event_id
             headers = inject_headers(headers)
             if durable:
                 await publish_with_retry(self.js, subject, payload, headers)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import platform
 import signal
 import sys
@@ -25,7 +24,7 @@ from shared.health import HEALTH, serve
 from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats
 from shared.tasks import cancel_and_wait
-from shared.telemetry import setup_telemetry, shutdown_telemetry
+from shared.telemetry import package_version, setup_telemetry, shutdown_telemetry
 
 log = get_logger(__name__)
 C = TypeVar("C", bound=CommonConfig)
@@ -92,13 +91,6 @@ def stop_event() -> asyncio.Event:
 
 BUILD_INFO = Gauge("gpu_dra_build_info", "1, labelled with what runs: the service, the package version, Python",
                    ["service", "version", "python"])
-
-
-def package_version() -> str:
-    try:
-        return importlib.metadata.version("gpu-dra")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def prepare_process(config: CommonConfig, service: str) -> None:

@@ -133,14 +133,15 @@ def service_resource(service: str, node: str = "") -> Resource:
         "service.name": logical if logical.startswith("gpu-dra") else f"gpu-dra-{logical}",
         "service.namespace": "gpu-dra",
         "service.instance.id": f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
-        "service.version": _version(),
+        "service.version": package_version(),
     }
     if node:
         attributes["k8s.node.name"] = node
     return Resource.create(attributes)
 
 
-def _version() -> str:
+def package_version() -> str:
+    """The installed gpu-dra version (`service.version`, `gpu_dra_build_info`)."""
     try:
         return importlib.metadata.version("gpu-dra")
     except importlib.metadata.PackageNotFoundError:
@@ -177,16 +178,14 @@ def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str
     provider.sampler = PeriodicSampler(provider.sampler, periodic_ratio())  # base: OTEL_TRACES_SAMPLER
     if otlp:
         provider.add_span_processor(BatchSpanProcessor(otlp_exporter()))
-    if chosen in ("none", ""):
-        pass
-    elif chosen == "console":
+    if chosen == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif chosen.startswith("file:"):
         provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(chosen[5:])))
     elif chosen == "memory":
         _memory_exporter = InMemorySpanExporter()
         provider.add_span_processor(SimpleSpanProcessor(_memory_exporter))
-    else:
+    elif chosen not in ("none", ""):  # none beside OTLP: OTLP only
         raise ValueError(f"unknown trace exporter {chosen!r}: use none, console, memory or file:<path>")
     trace.set_tracer_provider(provider)
     _provider = provider
@@ -275,6 +274,7 @@ __all__ = [
     "kubelet_context",
     "memory_spans",
     "otlp_exporter",
+    "package_version",
     "propagate",
     "service_resource",
     "PeriodicSampler",

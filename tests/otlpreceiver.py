@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -20,6 +22,8 @@ def _value(v: AnyValue) -> Any:
         return [_value(x) for x in v.array_value.values]
     return getattr(v, kind) if kind else None
 
+
+T = TypeVar("T")
 
 @dataclass
 class Received:
@@ -36,7 +40,7 @@ class Spans:
     """What the receivers were sent (thread-safe)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self.spans: list[Received] = []
         self.requests = 0
 
@@ -54,10 +58,22 @@ class Spans:
         with self._lock:
             self.spans.extend(got)
             self.requests += 1
+            self._lock.notify_all()
 
     def snapshot(self) -> list[Received]:
         with self._lock:
             return list(self.spans)
+
+    def wait_for(self, found: Callable[[list[Received]], T | None], timeout: float) -> T | None:
+        """`found(spans)` once it is not None, re-checked at every export received; None at `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while (result := found(list(self.spans))) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._lock.wait(left)
+            return result
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):

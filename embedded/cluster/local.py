@@ -37,12 +37,14 @@ from embedded.cluster import identities
 from embedded.cluster.natsidentities import ADMIN, CONTROLLER, PUBLISHER, NatsIdentities, issue_identities
 from embedded.cluster.processes import RESTARTS, RUNNING, ProcessFailed, Supervisor, describe_exit, gpu_dra
 from services.discovery import profiles
+from services.discovery.config import sim_state_file, simulated_state_dir
 from services.discovery.machine import MachineError, parse_spec
 from shared.backoff import Backoff
 from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, load_config_or_report
 from shared.deviceclasses import device_classes
 from shared.events import catalog
+from shared.events.tail import LOCAL_CLUSTER_FILE
 from shared.health import HEALTH, serve
 from shared.kube.client import kube_api_client
 from shared.logs import get_logger, setup_logging
@@ -255,7 +257,7 @@ class LocalCluster:
         env = self.nats_env()
         text = json.dumps({"url": env["GPU_DRA_NATS_URL"], "creds": env.get("GPU_DRA_NATS_CREDS", ""),
                            "user": env.get("GPU_DRA_NATS_USER", "")}, indent=2) + "\n"
-        identities.write_secret(self.data_dir / "nats.json", text)
+        identities.write_secret(self.data_dir / LOCAL_CLUSTER_FILE, text)
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -294,6 +296,9 @@ class LocalCluster:
         await self._install_identities(kubelets)
         await self._start_cluster_services()
         await asyncio.gather(*(self._start_node(node) for node in self.node_names))
+        if self.metrics_ports:
+            await asyncio.to_thread(
+                (self.data_dir / "metrics.json").write_text, json.dumps(self.metrics_ports, indent=2) + "\n")
         await sup.wait_until("ResourceSlices for every node", self._slices_published, timeout=self.cfg.start_timeout)
         self.progress(f"ResourceSlices published  {len(self.node_names)} node(s)")
 
@@ -444,8 +449,6 @@ class LocalCluster:
         if self.cfg.metrics_port > 0:
             port = self.metrics_ports.setdefault(name, self.cfg.metrics_port + 1 + len(self.metrics_ports))
             extra = {"GPU_DRA_METRICS_PORT": str(port)}
-            await asyncio.to_thread(
-                (self.data_dir / "metrics.json").write_text, json.dumps(self.metrics_ports, indent=2) + "\n")
         await self.supervisor.start(name, argv, env={**(env or {}), **extra})
 
     async def _start_cluster_services(self) -> None:
@@ -499,7 +502,7 @@ class LocalCluster:
             "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"]), "--runtime", self.cfg.runtime,
             "--backoff-seconds", str(self.cfg.restart_backoff),
             "--pod-log-dir", str(self.pod_log_dir),
-            "--sim-state", str(paths["root"] / "var" / "lib" / "gpu-dra" / f"simnvml-{node}.json")), env=kubelet_env)
+            "--sim-state", str(sim_state_file(simulated_state_dir(paths["root"]), node))), env=kubelet_env)
         await self.supervisor.wait_until(f"{node} Ready", lambda: self._node_ready(node),
                                          timeout=self.cfg.start_timeout)
         self.progress(f"node {node:<18} discovery, preparer, kubelet ready")

@@ -11,63 +11,10 @@ Exit 0 with a waterfall, 1 when the file has no trace of the claim, 2 for bad ar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
-from embedded.cluster.waterfall import render
-
-Span = dict[str, Any]
-
-
-def _otlp_value(value: dict[str, Any]) -> Any:
-    if "arrayValue" in value:
-        return [_otlp_value(v) for v in value["arrayValue"].get("values") or []]
-    for kind in ("stringValue", "boolValue", "doubleValue"):
-        if kind in value:
-            return value[kind]
-    if "intValue" in value:
-        return int(value["intValue"])
-    return None
-
-
-def _otlp_spans(doc: dict[str, Any]) -> list[Span]:
-    """The spans of one OTLP-JSON ExportTraceServiceRequest, in the span store's flat shape."""
-    out: list[Span] = []
-    for rs in doc.get("resourceSpans") or []:
-        resource = {a["key"]: _otlp_value(a.get("value") or {}) for a in (rs.get("resource") or {}).get("attributes") or []}
-        for ss in rs.get("scopeSpans") or []:
-            for s in ss.get("spans") or []:
-                out.append({
-                    "name": s.get("name", ""), "service": resource.get("service.name"),
-                    "node": resource.get("k8s.node.name", ""), "trace_id": s.get("traceId", ""),
-                    "span_id": s.get("spanId", ""), "parent_span_id": s.get("parentSpanId", ""),
-                    "start_ns": int(s.get("startTimeUnixNano") or 0), "end_ns": int(s.get("endTimeUnixNano") or 0),
-                    "status": "ERROR" if (s.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR") else "OK",
-                    "attributes": {a["key"]: _otlp_value(a.get("value") or {}) for a in s.get("attributes") or []}})
-    return out
-
-
-def read_span_file(path: Path) -> list[Span]:
-    """Spans from a span-store (JSON lines) or OTLP-JSON file; lines that are not JSON are skipped."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        docs: list[Any] = [json.loads(text)]
-    except ValueError:
-        docs = []
-        for line in text.splitlines():
-            try:
-                docs.append(json.loads(line))
-            except ValueError:
-                continue  # a line still being written
-    spans: list[Span] = []
-    for doc in docs:
-        if isinstance(doc, dict) and "resourceSpans" in doc:
-            spans += _otlp_spans(doc)
-        elif isinstance(doc, dict) and "trace_id" in doc:
-            spans.append(doc)
-    return spans
+from embedded.cluster.waterfall import Span, parse_spans, render
 
 
 def _names_claim(span: Span, claim: str) -> bool:
@@ -107,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     path: Path = args.file or args.data_dir / "traces.jsonl"
     try:
-        spans = read_span_file(path)
+        spans = parse_spans(path.read_text(encoding="utf-8"))
     except OSError as exc:
         print(f"gpu-dra trace: error: cannot read {path}: {exc.strerror or exc} (run the cluster with "
               "GPU_DRA_OTEL_EXPORTER=file:<data dir>/traces.jsonl, or give an OTLP-JSON file)", file=sys.stderr)

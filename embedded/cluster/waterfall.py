@@ -12,20 +12,64 @@ from pathlib import Path
 from typing import Any
 
 BAR_WIDTH = 32
+Span = dict[str, Any]
 
 
-def read_spans(path: Path) -> list[dict[str, Any]]:
-    spans: list[dict[str, Any]] = []
+def _otlp_value(value: dict[str, Any]) -> Any:
+    if "arrayValue" in value:
+        return [_otlp_value(v) for v in value["arrayValue"].get("values") or []]
+    for kind in ("stringValue", "boolValue", "doubleValue"):
+        if kind in value:
+            return value[kind]
+    if "intValue" in value:
+        return int(value["intValue"])
+    return None
+
+
+def _otlp_spans(doc: dict[str, Any]) -> list[Span]:
+    """The spans of one OTLP-JSON ExportTraceServiceRequest, in the span store's flat shape."""
+    out: list[Span] = []
+    for rs in doc.get("resourceSpans") or []:
+        resource = {a["key"]: _otlp_value(a.get("value") or {}) for a in (rs.get("resource") or {}).get("attributes") or []}
+        for ss in rs.get("scopeSpans") or []:
+            for s in ss.get("spans") or []:
+                out.append({
+                    "name": s.get("name", ""), "service": resource.get("service.name"),
+                    "node": resource.get("k8s.node.name", ""), "trace_id": s.get("traceId", ""),
+                    "span_id": s.get("spanId", ""), "parent_span_id": s.get("parentSpanId", ""),
+                    "start_ns": int(s.get("startTimeUnixNano") or 0), "end_ns": int(s.get("endTimeUnixNano") or 0),
+                    "status": "ERROR" if (s.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR") else "OK",
+                    "attributes": {a["key"]: _otlp_value(a.get("value") or {}) for a in s.get("attributes") or []}})
+    return out
+
+
+def parse_spans(text: str) -> list[Span]:
+    """Spans from a span store's text (JSON lines) or an OTLP-JSON file's (one ExportTraceServiceRequest per
+    line, or one document); lines that are not JSON are skipped (one may be being written)."""
     try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return spans
-    for line in lines:
-        try:
-            spans.append(json.loads(line))
-        except ValueError:
-            continue  # a line being written right now
+        docs: list[Any] = [json.loads(text)]
+    except ValueError:
+        docs = []
+        for line in text.splitlines():
+            try:
+                docs.append(json.loads(line))
+            except ValueError:
+                continue  # a line still being written
+    spans: list[Span] = []
+    for doc in docs:
+        if isinstance(doc, dict) and "resourceSpans" in doc:
+            spans += _otlp_spans(doc)
+        elif isinstance(doc, dict) and "trace_id" in doc:
+            spans.append(doc)
     return spans
+
+
+def read_spans(path: Path) -> list[Span]:
+    """The spans of a span file; none when it cannot be read (no span written yet)."""
+    try:
+        return parse_spans(path.read_text(encoding="utf-8"))
+    except OSError:
+        return []
 
 
 def traces_with(spans: list[dict[str, Any]], name_part: str) -> list[list[dict[str, Any]]]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from embedded.nodeagent import nvidiasmi
 from embedded.nodeagent.sandbox import CONTAINER_PATH, NOBODY, SHIM_DIR, SIM_STATE, WORK_DIR, bwrap_argv
+from shared.backoff import Backoff
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -210,7 +211,7 @@ class PodWorker:
         return code
 
     async def _loop(self, c: ContainerState, restart: Callable[[int], bool]) -> int:
-        backoff = self.backoff_base
+        backoff = Backoff(initial_s=self.backoff_base, cap_s=max(BACKOFF_MAX, self.backoff_base))
         while True:
             code = await self._run_once(c)
             if self._stopping or not restart(code):
@@ -219,16 +220,16 @@ class PodWorker:
                 return code
             c.last = dict(c.state)
             c.restarts += 1
+            delay = backoff.next()
             c.state = {"waiting": {"reason": "CrashLoopBackOff", "message":
-                                   f"back-off {backoff:g}s restarting failed container={c.name} "
+                                   f"back-off {delay:g}s restarting failed container={c.name} "
                                    f"pod={self.pod['metadata']['name']}"}}
             self._changed()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_event.wait(), backoff)
+                await asyncio.wait_for(self._stop_event.wait(), delay)
             if self._stopping:
                 c.done = True
                 return code
-            backoff = min(backoff * 2, BACKOFF_MAX)
 
     async def run(self) -> None:
         try:

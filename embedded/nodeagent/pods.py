@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +33,9 @@ from embedded.kubelet.client import Claim, PluginError, PreparedDevice
 from embedded.kubelet.client import PreparedClaim as KubeletPreparedClaim
 from embedded.nodeagent.cdi_resolve import CdiResolutionError, load_specs, resolve
 from embedded.nodeagent.containers import PodWorker
+from embedded.nodeagent.containers import now as timestamp
 from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
+from shared.kube.events import event_body, record_event
 from shared.logs import get_logger
 from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION, traceparent_context
 
@@ -141,10 +142,6 @@ def container_edits(pod: dict[str, Any], prepared: dict[str, PreparedClaim], use
     return out
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 def _inputs(pod: dict[str, Any]) -> str:
     """What a prepare attempt depends on in the pod itself (not our own status writes)."""
     status = pod.get("status") or {}
@@ -162,7 +159,7 @@ def _is_ready(pod: dict[str, Any]) -> bool:
 def pod_status(pod: dict[str, Any], *, phase: str, exit_code: int | None = None) -> dict[str, Any]:
     """A pod status as the kubelet writes it: Running/Ready, Pending with containers `ContainerCreating`, or
     terminated. Written as a strategic merge patch, so what another state set is nulled (no stale reason)."""
-    now = _now()
+    now = timestamp()
     ready = phase == "Running"
     names = " ".join(c["name"] for c in (pod.get("spec") or {}).get("containers") or [])
     why: dict[str, Any] = {"reason": None, "message": None}
@@ -216,9 +213,9 @@ class PodRunner:
                  resync_seconds: float = 30.0, on_change: Callable[[], None] | None = None,
                  state_dir: Path | None = None, runtime: Runtime | None = None):
         self.node = node
+        self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
-        self.api = api
         self.dra = dra
         self.cdi_dirs = cdi_dirs
         self.resync_seconds = resync_seconds
@@ -498,16 +495,12 @@ class PodRunner:
         meta = pod["metadata"]
         if self._reported.get(meta["uid"]) == message:
             return
-        now = _now()
-        await self.core.create_namespaced_event(meta["namespace"], {  # type: ignore[arg-type]  # a plain dict
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"],
-                               "name": meta["name"], "uid": meta["uid"]},
-            "reason": FAILED_REASON, "message": message[:1024], "type": "Warning",
-            "source": {"component": KUBELET_COMPONENT, "host": self.node}, "reportingComponent": KUBELET_COMPONENT,
-            "reportingInstance": self.node, "firstTimestamp": now, "lastTimestamp": now, "count": 1})
-        self._reported[meta["uid"]] = message
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"], "name": meta["name"],
+                    "uid": meta["uid"]}
+        body = event_body(involved, reason=FAILED_REASON, message=message, type="Warning",
+                          component=KUBELET_COMPONENT, instance=self.node)
+        if await record_event(self.api, body):
+            self._reported[meta["uid"]] = message
 
     async def forget_pod(self, uid: str) -> None:
         worker = self.workers.pop(uid, None)

@@ -26,6 +26,16 @@ DESCRIPTION = ("GPU discovery: the node's NVML handle (inventory, health, device
 __all__ = ["ConfigError", "DiscoveryConfig", "parse"]
 
 
+def simulated_state_dir(dev_root: str | Path) -> Path:
+    """Where a simulated node keeps its state by default: under its fake root, as a real node's /var/lib."""
+    return Path(dev_root) / "var" / "lib" / "gpu-dra"
+
+
+def sim_state_file(state_dir: str | Path, node: str) -> Path:
+    """The simulated NVML's state of `node` (read by the local cluster's nvidia-smi shim too)."""
+    return Path(state_dir) / f"simnvml-{node}.json"
+
+
 class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     node: str = ""
     simulate: str = ""  # e.g. h100x8, a100-40gbx8:mig, h100x4+l40sx2
@@ -60,7 +70,7 @@ class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         dev_root = self.dev_root or (str(Path(os.environ.get("TMPDIR", "/tmp")) / "gpu-dra-sim" / node)
                                      if self.simulated else "/")
         # Real nodes: under the kubelet plugins dir, the host path the node DaemonSet mounts writable.
-        state_dir = self.state_dir or (str(Path(dev_root) / "var" / "lib" / "gpu-dra") if self.simulated
+        state_dir = self.state_dir or (str(simulated_state_dir(dev_root)) if self.simulated
                                        else "/var/lib/kubelet/plugins/gpu.nvidia.com/discovery")
         mps_root = self.mps_root or (str(Path(state_dir) / "mps") if self.simulated
                                      else "/var/lib/kubelet/plugins/gpu.nvidia.com/mps")

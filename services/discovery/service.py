@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import Histogram
 
 from services.discovery import inventory, machine
-from services.discovery.config import DiscoveryConfig
+from services.discovery.config import DiscoveryConfig, sim_state_file
 from services.discovery.healthevents import HealthMonitor
 from services.discovery.mps import MpsManager
 from services.discovery.mpsdaemon import CONTROL, MpsControl
@@ -46,7 +46,7 @@ def open_nvml(cfg: DiscoveryConfig) -> Nvml:
         from services.discovery.simnvml import SimNvml  # the simulator is loaded only when asked for
 
         spec = machine.parse_spec(cfg.simulate) if cfg.simulate else machine.load_file(cfg.machine)
-        state_file = Path(cfg.state_dir) / f"simnvml-{cfg.node}.json"
+        state_file = sim_state_file(cfg.state_dir, cfg.node)
         return Nvml(SimNvml(cfg.node, spec, state_file, Path(cfg.dev_root)))
     return Nvml(load_real_binding(cfg.local_driver_root or None))
 

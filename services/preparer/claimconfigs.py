@@ -208,7 +208,7 @@ def pinned_limits(mps: MpsConfig | None, uuids: list[str], memory: dict[str, int
             uuid = ordered[int(key)]
         else:
             raise ClaimConfigError(f"defaultPerDevicePinnedMemoryLimit key {_short(key)} is neither a UUID of the claim's "
-                              f"devices nor an index below {len(ordered)}")
+                                   f"devices nor an index below {len(ordered)}")
         limits[uuid] = _pinned_limit(text, f"defaultPerDevicePinnedMemoryLimit[{uuid}]", memory.get(uuid) or MAX_VALUE)
     return limits
 
@@ -255,14 +255,14 @@ def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]
     for position, entry in enumerate(entries):
         if len(entry.requests) > MAX_REQUESTS_PER_CONFIG:
             raise ClaimConfigError(f"config entry {position} names {len(entry.requests)} requests, more than the "
-                              f"{MAX_REQUESTS_PER_CONFIG} allowed")
+                                   f"{MAX_REQUESTS_PER_CONFIG} allowed")
     ordered = [e for e in entries if e.source == "FromClass"] + [e for e in entries if e.source != "FromClass"]
     decoded: list[tuple[list[str], DeviceConfig, bool]] = [
         ([], MigDeviceConfig(), False), ([], GpuConfig(), False)]  # defaults: lowest precedence
     for position, entry in enumerate(ordered):
         if not entry.has_opaque:
             raise ClaimConfigError("only opaque parameters are supported by this driver (config entry "
-                              f"{position} has no 'opaque')")
+                                   f"{position} has no 'opaque')")
         if entry.driver != driver:
             continue
         try:
@@ -278,7 +278,7 @@ def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]
             if names and _matches(names, request):
                 if _DEVICE_KIND[config.kind] != device_kind:
                     raise ClaimConfigError(f"cannot apply {config.kind} to request {request!r}: its device is of type "
-                                      f"{device_kind!r} (use {'GpuConfig' if device_kind == 'gpu' else 'MigDeviceConfig'})")
+                                           f"{device_kind!r} (use {'GpuConfig' if device_kind == 'gpu' else 'MigDeviceConfig'})")
                 chosen = (names, config, explicit)
                 break
         if chosen is None:

@@ -25,6 +25,7 @@ from shared.bus import Bus, LoginRefused
 from shared.driverroot import DriverRootError
 from shared.health import HEALTH
 from shared.kube.client import KubeConfigError, kube_api_client
+from shared.kube.events import event_body, record_event
 from shared.logs import get_logger
 from shared.runtime import connect_configured, nats_url_or_embedded, service_main
 
@@ -34,16 +35,11 @@ LOGIN_RETRY_S = 30.0  # between tries while NATS refuses the credentials (it wil
 
 def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
     async def report(reason: str, moved_to: Path) -> None:
-        from kubernetes_asyncio.client import CoreV1Api
-
-        body = {
-            "apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": "CheckpointCorrupt",
-            "metadata": {"generateName": f"{node}.gpu-dra-preparer.", "namespace": "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
-            "message": f"{driver} checkpoint was corrupt ({reason[:300]}); moved to {moved_to} and started empty",
-            "source": {"component": "gpu-dra-preparer", "host": node},
-        }
-        await CoreV1Api(api_client).create_namespaced_event("default", body)  # type: ignore[arg-type]  # the client sends plain dicts as they are
+        body = event_body({"apiVersion": "v1", "kind": "Node", "name": node}, reason="CheckpointCorrupt",
+                          type="Warning", component="gpu-dra-preparer", instance=node,
+                          message=f"{driver} checkpoint was corrupt ({reason[:300]}); moved to {moved_to} "
+                                  "and started empty")
+        await record_event(api_client, body)
 
     return report
 

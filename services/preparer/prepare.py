@@ -124,8 +124,8 @@ class Preparer(ClaimPreparer):
                 groups = select(self.driver, raw, [(p.request, p.resolved.kind) for p in planned])
                 for group in groups:
                     if strategy(group.config) == "MPS" and not isinstance(group.config, GpuConfig):
-                        raise ClaimConfigError("MPS on MIG devices is not supported by this driver yet; use MPS on "
-                                          "full GPUs or TimeSlicing")
+                        raise ClaimConfigError("MPS on MIG devices is not supported by this driver yet; use MPS "
+                                               "on full GPUs or TimeSlicing")
                     _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
             except ClaimConfigError as exc:
                 raise PrepareFailed(str(exc), "invalid-config") from None

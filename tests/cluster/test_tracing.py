@@ -5,7 +5,6 @@ claim's lifecycle events, with the claim, pod, device and GPU attributes and per
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -36,19 +35,24 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Up, Spans
 
 
 def claim_trace(spans: Spans, claim_uid: str, timeout: float = 60) -> list[Received]:
-    """The spans of the trace the scheduler started for the claim, once every WANTED name is in it."""
-    deadline = time.monotonic() + timeout
+    """The spans of the trace the scheduler started for the claim, once every WANTED name is in it (re-checked
+    at each export the receiver gets)."""
     names: set[str] = set()
-    while time.monotonic() < deadline:
-        got = spans.snapshot()
+
+    def complete(got: list[Received]) -> list[Received] | None:
         roots = [s for s in got if s.name == "scheduler.allocate_claim" and s.attributes.get("dra.claim.uid") == claim_uid]
-        if roots:
-            in_trace = [s for s in got if s.trace_id == roots[0].trace_id]
-            names = {s.name for s in in_trace}
-            if all(n in names for n in WANTED) and sum(s.name == "publish claim-lifecycle" for s in in_trace) >= 2:
-                return in_trace
-        time.sleep(0.2)
-    raise AssertionError(f"claim {claim_uid}'s trace lacks {sorted(set(WANTED) - names)}; has {sorted(names)}")
+        if not roots:
+            return None
+        in_trace = [s for s in got if s.trace_id == roots[0].trace_id]
+        names.clear()
+        names.update(s.name for s in in_trace)
+        done = all(n in names for n in WANTED) and sum(s.name == "publish claim-lifecycle" for s in in_trace) >= 2
+        return in_trace if done else None
+
+    found = spans.wait_for(complete, timeout)
+    if found is None:
+        raise AssertionError(f"claim {claim_uid}'s trace lacks {sorted(set(WANTED) - names)}; has {sorted(names)}")
+    return found
 
 
 def test_one_claims_trace_goes_from_the_scheduler_to_its_lifecycle_events(traced: tuple[Up, Spans]) -> None:
