@@ -32,6 +32,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy shared services embedded
+	$(BIN)/mypy tests
 
 unit: $(STAMP) sandbox
 	$(BIN)/python -m pytest -q -p no:cacheprovider
