@@ -20,7 +20,7 @@ import re
 import ssl
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -383,7 +383,7 @@ class TypedKV(Generic[M]):
                 out[key] = value
         return out
 
-    async def watch(self, keys: str = ">") -> AsyncIterator[tuple[str, M | None]]:
+    async def watch(self, keys: str = ">") -> AsyncGenerator[tuple[str, M | None], None]:
         """Current values, then every change: (key, value) with value None for a delete.
 
         An empty marker (key "") separates the initial values from live updates.

@@ -70,13 +70,14 @@ async def test_event_crosses_processes_with_trace_and_dead_letter(nats_server: E
     assert consumer_span["trace_id"] == f"{root_trace:032x}"
     producer_span = next(
         s for s in memory_spans()
-        if s.name == "publish inventory" and s.attributes.get("messaging.destination.name") == "dra.v1.inventory.n1"
+        if s.name == "publish inventory" and (s.attributes or {}).get("messaging.destination.name") == "dra.v1.inventory.n1"
         and s.context.trace_id == root_trace  # other tests in this process publish on the same subject
     )
     assert consumer_span["trace_id"] == f"{producer_span.context.trace_id:032x}"
     assert consumer_span["parent_span_id"] == f"{producer_span.context.span_id:016x}"
     # The payload decodes to the same Struct on the stream too.
     stored = await producer.js.get_last_msg("DRA_EVENTS", "dra.v1.inventory.n1")
+    assert stored.data is not None
     assert msgspec.json.decode(stored.data, type=NodeInventory) == inventory("n1")
     await producer.close()
 

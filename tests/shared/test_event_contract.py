@@ -32,7 +32,7 @@ from shared.natsserver import EmbeddedNats
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 NOW = 1_764_800_000.25
 
-SAMPLES: dict[str, tuple[Message, dict[str, str]]] = {
+SAMPLES: dict[str, tuple[Message, dict[str, Any]]] = {  # Any: the subject tokens go in as **kwargs
     "inventory": (NodeInventory(node="n1", driver_version="550.1.0", cuda_driver_version="12.4.0", observed_at=NOW,
                                 gpus=[Gpu(name="gpu-0", index=0, minor=0, uuid="GPU-1", product_name="H100",
                                           brand="Nvidia", architecture="Hopper", cuda_compute_capability="9.0.0",
@@ -119,7 +119,8 @@ async def test_a_cloudevents_sdk_reads_every_event_type_we_publish(nats_server: 
             assert event.get_type() == f"com.nvidia.gpu.dra.v1.{entry.name}"
             assert event.get_source() == "/gpu-dra/test-harness"
             assert event.get_subject() == msg.subject
-            assert event.get_time().timestamp() == pytest.approx(NOW, abs=1e-5)
+            sent = event.get_time()
+            assert sent is not None and sent.timestamp() == pytest.approx(NOW, abs=1e-5)
             assert event.get_data() == json.loads(msgspec.json.encode(message))
             if entry is catalog.CLAIM:
                 assert event.get_id() == "n1/u1/7/prepared", "a claim's CloudEvents id is its event id"

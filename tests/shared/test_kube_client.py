@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from kubernetes_asyncio.client import VersionApi
+from kubernetes_asyncio.client import ApiClient, VersionApi
 
 from embedded.apiserver.testing import running_apiserver
 from services.publisher import config
@@ -18,11 +18,11 @@ from shared.config import ConfigError
 from shared.kube.client import kube_api_client
 
 
-async def _version(api: object) -> str:
+async def _version(api: ApiClient) -> str:
     try:
         return str((await VersionApi(api).get_code()).git_version)
     finally:
-        await api.close()  # type: ignore[attr-defined]
+        await api.close()
 
 
 async def test_https_is_verified_unless_skipping_is_asked_for_and_logged(

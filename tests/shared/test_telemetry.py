@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,7 @@ shutdown_telemetry()
 def test_otlp_over_the_protocol_the_env_names_with_the_services_resource_and_head_sampling(
         protocol: str, sampler: str) -> None:
     spans = Spans()
+    stop: Callable[[], object]
     if protocol == "grpc":
         server, port = grpc_receiver(spans)
         stop = lambda: server.stop(0)  # noqa: E731
