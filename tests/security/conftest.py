@@ -125,7 +125,7 @@ async def api(tmp_path: Path) -> AsyncIterator[object]:
     async with apiserver_testing.running_apiserver(tmp_path / "api") as server:
         client = await kube_api_client(str(server.kubeconfig_path))
         try:
-            server.client_raw = client
+            server.client_raw = client  # type: ignore[attr-defined]  # the tests' ApiClient, on the handle
             yield server
         finally:
             await client.close()

@@ -13,7 +13,7 @@ import msgspec.inspect as mi
 from hypothesis import strategies as st
 
 # Every example well under 1 s, the suite under a minute; bench/fuzz_inputs.py raises the count.
-FUZZ = {"max_examples": int(os.environ.get("GPU_DRA_FUZZ_EXAMPLES", "200")), "deadline": 1000}
+FUZZ: dict[str, Any] = {"max_examples": int(os.environ.get("GPU_DRA_FUZZ_EXAMPLES", "200")), "deadline": 1000}
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),

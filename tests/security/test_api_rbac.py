@@ -92,7 +92,7 @@ async def test_node_identity_is_denied_what_deploy_does_not_grant(cluster: Local
         with pytest.raises(ApiException) as denied:
             await client.CustomObjectsApi(api).create_cluster_custom_object(GROUP, VERSION, "resourceslices",
                                                                             _slice("forged", node))
-        assert denied.value.status == 403
+        assert denied.value.status == 403 and denied.value.body is not None
         assert json.loads(denied.value.body)["message"] == (
             'resourceslices.resource.k8s.io is forbidden: User "system:serviceaccount:gpu-dra:gpu-dra-node" '
             'cannot create resource "resourceslices" in API group "resource.k8s.io" at the cluster scope')
@@ -106,7 +106,7 @@ async def test_admission_policy_refuses_a_forged_slice_even_to_the_admin(cluster
     with pytest.raises(ApiException) as denied:
         await client.CustomObjectsApi(api).create_cluster_custom_object(
             GROUP, VERSION, "resourceslices", _slice("forged-by-admin", cluster.node_names[0]))
-    assert denied.value.status == 403
+    assert denied.value.status == 403 and denied.value.body is not None
     assert ("ValidatingAdmissionPolicy 'gpu-dra-resourceslices' with binding 'gpu-dra-resourceslices' denied "
             "request: ResourceSlices of driver gpu.nvidia.com are written only by gpu-dra-publisher, not by "
             "kubernetes-admin") in json.loads(denied.value.body)["message"]

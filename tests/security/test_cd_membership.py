@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,7 @@ async def test_an_agent_cannot_join_a_domain_not_assigned_to_its_node(
             await run
 
 
-async def _assignment_changes(bus: Bus) -> AsyncIterator[tuple[set[str], str]]:
+async def _assignment_changes(bus: Bus) -> AsyncGenerator[tuple[set[str], str], None]:
     """(nodes the domain is assigned to, what changed) at each change of its assignment keys."""
     bucket = await bus.js.key_value(catalog.CD_MEMBERS_BUCKET.name)
     watcher = await bucket.watch(f"{token(UID)}.assign.*")
@@ -191,13 +191,14 @@ async def test_the_controller_assigns_a_domain_to_the_nodes_of_its_allocated_cha
         try:
             async with asyncio.timeout(10):
                 assert await anext(changes) == (set(), "replayed")
-                await kube.CoreV1Api(api.client_raw).create_namespace({"metadata": {"name": "team-a"}})
+                await kube.CoreV1Api(api.client_raw).create_namespace(
+                    {"metadata": {"name": "team-a"}})  # type: ignore[arg-type]  # the client sends a dict as it is
                 doc = _channel_claim("workload-a", "gpu-a")
                 created = await custom.create_namespaced_custom_object("resource.k8s.io", "v1", "team-a",
                                                                        "resourceclaims", doc)
                 await custom.patch_namespaced_custom_object_status(
                     "resource.k8s.io", "v1", "team-a", "resourceclaims", "workload-a", {"status": doc["status"]},
-                    _content_type="application/merge-patch+json")
+                    _content_type="application/merge-patch+json")  # type: ignore[call-arg]  # not in its stubs
                 assert await anext(changes) == ({"gpu-a"}, "assigned gpu-a")
                 assert created["metadata"]["uid"]
                 await custom.delete_namespaced_custom_object("resource.k8s.io", "v1", "team-a", "resourceclaims",

@@ -54,6 +54,7 @@ MESSAGE_LIMIT = 1024  # the kubelet keeps 1024 characters of an error; ours say 
 
 # -- quantities ---------------------------------------------------------------------------------
 
+_SUFFIXES: dict[str, int | Fraction]
 _SUFFIXES = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": 10**3,
              "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
              "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -267,8 +268,10 @@ async def test_grpc_requests_get_a_result_per_claim_or_a_grpc_error_and_the_sock
         async with running_node(claims, root, dev_root=str(root / "host")) as node:
             loop = asyncio.get_running_loop()
             channel = node.plugin.channel
+            methods: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]]
             methods = {(v, op): channel.unary_unary(f"/k8s.io.kubelet.pkg.apis.dra.{v}.DRAPlugin/{op}Resources")
                        for v in ("v1", "v1beta1") for op in ("NodePrepare", "NodeUnprepare")}
+            replies: dict[tuple[str, str], Any]  # four response classes, each with .claims
             replies = {("v1", "NodePrepare"): dra_v1_pb2.NodePrepareResourcesResponse,
                        ("v1", "NodeUnprepare"): dra_v1_pb2.NodeUnprepareResourcesResponse,
                        ("v1beta1", "NodePrepare"): dra_v1beta1_pb2.NodePrepareResourcesResponse,

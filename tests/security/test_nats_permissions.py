@@ -15,6 +15,7 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
+from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, KeyValueConfig
 
 from shared.bus import Bus, MsgContext
@@ -96,7 +97,7 @@ async def test_a_request_reply_works_on_per_user_inboxes(server: EmbeddedNats) -
     try:
         subject = catalog.DEVICE_MIG_CREATE.format(node="gpu-a")
 
-        async def answer(msg: nats.aio.msg.Msg) -> None:
+        async def answer(msg: Msg) -> None:
             assert msg.reply.startswith("_INBOX_preparer_gpu-a.")
             await msg.respond(b"pong")
 
@@ -255,7 +256,7 @@ async def test_a_reader_sees_claim_events_of_its_namespaces_only(seeded: Embedde
         # stored events, through a JetStream consumer pinned to its namespace
         stored: asyncio.Queue[str] = asyncio.Queue()
 
-        async def on_stored(msg: nats.aio.msg.Msg) -> None:
+        async def on_stored(msg: Msg) -> None:
             stored.put_nowait(json.loads(msg.data)["claim_namespace"])
 
         await reader_bus.js.subscribe(catalog.CLAIM.wildcard(namespace="team-a"), stream=catalog.EVENTS_STREAM.name,

@@ -10,6 +10,7 @@ import ssl
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.errors
@@ -76,7 +77,7 @@ async def tls_server(tmp_path: Path, pki: dict[str, Path]) -> AsyncIterator[str]
 
 
 def _settings(pki: dict[str, Path], **overrides: str) -> CommonConfig:
-    values = {"nats_tls_ca": str(pki["ca"]), "nats_tls_cert": str(pki["client_cert"]),
+    values: dict[str, Any] = {"nats_tls_ca": str(pki["ca"]), "nats_tls_cert": str(pki["client_cert"]),
               "nats_tls_key": str(pki["client_key"])}
     return CommonConfig(nats_user="preparer.gpu-a", nats_password=test_password("preparer.gpu-a"),
                         **(values | overrides))

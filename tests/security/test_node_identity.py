@@ -151,5 +151,5 @@ async def test_discovery_restores_its_own_key_under_its_shipped_permissions(
                 if value is not None:
                     break
         await watch.aclose()
-        assert value.content_hash == real_b.inventory.content_hash
+        assert value is not None and value.content_hash == real_b.inventory.content_hash
         assert real_b.service.key_repairs == 1

@@ -28,7 +28,6 @@ from embedded.harness.publisher import node_slices
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.health import DeviceHealth
-from shared.events.inventory import NodeInventory
 from shared.identity import REASON
 from shared.natsjwt import Creds
 from tests.security.conftest import Conn, DeadLetters, connect_watched
@@ -121,7 +120,8 @@ async def test_an_inventory_naming_another_node_leaves_its_slices_as_they_are(
     before = devices_and_taints(await node_slices(api, OTHER))
     assert len(before) == 2
     assert cluster.bus is not None
-    real: NodeInventory = await (await cluster.bus.kv(catalog.INVENTORY_BUCKET)).get(OTHER)
+    real = await (await cluster.bus.kv(catalog.INVENTORY_BUCKET)).get(OTHER)
+    assert real is not None
     forged = msgspec.structs.replace(real, gpus=real.gpus[:1], content_hash="forged")
 
     # gpu-node-0's discovery, on its own subject and KV key, says gpu-node-1 has one GPU
