@@ -9,11 +9,16 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedded.cluster.local import node_ip
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiClient
+
+from embedded.cluster.local import node_ip as node_ip  # re-exported: the tests name nodes by it
 from embedded.harness.discovery import running_discovery
-from services.computedomain.agent import Agent
+from services.computedomain import crd
+from services.computedomain.agent import Agent, _Domain
 from services.computedomain.channelcore import ChannelClaim, ChannelEdits, ChannelNotReady, ChannelPreparer
 from services.computedomain.config import AgentConfig
+from services.computedomain.imex import ImexSupervisor
 from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_STATUS
@@ -27,6 +32,27 @@ class Node:
     agent: Agent
     channels: ChannelPreparer
     root: Path
+
+    @property
+    def domain(self) -> _Domain:
+        """The domain this node's agent serves; the test fails when it serves none."""
+        assert self.agent.domain is not None, f"{self.name} serves no domain"
+        return self.agent.domain
+
+    @property
+    def daemon(self) -> ImexSupervisor:
+        """That domain's IMEX daemon supervisor; the test fails when there is none."""
+        daemon = self.domain.supervisor
+        assert daemon is not None, f"{self.name} runs no IMEX daemon"
+        return daemon
+
+
+async def install_crds(kube: ApiClient, namespace: str = "ns") -> None:
+    """The ComputeDomain CRDs and `namespace` in a bare API server."""
+    ext = client.ApiextensionsV1Api(kube)
+    for body in crd.crds():
+        await ext.create_custom_resource_definition(body)  # type: ignore[arg-type]  # the client sends dicts as they are
+    await client.CoreV1Api(kube).create_namespace({"metadata": {"name": namespace}})  # type: ignore[arg-type]
 
 
 async def announce(bus: Bus, uid: str, name: str = "cd", namespace: str = "ns") -> None:

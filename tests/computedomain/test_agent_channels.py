@@ -42,11 +42,12 @@ async def test_three_nodes_join_get_channel0_then_leave_without_a_trace(bus, tmp
         for n in nodes:
             hosts = (n.root / "domains" / "cd-1" / "hosts").read_text()
             assert all(node_ip(i) in hosts for i in range(3))
-        pids = [n.agent.domain.supervisor.pid for n in nodes]
+        pids = [n.daemon.pid for n in nodes]
         for i, n in enumerate(nodes):
             assert await n.channels.unprepare(f"c{i}", "cd-1") is True
         assert await Membership(bus).members("cd-1") == {}
         for pid in pids:
+            assert pid is not None
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
         assert not (nodes[0].root / "domains" / "cd-1").exists()
@@ -62,7 +63,7 @@ async def test_second_domain_on_a_busy_node_is_refused_and_the_first_is_unaffect
             await node.channels.prepare(claim("b1", "cd-b"))
         assert (await Membership(bus).members("cd-a"))["node-0"].status == "Ready"
         assert await Membership(bus).members("cd-b") == {}
-        assert node.agent.domain.uid == "cd-a" and node.agent.domain.claims == {"a1"}
+        assert node.domain.uid == "cd-a" and node.domain.claims == {"a1"}
         # the same domain again (a second pod of the workload) is fine; the wrong namespace is not
         await node.channels.prepare(claim("a2", "cd-a"))
         with pytest.raises(Exception, match="must be in its domain's namespace"):
@@ -75,7 +76,7 @@ async def test_killed_daemon_is_restarted_and_its_peers_are_told(bus, tmp_path):
     await announce(bus, "cd-k")
     async with running_nodes(bus, tmp_path, [GB200] * 2) as nodes:
         first = await asyncio.gather(*(n.channels.prepare(claim(f"k{i}", "cd-k")) for i, n in enumerate(nodes)))
-        victim, peer = nodes[1].agent.domain.supervisor, nodes[0].agent.domain.supervisor
+        victim, peer = nodes[1].daemon, nodes[0].daemon
         reloads_before = peer.reloads
         ms = Membership(bus)
         seen: list[str] = []
@@ -88,6 +89,7 @@ async def test_killed_daemon_is_restarted_and_its_peers_are_told(bus, tmp_path):
                         return
 
         watcher = asyncio.create_task(follow())
+        assert victim.pid is not None
         os.kill(victim.pid, signal.SIGKILL)
         await asyncio.wait_for(watcher, 10)
         assert victim.restarts == 1

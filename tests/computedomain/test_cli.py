@@ -20,7 +20,12 @@ from services.computedomain.channelcore import (
 from services.computedomain.cli import main
 from shared.bus import Bus
 from shared.natsserver import free_port
-from tests.computedomain.helpers import prepare_when_agent_answers, spawn_computedomain, wait_for_object
+from tests.computedomain.helpers import (
+    install_crds,
+    prepare_when_agent_answers,
+    spawn_computedomain,
+    wait_for_object,
+)
 
 
 def test_help_and_bad_settings(capsys, monkeypatch):
@@ -42,10 +47,7 @@ async def test_processes_domain_ready_then_leader_killed_and_standby_continues(n
     await bus.provision()
     procs: list[asyncio.subprocess.Process] = []
     async with running_apiserver(tmp_path) as api, api.client() as kube:
-        ext = client.ApiextensionsV1Api(kube)
-        for body in crd.crds():
-            await ext.create_custom_resource_definition(body)
-        await client.CoreV1Api(kube).create_namespace({"metadata": {"name": "ns"}})
+        await install_crds(kube)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
         env["GPU_DRA_NATS_URL"] = nats_server.url
         ctl = ["controller", "--kubeconfig", str(api.kubeconfig_path), "--lease-duration", "2",

@@ -15,7 +15,7 @@ from services.computedomain.channelcore import ChannelClaim, ChannelConflict, pa
 from services.computedomain.controller import Controller
 from services.computedomain.membership import Membership
 from shared.bus import Bus
-from tests.computedomain.helpers import running_nodes, wait_for_object
+from tests.computedomain.helpers import install_crds, running_nodes, wait_for_object
 
 GB200_1 = "gb200x4:clique=1"
 GB200_2 = "gb200x4:clique=2"
@@ -26,10 +26,7 @@ async def world(nats_server, tmp_path):
     bus = await Bus.connect(nats_server.url, name="test")
     await bus.provision()
     async with running_apiserver(tmp_path) as api, api.client() as kube:
-        ext = client.ApiextensionsV1Api(kube)
-        for body in crd.crds():
-            await ext.create_custom_resource_definition(body)
-        await client.CoreV1Api(kube).create_namespace({"metadata": {"name": "ns"}})
+        await install_crds(kube)
         try:
             yield bus, kube
         finally:
@@ -91,10 +88,11 @@ async def test_domain_lifecycle_template_status_and_cleanup(world, tmp_path):
             other_cfg = parse_channel_config({**params["parameters"], "domainID": other["metadata"]["uid"]})
             with pytest.raises(ChannelConflict, match="already serves ComputeDomain ns/train"):
                 await nodes[0].channels.prepare(ChannelClaim("o0", "ns", "o0", other_cfg))
-            assert controller.domains[uid].written["status"] == "Ready"
+            written = controller.domains[uid].written
+            assert written is not None and written["status"] == "Ready"
 
             # deleting the domain stops every daemon, empties KV, removes the template and the CR
-            pids = [n.agent.domain.supervisor.pid for n in nodes]
+            pids = [n.daemon.pid for n in nodes]
             await custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, "ns", crd.PLURAL, "train")
             await wait_cd(custom, "train", lambda o: o is None)
             assert all(n.agent.domain is None for n in nodes)

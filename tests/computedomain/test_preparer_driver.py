@@ -120,7 +120,7 @@ async def test_channel_claim_over_the_real_socket_gets_channel0_and_unprepare_re
         assert (channel["type"], channel["minor"], channel["fileMode"]) == ("c", 0, 0o666)
         assert "COMPUTE_DOMAIN_UUID=cd-1" in cdi_device["containerEdits"]["env"]
         assert checkpoint_claims(prep)[claim.uid]["state"] == "PrepareCompleted"
-        assert node.agent.domain is not None and node.agent.domain.claims == {claim.uid}
+        assert node.agent.domain is not None and node.domain.claims == {claim.uid}
 
         # one trace: the kubelet's client span -> the plugin's server span -> the agent serving the join over NATS
         finished = spans.get_finished_spans()
@@ -143,6 +143,7 @@ async def test_a_daemon_not_ready_yet_is_a_retryable_error_and_the_next_call_suc
     async with world(bus, root, tmp_path, {"cd-r": "cd"}, channel_ready_timeout=1.0) as (claims, node, prep, _):
         # a peer that joined the domain but whose daemon never answers keeps node-0's daemon NotReady
         inventory = await (await bus.kv(INVENTORY_BUCKET)).get(NODE)
+        assert inventory is not None
         ghost = await Membership(bus).join(DomainMember(
             domain_uid="cd-r", domain_name="cd", domain_namespace=NS, node="ghost", ip_address=node_ip(7),
             clique_id=clique_of(inventory), index=-1))
@@ -151,7 +152,7 @@ async def test_a_daemon_not_ready_yet_is_a_retryable_error_and_the_next_call_suc
         assert "not ready in ComputeDomain default/cd" in first.error and "kubelet retries" in first.error
         assert first.devices == [] and prep.cdi_files() == []
         assert checkpoint_claims(prep)[claim.uid]["state"] == "PrepareStarted"  # the join stays in place
-        daemon = node.agent.domain.supervisor
+        daemon = node.daemon
         pid = daemon.pid
 
         await Membership(bus).leave(ghost, reason="test: the peer went away")
@@ -162,7 +163,7 @@ async def test_a_daemon_not_ready_yet_is_a_retryable_error_and_the_next_call_suc
         assert cdi_spec(prep, claim.uid)["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == CHANNEL0
         assert checkpoint_claims(prep)[claim.uid]["state"] == "PrepareCompleted"
         # the retry resumed the wait: the same daemon, never restarted
-        assert daemon.pid == pid and daemon.restarts == 0 and node.agent.domain.claims == {claim.uid}
+        assert daemon.pid == pid and daemon.restarts == 0 and node.domain.claims == {claim.uid}
         assert await prep.plugin.unprepare([claim]) == {claim.uid: ""}
 
 
@@ -183,12 +184,12 @@ async def test_a_second_domain_on_the_node_fails_clearly_and_leaves_the_first_pr
         assert prep.cdi_files() == [f"k8s.compute-domain.nvidia.com-claim_{first.uid}.json"]
         assert cdi_spec(prep, first.uid) == first_spec
         assert set(checkpoint_claims(prep)) == {first.uid}
-        assert node.agent.domain.uid == "cd-a" and node.agent.domain.claims == {first.uid}
+        assert node.domain.uid == "cd-a" and node.domain.claims == {first.uid}
         assert (await Membership(bus).members("cd-a"))[NODE].status == "Ready"
         assert await Membership(bus).members("cd-b") == {}
         assert (await prep.plugin.prepare([first]))[first.uid] == prepared
         assert await prep.plugin.unprepare([second]) == {second.uid: ""}  # the kubelet's cleanup: a no-op
-        assert node.agent.domain.claims == {first.uid}
+        assert node.domain.claims == {first.uid}
 
         # once the first domain's workload is gone, the node serves the second, with its own channel
         assert await prep.plugin.unprepare([first]) == {first.uid: ""}
@@ -217,7 +218,7 @@ async def test_a_restarted_preparer_keeps_the_claim_and_prepares_it_again_withou
             assert after == before
             assert await joins() == 1  # answered from the checkpoint: the agent was not asked again
             assert cdi_spec(again, claim.uid)["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == CHANNEL0
-            assert node.agent.domain.claims == {claim.uid}
+            assert node.domain.claims == {claim.uid}
 
             assert await again.plugin.unprepare([claim]) == {claim.uid: ""}
             assert again.cdi_files() == [] and checkpoint_claims(again) == {}

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,7 @@ def claim(uid: str, domain: str) -> ChannelClaim:
     return ChannelClaim(uid=uid, namespace="ns", name=f"claim-{uid}", config=parse_channel_config(channel_config(domain)))
 
 
-def real(fake: FakeDriver, tmp_path: Path, **more: object) -> dict[str, object]:
+def real(fake: FakeDriver, tmp_path: Path, **more: Any) -> dict[str, Any]:
     """Agent settings for the real daemon on the fake driver root, each node with its own hosts file."""
     return {"imex_daemon": "real", "driver_root": str(fake.root), "imex_check_interval": 0.05, **more}
 
@@ -83,7 +84,7 @@ async def test_the_real_daemon_runs_from_the_driver_root_with_its_config_and_ctl
         edits = await node.channels.prepare(claim("c0", "cd-r"))
         assert edits.index == 0
         files = DaemonFiles(node.root / "domains" / "cd-r")
-        sup = node.agent.domain.supervisor
+        sup = node.daemon
         await until(lambda: daemon_calls(fake) != [])  # readiness is the ctl's answer: the stub may still start
         (started,) = daemon_calls(fake)
         assert started["argv"] == ["-c", str(files.config)] and started["pid"] == sup.pid
@@ -99,7 +100,7 @@ async def test_the_real_daemon_runs_from_the_driver_root_with_its_config_and_ctl
         assert not files.hosts.exists(), "the real daemon resolves through the hosts file, not a file of ours"
         checks = fake.calls("nvidia-imex-ctl")
         assert checks and {tuple(c["argv"]) for c in checks} == {("-c", str(files.config), "-q")}
-        assert orphans.start_time(sup.pid) is not None and str(sup.pid) in files.pid.read_text()
+        assert sup.pid is not None and orphans.start_time(sup.pid) is not None and str(sup.pid) in files.pid.read_text()
 
         # readiness follows nvidia-imex-ctl -q, and so does the member's status
         membership = Membership(bus)
@@ -109,6 +110,7 @@ async def test_the_real_daemon_runs_from_the_driver_root_with_its_config_and_ctl
         assert await wait_for_status(membership, "cd-r", "node-0", "Ready", 10) is not None
 
         pid = sup.pid
+        assert pid is not None
         assert await node.channels.unprepare("c0", "cd-r") is True
         assert wait_gone(pid), "the daemon outlived its domain"
         assert hosts.read_text() == HOSTS_BEFORE, "our hosts entries outlived the domain"
@@ -123,7 +125,7 @@ async def test_a_new_peer_is_written_to_the_hosts_block_and_the_daemon_is_signal
     async with running_nodes(bus, tmp_path, [GB200] * 2, per_node=[{"hosts_file": str(p)} for p in hosts],
                              **real(fake, tmp_path)) as nodes:  # each agent its own /etc/hosts, as each pod has
         await nodes[0].channels.prepare(claim("a", "cd-p"))
-        first = nodes[0].agent.domain.supervisor
+        first = nodes[0].daemon
         await nodes[1].channels.prepare(claim("b", "cd-p"))
         entries = f"{node_ip(0)}\t{dns_name(0)}\n{node_ip(1)}\t{dns_name(1)}\n"
         for path in hosts:
@@ -146,10 +148,11 @@ async def test_peers_by_ip_rewrite_the_nodes_file_and_restart_the_daemon(bus, tm
     async with running_nodes(bus, tmp_path, [GB200] * 2, hosts_file=str(hosts),
                              **real(fake, tmp_path, imex_peer_mode="ip")) as nodes:
         await nodes[0].channels.prepare(claim("a", "cd-ip"))
-        first = nodes[0].agent.domain.supervisor
+        first = nodes[0].daemon
         files = DaemonFiles(nodes[0].root / "domains" / "cd-ip")
         assert files.nodes.read_text() == f"{node_ip(0)}\n"
         old_pid = first.pid
+        assert old_pid is not None
         await nodes[1].channels.prepare(claim("b", "cd-ip"))
         assert files.nodes.read_text() == f"{node_ip(0)}\n{node_ip(1)}\n"  # index order, on every node
         mine = lambda: [c for c in daemon_calls(fake) if c["argv"] == ["-c", str(files.config)]]  # noqa: E731
@@ -187,6 +190,7 @@ async def test_reload_signals_wait_for_the_handler_and_are_spaced_as_nvidia_imex
         sup.reload()
         await asyncio.wait_for(sup.wait_signalled(1), 10)
         pid = sup.pid
+        assert pid is not None
         await until(lambda: len([c for c in daemon_calls(fake, pid) if c.get("signal")]) == 2)
         got = [c for c in daemon_calls(fake, pid) if c.get("signal")]
         assert [c["signal"] for c in got] == ["SIGUSR1", "SIGUSR1"]
