@@ -166,8 +166,9 @@ def controller_ref(obj: Obj) -> Obj:
     return dict(ref)
 
 
-def condition(obj: Obj | None, kind: str) -> Obj | None:
-    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
+def condition(obj: Obj | None, kind: str) -> Obj:
+    """The status condition of `kind`; {} (falsy) when `obj` has none."""
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
 
 
 async def test_deployment_makes_a_replicaset_and_pods_and_scales(env: Env) -> None:
@@ -199,8 +200,8 @@ async def test_deployment_makes_a_replicaset_and_pods_and_scales(env: Env) -> No
     assert condition(d, "Progressing")["reason"] == "ReplicaSetUpdated"
     for n in (3, 1):
         await env.kube.patch(DEPLOYMENTS, NS, "web", {"spec": {"replicas": n}})
-        await env.watch.until(lambda n=n: len(env.active_pods(rs)) == n and status(n), f"{n} pods")
-        assert env.watch.get(REPLICASETS, rs["metadata"]["name"])["spec"]["replicas"] == n
+        await env.watch.until(lambda: len(env.active_pods(rs)) == n and status(n), f"{n} pods")  # noqa: B023 - awaited here
+        assert (env.watch.get(REPLICASETS, rs["metadata"]["name"]) or {})["spec"]["replicas"] == n
     assert len(env.replicasets_of("web")) == 1
 
 
@@ -233,7 +234,7 @@ async def test_template_change_rolls_out_a_new_replicaset(env: Env) -> None:
             return (len(new) == 1 and len(env.active_pods(new[0])) == 2 and not env.active_pods(old)
                     and old_now["spec"]["replicas"] == 0 and s.get("updatedReplicas") == 2
                     and s.get("availableReplicas") == 2
-                    and condition(d, "Progressing")["reason"] == "NewReplicaSetAvailable") and (d, new[0])
+                    and condition(d, "Progressing").get("reason") == "NewReplicaSetAvailable") and (d, new[0])
 
         d, new = await env.watch.until(rolled, "the rollout to a new ReplicaSet")
     assert new["metadata"]["labels"]["pod-template-hash"] != old["metadata"]["labels"]["pod-template-hash"]
@@ -252,7 +253,7 @@ async def test_recreate_scales_the_old_replicaset_to_zero_first(env: Env) -> Non
         rss = env.watch.owned(REPLICASETS, env.watch.get(DEPLOYMENTS, "db"))
         new = [r for r in rss if uid_of(r) != uid_of(old)]
         return (len(new) == 1 and len(env.active_pods(new[0])) == 2 and not env.active_pods(old)
-                and env.watch.get(REPLICASETS, old["metadata"]["name"])["spec"]["replicas"] == 0) and new[0]
+                and (env.watch.get(REPLICASETS, old["metadata"]["name"]) or {})["spec"]["replicas"] == 0) and new[0]
 
     new = await env.watch.until(rolled, "the Recreate rollout")
     assert all(p["metadata"]["labels"]["v"] == "2" for p in env.active_pods(new))
@@ -341,10 +342,10 @@ def test_informer_cache_relists_and_keeps_deleted_objects_deleting() -> None:
     assert seen == [("ADDED", "a"), ("ADDED", "b")] and [p["metadata"]["name"] for p in inf.owned_by("rs1")] == ["a"]
     inf.apply(pod("a", 3, "rs1"))
     inf.apply(pod("a", 2, "rs1"))  # older than the cache: ignored
-    assert seen[2:] == [("MODIFIED", "a")] and inf.get(NS, "a")["metadata"]["resourceVersion"] == "3"
+    assert seen[2:] == [("MODIFIED", "a")] and (inf.get(NS, "a") or {})["metadata"]["resourceVersion"] == "3"
     inf.mark_deleted(inf.get(NS, "a") or {})
     inf.apply(pod("a", 4, "rs1"))  # a lagging event of the deleted pod: still deleting
-    assert inf.get(NS, "a")["metadata"]["deletionTimestamp"] and not is_active(inf.get(NS, "a") or {})
+    assert (inf.get(NS, "a") or {})["metadata"]["deletionTimestamp"] and not is_active(inf.get(NS, "a") or {})
     inf.apply(pod("a", 5, "rs1"), "DELETED")
     assert inf.get(NS, "a") is None and inf.owned_by("rs1") == [] and seen[-1] == ("DELETED", "a")
     del seen[:]
