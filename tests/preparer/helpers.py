@@ -125,8 +125,9 @@ async def running_node(claims: Any, root: Path, *, bus: Any = None, node: str = 
 async def wait_inventory(service: PreparerService, timeout: float = 10.0) -> None:
     """Until the preparer has discovery's inventory for its node."""
     async with asyncio.timeout(timeout):
-        while service.plugin.inventory.current is None:
-            await service.plugin.inventory.changed.wait()
+        plugin: Any = service.plugin  # both drivers' plugins keep an Inventory; the DriverPlugin protocol does not name it
+        while plugin.inventory.current is None:
+            await plugin.inventory.changed.wait()
 
 
 def cleanup(root: Path) -> None:
@@ -146,7 +147,7 @@ class ApiClaims:
         body = {k: v for k, v in doc.items() if k != "status"}
         body["metadata"] = {k: v for k, v in doc["metadata"].items() if k != "uid"}
         ns = body["metadata"]["namespace"]
-        created = await self.api.create_namespaced_resource_claim(ns, body)
+        created = await self.api.create_namespaced_resource_claim(ns, body)  # type: ignore[arg-type]  # sent as it is
         current = self.client.sanitize_for_serialization(created)
         current["status"] = doc.get("status", {})
         await self.api.replace_namespaced_resource_claim_status(created.metadata.name, ns, current)

@@ -75,6 +75,7 @@ async def test_health_stream_reports_every_device_and_follows_xids(claims: Memor
             stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
                 health_pb2.NodeWatchResourcesRequest())
             first = await stream.read()
+            assert isinstance(first, health_pb2.NodeWatchResourcesResponse), first  # not the end of the stream
             assert {d.device.device_name for d in first.devices} == {f"gpu-{i}" for i in range(8)}
             assert all(d.health == health_pb2.HEALTHY and d.device.pool_name == "n1" for d in first.devices)
             reply = await bus.request(catalog.DEVICE_INJECT_XID, InjectXidRequest(gpu_uuid="gpu-4", xid=79), node="n1")
@@ -82,6 +83,7 @@ async def test_health_stream_reports_every_device_and_follows_xids(claims: Memor
             async with asyncio.timeout(10):
                 while True:
                     update = await stream.read()
+                    assert isinstance(update, health_pb2.NodeWatchResourcesResponse), update
                     states = {d.device.device_name: d.health for d in update.devices}
                     if states["gpu-4"] == health_pb2.UNHEALTHY:
                         break
@@ -99,6 +101,7 @@ async def test_health_missed_while_nats_was_away_is_read_from_kv_on_reconnect(
             stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
                 health_pb2.NodeWatchResourcesRequest())
             first = await stream.read()
+            assert isinstance(first, health_pb2.NodeWatchResourcesResponse), first
             assert all(d.health == health_pb2.HEALTHY for d in first.devices)
             # the last value discovery wrote, whose event the preparer did not hear
             kv = await bus.kv(catalog.HEALTH_BUCKET)
@@ -108,6 +111,7 @@ async def test_health_missed_while_nats_was_away_is_read_from_kv_on_reconnect(
             async with asyncio.timeout(8):  # under the 10 s resend: the re-read wakes the stream
                 while True:
                     update = await stream.read()
+                    assert isinstance(update, health_pb2.NodeWatchResourcesResponse), update
                     if {d.device.device_name: d.health for d in update.devices}["gpu-5"] == health_pb2.UNHEALTHY:
                         break
             stream.cancel()

@@ -43,7 +43,8 @@ async def test_one_trace_from_kubelet_through_discovery_to_checkpoint(
             for child in ("claim.get", "configs", "device.set-sharing", "cdi.write", "checkpoint.write"):
                 assert child in by_name, (child, sorted(by_name))
             assert "serve device-set-sharing" in by_name  # discovery continued the same trace over NATS
-            assert by_name["claim.get"].parent.span_id == server.context.span_id
+            claim_get = by_name["claim.get"].parent
+            assert claim_get is not None and claim_get.span_id == server.context.span_id
             await node.plugin.unprepare([claim])
 
 
@@ -70,9 +71,10 @@ async def test_a_kubelet_without_trace_context_gets_the_prepare_into_the_claims_
             assert prepare.parent is not None and format(prepare.parent.span_id, "016x") == "b7ad6b7169203331"
             assert format(prepare.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
             assert [link.context.span_id for link in prepare.links] == [server.context.span_id]
-            assert prepare.attributes["dra.device"] == ("gpu-1",)
+            assert (prepare.attributes or {})["dra.device"] == ("gpu-1",)
             published = [s for s in finished if s.name == "publish claim-lifecycle"]
-            assert len(published) == 2 and all(s.parent.span_id == prepare.context.span_id for s in published)
+            assert len(published) == 2 and all(s.parent is not None and s.parent.span_id == prepare.context.span_id
+                                          for s in published)
             await node.plugin.unprepare([claim])
 
 
@@ -95,7 +97,7 @@ async def test_plain_gpu_works_with_nats_down_and_events_follow_when_it_returns(
                 reader = await Bus.connect(nats_server.url, name="reader")
                 try:
                     sub = await reader.js.subscribe("dra.v1.claim.default.n1.>", ordered_consumer=True)
-                    seen = []
+                    seen: list[ClaimLifecycle] = []
                     async with asyncio.timeout(10):
                         while len(seen) < 2:
                             msg = await sub.next_msg(timeout=5)

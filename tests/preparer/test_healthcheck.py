@@ -99,11 +99,13 @@ async def test_grpc_health_serves_only_while_both_plugins_answer_and_readyz_wait
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{p.health_port}") as channel:
         watch = pb2_grpc.HealthStub(channel).Watch(pb2.HealthCheckRequest(service=""))
-        assert (await watch.read()).status == pb2.HealthCheckResponse.SERVING
+        reply = await watch.read()
+        assert isinstance(reply, pb2.HealthCheckResponse) and reply.status == pb2.HealthCheckResponse.SERVING
         # the GPU plugin's DRA socket disappears (as if removed under a running process): not serving
         (p.plugins / "gpu.nvidia.com" / "dra.sock").unlink()
         assert await check(p.health_port) == pb2.HealthCheckResponse.NOT_SERVING
         async with asyncio.timeout(15):
-            assert (await watch.read()).status == pb2.HealthCheckResponse.NOT_SERVING
+            reply = await watch.read()
+            assert isinstance(reply, pb2.HealthCheckResponse) and reply.status == pb2.HealthCheckResponse.NOT_SERVING
         watch.cancel()
     assert "gRPC health: not serving" in p.log.read_text()

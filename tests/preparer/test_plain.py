@@ -64,7 +64,8 @@ async def test_several_devices_and_two_containers_sharing_one_claim(claims: Memo
                                                 f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-2"]
         assert cdi_ids_for(result, "infer") == [f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-3"]
         assert len(cdi_ids_for(result)) == 3
-        assert len(json.loads(node.cdi_files() and (node.cdi_dir / node.cdi_files()[0]).read_text())["devices"]) == 3
+        specs = node.cdi_files()
+        assert specs and len(json.loads((node.cdi_dir / specs[0]).read_text())["devices"]) == 3
 
 
 async def test_repeated_prepare_returns_the_checkpointed_result_without_side_effects(
