@@ -19,7 +19,7 @@ def test_bad_settings_name_the_setting():
 
 
 def test_version_choice_and_layout_follow_the_server():
-    group = {"versions": [{"version": "v1beta1"}, {"version": "v1"}]}
+    group: dict[str, object] = {"versions": [{"version": "v1beta1"}, {"version": "v1"}]}
     p = apiversion.profile_from(group, {"major": "1", "minor": "35+", "gitVersion": "v1.35.1"})
     assert (p.api_version, p.minor, p.counter_layout) == ("v1", 35, "counters-only-slice")
     assert p.max_devices(True) == 64 and p.max_devices(False) == 128

@@ -18,7 +18,7 @@ from services.publisher import objects
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
-from shared.events.inventory import InventoryWithdrawn
+from shared.events.inventory import InventoryWithdrawn, NodeInventory
 from shared.kube import rest as kube
 from shared.kube.client import kube_api_client
 from shared.telemetry import memory_spans, setup_telemetry
@@ -34,7 +34,7 @@ async def api(tmp_path):
     async with running_apiserver(tmp_path / "api") as server:
         client = await kube_api_client(str(server.kubeconfig_path))
         try:
-            server.client_raw = client
+            server.client_raw = client  # type: ignore[attr-defined]  # the tests' ApiClient, on the handle
             yield server
         finally:
             await client.close()
@@ -78,7 +78,7 @@ async def test_h100x8_slices_validate_and_a_noop_resync_writes_nothing(bus, api,
             assert pub.syncs >= 2
 
     spans = memory_spans()
-    sync = [s for s in spans if s.name == "publisher.sync-node" and s.attributes.get("publisher.writes")]
+    sync = [s for s in spans if s.name == "publisher.sync-node" and (s.attributes or {}).get("publisher.writes")]
     discovery_traces = {s.context.trace_id for s in spans if s.name == "discovery.publish-inventory"}
     assert any(s.context.trace_id in discovery_traces for s in sync), "the write continues discovery's trace"
     posts = [s for s in spans if s.name == "POST resourceslice"]
@@ -163,7 +163,7 @@ async def test_a_deleted_nodes_slices_go_only_after_the_grace(bus, api, nats_ser
         assert time.monotonic() - deleted_at >= 1.5
 
 
-async def _seed_two_nodes(bus, client, tmp_path) -> dict[str, object]:
+async def _seed_two_nodes(bus, client, tmp_path) -> dict[str, NodeInventory]:
     async with running_discovery(bus, node="seed", simulate="h100x2", root=tmp_path / "seed") as disc:
         seed = disc.inventory
     kv = await bus.kv(catalog.INVENTORY_BUCKET)
@@ -209,7 +209,7 @@ async def test_garbage_in_a_nodes_inventory_key_keeps_its_slices_and_discovery_r
             running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False) as pub:
         await ensure_node(client, "n3")
         for node in ("n1", "n2", "n3"):
-            await until(pub, lambda node=node: _has_slices(client, node, 1))
+            await until(pub, lambda: _has_slices(client, node, 1))  # noqa: B023 - awaited here
         before = {node: await node_slices(client, node) for node in ("n1", "n2", "n3")}
 
         # n1 has no discovery running: the garbage stays, and the publisher keeps n1's slices.
@@ -276,6 +276,7 @@ async def test_conflicts_and_external_edits_are_read_again_and_repaired(bus, api
         stored["metadata"]["annotations"][objects.HASH_ANNOTATION] = "tampered"
         path = f"/apis/resource.k8s.io/v1/resourceslices/{stored['metadata']['name']}"
         await kube.request(client, "PUT", path, body=stored)
+        assert pub.writer is not None
         cached = pub.writer.store.pool("gpu.nvidia.com", "n1")[stored["metadata"]["name"]]
         assert objects.HASH_ANNOTATION in cached.metadata.annotations
         # Force a change so the publisher writes with its stale resourceVersion: 409, re-read, retry.
@@ -331,7 +332,7 @@ async def test_a_crashed_replica_hands_its_nodes_over(bus, api, nats_server, tmp
             await a.membership.wait_for({"a", "b"})
             await b.membership.wait_for({"a", "b"})
             for node in nodes:
-                await until(a, lambda node=node: _has_slices(client, node, 1))
+                await until(a, lambda: _has_slices(client, node, 1))  # noqa: B023 - awaited here
             b_nodes = [n for n in nodes if b.membership.owns(n)]
             assert b_nodes and not any(a.membership.owns(n) for n in b_nodes)
         # b died without a word; once its lease runs out, a owns b's nodes and publishes their changes.

@@ -75,6 +75,7 @@ async def test_compute_domain_slice_has_channel_and_daemon_with_the_clique(tmp_p
     assert names == ["channel-0", "daemon-0"]
     channel = body["spec"]["devices"][0]["attributes"]
     fabric = inv.gpus[0].fabric
+    assert fabric is not None
     assert channel["type"] == {"string": "channel"} and channel["id"] == {"int": 0}
     assert channel[slices.CLIQUE_ATTRIBUTE] == {"string": f"{fabric.cluster_uuid}.{fabric.clique_id}"}
 
