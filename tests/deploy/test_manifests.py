@@ -215,7 +215,8 @@ def test_node_agents_ask_the_auth_callout_for_their_node_role_with_a_projected_t
 def test_secrets_the_manifests_reference_are_the_ones_the_generator_writes(overlay: str) -> None:
     callout = {"user.creds": "x", "issuer.nk": "x", "account": "x", "auth-account": "x"}
     issued = Issued("", {name: "x" for name in all_users(["gpu-a"])}, "x", callout, "x")
-    generated = {s["metadata"]["name"]: set(s["stringData"]) for s in secrets_for(issued, ["gpu-a"], {})}
+    secrets: list[dict[str, Any]] = secrets_for(issued, ["gpu-a"], {})  # Secret manifests
+    generated = {s["metadata"]["name"]: set(s["stringData"]) for s in secrets}
     referenced: dict[str, set[str]] = {}
     for _, spec in _pod_specs(render_overlay(overlay)):
         for volume in spec.get("volumes", []):

@@ -113,7 +113,9 @@ async def test_killing_the_stream_leader_loses_no_event(cluster: list[ShippedCon
     async def kill_leader_mid_run() -> str:
         while len(received) < len(expected) // 3:  # let the consumer get going first
             await asyncio.sleep(0.02)
-        leader = (await admin.js.stream_info(catalog.EVENTS_STREAM.name)).cluster.leader
+        cluster_info = (await admin.js.stream_info(catalog.EVENTS_STREAM.name)).cluster
+        assert cluster_info is not None and cluster_info.leader is not None
+        leader = cluster_info.leader
         victim = next(s for s in cluster if s.env["NATS_SERVER_NAME"] == leader)
         await victim.stop(kill=True)
         killed.set()
@@ -127,7 +129,7 @@ async def test_killing_the_stream_leader_loses_no_event(cluster: list[ShippedCon
         survivors = [s for s in cluster if s.env["NATS_SERVER_NAME"] != leader]
         assert len(survivors) == REPLICAS - 1
         info = await admin.js.stream_info(catalog.EVENTS_STREAM.name)
-        assert info.cluster.leader != leader
+        assert info.cluster is not None and info.cluster.leader != leader
         assert info.state.messages == len(expected), "lost or duplicated events in the stream"
         kv = await admin.kv(catalog.INVENTORY_BUCKET)
         for node in NODES:
@@ -178,7 +180,9 @@ async def test_bus_publish_retries_a_leader_change_without_doubling_events(clust
     producer = await _connect(cluster, "discovery.gpu-a")
     count = 40
     try:
-        leader = (await admin.js.stream_info(catalog.EVENTS_STREAM.name)).cluster.leader
+        cluster_info = (await admin.js.stream_info(catalog.EVENTS_STREAM.name)).cluster
+        assert cluster_info is not None and cluster_info.leader is not None
+        leader = cluster_info.leader
         victim = next(s for s in cluster if s.env["NATS_SERVER_NAME"] == leader)
         for seq in range(count):
             if seq == count // 2:
@@ -189,7 +193,7 @@ async def test_bus_publish_retries_a_leader_change_without_doubling_events(clust
         # a repeated publish of an already stored id is dropped, not doubled
         await producer.publish(catalog.INVENTORY, _inventory("gpu-a", 0), msg_id="gpu-a-0", node="gpu-a")
         info = await admin.js.stream_info(catalog.EVENTS_STREAM.name)
-        assert info.cluster.leader != leader
+        assert info.cluster is not None and info.cluster.leader != leader
         assert info.state.messages == count
         last = await (await admin.kv(catalog.INVENTORY_BUCKET)).get("gpu-a")
         assert last is not None and last.content_hash == f"gpu-a-{count - 1}"

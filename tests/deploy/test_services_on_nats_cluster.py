@@ -108,8 +108,9 @@ class World:
         waiter = asyncio.ensure_future(satisfied())
         failed = {sup.failed for sup in self.supervisors}
         try:
+            watched: set[asyncio.Future[Any]] = {waiter, *failed, *self.watchers}
             done, _ = await asyncio.wait_for(
-                asyncio.wait({waiter, *failed, *self.watchers}, return_when=asyncio.FIRST_COMPLETED), timeout)
+                asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED), timeout)
         except TimeoutError:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; {self.summary()}; "
                                  f"service logs in {self.log_dir}") from None
@@ -327,7 +328,9 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
             started_s = loop.time() - t0
 
             # --- the outage: SIGKILL the DRA_EVENTS stream leader, change the inventory at once
-            leader = (await admin.js.stream_info(catalog.EVENTS_STREAM.name)).cluster.leader
+            cluster_info = (await admin.js.stream_info(catalog.EVENTS_STREAM.name)).cluster
+            assert cluster_info is not None and cluster_info.leader is not None
+            leader = cluster_info.leader
             victim = next(s for s in nats_cluster if server_name(s) == leader)
             survivors = [s for s in nats_cluster if s is not victim]
             on_victim = await _connz(victim)
@@ -387,7 +390,7 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
             doubled = sorted(i for i, n in stored.items() if n > 1)
             assert not doubled, f"events stored more than once in DRA_EVENTS: {doubled}"
             info = await observer.js.stream_info(catalog.EVENTS_STREAM.name)
-            assert info.cluster.leader != leader
+            assert info.cluster is not None and info.cluster.leader != leader
 
             # --- the killed server comes back and catches up
             checked_s = loop.time() - killed_at
@@ -398,7 +401,7 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
                 while True:
                     with contextlib.suppress(Exception):
                         cluster = (await observer.js.stream_info(catalog.EVENTS_STREAM.name)).cluster
-                        peers = {p.name: p for p in cluster.replicas or []}
+                        peers = {p.name: p for p in (cluster.replicas if cluster else None) or []}
                         if leader in peers and peers[leader].current and not peers[leader].offline:
                             return
                     await asyncio.sleep(0.2)  # no event says when a peer is current again

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 
@@ -25,7 +26,7 @@ def fake(tmp_path: Path) -> FakeDriver:
     return make_driver_root(tmp_path / "driver")
 
 
-def real(bus: Bus, tmp_path: Path, fake: FakeDriver, **overrides: object):
+def real(bus: Bus, tmp_path: Path, fake: FakeDriver, **overrides: Any):
     """Discovery on two simulated H100s that runs the fake driver root's binaries."""
     return running_discovery(bus, "n1", "h100x2", tmp_path / "sim", driver_root=str(fake.root),
                              **{"tool_timeout": 5.0, **overrides})
@@ -35,7 +36,7 @@ def bin_path(fake: FakeDriver) -> str:
     return str(fake.root / "usr" / "bin")
 
 
-async def set_sharing(bus: Bus, uuid: str, timeslice: str):
+async def set_sharing(bus: Bus, uuid: str, timeslice: Literal["Default", "Short", "Medium", "Long"]):
     return await bus.request(catalog.DEVICE_SET_SHARING, SetSharingRequest(gpu_uuids=[uuid], timeslice=timeslice),
                              timeout=20, node="n1")
 
@@ -89,7 +90,7 @@ def daemon_pid(pipe_dir: str) -> int:
     return int((Path(pipe_dir) / "nvidia-cuda-mps-control.pid").read_text())
 
 
-async def start_mps(bus: Bus, daemon_id: str, uuids: list[str], **kw: object):
+async def start_mps(bus: Bus, daemon_id: str, uuids: list[str], **kw: Any):
     return await bus.request(catalog.DEVICE_MPS_START, MpsStartRequest(daemon_id=daemon_id, gpu_uuids=uuids, **kw),
                              timeout=20, node="n1")
 

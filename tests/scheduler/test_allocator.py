@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -79,7 +80,7 @@ def test_backtracking_moves_an_earlier_request(h100_slices: list[dict[str, Any]]
 
 def test_first_available_prefers_the_first_subrequest_that_fits(h100_slices: list[dict[str, Any]],
                                                                 classes: list[dict[str, Any]]) -> None:
-    fa = {"name": "gpu", "firstAvailable": [
+    fa: dict[str, Any] = {"name": "gpu", "firstAvailable": [
         {"name": "big", "deviceClassName": GPU,
          "selectors": [{"cel": {"expression": "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('141Gi')) >= 0"}}]},
         {"name": "two", "deviceClassName": GPU, "count": 2},
@@ -286,7 +287,7 @@ def test_match_attribute_failure_is_named(h100_inv: Any, classes: list[dict[str,
 
 
 def test_pod_claims_are_allocated_together(h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]) -> None:
-    claims = [claim(f"p{i}", [exactly("gpu", count=3)]) for i in range(3)]
+    claims: list[Mapping[str, Any]] = [claim(f"p{i}", [exactly("gpu", count=3)]) for i in range(3)]
     out = schedule(claims, classes, h100_slices, AllocatedState(), ["h100-node"])
     assert out.node is None  # 9 GPUs wanted, 8 exist
     out = schedule(claims[:2], classes, h100_slices, AllocatedState(), ["h100-node"])
