@@ -133,6 +133,7 @@ class Up:
     def __init__(self, data_dir: Path | None, *args: str, nodes: int = 2, command: str = "up",
                  env: dict[str, str] | None = None):
         self.data_dir = data_dir
+        self.command = command
         self.kubeconfig = data_dir / "kubeconfig" if data_dir else None
         argv = [sys.executable, "-m", "shared.cli", command, "--nodes", str(nodes), "--gpus", "h100x1", *args]
         if data_dir is not None:
@@ -163,7 +164,7 @@ class Up:
                     if line and match(line):
                         return line
                 if self.output and self.output[-1] == "":
-                    raise AssertionError(f"{self.proc.args[3]} exited ({self.proc.wait()}) before the line came:\n"
+                    raise AssertionError(f"{self.command} exited ({self.proc.wait()}) before the line came:\n"
                                          + "".join(self.output))
                 left = deadline - time.monotonic()
                 assert left > 0, "no such line in time:\n" + "".join(self.output)

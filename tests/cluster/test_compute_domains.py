@@ -79,12 +79,12 @@ async def test_a_four_node_domain_across_two_cliques_runs_its_workload_and_leave
         cluster: LocalCluster) -> None:
     api = await cluster.api_client()
     core, custom, apps = client.CoreV1Api(api), client.CustomObjectsApi(api), client.AppsV1Api(api)
-    await core.create_namespace({"metadata": {"name": NS}})
+    await core.create_namespace({"metadata": {"name": NS}})  # type: ignore[arg-type]  # the client sends a dict as it is
     await custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, compute_domain("train", "train-channel", 4))
     # the controller writes the workload's claim template
     await wait_for_object(custom, "resource.k8s.io", "v1", NS, "resourceclaimtemplates", "train-channel",
                           lambda obj: obj is not None, timeout=30)
-    await apps.create_namespaced_deployment(NS, workload("trainer", "train-channel", 4))
+    await apps.create_namespaced_deployment(NS, workload("trainer", "train-channel", 4))  # type: ignore[arg-type]  # the client sends a dict as it is
 
     pods = await wait_pods(api, NS, 4, timeout=90)
     assert len({p["spec"]["nodeName"] for p in pods}) == 4, "one channel-0 per node: the pods spread"

@@ -132,6 +132,7 @@ async def test_gpu_test6_removed_index_attribute_stays_pending_with_an_explanati
                 return False
         return True
 
+    assert cluster.supervisor is not None
     await cluster.supervisor.wait_until("gpu-test6 explained", explained, timeout=60)
     assert all(not p["spec"].get("nodeName") for p in await pods_in(api, "gpu-test6"))
     assert pods

@@ -45,7 +45,7 @@ def claim_uid(up: Up, pod: str) -> str:
 
 def leaves_nothing(up: Up, pids: list[int]) -> None:
     assert pids, "the cluster's processes were seen"
-    assert gone(pids) == [], f"still running after {up.proc.args[3]} exited: {gone(pids, 0)}"
+    assert gone(pids) == [], f"still running after {up.command} exited: {gone(pids, 0)}"
     assert up.pids() == [] if up.data_dir else True
     assert up.runtime_dirs() == [], "temporary dirs are removed"
 
@@ -93,7 +93,7 @@ def test_a_preparer_killed_with_sigkill_is_restarted_and_prepares_the_next_claim
     # A new claim on that node is prepared by the restarted preparer.
     up.kubectl("apply", "-f", "-", stdin=pod_manifest("after-restart", node=NODE0))
     up.kubectl("wait", "--for=condition=Ready", "pod/after-restart", "--timeout=60s")
-    assert claim_uid(up, "after-restart") in checkpoint_claims(up.data_dir)
+    assert claim_uid(up, "after-restart") in checkpoint_claims(tmp_path / "cluster")
 
 
 async def _stream_messages(url: str, data_dir: Path) -> int:
@@ -218,14 +218,14 @@ def test_nats_server_killed_is_restarted_on_its_port_with_its_data_and_the_clust
     assert nats_url
     up.kubectl("apply", "-f", "-", stdin=pod_manifest("before"))
     up.kubectl("wait", "--for=condition=Ready", "pod/before", "--timeout=60s")
-    events = asyncio.run(_stream_messages(nats_url[0], up.data_dir))
+    events = asyncio.run(_stream_messages(nats_url[0], tmp_path / "cluster"))
     (old,) = up.pids(f"nats-server .*{up.data_dir}")
     mark = len(up.output)
     os.kill(old, signal.SIGKILL)
     up.wait_line(lambda line: "nats-server restarted" in line, timeout=30, after=mark)
     assert metric(f"http://127.0.0.1:{port}/metrics", "gpu_dra_up_process_restarts_total",
                   process="nats-server") == 1.0
-    assert asyncio.run(_stream_messages(nats_url[0], up.data_dir)) >= events, "same port, same JetStream data"
+    assert asyncio.run(_stream_messages(nats_url[0], tmp_path / "cluster")) >= events, "same port, same JetStream data"
     up.kubectl("delete", "pod", "before", "--wait=true", "--timeout=60s")
     up.kubectl("apply", "-f", "-", stdin=pod_manifest("after"))
     up.kubectl("wait", "--for=condition=Ready", "pod/after", "--timeout=60s")

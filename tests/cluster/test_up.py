@@ -80,6 +80,7 @@ def test_kubectl_sees_the_cluster_and_pods_get_and_free_gpus_and_ctrl_c_leaves_n
     assert up.proc.wait(timeout=60) == 0, "".join(up.output)
     leftovers = subprocess.run(["pgrep", "-f", str(up.data_dir)], capture_output=True, text=True).stdout.split()
     assert leftovers == [], leftovers
+    assert up.data_dir is not None
     sockets = [p for p in up.data_dir.rglob("*.sock")] if up.data_dir.exists() else []
     assert sockets == [], sockets
     assert up.runtime_dirs() == [], "the short socket dirs are removed"

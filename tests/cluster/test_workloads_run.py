@@ -252,7 +252,7 @@ async def test_deployment_rolls_to_a_new_template(cluster: LocalCluster) -> None
     template = {"metadata": {"labels": {"app": "web"}}, "spec": {"terminationGracePeriodSeconds": 5, "containers": [
         {"name": "ctr", "image": "busybox", "command": ["sh", "-c", "echo v=$V; trap 'exit 0' TERM; sleep 60 & wait"],
          "env": [{"name": "V", "value": "1"}]}]}}
-    await apps.create_namespaced_deployment("run", {
+    await apps.create_namespaced_deployment("run", {  # type: ignore[arg-type]  # the client sends a dict as it is
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "run"},
         "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "template": template}})
     kubectl = ["kubectl", "--kubeconfig", str(cluster.kubeconfig_path), "-n", "run"]

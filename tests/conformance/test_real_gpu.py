@@ -135,11 +135,11 @@ async def test_full_gpu_claim_prepares_with_the_driver_userspace(root: Path, bus
     spec = await _prepare_unprepare(root, bus, claim_doc(name="full", node=NODE, results=[("gpu", gpu.name)]))
     [device] = spec["devices"]
     assert device["containerEdits"]["deviceNodes"][0]["path"] == f"/dev/nvidia{gpu.minor}"
-    root = DriverRoot.of(DRIVER_ROOT, "", DEV_ROOT)
-    version = root.driver_version()
+    driver = DriverRoot.of(DRIVER_ROOT, "", DEV_ROOT)
+    version = driver.driver_version()
     mounts = [m["containerPath"] for m in spec["containerEdits"]["mounts"]]
     assert any(p.endswith(f"libnvidia-ml.so.{version}") for p in mounts), mounts
-    if root.find_library("libcuda.so.1"):  # a real node; NVIDIA's mock NVML ships no CUDA library
+    if driver.find_library("libcuda.so.1"):  # a real node; NVIDIA's mock NVML ships no CUDA library
         assert any(p.endswith(f"libcuda.so.{version}") for p in mounts), mounts
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from embedded.nodeagent import nvidiasmi
 from embedded.nodeagent.containers import PodWorker
+from services.discovery import devtree
 from services.discovery.simnvml.state import SimCi, SimGi, SimGpu, SimMps, SimState
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60),
@@ -97,7 +98,7 @@ async def test_container_prints_its_gpu_env_and_exits(node: dict[str, Path]) -> 
 
 async def test_shim_shows_only_the_visible_mig_device_and_sharing() -> None:
     state = msgspec.to_builtins(sim_state())
-    cap = nvidiasmi.devtree.mig_cap_minors(1, 2, 0)[1]
+    cap = devtree.mig_cap_minors(1, 2, 0)[1]
     env = {nvidiasmi.STATE_ENV: "", nvidiasmi.NODES_ENV: f"/dev/nvidia1:/dev/nvidia-caps/nvidia-cap{cap}"}
     devices = nvidiasmi.visible_devices(state, env[nvidiasmi.NODES_ENV].split(":"))
     assert nvidiasmi.list_lines(devices) == [f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {A100})",

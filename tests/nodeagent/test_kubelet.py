@@ -111,7 +111,7 @@ class Cluster:
                          "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}] if claim else [],
                          "containers": [{"name": c, "image": "cuda", "command": ["sleep", "infinity"],
                                          "resources": {"claims": [use]} if claim else {}} for c in containers]}}
-        created = await self.core.create_namespaced_pod("default", body)
+        created = await self.core.create_namespaced_pod("default", body)  # type: ignore[arg-type]  # the client sends a dict as it is
         return self.client.sanitize_for_serialization(created)
 
     async def reserve(self, claim: Claim, *pods: dict[str, Any]) -> None:
@@ -222,7 +222,7 @@ async def test_claim_not_reserved_is_pending_with_reason_then_both_pods_run_with
     assert event.message.startswith("Failed to prepare dynamic resources: ")
     assert "not reserved for this pod" in event.message
     pending = await cluster.pod("waiting")
-    assert pending["status"]["phase"] == "Pending"
+    assert pending is not None and pending["status"]["phase"] == "Pending"
     assert pending["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "ContainerCreating"}}
     assert cluster.checkpointed() == set()
 
