@@ -564,14 +564,14 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
         # A last set of pods runs: checkpoint = CDI specs = claims prepared there, per node.
         final = [f"chaos-final-{i}" for i in range(keep)]
         for name in final:
-            await api.call(lambda k, name=name: k.create(PODS, NS, pod_body(name, "chaos-ts-gpu")))
+            await api.call(lambda k: k.create(PODS, NS, pod_body(name, "chaos-ts-gpu")))  # noqa: B023 - awaited here
         final_ok = await until(run, lambda: all(n in run.seen and is_running(run.seen[n]) for n in final),
                                pod_timeout)
         claims, _ = await api.call(lambda k: k.list(RESOURCECLAIMS, NS))
         pods_now, _ = await api.call(lambda k: k.list(PODS, NS))
         with_pods = {n: node_state(up, n, claims, pods_now) for n in names}
         for name in final:
-            await api.call(lambda k, name=name: k.delete(PODS, NS, name))
+            await api.call(lambda k: k.delete(PODS, NS, name))  # noqa: B023 - awaited here
         await api.call(lambda k: k.delete(RESOURCECLAIMS, NS, SHARED_CLAIM))
 
         async def all_gone() -> bool:

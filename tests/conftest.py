@@ -43,8 +43,9 @@ def spans() -> InMemorySpanExporter:
     """Finished spans of this module's tests, whatever tracer provider the process installed first."""
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
-        provider = setup_telemetry("gpu-dra-tests", "memory")
-        assert provider is not None
+        installed = setup_telemetry("gpu-dra-tests", "memory")
+        assert installed is not None
+        provider = installed
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return exporter

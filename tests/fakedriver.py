@@ -374,8 +374,8 @@ def make_driver_root(
         for name in FIRMWARE:
             (fw / name).write_bytes(b"GSP")
     if sockets:
-        for path in SOCKETS:
-            _bind_socket(root / path.lstrip("/"))
+        for socket_path in SOCKETS:
+            _bind_socket(root / socket_path.lstrip("/"))
     (root / ".fake").mkdir(exist_ok=True)
     return FakeDriver(root=root, version=version, lib_dir=lib_dir)
 
