@@ -71,9 +71,9 @@ async def test_crd_then_cr_with_status_subresource_and_validation(api: RunningAp
 
         status = await custom.patch_namespaced_custom_object_status(
             *args, "w1", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
-            _content_type="application/merge-patch+json")
+            _content_type="application/merge-patch+json")  # type: ignore[call-arg]  # not in its stubs
         assert status["status"]["conditions"][0]["status"] == "True" and status["metadata"]["generation"] == 1
-        spec = await custom.patch_namespaced_custom_object(*args, "w1", {"spec": {"size": 5}},
+        spec = await custom.patch_namespaced_custom_object(*args, "w1", {"spec": {"size": 5}},  # type: ignore[call-arg]
                                                            _content_type="application/merge-patch+json")
         assert spec["metadata"]["generation"] == 2 and spec["status"]["conditions"][0]["type"] == "Ready"
 

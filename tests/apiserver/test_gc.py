@@ -4,6 +4,7 @@ namespace deletion, through kubernetes-asyncio; waits are on watch events, not s
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client, watch
@@ -106,7 +107,7 @@ async def test_deleting_a_namespace_deletes_everything_in_it(api: RunningApiServ
         with pytest.raises(ApiException) as err:
             await core.create_namespaced_config_map("doomed", {"metadata": {"name": "late"}})
         assert err.value.status == 403
-        assert "because it is being terminated" in err.value.body
+        assert "because it is being terminated" in str(err.value.body)  # decoded to str by the client
         held = await core.read_namespaced_config_map("held", "doomed")
         assert held.metadata.deletion_timestamp is not None
         held.metadata.finalizers = []
@@ -119,7 +120,7 @@ async def test_graceful_pod_deletion_on_a_node_waits_for_the_kubelet(api: Runnin
     async with api.client() as c:
         core = client.CoreV1Api(c)
         await core.create_node({"metadata": {"name": "n1"}})
-        pod = {"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}
+        pod: dict[str, Any] = {"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}
         await core.create_namespaced_pod("default", pod)
         await core.delete_namespaced_pod("p", "default")
         marked = await core.read_namespaced_pod("p", "default")

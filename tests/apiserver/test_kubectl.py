@@ -111,16 +111,16 @@ async def test_watch_prints_changes(kubectl: Kubectl, api: RunningApiServer) -> 
         async with api.client() as c:
             core = client.CoreV1Api(c)
             await core.create_namespaced_config_map("default", {"metadata": {"name": "watched"}})
-            lines = []
+            lines: list[str] = []
             while not any("watched" in line for line in lines):
                 line = await asyncio.wait_for(proc.stdout.readline(), 15)
                 assert line, "kubectl get -w ended early"
                 lines.append(line.decode())
             await core.delete_namespaced_config_map("watched", "default")
             while True:
-                line = (await asyncio.wait_for(proc.stdout.readline(), 15)).decode()
-                assert line, "kubectl get -w ended early"
-                if "DELETED" in line:
+                event = (await asyncio.wait_for(proc.stdout.readline(), 15)).decode()
+                assert event, "kubectl get -w ended early"
+                if "DELETED" in event:
                     break
         assert any(line.split()[:2] == ["ADDED", "watched"] for line in lines), lines
     finally:

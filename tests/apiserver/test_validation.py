@@ -367,14 +367,14 @@ def test_an_allocation_can_be_cleared_but_not_changed() -> None:
 def test_v1beta1_errors_name_the_internal_v1_fields_like_the_real_server() -> None:
     # The real server validates its internal (v1-shaped) object, so DRA-rule errors on a v1beta1
     # object name the v1 fields; schema errors (unknown fields) name what was sent.
-    obj = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim",
+    obj: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim",
            "metadata": {"name": "c", "namespace": "default"},
            "spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.nvidia.com", "count": -1}]}}}
     assert fields(claim_errors(obj, version="v1beta1")) == {
         "spec.devices.requests[0].exactly.count": "FieldValueInvalid"}
     obj["spec"]["devices"]["requests"][0]["exactly"] = {"deviceClassName": "x"}  # a v1 field sent as v1beta1
     assert fields(claim_errors(obj, version="v1beta1"))["spec.devices.requests[0].exactly"] == UNKNOWN_FIELD
-    beta_slice = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+    beta_slice: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice", "metadata": {"name": "s"},
                   "spec": {"driver": "gpu.nvidia.com", "nodeName": "n",
                            "pool": {"name": "n", "generation": 0, "resourceSliceCount": 1},
                            "devices": [{"name": "gpu-0", "basic": {"attributes": {"bad key": {"int": 1}}}}]}}
@@ -385,7 +385,7 @@ def test_v1beta1_errors_name_the_internal_v1_fields_like_the_real_server() -> No
 
 
 def test_template_and_class() -> None:
-    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+    template: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": "t", "namespace": "default"},
                 "spec": {"metadata": {"labels": {"a": "b"}}, "spec": claim()["spec"]}}
     assert validate_object("resource.k8s.io", "v1", "ResourceClaimTemplate", template) == []
@@ -395,7 +395,7 @@ def test_template_and_class() -> None:
         "spec.spec.devices.requests[0].exactly.deviceClassName": "FieldValueInvalid"}
     assert "spec" in fields(validate_object("resource.k8s.io", "v1", "ResourceClaimTemplate",
                                             copy.deepcopy(template) | {"spec": {"spec": {}}}, template))
-    device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+    device_class: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
                     "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}],
                              "extendedResourceName": "nvidia.com/gpu"}}
     assert validate_object("resource.k8s.io", "v1", "DeviceClass", device_class) == []
@@ -407,7 +407,7 @@ def test_template_and_class() -> None:
 # -- metadata and other kinds -----------------------------------------------------------------------
 
 def test_metadata_rules() -> None:
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "default"},
+    pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "default"},
            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
     assert fields(validate_object("", "v1", "Pod", pod)) == {"metadata.name": "FieldValueRequired"}
     pod["metadata"]["generateName"] = "worker-"
@@ -429,7 +429,7 @@ def test_other_builtin_kinds_use_their_schema() -> None:
     assert fields(validate_object("apps", "v1", "Deployment", deployment)) == {
         "spec.replicas": "FieldValueTypeInvalid",
         "spec.template.spec.containers[0].imagePullPolicy": "FieldValueTypeInvalid"}
-    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l", "namespace": "x"},
+    lease: dict[str, Any] = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l", "namespace": "x"},
              "spec": {"holderIdentity": "me", "renewTime": "2026-12-03T06:00:00.000000Z", "leaseDurationSeconds": 15}}
     assert validate_object("coordination.k8s.io", "v1", "Lease", lease) == []
     lease["spec"]["renewTime"] = "yesterday"
@@ -500,7 +500,7 @@ def test_computedomain_crd_and_resource() -> None:
     crd = yaml.safe_load(COMPUTEDOMAIN_CRD.read_text())
     assert validate_object("apiextensions.k8s.io", "v1", "CustomResourceDefinition", crd) == []
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    domain = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+    domain: dict[str, Any] = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
               "metadata": {"name": "imex", "namespace": "default"},
               "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "imex-channel"}}}}
     assert validate_custom(schema, domain) == []

@@ -65,7 +65,7 @@ async def test_expired_resource_version_is_410_error_event(api: RunningApiServer
         with pytest.raises(ApiException) as err:
             await _next(stream)
         assert err.value.status == 410
-        assert "Expired: too old resource version" in err.value.reason
+        assert "Expired: too old resource version" in (err.value.reason or "")
         await w.close()
 
 
