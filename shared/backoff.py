@@ -10,7 +10,8 @@ from __future__ import annotations
 
 
 class Backoff:
-    """`delay = backoff.next()` before each retry; `backoff.ran(seconds)` after a try that ran a while."""
+    """`delay = backoff.next()` before each retry; `backoff.reset()` after a success (or `delay =
+    backoff.restart()`); `backoff.ran(seconds)` after a try that ran a while."""
 
     def __init__(self, initial_s: float = 0.2, cap_s: float = 10.0, factor: float = 2.0,
                  stable_after_s: float = 30.0) -> None:
@@ -30,6 +31,11 @@ class Backoff:
 
     def reset(self) -> None:
         self._next = self.initial_s
+
+    def restart(self) -> float:
+        """Start over: the first delay again (`initial_s`), the one after it longer."""
+        self.reset()
+        return self.next()
 
     def ran(self, seconds: float) -> None:
         """A try lasted `seconds` before it failed; a stable run resets the delay."""

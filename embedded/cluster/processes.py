@@ -189,13 +189,12 @@ class Supervisor:
         polled with a short back-off, for conditions that have no event (a socket file appearing).
         """
         async def satisfied() -> None:
-            delay = 0.02
+            backoff = Backoff(initial_s=0.02, cap_s=0.5)
             while not await condition():
                 if wake is not None:
                     await wake()
                 else:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 0.5)
+                    await asyncio.sleep(backoff.next())
 
         waiter = asyncio.ensure_future(satisfied())
         try:

@@ -23,6 +23,7 @@ from kubernetes_asyncio.client import ApiClient
 from embedded.controllers.deployments import DeploymentController
 from embedded.controllers.jobs import JobController
 from embedded.controllers.replicasets import ReplicaSetController
+from shared.backoff import Backoff
 from shared.kube.informer import Informer, Obj, controller_of, key_of, until_synced
 from shared.kube.resources import DEPLOYMENTS, JOBS, PODS, REPLICASETS, Kube
 from shared.kube.rest import ApiError
@@ -43,7 +44,7 @@ class WorkQueue:
         self._busy: set[QueueKey] = set()
         self._ready = asyncio.Event()
         self._timers: set[asyncio.TimerHandle] = set()
-        self.failures: dict[QueueKey, int] = {}
+        self.backoffs: dict[QueueKey, Backoff] = {}  # keys that failed, until they next succeed
 
     def __len__(self) -> int:
         return len(self._order)
@@ -68,9 +69,7 @@ class WorkQueue:
 
     def retry(self, key: QueueKey) -> float:
         """Queue a failed key again after its backoff (50 ms doubling to 30 s); the delay."""
-        n = self.failures.get(key, 0)
-        self.failures[key] = n + 1
-        delay = min(0.05 * 2.0 ** n, 30.0)
+        delay = self.backoffs.setdefault(key, Backoff(initial_s=0.05, cap_s=30.0)).next()
         self.add_after(key, delay)
         return delay
 
@@ -167,7 +166,7 @@ class Controllers:
             try:
                 self.reconciles += 1
                 again = await self.reconcilers[plural](ns, name)
-                self.queue.failures.pop(key, None)
+                self.queue.backoffs.pop(key, None)
                 if again is not None:
                     self.queue.add_after(key, again)
             except (ApiError, *TRANSIENT) as exc:

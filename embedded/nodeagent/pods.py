@@ -35,6 +35,7 @@ from embedded.nodeagent.cdi_resolve import CdiResolutionError, load_specs, resol
 from embedded.nodeagent.containers import PodWorker
 from embedded.nodeagent.containers import now as timestamp
 from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
+from shared.backoff import Backoff
 from shared.kube.events import event_body, record_event
 from shared.logs import get_logger
 from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION, traceparent_context
@@ -416,19 +417,18 @@ class PodRunner:
             self._writes[uid] = asyncio.create_task(self._write_worker(worker))
 
     async def _write_worker(self, worker: PodWorker) -> None:
-        delay = RETRY_MIN
+        backoff = Backoff(initial_s=RETRY_MIN, cap_s=RETRY_MAX)
         while worker.dirty:
             worker.dirty = False
             try:
                 await self._write_status(worker.pod, worker.status())
-                delay = RETRY_MIN
+                backoff.reset()
             except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
                 if isinstance(exc, ApiException) and exc.status == 404:
                     return  # the pod is gone
                 log.warning("pod status not written; retrying", pod=worker.pod["metadata"]["name"], error=str(exc))
                 worker.dirty = True
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
+                await asyncio.sleep(backoff.next())
         if worker.phase in ("Succeeded", "Failed"):
             log.info("pod finished running", node=self.node, pod=worker.pod["metadata"]["name"], phase=worker.phase)
 
@@ -547,7 +547,8 @@ class PodRunner:
             await self.sync_pod(self.api.sanitize_for_serialization(fresh), force=True)
 
     async def _retry_loop(self, stopping: asyncio.Event, wake: asyncio.Event | None) -> None:
-        delay = RETRY_MIN
+        backoff = Backoff(initial_s=RETRY_MIN, cap_s=RETRY_MAX)
+        delay = backoff.next()
         while not stopping.is_set():
             waits = [asyncio.ensure_future(stopping.wait())]
             if wake is not None:
@@ -557,7 +558,7 @@ class PodRunner:
                 w.cancel()
             if wake is not None and wake.is_set():
                 wake.clear()
-                delay = RETRY_MIN
+                delay = backoff.restart()
             if self._retry or self._orphans():
                 try:
                     await self.retry_pending()
@@ -567,7 +568,7 @@ class PodRunner:
                 except Exception as exc:  # noqa: BLE001 - a dead retry loop would leave waiting pods waiting forever
                     log.error("retrying waiting pods failed; the next round tries again", node=self.node,
                               error=f"{type(exc).__name__}: {exc}", waiting=len(self._retry))
-                delay = min(delay * 2, RETRY_MAX) if self._retry or self._orphans() else RETRY_MIN
+                delay = backoff.next() if self._retry or self._orphans() else backoff.restart()
 
     # ------------------------------------------------------------------ watch loop
     async def run(self, stopping: asyncio.Event, wake: asyncio.Event | None = None) -> None:

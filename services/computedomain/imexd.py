@@ -11,7 +11,7 @@ redialled with backoff); it is READY when connected to all peers it resolved (al
 SIGHUP or SIGUSR1 re-reads the config and the names and redials at once. Status goes to stdout as
 lines `IMEX-SIM STATUS READY|NOT_READY connected=<n>/<m>` and `IMEX-SIM RELOAD <count> peers=<n>`;
 the command port answers `q` with `READY` or `NOT_READY` (what `nvidia-imex-ctl -q` prints).
-Standard library only, so that eighteen of them start quickly.
+Standard library only (and `shared.backoff`, which imports nothing), so that eighteen of them start quickly.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from shared.backoff import Backoff
 
 HELLO = b"IMEX-SIM HELLO"
 WELCOME = b"IMEX-SIM WELCOME"
@@ -187,7 +189,7 @@ class Daemon:
             writer.close()
 
     async def _dial(self, peer: str) -> None:
-        delay = 0.02
+        backoff = Backoff(initial_s=0.02, cap_s=1.0)
         kick = self._kick[peer]
         while True:
             kick.clear()
@@ -197,15 +199,14 @@ class Daemon:
                 )
             except (OSError, TimeoutError):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(kick.wait(), delay)
-                delay = min(delay * 2, 1.0)
+                    await asyncio.wait_for(kick.wait(), backoff.next())
                 continue
             try:
                 writer.write(HELLO + b" " + self.config.bind_ip.encode() + b"\n")
                 await writer.drain()
                 answer = await asyncio.wait_for(reader.readline(), 2.0)
                 if answer.startswith(WELCOME):
-                    delay = 0.02
+                    backoff.reset()
                     self.connected.add(peer)
                     self._report()
                     while await reader.read(4096):
@@ -217,8 +218,7 @@ class Daemon:
                 writer.close()
                 self._report()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(kick.wait(), delay)
-            delay = min(delay * 2, 1.0)
+                await asyncio.wait_for(kick.wait(), backoff.next())
 
     def _set_peers(self, peers: list[str]) -> None:
         for gone in set(self._dialers) - set(peers):

@@ -37,6 +37,7 @@ from services.preparer.claims import (
 from services.preparer.devices import DeviceError
 from services.preparer.lifecycle import LifecycleEvents
 from services.preparer.outbox import OutboxRecord
+from shared.backoff import Backoff
 from shared.events.claims import ClaimEventKind, FailureReason, PreparedDeviceRef
 from shared.logs import get_logger
 from shared.telemetry import (
@@ -309,15 +310,16 @@ class ClaimPreparer:
     async def retry_failed_rollbacks(self, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:
         """Forever: after a rollback failed, try the PrepareStarted entries again, backing off while
         they keep failing (each undo is idempotent)."""
-        delay = first_delay
+        backoff = Backoff(initial_s=first_delay, cap_s=max_delay)
         while True:
             await self.rollback_failed.wait()
-            await asyncio.sleep(delay)
+            await asyncio.sleep(backoff.next())
             self.rollback_failed.clear()
             done = await self.recover(only_failed=True)
             if done:
                 log.info("failed rollbacks retried", claims=done)
-            delay = min(delay * 2, max_delay) if self.rollback_failed.is_set() else first_delay
+            if not self.rollback_failed.is_set():
+                backoff.reset()
 
     async def cleanup_stale(self) -> int:
         """Roll back PrepareStarted claims whose ResourceClaim is gone or no longer allocated here."""

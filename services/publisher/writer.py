@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind
 from services.publisher import objects
 from services.publisher.apiversion import ServerProfile
 from services.publisher.slices import DesiredPool
+from shared.backoff import Backoff
 from shared.kube import rest as kube
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
@@ -208,6 +209,7 @@ class SliceWriter:
     async def sync(self, driver: str, node: str, pool: DesiredPool | None, node_uid: str = "") -> WriteStats:
         """Make the server's pool match `pool` (None: delete the pool). The writes it took."""
         done = WriteStats()
+        backoff = Backoff(initial_s=0.05, cap_s=1.0)
         for attempt in range(MAX_ATTEMPTS):
             try:
                 await self._sync_once(driver, node, pool, node_uid, done)
@@ -217,7 +219,7 @@ class SliceWriter:
                 self.stats.conflicts += 1
                 log.info("slice write conflict; re-reading the pool", driver=driver, node=node,
                          attempt=attempt + 1, reason=str(exc))
-                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+                await asyncio.sleep(backoff.next())
                 await self.refresh(driver, node)
         raise RuntimeError(f"pool {driver}/{node} still conflicting after {MAX_ATTEMPTS} attempts")
 
