@@ -79,6 +79,12 @@ class Variant:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the preparer process has used so far: a figure the machine's
+        load does not inflate the way it does wall-clock latency."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def fsync_total(self) -> float | None:
         """The preparer's fsyncs so far (None: a preparer that does not count them)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as reply:  # noqa: S310
@@ -193,6 +199,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     await cycle(v.plugin, claim)
             figures["rss_mb_after_warmup"] = {v.name: round(v.rss_mb(), 1) for v in variants}
             before = {v.name: v.fsync_total() for v in variants}
+            cpu_before = {v.name: v.cpu_s() for v in variants}
             t_seq = dict.fromkeys((v.name for v in variants), 0.0)
             for claim in singles[5:]:
                 for v in variants:
@@ -209,6 +216,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "unprepare": ms(v.unprepare_s),
                     "prepare_plus_unprepare": ms([p + u for p, u in zip(v.prepare_s, v.unprepare_s, strict=True)]),
                     "sequential_claims_per_s": round(len(v.prepare_s) / t_seq[v.name], 1),
+                    "preparer_cpu_ms_per_cycle": round((v.cpu_s() - cpu_before[v.name]) * 1000 / len(v.prepare_s), 2),
                     "sequential_fsyncs_per_cycle": round((after - start) / len(v.prepare_s), 3)
                     if after is not None and start is not None else None,
                 }

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import json
 import os
 import socket
 import threading
@@ -23,6 +22,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import msgspec
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
@@ -57,20 +57,29 @@ _provider: TracerProvider | None = None
 
 
 class JsonLinesSpanExporter(SpanExporter):
-    """Appends finished spans to a file, one JSON object a line (safe across processes: O_APPEND)."""
+    """Appends finished spans to a file, one JSON object a line (safe across processes: O_APPEND).
+
+    It runs behind a BatchSpanProcessor (FILE_EXPORT_DELAY_MS), so a span's encoding and write happen
+    on the processor's thread, not on the event loop of the work being traced; a span is in the file
+    within ~FILE_EXPORT_DELAY_MS of its end, and every span is on shutdown (`shutdown_telemetry`)."""
 
     def __init__(self, path: str) -> None:
         self._path = path
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        lines = "".join(json.dumps(span_to_dict(s)) + "\n" for s in spans)
-        with self._lock, open(self._path, "a", encoding="utf-8") as out:
+        lines = b"".join(_SPAN_JSON.encode(span_to_dict(s)) + b"\n" for s in spans)
+        with self._lock, open(self._path, "ab") as out:
             out.write(lines)
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
         return None
+
+
+# How long a finished span waits for others to share its file write (the file exporter's batch delay).
+FILE_EXPORT_DELAY_MS = 50
+_SPAN_JSON = msgspec.json.Encoder(enc_hook=str)  # attribute values that JSON lacks (tuples are lists) as text
 
 
 def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
@@ -181,7 +190,8 @@ def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str
     if chosen == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif chosen.startswith("file:"):
-        provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(chosen[5:])))
+        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(chosen[5:]),
+                                                       schedule_delay_millis=FILE_EXPORT_DELAY_MS))
     elif chosen == "memory":
         _memory_exporter = InMemorySpanExporter()
         provider.add_span_processor(SimpleSpanProcessor(_memory_exporter))
