@@ -66,7 +66,18 @@ NATS_RECONNECTS = Counter("gpu_dra_nats_reconnects", "NATS reconnections after a
 JETSTREAM_RETRIES = Counter("gpu_dra_jetstream_retries", "JetStream calls retried (leader changes, reconnects)")
 DEAD_LETTERS = Counter("gpu_dra_dead_letters", "Messages a consumer refused and filed as dead letters",
                        ["consumer", "reason"])
+CONSUMER_PENDING = Gauge("gpu_dra_nats_consumer_pending",
+                         "Messages a JetStream consumer has yet to deliver (its num_pending, as of its last "
+                         "delivery): a KV watch (consumer kv:<bucket>) or a durable consumer (its name)",
+                         ["consumer"])
 tracer = trace.get_tracer(__name__)
+
+
+def _note_pending(consumer: str, msg: Msg) -> None:
+    """CONSUMER_PENDING from a delivered JetStream message's metadata (what the consumer's info would
+    say, without a request: no extra permission, no polling)."""
+    with contextlib.suppress(Exception):  # not a JetStream delivery: nothing to read
+        CONSUMER_PENDING.labels(consumer).set(msg.metadata.num_pending)
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R", bound=Message)
@@ -316,6 +327,7 @@ class _KeepingContext:
     def __init__(self, js: JetStreamContext, prefix: str) -> None:
         self._js = js
         self._prefix = prefix
+        self._consumer = f"kv:{prefix.split('.')[1]}"  # bounded: one per bucket
         self.traceparents: dict[str, str] = {}
 
     def __getattr__(self, name: str) -> Any:
@@ -346,6 +358,7 @@ class _KeepingContext:
 
         async def keeping(msg: Msg) -> None:
             self._keep(msg.subject, msg.headers)
+            _note_pending(self._consumer, msg)
             await delivered(msg)
 
         return await subscribe(*args, cb=keeping, **kwargs)
@@ -780,6 +793,8 @@ class Bus:
 
         async def on_message(msg: Msg) -> None:
             headers = dict(msg.headers or {})
+            if durable:
+                _note_pending(consumer, msg)
             message, error = self._decode(decoder, msg)
             if error:
                 await self._dead_letter(msg, consumer, error)
