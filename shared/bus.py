@@ -355,10 +355,12 @@ class _KeepingContext:
         if cb is None:
             return await subscribe(*args, **kwargs)
         delivered = cb
+        listing = bool(kwargs.get("headers_only"))  # keys(): a one-off listing, not a consumer to watch
 
         async def keeping(msg: Msg) -> None:
             self._keep(msg.subject, msg.headers)
-            _note_pending(self._consumer, msg)
+            if not listing:
+                _note_pending(self._consumer, msg)
             await delivered(msg)
 
         return await subscribe(*args, cb=keeping, **kwargs)
