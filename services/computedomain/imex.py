@@ -236,6 +236,9 @@ class ImexSupervisor:
         try:
             await self._supervise()
         finally:
+            if self.ready:  # cancelled while ready: no report to make, but the gauge must not keep it
+                self.ready = False
+                IMEX_READY.dec()
             proc = self._proc
             self._proc = None
             if proc is not None and proc.returncode is None:
