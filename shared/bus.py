@@ -76,7 +76,7 @@ tracer = trace.get_tracer(__name__)
 def _note_pending(consumer: str, msg: Msg) -> None:
     """CONSUMER_PENDING from a delivered JetStream message's metadata (what the consumer's info would
     say, without a request: no extra permission, no polling)."""
-    with contextlib.suppress(Exception):  # not a JetStream delivery: nothing to read
+    with contextlib.suppress(nats.errors.NotJSMessageError):  # not a JetStream delivery: nothing to read
         CONSUMER_PENDING.labels(consumer).set(msg.metadata.num_pending)
 
 M = TypeVar("M", bound=Message)

@@ -240,7 +240,8 @@ class Controller:
             causes, domain.causes = domain.causes, []
             links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in causes[:-1]]
             try:
-                with tracer.start_as_current_span("computedomain.reconcile", context=causes[-1] if causes else None,
+                root = otel_context.Context()  # a CR change: no context to continue (not the task's)
+                with tracer.start_as_current_span("computedomain.reconcile", context=causes[-1] if causes else root,
                                                   links=links, attributes={
                                                       "dra.compute_domain": domain.uid,
                                                       "k8s.namespace.name": domain.namespace,
