@@ -339,11 +339,17 @@ class _KeepingContext:
         key = subject[len(self._prefix):]
         traceparent = (headers or {}).get("traceparent", "")
         if not traceparent:
-            self.traceparents.pop(key, None)  # a delete, or a write from outside the bus
+            self.traceparents.pop(key, None)  # a write from outside the bus
             return
         if len(self.traceparents) >= self.MAX_KEYS:
             self.traceparents.clear()
         self.traceparents[key] = traceparent
+
+    async def publish(self, subject: str, payload: bytes = b"", *args: Any, headers: dict[str, str] | None = None,
+                      **kwargs: Any) -> Any:
+        """nats-py's own KV writes (delete, purge): with the caller's trace context, like TypedKV.put."""
+        publish: Any = self._js.publish
+        return await publish(subject, payload, *args, headers=inject_headers(headers) or headers, **kwargs)
 
     async def get_msg(self, *args: Any, **kwargs: Any) -> Any:
         msg = await self._js.get_msg(*args, **kwargs)

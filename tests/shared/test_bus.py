@@ -110,6 +110,14 @@ async def test_request_reply_and_kv(nats_server: EmbeddedNats) -> None:
         pass
     assert consumed.parent is not None and consumed.parent.span_id == writer.get_span_context().span_id
     assert consumed.kind == trace.SpanKind.CONSUMER and consumed.name == "consume dra-inventory"
+    # a delete carries the deleter's context too (a member leaving: the domain's status follows its trace)
+    with tracer.start_as_current_span("deleter") as deleter:
+        await kv.delete("n2")
+    assert await kv.get("n2") is None
+    with kv.consume("n2") as consumed:
+        pass
+    assert consumed.parent is not None and consumed.parent.span_id == deleter.get_span_context().span_id
+    await kv.put("n2", inventory("n2"))
     # each delivery of a watch says how many values its consumer has yet to deliver: none after the last
     CONSUMER_PENDING.labels("kv:dra-inventory").set(-1)  # not a count: proves the watch set it
     watch = kv.watch()
