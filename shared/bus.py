@@ -5,6 +5,8 @@ runs in a consumer span whose parent is the producer's. A message that fails to 
 logged with its subject and sent to `dra.v1.deadletter.<identity>.<consumer>`; the consumer keeps going.
 A message or KV value whose body names another identity than its subject or key (shared/identity.py)
 is refused the same way, with reason `identity-mismatch`, and never reaches the handler.
+A KV write carries trace context in its headers too; a reader keeps the context of the last value it
+read of each key (`TypedKV.consume(key)`: a consumer span whose parent is the writer's).
 
 Identity: a client that logs in as NATS user `u` takes replies on `_INBOX_<token(u)>.>` only and
 files dead letters under `<token(u)>`, so the server's per-user permissions can pin both. KV reads
@@ -15,12 +17,13 @@ which per-node permissions allow for that node's keys only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import ssl
 import urllib.parse
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -55,7 +58,7 @@ from shared.events.deadletter import DeadLetter
 from shared.logs import get_logger
 from shared.natsjwt import Creds, CredsError
 from shared.tasks import raise_if_cancelling
-from shared.telemetry import extract_context, inject_headers
+from shared.telemetry import extract_context, inject_headers, traceparent_context
 
 log = get_logger(__name__)
 NATS_CONNECTED = Gauge("gpu_dra_nats_connected", "1 while the client's NATS connection is up", ["client"])
@@ -63,7 +66,18 @@ NATS_RECONNECTS = Counter("gpu_dra_nats_reconnects", "NATS reconnections after a
 JETSTREAM_RETRIES = Counter("gpu_dra_jetstream_retries", "JetStream calls retried (leader changes, reconnects)")
 DEAD_LETTERS = Counter("gpu_dra_dead_letters", "Messages a consumer refused and filed as dead letters",
                        ["consumer", "reason"])
+CONSUMER_PENDING = Gauge("gpu_dra_nats_consumer_pending",
+                         "Messages a JetStream consumer has yet to deliver (its num_pending, as of its last "
+                         "delivery): a KV watch (consumer kv:<bucket>) or a durable consumer (its name)",
+                         ["consumer"])
 tracer = trace.get_tracer(__name__)
+
+
+def _note_pending(consumer: str, msg: Msg) -> None:
+    """CONSUMER_PENDING from a delivered JetStream message's metadata (what the consumer's info would
+    say, without a request: no extra permission, no polling)."""
+    with contextlib.suppress(nats.errors.NotJSMessageError):  # not a JetStream delivery: nothing to read
+        CONSUMER_PENDING.labels(consumer).set(msg.metadata.num_pending)
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R", bound=Message)
@@ -304,6 +318,60 @@ def decode_body(decoder: msgspec.json.Decoder[Any], data: bytes) -> tuple[Any, s
         return None, "JSON nested too deeply to decode: send a flat message of the catalog's schema"
 
 
+class _KeepingContext:
+    """The bus's JetStream context as one bucket's KeyValue uses it, keeping the `traceparent` of every
+    value it reads (a get or a watch delivery) by key: nats-py's KV entries drop the headers."""
+
+    MAX_KEYS = 100_000  # bounded: one short string a key; cleared if a bucket ever holds more
+
+    def __init__(self, js: JetStreamContext, prefix: str) -> None:
+        self._js = js
+        self._prefix = prefix
+        self._consumer = f"kv:{prefix.split('.')[1]}"  # bounded: one per bucket
+        self.traceparents: dict[str, str] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+    def _keep(self, subject: str | None, headers: dict[str, str] | None) -> None:
+        if not subject or not subject.startswith(self._prefix):
+            return
+        key = subject[len(self._prefix):]
+        traceparent = (headers or {}).get("traceparent", "")
+        if not traceparent:
+            self.traceparents.pop(key, None)  # a write from outside the bus
+            return
+        if len(self.traceparents) >= self.MAX_KEYS:
+            self.traceparents.clear()
+        self.traceparents[key] = traceparent
+
+    async def publish(self, subject: str, payload: bytes = b"", *args: Any, headers: dict[str, str] | None = None,
+                      **kwargs: Any) -> Any:
+        """nats-py's own KV writes (delete, purge): with the caller's trace context, like TypedKV.put."""
+        publish: Any = self._js.publish
+        return await publish(subject, payload, *args, headers=inject_headers(headers) or headers, **kwargs)
+
+    async def get_msg(self, *args: Any, **kwargs: Any) -> Any:
+        msg = await self._js.get_msg(*args, **kwargs)
+        self._keep(msg.subject, msg.headers)
+        return msg
+
+    async def subscribe(self, *args: Any, cb: Callable[[Msg], Awaitable[None]] | None = None, **kwargs: Any) -> Any:
+        subscribe: Any = self._js.subscribe
+        if cb is None:
+            return await subscribe(*args, **kwargs)
+        delivered = cb
+        listing = bool(kwargs.get("headers_only"))  # keys(): a one-off listing, not a consumer to watch
+
+        async def keeping(msg: Msg) -> None:
+            self._keep(msg.subject, msg.headers)
+            if not listing:
+                _note_pending(self._consumer, msg)
+            await delivered(msg)
+
+        return await subscribe(*args, cb=keeping, **kwargs)
+
+
 class TypedKV(Generic[M]):
     """A JetStream KV bucket whose values are one message type."""
 
@@ -313,7 +381,9 @@ class TypedKV(Generic[M]):
         # Reads go through direct get of the one key ($JS.API.DIRECT.GET.<stream>.<key subject>),
         # the read a per-node permission can name; STREAM.MSG.GET is not allowed to node users.
         stream = f"KV_{bucket.name}"
-        self._kv = KeyValue(name=bucket.name, stream=stream, pre=f"$KV.{bucket.name}.", js=bus.js, direct=True)
+        self._js = _KeepingContext(bus.js, f"$KV.{bucket.name}.")
+        self._kv = KeyValue(name=bucket.name, stream=stream, pre=f"$KV.{bucket.name}.", js=self._js,  # type: ignore[arg-type]
+                            direct=True)
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(bucket.message)
         self._refused: set[tuple[str, int]] = set()  # (key, revision or value hash) already dead-lettered
 
@@ -337,6 +407,22 @@ class TypedKV(Generic[M]):
             self._refused.add(seen)
             self._bus.spawn(self._bus.refuse(mismatch, raw, self._bus.name))
         return None
+
+    @property
+    def raw(self) -> KeyValue:
+        """The bucket as nats-py's KeyValue (untyped), reading through this TypedKV (contexts kept)."""
+        return self._kv
+
+    @contextlib.contextmanager
+    def consume(self, key: str) -> Iterator[trace.Span]:
+        """A consumer span for acting on the value last read of `key`: the child of the span that wrote
+        it (its `traceparent`, kept from the read), a root when the writer sent none."""
+        parent = traceparent_context(self._js.traceparents.get(key, ""))
+        with tracer.start_as_current_span(f"consume {self.bucket.name}", context=parent, kind=SpanKind.CONSUMER,
+                                          attributes={"messaging.system": "nats",
+                                                      "messaging.destination.name": f"$KV.{self.bucket.name}.{key}"},
+                                          ) as span:
+            yield span
 
     async def get(self, key: str) -> M | None:
         try:
@@ -715,6 +801,8 @@ class Bus:
 
         async def on_message(msg: Msg) -> None:
             headers = dict(msg.headers or {})
+            if durable:
+                _note_pending(consumer, msg)
             message, error = self._decode(decoder, msg)
             if error:
                 await self._dead_letter(msg, consumer, error)

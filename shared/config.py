@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from shared.telemetry import DEFAULT_PERIODIC_RATIO
+
 ENV_PREFIX = "GPU_DRA_"
 
 # Variables read by tooling rather than by a service config; not "unknown".
@@ -56,6 +58,9 @@ class CommonConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     otel_exporter: Annotated[
         str, _help("trace exporter when OTEL_EXPORTER_OTLP_ENDPOINT is unset: none, console, memory, file:<path>")
     ] = "none"
+    otel_periodic_ratio: Annotated[float, msgspec.Meta(ge=0, le=1, description=(
+        "share of periodic no-op work (scans, resyncs) traced as root spans; what such work changes is "
+        "always traced"))] = DEFAULT_PERIODIC_RATIO
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535, description=(
         "HTTP port of /metrics (Prometheus), /healthz (liveness) and /readyz (readiness); 0 is off"))] = 0
     health_stall_seconds: Annotated[float, msgspec.Meta(gt=1, le=3600, description=(

@@ -97,7 +97,8 @@ def prepare_process(config: CommonConfig, service: str) -> None:
     """Logs, traces, and the metrics and health endpoint (on `--metrics-port`; 0 is off) for this process."""
     BUILD_INFO.labels(service, package_version(), platform.python_version()).set(1)
     setup_logging(service, config.log_level, config.log_format)
-    setup_telemetry(service, config.otel_exporter, node=str(getattr(config, "node", "") or ""))
+    setup_telemetry(service, config.otel_exporter, node=str(getattr(config, "node", "") or ""),
+                    periodic=config.otel_periodic_ratio)
     HEALTH.configure(config.health_stall_seconds)
     if config.metrics_port > 0:
         serve(config.metrics_port)

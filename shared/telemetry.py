@@ -98,6 +98,8 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
         "end_ns": span.end_time,
         "status": span.status.status_code.name,
         "attributes": dict(span.attributes or {}),
+        "links": [{"trace_id": format(link.context.trace_id, "032x"), "span_id": format(link.context.span_id, "016x")}
+                  for link in span.links],
     }
 
 
@@ -173,9 +175,11 @@ def otlp_exporter() -> SpanExporter:
                      "(http/json is not implemented by the Python SDK)")
 
 
-def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str = "") -> TracerProvider | None:
+def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str = "",
+                    periodic: float | None = None) -> TracerProvider | None:
     """Install the process's tracer provider once (None: no exporter, the no-op tracer stays). Later
-    calls return the first provider. Head sampling is the SDK's, from OTEL_TRACES_SAMPLER/_ARG."""
+    calls return the first provider. Head sampling is the SDK's, from OTEL_TRACES_SAMPLER/_ARG;
+    `periodic`: the ratio of PERIODIC roots kept (None: GPU_DRA_OTEL_PERIODIC_RATIO's)."""
     global _provider, _memory_exporter
     if _provider is not None:
         return _provider
@@ -184,7 +188,8 @@ def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str
     if chosen == "none" and not otlp:
         return None  # spans cost nothing where nobody collects them (module doc)
     provider = TracerProvider(resource=service_resource(service_name, node))
-    provider.sampler = PeriodicSampler(provider.sampler, periodic_ratio())  # base: OTEL_TRACES_SAMPLER
+    provider.sampler = PeriodicSampler(provider.sampler,  # base: OTEL_TRACES_SAMPLER
+                                       periodic_ratio() if periodic is None else periodic)
     if otlp:
         provider.add_span_processor(BatchSpanProcessor(otlp_exporter()))
     if chosen == "console":

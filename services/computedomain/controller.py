@@ -10,6 +10,12 @@ node is Ready and (deprecated `numNodes` > 0) at least numNodes are listed; no n
 is Ready, as upstream. On deletion: announce `dra.v1.cd.<uid>.deleted` (agents stop the daemon and
 leave), delete the template, wait (bounded) for the members to go, purge the domain's KV keys,
 then drop the finalizer, so nothing stays Terminating.
+
+Traces: each sync that follows a member change runs in a `computedomain.reconcile` span, the child of a
+consumer span of that change (itself the child of the agent's write: the daemon's report), linked to
+the other changes it coalesced; a sync a CR change asked for is a root. So the `cd-status` it publishes
+continues the trace of what caused it. A status-only change of the CR (our own write coming back) asks
+for no sync.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 from prometheus_client import Gauge
 
 from services.computedomain import crd
@@ -40,8 +48,11 @@ from shared.kube.rest import ApiError
 from shared.kube.versions import best_version, served_versions
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
+from shared.telemetry import get_tracer
 
 log = get_logger(__name__)
+tracer = get_tracer(__name__)
+MAX_CAUSES = 16  # member changes a sync links to (a burst of joins coalesces into one sync)
 COMPUTEDOMAINS = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, "ComputeDomain")
 COMPUTE_DOMAINS = Gauge("nvidia_dra_compute_domain_info", "ComputeDomains by global status", ["status"])
 
@@ -65,9 +76,19 @@ class _Domain:
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # any member change (deletion waits on it)
     worker: asyncio.Task[None] | None = None
+    causes: list[otel_context.Context] = field(default_factory=list)  # member changes since the last sync
     # timing for the benchmark: when the last member turned Ready, and when status said Ready
     last_member_ready_at: float = 0.0
     ready_written_at: float = 0.0
+
+
+def _same_but_status(obj: dict[str, Any], old: dict[str, Any]) -> bool:
+    """The CR changed only in `status` (and bookkeeping metadata): nothing the controller acts on."""
+    def acted_on(o: dict[str, Any]) -> tuple[Any, ...]:
+        md = o.get("metadata") or {}
+        return (o.get("spec"), md.get("deletionTimestamp"), md.get("finalizers"), md.get("namespace"),
+                md.get("name"))
+    return acted_on(obj) == acted_on(old)
 
 
 def desired_status(domain: _Domain) -> dict[str, Any]:
@@ -151,6 +172,9 @@ class Controller:
                 domain.members[member.node] = member
                 if member.status == "Ready" and (previous is None or previous.status != "Ready"):
                     domain.last_member_ready_at = member.observed_at or now_unix()
+            if self.members_replayed.is_set():  # a live change (the replay's are old news)
+                with self.membership.consume(domain_token, node_token):
+                    domain.causes = [*domain.causes[-(MAX_CAUSES - 1):], otel_context.get_current()]
             domain.changed.set()
             domain.dirty.set()
 
@@ -160,7 +184,7 @@ class Controller:
         """ComputeDomain CRs through the one informer (list + watch, re-list on 410 Gone); each change
         marks its domain dirty."""
         domains = Informer(Kube(self.api), COMPUTEDOMAINS,
-                           on_change=lambda kind, obj, old: self._on_object(obj, kind))
+                           on_change=lambda kind, obj, old: self._on_change(kind, obj, old))
         never = asyncio.Event()  # the controller's run() cancels this task when it stops
         listing = asyncio.create_task(domains.run(never), name="cd-domains-informer")
         try:
@@ -177,6 +201,11 @@ class Controller:
             await listing
         finally:
             await cancel_and_wait([listing])
+
+    def _on_change(self, kind: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        if kind == "MODIFIED" and obj is not None and old is not None and _same_but_status(obj, old):
+            return  # our status write (or another's) coming back: nothing to reconcile
+        self._on_object(obj, kind)
 
     def _on_object(self, obj: dict[str, Any] | None, kind: str, uid: str = "") -> None:
         if obj is not None:
@@ -208,8 +237,16 @@ class Controller:
         while True:
             await domain.dirty.wait()
             domain.dirty.clear()
+            causes, domain.causes = domain.causes, []
+            links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in causes[:-1]]
             try:
-                await self._sync(domain)
+                root = otel_context.Context()  # a CR change: no context to continue (not the task's)
+                with tracer.start_as_current_span("computedomain.reconcile", context=causes[-1] if causes else root,
+                                                  links=links, attributes={
+                                                      "dra.compute_domain": domain.uid,
+                                                      "k8s.namespace.name": domain.namespace,
+                                                      "computedomain.name": domain.name}):
+                    await self._sync(domain)
                 backoff.reset()
                 if self.domains.get(domain.uid) is not domain:
                     return  # forgotten
@@ -218,6 +255,7 @@ class Controller:
             except Exception as exc:  # noqa: BLE001 - retried with backoff; the domain must converge
                 log.warning("ComputeDomain sync failed; retrying", domain=domain.uid, error=str(exc))
                 await asyncio.sleep(backoff.next())
+                domain.causes = [*causes, *domain.causes][-MAX_CAUSES:]  # the retry still continues them
                 domain.dirty.set()
 
     async def _sync(self, domain: _Domain) -> None:

@@ -33,6 +33,8 @@ from shared.tasks import cancel_and_wait, cancelling, raise_if_cancelling
 log = get_logger(__name__)
 IMEX_RUNNING = Gauge("gpu_dra_imex_daemons_running", "IMEX daemons this agent runs now")
 IMEX_RESTARTS = Counter("gpu_dra_imex_daemon_restarts", "IMEX daemons restarted after they died")
+IMEX_READY = Gauge("gpu_dra_imex_daemons_ready", "IMEX daemons of this agent that report READY (the rest "
+                   "of gpu_dra_imex_daemons_running are starting or not ready)")
 
 _STOP_GRACE_S = 5.0
 
@@ -157,6 +159,7 @@ class ImexSupervisor:
     async def _set_ready(self, ready: bool) -> None:
         if ready != self.ready:
             self.ready = ready
+            (IMEX_READY.inc if ready else IMEX_READY.dec)()
             try:
                 await self._on_ready(ready)
             except Exception:  # noqa: BLE001 - a failed report must not end supervision
@@ -233,6 +236,9 @@ class ImexSupervisor:
         try:
             await self._supervise()
         finally:
+            if self.ready:  # cancelled while ready: no report to make, but the gauge must not keep it
+                self.ready = False
+                IMEX_READY.dec()
             proc = self._proc
             self._proc = None
             if proc is not None and proc.returncode is None:

@@ -25,12 +25,14 @@ changes neither the domain's status nor any peer's IMEX nodes config.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import msgspec
 import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
+from opentelemetry import trace
 
 from shared import identity
 from shared.bus import Bus, TypedKV, encode, retry_jetstream
@@ -292,13 +294,13 @@ class Membership:
         """watch() counting a member only while its domain is assigned to its node. Members and
         assignments come in any order: an unassigned member is held (refused once), and shown when
         its assignment arrives; an assignment withdrawn takes its member away."""
-        _, raw = await self._kv()
         assigned: set[tuple[str, str]] = set()
         written: dict[tuple[str, str], DomainMember] = {}  # every member key's value, assigned or not
         shown: set[tuple[str, str]] = set()
         replayed = False
         pattern = f"{token(domain_uid)}.>" if domain_uid else ">"
-        watcher = await retry_jetstream(lambda: raw.watch(pattern), f"KV watch {CD_MEMBERS_BUCKET.name}/{pattern}")
+        watcher = await retry_jetstream(lambda: typed.raw.watch(pattern),  # typed's: trace contexts kept
+                                        f"KV watch {CD_MEMBERS_BUCKET.name}/{pattern}")
         try:
             while True:
                 try:
@@ -351,6 +353,13 @@ class Membership:
                     await self._refuse_unassigned(entry.key, member)
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+    def consume(self, domain_token: str, node_token: str) -> contextlib.AbstractContextManager[trace.Span]:
+        """A consumer span for a member change that watch() yielded: the child of the agent's write of it."""
+        if self._typed is None:
+            raise MembershipError("consume() needs a watch() running")
+        return self._typed.consume(f"{domain_token}.{node_token}")
 
 
 async def wait_for_status(

@@ -145,8 +145,8 @@ class ChannelClaimPreparer(ClaimPreparer):
                                 "same ComputeDomain on this node", "device-busy")
 
     # -- prepare -----------------------------------------------------------------------------
-    async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
-        claim = await self._fetch(ref)
+    async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
+                             claim: ResourceClaim) -> list[PreparedDevice]:
         plan = self._plan(claim)
         if plan is None:  # no device of ours in the claim: nothing to do, remembered as done
             record = ClaimRecord(state="PrepareCompleted", name=ref.name, namespace=ref.namespace,

@@ -5,11 +5,13 @@ returns its checkpointed devices and does nothing else), unprepare (undo, then f
 of partial prepares (at start, when the kubelet abandons a prepare, within seconds after a failed
 rollback, and for stale claims), the claim fetch and
 the checks every driver makes (same UID, allocated, pinned to this node, in this node's pool), and
+traces (every prepare and unprepare of a claim, failed or not, has its span in the claim's trace, with
+the claim, pod, device and GPU attributes and, when it failed, error status and the failure's class),
 lifecycle events: each carried by the checkpoint write of the state change it reports (the outbox
 record is on file when the change is), and a `prepare-failed` with its reason class for every
 failed prepare (also one that failed before `prepare-started`). A driver subclasses
 `ClaimPreparer` and implements the port:
-  `_prepare(ref, previous)`  fetch, plan, write `PrepareStarted`, side effects, CDI, `PrepareCompleted`
+  `_prepare_claim(ref, previous, claim)`  plan, write `PrepareStarted`, side effects, CDI, `PrepareCompleted`
   `_undo(uid, record)`       undo a claim's side effects (idempotent)
 """
 
@@ -17,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 
 from services.preparer import metrics
 from services.preparer.cdi import CdiWriter
@@ -70,12 +74,15 @@ class PrepareResult:
 
 class PrepareFailed(Exception):
     """A claim cannot be prepared as allocated; the message goes to the kubelet and the pod's events.
-    `reason` is its class in the `prepare-failed` event; `reported`: that event is already recorded."""
+    `reason` is its class in the `prepare-failed` event; `reported`: that event is already recorded;
+    `claim`: the claim as read, when a check of it failed (its trace context is then known)."""
 
-    def __init__(self, message: str, reason: FailureReason = "internal", *, reported: bool = False) -> None:
+    def __init__(self, message: str, reason: FailureReason = "internal", *, reported: bool = False,
+                 claim: ResourceClaim | None = None) -> None:
         super().__init__(message)
         self.reason: FailureReason = reason
         self.reported = reported
+        self.claim = claim
 
 
 def failure_reason(exc: BaseException) -> FailureReason:
@@ -109,8 +116,10 @@ class ClaimPreparer:
         self.rollback_failed = asyncio.Event()
 
     # -- the port ---------------------------------------------------------------------------
-    async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
-        """Prepare a claim not completed here (`previous`: a PrepareStarted left by an earlier try)."""
+    async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
+                             claim: ResourceClaim) -> list[PreparedDevice]:
+        """Prepare a claim not completed here, read and checked (`previous`: a PrepareStarted left by an
+        earlier try); runs in the claim's span."""
         raise NotImplementedError
 
     async def _undo(self, uid: str, record: ClaimRecord) -> None:
@@ -141,6 +150,20 @@ class ClaimPreparer:
                 await self._report_failure(ref, PrepareFailed(str(exc), failure_reason(exc)), started_after)
                 raise
             return PrepareResult(devices=devices)
+
+    async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
+        """Read and check the claim, then the driver's prepare in the claim's span. A claim that fails the
+        checks gets that span too (failed): in its trace when it is readable, the RPC's otherwise."""
+        began = time.time_ns()
+        try:
+            claim = await self._fetch(ref)
+        except PrepareFailed as exc:
+            with self.claim_span(ref, exc.claim, start_time=began):
+                raise
+        with self.claim_span(ref, claim, start_time=began) as span:
+            devices = await self._prepare_claim(ref, previous, claim)
+            self.describe_devices(span, devices)
+            return devices
 
     async def _abandon(self, ref: ClaimRef) -> None:
         """Roll back the PrepareStarted entry a cancelled prepare left (a step cut short by the
@@ -177,11 +200,13 @@ class ClaimPreparer:
                       error=str(err))
 
     @contextlib.contextmanager
-    def claim_span(self, ref: ClaimRef, claim: ResourceClaim) -> Iterator[trace.Span]:
+    def claim_span(self, ref: ClaimRef, claim: ResourceClaim | None, *,
+                   start_time: int | None = None) -> Iterator[trace.Span]:
         """The span `claim.prepare` in the claim's trace: linked to the scheduler's context on the claim
         (its `gpu.nvidia.com/traceparent`), and its child when the kubelet sent no context of its own
-        (then linked back to this RPC's server span instead)."""
-        traceparent = claim.metadata.annotations.get(CLAIM_TRACEPARENT_ANNOTATION, "")
+        (then linked back to this RPC's server span instead); with no claim (not readable) the RPC's
+        child. A failure inside marks it: error status, the exception, `dra.failure.reason`."""
+        traceparent = claim.metadata.annotations.get(CLAIM_TRACEPARENT_ANNOTATION, "") if claim else ""
         links = span_link(traceparent)
         parent: otel_context.Context | None = None
         if links and not otel_context.get_value(KUBELET_CONTEXT):
@@ -191,12 +216,41 @@ class ClaimPreparer:
         attributes: dict[str, str | list[str]] = {
             "dra.claim.uid": ref.uid, "dra.claim.name": ref.name, "k8s.namespace.name": ref.namespace,
             "dra.driver": self.driver, "k8s.node.name": self.node}
-        pods = [c.uid for c in claim.status.reservedFor if c.resource == "pods" and c.uid]
+        pods = [c.uid for c in claim.status.reservedFor if c.resource == "pods" and c.uid] if claim else []
         if pods:
             attributes["k8s.pod.uid"] = pods[0] if len(pods) == 1 else pods
-        with tracer.start_as_current_span("claim.prepare", context=parent, links=links,
-                                          attributes=attributes) as span:
+        with tracer.start_as_current_span("claim.prepare", context=parent, links=links, attributes=attributes,
+                                          start_time=start_time) as span:
+            try:
+                yield span
+            except Exception as exc:
+                span.set_attribute("dra.failure.reason", failure_reason(exc))
+                raise
+
+    @contextlib.contextmanager
+    def _unprepare_span(self, ref: ClaimRef, record: ClaimRecord | None) -> Iterator[trace.Span]:
+        """The span `claim.unprepare`: the RPC's child, with the claim's attributes and what it held."""
+        attributes: dict[str, str | list[str]] = {
+            "dra.claim.uid": ref.uid, "dra.claim.name": ref.name or (record.name if record else ""),
+            "k8s.namespace.name": ref.namespace or (record.namespace if record else ""),
+            "dra.driver": self.driver, "k8s.node.name": self.node}
+        with tracer.start_as_current_span("claim.unprepare", attributes=attributes) as span:
+            if record is not None:
+                self.describe_devices(span, list(record.devices))
             yield span
+
+    async def _link_claim_trace(self, span: trace.Span, ref: ClaimRef, timeout_s: float = 2.0) -> None:
+        """Link `span` to the claim's trace while the claim is still readable (best effort, bounded: a
+        deleted claim or a slow API server leaves the span in the RPC's trace only)."""
+        if not span.is_recording() or not ref.name:
+            return
+        try:
+            claim = await asyncio.wait_for(self.claims.get(ref.namespace, ref.name), timeout_s)
+        except Exception:  # noqa: BLE001 - gone or unreadable: no link, nothing else changes
+            return
+        if claim.metadata.uid == ref.uid:
+            for link in span_link(claim.metadata.annotations.get(CLAIM_TRACEPARENT_ANNOTATION, "")):
+                span.add_link(link.context)
 
     @staticmethod
     def describe_devices(span: trace.Span, devices: list[PreparedDevice]) -> None:
@@ -217,11 +271,11 @@ class ClaimPreparer:
                 raise PrepareFailed(str(exc), "not-found") from None
             except Exception as exc:  # noqa: BLE001 - any fetch failure fails this claim, retried by the kubelet
                 raise PrepareFailed(f"retrieve claim {ref.namespace}/{ref.name}: {exc}", failure_reason(exc)) from None
-        if claim.metadata.uid != ref.uid:
+        if claim.metadata.uid != ref.uid:  # another claim of that name: its trace is not this one's
             raise PrepareFailed(f"claim {ref.namespace}/{ref.name} got replaced (UID {claim.metadata.uid}, "
                                 f"kubelet asked for {ref.uid})", "not-found")
         if claim.status.allocation is None:
-            raise PrepareFailed(f"claim {ref.namespace}/{ref.name} not allocated", "not-allocated")
+            raise PrepareFailed(f"claim {ref.namespace}/{ref.name} not allocated", "not-allocated", claim=claim)
         return claim
 
     def _our_results(self, claim: ResourceClaim) -> list[tuple[int, AllocationResult]]:
@@ -248,16 +302,22 @@ class ClaimPreparer:
         """"" on success (also for a claim never prepared here), else the reason to retry."""
         async with self._locks[ref.uid]:
             record = self.checkpoint.claims.get(ref.uid)
-            if record is None:
-                log.info("unprepare noop: claim not found in checkpoint", claim=str(ref))
-                return ""
-            try:
-                await self._undo(ref.uid, record)
-                await self.checkpoint.remove(ref.uid, events=[
-                    self._event("unprepared", ClaimRef(ref.uid, record.namespace, record.name), record)])
-            except Exception as exc:  # noqa: BLE001 - the kubelet retries unprepare
-                log.warning("unprepare failed", claim=str(ref), error=str(exc))
-                return f"error unpreparing devices for claim {ref}: {exc}"
+            with self._unprepare_span(ref, record) as span:
+                await self._link_claim_trace(span, ref)
+                if record is None:
+                    span.set_attribute("dra.unprepare.noop", True)
+                    log.info("unprepare noop: claim not found in checkpoint", claim=str(ref))
+                    return ""
+                try:
+                    await self._undo(ref.uid, record)
+                    await self.checkpoint.remove(ref.uid, events=[
+                        self._event("unprepared", ClaimRef(ref.uid, record.namespace, record.name), record)])
+                except Exception as exc:  # noqa: BLE001 - the kubelet retries unprepare
+                    span.record_exception(exc)
+                    span.set_status(Status(StatusCode.ERROR, str(exc)))
+                    span.set_attribute("dra.failure.reason", failure_reason(exc))
+                    log.warning("unprepare failed", claim=str(ref), error=str(exc))
+                    return f"error unpreparing devices for claim {ref}: {exc}"
         self._locks.pop(ref.uid, None)
         metrics.set_prepared(self.node, self.driver, self.checkpoint)
         return ""

@@ -109,13 +109,6 @@ class Preparer(ClaimPreparer):
                                     "claim on this node; share it by giving both claims a sharing config",
                                     "device-busy")
 
-    async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
-        claim = await self._fetch(ref)
-        with self.claim_span(ref, claim) as span:
-            devices = await self._prepare_claim(ref, previous, claim)
-            self.describe_devices(span, devices)
-            return devices
-
     async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
                              claim: ResourceClaim) -> list[PreparedDevice]:
         planned, raw = self._plan(claim)

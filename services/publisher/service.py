@@ -194,7 +194,7 @@ class Publisher:
         await self.bus.subscribe(catalog.INVENTORY_WITHDRAWN, self._on_withdrawn)
         await self.bus.subscribe(catalog.HEALTH, self._on_health)
         self.bus.on_reconnect(self._reconnected)
-        await self._load_kv()
+        brought = await self._load_kv()
         for driver in slices.DRIVERS:
             await self.writer.list_driver(driver)
         self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
@@ -205,7 +205,7 @@ class Publisher:
         self._tasks.append(asyncio.create_task(self._resync_loop(), name="publisher-resync"))
         self._ready = True
         for node in self._known_nodes():
-            self.queue.add(node)
+            self.queue.add(node, brought.get(node))
         settle()  # the KV and slices just loaded stay out of the collector's full passes
         self.started.set()
 
@@ -262,13 +262,13 @@ class Publisher:
         """After a NATS reconnect: the subscriptions above missed what was published while the
         connection was away (a NATS node lost), so re-read KV, as at start, and sync every node."""
         try:
-            await self._load_kv()
+            brought = await self._load_kv()
         except Exception as exc:  # noqa: BLE001 - the periodic resync repairs it
             log.warning("re-reading KV after a NATS reconnect failed; the next resync repairs it", error=str(exc))
             return
         log.info("KV re-read after a NATS reconnect", nodes=len(self.state.inventory))
         for node in self._known_nodes():
-            self._enqueue(node)
+            self._enqueue(node, brought.get(node))
 
     def _node_changed(self, node: str) -> None:
         self._enqueue(node)
@@ -281,16 +281,23 @@ class Publisher:
         for node in gained:
             self._enqueue(node)
 
-    async def _load_kv(self) -> None:
-        """Merge the KV's last values into the state; what KV no longer holds (and no event renewed) goes."""
+    async def _load_kv(self) -> dict[str, otel_context.Context]:
+        """Merge the KV's last values into the state; what KV no longer holds (and no event renewed) goes.
+        Returns, for each node whose inventory this read brought (a node's first inventory, or one whose
+        event was missed), the context of its consumer span, a child of discovery's write of it."""
         read_began = self.state.received
-        inventories = await (await self.bus.kv(catalog.INVENTORY_BUCKET)).items()
-        for inv in inventories.values():
-            self.state.set_inventory(inv)
+        kv = await self.bus.kv(catalog.INVENTORY_BUCKET)
+        inventories = await kv.items()
+        brought: dict[str, otel_context.Context] = {}
+        for key, inv in inventories.items():
+            if self.state.set_inventory(inv):
+                with kv.consume(key):
+                    brought[inv.node] = otel_context.get_current()
         health = await (await self.bus.kv(catalog.HEALTH_BUCKET)).items()
         for h in health.values():
             self.state.set_health(h)
         self.state.drop_absent({(h.node, h.device) for h in health.values()}, read_began)
+        return brought
 
     async def _resync_loop(self) -> None:
         while True:
@@ -303,11 +310,11 @@ class Publisher:
     async def resync(self) -> None:
         """Re-read KV and every slice, then sync every owned node (writing only what differs)."""
         assert self.writer is not None
-        await self._load_kv()
+        brought = await self._load_kv()
         for driver in slices.DRIVERS:
             await self.writer.list_driver(driver)
         for node in self._known_nodes():
-            self._enqueue(node, RESYNC)
+            self._enqueue(node, brought.get(node, RESYNC))  # an inventory the events missed is traced
         settle()  # once per resync: the fleet's objects, re-read, are frozen again
 
     # ------------------------------------------------------------------ sync

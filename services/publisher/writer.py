@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 from opentelemetry.trace import SpanKind
+from prometheus_client import Histogram
 
 from services.publisher import objects
 from services.publisher.apiversion import ServerProfile
@@ -26,6 +27,9 @@ from shared.telemetry import get_tracer
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
 
+WRITE_SECONDS = Histogram("gpu_dra_publisher_slice_write_seconds",
+                          "One ResourceSlice write to the API server (its request, failed ones included)", ["verb"],
+                          buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 MAX_ATTEMPTS = 6
 
 
@@ -250,7 +254,8 @@ class SliceWriter:
         with tracer.start_as_current_span("DELETE resourceslice", kind=SpanKind.CLIENT) as span:
             span.set_attribute("k8s.resourceslice.name", name)
             try:
-                await kube.request(self.api, "DELETE", f"{self.collection}/{name}", body=body)
+                with WRITE_SECONDS.labels("delete").time():
+                    await kube.request(self.api, "DELETE", f"{self.collection}/{name}", body=body)
             except kube.ApiError as exc:
                 if exc.status == 404:
                     pass
@@ -268,7 +273,8 @@ class SliceWriter:
             span.set_attribute("k8s.resourceslice.name", rendered.name)
             span.set_attribute("k8s.resourceslice.generation", generation)
             try:
-                raw = await kube.request(self.api, "POST", self.collection, body=body)
+                with WRITE_SECONDS.labels("create").time():
+                    raw = await kube.request(self.api, "POST", self.collection, body=body)
             except kube.ApiError as exc:
                 if exc.status == 409:
                     raise Retry(f"create {rendered.name}: {exc.message}") from exc
@@ -285,7 +291,8 @@ class SliceWriter:
             span.set_attribute("k8s.resourceslice.name", rendered.name)
             span.set_attribute("k8s.resourceslice.generation", generation)
             try:
-                raw = await kube.request(self.api, "PUT", f"{self.collection}/{rendered.name}", body=body)
+                with WRITE_SECONDS.labels("update").time():
+                    raw = await kube.request(self.api, "PUT", f"{self.collection}/{rendered.name}", body=body)
             except kube.ApiError as exc:
                 if exc.status in (404, 409):
                     raise Retry(f"update {rendered.name}: HTTP {exc.status} {exc.message}") from exc

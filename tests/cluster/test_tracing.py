@@ -94,3 +94,65 @@ def test_one_claims_trace_goes_from_the_scheduler_to_its_lifecycle_events(traced
     preparer = by_name["claim.prepare"].resource
     assert preparer["k8s.node.name"] == "gpu-node-0"
     assert preparer["service.version"] and preparer["service.instance.id"]
+
+
+DOMAIN = """
+apiVersion: resource.nvidia.com/v1beta1
+kind: ComputeDomain
+metadata: {name: traced-domain, namespace: default}
+spec: {numNodes: 1, channel: {resourceClaimTemplate: {name: traced-channel}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: traced-imex, namespace: default}
+spec:
+  containers: [{name: ctr, image: ubuntu:22.04, command: [sleep, "600"], resources: {claims: [{name: channel}]}}]
+  resourceClaims: [{name: channel, resourceClaimTemplateName: traced-channel}]
+"""
+
+
+def ancestry(span: Received, got: list[Received]) -> list[str]:
+    """The names of `span`'s parents, nearest first (as far as the receiver has them)."""
+    by_id = {s.span_id: s for s in got}
+    names: list[str] = []
+    while (parent := by_id.get(span.parent_span_id)) is not None:
+        names.append(parent.name)
+        span = parent
+    return names
+
+
+def test_a_nodes_first_inventory_and_a_domains_status_continue_the_traces_that_caused_them(
+        traced: tuple[Up, Spans]) -> None:
+    up, spans = traced
+
+    def first_write(got: list[Received]) -> list[str] | None:
+        writes = [s for s in got if s.name == "publisher.sync-node" and s.attributes.get("publisher.writes")
+                  and s.attributes.get("k8s.node.name") == "gpu-node-0"]
+        return ancestry(writes[0], got) if writes else None
+
+    # read from its KV key (the publisher was not listening yet) or from its event, the node's first
+    # inventory is consumed in discovery's trace
+    chain = spans.wait_for(first_write, 30)
+    assert chain and chain[0] in ("consume dra-inventory", "consume inventory"), chain
+    assert chain[-1] == "discovery.publish-inventory", chain
+
+    up.kubectl("apply", "-f", "-", stdin=DOMAIN)
+    up.kubectl("wait", "--for=condition=Ready", "pod/traced-imex", "--timeout=60s")
+    (claim,) = [c for c in up.json("get", "resourceclaims")["items"] if c["metadata"]["name"].startswith("traced-imex")]
+    uid = claim["metadata"]["uid"]
+
+    def ready_status(got: list[Received]) -> list[Received] | None:
+        roots = [s for s in got if s.name == "scheduler.allocate_claim" and s.attributes.get("dra.claim.uid") == uid]
+        published = [s for s in got if s.name == "publish cd-status" and roots and s.trace_id == roots[0].trace_id]
+        return [*roots, *published] if published else None
+
+    found = spans.wait_for(ready_status, 30)
+    assert found, "no cd-status published in the channel claim's trace"
+    got = spans.snapshot()
+    # the domain's status follows the agent's report of the node joining, which the claim's prepare asked for
+    chain = ancestry(found[-1], got)
+    assert chain[:3] == ["computedomain.reconcile", "consume dra-cd-members", "serve cd-agent-join"], chain
+    assert "claim.prepare" in chain and chain[-1] == "scheduler.allocate_claim", chain
+    prepare = next(s for s in got if s.name == "claim.prepare" and s.attributes.get("dra.claim.uid") == uid)
+    (device,) = prepare.attributes["dra.device"]
+    assert device.startswith("channel-") and prepare.resource["service.name"] == "gpu-dra-preparer"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.computedomain import imexd
-from services.computedomain.imex import ImexError, ImexSupervisor, render_command
+from services.computedomain.imex import IMEX_READY, ImexError, ImexSupervisor, render_command
 from services.computedomain.imexconfig import DaemonFiles, write_peers, write_static
 from shared.natsserver import free_port
 
@@ -57,11 +57,13 @@ async def test_three_daemons_connect_then_recover_from_a_kill(tmp_path):
     for f in files:
         write_hosts(f, ips)
     daemons = [Watched(f"n{i}", f) for i, f in enumerate(files)]
+    ready_before = IMEX_READY._value.get()  # noqa: SLF001 - the gauge is process-wide
     try:
         for d in daemons:
             await d.sup.start()
         for d in daemons:
             await d.until(True)
+        assert IMEX_READY._value.get() == ready_before + 3  # noqa: SLF001
         assert await imexd.query(files[0].config) == "READY"
         victim = daemons[2].sup.pid
         assert victim is not None
@@ -75,6 +77,7 @@ async def test_three_daemons_connect_then_recover_from_a_kill(tmp_path):
         for d in daemons:
             await d.sup.stop()
     assert all(d.sup.pid is None for d in daemons)
+    assert IMEX_READY._value.get() == ready_before  # noqa: SLF001 - stopped daemons are not ready
 
 
 async def test_sighup_adds_a_peer_from_the_hosts_file(tmp_path):

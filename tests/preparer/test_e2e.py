@@ -75,7 +75,24 @@ async def test_a_kubelet_without_trace_context_gets_the_prepare_into_the_claims_
             published = [s for s in finished if s.name == "publish claim-lifecycle"]
             assert len(published) == 2 and all(s.parent is not None and s.parent.span_id == prepare.context.span_id
                                           for s in published)
+            spans.clear()
             await node.plugin.unprepare([claim])
+            # the unprepare: the RPC's child, linked to the claim's trace (still readable), with what it held
+            unprepare = next(s for s in spans.get_finished_spans() if s.name == "claim.unprepare")
+            assert [format(link.context.span_id, "016x") for link in unprepare.links] == ["b7ad6b7169203331"]
+            assert (unprepare.attributes or {})["dra.claim.uid"] == claim.uid
+            assert (unprepare.attributes or {})["dra.device"] == ("gpu-1",)
+            # a claim that cannot be read fails before any device is touched: its span is the RPC's child, failed
+            spans.clear()
+            gone = type(claim)(namespace=claim.namespace, name="gone", uid="0000-gone")
+            assert "not found" in (await node.plugin.prepare([gone]))[gone.uid].error
+            finished = spans.get_finished_spans()
+            failed = next(s for s in finished if s.name == "claim.prepare")
+            rpc = next(s for s in finished if s.name == "NodePrepareResources")
+            assert failed.parent is not None and failed.parent.span_id == rpc.context.span_id
+            assert failed.status.status_code == trace.StatusCode.ERROR and failed.events[0].name == "exception"
+            assert (failed.attributes or {})["dra.failure.reason"] == "not-found"
+            assert (failed.attributes or {})["dra.claim.uid"] == "0000-gone"
 
 
 async def test_plain_gpu_works_with_nats_down_and_events_follow_when_it_returns(

@@ -10,8 +10,10 @@ from pathlib import Path
 import msgspec
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from prometheus_client import REGISTRY
 
-from shared.bus import Bus, MsgContext
+from shared.bus import CONSUMER_PENDING, Bus, MsgContext
 from shared.events import catalog
 from shared.events.deadletter import DeadLetter
 from shared.events.devices import MigCreateReply, MigCreateRequest
@@ -100,9 +102,32 @@ async def test_request_reply_and_kv(nats_server: EmbeddedNats) -> None:
     assert not bad.ok and bad.error is not None and bad.error.code == "invalid-request"
     kv = await bus.kv(catalog.INVENTORY_BUCKET)
     assert await kv.get("n1") is None
-    await kv.put("n1", inventory("n1"))
+    with tracer.start_as_current_span("writer") as writer:
+        await kv.put("n1", inventory("n1"))
+        await kv.put("n2", inventory("n2"))
     assert await kv.get("n1") == inventory("n1")
-    assert await kv.keys() == ["n1"]
+    assert await kv.keys() == ["n1", "n2"]
+    # a reader acting on a value continues the writer's trace (the put's headers, kept from the read)
+    with kv.consume("n1") as consumed:
+        pass
+    assert isinstance(consumed, ReadableSpan)
+    assert consumed.parent is not None and consumed.parent.span_id == writer.get_span_context().span_id
+    assert consumed.kind == trace.SpanKind.CONSUMER and consumed.name == "consume dra-inventory"
+    # a delete carries the deleter's context too (a member leaving: the domain's status follows its trace)
+    with tracer.start_as_current_span("deleter") as deleter:
+        await kv.delete("n2")
+    assert await kv.get("n2") is None
+    with kv.consume("n2") as consumed:
+        pass
+    assert isinstance(consumed, ReadableSpan)
+    assert consumed.parent is not None and consumed.parent.span_id == deleter.get_span_context().span_id
+    await kv.put("n2", inventory("n2"))
+    # each delivery of a watch says how many values its consumer has yet to deliver: none after the last
+    CONSUMER_PENDING.labels("kv:dra-inventory").set(-1)  # not a count: proves the watch set it
+    watch = kv.watch()
+    assert [(await anext(watch))[0] for _ in range(3)] == ["n1", "n2", ""]
+    assert REGISTRY.get_sample_value("gpu_dra_nats_consumer_pending", {"consumer": "kv:dra-inventory"}) == 0
+    await watch.aclose()
     await bus.close()
 
 

@@ -52,3 +52,7 @@ def test_config_flags_env_and_errors() -> None:
         load_config(_Cfg, ["--period-s", "soon"], prog="t", env={})
     with pytest.raises(ConfigError, match="one of debug"):
         load_config(_Cfg, [], prog="t", env={"GPU_DRA_LOG_LEVEL": "loud"})
+    # the shipped telemetry ConfigMap sets GPU_DRA_OTEL_PERIODIC_RATIO for every service
+    assert load_config(_Cfg, [], prog="t", env={"GPU_DRA_OTEL_PERIODIC_RATIO": "0.25"}).otel_periodic_ratio == 0.25
+    with pytest.raises(ConfigError, match="GPU_DRA_OTEL_PERIODIC_RATIO"):
+        load_config(_Cfg, [], prog="t", env={"GPU_DRA_OTEL_PERIODIC_RATIO": "2"})
