@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -50,10 +51,20 @@ def family_of(name: str, families: set[str]) -> str | None:
     return None
 
 
-def scrape(port: int) -> tuple[set[str], str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return {f.name for f in text_string_to_metric_families(text)}, text
+def scrape(port: int, *, within_s: float = 30.0) -> tuple[set[str], str]:
+    """The families a /metrics answers with. `gpu-dra up` is ready when the cluster is (nodes, slices):
+    a service may still be binding its metrics port then (a scraper retries), so a refused connection
+    is tried again until `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+                text = resp.read().decode()
+            return {f.name for f in text_string_to_metric_families(text)}, text
+        except urllib.error.URLError as exc:
+            if not isinstance(exc.reason, ConnectionRefusedError) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def test_every_metric_of_the_alerts_and_the_dashboard_is_exported_by_a_service(tmp_path: Path) -> None:
