@@ -445,6 +445,8 @@ class Handlers:
         res = target.res
         assert res is not None
         ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+        if ctype not in (patch.APPLY_PATCH, patch.MERGE_PATCH, patch.JSON_PATCH, patch.STRATEGIC_PATCH):
+            raise errors.unsupported_media(ctype)  # before reading the body, as upstream (protobuf included)
         raw = await request.read()
         if ctype == patch.APPLY_PATCH:
             return await self._apply(request, target, raw)
