@@ -296,28 +296,42 @@ def _value_to_json(type_: str, wire_type: int, value: Any) -> Any:
     return _special_to_json(type_, value)
 
 
+def _index(message: str) -> tuple[dict[str, tuple[int, tuple[Any, ...]]], list[tuple[int, str]]]:
+    """The message's fields by JSON name, and its inlined (embedded) messages."""
+    found = _INDEX.get(message)
+    if found is None:
+        schema = MESSAGES[message]
+        by_name = {spec[0]: (num, spec) for num, spec in schema.items() if spec[1] != "inline"}
+        inlines = [(num, spec[2]) for num, spec in schema.items() if spec[1] == "inline"]
+        found = _INDEX[message] = (by_name, inlines)
+    return found
+
+
+_INDEX: dict[str, tuple[dict[str, tuple[int, tuple[Any, ...]]], list[tuple[int, str]]]] = {}
+
+
 def from_json(obj: dict[str, Any], message: str) -> bytes:
     """A JSON object -> the message's bytes; fields the message does not know are left out."""
     if not isinstance(obj, dict):
         raise ProtobufError(f"{message}: expected an object, got {type(obj).__name__}")
+    by_name, inlines = _index(message)
     out = []
-    for num, spec in MESSAGES[message].items():
-        name, label, type_ = spec[0], spec[1], spec[2]
-        if label == "inline":
-            inner = from_json(obj, type_)
-            if inner:
-                out.append(wire.bytes_field(num, inner))
+    for num, type_ in inlines:
+        inner = from_json(obj, type_)
+        if inner:
+            out.append(wire.bytes_field(num, inner))
+    for name, value in obj.items():
+        found = by_name.get(name)
+        if found is None or value is None:
             continue
-        value = obj.get(name)
-        if value is None:
-            continue
+        num, spec = found
+        label, type_ = spec[1], spec[2]
         try:
             if label == "map":
                 for k, v in value.items():
-                    if v is None:
-                        continue
-                    entry = _scalar_from_json(1, type_, k) + _value_from_json(2, spec[3], v)
-                    out.append(wire.bytes_field(num, entry))
+                    if v is not None:
+                        entry = _scalar_from_json(1, type_, k) + _value_from_json(2, spec[3], v)
+                        out.append(wire.bytes_field(num, entry))
             elif label == "*":
                 out += [_value_from_json(num, type_, item) for item in value if item is not None]
             else:

@@ -4,6 +4,7 @@ protobuf.py (the Kubernetes kinds) and openapi_proto.py (the OpenAPI v2 document
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any
 
@@ -15,8 +16,13 @@ class WireError(ValueError):
     """The bytes are not a well-formed protobuf message (truncated, or a wire type not in proto2)."""
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(128)]
+
+
 def varint(value: int) -> bytes:
     """A varint; negative values as 64-bit two's complement (ten bytes), as int32/int64 are written."""
+    if 0 <= value < 128:
+        return _ONE_BYTE[value]
     out = bytearray()
     value &= _MASK64
     while True:
@@ -29,12 +35,14 @@ def varint(value: int) -> bytes:
             return bytes(out)
 
 
+@functools.cache
 def key(field: int, wire_type: int) -> bytes:
     return varint(field << 3 | wire_type)
 
 
 def bytes_field(field: int, data: bytes) -> bytes:
-    return key(field, BYTES) + varint(len(data)) + data
+    n = len(data)
+    return key(field, BYTES) + (_ONE_BYTE[n] if n < 128 else varint(n)) + data
 
 
 def str_field(field: int, text: str) -> bytes:
