@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
+_JSON_ONLY = web.RequestKey("json_only", bool)  # set for custom resources: every answer is JSON
 OPEN_PATHS = {"/healthz", "/livez", "/readyz", "/version", "/version/"}
 
 
@@ -64,7 +65,9 @@ def json_response(body: Any, status: int = 200, content_type: str = "application
 def reply(request: web.Request, body: Any, status: int = 200, warnings: list[str] | None = None) -> web.Response:
     """An object (or Status) in the encoding the client prefers: protobuf for the built-in kinds when
     its Accept header asks for that first (client-go), JSON otherwise."""
-    if protobuf.prefers_protobuf(request.headers.get("Accept", "")) and protobuf.can_encode(body):
+    accept = request.headers.get("Accept", "")
+    if not request.get(_JSON_ONLY) and protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS) \
+            and protobuf.can_encode(body):
         return web.Response(body=protobuf.encode_object(body), status=status,
                             headers=_headers(protobuf.MEDIA_TYPE, warnings))
     return json_response(body, status=status, warnings=warnings)
@@ -263,6 +266,7 @@ class Handlers:
         method = request.method
         q = request.query
         if target.res is not None and target.res.is_custom:
+            request[_JSON_ONLY] = True  # errors too are JSON, as the CRD handler answers
             _json_only(request)
         if method == "GET":
             if target.name:
@@ -382,7 +386,7 @@ class Handlers:
             send_initial=_truthy(q.get("sendInitialEvents")),
             as_table=tables.wants_table(accept), include_object=q.get("includeObject", "Metadata"),
             metadata_only=tables.wants_metadata(accept),
-            protobuf=protobuf.prefers_protobuf(accept) and not res.is_custom,
+            protobuf=protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS) and not res.is_custom,
         )
         return await self.server.hub.serve(request, wr)
 

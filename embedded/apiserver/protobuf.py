@@ -63,11 +63,16 @@ def _accepted(accept: str) -> list[tuple[str, dict[str, str]]]:
     return [(media, params) for _, _, media, params in out]
 
 
-def prefers_protobuf(accept: str) -> bool:
-    """Whether the client's first acceptable media type is plain protobuf (not as=Table etc.)."""
+METADATA_KINDS = ("PartialObjectMetadata", "PartialObjectMetadataList")
+
+
+def prefers_protobuf(accept: str, as_kinds: tuple[str, ...] = ()) -> bool:
+    """Whether the client's first acceptable media type is protobuf: plain, or `as=` one of `as_kinds`
+    (client-go's metadata client asks `;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`; a Table
+    has no protobuf form)."""
     for media, params in _accepted(accept):
         if media == MEDIA_TYPE:
-            return "as" not in params
+            return "as" not in params or params["as"] in as_kinds
         if media in _JSON_LIKE:
             return False
     return False

@@ -213,6 +213,15 @@ async def test_resourceslice_create_get_update_list_delete(k8s: Client) -> None:
     assert [i.metadata.name for i in listed.items] == ["s1", "s2"] and int(listed.metadata.resourceVersion) > 0
     assert [as_json(i)["spec"] for i in listed.items] == [changed, SLICE_SPEC]
 
+    metadata_accept = ("application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
+                       "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json")
+    status, _, raw = await k8s("GET", SLICES, accept=metadata_accept)  # client-go's metadata client
+    type_meta, message = unwrap(pb, raw)
+    assert type_meta == ("meta.k8s.io/v1", "PartialObjectMetadataList")
+    assert [i.metadata.name for i in pb.PartialObjectMetadataList.FromString(message).items] == ["s1", "s2"]
+    status, ctype, raw = await k8s("GET", SLICES, accept="application/json;as=Table;v=v1;g=meta.k8s.io")
+    assert status == 200 and ctype == "application/json" and msgspec.json.decode(raw)["kind"] == "Table"
+
     options = wrap(pb, "resource.k8s.io/v1", "DeleteOptions", pb.DeleteOptions(gracePeriodSeconds=0))
     status, _, raw = await k8s("DELETE", f"{SLICES}/s2", options)
     assert status == 200 and unwrap(pb, raw)[0] == ("resource.k8s.io/v1", "ResourceSlice")
@@ -312,6 +321,8 @@ async def test_custom_resources_stay_json(k8s: Client) -> None:
     assert msgspec.json.decode(raw)["kind"] == "ComputeDomainList"
     status, _, raw = await k8s("GET", path, accept=PROTO)
     assert status == 406 and b"NotAcceptable" in raw
+    status, ctype, raw = await k8s("GET", f"{path}/missing")  # errors too stay JSON for custom resources
+    assert status == 404 and ctype.startswith("application/json") and b"NotFound" in raw
     pb = k8s.pb
     body = wrap(pb, f"resource.nvidia.com/{version}", "ComputeDomain", build(pb.Lease, {"metadata": {"name": "cd"}}))
     status, _, raw = await k8s("POST", path, body)
