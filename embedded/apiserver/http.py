@@ -68,8 +68,11 @@ def reply(request: web.Request, body: Any, status: int = 200, warnings: list[str
     accept = request.headers.get("Accept", "")
     if not request.get(_JSON_ONLY) and protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS) \
             and protobuf.can_encode(body):
-        return web.Response(body=protobuf.encode_object(body), status=status,
-                            headers=_headers(protobuf.MEDIA_TYPE, warnings))
+        try:
+            return web.Response(body=protobuf.encode_object(body), status=status,
+                                headers=_headers(protobuf.MEDIA_TYPE, warnings))
+        except protobuf.ProtobufError as exc:  # a value its message cannot hold: JSON, which */* accepts
+            log.warning("answering JSON: the object does not fit its protobuf message", error=str(exc))
     return json_response(body, status=status, warnings=warnings)
 
 
@@ -347,10 +350,13 @@ class Handlers:
         if target.version == res.storage_version and protobuf.prefers_protobuf(accept) \
                 and protobuf.kind_message(list_version, list_kind):
             store = self.server.store
-            raws = [store.encoded(res.key, k, o, protobuf.object_message) for k, o in zip(page.keys, page.items,
-                                                                                           strict=True)]
-            return web.Response(body=protobuf.encode_list(list_version, list_kind, list_meta, raws),
-                                headers={"Content-Type": protobuf.MEDIA_TYPE})
+            try:
+                raws = [store.encoded(res.key, k, o, protobuf.object_message)
+                        for k, o in zip(page.keys, page.items, strict=True)]
+                return web.Response(body=protobuf.encode_list(list_version, list_kind, list_meta, raws),
+                                    headers={"Content-Type": protobuf.MEDIA_TYPE})
+            except protobuf.ProtobufError as exc:
+                log.warning("answering JSON: an item does not fit its protobuf message", error=str(exc))
         if target.version == res.storage_version and not tables.wants_table(accept) \
                 and not tables.wants_metadata(accept):
             # The hot path (informers, LIST of 10k slices): join each object's cached JSON.

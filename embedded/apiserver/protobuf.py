@@ -30,6 +30,9 @@ import msgspec
 
 from embedded.apiserver import wire
 from embedded.apiserver.protoschema.table import KINDS, MESSAGES, NULLABLE
+from shared.logs import get_logger
+
+log = get_logger(__name__)
 
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 WATCH_MEDIA_TYPE = MEDIA_TYPE + ";stream=watch"
@@ -315,14 +318,15 @@ def _index(message: str) -> tuple[dict[str, tuple[int, tuple[Any, ...]]], list[t
 _INDEX: dict[str, tuple[dict[str, tuple[int, tuple[Any, ...]]], list[tuple[int, str]]]] = {}
 
 
-def from_json(obj: dict[str, Any], message: str) -> bytes:
-    """A JSON object -> the message's bytes; fields the message does not know are left out."""
+def from_json(obj: dict[str, Any], message: str, lenient: bool = False) -> bytes:
+    """A JSON object -> the message's bytes; fields the message does not know are left out. A value
+    that does not fit its field raises ProtobufError, or with `lenient` is left out (and logged)."""
     if not isinstance(obj, dict):
         raise ProtobufError(f"{message}: expected an object, got {type(obj).__name__}")
     by_name, inlines = _index(message)
     out = []
     for num, type_ in inlines:
-        inner = from_json(obj, type_)
+        inner = from_json(obj, type_, lenient)
         if inner:
             out.append(wire.bytes_field(num, inner))
     for name, value in obj.items():
@@ -335,24 +339,27 @@ def from_json(obj: dict[str, Any], message: str) -> bytes:
             if label == "map":
                 for k, v in value.items():
                     if v is not None:
-                        entry = _scalar_from_json(1, type_, k) + _value_from_json(2, spec[3], v)
+                        entry = _scalar_from_json(1, type_, k) + _value_from_json(2, spec[3], v, lenient)
                         out.append(wire.bytes_field(num, entry))
             elif label == "*":
-                out += [_value_from_json(num, type_, item) for item in value if item is not None]
+                out += [_value_from_json(num, type_, item, lenient) for item in value if item is not None]
             else:
-                out.append(_value_from_json(num, type_, value))
+                out.append(_value_from_json(num, type_, value, lenient))
         except (ProtobufError, TypeError, ValueError, AttributeError) as exc:
-            raise ProtobufError(f"{message}.{name}: {exc}") from None
+            if not lenient:
+                raise ProtobufError(f"{message}.{name}: {exc}") from None
+            log.warning("a field left out of a protobuf message: its value does not fit", field=f"{message}.{name}",
+                        error=str(exc))
     return b"".join(out)
 
 
-def _value_from_json(num: int, type_: str, value: Any) -> bytes:
+def _value_from_json(num: int, type_: str, value: Any, lenient: bool = False) -> bytes:
     if type_ in _SCALAR_WIRE:
         return _scalar_from_json(num, type_, value)
     if type_ in NULLABLE:
-        return wire.bytes_field(num, from_json({"items": value}, type_))
+        return wire.bytes_field(num, from_json({"items": value}, type_, lenient))
     if type_ in MESSAGES:
-        return wire.bytes_field(num, from_json(value, type_))
+        return wire.bytes_field(num, from_json(value, type_, lenient))
     return wire.bytes_field(num, _special_from_json(type_, value))
 
 
@@ -368,13 +375,13 @@ def can_encode(obj: Any) -> bool:
     return isinstance(obj, dict) and (obj.get("apiVersion", ""), obj.get("kind", "")) in KINDS
 
 
-def encode_object(obj: dict[str, Any]) -> bytes:
+def encode_object(obj: dict[str, Any], lenient: bool = False) -> bytes:
     """An object of a built-in kind (apiVersion and kind set) -> magic + runtime.Unknown."""
     api_version, kind = obj.get("apiVersion", ""), obj.get("kind", "")
     message = KINDS.get((api_version, kind))
     if message is None:
         raise ProtobufError(f"{kind or 'this object'} ({api_version}) has no protobuf form")
-    return envelope(api_version, kind, from_json(obj, message))
+    return envelope(api_version, kind, from_json(obj, message, lenient))
 
 
 def encode_list(api_version: str, kind: str, list_meta: dict[str, Any], items_raw: list[bytes]) -> bytes:
@@ -393,8 +400,10 @@ def object_message(obj: dict[str, Any]) -> bytes:
 
 
 def watch_frame(event_type: str, obj: dict[str, Any]) -> bytes:
-    """One frame of a protobuf watch stream."""
-    event = wire.bytes_field(1, event_type.encode()) + wire.bytes_field(2, wire.bytes_field(1, encode_object(obj)))
+    """One frame of a protobuf watch stream (a stream cannot turn to JSON: a value that does not fit
+    its field is left out of the frame, and logged)."""
+    raw = encode_object(obj, lenient=True)
+    event = wire.bytes_field(1, event_type.encode()) + wire.bytes_field(2, wire.bytes_field(1, raw))
     return struct.pack(">I", len(event)) + event
 
 

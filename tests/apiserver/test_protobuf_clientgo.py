@@ -327,3 +327,14 @@ async def test_custom_resources_stay_json(k8s: Client) -> None:
     body = wrap(pb, f"resource.nvidia.com/{version}", "ComputeDomain", build(pb.Lease, {"metadata": {"name": "cd"}}))
     status, _, raw = await k8s("POST", path, body)
     assert status == 415 and b"UnsupportedMediaType" in raw
+
+
+async def test_an_object_that_does_not_fit_its_message_is_answered_in_json(k8s: Client) -> None:
+    """Nothing the API accepts stores such a value; if one got in, client-go gets JSON, not a 500."""
+    odd = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "odd", "namespace": "default"},
+           "data": {"n": 5}}
+    k8s.api.server.store.put(("", "configmaps"), ("default", "odd"), odd)
+    status, ctype, raw = await k8s("GET", "/api/v1/namespaces/default/configmaps/odd")
+    assert status == 200 and ctype == "application/json" and msgspec.json.decode(raw)["data"] == {"n": 5}
+    status, ctype, _ = await k8s("GET", "/api/v1/namespaces/default/configmaps")
+    assert status == 200 and ctype == "application/json"
