@@ -92,3 +92,37 @@ def test_negotiation_follows_the_clients_order() -> None:
     assert not protobuf.prefers_protobuf("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io")
     assert not protobuf.prefers_protobuf("")
     assert protobuf.accepts_json("") and not protobuf.accepts_json(protobuf.MEDIA_TYPE)
+
+
+def test_generator_reads_proto_and_go_tags() -> None:
+    """protoschema/generate.py's two parsers, on a snippet in upstream's layout (the generator itself
+    runs against the upstream repositories, not in the tests)."""
+    from embedded.apiserver.protoschema import generate
+
+    proto = """
+// +protobuf.nullable=true
+message ExtraValue {
+  repeated string items = 1;
+}
+message Volume {
+  optional string name = 1;
+  optional VolumeSource volumeSource = 2;
+  map<string, .k8s.io.apimachinery.pkg.api.resource.Quantity> limits = 3;
+}
+"""
+    messages, nullable = generate.parse_proto(proto, "k8s.io.api.core.v1")
+    assert nullable == {"k8s.io.api.core.v1.ExtraValue"}
+    assert messages["k8s.io.api.core.v1.Volume"] == [
+        ("name", "optional", 1, "string"), ("volumeSource", "optional", 2, "k8s.io.api.core.v1.VolumeSource"),
+        ("limits", "map", 3, ("string", "k8s.io.apimachinery.pkg.api.resource.Quantity"))]
+    go = '''
+type Volume struct {
+	// comment `json:"ignored" protobuf:"bytes,9,opt,name=ignored"`
+	Name string `json:"name" protobuf:"bytes,1,opt,name=name"`
+	VolumeSource `json:",inline" protobuf:"bytes,2,opt,name=volumeSource"`
+	Limits ResourceList `json:"limits,omitempty" protobuf:"bytes,3,rep,name=limits,casttype=ResourceList"`
+	Size *int64 `json:"sizeBytes,omitempty" protobuf:"varint,4,opt,name=size"`
+}
+'''
+    assert generate.parse_go(go) == {("Volume", 1): ("name", False, True), ("Volume", 2): ("", True, True),
+                                     ("Volume", 3): ("limits", False, False), ("Volume", 4): ("sizeBytes", False, True)}
