@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
+_JSON_ONLY = web.RequestKey("json_only", bool)  # set for custom resources: every answer is JSON
 OPEN_PATHS = {"/healthz", "/livez", "/readyz", "/version", "/version/"}
 
 
@@ -49,15 +50,35 @@ def _truthy(value: str | None) -> bool:
     return value in ("1", "t", "T", "true", "TRUE", "True")
 
 
-def json_response(body: Any, status: int = 200, content_type: str = "application/json",
-                  warnings: list[str] | None = None) -> web.Response:
+def _headers(content_type: str, warnings: list[str] | None) -> dict[str, str]:
     headers = {"Content-Type": content_type}
     if warnings:
         headers["Warning"] = ", ".join('299 - "' + w.replace('"', '\\"') + '"' for w in warnings)
-    return web.Response(body=_encode(body), status=status, headers=headers)
+    return headers
 
 
-def status_response(err: errors.ApiError) -> web.Response:
+def json_response(body: Any, status: int = 200, content_type: str = "application/json",
+                  warnings: list[str] | None = None) -> web.Response:
+    return web.Response(body=_encode(body), status=status, headers=_headers(content_type, warnings))
+
+
+def reply(request: web.Request, body: Any, status: int = 200, warnings: list[str] | None = None) -> web.Response:
+    """An object (or Status) in the encoding the client prefers: protobuf for the built-in kinds when
+    its Accept header asks for that first (client-go), JSON otherwise."""
+    accept = request.headers.get("Accept", "")
+    if not request.get(_JSON_ONLY) and protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS) \
+            and protobuf.can_encode(body):
+        try:
+            return web.Response(body=protobuf.encode_object(body), status=status,
+                                headers=_headers(protobuf.MEDIA_TYPE, warnings))
+        except protobuf.ProtobufError as exc:  # a value its message cannot hold: JSON, which */* accepts
+            log.warning("answering JSON: the object does not fit its protobuf message", error=str(exc))
+    return json_response(body, status=status, warnings=warnings)
+
+
+def status_response(err: errors.ApiError, request: web.Request | None = None) -> web.Response:
+    if request is not None:
+        return reply(request, err.status(), status=err.code)
     return json_response(err.status(), status=err.code)
 
 
@@ -76,13 +97,13 @@ def build_app(server: ApiServer) -> web.Application:
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         if (request.content_length or 0) > admission.MAX_REQUEST_BODY:
-            return status_response(_too_large())
+            return status_response(_too_large(), request)
         user = _OPEN_USER
         if request.path not in OPEN_PATHS and server.authenticator.enabled:
             auth = request.headers.get("Authorization", "")
             found = server.authenticator.authenticate(auth[7:].strip()) if auth.startswith("Bearer ") else None
             if found is None:
-                return json_response(errors.status(401, "Unauthorized", "Unauthorized"), status=401)
+                return reply(request, errors.status(401, "Unauthorized", "Unauthorized"), status=401)
             user = found
             attrs = rbac.request_attributes(request.method, request.path, request.query_string)
             allowed, reason = server.authorizer.authorize(user, attrs)
@@ -90,17 +111,17 @@ def build_app(server: ApiServer) -> web.Application:
                 denied = rbac.forbidden(user, attrs, reason)
                 log.info("request forbidden", user=user.username, method=request.method, path=request.path,
                          reason=denied.message)
-                return status_response(denied)
+                return status_response(denied, request)
         token = authn.current_user.set(user)
         try:
             response: web.StreamResponse = await handler(request)
             return response
         except errors.ApiError as err:
-            return status_response(err)
+            return status_response(err, request)
         except SelectorError as err:
-            return status_response(errors.bad_request(str(err)))
+            return status_response(errors.bad_request(str(err)), request)
         except web.HTTPRequestEntityTooLarge:
-            return status_response(_too_large())
+            return status_response(_too_large(), request)
         finally:
             authn.current_user.reset(token)
 
@@ -180,21 +201,21 @@ class Handlers:
 
     async def self_access_review(self, request: web.Request) -> web.Response:
         user = authn.current_user.get() or _OPEN_USER
-        return json_response(authapi.access_review(self.server.authorizer, user, await self._body(request)), 201)
+        return reply(request, authapi.access_review(self.server.authorizer, user, await self._body(request)), 201)
 
     async def self_rules_review(self, request: web.Request) -> web.Response:
         user = authn.current_user.get() or _OPEN_USER
-        return json_response(authapi.rules_review(self.server.authorizer, user, await self._body(request)), 201)
+        return reply(request, authapi.rules_review(self.server.authorizer, user, await self._body(request)), 201)
 
     async def token_review(self, request: web.Request) -> web.Response:
         # RBAC (`create tokenreviews`) was checked by the middleware, as for any request.
-        return json_response(authapi.token_review(self.server.authenticator, await self._body(request)), 201)
+        return reply(request, authapi.token_review(self.server.authenticator, await self._body(request)), 201)
 
     async def _token_request(self, request: web.Request, target: Target) -> web.Response:
         assert target.res is not None
         sa = self.core.get(target.res, target.namespace or "", target.name)
-        issued = authapi.token_request(self.server.authenticator, sa, await self._body(request))
-        return json_response(issued, status=201)
+        issued = authapi.token_request(self.server.authenticator, sa, await self._body(request, target))
+        return reply(request, issued, status=201)
 
     # ---- routing
 
@@ -247,6 +268,9 @@ class Handlers:
             return target
         method = request.method
         q = request.query
+        if target.res is not None and target.res.is_custom:
+            request[_JSON_ONLY] = True  # errors too are JSON, as the CRD handler answers
+            _json_only(request)
         if method == "GET":
             if target.name:
                 return self._get(request, target)
@@ -293,7 +317,7 @@ class Handlers:
             out = tables.partial_metadata(out)
         if target.subresource == "scale" and target.res is not None:
             out = scale_of(out)
-        return json_response(out, status=status, warnings=warnings)
+        return reply(request, out, status=status, warnings=warnings)
 
     # ---- verbs
 
@@ -322,6 +346,17 @@ class Handlers:
             list_meta["continue"] = page.continue_token
             list_meta["remainingItemCount"] = page.remaining
         accept = request.headers.get("Accept", "")
+        list_kind, list_version = f"{res.kind}List", res.api_version(target.version)
+        if target.version == res.storage_version and protobuf.prefers_protobuf(accept) \
+                and protobuf.kind_message(list_version, list_kind):
+            store = self.server.store
+            try:
+                raws = [store.encoded(res.key, k, o, protobuf.object_message)
+                        for k, o in zip(page.keys, page.items, strict=True)]
+                return web.Response(body=protobuf.encode_list(list_version, list_kind, list_meta, raws),
+                                    headers={"Content-Type": protobuf.MEDIA_TYPE})
+            except protobuf.ProtobufError as exc:
+                log.warning("answering JSON: an item does not fit its protobuf message", error=str(exc))
         if target.version == res.storage_version and not tables.wants_table(accept) \
                 and not tables.wants_metadata(accept):
             # The hot path (informers, LIST of 10k slices): join each object's cached JSON.
@@ -340,7 +375,7 @@ class Handlers:
         else:
             body = {"kind": f"{res.kind}List", "apiVersion": res.api_version(target.version),
                     "metadata": list_meta, "items": items}
-        return json_response(body)
+        return reply(request, body)
 
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
         res = target.res
@@ -357,17 +392,19 @@ class Handlers:
             send_initial=_truthy(q.get("sendInitialEvents")),
             as_table=tables.wants_table(accept), include_object=q.get("includeObject", "Metadata"),
             metadata_only=tables.wants_metadata(accept),
+            protobuf=protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS) and not res.is_custom,
         )
         return await self.server.hub.serve(request, wr)
 
-    async def _body(self, request: web.Request) -> Any:
+    async def _body(self, request: web.Request, target: Target | None = None) -> Any:
         raw = await request.read()
         ctype = request.headers.get("Content-Type", "application/json").split(";")[0].strip()
         if ctype == protobuf.MEDIA_TYPE:
-            try:
-                return protobuf.decode_body(raw)
-            except protobuf.ProtobufError as exc:
-                raise errors.ApiError(415, "UnsupportedMediaType", str(exc)) from exc
+            res = target.res if target is not None else None
+            if res is not None and res.is_custom:
+                _json_only(request)
+            default = (res.api_version(target.version), res.kind) if res is not None and target else ("", "")
+            return _decode_protobuf(raw, default)
         try:
             if ctype in ("application/yaml", patch.APPLY_PATCH):
                 return yaml.safe_load(raw)
@@ -395,7 +432,7 @@ class Handlers:
         assert target.res is not None
         if target.namespace is None and target.res.namespaced:
             raise errors.method_not_allowed()
-        body = await self._body(request)
+        body = await self._body(request, target)
         obj, warnings = self.core.create(
             target.res, target.version, target.namespace or "", body, self._dry_run(request), self._field_validation(request)
         )
@@ -403,7 +440,7 @@ class Handlers:
 
     async def _update(self, request: web.Request, target: Target) -> web.Response:
         assert target.res is not None
-        body = await self._body(request)
+        body = await self._body(request, target)
         if target.subresource == "scale":
             return await self._update_scale(request, target, body)
         if target.subresource == "finalize":
@@ -418,6 +455,8 @@ class Handlers:
         res = target.res
         assert res is not None
         ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+        if ctype not in (patch.APPLY_PATCH, patch.MERGE_PATCH, patch.JSON_PATCH, patch.STRATEGIC_PATCH):
+            raise errors.unsupported_media(ctype)  # before reading the body, as upstream (protobuf included)
         raw = await request.read()
         if ctype == patch.APPLY_PATCH:
             return await self._apply(request, target, raw)
@@ -465,13 +504,16 @@ class Handlers:
         )
         if gone and not _returns_deleted_object(res):
             uid = (obj.get("metadata") or {}).get("uid", "")
-            return json_response(errors.success_status(res, target.name, uid))
-        return json_response(self._out(target, obj), status=200 if gone else 202)
+            return reply(request, errors.success_status(res, target.name, uid))
+        return reply(request, self._out(target, obj), status=200 if gone else 202)
 
     async def _delete_options(self, request: web.Request) -> dict[str, Any]:
         options: dict[str, Any] = {}
         raw = await request.read()
-        if raw.strip():
+        ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+        if ctype == protobuf.MEDIA_TYPE and raw:
+            options.update(_decode_protobuf(raw, ("meta.k8s.io/v1", "DeleteOptions")))
+        elif raw.strip():
             try:
                 body = _decode(raw)
             except msgspec.DecodeError as exc:
@@ -504,22 +546,22 @@ class Handlers:
                     continue
                 raise
             deleted.append(self._out(target, out))
-        return json_response({"kind": f"{res.kind}List", "apiVersion": res.api_version(target.version),
-                              "metadata": {"resourceVersion": str(self.server.store.rv)}, "items": deleted})
+        return reply(request, {"kind": f"{res.kind}List", "apiVersion": res.api_version(target.version),
+                               "metadata": {"resourceVersion": str(self.server.store.rv)}, "items": deleted})
 
     # ---- subresources with their own shapes
 
     async def _pod_action(self, request: web.Request, target: Target) -> web.Response:
         res = target.res
         assert res is not None and res.key == ("", "pods")
-        body = await self._body(request)
+        body = await self._body(request, target)
         ns = target.namespace or ""
         if target.subresource == "eviction":
             options = (body or {}).get("deleteOptions") or {}
             self.core.delete(res, ns, target.name, options.get("propagationPolicy"),
                              options.get("gracePeriodSeconds"), options.get("preconditions"), self._dry_run(request))
-            return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                                  "code": 201}, status=201)
+            return reply(request, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                   "code": 201}, status=201)
         node = ((body or {}).get("target") or {}).get("name")
         if not node:
             raise errors.invalid(res, target.name, [{"reason": "FieldValueRequired", "field": "target.name",
@@ -529,8 +571,8 @@ class Handlers:
             raise errors.conflict(res, target.name, f"pod {target.name} is already assigned to node "
                                                     f"\"{pod['spec']['nodeName']}\"")
         self.server.bind_pod(res, pod, node)
-        return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                              "code": 201}, status=201)
+        return reply(request, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                               "code": 201}, status=201)
 
     def _finalize(self, request: web.Request, target: Target, body: Any) -> web.Response:
         res = target.res
@@ -540,7 +582,7 @@ class Handlers:
         updated = {**current, "spec": {**(current.get("spec") or {}), "finalizers": finalizers}}
         stored = self.server.store.put(res.key, ("", target.name), updated)
         self.server.gc.wake()
-        return json_response(self._out(target, stored))
+        return reply(request, self._out(target, stored))
 
     async def _update_scale(self, request: web.Request, target: Target, body: Any) -> web.Response:
         res = target.res
@@ -552,7 +594,28 @@ class Handlers:
         current = self._out(target, self.core.get(res, target.namespace or "", target.name))
         new = deep_copy({**current, "spec": {**(current.get("spec") or {}), "replicas": replicas}})
         obj, _ = self.core.update(res, target.version, target.namespace or "", target.name, new)
-        return json_response(scale_of(self._out(target, obj)))
+        return reply(request, scale_of(self._out(target, obj)))
+
+
+def _decode_protobuf(raw: bytes, default: tuple[str, str]) -> dict[str, Any]:
+    """A protobuf body -> its JSON object; 415 for a kind with no protobuf form, 400 when malformed."""
+    try:
+        return protobuf.decode_body(raw, default)
+    except protobuf.UnknownKind as exc:
+        raise errors.ApiError(415, "UnsupportedMediaType", str(exc)) from exc
+    except protobuf.ProtobufError as exc:
+        raise errors.bad_request(f"the request body could not be decoded as protobuf: {exc}") from exc
+
+
+def _json_only(request: web.Request) -> None:
+    """Custom resources are served in JSON only, as upstream: 415 for a protobuf body, 406 when the
+    client accepts nothing else (`Accept: application/vnd.kubernetes.protobuf, */*` gets JSON)."""
+    if request.headers.get("Content-Type", "").split(";")[0].strip() == protobuf.MEDIA_TYPE:
+        raise errors.ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                              "accepted media types include: application/json, application/yaml")
+    if not protobuf.accepts_json(request.headers.get("Accept", "")):
+        raise errors.ApiError(406, "NotAcceptable", "only the following media types are accepted: "
+                              "application/json, application/yaml")
 
 
 # Kinds whose registry returns the deleted object rather than a Status (ReturnDeletedObject upstream).

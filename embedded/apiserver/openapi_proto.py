@@ -10,10 +10,16 @@ definitions (models by x-kubernetes-group-version-kind)."""
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import msgspec
+
+from embedded.apiserver.wire import bool_field as _bool
+from embedded.apiserver.wire import bytes_field as _bytes
+from embedded.apiserver.wire import double_field as _double
+from embedded.apiserver.wire import int_field as _int
+from embedded.apiserver.wire import str_field as _str
+from embedded.apiserver.wire import varint as _varint
 
 MEDIA_TYPE = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
 RESPONSE_TYPE = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"  # what kube-apiserver answers
@@ -21,39 +27,6 @@ RESPONSE_TYPE = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"  # 
 
 def wants_protobuf(accept: str) -> bool:
     return "application/com.github.proto-openapi.spec.v2" in accept
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    value &= (1 << 64) - 1
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _bytes(field: int, data: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(data)) + data
-
-
-def _str(field: int, text: str) -> bytes:
-    return _bytes(field, text.encode()) if text else b""
-
-
-def _int(field: int, value: int) -> bytes:
-    return _varint(field << 3) + _varint(int(value))
-
-
-def _bool(field: int, value: bool) -> bytes:
-    return _varint(field << 3) + b"\x01" if value else b""
-
-
-def _double(field: int, value: float) -> bytes:
-    return _varint(field << 3 | 1) + struct.pack("<d", float(value))
 
 
 def _any(value: Any) -> bytes:

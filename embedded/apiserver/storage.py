@@ -70,6 +70,7 @@ class Store:
         self._compacted = 0  # the rv below which history is gone
         self._watchers: dict[ResKey, set[Watcher]] = collections.defaultdict(set)
         self._encoded: dict[ResKey, dict[ObjKey, tuple[dict[str, Any], bytes]]] = collections.defaultdict(dict)
+        self._encoded_proto: dict[ResKey, dict[ObjKey, tuple[dict[str, Any], bytes]]] = collections.defaultdict(dict)
         self._listeners: list[Callable[[Change], None]] = []
         self._db: _SqliteWriter | None = None
         if data_dir is not None:
@@ -91,13 +92,15 @@ class Store:
             return sorted(objects.items())
         return sorted((k, v) for k, v in objects.items() if k[0] == namespace)
 
-    def encoded(self, res: ResKey, key: ObjKey, obj: dict[str, Any]) -> bytes:
-        """`obj`'s JSON, cached while it is the current version (LIST joins these instead of re-encoding)."""
-        cache = self._encoded[res]
+    def encoded(self, res: ResKey, key: ObjKey, obj: dict[str, Any],
+                encode: Callable[[dict[str, Any]], bytes] | None = None) -> bytes:
+        """`obj`'s JSON, cached while it is the current version (LIST joins these instead of re-encoding);
+        with `encode` (protobuf.object_message), its protobuf message, cached the same way."""
+        cache = (self._encoded if encode is None else self._encoded_proto)[res]
         hit = cache.get(key)
         if hit is not None and hit[0] is obj:
             return hit[1]
-        raw = _encode(obj)
+        raw = _encode(obj) if encode is None else encode(obj)
         if self._objects[res].get(key) is obj:
             cache[key] = (obj, raw)
         return raw
@@ -127,6 +130,7 @@ class Store:
     def delete(self, res: ResKey, key: ObjKey) -> dict[str, Any] | None:
         prev = self._objects[res].pop(key, None)
         self._encoded[res].pop(key, None)
+        self._encoded_proto[res].pop(key, None)
         if prev is None:
             return None
         self.rv += 1
@@ -139,6 +143,7 @@ class Store:
         """Forget a resource's objects without events (its CRD is gone; they were deleted first)."""
         self._objects.pop(res, None)
         self._encoded.pop(res, None)
+        self._encoded_proto.pop(res, None)
 
     def _record(self, change: Change) -> None:
         if len(self._history) == self._history.maxlen:

@@ -1,4 +1,5 @@
-"""Watch streams: newline-delimited JSON events over a chunked HTTP response.
+"""Watch streams: newline-delimited JSON events over a chunked HTTP response, or, for a client that
+prefers protobuf (client-go), length-prefixed meta.v1.WatchEvent frames (see protobuf.py).
 
 A watch starts from a resourceVersion (history replay; 410 Expired as an ERROR event when that
 version is compacted), or from "now" with the current objects as ADDED events. Selector
@@ -17,7 +18,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from embedded.apiserver import errors, tables, versions
+from embedded.apiserver import errors, protobuf, tables, versions
 from embedded.apiserver.resources import Resource
 from embedded.apiserver.selectors import Matcher
 from embedded.apiserver.storage import Change, Expired, Store
@@ -39,6 +40,7 @@ class WatchRequest:
     as_table: bool
     include_object: str
     metadata_only: bool
+    protobuf: bool = False
 
 
 class WatchHub:
@@ -99,14 +101,14 @@ class WatchHub:
                         initial.append(ev)
         except Expired as exc:
             error = errors.expired(str(exc)).status()
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json",
-                                                       "Cache-Control": "no-cache, private"})
+        media = protobuf.WATCH_MEDIA_TYPE if wr.protobuf else "application/json"
+        resp = web.StreamResponse(status=200, headers={"Content-Type": media, "Cache-Control": "no-cache, private"})
         resp.enable_chunked_encoding()
         self.open_streams += 1
         try:
             await resp.prepare(request)
             if error is not None:
-                await resp.write(_encode({"type": "ERROR", "object": error}) + b"\n")
+                await resp.write(self._event(wr, "ERROR", error))
                 return resp
             first = [True]
             for ev_type, obj in initial:
@@ -173,11 +175,17 @@ class WatchHub:
             first[0] = False
         elif wr.metadata_only:
             out = tables.partial_metadata(out)
-        return _encode({"type": ev_type, "object": out}) + b"\n"
+        return self._event(wr, ev_type, out)
+
+    @staticmethod
+    def _event(wr: WatchRequest, ev_type: str, obj: dict[str, Any]) -> bytes:
+        if wr.protobuf:
+            return protobuf.watch_frame(ev_type, obj)
+        return _encode({"type": ev_type, "object": obj}) + b"\n"
 
     def _bookmark(self, wr: WatchRequest, rv: int, initial_end: bool = False) -> bytes:
         md: dict[str, Any] = {"resourceVersion": str(rv)}
         if initial_end:
             md["annotations"] = {"k8s.io/initial-events-end": "true"}
         obj = {"kind": wr.res.kind, "apiVersion": wr.res.api_version(wr.version), "metadata": md}
-        return _encode({"type": "BOOKMARK", "object": obj}) + b"\n"
+        return self._event(wr, "BOOKMARK", obj)

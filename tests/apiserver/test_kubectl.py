@@ -182,8 +182,14 @@ async def test_typed_create_subcommands_send_protobuf(kubectl: Kubectl, api: Run
         assert secret.data == {"k": "dg=="} and secret.type == "Opaque"
         assert (await core.read_namespaced_service_account("bot", "team")).metadata.namespace == "team"
         assert (await core.read_namespace("team")).status.phase == "Active"
-    rc, _, err = await kubectl("create", "deployment", "web", "--image=nginx", check=False)
-    assert rc != 0 and "send Deployment as application/json" in err
+    await kubectl("create", "deployment", "web", "--image=nginx", "--replicas=2")
+    await kubectl("create", "job", "once", "--image=busybox", "--", "true")
+    async with api.client() as c:
+        deployment = await client.AppsV1Api(c).read_namespaced_deployment("web", "default")
+        assert deployment.spec.replicas == 2
+        assert deployment.spec.template.spec.containers[0].image == "nginx"
+        job = await client.BatchV1Api(c).read_namespaced_job("once", "default")
+        assert job.spec.template.spec.containers[0].command == ["true"]
 
 
 async def test_get_nodes_wide_has_upstreams_columns(kubectl: Kubectl) -> None:
