@@ -162,7 +162,7 @@ async def k8s(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]
         yield Client(api, session, pb)
 
 
-SLICE_SPEC = {
+SLICE_SPEC: dict[str, Any] = {
     "driver": "gpu.nvidia.com", "nodeName": "node-a",
     "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
     "devices": [{"name": "gpu-0",

@@ -95,7 +95,7 @@ def _gitdir(repo: Path) -> Path:
     return repo / ".git" if (repo / ".git").exists() else repo
 
 
-def parse_proto(text: str, package: str) -> tuple[dict[str, list[tuple[str, str, int, str, Any]]], set[str]]:
+def parse_proto(text: str, package: str) -> tuple[dict[str, list[tuple[str, str, int, Any]]], set[str]]:
     """message -> [(name, label, number, type or (key, value) for maps)]; and the nullable (list) messages."""
     messages: dict[str, list[Any]] = {}
     nullable: set[str] = set()
