@@ -16,27 +16,16 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
-import socket
-import threading
-import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
-import msgspec
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    ConsoleSpanExporter,
-    SimpleSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import Sampler, SamplingResult, TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 # The W3C context of a claim's trace, set by the scheduler when it allocates the claim; the preparer
 # links to it (its parent when the kubelet sends no context of its own).
@@ -56,72 +45,6 @@ _memory_exporter: InMemorySpanExporter | None = None
 _provider: TracerProvider | None = None
 
 
-class JsonLinesSpanExporter(SpanExporter):
-    """Appends finished spans to a file, one JSON object a line (safe across processes: O_APPEND).
-
-    It runs behind a BatchSpanProcessor (FILE_EXPORT_DELAY_MS), so a span's encoding and write happen
-    on the processor's thread, not on the event loop of the work being traced; a span is in the file
-    within ~FILE_EXPORT_DELAY_MS of its end, and every span is on shutdown (`shutdown_telemetry`)."""
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._lock = threading.Lock()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        lines = b"".join(_SPAN_JSON.encode(span_to_dict(s)) + b"\n" for s in spans)
-        with self._lock, open(self._path, "ab") as out:
-            out.write(lines)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        return None
-
-
-# How long a finished span waits for others to share its file write (the file exporter's batch delay).
-FILE_EXPORT_DELAY_MS = 50
-_SPAN_JSON = msgspec.json.Encoder(enc_hook=str)  # attribute values that JSON lacks (tuples are lists) as text
-
-
-def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
-    """A compact, stable JSON form of a finished span."""
-    ctx = span.get_span_context()
-    parent = span.parent
-    return {
-        "name": span.name,
-        "service": (span.resource.attributes.get("service.name") if span.resource else None),
-        "node": (span.resource.attributes.get("k8s.node.name", "") if span.resource else ""),
-        "trace_id": format(ctx.trace_id, "032x") if ctx else "",
-        "span_id": format(ctx.span_id, "016x") if ctx else "",
-        "parent_span_id": format(parent.span_id, "016x") if parent else "",
-        "kind": span.kind.name,
-        "start_ns": span.start_time,
-        "end_ns": span.end_time,
-        "status": span.status.status_code.name,
-        "attributes": dict(span.attributes or {}),
-        "links": [{"trace_id": format(link.context.trace_id, "032x"), "span_id": format(link.context.span_id, "016x")}
-                  for link in span.links],
-    }
-
-
-class PeriodicSampler(Sampler):
-    """Root spans marked PERIODIC: sampled at `ratio`; every other span: as `base` (the env's) decides."""
-
-    def __init__(self, base: Sampler, ratio: float) -> None:
-        self.base = base
-        self.periodic = TraceIdRatioBased(ratio)
-
-    def should_sample(self, parent_context: otel_context.Context | None, trace_id: int, name: str,
-                      kind: trace.SpanKind | None = None, attributes: Any = None,
-                      links: Sequence[trace.Link] | None = None,
-                      trace_state: trace.TraceState | None = None) -> SamplingResult:
-        root = not trace.get_current_span(parent_context).get_span_context().is_valid
-        chosen = self.periodic if root and attributes and attributes.get(PERIODIC) else self.base
-        return chosen.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
-
-    def get_description(self) -> str:
-        return f"PeriodicSampler{{{self.periodic.get_description()},{self.base.get_description()}}}"
-
-
 def periodic_ratio() -> float:
     """GPU_DRA_OTEL_PERIODIC_RATIO: the share of periodic root spans kept (0..1)."""
     raw = os.environ.get("GPU_DRA_OTEL_PERIODIC_RATIO", "")
@@ -134,45 +57,12 @@ def periodic_ratio() -> float:
     return ratio
 
 
-def service_resource(service: str, node: str = "") -> Resource:
-    """The resource of one process: `service.name` names the logical service (`gpu-dra-preparer`, never
-    the node: N nodes are one service with N instances), `service.instance.id` this process,
-    `service.version` the package, `k8s.node.name` the node where there is one. `service` is the
-    process's log name (`preparer-<node>`, `scheduler`, ...); OTEL_RESOURCE_ATTRIBUTES adds to these."""
-    logical = service[: -len(node) - 1] if node and service.endswith(f"-{node}") else service
-    attributes: dict[str, str] = {
-        "service.name": logical if logical.startswith("gpu-dra") else f"gpu-dra-{logical}",
-        "service.namespace": "gpu-dra",
-        "service.instance.id": f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
-        "service.version": package_version(),
-    }
-    if node:
-        attributes["k8s.node.name"] = node
-    return Resource.create(attributes)
-
-
 def package_version() -> str:
     """The installed gpu-dra version (`service.version`, `gpu_dra_build_info`)."""
     try:
         return importlib.metadata.version("gpu-dra")
     except importlib.metadata.PackageNotFoundError:
         return "0.0.0+unknown"
-
-
-def otlp_exporter() -> SpanExporter:
-    """The OTLP span exporter OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL names (`http/protobuf` or `grpc`)."""
-    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-
-        return GrpcExporter()
-    if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-        return HttpExporter()
-    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported: use grpc or http/protobuf "
-                     "(http/json is not implemented by the Python SDK)")
 
 
 def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str = "",
@@ -187,21 +77,10 @@ def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str
     otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     if chosen == "none" and not otlp:
         return None  # spans cost nothing where nobody collects them (module doc)
-    provider = TracerProvider(resource=service_resource(service_name, node))
-    provider.sampler = PeriodicSampler(provider.sampler,  # base: OTEL_TRACES_SAMPLER
-                                       periodic_ratio() if periodic is None else periodic)
-    if otlp:
-        provider.add_span_processor(BatchSpanProcessor(otlp_exporter()))
-    if chosen == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-    elif chosen.startswith("file:"):
-        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(chosen[5:]),
-                                                       schedule_delay_millis=FILE_EXPORT_DELAY_MS))
-    elif chosen == "memory":
-        _memory_exporter = InMemorySpanExporter()
-        provider.add_span_processor(SimpleSpanProcessor(_memory_exporter))
-    elif chosen not in ("none", ""):  # none beside OTLP: OTLP only
-        raise ValueError(f"unknown trace exporter {chosen!r}: use none, console, memory or file:<path>")
+    from shared import tracing_sdk  # the SDK is loaded only by a process that exports spans
+
+    provider, _memory_exporter = tracing_sdk.build_provider(
+        service_name, chosen, otlp=otlp, node=node, periodic=periodic_ratio() if periodic is None else periodic)
     trace.set_tracer_provider(provider)
     _provider = provider
     return provider
@@ -288,14 +167,10 @@ __all__ = [
     "inject_headers",
     "kubelet_context",
     "memory_spans",
-    "otlp_exporter",
     "package_version",
     "propagate",
-    "service_resource",
-    "PeriodicSampler",
     "setup_telemetry",
     "shutdown_telemetry",
     "span_link",
     "traceparent_context",
-    "span_to_dict",
 ]

@@ -25,7 +25,8 @@ from shared.events import catalog
 from shared.events.devices import InjectXidRequest
 from shared.logs import setup_logging
 from shared.natsserver import EmbeddedNats
-from shared.telemetry import memory_spans, setup_telemetry, span_to_dict
+from shared.telemetry import memory_spans, setup_telemetry
+from shared.tracing_sdk import span_to_dict
 
 NODE = "gpu-node-0"
 MACHINE = """\
