@@ -44,11 +44,11 @@ from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, load_config_or_report
 from shared.deviceclasses import device_classes
 from shared.events import catalog
-from shared.events.tail import LOCAL_CLUSTER_FILE
 from shared.health import HEALTH, serve
 from shared.kube.client import kube_api_client
 from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats, free_port
+from shared.natstarget import LOCAL_CLUSTER_FILE
 from shared.natsusers import check_node, node_user
 from shared.parentdeath import with_parent_death_signal
 from shared.tasks import cancel_and_wait, finish_even_if_cancelled

@@ -15,9 +15,10 @@ from services.discovery import config
 from services.discovery.machine import MachineError
 from services.discovery.nvml import NvmlUnavailable
 from services.discovery.service import Scanner, open_nvml, run_service
-from shared.bus import Bus, BusError
+from shared.bus import Bus, BusError, NatsTLS
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
+from shared.natstarget import TargetError, add_target_flags, resolve_target
 from shared.runtime import connected_bus, service_main
 
 
@@ -54,7 +55,7 @@ def _inject_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-lost", action="store_true")
     p.add_argument("--recover", action="store_true")
     p.add_argument("--timeout", type=float, default=5.0)
-    p.add_argument("--nats-url", default=os.environ.get("GPU_DRA_NATS_URL", "nats://127.0.0.1:4222"))
+    add_target_flags(p)  # --nats-url/--creds/--user/--data-dir; else the env or the running local cluster
     return p
 
 
@@ -62,7 +63,12 @@ async def inject_xid(argv: list[str]) -> int:
     ns = _inject_parser().parse_args(argv)
     if not (ns.xid > 0 or ns.gpu_lost or ns.recover):
         return _fail("give --xid N (> 0), --gpu-lost or --recover", 2)
-    bus = await Bus.connect(ns.nats_url, name=f"inject-xid-{ns.node}")
+    try:
+        target = resolve_target(ns, dict(os.environ))
+    except TargetError as exc:
+        return _fail(str(exc), 2)
+    tls = NatsTLS(creds_file=target.creds) if target.creds else None
+    bus = await Bus.connect(target.url, name=f"inject-xid-{ns.node}", user=target.user or None, tls=tls)
     try:
         ref = ns.device
         inv = await (await bus.kv(catalog.INVENTORY_BUCKET)).get(ns.node)

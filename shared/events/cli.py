@@ -11,6 +11,7 @@ from shared.events import tail
 from shared.events.asyncapi import document
 from shared.events.catalog import CATALOG
 from shared.events.schema import write_schemas
+from shared.natstarget import TargetError
 
 
 def main(argv: list[str]) -> int:
@@ -26,7 +27,7 @@ def main(argv: list[str]) -> int:
     if args.action == "tail":
         try:
             return tail.run(args, sys.stdout)
-        except tail.TailError as exc:
+        except (tail.TailError, TargetError) as exc:
             print(f"gpu-dra events tail: {exc}", file=sys.stderr)
             return 2
     if args.action == "asyncapi":

@@ -15,10 +15,7 @@ import datetime
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, get_args
 
 import msgspec
@@ -28,9 +25,9 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from shared.bus import Bus, NatsTLS
 from shared.events.catalog import CATALOG, CLAIM, DEAD_LETTER, EVENTS_STREAM, Entry
 from shared.events.claims import ClaimEventKind
+from shared.natstarget import Target, add_target_flags, resolve_target
 
 CLAIM_STEPS: tuple[str, ...] = get_args(ClaimEventKind)
-LOCAL_CLUSTER_FILE = "nats.json"  # written by `gpu-dra up` into its data dir
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -39,51 +36,11 @@ class TailError(ValueError):
     """Bad flags or no NATS to connect to; the message says what to do."""
 
 
-@dataclass(frozen=True)
-class Target:
-    url: str
-    creds: str = ""
-    user: str = ""
-
-
 def parse_duration(text: str) -> float:
     found = _DURATION.match(text.strip())
     if not found:
         raise TailError(f"--since {text!r}: give a number and a unit, e.g. 30s, 10m, 2h, 1d")
     return float(found[1]) * _UNITS[found[2]]
-
-
-def _from_file(path: Path) -> Target:
-    try:
-        data = json.loads(path.read_text())
-        return Target(url=str(data["url"]), creds=str(data.get("creds", "")), user=str(data.get("user", "")))
-    except (OSError, ValueError, KeyError) as exc:
-        raise TailError(f"{path}: not a local cluster's NATS file ({exc}); is `gpu-dra up` running?") from None
-
-
-def _newest_local_cluster() -> Path | None:
-    """The nats.json of the newest `gpu-dra up` data dir (named after its pid) whose `up` still runs."""
-    found = []
-    for path in Path(tempfile.gettempdir()).glob("gpu-dra-cluster-*/" + LOCAL_CLUSTER_FILE):
-        pid = path.parent.name.removeprefix("gpu-dra-cluster-").split("-", 1)[0]
-        if pid.isdigit() and Path(f"/proc/{pid}").exists():
-            found.append((path.stat().st_mtime, path))
-    return max(found)[1] if found else None
-
-
-def resolve_target(args: argparse.Namespace, env: dict[str, str]) -> Target:
-    if args.nats_url:
-        return Target(args.nats_url, args.creds, args.user)
-    if env.get("GPU_DRA_NATS_URL"):
-        return Target(env["GPU_DRA_NATS_URL"], args.creds or env.get("GPU_DRA_NATS_CREDS", ""),
-                      args.user or env.get("GPU_DRA_NATS_USER", ""))
-    if args.data_dir:
-        return _from_file(Path(args.data_dir) / LOCAL_CLUSTER_FILE)
-    newest = _newest_local_cluster()
-    if newest is None:
-        raise TailError("no NATS to watch: pass --nats-url (and --creds), set GPU_DRA_NATS_URL as `gpu-dra up` "
-                        "prints it, or pass --data-dir of a local cluster")
-    return _from_file(newest)
 
 
 def subjects(entries: Iterable[Entry], node: str, namespace: str, kind: str) -> list[str]:
@@ -191,10 +148,7 @@ def add_parser(sub: Any) -> None:
                                                       "or a claim step (prepared, unprepared, ...)")
     tail_args.add_argument("-o", "--output", choices=("line", "json"), default="line")
     tail_args.add_argument("--count", type=int, default=0, help="stop after this many events (0: never)")
-    tail_args.add_argument("--nats-url", default="")
-    tail_args.add_argument("--creds", default="", help="NATS .creds file")
-    tail_args.add_argument("--user", default="", help="NATS user (names the inbox prefix with --creds)")
-    tail_args.add_argument("--data-dir", default="", help="a local cluster's data dir (`gpu-dra up --data-dir`)")
+    add_target_flags(tail_args)
 
 
 def run(args: argparse.Namespace, out: Any) -> int:

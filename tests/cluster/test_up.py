@@ -62,6 +62,11 @@ def test_kubectl_sees_the_cluster_and_pods_get_and_free_gpus_and_ctrl_c_leaves_n
     assert tailed.returncode == 0, tailed.stderr
     prepared = [json.loads(line)["data"] for line in tailed.stdout.splitlines()]
     assert claim_a in {p["claim_uid"] for p in prepared} and {p["event"] for p in prepared} == {"prepared"}
+    # ... and an operator's XID injection reaches the node with the same credential (XID 13, an application
+    # error, taints nothing)
+    injected = subprocess.run([sys.executable, "-m", "shared.cli", "discovery", "inject-xid", "--node", "gpu-node-0",
+                               "--device", "gpu-0", "--xid", "13"], capture_output=True, text=True, timeout=60, env=env)
+    assert injected.returncode == 0 and "injected on gpu-node-0/gpu-0" in injected.stdout, injected.stderr
 
     # A selector that matches nothing: Pending, with an explanation on the pod and from `gpu-dra explain`.
     up.kubectl("apply", "-f", "-", stdin=pod_manifest(
