@@ -221,9 +221,13 @@ class FleetState:
             self._history(device, "released", f"claim {key[0]}/{key[1]} released it", key[0])
         for device, allocation in after.items():
             held = self._allocs.setdefault(device, {})
-            if held.get(key) != allocation:
-                if key not in held:
-                    self._history(device, "allocated", f"claim {key[0]}/{key[1]} allocated it", key[0])
+            previous = held.get(key)
+            if previous is not None:  # the age counts from when the allocation was first seen
+                allocation = msgspec.structs.replace(allocation, since=previous.since)
+            elif self.listed:  # allocated now (the first list can only say when the claim was made)
+                allocation = msgspec.structs.replace(allocation, since=rfc3339())
+                self._history(device, "allocated", f"claim {key[0]}/{key[1]} allocated it", key[0])
+            if previous != allocation:
                 held[key] = allocation
             self._mark(self._pool_node.get(device[1], device[1]))
         for device in before:
