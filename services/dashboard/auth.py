@@ -10,6 +10,7 @@ shown to every authenticated viewer; allocations outside the granted namespaces 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import time
@@ -67,6 +68,7 @@ class KubernetesAuth(Authenticator):
         self.max_entries = max_entries
         self._users: dict[str, tuple[float, dict[str, Any] | None]] = {}  # token digest -> (expiry, user)
         self._grants: dict[tuple[str, str], tuple[float, bool]] = {}  # (digest, namespace) -> (expiry, allowed)
+        self._asking = asyncio.Semaphore(16)  # reviews in flight: a viewer of many namespaces is no burst
 
     async def viewer(self, token: str, namespaces: Iterable[str]) -> Viewer:
         if not token:
@@ -79,11 +81,11 @@ class KubernetesAuth(Authenticator):
                                "cluster); get a new one with `kubectl create token <serviceaccount>`")
         if await self._cached(self._grants, (digest, ""), lambda: self._may_list(user, "")):
             return Viewer(str(user.get("username") or ""), None)
-        granted = []
-        for ns in sorted(set(namespaces)):
-            if await self._cached(self._grants, (digest, ns), functools.partial(self._may_list, user, ns)):
-                granted.append(ns)
-        return Viewer(str(user.get("username") or ""), frozenset(granted))
+        wanted = sorted(set(namespaces))
+        answers = await asyncio.gather(*(self._cached(self._grants, (digest, ns), functools.partial(
+            self._may_list, user, ns)) for ns in wanted))  # asked together on a cold cache
+        return Viewer(str(user.get("username") or ""), frozenset(ns for ns, ok in zip(wanted, answers, strict=True)
+                                                                  if ok))
 
     async def _cached(self, cache: dict[Any, Any], key: Any, fetch: Callable[[], Awaitable[Any]]) -> Any:
         now = self.clock()
@@ -98,7 +100,8 @@ class KubernetesAuth(Authenticator):
         return value
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        data: dict[str, Any] = kube.decode(await kube.request(self.api, "POST", path, body=body))
+        async with self._asking:
+            data: dict[str, Any] = kube.decode(await kube.request(self.api, "POST", path, body=body))
         return data
 
     async def _review(self, token: str) -> dict[str, Any] | None:
