@@ -18,9 +18,10 @@ import pytest
 import pytest_asyncio
 
 from embedded.apiserver.testing import running_apiserver
+from services.computedomain import crd
 from services.dashboard.auth import KubernetesAuth
 from services.dashboard.server import make_app, serve
-from services.dashboard.state import FleetState, discover
+from services.dashboard.state import COMPUTEDOMAINS, FleetState, discover
 from shared.bus import Bus
 from shared.events.catalog import CLAIM, HEALTH
 from shared.events.claims import ClaimLifecycle, PreparedDeviceRef
@@ -34,6 +35,8 @@ SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
+                namespaced=False)
 H100 = {"productName": {"string": "NVIDIA H100 80GB HBM3"}}
 
 
@@ -97,6 +100,8 @@ async def dash(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Dash]:
                                         "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
         await kube.create(RESOURCESLICES, None, _slice("node-a", [_gpu(0), _gpu(1)]))
         await kube.create(RESOURCESLICES, None, _slice("node-b", [_mig(0, 0, 1), _mig(0, 4, 2), _gpu(1)]))
+        for definition in crd.crds():  # ComputeDomains are served: the dashboard watches them
+            await kube.create(CRDS, None, definition)
         bus = await Bus.connect(nats.url, name="dashboard-test")
         await bus.provision()
         state = FleetState(kube, **await discover(kube))
@@ -249,6 +254,23 @@ async def test_a_tenant_sees_only_granted_namespaces(dash: Dash) -> None:
     assert status == 401 and "token" in body["error"]
     status, body = await dash.get("/api/fleet", "", dash.tenant_url)
     assert status == 401
+
+
+async def test_a_compute_domain_groups_its_nodes(dash: Dash) -> None:
+    body = {"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "metadata": {"name": "dom", "namespace": "team-a"},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "dom-channel"}}}}
+    created = await dash.kube.create(COMPUTEDOMAINS, "team-a", body)
+    status = {"status": "Ready", "nodes": [{"name": "node-b", "cliqueID": "c.1", "ipAddress": "10.0.0.2", "status": "Ready"}]}
+    await dash.kube.replace(COMPUTEDOMAINS, {**created, "status": status}, subresource="status")
+
+    async def grouped() -> Any:
+        _, fleet = await dash.get("/api/fleet")
+        return fleet if len(fleet["groups"]) == 2 else None
+
+    fleet = await until(grouped, "the domain's group")
+    assert fleet["groups"] == [{"name": "domain team-a/dom", "nodes": ["node-b"]}, {"name": "ungrouped", "nodes": ["node-a"]}]
+    assert [n["name"] for n in fleet["nodes"]] == ["node-b", "node-a"]  # rows in group order
+    assert next(n for n in fleet["nodes"] if n["name"] == "node-b")["domains"] == ["team-a/dom"]
 
 
 async def test_unknown_node_device_and_path_are_json_404s(dash: Dash) -> None:
