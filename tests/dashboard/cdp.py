@@ -26,6 +26,9 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio", "--remote-debugging-port=0"]
 
 
+KEYS = {"Enter": 13, "Escape": 27, "Tab": 9, "ArrowLeft": 37, "ArrowUp": 38, "ArrowRight": 39, "ArrowDown": 40}
+
+
 def chromium_path() -> str | None:
     """The browser binary: $CHROMIUM, else `chromium` (Debian) or `chromium-browser` on PATH."""
     return os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -174,6 +177,14 @@ class Browser:
                            {int(timeout * 1000)});
 }})"""
         return await self.evaluate(script, timeout=timeout)
+
+    async def press(self, key: str) -> None:
+        """A real key press (keyDown + keyUp) on the focused element: Enter, Escape, Tab, arrows."""
+        code = KEYS[key]
+        base = {"key": key, "code": key, "windowsVirtualKeyCode": code, "nativeVirtualKeyCode": code}
+        down = {**base, "type": "keyDown", **({"text": "\r"} if key == "Enter" else {})}
+        await self.send("Input.dispatchKeyEvent", down)
+        await self.send("Input.dispatchKeyEvent", {**base, "type": "keyUp"})
 
     async def screenshot(self, path: Path, scale: float = 1.0) -> Path:
         """A PNG of the viewport (scaled down by `scale` for small copies)."""

@@ -73,7 +73,7 @@ def for_tenant(node: dict[str, Any], namespace: str) -> dict[str, Any]:
     for d in row["devices"]:
         for a in d["allocations"]:
             if a["namespace"] != namespace:
-                a.update(namespace="", claim="", claimUid="", pods=[])
+                a.update(namespace="", claim="", claimUid="", pods=[], otherTenant=True)
     return row
 
 
@@ -149,10 +149,13 @@ def make_fixture_app(state: FixtureFleet) -> web.Application:
         pod = f"{request.match_info['namespace']}/{request.match_info['name']}"
         return web.json_response({"text": f"pod {pod}: fixture explain at {datetime.now(UTC).isoformat()}"})
 
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     app = web.Application()
     app.router.add_get("/", index)
     app.router.add_static("/static", STATIC)
-    app.router.add_get("/healthz", lambda _: web.Response(text="ok"))  # type: ignore[arg-type,return-value]
+    app.router.add_get("/healthz", healthz)
     app.router.add_get("/api/fleet", fleet)
     app.router.add_get("/api/stream", stream)
     app.router.add_get("/api/device/{node}/{device}", device)

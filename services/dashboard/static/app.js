@@ -3,7 +3,7 @@
 // ([data-node], [data-device] with data-state/data-xid/data-claim, [data-mig-slot], #counters, #ns-filter, #drilldown).
 "use strict";
 (() => {
-  const ROW_H = 118;
+  const ROW_H = 108;
   const GROUP_H = 30;
   const OVERSCAN = 3;
   const ICON = { free: "○", claimed: "●", tainted: "⚠" };
@@ -127,7 +127,7 @@
     const es = new EventSource(`/api/stream${q.toString() ? `?${q}` : ""}`);
     S.es = es;
     setConn("connecting", "connecting");
-    es.addEventListener("fleet", (ev) => { S.retry = 0; applyFull(JSON.parse(ev.data)); setConn("live", "live"); });
+    es.addEventListener("fleet", (ev) => { S.retry = 0; if (S.firstEventMs === undefined) S.firstEventMs = performance.now(); applyFull(JSON.parse(ev.data)); setConn("live", "live"); });
     es.addEventListener("delta", (ev) => applyDelta(JSON.parse(ev.data)));
     es.onerror = () => {
       if (es !== S.es) return;
@@ -284,11 +284,11 @@
   function allocText(allocs) {
     if (!allocs.length) return "";
     const a = allocs[0];
-    const who = visibleAlloc(a)
-      ? `<span class="claim">${esc(a.namespace)}/${esc(a.claim)}</span>${(a.pods || []).length ? ` <span class="pod">${esc(a.pods[0].split("/").pop())}</span>` : ""}`
-      : "<span class=\"claim\">claimed (other tenant)</span>";
     const more = allocs.length > 1 ? ` <span class="muted">+${allocs.length - 1}</span>` : "";
-    return `${who} <span class="age">${esc(age(a.since))}</span>${more}`;
+    if (!visibleAlloc(a)) return `<div class="t-alloc"><span class="claim">claimed (other tenant)</span>${more}</div>`;
+    const pod = (a.pods || []).length ? `<span class="pod">${esc(a.pods[0].split("/").pop())}</span> · ` : "";
+    return `<div class="t-alloc"><span class="claim">${esc(a.namespace)}/${esc(a.claim)}</span>${more}</div>`
+      + `<div class="t-alloc">${pod}<span class="age">${esc(age(a.since))}</span></div>`;
   }
 
   function deviceAttrs(node, d) {
@@ -313,7 +313,7 @@
       const m = k.mig;
       return `<div class="slot st-${esc(k.state)}" data-mig-slot ${deviceAttrs(node, k)} data-profile="${esc(m.profile)}"`
         + ` data-start="${m.start}" data-size="${m.size}" style="grid-column:${m.start + 1} / span ${m.size}">`
-        + `<i aria-hidden="true">${ICON[k.state] || ""}</i>${esc(m.size > 1 ? m.profile : m.profile.split(".")[0])}</div>`;
+        + `<i aria-hidden="true">${ICON[k.state] || ""}</i>${esc(m.profile.split(".")[0])}</div>`;
     }).join("");
     const ticks = Array.from({ length: slots }, (_, i) => `<span class="tick" style="grid-column:${i + 1}"></span>`).join("");
     return `<div class="mig-bar" role="group" aria-label="MIG layout, ${slots} slots" style="grid-template-columns:repeat(${slots},1fr)">${ticks}${cells}</div>`
@@ -323,15 +323,15 @@
   function tileHtml(node, d, kids) {
     const allocs = d.allocations || [];
     const xid = d.xid != null ? `<span class="xid">XID ${esc(d.xid)}</span>` : "";
-    const share = allocs.length ? `<span class="share">${esc(sharing(allocs[0].sharing))}</span>` : "";
+    const share = allocs.length ? `<div class="share">${esc(sharing(allocs[0].sharing))}</div>` : "";
     const kidsLoose = d.migSlots ? [] : kids;
     return `<div class="tile st-${esc(d.state)}" ${deviceAttrs(node, d)}>`
       + `<div class="t-head"><span class="t-name">${esc(d.name)}</span><span class="t-state"><i aria-hidden="true">${ICON[d.state] || ""}</i> ${esc(d.state)}</span></div>`
-      + `<div class="t-prod">${esc(shortProduct(d.product))} <span class="muted">${esc(gib(d.memoryBytes))}</span></div>`
+      + `<div class="t-prod">${esc(shortProduct(d.product))}</div>`
       + (d.migSlots ? migBar(node, d, kids) : "")
       + (kidsLoose.length ? `<div class="muted small">${kidsLoose.length} partitions</div>` : "")
-      + `<div class="t-foot">${xid}${share}</div>`
-      + `<div class="t-alloc">${allocText(allocs)}</div></div>`;
+      + `<div class="t-foot"><span class="mem">${esc(gib(d.memoryBytes))}</span>${xid}</div>${share}`
+      + `${allocText(allocs)}</div>`;
   }
 
   // ---- drill-down ----
