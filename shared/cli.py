@@ -11,6 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preparer": ("services.preparer.cli", "the kubelet DRA plugin (prepare/unprepare, CDI, checkpoint)"),
     "cdi": ("services.preparer.nodespec", "'cdi generate': this node's CDI spec (driver userspace + GPUs)"),
     "computedomain": ("services.computedomain.cli", "ComputeDomain controller and node agent"),
+    "dashboard": ("services.dashboard.main", "the live fleet page and its API (docs/dashboard.md)"),
     "apiserver": ("embedded.apiserver.cli", "the embedded Kubernetes API server"),
     "kubelet": ("embedded.nodeagent.cli", "the kubelet emulator for one simulated node"),
     "scheduler": ("embedded.scheduler.cli", "the DRA scheduler of the local cluster"),

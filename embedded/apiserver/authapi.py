@@ -1,5 +1,6 @@
 """The API server's APIs that store nothing: SelfSubjectAccessReview and SelfSubjectRulesReview
-(`kubectl auth can-i [--list]`, answered by the same RBAC as the caller's requests), TokenRequest
+(`kubectl auth can-i [--list]`, answered by the same RBAC as the caller's requests), SubjectAccessReview
+(the same question for a user a service names), TokenRequest
 (`kubectl create token`, or the kubelet's projected tokens: a ServiceAccount token from the
 authenticator, bound to a pod when `boundObjectRef` names one) and TokenReview (a service asks who a
 token's holder is, for the audiences it accepts). Each takes the decoded request body and returns
@@ -41,6 +42,20 @@ def access_review(authorizer: RbacAuthorizer, user: UserInfo, body: Any) -> dict
         status["reason"] = reason
     return {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
             "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
+
+
+def subject_access_review(authorizer: RbacAuthorizer, body: Any) -> dict[str, Any]:
+    """May the user the spec names (user, groups, uid, extra) do what it describes? (a service asks for a
+    caller it has authenticated, e.g. the dashboard for a viewer's token)."""
+    spec = _spec(body)
+    if not spec.get("user") and not spec.get("groups"):
+        raise errors.ApiError(422, "Invalid", 'SubjectAccessReview.authorization.k8s.io "" is invalid: spec.user: '
+                              "Invalid value: at least one of user or group must be specified")
+    user = UserInfo(str(spec.get("user") or ""), str(spec.get("uid") or ""),
+                    tuple(str(g) for g in spec.get("groups") or ()), dict(spec.get("extra") or {}))
+    review = access_review(authorizer, user, body)
+    review["kind"] = "SubjectAccessReview"
+    return review
 
 
 def rules_review(authorizer: RbacAuthorizer, user: UserInfo, body: Any) -> dict[str, Any]:

@@ -118,6 +118,7 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_route("*", "/apis", handlers.apis_root)
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", handlers.self_access_review)
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", handlers.self_rules_review)
+    app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", handlers.subject_access_review)
     app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", handlers.token_review)
     app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}/log", podlogs.handler(server))
     app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
@@ -185,6 +186,10 @@ class Handlers:
     async def self_rules_review(self, request: web.Request) -> web.Response:
         user = authn.current_user.get() or _OPEN_USER
         return json_response(authapi.rules_review(self.server.authorizer, user, await self._body(request)), 201)
+
+    async def subject_access_review(self, request: web.Request) -> web.Response:
+        # RBAC (`create subjectaccessreviews`) was checked by the middleware, as for any request.
+        return json_response(authapi.subject_access_review(self.server.authorizer, await self._body(request)), 201)
 
     async def token_review(self, request: web.Request) -> web.Response:
         # RBAC (`create tokenreviews`) was checked by the middleware, as for any request.

@@ -1,36 +1,113 @@
-"""Fleet state built from ResourceSlices and ResourceClaims (one job: turn API objects into rows).
+"""The fleet as the page shows it: pure functions from API objects (and bus facts) to node rows.
 
-Pure functions over the decoded API objects so the server, the bench and the tests share one model.
+One job: turn ResourceSlices, ResourceClaims, Nodes, ComputeDomains and device health into the
+contract's rows (docs/dashboard.md, "The API"). Every function is pure and works on ONE node's facts,
+so the state (state.py) rebuilds only the rows a change touches; the bench and the tests call the
+same functions. Rows are msgspec Structs that encode to the contract's camelCase JSON.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
 import msgspec
 
+from services.preparer.claimconfigs import (
+    ClaimConfigError,
+    GpuConfig,
+    RawConfig,
+    interval,
+    select,
+)
+from shared.devicemodel import GPU_DRIVER, parse_mig_name
 
-class Allocation(msgspec.Struct, frozen=True):
+Obj = dict[str, Any]
+DeviceType = Literal["gpu", "mig", "partition"]
+State = Literal["free", "claimed", "tainted"]
+STATES: tuple[State, ...] = ("free", "claimed", "tainted")
+CD_DRIVER = "compute-domain.nvidia.com"
+CLIQUE_ATTRIBUTE = "cliqueID"  # on the compute-domain pool's devices: <clusterUUID>.<cliqueId>
+XID_TAINT = "gpu.nvidia.com/xid"
+DEFAULT_MIG_SLOTS = 8  # memory slices of a MIG-capable GPU when no counter set says (A100/H100: 8)
+UNGROUPED = "ungrouped"
+
+
+class _Camel(msgspec.Struct, rename="camel", kw_only=True):
+    pass
+
+
+class Sharing(_Camel):
+    mode: Literal["exclusive", "time-slicing", "mps"] = "exclusive"
+    interval: str = ""
+    thread_percentage: int | None = None
+    pinned_memory: str = ""
+
+
+class Allocation(_Camel):
     namespace: str
     claim: str
+    claim_uid: str = ""
+    pods: list[str] = msgspec.field(default_factory=list)
+    since: str = ""
+    sharing: Sharing = msgspec.field(default_factory=Sharing)
+    other_tenant: bool = False  # a namespace the viewer may not see: no names
 
 
-class Device(msgspec.Struct):
+class Taint(_Camel):
+    key: str
+    value: str = ""
+    effect: str = ""
+    time_added: str = ""
+
+
+class MigPlacement(_Camel):
+    profile: str
+    start: int
+    size: int
+
+
+class Device(_Camel):
     name: str
+    uuid: str = ""
     product: str = ""
-    memory: str = ""
+    memory_bytes: int = 0
+    type: DeviceType = "gpu"
     parent: str = ""
-    taints: list[str] = msgspec.field(default_factory=list)
-    allocation: Allocation | None = None
+    mig: MigPlacement | None = None
+    mig_slots: int = 0
+    taints: list[Taint] = msgspec.field(default_factory=list)
+    xid: int | None = None
+    state: State = "free"
+    allocations: list[Allocation] = msgspec.field(default_factory=list)
 
 
-class Node(msgspec.Struct):
+class Node(_Camel):
     name: str
-    pool: str
+    pool: str = ""
+    clique: str = ""
+    domains: list[str] = msgspec.field(default_factory=list)
+    ready: bool = False
     devices: list[Device] = msgspec.field(default_factory=list)
 
 
-def _attr(device: dict[str, Any], key: str) -> str:
+class Group(_Camel):
+    name: str
+    nodes: list[str]
+
+
+class Health(msgspec.Struct, frozen=True):
+    """The last live health fact of a device from the bus (faster than the slice's taint)."""
+
+    unhealthy: bool
+    xid: int = 0
+    reason: str = ""
+    time: str = ""
+
+
+# ---- reading API objects --------------------------------------------------------------------------
+
+def attr(device: Obj, key: str) -> str:
     value = (device.get("attributes") or {}).get(key) or {}
     for kind in ("string", "version", "int", "bool"):
         if kind in value:
@@ -38,48 +115,275 @@ def _attr(device: dict[str, Any], key: str) -> str:
     return ""
 
 
-def build_fleet(slices: list[dict[str, Any]], claims: list[dict[str, Any]]) -> list[Node]:
-    """Return nodes sorted by name, each device marked with the claim allocated to it."""
-    allocated: dict[tuple[str, str], Allocation] = {}
-    for claim in claims:
-        meta = claim.get("metadata") or {}
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        for result in results:
-            allocated[(result.get("pool", ""), result.get("device", ""))] = Allocation(
-                namespace=meta.get("namespace", ""), claim=meta.get("name", "")
-            )
-    nodes: dict[str, Node] = {}
+_SUFFIX = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50,
+           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def quantity_bytes(text: str) -> int:
+    """`80Gi` -> bytes; 0 for what is not a plain quantity (the page shows no memory then)."""
+    text = str(text or "").strip()
+    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return int(text[: -len(suffix)]) * _SUFFIX[suffix]
+    return int(text) if text.isdigit() else 0
+
+
+def _slots(dev: Obj) -> list[int]:
+    """The memory slices a device covers: static MIG capacity `memorySlice<i>`, or dynamic counters
+    `memory-slice-<i>` it consumes."""
+    found = [int(k[len("memorySlice"):]) for k in (dev.get("capacity") or {}) if k.startswith("memorySlice")
+             and k[len("memorySlice"):].isdigit()]
+    for use in dev.get("consumesCounters") or []:
+        found += [int(k[len("memory-slice-"):]) for k in (use.get("counters") or {})
+                  if k.startswith("memory-slice-") and k[len("memory-slice-"):].isdigit()]
+    return sorted(set(found))
+
+
+def _taints(dev: Obj) -> list[Taint]:
+    return [Taint(key=str(t.get("key") or ""), value=str(t.get("value") or ""), effect=str(t.get("effect") or ""),
+                  time_added=str(t.get("timeAdded") or "")) for t in dev.get("taints") or []]
+
+
+def slice_node(rslice: Obj) -> str:
+    spec = rslice.get("spec") or {}
+    return str(spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "")
+
+
+def node_ready(node: Obj | None) -> bool:
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def domain_members(domain: Obj) -> list[str]:
+    """The node names a ComputeDomain's status lists."""
+    return [str(n.get("name")) for n in ((domain.get("status") or {}).get("nodes") or []) if n.get("name")]
+
+
+def domain_name(domain: Obj) -> str:
+    md = domain.get("metadata") or {}
+    return f"{md.get('namespace', '')}/{md.get('name', '')}"
+
+
+# ---- claims -> allocations ------------------------------------------------------------------------
+
+DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+
+
+def claim_results(claim: Obj) -> list[Obj]:
+    return list((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or [])
+
+
+def claim_devices(claim: Obj) -> list[DeviceKey]:
+    return [(str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or ""))
+            for r in claim_results(claim)]
+
+
+def claim_pods(claim: Obj) -> list[str]:
+    ns = (claim.get("metadata") or {}).get("namespace", "")
+    return [f"{ns}/{r.get('name')}" for r in (claim.get("status") or {}).get("reservedFor") or []
+            if r.get("resource", "pods") == "pods"]
+
+
+def _sharing(config: Any) -> Sharing:
+    sharing = getattr(config, "sharing", None)
+    if sharing is None:
+        return Sharing()
+    if sharing.strategy == "TimeSlicing":
+        return Sharing(mode="time-slicing", interval=interval(config) if isinstance(config, GpuConfig) else "Default")
+    mps = sharing.mpsConfig
+    return Sharing(mode="mps", thread_percentage=mps.defaultActiveThreadPercentage if mps else None,
+                   pinned_memory=(mps.defaultPinnedDeviceMemoryLimit or "") if mps else "")
+
+
+def claim_sharing(claim: Obj) -> dict[int, Sharing]:
+    """Result index -> how that device is shared, from the claim's opaque GpuConfig/MigDeviceConfig (as the
+    preparer reads them); a config the preparer would refuse shows as exclusive."""
+    allocation = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+    raw = [RawConfig(source=str(c.get("source") or "FromClaim"), requests=list(c.get("requests") or []),
+                     driver=str((c.get("opaque") or {}).get("driver") or ""),
+                     parameters=(c.get("opaque") or {}).get("parameters"), has_opaque=c.get("opaque") is not None)
+           for c in allocation.get("config") or []]
+    results = allocation.get("results") or []
+    ours = [(i, r) for i, r in enumerate(results) if r.get("driver") == GPU_DRIVER]
+    if not raw or not ours:
+        return {}
+    kinds = [(str(r.get("request") or ""), "mig" if parse_mig_name(str(r.get("device") or "")) else "gpu")
+             for _, r in ours]
+    try:
+        chosen = select(GPU_DRIVER, raw, kinds)
+    except ClaimConfigError:
+        return {}
+    out: dict[int, Sharing] = {}
+    for group in chosen:
+        for index in group.results:
+            out[ours[index][0]] = _sharing(group.config)
+    return out
+
+
+def allocations_of(claim: Obj, since: str = "") -> dict[DeviceKey, Allocation]:
+    """The Allocation a claim puts on each device it holds."""
+    md = claim.get("metadata") or {}
+    sharing = claim_sharing(claim)
+    pods = claim_pods(claim)
+    out: dict[DeviceKey, Allocation] = {}
+    for index, key in enumerate(claim_devices(claim)):
+        out[key] = Allocation(namespace=str(md.get("namespace") or ""), claim=str(md.get("name") or ""),
+                              claim_uid=str(md.get("uid") or ""), pods=pods,
+                              since=since or str(md.get("creationTimestamp") or ""),
+                              sharing=sharing.get(index, Sharing()))
+    return out
+
+
+# ---- one node's row --------------------------------------------------------------------------------
+
+def _device(dev: Obj, pool: str, allocations: Mapping[DeviceKey, list[Allocation]],
+            health: Mapping[str, Health]) -> Device:
+    name = str(dev.get("name") or "")
+    kind = attr(dev, "type") or "gpu"
+    slots = _slots(dev)
+    parsed = parse_mig_name(name)
+    mig = None
+    parent = ""
+    dtype: DeviceType = "gpu"
+    mig_slots = 0
+    if kind == "mig" or parsed:
+        dtype = "mig" if attr(dev, "uuid") else "partition"  # a dynamic placement has no UUID until created
+        parent = f"gpu-{parsed[0]}" if parsed else ""
+        start = parsed[3] if parsed else (slots[0] if slots else 0)
+        mig = MigPlacement(profile=attr(dev, "profile"), start=slots[0] if slots else start, size=len(slots) or 1)
+    elif slots:
+        mig_slots = len(slots)  # a partitionable full GPU consumes every memory slice of its counter set
+    memory = quantity_bytes(((dev.get("capacity") or {}).get("memory") or {}).get("value", ""))
+    taints = _taints(dev)
+    xid = next((int(t.value) for t in taints if t.key == XID_TAINT and t.value.isdigit()), None)
+    live = health.get(name) or (health.get(parent) if parent else None)
+    if xid is None and live is not None and live.unhealthy and live.xid:
+        xid = live.xid
+    allocs = list(allocations.get((GPU_DRIVER, pool, name), ()))
+    state: State = "tainted" if taints or (live is not None and live.unhealthy) else (
+        "claimed" if allocs else "free")
+    return Device(name=name, uuid=attr(dev, "uuid"), product=attr(dev, "productName"), memory_bytes=memory,
+                  type=dtype, parent=parent, mig=mig, mig_slots=mig_slots, taints=taints, xid=xid, state=state,
+                  allocations=allocs)
+
+
+def node_row(name: str, slices: Iterable[Obj], node: Obj | None, allocations: Mapping[DeviceKey, list[Allocation]],
+             health: Mapping[str, Health], domains: Iterable[str] = ()) -> Node:
+    """The row of node `name` from its ResourceSlices (both drivers), its Node, the allocations on its
+    devices, its devices' live health and the ComputeDomains that list it."""
+    slices = list(slices)
+    devices: list[Device] = []
+    pool, clique = "", ""
     for rslice in slices:
         spec = rslice.get("spec") or {}
-        pool = (spec.get("pool") or {}).get("name", "")
-        node = nodes.setdefault(spec.get("nodeName", pool), Node(name=spec.get("nodeName", pool), pool=pool))
-        for dev in spec.get("devices") or []:
-            memory = ((dev.get("capacity") or {}).get("memory") or {}).get("value", "")
-            node.devices.append(
-                Device(
-                    name=dev.get("name", ""),
-                    product=_attr(dev, "productName"),
-                    memory=str(memory),
-                    parent=_attr(dev, "parentUUID"),
-                    taints=[f"{t.get('key', '')}={t.get('value', '')}" for t in dev.get("taints") or []],
-                    allocation=allocated.get((pool, dev.get("name", ""))),
-                )
-            )
-    return [nodes[name] for name in sorted(nodes)]
+        driver = spec.get("driver")
+        if driver == CD_DRIVER:
+            clique = clique or next((attr(d, CLIQUE_ATTRIBUTE) for d in spec.get("devices") or []
+                                     if attr(d, CLIQUE_ATTRIBUTE)), "")
+            continue
+        if driver != GPU_DRIVER:
+            continue
+        pool = str((spec.get("pool") or {}).get("name") or name)
+        devices += [_device(d, pool, allocations, health) for d in spec.get("devices") or []]
+    clique = clique or gpu_clique(slices)
+    devices = _with_parents(devices)
+    devices.sort(key=_device_order)
+    return Node(name=name, pool=pool or name, clique=clique, domains=sorted(set(domains)), ready=node_ready(node),
+                devices=devices)
 
 
-def device_state(device: Device) -> str:
-    """A text label per state (the page shows it besides the colour): tainted wins over claimed."""
-    if device.taints:
-        return "tainted"
-    return "claimed" if device.allocation is not None else "free"
+def gpu_clique(slices: Iterable[Obj]) -> str:
+    """The NVLink clique from the GPU attributes, for a node without a compute-domain pool."""
+    for rslice in slices:
+        for dev in (rslice.get("spec") or {}).get("devices") or []:
+            cluster, clique = attr(dev, "nvlinkClusterUUID"), attr(dev, "nvlinkCliqueID")
+            if cluster and clique:
+                return f"{cluster}.{clique}"
+    return ""
 
 
-def counters(fleet: list[Node]) -> dict[str, dict[str, int]]:
-    """Device counts by product, then by state."""
+def _with_parents(devices: list[Device]) -> list[Device]:
+    """MIG devices of a GPU that is not itself advertised (static MIG mode) get a parent tile to be drawn
+    in: type gpu, the GPU's UUID and product, migSlots from its placements."""
+    names = {d.name for d in devices}
+    parents: dict[str, Device] = {}
+    for d in devices:
+        if d.mig is None or not d.parent:
+            continue
+        if d.parent in names:
+            continue
+        parent = parents.setdefault(d.parent, Device(name=d.parent, product=d.product, type="gpu"))
+        parent.mig_slots = max(parent.mig_slots, d.mig.start + d.mig.size, DEFAULT_MIG_SLOTS)
+    for d in devices:  # an advertised MIG-capable GPU without counters (static mode, MIG off)
+        if d.mig is not None and d.parent in names:
+            full = next(p for p in devices if p.name == d.parent)
+            full.mig_slots = full.mig_slots or max(d.mig.start + d.mig.size, DEFAULT_MIG_SLOTS)
+    return devices + list(parents.values())
+
+
+def _device_order(d: Device) -> tuple[int, int, int, str]:
+    parsed = parse_mig_name(d.name)
+    if parsed:
+        return (parsed[0], 1, parsed[3], d.name)
+    minor = d.name.removeprefix("gpu-")
+    return (int(minor) if minor.isdigit() else 1 << 20, 0, 0, d.name)
+
+
+def group_name(node: Node) -> str:
+    """A node's group: its first ComputeDomain, else its NVLink clique, else ungrouped."""
+    if node.domains:
+        return f"domain {node.domains[0]}"
+    if node.clique:
+        return f"clique {node.clique}"
+    return UNGROUPED
+
+
+def groups(nodes: Iterable[Node]) -> list[Group]:
+    """Groups in order (domains, cliques, ungrouped last), node names sorted within each."""
+    by: dict[str, list[str]] = {}
+    for node in nodes:
+        by.setdefault(group_name(node), []).append(node.name)
+    order = sorted(by, key=lambda g: (g == UNGROUPED, not g.startswith("domain "), g))
+    return [Group(name=g, nodes=sorted(by[g])) for g in order]
+
+
+def node_counters(node: Node) -> dict[str, dict[str, int]]:
+    """Device counts of one row by product, then state (parent tiles drawn for MIG devices not counted)."""
     out: dict[str, dict[str, int]] = {}
-    for node in fleet:
-        for device in node.devices:
-            by_state = out.setdefault(device.product or "unknown", {"free": 0, "claimed": 0, "tainted": 0})
-            by_state[device_state(device)] += 1
+    for device in node.devices:
+        if device.type == "partition" and device.state == "free":
+            continue  # a placement not created: it is the free part of its GPU, counted there
+        if device.type == "gpu" and not device.uuid and device.mig_slots:
+            continue  # the drawn parent of static MIG devices
+        by_state = out.setdefault(device.product or "unknown", dict.fromkeys(STATES, 0))
+        by_state[device.state] += 1
     return out
+
+
+def add_counters(total: dict[str, dict[str, int]], part: Mapping[str, Mapping[str, int]], sign: int = 1) -> None:
+    for product, states in part.items():
+        into = total.setdefault(product, dict.fromkeys(STATES, 0))
+        for state, n in states.items():
+            into[state] += sign * n
+        if not any(into.values()):
+            del total[product]
+
+
+def counters(fleet: Iterable[Node]) -> dict[str, dict[str, int]]:
+    """Device counts by product, then by state, over rows."""
+    total: dict[str, dict[str, int]] = {}
+    for node in fleet:
+        add_counters(total, node_counters(node))
+    return total
+
+
+def redact(node: Node, visible: frozenset[str] | None) -> Node:
+    """The row as a viewer allowed `visible` namespaces sees it (None: all): other tenants' allocations stay,
+    as `otherTenant` without names, pods or claim UID."""
+    if visible is None or not any(a.namespace not in visible for d in node.devices for a in d.allocations):
+        return node
+    devices = [d if all(a.namespace in visible for a in d.allocations) else msgspec.structs.replace(
+        d, allocations=[a if a.namespace in visible else Allocation(namespace="", claim="", since=a.since,
+                                                                    sharing=a.sharing, other_tenant=True)
+                        for a in d.allocations]) for d in node.devices]
+    return msgspec.structs.replace(node, devices=devices)

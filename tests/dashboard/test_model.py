@@ -1,34 +1,88 @@
-from services.dashboard.model import Allocation, build_fleet
+from typing import Any
+
+import msgspec
+
+from services.dashboard import model
+from services.dashboard.model import Allocation, Health, Sharing, allocations_of, node_row
 
 
-def _slice(node: str, devices: list[dict]) -> dict:
-    return {"spec": {"nodeName": node, "pool": {"name": node}, "devices": devices}}
+def _slice(node: str, devices: list[dict[str, Any]], driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    return {"spec": {"driver": driver, "nodeName": node, "pool": {"name": node}, "devices": devices}}
 
 
-def test_claimed_and_tainted_devices_land_on_their_node() -> None:
-    slices = [
-        _slice("node-b", [{"name": "gpu-0", "attributes": {"productName": {"string": "NVIDIA H100"}},
-                           "capacity": {"memory": {"value": "80Gi"}}}]),
-        _slice("node-a", [{"name": "gpu-0", "taints": [{"key": "gpu.nvidia.com/xid", "value": "79"}]},
-                          {"name": "gpu-1"}]),
-    ]
-    claims = [{"metadata": {"namespace": "team-a", "name": "c1"},
-               "status": {"allocation": {"devices": {"results": [{"pool": "node-b", "device": "gpu-0"}]}}}}]
-    fleet = build_fleet(slices, claims)
-    assert [n.name for n in fleet] == ["node-a", "node-b"]
-    assert fleet[0].devices[0].taints == ["gpu.nvidia.com/xid=79"]
-    assert fleet[0].devices[1].allocation is None
-    b0 = fleet[1].devices[0]
-    assert (b0.product, b0.memory, b0.allocation) == ("NVIDIA H100", "80Gi", Allocation("team-a", "c1"))
+def _claim(ns: str, name: str, node: str, device: str, config: list[Any] | None = None) -> dict[str, Any]:
+    return {"metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}", "creationTimestamp": "2026-12-04T10:00:00Z"},
+            "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com",
+                                                              "pool": node, "device": device}],
+                                                  "config": config or []}},
+                       "reservedFor": [{"resource": "pods", "name": "p", "uid": "1"}]}}
 
 
-def test_counters_by_product_and_state() -> None:
-    from services.dashboard.model import counters
+def _allocs(*claims: dict[str, Any]) -> dict[model.DeviceKey, list[Allocation]]:
+    out: dict[model.DeviceKey, list[Allocation]] = {}
+    for claim in claims:
+        for key, allocation in allocations_of(claim).items():
+            out.setdefault(key, []).append(allocation)
+    return out
 
-    h100 = {"productName": {"string": "NVIDIA H100"}}
-    slices = [_slice("n", [{"name": "gpu-0", "attributes": h100},
-                           {"name": "gpu-1", "attributes": h100, "taints": [{"key": "xid", "value": "48"}]},
-                           {"name": "gpu-2", "attributes": h100}])]
-    claims = [{"metadata": {"namespace": "t", "name": "c"},
-               "status": {"allocation": {"devices": {"results": [{"pool": "n", "device": "gpu-2"}]}}}}]
-    assert counters(build_fleet(slices, claims)) == {"NVIDIA H100": {"free": 1, "claimed": 1, "tainted": 1}}
+
+H100 = {"productName": {"string": "NVIDIA H100"}, "uuid": {"string": "GPU-a"}}
+TIME_SLICED = [{"source": "FromClaim", "requests": [], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
+    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}}]
+
+
+def test_a_row_marks_taints_xid_claims_and_sharing() -> None:
+    devices = [{"name": "gpu-0", "attributes": H100, "capacity": {"memory": {"value": "80Gi"}},
+                "taints": [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]},
+               {"name": "gpu-1", "attributes": H100}]
+    claims = [_claim("t", "a", "n", "gpu-1", TIME_SLICED), _claim("u", "b", "n", "gpu-1", TIME_SLICED)]
+    row = node_row("n", [_slice("n", devices)], None, _allocs(*claims), {})
+    g0, g1 = row.devices
+    assert (g0.state, g0.xid, g0.memory_bytes, g0.taints[0].effect) == ("tainted", 79, 80 << 30, "NoSchedule")
+    assert g1.state == "claimed" and [a.claim for a in g1.allocations] == ["a", "b"]
+    assert g1.allocations[0].sharing == Sharing(mode="time-slicing", interval="Long")
+    assert g1.allocations[0].pods == ["t/p"]
+    assert model.node_counters(row) == {"NVIDIA H100": {"free": 0, "claimed": 1, "tainted": 1}}
+
+
+def test_live_health_taints_before_the_slice_does() -> None:
+    row = node_row("n", [_slice("n", [{"name": "gpu-0", "attributes": H100}])], None, {},
+                   {"gpu-0": Health(unhealthy=True, xid=48)})
+    assert (row.devices[0].state, row.devices[0].xid) == ("tainted", 48)
+
+
+def test_dynamic_mig_places_partitions_on_the_counter_slots() -> None:
+    full = {"name": "gpu-0", "attributes": {**H100, "type": {"string": "gpu"}},
+            "consumesCounters": [{"counterSet": "gpu-0-counter-set",
+                                  "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(8)}}]}
+    part = {"name": "gpu-0-mig-2g20gb-14-2", "attributes": {"type": {"string": "mig"}, "profile": {"string": "2g.20gb"}},
+            "consumesCounters": [{"counterSet": "gpu-0-counter-set",
+                                  "counters": {"memory-slice-2": {"value": "1"}, "memory-slice-3": {"value": "1"}}}]}
+    row = node_row("n", [_slice("n", [part, full])], None, _allocs(_claim("t", "c", "n", part["name"])), {})
+    assert [d.name for d in row.devices] == ["gpu-0", "gpu-0-mig-2g20gb-14-2"]
+    assert row.devices[0].mig_slots == 8
+    p = row.devices[1]
+    assert (p.type, p.parent, p.state) == ("partition", "gpu-0", "claimed")
+    assert msgspec.to_builtins(p.mig) == {"profile": "2g.20gb", "start": 2, "size": 2}
+
+
+def test_groups_domains_then_cliques_then_ungrouped_and_ready_from_conditions() -> None:
+    cd = _slice("b", [{"name": "channel-0", "attributes": {"cliqueID": {"string": "uuid.3"}}}], "compute-domain.nvidia.com")
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    rows = [node_row("c", [_slice("c", [])], None, {}, {}),
+            node_row("b", [cd, _slice("b", [])], ready, {}, {}),
+            node_row("a", [_slice("a", [])], None, {}, {}, domains=["ns/dom"])]
+    assert rows[1].clique == "uuid.3" and rows[1].ready and not rows[0].ready
+    assert [(g.name, g.nodes) for g in model.groups(rows)] == [
+        ("domain ns/dom", ["a"]), ("clique uuid.3", ["b"]), ("ungrouped", ["c"])]
+
+
+def test_redact_hides_other_tenants_names_only() -> None:
+    row = node_row("n", [_slice("n", [{"name": "gpu-0", "attributes": H100}])], None,
+                   _allocs(_claim("mine", "a", "n", "gpu-0"), _claim("theirs", "b", "n", "gpu-0")), {})
+    seen = model.redact(row, frozenset({"mine"}))
+    mine, theirs = seen.devices[0].allocations
+    assert (mine.namespace, mine.claim) == ("mine", "a")
+    assert (theirs.namespace, theirs.claim, theirs.claim_uid, theirs.pods, theirs.other_tenant) == ("", "", "", [], True)
+    assert model.redact(row, None) is row and row.devices[0].allocations[1].claim == "b"  # the shared row is untouched

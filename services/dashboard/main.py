@@ -1,0 +1,121 @@
+"""`gpu-dra dashboard`: the live fleet page and its API, on one watch set and the bus.
+
+Flags (and GPU_DRA_* variables): --listen, --kubeconfig, --nats-url and the other NATS settings, --auth
+none|kubernetes, --trace-url-template, --span-store. Exit 2 for a bad setting, 3 when the Kubernetes
+client cannot be configured or the API server cannot be asked what it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from services.dashboard.auth import authenticator
+from services.dashboard.server import Explainer, Waterfall, make_app, parse_listen, serve
+from services.dashboard.state import DiscoveryError, FleetState, discover
+from shared.config import CommonConfig
+from shared.health import HEALTH
+from shared.kube.client import KubeConfigError, kube_api_client
+from shared.kube.resources import Kube
+from shared.logs import get_logger
+from shared.runtime import connected_bus, service_main
+from shared.tasks import cancel_and_wait
+
+log = get_logger(__name__)
+DEFAULT_LISTEN = "127.0.0.1:8765"
+DESCRIPTION = ("The live fleet page: every node, GPU, MIG device, claim and ComputeDomain, pushed to the browser "
+               "within a second of a change (docs/dashboard.md).")
+
+
+class DashboardConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
+    listen: Annotated[str, msgspec.Meta(description=(
+        "HOST:PORT to serve the page and API on (port 0: a free one, printed)"))] = DEFAULT_LISTEN
+    kubeconfig: Annotated[str, msgspec.Meta(description=(
+        "kubeconfig file; empty: in-cluster credentials, else $KUBECONFIG or ~/.kube/config"))] = ""
+    auth: Annotated[Literal["none", "kubernetes"], msgspec.Meta(description=(
+        "none: everyone sees every namespace (local use); kubernetes: a viewer's bearer token is checked by "
+        "TokenReview and sees the claims of the namespaces where it may list resourceclaims"))] = "none"
+    trace_url_template: Annotated[str, msgspec.Meta(description=(
+        "a tracing UI's URL for a trace, {traceId} replaced, e.g. http://localhost:16686/trace/{traceId}"))] = ""
+    span_store: Annotated[str, msgspec.Meta(description=(
+        "a local span-store file (JSON lines, as `gpu-dra up` writes traces.jsonl): claims show their "
+        "waterfall"))] = ""
+
+    def __post_init__(self) -> None:
+        parse_listen(self.listen)
+        if self.trace_url_template and "{traceId}" not in self.trace_url_template:
+            raise ValueError(f"--trace-url-template {self.trace_url_template!r} has no {{traceId}} to replace")
+
+
+def _local_tool(module: str) -> Any:
+    """A module of the local-cluster world when this install has it (gpu-dra[embedded]), else None: the
+    drill-down's explain and waterfall use its code rather than a copy; a production image answers 501."""
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return None
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def local_explainer(kubeconfig: str) -> Explainer | None:
+    tool = _local_tool("embedded.cluster.explain")
+    if tool is None:
+        return None
+
+    async def explain(namespace: str, name: str) -> str:
+        try:
+            return str(await tool.explain("pod", namespace, name, kubeconfig))
+        except tool.NotFound as exc:
+            return str(exc)
+
+    return explain
+
+
+def local_waterfall(span_store: str) -> Waterfall | None:
+    if not span_store:
+        return None
+    waterfall, tracecli = _local_tool("embedded.cluster.waterfall"), _local_tool("embedded.cluster.tracecli")
+    if waterfall is None or tracecli is None:
+        return None
+
+    async def render(claim_uid: str) -> str | None:
+        spans = await asyncio.to_thread(waterfall.read_spans, Path(span_store))
+        trace = tracecli.claim_trace(spans, claim_uid)
+        return str(waterfall.render(trace)) if trace else None
+
+    return render
+
+
+async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
+    api = await kube_api_client(cfg.kubeconfig)
+    try:
+        kube = Kube(api)
+        state = FleetState(kube, **await discover(kube))
+        synced = asyncio.Event()
+        HEALTH.add_check("fleet listed", synced.is_set)
+        async with connected_bus(cfg, "dashboard") as bus:
+            await state.subscribe_bus(bus)
+            app = make_app(state, auth=authenticator(cfg.auth, api), trace_url_template=cfg.trace_url_template,
+                           explainer=local_explainer(cfg.kubeconfig), waterfall=local_waterfall(cfg.span_store))
+            watching = asyncio.create_task(state.run(stopping, synced), name="dashboard-state")
+            try:
+                async with serve(app, cfg.listen) as (host, port):
+                    print(f"dashboard: http://{host}:{port}/", flush=True)
+                    log.info("serving", url=f"http://{host}:{port}/", auth=cfg.auth)
+                    await stopping.wait()
+            finally:
+                await cancel_and_wait([watching])
+    finally:
+        await api.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return service_main(DashboardConfig, argv, prog="gpu-dra dashboard", description=DESCRIPTION,
+                        service=lambda cfg: "dashboard", run=_run,
+                        failures=((KubeConfigError, 3), (DiscoveryError, 3)))

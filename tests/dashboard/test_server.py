@@ -1,0 +1,258 @@
+"""The dashboard server against the real parts: the embedded API server (slices, claims, RBAC, TokenReview,
+SubjectAccessReview), a real nats-server (claim lifecycle and health events), the aiohttp app over HTTP.
+
+One module fixture starts them all; the tests share it and leave their objects behind in their own names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from embedded.apiserver.testing import running_apiserver
+from services.dashboard.auth import KubernetesAuth
+from services.dashboard.server import make_app, serve
+from services.dashboard.state import FleetState, discover
+from shared.bus import Bus
+from shared.events.catalog import CLAIM, HEALTH
+from shared.events.claims import ClaimLifecycle, PreparedDeviceRef
+from shared.events.health import DeviceHealth
+from shared.kube.client import kube_api_client
+from shared.kube.resources import NODES, RESOURCECLAIMS, RESOURCESLICES, Kube, Resource
+from shared.natsserver import EmbeddedNats
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
+SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+H100 = {"productName": {"string": "NVIDIA H100 80GB HBM3"}}
+
+
+def _gpu(minor: int, **extra: Any) -> dict[str, Any]:
+    return {"name": f"gpu-{minor}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": f"GPU-{minor}"},
+                                                   **H100}, "capacity": {"memory": {"value": "80Gi"}}, **extra}
+
+
+def _mig(parent: int, start: int, size: int) -> dict[str, Any]:
+    capacity = {f"memorySlice{i}": {"value": "1"} for i in range(start, start + size)}
+    return {"name": f"gpu-{parent}-mig-1g10gb-19-{start}",
+            "attributes": {"type": {"string": "mig"}, "uuid": {"string": f"MIG-{parent}-{start}"},
+                           "parentUUID": {"string": f"GPU-{parent}"}, "profile": {"string": "1g.10gb"}, **H100},
+            "capacity": {"memory": {"value": "10Gi"}, **capacity}}
+
+
+def _slice(node: str, devices: list[dict[str, Any]], driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{driver.split('.')[0]}"},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices}}
+
+
+class Dash:
+    def __init__(self, kube: Kube, bus: Bus, url: str, tenant_url: str, http: aiohttp.ClientSession) -> None:
+        self.kube, self.bus, self.url, self.tenant_url, self.http = kube, bus, url, tenant_url, http
+
+    async def get(self, path: str, token: str = "", base: str = "") -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with self.http.get((base or self.url) + path, headers=headers) as resp:
+            return resp.status, await resp.json()
+
+    async def claim(self, namespace: str, name: str, node: str, device: str, config: list[Any] | None = None) -> None:
+        """A claim allocated to `device` and reserved for pod `<name>-pod`, as the scheduler writes it."""
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+        created = await self.kube.create(RESOURCECLAIMS, namespace, body)
+        allocation: dict[str, Any] = {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com",
+                                                               "pool": node, "device": device}],
+                                                  "config": config or []}}
+        status = {"allocation": allocation,
+                  "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"uid-{name}"}]}
+        await self.kube.replace(RESOURCECLAIMS, {**created, "status": status}, subresource="status")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def dash(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Dash]:
+    tmp: Path = tmp_path_factory.mktemp("dash")
+    nats = EmbeddedNats(store_dir=tmp / "nats")
+    await nats.start()
+    async with running_apiserver(tmp) as server:
+        api = await kube_api_client(str(server.kubeconfig_path))
+        kube = Kube(api)
+        for ns in ("team-a", "team-b"):
+            await kube.create(NAMESPACES, None, {"metadata": {"name": ns}})
+        await kube.create(NODES, None, {"metadata": {"name": "node-a"},
+                                        "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        await kube.create(RESOURCESLICES, None, _slice("node-a", [_gpu(0), _gpu(1)]))
+        await kube.create(RESOURCESLICES, None, _slice("node-b", [_mig(0, 0, 1), _mig(0, 4, 2), _gpu(1)]))
+        bus = await Bus.connect(nats.url, name="dashboard-test")
+        await bus.provision()
+        state = FleetState(kube, **await discover(kube))
+        await state.subscribe_bus(bus)
+        stopping, synced = asyncio.Event(), asyncio.Event()
+        watching = asyncio.create_task(state.run(stopping, synced))
+        await asyncio.wait_for(synced.wait(), 20)
+        tenant_app = make_app(state, auth=KubernetesAuth(api))
+        try:
+            async with serve(make_app(state, trace_url_template="http://ui/trace/{traceId}", ping_s=0.5),
+                             "127.0.0.1:0") as (host, port), \
+                    serve(tenant_app, "127.0.0.1:0") as (thost, tport), aiohttp.ClientSession() as http:
+                yield Dash(kube, bus, f"http://{host}:{port}", f"http://{thost}:{tport}", http)
+        finally:
+            stopping.set()
+            await watching
+            await bus.close()
+            await api.close()
+            await nats.close()
+
+
+async def _next_event(content: aiohttp.StreamReader) -> tuple[str, Any]:
+    """The next SSE event (name, data); comments (pings) are skipped."""
+    name, data = "", ""
+    while True:
+        line = (await content.readline()).decode()
+        if line in ("\n", ""):
+            if data:
+                return name, json.loads(data)
+            if line == "":
+                raise EOFError("the stream ended")
+            continue
+        if line.startswith("event: "):
+            name = line[7:].strip()
+        elif line.startswith("data: "):
+            data += line[6:].strip()
+
+
+async def until(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 5.0) -> Any:
+    """probe()'s first truthy answer, polled until `timeout` (for state the API does not push)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s")
+        await asyncio.sleep(0.05)
+
+
+def _device(fleet: dict[str, Any], node: str, device: str) -> dict[str, Any]:
+    row = next(n for n in fleet["nodes"] if n["name"] == node)
+    return next(d for d in row["devices"] if d["name"] == device)
+
+
+async def test_fleet_shows_nodes_and_gpus_from_the_slices(dash: Dash) -> None:
+    status, fleet = await dash.get("/api/fleet")
+    assert status == 200
+    assert [n["name"] for n in fleet["nodes"]] == ["node-a", "node-b"]
+    a0 = _device(fleet, "node-a", "gpu-0")
+    assert (a0["product"], a0["memoryBytes"], a0["type"], a0["uuid"]) == ("NVIDIA H100 80GB HBM3", 80 << 30, "gpu",
+                                                                          "GPU-0")
+    node_a = next(n for n in fleet["nodes"] if n["name"] == "node-a")
+    assert node_a["ready"] is True and fleet["traceUrlTemplate"] == "http://ui/trace/{traceId}"
+    # static MIG: the parent GPU is drawn for its MIG devices, placed by their memory slices
+    names = [d["name"] for d in next(n for n in fleet["nodes"] if n["name"] == "node-b")["devices"]]
+    assert names == ["gpu-0", "gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-4", "gpu-1"]
+    parent, mig = _device(fleet, "node-b", "gpu-0"), _device(fleet, "node-b", "gpu-0-mig-1g10gb-19-4")
+    assert parent["migSlots"] == 8 and mig["parent"] == "gpu-0"
+    assert mig["mig"] == {"profile": "1g.10gb", "start": 4, "size": 2} and mig["type"] == "mig"
+    assert fleet["groups"] == [{"name": "ungrouped", "nodes": ["node-a", "node-b"]}]
+    assert fleet["counters"]["NVIDIA H100 80GB HBM3"]["free"] == 5
+
+
+async def test_a_claim_allocated_shows_on_its_device_within_a_second(dash: Dash) -> None:
+    sharing = [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}}}}]
+    async with dash.http.get(dash.url + "/api/stream") as stream:
+        name, first = await _next_event(stream.content)
+        assert name == "fleet" and first["full"] is True
+        written = time.monotonic()
+        await dash.claim("team-a", "train", "node-a", "gpu-1", sharing)
+        while True:
+            name, delta = await asyncio.wait_for(_next_event(stream.content), 5)
+            rows = {n["name"]: n for n in delta["nodes"]}
+            device = next((d for d in rows.get("node-a", {}).get("devices", []) if d["name"] == "gpu-1"), None)
+            if device and device["allocations"]:
+                break
+        took = time.monotonic() - written
+    assert name == "delta" and delta["version"] > first["version"]
+    assert took < 1.0, f"the delta came {took:.2f} s after the write"
+    assert device["state"] == "claimed"
+    alloc = device["allocations"][0]
+    assert (alloc["namespace"], alloc["claim"], alloc["pods"]) == ("team-a", "train", ["team-a/train-pod"])
+    assert alloc["sharing"]["mode"] == "mps" and alloc["sharing"]["threadPercentage"] == 50
+    status, claim = await dash.get("/api/claim/team-a/train")
+    assert status == 200 and claim["claim"]["devices"] == [{"node": "node-a", "device": "gpu-1"}]
+
+
+async def test_an_xid_shows_a_tainted_gpu_and_its_history(dash: Dash) -> None:
+    health = DeviceHealth(node="node-a", device="gpu-0", uuid="GPU-0", state="Unhealthy", reason="xid", xid=79,
+                          message="GPU has fallen off the bus", observed_at=time.time())
+    await dash.bus.publish(HEALTH, health, node="node-a", device="gpu-0")
+    prepared = ClaimLifecycle(event="prepared", node="node-a", driver="gpu.nvidia.com", claim_uid="u1",
+                              claim_namespace="team-b", claim_name="infer",
+                              devices=[PreparedDeviceRef(request="gpu", pool="node-a", device="gpu-0")])
+    await dash.bus.publish(CLAIM, prepared, namespace="team-b", node="node-a", event="prepared")
+
+    async def both_seen() -> Any:  # the bus delivers in its own time; the row follows within flush_s
+        status, body = await dash.get("/api/device/node-a/gpu-0")
+        return body if status == 200 and len(body["events"]) >= 2 and body["device"]["state"] != "free" else None
+
+    body = await until(both_seen, "the health and claim events on node-a/gpu-0")
+    assert body["device"]["state"] == "tainted" and body["device"]["xid"] == 79
+    assert [e["type"] for e in body["events"]] == ["prepared", "health"]  # newest first
+    assert "XID 79" in body["events"][1]["summary"]
+
+
+async def test_a_tenant_sees_only_granted_namespaces(dash: Dash) -> None:
+    await dash.claim("team-b", "secret-job", "node-b", "gpu-1")
+    await dash.kube.create(SERVICEACCOUNTS, "team-a", {"metadata": {"name": "viewer", "namespace": "team-a"}})
+    await dash.kube.create(ROLES, "team-a", {"metadata": {"name": "claims", "namespace": "team-a"}, "rules": [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list", "get"]}]})
+    await dash.kube.create(ROLEBINDINGS, "team-a", {
+        "metadata": {"name": "viewer", "namespace": "team-a"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
+        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": "team-a"}]})
+    issued = await dash.kube.create_subresource(SERVICEACCOUNTS, "team-a", "viewer", "token",
+                                                {"spec": {"expirationSeconds": 3600}})
+    token = issued["status"]["token"]
+
+    async def allocated() -> Any:
+        status, fleet = await dash.get("/api/fleet", token, dash.tenant_url)
+        assert status == 200, fleet
+        return fleet if _device(fleet, "node-b", "gpu-1")["allocations"] else None
+
+    fleet = await until(allocated, "team-b's claim on node-b/gpu-1")
+    other = _device(fleet, "node-b", "gpu-1")
+    assert fleet["namespaces"] == ["team-a"]
+    assert other["state"] == "claimed"
+    assert other["allocations"] == [{**other["allocations"][0], "namespace": "", "claim": "", "pods": [],
+                                     "otherTenant": True}]
+    assert "secret-job" not in json.dumps(fleet)
+    assert _device(fleet, "node-a", "gpu-1")["allocations"][0]["claim"] == "train"
+    status, body = await dash.get("/api/claim/team-b/secret-job", token, dash.tenant_url)
+    assert status == 403 and "team-b" in body["error"]
+    status, body = await dash.get("/api/fleet?namespace=team-b", token, dash.tenant_url)
+    assert status == 403
+    status, body = await dash.get("/api/fleet", "not-a-token", dash.tenant_url)
+    assert status == 401 and "token" in body["error"]
+    status, body = await dash.get("/api/fleet", "", dash.tenant_url)
+    assert status == 401
+
+
+async def test_unknown_node_device_and_path_are_json_404s(dash: Dash) -> None:
+    status, body = await dash.get("/api/device/no-such-node/gpu-0")
+    assert status == 404 and "no-such-node" in body["error"]
+    status, body = await dash.get("/api/device/node-a/gpu-9")
+    assert status == 404 and "gpu-0" in body["error"]
+    status, body = await dash.get("/api/nothing")
+    assert status == 404 and "error" in body
