@@ -44,6 +44,7 @@ from shared.natsserver import EmbeddedNats  # noqa: E402
 from tests.dashboard.cdp import Browser  # noqa: E402
 
 TENANTS = [f"team-{t}" for t in range(5)]
+DRAINS: set[asyncio.Task[None]] = set()  # the children's console, read so they never block on it
 
 
 def slice_body(n: int, gpus: int) -> dict[str, Any]:
@@ -102,7 +103,7 @@ async def start(argv: list[str], pattern: str, env: dict[str, str] | None = None
             break
         seen.append(line)
         if m := re.search(pattern, line):
-            asyncio.create_task(drain(proc.stdout))
+            DRAINS.add(asyncio.create_task(drain(proc.stdout)))
             return proc, m
     raise SystemExit(f"gpu-dra {argv[0]} did not print {pattern!r}:\n{''.join(seen[-20:])}")
 

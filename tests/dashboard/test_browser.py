@@ -20,12 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client, watch
 
 from embedded.cluster.apply import Applier
+from shared.config import CommonConfig
+from shared.events import catalog
+from shared.events.devices import InjectXidRequest
 from shared.kube.client import kube_api_client
+from shared.runtime import connect_configured
 from tests.cluster.helpers import Up
 from tests.dashboard.cdp import Browser
 
@@ -142,10 +147,12 @@ def attr(device: dict[str, Any], name: str) -> Any:
 async def test_the_page_shows_every_node_and_gpu(fleet: Fleet) -> None:
     published = {f"{s['spec']['nodeName']}/{d['name']}" for s in await slices(fleet.api) for d in s["spec"]["devices"]}
     shown = set(await fleet.browser.evaluate("[...document.querySelectorAll('[data-device]')].map(e => e.dataset.device)"))
-    assert shown == published
-    full = {d for d in published if "-mig-" not in d}
+    # a GPU in MIG mode publishes only its MIG devices; the page draws their parent as the tile holding the bar
+    parents = set(await fleet.browser.evaluate(
+        "[...document.querySelectorAll('.tile')].filter(e => e.querySelector('.mig-bar')).map(e => e.dataset.device)"))
+    assert shown == published | parents and len(parents) == 2
     tiles = set(await fleet.browser.evaluate("[...document.querySelectorAll('.tile')].map(e => e.dataset.device)"))
-    assert tiles == full and len(tiles) == 6
+    assert tiles == {d for d in published if "-mig-" not in d} | parents and len(tiles) == 6
     counters = await fleet.browser.evaluate("document.getElementById('counters').textContent")
     assert "H100" in counters and "A100" in counters
 
@@ -214,12 +221,17 @@ async def test_an_injected_xid_shows_a_tainted_gpu(fleet: Fleet) -> None:
         "[...document.querySelectorAll('.tile[data-state=\"free\"]')].map(e => e.dataset.device)"
         ".find(d => !d.includes('-mig-'))")
     node, device = target.split("/")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "discovery", "inject-xid", "--node", node, "--device", device,
-        "--xid", "79", env={**os.environ, **fleet.nats_env}, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
-    out, _ = await proc.communicate()
-    assert proc.returncode == 0, out.decode()
+    uuid = next(attr(d, "uuid") for s in await slices(fleet.api) if s["spec"]["nodeName"] == node
+                for d in s["spec"]["devices"] if d["name"] == device)
+    # as the demo and tests/discovery do: the discovery's inject-xid request, with up's NATS identity
+    cfg = msgspec.convert({k.removeprefix("GPU_DRA_").lower(): v for k, v in fleet.nats_env.items()}, CommonConfig)
+    bus = await connect_configured(cfg, cfg.nats_url, "dashboard-browser-test")
+    try:
+        reply = await bus.request(catalog.DEVICE_INJECT_XID, InjectXidRequest(gpu_uuid=uuid, xid=79), timeout=10,
+                                  node=node)
+    finally:
+        await bus.close()
+    assert reply.ok, reply.error
     await fleet.browser.wait_for(
         f"document.querySelector('[data-device=\"{target}\"][data-state=\"tainted\"][data-xid=\"79\"]')", timeout=15)
     text = await fleet.browser.evaluate(f"document.querySelector('[data-device=\"{target}\"]').textContent")

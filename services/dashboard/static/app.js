@@ -104,6 +104,7 @@
     }
     if (d.groups) S.groups = d.groups;
     if (d.counters) { S.counters = d.counters; renderCounters(); }
+    if (!S.ns) renderNamespaces();
     if (d.version) S.version = d.version;
     S.deltas += 1;
     if (shape || S.query) relayout();
@@ -155,7 +156,12 @@
 
   function renderNamespaces() {
     const sel = $("#ns-filter");
-    const names = [...new Set([...S.namespaces, ...(S.ns ? [S.ns] : [])])].sort();
+    // the server's list comes with a full Fleet; deltas add the namespaces of claims that appear since
+    const seen = new Set([...S.namespaces, ...(S.ns ? [S.ns] : [])]);
+    for (const n of S.nodes.values()) {
+      for (const d of n.devices || []) for (const a of d.allocations || []) if (a.namespace) seen.add(a.namespace);
+    }
+    const names = [...seen].sort();
     const want = ["", ...names].join("\n");
     if (sel.dataset.options !== want) {
       sel.innerHTML = `<option value="">all namespaces</option>${names.map((n) => `<option value="${esc(n)}">${esc(n)}</option>`).join("")}`;
