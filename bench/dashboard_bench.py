@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from shared.kube.client import kube_api_client  # noqa: E402
-from shared.kube.resources import NAMESPACES, RESOURCECLAIMS, RESOURCESLICES, Kube  # noqa: E402
+from shared.kube.resources import NAMESPACES, NODES, RESOURCECLAIMS, RESOURCESLICES, Kube  # noqa: E402
 from shared.natsserver import EmbeddedNats  # noqa: E402
 from tests.dashboard.cdp import Browser  # noqa: E402
 
@@ -160,6 +160,8 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
         for ns in TENANTS:
             await kube.create(NAMESPACES, None, {"metadata": {"name": ns}})
         await bounded([kube.create(RESOURCESLICES, None, slice_body(n, gpus)) for n in range(nodes)])
+        await bounded([kube.create(NODES, None, {"metadata": {"name": f"node-{n:04d}"}, "status": {
+            "conditions": [{"type": "Ready", "status": "True"}]}}) for n in range(nodes)])
         claimed = [i for i in range(nodes * gpus) if i % 4 == 0 and i % 97 != 5]
         await bounded([add_claim(kube, TENANTS[i % 5], f"job-{i}", f"node-{i // gpus:04d}", f"gpu-{i % gpus}")
                        for i in claimed])
