@@ -35,6 +35,7 @@ from pathlib import Path
 from shared import natsjwt
 from shared.natsusers import (
     CLUSTER_ROLES,
+    DASHBOARD_READER,
     NODE_ROLES,
     ROUTE_USER,
     Permissions,
@@ -179,6 +180,8 @@ def secrets_for(issued: Issued, nodes: list[str], readers: Mapping[str, list[str
     ]
     out += [secret_object(f"gpu-dra-nats-{role}", {"user": role, "user.creds": issued.creds[role]})
             for role in CLUSTER_ROLES]
+    dashboard = reader_user(DASHBOARD_READER)
+    out.append(secret_object("gpu-dra-nats-dashboard", {"user": dashboard, "user.creds": issued.creds[dashboard]}))
     out += [secret_object("gpu-dra-nats-auth-callout", issued.callout),
             secret_object("gpu-dra-nats-sentinel", {"sentinel.creds": issued.sentinel})]
     for node in nodes:

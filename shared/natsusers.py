@@ -3,8 +3,9 @@
 Owns who may publish and subscribe to what: one user per cluster service (publisher, controller,
 admin); because nats-server config-file users have no permission templates, one user per node
 *and* node service (`discovery.<node>`, `preparer.<node>`, `cd-agent.<node>`) whose rights name only
-that node's subjects and KV keys; and read-only `reader.<name>` users that see the claim events of
-the namespaces they are granted. Every user takes replies on its own `_INBOX_<identity>.>` and
+that node's subjects and KV keys; read-only `reader.<name>` users that see the claim events of
+the namespaces they are granted; and the dashboard's `reader.dashboard`, which sees every claim and health
+event and publishes nothing. Every user takes replies on its own `_INBOX_<identity>.>` and
 files dead letters under `dra.v1.deadletter.<identity>.>` only (shared.bus). Renders the
 same permissions either into user JWTs (shared.natscreds, `gpu-dra nats credentials`, what
 deployments use) or into a password `authorization {}` block (render_authorization: tests and
@@ -250,6 +251,16 @@ def reader_permissions(name: str, namespaces: Iterable[str]) -> Permissions:
     )
 
 
+DASHBOARD_READER = "dashboard"  # the reader `gpu-dra dashboard` connects as: reader.dashboard
+
+
+def dashboard_permissions() -> Permissions:
+    """The fleet page (`gpu-dra dashboard`): read-only, like every reader, but of every namespace's claim
+    events and every device's health events, live (core subscriptions); it publishes nothing."""
+    return Permissions(publish=[], subscribe=[CLAIM.wildcard(), HEALTH.wildcard(),
+                                              _own_inbox(reader_user(DASHBOARD_READER))])
+
+
 def node_user(role: str, node: str) -> str:
     return f"{role}.{node}"
 
@@ -266,7 +277,10 @@ def all_users(nodes: Iterable[str], readers: Mapping[str, Iterable[str]] | None 
     for node in nodes:
         for role in NODE_ROLES:
             users[node_user(role, node)] = node_permissions(role, node)
+    users[reader_user(DASHBOARD_READER)] = dashboard_permissions()
     for name, namespaces in (readers or {}).items():
+        if name == DASHBOARD_READER:
+            raise UsersError(f"reader name {name!r} is the dashboard's own; choose another name")
         users[reader_user(name)] = reader_permissions(name, namespaces)
     return users
 

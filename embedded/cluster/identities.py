@@ -44,6 +44,7 @@ class ServiceAccount:
 PUBLISHER = ServiceAccount("gpu-dra", "gpu-dra-publisher")
 CONTROLLER = ServiceAccount("gpu-dra", "gpu-dra-controller")
 NODE = ServiceAccount("gpu-dra", "gpu-dra-node")
+DASHBOARD = ServiceAccount("gpu-dra", "gpu-dra-dashboard")
 SCHEDULER = ServiceAccount("kube-system", "gpu-dra-scheduler")
 WORKLOAD_CONTROLLERS = ServiceAccount("kube-system", "gpu-dra-controllers")
 
@@ -96,6 +97,12 @@ EMBEDDED_ROLES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         _rule(["resource.k8s.io"], ["resourceslices"], [*_READ, "delete", "deletecollection"]),
         *_EVENTS,
     ], [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": "system:nodes"}]),
+    # the dashboard's drill-down runs `gpu-dra explain` locally (the scheduler's view of the cluster, the
+    # kubelet's Events): reads beyond deploy/'s dashboard role, which a production image never makes
+    "gpu-dra:embedded-dashboard-explain": ([
+        _rule([""], ["namespaces", "events"], _READ),
+        _rule(["resource.k8s.io"], ["deviceclasses", "resourceclaimtemplates"], _READ),
+    ], [{"kind": "ServiceAccount", "name": DASHBOARD.name, "namespace": DASHBOARD.namespace}]),
 }
 
 

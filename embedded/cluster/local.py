@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Annotated, Any, TypeVar
 
+import aiohttp
 import msgspec
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -49,7 +50,7 @@ from shared.health import HEALTH, serve
 from shared.kube.client import kube_api_client
 from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats, free_port
-from shared.natsusers import check_node, node_user
+from shared.natsusers import DASHBOARD_READER, check_node, node_user, reader_user
 from shared.parentdeath import with_parent_death_signal
 from shared.tasks import cancel_and_wait, finish_even_if_cancelled
 
@@ -88,6 +89,10 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     runtime: Annotated[str, msgspec.Meta(description=(
         "sandbox: each container's command runs under bubblewrap (read-only host root, no network, own PID "
         "namespace; logs, exits, restarts); none: containers are not executed, pods only show Running"))] = "sandbox"
+    dashboard: Annotated[bool, msgspec.Meta(description=(
+        "serve the live fleet page (gpu-dra dashboard, --auth none) and print its URL"))] = True
+    dashboard_port: Annotated[int, msgspec.Meta(ge=0, le=65535, description=(
+        "the fleet page's port on 127.0.0.1; 0: a free one"))] = 0
     restart_backoff: Annotated[float, msgspec.Meta(gt=0, description=(
         "seconds before a failed container's first restart (doubling up to 300, as the kubelet)"))] = 10.0
 
@@ -196,6 +201,7 @@ class LocalCluster:
         # link to <node>/var/lib/kubelet in the data dir: the state stays in the data dir, the paths short.
         self.socket_root = Path(tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-", dir="/tmp"))
         self.imex_port = free_port()  # every node's IMEX daemon listens on it, each on its node's address
+        self.dashboard_url = ""  # the fleet page, once started
 
     def node_dir(self, node: str) -> Path:
         return self.data_dir / "nodes" / node
@@ -301,6 +307,10 @@ class LocalCluster:
                 (self.data_dir / "metrics.json").write_text, json.dumps(self.metrics_ports, indent=2) + "\n")
         await sup.wait_until("ResourceSlices for every node", self._slices_published, timeout=self.cfg.start_timeout)
         self.progress(f"ResourceSlices published  {len(self.node_names)} node(s)")
+        if self.dashboard_url:
+            await sup.wait_until("the fleet page", self._dashboard_ready, timeout=self.cfg.start_timeout)
+            await asyncio.to_thread((self.data_dir / "dashboard.url").write_text, self.dashboard_url + "\n")
+            self.progress(f"fleet page                {self.dashboard_url}")
 
     async def stop(self) -> None:
         """Everything down, whatever state start() got to; run it to its end (finish_even_if_cancelled)."""
@@ -432,6 +442,7 @@ class LocalCluster:
         assert self.api is not None
         await identities.install(self.api, identities.NODE.namespace)
         accounts = {"publisher": identities.PUBLISHER, "controller": identities.CONTROLLER, "node": identities.NODE,
+                    "dashboard": identities.DASHBOARD,
                     "scheduler": identities.SCHEDULER, "controllers": identities.WORKLOAD_CONTROLLERS}
         tokens = {f"kubelet-{node}": token for node, token in kubelets.items()}
         for identity, sa in accounts.items():
@@ -463,7 +474,20 @@ class LocalCluster:
             if name == "computedomain-controller":
                 env = {**env, **ASSIGNED_DOMAINS_ONLY, **self._nats(CONTROLLER)}
             await self._start(name, gpu_dra(*argv, *flags), env=env)
+        if self.cfg.dashboard:
+            await self._start_dashboard()
         self.progress("publisher, scheduler, controllers, computedomain controller started")
+
+    async def _start_dashboard(self) -> None:
+        """`gpu-dra dashboard` as deploy/'s dashboard identity and the reader.dashboard NATS user, everything
+        visible (--auth none: the machine's user is the cluster's admin), claims' waterfalls from traces.jsonl."""
+        port = self.cfg.dashboard_port or free_port()
+        flags, env = self._kube("dashboard")
+        await self._start("dashboard", gpu_dra(
+            "dashboard", "--listen", f"127.0.0.1:{port}", "--auth", "none",
+            "--span-store", str(self.data_dir / "traces.jsonl"), *flags),
+            env={**env, **self._nats(reader_user(DASHBOARD_READER))})
+        self.dashboard_url = f"http://127.0.0.1:{port}/"
 
     async def _start_node(self, node: str) -> None:
         assert self.supervisor is not None
@@ -506,6 +530,14 @@ class LocalCluster:
         await self.supervisor.wait_until(f"{node} Ready", lambda: self._node_ready(node),
                                          timeout=self.cfg.start_timeout)
         self.progress(f"node {node:<18} discovery, preparer, kubelet ready")
+
+    async def _dashboard_ready(self) -> bool:
+        try:
+            async with aiohttp.ClientSession() as http, http.get(self.dashboard_url + "healthz",
+                                                                 timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
 
     async def _has_inventory(self, node: str) -> bool:
         assert self.bus is not None

@@ -21,6 +21,8 @@ async def _up(cfg: ClusterConfig) -> int:
         stopping = stop_event()
         HEALTH.add_check("every process of the cluster runs", cluster.running)  # /readyz on --metrics-port
         print(f"\nready: {len(cluster.node_names)} node(s) x {cfg.machine or cfg.gpus}", flush=True)
+        if cluster.dashboard_url:
+            print(f"  fleet page: {cluster.dashboard_url}", flush=True)
         print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
         nats_env = " ".join(f"{k}={v}" for k, v in cluster.nats_env().items())
         print(f"  export {nats_env}   # gpu-dra events tail", flush=True)

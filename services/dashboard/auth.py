@@ -16,7 +16,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
-from shared.kube.rest import ApiError, decode, request
+from shared.kube import rest as kube
+from shared.kube.rest import ApiError
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -97,7 +98,7 @@ class KubernetesAuth(Authenticator):
         return value
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        data: dict[str, Any] = decode(await request(self.api, "POST", path, body=body))
+        data: dict[str, Any] = kube.decode(await kube.request(self.api, "POST", path, body=body))
         return data
 
     async def _review(self, token: str) -> dict[str, Any] | None:

@@ -8,8 +8,10 @@ client cannot be configured or the API server cannot be asked what it serves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -18,12 +20,13 @@ import msgspec
 from services.dashboard.auth import authenticator
 from services.dashboard.server import Explainer, Waterfall, make_app, parse_listen, serve
 from services.dashboard.state import DiscoveryError, FleetState, discover
+from shared.bus import Bus
 from shared.config import CommonConfig
 from shared.health import HEALTH
 from shared.kube.client import KubeConfigError, kube_api_client
 from shared.kube.resources import Kube
 from shared.logs import get_logger
-from shared.runtime import connected_bus, service_main
+from shared.runtime import connect_configured, nats_url_or_embedded, service_main
 from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
@@ -92,6 +95,23 @@ def local_waterfall(span_store: str) -> Waterfall | None:
     return render
 
 
+@contextlib.asynccontextmanager
+async def reading_bus(cfg: DashboardConfig) -> AsyncIterator[Bus]:
+    """The bus as a reader (no provisioning: the reader role may create nothing); not ready while lost."""
+    buses: list[Bus] = []
+    remove_check = HEALTH.add_check("connected to NATS", lambda: any(bus.connected for bus in buses))
+    try:
+        async with nats_url_or_embedded(cfg) as url:
+            bus = await connect_configured(cfg, url, "dashboard")
+            buses.append(bus)
+            try:
+                yield bus
+            finally:
+                await bus.close()
+    finally:
+        remove_check()
+
+
 async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
     api = await kube_api_client(cfg.kubeconfig)
     try:
@@ -99,7 +119,7 @@ async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
         state = FleetState(kube, **await discover(kube))
         synced = asyncio.Event()
         HEALTH.add_check("fleet listed", synced.is_set)
-        async with connected_bus(cfg, "dashboard") as bus:
+        async with reading_bus(cfg) as bus:
             await state.subscribe_bus(bus)
             app = make_app(state, auth=authenticator(cfg.auth, api), trace_url_template=cfg.trace_url_template,
                            explainer=local_explainer(cfg.kubeconfig), waterfall=local_waterfall(cfg.span_store))

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
@@ -272,3 +273,23 @@ async def test_deployment_rolls_to_a_new_template(cluster: LocalCluster) -> None
         logs = [await log(api, p.metadata.name) for p in pods if p.status.phase == "Running"]
         return logs if len(listed.items) == 2 and logs == ["v=2\n", "v=2\n"] else None
     await until(rolled, "two new pods printing v=2, the old ones gone")
+
+
+async def test_the_fleet_page_draws_the_mig_layout_the_slices_publish(cluster: LocalCluster) -> None:
+    """`up` starts the dashboard: its /api/fleet has the node, each MIG device placed on its parent GPU at the
+    memory slices its ResourceSlice device covers."""
+    api = await cluster.api_client()
+    listed = await client.CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
+    published = {d["name"]: sorted(int(k[len("memorySlice"):]) for k in d.get("capacity", {}) if k.startswith("memorySlice"))
+                 for s in listed["items"] if s["spec"]["driver"] == "gpu.nvidia.com" for d in s["spec"]["devices"]}
+    async with aiohttp.ClientSession() as http, http.get(cluster.dashboard_url + "api/fleet") as resp:
+        assert resp.status == 200
+        fleet = await resp.json()
+    (node,) = fleet["nodes"]
+    devices = {d["name"]: d for d in node["devices"]}
+    migs = {name: d for name, d in devices.items() if d["type"] == "mig"}
+    assert len(migs) == 8 and set(migs) <= set(published)
+    for name, d in migs.items():
+        assert [d["mig"]["start"], d["mig"]["size"]] == [published[name][0], len(published[name])], name
+        assert devices[d["parent"]]["migSlots"] == 8
+    assert fleet["counters"]["NVIDIA H100 80GB HBM3"]["free"] + fleet["counters"]["NVIDIA H100 80GB HBM3"]["claimed"] == 4

@@ -56,10 +56,18 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/publisher/writer.py", "request:POST"): [(RK, "resourceslices", {"create"})],
     ("services/publisher/writer.py", "request:PUT"): [(RK, "resourceslices", {"update"})],
     ("services/publisher/writer.py", "request:DELETE"): [(RK, "resourceslices", {"delete"})],
+    ("services/dashboard/state.py", "informer:slices"): [(RK, "resourceslices", {"list", "watch"})],
+    ("services/dashboard/state.py", "informer:claims"): [(RK, "resourceclaims", {"list", "watch"})],
+    ("services/dashboard/state.py", "informer:PODS"): [("", "pods", {"list", "watch"})],
+    ("services/dashboard/state.py", "informer:NODES"): [("", "nodes", {"list", "watch"})],
+    ("services/dashboard/state.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
+    ("services/dashboard/auth.py", "request:POST"): [("authentication.k8s.io", "tokenreviews", {"create"}),
+                                                     ("authorization.k8s.io", "subjectaccessreviews", {"create"})],
 }
 # the `gpu-dra` command whose process runs each service package's (or module's) calls
 COMMANDS = {"services/preparer": "preparer", "services/publisher": "publisher",
-            "services/computedomain": "computedomain controller", "services/authcallout": "nats auth-callout"}
+            "services/computedomain": "computedomain controller", "services/authcallout": "nats auth-callout",
+            "services/dashboard": "dashboard"}
 # API helpers and test support, not call sites
 NOT_CALL_SITES = {"shared/kube/rest.py", "embedded/harness/publisher.py", "embedded/harness/discovery.py"}
 
@@ -72,7 +80,7 @@ _PATTERNS = (
     (re.compile(r"\b(watch_lines|get_json|call_api)\("), lambda m: m.group(1)),
     (re.compile(r"\b(record_event)\("), lambda m: m.group(1)),  # shared.kube.events: creates an Event
     # the one informer (shared.kube.informer) lists and watches the resource it is given
-    (re.compile(r"\bInformer\(\s*Kube\([^)]*\),\s*(\w+)"), lambda m: f"informer:{m.group(1)}"),
+    (re.compile(r"\bInformer\(\s*(?:Kube\([^)]*\)|kube),\s*(\w+)"), lambda m: f"informer:{m.group(1)}"),
 )
 
 
