@@ -1,7 +1,7 @@
 """The fleet page in headless Chromium against `gpu-dra up` (the acceptance of issue 20).
 
 One `gpu-dra up` for the module (2 nodes, each 2 H100s and an A100-40GB cut into MIG devices; no container
-runtime) with its dashboard, one Chromium (conftest.py). The tests: the page shows the nodes and GPUs the
+runtime) with the fleet page it starts (its URL in <data-dir>/dashboard.url), one Chromium (conftest.py). The tests: the page shows the nodes and GPUs the
 ResourceSlices publish; a MIG bar matches the slices; a new pod's claim appears on its GPU within 1 s of the
 scheduler's allocation write; an injected XID shows a tainted GPU with its code; the namespace filter hides
 other tenants' claims. Screenshots of the 2-node fleet are saved under the test's tmp dir (paths printed).
@@ -10,10 +10,6 @@ other tenants' claims. Screenshots of the 2-node fleet are saved under the test'
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import shutil
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -97,30 +93,19 @@ def _nats_env(up: Up) -> dict[str, str]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def fleet(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet]:
-    if shutil.which("kubectl") is None:
-        pytest.skip("needs kubectl")
     root = tmp_path_factory.mktemp("dashup")
     machine = root / "machine.yaml"
     machine.write_text(MACHINE)
     up = Up(root / "cluster", "--machine", str(machine), "--runtime", "none", "--no-compute-domains", nodes=2)
-    dashboard: asyncio.subprocess.Process | None = None
     api: client.ApiClient | None = None
     try:
         await asyncio.to_thread(up.wait_ready, 150)
         env = _nats_env(up)
-        printed = [m.group(1) for line in up.output if (m := re.search(r"dashboard:?\s+(http://\S+)", line))]
-        if printed:
-            url = printed[0]
-        else:  # an `up` without its dashboard: run `gpu-dra dashboard` on the cluster as a user would
-            dashboard = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "shared.cli", "dashboard", "--kubeconfig", str(up.kubeconfig),
-                "--listen", "127.0.0.1:0", "--log-level", "warning", env={**os.environ, **env},
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-            assert dashboard.stdout is not None
-            line = (await asyncio.wait_for(dashboard.stdout.readline(), 60)).decode()
-            m = re.search(r"dashboard: (http://\S+)", line)
-            assert m, f"gpu-dra dashboard did not start: {line!r}"
-            url = m.group(1)
+        assert up.data_dir is not None
+        url_file = up.data_dir / "dashboard.url"
+        assert url_file.exists(), "gpu-dra up printed ready without its fleet page:\n" + "".join(up.output)
+        url = url_file.read_text().strip()
+        assert f"fleet page: {url}" in "".join(up.output)
         api = await kube_api_client(str(up.kubeconfig))
         await browser.navigate(url)
         await browser.wait_for("document.querySelectorAll('[data-node]').length === 2 && window.__dash.version",
@@ -129,9 +114,6 @@ async def fleet(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> A
     finally:
         if api is not None:
             await api.close()
-        if dashboard is not None and dashboard.returncode is None:
-            dashboard.terminate()
-            await dashboard.wait()
         up.kill()
 
 
