@@ -81,13 +81,18 @@ class FixtureFleet:
     def __init__(self, fleet: dict[str, Any]) -> None:
         self.fleet = fleet
         self.fleet["counters"] = counters(fleet["nodes"])
-        self.streams: list[tuple[str, asyncio.Queue[str]]] = []
+        self.streams: list[tuple[str, asyncio.Queue[str | None]]] = []
 
     def view(self, namespace: str) -> dict[str, Any]:
         return {**self.fleet, "nodes": [for_tenant(n, namespace) for n in self.fleet["nodes"]]}
 
     def node(self, name: str) -> dict[str, Any]:
         return next(n for n in self.fleet["nodes"] if n["name"] == name)
+
+    def close(self) -> None:
+        """End every open stream (the server then stops without waiting on them)."""
+        for _, queue in self.streams:
+            queue.put_nowait(None)
 
     def push(self, changed: list[dict[str, Any]]) -> None:
         """Replace (or add) whole node rows and send the delta to every stream."""
@@ -116,15 +121,16 @@ def make_fixture_app(state: FixtureFleet) -> web.Application:
         namespace = request.query.get("namespace", "")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        queue: asyncio.Queue[str] = asyncio.Queue()
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
         entry = (namespace, queue)
         state.streams.append(entry)
         try:
             await resp.write(f"event: fleet\ndata: {json.dumps({**state.view(namespace), 'full': True})}\n\n".encode())
-            while True:
-                await resp.write((await queue.get()).encode())
+            while (item := await queue.get()) is not None:
+                await resp.write(item.encode())
         finally:
             state.streams.remove(entry)
+        return resp
 
     async def device(request: web.Request) -> web.Response:
         node = state.node(request.match_info["node"])
@@ -162,6 +168,11 @@ def make_fixture_app(state: FixtureFleet) -> web.Application:
     app.router.add_get("/api/claim/{namespace}/{name}", claim)
     app.router.add_get("/api/pod/{namespace}/{name}/explain", explain)
     return app
+
+
+async def stop(state: FixtureFleet, runner: web.AppRunner) -> None:
+    state.close()
+    await runner.cleanup()
 
 
 async def start(app: web.Application) -> tuple[web.AppRunner, str]:

@@ -27,7 +27,7 @@ async def page(browser: Browser) -> AsyncIterator[tuple[Browser, fx.FixtureFleet
         await browser.wait_for("document.body.dataset.version")
         yield browser, state, url
     finally:
-        await runner.cleanup()
+        await fx.stop(state, runner)
 
 
 def q(selector: str) -> str:
@@ -146,5 +146,5 @@ async def test_thousand_nodes_render_virtualized(browser: Browser, tmp_path_fact
         assert await browser.evaluate("document.querySelectorAll('[data-node]').length") <= 30
         print(f"\n1000 nodes x 8 GPUs (fixture): first render {ms:.0f} ms after navigation start; screenshot {path}")
     finally:
-        await runner.cleanup()
+        await fx.stop(state, runner)
 
