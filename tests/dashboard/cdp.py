@@ -186,14 +186,14 @@ class Browser:
         await self.send("Input.dispatchKeyEvent", down)
         await self.send("Input.dispatchKeyEvent", {**base, "type": "keyUp"})
 
-    async def screenshot(self, path: Path, scale: float = 1.0) -> Path:
-        """A PNG of the viewport (scaled down by `scale` for small copies)."""
+    async def screenshot(self, path: Path, scale: float = 1.0, height: int | None = None) -> Path:
+        """A PNG of the viewport, its top `height` CSS pixels when given, scaled by `scale` (small copies)."""
         params: dict[str, Any] = {"format": "png"}
-        if scale != 1.0:
+        if scale != 1.0 or height is not None:
             metrics = await self.send("Page.getLayoutMetrics")
             view = metrics.get("cssVisualViewport") or metrics["layoutViewport"]
-            params["clip"] = {"x": 0, "y": 0, "width": view["clientWidth"], "height": view["clientHeight"],
-                              "scale": scale}
+            params["clip"] = {"x": 0, "y": 0, "width": view["clientWidth"],
+                              "height": min(height or view["clientHeight"], view["clientHeight"]), "scale": scale}
         shot = await self.send("Page.captureScreenshot", params)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(shot["data"]))

@@ -224,7 +224,9 @@ async def test_the_namespace_filter_hides_other_tenants(fleet: Fleet) -> None:
     await _run_pod(fleet, "tenant-b", "serve")
     await fleet.browser.wait_for("document.querySelector('[data-claim^=\"tenant-a/\"]')")
     path = await fleet.browser.screenshot(fleet.shots / "fleet-2-nodes.png")
-    small = await fleet.browser.screenshot(fleet.shots / "fleet-2-nodes-small.png", scale=0.5)
+    drawn = await fleet.browser.evaluate(
+        "document.querySelector('main').offsetTop + document.getElementById('spacer').offsetHeight + 12")
+    small = await fleet.browser.screenshot(fleet.shots / "fleet-2-nodes-small.png", scale=0.6, height=drawn)
     print(f"\nscreenshots of the 2-node fleet: {path} {small}")
     fulls = await fleet.browser.evaluate("window.__dash.fulls")
     await fleet.browser.evaluate("(() => { const s = document.getElementById('ns-filter'); s.value = 'tenant-a';"

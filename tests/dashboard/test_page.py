@@ -104,7 +104,7 @@ async def test_namespace_filter_hides_other_tenants(page) -> None:
 
 
 async def test_search_keyboard_and_drilldown(page) -> None:
-    b, _, _ = page
+    b, state, _ = page
     await b.evaluate("(() => { const s = document.getElementById('search'); s.value = 'mps-1';"
                      " s.dispatchEvent(new Event('input')); })()")
     await b.wait_for("document.querySelectorAll('[data-node]').length === 1")
@@ -129,6 +129,21 @@ async def test_search_keyboard_and_drilldown(page) -> None:
     await b.press("Escape")
     await b.wait_for(q("#drilldown[hidden]"))
     assert await b.evaluate("document.activeElement.dataset.device") == "node-b/gpu-1"
+    # a live change of the focused row keeps the keyboard where it was
+    state.push([copy.deepcopy(state.node("node-b"))])
+    await b.wait_for(f"document.body.dataset.version === '{state.fleet['version']}'")
+    assert await b.evaluate("document.activeElement.dataset.device") == "node-b/gpu-1"
+
+    # a pending pod holds no device: the search box explains it
+    await b.evaluate("(() => { const s = document.getElementById('search'); s.value = 'team-a/stuck';"
+                     " s.dispatchEvent(new Event('input')); s.focus(); })()")
+    await b.wait_for(q("#empty:not([hidden])"))
+    await b.press("Enter")
+    await b.wait_for(q("#drilldown:not([hidden]) .explain"))
+    assert "pod team-a/stuck" in await b.evaluate(q("#drilldown .explain") + ".textContent")
+    await b.press("Escape")
+    await b.evaluate("(() => { const s = document.getElementById('search'); s.value = '';"
+                     " s.dispatchEvent(new Event('input')); })()")
 
 
 async def test_thousand_nodes_render_virtualized(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> None:

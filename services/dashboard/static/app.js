@@ -108,11 +108,21 @@
     if (d.version) S.version = d.version;
     S.deltas += 1;
     if (shape || S.query) relayout();
+    // a changed row is drawn anew; keyboard focus inside it moves to the same device in the new row
+    const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest("[data-device]");
+    let refocus = "";
     for (const name of changed) {
       const el = S.rendered.get(`n:${name}`);
-      if (el) { el.remove(); S.rendered.delete(`n:${name}`); }
+      if (!el) continue;
+      if (focused && el.contains(focused)) refocus = focused.dataset.device;
+      el.remove();
+      S.rendered.delete(`n:${name}`);
     }
     render();
+    if (refocus) {
+      const again = viewport.querySelector(`[data-device="${CSS.escape(refocus)}"]`);
+      if (again) again.focus({ preventScroll: true });
+    }
     markApplied();
     if (S.openKey && changed.has(S.openKey.split("/")[0])) refreshDrill();
   }
