@@ -181,7 +181,9 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
             while True:  # the server lists in its own time; nothing to wait on from outside but its answer
                 async with http.get(url + "api/fleet") as resp:
                     body = await resp.read()
-                if len(json.loads(body)["nodes"]) == nodes:
+                fleet = json.loads(body)
+                if len(fleet["nodes"]) == nodes and \
+                        sum(c["claimed"] for c in fleet["counters"].values()) == len(claimed):
                     break
                 await asyncio.sleep(0.2)
             listed_s = time.perf_counter() - t0
@@ -189,7 +191,7 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
 
         browser = await Browser.start(tmp / "chromium")
         renders: list[float] = []
-        firsts: list[float] = []  # navigation start to the full Fleet event parsed
+        firsts: list[float] = []  # navigation start to the arrival of the full Fleet event
         for _ in range(runs):
             await browser.navigate(url)
             renders.append(await browser.wait_for("window.__dash.firstRenderMs", timeout=30))

@@ -10,7 +10,7 @@
   const S = {
     nodes: new Map(), groups: [], counters: {}, namespaces: [], version: 0, traceUrlTemplate: "",
     ns: "", query: "", layout: [], offsets: [], rendered: new Map(), es: null, retry: 0,
-    openKey: "", lastFocus: null, firstRenderMs: null, fulls: 0, deltas: 0,
+    openKey: "", lastFocus: null, firstEventMs: null, firstRenderMs: null, fulls: 0, deltas: 0,
   };
   window.__dash = S; // read by the browser tests and the bench
 
@@ -138,7 +138,7 @@
     const es = new EventSource(`/api/stream${q.toString() ? `?${q}` : ""}`);
     S.es = es;
     setConn("connecting", "connecting");
-    es.addEventListener("fleet", (ev) => { S.retry = 0; if (S.firstEventMs === undefined) S.firstEventMs = performance.now(); applyFull(JSON.parse(ev.data)); setConn("live", "live"); });
+    es.addEventListener("fleet", (ev) => { S.retry = 0; if (S.firstEventMs === null) S.firstEventMs = performance.now(); applyFull(JSON.parse(ev.data)); setConn("live", "live"); });
     es.addEventListener("delta", (ev) => applyDelta(JSON.parse(ev.data)));
     es.onerror = () => {
       if (es !== S.es) return;
