@@ -24,6 +24,7 @@ from shared.bus import Bus
 from shared.config import CommonConfig
 from shared.health import HEALTH
 from shared.kube.client import KubeConfigError, kube_api_client
+from shared.kube.informer import until_synced
 from shared.kube.resources import Kube
 from shared.logs import get_logger
 from shared.runtime import connect_configured, nats_url_or_embedded, service_main
@@ -67,11 +68,11 @@ def _local_tool(module: str) -> Any:
 
 
 def local_explainer(kubeconfig: str) -> Explainer | None:
-    tool = _local_tool("embedded.cluster.explain")
-    if tool is None:
+    if importlib.util.find_spec("embedded") is None:
         return None
 
     async def explain(namespace: str, name: str) -> str:
+        tool = _local_tool("embedded.cluster.explain")  # on first use: the scheduler's code is not small
         try:
             return str(await tool.explain("pod", namespace, name, kubeconfig))
         except tool.NotFound as exc:
@@ -83,11 +84,11 @@ def local_explainer(kubeconfig: str) -> Explainer | None:
 def local_waterfall(span_store: str) -> Waterfall | None:
     if not span_store:
         return None
-    waterfall, tracecli = _local_tool("embedded.cluster.waterfall"), _local_tool("embedded.cluster.tracecli")
-    if waterfall is None or tracecli is None:
+    if importlib.util.find_spec("embedded") is None:
         return None
 
     async def render(claim_uid: str) -> str | None:
+        waterfall, tracecli = _local_tool("embedded.cluster.waterfall"), _local_tool("embedded.cluster.tracecli")
         spans = await asyncio.to_thread(waterfall.read_spans, Path(span_store))
         trace = tracecli.claim_trace(spans, claim_uid)
         return str(waterfall.render(trace)) if trace else None
@@ -125,7 +126,9 @@ async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
                            explainer=local_explainer(cfg.kubeconfig), waterfall=local_waterfall(cfg.span_store))
             watching = asyncio.create_task(state.run(stopping, synced), name="dashboard-state")
             try:
-                async with serve(app, cfg.listen) as (host, port):
+                if not await until_synced([synced], stopping):
+                    return
+                async with serve(app, cfg.listen) as (host, port):  # once the fleet is listed: no empty page
                     print(f"dashboard: http://{host}:{port}/", flush=True)
                     log.info("serving", url=f"http://{host}:{port}/", auth=cfg.auth)
                     await stopping.wait()

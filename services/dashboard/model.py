@@ -164,6 +164,76 @@ def domain_name(domain: Obj) -> str:
     return f"{md.get('namespace', '')}/{md.get('name', '')}"
 
 
+# ---- what the dashboard keeps of each object (Informer transforms: 1,000 nodes' slices stay small) -------
+
+_META = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "creationTimestamp", "ownerReferences")
+_DEVICE_ATTRIBUTES = ("type", "uuid", "productName", "parentUUID", "profile", CLIQUE_ATTRIBUTE, "nvlinkClusterUUID",
+                      "nvlinkCliqueID")
+
+
+def _meta(obj: Obj, annotations: tuple[str, ...] = ()) -> Obj:
+    md = obj.get("metadata") or {}
+    out = {k: md[k] for k in _META if k in md}
+    kept = {k: v for k, v in (md.get("annotations") or {}).items() if k in annotations}
+    if kept:
+        out["annotations"] = kept
+    return out
+
+
+def _trim_device(dev: Obj) -> Obj:
+    attrs = dev.get("attributes") or {}
+    out: Obj = {"name": dev.get("name", ""),
+                "attributes": {k: attrs[k] for k in _DEVICE_ATTRIBUTES if k in attrs}}
+    capacity = {k: v for k, v in (dev.get("capacity") or {}).items() if k == "memory" or k.startswith("memorySlice")}
+    if capacity:
+        out["capacity"] = capacity
+    uses = [{"counterSet": u.get("counterSet", ""),
+             "counters": {k: v for k, v in (u.get("counters") or {}).items() if k.startswith("memory-slice-")}}
+            for u in dev.get("consumesCounters") or []]
+    if uses:
+        out["consumesCounters"] = uses
+    if dev.get("taints"):
+        out["taints"] = dev["taints"]
+    return out
+
+
+def trim_slice(rslice: Obj) -> Obj:
+    spec = rslice.get("spec") or {}
+    return {"metadata": _meta(rslice), "spec": {
+        "driver": spec.get("driver", ""), "nodeName": spec.get("nodeName", ""),
+        "pool": {"name": (spec.get("pool") or {}).get("name", "")},
+        "devices": [_trim_device(d) for d in spec.get("devices") or []]}}
+
+
+def trim_claim(claim: Obj, annotations: tuple[str, ...] = ()) -> Obj:
+    status = claim.get("status") or {}
+    devices = (status.get("allocation") or {}).get("devices") or {}
+    out: Obj = {"metadata": _meta(claim, annotations), "status": {}}
+    if status.get("allocation"):
+        out["status"]["allocation"] = {"devices": {
+            "results": [{k: r[k] for k in ("request", "driver", "pool", "device") if k in r}
+                        for r in devices.get("results") or []],
+            "config": devices.get("config") or []}}
+    if status.get("reservedFor"):
+        out["status"]["reservedFor"] = [{k: r[k] for k in ("resource", "name", "uid") if k in r}
+                                        for r in status["reservedFor"]]
+    return out
+
+
+def trim_node(node: Obj) -> Obj:
+    conditions = [c for c in ((node.get("status") or {}).get("conditions") or []) if c.get("type") == "Ready"]
+    return {"metadata": _meta(node), "status": {"conditions": conditions}}
+
+
+def trim_pod(pod: Obj) -> Obj:
+    return {"metadata": _meta(pod), "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName", "")},
+            "status": {"phase": (pod.get("status") or {}).get("phase", "")}}
+
+
+def trim_domain(domain: Obj) -> Obj:
+    return {"metadata": _meta(domain), "status": {"nodes": [{"name": name} for name in domain_members(domain)]}}
+
+
 # ---- claims -> allocations ------------------------------------------------------------------------
 
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)

@@ -82,23 +82,39 @@ class Api:
     def _namespaces(self, viewer: Viewer) -> list[str]:
         return [ns for ns in self.state.namespaces() if viewer.sees(ns)]
 
-    def fleet(self, viewer: Viewer, full: bool = False) -> dict[str, Any]:
+    def _row(self, name: str, viewer: Viewer) -> bytes:
+        """A row's JSON as `viewer` sees it; the unfiltered encoding is kept until the row changes."""
+        row = self.state.rows[name]
+        seen = model.redact(row, viewer.visible)
+        if seen is not row:
+            return _encode(seen)
+        cached = self.state.encoded.get(name)
+        if cached is None:
+            cached = self.state.encoded[name] = _encode(row)
+        return cached
+
+    @staticmethod
+    def _with_nodes(head: dict[str, Any], rows: list[bytes]) -> bytes:
+        """`head` as JSON with "nodes" (its last key, []) filled with the encoded rows."""
+        body = _encode({**head, "nodes": []})
+        assert body.endswith(b'"nodes":[]}')
+        return body[:-2] + b",".join(rows) + b"]}"
+
+    def fleet(self, viewer: Viewer, full: bool = False) -> bytes:
         state = self.state
-        body: dict[str, Any] = {
+        head: dict[str, Any] = {
             "version": state.version, "generatedAt": state.generated_at, "groups": state.groups,
-            "nodes": [model.redact(state.rows[n], viewer.visible) for g in state.groups for n in g.nodes],
             "counters": state.counters, "traceUrlTemplate": self.trace_url_template,
             "namespaces": self._namespaces(viewer)}
         if full:
-            body["full"] = True
-        return body
+            head["full"] = True
+        return self._with_nodes(head, [self._row(n, viewer) for g in state.groups for n in g.nodes])
 
-    def delta(self, viewer: Viewer, names: set[str]) -> dict[str, Any]:
+    def delta(self, viewer: Viewer, names: set[str]) -> bytes:
         rows = self.state.rows
-        return {"version": self.state.version,
-                "nodes": [model.redact(rows[n], viewer.visible) for n in sorted(names) if n in rows],
-                "removed": sorted(n for n in names if n not in rows),
+        head = {"version": self.state.version, "removed": sorted(n for n in names if n not in rows),
                 "counters": self.state.counters, "groups": self.state.groups}
+        return self._with_nodes(head, [self._row(n, viewer) for n in sorted(names) if n in rows])
 
     # ---- routes ---------------------------------------------------------------------------------------
 
@@ -117,7 +133,7 @@ class Api:
         return web.Response(text="ok")
 
     async def get_fleet(self, request: web.Request) -> web.Response:
-        return _json(self.fleet(await self.viewer(request)))
+        return web.Response(body=self.fleet(await self.viewer(request)), content_type="application/json")
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         viewer = await self.viewer(request)
@@ -126,13 +142,13 @@ class Api:
         await response.prepare(request)
         watcher = self.state.add_viewer()
         try:
-            await response.write(b"event: fleet\ndata: " + _encode(self.fleet(viewer, full=True)) + b"\n\n")
+            await response.write(b"event: fleet\ndata: " + self.fleet(viewer, full=True) + b"\n\n")
             while True:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(watcher.wake.wait(), self.ping_s)
                 if watcher.wake.is_set():
                     names = watcher.take()
-                    await response.write(b"event: delta\ndata: " + _encode(self.delta(viewer, names)) + b"\n\n")
+                    await response.write(b"event: delta\ndata: " + self.delta(viewer, names) + b"\n\n")
                 else:
                     await response.write(b": ping\n\n")
         except (ConnectionResetError, asyncio.CancelledError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -105,11 +106,13 @@ class FleetState:
         self.version = 0
         self.generated_at = rfc3339()
         self.rows: dict[str, Node] = {}
+        self.encoded: dict[str, bytes] = {}  # row -> its JSON, unfiltered (filled by the server on first use)
         self.counters: dict[str, dict[str, int]] = {}
         self.groups: list[model.Group] = []
         self.viewers: set[Viewer] = set()
         self._row_counters: dict[str, dict[str, dict[str, int]]] = {}
         self._dirty: set[str] = set()
+        self.listed = False  # every informer has listed: rows are built from then on
         self._flush_handle: asyncio.TimerHandle | None = None
         # indexes
         self._slices_of: dict[str, set[str]] = {}  # node -> slice names
@@ -122,14 +125,15 @@ class FleetState:
         self.traces: dict[str, str] = {}  # claim uid -> trace id (lifecycle events' traceparent)
         self.informers: list[Informer] = []
         if kube is not None:
-            self.slices = Informer(kube, slices, on_change=self._on_slice)
-            self.claims = Informer(kube, claims, on_change=self._on_claim)
-            self.pods = Informer(kube, PODS)
-            self.nodes = Informer(kube, NODES, on_change=self._on_node)
+            self.slices = Informer(kube, slices, on_change=self._on_slice, transform=model.trim_slice)
+            self.claims = Informer(kube, claims, on_change=self._on_claim, transform=functools.partial(
+                model.trim_claim, annotations=(CLAIM_TRACEPARENT_ANNOTATION,)))
+            self.pods = Informer(kube, PODS, transform=model.trim_pod)
+            self.nodes = Informer(kube, NODES, on_change=self._on_node, transform=model.trim_node)
             self.informers = [self.slices, self.claims, self.pods, self.nodes]
             self.domains: Informer | None = None
             if compute_domains:
-                self.domains = Informer(kube, COMPUTEDOMAINS, on_change=self._on_domain)
+                self.domains = Informer(kube, COMPUTEDOMAINS, on_change=self._on_domain, transform=model.trim_domain)
                 self.informers.append(self.domains)
 
     # ---- running --------------------------------------------------------------------------------------
@@ -146,6 +150,7 @@ class FleetState:
                  for i in self.informers]
         try:
             if await until_synced([i.synced for i in self.informers], stopping):
+                self.listed = True
                 self.flush()
                 if synced is not None:
                     synced.set()
@@ -184,7 +189,7 @@ class FleetState:
         if not node:
             return
         self._dirty.add(node)
-        if self._flush_handle is None:
+        if self._flush_handle is None and self.listed:
             with contextlib.suppress(RuntimeError):  # no running loop: a synchronous caller flushes itself
                 self._flush_handle = asyncio.get_running_loop().call_later(self.flush_s, self.flush)
 
@@ -233,6 +238,8 @@ class FleetState:
 
     def _history(self, device: DeviceKey, kind: str, summary: str, namespace: str = "",
                  when: float | None = None) -> None:
+        if not self.listed:
+            return  # what the first list finds allocated is the present, not history
         node = self._pool_node.get(device[1], device[1])
         ring = self._rings.setdefault((node, device[2]), deque(maxlen=RING))
         ring.append(DeviceEvent(time=rfc3339(when), type=kind, summary=summary, namespace=namespace))
@@ -300,6 +307,7 @@ class FleetState:
             if old is not None:
                 model.add_counters(self.counters, self._row_counters.pop(name, {}), -1)
             if not slice_names:
+                self.encoded.pop(name, None)
                 if self.rows.pop(name, None) is not None:
                     changed.add(name)
                 continue
@@ -311,6 +319,7 @@ class FleetState:
             model.add_counters(self.counters, counts)
             if row != old:
                 self.rows[name] = row
+                self.encoded.pop(name, None)
                 changed.add(name)
         if not changed:
             return

@@ -12,6 +12,10 @@ sees it at once, and `mark_deleted()` an object just deleted: it stays cached, b
 older than the cached object (by resourceVersion) is ignored, so a lagging watch never undoes a
 write.
 
+`transform` (optional) cuts each object to what the owner reads before it is cached (as client-go's
+SetTransform): a reader of a thousand nodes' slices keeps their few fields, not every attribute. It
+must keep metadata name, namespace, uid, resourceVersion, deletionTimestamp and ownerReferences.
+
     pods = Informer(kube, PODS, on_change=handler)
     task = asyncio.create_task(pods.run(stopping))
     await pods.synced.wait()
@@ -36,6 +40,7 @@ log = get_logger(__name__)
 Obj = dict[str, Any]
 Key = tuple[str, str]
 Handler = Callable[[str, Obj, Obj | None], None]
+Transform = Callable[[Obj], Obj]
 TRANSIENT = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 TOMBSTONE_TTL_S = 300.0
 
@@ -83,10 +88,11 @@ class Informer:
     """The cached objects of one resource, kept current by `run()`."""
 
     def __init__(self, kube: Kube, res: Resource, on_change: Handler | None = None,
-                 watch_timeout_s: int = 300, retry_s: float = 1.0) -> None:
+                 watch_timeout_s: int = 300, retry_s: float = 1.0, transform: Transform | None = None) -> None:
         self.kube = kube
         self.res = res
         self.on_change = on_change
+        self.transform = transform
         self.watch_timeout_s = watch_timeout_s
         self.retry_s = retry_s
         self.objects: dict[Key, Obj] = {}
@@ -147,6 +153,8 @@ class Informer:
 
     def apply(self, obj: Obj, event: str = "MODIFIED") -> None:
         """Apply a watch event or a write's answer (ADDED/MODIFIED/DELETED), notifying on a change."""
+        if self.transform is not None:
+            obj = self.transform(obj)
         old = self._store(event, obj)
         if old is False:
             return
@@ -170,6 +178,11 @@ class Informer:
 
     def replace_all(self, items: list[Obj]) -> None:
         """A fresh list: notify what appeared, changed or disappeared since the cache was filled."""
+        if self.transform is not None:
+            items = [self.transform(o) for o in items]
+        self._replace_all(items)
+
+    def _replace_all(self, items: list[Obj]) -> None:
         fresh = {key_of(o): o for o in items}
         uids = {uid_of(o) for o in items}
         self._gone = {u: t for u, t in self._gone.items() if u in uids}
@@ -193,9 +206,9 @@ class Informer:
         """List, then watch, until `stopping` is set (or the task is cancelled)."""
         while not stopping.is_set():
             try:
-                items, rv = await self.kube.list(self.res)
+                items, rv = await self.kube.list(self.res, transform=self.transform)
                 self.lists += 1
-                self.replace_all(items)
+                self._replace_all(items)
                 self.synced.set()
                 while not stopping.is_set():
                     async for event, obj in self.kube.watch(self.res, rv, timeout_s=self.watch_timeout_s):

@@ -8,7 +8,7 @@ ERROR event) becomes Gone so that informers know to re-list.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,8 +97,10 @@ class Kube:
         return data
 
     async def list(self, res: Resource, namespace: str | None = None, label_selector: str | None = None,
-                   page_size: int = 500) -> tuple[list[dict[str, Any]], str]:
-        """Every object (following `continue`), and the list's resourceVersion."""
+                   page_size: int = 500, transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                   ) -> tuple[list[dict[str, Any]], str]:
+        """Every object (following `continue`), each through `transform` as its page arrives (a big list is
+        never held whole), and the list's resourceVersion."""
         items: list[dict[str, Any]] = []
         token = ""
         while True:
@@ -108,7 +110,8 @@ class Kube:
             if token:
                 query.append(("continue", token))
             data = await self._call("GET", res.path(namespace), query)
-            items.extend(data.get("items") or [])
+            page = data.get("items") or []
+            items.extend(map(transform, page) if transform is not None else page)
             meta = data.get("metadata") or {}
             token = meta.get("continue") or ""
             if not token:
