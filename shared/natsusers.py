@@ -256,9 +256,11 @@ DASHBOARD_READER = "dashboard"  # the reader `gpu-dra dashboard` connects as: re
 
 def dashboard_permissions() -> Permissions:
     """The fleet page (`gpu-dra dashboard`): read-only, like every reader, but of every namespace's claim
-    events and every device's health events, live (core subscriptions); it publishes nothing."""
-    return Permissions(publish=[], subscribe=[CLAIM.wildcard(), HEALTH.wildcard(),
-                                              _own_inbox(reader_user(DASHBOARD_READER))])
+    events and every device's health events, live (core subscriptions). It publishes only its own dead
+    letters (an empty allow list would be no limit at all)."""
+    user = reader_user(DASHBOARD_READER)
+    return Permissions(publish=[_own_dead_letters(user)], subscribe=[CLAIM.wildcard(), HEALTH.wildcard(),
+                                                                       _own_inbox(user)])
 
 
 def node_user(role: str, node: str) -> str:

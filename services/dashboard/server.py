@@ -151,6 +151,10 @@ class Api:
                     await response.write(b"event: delta\ndata: " + self.delta(viewer, names) + b"\n\n")
                 else:
                     await response.write(b": ping\n\n")
+                    try:  # grants change (and the token may expire): asked again, from the cache mostly
+                        viewer = await self.viewer(request)
+                    except (Unauthorized, web.HTTPForbidden):
+                        break
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:

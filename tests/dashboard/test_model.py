@@ -86,3 +86,4 @@ def test_redact_hides_other_tenants_names_only() -> None:
     assert (mine.namespace, mine.claim) == ("mine", "a")
     assert (theirs.namespace, theirs.claim, theirs.claim_uid, theirs.pods, theirs.other_tenant) == ("", "", "", [], True)
     assert model.redact(row, None) is row and row.devices[0].allocations[1].claim == "b"  # the shared row is untouched
+

@@ -309,3 +309,35 @@ async def test_a_bucket_made_without_direct_get_is_migrated_by_the_publisher(ser
     finally:
         await publisher.close()
         await node.close()
+
+
+async def test_the_dashboard_reads_every_claim_and_health_event_and_says_nothing(seeded: EmbeddedNats) -> None:
+    """reader.dashboard: live claim events of every namespace and every device's health; no KV, no publish."""
+    preparer, discovery = await _bus(seeded, "preparer.gpu-a"), await _bus(seeded, "discovery.gpu-a")
+    dashboard = await _connect(seeded, "reader.dashboard", inbox="_INBOX_reader_dashboard")
+    try:
+        claims = await dashboard.nc.subscribe(catalog.CLAIM.wildcard())
+        health = await dashboard.nc.subscribe(catalog.HEALTH.wildcard())
+        for subject in ("dra.v1.>", catalog.INVENTORY.wildcard(), "$KV.>"):
+            await dashboard.nc.subscribe(subject)
+            await dashboard.nc.flush()
+            await dashboard.refused("subscription", subject)
+        for n, ns in enumerate(("team-a", "team-b")):
+            await preparer.publish(catalog.CLAIM, ClaimLifecycle(
+                event_id=f"d-{n}", claim_uid=f"u{n}", claim_namespace=ns, claim_name="c", node="gpu-a",
+                driver="gpu.nvidia.com", event="prepared"), msg_id=f"d-{n}", namespace=ns, node="gpu-a", event="prepared")
+        got = [json.loads((await claims.next_msg(timeout=WAIT)).data)["claim_namespace"] for _ in range(2)]
+        assert got == ["team-a", "team-b"]
+        await discovery.publish(catalog.HEALTH, DeviceHealth(node="gpu-a", device="gpu-0", state="Unhealthy", xid=79),
+                                node="gpu-a", device="gpu-0")
+        assert json.loads((await health.next_msg(timeout=WAIT)).data)["xid"] == 79
+        for subject in (catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared"),
+                        catalog.HEALTH.format(node="gpu-a", device="gpu-0")):
+            await dashboard.nc.publish(subject, b"{}")
+            await dashboard.nc.flush()
+            await dashboard.refused("publish", subject)
+        await dashboard.request_refused(f"$JS.API.STREAM.INFO.{catalog.EVENTS_STREAM.name}")
+    finally:
+        await dashboard.nc.close()
+        await preparer.close()
+        await discovery.close()

@@ -94,7 +94,7 @@ def _environ(pid: int) -> dict[str, str]:
 async def test_every_service_is_its_own_nats_user_given_by_file_and_anonymous_clients_are_refused(
         cluster: LocalCluster) -> None:
     assert cluster.supervisor is not None and cluster.nats_identities is not None
-    expected = {"publisher": "publisher", "computedomain-controller": "controller",
+    expected = {"publisher": "publisher", "computedomain-controller": "controller", "dashboard": "reader.dashboard",
                 **{f"{n}-{role}": f"{role}.{n}" for n in cluster.node_names for role in ("discovery", "preparer")}}
     seen = {}
     for child in cluster.supervisor.children:
