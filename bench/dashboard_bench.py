@@ -11,7 +11,8 @@ of G H100s (NVLink cliques of 18 nodes, every 97th GPU tainted with XID 48) and 
   frame times of 30 one-screen scroll steps (median and max);
 - live: a new claim written to the API server until its GPU tile shows it (at that fleet size);
 - server: the dashboard process's RSS (and peak) with the page connected.
-Screenshots of the fleet view go to bench/results/ (and small copies to docs/images/ with --docs-images).
+A screenshot of the fleet view goes to the run's temporary dir (path printed; a small copy to docs/images/
+with --docs-images).
 Writes bench/results/dashboard.json; goals (issue 20): first render <= 2 s, server <= 150 MB.
 
     .venv/bin/python bench/dashboard_bench.py [--nodes 1000] [--gpus 8] [--runs 3] [--docs-images]
@@ -197,8 +198,8 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
             renders.append(await browser.wait_for("window.__dash.firstRenderMs", timeout=30))
             firsts.append(await browser.evaluate("window.__dash.firstEventMs"))
         in_dom = await browser.evaluate("document.querySelectorAll('[data-node]').length")
-        shots = ROOT / "bench" / "results"
-        await browser.screenshot(shots / "dashboard-1000.png")
+        shot = await browser.screenshot(tmp / f"fleet-{nodes}-nodes.png")
+        print(f"screenshot: {shot}", flush=True)
         if docs_images:
             await browser.screenshot(ROOT / "docs" / "images" / f"fleet-{nodes}-nodes.png", scale=0.5)
         try:
