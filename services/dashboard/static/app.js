@@ -80,9 +80,7 @@
     renderNamespaces();
     renderCounters();
     relayout();
-    for (const el of S.rendered.values()) el.remove();
-    S.rendered.clear();
-    render();
+    redraw([...S.rendered.keys()]);
     markApplied();
     if (S.firstRenderMs === null) {
       requestAnimationFrame(() => { S.firstRenderMs = performance.now(); document.body.dataset.rendered = "1"; });
@@ -108,23 +106,28 @@
     if (d.version) S.version = d.version;
     S.deltas += 1;
     if (shape || S.query) relayout();
-    // a changed row is drawn anew; keyboard focus inside it moves to the same device in the new row
-    const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest("[data-device]");
+    redraw([...changed].map((name) => `n:${name}`));
+    markApplied();
+    if (S.openKey && changed.has(S.openKey.split("/")[0])) refreshDrill();
+  }
+
+  // Rows `keys` are drawn anew; keyboard focus inside one moves to the same device in its new row.
+  function redraw(keys) {
+    const active = document.activeElement;
+    const focused = active && active.closest ? active.closest("[data-device]") : null;
     let refocus = "";
-    for (const name of changed) {
-      const el = S.rendered.get(`n:${name}`);
+    for (const key of keys) {
+      const el = S.rendered.get(key);
       if (!el) continue;
       if (focused && el.contains(focused)) refocus = focused.dataset.device;
       el.remove();
-      S.rendered.delete(`n:${name}`);
+      S.rendered.delete(key);
     }
     render();
     if (refocus) {
       const again = viewport.querySelector(`[data-device="${CSS.escape(refocus)}"]`);
       if (again) again.focus({ preventScroll: true });
     }
-    markApplied();
-    if (S.openKey && changed.has(S.openKey.split("/")[0])) refreshDrill();
   }
 
   function markApplied() { document.body.dataset.version = String(S.version); }
@@ -210,7 +213,7 @@
     for (const g of groups) {
       const names = q ? g.nodes.filter((n) => nodeMatches(S.nodes.get(n), q)) : g.nodes;
       if (!names.length) continue;
-      layout.push({ kind: "g", key: `g:${g.name}`, name: g.name, count: names.length });
+      layout.push({ kind: "g", key: `g:${g.name}:${names.length}`, name: g.name, count: names.length });
       offsets.push(y); y += GROUP_H;
       for (const n of names) { layout.push({ kind: "n", key: `n:${n}`, name: n }); offsets.push(y); y += ROW_H; }
     }
@@ -224,10 +227,12 @@
         ? `No node, GPU or claim matches. Press Enter to explain pod ${S.query.trim()}.`
         : "No node, GPU, claim or pod matches the search.";
     } else empty.hidden = true;
-    // rows whose position changed are redrawn
+    // drawn rows move to their new place; rows no longer listed go
+    const at = new Map(layout.map((r, i) => [r.key, i]));
     for (const [key, el] of S.rendered) {
-      const i = indexOf(key);
-      if (i < 0 || el.dataset.top !== String(offsets[i])) { el.remove(); S.rendered.delete(key); }
+      const i = at.get(key);
+      if (i === undefined) { el.remove(); S.rendered.delete(key); continue; }
+      if (el.dataset.top !== String(offsets[i])) { el.style.top = `${offsets[i]}px`; el.dataset.top = String(offsets[i]); }
     }
   }
 
