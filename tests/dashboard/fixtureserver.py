@@ -78,8 +78,10 @@ def for_tenant(node: dict[str, Any], namespace: str) -> dict[str, Any]:
 
 
 class FixtureFleet:
-    def __init__(self, fleet: dict[str, Any]) -> None:
+    def __init__(self, fleet: dict[str, Any], token: str = "") -> None:
         self.fleet = fleet
+        self.token = token  # when set, /api/ asks for it (Authorization: Bearer, or ?token=)
+        self.seen_tokens: list[tuple[str, str]] = []  # (path, how the token came: header | query)
         self.fleet["counters"] = counters(fleet["nodes"])
         self.streams: list[tuple[str, asyncio.Queue[str | None]]] = []
 
@@ -158,7 +160,19 @@ def make_fixture_app(state: FixtureFleet) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    app = web.Application()
+    @web.middleware
+    async def bearer(request: web.Request, handler: Any) -> web.StreamResponse:
+        if not state.token or not request.path.startswith("/api/"):
+            return await handler(request)
+        header = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        given, how = (header, "header") if header else (request.query.get("token", ""), "query")
+        if given != state.token:
+            return web.json_response({"error": "the token was refused; open the page with ?token=<your token>"},
+                                     status=401)
+        state.seen_tokens.append((request.path, how))
+        return await handler(request)
+
+    app = web.Application(middlewares=[bearer])
     app.router.add_get("/", index)
     app.router.add_static("/static", STATIC)
     app.router.add_get("/healthz", healthz)

@@ -163,3 +163,24 @@ async def test_thousand_nodes_render_virtualized(browser: Browser, tmp_path_fact
     finally:
         await fx.stop(state, runner)
 
+
+
+async def test_a_token_in_the_url_is_kept_for_the_session_and_sent_as_a_header(browser: Browser) -> None:
+    state = fx.FixtureFleet(fx.load_fleet(), token="s3cret")
+    runner, url = await fx.start(fx.make_fixture_app(state))
+    try:
+        await browser.navigate(url + "/?token=s3cret&namespace=team-a")
+        await browser.wait_for("document.body.dataset.version && document.getElementById('conn').dataset.conn === 'live'")
+        assert await browser.evaluate("location.search") == "?namespace=team-a"  # the token leaves the address bar
+        await browser.evaluate(q('[data-device="node-a/gpu-0"]') + ".click()")
+        await browser.wait_for(q("#drilldown:not([hidden]) dl"))
+        assert ("/api/stream", "query") in state.seen_tokens  # EventSource sends no headers
+        assert ("/api/device/node-a/gpu-0", "header") in state.seen_tokens
+        await browser.press("Escape")
+        # a refused token: the page says what the server said
+        await browser.evaluate("sessionStorage.setItem('gpu-dra-token', 'wrong'); location.reload()")
+        await browser.wait_for("document.getElementById('conn').dataset.conn === 'error'")
+        assert "token was refused" in await browser.evaluate("document.getElementById('conn').textContent")
+    finally:
+        await browser.evaluate("sessionStorage.clear()")
+        await fx.stop(state, runner)
