@@ -127,7 +127,9 @@ def make_fixture_app(state: FixtureFleet) -> web.Application:
         entry = (namespace, queue)
         state.streams.append(entry)
         try:
-            await resp.write(f"event: fleet\ndata: {json.dumps({**state.view(namespace), 'full': True})}\n\n".encode())
+            # retry: the browser reconnects 100 ms after a stream ends (its default is seconds)
+            full = json.dumps({**state.view(namespace), "full": True})
+            await resp.write(f"retry: 100\nevent: fleet\ndata: {full}\n\n".encode())
             while (item := await queue.get()) is not None:
                 await resp.write(item.encode())
         finally:

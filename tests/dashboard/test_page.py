@@ -87,6 +87,14 @@ async def test_a_delta_updates_one_row_within_a_second(page) -> None:
     await b.wait_for(q('#counters [data-product="NVIDIA H100 80GB HBM3"] [data-state="claimed"]') + ".dataset.count === '4'")
 
 
+async def test_the_page_reconnects_when_the_stream_ends(page) -> None:
+    b, state, _ = page
+    fulls = await b.evaluate("window.__dash.fulls")
+    state.close()  # as a restarting server does
+    await b.wait_for(f"window.__dash.fulls > {fulls} && document.getElementById('conn').dataset.conn === 'live'")
+    assert await b.evaluate("document.querySelectorAll('[data-node]').length") == 3
+
+
 async def test_namespace_filter_hides_other_tenants(page) -> None:
     b, _, _ = page
     fulls = await b.evaluate("window.__dash.fulls")
