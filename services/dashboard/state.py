@@ -118,7 +118,6 @@ class FleetState:
         self._slices_of: dict[str, set[str]] = {}  # node -> slice names
         self._pool_node: dict[str, str] = {}  # GPU pool -> node
         self._allocs: dict[DeviceKey, dict[Key, Allocation]] = {}
-        self._claims_by_uid: dict[str, Key] = {}
         self._domains_of: dict[str, set[str]] = {}  # node -> "ns/name" of the domains listing it
         self._health: dict[str, dict[str, Health]] = {}  # node -> device -> live health
         self._rings: dict[tuple[str, str], deque[DeviceEvent]] = {}
@@ -212,13 +211,7 @@ class FleetState:
     def _on_claim(self, event: str, obj: Obj, old: Obj | None) -> None:
         key = key_of(obj)
         before = set(model.claim_devices(old)) if old else set()
-        uid = str((obj.get("metadata") or {}).get("uid") or "")
-        after: dict[DeviceKey, Allocation] = {}
-        if event == "DELETED":
-            self._claims_by_uid.pop(uid, None)
-        else:
-            self._claims_by_uid[uid] = key
-            after = model.allocations_of(obj)
+        after = model.allocations_of(obj) if event != "DELETED" else {}
         for device in before - set(after):
             held = self._allocs.get(device)
             if held is not None:
@@ -228,9 +221,13 @@ class FleetState:
             self._history(device, "released", f"claim {key[0]}/{key[1]} released it", key[0])
         for device, allocation in after.items():
             held = self._allocs.setdefault(device, {})
-            if held.get(key) != allocation:
-                if key not in held:
-                    self._history(device, "allocated", f"claim {key[0]}/{key[1]} allocated it", key[0])
+            previous = held.get(key)
+            if previous is not None:  # the age counts from when the allocation was first seen
+                allocation = msgspec.structs.replace(allocation, since=previous.since)
+            elif self.listed:  # allocated now (the first list can only say when the claim was made)
+                allocation = msgspec.structs.replace(allocation, since=rfc3339())
+                self._history(device, "allocated", f"claim {key[0]}/{key[1]} allocated it", key[0])
+            if previous != allocation:
                 held[key] = allocation
             self._mark(self._pool_node.get(device[1], device[1]))
         for device in before:

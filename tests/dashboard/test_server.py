@@ -66,8 +66,9 @@ class Dash:
         async with self.http.get((base or self.url) + path, headers=headers) as resp:
             return resp.status, await resp.json()
 
-    async def claim(self, namespace: str, name: str, node: str, device: str, config: list[Any] | None = None) -> None:
-        """A claim allocated to `device` and reserved for pod `<name>-pod`, as the scheduler writes it."""
+    async def claim(self, namespace: str, name: str, node: str, device: str, config: list[Any] | None = None) -> float:
+        """A claim allocated to `device` and reserved for pod `<name>-pod`, as the scheduler writes it; when
+        (monotonic) the allocation was written."""
         body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": namespace},
                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
@@ -77,7 +78,9 @@ class Dash:
                                                   "config": config or []}}
         status = {"allocation": allocation,
                   "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"uid-{name}"}]}
+        written = time.monotonic()
         await self.kube.replace(RESOURCECLAIMS, {**created, "status": status}, subresource="status")
+        return written
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -175,8 +178,7 @@ async def test_a_claim_allocated_shows_on_its_device_within_a_second(dash: Dash)
     async with dash.http.get(dash.url + "/api/stream") as stream:
         name, first = await _next_event(stream.content)
         assert name == "fleet" and first["full"] is True
-        written = time.monotonic()
-        await dash.claim("team-a", "train", "node-a", "gpu-1", sharing)
+        written = await dash.claim("team-a", "train", "node-a", "gpu-1", sharing)
         while True:
             name, delta = await asyncio.wait_for(_next_event(stream.content), 5)
             rows = {n["name"]: n for n in delta["nodes"]}
@@ -185,7 +187,7 @@ async def test_a_claim_allocated_shows_on_its_device_within_a_second(dash: Dash)
                 break
         took = time.monotonic() - written
     assert name == "delta" and delta["version"] > first["version"]
-    assert took < 1.0, f"the delta came {took:.2f} s after the write"
+    assert took < 1.0, f"the delta came {took:.2f} s after the allocation was written"
     assert device["state"] == "claimed"
     alloc = device["allocations"][0]
     assert (alloc["namespace"], alloc["claim"], alloc["pods"]) == ("team-a", "train", ["team-a/train-pod"])
