@@ -200,8 +200,8 @@ async def test_a_new_pods_claim_shows_on_its_gpu_within_a_second(fleet: Fleet) -
 
 async def test_an_injected_xid_shows_a_tainted_gpu(fleet: Fleet) -> None:
     target = await fleet.browser.evaluate(
-        "[...document.querySelectorAll('.tile[data-state=\"free\"]')].map(e => e.dataset.device)"
-        ".find(d => !d.includes('-mig-'))")
+        "[...document.querySelectorAll('.tile[data-state=\"free\"]')].find(e => !e.querySelector('.mig-bar'))"
+        ".dataset.device")  # a full GPU (the XID goes to a published device)
     node, device = target.split("/")
     uuid = next(attr(d, "uuid") for s in await slices(fleet.api) if s["spec"]["nodeName"] == node
                 for d in s["spec"]["devices"] if d["name"] == device)
