@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import statistics
 import sys
@@ -256,6 +257,8 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
                     proc.kill()
                     await proc.wait()
         await nats.close()
+        for scratch in ("chromium", "nats"):  # the screenshot stays
+            shutil.rmtree(tmp / scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
