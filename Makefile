@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit clean sandbox
+.PHONY: run test lint typecheck unit clean sandbox browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,18 @@ sandbox:
 	  && echo "sandbox: bubblewrap installed at $$(command -v bwrap)" \
 	  || echo "sandbox: apt-get could not install bubblewrap: containers will not run"; fi
 
+# Debian's chromium drives the dashboard's browser tests (tests/dashboard); best effort: without it they skip
+# and say why.
+browser:
+	@if command -v chromium >/dev/null || [ -n "$$CHROMIUM" ]; then echo "browser: chromium found at $$(command -v chromium || echo $$CHROMIUM)"; \
+	elif ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ]; then \
+	  echo "browser: chromium missing and not installed (needs apt-get as root): the browser tests will skip"; \
+	else echo "browser: installing chromium (apt-get install -y -q chromium)"; \
+	  (apt-get install -y -q chromium >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) \
+	  && echo "browser: chromium installed at $$(command -v chromium)" \
+	  || echo "browser: apt-get could not install chromium: the browser tests will skip"; fi
+
 run: $(STAMP) sandbox
 	$(BIN)/gpu-dra demo
 
@@ -34,7 +46,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy shared services embedded
 	$(BIN)/mypy tests
 
-unit: $(STAMP) sandbox
+unit: $(STAMP) sandbox browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: lint typecheck unit

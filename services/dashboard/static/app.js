@@ -1,0 +1,518 @@
+// The fleet page: one EventSource on /api/stream, node rows virtualized (fixed heights), GPU tiles.
+// Plain JS, no framework, no build step. Contract: docs/dashboard.md and the DOM hooks tests use
+// ([data-node], [data-device] with data-state/data-xid/data-claim, [data-mig-slot], #counters, #ns-filter, #drilldown).
+"use strict";
+(() => {
+  const ROW_H = 108;
+  const GROUP_H = 30;
+  const OVERSCAN = 3;
+  const ICON = { free: "○", claimed: "●", tainted: "⚠" };
+  const S = {
+    nodes: new Map(), groups: [], counters: {}, namespaces: [], version: 0, traceUrlTemplate: "",
+    ns: "", query: "", layout: [], offsets: [], rendered: new Map(), es: null, retry: 0,
+    openKey: "", lastFocus: null, firstEventMs: null, firstRenderMs: null, fulls: 0, deltas: 0,
+  };
+  window.__dash = S; // read by the browser tests and the bench
+
+  const $ = (sel) => document.querySelector(sel);
+  const viewport = $("#viewport");
+  const spacer = $("#spacer");
+  const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+
+  // ---- identity: ?token= is kept in sessionStorage and sent as a header (and on the stream URL,
+  // since EventSource cannot send headers) ----
+  const params = new URLSearchParams(location.search);
+  if (params.get("token")) {
+    sessionStorage.setItem("gpu-dra-token", params.get("token"));
+    params.delete("token");
+    history.replaceState(null, "", location.pathname + (params.toString() ? `?${params}` : ""));
+  }
+  const token = () => sessionStorage.getItem("gpu-dra-token") || "";
+  S.ns = params.get("namespace") || "";
+
+  async function api(path) {
+    const headers = token() ? { Authorization: `Bearer ${token()}` } : {};
+    const resp = await fetch(path, { headers });
+    const body = await resp.json().catch(() => ({ error: `${resp.status} ${resp.statusText}` }));
+    if (!resp.ok) throw new Error(body.error || `${resp.status} ${resp.statusText}`);
+    return body;
+  }
+
+  // ---- formatting ----
+  function gib(bytes) {
+    if (!bytes) return "";
+    const g = bytes / 2 ** 30;
+    return `${g >= 10 ? Math.round(g) : g.toFixed(1)} GiB`;
+  }
+  function age(since) {
+    const t = Date.parse(since);
+    if (!since || Number.isNaN(t)) return "";
+    const s = Math.max(0, Math.round((Date.now() - t) / 1000));
+    if (s < 60) return `${s}s`;
+    if (s < 3600) return `${Math.floor(s / 60)}m`;
+    if (s < 86400) return `${Math.floor(s / 3600)}h`;
+    return `${Math.floor(s / 86400)}d`;
+  }
+  function sharing(sh) {
+    if (!sh || !sh.mode || sh.mode === "exclusive") return "exclusive";
+    if (sh.mode === "time-slicing") return `time-slice${sh.interval ? ` ${sh.interval}` : ""}`;
+    if (sh.mode === "mps") {
+      const pct = sh.threadPercentage == null ? "" : ` ${sh.threadPercentage}%`;
+      return `MPS${pct}${sh.pinnedMemory ? ` · ${sh.pinnedMemory} pinned` : ""}`;
+    }
+    return sh.mode;
+  }
+  const shortProduct = (p) => String(p || "GPU").replace(/^NVIDIA\s+/, "");
+  // An allocation of another tenant carries no names (server side); with a namespace chosen the page
+  // hides names of other namespaces too.
+  const visibleAlloc = (a) => a.namespace && a.claim && (!S.ns || a.namespace === S.ns);
+  const claimKey = (a) => (visibleAlloc(a) ? `${a.namespace}/${a.claim}` : "");
+
+  // ---- data ----
+  function applyFull(f) {
+    S.nodes = new Map((f.nodes || []).map((n) => [n.name, n]));
+    S.groups = f.groups || [];
+    S.counters = f.counters || {};
+    S.namespaces = f.namespaces || [];
+    S.traceUrlTemplate = f.traceUrlTemplate || "";
+    S.version = f.version || 0;
+    S.fulls += 1;
+    renderNamespaces();
+    renderCounters();
+    relayout();
+    redraw([...S.rendered.keys()]);
+    markApplied();
+    if (S.firstRenderMs === null) {
+      requestAnimationFrame(() => { S.firstRenderMs = performance.now(); document.body.dataset.rendered = "1"; });
+    }
+    if (S.openKey) refreshDrill();
+  }
+
+  function applyDelta(d) {
+    let shape = Boolean(d.groups);
+    const changed = new Set();
+    for (const n of d.nodes || []) {
+      if (!S.nodes.has(n.name)) shape = true;
+      S.nodes.set(n.name, n);
+      changed.add(n.name);
+    }
+    for (const name of d.removed || []) {
+      if (S.nodes.delete(name)) shape = true;
+      changed.add(name);
+    }
+    if (d.groups) S.groups = d.groups;
+    if (d.counters) { S.counters = d.counters; renderCounters(); }
+    if (!S.ns) renderNamespaces();
+    if (d.version) S.version = d.version;
+    S.deltas += 1;
+    if (shape || S.query) relayout();
+    redraw([...changed].map((name) => `n:${name}`));
+    markApplied();
+    if (S.openKey && changed.has(S.openKey.split("/")[0])) refreshDrill();
+  }
+
+  // Rows `keys` are drawn anew; keyboard focus inside one moves to the same device in its new row.
+  function redraw(keys) {
+    const active = document.activeElement;
+    const focused = active && active.closest ? active.closest("[data-device]") : null;
+    let refocus = "";
+    for (const key of keys) {
+      const el = S.rendered.get(key);
+      if (!el) continue;
+      if (focused && el.contains(focused)) refocus = focused.dataset.device;
+      el.remove();
+      S.rendered.delete(key);
+    }
+    render();
+    if (refocus) {
+      const again = viewport.querySelector(`[data-device="${CSS.escape(refocus)}"]`);
+      if (again) again.focus({ preventScroll: true });
+    }
+  }
+
+  function markApplied() { document.body.dataset.version = String(S.version); }
+
+  // ---- live stream ----
+  function connect() {
+    if (S.es) S.es.close();
+    const q = new URLSearchParams();
+    if (S.ns) q.set("namespace", S.ns);
+    if (token()) q.set("token", token());
+    const es = new EventSource(`/api/stream${q.toString() ? `?${q}` : ""}`);
+    S.es = es;
+    setConn("connecting", "connecting");
+    es.addEventListener("fleet", (ev) => { S.retry = 0; if (S.firstEventMs === null) S.firstEventMs = performance.now(); applyFull(JSON.parse(ev.data)); setConn("live", "live"); });
+    es.addEventListener("delta", (ev) => applyDelta(JSON.parse(ev.data)));
+    es.onerror = () => {
+      if (es !== S.es) return;
+      if (es.readyState !== EventSource.CLOSED) { setConn("reconnecting", "reconnecting…"); return; }
+      // The server refused the stream (e.g. 401): say why, then retry with back-off.
+      const wait = Math.min(30, 2 ** S.retry++);
+      api(`/api/fleet${S.ns ? `?namespace=${encodeURIComponent(S.ns)}` : ""}`)
+        .then(() => setConn("reconnecting", `stream closed; retrying in ${wait}s`))
+        .catch((e) => setConn("error", `${e.message}; retrying in ${wait}s`));
+      setTimeout(() => { if (es === S.es) connect(); }, wait * 1000);
+    };
+  }
+  function setConn(state, text) { const el = $("#conn"); el.dataset.conn = state; el.textContent = text; }
+
+  // ---- header ----
+  function renderCounters() {
+    const parts = Object.keys(S.counters).sort().map((product) => {
+      const c = S.counters[product];
+      const st = ["free", "claimed", "tainted"].map((k) =>
+        `<span class="cnt st-${k}" data-state="${k}" data-count="${c[k] || 0}"><i aria-hidden="true">${ICON[k]}</i> ${c[k] || 0} ${k}</span>`).join("");
+      return `<div class="product" data-product="${esc(product)}"><b>${esc(shortProduct(product))}</b>${st}</div>`;
+    });
+    $("#counters").innerHTML = parts.join("") || "<span>no devices</span>";
+  }
+
+  function renderNamespaces() {
+    const sel = $("#ns-filter");
+    // the server's list comes with a full Fleet; deltas add the namespaces of claims that appear since
+    const seen = new Set([...S.namespaces, ...(S.ns ? [S.ns] : [])]);
+    for (const n of S.nodes.values()) {
+      for (const d of n.devices || []) for (const a of d.allocations || []) if (a.namespace) seen.add(a.namespace);
+    }
+    const names = [...seen].sort();
+    const want = ["", ...names].join("\n");
+    if (sel.dataset.options !== want) {
+      sel.innerHTML = `<option value="">all namespaces</option>${names.map((n) => `<option value="${esc(n)}">${esc(n)}</option>`).join("")}`;
+      sel.dataset.options = want;
+    }
+    sel.value = S.ns;
+  }
+
+  // ---- layout: flat list of group headers and node rows with their offsets ----
+  function nodeMatches(node, q) {
+    if (node.name.toLowerCase().includes(q)) return true;
+    for (const d of node.devices || []) {
+      if (`${d.name} ${d.uuid} ${d.product}`.toLowerCase().includes(q)) return true;
+      for (const a of d.allocations || []) {
+        if (!visibleAlloc(a)) continue;
+        if (`${a.namespace}/${a.claim}`.toLowerCase().includes(q)) return true;
+        if ((a.pods || []).some((p) => p.toLowerCase().includes(q))) return true;
+      }
+    }
+    return false;
+  }
+
+  function relayout() {
+    const q = S.query.trim().toLowerCase();
+    const seen = new Set();
+    const groups = S.groups.map((g) => ({ name: g.name, nodes: g.nodes.filter((n) => S.nodes.has(n)) }));
+    for (const g of groups) g.nodes.forEach((n) => seen.add(n));
+    const rest = [...S.nodes.keys()].filter((n) => !seen.has(n)).sort();
+    if (rest.length) {
+      const ung = groups.find((g) => g.name === "ungrouped");
+      if (ung) ung.nodes.push(...rest); else groups.push({ name: "ungrouped", nodes: rest });
+    }
+    const layout = [];
+    const offsets = [];
+    let y = 0;
+    for (const g of groups) {
+      const names = q ? g.nodes.filter((n) => nodeMatches(S.nodes.get(n), q)) : g.nodes;
+      if (!names.length) continue;
+      layout.push({ kind: "g", key: `g:${g.name}:${names.length}`, name: g.name, count: names.length });
+      offsets.push(y); y += GROUP_H;
+      for (const n of names) { layout.push({ kind: "n", key: `n:${n}`, name: n }); offsets.push(y); y += ROW_H; }
+    }
+    S.layout = layout;
+    S.offsets = offsets;
+    spacer.style.height = `${y}px`;
+    const empty = $("#empty");
+    if (!layout.length) {
+      empty.hidden = false;
+      empty.textContent = !S.nodes.size ? "No nodes publish devices yet." : /^[^/\s]+\/[^/\s]+$/.test(S.query.trim())
+        ? `No node, GPU or claim matches. Press Enter to explain pod ${S.query.trim()}.`
+        : "No node, GPU, claim or pod matches the search.";
+    } else empty.hidden = true;
+    // drawn rows move to their new place; rows no longer listed go
+    const at = new Map(layout.map((r, i) => [r.key, i]));
+    for (const [key, el] of S.rendered) {
+      const i = at.get(key);
+      if (i === undefined) { el.remove(); S.rendered.delete(key); continue; }
+      if (el.dataset.top !== String(offsets[i])) { el.style.top = `${offsets[i]}px`; el.dataset.top = String(offsets[i]); }
+    }
+  }
+
+  function indexOf(key) { return S.layout.findIndex((r) => r.key === key); }
+
+  function firstVisible(top) {
+    let lo = 0;
+    let hi = S.offsets.length - 1;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (S.offsets[mid] <= top) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
+
+  function render() {
+    const top = viewport.scrollTop;
+    const bottom = top + viewport.clientHeight;
+    const from = Math.max(0, firstVisible(top) - OVERSCAN);
+    const want = new Set();
+    const frag = document.createDocumentFragment();
+    for (let i = from; i < S.layout.length && S.offsets[i] < bottom + OVERSCAN * ROW_H; i++) {
+      const row = S.layout[i];
+      want.add(row.key);
+      if (S.rendered.has(row.key)) continue;
+      const el = row.kind === "g" ? groupEl(row) : nodeEl(S.nodes.get(row.name));
+      el.style.top = `${S.offsets[i]}px`;
+      el.dataset.top = String(S.offsets[i]);
+      S.rendered.set(row.key, el);
+      frag.appendChild(el);
+    }
+    for (const [key, el] of S.rendered) {
+      if (!want.has(key) && !el.contains(document.activeElement)) { el.remove(); S.rendered.delete(key); }
+    }
+    viewport.appendChild(frag);
+  }
+
+  function groupEl(row) {
+    const el = document.createElement("div");
+    el.className = "group";
+    el.setAttribute("role", "listitem");
+    el.dataset.group = row.name;
+    el.innerHTML = `<h2>${esc(row.name)}</h2><span class="muted">${row.count} node${row.count === 1 ? "" : "s"}</span>`;
+    return el;
+  }
+
+  function nodeEl(node) {
+    const el = document.createElement("div");
+    el.className = `row${node.ready === false ? " not-ready" : ""}`;
+    el.setAttribute("role", "listitem");
+    el.dataset.node = node.name;
+    const children = new Map();
+    const top = [];
+    const names = new Set((node.devices || []).map((d) => d.name));
+    for (const d of node.devices || []) {
+      if (d.parent && names.has(d.parent)) {
+        if (!children.has(d.parent)) children.set(d.parent, []);
+        children.get(d.parent).push(d);
+      } else top.push(d);
+    }
+    const meta = [node.ready === false ? "⚠ not ready" : "ready", node.clique ? `clique ${node.clique}` : "",
+      ...(node.domains || []).map((d) => `domain ${d}`)].filter(Boolean).join(" · ");
+    el.setAttribute("aria-label", `node ${node.name}, ${top.length} GPUs, ${meta}`);
+    el.innerHTML = `<div class="node-head"><span class="node-name" title="${esc(node.name)}">${esc(node.name)}</span>`
+      + `<span class="muted">${esc(meta)}</span></div>`
+      + `<div class="tiles">${top.map((d) => tileHtml(node, d, children.get(d.name) || [])).join("")}</div>`;
+    return el;
+  }
+
+  function allocText(allocs) {
+    if (!allocs.length) return "";
+    const a = allocs[0];
+    const more = allocs.length > 1 ? ` <span class="muted">+${allocs.length - 1}</span>` : "";
+    if (!visibleAlloc(a)) return `<div class="t-alloc"><span class="claim">claimed (other tenant)</span>${more}</div>`;
+    const pod = (a.pods || []).length ? `<span class="pod">${esc(a.pods[0].split("/").pop())}</span> · ` : "";
+    return `<div class="t-alloc"><span class="claim">${esc(a.namespace)}/${esc(a.claim)}</span>${more}</div>`
+      + `<div class="t-alloc">${pod}<span class="age">${esc(age(a.since))}</span></div>`;
+  }
+
+  function deviceAttrs(node, d) {
+    const allocs = d.allocations || [];
+    const claim = allocs.map(claimKey).find(Boolean) || "";
+    const label = [`${d.name} on ${node.name}`, d.product, gib(d.memoryBytes), d.state,
+      d.xid != null ? `XID ${d.xid}` : "", allocs.length ? sharing(allocs[0].sharing) : "",
+      ...allocs.map((a) => (visibleAlloc(a) ? `claim ${a.namespace}/${a.claim}${(a.pods || []).length ? `, pod ${a.pods.join(", ")}` : ""}, ${age(a.since)}` : "claimed by another tenant"))]
+      .filter(Boolean).join(", ");
+    return `data-device="${esc(node.name)}/${esc(d.name)}" data-state="${esc(d.state)}"`
+      + `${d.xid != null ? ` data-xid="${esc(d.xid)}"` : ""}${claim ? ` data-claim="${esc(claim)}"` : ""}`
+      + ` tabindex="0" role="button" aria-label="${esc(label)}" title="${esc(label)}"`;
+  }
+
+  function migBar(node, d, kids) {
+    const slots = d.migSlots;
+    // Static MIG devices never overlap; dynamic partitions are every possible placement, so only the
+    // claimed ones are drawn and the rest counted.
+    const placed = kids.filter((k) => k.mig && (k.type === "mig" || k.state !== "free"));
+    const freeOptions = kids.filter((k) => k.mig && k.type === "partition" && k.state === "free").length;
+    const cells = placed.map((k) => {
+      const m = k.mig;
+      return `<div class="slot st-${esc(k.state)}" data-mig-slot ${deviceAttrs(node, k)} data-profile="${esc(m.profile)}"`
+        + ` data-start="${m.start}" data-size="${m.size}" style="grid-column:${m.start + 1} / span ${m.size}">`
+        + `<i aria-hidden="true">${ICON[k.state] || ""}</i>${esc(m.profile.split(".")[0])}</div>`;
+    }).join("");
+    const ticks = Array.from({ length: slots }, (_, i) => `<span class="tick" style="grid-column:${i + 1}"></span>`).join("");
+    return `<div class="mig-bar" role="group" aria-label="MIG layout, ${slots} slots" style="grid-template-columns:repeat(${slots},1fr)">${ticks}${cells}</div>`
+      + (freeOptions ? `<div class="muted small">${freeOptions} free placements</div>` : "");
+  }
+
+  function tileHtml(node, d, kids) {
+    const allocs = d.allocations || [];
+    const xid = d.xid != null ? `<span class="xid">XID ${esc(d.xid)}</span>` : "";
+    const share = allocs.length ? `<div class="share">${esc(sharing(allocs[0].sharing))}</div>` : "";
+    const kidsLoose = d.migSlots ? [] : kids;
+    return `<div class="tile st-${esc(d.state)}" ${deviceAttrs(node, d)}>`
+      + `<div class="t-head"><span class="t-name">${esc(d.name)}</span><span class="t-state"><i aria-hidden="true">${ICON[d.state] || ""}</i> ${esc(d.state)}</span></div>`
+      + `<div class="t-prod">${esc(shortProduct(d.product))}</div>`
+      + (d.migSlots ? migBar(node, d, kids) : "")
+      + (kidsLoose.length ? `<div class="muted small">${kidsLoose.length} partitions</div>` : "")
+      + `<div class="t-foot"><span class="mem">${esc(gib(d.memoryBytes))}</span>${xid}</div>${share}`
+      + `${allocText(allocs)}</div>`;
+  }
+
+  // ---- drill-down ----
+  const drill = $("#drilldown");
+  const ddBody = $("#dd-body");
+
+  function openDrill(key, opener) {
+    S.openKey = key;
+    S.lastFocus = opener || null;
+    const [node, dev] = key.split("/");
+    $("#dd-title").textContent = `${dev} on ${node}`;
+    ddBody.innerHTML = "<p class=\"muted\">loading…</p>";
+    drill.hidden = false;
+    $("#dd-close").focus();
+    refreshDrill();
+  }
+
+  async function refreshDrill() {
+    const key = S.openKey;
+    const [node, dev] = key.split("/");
+    let res;
+    try {
+      res = await api(`/api/device/${encodeURIComponent(node)}/${encodeURIComponent(dev)}`);
+    } catch (e) {
+      if (S.openKey === key) ddBody.innerHTML = `<p class="error">${esc(e.message)}</p>`;
+      return;
+    }
+    if (S.openKey !== key) return;
+    const d = res.device;
+    const rows = [["product", d.product], ["memory", gib(d.memoryBytes)], ["type", d.type], ["UUID", d.uuid],
+      ["parent", d.parent], ["MIG", d.mig ? `${d.mig.profile} at slot ${d.mig.start} (size ${d.mig.size})` : ""],
+      ["state", `${ICON[d.state] || ""} ${d.state}`], ["XID", d.xid == null ? "" : String(d.xid)]].filter((r) => r[1]);
+    const taints = (d.taints || []).map((t) => `<li>${esc(t.key)}=${esc(t.value)} <span class="muted">${esc(t.effect)} since ${esc(t.timeAdded)}</span></li>`).join("");
+    const allocs = (d.allocations || []).map((a) => {
+      if (!visibleAlloc(a)) return "<li>claimed (other tenant)</li>";
+      const pods = (a.pods || []).map((p) => `<li>${esc(p)} <button type="button" data-explain="${esc(p)}">explain</button></li>`).join("");
+      return `<li data-alloc="${esc(a.namespace)}/${esc(a.claim)}"><b>${esc(a.namespace)}/${esc(a.claim)}</b> · ${esc(sharing(a.sharing))} · ${esc(age(a.since))}`
+        + `<ul>${pods}</ul><div class="claim-detail" data-claim-detail="${esc(a.namespace)}/${esc(a.claim)}"></div></li>`;
+    }).join("");
+    const events = (res.events || []).map((e) => `<li><time>${esc(e.time)}</time> <b>${esc(e.type)}</b> ${esc(e.summary)}</li>`).join("");
+    ddBody.innerHTML = `<dl>${rows.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("")}</dl>`
+      + (taints ? `<h3>Taints</h3><ul>${taints}</ul>` : "")
+      + `<h3>Claims</h3>${allocs ? `<ul>${allocs}</ul>` : "<p class=\"muted\">none</p>"}`
+      + `<h3>History</h3>${events ? `<ol class="events">${events}</ol>` : "<p class=\"muted\">no recent events</p>"}`
+      + "<div id=\"dd-explain\"></div>";
+    for (const el of ddBody.querySelectorAll("[data-claim-detail]")) loadClaim(el, key);
+  }
+
+  async function loadClaim(el, key) {
+    const [ns, name] = el.dataset.claimDetail.split("/");
+    let c;
+    try { c = await api(`/api/claim/${encodeURIComponent(ns)}/${encodeURIComponent(name)}`); } catch (e) {
+      el.innerHTML = `<p class="error">${esc(e.message)}</p>`;
+      return;
+    }
+    if (S.openKey !== key) return;
+    const devs = (c.claim.devices || []).map((d) => `${d.node}/${d.device}`).join(", ");
+    el.innerHTML = `<div class="muted">devices: ${esc(devs)}</div>`
+      + (c.traceUrl ? `<a class="trace" href="${esc(c.traceUrl)}" target="_blank" rel="noopener">trace ${esc(c.traceId)}</a>`
+        : c.traceId ? `<span class="muted">trace ${esc(c.traceId)}</span>` : "")
+      + (c.waterfall ? `<pre class="waterfall">${esc(c.waterfall)}</pre>` : "");
+  }
+
+  async function explain(pod) {
+    if (drill.hidden) {
+      S.openKey = "";
+      $("#dd-title").textContent = `pod ${pod}`;
+      ddBody.innerHTML = "<div id=\"dd-explain\"></div>";
+      drill.hidden = false;
+      S.lastFocus = document.activeElement;
+    }
+    const out = $("#dd-explain");
+    out.innerHTML = `<h3>Explain ${esc(pod)}</h3><p class="muted">loading…</p>`;
+    const [ns, name] = pod.split("/");
+    try {
+      const r = await api(`/api/pod/${encodeURIComponent(ns)}/${encodeURIComponent(name)}/explain`);
+      out.innerHTML = `<h3>Explain ${esc(pod)}</h3><pre class="explain">${esc(r.text)}</pre>`;
+    } catch (e) { out.innerHTML = `<h3>Explain ${esc(pod)}</h3><p class="error">${esc(e.message)}</p>`; }
+  }
+
+  function closeDrill() {
+    drill.hidden = true;
+    const key = S.openKey;
+    S.openKey = "";
+    let back = S.lastFocus && document.contains(S.lastFocus) ? S.lastFocus : null;
+    if (!back && key) back = viewport.querySelector(`[data-device="${CSS.escape(key)}"]`);
+    if (back) back.focus();
+  }
+
+  // ---- keyboard and pointer ----
+  function moveRow(from, step) {
+    const rowEl = from.closest("[data-node]");
+    const col = [...rowEl.querySelectorAll("[data-device]")].indexOf(from);
+    let i = indexOf(`n:${rowEl.dataset.node}`);
+    do { i += step; } while (i >= 0 && i < S.layout.length && S.layout[i].kind !== "n");
+    if (i < 0 || i >= S.layout.length) return;
+    const y = S.offsets[i];
+    if (y < viewport.scrollTop) viewport.scrollTop = y - GROUP_H;
+    else if (y + ROW_H > viewport.scrollTop + viewport.clientHeight) viewport.scrollTop = y + ROW_H - viewport.clientHeight;
+    render();
+    const target = S.rendered.get(S.layout[i].key);
+    const devs = target ? [...target.querySelectorAll("[data-device]")] : [];
+    if (devs.length) devs[Math.min(col, devs.length - 1)].focus();
+  }
+
+  viewport.addEventListener("keydown", (ev) => {
+    const el = ev.target.closest && ev.target.closest("[data-device]");
+    if (!el) return;
+    if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); openDrill(el.dataset.device, el); return; }
+    if (ev.key === "ArrowLeft" || ev.key === "ArrowRight") {
+      const devs = [...el.closest("[data-node]").querySelectorAll("[data-device]")];
+      const next = devs[devs.indexOf(el) + (ev.key === "ArrowRight" ? 1 : -1)];
+      if (next) next.focus();
+      ev.preventDefault();
+    } else if (ev.key === "ArrowDown" || ev.key === "ArrowUp") {
+      moveRow(el, ev.key === "ArrowDown" ? 1 : -1);
+      ev.preventDefault();
+    }
+  });
+  viewport.addEventListener("click", (ev) => {
+    const el = ev.target.closest("[data-device]");
+    if (el) openDrill(el.dataset.device, el);
+  });
+  ddBody.addEventListener("click", (ev) => {
+    const b = ev.target.closest("[data-explain]");
+    if (b) explain(b.dataset.explain);
+  });
+  $("#dd-close").addEventListener("click", closeDrill);
+  document.addEventListener("keydown", (ev) => { if (ev.key === "Escape" && !drill.hidden) closeDrill(); });
+
+  let scheduled = false;
+  const schedule = () => {
+    if (scheduled) return;
+    scheduled = true;
+    requestAnimationFrame(() => { scheduled = false; render(); });
+  };
+  viewport.addEventListener("scroll", schedule, { passive: true });
+  window.addEventListener("resize", schedule);
+
+  const search = $("#search");
+  search.addEventListener("input", () => { S.query = search.value; relayout(); render(); });
+  search.addEventListener("keydown", (ev) => {
+    const q = search.value.trim();
+    if (ev.key === "Enter" && !S.layout.length && /^[^/\s]+\/[^/\s]+$/.test(q)) explain(q);
+  });
+  $("#ns-filter").addEventListener("change", (ev) => {
+    S.ns = ev.target.value;
+    const p = new URLSearchParams(location.search);
+    if (S.ns) p.set("namespace", S.ns); else p.delete("namespace");
+    history.replaceState(null, "", location.pathname + (p.toString() ? `?${p}` : ""));
+    connect();
+  });
+
+  // ages on the visible rows move on
+  setInterval(() => {
+    for (const [key, el] of S.rendered) {
+      if (key.startsWith("n:") && !el.contains(document.activeElement)) { el.remove(); S.rendered.delete(key); }
+    }
+    render();
+  }, 30000);
+
+  connect();
+})();

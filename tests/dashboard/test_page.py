@@ -1,0 +1,194 @@
+"""The fleet page in a real headless Chromium against the fixture server (tests/dashboard/fixtureserver.py):
+the page logic (rows, tiles, MIG bar, live deltas, tenant filter, drill-down, keyboard, virtualized rows)
+without a cluster. tests/dashboard/test_browser.py drives the same page against `gpu-dra up`."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from tests.dashboard import fixtureserver as fx
+from tests.dashboard.cdp import Browser
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def page(browser: Browser) -> AsyncIterator[tuple[Browser, fx.FixtureFleet, str]]:
+    state = fx.FixtureFleet(fx.load_fleet())
+    runner, url = await fx.start(fx.make_fixture_app(state))
+    try:
+        await browser.navigate(url + "/")
+        await browser.wait_for("document.body.dataset.version")
+        yield browser, state, url
+    finally:
+        await fx.stop(state, runner)
+
+
+def q(selector: str) -> str:
+    return f"document.querySelector({json.dumps(selector)})"
+
+
+async def test_rows_tiles_and_counters(page) -> None:
+    b, _, _ = page
+    assert await b.evaluate("[...document.querySelectorAll('[data-node]')].map(e => e.dataset.node)") == [
+        "node-a", "node-b", "node-c"]
+    assert await b.evaluate("[...document.querySelectorAll('[data-group] h2')].map(e => e.textContent)") == [
+        "clique c1", "ungrouped"]
+    tiles = await b.evaluate("Object.fromEntries([...document.querySelectorAll('.tile')].map(e => "
+                             "[e.dataset.device, [e.dataset.state, e.dataset.claim || '', e.textContent]]))")
+    assert set(tiles) == {"node-a/gpu-0", "node-a/gpu-1", "node-a/gpu-2", "node-b/gpu-0", "node-b/gpu-1", "node-c/gpu-0"}
+    state, claim, text = tiles["node-a/gpu-0"]
+    assert (state, claim) == ("claimed", "team-a/train-1") and "exclusive" in text and "80 GiB" in text
+    assert "time-slice Short" in tiles["node-b/gpu-0"][2] and "+1" in tiles["node-b/gpu-0"][2]
+    assert "MPS 50% · 10Gi pinned" in tiles["node-b/gpu-1"][2]
+    # the state is a word and an icon, not only a colour
+    assert "⚠ tainted" in tiles["node-a/gpu-1"][2] and "○ free" in tiles["node-c/gpu-0"][2]
+    h100 = await b.evaluate(q('#counters [data-product="NVIDIA H100 80GB HBM3"]') + ".textContent")
+    assert "1 free" in h100 and "3 claimed" in h100 and "1 tainted" in h100
+
+
+async def test_tainted_gpu_shows_its_xid(page) -> None:
+    b, _, _ = page
+    got = await b.evaluate(q('[data-device="node-a/gpu-1"]') + "?.dataset.xid")
+    assert got == "79"
+    assert "XID 79" in await b.evaluate(q('[data-device="node-a/gpu-1"]') + ".textContent")
+
+
+async def test_mig_bar_places_slices_to_scale(page) -> None:
+    b, state, _ = page
+    slots = await b.evaluate("""(() => { const bar = document.querySelector('[data-device="node-a/gpu-2"] .mig-bar');
+      const w = bar.getBoundingClientRect().width;
+      return [...bar.querySelectorAll('[data-mig-slot]')].map(e => { const r = e.getBoundingClientRect();
+        return [e.dataset.profile, +e.dataset.start, +e.dataset.size, e.dataset.state,
+                Math.round((r.left - bar.getBoundingClientRect().left) / w * 8), Math.round(r.width / w * 8)]; }); })()""")
+    want = [[d["mig"]["profile"], d["mig"]["start"], d["mig"]["size"], d["state"], d["mig"]["start"], d["mig"]["size"]]
+            for d in state.node("node-a")["devices"] if d["parent"] == "gpu-2"]
+    assert slots == want
+
+
+async def test_a_delta_updates_one_row_within_a_second(page) -> None:
+    b, state, _ = page
+    row = copy.deepcopy(state.node("node-c"))
+    row["devices"][0].update(state="claimed", allocations=[{
+        "namespace": "team-a", "claim": "new-1", "claimUid": "u", "pods": ["team-a/new-1-pod"],
+        "since": "2026-12-04T14:31:00Z", "sharing": {"mode": "exclusive"}}])
+    untouched = await b.evaluate("document.querySelector('[data-node=\"node-a\"]').dataset.mark = 'kept'")
+    t0 = time.monotonic()
+    state.push([row])
+    await b.wait_for(q('[data-device="node-c/gpu-0"][data-claim="team-a/new-1"]'), timeout=2)
+    assert time.monotonic() - t0 <= 1.0
+    assert untouched == "kept" and await b.evaluate(q('[data-node="node-a"]') + ".dataset.mark") == "kept"
+    await b.wait_for(q('#counters [data-product="NVIDIA H100 80GB HBM3"] [data-state="claimed"]') + ".dataset.count === '4'")
+
+
+async def test_the_page_reconnects_when_the_stream_ends(page) -> None:
+    b, state, _ = page
+    fulls = await b.evaluate("window.__dash.fulls")
+    state.close()  # as a restarting server does
+    await b.wait_for(f"window.__dash.fulls > {fulls} && document.getElementById('conn').dataset.conn === 'live'")
+    assert await b.evaluate("document.querySelectorAll('[data-node]').length") == 3
+
+
+async def test_namespace_filter_hides_other_tenants(page) -> None:
+    b, _, _ = page
+    fulls = await b.evaluate("window.__dash.fulls")
+    await b.evaluate("(() => { const s = document.getElementById('ns-filter'); s.value = 'team-a';"
+                     " s.dispatchEvent(new Event('change')); })()")
+    await b.wait_for(f"window.__dash.fulls > {fulls}")
+    claims = await b.evaluate("[...document.querySelectorAll('[data-claim]')].map(e => e.dataset.claim)")
+    assert claims and all(c.startswith("team-a/") for c in claims)
+    mps = await b.evaluate(q('[data-device="node-b/gpu-1"]') + ".textContent")
+    assert "other tenant" in mps and "mps-1" not in mps
+    assert await b.evaluate("location.search") == "?namespace=team-a"
+    await b.evaluate("(() => { const s = document.getElementById('ns-filter'); s.value = '';"
+                     " s.dispatchEvent(new Event('change')); })()")
+    await b.wait_for(q('[data-claim="team-b/mps-1"]'))
+
+
+async def test_search_keyboard_and_drilldown(page) -> None:
+    b, state, _ = page
+    await b.evaluate("(() => { const s = document.getElementById('search'); s.value = 'mps-1';"
+                     " s.dispatchEvent(new Event('input')); })()")
+    await b.wait_for("document.querySelectorAll('[data-node]').length === 1")
+    assert await b.evaluate(q("[data-node]") + ".dataset.node") == "node-b"
+    await b.evaluate("(() => { const s = document.getElementById('search'); s.value = '';"
+                     " s.dispatchEvent(new Event('input')); })()")
+    await b.wait_for("document.querySelectorAll('[data-node]').length === 3")
+
+    await b.evaluate(q('[data-device="node-a/gpu-0"]') + ".focus()")
+    await b.press("ArrowRight")
+    assert await b.evaluate("document.activeElement.dataset.device") == "node-a/gpu-1"
+    await b.press("ArrowDown")
+    assert await b.evaluate("document.activeElement.dataset.device") == "node-b/gpu-1"
+    await b.press("Enter")
+    await b.wait_for(q("#drilldown:not([hidden]) [data-claim-detail] .trace"))
+    detail = await b.evaluate(q("#drilldown") + ".textContent")
+    assert "team-b/mps-1" in detail and "claim prepared" in detail
+    assert await b.evaluate(q("#drilldown .trace") + ".href") == \
+        "http://localhost:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736"
+    await b.evaluate(q("#drilldown [data-explain]") + ".click()")
+    await b.wait_for(q("#drilldown .explain"))
+    await b.press("Escape")
+    await b.wait_for(q("#drilldown[hidden]"))
+    assert await b.evaluate("document.activeElement.dataset.device") == "node-b/gpu-1"
+    # a live change of the focused row keeps the keyboard where it was
+    state.push([copy.deepcopy(state.node("node-b"))])
+    await b.wait_for(f"document.body.dataset.version === '{state.fleet['version']}'")
+    assert await b.evaluate("document.activeElement.dataset.device") == "node-b/gpu-1"
+
+    # a pending pod holds no device: the search box explains it
+    await b.evaluate("(() => { const s = document.getElementById('search'); s.value = 'team-a/stuck';"
+                     " s.dispatchEvent(new Event('input')); s.focus(); })()")
+    await b.wait_for(q("#empty:not([hidden])"))
+    await b.press("Enter")
+    await b.wait_for(q("#drilldown:not([hidden]) .explain"))
+    assert "pod team-a/stuck" in await b.evaluate(q("#drilldown .explain") + ".textContent")
+    await b.press("Escape")
+    await b.evaluate("(() => { const s = document.getElementById('search'); s.value = '';"
+                     " s.dispatchEvent(new Event('input')); })()")
+
+
+async def test_thousand_nodes_render_virtualized(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> None:
+    shots = tmp_path_factory.mktemp("screenshots")
+    state = fx.FixtureFleet(fx.synthetic_fleet(1000, 8))
+    runner, url = await fx.start(fx.make_fixture_app(state))
+    try:
+        await browser.navigate(url + "/")
+        ms = await browser.wait_for("window.__dash.firstRenderMs", timeout=10)
+        rows = await browser.evaluate("document.querySelectorAll('[data-node]').length")
+        assert 3 <= rows <= 30, f"{rows} rows in the DOM: not virtualized"
+        path = await browser.screenshot(shots / "fleet-1000-fixture.png")
+        await browser.evaluate("(() => { const v = document.getElementById('viewport'); v.scrollTop = v.scrollHeight; })()")
+        await browser.wait_for(q('[data-node="node-0999"]'))
+        assert await browser.evaluate("document.querySelectorAll('[data-node]').length") <= 30
+        print(f"\n1000 nodes x 8 GPUs (fixture): first render {ms:.0f} ms after navigation start; screenshot {path}")
+    finally:
+        await fx.stop(state, runner)
+
+
+
+async def test_a_token_in_the_url_is_kept_for_the_session_and_sent_as_a_header(browser: Browser) -> None:
+    state = fx.FixtureFleet(fx.load_fleet(), token="s3cret")
+    runner, url = await fx.start(fx.make_fixture_app(state))
+    try:
+        await browser.navigate(url + "/?token=s3cret&namespace=team-a")
+        await browser.wait_for("document.body.dataset.version && document.getElementById('conn').dataset.conn === 'live'")
+        assert await browser.evaluate("location.search") == "?namespace=team-a"  # the token leaves the address bar
+        await browser.evaluate(q('[data-device="node-a/gpu-0"]') + ".click()")
+        await browser.wait_for(q("#drilldown:not([hidden]) dl"))
+        assert ("/api/stream", "query") in state.seen_tokens  # EventSource sends no headers
+        assert ("/api/device/node-a/gpu-0", "header") in state.seen_tokens
+        await browser.press("Escape")
+        # a refused token: the page says what the server said
+        await browser.evaluate("sessionStorage.setItem('gpu-dra-token', 'wrong'); location.reload()")
+        await browser.wait_for("document.getElementById('conn').dataset.conn === 'error'")
+        assert "token was refused" in await browser.evaluate("document.getElementById('conn').textContent")
+    finally:
+        await browser.evaluate("sessionStorage.clear()")
+        await fx.stop(state, runner)
