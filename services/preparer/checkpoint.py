@@ -27,6 +27,11 @@ Crash argument (what each write must survive):
   milliseconds, above any number handed out unless more than 1,000 preparations a second were made
   on average since the sequence started). So a write with a boot id costs one fsync, not two: the
   directory is fsync'd only when there is no boot id to detect the reboot (`sync_dir`).
+A PrepareStarted of a claim whose prepare creates nothing before its CDI spec (no dynamic MIG device)
+is staged (`stage`), not written: a crash before the next write loses it, and loses nothing with it,
+since no device state exists yet and the spec is swept at start; the next write (the put before a
+time-slice or MPS call, another claim's write, or its own PrepareCompleted) carries it and its
+`prepare-started` event together. So a plain prepare is one write and one fsync, not two.
 The CDI spec of a claim (`cdi.py`) rests on the same argument, one step further: it is written (renamed
 into place) before the `PrepareCompleted` write that hands its device ids to the kubelet, and has no
 fsync of its own: a process crash keeps it whole, and a power loss is a reboot after which no claim is
@@ -137,6 +142,8 @@ class Checkpoint:
         self._raw_top: dict[str, Any] = {}
         self._raw_claims: dict[str, dict[str, Any]] = {}
         self._queue: list[tuple[Sequence[Any], asyncio.Future[None]]] = []  # changes awaiting a write
+        self._staged_events: list[Any] = []  # events of staged changes: they go out with the next write
+        self._events_journaled = False  # whether the last write got its events to the journal
         self._committer: asyncio.Task[None] | None = None
         self.writes = 0  # documents written (tests, benches)
         self.power_loss_is_reboot = bool(boot_id)  # a power loss shows as a new boot id at the next load
@@ -217,6 +224,13 @@ class Checkpoint:
         self.preparation_seq += 1
         return self.preparation_seq
 
+    def stage(self, uid: str, record: ClaimRecord, *, events: Sequence[Any] = ()) -> None:
+        """Change a claim in memory only: the next write persists it, whoever makes it, with `events`
+        in the same write (so an event is never on disk without its change, nor the change without it).
+        For a change a crash may lose: a PrepareStarted of a claim that has nothing to undo (module doc)."""
+        self.claims[uid] = record
+        self._staged_events.extend(events)
+
     async def save(self, events: Sequence[Any] = ()) -> None:
         """Write the document (together with every other change pending now: group commit); `events` go
         to the journal first, in the same durable step (see the module doc). The wait is a span of its own
@@ -233,11 +247,14 @@ class Checkpoint:
         """Write what is queued, then what queued meanwhile, until nothing is (one task at a time)."""
         while self._queue:
             batch, self._queue = self._queue, []
+            staged, self._staged_events = self._staged_events, []
             error: BaseException | None = None
             try:
-                await self._write([e for events, _ in batch for e in events], len(batch))
+                await self._write(staged + [e for events, _ in batch for e in events], len(batch))
             except BaseException as exc:  # noqa: BLE001 - handed to every waiter; cancellation re-raised below
                 error = exc
+                if not self._events_journaled:  # still only in memory: the next write carries them
+                    self._staged_events[:0] = staged
             for _, done in batch:
                 if done.done():
                     continue  # its caller was cancelled
@@ -261,11 +278,13 @@ class Checkpoint:
             data = self._document()
             journal = self.journal if events else None
             kept: list[Any] = []
+            journaled: list[bool] = []
             sync_dir = self.sync_dir
 
             def write() -> None:
                 if journal is not None:
                     kept.extend(journal.write_sync(events))
+                    journaled.append(True)
                 atomic_write(self.path, data, sync_dir=sync_dir)
 
             self.writes += 1
@@ -274,6 +293,7 @@ class Checkpoint:
             except OSError as exc:
                 raise CheckpointError(f"cannot write checkpoint {self.path}: {exc}") from exc
             finally:
+                self._events_journaled = bool(journaled)
                 if journal is not None and kept:
                     journal.committed(kept)  # on file: sent even when the checkpoint write failed
 

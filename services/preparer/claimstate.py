@@ -11,7 +11,8 @@ lifecycle events: each carried by the checkpoint write of the state change it re
 record is on file when the change is), and a `prepare-failed` with its reason class for every
 failed prepare (also one that failed before `prepare-started`). A driver subclasses
 `ClaimPreparer` and implements the port:
-  `_prepare_claim(ref, previous, claim)`  plan, write `PrepareStarted`, side effects, CDI, `PrepareCompleted`
+  `_prepare_claim(ref, previous, claim)`  plan, record `PrepareStarted` (written, or staged when
+                                          nothing is created before the spec), side effects, CDI, `PrepareCompleted`
   `_undo(uid, record)`       undo a claim's side effects (idempotent)
 """
 

@@ -139,7 +139,15 @@ class Preparer(ClaimPreparer):
         record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
                              preparation=self.checkpoint.next_preparation(), devices=devices, started_at=time.time(),
                              configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit])
-        await self.checkpoint.put(ref.uid, record, events=[self._event("prepare-started", ref, record)])
+        started = [self._event("prepare-started", ref, record)]
+        if any(d.dynamic_mig for d in devices):
+            # a MIG device is created next: the record must be on disk first, so a crash leaves it to undo
+            await self.checkpoint.put(ref.uid, record, events=started)
+        else:
+            # Nothing exists yet that a crash could leave behind: the record goes to disk with the next
+            # write (the put before a time-slice or MPS call, else PrepareCompleted), its event with it;
+            # a crash before that leaves nothing but maybe a CDI spec, which the start-up sweep removes.
+            self.checkpoint.stage(ref.uid, record, events=started)
         try:
             cdi_devices = await self._apply(ref, record, planned, groups)
             with tracer.start_as_current_span("cdi.write"):

@@ -6,7 +6,9 @@ import asyncio
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from services.preparer.checkpoint import (
     SCHEMA_VERSION,
@@ -213,3 +215,49 @@ async def test_a_caller_cancelled_during_a_group_write_does_not_stop_the_others(
     third = asyncio.create_task(cp.put("later", record()))
     await third
     assert set(json.loads(path.read_text())["preparedClaims"]) == {"cancelled", "kept", "later"}
+
+
+async def test_a_staged_change_goes_out_with_the_next_write_whoever_makes_it(root: Path) -> None:
+    """A PrepareStarted with nothing to undo is staged: no write of its own; the next write (another
+    claim's, or its own PrepareCompleted) persists it with its events, in order; a failed write keeps the
+    staged events for the write after it."""
+
+    class Recording:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def write_sync(self, records: Sequence[Any]) -> list[Any]:
+            self.lines.extend(records)
+            return list(records)
+
+        def committed(self, records: Sequence[Any]) -> None:
+            pass
+
+    path = root / "cp" / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b")
+    await cp.load()
+    journal = Recording()
+    cp.journal = journal
+    before = cp.writes
+    cp.stage("a", record("PrepareStarted"), events=["a:prepare-started"])
+    assert cp.writes == before and "a" in cp.claims  # in memory, seen by guards
+    assert "a" not in (json.loads(path.read_text())["preparedClaims"] if path.exists() else {})
+    await cp.put("b", record(), events=["b:prepared"])
+    assert cp.writes - before == 1
+    assert json.loads(path.read_text())["preparedClaims"]["a"]["state"] == "PrepareStarted"
+    assert journal.lines == ["a:prepare-started", "b:prepared"]
+    # a write that fails before its events reach the journal keeps the staged ones for the next write
+    cp.stage("c", record("PrepareStarted"), events=["c:prepare-started"])
+    cp.journal = None
+    shutil.rmtree(path.parent)
+    try:
+        await cp.put("d", record())
+    except CheckpointError:
+        pass
+    else:
+        raise AssertionError("the write into a removed directory succeeded")
+    path.parent.mkdir()
+    cp.journal = journal
+    await cp.put("c", record(), events=["c:prepared"])
+    assert journal.lines[2:] == ["c:prepare-started", "c:prepared"]
+    assert json.loads(path.read_text())["preparedClaims"]["c"]["state"] == "PrepareCompleted"
