@@ -102,8 +102,8 @@ async def wave(kube: Kube, names: list[str]) -> tuple[list[float], list[float]]:
     return [latency[n] for n in names], [bound.get(n, latency[n]) for n in names]
 
 
-async def main(pods: int, wave_size: int, nodes: int, singles: int, runtime: str) -> dict[str, Any]:
-    cfg = ClusterConfig(nodes=nodes, gpus="h100x8", start_timeout=180, runtime=runtime)
+async def main(pods: int, wave_size: int, nodes: int, singles: int, runtime: str, data_dir: str) -> dict[str, Any]:
+    cfg = ClusterConfig(nodes=nodes, gpus="h100x8", start_timeout=180, runtime=runtime, data_dir=data_dir)
     started = time.perf_counter()
     async with LocalCluster(cfg) as cluster:
         up_s = time.perf_counter() - started
@@ -154,8 +154,9 @@ if __name__ == "__main__":
     parser.add_argument("--runtime", default="sandbox", choices=("sandbox", "none"),
                         help="the kubelet emulators' container runtime (sandbox: bubblewrap, as `gpu-dra up`)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cluster.json")
+    parser.add_argument("--data-dir", default="", help="keep the cluster's state and service logs (<dir>/logs) here")
     args = parser.parse_args()
-    result = asyncio.run(main(args.pods, args.wave, args.nodes, args.singles, args.runtime))
+    result = asyncio.run(main(args.pods, args.wave, args.nodes, args.singles, args.runtime, args.data_dir))
     print(json.dumps(result, indent=2))
     out = args.out
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -190,6 +190,10 @@ class Writer:
         except BaseException:
             self.unbind(pod)
             raise
+        current = self.state.get(PODS, ns, name)
+        if current is not None and current["metadata"].get("uid") == pod["metadata"].get("uid") \
+                and not (current.get("spec") or {}).get("nodeName"):
+            self.assume_bound(current, node)  # a newer version came meanwhile, from before the binding: it is bound
 
     async def mark_unschedulable(self, pod: Obj, message: str) -> bool:
         """PodScheduled=False (Unschedulable) with `message`; False when it already says exactly that."""

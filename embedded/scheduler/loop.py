@@ -6,8 +6,9 @@ consumers are gone or done, (2) generates missing claims (templates, extended re
 each pending pod of ours in creation order: a Plan, then the claim writes and the binding, or
 PodScheduled=False. Step (2) writes every pod's claims at once. In step (3) a decision's claim
 writes are assumed in the cache (the next decision sees the devices taken) and sent, followed by
-the binding and the Event, while the pass decides the next pods; a pass ends when they are all
-written (a failed write puts the cache back as it was). A pod that did not fit is tried again only after a relevant change (slices,
+the binding and the Event, while the pass decides the next pods and the loop goes on to the next
+pass (a failed write puts the cache back as it was; its error fails the next pass, as an error in
+the pass itself does). A pod that did not fit is tried again only after a relevant change (slices,
 classes, nodes, namespaces, a claim freed or changed) or the slow backstop resync. Every attempt
 is a span `scheduler.schedule_pod`.
 """
@@ -82,7 +83,8 @@ class Scheduler:
         self.tried: dict[str, tuple[int, Any]] = {}  # pod uid -> (generation, pod generation) of its last miss
         self.scheduled = 0
         self.lists = {res.plural: 0 for res in WATCHED}  # full lists per resource (1 + re-lists)
-        self._writes: list[asyncio.Task[None]] = []  # this pass's bindings and Events in flight
+        self._writes: list[asyncio.Task[None]] = []  # claim writes, bindings and Events in flight
+        self._binding: set[str] = set()  # pods whose claim writes and binding are in flight: not tried again
 
     # ---- informers --------------------------------------------------------------------------------
 
@@ -136,7 +138,8 @@ class Scheduler:
             while not stopping.is_set():
                 self.wake.clear()
                 try:
-                    await self.run_pass()
+                    self._reap()
+                    await self.run_pass(wait=False)
                 except (ApiError, *TRANSIENT) as exc:
                     log.warning("scheduling pass failed; retrying in 1 s", error=str(exc))
                     self.wake.set()
@@ -150,11 +153,18 @@ class Scheduler:
                 if not done:
                     self.generation += 1  # the backstop: unschedulable pods get another look
         finally:
+            writes, self._writes = self._writes, []
+            await cancel_and_wait(writes)
+            for write in writes:
+                if not write.cancelled() and write.exception() is not None:
+                    log.warning("a write failed as the scheduler stopped", error=str(write.exception()))
             for task in informers:
                 task.cancel()
             await asyncio.gather(*informers, return_exceptions=True)
 
-    async def run_pass(self) -> None:
+    async def run_pass(self, wait: bool = True) -> None:
+        """One pass; with `wait`, it returns once its writes are done (the loop goes on while they are on their way:
+        the cache already has them, and the next pass reaps their errors)."""
         if await self.writer.release():
             self.generation += 1
         pods = [p for p in self.state.values(PODS) if is_ours(p)]
@@ -170,11 +180,12 @@ class Scheduler:
                     continue
                 ns, name = key_of(pod)
                 current = self.state.get(PODS, ns, name)
-                if current is None or not is_ours(current):
+                if current is None or not is_ours(current) or current["metadata"].get("uid") in self._binding:
                     continue
                 await self.schedule_one(current)
         finally:
-            await self._writes_done()
+            if wait:
+                await self._writes_done()
 
     async def _generate_claims(self, pod: Obj) -> bool:
         try:
@@ -186,8 +197,17 @@ class Scheduler:
         return True
 
     def _write_later(self, write: Coroutine[Any, Any, None]) -> None:
-        """Bindings and Events are written while the pass decides the next pods; the pass ends when they are done."""
+        """Claim writes, bindings and Events go out while the next pods are decided."""
         self._writes.append(asyncio.create_task(write))
+
+    def _reap(self) -> None:
+        """Forget the writes that are done; raise the first error among them (the pass fails, as if it had waited)."""
+        done = [w for w in self._writes if w.done()]
+        self._writes = [w for w in self._writes if not w.done()]
+        errors = [w.exception() for w in done if not w.cancelled()]
+        for error in errors:
+            if error is not None:
+                raise error
 
     async def _writes_done(self) -> None:
         writes, self._writes = self._writes, []
@@ -203,8 +223,7 @@ class Scheduler:
                 raise result
 
     async def schedule_one(self, pod: Obj) -> str | None:
-        """One attempt for one pod: the node it is being bound to (the binding is written in the background,
-        done when the pass ends), or None."""
+        """One attempt for one pod: the node it is being bound to (its writes go out in the background), or None."""
         md = pod["metadata"]
         uid = md.get("uid", "")
         stamp = (self.generation, md.get("generation"))
@@ -237,6 +256,7 @@ class Scheduler:
                     return None
                 self.writer.assume_bound(pod, plan.node)
                 self.tried.pop(uid, None)
+                self._binding.add(uid)
                 self._write_later(self._bind(pod, plan, writes, span))
                 binding = True
                 return plan.node
@@ -253,6 +273,13 @@ class Scheduler:
         """Send the pod's claim writes and its binding (in the pod's scheduling span), then the Scheduled Event.
         A failed write leaves the claims and the pod cached as they were; the pass then fails (and is retried
         after 1 s) unless it was a conflict (retried at once, with the fresh claim)."""
+        assert plan.node is not None
+        try:
+            await self._write_binding(pod, plan, writes, span)
+        finally:
+            self._binding.discard(pod["metadata"].get("uid", ""))
+
+    async def _write_binding(self, pod: Obj, plan: Plan, writes: list[ClaimWrite], span: trace.Span) -> None:
         assert plan.node is not None
         with trace.use_span(span, end_on_exit=True):
             try:
