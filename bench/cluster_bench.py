@@ -6,7 +6,10 @@ so 100 pods run in waves of `--wave` (default 25): create a wave at once, time e
 creation to Running+Ready (watch events), delete the wave, wait for its claims to be freed. Then
 `--singles` pods one at a time: the latency of the path itself, without a burst's queue.
 
-    .venv/bin/python bench/cluster_bench.py [--pods 100] [--wave 25] [--nodes 4]
+    .venv/bin/python bench/cluster_bench.py [--pods 100] [--wave 25] [--nodes 4] [--runtime sandbox|none]
+
+It also reads the API server's request counters (`/metrics`) before and after the waves and reports
+the requests per pod by verb and resource (the bench's own creates, deletes and polls included).
 
 Prints the figures and writes them to bench/results/cluster.json.
 """
@@ -27,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from embedded.cluster.local import ClusterConfig, LocalCluster  # noqa: E402
 from shared.kube.resources import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube  # noqa: E402
+from shared.kube.rest import request  # noqa: E402
 
 NS = "default"
 
@@ -42,16 +46,31 @@ def pod(name: str) -> dict[str, Any]:
                      "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}
 
 
+async def request_counts(api: Any) -> dict[str, int]:
+    """The API server's `apiserver_request_total`, as "VERB resource[/subresource]" -> requests served."""
+    counts: dict[str, int] = {}
+    for line in (await request(api, "GET", "/metrics")).decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
+        verb, res, sub = (labels[k].strip('"') for k in ("verb", "resource", "subresource"))
+        key = f"{verb} {res}{'/' + sub if sub else ''}"
+        counts[key] = counts.get(key, 0) + int(line.rsplit(" ", 1)[1])
+    return counts
+
+
 def ready(obj: dict[str, Any]) -> bool:
     st = obj.get("status") or {}
     return st.get("phase") == "Running" and any(c.get("type") == "Ready" and c.get("status") == "True"
                                                 for c in st.get("conditions") or [])
 
 
-async def wave(kube: Kube, names: list[str]) -> list[float]:
+async def wave(kube: Kube, names: list[str]) -> tuple[list[float], list[float]]:
+    """(created -> Running+Ready, created -> bound) of each pod, in seconds."""
     _, rv = await kube.list(PODS, NS)
     created: dict[str, float] = {}
     latency: dict[str, float] = {}
+    bound: dict[str, float] = {}
 
     async def watch_until_all_ready() -> None:
         version = rv
@@ -59,6 +78,8 @@ async def wave(kube: Kube, names: list[str]) -> list[float]:
             async for kind, obj in kube.watch(PODS, version, timeout_s=120):
                 version = (obj.get("metadata") or {}).get("resourceVersion", version)
                 name = (obj.get("metadata") or {}).get("name")
+                if name in created and name not in bound and (obj.get("spec") or {}).get("nodeName"):
+                    bound[name] = time.perf_counter() - created[name]
                 if kind in ("ADDED", "MODIFIED") and name in created and name not in latency and ready(obj):
                     latency[name] = time.perf_counter() - created[name]
                 if len(latency) == len(names):
@@ -78,37 +99,50 @@ async def wave(kube: Kube, names: list[str]) -> list[float]:
         if not pods and not any((c.get("status") or {}).get("allocation") for c in claims):
             break
         await asyncio.sleep(0.2)
-    return [latency[n] for n in names]
+    return [latency[n] for n in names], [bound.get(n, latency[n]) for n in names]
 
 
-async def main(pods: int, wave_size: int, nodes: int, singles: int) -> dict[str, Any]:
-    cfg = ClusterConfig(nodes=nodes, gpus="h100x8", start_timeout=180)
+async def main(pods: int, wave_size: int, nodes: int, singles: int, runtime: str, data_dir: str) -> dict[str, Any]:
+    cfg = ClusterConfig(nodes=nodes, gpus="h100x8", start_timeout=180, runtime=runtime, data_dir=data_dir)
     started = time.perf_counter()
     async with LocalCluster(cfg) as cluster:
         up_s = time.perf_counter() - started
-        kube = Kube(await cluster.api_client())
+        api = await cluster.api_client()
+        kube = Kube(api)
         await kube.create(RESOURCECLAIMTEMPLATES, NS, {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": "one-gpu", "namespace": NS},
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
         latencies: list[float] = []
+        binds: list[float] = []
         waves: list[float] = []
+        before = await request_counts(api)
         for start in range(0, pods, wave_size):
             names = [f"bench-{i}" for i in range(start, min(pods, start + wave_size))]
             t = time.perf_counter()
-            latencies += await wave(kube, names)
+            running, scheduled = await wave(kube, names)
+            latencies += running
+            binds += scheduled
             waves.append(time.perf_counter() - t)
+        after = await request_counts(api)
+        # every request the waves cost (the bench's own creates, deletes and polls included), per pod
+        per_pod = {k: round((after.get(k, 0) - before.get(k, 0)) / pods, 2) for k in sorted(after)
+                   if after.get(k, 0) - before.get(k, 0) >= pods / 10}
         single: list[float] = []  # one pod at a time: the path's own latency, without a burst's queue
         for i in range(singles):
-            single += await wave(kube, [f"bench-single-{i}"])
-    return {"pods": pods, "nodes": nodes, "wave": wave_size, "cluster_up_s": round(up_s, 2),
+            single += (await wave(kube, [f"bench-single-{i}"]))[0]
+    return {"pods": pods, "nodes": nodes, "wave": wave_size, "runtime": cfg.runtime, "cluster_up_s": round(up_s, 2),
             "pod_running_p50_ms": round(pct(latencies, 0.5) * 1000, 1),
             "pod_running_p99_ms": round(pct(latencies, 0.99) * 1000, 1),
             "pod_running_mean_ms": round(statistics.fmean(latencies) * 1000, 1),
+            "pod_bound_p50_ms": round(pct(binds, 0.5) * 1000, 1),
+            "pod_bound_p99_ms": round(pct(binds, 0.99) * 1000, 1),
             "wave_median_s": round(statistics.median(waves), 2),
             "single_pods": singles,
             "single_pod_running_p50_ms": round(pct(single, 0.5) * 1000, 1) if single else None,
-            "single_pod_running_p99_ms": round(pct(single, 0.99) * 1000, 1) if single else None}
+            "single_pod_running_p99_ms": round(pct(single, 0.99) * 1000, 1) if single else None,
+            "api_requests_per_pod": round(sum(per_pod.values()), 1),
+            "api_requests_per_pod_by_verb": per_pod}
 
 
 if __name__ == "__main__":
@@ -117,9 +151,13 @@ if __name__ == "__main__":
     parser.add_argument("--wave", type=int, default=25)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--singles", type=int, default=20, help="pods created one at a time after the waves")
+    parser.add_argument("--runtime", default="sandbox", choices=("sandbox", "none"),
+                        help="the kubelet emulators' container runtime (sandbox: bubblewrap, as `gpu-dra up`)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cluster.json")
+    parser.add_argument("--data-dir", default="", help="keep the cluster's state and service logs (<dir>/logs) here")
     args = parser.parse_args()
-    result = asyncio.run(main(args.pods, args.wave, args.nodes, args.singles))
+    result = asyncio.run(main(args.pods, args.wave, args.nodes, args.singles, args.runtime, args.data_dir))
     print(json.dumps(result, indent=2))
-    out = REPO / "bench" / "results" / "cluster.json"
+    out = args.out
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {out}")

@@ -29,6 +29,7 @@ from embedded.apiserver import (
     tables,
     versions,
 )
+from embedded.apiserver.requestcount import verb_of
 from embedded.apiserver.resources import Resource
 from embedded.apiserver.selectors import SelectorError, parse_field_selector, parse_label_selector
 from embedded.apiserver.storage import deep_copy
@@ -132,6 +133,7 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_get("/readyz", handlers.ok)
     app.router.add_get("/version", handlers.version)
     app.router.add_get("/version/", handlers.version)  # kubernetes clients ask with the slash
+    app.router.add_get("/metrics", handlers.metrics)
     app.router.add_get("/openapi/v2", handlers.openapi_v2)
     app.router.add_get("/openapi/v3", handlers.openapi_v3_index)
     app.router.add_get("/openapi/v3/{path:.*}", handlers.openapi_v3)
@@ -167,6 +169,9 @@ class Handlers:
 
     async def version(self, request: web.Request) -> web.Response:
         return json_response(discovery.SERVER_VERSION)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.server.requests.exposition(), content_type="text/plain")
 
     async def openapi_v2(self, request: web.Request) -> web.Response:
         doc = openapi_docs.v2(self.registry)
@@ -273,7 +278,11 @@ class Handlers:
             return target
         method = request.method
         q = request.query
-        if target.res is not None and target.res.is_custom:
+        watching = method == "GET" and not target.name and (target.watch_prefix or _truthy(q.get("watch")))
+        assert target.res is not None
+        self.server.requests.add(verb_of(method, bool(target.name), watching), target.group, target.res.plural,
+                                 target.subresource)
+        if target.res.is_custom:
             request[_JSON_ONLY] = True  # errors too are JSON, as the CRD handler answers
             _json_only(request)
         if method == "GET":

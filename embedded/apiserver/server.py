@@ -19,6 +19,7 @@ from embedded.apiserver.core import Core, now
 from embedded.apiserver.crds import CrdController
 from embedded.apiserver.gc import GarbageCollector
 from embedded.apiserver.http import build_app
+from embedded.apiserver.requestcount import RequestCounter
 from embedded.apiserver.resources import Registry, Resource
 from embedded.apiserver.storage import Store
 from embedded.apiserver.watch import WatchHub
@@ -53,6 +54,7 @@ class ApiServer:
         self.crds.load_existing()
         self.gc = GarbageCollector(self.core)
         self.hub = WatchHub(self.store, bookmark_interval)
+        self.requests = RequestCounter()  # served at /metrics
         # `token` is the admin's (system:masters: RBAC does not apply); the token file adds identities.
         # No token at all (plain HTTP without one) leaves the server open, as before.
         static = authn.parse_token_file(token_file.read_text(), str(token_file)) if token_file else {}

@@ -111,6 +111,7 @@ class PodWorker:
         self.started_at = status.get("startTime") or now()
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self.dirty = False  # a status change not written yet (the PodRunner's writer clears it)
+        self.started = asyncio.Event()  # every main container has started once (or the pod has ended)
         self._stopping = False
         self._stop_event = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -135,6 +136,9 @@ class PodWorker:
                 "containerStatuses": [c.status() for c in self.mains]}
 
     def _changed(self) -> None:
+        if self.phase in ("Succeeded", "Failed") or all(
+                "waiting" not in c.state or c.restarts for c in self.mains):
+            self.started.set()
         self.on_change(self)
 
     # ------------------------------------------------------------------ one run of one container
@@ -159,6 +163,19 @@ class PodWorker:
         uid = 0 if ctx.get("runAsUser") == 0 or (ctx.get("privileged") is True) else NOBODY
         return env, [(a, b) for a, b in binds], uid
 
+    def _set_up(self, name: str, tmp: Path, work: Path,
+                log_path: Path) -> tuple[dict[str, str], list[tuple[str, str]], int, str]:
+        """A container's env, binds and user, its directories made, and the simulated NVML state to bind
+        ("" when there is none): one trip to a worker thread."""
+        env, binds, uid = self._env(name)
+        for d in (tmp, work, log_path.parent):
+            d.mkdir(parents=True, exist_ok=True)
+        if uid == NOBODY:
+            for d in (tmp, work):
+                os.chmod(d, 0o777)  # noqa: S103 - the private dirs of an unprivileged user
+        sim = self.sim_state if self.sim_state and os.path.isfile(self.sim_state) else ""
+        return env, binds, uid, sim
+
     def _uuids(self, nodes: list[str]) -> list[str]:
         try:
             state = json.loads(Path(self.sim_state).read_text())
@@ -171,17 +188,10 @@ class PodWorker:
         argv = [*(spec.get("command") or []), *(spec.get("args") or [])]
         if not argv:  # the image's entrypoint is unknown here: the container idles until stopped
             argv = ["sh", "-c", IDLE]
-        env, binds, uid = await asyncio.to_thread(self._env, c.name)
         tmp = self.work / c.name / "tmp"
         work = self.work / c.name / "work"
         log_path = self.logs / c.name / f"{c.restarts}.log"
-        for d in (tmp, work, log_path.parent):
-            await asyncio.to_thread(d.mkdir, parents=True, exist_ok=True)
-        if uid == NOBODY:
-            for d in (tmp, work):
-                await asyncio.to_thread(os.chmod, d, 0o777)  # noqa: S103 - the private dirs of an unprivileged user
-        has_sim = bool(self.sim_state) and await asyncio.to_thread(os.path.isfile, self.sim_state)
-        sim = self.sim_state if has_sim else ""
+        env, binds, uid, sim = await asyncio.to_thread(self._set_up, c.name, tmp, work, log_path)
         cmd = bwrap_argv(self.bwrap, argv, work=work, tmp=tmp, shim_dir=self.shim_dir, uid=uid, env=env,
                          binds=binds, sim_state=sim)
         started = now()

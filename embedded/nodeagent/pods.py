@@ -1,6 +1,7 @@
 """The kubelet emulator's pod loop: prepare the claims of pods bound to this node, run them, finish them.
 
-Owns, for one node: watching its pods, checking each claim (from `spec.resourceClaims` and the
+Owns, for one node: watching its pods (each event handled in a task of its own: pods side by side, one
+pod's events in order; the claim GETs and pod writes of one pod overlap another's prepare), checking each claim (from `spec.resourceClaims` and the
 scheduler's `status.extendedResourceClaimStatus`) is allocated and reserved for the pod, calling
 `NodePrepareResources` per driver through a DRA client (one call at a time, so a claim is never
 prepared twice concurrently), resolving the returned CDI ids into what each container gets (recorded
@@ -38,6 +39,7 @@ from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
 from shared.backoff import Backoff
 from shared.kube.events import event_body, record_event
 from shared.logs import get_logger
+from shared.tasks import cancel_and_wait
 from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION, traceparent_context
 
 log = get_logger(__name__)
@@ -47,6 +49,7 @@ FAILED_REASON = "FailedPrepareDynamicResources"  # the kubelet's Event reason (p
 WAITING_REASON = "ContainerCreating"
 KUBELET_COMPONENT = "kubelet"
 RETRY_MIN, RETRY_MAX = 0.2, 5.0
+FIRST_STATUS_WAIT_S = 0.5  # a Running pod's first status waits this long at most for its containers to start
 
 
 class DraClient(Protocol):
@@ -224,7 +227,11 @@ class PodRunner:
         self.prepared: dict[str, PreparedClaim] = {}  # claim uid -> state
         self.pods: dict[str, dict[str, Any]] = {}  # pod uid -> last seen pod
         self.prepare_calls = 0  # NodePrepareResources calls made (tests, metrics)
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # the prepared claims, the DRA calls and the state file: one at a time
+        self._pod_locks: dict[str, asyncio.Lock] = {}  # pod uid -> held while one of its events is handled
+        self._events: set[asyncio.Task[None]] = set()  # watch events being handled (pods side by side)
+        self._save_lock = asyncio.Lock()
+        self._changes = self._saved = 0  # changes to the prepared claims made / in the state file
         self._on_change = on_change
         self._retry: set[str] = set()
         self._attempted: dict[str, str] = {}  # pod uid -> inputs of the last failed attempt
@@ -243,10 +250,19 @@ class PodRunner:
             log.info("re-learned prepared claims from the state file", node=node, claims=len(self.prepared))
 
     async def _save(self) -> None:
-        await self.store.save([
-            ClaimRecord(namespace=s.ref.namespace, uid=s.ref.uid, name=s.ref.name, drivers=sorted(s.drivers),
-                        devices=[DeviceRecord(**asdict(d)) for d in s.devices], pods=sorted(s.pods))
-            for s in self.prepared.values()])
+        """Write the state file with every change made so far; callers that come while a write is on its way
+        share the next one (pods prepared side by side, one write)."""
+        self._changes += 1
+        wanted = self._changes
+        async with self._save_lock:
+            if self._saved >= wanted:
+                return
+            upto = self._changes
+            await self.store.save([
+                ClaimRecord(namespace=s.ref.namespace, uid=s.ref.uid, name=s.ref.name, drivers=sorted(s.drivers),
+                            devices=[DeviceRecord(**asdict(d)) for d in s.devices], pods=sorted(s.pods))
+                for s in self.prepared.values()])
+            self._saved = upto
 
     # ------------------------------------------------------------------ API helpers
     async def _get_claim(self, namespace: str, name: str) -> dict[str, Any]:
@@ -288,6 +304,31 @@ class PodRunner:
             wanted[ref.uid] = ref
             drivers_of[ref.uid] = {r["driver"] for r in results}
             traceparents[ref.uid] = (claim["metadata"].get("annotations") or {}).get(CLAIM_TRACEPARENT_ANNOTATION, "")
+        async with self._lock:
+            prepared = await self._prepare_claims(uid, wanted, drivers_of, traceparents)
+        await self._save()
+        edits = container_edits(pod, prepared, uses, self.cdi_dirs)
+        if self.runtime is not None:  # its containers start; the worker writes the status from here on
+            body = {"metadata": {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}}
+            await self.core.patch_namespaced_pod(meta["name"], meta["namespace"], body)
+            self._start_worker(pod, edits)
+            return
+        await self._write_status(pod, pod_status(pod, phase="Running"), edits)
+        log.info("pod running", node=self.node, pod=f"{ns}/{meta['name']}", claims=len(wanted))
+        code = (meta.get("annotations") or {}).get(EXIT_ANNOTATION)
+        if code is not None:
+            exit_code = int(code) if code.strip().lstrip("-").isdigit() else 1
+            phase = "Succeeded" if exit_code == 0 else "Failed"
+            await self._write_status(pod, pod_status(pod, phase=phase, exit_code=exit_code))
+            self._finished.add(uid)
+            log.info("pod exited (emulated)", node=self.node, pod=f"{ns}/{meta['name']}", exit_code=exit_code)
+            async with self._lock:
+                await self._release_pod(uid)
+
+    async def _prepare_claims(self, uid: str, wanted: dict[str, Claim], drivers_of: dict[str, set[str]],
+                              traceparents: dict[str, str]) -> dict[str, PreparedClaim]:
+        """NodePrepareResources for the claims not prepared yet, and the pod added to each (under the node-wide
+        lock: a claim is never prepared twice); the caller saves the state file."""
         for claim_uid, ref in wanted.items():
             if claim_uid in self.prepared:
                 continue
@@ -304,29 +345,13 @@ class PodRunner:
                     if token is not None:
                         otel_context.detach(token)
                 if answer is None or answer.error:
-                    raise PrepareFailed(f"{driver} could not prepare {ns}/{ref.name}: "
+                    raise PrepareFailed(f"{driver} could not prepare {ref.namespace}/{ref.name}: "
                                         f"{answer.error if answer else 'no answer'}")
                 devices += answer.devices
             self.prepared[claim_uid] = PreparedClaim(ref, drivers_of[claim_uid], devices)
         for claim_uid in wanted:
             self.prepared[claim_uid].pods.add(uid)
-        await self._save()
-        edits = container_edits(pod, {u: self.prepared[u] for u in wanted}, uses, self.cdi_dirs)
-        if self.runtime is not None:  # its containers start; the worker writes the status from here on
-            body = {"metadata": {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}}
-            await self.core.patch_namespaced_pod(meta["name"], meta["namespace"], body)
-            self._start_worker(pod, edits)
-            return
-        await self._write_status(pod, pod_status(pod, phase="Running"), edits)
-        log.info("pod running", node=self.node, pod=f"{ns}/{meta['name']}", claims=len(wanted))
-        code = (meta.get("annotations") or {}).get(EXIT_ANNOTATION)
-        if code is not None:
-            exit_code = int(code) if code.strip().lstrip("-").isdigit() else 1
-            phase = "Succeeded" if exit_code == 0 else "Failed"
-            await self._write_status(pod, pod_status(pod, phase=phase, exit_code=exit_code))
-            self._finished.add(uid)
-            log.info("pod exited (emulated)", node=self.node, pod=f"{ns}/{meta['name']}", exit_code=exit_code)
-            await self._release_pod(uid)
+        return {u: self.prepared[u] for u in wanted}
 
     async def _release_pod(self, pod_uid: str) -> bool:
         """Drop the pod from its claims, unprepare the ones nobody uses; True when none failed."""
@@ -363,7 +388,20 @@ class PodRunner:
     def _holds_claims(self, uid: str) -> bool:
         return any(uid in s.pods for s in self.prepared.values())
 
+    def _pod_lock(self, uid: str) -> asyncio.Lock:
+        return self._pod_locks.setdefault(uid, asyncio.Lock())
+
     async def sync_pod(self, pod: dict[str, Any], force: bool = False) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        async with self._pod_lock(uid):
+            if await self._sync_locked(pod, force):
+                await self._try_prepare(pod)  # the claim GETs and the pod writes outside the node-wide lock
+        if self._on_change:
+            self._on_change()
+
+    async def _sync_locked(self, pod: dict[str, Any], force: bool) -> bool:
+        """What a pod's event calls for, done under the node-wide lock; True when its claims are to be prepared."""
         meta = pod["metadata"]
         uid = meta["uid"]
         async with self._lock:
@@ -393,9 +431,8 @@ class PodRunner:
                 pass  # our own Pending status coming back; the retry loop's backoff decides when to try again
             else:
                 self._attempted[uid] = _inputs(pod)
-                await self._try_prepare(pod)
-        if self._on_change:
-            self._on_change()
+                return True
+        return False
 
     # ------------------------------------------------------------------ containers
     def _start_worker(self, pod: dict[str, Any], edits: dict[str, dict[str, Any]]) -> None:
@@ -417,6 +454,10 @@ class PodRunner:
             self._writes[uid] = asyncio.create_task(self._write_worker(worker))
 
     async def _write_worker(self, worker: PodWorker) -> None:
+        if worker.phase == "Running" and not worker.started.is_set():
+            # The containers are being started: wait (briefly) for them, so that one write says Running and Ready.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.started.wait(), FIRST_STATUS_WAIT_S)
         backoff = Backoff(initial_s=RETRY_MIN, cap_s=RETRY_MAX)
         while worker.dirty:
             worker.dirty = False
@@ -503,17 +544,21 @@ class PodRunner:
             self._reported[meta["uid"]] = message
 
     async def forget_pod(self, uid: str) -> None:
-        worker = self.workers.pop(uid, None)
-        if worker is not None:
-            await worker.stop(0.0)
-        async with self._lock:
-            self._finished.discard(uid)
-            self.pods.pop(uid, None)
-            self._retry.discard(uid)
-            self._attempted.pop(uid, None)
-            self._reported.pop(uid, None)
-            if not await self._release_pod(uid):
-                log.warning("claims of a vanished pod not unprepared; the next re-list retries", pod_uid=uid)
+        async with self._pod_lock(uid):
+            worker = self.workers.pop(uid, None)
+            if worker is not None:
+                await worker.stop(0.0)
+            async with self._lock:
+                self._finished.discard(uid)
+                self.pods.pop(uid, None)
+                self._retry.discard(uid)
+                self._attempted.pop(uid, None)
+                self._reported.pop(uid, None)
+                if not await self._release_pod(uid):
+                    log.warning("claims of a vanished pod not unprepared; the next re-list retries", pod_uid=uid)
+        lock = self._pod_locks.get(uid)
+        if lock is not None and not lock.locked():
+            del self._pod_locks[uid]
         if self._on_change:
             self._on_change()
 
@@ -582,6 +627,7 @@ class PodRunner:
             for task in (retry, loop, stop):
                 task.cancel()
             results = await asyncio.gather(retry, loop, stop, return_exceptions=True)
+            await cancel_and_wait(list(self._events))
             await self.stop_all()
         for result in results:
             if isinstance(result, Exception):
@@ -626,10 +672,24 @@ class PodRunner:
                     raise ApiException(status=int(raw.get("code", 500)), reason=raw.get("message", ""))
                 if kind == "BOOKMARK":
                     continue
-                if kind == "DELETED":
-                    await self.forget_pod(raw["metadata"]["uid"])
-                else:
-                    await self.sync_pod(raw)
+                task = asyncio.create_task(self._handle_event(kind, raw))
+                self._events.add(task)
+                task.add_done_callback(self._events.discard)
+
+    async def _handle_event(self, kind: str, pod: dict[str, Any]) -> None:
+        """One watch event in its own task: pods are prepared side by side, and each pod's events are handled
+        in the order they came (its lock is taken first, and asyncio's locks are fair)."""
+        uid = pod["metadata"]["uid"]
+        try:
+            if kind == "DELETED":
+                await self.forget_pod(uid)
+            else:
+                await self.sync_pod(pod)
+        except Exception as exc:  # noqa: BLE001 - the retry loop takes the pod up again
+            log.error("pod event not handled; retrying", node=self.node, pod=pod["metadata"].get("name"),
+                      error=f"{type(exc).__name__}: {exc}")
+            if kind != "DELETED":
+                self._retry.add(uid)
 
 
 def msgspec_to_dict(record: DeviceRecord) -> dict[str, Any]:

@@ -2,8 +2,11 @@
 
 Owns the write side of a Plan. Claim status goes through `resourceclaims/status` PUT with the
 cached resourceVersion (a 409 means the cache was behind: the fresh claim is cached and the pod is
-tried again); every answer is applied to the ClusterState at once, so the next decision sees the
-devices as taken. Binding goes through `pods/binding`.
+tried again). The writes are assumed in the ClusterState when decided (`reservation`), so the next
+decision sees the devices as taken while they are on their way (the loop sends a pod's writes while
+it decides the next pods); each answer replaces its assumption, and a failed write puts the claim
+back as it was. Binding goes through `pods/binding`, after the pod's claim writes; the pod is cached
+as bound from the decision on, and unbound again if a write fails.
 
 Each claim the scheduler allocates starts that claim's trace (a root span `scheduler.allocate_claim`,
 linked to the pod's scheduling span): its W3C context goes on the claim as the annotation
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -40,6 +44,16 @@ class Conflict(Exception):
     """A claim changed under us; the pod is tried again with the fresh claim."""
 
 
+@dataclass
+class ClaimWrite:
+    """One claim status write of a reservation: the cached claim it is based on, the claim as it will be
+    written, and the allocation it adds (None: only reservedFor changes)."""
+
+    original: Obj
+    claim: Obj
+    allocation: Obj | None
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -61,10 +75,12 @@ class Writer:
         self.state.apply(RESOURCECLAIMS, "MODIFIED", written)
         return written
 
-    async def reserve(self, plan: Plan, pod: Obj) -> None:
-        """Allocate the plan's new claims and reserve every claim of the pod for it."""
+    def reservation(self, plan: Plan, pod: Obj) -> list[ClaimWrite]:
+        """The claim writes that allocate the plan's new claims and reserve every claim of the pod for it,
+        assumed in the cache at once (the next decision sees their devices taken); `reserve` sends them."""
         md = pod["metadata"]
         consumer = {"resource": "pods", "name": md["name"], "uid": md["uid"]}
+        writes: list[ClaimWrite] = []
         for key in plan.claims:
             ns, name = key.split("/", 1)
             cached = self.state.get(RESOURCECLAIMS, ns, name)
@@ -86,10 +102,25 @@ class Writer:
             if len(reserved) >= MAX_RESERVED:
                 raise Conflict(f"claim {key} is already reserved for {MAX_RESERVED} consumers")
             new_status["reservedFor"] = [*reserved, consumer]
-            if allocation is None:
-                await self._write_claim_status(claim)
-                continue
-            await self._allocate(claim, allocation, pod)
+            writes.append(ClaimWrite(cached, claim, allocation))
+        for write in writes:
+            self.state.assume(write.claim)
+        return writes
+
+    async def reserve(self, writes: list[ClaimWrite], pod: Obj) -> None:
+        """Send a `reservation`'s writes in order; when one fails, the claims not written are cached as they were
+        (Conflict: the fresh claim is cached)."""
+        sent = 0
+        try:
+            for write in writes:
+                if write.allocation is None:
+                    await self._write_claim_status(write.claim)
+                else:
+                    await self._allocate(write.claim, write.allocation, pod)
+                sent += 1
+        finally:
+            for write in writes[sent:]:
+                self.state.forget(write.original)
 
     async def _allocate(self, claim: Obj, allocation: Obj, pod: Obj) -> None:
         """Write a new allocation in the claim's own trace (module doc)."""
@@ -112,6 +143,7 @@ class Writer:
                 annotated.pop("status", None)
                 written = await self._write_claim(annotated)
                 claim["metadata"] = written["metadata"]
+                self.state.assume(claim)  # still to be written: based on the annotated version now
             await self._write_claim_status(claim)
 
     async def _write_claim(self, claim: Obj) -> Obj:
@@ -137,14 +169,31 @@ class Writer:
                 raise
             self.state.apply(RESOURCECLAIMS, "DELETED", claim)
 
-    async def bind(self, pod: Obj, node: str) -> None:
-        ns, name = key_of(pod)
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        await self.kube.create_subresource(PODS, ns, name, "binding", body)
+    def assume_bound(self, pod: Obj, node: str) -> None:
+        """Cache the pod as bound to `node` before the binding is written (the next decisions count it
+        there, and no pass tries it again); `bind` undoes this when the write fails."""
         bound = copy.deepcopy(pod)
         bound.setdefault("spec", {})["nodeName"] = node
         self.state.apply(PODS, "MODIFIED", bound)  # the watch brings the server's version right after
+
+    def unbind(self, pod: Obj) -> None:
+        """Undo `assume_bound` (the claims could not be reserved): the pod is cached as it was."""
+        self.state.apply(PODS, "MODIFIED", pod)  # ignored when the watch brought a newer pod meanwhile
+
+    async def bind(self, pod: Obj, node: str) -> None:
+        """Write the binding of a pod `assume_bound` cached; on failure the cache has the pod unbound again."""
+        ns, name = key_of(pod)
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        try:
+            await self.kube.create_subresource(PODS, ns, name, "binding", body)
+        except BaseException:
+            self.unbind(pod)
+            raise
+        current = self.state.get(PODS, ns, name)
+        if current is not None and current["metadata"].get("uid") == pod["metadata"].get("uid") \
+                and not (current.get("spec") or {}).get("nodeName"):
+            self.assume_bound(current, node)  # a newer version came meanwhile, from before the binding: it is bound
 
     async def mark_unschedulable(self, pod: Obj, message: str) -> bool:
         """PodScheduled=False (Unschedulable) with `message`; False when it already says exactly that."""

@@ -4,7 +4,11 @@ Owns the control loop. Seven informers (list, then watch from the list's resourc
 on 410 Gone) keep a ClusterState; any event wakes the loop. A pass (1) releases claims whose
 consumers are gone or done, (2) generates missing claims (templates, extended resources), (3) tries
 each pending pod of ours in creation order: a Plan, then the claim writes and the binding, or
-PodScheduled=False. A pod that did not fit is tried again only after a relevant change (slices,
+PodScheduled=False. Step (2) writes every pod's claims at once. In step (3) a decision's claim
+writes are assumed in the cache (the next decision sees the devices taken) and sent, followed by
+the binding and the Event, while the pass decides the next pods and the loop goes on to the next
+pass (a failed write puts the cache back as it was; its error fails the next pass, as an error in
+the pass itself does). A pod that did not fit is tried again only after a relevant change (slices,
 classes, nodes, namespaces, a claim freed or changed) or the slow backstop resync. Every attempt
 is a span `scheduler.schedule_pod`.
 """
@@ -13,14 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
+from opentelemetry import trace
 
-from embedded.scheduler.binding import DONE_PHASES, SCHEDULER_NAME, Conflict, Writer
+from embedded.scheduler.binding import DONE_PHASES, SCHEDULER_NAME, ClaimWrite, Conflict, Writer
 from embedded.scheduler.claimgen import ClaimGenerator
-from embedded.scheduler.plan import IndexCache, plan_pod
+from embedded.scheduler.plan import IndexCache, Plan, plan_pod
 from embedded.scheduler.state import WATCHED, ClusterState
 from shared.kube.informer import key_of, until_synced
 from shared.kube.resources import (
@@ -36,6 +42,7 @@ from shared.kube.resources import (
 )
 from shared.kube.rest import ApiError, Gone
 from shared.logs import get_logger
+from shared.tasks import cancel_and_wait
 from shared.telemetry import get_tracer
 
 log = get_logger(__name__)
@@ -76,6 +83,8 @@ class Scheduler:
         self.tried: dict[str, tuple[int, Any]] = {}  # pod uid -> (generation, pod generation) of its last miss
         self.scheduled = 0
         self.lists = {res.plural: 0 for res in WATCHED}  # full lists per resource (1 + re-lists)
+        self._writes: list[asyncio.Task[None]] = []  # claim writes, bindings and Events in flight
+        self._binding: set[str] = set()  # pods whose claim writes and binding are in flight: not tried again
 
     # ---- informers --------------------------------------------------------------------------------
 
@@ -129,7 +138,8 @@ class Scheduler:
             while not stopping.is_set():
                 self.wake.clear()
                 try:
-                    await self.run_pass()
+                    self._reap()
+                    await self.run_pass(wait=False)
                 except (ApiError, *TRANSIENT) as exc:
                     log.warning("scheduling pass failed; retrying in 1 s", error=str(exc))
                     self.wake.set()
@@ -143,11 +153,18 @@ class Scheduler:
                 if not done:
                     self.generation += 1  # the backstop: unschedulable pods get another look
         finally:
+            writes, self._writes = self._writes, []
+            await cancel_and_wait(writes)
+            for write in writes:
+                if not write.cancelled() and write.exception() is not None:
+                    log.warning("a write failed as the scheduler stopped", error=str(write.exception()))
             for task in informers:
                 task.cancel()
             await asyncio.gather(*informers, return_exceptions=True)
 
-    async def run_pass(self) -> None:
+    async def run_pass(self, wait: bool = True) -> None:
+        """One pass; with `wait`, it returns once its writes are done (the loop goes on while they are on their way:
+        the cache already has them, and the next pass reaps their errors)."""
         if await self.writer.release():
             self.generation += 1
         pods = [p for p in self.state.values(PODS) if is_ours(p)]
@@ -155,51 +172,127 @@ class Scheduler:
         live = {p["metadata"].get("uid") for p in pods}
         for uid in [u for u in self.tried if u not in live]:
             del self.tried[uid]
-        for pod in pods:
+        # Generated claims need no decision: every pod's are written at once, not one round trip after another.
+        generated = await asyncio.gather(*(self._generate_claims(pod) for pod in pods))
+        try:
+            for pod, ok in zip(pods, generated, strict=True):
+                if not ok:
+                    continue
+                ns, name = key_of(pod)
+                current = self.state.get(PODS, ns, name)
+                if current is None or not is_ours(current) or current["metadata"].get("uid") in self._binding:
+                    continue
+                await self.schedule_one(current)
+        finally:
+            if wait:
+                await self._writes_done()
+
+    async def _generate_claims(self, pod: Obj) -> bool:
+        try:
+            await self.claimgen.ensure(pod)
+        except ApiError as exc:
             ns, name = key_of(pod)
-            try:
-                await self.claimgen.ensure(pod)
-            except ApiError as exc:
-                log.warning("could not generate the pod's claims", pod=f"{ns}/{name}", error=str(exc))
-                continue
-            current = self.state.get(PODS, ns, name)
-            if current is None or not is_ours(current):
-                continue
-            await self.schedule_one(current)
+            log.warning("could not generate the pod's claims", pod=f"{ns}/{name}", error=str(exc))
+            return False
+        return True
+
+    def _write_later(self, write: Coroutine[Any, Any, None]) -> None:
+        """Claim writes, bindings and Events go out while the next pods are decided."""
+        self._writes.append(asyncio.create_task(write))
+
+    def _reap(self) -> None:
+        """Forget the writes that are done; raise the first error among them (the pass fails, as if it had waited)."""
+        done = [w for w in self._writes if w.done()]
+        self._writes = [w for w in self._writes if not w.done()]
+        errors = [w.exception() for w in done if not w.cancelled()]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    async def _writes_done(self) -> None:
+        writes, self._writes = self._writes, []
+        if not writes:
+            return
+        try:
+            results = await asyncio.gather(*writes, return_exceptions=True)
+        except asyncio.CancelledError:
+            await cancel_and_wait(writes)
+            raise
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def schedule_one(self, pod: Obj) -> str | None:
-        """One attempt for one pod; the node it was bound to, or None."""
+        """One attempt for one pod: the node it is being bound to (its writes go out in the background), or None."""
         md = pod["metadata"]
         uid = md.get("uid", "")
         stamp = (self.generation, md.get("generation"))
         if self.tried.get(uid) == stamp:
             return None
-        with tracer.start_as_current_span("scheduler.schedule_pod", attributes={
-                "k8s.namespace.name": md.get("namespace", ""), "k8s.pod.name": md.get("name", ""),
-                "k8s.pod.uid": uid}) as span:
-            plan = plan_pod(self.state, pod, self.index.get(self.state))
-            span.set_attribute("gpu_dra.claims", len(plan.claims))
-            if plan.node is None:
-                span.set_attribute("gpu_dra.outcome", "waiting" if plan.missing else "unschedulable")
-                if not plan.missing:
-                    self.tried[uid] = stamp
-                if await self.writer.mark_unschedulable(pod, plan.message):
-                    await self.writer.event(pod, "FailedScheduling", plan.message, warning=True)
-                    log.info("pod unschedulable", pod=plan.pod, reason=plan.message[:300])
-                return None
-            span.set_attribute("k8s.node.name", plan.node)
+        names, _ = self.state.pod_claim_names(pod)
+        if any((md.get("namespace", ""), name) in self.state.assumed for name in names):
+            await self._writes_done()  # it shares a claim with a pod decided in this pass: that write goes first
+        span_attributes = {"k8s.namespace.name": md.get("namespace", ""), "k8s.pod.name": md.get("name", ""),
+                           "k8s.pod.uid": uid}
+        with tracer.start_as_current_span("scheduler.schedule_pod", attributes=span_attributes,
+                                          end_on_exit=False) as span:
+            binding = False
             try:
-                await self.writer.reserve(plan, pod)
+                plan = plan_pod(self.state, pod, self.index.get(self.state))
+                span.set_attribute("gpu_dra.claims", len(plan.claims))
+                if plan.node is None:
+                    span.set_attribute("gpu_dra.outcome", "waiting" if plan.missing else "unschedulable")
+                    if not plan.missing:
+                        self.tried[uid] = stamp
+                    if await self.writer.mark_unschedulable(pod, plan.message):
+                        self._write_later(self.writer.event(pod, "FailedScheduling", plan.message, warning=True))
+                        log.info("pod unschedulable", pod=plan.pod, reason=plan.message[:300])
+                    return None
+                span.set_attribute("k8s.node.name", plan.node)
+                try:
+                    writes = self.writer.reservation(plan, pod)
+                except Conflict as exc:
+                    self._conflict(span, plan, exc)
+                    return None
+                self.writer.assume_bound(pod, plan.node)
+                self.tried.pop(uid, None)
+                self._binding.add(uid)
+                self._write_later(self._bind(pod, plan, writes, span))
+                binding = True
+                return plan.node
+            finally:
+                if not binding:
+                    span.end()
+
+    def _conflict(self, span: trace.Span, plan: Plan, exc: Conflict) -> None:
+        span.set_attribute("gpu_dra.outcome", "conflict")
+        log.info("claim changed during scheduling; trying again", pod=plan.pod, error=str(exc))
+        self.wake.set()
+
+    async def _bind(self, pod: Obj, plan: Plan, writes: list[ClaimWrite], span: trace.Span) -> None:
+        """Send the pod's claim writes and its binding (in the pod's scheduling span), then the Scheduled Event.
+        A failed write leaves the claims and the pod cached as they were; the pass then fails (and is retried
+        after 1 s) unless it was a conflict (retried at once, with the fresh claim)."""
+        assert plan.node is not None
+        try:
+            await self._write_binding(pod, plan, writes, span)
+        finally:
+            self._binding.discard(pod["metadata"].get("uid", ""))
+
+    async def _write_binding(self, pod: Obj, plan: Plan, writes: list[ClaimWrite], span: trace.Span) -> None:
+        assert plan.node is not None
+        with trace.use_span(span, end_on_exit=True):
+            try:
+                await self.writer.reserve(writes, pod)
             except Conflict as exc:
-                span.set_attribute("gpu_dra.outcome", "conflict")
-                log.info("claim changed during scheduling; trying again", pod=plan.pod, error=str(exc))
-                self.wake.set()
-                return None
-            await self.writer.bind(pod, plan.node)
+                self.writer.unbind(pod)
+                self._conflict(span, plan, exc)
+                return
+            except BaseException:
+                self.writer.unbind(pod)
+                raise
+            await self.writer.bind(pod, plan.node)  # on failure the pod is cached unbound again
             span.set_attribute("gpu_dra.outcome", "bound")
-            self.tried.pop(uid, None)
-            self.scheduled += 1
-            await self.writer.event(pod, "Scheduled", f"Successfully assigned {plan.pod} to {plan.node}")
-            log.info("pod bound", pod=plan.pod, node=plan.node, claims=len(plan.claims),
-                     allocated=len(plan.allocations))
-            return plan.node
+        self.scheduled += 1
+        log.info("pod bound", pod=plan.pod, node=plan.node, claims=len(plan.claims), allocated=len(plan.allocations))
+        await self.writer.event(pod, "Scheduled", f"Successfully assigned {plan.pod} to {plan.node}")

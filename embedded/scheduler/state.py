@@ -5,6 +5,11 @@ Owns the caches (pods, claims, templates, slices, classes, nodes, namespaces) ke
 after each of our own writes, rebuilt on re-list), and the lookups that tie a pod to its claims.
 An event older than the cached object (by resourceVersion) is ignored, so that a lagging watch
 never undoes a write the scheduler has already applied.
+
+A claim write the scheduler has decided but not yet sent is *assumed*: the claim as it will be
+written is cached (its devices count as taken) until the write's answer, or any newer version of the
+claim, replaces it; events and re-lists carrying the version it was assumed on (or an older one)
+leave it in place. `forget` puts the claim as it was back when the write fails.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class ClusterState:
         self.objects: dict[str, dict[Key, Obj]] = {res.plural: {} for res in WATCHED}
         self.allocated = AllocatedState()
         self.arrival: dict[str, int] = {}  # pod uid -> order first seen (creationTimestamp has 1 s steps)
+        self.assumed: dict[Key, int] = {}  # claim -> the resourceVersion its assumed write is based on
         self._arrivals = 0
 
     def _arrived(self, obj: Obj) -> None:
@@ -63,18 +69,53 @@ class ClusterState:
     # ---- updates -----------------------------------------------------------------------------------
 
     def replace_all(self, res: Resource, items: Iterable[Obj]) -> None:
-        self.objects[res.plural] = {key_of(o): o for o in items}
+        fresh = {key_of(o): o for o in items}
+        if res is RESOURCECLAIMS:
+            for key, base in list(self.assumed.items()):
+                listed, assumed = fresh.get(key), self.objects[res.plural].get(key)
+                if listed is not None and assumed is not None and (resource_version(listed) or 0) <= base:
+                    fresh[key] = assumed  # the write is still on its way: keep counting its devices
+                else:
+                    del self.assumed[key]
+        self.objects[res.plural] = fresh
         if res is PODS:
             for pod in sorted(items, key=lambda o: resource_version(o) or 0):
                 self._arrived(pod)
         if res is RESOURCECLAIMS:
             self.allocated = AllocatedState.from_claims(self.objects[res.plural].values())
 
+    def assume(self, claim: Obj) -> None:
+        """Cache `claim` (with the resourceVersion of the cached one it was built from) before it is written."""
+        key = key_of(claim)
+        self.assumed[key] = resource_version(claim) or 0
+        old = self.objects[RESOURCECLAIMS.plural].get(key)
+        if old is not None:
+            self.allocated.remove_claim(old)
+        self.objects[RESOURCECLAIMS.plural][key] = claim
+        self.allocated.add_claim(claim)
+
+    def forget(self, original: Obj) -> None:
+        """The assumed write of this claim failed: cache `original` (what it was assumed on) again, unless a
+        newer version replaced the assumption meanwhile."""
+        key = key_of(original)
+        if self.assumed.pop(key, None) is None:
+            return
+        assumed = self.objects[RESOURCECLAIMS.plural].get(key)
+        if assumed is not None:
+            self.allocated.remove_claim(assumed)
+        self.objects[RESOURCECLAIMS.plural][key] = original
+        self.allocated.add_claim(original)
+
     def apply(self, res: Resource, event: str, obj: Obj) -> Obj | None:
         """Apply a watch event (ADDED/MODIFIED/DELETED) or a write's answer; the previous object, if any."""
         cache = self.objects[res.plural]
         key = key_of(obj)
         old = cache.get(key)
+        if res is RESOURCECLAIMS and key in self.assumed:
+            new_rv = resource_version(obj)
+            if event != "DELETED" and new_rv is not None and new_rv <= self.assumed[key]:
+                return old  # what the assumed write is based on, or older: the assumption stays
+            del self.assumed[key]
         if old is not None and event != "DELETED":
             new_rv, old_rv = resource_version(obj), resource_version(old)
             if new_rv is not None and old_rv is not None and new_rv < old_rv:

@@ -71,6 +71,25 @@ async def test_pod_binding_and_eviction(http: Http) -> None:
     assert (await http("GET", "/api/v1/namespaces/default/pods/p"))[0] == 404
 
 
+async def test_metrics_count_requests_by_verb_resource_and_subresource(http: Http) -> None:
+    pod = {"metadata": {"name": "m"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    await http("POST", "/api/v1/namespaces/default/pods", pod)
+    await http("GET", "/api/v1/namespaces/default/pods/m")
+    await http("GET", "/api/v1/namespaces/default/pods/m")
+    await http("GET", "/api/v1/pods")
+    await http("PATCH", "/api/v1/namespaces/default/pods/m/status", {"status": {"phase": "Running"}},
+               headers={"Content-Type": "application/merge-patch+json"})
+    hdrs = {"Authorization": f"Bearer {http.api.token}"}
+    async with http.session.get(http.api.url + "/metrics", headers=hdrs, ssl=False) as resp:
+        assert resp.status == 200 and resp.content_type == "text/plain"
+        text = await resp.text()
+    counts = {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("apiserver_request_total{")}
+    labels = 'apiserver_request_total{{verb="{}",group="",resource="pods",subresource="{}"}}'
+    assert counts[labels.format("CREATE", "")] == 1 and counts[labels.format("GET", "")] == 2
+    assert counts[labels.format("LIST", "")] == 1 and counts[labels.format("PATCH", "status")] == 1
+
+
 async def test_scale_subresource(api: RunningApiServer) -> None:
     async with api.client() as c:
         apps = client.AppsV1Api(c)

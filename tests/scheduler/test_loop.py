@@ -314,3 +314,30 @@ async def test_watch_expired_is_relisted_and_scheduling_goes_on(tmp_path, h100_i
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_claim_write_that_conflicts_leaves_no_device_taken_and_the_next_pass_binds(tmp_path, h100_inv):
+    """Writes go out while the pass decides the next pods: a failed one puts the cache back as it was."""
+    async with cluster(tmp_path, h100_inv, nodes=1, start=False) as c:
+        await c.kube.create(RESOURCECLAIMS, "default", named_claim("stale", count=8))
+        await c.kube.create(RESOURCECLAIMS, "default", named_claim("fresh", count=8))
+        await c.pod("first", [{"name": "gpu", "resourceClaimName": "stale"}])
+        await c.pod("second", [{"name": "gpu", "resourceClaimName": "fresh"}])
+        scheduler = Scheduler(c.client)
+        for res in WATCHED:  # listed once; no informer runs
+            items, _ = await c.kube.list(res)
+            scheduler.state.replace_all(res, items)
+        stale = await c.kube.get(RESOURCECLAIMS, "default", "stale")
+        stale["metadata"]["labels"] = {"changed": "behind-the-cache"}
+        await c.kube.replace(RESOURCECLAIMS, stale)  # the cached version is behind: its status write gets a 409
+        await scheduler.run_pass()
+        first, second = await c.get_pod("first"), await c.get_pod("second")
+        # "first" took the node's 8 GPUs in the cache, so "second" did not fit; the 409 gave them back
+        assert not first["spec"].get("nodeName") and not second["spec"].get("nodeName")
+        assert not scheduler.state.assumed and not scheduler.state.allocated.devices
+        fresh = scheduler.state.get(RESOURCECLAIMS, "default", "stale")
+        assert fresh is not None and fresh["metadata"]["labels"] == {"changed": "behind-the-cache"}  # cached
+        assert not (await c.kube.get(RESOURCECLAIMS, "default", "stale")).get("status", {}).get("allocation")
+        scheduler.generation += 1  # as the claim's watch event would
+        await scheduler.run_pass()
+        assert (await c.get_pod("first"))["spec"]["nodeName"] == "node-0"
