@@ -149,6 +149,13 @@ class Browser:
             raise CDPError(f"navigate {url}: {result['errorText']}")
         await asyncio.wait_for(loaded, timeout)
 
+    async def reload(self, timeout: float = 30.0) -> None:
+        """Reload the page and wait for its load event (a reload from inside an evaluate races the
+        evaluate's own answer: "Inspected target navigated or closed")."""
+        loaded = self.event("Page.loadEventFired")
+        await self.send("Page.reload")
+        await asyncio.wait_for(loaded, timeout)
+
     async def evaluate(self, expression: str, timeout: float = 30.0) -> Any:
         """The value of a JS expression (a promise is awaited), returned by value."""
         result = await self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True,

@@ -186,7 +186,8 @@ async def test_a_token_in_the_url_is_kept_for_the_session_and_sent_as_a_header(b
         assert ("/api/device/node-a/gpu-0", "header") in state.seen_tokens
         await browser.press("Escape")
         # a refused token: the page says what the server said
-        await browser.evaluate("sessionStorage.setItem('gpu-dra-token', 'wrong'); location.reload()")
+        await browser.evaluate("sessionStorage.setItem('gpu-dra-token', 'wrong')")
+        await browser.reload()
         await browser.wait_for("document.getElementById('conn').dataset.conn === 'error'")
         assert "token was refused" in await browser.evaluate("document.getElementById('conn').textContent")
     finally:
