@@ -34,6 +34,7 @@ class Received:
     attributes: dict[str, Any]
     resource: dict[str, Any]
     links: list[tuple[str, str]] = field(default_factory=list)  # (trace id, span id)
+    via: str = ""  # the receiver it came through: "grpc" or "http"
 
 
 class Spans:
@@ -44,7 +45,7 @@ class Spans:
         self.spans: list[Received] = []
         self.requests = 0
 
-    def add(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
+    def add(self, request: trace_service_pb2.ExportTraceServiceRequest, via: str = "") -> None:
         got: list[Received] = []
         for rs in request.resource_spans:
             resource = {a.key: _value(a.value) for a in rs.resource.attributes}
@@ -54,7 +55,7 @@ class Spans:
                         name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
                         parent_span_id=s.parent_span_id.hex(),
                         attributes={a.key: _value(a.value) for a in s.attributes}, resource=resource,
-                        links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links]))
+                        links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links], via=via))
         with self._lock:
             self.spans.extend(got)
             self.requests += 1
@@ -81,7 +82,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self.spans = spans
 
     def Export(self, request: Any, context: Any) -> trace_service_pb2.ExportTraceServiceResponse:  # noqa: N802
-        self.spans.add(request)
+        self.spans.add(request, "grpc")
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -106,7 +107,7 @@ def http_receiver(spans: Spans) -> ThreadingHTTPServer:
                 return
             request = trace_service_pb2.ExportTraceServiceRequest()
             request.ParseFromString(body)
-            spans.add(request)
+            spans.add(request, "http")
             self.send_response(200)
             self.send_header("Content-Type", "application/x-protobuf")
             self.end_headers()

@@ -1,16 +1,21 @@
 """One trace per claim, as an SRE sees it: `gpu-dra up` exporting OTLP over gRPC to an in-test receiver;
 one pod's claim trace holds the scheduler, the kubelet call, the preparer, CDI and checkpoint spans and the
-claim's lifecycle events, with the claim, pod, device and GPU attributes and per-service resources."""
+claim's lifecycle events, with the claim, pod, device and GPU attributes and per-service resources. A process
+exporting over HTTP (a second `gpu-dra dashboard`) adds its spans to the same claim's trace."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from tests.cluster.helpers import Up, pod_manifest
-from tests.otlpreceiver import Received, Spans, grpc_receiver
+from tests.otlpreceiver import Received, Spans, grpc_receiver, http_receiver
 
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
@@ -156,3 +161,46 @@ def test_a_nodes_first_inventory_and_a_domains_status_continue_the_traces_that_c
     prepare = next(s for s in got if s.name == "claim.prepare" and s.attributes.get("dra.claim.uid") == uid)
     (device,) = prepare.attributes["dra.device"]
     assert device.startswith("channel-") and prepare.resource["service.name"] == "gpu-dra-preparer"
+
+
+def test_a_process_exporting_over_http_adds_its_spans_to_the_claims_trace(traced: tuple[Up, Spans]) -> None:
+    """OTLP over HTTP/protobuf end to end: a second fleet page, beside the cluster, exports over HTTP to
+    its own receiver; its consumer span of the claim's lifecycle event lands in the trace the scheduler
+    started, whose other spans came over gRPC."""
+    up, spans = traced
+    assert up.data_dir is not None and up.kubeconfig is not None
+    receiver = http_receiver(spans)
+    nats = json.loads((up.data_dir / "nats.json").read_text())
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
+           "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100",
+           "GPU_DRA_NATS_URL": nats["url"], "GPU_DRA_NATS_CREDS": nats["creds"], "GPU_DRA_NATS_USER": nats["user"]}
+    page = subprocess.Popen([sys.executable, "-m", "shared.cli", "dashboard", "--kubeconfig", str(up.kubeconfig),
+                             "--listen", "127.0.0.1:0", "--auth", "none"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert page.stdout is not None
+        line = page.stdout.readline()  # printed once it listed the fleet and subscribed to the bus
+        assert line.startswith("dashboard: http://"), f"the second dashboard did not start (exit {page.poll()})"
+        up.kubectl("delete", "pod", "traced", "--ignore-not-found", "--wait=true", "--timeout=60s")  # its GPU
+        up.kubectl("apply", "-f", "-", stdin=pod_manifest("traced-http"))
+        up.kubectl("wait", "--for=condition=Ready", "pod/traced-http", "--timeout=60s")
+        (claim,) = [c for c in up.json("get", "resourceclaims")["items"]
+                    if c["metadata"]["name"].startswith("traced-http-")]
+        uid = claim["metadata"]["uid"]
+
+        def joined(got: list[Received]) -> tuple[Received, Received] | None:
+            roots = [s for s in got if s.name == "scheduler.allocate_claim" and s.attributes.get("dra.claim.uid") == uid]
+            if not roots:
+                return None
+            over_http = [s for s in got if s.trace_id == roots[0].trace_id and s.via == "http"
+                         and s.name == "consume claim-lifecycle"]
+            return (roots[0], over_http[0]) if over_http else None
+
+        found = spans.wait_for(joined, 60)
+        assert found is not None, "no span of the claim's trace came over HTTP"
+        root, consumed = found
+        assert root.via == "grpc" and consumed.resource["service.name"] == "gpu-dra-dashboard"
+    finally:
+        page.terminate()
+        page.wait(timeout=30)
+        receiver.shutdown()
