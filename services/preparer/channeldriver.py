@@ -168,7 +168,7 @@ class ChannelClaimPreparer(ClaimPreparer):
                 state="PrepareStarted", name=ref.name, namespace=ref.namespace, started_at=time.time(),
                 devices=[PreparedDevice(requests=[result.request.split("/", 1)[0]], pool=result.pool,
                                         device=result.device, kind="channel", admin_access=bool(result.adminAccess))],
-                configs=[msgspec.to_builtins(config)])
+                configs=[msgspec.to_builtins(config)], traceparent=self.claim_traceparent(claim))
             await self.checkpoint.put(ref.uid, record, events=[self._event("prepare-started", ref, record)])
         else:
             record = previous  # resume: the agent still holds the join of the earlier attempt

@@ -97,6 +97,7 @@ class ClaimRecord(msgspec.Struct, kw_only=True):
     cdi_spec: str = ""  # file name in the CDI dir
     started_at: float = 0.0
     completed_at: float = 0.0
+    traceparent: str = ""  # the claim's trace context when it was prepared: its unprepare links to it
 
 
 class _Known(msgspec.Struct, kw_only=True):

@@ -240,10 +240,18 @@ class ClaimPreparer:
                 self.describe_devices(span, list(record.devices))
             yield span
 
-    async def _link_claim_trace(self, span: trace.Span, ref: ClaimRef, timeout_s: float = 2.0) -> None:
-        """Link `span` to the claim's trace while the claim is still readable (best effort, bounded: a
-        deleted claim or a slow API server leaves the span in the RPC's trace only)."""
-        if not span.is_recording() or not ref.name:
+    async def _link_claim_trace(self, span: trace.Span, ref: ClaimRef, record: ClaimRecord | None,
+                                timeout_s: float = 2.0) -> None:
+        """Link `span` to the claim's trace: from the context its record kept at prepare, else (a record
+        from before that was kept, or none) read from the claim while it is still readable (best effort,
+        bounded: a deleted claim or a slow API server leaves the span in the RPC's trace only)."""
+        if not span.is_recording():
+            return
+        if record is not None and record.traceparent:
+            for link in span_link(record.traceparent):
+                span.add_link(link.context)
+            return
+        if not ref.name:
             return
         try:
             claim = await asyncio.wait_for(self.claims.get(ref.namespace, ref.name), timeout_s)
@@ -252,6 +260,11 @@ class ClaimPreparer:
         if claim.metadata.uid == ref.uid:
             for link in span_link(claim.metadata.annotations.get(CLAIM_TRACEPARENT_ANNOTATION, "")):
                 span.add_link(link.context)
+
+    @staticmethod
+    def claim_traceparent(claim: ResourceClaim) -> str:
+        """The claim's trace context (the scheduler's annotation), kept on its record for the unprepare."""
+        return claim.metadata.annotations.get(CLAIM_TRACEPARENT_ANNOTATION, "")
 
     @staticmethod
     def describe_devices(span: trace.Span, devices: list[PreparedDevice]) -> None:
@@ -304,7 +317,7 @@ class ClaimPreparer:
         async with self._locks[ref.uid]:
             record = self.checkpoint.claims.get(ref.uid)
             with self._unprepare_span(ref, record) as span:
-                await self._link_claim_trace(span, ref)
+                await self._link_claim_trace(span, ref, record)
                 if record is None:
                     span.set_attribute("dra.unprepare.noop", True)
                     log.info("unprepare noop: claim not found in checkpoint", claim=str(ref))

@@ -138,7 +138,8 @@ class Preparer(ClaimPreparer):
                 devices[i].sharing = strategy(group.config)
         record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
                              preparation=self.checkpoint.next_preparation(), devices=devices, started_at=time.time(),
-                             configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit])
+                             configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit],
+                             traceparent=self.claim_traceparent(claim))
         started = [self._event("prepare-started", ref, record)]
         if any(d.dynamic_mig for d in devices):
             # a MIG device is created next: the record must be on disk first, so a crash leaves it to undo
