@@ -242,12 +242,13 @@ class ClaimPreparer:
 
     async def _link_claim_trace(self, span: trace.Span, ref: ClaimRef, record: ClaimRecord | None,
                                 timeout_s: float = 2.0) -> None:
-        """Link `span` to the claim's trace: from the context its record kept at prepare, else (a record
-        from before that was kept, or none) read from the claim while it is still readable (best effort,
-        bounded: a deleted claim or a slow API server leaves the span in the RPC's trace only)."""
+        """Link `span` to the claim's trace: from the context its record kept at prepare (none kept: the
+        claim had none, or the record predates the field); for a claim not prepared here, read from the
+        claim while it is still readable (best effort, bounded: a deleted claim or a slow API server leaves
+        the span in the RPC's trace only)."""
         if not span.is_recording():
             return
-        if record is not None and record.traceparent:
+        if record is not None:
             for link in span_link(record.traceparent):
                 span.add_link(link.context)
             return
