@@ -22,12 +22,13 @@ from embedded.apiserver import defaults, errors, patch, versions
 from embedded.apiserver.resources import Registry, Resource
 from embedded.apiserver.selectors import Matcher
 from embedded.apiserver.storage import ObjKey, Store, deep_copy
+from shared.kube.timestamps import k8s_time
 
 _ALNUM = "bcdfghjklmnpqrstvwxz2456789"
 
 
 def now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return k8s_time()
 
 
 def meta(obj: dict[str, Any]) -> dict[str, Any]:

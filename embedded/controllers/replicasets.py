@@ -20,6 +20,7 @@ from collections.abc import Callable
 from shared.kube.informer import Informer, Obj, key_of, uid_of
 from shared.kube.resources import EVENTS, PODS, REPLICASETS, Kube, Resource
 from shared.kube.rest import ApiError
+from shared.kube.timestamps import k8s_time
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 
@@ -32,7 +33,7 @@ STATUS_WRITE_TRIES = 5
 # ---- helpers shared by the controllers -------------------------------------------------------------
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return k8s_time()
 
 
 def parse_time(text: str | None) -> dt.datetime | None:

@@ -18,7 +18,6 @@ before the allocation's status PUT, and only when tracing is on (no-op tracer: n
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +29,7 @@ from embedded.scheduler.state import ClusterState
 from shared.kube.informer import key_of
 from shared.kube.resources import EVENTS, PODS, RESOURCECLAIMS, Kube
 from shared.kube.rest import ApiError
+from shared.kube.timestamps import k8s_time
 from shared.logs import get_logger
 from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION, current_traceparent, get_tracer
 
@@ -54,26 +54,14 @@ class ClaimWrite:
     allocation: Obj | None
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 class Writer:
     def __init__(self, kube: Kube, state: ClusterState) -> None:
         self.kube = kube
         self.state = state
 
     async def _write_claim_status(self, claim: Obj) -> Obj:
-        try:
-            written = await self.kube.replace(RESOURCECLAIMS, claim, subresource="status")
-        except ApiError as exc:
-            if not exc.conflict and not exc.not_found:
-                raise
-            await self._refresh(claim)
-            ns, name = key_of(claim)
-            raise Conflict(f"claim {ns}/{name} changed while it was written ({exc.reason})") from exc
-        self.state.apply(RESOURCECLAIMS, "MODIFIED", written)
-        return written
+        """PUT a claim's status (a 409: Conflict, the fresh claim cached)."""
+        return await self._write_claim(claim, subresource="status")
 
     def reservation(self, plan: Plan, pod: Obj) -> list[ClaimWrite]:
         """The claim writes that allocate the plan's new claims and reserve every claim of the pod for it,
@@ -146,10 +134,11 @@ class Writer:
                 self.state.assume(claim)  # still to be written: based on the annotated version now
             await self._write_claim_status(claim)
 
-    async def _write_claim(self, claim: Obj) -> Obj:
-        """PUT a claim's metadata/spec with its resourceVersion (a 409: Conflict, the fresh claim cached)."""
+    async def _write_claim(self, claim: Obj, subresource: str | None = None) -> Obj:
+        """PUT a claim's metadata/spec (or `subresource`) with its resourceVersion (a 409: Conflict, the
+        fresh claim cached)."""
         try:
-            written = await self.kube.replace(RESOURCECLAIMS, claim)
+            written = await self.kube.replace(RESOURCECLAIMS, claim, subresource=subresource)
         except ApiError as exc:
             if not exc.conflict and not exc.not_found:
                 raise
@@ -204,7 +193,7 @@ class Writer:
             return False
         cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
                 "lastProbeTime": None,
-                "lastTransitionTime": old.get("lastTransitionTime") if old and old.get("status") == "False" else _now()}
+                "lastTransitionTime": old.get("lastTransitionTime") if old and old.get("status") == "False" else k8s_time()}
         conditions = [c for c in conditions if c.get("type") != "PodScheduled"] + [cond]
         updated = await self.kube.patch(PODS, ns, name, {"status": {"conditions": conditions}}, subresource="status")
         self.state.apply(PODS, "MODIFIED", updated)
@@ -212,7 +201,7 @@ class Writer:
 
     async def event(self, pod: Obj, reason: str, message: str, warning: bool = False) -> None:
         ns, name = key_of(pod)
-        now = _now()
+        now = k8s_time()
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": f"{name}.", "namespace": ns},
                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -46,8 +47,9 @@ def _json(body: Any) -> web.Response:
     return web.Response(body=_encode(body), content_type="application/json")
 
 
+@functools.cache
 def _static(name: str) -> bytes | None:
-    """A file of the package's static/ folder, or None."""
+    """A file of the package's static/ folder, or None (read once: package data does not change)."""
     if "/" in name or name.startswith("."):
         return None
     path = resources.files("services.dashboard").joinpath("static", name)

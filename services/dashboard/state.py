@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import time
 from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -32,6 +31,7 @@ from shared.events.health import DeviceHealth
 from shared.kube.informer import Informer, key_of, until_synced
 from shared.kube.resources import NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, Kube, Resource
 from shared.kube.rest import ApiError
+from shared.kube.timestamps import k8s_time
 from shared.kube.versions import best_version, served_versions
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
@@ -42,10 +42,6 @@ Obj = dict[str, Any]
 Key = tuple[str, str]
 RING = 50  # events kept per device
 COMPUTEDOMAINS = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, crd.KIND)
-
-
-def rfc3339(ts: float | None = None) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
 
 
 class DeviceEvent(msgspec.Struct, frozen=True):
@@ -104,7 +100,7 @@ class FleetState:
                  compute_domains: bool = True, flush_s: float = 0.1) -> None:
         self.flush_s = flush_s
         self.version = 0
-        self.generated_at = rfc3339()
+        self.generated_at = k8s_time()
         self.rows: dict[str, Node] = {}
         self.encoded: dict[str, bytes] = {}  # row -> its JSON, unfiltered (filled by the server on first use)
         self.counters: dict[str, dict[str, int]] = {}
@@ -225,7 +221,7 @@ class FleetState:
             if previous is not None:  # the age counts from when the allocation was first seen
                 allocation = msgspec.structs.replace(allocation, since=previous.since)
             elif self.listed:  # allocated now (the first list can only say when the claim was made)
-                allocation = msgspec.structs.replace(allocation, since=rfc3339())
+                allocation = msgspec.structs.replace(allocation, since=k8s_time())
                 self._history(device, "allocated", f"claim {key[0]}/{key[1]} allocated it", key[0])
             if previous != allocation:
                 held[key] = allocation
@@ -239,7 +235,7 @@ class FleetState:
             return  # what the first list finds allocated is the present, not history
         node = self._pool_node.get(device[1], device[1])
         ring = self._rings.setdefault((node, device[2]), deque(maxlen=RING))
-        ring.append(DeviceEvent(time=rfc3339(when), type=kind, summary=summary, namespace=namespace))
+        ring.append(DeviceEvent(time=k8s_time(when), type=kind, summary=summary, namespace=namespace))
 
     def _on_node(self, event: str, obj: Obj, old: Obj | None) -> None:
         name = key_of(obj)[1]
@@ -274,7 +270,7 @@ class FleetState:
 
     async def _on_health_event(self, message: DeviceHealth, ctx: MsgContext) -> None:
         health = Health(unhealthy=message.state == "Unhealthy", xid=message.xid, reason=message.reason,
-                        time=rfc3339(message.observed_at or None))
+                        time=k8s_time(message.observed_at or None))
         self._health.setdefault(message.node, {})[message.device] = health
         what = f"XID {message.xid}" if message.reason == "xid" else (message.reason or message.state)
         summary = f"{message.state}: {what}" + (f" ({message.message})" if message.message else "")
@@ -321,7 +317,7 @@ class FleetState:
         if not changed:
             return
         self.version += 1
-        self.generated_at = rfc3339()
+        self.generated_at = k8s_time()
         self.groups = model.groups(self.rows.values())
         for viewer in self.viewers:
             viewer.changed |= changed

@@ -207,7 +207,7 @@ class ClaimPreparer:
         (its `gpu.nvidia.com/traceparent`), and its child when the kubelet sent no context of its own
         (then linked back to this RPC's server span instead); with no claim (not readable) the RPC's
         child. A failure inside marks it: error status, the exception, `dra.failure.reason`."""
-        traceparent = claim.metadata.annotations.get(CLAIM_TRACEPARENT_ANNOTATION, "") if claim else ""
+        traceparent = self.claim_traceparent(claim) if claim else ""
         links = span_link(traceparent)
         parent: otel_context.Context | None = None
         if links and not otel_context.get_value(KUBELET_CONTEXT):
@@ -259,7 +259,7 @@ class ClaimPreparer:
         except Exception:  # noqa: BLE001 - gone or unreadable: no link, nothing else changes
             return
         if claim.metadata.uid == ref.uid:
-            for link in span_link(claim.metadata.annotations.get(CLAIM_TRACEPARENT_ANNOTATION, "")):
+            for link in span_link(self.claim_traceparent(claim)):
                 span.add_link(link.context)
 
     @staticmethod

@@ -8,7 +8,6 @@ pool into slices the server accepts.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -19,6 +18,7 @@ from services.publisher.apiversion import ServerProfile
 from shared import devicemodel
 from shared.events.health import DeviceHealth
 from shared.events.inventory import Gpu, NodeInventory
+from shared.kube.timestamps import k8s_time
 
 GPU_DRIVER = devicemodel.GPU_DRIVER
 CD_DRIVER = "compute-domain.nvidia.com"
@@ -54,7 +54,7 @@ class DesiredPool(msgspec.Struct, kw_only=True):
 
 def rfc3339(ts: float) -> str:
     """Seconds since the epoch -> `2026-12-03T06:00:00Z` (whole seconds, as the server stores it)."""
-    return datetime.datetime.fromtimestamp(int(ts), tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return k8s_time(int(ts))
 
 
 def health_taints(health: DeviceHealth | None, effect: TaintEffect, profile: ServerProfile) -> list[dict[str, Any]]:

@@ -7,10 +7,10 @@ logged, never an error for the caller (the change it reports happened all the sa
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
 from shared.kube import rest
+from shared.kube.timestamps import k8s_time
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -22,7 +22,7 @@ CLUSTER_SCOPED_NAMESPACE = "default"  # where Events about cluster-scoped object
 def event_body(involved: dict[str, Any], *, reason: str, message: str, type: EventType, component: str,
                instance: str = "") -> dict[str, Any]:
     """An Event about `involved` ({apiVersion, kind, name, uid[, namespace]})."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    stamp = k8s_time()
     namespace = involved.get("namespace") or CLUSTER_SCOPED_NAMESPACE
     return {
         "apiVersion": "v1", "kind": "Event",

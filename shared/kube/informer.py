@@ -34,6 +34,7 @@ import aiohttp
 
 from shared.kube.resources import Kube, Resource
 from shared.kube.rest import ApiError, Gone
+from shared.kube.timestamps import k8s_time
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -80,8 +81,7 @@ async def until_synced(synced: Iterable[asyncio.Event], stopping: asyncio.Event)
 
 def _deleting(obj: Obj) -> Obj:
     """obj as deleting: a copy with a deletionTimestamp (now), for an object we have just deleted."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return {**obj, "metadata": {**(obj.get("metadata") or {}), "deletionTimestamp": stamp}}
+    return {**obj, "metadata": {**(obj.get("metadata") or {}), "deletionTimestamp": k8s_time()}}
 
 
 class Informer:

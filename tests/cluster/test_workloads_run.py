@@ -9,6 +9,7 @@ logs name exactly the devices the claims were allocated (full GPUs, MIG devices,
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import subprocess
 import tempfile
@@ -25,6 +26,7 @@ from kubernetes_asyncio import client
 from embedded.cluster.apply import Applier
 from embedded.cluster.local import ClusterConfig, LocalCluster
 from tests.cluster.helpers import MIG_MACHINE, device_attributes, edits
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
 
@@ -80,14 +82,7 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
         yield c
 
 
-async def until(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 60, every: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what}: not in {timeout} s"
-        await asyncio.sleep(every)
+until = functools.partial(eventually, timeout=60.0, every=0.2)
 
 
 async def pod(api: client.ApiClient, name: str) -> dict[str, Any]:

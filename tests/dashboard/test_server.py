@@ -7,9 +7,10 @@ One module fixture starts them all; the tests share it and leave their objects b
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from shared.events.health import DeviceHealth
 from shared.kube.client import kube_api_client
 from shared.kube.resources import NODES, RESOURCECLAIMS, RESOURCESLICES, Kube, Resource
 from shared.natsserver import EmbeddedNats
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
 SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
@@ -140,16 +142,7 @@ async def _next_event(content: aiohttp.StreamReader) -> tuple[str, Any]:
             data += line[6:].strip()
 
 
-async def until(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 5.0) -> Any:
-    """probe()'s first truthy answer, polled until `timeout` (for state the API does not push)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout} s")
-        await asyncio.sleep(0.05)
+until = functools.partial(eventually, timeout=5.0, every=0.05)  # state the API does not push
 
 
 def _device(fleet: dict[str, Any], node: str, device: str) -> dict[str, Any]:

@@ -3,11 +3,10 @@ the nvidia-smi shim answering from a simulated NVML state for exactly the device
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from embedded.nodeagent import nvidiasmi
 from embedded.nodeagent.containers import PodWorker
 from services.discovery import devtree
 from services.discovery.simnvml.state import SimCi, SimGi, SimGpu, SimMps, SimState
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60),
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (make setup)")]
@@ -70,11 +70,7 @@ def log_of(node: dict[str, Path], p: dict[str, Any], container: str, run: int = 
     return "".join(line.partition(" ")[2] + "\n" for line in path.read_text().splitlines())
 
 
-async def until(check: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
+until = functools.partial(eventually, timeout=20.0, every=0.05)
 
 
 def gpu_edits(*nodes: str) -> dict[str, Any]:

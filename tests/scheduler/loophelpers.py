@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +54,6 @@ class Cluster:
     async def claims(self, namespace: str = "default") -> list[dict[str, Any]]:
         items, _ = await self.kube.list(RESOURCECLAIMS, namespace)
         return items
-
-
-async def eventually(probe: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll `probe` until it returns something truthy (its value), or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 def ready_node(name: str, **spec: Any) -> dict[str, Any]:

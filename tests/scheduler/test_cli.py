@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from shared.kube.resources import RESOURCECLAIMS
-from tests.scheduler.loophelpers import cluster, eventually
+from tests.polling import eventually
+from tests.scheduler.loophelpers import cluster
 from tests.scheduler.test_loop import named_claim
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,8 @@ from typing import Any
 from embedded.cluster.explain import explain_pod
 from embedded.scheduler.state import ClusterState
 from shared.kube.resources import NODES, PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, RESOURCESLICES
-from tests.scheduler.loophelpers import cluster, condition, eventually
+from tests.polling import eventually
+from tests.scheduler.loophelpers import cluster, condition
 from tests.scheduler.test_loop import template
 
 ROOT = Path(__file__).resolve().parents[2]

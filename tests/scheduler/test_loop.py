@@ -8,7 +8,8 @@ from embedded.scheduler.loop import Scheduler
 from embedded.scheduler.simslices import node_slices
 from embedded.scheduler.state import WATCHED
 from shared.kube.resources import EVENTS, NAMESPACES, NODES, PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES
-from tests.scheduler.loophelpers import add_node, cluster, condition, devices_of, eventually
+from tests.polling import eventually
+from tests.scheduler.loophelpers import add_node, cluster, condition, devices_of
 
 GPU = {"deviceClassName": "gpu.nvidia.com"}
 
