@@ -21,12 +21,18 @@ Crash argument (what each write must survive):
   fsync is needed for that.
 - A power loss or kernel crash reboots the node: the boot id changes, and the next load drops every
   prepared claim (the kubelet prepares them again, rewriting their CDI specs), so it does not matter
-  whether the last rename reached the disk. What does matter is that the file which did land is whole
-  (the temp file is fsync'd before the rename: no torn JSON quarantined as corrupt) and that the
-  preparation sequence never goes back (after a reboot it restarts at least at the clock in
-  milliseconds, above any number handed out unless more than 1,000 preparations a second were made
-  on average since the sequence started). So a write with a boot id costs one fsync, not two: the
-  directory is fsync'd only when there is no boot id to detect the reboot (`sync_dir`).
+  which of the last writes reached the disk, nor whether the one that did is whole: once per boot, before
+  its first write, the checkpoint records the boot id it runs under in `checkpoint.boot` (fsync'd file
+  and directory: the only fsyncs of a boot). At the next load a marker naming another boot says the node
+  went down since, so a checkpoint that is unreadable then was torn by that power loss (its writes had no
+  fsync) and is dropped like any state of a past boot, not quarantined as corrupt; one that is readable
+  names the old boot and is wiped for it. The preparation sequence never goes back: after a reboot it
+  restarts at least at the clock in milliseconds, above any number handed out unless more than 1,000
+  preparations a second were made on average since the sequence started. So a write with a boot id
+  costs no fsync; being small and unsynced it is made on the event loop (bounded by `INLINE_MAX_BYTES`;
+  larger documents, and a journal busy compacting, go to a worker thread). Without a readable boot id
+  every write fsyncs its temp file and the directory, as the reboot could not be told (`sync_file`,
+  `sync_dir`).
 A PrepareStarted of a claim whose prepare creates nothing before its CDI spec (no dynamic MIG device)
 is staged (`stage`), not written: a crash before the next write loses it, and loses nothing with it,
 since no device state exists yet and the spec is swept at start; the next write (the put before a
@@ -61,6 +67,7 @@ tracer = get_tracer(__name__)
 API_VERSION = "checkpoint.gpu.nvidia.com/v1"
 KIND = "PreparerCheckpoint"
 SCHEMA_VERSION = 1
+INLINE_MAX_BYTES = 256 << 10  # an unsynced write up to this size is made on the event loop (module doc)
 
 ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
 
@@ -114,8 +121,9 @@ class _Known(msgspec.Struct, kw_only=True):
 class Journal(Protocol):
     """Where the records a checkpoint write carries go (the lifecycle-event outbox)."""
 
-    def write_sync(self, records: Sequence[Any]) -> list[Any]:
-        """Append `records` (in the checkpoint's write thread, before its replacement); those kept."""
+    def write_sync(self, records: Sequence[Any], *, wait: bool = True) -> list[Any] | None:
+        """Append `records` (in the checkpoint's write step, before its replacement); those kept. With
+        `wait` False (on the event loop): None, having written nothing, when that would have to wait."""
         ...
 
     def committed(self, records: Sequence[Any]) -> None:
@@ -149,9 +157,12 @@ class Checkpoint:
         self.writes = 0  # documents written (tests, benches)
         self.power_loss_is_reboot = bool(boot_id)  # a power loss shows as a new boot id at the next load
         self.sync_dir = not self.power_loss_is_reboot  # see the module doc: else a lost rename goes unnoticed
+        self.sync_file = True  # until this boot's marker is on disk (module doc)
+        self.marker = self.path.with_name(f"{self.path.stem}.boot")
         self.quarantined: Path | None = None  # where a corrupt file was moved at load
         self.corrupt_reason = ""
         self.wiped_for_reboot = 0
+        self.torn_by_reboot = False  # the file was unreadable after a power loss (dropped, not quarantined)
         self.preparation_seq = 0  # the last preparation number handed out (next_preparation)
         self.journal: Journal | None = None  # where the records a write carries go
 
@@ -167,6 +178,26 @@ class Checkpoint:
 
     def _load_sync(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        marked = ""
+        if self.boot_id:
+            with contextlib.suppress(OSError):
+                marked = self.marker.read_text().strip()
+        self._read_sync(rebooted=bool(marked) and marked != self.boot_id)
+        if self.boot_id:
+            self._mark_boot(marked)
+
+    def _mark_boot(self, marked: str) -> None:
+        """Record (durably) the boot the writes from now on belong to; then they need no fsync."""
+        if marked != self.boot_id:
+            try:
+                atomic_write(self.marker, f"{self.boot_id}\n".encode())
+            except OSError as exc:
+                log.warning("boot marker not written; every checkpoint write keeps its fsync", path=str(self.marker),
+                            error=str(exc))
+                return
+        self.sync_file = False
+
+    def _read_sync(self, *, rebooted: bool) -> None:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -183,7 +214,12 @@ class Checkpoint:
                     raise ValueError(f"claim {uid} is {type(raw).__name__}, not an object")
                 claims[uid] = msgspec.convert(raw, ClaimRecord)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-            self._quarantine(str(exc))
+            if rebooted:  # torn by the power loss that rebooted the node: state of a past boot (module doc)
+                self.torn_by_reboot = True
+                log.warning("checkpoint unreadable after a reboot (its last writes were not synced); prepared "
+                            "state of the past boot dropped", path=str(self.path), error=str(exc))
+            else:
+                self._quarantine(str(exc))
             self.preparation_seq = _fresh_sequence()
             return
         self.preparation_seq = known.preparationSeq or _fresh_sequence()
@@ -280,17 +316,23 @@ class Checkpoint:
             journal = self.journal if events else None
             kept: list[Any] = []
             journaled: list[bool] = []
-            sync_dir = self.sync_dir
+            sync_dir, sync_file = self.sync_dir, self.sync_file
 
-            def write() -> None:
+            def write(wait: bool) -> bool:
                 if journal is not None:
-                    kept.extend(journal.write_sync(events))
+                    got = journal.write_sync(events, wait=wait)
+                    if got is None:
+                        return False
+                    kept.extend(got)
                     journaled.append(True)
-                atomic_write(self.path, data, sync_dir=sync_dir)
+                atomic_write(self.path, data, sync_dir=sync_dir, sync_file=sync_file)
+                return True
 
             self.writes += 1
             try:
-                await asyncio.to_thread(write)
+                inline = not sync_file and not sync_dir and len(data) <= INLINE_MAX_BYTES
+                if not (inline and write(False)):
+                    await asyncio.to_thread(write, True)
             except OSError as exc:
                 raise CheckpointError(f"cannot write checkpoint {self.path}: {exc}") from exc
             finally:

@@ -2,9 +2,10 @@
 
 Owns the file and what is pending in it. A record (an event, its `Nats-Msg-Id` and its outbox
 sequence) is appended by the checkpoint write that the event reports (`Checkpoint.save(events=...)`
-calls `write_sync` in its write thread just before the checkpoint's fsync'd replacement: no fsync of
-its own), so an event is on file once the state change it reports is, and survives a SIGKILL of the
-preparer. (Against a power loss the outbox has no fsync of its own; a reboot wipes prepared state too.)
+calls `write_sync` in its write step just before the checkpoint's replacement: no fsync of its own),
+so an event is on file once the state change it reports is, and survives a SIGKILL of the preparer.
+(Against a power loss the outbox has no fsync of its own; a reboot wipes prepared state too.) Appends
+are small and unsynced, so they are made on the event loop unless a compaction holds the file.
 The sender acks what JetStream stored with an `ack` line; the file is rewritten with only what is
 pending (temp file, fsync, rename) once acked lines outnumber pending ones, so it stays bounded by
 what is pending. A restart re-reads the file and sends what is left with the message ids it had, so
@@ -74,10 +75,13 @@ class Outbox:
         self._seq += 1
         return self._seq
 
-    # -- the file side (worker threads) -------------------------------------------------
-    def write_sync(self, records: Sequence[OutboxRecord]) -> list[OutboxRecord]:
-        """Append `records` (the Journal port of the checkpoint); returns those kept (not refused)."""
-        with self._lock:
+    # -- the file side (worker threads; small appends also on the loop) -------------------------
+    def write_sync(self, records: Sequence[OutboxRecord], *, wait: bool = True) -> list[OutboxRecord] | None:
+        """Append `records` (the Journal port of the checkpoint); returns those kept (not refused). With
+        `wait` False: None, having written nothing, while a compaction holds the file."""
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             kept: list[OutboxRecord] = []
             lines: list[bytes] = []
             size = self._pending_bytes
@@ -103,22 +107,33 @@ class Outbox:
             self._bytes += size - self._pending_bytes
             self._pending_bytes = size
             return kept
+        finally:
+            self._lock.release()
 
-    def ack_sync(self, seqs: Sequence[int]) -> None:
-        """Note that JetStream stored these; compact the file when acks outnumber what is pending."""
-        with self._lock:
+    def ack_sync(self, seqs: Sequence[int], *, wait: bool = True) -> bool:
+        """Note that JetStream stored these; compact the file when acks outnumber what is pending. With
+        `wait` False (on the event loop): False, having changed nothing, when that would wait for the
+        file or compact it (a compaction's write is fsync'd: a worker thread's job)."""
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
+            if not wait and self.path is not None and self._acks + len(seqs) >= COMPACT_MIN_ACKS:
+                return False
             lines = b"".join(_encode(OutboxRecord(op="ack", seq=s)) + b"\n" for s in seqs)
             for seq in seqs:
                 self._pending_bytes -= len(self._in_file.pop(seq, b""))
             self._acks += len(seqs)
             if self.path is None:
-                return
+                return True
             if self._acks >= COMPACT_MIN_ACKS and self._acks > len(self._in_file):
                 self._rewrite()
-                return
+                return True
             with open(self.path, "ab") as f:
                 f.write(lines)
             self._bytes += len(lines)
+            return True
+        finally:
+            self._lock.release()
 
     def _rewrite(self) -> None:
         assert self.path is not None
@@ -186,13 +201,17 @@ class Outbox:
 
     async def add(self, records: Sequence[OutboxRecord]) -> None:
         """Append records that go with no checkpoint write."""
-        self.committed(await asyncio.to_thread(self.write_sync, records))
+        kept = self.write_sync(records, wait=False)  # small and unsynced: bounded, on the loop
+        if kept is None:
+            kept = await asyncio.to_thread(self.write_sync, records)
+        self.committed(kept or [])
 
     async def ack(self, seqs: Sequence[int]) -> None:
         for seq in seqs:
             self.pending.pop(seq, None)
         self._gauge()
-        await asyncio.to_thread(self.ack_sync, list(seqs))
+        if not self.ack_sync(seqs, wait=False):  # a few lines appended: bounded, on the loop
+            await asyncio.to_thread(self.ack_sync, list(seqs))
 
     def _gauge(self) -> None:
         metrics.OUTBOX_EVENTS.labels(self.driver).set(len(self.pending))
