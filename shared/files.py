@@ -1,7 +1,8 @@
 """Crash-safe file replacement: the one way services write state files that must survive a crash.
 
 Owns `atomic_write` (temp file, fsync, rename, fsync of the directory; a caller whose file a power loss
-makes moot anyway may skip either fsync), the count of the fsyncs it makes (`gpu_dra_fsyncs_total`, by
+makes moot anyway may skip either fsync), `SlotFile` (the same replacement for such a file written often,
+without creating or freeing a file per write), the count of the fsyncs it makes (`gpu_dra_fsyncs_total`, by
 `what`: file or dir; the benches read it) and the node's boot id, which tells a state file written
 before a reboot (whose processes and GPU settings are gone) from a current one. Blocking: call from
 a thread.
@@ -9,6 +10,7 @@ a thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -60,4 +62,51 @@ def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True, sync_file: b
         _fsync_dir(path.parent)
 
 
-__all__ = ["BOOT_ID_PATH", "FSYNCS", "atomic_write", "fsync_count", "read_boot_id"]
+class SlotFile:
+    """`path` replaced whole with no inode created or freed per write (each costs a journal transaction on
+    ext4, 0.15-0.2 ms on the benchmark machine; the write below costs ~0.02 ms). Two slot inodes stay linked
+    beside it (`.<name>.slot-a`, `.slot-b`): a write fills the one `path` does not name, in place, links it
+    under a third name and renames that over `path`; the inode `path` named keeps its slot link, so the
+    rename frees nothing. A process crash leaves `path` whole, old or new (a crash can only tear the spare
+    slot). No fsync: only for a file whose state a power loss makes moot (the caller's module doc says
+    why). `open` (re)builds the slots from what `path` is now; it and `write` block briefly (small writes
+    may be made on the event loop)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.slots = [self.path.with_name(f".{self.path.name}.slot-{n}") for n in "ab"]
+        self._link = self.path.with_name(f".{self.path.name}.link")
+        self._current = 1  # the slot `path` names (the next write fills the other)
+
+    def open(self) -> None:
+        """Link the slots anew: slot a to the file `path` is now (if any), slot b empty. OSError where the
+        filesystem has no hard links (the caller then replaces the file the usual way)."""
+        for stale in (*self.slots, self._link):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        try:
+            os.link(self.path, self.slots[0])
+            self._current = 0
+        except FileNotFoundError:
+            self._current = 1
+        for slot in self.slots:
+            os.close(os.open(slot, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+
+    def write(self, data: bytes) -> None:
+        spare = 1 - self._current
+        fd = os.open(self.slots[spare], os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+        try:
+            os.link(self.slots[spare], self._link)
+        except FileExistsError:  # left by a crash between the link and the rename
+            self._link.unlink()
+            os.link(self.slots[spare], self._link)
+        os.replace(self._link, self.path)
+        self._current = spare
+
+
+__all__ = ["BOOT_ID_PATH", "FSYNCS", "SlotFile", "atomic_write", "fsync_count", "read_boot_id"]

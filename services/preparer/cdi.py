@@ -11,7 +11,9 @@ same container path (a claim's MPS pipe dir over a node-wide one). A spec is wri
 file, rename) before the claim's `PrepareCompleted` checkpoint write, which orders it; where the node
 has a boot id it has no fsync of its own (`durable`): a power loss is a reboot that drops every
 prepared claim, and the kubelet's next prepare writes the spec again (the crash argument is in
-`checkpoint`'s module doc). At start, `sweep` removes the specs (and temp files) of claims the
+`checkpoint`'s module doc). There a removed spec is not unlinked but renamed to a spare (a dot-named
+`.tmp` file, which no CDI registry reads), and the next write fills a spare in place and renames it to
+its claim's name: no file created or freed per claim (each costs a journal transaction). At start, `sweep` removes the specs (and temp files) of claims the
 checkpoint does not hold: a spec is written after its claim's `PrepareStarted` entry and removed
 before the entry is, so such a spec belongs to no claim (one left by a reboot, or torn by a power loss).
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +39,7 @@ CLASS = "claim"
 KIND = f"{VENDOR}/{CLASS}"
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"  # noqa: S108 - the path CUDA's MPS client looks in
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+SPARES = 16  # removed specs kept as files for the next writes (module doc)
 
 
 class CdiError(ValueError):
@@ -224,6 +229,8 @@ class CdiWriter:
         self.dir = Path(cdi_dir)
         self.cdi_kind = cdi_kind
         self.durable = durable  # False where the checkpoint's boot id makes a power loss moot (module doc)
+        self._spares: list[Path] = []  # files of removed specs, refilled in place by the next writes
+        self._spare_names = itertools.count()
 
     def path_for(self, claim_uid: str) -> Path:
         return self.dir / spec_file_name(claim_uid, self.cdi_kind)
@@ -234,8 +241,21 @@ class CdiWriter:
     def _write_sync(self, claim_uid: str, spec: dict[str, Any]) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.path_for(claim_uid)
-        atomic_write(path, msgspec.json.format(msgspec.json.encode(spec), indent=2), sync_dir=self.durable,
-                     sync_file=self.durable)
+        data = msgspec.json.format(msgspec.json.encode(spec), indent=2)
+        while not self.durable and self._spares:
+            spare = self._spares.pop()
+            try:
+                fd = os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # removed by someone else: the next spare, or a new file
+            try:
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+            finally:
+                os.close(fd)
+            os.replace(spare, path)
+            return path
+        atomic_write(path, data, sync_dir=self.durable, sync_file=self.durable)
         return path
 
     async def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
@@ -249,8 +269,14 @@ class CdiWriter:
             raise CdiError(f"cannot write CDI spec for claim {claim_uid} in {self.dir}: {exc}") from exc
 
     def _remove_sync(self, claim_uid: str) -> bool:
+        path = self.path_for(claim_uid)
         with contextlib.suppress(FileNotFoundError):
-            self.path_for(claim_uid).unlink()
+            if self.durable or len(self._spares) >= SPARES:
+                path.unlink()
+                return True
+            spare = self.dir / f".{spec_file_name('', self.cdi_kind)[:-len('.json')]}spare-{next(self._spare_names)}.tmp"
+            os.replace(path, spare)
+            self._spares.append(spare)
             return True
         return False
 

@@ -30,7 +30,8 @@ Crash argument (what each write must survive):
   restarts at least at the clock in milliseconds, above any number handed out unless more than 1,000
   preparations a second were made on average since the sequence started. So a write with a boot id
   costs no fsync; being small and unsynced it is made on the event loop (bounded by `INLINE_MAX_BYTES`;
-  larger documents, and a journal busy compacting, go to a worker thread). Without a readable boot id
+  larger documents, and a journal busy compacting, go to a worker thread), through two slot files that
+  stay linked beside the checkpoint (`shared.files.SlotFile`: no file created or freed per write). Without a readable boot id
   every write fsyncs its temp file and the directory, as the reboot could not be told (`sync_file`,
   `sync_dir`).
 A PrepareStarted of a claim whose prepare creates nothing before its CDI spec (no dynamic MIG device)
@@ -56,6 +57,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from shared.files import SlotFile
 from shared.files import atomic_write as atomic_write  # re-exported: cdi, devices
 from shared.files import read_boot_id as read_boot_id  # re-exported: the service
 from shared.logs import get_logger
@@ -158,6 +160,7 @@ class Checkpoint:
         self.power_loss_is_reboot = bool(boot_id)  # a power loss shows as a new boot id at the next load
         self.sync_dir = not self.power_loss_is_reboot  # see the module doc: else a lost rename goes unnoticed
         self.sync_file = True  # until this boot's marker is on disk (module doc)
+        self._slots: SlotFile | None = None  # how unsynced writes replace the file (no inode per write)
         self.marker = self.path.with_name(f"{self.path.stem}.boot")
         self.quarantined: Path | None = None  # where a corrupt file was moved at load
         self.corrupt_reason = ""
@@ -196,6 +199,13 @@ class Checkpoint:
                             error=str(exc))
                 return
         self.sync_file = False
+        slots = SlotFile(self.path)
+        try:
+            slots.open()
+            self._slots = slots
+        except OSError as exc:  # no hard links here: a temp file and a rename per write, still unsynced
+            log.info("checkpoint slots not linked; each write replaces the file through a temp file",
+                     path=str(self.path), error=str(exc))
 
     def _read_sync(self, *, rebooted: bool) -> None:
         try:
@@ -316,7 +326,7 @@ class Checkpoint:
             journal = self.journal if events else None
             kept: list[Any] = []
             journaled: list[bool] = []
-            sync_dir, sync_file = self.sync_dir, self.sync_file
+            sync_dir, sync_file, slots = self.sync_dir, self.sync_file, self._slots
 
             def write(wait: bool) -> bool:
                 if journal is not None:
@@ -325,7 +335,10 @@ class Checkpoint:
                         return False
                     kept.extend(got)
                     journaled.append(True)
-                atomic_write(self.path, data, sync_dir=sync_dir, sync_file=sync_file)
+                if slots is not None:
+                    slots.write(data)
+                else:
+                    atomic_write(self.path, data, sync_dir=sync_dir, sync_file=sync_file)
                 return True
 
             self.writes += 1

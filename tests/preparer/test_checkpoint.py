@@ -31,7 +31,8 @@ async def test_round_trip_and_no_temp_files_left(root: Path) -> None:
     cp = Checkpoint(path, boot_id="boot-1")
     await cp.load()
     await cp.put("uid-1", record())
-    assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.boot", "checkpoint.json"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        ".checkpoint.json.slot-a", ".checkpoint.json.slot-b", "checkpoint.boot", "checkpoint.json"]
     again = Checkpoint(path, boot_id="boot-1")
     await again.load()
     assert again.claims == {"uid-1": record()}

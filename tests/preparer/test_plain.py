@@ -206,3 +206,28 @@ async def test_a_prepare_and_unprepare_cost_no_fsync_with_a_boot_id_six_without(
             assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
             assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
             assert fsync_count() - before == expected
+
+
+async def test_a_removed_spec_becomes_the_file_of_the_next_one_and_is_swept_at_start(
+        claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    """With a boot id an unprepared claim's spec is renamed to a spare (a dot-named .tmp no CDI registry
+    reads) and the next prepare's spec is written into it: the same file, no inode created or freed. A
+    spare left when the preparer stops is swept at the next start."""
+    first = claims.add(claim_doc(name="first", results=[("gpu", "gpu-0")]))
+    second = claims.add(claim_doc(name="second", results=[("gpu", "gpu-1")]))
+    async with running_node(claims, root, dev_root=str(dev_root)) as node:
+        assert (await node.plugin.prepare([first]))[first.uid].error == ""
+        spec = node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{first.uid}.json"
+        inode = spec.stat().st_ino
+        assert await node.plugin.unprepare([first]) == {first.uid: ""}
+        assert node.cdi_files() == []  # no *.json left: the spare is a dot-named .tmp
+        (spare,) = [p for p in node.cdi_dir.iterdir() if p.name.endswith(".tmp")]
+        assert spare.name.startswith(".k8s.gpu.nvidia.com-claim_") and spare.stat().st_ino == inode
+        assert (await node.plugin.prepare([second]))[second.uid].error == ""
+        reused = node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{second.uid}.json"
+        assert reused.stat().st_ino == inode and not spare.exists()
+        assert json.loads(reused.read_text())["devices"][0]["name"] == f"{second.uid}-gpu-1"
+        assert await node.plugin.unprepare([second]) == {second.uid: ""}
+        assert [p.name for p in node.cdi_dir.iterdir()] != []
+    async with running_node(claims, root, dev_root=str(dev_root)) as node:
+        assert list(node.cdi_dir.iterdir()) == []
