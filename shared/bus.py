@@ -734,9 +734,8 @@ class Bus:
         if not isinstance(message, entry.message):
             raise TypeError(f"{entry.name} carries {entry.message.__name__}, not {type(message).__name__}")
         subject = entry.format(**tokens)
-        with tracer.start_as_current_span(f"publish {entry.name}", kind=SpanKind.PRODUCER) as span:
-            span.set_attribute("messaging.system", "nats")
-            span.set_attribute("messaging.destination.name", subject)
+        with tracer.start_as_current_span(f"publish {entry.name}", kind=SpanKind.PRODUCER, attributes={
+                "messaging.system": "nats", "messaging.destination.name": subject}):
             payload = encode(message)
             # every durable publish carries a message id, so a retry is de-duplicated by the stream; the
             # id (given or drawn) is also the CloudEvents id of an event that has no event id of its own

@@ -152,7 +152,7 @@ class Checkpoint:
         self.claims: dict[str, ClaimRecord] = {}
         self._raw_top: dict[str, Any] = {}
         self._raw_claims: dict[str, dict[str, Any]] = {}
-        self._queue: list[tuple[Sequence[Any], asyncio.Future[None]]] = []  # changes awaiting a write
+        self._queue: list[tuple[Sequence[Any], asyncio.Future[int]]] = []  # changes awaiting a write
         self._staged_events: list[Any] = []  # events of staged changes: they go out with the next write
         self._events_journaled = False  # whether the last write got its events to the journal
         self._committer: asyncio.Task[None] | None = None
@@ -280,15 +280,16 @@ class Checkpoint:
 
     async def save(self, events: Sequence[Any] = ()) -> None:
         """Write the document (together with every other change pending now: group commit); `events` go
-        to the journal first, in the same durable step (see the module doc). The wait is a span of its own
-        in the caller's trace (the shared `checkpoint.write` is a child of the first waiter's only)."""
-        with tracer.start_as_current_span("checkpoint.save") as span:
-            span.set_attribute("checkpoint.events", len(events))
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        to the journal first, in the same durable step (see the module doc). Each caller's trace gets a
+        `checkpoint.write` span for the write that carried its change (shared by the changes it carried)."""
+        with tracer.start_as_current_span("checkpoint.write", attributes={"checkpoint.events": len(events)}) as span:
+            done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             self._queue.append((events, done))
             if self._committer is None or self._committer.done():
                 self._committer = asyncio.create_task(self._commit(), name="checkpoint-commit")
-            await done
+            changes = await done
+            if span.is_recording():
+                span.set_attributes({"checkpoint.changes": changes, "checkpoint.claims": len(self.claims)})
 
     async def _commit(self) -> None:
         """Write what is queued, then what queued meanwhile, until nothing is (one task at a time)."""
@@ -297,7 +298,7 @@ class Checkpoint:
             staged, self._staged_events = self._staged_events, []
             error: BaseException | None = None
             try:
-                await self._write(staged + [e for events, _ in batch for e in events], len(batch))
+                await self._write(staged + [e for events, _ in batch for e in events])
             except BaseException as exc:  # noqa: BLE001 - handed to every waiter; cancellation re-raised below
                 error = exc
                 if not self._events_journaled:  # still only in memory: the next write carries them
@@ -306,7 +307,7 @@ class Checkpoint:
                 if done.done():
                     continue  # its caller was cancelled
                 if error is None:
-                    done.set_result(None)
+                    done.set_result(len(batch))
                 elif isinstance(error, CheckpointError):
                     done.set_exception(error)
                 else:
@@ -318,40 +319,37 @@ class Checkpoint:
                 self._queue = []
                 raise error
 
-    async def _write(self, events: list[Any], changes: int) -> None:
-        with tracer.start_as_current_span("checkpoint.write") as span:
-            span.set_attribute("checkpoint.claims", len(self.claims))
-            span.set_attribute("checkpoint.changes", changes)
-            data = self._document()
-            journal = self.journal if events else None
-            kept: list[Any] = []
-            journaled: list[bool] = []
-            sync_dir, sync_file, slots = self.sync_dir, self.sync_file, self._slots
+    async def _write(self, events: list[Any]) -> None:
+        data = self._document()
+        journal = self.journal if events else None
+        kept: list[Any] = []
+        journaled: list[bool] = []
+        sync_dir, sync_file, slots = self.sync_dir, self.sync_file, self._slots
 
-            def write(wait: bool) -> bool:
-                if journal is not None:
-                    got = journal.write_sync(events, wait=wait)
-                    if got is None:
-                        return False
-                    kept.extend(got)
-                    journaled.append(True)
-                if slots is not None:
-                    slots.write(data)
-                else:
-                    atomic_write(self.path, data, sync_dir=sync_dir, sync_file=sync_file)
-                return True
+        def write(wait: bool) -> bool:
+            if journal is not None:
+                got = journal.write_sync(events, wait=wait)
+                if got is None:
+                    return False
+                kept.extend(got)
+                journaled.append(True)
+            if slots is not None:
+                slots.write(data)
+            else:
+                atomic_write(self.path, data, sync_dir=sync_dir, sync_file=sync_file)
+            return True
 
-            self.writes += 1
-            try:
-                inline = not sync_file and not sync_dir and len(data) <= INLINE_MAX_BYTES
-                if not (inline and write(False)):
-                    await asyncio.to_thread(write, True)
-            except OSError as exc:
-                raise CheckpointError(f"cannot write checkpoint {self.path}: {exc}") from exc
-            finally:
-                self._events_journaled = bool(journaled)
-                if journal is not None and kept:
-                    journal.committed(kept)  # on file: sent even when the checkpoint write failed
+        self.writes += 1
+        try:
+            inline = not sync_file and not sync_dir and len(data) <= INLINE_MAX_BYTES
+            if not (inline and write(False)):
+                await asyncio.to_thread(write, True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot write checkpoint {self.path}: {exc}") from exc
+        finally:
+            self._events_journaled = bool(journaled)
+            if journal is not None and kept:
+                journal.committed(kept)  # on file: sent even when the checkpoint write failed
 
     async def put(self, uid: str, record: ClaimRecord, *, events: Sequence[Any] = ()) -> None:
         previous = self.claims.get(uid)

@@ -272,14 +272,12 @@ class ClaimPreparer:
         """The prepared devices on a claim's span: names, GPU UUIDs, CDI ids."""
         if not span.is_recording():
             return
-        span.set_attribute("dra.device", [d.device for d in devices])
-        span.set_attribute("gpu.uuid", [d.uuid for d in devices if d.uuid])
-        span.set_attribute("cdi.device_ids", [i for d in devices for i in d.cdi_device_ids])
+        span.set_attributes({"dra.device": [d.device for d in devices], "gpu.uuid": [d.uuid for d in devices if d.uuid],
+                             "cdi.device_ids": [i for d in devices for i in d.cdi_device_ids]})
 
     async def _fetch(self, ref: ClaimRef) -> ResourceClaim:
-        with tracer.start_as_current_span("claim.get") as span:
-            span.set_attribute("k8s.namespace.name", ref.namespace)
-            span.set_attribute("dra.claim.name", ref.name)
+        with tracer.start_as_current_span("claim.get", attributes={"k8s.namespace.name": ref.namespace,
+                                                                   "dra.claim.name": ref.name}):
             try:
                 claim = await self.claims.get(ref.namespace, ref.name)
             except ClaimNotFound as exc:

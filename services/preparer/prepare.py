@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 import msgspec
+from opentelemetry import trace
 
 from services.preparer import metrics
 from services.preparer.cdi import CdiDevice, CdiWriter, build_spec, device_id, gpu_device_nodes, mps_edits
@@ -112,17 +113,16 @@ class Preparer(ClaimPreparer):
     async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
                              claim: ResourceClaim) -> list[PreparedDevice]:
         planned, raw = self._plan(claim)
-        with tracer.start_as_current_span("configs") as span:
-            try:
-                groups = select(self.driver, raw, [(p.request, p.resolved.kind) for p in planned])
-                for group in groups:
-                    if strategy(group.config) == "MPS" and not isinstance(group.config, GpuConfig):
-                        raise ClaimConfigError("MPS on MIG devices is not supported by this driver yet; use MPS "
-                                               "on full GPUs or TimeSlicing")
-                    _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
-            except ClaimConfigError as exc:
-                raise PrepareFailed(str(exc), "invalid-config") from None
-            span.set_attribute("configs.groups", len(groups))
+        try:
+            groups = select(self.driver, raw, [(p.request, p.resolved.kind) for p in planned])
+            for group in groups:
+                if strategy(group.config) == "MPS" and not isinstance(group.config, GpuConfig):
+                    raise ClaimConfigError("MPS on MIG devices is not supported by this driver yet; use MPS "
+                                           "on full GPUs or TimeSlicing")
+                _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
+        except ClaimConfigError as exc:
+            raise PrepareFailed(str(exc), "invalid-config") from None
+        trace.get_current_span().set_attribute("configs.groups", len(groups))  # on the claim's span
         shared = {i for g in groups if strategy(g.config) for i in g.results}
         self._guard(ref, planned, shared)
         if previous is not None:  # a PrepareStarted left by a failed or interrupted attempt
@@ -247,8 +247,7 @@ class Preparer(ClaimPreparer):
             if reset:
                 with tracer.start_as_current_span("device.set-sharing"):
                     await self.ops.set_sharing(reset, "Default", "Default")
-        with tracer.start_as_current_span("cdi.remove"):
-            await self.cdi.remove(uid)
+        await self.cdi.remove(uid)  # a rename on the loop: no span of its own
 
     def _live_mig_uuid(self, name: str) -> str:
         try:

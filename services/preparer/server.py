@@ -67,16 +67,16 @@ class DraCore:
         sent = trace.get_current_span(parent).get_span_context().is_valid
         start = time.perf_counter()
         metrics.INFLIGHT.labels(self.driver, operation).inc()
-        with kubelet_context(sent), tracer.start_as_current_span(method, context=parent, kind=SpanKind.SERVER) as span:
-            span.set_attribute("rpc.system", "grpc")
-            span.set_attribute("rpc.service", f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin")
-            span.set_attribute("rpc.method", method)
-            span.set_attribute("dra.claims", len(refs))
+        attributes: dict[str, str | int] = {"rpc.system": "grpc", "rpc.service": f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin",
+                      "rpc.method": method, "dra.claims": len(refs)}
+        with kubelet_context(sent), tracer.start_as_current_span(method, context=parent, kind=SpanKind.SERVER,
+                                                                 attributes=attributes) as span:
             try:
-                if operation == "prepare":
-                    results: list[Any] = list(await asyncio.gather(*(self._safe_prepare(r) for r in refs)))
+                handle = self._safe_prepare if operation == "prepare" else self._safe_unprepare
+                if len(refs) == 1:  # the common call: no task of its own
+                    results: list[Any] = [await handle(refs[0])]
                 else:
-                    results = list(await asyncio.gather(*(self._safe_unprepare(r) for r in refs)))
+                    results = list(await asyncio.gather(*(handle(r) for r in refs)))
             finally:
                 metrics.INFLIGHT.labels(self.driver, operation).dec()
             failed = [r for r in results if (r.error if isinstance(r, PrepareResult) else r)]
