@@ -113,8 +113,9 @@ class PeriodicSampler(Sampler):
                       kind: trace.SpanKind | None = None, attributes: Any = None,
                       links: Sequence[trace.Link] | None = None,
                       trace_state: trace.TraceState | None = None) -> SamplingResult:
-        root = not trace.get_current_span(parent_context).get_span_context().is_valid
-        chosen = self.periodic if root and attributes and attributes.get(PERIODIC) else self.base
+        periodic = bool(attributes and attributes.get(PERIODIC))  # the cheap test first: most spans are not
+        root = periodic and not trace.get_current_span(parent_context).get_span_context().is_valid
+        chosen = self.periodic if root else self.base
         return chosen.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
 
     def get_description(self) -> str:

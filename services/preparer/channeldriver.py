@@ -46,7 +46,7 @@ from services.preparer.devices import Inventory
 from services.preparer.drivers import PluginContext
 from shared.events.claims import FailureReason
 from shared.logs import get_logger
-from shared.telemetry import get_tracer
+from shared.telemetry import get_tracer, leaf_span
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
@@ -194,7 +194,7 @@ class ChannelClaimPreparer(ClaimPreparer):
         return list(record.devices)
 
     async def _complete(self, ref: ClaimRef, record: ClaimRecord, edits: ChannelEdits) -> None:
-        with tracer.start_as_current_span("cdi.write"):
+        with leaf_span(tracer, "cdi.write"):
             nodes = [DeviceNode(d.path, d.host_path, type="c", major=d.major, minor=d.minor,
                                 file_mode=CHANNEL_FILE_MODE, permissions="rw") for d in edits.device_nodes]
             device = record.devices[0]

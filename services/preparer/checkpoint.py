@@ -61,7 +61,7 @@ from shared.files import SlotFile
 from shared.files import atomic_write as atomic_write  # re-exported: cdi, devices
 from shared.files import read_boot_id as read_boot_id  # re-exported: the service
 from shared.logs import get_logger
-from shared.telemetry import get_tracer
+from shared.telemetry import get_tracer, leaf_span
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
@@ -282,7 +282,7 @@ class Checkpoint:
         """Write the document (together with every other change pending now: group commit); `events` go
         to the journal first, in the same durable step (see the module doc). Each caller's trace gets a
         `checkpoint.write` span for the write that carried its change (shared by the changes it carried)."""
-        with tracer.start_as_current_span("checkpoint.write", attributes={"checkpoint.events": len(events)}) as span:
+        with leaf_span(tracer, "checkpoint.write", {"checkpoint.events": len(events)}) as span:
             done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             self._queue.append((events, done))
             if self._committer is None or self._committer.done():

@@ -49,6 +49,7 @@ from shared.telemetry import (
     CLAIM_TRACEPARENT_ANNOTATION,
     KUBELET_CONTEXT,
     get_tracer,
+    leaf_span,
     span_link,
     traceparent_context,
 )
@@ -276,8 +277,7 @@ class ClaimPreparer:
                              "cdi.device_ids": [i for d in devices for i in d.cdi_device_ids]})
 
     async def _fetch(self, ref: ClaimRef) -> ResourceClaim:
-        with tracer.start_as_current_span("claim.get", attributes={"k8s.namespace.name": ref.namespace,
-                                                                   "dra.claim.name": ref.name}):
+        with leaf_span(tracer, "claim.get", {"k8s.namespace.name": ref.namespace, "dra.claim.name": ref.name}):
             try:
                 claim = await self.claims.get(ref.namespace, ref.name)
             except ClaimNotFound as exc:

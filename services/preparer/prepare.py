@@ -36,7 +36,7 @@ from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
 from services.preparer.lifecycle import LifecycleEvents
 from shared.logs import get_logger
-from shared.telemetry import get_tracer
+from shared.telemetry import get_tracer, leaf_span
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
@@ -151,7 +151,7 @@ class Preparer(ClaimPreparer):
             self.checkpoint.stage(ref.uid, record, events=started)
         try:
             cdi_devices = await self._apply(ref, record, planned, groups)
-            with tracer.start_as_current_span("cdi.write"):
+            with leaf_span(tracer, "cdi.write"):
                 common = await self.common.get(self.inventory.dev_root)
                 spec = build_spec(ref.uid, cdi_devices, common) if cdi_devices else None
                 if spec is not None:

@@ -104,3 +104,29 @@ def test_periodic_roots_are_sampled_at_their_own_ratio_and_work_they_join_is_not
                          check=True, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
                                                       "GPU_DRA_OTEL_PERIODIC_RATIO": ratio})
     assert out.stdout.split() == [idle_kept, "True", "True"], out.stderr
+
+
+LEAF_SCRIPT = """
+from opentelemetry import trace
+from shared.telemetry import get_tracer, leaf_span, memory_spans, setup_telemetry
+setup_telemetry("t", "memory")
+tracer = get_tracer("t")
+with tracer.start_as_current_span("claim.prepare") as parent:
+    with leaf_span(tracer, "cdi.write", {"cdi.devices": 1}) as leaf:
+        current = trace.get_current_span() is parent  # the leaf never became the current span
+    try:
+        with leaf_span(tracer, "checkpoint.write"):
+            raise OSError("disk full")
+    except OSError:
+        pass
+spans = {s.name: s for s in memory_spans()}
+ok, failed = spans["cdi.write"], spans["checkpoint.write"]
+print(current, ok.parent.span_id == parent.get_span_context().span_id, ok.attributes["cdi.devices"],
+      failed.status.status_code.name, failed.events[0].name, failed.end_time is not None)
+"""
+
+
+def test_a_leaf_span_is_the_current_spans_child_without_becoming_current_and_records_a_failure() -> None:
+    out = subprocess.run([sys.executable, "-c", LEAF_SCRIPT], cwd=REPO, capture_output=True, text=True,
+                         check=True, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert out.stdout.split() == ["True", "True", "1", "ERROR", "exception", "True"], out.stderr
