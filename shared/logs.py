@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
 from typing import Any
 
+import msgspec
 from opentelemetry import trace
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 _FIELDS = "structured_fields"  # the record attribute that holds a StructuredLogger call's keyword fields
+_JSON = msgspec.json.Encoder(enc_hook=str)  # values JSON lacks (paths, exceptions, ...) as their text
 
 
 class _Formatter(logging.Formatter):
@@ -19,10 +20,15 @@ class _Formatter(logging.Formatter):
         super().__init__()
         self._json = fmt == "json"
         self._service = service
+        self._second = -1  # the second whose timestamp text is cached (one strftime a second, not a line)
+        self._second_text = ""
 
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._second, self._second_text = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         fields: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": f"{self._second_text}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "service": self._service,
             "logger": record.name,
@@ -39,7 +45,7 @@ class _Formatter(logging.Formatter):
         if record.exc_info:
             fields["error"] = self.formatException(record.exc_info)
         if self._json:
-            return json.dumps(fields, default=str)
+            return _JSON.encode(fields).decode()
         head = f"{fields.pop('ts')} {fields.pop('level'):<7} {fields.pop('msg')}"
         rest = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("service", "logger"))
         return f"{head} {rest}".rstrip()
