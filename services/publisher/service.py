@@ -171,6 +171,10 @@ class Publisher:
         self._notes: dict[str, tuple[str, ...]] = {}
         self._gone_since: dict[str, float] = {}  # node -> when (monotonic) it was first seen gone from Kubernetes
         self._grace_timers: dict[str, asyncio.TimerHandle] = {}
+        # node -> the cause of a sync that had an inventory to write but no Node yet: the sync the Node's
+        # arrival starts continues that trace (a node's first slices, in discovery's trace)
+        self._awaiting_node: dict[str, otel_context.Context] = {}
+        self._early_causes: dict[str, otel_context.Context] = {}  # node -> the last cause seen before ready
         self._tasks: list[asyncio.Task[None]] = []
         self._ready = False
         self.started = asyncio.Event()
@@ -204,8 +208,9 @@ class Publisher:
                         for i in range(self.cfg.workers)]
         self._tasks.append(asyncio.create_task(self._resync_loop(), name="publisher-resync"))
         self._ready = True
+        early, self._early_causes = self._early_causes, {}
         for node in self._known_nodes():
-            self.queue.add(node, brought.get(node))
+            self.queue.add(node, brought.get(node) or early.get(node))
         settle()  # the KV and slices just loaded stay out of the collector's full passes
         self.started.set()
 
@@ -238,6 +243,8 @@ class Publisher:
     def _enqueue(self, node: str, ctx: otel_context.Context | None = None) -> None:
         if self._ready and self.membership.owns(node):
             self.queue.add(node, ctx)
+        elif not self._ready and ctx is not None:
+            self._early_causes[node] = ctx  # an event consumed while starting: its sync at start continues it
 
     async def _on_inventory(self, inv: NodeInventory, _ctx: MsgContext) -> None:
         if self.state.set_inventory(inv):
@@ -271,7 +278,7 @@ class Publisher:
             self._enqueue(node, brought.get(node))
 
     def _node_changed(self, node: str) -> None:
-        self._enqueue(node)
+        self._enqueue(node, self._awaiting_node.pop(node, None) if node in self.nodes.uids else None)
 
     def _members_changed(self, before: frozenset[str], after: frozenset[str]) -> None:
         me = self.cfg.replica_id
@@ -358,6 +365,8 @@ class Publisher:
             keep = self._keep_as_is(node, inv, uid)
             if keep:
                 span.set_attribute("publisher.skipped", keep)
+                if keep == "node-gone-grace" and inv is not None and parent is not None and not periodic:
+                    self._awaiting_node[node] = parent
                 return total
             if inv is not None and uid is not None:
                 pools = slices.desired_pools(inv, self.state.health.get(node, {}), self.opts, self.profile)
