@@ -749,6 +749,22 @@ class Bus:
             else:
                 await self.nc.publish(subject, payload, headers=headers)
 
+    async def publish_nowait(self, entry: Entry, message: Message, *, msg_id: str, **tokens: str,
+                             ) -> asyncio.Future[Any]:
+        """Send a durable event to JetStream without waiting for its store: the future of its ack (a
+        JetStream error or NoStreamResponseError as its exception; await it with a timeout). For a sender
+        that has many in flight at once; the publish span ends when the message is sent."""
+        if not isinstance(message, entry.message):
+            raise TypeError(f"{entry.name} carries {entry.message.__name__}, not {type(message).__name__}")
+        subject = entry.format(**tokens)
+        with tracer.start_as_current_span(f"publish {entry.name}", kind=SpanKind.PRODUCER, attributes={
+                "messaging.system": "nats", "messaging.destination.name": subject}):
+            headers = cloudevents.headers(entry, message, subject, msg_id, self.name)
+            headers["Nats-Msg-Id"] = msg_id
+            publish: Any = self.js.publish_async
+            future: asyncio.Future[Any] = await publish(subject, encode(message), headers=inject_headers(headers))
+            return future
+
     async def _dead_letter(self, msg: Msg, consumer: str, error: str, reason: str = "undecodable") -> None:
         if reason == "undecodable":
             log.error("undecodable message dead-lettered", subject=msg.subject, consumer=consumer, error=error)

@@ -80,6 +80,33 @@ async def test_three_preparations_of_one_claim_keep_three_pairs_of_events(
         assert node.service.checkpoint.claims[claim.uid].preparation == seq_on_disk + 1
 
 
+async def test_claims_events_go_out_in_rounds_each_claims_in_order(
+        bus: Bus, claims: MemoryClaims, root: Path, dev_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four claims prepared and unprepared while NATS is away leave 12 events; once it is there they go in
+    three rounds (each claim's first event, then its second, then its third), every round's events in
+    flight together, and the stream holds each claim's events in their order."""
+    ours = [claims.add(claim_doc(name=f"c{i}", results=[("gpu", "gpu-1")])) for i in range(4)]
+    async with running_node(claims, root, dev_root=str(dev_root)) as node:
+        for claim in ours:
+            assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
+            assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
+        events = node.service.events
+        rounds: list[int] = []
+        send_round = events._send_round
+
+        async def counted(batch: list[tuple[int, outbox_module.OutboxRecord]]) -> list[int]:
+            rounds.append(len(batch))
+            return await send_round(batch)
+
+        monkeypatch.setattr(events, "_send_round", counted)
+        events.attach(bus)
+        await events.drained()
+    assert rounds == [4, 4, 4]
+    stored = await stream_events(bus, 12)
+    for claim in ours:
+        assert [e.event for e in stored if e.claim_uid == claim.uid] == ["prepare-started", "prepared", "unprepared"]
+
+
 async def test_a_retry_after_a_rollback_gets_new_ids_and_a_resend_keeps_its_own(
         bus: Bus, claims: MemoryClaims, root: Path, dev_root: Path) -> None:
     claim = claims.add(claim_doc(name="retried", results=[("gpu", "gpu-0")]))
