@@ -152,6 +152,7 @@ class Checkpoint:
         self.claims: dict[str, ClaimRecord] = {}
         self._raw_top: dict[str, Any] = {}
         self._raw_claims: dict[str, dict[str, Any]] = {}
+        self._encoded: dict[str, tuple[ClaimRecord, bytes]] = {}  # uid -> (record, its JSON) until it changes
         self._queue: list[tuple[Sequence[Any], asyncio.Future[int]]] = []  # changes awaiting a write
         self._staged_events: list[Any] = []  # events of staged changes: they go out with the next write
         self._events_journaled = False  # whether the last write got its events to the journal
@@ -253,18 +254,28 @@ class Checkpoint:
         await self.save()
 
     # -- writing ---------------------------------------------------------------------------
+    def _claim_json(self, uid: str, record: ClaimRecord) -> bytes:
+        """A claim's entry as JSON (with the fields a newer version wrote), encoded again only when the
+        record was replaced or changed through `put`/`stage`: a write re-encodes what changed, not all."""
+        cached = self._encoded.get(uid)
+        if cached is not None and cached[0] is record:
+            return cached[1]
+        merged = dict(self._raw_claims.get(uid, {}))
+        merged.update(msgspec.to_builtins(record))
+        data = msgspec.json.encode(merged)
+        self._encoded[uid] = (record, data)
+        return data
+
     def _document(self) -> bytes:
+        """The whole file: compact JSON (read it with jq), claims last."""
         top = dict(self._raw_top)
         top.update(apiVersion=API_VERSION, kind=KIND, schemaVersion=max(SCHEMA_VERSION, int(
             top.get("schemaVersion", SCHEMA_VERSION) or SCHEMA_VERSION)), nodeBootID=self.boot_id,
                    preparationSeq=self.preparation_seq)
-        prepared: dict[str, Any] = {}
-        for uid, record in self.claims.items():
-            merged = dict(self._raw_claims.get(uid, {}))
-            merged.update(msgspec.to_builtins(record))
-            prepared[uid] = merged
-        top["preparedClaims"] = prepared
-        return msgspec.json.format(msgspec.json.encode(top), indent=1)
+        top.pop("preparedClaims", None)
+        claims = b",".join(msgspec.json.encode(uid) + b":" + self._claim_json(uid, record)
+                           for uid, record in self.claims.items())
+        return msgspec.json.encode(top)[:-1] + b',"preparedClaims":{' + claims + b"}}"
 
     def next_preparation(self) -> int:
         """A new preparation number; the next write persists it (the PrepareStarted write, normally)."""
@@ -276,6 +287,7 @@ class Checkpoint:
         in the same write (so an event is never on disk without its change, nor the change without it).
         For a change a crash may lose: a PrepareStarted of a claim that has nothing to undo (module doc)."""
         self.claims[uid] = record
+        self._encoded.pop(uid, None)
         self._staged_events.extend(events)
 
     async def save(self, events: Sequence[Any] = ()) -> None:
@@ -354,6 +366,7 @@ class Checkpoint:
     async def put(self, uid: str, record: ClaimRecord, *, events: Sequence[Any] = ()) -> None:
         previous = self.claims.get(uid)
         self.claims[uid] = record
+        self._encoded.pop(uid, None)  # changed in place, perhaps: encoded again
         try:
             await self.save(events)
         except CheckpointError:
@@ -366,6 +379,7 @@ class Checkpoint:
     async def remove(self, uid: str, *, events: Sequence[Any] = ()) -> None:
         previous = self.claims.pop(uid, None)
         self._raw_claims.pop(uid, None)
+        self._encoded.pop(uid, None)
         if previous is None and not events:
             return
         try:
