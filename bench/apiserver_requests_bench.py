@@ -5,8 +5,8 @@ with the local cluster's RBAC and admission policies (deploy/ plus the embedded 
 process is the client over real HTTPS, one persistent aiohttp session per identity, one request at a
 time. Phases: N GETs of one ResourceClaim, N merge-patches of its status and N PUTs of it, as a
 ServiceAccount (a signed token, RBAC through ClusterRoleBindings: the cluster's services), plus N GETs as
-the admin (system:masters: no RBAC). One watch on the claims stays open throughout, so a write's cost
-includes delivering its event. Figures per phase: client latency p50/p99 and the server's CPU per request
+the admin (system:masters: no RBAC). One watch (--watchers) on the claims stays open throughout, so a
+write's cost includes delivering its event. Figures per phase: client latency p50/p99 and the server's CPU per request
 (its threads' run time from /proc/<pid>/task/*/schedstat, over blocks of --block requests; the median block).
 
 With --compare-repo, a server from another checkout (e.g. the commit before a change) runs the same
@@ -84,8 +84,8 @@ class Server:
             return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
-def session(token: str) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False, limit=4),
+def session(token: str, connections: int = 4) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False, limit=connections),
                                  headers={"Authorization": f"Bearer {token}"},
                                  timeout=aiohttp.ClientTimeout(total=60))
 
@@ -98,7 +98,7 @@ async def call(http: aiohttp.ClientSession, method: str, url: str, expect: int, 
 
 
 @contextlib.asynccontextmanager
-async def running(server: Server, tmp: Path) -> AsyncIterator[Server]:
+async def running(server: Server, tmp: Path, watchers: int) -> AsyncIterator[Server]:
     kubeconfig = tmp / f"{server.name}.kubeconfig"
     env = {**os.environ, "PYTHONPATH": str(server.repo)}
     server.proc = await asyncio.create_subprocess_exec(
@@ -111,18 +111,18 @@ async def running(server: Server, tmp: Path) -> AsyncIterator[Server]:
             raise SystemExit(f"{server.name}: apiserver did not start: {line!r}")
         config = yaml.safe_load(kubeconfig.read_text())
         server.url = config["clusters"][0]["cluster"]["server"]
-        async with session(config["users"][0]["user"]["token"]) as admin:
+        async with session(config["users"][0]["user"]["token"], 4 + watchers) as admin:
             server.admin = admin
             token = await setup(server)
             async with session(token) as client:
                 server.client = client
-                watch = asyncio.create_task(watch_claims(server))
+                watches = [asyncio.create_task(watch_claims(server)) for _ in range(watchers)]
                 try:
                     yield server
                 finally:
-                    watch.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watch
+                    for watch in watches:
+                        watch.cancel()
+                    await asyncio.gather(*watches, return_exceptions=True)
     finally:
         server.proc.terminate()
         await server.proc.wait()
@@ -163,7 +163,7 @@ async def watch_claims(server: Server) -> None:
     """An informer's watch on the claims: each write's event is delivered (and counted) here."""
     assert server.admin is not None
     params = {"watch": "true", "allowWatchBookmarks": "true"}
-    async with server.admin.get(server.url + CLAIMS, params=params,
+    async with server.admin.get(server.url + CLAIMS, params=params,  # one connection per watch
                                 timeout=aiohttp.ClientTimeout(total=None)) as resp:
         async for _ in resp.content:
             server.watched += 1
@@ -250,6 +250,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--requests", type=int, default=2000, help="requests per phase (per server)")
     ap.add_argument("--block", type=int, default=200, help="requests per CPU sample; servers alternate per block")
+    ap.add_argument("--watchers", type=int, default=1, help="watches open on the claims (each write's event goes to all)")
     ap.add_argument("--phases", default=",".join(PHASES), help="comma-separated: " + ", ".join(PHASES))
     ap.add_argument("--compare-repo", action="append", default=[], metavar="[NAME=]DIR", type=repo_spec,
                     help="another checkout whose server runs too, as NAME (default `compare`); repeatable")
@@ -261,7 +262,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         async with contextlib.AsyncExitStack() as stack:
             for s in servers:
-                await stack.enter_async_context(running(s, Path(tmp)))
+                await stack.enter_async_context(running(s, Path(tmp), args.watchers))
             for name in args.phases.split(","):
                 await phase(servers, name, args.requests, args.block)
             await asyncio.sleep(0.2)  # the last events reach the watch
@@ -269,10 +270,11 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "apiserver_requests",
         "what": "one ResourceClaim over HTTPS, sequential requests on one persistent session; `get`, "
                 "`patch_status` (merge patch) and `put` as a ServiceAccount with RBAC through ClusterRoleBindings "
-                "(the cluster's RBAC loaded), `get_admin` as system:masters; one watch on the claims open; "
+                "(the cluster's RBAC loaded), `get_admin` as system:masters; --watchers watches on the claims open; "
                 "server CPU from /proc/<pid>/task/*/schedstat per block of requests (median block)",
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "block": args.block,
+        "watchers": args.watchers,
     }
     for s in servers:
         result[s.name] = figures(s)

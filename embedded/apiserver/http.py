@@ -323,23 +323,13 @@ class Handlers:
                         warnings: list[str] | None = None) -> web.Response:
         out = self._out(target, obj)
         accept = request.headers.get("Accept", "")
-        res = target.res
-        assert res is not None
-        as_table, as_metadata = tables.wants_table(accept), tables.wants_metadata(accept)
-        if out is obj and not as_table and not as_metadata and target.subresource != "scale" \
-                and (request.get(_JSON_ONLY) or not protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS)):
-            # The object as stored, in JSON: its encoding is cached with it while it is current (a GET of
-            # an unchanged object, the watch events and LISTs after a write reuse it), as LIST does.
-            md = obj.get("metadata") or {}
-            key = (md.get("namespace", "") if res.namespaced else "", md.get("name", ""))
-            raw = self.server.store.encoded(res.key, key, obj)
-            return web.Response(body=raw, status=status, headers=_headers("application/json", warnings))
-        if as_table:
+        assert target.res is not None
+        if tables.wants_table(accept):
             md = {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion", "")}
-            out = tables.table(res, target.version, [out], md, request.query.get("includeObject", "Metadata"))
-        elif as_metadata:
+            out = tables.table(target.res, target.version, [out], md, request.query.get("includeObject", "Metadata"))
+        elif tables.wants_metadata(accept):
             out = tables.partial_metadata(out)
-        if target.subresource == "scale":
+        if target.subresource == "scale" and target.res is not None:
             out = scale_of(out)
         return reply(request, out, status=status, warnings=warnings)
 
