@@ -165,7 +165,7 @@ class WatchHub:
     def _frame(self, wr: WatchRequest, ev_type: str, obj: dict[str, Any], first: list[bool], key: ObjKey) -> bytes:
         out = versions.convert(wr.res, obj, wr.version)
         if out is obj and not wr.protobuf and not wr.as_table and not wr.metadata_only:
-            # The stored object's cached JSON (encoded once for every watcher, and for the write's answer),
+            # The stored object's cached JSON (encoded once for all watchers of the change, and for LISTs),
             # framed as `{"type": ..., "object": ...}` would encode it.
             return _EVENT_HEAD[ev_type] + self.store.encoded(wr.res.key, key, obj) + b"}\n"
         if wr.as_table:
