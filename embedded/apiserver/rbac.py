@@ -161,7 +161,10 @@ class RbacAuthorizer:
         if MASTERS in user.groups:
             return True, ""
         key = (user.username, user.groups, attrs)
-        decision = self._decisions.get(key)
+        try:
+            decision = self._decisions.get(key)
+        except TypeError:  # an access review's attributes that are not strings: decided, not kept
+            return self._decide(user, attrs)
         if decision is None:
             decision = self._decide(user, attrs)
             if len(self._decisions) >= _DECISIONS:
