@@ -99,6 +99,7 @@ class Authenticator:
         self.store = store
         self.static = static
         self.signing_key = signing_key
+        self._verified: dict[str, _Verified] = {}  # token -> its checked signature and claims
 
     @staticmethod
     def signing_key_for(data_dir: Path | None) -> bytes:
@@ -154,37 +155,55 @@ class Authenticator:
 
     def _service_account(self, token: str, audiences: list[str]) -> tuple[UserInfo | None, list[str], str]:
         invalid = "invalid bearer token"
+        verified = self._verified.get(token)
+        if verified is None:
+            verified = self._verify(token)
+            if verified is None:
+                return None, [], invalid
+            if len(self._verified) >= _VERIFIED_TOKENS:
+                self._verified.clear()  # a bound, not an LRU: tokens are few and live long
+            self._verified[token] = verified
+        if verified.expires <= time.time():
+            return None, [], f"{invalid}, service account token has expired"
+        accepted = [a for a in audiences if a in verified.audiences]
+        if not accepted:
+            return None, [], (f"{invalid}, token audiences {list(verified.audiences)} is invalid for the target "
+                              f"audiences {audiences}")
+        namespace, sa_name = verified.namespace, verified.sa_name
+        stored = self.store.get(("", "serviceaccounts"), (namespace, sa_name))
+        if stored is None or (stored.get("metadata") or {}).get("uid") != verified.sa_uid:
+            # the ServiceAccount was deleted (or recreated): its tokens die with it
+            return None, [], f"{invalid}, service account {namespace}/{sa_name} has been deleted"
+        if verified.pod is not None:
+            pod_name, pod_uid = verified.pod
+            stored_pod = self.store.get(("", "pods"), (namespace, pod_name))
+            if stored_pod is None or (stored_pod.get("metadata") or {}).get("uid") != pod_uid:
+                return None, [], f"{invalid}, pod {namespace}/{pod_name} the token is bound to is gone"
+        return verified.user, accepted, ""
+
+    def _verify(self, token: str) -> _Verified | None:
+        """A token's signature checked and its claims read (what never changes for one token); None
+        when it is not one this server signed. Whether it is still valid is checked per request."""
         head, body, sig = token.split(".")
         want = hmac.new(self.signing_key, f"{head}.{body}".encode(), hashlib.sha256).digest()
         try:
             if not hmac.compare_digest(_unb64(sig), want):
-                return None, [], invalid
+                return None
             claims = msgspec.json.decode(_unb64(body))
         except (ValueError, msgspec.DecodeError):
-            return None, [], invalid
+            return None
         if not isinstance(claims, dict):
-            return None, [], invalid
-        if int(claims.get("exp") or 0) <= time.time():
-            return None, [], f"{invalid}, service account token has expired"
+            return None
         aud = claims.get("aud")
-        token_audiences = [aud] if isinstance(aud, str) else list(aud or [])
-        accepted = [a for a in audiences if a in token_audiences]
-        if not accepted:
-            return None, [], f"{invalid}, token audiences {token_audiences} is invalid for the target audiences {audiences}"
         k8s = claims.get("kubernetes.io") or {}
         namespace = k8s.get("namespace", "")
         sa = k8s.get("serviceaccount") or {}
-        stored = self.store.get(("", "serviceaccounts"), (namespace, sa.get("name", "")))
-        if stored is None or (stored.get("metadata") or {}).get("uid") != sa.get("uid"):
-            # the ServiceAccount was deleted (or recreated): its tokens die with it
-            return None, [], f"{invalid}, service account {namespace}/{sa.get('name', '')} has been deleted"
         extra: dict[str, list[str]] = {}
         pod = k8s.get("pod")
+        bound_pod: tuple[str, str | None] | None = None
         if isinstance(pod, dict):
-            stored_pod = self.store.get(("", "pods"), (namespace, pod.get("name", "")))
-            if stored_pod is None or (stored_pod.get("metadata") or {}).get("uid") != pod.get("uid"):
-                return None, [], f"{invalid}, pod {namespace}/{pod.get('name', '')} the token is bound to is gone"
-            extra = {f"{EXTRA}pod-name": [pod["name"]], f"{EXTRA}pod-uid": [pod["uid"]]}
+            bound_pod = (pod.get("name", ""), pod.get("uid"))
+            extra = {f"{EXTRA}pod-name": [str(pod.get("name", ""))], f"{EXTRA}pod-uid": [str(pod.get("uid", ""))]}
             node = k8s.get("node")
             if isinstance(node, dict) and node.get("name"):
                 extra[f"{EXTRA}node-name"] = [node["name"]]
@@ -192,5 +211,22 @@ class Authenticator:
                     extra[f"{EXTRA}node-uid"] = [node["uid"]]
         if claims.get("jti"):
             extra[f"{EXTRA}credential-id"] = [f"JTI={claims['jti']}"]
-        user = service_account_user(namespace, sa["name"], sa["uid"])
-        return UserInfo(user.username, user.uid, user.groups, extra), accepted, ""
+        user = service_account_user(namespace, sa.get("name", ""), sa.get("uid", ""))
+        return _Verified(int(claims.get("exp") or 0), tuple([aud] if isinstance(aud, str) else list(aud or [])),
+                         namespace, sa.get("name", ""), sa.get("uid"), bound_pod,
+                         UserInfo(user.username, user.uid, user.groups, extra))
+
+
+_VERIFIED_TOKENS = 4096  # verified tokens kept (their signature and claims), per server
+
+
+class _Verified(msgspec.Struct, frozen=True):
+    """What a ServiceAccount token says, once its signature is checked."""
+
+    expires: int
+    audiences: tuple[str, ...]
+    namespace: str
+    sa_name: str
+    sa_uid: str | None
+    pod: tuple[str, str | None] | None
+    user: UserInfo

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import re
 import struct
 from typing import Any
@@ -69,6 +70,7 @@ def _accepted(accept: str) -> list[tuple[str, dict[str, str]]]:
 METADATA_KINDS = ("PartialObjectMetadata", "PartialObjectMetadataList")
 
 
+@functools.lru_cache(maxsize=256)  # clients send the same few Accept headers on every request
 def prefers_protobuf(accept: str, as_kinds: tuple[str, ...] = ()) -> bool:
     """Whether the client's first acceptable media type is protobuf: plain, or `as=` one of `as_kinds`
     (client-go's metadata client asks `;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`; a Table
@@ -81,6 +83,7 @@ def prefers_protobuf(accept: str, as_kinds: tuple[str, ...] = ()) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=256)
 def accepts_json(accept: str) -> bool:
     """Whether a JSON answer is acceptable (no Accept header means anything is)."""
     accepted = _accepted(accept)

@@ -10,13 +10,14 @@ system:basic-user, system:public-info-viewer).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from embedded.apiserver import errors
 from embedded.apiserver.authn import MASTERS, SA_PREFIX, UserInfo
-from embedded.apiserver.storage import Store
+from embedded.apiserver.storage import Change, Store
 
 RBAC = "rbac.authorization.k8s.io"
 _NAMESPACE_SUBRESOURCES = {"status", "finalize"}
@@ -36,8 +37,10 @@ class Attributes:
     name: str = ""
 
 
+@functools.lru_cache(maxsize=4096)
 def request_attributes(method: str, path: str, query: str = "") -> Attributes:
-    """What a request asks to do, the way upstream's RequestInfoFactory reads a URL."""
+    """What a request asks to do, the way upstream's RequestInfoFactory reads a URL (cached: a pure
+    function of its arguments, and clients ask for the same objects again and again)."""
     verb = _METHOD_VERBS.get(method.upper(), method.lower())
     parts = [p for p in path.split("/") if p]
     if not parts or parts[0] not in ("api", "apis"):
@@ -135,16 +138,41 @@ def rule_allows(rule: dict[str, Any], attrs: Attributes) -> bool:
     return not names or attrs.name in names
 
 
+_DECISIONS = 8192  # decisions kept between RBAC changes; all are dropped when there are more
+
+
 class RbacAuthorizer:
-    """Evaluates each request against the stored RBAC objects (read fresh: they are few)."""
+    """Evaluates each request against the stored RBAC objects. A decision depends only on the user's
+    name and groups, the request's attributes and the RBAC objects, so it is kept until any Role,
+    ClusterRole or binding changes (the store tells every change synchronously, before the write is
+    answered: the next request sees the new rules)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._decisions: dict[tuple[str, tuple[str, ...], Attributes], tuple[bool, str]] = {}
+        store.add_listener(self._changed)
+
+    def _changed(self, change: Change) -> None:
+        if change.res[0] == RBAC and self._decisions:
+            self._decisions.clear()
 
     def authorize(self, user: UserInfo, attrs: Attributes) -> tuple[bool, str]:
         """(allowed, reason); the reason names roles that bindings refer to but that do not exist."""
         if MASTERS in user.groups:
             return True, ""
+        key = (user.username, user.groups, attrs)
+        try:
+            decision = self._decisions.get(key)
+        except TypeError:  # an access review's attributes that are not strings: decided, not kept
+            return self._decide(user, attrs)
+        if decision is None:
+            decision = self._decide(user, attrs)
+            if len(self._decisions) >= _DECISIONS:
+                self._decisions.clear()
+            self._decisions[key] = decision
+        return decision
+
+    def _decide(self, user: UserInfo, attrs: Attributes) -> tuple[bool, str]:
         missing: list[str] = []
         for _, binding in self.store.items((RBAC, "clusterrolebindings")):
             if self._binding_allows(binding, "", user, attrs, missing):

@@ -50,12 +50,46 @@ class Change:
 
 
 class Watcher:
-    """A live subscription: changes to one resource (optionally one namespace) are queued here."""
+    """A live subscription: changes to one resource (optionally one namespace) are queued here, and
+    the one stream that reads them is woken (one future per wait: no task or queue getter per event)."""
+
+    __slots__ = ("_waiter", "namespace", "pending", "res")
 
     def __init__(self, res: ResKey, namespace: str | None) -> None:
         self.res = res
         self.namespace = namespace
-        self.queue: asyncio.Queue[Change] = asyncio.Queue()
+        self.pending: list[Change] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def push(self, change: Change) -> None:
+        self.pending.append(change)
+        if self._waiter is not None:
+            _resolve(self._waiter)
+
+    def take(self) -> list[Change]:
+        """Every change queued so far, oldest first."""
+        changes, self.pending = self.pending, []
+        return changes
+
+    def interrupt(self) -> None:
+        """Wake the reader now (the server is closing)."""
+        if self._waiter is not None:
+            _resolve(self._waiter)
+
+    async def wait(self, until: float | None) -> None:
+        """Until a change is queued, `interrupt()`, or the loop's clock reaches `until`."""
+        if self.pending:
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiter = waiter
+        timer = None if until is None else loop.call_at(until, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
 
 def deep_copy(obj: Any) -> Any:
@@ -151,7 +185,7 @@ class Store:
         self._history.append(change)
         for watcher in self._watchers.get(change.res, ()):
             if watcher.namespace is None or watcher.namespace == change.key[0]:
-                watcher.queue.put_nowait(change)
+                watcher.push(change)
         if self._db is not None:
             self._db.submit(change, change.rv)
         for listener in self._listeners:

@@ -267,7 +267,8 @@ def _immutable(kind: str, new: dict[str, Any], old: dict[str, Any], errors: list
     new_spec = new.get("spec") if isinstance(new.get("spec"), dict) else {}
     old_spec = old.get("spec") if isinstance(old.get("spec"), dict) else {}
     if kind in ("ResourceClaim", "ResourceClaimTemplate"):
-        if _normalized(new_spec) != _normalized(old_spec):
+        # equal specs (a status write, a label change) normalize equal too: the walk only when they differ
+        if new_spec != old_spec and _normalized(new_spec) != _normalized(old_spec):
             errors.append(fe.invalid("spec", new_spec, "field is immutable"))
     elif kind == "ResourceSlice":
         for path in (("driver",), ("pool", "name"), ("nodeName",)):

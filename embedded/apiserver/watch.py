@@ -21,9 +21,10 @@ from aiohttp import web
 from embedded.apiserver import errors, protobuf, tables, versions
 from embedded.apiserver.resources import Resource
 from embedded.apiserver.selectors import Matcher
-from embedded.apiserver.storage import Change, Expired, Store
+from embedded.apiserver.storage import Change, Expired, ObjKey, Store
 
 _encode = msgspec.json.encode
+_EVENT_HEAD = {t: b'{"type":"' + t.encode() + b'","object":' for t in ("ADDED", "MODIFIED", "DELETED")}
 
 
 @dataclass
@@ -80,15 +81,15 @@ class WatchHub:
     async def serve(self, request: web.Request, wr: WatchRequest) -> web.StreamResponse:
         store = self.store
         watcher = store.watch(wr.res.key, wr.namespace)
-        initial: list[tuple[str, dict[str, Any]]] = []
+        initial: list[tuple[str, dict[str, Any], ObjKey]] = []
         error: dict[str, Any] | None = None
         rv_text = wr.resource_version
         start_rv = store.rv
         try:
             if rv_text in ("", "0") or wr.send_initial:
-                for _, obj in store.items(wr.res.key, wr.namespace):
+                for key, obj in store.items(wr.res.key, wr.namespace):
                     if self._matches(wr, obj):
-                        initial.append(("ADDED", obj))
+                        initial.append(("ADDED", obj, key))
             else:
                 try:
                     since = int(rv_text)
@@ -98,7 +99,7 @@ class WatchHub:
                 for change in store.changes_since(since, wr.res.key, wr.namespace):
                     ev = self.translate(wr, change)
                     if ev is not None:
-                        initial.append(ev)
+                        initial.append((ev[0], ev[1], change.key))
         except Expired as exc:
             error = errors.expired(str(exc)).status()
         media = protobuf.WATCH_MEDIA_TYPE if wr.protobuf else "application/json"
@@ -111,8 +112,8 @@ class WatchHub:
                 await resp.write(self._event(wr, "ERROR", error))
                 return resp
             first = [True]
-            for ev_type, obj in initial:
-                await resp.write(self._frame(wr, ev_type, obj, first))
+            for ev_type, obj, key in initial:
+                await resp.write(self._frame(wr, ev_type, obj, first, key))
             if wr.send_initial and wr.bookmarks:
                 await resp.write(self._bookmark(wr, start_rv, initial_end=True))
             await self._stream(resp, wr, watcher, first)
@@ -130,30 +131,24 @@ class WatchHub:
         period = self.bookmark_interval * (0.9 + 0.2 * random.random())
         next_bookmark = loop.time() + period
         closing = asyncio.ensure_future(self.closing.wait())
+        closing.add_done_callback(lambda _: watcher.interrupt())
         try:
             while True:
-                now = loop.time()
+                if closing.done():
+                    return
                 wake = next_bookmark if wr.bookmarks else None
                 if deadline is not None:
                     wake = deadline if wake is None else min(wake, deadline)
-                getter = asyncio.ensure_future(watcher.queue.get())
-                done, _ = await asyncio.wait(
-                    {getter, closing}, timeout=None if wake is None else max(0.0, wake - now),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if getter not in done:
-                    getter.cancel()
-                if closing in done:
+                await watcher.wait(wake)
+                if closing.done():
                     return
-                if getter in done:
-                    chunks = [getter.result()]
-                    while not watcher.queue.empty():
-                        chunks.append(watcher.queue.get_nowait())
+                changes = watcher.take()
+                if changes:
                     out = []
-                    for change in chunks:
+                    for change in changes:
                         ev = self.translate(wr, change)
                         if ev is not None:
-                            out.append(self._frame(wr, ev[0], ev[1], first))
+                            out.append(self._frame(wr, ev[0], ev[1], first, change.key))
                     if out:
                         await resp.write(b"".join(out))
                 now = loop.time()
@@ -167,8 +162,12 @@ class WatchHub:
         finally:
             closing.cancel()
 
-    def _frame(self, wr: WatchRequest, ev_type: str, obj: dict[str, Any], first: list[bool]) -> bytes:
+    def _frame(self, wr: WatchRequest, ev_type: str, obj: dict[str, Any], first: list[bool], key: ObjKey) -> bytes:
         out = versions.convert(wr.res, obj, wr.version)
+        if out is obj and not wr.protobuf and not wr.as_table and not wr.metadata_only:
+            # The stored object's cached JSON (encoded once for all watchers of the change, and for LISTs),
+            # framed as `{"type": ..., "object": ...}` would encode it.
+            return _EVENT_HEAD[ev_type] + self.store.encoded(wr.res.key, key, obj) + b"}\n"
         if wr.as_table:
             md = {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion", "")}
             out = tables.table(wr.res, wr.version, [out], md, wr.include_object, with_columns=first[0])

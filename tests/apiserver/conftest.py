@@ -66,9 +66,10 @@ async def wait_deleted(api: RunningApiServer, group: str, plural: str, namespace
 
         async def deleted() -> None:
             while True:
-                change = await watcher.queue.get()
-                if change.type == "DELETED" and change.key == (namespace, name):
-                    return
+                await watcher.wait(None)
+                for change in watcher.take():
+                    if change.type == "DELETED" and change.key == (namespace, name):
+                        return
 
         await asyncio.wait_for(deleted(), timeout)
     finally:

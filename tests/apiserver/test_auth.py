@@ -120,6 +120,29 @@ async def test_rbac_denies_then_role_binding_grants_exactly_what_it_says(api: Ru
     assert (await _http(api, "GET", base, ALICE))[0] == 403
 
 
+async def test_an_rbac_change_takes_effect_on_the_very_next_request(api: RunningApiServer) -> None:
+    """Decisions are cached between RBAC changes: a role removed, a rule narrowed or widened, a binding
+    removed each decide the next request (no stale allow or deny)."""
+    pods = "/api/v1/namespaces/default/pods"
+    roles = "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles"
+    await _grant_alice_pod_reading(api)
+    for _ in range(2):  # the second is answered from the cache
+        assert (await _http(api, "GET", pods, ALICE))[0] == 200
+    await _admin(api, "DELETE", f"{roles}/pod-reader")
+    status, body = await _http(api, "GET", pods, ALICE)
+    assert status == 403
+    assert body["message"].endswith('RBAC: role.rbac.authorization.k8s.io "pod-reader" not found')
+    role = await _admin(api, "POST", roles, {"metadata": {"name": "pod-reader"}, "rules": [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})
+    status, body = await _http(api, "GET", pods, ALICE)  # the role is back, without `list`
+    assert status == 403 and "RBAC:" not in body["message"]
+    role["rules"][0]["verbs"] = ["get", "list"]
+    await _admin(api, "PUT", f"{roles}/pod-reader", role)
+    assert (await _http(api, "GET", pods, ALICE))[0] == 200
+    await _admin(api, "DELETE", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings/qa-reads-pods")
+    assert (await _http(api, "GET", pods, ALICE))[0] == 403
+
+
 async def test_service_account_token_through_kubernetes_asyncio(api: RunningApiServer, tmp_path: Path) -> None:
     await _admin(api, "POST", "/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "robot"}})
     issued = await _admin(api, "POST", "/api/v1/namespaces/default/serviceaccounts/robot/token",
