@@ -121,6 +121,8 @@ class LifecycleEvents:
 
     async def _send(self) -> bool:
         """Send what is pending, round by round (`_rounds`); False when a publish failed (retry later)."""
+        if self.bus is None or not self.bus.connected:
+            return True  # nothing to do while NATS is away (and no pass over a backlog per wake)
         for batch in self._rounds():
             if self.bus is None or not self.bus.connected:
                 return True
