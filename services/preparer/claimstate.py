@@ -49,7 +49,6 @@ from shared.telemetry import (
     CLAIM_TRACEPARENT_ANNOTATION,
     KUBELET_CONTEXT,
     get_tracer,
-    leaf_span,
     span_link,
     traceparent_context,
 )
@@ -155,14 +154,18 @@ class ClaimPreparer:
 
     async def _prepare(self, ref: ClaimRef, previous: ClaimRecord | None) -> list[PreparedDevice]:
         """Read and check the claim, then the driver's prepare in the claim's span. A claim that fails the
-        checks gets that span too (failed): in its trace when it is readable, the RPC's otherwise."""
+        checks gets that span too (failed): in its trace when it is readable, the RPC's otherwise. The span
+        starts before the read (its context comes from the claim), and its first event, `claim.get`, marks
+        when the claim arrived (`dra.claim.get_ms`: how long the API server took), not a span of its own."""
         began = time.time_ns()
         try:
             claim = await self._fetch(ref)
         except PrepareFailed as exc:
-            with self.claim_span(ref, exc.claim, start_time=began):
+            with self.claim_span(ref, exc.claim, start_time=began) as span:
+                self._note_read(span, began)
                 raise
         with self.claim_span(ref, claim, start_time=began) as span:
+            self._note_read(span, began)
             devices = await self._prepare_claim(ref, previous, claim)
             self.describe_devices(span, devices)
             return devices
@@ -276,14 +279,19 @@ class ClaimPreparer:
         span.set_attributes({"dra.device": [d.device for d in devices], "gpu.uuid": [d.uuid for d in devices if d.uuid],
                              "cdi.device_ids": [i for d in devices for i in d.cdi_device_ids]})
 
+    @staticmethod
+    def _note_read(span: trace.Span, began: int) -> None:
+        if span.is_recording():
+            read = time.time_ns()
+            span.add_event("claim.get", {"dra.claim.get_ms": round((read - began) / 1e6, 3)}, timestamp=read)
+
     async def _fetch(self, ref: ClaimRef) -> ResourceClaim:
-        with leaf_span(tracer, "claim.get", {"k8s.namespace.name": ref.namespace, "dra.claim.name": ref.name}):
-            try:
-                claim = await self.claims.get(ref.namespace, ref.name)
-            except ClaimNotFound as exc:
-                raise PrepareFailed(str(exc), "not-found") from None
-            except Exception as exc:  # noqa: BLE001 - any fetch failure fails this claim, retried by the kubelet
-                raise PrepareFailed(f"retrieve claim {ref.namespace}/{ref.name}: {exc}", failure_reason(exc)) from None
+        try:
+            claim = await self.claims.get(ref.namespace, ref.name)
+        except ClaimNotFound as exc:
+            raise PrepareFailed(str(exc), "not-found") from None
+        except Exception as exc:  # noqa: BLE001 - any fetch failure fails this claim, retried by the kubelet
+            raise PrepareFailed(f"retrieve claim {ref.namespace}/{ref.name}: {exc}", failure_reason(exc)) from None
         if claim.metadata.uid != ref.uid:  # another claim of that name: its trace is not this one's
             raise PrepareFailed(f"claim {ref.namespace}/{ref.name} got replaced (UID {claim.metadata.uid}, "
                                 f"kubelet asked for {ref.uid})", "not-found")

@@ -128,7 +128,8 @@ async def test_channel_claim_over_the_real_socket_gets_channel0_and_unprepare_re
         in_trace = {s.name: s for s in finished if s.context.trace_id == client_span.context.trace_id}
         server = in_trace["NodePrepareResources"]
         assert server.parent is not None and server.parent.span_id == client_span.context.span_id
-        assert {"claim.get", "channel.prepare", "serve cd-agent-join", "cdi.write"} <= set(in_trace)
+        assert {"claim.prepare", "channel.prepare", "serve cd-agent-join", "cdi.write"} <= set(in_trace)
+        assert in_trace["claim.prepare"].events[0].name == "claim.get"  # the claim's read, an event of its span
 
         assert await prep.plugin.unprepare([claim]) == {claim.uid: ""}
         assert prep.cdi_files() == []
