@@ -11,11 +11,12 @@ same container path (a claim's MPS pipe dir over a node-wide one). A spec is wri
 file, rename) before the claim's `PrepareCompleted` checkpoint write, which orders it; where the node
 has a boot id it has no fsync of its own (`durable`): a power loss is a reboot that drops every
 prepared claim, and the kubelet's next prepare writes the spec again (the crash argument is in
-`checkpoint`'s module doc). There a removed spec is not unlinked but renamed to a spare (a dot-named
-`.tmp` file, which no CDI registry reads), and the next write fills a spare in place and renames it to
-its claim's name: no file created or freed per claim (each costs a journal transaction). At start, `sweep` removes the specs (and temp files) of claims the
-checkpoint does not hold: a spec is written after its claim's `PrepareStarted` entry and removed
-before the entry is, so such a spec belongs to no claim (one left by a reboot, or torn by a power loss).
+`checkpoint`'s module doc). There a removed spec is not unlinked but renamed to a spare (a
+dot-named `.tmp` file, which no CDI registry reads), and the next write fills a spare in place and
+renames it to its claim's name: no file created or freed per claim (each costs a journal
+transaction). At start, `sweep` removes the specs (and temp and spare files) of claims the checkpoint
+does not hold: a spec is written after its claim's `PrepareStarted` entry and removed before the
+entry is, so such a spec belongs to no claim (one left by a reboot, or torn by a power loss).
 """
 
 from __future__ import annotations
@@ -274,7 +275,8 @@ class CdiWriter:
             if self.durable or len(self._spares) >= SPARES:
                 path.unlink()
                 return True
-            spare = self.dir / f".{spec_file_name('', self.cdi_kind)[:-len('.json')]}spare-{next(self._spare_names)}.tmp"
+            prefix = spec_file_name("", self.cdi_kind)[: -len(".json")]  # the sweep's: it removes spares
+            spare = self.dir / f".{prefix}spare-{next(self._spare_names)}.tmp"
             os.replace(path, spare)
             self._spares.append(spare)
             return True

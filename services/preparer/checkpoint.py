@@ -31,9 +31,9 @@ Crash argument (what each write must survive):
   preparations a second were made on average since the sequence started. So a write with a boot id
   costs no fsync; being small and unsynced it is made on the event loop (bounded by `INLINE_MAX_BYTES`;
   larger documents, and a journal busy compacting, go to a worker thread), through two slot files that
-  stay linked beside the checkpoint (`shared.files.SlotFile`: no file created or freed per write). Without a readable boot id
-  every write fsyncs its temp file and the directory, as the reboot could not be told (`sync_file`,
-  `sync_dir`).
+  stay linked beside the checkpoint (`shared.files.SlotFile`: no file created or freed per write).
+  Without a readable boot id every write fsyncs its temp file and the directory, as the reboot could
+  not be told (`sync_file`, `sync_dir`).
 A PrepareStarted of a claim whose prepare creates nothing before its CDI spec (no dynamic MIG device)
 is staged (`stage`), not written: a crash before the next write loses it, and loses nothing with it,
 since no device state exists yet and the spec is swept at start; the next write (the put before a
