@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 
 from services.preparer.checkpoint import atomic_write
+from shared.files import fill_in_place
 
 VENDOR = "k8s.gpu.nvidia.com"
 CLASS = "claim"
@@ -246,14 +247,9 @@ class CdiWriter:
         while not self.durable and self._spares:
             spare = self._spares.pop()
             try:
-                fd = os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
+                fill_in_place(spare, data)
             except FileNotFoundError:
                 continue  # removed by someone else: the next spare, or a new file
-            try:
-                os.pwrite(fd, data, 0)
-                os.ftruncate(fd, len(data))
-            finally:
-                os.close(fd)
             os.replace(spare, path)
             return path
         atomic_write(path, data, sync_dir=self.durable, sync_file=self.durable)
