@@ -12,6 +12,12 @@ JSON decoded with msgspec). `install()` puts light stand-ins for the package and
 - any other attribute (`client.CoreV1Api`, `client.V1Pod`, `client.models.V1Status`) runs the
   package's real `__init__` into the stand-in once, after which it is the whole package.
 
+While one of the light client's submodules is imported, the third-party modules it imports at its top
+but uses only on paths the services do not take are deferred too (`_DEFERRED`): urllib3 (the basic-auth
+header), dateutil's parser (dates into models) and multiprocessing's ThreadPool (`async_req`), ~1.6 MB
+of RSS together. The module gets a stand-in whose names load the real module when first used; the
+stand-in leaves `sys.modules` when that import is done, so any other importer gets the real module.
+
 So code written against the normal package works unchanged (the first typed API use pays what an
 eager import would have); a process that only makes raw requests never loads the models. It is
 installed by `shared/__init__.py`, before anything of ours imports kubernetes-asyncio; when the
@@ -20,11 +26,13 @@ package was imported already, nothing changes.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import sys
 import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 PACKAGE = "kubernetes_asyncio"
@@ -39,6 +47,57 @@ _CLIENT_NAMES = {
     "ApiKeyError": "exceptions",
     "OpenApiException": "exceptions",
 }
+
+
+# module -> the names the client's modules take from it with `from module import name` (each is called,
+# never tested with isinstance); a bare `import module` needs none
+_DEFERRED: dict[str, tuple[str, ...]] = {
+    "urllib3": (),  # configuration: urllib3.util.make_headers, for basic auth only
+    "dateutil.parser": ("parse",),  # api_client: dates and date-times into models
+    "multiprocessing.pool": ("ThreadPool",),  # api_client: the pool behind async_req=True
+}
+
+
+def _real(name: str, stand_in: types.ModuleType) -> types.ModuleType:
+    if sys.modules.get(name) is stand_in:  # used while its import is still under way: import it for real now
+        del sys.modules[name]
+    return importlib.import_module(name)
+
+
+class _Deferred(types.ModuleType):
+    """Stands in for module `name` inside one import: `names` forward each call, any other attribute
+    is read from the real module (imported on that first use)."""
+
+    def __init__(self, name: str, names: tuple[str, ...]) -> None:
+        super().__init__(name)
+        for attr in names:
+            self.__dict__[attr] = self._forwarder(attr)
+
+    def _forwarder(self, attr: str) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return getattr(_real(self.__name__, self), attr)(*args, **kwargs)
+
+        forward.__name__ = forward.__qualname__ = attr
+        return forward
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(_real(self.__name__, self), attr)
+
+
+@contextlib.contextmanager
+def _deferring() -> Iterator[None]:
+    """Stand-ins for the `_DEFERRED` modules not imported yet, for the length of the block."""
+    placed = [name for name in _DEFERRED if name not in sys.modules]
+    for name in placed:
+        sys.modules[name] = _Deferred(name, _DEFERRED[name])
+    try:
+        yield
+    finally:
+        for name in placed:
+            if isinstance(sys.modules.get(name), _Deferred):
+                del sys.modules[name]
 
 
 class _LazyPackage(types.ModuleType):
@@ -64,10 +123,12 @@ class _LazyPackage(types.ModuleType):
     def _resolve(self, attr: str) -> Any:
         base = self.__path__[0]
         if os.path.exists(os.path.join(base, f"{attr}.py")) or os.path.exists(os.path.join(base, attr, "__init__.py")):
-            return importlib.import_module(f"{self.__name__}.{attr}")
+            with _deferring():
+                return importlib.import_module(f"{self.__name__}.{attr}")
         sub = self.__dict__["_lazy_names"].get(attr)
         if sub is not None:
-            return getattr(importlib.import_module(f"{self.__name__}.{sub}"), attr)
+            with _deferring():
+                return getattr(importlib.import_module(f"{self.__name__}.{sub}"), attr)
         if not self.__dict__["_lazy_loaded"]:
             self.__dict__["_lazy_loaded"] = True
             assert self.__file__ is not None
