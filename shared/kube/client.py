@@ -9,6 +9,7 @@ at every start.
 from __future__ import annotations
 
 import os
+import ssl
 from typing import Any
 
 from shared.logs import get_logger
@@ -22,10 +23,13 @@ class KubeConfigError(RuntimeError):
 
 
 async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "", ca_file: str = "",
-                          insecure_skip_tls_verify: bool = False) -> Any:
+                          insecure_skip_tls_verify: bool = False, max_connections: int = 0) -> Any:
     """A kubernetes-asyncio ApiClient, from the first that applies: `url` (with a bearer `token` and
     the `ca_file` that signs its certificate), in-cluster credentials when no kubeconfig is given and
     the process runs in a pod, else the kubeconfig file (`KUBECONFIG` / `~/.kube/config` when empty).
+    `max_connections` (0: kubernetes-asyncio's 100) bounds the connections open to the API server at
+    once: each TLS connection holds a 256 KiB read buffer of asyncio's plus OpenSSL's state, so a burst
+    of concurrent requests would otherwise keep that memory until the pool lets them go.
     The caller closes it (`async with`, or `await api.close()`)."""
     from kubernetes_asyncio import client, config
 
@@ -52,8 +56,11 @@ async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "
         except Exception as exc:  # noqa: BLE001 - kubeconfig and in-cluster loading raise many types
             raise KubeConfigError(f"cannot configure the Kubernetes client: {exc}; give --kubeconfig (or "
                                   "KUBECONFIG) or run in a pod with a ServiceAccount") from exc
+    if max_connections > 0:
+        configuration.connection_pool_maxsize = max_connections
     api = client.ApiClient(configuration)
     _without_env_lookups(api, configuration)
+    _trust_store_on_demand()
     return api
 
 
@@ -74,3 +81,48 @@ def _without_env_lookups(api: Any, configuration: Any) -> None:
     rest.pool_manager = aiohttp.ClientSession(
         connector=old.connector, connector_owner=True, trust_env=False, read_bufsize=2**21)
     old._connector = None  # the connector now belongs to the new session; the old one closes nothing
+
+
+class _StoreOnFirstHandshake(ssl.SSLContext):
+    """A client TLS context that loads the default trust store (`load_default_certs`, which honours
+    SSL_CERT_FILE/SSL_CERT_DIR) when its first connection starts, not when it is made."""
+
+    _loaded = False
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self.load_default_certs(ssl.Purpose.SERVER_AUTH)
+            self._loaded = True
+
+    def wrap_bio(self, *args: Any, **kwargs: Any) -> Any:  # asyncio's TLS transport
+        self._load()
+        return super().wrap_bio(*args, **kwargs)
+
+    def wrap_socket(self, *args: Any, **kwargs: Any) -> Any:  # a blocking socket
+        self._load()
+        return super().wrap_socket(*args, **kwargs)
+
+
+def _trust_store_on_demand() -> None:
+    """aiohttp makes two default TLS contexts when it is imported, each with the whole system trust
+    store parsed into it (~150 CA certificates; ~1.5 MB of RSS together), for the requests that bring
+    no context of their own. This client always brings its own (the cluster's CA, or the system's
+    when an https URL comes without one), so in our processes they usually serve nothing. They are
+    replaced by contexts with the same settings that load the store at their first handshake: a
+    request that does use them behaves as before."""
+    from aiohttp import connector
+
+    if not isinstance(getattr(connector, "_SSL_CONTEXT_VERIFIED", None), ssl.SSLContext) or isinstance(
+            connector._SSL_CONTEXT_VERIFIED, _StoreOnFirstHandshake):
+        return
+    verified = _StoreOnFirstHandshake(ssl.PROTOCOL_TLS_CLIENT)  # as ssl.create_default_context() makes it
+    verified.verify_mode = ssl.CERT_REQUIRED
+    verified.check_hostname = True
+    unverified = _StoreOnFirstHandshake(ssl.PROTOCOL_TLS_CLIENT)  # as aiohttp makes its unverified one
+    unverified.options |= ssl.OP_NO_SSLv2 | ssl.OP_NO_SSLv3 | ssl.OP_NO_COMPRESSION
+    unverified.check_hostname = False
+    unverified.verify_mode = ssl.CERT_NONE
+    for context in (verified, unverified):
+        context.set_alpn_protocols(("http/1.1",))
+    connector._SSL_CONTEXT_VERIFIED = verified
+    connector._SSL_CONTEXT_UNVERIFIED = unverified

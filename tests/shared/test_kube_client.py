@@ -6,6 +6,7 @@ refuse TLS settings that would be ignored."""
 from __future__ import annotations
 
 import logging
+import ssl
 from pathlib import Path
 
 import aiohttp
@@ -26,7 +27,7 @@ async def _version(api: ApiClient) -> str:
 
 
 async def test_https_is_verified_unless_skipping_is_asked_for_and_logged(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     async with running_apiserver(tmp_path) as server:
         assert server.url.startswith("https://")
         ca = tmp_path / "ca.pem"
@@ -43,6 +44,19 @@ async def test_https_is_verified_unless_skipping_is_asked_for_and_logged(
                                                         insecure_skip_tls_verify=True))
         warned = [r for r in caplog.records if "TLS verification of the API server is OFF" in r.getMessage()]
         assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+
+        # aiohttp's own default contexts (requests without a context of their own) hold no trust store
+        # until a handshake needs one, and still verify, or still skip verification, as aiohttp made them
+        monkeypatch.setattr(aiohttp.connector, "_SSL_CONTEXT_VERIFIED", ssl.create_default_context())  # as imported
+        await (await kube_api_client(url=server.url, token=server.token, ca_file=str(ca))).close()
+        verified = aiohttp.connector._SSL_CONTEXT_VERIFIED
+        assert verified.cert_store_stats()["x509_ca"] == 0
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await session.get(f"{server.url}/version")
+            async with session.get(f"{server.url}/version", ssl=False) as reply:
+                assert reply.status in (200, 401, 403)
+        assert verified.cert_store_stats()["x509_ca"] > 0, "the system store was not loaded for the handshake"
 
 
 async def test_skipping_verification_without_a_url_is_refused() -> None:
