@@ -24,13 +24,23 @@ from services.preparer.sockets import SocketError
 from shared.bus import Bus, LoginRefused
 from shared.driverroot import DriverRootError
 from shared.health import HEALTH
+from shared.heap import limit_malloc_arenas, trim_periodically
 from shared.kube.client import KubeConfigError, kube_api_client
 from shared.kube.events import event_body, record_event
 from shared.logs import get_logger
 from shared.runtime import connect_configured, nats_url_or_embedded, service_main
+from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
+# API connections at once: a prepare reads each of its claims (a kubelet call rarely carries more than a
+# few); more would buy no speed from one API server and cost ~0.3 MB each while open (TLS buffers)
+API_CONNECTIONS = 4
 LOGIN_RETRY_S = 30.0  # between tries while NATS refuses the credentials (it will until they change)
+# how often freed C heap goes back to the kernel (shared.heap): RSS follows a burst down within this
+HEAP_TRIM_S = 10.0
+# glibc malloc arenas: with one per allocating thread (gRPC's ~6, the file writers') each keeps its own
+# freed memory; two serve this process's few allocating threads
+MALLOC_ARENAS = 2
 
 
 def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
@@ -76,7 +86,7 @@ async def connect_bus_forever(cfg: PreparerConfig, services: list[PreparerServic
 
 
 async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
-    api_client = await kube_api_client(cfg.kubeconfig)
+    api_client = await kube_api_client(cfg.kubeconfig, max_connections=API_CONNECTIONS)
     claims = KubeClaimSource(api_client)
     services = [PreparerService(cfg, claims, driver=driver,
                                 report_corrupt=corrupt_checkpoint_reporter(api_client, cfg.node, driver))
@@ -100,9 +110,11 @@ async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
             print(f"gpu-dra preparer: error: {exc}", file=sys.stderr)
             return 2 if isinstance(exc, DriverRootError) else 1  # a --driver-root without a driver: bad settings
         bus_task = asyncio.create_task(connect_bus_forever(cfg, services, stopping))
+        trim_task = asyncio.create_task(trim_periodically(HEAP_TRIM_S), name="heap-trim")  # first: start-up's garbage
         try:
             await stopping.wait()
         finally:
+            await cancel_and_wait([trim_task])
             if health_server is not None:
                 await health_server.stop()
             for service in reversed(services):
@@ -114,6 +126,7 @@ async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    limit_malloc_arenas(MALLOC_ARENAS)  # before any thread: gRPC's, the file writers', the health endpoint's
     return service_main(PreparerConfig, argv, prog="gpu-dra preparer", description=DESCRIPTION,
                         parse=parse, service=lambda cfg: f"preparer-{cfg.node}", run=_run,
                         failures=((KubeConfigError, 2),))

@@ -1,13 +1,17 @@
-"""shared.heap.settle: survivors are frozen out of full passes; a cycle among them is freed by the next settle."""
+"""shared.heap.settle: survivors are frozen out of full passes; a cycle among them is freed by the next settle.
+The C heap's free pages go back to the kernel, and the malloc arenas can be bounded, where the C library is glibc."""
 
 from __future__ import annotations
 
 import gc
+import platform
+import sys
 import weakref
 from collections.abc import Iterator
 
 import pytest
 
+from shared import heap
 from shared.heap import settle
 
 
@@ -51,3 +55,9 @@ def test_collection_is_paused_inside_the_block_only() -> None:
         assert not gc.isenabled()  # a caller's own disable is left alone
     finally:
         gc.enable()
+
+
+def test_freed_memory_goes_back_and_arenas_are_bounded_on_linux() -> None:
+    on_glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert heap.release_free_memory() is on_glibc
+    assert heap.limit_malloc_arenas(8) is on_glibc  # a bound this test process does not notice

@@ -1,0 +1,74 @@
+"""What the preparer process loads: nothing of the local-cluster world or of other services, none of
+the modules its Kubernetes client would import only for paths it never takes, and aiohttp's default TLS
+contexts without the system trust store parsed in (docs/performance.md, memory). Checked in a fresh
+interpreter that goes through the preparer's own start-up: its command's module, its settings, its
+Kubernetes client from a kubeconfig, and one PreparerService per driver."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+PROBE = r"""
+import asyncio, json, sys
+from shared.cli import COMMANDS
+import importlib
+cli = importlib.import_module(COMMANDS["preparer"][0])
+from services.preparer.config import parse
+from services.preparer.service import PreparerService
+root = sys.argv[1]
+cfg = parse(["--node", "n1", "--registry-dir", root + "/reg", "--plugins-dir", root + "/plugins",
+             "--cdi-dir", root + "/cdi", "--boot-id-path", root + "/boot_id", "--kubeconfig", root + "/kubeconfig"])
+
+async def main():
+    api = await cli.kube_api_client(cfg.kubeconfig, max_connections=cli.API_CONNECTIONS)
+    services = [PreparerService(cfg, cli.KubeClaimSource(api), driver=d) for d in cfg.drivers]
+    from aiohttp import connector
+    stores = [c.cert_store_stats()["x509_ca"] for c in (connector._SSL_CONTEXT_VERIFIED, connector._SSL_CONTEXT_UNVERIFIED)]
+    limit = api.rest_client.pool_manager.connector.limit
+    await api.close()
+    return len(services), stores, limit
+
+drivers, stores, limit = asyncio.run(main())
+print(json.dumps({"modules": sorted(sys.modules), "drivers": drivers, "stores": stores, "limit": limit}))
+"""
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+# packages a preparer must never load: the local-cluster world (not in the production image), other
+# services, the OpenTelemetry SDK (only an exporting process), kubernetes-asyncio's generated classes, and
+# what its client modules import for paths the preparer never takes (shared.kube.lazyload)
+MUST_NOT_LOAD = ("embedded", "cel", "celpy", "kubernetes_validate", "jsonschema", "services.publisher",
+                 "services.discovery", "services.dashboard", "services.authcallout", "opentelemetry.sdk",
+                 "kubernetes_asyncio.client.models.", "kubernetes_asyncio.client.api.", "urllib3",
+                 "dateutil.parser", "multiprocessing.pool", "tests")
+
+
+def _within(module: str, name: str) -> bool:
+    """`module` is `name` or one of its submodules (`name` ending in a dot: only its submodules)."""
+    return module.startswith(name) if name.endswith(".") else module == name or module.startswith(name + ".")
+
+
+def test_preparer_start_loads_only_what_it_uses(tmp_path: Path) -> None:
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    (tmp_path / "boot_id").write_text("b\n")
+    out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["drivers"] == 2
+    assert "services.preparer.gpu" in seen["modules"] and "services.preparer.channeldriver" in seen["modules"]
+    loaded = [m for m in seen["modules"] if any(_within(m, name) for name in MUST_NOT_LOAD)]
+    assert loaded == [], f"the preparer loaded modules it must not need: {loaded}"
+    assert seen["stores"] == [0, 0], "aiohttp's default TLS contexts hold the parsed system trust store"
+    assert seen["limit"] == 4
