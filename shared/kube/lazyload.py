@@ -3,12 +3,14 @@
 `import kubernetes_asyncio.client` executes the package's `__init__`, which imports every API class
 and every model: ~39 MB of RSS and ~0.5 s of CPU per process, for the preparer a third of its
 memory, though it only needs `Configuration`, `ApiClient` and the REST layer (its requests are raw
-JSON decoded with msgspec). `install()` puts light stand-ins for the package and its `client` and
-`client.models` packages into `sys.modules` before kubernetes-asyncio is first imported:
+JSON decoded with msgspec). `install()` puts light stand-ins for the package and its `client`,
+`client.models` and `config` packages into `sys.modules` before kubernetes-asyncio is first imported:
 
 - a submodule (`client.api_client`, `client.rest`, `client.exceptions`, `client.api.core_v1_api`...)
   is imported as usual, on its own;
-- `ApiClient`, `Configuration` and the exception classes come from their own submodules;
+- `ApiClient`, `Configuration` and the exception classes come from their own submodules, and so do
+  `config.load_incluster_config` and `config.load_kube_config` (in a pod, the kubeconfig loader and
+  PyYAML are never imported);
 - any other attribute (`client.CoreV1Api`, `client.V1Pod`, `client.models.V1Status`) runs the
   package's real `__init__` into the stand-in once, after which it is the whole package.
 
@@ -48,6 +50,16 @@ _CLIENT_NAMES = {
     "OpenApiException": "exceptions",
 }
 
+
+# names the light `config` package serves from their own submodules: in a pod, loading the in-cluster
+# credentials never imports the kubeconfig loader (PyYAML, exec/OIDC/GCP auth)
+_CONFIG_NAMES = {
+    "ConfigException": "config_exception",
+    "load_incluster_config": "incluster_config",
+    **dict.fromkeys(("load_kube_config", "load_kube_config_from_dict", "list_kube_config_contexts",
+                     "new_client_from_config", "new_client_from_config_dict", "refresh_token",
+                     "KUBE_CONFIG_DEFAULT_LOCATION"), "kube_config"),
+}
 
 # module -> the names the client's modules take from it with `from module import name` (each is called,
 # never tested with isinstance); a bare `import module` needs none
@@ -141,7 +153,7 @@ class _LazyPackage(types.ModuleType):
 
 
 def install() -> bool:
-    """Install the light `client` and `client.models`; False when kubernetes-asyncio was imported
+    """Install the light `client`, `client.models` and `config`; False when kubernetes-asyncio was imported
     already or is not installed (then nothing changes)."""
     if PACKAGE in sys.modules or f"{PACKAGE}.client" in sys.modules:
         return False
@@ -152,9 +164,11 @@ def install() -> bool:
     package = _LazyPackage(PACKAGE, root, {})
     client = _LazyPackage(f"{PACKAGE}.client", os.path.join(root, "client"), _CLIENT_NAMES)
     models = _LazyPackage(f"{PACKAGE}.client.models", os.path.join(root, "client", "models"), {})
+    config = _LazyPackage(f"{PACKAGE}.config", os.path.join(root, "config"), _CONFIG_NAMES)
     sys.modules[PACKAGE] = package
-    sys.modules[client.__name__] = client
-    sys.modules[models.__name__] = models
+    for light in (client, models, config):
+        sys.modules[light.__name__] = light
     client.__dict__["models"] = models
     package.__dict__["client"] = client
+    package.__dict__["config"] = config
     return True

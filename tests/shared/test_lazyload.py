@@ -1,5 +1,6 @@
-"""kubernetes-asyncio loads its generated classes only when used (shared.kube.lazyload), in a fresh
-interpreter so the test sees what a service process sees."""
+"""kubernetes-asyncio loads its generated classes, its kubeconfig loader and the modules its client imports
+for paths not taken only when used (shared.kube.lazyload), in a fresh interpreter so the test sees what a
+service process sees."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 loaded = [m for m in sys.modules if m.startswith("kubernetes_asyncio.client.models.")
           or m.startswith("kubernetes_asyncio.client.api.")]
 print("light", len(loaded))
-Configuration()
+in_pod = config.load_incluster_config, config.ConfigException
+deferred = ("urllib3", "dateutil.parser", "multiprocessing.pool", "yaml")
+print("deferred", ",".join(m for m in deferred if m in sys.modules) or "-")
+cfg = Configuration()
+cfg.username, cfg.password = "u", "p"
+print("basic", cfg.get_basic_auth_token(), type(sys.modules["urllib3"]).__name__)
+print("kubeconfig", config.load_kube_config.__module__, "yaml" in sys.modules)
 import kubernetes_asyncio
 print("version", kubernetes_asyncio.__version__)
 pod = client.V1Pod(metadata=client.V1ObjectMeta(name="p"))
@@ -36,6 +43,9 @@ def test_models_load_only_when_used() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
     assert lines["light"] == "0", "generated API/model modules were imported before any use"
+    assert lines["deferred"] == "-", "modules for paths not taken were imported before any use"
+    assert lines["basic"] == "Basic dTpw module"  # the real urllib3, imported at its first use
+    assert lines["kubeconfig"] == "kubernetes_asyncio.config.kube_config True"
     assert lines["version"][0].isdigit()
     assert lines["model"] == "kubernetes_asyncio.client.models.v1_pod p"
     assert lines["api"] == "kubernetes_asyncio.client.api.core_v1_api"
