@@ -69,21 +69,6 @@ def _malloc_trim() -> object:
 _TRIM = _malloc_trim()
 
 
-_M_ARENA_MAX = -8  # mallopt's parameter number (glibc malloc.h)
-
-
-def limit_malloc_arenas(arenas: int) -> bool:
-    """At most `arenas` glibc malloc arenas: each thread that allocates otherwise gets its own (up to 8 per
-    core), holding freed memory apart. Call before the process starts threads; False where it cannot."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_ARENA_MAX, arenas))
-
-
 def release_free_memory() -> bool:
     """Return the C heap's free pages to the kernel; False where the C library cannot (not glibc)."""
     if _TRIM is None:

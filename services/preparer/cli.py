@@ -24,7 +24,7 @@ from services.preparer.sockets import SocketError
 from shared.bus import Bus, LoginRefused
 from shared.driverroot import DriverRootError
 from shared.health import HEALTH
-from shared.heap import limit_malloc_arenas, trim_periodically
+from shared.heap import trim_periodically
 from shared.kube.client import KubeConfigError, kube_api_client
 from shared.kube.events import event_body, record_event
 from shared.logs import get_logger
@@ -32,15 +32,12 @@ from shared.runtime import connect_configured, nats_url_or_embedded, service_mai
 from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
-# API connections at once: a prepare reads each of its claims (a kubelet call rarely carries more than a
-# few); more would buy no speed from one API server and cost ~0.3 MB each while open (TLS buffers)
+# API connections at once: a prepare reads each of its claims, one GET each; more connections would keep
+# ~0.35 MB each (asyncio's TLS read buffer, OpenSSL's state) from a burst until they idle out (15 s)
 API_CONNECTIONS = 4
 LOGIN_RETRY_S = 30.0  # between tries while NATS refuses the credentials (it will until they change)
 # how often freed C heap goes back to the kernel (shared.heap): RSS follows a burst down within this
 HEAP_TRIM_S = 10.0
-# glibc malloc arenas: with one per allocating thread (gRPC's ~6, the file writers') each keeps its own
-# freed memory; two serve this process's few allocating threads
-MALLOC_ARENAS = 2
 
 
 def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
@@ -126,7 +123,6 @@ async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    limit_malloc_arenas(MALLOC_ARENAS)  # before any thread: gRPC's, the file writers', the health endpoint's
     return service_main(PreparerConfig, argv, prog="gpu-dra preparer", description=DESCRIPTION,
                         parse=parse, service=lambda cfg: f"preparer-{cfg.node}", run=_run,
                         failures=((KubeConfigError, 2),))
