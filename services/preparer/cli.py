@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,17 @@ from shared.runtime import connect_configured, nats_url_or_embedded, service_mai
 from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
-# API connections at once: a prepare reads each of its claims, one GET each; more connections would keep
-# ~0.35 MB each (asyncio's TLS read buffer, OpenSSL's state) from a burst until they idle out (15 s)
-API_CONNECTIONS = 4
+# API connections at once: a prepare reads each of its claims (one GET each), so a kubelet call of up to 8
+# claims reads them all at once (4 cost batched claims/s); kubernetes-asyncio's 100 would let a burst of
+# concurrent calls keep ~0.35 MB per connection (asyncio's TLS read buffer, OpenSSL's state) until they idle out
+API_CONNECTIONS = 8
 LOGIN_RETRY_S = 30.0  # between tries while NATS refuses the credentials (it will until they change)
 # how often freed C heap goes back to the kernel (shared.heap): RSS follows a burst down within this
 HEAP_TRIM_S = 10.0
+# worker threads for file work (checkpoint writes with their fsync, CDI and inventory files, one writer
+# per checkpoint at a time): asyncio's default is min(32, cores + 4), 32 threads on a GPU node, each
+# with its own stack and glibc malloc arena
+FILE_THREADS = 4
 
 
 def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
@@ -83,6 +89,8 @@ async def connect_bus_forever(cfg: PreparerConfig, services: list[PreparerServic
 
 
 async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=FILE_THREADS, thread_name_prefix="preparer-files"))
     api_client = await kube_api_client(cfg.kubeconfig, max_connections=API_CONNECTIONS)
     claims = KubeClaimSource(api_client)
     services = [PreparerService(cfg, claims, driver=driver,
