@@ -71,4 +71,4 @@ def test_preparer_start_loads_only_what_it_uses(tmp_path: Path) -> None:
     loaded = [m for m in seen["modules"] if any(_within(m, name) for name in MUST_NOT_LOAD)]
     assert loaded == [], f"the preparer loaded modules it must not need: {loaded}"
     assert seen["stores"] == [0, 0], "aiohttp's default TLS contexts hold the parsed system trust store"
-    assert seen["limit"] == 8
+    assert seen["limit"] == 4
