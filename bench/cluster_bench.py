@@ -9,7 +9,9 @@ creation to Running+Ready (watch events), delete the wave, wait for its claims t
     .venv/bin/python bench/cluster_bench.py [--pods 100] [--wave 25] [--nodes 4] [--runtime sandbox|none]
 
 It also reads the API server's request counters (`/metrics`) before and after the waves and reports
-the requests per pod by verb and resource (the bench's own creates, deletes and polls included).
+the requests per pod by verb and resource (the bench's own creates, deletes and polls included), and
+the CPU time (user + system) each service of the cluster spent per pod over the waves (the nodes' instances
+summed): on 2 cores shared by ~20 processes, CPU per pod is what moves the latency.
 
 Prints the figures and writes them to bench/results/cluster.json.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
 import statistics
 import sys
 import time
@@ -57,6 +61,20 @@ async def request_counts(api: Any) -> dict[str, int]:
         key = f"{verb} {res}{'/' + sub if sub else ''}"
         counts[key] = counts.get(key, 0) + int(line.rsplit(" ", 1)[1])
     return counts
+
+
+def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds (user + system) the cluster's processes used so far, by service (the nodes' summed)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for child in cluster.supervisor.children if cluster.supervisor else []:
+        try:
+            fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        service = re.sub(r"^gpu-node-\d+-", "", child.name)
+        out[service] = out.get(service, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def ready(obj: dict[str, Any]) -> bool:
@@ -117,6 +135,7 @@ async def main(pods: int, wave_size: int, nodes: int, singles: int, runtime: str
         binds: list[float] = []
         waves: list[float] = []
         before = await request_counts(api)
+        cpu_before = cpu_seconds(cluster)
         for start in range(0, pods, wave_size):
             names = [f"bench-{i}" for i in range(start, min(pods, start + wave_size))]
             t = time.perf_counter()
@@ -125,6 +144,8 @@ async def main(pods: int, wave_size: int, nodes: int, singles: int, runtime: str
             binds += scheduled
             waves.append(time.perf_counter() - t)
         after = await request_counts(api)
+        cpu_after = cpu_seconds(cluster)
+        cpu = {k: round((v - cpu_before.get(k, 0.0)) / pods * 1000, 1) for k, v in cpu_after.items()}
         # every request the waves cost (the bench's own creates, deletes and polls included), per pod
         per_pod = {k: round((after.get(k, 0) - before.get(k, 0)) / pods, 2) for k in sorted(after)
                    if after.get(k, 0) - before.get(k, 0) >= pods / 10}
@@ -142,7 +163,9 @@ async def main(pods: int, wave_size: int, nodes: int, singles: int, runtime: str
             "single_pod_running_p50_ms": round(pct(single, 0.5) * 1000, 1) if single else None,
             "single_pod_running_p99_ms": round(pct(single, 0.99) * 1000, 1) if single else None,
             "api_requests_per_pod": round(sum(per_pod.values()), 1),
-            "api_requests_per_pod_by_verb": per_pod}
+            "api_requests_per_pod_by_verb": per_pod,
+            "cpu_ms_per_pod": round(sum(cpu.values()), 1),
+            "cpu_ms_per_pod_by_service": dict(sorted(cpu.items(), key=lambda kv: -kv[1]))}
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ device nodes, mounts and hooks. An unknown id is an error naming the specs that 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +30,44 @@ class ContainerEdits(msgspec.Struct, kw_only=True):
     cdi_devices: list[str] = msgspec.field(default_factory=list)
 
 
-def load_specs(cdi_dirs: list[Path]) -> dict[str, list[dict[str, Any]]]:
-    """kind -> specs, from every spec file in the given directories (later directories win ties)."""
+# path -> ((inode, mtime ns, size), the spec as read then): what `load_specs` need not read again
+SpecCache = dict[str, tuple[tuple[int, int, int], dict[str, Any]]]
+
+
+def load_specs(cdi_dirs: list[Path], cache: SpecCache | None = None) -> dict[str, list[dict[str, Any]]]:
+    """kind -> specs, from every spec file in the given directories (later directories win ties). With a `cache`
+    (kept by the caller across calls), a file whose inode, mtime and size are unchanged is not read again: a
+    claim's spec has a name of its own and is written once, before its claim is prepared."""
     specs: dict[str, list[dict[str, Any]]] = {}
+    seen: SpecCache = {}
     for directory in cdi_dirs:
-        if not directory.is_dir():
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError:
             continue
-        for path in sorted(directory.iterdir()):
-            if path.suffix not in (".json", ".yaml", ".yml"):
+        for entry in entries:
+            suffix = os.path.splitext(entry.name)[1]
+            if suffix not in (".json", ".yaml", ".yml"):
                 continue
+            path = str(directory / entry.name)
             try:
-                text = path.read_text()
-                spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+                st = entry.stat()
+                key = (st.st_ino, st.st_mtime_ns, st.st_size)
+                known = cache.get(path) if cache is not None else None
+                if known is not None and known[0] == key:
+                    spec = known[1]
+                else:
+                    text = Path(path).read_text()
+                    spec = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
             except (OSError, ValueError, yaml.YAMLError):
                 continue  # a runtime skips unreadable specs; the preparer writes them atomically
             if isinstance(spec, dict) and isinstance(spec.get("kind"), str):
-                spec["_path"] = str(path)
+                spec["_path"] = path
                 specs.setdefault(spec["kind"], []).append(spec)
+                seen[path] = (key, spec)
+    if cache is not None:
+        cache.clear()
+        cache.update(seen)  # files gone are forgotten
     return specs
 
 

@@ -20,7 +20,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from embedded.nodeagent import nvidiasmi
 from embedded.nodeagent.sandbox import CONTAINER_PATH, NOBODY, SHIM_DIR, SIM_STATE, WORK_DIR, bwrap_argv
@@ -164,9 +164,9 @@ class PodWorker:
         return env, [(a, b) for a, b in binds], uid
 
     def _set_up(self, name: str, tmp: Path, work: Path,
-                log_path: Path) -> tuple[dict[str, str], list[tuple[str, str]], int, str]:
-        """A container's env, binds and user, its directories made, and the simulated NVML state to bind
-        ("" when there is none): one trip to a worker thread."""
+                log_path: Path) -> tuple[dict[str, str], list[tuple[str, str]], int, str, BinaryIO]:
+        """A container's env, binds and user, its directories made, the simulated NVML state to bind ("" when
+        there is none) and its log file opened: one trip to a worker thread."""
         env, binds, uid = self._env(name)
         for d in (tmp, work, log_path.parent):
             d.mkdir(parents=True, exist_ok=True)
@@ -174,7 +174,7 @@ class PodWorker:
             for d in (tmp, work):
                 os.chmod(d, 0o777)  # noqa: S103 - the private dirs of an unprivileged user
         sim = self.sim_state if self.sim_state and os.path.isfile(self.sim_state) else ""
-        return env, binds, uid, sim
+        return env, binds, uid, sim, open(log_path, "ab", buffering=0)  # noqa: SIM115 - the caller closes it
 
     def _uuids(self, nodes: list[str]) -> list[str]:
         try:
@@ -191,20 +191,23 @@ class PodWorker:
         tmp = self.work / c.name / "tmp"
         work = self.work / c.name / "work"
         log_path = self.logs / c.name / f"{c.restarts}.log"
-        env, binds, uid, sim = await asyncio.to_thread(self._set_up, c.name, tmp, work, log_path)
+        env, binds, uid, sim, f = await asyncio.to_thread(self._set_up, c.name, tmp, work, log_path)
         cmd = bwrap_argv(self.bwrap, argv, work=work, tmp=tmp, shim_dir=self.shim_dir, uid=uid, env=env,
                          binds=binds, sim_state=sim)
         started = now()
-        proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT)
+        try:
+            proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.STDOUT)
+        except BaseException:
+            f.close()
+            raise
         self._procs[c.name] = proc
         c.state = {"running": {"startedAt": started}}
         self._changed()
         log.info("container started", pod=self.pod["metadata"]["name"], container=c.name, pid=proc.pid,
                  image=c.image, restarts=c.restarts)
         assert proc.stdout is not None
-        f = await asyncio.to_thread(open, log_path, "ab", buffering=0)
         with f:
             while True:
                 line = await proc.stdout.readline()

@@ -5,14 +5,16 @@ pod's events in order; the claim GETs and pod writes of one pod overlap another'
 scheduler's `status.extendedResourceClaimStatus`) is allocated and reserved for the pod, calling
 `NodePrepareResources` per driver through a DRA client (one call at a time, so a claim is never
 prepared twice concurrently), resolving the returned CDI ids into what each container gets (recorded
-on the pod as an annotation `kubectl get -o yaml` shows), the pod's Running/Ready status (or, as the
+on the pod as an annotation `kubectl get -o yaml` shows; with a runtime, written while the containers start and
+before the pod's first status), the pod's Running/Ready status (or, as the
 kubelet does, Pending with its containers `ContainerCreating` and a Warning Event
 `FailedPrepareDynamicResources` on the pod carrying the error, retried with backoff), its containers (with a
 `Runtime`: run sandboxed by `containers.PodWorker`, which writes the status from then on; without one, the
 opt-in emulated exit), termination (SIGTERM, SIGKILL after the grace period), `NodeUnprepareResources` once the
 last pod using a claim is gone or finished, then the grace-period-0
 delete that lets the API server drop a terminating pod. What it prepared survives restarts in a
-state file (`state.py`); every re-list prunes pods that vanished meanwhile.
+state file (`state.py`); every re-list prunes pods that vanished meanwhile. Pods and claims stay plain dicts:
+requests and the pod watch go through `shared.kube.rest` (no client models, no timestamp parsing).
 """
 
 from __future__ import annotations
@@ -26,18 +28,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
-from kubernetes_asyncio import client, watch
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio import client
 from opentelemetry import context as otel_context
 
 from embedded.kubelet.client import Claim, PluginError, PreparedDevice
 from embedded.kubelet.client import PreparedClaim as KubeletPreparedClaim
-from embedded.nodeagent.cdi_resolve import CdiResolutionError, load_specs, resolve
+from embedded.nodeagent.cdi_resolve import CdiResolutionError, SpecCache, load_specs, resolve
 from embedded.nodeagent.containers import PodWorker
 from embedded.nodeagent.containers import now as timestamp
 from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
 from shared.backoff import Backoff
 from shared.kube.events import event_body, record_event
+from shared.kube.resources import PODS, RESOURCECLAIMS
+from shared.kube.rest import ApiError, Gone, decode, request, watch_lines
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
 from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION, traceparent_context
@@ -49,6 +52,7 @@ FAILED_REASON = "FailedPrepareDynamicResources"  # the kubelet's Event reason (p
 WAITING_REASON = "ContainerCreating"
 KUBELET_COMPONENT = "kubelet"
 RETRY_MIN, RETRY_MAX = 0.2, 5.0
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"  # what the kubelet sends (conditions merged by type)
 FIRST_STATUS_WAIT_S = 0.5  # a Running pod's first status waits this long at most for its containers to start
 
 
@@ -119,20 +123,20 @@ def _wants(request: str, names: list[str]) -> bool:
 
 
 def container_edits(pod: dict[str, Any], prepared: dict[str, PreparedClaim], uses: dict[str, list[Use]],
-                    cdi_dirs: list[Path]) -> dict[str, dict[str, Any]]:
+                    cdi_dirs: list[Path], cache: SpecCache | None = None) -> dict[str, dict[str, Any]]:
     """container name -> what it gets, from the claims (and requests) it uses and the prepared devices."""
-    specs = load_specs(cdi_dirs)
+    specs = load_specs(cdi_dirs, cache)
     by_name = {p.ref.name: p for p in prepared.values()}
     out: dict[str, dict[str, Any]] = {}
     for container in (pod.get("spec") or {}).get("containers") or []:
         ids: list[str] = []
         devices: list[str] = []
-        for claim_name, request in uses.get(container["name"], []):
+        for claim_name, request_name in uses.get(container["name"], []):
             claim = by_name.get(claim_name)
             if claim is None:
                 continue
             for dev in claim.devices:
-                if not _wants(request, dev.request_names):
+                if not _wants(request_name, dev.request_names):
                     continue
                 label = f"{dev.pool}/{dev.device}"
                 if label not in devices:
@@ -217,11 +221,10 @@ class PodRunner:
                  resync_seconds: float = 30.0, on_change: Callable[[], None] | None = None,
                  state_dir: Path | None = None, runtime: Runtime | None = None):
         self.node = node
-        self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+        self.api = api  # raw JSON calls (`shared.kube.rest`): pods and claims are dicts, never decoded into models
         self.dra = dra
         self.cdi_dirs = cdi_dirs
+        self._specs: SpecCache = {}  # the CDI specs read so far (a file is read again only when it changed)
         self.resync_seconds = resync_seconds
         self.store = StateStore(state_dir)
         self.prepared: dict[str, PreparedClaim] = {}  # claim uid -> state
@@ -240,7 +243,9 @@ class PodRunner:
         self.workers: dict[str, PodWorker] = {}  # pod uid -> its running (or finished) containers
         self._finished: set[str] = set()  # pods whose (emulated) exit was written: never prepared again
         self._terminating: set[str] = set()  # pods whose containers are being stopped (grace period)
+        self._deleted: set[str] = set()  # pods whose final delete was made: their late events call for nothing
         self._writes: dict[str, asyncio.Task[None]] = {}  # pod uid -> its status writer
+        self._edits: dict[str, asyncio.Task[None]] = {}  # pod uid -> its edits annotation write (with its containers)
         self._stops: dict[str, asyncio.Task[None]] = {}  # pod uid -> its termination (grace period, then delete)
         for rec in self.store.load():
             self.prepared[rec.uid] = PreparedClaim(
@@ -266,17 +271,22 @@ class PodRunner:
 
     # ------------------------------------------------------------------ API helpers
     async def _get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        obj = await self.custom.get_namespaced_custom_object("resource.k8s.io", "v1", namespace,
-                                                             "resourceclaims", name)
-        return dict(obj)
+        obj: dict[str, Any] = decode(await request(self.api, "GET", RESOURCECLAIMS.path(namespace, name)))
+        return obj
+
+    async def _patch_pod(self, meta: dict[str, Any], body: dict[str, Any], subresource: str | None = None) -> None:
+        await request(self.api, "PATCH", PODS.path(meta["namespace"], meta["name"], subresource), body=body,
+                      content_type=STRATEGIC_PATCH)
+
+    async def _write_edits(self, meta: dict[str, Any], edits: dict[str, Any]) -> None:
+        await self._patch_pod(meta, {"metadata": {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}})
 
     async def _write_status(self, pod: dict[str, Any], status: dict[str, Any],
                             edits: dict[str, Any] | None = None) -> None:
         meta = pod["metadata"]
         if edits is not None:
-            body = {"metadata": {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}}
-            await self.core.patch_namespaced_pod(meta["name"], meta["namespace"], body)
-        await self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
+            await self._write_edits(meta, edits)
+        await self._patch_pod(meta, {"status": status}, "status")
 
     # ------------------------------------------------------------------ prepare / unprepare
     async def _prepare_pod(self, pod: dict[str, Any]) -> None:
@@ -289,7 +299,7 @@ class PodRunner:
         for name in names:
             try:
                 claim = await self._get_claim(ns, name)
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status == 404:
                     raise PrepareFailed(f"ResourceClaim {ns}/{name} does not exist") from exc
                 raise
@@ -307,10 +317,11 @@ class PodRunner:
         async with self._lock:
             prepared = await self._prepare_claims(uid, wanted, drivers_of, traceparents)
         await self._save()
-        edits = container_edits(pod, prepared, uses, self.cdi_dirs)
-        if self.runtime is not None:  # its containers start; the worker writes the status from here on
-            body = {"metadata": {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}}
-            await self.core.patch_namespaced_pod(meta["name"], meta["namespace"], body)
+        edits = container_edits(pod, prepared, uses, self.cdi_dirs, self._specs)
+        if self.runtime is not None:
+            # Its containers start while the annotation is written; the worker's writer writes the status from
+            # here on, once the annotation is written (a Running pod shows what its containers got).
+            self._edits[uid] = asyncio.create_task(self._write_edits(meta, edits))
             self._start_worker(pod, edits)
             return
         await self._write_status(pod, pod_status(pod, phase="Running"), edits)
@@ -410,6 +421,8 @@ class PodRunner:
             worker = self.workers.get(uid)
             if uid in self._terminating:
                 pass  # its containers are being stopped; the final delete follows
+            elif uid in self._deleted:
+                pass  # deleted by us: an event our own status writes caused, before the DELETED one
             elif meta.get("deletionTimestamp") and worker is not None:
                 self._terminating.add(uid)
                 grace = meta.get("deletionGracePeriodSeconds")
@@ -450,6 +463,8 @@ class PodRunner:
         """Write the worker's status: one writer per pod, which always writes the latest state."""
         uid = worker.pod["metadata"]["uid"]
         worker.dirty = True
+        if uid in self._terminating:
+            return  # its containers are being stopped: `_terminate` writes their final states once
         if uid not in self._writes or self._writes[uid].done():
             self._writes[uid] = asyncio.create_task(self._write_worker(worker))
 
@@ -462,10 +477,11 @@ class PodRunner:
         while worker.dirty:
             worker.dirty = False
             try:
+                await self._edits_written(worker)
                 await self._write_status(worker.pod, worker.status())
                 backoff.reset()
-            except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
-                if isinstance(exc, ApiException) and exc.status == 404:
+            except (ApiError, OSError, TimeoutError, aiohttp.ClientError) as exc:
+                if isinstance(exc, ApiError) and exc.status == 404:
                     return  # the pod is gone
                 log.warning("pod status not written; retrying", pod=worker.pod["metadata"]["name"], error=str(exc))
                 worker.dirty = True
@@ -473,13 +489,32 @@ class PodRunner:
         if worker.phase in ("Succeeded", "Failed"):
             log.info("pod finished running", node=self.node, pod=worker.pod["metadata"]["name"], phase=worker.phase)
 
+    async def _edits_written(self, worker: PodWorker) -> None:
+        """The pod's edits annotation written: its write started with the containers; one that failed is made
+        again (raising as the first did, for the writer's back-off)."""
+        uid = worker.pod["metadata"]["uid"]
+        task = self._edits.get(uid)
+        if task is None:
+            return
+        try:
+            await asyncio.shield(task)  # a cancelled writer leaves the write alone
+        except (ApiError, OSError, TimeoutError, aiohttp.ClientError):
+            self._edits[uid] = asyncio.create_task(self._write_edits(worker.pod["metadata"], worker.edits))
+            raise
+        if self._edits.get(uid) is task:
+            del self._edits[uid]
+
     async def _terminate(self, pod: dict[str, Any], worker: PodWorker, grace: float) -> None:
         uid = pod["metadata"]["uid"]
         try:
             await worker.stop(grace)
-            writer = self._writes.pop(uid, None)
-            if writer is not None:
-                writer.cancel()
+            for pending in (self._writes.pop(uid, None), self._edits.pop(uid, None)):
+                if pending is not None:
+                    pending.cancel()
+            if worker.dirty:  # the containers' final states, in one write before the final delete
+                worker.dirty = False
+                with contextlib.suppress(ApiError, OSError, TimeoutError, aiohttp.ClientError):
+                    await self._write_status(pod, worker.status())
             async with self._lock:
                 self.workers.pop(uid, None)
                 await self._finish_deleted(pod)
@@ -490,7 +525,7 @@ class PodRunner:
     async def stop_all(self) -> None:
         """The emulator stops: its containers go with it (SIGTERM, 2 s, SIGKILL)."""
         await asyncio.gather(*(w.stop(2.0) for w in self.workers.values()), return_exceptions=True)
-        for task in self._writes.values():
+        for task in (*self._writes.values(), *self._edits.values()):
             task.cancel()
 
     async def _finish_deleted(self, pod: dict[str, Any]) -> None:
@@ -500,10 +535,10 @@ class PodRunner:
             self._retry.add(uid)
             return
         try:
-            await self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body=client.V1DeleteOptions(
-                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
+            await request(self.api, "DELETE", PODS.path(meta["namespace"], meta["name"]), body={
+                "apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
             log.info("pod finished", node=self.node, pod=f"{meta['namespace']}/{meta['name']}")
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status not in (404, 409):
                 log.warning("final pod delete failed; will retry", pod=meta["name"], status=exc.status)
                 self._retry.add(uid)
@@ -513,6 +548,7 @@ class PodRunner:
             self._retry.add(uid)
             return
         self._retry.discard(uid)
+        self._deleted.add(uid)
 
     async def _try_prepare(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -521,12 +557,12 @@ class PodRunner:
             await self._prepare_pod(pod)
             self._retry.discard(uid)
             self._reported.pop(uid, None)
-        except (PrepareFailed, CdiResolutionError, PluginError, ApiException, aiohttp.ClientError) as exc:
+        except (PrepareFailed, CdiResolutionError, PluginError, ApiError, aiohttp.ClientError) as exc:
             self._retry.add(uid)
-            reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
+            reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiError) else str(exc)
             log.info("pod not ready yet", node=self.node, pod=f"{meta['namespace']}/{meta['name']}",
                      reason=reason)
-            with contextlib.suppress(ApiException, OSError, TimeoutError, aiohttp.ClientError):
+            with contextlib.suppress(ApiError, OSError, TimeoutError, aiohttp.ClientError):
                 if isinstance(exc, (PrepareFailed, CdiResolutionError, PluginError)):
                     await self._failed_event(pod, f"Failed to prepare dynamic resources: {reason}")
                 await self._write_status(pod, pod_status(pod, phase="Pending"))
@@ -546,10 +582,14 @@ class PodRunner:
     async def forget_pod(self, uid: str) -> None:
         async with self._pod_lock(uid):
             worker = self.workers.pop(uid, None)
+            edits = self._edits.pop(uid, None)
+            if edits is not None:
+                edits.cancel()
             if worker is not None:
                 await worker.stop(0.0)
             async with self._lock:
                 self._finished.discard(uid)
+                self._deleted.discard(uid)
                 self.pods.pop(uid, None)
                 self._retry.discard(uid)
                 self._attempted.pop(uid, None)
@@ -582,14 +622,14 @@ class PodRunner:
                 continue
             meta = pod["metadata"]
             try:
-                fresh = await self.core.read_namespaced_pod(meta["name"], meta["namespace"])
-            except ApiException as exc:
+                fresh = decode(await request(self.api, "GET", PODS.path(meta["namespace"], meta["name"])))
+            except ApiError as exc:
                 if exc.status == 404:
                     await self.forget_pod(uid)
                 continue
             except (TimeoutError, OSError, aiohttp.ClientError):
                 continue  # API server away; the next round tries again
-            await self.sync_pod(self.api.sanitize_for_serialization(fresh), force=True)
+            await self.sync_pod(fresh, force=True)
 
     async def _retry_loop(self, stopping: asyncio.Event, wake: asyncio.Event | None) -> None:
         backoff = Backoff(initial_s=RETRY_MIN, cap_s=RETRY_MAX)
@@ -634,11 +674,10 @@ class PodRunner:
                 raise result
 
     async def _list_and_watch(self, stopping: asyncio.Event) -> None:
-        selector = f"spec.nodeName={self.node}"
+        selector = [("fieldSelector", f"spec.nodeName={self.node}")]
         while not stopping.is_set():
             try:
-                listed = await self.core.list_pod_for_all_namespaces(field_selector=selector)
-                listing = self.api.sanitize_for_serialization(listed)
+                listing = decode(await request(self.api, "GET", PODS.path(), query=selector))
                 seen = set()
                 for pod in listing.get("items") or []:
                     seen.add(pod["metadata"]["uid"])
@@ -647,8 +686,8 @@ class PodRunner:
                     await self.sync_pod(pod)
                 version = listing["metadata"].get("resourceVersion", "")
                 await self._watch(selector, version, stopping)
-            except ApiException as exc:
-                if exc.status != 410:
+            except ApiError as exc:
+                if not isinstance(exc, Gone):
                     log.warning("pod watch failed; re-listing", node=self.node, status=exc.status)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stopping.wait(), 1.0)
@@ -657,24 +696,25 @@ class PodRunner:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), 1.0)
 
-    async def _watch(self, selector: str, version: str, stopping: asyncio.Event) -> None:
-        w = watch.Watch()
-        async with w:
-            stream = w.stream(self.core.list_pod_for_all_namespaces, field_selector=selector,
-                              resource_version=version, timeout_seconds=max(1, int(self.resync_seconds)),
-                              _preload_content=False, allow_watch_bookmarks=True)
-            async for event in stream:
-                if stopping.is_set():
-                    return
-                raw = event.get("raw_object") or {}
-                kind = event.get("type")
-                if kind == "ERROR":
-                    raise ApiException(status=int(raw.get("code", 500)), reason=raw.get("message", ""))
-                if kind == "BOOKMARK":
-                    continue
-                task = asyncio.create_task(self._handle_event(kind, raw))
-                self._events.add(task)
-                task.add_done_callback(self._events.discard)
+    async def _watch(self, selector: list[tuple[str, str]], version: str, stopping: asyncio.Event) -> None:
+        """Until the server ends the stream (every `resync_seconds`: the caller lists again). Events are decoded
+        straight to dicts (no client models: no per-field conversion, no timestamp parsing)."""
+        async for line in watch_lines(self.api, PODS.path(), resource_version=version, query=selector,
+                                      timeout_s=max(1, int(self.resync_seconds))):
+            if stopping.is_set():
+                return
+            event = decode(line)
+            raw = event.get("object") or {}
+            kind = event.get("type")
+            if kind == "ERROR":
+                code = int(raw.get("code") or 500)
+                raise (Gone if code == 410 else ApiError)(code, str(raw.get("reason") or "Error"),
+                                                           str(raw.get("message") or ""))
+            if kind == "BOOKMARK":
+                continue
+            task = asyncio.create_task(self._handle_event(kind, raw))
+            self._events.add(task)
+            task.add_done_callback(self._events.discard)
 
     async def _handle_event(self, kind: str, pod: dict[str, Any]) -> None:
         """One watch event in its own task: pods are prepared side by side, and each pod's events are handled

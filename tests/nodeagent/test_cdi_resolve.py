@@ -43,3 +43,21 @@ def test_unknown_or_malformed_ids_are_refused(tmp_path):
         resolve(["k8s.gpu.nvidia.com/claim=y"], specs)
     with pytest.raises(CdiResolutionError, match="malformed"):
         resolve(["no-equals-sign"], specs)
+
+
+def test_a_cache_reads_only_specs_that_changed(tmp_path):
+    write_spec(tmp_path / "a.json", "k8s.gpu.nvidia.com/claim", [{"name": "a", "containerEdits": {"env": ["A=1"]}}])
+    write_spec(tmp_path / "b.json", "k8s.gpu.nvidia.com/claim", [{"name": "b", "containerEdits": {"env": ["B=1"]}}])
+    cache: dict = {}
+    first = load_specs([tmp_path], cache)["k8s.gpu.nvidia.com/claim"]
+    write_spec(tmp_path / ".b.tmp", "k8s.gpu.nvidia.com/claim", [{"name": "b", "containerEdits": {"env": ["B=2"]}}])
+    (tmp_path / ".b.tmp").replace(tmp_path / "b.json")  # replaced as the preparer does: a new inode
+    (tmp_path / "a.json").unlink()
+    write_spec(tmp_path / "c.json", "k8s.gpu.nvidia.com/claim", [{"name": "c", "containerEdits": {}}])
+    second = load_specs([tmp_path], cache)["k8s.gpu.nvidia.com/claim"]
+    assert [s["devices"][0]["name"] for s in second] == ["b", "c"], "a removed spec is gone, a new one read"
+    assert resolve(["k8s.gpu.nvidia.com/claim=b"], {"k8s.gpu.nvidia.com/claim": second}).env == ["B=2"]
+    assert sorted(cache) == [str(tmp_path / "b.json"), str(tmp_path / "c.json")]
+    third = load_specs([tmp_path], cache)["k8s.gpu.nvidia.com/claim"]
+    assert all(x is y for x, y in zip(second, third, strict=True)), "unchanged specs are not read again"
+    assert first[1] is not second[0]
