@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -232,7 +231,8 @@ class CdiWriter:
         self.cdi_kind = cdi_kind
         self.durable = durable  # False where the checkpoint's boot id makes a power loss moot (module doc)
         self._spares: list[Path] = []  # files of removed specs, refilled in place by the next writes
-        self._spare_names = itertools.count()
+        prefix = spec_file_name("", cdi_kind)[: -len(".json")]  # the sweep's: it removes spares left by a crash
+        self._spare_names = [self.dir / f".{prefix}spare-{n}.tmp" for n in range(SPARES)]  # free ones: bounded
 
     def path_for(self, claim_uid: str) -> Path:
         return self.dir / spec_file_name(claim_uid, self.cdi_kind)
@@ -248,9 +248,14 @@ class CdiWriter:
             spare = self._spares.pop()
             try:
                 fill_in_place(spare, data)
+                os.replace(spare, path)
             except FileNotFoundError:
+                self._spare_names.append(spare)
                 continue  # removed by someone else: the next spare, or a new file
-            os.replace(spare, path)
+            except OSError:
+                self._spares.append(spare)  # still a spare (its content is nobody's)
+                raise
+            self._spare_names.append(spare)
             return path
         atomic_write(path, data, sync_dir=self.durable, sync_file=self.durable)
         return path
@@ -268,12 +273,15 @@ class CdiWriter:
     def _remove_sync(self, claim_uid: str) -> bool:
         path = self.path_for(claim_uid)
         with contextlib.suppress(FileNotFoundError):
-            if self.durable or len(self._spares) >= SPARES:
+            if self.durable or not self._spare_names:
                 path.unlink()
                 return True
-            prefix = spec_file_name("", self.cdi_kind)[: -len(".json")]  # the sweep's: it removes spares
-            spare = self.dir / f".{prefix}spare-{next(self._spare_names)}.tmp"
-            os.replace(path, spare)
+            spare = self._spare_names.pop()
+            try:
+                os.replace(path, spare)
+            except OSError:
+                self._spare_names.append(spare)
+                raise
             self._spares.append(spare)
             return True
         return False
