@@ -62,6 +62,32 @@ def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True, sync_file: b
         _fsync_dir(path.parent)
 
 
+class BootMarker:
+    """`<name>.boot` beside a state file whose writes are not synced: the boot id those writes belong to,
+    recorded (file and directory fsync'd) once per boot before the first of them. At the next start a
+    marker naming another boot says the node went down since (a power loss or a kernel crash), so the file
+    is state of a past boot, whatever its last writes left (a torn file included)."""
+
+    def __init__(self, path: Path, boot_id: str) -> None:
+        self.path = Path(path)
+        self.boot_id = boot_id
+        try:
+            self.marked = self.path.read_text().strip()
+        except OSError:
+            self.marked = ""  # none yet: a first start, or writes that were all synced
+
+    @property
+    def rebooted(self) -> bool:
+        """Whether the marker names another boot than this one."""
+        return bool(self.boot_id and self.marked and self.marked != self.boot_id)
+
+    def mark(self) -> None:
+        """Record this boot (once: nothing is written when the marker names it already); OSError if not."""
+        if self.marked != self.boot_id:
+            atomic_write(self.path, f"{self.boot_id}\n".encode())
+            self.marked = self.boot_id
+
+
 def fill_in_place(path: Path, data: bytes, *, create: bool = False) -> None:
     """Overwrite the file at `path` with `data` in place (its inode kept: nothing allocated or freed but the
     blocks its size change needs). Not atomic: for a file no reader trusts until it is renamed into place.
@@ -116,4 +142,4 @@ class SlotFile:
         self._current = spare
 
 
-__all__ = ["BOOT_ID_PATH", "FSYNCS", "SlotFile", "atomic_write", "fill_in_place", "fsync_count", "read_boot_id"]
+__all__ = ["BOOT_ID_PATH", "FSYNCS", "BootMarker", "SlotFile", "atomic_write", "fill_in_place", "fsync_count", "read_boot_id"]

@@ -20,12 +20,11 @@ Crash argument (the preparer's checkpoint makes the same one, `services/preparer
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 import msgspec
 
-from shared.files import SlotFile, atomic_write, read_boot_id
+from shared.files import BootMarker, SlotFile, atomic_write, read_boot_id
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -70,11 +69,9 @@ class StateStore:
         """What the file holds (nothing when it is of a past boot); then marks this boot for the writes."""
         if self.path is None or self.marker is None:
             return []
-        marked = ""
-        with contextlib.suppress(OSError):
-            marked = self.marker.read_text().strip()
+        marker = BootMarker(self.marker, self.boot_id)
         claims: list[ClaimRecord] = []
-        if self.boot_id and marked and marked != self.boot_id:
+        if marker.rebooted:
             self.dropped_for_reboot = self.path.exists()
             if self.dropped_for_reboot:
                 log.info("kubelet state file is of a past boot; nothing is prepared after a reboot: dropped",
@@ -86,15 +83,14 @@ class StateStore:
                 log.warning("kubelet state file unreadable; starting empty (delete it to silence this)",
                             path=str(self.path), error=str(exc))
         if self.boot_id:
-            self._mark_boot(marked)
+            self._mark_boot(marker)
         return claims
 
-    def _mark_boot(self, marked: str) -> None:
-        assert self.path is not None and self.marker is not None
+    def _mark_boot(self, marker: BootMarker) -> None:
+        assert self.path is not None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if marked != self.boot_id:
-                atomic_write(self.marker, f"{self.boot_id}\n".encode())
+            marker.mark()
             slots = SlotFile(self.path)
             slots.open()
             self._slots = slots

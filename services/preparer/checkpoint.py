@@ -57,7 +57,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from shared.files import SlotFile
+from shared.files import BootMarker, SlotFile
 from shared.files import atomic_write as atomic_write  # re-exported: cdi, devices
 from shared.files import read_boot_id as read_boot_id  # re-exported: the service
 from shared.logs import get_logger
@@ -182,23 +182,19 @@ class Checkpoint:
 
     def _load_sync(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        marked = ""
+        marker = BootMarker(self.marker, self.boot_id)
+        self._read_sync(rebooted=marker.rebooted)
         if self.boot_id:
-            with contextlib.suppress(OSError):
-                marked = self.marker.read_text().strip()
-        self._read_sync(rebooted=bool(marked) and marked != self.boot_id)
-        if self.boot_id:
-            self._mark_boot(marked)
+            self._mark_boot(marker)
 
-    def _mark_boot(self, marked: str) -> None:
+    def _mark_boot(self, marker: BootMarker) -> None:
         """Record (durably) the boot the writes from now on belong to; then they need no fsync."""
-        if marked != self.boot_id:
-            try:
-                atomic_write(self.marker, f"{self.boot_id}\n".encode())
-            except OSError as exc:
-                log.warning("boot marker not written; every checkpoint write keeps its fsync", path=str(self.marker),
-                            error=str(exc))
-                return
+        try:
+            marker.mark()
+        except OSError as exc:
+            log.warning("boot marker not written; every checkpoint write keeps its fsync", path=str(self.marker),
+                        error=str(exc))
+            return
         self.sync_file = False
         slots = SlotFile(self.path)
         try:
