@@ -44,7 +44,7 @@ from shared.telemetry import current_traceparent, traceparent_context
 log = get_logger(__name__)
 
 SEND_WINDOW = 64  # lifecycle events in flight at once
-ACK_TIMEOUT_S = 10.0  # how long a sent event's store may take before it counts as not stored (resent)
+ACK_TIMEOUT_S = 5.0  # how long a round's acks may take before the missing ones count as not stored (resent)
 SEND_LINGER = 0.02  # seconds the sender waits after a wake, so the events of a burst go out in one round
 
 
@@ -153,11 +153,16 @@ class LifecycleEvents:
                 otel_context.detach(token)
             in_flight.append((seq, future))
         stored: list[int] = []
+        if not in_flight:
+            return stored
+        # one deadline for the round: acks lost with a connection (a NATS restart) never come
+        _, late = await asyncio.wait([f for _, f in in_flight], timeout=ACK_TIMEOUT_S)
+        for future in late:
+            future.cancel()
         for seq, future in in_flight:
-            try:
-                await asyncio.wait_for(future, ACK_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - not stored (or not known to be): resent, de-duplicated
-                log.info("lifecycle event not stored yet; will retry", error=str(exc) or type(exc).__name__)
+            error = "no ack within the round's deadline" if future.cancelled() else future.exception()
+            if error is not None:  # not stored (or not known to be): resent, de-duplicated by its message id
+                log.info("lifecycle event not stored yet; will retry", error=str(error) or type(error).__name__)
                 continue
             self.sent += 1
             stored.append(seq)

@@ -188,6 +188,7 @@ async def test_a_checkpoint_torn_by_a_power_loss_is_dropped_as_a_reboot_not_quar
     path = root / "checkpoint.json"
     cp = Checkpoint(path, boot_id="before")
     await cp.load()
+    cp.preparation_seq -= 60_000  # a sequence started a minute before the power loss (module doc: the clock)
     await cp.put("uid-1", record())
     used = cp.next_preparation()
     for torn in (b"", b'{"apiVersion": "checkpoint.gpu.nvidia.com/v1", "preparedCl'):
