@@ -727,23 +727,28 @@ class Bus:
             self._kv_cache[bucket.name] = cached
         return cached
 
-    async def publish(
-        self, entry: Entry, message: Message, *, msg_id: str | None = None, durable: bool = True, **tokens: str
-    ) -> None:
-        """Publish an event. Durable events go through JetStream (stored, de-duplicated by msg_id)."""
+    @contextlib.contextmanager
+    def _outgoing(self, entry: Entry, message: Message, msg_id: str | None, durable: bool,
+                  tokens: dict[str, str]) -> Iterator[tuple[str, bytes, dict[str, str]]]:
+        """An event's subject, body and headers, inside its producer span (which ends with the block)."""
         if not isinstance(message, entry.message):
             raise TypeError(f"{entry.name} carries {entry.message.__name__}, not {type(message).__name__}")
         subject = entry.format(**tokens)
         with tracer.start_as_current_span(f"publish {entry.name}", kind=SpanKind.PRODUCER, attributes={
                 "messaging.system": "nats", "messaging.destination.name": subject}):
-            payload = encode(message)
             # every durable publish carries a message id, so a retry is de-duplicated by the stream; the
             # id (given or drawn) is also the CloudEvents id of an event that has no event id of its own
             event_id = msg_id or uuid.uuid4().hex
             headers = cloudevents.headers(entry, message, subject, event_id, self.name)
             if msg_id or durable:
                 headers["Nats-Msg-Id"] = event_id
-            headers = inject_headers(headers)
+            yield subject, encode(message), inject_headers(headers)
+
+    async def publish(
+        self, entry: Entry, message: Message, *, msg_id: str | None = None, durable: bool = True, **tokens: str
+    ) -> None:
+        """Publish an event. Durable events go through JetStream (stored, de-duplicated by msg_id)."""
+        with self._outgoing(entry, message, msg_id, durable, tokens) as (subject, payload, headers):
             if durable:
                 await publish_with_retry(self.js, subject, payload, headers)
             else:
@@ -754,16 +759,10 @@ class Bus:
         """Send a durable event to JetStream without waiting for its store: the future of its ack (a
         JetStream error or NoStreamResponseError as its exception; await it with a timeout). For a sender
         that has many in flight at once; the publish span ends when the message is sent."""
-        if not isinstance(message, entry.message):
-            raise TypeError(f"{entry.name} carries {entry.message.__name__}, not {type(message).__name__}")
-        subject = entry.format(**tokens)
-        with tracer.start_as_current_span(f"publish {entry.name}", kind=SpanKind.PRODUCER, attributes={
-                "messaging.system": "nats", "messaging.destination.name": subject}):
-            headers = cloudevents.headers(entry, message, subject, msg_id, self.name)
-            headers["Nats-Msg-Id"] = msg_id
+        with self._outgoing(entry, message, msg_id, True, tokens) as (subject, payload, headers):
             publish: Any = self.js.publish_async
-            future: asyncio.Future[Any] = await publish(subject, encode(message), headers=inject_headers(headers))
-            return future
+            future: asyncio.Future[Any] = await publish(subject, payload, headers=headers)
+        return future
 
     async def _dead_letter(self, msg: Msg, consumer: str, error: str, reason: str = "undecodable") -> None:
         if reason == "undecodable":

@@ -241,9 +241,15 @@ class CdiWriter:
         return device_id(claim_uid, device, self.cdi_kind)
 
     def _write_sync(self, claim_uid: str, spec: dict[str, Any]) -> Path:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.path_for(claim_uid)
         data = msgspec.json.format(msgspec.json.encode(spec), indent=2)
+        try:
+            return self._place(claim_uid, data)
+        except FileNotFoundError:  # no CDI dir yet (or removed): made here, not checked on every write
+            self.dir.mkdir(parents=True, exist_ok=True)
+            return self._place(claim_uid, data)
+
+    def _place(self, claim_uid: str, data: bytes) -> Path:
+        path = self.path_for(claim_uid)
         while not self.durable and self._spares:
             spare = self._spares.pop()
             try:

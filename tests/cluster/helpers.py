@@ -19,21 +19,26 @@ from kubernetes_asyncio import client, watch
 from embedded.cluster.apply import Applier
 from embedded.nodeagent.pods import EDITS_ANNOTATION
 
-# Every node: 4 full H100s and 2 A100-40GB in MIG mode, each cut as one gpu-test4 pod needs
-# (2x 1g.5gb, 2g.10gb and 3g.20gb on one parent; 8 memory slices).
-MIG_MACHINE = """\
+
+def mig_machine(h100: int, a100: int) -> str:
+    """A machine file: `h100` full H100s and `a100` A100-40GB in MIG mode, each cut as one gpu-test4 pod
+    needs (2x 1g.5gb, 2g.10gb and 3g.20gb on one parent; 8 memory slices)."""
+    return f"""\
 gpus:
 - profile: h100
-  count: 4
+  count: {h100}
 - profile: a100-40gb
-  count: 2
+  count: {a100}
   mig_enabled: true
   mig_devices:
-  - {profile: 2g.10gb, placement: 0}
-  - {profile: 1g.5gb, placement: 2}
-  - {profile: 1g.5gb, placement: 3}
-  - {profile: 3g.20gb, placement: 4}
+  - {{profile: 2g.10gb, placement: 0}}
+  - {{profile: 1g.5gb, placement: 2}}
+  - {{profile: 1g.5gb, placement: 3}}
+  - {{profile: 3g.20gb, placement: 4}}
 """
+
+
+MIG_MACHINE = mig_machine(h100=4, a100=2)  # every node of the workload tests
 
 
 async def pods_in(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:

@@ -27,24 +27,12 @@ from shared.events import catalog
 from shared.events.devices import InjectXidRequest
 from shared.kube.client import kube_api_client
 from shared.runtime import connect_configured
-from tests.cluster.helpers import Up
+from tests.cluster.helpers import Up, mig_machine
 from tests.dashboard.cdp import Browser
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
 
-MACHINE = """\
-gpus:
-- profile: h100
-  count: 2
-- profile: a100-40gb
-  count: 1
-  mig_enabled: true
-  mig_devices:
-  - {profile: 2g.10gb, placement: 0}
-  - {profile: 1g.5gb, placement: 2}
-  - {profile: 1g.5gb, placement: 3}
-  - {profile: 3g.20gb, placement: 4}
-"""
+MACHINE = mig_machine(h100=2, a100=1)
 # A100-40GB memory slices per profile (NVIDIA's MIG user guide): the bar is drawn on 8 slots
 MIG_SIZE = {"1g.5gb": 1, "2g.10gb": 2, "3g.20gb": 4}
 
