@@ -500,7 +500,7 @@ async def settle(check: Callable[[], Any], timeout: float, what: str) -> None:
 async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kills_each: int = 2,
                 concurrency: int = 0, pod_timeout: float = 120.0, keep: int = 0,
                 data_dir: Path | None = None) -> dict[str, Any]:
-    from shared.natsserver import free_port
+    from shared.ports import free_port
 
     own = data_dir is None
     data_dir = data_dir or Path(tempfile.mkdtemp(prefix="gpu-dra-chaos-"))

@@ -44,7 +44,8 @@ from services.computedomain.membership import Membership  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.events.catalog import CD_STATUS  # noqa: E402
 from shared.logs import setup_logging  # noqa: E402
-from shared.natsserver import EmbeddedNats, free_port  # noqa: E402
+from shared.natsserver import EmbeddedNats  # noqa: E402
+from shared.ports import free_port  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "computedomain.json"
 

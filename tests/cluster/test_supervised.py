@@ -23,8 +23,7 @@ import pytest
 
 from shared.events import catalog
 from shared.natsjwt import Creds
-from shared.natsserver import free_port
-from tests.cluster.helpers import Up, gone, metric, pod_manifest
+from tests.cluster.helpers import Up, gone, metric, metrics_base, pod_manifest
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
@@ -59,7 +58,7 @@ def cleanup():
 
 
 def test_a_preparer_killed_with_sigkill_is_restarted_and_prepares_the_next_claim(tmp_path: Path, cleanup) -> None:
-    port = free_port()
+    port = metrics_base()
     up = Up(tmp_path / "cluster", "--metrics-port", str(port))
     cleanup(up)
     up.wait_ready()
@@ -210,7 +209,7 @@ def test_up_killed_with_sigkill_takes_its_processes_along_and_the_next_up_sweeps
 
 def test_nats_server_killed_is_restarted_on_its_port_with_its_data_and_the_cluster_goes_on(tmp_path: Path,
                                                                                           cleanup) -> None:
-    port = free_port()
+    port = metrics_base()
     up = Up(tmp_path / "cluster", "--metrics-port", str(port), nodes=1)
     cleanup(up)
     up.wait_ready()

@@ -16,8 +16,7 @@ from embedded.cluster.local import ClusterConfig, publisher_argv
 from services.discovery import profiles
 from services.publisher.config import PublisherConfig
 from shared.config import load_config
-from shared.natsserver import free_port
-from tests.cluster.helpers import Up
+from tests.cluster.helpers import Up, metrics_base
 
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
@@ -53,7 +52,7 @@ def test_every_listed_profile_is_accepted_and_a_bad_spec_is_refused_before_start
 
 
 def test_dynamic_mig_metrics_port_and_per_node_gpus_with_a_clique(tmp_path: Path) -> None:
-    port = free_port()
+    port = metrics_base()
     up = Up(tmp_path / "cluster", "--dynamic-mig", "--metrics-port", str(port), "--runtime", "none",
             "--no-compute-domains", "--gpus", "a100-40gbx1:mig;gb200x2:clique=3")
     try:

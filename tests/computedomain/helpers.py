@@ -23,7 +23,7 @@ from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_STATUS
 from shared.events.computedomain import DomainStatusChanged
-from shared.natsserver import free_port
+from shared.ports import free_port
 
 
 @dataclass

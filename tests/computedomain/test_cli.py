@@ -19,7 +19,7 @@ from services.computedomain.channelcore import (
 )
 from services.computedomain.cli import main
 from shared.bus import Bus
-from shared.natsserver import free_port
+from shared.ports import free_port
 from tests.computedomain.helpers import (
     install_crds,
     prepare_when_agent_answers,

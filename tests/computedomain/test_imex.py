@@ -13,7 +13,7 @@ import pytest
 from services.computedomain import imexd
 from services.computedomain.imex import IMEX_READY, ImexError, ImexSupervisor, render_command
 from services.computedomain.imexconfig import DaemonFiles, write_peers, write_static
-from shared.natsserver import free_port
+from shared.ports import free_port
 
 
 class Watched:

@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from shared.bus import Bus
-from shared.natsserver import EmbeddedNats, free_port, nats_server_binary
+from shared.natsserver import EmbeddedNats, nats_server_binary
+from shared.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

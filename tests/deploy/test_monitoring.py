@@ -17,8 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.natsserver import free_port
-from tests.cluster.helpers import Up
+from tests.cluster.helpers import Up, metrics_base
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy/kubernetes/components/monitoring/prometheusrule.yaml"
@@ -70,7 +69,7 @@ def scrape(port: int, *, within_s: float = 30.0) -> tuple[set[str], str]:
 def test_every_metric_of_the_alerts_and_the_dashboard_is_exported_by_a_service(tmp_path: Path) -> None:
     used = used_metrics()
     assert len(used) >= 15, used
-    base = free_port()
+    base = metrics_base()
     up = Up(tmp_path / "cluster", "--metrics-port", str(base), nodes=1)
     try:
         up.wait_ready()

@@ -44,7 +44,7 @@ from shared.events import catalog
 from shared.events.devices import InjectXidRequest
 from shared.kube import rest as kube
 from shared.kube.client import kube_api_client
-from shared.natsserver import free_port
+from shared.ports import free_port
 from tests.deploy.conftest import (
     CLUSTER_NODES,
     CLUSTER_SIZE,

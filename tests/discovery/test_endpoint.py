@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.natsserver import EmbeddedNats, free_port
+from shared.natsserver import EmbeddedNats
+from shared.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

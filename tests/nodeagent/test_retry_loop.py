@@ -11,7 +11,7 @@ from kubernetes_asyncio import client
 
 from embedded.nodeagent.plugins import PluginRegistry
 from embedded.nodeagent.pods import PodRunner
-from shared.natsserver import free_port
+from shared.ports import free_port
 
 
 def unreachable_api() -> client.ApiClient:

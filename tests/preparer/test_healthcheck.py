@@ -18,7 +18,8 @@ import pytest
 from embedded.kubelet.client import register
 from services.preparer.protos import grpc_health_v1_pb2 as pb2
 from services.preparer.protos import grpc_health_v1_pb2_grpc as pb2_grpc
-from shared.natsserver import EmbeddedNats, free_port
+from shared.natsserver import EmbeddedNats
+from shared.ports import free_port
 from tests.discovery.test_endpoint import get, wait_for
 from tests.preparer.helpers import node_config
 

@@ -31,7 +31,8 @@ from shared.bus import Bus, encode
 from shared.events import catalog
 from shared.events.computedomain import DomainMember
 from shared.identity import REASON
-from shared.natsserver import EmbeddedNats, free_port
+from shared.natsserver import EmbeddedNats
+from shared.ports import free_port
 from shared.tasks import cancel_and_wait
 from tests.computedomain.helpers import announce, prepare_when_agent_answers
 from tests.security.conftest import DeadLetters, bus_as

@@ -30,7 +30,7 @@ from shared.bus import Bus, BusError, NatsTLS
 from shared.cli import main as gpu_dra
 from shared.events import catalog
 from shared.natsjwt import Creds
-from shared.natsserver import free_port
+from shared.ports import free_port
 from tests.deploy.conftest import NATS_DIR, ShippedConfigNats, server_env
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from shared.bus import Bus, BusError, LoginRefused
-from shared.natsserver import EmbeddedNats, free_port
+from shared.natsserver import EmbeddedNats
+from shared.ports import free_port
 from tests.security.conftest import url_as
 
 REFUSED = "refused the login of"

@@ -1,0 +1,31 @@
+"""`up --metrics-port BASE` hands out ports with `next_free_port`: a port held by a listener, or by a
+connection as its local port, is passed over (a service given it would fail to bind at every restart)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from shared.ports import next_free_port, port_is_free
+
+
+def test_a_port_held_by_a_listener_or_as_a_connections_local_port_is_passed_over() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        listening = server.getsockname()[1]
+        assert not port_is_free(listening)
+        with socket.create_connection(("127.0.0.1", listening)) as conn:
+            local = conn.getsockname()[1]
+            assert not port_is_free(local), "a connection's local port blocks a bind"
+            assert next_free_port(local - 1) != local
+            assert next_free_port(listening - 1) != listening
+            found = next_free_port(local)
+            assert found > local and port_is_free(found)
+    assert port_is_free(listening), "free again once closed"
+
+
+def test_no_free_port_left_in_the_range_is_an_error_naming_it() -> None:
+    with socket.create_server(("0.0.0.0", 0)) as server:  # noqa: S104
+        held = server.getsockname()[1]
+        with pytest.raises(OSError, match=f"no free TCP port in {held}-{held}"):
+            next_free_port(held - 1, limit=held)
