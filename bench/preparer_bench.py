@@ -9,6 +9,8 @@ Variants run side by side and are interleaved cycle by cycle (the machine is noi
 runs compare): `main` (this checkout, no trace exporter), `tracing-on` (this checkout, spans exported to a
 file) and, with --compare-repo, `compare` (another checkout's preparer, e.g. the commit before a change).
 fsyncs are read from each preparer's `gpu_dra_fsyncs_total` (its /metrics); RSS from /proc/<pid>/status.
+The API server runs as its own process (`--apiserver process`, the default since the fourth round: a kubelet and
+kube-apiserver never share a process) or in the bench's own (`--apiserver in-process`, the earlier rounds' method).
 Prints the figures and writes them to --out.
 """
 
@@ -90,6 +92,48 @@ class Variant:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as reply:  # noqa: S310
             found = _FSYNC_LINE.findall(reply.read().decode())
         return sum(float(v) for _, v in found) if found else None
+
+
+class ApiServerProcess:
+    """`gpu-dra apiserver` as a process of its own, as kube-apiserver is to a kubelet: its request handling does
+    not share a GIL and event loop with the bench's kubelet client."""
+
+    def __init__(self, kubeconfig_path: Path) -> None:
+        self.kubeconfig_path = kubeconfig_path
+
+    @contextlib.asynccontextmanager
+    async def client(self) -> AsyncIterator[Any]:
+        from kubernetes_asyncio import client, config
+
+        configuration = client.Configuration()
+        await config.load_kube_config(config_file=str(self.kubeconfig_path), client_configuration=configuration)
+        async with client.ApiClient(configuration) as api_client:
+            yield api_client
+
+
+@contextlib.asynccontextmanager
+async def apiserver(base: Path, mode: str) -> AsyncIterator[Any]:
+    """The embedded API server: in this process (`in-process`) or as its own process (`process`)."""
+    if mode == "in-process":
+        async with running_apiserver(base) as api:
+            yield api
+        return
+    base.mkdir(parents=True)  # noqa: ASYNC240 - set-up, before any timing
+    kubeconfig = base / "kubeconfig"
+    log = open(base / "apiserver.log", "wb")  # noqa: ASYNC230, SIM115
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "shared.cli", "apiserver", "--port", str(free_port()), "--kubeconfig", str(kubeconfig),
+        "--data-dir", str(base / "data"), cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=log)
+    log.close()
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(60):
+            while b"apiserver listening" not in await proc.stdout.readline():
+                assert proc.returncode is None, (base / "apiserver.log").read_text()[-3000:]
+        yield ApiServerProcess(kubeconfig)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), timeout=15)
 
 
 @contextlib.asynccontextmanager
@@ -181,9 +225,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "preparer its own process (its embedded nats-server not counted in RSS); variants interleaved "
                 "cycle by cycle",
         "cpus": os.cpu_count(),
+        "apiserver": args.apiserver,
     }
     try:
-        async with running_apiserver(base / "api") as api, api.client() as client, contextlib.AsyncExitStack() as stack:
+        async with apiserver(base / "api", args.apiserver) as api, api.client() as client, \
+                contextlib.AsyncExitStack() as stack:
             claims = ApiClaims(client)
             singles = [await claims.add(claim_doc(name=f"one-{i}", results=[("gpu", "gpu-0")]))
                        for i in range(args.cycles + 5)]
@@ -264,6 +310,8 @@ if __name__ == "__main__":
     parser.add_argument("--batch-rounds", type=int, default=40, help="rounds of 8-claim calls per variant")
     parser.add_argument("--concurrent-rounds", type=int, default=10, help="rounds of 64 concurrent calls per variant")
     parser.add_argument("--soak", type=int, default=0, help="cycles of the RSS soak on `main` (0: no soak)")
+    parser.add_argument("--apiserver", choices=("process", "in-process"), default="process",
+                        help="the embedded API server as its own process (as kube-apiserver is) or in the bench's")
     parser.add_argument("--compare-repo", default="", help="another checkout whose preparer runs as `compare`")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "preparer.json"))
     arguments = parser.parse_args()
