@@ -9,7 +9,9 @@ Variants run side by side and are interleaved cycle by cycle (the machine is noi
 runs compare): `main` (this checkout, no trace exporter), `tracing-on` (this checkout, spans exported to a
 file) and, with --compare-repo, `compare` (another checkout's preparer, e.g. the commit before a change).
 fsyncs are read from each preparer's `gpu_dra_fsyncs_total` (its /metrics); RSS from /proc/<pid>/status.
-The API server runs as its own process (`--apiserver process`, the default since the fourth round: a kubelet and
+Sequential cycles alternate between variants in blocks of 25 (`--interleave block`, the default since the fourth
+round: a preparer's own events, sent 20 ms after a call, then land on its own next calls, not on another variant's)
+or cycle by cycle (`--interleave cycle`). The API server runs as its own process (`--apiserver process`, the default since the fourth round: a kubelet and
 kube-apiserver never share a process) or in the bench's own (`--apiserver in-process`, the earlier rounds' method).
 Prints the figures and writes them to --out.
 """
@@ -42,6 +44,11 @@ from embedded.apiserver.testing import running_apiserver  # noqa: E402
 from embedded.kubelet.client import Claim, DraPlugin, register  # noqa: E402
 from tests.preparer.helpers import ApiClaims, claim_doc  # noqa: E402
 
+# Sequential cycles run in blocks per variant (--interleave block): a preparer's own work after a call (its
+# lifecycle events go out in a round 20 ms later, with their acks and outbox writes) then lands on its own next
+# calls, as on a node, not on the next variant's; each block starts SETTLE_S after the one before.
+SEQUENTIAL_BLOCK = 25
+SETTLE_S = 0.1
 GPUS = 64  # fake device nodes: enough for 64 concurrent one-GPU claims without overlap
 BATCH = 8
 CONCURRENT = 64
@@ -226,6 +233,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "cycle by cycle",
         "cpus": os.cpu_count(),
         "apiserver": args.apiserver,
+        "interleave": args.interleave,
     }
     try:
         async with apiserver(base / "api", args.apiserver) as api, api.client() as client, \
@@ -247,13 +255,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             before = {v.name: v.fsync_total() for v in variants}
             cpu_before = {v.name: v.cpu_s() for v in variants}
             t_seq = dict.fromkeys((v.name for v in variants), 0.0)
-            for claim in singles[5:]:
+            block = 1 if args.interleave == "cycle" else SEQUENTIAL_BLOCK
+            sequence = singles[5:]
+            for start in range(0, len(sequence), block):
                 for v in variants:
                     assert v.plugin is not None
-                    p, u = await cycle(v.plugin, claim)
-                    v.prepare_s.append(p)
-                    v.unprepare_s.append(u)
-                    t_seq[v.name] += p + u
+                    if block > 1:
+                        await asyncio.sleep(SETTLE_S)  # the variant before finishes its events' round
+                    for claim in sequence[start:start + block]:
+                        p, u = await cycle(v.plugin, claim)
+                        v.prepare_s.append(p)
+                        v.unprepare_s.append(u)
+                        t_seq[v.name] += p + u
             for v in variants:
                 after, start = v.fsync_total(), before[v.name]
                 figures[v.name] = {
@@ -312,6 +325,10 @@ if __name__ == "__main__":
     parser.add_argument("--soak", type=int, default=0, help="cycles of the RSS soak on `main` (0: no soak)")
     parser.add_argument("--apiserver", choices=("process", "in-process"), default="process",
                         help="the embedded API server as its own process (as kube-apiserver is) or in the bench's")
+    parser.add_argument("--interleave", choices=("block", "cycle"), default="block",
+                        help=f"sequential cycles in blocks of {SEQUENTIAL_BLOCK} per variant, or one cycle per variant "
+                             "in turn (the earlier rounds' method: one preparer's events then go out during another's "
+                             "calls)")
     parser.add_argument("--compare-repo", default="", help="another checkout whose preparer runs as `compare`")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "preparer.json"))
     arguments = parser.parse_args()
