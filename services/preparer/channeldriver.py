@@ -37,7 +37,6 @@ from services.computedomain.channelcore import (
     parse_channel_config,
 )
 from services.computedomain.crd import CHANNEL_CONFIG_KIND, DAEMON_DEVICE_CLASS
-from services.preparer import metrics
 from services.preparer.cdi import CHANNEL_CDI, CdiDevice, CdiWriter, ContainerEdits, DeviceNode, build_spec
 from services.preparer.checkpoint import ClaimRecord, PreparedDevice
 from services.preparer.claims import AllocationResult, ResourceClaim
@@ -84,7 +83,6 @@ class ChannelClaimPreparer(ClaimPreparer):
     async def recover(self, *, only_failed: bool = False) -> int:
         """Nothing is rolled back here: a PrepareStarted channel claim is a join waiting for its daemon,
         resumed by the kubelet's next prepare, undone by unprepare or by stale-claim cleanup."""
-        metrics.set_prepared(self.node, self.driver, self.checkpoint)
         return 0
 
     # -- planning ----------------------------------------------------------------------------
@@ -188,7 +186,6 @@ class ChannelClaimPreparer(ClaimPreparer):
             await self._complete(ref, record, edits)
         except Exception as exc:  # noqa: BLE001 - CDI or checkpoint write failed: undo the whole claim
             await self._fail(ref, record, str(exc), failure_reason(exc))
-        metrics.set_prepared(self.node, self.driver, self.checkpoint)
         log.info("channel claim prepared", claim=str(ref), domain=config.domain_id,
                  channels=len(edits.device_nodes), cdi=record.cdi_spec or "(none: no NVLink fabric)")
         return list(record.devices)

@@ -109,6 +109,7 @@ class ClaimPreparer:
         self.cdi = cdi
         self.checkpoint = checkpoint
         self.events = events
+        metrics.track_prepared(node, driver, checkpoint)  # nvidia_dra_prepared_devices, counted when scraped
         if checkpoint.journal is None:
             checkpoint.journal = events.outbox  # checkpoint writes carry their events into the outbox
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -185,8 +186,6 @@ class ClaimPreparer:
         except PrepareFailed as exc:
             log.error("rollback of an abandoned prepare failed; the periodic recovery retries it", claim=str(ref),
                       error=str(exc))
-        finally:
-            metrics.set_prepared(self.node, self.driver, self.checkpoint)
 
     async def _report_failure(self, ref: ClaimRef, exc: PrepareFailed, started_after: int) -> None:
         """Record the `prepare-failed` of an attempt that did not (it names the preparation this attempt
@@ -340,7 +339,6 @@ class ClaimPreparer:
                     log.warning("unprepare failed", claim=str(ref), error=str(exc))
                     return f"error unpreparing devices for claim {ref}: {exc}"
         self._locks.pop(ref.uid, None)
-        metrics.set_prepared(self.node, self.driver, self.checkpoint)
         return ""
 
     async def _rollback(self, uid: str, record: ClaimRecord, *, reason: str,
@@ -377,7 +375,6 @@ class ClaimPreparer:
                     done += 1
                 except PrepareFailed:
                     continue
-        metrics.set_prepared(self.node, self.driver, self.checkpoint)
         return done
 
     async def sweep_specs(self) -> int:

@@ -4,9 +4,13 @@ and errors by type; ours (`gpu_dra_*`) for the outbox (Prometheus default regist
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from services.preparer.checkpoint import Checkpoint
@@ -17,7 +21,6 @@ REQUESTS = Counter("nvidia_dra_requests", "Successful kubelet DRA requests", ["d
 DURATION = Histogram("nvidia_dra_request_duration_seconds", "Kubelet DRA request duration", ["driver", "operation"],
                      buckets=BUCKETS)
 INFLIGHT = Gauge("nvidia_dra_requests_inflight", "Kubelet DRA requests in progress", ["driver", "operation"])
-PREPARED = Gauge("nvidia_dra_prepared_devices", "Devices in completed claims", ["node", "driver", "device_type"])
 PREPARE_ERRORS = Counter("nvidia_dra_node_prepare_errors", "Claims that failed to prepare", ["driver", "error_type"])
 UNPREPARE_ERRORS = Counter("nvidia_dra_node_unprepare_errors", "Claims that failed to unprepare", ["driver", "error_type"])
 
@@ -33,15 +36,46 @@ def init(driver: str) -> None:
 DEVICE_TYPES = {"gpu.nvidia.com": ("gpu", "mig"), "compute-domain.nvidia.com": ("channel", "daemon")}
 
 
-def set_prepared(node: str, driver: str, checkpoint: Checkpoint) -> None:
+def prepared_counts(driver: str, checkpoint: Checkpoint) -> dict[str, int]:
+    """Devices of the checkpoint's completed claims, by type (the driver's types, then "unknown")."""
     counts = dict.fromkeys((*DEVICE_TYPES.get(driver, ()), "unknown"), 0)
-    for record in checkpoint.claims.values():
+    for record in list(checkpoint.claims.values()):  # a copy: a scrape runs on the metrics server's thread
         if record.state != "PrepareCompleted":
             continue
         for dev in record.devices:
             counts[dev.kind if dev.kind in counts else "unknown"] += 1
-    for kind, count in counts.items():
-        PREPARED.labels(node, driver, kind).set(count)
+    return counts
+
+
+class _PreparedDevices(Collector):
+    """`nvidia_dra_prepared_devices{node,driver,device_type}`, counted from each tracked checkpoint when it is
+    scraped: nothing to keep up to date on the prepare path (a count per change was O(claims) per claim)."""
+
+    def __init__(self) -> None:
+        self._tracked: dict[tuple[str, str], weakref.ref[Checkpoint]] = {}
+
+    def track(self, node: str, driver: str, checkpoint: Checkpoint) -> None:
+        self._tracked[(node, driver)] = weakref.ref(checkpoint)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("nvidia_dra_prepared_devices", "Devices in completed claims",
+                                   labels=["node", "driver", "device_type"])
+        for (node, driver), ref in list(self._tracked.items()):
+            checkpoint = ref()
+            if checkpoint is not None:
+                for kind, count in prepared_counts(driver, checkpoint).items():
+                    family.add_metric([node, driver, kind], count)
+        yield family
+
+
+PREPARED = _PreparedDevices()
+REGISTRY.register(PREPARED)
+
+
+def track_prepared(node: str, driver: str, checkpoint: Checkpoint) -> None:
+    """Count `checkpoint`'s prepared devices as (node, driver)'s from now on (the latest checkpoint tracked wins)."""
+    PREPARED.track(node, driver, checkpoint)
+
 
 OUTBOX_EVENTS = Gauge("gpu_dra_outbox_events", "Lifecycle events in the outbox not yet stored by JetStream", ["driver"])
 OUTBOX_DROPPED = Counter("gpu_dra_outbox_dropped", "Lifecycle events refused because the outbox was full", ["driver"])

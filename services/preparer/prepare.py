@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import msgspec
 from opentelemetry import trace
 
-from services.preparer import metrics
 from services.preparer.cdi import CdiDevice, CdiWriter, build_spec, device_id, gpu_device_nodes, mps_edits
 from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from services.preparer.claimconfigs import (
@@ -167,7 +166,6 @@ class Preparer(ClaimPreparer):
             reason = failure_reason(exc)
             await self._rollback(ref.uid, record, reason=str(exc), failed=reason)
             raise PrepareFailed(str(exc), reason, reported=True) from None
-        metrics.set_prepared(self.node, self.driver, self.checkpoint)
         log.info("claim prepared", claim=str(ref), devices=[d.device for d in record.devices])
         return list(record.devices)
 

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from embedded.kubelet.client import cdi_ids_for
 from shared.files import fsync_count
@@ -42,8 +43,11 @@ async def test_full_gpu_prepare_and_unprepare_without_nats(claims: MemoryClaims,
         assert cdi_dev["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia1", "hostPath": f"{dev_root}/dev/nvidia1"}]
         record = node.service.checkpoint.claims[claim.uid]
         assert record.state == "PrepareCompleted" and (record.namespace, record.name) == ("default", "one")
+        prepared = {"node": "n1", "driver": "gpu.nvidia.com", "device_type": "gpu"}
+        assert REGISTRY.get_sample_value("nvidia_dra_prepared_devices", prepared) == 1.0, "counted when scraped"
 
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
+        assert REGISTRY.get_sample_value("nvidia_dra_prepared_devices", prepared) == 0.0
         assert not spec_file.exists()
         assert claim.uid not in node.service.checkpoint.claims
         on_disk = json.loads((root / "plugins" / "gpu.nvidia.com" / "checkpoint.json").read_text())
