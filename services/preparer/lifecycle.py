@@ -98,7 +98,9 @@ class LifecycleEvents:
         self._wake.set()
 
     def attach(self, bus: Any) -> None:
+        """Send through `bus` from now on; its reconnects wake the sender (nothing is sent while it is away)."""
         self.bus = bus
+        bus.on_reconnect(self._wake.set)
         self._wake.set()
 
     async def drained(self) -> None:
@@ -180,6 +182,4 @@ class LifecycleEvents:
             elif not ok:
                 await asyncio.sleep(0.5)
                 self._wake.set()
-            elif self.bus is not None and not self._wake.is_set():
-                await asyncio.sleep(0.25)  # bus attached but disconnected: poll for its return
-                self._wake.set()
+            # else: the bus is away; its reconnect wakes the sender (attach)
