@@ -40,7 +40,9 @@ CLASS = "claim"
 KIND = f"{VENDOR}/{CLASS}"
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"  # noqa: S108 - the path CUDA's MPS client looks in
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
-SPARES = 16  # removed specs kept as files for the next writes (module doc)
+# Removed specs kept as files for the next writes (module doc): a burst of up to this many claims prepared
+# at once (a kubelet starting many pods) then creates and frees no file; each costs ~2 KB of disk.
+SPARES = 64
 
 
 class CdiError(ValueError):
