@@ -36,7 +36,7 @@ def fsync_count() -> int:
     return int(sum(REGISTRY.get_sample_value("gpu_dra_fsyncs_total", {"what": what}) or 0 for what in ("file", "dir")))
 
 
-def _fsync_dir(directory: Path) -> None:
+def _fsync_dir(directory: str | Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -45,12 +45,14 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True, sync_file: bool = True) -> None:
+def atomic_write(path: str | Path, data: bytes, *, sync_dir: bool = True, sync_file: bool = True) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file, never a torn one.
     A process crash never does, fsync or not. Against a power loss: `sync_dir=False` lets the rename be
     lost (the old file stays) and `sync_file=False` the data too (a torn or empty file may be left);
-    for callers whose state a reboot throws away anyway (their module doc says why)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    for callers whose state a reboot throws away anyway (their module doc says why). `path` may be a str: a
+    caller writing a file per object (per claim) keeps its names out of pathlib, which interns each part."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as out:
         out.write(data)
         if sync_file:
@@ -59,7 +61,7 @@ def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True, sync_file: b
             _FILE_FSYNCS.inc()
     os.replace(tmp, path)
     if sync_dir:
-        _fsync_dir(path.parent)
+        _fsync_dir(directory or ".")
 
 
 class BootMarker:

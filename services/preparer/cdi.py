@@ -230,6 +230,7 @@ class CdiWriter:
 
     def __init__(self, cdi_dir: Path, cdi_kind: CdiKind = GPU_CDI, *, durable: bool = True) -> None:
         self.dir = Path(cdi_dir)
+        self._dir = str(self.dir)
         self.cdi_kind = cdi_kind
         self.durable = durable  # False where the checkpoint's boot id makes a power loss moot (module doc)
         self._spares: list[Path] = []  # files of removed specs, refilled in place by the next writes
@@ -237,12 +238,18 @@ class CdiWriter:
         self._spare_names = [self.dir / f".{prefix}spare-{n}.tmp" for n in range(SPARES)]  # free ones: bounded
 
     def path_for(self, claim_uid: str) -> Path:
-        return self.dir / spec_file_name(claim_uid, self.cdi_kind)
+        return Path(self._file(claim_uid))
+
+    def _file(self, claim_uid: str) -> str:
+        """The claim's spec file, as a str: pathlib interns each part of a path it parses (`sys.intern`),
+        and a name per claim through it grows the interpreter's table of interned strings, which resizes
+        (by ~1-2 MB) after some thousands of claims."""
+        return os.path.join(self._dir, spec_file_name(claim_uid, self.cdi_kind))
 
     def device_id(self, claim_uid: str, device: str) -> str:
         return device_id(claim_uid, device, self.cdi_kind)
 
-    def _write_sync(self, claim_uid: str, spec: dict[str, Any]) -> Path:
+    def _write_sync(self, claim_uid: str, spec: dict[str, Any]) -> str:
         data = msgspec.json.format(msgspec.json.encode(spec), indent=2)
         try:
             return self._place(claim_uid, data)
@@ -250,8 +257,8 @@ class CdiWriter:
             self.dir.mkdir(parents=True, exist_ok=True)
             return self._place(claim_uid, data)
 
-    def _place(self, claim_uid: str, data: bytes) -> Path:
-        path = self.path_for(claim_uid)
+    def _place(self, claim_uid: str, data: bytes) -> str:
+        path = self._file(claim_uid)
         while not self.durable and self._spares:
             spare = self._spares.pop()
             try:
@@ -264,12 +271,12 @@ class CdiWriter:
                 self._spares.append(spare)  # still a spare (its content is nobody's)
                 raise
             self._spare_names.append(spare)
-            return path
+            return os.path.basename(path)
         atomic_write(path, data, sync_dir=self.durable, sync_file=self.durable)
-        return path
+        return os.path.basename(path)
 
-    async def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
-        """Write the claim's spec. Without fsync (`durable` False) it is a few KB into the page cache, a
+    async def write(self, claim_uid: str, spec: dict[str, Any]) -> str:
+        """Write the claim's spec; its file name in the CDI directory. Without fsync (`durable` False) it is a few KB into the page cache, a
         bounded step done on the event loop: cheaper than the hop to a worker thread and back."""
         try:
             if self.durable:
@@ -279,10 +286,10 @@ class CdiWriter:
             raise CdiError(f"cannot write CDI spec for claim {claim_uid} in {self.dir}: {exc}") from exc
 
     def _remove_sync(self, claim_uid: str) -> bool:
-        path = self.path_for(claim_uid)
+        path = self._file(claim_uid)
         with contextlib.suppress(FileNotFoundError):
             if self.durable or not self._spare_names:
-                path.unlink()
+                os.unlink(path)
                 return True
             spare = self._spare_names.pop()
             try:

@@ -198,7 +198,7 @@ class ChannelClaimPreparer(ClaimPreparer):
             if nodes:  # a node without NVLink fabric gets no IMEX channel, and no CDI device at all
                 spec = build_spec(ref.uid, [CdiDevice(device.device, nodes, env=list(edits.env))], ContainerEdits(),
                                   CHANNEL_CDI)
-                record.cdi_spec = (await self.cdi.write(ref.uid, spec)).name
+                record.cdi_spec = await self.cdi.write(ref.uid, spec)
                 device.cdi_device_ids = [self.cdi.device_id(ref.uid, device.device)]
         record.state = "PrepareCompleted"
         record.completed_at = time.time()

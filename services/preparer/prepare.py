@@ -154,8 +154,7 @@ class Preparer(ClaimPreparer):
                 common = await self.common.get(self.inventory.dev_root)
                 spec = build_spec(ref.uid, cdi_devices, common) if cdi_devices else None
                 if spec is not None:
-                    path = await self.cdi.write(ref.uid, spec)
-                    record.cdi_spec = path.name
+                    record.cdi_spec = await self.cdi.write(ref.uid, spec)
             for dev in record.devices:
                 dev.cdi_device_ids = [device_id(ref.uid, dev.device)] if spec is not None else []
             record.state = "PrepareCompleted"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 from embedded.harness.discovery import RunningDiscovery
-from services.preparer.cdi import CdiDevice, ContainerEdits, DeviceNode, build_spec
+from services.preparer.cdi import CdiDevice, CdiWriter, ContainerEdits, DeviceNode, build_spec
 from shared.bus import Bus
 from tests.preparer.cdischema import cdi_validator, loader_errors
 from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node
@@ -52,3 +55,20 @@ async def test_prepared_specs_for_gpu_mig_and_mps_validate(validator, claims: Me
             assert loader_errors(spec) == [], path.name
         await node.plugin.unprepare(refs)
         assert list(node.cdi_dir.glob("*.json")) == []
+
+
+@pytest.mark.parametrize("durable", [True, False])
+async def test_a_claims_spec_name_is_not_interned(tmp_path: Path, durable: bool) -> None:
+    """Per-claim spec names stay out of the interpreter's table of interned strings (pathlib interns each part
+    of a path it parses): a name per claim there grows the table until it resizes, a ~1 MB step of RSS after
+    some thousands of claims. Both ways a spec is written: a new file, and a spare left by a removed spec."""
+    writer = CdiWriter(tmp_path, durable=durable)
+    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": []}
+    uid = str(uuid.uuid4())
+    first = await writer.write(uid, spec)
+    assert await writer.remove(uid)
+    second = await writer.write(str(uuid.uuid4()), spec)  # into the removed spec's spare, where not durable
+    assert os.listdir(str(tmp_path)).count(second) == 1
+    for name in (first, second):
+        fresh = "".join(list(name))  # an equal string of its own: sys.intern returns it unless one is interned
+        assert sys.intern(fresh) is fresh, f"{name} was interned"
