@@ -12,7 +12,9 @@ automatic passes out of one synchronous, allocation-heavy pass.
 `release_free_memory()` hands the C heap's free pages back to the kernel (glibc's `malloc_trim`):
 after a burst (64 concurrent calls, a batch's TLS connections) glibc keeps what was freed in the
 middle of its heap, so RSS stays at the burst's high-water mark. `trim_periodically()` does it every
-`interval` seconds for a long-running process (~0.5 ms for the preparer's ~12 MB heap).
+`interval` seconds for a long-running process (~0.5 ms for the preparer's ~12 MB heap). `BurstTrim` does it
+as soon as a burst of requests ends (nothing left in flight after at least `after` units of work), so the
+process does not sit at the burst's high-water mark until the next tick.
 """
 
 from __future__ import annotations
@@ -81,3 +83,29 @@ async def trim_periodically(interval: float) -> None:
     """`release_free_memory()` every `interval` seconds until cancelled (nothing where it cannot)."""
     while release_free_memory():
         await asyncio.sleep(interval)
+
+
+class BurstTrim:
+    """`release_free_memory()` when the last request in flight ends and at least `after` units of work (claims)
+    were done since the last trim: right after a burst, and every `after` units on a steady trickle, for a few
+    tenths of a millisecond each. Wrap each request in `with trim.request(units):`; one per process (the C
+    heap is the process's)."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.in_flight = 0
+        self.done = 0  # units finished since the last trim
+        self.trims = 0
+
+    @contextlib.contextmanager
+    def request(self, units: int = 1) -> Iterator[None]:
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self.done += units
+            if self.in_flight == 0 and self.done >= self.after:
+                self.done = 0
+                self.trims += 1
+                release_free_memory()

@@ -60,3 +60,24 @@ def test_collection_is_paused_inside_the_block_only() -> None:
 def test_freed_memory_goes_back_to_the_kernel_on_glibc() -> None:
     on_glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     assert heap.release_free_memory() is on_glibc
+
+
+def test_burst_trim_waits_for_the_last_request_and_enough_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    released: list[int] = []
+    monkeypatch.setattr(heap, "release_free_memory", lambda: released.append(1) or True)
+    trim = heap.BurstTrim(after=3)
+    for _ in range(2):
+        with trim.request():
+            pass
+    assert released == []  # 2 claims, one at a time: not enough work yet
+    with trim.request(), trim.request(5):  # a burst: two calls in flight
+        pass
+    assert released == [1] and trim.trims == 1 and trim.done == 0  # once, when the last one ended
+    with trim.request():
+        with trim.request(4):
+            pass
+        assert released == [1]  # one still in flight: later
+    assert released == [1, 1]
+    with pytest.raises(RuntimeError), trim.request(3):  # a call that fails still ends
+        raise RuntimeError
+    assert released == [1, 1, 1] and trim.in_flight == 0
