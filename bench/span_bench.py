@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from opentelemetry import context as otel_context  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
@@ -115,7 +116,21 @@ def kinds(tracer: trace.Tracer) -> dict[str, Callable[[], None]]:
             with leaf_span(tracer, "checkpoint.write", {"checkpoint.events": 1}):
                 pass
 
-    return {"server": server, "claim.prepare": claim, "leaf": leaf, "producer": producer, "prepare (4 spans)": prepare}
+    local = trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0x00F067AA0BA902B7, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))))
+
+    def inside(call: Callable[[], None]) -> Callable[[], None]:
+        """`call` as the preparer makes it: within a (sampled, local) parent span, its child."""
+        def run() -> None:
+            token = otel_context.attach(local)
+            try:
+                call()
+            finally:
+                otel_context.detach(token)
+        return run
+
+    return {"server": server, "claim.prepare": inside(claim), "leaf": inside(leaf), "producer": inside(producer),
+            "prepare (4 spans)": prepare}
 
 
 def timed(call: Callable[[], None], n: int, flush: Callable[[], object]) -> float:

@@ -24,7 +24,6 @@ own tracer. tests/shared/test_tracing_record.py fails when the SDK internals thi
 from __future__ import annotations
 
 import importlib.metadata
-import logging
 import threading
 from collections.abc import Mapping, Sequence
 from time import time_ns
@@ -39,11 +38,13 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util import types
 
+from shared.logs import get_logger
+
 # The SDK release whose Tracer.start_span, Span and ReadableSpan internals this module was written
 # against (and the test pins, with their source); another release: the SDK's own tracer is used.
 SDK_VERSION = "1.45.2"
 
-_log = logging.getLogger(__name__)
+_log = get_logger(__name__)
 _PLAIN = frozenset((str, bool, int, float))  # attribute values kept as given (no cleaning needed)
 _UNSET = Status(StatusCode.UNSET)
 _NO_LINKS: tuple[trace_api.Link, ...] = ()
@@ -65,8 +66,8 @@ class RecordingTracerProvider(TracerProvider):
         limits = self._span_limits
         self.fast = sdk_matches() and limits.max_span_attribute_length is None
         if not self.fast:
-            _log.info("span recording: the SDK's own path (SDK %s, checked %s; attribute length limit %s)",
-                      _installed(), SDK_VERSION, limits.max_span_attribute_length)
+            _log.info("spans recorded by the SDK's own path", sdk=_installed(), checked=SDK_VERSION,
+                      attribute_length_limit=limits.max_span_attribute_length)
 
     def get_tracer(self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
                    schema_url: str | None = None, attributes: types.Attributes = None) -> trace_api.Tracer:
@@ -222,7 +223,7 @@ class RecordedSpan(Span):
         limit = self._max_attributes
         for key, value in attributes.items():
             if type(key) is not str or not key:
-                _log.warning("invalid attribute key %r: must be a non-empty string; dropped", key)
+                _log.warning("span attribute dropped: its key must be a non-empty string", key=repr(key))
                 self._dropped_attributes += 1
                 continue
             if type(value) not in _PLAIN:
@@ -244,7 +245,7 @@ class RecordedSpan(Span):
     def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
         with self._lock:
             if self._end_time is not None:
-                _log.warning("Setting attribute on ended span.")
+                _log.warning("attribute not set: the span has ended", span=self._name)
                 return
             self._put(attributes)
 
@@ -254,7 +255,7 @@ class RecordedSpan(Span):
     def _add_event(self, event: Any) -> None:
         with self._lock:
             if self._end_time is not None:
-                _log.warning("Tried calling _add_event on an ended span.")
+                _log.warning("event not added: the span has ended", span=self._name)
                 return
             if not isinstance(self._events, BoundedList):
                 self._events = BoundedList(self._limits.max_events)
@@ -263,7 +264,7 @@ class RecordedSpan(Span):
     def _add_link(self, link: trace_api.Link) -> None:
         with self._lock:
             if self._end_time is not None:
-                _log.warning("Tried calling _add_link on an ended span.")
+                _log.warning("link not added: the span has ended", span=self._name)
                 return
             if not isinstance(self._links, BoundedList):
                 self._links = BoundedList.from_seq(self._limits.max_links, self._links)
@@ -274,7 +275,7 @@ class RecordedSpan(Span):
             if self._start_time is None:
                 raise RuntimeError("Calling end() on a not started span.")
             if self._end_time is not None:
-                _log.warning("Calling end() on an ended span.")
+                _log.warning("span ended twice: the second end is ignored", span=self._name)
                 return
             self._end_time = end_time if end_time is not None else time_ns()
         if self._record_end_metrics:

@@ -93,21 +93,26 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
     """A compact, stable JSON form of a finished span."""
     ctx = span.get_span_context()
     parent = span.parent
+    resource = span.resource.attributes if span.resource else {}
     return {
         "name": span.name,
-        "service": (span.resource.attributes.get("service.name") if span.resource else None),
-        "node": (span.resource.attributes.get("k8s.node.name", "") if span.resource else ""),
-        "trace_id": format(ctx.trace_id, "032x") if ctx else "",
-        "span_id": format(ctx.span_id, "016x") if ctx else "",
-        "parent_span_id": format(parent.span_id, "016x") if parent else "",
-        "kind": span.kind.name,
+        "service": resource.get("service.name"),
+        "node": resource.get("k8s.node.name", ""),
+        "trace_id": f"{ctx.trace_id:032x}" if ctx else "",
+        "span_id": f"{ctx.span_id:016x}" if ctx else "",
+        "parent_span_id": f"{parent.span_id:016x}" if parent else "",
+        "kind": _KIND_NAMES[span.kind],
         "start_ns": span.start_time,
         "end_ns": span.end_time,
-        "status": span.status.status_code.name,
+        "status": _STATUS_NAMES[span.status.status_code],
         "attributes": dict(span.attributes or {}),
-        "links": [{"trace_id": format(link.context.trace_id, "032x"), "span_id": format(link.context.span_id, "016x")}
+        "links": [{"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
                   for link in span.links],
     }
+
+
+_KIND_NAMES = {kind: kind.name for kind in trace.SpanKind}
+_STATUS_NAMES = {code: code.name for code in trace.StatusCode}
 
 
 class PeriodicSampler(Sampler):
