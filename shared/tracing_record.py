@@ -73,7 +73,7 @@ class RecordingTracerProvider(TracerProvider):
                    schema_url: str | None = None, attributes: types.Attributes = None) -> trace_api.Tracer:
         tracer = super().get_tracer(instrumenting_module_name, instrumenting_library_version, schema_url, attributes)
         if self.fast and type(tracer) is Tracer:  # the SDK's (a disabled provider gives a NoOpTracer)
-            tracer.__class__ = RecordingTracer  # same state, cached by the SDK; only start_span differs
+            tracer.__class__ = RecordingTracer  # same state, cached by the SDK; only how spans start differs
         return tracer
 
 

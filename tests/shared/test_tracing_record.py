@@ -4,6 +4,7 @@ ones it was written against: a new SDK release fails here, loudly, until the mod
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.metadata
 import inspect
@@ -43,7 +44,9 @@ PINNED = {
     "Span.set_attributes": (lambda: sdk.Span.set_attributes, "7973a9fb0ed8"),
     "_check_span_ended": (lambda: sdk._check_span_ended, "976817f357e8"),
     "Span._new_links": (lambda: sdk.Span._new_links, "31b972f901f5"),
+    "TracerProvider.__init__": (lambda: sdk.TracerProvider.__init__, "c3fff9449af0"),
     "TracerProvider.get_tracer": (lambda: sdk.TracerProvider.get_tracer, "fb1baaf470c3"),
+    "Tracer.__init__": (lambda: sdk.Tracer.__init__, "e36fad4782c4"),
     "ProxyTracer._tracer": (lambda: api.ProxyTracer._tracer.fget, "ef7c3805b342"),  # type: ignore[attr-defined]
     "ProxyTracer.start_as_current_span": (lambda: api.ProxyTracer.start_as_current_span, "9d69bb17c36f"),
     "ParentBased.should_sample": (lambda: sdk_sampling.ParentBased.should_sample, "2f4e7c936dc7"),
@@ -208,3 +211,22 @@ def test_the_periodic_samplers_shortcut_decides_as_its_base(base: sdk_sampling.S
             want = base.should_sample(parent, trace_id, "s", attributes={"a": 1})
             assert (got.decision, dict(got.attributes), got.trace_state) == \
                    (want.decision, dict(want.attributes), want.trace_state)
+
+
+def test_start_as_current_span_decorates_functions_and_coroutines_as_the_sdks_does(pair: tuple[Pair, Pair]) -> None:
+    _, (ours, memory) = pair
+    tracer = ours.get_tracer("t")
+
+    @tracer.start_as_current_span("sync")
+    def sync() -> int:
+        return api.get_current_span().get_span_context().span_id
+
+    @tracer.start_as_current_span("async")
+    async def run() -> int:
+        return api.get_current_span().get_span_context().span_id
+
+    ids = [sync(), sync(), asyncio.run(run())]
+    spans = memory.get_finished_spans()
+    assert [s.name for s in spans] == ["sync", "sync", "async"]
+    assert ids == [s.context.span_id for s in spans] and len(set(ids)) == 3
+    assert not api.get_current_span().get_span_context().is_valid  # each call's context restored
