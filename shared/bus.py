@@ -58,7 +58,7 @@ from shared.events.deadletter import DeadLetter
 from shared.logs import get_logger
 from shared.natsjwt import Creds, CredsError
 from shared.tasks import raise_if_cancelling
-from shared.telemetry import extract_context, inject_headers, traceparent_context
+from shared.telemetry import extract_context, get_tracer, inject_headers, traceparent_context
 
 log = get_logger(__name__)
 NATS_CONNECTED = Gauge("gpu_dra_nats_connected", "1 while the client's NATS connection is up", ["client"])
@@ -70,7 +70,7 @@ CONSUMER_PENDING = Gauge("gpu_dra_nats_consumer_pending",
                          "Messages a JetStream consumer has yet to deliver (its num_pending, as of its last "
                          "delivery): a KV watch (consumer kv:<bucket>) or a durable consumer (its name)",
                          ["consumer"])
-tracer = trace.get_tracer(__name__)
+tracer = get_tracer(__name__)
 
 
 def _note_pending(consumer: str, msg: Msg) -> None:

@@ -17,7 +17,7 @@ import contextlib
 import importlib.metadata
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -128,8 +128,19 @@ def kubelet_context(sent: bool) -> Iterator[None]:
         otel_context.detach(token)
 
 
+class ModuleTracer(trace.ProxyTracer):
+    """A module's tracer, made at import (before `setup_telemetry` installs a provider): the API's proxy,
+    which uses the provider's tracer once there is one and the no-op tracer until then, except that
+    `start_as_current_span` hands out the real tracer's context manager itself; the API's wraps it in
+    a generator-based one of its own, a second enter and exit per span."""
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tracer.start_as_current_span(*args, **kwargs)
+
+
 def get_tracer(name: str) -> trace.Tracer:
-    return trace.get_tracer(name)
+    """The tracer of module `name` (ModuleTracer)."""
+    return ModuleTracer(name)
 
 
 @contextlib.contextmanager

@@ -219,7 +219,7 @@ class ClaimPreparer:
             links = [trace.Link(server)] if server.is_valid else []
         attributes: dict[str, str | list[str]] = {
             "dra.claim.uid": ref.uid, "dra.claim.name": ref.name, "k8s.namespace.name": ref.namespace,
-            "dra.driver": self.driver, "k8s.node.name": self.node}
+            "dra.driver": self.driver}  # the node: the resource's k8s.node.name
         pods = [c.uid for c in claim.status.reservedFor if c.resource == "pods" and c.uid] if claim else []
         if pods:
             attributes["k8s.pod.uid"] = pods[0] if len(pods) == 1 else pods
@@ -237,7 +237,7 @@ class ClaimPreparer:
         attributes: dict[str, str | list[str]] = {
             "dra.claim.uid": ref.uid, "dra.claim.name": ref.name or (record.name if record else ""),
             "k8s.namespace.name": ref.namespace or (record.namespace if record else ""),
-            "dra.driver": self.driver, "k8s.node.name": self.node}
+            "dra.driver": self.driver}
         with tracer.start_as_current_span("claim.unprepare", attributes=attributes) as span:
             if record is not None:
                 self.describe_devices(span, list(record.devices))

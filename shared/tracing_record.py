@@ -1,0 +1,291 @@
+"""A cheaper way for the OpenTelemetry SDK to record a span, in the SDK's own model.
+
+The SDK's `Tracer.start_span` builds a `_Span` whose attributes live in a `BoundedAttributes` (its own
+lock, every value re-validated by `_clean_attribute_value`: ~20% of a span's cost), whose events and
+links are `BoundedList`s (a deque and a lock each) made even when a span never gets one, and whose
+`end()` copies the span into a fresh `ReadableSpan` for the processors. `RecordingTracer` starts a
+`RecordedSpan` instead, which:
+
+- keeps attributes in a plain dict: a `str`, `bool`, `int` or `float` value with a non-empty `str` key
+  (what our code builds) is stored as is; anything else goes through the SDK's own cleaning
+  (`_clean_attribute_value`: sequences to tuples, other types to text or dropped); the count limit
+  (`max_span_attributes`) holds as in the SDK (oldest dropped, counted in `dropped_attributes`);
+- makes its events and links lists on the first one added;
+- hands itself to the processors when it ends: once ended, every setter refuses (as the SDK's do), so
+  the span is its own read-only view and no copy is made.
+
+Everything else is the SDK's: sampler, ids, processors, resource, exporters (every exporter reads a
+`RecordedSpan` as the `ReadableSpan` it is). `RecordingTracerProvider` hands out such tracers when the
+installed SDK is the one this was checked against (`SDK_VERSION`) and no attribute length limit is set
+(`OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT` and kin: then the SDK's path, which truncates); otherwise the SDK's
+own tracer. tests/shared/test_tracing_record.py fails when the SDK internals this relies on change.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+from collections.abc import Mapping, Sequence
+from time import time_ns
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as trace_api
+from opentelemetry.attributes import _clean_attribute_value
+from opentelemetry.sdk.trace import Span, Tracer, TracerProvider
+from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.util import types
+
+from shared.logs import get_logger
+
+# The SDK release whose Tracer.start_span, Span and ReadableSpan internals this module was written
+# against (and the test pins, with their source); another release: the SDK's own tracer is used.
+SDK_VERSION = "1.45.2"
+
+_log = get_logger(__name__)
+_PLAIN = frozenset((str, bool, int, float))  # attribute values kept as given (no cleaning needed)
+_UNSET = Status(StatusCode.UNSET)
+_NO_LINKS: tuple[trace_api.Link, ...] = ()
+
+
+def sdk_matches() -> bool:
+    """Whether the installed SDK is the release this module was checked against."""
+    try:
+        return importlib.metadata.version("opentelemetry-sdk") == SDK_VERSION
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+class RecordingTracerProvider(TracerProvider):
+    """The SDK's provider, handing out `RecordingTracer`s where they record as the SDK would."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        limits = self._span_limits
+        self.fast = sdk_matches() and limits.max_span_attribute_length is None
+        if not self.fast:
+            _log.info("spans recorded by the SDK's own path", sdk=_installed(), checked=SDK_VERSION,
+                      attribute_length_limit=limits.max_span_attribute_length)
+
+    def get_tracer(self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
+                   schema_url: str | None = None, attributes: types.Attributes = None) -> trace_api.Tracer:
+        tracer = super().get_tracer(instrumenting_module_name, instrumenting_library_version, schema_url, attributes)
+        if self.fast and type(tracer) is Tracer:  # the SDK's (a disabled provider gives a NoOpTracer)
+            tracer.__class__ = RecordingTracer  # same state, cached by the SDK; only how spans start differs
+        return tracer
+
+
+class RecordingTracer(Tracer):
+    """The SDK's `Tracer`, starting `RecordedSpan`s (its `start_span`, with that one change), and making
+    a span current with one small context manager (`CurrentSpan`) instead of the SDK's two nested
+    generator-based ones (`start_as_current_span` around `use_span`)."""
+
+    def start_as_current_span(  # type: ignore[override]
+            self, name: str, context: otel_context.Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
+            attributes: types.Attributes = None, links: Sequence[trace_api.Link] | None = (),
+            start_time: int | None = None, record_exception: bool = True, set_status_on_exception: bool = True,
+            end_on_exit: bool = True) -> CurrentSpan:
+        return CurrentSpan(self, name, context, kind, attributes, links, start_time, record_exception,
+                           set_status_on_exception, end_on_exit)
+
+    def start_span(self, name: str, context: otel_context.Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
+                   attributes: types.Attributes = None, links: Sequence[trace_api.Link] | None = (),
+                   start_time: int | None = None, record_exception: bool = True,
+                   set_status_on_exception: bool = True) -> trace_api.Span:
+        links = links or _NO_LINKS
+        current = trace_api.get_current_span(context).get_span_context()
+        if current is not None and not isinstance(current, trace_api.SpanContext):
+            raise TypeError("parent_span_context must be a SpanContext or None.")
+        if not self._is_enabled():
+            return trace_api.NonRecordingSpan(context=current)
+        parent: trace_api.SpanContext | None = current
+        if parent is None or not parent.is_valid:
+            parent = None
+            trace_id = self.id_generator.generate_trace_id()
+            random_trace_id = self.id_generator.is_trace_id_random()
+        else:
+            trace_id = parent.trace_id
+            random_trace_id = parent.trace_flags.random_trace_id
+        sampling = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+        decision = sampling.decision
+        flags = trace_api.TraceFlags.SAMPLED if decision is Decision.RECORD_AND_SAMPLE else trace_api.TraceFlags.DEFAULT
+        if random_trace_id:
+            flags |= trace_api.TraceFlags.RANDOM_TRACE_ID
+        span_context = trace_api.SpanContext(trace_id, self.id_generator.generate_span_id(), is_remote=False,
+                                             trace_flags=trace_api.TraceFlags(flags),
+                                             trace_state=sampling.trace_state)
+        record_end_metrics = self._tracer_metrics.start_span(parent, decision)
+        if decision is Decision.DROP:
+            return trace_api.NonRecordingSpan(context=span_context)
+        span = RecordedSpan(name, span_context, parent, self, sampling.attributes, kind, links,
+                            record_exception, set_status_on_exception, record_end_metrics)
+        span.start(start_time=start_time, parent_context=context)
+        return span
+
+
+class CurrentSpan:
+    """`with tracer.start_as_current_span(...) as span`: the span started on entry and made current; on
+    exit the context restored, an escaping `Exception` recorded on the span and its status set (as
+    `trace.use_span` does), the span ended. Also a decorator, as the SDK's is (sync and async)."""
+
+    __slots__ = ("_args", "_flags", "_span", "_token", "_tracer")
+
+    def __init__(self, tracer: Tracer, name: str, context: otel_context.Context | None, kind: SpanKind,
+                 attributes: types.Attributes, links: Sequence[trace_api.Link] | None, start_time: int | None,
+                 record_exception: bool, set_status_on_exception: bool, end_on_exit: bool) -> None:
+        self._tracer = tracer
+        self._args = (name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception)
+        self._flags = (record_exception, set_status_on_exception, end_on_exit)
+        self._span: trace_api.Span | None = None
+        self._token: object = None
+
+    def __enter__(self) -> trace_api.Span:
+        span = self._span = self._tracer.start_span(*self._args)
+        self._token = otel_context.attach(trace_api.set_span_in_context(span))
+        return span
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        span = self._span
+        assert span is not None
+        record_exception, set_status, end_on_exit = self._flags
+        try:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+            if isinstance(exc, Exception) and span.is_recording():
+                if record_exception:
+                    span.record_exception(exc)
+                if set_status:
+                    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        finally:
+            if end_on_exit:
+                span.end()
+
+    def __call__(self, func: Any) -> Any:
+        """As a decorator: each call in a fresh context manager with the same arguments."""
+        import functools
+        import inspect
+
+        def fresh() -> CurrentSpan:
+            return CurrentSpan(self._tracer, *self._args, self._flags[2])
+
+        if inspect.iscoroutinefunction(func):
+            @functools.wraps(func)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with fresh():
+                    return await func(*args, **kwargs)
+            return run_async
+
+        @functools.wraps(func)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with fresh():
+                return func(*args, **kwargs)
+        return run
+
+
+class RecordedSpan(Span):
+    """A recording span (module doc): the SDK's `Span` with plain attributes and no copy at its end."""
+
+    def __init__(self, name: str, context: trace_api.SpanContext, parent: trace_api.SpanContext | None,
+                 tracer: Tracer, attributes: types.Attributes, kind: SpanKind, links: Sequence[trace_api.Link],
+                 record_exception: bool, set_status_on_exception: bool,
+                 record_end_metrics: Any) -> None:
+        # every field ReadableSpan.__init__ and Span.__init__ set (the test compares the two field sets)
+        self._name = name
+        self._context = context
+        self._kind = kind
+        self._instrumentation_info = tracer.instrumentation_info
+        self._instrumentation_scope = tracer._instrumentation_scope
+        self._parent = parent
+        self._start_time: int | None = None
+        self._end_time: int | None = None
+        self._resource = tracer.resource
+        self._status = _UNSET
+        self._sampler = tracer.sampler
+        self._trace_config = None
+        self._record_exception = record_exception
+        self._set_status_on_exception = set_status_on_exception
+        self._span_processor = tracer.span_processor
+        self._limits = limits = tracer._span_limits
+        self._lock = threading.Lock()
+        self._max_attributes: int | None = limits.max_span_attributes
+        self._dropped_attributes = 0
+        self._attributes: dict[str, Any] = {}
+        if attributes:
+            self._put(attributes)
+        self._events: Any = ()
+        self._links: Any = self._new_links(links) if links else _NO_LINKS
+        self._record_end_metrics = record_end_metrics
+
+    def _put(self, attributes: Mapping[str, Any]) -> None:
+        """Store attributes (the caller holds the lock or owns the span): module doc."""
+        store = self._attributes
+        limit = self._max_attributes
+        for key, value in attributes.items():
+            if type(key) is not str or not key:
+                _log.warning("span attribute dropped: its key must be a non-empty string", key=repr(key))
+                self._dropped_attributes += 1
+                continue
+            if type(value) not in _PLAIN:
+                value = _clean_attribute_value(value, None)
+            if key in store:
+                del store[key]
+            elif limit is not None and len(store) >= limit:
+                if limit == 0:
+                    self._dropped_attributes += 1
+                    continue
+                del store[next(iter(store))]
+                self._dropped_attributes += 1
+            store[key] = value
+
+    @property
+    def dropped_attributes(self) -> int:
+        return self._dropped_attributes
+
+    def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
+        with self._lock:
+            if self._end_time is not None:
+                _log.warning("attribute not set: the span has ended", span=self._name)
+                return
+            self._put(attributes)
+
+    def set_attribute(self, key: str, value: types.AnyValue) -> None:
+        self.set_attributes({key: value})
+
+    def _add_event(self, event: Any) -> None:
+        with self._lock:
+            if self._end_time is not None:
+                _log.warning("event not added: the span has ended", span=self._name)
+                return
+            if not isinstance(self._events, BoundedList):
+                self._events = BoundedList(self._limits.max_events)
+            self._events.append(event)
+
+    def _add_link(self, link: trace_api.Link) -> None:
+        with self._lock:
+            if self._end_time is not None:
+                _log.warning("link not added: the span has ended", span=self._name)
+                return
+            if not isinstance(self._links, BoundedList):
+                self._links = BoundedList.from_seq(self._limits.max_links, self._links)
+            self._links.append(link)
+
+    def end(self, end_time: int | None = None) -> None:
+        with self._lock:
+            if self._start_time is None:
+                raise RuntimeError("Calling end() on a not started span.")
+            if self._end_time is not None:
+                _log.warning("span ended twice: the second end is ignored", span=self._name)
+                return
+            self._end_time = end_time if end_time is not None else time_ns()
+        if self._record_end_metrics:
+            self._record_end_metrics()
+        self._span_processor._on_ending(self)
+        self._span_processor.on_end(self)  # ended: every setter refuses, so the span is its own read-only view
+
+
+def _installed() -> str:
+    try:
+        return importlib.metadata.version("opentelemetry-sdk")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"

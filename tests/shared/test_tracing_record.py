@@ -1,0 +1,232 @@
+"""The cheaper span recording path (shared/tracing_record.py): the spans it records are the SDK's spans
+(what every exporter reads: the OTLP encoding, the span file), and the SDK internals it relies on are the
+ones it was written against: a new SDK release fails here, loudly, until the module is reviewed."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.metadata
+import inspect
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from opentelemetry import trace as api
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk import trace as sdk
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace import sampling as sdk_sampling
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, DEFAULT_ON, ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind, StatusCode
+
+from shared import tracing_record
+from shared.telemetry import leaf_span, traceparent_context
+from shared.tracing_record import RecordedSpan, RecordingTracer, RecordingTracerProvider
+from shared.tracing_sdk import PeriodicSampler, span_to_dict
+
+# The SDK and API code shared/tracing_record.py (and PeriodicSampler's shortcut) mirror or rely on, as
+# sha256 of its source (first 12 hex digits) in SDK_VERSION. A change: read the new code, bring the module
+# in line, then update SDK_VERSION and these.
+PINNED = {
+    "Tracer.start_span": (lambda: sdk.Tracer.start_span, "3cd55e4a9e14"),
+    "Tracer.start_as_current_span": (lambda: sdk.Tracer.start_as_current_span, "5923e42ec4d5"),
+    "use_span": (lambda: api.use_span, "51a3cc4f931b"),
+    "ReadableSpan.__init__": (lambda: sdk.ReadableSpan.__init__, "9fd2a50ea354"),
+    "Span.__init__": (lambda: sdk.Span.__init__, "5687a97d122b"),
+    "Span.end": (lambda: sdk.Span.end, "88aca2e904b8"),
+    "Span.set_attribute": (lambda: sdk.Span.set_attribute, "1ed35e3cad63"),
+    "Span.set_attributes": (lambda: sdk.Span.set_attributes, "7973a9fb0ed8"),
+    "_check_span_ended": (lambda: sdk._check_span_ended, "976817f357e8"),
+    "Span._new_links": (lambda: sdk.Span._new_links, "31b972f901f5"),
+    "TracerProvider.__init__": (lambda: sdk.TracerProvider.__init__, "c3fff9449af0"),
+    "TracerProvider.get_tracer": (lambda: sdk.TracerProvider.get_tracer, "fb1baaf470c3"),
+    "Tracer.__init__": (lambda: sdk.Tracer.__init__, "e36fad4782c4"),
+    "ProxyTracer._tracer": (lambda: api.ProxyTracer._tracer.fget, "ef7c3805b342"),  # type: ignore[attr-defined]
+    "ProxyTracer.start_as_current_span": (lambda: api.ProxyTracer.start_as_current_span, "9d69bb17c36f"),
+    "ParentBased.should_sample": (lambda: sdk_sampling.ParentBased.should_sample, "2f4e7c936dc7"),
+    "StaticSampler.should_sample": (lambda: sdk_sampling.StaticSampler.should_sample, "45cb9cd55e66"),
+    "BoundedAttributes.__setitem__": (lambda: BoundedAttributes.__setitem__, "cd162b67001b"),
+}
+
+
+def source_hash(get: Callable[[], Any]) -> str:
+    return hashlib.sha256(inspect.getsource(get()).encode()).hexdigest()[:12]
+
+
+def test_the_sdk_is_the_release_and_code_the_recording_path_was_checked_against() -> None:
+    installed = importlib.metadata.version("opentelemetry-sdk")
+    changed = {name: source_hash(get) for name, (get, pinned) in PINNED.items()
+               if pinned is not None and source_hash(get) != pinned}
+    assert installed == tracing_record.SDK_VERSION and not changed, (
+        f"opentelemetry-sdk {installed} (shared/tracing_record.py was checked against {tracing_record.SDK_VERSION}); "
+        f"changed SDK code: {changed}. Review shared/tracing_record.py against it, then update SDK_VERSION and PINNED")
+    assert tracing_record.sdk_matches()
+
+
+Pair = tuple[TracerProvider, InMemorySpanExporter]
+
+
+def provider(kind: type[TracerProvider], **kwargs: Any) -> Pair:
+    made = kind(resource=Resource.create({"service.name": "t", "k8s.node.name": "n1"}), **kwargs)
+    memory = InMemorySpanExporter()
+    made.add_span_processor(SimpleSpanProcessor(memory))
+    return made, memory
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Pair, Pair]]:
+    made = provider(TracerProvider), provider(RecordingTracerProvider)
+    yield made
+    for p, _ in made:
+        p.shutdown()
+
+
+class Odd:
+    def __str__(self) -> str:
+        return "odd"
+
+
+def workload(tracer: api.Tracer) -> None:
+    """What our code does with spans, and what other code might: typed and untyped attribute values, a bad
+    key, events, links, a failure, a leaf span, attributes after the end."""
+    parent = traceparent_context("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    link = api.get_current_span(traceparent_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))
+    with tracer.start_as_current_span("rpc", context=parent, kind=SpanKind.SERVER,
+                                      attributes={"rpc.method": "Prepare", "dra.claims": 2, "ok": True, "f": 1.5},
+                                      links=[api.Link(link.get_span_context())]) as rpc:
+        untyped: dict[str, Any] = {"dra.device": ["gpu-0", "gpu-1"], "gpu.uuid": ("GPU-1",), "odd": Odd(),
+                                   "": "no key", "n": None}
+        rpc.set_attributes(untyped)
+        rpc.set_attribute("dra.claims", 3)
+        rpc.add_event("claim.get", {"dra.claim.get_ms": 0.4})
+        rpc.add_link(link.get_span_context(), {"why": "later"})
+        with leaf_span(tracer, "checkpoint.write", {"checkpoint.events": 1}):
+            pass
+        with pytest.raises(ValueError), tracer.start_as_current_span("claim.prepare"):
+            raise ValueError("no such device")
+    rpc.set_attribute("late", 1)
+    rpc.end()
+
+
+def comparable(span: ReadableSpan) -> dict[str, Any]:
+    """A span's exported content without its ids and times."""
+    return {"name": span.name, "kind": span.kind, "parent": bool(span.parent), "remote": span.parent and span.parent.is_remote,
+            "attributes": dict(span.attributes or {}), "dropped": span.dropped_attributes,
+            "events": [(e.name, e.attributes["exception.type"] if e.name == "exception" else dict(e.attributes))
+                       for e in span.events if e.attributes is not None],
+            "links": [(link.context.span_id, dict(link.attributes or {})) for link in span.links],
+            "status": (span.status.status_code, span.status.description), "resource": dict(span.resource.attributes),
+            "scope": span.instrumentation_scope, "dropped_events": span.dropped_events, "dropped_links": span.dropped_links}
+
+
+def test_recorded_spans_are_the_sdks_spans_to_every_exporter(pair: tuple[Pair, Pair],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    (stock, stock_spans), (ours, our_spans) = pair
+    assert type(ours.get_tracer("t")) is RecordingTracer
+    with caplog.at_level(logging.WARNING):
+        workload(stock.get_tracer("t"))
+        workload(ours.get_tracer("t"))
+    theirs, mine = stock_spans.get_finished_spans(), our_spans.get_finished_spans()
+    assert all(type(s) is RecordedSpan for s in mine) and len(mine) == len(theirs) == 3
+    assert [comparable(s) for s in mine] == [comparable(s) for s in theirs]
+    rpc = dict(mine[-1].attributes or {})
+    assert rpc["dra.device"] == ("gpu-0", "gpu-1") and rpc["odd"] == "odd"
+    assert rpc["dra.claims"] == 3 and "late" not in rpc
+    assert mine[1].status.status_code is StatusCode.ERROR
+    # the OTLP encoding (both OTLP exporters) and the span file read them alike
+    strip = [("trace_id", b""), ("span_id", b""), ("parent_span_id", b""), ("start_time_unix_nano", 0),
+             ("end_time_unix_nano", 0)]
+
+    def encoded(spans: tuple[ReadableSpan, ...]) -> list[Any]:
+        out = []
+        for resource in encode_spans(spans).resource_spans:
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    for field, empty in strip:
+                        setattr(span, field, empty)
+                    for item in [*span.events, *span.links]:
+                        for field in ("time_unix_nano", "span_id", "trace_id"):
+                            if hasattr(item, field):
+                                setattr(item, field, 0 if field == "time_unix_nano" else b"")
+                    for event in span.events:  # a stack trace names the frames it went through
+                        kept = [kv for kv in event.attributes if kv.key != "exception.stacktrace"]
+                        del event.attributes[:]
+                        event.attributes.extend(kept)
+                    out.append(span.SerializeToString(deterministic=True))
+        return out
+
+    assert encoded(mine) == encoded(theirs)
+    drop = ("trace_id", "span_id", "parent_span_id", "start_ns", "end_ns", "links")
+    assert [{k: v for k, v in span_to_dict(s).items() if k not in drop} for s in mine] == \
+           [{k: v for k, v in span_to_dict(s).items() if k not in drop} for s in theirs]
+
+
+def test_the_attribute_count_limit_holds_as_in_the_sdk() -> None:
+    limits = SpanLimits(max_span_attributes=2)
+    (stock, stock_spans), (ours, our_spans) = provider(TracerProvider, span_limits=limits), \
+        provider(RecordingTracerProvider, span_limits=limits)
+    for p in (stock, ours):
+        with p.get_tracer("t").start_as_current_span("s", attributes={"a": 1, "b": 2, "c": 3}) as span:
+            span.set_attribute("d", 4)
+            span.set_attribute("c", 5)
+    theirs, mine = stock_spans.get_finished_spans()[0], our_spans.get_finished_spans()[0]
+    assert type(mine) is RecordedSpan
+    assert dict(mine.attributes or {}) == dict(theirs.attributes or {}) == {"d": 4, "c": 5}
+    assert mine.dropped_attributes == theirs.dropped_attributes
+
+
+def test_an_attribute_length_limit_keeps_the_sdks_own_path() -> None:
+    ours, memory = provider(RecordingTracerProvider, span_limits=SpanLimits(max_span_attribute_length=3))
+    assert isinstance(ours, RecordingTracerProvider) and not ours.fast and type(ours.get_tracer("t")) is sdk.Tracer
+    with ours.get_tracer("t").start_as_current_span("s", attributes={"a": "abcdef"}):
+        pass
+    assert memory.get_finished_spans()[0].attributes == {"a": "abc"}
+
+
+def test_a_recorded_span_has_every_field_the_sdk_span_has(pair: tuple[Pair, Pair]) -> None:
+    (stock, _), (ours, _) = pair
+    theirs, mine = stock.get_tracer("t").start_span("s"), ours.get_tracer("t").start_span("s")
+    assert set(vars(theirs)) <= set(vars(mine)), set(vars(theirs)) - set(vars(mine))
+    for span in (theirs, mine):
+        span.end()
+
+
+@pytest.mark.parametrize("base", [DEFAULT_ON, ParentBased(TraceIdRatioBased(0.5)), ParentBased(ALWAYS_OFF),
+                                  ParentBased(ALWAYS_ON, remote_parent_sampled=ALWAYS_OFF), TraceIdRatioBased(0.5)])
+def test_the_periodic_samplers_shortcut_decides_as_its_base(base: sdk_sampling.Sampler) -> None:
+    sampler = PeriodicSampler(base, 0.0)
+    local = api.NonRecordingSpan(api.SpanContext(1, 2, False, api.TraceFlags(api.TraceFlags.SAMPLED)))
+    parents = [traceparent_context("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+               traceparent_context("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"),
+               api.set_span_in_context(local), None]
+    for parent in parents:
+        for trace_id in (1, 2**127):
+            got = sampler.should_sample(parent, trace_id, "s", attributes={"a": 1})
+            want = base.should_sample(parent, trace_id, "s", attributes={"a": 1})
+            assert (got.decision, dict(got.attributes), got.trace_state) == \
+                   (want.decision, dict(want.attributes), want.trace_state)
+
+
+def test_start_as_current_span_decorates_functions_and_coroutines_as_the_sdks_does(pair: tuple[Pair, Pair]) -> None:
+    _, (ours, memory) = pair
+    tracer = ours.get_tracer("t")
+
+    @tracer.start_as_current_span("sync")
+    def sync() -> int:
+        return api.get_current_span().get_span_context().span_id
+
+    @tracer.start_as_current_span("async")
+    async def run() -> int:
+        return api.get_current_span().get_span_context().span_id
+
+    ids = [sync(), sync(), asyncio.run(run())]
+    spans = memory.get_finished_spans()
+    assert [s.name for s in spans] == ["sync", "sync", "async"]
+    assert ids == [s.context.span_id for s in spans] and len(set(ids)) == 3
+    assert not api.get_current_span().get_span_context().is_valid  # each call's context restored
