@@ -64,7 +64,12 @@ def test_freed_memory_goes_back_to_the_kernel_on_glibc() -> None:
 
 def test_burst_trim_waits_for_the_last_request_and_enough_work(monkeypatch: pytest.MonkeyPatch) -> None:
     released: list[int] = []
-    monkeypatch.setattr(heap, "release_free_memory", lambda: released.append(1) or True)
+
+    def release() -> bool:
+        released.append(1)
+        return True
+
+    monkeypatch.setattr(heap, "release_free_memory", release)
     trim = heap.BurstTrim(after=3)
     for _ in range(2):
         with trim.request():
