@@ -26,7 +26,7 @@ import msgspec
 
 from services.preparer import metrics
 from shared.events.claims import ClaimLifecycle
-from shared.files import atomic_write
+from shared.files import AppendFile, atomic_write
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -70,6 +70,7 @@ class Outbox:
         self._bytes = 0  # size of the file
         self._pending_bytes = 0  # size of the lines not yet acked (what the bound counts)
         self._acks = 0  # ack lines in the file
+        self._file = AppendFile(path) if path is not None else None  # appends through one open descriptor
 
     def next_seq(self) -> int:
         self._seq += 1
@@ -99,9 +100,8 @@ class Outbox:
                 kept.append(record)
                 lines.append(line)
                 size += len(line)
-            if lines and self.path is not None:
-                with open(self.path, "ab") as f:
-                    f.write(b"".join(lines))
+            if lines and self._file is not None:
+                self._file.append(b"".join(lines))
             for record, line in zip(kept, lines, strict=True):
                 self._in_file[record.seq] = line
             self._bytes += size - self._pending_bytes
@@ -123,13 +123,12 @@ class Outbox:
             for seq in seqs:
                 self._pending_bytes -= len(self._in_file.pop(seq, b""))
             self._acks += len(seqs)
-            if self.path is None:
+            if self._file is None:
                 return True
             if self._acks >= COMPACT_MIN_ACKS and self._acks > len(self._in_file):
                 self._rewrite()
                 return True
-            with open(self.path, "ab") as f:
-                f.write(lines)
+            self._file.append(lines)
             self._bytes += len(lines)
             return True
         finally:
@@ -139,6 +138,8 @@ class Outbox:
         assert self.path is not None
         data = b"".join(self._in_file.values())
         atomic_write(self.path, data)
+        if self._file is not None:
+            self._file.reopen()  # appends go to the new file
         self._bytes = len(data)
         self._acks = 0
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shared.files import SlotFile
+from shared.files import AppendFile, SlotFile, fill_in_place
 
 
 def test_writes_alternate_between_two_inodes_and_the_file_is_always_whole(tmp_path: Path) -> None:
@@ -57,3 +57,30 @@ def test_a_process_killed_while_writing_leaves_the_old_or_the_new_file(tmp_path:
     proc.wait()
     body = path.read_bytes()
     assert len(body) in (1 << 20, 1 << 16) and body == body[:1] * len(body)
+
+
+def test_a_content_filled_in_place_is_cut_only_when_shorter(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    fill_in_place(path, b"0123456789", create=True)
+    inode = path.stat().st_ino
+    fill_in_place(path, b"abc")
+    assert path.read_bytes() == b"abc", "a shorter content leaves no tail"
+    fill_in_place(path, b"abcdefghijkl")
+    assert path.read_bytes() == b"abcdefghijkl"
+    assert path.stat().st_ino == inode
+
+
+def test_appends_share_one_descriptor_until_the_file_is_replaced_and_reopened(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    appends = AppendFile(path)
+    appends.append(b"a\n")
+    appends.append(b"b\n")
+    assert path.read_bytes() == b"a\nb\n"
+    held = os.stat(path).st_ino
+    (tmp_path / "new").write_bytes(b"compacted\n")
+    os.replace(tmp_path / "new", path)
+    appends.append(b"lost\n")  # still the descriptor of the replaced file: not opened per append
+    assert path.read_bytes() == b"compacted\n" and os.stat(path).st_ino != held
+    appends.reopen()
+    appends.append(b"d\n")
+    assert path.read_bytes() == b"compacted\nd\n"
