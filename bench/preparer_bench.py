@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -42,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
 from embedded.kubelet.client import Claim, DraPlugin, register  # noqa: E402
+from shared.ports import free_port  # noqa: E402
 from tests.preparer.helpers import ApiClaims, claim_doc  # noqa: E402
 
 # Sequential cycles run in blocks per variant (--interleave block): a preparer's own work after a call (its
@@ -63,12 +63,6 @@ def pct(values: list[float], q: float) -> float:
 def ms(values: list[float]) -> dict[str, float]:
     return {"p50_ms": round(pct(values, 0.5) * 1000, 3), "p95_ms": round(pct(values, 0.95) * 1000, 3),
             "p99_ms": round(pct(values, 0.99) * 1000, 3), "mean_ms": round(statistics.fmean(values) * 1000, 3)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
