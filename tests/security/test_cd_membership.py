@@ -35,6 +35,7 @@ from shared.natsserver import EmbeddedNats
 from shared.ports import free_port
 from shared.tasks import cancel_and_wait
 from tests.computedomain.helpers import announce, prepare_when_agent_answers
+from tests.polling import eventually
 from tests.security.conftest import DeadLetters, bus_as
 
 UID = "5f0c7a52-cd01-4d7e-9d7a-1f2e3d4c5b6a"
@@ -136,9 +137,12 @@ async def test_an_agent_cannot_join_a_domain_not_assigned_to_its_node(
                 async for _d, node, value in controller.watch(UID):
                     if node == "gpu-b" and value is not None:
                         break
-            while len(agent.domain.peers) != 2:  # the agent's own watch applies it right after
-                await asyncio.sleep(0.05)
-            assert "10.6.6.6" in "".join((await _files(agent)).values())
+            domain = agent.domain
+
+            async def written() -> bool:  # the agent's own watch applies it right after, then writes its files
+                return len(domain.peers) == 2 and "10.6.6.6" in "".join((await _files(agent)).values())
+
+            await eventually(written, "gpu-b in the agent's peers and in its IMEX files", timeout=10)
         finally:
             stopping.set()
             await run
