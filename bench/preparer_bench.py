@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
 from embedded.kubelet.client import Claim, DraPlugin, register  # noqa: E402
+from shared.kube.client import kube_api_client  # noqa: E402
 from shared.ports import free_port  # noqa: E402
 from tests.preparer.helpers import ApiClaims, claim_doc  # noqa: E402
 
@@ -104,11 +105,7 @@ class ApiServerProcess:
 
     @contextlib.asynccontextmanager
     async def client(self) -> AsyncIterator[Any]:
-        from kubernetes_asyncio import client, config
-
-        configuration = client.Configuration()
-        await config.load_kube_config(config_file=str(self.kubeconfig_path), client_configuration=configuration)
-        async with client.ApiClient(configuration) as api_client:
+        async with await kube_api_client(str(self.kubeconfig_path)) as api_client:
             yield api_client
 
 
