@@ -248,12 +248,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             t_seq = dict.fromkeys((v.name for v in variants), 0.0)
             block = 1 if args.interleave == "cycle" else SEQUENTIAL_BLOCK
             sequence = singles[5:]
-            for start in range(0, len(sequence), block):
+            for first in range(0, len(sequence), block):
                 for v in variants:
                     assert v.plugin is not None
                     if block > 1:
                         await asyncio.sleep(SETTLE_S)  # the variant before finishes its events' round
-                    for claim in sequence[start:start + block]:
+                    for claim in sequence[first:first + block]:
                         p, u = await cycle(v.plugin, claim)
                         v.prepare_s.append(p)
                         v.unprepare_s.append(u)
