@@ -14,6 +14,13 @@ links are `BoundedList`s (a deque and a lock each) made even when a span never g
 - hands itself to the processors when it ends: once ended, every setter refuses (as the SDK's do), so
   the span is its own read-only view and no copy is made.
 
+`RecordingTracer.start_span` is the SDK's, made cheaper where the answer is known: a sampled child of a
+sampled parent is decided as `PeriodicSampler`'s shortcut decides it without building a `SamplingResult`;
+the SDK's internal span metrics are skipped when they are the no-op ones (the default); processors whose
+`on_start`/`_on_ending` are the SDK's empty ones are not called, and a `BatchSpanProcessor`'s queue is fed
+directly (`ProcessorPlan`: what the SDK's `emit` does for a span it keeps, without its pid system call per
+span; a full queue, a shut down processor or a forked child take the SDK's own path).
+
 Everything else is the SDK's: sampler, ids, processors, resource, exporters (every exporter reads a
 `RecordedSpan` as the `ReadableSpan` it is). `RecordingTracerProvider` hands out such tracers when the
 installed SDK is the one this was checked against (`SDK_VERSION`) and no attribute length limit is set
@@ -24,18 +31,31 @@ own tracer. tests/shared/test_tracing_record.py fails when the SDK internals thi
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from time import time_ns
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
-from opentelemetry.attributes import _clean_attribute_value
-from opentelemetry.sdk.trace import Span, Tracer, TracerProvider
+from opentelemetry.attributes import BoundedAttributes, _clean_attribute_value
+from opentelemetry.sdk.trace import (
+    Event,
+    ReadableSpan,
+    Span,
+    SpanProcessor,
+    SynchronousMultiSpanProcessor,
+    Tracer,
+    TracerProvider,
+)
+from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.util import types
 
 from shared.logs import get_logger
@@ -48,6 +68,15 @@ _log = get_logger(__name__)
 _PLAIN = frozenset((str, bool, int, float))  # attribute values kept as given (no cleaning needed)
 _UNSET = Status(StatusCode.UNSET)
 _NO_LINKS: tuple[trace_api.Link, ...] = ()
+_NO_ATTRIBUTES: types.Attributes = MappingProxyType({})
+_FLAGS = tuple(trace_api.TraceFlags(bits) for bits in range(4))  # sampled (0x01) x random trace id (0x02)
+_SAMPLED = int(trace_api.TraceFlags.SAMPLED)
+_RANDOM = int(trace_api.TraceFlags.RANDOM_TRACE_ID)
+# Processor hooks that do nothing in the SDK (the test pins their source): not called per span.
+_EMPTY_HOOKS = frozenset((SpanProcessor.on_start, SpanProcessor._on_ending, BatchSpanProcessor.on_start,
+                          BatchSpanProcessor._on_ending, SimpleSpanProcessor.on_start, SimpleSpanProcessor._on_ending))
+_pid = [os.getpid()]  # this process's pid, kept current across forks without a system call per span
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 
 def sdk_matches() -> bool:
@@ -95,12 +124,15 @@ class RecordingTracer(Tracer):
                    start_time: int | None = None, record_exception: bool = True,
                    set_status_on_exception: bool = True) -> trace_api.Span:
         links = links or _NO_LINKS
-        current = trace_api.get_current_span(context).get_span_context()
+        found = (otel_context.get_current() if context is None else context).get(_SPAN_KEY)
+        current = found.get_span_context() if isinstance(found, trace_api.Span) else trace_api.INVALID_SPAN_CONTEXT
         if current is not None and not isinstance(current, trace_api.SpanContext):
             raise TypeError("parent_span_context must be a SpanContext or None.")
         if not self._is_enabled():
             return trace_api.NonRecordingSpan(context=current)
         parent: trace_api.SpanContext | None = current
+        sampled_attributes: types.Attributes
+        trace_state: trace_api.TraceState | None
         if parent is None or not parent.is_valid:
             parent = None
             trace_id = self.id_generator.generate_trace_id()
@@ -108,21 +140,71 @@ class RecordingTracer(Tracer):
         else:
             trace_id = parent.trace_id
             random_trace_id = parent.trace_flags.random_trace_id
-        sampling = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
-        decision = sampling.decision
-        flags = trace_api.TraceFlags.SAMPLED if decision is Decision.RECORD_AND_SAMPLE else trace_api.TraceFlags.DEFAULT
+        sampler = self.sampler
+        if parent is not None and parent.trace_flags.sampled and \
+                getattr(sampler, "remote_sampled_on" if parent.is_remote else "local_sampled_on", False):
+            # PeriodicSampler's shortcut (a sampled parent's child, sampled always), without its result object
+            decision, sampled_attributes, trace_state = Decision.RECORD_AND_SAMPLE, attributes, parent.trace_state
+        else:
+            sampling = sampler.should_sample(context, trace_id, name, kind, attributes, links)
+            decision, sampled_attributes, trace_state = sampling.decision, sampling.attributes, sampling.trace_state
+        bits = _SAMPLED if decision is Decision.RECORD_AND_SAMPLE else 0
         if random_trace_id:
-            flags |= trace_api.TraceFlags.RANDOM_TRACE_ID
+            bits |= _RANDOM
         span_context = trace_api.SpanContext(trace_id, self.id_generator.generate_span_id(), is_remote=False,
-                                             trace_flags=trace_api.TraceFlags(flags),
-                                             trace_state=sampling.trace_state)
-        record_end_metrics = self._tracer_metrics.start_span(parent, decision)
+                                             trace_flags=_FLAGS[bits], trace_state=trace_state)
+        metrics = self._tracer_metrics
+        record_end_metrics = None if type(metrics) is NoOpTracerMetrics else metrics.start_span(parent, decision)
         if decision is Decision.DROP:
             return trace_api.NonRecordingSpan(context=span_context)
-        span = RecordedSpan(name, span_context, parent, self, sampling.attributes, kind, links,
-                            record_exception, set_status_on_exception, record_end_metrics)
-        span.start(start_time=start_time, parent_context=context)
+        plan = self._plan
+        if plan is None or plan.key is not getattr(self.span_processor, "_span_processors", None):
+            plan = self._plan = ProcessorPlan(self.span_processor)
+        span = RecordedSpan(name, span_context, parent, self, sampled_attributes, kind, links,
+                            record_exception, set_status_on_exception, record_end_metrics, plan)
+        span._start_time = start_time if start_time is not None else time_ns()
+        for on_start in plan.starts:
+            on_start(span, parent_context=context)
         return span
+
+    _plan: ProcessorPlan | None = None
+
+
+class ProcessorPlan:
+    """What a tracer's span processors need per span, worked out once per set of processors: the
+    `on_start`/`_on_ending` hooks that do something, and each processor's `on_end`, where a
+    `BatchSpanProcessor`'s is a direct append to its queue (`_batch_append`)."""
+
+    def __init__(self, processor: Any) -> None:
+        self.key = getattr(processor, "_span_processors", None)
+        if type(processor) is SynchronousMultiSpanProcessor and self.key is not None:
+            processors: Sequence[Any] = self.key
+        else:  # another kind of multi-processor (e.g. concurrent): the SDK's calls, as they are
+            processors = (processor,)
+        self.starts = tuple(p.on_start for p in processors if type(p).on_start not in _EMPTY_HOOKS)
+        self.endings = tuple(p._on_ending for p in processors if type(p)._on_ending not in _EMPTY_HOOKS)
+        self.ends: tuple[Callable[[ReadableSpan], None], ...] = tuple(
+            _batch_append(p) if type(p) is BatchSpanProcessor else p.on_end for p in processors)
+
+
+def _batch_append(processor: BatchSpanProcessor) -> Callable[[ReadableSpan], None]:
+    """`processor.on_end` for a sampled span its queue has room for: the SDK's `BatchProcessor.emit` (queue the
+    span, wake the worker once a batch is full) less its pid check; anything else through the SDK's own path."""
+    batch = processor._batch_processor
+    queue, pid = batch._queue, batch._pid
+    room, batch_size, awaken = batch._max_queue_size, batch._max_export_batch_size, batch._worker_awaken
+
+    def on_end(span: ReadableSpan) -> None:
+        context = span.context
+        if not (context and context.trace_flags.sampled):
+            return
+        if batch._shutdown or len(queue) >= room or pid != _pid[0] or batch._queue is not queue:
+            processor.on_end(span)
+            return
+        queue.appendleft(span)
+        if len(queue) >= batch_size and not awaken.is_set():
+            awaken.set()
+    return on_end
 
 
 class CurrentSpan:
@@ -143,7 +225,9 @@ class CurrentSpan:
 
     def __enter__(self) -> trace_api.Span:
         span = self._span = self._tracer.start_span(*self._args)
-        self._token = otel_context.attach(trace_api.set_span_in_context(span))
+        current = otel_context.Context(otel_context.get_current())  # `set_span_in_context`, one copy less
+        dict.__setitem__(current, _SPAN_KEY, span)
+        self._token = otel_context.attach(current)
         return span
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
@@ -189,7 +273,7 @@ class RecordedSpan(Span):
     def __init__(self, name: str, context: trace_api.SpanContext, parent: trace_api.SpanContext | None,
                  tracer: Tracer, attributes: types.Attributes, kind: SpanKind, links: Sequence[trace_api.Link],
                  record_exception: bool, set_status_on_exception: bool,
-                 record_end_metrics: Any) -> None:
+                 record_end_metrics: Any, plan: ProcessorPlan) -> None:
         # every field ReadableSpan.__init__ and Span.__init__ set (the test compares the two field sets)
         self._name = name
         self._context = context
@@ -216,6 +300,7 @@ class RecordedSpan(Span):
         self._events: Any = ()
         self._links: Any = self._new_links(links) if links else _NO_LINKS
         self._record_end_metrics = record_end_metrics
+        self._plan = plan
 
     def _put(self, attributes: Mapping[str, Any]) -> None:
         """Store attributes (the caller holds the lock or owns the span): module doc."""
@@ -226,8 +311,9 @@ class RecordedSpan(Span):
                 _log.warning("span attribute dropped: its key must be a non-empty string", key=repr(key))
                 self._dropped_attributes += 1
                 continue
-            if type(value) not in _PLAIN:
-                value = _clean_attribute_value(value, None)
+            kind = type(value)
+            if kind not in _PLAIN and not (kind is tuple and all(type(v) is str for v in value)):
+                value = _clean_attribute_value(value, None)  # a tuple of str is kept as it would be
             if key in store:
                 del store[key]
             elif limit is not None and len(store) >= limit:
@@ -251,6 +337,20 @@ class RecordedSpan(Span):
 
     def set_attribute(self, key: str, value: types.AnyValue) -> None:
         self.set_attributes({key: value})
+
+    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+        """The SDK's `add_event`; plain attributes within the event limit are kept in a read-only view of a
+        copy instead of a `BoundedAttributes` (its lock and re-validation of every value)."""
+        limit = self._limits.max_event_attributes
+        kept: types.Attributes
+        if not attributes:
+            kept = _NO_ATTRIBUTES
+        elif (limit is None or len(attributes) <= limit) and all(
+                type(key) is str and key and type(value) in _PLAIN for key, value in attributes.items()):
+            kept = MappingProxyType(dict(attributes))
+        else:
+            kept = BoundedAttributes(limit, attributes, max_value_len=self._limits.max_attribute_length, immutable=True)
+        self._add_event(Event(name=name, attributes=kept, timestamp=timestamp))
 
     def _add_event(self, event: Any) -> None:
         with self._lock:
@@ -280,8 +380,11 @@ class RecordedSpan(Span):
             self._end_time = end_time if end_time is not None else time_ns()
         if self._record_end_metrics:
             self._record_end_metrics()
-        self._span_processor._on_ending(self)
-        self._span_processor.on_end(self)  # ended: every setter refuses, so the span is its own read-only view
+        plan = self._plan
+        for ending in plan.endings:
+            ending(self)
+        for on_end in plan.ends:
+            on_end(self)  # ended: every setter refuses, so the span is its own read-only view
 
 
 def _installed() -> str:

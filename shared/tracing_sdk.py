@@ -53,8 +53,9 @@ def build_provider(service_name: str, chosen: str, *, otlp: bool, node: str,
     if chosen == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif chosen.startswith("file:"):
-        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(chosen[5:]),
-                                                       schedule_delay_millis=FILE_EXPORT_DELAY_MS))
+        # the span file's batch delay: OTEL_BSP_SCHEDULE_DELAY where set (as for OTLP), FILE_EXPORT_DELAY_MS if not
+        delay = None if os.environ.get("OTEL_BSP_SCHEDULE_DELAY") else FILE_EXPORT_DELAY_MS
+        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(chosen[5:]), schedule_delay_millis=delay))
     elif chosen == "memory":
         memory = InMemorySpanExporter()
         provider.add_span_processor(SimpleSpanProcessor(memory))

@@ -13,20 +13,32 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry import trace as api
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk import trace as sdk
+from opentelemetry.sdk._shared_internal import BatchProcessor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace import sampling as sdk_sampling
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, DEFAULT_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shared import tracing_record
-from shared.telemetry import leaf_span, traceparent_context
+from shared.telemetry import (
+    NoOpCurrentSpan,
+    current_traceparent,
+    extract_context,
+    extract_grpc_context,
+    inject_grpc_metadata,
+    inject_headers,
+    leaf_span,
+    traceparent_context,
+)
 from shared.tracing_record import RecordedSpan, RecordingTracer, RecordingTracerProvider
 from shared.tracing_sdk import PeriodicSampler, span_to_dict
 
@@ -52,6 +64,25 @@ PINNED = {
     "ParentBased.should_sample": (lambda: sdk_sampling.ParentBased.should_sample, "2f4e7c936dc7"),
     "StaticSampler.should_sample": (lambda: sdk_sampling.StaticSampler.should_sample, "45cb9cd55e66"),
     "BoundedAttributes.__setitem__": (lambda: BoundedAttributes.__setitem__, "cd162b67001b"),
+    "Span.start": (lambda: sdk.Span.start, "42c19e6de8fe"),
+    "Span.add_event": (lambda: sdk.Span.add_event, "6503d7d05c95"),
+    "SynchronousMultiSpanProcessor.on_start": (lambda: sdk.SynchronousMultiSpanProcessor.on_start, "f43bc98c976e"),
+    "SynchronousMultiSpanProcessor._on_ending": (lambda: sdk.SynchronousMultiSpanProcessor._on_ending, "4f4a867164a5"),
+    "SynchronousMultiSpanProcessor.on_end": (lambda: sdk.SynchronousMultiSpanProcessor.on_end, "3320b74a9dd2"),
+    "SpanProcessor.on_start": (lambda: sdk.SpanProcessor.on_start, "fb6462840c6f"),
+    "SpanProcessor._on_ending": (lambda: sdk.SpanProcessor._on_ending, "316f2c1993a5"),
+    "BatchSpanProcessor.on_start": (lambda: BatchSpanProcessor.on_start, "d32fb0685257"),
+    "BatchSpanProcessor._on_ending": (lambda: BatchSpanProcessor._on_ending, "60edc5c9cc95"),
+    "BatchSpanProcessor.on_end": (lambda: BatchSpanProcessor.on_end, "0f0a7d0eb4f9"),
+    "SimpleSpanProcessor.on_start": (lambda: SimpleSpanProcessor.on_start, "d32fb0685257"),
+    "SimpleSpanProcessor._on_ending": (lambda: SimpleSpanProcessor._on_ending, "60edc5c9cc95"),
+    "BatchProcessor.emit": (lambda: BatchProcessor.emit, "221acffa5dba"),
+    "BatchProcessor._at_fork_reinit": (lambda: BatchProcessor._at_fork_reinit, "714be2db71b5"),
+    # shared.telemetry's W3C fast paths read and write as these do
+    "TraceContextTextMapPropagator.extract": (lambda: TraceContextTextMapPropagator.extract, "bc8961017b0c"),
+    "TraceContextTextMapPropagator.inject": (lambda: TraceContextTextMapPropagator.inject, "e658544249b1"),
+    "set_span_in_context": (lambda: api.set_span_in_context, "f75057fa9ada"),
+    "get_current_span": (lambda: api.get_current_span, "e067c8d76726"),
 }
 
 
@@ -230,3 +261,152 @@ def test_start_as_current_span_decorates_functions_and_coroutines_as_the_sdks_do
     assert [s.name for s in spans] == ["sync", "sync", "async"]
     assert ids == [s.context.span_id for s in spans] and len(set(ids)) == 3
     assert not api.get_current_span().get_span_context().is_valid  # each call's context restored
+
+
+def test_a_batch_processor_gets_recorded_spans_as_the_sdks_own_path_gives_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Spans are queued straight onto a BatchSpanProcessor's queue (ProcessorPlan): exported alike, and
+    what the SDK's `emit` does besides queueing (a full queue, a shut-down processor, a forked child) is
+    still its own."""
+    made = []
+    for kind in (TracerProvider, RecordingTracerProvider):
+        p = kind(resource=Resource.create({"service.name": "t"}))
+        memory = InMemorySpanExporter()
+        p.add_span_processor(BatchSpanProcessor(memory, schedule_delay_millis=60_000))
+        made.append((p, memory))
+    (stock, stock_spans), (ours, our_spans) = made
+    with caplog.at_level(logging.WARNING):
+        workload(stock.get_tracer("t"))
+        workload(ours.get_tracer("t"))
+    for p in (stock, ours):
+        assert p.force_flush()
+    assert [comparable(s) for s in our_spans.get_finished_spans()] == \
+           [comparable(s) for s in stock_spans.get_finished_spans()]
+    assert all(type(s) is RecordedSpan for s in our_spans.get_finished_spans())
+    # a full queue: dropped with the SDK's warning, as the SDK drops
+    small = RecordingTracerProvider()
+    kept = InMemorySpanExporter()
+    small.add_span_processor(BatchSpanProcessor(kept, max_queue_size=2, max_export_batch_size=2,
+                                                schedule_delay_millis=60_000))
+    with caplog.at_level(logging.WARNING):
+        for name in ("a", "b", "c"):
+            small.get_tracer("t").start_span(name).end()
+    assert any("Queue full" in r.getMessage() for r in caplog.records)
+    small.force_flush()
+    assert len(kept.get_finished_spans()) == 2
+    # a processor whose worker belongs to another process (a fork): the SDK re-creates it, then queues
+    forked = RecordingTracerProvider()
+    exported = InMemorySpanExporter()
+    processor = BatchSpanProcessor(exported, schedule_delay_millis=60_000)
+    forked.add_span_processor(processor)
+    processor._batch_processor._pid = -1
+    forked.get_tracer("t").start_span("after-fork").end()
+    assert processor._batch_processor._pid != -1
+    forked.get_tracer("t").start_span("then").end()
+    forked.force_flush()
+    assert [s.name for s in exported.get_finished_spans()] == ["after-fork", "then"]
+    # shut down: nothing queued any more
+    processor.shutdown()
+    forked.get_tracer("t").start_span("late").end()
+    assert [s.name for s in exported.get_finished_spans()] == ["after-fork", "then"]
+    for p in (stock, ours, small):
+        p.shutdown()
+
+
+def test_processors_added_later_and_processors_with_hooks_are_called() -> None:
+    calls: list[str] = []
+
+    class Hooks(sdk.SpanProcessor):
+        def on_start(self, span: sdk.Span, parent_context: Any = None) -> None:
+            calls.append(f"start {span.name}")
+
+        def _on_ending(self, span: sdk.Span) -> None:
+            calls.append(f"ending {span.name}")
+
+        def on_end(self, span: ReadableSpan) -> None:
+            calls.append(f"end {span.name}")
+
+    ours, memory = provider(RecordingTracerProvider)
+    tracer = ours.get_tracer("t")
+    tracer.start_span("first").end()
+    ours.add_span_processor(Hooks())
+    with tracer.start_as_current_span("second"):
+        pass
+    assert calls == ["start second", "ending second", "end second"]
+    assert [s.name for s in memory.get_finished_spans()] == ["first", "second"]
+
+
+def test_events_keep_their_attributes_as_the_sdk_does(pair: tuple[Pair, Pair]) -> None:
+    limits = SpanLimits(max_event_attributes=2)
+    for (p, memory) in (provider(TracerProvider, span_limits=limits), provider(RecordingTracerProvider, span_limits=limits)):
+        span = p.get_tracer("t").start_span("s")
+        span.add_event("plain", {"a": 1, "b": "x"})
+        span.add_event("over", {"a": 1, "b": 2, "c": 3})
+        span.add_event("typed", {"list": ["x", "y"]})
+        span.add_event("bare")
+        span.end()
+        events = memory.get_finished_spans()[0].events
+        assert [(e.name, dict(e.attributes or {}), e.dropped_attributes) for e in events] == [
+            ("plain", {"a": 1, "b": "x"}, 0), ("over", {"b": 2, "c": 3}, 1), ("typed", {"list": ("x", "y")}, 0),
+            ("bare", {}, 0)]
+        with pytest.raises(TypeError):
+            events[0].attributes["a"] = 2  # type: ignore[index]
+
+
+TRACEPARENTS = [
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-03", "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+    "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01", "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+    "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x",
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x", " 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01 ",
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331", "garbage", ""]
+
+
+@pytest.mark.parametrize("traceparent", TRACEPARENTS)
+def test_trace_context_is_read_as_the_w3c_propagator_reads_it(traceparent: str) -> None:
+    propagator = TraceContextTextMapPropagator()
+    want = api.get_current_span(propagator.extract({"traceparent": traceparent} if traceparent else {}))
+    for carrier in ({"traceparent": traceparent}, {"traceparent": traceparent, "tracestate": "a=1,b=2"}):
+        expected = api.get_current_span(propagator.extract(carrier)).get_span_context()
+        assert api.get_current_span(extract_context(carrier)).get_span_context() == expected
+        assert api.get_current_span(extract_grpc_context(list(carrier.items()))).get_span_context() == expected
+    got = api.get_current_span(traceparent_context(traceparent))
+    assert got.get_span_context() == want.get_span_context() and type(got) is type(want)
+
+
+@pytest.mark.parametrize("state", [None, "a=1,b=2"])
+def test_trace_context_is_written_as_the_w3c_propagator_writes_it(state: str | None) -> None:
+    propagator = TraceContextTextMapPropagator()
+    parent = api.SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
+                             trace_flags=api.TraceFlags(3),
+                             trace_state=api.TraceState.from_header([state]) if state else None)
+    for span in (api.NonRecordingSpan(parent), api.INVALID_SPAN):
+        with api.use_span(span):
+            want: dict[str, str] = {}
+            propagator.inject(want)
+            assert inject_headers({"k": "v"}) == {"k": "v", **want}
+            assert inject_grpc_metadata([("k", "v")]) == [("k", "v"), *want.items()]
+            assert current_traceparent() == want.get("traceparent", "")
+
+
+@pytest.mark.parametrize("given", ["none", "remote", "empty"])
+@pytest.mark.parametrize("around", ["nothing", "remote"])
+def test_the_no_op_current_span_is_what_the_no_op_tracer_makes_current(given: str, around: str) -> None:
+    """NoOpCurrentSpan (a module tracer's `start_as_current_span` without an SDK) makes current what the API's
+    no-op tracer makes current, inside and after the block, a failure included."""
+    contexts = {"none": None, "remote": traceparent_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+                "empty": traceparent_context("")}
+    outer = traceparent_context("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") if around == "remote" else None
+    seen: list[Any] = []
+    for make in (lambda: api.NoOpTracer().start_as_current_span("s", context=contexts[given]),
+                 lambda: NoOpCurrentSpan(contexts[given])):
+        token = otel_context.attach(outer) if outer is not None else None
+        try:
+            with pytest.raises(ValueError), make() as span:
+                seen.append((span.get_span_context(), api.get_current_span().get_span_context(), current_traceparent()))
+                raise ValueError("inside")
+            seen.append(api.get_current_span().get_span_context())
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+    assert seen[:2] == seen[2:]
