@@ -107,17 +107,26 @@ def shutdown_telemetry() -> None:
 
 def current_traceparent() -> str:
     """The W3C `traceparent` of the current span ("" when there is none to continue, e.g. no-op)."""
-    context = trace.get_current_span().get_span_context()
+    context = _current_span_context()
     return "" if context == trace.INVALID_SPAN_CONTEXT else _traceparent(context)
 
 
+def _current_span_context() -> trace.SpanContext:
+    """`trace.get_current_span().get_span_context()`, in fewer calls."""
+    span = otel_context.get_current().get(_SPAN_KEY)
+    if type(span) is trace.NonRecordingSpan or isinstance(span, trace.Span):
+        return span.get_span_context()
+    return trace.INVALID_SPAN_CONTEXT
+
+
 def _traceparent(context: trace.SpanContext) -> str:
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    # a span context is a tuple: trace id, span id, is remote, flags, state, is valid
+    return f"00-{context[0]:032x}-{context[1]:016x}-{context[3]:02x}"
 
 
 def _inject(carrier: dict[str, str]) -> None:
     """What the W3C propagator's `inject` writes for the current span, into `carrier`."""
-    context = trace.get_current_span().get_span_context()
+    context = _current_span_context()
     if context == trace.INVALID_SPAN_CONTEXT:
         return
     carrier["traceparent"] = _traceparent(context)

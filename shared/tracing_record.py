@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from time import time_ns
@@ -41,6 +42,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes, _clean_attribute_value
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.sdk.trace import (
     Event,
     ReadableSpan,
@@ -52,6 +54,7 @@ from opentelemetry.sdk.trace import (
 )
 from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -77,6 +80,30 @@ _EMPTY_HOOKS = frozenset((SpanProcessor.on_start, SpanProcessor._on_ending, Batc
                           BatchSpanProcessor._on_ending, SimpleSpanProcessor.on_start, SimpleSpanProcessor._on_ending))
 _pid = [os.getpid()]  # this process's pid, kept current across forks without a system call per span
 os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+_getrandbits = random.getrandbits  # what RandomIdGenerator draws from
+_DEFAULT_STATE = trace_api.DEFAULT_TRACE_STATE
+_MAX_TRACE_ID = 2**128 - 1
+_allocate_lock = threading.Lock
+
+# The current context, read and set through the API's context variable itself (the API's functions call
+# the runtime context's, which call the variable's); another runtime context (OTEL_PYTHON_CONTEXT): the API's.
+_current_context: Callable[[], otel_context.Context] = otel_context.get_current
+_attach: Callable[[otel_context.Context], object] = otel_context.attach
+_runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+if type(_runtime) is ContextVarsRuntimeContext:
+    _context_var = _runtime._current_context
+    _current_context, _attach = _context_var.get, _context_var.set
+
+
+def _detach(token: Any) -> None:
+    """`otel_context.detach`: a token that cannot be reset is logged by the API, not raised."""
+    if type(_runtime) is ContextVarsRuntimeContext:
+        try:
+            _context_var.reset(token)
+            return
+        except Exception:  # noqa: BLE001, S110 - the API's detach below logs it
+            pass
+    otel_context.detach(token)
 
 
 def sdk_matches() -> bool:
@@ -123,51 +150,98 @@ class RecordingTracer(Tracer):
                    attributes: types.Attributes = None, links: Sequence[trace_api.Link] | None = (),
                    start_time: int | None = None, record_exception: bool = True,
                    set_status_on_exception: bool = True) -> trace_api.Span:
-        links = links or _NO_LINKS
-        found = (otel_context.get_current() if context is None else context).get(_SPAN_KEY)
-        current = found.get_span_context() if isinstance(found, trace_api.Span) else trace_api.INVALID_SPAN_CONTEXT
-        if current is not None and not isinstance(current, trace_api.SpanContext):
-            raise TypeError("parent_span_context must be a SpanContext or None.")
-        if not self._is_enabled():
+        # The SDK's start_span, in as few calls as it can be: a span context is read by index (trace id,
+        # span id, is remote, flags, state, is valid), the spans we know by their field.
+        found = (_current_context() if context is None else context).get(_SPAN_KEY)
+        known = type(found)
+        if known is RecordedSpan or known is trace_api.NonRecordingSpan:
+            current = found._context  # type: ignore[attr-defined]
+        else:
+            current = found.get_span_context() if isinstance(found, trace_api.Span) else trace_api.INVALID_SPAN_CONTEXT
+            if current is not None and not isinstance(current, trace_api.SpanContext):
+                raise TypeError("parent_span_context must be a SpanContext or None.")
+        if not self._tracer_config.is_enabled:
             return trace_api.NonRecordingSpan(context=current)
-        parent: trace_api.SpanContext | None = current
+        setup = self._setup
+        if setup is None or setup.sampler is not self.sampler or setup.key is not getattr(
+                self.span_processor, "_span_processors", None):
+            setup = self._setup = TracerSetup(self)
+        parent: trace_api.SpanContext | None
         sampled_attributes: types.Attributes
         trace_state: trace_api.TraceState | None
-        if parent is None or not parent.is_valid:
+        if current is not None and current[5]:  # a valid parent
+            parent, trace_id, bits = current, current[0], current[3] & _RANDOM
+            if current[3] & _SAMPLED and (setup.remote_sampled_on if current[2] else setup.local_sampled_on):
+                # PeriodicSampler's shortcut (a sampled parent's child, sampled always), without its result object
+                decision, sampled_attributes, trace_state = Decision.RECORD_AND_SAMPLE, attributes, current[4]
+            else:
+                sampling = self.sampler.should_sample(context, trace_id, name, kind, attributes, links or _NO_LINKS)
+                decision, sampled_attributes, trace_state = sampling.decision, sampling.attributes, sampling.trace_state
+        else:
             parent = None
-            trace_id = self.id_generator.generate_trace_id()
-            random_trace_id = self.id_generator.is_trace_id_random()
+            if setup.random_ids:  # RandomIdGenerator's trace id, drawn here
+                trace_id = _getrandbits(128)
+                while not trace_id:
+                    trace_id = _getrandbits(128)
+                bits = _RANDOM
+            else:
+                trace_id = self.id_generator.generate_trace_id()
+                bits = _RANDOM if self.id_generator.is_trace_id_random() else 0
+            if setup.root_sampled_on and not (attributes and setup.periodic_key in attributes):
+                # PeriodicSampler's base for a root: parent-based with an ALWAYS_ON root (the default)
+                decision, sampled_attributes, trace_state = Decision.RECORD_AND_SAMPLE, attributes, None
+            else:
+                sampling = self.sampler.should_sample(context, trace_id, name, kind, attributes, links or _NO_LINKS)
+                decision, sampled_attributes = sampling.decision, sampling.attributes
+                trace_state = sampling.trace_state
+        if decision is Decision.RECORD_AND_SAMPLE:
+            bits |= _SAMPLED
+        if setup.random_ids:  # RandomIdGenerator's span id, drawn here; valid ids: the tuple the API would make
+            span_id = _getrandbits(64)
+            while not span_id:
+                span_id = _getrandbits(64)
+            span_context = tuple.__new__(trace_api.SpanContext, (
+                trace_id, span_id, False, _FLAGS[bits], trace_state if trace_state is not None else _DEFAULT_STATE,
+                0 < trace_id <= _MAX_TRACE_ID))
         else:
-            trace_id = parent.trace_id
-            random_trace_id = parent.trace_flags.random_trace_id
-        sampler = self.sampler
-        if parent is not None and parent.trace_flags.sampled and \
-                getattr(sampler, "remote_sampled_on" if parent.is_remote else "local_sampled_on", False):
-            # PeriodicSampler's shortcut (a sampled parent's child, sampled always), without its result object
-            decision, sampled_attributes, trace_state = Decision.RECORD_AND_SAMPLE, attributes, parent.trace_state
-        else:
-            sampling = sampler.should_sample(context, trace_id, name, kind, attributes, links)
-            decision, sampled_attributes, trace_state = sampling.decision, sampling.attributes, sampling.trace_state
-        bits = _SAMPLED if decision is Decision.RECORD_AND_SAMPLE else 0
-        if random_trace_id:
-            bits |= _RANDOM
-        span_context = trace_api.SpanContext(trace_id, self.id_generator.generate_span_id(), is_remote=False,
-                                             trace_flags=_FLAGS[bits], trace_state=trace_state)
-        metrics = self._tracer_metrics
-        record_end_metrics = None if type(metrics) is NoOpTracerMetrics else metrics.start_span(parent, decision)
+            span_context = trace_api.SpanContext(trace_id, self.id_generator.generate_span_id(), is_remote=False,
+                                                 trace_flags=_FLAGS[bits], trace_state=trace_state)
+        record_end_metrics = None if setup.no_metrics else self._tracer_metrics.start_span(parent, decision)
         if decision is Decision.DROP:
             return trace_api.NonRecordingSpan(context=span_context)
-        plan = self._plan
-        if plan is None or plan.key is not getattr(self.span_processor, "_span_processors", None):
-            plan = self._plan = ProcessorPlan(self.span_processor)
-        span = RecordedSpan(name, span_context, parent, self, sampled_attributes, kind, links,
-                            record_exception, set_status_on_exception, record_end_metrics, plan)
+        span = RecordedSpan(name, span_context, parent, setup, sampled_attributes, kind, links,
+                            record_exception, set_status_on_exception, record_end_metrics)
         span._start_time = start_time if start_time is not None else time_ns()
-        for on_start in plan.starts:
+        for on_start in setup.plan.starts:
             on_start(span, parent_context=context)
         return span
 
-    _plan: ProcessorPlan | None = None
+    _setup: TracerSetup | None = None
+
+
+class TracerSetup:
+    """What a tracer's spans share, worked out once per sampler and set of processors: whether the sampler's
+    shortcut applies, whether span ids are the SDK's random ones, whether the SDK's span metrics are the
+    no-op ones, the processors' plan, and the fields every span of the tracer starts with."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self.sampler = tracer.sampler
+        self.local_sampled_on = bool(getattr(self.sampler, "local_sampled_on", False))
+        self.remote_sampled_on = bool(getattr(self.sampler, "remote_sampled_on", False))
+        self.root_sampled_on = bool(getattr(self.sampler, "root_sampled_on", False))
+        self.periodic_key: str = getattr(self.sampler, "periodic_key", "")
+        self.random_ids = type(tracer.id_generator) is RandomIdGenerator
+        self.no_metrics = type(tracer._tracer_metrics) is NoOpTracerMetrics
+        self.plan = ProcessorPlan(tracer.span_processor)
+        self.key = self.plan.key
+        limits = tracer._span_limits
+        self.max_attributes: int | None = limits.max_span_attributes
+        # every field ReadableSpan.__init__ and Span.__init__ set that is the same for all of the tracer's spans
+        self.fields: dict[str, Any] = {
+            "_instrumentation_info": tracer.instrumentation_info, "_instrumentation_scope": tracer._instrumentation_scope,
+            "_resource": tracer.resource, "_status": _UNSET, "_sampler": tracer.sampler, "_trace_config": None,
+            "_span_processor": tracer.span_processor, "_limits": limits, "_max_attributes": limits.max_span_attributes,
+            "_dropped_attributes": 0, "_events": (), "_end_time": None, "_start_time": None, "_plan": self.plan}
 
 
 class ProcessorPlan:
@@ -195,8 +269,8 @@ def _batch_append(processor: BatchSpanProcessor) -> Callable[[ReadableSpan], Non
     room, batch_size, awaken = batch._max_queue_size, batch._max_export_batch_size, batch._worker_awaken
 
     def on_end(span: ReadableSpan) -> None:
-        context = span.context
-        if not (context and context.trace_flags.sampled):
+        context = span._context
+        if not (context and context[3] & _SAMPLED):  # its trace flags
             return
         if batch._shutdown or len(queue) >= room or pid != _pid[0] or batch._queue is not queue:
             processor.on_end(span)
@@ -225,9 +299,9 @@ class CurrentSpan:
 
     def __enter__(self) -> trace_api.Span:
         span = self._span = self._tracer.start_span(*self._args)
-        current = otel_context.Context(otel_context.get_current())  # `set_span_in_context`, one copy less
+        current = otel_context.Context(_current_context())  # `set_span_in_context`, one copy less
         dict.__setitem__(current, _SPAN_KEY, span)
-        self._token = otel_context.attach(current)
+        self._token = _attach(current)
         return span
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
@@ -235,7 +309,7 @@ class CurrentSpan:
         assert span is not None
         record_exception, set_status, end_on_exit = self._flags
         try:
-            otel_context.detach(self._token)  # type: ignore[arg-type]
+            _detach(self._token)
             if isinstance(exc, Exception) and span.is_recording():
                 if record_exception:
                     span.record_exception(exc)
@@ -270,37 +344,32 @@ class CurrentSpan:
 class RecordedSpan(Span):
     """A recording span (module doc): the SDK's `Span` with plain attributes and no copy at its end."""
 
+    # set from the tracer's TracerSetup.fields (with the SDK's other fields) when the span is made
+    _max_attributes: int | None
+    _dropped_attributes: int
+    _plan: ProcessorPlan
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> RecordedSpan:
+        return object.__new__(cls)  # the SDK's Span.__new__ only refuses to make a bare `Span`
+
     def __init__(self, name: str, context: trace_api.SpanContext, parent: trace_api.SpanContext | None,
-                 tracer: Tracer, attributes: types.Attributes, kind: SpanKind, links: Sequence[trace_api.Link],
-                 record_exception: bool, set_status_on_exception: bool,
-                 record_end_metrics: Any, plan: ProcessorPlan) -> None:
+                 setup: TracerSetup, attributes: types.Attributes, kind: SpanKind, links: Sequence[trace_api.Link] | None,
+                 record_exception: bool, set_status_on_exception: bool, record_end_metrics: Any) -> None:
         # every field ReadableSpan.__init__ and Span.__init__ set (the test compares the two field sets)
+        fields = self.__dict__
+        fields.update(setup.fields)
         self._name = name
         self._context = context
         self._kind = kind
-        self._instrumentation_info = tracer.instrumentation_info
-        self._instrumentation_scope = tracer._instrumentation_scope
         self._parent = parent
-        self._start_time: int | None = None
-        self._end_time: int | None = None
-        self._resource = tracer.resource
-        self._status = _UNSET
-        self._sampler = tracer.sampler
-        self._trace_config = None
         self._record_exception = record_exception
         self._set_status_on_exception = set_status_on_exception
-        self._span_processor = tracer.span_processor
-        self._limits = limits = tracer._span_limits
-        self._lock = threading.Lock()
-        self._max_attributes: int | None = limits.max_span_attributes
-        self._dropped_attributes = 0
+        self._lock = _allocate_lock()
         self._attributes: dict[str, Any] = {}
         if attributes:
             self._put(attributes)
-        self._events: Any = ()
         self._links: Any = self._new_links(links) if links else _NO_LINKS
         self._record_end_metrics = record_end_metrics
-        self._plan = plan
 
     def _put(self, attributes: Mapping[str, Any]) -> None:
         """Store attributes (the caller holds the lock or owns the span): module doc."""
@@ -312,8 +381,11 @@ class RecordedSpan(Span):
                 self._dropped_attributes += 1
                 continue
             kind = type(value)
-            if kind not in _PLAIN and not (kind is tuple and all(type(v) is str for v in value)):
-                value = _clean_attribute_value(value, None)  # a tuple of str is kept as it would be
+            if kind not in _PLAIN:
+                if (kind is tuple or kind is list) and all(type(v) is str for v in value):
+                    value = tuple(value)  # as the SDK's cleaning makes a sequence of str
+                else:
+                    value = _clean_attribute_value(value, None)
             if key in store:
                 del store[key]
             elif limit is not None and len(store) >= limit:
@@ -380,7 +452,7 @@ class RecordedSpan(Span):
             self._end_time = end_time if end_time is not None else time_ns()
         if self._record_end_metrics:
             self._record_end_metrics()
-        plan = self._plan
+        plan: ProcessorPlan = self._plan
         for ending in plan.endings:
             ending(self)
         for on_end in plan.ends:

@@ -129,6 +129,9 @@ class PeriodicSampler(Sampler):
         parent_based = isinstance(base, ParentBased)
         self.local_sampled_on = parent_based and base._local_parent_sampled is ALWAYS_ON  # type: ignore[attr-defined]
         self.remote_sampled_on = parent_based and base._remote_parent_sampled is ALWAYS_ON  # type: ignore[attr-defined]
+        # a root that is not PERIODIC: sampled always (parent-based with an ALWAYS_ON root, the default)
+        self.root_sampled_on = parent_based and base._root is ALWAYS_ON  # type: ignore[attr-defined]
+        self.periodic_key = PERIODIC
 
     def should_sample(self, parent_context: otel_context.Context | None, trace_id: int, name: str,
                       kind: trace.SpanKind | None = None, attributes: Any = None,

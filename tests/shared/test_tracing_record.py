@@ -410,3 +410,37 @@ def test_the_no_op_current_span_is_what_the_no_op_tracer_makes_current(given: st
             if token is not None:
                 otel_context.detach(token)
     assert seen[:2] == seen[2:]
+
+
+@pytest.mark.parametrize("base", [DEFAULT_ON, ParentBased(TraceIdRatioBased(0.5)), ParentBased(ALWAYS_OFF),
+                                  ParentBased(ALWAYS_ON, remote_parent_sampled=ALWAYS_OFF), TraceIdRatioBased(0.5),
+                                  ALWAYS_ON])
+def test_the_tracers_sampling_shortcuts_decide_as_the_sampler_does(base: sdk_sampling.Sampler) -> None:
+    """RecordingTracer decides a sampled parent's child and a root itself where PeriodicSampler's base samples
+    them always: every span's decision and trace state is the sampler's own for that span's trace id."""
+    sampler = PeriodicSampler(base, 0.5)
+    ours = RecordingTracerProvider(sampler=sampler)
+    ours.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    tracer = ours.get_tracer("t")
+    state = api.TraceState([("k", "v")])
+    remote = {flags: api.set_span_in_context(api.NonRecordingSpan(api.SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True, trace_flags=api.TraceFlags(flags),
+        trace_state=state))) for flags in (0, 1)}
+    with tracer.start_as_current_span("local-parent") as local:
+        local_context = api.set_span_in_context(local)
+    cases = [(remote[1], None), (remote[0], None), (local_context, None), (None, None), (None, {"gpu_dra.periodic": True}),
+             (None, {"a": 1})]
+    for _ in range(20):
+        for parent, attributes in cases:
+            span = tracer.start_span("s", context=parent, attributes=attributes)
+            made = span.get_span_context()
+            want = sampler.should_sample(parent, made.trace_id, "s", attributes=attributes)
+            assert span.is_recording() == want.decision.is_recording()
+            assert made.trace_flags.sampled == want.decision.is_sampled()
+            assert made.trace_state == (want.trace_state or api.DEFAULT_TRACE_STATE)
+            assert made.is_valid and made.trace_flags.random_trace_id == (parent is None or parent is local_context)
+            if span.is_recording():
+                recorded: Any = span
+                assert dict(recorded.attributes or {}) == dict(want.attributes or {})
+            span.end()
+    ours.shutdown()
