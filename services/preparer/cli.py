@@ -33,9 +33,10 @@ from shared.runtime import connect_configured, nats_url_or_embedded, service_mai
 from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
-# API connections at once: a prepare reads each of its claims, one GET each. aiohttp hands out its pooled
-# connections in turn, so every connection a burst opened stays open (none idles out) with ~0.35 MB each
-# (asyncio's TLS read buffer, OpenSSL's state): kubernetes-asyncio's 100 would keep one per concurrent call
+# API connections at once: a prepare reads each of its claims, one GET each. Each open connection holds
+# ~0.35 MB (asyncio's TLS read buffer, OpenSSL's state); kubernetes-asyncio's 100 would open one per
+# concurrent call. The pool reuses the connection released last (shared.kube.client), so those a burst
+# opened beyond what the load after it needs idle out 15-30 s later
 API_CONNECTIONS = 4
 LOGIN_RETRY_S = 30.0  # between tries while NATS refuses the credentials (it will until they change)
 # how often freed C heap goes back to the kernel (shared.heap): RSS follows a burst down within this

@@ -64,6 +64,7 @@ async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "
         configuration.connection_pool_maxsize = max_connections
     api = client.ApiClient(configuration)
     _without_env_lookups(api, configuration)
+    _most_recent_first(api.rest_client.pool_manager.connector)
     _trust_store_on_demand()
     return api
 
@@ -85,6 +86,23 @@ def _without_env_lookups(api: Any, configuration: Any) -> None:
     rest.pool_manager = aiohttp.ClientSession(
         connector=old.connector, connector_owner=True, trust_env=False, read_bufsize=2**21)
     old._connector = None  # the connector now belongs to the new session; the old one closes nothing
+
+
+def _most_recent_first(connector: Any) -> None:
+    """The pool hands out the connection released last, not the one idle longest. aiohttp's pool is first in,
+    first out: under any steady load every connection a burst opened is reused in turn and none is ever idle
+    for aiohttp's keep-alive (15 s), so each keeps its TLS read buffer (256 KiB) and OpenSSL's state for good.
+    Most recent first, a steady load runs on one connection and the burst's others close 15-30 s after it
+    (client-go's pool is the same: the idle connection used last is reused first)."""
+    release = connector._release
+
+    def _release(key: Any, protocol: Any, *, should_close: bool = False) -> None:
+        release(key, protocol, should_close=should_close)
+        idle = connector._conns.get(key)
+        if idle and idle[-1][0] is protocol:  # released into the pool (not closed): first in line
+            idle.rotate(1)
+
+    connector._release = _release
 
 
 class _StoreOnFirstHandshake(ssl.SSLContext):
