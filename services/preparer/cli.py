@@ -25,7 +25,7 @@ from services.preparer.sockets import SocketError
 from shared.bus import Bus, LoginRefused
 from shared.driverroot import DriverRootError
 from shared.health import HEALTH
-from shared.heap import trim_periodically
+from shared.heap import one_malloc_arena, trim_periodically
 from shared.kube.client import KubeConfigError, kube_api_client
 from shared.kube.events import event_body, record_event
 from shared.logs import get_logger
@@ -132,6 +132,8 @@ async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # before any thread starts: gRPC's and the file writers' allocations in the main arena (shared.heap)
+    one_malloc_arena()
     return service_main(PreparerConfig, argv, prog="gpu-dra preparer", description=DESCRIPTION,
                         parse=parse, service=lambda cfg: f"preparer-{cfg.node}", run=_run,
                         failures=((KubeConfigError, 2),))
