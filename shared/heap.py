@@ -14,7 +14,8 @@ after a burst (64 concurrent calls, a batch's TLS connections) glibc keeps what 
 middle of its heap, so RSS stays at the burst's high-water mark. `trim_periodically()` does it every
 `interval` seconds for a long-running process (~0.5 ms for the preparer's ~12 MB heap). `BurstTrim` does it
 as soon as a burst of requests ends (nothing left in flight after at least `after` units of work), so the
-process does not sit at the burst's high-water mark until the next tick.
+process does not sit at the burst's high-water mark until the next tick. `one_malloc_arena()` keeps every
+thread's allocations in the main arena, where the trim and the next burst reuse them.
 """
 
 from __future__ import annotations
@@ -59,16 +60,30 @@ def collection_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _malloc_trim() -> object:
+def _glibc(name: str) -> object:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(None).malloc_trim  # glibc; a libc without it (musl) has nothing to trim this way
+        return getattr(ctypes.CDLL(None), name)  # glibc; a libc without it (musl) has nothing to tune this way
     except (OSError, AttributeError):
         return None
 
 
-_TRIM = _malloc_trim()
+_TRIM = _glibc("malloc_trim")
+_MALLOPT = _glibc("mallopt")
+_M_ARENA_MAX = -8  # glibc's malloc.h
+
+
+def one_malloc_arena() -> bool:
+    """Every thread allocates from glibc's main arena (`mallopt(M_ARENA_MAX, 1)`); False where the C library
+    cannot (not glibc). glibc otherwise gives each thread that allocates an arena of its own (up to 8 per
+    core), where what a burst freed stays apart from the main heap, partly used pages and all. For a process
+    whose work is on its event loop and whose other threads are few and light (the preparer: gRPC's poller,
+    timer and event-engine threads, its file writers): call it first, before any thread starts; a thread
+    that allocated already keeps its arena."""
+    if _MALLOPT is None:
+        return False
+    return bool(_MALLOPT(_M_ARENA_MAX, 1))  # type: ignore[operator]
 
 
 def release_free_memory() -> bool:

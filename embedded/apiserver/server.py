@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import secrets
 from pathlib import Path
 from typing import Any
 
-import yaml
 from aiohttp import web
 
 from embedded.apiserver import admission, authn, rbac, tls
@@ -150,6 +150,7 @@ class ApiServer:
         tmp = path.with_suffix(path.suffix + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a credential: never readable by others
         with os.fdopen(fd, "w") as f:
-            f.write(yaml.safe_dump(self.kubeconfig(token=token), sort_keys=False))
+            # JSON (which is YAML: kubectl reads it): our clients read it without PyYAML (shared.kube.kubeconfig)
+            f.write(json.dumps(self.kubeconfig(token=token), indent=2) + "\n")
         tmp.replace(path)
         return path

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import json
 import os
 import secrets
 from dataclasses import dataclass
@@ -180,5 +181,6 @@ async def write_kubeconfig(admin_kubeconfig: Path, token: str, path: Path) -> Pa
         config = yaml.safe_load(admin_kubeconfig.read_text())
         for user in config.get("users") or []:
             user["user"] = {"token": token}
-        return write_secret(path, yaml.safe_dump(config, sort_keys=False))
+        # JSON, as the admin's (shared.kube.kubeconfig reads it without PyYAML; kubectl reads both)
+        return write_secret(path, json.dumps(config, indent=2) + "\n")
     return await asyncio.to_thread(build)

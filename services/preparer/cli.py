@@ -25,7 +25,7 @@ from services.preparer.sockets import SocketError
 from shared.bus import Bus, LoginRefused
 from shared.driverroot import DriverRootError
 from shared.health import HEALTH
-from shared.heap import trim_periodically
+from shared.heap import one_malloc_arena, trim_periodically
 from shared.kube.client import KubeConfigError, kube_api_client
 from shared.kube.events import event_body, record_event
 from shared.logs import get_logger
@@ -33,9 +33,10 @@ from shared.runtime import connect_configured, nats_url_or_embedded, service_mai
 from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
-# API connections at once: a prepare reads each of its claims, one GET each. aiohttp hands out its pooled
-# connections in turn, so every connection a burst opened stays open (none idles out) with ~0.35 MB each
-# (asyncio's TLS read buffer, OpenSSL's state): kubernetes-asyncio's 100 would keep one per concurrent call
+# API connections at once: a prepare reads each of its claims, one GET each. Each open connection holds
+# ~0.35 MB (asyncio's TLS read buffer, OpenSSL's state); kubernetes-asyncio's 100 would open one per
+# concurrent call. The pool reuses the connection released last (shared.kube.client), so those a burst
+# opened beyond what the load after it needs idle out 15-30 s later
 API_CONNECTIONS = 4
 LOGIN_RETRY_S = 30.0  # between tries while NATS refuses the credentials (it will until they change)
 # how often freed C heap goes back to the kernel (shared.heap): RSS follows a burst down within this
@@ -131,6 +132,8 @@ async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # before any thread starts: gRPC's and the file writers' allocations in the main arena (shared.heap)
+    one_malloc_arena()
     return service_main(PreparerConfig, argv, prog="gpu-dra preparer", description=DESCRIPTION,
                         parse=parse, service=lambda cfg: f"preparer-{cfg.node}", run=_run,
                         failures=((KubeConfigError, 2),))

@@ -2,7 +2,7 @@
 the modules its Kubernetes client would import only for paths it never takes, and aiohttp's default TLS
 contexts without the system trust store parsed in (docs/performance.md, memory). Checked in a fresh
 interpreter that goes through the preparer's own start-up: its command's module, its settings, its
-Kubernetes client from a kubeconfig, and one PreparerService per driver."""
+Kubernetes client from a (JSON) kubeconfig, and one PreparerService per driver."""
 
 from __future__ import annotations
 
@@ -37,21 +37,23 @@ drivers, stores, limit = asyncio.run(main())
 print(json.dumps({"modules": sorted(sys.modules), "drivers": drivers, "stores": stores, "limit": limit}))
 """
 
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-"""
+# JSON, as our tools write kubeconfigs: read without PyYAML or kubernetes-asyncio's loader (shared.kube.kubeconfig)
+KUBECONFIG = json.dumps({
+    "apiVersion": "v1", "kind": "Config",
+    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+    "users": [{"name": "u", "user": {"token": "t"}}],
+    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+    "current-context": "x",
+})
 
 # packages a preparer must never load: the local-cluster world (not in the production image), other
 # services, the OpenTelemetry SDK (only an exporting process), kubernetes-asyncio's generated classes, and
-# what its client modules import for paths the preparer never takes (shared.kube.lazyload)
+# what its client modules import for paths the preparer never takes (shared.kube.lazyload), and PyYAML and the
+# kubeconfig loader for a JSON kubeconfig
 MUST_NOT_LOAD = ("embedded", "cel", "celpy", "kubernetes_validate", "jsonschema", "services.publisher",
                  "services.discovery", "services.dashboard", "services.authcallout", "opentelemetry.sdk",
                  "kubernetes_asyncio.client.models.", "kubernetes_asyncio.client.api.", "urllib3",
-                 "dateutil.parser", "multiprocessing.pool", "tests")
+                 "dateutil.parser", "multiprocessing.pool", "tests", "yaml", "kubernetes_asyncio.config.kube_config")
 
 
 def _within(module: str, name: str) -> bool:

@@ -86,3 +86,32 @@ def test_burst_trim_waits_for_the_last_request_and_enough_work(monkeypatch: pyte
     with pytest.raises(RuntimeError), trim.request(3):  # a call that fails still ends
         raise RuntimeError
     assert released == [1, 1, 1] and trim.in_flight == 0
+
+
+_ARENAS = r"""
+import ctypes, sys, threading
+from shared import heap
+if sys.argv[1] == "one":
+    assert heap.one_malloc_arena()
+def work():
+    kept = [bytes(2048) for _ in range(200)]  # over 512 bytes: glibc's malloc, in this thread
+    del kept
+threads = [threading.Thread(target=work) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+ctypes.CDLL(None).malloc_stats()  # one "Arena N:" block per arena, on stderr
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's arenas")
+@pytest.mark.parametrize(("mode", "one"), [("one", True), ("default", False)])
+def test_threads_allocate_from_the_main_arena_when_asked(mode: str, one: bool) -> None:
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _ARENAS, mode], cwd=repo, capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    arenas = out.stderr.count("Arena ")
+    assert (arenas == 1) if one else (arenas > 1), out.stderr

@@ -106,3 +106,29 @@ async def test_requests_skip_environment_lookups_unless_a_proxy_is_set(
         with pytest.raises(aiohttp.ClientError):
             await _version(await kube_api_client(url=server.url, token=server.token, insecure_skip_tls_verify=True))
         assert seen and seen[0].startswith(b"CONNECT 127.0.0.1:")
+
+
+async def test_the_pool_reuses_the_connection_released_last(tmp_path: Path) -> None:
+    """After a burst opened several connections, a steady load runs on one of them and leaves the others idle
+    (so aiohttp's keep-alive closes them, with their TLS buffers), as client-go's pool does; aiohttp's own pool
+    would hand all of them out in turn and keep every one open."""
+    import asyncio
+
+    from shared.kube.rest import get_json
+
+    async with running_apiserver(tmp_path) as server:
+        api = await kube_api_client(server.kubeconfig_path.as_posix(), max_connections=4)
+        try:
+            connector = api.rest_client.pool_manager.connector
+            await asyncio.gather(*(get_json(api, "/version") for _ in range(16)))
+            (key, idle), = connector._conns.items()
+            assert len(idle) > 1, "the burst opened one connection only: nothing to test"
+            opened = {protocol for protocol, _ in idle}
+            used = set()
+            for _ in range(8):
+                await get_json(api, "/version")
+                used.add(connector._conns[key][0][0])
+            assert len(used) == 1 and used <= opened
+            assert {protocol for protocol, _ in connector._conns[key]} == opened  # the others idle, still pooled
+        finally:
+            await api.close()

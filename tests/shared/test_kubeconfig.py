@@ -1,0 +1,122 @@
+"""shared.kube.kubeconfig: a JSON kubeconfig gives the client the Configuration kubernetes-asyncio's loader gives
+it from the same file (field for field; a file the loader makes from `*-data` compared by its content), anything
+it does not cover goes to the loader, and the kubeconfig the embedded API server writes is JSON that a client
+made from it uses over TLS. That it is read without PyYAML is checked on the preparer's own start-up
+(tests/preparer/test_footprint.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import config as loader
+from kubernetes_asyncio.client import Configuration, VersionApi
+
+from embedded.apiserver.testing import running_apiserver
+from shared.kube.client import kube_api_client
+from shared.kube.kubeconfig import load_json_kubeconfig
+
+
+def _b64(data: bytes) -> str:
+    return base64.standard_b64encode(data).decode()
+
+
+def _kubeconfig(cluster: dict[str, Any], user: dict[str, Any] | None, *, current: str = "x") -> dict[str, Any]:
+    """Two contexts (the other one's cluster and user differ), `current` chosen."""
+    return {
+        "apiVersion": "v1", "kind": "Config", "preferences": {},
+        "clusters": [{"name": "other", "cluster": {"server": "https://other:1"}}, {"name": "c", "cluster": cluster}],
+        "users": [{"name": "o", "user": {"token": "other"}}] + ([{"name": "u", "user": user}] if user is not None
+                                                              else []),
+        "contexts": [{"name": "o", "context": {"cluster": "other", "user": "o"}},
+                     {"name": "x", "context": {"cluster": "c", **({"user": "u"} if user is not None else {})}}],
+        "current-context": current,
+    }
+
+
+CASES = {
+    "CA data and token": _kubeconfig(
+        {"server": "https://10.0.0.1:6443/", "certificate-authority-data": _b64(b"CA PEM")}, {"token": "secret"}),
+    "client certificate data and a CA file beside the kubeconfig": _kubeconfig(
+        {"server": "https://api.example:443", "certificate-authority": "ca.pem"},
+        {"client-certificate-data": _b64(b"CERT PEM"), "client-key-data": _b64(b"KEY PEM")}),
+    "client certificate files, insecure, server name and proxy": _kubeconfig(
+        {"server": "https://10.0.0.1:6443", "insecure-skip-tls-verify": True, "tls-server-name": "kubernetes",
+         "proxy-url": "http://proxy:3128"},
+        {"client-certificate": "certs/client.pem", "client-key": "certs/client.key", "token": "t"}),
+    "plain http, no user": _kubeconfig({"server": "http://127.0.0.1:8080"}, None),
+}
+
+FIELDS = ("host", "verify_ssl", "tls_server_name", "proxy", "api_key", "api_key_prefix")
+FILES = ("ssl_ca_cert", "cert_file", "key_file")
+
+
+def _seen(configuration: Configuration) -> dict[str, Any]:
+    """The fields the loader sets; a file by its content (the loader's temporary files have names of their own)."""
+    seen = {name: getattr(configuration, name) for name in FIELDS}
+    for name in FILES:
+        path = getattr(configuration, name)
+        seen[name] = Path(path).read_bytes() if path else None
+    return seen
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_json_kubeconfig_gives_what_the_loader_gives(tmp_path: Path, case: str) -> None:
+    (tmp_path / "ca.pem").write_bytes(b"CA FILE")
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "certs" / "client.pem").write_bytes(b"CERT FILE")
+    (tmp_path / "certs" / "client.key").write_bytes(b"KEY FILE")
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(CASES[case]))
+
+    fast = Configuration()
+    assert load_json_kubeconfig(str(path), fast)
+    expected = Configuration()
+    await loader.load_kube_config(config_file=str(path), client_configuration=expected, persist_config=False)
+    assert _seen(fast) == _seen(expected)
+    if fast.ssl_ca_cert and "ca.pem" not in fast.ssl_ca_cert:
+        assert os.stat(fast.ssl_ca_cert).st_mode & 0o077 == 0, "a credential's file is readable by others"
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("apiVersion: v1\nkind: Config\ncurrent-context: x\n", "YAML"),
+    (json.dumps(_kubeconfig({"server": "https://k"}, {"exec": {"command": "get-token"}})), "an exec plugin"),
+    (json.dumps(_kubeconfig({"server": "https://k"}, {"auth-provider": {"name": "oidc"}})), "an auth provider"),
+    (json.dumps(_kubeconfig({"server": "https://k"}, {"tokenFile": "/t"})), "a token file"),
+    (json.dumps(_kubeconfig({"server": "https://k"}, {"username": "a", "password": "b"})), "basic auth"),
+    (json.dumps(_kubeconfig({"server": "https://k", "certificate-authority": "missing.pem"}, None)), "a missing file"),
+    (json.dumps(_kubeconfig({"server": "https://k"}, None, current="gone")), "no such context"),
+])
+def test_what_the_json_reader_does_not_cover_goes_to_the_loader(tmp_path: Path, text: str, why: str) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    configuration = Configuration()
+    assert not load_json_kubeconfig(str(path), configuration), why
+    assert configuration.host == Configuration().host and configuration.api_key == {}
+    assert not load_json_kubeconfig(f"{path}:{path}", configuration), "several files are merged by the loader"
+
+
+async def test_the_servers_kubeconfig_is_json_and_a_client_from_it_works(tmp_path: Path) -> None:
+    async with running_apiserver(tmp_path) as server:
+        written = server.kubeconfig_path
+        assert json.loads(written.read_text())["current-context"]
+        assert os.stat(written).st_mode & 0o077 == 0
+        api = await kube_api_client(str(written))
+        try:
+            assert api.configuration.ssl_ca_cert and api.configuration.verify_ssl  # TLS verified with the CA data
+            assert (await VersionApi(api).get_code()).git_version
+        finally:
+            await api.close()
+        # the same kubeconfig as YAML still works, through the loader
+        import yaml
+        as_yaml = tmp_path / "yaml.kubeconfig"
+        as_yaml.write_text(yaml.safe_dump(json.loads(written.read_text())))
+        api = await kube_api_client(str(as_yaml))
+        try:
+            assert (await VersionApi(api).get_code()).git_version
+        finally:
+            await api.close()
