@@ -14,7 +14,6 @@ periodic roots (PERIODIC) are kept at GPU_DRA_OTEL_PERIODIC_RATIO only.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -26,6 +25,8 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
+
+from shared import distversion
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -67,8 +68,8 @@ def periodic_ratio() -> float:
 def package_version() -> str:
     """The installed gpu-dra version (`service.version`, `gpu_dra_build_info`)."""
     try:
-        return importlib.metadata.version("gpu-dra")
-    except importlib.metadata.PackageNotFoundError:
+        return distversion.version("gpu-dra")  # not importlib.metadata: ~1 MB (distversion's doc)
+    except distversion.PackageNotFoundError:
         return "0.0.0+unknown"
 
 

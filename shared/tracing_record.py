@@ -30,7 +30,6 @@ own tracer. tests/shared/test_tracing_record.py fails when the SDK internals thi
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import random
 import threading
@@ -61,6 +60,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.util import types
 
+from shared import distversion
 from shared.logs import get_logger
 
 # The SDK release whose Tracer.start_span, Span and ReadableSpan internals this module was written
@@ -109,8 +109,8 @@ def _detach(token: Any) -> None:
 def sdk_matches() -> bool:
     """Whether the installed SDK is the release this module was checked against."""
     try:
-        return importlib.metadata.version("opentelemetry-sdk") == SDK_VERSION
-    except importlib.metadata.PackageNotFoundError:
+        return distversion.version("opentelemetry-sdk") == SDK_VERSION
+    except distversion.PackageNotFoundError:
         return False
 
 
@@ -461,6 +461,6 @@ class RecordedSpan(Span):
 
 def _installed() -> str:
     try:
-        return importlib.metadata.version("opentelemetry-sdk")
-    except importlib.metadata.PackageNotFoundError:
+        return distversion.version("opentelemetry-sdk")
+    except distversion.PackageNotFoundError:
         return "none"

@@ -48,9 +48,9 @@ KUBECONFIG = json.dumps({
 
 # packages a preparer must never load: the local-cluster world (not in the production image), other
 # services, the OpenTelemetry SDK (only an exporting process), kubernetes-asyncio's generated classes, and
-# what its client modules import for paths the preparer never takes (shared.kube.lazyload), and PyYAML and the
-# kubeconfig loader for a JSON kubeconfig
-MUST_NOT_LOAD = ("embedded", "cel", "celpy", "kubernetes_validate", "jsonschema", "services.publisher",
+# what its client modules import for paths the preparer never takes (shared.kube.lazyload), PyYAML and the
+# kubeconfig loader for a JSON kubeconfig, and importlib.metadata for two version strings (shared.distversion)
+MUST_NOT_LOAD = ("importlib.metadata", "embedded", "cel", "celpy", "kubernetes_validate", "jsonschema", "services.publisher",
                  "services.discovery", "services.dashboard", "services.authcallout", "opentelemetry.sdk",
                  "kubernetes_asyncio.client.models.", "kubernetes_asyncio.client.api.", "urllib3",
                  "dateutil.parser", "multiprocessing.pool", "tests", "yaml", "kubernetes_asyncio.config.kube_config")
