@@ -16,6 +16,7 @@ import pytest
 from opentelemetry import context as otel_context
 from opentelemetry import trace as api
 from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk import trace as sdk
 from opentelemetry.sdk._shared_internal import BatchProcessor
@@ -24,6 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace import sampling as sdk_sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, DEFAULT_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -83,6 +85,19 @@ PINNED = {
     "TraceContextTextMapPropagator.inject": (lambda: TraceContextTextMapPropagator.inject, "e658544249b1"),
     "set_span_in_context": (lambda: api.set_span_in_context, "f75057fa9ada"),
     "get_current_span": (lambda: api.get_current_span, "e067c8d76726"),
+    # RecordingTracer.start_span reads and makes these itself (by field, by index)
+    "Tracer._is_enabled": (lambda: sdk.Tracer._is_enabled, "4204374b0613"),
+    "NonRecordingSpan.__init__": (lambda: api.NonRecordingSpan.__init__, "2beaa35e497c"),
+    "SpanContext.__new__": (lambda: api.SpanContext.__new__, "ba12f8f39fd1"),
+    "RandomIdGenerator.generate_span_id": (lambda: RandomIdGenerator.generate_span_id, "62e00c74bd22"),
+    "RandomIdGenerator.generate_trace_id": (lambda: RandomIdGenerator.generate_trace_id, "ad02e8aa1c9f"),
+    "ContextVarsRuntimeContext.attach": (lambda: ContextVarsRuntimeContext.attach, "a8df009b4ec0"),
+    "ContextVarsRuntimeContext.detach": (lambda: ContextVarsRuntimeContext.detach, "d7c28d514dfc"),
+    "ContextVarsRuntimeContext.get_current": (lambda: ContextVarsRuntimeContext.get_current, "bba8ecec2567"),
+    "context.detach": (lambda: otel_context.detach, "ea3a3066c62f"),
+    # NoOpCurrentSpan does what these do
+    "NoOpTracer.start_span": (lambda: api.NoOpTracer.start_span, "c2d6354c65a8"),
+    "NoOpTracer.start_as_current_span": (lambda: api.NoOpTracer.start_as_current_span, "ac0a0cf6c991"),
 }
 
 
