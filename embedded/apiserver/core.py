@@ -25,6 +25,7 @@ from embedded.apiserver.storage import ObjKey, Store, deep_copy
 from shared.kube.timestamps import k8s_time
 
 _ALNUM = "bcdfghjklmnpqrstvwxz2456789"
+POD_STATUS_METADATA = ("labels", "annotations", "finalizers")  # what a pods/status write may change in metadata
 
 
 def now() -> str:
@@ -278,6 +279,16 @@ class Core:
         if subresource == "status":
             merged = dict(old)
             merged["metadata"] = dict(old_md)
+            if res.key == ("", "pods"):
+                # kube-apiserver's pod status strategy resets only spec, deletionTimestamp and ownerReferences (every
+                # other kind's resets the whole metadata): a kubelet may write annotations, labels and finalizers
+                # along with the pod's status, in one request.
+                new_md = new.get("metadata") or {}
+                for k in POD_STATUS_METADATA:
+                    if k in new_md:
+                        merged["metadata"][k] = new_md[k]
+                    else:
+                        merged["metadata"].pop(k, None)
             if "status" in new:
                 merged["status"] = new["status"]
             else:

@@ -5,8 +5,8 @@ pod's events in order; the claim GETs and pod writes of one pod overlap another'
 scheduler's `status.extendedResourceClaimStatus`) is allocated and reserved for the pod, calling
 `NodePrepareResources` per driver through a DRA client (one call at a time, so a claim is never
 prepared twice concurrently), resolving the returned CDI ids into what each container gets (recorded
-on the pod as an annotation `kubectl get -o yaml` shows; with a runtime, written while the containers start and
-before the pod's first status), the pod's Running/Ready status (or, as the
+on the pod as an annotation `kubectl get -o yaml` shows, written with the pod's first status, in one pods/status
+PATCH), the pod's Running/Ready status (or, as the
 kubelet does, Pending with its containers `ContainerCreating` and a Warning Event
 `FailedPrepareDynamicResources` on the pod carrying the error, retried with backoff), its containers (with a
 `Runtime`: run sandboxed by `containers.PodWorker`, which writes the status from then on; without one, the
@@ -245,7 +245,7 @@ class PodRunner:
         self._terminating: set[str] = set()  # pods whose containers are being stopped (grace period)
         self._deleted: set[str] = set()  # pods whose final delete was made: their late events call for nothing
         self._writes: dict[str, asyncio.Task[None]] = {}  # pod uid -> its status writer
-        self._edits: dict[str, asyncio.Task[None]] = {}  # pod uid -> its edits annotation write (with its containers)
+        self._edits: dict[str, dict[str, Any]] = {}  # pod uid -> its edits annotation, until a status write carries it
         self._stops: dict[str, asyncio.Task[None]] = {}  # pod uid -> its termination (grace period, then delete)
         for rec in self.store.load():
             self.prepared[rec.uid] = PreparedClaim(
@@ -278,15 +278,14 @@ class PodRunner:
         await request(self.api, "PATCH", PODS.path(meta["namespace"], meta["name"], subresource), body=body,
                       content_type=STRATEGIC_PATCH)
 
-    async def _write_edits(self, meta: dict[str, Any], edits: dict[str, Any]) -> None:
-        await self._patch_pod(meta, {"metadata": {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}})
-
     async def _write_status(self, pod: dict[str, Any], status: dict[str, Any],
                             edits: dict[str, Any] | None = None) -> None:
-        meta = pod["metadata"]
+        """One pods/status PATCH; the edits annotation rides on it (a pod status write keeps metadata changes,
+        as kube-apiserver's pod status strategy does: one request, and the pod shows its edits with its status)."""
+        body: dict[str, Any] = {"status": status}
         if edits is not None:
-            await self._write_edits(meta, edits)
-        await self._patch_pod(meta, {"status": status}, "status")
+            body["metadata"] = {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}
+        await self._patch_pod(pod["metadata"], body, "status")
 
     # ------------------------------------------------------------------ prepare / unprepare
     async def _prepare_pod(self, pod: dict[str, Any]) -> None:
@@ -319,9 +318,9 @@ class PodRunner:
         await self._save()
         edits = container_edits(pod, prepared, uses, self.cdi_dirs, self._specs)
         if self.runtime is not None:
-            # Its containers start while the annotation is written; the worker's writer writes the status from
-            # here on, once the annotation is written (a Running pod shows what its containers got).
-            self._edits[uid] = asyncio.create_task(self._write_edits(meta, edits))
+            # The worker's writer writes the status from here on; its first write carries the annotation (a
+            # Running pod shows what its containers got).
+            self._edits[uid] = edits
             self._start_worker(pod, edits)
             return
         await self._write_status(pod, pod_status(pod, phase="Running"), edits)
@@ -476,9 +475,12 @@ class PodRunner:
         backoff = Backoff(initial_s=RETRY_MIN, cap_s=RETRY_MAX)
         while worker.dirty:
             worker.dirty = False
+            uid = worker.pod["metadata"]["uid"]
+            edits = self._edits.get(uid)
             try:
-                await self._edits_written(worker)
-                await self._write_status(worker.pod, worker.status())
+                await self._write_status(worker.pod, worker.status(), edits)
+                if edits is not None and self._edits.get(uid) is edits:
+                    del self._edits[uid]
                 backoff.reset()
             except (ApiError, OSError, TimeoutError, aiohttp.ClientError) as exc:
                 if isinstance(exc, ApiError) and exc.status == 404:
@@ -489,32 +491,18 @@ class PodRunner:
         if worker.phase in ("Succeeded", "Failed"):
             log.info("pod finished running", node=self.node, pod=worker.pod["metadata"]["name"], phase=worker.phase)
 
-    async def _edits_written(self, worker: PodWorker) -> None:
-        """The pod's edits annotation written: its write started with the containers; one that failed is made
-        again (raising as the first did, for the writer's back-off)."""
-        uid = worker.pod["metadata"]["uid"]
-        task = self._edits.get(uid)
-        if task is None:
-            return
-        try:
-            await asyncio.shield(task)  # a cancelled writer leaves the write alone
-        except (ApiError, OSError, TimeoutError, aiohttp.ClientError):
-            self._edits[uid] = asyncio.create_task(self._write_edits(worker.pod["metadata"], worker.edits))
-            raise
-        if self._edits.get(uid) is task:
-            del self._edits[uid]
-
     async def _terminate(self, pod: dict[str, Any], worker: PodWorker, grace: float) -> None:
         uid = pod["metadata"]["uid"]
         try:
             await worker.stop(grace)
-            for pending in (self._writes.pop(uid, None), self._edits.pop(uid, None)):
-                if pending is not None:
-                    pending.cancel()
+            pending = self._writes.pop(uid, None)
+            if pending is not None:
+                pending.cancel()
+            edits = self._edits.pop(uid, None)
             if worker.dirty:  # the containers' final states, in one write before the final delete
                 worker.dirty = False
                 with contextlib.suppress(ApiError, OSError, TimeoutError, aiohttp.ClientError):
-                    await self._write_status(pod, worker.status())
+                    await self._write_status(pod, worker.status(), edits)
             async with self._lock:
                 self.workers.pop(uid, None)
                 await self._finish_deleted(pod)
@@ -525,7 +513,7 @@ class PodRunner:
     async def stop_all(self) -> None:
         """The emulator stops: its containers go with it (SIGTERM, 2 s, SIGKILL)."""
         await asyncio.gather(*(w.stop(2.0) for w in self.workers.values()), return_exceptions=True)
-        for task in (*self._writes.values(), *self._edits.values()):
+        for task in self._writes.values():
             task.cancel()
 
     async def _finish_deleted(self, pod: dict[str, Any]) -> None:
@@ -582,9 +570,7 @@ class PodRunner:
     async def forget_pod(self, uid: str) -> None:
         async with self._pod_lock(uid):
             worker = self.workers.pop(uid, None)
-            edits = self._edits.pop(uid, None)
-            if edits is not None:
-                edits.cancel()
+            self._edits.pop(uid, None)
             if worker is not None:
                 await worker.stop(0.0)
             async with self._lock:

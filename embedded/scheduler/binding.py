@@ -225,6 +225,8 @@ class Writer:
                 r.get("uid") in pods and (pods[r["uid"]].get("status") or {}).get("phase") not in DONE_PHASES)]
             if len(keep) == len(reserved) and (keep or not status.get("allocation")):
                 continue
+            if _collected(claim, pods):
+                continue  # the garbage collector deletes it (its DELETED event frees its devices): no write
             updated = copy.deepcopy(claim)
             new_status = updated.setdefault("status", {})
             if keep:
@@ -241,3 +243,11 @@ class Writer:
             log.info("released claim" if not keep else "removed finished consumers from claim",
                      claim=f"{key_of(claim)[0]}/{key_of(claim)[1]}", consumers=len(keep))
         return wrote
+
+
+def _collected(claim: Obj, pods: dict[Any, Obj]) -> bool:
+    """Whether the garbage collector deletes the claim: every owner is a pod that is gone (the generated claim
+    of a deleted pod). Releasing it first would be a write that races the deletion (a 404 and a GET, half the
+    time, in a wave of deletes)."""
+    owners = (claim.get("metadata") or {}).get("ownerReferences") or []
+    return bool(owners) and all(o.get("kind") == "Pod" and o.get("uid") not in pods for o in owners)

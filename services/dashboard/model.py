@@ -225,11 +225,6 @@ def trim_node(node: Obj) -> Obj:
     return {"metadata": _meta(node), "status": {"conditions": conditions}}
 
 
-def trim_pod(pod: Obj) -> Obj:
-    return {"metadata": _meta(pod), "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName", "")},
-            "status": {"phase": (pod.get("status") or {}).get("phase", "")}}
-
-
 def trim_domain(domain: Obj) -> Obj:
     return {"metadata": _meta(domain), "status": {"nodes": [{"name": name} for name in domain_members(domain)]}}
 

@@ -203,7 +203,7 @@ class Api:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         if not viewer.sees(namespace):
             return error(403, f"you may not list resourceclaims in namespace {namespace!r}")
-        if self.state.pods.get(namespace, name) is None:
+        if not await self.state.has_pod(namespace, name):
             return error(404, f"no pod {namespace}/{name}; check the name with kubectl get pods -n {namespace}")
         if self.explainer is None:
             return error(501, "explain needs the local-cluster tools, which this install lacks (pip install "

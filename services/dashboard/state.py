@@ -1,6 +1,6 @@
 """The dashboard's one view of the fleet: ONE watch set and the bus, feeding the model; viewers get deltas.
 
-Owns the informers (ResourceSlices, ResourceClaims, Pods, Nodes and, when served, ComputeDomains; several
+Owns the informers (ResourceSlices, ResourceClaims, Nodes and, when served, ComputeDomains; several
 `shared.kube.informer.Informer`s on one Kube client), the core NATS subscriptions to claim lifecycle and
 device health events, the indexes that say which node rows a change touches, the rows themselves (rebuilt
 one node at a time by `model.node_row`), a ring of recent events per device, and the viewers: each keeps the
@@ -119,13 +119,13 @@ class FleetState:
         self._rings: dict[tuple[str, str], deque[DeviceEvent]] = {}
         self.traces: dict[str, str] = {}  # claim uid -> trace id (lifecycle events' traceparent)
         self.informers: list[Informer] = []
+        self.kube = kube
         if kube is not None:
             self.slices = Informer(kube, slices, on_change=self._on_slice, transform=model.trim_slice)
             self.claims = Informer(kube, claims, on_change=self._on_claim, transform=functools.partial(
                 model.trim_claim, annotations=(CLAIM_TRACEPARENT_ANNOTATION,)))
-            self.pods = Informer(kube, PODS, transform=model.trim_pod)
             self.nodes = Informer(kube, NODES, on_change=self._on_node, transform=model.trim_node)
-            self.informers = [self.slices, self.claims, self.pods, self.nodes]
+            self.informers = [self.slices, self.claims, self.nodes]
             self.domains: Informer | None = None
             if compute_domains:
                 self.domains = Informer(kube, COMPUTEDOMAINS, on_change=self._on_domain, transform=model.trim_domain)
@@ -161,6 +161,19 @@ class FleetState:
     def namespaces(self) -> list[str]:
         """Namespaces that hold claims (the page's filter choices)."""
         return sorted({ns for ns, _ in self.claims.objects}) if self.informers else []
+
+    async def has_pod(self, namespace: str, name: str) -> bool:
+        """Whether the pod exists, asked when a viewer asks (no pod watch: a pod changes several times on its way
+        to Running and away, and nothing else here reads pods)."""
+        if self.kube is None:
+            return False
+        try:
+            await self.kube.get(PODS, namespace, name)
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
 
     def events(self, node: str, device: str) -> list[DeviceEvent]:
         """A device's recent history, newest first (at most RING)."""

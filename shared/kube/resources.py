@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from kubernetes_asyncio.client import ApiClient
 
-from shared.kube.rest import ApiError, Gone
+from shared.kube.rest import ApiError, Gone, request
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+_decode = msgspec.json.Decoder().decode  # plain dicts and lists, as json.loads gives, in a third of its time
 
 
 @dataclass(frozen=True)
@@ -78,23 +80,14 @@ class Kube:
 
     async def _call(self, method: str, path: str, query: list[tuple[str, Any]] | None = None,
                     body: Any = None, content_type: str = JSON, timeout: float | None = None) -> Any:
-        headers = {"Accept": JSON}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        resp = await self.api_client.call_api(
-            path, method, {}, query or [], headers, body=body, auth_settings=["BearerToken"],
-            _preload_content=False, _request_timeout=timeout or self.request_timeout)
+        """One request through `shared.kube.rest.request` (no model walk of the body), the answer decoded with
+        msgspec (bytes to dicts, no text decoding first); ApiError (Gone on 410) for a refusal."""
+        raw = await request(self.api_client, method, path, query=[(k, str(v)) for k, v in query or []],
+                            body=body, timeout=timeout or self.request_timeout, content_type=content_type)
         try:
-            text = await resp.text()
-        finally:
-            resp.release()
-        try:
-            data = json.loads(text) if text else None
-        except json.JSONDecodeError:
-            data = text
-        if resp.status >= 400:
-            raise _error(resp.status, data)
-        return data
+            return _decode(raw) if raw else None
+        except msgspec.DecodeError:
+            return raw.decode("utf-8", "replace")
 
     async def list(self, res: Resource, namespace: str | None = None, label_selector: str | None = None,
                    page_size: int = 500, transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
@@ -141,7 +134,7 @@ class Kube:
                     return
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = _decode(line)
                 kind, obj = event.get("type", ""), event.get("object") or {}
                 if kind == "ERROR":
                     raise _error(int(obj.get("code") or 500), obj)

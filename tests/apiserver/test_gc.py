@@ -164,3 +164,40 @@ async def test_objects_created_with_owners_are_checked_alone(api: RunningApiServ
         await wait_deleted(api, "", "configmaps", "default", "late")
         await wait_deleted(api, "", "configmaps", "default", "child-29")
         assert sweeps > 0
+
+
+async def test_deletions_are_checked_alone(api: RunningApiServer) -> None:
+    """Deleted owners have only their dependents looked at, pods marked for deletion only themselves: a wave of
+    pod deletes costs no full sweep, and still deletes each pod's dependent and a pod whose node is gone."""
+    gc = api.server.gc
+    sweeps = 0
+    full_sweep = gc.sweep
+
+    def counting() -> bool:
+        nonlocal sweeps
+        sweeps += 1
+        return full_sweep()
+
+    gc.sweep = counting  # type: ignore[method-assign]
+    async with api.client() as c:
+        core = client.CoreV1Api(c)
+        await core.create_node({"metadata": {"name": "n1"}})
+        containers = [{"name": "c", "image": "x"}]
+        pods = await asyncio.gather(*(core.create_namespaced_pod("default", {"metadata": {"name": f"w-{i}"}, "spec": {
+            "nodeName": "n1", "containers": containers}}) for i in range(10)))
+        for pod in pods:
+            ref = {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid}
+            await core.create_namespaced_config_map("default", {"metadata": {
+                "name": f"{pod.metadata.name}-dep", "ownerReferences": [ref]}})
+        await core.create_namespaced_pod("default", {"metadata": {"name": "lost"}, "spec": {
+            "nodeName": "gone-node", "containers": containers}})
+        await asyncio.wait_for(gc.idle.wait(), 10)
+        await asyncio.gather(*(core.delete_namespaced_pod(p.metadata.name, "default") for p in pods))
+        await asyncio.gather(*(core.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=0)
+                               for p in pods))  # what the kubelet does
+        await core.delete_namespaced_pod("lost", "default")  # no kubelet will finish it: its node does not exist
+        for pod in pods:
+            await wait_deleted(api, "", "configmaps", "default", f"{pod.metadata.name}-dep")
+        await wait_deleted(api, "", "pods", "default", "lost")
+        await asyncio.wait_for(gc.idle.wait(), 10)
+        assert sweeps == 0

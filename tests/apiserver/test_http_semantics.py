@@ -71,6 +71,32 @@ async def test_pod_binding_and_eviction(http: Http) -> None:
     assert (await http("GET", "/api/v1/namespaces/default/pods/p"))[0] == 404
 
 
+async def test_pod_status_writes_keep_metadata_changes_other_kinds_do_not(http: Http) -> None:
+    """As kube-apiserver's status strategies: pods/status resets only spec, deletionTimestamp and ownerReferences
+    (a kubelet writes annotations with its status in one request); other kinds' status resets all metadata."""
+    _, made, _ = await http("POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "o"}})
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": made["metadata"]["uid"]}
+    pod = {"metadata": {"name": "s", "labels": {"a": "1"}, "ownerReferences": [owner]},
+           "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    assert (await http("POST", "/api/v1/namespaces/default/pods", pod))[0] == 201
+    strategic = {"Content-Type": "application/strategic-merge-patch+json"}
+    status, body, _ = await http("PATCH", "/api/v1/namespaces/default/pods/s/status", {
+        "metadata": {"annotations": {"x/edits": "{}"}, "labels": {"a": None, "b": "2"}, "ownerReferences": None},
+        "spec": {"containers": [{"name": "c", "image": "y"}]}, "status": {"phase": "Running"}}, headers=strategic)
+    assert status == 200, body
+    _, got, _ = await http("GET", "/api/v1/namespaces/default/pods/s")
+    assert got["status"]["phase"] == "Running" and got["metadata"]["annotations"] == {"x/edits": "{}"}
+    assert got["metadata"]["labels"] == {"b": "2"}
+    assert got["metadata"]["ownerReferences"] == [owner] and got["spec"]["containers"][0]["image"] == "x"
+    cm = {"metadata": {"name": "plain"}, "spec": {}}
+    assert (await http("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+                       {**cm, "spec": {"devices": {"requests": []}}}))[0] == 201
+    status, body, _ = await http("PATCH", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/plain/status",
+                                 {"metadata": {"annotations": {"x/edits": "{}"}}, "status": {}},
+                                 headers={"Content-Type": "application/merge-patch+json"})
+    assert status == 200 and "annotations" not in body["metadata"], body
+
+
 async def test_metrics_count_requests_by_verb_resource_and_subresource(http: Http) -> None:
     pod = {"metadata": {"name": "m"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
     await http("POST", "/api/v1/namespaces/default/pods", pod)

@@ -28,7 +28,7 @@ from shared.events.catalog import CLAIM, HEALTH
 from shared.events.claims import ClaimLifecycle, PreparedDeviceRef
 from shared.events.health import DeviceHealth
 from shared.kube.client import kube_api_client
-from shared.kube.resources import NODES, RESOURCECLAIMS, RESOURCESLICES, Kube, Resource
+from shared.kube.resources import NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, Kube, Resource
 from shared.natsserver import EmbeddedNats
 from tests.polling import eventually
 
@@ -273,3 +273,12 @@ async def test_unknown_node_device_and_path_are_json_404s(dash: Dash) -> None:
     assert status == 404 and "gpu-0" in body["error"]
     status, body = await dash.get("/api/nothing")
     assert status == 404 and "error" in body
+
+
+async def test_explain_asks_the_api_whether_the_pod_exists(dash: Dash) -> None:
+    status, body = await dash.get("/api/pod/team-a/no-such-pod/explain")
+    assert status == 404 and "no pod team-a/no-such-pod" in body["error"]
+    await dash.kube.create(PODS, "team-a", {"metadata": {"name": "explained"},
+                                            "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    status, body = await dash.get("/api/pod/team-a/explained/explain")
+    assert status == 501 and "explain needs the local-cluster tools" in body["error"]  # this app has no explainer
