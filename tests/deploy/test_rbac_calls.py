@@ -58,7 +58,7 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/publisher/writer.py", "request:DELETE"): [(RK, "resourceslices", {"delete"})],
     ("services/dashboard/state.py", "informer:slices"): [(RK, "resourceslices", {"list", "watch"})],
     ("services/dashboard/state.py", "informer:claims"): [(RK, "resourceclaims", {"list", "watch"})],
-    ("services/dashboard/state.py", "informer:PODS"): [("", "pods", {"list", "watch"})],
+    ("services/dashboard/state.py", "get:PODS"): [("", "pods", {"get"})],
     ("services/dashboard/state.py", "informer:NODES"): [("", "nodes", {"list", "watch"})],
     ("services/dashboard/state.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
     ("services/dashboard/auth.py", "request:POST"): [("authentication.k8s.io", "tokenreviews", {"create"}),
@@ -79,6 +79,9 @@ _PATTERNS = (
     (re.compile(r"\bkube\.request\(\s*[\w.]+,\s*\"(\w+)\""), lambda m: f"request:{m.group(1)}"),
     (re.compile(r"\b(watch_lines|get_json|call_api)\("), lambda m: m.group(1)),
     (re.compile(r"\b(record_event)\("), lambda m: m.group(1)),  # shared.kube.events: creates an Event
+    # shared.kube.resources.Kube's typed calls on the resource they are given
+    (re.compile(r"\bkube\.(get|list|create|patch|delete|update|replace|watch)\(\s*(\w+)"),
+     lambda m: f"{m.group(1)}:{m.group(2)}"),
     # the one informer (shared.kube.informer) lists and watches the resource it is given
     (re.compile(r"\bInformer\(\s*(?:Kube\([^)]*\)|kube),\s*(\w+)"), lambda m: f"informer:{m.group(1)}"),
 )
