@@ -14,6 +14,19 @@ from embedded.apiserver.testing import RunningApiServer
 from tests.apiserver.conftest import wait_deleted
 
 
+def count_sweeps(gc: Any) -> list[int]:
+    """Count the garbage collector's full sweeps from now on: [count] (the list is updated in place)."""
+    sweeps = [0]
+    full_sweep = gc.sweep
+
+    def counting() -> bool:
+        sweeps[0] += 1
+        return bool(full_sweep())
+
+    gc.sweep = counting
+    return sweeps
+
+
 def owner_ref(obj, block: bool = False) -> dict:  # noqa: ANN001
     return {"apiVersion": "v1", "kind": "ConfigMap", "name": obj.metadata.name, "uid": obj.metadata.uid,
             "blockOwnerDeletion": block}
@@ -137,22 +150,14 @@ async def test_objects_created_with_owners_are_checked_alone(api: RunningApiServ
     """A burst of owned creates costs no full sweep; one whose owner is gone (or another object by the
     same name: a different uid) is still deleted."""
     gc = api.server.gc
-    sweeps = 0
-    full_sweep = gc.sweep
-
-    def counting() -> bool:
-        nonlocal sweeps
-        sweeps += 1
-        return full_sweep()
-
-    gc.sweep = counting  # type: ignore[method-assign]
+    sweeps = count_sweeps(gc)
     async with api.client() as c:
         core = client.CoreV1Api(c)
         owner = await core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
         await asyncio.gather(*(core.create_namespaced_config_map("default", {"metadata": {
             "name": f"child-{i}", "ownerReferences": [owner_ref(owner)]}}) for i in range(30)))
         await asyncio.wait_for(gc.idle.wait(), 10)
-        assert sweeps == 0
+        assert sweeps[0] == 0
         assert len((await core.list_namespaced_config_map("default")).items) >= 31
         gone = {**owner_ref(owner), "uid": "0f7c61f2-0000-4000-8000-000000000000"}
         await core.create_namespaced_config_map("default", {"metadata": {"name": "stray", "ownerReferences": [gone]}})
@@ -163,22 +168,14 @@ async def test_objects_created_with_owners_are_checked_alone(api: RunningApiServ
             "name": "late", "ownerReferences": [owner_ref(owner)]}})
         await wait_deleted(api, "", "configmaps", "default", "late")
         await wait_deleted(api, "", "configmaps", "default", "child-29")
-        assert sweeps > 0
+        assert sweeps[0] > 0
 
 
 async def test_deletions_are_checked_alone(api: RunningApiServer) -> None:
     """Deleted owners have only their dependents looked at, pods marked for deletion only themselves: a wave of
     pod deletes costs no full sweep, and still deletes each pod's dependent and a pod whose node is gone."""
     gc = api.server.gc
-    sweeps = 0
-    full_sweep = gc.sweep
-
-    def counting() -> bool:
-        nonlocal sweeps
-        sweeps += 1
-        return full_sweep()
-
-    gc.sweep = counting  # type: ignore[method-assign]
+    sweeps = count_sweeps(gc)
     async with api.client() as c:
         core = client.CoreV1Api(c)
         await core.create_node({"metadata": {"name": "n1"}})
@@ -200,4 +197,4 @@ async def test_deletions_are_checked_alone(api: RunningApiServer) -> None:
             await wait_deleted(api, "", "configmaps", "default", f"{pod.metadata.name}-dep")
         await wait_deleted(api, "", "pods", "default", "lost")
         await asyncio.wait_for(gc.idle.wait(), 10)
-        assert sweeps == 0
+        assert sweeps[0] == 0
