@@ -11,6 +11,7 @@ the distribution's `<name>-<version>.dist-info` directory, the first on `sys.pat
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import sys
@@ -31,7 +32,16 @@ def _normal(name: str) -> str:
 def version(distribution: str) -> str:
     """The version of `distribution` (`gpu-dra`, `nats-py`), from the first `<name>-<version>.dist-info`
     directory on `sys.path` whose name normalises to it."""
-    wanted = _normal(distribution)
+    found = _installed().get(_normal(distribution))
+    if found is None:
+        raise PackageNotFoundError(distribution)
+    return found
+
+
+@functools.cache
+def _installed() -> dict[str, str]:
+    """Normalised distribution name -> version, the first of each on `sys.path` (read once per process)."""
+    versions: dict[str, str] = {}
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
@@ -40,9 +50,9 @@ def version(distribution: str) -> str:
         for name in names:
             if name.endswith(".dist-info"):
                 project, _, found = name[: -len(".dist-info")].rpartition("-")
-                if project and _normal(project) == wanted:
-                    return found
-    raise PackageNotFoundError(distribution)
+                if project:
+                    versions.setdefault(_normal(project), found)
+    return versions
 
 
 @contextlib.contextmanager

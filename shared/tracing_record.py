@@ -163,7 +163,7 @@ class RecordingTracer(Tracer):
         if not self._tracer_config.is_enabled:
             return trace_api.NonRecordingSpan(context=current)
         setup = self._setup
-        if setup is None or setup.sampler is not self.sampler or setup.key is not getattr(
+        if setup is None or setup.sampler is not self.sampler or setup.plan.key is not getattr(
                 self.span_processor, "_span_processors", None):
             setup = self._setup = TracerSetup(self)
         parent: trace_api.SpanContext | None
@@ -171,12 +171,9 @@ class RecordingTracer(Tracer):
         trace_state: trace_api.TraceState | None
         if current is not None and current[5]:  # a valid parent
             parent, trace_id, bits = current, current[0], current[3] & _RANDOM
-            if current[3] & _SAMPLED and (setup.remote_sampled_on if current[2] else setup.local_sampled_on):
-                # PeriodicSampler's shortcut (a sampled parent's child, sampled always), without its result object
-                decision, sampled_attributes, trace_state = Decision.RECORD_AND_SAMPLE, attributes, current[4]
-            else:
-                sampling = self.sampler.should_sample(context, trace_id, name, kind, attributes, links or _NO_LINKS)
-                decision, sampled_attributes, trace_state = sampling.decision, sampling.attributes, sampling.trace_state
+            # PeriodicSampler's shortcut: a sampled parent's child, sampled always
+            always = bool(current[3] & _SAMPLED) and (setup.remote_sampled_on if current[2] else setup.local_sampled_on)
+            state_if_always: trace_api.TraceState | None = current[4]
         else:
             parent = None
             if setup.random_ids:  # RandomIdGenerator's trace id, drawn here
@@ -187,13 +184,14 @@ class RecordingTracer(Tracer):
             else:
                 trace_id = self.id_generator.generate_trace_id()
                 bits = _RANDOM if self.id_generator.is_trace_id_random() else 0
-            if setup.root_sampled_on and not (attributes and setup.periodic_key in attributes):
-                # PeriodicSampler's base for a root: parent-based with an ALWAYS_ON root (the default)
-                decision, sampled_attributes, trace_state = Decision.RECORD_AND_SAMPLE, attributes, None
-            else:
-                sampling = self.sampler.should_sample(context, trace_id, name, kind, attributes, links or _NO_LINKS)
-                decision, sampled_attributes = sampling.decision, sampling.attributes
-                trace_state = sampling.trace_state
+            # PeriodicSampler's base for a root that is not PERIODIC: parent-based with an ALWAYS_ON root (the default)
+            always = setup.root_sampled_on and not (attributes and setup.periodic_key in attributes)
+            state_if_always = None
+        if always:  # the sampler's answer, without its result object
+            decision, sampled_attributes, trace_state = Decision.RECORD_AND_SAMPLE, attributes, state_if_always
+        else:
+            sampling = self.sampler.should_sample(context, trace_id, name, kind, attributes, links or _NO_LINKS)
+            decision, sampled_attributes, trace_state = sampling.decision, sampling.attributes, sampling.trace_state
         if decision is Decision.RECORD_AND_SAMPLE:
             bits |= _SAMPLED
         if setup.random_ids:  # RandomIdGenerator's span id, drawn here; valid ids: the tuple the API would make
@@ -233,9 +231,7 @@ class TracerSetup:
         self.random_ids = type(tracer.id_generator) is RandomIdGenerator
         self.no_metrics = type(tracer._tracer_metrics) is NoOpTracerMetrics
         self.plan = ProcessorPlan(tracer.span_processor)
-        self.key = self.plan.key
         limits = tracer._span_limits
-        self.max_attributes: int | None = limits.max_span_attributes
         # every field ReadableSpan.__init__ and Span.__init__ set that is the same for all of the tracer's spans
         self.fields: dict[str, Any] = {
             "_instrumentation_info": tracer.instrumentation_info, "_instrumentation_scope": tracer._instrumentation_scope,
@@ -356,8 +352,7 @@ class RecordedSpan(Span):
                  setup: TracerSetup, attributes: types.Attributes, kind: SpanKind, links: Sequence[trace_api.Link] | None,
                  record_exception: bool, set_status_on_exception: bool, record_end_metrics: Any) -> None:
         # every field ReadableSpan.__init__ and Span.__init__ set (the test compares the two field sets)
-        fields = self.__dict__
-        fields.update(setup.fields)
+        self.__dict__.update(setup.fields)
         self._name = name
         self._context = context
         self._kind = kind

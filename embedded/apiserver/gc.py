@@ -147,15 +147,17 @@ class GarbageCollector:
         ns = self.core.store.get(NAMESPACES, ("", key[0])) if key[0] else None
         return ns is not None and bool(meta(ns).get("deletionTimestamp"))
 
+    def _owner(self, ref: dict[str, Any]) -> dict[str, Any]:
+        """The metadata of the object an ownerReference names, found through the uid index and verified by its
+        uid ({} when it is gone, or another object now has that name)."""
+        where = self._uids.get(ref.get("uid", ""))
+        owner = self.core.store.get(*where) if where is not None else None
+        omd = meta(owner) if owner is not None else {}
+        return omd if omd.get("uid") == ref.get("uid") else {}
+
     def _owner_deleting(self, md: dict[str, Any]) -> bool:
         """Whether an owner the object names is itself being deleted (it may wait for its dependents)."""
-        store = self.core.store
-        for ref in md.get("ownerReferences") or []:
-            where = self._uids.get(ref.get("uid", ""))
-            owner = store.get(*where) if where is not None else None
-            if owner is not None and meta(owner).get("deletionTimestamp"):
-                return True
-        return False
+        return any(self._owner(ref).get("deletionTimestamp") for ref in md.get("ownerReferences") or [])
 
     def _checked_alone(self) -> bool:
         """Pods marked for deletion and dependents of deleted objects, each looked at alone: True when one
@@ -173,10 +175,8 @@ class GarbageCollector:
             refs = meta(obj).get("ownerReferences") or []
             solid = not refs  # its references were dropped meanwhile (an orphan finalizer): not ours to delete
             for ref in refs:
-                where = self._uids.get(ref.get("uid", ""))
-                owner = self.core.store.get(*where) if where is not None else None
-                omd = meta(owner) if owner is not None else {}
-                if omd.get("uid") != ref.get("uid"):
+                omd = self._owner(ref)
+                if not omd:
                     continue  # gone (or another object by that name)
                 if omd.get("deletionTimestamp") and "foregroundDeletion" in (omd.get("finalizers") or []):
                     return True  # it waits for this one: the sweep decides how it goes
@@ -218,10 +218,8 @@ class GarbageCollector:
             if obj is None:
                 continue
             for ref in meta(obj).get("ownerReferences") or []:
-                where = self._uids.get(ref.get("uid", ""))
-                owner = store.get(*where) if where is not None else None
-                omd = meta(owner) if owner is not None else {}
-                if omd.get("uid") == ref.get("uid") and not (
+                omd = self._owner(ref)
+                if omd and not (
                         omd.get("deletionTimestamp") and "foregroundDeletion" in (omd.get("finalizers") or [])):
                     break  # a solid owner: nothing to do for this object
             else:

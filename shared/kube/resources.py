@@ -7,7 +7,6 @@ ERROR event) becomes Gone so that informers know to re-list.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +14,10 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio.client import ApiClient
 
-from shared.kube.rest import ApiError, Gone, request
+from shared.kube.rest import ApiError, Gone, decode, request, watch_lines
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
-_decode = msgspec.json.Decoder().decode  # plain dicts and lists, as json.loads gives, in a third of its time
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,7 @@ class Kube:
         raw = await request(self.api_client, method, path, query=[(k, str(v)) for k, v in query or []],
                             body=body, timeout=timeout or self.request_timeout, content_type=content_type)
         try:
-            return _decode(raw) if raw else None
+            return decode(raw) if raw else None
         except msgspec.DecodeError:
             return raw.decode("utf-8", "replace")
 
@@ -111,36 +109,16 @@ class Kube:
                 return items, str(meta.get("resourceVersion") or "")
 
     async def watch(self, res: Resource, resource_version: str, timeout_s: int = 300,
-                    bookmarks: bool = True) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """(type, object) events from `resource_version` until the server ends the stream."""
-        query: list[tuple[str, Any]] = [("watch", "true"), ("resourceVersion", resource_version),
-                                        ("timeoutSeconds", timeout_s)]
-        if bookmarks:
-            query.append(("allowWatchBookmarks", "true"))
-        resp = await self.api_client.call_api(
-            res.path(), "GET", {}, query, {"Accept": JSON}, auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=(self.request_timeout, timeout_s + 30))  # type: ignore[arg-type]  # (connect, total) is accepted at run time
-        try:
-            if resp.status >= 400:
-                text = await resp.text()
-                try:
-                    raise _error(resp.status, json.loads(text))
-                except json.JSONDecodeError:
-                    raise _error(resp.status, text) from None
-            while True:
-                line = await resp.content.readline()
-                if not line:
-                    return
-                if not line.strip():
-                    continue
-                event = _decode(line)
-                kind, obj = event.get("type", ""), event.get("object") or {}
-                if kind == "ERROR":
-                    raise _error(int(obj.get("code") or 500), obj)
-                yield kind, obj
-        finally:
-            resp.close()
+                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(type, object) events from `resource_version` (bookmarks included) until the server ends the stream
+        (`shared.kube.rest.watch_lines`); an ERROR event raises its Status as ApiError (Gone for 410)."""
+        async for line in watch_lines(self.api_client, res.path(), resource_version=resource_version,
+                                      timeout_s=timeout_s, connect_timeout_s=self.request_timeout):
+            event = decode(line)
+            kind, obj = event.get("type", ""), event.get("object") or {}
+            if kind == "ERROR":
+                raise _error(int(obj.get("code") or 500), obj)
+            yield kind, obj
 
     async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
         data: dict[str, Any] = await self._call("GET", res.path(namespace, name))

@@ -92,7 +92,8 @@ async def get_json(api_client: Any, path: str, query: list[tuple[str, str]] | No
 
 
 async def watch_lines(api_client: Any, path: str, *, resource_version: str,
-                      query: list[tuple[str, str]] | None = None, timeout_s: int = 300) -> AsyncIterator[bytes]:
+                      query: list[tuple[str, str]] | None = None, timeout_s: int = 300,
+                      connect_timeout_s: float = 10) -> AsyncIterator[bytes]:
     """Raw watch events (one JSON object a line) from `resource_version`; Gone on 410.
 
     The stream ends when the server closes it (after `timeout_s`); the caller watches again from
@@ -102,7 +103,7 @@ async def watch_lines(api_client: Any, path: str, *, resource_version: str,
               ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_s))]
     resp = await api_client.call_api(
         path, "GET", query_params=params, header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"], _preload_content=False, _request_timeout=(10, timeout_s + 30),
+        auth_settings=["BearerToken"], _preload_content=False, _request_timeout=(connect_timeout_s, timeout_s + 30),
     )
     try:
         if resp.status == 410:
