@@ -27,6 +27,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from shared import distversion
+from shared.tracing_live import LiveSpan
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -114,9 +115,11 @@ def current_traceparent() -> str:
 
 def _current_span_context() -> trace.SpanContext:
     """`trace.get_current_span().get_span_context()`, in fewer calls."""
-    span = otel_context.get_current().get(_SPAN_KEY)
-    if type(span) is trace.NonRecordingSpan or isinstance(span, trace.Span):
-        return span.get_span_context()
+    span: Any = otel_context.get_current().get(_SPAN_KEY)
+    known = type(span)
+    if known is LiveSpan or known is trace.NonRecordingSpan or isinstance(span, trace.Span):
+        context: trace.SpanContext = span.get_span_context()
+        return context
     return trace.INVALID_SPAN_CONTEXT
 
 

@@ -30,6 +30,7 @@ own tracer. tests/shared/test_tracing_record.py fails when the SDK internals thi
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import threading
@@ -52,7 +53,12 @@ from opentelemetry.sdk.trace import (
     TracerProvider,
 )
 from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.sdk.util import BoundedList
@@ -62,6 +68,7 @@ from opentelemetry.util import types
 
 from shared import distversion
 from shared.logs import get_logger
+from shared.tracing_live import LiveSpan
 
 # The SDK release whose Tracer.start_span, Span and ReadableSpan internals this module was written
 # against (and the test pins, with their source); another release: the SDK's own tracer is used.
@@ -83,7 +90,10 @@ os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 _getrandbits = random.getrandbits  # what RandomIdGenerator draws from
 _DEFAULT_STATE = trace_api.DEFAULT_TRACE_STATE
 _MAX_TRACE_ID = 2**128 - 1
-_allocate_lock = threading.Lock
+# Every RecordedSpan's `_lock` (held only to check and set one span's field: never while taking another) and
+# the lock a span's first settling holds (`RecordedSpan._settle`).
+_SPAN_LOCK = threading.Lock()
+_SETTLE_LOCK = threading.Lock()
 
 # The current context, read and set through the API's context variable itself (the API's functions call
 # the runtime context's, which call the variable's); another runtime context (OTEL_PYTHON_CONTEXT): the API's.
@@ -152,20 +162,45 @@ class RecordingTracer(Tracer):
                    set_status_on_exception: bool = True) -> trace_api.Span:
         # The SDK's start_span, in as few calls as it can be: a span context is read by index (trace id,
         # span id, is remote, flags, state, is valid), the spans we know by their field.
-        found = (_current_context() if context is None else context).get(_SPAN_KEY)
+        found: Any = (_current_context() if context is None else context).get(_SPAN_KEY)
+        setup = self._setup
+        if setup is None or setup.sampler is not self.sampler or setup.plan.key is not getattr(
+                self.span_processor, "_span_processors", None):
+            setup = self._setup = TracerSetup(self)
         known = type(found)
-        if known is RecordedSpan or known is trace_api.NonRecordingSpan:
-            current = found._context  # type: ignore[attr-defined]
+        if setup.quick and self._tracer_config.is_enabled:
+            # the common spans, decided as the general path below decides them, with nothing else to do: a
+            # sampled parent's child (PeriodicSampler's shortcut), or a root that is not PERIODIC
+            if known is LiveSpan or known is RecordedSpan or known is trace_api.NonRecordingSpan:
+                current = found._context
+                if current is not None and current[5] and current[3] & _SAMPLED and (
+                        setup.remote_sampled_on if current[2] else setup.local_sampled_on):
+                    span_id = _getrandbits(64)
+                    while not span_id:
+                        span_id = _getrandbits(64)
+                    return setup.make(name, tuple.__new__(trace_api.SpanContext, (
+                        current[0], span_id, False, _FLAGS[(current[3] & _RANDOM) | _SAMPLED], current[4], True)),
+                        current, setup, attributes, kind, links, start_time,
+                        None if record_exception and set_status_on_exception else
+                        (record_exception, set_status_on_exception))
+            elif found is None and setup.root_sampled_on and not (attributes and setup.periodic_key in attributes):
+                trace_id, span_id = _getrandbits(128), _getrandbits(64)
+                while not trace_id:
+                    trace_id = _getrandbits(128)
+                while not span_id:
+                    span_id = _getrandbits(64)
+                return setup.make(name, tuple.__new__(trace_api.SpanContext, (
+                    trace_id, span_id, False, _FLAGS[_RANDOM | _SAMPLED], _DEFAULT_STATE, True)),
+                    None, setup, attributes, kind, links, start_time,
+                    None if record_exception and set_status_on_exception else (record_exception, set_status_on_exception))
+        if known is LiveSpan or known is RecordedSpan or known is trace_api.NonRecordingSpan:
+            current = found._context
         else:
             current = found.get_span_context() if isinstance(found, trace_api.Span) else trace_api.INVALID_SPAN_CONTEXT
             if current is not None and not isinstance(current, trace_api.SpanContext):
                 raise TypeError("parent_span_context must be a SpanContext or None.")
         if not self._tracer_config.is_enabled:
             return trace_api.NonRecordingSpan(context=current)
-        setup = self._setup
-        if setup is None or setup.sampler is not self.sampler or setup.plan.key is not getattr(
-                self.span_processor, "_span_processors", None):
-            setup = self._setup = TracerSetup(self)
         parent: trace_api.SpanContext | None
         sampled_attributes: types.Attributes
         trace_state: trace_api.TraceState | None
@@ -207,9 +242,12 @@ class RecordingTracer(Tracer):
         record_end_metrics = None if setup.no_metrics else self._tracer_metrics.start_span(parent, decision)
         if decision is Decision.DROP:
             return trace_api.NonRecordingSpan(context=span_context)
-        span = RecordedSpan(name, span_context, parent, setup, sampled_attributes, kind, links,
-                            record_exception, set_status_on_exception, record_end_metrics)
-        span._start_time = start_time if start_time is not None else time_ns()
+        flags = None if record_exception and set_status_on_exception else (record_exception, set_status_on_exception)
+        if record_end_metrics is None and setup.plan.rebuilding:  # no hook to call: a live span
+            return LiveSpan(name, span_context, parent, setup, sampled_attributes, kind, links, start_time, flags)
+        span = RecordedSpan(name, span_context, parent, setup, sampled_attributes, kind, links, start_time, flags)
+        if record_end_metrics is not None:
+            span._record_end_metrics = record_end_metrics
         for on_start in setup.plan.starts:
             on_start(span, parent_context=context)
         return span
@@ -231,13 +269,17 @@ class TracerSetup:
         self.random_ids = type(tracer.id_generator) is RandomIdGenerator
         self.no_metrics = type(tracer._tracer_metrics) is NoOpTracerMetrics
         self.plan = ProcessorPlan(tracer.span_processor)
-        limits = tracer._span_limits
-        # every field ReadableSpan.__init__ and Span.__init__ set that is the same for all of the tracer's spans
-        self.fields: dict[str, Any] = {
+        # the start_span shortcut: ids drawn as RandomIdGenerator does, no span metrics, no on_start hook
+        self.quick = self.random_ids and self.no_metrics and not self.plan.starts
+        # what the shortcut makes: a LiveSpan where every processor's exporter rebuilds spans, else a RecordedSpan
+        self.make: Callable[..., trace_api.Span] = LiveSpan if self.plan.rebuilding else RecordedSpan
+        # the fields ReadableSpan.__init__ and Span.__init__ set that every span of the tracer shares: read
+        # through the setup (RecordedSpan.__getattr__), not copied into each span
+        self.shared: dict[str, Any] = {
             "_instrumentation_info": tracer.instrumentation_info, "_instrumentation_scope": tracer._instrumentation_scope,
-            "_resource": tracer.resource, "_status": _UNSET, "_sampler": tracer.sampler, "_trace_config": None,
-            "_span_processor": tracer.span_processor, "_limits": limits, "_max_attributes": limits.max_span_attributes,
-            "_dropped_attributes": 0, "_events": (), "_end_time": None, "_start_time": None, "_plan": self.plan}
+            "_resource": tracer.resource, "_sampler": tracer.sampler, "_span_processor": tracer.span_processor,
+            "_limits": tracer._span_limits}
+        self.max_attributes: int | None = tracer._span_limits.max_span_attributes
 
 
 class ProcessorPlan:
@@ -255,6 +297,9 @@ class ProcessorPlan:
         self.endings = tuple(p._on_ending for p in processors if type(p)._on_ending not in _EMPTY_HOOKS)
         self.ends: tuple[Callable[[ReadableSpan], None], ...] = tuple(
             _batch_append(p) if type(p) is BatchSpanProcessor else p.on_end for p in processors)
+        # every processor a batch one whose exporter rebuilds live spans: the shortcut may make LiveSpans
+        self.rebuilding = bool(processors) and not self.starts and not self.endings and all(
+            type(p) is BatchSpanProcessor and type(p._batch_processor._exporter) is Rebuilding for p in processors)
 
 
 def _batch_append(processor: BatchSpanProcessor) -> Callable[[ReadableSpan], None]:
@@ -338,38 +383,77 @@ class CurrentSpan:
 
 
 class RecordedSpan(Span):
-    """A recording span (module doc): the SDK's `Span` with plain attributes and no copy at its end."""
+    """A recording span (module doc): the SDK's `Span` with plain attributes, stored when read, and no copy at
+    its end."""
 
-    # set from the tracer's TracerSetup.fields (with the SDK's other fields) when the span is made
-    _max_attributes: int | None
-    _dropped_attributes: int
-    _plan: ProcessorPlan
+    # What every span starts with, on the class: a span sets its own field when it changes one.
+    _status = _UNSET
+    _events: Any = ()
+    _end_time: int | None = None
+    _dropped_attributes = 0
+    _trace_config = None
+    _record_exception = True
+    _set_status_on_exception = True
+    _record_end_metrics: Any = None
+    _lock = _SPAN_LOCK
+    # attribute mappings set and not yet stored, and links given at the start and not yet checked: both are
+    # settled (`_settle`) when `_attributes` or `_links` is first read, by an exporter (on its own thread) or
+    # by a reader of the live span
+    _pending: list[Mapping[str, Any]] | None = None
+    _given_links: Sequence[trace_api.Link] | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> RecordedSpan:
         return object.__new__(cls)  # the SDK's Span.__new__ only refuses to make a bare `Span`
 
     def __init__(self, name: str, context: trace_api.SpanContext, parent: trace_api.SpanContext | None,
-                 setup: TracerSetup, attributes: types.Attributes, kind: SpanKind, links: Sequence[trace_api.Link] | None,
-                 record_exception: bool, set_status_on_exception: bool, record_end_metrics: Any) -> None:
-        # every field ReadableSpan.__init__ and Span.__init__ set (the test compares the two field sets)
-        self.__dict__.update(setup.fields)
+                 setup: TracerSetup, attributes: types.Attributes, kind: SpanKind,
+                 links: Sequence[trace_api.Link] | None, start_time: int | None,
+                 flags: tuple[bool, bool] | None = None) -> None:
+        # the fields that differ from span to span; the rest are the class's or the setup's (`__getattr__`)
         self._name = name
         self._context = context
         self._kind = kind
         self._parent = parent
-        self._record_exception = record_exception
-        self._set_status_on_exception = set_status_on_exception
-        self._lock = _allocate_lock()
-        self._attributes: dict[str, Any] = {}
+        self._setup = setup
         if attributes:
-            self._put(attributes)
-        self._links: Any = self._new_links(links) if links else _NO_LINKS
-        self._record_end_metrics = record_end_metrics
+            self._pending = [dict(attributes)]  # a copy, as the SDK's own: the caller may change its mapping
+        if links:
+            self._given_links = links
+        self._start_time = start_time if start_time is not None else time_ns()
+        if flags is not None:  # (record_exception, set_status_on_exception) where not both True
+            self._record_exception, self._set_status_on_exception = flags
+
+    def __getattr__(self, name: str) -> Any:
+        """The fields not set on the span: the tracer's shared ones, and the settled attributes and links."""
+        if name == "_attributes" or name == "_links":
+            self._settle()
+            return self.__dict__[name]
+        if name != "_setup":
+            try:
+                return self._setup.shared[name]
+            except KeyError:
+                pass
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _settle(self) -> None:
+        """Store the pending attributes (the SDK's limits and cleaning, `_put`) and check the given links (the
+        SDK's `_new_links`), once; a reader on another thread (an exporter) waits for the first to finish."""
+        with _SETTLE_LOCK:
+            fields = self.__dict__
+            if "_attributes" not in fields:
+                fields["_attributes"] = {}
+            pending = fields.pop("_pending", None)
+            if pending:
+                for attributes in pending:
+                    self._put(attributes)
+            if "_links" not in fields:
+                given = fields.pop("_given_links", None)
+                fields["_links"] = self._new_links(given) if given else _NO_LINKS
 
     def _put(self, attributes: Mapping[str, Any]) -> None:
         """Store attributes (the caller holds the lock or owns the span): module doc."""
-        store = self._attributes
-        limit = self._max_attributes
+        store = self.__dict__["_attributes"]
+        limit = self._setup.max_attributes
         for key, value in attributes.items():
             if type(key) is not str or not key:
                 _log.warning("span attribute dropped: its key must be a non-empty string", key=repr(key))
@@ -393,6 +477,8 @@ class RecordedSpan(Span):
 
     @property
     def dropped_attributes(self) -> int:
+        if "_attributes" not in self.__dict__:
+            self._settle()
         return self._dropped_attributes
 
     def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
@@ -400,7 +486,12 @@ class RecordedSpan(Span):
             if self._end_time is not None:
                 _log.warning("attribute not set: the span has ended", span=self._name)
                 return
-            self._put(attributes)
+            if "_attributes" in self.__dict__:  # settled already (read while live): stored now
+                self._put(attributes)
+            elif self._pending is None:
+                self._pending = [dict(attributes)]
+            else:
+                self._pending.append(dict(attributes))
 
     def set_attribute(self, key: str, value: types.AnyValue) -> None:
         self.set_attributes({key: value})
@@ -445,13 +536,45 @@ class RecordedSpan(Span):
                 _log.warning("span ended twice: the second end is ignored", span=self._name)
                 return
             self._end_time = end_time if end_time is not None else time_ns()
-        if self._record_end_metrics:
+        if self._record_end_metrics is not None:
             self._record_end_metrics()
-        plan: ProcessorPlan = self._plan
+        plan = self._setup.plan
         for ending in plan.endings:
             ending(self)
         for on_end in plan.ends:
             on_end(self)  # ended: every setter refuses, so the span is its own read-only view
+
+
+def rebuild(live: LiveSpan) -> RecordedSpan:
+    """The SDK's span for a live one (shared.tracing_live): the same ids, kind and times, its calls made again in
+    order on a `RecordedSpan`, so the SDK's limits, cleaning and status rules apply as they would have."""
+    span = RecordedSpan(live._name, live._context, live._parent, live._setup, live._pending, live._kind,
+                        live._links, live._start_time, live._flags)
+    for method, args in live._calls or ():
+        getattr(span, method)(*args)
+    span._end_time = live._end_time
+    return span
+
+
+class Rebuilding(SpanExporter):
+    """An exporter behind a batch processor, handed the SDK's span for each live one (`rebuild`, on the
+    processor's thread): where every processor's exporter is one, spans are made live (shared.tracing_live)."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        return self.exporter.export([s.rebuilt(rebuild) if type(s) is LiveSpan else s for s in spans])
+
+    def shutdown(self, timeout_millis: float | None = None) -> None:
+        close = self.exporter.shutdown
+        if timeout_millis is not None and "timeout_millis" in inspect.getfullargspec(close).args:
+            close(timeout_millis=timeout_millis)  # type: ignore[call-arg]
+        else:
+            close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
 
 
 def _installed() -> str:

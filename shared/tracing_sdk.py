@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 
 from shared.telemetry import PERIODIC, package_version
-from shared.tracing_record import RecordingTracerProvider
+from shared.tracing_record import Rebuilding, RecordingTracerProvider
 
 
 def build_provider(service_name: str, chosen: str, *, otlp: bool, node: str,
@@ -49,13 +49,14 @@ def build_provider(service_name: str, chosen: str, *, otlp: bool, node: str,
     provider.sampler = PeriodicSampler(provider.sampler, periodic)  # base: OTEL_TRACES_SAMPLER
     memory: InMemorySpanExporter | None = None
     if otlp:
-        provider.add_span_processor(BatchSpanProcessor(otlp_exporter()))
+        provider.add_span_processor(BatchSpanProcessor(Rebuilding(otlp_exporter())))
     if chosen == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(Rebuilding(ConsoleSpanExporter())))
     elif chosen.startswith("file:"):
         # the span file's batch delay: OTEL_BSP_SCHEDULE_DELAY where set (as for OTLP), FILE_EXPORT_DELAY_MS if not
         delay = None if os.environ.get("OTEL_BSP_SCHEDULE_DELAY") else FILE_EXPORT_DELAY_MS
-        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(chosen[5:]), schedule_delay_millis=delay))
+        provider.add_span_processor(BatchSpanProcessor(Rebuilding(JsonLinesSpanExporter(chosen[5:])),
+                                                         schedule_delay_millis=delay))
     elif chosen == "memory":
         memory = InMemorySpanExporter()
         provider.add_span_processor(SimpleSpanProcessor(memory))

@@ -41,7 +41,8 @@ from shared.telemetry import (
     leaf_span,
     traceparent_context,
 )
-from shared.tracing_record import RecordedSpan, RecordingTracer, RecordingTracerProvider
+from shared.tracing_live import LiveSpan
+from shared.tracing_record import Rebuilding, RecordedSpan, RecordingTracer, RecordingTracerProvider
 from shared.tracing_sdk import PeriodicSampler, span_to_dict
 
 # The SDK and API code shared/tracing_record.py (and PeriodicSampler's shortcut) mirror or rely on, as
@@ -237,8 +238,15 @@ def test_an_attribute_length_limit_keeps_the_sdks_own_path() -> None:
 
 def test_a_recorded_span_has_every_field_the_sdk_span_has(pair: tuple[Pair, Pair]) -> None:
     (stock, _), (ours, _) = pair
-    theirs, mine = stock.get_tracer("t").start_span("s"), ours.get_tracer("t").start_span("s")
-    assert set(vars(theirs)) <= set(vars(mine)), set(vars(theirs)) - set(vars(mine))
+    tracer = ours.get_tracer("t")
+    theirs, mine = stock.get_tracer("t").start_span("s"), tracer.start_span("s")
+    # each is the span's own, the class's (what every span starts with) or the tracer's (read through its setup)
+    assert [name for name in vars(theirs) if not hasattr(mine, name)] == []
+    assert isinstance(tracer, sdk.Tracer) and isinstance(mine, RecordedSpan)
+    assert (mine._resource, mine._instrumentation_scope, mine._limits, mine._span_processor) == (
+        tracer.resource, tracer._instrumentation_scope, tracer._span_limits, tracer.span_processor)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        mine.nothing  # noqa: B018
     for span in (theirs, mine):
         span.end()
 
@@ -325,6 +333,56 @@ def test_a_batch_processor_gets_recorded_spans_as_the_sdks_own_path_gives_them(
     forked.get_tracer("t").start_span("late").end()
     assert [s.name for s in exported.get_finished_spans()] == ["after-fork", "then"]
     for p in (stock, ours, small):
+        p.shutdown()
+
+
+def test_live_spans_rebuilt_for_the_exporter_are_the_sdks_spans(caplog: pytest.LogCaptureFixture) -> None:
+    """Where every processor is a batch one whose exporter rebuilds spans (`Rebuilding`, as `build_provider`
+    sets up the span file and OTLP), the tracer makes `LiveSpan`s: the calls made on them are made again on
+    the SDK's span on the exporter's thread, and what the exporter gets is what the SDK's own path gives."""
+    (stock, stock_spans) = provider(TracerProvider)
+    ours = RecordingTracerProvider(resource=Resource.create({"service.name": "t", "k8s.node.name": "n1"}))
+    our_spans = InMemorySpanExporter()
+    ours.add_span_processor(BatchSpanProcessor(Rebuilding(our_spans), schedule_delay_millis=60_000))
+    tracer = ours.get_tracer("t")
+    made: list[type] = []
+    with tracer.start_as_current_span("outer") as outer, leaf_span(tracer, "leaf") as leaf:
+        made += [type(outer), type(leaf)]
+        assert outer.is_recording() and leaf.get_span_context().trace_id == outer.get_span_context().trace_id
+        assert current_traceparent().split("-")[2] == f"{outer.get_span_context().span_id:016x}"
+    assert made == [LiveSpan, LiveSpan] and not outer.is_recording()
+    with caplog.at_level(logging.WARNING):
+        workload(stock.get_tracer("t"))
+        workload(tracer)
+    assert any("it has ended" in r.getMessage() or "ended twice" in r.getMessage() for r in caplog.records)
+    assert ours.force_flush()
+    theirs, mine = stock_spans.get_finished_spans(), our_spans.get_finished_spans()[2:]
+    assert all(type(s) is RecordedSpan for s in mine) and len(mine) == len(theirs) == 3
+    assert [comparable(s) for s in mine] == [comparable(s) for s in theirs]
+    assert [(s.start_time is not None and s.end_time is not None and s.start_time <= s.end_time) for s in mine] == [True] * 3
+    exception = next(e for e in mine[1].events if e.name == "exception")
+    assert exception.attributes is not None and exception.attributes["exception.type"] == "ValueError"
+    assert "no such device" in str(exception.attributes["exception.stacktrace"])
+    # the span file reads a rebuilt span as it reads the SDK's
+    drop = ("trace_id", "span_id", "parent_span_id", "start_ns", "end_ns", "links")
+    assert [{k: v for k, v in span_to_dict(s).items() if k not in drop} for s in mine] == \
+           [{k: v for k, v in span_to_dict(s).items() if k not in drop} for s in theirs]
+    # the attribute count limit, on the exporter's thread as on the loop
+    limited = RecordingTracerProvider(span_limits=SpanLimits(max_span_attributes=2))
+    limited_spans = InMemorySpanExporter()
+    limited.add_span_processor(BatchSpanProcessor(Rebuilding(limited_spans), schedule_delay_millis=60_000))
+    with limited.get_tracer("t").start_as_current_span("s", attributes={"a": 1, "b": 2, "c": 3}) as span:
+        assert type(span) is LiveSpan
+        span.set_attribute("d", 4)
+        span.set_attribute("c", 5)
+    limited.force_flush()
+    assert dict(limited_spans.get_finished_spans()[0].attributes or {}) == {"d": 4, "c": 5}
+    assert limited_spans.get_finished_spans()[0].dropped_attributes == 2  # a, then b (the SDK drops the same)
+    # a processor added that does not rebuild: recorded spans again, for every processor
+    ours.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    with tracer.start_as_current_span("after") as after:
+        assert type(after) is RecordedSpan
+    for p in (stock, ours, limited):
         p.shutdown()
 
 
