@@ -6,13 +6,21 @@ links are `BoundedList`s (a deque and a lock each) made even when a span never g
 `end()` copies the span into a fresh `ReadableSpan` for the processors. `RecordingTracer` starts a
 `RecordedSpan` instead, which:
 
-- keeps attributes in a plain dict: a `str`, `bool`, `int` or `float` value with a non-empty `str` key
-  (what our code builds) is stored as is; anything else goes through the SDK's own cleaning
-  (`_clean_attribute_value`: sequences to tuples, other types to text or dropped); the count limit
-  (`max_span_attributes`) holds as in the SDK (oldest dropped, counted in `dropped_attributes`);
-- makes its events and links lists on the first one added;
+- sets only the fields that differ from span to span: what every span starts with is on the class, what
+  the tracer's spans share (resource, scope, limits, processors) is read through the tracer's setup;
+- keeps the attributes it is given as they were given, and stores them when they are first read (by an
+  exporter, on its thread): a `str`, `bool`, `int` or `float` value with a non-empty `str` key (what our
+  code builds) as is; anything else through the SDK's own cleaning (`_clean_attribute_value`: sequences to
+  tuples, other types to text or dropped); the count limit (`max_span_attributes`) holds as in the SDK
+  (oldest dropped, counted in `dropped_attributes`); its links are checked then too;
+- makes its events list on the first one added;
 - hands itself to the processors when it ends: once ended, every setter refuses (as the SDK's do), so
   the span is its own read-only view and no copy is made.
+
+Where every processor is a batch processor whose exporter is `Rebuilding` (as `shared.tracing_sdk` sets up
+the span file, console and OTLP exporters), the tracer starts a `LiveSpan` (shared.tracing_live) instead:
+its ids and times now, the calls made on it kept, and the `RecordedSpan` made from it (`rebuild`) on the
+exporter's thread, off the event loop.
 
 `RecordingTracer.start_span` is the SDK's, made cheaper where the answer is known: a sampled child of a
 sampled parent is decided as `PeriodicSampler`'s shortcut decides it without building a `SamplingResult`;
@@ -47,6 +55,7 @@ from opentelemetry.sdk.trace import (
     Event,
     ReadableSpan,
     Span,
+    SpanLimits,
     SpanProcessor,
     SynchronousMultiSpanProcessor,
     Tracer,
@@ -556,14 +565,60 @@ def rebuild(live: LiveSpan) -> RecordedSpan:
     return span
 
 
+def plain_fields(live: LiveSpan) -> tuple[dict[str, Any], list[trace_api.SpanContext], StatusCode] | None:
+    """The attributes, link contexts and status code the SDK's span for `live` (`rebuild`) would hold, read from the
+    live span directly where they are plain to see: every attribute key a non-empty `str` and every value a `str`,
+    `bool`, `int` or `float` (or a list or tuple of `str`), no more attributes or links than the limits, every link
+    to a valid span context. None where they are not: then only the rebuilt span says. Events are not read."""
+    calls = live._calls
+    attributes = dict(live._pending) if live._pending else {}
+    given = live._links
+    links = [link.context for link in given] if given else []
+    code = StatusCode.UNSET
+    if calls:
+        for method, args in calls:
+            if method == "set_attributes":
+                for key, value in args[0].items():  # a key set again goes last, as the SDK's store puts it
+                    attributes.pop(key, None)
+                    attributes[key] = value
+            elif method == "set_status":
+                status, _ = args
+                asked = status.status_code if isinstance(status, Status) else status
+                if not isinstance(asked, StatusCode):
+                    return None
+                if code is not StatusCode.OK and asked is not StatusCode.UNSET:  # the SDK's set_status rule
+                    code = asked
+            elif method == "add_link":
+                links.append(args[0])
+            elif method != "add_event":
+                return None
+    limits: SpanLimits = live._setup.shared["_limits"]
+    if (limits.max_span_attributes is not None and len(attributes) > limits.max_span_attributes) or (
+            limits.max_links is not None and len(links) > limits.max_links):
+        return None
+    for key, value in attributes.items():
+        kind = type(value)
+        if type(key) is not str or not key or (kind not in _PLAIN and not (
+                (kind is list or kind is tuple) and all(type(v) is str for v in value))):  # type: ignore[union-attr]
+            return None
+    for context in links:
+        if not (context and context[5]):
+            return None
+    return attributes, links, code
+
+
 class Rebuilding(SpanExporter):
     """An exporter behind a batch processor, handed the SDK's span for each live one (`rebuild`, on the
     processor's thread): where every processor's exporter is one, spans are made live (shared.tracing_live)."""
 
     def __init__(self, exporter: SpanExporter) -> None:
         self.exporter = exporter
+        # an exporter that reads live spans itself (the span file: `plain_fields`, else `rebuild`) gets them as they are
+        self.passes_live = bool(getattr(exporter, "reads_live_spans", False))
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        if self.passes_live:
+            return self.exporter.export(spans)
         return self.exporter.export([s.rebuilt(rebuild) if type(s) is LiveSpan else s for s in spans])
 
     def shutdown(self, timeout_millis: float | None = None) -> None:

@@ -38,7 +38,8 @@ from opentelemetry.sdk.trace.sampling import (
 )
 
 from shared.telemetry import PERIODIC, package_version
-from shared.tracing_record import Rebuilding, RecordingTracerProvider
+from shared.tracing_live import LiveSpan
+from shared.tracing_record import Rebuilding, RecordingTracerProvider, plain_fields, rebuild
 
 
 def build_provider(service_name: str, chosen: str, *, otlp: bool, node: str,
@@ -70,14 +71,18 @@ class JsonLinesSpanExporter(SpanExporter):
 
     It runs behind a BatchSpanProcessor (FILE_EXPORT_DELAY_MS), so a span's encoding and write happen
     on the processor's thread, not on the event loop of the work being traced; a span is in the file
-    within ~FILE_EXPORT_DELAY_MS of its end, and every span is on shutdown (`shutdown_telemetry`)."""
+    within ~FILE_EXPORT_DELAY_MS of its end, and every span is on shutdown (`shutdown_telemetry`).
+    Behind `Rebuilding` it reads live spans itself (`span_to_dict`), without the SDK span made from each."""
+
+    reads_live_spans = True
 
     def __init__(self, path: str) -> None:
         self._path = path
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        lines = b"".join(_SPAN_JSON.encode(span_to_dict(s)) + b"\n" for s in spans)
+        encode = _SPAN_JSON.encode
+        lines = b"".join(encode(span_to_dict(s)) + b"\n" for s in spans)
         with self._lock, open(self._path, "ab") as out:
             out.write(lines)
         return SpanExportResult.SUCCESS
@@ -89,17 +94,47 @@ class JsonLinesSpanExporter(SpanExporter):
 # How long a finished span waits for others to share its file write (the file exporter's batch delay).
 FILE_EXPORT_DELAY_MS = 50
 _SPAN_JSON = msgspec.json.Encoder(enc_hook=str)  # attribute values that JSON lacks (tuples are lists) as text
+_RESOURCE_NAMES: dict[int, tuple[Resource, Any, str]] = {}  # id -> (resource, service.name, k8s.node.name)
 
 
-def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
-    """A compact, stable JSON form of a finished span."""
+def _resource_names(resource: Resource | None) -> tuple[Any, str]:
+    """A resource's service and node names (looked up once per resource: its attributes are a slow mapping)."""
+    if resource is None:
+        return None, ""
+    known = _RESOURCE_NAMES.get(id(resource))
+    if known is None or known[0] is not resource:
+        attributes = resource.attributes
+        known = _RESOURCE_NAMES[id(resource)] = (resource, attributes.get("service.name"),
+                                                 str(attributes.get("k8s.node.name", "")))
+    return known[1], known[2]
+
+
+def span_to_dict(span: ReadableSpan | LiveSpan) -> dict[str, Any]:
+    """A compact, stable JSON form of a finished span: an SDK span's, or a live span's read from it directly
+    where its fields are plain (`plain_fields`), else from the SDK span made from it (`rebuild`)."""
+    if isinstance(span, LiveSpan):
+        fields = plain_fields(span)
+        if fields is not None:
+            attributes, links, code = fields
+            own, up = span._context, span._parent
+            service, node = _resource_names(span._setup.shared["_resource"])
+            return {
+                "name": span._name, "service": service, "node": node,
+                "trace_id": f"{own[0]:032x}", "span_id": f"{own[1]:016x}",
+                "parent_span_id": f"{up[1]:016x}" if up else "",
+                "kind": _KIND_NAMES[span._kind], "start_ns": span._start_time, "end_ns": span._end_time,
+                "status": _STATUS_NAMES[code], "attributes": attributes,
+                "links": [{"trace_id": f"{link[0]:032x}", "span_id": f"{link[1]:016x}"} for link in links],
+            }
+        span = span.rebuilt(rebuild)
+    assert isinstance(span, ReadableSpan)
     ctx = span.get_span_context()
     parent = span.parent
-    resource = span.resource.attributes if span.resource else {}
+    service, node = _resource_names(span.resource)
     return {
         "name": span.name,
-        "service": resource.get("service.name"),
-        "node": resource.get("k8s.node.name", ""),
+        "service": service,
+        "node": node,
         "trace_id": f"{ctx.trace_id:032x}" if ctx else "",
         "span_id": f"{ctx.span_id:016x}" if ctx else "",
         "parent_span_id": f"{parent.span_id:016x}" if parent else "",

@@ -26,6 +26,7 @@ from shared.events.claims import ClaimLifecycle, PreparedDeviceRef, claim_event_
 from shared.events.schema import write_schemas
 from shared.identity import REASON
 from shared.natsserver import EmbeddedNats
+from tests.polling import eventually
 from tests.preparer.helpers import send_all
 from tests.security.conftest import DeadLetters, bus_as, url_as
 
@@ -97,6 +98,8 @@ async def test_an_event_whose_body_names_another_namespace_or_node_is_not_accoun
     assert [u.claim for u in ledger.ledger.open.values()] == ["claim-a1"]
     await dead_letters.next(reason=REASON, subject=catalog.CLAIM.format(namespace="team-b", node="gpu-a",
                                                                         event="unprepared"))
+    # the honest event went out last: once this consumer has it, every forged one before it was handled (refused)
+    await eventually(lambda: received, "the honest event at the driver-side consumer")
     assert [ev.claim_uid for ev in received] == ["a1"]
 
 

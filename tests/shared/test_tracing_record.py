@@ -8,10 +8,12 @@ import asyncio
 import hashlib
 import importlib.metadata
 import inspect
+import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from opentelemetry import context as otel_context
 from opentelemetry import trace as api
@@ -43,7 +45,7 @@ from shared.telemetry import (
 )
 from shared.tracing_live import LiveSpan
 from shared.tracing_record import Rebuilding, RecordedSpan, RecordingTracer, RecordingTracerProvider
-from shared.tracing_sdk import PeriodicSampler, span_to_dict
+from shared.tracing_sdk import JsonLinesSpanExporter, PeriodicSampler, span_to_dict
 
 # The SDK and API code shared/tracing_record.py (and PeriodicSampler's shortcut) mirror or rely on, as
 # sha256 of its source (first 12 hex digits) in SDK_VERSION. A change: read the new code, bring the module
@@ -383,6 +385,59 @@ def test_live_spans_rebuilt_for_the_exporter_are_the_sdks_spans(caplog: pytest.L
     with tracer.start_as_current_span("after") as after:
         assert type(after) is RecordedSpan
     for p in (stock, ours, limited):
+        p.shutdown()
+
+
+def statuses_and_links(tracer: api.Tracer) -> None:
+    """The status rules (OK holds; UNSET changes nothing; a code with its description) and links the span file
+    reads from a live span itself, and links it leaves to the SDK (to an invalid context, kept for its attributes)."""
+    remote = api.get_current_span(traceparent_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))
+    with tracer.start_as_current_span("ok-holds") as span:
+        span.set_status(api.Status(StatusCode.OK))
+        span.set_status(api.Status(StatusCode.ERROR, "too late"))
+    with tracer.start_as_current_span("code-and-text") as span:
+        span.set_status(StatusCode.ERROR, "no such device")
+        span.set_status(api.Status(StatusCode.UNSET))
+        span.set_attribute("dra.claim.uid", "u1")
+        span.set_attributes({"a": 1, "dra.claim.uid": "u2"})
+    with tracer.start_as_current_span("linked", links=[api.Link(remote.get_span_context())]) as span:
+        span.add_link(remote.get_span_context())
+    with tracer.start_as_current_span("invalid-link", links=[api.Link(api.INVALID_SPAN_CONTEXT, {"why": "x"})]):
+        pass
+
+
+def test_the_span_file_reads_live_spans_as_the_sdks_spans(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """`JsonLinesSpanExporter` behind `Rebuilding` reads live spans itself where their fields are plain
+    (`plain_fields`), and from the rebuilt span where not (a value to clean, a bad key, an invalid link):
+    every line is the one the SDK's own span gives."""
+    (stock, stock_spans) = provider(TracerProvider)
+    ours = RecordingTracerProvider(resource=Resource.create({"service.name": "t", "k8s.node.name": "n1"}))
+    path = tmp_path / "spans.jsonl"
+    ours.add_span_processor(BatchSpanProcessor(Rebuilding(JsonLinesSpanExporter(str(path))),
+                                               schedule_delay_millis=60_000))
+    with caplog.at_level(logging.WARNING):
+        for work in (workload, statuses_and_links):
+            work(stock.get_tracer("t"))
+            work(ours.get_tracer("t"))
+    assert ours.force_flush()
+    remote = {"00f067aa0ba902b7", "0000000000000000"}
+
+    def comparable_line(line: dict[str, Any]) -> dict[str, Any]:
+        kept = {k: v for k, v in line.items() if k not in ("trace_id", "span_id", "parent_span_id", "start_ns",
+                                                            "end_ns", "links")}
+        kept["links"] = [link["span_id"] if link["span_id"] in remote else "local" for link in line["links"]]
+        kept["parent"] = bool(line["parent_span_id"])
+        return kept
+
+    mine = [json.loads(line) for line in path.read_text().splitlines()]
+    theirs = [msgspec.json.decode(msgspec.json.encode(span_to_dict(s), enc_hook=str)) for s in stock_spans.get_finished_spans()]
+    assert len(mine) == len(theirs) == 7
+    assert [comparable_line(m) for m in mine] == [comparable_line(t) for t in theirs]
+    by_name = {m["name"]: m for m in mine}
+    assert by_name["ok-holds"]["status"] == "OK" and by_name["code-and-text"]["status"] == "ERROR"
+    assert by_name["code-and-text"]["attributes"] == {"dra.claim.uid": "u2", "a": 1}
+    assert len(by_name["invalid-link"]["links"]) == 1 and len(by_name["linked"]["links"]) == 2
+    for p in (stock, ours):
         p.shutdown()
 
 
