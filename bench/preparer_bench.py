@@ -3,11 +3,12 @@ concurrent claims per second, RSS over a soak, and tracing overhead (exporter on
 sockets, against the embedded API server, with each preparer as its own `gpu-dra preparer` process.
 
     .venv/bin/python bench/preparer_bench.py [--cycles 300] [--batch-rounds 40] [--concurrent-rounds 10]
-        [--soak 10000] [--compare-repo /path/to/other/checkout] [--out bench/results/preparer.json]
+        [--soak 10000] [--compare-repo /path/to/other/checkout [--compare-tracing]] [--out bench/results/preparer.json]
 
 Variants run side by side and are interleaved cycle by cycle (the machine is noisy; medians of interleaved
 runs compare): `main` (this checkout, no trace exporter), `tracing-on` (this checkout, spans exported to a
-file) and, with --compare-repo, `compare` (another checkout's preparer, e.g. the commit before a change).
+file) and, with --compare-repo, `compare` (another checkout's preparer, e.g. the commit before a change; with
+--compare-tracing also `compare-tracing-on`, its spans exported: its tracing overhead in the same run).
 fsyncs are read from each preparer's `gpu_dra_fsyncs_total` (its /metrics); RSS from /proc/<pid>/status.
 Sequential cycles alternate between variants in blocks of 25 (`--interleave block`, the default since the fourth
 round: a preparer's own events, sent 20 ms after a call, then land on its own next calls, not on another variant's)
@@ -218,6 +219,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 Variant("tracing-on", REPO, {"GPU_DRA_OTEL_EXPORTER": f"file:{base / 'spans.jsonl'}"})]
     if args.compare_repo:
         variants.append(Variant("compare", Path(args.compare_repo), {}))
+        if args.compare_tracing:  # the other checkout with its spans exported too: its own tracing overhead
+            variants.append(Variant("compare-tracing-on", Path(args.compare_repo),
+                                    {"GPU_DRA_OTEL_EXPORTER": f"file:{base / 'spans-compare.jsonl'}"}))
     figures: dict[str, Any] = {
         "what": "1-GPU claims over the real DRA v1 unix socket; claims GET from the embedded API server; each "
                 "preparer its own process (its embedded nats-server not counted in RSS); variants interleaved "
@@ -276,20 +280,26 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 figures[v.name]["batched"] = batched[v.name]
                 figures[v.name]["concurrent"] = concurrent[v.name]
             main_v = variants[0]
-            on_v, off_v = figures["tracing-on"], figures["main"]
 
             def overhead(on: float, off: float, *, rate: bool = False) -> float:
                 """How much worse exporter-on is, in % (negative: better, i.e. noise)."""
                 return round(((off - on) / off if rate else (on - off) / off) * 100, 1)
 
-            figures["tracing_overhead_pct"] = {
-                "prepare_p50": overhead(on_v["prepare"]["p50_ms"], off_v["prepare"]["p50_ms"]),
-                "prepare_mean": overhead(on_v["prepare"]["mean_ms"], off_v["prepare"]["mean_ms"]),
-                "batched_claims_per_s": overhead(on_v["batched"]["claims_per_s"], off_v["batched"]["claims_per_s"],
-                                                 rate=True),
-                "concurrent_claims_per_s": overhead(on_v["concurrent"]["claims_per_s"],
-                                                    off_v["concurrent"]["claims_per_s"], rate=True),
-            }
+            def tracing_overhead(on_v: dict[str, Any], off_v: dict[str, Any]) -> dict[str, float]:
+                return {
+                    "prepare_p50": overhead(on_v["prepare"]["p50_ms"], off_v["prepare"]["p50_ms"]),
+                    "prepare_mean": overhead(on_v["prepare"]["mean_ms"], off_v["prepare"]["mean_ms"]),
+                    "cpu_per_cycle": overhead(on_v["preparer_cpu_ms_per_cycle"], off_v["preparer_cpu_ms_per_cycle"]),
+                    "batched_claims_per_s": overhead(on_v["batched"]["claims_per_s"],
+                                                     off_v["batched"]["claims_per_s"], rate=True),
+                    "concurrent_claims_per_s": overhead(on_v["concurrent"]["claims_per_s"],
+                                                        off_v["concurrent"]["claims_per_s"], rate=True),
+                }
+
+            figures["tracing_overhead_pct"] = tracing_overhead(figures["tracing-on"], figures["main"])
+            if "compare-tracing-on" in figures:
+                figures["compare_tracing_overhead_pct"] = tracing_overhead(figures["compare-tracing-on"],
+                                                                           figures["compare"])
             if args.soak:
                 assert main_v.plugin is not None
                 samples = [round(main_v.rss_mb(), 1)]
@@ -321,6 +331,8 @@ if __name__ == "__main__":
                              "in turn (the earlier rounds' method: one preparer's events then go out during another's "
                              "calls)")
     parser.add_argument("--compare-repo", default="", help="another checkout whose preparer runs as `compare`")
+    parser.add_argument("--compare-tracing", action="store_true",
+                        help="with --compare-repo: that checkout with spans exported too (`compare-tracing-on`)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "preparer.json"))
     arguments = parser.parse_args()
     if arguments.compare_repo:

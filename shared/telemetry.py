@@ -50,6 +50,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 # A version-00 `traceparent` as this project writes it (and most do): read without the propagator's
 # per-call pattern look-up; anything else (another version, spacing, upper case) goes to the propagator.
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_TRACE_FLAGS = tuple(trace.TraceFlags(bits) for bits in range(256))
 _memory_exporter: InMemorySpanExporter | None = None
 _provider: TracerProvider | None = None
 
@@ -150,19 +151,35 @@ def traceparent_context(traceparent: str) -> otel_context.Context:
     propagator reads it."""
     if not traceparent:
         return otel_context.Context()
+    parent = _remote_span_context(traceparent)
+    if parent is None:
+        return _PROPAGATOR.extract({"traceparent": traceparent})
+    if not parent[5]:
+        return otel_context.Context()
+    return otel_context.Context({_SPAN_KEY: trace.NonRecordingSpan(parent)})
+
+
+def _remote_span_context(traceparent: str) -> trace.SpanContext | None:
+    """The remote span context a `traceparent` of the common form names (an invalid one for zero ids), made as
+    the API's `SpanContext` makes it; None for any other form (the propagator reads those)."""
     match = _TRACEPARENT.fullmatch(traceparent)
     if match is None:
-        return _PROPAGATOR.extract({"traceparent": traceparent})
+        return None
     trace_id, span_id = int(match[1], 16), int(match[2], 16)
     if not trace_id or not span_id:
-        return otel_context.Context()
-    parent = trace.SpanContext(trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(int(match[3], 16)))
-    return otel_context.Context({_SPAN_KEY: trace.NonRecordingSpan(parent)})
+        return trace.INVALID_SPAN_CONTEXT
+    # the API's SpanContext.__new__ for ids in range (32 and 16 hex digits, not zero): valid
+    return tuple.__new__(trace.SpanContext, (trace_id, span_id, True, _TRACE_FLAGS[int(match[3], 16)],
+                                             trace.DEFAULT_TRACE_STATE, True))
 
 
 def span_link(traceparent: str) -> list[trace.Link]:
     """A link to the span a stored `traceparent` names (none if it names no valid span)."""
-    ctx = trace.get_current_span(traceparent_context(traceparent)).get_span_context()
+    if not traceparent:
+        return []
+    ctx = _remote_span_context(traceparent)
+    if ctx is None:
+        ctx = trace.get_current_span(_PROPAGATOR.extract({"traceparent": traceparent})).get_span_context()
     return [trace.Link(ctx)] if ctx.is_valid else []
 
 

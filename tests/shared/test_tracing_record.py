@@ -41,6 +41,7 @@ from shared.telemetry import (
     inject_grpc_metadata,
     inject_headers,
     leaf_span,
+    span_link,
     traceparent_context,
 )
 from shared.tracing_live import LiveSpan
@@ -500,6 +501,8 @@ def test_trace_context_is_read_as_the_w3c_propagator_reads_it(traceparent: str) 
         assert api.get_current_span(extract_grpc_context(list(carrier.items()))).get_span_context() == expected
     got = api.get_current_span(traceparent_context(traceparent))
     assert got.get_span_context() == want.get_span_context() and type(got) is type(want)
+    wanted = want.get_span_context()
+    assert [link.context for link in span_link(traceparent)] == ([wanted] if wanted.is_valid else [])
 
 
 @pytest.mark.parametrize("state", [None, "a=1,b=2"])
