@@ -222,6 +222,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if args.compare_tracing:  # the other checkout with its spans exported too: its own tracing overhead
             variants.append(Variant("compare-tracing-on", Path(args.compare_repo),
                                     {"GPU_DRA_OTEL_EXPORTER": f"file:{base / 'spans-compare.jsonl'}"}))
+    if args.tracing_first:  # each tree's exporter-on variant before its exporter-off one (the order's own bias)
+        variants = [v for pair in zip(variants[1::2], variants[0::2], strict=False) for v in pair] + (
+            variants[-1:] if len(variants) % 2 else [])
+    figures_order = [v.name for v in variants]
     figures: dict[str, Any] = {
         "what": "1-GPU claims over the real DRA v1 unix socket; claims GET from the embedded API server; each "
                 "preparer its own process (its embedded nats-server not counted in RSS); variants interleaved "
@@ -229,6 +233,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "apiserver": args.apiserver,
         "interleave": args.interleave,
+        "order": figures_order,
     }
     try:
         async with apiserver(base / "api", args.apiserver) as api, api.client() as client, \
@@ -279,7 +284,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             for v in variants:
                 figures[v.name]["batched"] = batched[v.name]
                 figures[v.name]["concurrent"] = concurrent[v.name]
-            main_v = variants[0]
+            main_v = next(v for v in variants if v.name == "main")
 
             def overhead(on: float, off: float, *, rate: bool = False) -> float:
                 """How much worse exporter-on is, in % (negative: better, i.e. noise)."""
@@ -333,6 +338,9 @@ if __name__ == "__main__":
     parser.add_argument("--compare-repo", default="", help="another checkout whose preparer runs as `compare`")
     parser.add_argument("--compare-tracing", action="store_true",
                         help="with --compare-repo: that checkout with spans exported too (`compare-tracing-on`)")
+    parser.add_argument("--tracing-first", action="store_true",
+                        help="run each tree's exporter-on variant before its exporter-off one in every round (the "
+                             "later variant of a pair runs a little faster here: run both orders and take both)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "preparer.json"))
     arguments = parser.parse_args()
     if arguments.compare_repo:
