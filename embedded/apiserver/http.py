@@ -20,6 +20,7 @@ from embedded.apiserver import (
     authn,
     discovery,
     errors,
+    impersonation,
     openapi_docs,
     openapi_proto,
     patch,
@@ -106,6 +107,13 @@ def build_app(server: ApiServer) -> web.Application:
             if found is None:
                 return reply(request, errors.status(401, "Unauthorized", "Unauthorized"), status=401)
             user = found
+            if impersonation.asks(request.headers):
+                try:
+                    user = impersonation.acting_user(server.authorizer, found, request.headers)
+                except errors.ApiError as err:
+                    log.info("impersonation refused", user=found.username, method=request.method, path=request.path,
+                             reason=err.message)
+                    return status_response(err, request)
             attrs = rbac.request_attributes(request.method, request.path, request.query_string)
             allowed, reason = server.authorizer.authorize(user, attrs)
             if not allowed:

@@ -1,8 +1,8 @@
 """The embedded server's request chain as a real one runs it: static tokens from a token file and
 ServiceAccount tokens from the TokenRequest API (401 for anything else), RBAC from stored Roles
 and bindings (403 with the upstream message, over raw HTTP, kubernetes-asyncio and kubectl),
-SelfSubjectAccessReview for `kubectl auth can-i`, deploy/'s ValidatingAdmissionPolicy, and the
-size limits (413 over 3 MiB of body, 422 over 1 MiB of ConfigMap data)."""
+SelfSubjectAccessReview for `kubectl auth can-i`, impersonation (`kubectl --as`), deploy/'s
+ValidatingAdmissionPolicy, and the size limits (413 over 3 MiB of body, 422 over 1 MiB of ConfigMap data)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ async def api(tmp_path: Path) -> AsyncIterator[RunningApiServer]:
 
 
 async def _http(api: RunningApiServer, method: str, path: str, token: str, body: Any = None,
-                raw: bytes | None = None) -> tuple[int, Any]:
+                raw: bytes | None = None, headers: list[tuple[str, str]] | None = None) -> tuple[int, Any]:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    headers = [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json"), *(headers or [])]
     async with aiohttp.ClientSession() as session, \
             session.request(method, api.url + path, data=data, headers=headers, ssl=False) as resp:
         text = await resp.text()
@@ -216,6 +216,100 @@ async def test_kubectl_auth_can_i_and_forbidden_error(api: RunningApiServer, tmp
     assert rc == 1
     assert ('Error from server (Forbidden): configmaps is forbidden: User "alice" cannot list resource "configmaps" '
             'in API group "" in the namespace "default"') in err
+
+
+def _as(user: str, *groups: str, uid: str = "", **extra: str) -> list[tuple[str, str]]:
+    """The headers of `kubectl --as=<user> --as-group=<group>... --as-uid=<uid>` (and client-go's extras)."""
+    out = [("Impersonate-User", user)] if user else []
+    out += [("Impersonate-Group", g) for g in groups]
+    out += [("Impersonate-Uid", uid)] if uid else []
+    return out + [(f"Impersonate-Extra-{k}", v) for k, v in extra.items()]
+
+
+async def _review(api: RunningApiServer, token: str, impersonate: list[tuple[str, str]], verb: str,
+                  resource: str, namespace: str = "default") -> bool:
+    """SelfSubjectAccessReview (what `kubectl auth can-i` asks) under impersonation headers: allowed?"""
+    status, body = await _http(api, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", token, {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"verb": verb, "resource": resource, "namespace": namespace}}},
+        headers=impersonate)
+    assert status == 201, (status, body)
+    return bool(body["status"]["allowed"])
+
+
+async def test_impersonation_acts_as_the_named_user_once_the_caller_may(api: RunningApiServer) -> None:
+    await _grant_alice_pod_reading(api)  # to group qa
+    pods = "/api/v1/namespaces/default/pods"
+    # the admin (system:masters) may impersonate anyone; the user acting has only the groups named
+    status, body = await _http(api, "GET", pods, api.token, headers=_as("alice"))
+    assert status == 403 and body["message"] == ('pods is forbidden: User "alice" cannot list resource "pods" in API '
+                                                 'group "" in the namespace "default"')
+    assert (await _http(api, "GET", pods, api.token, headers=_as("alice", "qa")))[0] == 200
+    assert await _review(api, api.token, _as("alice", "qa"), "list", "pods")
+    assert not await _review(api, api.token, _as("alice"), "list", "pods")
+    assert await _review(api, api.token, [], "list", "pods")  # no headers: the admin itself
+    # a ServiceAccount's name: its groups, unless groups are named
+    await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", {
+        "metadata": {"name": "default-sas-read-pods"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+        "subjects": [{"kind": "Group", "name": "system:serviceaccounts:default"}]})
+    bot = "system:serviceaccount:default:bot"
+    assert await _review(api, api.token, _as(bot), "list", "pods")
+    assert not await _review(api, api.token, _as(bot, "dev"), "list", "pods")
+    assert not await _review(api, api.token, _as("system:serviceaccount:other:bot"), "list", "pods")
+    # alice may impersonate no one yet: the first thing named is refused with upstream's message
+    status, body = await _http(api, "GET", pods, ALICE, headers=_as("bob"))
+    assert status == 403 and body["message"] == ('users "bob" is forbidden: User "alice" cannot impersonate resource '
+                                                 '"users" in API group "" at the cluster scope')
+    assert body["details"] == {"name": "bob", "kind": "users"}
+    status, body = await _http(api, "GET", pods, ALICE, headers=_as(bot))
+    assert status == 403 and body["message"] == (
+        'serviceaccounts "bot" is forbidden: User "alice" cannot impersonate resource "serviceaccounts" in API group '
+        '"" in the namespace "default"')
+    # granted: bob only (resourceNames), and group qa; an extra or a uid needs its own grant
+    await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+        "metadata": {"name": "impersonate-bob"},
+        "rules": [{"apiGroups": [""], "resources": ["users"], "resourceNames": ["bob"], "verbs": ["impersonate"]},
+                  {"apiGroups": [""], "resources": ["groups"], "resourceNames": ["qa"], "verbs": ["impersonate"]}]})
+    await _admin(api, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "metadata": {"name": "alice-impersonates-bob"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "impersonate-bob"},
+        "subjects": [{"kind": "User", "name": "alice"}]})
+    assert (await _http(api, "GET", pods, ALICE, headers=_as("bob", "qa")))[0] == 200
+    assert (await _http(api, "GET", pods, ALICE, headers=_as("bob")))[0] == 403  # bob himself cannot list pods
+    status, body = await _http(api, "GET", pods, ALICE, headers=_as("carol", "qa"))
+    assert status == 403 and body["message"].startswith('users "carol" is forbidden')
+    status, body = await _http(api, "GET", pods, ALICE, headers=_as("bob", "qa", uid="42"))
+    assert status == 403 and body["message"] == (
+        'uids.authentication.k8s.io "42" is forbidden: User "alice" cannot impersonate resource "uids" in API group '
+        '"authentication.k8s.io" at the cluster scope')
+    status, body = await _http(api, "GET", pods, ALICE, headers=_as("bob", "qa", **{"Scopes%2FA": "x"}))
+    assert status == 403 and body["message"].startswith(
+        'userextras.authentication.k8s.io "x" is forbidden: User "alice" cannot impersonate resource '
+        '"userextras/scopes/a" in API group "authentication.k8s.io"')
+    # groups, a uid or extras without a user: refused as upstream refuses them
+    for headers in (_as("", "qa"), _as("", uid="42"), _as("", Scope="x")):
+        status, body = await _http(api, "GET", pods, api.token, headers=headers)
+        assert status == 500 and body["message"].endswith("without impersonating a user"), (headers, body)
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
+async def test_kubectl_as_and_auth_can_i_as_impersonate(api: RunningApiServer, tmp_path: Path) -> None:
+    await _grant_alice_pod_reading(api)
+    alice = api.server.write_kubeconfig(tmp_path / "alice.kubeconfig", token=ALICE)
+    cache = tmp_path / "kubectl-cache"
+    admin = api.kubeconfig_path
+    rc, out, _ = await _kubectl(admin, cache, "auth", "can-i", "list", "pods", "--as=alice", "--as-group=qa")
+    assert (rc, out.strip()) == (0, "yes")
+    rc, out, _ = await _kubectl(admin, cache, "auth", "can-i", "list", "pods", "--as=alice")
+    assert (rc, out.strip()) == (1, "no")
+    rc, out, _ = await _kubectl(admin, cache, "auth", "can-i", "delete", "resourceslices", "--as=alice",
+                                "--as-group=qa")
+    assert (rc, out.strip()) == (1, "no")
+    rc, _, err = await _kubectl(alice, cache, "get", "pods", "--as=bob")
+    assert rc == 1
+    assert ('Error from server (Forbidden): users "bob" is forbidden: User "alice" cannot impersonate resource '
+            '"users" in API group "" at the cluster scope') in err
 
 
 async def test_deploy_admission_policy_lets_only_the_publisher_write_our_slices(api: RunningApiServer) -> None:
