@@ -94,18 +94,21 @@ class JsonLinesSpanExporter(SpanExporter):
 # How long a finished span waits for others to share its file write (the file exporter's batch delay).
 FILE_EXPORT_DELAY_MS = 50
 _SPAN_JSON = msgspec.json.Encoder(enc_hook=str)  # attribute values that JSON lacks (tuples are lists) as text
-_RESOURCE_NAMES: dict[int, tuple[Resource, Any, str]] = {}  # id -> (resource, service.name, k8s.node.name)
+_RESOURCE_NAMES: dict[int, tuple[Resource, Any, Any]] = {}  # id -> (resource, service.name, k8s.node.name)
 
 
-def _resource_names(resource: Resource | None) -> tuple[Any, str]:
-    """A resource's service and node names (looked up once per resource: its attributes are a slow mapping)."""
+def _resource_names(resource: Resource | None) -> tuple[Any, Any]:
+    """A resource's service and node names (looked up once per resource, a process has one or two: its
+    attributes are a slow mapping)."""
     if resource is None:
         return None, ""
     known = _RESOURCE_NAMES.get(id(resource))
     if known is None or known[0] is not resource:
+        if len(_RESOURCE_NAMES) >= 64:  # resources made and dropped (tests): keep the map small
+            _RESOURCE_NAMES.clear()
         attributes = resource.attributes
         known = _RESOURCE_NAMES[id(resource)] = (resource, attributes.get("service.name"),
-                                                 str(attributes.get("k8s.node.name", "")))
+                                                 attributes.get("k8s.node.name", ""))
     return known[1], known[2]
 
 

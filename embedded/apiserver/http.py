@@ -101,19 +101,21 @@ def build_app(server: ApiServer) -> web.Application:
         if (request.content_length or 0) > admission.MAX_REQUEST_BODY:
             return status_response(_too_large(), request)
         user = _OPEN_USER
-        if request.path not in OPEN_PATHS and server.authenticator.enabled:
+        checked = request.path not in OPEN_PATHS and server.authenticator.enabled
+        if checked:
             auth = request.headers.get("Authorization", "")
             found = server.authenticator.authenticate(auth[7:].strip()) if auth.startswith("Bearer ") else None
             if found is None:
                 return reply(request, errors.status(401, "Unauthorized", "Unauthorized"), status=401)
             user = found
-            if impersonation.asks(request.headers):
-                try:
-                    user = impersonation.acting_user(server.authorizer, found, request.headers)
-                except errors.ApiError as err:
-                    log.info("impersonation refused", user=found.username, method=request.method, path=request.path,
-                             reason=err.message)
-                    return status_response(err, request)
+        if request.path not in OPEN_PATHS and impersonation.asks(request.headers):
+            try:
+                user = impersonation.acting_user(server.authorizer, user, request.headers)
+            except errors.ApiError as err:
+                log.info("impersonation refused", user=user.username, method=request.method, path=request.path,
+                         reason=err.message)
+                return status_response(err, request)
+        if checked:
             attrs = rbac.request_attributes(request.method, request.path, request.query_string)
             allowed, reason = server.authorizer.authorize(user, attrs)
             if not allowed:
