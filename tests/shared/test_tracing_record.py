@@ -10,7 +10,7 @@ import importlib.metadata
 import inspect
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -175,6 +175,30 @@ def comparable(span: ReadableSpan) -> dict[str, Any]:
             "scope": span.instrumentation_scope, "dropped_events": span.dropped_events, "dropped_links": span.dropped_links}
 
 
+_STRIP = [("trace_id", b""), ("span_id", b""), ("parent_span_id", b""), ("start_time_unix_nano", 0),
+         ("end_time_unix_nano", 0)]
+
+
+def encoded(spans: Sequence[ReadableSpan]) -> list[Any]:
+    """The OTLP encoding of spans (both OTLP exporters send it) without their ids and times."""
+    out = []
+    for resource in encode_spans(spans).resource_spans:
+        for scope in resource.scope_spans:
+            for span in scope.spans:
+                for field, empty in _STRIP:
+                    setattr(span, field, empty)
+                for item in [*span.events, *span.links]:
+                    for field in ("time_unix_nano", "span_id", "trace_id"):
+                        if hasattr(item, field):
+                            setattr(item, field, 0 if field == "time_unix_nano" else b"")
+                for event in span.events:  # a stack trace names the frames it went through
+                    kept = [kv for kv in event.attributes if kv.key != "exception.stacktrace"]
+                    del event.attributes[:]
+                    event.attributes.extend(kept)
+                out.append(span.SerializeToString(deterministic=True))
+    return out
+
+
 def test_recorded_spans_are_the_sdks_spans_to_every_exporter(pair: tuple[Pair, Pair],
                                                               caplog: pytest.LogCaptureFixture) -> None:
     (stock, stock_spans), (ours, our_spans) = pair
@@ -190,27 +214,6 @@ def test_recorded_spans_are_the_sdks_spans_to_every_exporter(pair: tuple[Pair, P
     assert rpc["dra.claims"] == 3 and "late" not in rpc
     assert mine[1].status.status_code is StatusCode.ERROR
     # the OTLP encoding (both OTLP exporters) and the span file read them alike
-    strip = [("trace_id", b""), ("span_id", b""), ("parent_span_id", b""), ("start_time_unix_nano", 0),
-             ("end_time_unix_nano", 0)]
-
-    def encoded(spans: tuple[ReadableSpan, ...]) -> list[Any]:
-        out = []
-        for resource in encode_spans(spans).resource_spans:
-            for scope in resource.scope_spans:
-                for span in scope.spans:
-                    for field, empty in strip:
-                        setattr(span, field, empty)
-                    for item in [*span.events, *span.links]:
-                        for field in ("time_unix_nano", "span_id", "trace_id"):
-                            if hasattr(item, field):
-                                setattr(item, field, 0 if field == "time_unix_nano" else b"")
-                    for event in span.events:  # a stack trace names the frames it went through
-                        kept = [kv for kv in event.attributes if kv.key != "exception.stacktrace"]
-                        del event.attributes[:]
-                        event.attributes.extend(kept)
-                    out.append(span.SerializeToString(deterministic=True))
-        return out
-
     assert encoded(mine) == encoded(theirs)
     drop = ("trace_id", "span_id", "parent_span_id", "start_ns", "end_ns", "links")
     assert [{k: v for k, v in span_to_dict(s).items() if k not in drop} for s in mine] == \
@@ -362,6 +365,7 @@ def test_live_spans_rebuilt_for_the_exporter_are_the_sdks_spans(caplog: pytest.L
     theirs, mine = stock_spans.get_finished_spans(), our_spans.get_finished_spans()[2:]
     assert all(type(s) is RecordedSpan for s in mine) and len(mine) == len(theirs) == 3
     assert [comparable(s) for s in mine] == [comparable(s) for s in theirs]
+    assert encoded(mine) == encoded(theirs)  # what both OTLP exporters send
     assert [(s.start_time is not None and s.end_time is not None and s.start_time <= s.end_time) for s in mine] == [True] * 3
     exception = next(e for e in mine[1].events if e.name == "exception")
     assert exception.attributes is not None and exception.attributes["exception.type"] == "ValueError"
