@@ -99,8 +99,9 @@ os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 _getrandbits = random.getrandbits  # what RandomIdGenerator draws from
 _DEFAULT_STATE = trace_api.DEFAULT_TRACE_STATE
 _MAX_TRACE_ID = 2**128 - 1
-# Every RecordedSpan's `_lock` (held only to check and set one span's field: never while taking another) and
-# the lock a span's first settling holds (`RecordedSpan._settle`).
+_RECORD_AND_SAMPLE, _DROP = Decision.RECORD_AND_SAMPLE, Decision.DROP  # read per span: an enum member lookup less
+# Every RecordedSpan's `_lock` (held only to check and set one span's fields; a span's first settling may run
+# under it, never the reverse) and the lock a span's first settling holds (`RecordedSpan._settle`).
 _SPAN_LOCK = threading.Lock()
 _SETTLE_LOCK = threading.Lock()
 
@@ -177,31 +178,6 @@ class RecordingTracer(Tracer):
                 self.span_processor, "_span_processors", None):
             setup = self._setup = TracerSetup(self)
         known = type(found)
-        if setup.quick and self._tracer_config.is_enabled:
-            # the common spans, decided as the general path below decides them, with nothing else to do: a
-            # sampled parent's child (PeriodicSampler's shortcut), or a root that is not PERIODIC
-            if known is LiveSpan or known is RecordedSpan or known is trace_api.NonRecordingSpan:
-                current = found._context
-                if current is not None and current[5] and current[3] & _SAMPLED and (
-                        setup.remote_sampled_on if current[2] else setup.local_sampled_on):
-                    span_id = _getrandbits(64)
-                    while not span_id:
-                        span_id = _getrandbits(64)
-                    return setup.make(name, tuple.__new__(trace_api.SpanContext, (
-                        current[0], span_id, False, _FLAGS[(current[3] & _RANDOM) | _SAMPLED], current[4], True)),
-                        current, setup, attributes, kind, links, start_time,
-                        None if record_exception and set_status_on_exception else
-                        (record_exception, set_status_on_exception))
-            elif found is None and setup.root_sampled_on and not (attributes and setup.periodic_key in attributes):
-                trace_id, span_id = _getrandbits(128), _getrandbits(64)
-                while not trace_id:
-                    trace_id = _getrandbits(128)
-                while not span_id:
-                    span_id = _getrandbits(64)
-                return setup.make(name, tuple.__new__(trace_api.SpanContext, (
-                    trace_id, span_id, False, _FLAGS[_RANDOM | _SAMPLED], _DEFAULT_STATE, True)),
-                    None, setup, attributes, kind, links, start_time,
-                    None if record_exception and set_status_on_exception else (record_exception, set_status_on_exception))
         if known is LiveSpan or known is RecordedSpan or known is trace_api.NonRecordingSpan:
             current = found._context
         else:
@@ -232,11 +208,11 @@ class RecordingTracer(Tracer):
             always = setup.root_sampled_on and not (attributes and setup.periodic_key in attributes)
             state_if_always = None
         if always:  # the sampler's answer, without its result object
-            decision, sampled_attributes, trace_state = Decision.RECORD_AND_SAMPLE, attributes, state_if_always
+            decision, sampled_attributes, trace_state = _RECORD_AND_SAMPLE, attributes, state_if_always
         else:
             sampling = self.sampler.should_sample(context, trace_id, name, kind, attributes, links or _NO_LINKS)
             decision, sampled_attributes, trace_state = sampling.decision, sampling.attributes, sampling.trace_state
-        if decision is Decision.RECORD_AND_SAMPLE:
+        if decision is _RECORD_AND_SAMPLE:
             bits |= _SAMPLED
         if setup.random_ids:  # RandomIdGenerator's span id, drawn here; valid ids: the tuple the API would make
             span_id = _getrandbits(64)
@@ -249,7 +225,7 @@ class RecordingTracer(Tracer):
             span_context = trace_api.SpanContext(trace_id, self.id_generator.generate_span_id(), is_remote=False,
                                                  trace_flags=_FLAGS[bits], trace_state=trace_state)
         record_end_metrics = None if setup.no_metrics else self._tracer_metrics.start_span(parent, decision)
-        if decision is Decision.DROP:
+        if decision is _DROP:
             return trace_api.NonRecordingSpan(context=span_context)
         flags = None if record_exception and set_status_on_exception else (record_exception, set_status_on_exception)
         if record_end_metrics is None and setup.plan.rebuilding:  # no hook to call: a live span
@@ -278,10 +254,6 @@ class TracerSetup:
         self.random_ids = type(tracer.id_generator) is RandomIdGenerator
         self.no_metrics = type(tracer._tracer_metrics) is NoOpTracerMetrics
         self.plan = ProcessorPlan(tracer.span_processor)
-        # the start_span shortcut: ids drawn as RandomIdGenerator does, no span metrics, no on_start hook
-        self.quick = self.random_ids and self.no_metrics and not self.plan.starts
-        # what the shortcut makes: a LiveSpan where every processor's exporter rebuilds spans, else a RecordedSpan
-        self.make: Callable[..., trace_api.Span] = LiveSpan if self.plan.rebuilding else RecordedSpan
         # the fields ReadableSpan.__init__ and Span.__init__ set that every span of the tracer shares: read
         # through the setup (RecordedSpan.__getattr__), not copied into each span
         self.shared: dict[str, Any] = {

@@ -115,39 +115,35 @@ def _resource_names(resource: Resource | None) -> tuple[Any, Any]:
 def span_to_dict(span: ReadableSpan | LiveSpan) -> dict[str, Any]:
     """A compact, stable JSON form of a finished span: an SDK span's, or a live span's read from it directly
     where its fields are plain (`plain_fields`), else from the SDK span made from it (`rebuild`)."""
-    if isinstance(span, LiveSpan):
-        fields = plain_fields(span)
-        if fields is not None:
-            attributes, links, code = fields
-            own, up = span._context, span._parent
-            service, node = _resource_names(span._setup.shared["_resource"])
-            return {
-                "name": span._name, "service": service, "node": node,
-                "trace_id": f"{own[0]:032x}", "span_id": f"{own[1]:016x}",
-                "parent_span_id": f"{up[1]:016x}" if up else "",
-                "kind": _KIND_NAMES[span._kind], "start_ns": span._start_time, "end_ns": span._end_time,
-                "status": _STATUS_NAMES[code], "attributes": attributes,
-                "links": [{"trace_id": f"{link[0]:032x}", "span_id": f"{link[1]:016x}"} for link in links],
-            }
-        span = span.rebuilt(rebuild)
-    assert isinstance(span, ReadableSpan)
-    ctx = span.get_span_context()
-    parent = span.parent
-    service, node = _resource_names(span.resource)
+    own: trace.SpanContext | None
+    start: int | None
+    fields = plain_fields(span) if isinstance(span, LiveSpan) else None
+    if isinstance(span, LiveSpan) and fields is not None:
+        attributes, links, code = fields
+        name, own, up, kind = span._name, span._context, span._parent, span._kind
+        start, end, resource = span._start_time, span._end_time, span._setup.shared["_resource"]
+    else:
+        readable = span.rebuilt(rebuild) if isinstance(span, LiveSpan) else span
+        assert isinstance(readable, ReadableSpan)
+        attributes = dict(readable.attributes or {})
+        links = [link.context for link in readable.links]
+        code = readable.status.status_code
+        name, own, up, kind = readable.name, readable.get_span_context(), readable.parent, readable.kind
+        start, end, resource = readable.start_time, readable.end_time, readable.resource
+    service, node = _resource_names(resource)
     return {
-        "name": span.name,
+        "name": name,
         "service": service,
         "node": node,
-        "trace_id": f"{ctx.trace_id:032x}" if ctx else "",
-        "span_id": f"{ctx.span_id:016x}" if ctx else "",
-        "parent_span_id": f"{parent.span_id:016x}" if parent else "",
-        "kind": _KIND_NAMES[span.kind],
-        "start_ns": span.start_time,
-        "end_ns": span.end_time,
-        "status": _STATUS_NAMES[span.status.status_code],
-        "attributes": dict(span.attributes or {}),
-        "links": [{"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
-                  for link in span.links],
+        "trace_id": f"{own.trace_id:032x}" if own else "",
+        "span_id": f"{own.span_id:016x}" if own else "",
+        "parent_span_id": f"{up.span_id:016x}" if up else "",
+        "kind": _KIND_NAMES[kind],
+        "start_ns": start,
+        "end_ns": end,
+        "status": _STATUS_NAMES[code],
+        "attributes": attributes,
+        "links": [{"trace_id": f"{link.trace_id:032x}", "span_id": f"{link.span_id:016x}"} for link in links],
     }
 
 

@@ -178,7 +178,7 @@ class GarbageCollector:
                 omd = self._owner(ref)
                 if not omd:
                     continue  # gone (or another object by that name)
-                if omd.get("deletionTimestamp") and "foregroundDeletion" in (omd.get("finalizers") or []):
+                if _waits_for_dependents(omd):
                     return True  # it waits for this one: the sweep decides how it goes
                 solid = True
             if not solid:
@@ -219,8 +219,7 @@ class GarbageCollector:
                 continue
             for ref in meta(obj).get("ownerReferences") or []:
                 omd = self._owner(ref)
-                if omd and not (
-                        omd.get("deletionTimestamp") and "foregroundDeletion" in (omd.get("finalizers") or [])):
+                if omd and not _waits_for_dependents(omd):
                     break  # a solid owner: nothing to do for this object
             else:
                 return True
@@ -280,8 +279,7 @@ class GarbageCollector:
         for owner in owners:
             if owner is None:
                 continue
-            omd = meta(owner[2])
-            if omd.get("deletionTimestamp") and "foregroundDeletion" in (omd.get("finalizers") or []):
+            if _waits_for_dependents(meta(owner[2])):
                 waiting = True
             else:
                 return False  # a solid owner remains
@@ -370,3 +368,8 @@ def _past(ts: str | None) -> bool:
     except ValueError:
         return False
     return when <= dt.datetime.now(dt.UTC)
+
+
+def _waits_for_dependents(md: dict[str, Any]) -> bool:
+    """Whether an owner (its metadata) is being deleted in the foreground: it waits for its dependents to go."""
+    return bool(md.get("deletionTimestamp")) and "foregroundDeletion" in (md.get("finalizers") or [])
