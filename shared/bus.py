@@ -40,27 +40,37 @@ from nats.aio.client import Client as NatsClient  # noqa: E402
 from nats.aio.msg import Msg  # noqa: E402
 from nats.aio.subscription import Subscription  # noqa: E402
 from nats.js import JetStreamContext  # noqa: E402
-from nats.js.api import ConsumerConfig, ConsumerInfo, DeliverPolicy, KeyValueConfig, StorageType, StreamConfig  # noqa: E402
+from nats.js.api import (  # noqa: E402
+    ConsumerConfig,
+    ConsumerInfo,
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.kv import KeyValue  # noqa: E402
 from nats.js.manager import JetStreamManager  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.trace import SpanKind, Status, StatusCode  # noqa: E402
 from prometheus_client import Counter, Gauge  # noqa: E402
 
-from shared import identity  # noqa: E402
+from shared import identity, natsorigin  # noqa: E402
 from shared.backoff import Backoff  # noqa: E402
 from shared.events import cloudevents  # noqa: E402
 from shared.events.base import Message, now_unix  # noqa: E402
 from shared.events.catalog import (  # noqa: E402
     BUCKETS,
     DEAD_LETTER,
+    NODE_ROLES,
     STREAMS,
     Bucket,
     Entry,
     Stream,
+    gate_prefix,
 )
 from shared.events.deadletter import DeadLetter  # noqa: E402
-from shared.logs import get_logger  # noqa: E402
+from shared.logs import Sparse, get_logger  # noqa: E402
 from shared.natsjwt import Creds, CredsError  # noqa: E402
 from shared.tasks import raise_if_cancelling  # noqa: E402
 from shared.telemetry import extract_context, get_tracer, inject_headers, traceparent_context  # noqa: E402
@@ -71,6 +81,10 @@ NATS_RECONNECTS = Counter("gpu_dra_nats_reconnects", "NATS reconnections after a
 JETSTREAM_RETRIES = Counter("gpu_dra_jetstream_retries", "JetStream calls retried (leader changes, reconnects)")
 DEAD_LETTERS = Counter("gpu_dra_dead_letters", "Messages a consumer refused and filed as dead letters",
                        ["consumer", "reason"])
+JETSTREAM_REFUSED = Counter("gpu_dra_jetstream_refused",
+                            "Writes the JetStream server refused for a limit (message size, messages per "
+                            "subject, bucket or stream full, rollup): this identity's share is used up",
+                            ["subject_kind", "reason"])
 CONSUMER_PENDING = Gauge("gpu_dra_nats_consumer_pending",
                          "Messages a JetStream consumer has yet to deliver (its num_pending, as of its last "
                          "delivery): a KV watch (consumer kv:<bucket>) or a durable consumer (its name)",
@@ -157,8 +171,33 @@ async def publish_with_retry(
     `headers` must carry a Nats-Msg-Id: the stream drops a retry whose first try was already
     stored, so a retry never doubles an event.
     """
-    return await retry_jetstream(lambda: js.publish(subject, payload, headers=headers),
-                                 f"JetStream publish to {subject}", budget_s=budget_s)
+    try:
+        return await retry_jetstream(lambda: js.publish(subject, payload, headers=headers),
+                                     f"JetStream publish to {subject}", budget_s=budget_s)
+    except nats.js.errors.APIError as exc:
+        count_refusal(subject, exc)
+        raise
+
+
+_LIMIT_TEXTS = (("quota", "quota"), ("message size", "message-size"), ("per subject", "subject-full"), ("maximum bytes", "full"),
+                ("maximum messages", "full"), ("rollup", "rollup"), ("insufficient storage", "full"))
+"""Words of nats-server's answers to a write a limit refused, and the reason they count under."""
+
+
+_REFUSALS_LOGGED = Sparse()
+
+
+def count_refusal(subject: str, exc: nats.js.errors.APIError) -> None:
+    """Count a write the server refused for a limit (JETSTREAM_REFUSED); other errors are not counted."""
+    text = str(getattr(exc, "description", "") or exc).lower()
+    reason = next((why for words, why in _LIMIT_TEXTS if words in text), None)
+    if reason is not None:
+        kind = subject.split(".")[1] if subject.startswith("$KV.") else ".".join(subject.split(".")[:3])
+        JETSTREAM_REFUSED.labels(kind, reason).inc()
+        skipped = _REFUSALS_LOGGED.due(f"{kind}/{reason}")
+        if skipped is not None:
+            log.warning("JetStream refused a write for a limit", subject=subject, reason=reason, error=text,
+                        not_logged_since=skipped)
 
 
 class NatsTLS(msgspec.Struct, frozen=True, kw_only=True):
@@ -275,6 +314,12 @@ def url_user(url: str) -> str | None:
     return None
 
 
+def node_identity(user: str | None) -> tuple[str, str] | None:
+    """(role, node) of a node service's NATS user (`preparer.gpu-a`), None for any other user."""
+    role, _, node = (user or "").partition(".")
+    return (role, node) if role in NODE_ROLES and node else None
+
+
 def inbox_prefix(user: str | None) -> str:
     """Where a client takes replies: `_INBOX_<identity>` for a named user, nats' default otherwise."""
     return f"_INBOX_{identity_token(user)}" if user else "_INBOX"
@@ -304,7 +349,25 @@ class _FilterInCreateSubject(JetStreamManager):
 
 
 class _BusJetStream(_FilterInCreateSubject, JetStreamContext):
-    """The bus's JetStream context: its subscribe() creates consumers through _FilterInCreateSubject."""
+    """The bus's JetStream context: its subscribe() creates consumers through _FilterInCreateSubject.
+
+    A node's services (`<role>.<node>`) make no JetStream call themselves: their context's API prefix is
+    the state gate's (`dra.v1.gate.<node>.<role>`, nats-py's own prefix option, as for another account's
+    JetStream), and a message to store is sent to the gate as `<prefix>.PUB.<subject>`; the gate checks and
+    makes the call, and its answer is the server's (services/stategate)."""
+
+    def __init__(self, nc: NatsClient, *, gated: str | None = None) -> None:
+        super().__init__(nc, prefix=gated or "$JS.API")
+        self._gated = gated
+
+    def _stored_at(self, subject: str) -> str:
+        return f"{self._gated}.PUB.{subject}" if self._gated else subject
+
+    async def publish(self, subject: str, *args: Any, **kwargs: Any) -> Any:
+        return await super().publish(self._stored_at(subject), *args, **kwargs)
+
+    async def publish_async(self, subject: str, *args: Any, **kwargs: Any) -> Any:
+        return await super().publish_async(self._stored_at(subject), *args, **kwargs)
 
     @property
     def _jsm(self) -> JetStreamManager:
@@ -334,6 +397,7 @@ class _KeepingContext:
         self._prefix = prefix
         self._consumer = f"kv:{prefix.split('.')[1]}"  # bounded: one per bucket
         self.traceparents: dict[str, str] = {}
+        self.relayed: dict[tuple[str, int], str] = {}  # (key, revision) delivered with a relay's marks: why
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._js, name)
@@ -370,6 +434,12 @@ class _KeepingContext:
 
         async def keeping(msg: Msg) -> None:
             self._keep(msg.subject, msg.headers)
+            why = natsorigin.relayed(None, msg.headers)  # stored headers, as delivered: a relay stored here
+            if why and msg.subject and msg.subject.startswith(self._prefix):
+                if len(self.relayed) >= self.MAX_KEYS:
+                    self.relayed.clear()
+                with contextlib.suppress(nats.errors.NotJSMessageError):
+                    self.relayed[(msg.subject[len(self._prefix):], msg.metadata.sequence.stream)] = why
             if not listing:
                 _note_pending(self._consumer, msg)
             await delivered(msg)
@@ -474,11 +544,14 @@ class TypedKV(Generic[M]):
                 out[key] = value
         return out
 
-    async def watch(self, keys: str = ">") -> AsyncGenerator[tuple[str, M | None], None]:
+    async def watch(self, keys: str = ">", *, refused_as_none: bool = False,
+                    ) -> AsyncGenerator[tuple[str, M | None], None]:
         """Current values, then every change: (key, value) with value None for a delete.
 
-        An empty marker (key "") separates the initial values from live updates.
-        """
+        An empty marker (key "") separates the initial values from live updates. A value that does not
+        decode, names another identity, or was stored by the server relaying someone's answer onto the
+        key (shared.natsorigin) is refused and skipped: it never replaces the last good value. The key's
+        owner, which restores what it wrote, asks to see it as None (`refused_as_none`)."""
         watcher = await retry_jetstream(lambda: self._kv.watch(keys), f"KV watch {self.bucket.name}/{keys}")
         try:
             while True:
@@ -492,10 +565,24 @@ class TypedKV(Generic[M]):
                     continue
                 if entry.operation in ("DEL", "PURGE"):
                     yield entry.key, None
-                else:
-                    yield entry.key, self.decode(entry.key, entry.value, int(entry.revision or 0))
+                    continue
+                value = self.accepted(entry.key, entry.value, int(entry.revision or 0))
+                if value is not None or refused_as_none:
+                    yield entry.key, value
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
+
+    def accepted(self, key: str, raw: bytes | None, revision: int) -> M | None:
+        """A watched value, or None when it is refused (relayed here by the server, undecodable, or
+        another identity's): the caller keeps the last good value."""
+        why = self._js.relayed.pop((key, revision), "")
+        if why:
+            where = f"$KV.{self.bucket.name}.{key}"
+            log.warning("KV value stored by a server relay refused", key=where, why=why)
+            self._bus.spawn(self._bus.dead_letter(where, raw or b"", self._bus.name, f"stored by {why}",
+                                                  reason=natsorigin.RELAYED))
+            return None
+        return self.decode(key, raw, revision)
 
 
 class Bus:
@@ -504,9 +591,12 @@ class Bus:
     def __init__(self, nc: NatsClient, name: str, *, replicas: int = 1, user: str | None = None) -> None:
         self.nc = nc
         self.replicas = replicas
-        self.js: JetStreamContext = _BusJetStream(nc)
         self.name = name
         self.identity = identity_token(user) if user else consumer_token(name)
+        self.user = user  # the NATS user it logged in as (None: no authentication, no identities to check)
+        node_role = node_identity(user)
+        self.js: JetStreamContext = _BusJetStream(nc, gated=gate_prefix(node_role[1], node_role[0])
+                                                  if node_role else None)
         self._subs: list[Subscription] = []
         self._kv_cache: dict[str, TypedKV[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -657,15 +747,25 @@ class Bus:
             NATS_CONNECTED.labels(name).set(1)
             return connected[0]
 
+    @property
+    def provisions(self) -> bool:
+        """Whether this client creates and updates streams and buckets: not a node's services, whose
+        JetStream calls go through the state gate, which makes no such call for them."""
+        return node_identity(self.user) is None
+
     async def provision(self) -> None:
-        """Create or update the catalog's streams and KV buckets (idempotent).
+        """Create the catalog's streams and KV buckets, or bring their limits up to the catalog's
+        (idempotent; a node's services skip it: the deployment's init and cluster services provision).
 
         New streams and buckets get `self.replicas` copies; an existing stream keeps its replica
         count when it already has more (an operator may have scaled it up)."""
+        if not self.provisions:
+            return
         for stream in STREAMS:
             await retry_jetstream(functools.partial(self._provision_stream, stream), f"provision stream {stream.name}")
         for bucket in BUCKETS:
             await self._bucket(bucket)
+            await retry_jetstream(functools.partial(self._limit_bucket, bucket), f"limit bucket {bucket.name}")
 
     async def _provision_stream(self, stream: Stream) -> None:
         replicas = self.replicas
@@ -679,6 +779,11 @@ class Bus:
             subjects=list(stream.subjects),
             max_age=stream.max_age_s,
             max_bytes=stream.max_bytes,
+            max_msg_size=stream.max_msg_size,
+            max_msgs_per_subject=stream.max_msgs_per_subject,
+            discard=DiscardPolicy.NEW if stream.discard_new else DiscardPolicy.OLD,
+            discard_new_per_subject=stream.discard_new and stream.max_msgs_per_subject > 0,
+            allow_rollup_hdrs=False,
             storage=StorageType.FILE,
             duplicate_window=120.0,
             num_replicas=replicas,
@@ -688,9 +793,35 @@ class Bus:
         except nats.js.errors.BadRequestError:
             await self.js.update_stream(config)
 
+    async def _limit_bucket(self, bucket: Bucket) -> None:
+        """The bucket's stream with the catalog's limits: no rollup header (a `Nats-Rollup: all` on one's
+        own key would erase every key), value size and bucket size bounded."""
+        info = await self.js.stream_info(f"KV_{bucket.name}")
+        config = info.config
+        want = {"allow_rollup_hdrs": False, "max_msg_size": bucket.max_value_size, "max_bytes": bucket.max_bytes}
+        if all(getattr(config, name) == value for name, value in want.items()):
+            return
+        for name, value in want.items():
+            setattr(config, name, value)
+        await self.js.update_stream(config)
+
     async def _bucket(self, bucket: Bucket) -> KeyValue:
-        """The bucket, created if missing; retried while the cluster elects a leader."""
-        return await retry_jetstream(lambda: self._bucket_once(bucket), f"open KV bucket {bucket.name}")
+        """The bucket, created if missing; retried while the cluster elects a leader. A node's services
+        create nothing: they wait (PUBLISH_RETRY_S) for the provisioner (the publisher, the deployment's
+        init) to have made it."""
+        if self.provisions:
+            return await retry_jetstream(lambda: self._bucket_once(bucket), f"open KV bucket {bucket.name}")
+        loop = asyncio.get_running_loop()
+        deadline, backoff = loop.time() + PUBLISH_RETRY_S, Backoff(initial_s=0.1, cap_s=2.0)
+        while True:
+            try:
+                return await retry_jetstream(lambda: self.js.key_value(bucket.name), f"open KV bucket {bucket.name}")
+            except nats.js.errors.BucketNotFoundError:
+                if loop.time() > deadline:
+                    raise BusError(f"KV bucket {bucket.name} does not exist after {PUBLISH_RETRY_S:.0f}s: the "
+                                   "publisher (or the deployment's init, as admin) creates it; is it running?") from None
+                log.info("KV bucket not provisioned yet; waiting for the publisher", bucket=bucket.name)
+                await asyncio.sleep(backoff.next())
 
     async def _bucket_once(self, bucket: Bucket) -> KeyValue:
         try:
@@ -704,6 +835,7 @@ class Bus:
                     KeyValueConfig(
                         bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None, replicas=self.replicas,
                         direct=True,  # TypedKV reads by direct get only
+                        max_value_size=bucket.max_value_size, max_bytes=bucket.max_bytes,
                     )
                 )
             except nats.js.errors.BadRequestError:
@@ -796,6 +928,28 @@ class Bus:
         except Exception as exc:  # noqa: BLE001 - a lost dead letter must not stop the consumer
             log.error("dead letter not stored", subject=subject, error=str(exc))
 
+    async def _refused_relay(self, msg: Msg, consumer: str) -> bool:
+        """True (and dead-lettered, counted, logged) when the server sent `msg` on a core subscription on
+        someone's behalf (a consumer delivery or a JetStream answer to a chosen reply subject)."""
+        why = natsorigin.relayed(msg.reply, msg.headers)
+        if not why:
+            return False
+        log.warning("message relayed by the server refused", subject=msg.subject, consumer=consumer, why=why)
+        await self.dead_letter(msg.subject, msg.data, consumer, why, reason=natsorigin.RELAYED)
+        return True
+
+    async def _refused_asker(self, entry: Entry, msg: Msg, served: dict[str, str]) -> bool:
+        """True (and dead-lettered, counted, logged) when a request's reply is not the inbox of one of the
+        entry's requesters on its node. Only with authenticated identities: without them every inbox is
+        `_INBOX` and no one is anyone."""
+        tokens = {**served, **(entry.parse(msg.subject) or {})}  # the served node, or the subject's
+        why = natsorigin.foreign_requester(entry, tokens, msg.reply, inbox_prefix) if self.user else ""
+        if not why:
+            return False
+        log.warning("request from someone not allowed to ask refused", subject=msg.subject, why=why)
+        await self.dead_letter(msg.subject, msg.data, self.name, why, reason=natsorigin.NOT_REQUESTER)
+        return True
+
     def _decode(self, decoder: msgspec.json.Decoder[Any], msg: Msg) -> tuple[Any, str]:
         return decode_body(decoder, msg.data)
 
@@ -822,6 +976,8 @@ class Bus:
             headers = dict(msg.headers or {})
             if durable:
                 _note_pending(consumer, msg)
+            elif await self._refused_relay(msg, consumer):
+                return
             message, error = self._decode(decoder, msg)
             if error:
                 await self._dead_letter(msg, consumer, error)
@@ -880,6 +1036,8 @@ class Bus:
 
         async def on_request(msg: Msg) -> None:
             headers = dict(msg.headers or {})
+            if await self._refused_relay(msg, self.name) or await self._refused_asker(entry, msg, tokens):
+                return  # never answered: a reply would go where the asker chose
             request, error = self._decode(decoder, msg)
             if error:
                 await self._dead_letter(msg, self.name, error)

@@ -75,3 +75,25 @@ def setup_logging(service: str, level: str = "info", fmt: str = "text") -> None:
     root.setLevel(level.upper())
     for noisy in ("nats", "aiohttp.access", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+class Sparse:
+    """Whether to log now: once per `key` per `every_s` seconds (a flood of the same refusal logs a line per
+    interval with how many were not logged; metrics count every one)."""
+
+    def __init__(self, every_s: float = 10.0, max_keys: int = 10_000) -> None:
+        self.every_s = every_s
+        self.max_keys = max_keys
+        self._last: dict[str, tuple[float, int]] = {}  # key: (when last logged, how many skipped since)
+
+    def due(self, key: str) -> int | None:
+        """None to stay quiet; else how many were skipped since the last line (log it now)."""
+        now = time.monotonic()
+        last, skipped = self._last.get(key, (-self.every_s, 0))
+        if now - last < self.every_s:
+            self._last[key] = (last, skipped + 1)
+            return None
+        if len(self._last) >= self.max_keys:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        return skipped

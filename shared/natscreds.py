@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared import natsjwt
+from shared.events.catalog import NODE_ROLES
 from shared.natsusers import (
     CLUSTER_ROLES,
     DASHBOARD_READER,
-    NODE_ROLES,
     ROUTE_USER,
     Permissions,
     UsersError,

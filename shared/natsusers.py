@@ -1,15 +1,16 @@
 """NATS users and subject permissions for a deployment, derived from the event catalog.
 
 Owns who may publish and subscribe to what: one user per cluster service (publisher, controller,
-admin); because nats-server config-file users have no permission templates, one user per node
-*and* node service (`discovery.<node>`, `preparer.<node>`, `cd-agent.<node>`) whose rights name only
-that node's subjects and KV keys; read-only `reader.<name>` users that see the claim events of
-the namespaces they are granted; and the dashboard's `reader.dashboard`, which sees every claim and health
-event and publishes nothing. Every user takes replies on its own `_INBOX_<identity>.>` and
-files dead letters under `dra.v1.deadletter.<identity>.>` only (shared.bus). Renders the
-same permissions either into user JWTs (shared.natscreds, `gpu-dra nats credentials`, what
-deployments use) or into a password `authorization {}` block (render_authorization: tests and
-local servers).
+admin, and the state gate); because nats-server config-file users have no permission templates, one user
+per node *and* node service (`discovery.<node>`, `preparer.<node>`, `cd-agent.<node>`), whose server rights
+are only to ask the state gate (services/stategate) for JetStream calls, to send its node's requests and
+to answer its node's preparer: what the gate then allows it (`node_state_rights`) names only that node's
+subjects and KV keys. Read-only `reader.<name>` users see the claim events of the namespaces they are
+granted, and the dashboard's `reader.dashboard` sees every claim and health event and publishes nothing.
+Every user takes replies on its own `_INBOX_<identity>.>` and files dead letters under
+`dra.v1.deadletter.<identity>.>` only (shared.bus). Renders the same permissions either into user JWTs
+(shared.natscreds, `gpu-dra nats credentials`, what deployments use) or into a password
+`authorization {}` block (render_authorization: tests and local servers).
 """
 
 from __future__ import annotations
@@ -33,18 +34,21 @@ from shared.events.catalog import (
     CLAIM,
     DEAD_LETTER,
     EVENTS_STREAM,
+    GATE_SUBJECT,
     HEALTH,
     HEALTH_BUCKET,
     INVENTORY,
     INVENTORY_BUCKET,
     INVENTORY_WITHDRAWN,
+    NODE_ROLES,
     STREAMS,
     Entry,
+    gate_prefix,
 )
 
 NAMESPACE = "gpu-dra"
-NODE_ROLES = ("discovery", "preparer", "cd-agent")
-CLUSTER_ROLES = ("publisher", "controller", "admin")
+GATE_ROLE = "gate"  # services/stategate: every node's calls on the shared state go through it
+CLUSTER_ROLES = ("publisher", "controller", "admin", GATE_ROLE)
 READER_ROLE = "reader"
 # Node names become one subject token; the catalog accepts exactly this alphabet.
 _NODE_TOKEN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -92,12 +96,17 @@ def _stream_names() -> list[str]:
 
 
 def _jetstream_base() -> list[str]:
-    """What every service needs of the JetStream API: account info, stream info, and the idempotent
-    create that `Bus.provision()` sends at start (a create never changes an existing stream)."""
+    """What every service may ask of the JetStream API: account info, stream names and stream info
+    (which also lists a KV bucket's keys). Creating or changing a stream is the provisioner's (admin,
+    and the cluster services that own a bucket), never a node's."""
     subjects = [f"{JS}.INFO", f"{JS}.STREAM.NAMES"]  # NAMES: find the stream of a subject
-    for name in _stream_names():
-        subjects += [f"{JS}.STREAM.INFO.{name}", f"{JS}.STREAM.CREATE.{name}"]
+    subjects += [f"{JS}.STREAM.INFO.{name}" for name in _stream_names()]
     return subjects
+
+
+def _provision() -> list[str]:
+    """The idempotent create / drift update that `Bus.provision()` sends (cluster services only)."""
+    return [f"{JS}.STREAM.{verb}.{name}" for name in _stream_names() for verb in ("CREATE", "UPDATE")]
 
 
 def _kv_read(bucket: str, keys: str = ">") -> list[str]:
@@ -107,7 +116,9 @@ def _kv_read(bucket: str, keys: str = ">") -> list[str]:
     body, and STREAM.MSG.GET, which can read any sequence, are not allowed). A watch or key listing
     is a consumer created through `CONSUMER.CREATE.<stream>.<name>.<filter>`: the server refuses a
     create whose filter differs from the subject's, so the allowed filters are exactly `keys`
-    (shared.bus names every KV consumer so that nats-py puts the filter there)."""
+    (shared.bus names every KV consumer so that nats-py puts the filter there). The server does not
+    check a consumer's delivery subject; every receiver refuses a delivery it did not ask for
+    (shared.relayed)."""
     stream = f"KV_{bucket}"
     key_subject = f"$KV.{bucket}.{keys}"
     return [
@@ -116,6 +127,12 @@ def _kv_read(bucket: str, keys: str = ">") -> list[str]:
         f"{JS}.CONSUMER.INFO.{stream}.*",  # nats-py's KV watch reads its consumer's info (config, counts)
         f"$JS.FC.{stream}.>",
     ]
+
+
+def _reply_to(*requesters: str) -> list[str]:
+    """A responder's publish rights: the inboxes of those who may ask it, nothing else. nats-server's
+    `allow_responses` would let it answer any reply subject a requester names, i.e. publish anywhere."""
+    return [_own_inbox(user) for user in requesters]
 
 
 def _own_inbox(user: str) -> str:
@@ -142,52 +159,60 @@ def _events(entries: Iterable[Entry], **tokens: str) -> list[str]:
     return [e.wildcard(**tokens) for e in entries]
 
 
-def node_permissions(role: str, node: str) -> Permissions:
-    """What `role` on `node` may do: publish only that node's subjects and KV keys."""
+def node_state_rights(role: str, node: str) -> list[str]:
+    """What `role` on `node` may do to the shared state (streams, KV buckets, the JetStream API), as NATS
+    subject patterns. A node user holds none of these rights on the server: it asks the state gate
+    (services/stategate), which checks each call against this list, and the body of a consumer create
+    against the asker's inbox, before it makes the call itself. So no node can have the server publish
+    where it may not (a consumer's delivery subject, an answer to a reply subject it names), write past
+    its share, or roll up a bucket."""
     check_node(node)
+    user = node_user(role, node)
+    common = [*_jetstream_base(), _own_dead_letters(user)]
+    if role == "discovery":
+        return (common + _events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH), node=node)
+                + [f"$KV.{INVENTORY_BUCKET.name}.{node}", f"$KV.{HEALTH_BUCKET.name}.{node}.>"]
+                + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>"))
+    if role == "preparer":
+        return (common + _events((CLAIM,), node=node)
+                + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>")
+                + _kv_read(CD_MEMBERS_BUCKET.name))
+    if role == "cd-agent":
+        return (common + _events((CD_MEMBER, CD_MEMBER_LEFT), node=node)
+                # its membership `<domain>.<node>` and its index bids `<domain>.idx.<clique>.<NN>.<node>`
+                # (services/computedomain/membership.py): every key it writes ends in its node
+                + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}", f"$KV.{CD_MEMBERS_BUCKET.name}.*.idx.*.*.{node}"]
+                + _kv_read(CD_MEMBERS_BUCKET.name)
+                + _kv_read(INVENTORY_BUCKET.name, node)  # its node's clique
+                # the last status / deletion of a domain it is asked to join (an ordered consumer per subject)
+                + [f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.{CD_STATUS.wildcard()}",
+                   f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.{CD_DELETED.wildcard()}",
+                   f"{JS}.CONSUMER.INFO.{EVENTS_STREAM.name}.*"])
+    raise UsersError(f"unknown node role {role!r}; known: {', '.join(NODE_ROLES)}")
+
+
+def node_permissions(role: str, node: str) -> Permissions:
+    """What `role` on `node` may do on the server: ask the state gate for everything that touches a stream
+    or bucket (node_state_rights), send its node's requests, answer only its node's preparer (and the
+    admin), acknowledge the flow control of the watches the gate created for it."""
+    node_state_rights(role, node)  # checks the role and node
     user = node_user(role, node)
     inbox = _own_inbox(user)
     agent_ops = [CD_AGENT_JOIN, CD_AGENT_LEAVE]
     device_ops = [e for e in CATALOG if e.pattern == "request" and e not in agent_ops]
-    common = [*_jetstream_base(), _own_dead_letters(user)]
+    base = [f"{gate_prefix(node, role)}.>", *(f"$JS.FC.{name}.>" for name in _stream_names())]
+    answers = _reply_to(node_user("preparer", node), "admin")
     if role == "discovery":
-        return Permissions(
-            publish=common
-            + _events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH), node=node)
-            + [f"$KV.{INVENTORY_BUCKET.name}.{node}", f"$KV.{HEALTH_BUCKET.name}.{node}.>"]
-            + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>"),
-            subscribe=[*_events(device_ops, node=node), inbox],
-            allow_responses=True,
-        )
+        return Permissions(publish=base + answers, subscribe=[*_events(device_ops, node=node), inbox])
     if role == "preparer":
         return Permissions(
-            publish=common
-            + _events((CLAIM,), node=node)
-            + _events(device_ops, node=node)
-            + _events(agent_ops, node=node)
-            + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>")
-            + _kv_read(CD_MEMBERS_BUCKET.name),
+            publish=base + _events(device_ops, node=node) + _events(agent_ops, node=node),
             # the kubelet's device-health stream follows this node's health events
             subscribe=[*_events((HEALTH,), node=node), inbox],
         )
-    if role == "cd-agent":
-        return Permissions(
-            publish=common
-            + _events((CD_MEMBER, CD_MEMBER_LEFT), node=node)
-            # its membership `<domain>.<node>` and its index bids `<domain>.idx.<clique>.<NN>.<node>`
-            # (services/computedomain/membership.py): every key it writes ends in its node
-            + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}", f"$KV.{CD_MEMBERS_BUCKET.name}.*.idx.*.*.{node}"]
-            + _kv_read(CD_MEMBERS_BUCKET.name)
-            + _kv_read(INVENTORY_BUCKET.name, node)  # its node's clique
-            # the last status / deletion of a domain it is asked to join (an ordered consumer per subject)
-            + [f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.{CD_STATUS.wildcard()}",
-               f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.{CD_DELETED.wildcard()}",
-               f"{JS}.CONSUMER.INFO.{EVENTS_STREAM.name}.*", f"$JS.FC.{EVENTS_STREAM.name}.>"],
-            subscribe=[CD_STATUS.wildcard(), CD_MEMBER.wildcard(), CD_DELETED.wildcard(),
-                       *_events(agent_ops, node=node), inbox],
-            allow_responses=True,
-        )
-    raise UsersError(f"unknown node role {role!r}; known: {', '.join(NODE_ROLES)}")
+    return Permissions(publish=base + answers,
+                       subscribe=[CD_STATUS.wildcard(), CD_MEMBER.wildcard(), CD_DELETED.wildcard(),
+                                  *_events(agent_ops, node=node), inbox])
 
 
 def cluster_permissions(role: str) -> Permissions:
@@ -199,11 +224,9 @@ def cluster_permissions(role: str) -> Permissions:
         return Permissions(
             publish=[
                 *common,
+                *_provision(),
                 f"{JS}.STREAM.INFO.KV_{replicas}", f"{JS}.STREAM.CREATE.KV_{replicas}", f"$KV.{replicas}.>",
-                f"{JS}.CONSUMER.DELETE.KV_{replicas}.*",
-                *_kv_read(replicas), *_kv_read(INVENTORY_BUCKET.name), *_kv_read(HEALTH_BUCKET.name),
-                # turns on direct get for buckets made before KV reads went through it (Bus._bucket_once)
-                *(f"{JS}.STREAM.UPDATE.KV_{b.name}" for b in BUCKETS),
+                f"{JS}.CONSUMER.DELETE.KV_{replicas}.*", *_kv_read(replicas), *_kv_read(INVENTORY_BUCKET.name), *_kv_read(HEALTH_BUCKET.name),
                 *_durable_consumer(EVENTS_STREAM.name),
                 # a withdrawn node's last values are removed by the publisher
                 f"$KV.{INVENTORY_BUCKET.name}.*", f"$KV.{HEALTH_BUCKET.name}.>",
@@ -211,16 +234,20 @@ def cluster_permissions(role: str) -> Permissions:
             subscribe=[*_events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH)), inbox],
         )
     if role == "controller":
+        members = CD_MEMBERS_BUCKET.name
         return Permissions(
-            publish=common
+            publish=common + _provision()
             + _events((CD_STATUS, CD_DELETED))  # a domain's status, and its deletion (agents stop its daemon)
-            + _kv_read(CD_MEMBERS_BUCKET.name)
+            + _kv_read(members)
             + _durable_consumer(EVENTS_STREAM.name)
-            + [f"$KV.{CD_MEMBERS_BUCKET.name}.>"],
+            + [f"$KV.{members}.>"],  # the owner of domain membership: assignments, a deleted domain's keys
             subscribe=["dra.v1.cd.>", inbox],
         )
     if role == "admin":
         return Permissions(publish=[">"], subscribe=[">"], allow_responses=False)
+    if role == GATE_ROLE:
+        # it makes every node's JetStream calls and answers every node's inbox, after checking both
+        return Permissions(publish=[">"], subscribe=[f"{GATE_SUBJECT}.>", inbox])
     raise UsersError(f"unknown cluster role {role!r}; known: {', '.join(CLUSTER_ROLES)}")
 
 

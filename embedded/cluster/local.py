@@ -50,7 +50,7 @@ from shared.kube.client import kube_api_client
 from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats
 from shared.natstarget import LOCAL_CLUSTER_FILE
-from shared.natsusers import DASHBOARD_READER, check_node, node_user, reader_user
+from shared.natsusers import DASHBOARD_READER, GATE_ROLE, check_node, node_user, reader_user
 from shared.parentdeath import with_parent_death_signal
 from shared.ports import free_port, next_free_port
 from shared.tasks import cancel_and_wait, finish_even_if_cancelled
@@ -470,6 +470,8 @@ class LocalCluster:
 
     async def _start_cluster_services(self) -> None:
         assert self.supervisor is not None
+        if self.nats_identities:  # node identities reach JetStream only through it (services/stategate)
+            await self._start("state-gate", gpu_dra("state-gate"), env=self._nats(GATE_ROLE))
         for name, identity, argv in (("publisher", "publisher", publisher_argv(self.cfg)),
                                      ("scheduler", "scheduler", ["scheduler"]),
                                      ("controllers", "controllers", ["controllers"]),
@@ -482,7 +484,7 @@ class LocalCluster:
             await self._start(name, gpu_dra(*argv, *flags), env=env)
         if self.cfg.dashboard:
             await self._start_dashboard()
-        self.progress("publisher, scheduler, controllers, computedomain controller started")
+        self.progress("state gate, publisher, scheduler, controllers, computedomain controller started")
 
     async def _start_dashboard(self) -> None:
         """`gpu-dra dashboard` as deploy/'s dashboard identity and the reader.dashboard NATS user, everything

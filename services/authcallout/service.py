@@ -25,8 +25,9 @@ from typing import Any
 from prometheus_client import Counter
 
 from shared import natsjwt
+from shared.events.catalog import NODE_ROLES
 from shared.logs import get_logger
-from shared.natsusers import NODE_ROLES, UsersError, node_permissions, node_user
+from shared.natsusers import UsersError, node_permissions, node_user
 from shared.nkeys import KeyPair
 
 log = get_logger(__name__)

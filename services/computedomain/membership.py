@@ -262,12 +262,15 @@ class Membership:
         return out
 
     async def purge_domain(self, domain_uid: str) -> int:
-        """Delete every key of a domain (the controller, when the domain is gone). Returns how many."""
+        """Delete every key of a domain (the controller, when the domain is gone). Returns how many.
+
+        A delete marker per key, which watchers see: the bucket refuses the rollup header a KV purge
+        sends (a `Nats-Rollup: all` would erase every domain's keys)."""
         _, raw = await self._kv()
         keys = await self._entries(f"{token(domain_uid)}.>")
         for key in keys:
             try:
-                await raw.purge(key)
+                await raw.delete(key)
             except nats.js.errors.KeyNotFoundError:
                 continue
         return len(keys)
@@ -336,7 +339,9 @@ class Membership:
                     continue
                 domain_token, node_token = entry.key.split(".", 1)
                 pair = (domain_token, node_token)
-                member = None if gone else typed.decode(entry.key, entry.value, int(entry.revision or 0))
+                member = None if gone else typed.accepted(entry.key, entry.value, int(entry.revision or 0))
+                if member is None and not gone:
+                    continue  # refused (relayed, undecodable, another identity's): the last good value stands
                 if member is None:
                     written.pop(pair, None)
                     if pair in shown:

@@ -139,7 +139,7 @@ class DiscoveryService:
         the key so that they follow the node's real inventory again. Restarted whenever NATS drops it."""
         while True:
             try:
-                async for key, value in self.kv.watch(self.cfg.node):
+                async for key, value in self.kv.watch(self.cfg.node, refused_as_none=True):
                     if key == self.cfg.node:
                         await self._repair_key(value)
             except asyncio.CancelledError:

@@ -42,6 +42,16 @@ from shared.events.health import DeviceHealth
 from shared.events.inventory import InventoryWithdrawn, NodeInventory
 
 Pattern = Literal["event", "request", "kv"]
+NODE_ROLES = ("discovery", "preparer", "cd-agent")  # the services on every node, each a NATS user `<role>.<node>`
+GATE_SUBJECT = "dra.v1.gate"
+"""The state gate's requests (services/stategate): `dra.v1.gate.<node>.<role>.<JetStream API call>` asks it to
+make that `$JS.API.` call, `dra.v1.gate.<node>.<role>.PUB.<subject>` to store a message on `<subject>`;
+the answer is the server's, sent to the asker's inbox only. Outside every stream's subjects."""
+
+
+def gate_prefix(node: str, role: str) -> str:
+    """The JetStream API prefix of `<role>.<node>`: its calls go to the state gate, never to `$JS.API`."""
+    return f"{GATE_SUBJECT}.{node}.{role}"
 
 _TOKEN = re.compile(r"\{(\w+)\}")
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
@@ -97,6 +107,9 @@ class Entry:
     summary: str
     reply: type[Message] | None = None
     binds: Binds = ()  # identity: NATS permissions authenticate the subject, so its tokens bind the body
+    # a request's askers: the roles whose inbox on the subject's node a reply may go to (`<role>.<node>`;
+    # the admin too). The responder answers nothing else: a request relayed or redirected is refused.
+    requesters: tuple[str, ...] = ()
 
     @property
     def tokens(self) -> list[str]:
@@ -150,26 +163,32 @@ CLAIM = Entry(
 DEVICE_SET_SHARING = Entry(
     "device-set-sharing", "dra.v1.device.{node}.set-sharing", SetSharingRequest, "request",
     "Set compute mode and time-slice interval on GPUs.", SetSharingReply,
+    requesters=("preparer",),
 )
 DEVICE_MIG_CREATE = Entry(
     "device-mig-create", "dra.v1.device.{node}.mig-create", MigCreateRequest, "request",
     "Create a MIG device at a placement (idempotent).", MigCreateReply,
+    requesters=("preparer",),
 )
 DEVICE_MIG_DESTROY = Entry(
     "device-mig-destroy", "dra.v1.device.{node}.mig-destroy", MigDestroyRequest, "request",
     "Destroy a MIG device (idempotent).", MigDestroyReply,
+    requesters=("preparer",),
 )
 DEVICE_MPS_START = Entry(
     "device-mps-start", "dra.v1.device.{node}.mps-start", MpsStartRequest, "request",
     "Start an MPS control daemon for GPUs with limits (idempotent).", MpsStartReply,
+    requesters=("preparer",),
 )
 DEVICE_MPS_STOP = Entry(
     "device-mps-stop", "dra.v1.device.{node}.mps-stop", MpsStopRequest, "request",
     "Stop an MPS control daemon (idempotent).", MpsStopReply,
+    requesters=("preparer",),
 )
 DEVICE_INJECT_XID = Entry(
     "device-inject-xid", "dra.v1.device.{node}.inject-xid", InjectXidRequest, "request",
     "Simulation: raise an XID or GPU-lost on a device, or recover it.", InjectXidReply,
+    requesters=("preparer",),
 )
 CD_MEMBER = Entry(
     "cd-member", "dra.v1.cd.{domain_uid}.member.{node}", DomainMember, "event",
@@ -197,10 +216,12 @@ CD_DELETED = Entry(
 CD_AGENT_JOIN = Entry(
     "cd-agent-join", "dra.v1.cd-agent.{node}.join", JoinRequest, "request",
     "A channel claim for a ComputeDomain is prepared on a node: run its IMEX daemon, join.", JoinReply,
+    requesters=("preparer",),
 )
 CD_AGENT_LEAVE = Entry(
     "cd-agent-leave", "dra.v1.cd-agent.{node}.leave", LeaveRequest, "request",
     "A channel claim was unprepared on a node; the last one leaves the domain.", LeaveReply,
+    requesters=("preparer",),
 )
 DEAD_LETTER = Entry(
     "dead-letter", "dra.v1.deadletter.{identity}.{consumer}", DeadLetter, "event",
@@ -237,6 +258,10 @@ class Stream:
     subjects: tuple[str, ...]
     max_age_s: float
     max_bytes: int = 256 * 1024 * 1024
+    max_msg_size: int = 64 * 1024  # the server refuses a larger message: no publisher fills the stream in a few
+    # per subject, the oldest kept and a newer one refused once a subject holds this many (-1: no limit)
+    max_msgs_per_subject: int = -1
+    discard_new: bool = False  # when full, refuse what comes (True) or drop the oldest (False)
 
 
 @dataclass(frozen=True)
@@ -250,6 +275,8 @@ class Bucket:
     key: str = ""  # key pattern, e.g. "{node}"
     key_rest: bool = False  # the pattern's last token takes the rest of a longer key (dotted device names)
     binds: Binds = ()  # identity: NATS permissions scope writes by key, so the key binds the value
+    max_value_size: int = 16 * 1024  # the server refuses a larger value
+    max_bytes: int = 256 * 1024 * 1024  # the bucket refuses writes past it (KV discards new)
 
     def parse_key(self, key: str) -> dict[str, str] | None:
         """The token values of a key of this bucket's pattern; None for a key of another shape
@@ -270,11 +297,16 @@ EVENTS_STREAM = Stream(
     "DRA_EVENTS",
     ("dra.v1.inventory.>", "dra.v1.inventory-withdrawn.>", "dra.v1.health.>", "dra.v1.claim.>", "dra.v1.cd.>"),
     max_age_s=7 * 24 * 3600,
+    max_msg_size=1024 * 1024,  # an inventory event carries a whole node's GPUs (the server's max payload)
 )
-DEAD_LETTER_STREAM = Stream("DRA_DEADLETTER", ("dra.v1.deadletter.>",), max_age_s=3 * 24 * 3600, max_bytes=64 << 20)
+# A letter keeps up to 64 KiB of the refused payload. Per identity and consumer, the first letters are kept
+# (the forensic record of an attack) and a flood of later ones is refused, never the other way round.
+DEAD_LETTER_STREAM = Stream("DRA_DEADLETTER", ("dra.v1.deadletter.>",), max_age_s=3 * 24 * 3600, max_bytes=64 << 20,
+                            max_msg_size=80 * 1024, max_msgs_per_subject=256, discard_new=True)
 STREAMS: tuple[Stream, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM)
 
-INVENTORY_BUCKET = Bucket("dra-inventory", NodeInventory, key="{node}", binds=(("node", "node"),))
+INVENTORY_BUCKET = Bucket("dra-inventory", NodeInventory, key="{node}", binds=(("node", "node"),),
+                          max_value_size=1024 * 1024)
 HEALTH_BUCKET = Bucket("dra-health", DeviceHealth, key="{node}.{device}", key_rest=True,
                        binds=(("node", "node"), ("device", "device")))
 CD_MEMBERS_BUCKET = Bucket("dra-cd-members", DomainMember, key="{domain_uid}.{node}",

@@ -22,8 +22,11 @@ import nats.js.errors
 import pytest
 import yaml
 
-from shared.bus import Bus
+from services.stategate.gate import StateGate
+from services.stategate.quota import Share
+from shared.bus import Bus, NatsTLS
 from shared.natsserver import EmbeddedNats, nats_server_binary
+from shared.natsusers import GATE_ROLE
 from shared.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,15 +136,40 @@ class ShippedConfigNats(EmbeddedNats):
     """nats-server run on a shipped config file with its per-server environment (the values the
     StatefulSet sets), on loopback. The store, ports and routes come from `env`, not flags."""
 
-    def __init__(self, config_file: Path, env: dict[str, str], store_dir: Path) -> None:
+    def __init__(self, config_file: Path, env: dict[str, str], store_dir: Path, *, gate: bool = True) -> None:
         super().__init__(store_dir=store_dir, port=int(env["NATS_CLIENT_PORT"]), config_file=config_file)
         self.env = env
+        self.gate = gate  # run a state gate on it, as a deployment does (node users reach JetStream through it)
+        self._gate_bus: Bus | None = None
+
+    async def start(self, timeout: float = 15.0) -> None:
+        await super().start(timeout=timeout)
+        if self.gate:
+            self._gate_bus = await start_gate(self.url)
+
+    async def close(self) -> None:
+        if self._gate_bus is not None:
+            await self._gate_bus.close()
+            self._gate_bus = None
+        await super().close()
 
     def _args(self) -> list[str]:
         assert self.config_file is not None
         inherited = [f"{k}={v}" for k, v in sorted(self.env.items())]
         return [shutil.which("env") or "/usr/bin/env", *inherited, nats_server_binary(),
                 "-a", "127.0.0.1", "-c", str(self.config_file)]
+
+
+async def start_gate(url: str, share: Share | None = None, *, creds_file: str = "") -> Bus:
+    """A state gate (services/stategate) serving on `url` as the shipped `gate` user (its test password, or
+    the .creds file of a JWT deployment); close the bus to stop it."""
+    if creds_file:
+        bus = await Bus.connect(url, name="state-gate", tls=NatsTLS(creds_file=creds_file), initial_attempts=5)
+    else:
+        bus = await Bus.connect(url, name="state-gate", user=GATE_ROLE, password=test_password(GATE_ROLE),
+                                initial_attempts=5)
+    await StateGate(bus, share or Share(rate=64 * 1024, burst=8 << 20)).start()
+    return bus
 
 
 def server_env(name: str, store: Path, **extra: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from shared.bus import Bus
+from shared.bus import Bus, inbox_prefix
 from shared.events import catalog
 from shared.events.inventory import NodeInventory
 from shared.natsserver import EmbeddedNats
@@ -63,7 +63,7 @@ async def _connect(srv: EmbeddedNats, user: str, password: str | None = None) ->
         errors.put_nowait(str(exc))
 
     nc = await nats.connect(srv.url, user=user, password=password or test_password(user), error_cb=on_error,
-                            allow_reconnect=False, connect_timeout=2)
+                            allow_reconnect=False, connect_timeout=2, inbox_prefix=inbox_prefix(user))
     return Conn(nc, errors)
 
 
@@ -91,6 +91,24 @@ async def _delivered(admin: Conn, publisher: Conn, subject: str) -> None:
     await sub.unsubscribe()
 
 
+async def _stored_through_gate(admin: Conn, user: str, conn: Conn, subject: str) -> None:
+    """`user` asks the state gate to store on `subject`; the gate publishes it (the admin sees it), and its
+    answer comes back to the asker's inbox (the server's ack, or 503 where no stream is provisioned)."""
+    role, node = user.split(".", 1)
+    sub = await admin.nc.subscribe(subject)
+    await admin.nc.flush()
+    answer = await conn.nc.request(f"dra.v1.gate.{node}.{role}.PUB.{subject}", b"{}", timeout=WAIT)
+    assert b"error" not in answer.data, answer.data
+    assert (await sub.next_msg(timeout=WAIT)).subject == subject
+    await sub.unsubscribe()
+
+
+async def _refused_by_gate(user: str, conn: Conn, subject: str) -> None:
+    role, node = user.split(".", 1)
+    answer = await conn.nc.request(f"dra.v1.gate.{node}.{role}.PUB.{subject}", b"{}", timeout=WAIT)
+    assert b"may not" in answer.data, answer.data
+
+
 async def _refused(conn: Conn, subject: str) -> None:
     await conn.nc.publish(subject, b"{}")
     await conn.nc.flush()
@@ -98,46 +116,56 @@ async def _refused(conn: Conn, subject: str) -> None:
 
 
 async def test_a_node_agent_publishes_its_own_nodes_subjects_and_is_refused_another_nodes(server: EmbeddedNats) -> None:
+    """A node agent stores its own node's events and keys through the state gate only (no stream's subject
+    is open to it on the server, not even its own), sends its own node's requests, and is refused
+    another node's subjects by the gate and everything else by the server."""
+    provisioner = await Bus.connect(server.url, name="admin", user="admin", password=test_password("admin"))
+    await provisioner.provision()
+    await provisioner.close()
     admin = await _connect(server, "admin")
-    discovery = await _connect(server, "discovery.gpu-a")
-    preparer = await _connect(server, "preparer.gpu-a")
-    cd_agent = await _connect(server, "cd-agent.gpu-a")
+    users = ("discovery.gpu-a", "preparer.gpu-a", "cd-agent.gpu-a")
+    conns = {user: await _connect(server, user) for user in users}
+    discovery, preparer, cd_agent = (conns[u] for u in users)
     try:
-        allowed = [
-            (discovery, catalog.INVENTORY.format(node="gpu-a")),
-            (discovery, catalog.HEALTH.format(node="gpu-a", device="gpu-0")),
-            (discovery, catalog.INVENTORY_WITHDRAWN.format(node="gpu-a")),
-            (discovery, "$KV.dra-inventory.gpu-a"),
-            (preparer, catalog.CLAIM.format(namespace="team-x", node="gpu-a", event="prepared")),
-            (preparer, catalog.DEVICE_MIG_CREATE.format(node="gpu-a")),
-            (cd_agent, catalog.CD_MEMBER.format(domain_uid="cd-1", node="gpu-a")),
-            (cd_agent, "$KV.dra-cd-members.cd-1.gpu-a"),
+        stored = [
+            ("discovery.gpu-a", catalog.INVENTORY.format(node="gpu-a")),
+            ("discovery.gpu-a", catalog.HEALTH.format(node="gpu-a", device="gpu-0")),
+            ("discovery.gpu-a", catalog.INVENTORY_WITHDRAWN.format(node="gpu-a")),
+            ("discovery.gpu-a", "$KV.dra-inventory.gpu-a"),
+            ("preparer.gpu-a", catalog.CLAIM.format(namespace="team-x", node="gpu-a", event="prepared")),
+            ("cd-agent.gpu-a", catalog.CD_MEMBER.format(domain_uid="cd-1", node="gpu-a")),
+            ("cd-agent.gpu-a", "$KV.dra-cd-members.cd-1.gpu-a"),
         ]
-        for conn, subject in allowed:
-            await _delivered(admin, conn, subject)
-        refused = [
-            (discovery, catalog.INVENTORY.format(node="gpu-b")),
-            (discovery, catalog.HEALTH.format(node="gpu-b", device="gpu-0")),
-            (discovery, catalog.INVENTORY_WITHDRAWN.format(node="gpu-b")),
-            (discovery, "$KV.dra-inventory.gpu-b"),
-            (discovery, "$KV.dra-health.gpu-b.gpu-0"),
-            (discovery, catalog.CLAIM.format(namespace="team-x", node="gpu-a", event="prepared")),
-            (preparer, catalog.CLAIM.format(namespace="team-x", node="gpu-b", event="prepared")),
+        for user, subject in stored:
+            await _stored_through_gate(admin, user, conns[user], subject)
+            await _refused(conns[user], subject)  # the same subject directly: refused by the server
+        await _delivered(admin, preparer, catalog.DEVICE_MIG_CREATE.format(node="gpu-a"))
+        for user, subject in [
+            ("discovery.gpu-a", catalog.INVENTORY.format(node="gpu-b")),
+            ("discovery.gpu-a", catalog.HEALTH.format(node="gpu-b", device="gpu-0")),
+            ("discovery.gpu-a", catalog.INVENTORY_WITHDRAWN.format(node="gpu-b")),
+            ("discovery.gpu-a", "$KV.dra-inventory.gpu-b"),
+            ("discovery.gpu-a", "$KV.dra-health.gpu-b.gpu-0"),
+            ("discovery.gpu-a", catalog.CLAIM.format(namespace="team-x", node="gpu-a", event="prepared")),
+            ("preparer.gpu-a", catalog.CLAIM.format(namespace="team-x", node="gpu-b", event="prepared")),
+            ("preparer.gpu-a", catalog.INVENTORY.format(node="gpu-a")),
+            ("cd-agent.gpu-a", catalog.CD_MEMBER.format(domain_uid="cd-1", node="gpu-b")),
+            ("cd-agent.gpu-a", "$KV.dra-cd-members.cd-1.gpu-b"),
+            ("cd-agent.gpu-a", catalog.CD_STATUS.format(domain_uid="cd-1")),
+        ]:
+            await _refused_by_gate(user, conns[user], subject)
+        for conn, subject in [
             (preparer, catalog.DEVICE_MIG_CREATE.format(node="gpu-b")),
-            (preparer, catalog.INVENTORY.format(node="gpu-a")),
-            (cd_agent, catalog.CD_MEMBER.format(domain_uid="cd-1", node="gpu-b")),
-            (cd_agent, "$KV.dra-cd-members.cd-1.gpu-b"),
-            (cd_agent, catalog.CD_STATUS.format(domain_uid="cd-1")),
-            # no node agent may reshape or empty the streams
+            # no node agent may reshape or empty the streams, or make any JetStream call itself
             (discovery, "$JS.API.STREAM.UPDATE.DRA_EVENTS"),
             (discovery, "$JS.API.STREAM.PURGE.KV_dra-inventory"),
             (preparer, "$JS.API.STREAM.DELETE.DRA_EVENTS"),
             (cd_agent, "$JS.API.STREAM.MSG.DELETE.KV_dra-cd-members"),
-        ]
-        for conn, subject in refused:
+            (cd_agent, "$JS.API.INFO"),
+        ]:
             await _refused(conn, subject)
     finally:
-        for conn in (admin, discovery, preparer, cd_agent):
+        for conn in (admin, *conns.values()):
             await conn.nc.close()
 
 
@@ -180,7 +208,7 @@ async def test_discovery_starts_through_the_bus_with_its_node_user(server: Embed
                             password=test_password("discovery.gpu-a"))
     reader = await Bus.connect(server.url, name="publisher", user="publisher", password=test_password("publisher"))
     try:
-        await bus.provision()  # streams exist with the same config: create is a no-op
+        await bus.provision()  # a node's services provision nothing: a no-op
         inventory = NodeInventory(node="gpu-a", driver_version="550.163.1", cuda_driver_version="12.4.0")
         kv = await bus.kv(catalog.INVENTORY_BUCKET)
         await kv.put("gpu-a", inventory)

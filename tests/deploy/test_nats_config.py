@@ -99,7 +99,8 @@ def test_generator_writes_secrets_and_keeps_keys_private_and_stable(tmp_path: Pa
     names = {d["metadata"]["name"] for d in docs}
     assert names == {"gpu-dra-nats-users", "gpu-dra-nats-route", "gpu-dra-nats-publisher", "gpu-dra-nats-controller",
                      "gpu-dra-nats-admin", "gpu-dra-nats-node-gpu-a", "gpu-dra-nats-node-gpu-b",
-                     "gpu-dra-nats-auth-callout", "gpu-dra-nats-sentinel", "gpu-dra-nats-dashboard"}
+                     "gpu-dra-nats-auth-callout", "gpu-dra-nats-sentinel", "gpu-dra-nats-dashboard",
+                     "gpu-dra-nats-gate"}
     users_conf = next(d for d in docs if d["metadata"]["name"] == "gpu-dra-nats-users")["stringData"]["users.conf"]
     assert "resolver: MEMORY" in users_conf and "operator:" in users_conf
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 import nats.errors
+import nats.js.errors
 import pytest
 from kubernetes_asyncio import client as kube
 
@@ -73,8 +74,8 @@ async def test_an_agent_cannot_write_another_nodes_membership_or_index_bid(
     async with bus_as(shipped_nats, "cd-agent.gpu-b") as hostile, bus_as(shipped_nats, "admin") as admin:
         forged = msgspec.structs.replace(member("gpu-a"), index=0, status="Ready")
         subject = f"$KV.{catalog.CD_MEMBERS_BUCKET.name}.{key}"
-        with pytest.raises(nats.errors.TimeoutError):  # refused by the server: no stream ack comes back
-            await hostile.js.publish(subject, encode(forged), timeout=1.0)
+        with pytest.raises(nats.js.errors.APIError, match="may not"):  # refused by the state gate
+            await hostile.js.publish(subject, encode(forged), timeout=2.0)
         assert await Membership(admin).members(UID) == {}
         assert await Membership(admin).holders(UID, CLIQUE) == {}
         # the same write for its own node is allowed (the refusal is about the key, not a broken setup)

@@ -31,7 +31,7 @@ from shared.cli import main as gpu_dra
 from shared.events import catalog
 from shared.natsjwt import Creds
 from shared.ports import free_port
-from tests.deploy.conftest import NATS_DIR, ShippedConfigNats, server_env
+from tests.deploy.conftest import NATS_DIR, ShippedConfigNats, server_env, start_gate
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 10.0
@@ -145,7 +145,8 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
     files = tmp_path / "secrets"
     files.mkdir()
     for secret, key in (("gpu-dra-nats-sentinel", "sentinel.creds"), ("gpu-dra-nats-auth-callout", "user.creds"),
-                        ("gpu-dra-nats-auth-callout", "issuer.nk"), ("gpu-dra-nats-admin", "user.creds")):
+                        ("gpu-dra-nats-auth-callout", "issuer.nk"), ("gpu-dra-nats-admin", "user.creds"),
+                        ("gpu-dra-nats-gate", "user.creds")):
         (files / secret).mkdir(exist_ok=True)
         (files / secret / key).write_text(secrets[secret][key])
     async with running_apiserver(tmp_path) as api:
@@ -155,8 +156,10 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
                 kube, identities.ServiceAccount(NS, "gpu-dra-auth-callout"))
         kubeconfig = await identities.write_kubeconfig(api.kubeconfig_path, token, tmp_path / "callout.kubeconfig")
         store = tmp_path / "js"
-        server = ShippedConfigNats(tmp_path / "config" / "nats.conf", server_env("callout-test", store), store)
+        server = ShippedConfigNats(tmp_path / "config" / "nats.conf", server_env("callout-test", store), store,
+                                   gate=False)
         await server.start()
+        gate = await start_gate(server.url, creds_file=str(files / "gpu-dra-nats-gate" / "user.creds"))
         port = free_port()
         callout = secrets["gpu-dra-nats-auth-callout"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")} | {
@@ -181,6 +184,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
                 yield Setup(api, server, str(files / "gpu-dra-nats-sentinel" / "sentinel.creds"), tmp_path,
                             f"http://127.0.0.1:{port}/metrics", log)
         finally:
+            await gate.close()
             await server.close()
 
 
@@ -205,7 +209,8 @@ async def test_node_token_gets_its_node_role_and_nothing_of_another_node(setup: 
     seen: asyncio.Queue[str] = asyncio.Queue()
 
     async def on_msg(msg: Any) -> None:
-        seen.put_nowait(msg.subject)
+        if not msg.subject.startswith("dra.v1.gate."):  # the asks to the state gate, not what it stored
+            seen.put_nowait(msg.subject)
 
     await admin.nc.subscribe("dra.v1.>", cb=on_msg)
     await admin.nc.flush()
@@ -213,8 +218,7 @@ async def test_node_token_gets_its_node_role_and_nothing_of_another_node(setup: 
     bus = await setup.bus(token_a, "preparer.gpu-a")
     try:
         own = catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared")
-        await bus.nc.publish(own, b"{}")
-        await bus.nc.flush()
+        await bus.js.publish(own, b"{}")  # through the state gate, a node's only way to a stream
         assert await asyncio.wait_for(seen.get(), WAIT_S) == own
         # Its own node's KV key and inventory stay out of reach for the preparer role (discovery's).
         nc, errors = await _plain(setup, token_a, "preparer.gpu-a")
@@ -229,8 +233,7 @@ async def test_node_token_gets_its_node_role_and_nothing_of_another_node(setup: 
         await nc.close()
         # The same pod's discovery may publish the node's inventory (one pod, three roles, one node).
         discovery, _ = await _plain(setup, token_a, "discovery.gpu-a")
-        await discovery.publish(inventory, b"{}")
-        await discovery.flush()
+        await discovery.request(f"dra.v1.gate.gpu-a.discovery.PUB.{inventory}", b"{}", timeout=WAIT_S)
         assert await asyncio.wait_for(seen.get(), WAIT_S) == inventory
         await discovery.close()
         assert seen.empty()  # nothing of the refused publishes arrived
@@ -291,8 +294,7 @@ async def test_the_token_is_read_again_at_every_connect(setup: Setup) -> None:
 
         await _until("the bus to reconnect with the fresh token", connected, timeout=20)
         own = catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared")
-        await bus.nc.publish(own, b"{}")
-        await bus.nc.flush()
+        await bus.js.publish(own, b"{}")
     finally:
         await bus.close()
 

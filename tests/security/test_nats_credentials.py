@@ -22,7 +22,7 @@ from shared.events import catalog
 from shared.events.inventory import NodeInventory
 from shared.natsjwt import Creds, CredsError, decode_claims
 from shared.nkeys import KeyPair, NKeyError, ed25519_public, ed25519_sign
-from tests.deploy.conftest import NATS_DIR, ShippedConfigNats, server_env
+from tests.deploy.conftest import NATS_DIR, ShippedConfigNats, server_env, start_gate
 
 WAIT = 5.0
 
@@ -71,17 +71,27 @@ class Deployment:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.server: ShippedConfigNats | None = None
+        self.gate: Bus | None = None
 
     async def start(self, secrets: dict[str, dict[str, str]]) -> None:
-        if self.server is not None:
-            await self.server.close()
+        await self.close()
         (self.root / "config").mkdir(parents=True, exist_ok=True)
         (self.root / "auth").mkdir(exist_ok=True)
         shutil.copy(NATS_DIR / "nats.conf", self.root / "config" / "nats.conf")
         (self.root / "auth" / "users.conf").write_text(secrets["gpu-dra-nats-users"]["users.conf"])
         store = self.root / "js"
-        self.server = ShippedConfigNats(self.root / "config" / "nats.conf", server_env("creds-test", store), store)
+        self.server = ShippedConfigNats(self.root / "config" / "nats.conf", server_env("creds-test", store), store,
+                                        gate=False)
         await self.server.start()
+        self.gate = await start_gate(self.server.url, creds_file=self.creds(secrets, "gpu-dra-nats-gate", "user.creds"))
+
+    async def close(self) -> None:
+        if self.gate is not None:
+            await self.gate.close()
+            self.gate = None
+        if self.server is not None:
+            await self.server.close()
+            self.server = None
 
     def creds(self, secrets: dict[str, dict[str, str]], secret: str, key: str) -> str:
         path = self.root / "creds" / secret / key
@@ -100,8 +110,7 @@ async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
     try:
         yield dep
     finally:
-        if dep.server is not None:
-            await dep.server.close()
+        await dep.close()
 
 
 async def _refused_login(deployment: Deployment, creds: str) -> None:

@@ -125,50 +125,73 @@ async def test_a_request_reply_works_on_per_user_inboxes(server: EmbeddedNats) -
         await discovery.close()
 
 
-async def test_a_node_cannot_read_another_nodes_kv_entry_by_any_api(seeded: EmbeddedNats) -> None:
+GATE = "dra.v1.gate.gpu-a.preparer"  # preparer.gpu-a's JetStream API prefix: the state gate
+
+
+async def test_a_node_makes_no_jetstream_call_itself_and_the_gate_reads_it_only_its_own_keys(
+        seeded: EmbeddedNats) -> None:
+    """No JetStream API call by a node user reaches the server (any answer could be sent where the node
+    chooses); through the state gate, another node's key is refused by any API and its own is read."""
     node_a = await _connect(seeded, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
     try:
-        other = f"$KV.{INV}.gpu-b"
-        await node_a.request_refused(f"$JS.API.DIRECT.GET.{INV_STREAM}.{other}")
-        await node_a.request_refused(f"$JS.API.DIRECT.GET.{INV_STREAM}", json.dumps({"last_by_subj": other}).encode())
-        await node_a.request_refused(f"$JS.API.STREAM.MSG.GET.{INV_STREAM}",
-                                     json.dumps({"last_by_subj": other}).encode())
-        # nats-py's own KV API (direct get, watch through an unnamed consumer, keys)
-        kv = await node_a.nc.jetstream(timeout=1.0).key_value(INV)
-        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
-            await kv.get("gpu-b")
-        await node_a.refused("publish", f"$JS.API.DIRECT.GET.{INV_STREAM}.{other}")
-        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
-            await kv.watch("gpu-b")
-        await node_a.refused("publish", f"$JS.API.CONSUMER.CREATE.{INV_STREAM}")
-        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
-            await kv.keys()
-        await node_a.refused("publish", f"$JS.API.CONSUMER.CREATE.{INV_STREAM}")
-        # a named consumer whose create subject shows the filter: another node's key, or everything
+        own, other = f"$KV.{INV}.gpu-a", f"$KV.{INV}.gpu-b"
+        for subject in (f"$JS.API.DIRECT.GET.{INV_STREAM}.{own}", f"$JS.API.STREAM.INFO.{INV_STREAM}", "$JS.API.INFO",
+                        f"$JS.API.CONSUMER.CREATE.{INV_STREAM}.w.{own}"):
+            await node_a.request_refused(subject)
+        for subject in (own, "dra.v1.claim.team-a.gpu-a.prepared", "dra.v1.deadletter.preparer_gpu-a.x"):
+            await node_a.nc.publish(subject, b"{}")  # a stream's subject, even its own: only through the gate
+            await node_a.nc.flush()
+            await node_a.refused("publish", subject)
+        # through the gate: another node's key by direct get, the body form, STREAM.MSG.GET, a consumer
+        answer = await node_a.nc.request(f"{GATE}.DIRECT.GET.{INV_STREAM}.{other}", b"", timeout=WAIT)
+        assert (answer.headers or {}).get("Status") == "403", answer.headers
+        for call, body in ((f"DIRECT.GET.{INV_STREAM}", {"last_by_subj": other}),
+                           (f"STREAM.MSG.GET.{INV_STREAM}", {"last_by_subj": other}),
+                           (f"CONSUMER.DURABLE.CREATE.{INV_STREAM}.d1", {}),
+                           (f"CONSUMER.CREATE.{INV_STREAM}", {})):
+            answer = await node_a.nc.request(f"{GATE}.{call}", json.dumps(body).encode(), timeout=WAIT)
+            assert (answer.headers or {}).get("Status") == "403" or "error" in json.loads(answer.data or b"{}"), call
         for name, filter_subject in (("w1", other), ("w2", f"$KV.{INV}.>"), ("w3", f"$KV.{INV}.*")):
-            subject = f"$JS.API.CONSUMER.CREATE.{INV_STREAM}.{name}.{filter_subject}"
             body = {"stream_name": INV_STREAM, "config": {"name": name, "filter_subject": filter_subject,
                                                           "deliver_subject": "_INBOX_preparer_gpu-a.x"}}
-            await node_a.request_refused(subject, json.dumps(body).encode())
-        await node_a.request_refused(f"$JS.API.CONSUMER.DURABLE.CREATE.{INV_STREAM}.d1")
+            answer = json.loads((await node_a.nc.request(f"{GATE}.CONSUMER.CREATE.{INV_STREAM}.{name}.{filter_subject}",
+                                                          json.dumps(body).encode(), timeout=WAIT)).data)
+            assert "may not" in answer["error"]["description"], answer
+        # its own node's entry, through the gate: allowed, and it is there
+        own_entry = await node_a.nc.request(f"{GATE}.DIRECT.GET.{INV_STREAM}.{own}", b"", timeout=WAIT)
+        assert (own_entry.headers or {}).get("Nats-Subject") == own and own_entry.data
+        # nats-py's own KV API on the gate's prefix: the same answers
+        kv = await node_a.nc.jetstream(prefix=GATE, timeout=2.0).key_value(INV)
+        assert (await kv.get("gpu-a")).value
+        with pytest.raises(nats.js.errors.APIError):
+            await kv.get("gpu-b")
     finally:
         await node_a.nc.close()
 
 
-async def test_a_consumer_create_cannot_smuggle_another_filter_past_its_subject(seeded: EmbeddedNats) -> None:
-    """The subject names the node's own key (allowed), the body asks for another node's: the server
-    itself refuses the mismatch, so no consumer of node B's key exists afterwards."""
+async def test_a_consumer_create_cannot_smuggle_another_filter_or_delivery_past_the_gate(seeded: EmbeddedNats) -> None:
+    """The subject names the node's own key (allowed), the body asks for another node's, or for a delivery
+    outside the node's inbox: refused (by the server for the filter, by the gate for the delivery), so no
+    consumer of node B's key exists and nothing is delivered elsewhere."""
     node_a = await _connect(seeded, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
     try:
         own, other = f"$KV.{INV}.gpu-a", f"$KV.{INV}.gpu-b"
         for config in ({"filter_subject": other}, {"filter_subjects": [other]}, {"filter_subjects": [own, other]},
-                       {"filter_subject": f"$KV.{INV}.>"}):
+                       {"filter_subject": f"$KV.{INV}.>"},
+                       {"filter_subject": own, "deliver_subject": "dra.v1.device.gpu-b.set-sharing"},
+                       {"filter_subject": own, "deliver_subject": "_INBOX_preparer_gpu-b.x"},
+                       {"filter_subject": own, "deliver_subject": ""}):
             body = {"stream_name": INV_STREAM,
                     "config": {"name": "smuggle", "deliver_subject": "_INBOX_preparer_gpu-a.s", **config}}
-            reply = await node_a.nc.request(f"$JS.API.CONSUMER.CREATE.{INV_STREAM}.smuggle.{own}",
+            reply = await node_a.nc.request(f"{GATE}.CONSUMER.CREATE.{INV_STREAM}.smuggle.{own}",
                                             json.dumps(body).encode(), timeout=WAIT)
             answer = json.loads(reply.data)
-            assert "error" in answer, f"the server created a consumer for {config}: {answer}"
+            assert "error" in answer, f"a consumer was created for {config}: {answer}"
+        body = {"stream_name": INV_STREAM, "config": {"name": "fine", "filter_subject": own,
+                                                      "deliver_subject": "_INBOX_preparer_gpu-a.fine"}}
+        reply = await node_a.nc.request(f"{GATE}.CONSUMER.CREATE.{INV_STREAM}.fine.{own}", json.dumps(body).encode(),
+                                        timeout=WAIT)
+        assert "error" not in json.loads(reply.data)  # the probe: its own key, to its own inbox
     finally:
         await node_a.nc.close()
 
@@ -193,15 +216,20 @@ async def test_a_node_cannot_file_a_dead_letter_for_another_consumer(seeded: Emb
     node_a = await _connect(seeded, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
     admin = await _connect(seeded, "admin")
     try:
+        async def store(subject: str) -> dict[str, object]:
+            return json.loads((await node_a.nc.request(f"{GATE}.PUB.{subject}", b"{}", timeout=WAIT)).data)
+
         for subject in ("dra.v1.deadletter.publisher.publisher", "dra.v1.deadletter.discovery_gpu-b.x",
                         "dra.v1.deadletter.preparer_gpu-b.preparer-gpu-b"):
             await node_a.nc.publish(subject, b"{}")
             await node_a.nc.flush()
             await node_a.refused("publish", subject)
+            assert "may not" in str((await store(subject))["error"])  # through the gate
         own = "dra.v1.deadletter.preparer_gpu-a.anything"
         sub = await admin.nc.subscribe(own)
         await admin.nc.flush()
-        await node_a.delivered(own, sub)
+        assert "seq" in await store(own)
+        assert (await sub.next_msg(timeout=WAIT)).subject == own
     finally:
         await admin.nc.close()
         await node_a.nc.close()

@@ -68,7 +68,7 @@ async def tls_server(tmp_path: Path, pki: dict[str, Path]) -> AsyncIterator[str]
         f'ca_file: "{pki["ca"]}", verify: true, timeout: 2 }}\n'
     )
     store = tmp_path / "js"
-    server = ShippedConfigNats(config_dir / "nats-tls-test.conf", server_env("tls-test", store), store)
+    server = ShippedConfigNats(config_dir / "nats-tls-test.conf", server_env("tls-test", store), store, gate=False)
     await server.start()
     try:
         yield f"tls://127.0.0.1:{server.port}"

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 import pytest_asyncio
 
@@ -94,6 +95,7 @@ async def test_every_service_is_its_own_nats_user_given_by_file_and_anonymous_cl
         cluster: LocalCluster) -> None:
     assert cluster.supervisor is not None and cluster.nats_identities is not None
     expected = {"publisher": "publisher", "computedomain-controller": "controller", "dashboard": "reader.dashboard",
+                "state-gate": "gate",
                 **{f"{n}-{role}": f"{role}.{n}" for n in cluster.node_names for role in ("discovery", "preparer")}}
     seen = {}
     for child in cluster.supervisor.children:
@@ -164,10 +166,12 @@ async def test_a_node_user_reads_neither_the_shared_inbox_nor_another_nodes_kv_e
             await conn.request_refused(watch, json.dumps({"stream_name": f"KV_{INV}", "config": {
                 "name": "w", "filter_subject": f"$KV.{INV}.{OTHER}"}}).encode())
 
-            # its own node's entry, by the same API: allowed, and it is there
-            own = await conn.nc.request(f"$JS.API.DIRECT.GET.KV_{INV}.$KV.{INV}.{OWN}", b"", timeout=5)
+            # through the state gate: another node's entry refused, its own node's entry read
+            gate = f"dra.v1.gate.{OWN}.{user.split('.')[0]}"
+            refused = await conn.nc.request(f"{gate}.DIRECT.GET.KV_{INV}.$KV.{INV}.{OTHER}", b"", timeout=5)
+            assert (refused.headers or {}).get("Status") == "403" and not refused.data, refused.headers
+            own = await conn.nc.request(f"{gate}.DIRECT.GET.KV_{INV}.$KV.{INV}.{OWN}", b"", timeout=5)
             assert (own.headers or {}).get("Nats-Subject") == f"$KV.{INV}.{OWN}" and own.data, own
-            assert conn.errors.empty(), f"{user}: its own entry was refused: {conn.errors.get_nowait()}"
         finally:
             await conn.nc.close()
 
@@ -176,3 +180,48 @@ async def test_node_names_no_nats_user_can_be_named_after_are_refused_before_any
         capsys: pytest.CaptureFixture[str]) -> None:
     assert up_main(["--node-prefix", "gpu.node-", "--nodes", "1"]) == 2
     assert "--node-prefix 'gpu.node-'" in capsys.readouterr().err
+
+
+async def test_jetstream_relays_to_another_nodes_subjects_change_nothing_there(
+        cluster: LocalCluster, dead_letters: DeadLetters) -> None:
+    """gpu-node-0 keeps a sharing request under its own health key (through the state gate, its only way to
+    JetStream) and asks for a push consumer delivering it on gpu-node-1's `set-sharing` subject, and for a
+    direct get answered on gpu-node-1's health subject: the server refuses the direct calls, the gate the
+    consumer and the foreign reply, and a rollup. The admin's same consumer is delivered, and gpu-node-1's
+    discovery refuses it as relayed: its GPU keeps its compute mode, its slices no taint."""
+    assert cluster.bus is not None
+    api = await cluster.api_client()
+    before_slices = devices_and_taints(await node_slices(api, OTHER))
+    inventory = await (await cluster.bus.kv(catalog.INVENTORY_BUCKET)).get(OTHER)
+    assert inventory is not None and inventory.gpus
+    victim_gpu = inventory.gpus[0]
+    health_before = await (await cluster.bus.kv(catalog.HEALTH_BUCKET)).items(f"{OTHER}.>")
+    conn = await _raw(cluster, f"discovery.{OWN}")
+    gate = f"dra.v1.gate.{OWN}.discovery"
+    stream, key = f"KV_{catalog.HEALTH_BUCKET.name}", f"$KV.{catalog.HEALTH_BUCKET.name}.{OWN}.share"
+    sharing, health = catalog.DEVICE_SET_SHARING.format(node=OTHER), catalog.HEALTH.format(node=OTHER, device="gpu-0")
+    try:
+        request = json.dumps({"gpu_uuids": [victim_gpu.uuid], "compute_mode": "Prohibited", "timeslice": "Long"})
+        stored = await conn.nc.request(f"{gate}.PUB.{key}", request.encode(), timeout=5)
+        assert "seq" in json.loads(stored.data)
+        body = json.dumps({"stream_name": stream, "config": {"name": "evil", "filter_subject": key,
+                                                             "deliver_subject": sharing, "ack_policy": "none"}})
+        await conn.request_refused(f"$JS.API.CONSUMER.CREATE.{stream}.evil.{key}", body.encode())
+        refused = await conn.nc.request(f"{gate}.CONSUMER.CREATE.{stream}.evil.{key}", body.encode(), timeout=5)
+        assert "own inbox" in json.loads(refused.data)["error"]["description"]
+        await conn.nc.publish(f"{gate}.DIRECT.GET.{stream}.{key}", b"", reply=health)  # never answered there
+        rollup = await conn.nc.request(f"{gate}.PUB.{key}", b"", headers={"Nats-Rollup": "all"}, timeout=5)
+        assert "rollup" in json.loads(rollup.data)["error"]["description"].lower()
+        # the probe: the admin may create that consumer; gpu-node-1's discovery refuses what it is handed
+        created = await cluster.bus.nc.request(f"$JS.API.CONSUMER.CREATE.{stream}.evil.{key}", body.encode(),
+                                               timeout=5)
+        assert "error" not in json.loads(created.data)
+        letter = await dead_letters.next(reason="relayed", subject=key)
+        assert OTHER in letter.consumer, letter
+    finally:
+        await conn.nc.close()
+    after = await (await cluster.bus.kv(catalog.INVENTORY_BUCKET)).get(OTHER)
+    assert after is not None and after.gpus[0].sharing == victim_gpu.sharing
+    assert victim_gpu.sharing.compute_mode == "Default"
+    assert devices_and_taints(await node_slices(api, OTHER)) == before_slices
+    assert await (await cluster.bus.kv(catalog.HEALTH_BUCKET)).items(f"{OTHER}.>") == health_before
