@@ -2,9 +2,11 @@
 pod is stuck in prepare (the kubelet's last `FailedPrepareDynamicResources` Event, its devices' taints
 in the ResourceSlices, the node's Ready condition and taints).
 
-Loads the cluster once (the scheduler's own state loading), then prints the allocation that exists
-or what the scheduler's plan says about every node (`report_text`, all nodes tried). Exit 0 with a
-report, 1 when the object does not exist or the API cannot be reached, 2 for bad arguments.
+Reads the cluster once, then prints the allocation that exists or what the scheduler's plan says about
+every node (`report_text`, all nodes tried). A pod's explanation reads only what it needs (`load_pod`,
+what the dashboard's role grants it: deploy/kubernetes/base/rbac.yaml); a claim's, the scheduler's whole
+state. Exit 0 with a report, 1 when the object does not exist or the API cannot be reached, 2 for bad
+arguments.
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ from embedded.scheduler.plan import plan_pod
 from embedded.scheduler.pools import SliceIndex
 from embedded.scheduler.state import ClusterState, load_state
 from shared.kube.client import kube_api_client
-from shared.kube.resources import EVENTS, NODES, PODS, RESOURCECLAIMS, Kube
+from shared.kube.resources import (
+    DEVICECLASSES,
+    EVENTS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    RESOURCECLAIMS,
+    RESOURCESLICES,
+    Kube,
+)
 from shared.kube.rest import ApiError
 
 Obj = dict[str, Any]
@@ -140,12 +151,35 @@ def explain_claim(state: ClusterState, namespace: str, name: str) -> str:
     return "\n".join(lines)
 
 
+async def load_pod(kube: Kube, namespace: str, name: str) -> tuple[ClusterState, list[Obj]]:
+    """What explaining one pod reads, and no more: the pod; every claim (the devices taken), slice, node and
+    device class (the plan); its namespace (admin access); its Events. No other pod is read, so the plan
+    orders nodes by their allocated devices alone."""
+    try:
+        pod = await kube.get(PODS, namespace, name)
+    except ApiError as exc:
+        if exc.not_found:
+            raise NotFound(f"pod {namespace}/{name} not found") from exc
+        raise
+    uid = (pod.get("metadata") or {}).get("uid")
+    (claims, _), (slices, _), (nodes, _), (classes, _), ns, (events, _) = await asyncio.gather(
+        kube.list(RESOURCECLAIMS), kube.list(RESOURCESLICES), kube.list(NODES), kube.list(DEVICECLASSES),
+        kube.get(NAMESPACES, None, namespace), kube.list(EVENTS, namespace, field_selector=f"involvedObject.uid={uid}"))
+    state = ClusterState()
+    for res, items in ((PODS, [pod]), (RESOURCECLAIMS, claims), (RESOURCESLICES, slices), (NODES, nodes),
+                       (DEVICECLASSES, classes), (NAMESPACES, [ns])):
+        state.replace_all(res, items)
+    return state, events
+
+
 async def explain(kind: str, namespace: str, name: str, kubeconfig: str) -> str:
     async with await kube_api_client(kubeconfig) as api:
         kube = Kube(api)
+        if kind == "pod":
+            state, events = await load_pod(kube, namespace, name)
+            return explain_pod(state, namespace, name, events)
         state = await load_state(kube)
-        events = (await kube.list(EVENTS, namespace))[0] if kind == "pod" else []
-    return explain_pod(state, namespace, name, events) if kind == "pod" else explain_claim(state, namespace, name)
+    return explain_claim(state, namespace, name)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -98,12 +98,6 @@ EMBEDDED_ROLES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         _rule(["resource.k8s.io"], ["resourceslices"], [*_READ, "delete", "deletecollection"]),
         *_EVENTS,
     ], [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": "system:nodes"}]),
-    # the dashboard's drill-down runs `gpu-dra explain` locally (the scheduler's view of the cluster, the
-    # kubelet's Events): reads beyond deploy/'s dashboard role, which a production image never makes
-    "gpu-dra:embedded-dashboard-explain": ([
-        _rule([""], ["namespaces", "events"], _READ),
-        _rule(["resource.k8s.io"], ["deviceclasses", "resourceclaimtemplates"], _READ),
-    ], [{"kind": "ServiceAccount", "name": DASHBOARD.name, "namespace": DASHBOARD.namespace}]),
 }
 
 

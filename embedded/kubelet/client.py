@@ -3,12 +3,17 @@
 Owns what a real kubelet (1.34+) does with a DRA plugin: dial the registration socket, GetInfo
 with a 1 s deadline, check the type, pick the first service version the plugin lists that the
 kubelet knows (`v1.DRAPlugin`, `v1beta1.DRAPlugin`), report the registration status, then call
-NodePrepareResources / NodeUnprepareResources on the advertised endpoint with a 45 s deadline, a
-client span and W3C trace context in gRPC metadata, and the kubelet's checks on the response.
+NodePrepareResources / NodeUnprepareResources on the advertised endpoint with a 45 s deadline (upstream's
+`defaultClientCallTimeout` in pkg/kubelet/cm/dra/plugin, "half of the kubelet retry period"), a client span
+and W3C trace context in gRPC metadata, and the kubelet's checks on the response. A call whose plugin is
+dropped under it (its socket went away or registered again: the channel is closed) fails like any other
+broken call, as in upstream's Go client (codes.Canceled), so the pod is tried again; Python's gRPC would
+otherwise raise CancelledError into a caller nobody cancelled.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from services.preparer.protos import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from services.preparer.protos import pluginregistration_v1_pb2 as reg_pb2
 from services.preparer.protos import pluginregistration_v1_pb2_grpc as reg_grpc
+from shared.tasks import cancelling
 from shared.telemetry import get_tracer, inject_grpc_metadata
 
 tracer = get_tracer(__name__)
@@ -92,6 +98,12 @@ class DraPlugin:
             except grpc.aio.AioRpcError as exc:
                 span.set_status(Status(StatusCode.ERROR, exc.details() or str(exc.code())))
                 raise PluginError(f"{method} on {self.endpoint} failed: {exc.code().name}: {exc.details()}") from exc
+            except asyncio.CancelledError:
+                if cancelling():
+                    raise  # our caller is being cancelled
+                span.set_status(Status(StatusCode.ERROR, "channel closed"))
+                raise PluginError(f"{method} on {self.endpoint} failed: CANCELLED: the channel closed during the "
+                                  f"call (the plugin's registration went away or was replaced)") from None
             wanted = {c.uid for c in claims}
             unknown = [uid for uid in response.claims if uid not in wanted]
             if unknown:
@@ -116,6 +128,7 @@ class DraPlugin:
         return {uid: entry.error for uid, entry in response.claims.items()}
 
     async def close(self) -> None:
+        """Close the channel; calls in flight on it fail with PluginError."""
         await self.channel.close()
 
 

@@ -73,9 +73,9 @@ async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
             """Node status on every plugin change, and at least every heartbeat (lastHeartbeatTime)."""
             while not stopping.is_set():
                 plugins.changed.clear()  # before looking, so a registration meanwhile is not missed
+                wake.set()  # pods waiting for a driver get another go at once, not after the status write
                 ready = cfg.require_driver in plugins.drivers() if cfg.require_driver else True
                 await agent.set_ready(ready, f"DRA drivers: {sorted(plugins.drivers())}")
-                wake.set()  # pods waiting for a driver get another go
                 waits = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(plugins.changed.wait())]
                 await asyncio.wait(waits, timeout=cfg.heartbeat_seconds, return_when=asyncio.FIRST_COMPLETED)
                 for w in waits:

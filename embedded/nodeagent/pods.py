@@ -15,6 +15,13 @@ last pod using a claim is gone or finished, then the grace-period-0
 delete that lets the API server drop a terminating pod. What it prepared survives restarts in a
 state file (`state.py`); every re-list prunes pods that vanished meanwhile. Pods and claims stay plain dicts:
 requests and the pod watch go through `shared.kube.rest` (no client models, no timestamp parsing).
+
+Retries: a pod whose prepare failed (the plugin's error, a call cut off by the plugin's death or by its
+registration being dropped) is tried again after `RETRY_MIN` doubling to `RETRY_MAX`, and at once when a plugin
+(re-)registers (`wake`). That is sooner than a real kubelet: its `kuberuntime_manager.SyncPod` records the Event
+and returns without failing the sync, so the pod worker syncs the pod again only at its resync, `--sync-frequency`
+1 min jittered up to 1.5x (pod_workers.go `completeWork`). A failed sync waits `backOffPeriod` 10 s, jittered
+alike; 10 s doubling to 300 s (`MaxContainerBackOff`) is the containers' crash-loop back-off, not the prepare's.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from shared.kube.events import event_body, record_event
 from shared.kube.resources import PODS, RESOURCECLAIMS
 from shared.kube.rest import ApiError, Gone, decode, request, watch_lines
 from shared.logs import get_logger
-from shared.tasks import cancel_and_wait
+from shared.tasks import cancel_and_wait, cancelling
 from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION, traceparent_context
 
 log = get_logger(__name__)
@@ -51,7 +58,7 @@ EXIT_ANNOTATION = "gpu-dra.nvidia.com/emulate-exit"
 FAILED_REASON = "FailedPrepareDynamicResources"  # the kubelet's Event reason (pkg/kubelet/events)
 WAITING_REASON = "ContainerCreating"
 KUBELET_COMPONENT = "kubelet"
-RETRY_MIN, RETRY_MAX = 0.2, 5.0
+RETRY_MIN, RETRY_MAX = 0.2, 5.0  # a waiting pod's retries (module doc: a real kubelet's are 60-90 s apart)
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"  # what the kubelet sends (conditions merged by type)
 FIRST_STATUS_WAIT_S = 0.5  # a Running pod's first status waits this long at most for its containers to start
 
@@ -636,7 +643,9 @@ class PodRunner:
                     if self._orphans():  # claims whose unprepare failed (driver not back yet...)
                         async with self._lock:
                             await self._release_pod("")
-                except Exception as exc:  # noqa: BLE001 - a dead retry loop would leave waiting pods waiting forever
+                except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - a dead retry loop leaves pods waiting
+                    if isinstance(exc, asyncio.CancelledError) and cancelling():
+                        raise  # we are stopped; any other CancelledError came from a callee (a closed channel...)
                     log.error("retrying waiting pods failed; the next round tries again", node=self.node,
                               error=f"{type(exc).__name__}: {exc}", waiting=len(self._retry))
                 delay = backoff.next() if self._retry or self._orphans() else backoff.restart()
@@ -648,7 +657,7 @@ class PodRunner:
         loop = asyncio.create_task(self._list_and_watch(stopping))
         stop = asyncio.create_task(stopping.wait())
         try:
-            await asyncio.wait([loop, stop], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([retry, loop, stop], return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (retry, loop, stop):
                 task.cancel()
@@ -658,6 +667,8 @@ class PodRunner:
         for result in results:
             if isinstance(result, Exception):
                 raise result
+        if not stopping.is_set():  # the loops end only when stopped: say so rather than leave pods waiting
+            raise RuntimeError(f"the pod loops of node {self.node} ended before it was stopped: {results[:2]!r}")
 
     async def _list_and_watch(self, stopping: asyncio.Event) -> None:
         selector = [("fieldSelector", f"spec.nodeName={self.node}")]
@@ -711,7 +722,9 @@ class PodRunner:
                 await self.forget_pod(uid)
             else:
                 await self.sync_pod(pod)
-        except Exception as exc:  # noqa: BLE001 - the retry loop takes the pod up again
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - the retry loop takes the pod up again
+            if isinstance(exc, asyncio.CancelledError) and cancelling():
+                raise
             log.error("pod event not handled; retrying", node=self.node, pod=pod["metadata"].get("name"),
                       error=f"{type(exc).__name__}: {exc}")
             if kind != "DELETED":

@@ -8,6 +8,7 @@ same functions. Rows are msgspec Structs that encode to the contract's camelCase
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -440,6 +441,17 @@ def counters(fleet: Iterable[Node]) -> dict[str, dict[str, int]]:
     for node in fleet:
         add_counters(total, node_counters(node))
     return total
+
+
+_CLAIM_KEY = re.compile(r"\bclaim ([a-z0-9][-a-z0-9]*)/[-a-z0-9.]+")
+
+
+def redact_text(text: str, visible: frozenset[str] | None) -> str:
+    """`gpu-dra explain`'s text as a viewer allowed `visible` namespaces sees it (None: all): another tenant's
+    claim (`claim ns/name`, e.g. the holder of a device the pod cannot have) loses its name."""
+    if visible is None:
+        return text
+    return _CLAIM_KEY.sub(lambda m: m.group(0) if m.group(1) in visible else "another tenant's claim", text)
 
 
 def redact(node: Node, visible: frozenset[str] | None) -> Node:

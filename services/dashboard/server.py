@@ -3,7 +3,8 @@
 Routes (docs/dashboard.md, "The API"): the page and its static files from the package, `/healthz`,
 `/api/fleet`, `/api/stream` (server-sent events: a full `fleet`, then coalesced `delta`s, a `: ping` every
 `ping_s`), and the drill-downs `/api/device/<node>/<device>`, `/api/claim/<ns>/<name>`,
-`/api/pod/<ns>/<name>/explain`. Every answer is filtered by the viewer's namespaces (auth.py); every error
+`/api/pod/<ns>/<name>/explain`. Every answer is filtered by the viewer's namespaces (auth.py; explain of
+another namespace's pod is 403, other tenants' claims in its text unnamed); every error
 is JSON `{"error": "..."}` that says what was wrong and what to do.
 """
 
@@ -208,7 +209,7 @@ class Api:
         if self.explainer is None:
             return error(501, "explain needs the local-cluster tools, which this install lacks (pip install "
                               f"'gpu-dra[embedded]'); run `gpu-dra explain pod {namespace}/{name}` where they are")
-        return _json({"text": await self.explainer(namespace, name)})
+        return _json({"text": model.redact_text(await self.explainer(namespace, name), viewer.visible)})
 
 
 @web.middleware

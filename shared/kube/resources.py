@@ -88,8 +88,8 @@ class Kube:
             return raw.decode("utf-8", "replace")
 
     async def list(self, res: Resource, namespace: str | None = None, label_selector: str | None = None,
-                   page_size: int = 500, transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-                   ) -> tuple[list[dict[str, Any]], str]:
+                   page_size: int = 500, transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                   field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
         """Every object (following `continue`), each through `transform` as its page arrives (a big list is
         never held whole), and the list's resourceVersion."""
         items: list[dict[str, Any]] = []
@@ -98,6 +98,8 @@ class Kube:
             query: list[tuple[str, Any]] = [("limit", page_size)]
             if label_selector:
                 query.append(("labelSelector", label_selector))
+            if field_selector:
+                query.append(("fieldSelector", field_selector))
             if token:
                 query.append(("continue", token))
             data = await self._call("GET", res.path(namespace), query)

@@ -87,3 +87,12 @@ def test_redact_hides_other_tenants_names_only() -> None:
     assert (theirs.namespace, theirs.claim, theirs.claim_uid, theirs.pods, theirs.other_tenant) == ("", "", "", [], True)
     assert model.redact(row, None) is row and row.devices[0].allocations[1].claim == "b"  # the shared row is untouched
 
+
+
+def test_explain_text_keeps_the_viewers_claims_named_and_unnames_the_others() -> None:
+    text = ("claim team-a/job: not allocated\n    1 rejected: already allocated to claim team-a/old (gpu-0)\n"
+            "    2 rejected: already allocated to claim team-b/secret.v2 (gpu-1, gpu-2)")
+    seen = model.redact_text(text, frozenset({"team-a"}))
+    assert seen == ("claim team-a/job: not allocated\n    1 rejected: already allocated to claim team-a/old (gpu-0)\n"
+                    "    2 rejected: already allocated to another tenant's claim (gpu-1, gpu-2)")
+    assert model.redact_text(text, None) == text

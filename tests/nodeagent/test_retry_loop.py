@@ -5,6 +5,7 @@ driver that had just registered again stayed ContainerCreating for good)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from kubernetes_asyncio import client
@@ -59,3 +60,31 @@ async def test_the_retry_loop_keeps_going_after_a_round_fails(tmp_path: Path) ->
         await asyncio.wait_for(loop, 5)
         await api.close()
     assert len(rounds) >= 2, "the round after the failed one ran"
+
+
+async def test_the_retry_loop_outlives_a_cancelled_error_it_did_not_ask_for(tmp_path: Path) -> None:
+    """A callee's CancelledError (Python's gRPC raises one when the channel is closed under a call) is a failed
+    round, not the loop's end; the loop still stops when it is cancelled itself."""
+    api = unreachable_api()
+    runner = PodRunner("n", api, PluginRegistry(tmp_path / "reg"), [], state_dir=tmp_path / "state")
+    runner._retry.add("u1")
+    rounds: list[int] = []
+    second = asyncio.Event()
+
+    async def retry_pending() -> None:
+        rounds.append(len(rounds))
+        if len(rounds) == 1:
+            raise asyncio.CancelledError  # nobody cancelled the loop
+        second.set()
+
+    runner.retry_pending = retry_pending  # type: ignore[method-assign]
+    loop = asyncio.create_task(runner._retry_loop(asyncio.Event(), None))
+    try:
+        await asyncio.wait_for(second.wait(), 5)
+        assert not loop.done()
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(loop, 5)
+        await api.close()
+    assert loop.cancelled()
