@@ -1,5 +1,6 @@
 """The resource.k8s.io rules for ResourceClaims, ResourceClaimTemplates and DeviceClasses beyond
-the OpenAPI schema: request unions (exactly / firstAvailable), selectors (CEL syntax), constraints,
+the OpenAPI schema: request unions (exactly / firstAvailable), selectors (CEL syntax, length and
+estimated cost, as `validateSelector`: "too complex, exceeds cost limit"), constraints,
 opaque config size, tolerations, and the claim status (allocation, reservedFor, device status).
 Objects are in the v1 shape; messages and paths follow the real server's.
 
@@ -40,6 +41,8 @@ from embedded.apiserver._schemas_dra import (
     name_errors,
     qualified_name_errors,
 )
+from embedded.scheduler import celcost
+from embedded.scheduler.celparse import CelSyntaxError
 
 _TOLERATION_EFFECTS = ["NoSchedule", "NoExecute", "None"]
 _ALLOCATION_MODES = ["All", "ExactCount"]
@@ -176,9 +179,15 @@ def _selectors(path: str, selectors: Any, errors: Errors) -> None:
         elif len(expression) > MAX_CEL_LEN:
             errors.append(fe.too_long(epath, MAX_CEL_LEN))
         else:
-            problem = cel_syntax_error(expression)
+            problem, too_complex = cel_syntax_error(expression), False
+            try:  # upstream's worst-case cost check (CELSelectorExpressionMaxCost), after the syntax
+                too_complex = not problem and celcost.estimate(expression).exceeds
+            except CelSyntaxError as exc:  # text the `cel` package takes but the estimator's parser does not
+                problem = f"ERROR: <input>: {exc}"
             if problem:
                 errors.append(fe.invalid(epath, expression, f"compilation failed: {problem}"))
+            elif too_complex:
+                errors.append(fe.forbidden(epath, "too complex, exceeds cost limit"))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -2,11 +2,13 @@
 pod is stuck in prepare (the kubelet's last `FailedPrepareDynamicResources` Event, its devices' taints
 in the ResourceSlices, the node's Ready condition and taints).
 
-Reads the cluster once, then prints the allocation that exists or what the scheduler's plan says about
-every node (`report_text`, all nodes tried). A pod's explanation reads only what it needs (`load_pod`,
-what the dashboard's role grants it: deploy/kubernetes/base/rbac.yaml); a claim's, the scheduler's whole
-state. Exit 0 with a report, 1 when the object does not exist or the API cannot be reached, 2 for bad
-arguments.
+Reads the cluster once: for a pod only what its explanation needs (`load_pod`, what the dashboard's
+role grants it: deploy/kubernetes/base/rbac.yaml), for a claim the scheduler's whole state. Has the
+selectors that the scheduler would not run inline evaluated in a CEL worker (`celsandbox`, as the
+scheduler does, so a runaway selector reports "actual cost limit exceeded" instead of hanging the
+command), then prints the allocation that exists or what the scheduler's plan says about every node
+(`report_text`, all nodes tried). Exit 0 with a report, 1 when the object does not exist or the API
+cannot be reached, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import sys
 from typing import Any
 
 from embedded.scheduler.allocator import schedule
+from embedded.scheduler.celsandbox import CelSandbox
 from embedded.scheduler.explain import report_text
 from embedded.scheduler.plan import plan_pod
 from embedded.scheduler.pools import SliceIndex
+from embedded.scheduler.requests import claim_selectors
 from embedded.scheduler.state import ClusterState, load_state
 from shared.kube.client import kube_api_client
 from shared.kube.resources import (
@@ -105,7 +109,8 @@ def _prepare_lines(state: ClusterState, pod: Obj, node: str, claims: list[Obj], 
     return lines
 
 
-def explain_pod(state: ClusterState, namespace: str, name: str, events: list[Obj] | None = None) -> str:
+def explain_pod(state: ClusterState, namespace: str, name: str, events: list[Obj] | None = None,
+                index: SliceIndex | None = None) -> str:
     pod = state.get(PODS, namespace, name)
     if pod is None:
         raise NotFound(f"pod {namespace}/{name} not found")
@@ -125,7 +130,7 @@ def explain_pod(state: ClusterState, namespace: str, name: str, events: list[Obj
     if node and (pod.get("status") or {}).get("phase", "Pending") == "Pending":
         lines += _prepare_lines(state, pod, node, claims, events or [])
     if not node and not missing:
-        plan = plan_pod(state, pod, SliceIndex(state.values_slices()), all_nodes=True)
+        plan = plan_pod(state, pod, index or SliceIndex(state.values_slices()), all_nodes=True)
         for n, why in sorted(plan.node_rejections.items()):
             lines.append(f"node {n}: skipped: {why}")
         if plan.outcome is not None:
@@ -139,13 +144,13 @@ def explain_pod(state: ClusterState, namespace: str, name: str, events: list[Obj
     return "\n".join(lines)
 
 
-def explain_claim(state: ClusterState, namespace: str, name: str) -> str:
+def explain_claim(state: ClusterState, namespace: str, name: str, index: SliceIndex | None = None) -> str:
     claim = state.get(RESOURCECLAIMS, namespace, name)
     if claim is None:
         raise NotFound(f"resourceclaim {namespace}/{name} not found")
     lines = _allocation_lines(claim)
     if not (claim.get("status") or {}).get("allocation"):
-        outcome = schedule([claim], state.classes(), SliceIndex(state.values_slices()), state.allocated,
+        outcome = schedule([claim], state.classes(), index or SliceIndex(state.values_slices()), state.allocated,
                            state.values(NODES), admin_namespaces=state.admin_namespaces(), all_nodes=True)
         lines.append(report_text(outcome.reports, outcome.problems))
     return "\n".join(lines)
@@ -177,9 +182,34 @@ async def explain(kind: str, namespace: str, name: str, kubeconfig: str) -> str:
         kube = Kube(api)
         if kind == "pod":
             state, events = await load_pod(kube, namespace, name)
-            return explain_pod(state, namespace, name, events)
-        state = await load_state(kube)
-    return explain_claim(state, namespace, name)
+        else:
+            state, events = await load_state(kube), []
+    index = SliceIndex(state.values_slices())
+    await _evaluate_selectors(state, _claims_of(state, kind, namespace, name), index)
+    if kind == "pod":
+        return explain_pod(state, namespace, name, events, index)
+    return explain_claim(state, namespace, name, index)
+
+
+def _claims_of(state: ClusterState, kind: str, namespace: str, name: str) -> list[Obj]:
+    """The unallocated claims a plan for the pod (or the claim itself) would allocate."""
+    if kind == "pod":
+        pod = state.get(PODS, namespace, name)
+        names = state.pod_claim_names(pod)[0] if pod is not None else []
+    else:
+        names = [name]
+    found = (state.get(RESOURCECLAIMS, namespace, n) for n in names)
+    return [c for c in found if c is not None and not (c.get("status") or {}).get("allocation")]
+
+
+async def _evaluate_selectors(state: ClusterState, claims: list[Obj], index: SliceIndex) -> None:
+    """The selectors the scheduler would evaluate in its CEL worker, evaluated in one here first."""
+    sandbox = CelSandbox()
+    try:
+        for selector in sandbox.unsettled(claim_selectors(claims, state.classes()), index):
+            await sandbox.settle(selector, index)
+    finally:
+        await sandbox.close()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,6 +6,17 @@ quantities, `allowMultipleAllocations`), the program cache (one compile per expr
 and turning compile/runtime failures into `CelError`s whose message says what was wrong.
 Evaluation uses the compiled `common-expression-language` package (`import cel`).
 
+Where a selector runs (`Selector.inline`): one whose worst-case cost (`celcost.estimate`) is at most
+INLINE_COST and that calls no regex function may run here, on the caller's thread (typically
+microseconds, ~20 ms at the very worst); any other runs in the CEL worker process (`celworker`),
+bounded per evaluation by the worker's CPU-time limit, because the `cel` package evaluates in Rust
+while holding the GIL (no cost hook, nothing another thread can interrupt) and `find`/`findAll` use
+Python's backtracking `re`. The scheduler loop has those evaluated in the background first
+(`celsandbox`, which also moves inline ones there when a pod's selectors times the devices would
+cost too much); a caller that reaches one without a result (tools, tests) waits for a one-off
+worker. A selector that ran past the limit fails on every device with upstream's "actual cost limit
+exceeded" (`failure`).
+
 Most selectors read a few literal fields (`device.driver`, `device.attributes['dom'].name`,
 `device.capacity['dom'].name`). For those the result depends on nothing else, so it is cached by
 (expression, the raw values of those fields) across devices: a fleet of identical GPUs costs one
@@ -20,10 +31,14 @@ from typing import Any
 import cel as _cel
 import msgspec
 
+from embedded.scheduler.celcost import REGEX_FUNCTIONS, UNKNOWN, estimate
 from embedded.scheduler.celext import FUNCTIONS, quantity_value, semver_value
+from embedded.scheduler.celparse import CelSyntaxError
 from embedded.scheduler.values import QuantityError, SemverError, parse_quantity, parse_semver
 
 MAX_EXPRESSION_LENGTH = 10 * 1024
+INLINE_COST = 10_000  # estimated cost units a selector may have and still run on the caller's thread
+COST_LIMIT_MESSAGE = "cel evaluation error: operation cancelled: actual cost limit exceeded"
 # `device.attributes['dom']` / `device.capacity["dom"]`: an unknown domain is an empty map, not an error.
 _DOMAIN_LOOKUP = re.compile(r"device\s*\.\s*(attributes|capacity)\s*\[\s*(['\"])([^'\"]+)\2\s*\]")
 _QUOTED_MESSAGE = re.compile(r"Python function call failed: \w+: (.*?)\. Check function arguments")
@@ -52,7 +67,7 @@ class CelError(ValueError):
 class Selector:
     """One compiled expression and the domains it looks up literally."""
 
-    __slots__ = ("domains", "expression", "program", "refs")
+    __slots__ = ("cost", "domains", "expression", "failure", "inline", "program", "refs")
 
     def __init__(self, expression: str):
         self.expression = expression
@@ -67,6 +82,13 @@ class Selector:
             raise CelError(expression, f"CEL syntax error: {_first_lines(str(exc))}") from None
         self.domains = frozenset(m.group(3) for m in _DOMAIN_LOOKUP.finditer(expression))
         self.refs = field_refs(expression)
+        try:
+            found = estimate(expression)
+            self.cost, calls = found.cost, found.calls
+        except CelSyntaxError:  # the estimator's parser is stricter than the `cel` package's: assume the worst
+            self.cost, calls = UNKNOWN, frozenset()
+        self.inline = self.cost <= INLINE_COST and not calls & REGEX_FUNCTIONS
+        self.failure: CelError | None = None  # set once an evaluation ran past the worker's limit
 
 
 def field_refs(expression: str) -> tuple[Ref, ...] | None:
@@ -218,16 +240,23 @@ class DeviceEnv:
             "allowMultipleAllocations": bool(device.get("allowMultipleAllocations", False)),
         }
 
-    def _context_for(self, selector: Selector) -> Any:
+    def variables_for(self, selector: Selector) -> dict[str, Any]:
+        """The `device` variable, with an empty map for each domain the selector names that the device lacks."""
         if self._variables is None:
             self._variables = self._build()
         missing = selector.domains - self._domains
-        if missing or self._context is None:
+        if missing:
             for domain in missing:
                 self._variables["attributes"].setdefault(domain, {})
                 self._variables["capacity"].setdefault(domain, {})
             self._domains |= missing
-            self._context = _cel.Context(variables={"device": self._variables}, functions=FUNCTIONS)
+            self._context = None
+        return self._variables
+
+    def _context_for(self, selector: Selector) -> Any:
+        variables = self.variables_for(selector)
+        if self._context is None:
+            self._context = context_of(variables)
         return self._context
 
     def projection(self, refs: tuple[Ref, ...]) -> tuple[Any, ...]:
@@ -251,21 +280,37 @@ class DeviceEnv:
                 out.append((_field(fields, ident), _field(fields, qualified), later))
         return tuple(out)
 
+    def shared_key(self, selector: Selector) -> Any:
+        """The key under which devices share the selector's result (None: this device's own result)."""
+        if self.error or selector.refs is None:
+            return None
+        return (selector.expression, self.projection(selector.refs))
+
+    def known(self, selector: Selector, key: Any) -> bool | CelError | None:
+        """The selector's result here if already known (from this device or one agreeing on its fields)."""
+        found = self.results.get(selector.expression)
+        if found is None and key is not None:
+            found = _projected.get(key)
+            if found is not None:
+                self.results[selector.expression] = found
+        return found
+
+    def remember(self, selector: Selector, key: Any, value: bool | CelError) -> None:
+        self.results[selector.expression] = value
+        if key is not None:
+            if len(_projected) >= MAX_PROJECTIONS:
+                _projected.clear()
+            _projected[key] = value
+
     def matches(self, selector: Selector) -> bool:
         """Whether the selector accepts this device; CelError for a failure (cached either way)."""
         cached = self.results.get(selector.expression)
         if cached is None:
-            if self.error or selector.refs is None:
+            key = self.shared_key(selector)
+            cached = self.known(selector, key)
+            if cached is None:
                 cached = self._evaluate(selector)
-            else:
-                key = (selector.expression, self.projection(selector.refs))
-                cached = _projected.get(key)
-                if cached is None:
-                    cached = self._evaluate(selector)
-                    if len(_projected) >= MAX_PROJECTIONS:
-                        _projected.clear()
-                    _projected[key] = cached
-            self.results[selector.expression] = cached
+                self.remember(selector, key, cached)
         if isinstance(cached, CelError):
             raise cached
         return cached
@@ -273,16 +318,31 @@ class DeviceEnv:
     def _evaluate(self, selector: Selector) -> bool | CelError:
         if self.error:
             return CelError(selector.expression, self.error)
-        try:
-            value = selector.program.execute(self._context_for(selector))
-        except KeyError as exc:
-            return CelError(selector.expression, f"no such key: {exc.args[0] if exc.args else exc}")
-        except Exception as exc:  # the cel package raises several types for runtime errors
-            return CelError(selector.expression, runtime_message(exc))
-        if not isinstance(value, bool):
-            return CelError(selector.expression, f"selector returned {type(value).__name__} {value!r}, "
-                                                 "but it must return a bool")
-        return value
+        if selector.failure is not None:
+            return selector.failure
+        if not selector.inline:
+            from embedded.scheduler.celworker import evaluate_once  # it runs this module's `run`
+
+            return evaluate_once(selector, self.variables_for(selector))
+        return run(selector.expression, selector.program, self._context_for(selector))
+
+
+def context_of(variables: dict[str, Any]) -> Any:
+    """The evaluation context of a device variable, with the Kubernetes extension functions."""
+    return _cel.Context(variables={"device": variables}, functions=FUNCTIONS)
+
+
+def run(expression: str, program: Any, context: Any) -> bool | CelError:
+    """One evaluation: its bool, or a CelError saying what went wrong."""
+    try:
+        value = program.execute(context)
+    except KeyError as exc:
+        return CelError(expression, f"no such key: {exc.args[0] if exc.args else exc}")
+    except Exception as exc:  # the cel package raises several types for runtime errors
+        return CelError(expression, runtime_message(exc))
+    if not isinstance(value, bool):
+        return CelError(expression, f"selector returned {type(value).__name__} {value!r}, but it must return a bool")
+    return value
 
 
 def runtime_message(exc: BaseException) -> str:

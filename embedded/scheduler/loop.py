@@ -11,6 +11,11 @@ pass (a failed write puts the cache back as it was; its error fails the next pas
 the pass itself does). A pod that did not fit is tried again only after a relevant change (slices,
 classes, nodes, namespaces, a claim freed or changed) or the slow backstop resync. Every attempt
 is a span `scheduler.schedule_pod`.
+
+No selector that could take long runs on the event loop: before a pod is planned, the selectors
+its claims use that may not run inline (`celsandbox.offloaded`) are evaluated in the CEL worker
+process by a background task, and the pod waits (skipped, not marked tried) until they are; the
+pass goes on with the other pods. Stopping cancels those tasks and kills the worker.
 """
 
 from __future__ import annotations
@@ -24,9 +29,14 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient
 from opentelemetry import trace
 
+from embedded.scheduler import celworker
 from embedded.scheduler.binding import DONE_PHASES, SCHEDULER_NAME, ClaimWrite, Conflict, Writer
+from embedded.scheduler.cel import CelError, Selector
+from embedded.scheduler.celsandbox import CelSandbox
 from embedded.scheduler.claimgen import ClaimGenerator
 from embedded.scheduler.plan import IndexCache, Plan, plan_pod
+from embedded.scheduler.pools import SliceIndex
+from embedded.scheduler.requests import claim_selectors
 from embedded.scheduler.state import WATCHED, ClusterState
 from shared.kube.informer import key_of, until_synced
 from shared.kube.resources import (
@@ -68,7 +78,8 @@ def _allocation_of(claim: Obj | None) -> Any:
 class Scheduler:
     """`await Scheduler(api_client).run(stopping)` schedules pods until `stopping` is set."""
 
-    def __init__(self, api_client: ApiClient, resync_seconds: float = 30.0, watch_timeout_s: int = 300) -> None:
+    def __init__(self, api_client: ApiClient, resync_seconds: float = 30.0, watch_timeout_s: int = 300,
+                 cel_cpu_seconds: float = celworker.CPU_LIMIT_S) -> None:
         self.kube = Kube(api_client)
         self.state = ClusterState()
         self.index = IndexCache()
@@ -85,6 +96,8 @@ class Scheduler:
         self.lists = {res.plural: 0 for res in WATCHED}  # full lists per resource (1 + re-lists)
         self._writes: list[asyncio.Task[None]] = []  # claim writes, bindings and Events in flight
         self._binding: set[str] = set()  # pods whose claim writes and binding are in flight: not tried again
+        self.cel = CelSandbox(cpu_s=cel_cpu_seconds)
+        self._settling: dict[str, asyncio.Task[None]] = {}  # selector -> its evaluation in the CEL worker
 
     # ---- informers --------------------------------------------------------------------------------
 
@@ -153,6 +166,8 @@ class Scheduler:
                 if not done:
                     self.generation += 1  # the backstop: unschedulable pods get another look
         finally:
+            await cancel_and_wait(list(self._settling.values()))
+            await self.cel.close()
             writes, self._writes = self._writes, []
             await cancel_and_wait(writes)
             for write in writes:
@@ -238,7 +253,13 @@ class Scheduler:
                                           end_on_exit=False) as span:
             binding = False
             try:
-                plan = plan_pod(self.state, pod, self.index.get(self.state))
+                index = self.index.get(self.state)
+                waiting = self.cel.unsettled(self._pod_selectors(pod), index)
+                if waiting:
+                    span.set_attribute("gpu_dra.outcome", "evaluating")
+                    self._settle_later(waiting, index)
+                    return None
+                plan = plan_pod(self.state, pod, index)
                 span.set_attribute("gpu_dra.claims", len(plan.claims))
                 if plan.node is None:
                     span.set_attribute("gpu_dra.outcome", "waiting" if plan.missing else "unschedulable")
@@ -263,6 +284,33 @@ class Scheduler:
             finally:
                 if not binding:
                     span.end()
+
+    def _pod_selectors(self, pod: Obj) -> list[Selector]:
+        """The selectors of the pod's claims still to allocate (their classes' included)."""
+        names, missing = self.state.pod_claim_names(pod)
+        if missing:
+            return []
+        ns = pod["metadata"].get("namespace", "")
+        claims = [c for c in (self.state.get(RESOURCECLAIMS, ns, n) for n in names)
+                  if c is not None and not _allocation_of(c)]
+        return claim_selectors(claims, self.state.classes()) if claims else []
+
+    def _settle_later(self, selectors: list[Selector], index: SliceIndex) -> None:
+        """Have the CEL worker evaluate `selectors` over `index` in the background; the loop wakes when done."""
+        for selector in selectors:
+            if selector.expression not in self._settling:
+                self._settling[selector.expression] = asyncio.create_task(
+                    self._settle(selector, index), name="cel-settle")
+
+    async def _settle(self, selector: Selector, index: SliceIndex) -> None:
+        try:
+            await self.cel.settle(selector, index)
+        except Exception as exc:  # a worker that cannot run fails the selector; its pods get the reason
+            log.warning("CEL worker failed", error=str(exc))
+            selector.failure = CelError(selector.expression, f"the CEL worker failed: {exc}")
+        finally:
+            self._settling.pop(selector.expression, None)
+            self.wake.set()
 
     def _conflict(self, span: trace.Span, plan: Plan, exc: Conflict) -> None:
         span.set_attribute("gpu_dra.outcome", "conflict")

@@ -198,12 +198,24 @@ class SliceIndex:
         for entry in self.pools.values():
             entry.slices.sort(key=lambda sl: str((sl.get("metadata") or {}).get("name", "")))
         self._old_envs = previous._envs if previous is not None else {}
+        self._all_envs: list[DeviceEnv] | None = None
         # node name (with its labels when selector pools exist) -> its pools before allocations, and
         # per pool the devices consuming its counters
         self._views: dict[Any, tuple[list[Pool], list[Consumers]]] = {}
 
     def slice_count(self) -> int:
         return sum(len(p.slices) for p in self.pools.values())
+
+    def device_envs(self) -> list[DeviceEnv]:
+        """The CEL environment of every device of every pool's newest generation (the ones `gather` uses)."""
+        if self._all_envs is None:
+            self._all_envs = []
+            for (driver, pool), entry in self.pools.items():
+                for sl in entry.slices:
+                    sname = str((sl.get("metadata") or {}).get("name", ""))
+                    for device in (sl.get("spec") or {}).get("devices") or []:
+                        self._all_envs.append(self._env(driver, pool, sname, device))
+        return self._all_envs
 
     def gather(self, node: Mapping[str, Any], allocated: Mapping[DeviceId, Any]) -> list[Pool]:
         """The pools visible from `node`, sorted by (driver, pool), with counters net of `allocated`.

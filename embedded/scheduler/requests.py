@@ -210,6 +210,27 @@ def parse_claim(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any
     return ClaimRequests(key, claim, requests, constraints, configs)
 
 
+def claim_selectors(claims: Iterable[Mapping[str, Any]],
+                    classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]]) -> list[Selector]:
+    """The compiled selectors the claims' requests and their DeviceClasses use (what a plan evaluates);
+    one that does not compile is left out: parsing the claim reports it."""
+    index = _class_index(classes)
+    found: dict[str, Selector] = {}
+    for claim in claims:
+        for raw in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+            bodies = [raw["exactly"]] if raw.get("exactly") else list(raw.get("firstAvailable") or [])
+            for body in bodies:
+                cls = index.get(str(body.get("deviceClassName", ""))) or {}
+                for sel in [*((cls.get("spec") or {}).get("selectors") or []), *(body.get("selectors") or [])]:
+                    expression = (sel.get("cel") or {}).get("expression")
+                    if isinstance(expression, str) and expression not in found:
+                        try:
+                            found[expression] = compile_selector(expression)
+                        except CelError:
+                            continue
+    return list(found.values())
+
+
 def parse_claims(claims: Iterable[Mapping[str, Any]],
                  classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]],
                  admin_namespaces: set[str]) -> list[ClaimRequests]:
