@@ -1,7 +1,8 @@
-"""The aiohttp application: the request chain (body limit, authentication, RBAC), URL parsing into
-(group, version, resource, namespace, name, subresource), content negotiation (JSON, Table,
-PartialObjectMetadata, aggregated discovery) and the mapping of verbs onto the core; the routes of
-the APIs that store nothing (authapi.py). Errors leave as Status objects.
+"""The aiohttp application: the request chain (body limit, authentication, authorization: Node then
+RBAC), URL parsing into (group, version, resource, namespace, name, subresource), bodies decoded by
+bodies.py, content negotiation (JSON, Table, PartialObjectMetadata, aggregated discovery) and the
+mapping of verbs onto the core; the routes of the APIs that store nothing (authapi.py). Errors leave
+as Status objects.
 """
 
 from __future__ import annotations
@@ -233,7 +234,11 @@ class Handlers:
     async def _token_request(self, request: web.Request, target: Target) -> web.Response:
         assert target.res is not None
         sa = self.core.get(target.res, target.namespace or "", target.name)
-        issued = authapi.token_request(self.server.authenticator, sa, await self._body(request, target))
+        body = await self._body(request, target)
+        if self.core.admit is not None:  # NodeRestriction: a node's tokens only for pods bound to it
+            self.core.admit("CREATE", target.res, target.version, "token", target.namespace or "", target.name,
+                            body if isinstance(body, dict) else {}, None)
+        issued = authapi.token_request(self.server.authenticator, sa, body)
         return reply(request, issued, status=201)
 
     # ---- routing
