@@ -1,5 +1,5 @@
 """The API server's APIs that store nothing: SelfSubjectAccessReview and SelfSubjectRulesReview
-(`kubectl auth can-i [--list]`, answered by the same RBAC as the caller's requests), SubjectAccessReview
+(`kubectl auth can-i [--list]`, answered by the same authorizers as the caller's requests: Node, RBAC), SubjectAccessReview
 (the same question for a user a service names), TokenRequest
 (`kubectl create token`, or the kubelet's projected tokens: a ServiceAccount token from the
 authenticator, bound to a pod when `boundObjectRef` names one) and TokenReview (a service asks who a
@@ -13,7 +13,8 @@ from typing import Any
 
 from embedded.apiserver import errors
 from embedded.apiserver.authn import ISSUER, Authenticator, UserInfo
-from embedded.apiserver.rbac import Attributes, RbacAuthorizer
+from embedded.apiserver.authz import Authorizer, Chain
+from embedded.apiserver.rbac import Attributes, field_requirements
 
 
 def _spec(body: Any) -> dict[str, Any]:
@@ -21,7 +22,7 @@ def _spec(body: Any) -> dict[str, Any]:
     return dict(spec) if isinstance(spec, dict) else {}
 
 
-def access_review(authorizer: RbacAuthorizer, user: UserInfo, body: Any) -> dict[str, Any]:
+def access_review(authorizer: Authorizer, user: UserInfo, body: Any) -> dict[str, Any]:
     """May `user` do what the review's spec describes?"""
     spec = _spec(body)
     ra: dict[str, Any] = spec.get("resourceAttributes") or {}
@@ -31,9 +32,11 @@ def access_review(authorizer: RbacAuthorizer, user: UserInfo, body: Any) -> dict
                               "spec: Invalid value: exactly one of nonResourceAttributes or "
                               "resourceAttributes must be specified")
     if ra:
+        field_selector = ra.get("fieldSelector")
+        selector = field_selector.get("rawSelector") if isinstance(field_selector, dict) else None
         attrs = Attributes(ra.get("verb", ""), "", True, ra.get("group", ""), ra.get("version", ""),
                            ra.get("resource", ""), ra.get("subresource", ""), ra.get("namespace", ""),
-                           ra.get("name", ""))
+                           ra.get("name", ""), field_requirements(selector) if isinstance(selector, str) else ())
     else:
         attrs = Attributes(nra.get("verb", ""), nra.get("path", ""), False)
     allowed, reason = authorizer.authorize(user, attrs)
@@ -44,7 +47,7 @@ def access_review(authorizer: RbacAuthorizer, user: UserInfo, body: Any) -> dict
             "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
 
 
-def subject_access_review(authorizer: RbacAuthorizer, body: Any) -> dict[str, Any]:
+def subject_access_review(authorizer: Authorizer, body: Any) -> dict[str, Any]:
     """May the user the spec names (user, groups, uid, extra) do what it describes? (a service asks for a
     caller it has authenticated, e.g. the dashboard for a viewer's token)."""
     spec = _spec(body)
@@ -58,20 +61,23 @@ def subject_access_review(authorizer: RbacAuthorizer, body: Any) -> dict[str, An
     return review
 
 
-def rules_review(authorizer: RbacAuthorizer, user: UserInfo, body: Any) -> dict[str, Any]:
-    """Every rule that applies to `user` in the spec's namespace."""
+def rules_review(authorizer: Chain, user: UserInfo, body: Any) -> dict[str, Any]:
+    """Every rule that applies to `user` in the spec's namespace (incomplete for a node, as upstream)."""
     spec = _spec(body)
     resource_rules, non_resource_rules = [], []
-    for rule in authorizer.rules_for(user, str(spec.get("namespace") or "")):
+    rules, incomplete = authorizer.rules_for(user, str(spec.get("namespace") or ""))
+    for rule in rules:
         if rule.get("nonResourceURLs"):
             non_resource_rules.append({"verbs": rule.get("verbs") or [], "nonResourceURLs": rule["nonResourceURLs"]})
         else:
             resource_rules.append({k: rule[k] for k in ("verbs", "apiGroups", "resources", "resourceNames")
                                    if rule.get(k) is not None})
+    status: dict[str, Any] = {"resourceRules": resource_rules, "nonResourceRules": non_resource_rules,
+                              "incomplete": bool(incomplete)}
+    if incomplete:
+        status["evaluationError"] = incomplete
     return {"kind": "SelfSubjectRulesReview", "apiVersion": "authorization.k8s.io/v1",
-            "metadata": {"creationTimestamp": None}, "spec": spec,
-            "status": {"resourceRules": resource_rules, "nonResourceRules": non_resource_rules,
-                       "incomplete": False}}
+            "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
 
 
 def token_request(authenticator: Authenticator, service_account: dict[str, Any], body: Any) -> dict[str, Any]:

@@ -34,6 +34,8 @@ MASTERS = "system:masters"  # the group that bypasses authorization, as upstream
 SERVICE_ACCOUNTS = "system:serviceaccounts"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 SA_PREFIX = "system:serviceaccount:"
+NODE_PREFIX = "system:node:"  # a kubelet's user name is system:node:<node>, in group NODES
+NODES = "system:nodes"
 EXTRA = "authentication.kubernetes.io/"  # upstream's prefix of a bound token's user.extra keys
 
 
@@ -77,6 +79,14 @@ def parse_token_file(text: str, source: str = "token file") -> dict[str, UserInf
                                  f"{users[token].username!r}; every identity needs its own token")
         users[token] = UserInfo(user, uid, tuple(dict.fromkeys([*groups, AUTHENTICATED])))
     return users
+
+
+def node_identity(user: UserInfo) -> tuple[str, bool]:
+    """(node name, whether `user` is a node), as upstream's default NodeIdentifier decides: a user named
+    `system:node:<name>` in group `system:nodes`; the name may be empty (a node that names no node)."""
+    if not user.username.startswith(NODE_PREFIX) or NODES not in user.groups:
+        return "", False
+    return user.username[len(NODE_PREFIX):], True
 
 
 def service_account_user(namespace: str, name: str, uid: str = "") -> UserInfo:

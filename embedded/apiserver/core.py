@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from embedded.apiserver import defaults, errors, patch, versions
+from embedded.apiserver import bodies, defaults, errors, patch, versions
 from embedded.apiserver.resources import Registry, Resource
 from embedded.apiserver.selectors import Matcher
 from embedded.apiserver.storage import ObjKey, Store, deep_copy
@@ -362,10 +362,7 @@ class Core:
     ) -> tuple[dict[str, Any], list[str]]:
         current = self.get(res, namespace, name)
         original = deep_copy(versions.convert(res, current, version))
-        try:
-            doc = msgspec.json.decode(body) if body else None
-        except msgspec.DecodeError as exc:
-            raise errors.bad_request(f"error decoding patch: {exc}") from exc
+        doc = bodies.decode_json(body, "error decoding patch") if body else None
         try:
             if content_type == patch.MERGE_PATCH:
                 patched = patch.merge_patch(original, doc)

@@ -38,7 +38,8 @@ def _pod(obj: dict[str, Any]) -> None:
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("schedulerName", "default-scheduler")
-    spec.setdefault("serviceAccountName", "default")
+    if "kubernetes.io/config.mirror" not in ((obj.get("metadata") or {}).get("annotations") or {}):
+        spec.setdefault("serviceAccountName", "default")  # the ServiceAccount admission's; mirror pods get none
     spec.setdefault("securityContext", {})
     spec.setdefault("enableServiceLinks", True)
     spec.setdefault("priority", 0)

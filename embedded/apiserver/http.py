@@ -1,7 +1,8 @@
-"""The aiohttp application: the request chain (body limit, authentication, RBAC), URL parsing into
-(group, version, resource, namespace, name, subresource), content negotiation (JSON, Table,
-PartialObjectMetadata, aggregated discovery) and the mapping of verbs onto the core; the routes of
-the APIs that store nothing (authapi.py). Errors leave as Status objects.
+"""The aiohttp application: the request chain (body limit, authentication, authorization: Node then
+RBAC), URL parsing into (group, version, resource, namespace, name, subresource), bodies decoded by
+bodies.py, content negotiation (JSON, Table, PartialObjectMetadata, aggregated discovery) and the
+mapping of verbs onto the core; the routes of the APIs that store nothing (authapi.py). Errors leave
+as Status objects.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import yaml
 from aiohttp import web
 
 from embedded.apiserver import (
     admission,
     authapi,
     authn,
+    bodies,
     discovery,
     errors,
     impersonation,
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 _encode = msgspec.json.encode
-_decode = msgspec.json.decode
 _JSON_ONLY = web.RequestKey("json_only", bool)  # set for custom resources: every answer is JSON
 OPEN_PATHS = {"/healthz", "/livez", "/readyz", "/version", "/version/"}
 
@@ -234,7 +234,11 @@ class Handlers:
     async def _token_request(self, request: web.Request, target: Target) -> web.Response:
         assert target.res is not None
         sa = self.core.get(target.res, target.namespace or "", target.name)
-        issued = authapi.token_request(self.server.authenticator, sa, await self._body(request, target))
+        body = await self._body(request, target)
+        if self.core.admit is not None:  # NodeRestriction: a node's tokens only for pods bound to it
+            self.core.admit("CREATE", target.res, target.version, "token", target.namespace or "", target.name,
+                            body if isinstance(body, dict) else {}, None)
+        issued = authapi.token_request(self.server.authenticator, sa, body)
         return reply(request, issued, status=201)
 
     # ---- routing
@@ -428,13 +432,10 @@ class Handlers:
             if res is not None and res.is_custom:
                 _json_only(request)
             default = (res.api_version(target.version), res.kind) if res is not None and target else ("", "")
-            return _decode_protobuf(raw, default)
-        try:
-            if ctype in ("application/yaml", patch.APPLY_PATCH):
-                return yaml.safe_load(raw)
-            return _decode(raw)
-        except (msgspec.DecodeError, yaml.YAMLError) as exc:
-            raise errors.bad_request(f"the request body is not valid JSON: {exc}") from exc
+            return bodies.checked(_decode_protobuf(raw, default))
+        if ctype in ("application/yaml", patch.APPLY_PATCH):
+            return bodies.decode_yaml(raw, "the request body is not valid JSON")
+        return bodies.decode_json(raw)
 
     @staticmethod
     def _dry_run(request: web.Request) -> bool:
@@ -486,7 +487,7 @@ class Handlers:
             return await self._apply(request, target, raw)
         if target.subresource == "scale":
             current = scale_of(self._out(target, self.core.get(res, target.namespace or "", target.name)))
-            doc = _decode(raw) if raw else {}
+            doc = bodies.decode_json(raw, "error decoding patch") if raw else {}
             patched = patch.merge_patch(current, doc) if ctype != patch.JSON_PATCH else patch.json_patch(current, doc)
             return await self._update_scale(request, target, patched)
         obj, warnings = self.core.patch(
@@ -501,10 +502,7 @@ class Handlers:
         assert res is not None
         if not request.query.get("fieldManager"):
             raise errors.bad_request("PATCH, application/apply-patch+yaml requires fieldManager to be set")
-        try:
-            doc = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise errors.bad_request(f"error decoding YAML: {exc}") from exc
+        doc = bodies.decode_yaml(raw)
         ns = target.namespace or ""
         if res.namespaced:
             doc.setdefault("metadata", {}).setdefault("namespace", ns)
@@ -538,10 +536,7 @@ class Handlers:
         if ctype == protobuf.MEDIA_TYPE and raw:
             options.update(_decode_protobuf(raw, ("meta.k8s.io/v1", "DeleteOptions")))
         elif raw.strip():
-            try:
-                body = _decode(raw)
-            except msgspec.DecodeError as exc:
-                raise errors.bad_request(f"invalid DeleteOptions: {exc}") from exc
+            body = bodies.decode_json(raw, "invalid DeleteOptions")
             if isinstance(body, dict):
                 options.update(body)
         q = request.query
@@ -625,6 +620,8 @@ def _decode_protobuf(raw: bytes, default: tuple[str, str]) -> dict[str, Any]:
     """A protobuf body -> its JSON object; 415 for a kind with no protobuf form, 400 when malformed."""
     try:
         return protobuf.decode_body(raw, default)
+    except RecursionError:  # a RawExtension's JSON nested past what the decoder follows
+        raise bodies.too_deep() from None
     except protobuf.UnknownKind as exc:
         raise errors.ApiError(415, "UnsupportedMediaType", str(exc)) from exc
     except protobuf.ProtobufError as exc:

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 from multidict import CIMultiDictProxy
 
-from embedded.apiserver import errors, rbac
+from embedded.apiserver import authz, errors, rbac
 from embedded.apiserver.authn import AUTHENTICATED, SA_PREFIX, SERVICE_ACCOUNTS, UserInfo
 
 USER = "Impersonate-User"
@@ -38,7 +38,7 @@ def asks(headers: Mapping[str, str]) -> bool:
     return any(key.lower().startswith("impersonate-") for key in headers)
 
 
-def acting_user(authorizer: rbac.RbacAuthorizer, caller: UserInfo, headers: CIMultiDictProxy[str]) -> UserInfo:
+def acting_user(authorizer: authz.Authorizer, caller: UserInfo, headers: CIMultiDictProxy[str]) -> UserInfo:
     """The user the request acts as (module doc); an ApiError (500 or the caller's 403) where it may not."""
     name = headers.get(USER, "")
     named_groups = headers.getall(GROUP, [])

@@ -35,6 +35,22 @@ class Attributes:
     subresource: str = ""
     namespace: str = ""
     name: str = ""
+    # (field, "=" or "!=", value) of a list, watch or deletecollection's fieldSelector, as upstream's
+    # authorizer attributes carry them (the Node authorizer allows a node's scoped lists by them)
+    field_selector: tuple[tuple[str, str, str], ...] = ()
+
+
+def field_requirements(selector: str) -> tuple[tuple[str, str, str], ...]:
+    """A fieldSelector's terms as (field, operator, value); `==` is `=`. Terms that are not a comparison are
+    left out (the selector's own parser refuses them later)."""
+    out = []
+    for term in selector.split(","):
+        key, op, value = term.partition("!=")
+        if not op:
+            key, op, value = term.replace("==", "=", 1).partition("=")
+        if op and key.strip():
+            out.append((key.strip(), op, value.strip()))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -64,16 +80,18 @@ def request_attributes(method: str, path: str, query: str = "") -> Attributes:
     name = rest[1] if len(rest) > 1 else ""
     subresource = rest[2] if len(rest) > 2 else ""
     params = parse_qs(query)
+    selector: tuple[tuple[str, str, str], ...] = ()
+    if not name and verb in ("get", "delete"):
+        selector = field_requirements((params.get("fieldSelector") or [""])[0])
     if not name and verb == "get":
         verb = "watch" if (params.get("watch") or [""])[0] in ("1", "t", "T", "true", "TRUE", "True") else "list"
         # A list or watch of one name (fieldSelector metadata.name=x) is authorized as that name.
-        for term in (params.get("fieldSelector") or [""])[0].split(","):
-            key, _, value = term.replace("==", "=").partition("=")
-            if key.strip() == "metadata.name" and value and not key.endswith("!"):
-                name = value.strip()
+        for key, op, value in selector:
+            if key == "metadata.name" and op == "=" and value:
+                name = value
     if not name and verb == "delete":
         verb = "deletecollection"
-    return Attributes(verb, path, True, group, version, resource, subresource, namespace, name)
+    return Attributes(verb, path, True, group, version, resource, subresource, namespace, name, selector)
 
 
 def forbidden(user: UserInfo, attrs: Attributes, reason: str = "") -> errors.ApiError:

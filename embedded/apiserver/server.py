@@ -1,6 +1,7 @@
 """The API server as one object: storage, registry, core, controllers (GC, CRDs), the request
-chain (authentication, RBAC, admission) and the HTTP listener on 127.0.0.1, plus the kubeconfigs
-that point clients at it (the admin's, and one per ServiceAccount token)."""
+chain (authentication, authorization Node then RBAC, admission NodeRestriction then policies) and the
+HTTP listener on 127.0.0.1, plus the kubeconfigs that point clients at it (the admin's, and one per
+ServiceAccount token)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from embedded.apiserver import admission, authn, rbac, tls
+from embedded.apiserver import admission, authn, authz, nodeauthz, nodegraph, noderestriction, rbac, tls
 from embedded.apiserver.core import Core, now
 from embedded.apiserver.crds import CrdController
 from embedded.apiserver.gc import GarbageCollector
@@ -61,7 +62,10 @@ class ApiServer:
         if self.token:
             static[self.token] = ADMIN
         self.authenticator = authn.Authenticator(self.store, static, authn.Authenticator.signing_key_for(data_dir))
-        self.authorizer = rbac.RbacAuthorizer(self.store)
+        # --authorization-mode=Node,RBAC and --enable-admission-plugins=NodeRestriction, as a real cluster runs
+        self.rbac = rbac.RbacAuthorizer(self.store)
+        self.authorizer = authz.Chain(nodeauthz.NodeAuthorizer(nodegraph.NodeGraph(self.store)), self.rbac)
+        self.node_restriction = noderestriction.NodeRestriction(self.store)
         self.policies = admission.PolicyAdmission(self.store)
         self.core.admit = self._admit
         self._runner: web.AppRunner | None = None
@@ -115,7 +119,8 @@ class ApiServer:
         if obj is not None:
             admission.check_size(res, name, obj)
         user = authn.current_user.get()
-        if user is not None:  # the server's own writes (GC, finalizers) are not admitted by policies
+        if user is not None:  # the server's own writes (GC, finalizers) are not admitted
+            self.node_restriction.admit(user, operation, res, subresource, namespace, name, obj, old)
             self.policies.admit(user, operation, res, version, subresource, namespace, name, obj, old)
 
     def bind_pod(self, res: Resource, pod: dict[str, Any], node: str) -> None:

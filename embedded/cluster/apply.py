@@ -82,5 +82,17 @@ class Applier:
             name = obj["metadata"]["name"]
             return dict(await self._get(f"{path}/{name}"))
 
+    async def create_or_replace(self, obj: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+        """Create `obj`, or replace the stored one with it (objects this program owns, whose definition may
+        have changed since a data dir was made: the stored one must not keep rules that are gone)."""
+        path = await self.path_for(obj, namespace)
+        try:
+            return dict(await self._call(path, "POST", obj))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise ManifestError(f"creating {obj['kind']} {obj.get('metadata', {}).get('name')}: "
+                                    f"{exc.status} {exc.body!r}") from exc
+        return dict(await self._call(f"{path}/{obj['metadata']['name']}", "PUT", obj))
+
     async def apply_file(self, path: Path, namespace: str = "default") -> list[dict[str, Any]]:
         return [await self.create(doc, namespace) for doc in load_documents(path)]

@@ -4,8 +4,9 @@ Owns the identities: the product services run as deploy/'s ServiceAccounts (publ
 controller, node agents) under deploy/'s RBAC and ValidatingAdmissionPolicies, installed as they
 are shipped; the embedded components get what their upstream counterparts have, from roles
 defined here (the scheduler like system:kube-scheduler, the workload controllers like
-kube-controller-manager's, each kubelet like system:node with user `system:node:<node>` in group
-`system:nodes`, from a static token file). Every credential is a file (a kubeconfig per identity,
+kube-controller-manager's, each kubelet with user `system:node:<node>` in group `system:nodes`, from a
+static token file: the API server's Node authorizer and NodeRestriction give it its own node's objects,
+and RBAC only what upstream's system:node grants beyond them). Every credential is a file (a kubeconfig per identity,
 0600; the token file), never an argument a `ps` would show.
 """
 
@@ -84,18 +85,13 @@ EMBEDDED_ROLES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         _rule(["coordination.k8s.io"], ["leases"], [*_READ, *_WRITE]),
         *_EVENTS,
     ], [{"kind": "ServiceAccount", "name": WORKLOAD_CONTROLLERS.name, "namespace": WORKLOAD_CONTROLLERS.namespace}]),
-    # system:node (the node authorizer's limits to its own node are not modelled)
+    # system:node's rules on what the Node authorizer does not subdivide (embedded/apiserver/nodeauthz.py):
+    # nodes, pods, leases, ResourceSlices, ResourceClaims, secrets, configmaps and tokens are granted by it
+    # alone, for the kubelet's own node, so that no rule here grants them again for every node
     "gpu-dra:embedded-kubelet": ([
-        _rule([""], ["nodes"], [*_READ, "create", "update", "patch"]),
-        _rule([""], ["nodes/status"], ["patch", "update"]),
-        # patch beyond system:node: the emulator records a pod's CDI edits in an annotation
-        _rule([""], ["pods"], [*_READ, "create", "delete", "patch"]),
-        _rule([""], ["pods/status"], ["patch", "update"]),
-        _rule([""], ["namespaces", "services", "configmaps", "secrets"], _READ),
-        _rule([""], ["serviceaccounts/token"], ["create"]),
-        _rule(["coordination.k8s.io"], ["leases"], [*_READ, *_WRITE]),
-        _rule(["resource.k8s.io"], ["resourceclaims"], _READ),
-        _rule(["resource.k8s.io"], ["resourceslices"], [*_READ, "delete", "deletecollection"]),
+        _rule([""], ["services"], _READ),
+        _rule(["authentication.k8s.io"], ["tokenreviews"], ["create"]),
+        _rule(["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
         *_EVENTS,
     ], [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": "system:nodes"}]),
 }
@@ -154,10 +150,13 @@ def write_secret(path: Path, text: str) -> Path:
 
 
 async def install(api: client.ApiClient, namespace: str = "gpu-dra") -> None:
-    """deploy/'s RBAC and policies, then the embedded components' roles (create-or-keep)."""
+    """deploy/'s RBAC and policies (create-or-keep), then the embedded components' roles (replaced: a data dir
+    from an older version must not keep a kubelet role broader than today's)."""
     applier = Applier(api)
-    for obj in [*await asyncio.to_thread(deploy_objects, namespace), *embedded_rbac()]:
+    for obj in await asyncio.to_thread(deploy_objects, namespace):
         await applier.create(obj, namespace)
+    for obj in embedded_rbac():
+        await applier.create_or_replace(obj, namespace)
 
 
 async def service_account_token(api: client.ApiClient, sa: ServiceAccount) -> str:

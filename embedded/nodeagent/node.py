@@ -2,7 +2,8 @@
 
 Owns registering the Node if it is missing (labels, capacity/allocatable of cpu/memory/pods so
 `kubectl get/describe node` look real), its Ready condition (True once the required DRA driver is
-registered), and renewing `kube-node-lease/<node>` (coordination.k8s.io/v1 Lease) every ~10 s.
+registered), and renewing `kube-node-lease/<node>` (coordination.k8s.io/v1 Lease) every ~10 s. It asks
+for nothing a kubelet may not: its own Node and Lease (the API server's Node authorizer and NodeRestriction).
 """
 
 from __future__ import annotations
@@ -83,13 +84,8 @@ class NodeAgent:
                         error=str(exc))
 
     async def renew_lease(self) -> None:
-        try:
-            await self.core.read_namespace(LEASE_NAMESPACE)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            with contextlib.suppress(ApiException):
-                await self.core.create_namespace(cast(Any, {"metadata": {"name": LEASE_NAMESPACE}}))
+        """Patch the node's Lease, or create it. As a kubelet, the emulator touches no Namespace: the API server
+        makes kube-node-lease, and the Node authorizer lets a node at no other namespace's leases."""
         spec = {"holderIdentity": self.node, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": _micro_now()}
         try:
             await self.coord.patch_namespaced_lease(self.node, LEASE_NAMESPACE, {"spec": spec})

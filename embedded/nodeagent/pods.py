@@ -617,7 +617,9 @@ class PodRunner:
             try:
                 fresh = decode(await request(self.api, "GET", PODS.path(meta["namespace"], meta["name"])))
             except ApiError as exc:
-                if exc.status == 404:
+                # 403: the Node authorizer lets a node read only the pods bound to it, so a pod deleted (or
+                # recreated elsewhere) meanwhile is refused rather than not found, as a real kubelet sees it
+                if exc.status in (403, 404):
                     await self.forget_pod(uid)
                 continue
             except (TimeoutError, OSError, aiohttp.ClientError):

@@ -10,8 +10,11 @@ from pathlib import Path
 
 from kubernetes_asyncio import client
 
+from embedded.apiserver.testing import running_apiserver
+from embedded.cluster import identities
 from embedded.nodeagent.plugins import PluginRegistry
 from embedded.nodeagent.pods import PodRunner
+from shared.kube.client import kube_api_client
 from shared.ports import free_port
 
 
@@ -88,3 +91,31 @@ async def test_the_retry_loop_outlives_a_cancelled_error_it_did_not_ask_for(tmp_
             await asyncio.wait_for(loop, 5)
         await api.close()
     assert loop.cancelled()
+
+
+async def test_a_waiting_pod_that_is_gone_is_forgotten_under_the_node_authorizer(tmp_path: Path) -> None:
+    """Under the Node authorizer a kubelet's GET of a pod that is no longer bound to it (here: deleted) is a
+    403, not a 404, as on a real cluster: the emulator forgets the pod instead of retrying it forever."""
+    tokens = identities.kubelet_tokens(["n"])
+    token_file = identities.write_secret(tmp_path / "tokens.csv", identities.token_file_text(tokens))
+    async with running_apiserver(tmp_path, token_file=token_file) as server:
+        async with server.client() as admin:
+            core = client.CoreV1Api(admin)
+            await core.create_namespace({"metadata": {"name": "gpu-dra"}})  # type: ignore[arg-type]
+            await identities.install(admin)
+            created = await core.create_namespaced_pod("default", {  # type: ignore[arg-type]
+                "metadata": {"name": "p"}, "spec": {
+                    "nodeName": "n", "containers": [{"name": "c", "image": "x:1"}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "not-yet"}]}})
+            pod = admin.sanitize_for_serialization(created)
+        config = await identities.write_kubeconfig(server.kubeconfig_path, tokens["n"], tmp_path / "kubelet.json")
+        async with await kube_api_client(str(config)) as api:
+            runner = PodRunner("n", api, PluginRegistry(tmp_path / "reg"), [], state_dir=tmp_path / "state")
+            runner.pods[pod["metadata"]["uid"]] = pod
+            runner._retry.add(pod["metadata"]["uid"])
+            await runner.retry_pending()  # bound to it: read, and kept waiting for its claim
+            assert runner._retry == {pod["metadata"]["uid"]}
+            async with server.client() as admin:
+                await client.CoreV1Api(admin).delete_namespaced_pod("p", "default", grace_period_seconds=0)
+            await runner.retry_pending()
+            assert runner._retry == set() and runner.pods == {}
