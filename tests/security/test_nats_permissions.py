@@ -152,10 +152,10 @@ async def test_a_node_makes_no_jetstream_call_itself_and_the_gate_reads_it_only_
             answer = await node_a.nc.request(f"{GATE}.{call}", json.dumps(body).encode(), timeout=WAIT)
             assert (answer.headers or {}).get("Status") == "403" or "error" in json.loads(answer.data or b"{}"), call
         for name, filter_subject in (("w1", other), ("w2", f"$KV.{INV}.>"), ("w3", f"$KV.{INV}.*")):
-            body = {"stream_name": INV_STREAM, "config": {"name": name, "filter_subject": filter_subject,
-                                                          "deliver_subject": "_INBOX_preparer_gpu-a.x"}}
+            create = {"stream_name": INV_STREAM, "config": {"name": name, "filter_subject": filter_subject,
+                                                            "deliver_subject": "_INBOX_preparer_gpu-a.x"}}
             answer = json.loads((await node_a.nc.request(f"{GATE}.CONSUMER.CREATE.{INV_STREAM}.{name}.{filter_subject}",
-                                                          json.dumps(body).encode(), timeout=WAIT)).data)
+                                                          json.dumps(create).encode(), timeout=WAIT)).data)
             assert "may not" in answer["error"]["description"], answer
         # its own node's entry, through the gate: allowed, and it is there
         own_entry = await node_a.nc.request(f"{GATE}.DIRECT.GET.{INV_STREAM}.{own}", b"", timeout=WAIT)
