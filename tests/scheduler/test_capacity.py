@@ -3,6 +3,7 @@ the scheduler loop and the API server."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import re
 from typing import Any
@@ -15,6 +16,7 @@ from shared.kube.resources import EVENTS, NAMESPACES, NODES, PODS, RESOURCECLAIM
 from tests.polling import eventually
 from tests.scheduler.conftest import claim, exactly
 from tests.scheduler.loophelpers import cluster, condition, ready_node
+from tests.scheduler.test_explain_cli import explain
 
 GPU = "gpu.nvidia.com"
 NODE = "share-node"
@@ -240,6 +242,14 @@ async def test_loop_binds_eight_tenants_to_one_gpu_and_leaves_the_ninth_pending(
         events, _ = await c.kube.list(EVENTS, ns)
         failed = [e for e in events if e["reason"] == "FailedScheduling"]
         assert failed and "not enough capacity left" in failed[0]["message"]
+        # `gpu-dra explain` names the capacity left on the device, and what each share consumes.
+        why, share = await asyncio.gather(explain(c.api.kubeconfig_path, "pod", f"{ns}/train"),
+                                          explain(c.api.kubeconfig_path, "claim",
+                                                  f"{bound[0]['metadata']['namespace']}/share"))
+        assert why.returncode == 0, why.stderr
+        assert "not enough capacity left (gpu-0: memory 0 of 80Gi left, request needs 10Gi)" in why.stdout
+        assert share.returncode == 0, share.stderr
+        assert re.search(r"device gpu-0 \(share [0-9a-f-]{36}: memory 10Gi\)", share.stdout), share.stdout
 
         # Freeing one tenant's share lets the pending pod in.
         done = bound[0]
