@@ -2,8 +2,9 @@
 
 Owns the search for one pod's unallocated claims on one node: requests in order, `ExactCount` and
 `All`, `firstAvailable` subrequests (result `req/sub`), `matchAttribute` constraints, adminAccess
-(namespace label), counters (partitionable devices), taints vs tolerations, depth-first with
-backtracking under a step budget. The output is the `status.allocation` v1 dict per claim, or a
+(namespace label), counters (partitionable devices), consumable capacity of shareable devices
+(`capacity.py`: shares across claims, each within what the device has left), taints vs
+tolerations, depth-first with backtracking under a step budget. The output is the `status.allocation` v1 dict per claim, or a
 `NodeReport` saying per request which check rejected which devices. Claim parsing lives in
 `requests.py`, slice gathering in `pools.py`, result building in `results.py`.
 
