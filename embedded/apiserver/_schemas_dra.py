@@ -8,10 +8,13 @@ fields, as the real server's do. Limits and messages follow 1.35+; list limits s
 from __future__ import annotations
 
 import functools
+import math
+from fractions import Fraction
 from typing import Any
 
 from embedded.apiserver import _schemas_errors as fe
 from embedded.apiserver import _schemas_names as names
+from shared.quantity import QuantityError, parse_quantity
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
@@ -210,8 +213,11 @@ def _device(path: str, device: dict[str, Any], per_device: bool, errors: Errors)
         kpath = f"{path}.capacity[{key}]"
         if _qualified_name_problems(key):
             qualified_name_errors(kpath, key, errors)
-        if not multi and isinstance(cap, dict) and cap.get("requestPolicy") is not None:
-            errors.append(fe.forbidden(f"{kpath}.requestPolicy", "allowMultipleAllocations must be true"))
+        if isinstance(cap, dict) and isinstance(cap.get("requestPolicy"), dict):
+            if not multi:
+                errors.append(fe.forbidden(f"{kpath}.requestPolicy", "allowMultipleAllocations must be true"))
+            else:
+                _request_policy(f"{kpath}.requestPolicy", cap.get("value"), cap["requestPolicy"], errors)
     taints = as_list(device.get("taints"))
     if len(taints) > MAX_TAINTS:
         errors.append(fe.too_many(f"{path}.taints", len(taints), MAX_TAINTS))
@@ -246,6 +252,95 @@ def _device(path: str, device: dict[str, Any], per_device: bool, errors: Errors)
         conditions = as_list(device.get(key))
         if len(conditions) > MAX_BINDING_CONDITIONS:
             errors.append(fe.too_many(f"{path}.{key}", len(conditions), MAX_BINDING_CONDITIONS))
+
+
+MAX_VALID_VALUES = 10  # resource.CapacityRequestPolicyDiscreteMaxOptions
+
+
+def _quantity_text(value: Fraction) -> str:
+    """Roughly resource.Quantity.String(): binary suffixes when exact, else a plain or milli value."""
+    if value.denominator == 1:
+        n = value.numerator
+        for suffix, power in (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
+            if n and n % (1 << power) == 0:
+                return f"{n >> power}{suffix}"
+        return str(n)
+    return f"{math.ceil(value * 1000)}m"
+
+
+def _request_policy(path: str, value: Any, policy: dict[str, Any], errors: Errors) -> None:
+    """validateRequestPolicy of a shareable device's capacity (quantity syntax is checked elsewhere)."""
+    rng = policy.get("validRange")
+    values = as_list(policy.get("validValues"))
+    if values and rng is not None:
+        errors.append(fe.forbidden(path, 'exactly one policy can be specified, cannot specify "validValues" and '
+                                   '"validRange" at the same time'))
+        return
+    if not values and rng is None:
+        return
+    if policy.get("default") is None:
+        errors.append(fe.required(f"{path}.default", "required when " +
+                                  ("validValues" if values else "validRange") + " is defined"))
+        return
+    try:
+        capacity = parse_quantity(str(value))
+        default = parse_quantity(str(policy["default"]))
+        options = [parse_quantity(str(v)) for v in values]
+        rng = as_map(rng)
+        low, high, step = (None if rng.get(k) is None else parse_quantity(str(rng[k])) for k in ("min", "max", "step"))
+    except QuantityError:
+        return  # reported by the schema
+    cap_text = _quantity_text(capacity)
+    if values:
+        vpath = f"{path}.validValues"
+        if len(values) > MAX_VALID_VALUES:
+            errors.append(fe.too_many(vpath, len(values), MAX_VALID_VALUES))
+            return
+        for i in range(len(options) - 1):
+            if options[i] > options[i + 1]:
+                errors.append(fe.invalid(f"{vpath}[{i + 1}]", _quantity_text(options[i + 1]),
+                                         "values must be sorted in ascending order"))
+        seen: set[Fraction] = set()
+        for i, option in enumerate(options):
+            if option > capacity:
+                errors.append(fe.invalid(f"{vpath}[{i}]", _quantity_text(option),
+                                         f"option is larger than capacity value: {cap_text}"))
+            if option in seen:
+                errors.append(fe.duplicate(f"{vpath}[{i}]", str(math.floor(option))))
+            seen.add(option)
+        if default not in seen:
+            errors.append(fe.invalid(vpath, _quantity_text(default),
+                                     "default value is not valid according to the requestPolicy"))
+        return
+    rpath = f"{path}.validRange"
+    if low is None:
+        return  # `min` is required by the schema
+    if low > capacity:
+        errors.append(fe.invalid(f"{rpath}.min", _quantity_text(low), f"min is larger than capacity value: {cap_text}"))
+    if default < low:
+        errors.append(fe.invalid(f"{rpath}.min", _quantity_text(default),
+                                 f"default is less than min: {_quantity_text(low)}"))
+    if high is not None:
+        if low > high:
+            errors.append(fe.invalid(f"{rpath}.max", _quantity_text(low), f"min is larger than max: {_quantity_text(high)}"))
+        if high > capacity:
+            errors.append(fe.invalid(f"{rpath}.max", _quantity_text(high),
+                                     f"max is larger than capacity value: {cap_text}"))
+        if default > high:
+            errors.append(fe.invalid(f"{rpath}.max", _quantity_text(default),
+                                     f"default is more than max: {_quantity_text(high)}"))
+    if step is not None:
+        if step <= 0:
+            errors.append(fe.invalid(f"{rpath}.step", _quantity_text(step), "must be greater than zero"))
+            return
+        if low + step > capacity:
+            errors.append(fe.invalid(f"{rpath}.step", _quantity_text(step),
+                                     f"one step {_quantity_text(low + step)} is larger than capacity value: {cap_text}"))
+        for amount in (default, high):
+            if amount is not None and (math.ceil(amount) - math.ceil(low)) % math.ceil(step):
+                errors.append(fe.invalid(f"{rpath}.step", _quantity_text(amount),
+                                         f"value is not a multiple of a given step ({_quantity_text(step)}) "
+                                         f"from ({_quantity_text(low)})"))
 
 
 def _attribute(path: str, attr: Any, errors: Errors) -> None:

@@ -375,6 +375,8 @@ def _allocation(path: str, allocation: dict[str, Any], known: RequestNames, erro
             check_pool_name(f"{rpath}.pool", result.get("pool"), errors)
             name_errors(f"{rpath}.device", result.get("device"), names.dns1123_label, errors)
             _share_id(f"{rpath}.shareID", result.get("shareID"), errors)
+            for key in as_map(result.get("consumedCapacity")):
+                qualified_name_errors(f"{rpath}.consumedCapacity[{key}]", key, errors)
     configs = as_list(devices.get("config"))
     if len(configs) > 2 * MAX_CONFIGS:
         errors.append(fe.too_many(f"{path}.devices.config", len(configs), 2 * MAX_CONFIGS))

@@ -55,8 +55,10 @@ def _allocation_lines(claim: Obj) -> list[str]:
     lines = [f"claim {key}: allocated"]
     for r in (allocation.get("devices") or {}).get("results") or []:
         admin = " (admin access)" if r.get("adminAccess") else ""
+        consumed = ", ".join(f"{k} {v}" for k, v in (r.get("consumedCapacity") or {}).items())
+        share = f" (share {r['shareID']}{': ' + consumed if consumed else ''})" if r.get("shareID") else ""
         lines.append(f"  request {r.get('request')}: {r.get('driver')} pool {r.get('pool')} device {r.get('device')}"
-                     f"{admin}")
+                     f"{admin}{share}")
     users = [f"{r.get('resource')}/{r.get('name')}" for r in status.get("reservedFor") or []]
     lines.append(f"  reserved for: {', '.join(users) if users else 'nobody (it will be freed)'}")
     return lines

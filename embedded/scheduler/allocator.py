@@ -2,8 +2,9 @@
 
 Owns the search for one pod's unallocated claims on one node: requests in order, `ExactCount` and
 `All`, `firstAvailable` subrequests (result `req/sub`), `matchAttribute` constraints, adminAccess
-(namespace label), counters (partitionable devices), taints vs tolerations, depth-first with
-backtracking under a step budget. The output is the `status.allocation` v1 dict per claim, or a
+(namespace label), counters (partitionable devices), consumable capacity of shareable devices
+(`capacity.py`: shares across claims, each within what the device has left), taints vs
+tolerations, depth-first with backtracking under a step budget. The output is the `status.allocation` v1 dict per claim, or a
 `NodeReport` saying per request which check rejected which devices. Claim parsing lives in
 `requests.py`, slice gathering in `pools.py`, result building in `results.py`.
 
@@ -22,11 +23,13 @@ from typing import Any
 
 import msgspec
 
+from embedded.scheduler.capacity import consumption, qualify, shortage
 from embedded.scheduler.cel import CelError
 from embedded.scheduler.pools import Candidate, CounterKey, DeviceId, Pool, SliceIndex, node_labels
 from embedded.scheduler.report import SAMPLE, ClaimProblem, NodeReport, Rejection, RequestReport
 from embedded.scheduler.requests import ClaimError, ClaimRequests, Constraint, Req, parse_claims
 from embedded.scheduler.results import allocation_result
+from embedded.scheduler.values import QuantityError, parse_quantity
 from shared.heap import collection_paused
 
 MAX_RESULTS = 32
@@ -37,13 +40,19 @@ DEFAULT_BUDGET = 100_000  # device tries per node before the search gives up
 
 
 class AllocatedState:
-    """Devices held by allocated claims (admin-access results excluded), with the claim holding each.
+    """Devices held by allocated claims (admin-access results excluded), with the claim holding each,
+    and the capacity that shares of shareable devices (results with a `shareID`) consume.
 
-    Change `devices` only through `add_claim` / `remove_claim`: they stamp each touched pool with a
-    number never used before, which is what kept filtering results are checked against."""
+    Change `devices` and `shared` only through `add_claim` / `remove_claim`: they stamp each touched
+    pool with a number never used before, which is what kept filtering results are checked against."""
 
     def __init__(self, devices: Mapping[DeviceId, str] | None = None):
         self.devices: dict[DeviceId, str] = dict(devices or {})
+        # shareable device -> qualified capacity name -> consumed by all its allocated shares
+        self.shared: dict[DeviceId, dict[str, Fraction]] = {}
+        self._shares: dict[str, list[tuple[DeviceId, dict[str, Fraction]]]] = {}  # owner -> its shares
+        self._share_count: dict[DeviceId, int] = {}
+        self._in_use: dict[DeviceId, str] | None = None
         self.serial = next(_stamps)
         self._touched: dict[tuple[str, str], int] = {}
 
@@ -57,12 +66,29 @@ class AllocatedState:
     def add_claim(self, claim: Mapping[str, Any]) -> None:
         md = claim.get("metadata") or {}
         owner = f"{md.get('namespace', '')}/{md.get('name', '')}"
+        if owner in self._shares:
+            self._drop_shares(owner)
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for r in (allocation.get("devices") or {}).get("results") or []:
-            if r.get("adminAccess") or r.get("shareID"):
+            if r.get("adminAccess"):
                 continue
-            self.devices[(r["driver"], r["pool"], r["device"])] = owner
-            self._touched[(r["driver"], r["pool"])] = next(_stamps)
+            did = (r["driver"], r["pool"], r["device"])
+            if r.get("shareID"):
+                amounts: dict[str, Fraction] = {}
+                for name, value in (r.get("consumedCapacity") or {}).items():
+                    try:
+                        amounts[qualify(str(name), did[0])] = parse_quantity(str(value))
+                    except QuantityError:
+                        continue  # the API server validates these; a bad one consumes nothing
+                self._shares.setdefault(owner, []).append((did, amounts))
+                self._share_count[did] = self._share_count.get(did, 0) + 1
+                used = self.shared.setdefault(did, {})
+                for name, amount in amounts.items():
+                    used[name] = used.get(name, Fraction(0)) + amount
+            else:
+                self.devices[did] = owner
+            self._touched[(did[0], did[1])] = next(_stamps)
+            self._in_use = None
 
     def remove_claim(self, claim: Mapping[str, Any]) -> None:
         md = claim.get("metadata") or {}
@@ -70,6 +96,27 @@ class AllocatedState:
         for key in [k for k, v in self.devices.items() if v == owner]:
             del self.devices[key]
             self._touched[(key[0], key[1])] = next(_stamps)
+            self._in_use = None
+        self._drop_shares(owner)
+
+    def _drop_shares(self, owner: str) -> None:
+        for did, amounts in self._shares.pop(owner, []):
+            used = self.shared[did]
+            for name, amount in amounts.items():
+                used[name] -= amount
+            self._share_count[did] -= 1
+            if not self._share_count[did]:
+                del self.shared[did], self._share_count[did]
+            self._touched[(did[0], did[1])] = next(_stamps)
+            self._in_use = None
+
+    def in_use(self) -> Mapping[DeviceId, str]:
+        """Every device with an allocation: held whole or shared (what nets pools' counters)."""
+        if not self.shared:
+            return self.devices
+        if self._in_use is None:
+            self._in_use = {**{did: "" for did in self.shared}, **self.devices}
+        return self._in_use
 
     def pool_stamp(self, driver: str, pool: str) -> tuple[int, int]:
         """Equal stamps: the same devices of this pool held by the same claims."""
@@ -200,6 +247,10 @@ class NodeAttempt:
         self.results: list[list[tuple[Req, Candidate]]] = []
         self.constraints: list[list[_ConstraintState]] = []
         self.picked_alt: dict[tuple[int, int], int] = {}
+        # Shareable devices: capacity consumed and shares taken by this attempt's choices so far.
+        self.sharing: dict[DeviceId, dict[str, Fraction]] = {}
+        self.share_uses: dict[DeviceId, int] = {}
+        self.needs: dict[tuple[int, DeviceId], tuple[dict[str, Fraction], str]] = {}
 
     # ---- per-device checks (independent of the other choices) -------------------------------------
 
@@ -228,13 +279,16 @@ class NodeAttempt:
                     if len(device.verdicts) >= MAX_VERDICTS:
                         device.verdicts.clear()
                     device.verdicts[signature] = verdict
+                label = device.text
                 if verdict is None:
                     # Then the checks that depend on allocations and tolerations, cheapest first.
-                    owner = None if admin or device.shareable else taken.get(device.id)
+                    owner = None if admin else taken.get(device.id)
                     if owner is not None:
                         reason = f"already allocated to claim {owner}"
                     elif device.taints and (taint := blocking_taint(device, req.tolerations)) is not None:
                         reason = f"taint {_describe_taint(taint)} not tolerated"
+                    elif device.shareable and not admin and (lack := self._capacity_problem(req, device))[0]:
+                        reason, label = lack[0], f"{device.text}: {lack[1]}"
                     elif not admin and device.consumes and (short := self._counter_shortage(device)):
                         reason = f"counters used up by allocated devices ({short})"
                     else:
@@ -253,11 +307,11 @@ class NodeAttempt:
                     return report
                 bucket = buckets.get(reason)
                 if bucket is None:
-                    bucket = buckets[reason] = Rejection(reason=reason)
+                    bucket = buckets[reason] = Rejection(reason=reason, detailed=label is not device.text)
                     report.rejections.append(bucket)
                 bucket.count += 1
                 if len(bucket.devices) < SAMPLE:
-                    bucket.devices.append(device.text)
+                    bucket.devices.append(label)
         report.seen = seen
         report.eligible = len(eligible)
         if kept is not None:
@@ -283,8 +337,33 @@ class NodeAttempt:
         self.reports[id(req)] = report
         return report
 
+    def _need(self, req: Req, device: Candidate) -> tuple[dict[str, Fraction], str]:
+        """What one share of `device` for `req` consumes, and the policy it violates ("" if none)."""
+        key = (id(req), device.id)
+        found = self.needs.get(key)
+        if found is None:
+            requests = {qualify(name, device.driver): amount for name, amount in req.capacity.items()}
+            found = self.needs[key] = consumption(device.capacities, requests)
+        return found
+
+    def _capacity_problem(self, req: Req, device: Candidate) -> tuple[str, str]:
+        """(reason, per-device detail) when a share of `device` cannot be given to `req`, else ("", "")."""
+        need, violation = self._need(req, device)
+        if violation:
+            return "capacity request not allowed by the device's requestPolicy", violation
+        short = shortage(device.capacities, need, self.allocated.shared.get(device.id), self.sharing.get(device.id))
+        if short:
+            return "not enough capacity left", short
+        return "", ""
+
+    def _due(self, device: Candidate) -> list[tuple[CounterKey, dict[str, Fraction]]]:
+        """The counters taking `device` consumes: none for a shareable device that already has a share."""
+        if device.shareable and (device.id in self.allocated.shared or self.share_uses.get(device.id)):
+            return []
+        return device.consumes
+
     def _counter_shortage(self, device: Candidate) -> str:
-        for ckey, amounts in device.consumes:
+        for ckey, amounts in self._due(device):
             have = self.counters.get(ckey, {})
             used = self.used.get(ckey, {})
             for name, amount in amounts.items():
@@ -362,6 +441,10 @@ class NodeAttempt:
         if holders and (not req.admin or ci in holders):
             return "already chosen for another request of this pod"
         if not req.admin:
+            if device.shareable:
+                lack, detail = self._capacity_problem(req, device)
+                if lack:
+                    return f"capacity taken by this pod's other requests ({detail})"
             short = self._counter_shortage(device)
             if short:
                 return f"counters taken by this pod's other devices ({short})"
@@ -377,10 +460,15 @@ class NodeAttempt:
         if not device.shareable:
             self.chosen.setdefault(device.id, []).append(ci)
         if not req.admin:
-            for ckey, amounts in device.consumes:
+            for ckey, amounts in self._due(device):
                 used = self.used.setdefault(ckey, {})
                 for name, amount in amounts.items():
                     used[name] = used.get(name, Fraction(0)) + amount
+            if device.shareable:
+                self.share_uses[device.id] = self.share_uses.get(device.id, 0) + 1
+                sharing = self.sharing.setdefault(device.id, {})
+                for name, amount in self._need(req, device)[0].items():
+                    sharing[name] = sharing.get(name, Fraction(0)) + amount
         self.results[ci].append((req, device))
 
     def _undo(self, ci: int, req: Req, device: Candidate) -> None:
@@ -391,7 +479,12 @@ class NodeAttempt:
             if not holders:
                 del self.chosen[device.id]
         if not req.admin:
-            for ckey, amounts in device.consumes:
+            if device.shareable:
+                self.share_uses[device.id] -= 1
+                sharing = self.sharing[device.id]
+                for name, amount in self._need(req, device)[0].items():
+                    sharing[name] -= amount
+            for ckey, amounts in self._due(device):
                 used = self.used[ckey]
                 for name, amount in amounts.items():
                     used[name] -= amount
@@ -412,7 +505,7 @@ def allocate_on_node(claims: list[ClaimRequests], index: SliceIndex, allocated: 
         name, node_obj = node, {"metadata": {"name": node}}
     else:
         name, node_obj = node_labels(node)[0], node
-    pools = index.gather(node_obj, allocated.devices)
+    pools = index.gather(node_obj, allocated.in_use())
     report = NodeReport(node=name)
     for p in pools:
         if p.incomplete or p.invalid:

@@ -24,7 +24,7 @@ def request_summary(req: RequestReport, with_claim: bool = True) -> str:
     if req.error:
         return f"{who}: {req.error}"
     parts = [f"{req.eligible} of {req.seen} devices eligible, {req.wanted} wanted"]
-    parts += [f"{r.count} {r.reason}" for r in req.rejections]
+    parts += [f"{r.count} {r.reason}" + (f" ({_devices(r)})" if r.detailed else "") for r in req.rejections]
     parts += [f"{r.count}x {r.reason}" for r in req.conflicts]
     return f"{who}: " + "; ".join(parts)
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
+from embedded.scheduler.capacity import Capacity, device_capacities
 from embedded.scheduler.cel import DeviceEnv
 from embedded.scheduler.values import QuantityError, parse_quantity
 
@@ -30,6 +31,7 @@ class Candidate:
 
     __slots__ = (
         "all_nodes",
+        "capacities",
         "consumes",
         "device",
         "env",
@@ -60,6 +62,8 @@ class Candidate:
         self.node_selector = node_selector
         self.all_nodes = all_nodes
         self.shareable = bool(device.get("allowMultipleAllocations", False))
+        # Shareable devices only: each allocation consumes part of these (capacity.py).
+        self.capacities: dict[str, Capacity] = device_capacities(device, driver) if self.shareable else {}
         self.text = f"{pool}/{self.name}" if pool != node_name else self.name
         self.verdicts: dict[str, Any] = {}  # request signature -> CEL verdict (the allocator's cache)
 
@@ -84,9 +88,9 @@ class Pool:
         self.counters: dict[CounterKey, dict[str, Fraction]] = {}
         self.incomplete = ""
         self.invalid = ""
-        # Kept pools only (see SliceIndex.gather): no counters and no taints, so a request's filtering
-        # depends on its selectors and on who holds each device; the allocator keeps its results here,
-        # with the AllocatedState's stamp of the pool.
+        # Kept pools only (see SliceIndex.gather): no counters, taints or shareable devices, so a
+        # request's filtering depends on its selectors and on who holds each device; the allocator
+        # keeps its results here, with the AllocatedState's stamp of the pool.
         self.plain = False
         self.filtered: dict[Any, Any] = {}
 
@@ -266,7 +270,7 @@ class SliceIndex:
                                    f"{entry.declared} slices of generation {entry.generation} are published")
             users: Consumers = []
             self._fill(pool, entry, relevant, node, users)
-            pool.plain = not pool.counters and not any(d.taints for d in pool.devices)
+            pool.plain = not pool.counters and not any(d.taints or d.shareable for d in pool.devices)
             pools.append(pool)
             consumers.append(users)
         return pools, (consumers if any(consumers) else [])
@@ -316,7 +320,7 @@ class SliceIndex:
                     names.add(dname)
                     consumes = self._consumption(pool, sname, own_sets, pool_sets, device)
                     did = (driver, pool.name, dname)
-                    if consumes and not device.get("allowMultipleAllocations"):
+                    if consumes:  # a shareable device's counters: consumed once while any share is allocated
                         consumers.append((did, consumes))
                     if id(sl) not in relevant_ids or (per_device and not _device_visible(device, node)):
                         continue

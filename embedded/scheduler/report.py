@@ -19,6 +19,7 @@ class Rejection(msgspec.Struct, kw_only=True, gc=False):
     reason: str
     count: int = 0
     devices: list[str] = msgspec.field(default_factory=list)
+    detailed: bool = False  # each device entry says `device: why` (e.g. the capacity left)
 
     def add(self, device: str) -> None:
         self.count += 1

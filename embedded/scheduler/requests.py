@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping
+from fractions import Fraction
 from typing import Any
 
 from embedded.scheduler.cel import CelError, Selector, compile_selector, split_name
@@ -33,6 +34,7 @@ class Req:
 
     __slots__ = (
         "admin",
+        "capacity",
         "claim_key",
         "class_name",
         "class_obj",
@@ -62,6 +64,9 @@ class Req:
                                           (class_obj.get("spec") or {}).get("selectors") or [])
         self.selectors = _selectors(claim_key, where, body.get("selectors") or [])
         self.selectors += _capacity_selectors(claim_key, where, body.get("capacity") or {})
+        # capacity.requests by name as written: what each allocation of a shareable device consumes.
+        self.capacity: dict[str, Fraction] = {str(k): parse_quantity(str(v)) for k, v in
+                                              ((body.get("capacity") or {}).get("requests") or {}).items()}
         # What the per-device CEL verdict depends on: equal signatures, equal verdicts (and reasons).
         signature = "\x00".join([self.class_name, *(s.expression for s in self.class_selectors), "\x01",
                                   *(s.expression for s in self.selectors)])

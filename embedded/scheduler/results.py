@@ -7,7 +7,10 @@ Owns `devices.results` (allocation order; `adminAccess` only when true; tolerati
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
+
+from embedded.scheduler.capacity import consumed_text, consumption, qualify
 
 if TYPE_CHECKING:
     from embedded.scheduler.pools import Candidate
@@ -20,6 +23,13 @@ def _result(req: Req, device: Candidate) -> dict[str, Any]:
         out["adminAccess"] = True
     if req.tolerations:
         out["tolerations"] = [dict(t) for t in req.tolerations]
+    if device.shareable:
+        # One share of a shareable device: its own ID and what it consumes (KEP-5075).
+        out["shareID"] = str(uuid.uuid4())
+        requests = {qualify(name, device.driver): amount for name, amount in req.capacity.items()}
+        amounts, _ = consumption(device.capacities, requests)
+        if amounts:
+            out["consumedCapacity"] = consumed_text(device.capacities, amounts)
     return out
 
 
