@@ -111,9 +111,11 @@ class MpsManager:
         if existing is not None:
             if sorted(existing.gpu_uuids) != sorted(req.gpu_uuids):
                 raise NvmlOpError("invalid-argument", f"MPS daemon {req.daemon_id} already serves other GPUs")
-            if (existing.active_thread_percentage != req.active_thread_percentage
-                    or existing.pinned_device_memory_limits != dict(req.pinned_device_memory_limits)):
-                # one daemon serves many shares of a GPU: a start with other settings is another daemon
+            if existing.active_thread_percentage != req.active_thread_percentage or (
+                    req.pinned_device_memory_limits
+                    and existing.pinned_device_memory_limits != dict(req.pinned_device_memory_limits)):
+                # one daemon serves many shares of a GPU: a start with other settings (limits named and
+                # different, or another percentage) asks for another daemon, which the GPU cannot have
                 raise NvmlOpError("in-use", f"MPS daemon {req.daemon_id} already runs with other settings "
                                             f"(active thread percentage {existing.active_thread_percentage}, "
                                             f"pinned limits {existing.pinned_device_memory_limits})")
