@@ -98,7 +98,9 @@ class MpsManager:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, req: MpsStartRequest, known_uuids: set[str]) -> MpsDaemonRecord:
-        """Start (or confirm) the daemon; on failure nothing of it is left. Idempotent."""
+        """Start (or confirm) the daemon; on failure nothing of it is left. Idempotent: a start of a running
+        daemon with the same GPUs and settings confirms it (one daemon per GPU serves all of its shares:
+        every share's prepare asks, the first starts it), one with other settings is refused."""
         base = self._dir(req.daemon_id)
         unknown = [u for u in req.gpu_uuids if u not in known_uuids]
         if unknown or not req.gpu_uuids:
@@ -109,6 +111,14 @@ class MpsManager:
         if existing is not None:
             if sorted(existing.gpu_uuids) != sorted(req.gpu_uuids):
                 raise NvmlOpError("invalid-argument", f"MPS daemon {req.daemon_id} already serves other GPUs")
+            if existing.active_thread_percentage != req.active_thread_percentage or (
+                    req.pinned_device_memory_limits
+                    and existing.pinned_device_memory_limits != dict(req.pinned_device_memory_limits)):
+                # one daemon serves many shares of a GPU: a start with other settings (limits named and
+                # different, or another percentage) asks for another daemon, which the GPU cannot have
+                raise NvmlOpError("in-use", f"MPS daemon {req.daemon_id} already runs with other settings "
+                                            f"(active thread percentage {existing.active_thread_percentage}, "
+                                            f"pinned limits {existing.pinned_device_memory_limits})")
             if existing.state == "ready" and (self.control is None or await self.control.running_pid(existing)):
                 return existing
             log.info("MPS daemon record without a ready daemon; starting it again", daemon=req.daemon_id)

@@ -164,6 +164,18 @@ def mps_edits(pipe_dir: str, shm_dir: str) -> tuple[list[str], list[Mount]]:
             [Mount(pipe_dir, MPS_PIPE_IN_CONTAINER), Mount(shm_dir, "/dev/shm")])
 
 
+def mps_share_env(pinned_memory: int | None, active_thread_percentage: int | None) -> list[str]:
+    """A share's MPS client limits as env (NVIDIA's MPS client variables). The memory limit names the
+    device by index, as NVIDIA's device plugin does (a limit keyed by UUID is not applied by every
+    driver): a share's container reaches one GPU through its daemon, so it is device 0 there."""
+    env = []
+    if pinned_memory is not None:
+        env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={max(1, pinned_memory >> 20)}M")
+    if active_thread_percentage is not None:
+        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={active_thread_percentage}")
+    return env
+
+
 def _edits(nodes: list[DeviceNode], env: list[str], mounts: list[Mount], hooks: list[Hook] | None = None
            ) -> dict[str, Any]:
     edits: dict[str, Any] = {}

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.quantity import MAX_VALUE, QuantityError, parse_bytes
+from shared.quantity import MAX_VALUE, QuantityError, parse_bytes, parse_quantity
 
 API_GROUP_VERSION = "resource.nvidia.com/v1beta1"
 MIB = 1024 * 1024
@@ -216,6 +216,40 @@ def pinned_limits(mps: MpsConfig | None, uuids: list[str], memory: dict[str, int
 def mps_daemon_id(claim_uid: str, uuids: list[str]) -> str:
     digest = hashlib.sha256(",".join(sorted(uuids)).encode()).hexdigest()[:5]
     return f"{claim_uid}-{digest}"
+
+
+def share_daemon_id(gpu_uuid: str) -> str:
+    """The id of a GPU's one MPS daemon serving all its shares (KEP-5075): named by the GPU, not a claim."""
+    return f"gpu-{hashlib.sha256(gpu_uuid.encode()).hexdigest()[:12]}"
+
+
+SHARE_MPS_CAPACITIES = ("memory", "compute")  # a share consuming these is served through MPS (for now)
+
+
+@dataclass(frozen=True)
+class ShareLimits:
+    """What a share's consumedCapacity limits for its MPS clients: pinned memory (bytes), SM percent."""
+
+    memory: int | None = None
+    compute: int | None = None
+
+
+def share_limits(consumed: dict[str, str], gpu_memory: int = 0) -> ShareLimits:
+    """The MPS client limits of a share's consumedCapacity (`memory` in bytes, whole MiB, at most the GPU's
+    memory; `compute` a percent of the SMs, 1..100); ClaimConfigError naming a value that does not fit."""
+    memory = compute = None
+    if "memory" in consumed:
+        memory = _pinned_limit(str(consumed["memory"]), "consumedCapacity memory", gpu_memory or MAX_VALUE)
+    if "compute" in consumed:
+        try:
+            value = parse_quantity(str(consumed["compute"]))
+        except QuantityError as exc:
+            raise ClaimConfigError(f"consumedCapacity compute: {exc}") from None
+        if value.denominator != 1 or not 1 <= value <= 100:
+            raise ClaimConfigError(f"consumedCapacity compute {_short(consumed['compute'])} must be a whole "
+                                   "percent of the GPU's SMs within 1..100")
+        compute = int(value)
+    return ShareLimits(memory=memory, compute=compute)
 
 
 # -- selection ------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ class AllocationResult(msgspec.Struct, kw_only=True):
     device: str
     adminAccess: bool | None = None
     shareID: str | None = None
+    consumedCapacity: dict[str, Any] | None = None  # KEP-5075: what this share takes (memory, compute, shares)
 
 
 class OpaqueConfig(msgspec.Struct, kw_only=True):

@@ -10,23 +10,38 @@ I/O goes through small ports: ClaimSource, Inventory, DeviceOps, CdiWriter, Chec
 
 from __future__ import annotations
 
+import asyncio
 import time
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 
 import msgspec
 from opentelemetry import trace
 
-from services.preparer.cdi import CdiDevice, CdiWriter, build_spec, device_id, gpu_device_nodes, mps_edits
+from services.preparer.cdi import (
+    CdiDevice,
+    CdiWriter,
+    Mount,
+    build_spec,
+    device_id,
+    gpu_device_nodes,
+    mps_edits,
+    mps_share_env,
+)
 from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from services.preparer.claimconfigs import (
+    SHARE_MPS_CAPACITIES,
     ClaimConfigError,
     GpuConfig,
     RawConfig,
     Selected,
+    ShareLimits,
     interval,
     mps_daemon_id,
     pinned_limits,
     select,
+    share_daemon_id,
+    share_limits,
     strategy,
 )
 from services.preparer.claims import ClaimSource, ResourceClaim
@@ -51,6 +66,74 @@ class _Planned:
     resolved: ResolvedDevice
     admin_access: bool
     share_id: str
+    consumed: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Mode:
+    """How a claim uses one of its devices: for the guard, and for a share served by the GPU's MPS daemon."""
+
+    sharing: str = ""  # "" | TimeSlicing | MPS
+    shared: bool = False  # another claim may hold the device too (a sharing config, or a share)
+    share_mps: bool = False  # a share (KEP-5075) served by the GPU's one MPS daemon
+    daemon_settings: dict[str, int] = field(default_factory=dict)  # that daemon's start settings
+    limits: ShareLimits = field(default_factory=ShareLimits)  # the share's client limits
+
+
+def _share_modes(groups: list[Selected], planned: list[_Planned]) -> dict[int, _Mode]:
+    """Each planned device's mode. A share is served through MPS when its config says MPS, or (for now)
+    when it has no sharing config and consumes `memory` or `compute`; the GPU's daemon is then started
+    with the config's defaults for that GPU, and each share's limits go to its containers' env.
+    ClaimConfigError for what cannot be served."""
+    modes: dict[int, _Mode] = {}
+    for group in groups:
+        kind = strategy(group.config)
+        for i in group.results:
+            p = planned[i]
+            mode = _Mode(sharing=kind, shared=bool(kind or p.share_id))
+            implied = not kind and any(c in p.consumed for c in SHARE_MPS_CAPACITIES)
+            if p.share_id and p.resolved.kind == "gpu" and (kind == "MPS" or implied):
+                mode.sharing, mode.share_mps = "MPS", True
+                gpu_memory = p.resolved.gpu.memory_bytes if p.resolved.gpu is not None else 0
+                mode.limits = share_limits(p.consumed, gpu_memory)
+                if kind == "MPS":
+                    assert isinstance(group.config, GpuConfig) and group.config.sharing is not None
+                    mps = group.config.sharing.mpsConfig
+                    limit = pinned_limits(mps, [p.resolved.uuid], {p.resolved.uuid: gpu_memory}).get(p.resolved.uuid)
+                    if mps is not None and mps.defaultActiveThreadPercentage is not None:
+                        mode.daemon_settings["activeThreadPercentage"] = mps.defaultActiveThreadPercentage
+                    if limit is not None:
+                        mode.daemon_settings["pinnedDeviceMemoryLimitMiB"] = limit >> 20
+            modes[i] = mode
+    gpus = {planned[i].resolved.uuid for i, m in modes.items() if m.share_mps}
+    if len(gpus) > 1:
+        raise ClaimConfigError(f"the claim holds MPS shares of {len(gpus)} GPUs; a claim's containers reach one "
+                               "MPS daemon, so a claim may hold MPS shares of one GPU only")
+    return modes
+
+
+def _conflict(mine: _Mode, held: PreparedDevice) -> str:
+    """Why this claim cannot have a device `held` by another claim as well; "" when it can."""
+    if not mine.shared or not held.shared:
+        if held.share_id and not mine.shared:
+            return ("it has shares prepared for other claims, and this claim asks for it whole (no sharing "
+                    "config, no share); an exclusive claim waits until the shares are unprepared")
+        if mine.shared and not held.shared:
+            return "another claim on this node holds it whole (no sharing config); it cannot be shared now"
+        return ""  # the classic message (no one shares)
+    if (mine.sharing == "MPS") != (held.sharing == "MPS"):
+        return (f"it is in {held.sharing or 'default'} mode for other claims on this node, and this claim "
+                f"asks for {mine.sharing or 'default'} sharing (time-slicing and MPS do not mix on one GPU)")
+    if mine.sharing != "MPS":
+        return ""
+    if not (mine.share_mps and held.share_id):  # a held MPS share uses (or is about to use) the GPU's daemon
+        return ("its MPS daemon serves another claim (a claim-scoped daemon); MPS shares of one GPU need "
+                "allocations with a shareID")
+    if mine.daemon_settings != held.mps_daemon_settings:
+        return (f"its MPS daemon runs for other shares with settings {held.mps_daemon_settings or 'none'}, and "
+                f"this claim asks for {mine.daemon_settings or 'none'}; give every share of a GPU the same "
+                "MPS config")
+    return ""
 
 
 def _group_pinned_limits(group: Selected, planned: list[_Planned]) -> dict[str, int]:
@@ -71,6 +154,8 @@ class Preparer(ClaimPreparer):
         self.inventory = inventory
         self.ops = ops
         self.common = common  # the node's driver userspace, in every claim spec
+        # per shared MPS daemon: its start and its stop (with the count of its users) do not interleave
+        self._daemon_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     def _plan(self, claim: ResourceClaim) -> tuple[list[_Planned], list[RawConfig]]:
         allocation = claim.status.allocation
@@ -86,25 +171,32 @@ class Preparer(ClaimPreparer):
             except DeviceError as exc:
                 raise PrepareFailed(str(exc), "device-error") from None
             planned.append(_Planned(index, result.request, result.pool, resolved, bool(result.adminAccess),
-                                    result.shareID or ""))
+                                    result.shareID or "",
+                                    {k: str(v) for k, v in (result.consumedCapacity or {}).items()}))
         raw = [RawConfig(source=c.source, requests=list(c.requests or []),
                          driver=c.opaque.driver if c.opaque else "", parameters=c.opaque.parameters if c.opaque else None,
                          has_opaque=c.opaque is not None)
                for c in (allocation.devices.config if allocation.devices else [])]
         return planned, raw
 
-    def _guard(self, ref: ClaimRef, planned: list[_Planned], shared_by_config: set[int]) -> None:
+    def _guard(self, ref: ClaimRef, planned: list[_Planned], modes: dict[int, _Mode]) -> None:
+        """Refuse, before any side effect, a device another claim holds in a way this claim cannot join."""
         for i, item in enumerate(planned):
             if item.admin_access:
                 continue
             for uid, record, held in self.checkpoint.holders(item.resolved.name, exclude=ref.uid):
                 if held.admin_access:
                     continue
-                if held.shared and i in shared_by_config:
+                why = _conflict(modes[i], held)
+                if modes[i].shared and held.shared and not why:
                     continue
                 # The holder may be another tenant's claim: the log names it, the reply (this claim's) does not.
                 log.warning("device held by another claim", claim=str(ref), device=item.resolved.name,
-                            holder=f"{record.namespace}/{record.name}:{uid}", holder_state=record.state)
+                            holder=f"{record.namespace}/{record.name}:{uid}", holder_state=record.state,
+                            conflict=why)
+                if why:
+                    raise PrepareFailed(f"requested device {item.resolved.name} cannot be prepared for this claim: "
+                                        f"{why}", "device-busy")
                 raise PrepareFailed(f"requested device {item.resolved.name} is already allocated to a different "
                                     "claim on this node; share it by giving both claims a sharing config",
                                     "device-busy")
@@ -119,22 +211,21 @@ class Preparer(ClaimPreparer):
                     raise ClaimConfigError("MPS on MIG devices is not supported by this driver yet; use MPS "
                                            "on full GPUs or TimeSlicing")
                 _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
+            modes = _share_modes(groups, planned)
         except ClaimConfigError as exc:
             raise PrepareFailed(str(exc), "invalid-config") from None
         trace.get_current_span().set_attribute("configs.groups", len(groups))  # on the claim's span
-        shared = {i for g in groups if strategy(g.config) for i in g.results}
-        self._guard(ref, planned, shared)
+        self._guard(ref, planned, modes)
         if previous is not None:  # a PrepareStarted left by a failed or interrupted attempt
             await self._rollback(ref.uid, previous, reason="retry after an interrupted prepare")
         devices = [PreparedDevice(
             requests=[p.request.split("/", 1)[0]], pool=p.pool, device=p.resolved.name, kind=p.resolved.kind,
             uuid=p.resolved.uuid, parent_uuid=p.resolved.gpu.uuid if p.resolved.gpu and p.resolved.kind == "mig" else "",
-            shared=i in shared, admin_access=p.admin_access, share_id=p.share_id,
+            shared=modes[i].shared, admin_access=p.admin_access, share_id=p.share_id,
+            consumed_capacity=dict(p.consumed), sharing=modes[i].sharing,
+            mps_daemon_settings=dict(modes[i].daemon_settings),
             dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
         ) for i, p in enumerate(planned)]
-        for group in groups:
-            for i in group.results:
-                devices[i].sharing = strategy(group.config)
         record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
                              preparation=self.checkpoint.next_preparation(), devices=devices, started_at=time.time(),
                              configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit],
@@ -149,7 +240,7 @@ class Preparer(ClaimPreparer):
             # a crash before that leaves nothing but maybe a CDI spec, which the start-up sweep removes.
             self.checkpoint.stage(ref.uid, record, events=started)
         try:
-            cdi_devices = await self._apply(ref, record, planned, groups)
+            cdi_devices = await self._apply(ref, record, planned, groups, modes)
             with leaf_span(tracer, "cdi.write"):
                 common = await self.common.get(self.inventory.dev_root)
                 spec = build_spec(ref.uid, cdi_devices, common) if cdi_devices else None
@@ -169,7 +260,7 @@ class Preparer(ClaimPreparer):
         return list(record.devices)
 
     async def _apply(self, ref: ClaimRef, record: ClaimRecord, planned: list[_Planned],
-                     groups: list) -> list[CdiDevice]:  # type: ignore[type-arg]
+                     groups: list[Selected], modes: dict[int, _Mode]) -> list[CdiDevice]:
         """Time-slicing, MPS and dynamic MIG through discovery; returns the per-device CDI edits."""
         cdi_devices: dict[int, CdiDevice] = {}
         for i, item in enumerate(planned):
@@ -190,9 +281,15 @@ class Preparer(ClaimPreparer):
                     await self.inventory.wait_mig(mig.uuid, present=True)
                 caps = list(mig.device_path_caps)
             cdi_devices[i] = CdiDevice(device=res.name, nodes=gpu_device_nodes(res.minor, self.inventory.host_path, caps))
+        for i, mode in modes.items():
+            if mode.share_mps:
+                env, mounts = await self._start_share_daemon(ref, record, i, mode)
+                cdi_devices[i].env += env
+                cdi_devices[i].mounts += mounts
         for group in groups:
             kind = strategy(group.config)
-            gpu_uuids = sorted({planned[i].resolved.uuid for i in group.results if planned[i].resolved.kind == "gpu"})
+            gpu_uuids = sorted({planned[i].resolved.uuid for i in group.results
+                                if planned[i].resolved.kind == "gpu" and not modes[i].share_mps})
             if kind == "TimeSlicing" and gpu_uuids:
                 # Recorded before the call: a crash, failure or timeout of the call still leaves the GPUs to reset.
                 record.timesliced_gpus = sorted(set(record.timesliced_gpus) | set(gpu_uuids))
@@ -211,9 +308,30 @@ class Preparer(ClaimPreparer):
                                                        mps.defaultActiveThreadPercentage if mps else None, limits)
                 env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
                 for i in group.results:
-                    cdi_devices[i].env += env
-                    cdi_devices[i].mounts += mounts
+                    if not modes[i].share_mps:
+                        cdi_devices[i].env += env
+                        cdi_devices[i].mounts += mounts
         return [cdi_devices[i] for i in sorted(cdi_devices)]
+
+    async def _start_share_daemon(self, ref: ClaimRef, record: ClaimRecord, i: int,
+                                  mode: _Mode) -> tuple[list[str], list[Mount]]:
+        """The GPU's one MPS daemon for its shares: started by the first share, confirmed by the others
+        (discovery's start is idempotent); the share's CDI env and mounts. The share is recorded as a user
+        of the daemon before the call, so a crash or failure from here on leaves it to the undo, which
+        stops the daemon only when no other record uses it."""
+        dev = record.devices[i]
+        daemon = share_daemon_id(dev.uuid)
+        async with self._daemon_locks[daemon]:
+            dev.mps_daemon = daemon
+            await self.checkpoint.put(ref.uid, record)
+            settings = dev.mps_daemon_settings
+            limit = settings.get("pinnedDeviceMemoryLimitMiB")
+            with tracer.start_as_current_span("device.mps-start") as span:
+                span.set_attribute("dra.share_id", dev.share_id)
+                started = await self.ops.mps_start(daemon, [dev.uuid], settings.get("activeThreadPercentage"),
+                                                   {dev.uuid: limit << 20} if limit else {})
+        env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
+        return env + mps_share_env(mode.limits.memory, mode.limits.compute), mounts
 
     # -- unprepare -------------------------------------------------------------------------
     def _still_used(self, uid: str, device: str) -> bool:
@@ -237,6 +355,8 @@ class Preparer(ClaimPreparer):
         if record.mps_daemon_id:
             with tracer.start_as_current_span("device.mps-stop"):
                 await self.ops.mps_stop(record.mps_daemon_id)
+        for daemon in sorted({d.mps_daemon for d in record.devices if d.mps_daemon}):
+            await self._release_share_daemon(uid, daemon)
         if record.timesliced_gpus:
             held = {d.uuid for u, r in self.checkpoint.claims.items() if u != uid and r.state == "PrepareCompleted"
                     for d in r.devices if d.sharing == "TimeSlicing"}
@@ -245,6 +365,19 @@ class Preparer(ClaimPreparer):
                 with tracer.start_as_current_span("device.set-sharing"):
                     await self.ops.set_sharing(reset, "Default", "Default")
         await self.cdi.remove(uid)  # a rename on the loop: no span of its own
+
+    async def _release_share_daemon(self, uid: str, daemon: str) -> None:
+        """Stop a GPU's shared MPS daemon when no other claim's record (prepared, or being prepared) uses it:
+        the count is the checkpoint's, so a restart neither stops a daemon in use nor keeps one unused."""
+        async with self._daemon_locks[daemon]:
+            users = [u for u, r in self.checkpoint.claims.items() if u != uid
+                     and any(d.mps_daemon == daemon for d in r.devices)]
+            if users:
+                log.info("shared MPS daemon kept: other shares use it", claim_uid=uid, daemon=daemon,
+                         users=len(users))
+                return
+            with tracer.start_as_current_span("device.mps-stop"):
+                await self.ops.mps_stop(daemon)
 
     def _live_mig_uuid(self, name: str) -> str:
         try:

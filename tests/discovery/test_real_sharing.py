@@ -138,6 +138,25 @@ async def test_mps_daemon_commands_in_order_and_stopped_cleanly(bus, tmp_path, f
         assert twice.ok and not twice.stopped
 
 
+async def test_one_daemon_serves_many_starts_with_its_settings_and_refuses_others(bus, tmp_path, fake):
+    """A GPU's one daemon for its shares: every share's start confirms it; other settings are refused."""
+    async with real(bus, tmp_path, fake) as disc:
+        uuids = [gpu0(disc).uuid]
+        first = await start_mps(bus, "gpu-shared", uuids, pinned_device_memory_limits={uuids[0]: 10 * GIB})
+        assert first.ok, first.error
+        pid = daemon_pid(first.pipe_dir)
+        for _ in range(7):
+            again = await start_mps(bus, "gpu-shared", uuids, pinned_device_memory_limits={uuids[0]: 10 * GIB})
+            assert again.ok and again.pipe_dir == first.pipe_dir
+        assert [c["argv"] for c in fake.calls("nvidia-cuda-mps-control") if c["argv"]] == [["-d"]]
+        for kw in ({"active_thread_percentage": 50}, {"pinned_device_memory_limits": {uuids[0]: 5 * GIB}}):
+            refused = await start_mps(bus, "gpu-shared", uuids, **kw)
+            assert not refused.ok and "other settings" in refused.error.message, kw
+        assert gpu0(disc).sharing.mps_daemon == "gpu-shared"
+        assert (await stop_mps(bus, "gpu-shared")).stopped
+        assert wait_gone(pid, timeout=2.0)
+
+
 def serving(pipe_dir: str) -> list[int]:
     """Live processes whose environment names `pipe_dir` as their MPS pipe dir (what a leak would be)."""
     needle = f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode()

@@ -1,0 +1,225 @@
+"""Shares of one GPU across claims (KEP-5075 consumable capacity): each claim's allocation result carries a
+shareID and consumedCapacity. The preparer over its real sockets, discovery in-process on simulated H100s
+running a fake driver root's binaries (tests/fakedriver.py) over a real nats-server: eight tenants hold
+shares of one GPU through its one MPS daemon, each with its own client limits; the daemon stops after the
+last share's unprepare; conflicting modes are refused with nothing changed; a kill -9 mid-prepare loses
+no share and starts no second daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid as uuidlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import CoreV1Api
+
+from embedded.harness.discovery import RunningDiscovery, running_discovery
+from embedded.kubelet.client import Claim, register
+from shared.bus import Bus
+from shared.events import catalog
+from shared.events.devices import MpsStartReply, MpsStartRequest
+from shared.natsserver import EmbeddedNats
+from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
+from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node
+from tests.preparer.test_crash import checkpoint
+from tests.preparer.test_crash_sharing import (
+    kill_9,
+    node_parts,
+    restart_and_wait_rollback,
+    rolled_back_future,
+    start_ready_preparer,
+    stop,
+)
+
+PID_FILE = "nvidia-cuda-mps-control.pid"
+
+
+@pytest.fixture
+def fake(root: Path) -> FakeDriver:
+    return make_driver_root(root / "driver")
+
+
+@pytest.fixture
+async def disc(bus: Bus, root: Path, fake: FakeDriver) -> AsyncIterator[RunningDiscovery]:
+    async with running_discovery(bus, node="n1", simulate="h100x4", root=root / "sim", driver_root=str(fake.root),
+                                 tool_timeout=5.0) as running:
+        yield running
+
+
+def share_doc(name: str, namespace: str, device: str = "gpu-0", *, memory: str = "10Gi", compute: str = "10",
+              configs: list[dict[str, Any]] | None = None, share: bool = True) -> dict[str, Any]:
+    """A claim allocated a share of `device` (or, with share False, the whole device)."""
+    doc = claim_doc(name=name, namespace=namespace, results=[("gpu", device)], configs=configs)
+    if share:
+        result = doc["status"]["allocation"]["devices"]["results"][0]
+        result["shareID"] = str(uuidlib.uuid4())
+        result["consumedCapacity"] = {"memory": memory, "compute": compute}
+    return doc
+
+
+def spec_of(cdi_dir: Path, uid: str) -> dict[str, Any]:
+    return json.loads((cdi_dir / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
+
+
+def edits_of(cdi_dir: Path, uid: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The claim's one device's env (name -> value) and mounts (container path -> host path)."""
+    [dev] = spec_of(cdi_dir, uid)["devices"]
+    edits = dev["containerEdits"]
+    env = dict(e.split("=", 1) for e in edits["env"])
+    return env, {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+
+
+def daemon_starts(fake: FakeDriver) -> list[dict[str, Any]]:
+    return [c for c in fake.calls("nvidia-cuda-mps-control") if c["argv"] == ["-d"]]
+
+
+def mps_dirs(disc: RunningDiscovery) -> list[str]:
+    root = Path(disc.config.mps_root)
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def gpu_of(disc: RunningDiscovery, name: str) -> Any:
+    return next(g for g in disc.inventory.gpus if g.name == name)
+
+
+async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_the_last(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+    tenants = [claims.add(share_doc(f"share-{i}", f"tenant-{i}", compute=str(5 + i))) for i in range(8)]
+    share_ids = {c.uid: claims.docs[(c.namespace, c.name)]["status"]["allocation"]["devices"]["results"][0]["shareID"]
+                 for c in tenants}
+    async with running_node(claims, root, bus=bus) as node:
+        prepared = await node.plugin.prepare(tenants)  # one kubelet call: the eight prepare concurrently
+        for c in tenants:
+            assert prepared[c.uid].error == "", prepared[c.uid].error
+            [dev] = prepared[c.uid].devices
+            assert dev.device == "gpu-0" and dev.share_id == share_ids[c.uid]
+
+        [start] = daemon_starts(fake)  # exactly one MPS daemon for the GPU
+        pipe = Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"])
+        assert start["env"]["CUDA_VISIBLE_DEVICES"] == gpu_of(disc, "gpu-0").uuid
+        assert mps_dirs(disc) == [pipe.parent.name] and gpu_of(disc, "gpu-0").sharing.mps_daemon == pipe.parent.name
+        pid = int((pipe / PID_FILE).read_text())
+        for i, c in enumerate(tenants):
+            env, mounts = edits_of(node.cdi_dir, c.uid)
+            assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
+            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(5 + i)  # its own limit
+            assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+            assert mounts == {"/tmp/nvidia-mps": str(pipe), "/dev/shm": str(pipe.parent / "shm")}
+            record = node.service.checkpoint.claims[c.uid]
+            [held] = record.devices
+            assert (record.state, held.share_id, held.consumed_capacity, held.mps_daemon) == (
+                "PrepareCompleted", share_ids[c.uid], {"memory": "10Gi", "compute": str(5 + i)}, pipe.parent.name)
+            assert record.mps_daemon_id == ""  # no claim-scoped daemon
+
+        assert await node.plugin.unprepare(tenants[:7]) == {c.uid: "" for c in tenants[:7]}
+        assert list(node.service.checkpoint.claims) == [tenants[7].uid]
+        assert not wait_gone(pid, timeout=0.2), "the daemon serves the last share"
+        assert "quit\n" not in [c.get("stdin") for c in fake.calls("nvidia-cuda-mps-control")]
+        assert mps_dirs(disc) == [pipe.parent.name]
+        assert node.cdi_files() == [f"k8s.gpu.nvidia.com-claim_{tenants[7].uid}.json"]
+
+        assert await node.plugin.unprepare(tenants[7:]) == {tenants[7].uid: ""}
+        assert wait_gone(pid, timeout=2.0), "the last share's unprepare stopped the daemon"
+        assert fake.calls("nvidia-cuda-mps-control")[-1]["stdin"] == "quit\n"
+        assert mps_dirs(disc) == [] and gpu_of(disc, "gpu-0").sharing.mps_daemon == ""
+        assert gpu_of(disc, "gpu-0").sharing.compute_mode == "Default"
+        assert node.service.checkpoint.claims == {} and node.cdi_files() == []
+
+
+async def test_a_mode_conflicting_with_the_gpus_shares_is_refused_with_nothing_changed(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+    shares = [claims.add(share_doc(f"share-{i}", f"tenant-{i}")) for i in range(2)]
+    mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
+    conflicts = {
+        "has shares prepared": claims.add(share_doc("whole", "t-whole", share=False)),
+        "MPS daemon runs for other shares": claims.add(share_doc("mps-50", "t-mps", configs=[gpu_config(mps)])),
+        "time-slicing and MPS do not mix": claims.add(share_doc("ts", "t-ts", configs=[gpu_config(
+            {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})])),
+        "claim-scoped daemon": claims.add(share_doc("mps-claim", "t-mpsc", configs=[gpu_config(mps)], share=False)),
+    }
+    async with running_node(claims, root, bus=bus) as node:
+        prepared = await node.plugin.prepare(shares)
+        assert [prepared[c.uid].error for c in shares] == ["", ""]
+        before = (dict(checkpoint(root)), node.cdi_files(), fake.calls(), mps_dirs(disc), gpu_of(disc, "gpu-0").sharing)
+        for message, claim in conflicts.items():
+            error = (await node.plugin.prepare([claim]))[claim.uid].error
+            assert message in error and "gpu-0" in error, error
+            after = (dict(checkpoint(root)), node.cdi_files(), fake.calls(), mps_dirs(disc),
+                     gpu_of(disc, "gpu-0").sharing)
+            assert after == before, f"{message}: something changed"
+        assert await node.plugin.unprepare(shares) == {c.uid: "" for c in shares}
+        assert mps_dirs(disc) == []
+        # with the shares gone, the whole-GPU claim gets it
+        whole = conflicts["has shares prepared"]
+        assert (await node.plugin.prepare([whole]))[whole.uid].error == ""
+
+
+async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_one_daemon(
+        root: Path, nats_server: EmbeddedNats) -> None:
+    async with node_parts(root, nats_server) as (bus, api, claims, disc, fake):
+        core = CoreV1Api(claims.client)
+        for i in range(8):
+            await core.create_namespace({"metadata": {"name": f"tenant-{i}"}})  # type: ignore[arg-type]
+        tenants: list[Claim] = [await claims.add(share_doc(f"share-{i}", f"tenant-{i}")) for i in range(8)]
+        proc = await start_ready_preparer(root, api, nats_server)
+        plugin = await register(root / "reg" / "gpu.nvidia.com-reg.sock")
+        prepared = await plugin.prepare(tenants[:4], timeout=30)
+        assert all(prepared[c.uid].error == "" for c in tenants[:4]), prepared
+        [start] = daemon_starts(fake)
+        pipe = Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"])
+        pid = int((pipe / PID_FILE).read_text())
+
+        # The fifth share's start request reaches discovery (which confirms the running daemon), then never
+        # gets its answer: the kill lands with the share recorded as a user of the daemon.
+        real_sub = next(s for s in disc.service.bus._subs if s.subject == "dra.v1.device.n1.mps-start")
+        await real_sub.unsubscribe()
+        confirmed: asyncio.Future[MpsStartReply] = asyncio.get_running_loop().create_future()
+        hang = asyncio.Event()
+
+        async def confirm_then_hang(req: MpsStartRequest) -> MpsStartReply:
+            reply = await disc.service.ops.mps_start(req)
+            confirmed.set_result(reply)
+            await hang.wait()
+            return reply
+
+        hijack = await bus.serve(catalog.DEVICE_MPS_START, confirm_then_hang, node="n1")
+        fifth = tenants[4]
+        prepare = asyncio.create_task(plugin.prepare([fifth], timeout=30))
+        async with asyncio.timeout(20):
+            assert (await confirmed).ok
+        record = checkpoint(root)[fifth.uid]
+        assert record["state"] == "PrepareStarted" and record["devices"][0]["mps_daemon"] == pipe.parent.name
+        await kill_9(proc, prepare, plugin)
+        hang.set()
+        await hijack.unsubscribe()
+        await bus.serve(catalog.DEVICE_MPS_START, disc.service.ops.mps_start, node="n1")
+
+        rolled_back = await rolled_back_future(bus, fifth.uid, fifth.namespace)
+        proc = await restart_and_wait_rollback(root, api, nats_server, rolled_back)
+        plugin = await register(root / "reg" / "gpu.nvidia.com-reg.sock")
+        try:
+            assert not wait_gone(pid, timeout=0.2), "the rollback of the fifth share kept the daemon of the others"
+            assert sorted(checkpoint(root)) == sorted(c.uid for c in tenants[:4])
+            prepared = await plugin.prepare(tenants, timeout=30)  # the kubelet retries (and repeats the four)
+            assert all(prepared[c.uid].error == "" for c in tenants), prepared
+            entries = checkpoint(root)
+            assert sorted(entries) == sorted(c.uid for c in tenants)
+            assert {e["state"] for e in entries.values()} == {"PrepareCompleted"}
+            assert daemon_starts(fake) == [start] and int((pipe / PID_FILE).read_text()) == pid, "one daemon"
+            assert mps_dirs(disc) == [pipe.parent.name]
+            cdi_dir = root / "cdi"
+            assert sorted(p.name for p in cdi_dir.iterdir() if not p.name.startswith(".")) == sorted(
+                f"k8s.gpu.nvidia.com-claim_{c.uid}.json" for c in tenants), "no leaked spec"
+            for c in tenants:
+                env, _ = edits_of(cdi_dir, c.uid)
+                assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
+            assert await plugin.unprepare(tenants, timeout=30) == {c.uid: "" for c in tenants}
+            assert wait_gone(pid, timeout=2.0)
+            assert checkpoint(root) == {} and mps_dirs(disc) == []
+        finally:
+            await plugin.close()
+            await stop(proc)
