@@ -9,6 +9,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "discovery": ("services.discovery.cli", "NVML inventory, health and device operations for one node"),
     "publisher": ("services.publisher.cli", "inventory and health -> ResourceSlices"),
     "state-gate": ("services.stategate.cli", "node services' one door to JetStream: rights and shares checked"),
+    "nodeconfig": ("shared.nodeconfig_cli", "'nodeconfig explain NODE': each GPU's sharing setting and its rule"),
     "preparer": ("services.preparer.cli", "the kubelet DRA plugin (prepare/unprepare, CDI, checkpoint)"),
     "cdi": ("services.preparer.nodespec", "'cdi generate': this node's CDI spec (driver userspace + GPUs)"),
     "computedomain": ("services.computedomain.cli", "ComputeDomain controller and node agent"),

@@ -53,6 +53,11 @@ class ServerProfile(msgspec.Struct, frozen=True, kw_only=True):
         return 32
 
     @property
+    def consumable_capacity(self) -> bool:
+        """Whether devices may set `allowMultipleAllocations` and capacity `requestPolicy` (v1, 1.34+)."""
+        return self.api_version == "v1" and (self.major, self.minor) >= (1, 34)
+
+    @property
     def taint_effect_none(self) -> bool:
         """Whether the informational `None` taint effect exists (1.35+)."""
         return (self.major, self.minor) >= (1, 35)

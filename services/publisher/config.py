@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from shared import nodeconfig
 from shared.config import CommonConfig, ConfigError, load_config
 
 DESCRIPTION = (
@@ -47,6 +48,9 @@ class PublisherConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     taint_effect: Annotated[
         Literal["NoSchedule", "NoExecute"], _help("effect of the taint an unhealthy device gets")
     ] = "NoSchedule"
+    node_config: Annotated[str, _help(
+        "a NodeConfig YAML file (examples/node-config/): how each node pool's GPUs are shared; "
+        "empty: every GPU exclusive")] = ""
     compute_domains: Annotated[bool, _help("publish compute-domain.nvidia.com slices (channel-0, daemon-0)")] = True
     replica_id: Annotated[str, _help("this replica's name among publishers; default <host>-<pid>")] = ""
     heartbeat_seconds: Annotated[float, _help("how often a replica renews its membership")] = 1.0
@@ -88,5 +92,10 @@ def check(cfg: PublisherConfig) -> None:
                           "its own CA)")
     if cfg.api_ca_file and cfg.api_insecure_skip_tls_verify:
         raise ConfigError("give --api-ca-file or --api-insecure-skip-tls-verify, not both")
+    if cfg.node_config:
+        try:
+            nodeconfig.load(cfg.node_config)
+        except nodeconfig.NodeConfigError as exc:
+            raise ConfigError(f"--node-config: {exc}") from None
     if cfg.kubeconfig and not os.path.isfile(cfg.kubeconfig):
         raise ConfigError(f"--kubeconfig {cfg.kubeconfig!r} is not a readable file")

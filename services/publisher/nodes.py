@@ -26,6 +26,7 @@ class NodeMeta(msgspec.Struct):
     name: str = ""  # a BOOKMARK's object carries only its resourceVersion
     uid: str = ""
     resourceVersion: str = ""  # noqa: N815
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class NodeView(msgspec.Struct):
@@ -67,6 +68,7 @@ class NodeWatcher:
         self.api = api_client
         self.on_change = on_change
         self.uids: dict[str, str] = {}
+        self.labels: dict[str, dict[str, str]] = {}  # NodeConfig rules select nodes by label
         self.synced = asyncio.Event()
         self.relists = 0
         self._rv = ""
@@ -74,17 +76,21 @@ class NodeWatcher:
 
     async def relist(self) -> None:
         nodes: dict[str, str] = {}
+        labels: dict[str, dict[str, str]] = {}
         cont = ""
         while True:
             query = [("limit", "500")] + ([("continue", cont)] if cont else [])
             page = _LIST.decode(await kube.request(self.api, "GET", "/api/v1/nodes", query=query))
             nodes.update({n.metadata.name: n.metadata.uid for n in page.items})
+            labels.update({n.metadata.name: n.metadata.labels for n in page.items})
             self._rv = self._rv if cont else page.metadata.resourceVersion
             cont = page.metadata.cont
             if not cont:
                 break
-        changed = {n for n in set(nodes) | set(self.uids) if nodes.get(n) != self.uids.get(n)}
+        changed = {n for n in set(nodes) | set(self.uids)
+                   if nodes.get(n) != self.uids.get(n) or labels.get(n) != self.labels.get(n)}
         self.uids = nodes
+        self.labels = labels
         self.relists += 1
         self.synced.set()
         for name in sorted(changed):
@@ -124,8 +130,10 @@ class NodeWatcher:
             if event.type == "BOOKMARK":
                 continue
             if event.type == "DELETED":
+                self.labels.pop(node.name, None)
                 if self.uids.pop(node.name, None) is not None:
                     self.on_change(node.name)
-            elif self.uids.get(node.name) != node.uid:
+            elif self.uids.get(node.name) != node.uid or self.labels.get(node.name) != node.labels:
                 self.uids[node.name] = node.uid
+                self.labels[node.name] = node.labels
                 self.on_change(node.name)

@@ -25,6 +25,7 @@ from services.publisher.nodes import NodeWatcher
 from services.publisher.ownership import Membership, owner_of
 from services.publisher.taintevents import TaintEvents
 from services.publisher.writer import InvalidSlice, SliceWriter, WriteStats
+from shared import nodeconfig
 from shared.bus import Bus, MsgContext
 from shared.events import catalog
 from shared.events.health import DeviceHealth
@@ -158,6 +159,9 @@ class Publisher:
         self.profile = profile
         self.opts = slices.SliceOptions(mig_mode=cfg.mig_mode, taint_effect=cfg.taint_effect,
                                         compute_domains=cfg.compute_domains)
+        # how each node pool's GPUs are shared: read once at start (no CRD watch yet)
+        self.node_config = nodeconfig.load(cfg.node_config) if cfg.node_config else nodeconfig.DEFAULT
+        self._shares_withheld_logged = False
         self.state = NodeState()
         self.queue = WorkQueue()
         QUEUE_DEPTH.set_function(lambda: len(self.queue))  # read at scrape time: nodes waiting or syncing
@@ -369,8 +373,12 @@ class Publisher:
                     self._awaiting_node[node] = parent
                 return total
             if inv is not None and uid is not None:
-                pools = slices.desired_pools(inv, self.state.health.get(node, {}), self.opts, self.profile)
+                settings = (nodeconfig.resolve(self.node_config, self.nodes.labels.get(node, {}), inv.gpus)
+                            if self.node_config.spec.rules else None)
+                pools = slices.desired_pools(inv, self.state.health.get(node, {}), self.opts, self.profile,
+                                             settings)
                 self._note(node, tuple(n for p in pools.values() for n in p.notes))
+                self._note_withheld(node, pools)
             for driver in slices.DRIVERS:
                 stats = await self.writer.sync(driver, node, pools.get(driver), uid or "")
                 total.creates += stats.creates
@@ -427,6 +435,16 @@ class Publisher:
     def _grace_over(self, node: str) -> None:
         self._grace_timers.pop(node, None)
         self._enqueue(node)
+
+    def _note_withheld(self, node: str, pools: dict[str, slices.DesiredPool]) -> None:
+        """Once per replica: the NodeConfig asks for shares the server's API version cannot express."""
+        withheld = sum(p.shares_withheld for p in pools.values())
+        if withheld and not self._shares_withheld_logged and self.profile is not None:
+            self._shares_withheld_logged = True
+            log.warning("GPU shares not offered: the server's resource.k8s.io version has no consumable capacity "
+                        "(allowMultipleAllocations, requestPolicy; needs v1 on Kubernetes 1.34+); "
+                        "shared GPUs are published whole", api=self.profile.group_version,
+                        server=self.profile.git_version, node=node, gpus=withheld)
 
     def _note(self, node: str, notes: tuple[str, ...]) -> None:
         if self._notes.get(node) != notes:

@@ -13,12 +13,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from services.publisher import split
+from services.publisher import shares, split
 from services.publisher.apiversion import ServerProfile
 from shared import devicemodel
 from shared.events.health import DeviceHealth
 from shared.events.inventory import Gpu, NodeInventory
 from shared.kube.timestamps import k8s_time
+from shared.nodeconfig import GpuSetting
 
 GPU_DRIVER = devicemodel.GPU_DRIVER
 CD_DRIVER = "compute-domain.nvidia.com"
@@ -46,6 +47,7 @@ class DesiredPool(msgspec.Struct, kw_only=True):
     node: str
     slices: list[split.SliceContent]
     notes: list[str] = msgspec.field(default_factory=list)  # warnings for the log
+    shares_withheld: int = 0  # GPUs whose shares the server's API version cannot express
 
     @property
     def device_count(self) -> int:
@@ -100,9 +102,18 @@ def _gpu_devices(gpu: Gpu, inv: NodeInventory, mode: MigMode, notes: list[str]) 
     return devices
 
 
+def _gpu_mode(pool_mode: MigMode, setting: GpuSetting | None) -> MigMode:
+    """A rule's `mig` for this GPU (none and static: static devices), else the pool's mode."""
+    if setting is None or setting.mig is None:
+        return pool_mode
+    return "dynamic" if setting.mig == "dynamic" else "static"
+
+
 def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: SliceOptions,
-             profile: ServerProfile) -> DesiredPool:
-    """The node's `gpu.nvidia.com` pool: devices per the MIG mode, taints from health, split to limits."""
+             profile: ServerProfile, settings: Mapping[str, GpuSetting] | None = None) -> DesiredPool:
+    """The node's `gpu.nvidia.com` pool: devices per the MIG mode, shares per each GPU's effective
+    NodeConfig setting (`settings`, by GPU name; none: exclusive), taints from health, split to limits."""
+    settings = settings or {}
     notes: list[str] = []
     mode = opts.mig_mode
     if mode == "dynamic" and inv.gpus and not any(devicemodel.supports_dynamic_mig(g) for g in inv.gpus):
@@ -110,17 +121,27 @@ def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: Slice
         mode = "static"
     devices: list[dict[str, Any]] = []
     counter_sets: list[dict[str, Any]] = []
+    withheld = 0
     for gpu in inv.gpus:
-        devices += _gpu_devices(gpu, inv, mode, notes)
-        if mode == "dynamic" and devicemodel.supports_dynamic_mig(gpu):
+        setting = settings.get(gpu.name)
+        gpu_mode = _gpu_mode(mode, setting)
+        gpu_devices = _gpu_devices(gpu, inv, gpu_mode, notes)
+        if gpu_mode == "dynamic" and devicemodel.supports_dynamic_mig(gpu):
             cs = devicemodel.counter_set(gpu)
             if cs is not None:
                 counter_sets.append(cs)
-    for device in devices:
-        taints = device_taints(device["name"], health, opts.taint_effect, profile)
-        if taints:
-            device["taints"] = taints
-    return DesiredPool(driver=GPU_DRIVER, node=inv.node, notes=notes,
+        if setting is not None and setting.offers_shares:
+            if profile.consumable_capacity:
+                gpu_devices = [shares.offer_shares(d, setting) for d in gpu_devices]
+            else:
+                withheld += 1
+        effect = setting.health_taint_effect if setting and setting.health_taint_effect else opts.taint_effect
+        for device in gpu_devices:
+            taints = device_taints(device["name"], health, effect, profile)
+            if taints:
+                device["taints"] = taints
+        devices += gpu_devices
+    return DesiredPool(driver=GPU_DRIVER, node=inv.node, notes=notes, shares_withheld=withheld,
                        slices=split.split_pool(devices, counter_sets, profile))
 
 
@@ -150,9 +171,10 @@ def compute_domain_pool(inv: NodeInventory, profile: ServerProfile) -> DesiredPo
 
 
 def desired_pools(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: SliceOptions,
-                  profile: ServerProfile) -> dict[str, DesiredPool]:
-    """Every pool the node should have, by driver. A driver missing from the result has no pool."""
-    pools = {GPU_DRIVER: gpu_pool(inv, health, opts, profile)}
+                  profile: ServerProfile, settings: Mapping[str, GpuSetting] | None = None) -> dict[str, DesiredPool]:
+    """Every pool the node should have, by driver. A driver missing from the result has no pool.
+    `settings`: each GPU's effective NodeConfig setting by name (`shared.nodeconfig.resolve`)."""
+    pools = {GPU_DRIVER: gpu_pool(inv, health, opts, profile, settings)}
     if opts.compute_domains and inv.gpus:
         pools[CD_DRIVER] = compute_domain_pool(inv, profile)
     return pools

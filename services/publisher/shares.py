@@ -1,0 +1,72 @@
+"""A GPU's effective sharing setting -> what its devices offer: `allowMultipleAllocations` and
+capacities with a `requestPolicy` (KEP-5075 consumable capacity, resource.k8s.io/v1 on 1.34+).
+
+Pure. Capacity names are NVIDIA's (kubernetes-sigs/dra-driver-nvidia-gpu `--consumable-shares`), so
+claims written for that driver work unchanged:
+
+- `memory` (bytes): the device's value rounded down to a whole number of memory steps (NVIDIA: 1Mi);
+  validRange {min, max = that value, step}; the default a claim that names no amount consumes is
+  the whole memory (`memoryDefault: all`, NVIDIA's `memory`; min = step), 0 (`none`, NVIDIA's
+  `unlimited` and `<count>`; min = 0), or one step (`step`, the mpsShares default; min = step).
+- `shares` (a count, only with `maxShares: N`, NVIDIA's `<count>`): value N, default 1, {1, N, 1}.
+- `compute` (percent of the device's SMs, only in mpsShares, where the MPS daemon enforces it):
+  value 100, default = computeStep, validRange {computeStep, 100, computeStep}.
+
+Full GPUs and static MIG devices are offered; partitionable (dynamic-MIG) devices are not, as
+counters and shares do not mix upstream either. A device with less memory than one step stays
+exclusive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared import devicemodel
+from shared.nodeconfig import GpuSetting
+from shared.quantity import parse_bytes
+
+MEMORY = "memory"
+SHARES = "shares"
+COMPUTE = "compute"
+
+
+def _q(value: int) -> str:
+    return devicemodel.binary_si(value)
+
+
+def _policy(default: int, low: int, high: int, step: int) -> dict[str, Any]:
+    return {"default": _q(default), "validRange": {"min": _q(low), "max": _q(high), "step": _q(step)}}
+
+
+def shareable(device: dict[str, Any]) -> bool:
+    """Full GPUs and static MIG devices; not partitionable or dynamic-MIG ones (they consume counters)."""
+    return "consumesCounters" not in device
+
+
+def offer_shares(device: dict[str, Any], setting: GpuSetting) -> dict[str, Any]:
+    """The device with `allowMultipleAllocations` and request policies per the setting (a new dict)."""
+    if not setting.offers_shares or not shareable(device):
+        return device
+    capacity = {k: dict(v) for k, v in device.get("capacity", {}).items()}
+    if MEMORY in capacity:
+        step = setting.memory_step
+        top = parse_bytes(capacity[MEMORY]["value"]) // step * step
+        if top < step:
+            return device  # less memory than one step: nothing to share out
+        if setting.memory_default == "none":
+            policy = _policy(0, 0, top, step)
+        elif setting.memory_default == "all":
+            policy = _policy(top, step, top, step)
+        else:
+            policy = _policy(step, step, top, step)
+        capacity[MEMORY] = {"value": _q(top), "requestPolicy": policy}
+    out = dict(device)
+    out["allowMultipleAllocations"] = True
+    if setting.max_shares:
+        n = setting.max_shares
+        capacity[SHARES] = {"value": str(n), "requestPolicy": _policy(1, 1, n, 1)}
+    if setting.sharing == "mpsShares":
+        c = setting.compute_step
+        capacity[COMPUTE] = {"value": "100", "requestPolicy": _policy(c, c, 100, c)}
+    out["capacity"] = capacity
+    return out

@@ -1,0 +1,218 @@
+"""GPU shares in the published slices: each NodeConfig mode's devices against an expected fixture of
+upstream's documented shape (NVIDIA's `--consumable-shares` names and policies), v1beta1 withholding
+them, the default config publishing exactly today's slices, and shares through the real publisher
+and embedded API server."""
+
+from __future__ import annotations
+
+import logging
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import embedded.apiserver.testing as apiserver_testing
+from embedded.harness.discovery import running_discovery
+from embedded.harness.publisher import node_slices, running_publisher, until
+from services.publisher import shares, slices
+from shared import nodeconfig
+from shared.kube import rest as kube
+from shared.kube.client import kube_api_client
+from shared.quantity import parse_quantity
+from tests.publisher.inventories import STATIC_MIG_MACHINE, scan
+from tests.publisher.test_slices import V133_BETA, V134, V135, assert_valid, assert_valid_134, bodies
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "node-config"
+STATIC = slices.SliceOptions()
+
+
+def _range(default: str, low: str, high: str, step: str) -> dict[str, Any]:
+    return {"default": default, "validRange": {"min": low, "max": high, "step": step}}
+
+
+# What an H100 80GB's gpu-N device carries per mode (NVIDIA: cmd/gpu-kubelet-plugin/consumable_shares.go)
+EXPECTED_CAPACITY: dict[str, dict[str, Any]] = {
+    "nvidia-consumable-shares-memory.yaml": {
+        "memory": {"value": "80Gi", "requestPolicy": _range("80Gi", "1Mi", "80Gi", "1Mi")}},
+    "nvidia-consumable-shares-unlimited.yaml": {
+        "memory": {"value": "80Gi", "requestPolicy": _range("0", "0", "80Gi", "1Mi")}},
+    "nvidia-consumable-shares-count.yaml": {
+        "memory": {"value": "80Gi", "requestPolicy": _range("0", "0", "80Gi", "1Mi")},
+        "shares": {"value": "4", "requestPolicy": _range("1", "1", "4", "1")}},
+    "mps-shares.yaml": {
+        "memory": {"value": "80Gi", "requestPolicy": _range("10Gi", "10Gi", "80Gi", "10Gi")},
+        "compute": {"value": "100", "requestPolicy": _range("10", "10", "100", "10")}},
+}
+DEV = {"pool": "dev"}
+
+
+def settings_for(example: str, inv, labels=DEV) -> dict[str, nodeconfig.GpuSetting]:
+    return nodeconfig.resolve(nodeconfig.load(EXAMPLES / example), labels, inv.gpus)
+
+
+def check_request_policies(device: dict[str, Any]) -> None:
+    """The server's rules for a requestPolicy (KEP-5075): min <= default <= max <= value, both on a step."""
+    for name, cap in device.get("capacity", {}).items():
+        policy = cap.get("requestPolicy")
+        if policy is None:
+            continue
+        assert device.get("allowMultipleAllocations") is True, name
+        rng = policy["validRange"]
+        low, high, step = (parse_quantity(rng[k]) for k in ("min", "max", "step"))
+        default, value = parse_quantity(policy["default"]), parse_quantity(cap["value"])
+        assert low <= default <= high <= value, (name, policy)
+        assert Fraction(default - low) % step == 0 and Fraction(high - low) % step == 0, (name, policy)
+
+
+@pytest.fixture
+async def api(tmp_path):
+    async with apiserver_testing.running_apiserver(tmp_path / "api") as server:
+        client = await kube_api_client(str(server.kubeconfig_path))
+        try:
+            server.client_raw = client  # type: ignore[attr-defined]
+            yield server
+        finally:
+            await client.close()
+
+
+@pytest.fixture
+async def h100(tmp_path):
+    return await scan(tmp_path, "n1", simulate="h100x8")
+
+
+@pytest.mark.parametrize("example", sorted(EXPECTED_CAPACITY))
+async def test_each_sharing_mode_publishes_the_expected_capacities_and_validates(h100, example):
+    pool = slices.desired_pools(h100, {}, STATIC, V134, settings_for(example, h100))[slices.GPU_DRIVER]
+    [body] = bodies(pool, V134)
+    assert_valid(body)
+    assert_valid_134(body)
+    for device in body["spec"]["devices"]:
+        assert device["allowMultipleAllocations"] is True
+        assert device["capacity"] == EXPECTED_CAPACITY[example], device["name"]
+        check_request_policies(device)
+        assert len(device["attributes"]) + len(device["capacity"]) <= 32
+
+
+async def test_the_shares_example_shares_only_the_dev_pools_big_gpus_with_its_taint_effect(h100):
+    from shared.events.health import DeviceHealth
+    sick = {"gpu-1": DeviceHealth(node="n1", device="gpu-1", uuid=h100.gpus[1].uuid, state="Unhealthy",
+                                  reason="xid", xid=79, observed_at=1.0e9)}
+    dev = slices.desired_pools(h100, sick, STATIC, V135, settings_for("shares.yaml", h100))[slices.GPU_DRIVER]
+    [body] = bodies(dev, V135)
+    assert_valid(body)
+    d1 = body["spec"]["devices"][1]
+    assert d1["capacity"]["memory"] == {"value": "80Gi", "requestPolicy": _range("80Gi", "4Gi", "80Gi", "4Gi")}
+    assert d1["taints"][0]["effect"] == "NoExecute"  # the rule's healthTaintEffect over --taint-effect
+    prod = slices.desired_pools(h100, {}, STATIC, V135, settings_for("shares.yaml", h100, {"pool": "prod"}))
+    assert prod == slices.desired_pools(h100, {}, STATIC, V135)
+
+
+async def test_unaligned_memory_rounds_down_to_a_whole_step_as_upstream_does(h100):
+    odd = msgspec.structs.replace(h100, gpus=[msgspec.structs.replace(h100.gpus[0],
+                                                                       memory_bytes=80 * 2**30 + 500)])
+    pool = slices.gpu_pool(odd, {}, STATIC, V134, settings_for("nvidia-consumable-shares-unlimited.yaml", odd))
+    [device] = pool.slices[0].devices
+    assert device["capacity"]["memory"] == {"value": "80Gi", "requestPolicy": _range("0", "0", "80Gi", "1Mi")}
+
+
+async def test_static_mig_devices_are_shared_too_and_validate(tmp_path):
+    inv = await scan(tmp_path, "mig", machine=STATIC_MIG_MACHINE)
+    pool = slices.desired_pools(inv, {}, STATIC, V134, settings_for("mps-shares.yaml", inv))[slices.GPU_DRIVER]
+    [body] = bodies(pool, V134)
+    assert_valid(body)
+    assert_valid_134(body)
+    devices = {d["name"]: d for d in body["spec"]["devices"]}
+    migs = [d for d in devices.values() if d["attributes"]["type"] == {"string": "mig"}]
+    shared = [d for d in migs if d.get("allowMultipleAllocations")]
+    # a 10 GiB step: only MIG devices with at least 10 GiB are shared out; the small ones stay whole
+    assert shared and all(parse_quantity(d["capacity"]["memory"]["value"]) >= 10 * 2**30 for d in shared)
+    assert all("requestPolicy" not in d["capacity"]["memory"] for d in migs if d not in shared)
+    for d in shared:
+        check_request_policies(d)
+        assert d["capacity"]["compute"]["requestPolicy"] == _range("10", "10", "100", "10")
+        assert any(k.startswith("memorySlice") for k in d["capacity"])  # the MIG capacities stay
+    nvidia = slices.desired_pools(inv, {}, STATIC, V134, settings_for("nvidia-consumable-shares-memory.yaml", inv))
+    [body] = bodies(nvidia[slices.GPU_DRIVER], V134)
+    assert_valid_134(body)
+    assert all(d.get("allowMultipleAllocations") for d in body["spec"]["devices"])
+
+
+async def test_dynamic_mig_partitionable_devices_are_never_shared(tmp_path):
+    inv = await scan(tmp_path, "n2", simulate="h100x8")
+    pool = slices.gpu_pool(inv, {}, slices.SliceOptions(mig_mode="dynamic"), V135,
+                           settings_for("nvidia-consumable-shares-memory.yaml", inv))
+    devices = [d for s in pool.slices for d in s.devices]
+    assert devices and all("consumesCounters" in d for d in devices)
+    assert not any(d.get("allowMultipleAllocations") for d in devices)
+
+
+async def test_v1beta1_offers_no_shares_and_counts_them_withheld(h100):
+    settings = settings_for("mps-shares.yaml", h100)
+    pool = slices.desired_pools(h100, {}, STATIC, V133_BETA, settings)[slices.GPU_DRIVER]
+    assert pool.shares_withheld == 8
+    assert pool.slices == slices.desired_pools(h100, {}, STATIC, V133_BETA)[slices.GPU_DRIVER].slices
+    [body] = bodies(pool, V133_BETA)
+    assert_valid(body, "v1beta1")
+    assert not any("allowMultipleAllocations" in d["basic"] for d in body["spec"]["devices"])
+
+
+@pytest.mark.parametrize("example", [None, "exclusive.yaml", "time-slicing.yaml"])
+@pytest.mark.parametrize("profile", [V134, V135, V133_BETA], ids=["1.34", "1.35", "v1beta1"])
+async def test_the_default_and_non_sharing_configs_publish_exactly_todays_slices(h100, example, profile):
+    today = slices.desired_pools(h100, {}, STATIC, profile)
+    settings = (nodeconfig.resolve(nodeconfig.DEFAULT, DEV, h100.gpus) if example is None
+                else settings_for(example, h100))
+    assert slices.desired_pools(h100, {}, STATIC, profile, settings) == today
+    assert bodies(slices.desired_pools(h100, {}, STATIC, profile, settings)[slices.GPU_DRIVER], profile) == \
+        bodies(today[slices.GPU_DRIVER], profile)
+
+
+def test_a_setting_without_shares_leaves_the_device_alone() -> None:
+    device = {"name": "gpu-0", "capacity": {"memory": {"value": "80Gi"}}}
+    assert shares.offer_shares(device, nodeconfig.GpuSetting(gpu="gpu-0", sharing="timeSlicing")) is device
+
+
+async def _node(client, name: str, labels: dict[str, str]) -> None:
+    await kube.request(client, "POST", "/api/v1/nodes",
+                       body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+
+
+async def test_the_publisher_offers_shares_on_the_embedded_api_server(bus, api, nats_server, tmp_path):
+    client = api.client_raw
+    await _node(client, "dev-1", {"pool": "dev"})
+    await _node(client, "prod-1", {"pool": "prod"})
+    config = str(EXAMPLES / "shares.yaml")
+    async with running_publisher(nats_server.url, str(api.kubeconfig_path), node_config=config) as pub:
+        async with running_discovery(bus, node="dev-1", simulate="h100x8", root=tmp_path / "dev"), \
+                running_discovery(bus, node="prod-1", simulate="h100x8", root=tmp_path / "prod"):
+            async def published() -> bool:
+                return [len(await node_slices(client, n)) for n in ("dev-1", "prod-1")] == [1, 1]
+            await until(pub, published)
+            [dev] = await node_slices(client, "dev-1")
+            [prod] = await node_slices(client, "prod-1")
+    for device in dev["spec"]["devices"]:
+        assert device["allowMultipleAllocations"] is True
+        assert device["capacity"]["memory"]["requestPolicy"] == _range("80Gi", "4Gi", "80Gi", "4Gi")
+    assert not any("allowMultipleAllocations" in d or "requestPolicy" in d["capacity"]["memory"]
+                   for d in prod["spec"]["devices"])
+
+
+async def test_on_v1beta1_the_publisher_withholds_shares_and_says_so_once(bus, api, nats_server, tmp_path, caplog):
+    client = api.client_raw
+    await _node(client, "a", {})
+    await _node(client, "b", {})
+    config = str(EXAMPLES / "mps-shares.yaml")
+    with caplog.at_level(logging.WARNING, logger="services.publisher.service"):
+        async with running_publisher(nats_server.url, str(api.kubeconfig_path), node_config=config,
+                                     api_version="v1beta1") as pub:
+            async with running_discovery(bus, node="a", simulate="h100x8", root=tmp_path / "a"), \
+                    running_discovery(bus, node="b", simulate="h100x8", root=tmp_path / "b"):
+                async def published() -> bool:
+                    return [len(await node_slices(client, n, version="v1beta1")) for n in ("a", "b")] == [1, 1]
+                await until(pub, published)
+                [a] = await node_slices(client, "a", version="v1beta1")
+    assert not any("allowMultipleAllocations" in d["basic"] for d in a["spec"]["devices"])
+    said = [r for r in caplog.records if "GPU shares not offered" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
