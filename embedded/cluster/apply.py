@@ -71,28 +71,28 @@ class Applier:
             return f"{base}/namespaces/{ns}/{plural}"
         return f"{base}/{plural}"
 
-    async def create(self, obj: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
-        path = await self.path_for(obj, namespace)
+    async def _post(self, path: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The object created at `path`, or None when one of its name exists (409)."""
         try:
             return dict(await self._call(path, "POST", obj))
         except ApiException as exc:
             if exc.status != 409:
                 raise ManifestError(f"creating {obj['kind']} {obj.get('metadata', {}).get('name')}: "
                                     f"{exc.status} {exc.body!r}") from exc
-            name = obj["metadata"]["name"]
-            return dict(await self._get(f"{path}/{name}"))
+            return None
+
+    async def create(self, obj: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+        path = await self.path_for(obj, namespace)
+        created = await self._post(path, obj)
+        return created if created is not None else dict(await self._get(f"{path}/{obj['metadata']['name']}"))
 
     async def create_or_replace(self, obj: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
         """Create `obj`, or replace the stored one with it (objects this program owns, whose definition may
         have changed since a data dir was made: the stored one must not keep rules that are gone)."""
         path = await self.path_for(obj, namespace)
-        try:
-            return dict(await self._call(path, "POST", obj))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise ManifestError(f"creating {obj['kind']} {obj.get('metadata', {}).get('name')}: "
-                                    f"{exc.status} {exc.body!r}") from exc
-        return dict(await self._call(f"{path}/{obj['metadata']['name']}", "PUT", obj))
+        created = await self._post(path, obj)
+        return created if created is not None else dict(await self._call(f"{path}/{obj['metadata']['name']}", "PUT",
+                                                                         obj))
 
     async def apply_file(self, path: Path, namespace: str = "default") -> list[dict[str, Any]]:
         return [await self.create(doc, namespace) for doc in load_documents(path)]

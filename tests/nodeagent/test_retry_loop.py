@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from kubernetes_asyncio import client
@@ -40,7 +41,10 @@ async def test_a_final_delete_that_cannot_reach_the_api_server_is_retried_not_ra
         await api.close()
 
 
-async def test_the_retry_loop_keeps_going_after_a_round_fails(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _loop_past_a_failed_round(tmp_path: Path, failure: BaseException,
+                                    stopping: asyncio.Event) -> AsyncIterator[asyncio.Task[None]]:
+    """A retry loop whose first round raises `failure`; yields the loop's task once a second round ran."""
     api = unreachable_api()
     runner = PodRunner("n", api, PluginRegistry(tmp_path / "reg"), [], state_dir=tmp_path / "state")
     runner._retry.add("u1")
@@ -50,47 +54,35 @@ async def test_the_retry_loop_keeps_going_after_a_round_fails(tmp_path: Path) ->
     async def retry_pending() -> None:
         rounds.append(len(rounds))
         if len(rounds) == 1:
-            raise RuntimeError("a round that fails in a way nobody foresaw")
+            raise failure
         second.set()
 
     runner.retry_pending = retry_pending  # type: ignore[method-assign]
-    stopping = asyncio.Event()
     loop = asyncio.create_task(runner._retry_loop(stopping, None))
     try:
         await asyncio.wait_for(second.wait(), 5)
+        assert not loop.done(), "the loop ended after its failed round"
+        yield loop
     finally:
+        await api.close()
+
+
+async def test_the_retry_loop_keeps_going_after_a_round_fails(tmp_path: Path) -> None:
+    stopping = asyncio.Event()
+    async with _loop_past_a_failed_round(tmp_path, RuntimeError("a round that fails as nobody foresaw"),
+                                         stopping) as loop:
         stopping.set()
         await asyncio.wait_for(loop, 5)
-        await api.close()
-    assert len(rounds) >= 2, "the round after the failed one ran"
 
 
 async def test_the_retry_loop_outlives_a_cancelled_error_it_did_not_ask_for(tmp_path: Path) -> None:
     """A callee's CancelledError (Python's gRPC raises one when the channel is closed under a call) is a failed
     round, not the loop's end; the loop still stops when it is cancelled itself."""
-    api = unreachable_api()
-    runner = PodRunner("n", api, PluginRegistry(tmp_path / "reg"), [], state_dir=tmp_path / "state")
-    runner._retry.add("u1")
-    rounds: list[int] = []
-    second = asyncio.Event()
-
-    async def retry_pending() -> None:
-        rounds.append(len(rounds))
-        if len(rounds) == 1:
-            raise asyncio.CancelledError  # nobody cancelled the loop
-        second.set()
-
-    runner.retry_pending = retry_pending  # type: ignore[method-assign]
-    loop = asyncio.create_task(runner._retry_loop(asyncio.Event(), None))
-    try:
-        await asyncio.wait_for(second.wait(), 5)
-        assert not loop.done()
-    finally:
+    async with _loop_past_a_failed_round(tmp_path, asyncio.CancelledError(), asyncio.Event()) as loop:
         loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(loop, 5)
-        await api.close()
-    assert loop.cancelled()
+        assert loop.cancelled()
 
 
 async def test_a_waiting_pod_that_is_gone_is_forgotten_under_the_node_authorizer(tmp_path: Path) -> None:
