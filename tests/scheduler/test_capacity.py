@@ -238,7 +238,9 @@ async def test_loop_binds_eight_tenants_to_one_gpu_and_leaves_the_ninth_pending(
         assert all(r["consumedCapacity"] == {"memory": "10Gi"} for r in shares)
         pending = waiting[0]
         ns = pending["metadata"]["namespace"]
-        assert "gpu-0: memory 0 of 80Gi left, request needs 10Gi" in condition(pending)["message"]
+        unschedulable = condition(pending)
+        assert unschedulable is not None
+        assert "gpu-0: memory 0 of 80Gi left, request needs 10Gi" in unschedulable["message"]
         events, _ = await c.kube.list(EVENTS, ns)
         failed = [e for e in events if e["reason"] == "FailedScheduling"]
         assert failed and "not enough capacity left" in failed[0]["message"]
