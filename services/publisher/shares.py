@@ -13,8 +13,8 @@ claims written for that driver work unchanged:
   value 100, default = computeStep, validRange {computeStep, 100, computeStep}.
 
 Full GPUs and static MIG devices are offered; partitionable (dynamic-MIG) devices are not, as
-counters and shares do not mix upstream either. A device with less memory than one step stays
-exclusive.
+counters and shares do not mix upstream either. A device that cannot hold `min` plus one step (the
+API's rule for a validRange) stays exclusive: one share at most would fit.
 """
 
 from __future__ import annotations
@@ -51,14 +51,11 @@ def offer_shares(device: dict[str, Any], setting: GpuSetting) -> dict[str, Any]:
     if MEMORY in capacity:
         step = setting.memory_step
         top = parse_bytes(capacity[MEMORY]["value"]) // step * step
-        if top < step:
-            return device  # less memory than one step: nothing to share out
-        if setting.memory_default == "none":
-            policy = _policy(0, 0, top, step)
-        elif setting.memory_default == "all":
-            policy = _policy(top, step, top, step)
-        else:
-            policy = _policy(step, step, top, step)
+        low = 0 if setting.memory_default == "none" else step
+        if top < low + step:
+            return device  # the API requires min + one step within the capacity: at most one share fits
+        default = {"none": 0, "all": top}.get(setting.memory_default, step)
+        policy = _policy(default, low, top, step)
         capacity[MEMORY] = {"value": _q(top), "requestPolicy": policy}
     out = dict(device)
     out["allowMultipleAllocations"] = True

@@ -126,8 +126,8 @@ async def test_static_mig_devices_are_shared_too_and_validate(tmp_path):
     devices = {d["name"]: d for d in body["spec"]["devices"]}
     migs = [d for d in devices.values() if d["attributes"]["type"] == {"string": "mig"}]
     shared = [d for d in migs if d.get("allowMultipleAllocations")]
-    # a 10 GiB step: only MIG devices with at least 10 GiB are shared out; the small ones stay whole
-    assert shared and all(parse_quantity(d["capacity"]["memory"]["value"]) >= 10 * 2**30 for d in shared)
+    # a 10 GiB step from a 10 GiB minimum: only MIG devices of 20 GiB and more are shared out (none here)
+    assert all(parse_quantity(d["capacity"]["memory"]["value"]) >= 20 * 2**30 for d in shared)
     assert all("requestPolicy" not in d["capacity"]["memory"] for d in migs if d not in shared)
     for d in shared:
         check_request_policies(d)
@@ -136,7 +136,11 @@ async def test_static_mig_devices_are_shared_too_and_validate(tmp_path):
     nvidia = slices.desired_pools(inv, {}, STATIC, V134, settings_for("nvidia-consumable-shares-memory.yaml", inv))
     [body] = bodies(nvidia[slices.GPU_DRIVER], V134)
     assert_valid_134(body)
-    assert all(d.get("allowMultipleAllocations") for d in body["spec"]["devices"])
+    assert all(d.get("allowMultipleAllocations") for d in body["spec"]["devices"])  # 1Mi steps: MIG devices too
+    nvidia_migs = [d for d in body["spec"]["devices"] if d["attributes"]["type"] == {"string": "mig"}]
+    assert nvidia_migs and all(any(k.startswith("memorySlice") for k in d["capacity"]) for d in nvidia_migs)
+    for d in nvidia_migs:
+        check_request_policies(d)
 
 
 async def test_dynamic_mig_partitionable_devices_are_never_shared(tmp_path):
