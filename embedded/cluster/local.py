@@ -40,6 +40,7 @@ from embedded.cluster.processes import RESTARTS, RUNNING, ProcessFailed, Supervi
 from services.discovery import profiles
 from services.discovery.config import sim_state_file, simulated_state_dir
 from services.discovery.machine import MachineError, parse_spec
+from shared import nodeconfig
 from shared.backoff import Backoff
 from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, load_config_or_report
@@ -80,6 +81,9 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         "on exit"))] = ""
     node_prefix: Annotated[str, msgspec.Meta(description=(
         "node names are <prefix><index>: lowercase letters, digits and '-'"))] = "gpu-node-"
+    node_config: Annotated[str, msgspec.Meta(description=(
+        "a NodeConfig YAML file (examples/node-config/, docs/sharing.md) the publisher reads: how each "
+        "GPU is shared (exclusive, timeSlicing, mpsShares, shares); empty: every GPU exclusive"))] = ""
     dynamic_mig: Annotated[bool, msgspec.Meta(description=(
         "publish MIG-capable GPUs as partitionable devices with counters (the publisher's --mig-mode dynamic)"
     ))] = False
@@ -118,6 +122,11 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
                     parse_spec(spec)
                 except MachineError as exc:
                     raise ValueError(f"--gpus {spec!r}: {exc}") from None
+        if self.node_config:
+            try:
+                nodeconfig.load(self.node_config)
+            except nodeconfig.NodeConfigError as exc:
+                raise ValueError(f"--node-config: {exc}") from None
         if self.runtime not in ("sandbox", "none"):
             raise ValueError(f"--runtime {self.runtime!r}: use sandbox (containers run under bubblewrap) or none")
 
@@ -126,9 +135,10 @@ def publisher_argv(cfg: ClusterConfig) -> list[str]:
     """The publisher's command line for this cluster (its MIG flag is `--mig-mode static|dynamic`). The
     embedded API server validates slices by the 1.35 rules (a slice has devices or sharedCounters, not both)
     while /version says 1.34, so dynamic MIG names its counter layout rather than deriving it."""
+    node_config = ["--node-config", str(Path(cfg.node_config).resolve())] if cfg.node_config else []
     if cfg.dynamic_mig:
-        return ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice"]
-    return ["publisher", "--mig-mode", "static"]
+        return ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice", *node_config]
+    return ["publisher", "--mig-mode", "static", *node_config]
 
 
 class ClusterNats(EmbeddedNats):

@@ -223,7 +223,10 @@ def share_daemon_id(gpu_uuid: str) -> str:
     return f"gpu-{hashlib.sha256(gpu_uuid.encode()).hexdigest()[:12]}"
 
 
-SHARE_MPS_CAPACITIES = ("memory", "compute")  # a share consuming these is served through MPS (for now)
+# A share consuming `compute` is served through MPS: only a GPU in mpsShares publishes it (the publisher's
+# shares.py). A share consuming only `memory` and/or `shares` (NodeConfig `shares`, NVIDIA's
+# --consumable-shares) is a plain share: prepared like a shared GPU, with nothing enforced.
+SHARE_MPS_CAPACITIES = ("compute",)
 
 
 @dataclass(frozen=True)

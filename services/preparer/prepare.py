@@ -81,8 +81,8 @@ class _Mode:
 
 
 def _share_modes(groups: list[Selected], planned: list[_Planned]) -> dict[int, _Mode]:
-    """Each planned device's mode. A share is served through MPS when its config says MPS, or (for now)
-    when it has no sharing config and consumes `memory` or `compute`; the GPU's daemon is then started
+    """Each planned device's mode. A share is served through MPS when its config says MPS, or when it has
+    no sharing config and consumes `compute` (an mpsShares GPU); the GPU's daemon is then started
     with the config's defaults for that GPU, and each share's limits go to its containers' env.
     ClaimConfigError for what cannot be served."""
     modes: dict[int, _Mode] = {}

@@ -78,3 +78,27 @@ def test_dynamic_mig_reaches_the_publisher_as_its_mig_mode(dynamic: bool, expect
     assert prog == "publisher"
     cfg = load_config(PublisherConfig, argv, prog=prog, env={})
     assert cfg.mig_mode == expected
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "node-config"
+
+
+def test_node_config_reaches_the_publisher_as_an_absolute_path() -> None:
+    example = EXAMPLES / "mps-shares.yaml"
+    for dynamic in (False, True):
+        prog, *argv = publisher_argv(ClusterConfig(node_config=str(example), dynamic_mig=dynamic))
+        cfg = load_config(PublisherConfig, argv, prog=prog, env={})
+        assert cfg.node_config == str(example) and Path(cfg.node_config).is_absolute()
+    assert "--node-config" not in publisher_argv(ClusterConfig())
+
+
+def test_a_bad_node_config_is_one_line_naming_the_field_before_starting(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((EXAMPLES / "mps-shares.yaml").read_text().replace("computeStep: 10", "computeStep: 7"))
+    for args in (("up", "--node-config", str(bad)), ("demo", "--node-config", str(bad))):
+        done = subprocess.run([sys.executable, "-m", "shared.cli", *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "--node-config" in line and "spec.rules[0].computeStep" in line, line
+    done = _up_cli("--node-config", str(tmp_path / "missing.yaml"))
+    assert done.returncode == 2 and "--node-config" in done.stderr and "missing.yaml" in done.stderr, done.stderr

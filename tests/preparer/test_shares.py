@@ -69,8 +69,8 @@ def edits_of(cdi_dir: Path, uid: str) -> tuple[dict[str, str], dict[str, str]]:
     """The claim's one device's env (name -> value) and mounts (container path -> host path)."""
     [dev] = spec_of(cdi_dir, uid)["devices"]
     edits = dev["containerEdits"]
-    env = dict(e.split("=", 1) for e in edits["env"])
-    return env, {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    env = dict(e.split("=", 1) for e in edits.get("env") or [])
+    return env, {m["containerPath"]: m["hostPath"] for m in edits.get("mounts") or []}
 
 
 def daemon_starts(fake: FakeDriver) -> list[dict[str, Any]]:
@@ -223,3 +223,26 @@ async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_
         finally:
             await plugin.close()
             await stop(proc)
+
+
+async def test_plain_shares_without_compute_start_no_daemon_and_carry_no_mps_limits(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+    """NodeConfig `shares` and NVIDIA's --consumable-shares publish no `compute`: their shares are plain (nothing
+    enforced), however much memory they consume, 0 included (`memoryDefault: none`)."""
+    consumed = [{"memory": "4Gi"}, {"memory": "0"}, {"memory": "0", "shares": "1"}]
+    tenants = []
+    for i, capacity in enumerate(consumed):
+        doc = share_doc(f"plain-{i}", f"tenant-{i}")
+        doc["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = capacity
+        tenants.append(claims.add(doc))
+    async with running_node(claims, root, bus=bus) as node:
+        prepared = await node.plugin.prepare(tenants)
+        for c, capacity in zip(tenants, consumed, strict=True):
+            assert prepared[c.uid].error == "", prepared[c.uid].error
+            env, mounts = edits_of(node.cdi_dir, c.uid)
+            assert not [k for k in env if k.startswith("CUDA_MPS_")] and "/tmp/nvidia-mps" not in mounts, env
+            [held] = node.service.checkpoint.claims[c.uid].devices
+            assert held.shared and held.share_id and held.consumed_capacity == capacity and held.mps_daemon == ""
+        assert daemon_starts(fake) == [] and mps_dirs(disc) == [] and gpu_of(disc, "gpu-0").sharing.mps_daemon == ""
+        assert await node.plugin.unprepare(tenants) == {c.uid: "" for c in tenants}
+        assert node.service.checkpoint.claims == {} and node.cdi_files() == []
