@@ -11,6 +11,12 @@ the GPU applies; the most specific one decides. Specificity is the number of sel
 `architecture`, `memory.min`, `memory.max`) counts one. On a tie the earlier rule wins. The winning
 rule decides the GPU's whole setting; what it leaves unset takes the built-in default, never a value
 from a less specific rule, so one rule explains the result.
+
+Several NodeConfig objects (the publisher watches them all; `services.publisher.nodeconfigs`) combine
+into one config by `merge`: every object's rules, the objects in name order, each rule renamed
+`<object>/<rule>` (rule names stay unique). Precedence then works on the merged list as above: the
+most specific rule wins; on a tie the rule of the object whose name sorts first, then the earlier
+rule in it. Each object is validated on its own; a refused one contributes its last accepted rules.
 """
 
 from __future__ import annotations
@@ -239,6 +245,14 @@ def load(path: str | Path) -> NodeConfig:
         return from_obj(obj)
     except NodeConfigError as exc:
         raise NodeConfigError(f"{path}: {exc}") from None
+
+
+def merge(configs: Mapping[str, NodeConfig]) -> NodeConfig:
+    """Object name -> its (validated) config => one config (module doc): all rules, objects in name order,
+    each rule named `<object>/<rule>`; DEFAULT when there are none."""
+    rules = [msgspec.structs.replace(rule, name=f"{name}/{rule.name}")
+             for name in sorted(configs) for rule in configs[name].spec.rules]
+    return NodeConfig(spec=NodeConfigSpec(rules=rules)) if rules else DEFAULT
 
 
 def winning_rule(config: NodeConfig, labels: Mapping[str, str], gpu: Gpu) -> Rule | None:

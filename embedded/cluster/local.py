@@ -35,6 +35,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from embedded.cluster import identities
+from embedded.cluster.apply import load_documents
 from embedded.cluster.natsidentities import ADMIN, CONTROLLER, PUBLISHER, NatsIdentities, issue_identities
 from embedded.cluster.processes import RESTARTS, RUNNING, ProcessFailed, Supervisor, describe_exit, gpu_dra
 from services.discovery import profiles
@@ -425,7 +426,9 @@ class LocalCluster:
         from services.computedomain.crd import crds  # the ComputeDomain service owns its CRDs
 
         ext = client.ApiextensionsV1Api(self.api)
-        for crd in crds():
+        # the publisher watches NodeConfig objects (its sharing config): the CRD as deploy/ ships it
+        nodeconfigs = load_documents(identities.DEPLOY_BASE / "crds" / "nodeconfigs.yaml")
+        for crd in [*crds(), *nodeconfigs]:
             with contextlib.suppress(ApiException):
                 await ext.create_custom_resource_definition(crd)  # type: ignore[arg-type]  # the client sends plain dicts as they are
         for dc in device_classes("v1"):

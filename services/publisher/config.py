@@ -49,8 +49,9 @@ class PublisherConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         Literal["NoSchedule", "NoExecute"], _help("effect of the taint an unhealthy device gets")
     ] = "NoSchedule"
     node_config: Annotated[str, _help(
-        "a NodeConfig YAML file (examples/node-config/): how each node pool's GPUs are shared; "
-        "empty: every GPU exclusive")] = ""
+        "a NodeConfig YAML file (examples/node-config/): how each node pool's GPUs are shared, read once; "
+        "given, NodeConfig objects are ignored. Empty: the NodeConfig objects (resource.nvidia.com), watched "
+        "and applied at once; none: every GPU exclusive")] = ""
     compute_domains: Annotated[bool, _help("publish compute-domain.nvidia.com slices (channel-0, daemon-0)")] = True
     replica_id: Annotated[str, _help("this replica's name among publishers; default <host>-<pid>")] = ""
     heartbeat_seconds: Annotated[float, _help("how often a replica renews its membership")] = 1.0

@@ -4,7 +4,8 @@ Owns the wiring and the node-level state machine: what the publisher believes ab
 (last inventory, device health, withdrawal), which nodes this replica owns (`ownership`), the work
 queue that coalesces bursts per node, the periodic resync from KV and a fresh LIST, the rule for
 deleting a node's slices (an explicit withdrawal, or the Node gone for the grace; never an empty or
-unreadable KV read), and the trace
+unreadable KV read), the sharing config (a `--node-config` file, else every NodeConfig object, watched:
+a change re-publishes the slices of the nodes whose GPU settings it changes; `nodeconfigs`), and the trace
 of each sync (a child of the inventory or health event that caused it; coalesced causes are links).
 """
 
@@ -21,6 +22,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.publisher import apiversion, slices, split
 from services.publisher.config import PublisherConfig
+from services.publisher.nodeconfigs import NodeConfigWatch
 from services.publisher.nodes import NodeWatcher
 from services.publisher.ownership import Membership, owner_of
 from services.publisher.taintevents import TaintEvents
@@ -159,8 +161,13 @@ class Publisher:
         self.profile = profile
         self.opts = slices.SliceOptions(mig_mode=cfg.mig_mode, taint_effect=cfg.taint_effect,
                                         compute_domains=cfg.compute_domains)
-        # how each node pool's GPUs are shared: read once at start (no CRD watch yet)
+        # how each node pool's GPUs are shared: a --node-config file (read once at start), else the NodeConfig
+        # objects, watched (services.publisher.nodeconfigs); the two never mix
         self.node_config = nodeconfig.load(cfg.node_config) if cfg.node_config else nodeconfig.DEFAULT
+        self.nodeconfigs: NodeConfigWatch | None = None if cfg.node_config else NodeConfigWatch(
+            api_client, on_config=self._config_changed, owns=lambda name: self.membership.owns(f"nodeconfig/{name}"),
+            idle=self.idle)
+        self._stopping = asyncio.Event()
         self._shares_withheld_logged = False
         self.state = NodeState()
         self.queue = WorkQueue()
@@ -205,9 +212,16 @@ class Publisher:
         brought = await self._load_kv()
         for driver in slices.DRIVERS:
             await self.writer.list_driver(driver)
+        if self.nodeconfigs is not None:
+            self._tasks.append(asyncio.create_task(self.nodeconfigs.run(self._stopping), name="nodeconfig-watch"))
         self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
         await self.nodes.synced.wait()
+        if self.nodeconfigs is not None:
+            await self.nodeconfigs.ready.wait()  # the first syncs already use the objects' config: no flapping
         await self.membership.start()
+        if self.nodeconfigs is not None:
+            self._tasks.append(asyncio.create_task(self.nodeconfigs.run_status(), name="nodeconfig-status"))
+            self.nodeconfigs.mark()
         self._tasks += [asyncio.create_task(self._worker(), name=f"publisher-worker-{i}")
                         for i in range(self.cfg.workers)]
         self._tasks.append(asyncio.create_task(self._resync_loop(), name="publisher-resync"))
@@ -221,6 +235,7 @@ class Publisher:
     async def stop(self, *, clean: bool = True) -> None:
         """Stop; a clean stop hands this replica's nodes to its peers at once."""
         self._ready = False
+        self._stopping.set()
         for timer in self._grace_timers.values():
             timer.cancel()
         self._grace_timers.clear()
@@ -284,6 +299,17 @@ class Publisher:
     def _node_changed(self, node: str) -> None:
         self._enqueue(node, self._awaiting_node.pop(node, None) if node in self.nodes.uids else None)
 
+    def _config_changed(self, old: nodeconfig.NodeConfig, new: nodeconfig.NodeConfig) -> None:
+        """The NodeConfig objects changed the config: re-publish the nodes whose GPU settings differ (other
+        nodes are not even synced). Slices change for new allocations only; claims are never touched."""
+        self.node_config = new
+        affected = [node for node, inv in self.state.inventory.items()
+                    if nodeconfig.resolve(old, self.nodes.labels.get(node, {}), inv.gpus)
+                    != nodeconfig.resolve(new, self.nodes.labels.get(node, {}), inv.gpus)]
+        log.info("sharing config changed", rules=len(new.spec.rules), nodes=len(affected))
+        for node in affected:
+            self._enqueue(node)
+
     def _members_changed(self, before: frozenset[str], after: frozenset[str]) -> None:
         me = self.cfg.replica_id
         gained = [n for n in self._known_nodes() if owner_of(n, after) == me and owner_of(n, before) != me]
@@ -291,6 +317,8 @@ class Publisher:
             log.info("nodes taken over", replica=me, count=len(gained))
         for node in gained:
             self._enqueue(node)
+        if self.nodeconfigs is not None:
+            self.nodeconfigs.mark()  # the NodeConfig objects this replica now owns get their status checked
 
     async def _load_kv(self) -> dict[str, otel_context.Context]:
         """Merge the KV's last values into the state; what KV no longer holds (and no event renewed) goes.

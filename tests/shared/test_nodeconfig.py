@@ -111,6 +111,20 @@ def test_duplicate_rule_names_are_refused() -> None:
         config({"name": "r"}, {"name": "r"})
 
 
+def test_objects_merge_in_name_order_with_their_rules_named_after_them() -> None:
+    pool = {"nodeSelector": {"matchLabels": {"pool": "dev"}}}
+    b = config({"name": "dev", **pool, "sharing": "timeSlicing"}, {"name": "all", "sharing": "shares"})
+    a = config({"name": "dev", **pool, "sharing": "shares", "maxShares": 4})
+    merged = nodeconfig.merge({"b": b, "a": a})
+    assert [r.name for r in merged.spec.rules] == ["a/dev", "b/dev", "b/all"]
+    assert nodeconfig.validate(merged) is merged  # names stay unique across objects
+    [dev] = nodeconfig.resolve(merged, {"pool": "dev"}, [gpu()]).values()
+    assert (dev.rule, dev.max_shares) == ("a/dev", 4)  # a tie: the object whose name sorts first
+    [prod] = nodeconfig.resolve(merged, {"pool": "prod"}, [gpu()]).values()
+    assert prod.rule == "b/all"
+    assert nodeconfig.merge({}) is nodeconfig.DEFAULT and nodeconfig.merge({"x": nodeconfig.DEFAULT}) is nodeconfig.DEFAULT
+
+
 def _crd_schema() -> dict[str, Any]:
     crd = yaml.safe_load(CRD.read_text())
     (version,) = crd["spec"]["versions"]
