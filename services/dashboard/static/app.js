@@ -315,6 +315,8 @@
   // A device offered in shares: who holds each share (another tenant's without names) and what is left.
   const shareSize = (sh) => [sh.memoryBytes ? gib(sh.memoryBytes) : "", sh.compute != null ? `${sh.compute}%` : "",
     sh.shares != null ? `${sh.shares} sh` : ""].filter(Boolean).join(" · ");
+  const shareShort = (sh) => [sh.memoryBytes ? gib(sh.memoryBytes).replace(" GiB", "G") : "",
+    sh.compute != null ? `${sh.compute}%` : "", sh.shares != null ? `${sh.shares}sh` : ""].filter(Boolean).join(" ");
   const shareWho = (a) => (visibleAlloc(a) ? `${a.namespace}/${a.claim}` : "another tenant");
   function leftText(d) {
     const c = d.capacityLeft;
@@ -328,7 +330,7 @@
     const seg = (a) => `<span class="seg${visibleAlloc(a) ? "" : " other"}" style="width:${Math.min(100, (100 * a.share.memoryBytes) / d.memoryBytes)}%"></span>`;
     const bar = d.memoryBytes ? `<div class="share-bar" aria-hidden="true">${shares.map(seg).join("")}</div>` : "";
     const lines = shares.slice(0, 2).map((a) => `<div class="t-alloc" data-share="${esc(shareWho(a))}">`
-      + `<span class="claim">${esc(shareWho(a))}</span> <span class="muted">${esc(shareSize(a.share))}</span></div>`).join("");
+      + `<span class="claim">${esc(shareWho(a))}</span> <span class="muted" title="${esc(shareSize(a.share))}">${esc(shareShort(a.share))}</span></div>`).join("");
     const more = shares.length > 2 ? ` <span class="muted">+${shares.length - 2} shares</span>` : "";
     return bar + lines + `<div class="t-alloc share-left" data-left="${esc(leftText(d))}">${esc(leftText(d))}${more}</div>`;
   }
