@@ -3,7 +3,9 @@
 A claim's use on a node opens at `prepared` and closes at `unprepared` (or `rolled-back`); its cost
 is (close - open) by the producer's `observed_at` (bounded by the server's timestamp, trust.py)
 times the devices it got, so replaying the same events always gives the same totals. Full GPUs add to `gpu_seconds`; MIG devices add to
-`mig_seconds[<profile>]` (a biller prices each profile). Every state-changing event is remembered
+`mig_seconds[<profile>]` (a biller prices each profile). A share of a GPU (a device with a `share_id`)
+adds its fraction of the GPU (`share_fraction`) times the seconds to `gpu_share_seconds`; a share of a
+MIG device adds its fraction to that profile's `mig_seconds`. Every state-changing event is remembered
 by its key (event id under its subject's node, else stream sequence: trust.event_key) for as long
 as the stream can replay it, so a redelivered or replayed event changes nothing.
 """
@@ -18,6 +20,9 @@ FORMAT_VERSION = 1
 OPENS = {"prepared"}
 CLOSES = {"unprepared", "rolled-back"}
 _MIG = re.compile(r"^gpu-\d+-mig-(.+)-\d+-\d+$")
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+_SUFFIX = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
+           "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 
 Outcome = Literal["applied", "duplicate", "ignored"]
 
@@ -35,6 +40,12 @@ class OpenUse:
     node: str
     started_at: float
     devices: list[str]
+    # per device (same order): its fraction for a share of the device, None for all of it; empty: all whole
+    fractions: list[float | None] = field(default_factory=list)
+
+    def held(self) -> list[tuple[str, float | None]]:
+        """Each device with its share fraction (None: the whole device)."""
+        return [(d, self.fractions[i] if i < len(self.fractions) else None) for i, d in enumerate(self.devices)]
 
 
 @dataclass
@@ -42,6 +53,7 @@ class NamespaceTotals:
     gpu_seconds: float = 0.0
     mig_seconds: dict[str, float] = field(default_factory=dict)
     claims_closed: int = 0
+    gpu_share_seconds: float = 0.0  # shares of GPUs: seconds x each share's fraction of its GPU
 
 
 @dataclass
@@ -59,6 +71,39 @@ def mig_profile(device: str) -> str | None:
     """`gpu-0-mig-1g24gb-19-0` -> `1g24gb`; None for a full GPU."""
     m = _MIG.match(device)
     return m.group(1) if m else None
+
+
+def quantity(text: Any) -> float | None:
+    """A Kubernetes quantity string (`10Gi`, `80G`, `25`, `500m`) as a number; None when it is not one."""
+    m = _QUANTITY.match(str(text).strip())
+    if m is None:
+        return None
+    return float(m.group(1)) * _SUFFIX.get(m.group(2) or "", 1.0)
+
+
+def share_fraction(device: dict[str, Any]) -> float | None:
+    """The fraction of its device a share bills for (README, "Billing choices"); None for a whole device
+    (no `share_id`). In order: consumed memory over the device's memory (`capacity.memory`) when both are
+    known and non-zero; else consumed `compute` percent / 100; else consumed `shares` over the device's
+    `capacity.shares` (1/N); else 1, the whole device (a share whose size is unknown is never under-billed)."""
+    if not device.get("share_id"):
+        return None
+    consumed = device.get("consumed_capacity") or {}
+    capacity = device.get("capacity") or {}
+
+    def ratio(name: str, whole: float | None) -> float | None:
+        part = quantity(consumed[name]) if name in consumed else None
+        if part is None or part <= 0 or whole is None or whole <= 0:
+            return None
+        return min(1.0, part / whole)
+
+    for name, whole in (("memory", quantity(capacity["memory"]) if "memory" in capacity else None),
+                        ("compute", quantity(capacity.get("compute", "100"))),
+                        ("shares", quantity(capacity["shares"]) if "shares" in capacity else None)):
+        fraction = ratio(name, whole)
+        if fraction is not None:
+            return fraction
+    return 1.0
 
 
 class Ledger:
@@ -85,9 +130,10 @@ class Ledger:
         use_key = f"{event['claim_uid']}@{event['node']}"
         if kind in OPENS:
             if use_key not in self.open:  # a re-prepare of an open use keeps its original start
+                devices = event.get("devices", [])
                 self.open[use_key] = OpenUse(
                     event["claim_namespace"], event["claim_name"], event["node"], at,
-                    [d["device"] for d in event.get("devices", [])])
+                    [d["device"] for d in devices], [share_fraction(d) for d in devices])
         else:
             use = self.open.pop(use_key, None)
             if use is None:
@@ -100,12 +146,14 @@ class Ledger:
 
     def _charge(self, use: OpenUse, seconds: float) -> None:
         totals = self.namespaces.setdefault(use.namespace, NamespaceTotals())
-        for device in use.devices:
+        for device, fraction in use.held():
             profile = mig_profile(device)
-            if profile is None:
-                totals.gpu_seconds += seconds
+            if profile is not None:
+                totals.mig_seconds[profile] = totals.mig_seconds.get(profile, 0.0) + seconds * (fraction or 1.0)
+            elif fraction is not None:
+                totals.gpu_share_seconds += seconds * fraction
             else:
-                totals.mig_seconds[profile] = totals.mig_seconds.get(profile, 0.0) + seconds
+                totals.gpu_seconds += seconds
         totals.claims_closed += 1
 
     def _prune(self) -> None:
@@ -120,12 +168,17 @@ class Ledger:
         for namespace in sorted({*self.namespaces, *(u.namespace for u in self.open.values())}):
             totals = self.namespaces.get(namespace, NamespaceTotals())
             entry: dict[str, Any] = {"gpu_seconds": totals.gpu_seconds, "mig_seconds": dict(totals.mig_seconds),
+                                     "gpu_share_seconds": totals.gpu_share_seconds,
                                      "claims_closed": totals.claims_closed,
                                      "claims_open": sum(1 for u in self.open.values() if u.namespace == namespace)}
             if now is not None:
+                mine = [u for u in self.open.values() if u.namespace == namespace]
                 entry["running_gpu_seconds"] = sum(
-                    max(0.0, now - u.started_at) * sum(1 for d in u.devices if mig_profile(d) is None)
-                    for u in self.open.values() if u.namespace == namespace)
+                    max(0.0, now - u.started_at) * sum(1 for d, f in u.held() if mig_profile(d) is None and f is None)
+                    for u in mine)
+                entry["running_gpu_share_seconds"] = sum(
+                    max(0.0, now - u.started_at) * sum(f for d, f in u.held() if mig_profile(d) is None and f is not None)
+                    for u in mine)
             out[namespace] = entry
         return out
 

@@ -147,6 +147,8 @@ def check(value: Any, schema: dict[str, Any], root: dict[str, Any], path: str) -
                 check(item, properties[name], root, f"{path}.{name}")
             elif schema.get("additionalProperties") is False:
                 raise SchemaViolation(f"{path}: unexpected field {name!r}")
+            elif isinstance(schema.get("additionalProperties"), dict):  # a map: each value has this schema
+                check(item, schema["additionalProperties"], root, f"{path}.{name}")
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             check(item, schema["items"], root, f"{path}[{i}]")

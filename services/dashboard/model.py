@@ -45,6 +45,25 @@ class Sharing(_Camel):
     pinned_memory: str = ""
 
 
+class Share(_Camel):
+    """What a share of a device (KEP-5075 consumable capacity: an allocation result with a shareID) takes of
+    it; for a viewer who may not see the claim's namespace, without its id."""
+
+    id: str = ""
+    memory_bytes: int = 0
+    compute: int | None = None  # percent of the device's SMs
+    shares: int | None = None  # a count, of the device's N
+
+
+class Capacity(_Camel):
+    """What a shared device has left for more shares: its capacity less what its shares consume (None: the
+    device does not offer that capacity)."""
+
+    memory_bytes: int | None = None
+    compute: int | None = None
+    shares: int | None = None
+
+
 class Allocation(_Camel):
     namespace: str
     claim: str
@@ -53,6 +72,7 @@ class Allocation(_Camel):
     since: str = ""
     sharing: Sharing = msgspec.field(default_factory=Sharing)
     other_tenant: bool = False  # a namespace the viewer may not see: no names
+    share: Share | None = None  # a share of the device, not all of it
 
 
 class Taint(_Camel):
@@ -81,6 +101,8 @@ class Device(_Camel):
     xid: int | None = None
     state: State = "free"
     allocations: list[Allocation] = msgspec.field(default_factory=list)
+    shared: bool = False  # offered in shares (allowMultipleAllocations)
+    capacity_left: Capacity | None = None  # a shared device: what more shares may take
 
 
 class Node(_Camel):
@@ -168,6 +190,7 @@ def domain_name(domain: Obj) -> str:
 # ---- what the dashboard keeps of each object (Informer transforms: 1,000 nodes' slices stay small) -------
 
 _META = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "creationTimestamp", "ownerReferences")
+SHARE_CAPACITIES = ("memory", "compute", "shares")  # what shares of a GPU consume (services/publisher/shares.py)
 _DEVICE_ATTRIBUTES = ("type", "uuid", "productName", "parentUUID", "profile", CLIQUE_ATTRIBUTE, "nvlinkClusterUUID",
                       "nvlinkCliqueID")
 
@@ -185,9 +208,12 @@ def _trim_device(dev: Obj) -> Obj:
     attrs = dev.get("attributes") or {}
     out: Obj = {"name": dev.get("name", ""),
                 "attributes": {k: attrs[k] for k in _DEVICE_ATTRIBUTES if k in attrs}}
-    capacity = {k: v for k, v in (dev.get("capacity") or {}).items() if k == "memory" or k.startswith("memorySlice")}
+    capacity = {k: v for k, v in (dev.get("capacity") or {}).items() if k in SHARE_CAPACITIES
+                or k.startswith("memorySlice")}
     if capacity:
         out["capacity"] = capacity
+    if dev.get("allowMultipleAllocations"):
+        out["allowMultipleAllocations"] = True
     uses = [{"counterSet": u.get("counterSet", ""),
              "counters": {k: v for k, v in (u.get("counters") or {}).items() if k.startswith("memory-slice-")}}
             for u in dev.get("consumesCounters") or []]
@@ -212,7 +238,8 @@ def trim_claim(claim: Obj, annotations: tuple[str, ...] = ()) -> Obj:
     out: Obj = {"metadata": _meta(claim, annotations), "status": {}}
     if status.get("allocation"):
         out["status"]["allocation"] = {"devices": {
-            "results": [{k: r[k] for k in ("request", "driver", "pool", "device") if k in r}
+            "results": [{k: r[k] for k in ("request", "driver", "pool", "device", "shareID", "consumedCapacity")
+                         if k in r}
                         for r in devices.get("results") or []],
             "config": devices.get("config") or []}}
     if status.get("reservedFor"):
@@ -286,18 +313,64 @@ def claim_sharing(claim: Obj) -> dict[int, Sharing]:
     return out
 
 
+def _count(text: Any) -> int | None:
+    value = str(text if text is not None else "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def result_share(result: Obj) -> Share | None:
+    """The share an allocation result holds (its shareID and consumedCapacity); None for a whole device."""
+    if not result.get("shareID"):
+        return None
+    consumed = result.get("consumedCapacity") or {}
+    return Share(id=str(result["shareID"]), memory_bytes=quantity_bytes(consumed.get("memory", "")),
+                 compute=_count(consumed.get("compute")), shares=_count(consumed.get("shares")))
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return None if a is None and b is None else (a or 0) + (b or 0)
+
+
 def allocations_of(claim: Obj, since: str = "") -> dict[DeviceKey, Allocation]:
-    """The Allocation a claim puts on each device it holds."""
+    """The Allocation a claim puts on each device it holds (two shares of one device: one, summed)."""
     md = claim.get("metadata") or {}
     sharing = claim_sharing(claim)
     pods = claim_pods(claim)
     out: dict[DeviceKey, Allocation] = {}
-    for index, key in enumerate(claim_devices(claim)):
+    for index, (key, result) in enumerate(zip(claim_devices(claim), claim_results(claim), strict=True)):
+        share = result_share(result)
+        held = out.get(key)
+        if held is not None and held.share is not None and share is not None:
+            held.share = Share(id=held.share.id, memory_bytes=held.share.memory_bytes + share.memory_bytes,
+                               compute=_add(held.share.compute, share.compute),
+                               shares=_add(held.share.shares, share.shares))
+            continue
         out[key] = Allocation(namespace=str(md.get("namespace") or ""), claim=str(md.get("name") or ""),
                               claim_uid=str(md.get("uid") or ""), pods=pods,
                               since=since or str(md.get("creationTimestamp") or ""),
-                              sharing=sharing.get(index, Sharing()))
+                              sharing=sharing.get(index, Sharing()), share=share)
     return out
+
+
+def capacity_left(dev: Obj, allocations: Iterable[Allocation]) -> Capacity | None:
+    """A device offered in shares: its capacities (memory, compute, shares) less what its shares consume
+    (never below 0); None for a device not offered in shares."""
+    if not dev.get("allowMultipleAllocations"):
+        return None
+    capacity = dev.get("capacity") or {}
+
+    def total(name: str) -> int | None:
+        value = (capacity.get(name) or {}).get("value")
+        if value is None:
+            return None
+        return quantity_bytes(value) if name == "memory" else _count(value)
+
+    shares = [a.share for a in allocations if a.share is not None]
+    memory, compute, count = total("memory"), total("compute"), total("shares")
+    return Capacity(
+        memory_bytes=None if memory is None else max(0, memory - sum(s.memory_bytes for s in shares)),
+        compute=None if compute is None else max(0, compute - sum(s.compute or 0 for s in shares)),
+        shares=None if count is None else max(0, count - sum(s.shares or 0 for s in shares)))
 
 
 # ---- one node's row --------------------------------------------------------------------------------
@@ -330,7 +403,8 @@ def _device(dev: Obj, pool: str, allocations: Mapping[DeviceKey, list[Allocation
         "claimed" if allocs else "free")
     return Device(name=name, uuid=attr(dev, "uuid"), product=attr(dev, "productName"), memory_bytes=memory,
                   type=dtype, parent=parent, mig=mig, mig_slots=mig_slots, taints=taints, xid=xid, state=state,
-                  allocations=allocs)
+                  allocations=allocs, shared=bool(dev.get("allowMultipleAllocations")),
+                  capacity_left=capacity_left(dev, allocs))
 
 
 def node_row(name: str, slices: Iterable[Obj], node: Obj | None, allocations: Mapping[DeviceKey, list[Allocation]],
@@ -456,11 +530,13 @@ def redact_text(text: str, visible: frozenset[str] | None) -> str:
 
 def redact(node: Node, visible: frozenset[str] | None) -> Node:
     """The row as a viewer allowed `visible` namespaces sees it (None: all): other tenants' allocations stay,
-    as `otherTenant` without names, pods or claim UID."""
+    as `otherTenant` without names, pods, claim UID or share id (a share keeps what it consumes, so the
+    device's capacity left adds up)."""
     if visible is None or not any(a.namespace not in visible for d in node.devices for a in d.allocations):
         return node
     devices = [d if all(a.namespace in visible for a in d.allocations) else msgspec.structs.replace(
-        d, allocations=[a if a.namespace in visible else Allocation(namespace="", claim="", since=a.since,
-                                                                    sharing=a.sharing, other_tenant=True)
+        d, allocations=[a if a.namespace in visible else Allocation(
+            namespace="", claim="", since=a.since, sharing=a.sharing, other_tenant=True,
+            share=None if a.share is None else msgspec.structs.replace(a.share, id=""))
                         for a in d.allocations]) for d in node.devices]
     return msgspec.structs.replace(node, devices=devices)

@@ -90,6 +90,7 @@ class PreparedDevice(msgspec.Struct, kw_only=True):
     dynamic_mig: bool = False  # created by this claim's prepare, destroyed by its unprepare
     share_id: str = ""  # KEP-5075: this claim holds a share of the device, not all of it
     consumed_capacity: dict[str, str] = msgspec.field(default_factory=dict)  # the share's, as allocated
+    capacity: dict[str, str] = msgspec.field(default_factory=dict)  # a share's device's whole (memory, compute)
     # A share served by MPS: the GPU's one daemon (shared by every share of it, stopped after the last
     # share's undo: reference counted over the checkpoint's records) and the settings it was started with.
     mps_daemon: str = ""

@@ -433,7 +433,9 @@ class ClaimPreparer:
                reason: FailureReason = "") -> OutboxRecord:
         """The event `event` of the preparation `record` is, for the checkpoint write that reports it."""
         refs = [PreparedDeviceRef(request=d.requests[0] if d.requests else "", pool=d.pool, device=d.device,
-                                  uuid=d.uuid, sharing=d.sharing, cdi_device_ids=list(d.cdi_device_ids))
+                                  uuid=d.uuid, sharing=d.sharing, cdi_device_ids=list(d.cdi_device_ids),
+                                  share_id=d.share_id, consumed_capacity=dict(d.consumed_capacity),
+                                  capacity=dict(d.capacity))
                 for d in record.devices]
         return self.events.make(event, uid=ref.uid, namespace=ref.namespace, name=ref.name,
                                 preparation=record.preparation, devices=refs, error=error, reason=reason)

@@ -1,6 +1,6 @@
 """Preparer metrics under the reference driver's names and labels (`nvidia_dra_*`, so its dashboards and
 alerts work): request counts and durations per operation, in-flight requests, prepared devices by type,
-and errors by type; ours (`gpu_dra_*`) for the outbox (Prometheus default registry)."""
+and errors by type; ours (`gpu_dra_*`) for shares of devices and the outbox (Prometheus default registry)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,28 @@ def prepared_counts(driver: str, checkpoint: Checkpoint) -> dict[str, int]:
     return counts
 
 
+def prepared_shares(checkpoint: Checkpoint) -> dict[tuple[str, str], int]:
+    """Shares (KEP-5075: devices held with a shareID) of the checkpoint's completed claims, by (device,
+    claim namespace)."""
+    counts: dict[tuple[str, str], int] = {}
+    for record in list(checkpoint.claims.values()):  # a copy: a scrape runs on the metrics server's thread
+        if record.state != "PrepareCompleted":
+            continue
+        for dev in record.devices:
+            if dev.share_id:
+                key = (dev.device, record.namespace)
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+SHARES_HELP = ("Shares of a device (KEP-5075 consumable capacity) held by completed claims, by device and the "
+               "claims' namespace. Not by share id or claim: those are new label values with every claim, so "
+               "the series stay bounded by devices x tenants (a series goes when its last share does).")
+
+
 class _PreparedDevices(Collector):
-    """`nvidia_dra_prepared_devices{node,driver,device_type}`, counted from each tracked checkpoint when it is
+    """`nvidia_dra_prepared_devices{node,driver,device_type}` and `gpu_dra_prepared_shares{node,driver,device,
+    namespace}` (SHARES_HELP), counted from each tracked checkpoint when it is
     scraped: nothing to keep up to date on the prepare path (a count per change was O(claims) per claim)."""
 
     def __init__(self) -> None:
@@ -60,12 +80,17 @@ class _PreparedDevices(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily("nvidia_dra_prepared_devices", "Devices in completed claims",
                                    labels=["node", "driver", "device_type"])
+        shares = GaugeMetricFamily("gpu_dra_prepared_shares", SHARES_HELP,
+                                   labels=["node", "driver", "device", "namespace"])
         for (node, driver), ref in list(self._tracked.items()):
             checkpoint = ref()
             if checkpoint is not None:
                 for kind, count in prepared_counts(driver, checkpoint).items():
                     family.add_metric([node, driver, kind], count)
+                for (device, namespace), count in sorted(prepared_shares(checkpoint).items()):
+                    shares.add_metric([node, driver, device, namespace], count)
         yield family
+        yield shares
 
 
 PREPARED = _PreparedDevices()

@@ -49,6 +49,7 @@ from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed,
 from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
 from services.preparer.lifecycle import LifecycleEvents
+from shared.devicemodel import binary_si
 from shared.logs import get_logger
 from shared.telemetry import get_tracer, leaf_span
 
@@ -145,6 +146,22 @@ def _group_pinned_limits(group: Selected, planned: list[_Planned]) -> dict[str, 
     return pinned_limits(group.config.sharing.mpsConfig, sorted({r.uuid for r in gpus}), memory)
 
 
+def _share_capacity(p: _Planned) -> dict[str, str]:
+    """A share's device's whole capacity under the names it consumes, as this node knows it (the claim
+    events carry it, so a consumer can weigh the share): memory from the inventory, compute is 100 (percent)."""
+    if not p.share_id:
+        return {}
+    out: dict[str, str] = {}
+    r = p.resolved
+    memory = (r.mig.memory_mib << 20 if r.mig is not None else r.profile.memory_mib << 20 if r.profile is not None
+              else 0) if r.kind == "mig" else (r.gpu.memory_bytes if r.gpu is not None else 0)
+    if "memory" in p.consumed and memory:
+        out["memory"] = binary_si(memory)
+    if "compute" in p.consumed:
+        out["compute"] = "100"
+    return out
+
+
 class Preparer(ClaimPreparer):
     def __init__(self, *, driver: str, node: str, claims: ClaimSource, inventory: Inventory, ops: DeviceOps,
                  cdi: CdiWriter, checkpoint: Checkpoint, events: LifecycleEvents, common: CommonEdits,
@@ -222,7 +239,7 @@ class Preparer(ClaimPreparer):
             requests=[p.request.split("/", 1)[0]], pool=p.pool, device=p.resolved.name, kind=p.resolved.kind,
             uuid=p.resolved.uuid, parent_uuid=p.resolved.gpu.uuid if p.resolved.gpu and p.resolved.kind == "mig" else "",
             shared=modes[i].shared, admin_access=p.admin_access, share_id=p.share_id,
-            consumed_capacity=dict(p.consumed), sharing=modes[i].sharing,
+            consumed_capacity=dict(p.consumed), capacity=_share_capacity(p), sharing=modes[i].sharing,
             mps_daemon_settings=dict(modes[i].daemon_settings),
             dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
         ) for i, p in enumerate(planned)]

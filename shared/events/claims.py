@@ -29,6 +29,20 @@ class PreparedDeviceRef(msgspec.Struct, kw_only=True):
     sharing: Annotated[str, doc("How the device is shared: '' (exclusive), TimeSlicing or MPS.")] = ""
     cdi_device_ids: Annotated[list[str], doc("The CDI device ids handed to the kubelet for this device.")] = (
         msgspec.field(default_factory=list))
+    share_id: Annotated[str, doc("For a share of the device (KEP-5075 consumable capacity): the allocation "
+                                 "result's shareID, one per share of the device; '' when the claim holds all "
+                                 "of it.")] = ""
+    consumed_capacity: Annotated[dict[str, str], doc(
+        "For a share: what it consumes of the device, capacity name -> quantity, as allocated "
+        "(consumedCapacity), e.g. {\"memory\": \"10Gi\", \"compute\": \"10\"}: memory in bytes, "
+        "compute in percent of the device's SMs, shares a count; empty when the claim holds all of "
+        "it.")] = msgspec.field(default_factory=dict)
+    capacity: Annotated[dict[str, str], doc(
+        "For a share: the device's whole capacity, as this node knows it, under the names in "
+        "consumed_capacity, so a consumer can weigh the share: memory (the GPU's or MIG device's "
+        "framebuffer), compute (100). A name the node does not know (shares: the count the cluster's "
+        "NodeConfig sets) is absent; empty when the claim holds all of the device.")] = (
+        msgspec.field(default_factory=dict))
 
 
 class ClaimLifecycle(Message, kw_only=True):

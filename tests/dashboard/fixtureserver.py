@@ -74,6 +74,8 @@ def for_tenant(node: dict[str, Any], namespace: str) -> dict[str, Any]:
         for a in d["allocations"]:
             if a["namespace"] != namespace:
                 a.update(namespace="", claim="", claimUid="", pods=[], otherTenant=True)
+                if a.get("share"):
+                    a["share"] = {**a["share"], "id": ""}
     return row
 
 

@@ -96,3 +96,53 @@ def test_explain_text_keeps_the_viewers_claims_named_and_unnames_the_others() ->
     assert seen == ("claim team-a/job: not allocated\n    1 rejected: already allocated to claim team-a/old (gpu-0)\n"
                     "    2 rejected: already allocated to another tenant's claim (gpu-1, gpu-2)")
     assert model.redact_text(text, None) == text
+
+
+def _share(ns: str, name: str, memory: str, compute: str, share_id: str) -> dict[str, Any]:
+    claim = _claim(ns, name, "n", "gpu-0")
+    claim["status"]["allocation"]["devices"]["results"][0].update(
+        {"shareID": share_id, "consumedCapacity": {"memory": memory, "compute": compute}})
+    return claim
+
+
+SHARED_GPU: dict[str, Any] = {
+    "name": "gpu-0", "attributes": H100, "allowMultipleAllocations": True,
+    "capacity": {"memory": {"value": "80Gi", "requestPolicy": {"default": "1Mi"}}, "compute": {"value": "100"}}}
+
+
+def test_a_shared_gpu_shows_each_tenants_share_and_the_capacity_left() -> None:
+    # as the state keeps them: the informers' transforms must keep shares and capacities
+    rslice = model.trim_slice({"metadata": {"name": "s"}, **_slice("n", [SHARED_GPU])})
+    claims = [model.trim_claim(_share("mine", "a", "10Gi", "10", "s-a")),
+              model.trim_claim(_share("theirs", "b", "30Gi", "40", "s-b"))]
+    row = node_row("n", [rslice], None, _allocs(*claims), {})
+    [gpu] = row.devices
+    assert gpu.shared and gpu.state == "claimed"
+    assert [(a.namespace, a.claim, a.share) for a in gpu.allocations] == [
+        ("mine", "a", model.Share(id="s-a", memory_bytes=10 << 30, compute=10)),
+        ("theirs", "b", model.Share(id="s-b", memory_bytes=30 << 30, compute=40))]
+    assert gpu.capacity_left == model.Capacity(memory_bytes=40 << 30, compute=50)
+    body = msgspec.to_builtins(gpu)
+    assert body["capacityLeft"] == {"memoryBytes": 40 << 30, "compute": 50, "shares": None}
+    assert body["allocations"][0]["share"] == {"id": "s-a", "memoryBytes": 10 << 30, "compute": 10, "shares": None}
+
+    [seen] = model.redact(row, frozenset({"mine"})).devices
+    mine, theirs = seen.allocations
+    assert (mine.namespace, mine.claim, mine.share) == ("mine", "a", gpu.allocations[0].share)
+    assert (theirs.namespace, theirs.claim, theirs.claim_uid, theirs.pods, theirs.other_tenant) == ("", "", "", [], True)
+    assert theirs.share == model.Share(id="", memory_bytes=30 << 30, compute=40)  # its size, not its id
+    assert seen.capacity_left == gpu.capacity_left
+    assert "s-b" not in msgspec.json.encode(seen).decode() and "theirs" not in msgspec.json.encode(seen).decode()
+
+
+def test_a_whole_gpu_and_a_share_without_capacity_names() -> None:
+    whole = node_row("n", [_slice("n", [{"name": "gpu-0", "attributes": H100}])], None,
+                     _allocs(_claim("t", "a", "n", "gpu-0")), {})
+    assert (whole.devices[0].shared, whole.devices[0].capacity_left, whole.devices[0].allocations[0].share) == (
+        False, None, None)
+    counted = {**SHARED_GPU, "capacity": {"memory": {"value": "80Gi"}, "shares": {"value": "4"}}}
+    claim = _claim("t", "a", "n", "gpu-0")
+    claim["status"]["allocation"]["devices"]["results"][0].update({"shareID": "s", "consumedCapacity": {"shares": "1"}})
+    [gpu] = node_row("n", [_slice("n", [counted])], None, _allocs(claim), {}).devices
+    assert gpu.allocations[0].share == model.Share(id="s", shares=1)
+    assert gpu.capacity_left == model.Capacity(memory_bytes=80 << 30, shares=3)

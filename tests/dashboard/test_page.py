@@ -193,3 +193,44 @@ async def test_a_token_in_the_url_is_kept_for_the_session_and_sent_as_a_header(b
     finally:
         await browser.evaluate("sessionStorage.clear()")
         await fx.stop(state, runner)
+
+
+async def test_a_shared_gpu_tile_lists_its_shares_and_hides_other_tenants(page, tmp_path_factory) -> None:
+    b, state, url = page
+    await b.navigate(url + "/")  # other tests took the browser to their own servers
+    await b.wait_for("document.body.dataset.version && document.getElementById('conn').dataset.conn === 'live'")
+    before = copy.deepcopy(state.node("node-c"))
+    row = copy.deepcopy(before)
+
+    def share(ns: str, claim: str, memory_gi: int, compute: int) -> dict:
+        return {"namespace": ns, "claim": claim, "claimUid": f"u-{claim}", "pods": [f"{ns}/{claim}-pod"],
+                "since": "2026-12-04T14:31:00Z", "sharing": {"mode": "mps"},
+                "share": {"id": f"s-{claim}", "memoryBytes": memory_gi * fx.GI, "compute": compute, "shares": None}}
+
+    row["devices"][0].update(state="claimed", shared=True, allocations=[
+        share("team-a", "infer-a", 10, 10), share("team-b", "infer-b", 30, 40)],
+        capacityLeft={"memoryBytes": 40 * fx.GI, "compute": 50, "shares": None})
+    tile = q('[data-device="node-c/gpu-0"]')
+    try:
+        state.push([row])
+        await b.wait_for(tile + "?.querySelector('[data-share]')", timeout=2)
+        shares = await b.evaluate(f"[...{tile}.querySelectorAll('[data-share]')].map(e => e.textContent)")
+        assert shares == ["team-a/infer-a 10G 10%", "team-b/infer-b 30G 40%"]
+        assert await b.evaluate(tile + ".querySelector('[data-left]').dataset.left") == "left 40 GiB · 50%"
+        assert await b.evaluate(tile + ".querySelectorAll('.share-bar .seg').length") == 2
+        path = await b.screenshot(tmp_path_factory.mktemp("screenshots") / "shared-gpu.png")
+        print(f"\nshared GPU tile: {path}")
+
+        fulls = await b.evaluate("window.__dash.fulls")
+        await b.evaluate("(() => { const s = document.getElementById('ns-filter'); s.value = 'team-a';"
+                         " s.dispatchEvent(new Event('change')); })()")
+        await b.wait_for(f"window.__dash.fulls > {fulls}")
+        shares = await b.evaluate(f"[...{tile}.querySelectorAll('[data-share]')].map(e => e.textContent)")
+        assert shares == ["team-a/infer-a 10G 10%", "another tenant 30G 40%"]
+        label = await b.evaluate(tile + ".getAttribute('aria-label')")
+        assert "share of another tenant, 30 GiB · 40%" in label and "team-b" not in label and "infer-b" not in label
+        assert await b.evaluate(tile + ".querySelectorAll('.share-bar .seg.other').length") == 1
+    finally:
+        await b.evaluate("(() => { const s = document.getElementById('ns-filter'); s.value = '';"
+                         " s.dispatchEvent(new Event('change')); })()")
+        state.push([before])

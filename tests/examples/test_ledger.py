@@ -21,7 +21,7 @@ import msgspec
 import nats
 import pytest
 
-from examples.ledger.accounting import Ledger, LedgerFileError
+from examples.ledger.accounting import Ledger, LedgerFileError, share_fraction
 from examples.ledger.consumer import LedgerService
 from examples.ledger.schema import ContractError, SchemaViolation, load_contract
 from examples.ledger.trust import event_key
@@ -97,13 +97,84 @@ def test_each_preparation_of_one_claim_is_accounted_and_each_resend_once() -> No
     assert ledger.report()["team-a"]["gpu_seconds"] == 30.0
 
 
+def share(uid: str, namespace: str, event: str, at: float, device: str = "gpu-0", node: str = "node-1",
+          **consumed: str) -> ClaimLifecycle:
+    """A claim holding one share of `device` (an 80Gi GPU) consuming `consumed` of it."""
+    ev = lifecycle(event, uid, namespace, at, (device,), node=node)
+    ev.devices[0].share_id = f"share-{uid}"
+    ev.devices[0].consumed_capacity = dict(consumed)
+    ev.devices[0].capacity = {"memory": "80Gi", **({"compute": "100"} if "compute" in consumed else {})}
+    return ev
+
+
+# two tenants' shares of gpu-0 (10Gi of 80Gi each) for 100 s, and a whole gpu-1 for 100 s
+SHARED_GPU = [
+    share("s1", "team-a", "prepared", T0, memory="10Gi", compute="10"),
+    share("s2", "team-b", "prepared", T0, memory="10Gi", compute="40"),
+    lifecycle("prepared", "w1", "team-a", T0, ("gpu-1",)),
+    share("s1", "team-a", "unprepared", T0 + 100, memory="10Gi", compute="10"),
+    share("s2", "team-b", "unprepared", T0 + 100, memory="10Gi", compute="40"),
+    lifecycle("unprepared", "w1", "team-a", T0 + 100, ("gpu-1",)),
+]
+
+
+def test_two_shares_of_one_gpu_bill_their_fraction_and_a_whole_gpu_bills_as_before() -> None:
+    ledger = Ledger()
+    for ev in SHARED_GPU:
+        body = msgspec.to_builtins(ev)
+        ledger.apply(body, event_key(body, ev.node, 0))
+    report = ledger.report()
+    # 10Gi / 80Gi x 100 s = 12.5 GPU-share-seconds each (memory wins over compute); the whole GPU: 100 s
+    assert (report["team-a"]["gpu_share_seconds"], report["team-a"]["gpu_seconds"]) == (12.5, 100.0)
+    assert (report["team-b"]["gpu_share_seconds"], report["team-b"]["gpu_seconds"]) == (12.5, 0.0)
+    assert ledger.report(now=T0 + 50)["team-a"].get("running_gpu_share_seconds") == 0.0
+
+
+def test_an_open_share_runs_at_its_fraction_and_survives_a_save() -> None:
+    ledger = Ledger()
+    body = msgspec.to_builtins(share("s1", "team-a", "prepared", T0, memory="20Gi"))
+    ledger.apply(body, event_key(body, "node-1", 0))
+    again = Ledger.from_json(json.loads(json.dumps(ledger.to_json())), 7 * 24 * 3600)
+    assert again.report(now=T0 + 40)["team-a"]["running_gpu_share_seconds"] == 10.0  # 20/80 x 40 s
+    assert again.report(now=T0 + 40)["team-a"]["running_gpu_seconds"] == 0.0
+    older = json.loads(json.dumps(ledger.to_json()))  # a ledger file from before shares: no fractions
+    del older["open"]["s1@node-1"]["fractions"]
+    assert Ledger.from_json(older, 60.0).report(now=T0 + 40)["team-a"]["running_gpu_seconds"] == 40.0
+
+
+@pytest.mark.parametrize(("consumed", "capacity", "fraction"), [
+    ({"memory": "10Gi", "compute": "50"}, {"memory": "80Gi", "compute": "100"}, 0.125),  # memory first
+    ({"memory": "10Gi", "compute": "50"}, {}, 0.5),  # GPU memory unknown: compute percent / 100
+    ({"memory": "0", "compute": "25"}, {"memory": "80Gi"}, 0.25),  # memoryDefault none: no memory taken
+    ({"memory": "0", "shares": "1"}, {"memory": "80Gi", "shares": "4"}, 0.25),  # 1/N
+    ({"shares": "1"}, {}, 1.0),  # N unknown: the whole GPU
+    ({}, {}, 1.0),
+    ({"memory": "100Gi"}, {"memory": "80Gi"}, 1.0),  # never more than the device
+    ({"memory": "10G"}, {"memory": "80G"}, 0.125),
+])
+def test_a_shares_fraction_follows_the_documented_order(consumed: dict, capacity: dict, fraction: float) -> None:
+    assert share_fraction({"device": "gpu-0", "share_id": "s", "consumed_capacity": consumed,
+                           "capacity": capacity}) == fraction
+    assert share_fraction({"device": "gpu-0", "consumed_capacity": consumed}) is None  # not a share
+
+
+async def test_shares_are_billed_from_the_stream(nats_server, bus: Bus, schemas: Path, tmp_path: Path) -> None:
+    await publish(bus, SHARED_GPU)
+    svc = service(nats_server, schemas, tmp_path / "ledger.json")
+    await run_until(svc, lambda lg: lg.stats.applied == len(SHARED_GPU))
+    assert svc.ledger.stats.rejected == 0  # share fields pass the published schema
+    saved = json.loads((tmp_path / "ledger.json").read_text())["namespaces"]
+    assert (saved["team-a"]["gpu_share_seconds"], saved["team-a"]["gpu_seconds"]) == (12.5, 100.0)
+    assert saved["team-b"]["gpu_share_seconds"] == 12.5
+
+
 def assert_exact_totals(ledger: Ledger) -> None:
     report = ledger.report(now=T0 + 310)
     assert report == {
-        "team-a": {"gpu_seconds": 240.0, "mig_seconds": {}, "claims_closed": 2, "claims_open": 0,
-                   "running_gpu_seconds": 0.0},
-        "team-b": {"gpu_seconds": 0.0, "mig_seconds": {"1g10gb": 30.0}, "claims_closed": 1, "claims_open": 1,
-                   "running_gpu_seconds": 10.0},
+        "team-a": {"gpu_seconds": 240.0, "mig_seconds": {}, "gpu_share_seconds": 0.0, "claims_closed": 2,
+                   "claims_open": 0, "running_gpu_seconds": 0.0, "running_gpu_share_seconds": 0.0},
+        "team-b": {"gpu_seconds": 0.0, "mig_seconds": {"1g10gb": 30.0}, "gpu_share_seconds": 0.0, "claims_closed": 1,
+                   "claims_open": 1, "running_gpu_seconds": 10.0, "running_gpu_share_seconds": 0.0},
     }
 
 
@@ -230,6 +301,11 @@ def test_contract_comes_from_the_exported_index(schemas: Path, tmp_path: Path) -
      "devices": [{"request": "gpu", "pool": "p"}]},
     {"event": "prepared", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c",
      "devices": [{"request": "gpu", "pool": "p", "device": "gpu-0"}], "observed_at": 12.5},
+    {"event": "prepared", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c",
+     "devices": [{"request": "gpu", "pool": "p", "device": "gpu-0", "share_id": "s",
+                  "consumed_capacity": {"memory": "10Gi"}, "capacity": {"memory": "80Gi"}}]},
+    {"event": "prepared", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c",
+     "devices": [{"request": "gpu", "pool": "p", "device": "gpu-0", "consumed_capacity": {"memory": 10}}]},
 ])
 def test_schema_checker_agrees_with_jsonschema(schemas: Path, message: dict) -> None:
     contract = load_contract(schemas)

@@ -14,13 +14,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from kubernetes_asyncio.client import CoreV1Api
+from prometheus_client import REGISTRY
 
 from embedded.harness.discovery import RunningDiscovery, running_discovery
 from embedded.kubelet.client import Claim, register
 from shared.bus import Bus
+from shared.devicemodel import binary_si
 from shared.events import catalog
+from shared.events.claims import ClaimLifecycle
 from shared.events.devices import MpsStartReply, MpsStartRequest
 from shared.natsserver import EmbeddedNats
 from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
@@ -128,6 +132,54 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_
         assert mps_dirs(disc) == [] and gpu_of(disc, "gpu-0").sharing.mps_daemon == ""
         assert gpu_of(disc, "gpu-0").sharing.compute_mode == "Default"
         assert node.service.checkpoint.claims == {} and node.cdi_files() == []
+
+
+async def test_claim_events_and_metrics_carry_each_share(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+    shares = [claims.add(share_doc(f"share-{i}", f"tenant-{i}", compute=str(10 * (i + 1)))) for i in range(2)]
+    shares.append(claims.add(share_doc("share-2", "tenant-0", device="gpu-0", memory="20Gi")))
+    whole = claims.add(share_doc("whole", "tenant-w", device="gpu-1", share=False))
+    share_ids = {c.uid: claims.docs[(c.namespace, c.name)]["status"]["allocation"]["devices"]["results"][0]["shareID"]
+                 for c in shares}
+    memory = binary_si(gpu_of(disc, "gpu-0").memory_bytes)
+    labels = {"node": "n1", "driver": "gpu.nvidia.com", "device": "gpu-0"}
+    sent: list[ClaimLifecycle] = []
+
+    async def got(msg: Any) -> None:  # as a consumer gets them, off the wire
+        sent.append(msgspec.json.decode(msg.data, type=ClaimLifecycle))
+
+    sub = await bus.nc.subscribe("dra.v1.claim.>", cb=got)
+
+    async def events(kind: str) -> dict[str, ClaimLifecycle]:
+        await node.service.events.drained()
+        await bus.nc.flush()
+        return {e.claim_uid: e for e in sent if e.event == kind}
+
+    async with running_node(claims, root, bus=bus) as node:
+        prepared = await node.plugin.prepare([*shares, whole])
+        assert all(r.error == "" for r in prepared.values()), prepared
+        prepared_events = await events("prepared")
+        for i, c in enumerate(shares):
+            [dev] = prepared_events[c.uid].devices
+            compute = str(10 * (i + 1)) if i < 2 else "10"
+            assert (dev.device, dev.share_id, dev.consumed_capacity, dev.capacity) == (
+                "gpu-0", share_ids[c.uid], {"memory": "20Gi" if i == 2 else "10Gi", "compute": compute},
+                {"memory": memory, "compute": "100"})
+        [dev] = prepared_events[whole.uid].devices
+        assert (dev.device, dev.share_id, dev.consumed_capacity, dev.capacity) == ("gpu-1", "", {}, {})
+        assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-0"}) == 2.0
+        assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-1"}) == 1.0
+        assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "device": "gpu-1",
+                                                                     "namespace": "tenant-w"}) is None
+
+        assert await node.plugin.unprepare(shares[:2]) == {c.uid: "" for c in shares[:2]}
+        assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-0"}) == 1.0
+        assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-1"}) is None
+        unprepared = await events("unprepared")
+        assert {uid: e.devices[0].share_id for uid, e in unprepared.items()} == {
+            c.uid: share_ids[c.uid] for c in shares[:2]}
+        assert await node.plugin.unprepare([shares[2], whole]) == {shares[2].uid: "", whole.uid: ""}
+    await sub.unsubscribe()
 
 
 async def test_a_mode_conflicting_with_the_gpus_shares_is_refused_with_nothing_changed(

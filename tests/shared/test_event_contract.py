@@ -42,7 +42,10 @@ SAMPLES: dict[str, tuple[Message, dict[str, Any]]] = {  # Any: the subject token
                                    observed_at=NOW), {"node": "n1", "device": "gpu-0"}),
     "claim-lifecycle": (ClaimLifecycle(event="prepared", node="n1", driver="gpu.nvidia.com", claim_uid="u1",
                                        claim_namespace="team-a", claim_name="c1", event_id="n1/u1/7/prepared",
-                                       devices=[PreparedDeviceRef(request="gpu", pool="n1", device="gpu-0")],
+                                       devices=[PreparedDeviceRef(request="gpu", pool="n1", device="gpu-0"),
+                                                PreparedDeviceRef(request="slice", pool="n1", device="gpu-1",
+                                                                  share_id="s-1", capacity={"memory": "80Gi"},
+                                                                  consumed_capacity={"memory": "10Gi"})],
                                        observed_at=NOW),
                         {"namespace": "team-a", "node": "n1", "event": "prepared"}),
     "cd-member": (DomainMember(domain_uid="d1", domain_name="cd", domain_namespace="team-a", node="n1",
@@ -128,6 +131,30 @@ async def test_a_cloudevents_sdk_reads_every_event_type_we_publish(nats_server: 
     finally:
         await sub.unsubscribe()
         await reader.close()
+
+
+def test_claim_events_carry_shares_in_their_schema_and_on_the_wire(tmp_path: Path) -> None:
+    message, _ = SAMPLES["claim-lifecycle"]
+    body = json.loads(msgspec.json.encode(message))
+    whole, share = body["devices"]
+    assert (whole["share_id"], whole["consumed_capacity"], whole["capacity"]) == ("", {}, {})
+    assert (share["share_id"], share["consumed_capacity"], share["capacity"]) == (
+        "s-1", {"memory": "10Gi"}, {"memory": "80Gi"})
+    assert msgspec.json.decode(msgspec.json.encode(message), type=ClaimLifecycle) == message
+    # a consumer of the older schema (no share fields) still reads it
+    old = {**body, "devices": [{k: v for k, v in d.items() if k not in ("share_id", "consumed_capacity", "capacity")}
+                               for d in body["devices"]]}
+    assert msgspec.json.decode(json.dumps(old), type=ClaimLifecycle).devices[1].share_id == ""
+    schema = _schemas(tmp_path)["ClaimLifecycle.json"]
+    device = schema["$defs"]["PreparedDeviceRef"]
+    jsonschema.validate(body, schema)
+    for name in ("share_id", "consumed_capacity", "capacity"):
+        assert name in device["properties"] and name not in device.get("required", []), name
+    assert device["properties"]["consumed_capacity"]["additionalProperties"] == {"type": "string"}
+    assert "shareID" in device["properties"]["share_id"]["description"]
+    assert "PreparedDeviceRef" in json.dumps(document()["components"]["schemas"])
+    doc_device = document()["components"]["schemas"]["PreparedDeviceRef"]
+    assert "consumed_capacity" in doc_device["properties"]
 
 
 def test_the_released_v1_schemas_still_hold(tmp_path: Path) -> None:

@@ -312,12 +312,37 @@
       + `<div class="t-alloc">${pod}<span class="age">${esc(age(a.since))}</span></div>`;
   }
 
+  // A device offered in shares: who holds each share (another tenant's without names) and what is left.
+  const shareSize = (sh) => [sh.memoryBytes ? gib(sh.memoryBytes) : "", sh.compute != null ? `${sh.compute}%` : "",
+    sh.shares != null ? `${sh.shares} sh` : ""].filter(Boolean).join(" · ");
+  const shareShort = (sh) => [sh.memoryBytes ? gib(sh.memoryBytes).replace(" GiB", "G") : "",
+    sh.compute != null ? `${sh.compute}%` : "", sh.shares != null ? `${sh.shares}sh` : ""].filter(Boolean).join(" ");
+  const shareWho = (a) => (visibleAlloc(a) ? `${a.namespace}/${a.claim}` : "another tenant");
+  function leftText(d) {
+    const c = d.capacityLeft;
+    if (!c) return "";
+    const parts = [c.memoryBytes != null ? (gib(c.memoryBytes) || "0 GiB") : "", c.compute != null ? `${c.compute}%` : "",
+      c.shares != null ? `${c.shares} shares` : ""].filter(Boolean);
+    return parts.length ? `left ${parts.join(" · ")}` : "";
+  }
+  function sharesHtml(d) {
+    const shares = (d.allocations || []).filter((a) => a.share);
+    const seg = (a) => `<span class="seg${visibleAlloc(a) ? "" : " other"}" style="width:${Math.min(100, (100 * a.share.memoryBytes) / d.memoryBytes)}%"></span>`;
+    const bar = d.memoryBytes ? `<div class="share-bar" aria-hidden="true">${shares.map(seg).join("")}</div>` : "";
+    const lines = shares.slice(0, 2).map((a) => `<div class="t-alloc" data-share="${esc(shareWho(a))}">`
+      + `<span class="claim">${esc(shareWho(a))}</span> <span class="muted" title="${esc(shareSize(a.share))}">${esc(shareShort(a.share))}</span></div>`).join("");
+    const more = shares.length > 2 ? ` <span class="muted">+${shares.length - 2} shares</span>` : "";
+    return bar + lines + `<div class="t-alloc share-left" data-left="${esc(leftText(d))}">${esc(leftText(d))}${more}</div>`;
+  }
+
   function deviceAttrs(node, d) {
     const allocs = d.allocations || [];
     const claim = allocs.map(claimKey).find(Boolean) || "";
     const label = [`${d.name} on ${node.name}`, d.product, gib(d.memoryBytes), d.state,
       d.xid != null ? `XID ${d.xid}` : "", allocs.length ? sharing(allocs[0].sharing) : "",
-      ...allocs.map((a) => (visibleAlloc(a) ? `claim ${a.namespace}/${a.claim}${(a.pods || []).length ? `, pod ${a.pods.join(", ")}` : ""}, ${age(a.since)}` : "claimed by another tenant"))]
+      ...allocs.map((a) => (a.share ? `share of ${shareWho(a)}, ${shareSize(a.share)}`
+        : visibleAlloc(a) ? `claim ${a.namespace}/${a.claim}${(a.pods || []).length ? `, pod ${a.pods.join(", ")}` : ""}, ${age(a.since)}` : "claimed by another tenant")),
+      leftText(d)]
       .filter(Boolean).join(", ");
     return `data-device="${esc(node.name)}/${esc(d.name)}" data-state="${esc(d.state)}"`
       + `${d.xid != null ? ` data-xid="${esc(d.xid)}"` : ""}${claim ? ` data-claim="${esc(claim)}"` : ""}`
@@ -346,6 +371,12 @@
     const xid = d.xid != null ? `<span class="xid">XID ${esc(d.xid)}</span>` : "";
     const share = allocs.length ? `<div class="share">${esc(sharing(allocs[0].sharing))}</div>` : "";
     const kidsLoose = d.migSlots ? [] : kids;
+    if (d.shared) {
+      return `<div class="tile shared st-${esc(d.state)}" ${deviceAttrs(node, d)}>`
+        + `<div class="t-head"><span class="t-name">${esc(d.name)}</span><span class="t-state"><i aria-hidden="true">${ICON[d.state] || ""}</i> ${esc(d.state)}</span></div>`
+        + `<div class="t-foot"><span class="t-prod">${esc(shortProduct(d.product))}</span><span class="mem">${esc(gib(d.memoryBytes))}</span>${xid}</div>`
+        + `${sharesHtml(d)}</div>`;
+    }
     return `<div class="tile st-${esc(d.state)}" ${deviceAttrs(node, d)}>`
       + `<div class="t-head"><span class="t-name">${esc(d.name)}</span><span class="t-state"><i aria-hidden="true">${ICON[d.state] || ""}</i> ${esc(d.state)}</span></div>`
       + `<div class="t-prod">${esc(shortProduct(d.product))}</div>`
@@ -384,12 +415,14 @@
     const d = res.device;
     const rows = [["product", d.product], ["memory", gib(d.memoryBytes)], ["type", d.type], ["UUID", d.uuid],
       ["parent", d.parent], ["MIG", d.mig ? `${d.mig.profile} at slot ${d.mig.start} (size ${d.mig.size})` : ""],
-      ["state", `${ICON[d.state] || ""} ${d.state}`], ["XID", d.xid == null ? "" : String(d.xid)]].filter((r) => r[1]);
+      ["state", `${ICON[d.state] || ""} ${d.state}`], ["XID", d.xid == null ? "" : String(d.xid)],
+      ["capacity", leftText(d)]].filter((r) => r[1]);
     const taints = (d.taints || []).map((t) => `<li>${esc(t.key)}=${esc(t.value)} <span class="muted">${esc(t.effect)} since ${esc(t.timeAdded)}</span></li>`).join("");
     const allocs = (d.allocations || []).map((a) => {
-      if (!visibleAlloc(a)) return "<li>claimed (other tenant)</li>";
+      const sh = a.share ? ` · share ${shareSize(a.share)}` : "";
+      if (!visibleAlloc(a)) return `<li>${a.share ? "share of another tenant" : "claimed (other tenant)"}${esc(sh)}</li>`;
       const pods = (a.pods || []).map((p) => `<li>${esc(p)} <button type="button" data-explain="${esc(p)}">explain</button></li>`).join("");
-      return `<li data-alloc="${esc(a.namespace)}/${esc(a.claim)}"><b>${esc(a.namespace)}/${esc(a.claim)}</b> · ${esc(sharing(a.sharing))} · ${esc(age(a.since))}`
+      return `<li data-alloc="${esc(a.namespace)}/${esc(a.claim)}"><b>${esc(a.namespace)}/${esc(a.claim)}</b> · ${esc(sharing(a.sharing))}${esc(sh)} · ${esc(age(a.since))}`
         + `<ul>${pods}</ul><div class="claim-detail" data-claim-detail="${esc(a.namespace)}/${esc(a.claim)}"></div></li>`;
     }).join("");
     const events = (res.events || []).map((e) => `<li><time>${esc(e.time)}</time> <b>${esc(e.type)}</b> ${esc(e.summary)}</li>`).join("");
