@@ -83,8 +83,9 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     node_prefix: Annotated[str, msgspec.Meta(description=(
         "node names are <prefix><index>: lowercase letters, digits and '-'"))] = "gpu-node-"
     node_config: Annotated[str, msgspec.Meta(description=(
-        "a NodeConfig YAML file (examples/node-config/, docs/sharing.md) the publisher reads: how each "
-        "GPU is shared (exclusive, timeSlicing, mpsShares, shares); empty: every GPU exclusive"))] = ""
+        "a NodeConfig YAML file (examples/node-config/, docs/sharing.md), created (or replaced) as the "
+        "NodeConfig object of its name, which the publisher watches: how each GPU is shared (exclusive, "
+        "timeSlicing, mpsShares, shares); `kubectl apply` changes it live. Empty: no NodeConfig is made"))] = ""
     dynamic_mig: Annotated[bool, msgspec.Meta(description=(
         "publish MIG-capable GPUs as partitionable devices with counters (the publisher's --mig-mode dynamic)"
     ))] = False
@@ -136,10 +137,9 @@ def publisher_argv(cfg: ClusterConfig) -> list[str]:
     """The publisher's command line for this cluster (its MIG flag is `--mig-mode static|dynamic`). The
     embedded API server validates slices by the 1.35 rules (a slice has devices or sharedCounters, not both)
     while /version says 1.34, so dynamic MIG names its counter layout rather than deriving it."""
-    node_config = ["--node-config", str(Path(cfg.node_config).resolve())] if cfg.node_config else []
     if cfg.dynamic_mig:
-        return ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice", *node_config]
-    return ["publisher", "--mig-mode", "static", *node_config]
+        return ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice"]
+    return ["publisher", "--mig-mode", "static"]
 
 
 class ClusterNats(EmbeddedNats):
@@ -422,6 +422,22 @@ class LocalCluster:
             if exc.status != 409:
                 raise
 
+    async def _replace_node_config(self, body: dict[str, Any]) -> None:
+        """--node-config's object, created or (kept from an earlier run on this data dir) replaced."""
+        group, version = body["apiVersion"].split("/")
+        custom = client.CustomObjectsApi(self.api)
+        name = body["metadata"]["name"]
+        try:
+            await custom.create_cluster_custom_object(group, version, "nodeconfigs", body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            stored = await custom.get_cluster_custom_object(group, version, "nodeconfigs", name)
+            body = {**body, "metadata": {**body["metadata"],
+                                         "resourceVersion": stored["metadata"]["resourceVersion"]}}
+            await custom.replace_cluster_custom_object(group, version, "nodeconfigs", name, body)
+        self.progress(f"NodeConfig {name} from {self.cfg.node_config}")
+
     async def _install_cluster_objects(self) -> None:
         from services.computedomain.crd import crds  # the ComputeDomain service owns its CRDs
 
@@ -433,6 +449,8 @@ class LocalCluster:
                 await ext.create_custom_resource_definition(crd)  # type: ignore[arg-type]  # the client sends plain dicts as they are
         for dc in device_classes("v1"):
             await self._apply("resource.k8s.io", "v1", "deviceclasses", dc)
+        if self.cfg.node_config:  # checked at start (ClusterConfig): the object the publisher then watches
+            await self._replace_node_config(load_documents(Path(self.cfg.node_config))[0])
         core = client.CoreV1Api(self.api)
         for name in ("gpu-dra", "default"):
             with contextlib.suppress(ApiException):

@@ -83,13 +83,13 @@ def test_dynamic_mig_reaches_the_publisher_as_its_mig_mode(dynamic: bool, expect
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "node-config"
 
 
-def test_node_config_reaches_the_publisher_as_an_absolute_path() -> None:
+def test_the_publisher_of_up_watches_node_config_objects_rather_than_a_file() -> None:
+    """`up --node-config FILE` makes the file's NodeConfig object (the e2e test shows its effect), so that
+    `kubectl apply` changes it live: the publisher is given no file, which would make it ignore objects."""
     example = EXAMPLES / "mps-shares.yaml"
     for dynamic in (False, True):
         prog, *argv = publisher_argv(ClusterConfig(node_config=str(example), dynamic_mig=dynamic))
-        cfg = load_config(PublisherConfig, argv, prog=prog, env={})
-        assert cfg.node_config == str(example) and Path(cfg.node_config).is_absolute()
-    assert "--node-config" not in publisher_argv(ClusterConfig())
+        assert load_config(PublisherConfig, argv, prog=prog, env={}).node_config == ""
 
 
 def test_a_bad_node_config_is_one_line_naming_the_field_before_starting(tmp_path: Path) -> None:
