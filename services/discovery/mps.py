@@ -1,4 +1,4 @@
-"""MPS control daemons for sets of GPUs: their records, dirs and lifecycle (start, stop, reconcile).
+"""MPS control daemons for sets of GPUs or MIG devices: their records, dirs and lifecycle (start, stop, reconcile).
 
 Owns the daemon records (`<mps_root>/<id>/daemon.json`, `MpsDaemonRecord`) and the per-daemon dirs
 beside them (`pipe/`, `shm/`, `log/`). The record is written before the daemon starts and removed
@@ -46,6 +46,9 @@ class MpsDaemonRecord(msgspec.Struct, kw_only=True):
     pipe_dir: str
     shm_dir: str
     log_dir: str
+    # the physical GPUs whose compute mode the daemon needs in ExclusiveProcess: gpu_uuids themselves, or
+    # for a daemon on MIG devices (mig+mps) their parents, as compute mode is the physical GPU's
+    mode_gpus: list[str] = msgspec.field(default_factory=list)
     state: Literal["starting", "ready"] = "starting"
     pid: int = 0  # the control daemon's pid once started (its pid file in pipe_dir is the other source)
     created_at: float = 0.0
@@ -97,11 +100,22 @@ class MpsManager:
         return {u: d.daemon_id for d in self._records.values() for u in d.gpu_uuids}
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self, req: MpsStartRequest, known_uuids: set[str]) -> MpsDaemonRecord:
+    def _mode_users(self, exclude: str) -> set[str]:
+        """The physical GPUs other daemons keep in ExclusiveProcess."""
+        return {g for d in self._records.values() if d.daemon_id != exclude for g in (d.mode_gpus or d.gpu_uuids)}
+
+    async def start(self, req: MpsStartRequest, known_uuids: set[str],
+                    parents: dict[str, str] | None = None) -> MpsDaemonRecord:
         """Start (or confirm) the daemon; on failure nothing of it is left. Idempotent: a start of a running
         daemon with the same GPUs and settings confirms it (one daemon per GPU serves all of its shares:
-        every share's prepare asks, the first starts it), one with other settings is refused."""
+        every share's prepare asks, the first starts it), one with other settings is refused.
+
+        `parents` maps a MIG device's UUID to its GPU's (mig+mps): such a daemon serves MIG devices
+        (CUDA_VISIBLE_DEVICES=MIG-<uuid>) while their parent GPU is set to ExclusiveProcess, and a
+        parent's mode goes back to Default only when no other daemon uses that GPU or its MIG devices."""
         base = self._dir(req.daemon_id)
+        parents = parents or {}
+        known_uuids = known_uuids | set(parents)
         unknown = [u for u in req.gpu_uuids if u not in known_uuids]
         if unknown or not req.gpu_uuids:
             raise NvmlOpError("not-found", f"unknown GPU UUIDs for MPS: {unknown or 'none given'}")
@@ -130,13 +144,14 @@ class MpsManager:
         d = MpsDaemonRecord(daemon_id=req.daemon_id, gpu_uuids=list(req.gpu_uuids),
                             active_thread_percentage=req.active_thread_percentage,
                             pinned_device_memory_limits=dict(req.pinned_device_memory_limits),
+                            mode_gpus=sorted({parents.get(u, u) for u in req.gpu_uuids}),
                             pipe_dir=str(base / "pipe"), shm_dir=str(base / "shm"), log_dir=str(base / "log"),
                             created_at=time.time())
         await self._write(d)  # before the daemon exists: a crash from here on leaves a record to stop
         try:
             for sub in (d.pipe_dir, d.shm_dir, d.log_dir):
                 await asyncio.to_thread(Path(sub).mkdir, parents=True, exist_ok=True)
-            for u in d.gpu_uuids:
+            for u in d.mode_gpus or d.gpu_uuids:
                 await self.nvml.call(self.nvml.set_compute_mode, u, "ExclusiveProcess")
             if self.control is None:
                 self._sim_record(d)
@@ -181,7 +196,10 @@ class MpsManager:
         ran = await self.control.stop(d) if self.control is not None else False
         if self.control is None:
             self._sim_record(None, d.daemon_id)
-        for u in d.gpu_uuids:
+        in_use = self._mode_users(d.daemon_id)  # another MIG device's daemon on the same GPU keeps its mode
+        for u in d.mode_gpus or d.gpu_uuids:
+            if u in in_use:
+                continue
             try:
                 await self.nvml.call(self.nvml.set_compute_mode, u, "Default")
             except NvmlOpError as exc:

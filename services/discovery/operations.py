@@ -153,7 +153,8 @@ class Operations:
     async def mps_start(self, req: MpsStartRequest) -> MpsStartReply:
         async with self._lock:
             try:
-                d = await self.mps.start(req, self._gpu_uuids())
+                parents = {m.uuid: g.uuid for g in self._inv().gpus for m in g.mig_devices}
+                d = await self.mps.start(req, self._gpu_uuids(), parents)
             except Exception as exc:
                 return MpsStartReply(ok=False, error=_err(exc))
             await self._safe_rescan()

@@ -33,6 +33,7 @@ from services.preparer.claimconfigs import (
     SHARE_MPS_CAPACITIES,
     ClaimConfigError,
     GpuConfig,
+    MigDeviceConfig,
     RawConfig,
     Selected,
     ShareLimits,
@@ -81,6 +82,13 @@ class _Mode:
     limits: ShareLimits = field(default_factory=ShareLimits)  # the share's client limits
 
 
+def _device_memory(r: ResolvedDevice) -> int:
+    """A full GPU's or a MIG device's memory in bytes (0 when the inventory does not say)."""
+    if r.kind == "mig":
+        return r.mig.memory_mib << 20 if r.mig is not None else r.profile.memory_mib << 20 if r.profile else 0
+    return r.gpu.memory_bytes if r.gpu is not None else 0
+
+
 def _share_modes(groups: list[Selected], planned: list[_Planned]) -> dict[int, _Mode]:
     """Each planned device's mode. A share is served through MPS when its config says MPS, or when it has
     no sharing config and consumes `compute` (an mpsShares GPU); the GPU's daemon is then started
@@ -93,12 +101,15 @@ def _share_modes(groups: list[Selected], planned: list[_Planned]) -> dict[int, _
             p = planned[i]
             mode = _Mode(sharing=kind, shared=bool(kind or p.share_id))
             implied = not kind and any(c in p.consumed for c in SHARE_MPS_CAPACITIES)
-            if p.share_id and p.resolved.kind == "gpu" and (kind == "MPS" or implied):
+            if p.share_id and (kind == "MPS" or implied):
+                if p.resolved.kind == "mig" and p.resolved.mig is None:
+                    raise ClaimConfigError(f"device {p.resolved.name} is a dynamic MIG device, made for one "
+                                           "claim: only full GPUs and static MIG devices are shared through MPS")
                 mode.sharing, mode.share_mps = "MPS", True
-                gpu_memory = p.resolved.gpu.memory_bytes if p.resolved.gpu is not None else 0
+                gpu_memory = _device_memory(p.resolved)
                 mode.limits = share_limits(p.consumed, gpu_memory)
                 if kind == "MPS":
-                    assert isinstance(group.config, GpuConfig) and group.config.sharing is not None
+                    assert isinstance(group.config, GpuConfig | MigDeviceConfig) and group.config.sharing is not None
                     mps = group.config.sharing.mpsConfig
                     limit = pinned_limits(mps, [p.resolved.uuid], {p.resolved.uuid: gpu_memory}).get(p.resolved.uuid)
                     if mps is not None and mps.defaultActiveThreadPercentage is not None:
@@ -106,7 +117,7 @@ def _share_modes(groups: list[Selected], planned: list[_Planned]) -> dict[int, _
                     if limit is not None:
                         mode.daemon_settings["pinnedDeviceMemoryLimitMiB"] = limit >> 20
             modes[i] = mode
-    gpus = {planned[i].resolved.uuid for i, m in modes.items() if m.share_mps}
+    gpus = {planned[i].resolved.uuid for i, m in modes.items() if m.share_mps}  # GPU or MIG device UUIDs
     if len(gpus) > 1:
         raise ClaimConfigError(f"the claim holds MPS shares of {len(gpus)} GPUs; a claim's containers reach one "
                                "MPS daemon, so a claim may hold MPS shares of one GPU only")
@@ -153,8 +164,7 @@ def _share_capacity(p: _Planned) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     r = p.resolved
-    memory = (r.mig.memory_mib << 20 if r.mig is not None else r.profile.memory_mib << 20 if r.profile is not None
-              else 0) if r.kind == "mig" else (r.gpu.memory_bytes if r.gpu is not None else 0)
+    memory = _device_memory(r)
     if "memory" in p.consumed and memory:
         out["memory"] = binary_si(memory)
     if "compute" in p.consumed:
@@ -224,9 +234,11 @@ class Preparer(ClaimPreparer):
         try:
             groups = select(self.driver, raw, [(p.request, p.resolved.kind) for p in planned])
             for group in groups:
-                if strategy(group.config) == "MPS" and not isinstance(group.config, GpuConfig):
-                    raise ClaimConfigError("MPS on MIG devices is not supported by this driver yet; use MPS "
-                                           "on full GPUs or TimeSlicing")
+                if (strategy(group.config) == "MPS" and not isinstance(group.config, GpuConfig)
+                        and not all(planned[i].share_id for i in group.results)):
+                    raise ClaimConfigError("MPS on MIG devices is served to shares only (allocations with a "
+                                           "shareID, mpsShares); a claim-scoped MPS daemon on a whole MIG "
+                                           "device is not supported: use shares, or TimeSlicing")
                 _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
             modes = _share_modes(groups, planned)
         except ClaimConfigError as exc:
@@ -332,10 +344,19 @@ class Preparer(ClaimPreparer):
 
     async def _start_share_daemon(self, ref: ClaimRef, record: ClaimRecord, i: int,
                                   mode: _Mode) -> tuple[list[str], list[Mount]]:
-        """The GPU's one MPS daemon for its shares: started by the first share, confirmed by the others
+        """The device's one MPS daemon for its shares: started by the first share, confirmed by the others
         (discovery's start is idempotent); the share's CDI env and mounts. The share is recorded as a user
         of the daemon before the call, so a crash or failure from here on leaves it to the undo, which
-        stops the daemon only when no other record uses it."""
+        stops the daemon only when no other record uses it.
+
+        MPS on MIG (mig+mps): a share of a static MIG device is served by one daemon per MIG device,
+        named by the MIG device's UUID and started with CUDA_VISIBLE_DEVICES=MIG-<uuid>, as NVIDIA
+        documents it (each MPS server runs on one MIG instance, its client limit lowered in proportion
+        to the compute instance) and as NVIDIA's DRA driver does (the daemon sees the MIG UUIDs, the
+        compute mode is set on the parent GPU, which discovery keeps in EXCLUSIVE_PROCESS while any of
+        its MIG devices has a daemon). So the shares of one MIG device meet only each other, a MIG
+        device's daemon comes and goes with its own shares, and a share's client sees its MIG device as
+        device 0: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB> limits it on that MIG device."""
         dev = record.devices[i]
         daemon = share_daemon_id(dev.uuid)
         async with self._daemon_locks[daemon]:
