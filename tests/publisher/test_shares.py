@@ -220,3 +220,27 @@ async def test_on_v1beta1_the_publisher_withholds_shares_and_says_so_once(bus, a
     assert not any("allowMultipleAllocations" in d["basic"] for d in a["spec"]["devices"])
     said = [r for r in caplog.records if "GPU shares not offered" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in said]
+
+
+async def test_mig_mps_shares_with_a_5gi_step_offer_a_static_mig_device_two_shares_or_more(tmp_path):
+    """mig+mps: with a 5Gi memory step the 3g.20gb static MIG device (about 19.6 GiB) holds min + one step
+    and more, so it is offered as mpsShares; the 1g.5gb and 2g.10gb ones (under 10 GiB) stay exclusive."""
+    inv = await scan(tmp_path, "mig", machine=STATIC_MIG_MACHINE)
+    path = tmp_path / "mig-mps.yaml"
+    text = (EXAMPLES / "mps-shares.yaml").read_text().replace("memoryStep: 10Gi", "memoryStep: 5Gi")
+    assert "memoryStep: 5Gi" in text
+    path.write_text(text)
+    settings = nodeconfig.resolve(nodeconfig.load(path), DEV, inv.gpus)
+    pool = slices.desired_pools(inv, {}, STATIC, V134, settings)[slices.GPU_DRIVER]
+    [body] = bodies(pool, V134)
+    assert_valid(body)
+    assert_valid_134(body)
+    migs = [d for d in body["spec"]["devices"] if d["attributes"]["type"] == {"string": "mig"}]
+    shared = [d for d in migs if d.get("allowMultipleAllocations")]
+    assert [d["attributes"]["profile"]["string"] for d in shared] == ["3g.20gb"]
+    [device] = shared
+    check_request_policies(device)
+    memory = device["capacity"]["memory"]
+    assert memory["value"] == "15Gi" and memory["requestPolicy"] == _range("5Gi", "5Gi", "15Gi", "5Gi")
+    assert parse_quantity(memory["value"]) // parse_quantity("5Gi") >= 2  # two shares of the minimum fit
+    assert device["capacity"]["compute"]["requestPolicy"] == _range("10", "10", "100", "10")
