@@ -18,7 +18,7 @@ from services.preparer.devices import DeviceOps
 from shared.bus import Bus
 from shared.events.inventory import MigDevice
 from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
-from tests.preparer.helpers import MemoryClaims, running_node
+from tests.preparer.helpers import MemoryClaims, gpu_config, running_node
 from tests.preparer.test_shares import PID_FILE, daemon_starts, edits_of, gpu_of, mps_dirs, share_doc, spec_of
 
 
@@ -125,3 +125,26 @@ async def test_two_mig_devices_of_one_gpu_have_a_daemon_each_and_share_the_paren
         assert len(mps_dirs(disc)) == 1
         assert await node.plugin.unprepare([on_b]) == {on_b.uid: ""}
         assert gpu_of(disc, "gpu-2").sharing.compute_mode == "Default" and mps_dirs(disc) == []
+
+
+async def test_a_mig_device_config_with_mps_sets_its_shares_daemon_and_whole_devices_stay_refused(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+    mig = await static_mig(bus, disc, "gpu-3", "3g.40gb")
+    mps = gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 60}}, kind="MigDeviceConfig")
+    shares = [claims.add(share_doc(f"cfg-{i}", "tenant", device=mig.name, memory="5Gi", compute="10",
+                                   configs=[mps])) for i in range(2)]
+    whole = claims.add(share_doc("whole-mps", "tenant", device=mig.name, configs=[mps], share=False))
+    async with running_node(claims, root, bus=bus) as node:
+        prepared = await node.plugin.prepare(shares)
+        assert all(prepared[c.uid].error == "" for c in shares), prepared
+        [start] = daemon_starts(fake)
+        assert start["env"]["CUDA_VISIBLE_DEVICES"] == mig.uuid
+        settings = [c["stdin"] for c in fake.calls("nvidia-cuda-mps-control") if c.get("stdin")]
+        assert "set_default_active_thread_percentage 60\n" in settings
+        assert {edits_of(node.cdi_dir, c.uid)[0]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for c in shares} == {"10"}
+        # a claim-scoped MPS daemon on a whole MIG device is still not served
+        error = (await node.plugin.prepare([whole]))[whole.uid].error
+        assert "served to shares only" in error, error
+        assert whole.uid not in node.service.checkpoint.claims and len(daemon_starts(fake)) == 1
+        assert await node.plugin.unprepare(shares) == {c.uid: "" for c in shares}
+        assert mps_dirs(disc) == [] and gpu_of(disc, "gpu-3").sharing.compute_mode == "Default"
