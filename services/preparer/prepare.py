@@ -173,6 +173,9 @@ class Preparer(ClaimPreparer):
         self.common = common  # the node's driver userspace, in every claim spec
         # per shared MPS daemon: its start and its stop (with the count of its users) do not interleave
         self._daemon_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # per shared MPS daemon this process started or confirmed, and has not asked to stop since: the
+        # settings it runs with and its (pipe, shm) dirs (`_running_share_daemon`)
+        self._share_daemons: dict[str, tuple[dict[str, int], str, str]] = {}
 
     def _plan(self, claim: ResourceClaim) -> tuple[list[_Planned], list[RawConfig]]:
         allocation = claim.status.allocation
@@ -241,6 +244,8 @@ class Preparer(ClaimPreparer):
             shared=modes[i].shared, admin_access=p.admin_access, share_id=p.share_id,
             consumed_capacity=dict(p.consumed), capacity=_share_capacity(p), sharing=modes[i].sharing,
             mps_daemon_settings=dict(modes[i].daemon_settings),
+            # a share's user mark is in its start record (the one write before the daemon's start, if any)
+            mps_daemon=share_daemon_id(p.resolved.uuid) if modes[i].share_mps else "",
             dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
         ) for i, p in enumerate(planned)]
         record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
@@ -333,22 +338,66 @@ class Preparer(ClaimPreparer):
     async def _start_share_daemon(self, ref: ClaimRef, record: ClaimRecord, i: int,
                                   mode: _Mode) -> tuple[list[str], list[Mount]]:
         """The GPU's one MPS daemon for its shares: started by the first share, confirmed by the others
-        (discovery's start is idempotent); the share's CDI env and mounts. The share is recorded as a user
-        of the daemon before the call, so a crash or failure from here on leaves it to the undo, which
-        stops the daemon only when no other record uses it."""
+        (discovery's start is idempotent), or known running (`_running_share_daemon`: no request); the
+        share's CDI env and mounts. The share is a user of the daemon from its start record on (staged
+        with the claim's PrepareStarted, or written with it); before a start request that record is on disk,
+        so a crash or failure from there on leaves the share to the undo, which stops the daemon only when
+        no other record uses it. A share that makes no request starts nothing: its record may stay staged
+        (the claim's PrepareCompleted, or any earlier write, carries it), as a plain prepare's does."""
         dev = record.devices[i]
-        daemon = share_daemon_id(dev.uuid)
+        daemon = dev.mps_daemon
         async with self._daemon_locks[daemon]:
-            dev.mps_daemon = daemon
-            await self.checkpoint.put(ref.uid, record)
-            settings = dev.mps_daemon_settings
-            limit = settings.get("pinnedDeviceMemoryLimitMiB")
-            with tracer.start_as_current_span("device.mps-start") as span:
-                span.set_attribute("dra.share_id", dev.share_id)
-                started = await self.ops.mps_start(daemon, [dev.uuid], settings.get("activeThreadPercentage"),
-                                                   {dev.uuid: limit << 20} if limit else {})
-        env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
+            known = self._running_share_daemon(ref.uid, dev)
+            if known is not None:
+                pipe_dir, shm_dir = known
+                trace.get_current_span().set_attribute("dra.mps_daemon.known", True)
+            else:
+                await self.checkpoint.put(ref.uid, record)
+                settings = dev.mps_daemon_settings
+                limit = settings.get("pinnedDeviceMemoryLimitMiB")
+                with tracer.start_as_current_span("device.mps-start") as span:
+                    span.set_attribute("dra.share_id", dev.share_id)
+                    try:
+                        started = await self.ops.mps_start(daemon, [dev.uuid], settings.get("activeThreadPercentage"),
+                                                           {dev.uuid: limit << 20} if limit else {})
+                    except BaseException:
+                        self._share_daemons.pop(daemon, None)  # in an unknown state now: the next share asks
+                        raise
+                pipe_dir, shm_dir = started.pipe_dir, started.shm_dir
+                self._share_daemons[daemon] = (dict(settings), pipe_dir, shm_dir)
+        env, mounts = mps_edits(pipe_dir, shm_dir)
         return env + mps_share_env(mode.limits.memory, mode.limits.compute), mounts
+
+    def _running_share_daemon(self, uid: str, dev: PreparedDevice) -> tuple[str, str] | None:
+        """The (pipe, shm) dirs of `dev`'s GPU's shared daemon when it is known to run with `dev`'s settings,
+        so that one more share needs no `mps-start` round trip; None when discovery must start or confirm it.
+        Called under the daemon's lock. Known means all three of:
+        1. this process started or confirmed it with these settings (discovery replied ok) and has asked no
+           stop of it since (`_release_share_daemon` forgets it before asking; a failed or interrupted start
+           forgets it): nothing this preparer did has stopped it, and its dirs are the ones that reply named;
+        2. the checkpoint holds another claim's completed share using it with the same settings: it is in use,
+           and it cannot be stopped while that record stands (the stop waits for the last user's undo);
+        3. discovery's inventory, followed live from its KV (not the local cache), names it as the GPU's MPS
+           daemon. Discovery keeps a record per daemon it runs and publishes it; when discovery restarts,
+           its reconcile drops the record of a daemon that is gone (a node reboot or its container's
+           restart ends the daemon) and publishes the GPU without it, so this check sends the next share to
+           discovery, whose start brings the daemon back, as the confirm did before. A preparer restart
+           empties (1): its first share of each GPU asks discovery.
+        What the confirm also did and this does not: notice a daemon that died while discovery kept running
+        (discovery has no watch on its daemons; its start checks the pid), and start it again for the new
+        share. The shares prepared before were without a daemon from its death on either way."""
+        known = self._share_daemons.get(dev.mps_daemon)
+        if known is None or known[0] != dev.mps_daemon_settings:
+            return None
+        if not any(r.state == "PrepareCompleted" and any(
+                d.mps_daemon == dev.mps_daemon and d.mps_daemon_settings == dev.mps_daemon_settings for d in r.devices)
+                   for u, r in self.checkpoint.claims.items() if u != uid):
+            return None
+        inv = self.inventory.current
+        if not self.inventory.live or inv is None or not any(
+                g.uuid == dev.uuid and g.sharing.mps_daemon == dev.mps_daemon for g in inv.gpus):
+            return None
+        return known[1], known[2]
 
     # -- unprepare -------------------------------------------------------------------------
     def _still_used(self, uid: str, device: str) -> bool:
@@ -393,6 +442,7 @@ class Preparer(ClaimPreparer):
                 log.info("shared MPS daemon kept: other shares use it", claim_uid=uid, daemon=daemon,
                          users=len(users))
                 return
+            self._share_daemons.pop(daemon, None)  # forgotten before the stop: a failed stop leaves it unknown
             with tracer.start_as_current_span("device.mps-stop"):
                 await self.ops.mps_stop(daemon)
 
