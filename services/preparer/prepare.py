@@ -11,6 +11,7 @@ I/O goes through small ports: ClaimSource, Inventory, DeviceOps, CdiWriter, Chec
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ log = get_logger(__name__)
 tracer = get_tracer(__name__)
 
 MAX_RESULTS = 32  # upstream AllocationResultsMaxSize: a claim holds at most 32 devices
+_memory_si = functools.lru_cache(maxsize=256)(binary_si)  # a node's few device sizes, per share's prepare
 
 
 @dataclass
@@ -156,7 +158,7 @@ def _share_capacity(p: _Planned) -> dict[str, str]:
     memory = (r.mig.memory_mib << 20 if r.mig is not None else r.profile.memory_mib << 20 if r.profile is not None
               else 0) if r.kind == "mig" else (r.gpu.memory_bytes if r.gpu is not None else 0)
     if "memory" in p.consumed and memory:
-        out["memory"] = binary_si(memory)
+        out["memory"] = _memory_si(memory)
     if "compute" in p.consumed:
         out["compute"] = "100"
     return out
@@ -174,8 +176,8 @@ class Preparer(ClaimPreparer):
         # per shared MPS daemon: its start and its stop (with the count of its users) do not interleave
         self._daemon_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # per shared MPS daemon this process started or confirmed, and has not asked to stop since: the
-        # settings it runs with and its (pipe, shm) dirs (`_running_share_daemon`)
-        self._share_daemons: dict[str, tuple[dict[str, int], str, str]] = {}
+        # settings it runs with and the CDI env and mounts that reach it (`_running_share_daemon`)
+        self._share_daemons: dict[str, tuple[dict[str, int], list[str], list[Mount]]] = {}
 
     def _plan(self, claim: ResourceClaim) -> tuple[list[_Planned], list[RawConfig]]:
         allocation = claim.status.allocation
@@ -349,7 +351,7 @@ class Preparer(ClaimPreparer):
         async with self._daemon_locks[daemon]:
             known = self._running_share_daemon(ref.uid, dev)
             if known is not None:
-                pipe_dir, shm_dir = known
+                env, mounts = known
                 trace.get_current_span().set_attribute("dra.mps_daemon.known", True)
             else:
                 await self.checkpoint.put(ref.uid, record)
@@ -363,18 +365,18 @@ class Preparer(ClaimPreparer):
                     except BaseException:
                         self._share_daemons.pop(daemon, None)  # in an unknown state now: the next share asks
                         raise
-                pipe_dir, shm_dir = started.pipe_dir, started.shm_dir
-                self._share_daemons[daemon] = (dict(settings), pipe_dir, shm_dir)
-        env, mounts = mps_edits(pipe_dir, shm_dir)
-        return env + mps_share_env(mode.limits.memory, mode.limits.compute), mounts
+                env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
+                self._share_daemons[daemon] = (dict(settings), env, mounts)
+        return env + mps_share_env(mode.limits.memory, mode.limits.compute), list(mounts)
 
-    def _running_share_daemon(self, uid: str, dev: PreparedDevice) -> tuple[str, str] | None:
-        """The (pipe, shm) dirs of `dev`'s GPU's shared daemon when it is known to run with `dev`'s settings,
+    def _running_share_daemon(self, uid: str, dev: PreparedDevice) -> tuple[list[str], list[Mount]] | None:
+        """The CDI env and mounts that reach `dev`'s GPU's shared daemon when it is known to run with `dev`'s settings,
         so that one more share needs no `mps-start` round trip; None when discovery must start or confirm it.
         Called under the daemon's lock. Known means all three of:
         1. this process started or confirmed it with these settings (discovery replied ok) and has asked no
            stop of it since (`_release_share_daemon` forgets it before asking; a failed or interrupted start
-           forgets it): nothing this preparer did has stopped it, and its dirs are the ones that reply named;
+           forgets it): nothing this preparer did has stopped it, and its pipe and shm dirs are the ones that
+           reply named (discovery names them by the daemon's id, so a daemon started again has the same);
         2. the checkpoint holds another claim's completed share using it with the same settings: it is in use,
            and it cannot be stopped while that record stands (the stop waits for the last user's undo);
         3. discovery's inventory, followed live from its KV (not the local cache), names it as the GPU's MPS
