@@ -350,9 +350,8 @@ class Preparer(ClaimPreparer):
         daemon = dev.mps_daemon
         async with self._daemon_locks[daemon]:
             known = self._running_share_daemon(ref.uid, dev)
-            if known is not None:
+            if known is not None:  # no device.mps-start span in the claim's trace says so
                 env, mounts = known
-                trace.get_current_span().set_attribute("dra.mps_daemon.known", True)
             else:
                 await self.checkpoint.put(ref.uid, record)
                 settings = dev.mps_daemon_settings
@@ -391,15 +390,22 @@ class Preparer(ClaimPreparer):
         known = self._share_daemons.get(dev.mps_daemon)
         if known is None or known[0] != dev.mps_daemon_settings:
             return None
-        if not any(r.state == "PrepareCompleted" and any(
-                d.mps_daemon == dev.mps_daemon and d.mps_daemon_settings == dev.mps_daemon_settings for d in r.devices)
-                   for u, r in self.checkpoint.claims.items() if u != uid):
-            return None
         inv = self.inventory.current
-        if not self.inventory.live or inv is None or not any(
-                g.uuid == dev.uuid and g.sharing.mps_daemon == dev.mps_daemon for g in inv.gpus):
+        if not self.inventory.live or inv is None:
             return None
-        return known[1], known[2]
+        for gpu in inv.gpus:
+            if gpu.uuid == dev.uuid:
+                if gpu.sharing.mps_daemon != dev.mps_daemon:
+                    return None
+                break
+        else:
+            return None
+        for other, record in self.checkpoint.claims.items():
+            if other != uid and record.state == "PrepareCompleted":
+                for held in record.devices:
+                    if held.mps_daemon == dev.mps_daemon and held.mps_daemon_settings == dev.mps_daemon_settings:
+                        return known[1], known[2]
+        return None
 
     # -- unprepare -------------------------------------------------------------------------
     def _still_used(self, uid: str, device: str) -> bool:
