@@ -100,7 +100,8 @@ class MpsManager:
     async def start(self, req: MpsStartRequest, known_uuids: set[str]) -> MpsDaemonRecord:
         """Start (or confirm) the daemon; on failure nothing of it is left. Idempotent: a start of a running
         daemon with the same GPUs and settings confirms it (one daemon per GPU serves all of its shares:
-        every share's prepare asks, the first starts it), one with other settings is refused."""
+        the first share's prepare starts it, a later one asks unless the preparer knows it runs, see its
+        `_running_share_daemon`), one with other settings is refused."""
         base = self._dir(req.daemon_id)
         unknown = [u for u in req.gpu_uuids if u not in known_uuids]
         if unknown or not req.gpu_uuids:
