@@ -108,7 +108,8 @@ class MpsManager:
                     parents: dict[str, str] | None = None) -> MpsDaemonRecord:
         """Start (or confirm) the daemon; on failure nothing of it is left. Idempotent: a start of a running
         daemon with the same GPUs and settings confirms it (one daemon per GPU serves all of its shares:
-        every share's prepare asks, the first starts it), one with other settings is refused.
+        the first share's prepare starts it, a later one asks unless the preparer knows it runs, see its
+        `_running_share_daemon`), one with other settings is refused.
 
         `parents` maps a MIG device's UUID to its GPU's (mig+mps): such a daemon serves MIG devices
         (CUDA_VISIBLE_DEVICES=MIG-<uuid>) while their parent GPU is set to ExclusiveProcess, and a

@@ -14,6 +14,7 @@ memory, an active-thread percentage within 0..100, an interval one of the four n
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -218,6 +219,7 @@ def mps_daemon_id(claim_uid: str, uuids: list[str]) -> str:
     return f"{claim_uid}-{digest}"
 
 
+@functools.lru_cache(maxsize=1024)  # a node's GPUs: a hash per GPU, not per share's prepare
 def share_daemon_id(gpu_uuid: str) -> str:
     """The id of a GPU's one MPS daemon serving all its shares (KEP-5075): named by the GPU, not a claim."""
     return f"gpu-{hashlib.sha256(gpu_uuid.encode()).hexdigest()[:12]}"
@@ -240,16 +242,23 @@ class ShareLimits:
 def share_limits(consumed: dict[str, str], gpu_memory: int = 0) -> ShareLimits:
     """The MPS client limits of a share's consumedCapacity (`memory` in bytes, whole MiB, at most the GPU's
     memory; `compute` a percent of the SMs, 1..100); ClaimConfigError naming a value that does not fit."""
+    memory, compute = consumed.get("memory"), consumed.get("compute")
+    return _share_limits(None if memory is None else str(memory), None if compute is None else str(compute),
+                         gpu_memory)
+
+
+@functools.lru_cache(maxsize=1024)  # a node's shares repeat few sizes: parsed once, not per share's prepare
+def _share_limits(memory_text: str | None, compute_text: str | None, gpu_memory: int) -> ShareLimits:
     memory = compute = None
-    if "memory" in consumed:
-        memory = _pinned_limit(str(consumed["memory"]), "consumedCapacity memory", gpu_memory or MAX_VALUE)
-    if "compute" in consumed:
+    if memory_text is not None:
+        memory = _pinned_limit(memory_text, "consumedCapacity memory", gpu_memory or MAX_VALUE)
+    if compute_text is not None:
         try:
-            value = parse_quantity(str(consumed["compute"]))
+            value = parse_quantity(compute_text)
         except QuantityError as exc:
             raise ClaimConfigError(f"consumedCapacity compute: {exc}") from None
         if value.denominator != 1 or not 1 <= value <= 100:
-            raise ClaimConfigError(f"consumedCapacity compute {_short(consumed['compute'])} must be a whole "
+            raise ClaimConfigError(f"consumedCapacity compute {_short(compute_text)} must be a whole "
                                    "percent of the GPU's SMs within 1..100")
         compute = int(value)
     return ShareLimits(memory=memory, compute=compute)

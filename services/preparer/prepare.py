@@ -11,6 +11,7 @@ I/O goes through small ports: ClaimSource, Inventory, DeviceOps, CdiWriter, Chec
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ log = get_logger(__name__)
 tracer = get_tracer(__name__)
 
 MAX_RESULTS = 32  # upstream AllocationResultsMaxSize: a claim holds at most 32 devices
+_memory_si = functools.lru_cache(maxsize=256)(binary_si)  # a node's few device sizes, per share's prepare
 
 
 @dataclass
@@ -166,7 +168,7 @@ def _share_capacity(p: _Planned) -> dict[str, str]:
     r = p.resolved
     memory = _device_memory(r)
     if "memory" in p.consumed and memory:
-        out["memory"] = binary_si(memory)
+        out["memory"] = _memory_si(memory)
     if "compute" in p.consumed:
         out["compute"] = "100"
     return out
@@ -183,6 +185,9 @@ class Preparer(ClaimPreparer):
         self.common = common  # the node's driver userspace, in every claim spec
         # per shared MPS daemon: its start and its stop (with the count of its users) do not interleave
         self._daemon_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # per shared MPS daemon this process started or confirmed, and has not asked to stop since: the
+        # settings it runs with and the CDI env and mounts that reach it (`_running_share_daemon`)
+        self._share_daemons: dict[str, tuple[dict[str, int], list[str], list[Mount]]] = {}
 
     def _plan(self, claim: ResourceClaim) -> tuple[list[_Planned], list[RawConfig]]:
         allocation = claim.status.allocation
@@ -253,6 +258,8 @@ class Preparer(ClaimPreparer):
             shared=modes[i].shared, admin_access=p.admin_access, share_id=p.share_id,
             consumed_capacity=dict(p.consumed), capacity=_share_capacity(p), sharing=modes[i].sharing,
             mps_daemon_settings=dict(modes[i].daemon_settings),
+            # a share's user mark is in its start record (the one write before the daemon's start, if any)
+            mps_daemon=share_daemon_id(p.resolved.uuid) if modes[i].share_mps else "",
             dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
         ) for i, p in enumerate(planned)]
         record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
@@ -345,9 +352,12 @@ class Preparer(ClaimPreparer):
     async def _start_share_daemon(self, ref: ClaimRef, record: ClaimRecord, i: int,
                                   mode: _Mode) -> tuple[list[str], list[Mount]]:
         """The device's one MPS daemon for its shares: started by the first share, confirmed by the others
-        (discovery's start is idempotent); the share's CDI env and mounts. The share is recorded as a user
-        of the daemon before the call, so a crash or failure from here on leaves it to the undo, which
-        stops the daemon only when no other record uses it.
+        (discovery's start is idempotent), or known running (`_running_share_daemon`: no request); the
+        share's CDI env and mounts. The share is a user of the daemon from its start record on (staged
+        with the claim's PrepareStarted, or written with it); before a start request that record is on disk,
+        so a crash or failure from there on leaves the share to the undo, which stops the daemon only when
+        no other record uses it. A share that makes no request starts nothing: its record may stay staged
+        (the claim's PrepareCompleted, or any earlier write, carries it), as a plain prepare's does.
 
         MPS on MIG (mig+mps): a share of a static MIG device is served by one daemon per MIG device,
         named by the MIG device's UUID and started with CUDA_VISIBLE_DEVICES=MIG-<uuid>, as NVIDIA
@@ -358,18 +368,65 @@ class Preparer(ClaimPreparer):
         device's daemon comes and goes with its own shares, and a share's client sees its MIG device as
         device 0: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB> limits it on that MIG device."""
         dev = record.devices[i]
-        daemon = share_daemon_id(dev.uuid)
+        daemon = dev.mps_daemon
         async with self._daemon_locks[daemon]:
-            dev.mps_daemon = daemon
-            await self.checkpoint.put(ref.uid, record)
-            settings = dev.mps_daemon_settings
-            limit = settings.get("pinnedDeviceMemoryLimitMiB")
-            with tracer.start_as_current_span("device.mps-start") as span:
-                span.set_attribute("dra.share_id", dev.share_id)
-                started = await self.ops.mps_start(daemon, [dev.uuid], settings.get("activeThreadPercentage"),
-                                                   {dev.uuid: limit << 20} if limit else {})
-        env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
-        return env + mps_share_env(mode.limits.memory, mode.limits.compute), mounts
+            known = self._running_share_daemon(ref.uid, dev)
+            if known is not None:  # no device.mps-start span in the claim's trace says so
+                env, mounts = known
+            else:
+                await self.checkpoint.put(ref.uid, record)
+                settings = dev.mps_daemon_settings
+                limit = settings.get("pinnedDeviceMemoryLimitMiB")
+                with tracer.start_as_current_span("device.mps-start") as span:
+                    span.set_attribute("dra.share_id", dev.share_id)
+                    try:
+                        started = await self.ops.mps_start(daemon, [dev.uuid], settings.get("activeThreadPercentage"),
+                                                           {dev.uuid: limit << 20} if limit else {})
+                    except BaseException:
+                        self._share_daemons.pop(daemon, None)  # in an unknown state now: the next share asks
+                        raise
+                env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
+                self._share_daemons[daemon] = (dict(settings), env, mounts)
+        return env + mps_share_env(mode.limits.memory, mode.limits.compute), list(mounts)
+
+    def _running_share_daemon(self, uid: str, dev: PreparedDevice) -> tuple[list[str], list[Mount]] | None:
+        """The CDI env and mounts that reach `dev`'s GPU's shared daemon when it is known to run with `dev`'s settings,
+        so that one more share needs no `mps-start` round trip; None when discovery must start or confirm it.
+        Called under the daemon's lock. Known means all three of:
+        1. this process started or confirmed it with these settings (discovery replied ok) and has asked no
+           stop of it since (`_release_share_daemon` forgets it before asking; a failed or interrupted start
+           forgets it): nothing this preparer did has stopped it, and its pipe and shm dirs are the ones that
+           reply named (discovery names them by the daemon's id, so a daemon started again has the same);
+        2. the checkpoint holds another claim's completed share using it with the same settings: it is in use,
+           and it cannot be stopped while that record stands (the stop waits for the last user's undo);
+        3. discovery's inventory, followed live from its KV (not the local cache), names it as the GPU's MPS
+           daemon. Discovery keeps a record per daemon it runs and publishes it; when discovery restarts,
+           its reconcile drops the record of a daemon that is gone (a node reboot or its container's
+           restart ends the daemon) and publishes the GPU without it, so this check sends the next share to
+           discovery, whose start brings the daemon back, as the confirm did before. A preparer restart
+           empties (1): its first share of each GPU asks discovery.
+        What the confirm also did and this does not: notice a daemon that died while discovery kept running
+        (discovery has no watch on its daemons; its start checks the pid), and start it again for the new
+        share. The shares prepared before were without a daemon from its death on either way."""
+        known = self._share_daemons.get(dev.mps_daemon)
+        if known is None or known[0] != dev.mps_daemon_settings:
+            return None
+        inv = self.inventory.current
+        if not self.inventory.live or inv is None:
+            return None
+        for gpu in inv.gpus:
+            if gpu.uuid == dev.uuid:
+                if gpu.sharing.mps_daemon != dev.mps_daemon:
+                    return None
+                break
+        else:
+            return None
+        for other, record in self.checkpoint.claims.items():
+            if other != uid and record.state == "PrepareCompleted":
+                for held in record.devices:
+                    if held.mps_daemon == dev.mps_daemon and held.mps_daemon_settings == dev.mps_daemon_settings:
+                        return known[1], known[2]
+        return None
 
     # -- unprepare -------------------------------------------------------------------------
     def _still_used(self, uid: str, device: str) -> bool:
@@ -414,6 +471,7 @@ class Preparer(ClaimPreparer):
                 log.info("shared MPS daemon kept: other shares use it", claim_uid=uid, daemon=daemon,
                          users=len(users))
                 return
+            self._share_daemons.pop(daemon, None)  # forgotten before the stop: a failed stop leaves it unknown
             with tracer.start_as_current_span("device.mps-stop"):
                 await self.ops.mps_stop(daemon)
 

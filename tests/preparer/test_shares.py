@@ -25,7 +25,7 @@ from shared.bus import Bus
 from shared.devicemodel import binary_si
 from shared.events import catalog
 from shared.events.claims import ClaimLifecycle
-from shared.events.devices import MpsStartReply, MpsStartRequest
+from shared.events.devices import MpsStartReply, MpsStartRequest, MpsStopRequest
 from shared.natsserver import EmbeddedNats
 from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
 from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node
@@ -210,6 +210,64 @@ async def test_a_mode_conflicting_with_the_gpus_shares_is_refused_with_nothing_c
         assert (await node.plugin.prepare([whole]))[whole.uid].error == ""
 
 
+async def test_one_more_share_of_a_running_daemon_asks_discovery_nothing_until_discovery_drops_it(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+    """A share of a GPU whose daemon this preparer started, with a completed share using it and discovery's
+    inventory naming it, needs no mps-start request and one checkpoint write (a whole GPU's count). When
+    discovery no longer names the daemon (its restart found it gone), or after the last share stopped it,
+    the next share asks discovery again, which starts it."""
+    requests: list[Any] = []
+
+    async def seen(msg: Any) -> None:  # a copy of each mps-start request discovery gets
+        requests.append(msg)
+
+    sub = await bus.nc.subscribe("dra.v1.device.n1.mps-start", cb=seen)
+
+    async def asked() -> int:
+        await bus.nc.flush()
+        return len(requests)
+
+    tenants = [claims.add(share_doc(f"share-{i}", f"tenant-{i}")) for i in range(4)]
+    async with running_node(claims, root, bus=bus) as node:
+        inventory = node.service.plugin.inventory  # type: ignore[attr-defined]
+        assert (await node.plugin.prepare(tenants[:1]))[tenants[0].uid].error == ""
+        assert await asked() == 1
+        _, first_mounts = edits_of(node.cdi_dir, tenants[0].uid)
+        daemon = node.service.checkpoint.claims[tenants[0].uid].devices[0].mps_daemon
+        async with asyncio.timeout(5):
+            while inventory.current.gpus[0].sharing.mps_daemon != daemon:
+                await inventory.changed.wait()
+
+        writes = node.service.checkpoint.writes
+        assert (await node.plugin.prepare(tenants[1:2]))[tenants[1].uid].error == ""
+        assert await asked() == 1, "no request for one more share"
+        assert node.service.checkpoint.writes == writes + 1, "one write, as a whole GPU's prepare"
+        env, mounts = edits_of(node.cdi_dir, tenants[1].uid)
+        assert mounts == first_mounts and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
+        [held] = node.service.checkpoint.claims[tenants[1].uid].devices
+        assert held.mps_daemon == daemon and checkpoint(root)[tenants[1].uid]["state"] == "PrepareCompleted"
+
+        # discovery stops knowing the daemon (as when its restart found it gone): the next share asks, and
+        # discovery starts a daemon again
+        assert (await disc.service.ops.mps_stop(MpsStopRequest(daemon_id=daemon))).ok
+        async with asyncio.timeout(5):
+            while inventory.current.gpus[0].sharing.mps_daemon:
+                await inventory.changed.wait()
+        assert (await node.plugin.prepare(tenants[2:3]))[tenants[2].uid].error == ""
+        assert await asked() == 2 and len(daemon_starts(fake)) == 2
+        assert edits_of(node.cdi_dir, tenants[2].uid)[1] == first_mounts
+        assert gpu_of(disc, "gpu-0").sharing.mps_daemon == daemon
+
+        # the last share's unprepare stops the daemon: the next share starts it again
+        assert await node.plugin.unprepare(tenants[:3]) == {c.uid: "" for c in tenants[:3]}
+        assert mps_dirs(disc) == []
+        assert (await node.plugin.prepare(tenants[3:]))[tenants[3].uid].error == ""
+        assert await asked() == 3 and len(daemon_starts(fake)) == 3
+        assert await node.plugin.unprepare(tenants[3:]) == {tenants[3].uid: ""}
+        assert mps_dirs(disc) == [] and node.service.checkpoint.claims == {}
+    await sub.unsubscribe()
+
+
 async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_one_daemon(
         root: Path, nats_server: EmbeddedNats) -> None:
     async with node_parts(root, nats_server) as (bus, api, claims, disc, fake):
@@ -224,6 +282,12 @@ async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_
         [start] = daemon_starts(fake)
         pipe = Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"])
         pid = int((pipe / PID_FILE).read_text())
+        # A preparer that started or confirmed the daemon itself prepares one more share without asking
+        # discovery; a restarted one asks (confirms) first: restarted, the fifth share's prepare makes the request.
+        await plugin.close()
+        await stop(proc)
+        proc = await start_ready_preparer(root, api, nats_server)
+        plugin = await register(root / "reg" / "gpu.nvidia.com-reg.sock")
 
         # The fifth share's start request reaches discovery (which confirms the running daemon), then never
         # gets its answer: the kill lands with the share recorded as a user of the daemon.

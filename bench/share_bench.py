@@ -1,0 +1,120 @@
+"""Share benchmark: prepare (and unprepare) of one more share of a GPU already shared vs of a whole GPU.
+
+    .venv/bin/python bench/share_bench.py [--cycles 200] [--warmup 20] [--out bench/results/share.json]
+
+The harness of tests/preparer/test_shares.py: the preparer on its real unix sockets (gRPC from the kubelet
+emulator), discovery in-process on simulated H100s running a fake driver root's binaries (tests/fakedriver.py)
+over a real nats-server, claims in memory. gpu-0 keeps one resident share all along, so its MPS daemon stays
+up; each `share` cycle prepares and unprepares one more share of gpu-0 (a new claim each time), each `whole`
+cycle a claim of all of gpu-1. The two kinds alternate cycle by cycle (the machine is noisy: medians of
+interleaved cycles compare). Prints p50/p90 of each and the share/whole ratio; writes them to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from embedded.harness.discovery import running_discovery  # noqa: E402
+from shared.bus import Bus  # noqa: E402
+from shared.natsserver import EmbeddedNats  # noqa: E402
+from tests.fakedriver import make_driver_root  # noqa: E402
+from tests.preparer.helpers import MemoryClaims, cleanup, running_node, short_root  # noqa: E402
+from tests.preparer.test_shares import daemon_starts, share_doc  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(statistics.median(values) * 1e3, 3), "p90_ms": round(pct(values, 0.9) * 1e3, 3),
+            "n": len(values)}
+
+
+async def run(cycles: int, warmup: int) -> dict[str, Any]:
+    root = short_root()
+    nats = EmbeddedNats(store_dir=root / "nats")
+    await nats.start()
+    bus = await Bus.connect(nats.url, name="share-bench")
+    await bus.provision()
+    fake = make_driver_root(root / "driver")
+    timings: dict[str, dict[str, list[float]]] = {k: {"prepare": [], "unprepare": []} for k in ("share", "whole")}
+    mps_starts = 0
+    try:
+        async with running_discovery(bus, node="n1", simulate="h100x4", root=root / "sim",
+                                     driver_root=str(fake.root), tool_timeout=5.0) as _disc, \
+                running_node(claims := MemoryClaims(), root, bus=bus) as node:
+            resident = claims.add(share_doc("resident", "tenant-r"))
+            assert (await node.plugin.prepare([resident]))[resident.uid].error == ""
+            served = {"n": 0}
+
+            async def counting(_msg: Any) -> None:  # a copy of each mps-start request discovery gets
+                served["n"] += 1
+
+            sub = await bus.nc.subscribe("dra.v1.device.n1.mps-start", cb=counting)
+            for i in range(warmup + cycles):
+                for kind in ("share", "whole") if i % 2 == 0 else ("whole", "share"):
+                    doc = (share_doc(f"s-{i}", f"tenant-{i % 8}") if kind == "share"
+                           else share_doc(f"w-{i}", f"tenant-{i % 8}", device="gpu-1", share=False))
+                    claim = claims.add(doc)
+                    t0 = time.perf_counter()
+                    got = await node.plugin.prepare([claim])
+                    t1 = time.perf_counter()
+                    assert got[claim.uid].error == "", got[claim.uid].error
+                    undone = await node.plugin.unprepare([claim])
+                    t2 = time.perf_counter()
+                    assert undone == {claim.uid: ""}, undone
+                    claims.delete(claim.namespace, claim.name)
+                    if i >= warmup:
+                        timings[kind]["prepare"].append(t1 - t0)
+                        timings[kind]["unprepare"].append(t2 - t1)
+            await bus.nc.flush()
+            await sub.unsubscribe()
+            mps_starts = served["n"]
+            assert len(daemon_starts(fake)) == 1, "one daemon all along"
+            assert (await node.plugin.unprepare([resident])) == {resident.uid: ""}
+    finally:
+        await bus.close()
+        await nats.close()
+        cleanup(root)
+    out: dict[str, Any] = {k: {phase: summary(v) for phase, v in t.items()} for k, t in timings.items()}
+    out["ratio_prepare_p50_share_over_whole"] = round(
+        out["share"]["prepare"]["p50_ms"] / out["whole"]["prepare"]["p50_ms"], 3)
+    out["ratio_unprepare_p50_share_over_whole"] = round(
+        out["share"]["unprepare"]["p50_ms"] / out["whole"]["unprepare"]["p50_ms"], 3)
+    out["mps_start_requests_per_share_cycle"] = round(mps_starts / (warmup + cycles), 3)
+    out["cycles"], out["warmup"], out["cpus"] = cycles, warmup, os.cpu_count()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cycles", type=int, default=200, help="measured cycles of each kind")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "share.json"))
+    args = ap.parse_args()
+    result = asyncio.run(run(args.cycles, args.warmup))
+    for kind in ("share", "whole"):
+        p, u = result[kind]["prepare"], result[kind]["unprepare"]
+        print(f"{kind:>5}: prepare p50 {p['p50_ms']:.2f} ms p90 {p['p90_ms']:.2f} ms | "
+              f"unprepare p50 {u['p50_ms']:.2f} ms p90 {u['p90_ms']:.2f} ms  (n={p['n']})")
+    print(f"prepare p50 share/whole: {result['ratio_prepare_p50_share_over_whole']:.2f}x; unprepare "
+          f"{result['ratio_unprepare_p50_share_over_whole']:.2f}x; mps-start requests per share cycle "
+          f"{result['mps_start_requests_per_share_cycle']}")
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
