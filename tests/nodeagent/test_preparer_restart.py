@@ -104,7 +104,11 @@ class Parts:
         assert edits["main"]["devices"] == [f"n1/{MIG}"]
         assert list(checkpoint(self.root)) == [claim_uid]
         assert checkpoint(self.root)[claim_uid]["state"] == "PrepareCompleted"
-        assert self.mig_devices() == [MIG]
+        # discovery's own view follows its scans, which a rollback's destroy and the retry's create can finish
+        # in either order: it must settle on the one device
+        async with asyncio.timeout(15):
+            while self.mig_devices() != [MIG]:
+                await asyncio.sleep(0.05)
 
     async def delete_and_check_freed(self, name: str, claim_uid: str) -> None:
         await self.cluster.core.delete_namespaced_pod(name, "default")
