@@ -239,9 +239,11 @@ class ShareLimits:
 
 def share_limits(consumed: dict[str, str], gpu_memory: int = 0) -> ShareLimits:
     """The MPS client limits of a share's consumedCapacity (`memory` in bytes, whole MiB, at most the GPU's
-    memory; `compute` a percent of the SMs, 1..100); ClaimConfigError naming a value that does not fit."""
+    memory; `compute` a percent of the SMs, 1..100); ClaimConfigError naming a value that does not fit.
+    `memory: 0` (a claim naming no amount under `memoryDefault: none`, NVIDIA's unlimited and integer
+    modes) reserves no memory, so it sets no client memory limit: the daemon's default applies."""
     memory = compute = None
-    if "memory" in consumed:
+    if "memory" in consumed and not _is_zero(str(consumed["memory"])):
         memory = _pinned_limit(str(consumed["memory"]), "consumedCapacity memory", gpu_memory or MAX_VALUE)
     if "compute" in consumed:
         try:
@@ -253,6 +255,13 @@ def share_limits(consumed: dict[str, str], gpu_memory: int = 0) -> ShareLimits:
                                    "percent of the GPU's SMs within 1..100")
         compute = int(value)
     return ShareLimits(memory=memory, compute=compute)
+
+
+def _is_zero(text: str) -> bool:
+    try:
+        return parse_quantity(text) == 0
+    except QuantityError:
+        return False  # _pinned_limit names the bad value
 
 
 # -- selection ------------------------------------------------------------------------------
