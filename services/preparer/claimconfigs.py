@@ -241,7 +241,9 @@ class ShareLimits:
 
 def share_limits(consumed: dict[str, str], gpu_memory: int = 0) -> ShareLimits:
     """The MPS client limits of a share's consumedCapacity (`memory` in bytes, whole MiB, at most the GPU's
-    memory; `compute` a percent of the SMs, 1..100); ClaimConfigError naming a value that does not fit."""
+    memory; `compute` a percent of the SMs, 1..100); ClaimConfigError naming a value that does not fit.
+    `memory: 0` (a claim naming no amount under `memoryDefault: none`, NVIDIA's unlimited and integer
+    modes) reserves no memory, so it sets no client memory limit: the daemon's default applies."""
     memory, compute = consumed.get("memory"), consumed.get("compute")
     return _share_limits(None if memory is None else str(memory), None if compute is None else str(compute),
                          gpu_memory)
@@ -250,7 +252,7 @@ def share_limits(consumed: dict[str, str], gpu_memory: int = 0) -> ShareLimits:
 @functools.lru_cache(maxsize=1024)  # a node's shares repeat few sizes: parsed once, not per share's prepare
 def _share_limits(memory_text: str | None, compute_text: str | None, gpu_memory: int) -> ShareLimits:
     memory = compute = None
-    if memory_text is not None:
+    if memory_text is not None and not _is_zero(memory_text):
         memory = _pinned_limit(memory_text, "consumedCapacity memory", gpu_memory or MAX_VALUE)
     if compute_text is not None:
         try:
@@ -262,6 +264,13 @@ def _share_limits(memory_text: str | None, compute_text: str | None, gpu_memory:
                                    "percent of the GPU's SMs within 1..100")
         compute = int(value)
     return ShareLimits(memory=memory, compute=compute)
+
+
+def _is_zero(text: str) -> bool:
+    try:
+        return parse_quantity(text) == 0
+    except QuantityError:
+        return False  # _pinned_limit names the bad value
 
 
 # -- selection ------------------------------------------------------------------------------

@@ -362,3 +362,29 @@ async def test_plain_shares_without_compute_start_no_daemon_and_carry_no_mps_lim
         assert daemon_starts(fake) == [] and mps_dirs(disc) == [] and gpu_of(disc, "gpu-0").sharing.mps_daemon == ""
         assert await node.plugin.unprepare(tenants) == {c.uid: "" for c in tenants}
         assert node.service.checkpoint.claims == {} and node.cdi_files() == []
+
+
+async def test_an_mps_config_on_a_share_that_consumes_no_memory_gets_no_client_memory_limit(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+    """NVIDIA's bats gpu-mps.yaml under --consumable-shares=4: the share consumes `shares: 1, memory: 0`. It is
+    served by the GPU's daemon with the config's settings; 0 memory reserved means no client memory limit
+    (not a limit of 0, which no MPS client could run under)."""
+    mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
+                                            "defaultPinnedDeviceMemoryLimit": "10Gi"}}
+    doc = share_doc("mps-share", "default", configs=[gpu_config(mps)])
+    doc["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {"shares": "1", "memory": "0"}
+    claim = claims.add(doc)
+    async with running_node(claims, root, bus=bus) as node:
+        assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
+        env, mounts = edits_of(node.cdi_dir, claim.uid)
+        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env, env
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps" and "/tmp/nvidia-mps" in mounts
+        [start] = daemon_starts(fake)
+        controls = [c["stdin"] for c in fake.calls("nvidia-cuda-mps-control") if not c["argv"]]
+        uuid = gpu_of(disc, "gpu-0").uuid
+        assert {"set_default_active_thread_percentage 50\n",
+                f"set_default_device_pinned_mem_limit {uuid} 10240M\n"} <= set(controls), controls
+        [held] = node.service.checkpoint.claims[claim.uid].devices
+        assert held.mps_daemon == Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"]).parent.name
+        assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
+        assert mps_dirs(disc) == []
