@@ -26,8 +26,12 @@ def _fixture_objects() -> list[tuple[str, dict[str, Any]]]:
 
 
 def _protobuf_form(value: Any) -> Any:
-    """What protobuf can carry: no nulls, and an empty list or map is the same as none."""
+    """What protobuf can carry: no nulls, and an empty list or map is the same as none; a quantity written
+    as a YAML number (NVIDIA's spec's `capacity: {requests: {shares: 1}}`) comes back as its string, as
+    from kube-apiserver."""
     if isinstance(value, dict):
+        if isinstance(value.get("requests"), dict) and set(value) == {"requests"}:  # CapacityRequirements
+            value = {"requests": {k: str(v) if isinstance(v, int | float) else v for k, v in value["requests"].items()}}
         out = {k: _protobuf_form(v) for k, v in value.items()}
         return {k: v for k, v in out.items() if v is not None and v != [] and not (v == {} and k != "spec")}
     if isinstance(value, list):
