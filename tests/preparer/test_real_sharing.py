@@ -5,27 +5,12 @@ nats-server. The stubs record every command: the tests check them, their order a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-
-from embedded.harness.discovery import RunningDiscovery, running_discovery
+from embedded.harness.discovery import RunningDiscovery
 from shared.bus import Bus
-from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
+from tests.fakedriver import FakeDriver, wait_gone
 from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node
-
-
-@pytest.fixture
-def fake(root: Path) -> FakeDriver:
-    return make_driver_root(root / "driver")
-
-
-@pytest.fixture
-async def real_discovery(bus: Bus, root: Path, fake: FakeDriver) -> AsyncIterator[RunningDiscovery]:
-    async with running_discovery(bus, node="n1", simulate="h100x4", root=root / "sim", driver_root=str(fake.root),
-                                 tool_timeout=5.0) as disc:
-        yield disc
 
 
 def gpu(disc: RunningDiscovery, name: str):

@@ -10,16 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid as uuidlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import pytest
 from kubernetes_asyncio.client import CoreV1Api
 from prometheus_client import REGISTRY
 
-from embedded.harness.discovery import RunningDiscovery, running_discovery
+from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import Claim, register
 from shared.bus import Bus
 from shared.devicemodel import binary_si
@@ -27,7 +25,7 @@ from shared.events import catalog
 from shared.events.claims import ClaimLifecycle
 from shared.events.devices import MpsStartReply, MpsStartRequest, MpsStopRequest
 from shared.natsserver import EmbeddedNats
-from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
+from tests.fakedriver import FakeDriver, wait_gone
 from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node
 from tests.preparer.test_crash import checkpoint
 from tests.preparer.test_crash_sharing import (
@@ -40,18 +38,6 @@ from tests.preparer.test_crash_sharing import (
 )
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
-
-
-@pytest.fixture
-def fake(root: Path) -> FakeDriver:
-    return make_driver_root(root / "driver")
-
-
-@pytest.fixture
-async def disc(bus: Bus, root: Path, fake: FakeDriver) -> AsyncIterator[RunningDiscovery]:
-    async with running_discovery(bus, node="n1", simulate="h100x4", root=root / "sim", driver_root=str(fake.root),
-                                 tool_timeout=5.0) as running:
-        yield running
 
 
 def share_doc(name: str, namespace: str, device: str = "gpu-0", *, memory: str = "10Gi", compute: str = "10",
@@ -81,17 +67,17 @@ def daemon_starts(fake: FakeDriver) -> list[dict[str, Any]]:
     return [c for c in fake.calls("nvidia-cuda-mps-control") if c["argv"] == ["-d"]]
 
 
-def mps_dirs(disc: RunningDiscovery) -> list[str]:
-    root = Path(disc.config.mps_root)
+def mps_dirs(real_discovery: RunningDiscovery) -> list[str]:
+    root = Path(real_discovery.config.mps_root)
     return sorted(p.name for p in root.iterdir()) if root.exists() else []
 
 
-def gpu_of(disc: RunningDiscovery, name: str) -> Any:
-    return next(g for g in disc.inventory.gpus if g.name == name)
+def gpu_of(real_discovery: RunningDiscovery, name: str) -> Any:
+    return next(g for g in real_discovery.inventory.gpus if g.name == name)
 
 
 async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_the_last(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
     tenants = [claims.add(share_doc(f"share-{i}", f"tenant-{i}", compute=str(5 + i))) for i in range(8)]
     share_ids = {c.uid: claims.docs[(c.namespace, c.name)]["status"]["allocation"]["devices"]["results"][0]["shareID"]
                  for c in tenants}
@@ -104,8 +90,8 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_
 
         [start] = daemon_starts(fake)  # exactly one MPS daemon for the GPU
         pipe = Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"])
-        assert start["env"]["CUDA_VISIBLE_DEVICES"] == gpu_of(disc, "gpu-0").uuid
-        assert mps_dirs(disc) == [pipe.parent.name] and gpu_of(disc, "gpu-0").sharing.mps_daemon == pipe.parent.name
+        assert start["env"]["CUDA_VISIBLE_DEVICES"] == gpu_of(real_discovery, "gpu-0").uuid
+        assert mps_dirs(real_discovery) == [pipe.parent.name] and gpu_of(real_discovery, "gpu-0").sharing.mps_daemon == pipe.parent.name
         pid = int((pipe / PID_FILE).read_text())
         for i, c in enumerate(tenants):
             env, mounts = edits_of(node.cdi_dir, c.uid)
@@ -123,25 +109,25 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_
         assert list(node.service.checkpoint.claims) == [tenants[7].uid]
         assert not wait_gone(pid, timeout=0.2), "the daemon serves the last share"
         assert "quit\n" not in [c.get("stdin") for c in fake.calls("nvidia-cuda-mps-control")]
-        assert mps_dirs(disc) == [pipe.parent.name]
+        assert mps_dirs(real_discovery) == [pipe.parent.name]
         assert node.cdi_files() == [f"k8s.gpu.nvidia.com-claim_{tenants[7].uid}.json"]
 
         assert await node.plugin.unprepare(tenants[7:]) == {tenants[7].uid: ""}
         assert wait_gone(pid, timeout=2.0), "the last share's unprepare stopped the daemon"
         assert fake.calls("nvidia-cuda-mps-control")[-1]["stdin"] == "quit\n"
-        assert mps_dirs(disc) == [] and gpu_of(disc, "gpu-0").sharing.mps_daemon == ""
-        assert gpu_of(disc, "gpu-0").sharing.compute_mode == "Default"
+        assert mps_dirs(real_discovery) == [] and gpu_of(real_discovery, "gpu-0").sharing.mps_daemon == ""
+        assert gpu_of(real_discovery, "gpu-0").sharing.compute_mode == "Default"
         assert node.service.checkpoint.claims == {} and node.cdi_files() == []
 
 
 async def test_claim_events_and_metrics_carry_each_share(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
     shares = [claims.add(share_doc(f"share-{i}", f"tenant-{i}", compute=str(10 * (i + 1)))) for i in range(2)]
     shares.append(claims.add(share_doc("share-2", "tenant-0", device="gpu-0", memory="20Gi")))
     whole = claims.add(share_doc("whole", "tenant-w", device="gpu-1", share=False))
     share_ids = {c.uid: claims.docs[(c.namespace, c.name)]["status"]["allocation"]["devices"]["results"][0]["shareID"]
                  for c in shares}
-    memory = binary_si(gpu_of(disc, "gpu-0").memory_bytes)
+    memory = binary_si(gpu_of(real_discovery, "gpu-0").memory_bytes)
     labels = {"node": "n1", "driver": "gpu.nvidia.com", "device": "gpu-0"}
     sent: list[ClaimLifecycle] = []
 
@@ -183,7 +169,7 @@ async def test_claim_events_and_metrics_carry_each_share(
 
 
 async def test_a_mode_conflicting_with_the_gpus_shares_is_refused_with_nothing_changed(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
     shares = [claims.add(share_doc(f"share-{i}", f"tenant-{i}")) for i in range(2)]
     mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
     conflicts = {
@@ -196,22 +182,22 @@ async def test_a_mode_conflicting_with_the_gpus_shares_is_refused_with_nothing_c
     async with running_node(claims, root, bus=bus) as node:
         prepared = await node.plugin.prepare(shares)
         assert [prepared[c.uid].error for c in shares] == ["", ""]
-        before = (dict(checkpoint(root)), node.cdi_files(), fake.calls(), mps_dirs(disc), gpu_of(disc, "gpu-0").sharing)
+        before = (dict(checkpoint(root)), node.cdi_files(), fake.calls(), mps_dirs(real_discovery), gpu_of(real_discovery, "gpu-0").sharing)
         for message, claim in conflicts.items():
             error = (await node.plugin.prepare([claim]))[claim.uid].error
             assert message in error and "gpu-0" in error, error
-            after = (dict(checkpoint(root)), node.cdi_files(), fake.calls(), mps_dirs(disc),
-                     gpu_of(disc, "gpu-0").sharing)
+            after = (dict(checkpoint(root)), node.cdi_files(), fake.calls(), mps_dirs(real_discovery),
+                     gpu_of(real_discovery, "gpu-0").sharing)
             assert after == before, f"{message}: something changed"
         assert await node.plugin.unprepare(shares) == {c.uid: "" for c in shares}
-        assert mps_dirs(disc) == []
+        assert mps_dirs(real_discovery) == []
         # with the shares gone, the whole-GPU claim gets it
         whole = conflicts["has shares prepared"]
         assert (await node.plugin.prepare([whole]))[whole.uid].error == ""
 
 
 async def test_one_more_share_of_a_running_daemon_asks_discovery_nothing_until_discovery_drops_it(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
     """A share of a GPU whose daemon this preparer started, with a completed share using it and discovery's
     inventory naming it, needs no mps-start request and one checkpoint write (a whole GPU's count). When
     discovery no longer names the daemon (its restart found it gone), or after the last share stopped it,
@@ -249,28 +235,28 @@ async def test_one_more_share_of_a_running_daemon_asks_discovery_nothing_until_d
 
         # discovery stops knowing the daemon (as when its restart found it gone): the next share asks, and
         # discovery starts a daemon again
-        assert (await disc.service.ops.mps_stop(MpsStopRequest(daemon_id=daemon))).ok
+        assert (await real_discovery.service.ops.mps_stop(MpsStopRequest(daemon_id=daemon))).ok
         async with asyncio.timeout(5):
             while inventory.current.gpus[0].sharing.mps_daemon:
                 await inventory.changed.wait()
         assert (await node.plugin.prepare(tenants[2:3]))[tenants[2].uid].error == ""
         assert await asked() == 2 and len(daemon_starts(fake)) == 2
         assert edits_of(node.cdi_dir, tenants[2].uid)[1] == first_mounts
-        assert gpu_of(disc, "gpu-0").sharing.mps_daemon == daemon
+        assert gpu_of(real_discovery, "gpu-0").sharing.mps_daemon == daemon
 
         # the last share's unprepare stops the daemon: the next share starts it again
         assert await node.plugin.unprepare(tenants[:3]) == {c.uid: "" for c in tenants[:3]}
-        assert mps_dirs(disc) == []
+        assert mps_dirs(real_discovery) == []
         assert (await node.plugin.prepare(tenants[3:]))[tenants[3].uid].error == ""
         assert await asked() == 3 and len(daemon_starts(fake)) == 3
         assert await node.plugin.unprepare(tenants[3:]) == {tenants[3].uid: ""}
-        assert mps_dirs(disc) == [] and node.service.checkpoint.claims == {}
+        assert mps_dirs(real_discovery) == [] and node.service.checkpoint.claims == {}
     await sub.unsubscribe()
 
 
 async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_one_daemon(
         root: Path, nats_server: EmbeddedNats) -> None:
-    async with node_parts(root, nats_server) as (bus, api, claims, disc, fake):
+    async with node_parts(root, nats_server) as (bus, api, claims, real_discovery, fake):
         core = CoreV1Api(claims.client)
         for i in range(8):
             await core.create_namespace({"metadata": {"name": f"tenant-{i}"}})  # type: ignore[arg-type]
@@ -291,13 +277,13 @@ async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_
 
         # The fifth share's start request reaches discovery (which confirms the running daemon), then never
         # gets its answer: the kill lands with the share recorded as a user of the daemon.
-        real_sub = next(s for s in disc.service.bus._subs if s.subject == "dra.v1.device.n1.mps-start")
+        real_sub = next(s for s in real_discovery.service.bus._subs if s.subject == "dra.v1.device.n1.mps-start")
         await real_sub.unsubscribe()
         confirmed: asyncio.Future[MpsStartReply] = asyncio.get_running_loop().create_future()
         hang = asyncio.Event()
 
         async def confirm_then_hang(req: MpsStartRequest) -> MpsStartReply:
-            reply = await disc.service.ops.mps_start(req)
+            reply = await real_discovery.service.ops.mps_start(req)
             confirmed.set_result(reply)
             await hang.wait()
             return reply
@@ -312,7 +298,7 @@ async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_
         await kill_9(proc, prepare, plugin)
         hang.set()
         await hijack.unsubscribe()
-        await bus.serve(catalog.DEVICE_MPS_START, disc.service.ops.mps_start, node="n1")
+        await bus.serve(catalog.DEVICE_MPS_START, real_discovery.service.ops.mps_start, node="n1")
 
         rolled_back = await rolled_back_future(bus, fifth.uid, fifth.namespace)
         proc = await restart_and_wait_rollback(root, api, nats_server, rolled_back)
@@ -326,7 +312,7 @@ async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_
             assert sorted(entries) == sorted(c.uid for c in tenants)
             assert {e["state"] for e in entries.values()} == {"PrepareCompleted"}
             assert daemon_starts(fake) == [start] and int((pipe / PID_FILE).read_text()) == pid, "one daemon"
-            assert mps_dirs(disc) == [pipe.parent.name]
+            assert mps_dirs(real_discovery) == [pipe.parent.name]
             cdi_dir = root / "cdi"
             assert sorted(p.name for p in cdi_dir.iterdir() if not p.name.startswith(".")) == sorted(
                 f"k8s.gpu.nvidia.com-claim_{c.uid}.json" for c in tenants), "no leaked spec"
@@ -335,14 +321,14 @@ async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_
                 assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
             assert await plugin.unprepare(tenants, timeout=30) == {c.uid: "" for c in tenants}
             assert wait_gone(pid, timeout=2.0)
-            assert checkpoint(root) == {} and mps_dirs(disc) == []
+            assert checkpoint(root) == {} and mps_dirs(real_discovery) == []
         finally:
             await plugin.close()
             await stop(proc)
 
 
 async def test_plain_shares_without_compute_start_no_daemon_and_carry_no_mps_limits(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
     """NodeConfig `shares` and NVIDIA's --consumable-shares publish no `compute`: their shares are plain (nothing
     enforced), however much memory they consume, 0 included (`memoryDefault: none`)."""
     consumed = [{"memory": "4Gi"}, {"memory": "0"}, {"memory": "0", "shares": "1"}]
@@ -359,13 +345,13 @@ async def test_plain_shares_without_compute_start_no_daemon_and_carry_no_mps_lim
             assert not [k for k in env if k.startswith("CUDA_MPS_")] and "/tmp/nvidia-mps" not in mounts, env
             [held] = node.service.checkpoint.claims[c.uid].devices
             assert held.shared and held.share_id and held.consumed_capacity == capacity and held.mps_daemon == ""
-        assert daemon_starts(fake) == [] and mps_dirs(disc) == [] and gpu_of(disc, "gpu-0").sharing.mps_daemon == ""
+        assert daemon_starts(fake) == [] and mps_dirs(real_discovery) == [] and gpu_of(real_discovery, "gpu-0").sharing.mps_daemon == ""
         assert await node.plugin.unprepare(tenants) == {c.uid: "" for c in tenants}
         assert node.service.checkpoint.claims == {} and node.cdi_files() == []
 
 
 async def test_an_mps_config_on_a_share_that_consumes_no_memory_gets_no_client_memory_limit(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
     """NVIDIA's bats gpu-mps.yaml under --consumable-shares=4: the share consumes `shares: 1, memory: 0`. It is
     served by the GPU's daemon with the config's settings; 0 memory reserved means no client memory limit
     (not a limit of 0, which no MPS client could run under)."""
@@ -381,10 +367,10 @@ async def test_an_mps_config_on_a_share_that_consumes_no_memory_gets_no_client_m
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps" and "/tmp/nvidia-mps" in mounts
         [start] = daemon_starts(fake)
         controls = [c["stdin"] for c in fake.calls("nvidia-cuda-mps-control") if not c["argv"]]
-        uuid = gpu_of(disc, "gpu-0").uuid
+        uuid = gpu_of(real_discovery, "gpu-0").uuid
         assert {"set_default_active_thread_percentage 50\n",
                 f"set_default_device_pinned_mem_limit {uuid} 10240M\n"} <= set(controls), controls
         [held] = node.service.checkpoint.claims[claim.uid].devices
         assert held.mps_daemon == Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"]).parent.name
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
-        assert mps_dirs(disc) == []
+        assert mps_dirs(real_discovery) == []

@@ -7,38 +7,23 @@ changed."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from embedded.harness.discovery import RunningDiscovery, running_discovery
+from embedded.harness.discovery import RunningDiscovery
 from services.preparer.devices import DeviceOps
 from shared.bus import Bus
 from shared.events.inventory import MigDevice
-from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
+from tests.fakedriver import FakeDriver, wait_gone
 from tests.preparer.helpers import MemoryClaims, gpu_config, running_node
 from tests.preparer.test_shares import PID_FILE, daemon_starts, edits_of, gpu_of, mps_dirs, share_doc, spec_of
 
 
-@pytest.fixture
-def fake(root: Path) -> FakeDriver:
-    return make_driver_root(root / "driver")
-
-
-@pytest.fixture
-async def disc(bus: Bus, root: Path, fake: FakeDriver) -> AsyncIterator[RunningDiscovery]:
-    async with running_discovery(bus, node="n1", simulate="h100x4", root=root / "sim", driver_root=str(fake.root),
-                                 tool_timeout=5.0) as running:
-        yield running
-
-
-async def static_mig(bus: Bus, disc: RunningDiscovery, gpu: str, profile: str, nth: int = 0) -> MigDevice:
+async def static_mig(bus: Bus, real_discovery: RunningDiscovery, gpu: str, profile: str, nth: int = 0) -> MigDevice:
     """Create a MIG device as an admin would (it is static: no claim made it)."""
     ops = DeviceOps("n1")
     ops.bus = bus
-    parent = gpu_of(disc, gpu)
+    parent = gpu_of(real_discovery, gpu)
     prof = next(p for p in parent.mig_profiles if p.name == profile)
     made = await ops.mig_create(parent.uuid, profile, prof.placements[nth])
     assert made.device is not None
@@ -50,8 +35,8 @@ def quits(fake: FakeDriver) -> list[Any]:
 
 
 async def test_shares_of_one_mig_device_meet_in_one_mps_daemon_kept_until_the_last(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
-    mig = await static_mig(bus, disc, "gpu-1", "3g.40gb")
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    mig = await static_mig(bus, real_discovery, "gpu-1", "3g.40gb")
     limits = [("5Gi", "20", "5120M"), ("10Gi", "30", "10240M"), ("15Gi", "40", "15360M")]
     shares = [claims.add(share_doc(f"mig-share-{i}", f"tenant-{i}", device=mig.name, memory=m, compute=c))
               for i, (m, c, _) in enumerate(limits)]
@@ -65,8 +50,8 @@ async def test_shares_of_one_mig_device_meet_in_one_mps_daemon_kept_until_the_la
         assert start["env"]["CUDA_VISIBLE_DEVICES"] == mig.uuid  # the daemon serves the MIG device
         pipe = Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"])
         daemon = pipe.parent.name
-        assert mps_dirs(disc) == [daemon]
-        assert gpu_of(disc, "gpu-1").sharing.compute_mode == "ExclusiveProcess"  # the parent's mode
+        assert mps_dirs(real_discovery) == [daemon]
+        assert gpu_of(real_discovery, "gpu-1").sharing.compute_mode == "ExclusiveProcess"  # the parent's mode
         pid = int((pipe / PID_FILE).read_text())
         for c, (_, compute, mib) in zip(shares, limits, strict=True):
             env, mounts = edits_of(node.cdi_dir, c.uid)
@@ -90,14 +75,14 @@ async def test_shares_of_one_mig_device_meet_in_one_mps_daemon_kept_until_the_la
 
         assert await node.plugin.unprepare(shares[1:]) == {c.uid: "" for c in shares[1:]}
         assert not wait_gone(pid, timeout=0.2), "the daemon serves the last share"
-        assert quits(fake) == [] and mps_dirs(disc) == [daemon]
-        assert gpu_of(disc, "gpu-1").sharing.compute_mode == "ExclusiveProcess"
+        assert quits(fake) == [] and mps_dirs(real_discovery) == [daemon]
+        assert gpu_of(real_discovery, "gpu-1").sharing.compute_mode == "ExclusiveProcess"
 
         assert await node.plugin.unprepare(shares[:1]) == {shares[0].uid: ""}
         assert wait_gone(pid, timeout=2.0), "the last share's unprepare stopped the daemon"
-        assert len(quits(fake)) == 1 and mps_dirs(disc) == []
-        assert gpu_of(disc, "gpu-1").sharing.compute_mode == "Default"
-        assert [m.name for m in gpu_of(disc, "gpu-1").mig_devices] == [mig.name]  # static: still there
+        assert len(quits(fake)) == 1 and mps_dirs(real_discovery) == []
+        assert gpu_of(real_discovery, "gpu-1").sharing.compute_mode == "Default"
+        assert [m.name for m in gpu_of(real_discovery, "gpu-1").mig_devices] == [mig.name]  # static: still there
         assert node.service.checkpoint.claims == {} and node.cdi_files() == []
 
         # the whole-device claim goes through now that the shares are gone
@@ -106,9 +91,9 @@ async def test_shares_of_one_mig_device_meet_in_one_mps_daemon_kept_until_the_la
 
 
 async def test_two_mig_devices_of_one_gpu_have_a_daemon_each_and_share_the_parent_mode(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
-    a = await static_mig(bus, disc, "gpu-2", "3g.40gb", 0)
-    b = await static_mig(bus, disc, "gpu-2", "3g.40gb", 1)
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    a = await static_mig(bus, real_discovery, "gpu-2", "3g.40gb", 0)
+    b = await static_mig(bus, real_discovery, "gpu-2", "3g.40gb", 1)
     on_a = claims.add(share_doc("on-a", "tenant-a", device=a.name, memory="5Gi", compute="50"))
     on_b = claims.add(share_doc("on-b", "tenant-b", device=b.name, memory="20Gi", compute="25"))
     async with running_node(claims, root, bus=bus) as node:
@@ -121,15 +106,15 @@ async def test_two_mig_devices_of_one_gpu_have_a_daemon_each_and_share_the_paren
         assert edits_of(node.cdi_dir, on_a.uid)[1] != edits_of(node.cdi_dir, on_b.uid)[1]  # own pipe dirs
         assert await node.plugin.unprepare([on_a]) == {on_a.uid: ""}
         # the other MIG device's daemon still needs the parent in ExclusiveProcess
-        assert gpu_of(disc, "gpu-2").sharing.compute_mode == "ExclusiveProcess"
-        assert len(mps_dirs(disc)) == 1
+        assert gpu_of(real_discovery, "gpu-2").sharing.compute_mode == "ExclusiveProcess"
+        assert len(mps_dirs(real_discovery)) == 1
         assert await node.plugin.unprepare([on_b]) == {on_b.uid: ""}
-        assert gpu_of(disc, "gpu-2").sharing.compute_mode == "Default" and mps_dirs(disc) == []
+        assert gpu_of(real_discovery, "gpu-2").sharing.compute_mode == "Default" and mps_dirs(real_discovery) == []
 
 
 async def test_a_mig_device_config_with_mps_sets_its_shares_daemon_and_whole_devices_stay_refused(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, disc: RunningDiscovery) -> None:
-    mig = await static_mig(bus, disc, "gpu-3", "3g.40gb")
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    mig = await static_mig(bus, real_discovery, "gpu-3", "3g.40gb")
     mps = gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 60}}, kind="MigDeviceConfig")
     shares = [claims.add(share_doc(f"cfg-{i}", "tenant", device=mig.name, memory="5Gi", compute="10",
                                    configs=[mps])) for i in range(2)]
@@ -147,4 +132,4 @@ async def test_a_mig_device_config_with_mps_sets_its_shares_daemon_and_whole_dev
         assert "served to shares only" in error, error
         assert whole.uid not in node.service.checkpoint.claims and len(daemon_starts(fake)) == 1
         assert await node.plugin.unprepare(shares) == {c.uid: "" for c in shares}
-        assert mps_dirs(disc) == [] and gpu_of(disc, "gpu-3").sharing.compute_mode == "Default"
+        assert mps_dirs(real_discovery) == [] and gpu_of(real_discovery, "gpu-3").sharing.compute_mode == "Default"
