@@ -123,7 +123,20 @@ def _share_modes(groups: list[Selected], planned: list[_Planned]) -> dict[int, _
     if len(gpus) > 1:
         raise ClaimConfigError(f"the claim holds MPS shares of {len(gpus)} GPUs; a claim's containers reach one "
                                "MPS daemon, so a claim may hold MPS shares of one GPU only")
+    _combine_share_limits([m for m in modes.values() if m.share_mps])
     return modes
+
+
+def _combine_share_limits(modes: list[_Mode]) -> None:
+    """Several MPS shares of one device in one claim reach it as one CDI device, through one client env:
+    their limits add up (memory unlimited if any share is; compute at most 100 percent)."""
+    if len(modes) < 2:
+        return
+    memory = None if any(m.limits.memory is None for m in modes) else sum(m.limits.memory or 0 for m in modes)
+    compute = None if any(m.limits.compute is None for m in modes) else min(100, sum(m.limits.compute or 0
+                                                                                     for m in modes))
+    for m in modes:
+        m.limits = ShareLimits(memory=memory, compute=compute)
 
 
 def _conflict(mine: _Mode, held: PreparedDevice) -> str:

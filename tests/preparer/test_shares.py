@@ -374,3 +374,28 @@ async def test_an_mps_config_on_a_share_that_consumes_no_memory_gets_no_client_m
         assert held.mps_daemon == Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"]).parent.name
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
         assert mps_dirs(real_discovery) == []
+
+
+async def test_two_shares_of_one_gpu_in_one_claim_reach_it_once_with_their_limits_added(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    """Two requests of one claim may each be allocated a share of the same GPU: the claim's containers reach
+    it through one CDI device whose client limits are the two shares' sum, and both results name it."""
+    doc = claim_doc(name="two-shares", namespace="tenant-a", results=[("small", "gpu-0"), ("large", "gpu-0")])
+    results = doc["status"]["allocation"]["devices"]["results"]
+    for result, (memory, compute) in zip(results, (("10Gi", "10"), ("20Gi", "30")), strict=True):
+        result["shareID"] = str(uuidlib.uuid4())
+        result["consumedCapacity"] = {"memory": memory, "compute": compute}
+    claim = claims.add(doc)
+    async with running_node(claims, root, bus=bus) as node:
+        prepared = (await node.plugin.prepare([claim]))[claim.uid]
+        assert prepared.error == "", prepared.error
+        assert sorted((d.request_names[0], d.share_id) for d in prepared.devices) == sorted(
+            (r["request"], r["shareID"]) for r in results)
+        assert {tuple(d.cdi_device_ids) for d in prepared.devices} == {
+            (f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-0",)}
+        env, _ = edits_of(node.cdi_dir, claim.uid)
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=30720M"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+        assert len(daemon_starts(fake)) == 1
+        assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
+        assert mps_dirs(real_discovery) == [] and node.cdi_files() == []
