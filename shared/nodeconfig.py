@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-import yaml
 
 from shared.events.inventory import Gpu
 from shared.quantity import QuantityError, parse_bytes
@@ -237,6 +236,8 @@ def from_obj(obj: Any) -> NodeConfig:
 
 def load(path: str | Path) -> NodeConfig:
     """A NodeConfig YAML file (one document) -> a validated NodeConfig."""
+    import yaml  # only a process given a file reads YAML (the preparer watches objects)
+
     try:
         obj = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:

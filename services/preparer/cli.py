@@ -20,8 +20,10 @@ from typing import Any
 from services.preparer.claims import KubeClaimSource
 from services.preparer.config import DESCRIPTION, PreparerConfig, parse
 from services.preparer.healthcheck import HealthCheck, HealthCheckServer
+from services.preparer.nodesettings import KubeNodeSettings
 from services.preparer.service import PreparerService
 from services.preparer.sockets import SocketError
+from shared import nodeconfig
 from shared.bus import Bus, LoginRefused
 from shared.driverroot import DriverRootError
 from shared.health import HEALTH
@@ -94,8 +96,11 @@ async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
         ThreadPoolExecutor(max_workers=FILE_THREADS, thread_name_prefix="preparer-files"))
     api_client = await kube_api_client(cfg.kubeconfig, max_connections=API_CONNECTIONS)
     claims = KubeClaimSource(api_client)
+    settings = KubeNodeSettings(api_client, cfg.node,
+                                file_config=nodeconfig.load(cfg.node_config) if cfg.node_config else None)
     services = [PreparerService(cfg, claims, driver=driver,
-                                report_corrupt=corrupt_checkpoint_reporter(api_client, cfg.node, driver))
+                                report_corrupt=corrupt_checkpoint_reporter(api_client, cfg.node, driver),
+                                settings=settings)
                 for driver in cfg.drivers]
     started: list[PreparerService] = []
     health_server = HealthCheckServer(HealthCheck(services), cfg.healthcheck_port) if cfg.healthcheck_port else None
@@ -117,10 +122,11 @@ async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
             return 2 if isinstance(exc, DriverRootError) else 1  # a --driver-root without a driver: bad settings
         bus_task = asyncio.create_task(connect_bus_forever(cfg, services, stopping))
         trim_task = asyncio.create_task(trim_periodically(HEAP_TRIM_S), name="heap-trim")  # first: start-up's garbage
+        settings_task = asyncio.create_task(settings.run(stopping), name="node-settings")
         try:
             await stopping.wait()
         finally:
-            await cancel_and_wait([trim_task])
+            await cancel_and_wait([trim_task, settings_task])
             if health_server is not None:
                 await health_server.stop()
             for service in reversed(services):

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import msgspec
 
+from shared import nodeconfig
 from shared.config import CommonConfig, ConfigError, load_config
 from shared.deviceclasses import CD_DRIVER, GPU_DRIVER
 
@@ -40,6 +41,9 @@ class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         "/usr/bin/nvidia-cdi-hook")
     boot_id_path: Annotated[str, _h("file holding the kernel boot id")] = "/proc/sys/kernel/random/boot_id"
     kubeconfig: Annotated[str, _h("kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config)")] = ""
+    node_config: Annotated[str, _h(
+        "the NodeConfig YAML file the publisher is given (--node-config there), read once; empty: the NodeConfig "
+        "objects (resource.nvidia.com), watched. A GPU's time-slice interval comes from it")] = ""
     cleanup_interval: Annotated[float, msgspec.Meta(gt=0, description="seconds between stale-claim cleanups")] = 600.0
     device_op_timeout: Annotated[float, msgspec.Meta(gt=0, description="seconds to wait for discovery")] = 30.0
     healthcheck_port: Annotated[int, msgspec.Meta(ge=0, le=65535, description=(
@@ -65,6 +69,11 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> PreparerConfig:
     for name in (*required, "driver_root", "container_driver_root", "dev_root", "cdi_hook_path"):
         if (name in required or getattr(cfg, name)) and not os.path.isabs(getattr(cfg, name)):
             raise ConfigError(f"--{name.replace('_', '-')} must be an absolute path, got {getattr(cfg, name)!r}")
+    if cfg.node_config:
+        try:
+            nodeconfig.load(cfg.node_config)
+        except nodeconfig.NodeConfigError as exc:
+            raise ConfigError(f"--node-config: {exc}") from None
     unknown = [d for d in cfg.drivers if d not in DRIVERS]
     if unknown or not cfg.drivers or len(set(cfg.drivers)) != len(cfg.drivers):
         raise ConfigError(f"--drivers must name each of {', '.join(DRIVERS)} at most once (at least one), "

@@ -12,7 +12,7 @@ socket, and background work once NATS is attached:
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from services.preparer.claims import ClaimSource
 from services.preparer.claimstate import ClaimPreparer
 from services.preparer.config import PreparerConfig
 from services.preparer.lifecycle import LifecycleEvents
+from services.preparer.nodesettings import NodeSettings
 from shared.deviceclasses import CD_DRIVER, GPU_DRIVER
 
 
@@ -36,6 +37,7 @@ class PluginContext:
     plugin_dir: Path
     checkpoint: Checkpoint
     events: LifecycleEvents
+    settings: NodeSettings = field(default_factory=NodeSettings)  # the node config of its GPUs
 
 
 class DriverPlugin(Protocol):

@@ -51,6 +51,7 @@ from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed,
 from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
 from services.preparer.lifecycle import LifecycleEvents
+from services.preparer.nodesettings import NodeSettings
 from shared.devicemodel import binary_si
 from shared.logs import get_logger
 from shared.telemetry import get_tracer, leaf_span
@@ -82,6 +83,7 @@ class _Mode:
     share_mps: bool = False  # a share (KEP-5075) served by the GPU's one MPS daemon
     daemon_settings: dict[str, int] = field(default_factory=dict)  # that daemon's start settings
     limits: ShareLimits = field(default_factory=ShareLimits)  # the share's client limits
+    node_interval: str = ""  # a whole GPU time-sliced by its NodeConfig rule: that rule's interval
 
 
 def _device_memory(r: ResolvedDevice) -> int:
@@ -190,9 +192,10 @@ def _share_capacity(p: _Planned) -> dict[str, str]:
 class Preparer(ClaimPreparer):
     def __init__(self, *, driver: str, node: str, claims: ClaimSource, inventory: Inventory, ops: DeviceOps,
                  cdi: CdiWriter, checkpoint: Checkpoint, events: LifecycleEvents, common: CommonEdits,
-                 pool: str = "") -> None:
+                 pool: str = "", settings: NodeSettings | None = None) -> None:
         super().__init__(driver=driver, node=node, claims=claims, cdi=cdi, checkpoint=checkpoint, events=events,
                          pool=pool)
+        self.settings = settings or NodeSettings()  # the node config's setting per GPU (time-slicing)
         self.inventory = inventory
         self.ops = ops
         self.common = common  # the node's driver userspace, in every claim spec
@@ -246,9 +249,32 @@ class Preparer(ClaimPreparer):
                                     "claim on this node; share it by giving both claims a sharing config",
                                     "device-busy")
 
+    def _node_time_slicing(self, groups: list[Selected], planned: list[_Planned], modes: dict[int, _Mode]) -> None:
+        """Whole GPUs whose NodeConfig rule says `timeSlicing`: a claim without a sharing config gets the rule's
+        interval (a claim's own TimeSlicing config keeps its interval); a claim-scoped MPS config on such a GPU
+        conflicts with its mode (ClaimConfigError). Read now: a changed rule applies to the next prepare."""
+        for group in groups:
+            kind = strategy(group.config)
+            for i in group.results:
+                res = planned[i].resolved
+                if res.kind != "gpu" or res.gpu is None or planned[i].share_id or kind == "TimeSlicing":
+                    continue
+                setting = self.settings.setting(res.gpu)
+                if setting.sharing != "timeSlicing":
+                    continue
+                if kind == "MPS":
+                    raise ClaimConfigError(f"device {res.name} is time-sliced by NodeConfig rule {setting.rule}; a "
+                                           "claim's MPS config does not fit its mode (use TimeSlicing, or a GPU "
+                                           "whose rule offers mpsShares)")
+                modes[i].sharing = "TimeSlicing"
+                if setting.time_slice_interval != "Default":  # the GPU's own default: nothing to set or reset
+                    modes[i].node_interval = setting.time_slice_interval
+
     async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
                              claim: ResourceClaim) -> list[PreparedDevice]:
         planned, raw = self._plan(claim)
+        if any(p.resolved.kind == "gpu" and not p.share_id for p in planned):
+            await self.settings.synced()  # a whole GPU's NodeConfig rule may time-slice it
         try:
             groups = select(self.driver, raw, [(p.request, p.resolved.kind) for p in planned])
             for group in groups:
@@ -259,6 +285,7 @@ class Preparer(ClaimPreparer):
                                            "device is not supported: use shares, or TimeSlicing")
                 _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
             modes = _share_modes(groups, planned)
+            self._node_time_slicing(groups, planned, modes)
         except ClaimConfigError as exc:
             raise PrepareFailed(str(exc), "invalid-config") from None
         trace.get_current_span().set_attribute("configs.groups", len(groups))  # on the claim's span
@@ -335,16 +362,16 @@ class Preparer(ClaimPreparer):
                 env, mounts = await self._start_share_daemon(ref, record, i, mode)
                 cdi_devices[i].env += env
                 cdi_devices[i].mounts += mounts
+        slices: dict[str, set[str]] = defaultdict(set)  # time-slice interval -> the GPUs that get it
+        for i, mode in modes.items():
+            if mode.node_interval:
+                slices[mode.node_interval].add(planned[i].resolved.uuid)
         for group in groups:
             kind = strategy(group.config)
             gpu_uuids = sorted({planned[i].resolved.uuid for i in group.results
                                 if planned[i].resolved.kind == "gpu" and not modes[i].share_mps})
             if kind == "TimeSlicing" and gpu_uuids:
-                # Recorded before the call: a crash, failure or timeout of the call still leaves the GPUs to reset.
-                record.timesliced_gpus = sorted(set(record.timesliced_gpus) | set(gpu_uuids))
-                await self.checkpoint.put(ref.uid, record)
-                with tracer.start_as_current_span("device.set-sharing"):
-                    await self.ops.set_sharing(gpu_uuids, "Default", interval(group.config))
+                slices[interval(group.config)].update(gpu_uuids)
             elif kind == "MPS" and gpu_uuids:
                 assert isinstance(group.config, GpuConfig) and group.config.sharing is not None
                 mps = group.config.sharing.mpsConfig
@@ -360,6 +387,13 @@ class Preparer(ClaimPreparer):
                     if not modes[i].share_mps:
                         cdi_devices[i].env += env
                         cdi_devices[i].mounts += mounts
+        if slices:
+            # Recorded before the call: a crash, failure or timeout of the call still leaves the GPUs to reset.
+            record.timesliced_gpus = sorted(set(record.timesliced_gpus).union(*slices.values()))
+            await self.checkpoint.put(ref.uid, record)
+            for slice_interval, uuids in sorted(slices.items()):
+                with tracer.start_as_current_span("device.set-sharing"):
+                    await self.ops.set_sharing(sorted(uuids), "Default", slice_interval)
         return [cdi_devices[i] for i in sorted(cdi_devices)]
 
     async def _start_share_daemon(self, ref: ClaimRef, record: ClaimRecord, i: int,

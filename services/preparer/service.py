@@ -24,6 +24,7 @@ from services.preparer.checkpoint import Checkpoint, read_boot_id
 from services.preparer.claims import ClaimSource
 from services.preparer.config import PreparerConfig
 from services.preparer.lifecycle import LifecycleEvents
+from services.preparer.nodesettings import NodeSettings
 from services.preparer.registration import Registration, add_registration_service
 from services.preparer.server import DraCore, add_dra_services
 from shared.deviceclasses import GPU_DRIVER
@@ -37,7 +38,8 @@ class PreparerService:
     """One running kubelet plugin for one driver on one node."""
 
     def __init__(self, cfg: PreparerConfig, claims: ClaimSource, *, driver: str = GPU_DRIVER,
-                 report_corrupt: Callable[[str, Path], Awaitable[None]] | None = None) -> None:
+                 report_corrupt: Callable[[str, Path], Awaitable[None]] | None = None,
+                 settings: NodeSettings | None = None) -> None:
         self.cfg = cfg
         self.driver = driver
         self.plugin_dir = Path(cfg.plugins_dir) / driver
@@ -51,7 +53,8 @@ class PreparerService:
         self.checkpoint.journal = self.events.outbox
         self.plugin = drivers.build(drivers.PluginContext(cfg=cfg, driver=driver, claims=claims,
                                                           plugin_dir=self.plugin_dir, checkpoint=self.checkpoint,
-                                                          events=self.events))
+                                                          events=self.events,
+                                                          settings=settings or NodeSettings()))
         self.preparer = self.plugin.preparer
         self.registration = Registration(driver, str(self.dra_socket))
         self.bus: Any = None

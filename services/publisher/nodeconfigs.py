@@ -1,20 +1,16 @@
 """NodeConfig objects (the `nodeconfigs.resource.nvidia.com` CRD) -> the publisher's sharing config, live.
 
-Owns the watch of every NodeConfig (shared.kube informer), each object's verdict, the merged config
-and the objects' status and Events. A change takes effect at once, event-driven: the publisher gets
+Owns the objects' status and Events; the watch, each object's verdict and the merged config are
+`shared.nodeconfig_objects`'. A change takes effect at once, event-driven: the publisher gets
 `on_config(old, new)` and re-publishes the slices of the nodes whose GPU settings differ (new
 allocations see them; existing allocations and claims are never touched).
 
-How objects combine: `shared.nodeconfig.merge`: all rules of all accepted objects, objects in name
-order, each rule renamed `<object>/<rule>`; the most specific rule wins, ties go to the object whose
-name sorts first, then to the earlier rule. Each object is validated on its own (shared.nodeconfig):
-a bad one is refused (status `Accepted=False`, reason InvalidNodeConfig, the message naming the field;
+Each object is validated on its own (shared.nodeconfig): a bad one is refused (status `Accepted=False`, reason InvalidNodeConfig, the message naming the field;
 a Warning Event InvalidNodeConfig on the object) and its last accepted version stays in force (none
 if it never had one). A deleted object's rules go.
 
 `--node-config FILE` is exclusive with this: given, the file is the whole config and NodeConfig
-objects are neither read nor written. A server that does not serve the CRD (404), or denies reading
-it (403), has no objects: every GPU exclusive, asked again every CRD_POLL_S.
+objects are neither read nor written.
 
 Status: only the replica that owns the object's name (rendezvous hashing, as for nodes) writes its
 status (the status subresource, a merge patch) and Events, and only when the conditions differ from
@@ -30,28 +26,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from shared import nodeconfig
-from shared.backoff import Backoff
 from shared.kube.events import event_body, record_event
-from shared.kube.informer import Informer, key_of
-from shared.kube.resources import Kube, Resource
-from shared.kube.rest import ApiError
 from shared.kube.timestamps import k8s_time
 from shared.logs import get_logger
+from shared.nodeconfig_objects import NODECONFIGS, NodeConfigObjects
 
 log = get_logger(__name__)
 
-NODECONFIGS = Resource(nodeconfig.GROUP, nodeconfig.VERSION, "nodeconfigs", nodeconfig.KIND, namespaced=False)
 COMPONENT = "gpu-dra-publisher"
 INVALID = "InvalidNodeConfig"
 ACCEPTED, APPLIED = "Accepted", "Applied"
-CRD_POLL_S = 30.0
 STATUS_RETRY_S = 2.0
 APPLY_WAIT_S = 10.0
 Obj = dict[str, Any]
-
-
-def _generation(obj: Obj) -> int:
-    return int((obj.get("metadata") or {}).get("generation") or 0)
 
 
 def _condition(type_: str, status: str, reason: str, message: str, generation: int,
@@ -67,93 +54,26 @@ def _differs(a: Obj | None, b: Obj) -> bool:
     return a is None or any(a.get(k) != b.get(k) for k in keys)
 
 
-class NodeConfigWatch:
-    """The merged config of every NodeConfig object (`config`), kept current by `run()`."""
+class NodeConfigWatch(NodeConfigObjects):
+    """The merged config of every NodeConfig object (`config`, kept current by `run()`), and their status."""
+
+    who = "the publisher"
 
     def __init__(self, api_client: Any, *, on_config: Callable[[nodeconfig.NodeConfig, nodeconfig.NodeConfig], None],
                  owns: Callable[[str], bool], idle: Callable[[], Awaitable[None]]) -> None:
-        self.api = api_client
-        self.kube = kube = Kube(api_client)
-        self.informer = Informer(kube, NODECONFIGS, on_change=self._changed, retry_s=5.0)
-        self.on_config = on_config
+        super().__init__(api_client, on_config=on_config)
         self.owns = owns
         self.idle = idle
-        self.config = nodeconfig.DEFAULT
-        self.accepted: dict[str, nodeconfig.NodeConfig] = {}  # object -> its last accepted version
-        self.verdicts: dict[str, tuple[int, str]] = {}  # object -> (generation, error; "" when accepted)
-        self.ready = asyncio.Event()  # listed once, or the CRD is not served: `config` may be used
         self.status_writes = 0
         self.events = 0
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
 
-    # ---- the watch ----------------------------------------------------------------------------------
-    async def run(self, stopping: asyncio.Event) -> None:
-        """Until the CRD is served, poll for it (no objects meanwhile); then list and watch the objects."""
-        backoff = Backoff(initial_s=0.2, cap_s=5.0)
-        said = False
-        while not stopping.is_set():
-            try:
-                await self.kube.list(NODECONFIGS, page_size=1)
-                break
-            except ApiError as exc:
-                if exc.status not in (403, 404):
-                    delay = backoff.next()
-                    log.warning("reading NodeConfig objects failed; retrying", error=str(exc), retry_s=delay)
-                    await self._pause(stopping, delay)
-                    continue
-                if not said:
-                    said = True
-                    log.warning("NodeConfig objects cannot be read; every GPU exclusive until they can",
-                                reason="the CRD is not installed" if exc.status == 404 else
-                                "the publisher's role may not list nodeconfigs", error=str(exc), retry_s=CRD_POLL_S)
-                self.ready.set()
-                await self._pause(stopping, CRD_POLL_S)
-            except Exception as exc:  # noqa: BLE001 - API server restarts and network blips
-                delay = backoff.next()
-                log.warning("reading NodeConfig objects failed; retrying", error=str(exc), retry_s=delay)
-                await self._pause(stopping, delay)
-        watch = asyncio.create_task(self.informer.run(stopping), name="nodeconfig-informer")
-        try:
-            await self.informer.synced.wait()
-            self.ready.set()
-            await watch
-        finally:
-            watch.cancel()
-
-    @staticmethod
-    async def _pause(stopping: asyncio.Event, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(stopping.wait(), seconds)
-        except TimeoutError:
-            pass
-
-    def _changed(self, event: str, obj: Obj, _old: Obj | None) -> None:
-        name = key_of(obj)[1]
-        if event == "DELETED":
-            self.accepted.pop(name, None)
-            self.verdicts.pop(name, None)
-            self._dirty.discard(name)
-        else:
-            generation = _generation(obj)
-            try:
-                self.accepted[name] = nodeconfig.from_obj(obj)
-                verdict = (generation, "")
-            except nodeconfig.NodeConfigError as exc:
-                verdict = (generation, str(exc))
-            if self.verdicts.get(name) != verdict:
-                self.verdicts[name] = verdict
-                if verdict[1]:
-                    log.warning("NodeConfig refused; its last accepted version stays in force", nodeconfig=name,
-                                generation=generation, error=verdict[1])
-                else:
-                    log.info("NodeConfig accepted", nodeconfig=name, generation=generation,
-                             rules=len(self.accepted[name].spec.rules))
+    def verdict_changed(self, name: str) -> None:
+        if name in self.verdicts:
             self.mark(name)
-        merged = nodeconfig.merge(self.accepted)
-        if merged != self.config:
-            old, self.config = self.config, merged
-            self.on_config(old, merged)
+        else:
+            self._dirty.discard(name)
 
     # ---- status ---------------------------------------------------------------------------------------
     def mark(self, name: str | None = None) -> None:

@@ -88,9 +88,11 @@ class Informer:
     """The cached objects of one resource, kept current by `run()`."""
 
     def __init__(self, kube: Kube, res: Resource, on_change: Handler | None = None,
-                 watch_timeout_s: int = 300, retry_s: float = 1.0, transform: Transform | None = None) -> None:
+                 watch_timeout_s: int = 300, retry_s: float = 1.0, transform: Transform | None = None,
+                 field_selector: str | None = None) -> None:
         self.kube = kube
         self.res = res
+        self.field_selector = field_selector  # e.g. metadata.name=<node>: one object, not the whole kind
         self.on_change = on_change
         self.transform = transform
         self.watch_timeout_s = watch_timeout_s
@@ -206,12 +208,14 @@ class Informer:
         """List, then watch, until `stopping` is set (or the task is cancelled)."""
         while not stopping.is_set():
             try:
-                items, rv = await self.kube.list(self.res, transform=self.transform)
+                items, rv = await self.kube.list(self.res, transform=self.transform,
+                                                  field_selector=self.field_selector)
                 self.lists += 1
                 self._replace_all(items)
                 self.synced.set()
                 while not stopping.is_set():
-                    async for event, obj in self.kube.watch(self.res, rv, timeout_s=self.watch_timeout_s):
+                    async for event, obj in self.kube.watch(self.res, rv, timeout_s=self.watch_timeout_s,
+                                                            field_selector=self.field_selector):
                         rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                         if event in ("ADDED", "MODIFIED", "DELETED"):
                             self.apply(obj, event)

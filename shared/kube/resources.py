@@ -111,10 +111,11 @@ class Kube:
                 return items, str(meta.get("resourceVersion") or "")
 
     async def watch(self, res: Resource, resource_version: str, timeout_s: int = 300,
-                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                    field_selector: str | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) events from `resource_version` (bookmarks included) until the server ends the stream
         (`shared.kube.rest.watch_lines`); an ERROR event raises its Status as ApiError (Gone for 410)."""
-        async for line in watch_lines(self.api_client, res.path(), resource_version=resource_version,
+        query = [("fieldSelector", field_selector)] if field_selector else None
+        async for line in watch_lines(self.api_client, res.path(), resource_version=resource_version, query=query,
                                       timeout_s=timeout_s, connect_timeout_s=self.request_timeout):
             event = decode(line)
             kind, obj = event.get("type", ""), event.get("object") or {}

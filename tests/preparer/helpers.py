@@ -106,10 +106,10 @@ def node_config(root: Path, node: str = "n1", **overrides: Any) -> PreparerConfi
 
 @contextlib.asynccontextmanager
 async def running_node(claims: Any, root: Path, *, bus: Any = None, node: str = "n1", driver: str = DRIVER,
-                       **overrides: Any) -> AsyncIterator[Node]:
+                       settings: Any = None, **overrides: Any) -> AsyncIterator[Node]:
     """The preparer of `driver` on its real sockets, registered with a kubelet emulator."""
     cfg = node_config(root, node, **overrides)
-    service = PreparerService(cfg, claims, driver=driver)
+    service = PreparerService(cfg, claims, driver=driver, settings=settings)
     await service.start()
     if bus is not None:
         service.attach_bus(bus)

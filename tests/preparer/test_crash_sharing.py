@@ -42,8 +42,10 @@ async def node_parts(root: Path, nats_server: EmbeddedNats, *, tool_timeout: flo
 async def start_ready_preparer(root: Path, api: Any, nats_server: EmbeddedNats,
                               *extra: str) -> asyncio.subprocess.Process:
     """A preparer process that has discovery's inventory (it caches it on disk when it arrives): a claim
-    sent earlier would fail on an unknown device, and the kill would land nowhere."""
+    sent earlier would fail on an unknown device, and the kill would land nowhere. A restarted preparer
+    would find the previous one's cache at once: it goes first, so the file's return means the bus is up."""
     log_path = root / "preparer.log"
+    (root / "plugins" / "gpu.nvidia.com" / "inventory-cache.json").unlink(missing_ok=True)
     proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path, *extra)
     await wait_for_socket(root / "reg" / "gpu.nvidia.com-reg.sock", proc, log_path)
     await wait_for_socket(root / "plugins" / "gpu.nvidia.com" / "inventory-cache.json", proc, log_path)

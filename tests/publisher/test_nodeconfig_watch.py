@@ -16,10 +16,11 @@ import yaml
 import embedded.apiserver.testing as apiserver_testing
 from embedded.harness.discovery import running_discovery
 from embedded.harness.publisher import node_slices, running_publisher, until
-from services.publisher.nodeconfigs import INVALID, NODECONFIGS
+from services.publisher.nodeconfigs import INVALID
 from shared.kube import rest as kube
 from shared.kube.client import kube_api_client
 from shared.kube.resources import EVENTS, RESOURCESLICES, Kube
+from shared.nodeconfig_objects import NODECONFIGS
 
 CRD = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "base" / "crds" / "nodeconfigs.yaml"
 Obj = dict[str, Any]
