@@ -4,8 +4,8 @@ One definition used by `gpu-dra up` and checked against the deploy manifests by 
 (tests/deploy/test_deviceclasses.py), so the local cluster and a real installation offer the same
 classes: `deploy/kubernetes/base/deviceclasses.yaml` holds `device_classes("v1")` (Kubernetes 1.34+,
 with `extendedResourceName: nvidia.com/gpu`), and the `components/resource-v1beta1` component turns
-it into `device_classes("v1beta1")` for 1.32/1.33. There is no `vfio.gpu.nvidia.com`: no service
-offers VFIO (passthrough) devices, so no class selects them.
+it into `device_classes("v1beta1")` for 1.32/1.33. `vfio.gpu.nvidia.com` selects the GPUs offered for VFIO
+passthrough (the publisher's --passthrough or a NodeConfig rule's `passthrough`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ def _typed(driver: str, device_type: str, extra: str = "") -> str:
 CLASSES: dict[str, tuple[str, str]] = {
     "gpu.nvidia.com": (_typed(GPU_DRIVER, "gpu"), "nvidia.com/gpu"),
     "mig.nvidia.com": (_typed(GPU_DRIVER, "mig"), ""),
+    "vfio.gpu.nvidia.com": (_typed(GPU_DRIVER, "vfio"), ""),
     "compute-domain-daemon.nvidia.com": (_typed(CD_DRIVER, "daemon"), ""),
     "compute-domain-default-channel.nvidia.com": (
         _typed(CD_DRIVER, "channel", f" && device.attributes['{CD_DRIVER}'].id == 0"), ""),

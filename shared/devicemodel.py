@@ -225,6 +225,34 @@ def dynamic_mode_devices(gpu: Gpu, inv: NodeInventory) -> list[Device]:
     return sorted(devices, key=lambda d: d["name"])
 
 
+def vfio_name(minor: int) -> str:
+    """A GPU offered for passthrough: `gpu-vfio-<minor>` (NVIDIA counts `gpu-vfio-<i>` in PCI order; the
+    minor keeps the name of one GPU the same across rescans and restarts)."""
+    return f"gpu-vfio-{minor}"
+
+
+def passthrough_counter_set(gpu: Gpu) -> dict[str, Any]:
+    """One counter (`gpu: 1`) that the GPU's nvidia device and its VFIO device both consume (KEP-4815), so
+    the scheduler gives the GPU out one way at a time."""
+    return {"name": f"gpu-{gpu.minor}-passthrough", "counters": {"gpu": _quantity(1)}}
+
+
+def with_passthrough(device: Device, gpu: Gpu) -> Device:
+    """`device` (the GPU's, either way) consuming the GPU's passthrough counter."""
+    consumes = {"counterSet": passthrough_counter_set(gpu)["name"], "counters": {"gpu": _quantity(1)}}
+    return {**device, "consumesCounters": [*device.get("consumesCounters", []), consumes]}
+
+
+def vfio_device(gpu: Gpu, inv: NodeInventory) -> Device:
+    """The GPU for a VM (`vfio.gpu.nvidia.com`): bound to vfio-pci when prepared. Its `uuid` is the GPU's
+    NVML UUID (NVIDIA's driver makes one up from the PCI address, as NVML does not see a GPU on vfio-pci)."""
+    attrs = {"type": _string("vfio"), "uuid": _string(gpu.uuid), **common_attributes(gpu, inv)}
+    device: Device = {"name": vfio_name(gpu.minor), "attributes": attrs}
+    if gpu.memory_bytes > 0:
+        device["capacity"] = {"memory": _quantity(gpu.memory_bytes)}
+    return with_passthrough(device, gpu)
+
+
 def parse_mig_name(name: str) -> tuple[int, str, int, int] | None:
     """`gpu-0-mig-1g10gb-19-3` -> (0, "1g10gb", 19, 3); None for a non-MIG name."""
     m = MIG_NAME.match(name)

@@ -126,6 +126,7 @@ class Rule(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaul
     mig: MigPolicy | None = None
     timeSliceInterval: TimeSliceInterval | None = None  # noqa: N815
     healthTaintEffect: TaintEffect | None = None  # noqa: N815
+    passthrough: bool | None = None  # also offer the GPUs for VFIO passthrough (gpu-vfio-<minor>)
 
     def specificity(self) -> int:
         return (self.nodeSelector.terms() if self.nodeSelector else 0) + (self.gpus.terms() if self.gpus else 0)
@@ -163,6 +164,7 @@ class GpuSetting(msgspec.Struct, frozen=True, kw_only=True):
     mig: MigPolicy | None = None  # None: the publisher's --mig-mode
     time_slice_interval: TimeSliceInterval = "Default"
     health_taint_effect: TaintEffect | None = None  # None: the publisher's --taint-effect
+    passthrough: bool | None = None  # None: the publisher's --passthrough
 
     @property
     def offers_shares(self) -> bool:
@@ -202,6 +204,9 @@ def _check_rule(i: int, rule: Rule) -> None:
         raise NodeConfigError(f"{where}.timeSliceInterval: only meaningful with sharing timeSlicing")
     if sharing in SHARED_MODES and rule.mig == "dynamic":
         raise NodeConfigError(f"{where}.mig: dynamic MIG devices cannot be shared; use static or none with {sharing}")
+    if rule.passthrough and (sharing != "exclusive" or rule.mig == "dynamic"):
+        raise NodeConfigError(f"{where}.passthrough: a passthrough GPU is given whole to one VM; it cannot be "
+                              f"shared ({sharing}) or partitioned by dynamic MIG")
     if rule.maxShares is not None and rule.memoryDefault not in (None, "none"):
         raise NodeConfigError(f"{where}.memoryDefault: with maxShares a claim's default memory request is 0 "
                               "(NVIDIA's <count> shares); leave memoryDefault unset or none")
@@ -285,6 +290,7 @@ def setting_for(config: NodeConfig, labels: Mapping[str, str], gpu: Gpu) -> GpuS
         mig=rule.mig,
         time_slice_interval=rule.timeSliceInterval or "Default",
         health_taint_effect=rule.healthTaintEffect,
+        passthrough=rule.passthrough,
     )
 
 

@@ -91,6 +91,9 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     ))] = False
     compute_domains: Annotated[bool, msgspec.Meta(description=(
         "run a ComputeDomain agent (simulated IMEX daemon) on every node"))] = True
+    passthrough: Annotated[bool, msgspec.Meta(description=(
+        "offer every GPU without MIG for VFIO passthrough too (class vfio.gpu.nvidia.com; the publisher's "
+        "--passthrough): a prepare moves the simulated GPU to vfio-pci in the node's fake sysfs"))] = False
     start_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
         "seconds each start step (a node's inventory, a node Ready) may take"))] = 90.0
     runtime: Annotated[str, msgspec.Meta(description=(
@@ -136,10 +139,12 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
 def publisher_argv(cfg: ClusterConfig) -> list[str]:
     """The publisher's command line for this cluster (its MIG flag is `--mig-mode static|dynamic`). The
     embedded API server validates slices by the 1.35 rules (a slice has devices or sharedCounters, not both)
-    while /version says 1.34, so dynamic MIG names its counter layout rather than deriving it."""
+    while /version says 1.34, so dynamic MIG and passthrough (counters too) name the layout, not derive it."""
+    passthrough = ["--passthrough", "--counter-layout", "counters-only-slice"] if cfg.passthrough else []
     if cfg.dynamic_mig:
-        return ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice"]
-    return ["publisher", "--mig-mode", "static"]
+        return ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice", "--passthrough"
+                ] if cfg.passthrough else ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice"]
+    return ["publisher", "--mig-mode", "static", *passthrough]
 
 
 class ClusterNats(EmbeddedNats):
@@ -550,7 +555,9 @@ class LocalCluster:
         await self._start(f"{node}-preparer", gpu_dra(
             "preparer", "--node", node, *node_flags,
             "--registry-dir", str(paths["registry"]), "--plugins-dir", str(paths["plugins"]),
-            "--cdi-dir", str(paths["cdi"]), "--dev-root", str(paths["root"])),
+            "--cdi-dir", str(paths["cdi"]), "--dev-root", str(paths["root"]),
+            # the simulated node's sysfs and (process-less) proc: VFIO passthrough moves its GPUs there
+            "--sys-root", str(paths["root"]), "--proc-root", str(paths["root"])),
             env={**node_env, **self._nats(node_user("preparer", node))})
         if self.cfg.compute_domains:
             await self._start(f"{node}-cd-agent", gpu_dra(

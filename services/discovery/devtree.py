@@ -2,7 +2,7 @@
 
 Owns writing `DIR/dev/nvidia*`, `DIR/dev/nvidia-caps/nvidia-capN`, `DIR/proc/devices`,
 `DIR/proc/driver/nvidia-caps/mig-minors` and a minimal `DIR/sys/bus/pci/devices/<bdf>` (with
-`numa_node`, linked under its PCIe root) so the code that reads them is the code used on real nodes.
+`numa_node`, linked under its PCIe root, and the driver binding `simpci` keeps) so the code that reads them is the code used on real nodes.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from services.discovery import simpci
 
 FRONTEND_MAJOR = 195
 UVM_MAJOR = 510
@@ -76,10 +78,12 @@ def sync(root: Path, gpus: list[DevGpu]) -> None:
     _write(root / "proc" / "driver" / "nvidia-caps" / "mig-minors", "\n".join(minors_lines) + "\n")
     bus_dir = root / "sys" / "bus" / "pci" / "devices"
     bus_dir.mkdir(parents=True, exist_ok=True)
+    simpci.ensure_tree(root)
     for g in gpus:
         real = root / "sys" / "devices" / g.pcie_root / g.bus_id
         real.mkdir(parents=True, exist_ok=True)
         _write(real / "numa_node", f"{g.numa_node}\n")
+        simpci.ensure_device(root, real, g.bus_id, simpci.IOMMU_GROUP_BASE + g.minor)
         link = bus_dir / g.bus_id
         target = os.path.relpath(real, bus_dir)
         if link.is_symlink() and os.readlink(link) == target:

@@ -81,7 +81,7 @@ class PreparedDevice(msgspec.Struct, kw_only=True):
     pool: str
     device: str
     cdi_device_ids: list[str] = msgspec.field(default_factory=list)
-    kind: str = "gpu"  # gpu | mig
+    kind: str = "gpu"  # gpu | mig | vfio
     uuid: str = ""
     parent_uuid: str = ""  # MIG: the physical GPU
     sharing: str = ""  # "" | TimeSlicing | MPS
@@ -95,6 +95,9 @@ class PreparedDevice(msgspec.Struct, kw_only=True):
     # share's undo: reference counted over the checkpoint's records) and the settings it was started with.
     mps_daemon: str = ""
     mps_daemon_settings: dict[str, int] = msgspec.field(default_factory=dict)
+    # VFIO: the GPU's PCI address, on disk before it leaves nvidia (the undo gives it back) and its IOMMU group
+    pci_bus_id: str = ""
+    iommu_group: int = -1
 
 
 class ClaimRecord(msgspec.Struct, kw_only=True):

@@ -3,7 +3,7 @@ validation, and which config applies to which allocated device.
 
 Owns the user-visible config rules: class configs before claim configs, later over earlier, a
 config naming a request or its parent request (`req` matches `req/sub`), type compatibility
-(GpuConfig -> full GPU, MigDeviceConfig -> MIG). An unknown field is an error naming it.
+(GpuConfig -> full GPU, MigDeviceConfig -> MIG, VfioDeviceConfig -> VFIO passthrough GPU). An unknown field is an error naming it.
 
 Owns the input limits of opaque configs too (docs/security.md, "Input limits"), all checked before
 any work that grows with the input: parameters at most `MAX_PARAMETERS_BYTES` of JSON, at most
@@ -77,9 +77,32 @@ class MigDeviceConfig(_Strict):
     sharing: MigSharing | None = None
 
 
-DeviceConfig = GpuConfig | MigDeviceConfig
-_KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {"GpuConfig": GpuConfig, "MigDeviceConfig": MigDeviceConfig}
-_DEVICE_KIND = {"GpuConfig": "gpu", "MigDeviceConfig": "mig"}
+IommuBackendPolicy = Literal["LegacyOnly", "PreferIommuFD"]
+
+
+class IommuConfig(_Strict):
+    """NVIDIA's `iommu` of a VfioDeviceConfig: which IOMMU interface the workload gets."""
+
+    backendPolicy: IommuBackendPolicy = "LegacyOnly"  # noqa: N815 - PreferIommuFD: iommufd when the node has it
+    enableAPIDevice: bool = False  # noqa: N815 - also /dev/vfio/vfio (legacy) or /dev/iommu (iommufd)
+
+
+class VfioDeviceConfig(_Strict):
+    apiVersion: str = API_GROUP_VERSION
+    kind: Literal["VfioDeviceConfig"] = "VfioDeviceConfig"
+    iommu: IommuConfig | None = None
+
+    @property
+    def sharing(self) -> None:
+        """A passthrough GPU is never shared."""
+        return None
+
+
+DeviceConfig = GpuConfig | MigDeviceConfig | VfioDeviceConfig
+_KINDS: dict[str, type[DeviceConfig]] = {
+    "GpuConfig": GpuConfig, "MigDeviceConfig": MigDeviceConfig, "VfioDeviceConfig": VfioDeviceConfig}
+_DEVICE_KIND = {"GpuConfig": "gpu", "MigDeviceConfig": "mig", "VfioDeviceConfig": "vfio"}
+_FOR_KIND = {kind: name for name, kind in _DEVICE_KIND.items()}
 _UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
 _AT = re.compile(r"^(.*) - at `\$\.?([^`]*)`$")
 
@@ -91,6 +114,8 @@ def _explain(exc: msgspec.ValidationError, kind: str) -> str:
     text = _LONG_VALUE.sub(lambda m: f"'{m.group(1)}...'", str(exc))  # an input value is never echoed whole
     if text.startswith("Invalid enum value") and text.endswith("interval`"):
         return f'invalid {kind}: field "sharing.timeSlicingConfig.interval" must be one of {", ".join(INTERVALS)}'
+    if text.startswith("Invalid enum value") and text.endswith("backendPolicy`"):
+        return f'invalid {kind}: field "iommu.backendPolicy" must be one of LegacyOnly, PreferIommuFD'
     m = _UNKNOWN_FIELD.match(text)
     if m:
         path = ".".join(p for p in (m.group(2) or "", m.group(1)) if p)
@@ -300,7 +325,7 @@ def _matches(names: list[str], request: str) -> bool:
 
 
 def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]) -> list[Selected]:
-    """Configs for our `results` (request name, device kind "gpu"|"mig"), grouped by config object.
+    """Configs for our `results` (request name, device kind "gpu"|"mig"|"vfio"), grouped by config object.
 
     Raises ClaimConfigError for a config that does not decode or a request-named config that does not
     fit its device's type.
@@ -313,7 +338,7 @@ def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]
                                    f"{MAX_REQUESTS_PER_CONFIG} allowed")
     ordered = [e for e in entries if e.source == "FromClass"] + [e for e in entries if e.source != "FromClass"]
     decoded: list[tuple[list[str], DeviceConfig, bool]] = [
-        ([], MigDeviceConfig(), False), ([], GpuConfig(), False)]  # defaults: lowest precedence
+        ([], VfioDeviceConfig(), False), ([], MigDeviceConfig(), False), ([], GpuConfig(), False)]  # defaults
     for position, entry in enumerate(ordered):
         if not entry.has_opaque:
             raise ClaimConfigError("only opaque parameters are supported by this driver (config entry "
@@ -333,7 +358,7 @@ def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]
             if names and _matches(names, request):
                 if _DEVICE_KIND[config.kind] != device_kind:
                     raise ClaimConfigError(f"cannot apply {config.kind} to request {request!r}: its device is of type "
-                                           f"{device_kind!r} (use {'GpuConfig' if device_kind == 'gpu' else 'MigDeviceConfig'})")
+                                           f"{device_kind!r} (use {_FOR_KIND[device_kind]})")
                 chosen = (names, config, explicit)
                 break
         if chosen is None:

@@ -40,6 +40,12 @@ class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     cdi_hook_path: Annotated[str, _h("host path of nvidia-cdi-hook (NVIDIA container toolkit) named in CDI hooks")] = (
         "/usr/bin/nvidia-cdi-hook")
     boot_id_path: Annotated[str, _h("file holding the kernel boot id")] = "/proc/sys/kernel/random/boot_id"
+    sys_root: Annotated[str, _h("where the host's /sys is (sys/bus/pci for VFIO passthrough; a simulated node's "
+                                "tree in the local cluster)")] = "/"
+    proc_root: Annotated[str, _h("where the host's /proc is (proc/<pid>/fd: is a GPU in use before passthrough)")] = "/"
+    modprobe: Annotated[str, _h("command run as `<modprobe> vfio_pci` when the vfio-pci driver is absent")] = "modprobe"
+    vfio_free_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
+        "seconds a passthrough prepare waits for the processes holding the GPU to go"))] = 60.0
     kubeconfig: Annotated[str, _h("kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config)")] = ""
     node_config: Annotated[str, _h(
         "the NodeConfig YAML file the publisher is given (--node-config there), read once; empty: the NodeConfig "
@@ -66,7 +72,7 @@ class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
 def parse(argv: list[str], env: dict[str, str] | None = None) -> PreparerConfig:
     cfg = load_config(PreparerConfig, argv, prog="gpu-dra preparer", description=DESCRIPTION, env=env)
     required = ("registry_dir", "plugins_dir", "cdi_dir")
-    for name in (*required, "driver_root", "container_driver_root", "dev_root", "cdi_hook_path"):
+    for name in (*required, "driver_root", "container_driver_root", "dev_root", "cdi_hook_path", "sys_root", "proc_root"):
         if (name in required or getattr(cfg, name)) and not os.path.isabs(getattr(cfg, name)):
             raise ConfigError(f"--{name.replace('_', '-')} must be an absolute path, got {getattr(cfg, name)!r}")
     if cfg.node_config:

@@ -39,6 +39,7 @@ log = get_logger(__name__)
 
 _GPU_NAME = re.compile(r"^gpu-(\d+)$")
 _MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$")
+_VFIO_NAME = re.compile(r"^gpu-vfio-(\d+)$")
 
 
 class DeviceError(RuntimeError):
@@ -50,7 +51,7 @@ class ResolvedDevice:
     """An allocated device name mapped onto this node's hardware."""
 
     name: str
-    kind: str  # gpu | mig
+    kind: str  # gpu | mig | vfio
     gpu: Gpu | None  # the physical GPU (parent for MIG); None when only the device tree knows it
     minor: int
     mig: MigDevice | None = None  # the live MIG device, if it exists
@@ -167,11 +168,17 @@ class Inventory:
 
     def resolve(self, name: str) -> ResolvedDevice:
         """Map an allocated device name to hardware here, or raise DeviceError."""
-        gpu_m, mig_m = _GPU_NAME.match(name), _MIG_NAME.match(name)
-        if not gpu_m and not mig_m:
-            raise DeviceError(f"device {name!r} is not a device this driver publishes (gpu-<minor> or MIG)")
-        minor = int((gpu_m or mig_m).group(1))  # type: ignore[union-attr]
+        gpu_m, mig_m, vfio_m = _GPU_NAME.match(name), _MIG_NAME.match(name), _VFIO_NAME.match(name)
+        if not gpu_m and not mig_m and not vfio_m:
+            raise DeviceError(f"device {name!r} is not a device this driver publishes (gpu-<minor>, MIG or "
+                              "gpu-vfio-<minor>)")
+        minor = int((gpu_m or mig_m or vfio_m).group(1))  # type: ignore[union-attr]
         inv = self.current
+        if vfio_m:  # a passthrough GPU needs its PCI address: discovery's inventory only
+            gpu = next((g for g in inv.gpus if g.minor == minor), None) if inv is not None else None
+            if gpu is None:
+                raise DeviceError(f"device {name} is unknown: no GPU with minor {minor} in discovery's inventory")
+            return ResolvedDevice(name=name, kind="vfio", gpu=gpu, minor=minor)
         if inv is None:
             if gpu_m and self.dev_local(f"/dev/nvidia{minor}").exists():
                 return ResolvedDevice(name=name, kind="gpu", gpu=None, minor=minor)

@@ -21,6 +21,7 @@ from services.preparer.devices import DeviceOps, Inventory
 from services.preparer.drivers import PluginContext
 from services.preparer.healthwatch import HealthWatch, add_health_service
 from services.preparer.prepare import Preparer
+from services.preparer.vfio import VfioSettings, restore_bindings
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -38,7 +39,9 @@ class GpuPlugin:
         cdi = CdiWriter(Path(cfg.cdi_dir), durable=not ctx.checkpoint.power_loss_is_reboot)
         self.preparer = Preparer(driver=ctx.driver, node=cfg.node, claims=ctx.claims, inventory=self.inventory,
                                  ops=self.ops, cdi=cdi, checkpoint=ctx.checkpoint, events=ctx.events, common=self.common,
-                                 settings=ctx.settings)
+                                 settings=ctx.settings,
+                                 vfio=VfioSettings(sys_root=cfg.sys_root, proc_root=cfg.proc_root, modprobe=cfg.modprobe,
+                                                   free_timeout=cfg.vfio_free_timeout))
         self.health = HealthWatch(cfg.node, self.inventory)
 
     async def start(self) -> None:
@@ -46,6 +49,7 @@ class GpuPlugin:
         await self.common.start()
         await self.inventory.load_cache()
         await self.preparer.recover()
+        await restore_bindings(self.preparer.checkpoint, self.preparer.passthrough)
         await self.preparer.sweep_specs()
 
     def add_services(self, server: grpc.aio.Server) -> None:

@@ -38,6 +38,7 @@ from services.preparer.claimconfigs import (
     RawConfig,
     Selected,
     ShareLimits,
+    VfioDeviceConfig,
     interval,
     mps_daemon_id,
     pinned_limits,
@@ -52,6 +53,7 @@ from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
 from services.preparer.lifecycle import LifecycleEvents
 from services.preparer.nodesettings import NodeSettings
+from services.preparer.vfio import Passthrough, VfioSettings, passthrough_conflict
 from shared.devicemodel import binary_si
 from shared.logs import get_logger
 from shared.telemetry import get_tracer, leaf_span
@@ -189,16 +191,30 @@ def _share_capacity(p: _Planned) -> dict[str, str]:
     return out
 
 
+def _vfio_config(groups: list[Selected], planned: list[_Planned]) -> VfioDeviceConfig | None:
+    """The claim's one VfioDeviceConfig when it holds passthrough GPUs (None when it holds none); a claim
+    holds passthrough GPUs only, under one config, as NVIDIA's driver assumes (ClaimConfigError if not)."""
+    vfio = [g for g in groups if any(planned[i].resolved.kind == "vfio" for i in g.results)]
+    if not vfio:
+        return None
+    if len(vfio) != len(groups) or len(vfio) > 1:
+        raise ClaimConfigError("a claim with passthrough GPUs (vfio.gpu.nvidia.com) holds passthrough GPUs only, "
+                               "under one VfioDeviceConfig: its containers get no NVIDIA driver")
+    assert isinstance(vfio[0].config, VfioDeviceConfig)
+    return vfio[0].config
+
+
 class Preparer(ClaimPreparer):
     def __init__(self, *, driver: str, node: str, claims: ClaimSource, inventory: Inventory, ops: DeviceOps,
                  cdi: CdiWriter, checkpoint: Checkpoint, events: LifecycleEvents, common: CommonEdits,
-                 pool: str = "", settings: NodeSettings | None = None) -> None:
+                 pool: str = "", settings: NodeSettings | None = None, vfio: VfioSettings | None = None) -> None:
         super().__init__(driver=driver, node=node, claims=claims, cdi=cdi, checkpoint=checkpoint, events=events,
                          pool=pool)
         self.settings = settings or NodeSettings()  # the node config's setting per GPU (time-slicing)
         self.inventory = inventory
         self.ops = ops
         self.common = common  # the node's driver userspace, in every claim spec
+        self.passthrough = Passthrough(vfio or VfioSettings(), inventory.host_path)  # gpu-vfio-<minor> devices
         # per shared MPS daemon: its start and its stop (with the count of its users) do not interleave
         self._daemon_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # per shared MPS daemon this process started or confirmed, and has not asked to stop since: the
@@ -232,6 +248,9 @@ class Preparer(ClaimPreparer):
         for i, item in enumerate(planned):
             if item.admin_access:
                 continue
+            if why := passthrough_conflict(self.checkpoint, ref.uid, item.resolved):
+                raise PrepareFailed(f"requested device {item.resolved.name} cannot be prepared for this claim: "
+                                    f"{why}", "device-busy")
             for uid, record, held in self.checkpoint.holders(item.resolved.name, exclude=ref.uid):
                 if held.admin_access:
                     continue
@@ -286,6 +305,7 @@ class Preparer(ClaimPreparer):
                 _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
             modes = _share_modes(groups, planned)
             self._node_time_slicing(groups, planned, modes)
+            vfio_config = _vfio_config(groups, planned)
         except ClaimConfigError as exc:
             raise PrepareFailed(str(exc), "invalid-config") from None
         trace.get_current_span().set_attribute("configs.groups", len(groups))  # on the claim's span
@@ -301,14 +321,16 @@ class Preparer(ClaimPreparer):
             # a share's user mark is in its start record (the one write before the daemon's start, if any)
             mps_daemon=share_daemon_id(p.resolved.uuid) if modes[i].share_mps else "",
             dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
+            pci_bus_id=self.passthrough.address(p.resolved) if p.resolved.kind == "vfio" else "",
         ) for i, p in enumerate(planned)]
         record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
                              preparation=self.checkpoint.next_preparation(), devices=devices, started_at=time.time(),
                              configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit],
                              traceparent=self.claim_traceparent(claim))
         started = [self._event("prepare-started", ref, record)]
-        if any(d.dynamic_mig for d in devices):
-            # a MIG device is created next: the record must be on disk first, so a crash leaves it to undo
+        if any(d.dynamic_mig or d.pci_bus_id for d in devices):
+            # a MIG device is created or a GPU leaves nvidia next: the record must be on disk first, so a
+            # crash leaves it to undo
             await self.checkpoint.put(ref.uid, record, events=started)
         else:
             # Nothing exists yet that a crash could leave behind: the record goes to disk with the next
@@ -316,9 +338,10 @@ class Preparer(ClaimPreparer):
             # a crash before that leaves nothing but maybe a CDI spec, which the start-up sweep removes.
             self.checkpoint.stage(ref.uid, record, events=started)
         try:
-            cdi_devices = await self._apply(ref, record, planned, groups, modes)
+            cdi_devices = await self._apply(ref, record, planned, groups, modes, vfio_config)
             with leaf_span(tracer, "cdi.write"):
-                common = await self.common.get(self.inventory.dev_root)
+                common = (self.passthrough.common_edits(vfio_config) if vfio_config is not None
+                          else await self.common.get(self.inventory.dev_root))
                 spec = build_spec(ref.uid, cdi_devices, common) if cdi_devices else None
                 if spec is not None:
                     record.cdi_spec = await self.cdi.write(ref.uid, spec)
@@ -336,12 +359,22 @@ class Preparer(ClaimPreparer):
         return list(record.devices)
 
     async def _apply(self, ref: ClaimRef, record: ClaimRecord, planned: list[_Planned],
-                     groups: list[Selected], modes: dict[int, _Mode]) -> list[CdiDevice]:
-        """Time-slicing, MPS and dynamic MIG through discovery; returns the per-device CDI edits."""
+                     groups: list[Selected], modes: dict[int, _Mode],
+                     vfio_config: VfioDeviceConfig | None = None) -> list[CdiDevice]:
+        """Time-slicing, MPS and dynamic MIG through discovery, VFIO through sysfs; the per-device CDI edits."""
         cdi_devices: dict[int, CdiDevice] = {}
         for i, item in enumerate(planned):
             res = item.resolved
             caps: list[str] = []
+            if res.kind == "vfio":
+                assert vfio_config is not None
+                dev = record.devices[i]
+                with tracer.start_as_current_span("device.vfio-bind") as span:
+                    span.set_attribute("dra.device", res.name)
+                    dev.iommu_group = await self.passthrough.acquire(dev.pci_bus_id, res.minor)
+                cdi_devices[i] = CdiDevice(device=res.name, nodes=self.passthrough.device_nodes(
+                    dev.pci_bus_id, dev.iommu_group, vfio_config))
+                continue
             if res.kind == "mig":
                 mig = res.mig
                 if mig is None:
@@ -481,6 +514,10 @@ class Preparer(ClaimPreparer):
 
     async def _undo(self, uid: str, record: ClaimRecord) -> None:
         """Undo a claim's side effects (idempotent: safe to repeat after a crash or a failure)."""
+        for dev in record.devices:
+            if dev.pci_bus_id and not self._still_used(uid, dev.device):
+                with tracer.start_as_current_span("device.vfio-unbind"):
+                    await self.passthrough.release(dev.pci_bus_id)
         for dev in record.devices:
             if not dev.dynamic_mig or self._still_used(uid, dev.device):
                 continue

@@ -53,6 +53,9 @@ class PublisherConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         "given, NodeConfig objects are ignored. Empty: the NodeConfig objects (resource.nvidia.com), watched "
         "and applied at once; none: every GPU exclusive")] = ""
     compute_domains: Annotated[bool, _help("publish compute-domain.nvidia.com slices (channel-0, daemon-0)")] = True
+    passthrough: Annotated[bool, _help(
+        "offer every GPU without MIG for VFIO passthrough too (gpu-vfio-<minor>, class vfio.gpu.nvidia.com; shared "
+        "counters give a GPU out one way at a time); a NodeConfig rule's passthrough decides per GPU")] = False
     replica_id: Annotated[str, _help("this replica's name among publishers; default <host>-<pid>")] = ""
     heartbeat_seconds: Annotated[float, _help("how often a replica renews its membership")] = 1.0
     lease_seconds: Annotated[float, _help("a replica silent this long is gone; its nodes move")] = 5.0

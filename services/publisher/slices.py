@@ -38,6 +38,7 @@ class SliceOptions(msgspec.Struct, frozen=True, kw_only=True):
     mig_mode: MigMode = "static"
     taint_effect: TaintEffect = "NoSchedule"
     compute_domains: bool = True
+    passthrough: bool = False  # every GPU offered for VFIO passthrough too (a NodeConfig rule may say per GPU)
 
 
 class DesiredPool(msgspec.Struct, kw_only=True):
@@ -109,6 +110,16 @@ def _gpu_mode(pool_mode: MigMode, setting: GpuSetting | None) -> MigMode:
     return "dynamic" if setting.mig == "dynamic" else "static"
 
 
+def _passthrough(gpu: Gpu, mode: MigMode, setting: GpuSetting | None, opts: SliceOptions, notes: list[str]) -> bool:
+    """Whether the GPU is offered for VFIO passthrough too: a rule's `passthrough`, else --passthrough; never
+    a GPU with MIG on or in dynamic MIG mode (as NVIDIA's driver: a GPU without MIG devices only)."""
+    wanted = setting.passthrough if setting is not None and setting.passthrough is not None else opts.passthrough
+    if wanted and (gpu.mig_enabled or mode == "dynamic"):
+        notes.append(f"{gpu.name} is not offered for passthrough: MIG is on or dynamic")
+        return False
+    return wanted
+
+
 def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: SliceOptions,
              profile: ServerProfile, settings: Mapping[str, GpuSetting] | None = None) -> DesiredPool:
     """The node's `gpu.nvidia.com` pool: devices per the MIG mode, shares per each GPU's effective
@@ -130,6 +141,10 @@ def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: Slice
             cs = devicemodel.counter_set(gpu)
             if cs is not None:
                 counter_sets.append(cs)
+        if _passthrough(gpu, gpu_mode, setting, opts, notes):
+            counter_sets.append(devicemodel.passthrough_counter_set(gpu))
+            gpu_devices = [devicemodel.with_passthrough(d, gpu) for d in gpu_devices]
+            gpu_devices.append(devicemodel.vfio_device(gpu, inv))
         if setting is not None and setting.offers_shares:
             if profile.consumable_capacity:
                 gpu_devices = [shares.offer_shares(d, setting) for d in gpu_devices]

@@ -35,7 +35,8 @@ def test_the_base_file_holds_the_v1_classes() -> None:
     shipped = list(yaml.safe_load_all((KUBERNETES / "base" / "deviceclasses.yaml").read_text()))
     assert _without_labels(shipped) == _without_labels(device_classes("v1"))
     assert _by_name(shipped)["gpu.nvidia.com"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
-    assert "vfio.gpu.nvidia.com" not in _by_name(shipped), "no service offers VFIO devices"
+    vfio = _by_name(shipped)["vfio.gpu.nvidia.com"]["spec"]["selectors"][0]["cel"]["expression"]
+    assert vfio.endswith("device.attributes['gpu.nvidia.com'].type == 'vfio'")
 
 
 async def test_gpu_dra_up_installs_exactly_the_shipped_classes(tmp_path: Path) -> None:

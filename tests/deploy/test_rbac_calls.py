@@ -52,8 +52,9 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/publisher/nodes.py", "watch_lines"): [("", "nodes", {"watch"})],
     ("services/publisher/apiversion.py", "get_json"): DISCOVERY,
     ("services/publisher/taintevents.py", "record_event"): [("", "events", {"create"})],
-    ("services/publisher/nodeconfigs.py", "list:NODECONFIGS"): [(RN, "nodeconfigs", {"list"})],
-    ("services/publisher/nodeconfigs.py", "informer:NODECONFIGS"): [(RN, "nodeconfigs", {"list", "watch"})],
+    ("services/publisher/nodeconfigs.py", "reader:NodeConfigObjects"): [(RN, "nodeconfigs", {"list", "watch"})],
+    ("services/preparer/nodesettings.py", "reader:NodeConfigObjects"): [(RN, "nodeconfigs", {"list", "watch"})],
+    ("services/preparer/nodesettings.py", "informer:NODES"): [("", "nodes", {"list", "watch"})],
     ("services/publisher/nodeconfigs.py", "patch:NODECONFIGS"): [(RN, "nodeconfigs/status", {"patch"})],
     ("services/publisher/nodeconfigs.py", "record_event"): [("", "events", {"create"})],
     ("services/computedomain/controller.py", "record_event"): [("", "events", {"create"})],
@@ -100,6 +101,8 @@ _PATTERNS = (
      lambda m: f"{m.group(1)}:{m.group(2)}"),
     # the one informer (shared.kube.informer) lists and watches the resource it is given
     (re.compile(r"\bInformer\(\s*(?:Kube\([^)]*\)|kube),\s*(\w+)"), lambda m: f"informer:{m.group(1)}"),
+    # shared.nodeconfig_objects lists and watches every NodeConfig for the module that uses it
+    (re.compile(r"\b(NodeConfigObjects)\b"), lambda m: f"reader:{m.group(1)}"),
 )
 
 

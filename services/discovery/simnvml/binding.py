@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pynvml as N
 
-from services.discovery import devtree, profiles
+from services.discovery import devtree, profiles, simpci
 from services.discovery.machine import MachineSpec
 from services.discovery.simnvml import state as st
 
@@ -133,6 +133,7 @@ class SimNvml:
     def _persist(self) -> None:
         st.save(self._state_file, self.state)
         if self._dev_root is not None:
+            simpci.serve(self._dev_root)  # the node's PCI binds and unbinds (VFIO passthrough)
             devtree.sync(self._dev_root, [
                 devtree.DevGpu(g.minor, g.bus_id, g.pcie_root, g.numa_node,
                                [(gi.id, ci.id) for gi in g.gis for ci in gi.cis])
