@@ -291,6 +291,13 @@ class Preparer(ClaimPreparer):
 
     async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
                              claim: ResourceClaim) -> list[PreparedDevice]:
+        if previous is not None:  # a PrepareStarted left by a failed or interrupted attempt
+            # Undone before this attempt reads the inventory. A dynamic MIG device the earlier attempt had
+            # discovery create (its reply lost to a kill or a cancelled call) is live until this rollback
+            # destroys it: a plan made first resolves it as an existing (static) MIG device, skips the
+            # create, and completes the claim on the device the rollback then destroys (PrepareCompleted,
+            # the MIG device gone from discovery's inventory: seen after a preparer restart).
+            await self._rollback(ref.uid, previous, reason="retry after an interrupted prepare")
         planned, raw = self._plan(claim)
         if any(p.resolved.kind == "gpu" and not p.share_id for p in planned):
             await self.settings.synced()  # a whole GPU's NodeConfig rule may time-slice it
@@ -310,8 +317,6 @@ class Preparer(ClaimPreparer):
             raise PrepareFailed(str(exc), "invalid-config") from None
         trace.get_current_span().set_attribute("configs.groups", len(groups))  # on the claim's span
         self._guard(ref, planned, modes)
-        if previous is not None:  # a PrepareStarted left by a failed or interrupted attempt
-            await self._rollback(ref.uid, previous, reason="retry after an interrupted prepare")
         devices = [PreparedDevice(
             requests=[p.request.split("/", 1)[0]], pool=p.pool, device=p.resolved.name, kind=p.resolved.kind,
             uuid=p.resolved.uuid, parent_uuid=p.resolved.gpu.uuid if p.resolved.gpu and p.resolved.kind == "mig" else "",
@@ -530,7 +535,11 @@ class Preparer(ClaimPreparer):
             if mig_uuid:
                 with tracer.start_as_current_span("device.mig-destroy"):
                     await self.ops.mig_destroy(dev.parent_uuid, mig_uuid)
-                    await self.inventory.wait_mig(mig_uuid, present=False)
+                    # a retried prepare plans from the inventory right after this undo (`_prepare_claim`): one
+                    # still showing the device would pass it off as a static MIG device that exists
+                    if not await self.inventory.wait_mig(mig_uuid, present=False):
+                        raise DeviceError(f"MIG device {dev.device} ({mig_uuid}) was destroyed but discovery's "
+                                          "inventory still shows it; will retry")
         if record.mps_daemon_id:
             with tracer.start_as_current_span("device.mps-stop"):
                 await self.ops.mps_stop(record.mps_daemon_id)

@@ -104,10 +104,12 @@ class Parts:
         assert edits["main"]["devices"] == [f"n1/{MIG}"]
         assert list(checkpoint(self.root)) == [claim_uid]
         assert checkpoint(self.root)[claim_uid]["state"] == "PrepareCompleted"
-        # Not asserted here: that discovery still holds the MIG device. In 2 of ~7 loaded full runs it was gone
-        # while the claim was PrepareCompleted (a MIG request abandoned by the killed or timed-out preparer
-        # still carried out by discovery afterwards is the suspect); recorded as an open bug in the closing
-        # note, to be fixed in discovery with its own test.
+        # the one MIG device discovery holds is the one the claim was prepared on, created by its own prepare
+        # (a retry that planned before rolling back the cut-off attempt took that attempt's device for a static
+        # one, which the rollback then destroyed: the claim was PrepareCompleted on a device that was gone)
+        [dev] = checkpoint(self.root)[claim_uid]["devices"]
+        assert [(m.name, m.uuid) for g in self.disc.inventory.gpus for m in g.mig_devices] == [(MIG, dev["uuid"])]
+        assert dev["dynamic_mig"]
 
     async def delete_and_check_freed(self, name: str, claim_uid: str) -> None:
         await self.cluster.core.delete_namespaced_pod(name, "default")
