@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,7 @@ def cdi_specs(root: Path) -> list[str]:
     return sorted(n for n in os.listdir(root / "cdi") if not n.startswith(".")) if (root / "cdi").exists() else []
 
 
-async def prepare_until_it_answers(plugin, claim, attempts: int = 100) -> str:  # type: ignore[no-untyped-def]
+async def prepare_until_it_answers(plugin: Any, claim: Any, attempts: int = 100) -> str:
     """As the kubelet does: again while the preparer has no inventory yet (it follows discovery's KV)."""
     error = ""
     for _ in range(attempts):
@@ -97,6 +98,7 @@ async def test_sigkill_at_each_vfio_step_leaves_one_state_and_no_leaks(root: Pat
                 proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path, *extra)
                 await wait_for_socket(reg_socket, proc, log_path)
                 plugin = await register(reg_socket)
+                call: asyncio.Task[Any]
                 if at < 2:  # killed during the prepare
                     call = asyncio.create_task(prepare_until_it_answers(plugin, claim))
                 else:
