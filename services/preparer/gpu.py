@@ -37,7 +37,8 @@ class GpuPlugin:
         self.ops = DeviceOps(cfg.node, timeout=cfg.device_op_timeout)
         cdi = CdiWriter(Path(cfg.cdi_dir), durable=not ctx.checkpoint.power_loss_is_reboot)
         self.preparer = Preparer(driver=ctx.driver, node=cfg.node, claims=ctx.claims, inventory=self.inventory,
-                                 ops=self.ops, cdi=cdi, checkpoint=ctx.checkpoint, events=ctx.events, common=self.common)
+                                 ops=self.ops, cdi=cdi, checkpoint=ctx.checkpoint, events=ctx.events, common=self.common,
+                                 gates=cfg.gates)
         self.health = HealthWatch(cfg.node, self.inventory)
 
     async def start(self) -> None:

@@ -30,7 +30,7 @@ from services.preparer.cdi import (
     mps_share_env,
 )
 from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
-from services.preparer.claimconfigs import (
+from shared.claimconfigs import (
     SHARE_MPS_CAPACITIES,
     ClaimConfigError,
     GpuConfig,
@@ -38,6 +38,7 @@ from services.preparer.claimconfigs import (
     RawConfig,
     Selected,
     ShareLimits,
+    check_gates,
     interval,
     mps_daemon_id,
     pinned_limits,
@@ -51,6 +52,7 @@ from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed,
 from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
 from services.preparer.lifecycle import LifecycleEvents
+from shared import featuregates
 from shared.devicemodel import binary_si
 from shared.logs import get_logger
 from shared.telemetry import get_tracer, leaf_span
@@ -177,9 +179,10 @@ def _share_capacity(p: _Planned) -> dict[str, str]:
 class Preparer(ClaimPreparer):
     def __init__(self, *, driver: str, node: str, claims: ClaimSource, inventory: Inventory, ops: DeviceOps,
                  cdi: CdiWriter, checkpoint: Checkpoint, events: LifecycleEvents, common: CommonEdits,
-                 pool: str = "") -> None:
+                 pool: str = "", gates: featuregates.FeatureGates | None = None) -> None:
         super().__init__(driver=driver, node=node, claims=claims, cdi=cdi, checkpoint=checkpoint, events=events,
                          pool=pool)
+        self.gates = gates if gates is not None else featuregates.FeatureGates()  # a gated device is refused
         self.inventory = inventory
         self.ops = ops
         self.common = common  # the node's driver userspace, in every claim spec
@@ -237,6 +240,9 @@ class Preparer(ClaimPreparer):
                              claim: ResourceClaim) -> list[PreparedDevice]:
         planned, raw = self._plan(claim)
         try:
+            for p in planned:
+                check_gates(p.resolved.kind, share=bool(p.share_id), enabled=self.gates.enabled,
+                            dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None)
             groups = select(self.driver, raw, [(p.request, p.resolved.kind) for p in planned])
             for group in groups:
                 if (strategy(group.config) == "MPS" and not isinstance(group.config, GpuConfig)

@@ -15,7 +15,7 @@ import msgspec
 
 from services.publisher import shares, split
 from services.publisher.apiversion import ServerProfile
-from shared import devicemodel
+from shared import devicemodel, featuregates
 from shared.events.health import DeviceHealth
 from shared.events.inventory import Gpu, NodeInventory
 from shared.kube.timestamps import k8s_time
@@ -38,6 +38,12 @@ class SliceOptions(msgspec.Struct, frozen=True, kw_only=True):
     mig_mode: MigMode = "static"
     taint_effect: TaintEffect = "NoSchedule"
     compute_domains: bool = True
+    disabled_features: frozenset[str] = frozenset()  # the publisher's own gates that are off: off on every node
+
+
+def disabled_features(inv: NodeInventory, opts: SliceOptions) -> frozenset[str]:
+    """The gated features the node must not offer: off in the publisher, or off in the node's discovery."""
+    return opts.disabled_features | {name for name, on in inv.features.items() if not on}
 
 
 class DesiredPool(msgspec.Struct, kw_only=True):
@@ -116,6 +122,13 @@ def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: Slice
     settings = settings or {}
     notes: list[str] = []
     mode = opts.mig_mode
+    off = disabled_features(inv, opts)
+    dynamic_allowed = featuregates.DYNAMIC_MIG not in off
+    if not dynamic_allowed and (mode == "dynamic" or any(s.mig == "dynamic" for s in settings.values())):
+        notes.append(f"dynamic MIG asked for, but feature gate {featuregates.DYNAMIC_MIG} is off for the node; "
+                     "publishing static devices")
+    if not dynamic_allowed:
+        mode = "static"
     if mode == "dynamic" and inv.gpus and not any(devicemodel.supports_dynamic_mig(g) for g in inv.gpus):
         notes.append("dynamic MIG asked for, but no GPU on the node is MIG-capable; publishing static devices")
         mode = "static"
@@ -124,14 +137,17 @@ def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: Slice
     withheld = 0
     for gpu in inv.gpus:
         setting = settings.get(gpu.name)
-        gpu_mode = _gpu_mode(mode, setting)
+        gpu_mode = _gpu_mode(mode, setting) if dynamic_allowed else "static"
         gpu_devices = _gpu_devices(gpu, inv, gpu_mode, notes)
         if gpu_mode == "dynamic" and devicemodel.supports_dynamic_mig(gpu):
             cs = devicemodel.counter_set(gpu)
             if cs is not None:
                 counter_sets.append(cs)
         if setting is not None and setting.offers_shares:
-            if profile.consumable_capacity:
+            if featuregates.CONSUMABLE_SHARES in off:
+                notes.append(f"{gpu.name}: shares asked for, but feature gate {featuregates.CONSUMABLE_SHARES} is "
+                             "off for the node; offering it whole")
+            elif profile.consumable_capacity:
                 gpu_devices = [shares.offer_shares(d, setting) for d in gpu_devices]
             else:
                 withheld += 1

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from embedded.apiserver.validation import validate_object
 from embedded.kubelet.client import Claim
 from services.computedomain.channelcore import ChannelConfigError, parse_channel_config
-from services.preparer.claimconfigs import (
+from shared.claimconfigs import (
     ClaimConfigError,
     GpuConfig,
     MigDeviceConfig,
