@@ -30,6 +30,12 @@ from services.preparer.cdi import (
     mps_share_env,
 )
 from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
+from services.preparer.claims import ClaimSource, ResourceClaim
+from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed, failure_reason
+from services.preparer.commonedits import CommonEdits
+from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
+from services.preparer.lifecycle import LifecycleEvents
+from shared import featuregates
 from shared.claimconfigs import (
     SHARE_MPS_CAPACITIES,
     ClaimConfigError,
@@ -47,12 +53,6 @@ from shared.claimconfigs import (
     share_limits,
     strategy,
 )
-from services.preparer.claims import ClaimSource, ResourceClaim
-from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed, failure_reason
-from services.preparer.commonedits import CommonEdits
-from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
-from services.preparer.lifecycle import LifecycleEvents
-from shared import featuregates
 from shared.devicemodel import binary_si
 from shared.logs import get_logger
 from shared.telemetry import get_tracer, leaf_span
