@@ -34,7 +34,7 @@ import msgspec
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from embedded.cluster import identities
+from embedded.cluster import identities, webhook
 from embedded.cluster.apply import load_documents
 from embedded.cluster.natsidentities import ADMIN, CONTROLLER, PUBLISHER, NatsIdentities, issue_identities
 from embedded.cluster.processes import RESTARTS, RUNNING, ProcessFailed, Supervisor, describe_exit, gpu_dra
@@ -248,8 +248,9 @@ class LocalCluster:
         # POD_NAMESPACE as a pod in deploy/'s namespace has it (the controller's Lease lives there).
         # Nor the caller's NATS credentials when up runs the server: a process is only the user `_nats` gives it.
         own_nats = dict.fromkeys(NATS_CREDENTIAL_ENV, "") if self.nats_identities else {}
+        gates = {"GPU_DRA_FEATURE_GATES": self.cfg.feature_gates} if self.cfg.feature_gates else {}
         return {"GPU_DRA_NATS_URL": self.nats_url, "GPU_DRA_LOG_FORMAT": "json", "KUBECONFIG": "",
-                "POD_NAMESPACE": identities.NODE.namespace, **own_nats, **self.extra_env}
+                "POD_NAMESPACE": identities.NODE.namespace, **own_nats, **gates, **self.extra_env}
 
     def _nats(self, user: str) -> dict[str, str]:
         """The environment that makes a process the NATS user `user` (its .creds file; none with --nats-url)."""
@@ -515,7 +516,17 @@ class LocalCluster:
             await self._start(name, gpu_dra(*argv, *flags), env=env)
         if self.cfg.dashboard:
             await self._start_dashboard()
-        self.progress("state gate, publisher, scheduler, controllers, computedomain controller started")
+        await self._start_webhook()
+        self.progress("state gate, publisher, scheduler, controllers, computedomain controller, webhook started")
+
+    async def _start_webhook(self) -> None:
+        """The admission webhook (embedded/cluster/webhook.py), registered once it serves."""
+        assert self.supervisor is not None and self.api is not None
+        cert_dir, port = self.data_dir / "webhook", free_port()
+        await self._start("webhook", gpu_dra(*webhook.webhook_argv(cert_dir, port)))
+        await self.supervisor.wait_until("the admission webhook", lambda: webhook.ready(cert_dir, port),
+                                         timeout=self.cfg.start_timeout)
+        await webhook.register(self.api, cert_dir, port)
 
     async def _start_dashboard(self) -> None:
         """`gpu-dra dashboard` as deploy/'s dashboard identity and the reader.dashboard NATS user, everything
