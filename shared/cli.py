@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pipeline-demo": ("embedded.cluster.pipeline_demo", "inventory -> NATS -> ResourceSlices in one process, traced"),
     "explain": ("embedded.cluster.explain", "why a pod or claim is (not) allocated"),
     "trace": ("embedded.cluster.tracecli", "one claim's trace as a waterfall, from a span-store or OTLP-JSON file"),
+    "features": ("shared.featuregates_cli", "the feature gates: stage, default, and what a setting turns on"),
+    "webhook": ("services.webhook.cli", "the admission webhook: claims' opaque configs checked at the door"),
     "events": ("shared.events.cli", "the event catalog: list subjects, export JSON Schemas"),
     "nats": ("shared.natsserver_cli", "an embedded nats-server; 'nats credentials': NATS JWT creds as Secrets"),
 }

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from shared import featuregates
 from shared.telemetry import DEFAULT_PERIODIC_RATIO
 
 ENV_PREFIX = "GPU_DRA_"
@@ -65,6 +66,14 @@ class CommonConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         "HTTP port of /metrics (Prometheus), /healthz (liveness) and /readyz (readiness); 0 is off"))] = 0
     health_stall_seconds: Annotated[float, msgspec.Meta(gt=1, le=3600, description=(
         "/healthz fails once the event loop has not ticked (every second) for this long"))] = 10.0
+    feature_gates: Annotated[str, _help(
+        "feature gates to change from their defaults, Name=true|false comma-separated (`gpu-dra features` "
+        "lists them with stage and default)")] = ""
+
+    @property
+    def gates(self) -> featuregates.FeatureGates:
+        """The feature gates in force: the registry's defaults with `feature_gates` applied."""
+        return featuregates.parsed(self.feature_gates)
 
 
 def _flag(name: str) -> str:
@@ -163,9 +172,14 @@ def config_from(
         raw[name] = _raw_value(tp, value) if isinstance(value, str) else value
         sources[name] = _flag(name)
     try:
-        return msgspec.convert(raw, cls, strict=False)
+        config = msgspec.convert(raw, cls, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(_explain(exc, names, sources)) from None
+    try:
+        featuregates.parsed(config.feature_gates)
+    except featuregates.FeatureGateError as exc:
+        raise ConfigError(f"invalid setting {sources.get('feature_gates', '--feature-gates')}: {exc}") from None
+    return config
 
 
 def _explain(exc: msgspec.ValidationError, names: Mapping[str, Any], sources: Mapping[str, str]) -> str:

@@ -14,6 +14,10 @@ from typing import Any
 
 GPU_DRIVER = "gpu.nvidia.com"
 CD_DRIVER = "compute-domain.nvidia.com"
+DRIVERS = (GPU_DRIVER, CD_DRIVER)
+VFIO_CLASS = "vfio.gpu.nvidia.com"  # offered once VFIO passthrough lands (feature gate PassthroughSupport)
+# The kind of `gpu.nvidia.com` device each class selects ("gpu", "mig", "vfio"), as the opaque configs know it.
+GPU_DEVICE_KIND = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig", VFIO_CLASS: "vfio"}
 
 
 def _typed(driver: str, device_type: str, extra: str = "") -> str:

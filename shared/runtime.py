@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import Gauge
 
+from shared import featuregates
 from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, ConfigError, load_config_or_report
 from shared.health import HEALTH, serve
@@ -96,6 +97,7 @@ BUILD_INFO = Gauge("gpu_dra_build_info", "1, labelled with what runs: the servic
 def prepare_process(config: CommonConfig, service: str) -> None:
     """Logs, traces, and the metrics and health endpoint (on `--metrics-port`; 0 is off) for this process."""
     BUILD_INFO.labels(service, package_version(), platform.python_version()).set(1)
+    featuregates.export(config.gates)
     setup_logging(service, config.log_level, config.log_format)
     setup_telemetry(service, config.otel_exporter, node=str(getattr(config, "node", "") or ""),
                     periodic=config.otel_periodic_ratio)

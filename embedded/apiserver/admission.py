@@ -34,7 +34,7 @@ _REASON_CODES = {"Unauthorized": 401, "Forbidden": 403, "Invalid": 422, "Request
 _programs: dict[str, Any] = {}
 
 
-class _CelFailure(Exception):
+class CelFailure(Exception):
     pass
 
 
@@ -44,17 +44,17 @@ def _program(expression: str) -> Any:
         try:
             found = _cel.compile(expression)
         except (ValueError, RuntimeError) as exc:
-            raise _CelFailure(f"compilation failed: {str(exc).splitlines()[0]}") from None
+            raise CelFailure(f"compilation failed: {str(exc).splitlines()[0]}") from None
         _programs[expression] = found
     return found
 
 
-def _run(expression: str, variables: dict[str, Any]) -> Any:
+def run_cel(expression: str, variables: dict[str, Any]) -> Any:
     program = _program(expression)
     try:
         return program.execute(_cel.Context(variables=variables))
     except Exception as exc:  # the cel package raises several types for runtime errors
-        raise _CelFailure(runtime_message(exc)) from None
+        raise CelFailure(runtime_message(exc)) from None
 
 
 def check_size(res: Resource, name: str, obj: dict[str, Any]) -> None:
@@ -71,7 +71,7 @@ def check_size(res: Resource, name: str, obj: dict[str, Any]) -> None:
         raise errors.ApiError(413, "RequestEntityTooLarge", "etcdserver: request is too large")
 
 
-def _rule_matches(rule: dict[str, Any], res: Resource, version: str, operation: str, subresource: str,
+def rule_matches(rule: dict[str, Any], res: Resource, version: str, operation: str, subresource: str,
                   namespaced_request: bool) -> bool:
     def has(values: list[str] | None, wanted: str) -> bool:
         return bool(values) and ("*" in values or wanted in values)  # type: ignore[operator]
@@ -91,7 +91,7 @@ def _rule_matches(rule: dict[str, Any], res: Resource, version: str, operation: 
     return scope == "*" or (scope == "Namespaced") == namespaced_request
 
 
-def _labels_match(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+def labels_match(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
     if not selector:
         return True
     terms = [f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items()]
@@ -158,17 +158,17 @@ class PolicyAdmission:
     def _matches(match: dict[str, Any], res: Resource, version: str, operation: str, subresource: str,
                  namespace: str, namespace_obj: dict[str, Any] | None, subject: dict[str, Any]) -> bool:
         rules = match.get("resourceRules") or []
-        if not any(_rule_matches(r, res, version, operation, subresource, bool(namespace)) for r in rules):
+        if not any(rule_matches(r, res, version, operation, subresource, bool(namespace)) for r in rules):
             return False
-        if any(_rule_matches(r, res, version, operation, subresource, bool(namespace))
+        if any(rule_matches(r, res, version, operation, subresource, bool(namespace))
                for r in match.get("excludeResourceRules") or []):
             return False
         if namespace and match.get("namespaceSelector"):
             labels = ((namespace_obj or {}).get("metadata") or {}).get("labels") or {}
-            if not _labels_match(match["namespaceSelector"], labels):
+            if not labels_match(match["namespaceSelector"], labels):
                 return False
         labels = (subject.get("metadata") or {}).get("labels") or {}
-        return _labels_match(match.get("objectSelector"), labels)
+        return labels_match(match.get("objectSelector"), labels)
 
     def _evaluate(self, policy: dict[str, Any], binding: dict[str, Any], env: dict[str, Any],
                   res: Resource, name: str) -> None:
@@ -190,22 +190,22 @@ class PolicyAdmission:
 
         try:
             for cond in pspec.get("matchConditions") or []:
-                if _run(cond.get("expression", "false"), env) is not True:
+                if run_cel(cond.get("expression", "false"), env) is not True:
                     return
             for var in pspec.get("variables") or []:
                 try:
-                    env["variables"] = {**env["variables"], var["name"]: _run(var.get("expression", "null"), env)}
-                except _CelFailure:
+                    env["variables"] = {**env["variables"], var["name"]: run_cel(var.get("expression", "null"), env)}
+                except CelFailure:
                     continue  # an expression that uses it fails in its turn
-        except _CelFailure as exc:
+        except CelFailure as exc:
             if fail_closed:
                 raise deny(f"failed to evaluate: {exc}") from None
             return
         for validation in pspec.get("validations") or []:
             expression = validation.get("expression", "")
             try:
-                passed = _run(expression, env)
-            except _CelFailure as exc:
+                passed = run_cel(expression, env)
+            except CelFailure as exc:
                 if fail_closed:
                     raise deny(f"expression '{expression}' resulted in error: {exc}") from None
                 continue
@@ -214,9 +214,9 @@ class PolicyAdmission:
             message = validation.get("message") or f"failed expression: {expression}"
             if validation.get("messageExpression"):
                 try:
-                    produced = _run(validation["messageExpression"], env)
+                    produced = run_cel(validation["messageExpression"], env)
                     if isinstance(produced, str) and produced.strip():
                         message = produced
-                except _CelFailure:
+                except CelFailure:
                     pass
             raise deny(message, validation.get("reason") or "Invalid")

@@ -8,6 +8,7 @@ as Status objects.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -453,15 +454,45 @@ class Handlers:
                 f'fieldValidation: Unsupported value: "{value}": supported values: "Ignore", "Strict", "Warn"')
         return value or "Warn"
 
+    async def _admitted(self, request: web.Request, target: Target, operation: str,
+                        write: Callable[[bool], tuple[dict[str, Any], list[str]]]) -> tuple[dict[str, Any], list[str]]:
+        """`write(dry_run)`, reviewed first by the validating webhooks whose rules name it: they see the
+        object as a dry run of the write makes it (defaulted, validated, policies passed), as kube-apiserver
+        calls them after validation and before storage; then the write is made for real."""
+        res, hooks, user = target.res, self.server.webhooks, authn.current_user.get()
+        assert res is not None
+        dry_run = self._dry_run(request)
+        if user is None or not hooks.may_apply(operation, res, target.version, target.subresource, res.namespaced):
+            return write(dry_run)
+        preview, _ = write(True)
+        md = preview.get("metadata") or {}
+        namespace, name = (md.get("namespace", "") if res.namespaced else ""), md.get("name", "")
+        current = self.server.store.get(res.key, (namespace, name)) if operation == "UPDATE" else None
+        await hooks.admit(user, operation, res, target.version, target.subresource, namespace, name,
+                          self._out(target, preview), self._out(target, current) if current else None, dry_run)
+        return write(dry_run)
+
     async def _create(self, request: web.Request, target: Target) -> web.Response:
         assert target.res is not None
         if target.namespace is None and target.res.namespaced:
             raise errors.method_not_allowed()
         body = await self._body(request, target)
-        obj, warnings = self.core.create(
-            target.res, target.version, target.namespace or "", body, self._dry_run(request), self._field_validation(request)
-        )
+        obj, warnings = await self._admitted(request, target, "CREATE", self._creator(request, target, body))
         return self._respond_object(request, target, obj, status=201, warnings=warnings)
+
+    def _creator(self, request: web.Request, target: Target, body: Any,
+                 field_validation: str | None = None) -> Callable[[bool], tuple[dict[str, Any], list[str]]]:
+        """`core.create` of a copy of `body`; a name a dry run generated is kept for the real create."""
+        assert target.res is not None
+        res, validation = target.res, field_validation or self._field_validation(request)
+
+        def create(dry_run: bool) -> tuple[dict[str, Any], list[str]]:
+            obj, warnings = self.core.create(res, target.version, target.namespace or "",
+                                             deep_copy(body) if dry_run else body, dry_run, validation)
+            if dry_run and isinstance(body, dict) and isinstance(body.get("metadata"), dict):
+                body["metadata"].setdefault("name", (obj.get("metadata") or {}).get("name"))
+            return obj, warnings
+        return create
 
     async def _update(self, request: web.Request, target: Target) -> web.Response:
         assert target.res is not None
@@ -470,10 +501,10 @@ class Handlers:
             return await self._update_scale(request, target, body)
         if target.subresource == "finalize":
             return self._finalize(request, target, body)
-        obj, warnings = self.core.update(
-            target.res, target.version, target.namespace or "", target.name, body, target.subresource,
-            self._dry_run(request), self._field_validation(request),
-        )
+        res, validation = target.res, self._field_validation(request)
+        obj, warnings = await self._admitted(request, target, "UPDATE", lambda dry_run: self.core.update(
+            res, target.version, target.namespace or "", target.name, deep_copy(body) if dry_run else body,
+            target.subresource, dry_run, validation))
         return self._respond_object(request, target, obj, warnings=warnings)
 
     async def _patch(self, request: web.Request, target: Target) -> web.Response:
@@ -490,10 +521,10 @@ class Handlers:
             doc = bodies.decode_json(raw, "error decoding patch") if raw else {}
             patched = patch.merge_patch(current, doc) if ctype != patch.JSON_PATCH else patch.json_patch(current, doc)
             return await self._update_scale(request, target, patched)
-        obj, warnings = self.core.patch(
-            res, target.version, target.namespace or "", target.name, ctype, raw, target.subresource,
-            self._dry_run(request), self._field_validation(request),
-        )
+        validation = self._field_validation(request)
+        obj, warnings = await self._admitted(request, target, "UPDATE", lambda dry_run: self.core.patch(
+            res, target.version, target.namespace or "", target.name, ctype, raw, target.subresource, dry_run,
+            validation))
         return self._respond_object(request, target, obj, warnings=warnings)
 
     async def _apply(self, request: web.Request, target: Target, raw: bytes) -> web.Response:
@@ -509,11 +540,12 @@ class Handlers:
         exists = res and self.server.store.get(res.key, (ns if res.namespaced else "", target.name)) is not None
         if not exists:
             doc.setdefault("metadata", {})["name"] = target.name
-            obj, warnings = self.core.create(res, target.version, ns, doc, self._dry_run(request))
+            obj, warnings = await self._admitted(request, target, "CREATE",
+                                                 self._creator(request, target, doc, field_validation="Warn"))
             return self._respond_object(request, target, obj, status=201, warnings=warnings)
         ctype = patch.MERGE_PATCH if res.is_custom else patch.STRATEGIC_PATCH
-        obj, warnings = self.core.patch(res, target.version, ns, target.name, ctype, _encode(doc),
-                                        target.subresource, self._dry_run(request))
+        obj, warnings = await self._admitted(request, target, "UPDATE", lambda dry_run: self.core.patch(
+            res, target.version, ns, target.name, ctype, _encode(doc), target.subresource, dry_run))
         return self._respond_object(request, target, obj, warnings=warnings)
 
     async def _delete(self, request: web.Request, target: Target) -> web.Response:

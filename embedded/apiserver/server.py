@@ -1,6 +1,6 @@
 """The API server as one object: storage, registry, core, controllers (GC, CRDs), the request
-chain (authentication, authorization Node then RBAC, admission NodeRestriction then policies) and the
-HTTP listener on 127.0.0.1, plus the kubeconfigs that point clients at it (the admin's, and one per
+chain (authentication, authorization Node then RBAC, admission NodeRestriction, policies, then validating
+webhooks) and the HTTP listener on 127.0.0.1, plus the kubeconfigs that point clients at it (the admin's, and one per
 ServiceAccount token)."""
 
 from __future__ import annotations
@@ -15,7 +15,17 @@ from typing import Any
 
 from aiohttp import web
 
-from embedded.apiserver import admission, authn, authz, nodeauthz, nodegraph, noderestriction, rbac, tls
+from embedded.apiserver import (
+    admission,
+    authn,
+    authz,
+    nodeauthz,
+    nodegraph,
+    noderestriction,
+    rbac,
+    tls,
+    webhooks,
+)
 from embedded.apiserver.core import Core, now
 from embedded.apiserver.crds import CrdController
 from embedded.apiserver.gc import GarbageCollector
@@ -67,6 +77,7 @@ class ApiServer:
         self.authorizer = authz.Chain(nodeauthz.NodeAuthorizer(nodegraph.NodeGraph(self.store)), self.rbac)
         self.node_restriction = noderestriction.NodeRestriction(self.store)
         self.policies = admission.PolicyAdmission(self.store)
+        self.webhooks = webhooks.WebhookAdmission(self.store)  # called by the HTTP layer (http.py `_admitted`)
         self.core.admit = self._admit
         self._runner: web.AppRunner | None = None
 
@@ -98,6 +109,7 @@ class ApiServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.webhooks.close()
         await self.store.close()
 
     def _bootstrap(self) -> None:

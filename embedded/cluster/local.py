@@ -34,14 +34,14 @@ import msgspec
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from embedded.cluster import identities
+from embedded.cluster import identities, webhook
 from embedded.cluster.apply import load_documents
 from embedded.cluster.natsidentities import ADMIN, CONTROLLER, PUBLISHER, NatsIdentities, issue_identities
 from embedded.cluster.processes import RESTARTS, RUNNING, ProcessFailed, Supervisor, describe_exit, gpu_dra
 from services.discovery import profiles
 from services.discovery.config import sim_state_file, simulated_state_dir
 from services.discovery.machine import MachineError, parse_spec
-from shared import nodeconfig
+from shared import featuregates, nodeconfig
 from shared.backoff import Backoff
 from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, load_config_or_report
@@ -106,6 +106,12 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     restart_backoff: Annotated[float, msgspec.Meta(gt=0, description=(
         "seconds before a failed container's first restart (doubling up to 300, as the kubelet)"))] = 10.0
 
+    def gate_setting(self) -> str:
+        """The --feature-gates every service gets: the cluster's, with PassthroughSupport on for --passthrough."""
+        if self.passthrough and featuregates.PASSTHROUGH_SUPPORT not in self.gates.overrides:
+            return ",".join(filter(None, [self.feature_gates, f"{featuregates.PASSTHROUGH_SUPPORT}=true"]))
+        return self.feature_gates
+
     def node_spec(self, index: int) -> str:
         """The --simulate spec of node `index`: `--gpus` may list one per node, separated by ';'."""
         specs = [s.strip() for s in self.gpus.split(";") if s.strip()]
@@ -127,6 +133,9 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
                     parse_spec(spec)
                 except MachineError as exc:
                     raise ValueError(f"--gpus {spec!r}: {exc}") from None
+        if self.passthrough and self.gates.overrides.get(featuregates.PASSTHROUGH_SUPPORT) is False:
+            raise ValueError(f"--passthrough needs feature gate {featuregates.PASSTHROUGH_SUPPORT}; the "
+                             "--feature-gates setting turns it off")
         if self.node_config:
             try:
                 nodeconfig.load(self.node_config)
@@ -253,8 +262,9 @@ class LocalCluster:
         # POD_NAMESPACE as a pod in deploy/'s namespace has it (the controller's Lease lives there).
         # Nor the caller's NATS credentials when up runs the server: a process is only the user `_nats` gives it.
         own_nats = dict.fromkeys(NATS_CREDENTIAL_ENV, "") if self.nats_identities else {}
+        gates = {"GPU_DRA_FEATURE_GATES": self.cfg.gate_setting()} if self.cfg.gate_setting() else {}
         return {"GPU_DRA_NATS_URL": self.nats_url, "GPU_DRA_LOG_FORMAT": "json", "KUBECONFIG": "",
-                "POD_NAMESPACE": identities.NODE.namespace, **own_nats, **self.extra_env}
+                "POD_NAMESPACE": identities.NODE.namespace, **own_nats, **gates, **self.extra_env}
 
     def _nats(self, user: str) -> dict[str, str]:
         """The environment that makes a process the NATS user `user` (its .creds file; none with --nats-url)."""
@@ -520,7 +530,17 @@ class LocalCluster:
             await self._start(name, gpu_dra(*argv, *flags), env=env)
         if self.cfg.dashboard:
             await self._start_dashboard()
-        self.progress("state gate, publisher, scheduler, controllers, computedomain controller started")
+        await self._start_webhook()
+        self.progress("state gate, publisher, scheduler, controllers, computedomain controller, webhook started")
+
+    async def _start_webhook(self) -> None:
+        """The admission webhook (embedded/cluster/webhook.py), registered once it serves."""
+        assert self.supervisor is not None and self.api is not None
+        cert_dir, port = self.data_dir / "webhook", free_port()
+        await self._start("webhook", gpu_dra(*webhook.webhook_argv(cert_dir, port)))
+        await self.supervisor.wait_until("the admission webhook", lambda: webhook.ready(cert_dir, port),
+                                         timeout=self.cfg.start_timeout)
+        await webhook.register(self.api, cert_dir, port)
 
     async def _start_dashboard(self) -> None:
         """`gpu-dra dashboard` as deploy/'s dashboard identity and the reader.dashboard NATS user, everything

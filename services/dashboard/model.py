@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from services.preparer.claimconfigs import (
+from shared.claimconfigs import (
     ClaimConfigError,
     GpuConfig,
     RawConfig,

@@ -140,14 +140,15 @@ def _gpu(g: GpuFacts, dev_root: Path, sys_root: Path, minors: dict[str, int], mp
 
 
 def build(node: str, facts: NodeFacts, *, dev_root: Path, sys_root: Path, simulated: bool,
-          mps: dict[str, str] | None = None, observed_at: float = 0.0) -> NodeInventory:
-    """The NodeInventory for `facts`, with content_hash set."""
+          mps: dict[str, str] | None = None, observed_at: float = 0.0,
+          features: dict[str, bool] | None = None) -> NodeInventory:
+    """The NodeInventory for `facts`, with content_hash set; `features`: the node's feature gates."""
     minors = _cap_minors(dev_root)
     gpus = sorted((_gpu(g, dev_root, sys_root, minors, mps or {}) for g in facts.gpus), key=lambda g: g.minor)
     inv = NodeInventory(
         node=node, driver_version=semver(facts.driver_version), cuda_driver_version=cuda_semver(facts.cuda_version),
         gpus=gpus, control_device_paths=[p for p in CONTROL_DEVICES if (dev_root / p.lstrip("/")).exists()],
-        dev_root=str(dev_root), simulated=simulated,
+        dev_root=str(dev_root), simulated=simulated, features=dict(features or {}),
     )
     inv.content_hash = content_hash(inv)
     inv.observed_at = observed_at

@@ -41,7 +41,8 @@ class GpuPlugin:
                                  ops=self.ops, cdi=cdi, checkpoint=ctx.checkpoint, events=ctx.events, common=self.common,
                                  settings=ctx.settings,
                                  vfio=VfioSettings(sys_root=cfg.sys_root, proc_root=cfg.proc_root, modprobe=cfg.modprobe,
-                                                   free_timeout=cfg.vfio_free_timeout))
+                                                   free_timeout=cfg.vfio_free_timeout),
+                                 gates=cfg.gates)
         self.health = HealthWatch(cfg.node, self.inventory)
 
     async def start(self) -> None:

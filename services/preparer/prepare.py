@@ -30,7 +30,15 @@ from services.preparer.cdi import (
     mps_share_env,
 )
 from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
-from services.preparer.claimconfigs import (
+from services.preparer.claims import ClaimSource, ResourceClaim
+from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed, failure_reason
+from services.preparer.commonedits import CommonEdits
+from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
+from services.preparer.lifecycle import LifecycleEvents
+from services.preparer.nodesettings import NodeSettings
+from services.preparer.vfio import Passthrough, VfioSettings, passthrough_conflict
+from shared import featuregates
+from shared.claimconfigs import (
     SHARE_MPS_CAPACITIES,
     ClaimConfigError,
     GpuConfig,
@@ -39,6 +47,7 @@ from services.preparer.claimconfigs import (
     Selected,
     ShareLimits,
     VfioDeviceConfig,
+    check_gates,
     interval,
     mps_daemon_id,
     pinned_limits,
@@ -47,13 +56,6 @@ from services.preparer.claimconfigs import (
     share_limits,
     strategy,
 )
-from services.preparer.claims import ClaimSource, ResourceClaim
-from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed, failure_reason
-from services.preparer.commonedits import CommonEdits
-from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
-from services.preparer.lifecycle import LifecycleEvents
-from services.preparer.nodesettings import NodeSettings
-from services.preparer.vfio import Passthrough, VfioSettings, passthrough_conflict
 from shared.devicemodel import binary_si
 from shared.logs import get_logger
 from shared.telemetry import get_tracer, leaf_span
@@ -207,10 +209,12 @@ def _vfio_config(groups: list[Selected], planned: list[_Planned]) -> VfioDeviceC
 class Preparer(ClaimPreparer):
     def __init__(self, *, driver: str, node: str, claims: ClaimSource, inventory: Inventory, ops: DeviceOps,
                  cdi: CdiWriter, checkpoint: Checkpoint, events: LifecycleEvents, common: CommonEdits,
-                 pool: str = "", settings: NodeSettings | None = None, vfio: VfioSettings | None = None) -> None:
+                 pool: str = "", settings: NodeSettings | None = None, vfio: VfioSettings | None = None,
+                 gates: featuregates.FeatureGates | None = None) -> None:
         super().__init__(driver=driver, node=node, claims=claims, cdi=cdi, checkpoint=checkpoint, events=events,
                          pool=pool)
         self.settings = settings or NodeSettings()  # the node config's setting per GPU (time-slicing)
+        self.gates = gates if gates is not None else featuregates.FeatureGates()  # a gated device is refused
         self.inventory = inventory
         self.ops = ops
         self.common = common  # the node's driver userspace, in every claim spec
@@ -302,6 +306,9 @@ class Preparer(ClaimPreparer):
         if any(p.resolved.kind == "gpu" and not p.share_id for p in planned):
             await self.settings.synced()  # a whole GPU's NodeConfig rule may time-slice it
         try:
+            for p in planned:
+                check_gates(p.resolved.kind, share=bool(p.share_id), enabled=self.gates.enabled,
+                            dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None)
             groups = select(self.driver, raw, [(p.request, p.resolved.kind) for p in planned])
             for group in groups:
                 if (strategy(group.config) == "MPS" and not isinstance(group.config, GpuConfig)

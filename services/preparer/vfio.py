@@ -23,9 +23,9 @@ from pathlib import Path
 
 from services.preparer.cdi import ContainerEdits, DeviceNode
 from services.preparer.checkpoint import Checkpoint
-from services.preparer.claimconfigs import VfioDeviceConfig
 from services.preparer.devices import DeviceError, ResolvedDevice
 from services.preparer.pcisysfs import NVIDIA, VFIO_MODULE, VFIO_PCI, PciError, PciSysfs, normal_bdf
+from shared.claimconfigs import VfioDeviceConfig
 from shared.logs import get_logger
 
 log = get_logger(__name__)

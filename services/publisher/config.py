@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from shared import nodeconfig
+from shared import featuregates, nodeconfig
 from shared.config import CommonConfig, ConfigError, load_config
 
 DESCRIPTION = (
@@ -96,6 +96,9 @@ def check(cfg: PublisherConfig) -> None:
                           "its own CA)")
     if cfg.api_ca_file and cfg.api_insecure_skip_tls_verify:
         raise ConfigError("give --api-ca-file or --api-insecure-skip-tls-verify, not both")
+    if cfg.passthrough and not cfg.gates.enabled(featuregates.PASSTHROUGH_SUPPORT):
+        raise ConfigError(f"--passthrough needs --feature-gates {featuregates.PASSTHROUGH_SUPPORT}=true (an Alpha "
+                          "feature, off by default)")
     if cfg.node_config:
         try:
             nodeconfig.load(cfg.node_config)

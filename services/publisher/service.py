@@ -160,7 +160,8 @@ class Publisher:
         self.taint_events = TaintEvents(api_client)  # Events on the Node when a device taint changes
         self.profile = profile
         self.opts = slices.SliceOptions(mig_mode=cfg.mig_mode, taint_effect=cfg.taint_effect,
-                                        compute_domains=cfg.compute_domains, passthrough=cfg.passthrough)
+                                        compute_domains=cfg.compute_domains, passthrough=cfg.passthrough,
+                                        disabled_features=frozenset(n for n, on in cfg.gates.items() if not on))
         # how each node pool's GPUs are shared: a --node-config file (read once at start), else the NodeConfig
         # objects, watched (services.publisher.nodeconfigs); the two never mix
         self.node_config = nodeconfig.load(cfg.node_config) if cfg.node_config else nodeconfig.DEFAULT

@@ -15,7 +15,7 @@ import msgspec
 
 from services.publisher import shares, split
 from services.publisher.apiversion import ServerProfile
-from shared import devicemodel
+from shared import devicemodel, featuregates
 from shared.events.health import DeviceHealth
 from shared.events.inventory import Gpu, NodeInventory
 from shared.kube.timestamps import k8s_time
@@ -39,6 +39,12 @@ class SliceOptions(msgspec.Struct, frozen=True, kw_only=True):
     taint_effect: TaintEffect = "NoSchedule"
     compute_domains: bool = True
     passthrough: bool = False  # every GPU offered for VFIO passthrough too (a NodeConfig rule may say per GPU)
+    disabled_features: frozenset[str] = frozenset()  # the publisher's own gates that are off: off on every node
+
+
+def disabled_features(inv: NodeInventory, opts: SliceOptions) -> frozenset[str]:
+    """The gated features the node must not offer: off in the publisher, or off in the node's discovery."""
+    return opts.disabled_features | {name for name, on in inv.features.items() if not on}
 
 
 class DesiredPool(msgspec.Struct, kw_only=True):
@@ -110,10 +116,16 @@ def _gpu_mode(pool_mode: MigMode, setting: GpuSetting | None) -> MigMode:
     return "dynamic" if setting.mig == "dynamic" else "static"
 
 
-def _passthrough(gpu: Gpu, mode: MigMode, setting: GpuSetting | None, opts: SliceOptions, notes: list[str]) -> bool:
+def _passthrough(gpu: Gpu, mode: MigMode, setting: GpuSetting | None, opts: SliceOptions, notes: list[str],
+                 off: frozenset[str]) -> bool:
     """Whether the GPU is offered for VFIO passthrough too: a rule's `passthrough`, else --passthrough; never
-    a GPU with MIG on or in dynamic MIG mode (as NVIDIA's driver: a GPU without MIG devices only)."""
+    a GPU with MIG on or in dynamic MIG mode (as NVIDIA's driver: a GPU without MIG devices only), nor with
+    the PassthroughSupport gate off for the node."""
     wanted = setting.passthrough if setting is not None and setting.passthrough is not None else opts.passthrough
+    if wanted and featuregates.PASSTHROUGH_SUPPORT in off:
+        notes.append(f"{gpu.name}: passthrough asked for, but feature gate {featuregates.PASSTHROUGH_SUPPORT} is "
+                     "off for the node")
+        return False
     if wanted and (gpu.mig_enabled or mode == "dynamic"):
         notes.append(f"{gpu.name} is not offered for passthrough: MIG is on or dynamic")
         return False
@@ -127,6 +139,13 @@ def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: Slice
     settings = settings or {}
     notes: list[str] = []
     mode = opts.mig_mode
+    off = disabled_features(inv, opts)
+    dynamic_allowed = featuregates.DYNAMIC_MIG not in off
+    if not dynamic_allowed and (mode == "dynamic" or any(s.mig == "dynamic" for s in settings.values())):
+        notes.append(f"dynamic MIG asked for, but feature gate {featuregates.DYNAMIC_MIG} is off for the node; "
+                     "publishing static devices")
+    if not dynamic_allowed:
+        mode = "static"
     if mode == "dynamic" and inv.gpus and not any(devicemodel.supports_dynamic_mig(g) for g in inv.gpus):
         notes.append("dynamic MIG asked for, but no GPU on the node is MIG-capable; publishing static devices")
         mode = "static"
@@ -135,18 +154,21 @@ def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: Slice
     withheld = 0
     for gpu in inv.gpus:
         setting = settings.get(gpu.name)
-        gpu_mode = _gpu_mode(mode, setting)
+        gpu_mode = _gpu_mode(mode, setting) if dynamic_allowed else "static"
         gpu_devices = _gpu_devices(gpu, inv, gpu_mode, notes)
         if gpu_mode == "dynamic" and devicemodel.supports_dynamic_mig(gpu):
             cs = devicemodel.counter_set(gpu)
             if cs is not None:
                 counter_sets.append(cs)
-        if _passthrough(gpu, gpu_mode, setting, opts, notes):
+        if _passthrough(gpu, gpu_mode, setting, opts, notes, off):
             counter_sets.append(devicemodel.passthrough_counter_set(gpu))
             gpu_devices = [devicemodel.with_passthrough(d, gpu) for d in gpu_devices]
             gpu_devices.append(devicemodel.vfio_device(gpu, inv))
         if setting is not None and setting.offers_shares:
-            if profile.consumable_capacity:
+            if featuregates.CONSUMABLE_SHARES in off:
+                notes.append(f"{gpu.name}: shares asked for, but feature gate {featuregates.CONSUMABLE_SHARES} is "
+                             "off for the node; offering it whole")
+            elif profile.consumable_capacity:
                 gpu_devices = [shares.offer_shares(d, setting) for d in gpu_devices]
             else:
                 withheld += 1

@@ -114,6 +114,10 @@ class NodeInventory(Message, kw_only=True):
         msgspec.field(default_factory=list))
     dev_root: Annotated[str, doc("Where the node's /dev lives (a fake tree under simulation).")] = "/"
     simulated: Annotated[bool, doc("True when the inventory comes from the simulated NVML.")] = False
+    features: Annotated[dict[str, bool], doc(
+        "The feature gates in force on the node's discovery (`gpu-dra features`), by name: the publisher offers "
+        "a gated feature's devices only on nodes whose gate is on. Empty from older nodes: the defaults.")] = (
+        msgspec.field(default_factory=dict))
     content_hash: Annotated[str, doc("Hash of the content above; an unchanged hash means nothing changed.")] = ""
     observed_at: Annotated[float, OBSERVED_AT] = 0.0
 

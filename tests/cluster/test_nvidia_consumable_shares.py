@@ -34,7 +34,7 @@ in our words, and what is checked here:
   as that difference: Ready, both containers on one GPU through the GPU's daemon, which runs with the
   config's 50% active threads and 10Gi pinned memory; the share consumes `shares: 1, memory: 0`, and 0
   reserved memory sets no per-client limit (before this test the preparer refused such a share with
-  "pinned memory limit '0' must be at least 1Mi"; fixed in services/preparer/claimconfigs.py).
+  "pinned memory limit '0' must be at least 1Mi"; fixed in shared/claimconfigs.py).
 
 NVIDIA's e2e templates (test/e2e/framework/specs/consumable-shares-{memory,unlimited}.yaml.tmpl) are the
 bats pods again with a templated namespace; they are not copied.
@@ -54,7 +54,7 @@ from kubernetes_asyncio import client
 
 from embedded.cluster.local import ClusterConfig, LocalCluster
 from services.discovery.config import simulated_state_dir
-from services.preparer.claimconfigs import share_daemon_id
+from shared.claimconfigs import share_daemon_id
 from tests.cluster.helpers import apply, device_attributes, edits, pods_in, running
 from tests.polling import eventually
 

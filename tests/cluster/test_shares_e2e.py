@@ -22,7 +22,7 @@ from kubernetes_asyncio import client
 from embedded.cluster.apply import Applier
 from embedded.cluster.local import ClusterConfig, LocalCluster
 from services.discovery.config import simulated_state_dir
-from services.preparer.claimconfigs import share_daemon_id
+from shared.claimconfigs import share_daemon_id
 from shared.events import catalog
 from shared.events.inventory import NodeInventory
 from tests.cluster.helpers import device_attributes, edits

@@ -133,6 +133,7 @@ SERVICE_CONFIG_MODULES = {
     "preparer": ["services.preparer.config"],
     "publisher": ["services.publisher.config"],
     "computedomain": ["services.computedomain.config"],
+    "webhook": ["services.webhook.config"],
 }
 
 

@@ -28,6 +28,10 @@ DISCOVERY: list[tuple[str, str, set[str]]] = []
 # module uses (their calls are listed beside them)
 CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/preparer/cli.py", "record_event"): [("", "events", {"create"})],
+    ("services/webhook/cli.py", "request:GET"): [("admissionregistration.k8s.io", "validatingwebhookconfigurations",
+                                                  {"get"})],
+    ("services/webhook/cli.py", "request:PATCH"): [("admissionregistration.k8s.io", "validatingwebhookconfigurations",
+                                                    {"patch"})],
     ("services/preparer/claims.py", "request:GET"): [(RK, "resourceclaims", {"get"})],
     ("services/computedomain/controller.py", "api:CustomObjectsApi"): [],
     ("services/computedomain/controller.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
@@ -81,7 +85,7 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
 # the `gpu-dra` command whose process runs each service package's (or module's) calls
 COMMANDS = {"services/preparer": "preparer", "services/publisher": "publisher",
             "services/computedomain": "computedomain controller", "services/authcallout": "nats auth-callout",
-            "services/dashboard": "dashboard", "embedded/cluster/explain.py": "dashboard"}
+            "services/dashboard": "dashboard", "embedded/cluster/explain.py": "dashboard", "services/webhook": "webhook"}
 # modules outside services/ that a service runs: the dashboard's explain (its claim path, load_state, is the
 # CLI's alone and makes no call the scan matches)
 SERVICE_MODULES_ELSEWHERE = ("embedded/cluster/explain.py",)

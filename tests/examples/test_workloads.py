@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from services.preparer.claimconfigs import decode_config, strategy
+from shared.claimconfigs import decode_config, strategy
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 K8S_VERSION = "1.34.0"

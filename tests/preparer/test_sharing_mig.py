@@ -100,6 +100,18 @@ async def test_dynamic_mig_is_created_on_prepare_and_destroyed_on_unprepare(
         assert gpu(discovery, "gpu-4").mig_devices == []
 
 
+async def test_dynamic_mig_gate_off_refuses_the_claim_and_creates_nothing(
+        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    name = "gpu-4-mig-3g40gb-9-4"
+    claim = claims.add(claim_doc(name="dyn-off", results=[("mig", name)]))
+    async with running_node(claims, root, bus=bus, feature_gates="DynamicMIG=false") as node:
+        result = (await node.plugin.prepare([claim]))[claim.uid]
+        assert result.error.endswith(": dynamic MIG devices are turned off here (feature gate DynamicMIG=false)")
+        assert gpu(discovery, "gpu-4").mig_devices == []
+        assert claim.uid not in node.service.checkpoint.claims or \
+            node.service.checkpoint.claims[claim.uid].state != "PrepareCompleted"
+
+
 async def test_a_gpu_shared_by_config_goes_to_both_claims(claims: MemoryClaims, root: Path, bus: Bus,
                                                           discovery: RunningDiscovery) -> None:
     share = gpu_config({"strategy": "TimeSlicing"})

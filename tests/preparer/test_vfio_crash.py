@@ -90,7 +90,7 @@ async def test_sigkill_at_each_vfio_step_leaves_one_state_and_no_leaks(root: Pat
             bdf = bdf[4:] if len(bdf) == 16 else bdf
             kernel = simpci.serve(node_root)
             claims = ApiClaims(client)
-            extra = ("--sys-root", str(node_root), "--proc-root", str(root))
+            extra = ("--sys-root", str(node_root), "--proc-root", str(root), "--feature-gates", "PassthroughSupport=true")
             for at in range(len(STEPS)):
                 claim = await claims.add(claim_doc(name=f"vm-{at}", results=[("vm", VFIO)], configs=[VFIO_CONFIG]))
                 trap = Trap(asyncio.get_running_loop(), at, apply)

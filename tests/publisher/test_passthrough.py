@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import msgspec
 import pytest
 
 from services.publisher import slices
-from shared import nodeconfig
+from shared import featuregates, nodeconfig
+from shared.events.inventory import NodeInventory
 from tests.publisher.inventories import scan
 from tests.publisher.test_slices import V134, V135, assert_valid, assert_valid_134, bodies
 
 
+async def passthrough_node(tmp_path: Path) -> NodeInventory:
+    """A simulated node whose discovery runs with PassthroughSupport on (an Alpha gate, off by default)."""
+    inv = await scan(tmp_path, "n1", simulate="h100x2")
+    return msgspec.structs.replace(inv, features={**inv.features, featuregates.PASSTHROUGH_SUPPORT: True})
+
+
 @pytest.mark.parametrize("profile", [V134, V135], ids=["1.34", "1.35"])
 async def test_every_gpu_and_its_vfio_twin_consume_one_passthrough_counter(tmp_path, profile) -> None:
-    inv = await scan(tmp_path, "n1", simulate="h100x2")
+    inv = await passthrough_node(tmp_path)
     pool = slices.desired_pools(inv, {}, slices.SliceOptions(passthrough=True), profile)[slices.GPU_DRIVER]
     devices = {d["name"]: d for s in pool.slices for d in s.devices}
     counters = {cs["name"]: cs["counters"] for s in pool.slices for cs in s.shared_counters}
@@ -29,7 +39,7 @@ async def test_every_gpu_and_its_vfio_twin_consume_one_passthrough_counter(tmp_p
 
 
 async def test_a_node_config_rule_offers_passthrough_per_gpu_and_refuses_it_with_sharing(tmp_path) -> None:
-    inv = await scan(tmp_path, "n1", simulate="h100x2")
+    inv = await passthrough_node(tmp_path)
     config = nodeconfig.validate(nodeconfig.NodeConfig(spec=nodeconfig.NodeConfigSpec(rules=[
         nodeconfig.Rule(name="vm", passthrough=True)])))
     settings = nodeconfig.resolve(config, {}, inv.gpus)
@@ -41,3 +51,15 @@ async def test_a_node_config_rule_offers_passthrough_per_gpu_and_refuses_it_with
     with pytest.raises(nodeconfig.NodeConfigError, match=r"spec.rules\[0\].passthrough"):
         nodeconfig.validate(nodeconfig.NodeConfig(spec=nodeconfig.NodeConfigSpec(rules=[
             nodeconfig.Rule(name="vm", passthrough=True, sharing="timeSlicing")])))
+
+
+async def test_a_node_whose_passthrough_gate_is_off_offers_no_vfio_device(tmp_path) -> None:
+    inv = await scan(tmp_path, "n1", simulate="h100x2")  # the gate's default: off
+    assert inv.features[featuregates.PASSTHROUGH_SUPPORT] is False
+    pool = slices.desired_pools(inv, {}, slices.SliceOptions(passthrough=True), V135)[slices.GPU_DRIVER]
+    assert sorted(d["name"] for s in pool.slices for d in s.devices) == ["gpu-0", "gpu-1"]
+    assert not any("consumesCounters" in d for s in pool.slices for d in s.devices)
+    on = await passthrough_node(tmp_path / "on")
+    pool = slices.desired_pools(on, {}, slices.SliceOptions(passthrough=True, disabled_features=frozenset(
+        {featuregates.PASSTHROUGH_SUPPORT})), V135)[slices.GPU_DRIVER]
+    assert sorted(d["name"] for s in pool.slices for d in s.devices) == ["gpu-0", "gpu-1"], "off in the publisher"

@@ -25,7 +25,10 @@ from hypothesis import strategies as st
 from embedded.apiserver.validation import validate_object
 from embedded.kubelet.client import Claim
 from services.computedomain.channelcore import ChannelConfigError, parse_channel_config
-from services.preparer.claimconfigs import (
+from services.preparer.claims import ClaimDecodeError, ResourceClaim, decode_claim
+from services.preparer.protos import dra_v1_pb2, dra_v1beta1_pb2
+from shared.bus import Bus, TypedKV
+from shared.claimconfigs import (
     ClaimConfigError,
     GpuConfig,
     MigDeviceConfig,
@@ -33,9 +36,6 @@ from services.preparer.claimconfigs import (
     decode_config,
     select,
 )
-from services.preparer.claims import ClaimDecodeError, ResourceClaim, decode_claim
-from services.preparer.protos import dra_v1_pb2, dra_v1beta1_pb2
-from shared.bus import Bus, TypedKV
 from shared.events import catalog
 from shared.quantity import MAX_LENGTH, MAX_VALUE, QuantityError, parse_quantity
 from tests.preparer.helpers import (

@@ -17,11 +17,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 
+from shared import featuregates
 from shared.quantity import MAX_VALUE, QuantityError, parse_bytes, parse_quantity
 
 API_GROUP_VERSION = "resource.nvidia.com/v1beta1"
@@ -102,7 +104,7 @@ DeviceConfig = GpuConfig | MigDeviceConfig | VfioDeviceConfig
 _KINDS: dict[str, type[DeviceConfig]] = {
     "GpuConfig": GpuConfig, "MigDeviceConfig": MigDeviceConfig, "VfioDeviceConfig": VfioDeviceConfig}
 _DEVICE_KIND = {"GpuConfig": "gpu", "MigDeviceConfig": "mig", "VfioDeviceConfig": "vfio"}
-_FOR_KIND = {kind: name for name, kind in _DEVICE_KIND.items()}
+_CONFIG_FOR_KIND = {kind: name for name, kind in _DEVICE_KIND.items()}
 _UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
 _AT = re.compile(r"^(.*) - at `\$\.?([^`]*)`$")
 
@@ -319,6 +321,27 @@ class Selected:
     explicit: bool = True  # False for the built-in default
 
 
+def _mismatch(config: DeviceConfig, request: str, device_kind: str) -> str:
+    """Why `config` cannot apply to a device of `device_kind`, naming the config type that would."""
+    text = (f"cannot apply {config.kind} to request {request!r}: its device is of type {device_kind!r} "
+            f"(use {_CONFIG_FOR_KIND.get(device_kind, 'no config')})")
+    if device_kind == "vfio" and config.sharing is not None:
+        text += (f"; field \"sharing.strategy\": {_short(config.sharing.strategy)} sharing does not apply to a GPU "
+                 "passed through to a VM, which is handed over whole")
+    return text
+
+
+def check_gates(device_kind: str, *, share: bool, dynamic_mig: bool, enabled: Callable[[str], bool]) -> None:
+    """ClaimConfigError when a device needs a feature whose gate is off (`enabled(name)` says which are on):
+    a VFIO device (PassthroughSupport), a share (ConsumableShares), a dynamic MIG device (DynamicMIG)."""
+    needs = [(device_kind == "vfio", featuregates.PASSTHROUGH_SUPPORT, "VFIO (passthrough) devices"),
+             (share, featuregates.CONSUMABLE_SHARES, "consumable shares"),
+             (dynamic_mig, featuregates.DYNAMIC_MIG, "dynamic MIG devices")]
+    for needed, gate, what in needs:
+        if needed and not enabled(gate):
+            raise ClaimConfigError(f"{what} are turned off here (feature gate {gate}=false)")
+
+
 def _matches(names: list[str], request: str) -> bool:
     parent = request.split("/", 1)[0]
     return request in names or parent in names
@@ -357,8 +380,7 @@ def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]
         for names, config, explicit in reversed(decoded):
             if names and _matches(names, request):
                 if _DEVICE_KIND[config.kind] != device_kind:
-                    raise ClaimConfigError(f"cannot apply {config.kind} to request {request!r}: its device is of type "
-                                           f"{device_kind!r} (use {_FOR_KIND[device_kind]})")
+                    raise ClaimConfigError(_mismatch(config, request, device_kind))
                 chosen = (names, config, explicit)
                 break
         if chosen is None:
@@ -366,7 +388,8 @@ def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]
                 if not names and _DEVICE_KIND[config.kind] == device_kind:
                     chosen = (names, config, explicit)
                     break
-        assert chosen is not None  # the defaults cover both kinds
+        if chosen is None:  # a kind no config type covers: nothing to apply
+            continue
         group = groups.setdefault(id(chosen[1]), Selected(config=chosen[1], explicit=chosen[2]))
         group.results.append(index)
     return list(groups.values())
