@@ -117,7 +117,7 @@ def _gpu(g: GpuFacts, dev_root: Path, sys_root: Path, minors: dict[str, int], mp
             gpu_instance_id=m.gi_id, compute_instance_id=m.ci_id, memory_mib=p.memory_mib,
             multiprocessors=p.multiprocessors, copy_engines=p.copy_engines, decoders=p.decoders,
             encoders=p.encoders, jpeg_engines=p.jpeg_engines, ofa_engines=p.ofa_engines,
-            device_path_caps=_caps(minors, g.minor, m.gi_id, m.ci_id),
+            device_path_caps=_caps(minors, g.minor, m.gi_id, m.ci_id), mps_daemon=mps.get(m.uuid, ""),
         ))
     fabric = None
     if g.fabric is not None:

@@ -10,15 +10,20 @@ root no process runs and the simulated NVML keeps a copy of the record.
 Who decides that a daemon should exist is the preparer: its checkpoint names the daemon before the
 start request, and its rollback or unprepare asks for the stop. Here, at start, `reconcile` only
 cleans records whose daemon is gone (a reboot, or discovery's container restarted, which ends the
-processes it started).
+processes it started). While discovery runs, each running daemon is watched (a pidfd on the event
+loop): one that exits without being asked to is started again with its record's settings, the same
+pipe and shm dirs (its shares' containers reconnect there), at most MAX_REVIVALS times a minute; then
+its record goes and the GPU is published without a daemon, so the next share's prepare asks for one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -34,6 +39,8 @@ from shared.logs import get_logger
 log = get_logger(__name__)
 
 RECORD = "daemon.json"
+MAX_REVIVALS = 3  # restarts of one daemon within REVIVAL_WINDOW_S before it is given up
+REVIVAL_WINDOW_S = 60.0
 
 
 class MpsDaemonRecord(msgspec.Struct, kw_only=True):
@@ -60,6 +67,9 @@ class MpsManager:
         self.nvml = nvml
         self.control = control
         self._records: dict[str, MpsDaemonRecord] = {}
+        self._watches: dict[str, int] = {}  # daemon id -> pidfd of its running process
+        self._revivals: dict[str, list[float]] = {}  # daemon id -> when it was started again
+        self.on_exit: Callable[[str, int], None] | None = None  # (daemon id, pid): it exited unasked
 
     # ------------------------------------------------------------------ records
     def _dir(self, daemon_id: str) -> Path:
@@ -96,8 +106,10 @@ class MpsManager:
     def daemons(self) -> dict[str, MpsDaemonRecord]:
         return dict(self._records)
 
-    def by_gpu(self) -> dict[str, str]:
-        return {u: d.daemon_id for d in self._records.values() for u in d.gpu_uuids}
+    def by_gpu(self, *, ready_only: bool = False) -> dict[str, str]:
+        """GPU (or MIG device) UUID -> the daemon serving it; `ready_only`: running ones (what is published)."""
+        return {u: d.daemon_id for d in self._records.values() if not ready_only or d.state == "ready"
+                for u in d.gpu_uuids}
 
     # ------------------------------------------------------------------ lifecycle
     def _mode_users(self, exclude: str) -> set[str]:
@@ -160,6 +172,7 @@ class MpsManager:
                 await self._run(d)
             d.state = "ready"
             await self._write(d)
+            self._watch(d)
         except Exception as exc:
             log.warning("MPS daemon start failed; cleaning up", daemon=d.daemon_id, error=str(exc))
             try:
@@ -192,8 +205,70 @@ class MpsManager:
         if sim is not None:  # the simulator converts to its own type
             sim.simMpsRecord(msgspec.to_builtins(d) if d is not None else None, daemon_id or (d.daemon_id if d else ""))
 
+    # ------------------------------------------------------------------ exit watch
+    def _watch(self, d: MpsDaemonRecord) -> None:
+        """Have `on_exit` called when `d`'s process exits (a real daemon only)."""
+        if self.control is None or not d.pid or d.daemon_id in self._watches:
+            return
+        try:
+            fd = os.pidfd_open(d.pid)
+        except OSError as exc:  # gone already, or a kernel without pidfds: the next start checks the pid
+            log.warning("MPS daemon exit not watched", daemon=d.daemon_id, pid=d.pid, error=str(exc))
+            return
+        self._watches[d.daemon_id] = fd
+        asyncio.get_running_loop().add_reader(fd, self._exited, d.daemon_id, d.pid)
+
+    def _unwatch(self, daemon_id: str) -> None:
+        fd = self._watches.pop(daemon_id, None)
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def _exited(self, daemon_id: str, pid: int) -> None:
+        self._unwatch(daemon_id)
+        if self.on_exit is not None:
+            self.on_exit(daemon_id, pid)
+
+    def close(self) -> None:
+        """Stop watching (the daemons keep running: a restarted discovery finds them by their records)."""
+        for daemon_id in list(self._watches):
+            self._unwatch(daemon_id)
+
+    async def revive(self, daemon_id: str, pid: int) -> bool:
+        """After `on_exit`: start the daemon again if its record still wants it (not stopped since, not
+        restarted since); give it up (record and dirs removed) past MAX_REVIVALS a minute or when its
+        start fails. True when anything changed."""
+        d = self._records.get(daemon_id)
+        if d is None or d.pid != pid or d.state != "ready" or self.control is None:
+            return False
+        if await self.control.running_pid(d):
+            self._watch(d)
+            return False
+        now = time.monotonic()
+        recent = [t for t in self._revivals.get(daemon_id, []) if now - t < REVIVAL_WINDOW_S]
+        if len(recent) >= MAX_REVIVALS:
+            log.error("MPS daemon keeps exiting; giving it up: its shares have no daemon until the next "
+                      "share's prepare starts one", daemon=daemon_id, pid=pid, revivals=len(recent))
+            await self._teardown(d)
+            return True
+        self._revivals[daemon_id] = [*recent, now]
+        log.warning("MPS daemon exited unasked; starting it again", daemon=daemon_id, pid=pid, gpus=d.gpu_uuids)
+        d.state = "starting"
+        await self._write(d)
+        try:
+            await self._run(d)
+        except Exception as exc:  # noqa: BLE001 - given up: published without a daemon
+            log.error("MPS daemon could not be started again; giving it up", daemon=daemon_id, error=str(exc))
+            await self._teardown(d)
+            return True
+        d.state = "ready"
+        await self._write(d)
+        self._watch(d)
+        return True
+
     async def _teardown(self, d: MpsDaemonRecord) -> bool:
         """Stop the daemon, reset compute modes, remove its dirs, then its record. True if it was running."""
+        self._unwatch(d.daemon_id)  # a stop asked for is no exit to answer
         ran = await self.control.stop(d) if self.control is not None else False
         if self.control is None:
             self._sim_record(None, d.daemon_id)
@@ -238,6 +313,7 @@ class MpsManager:
                 if pid != d.pid:
                     d.pid = pid
                     await self._write(d)
+                self._watch(d)
                 continue
             log.warning("MPS daemon of a record is gone (node reboot or discovery container restart); cleaning "
                         "its record and dirs, claims using it must be prepared again", daemon=d.daemon_id,

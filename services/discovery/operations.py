@@ -64,6 +64,24 @@ class Operations:
         self._rescan = rescan
         self._lock = asyncio.Lock()
         self._subscriptions: list[Any] = []
+        self._revivals: set[asyncio.Task[None]] = set()
+        mps.on_exit = self._daemon_exited
+
+    def _daemon_exited(self, daemon_id: str, pid: int) -> None:
+        task = asyncio.create_task(self._revive(daemon_id, pid), name=f"mps-revive-{daemon_id}")
+        self._revivals.add(task)
+        task.add_done_callback(self._revivals.discard)
+
+    async def _revive(self, daemon_id: str, pid: int) -> None:
+        """An MPS daemon exited unasked: started again (or given up) under the operations' lock, then published."""
+        async with self._lock:
+            try:
+                changed = await self.mps.revive(daemon_id, pid)
+            except Exception as exc:  # noqa: BLE001 - the next share's start tries again
+                log.error("MPS daemon revival failed", daemon=daemon_id, error=str(exc))
+                changed = True
+            if changed:
+                await self._safe_rescan()
 
     async def serve(self, bus: object) -> None:
         """Answer this node's device-operation subjects until `close`."""
@@ -80,6 +98,9 @@ class Operations:
     async def close(self) -> None:
         """Stop answering: a stopped service must not take requests on a closed NVML handle."""
         subscriptions, self._subscriptions = self._subscriptions, []
+        self.mps.close()
+        for task in list(self._revivals):
+            task.cancel()
         for sub in subscriptions:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

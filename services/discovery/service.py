@@ -88,7 +88,7 @@ class Scanner:
                     g.timeslice = applied.get(g.uuid, 0)
             inv = inventory.build(self.cfg.node, facts, dev_root=Path(self.cfg.dev_root),
                                   sys_root=Path(self.cfg.sys_root), simulated=self.nvml.simulated,
-                                  mps=self.mps.by_gpu(), observed_at=time.time(), features=dict(self.cfg.gates))
+                                  mps=self.mps.by_gpu(ready_only=True), observed_at=time.time(), features=dict(self.cfg.gates))
             span.set_attribute("gpu.count", len(inv.gpus))
             span.set_attribute("inventory.hash", inv.content_hash)
             return inv

@@ -491,27 +491,23 @@ class Preparer(ClaimPreparer):
            reply named (discovery names them by the daemon's id, so a daemon started again has the same);
         2. the checkpoint holds another claim's completed share using it with the same settings: it is in use,
            and it cannot be stopped while that record stands (the stop waits for the last user's undo);
-        3. discovery's inventory, followed live from its KV (not the local cache), names it as the GPU's MPS
-           daemon. Discovery keeps a record per daemon it runs and publishes it; when discovery restarts,
-           its reconcile drops the record of a daemon that is gone (a node reboot or its container's
-           restart ends the daemon) and publishes the GPU without it, so this check sends the next share to
-           discovery, whose start brings the daemon back, as the confirm did before. A preparer restart
-           empties (1): its first share of each GPU asks discovery.
-        What the confirm also did and this does not: notice a daemon that died while discovery kept running
-        (discovery has no watch on its daemons; its start checks the pid), and start it again for the new
-        share. The shares prepared before were without a daemon from its death on either way."""
+        3. discovery's inventory, followed live from its KV (not the local cache), names it as the MPS
+           daemon of the GPU (or of the MIG device, mig+mps). Discovery publishes a daemon while it runs:
+           when discovery restarts, its reconcile drops the record of a daemon that is gone (a node reboot
+           or its container's restart ends the daemon); while it runs, it watches each daemon's process and
+           starts one that exits unasked again in the same dirs, or gives it up and publishes the device
+           without it. Either way this check then sends the next share to discovery, whose start brings the
+           daemon back. A preparer restart empties (1): its first share of each device asks discovery."""
         known = self._share_daemons.get(dev.mps_daemon)
         if known is None or known[0] != dev.mps_daemon_settings:
             return None
         inv = self.inventory.current
         if not self.inventory.live or inv is None:
             return None
-        for gpu in inv.gpus:
-            if gpu.uuid == dev.uuid:
-                if gpu.sharing.mps_daemon != dev.mps_daemon:
-                    return None
-                break
-        else:
+        serving = next((d for gpu in inv.gpus for d in (
+            [gpu.sharing.mps_daemon] if gpu.uuid == dev.uuid else
+            [m.mps_daemon for m in gpu.mig_devices if m.uuid == dev.uuid])), None)  # a GPU's or a MIG device's
+        if serving != dev.mps_daemon:
             return None
         for other, record in self.checkpoint.claims.items():
             if other != uid and record.state == "PrepareCompleted":

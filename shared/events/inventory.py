@@ -56,6 +56,8 @@ class MigDevice(MigResources, kw_only=True):
     compute_instance_id: Annotated[int, doc("NVML compute instance id.")]
     device_path_caps: Annotated[list[str], doc("The /dev/nvidia-caps/nvidia-capN nodes giving access.")] = (
         msgspec.field(default_factory=list))
+    mps_daemon: Annotated[str, doc("Id of the MPS control daemon serving this MIG device (mig+mps shares); '' "
+                                   "when none.")] = ""
 
 
 class FabricInfo(msgspec.Struct, kw_only=True):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import uuid as uuidlib
 from pathlib import Path
 from typing import Any
@@ -399,3 +401,56 @@ async def test_two_shares_of_one_gpu_in_one_claim_reach_it_once_with_their_limit
         assert len(daemon_starts(fake)) == 1
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
         assert mps_dirs(real_discovery) == [] and node.cdi_files() == []
+
+
+def ready_queries(fake: FakeDriver) -> int:
+    """How many times discovery has asked a daemon it started whether it is ready (the last step of a start)."""
+    return sum(c.get("stdin") == "get_default_active_thread_percentage\n" for c in fake.calls("nvidia-cuda-mps-control"))
+
+
+async def revived_pid(fake: FakeDriver, pipe: Path, starts: int, timeout: float = 10.0) -> int:
+    """The daemon's pid once discovery has started it for the `starts`-th time and found it ready (another
+    process's effect: a bounded poll)."""
+    async with asyncio.timeout(timeout):
+        while ready_queries(fake) < starts:
+            await asyncio.sleep(0.05)
+    return int((pipe / PID_FILE).read_text())
+
+
+async def test_a_daemon_killed_under_its_shares_is_started_again_in_the_same_dirs_and_given_up_when_it_loops(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    """The MPS daemon dies under two shares (SIGKILL): discovery notices at once (it watches the process)
+    and starts it again with the same settings and dirs, so the shares' containers reach it where their
+    CDI mounts point; one more share still needs no request. A daemon that keeps dying is given up: the
+    GPU is published without it, and the next share's prepare asks discovery, which starts one."""
+    tenants = [claims.add(share_doc(f"share-{i}", f"tenant-{i}")) for i in range(3)]
+    async with running_node(claims, root, bus=bus) as node:
+        inventory = node.service.plugin.inventory  # type: ignore[attr-defined]
+        prepared = await node.plugin.prepare(tenants[:2])
+        assert all(prepared[c.uid].error == "" for c in tenants[:2]), prepared
+        [start] = daemon_starts(fake)
+        pipe = Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"])
+        pid = int((pipe / PID_FILE).read_text())
+        os.kill(pid, signal.SIGKILL)
+        revived = await revived_pid(fake, pipe, 2)
+        assert revived != pid and len(daemon_starts(fake)) == 2
+        assert daemon_starts(fake)[1]["env"] == start["env"], "the same GPU and dirs"
+        assert gpu_of(real_discovery, "gpu-0").sharing.mps_daemon == pipe.parent.name
+        assert (await node.plugin.prepare(tenants[2:]))[tenants[2].uid].error == ""
+        assert len(daemon_starts(fake)) == 2, "one more share: no request, the daemon runs"
+
+        for starts in (3, 4):  # it keeps dying: started again up to three times a minute
+            os.kill(revived, signal.SIGKILL)
+            revived = await revived_pid(fake, pipe, starts)
+        os.kill(revived, signal.SIGKILL)  # the fourth death in a minute: given up
+        async with asyncio.timeout(10):
+            while inventory.current.gpus[0].sharing.mps_daemon:
+                await inventory.changed.wait()
+        assert len(daemon_starts(fake)) == 4 and mps_dirs(real_discovery) == []
+        assert gpu_of(real_discovery, "gpu-0").sharing.compute_mode == "Default"
+
+        assert await node.plugin.unprepare(tenants[2:]) == {tenants[2].uid: ""}
+        assert (await node.plugin.prepare(tenants[2:]))[tenants[2].uid].error == ""
+        assert len(daemon_starts(fake)) == 5, "the next share's prepare asked discovery, which started one"
+        assert await node.plugin.unprepare(tenants) == {c.uid: "" for c in tenants}
+        assert mps_dirs(real_discovery) == [] and node.service.checkpoint.claims == {}

@@ -7,6 +7,7 @@ changed."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,40 @@ async def test_a_mig_device_config_with_mps_sets_its_shares_daemon_and_whole_dev
         assert whole.uid not in node.service.checkpoint.claims and len(daemon_starts(fake)) == 1
         assert await node.plugin.unprepare(shares) == {c.uid: "" for c in shares}
         assert mps_dirs(real_discovery) == [] and gpu_of(real_discovery, "gpu-3").sharing.compute_mode == "Default"
+
+
+async def test_one_more_share_of_a_mig_devices_running_daemon_asks_discovery_nothing(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    """Discovery publishes a MIG device's daemon on the MIG device (not on its GPU): once it names it, one more
+    share of the MIG device is prepared without an mps-start request, as on a full GPU."""
+    mig = await static_mig(bus, real_discovery, "gpu-1", "3g.40gb")
+    requests: list[Any] = []
+
+    async def seen(msg: Any) -> None:  # a copy of each mps-start request discovery gets
+        requests.append(msg)
+
+    sub = await bus.nc.subscribe("dra.v1.device.n1.mps-start", cb=seen)
+    shares = [claims.add(share_doc(f"mig-share-{i}", f"tenant-{i}", device=mig.name, memory="5Gi", compute="20"))
+              for i in range(2)]
+    async with running_node(claims, root, bus=bus) as node:
+        inventory = node.service.plugin.inventory  # type: ignore[attr-defined]
+        assert (await node.plugin.prepare(shares[:1]))[shares[0].uid].error == ""
+        daemon = node.service.checkpoint.claims[shares[0].uid].devices[0].mps_daemon
+
+        def published() -> str:
+            gpu = next(g for g in inventory.current.gpus if g.name == "gpu-1")
+            assert gpu.sharing.mps_daemon == "", "a MIG device's daemon is not its GPU's"
+            return next(m.mps_daemon for m in gpu.mig_devices if m.uuid == mig.uuid)
+
+        async with asyncio.timeout(5):
+            while published() != daemon:
+                await inventory.changed.wait()
+        await bus.nc.flush()
+        assert len(requests) == 1
+        assert (await node.plugin.prepare(shares[1:]))[shares[1].uid].error == ""
+        await bus.nc.flush()
+        assert len(requests) == 1, "no request for one more share of the MIG device"
+        assert len(daemon_starts(fake)) == 1
+        assert await node.plugin.unprepare(shares) == {c.uid: "" for c in shares}
+        assert mps_dirs(real_discovery) == []
+    await sub.unsubscribe()
