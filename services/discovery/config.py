@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -54,6 +54,17 @@ class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     ignore_xids: list[int] = msgspec.field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
     additional_xids_to_ignore: list[int] = msgspec.field(default_factory=list)
     event_timeout_ms: int = 1000
+    fabric_manager_partitions: Annotated[bool, msgspec.Meta(description=(
+        "NVLink partitions of Fabric Manager's shared NVSwitch mode: list them in the inventory (published as "
+        "partition<N> attributes) and activate/deactivate them for claims (docs/nvlink-partitions.md)"))] = False
+    fabric_manager_tool: Annotated[str, msgspec.Meta(description=(
+        "Fabric Manager's partition tool (NVIDIA's fmpm), looked up in the driver root's binary dirs; "
+        "a simulated node without --driver-root uses the simulated Fabric Manager"))] = "fmpm"
+    fabric_manager_socket: Annotated[str, msgspec.Meta(description=(
+        "host path of Fabric Manager's unix socket (FM_CMD_UNIX_SOCKET_PATH), under the driver root; "
+        "'' for fmpm's default"))] = "/run/nvidia-fabricmanager/socket"
+    fabric_manager_address: Annotated[str, msgspec.Meta(description=(
+        "Fabric Manager's TCP address (FM_CMD_BIND_INTERFACE) instead of its socket"))] = ""
 
     @property
     def local_driver_root(self) -> str:
