@@ -94,6 +94,10 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     passthrough: Annotated[bool, msgspec.Meta(description=(
         "offer every GPU without MIG for VFIO passthrough too (class vfio.gpu.nvidia.com; the publisher's "
         "--passthrough): a prepare moves the simulated GPU to vfio-pci in the node's fake sysfs"))] = False
+    nvlink_partitions: Annotated[bool, msgspec.Meta(description=(
+        "run each node's discovery with --fabric-manager-partitions: a simulated Fabric Manager offers the HGX "
+        "partition table, GPUs publish partition<N> attributes, and a claim's partition is activated on "
+        "prepare (docs/nvlink-partitions.md)"))] = False
     start_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
         "seconds each start step (a node's inventory, a node Ready) may take"))] = 90.0
     runtime: Annotated[str, msgspec.Meta(description=(
@@ -547,7 +551,8 @@ class LocalCluster:
         index = self.node_names.index(node)
         machine = ["--machine", self.cfg.machine] if self.cfg.machine else ["--simulate", self.cfg.node_spec(index)]
         await self._start(f"{node}-discovery", gpu_dra(
-            "discovery", "--node", node, *machine, "--dev-root", str(paths["root"])),
+            "discovery", "--node", node, *machine, "--dev-root", str(paths["root"]),
+            *(["--fabric-manager-partitions"] if self.cfg.nvlink_partitions else [])),
             env=self._nats(node_user("discovery", node)))
         await self.supervisor.wait_until(f"{node} inventory", lambda: self._has_inventory(node),
                                          timeout=self.cfg.start_timeout)
