@@ -56,6 +56,17 @@ async def wait_call(fake: FakeDriver, flag: str, binary: str = "fmpm") -> dict[s
             await asyncio.sleep(0.05)
 
 
+async def kill_and_restart(root: Path, nats_server: EmbeddedNats, bus: Bus, api: Any, claim: Any, fake: FakeDriver,
+                           hung: str, running: tuple[asyncio.subprocess.Process, asyncio.Task[Any], Any]
+                           ) -> asyncio.subprocess.Process:
+    """kill -9 the preparer mid-prepare, let the `hung` stub go, restart it: the new process once it has
+    rolled the claim back."""
+    await kill_9(*running)
+    fake.heal(hung)
+    rolled_back = await rolled_back_future(bus, claim.uid, claim.namespace)
+    return await restart_and_wait_rollback(root, api, nats_server, rolled_back)
+
+
 async def test_kill_9_during_the_activation_call_leaves_the_partition_inactive(root: Path,
                                                                               nats_server: EmbeddedNats) -> None:
     async with hgx_node(root, nats_server) as (bus, api, claims, fake):
@@ -68,11 +79,7 @@ async def test_kill_9_during_the_activation_call_leaves_the_partition_inactive(r
         assert hung["argv"][:2] == ["-a", "6"]
         record = checkpoint(root)[claim.uid]
         assert record["state"] == "PrepareStarted" and record["fabric_partition"] == 6, "recorded before"
-        await kill_9(proc, prepare, plugin)
-        fake.heal("fmpm")
-
-        rolled_back = await rolled_back_future(bus, claim.uid, claim.namespace)
-        proc = await restart_and_wait_rollback(root, api, nats_server, rolled_back)
+        proc = await kill_and_restart(root, nats_server, bus, api, claim, fake, "fmpm", (proc, prepare, plugin))
         try:
             assert claim.uid not in checkpoint(root)
             assert wait_gone(hung["pid"]), "discovery killed the hung fmpm at its timeout"
@@ -93,11 +100,7 @@ async def test_kill_9_after_the_activation_deactivates_it_after_restart(root: Pa
         prepare = asyncio.create_task(plugin.prepare([claim], timeout=30))
         await wait_call(fake, "--set-timeslice", "nvidia-smi")
         assert fake.active_partitions() == [5] and checkpoint(root)[claim.uid]["state"] == "PrepareStarted"
-        await kill_9(proc, prepare, plugin)
-        fake.heal("nvidia-smi")
-
-        rolled_back = await rolled_back_future(bus, claim.uid, claim.namespace)
-        proc = await restart_and_wait_rollback(root, api, nats_server, rolled_back)
+        proc = await kill_and_restart(root, nats_server, bus, api, claim, fake, "nvidia-smi", (proc, prepare, plugin))
         try:
             assert claim.uid not in checkpoint(root)
             assert fake.active_partitions() == []
