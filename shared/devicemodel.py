@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from shared import nvlinkpartitions
 from shared.events.inventory import Gpu, MigDevice, MigPlacement, MigProfile, MigResources, NodeInventory
 
 GPU_DRIVER = "gpu.nvidia.com"
@@ -134,7 +135,8 @@ def memory_slice_count(gpu: Gpu) -> int:
 
 def full_gpu_device(gpu: Gpu, inv: NodeInventory) -> Device:
     """A whole GPU in the default (non-partitionable) mode: capacity `memory` in bytes."""
-    attrs = {"type": _string("gpu"), "uuid": _string(gpu.uuid), **common_attributes(gpu, inv)}
+    attrs = {"type": _string("gpu"), "uuid": _string(gpu.uuid), **common_attributes(gpu, inv),
+             **nvlinkpartitions.attributes(gpu, inv)}
     device: Device = {"name": gpu.name, "attributes": attrs}
     if gpu.memory_bytes > 0:
         device["capacity"] = {"memory": _quantity(gpu.memory_bytes)}
@@ -246,7 +248,8 @@ def with_passthrough(device: Device, gpu: Gpu) -> Device:
 def vfio_device(gpu: Gpu, inv: NodeInventory) -> Device:
     """The GPU for a VM (`vfio.gpu.nvidia.com`): bound to vfio-pci when prepared. Its `uuid` is the GPU's
     NVML UUID (NVIDIA's driver makes one up from the PCI address, as NVML does not see a GPU on vfio-pci)."""
-    attrs = {"type": _string("vfio"), "uuid": _string(gpu.uuid), **common_attributes(gpu, inv)}
+    attrs = {"type": _string("vfio"), "uuid": _string(gpu.uuid), **common_attributes(gpu, inv),
+             **nvlinkpartitions.attributes(gpu, inv)}
     device: Device = {"name": vfio_name(gpu.minor), "attributes": attrs}
     if gpu.memory_bytes > 0:
         device["capacity"] = {"memory": _quantity(gpu.memory_bytes)}

@@ -55,8 +55,9 @@ GATES: dict[str, Gate] = {g.name: g for g in (
          description="GPUs offered as consumable shares (NodeConfig shares / mpsShares, KEP-5075)"),
     Gate(name=PASSTHROUGH_SUPPORT, stage="Alpha", default=False,
          description="whole GPUs handed to VMs through vfio-pci (device class vfio.gpu.nvidia.com, VfioDeviceConfig)"),
-    Gate(name=DEVICE_METADATA, stage="Alpha", default=False, requires=(PASSTHROUGH_SUPPORT,),
-         description="a JSON file per prepared device in the workload (PCI bus id, IOMMU group, UUID)"),
+    Gate(name=DEVICE_METADATA, stage="Alpha", default=False,
+         description="a JSON file per prepared request in the workload (UUID, PCI bus id, IOMMU group, MIG parent, "
+                     "share id; KEP-5304)"),
     Gate(name=FABRIC_MANAGER_PARTITIONING, stage="Alpha", default=False,
          description="Fabric Manager NVLink partitions activated on prepare (shared NVSwitch mode)"),
 )}

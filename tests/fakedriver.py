@@ -14,8 +14,13 @@ Every stub appends one JSON line per call to `<root>/.fake/calls.jsonl` (`bin`, 
                              the daemon; it fails when no daemon is running
   nvidia-imex                runs until SIGTERM/SIGINT; SIGHUP is recorded as {"signal": "SIGHUP"}
   nvidia-imex-ctl            `-q` prints .fake/imex-status (default READY)
+  fmpm                       Fabric Manager's partition tool (only when `binaries` names it): `-l` prints the
+                             partitions of .fake/fabric.json (`fake.set_partitions`) as fmpm's JSON; `-a ID`
+                             and `-d ID` (de)activate one, refused as Fabric Manager refuses them (unknown id,
+                             already in that state, a GPU shared with an active partition)
   anything else              records and exits 0
-Faults: `fake.fail(bin, msg)` makes a stub print msg and exit 1; `fake.hang(bin)` makes it sleep;
+Faults: `fake.fail(bin, msg)` makes a stub print msg and exit 1; `fake.hang(bin, when="")` makes it sleep
+(only the calls whose argv holds `when`, if given);
 `fake.fail_once(bin, msg, when=...)` fails only the next call (the next whose argv or stdin holds `when`).
 """
 
@@ -124,8 +129,12 @@ def faults():
         with open(fail) as f:
             sys.stderr.write(f.read() + "\n")
         sys.exit(1)
-    if os.path.exists(os.path.join(FAKE, "hang", NAME)):
-        time.sleep(3600)
+    hang = os.path.join(FAKE, "hang", NAME)
+    if os.path.exists(hang):
+        with open(hang) as f:
+            when = f.read()
+        if not when or when in " ".join(sys.argv[1:]):
+            time.sleep(3600)
 
 
 def fail_once():
@@ -241,7 +250,38 @@ def imex():
         time.sleep(1)
 
 
+def fmpm():
+    record()
+    faults()
+    path = os.path.join(FAKE, "fabric.json")
+    with open(path) as f:
+        table = json.load(f)
+    if "-l" in sys.argv:
+        print(json.dumps(table, indent=3))
+        return
+    parts = table["partitionInfo"]
+    for flag, active in (("-a", 1), ("-d", 0)):
+        pid = arg(flag)
+        if pid is None:
+            continue
+        target = [p for p in parts if p["partitionId"] == int(pid)]
+        if not target:
+            print(f"Invalid partition Id {{pid}} was given.")
+            sys.exit(2)
+        modules = {{g["physicalId"] for g in target[0]["gpuInfo"]}}
+        busy = [p for p in parts if p["isActive"] and modules & {{g["physicalId"] for g in p["gpuInfo"]}}]
+        if target[0]["isActive"] == active or (active and busy):
+            print(f"Failed to {{'activate' if active else 'deactivate'}} partition. fmReturn: -14")
+            sys.exit(242)
+        target[0]["isActive"] = active
+        with open(path + ".tmp", "w") as f:
+            json.dump(table, f)
+        os.replace(path + ".tmp", path)
+
+
 def main():
+    if NAME == "fmpm":
+        return fmpm()
     if NAME == "nvidia-cuda-mps-control":
         return mps_control()
     if NAME == "nvidia-imex":
@@ -288,9 +328,9 @@ class FakeDriver:
         (self.fake / "fail").mkdir(parents=True, exist_ok=True)
         (self.fake / "fail" / binary).write_text(message)
 
-    def hang(self, binary: str) -> None:
+    def hang(self, binary: str, when: str = "") -> None:
         (self.fake / "hang").mkdir(parents=True, exist_ok=True)
-        (self.fake / "hang" / binary).write_text("")
+        (self.fake / "hang" / binary).write_text(when)
 
     def heal(self, binary: str) -> None:
         for kind in ("fail", "hang"):
@@ -303,6 +343,25 @@ class FakeDriver:
     def set_imex_status(self, status: str) -> None:
         self.fake.mkdir(parents=True, exist_ok=True)
         (self.fake / "imex-status").write_text(status)
+
+    # -- Fabric Manager (fmpm) -----------------------------------------------------------------
+    def set_partitions(self, partitions: list[tuple[int, list[int]]], gpus: list[tuple[int, str, str]],
+                       active: tuple[int, ...] = ()) -> None:
+        """Fabric Manager's table: (partition id, module ids) each, over `gpus` as (module id, NVML PCI bus
+        id, UUID); the `active` ones start active. Written in fmpm's JSON (`fmpm -l` prints it)."""
+        by_module = {module: (bus, uuid) for module, bus, uuid in gpus}
+        info = [{"partitionId": pid, "isActive": int(pid in active), "numGpus": len(modules),
+                 "gpuInfo": [{"physicalId": m, "uuid": by_module[m][1], "pciBusId": by_module[m][0],
+                              "numNvLinksAvailable": 18, "maxNumNvLinks": 18, "nvlinkLineRateMBps": 50000}
+                             for m in modules]}
+                for pid, modules in partitions]
+        self.fake.mkdir(parents=True, exist_ok=True)
+        (self.fake / "fabric.json").write_text(json.dumps(
+            {"version": 1, "numPartitions": len(info), "maxNumPartitions": 31, "partitionInfo": info}))
+
+    def active_partitions(self) -> list[int]:
+        table = json.loads((self.fake / "fabric.json").read_text())
+        return [p["partitionId"] for p in table["partitionInfo"] if p["isActive"]]
 
     def library(self, name: str) -> Path:
         return self.root / self.lib_dir.lstrip("/") / name

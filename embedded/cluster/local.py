@@ -94,6 +94,10 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     passthrough: Annotated[bool, msgspec.Meta(description=(
         "offer every GPU without MIG for VFIO passthrough too (class vfio.gpu.nvidia.com; the publisher's "
         "--passthrough): a prepare moves the simulated GPU to vfio-pci in the node's fake sysfs"))] = False
+    nvlink_partitions: Annotated[bool, msgspec.Meta(description=(
+        "run each node's discovery with --fabric-manager-partitions: a simulated Fabric Manager offers the HGX "
+        "partition table, GPUs publish partition<N> attributes, and a claim's partition is activated on "
+        "prepare (docs/nvlink-partitions.md)"))] = False
     start_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
         "seconds each start step (a node's inventory, a node Ready) may take"))] = 90.0
     runtime: Annotated[str, msgspec.Meta(description=(
@@ -106,11 +110,17 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     restart_backoff: Annotated[float, msgspec.Meta(gt=0, description=(
         "seconds before a failed container's first restart (doubling up to 300, as the kubelet)"))] = 10.0
 
+    def implied_gates(self) -> list[str]:
+        """The gates the cluster's flags need: --passthrough PassthroughSupport, --nvlink-partitions
+        FabricManagerPartitioning."""
+        return [gate for gate, wanted in ((featuregates.PASSTHROUGH_SUPPORT, self.passthrough),
+                                          (featuregates.FABRIC_MANAGER_PARTITIONING, self.nvlink_partitions))
+                if wanted]
+
     def gate_setting(self) -> str:
-        """The --feature-gates every service gets: the cluster's, with PassthroughSupport on for --passthrough."""
-        if self.passthrough and featuregates.PASSTHROUGH_SUPPORT not in self.gates.overrides:
-            return ",".join(filter(None, [self.feature_gates, f"{featuregates.PASSTHROUGH_SUPPORT}=true"]))
-        return self.feature_gates
+        """The --feature-gates every service gets: the cluster's, with the gates its flags need turned on."""
+        implied = [f"{gate}=true" for gate in self.implied_gates() if gate not in self.gates.overrides]
+        return ",".join(filter(None, [self.feature_gates, *implied]))
 
     def node_spec(self, index: int) -> str:
         """The --simulate spec of node `index`: `--gpus` may list one per node, separated by ';'."""
@@ -133,9 +143,10 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
                     parse_spec(spec)
                 except MachineError as exc:
                     raise ValueError(f"--gpus {spec!r}: {exc}") from None
-        if self.passthrough and self.gates.overrides.get(featuregates.PASSTHROUGH_SUPPORT) is False:
-            raise ValueError(f"--passthrough needs feature gate {featuregates.PASSTHROUGH_SUPPORT}; the "
-                             "--feature-gates setting turns it off")
+        for gate in self.implied_gates():
+            if self.gates.overrides.get(gate) is False:
+                raise ValueError(f"--passthrough and --nvlink-partitions need their feature gates; the "
+                                 f"--feature-gates setting turns {gate} off")
         if self.node_config:
             try:
                 nodeconfig.load(self.node_config)
@@ -567,7 +578,8 @@ class LocalCluster:
         index = self.node_names.index(node)
         machine = ["--machine", self.cfg.machine] if self.cfg.machine else ["--simulate", self.cfg.node_spec(index)]
         await self._start(f"{node}-discovery", gpu_dra(
-            "discovery", "--node", node, *machine, "--dev-root", str(paths["root"])),
+            "discovery", "--node", node, *machine, "--dev-root", str(paths["root"]),
+            *(["--fabric-manager-partitions"] if self.cfg.nvlink_partitions else [])),
             env=self._nats(node_user("discovery", node)))
         await self.supervisor.wait_until(f"{node} inventory", lambda: self._has_inventory(node),
                                          timeout=self.cfg.start_timeout)

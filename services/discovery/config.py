@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
+from shared import featuregates
 from shared.config import CommonConfig, ConfigError, load_config
 
 DEFAULT_IGNORED_XIDS = [13, 31, 43, 45, 68, 109]
@@ -54,6 +55,17 @@ class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     ignore_xids: list[int] = msgspec.field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
     additional_xids_to_ignore: list[int] = msgspec.field(default_factory=list)
     event_timeout_ms: int = 1000
+    fabric_manager_partitions: Annotated[bool, msgspec.Meta(description=(
+        "NVLink partitions of Fabric Manager's shared NVSwitch mode: list them in the inventory (published as "
+        "partition<N> attributes) and activate/deactivate them for claims (docs/nvlink-partitions.md)"))] = False
+    fabric_manager_tool: Annotated[str, msgspec.Meta(description=(
+        "Fabric Manager's partition tool (NVIDIA's fmpm), looked up in the driver root's binary dirs; "
+        "a simulated node without --driver-root uses the simulated Fabric Manager"))] = "fmpm"
+    fabric_manager_socket: Annotated[str, msgspec.Meta(description=(
+        "host path of Fabric Manager's unix socket (FM_CMD_UNIX_SOCKET_PATH), under the driver root; "
+        "'' for fmpm's default"))] = "/run/nvidia-fabricmanager/socket"
+    fabric_manager_address: Annotated[str, msgspec.Meta(description=(
+        "Fabric Manager's TCP address (FM_CMD_BIND_INTERFACE) instead of its socket"))] = ""
 
     @property
     def local_driver_root(self) -> str:
@@ -96,4 +108,7 @@ def parse(argv: list[str]) -> DiscoveryConfig:
         raise ConfigError("give either --simulate SPEC or --machine FILE, not both")
     if cfg.tool_timeout <= 0:
         raise ConfigError("--tool-timeout must be > 0 seconds")
+    if cfg.fabric_manager_partitions and not cfg.gates.enabled(featuregates.FABRIC_MANAGER_PARTITIONING):
+        raise ConfigError(f"--fabric-manager-partitions needs --feature-gates "
+                          f"{featuregates.FABRIC_MANAGER_PARTITIONING}=true (an Alpha feature, off by default)")
     return cfg.resolved()

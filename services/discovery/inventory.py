@@ -19,6 +19,7 @@ from services.discovery.topology import normalise_bus_id, pci_topology
 from shared.devicemodel import gpu_name, mig_name
 from shared.events.inventory import (
     FabricInfo,
+    FabricManagerState,
     Gpu,
     MigDevice,
     MigPlacement,
@@ -136,19 +137,21 @@ def _gpu(g: GpuFacts, dev_root: Path, sys_root: Path, minors: dict[str, int], mp
                         timeslice=TIMESLICE_NAMES.get(g.timeslice or 0, "Default"),
                         mps_daemon=mps.get(g.uuid, "")),
         device_path=f"/dev/nvidia{g.minor}",
+        module_id=g.module_id or 0,
     )
 
 
 def build(node: str, facts: NodeFacts, *, dev_root: Path, sys_root: Path, simulated: bool,
           mps: dict[str, str] | None = None, observed_at: float = 0.0,
-          features: dict[str, bool] | None = None) -> NodeInventory:
-    """The NodeInventory for `facts`, with content_hash set; `features`: the node's feature gates."""
+          features: dict[str, bool] | None = None, fabric: FabricManagerState | None = None) -> NodeInventory:
+    """The NodeInventory for `facts` (and Fabric Manager's partitions, when asked for), with content_hash set;
+    `features`: the node's feature gates."""
     minors = _cap_minors(dev_root)
     gpus = sorted((_gpu(g, dev_root, sys_root, minors, mps or {}) for g in facts.gpus), key=lambda g: g.minor)
     inv = NodeInventory(
         node=node, driver_version=semver(facts.driver_version), cuda_driver_version=cuda_semver(facts.cuda_version),
         gpus=gpus, control_device_paths=[p for p in CONTROL_DEVICES if (dev_root / p.lstrip("/")).exists()],
-        dev_root=str(dev_root), simulated=simulated, features=dict(features or {}),
+        dev_root=str(dev_root), simulated=simulated, features=dict(features or {}), fabric_manager=fabric,
     )
     inv.content_hash = content_hash(inv)
     inv.observed_at = observed_at

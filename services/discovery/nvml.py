@@ -103,6 +103,7 @@ class GpuFacts:
     profiles: list[ProfileFacts] = field(default_factory=list)
     mig: list[MigFacts] = field(default_factory=list)
     fabric: FabricFacts | None = None
+    module_id: int | None = None  # the HGX baseboard module id (Fabric Manager's physical id)
 
 
 @dataclass
@@ -249,6 +250,7 @@ class Nvml:
             mig_capable=mig_mode is not None, mig_enabled=bool(mig_mode and mig_mode[0] == N.NVML_DEVICE_MIG_ENABLE),
             compute_mode=_opt(b.nvmlDeviceGetComputeMode, h),
             timeslice=self._read_timeslice(h),
+            module_id=_opt(b.nvmlDeviceGetModuleId, h),
         )
         if g.mig_capable:
             g.profiles = self._read_profiles(h)

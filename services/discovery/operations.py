@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from services.discovery.fabric import FabricError, FabricPartitions
 from services.discovery.mps import MpsManager
 from services.discovery.nvml import NO_ID, Nvml, NvmlOpError, RawEvent
 from services.discovery.timeslice import Timeslices
@@ -29,10 +30,14 @@ from shared.events.devices import (
     MpsStartRequest,
     MpsStopReply,
     MpsStopRequest,
+    PartitionActivateReply,
+    PartitionActivateRequest,
+    PartitionDeactivateReply,
+    PartitionDeactivateRequest,
     SetSharingReply,
     SetSharingRequest,
 )
-from shared.events.inventory import NodeInventory
+from shared.events.inventory import FabricPartition, NodeInventory
 from shared.logs import get_logger
 
 if TYPE_CHECKING:
@@ -45,7 +50,7 @@ _TOOL_CODES = {"missing": "not-supported", "failed": "tool-failed", "timeout": "
 
 
 def _err(exc: BaseException) -> DeviceOpError:
-    if isinstance(exc, NvmlOpError):
+    if isinstance(exc, NvmlOpError | FabricError):
         return DeviceOpError(code=exc.code, message=str(exc))
     if isinstance(exc, ToolError):
         return DeviceOpError(code=_TOOL_CODES.get(exc.kind, "tool-failed"), message=str(exc))
@@ -54,8 +59,10 @@ def _err(exc: BaseException) -> DeviceOpError:
 
 class Operations:
     def __init__(self, node: str, nvml: Nvml, mps: MpsManager, timeslices: Timeslices, health: HealthMonitor | None,
-                 inventory: Callable[[], NodeInventory | None], rescan: Callable[[], Awaitable[NodeInventory]]):
+                 inventory: Callable[[], NodeInventory | None], rescan: Callable[[], Awaitable[NodeInventory]],
+                 fabric: FabricPartitions | None = None):
         self.node = node
+        self.fabric = fabric
         self.nvml = nvml
         self.mps = mps
         self.timeslices = timeslices
@@ -91,6 +98,8 @@ class Operations:
             (catalog.DEVICE_MIG_DESTROY, self.mig_destroy),
             (catalog.DEVICE_MPS_START, self.mps_start),
             (catalog.DEVICE_MPS_STOP, self.mps_stop),
+            (catalog.DEVICE_PARTITION_ACTIVATE, self.partition_activate),
+            (catalog.DEVICE_PARTITION_DEACTIVATE, self.partition_deactivate),
             (catalog.DEVICE_INJECT_XID, self.inject_xid),
         ):
             self._subscriptions.append(await bus.serve(entry, handler, node=self.node))  # type: ignore[attr-defined]
@@ -189,6 +198,47 @@ class Operations:
                 return MpsStopReply(ok=False, error=_err(exc))
             await self._safe_rescan()
             return MpsStopReply(ok=True, stopped=stopped)
+
+    async def _partition(self, partition_id: int) -> tuple[FabricPartitions, FabricPartition]:
+        """Fabric Manager's partition as it stands now (asked, not the last scan's)."""
+        if self.fabric is None:
+            raise NvmlOpError("not-supported", f"NVLink partitions are off on node {self.node}: discovery runs "
+                                               "without --fabric-manager-partitions")
+        state = await self.fabric.read((g.name, g.pci_bus_id, g.module_id) for g in self._inv().gpus)
+        partition = next((p for p in state.partitions if p.id == partition_id), None)
+        if partition is None:
+            raise NvmlOpError("not-found", f"Fabric Manager on node {self.node} has no partition {partition_id}")
+        return self.fabric, partition
+
+    async def partition_activate(self, req: PartitionActivateRequest) -> PartitionActivateReply:
+        async with self._lock:
+            try:
+                fabric, partition = await self._partition(req.partition_id)
+                if partition.devices != frozenset(req.devices) or not all(g.device for g in partition.gpus):
+                    raise NvmlOpError("invalid-argument", f"partition {req.partition_id} holds "
+                                      f"{sorted(partition.devices)}, not the claim's GPUs {sorted(req.devices)}")
+                if partition.active:
+                    return PartitionActivateReply(ok=True, activated=False)
+                await fabric.client.activate(req.partition_id)
+            except Exception as exc:
+                return PartitionActivateReply(ok=False, error=_err(exc))
+            await self._safe_rescan()
+            log.info("NVLink partition activated", node=self.node, partition=req.partition_id,
+                     gpus=sorted(partition.devices))
+            return PartitionActivateReply(ok=True, activated=True)
+
+    async def partition_deactivate(self, req: PartitionDeactivateRequest) -> PartitionDeactivateReply:
+        async with self._lock:
+            try:
+                fabric, partition = await self._partition(req.partition_id)
+                if not partition.active:
+                    return PartitionDeactivateReply(ok=True, deactivated=False)
+                await fabric.client.deactivate(req.partition_id)
+            except Exception as exc:
+                return PartitionDeactivateReply(ok=False, error=_err(exc))
+            await self._safe_rescan()
+            log.info("NVLink partition deactivated", node=self.node, partition=req.partition_id)
+            return PartitionDeactivateReply(ok=True, deactivated=True)
 
     def _resolve(self, ref: str) -> str:
         """A device name (`gpu-0`, a MIG name) or UUID → UUID."""

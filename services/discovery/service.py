@@ -17,12 +17,15 @@ from prometheus_client import Histogram
 
 from services.discovery import inventory, machine
 from services.discovery.config import DiscoveryConfig, sim_state_file
+from services.discovery.fabric import FabricPartitions, Fmpm
 from services.discovery.healthevents import HealthMonitor
 from services.discovery.mps import MpsManager
 from services.discovery.mpsdaemon import CONTROL, MpsControl
 from services.discovery.nvml import Nvml, load_real_binding
 from services.discovery.operations import Operations
 from services.discovery.timeslice import Timeslices
+from services.discovery.topology import normalise_bus_id
+from shared.devicemodel import gpu_name
 from shared.drivertools import DriverTools
 from shared.events import catalog
 from shared.events.inventory import NodeInventory
@@ -58,6 +61,19 @@ def driver_tools(cfg: DiscoveryConfig) -> DriverTools | None:
     return DriverTools.of(cfg.driver_root, cfg.container_driver_root, timeout=cfg.tool_timeout)
 
 
+def fabric_partitions(cfg: DiscoveryConfig, nvml: Nvml, tools: DriverTools | None) -> FabricPartitions | None:
+    """Fabric Manager's partitions when --fabric-manager-partitions is on: through fmpm under the driver
+    root, or the simulated Fabric Manager on a simulated node without one."""
+    if not cfg.fabric_manager_partitions:
+        return None
+    if tools is None:
+        from services.discovery.simfabric import SimFabricManager, state_file
+
+        return FabricPartitions(SimFabricManager(nvml, state_file(cfg.state_dir, cfg.node)))
+    return FabricPartitions(Fmpm(tools, tool=cfg.fabric_manager_tool, socket=cfg.fabric_manager_socket,
+                                 address=cfg.fabric_manager_address))
+
+
 class Scanner:
     """NVML → NodeInventory for one node (no bus), with the MPS and time-slice state discovery keeps."""
 
@@ -68,6 +84,7 @@ class Scanner:
         control = MpsControl(self.tools, ready_timeout=cfg.tool_timeout) if self.tools is not None else None
         self.mps = MpsManager(Path(cfg.mps_root), nvml, control)
         self.timeslices = Timeslices(Path(cfg.state_dir), nvml, self.tools)
+        self.fabric = fabric_partitions(cfg, nvml, self.tools)
         self._loaded = False
 
     async def load(self) -> None:
@@ -86,9 +103,14 @@ class Scanner:
             if applied is not None:
                 for g in facts.gpus:
                     g.timeslice = applied.get(g.uuid, 0)
+            fabric = None
+            if self.fabric is not None:
+                fabric = await self.fabric.scan([(gpu_name(g.minor), normalise_bus_id(g.bus_id), g.module_id or 0)
+                                                 for g in facts.gpus])
             inv = inventory.build(self.cfg.node, facts, dev_root=Path(self.cfg.dev_root),
                                   sys_root=Path(self.cfg.sys_root), simulated=self.nvml.simulated,
-                                  mps=self.mps.by_gpu(ready_only=True), observed_at=time.time(), features=dict(self.cfg.gates))
+                                  mps=self.mps.by_gpu(ready_only=True), observed_at=time.time(),
+                                  features=dict(self.cfg.gates), fabric=fabric)
             span.set_attribute("gpu.count", len(inv.gpus))
             span.set_attribute("inventory.hash", inv.content_hash)
             return inv
@@ -111,7 +133,7 @@ class DiscoveryService:
         self.health = HealthMonitor(cfg.node, nvml, bus, cfg.ignored, lambda: self.current,
                                     on_event=self._wake.set, timeout_ms=cfg.event_timeout_ms)
         self.ops = Operations(cfg.node, nvml, self.scanner.mps, self.scanner.timeslices, self.health,
-                              lambda: self.current, self.rescan)
+                              lambda: self.current, self.rescan, fabric=self.scanner.fabric)
         self.ready = asyncio.Event()
 
     async def rescan(self) -> NodeInventory:

@@ -112,6 +112,7 @@ class ClaimRecord(msgspec.Struct, kw_only=True):
     configs: list[dict[str, Any]] = msgspec.field(default_factory=list)  # decoded opaque configs applied
     mps_daemon_id: str = ""
     timesliced_gpus: list[str] = msgspec.field(default_factory=list)  # UUIDs reset on unprepare
+    fabric_partition: int = -1  # the NVLink partition activated for the claim (-1: none); on disk before the call
     cdi_spec: str = ""  # file name in the CDI dir
     started_at: float = 0.0
     completed_at: float = 0.0

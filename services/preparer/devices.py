@@ -29,6 +29,10 @@ from shared.events.devices import (
     MpsStartRequest,
     MpsStopReply,
     MpsStopRequest,
+    PartitionActivateReply,
+    PartitionActivateRequest,
+    PartitionDeactivateReply,
+    PartitionDeactivateRequest,
     SetSharingReply,
     SetSharingRequest,
 )
@@ -249,6 +253,16 @@ class DeviceOps:
         return await self._call(catalog.DEVICE_MPS_START,  # type: ignore[no-any-return]
                                 MpsStartRequest(daemon_id=daemon_id, gpu_uuids=uuids, active_thread_percentage=pct,
                                                 pinned_device_memory_limits=limits), f"start MPS daemon {daemon_id}")
+
+    async def partition_activate(self, partition_id: int, devices: list[str]) -> PartitionActivateReply:
+        return await self._call(catalog.DEVICE_PARTITION_ACTIVATE,  # type: ignore[no-any-return]
+                                PartitionActivateRequest(partition_id=partition_id, devices=devices),
+                                f"activate NVLink partition {partition_id}")
+
+    async def partition_deactivate(self, partition_id: int) -> PartitionDeactivateReply:
+        return await self._call(catalog.DEVICE_PARTITION_DEACTIVATE,  # type: ignore[no-any-return]
+                                PartitionDeactivateRequest(partition_id=partition_id),
+                                f"deactivate NVLink partition {partition_id}")
 
     async def mps_stop(self, daemon_id: str) -> MpsStopReply:
         return await self._call(catalog.DEVICE_MPS_STOP, MpsStopRequest(daemon_id=daemon_id),  # type: ignore[no-any-return]

@@ -3,8 +3,8 @@
 Owns what a GPU prepare does inside the shared claim state machine (`claimstate.ClaimPreparer`:
 serialisation, idempotency, rollback, stale cleanup, events): device resolution, opaque configs,
 the overlap guard (a device held by another completed claim is refused unless both share it by
-config), time-slicing, MPS and dynamic MIG through discovery, and the claim's CDI spec (its devices'
-nodes plus the node's common edits, the driver userspace, from `commonedits`).
+config), time-slicing, MPS, dynamic MIG and NVLink partitions (`partitions`) through discovery, and the
+claim's CDI spec (its devices' nodes plus the node's common edits, the driver userspace, from `commonedits`).
 I/O goes through small ports: ClaimSource, Inventory, DeviceOps, CdiWriter, Checkpoint.
 """
 
@@ -36,6 +36,7 @@ from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
 from services.preparer.lifecycle import LifecycleEvents
 from services.preparer.nodesettings import NodeSettings
+from services.preparer.partitions import Partitions, whole_gpus
 from services.preparer.vfio import Passthrough, VfioSettings, passthrough_conflict
 from shared import featuregates
 from shared.claimconfigs import (
@@ -219,6 +220,7 @@ class Preparer(ClaimPreparer):
         self.ops = ops
         self.common = common  # the node's driver userspace, in every claim spec
         self.passthrough = Passthrough(vfio or VfioSettings(), inventory.host_path)  # gpu-vfio-<minor> devices
+        self.partitions = Partitions(ops, checkpoint, inventory)  # NVLink partitions (Fabric Manager)
         # per shared MPS daemon: its start and its stop (with the count of its users) do not interleave
         self._daemon_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # per shared MPS daemon this process started or confirmed, and has not asked to stop since: the
@@ -324,6 +326,7 @@ class Preparer(ClaimPreparer):
             raise PrepareFailed(str(exc), "invalid-config") from None
         trace.get_current_span().set_attribute("configs.groups", len(groups))  # on the claim's span
         self._guard(ref, planned, modes)
+        partition = self.partitions.plan(whole_gpus((p.resolved, p.admin_access) for p in planned))
         devices = [PreparedDevice(
             requests=[p.request.split("/", 1)[0]], pool=p.pool, device=p.resolved.name, kind=p.resolved.kind,
             uuid=p.resolved.uuid, parent_uuid=p.resolved.gpu.uuid if p.resolved.gpu and p.resolved.kind == "mig" else "",
@@ -338,7 +341,7 @@ class Preparer(ClaimPreparer):
         record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
                              preparation=self.checkpoint.next_preparation(), devices=devices, started_at=time.time(),
                              configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit],
-                             traceparent=self.claim_traceparent(claim))
+                             traceparent=self.claim_traceparent(claim), fabric_partition=partition)
         started = [self._event("prepare-started", ref, record)]
         if any(d.dynamic_mig or d.pci_bus_id for d in devices):
             # a MIG device is created or a GPU leaves nvidia next: the record must be on disk first, so a
@@ -375,6 +378,7 @@ class Preparer(ClaimPreparer):
                      vfio_config: VfioDeviceConfig | None = None) -> list[CdiDevice]:
         """Time-slicing, MPS and dynamic MIG through discovery, VFIO through sysfs; the per-device CDI edits."""
         cdi_devices: dict[int, CdiDevice] = {}
+        await self.partitions.activate(ref.uid, record, whole_gpus((p.resolved, p.admin_access) for p in planned))
         for i, item in enumerate(planned):
             res = item.resolved
             caps: list[str] = []
@@ -526,6 +530,7 @@ class Preparer(ClaimPreparer):
             if dev.pci_bus_id and not self._still_used(uid, dev.device):
                 with tracer.start_as_current_span("device.vfio-unbind"):
                     await self.passthrough.release(dev.pci_bus_id)
+        await self.partitions.release(uid, record)  # after its GPUs are back on nvidia, as NVIDIA's driver does
         for dev in record.devices:
             if not dev.dynamic_mig or self._still_used(uid, dev.device):
                 continue

@@ -35,6 +35,10 @@ from shared.events.devices import (
     MpsStartRequest,
     MpsStopReply,
     MpsStopRequest,
+    PartitionActivateReply,
+    PartitionActivateRequest,
+    PartitionDeactivateReply,
+    PartitionDeactivateRequest,
     SetSharingReply,
     SetSharingRequest,
 )
@@ -185,6 +189,16 @@ DEVICE_MPS_STOP = Entry(
     "Stop an MPS control daemon (idempotent).", MpsStopReply,
     requesters=("preparer",),
 )
+DEVICE_PARTITION_ACTIVATE = Entry(
+    "device-partition-activate", "dra.v1.device.{node}.partition-activate", PartitionActivateRequest, "request",
+    "Activate a Fabric Manager NVLink partition for a claim's GPUs (idempotent).", PartitionActivateReply,
+    requesters=("preparer",),
+)
+DEVICE_PARTITION_DEACTIVATE = Entry(
+    "device-partition-deactivate", "dra.v1.device.{node}.partition-deactivate", PartitionDeactivateRequest,
+    "request", "Deactivate a Fabric Manager NVLink partition (idempotent).", PartitionDeactivateReply,
+    requesters=("preparer",),
+)
 DEVICE_INJECT_XID = Entry(
     "device-inject-xid", "dra.v1.device.{node}.inject-xid", InjectXidRequest, "request",
     "Simulation: raise an XID or GPU-lost on a device, or recover it.", InjectXidReply,
@@ -239,6 +253,8 @@ CATALOG: tuple[Entry, ...] = (
     DEVICE_MIG_DESTROY,
     DEVICE_MPS_START,
     DEVICE_MPS_STOP,
+    DEVICE_PARTITION_ACTIVATE,
+    DEVICE_PARTITION_DEACTIVATE,
     DEVICE_INJECT_XID,
     CD_MEMBER,
     CD_STATUS,

@@ -99,3 +99,28 @@ class InjectXidRequest(Message, kw_only=True):
 class InjectXidReply(Message, kw_only=True):
     ok: Annotated[bool, doc("Whether the operation was carried out (or already in effect).")]
     error: Annotated[DeviceOpError | None, doc("Why not; null on success.")] = None
+
+
+class PartitionActivateRequest(Message, kw_only=True):
+    """Activate a Fabric Manager NVLink partition (shared NVSwitch mode) for a claim's GPUs."""
+
+    partition_id: Annotated[int, doc("Fabric Manager's partition id.")]
+    devices: Annotated[list[str], doc("The claim's GPUs (gpu-<minor>): the partition must hold exactly these.")]
+
+
+class PartitionActivateReply(Message, kw_only=True):
+    ok: Annotated[bool, doc("Whether the partition is active now.")]
+    activated: Annotated[bool, doc("False when it was active already (an idempotent repeat).")] = False
+    error: Annotated[DeviceOpError | None, doc("Why not; null on success.")] = None
+
+
+class PartitionDeactivateRequest(Message, kw_only=True):
+    """Deactivate a Fabric Manager NVLink partition after its last claim."""
+
+    partition_id: Annotated[int, doc("Fabric Manager's partition id.")]
+
+
+class PartitionDeactivateReply(Message, kw_only=True):
+    ok: Annotated[bool, doc("Whether the partition is inactive now.")]
+    deactivated: Annotated[bool, doc("False when it was inactive already.")] = False
+    error: Annotated[DeviceOpError | None, doc("Why not; null on success.")] = None

@@ -77,6 +77,41 @@ class Sharing(msgspec.Struct, kw_only=True):
     mps_daemon: Annotated[str, doc("Id of the MPS control daemon serving this GPU; '' when none.")] = ""
 
 
+class FabricPartitionGpu(msgspec.Struct, kw_only=True):
+    """A GPU of a Fabric Manager partition, as Fabric Manager reports it, with its device here."""
+
+    module_id: Annotated[int, doc("The GPU's module (physical) id on the baseboard, as Fabric Manager reports it.")]
+    pci_bus_id: Annotated[str, doc("PCI bus id, normalised as Gpu.pci_bus_id, e.g. 0000:3b:00.0.")]
+    uuid: Annotated[str, doc("The GPU UUID as Fabric Manager reports it; '' when it reports none.")] = ""
+    device: Annotated[str, doc("The inventory's GPU it is (gpu-<minor>, matched by PCI bus id, else module "
+                               "id); '' when none matches.")] = ""
+    nvlinks_available: Annotated[int, doc("NVLinks of the GPU available to the partition.")] = 0
+    max_nvlinks: Annotated[int, doc("NVLinks the GPU has.")] = 0
+    nvlink_line_rate_mbps: Annotated[int, doc("NVLink line rate.", unit="MBps")] = 0
+
+
+class FabricPartition(msgspec.Struct, kw_only=True):
+    """A GPU partition of Fabric Manager's shared NVSwitch mode: GPUs that share NVLink only with each other
+    once it is activated."""
+
+    id: Annotated[int, doc("Fabric Manager's partition id.")]
+    active: Annotated[bool, doc("Whether Fabric Manager has the partition activated now.")] = False
+    gpus: Annotated[list[FabricPartitionGpu], doc("The partition's GPUs.")] = msgspec.field(default_factory=list)
+
+    @property
+    def devices(self) -> frozenset[str]:
+        """The partition's GPUs as device names (gpu-<minor>) of this node."""
+        return frozenset(g.device for g in self.gpus if g.device)
+
+
+class FabricManagerState(msgspec.Struct, kw_only=True):
+    """Fabric Manager partitions on a node whose discovery runs with --fabric-manager-partitions."""
+
+    partitions: Annotated[list[FabricPartition], doc("Every partition Fabric Manager supports on the node.")] = (
+        msgspec.field(default_factory=list))
+    error: Annotated[str, doc("Why Fabric Manager could not be asked at the last scan; '' when it answered.")] = ""
+
+
 class Gpu(msgspec.Struct, kw_only=True):
     """A physical GPU as NVML reports it."""
 
@@ -103,6 +138,7 @@ class Gpu(msgspec.Struct, kw_only=True):
     fabric: Annotated[FabricInfo | None, doc("NVLink fabric membership; null without Multi-Node NVLink.")] = None
     sharing: Annotated[Sharing, doc("The sharing state applied to the GPU.")] = msgspec.field(default_factory=Sharing)
     device_path: Annotated[str, doc("The device node, /dev/nvidia<minor>.")] = ""
+    module_id: Annotated[int, doc("The GPU's module id on an HGX baseboard (NVML module id); 0 when unknown.")] = 0
 
 
 class NodeInventory(Message, kw_only=True):
@@ -120,6 +156,8 @@ class NodeInventory(Message, kw_only=True):
         "The feature gates in force on the node's discovery (`gpu-dra features`), by name: the publisher offers "
         "a gated feature's devices only on nodes whose gate is on. Empty from older nodes: the defaults.")] = (
         msgspec.field(default_factory=dict))
+    fabric_manager: Annotated[FabricManagerState | None, doc(
+        "Fabric Manager's NVLink partitions (shared NVSwitch mode); null when the node does not use them.")] = None
     content_hash: Annotated[str, doc("Hash of the content above; an unchanged hash means nothing changed.")] = ""
     observed_at: Annotated[float, OBSERVED_AT] = 0.0
 

@@ -278,6 +278,10 @@ class SimNvml:
                 raise _err(N.NVML_ERROR_NOT_SUPPORTED)
             return self._gpu(handle).minor
 
+    def nvmlDeviceGetModuleId(self, handle: Any) -> int:
+        """The baseboard module id: 1-based in index order, as on an HGX board."""
+        return self._gpu(handle).index + 1
+
     def nvmlDeviceGetBrand(self, handle: Any) -> int:
         return self._profile(self._gpu(handle, allow_mig=True)).brand
 
