@@ -46,6 +46,9 @@ class PreparerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     modprobe: Annotated[str, _h("command run as `<modprobe> vfio_pci` when the vfio-pci driver is absent")] = "modprobe"
     vfio_free_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
         "seconds a passthrough prepare waits for the processes holding the GPU to go"))] = 60.0
+    device_metadata: Annotated[bool, _h(
+        "write a device metadata file per claim request (KEP-5304, metadata.resource.k8s.io/v1alpha1) under "
+        "<plugins>/gpu.nvidia.com/device-metadata and mount it read-only into the claim's containers")] = True
     kubeconfig: Annotated[str, _h("kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config)")] = ""
     node_config: Annotated[str, _h(
         "the NodeConfig YAML file the publisher is given (--node-config there), read once; empty: the NodeConfig "

@@ -195,13 +195,13 @@ async def test_a_spec_that_cannot_be_written_fails_the_prepare_and_the_checkpoin
         assert spec_file.exists()
 
 
-async def test_a_prepare_and_unprepare_cost_no_fsync_with_a_boot_id_six_without(
+async def test_a_prepare_and_unprepare_cost_no_fsync_with_a_boot_id_eight_without(
         claims: MemoryClaims, root: Path, dev_root: Path) -> None:
     """Where a power loss shows as a reboot (a boot id; checkpoint module doc) neither the checkpoint writes
     (PrepareCompleted, which also carries the staged PrepareStarted of a claim with nothing to undo, and the
-    removal) nor the CDI spec fsync: only the boot marker did, at start; without a boot id, files and
-    directories."""
-    for boot_id, expected in (("boot-1", 0), ("", 6)):
+    removal) nor the CDI spec nor the device metadata file fsync: only the boot marker did, at start; without
+    a boot id, files and directories (6 for the checkpoint and the spec, 2 for the metadata file)."""
+    for boot_id, expected in (("boot-1", 0), ("", 8)):
         (root / "boot_id").write_text(boot_id)
         claim = claims.add(claim_doc(name=f"counted-{expected}", results=[("gpu", "gpu-0")]))
         async with running_node(claims, root, dev_root=str(dev_root)) as node:
