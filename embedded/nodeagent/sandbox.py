@@ -7,6 +7,7 @@ host's userland, seen read-only; what the container writes lands in its work dir
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -30,6 +31,15 @@ def find_bwrap() -> str:
     return path
 
 
+def _mount_point(inside: str) -> str:
+    """`inside` with the host root's symlinks along it resolved (`/var/run/...` -> `/run/...`): bwrap makes a mount
+    point's parents without following links, and the private dirs (/tmp, /run, /dev, the work dir) are the
+    sandbox's own."""
+    if inside.startswith(("/tmp/", "/run/", "/dev/", WORK_DIR + "/")):
+        return inside
+    return os.path.realpath(inside)
+
+
 def _can_bind(host: str, inside: str) -> bool:
     """A CDI mount is made when its host path exists and its mount point can be: on the private tmpfs dirs, or
     an existing path of the read-only host root (no directory can be created there)."""
@@ -48,7 +58,8 @@ def bwrap_argv(bwrap: str, argv: list[str], *, work: Path, tmp: Path, shim_dir: 
            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", "pod",
            "--unshare-user", "--uid", str(uid), "--gid", str(uid),
            "--die-with-parent", "--new-session", "--clearenv"]
-    for host, inside in binds or []:
+    for host, wanted in binds or []:
+        inside = _mount_point(wanted) if wanted else wanted
         if _can_bind(host, inside):
             out += ["--ro-bind", host, inside]
     for key, value in env.items():

@@ -20,8 +20,10 @@ from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceOps, Inventory
 from services.preparer.drivers import PluginContext
 from services.preparer.healthwatch import HealthWatch, add_health_service
+from services.preparer.metadatafiles import SUBDIR, MetadataFiles
 from services.preparer.prepare import Preparer
 from services.preparer.vfio import VfioSettings, restore_bindings
+from shared import featuregates
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -37,12 +39,14 @@ class GpuPlugin:
                                    dev_local=self.common.root.dev_local if self.common.configured else None)
         self.ops = DeviceOps(cfg.node, timeout=cfg.device_op_timeout)
         cdi = CdiWriter(Path(cfg.cdi_dir), durable=not ctx.checkpoint.power_loss_is_reboot)
+        metadata = (MetadataFiles(ctx.plugin_dir / SUBDIR, ctx.driver, durable=cdi.durable)
+                    if cfg.gates.enabled(featuregates.DEVICE_METADATA) else None)
         self.preparer = Preparer(driver=ctx.driver, node=cfg.node, claims=ctx.claims, inventory=self.inventory,
                                  ops=self.ops, cdi=cdi, checkpoint=ctx.checkpoint, events=ctx.events, common=self.common,
                                  settings=ctx.settings,
                                  vfio=VfioSettings(sys_root=cfg.sys_root, proc_root=cfg.proc_root, modprobe=cfg.modprobe,
                                                    free_timeout=cfg.vfio_free_timeout),
-                                 gates=cfg.gates)
+                                 gates=cfg.gates, metadata=metadata)
         self.health = HealthWatch(cfg.node, self.inventory)
 
     async def start(self) -> None:

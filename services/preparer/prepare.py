@@ -4,7 +4,8 @@ Owns what a GPU prepare does inside the shared claim state machine (`claimstate.
 serialisation, idempotency, rollback, stale cleanup, events): device resolution, opaque configs,
 the overlap guard (a device held by another completed claim is refused unless both share it by
 config), time-slicing, MPS, dynamic MIG and NVLink partitions (`partitions`) through discovery, and the
-claim's CDI spec (its devices' nodes plus the node's common edits, the driver userspace, from `commonedits`).
+claim's CDI spec (its devices' nodes plus the node's common edits, the driver userspace, from `commonedits`;
+the device metadata files from `metadatafiles`).
 I/O goes through small ports: ClaimSource, Inventory, DeviceOps, CdiWriter, Checkpoint.
 """
 
@@ -35,6 +36,7 @@ from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed,
 from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
 from services.preparer.lifecycle import LifecycleEvents
+from services.preparer.metadatafiles import MetadataFiles, MetadataSource
 from services.preparer.nodesettings import NodeSettings
 from services.preparer.partitions import Partitions, whole_gpus
 from services.preparer.vfio import Passthrough, VfioSettings, passthrough_conflict
@@ -211,7 +213,7 @@ class Preparer(ClaimPreparer):
     def __init__(self, *, driver: str, node: str, claims: ClaimSource, inventory: Inventory, ops: DeviceOps,
                  cdi: CdiWriter, checkpoint: Checkpoint, events: LifecycleEvents, common: CommonEdits,
                  pool: str = "", settings: NodeSettings | None = None, vfio: VfioSettings | None = None,
-                 gates: featuregates.FeatureGates | None = None) -> None:
+                 gates: featuregates.FeatureGates | None = None, metadata: MetadataFiles | None = None) -> None:
         super().__init__(driver=driver, node=node, claims=claims, cdi=cdi, checkpoint=checkpoint, events=events,
                          pool=pool)
         self.settings = settings or NodeSettings()  # the node config's setting per GPU (time-slicing)
@@ -221,6 +223,7 @@ class Preparer(ClaimPreparer):
         self.common = common  # the node's driver userspace, in every claim spec
         self.passthrough = Passthrough(vfio or VfioSettings(), inventory.host_path)  # gpu-vfio-<minor> devices
         self.partitions = Partitions(ops, checkpoint, inventory)  # NVLink partitions (Fabric Manager)
+        self.metadata = metadata  # the device metadata files mounted by each claim's spec; None: off
         # per shared MPS daemon: its start and its stop (with the count of its users) do not interleave
         self._daemon_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # per shared MPS daemon this process started or confirmed, and has not asked to stop since: the
@@ -355,6 +358,10 @@ class Preparer(ClaimPreparer):
         try:
             cdi_devices = await self._apply(ref, record, planned, groups, modes, vfio_config)
             with leaf_span(tracer, "cdi.write"):
+                if self.metadata is not None:  # written before the spec that mounts them
+                    await self.metadata.add_to(claim, [MetadataSource(p.request, d, p.resolved.gpu)
+                                                       for p, d in zip(planned, record.devices, strict=True)],
+                                               cdi_devices)
                 common = (self.passthrough.common_edits(vfio_config) if vfio_config is not None
                           else await self.common.get(self.inventory.dev_root))
                 spec = build_spec(ref.uid, cdi_devices, common) if cdi_devices else None
@@ -520,6 +527,13 @@ class Preparer(ClaimPreparer):
                         return known[1], known[2]
         return None
 
+    async def sweep_specs(self) -> int:
+        """At start: the CDI specs, then the metadata files, of claims the checkpoint does not hold."""
+        removed = await super().sweep_specs()
+        if self.metadata is not None and (gone := await self.metadata.sweep(set(self.checkpoint.claims))):
+            log.info("device metadata files of claims not prepared here removed", files=len(gone))
+        return removed
+
     # -- unprepare -------------------------------------------------------------------------
     def _still_used(self, uid: str, device: str) -> bool:
         return any(r.state == "PrepareCompleted" for _, r, _ in self.checkpoint.holders(device, exclude=uid))
@@ -561,6 +575,8 @@ class Preparer(ClaimPreparer):
                 with tracer.start_as_current_span("device.set-sharing"):
                     await self.ops.set_sharing(reset, "Default", "Default")
         await self.cdi.remove(uid)  # a rename on the loop: no span of its own
+        if self.metadata is not None:
+            await self.metadata.remove(uid, [r for d in record.devices for r in d.requests])  # after the spec
 
     async def _release_share_daemon(self, uid: str, daemon: str) -> None:
         """Stop a GPU's shared MPS daemon when no other claim's record (prepared, or being prepared) uses it:

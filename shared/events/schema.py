@@ -1,4 +1,5 @@
-"""JSON Schema export of the event catalog: one schema per message type plus a subject index."""
+"""JSON Schema export of the event catalog: one schema per message type plus a subject index, and the
+schemas of the files this driver hands workloads (`FILES`: the device metadata file)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ from typing import Any
 
 import msgspec
 
+from shared.events import devicemetadata
 from shared.events.catalog import BUCKETS, CATALOG, STREAMS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
+# files (not bus messages) whose format is part of the contract: name -> (type, where it is found)
+FILES: dict[str, tuple[type[msgspec.Struct], str]] = {
+    "device-metadata": (devicemetadata.DeviceMetadata, devicemetadata.container_path(
+        "<driver>", "<request>", claim_name="<claim>")),
+}
 
 
 def message_schema(message: type[msgspec.Struct]) -> dict[str, Any]:
@@ -49,5 +56,9 @@ def write_schemas(out_dir: Path) -> dict[str, Any]:
     index["streams"] = [{"name": s.name, "subjects": list(s.subjects), "max_age_s": s.max_age_s} for s in STREAMS]
     index["buckets"] = [{"name": b.name, "schema": f"{b.message.__name__}.json",
                          **({"key": b.key, "binds": dict(b.binds)} if b.binds else {})} for b in BUCKETS]
+    index["files"] = []
+    for name, (file_type, path) in FILES.items():
+        (out_dir / f"{file_type.__name__}.json").write_text(json.dumps(message_schema(file_type), indent=2) + "\n")
+        index["files"].append({"name": name, "path": path, "schema": f"{file_type.__name__}.json"})
     (out_dir / "index.json").write_text(json.dumps(index, indent=2) + "\n")
     return index

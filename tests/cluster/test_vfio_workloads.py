@@ -1,15 +1,17 @@
-"""NVIDIA's `gpu-test-vfiopci` workload on `gpu-dra up --passthrough`: the pod runs with the VFIO nodes in its
-CDI edits, the GPU sits on vfio-pci in the node's fake sysfs meanwhile, and goes back to nvidia (and is
-offered again) once the pod is gone."""
+"""NVIDIA's `gpu-test-vfiopci` and `gpu-test-vfio-config` workloads on `gpu-dra up --passthrough`: the pod runs
+with the VFIO nodes in its CDI edits, the GPU sits on vfio-pci in the node's fake sysfs meanwhile, and goes
+back to nvidia (and is offered again) once the pod is gone."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
+from embedded.cluster.apply import Applier, ManifestError, load_documents
 from embedded.cluster.local import ClusterConfig, LocalCluster
 from services.preparer.pcisysfs import PciSysfs
 from tests.cluster.helpers import apply, edits, wait_pods
@@ -18,28 +20,59 @@ REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "wo
 pytestmark = [pytest.mark.timeout(240)]
 
 
+def passthrough_cluster(tmp_path: Path) -> LocalCluster:
+    return LocalCluster(ClusterConfig(nodes=1, gpus="h100x2", data_dir=str(tmp_path / "data"), start_timeout=120,
+                                      runtime="none", passthrough=True, compute_domains=False, dashboard=False))
+
+
 async def test_gpu_test_vfiopci_runs_and_gives_the_gpu_back(tmp_path: Path) -> None:
-    cfg = ClusterConfig(nodes=1, gpus="h100x2", data_dir=str(tmp_path / "data"), start_timeout=120,
-                        runtime="none", passthrough=True, compute_domains=False)
-    async with LocalCluster(cfg) as cluster:
+    async with passthrough_cluster(tmp_path) as cluster:
         api = await cluster.api_client()
         await apply(api, REFERENCE / "gpu-test-vfiopci.yaml")
         (pod,) = await wait_pods(api, "gpu-test-vfio", 1, timeout=90)
-        node = pod["spec"]["nodeName"]
-        sysfs = PciSysfs(cluster.node_dir(node))
-        on_vfio = [b.name for b in (sysfs.sys / "bus/pci/devices").iterdir() if sysfs.driver_of(b.name) == "vfio-pci"]
-        assert len(on_vfio) == 1, on_vfio
-        group = sysfs.iommu_group(on_vfio[0])
-        ctr = edits(pod)["ctr"]
-        assert ctr["deviceNodes"] == [f"/dev/vfio/{group}"], ctr
-        assert "NVIDIA_VISIBLE_DEVICES=void" in ctr["env"]
+        await check_passthrough(api, cluster, pod, api_device=False)
 
-        await client.CoreV1Api(api).delete_namespaced_pod("pod1", "gpu-test-vfio", grace_period_seconds=0)
-        async with asyncio.timeout(60):
-            while sysfs.driver_of(on_vfio[0]) != "nvidia":
-                await asyncio.sleep(0.1)
-        assert (sysfs.device_dir(on_vfio[0]) / "driver_override").read_text().strip() == ""
-        slices = await client.CustomObjectsApi(api).list_cluster_custom_object(
-            "resource.k8s.io", "v1", "resourceslices")
-        offered = {d["name"] for s in slices["items"] for d in s["spec"].get("devices") or []}
-        assert {"gpu-0", "gpu-1", "gpu-vfio-0", "gpu-vfio-1"} <= offered
+
+async def test_gpu_test_vfio_config_runs_with_the_api_device(tmp_path: Path) -> None:
+    """NVIDIA's spec puts its template in namespace gpu-test-vfio and its pod in gpu-test-vfiopci (whose
+    namespace it does not create), so applied as it is the pod cannot be created, and once its namespace
+    exists it waits for a template that is not in its namespace. Applied as a CI run would make it work:
+    the pod's namespace first, the spec, then the spec's template copied into the pod's namespace."""
+    async with passthrough_cluster(tmp_path) as cluster:
+        api = await cluster.api_client()
+        with pytest.raises(ManifestError, match=r"namespaces .*gpu-test-vfiopci.* not found"):
+            await apply(api, REFERENCE / "gpu-test-vfio-config.yaml")
+        applier = Applier(api)
+        await applier.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-test-vfiopci"}})
+        await apply(api, REFERENCE / "gpu-test-vfio-config.yaml")
+        (template,) = [d for d in load_documents(REFERENCE / "gpu-test-vfio-config.yaml")
+                       if d["kind"] == "ResourceClaimTemplate"]
+        assert template["metadata"]["namespace"] == "gpu-test-vfio"
+        await applier.create({**template, "metadata": {**template["metadata"], "namespace": "gpu-test-vfiopci"}})
+        (pod,) = await wait_pods(api, "gpu-test-vfiopci", 1, timeout=90)
+        await check_passthrough(api, cluster, pod, api_device=True)
+
+
+async def check_passthrough(api: client.ApiClient, cluster: LocalCluster, pod: dict[str, Any], *,
+                            api_device: bool) -> None:
+    """The pod's one GPU on vfio-pci with its group's node (and /dev/vfio/vfio with `api_device`) in the CDI
+    edits; after the pod is deleted, back on nvidia and offered both ways again."""
+    node = pod["spec"]["nodeName"]
+    sysfs = PciSysfs(cluster.node_dir(node))
+    on_vfio = [b.name for b in (sysfs.sys / "bus/pci/devices").iterdir() if sysfs.driver_of(b.name) == "vfio-pci"]
+    assert len(on_vfio) == 1, on_vfio
+    group = sysfs.iommu_group(on_vfio[0])
+    ctr = edits(pod)["ctr"]
+    assert ctr["deviceNodes"] == [*(["/dev/vfio/vfio"] if api_device else []), f"/dev/vfio/{group}"], ctr
+    assert "NVIDIA_VISIBLE_DEVICES=void" in ctr["env"]
+
+    meta = pod["metadata"]
+    await client.CoreV1Api(api).delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0)
+    async with asyncio.timeout(60):
+        while sysfs.driver_of(on_vfio[0]) != "nvidia":
+            await asyncio.sleep(0.1)
+    assert (sysfs.device_dir(on_vfio[0]) / "driver_override").read_text().strip() == ""
+    slices = await client.CustomObjectsApi(api).list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices")
+    offered = {d["name"] for s in slices["items"] for d in s["spec"].get("devices") or []}
+    assert {"gpu-0", "gpu-1", "gpu-vfio-0", "gpu-vfio-1"} <= offered

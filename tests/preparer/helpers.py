@@ -18,6 +18,7 @@ from embedded.kubelet.client import Claim, DraPlugin, register
 from services.preparer.claims import ClaimNotFound, ResourceClaim
 from services.preparer.config import PreparerConfig
 from services.preparer.service import PreparerService
+from shared.events import devicemetadata
 
 DRIVER = "gpu.nvidia.com"
 GROUP = "resource.nvidia.com/v1beta1"
@@ -48,6 +49,15 @@ def claim_doc(*, name: str, results: list[tuple[str, str]], node: str = "n1", na
                 {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
         }},
     }
+
+
+def without_metadata(edits: dict[str, Any]) -> dict[str, Any]:
+    """A CDI device's container edits less the device metadata file's mount and env (tests/preparer/
+    test_device_metadata.py checks those), for tests about the other edits."""
+    return {**edits,
+            "env": [e for e in edits.get("env") or [] if not e.startswith(f"{devicemetadata.ENV}=")],
+            "mounts": [m for m in edits.get("mounts") or []
+                       if not m["containerPath"].startswith(devicemetadata.CONTAINER_ROOT)]}
 
 
 def gpu_config(sharing: dict[str, Any] | None = None, *, requests: list[str] | None = None,

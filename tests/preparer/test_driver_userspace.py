@@ -59,8 +59,7 @@ async def test_a_container_driver_root_gives_host_paths_and_finds_the_gpu_withou
         claims: MemoryClaims, root: Path) -> None:
     fake = make_driver_root(root / "mnt")  # the host's /run/nvidia/driver, mounted here
     claim = claims.add(claim_doc(name="operator", results=[("gpu", "gpu-1")]))
-    async with running_node(claims, root, driver_root="/run/nvidia/driver",
-                            container_driver_root=str(fake.root)) as node:
+    async with running_node(claims, root, driver_root="/run/nvidia/driver", container_driver_root=str(fake.root)) as node:
         result = (await node.plugin.prepare([claim]))[claim.uid]  # no inventory yet: /dev/nvidia1 is looked at here
         assert result.error == ""
         spec = spec_of(node, claim.uid)

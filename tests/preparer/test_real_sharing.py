@@ -10,7 +10,7 @@ from pathlib import Path
 from embedded.harness.discovery import RunningDiscovery
 from shared.bus import Bus
 from tests.fakedriver import FakeDriver, wait_gone
-from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node
+from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node, without_metadata
 
 
 def gpu(disc: RunningDiscovery, name: str):
@@ -85,7 +85,7 @@ async def test_mps_claim_runs_a_daemon_that_unprepare_stops(
         assert Path(env["CUDA_MPS_LOG_DIRECTORY"]) == pipe.parent / "log"
         pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
         for dev in spec_of(root, claim.uid)["devices"]:
-            mounts = {m["containerPath"]: m["hostPath"] for m in dev["containerEdits"]["mounts"]}
+            mounts = {m["containerPath"]: m["hostPath"] for m in without_metadata(dev["containerEdits"])["mounts"]}
             assert mounts == {"/tmp/nvidia-mps": str(pipe), "/dev/shm": str(pipe.parent / "shm")}
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
         assert fake.calls("nvidia-cuda-mps-control")[-1]["stdin"] == "quit\n"

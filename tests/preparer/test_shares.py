@@ -28,7 +28,7 @@ from shared.events.claims import ClaimLifecycle
 from shared.events.devices import MpsStartReply, MpsStartRequest, MpsStopRequest
 from shared.natsserver import EmbeddedNats
 from tests.fakedriver import FakeDriver, wait_gone
-from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node
+from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node, without_metadata
 from tests.preparer.test_crash import checkpoint
 from tests.preparer.test_crash_sharing import (
     kill_9,
@@ -58,11 +58,12 @@ def spec_of(cdi_dir: Path, uid: str) -> dict[str, Any]:
 
 
 def edits_of(cdi_dir: Path, uid: str) -> tuple[dict[str, str], dict[str, str]]:
-    """The claim's one device's env (name -> value) and mounts (container path -> host path)."""
+    """The claim's one device's env (name -> value) and mounts (container path -> host path), less the device
+    metadata file's (tests/preparer/test_device_metadata.py)."""
     [dev] = spec_of(cdi_dir, uid)["devices"]
-    edits = dev["containerEdits"]
-    env = dict(e.split("=", 1) for e in edits.get("env") or [])
-    return env, {m["containerPath"]: m["hostPath"] for m in edits.get("mounts") or []}
+    edits = without_metadata(dev["containerEdits"])
+    env = dict(e.split("=", 1) for e in edits["env"])
+    return env, {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
 
 
 def daemon_starts(fake: FakeDriver) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from embedded.harness.discovery import RunningDiscovery
 from services.preparer.devices import DeviceOps
 from shared.bus import Bus
 from shared.events.inventory import MigPlacement
-from tests.preparer.helpers import MemoryClaims, Node, claim_doc, gpu_config, running_node
+from tests.preparer.helpers import MemoryClaims, Node, claim_doc, gpu_config, running_node, without_metadata
 
 
 def gpu(disc: RunningDiscovery, name: str):
@@ -49,7 +49,7 @@ async def test_mps_daemon_started_mounted_and_stopped(claims: MemoryClaims, root
         assert daemon.startswith(claim.uid + "-")
         assert gpu(discovery, "gpu-1").sharing.mps_daemon == daemon == gpu(discovery, "gpu-2").sharing.mps_daemon
         for dev in spec_of(node, claim.uid)["devices"]:
-            edits = dev["containerEdits"]
+            edits = without_metadata(dev["containerEdits"])
             assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
             assert {m["containerPath"] for m in edits["mounts"]} == {"/tmp/nvidia-mps", "/dev/shm"}
             assert all(Path(m["hostPath"]).is_relative_to(discovery.config.mps_root) for m in edits["mounts"])
