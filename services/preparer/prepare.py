@@ -181,9 +181,10 @@ def _group_pinned_limits(group: Selected, planned: list[_Planned]) -> dict[str, 
     return pinned_limits(group.config.sharing.mpsConfig, sorted({r.uuid for r in gpus}), memory)
 
 
-def _share_capacity(p: _Planned) -> dict[str, str]:
+def _share_capacity(p: _Planned, settings: NodeSettings) -> dict[str, str]:
     """A share's device's whole capacity under the names it consumes, as this node knows it (the claim
-    events carry it, so a consumer can weigh the share): memory from the inventory, compute is 100 (percent)."""
+    events carry it, so a consumer can weigh the share): memory from the inventory, compute is 100 (percent),
+    shares the GPU's NodeConfig `maxShares` (NVIDIA's <count> mode: a share of 1 is 1/N of the GPU)."""
     if not p.share_id:
         return {}
     out: dict[str, str] = {}
@@ -193,6 +194,10 @@ def _share_capacity(p: _Planned) -> dict[str, str]:
         out["memory"] = _memory_si(memory)
     if "compute" in p.consumed:
         out["compute"] = "100"
+    if "shares" in p.consumed and r.gpu is not None:
+        count = settings.setting(r.gpu).max_shares
+        if count:
+            out["shares"] = str(count)
     return out
 
 
@@ -334,7 +339,7 @@ class Preparer(ClaimPreparer):
             requests=[p.request.split("/", 1)[0]], pool=p.pool, device=p.resolved.name, kind=p.resolved.kind,
             uuid=p.resolved.uuid, parent_uuid=p.resolved.gpu.uuid if p.resolved.gpu and p.resolved.kind == "mig" else "",
             shared=modes[i].shared, admin_access=p.admin_access, share_id=p.share_id,
-            consumed_capacity=dict(p.consumed), capacity=_share_capacity(p), sharing=modes[i].sharing,
+            consumed_capacity=dict(p.consumed), capacity=_share_capacity(p, self.settings), sharing=modes[i].sharing,
             mps_daemon_settings=dict(modes[i].daemon_settings),
             # a share's user mark is in its start record (the one write before the daemon's start, if any)
             mps_daemon=share_daemon_id(p.resolved.uuid) if modes[i].share_mps else "",

@@ -21,6 +21,9 @@ from prometheus_client import REGISTRY
 
 from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import Claim, register
+from examples.ledger.accounting import share_fraction
+from services.preparer.nodesettings import NodeSettings
+from shared import nodeconfig
 from shared.bus import Bus
 from shared.devicemodel import binary_si
 from shared.events import catalog
@@ -455,3 +458,31 @@ async def test_a_daemon_killed_under_its_shares_is_started_again_in_the_same_dir
         assert len(daemon_starts(fake)) == 5, "the next share's prepare asked discovery, which started one"
         assert await node.plugin.unprepare(tenants) == {c.uid: "" for c in tenants}
         assert mps_dirs(real_discovery) == [] and node.service.checkpoint.claims == {}
+
+
+async def test_a_counted_shares_event_carries_the_gpus_share_count_so_a_ledger_bills_one_nth(
+        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    """NVIDIA's <count> mode (NodeConfig `maxShares: 4`): a share consumes `shares: 1` and no memory. The
+    prepared event names the GPU's count as its `shares` capacity, so the ledger example bills 1/4 of the
+    GPU for it (before: no count, and a share of unknown size is billed whole)."""
+    config = nodeconfig.validate(nodeconfig.NodeConfig(spec=nodeconfig.NodeConfigSpec(rules=[
+        nodeconfig.Rule(name="four", sharing="shares", maxShares=4)])))
+    doc = share_doc("counted", "tenant-a")
+    doc["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {"shares": "1", "memory": "0"}
+    claim = claims.add(doc)
+    sent: list[ClaimLifecycle] = []
+
+    async def got(msg: Any) -> None:
+        sent.append(msgspec.json.decode(msg.data, type=ClaimLifecycle))
+
+    sub = await bus.nc.subscribe("dra.v1.claim.>", cb=got)
+    async with running_node(claims, root, bus=bus, settings=NodeSettings(config)) as node:
+        assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
+        await node.service.events.drained()
+        await bus.nc.flush()
+        [event] = [e for e in sent if e.event == "prepared"]
+        [dev] = event.devices
+        assert dev.capacity["shares"] == "4" and dev.consumed_capacity == {"shares": "1", "memory": "0"}
+        assert share_fraction(msgspec.to_builtins(dev)) == 0.25
+        assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
+    await sub.unsubscribe()
