@@ -64,16 +64,16 @@ class KubeNodeSettings(NodeSettings):
             self.objects.who = "the preparer"
         self.node = Informer(Kube(api_client), NODES, field_selector=f"metadata.name={node}", retry_s=5.0)
         self.node_name = node
-        self._synced = self._said = False
+        self._synced = False
 
     @property
     def config(self) -> nodeconfig.NodeConfig:
         return self.objects.config if self.objects is not None else self._config
 
     async def synced(self) -> None:
-        """Until the Node and the objects have been listed once, or SYNC_WAIT_S at most: a prepare right after
-        a start uses the node's rules, not the default; an API server that cannot answer delays none past
-        that (the GPUs are exclusive until it does)."""
+        """Until the Node and the objects have been listed once, or SYNC_WAIT_S at most, once: a prepare right
+        after a start uses the node's rules, not the default; an API server that cannot answer (or a role that
+        may not read them) delays the first such prepare only (the GPUs are exclusive until they are read)."""
         if self._synced:
             return
         waits = [self.node.synced.wait()] + ([self.objects.ready.wait()] if self.objects is not None else [])
@@ -81,11 +81,8 @@ class KubeNodeSettings(NodeSettings):
             async with asyncio.timeout(SYNC_WAIT_S):
                 await asyncio.gather(*waits)
         except TimeoutError:
-            if not self._said:
-                self._said = True
-                log.warning("node config not read yet; preparing with every GPU exclusive until it is",
-                            node=self.node_name, waited_s=SYNC_WAIT_S)
-            return
+            log.warning("node config not read yet; preparing with every GPU exclusive until it is",
+                        node=self.node_name, waited_s=SYNC_WAIT_S)
         self._synced = True
 
     @property
