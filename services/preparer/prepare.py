@@ -234,6 +234,7 @@ class Preparer(ClaimPreparer):
         # per shared MPS daemon this process started or confirmed, and has not asked to stop since: the
         # settings it runs with and the CDI env and mounts that reach it (`_running_share_daemon`)
         self._share_daemons: dict[str, tuple[dict[str, int], list[str], list[Mount]]] = {}
+        self._published: tuple[object, dict[str, str]] = (None, {})  # an inventory and its devices' daemons
 
     def _plan(self, claim: ResourceClaim) -> tuple[list[_Planned], list[RawConfig]]:
         allocation = claim.status.allocation
@@ -477,9 +478,15 @@ class Preparer(ClaimPreparer):
         device 0: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB> limits it on that MIG device."""
         dev = record.devices[i]
         daemon = dev.mps_daemon
-        async with self._daemon_locks[daemon]:
+        lock = self._daemon_locks[daemon]
+        # Unlocked, no start or stop of the daemon is under way; the check and its use run with no await in
+        # between, so none can begin before this share's record (staged) counts as a user of the daemon.
+        known = None if lock.locked() else self._running_share_daemon(ref.uid, dev)
+        if known is not None:  # no device.mps-start span in the claim's trace says so
+            return known[0] + mps_share_env(mode.limits.memory, mode.limits.compute), list(known[1])
+        async with lock:
             known = self._running_share_daemon(ref.uid, dev)
-            if known is not None:  # no device.mps-start span in the claim's trace says so
+            if known is not None:
                 env, mounts = known
             else:
                 await self.checkpoint.put(ref.uid, record)
@@ -500,7 +507,7 @@ class Preparer(ClaimPreparer):
     def _running_share_daemon(self, uid: str, dev: PreparedDevice) -> tuple[list[str], list[Mount]] | None:
         """The CDI env and mounts that reach `dev`'s GPU's shared daemon when it is known to run with `dev`'s settings,
         so that one more share needs no `mps-start` round trip; None when discovery must start or confirm it.
-        Called under the daemon's lock. Known means all three of:
+        Called under the daemon's lock, or while no one holds it. Known means all three of:
         1. this process started or confirmed it with these settings (discovery replied ok) and has asked no
            stop of it since (`_release_share_daemon` forgets it before asking; a failed or interrupted start
            forgets it): nothing this preparer did has stopped it, and its pipe and shm dirs are the ones that
@@ -520,10 +527,10 @@ class Preparer(ClaimPreparer):
         inv = self.inventory.current
         if not self.inventory.live or inv is None:
             return None
-        serving = next((d for gpu in inv.gpus for d in (
-            [gpu.sharing.mps_daemon] if gpu.uuid == dev.uuid else
-            [m.mps_daemon for m in gpu.mig_devices if m.uuid == dev.uuid])), None)  # a GPU's or a MIG device's
-        if serving != dev.mps_daemon:
+        if self._published[0] is not inv:  # GPU and MIG device UUIDs -> the daemon discovery names for them
+            self._published = (inv, {**{g.uuid: g.sharing.mps_daemon for g in inv.gpus},
+                                     **{m.uuid: m.mps_daemon for g in inv.gpus for m in g.mig_devices}})
+        if self._published[1].get(dev.uuid) != dev.mps_daemon:
             return None
         for other, record in self.checkpoint.claims.items():
             if other != uid and record.state == "PrepareCompleted":
