@@ -28,19 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import msgspec
-
-from shared.distversion import metadata_stand_in
-
-with metadata_stand_in():  # nats-py reads its own version at import through importlib.metadata (~1 MB): see there
-    import nats.aio.client
-import nats  # noqa: E402 - after nats-py's first import, above
-import nats.errors  # noqa: E402
-import nats.js.errors  # noqa: E402
-from nats.aio.client import Client as NatsClient  # noqa: E402
-from nats.aio.msg import Msg  # noqa: E402
-from nats.aio.subscription import Subscription  # noqa: E402
-from nats.js import JetStreamContext  # noqa: E402
-from nats.js.api import (  # noqa: E402
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import (
     ConsumerConfig,
     ConsumerInfo,
     DeliverPolicy,
@@ -49,17 +44,17 @@ from nats.js.api import (  # noqa: E402
     StorageType,
     StreamConfig,
 )
-from nats.js.kv import KeyValue  # noqa: E402
-from nats.js.manager import JetStreamManager  # noqa: E402
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.trace import SpanKind, Status, StatusCode  # noqa: E402
-from prometheus_client import Counter, Gauge  # noqa: E402
+from nats.js.kv import KeyValue
+from nats.js.manager import JetStreamManager
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from prometheus_client import Counter, Gauge
 
-from shared import identity, natsorigin  # noqa: E402
-from shared.backoff import Backoff  # noqa: E402
-from shared.events import cloudevents  # noqa: E402
-from shared.events.base import Message, now_unix  # noqa: E402
-from shared.events.catalog import (  # noqa: E402
+from shared import identity, natsorigin
+from shared.backoff import Backoff
+from shared.events import cloudevents
+from shared.events.base import Message, now_unix
+from shared.events.catalog import (
     BUCKETS,
     DEAD_LETTER,
     NODE_ROLES,
@@ -69,11 +64,11 @@ from shared.events.catalog import (  # noqa: E402
     Stream,
     gate_prefix,
 )
-from shared.events.deadletter import DeadLetter  # noqa: E402
-from shared.logs import Sparse, get_logger  # noqa: E402
-from shared.natsjwt import Creds, CredsError  # noqa: E402
-from shared.tasks import raise_if_cancelling  # noqa: E402
-from shared.telemetry import extract_context, get_tracer, inject_headers, traceparent_context  # noqa: E402
+from shared.events.deadletter import DeadLetter
+from shared.logs import Sparse, get_logger
+from shared.natsjwt import Creds, CredsError
+from shared.tasks import raise_if_cancelling
+from shared.telemetry import extract_context, get_tracer, inject_headers, traceparent_context
 
 log = get_logger(__name__)
 NATS_CONNECTED = Gauge("gpu_dra_nats_connected", "1 while the client's NATS connection is up", ["client"])
