@@ -30,6 +30,10 @@ class Resource:
     kind: str
     namespaced: bool = True
 
+    def at(self, version: str) -> Resource:
+        """The same resource at another API version (resource.k8s.io's v1 or v1beta1)."""
+        return Resource(self.group, version, self.plural, self.kind, self.namespaced)
+
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
