@@ -49,7 +49,7 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/computedomain/leader.py", "replace:LEASES"): [(CO, "leases", {"update"})],
     ("services/authcallout/service.py", "api:AuthenticationV1Api"): [("authentication.k8s.io", "tokenreviews",
                                                                        {"create"})],
-    ("services/publisher/nodes.py", "request:GET"): [("", "nodes", {"list"})],
+    ("services/publisher/nodes.py", "list_pages"): [("", "nodes", {"list"})],
     ("services/publisher/nodes.py", "watch_lines"): [("", "nodes", {"watch"})],
     ("services/publisher/apiversion.py", "get_json"): DISCOVERY,
     ("services/publisher/taintevents.py", "record_event"): [("", "events", {"create"})],
@@ -60,6 +60,7 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/publisher/nodeconfigs.py", "record_event"): [("", "events", {"create"})],
     ("services/computedomain/controller.py", "record_event"): [("", "events", {"create"})],
     ("services/publisher/writer.py", "request:GET"): [(RK, "resourceslices", {"list"})],
+    ("services/publisher/writer.py", "list_pages"): [(RK, "resourceslices", {"list"})],
     ("services/publisher/writer.py", "request:POST"): [(RK, "resourceslices", {"create"})],
     ("services/publisher/writer.py", "request:PUT"): [(RK, "resourceslices", {"update"})],
     ("services/publisher/writer.py", "request:DELETE"): [(RK, "resourceslices", {"delete"})],
@@ -95,7 +96,7 @@ _PATTERNS = (
     # a typed API class: its calls on cluster-scoped objects (create_node, ...) need an entry too
     (re.compile(r"\b(\w+V\d\w*Api|CustomObjectsApi)\("), lambda m: f"api:{m.group(1)}"),
     (re.compile(r"\bkube\.request\(\s*[\w.]+,\s*\"(\w+)\""), lambda m: f"request:{m.group(1)}"),
-    (re.compile(r"\b(watch_lines|get_json|call_api)\("), lambda m: m.group(1)),
+    (re.compile(r"\b(watch_lines|get_json|call_api|list_pages)\("), lambda m: m.group(1)),
     (re.compile(r"\b(record_event)\("), lambda m: m.group(1)),  # shared.kube.events: creates an Event
     # shared.kube.resources.Kube's typed calls on the resource they are given
     (re.compile(r"\bkube\.(get|list|create|patch|delete|update|replace|watch)\(\s*(\w+)"),
