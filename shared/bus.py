@@ -114,9 +114,9 @@ class Bus:
         self._subs: list[Subscription] = []
         self._kv_cache: dict[str, TypedKV[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._reconnect_callbacks: list[Callable[[], None]] = []
+        self._reconnect_callbacks: list[Callable[[], object]] = []
 
-    def on_reconnect(self, callback: Callable[[], None]) -> None:
+    def on_reconnect(self, callback: Callable[[], object]) -> None:
         """Call `callback()` after every reconnect. Core subscriptions come back by themselves but miss
         what was published while the connection was away; a consumer re-reads its state here."""
         self._reconnect_callbacks.append(callback)

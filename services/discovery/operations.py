@@ -37,6 +37,7 @@ from shared.logs import get_logger
 
 if TYPE_CHECKING:
     from services.discovery.healthevents import HealthMonitor
+    from shared.bus import Bus
 
 log = get_logger(__name__)
 
@@ -65,7 +66,7 @@ class Operations:
         self._lock = asyncio.Lock()
         self._subscriptions: list[Any] = []
 
-    async def serve(self, bus: object) -> None:
+    async def serve(self, bus: Bus) -> None:
         """Answer this node's device-operation subjects until `close`."""
         for entry, handler in (
             (catalog.DEVICE_SET_SHARING, self.set_sharing),
@@ -75,7 +76,7 @@ class Operations:
             (catalog.DEVICE_MPS_STOP, self.mps_stop),
             (catalog.DEVICE_INJECT_XID, self.inject_xid),
         ):
-            self._subscriptions.append(await bus.serve(entry, handler, node=self.node))  # type: ignore[attr-defined]
+            self._subscriptions.append(await bus.serve(entry, handler, node=self.node))
 
     async def close(self) -> None:
         """Stop answering: a stopped service must not take requests on a closed NVML handle."""

@@ -23,6 +23,7 @@ from services.discovery.mpsdaemon import CONTROL, MpsControl
 from services.discovery.nvml import Nvml, load_real_binding
 from services.discovery.operations import Operations
 from services.discovery.timeslice import Timeslices
+from shared.bus import Bus
 from shared.drivertools import DriverTools
 from shared.events import catalog
 from shared.events.inventory import NodeInventory
@@ -95,7 +96,7 @@ class Scanner:
 
 
 class DiscoveryService:
-    def __init__(self, cfg: DiscoveryConfig, nvml: Nvml, bus: Any):
+    def __init__(self, cfg: DiscoveryConfig, nvml: Nvml, bus: Bus):
         self.cfg = cfg
         self.nvml = nvml
         self.bus = bus
@@ -210,7 +211,7 @@ class DiscoveryService:
             await self.health.stop()
 
 
-async def run_service(cfg: DiscoveryConfig, bus: Any, stop: asyncio.Event) -> None:
+async def run_service(cfg: DiscoveryConfig, bus: Bus, stop: asyncio.Event) -> None:
     """Open NVML first (a node without NVML publishes nothing), then run until `stop`."""
     nvml = open_nvml(cfg)
     service = DiscoveryService(cfg, nvml, bus)

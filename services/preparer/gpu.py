@@ -22,6 +22,7 @@ from services.preparer.drivers import PluginContext
 from services.preparer.healthwatch import HealthWatch, add_health_service
 from services.preparer.prepare import Preparer
 from services.preparer.vfio import VfioSettings, restore_bindings
+from shared.bus import Bus
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -56,7 +57,7 @@ class GpuPlugin:
     def add_services(self, server: grpc.aio.Server) -> None:
         add_health_service(server, self.health)
 
-    def attach_bus(self, bus: Any) -> dict[str, Coroutine[Any, Any, None]]:
+    def attach_bus(self, bus: Bus) -> dict[str, Coroutine[Any, Any, None]]:
         self.ops.bus = bus
         return {"inventory-watch": self.inventory.follow(bus), "health-watch": self.health.watch(bus),
                 "recover-with-bus": self._recover_with_bus()}
