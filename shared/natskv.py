@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
@@ -126,6 +126,17 @@ class _KeepingContext:
 
         return await subscribe(*args, cb=keeping, **kwargs)
 
+async def kv_updates(watcher: Any) -> AsyncIterator[Any]:
+    """A KV watcher's entries (None: the end of the initial values), however long each takes."""
+    while True:
+        try:
+            entry = await watcher.updates(timeout=3600)
+        except nats.errors.TimeoutError:
+            continue
+        raise_if_cancelling()  # updates() is a wait_for, which can drop a cancellation
+        yield entry
+
+
 class TypedKV(Generic[M]):
     """A JetStream KV bucket whose values are one message type."""
 
@@ -233,12 +244,7 @@ class TypedKV(Generic[M]):
         owner, which restores what it wrote, asks to see it as None (`refused_as_none`)."""
         watcher = await retry_jetstream(lambda: self._kv.watch(keys), f"KV watch {self.bucket.name}/{keys}")
         try:
-            while True:
-                try:
-                    entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
-                except nats.errors.TimeoutError:
-                    continue
-                raise_if_cancelling()  # updates() is a wait_for, which can drop a cancellation
+            async for entry in kv_updates(watcher):
                 if entry is None:
                     yield "", None
                     continue
