@@ -6,10 +6,9 @@ a leaf span (`cdi.write`, `checkpoint.write`: `shared.telemetry.leaf_span`) and 
 producer span (`Bus._outgoing`, with the headers it injects); then a whole prepare's set (server +
 claim + two leaves) and the file exporter's encoding per span (done on the batch processor's thread).
 
-Each is timed with tracers of three providers, every span exported to a file as with
-GPU_DRA_OTEL_EXPORTER=file:...: `sdk` (the SDK's TracerProvider, as before this), `ours` (what
-`shared.tracing_sdk.build_provider` makes) and `noop` (no provider: the API's no-op tracer, as with no
-exporter). Figures: microseconds per span (per prepare for the set), the median of --repeats runs of
+Each is timed with tracers of two providers: `sdk` (what `shared.tracing_sdk.build_provider` makes, the SDK's
+TracerProvider, every span exported to a file as with GPU_DRA_OTEL_EXPORTER=file:...) and `noop` (no provider:
+the API's no-op tracer, as with no exporter). Figures: microseconds per span (per prepare for the set), the median of --repeats runs of
 --n spans; the batch processor's thread runs as it does in a service.
 
 Run: `.venv/bin/python bench/span_bench.py [--n 20000] [--repeats 5] [--out bench/results/span.json]`.
@@ -26,19 +25,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from opentelemetry import context as otel_context  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
 from opentelemetry.trace import SpanKind  # noqa: E402
 
 from shared import tracing_sdk  # noqa: E402
 from shared.telemetry import (  # noqa: E402
-    get_tracer,
     inject_headers,
     kubelet_context,
     leaf_span,
@@ -51,25 +47,9 @@ SCHEDULER_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
 
 
 def providers(path: str) -> dict[str, trace.TracerProvider]:
-    """`sdk`: the SDK's provider with the same resource, sampler and exporter as `ours`."""
-    ours, _ = tracing_sdk.build_provider("preparer-node-1", f"file:{path}", otlp=False, node="node-1",
-                                         periodic=0.01)
-    sdk = TracerProvider(resource=ours.resource, sampler=ours.sampler)
-    sdk.add_span_processor(BatchSpanProcessor(tracing_sdk.JsonLinesSpanExporter(path),
-                                              schedule_delay_millis=tracing_sdk.FILE_EXPORT_DELAY_MS))
-    return {"noop": trace.NoOpTracerProvider(), "sdk": sdk, "ours": ours}
-
-
-def module_tracer(name: str, provider: trace.TracerProvider) -> trace.Tracer:
-    """A module's tracer as a service gets it, made before the provider is set: `ours` the
-    `shared.telemetry.get_tracer` one (the process's provider: `ours`), `sdk` the API's proxy (as
-    modules had before), `noop` the proxy with no provider."""
-    if name == "ours":
-        trace.set_tracer_provider(provider)
-        return get_tracer("bench")
-    proxy = trace.ProxyTracer("bench")
-    proxy._real_tracer = provider.get_tracer("bench")
-    return proxy
+    """`sdk`: what `shared.tracing_sdk.build_provider` makes (the SDK's provider) with a span file; `noop`: none."""
+    sdk, _ = tracing_sdk.build_provider("preparer-node-1", f"file:{path}", otlp=False, node="node-1", periodic=0.01)
+    return {"noop": trace.NoOpTracerProvider(), "sdk": sdk}
 
 
 def kinds(tracer: trace.Tracer) -> dict[str, Callable[[], None]]:
@@ -147,32 +127,22 @@ def timed(call: Callable[[], None], n: int, flush: Callable[[], object]) -> floa
     return spent / (max(1, n // 500) * 500) / 1e3
 
 
-def export_cost(path: str, n: int) -> dict[str, float]:
-    """Microseconds per span for the file exporter to encode and write a batch of finished claim spans: the SDK's
-    spans (`sdk`), and the live spans `ours` hands it (read directly, or rebuilt where not plain)."""
+def export_cost(path: str, n: int) -> float:
+    """Microseconds per span for the file exporter to encode and write a batch of finished claim spans."""
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    ours, _ = tracing_sdk.build_provider("preparer-node-1", f"file:{path}", otlp=False, node="node-1", periodic=0.01)
     memory = InMemorySpanExporter()
-    collect = TracerProvider(resource=ours.resource)
+    collect = TracerProvider(resource=tracing_sdk.service_resource("preparer-node-1", "node-1"))
     collect.add_span_processor(SimpleSpanProcessor(memory))
     kinds(collect.get_tracer("bench"))["claim.prepare"]()
-    live: list[Any] = []
-    batch = ours._active_span_processor._span_processors[0]  # its queue: what the exporter's thread gets
-    batch._batch_processor._exporter.export = live.extend  # type: ignore[attr-defined]
-    kinds(ours.get_tracer("bench"))["claim.prepare"]()
-    ours.force_flush()
-    figures = {}
-    for name, spans in (("sdk", list(memory.get_finished_spans()) * 512), ("ours", live * 512)):
-        exporter = tracing_sdk.Rebuilding(tracing_sdk.JsonLinesSpanExporter(path))
-        rounds = max(1, n // 512)
-        began = time.thread_time_ns()
-        for _ in range(rounds):
-            exporter.export(spans)
-        figures[name] = round((time.thread_time_ns() - began) / (rounds * len(spans)) / 1e3, 2)
-    ours.shutdown()
-    return figures
+    spans = list(memory.get_finished_spans()) * 512
+    exporter = tracing_sdk.JsonLinesSpanExporter(path)
+    rounds = max(1, n // 512)
+    began = time.thread_time_ns()
+    for _ in range(rounds):
+        exporter.export(spans)
+    return round((time.thread_time_ns() - began) / (rounds * len(spans)) / 1e3, 2)
 
 
 def main() -> None:
@@ -186,7 +156,7 @@ def main() -> None:
         made = providers(path)
         results: dict[str, dict[str, float]] = {}
         for name, provider in made.items():
-            calls = kinds(module_tracer(name, provider))
+            calls = kinds(provider.get_tracer("bench"))
             flush = provider.force_flush if isinstance(provider, TracerProvider) else (lambda: None)
             for call in calls.values():
                 timed(call, 500, flush)  # warm-up
@@ -197,13 +167,13 @@ def main() -> None:
                     if os.path.exists(path):
                         os.truncate(path, 0)
                 results.setdefault(kind, {})[name] = round(statistics.median(runs), 2)
-        results["file export, per span (exporter thread)"] = export_cost(path, args.n)
+        results["file export, per span (exporter thread)"] = {"sdk": export_cost(path, args.n)}
         for provider in made.values():
             if isinstance(provider, TracerProvider):
                 provider.shutdown()
-    print(f"{'us per span (thread CPU)':<44}{'noop':>8}{'sdk':>8}{'ours':>8}")
+    print(f"{'us per span (thread CPU)':<44}{'noop':>8}{'sdk':>8}")
     for kind, row in results.items():
-        print(f"{kind:<44}" + "".join(f"{row[p]:>8.2f}" if p in row else f"{'-':>8}" for p in ("noop", "sdk", "ours")))
+        print(f"{kind:<44}" + "".join(f"{row[p]:>8.2f}" if p in row else f"{'-':>8}" for p in ("noop", "sdk")))
     out = {"what": "microseconds of the calling thread's CPU per span (per prepare for the 4-span set), median of "
                    f"{args.repeats} runs of {args.n}; every span exported to a file (batch processor)",
            "cpus": os.cpu_count(), "results": results}

@@ -28,36 +28,27 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import (
-    ALWAYS_ON,
-    Decision,
-    ParentBased,
-    Sampler,
-    SamplingResult,
-    TraceIdRatioBased,
-)
+from opentelemetry.sdk.trace.sampling import Sampler, SamplingResult, TraceIdRatioBased
 
 from shared.telemetry import PERIODIC, package_version
-from shared.tracing_live import LiveSpan
-from shared.tracing_record import Rebuilding, RecordingTracerProvider, plain_fields, rebuild
 
 
 def build_provider(service_name: str, chosen: str, *, otlp: bool, node: str,
                    periodic: float) -> tuple[TracerProvider, InMemorySpanExporter | None]:
     """The provider for `chosen` ("console", "file:<path>", "memory", "none") beside OTLP when `otlp`;
-    and the in-memory exporter when "memory" was chosen."""
-    provider = RecordingTracerProvider(resource=service_resource(service_name, node))
-    provider.sampler = PeriodicSampler(provider.sampler, periodic)  # base: OTEL_TRACES_SAMPLER
+    and the in-memory exporter when "memory" was chosen. The SDK reads its sampler (OTEL_TRACES_SAMPLER)
+    and its batch settings (OTEL_BSP_*) from the environment."""
+    provider = TracerProvider(resource=service_resource(service_name, node))
+    provider.sampler = PeriodicSampler(provider.sampler, periodic)  # before any tracer is made
     memory: InMemorySpanExporter | None = None
     if otlp:
-        provider.add_span_processor(BatchSpanProcessor(Rebuilding(otlp_exporter())))
+        provider.add_span_processor(BatchSpanProcessor(otlp_exporter()))
     if chosen == "console":
-        provider.add_span_processor(BatchSpanProcessor(Rebuilding(ConsoleSpanExporter())))
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif chosen.startswith("file:"):
         # the span file's batch delay: OTEL_BSP_SCHEDULE_DELAY where set (as for OTLP), FILE_EXPORT_DELAY_MS if not
         delay = None if os.environ.get("OTEL_BSP_SCHEDULE_DELAY") else FILE_EXPORT_DELAY_MS
-        provider.add_span_processor(BatchSpanProcessor(Rebuilding(JsonLinesSpanExporter(chosen[5:])),
-                                                         schedule_delay_millis=delay))
+        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(chosen[5:]), schedule_delay_millis=delay))
     elif chosen == "memory":
         memory = InMemorySpanExporter()
         provider.add_span_processor(SimpleSpanProcessor(memory))
@@ -71,10 +62,7 @@ class JsonLinesSpanExporter(SpanExporter):
 
     It runs behind a BatchSpanProcessor (FILE_EXPORT_DELAY_MS), so a span's encoding and write happen
     on the processor's thread, not on the event loop of the work being traced; a span is in the file
-    within ~FILE_EXPORT_DELAY_MS of its end, and every span is on shutdown (`shutdown_telemetry`).
-    Behind `Rebuilding` it reads live spans itself (`span_to_dict`), without the SDK span made from each."""
-
-    reads_live_spans = True
+    within ~FILE_EXPORT_DELAY_MS of its end, and every span is on shutdown (`shutdown_telemetry`)."""
 
     def __init__(self, path: str) -> None:
         self._path = path
@@ -94,91 +82,41 @@ class JsonLinesSpanExporter(SpanExporter):
 # How long a finished span waits for others to share its file write (the file exporter's batch delay).
 FILE_EXPORT_DELAY_MS = 50
 _SPAN_JSON = msgspec.json.Encoder(enc_hook=str)  # attribute values that JSON lacks (tuples are lists) as text
-_RESOURCE_NAMES: dict[int, tuple[Resource, Any, Any]] = {}  # id -> (resource, service.name, k8s.node.name)
 
 
-def _resource_names(resource: Resource | None) -> tuple[Any, Any]:
-    """A resource's service and node names (looked up once per resource, a process has one or two: its
-    attributes are a slow mapping)."""
-    if resource is None:
-        return None, ""
-    known = _RESOURCE_NAMES.get(id(resource))
-    if known is None or known[0] is not resource:
-        if len(_RESOURCE_NAMES) >= 64:  # resources made and dropped (tests): keep the map small
-            _RESOURCE_NAMES.clear()
-        attributes = resource.attributes
-        known = _RESOURCE_NAMES[id(resource)] = (resource, attributes.get("service.name"),
-                                                 attributes.get("k8s.node.name", ""))
-    return known[1], known[2]
-
-
-def span_to_dict(span: ReadableSpan | LiveSpan) -> dict[str, Any]:
-    """A compact, stable JSON form of a finished span: an SDK span's, or a live span's read from it directly
-    where its fields are plain (`plain_fields`), else from the SDK span made from it (`rebuild`)."""
-    own: trace.SpanContext | None
-    start: int | None
-    fields = plain_fields(span) if isinstance(span, LiveSpan) else None
-    if isinstance(span, LiveSpan) and fields is not None:
-        attributes, links, code = fields
-        name, own, up, kind = span._name, span._context, span._parent, span._kind
-        start, end, resource = span._start_time, span._end_time, span._setup.shared["_resource"]
-    else:
-        readable = span.rebuilt(rebuild) if isinstance(span, LiveSpan) else span
-        assert isinstance(readable, ReadableSpan)
-        attributes = dict(readable.attributes or {})
-        links = [link.context for link in readable.links]
-        code = readable.status.status_code
-        name, own, up, kind = readable.name, readable.get_span_context(), readable.parent, readable.kind
-        start, end, resource = readable.start_time, readable.end_time, readable.resource
-    service, node = _resource_names(resource)
+def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
+    """A compact, stable JSON form of a finished span."""
+    own, up, resource = span.get_span_context(), span.parent, span.resource.attributes
     return {
-        "name": name,
-        "service": service,
-        "node": node,
+        "name": span.name,
+        "service": resource.get("service.name"),
+        "node": resource.get("k8s.node.name", ""),
         "trace_id": f"{own.trace_id:032x}" if own else "",
         "span_id": f"{own.span_id:016x}" if own else "",
         "parent_span_id": f"{up.span_id:016x}" if up else "",
-        "kind": _KIND_NAMES[kind],
-        "start_ns": start,
-        "end_ns": end,
-        "status": _STATUS_NAMES[code],
-        "attributes": attributes,
-        "links": [{"trace_id": f"{link.trace_id:032x}", "span_id": f"{link.span_id:016x}"} for link in links],
+        "kind": span.kind.name,
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "status": span.status.status_code.name,
+        "attributes": dict(span.attributes or {}),
+        "links": [{"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
+                  for link in span.links],
     }
 
 
-_KIND_NAMES = {kind: kind.name for kind in trace.SpanKind}
-_STATUS_NAMES = {code: code.name for code in trace.StatusCode}
-
-
 class PeriodicSampler(Sampler):
-    """Root spans marked PERIODIC: sampled at `ratio`; every other span: as `base` (the env's) decides.
-
-    A child of a sampled parent is decided here without asking `base` when `base` is the usual
-    parent-based sampler that samples such children always (its delegates for a sampled parent, local
-    and remote, are ALWAYS_ON): the same answer for a third of the SDK's cost of starting a span."""
+    """Root spans marked PERIODIC: sampled at `ratio`; every other span: as `base` (the env's) decides."""
 
     def __init__(self, base: Sampler, ratio: float) -> None:
         self.base = base
         self.periodic = TraceIdRatioBased(ratio)
-        parent_based = isinstance(base, ParentBased)
-        self.local_sampled_on = parent_based and base._local_parent_sampled is ALWAYS_ON  # type: ignore[attr-defined]
-        self.remote_sampled_on = parent_based and base._remote_parent_sampled is ALWAYS_ON  # type: ignore[attr-defined]
-        # a root that is not PERIODIC: sampled always (parent-based with an ALWAYS_ON root, the default)
-        self.root_sampled_on = parent_based and base._root is ALWAYS_ON  # type: ignore[attr-defined]
-        self.periodic_key = PERIODIC
 
     def should_sample(self, parent_context: otel_context.Context | None, trace_id: int, name: str,
                       kind: trace.SpanKind | None = None, attributes: Any = None,
                       links: Sequence[trace.Link] | None = None,
                       trace_state: trace.TraceState | None = None) -> SamplingResult:
-        parent = trace.get_current_span(parent_context).get_span_context()
-        if parent.is_valid:
-            if parent.trace_flags.sampled and (self.remote_sampled_on if parent.is_remote else self.local_sampled_on):
-                return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, parent.trace_state)
-            chosen = self.base
-        else:
-            chosen = self.periodic if attributes and attributes.get(PERIODIC) else self.base
+        root = not trace.get_current_span(parent_context).get_span_context().is_valid
+        chosen = self.periodic if root and attributes and attributes.get(PERIODIC) else self.base
         return chosen.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
 
     def get_description(self) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,75 +22,16 @@ from kubernetes_asyncio.client import ApiClient
 from embedded.controllers.deployments import DeploymentController
 from embedded.controllers.jobs import JobController
 from embedded.controllers.replicasets import ReplicaSetController
-from shared.backoff import Backoff
 from shared.kube.informer import Informer, Obj, controller_of, key_of, until_synced
 from shared.kube.resources import DEPLOYMENTS, JOBS, PODS, REPLICASETS, Kube
 from shared.kube.rest import ApiError
 from shared.logs import get_logger
+from shared.workqueue import WorkQueue
 
 log = get_logger(__name__)
 QueueKey = tuple[str, str, str]
 Reconcile = Callable[[str, str], Awaitable[float | None]]
 TRANSIENT = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
-
-
-class WorkQueue:
-    """Deduplicated keys; a key being processed that is added again is handed out once it is done."""
-
-    def __init__(self) -> None:
-        self._order: deque[QueueKey] = deque()
-        self._dirty: set[QueueKey] = set()
-        self._busy: set[QueueKey] = set()
-        self._ready = asyncio.Event()
-        self._timers: set[asyncio.TimerHandle] = set()
-        self.backoffs: dict[QueueKey, Backoff] = {}  # keys that failed, until they next succeed
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def add(self, key: QueueKey) -> None:
-        if key in self._dirty:
-            return
-        self._dirty.add(key)
-        if key not in self._busy:
-            self._order.append(key)
-            self._ready.set()
-
-    def add_after(self, key: QueueKey, delay: float) -> None:
-        loop = asyncio.get_running_loop()
-
-        def fire() -> None:
-            self._timers.discard(handle)
-            self.add(key)
-
-        handle = loop.call_later(max(0.0, delay), fire)
-        self._timers.add(handle)
-
-    def retry(self, key: QueueKey) -> float:
-        """Queue a failed key again after its backoff (50 ms doubling to 30 s); the delay."""
-        delay = self.backoffs.setdefault(key, Backoff(initial_s=0.05, cap_s=30.0)).next()
-        self.add_after(key, delay)
-        return delay
-
-    async def get(self) -> QueueKey:
-        while not self._order:
-            self._ready.clear()
-            await self._ready.wait()
-        key = self._order.popleft()
-        self._dirty.discard(key)
-        self._busy.add(key)
-        return key
-
-    def done(self, key: QueueKey) -> None:
-        self._busy.discard(key)
-        if key in self._dirty:
-            self._order.append(key)
-            self._ready.set()
-
-    def close(self) -> None:
-        for handle in self._timers:
-            handle.cancel()
-        self._timers.clear()
 
 
 class Controllers:
@@ -100,7 +40,7 @@ class Controllers:
     def __init__(self, api_client: ApiClient, resync_seconds: float = 30.0, workers: int = 4,
                  watch_timeout_s: int = 300) -> None:
         self.kube = Kube(api_client)
-        self.queue = WorkQueue()
+        self.queue: WorkQueue[QueueKey] = WorkQueue()
         self.resync_seconds = resync_seconds
         self.workers = workers
         self.pods = Informer(self.kube, PODS, self._on_pod, watch_timeout_s)
@@ -161,7 +101,7 @@ class Controllers:
 
     async def _work(self) -> None:
         while True:
-            key = await self.queue.get()
+            key, _ = await self.queue.get()
             plural, ns, name = key
             try:
                 self.reconciles += 1

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubernetes_asyncio import client, watch
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.client import ApiClient
 
 from services.computedomain import crd
 from services.computedomain.membership import Membership, token
+from shared.kube.resources import RESOURCECLAIMS, Kube
+from shared.kube.rest import Gone
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -51,8 +52,8 @@ def claim_assignments(claim: dict[str, Any]) -> set[Pair]:
 class Assigner:
     """Keeps the assignment keys equal to the allocated claims (run by the leading controller)."""
 
-    def __init__(self, api: client.ApiClient, membership: Membership, *, resource_version: str = "v1") -> None:
-        self.custom = client.CustomObjectsApi(api)
+    def __init__(self, api: ApiClient, membership: Membership, *, resource_version: str = "v1") -> None:
+        self.kube = Kube(api)
         self.membership = membership
         self.resource_version = resource_version
         self.claims: dict[str, set[Pair]] = {}  # claim uid -> its pairs
@@ -60,10 +61,9 @@ class Assigner:
 
     async def run(self) -> None:
         while True:
-            listed = await self.custom.list_cluster_custom_object("resource.k8s.io", self.resource_version,
-                                                                  "resourceclaims")
+            listed, version = await self.kube.list(RESOURCECLAIMS.at(self.resource_version))
             self.claims = {}
-            for obj in listed.get("items") or []:
+            for obj in listed:
                 self._track(obj, deleted=False)
             stored = await self.membership.assignments()
             wanted = {(token(uid), token(node)) for uid, node in self._desired()}
@@ -71,20 +71,12 @@ class Assigner:
                 await self.membership.unassign(domain_token, node_token)
             self.written = {}
             await self._apply()
-            version = (listed.get("metadata") or {}).get("resourceVersion", "")
             try:
-                async with watch.Watch() as stream:
-                    async for event in stream.stream(
-                        self.custom.list_cluster_custom_object, "resource.k8s.io", self.resource_version,
-                        "resourceclaims", resource_version=version, allow_watch_bookmarks=True, timeout_seconds=300,
-                    ):
-                        kind, obj = event["type"], event["object"]
-                        if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
-                            self._track(obj, deleted=kind == "DELETED")
-                            await self._apply()
-            except ApiException as exc:
-                if exc.status != 410:
-                    raise
+                async for kind, obj in self.kube.watch(RESOURCECLAIMS.at(self.resource_version), version):
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        self._track(obj, deleted=kind == "DELETED")
+                        await self._apply()
+            except Gone:
                 log.info("ResourceClaim watch expired; relisting")
 
     def _track(self, obj: dict[str, Any], *, deleted: bool) -> None:

@@ -26,8 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.client import ApiClient
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import Gauge
@@ -43,7 +42,7 @@ from shared.events.catalog import CD_DELETED, CD_STATUS
 from shared.events.computedomain import DomainDeleted, DomainMember, DomainStatusChanged
 from shared.kube.events import event_body, record_event
 from shared.kube.informer import Informer
-from shared.kube.resources import Kube, Resource
+from shared.kube.resources import RESOURCECLAIMTEMPLATES, Kube, Resource
 from shared.kube.rest import ApiError
 from shared.kube.versions import best_version, served_versions
 from shared.logs import get_logger
@@ -55,8 +54,6 @@ tracer = get_tracer(__name__)
 MAX_CAUSES = 16  # member changes a sync links to (a burst of joins coalesces into one sync)
 COMPUTEDOMAINS = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, "ComputeDomain")
 COMPUTE_DOMAINS = Gauge("nvidia_dra_compute_domain_info", "ComputeDomains by global status", ["status"])
-
-MERGE_PATCH = "application/merge-patch+json"
 
 
 @dataclass
@@ -102,10 +99,10 @@ def desired_status(domain: _Domain) -> dict[str, Any]:
 
 
 class Controller:
-    def __init__(self, api: client.ApiClient, bus: Bus, *, deletion_timeout: float = 10.0,
+    def __init__(self, api: ApiClient, bus: Bus, *, deletion_timeout: float = 10.0,
                  require_assignment: bool = False) -> None:
         self.api = api
-        self.custom = client.CustomObjectsApi(api)
+        self.kube = Kube(api)
         self.bus = bus
         self.membership = Membership(bus, require_assignment=require_assignment)
         self.deletion_timeout = deletion_timeout
@@ -183,7 +180,7 @@ class Controller:
     async def _watch_domains(self) -> None:
         """ComputeDomain CRs through the one informer (list + watch, re-list on 410 Gone); each change
         marks its domain dirty."""
-        domains = Informer(Kube(self.api), COMPUTEDOMAINS,
+        domains = Informer(self.kube, COMPUTEDOMAINS,
                            on_change=lambda kind, obj, old: self._on_change(kind, obj, old))
         never = asyncio.Event()  # the controller's run() cancels this task when it stops
         listing = asyncio.create_task(domains.run(never), name="cd-domains-informer")
@@ -277,9 +274,8 @@ class Controller:
         await self._ensure_template(domain)
         status = desired_status(domain)
         if status != domain.written:
-            await self.custom.patch_namespaced_custom_object_status(
-                crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL, domain.name, {"status": status},
-                _content_type=MERGE_PATCH)  # type: ignore[call-arg]
+            await self.kube.patch(COMPUTEDOMAINS, domain.namespace, domain.name, {"status": status},
+                                  subresource="status")
             self.writes += 1
             before = (domain.written or {}).get("status")  # a new domain starts NotReady: no news
             if status["status"] != before and (before is not None or status["status"] == "Ready"):
@@ -315,16 +311,12 @@ class Controller:
                                           component="compute-domain-controller"))
 
     async def _add_finalizer(self, domain: _Domain) -> None:
-        obj = await self.custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL,
-                                                             domain.name)
+        obj = await self.kube.get(COMPUTEDOMAINS, domain.namespace, domain.name)
         finalizers = list(obj["metadata"].get("finalizers") or [])
         if crd.FINALIZER in finalizers:
             return
-        await self.custom.patch_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL, domain.name,
-            {"metadata": {"finalizers": [*finalizers, crd.FINALIZER],
-                          "resourceVersion": obj["metadata"]["resourceVersion"]}},
-            _content_type=MERGE_PATCH)  # type: ignore[call-arg]
+        await self.kube.patch(COMPUTEDOMAINS, domain.namespace, domain.name, {"metadata": {
+            "finalizers": [*finalizers, crd.FINALIZER], "resourceVersion": obj["metadata"]["resourceVersion"]}})
 
     def template_body(self, domain: _Domain) -> dict[str, Any]:
         if self.resource_version == "v1":
@@ -352,29 +344,27 @@ class Controller:
         if not domain.template:
             return
         try:
-            await self.custom.create_namespaced_custom_object(
-                "resource.k8s.io", self.resource_version, domain.namespace, "resourceclaimtemplates",
-                self.template_body(domain))
+            await self.kube.create(RESOURCECLAIMTEMPLATES.at(self.resource_version), domain.namespace,
+                                   self.template_body(domain))
             log.info("created workload claim template", domain=domain.uid, template=domain.template)
-        except ApiException as exc:
-            if exc.status != 409:
+        except ApiError as exc:
+            if not exc.conflict:
                 raise
 
     async def _delete_template(self, domain: _Domain) -> None:
         if not domain.template:
             return
         try:
-            existing = await self.custom.get_namespaced_custom_object(
-                "resource.k8s.io", self.resource_version, domain.namespace, "resourceclaimtemplates", domain.template)
-        except ApiException as exc:
-            if exc.status == 404:
+            existing = await self.kube.get(RESOURCECLAIMTEMPLATES.at(self.resource_version), domain.namespace,
+                                           domain.template)
+        except ApiError as exc:
+            if exc.not_found:
                 return
             raise
         if (existing["metadata"].get("labels") or {}).get(crd.LABEL_DOMAIN) != domain.uid:
             return  # not ours: a user's template of the same name stays
-        with contextlib.suppress(ApiException):
-            await self.custom.delete_namespaced_custom_object(
-                "resource.k8s.io", self.resource_version, domain.namespace, "resourceclaimtemplates", domain.template)
+        with contextlib.suppress(ApiError):
+            await self.kube.delete(RESOURCECLAIMTEMPLATES.at(self.resource_version), domain.namespace, domain.template)
 
     async def _finalize(self, domain: _Domain) -> None:
         await self.bus.publish(CD_DELETED, DomainDeleted(domain_uid=domain.uid, domain_name=domain.name,
@@ -391,19 +381,16 @@ class Controller:
                         domain=domain.uid, nodes=sorted(domain.members))
         await self.membership.purge_domain(domain.uid)
         try:
-            obj = await self.custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, domain.namespace,
-                                                                 crd.PLURAL, domain.name)
-        except ApiException as exc:
-            if exc.status == 404:
+            obj = await self.kube.get(COMPUTEDOMAINS, domain.namespace, domain.name)
+        except ApiError as exc:
+            if exc.not_found:
                 await self._forget(domain)
                 return
             raise
         finalizers = [f for f in obj["metadata"].get("finalizers") or [] if f != crd.FINALIZER]
-        with contextlib.suppress(ApiException):
-            await self.custom.patch_namespaced_custom_object(
-                crd.GROUP, crd.VERSION, domain.namespace, crd.PLURAL, domain.name,
-                {"metadata": {"finalizers": finalizers or None, "resourceVersion": obj["metadata"]["resourceVersion"]}},
-                _content_type=MERGE_PATCH)  # type: ignore[call-arg]
+        with contextlib.suppress(ApiError):
+            await self.kube.patch(COMPUTEDOMAINS, domain.namespace, domain.name, {"metadata": {
+                "finalizers": finalizers or None, "resourceVersion": obj["metadata"]["resourceVersion"]}})
         log.info("ComputeDomain cleaned up", domain=domain.uid, name=f"{domain.namespace}/{domain.name}")
 
     async def _forget(self, domain: _Domain) -> None:

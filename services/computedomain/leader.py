@@ -25,10 +25,11 @@ from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.client import ApiClient
 from prometheus_client import Gauge
 
+from shared.kube.resources import LEASES, Kube
+from shared.kube.rest import ApiError
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -39,17 +40,10 @@ def _now_micro() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _micro(value: object) -> str:
-    """A MicroTime string from what the client decoded (a datetime or a string), "" when unset."""
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return str(value or "")
-
-
 class LeaderElector:
-    def __init__(self, api: client.ApiClient, *, namespace: str, name: str, identity: str,
+    def __init__(self, api: ApiClient, *, namespace: str, name: str, identity: str,
                  lease_duration: float = 15.0, renew_deadline: float = 10.0, retry_period: float = 2.0) -> None:
-        self.coord = client.CoordinationV1Api(api)
+        self.kube = Kube(api)
         self.namespace = namespace
         self.name = name
         self.identity = f"{identity}-{uuid.uuid4().hex[:8]}"
@@ -69,37 +63,36 @@ class LeaderElector:
     async def _try(self) -> bool:
         """One attempt to acquire or renew; True when we hold the Lease afterwards."""
         try:
-            lease = await self.coord.read_namespaced_lease(self.name, self.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
+            lease = await self.kube.get(LEASES, self.namespace, self.name)
+        except ApiError as exc:
+            if not exc.not_found:
                 raise
             body = {"metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(0, "")}
             try:
-                await self.coord.create_namespaced_lease(self.namespace, body)  # type: ignore[arg-type]
-            except ApiException as create_exc:
-                if create_exc.status == 409:
+                await self.kube.create(LEASES, self.namespace, body)
+            except ApiError as create_exc:
+                if create_exc.conflict:
                     return False
                 raise
             return True
-        spec = lease.spec
-        holder = spec.holder_identity or ""
-        renew = str(spec.renew_time or "")
-        record = (holder, renew)
+        spec = lease.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        record = (holder, str(spec.get("renewTime") or ""))
         now = time.monotonic()
         if record != self._observed:
             self._observed, self._observed_at = record, now
-        duration = float(spec.lease_duration_seconds or self.lease_duration)
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
         if holder and holder != self.identity and now < self._observed_at + duration:
             return False  # someone else holds it and has renewed recently
-        transitions = int(spec.lease_transitions or 0) + (0 if holder == self.identity else 1)
-        acquire = _micro(spec.acquire_time) if holder == self.identity else ""
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
+        acquire = str(spec.get("acquireTime") or "") if holder == self.identity else ""
         body = {"metadata": {"name": self.name, "namespace": self.namespace,
-                             "resourceVersion": lease.metadata.resource_version},
+                             "resourceVersion": lease["metadata"]["resourceVersion"]},
                 "spec": self._spec(transitions, acquire)}
         try:
-            await self.coord.replace_namespaced_lease(self.name, self.namespace, body)  # type: ignore[arg-type]
-        except ApiException as exc:
-            if exc.status == 409:
+            await self.kube.replace(LEASES, body)
+        except ApiError as exc:
+            if exc.conflict:
                 return False  # another candidate updated it first
             raise
         if holder != self.identity:
@@ -109,7 +102,7 @@ class LeaderElector:
     async def _attempt(self) -> bool:
         try:
             return await self._try()
-        except ApiException as exc:
+        except ApiError as exc:
             log.warning("lease attempt failed", lease=self.name, status=exc.status)
         except Exception as exc:  # noqa: BLE001 - the API server may be briefly unreachable
             log.warning("lease attempt failed", lease=self.name, error=str(exc) or type(exc).__name__)
@@ -164,14 +157,15 @@ class LeaderElector:
     async def release(self) -> None:
         """Give the Lease up if we hold it (a clean stop)."""
         with contextlib.suppress(Exception):
-            lease = await self.coord.read_namespaced_lease(self.name, self.namespace)
-            if lease.spec.holder_identity != self.identity:
+            lease = await self.kube.get(LEASES, self.namespace, self.name)
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self.identity:
                 return
             body = {"metadata": {"name": self.name, "namespace": self.namespace,
-                                 "resourceVersion": lease.metadata.resource_version},
+                                 "resourceVersion": lease["metadata"]["resourceVersion"]},
                     "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro(),
-                             "leaseTransitions": lease.spec.lease_transitions or 0}}
-            await self.coord.replace_namespaced_lease(self.name, self.namespace, body)  # type: ignore[arg-type]
+                             "leaseTransitions": spec.get("leaseTransitions") or 0}}
+            await self.kube.replace(LEASES, body)
             log.info("released leadership", lease=self.name, identity=self.identity)
 
 

@@ -40,7 +40,7 @@ from shared.events.base import now_unix
 from shared.events.catalog import CD_MEMBER, CD_MEMBER_LEFT, CD_MEMBERS_BUCKET, as_token
 from shared.events.computedomain import DomainMember, MemberLeft, MemberStatus
 from shared.logs import get_logger
-from shared.tasks import raise_if_cancelling
+from shared.natskv import kv_updates
 
 log = get_logger(__name__)
 
@@ -305,12 +305,7 @@ class Membership:
         watcher = await retry_jetstream(lambda: typed.raw.watch(pattern),  # typed's: trace contexts kept
                                         f"KV watch {CD_MEMBERS_BUCKET.name}/{pattern}")
         try:
-            while True:
-                try:
-                    entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
-                except nats.errors.TimeoutError:
-                    continue
-                raise_if_cancelling()
+            async for entry in kv_updates(watcher):
                 if entry is None:
                     for pair in sorted(written):
                         if pair in assigned:

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from services.discovery.nvml import NO_ID, GpuLost, Nvml, RawEvent
+from shared.bus import Bus
 from shared.events import catalog
 from shared.events.health import DeviceHealth
 from shared.events.inventory import NodeInventory
@@ -28,7 +29,7 @@ XID_EVENTS = Counter("gpu_dra_xid_events", "XID errors that changed a device's h
 
 
 class HealthMonitor:
-    def __init__(self, node: str, nvml: Nvml, bus: Any, ignored: set[int],
+    def __init__(self, node: str, nvml: Nvml, bus: Bus, ignored: set[int],
                  inventory: Callable[[], NodeInventory | None], on_event: Callable[[], None] | None = None,
                  timeout_ms: int = 1000):
         self.node = node

@@ -42,6 +42,7 @@ from shared.logs import get_logger
 
 if TYPE_CHECKING:
     from services.discovery.healthevents import HealthMonitor
+    from shared.bus import Bus
 
 log = get_logger(__name__)
 
@@ -90,7 +91,7 @@ class Operations:
             if changed:
                 await self._safe_rescan()
 
-    async def serve(self, bus: object) -> None:
+    async def serve(self, bus: Bus) -> None:
         """Answer this node's device-operation subjects until `close`."""
         for entry, handler in (
             (catalog.DEVICE_SET_SHARING, self.set_sharing),
@@ -102,7 +103,7 @@ class Operations:
             (catalog.DEVICE_PARTITION_DEACTIVATE, self.partition_deactivate),
             (catalog.DEVICE_INJECT_XID, self.inject_xid),
         ):
-            self._subscriptions.append(await bus.serve(entry, handler, node=self.node))  # type: ignore[attr-defined]
+            self._subscriptions.append(await bus.serve(entry, handler, node=self.node))
 
     async def close(self) -> None:
         """Stop answering: a stopped service must not take requests on a closed NVML handle."""

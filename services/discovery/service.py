@@ -25,6 +25,7 @@ from services.discovery.nvml import Nvml, load_real_binding
 from services.discovery.operations import Operations
 from services.discovery.timeslice import Timeslices
 from services.discovery.topology import normalise_bus_id
+from shared.bus import Bus
 from shared.devicemodel import gpu_name
 from shared.drivertools import DriverTools
 from shared.events import catalog
@@ -117,7 +118,7 @@ class Scanner:
 
 
 class DiscoveryService:
-    def __init__(self, cfg: DiscoveryConfig, nvml: Nvml, bus: Any):
+    def __init__(self, cfg: DiscoveryConfig, nvml: Nvml, bus: Bus):
         self.cfg = cfg
         self.nvml = nvml
         self.bus = bus
@@ -232,7 +233,7 @@ class DiscoveryService:
             await self.health.stop()
 
 
-async def run_service(cfg: DiscoveryConfig, bus: Any, stop: asyncio.Event) -> None:
+async def run_service(cfg: DiscoveryConfig, bus: Bus, stop: asyncio.Event) -> None:
     """Open NVML first (a node without NVML publishes nothing), then run until `stop`."""
     nvml = open_nvml(cfg)
     service = DiscoveryService(cfg, nvml, bus)

@@ -43,6 +43,7 @@ from services.preparer.claims import AllocationResult, ResourceClaim
 from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed, failure_reason
 from services.preparer.devices import Inventory
 from services.preparer.drivers import PluginContext
+from shared.bus import Bus
 from shared.events.claims import FailureReason
 from shared.logs import get_logger
 from shared.telemetry import get_tracer, leaf_span
@@ -76,7 +77,7 @@ class ChannelClaimPreparer(ClaimPreparer):
         self.request_timeout = request_timeout
         self.channels: ChannelPreparer | None = None
 
-    def attach(self, bus: Any) -> None:
+    def attach(self, bus: Bus) -> None:
         self.channels = ChannelPreparer(bus, node=self.node, ready_timeout=self.ready_timeout,
                                         request_timeout=self.request_timeout)
 
@@ -249,6 +250,6 @@ class ChannelPlugin:
     def add_services(self, server: Any) -> None:
         return None
 
-    def attach_bus(self, bus: Any) -> dict[str, Coroutine[Any, Any, None]]:
+    def attach_bus(self, bus: Bus) -> dict[str, Coroutine[Any, Any, None]]:
         self.preparer.attach(bus)
         return {"inventory-watch": self.inventory.follow(bus)}

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from services.preparer.checkpoint import atomic_write
+from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import (
     MigCreateReply,
@@ -145,14 +146,14 @@ class Inventory:
                     await self.changed.wait()
         return self.has_mig(mig_uuid) == present
 
-    async def watch(self, bus: Any) -> None:
+    async def watch(self, bus: Bus) -> None:
         """Follow discovery's KV value for this node until cancelled."""
         kv = await bus.kv(catalog.INVENTORY_BUCKET)
         async for key, value in kv.watch(self.node):
             if key == self.node and value is not None:
                 await self.update(value)
 
-    async def follow(self, bus: Any, retry_s: float = 1.0) -> None:
+    async def follow(self, bus: Bus, retry_s: float = 1.0) -> None:
         """`watch`, started again whenever NATS drops it (until cancelled)."""
         while True:
             try:
@@ -214,7 +215,7 @@ class DeviceOps:
     def __init__(self, node: str, timeout: float = 30.0) -> None:
         self.node = node
         self.timeout = timeout
-        self.bus: Any = None
+        self.bus: Bus | None = None
 
     def _require_bus(self, what: str) -> Any:
         if self.bus is None or not self.bus.connected:

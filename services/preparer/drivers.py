@@ -24,6 +24,7 @@ from services.preparer.claimstate import ClaimPreparer
 from services.preparer.config import PreparerConfig
 from services.preparer.lifecycle import LifecycleEvents
 from services.preparer.nodesettings import NodeSettings
+from shared.bus import Bus
 from shared.deviceclasses import CD_DRIVER, GPU_DRIVER
 
 
@@ -51,7 +52,7 @@ class DriverPlugin(Protocol):
     def add_services(self, server: grpc.aio.Server) -> None:
         """Extra gRPC services on the driver's DRA socket."""
 
-    def attach_bus(self, bus: Any) -> dict[str, Coroutine[Any, Any, None]]:
+    def attach_bus(self, bus: Bus) -> dict[str, Coroutine[Any, Any, None]]:
         """Use `bus` from now on; returns the background work to run (by task name) until stopped."""
 
 

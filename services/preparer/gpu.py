@@ -24,6 +24,7 @@ from services.preparer.metadatafiles import SUBDIR, MetadataFiles
 from services.preparer.prepare import Preparer
 from services.preparer.vfio import VfioSettings, restore_bindings
 from shared import featuregates
+from shared.bus import Bus
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -60,7 +61,7 @@ class GpuPlugin:
     def add_services(self, server: grpc.aio.Server) -> None:
         add_health_service(server, self.health)
 
-    def attach_bus(self, bus: Any) -> dict[str, Coroutine[Any, Any, None]]:
+    def attach_bus(self, bus: Bus) -> dict[str, Coroutine[Any, Any, None]]:
         self.ops.bus = bus
         return {"inventory-watch": self.inventory.follow(bus), "health-watch": self.health.watch(bus),
                 "recover-with-bus": self._recover_with_bus()}

@@ -15,6 +15,7 @@ from typing import Any
 from services.preparer.devices import Inventory
 from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
 from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
+from shared.bus import Bus
 from shared.events import catalog
 from shared.events.health import DeviceHealth
 from shared.logs import get_logger
@@ -41,7 +42,7 @@ class HealthWatch(health_grpc.DRAResourceHealthServicer):
             self.changed.set()
             self.changed = asyncio.Event()
 
-    async def watch(self, bus: Any) -> None:
+    async def watch(self, bus: Bus) -> None:
         kv = await bus.kv(catalog.HEALTH_BUCKET)
         self._note_all(await kv.items(f"{self.node}.>"))
 

@@ -28,6 +28,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from services.preparer.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Outbox, OutboxRecord
+from shared.bus import Bus
 from shared.events import catalog
 from shared.events.base import now_unix
 from shared.events.catalog import as_token
@@ -69,7 +70,7 @@ class LifecycleEvents:
                              on_commit=self._committed)
         self._msg_id_suffix = secrets.token_hex(8)  # unguessable by other publishers (module docstring)
         self.sent = 0
-        self.bus: Any = None
+        self.bus: Bus | None = None
 
     @property
     def pending(self) -> list[ClaimLifecycle]:
@@ -97,7 +98,7 @@ class LifecycleEvents:
             self._drained.clear()
         self._wake.set()
 
-    def attach(self, bus: Any) -> None:
+    def attach(self, bus: Bus) -> None:
         """Send through `bus` from now on; its reconnects wake the sender (nothing is sent while it is away)."""
         self.bus = bus
         bus.on_reconnect(self._wake.set)
@@ -139,6 +140,7 @@ class LifecycleEvents:
         """Publish a round's events all at once, then wait for their acks; the seqs stored. One event per
         claim in a round, so what one failure leaves unsent never reorders a claim's events."""
         in_flight: list[tuple[int, asyncio.Future[Any]]] = []
+        assert self.bus is not None  # _send checks it before each round
         for seq, record in batch:
             event = record.event
             assert event is not None

@@ -27,6 +27,7 @@ from services.preparer.lifecycle import LifecycleEvents
 from services.preparer.nodesettings import NodeSettings
 from services.preparer.registration import Registration, add_registration_service
 from services.preparer.server import DraCore, add_dra_services
+from shared.bus import Bus
 from shared.deviceclasses import GPU_DRIVER
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
@@ -57,7 +58,7 @@ class PreparerService:
                                                           settings=settings or NodeSettings()))
         self.preparer = self.plugin.preparer
         self.registration = Registration(driver, str(self.dra_socket))
-        self.bus: Any = None
+        self.bus: Bus | None = None
         self.bus_attached = asyncio.Event()
         self._dra_server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
@@ -91,7 +92,7 @@ class PreparerService:
         log.info("preparer serving", driver=self.driver, node=self.cfg.node, dra_socket=str(self.dra_socket),
                  registration_socket=str(self.registration_socket), claims=len(self.checkpoint.claims))
 
-    def attach_bus(self, bus: Any) -> None:
+    def attach_bus(self, bus: Bus) -> None:
         """Use `bus` for lifecycle events and the driver's NATS work from now on."""
         self.bus = bus
         self.events.attach(bus)

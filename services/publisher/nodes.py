@@ -33,17 +33,6 @@ class NodeView(msgspec.Struct):
     metadata: NodeMeta
 
 
-class ListMeta(msgspec.Struct):
-    resourceVersion: str = ""  # noqa: N815
-    # `continue` is a Python keyword; paging reads it through `rename`.
-    cont: str = msgspec.field(default="", name="continue")
-
-
-class NodeList(msgspec.Struct):
-    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
-    items: list[NodeView] = msgspec.field(default_factory=list)
-
-
 class StatusView(msgspec.Struct):
     code: int = 0
     reason: str = ""
@@ -55,7 +44,6 @@ class NodeEvent(msgspec.Struct):
     object: msgspec.Raw
 
 
-_LIST = msgspec.json.Decoder(NodeList)
 _EVENT = msgspec.json.Decoder(NodeEvent)
 _NODE = msgspec.json.Decoder(NodeView)
 _STATUS = msgspec.json.Decoder(StatusView)
@@ -77,16 +65,12 @@ class NodeWatcher:
     async def relist(self) -> None:
         nodes: dict[str, str] = {}
         labels: dict[str, dict[str, str]] = {}
-        cont = ""
-        while True:
-            query = [("limit", "500")] + ([("continue", cont)] if cont else [])
-            page = _LIST.decode(await kube.request(self.api, "GET", "/api/v1/nodes", query=query))
+        version = ""
+        async for page in kube.list_pages(self.api, "/api/v1/nodes", NodeView):
             nodes.update({n.metadata.name: n.metadata.uid for n in page.items})
             labels.update({n.metadata.name: n.metadata.labels for n in page.items})
-            self._rv = self._rv if cont else page.metadata.resourceVersion
-            cont = page.metadata.cont
-            if not cont:
-                break
+            version = version or page.metadata.resourceVersion
+        self._rv = version
         changed = {n for n in set(nodes) | set(self.uids)
                    if nodes.get(n) != self.uids.get(n) or labels.get(n) != self.labels.get(n)}
         self.uids = nodes

@@ -36,6 +36,7 @@ from shared.heap import settle
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
 from shared.telemetry import PERIODIC, get_tracer
+from shared.workqueue import WorkQueue
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
@@ -49,45 +50,6 @@ LATENCY = Histogram("gpu_dra_publisher_inventory_to_slice_seconds",
 QUEUE_DEPTH = Gauge("gpu_dra_publisher_queue_depth", "Nodes waiting for a slice sync or being synced")
 OWNED_NODES = Gauge("gpu_dra_publisher_owned_nodes", "Nodes with an inventory that this replica owns")
 RETRY_DELAY_S = 2.0
-
-
-class WorkQueue:
-    """Nodes waiting for a sync. A node is queued once however often it is added; one worker at a time."""
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._pending: dict[str, list[otel_context.Context]] = {}
-        self._active: set[str] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def add(self, node: str, ctx: otel_context.Context | None = None) -> None:
-        causes = self._pending.get(node)
-        if causes is None:
-            self._pending[node] = causes = []
-            if node not in self._active:
-                self._queue.put_nowait(node)
-        if ctx is not None:
-            causes.append(ctx)
-        self._idle.clear()
-
-    async def get(self) -> tuple[str, list[otel_context.Context]]:
-        node = await self._queue.get()
-        self._active.add(node)
-        return node, self._pending.pop(node, [])
-
-    def done(self, node: str) -> None:
-        self._active.discard(node)
-        if node in self._pending:
-            self._queue.put_nowait(node)
-        elif not self._pending and not self._active:
-            self._idle.set()
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
-
-    def __len__(self) -> int:
-        return len(self._pending) + len(self._active)
 
 
 class NodeState:
@@ -171,7 +133,7 @@ class Publisher:
         self._stopping = asyncio.Event()
         self._shares_withheld_logged = False
         self.state = NodeState()
-        self.queue = WorkQueue()
+        self.queue: WorkQueue[str] = WorkQueue()
         QUEUE_DEPTH.set_function(lambda: len(self.queue))  # read at scrape time: nodes waiting or syncing
         OWNED_NODES.set_function(lambda: sum(1 for node in self.state.inventory if self.membership.owns(node)))
         self.writer: SliceWriter | None = None

@@ -86,16 +86,7 @@ class SliceView(msgspec.Struct):
         return self.metadata.annotations.get(objects.HASH_ANNOTATION, "")
 
 
-class ListMeta(msgspec.Struct):
-    resourceVersion: str = ""  # noqa: N815
-    cont: str = msgspec.field(default="", name="continue")
-
-
-class SliceList(msgspec.Struct):
-    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
-    items: list[SliceView] = msgspec.field(default_factory=list)
-
-
+SliceList = kube.Page[SliceView]
 _SLICE = msgspec.json.Decoder(SliceView)
 _LIST = msgspec.json.Decoder(SliceList)
 
@@ -190,20 +181,12 @@ class SliceWriter:
     async def list_driver(self, driver: str) -> None:
         """Fill the cache with every slice of `driver` (one LIST, paged)."""
         items: list[SliceView] = []
-        cont = ""
         rv = ""
-        while True:
-            query = [("fieldSelector", f"spec.driver={driver}"), ("limit", "500")]
-            if cont:
-                query.append(("continue", cont))
-            raw = await kube.request(self.api, "GET", self.collection, query=query)
-            page = _LIST.decode(raw)
+        async for page in kube.list_pages(self.api, self.collection, SliceView,
+                                          query=[("fieldSelector", f"spec.driver={driver}")]):
             items += page.items
             rv = rv or page.metadata.resourceVersion
-            cont = page.metadata.cont
-            if not cont:
-                break
-        self.store.replace_driver(driver, SliceList(metadata=ListMeta(resourceVersion=rv), items=items))
+        self.store.replace_driver(driver, SliceList(metadata=kube.ListMeta(resourceVersion=rv), items=items))
 
     async def refresh(self, driver: str, node: str) -> None:
         raw = await kube.request(self.api, "GET", self.collection,

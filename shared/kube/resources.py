@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio.client import ApiClient
 
-from shared.kube.rest import ApiError, Gone, decode, request, watch_lines
+from shared.kube.rest import ApiError, Gone, decode, list_pages, request, watch_lines
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -29,6 +29,10 @@ class Resource:
     plural: str
     kind: str
     namespaced: bool = True
+
+    def at(self, version: str) -> Resource:
+        """The same resource at another API version (resource.k8s.io's v1 or v1beta1)."""
+        return Resource(self.group, version, self.plural, self.kind, self.namespaced)
 
     @property
     def api_version(self) -> str:
@@ -92,23 +96,15 @@ class Kube:
                    field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
         """Every object (following `continue`), each through `transform` as its page arrives (a big list is
         never held whole), and the list's resourceVersion."""
+        query = [(name, value) for name, value in (("labelSelector", label_selector),
+                                                   ("fieldSelector", field_selector)) if value]
         items: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            query: list[tuple[str, Any]] = [("limit", page_size)]
-            if label_selector:
-                query.append(("labelSelector", label_selector))
-            if field_selector:
-                query.append(("fieldSelector", field_selector))
-            if token:
-                query.append(("continue", token))
-            data = await self._call("GET", res.path(namespace), query)
-            page = data.get("items") or []
-            items.extend(map(transform, page) if transform is not None else page)
-            meta = data.get("metadata") or {}
-            token = meta.get("continue") or ""
-            if not token:
-                return items, str(meta.get("resourceVersion") or "")
+        version = ""
+        async for page in list_pages(self.api_client, res.path(namespace), dict[str, Any], query=query,
+                                     page_size=page_size, timeout=self.request_timeout):
+            items.extend(map(transform, page.items) if transform is not None else page.items)
+            version = version or page.metadata.resourceVersion
+        return items, version
 
     async def watch(self, res: Resource, resource_version: str, timeout_s: int = 300,
                     field_selector: str | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:

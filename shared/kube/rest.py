@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -19,6 +19,19 @@ from shared.logs import get_logger
 log = get_logger(__name__)
 
 _JSON = msgspec.json.Decoder()
+T = TypeVar("T")
+
+
+class ListMeta(msgspec.Struct):
+    resourceVersion: str = ""  # noqa: N815
+    cont: str = msgspec.field(default="", name="continue")  # a Python keyword
+
+
+class Page(msgspec.Struct, Generic[T]):
+    """One page of a LIST: its items decoded as T, and the list's metadata."""
+
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[T] = msgspec.field(default_factory=list)
 
 
 class ApiError(RuntimeError):
@@ -81,6 +94,27 @@ async def request(api_client: Any, method: str, path: str, *, query: list[tuple[
     if not 200 <= resp.status <= 299:
         raise ApiError.from_response(resp.status, method, path, data)
     return data
+
+
+_PAGE_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+async def list_pages(api_client: Any, path: str, item_type: type[T], *, query: list[tuple[str, str]] | None = None,
+                     page_size: int = 500, timeout: float = 30.0) -> AsyncIterator[Page[T]]:
+    """The pages of one LIST of `path` (following `continue`), each item decoded as `item_type` (a msgspec
+    type: a hot object's few fields, or `dict` for the whole object)."""
+    decoder = _PAGE_DECODERS.get(item_type)
+    if decoder is None:
+        any_type: Any = item_type
+        decoder = _PAGE_DECODERS[item_type] = msgspec.json.Decoder(Page[any_type])
+    token = ""
+    while True:
+        params = [*(query or []), ("limit", str(page_size)), *([("continue", token)] if token else [])]
+        page: Page[T] = decoder.decode(await request(api_client, "GET", path, query=params, timeout=timeout))
+        yield page
+        token = page.metadata.cont
+        if not token:
+            return
 
 
 def decode(raw: bytes) -> Any:

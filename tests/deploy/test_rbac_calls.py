@@ -33,26 +33,23 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/webhook/cli.py", "request:PATCH"): [("admissionregistration.k8s.io", "validatingwebhookconfigurations",
                                                     {"patch"})],
     ("services/preparer/claims.py", "request:GET"): [(RK, "resourceclaims", {"get"})],
-    ("services/computedomain/controller.py", "api:CustomObjectsApi"): [],
     ("services/computedomain/controller.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
-    ("services/computedomain/controller.py", "get_namespaced_custom_object"): [
-        (RN, "computedomains", {"get"}), (RK, "resourceclaimtemplates", {"get"})],
-    ("services/computedomain/controller.py", "patch_namespaced_custom_object"): [(RN, "computedomains", {"patch"})],
-    ("services/computedomain/controller.py", "patch_namespaced_custom_object_status"): [
-        (RN, "computedomains/status", {"patch"})],
-    ("services/computedomain/controller.py", "create_namespaced_custom_object"): [
+    ("services/computedomain/controller.py", "get:COMPUTEDOMAINS"): [(RN, "computedomains", {"get"})],
+    ("services/computedomain/controller.py", "patch:COMPUTEDOMAINS"): [
+        (RN, "computedomains", {"patch"}), (RN, "computedomains/status", {"patch"})],
+    ("services/computedomain/controller.py", "get:RESOURCECLAIMTEMPLATES"): [(RK, "resourceclaimtemplates", {"get"})],
+    ("services/computedomain/controller.py", "create:RESOURCECLAIMTEMPLATES"): [
         (RK, "resourceclaimtemplates", {"create"})],
-    ("services/computedomain/controller.py", "delete_namespaced_custom_object"): [
+    ("services/computedomain/controller.py", "delete:RESOURCECLAIMTEMPLATES"): [
         (RK, "resourceclaimtemplates", {"delete"})],
-    ("services/computedomain/assignments.py", "api:CustomObjectsApi"): [],
-    ("services/computedomain/assignments.py", "list_cluster_custom_object"): [(RK, "resourceclaims", {"list", "watch"})],
-    ("services/computedomain/leader.py", "api:CoordinationV1Api"): [],
-    ("services/computedomain/leader.py", "read_namespaced_lease"): [(CO, "leases", {"get"})],
-    ("services/computedomain/leader.py", "create_namespaced_lease"): [(CO, "leases", {"create"})],
-    ("services/computedomain/leader.py", "replace_namespaced_lease"): [(CO, "leases", {"update"})],
+    ("services/computedomain/assignments.py", "list:RESOURCECLAIMS"): [(RK, "resourceclaims", {"list"})],
+    ("services/computedomain/assignments.py", "watch:RESOURCECLAIMS"): [(RK, "resourceclaims", {"watch"})],
+    ("services/computedomain/leader.py", "get:LEASES"): [(CO, "leases", {"get"})],
+    ("services/computedomain/leader.py", "create:LEASES"): [(CO, "leases", {"create"})],
+    ("services/computedomain/leader.py", "replace:LEASES"): [(CO, "leases", {"update"})],
     ("services/authcallout/service.py", "api:AuthenticationV1Api"): [("authentication.k8s.io", "tokenreviews",
                                                                        {"create"})],
-    ("services/publisher/nodes.py", "request:GET"): [("", "nodes", {"list"})],
+    ("services/publisher/nodes.py", "list_pages"): [("", "nodes", {"list"})],
     ("services/publisher/nodes.py", "watch_lines"): [("", "nodes", {"watch"})],
     ("services/publisher/apiversion.py", "get_json"): DISCOVERY,
     ("services/publisher/taintevents.py", "record_event"): [("", "events", {"create"})],
@@ -63,6 +60,7 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/publisher/nodeconfigs.py", "record_event"): [("", "events", {"create"})],
     ("services/computedomain/controller.py", "record_event"): [("", "events", {"create"})],
     ("services/publisher/writer.py", "request:GET"): [(RK, "resourceslices", {"list"})],
+    ("services/publisher/writer.py", "list_pages"): [(RK, "resourceslices", {"list"})],
     ("services/publisher/writer.py", "request:POST"): [(RK, "resourceslices", {"create"})],
     ("services/publisher/writer.py", "request:PUT"): [(RK, "resourceslices", {"update"})],
     ("services/publisher/writer.py", "request:DELETE"): [(RK, "resourceslices", {"delete"})],
@@ -98,13 +96,13 @@ _PATTERNS = (
     # a typed API class: its calls on cluster-scoped objects (create_node, ...) need an entry too
     (re.compile(r"\b(\w+V\d\w*Api|CustomObjectsApi)\("), lambda m: f"api:{m.group(1)}"),
     (re.compile(r"\bkube\.request\(\s*[\w.]+,\s*\"(\w+)\""), lambda m: f"request:{m.group(1)}"),
-    (re.compile(r"\b(watch_lines|get_json|call_api)\("), lambda m: m.group(1)),
+    (re.compile(r"\b(watch_lines|get_json|call_api|list_pages)\("), lambda m: m.group(1)),
     (re.compile(r"\b(record_event)\("), lambda m: m.group(1)),  # shared.kube.events: creates an Event
     # shared.kube.resources.Kube's typed calls on the resource they are given
     (re.compile(r"\bkube\.(get|list|create|patch|delete|update|replace|watch)\(\s*(\w+)"),
      lambda m: f"{m.group(1)}:{m.group(2)}"),
     # the one informer (shared.kube.informer) lists and watches the resource it is given
-    (re.compile(r"\bInformer\(\s*(?:Kube\([^)]*\)|kube),\s*(\w+)"), lambda m: f"informer:{m.group(1)}"),
+    (re.compile(r"\bInformer\(\s*(?:Kube\([^)]*\)|(?:self\.)?kube),\s*(\w+)"), lambda m: f"informer:{m.group(1)}"),
     # shared.nodeconfig_objects lists and watches every NodeConfig for the module that uses it
     (re.compile(r"\b(NodeConfigObjects)\b"), lambda m: f"reader:{m.group(1)}"),
 )

@@ -1,6 +1,6 @@
-"""What the preparer process loads: nothing of the local-cluster world or of other services, none of
-the modules its Kubernetes client would import only for paths it never takes, and aiohttp's default TLS
-contexts without the system trust store parsed in (docs/performance.md, memory). Checked in a fresh
+"""What the preparer process loads: nothing of the local-cluster world or of other services, not the
+OpenTelemetry SDK without an exporter, and aiohttp's default TLS contexts without the system trust store
+parsed in (docs/performance.md, memory). Checked in a fresh
 interpreter that goes through the preparer's own start-up: its command's module, its settings, its
 Kubernetes client from a (JSON) kubeconfig, and one PreparerService per driver."""
 
@@ -47,13 +47,11 @@ KUBECONFIG = json.dumps({
 })
 
 # packages a preparer must never load: the local-cluster world (not in the production image), other
-# services, the OpenTelemetry SDK (only an exporting process), kubernetes-asyncio's generated classes, and
-# what its client modules import for paths the preparer never takes (shared.kube.lazyload), PyYAML and the
-# kubeconfig loader for a JSON kubeconfig, and importlib.metadata for two version strings (shared.distversion)
-MUST_NOT_LOAD = ("importlib.metadata", "embedded", "cel", "celpy", "kubernetes_validate", "jsonschema", "services.publisher",
-                 "services.discovery", "services.dashboard", "services.authcallout", "opentelemetry.sdk",
-                 "kubernetes_asyncio.client.models.", "kubernetes_asyncio.client.api.", "urllib3",
-                 "dateutil.parser", "multiprocessing.pool", "tests", "yaml", "kubernetes_asyncio.config.kube_config")
+# services and the OpenTelemetry SDK (only an exporting process loads it). kubernetes-asyncio is loaded
+# whole, as its package's __init__ imports it (models, config loader, PyYAML, urllib3, and where installed
+# kubernetes-validate for its dynamic client: the embedded extra, not in the production image).
+MUST_NOT_LOAD = ("embedded", "cel", "celpy", "services.publisher", "services.discovery", "services.dashboard",
+                 "services.authcallout", "opentelemetry.sdk", "tests")
 
 
 def _within(module: str, name: str) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from embedded.controllers.runner import WorkQueue
 from shared.backoff import Backoff
+from shared.workqueue import WorkQueue
 
 
 def test_doubles_up_to_the_cap() -> None:
@@ -33,7 +33,7 @@ def test_restart_draws_the_initial_delay_and_grows_from_there() -> None:
 
 async def test_the_workqueue_rate_limit_is_the_backoff_of_each_key() -> None:
     """The controllers' per-key retry: 50 ms doubling to 30 s, forgotten on success (as client-go's)."""
-    queue = WorkQueue()
+    queue: WorkQueue[tuple[str, str, str]] = WorkQueue()
     key = ("pods", "ns", "p")
     delays = [queue.retry(key) for _ in range(12)]
     assert delays == [min(0.05 * 2**n, 30.0) for n in range(12)]
