@@ -29,6 +29,7 @@ from embedded.apiserver import (
     podlogs,
     protobuf,
     rbac,
+    streaming,
     tables,
     versions,
 )
@@ -155,6 +156,10 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", handlers.subject_access_review)
     app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", handlers.token_review)
     app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}/log", podlogs.handler(server))
+    for sub in ("exec", "attach"):
+        for method in ("GET", "POST"):
+            app.router.add_route(method, f"/api/v1/namespaces/{{namespace}}/pods/{{name}}/{sub}",
+                                 streaming.handler(server, sub))
     app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
     app.router.add_route("*", "/apis/{tail:.*}", handlers.resource)
     return app

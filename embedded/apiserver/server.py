@@ -71,6 +71,10 @@ class ApiServer:
         static = authn.parse_token_file(token_file.read_text(), str(token_file)) if token_file else {}
         if self.token:
             static[self.token] = ADMIN
+        # what it presents to kubelets (pods/exec and kin), which they check with a TokenReview
+        self.kubelet_client_token = secrets.token_urlsafe(32)
+        if static:  # an open server (no tokens at all) stays open
+            static[self.kubelet_client_token] = authn.UserInfo(authn.KUBELET_CLIENT, "", (authn.AUTHENTICATED,))
         self.authenticator = authn.Authenticator(self.store, static, authn.Authenticator.signing_key_for(data_dir))
         # --authorization-mode=Node,RBAC and --enable-admission-plugins=NodeRestriction, as a real cluster runs
         self.rbac = rbac.RbacAuthorizer(self.store)

@@ -110,6 +110,7 @@ class PodWorker:
         self.initialized = not self.inits
         self.started_at = status.get("startTime") or now()
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self.envs: dict[str, dict[str, str]] = {}  # container -> the environment it runs with (exec gets it too)
         self.dirty = False  # a status change not written yet (the PodRunner's writer clears it)
         self.started = asyncio.Event()  # every main container has started once (or the pod has ended)
         self._stopping = False
@@ -192,6 +193,7 @@ class PodWorker:
         work = self.work / c.name / "work"
         log_path = self.logs / c.name / f"{c.restarts}.log"
         env, binds, uid, sim, f = await asyncio.to_thread(self._set_up, c.name, tmp, work, log_path)
+        self.envs[c.name] = env
         cmd = bwrap_argv(self.bwrap, argv, work=work, tmp=tmp, shim_dir=self.shim_dir, uid=uid, env=env,
                          binds=binds, sim_state=sim)
         started = now()
@@ -265,6 +267,11 @@ class PodWorker:
             log.error("container could not start", pod=self.pod["metadata"]["name"], error=str(exc))
             self.phase = "Failed"
             self._changed()
+
+    def running_pid(self, name: str) -> int | None:
+        """The host PID of the sandbox process of container `name` while it runs (None otherwise)."""
+        proc = self._procs.get(name)
+        return proc.pid if proc is not None and proc.returncode is None else None
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.run())

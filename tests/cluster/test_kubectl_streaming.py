@@ -1,0 +1,83 @@
+"""The real kubectl's streaming verbs against `gpu-dra up`: exec (pipes and a terminal), RBAC on pods/exec."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.helpers import Up, pod_manifest
+
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl"),
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (containers run)")]
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    cluster = Up(tmp_path_factory.mktemp("streaming") / "cluster", nodes=1)
+    try:
+        cluster.wait_ready()
+        cluster.kubectl("apply", "-f", "-", stdin=pod_manifest("p"))
+        cluster.kubectl("wait", "--for=condition=Ready", "pod/p", "--timeout=60s")
+        yield cluster
+    finally:
+        cluster.kill()
+
+
+def kubectl(up: Up, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["kubectl", "--kubeconfig", str(up.kubeconfig), *args], input=stdin, capture_output=True,
+                          text=True, timeout=60)
+
+
+def allocated_uuid(up: Up, pod: str) -> str:
+    claim = up.json("get", "pod", pod)["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    (result,) = up.json("get", "resourceclaim", claim)["status"]["allocation"]["devices"]["results"]
+    for piece in up.json("get", "resourceslices")["items"]:
+        for device in piece["spec"].get("devices") or []:
+            if piece["spec"]["pool"]["name"] == result["pool"] and device["name"] == result["device"]:
+                return str(device["attributes"]["uuid"]["string"])
+    raise AssertionError(f"device {result} is in no slice")
+
+
+def test_exec_runs_in_the_container_and_sees_its_gpu(up: Up) -> None:
+    done = kubectl(up, "exec", "p", "--", "nvidia-smi", "-L")
+    assert done.returncode == 0, done.stderr
+    assert f"(UUID: {allocated_uuid(up, 'p')})" in done.stdout, done.stdout
+    # the container's own sandbox: its hostname, its work dir, its files
+    done = kubectl(up, "exec", "p", "--", "sh", "-c", "hostname; pwd; echo kept > /tmp/mark")
+    assert done.stdout.split() == ["pod", "/run/pod"], done.stdout + done.stderr
+    assert kubectl(up, "exec", "p", "--", "cat", "/tmp/mark").stdout == "kept\n"
+
+
+def test_exec_passes_stdin_stderr_and_the_exit_code(up: Up) -> None:
+    done = kubectl(up, "exec", "-i", "p", "--", "sh", "-c", "cat; echo oops >&2; exit 3", stdin="one\ntwo\n")
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "one\ntwo\n"
+    assert "oops" in done.stderr and "command terminated with exit code 3" in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a local terminal")
+def test_exec_with_a_terminal_runs_an_interactive_shell(up: Up, tmp_path: Path) -> None:
+    typed = "stty size; echo in-$((40+2)); exit 5\n"
+    done = subprocess.run(["script", "-qec", f"stty cols 120 rows 40; kubectl --kubeconfig {up.kubeconfig} "
+                           "exec -it p -- sh", "/dev/null"], input=typed, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 5, done.stdout
+    assert "in-42" in done.stdout and "command terminated with exit code 5" in done.stdout, done.stdout
+
+
+def test_exec_needs_create_on_pods_exec(up: Up) -> None:
+    user = "system:serviceaccount:default:viewer"
+    up.kubectl("create", "role", "pod-reader", "--verb=get", "--resource=pods")
+    up.kubectl("create", "rolebinding", "pod-reader", "--role=pod-reader", "--serviceaccount=default:viewer")
+    denied = kubectl(up, "--as", user, "exec", "p", "--", "true")
+    assert denied.returncode == 1
+    assert f'User "{user}" cannot create resource "pods/exec" in API group "" in the namespace "default"' \
+        in denied.stderr, denied.stderr
+    up.kubectl("create", "role", "pod-exec", "--verb=create", "--resource=pods/exec")
+    up.kubectl("create", "rolebinding", "pod-exec", "--role=pod-exec", "--serviceaccount=default:viewer")
+    allowed = kubectl(up, "--as", user, "exec", "p", "--", "echo", "ok")
+    assert allowed.returncode == 0 and allowed.stdout == "ok\n", allowed.stderr
