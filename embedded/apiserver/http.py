@@ -155,6 +155,7 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", handlers.self_rules_review)
     app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", handlers.subject_access_review)
     app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", handlers.token_review)
+    app.router.add_post("/apis/authentication.k8s.io/v1/selfsubjectreviews", handlers.self_subject_review)
     app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}/log", podlogs.handler(server))
     for sub in ("exec", "attach"):
         for method in ("GET", "POST"):
@@ -232,6 +233,10 @@ class Handlers:
     async def subject_access_review(self, request: web.Request) -> web.Response:
         # RBAC (`create subjectaccessreviews`) was checked by the middleware, as for any request.
         return json_response(authapi.subject_access_review(self.server.authorizer, await self._body(request)), 201)
+
+    async def self_subject_review(self, request: web.Request) -> web.Response:
+        await request.read()  # a SelfSubjectReview asks nothing (kubectl sends it as protobuf): read and dropped
+        return reply(request, authapi.self_subject_review(authn.current_user.get() or _OPEN_USER), 201)
 
     async def token_review(self, request: web.Request) -> web.Response:
         # RBAC (`create tokenreviews`) was checked by the middleware, as for any request.
