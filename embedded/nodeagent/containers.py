@@ -23,12 +23,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from embedded.nodeagent import nvidiasmi
+from embedded.nodeagent.kubeletevents import pull_events
 from embedded.nodeagent.sandbox import CONTAINER_PATH, NOBODY, SHIM_DIR, SIM_STATE, WORK_DIR, bwrap_argv
 from shared.backoff import Backoff
+from shared.kube.events import EventType
 from shared.logs import get_logger
 
 log = get_logger(__name__)
 BACKOFF_MAX = 300.0
+ContainerEvent = Callable[[str, EventType, str, str], None]  # (container, type, reason, message): kubeletevents
 IDLE = "trap 'exit 0' TERM; sleep infinity & wait"  # what a container without a command runs
 
 
@@ -89,8 +92,9 @@ class PodWorker:
 
     def __init__(self, pod: dict[str, Any], edits: dict[str, dict[str, Any]], *, bwrap: str, work_root: Path,
                  log_root: Path, shim_dir: Path, sim_state: str, on_change: Callable[[PodWorker], None],
-                 backoff_base: float = 10.0) -> None:
+                 backoff_base: float = 10.0, on_event: ContainerEvent | None = None) -> None:
         self.pod = pod
+        self.on_event = on_event or (lambda container, type, reason, message: None)
         self.edits = edits
         self.bwrap = bwrap
         self.work = work_root / pod["metadata"]["uid"]
@@ -196,6 +200,8 @@ class PodWorker:
         self.envs[c.name] = env
         cmd = bwrap_argv(self.bwrap, argv, work=work, tmp=tmp, shim_dir=self.shim_dir, uid=uid, env=env,
                          binds=binds, sim_state=sim)
+        for event in pull_events(c.image, spec.get("imagePullPolicy") or "IfNotPresent"):
+            self.on_event(c.name, *event)
         started = now()
         try:
             proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
@@ -205,6 +211,8 @@ class PodWorker:
             f.close()
             raise
         self._procs[c.name] = proc
+        self.on_event(c.name, "Normal", "Created", f"Created container: {c.name}")
+        self.on_event(c.name, "Normal", "Started", f"Started container {c.name}")
         c.state = {"running": {"startedAt": started}}
         self._changed()
         log.info("container started", pod=self.pod["metadata"]["name"], container=c.name, pid=proc.pid,
@@ -240,6 +248,9 @@ class PodWorker:
                                    f"back-off {delay:g}s restarting failed container={c.name} "
                                    f"pod={self.pod['metadata']['name']}"}}
             self._changed()
+            meta = self.pod["metadata"]
+            self.on_event(c.name, "Warning", "BackOff", f"Back-off restarting failed container {c.name} in pod "
+                                                       f"{meta['name']}_{meta['namespace']}({meta['uid']})")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_event.wait(), delay)
             if self._stopping:
@@ -281,6 +292,8 @@ class PodWorker:
         self._stopping = True
         self._stop_event.set()
         procs = list(self._procs.values())
+        for name in self._procs:
+            self.on_event(name, "Normal", "Killing", f"Stopping container {name}")
         for proc in procs:
             for pid in _descendants(proc.pid):
                 with contextlib.suppress(ProcessLookupError):

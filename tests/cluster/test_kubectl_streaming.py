@@ -81,3 +81,88 @@ def test_exec_needs_create_on_pods_exec(up: Up) -> None:
     up.kubectl("create", "rolebinding", "pod-exec", "--role=pod-exec", "--serviceaccount=default:viewer")
     allowed = kubectl(up, "--as", user, "exec", "p", "--", "echo", "ok")
     assert allowed.returncode == 0 and allowed.stdout == "ok\n", allowed.stderr
+
+
+CRASHING = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: crash, namespace: default}
+spec:
+  containers: [{name: c, image: busybox:1.36, imagePullPolicy: Always, command: [sh, -c, "exit 1"]}]
+"""
+JOBS = """\
+apiVersion: batch/v1
+kind: Job
+metadata: {name: once, namespace: default}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: busybox, command: [echo, "I am once"]}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: once-more, namespace: default}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: busybox, command: [echo, "I am once-more"]}]
+"""
+
+
+def watch_events(up: Up, pod: str, wanted: set[str], timeout: float = 60) -> dict[str, dict]:
+    """reason -> the first Event about `pod` with it, read from a watch until every `wanted` reason came."""
+    import json
+    import threading
+
+    proc = subprocess.Popen(["kubectl", "--kubeconfig", str(up.kubeconfig), "get", "events", "--watch",
+                             "--field-selector", f"involvedObject.name={pod}", "-o", "json"],
+                            stdout=subprocess.PIPE, text=True)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    seen: dict[str, dict] = {}
+    decoder, buffer = json.JSONDecoder(), ""
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            buffer += line
+            try:
+                event, _ = decoder.raw_decode(buffer.strip())
+            except ValueError:
+                continue
+            buffer = ""
+            seen.setdefault(event["reason"], event)
+            if wanted <= set(seen):
+                return seen
+    finally:
+        timer.cancel()
+        proc.kill()
+        proc.wait()
+    raise AssertionError(f"events about {pod}: {sorted(seen)}, wanted {sorted(wanted)}")
+
+
+def test_the_kubelet_records_container_events_with_upstream_reasons(up: Up) -> None:
+    seen = watch_events(up, "p", {"Scheduled", "Pulled", "Created", "Started"})
+    assert seen["Pulled"]["message"] == 'Container image "ubuntu:22.04" already present on machine'
+    assert seen["Created"]["message"] == "Created container: ctr"
+    assert seen["Started"]["message"] == "Started container ctr"
+    assert seen["Started"]["involvedObject"]["fieldPath"] == "spec.containers{ctr}"
+    assert seen["Started"]["source"] == {"component": "kubelet", "host": "gpu-node-0"}
+    up.kubectl("apply", "-f", "-", stdin=CRASHING)
+    seen = watch_events(up, "crash", {"Pulling", "Pulled", "Started", "BackOff"})
+    assert seen["Pulling"]["message"] == 'Pulling image "busybox:1.36"'
+    assert seen["BackOff"]["type"] == "Warning"
+    assert seen["BackOff"]["message"].startswith("Back-off restarting failed container c in pod crash_default(")
+    up.kubectl("apply", "-f", "-", stdin=CRASHING.replace("name: crash", "name: sleeper").replace(
+        '"exit 1"', '"sleep 600"'))
+    up.kubectl("wait", "--for=condition=Ready", "pod/sleeper", "--timeout=60s")
+    up.kubectl("delete", "pod", "sleeper", "--wait=false")
+    assert watch_events(up, "sleeper", {"Killing"})["Killing"]["message"] == "Stopping container c"
+
+
+def test_kubectl_logs_of_a_job_reads_that_jobs_pod(up: Up) -> None:
+    up.kubectl("apply", "-f", "-", stdin=JOBS)
+    up.kubectl("wait", "--for=condition=complete", "job/once", "job/once-more", "--timeout=60s")
+    assert up.kubectl("logs", "job/once") == "I am once\n"
+    assert up.kubectl("logs", "job/once-more") == "I am once-more\n"
