@@ -166,3 +166,17 @@ def test_kubectl_logs_of_a_job_reads_that_jobs_pod(up: Up) -> None:
     up.kubectl("wait", "--for=condition=complete", "job/once", "job/once-more", "--timeout=60s")
     assert up.kubectl("logs", "job/once") == "I am once\n"
     assert up.kubectl("logs", "job/once-more") == "I am once-more\n"
+
+
+def test_kubectl_cp_both_ways_through_tar_in_the_container(up: Up, tmp_path: Path) -> None:
+    source = tmp_path / "tree"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "data.bin").write_bytes(bytes(range(256)) * 512)
+    (source / "top.txt").write_text("top\n")
+    up.kubectl("cp", str(source), "p:/run/pod/tree")
+    listed = up.kubectl("exec", "p", "--", "find", "/run/pod/tree", "-type", "f")
+    assert sorted(listed.split()) == ["/run/pod/tree/sub/data.bin", "/run/pod/tree/top.txt"]
+    back = tmp_path / "back"
+    up.kubectl("cp", "p:/run/pod/tree", str(back))
+    assert (back / "sub" / "data.bin").read_bytes() == (source / "sub" / "data.bin").read_bytes()
+    assert (back / "top.txt").read_text() == "top\n"
