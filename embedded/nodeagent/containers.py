@@ -108,6 +108,8 @@ class PodWorker:
         self.inits = [ContainerState(c["name"], c.get("image", ""), init=True) for c in spec.get("initContainers") or []]
         self.mains = [ContainerState(c["name"], c.get("image", "")) for c in spec.get("containers") or []]
         self.specs = {c["name"]: c for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]}
+        self.ephemerals: list[ContainerState] = []  # `kubectl debug`'s containers, run once each, as they come
+        self._ephemeral_tasks: set[asyncio.Task[int]] = set()
         status = pod.get("status") or {}
         # a pod already Running (the emulator restarted) stays Running while its containers start again
         self.phase = "Running" if status.get("phase") == "Running" else "Pending"
@@ -138,7 +140,8 @@ class PodWorker:
                     {"type": "ContainersReady", "status": _flag(ready), "lastTransitionTime": t, **why},
                     {"type": "Ready", "status": _flag(ready), "lastTransitionTime": t, **why}],
                 "initContainerStatuses": [c.status() for c in self.inits] or None,
-                "containerStatuses": [c.status() for c in self.mains]}
+                "containerStatuses": [c.status() for c in self.mains],
+                "ephemeralContainerStatuses": [{**c.status(), "ready": False} for c in self.ephemerals] or None}
 
     def _changed(self) -> None:
         if self.phase in ("Succeeded", "Failed") or all(
@@ -279,6 +282,22 @@ class PodWorker:
             self.phase = "Failed"
             self._changed()
 
+    def add_ephemeral(self, pod: dict[str, Any]) -> None:
+        """Start the ephemeral containers `pod` has that are not started yet (they never restart, and do not
+        count for the pod's phase or readiness)."""
+        if self._stopping or self.phase not in ("Pending", "Running"):
+            return
+        for spec in (pod.get("spec") or {}).get("ephemeralContainers") or []:
+            if spec.get("name") in self.specs:
+                continue
+            self.pod = pod
+            self.specs[spec["name"]] = spec
+            c = ContainerState(spec["name"], spec.get("image", ""))
+            self.ephemerals.append(c)
+            task = asyncio.create_task(self._loop(c, lambda rc: False))
+            self._ephemeral_tasks.add(task)
+            task.add_done_callback(self._ephemeral_tasks.discard)
+
     def running_pid(self, name: str) -> int | None:
         """The host PID of the sandbox process of container `name` while it runs (None otherwise)."""
         proc = self._procs.get(name)
@@ -307,7 +326,7 @@ class PodWorker:
             for fut in pending:
                 with contextlib.suppress(Exception):
                     await fut
-        if self.task is not None:
-            self.task.cancel()
+        for task in [*self._ephemeral_tasks, *([self.task] if self.task is not None else [])]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+                await task

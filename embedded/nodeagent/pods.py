@@ -439,7 +439,7 @@ class PodRunner:
             elif meta.get("deletionTimestamp"):
                 await self._finish_deleted(pod)
             elif worker is not None and worker.phase not in ("Succeeded", "Failed"):
-                pass  # its containers run; the worker writes the status
+                worker.add_ephemeral(pod)  # its containers run (the worker writes the status); `kubectl debug`'s
             elif phase in ("Succeeded", "Failed"):
                 self._retry.discard(uid)
                 if not await self._release_pod(uid):

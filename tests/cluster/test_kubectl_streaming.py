@@ -180,3 +180,13 @@ def test_kubectl_cp_both_ways_through_tar_in_the_container(up: Up, tmp_path: Pat
     up.kubectl("cp", "p:/run/pod/tree", str(back))
     assert (back / "sub" / "data.bin").read_bytes() == (source / "sub" / "data.bin").read_bytes()
     assert (back / "top.txt").read_text() == "top\n"
+
+
+def test_kubectl_debug_runs_an_ephemeral_container(up: Up) -> None:
+    up.kubectl("debug", "p", "--image=busybox", "--container=dbg", "--profile=general", "--",
+               "sh", "-c", "echo debugging from $(hostname)")
+    up.kubectl("wait", "pod/p", "--for=jsonpath={.status.ephemeralContainerStatuses[0].state.terminated.reason}"
+               "=Completed", "--timeout=60s")
+    assert up.kubectl("logs", "p", "-c", "dbg") == "debugging from pod\n"
+    status = up.json("get", "pod", "p")["status"]
+    assert status["phase"] == "Running" and [c["name"] for c in status["ephemeralContainerStatuses"]] == ["dbg"]
