@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from embedded.nodeagent import nvidiasmi
+from embedded.nodeagent.attach import Attachment
 from embedded.nodeagent.kubeletevents import pull_events
 from embedded.nodeagent.sandbox import CONTAINER_PATH, NOBODY, SHIM_DIR, SIM_STATE, WORK_DIR, bwrap_argv
 from shared.backoff import Backoff
@@ -116,6 +117,7 @@ class PodWorker:
         self.initialized = not self.inits
         self.started_at = status.get("startTime") or now()
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._attached: dict[str, set[asyncio.Queue[bytes]]] = {}  # container -> attached sessions' output
         self.envs: dict[str, dict[str, str]] = {}  # container -> the environment it runs with (exec gets it too)
         self.dirty = False  # a status change not written yet (the PodRunner's writer clears it)
         self.started = asyncio.Event()  # every main container has started once (or the pod has ended)
@@ -207,7 +209,8 @@ class PodWorker:
             self.on_event(c.name, *event)
         started = now()
         try:
-            proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
+            proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE if spec.get("stdin")
+                                                        else asyncio.subprocess.DEVNULL,
                                                         stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT)
         except BaseException:
@@ -227,6 +230,10 @@ class PodWorker:
                 if not line:
                     break
                 await asyncio.to_thread(f.write, stamp().encode() + b" " + line.rstrip(b"\n") + b"\n")
+                for session in self._attached.get(c.name, ()):
+                    session.put_nowait(line)
+        for session in self._attached.pop(c.name, set()):
+            session.put_nowait(b"")  # the attached sessions end with the container
         code = await proc.wait()
         self._procs.pop(c.name, None)
         if code < 0:
@@ -297,6 +304,16 @@ class PodWorker:
             task = asyncio.create_task(self._loop(c, lambda rc: False))
             self._ephemeral_tasks.add(task)
             task.add_done_callback(self._ephemeral_tasks.discard)
+
+    def attach(self, name: str) -> Attachment | None:
+        """A session on container `name`'s streams while it runs (None otherwise)."""
+        proc = self._procs.get(name)
+        if proc is None or proc.returncode is not None:
+            return None
+        sessions = self._attached.setdefault(name, set())
+        session = Attachment(proc, self.specs[name], sessions.discard)
+        sessions.add(session.lines)
+        return session
 
     def running_pid(self, name: str) -> int | None:
         """The host PID of the sandbox process of container `name` while it runs (None otherwise)."""

@@ -5,7 +5,8 @@ authentication and authorization of every request (kubeletauth.py: only a user t
 `nodes/proxy` on this node gets through, which is the API server's kubelet client), and the routes upstream's
 kubelet serves: `/exec/{namespace}/{pod}/{container}` (`command`, `stdin`, `stdout`, `stderr`, `tty` query
 parameters) speaking the remote command protocol (remotecommand.py) to a process joined to the container's
-sandbox (execproc.py).
+sandbox (execproc.py); `/attach/{namespace}/{pod}/{container}` the same protocol on the container's own
+streams (attach.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class KubeletServer:
         for method in ("GET", "POST"):
             app.router.add_route(method, "/exec/{namespace}/{pod}/{container}", self.exec)
             app.router.add_route(method, "/exec/{namespace}/{pod}/{uid}/{container}", self.exec)
+            app.router.add_route(method, "/attach/{namespace}/{pod}/{container}", self.attach)
+            app.router.add_route(method, "/attach/{namespace}/{pod}/{uid}/{container}", self.attach)
         return app
 
     async def start(self, host: str = "127.0.0.1") -> int:
@@ -93,12 +96,7 @@ class KubeletServer:
         target = execproc.sandbox_init(pid) if pid is not None else None
         if target is None:
             raise web.HTTPNotFound(text=f'container "{container}" is not running')
-        ws = web.WebSocketResponse(protocols=remotecommand.PROTOCOLS)
-        ready = ws.can_prepare(request)
-        if not ready.ok or ready.protocol is None:
-            raise web.HTTPBadRequest(text="a WebSocket upgrade with subprotocol "
-                                          f"{' or '.join(remotecommand.PROTOCOLS)} is required")
-        await ws.prepare(request)
+        ws = await _upgrade(request)
         tty, stdin = _flag(request, "tty"), _flag(request, "stdin")
         try:
             proc = await execproc.ExecProcess.start(target, argv, worker.envs.get(container, {}), tty=tty,
@@ -116,3 +114,30 @@ class KubeletServer:
             with contextlib.suppress(ConnectionError):
                 await ws.close()
         return ws
+
+    async def attach(self, request: web.Request) -> web.StreamResponse:
+        m = request.match_info
+        worker = self._worker(m["namespace"], m["pod"], m.get("uid", ""))
+        session = worker.attach(m["container"])
+        if session is None:
+            raise web.HTTPNotFound(text=f'container "{m["container"]}" is not running')
+        try:
+            ws = await _upgrade(request)
+            await remotecommand.serve(ws, session, stdin=_flag(request, "stdin"), stdout=_flag(request, "stdout"),
+                                      stderr=_flag(request, "stderr"), tty=_flag(request, "tty"))
+        finally:
+            session.close()
+        with contextlib.suppress(ConnectionError):
+            await ws.close()
+        return ws
+
+
+async def _upgrade(request: web.Request) -> web.WebSocketResponse:
+    """The WebSocket of a remote command, in a channel protocol the client offers (400 otherwise)."""
+    ws = web.WebSocketResponse(protocols=remotecommand.PROTOCOLS)
+    ready = ws.can_prepare(request)
+    if not ready.ok or ready.protocol is None:
+        raise web.HTTPBadRequest(text="a WebSocket upgrade with subprotocol "
+                                      f"{' or '.join(remotecommand.PROTOCOLS)} is required")
+    await ws.prepare(request)
+    return ws

@@ -190,3 +190,32 @@ def test_kubectl_debug_runs_an_ephemeral_container(up: Up) -> None:
     assert up.kubectl("logs", "p", "-c", "dbg") == "debugging from pod\n"
     status = up.json("get", "pod", "p")["status"]
     assert status["phase"] == "Running" and [c["name"] for c in status["ephemeralContainerStatuses"]] == ["dbg"]
+
+
+TALKER = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: talker, namespace: default}
+spec:
+  restartPolicy: Never
+  containers:
+  - {name: c, image: busybox, stdin: true, stdinOnce: true,
+     command: [sh, -c, 'while read l; do echo "got $l"; done; echo bye']}
+"""
+
+
+def test_kubectl_attach_talks_to_the_containers_own_streams(up: Up) -> None:
+    up.kubectl("apply", "-f", "-", stdin=TALKER)
+    up.kubectl("wait", "--for=condition=Ready", "pod/talker", "--timeout=60s")
+    done = kubectl(up, "attach", "-i", "talker", stdin="a\nb\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "got a\ngot b\nbye\n"  # stdinOnce: the end of kubectl's input ends the container's
+    up.kubectl("wait", "pod/talker", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=60s")
+    assert up.kubectl("logs", "talker") == "got a\ngot b\nbye\n"
+
+
+def test_kubectl_debug_interactive_attaches_to_its_container(up: Up) -> None:
+    done = kubectl(up, "debug", "-i", "p", "--image=busybox", "--container=shell", "--profile=general", "--", "sh",
+                   stdin="echo hi from $(hostname)\nexit 0\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "hi from pod\n"
