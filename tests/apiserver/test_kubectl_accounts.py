@@ -8,17 +8,6 @@ import json
 from embedded.apiserver.testing import RunningApiServer
 from tests.apiserver.conftest import Kubectl
 
-JOB = """\
-apiVersion: batch/v1
-kind: Job
-metadata: {name: once, namespace: default}
-spec:
-  template:
-    spec:
-      restartPolicy: Never
-      containers: [{name: c, image: busybox, command: [echo, hi]}]
-"""
-
 
 async def test_every_namespace_has_a_default_service_account(kubectl: Kubectl) -> None:
     for ns in ("default", "kube-system"):
@@ -49,7 +38,7 @@ async def test_a_token_for_the_default_account_says_who_it_is(kubectl: Kubectl, 
 
 
 async def test_a_job_selects_its_own_pods_by_uid(kubectl: Kubectl) -> None:
-    await kubectl("apply", "-f", "-", stdin=JOB)
+    await kubectl("create", "job", "once", "--image=busybox", "--", "echo", "hi")
     _, out, _ = await kubectl("get", "job", "once", "-o", "json")
     job = json.loads(out)
     uid = job["metadata"]["uid"]
