@@ -140,3 +140,9 @@ def token_review(authenticator: Authenticator, body: Any) -> dict[str, Any]:
         status["error"] = error or "invalid bearer token"
     return {"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
             "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
+
+
+def self_subject_review(user: UserInfo) -> dict[str, Any]:
+    """Who the caller is, as authenticated (`kubectl auth whoami`): a SelfSubjectReview's status."""
+    return {"kind": "SelfSubjectReview", "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"creationTimestamp": None}, "status": {"userInfo": user.to_json()}}

@@ -36,6 +36,7 @@ ISSUER = "https://kubernetes.default.svc.cluster.local"
 SA_PREFIX = "system:serviceaccount:"
 NODE_PREFIX = "system:node:"  # a kubelet's user name is system:node:<node>, in group NODES
 NODES = "system:nodes"
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"  # the API server's user towards kubelets (kubeadm's name)
 EXTRA = "authentication.kubernetes.io/"  # upstream's prefix of a bound token's user.extra keys
 
 
@@ -131,18 +132,28 @@ class Authenticator:
     def enabled(self) -> bool:
         return bool(self.static)
 
-    def authenticate(self, token: str) -> UserInfo | None:
-        """The user of an API request's bearer token (ServiceAccount tokens for the API server's audience)."""
+    def _static_user(self, token: str) -> UserInfo | None:
         for known, user in self.static.items():
             if hmac.compare_digest(known.encode(), token.encode()):
                 return user
+        return None
+
+    def authenticate(self, token: str) -> UserInfo | None:
+        """The user of an API request's bearer token (ServiceAccount tokens for the API server's audience)."""
+        user = self._static_user(token)
+        if user is not None:
+            return user
         if token.count(".") == 2:
             return self.review(token, [ISSUER])[0]
         return None
 
     def review(self, token: str, audiences: list[str]) -> tuple[UserInfo | None, list[str], str]:
-        """A ServiceAccount token checked for one of `audiences`: its user, the audiences it was
-        accepted for, and why it was not (empty when it was), as a TokenReview reports them."""
+        """A token checked for one of `audiences`: its user, the audiences it was accepted for, and why it was
+        not (empty when it was), as a TokenReview reports them. A static token knows no audience: it is good
+        for the API server's own, as upstream's token file authenticator is."""
+        user = self._static_user(token)
+        if user is not None:
+            return (user, [ISSUER], "") if ISSUER in audiences else (None, [], "token audiences are invalid")
         if token.count(".") != 2:
             return None, [], "invalid bearer token"
         return self._service_account(token, audiences)

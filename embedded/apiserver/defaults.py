@@ -144,11 +144,26 @@ def _deployment(obj: dict[str, Any]) -> None:
 
 def _job(obj: dict[str, Any]) -> None:
     spec = obj.setdefault("spec", {})
+    if not spec.get("manualSelector"):
+        _job_selector(obj, spec)
     spec.setdefault("parallelism", 1)
     spec.setdefault("completions", 1)
     spec.setdefault("backoffLimit", 6)
     spec.setdefault("completionMode", "NonIndexed")
     spec.setdefault("suspend", False)
+
+
+def _job_selector(obj: dict[str, Any], spec: dict[str, Any]) -> None:
+    """The selector a Job gets unless it asks for its own (`manualSelector`), and the labels its pod template
+    gets to match it, as the job registry's generateSelector does: the uid picks this Job's pods only."""
+    md = obj.get("metadata") or {}
+    uid, name = str(md.get("uid", "")), str(md.get("name", ""))
+    template = spec.setdefault("template", {})
+    labels = template.setdefault("metadata", {}).setdefault("labels", {})
+    for key, value in (("batch.kubernetes.io/controller-uid", uid), ("batch.kubernetes.io/job-name", name),
+                       ("controller-uid", uid), ("job-name", name)):
+        labels.setdefault(key, value)
+    spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
 
 
 _CREATE = {

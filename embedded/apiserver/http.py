@@ -29,6 +29,7 @@ from embedded.apiserver import (
     podlogs,
     protobuf,
     rbac,
+    streaming,
     tables,
     versions,
 )
@@ -154,7 +155,12 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", handlers.self_rules_review)
     app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", handlers.subject_access_review)
     app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", handlers.token_review)
+    app.router.add_post("/apis/authentication.k8s.io/v1/selfsubjectreviews", handlers.self_subject_review)
     app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}/log", podlogs.handler(server))
+    for sub in ("exec", "attach"):
+        for method in ("GET", "POST"):
+            app.router.add_route(method, f"/api/v1/namespaces/{{namespace}}/pods/{{name}}/{sub}",
+                                 streaming.handler(server, sub))
     app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
     app.router.add_route("*", "/apis/{tail:.*}", handlers.resource)
     return app
@@ -227,6 +233,10 @@ class Handlers:
     async def subject_access_review(self, request: web.Request) -> web.Response:
         # RBAC (`create subjectaccessreviews`) was checked by the middleware, as for any request.
         return json_response(authapi.subject_access_review(self.server.authorizer, await self._body(request)), 201)
+
+    async def self_subject_review(self, request: web.Request) -> web.Response:
+        await request.read()  # a SelfSubjectReview asks nothing (kubectl sends it as protobuf): read and dropped
+        return reply(request, authapi.self_subject_review(authn.current_user.get() or _OPEN_USER), 201)
 
     async def token_review(self, request: web.Request) -> web.Response:
         # RBAC (`create tokenreviews`) was checked by the middleware, as for any request.
@@ -439,8 +449,10 @@ class Handlers:
         return bodies.decode_json(raw)
 
     @staticmethod
-    def _dry_run(request: web.Request) -> bool:
-        values = request.query.getall("dryRun", [])
+    def _dry_run(request: web.Request, options: dict[str, Any] | None = None) -> bool:
+        """Whether the request is a dry run: `dryRun=All` in the query, or in the body's options (kubectl
+        sends DeleteOptions' `dryRun` in the body)."""
+        values = [*request.query.getall("dryRun", []), *((options or {}).get("dryRun") or [])]
         for v in values:
             if v != "All":
                 raise errors.bad_request(f'dryRun: Unsupported value: "{v}": supported values: "All"')
@@ -554,7 +566,7 @@ class Handlers:
         options = await self._delete_options(request)
         obj, gone = self.core.delete(
             res, target.namespace or "", target.name, options.get("propagationPolicy"),
-            options.get("gracePeriodSeconds"), options.get("preconditions"), self._dry_run(request)
+            options.get("gracePeriodSeconds"), options.get("preconditions"), self._dry_run(request, options)
         )
         if gone and not _returns_deleted_object(res):
             uid = (obj.get("metadata") or {}).get("uid", "")
@@ -585,13 +597,14 @@ class Handlers:
         assert res is not None
         label, field = self._selectors(request, res)
         options = await self._delete_options(request)
+        dry_run = self._dry_run(request, options)
         page = self.core.list_objects(res, target.namespace, label, field)
         deleted = []
         for obj in page.items:
             md = obj.get("metadata") or {}
             try:
                 out, _ = self.core.delete(res, md.get("namespace", ""), md["name"], options.get("propagationPolicy"),
-                                          options.get("gracePeriodSeconds"), None, self._dry_run(request))
+                                          options.get("gracePeriodSeconds"), None, dry_run)
             except errors.ApiError as err:
                 if err.code == 404:
                     continue
@@ -610,7 +623,8 @@ class Handlers:
         if target.subresource == "eviction":
             options = (body or {}).get("deleteOptions") or {}
             self.core.delete(res, ns, target.name, options.get("propagationPolicy"),
-                             options.get("gracePeriodSeconds"), options.get("preconditions"), self._dry_run(request))
+                             options.get("gracePeriodSeconds"), options.get("preconditions"),
+                             self._dry_run(request, options))
             return reply(request, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                    "code": 201}, status=201)
         node = ((body or {}).get("target") or {}).get("name")
@@ -621,7 +635,8 @@ class Handlers:
         if (pod.get("spec") or {}).get("nodeName"):
             raise errors.conflict(res, target.name, f"pod {target.name} is already assigned to node "
                                                     f"\"{pod['spec']['nodeName']}\"")
-        self.server.bind_pod(res, pod, node)
+        if not self._dry_run(request):
+            self.server.bind_pod(res, pod, node)
         return reply(request, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                "code": 201}, status=201)
 
@@ -631,6 +646,8 @@ class Handlers:
         current = self.core.get(res, "", target.name)
         finalizers = ((body or {}).get("spec") or {}).get("finalizers") or []
         updated = {**current, "spec": {**(current.get("spec") or {}), "finalizers": finalizers}}
+        if self._dry_run(request):
+            return reply(request, self._out(target, updated))
         stored = self.server.store.put(res.key, ("", target.name), updated)
         self.server.gc.wake()
         return reply(request, self._out(target, stored))
@@ -644,7 +661,8 @@ class Handlers:
                                                      "message": "Invalid value: must be a non-negative integer"}])
         current = self._out(target, self.core.get(res, target.namespace or "", target.name))
         new = deep_copy({**current, "spec": {**(current.get("spec") or {}), "replicas": replicas}})
-        obj, _ = self.core.update(res, target.version, target.namespace or "", target.name, new)
+        obj, _ = self.core.update(res, target.version, target.namespace or "", target.name, new,
+                                  dry_run=self._dry_run(request))
         return reply(request, scale_of(self._out(target, obj)))
 
 

@@ -32,20 +32,22 @@ def _container(pod: dict[str, Any], wanted: str) -> str:
     spec = pod.get("spec") or {}
     names = [c["name"] for c in spec.get("containers") or []]
     inits = [c["name"] for c in spec.get("initContainers") or []]
+    ephemerals = [c["name"] for c in spec.get("ephemeralContainers") or []]
     name = pod["metadata"]["name"]
     if not wanted:
         if len(names) == 1:
             return str(names[0])
         raise errors.bad_request(f"a container name must be specified for pod {name}, choose one of: "
                                  f"[{' '.join(names)}] or one of the init containers: [{' '.join(inits)}]")
-    if wanted not in names + inits:
+    if wanted not in names + inits + ephemerals:
         raise errors.bad_request(f"container {wanted} is not valid for pod {name}")
     return wanted
 
 
 def _state(pod: dict[str, Any], container: str) -> dict[str, Any]:
     status = pod.get("status") or {}
-    for c in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
+    for c in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or []),
+              *(status.get("ephemeralContainerStatuses") or [])]:
         if c.get("name") == container:
             return {k: v for k, v in (c.get("state") or {}).items() if v}
     return {}

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from embedded.apiserver import errors
-from embedded.apiserver.authn import MASTERS, SA_PREFIX, UserInfo
+from embedded.apiserver.authn import KUBELET_CLIENT, MASTERS, SA_PREFIX, UserInfo
 from embedded.apiserver.storage import Change, Store
 
 RBAC = "rbac.authorization.k8s.io"
@@ -51,6 +51,9 @@ def field_requirements(selector: str) -> tuple[tuple[str, str, str], ...]:
         if op and key.strip():
             out.append((key.strip(), op, value.strip()))
     return tuple(out)
+
+
+_CONNECT_SUBRESOURCES = ("exec", "attach", "portforward")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -91,6 +94,8 @@ def request_attributes(method: str, path: str, query: str = "") -> Attributes:
                 name = value
     if not name and verb == "delete":
         verb = "deletecollection"
+    if group == "" and resource == "pods" and subresource in _CONNECT_SUBRESOURCES:
+        verb = "create"  # a WebSocket opens with GET; upstream 1.35 asks create (AuthorizePodWebsocketUpgrade...)
     return Attributes(verb, path, True, group, version, resource, subresource, namespace, name, selector)
 
 
@@ -260,6 +265,10 @@ def bootstrap_cluster_roles() -> list[dict[str, Any]]:
                                     "verbs": ["create"]},
                                    {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"],
                                     "verbs": ["create"]}]),
+        role("system:kubelet-api-admin", [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "proxy"]},
+            {"apiGroups": [""], "resources": ["nodes/log", "nodes/metrics", "nodes/proxy", "nodes/stats"],
+             "verbs": ["*"]}]),
         role("system:public-info-viewer", [{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version",
                                                                 "/version/"], "verbs": ["get"]}]),
     ]
@@ -275,6 +284,8 @@ def bootstrap_cluster_role_bindings() -> list[dict[str, Any]]:
         binding("cluster-admin", "cluster-admin", [MASTERS]),
         binding("system:discovery", "system:discovery", ["system:authenticated"]),
         binding("system:basic-user", "system:basic-user", ["system:authenticated"]),
+        {**binding("system:kube-apiserver-kubelet-client", "system:kubelet-api-admin", []),
+         "subjects": [{"apiGroup": RBAC, "kind": "User", "name": KUBELET_CLIENT}]},
         binding("system:public-info-viewer", "system:public-info-viewer",
                 ["system:authenticated", "system:unauthenticated"]),
     ]

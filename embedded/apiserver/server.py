@@ -32,6 +32,7 @@ from embedded.apiserver.gc import GarbageCollector
 from embedded.apiserver.http import build_app
 from embedded.apiserver.requestcount import RequestCounter
 from embedded.apiserver.resources import Registry, Resource
+from embedded.apiserver.serviceaccounts import ServiceAccountsController
 from embedded.apiserver.storage import Store
 from embedded.apiserver.watch import WatchHub
 
@@ -64,6 +65,7 @@ class ApiServer:
         self.crds = CrdController(self.core)
         self.crds.load_existing()
         self.gc = GarbageCollector(self.core)
+        self.service_accounts = ServiceAccountsController(self.core)
         self.hub = WatchHub(self.store, bookmark_interval)
         self.requests = RequestCounter()  # served at /metrics
         # `token` is the admin's (system:masters: RBAC does not apply); the token file adds identities.
@@ -71,6 +73,10 @@ class ApiServer:
         static = authn.parse_token_file(token_file.read_text(), str(token_file)) if token_file else {}
         if self.token:
             static[self.token] = ADMIN
+        # what it presents to kubelets (pods/exec and kin), which they check with a TokenReview
+        self.kubelet_client_token = secrets.token_urlsafe(32)
+        if static:  # an open server (no tokens at all) stays open
+            static[self.kubelet_client_token] = authn.UserInfo(authn.KUBELET_CLIENT, "", (authn.AUTHENTICATED,))
         self.authenticator = authn.Authenticator(self.store, static, authn.Authenticator.signing_key_for(data_dir))
         # --authorization-mode=Node,RBAC and --enable-admission-plugins=NodeRestriction, as a real cluster runs
         self.rbac = rbac.RbacAuthorizer(self.store)
@@ -87,6 +93,7 @@ class ApiServer:
 
     async def start(self) -> None:
         self._bootstrap()
+        self.service_accounts.start()
         app = build_app(self)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()

@@ -8,6 +8,8 @@ from pathlib import Path
 from kubernetes_asyncio import client
 
 from embedded.nodeagent import nvidiasmi
+from embedded.nodeagent.kubeletauth import KubeletAuth
+from embedded.nodeagent.kubeletserver import KubeletServer
 from embedded.nodeagent.node import NodeAgent
 from embedded.nodeagent.plugins import PluginRegistry
 from embedded.nodeagent.pods import PodRunner, Runtime
@@ -64,7 +66,8 @@ async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
         runtime = await asyncio.to_thread(container_runtime, cfg, state_dir)
         runner = PodRunner(cfg.node, api, plugins, [Path(cfg.cdi_dir)], resync_seconds=cfg.resync_seconds,
                            state_dir=state_dir, runtime=runtime)
-        agent = NodeAgent(core, api, cfg.node)
+        kubelet_api = KubeletServer(KubeletAuth(api, cfg.node), lambda: runner.workers)
+        agent = NodeAgent(core, api, cfg.node, await kubelet_api.start())
         watcher = asyncio.create_task(plugins.run(stopping))
         lease = asyncio.create_task(agent.heartbeat(stopping, cfg.heartbeat_seconds))
         wake = asyncio.Event()
@@ -90,6 +93,7 @@ async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
             await asyncio.gather(watcher, ready_task, lease, return_exceptions=True)
             await agent.set_ready(False, "kubelet emulator stopped")
             await plugins.close()
+            await kubelet_api.close()
 
 
 def main(argv: list[str] | None = None) -> int:

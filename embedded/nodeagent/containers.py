@@ -23,12 +23,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from embedded.nodeagent import nvidiasmi
+from embedded.nodeagent.attach import Attachment
+from embedded.nodeagent.kubeletevents import pull_events
 from embedded.nodeagent.sandbox import CONTAINER_PATH, NOBODY, SHIM_DIR, SIM_STATE, WORK_DIR, bwrap_argv
 from shared.backoff import Backoff
+from shared.kube.events import EventType
 from shared.logs import get_logger
 
 log = get_logger(__name__)
 BACKOFF_MAX = 300.0
+ContainerEvent = Callable[[str, EventType, str, str], None]  # (container, type, reason, message): kubeletevents
 IDLE = "trap 'exit 0' TERM; sleep infinity & wait"  # what a container without a command runs
 
 
@@ -89,8 +93,9 @@ class PodWorker:
 
     def __init__(self, pod: dict[str, Any], edits: dict[str, dict[str, Any]], *, bwrap: str, work_root: Path,
                  log_root: Path, shim_dir: Path, sim_state: str, on_change: Callable[[PodWorker], None],
-                 backoff_base: float = 10.0) -> None:
+                 backoff_base: float = 10.0, on_event: ContainerEvent | None = None) -> None:
         self.pod = pod
+        self.on_event = on_event or (lambda container, type, reason, message: None)
         self.edits = edits
         self.bwrap = bwrap
         self.work = work_root / pod["metadata"]["uid"]
@@ -104,12 +109,16 @@ class PodWorker:
         self.inits = [ContainerState(c["name"], c.get("image", ""), init=True) for c in spec.get("initContainers") or []]
         self.mains = [ContainerState(c["name"], c.get("image", "")) for c in spec.get("containers") or []]
         self.specs = {c["name"]: c for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]}
+        self.ephemerals: list[ContainerState] = []  # `kubectl debug`'s containers, run once each, as they come
+        self._ephemeral_tasks: set[asyncio.Task[int]] = set()
         status = pod.get("status") or {}
         # a pod already Running (the emulator restarted) stays Running while its containers start again
         self.phase = "Running" if status.get("phase") == "Running" else "Pending"
         self.initialized = not self.inits
         self.started_at = status.get("startTime") or now()
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._attached: dict[str, set[asyncio.Queue[bytes]]] = {}  # container -> attached sessions' output
+        self.envs: dict[str, dict[str, str]] = {}  # container -> the environment it runs with (exec gets it too)
         self.dirty = False  # a status change not written yet (the PodRunner's writer clears it)
         self.started = asyncio.Event()  # every main container has started once (or the pod has ended)
         self._stopping = False
@@ -133,7 +142,8 @@ class PodWorker:
                     {"type": "ContainersReady", "status": _flag(ready), "lastTransitionTime": t, **why},
                     {"type": "Ready", "status": _flag(ready), "lastTransitionTime": t, **why}],
                 "initContainerStatuses": [c.status() for c in self.inits] or None,
-                "containerStatuses": [c.status() for c in self.mains]}
+                "containerStatuses": [c.status() for c in self.mains],
+                "ephemeralContainerStatuses": [{**c.status(), "ready": False} for c in self.ephemerals] or None}
 
     def _changed(self) -> None:
         if self.phase in ("Succeeded", "Failed") or all(
@@ -192,17 +202,23 @@ class PodWorker:
         work = self.work / c.name / "work"
         log_path = self.logs / c.name / f"{c.restarts}.log"
         env, binds, uid, sim, f = await asyncio.to_thread(self._set_up, c.name, tmp, work, log_path)
+        self.envs[c.name] = env
         cmd = bwrap_argv(self.bwrap, argv, work=work, tmp=tmp, shim_dir=self.shim_dir, uid=uid, env=env,
                          binds=binds, sim_state=sim)
+        for event in pull_events(c.image, spec.get("imagePullPolicy") or "IfNotPresent"):
+            self.on_event(c.name, *event)
         started = now()
         try:
-            proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
+            proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE if spec.get("stdin")
+                                                        else asyncio.subprocess.DEVNULL,
                                                         stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT)
         except BaseException:
             f.close()
             raise
         self._procs[c.name] = proc
+        self.on_event(c.name, "Normal", "Created", f"Created container: {c.name}")
+        self.on_event(c.name, "Normal", "Started", f"Started container {c.name}")
         c.state = {"running": {"startedAt": started}}
         self._changed()
         log.info("container started", pod=self.pod["metadata"]["name"], container=c.name, pid=proc.pid,
@@ -214,6 +230,10 @@ class PodWorker:
                 if not line:
                     break
                 await asyncio.to_thread(f.write, stamp().encode() + b" " + line.rstrip(b"\n") + b"\n")
+                for session in self._attached.get(c.name, ()):
+                    session.put_nowait(line)
+        for session in self._attached.pop(c.name, set()):
+            session.put_nowait(b"")  # the attached sessions end with the container
         code = await proc.wait()
         self._procs.pop(c.name, None)
         if code < 0:
@@ -238,6 +258,9 @@ class PodWorker:
                                    f"back-off {delay:g}s restarting failed container={c.name} "
                                    f"pod={self.pod['metadata']['name']}"}}
             self._changed()
+            meta = self.pod["metadata"]
+            self.on_event(c.name, "Warning", "BackOff", f"Back-off restarting failed container {c.name} in pod "
+                                                       f"{meta['name']}_{meta['namespace']}({meta['uid']})")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_event.wait(), delay)
             if self._stopping:
@@ -266,6 +289,37 @@ class PodWorker:
             self.phase = "Failed"
             self._changed()
 
+    def add_ephemeral(self, pod: dict[str, Any]) -> None:
+        """Start the ephemeral containers `pod` has that are not started yet (they never restart, and do not
+        count for the pod's phase or readiness)."""
+        if self._stopping or self.phase not in ("Pending", "Running"):
+            return
+        for spec in (pod.get("spec") or {}).get("ephemeralContainers") or []:
+            if spec.get("name") in self.specs:
+                continue
+            self.pod = pod
+            self.specs[spec["name"]] = spec
+            c = ContainerState(spec["name"], spec.get("image", ""))
+            self.ephemerals.append(c)
+            task = asyncio.create_task(self._loop(c, lambda rc: False))
+            self._ephemeral_tasks.add(task)
+            task.add_done_callback(self._ephemeral_tasks.discard)
+
+    def attach(self, name: str) -> Attachment | None:
+        """A session on container `name`'s streams while it runs (None otherwise)."""
+        proc = self._procs.get(name)
+        if proc is None or proc.returncode is not None:
+            return None
+        sessions = self._attached.setdefault(name, set())
+        session = Attachment(proc, self.specs[name], sessions.discard)
+        sessions.add(session.lines)
+        return session
+
+    def running_pid(self, name: str) -> int | None:
+        """The host PID of the sandbox process of container `name` while it runs (None otherwise)."""
+        proc = self._procs.get(name)
+        return proc.pid if proc is not None and proc.returncode is None else None
+
     def start(self) -> None:
         self.task = asyncio.create_task(self.run())
 
@@ -274,6 +328,8 @@ class PodWorker:
         self._stopping = True
         self._stop_event.set()
         procs = list(self._procs.values())
+        for name in self._procs:
+            self.on_event(name, "Normal", "Killing", f"Stopping container {name}")
         for proc in procs:
             for pid in _descendants(proc.pid):
                 with contextlib.suppress(ProcessLookupError):
@@ -287,7 +343,7 @@ class PodWorker:
             for fut in pending:
                 with contextlib.suppress(Exception):
                     await fut
-        if self.task is not None:
-            self.task.cancel()
+        for task in [*self._ephemeral_tasks, *([self.task] if self.task is not None else [])]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+                await task

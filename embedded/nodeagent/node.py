@@ -35,7 +35,7 @@ def _micro_now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def node_status(node: str, ready: bool, message: str) -> dict[str, Any]:
+def node_status(node: str, ready: bool, message: str, port: int = 10250) -> dict[str, Any]:
     now = _now()
     return {
         "capacity": CAPACITY, "allocatable": CAPACITY,
@@ -43,7 +43,7 @@ def node_status(node: str, ready: bool, message: str) -> dict[str, Any]:
                         "lastTransitionTime": now, "reason": "KubeletReady" if ready else "KubeletNotReady",
                         "message": message}],
         "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": node}],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
         "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "machineID": node, "systemUUID": node, "bootID": node,
                      "kernelVersion": "", "osImage": "gpu-dra simulated node",
                      "containerRuntimeVersion": "cdi://emulated", "kubeProxyVersion": "",
@@ -54,7 +54,8 @@ def node_status(node: str, ready: bool, message: str) -> dict[str, Any]:
 class NodeAgent:
     """Writes this node's status and keeps its Lease fresh."""
 
-    def __init__(self, core: client.CoreV1Api, api: client.ApiClient, node: str) -> None:
+    def __init__(self, core: client.CoreV1Api, api: client.ApiClient, node: str, port: int = 10250) -> None:
+        self.port = port  # the kubelet API's (kubeletserver.py), published in status.daemonEndpoints
         self.core = core
         self.coord = client.CoordinationV1Api(api)
         self.node = node
@@ -76,7 +77,7 @@ class NodeAgent:
 
     async def set_ready(self, ready: bool, message: str) -> None:
         try:
-            status = node_status(self.node, ready, message)
+            status = node_status(self.node, ready, message, self.port)
             await self.ensure_node(status)
             await self.core.patch_node_status(self.node, {"status": status})
         except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:

@@ -43,6 +43,7 @@ from embedded.kubelet.client import PreparedClaim as KubeletPreparedClaim
 from embedded.nodeagent.cdi_resolve import CdiResolutionError, SpecCache, load_specs, resolve
 from embedded.nodeagent.containers import PodWorker
 from embedded.nodeagent.containers import now as timestamp
+from embedded.nodeagent.kubeletevents import EventRecorder
 from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
 from shared.backoff import Backoff
 from shared.kube.events import event_body, record_event
@@ -247,6 +248,7 @@ class PodRunner:
         self._attempted: dict[str, str] = {}  # pod uid -> inputs of the last failed attempt
         self._reported: dict[str, str] = {}  # pod uid -> the last FailedPrepareDynamicResources message
         self.runtime = runtime
+        self.events = EventRecorder(api, node)  # the containers' Events (Pulled, Created, Started, ...)
         self.workers: dict[str, PodWorker] = {}  # pod uid -> its running (or finished) containers
         self._finished: set[str] = set()  # pods whose (emulated) exit was written: never prepared again
         self._terminating: set[str] = set()  # pods whose containers are being stopped (grace period)
@@ -437,7 +439,7 @@ class PodRunner:
             elif meta.get("deletionTimestamp"):
                 await self._finish_deleted(pod)
             elif worker is not None and worker.phase not in ("Succeeded", "Failed"):
-                pass  # its containers run; the worker writes the status
+                worker.add_ephemeral(pod)  # its containers run (the worker writes the status); `kubectl debug`'s
             elif phase in ("Succeeded", "Failed"):
                 self._retry.discard(uid)
                 if not await self._release_pod(uid):
@@ -459,7 +461,8 @@ class PodRunner:
         assert rt is not None
         worker = PodWorker(pod, edits, bwrap=rt.bwrap, work_root=rt.work_root, log_root=rt.log_root,
                            shim_dir=rt.shim_dir, sim_state=rt.sim_state, on_change=self._worker_changed,
-                           backoff_base=rt.backoff_base)
+                           backoff_base=rt.backoff_base,
+                           on_event=lambda *event: self.events.container(pod, *event))
         self.workers[pod["metadata"]["uid"]] = worker
         worker.start()
         log.info("pod started", node=self.node, pod=f"{pod['metadata']['namespace']}/{pod['metadata']['name']}",

@@ -157,4 +157,6 @@ async def test_an_acknowledged_write_is_on_file_when_answered(tmp_path: Path) ->
         core = client.CoreV1Api(c)
         for i in range(20):  # many answers, each checked at once: no time for a write-behind to catch up
             made = await core.create_namespace({"metadata": {"name": f"ns-{i}"}})
-            assert _in_file(data, f"ns-{i}") == (True, int(made.metadata.resource_version)), i
+            found, on_file = _in_file(data, f"ns-{i}")
+            # at least the namespace's write (its `default` ServiceAccount may be on file already too)
+            assert found and on_file >= int(made.metadata.resource_version), i
