@@ -16,12 +16,13 @@ from typing import Any
 import grpc
 
 from services.preparer.cdi import CdiWriter
+from services.preparer.claimstate import ClaimPreparer
 from services.preparer.commonedits import CommonEdits
 from services.preparer.devices import DeviceOps, Inventory
 from services.preparer.drivers import PluginContext
 from services.preparer.healthwatch import HealthWatch, add_health_service
 from services.preparer.metadatafiles import SUBDIR, MetadataFiles
-from services.preparer.prepare import Preparer
+from services.preparer.prepare import GpuDriver
 from services.preparer.vfio import VfioSettings, restore_bindings
 from shared import featuregates
 from shared.logs import get_logger
@@ -41,12 +42,13 @@ class GpuPlugin:
         cdi = CdiWriter(Path(cfg.cdi_dir), durable=not ctx.checkpoint.power_loss_is_reboot)
         metadata = (MetadataFiles(ctx.plugin_dir / SUBDIR, ctx.driver, durable=cdi.durable)
                     if cfg.gates.enabled(featuregates.DEVICE_METADATA) else None)
-        self.preparer = Preparer(driver=ctx.driver, node=cfg.node, claims=ctx.claims, inventory=self.inventory,
-                                 ops=self.ops, cdi=cdi, checkpoint=ctx.checkpoint, events=ctx.events, common=self.common,
-                                 settings=ctx.settings,
-                                 vfio=VfioSettings(sys_root=cfg.sys_root, proc_root=cfg.proc_root, modprobe=cfg.modprobe,
-                                                   free_timeout=cfg.vfio_free_timeout),
-                                 gates=cfg.gates, metadata=metadata)
+        self.gpus = GpuDriver(driver=ctx.driver, inventory=self.inventory, ops=self.ops, records=ctx.checkpoint,
+                              common=self.common, settings=ctx.settings,
+                              vfio=VfioSettings(sys_root=cfg.sys_root, proc_root=cfg.proc_root, modprobe=cfg.modprobe,
+                                                free_timeout=cfg.vfio_free_timeout),
+                              gates=cfg.gates)
+        self.preparer = ClaimPreparer(port=self.gpus, driver=ctx.driver, node=cfg.node, claims=ctx.claims, cdi=cdi,
+                                      checkpoint=ctx.checkpoint, events=ctx.events, metadata=metadata)
         self.health = HealthWatch(cfg.node, self.inventory)
 
     async def start(self) -> None:
@@ -54,7 +56,7 @@ class GpuPlugin:
         await self.common.start()
         await self.inventory.load_cache()
         await self.preparer.recover()
-        await restore_bindings(self.preparer.checkpoint, self.preparer.passthrough)
+        await restore_bindings(self.preparer.checkpoint, self.gpus.passthrough)
         await self.preparer.sweep_specs()
 
     def add_services(self, server: grpc.aio.Server) -> None:

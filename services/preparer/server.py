@@ -17,7 +17,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.preparer import metrics
 from services.preparer.checkpoint import PreparedDevice
-from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareResult
+from services.preparer.claimstate import ClaimPreparer, PrepareResult
+from services.preparer.driverport import ClaimRef
 from services.preparer.protos import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from shared.heap import BurstTrim
 from shared.logs import get_logger
