@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from embedded.apiserver.validation import validate_object
 from embedded.kubelet.client import Claim
 from services.computedomain.channelcore import ChannelConfigError, parse_channel_config
-from services.preparer.claims import ClaimDecodeError, ResourceClaim, decode_claim
+from services.preparer.host.claims import ClaimDecodeError, ResourceClaim, decode_claim
 from services.preparer.protos import dra_v1_pb2, dra_v1beta1_pb2
 from shared.bus import Bus, TypedKV
 from shared.claimconfigs import (

@@ -18,9 +18,9 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Iterable
 
-from services.preparer.checkpoint import ClaimRecord
-from services.preparer.devices import DeviceOps, Inventory, ResolvedDevice
-from services.preparer.driverport import ClaimRecords, PrepareFailed
+from services.preparer.host.checkpoint import ClaimRecord
+from services.preparer.host.devices import DeviceOps, Inventory, ResolvedDevice
+from services.preparer.host.port import ClaimRecords, PrepareFailed
 from shared.logs import get_logger
 from shared.nvlinkpartitions import PartitionError, claim_partition
 from shared.telemetry import get_tracer

@@ -13,11 +13,11 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.preparer.cdi import CdiDevice, ContainerEdits
-from services.preparer.checkpoint import ClaimRecord, ClaimState, PreparedDevice
-from services.preparer.claims import AllocationResult, ResourceClaim
-from services.preparer.devices import DeviceError
-from services.preparer.metadatafiles import MetadataSource
+from services.preparer.host.cdi import CdiDevice, ContainerEdits
+from services.preparer.host.checkpoint import ClaimRecord, ClaimState, PreparedDevice
+from services.preparer.host.claims import AllocationResult, ResourceClaim
+from services.preparer.host.devices import DeviceError
+from services.preparer.host.metadatafiles import MetadataSource
 from shared.events.claims import FailureReason
 
 
@@ -32,9 +32,8 @@ class ClaimRef:
 
 
 class PrepareFailed(Exception):
-    """A claim cannot be prepared as allocated; the message goes to the kubelet and the pod's events.
-    `reason` is its class in the `prepare-failed` event; `reported`: that event is already recorded;
-    `claim`: the claim as read, when a check of it failed (its trace context is then known)."""
+    """A claim cannot be prepared as allocated (the message goes to the kubelet); `reason`: its class in the
+    `prepare-failed` event; `reported`: that event is recorded; `claim`: as read, when a check of it failed."""
 
     def __init__(self, message: str, reason: FailureReason = "internal", *, reported: bool = False,
                  claim: ResourceClaim | None = None) -> None:
@@ -92,9 +91,7 @@ class ClaimRecords(Protocol):
 
     @property
     def claims(self) -> Mapping[str, ClaimRecord]: ...
-
     def holders(self, device: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]: ...
-
     def by_state(self, state: ClaimState) -> dict[str, ClaimRecord]: ...
 
 

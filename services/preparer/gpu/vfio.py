@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.preparer.cdi import ContainerEdits, DeviceNode
-from services.preparer.devices import DeviceError, ResolvedDevice
-from services.preparer.driverport import ClaimRecords
-from services.preparer.pcisysfs import NVIDIA, VFIO_MODULE, VFIO_PCI, PciError, PciSysfs, normal_bdf
+from services.preparer.gpu.pcisysfs import NVIDIA, VFIO_MODULE, VFIO_PCI, PciError, PciSysfs, normal_bdf
+from services.preparer.host.cdi import ContainerEdits, DeviceNode
+from services.preparer.host.devices import DeviceError, ResolvedDevice
+from services.preparer.host.port import ClaimRecords
 from shared.claimconfigs import VfioDeviceConfig
 from shared.logs import get_logger
 

@@ -1,22 +1,15 @@
-"""The `compute-domain.nvidia.com` driver plugin: ComputeDomain channel claims -> IMEX channel devices.
+"""The `compute-domain.nvidia.com` driver: ComputeDomain channel claims -> IMEX channel devices.
 
-Owns what a channel prepare does inside the claim state machine (`claimstate`, which writes every record,
-spec and event), as a `driverport.DriverPort`:
-  1. the claim has exactly one device of this driver, a `channel-<n>` (upstream's `daemon-<n>` type is
-     refused: the node's computedomain agent runs the IMEX daemon, no daemon pod claims it), and one
-     opaque `ComputeDomainChannelConfig` (as the controller's workload ResourceClaimTemplate has it);
-  2. channel-0 exclusivity among this node's claims of the same domain (upstream #641); a claim of
-     another domain is left to the agent, which refuses it with "one ComputeDomain at a time";
-  3. `PrepareStarted` on disk (with the config, so unprepare knows the domain), then
-     `services.computedomain.channelcore.ChannelPreparer.prepare`: the agent joins, the daemon becomes Ready;
-  4. the CDI edits (kind `k8s.compute-domain.nvidia.com/claim`, device `<claimUID>-channel-0`): the
-     channel char devices and the domain's env.
-A daemon that is not Ready yet (or an agent that does not answer) is a retryable per-claim error and
-the claim stays `PrepareStarted` with the agent's join in place, so the kubelet's next call resumes
-the wait instead of restarting the daemon; such a claim is not an interrupted prepare to roll back at
-start, only on unprepare or when the claim is gone (stale cleanup). A permanent error (another domain
-on this node, a bad config, the wrong namespace) rolls back. Undo asks the agent to release the claim
-(the last one stops the daemon).
+Owns what a channel prepare does as a `host.port.DriverPort` (the claim state machine writes every record,
+spec and event): the claim has one `channel-<n>` device (a `daemon-<n>` is refused: the node's agent runs
+the IMEX daemon) and one opaque `ComputeDomainChannelConfig`; channel-0 exclusivity among this node's claims
+of the same domain (upstream #641; another domain is refused by the agent); `PrepareStarted` on disk (with
+the config: undo knows the domain), then the agent's join (`channelcore.ChannelPreparer.prepare`) until the
+daemon is Ready; the CDI edits (`k8s.compute-domain.nvidia.com/claim`, device `<claimUID>-channel-0`): the
+channel char devices and the domain's env. A daemon not Ready yet (or an agent that does not answer) is a
+retryable error that keeps the claim `PrepareStarted` with its join in place, so the kubelet's next call
+resumes the wait; such a claim is undone only by unprepare or stale cleanup. A permanent error rolls back.
+Undo asks the agent to release the claim (the last one stops the daemon).
 """
 
 from __future__ import annotations
@@ -36,12 +29,12 @@ from services.computedomain.channelcore import (
     parse_channel_config,
 )
 from services.computedomain.crd import CHANNEL_CONFIG_KIND, DAEMON_DEVICE_CLASS
-from services.preparer.cdi import CHANNEL_CDI, CdiDevice, CdiWriter, DeviceNode
-from services.preparer.checkpoint import ClaimRecord, PreparedDevice
-from services.preparer.claims import AllocationResult, ResourceClaim
-from services.preparer.claimstate import ClaimPreparer
-from services.preparer.devices import Inventory
-from services.preparer.driverport import (
+from services.preparer.host.cdi import CHANNEL_CDI, CdiDevice, DeviceNode
+from services.preparer.host.checkpoint import ClaimRecord, PreparedDevice
+from services.preparer.host.claims import AllocationResult, ResourceClaim
+from services.preparer.host.devices import Inventory
+from services.preparer.host.plugin import PluginContext
+from services.preparer.host.port import (
     ClaimRecords,
     ClaimRef,
     Pending,
@@ -50,7 +43,6 @@ from services.preparer.driverport import (
     Record,
     SpecEdits,
 )
-from services.preparer.drivers import PluginContext
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 
@@ -205,11 +197,9 @@ class ChannelPlugin:
         cfg = ctx.cfg
         # dev root and simulation flag of the node (where /proc/devices and /dev live) come from discovery
         self.inventory = Inventory(cfg.node, ctx.plugin_dir / "inventory-cache.json", dev_root=cfg.dev_root)
-        cdi = CdiWriter(Path(cfg.cdi_dir), CHANNEL_CDI, durable=not ctx.checkpoint.power_loss_is_reboot)
         self.channels = ChannelDriver(driver=ctx.driver, node=cfg.node, records=ctx.checkpoint, inventory=self.inventory,
                                       ready_timeout=cfg.channel_ready_timeout, request_timeout=cfg.device_op_timeout)
-        self.preparer = ClaimPreparer(port=self.channels, driver=ctx.driver, node=cfg.node, claims=ctx.claims,
-                                      cdi=cdi, checkpoint=ctx.checkpoint, events=ctx.events)
+        self.preparer = ctx.preparer(self.channels, CHANNEL_CDI)
 
     async def start(self) -> None:
         await self.inventory.load_cache()

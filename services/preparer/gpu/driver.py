@@ -1,4 +1,4 @@
-"""The `gpu.nvidia.com` driver (a `driverport.DriverPort`): claim + allocation + configs -> GPUs and MIG devices.
+"""The `gpu.nvidia.com` driver (a `host.port.DriverPort`): claim + allocation + configs -> GPUs and MIG devices.
 
 Owns what a GPU prepare does inside the claim state machine (`claimstate`, which writes every record, spec
 and event): device resolution, opaque configs, the overlap guard (a device held by another completed claim
@@ -20,12 +20,15 @@ from dataclasses import dataclass, field
 import msgspec
 from opentelemetry import trace
 
-from services.preparer.cdi import CdiDevice, Mount, gpu_device_nodes, mps_edits, mps_share_env
-from services.preparer.checkpoint import ClaimRecord, PreparedDevice
-from services.preparer.claims import AllocationResult, ResourceClaim
-from services.preparer.commonedits import CommonEdits
-from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
-from services.preparer.driverport import (
+from services.preparer.gpu.commonedits import CommonEdits
+from services.preparer.gpu.partitions import Partitions, whole_gpus
+from services.preparer.gpu.vfio import Passthrough, VfioSettings, passthrough_conflict
+from services.preparer.host.cdi import CdiDevice, Mount, gpu_device_nodes, mps_edits, mps_share_env
+from services.preparer.host.checkpoint import ClaimRecord, PreparedDevice
+from services.preparer.host.claims import AllocationResult, ResourceClaim
+from services.preparer.host.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
+from services.preparer.host.metadatafiles import MetadataSource
+from services.preparer.host.port import (
     RECORD,
     ClaimRecords,
     ClaimRef,
@@ -34,10 +37,7 @@ from services.preparer.driverport import (
     Record,
     SpecEdits,
 )
-from services.preparer.metadatafiles import MetadataSource
 from services.preparer.nodesettings import NodeSettings
-from services.preparer.partitions import Partitions, whole_gpus
-from services.preparer.vfio import Passthrough, VfioSettings, passthrough_conflict
 from shared import featuregates
 from shared.claimconfigs import (
     SHARE_MPS_CAPACITIES,
@@ -437,21 +437,13 @@ class GpuDriver:
     async def _start_share_daemon(self, uid: str, record: ClaimRecord, i: int, mode: _Mode,
                                   cdi: CdiDevice) -> AsyncGenerator[Record, None]:
         """The device's one MPS daemon for its shares: started by the first share, confirmed by the others
-        (discovery's start is idempotent), or known running (`_running_share_daemon`: no request); the
-        share's CDI env and mounts go to `cdi`. The share is a user of the daemon from its start record on
-        (staged with the claim's PrepareStarted, or written with it); before a start request that record is
-        on disk (`RECORD`), so a crash or failure from there on leaves the share to the undo, which stops the
-        daemon only when no other record uses it. A share that makes no request starts nothing: its record
-        may stay staged (the claim's PrepareCompleted, or any earlier write, carries it), as a plain
-        prepare's does.
-        MPS on MIG (mig+mps): a share of a static MIG device is served by one daemon per MIG device,
-        named by the MIG device's UUID and started with CUDA_VISIBLE_DEVICES=MIG-<uuid>, as NVIDIA
-        documents it (each MPS server runs on one MIG instance, its client limit lowered in proportion
-        to the compute instance) and as NVIDIA's DRA driver does (the daemon sees the MIG UUIDs, the
-        compute mode is set on the parent GPU, which discovery keeps in EXCLUSIVE_PROCESS while any of
-        its MIG devices has a daemon). So the shares of one MIG device meet only each other, a MIG
-        device's daemon comes and goes with its own shares, and a share's client sees its MIG device as
-        device 0: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB> limits it on that MIG device."""
+        (discovery's start is idempotent) or known running (no request); the share's env and mounts go to
+        `cdi`. The share's record marks it a user of the daemon, on disk (`RECORD`) before any start request,
+        so the undo stops the daemon only when no other record uses it; with no request the record may stay
+        staged. MPS on MIG: one daemon per MIG device (its UUID, CUDA_VISIBLE_DEVICES=MIG-<uuid>), as NVIDIA
+        documents it and its DRA driver does; discovery keeps the parent GPU in EXCLUSIVE_PROCESS while any
+        of its MIG devices has a daemon, and a share's client sees its MIG device as device 0
+        (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>)."""
         dev = record.devices[i]
         daemon = dev.mps_daemon
         async with self._daemon_locks[daemon]:
@@ -476,22 +468,15 @@ class GpuDriver:
         cdi.mounts += mounts
 
     def _running_share_daemon(self, uid: str, dev: PreparedDevice) -> tuple[list[str], list[Mount]] | None:
-        """The CDI env and mounts that reach `dev`'s GPU's shared daemon when it is known to run with `dev`'s settings,
-        so that one more share needs no `mps-start` round trip; None when discovery must start or confirm it.
-        Called under the daemon's lock. Known means all three of:
-        1. this process started or confirmed it with these settings (discovery replied ok) and has asked no
-           stop of it since (`_release_share_daemon` forgets it before asking; a failed or interrupted start
-           forgets it): nothing this preparer did has stopped it, and its pipe and shm dirs are the ones that
-           reply named (discovery names them by the daemon's id, so a daemon started again has the same);
-        2. the checkpoint holds another claim's completed share using it with the same settings: it is in use,
-           and it cannot be stopped while that record stands (the stop waits for the last user's undo);
-        3. discovery's inventory, followed live from its KV (not the local cache), names it as the MPS
-           daemon of the GPU (or of the MIG device, mig+mps). Discovery publishes a daemon while it runs:
-           when discovery restarts, its reconcile drops the record of a daemon that is gone (a node reboot
-           or its container's restart ends the daemon); while it runs, it watches each daemon's process and
-           starts one that exits unasked again in the same dirs, or gives it up and publishes the device
-           without it. Either way this check then sends the next share to discovery, whose start brings the
-           daemon back. A preparer restart empties (1): its first share of each device asks discovery."""
+        """The CDI env and mounts that reach `dev`'s daemon when it is known to run with `dev`'s settings (one more
+        share needs no `mps-start` round trip); None when discovery must start or confirm it. Under the
+        daemon's lock. Known means all three of:
+        1. this process started or confirmed it with these settings and has asked no stop of it since (a
+           stop, or a failed or interrupted start, forgets it), so its pipe and shm dirs are the reply's;
+        2. another claim's completed share uses it with the same settings (no stop before that one's undo);
+        3. discovery's live inventory (its KV, not the local cache) names it as the device's daemon:
+           discovery drops a daemon that is gone and restarts or gives up one that exits unasked, so the
+           next share then goes to discovery, whose start brings it back. A preparer restart empties (1)."""
         known = self._share_daemons.get(dev.mps_daemon)
         if known is None or known[0] != dev.mps_daemon_settings:
             return None

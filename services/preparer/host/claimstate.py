@@ -1,18 +1,14 @@
-"""The per-claim state machine every driver's preparer shares: the one writer of a claim's checkpoint states,
-CDI spec, device metadata files and lifecycle events; a driver (`driverport.DriverPort`) plans and does the rest.
+"""The per-claim state machine every driver shares: the one writer of a claim's checkpoint states, CDI spec,
+device metadata files and lifecycle events; a driver (`host.port.DriverPort`) plans and does the rest.
 
-Owns, for one driver on one node: per-claim serialisation, idempotency (a `PrepareCompleted` claim
-returns its checkpointed devices and does nothing else), the prepare itself (the claim's `PrepareStarted`
-record from the driver's plan, written, or staged when nothing a crash could leave behind comes before the
-spec; the record written whenever the driver yields `RECORD`; the spec, then `PrepareCompleted`), unprepare
-(undo, then forget), rollback of partial prepares (at start, when the kubelet abandons a prepare, within
-seconds after a failed rollback, and for stale claims), the claim fetch and the checks every driver makes
-(same UID, allocated, pinned to this node, in this node's pool), and traces (every prepare and unprepare of
-a claim, failed or not, has its span in the claim's trace, with the claim, pod, device and GPU attributes
-and, when it failed, error status and the failure's class), lifecycle events: each carried by the checkpoint
-write of the state change it reports (the outbox record is on file when the change is), and a
-`prepare-failed` with its reason class for every failed prepare (also one that failed before
-`prepare-started`).
+Owns, for one driver on one node: per-claim serialisation; idempotency (a `PrepareCompleted` claim returns
+its checkpointed devices); the prepare (the `PrepareStarted` record from the driver's plan, written or
+staged; written again at each `RECORD` the driver yields; the spec; `PrepareCompleted`); unprepare (undo,
+then forget); rollback of partial prepares (at start, when the kubelet abandons a prepare, soon after a
+failed rollback, for stale claims); the claim fetch and the checks every driver makes (same UID, allocated,
+pinned to this node, in this node's pool); a span per prepare and unprepare in the claim's trace; and
+lifecycle events, each carried by the checkpoint write of the change it reports, with a `prepare-failed`
+of its reason class for every failed prepare.
 """
 
 from __future__ import annotations
@@ -28,17 +24,20 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from services.preparer import metrics
-from services.preparer.cdi import CdiWriter, build_spec
-from services.preparer.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice
-from services.preparer.claims import (
+from services.preparer.host import metrics
+from services.preparer.host.cdi import CdiWriter, build_spec
+from services.preparer.host.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice
+from services.preparer.host.claims import (
     AllocationResult,
     ClaimNotFound,
     ClaimSource,
     ResourceClaim,
     selector_node_names,
 )
-from services.preparer.driverport import (
+from services.preparer.host.lifecycle import LifecycleEvents
+from services.preparer.host.metadatafiles import MetadataFiles
+from services.preparer.host.outbox import OutboxRecord
+from services.preparer.host.port import (
     ClaimRef,
     DriverPort,
     Pending,
@@ -47,9 +46,6 @@ from services.preparer.driverport import (
     SpecEdits,
     failure_reason,
 )
-from services.preparer.lifecycle import LifecycleEvents
-from services.preparer.metadatafiles import MetadataFiles
-from services.preparer.outbox import OutboxRecord
 from shared.backoff import Backoff
 from shared.events.claims import ClaimEventKind, FailureReason, PreparedDeviceRef
 from shared.logs import get_logger
@@ -167,10 +163,7 @@ class ClaimPreparer:
             started = [self._event("prepare-started", ref, record)]
             if plan.record_first:  # a side effect a crash could leave behind comes first: on disk before it
                 await self.checkpoint.put(ref.uid, record, events=started)
-            else:
-                # Nothing exists yet that a crash could leave behind: the record goes to disk with the next
-                # write (a `RECORD` of the driver's, another claim's write, else PrepareCompleted), its event
-                # with it; a crash before that leaves at most a CDI spec, which the start-up sweep removes.
+            else:  # nothing to leave behind yet: the next write carries it (`checkpoint` module doc)
                 self.checkpoint.stage(ref.uid, record, events=started)
         else:
             record = previous  # resumed: the earlier attempt's side effects are still in place
@@ -414,19 +407,22 @@ class ClaimPreparer:
             return 0
         done = 0
         for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
-            lock = self._locks[uid]
-            if only_failed and lock.locked():
+            if only_failed and self._locks[uid].locked():
                 continue
-            async with lock:
-                if self.checkpoint.claims.get(uid) is not record:
-                    continue  # prepared or rolled back meanwhile
-                try:
-                    await self._rollback(uid, record, reason="interrupted prepare found at start"
-                                         if not only_failed else "partial prepare left by a failed rollback")
-                    done += 1
-                except PrepareFailed:
-                    continue
+            done += await self._roll_back_unchanged(uid, record, "interrupted prepare found at start"
+                                                    if not only_failed else "partial prepare left by a failed rollback")
         return done
+
+    async def _roll_back_unchanged(self, uid: str, record: ClaimRecord, reason: str) -> int:
+        """Under the claim's lock, roll `record` back if it is still the claim's; 1 when it was rolled back."""
+        async with self._locks[uid]:
+            if self.checkpoint.claims.get(uid) is not record:
+                return 0  # prepared or rolled back meanwhile
+            try:
+                await self._rollback(uid, record, reason=reason)
+            except PrepareFailed:
+                return 0
+            return 1
 
     async def sweep_specs(self) -> int:
         """At start, after `recover`: remove the CDI specs, then the metadata files, of claims the checkpoint does not
@@ -457,8 +453,7 @@ class ClaimPreparer:
         """Roll back PrepareStarted claims whose ResourceClaim is gone or no longer allocated here."""
         done = 0
         for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
-            lock = self._locks[uid]
-            if lock.locked() or not record.name:
+            if self._locks[uid].locked() or not record.name:
                 continue  # being prepared right now, or a legacy entry without a name
             try:
                 claim = await self.claims.get(record.namespace, record.name)
@@ -473,13 +468,7 @@ class ClaimPreparer:
             if not stale:
                 log.info("partially prepared claim not stale", claim=f"{record.namespace}/{record.name}")
                 continue
-            async with lock:
-                if self.checkpoint.claims.get(uid) is record:
-                    try:
-                        await self._rollback(uid, record, reason="stale claim (deleted or not allocated here)")
-                        done += 1
-                    except PrepareFailed:
-                        continue
+            done += await self._roll_back_unchanged(uid, record, "stale claim (deleted or not allocated here)")
         return done
 
     # -- events ----------------------------------------------------------------------------
