@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 import nats
@@ -31,8 +31,16 @@ from shared.logs import get_logger
 from shared.tasks import raise_if_cancelling
 from shared.telemetry import get_tracer, inject_headers, traceparent_context
 
-if TYPE_CHECKING:
-    from shared.bus import Bus
+
+class KVHost(Protocol):
+    """What a typed bucket needs of the bus that opened it (shared.bus.Bus)."""
+
+    name: str
+    js: JetStreamContext
+
+    def spawn(self, coro: Awaitable[None]) -> Any: ...
+    async def refuse(self, mismatch: identity.Mismatch, data: bytes, consumer: str) -> None: ...
+    async def dead_letter(self, subject: str, data: bytes, consumer: str, error: str, *, reason: str) -> None: ...
 
 log = get_logger(__name__)
 CONSUMER_PENDING = Gauge("gpu_dra_nats_consumer_pending",
@@ -140,7 +148,7 @@ async def kv_updates(watcher: Any) -> AsyncIterator[Any]:
 class TypedKV(Generic[M]):
     """A JetStream KV bucket whose values are one message type."""
 
-    def __init__(self, bus: Bus, bucket: Bucket) -> None:
+    def __init__(self, bus: KVHost, bucket: Bucket) -> None:
         self._bus = bus
         self.bucket = bucket
         # Reads go through direct get of the one key ($JS.API.DIRECT.GET.<stream>.<key subject>),

@@ -31,15 +31,13 @@ if TYPE_CHECKING:
 
 # The W3C context of a claim's trace, set by the scheduler when it allocates the claim; the preparer
 # links to it (its parent when the kubelet sends no context of its own).
+from shared.spanattrs import PERIODIC  # re-exported: the services mark periodic roots with it
+
 CLAIM_TRACEPARENT_ANNOTATION = "gpu.nvidia.com/traceparent"
 
 # Context key: True where the kubelet's RPC carried a trace context (the preparer keeps it as parent).
 KUBELET_CONTEXT = otel_context.create_key("gpu_dra.kubelet_context")
 
-# A span attribute marking periodic work (a scan, a resync) that is its own root: PeriodicSampler
-# samples such roots at GPU_DRA_OTEL_PERIODIC_RATIO (default 0.01), so thousands of nodes' no-op
-# passes do not flood the backend; what such a pass changes is traced in spans of its own.
-PERIODIC = "gpu_dra.periodic"
 DEFAULT_PERIODIC_RATIO = 0.01
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -82,7 +80,8 @@ def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str
     from shared import tracing_sdk  # the SDK is loaded only by a process that exports spans
 
     provider, _memory_exporter = tracing_sdk.build_provider(
-        service_name, chosen, otlp=otlp, node=node, periodic=periodic_ratio() if periodic is None else periodic)
+        service_name, chosen, otlp=otlp, node=node, periodic=periodic_ratio() if periodic is None else periodic,
+        version=package_version())
     trace.set_tracer_provider(provider)
     _provider = provider
     return provider

@@ -30,15 +30,15 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler, SamplingResult, TraceIdRatioBased
 
-from shared.telemetry import PERIODIC, package_version
+from shared.spanattrs import PERIODIC
 
 
-def build_provider(service_name: str, chosen: str, *, otlp: bool, node: str,
-                   periodic: float) -> tuple[TracerProvider, InMemorySpanExporter | None]:
+def build_provider(service_name: str, chosen: str, *, otlp: bool, node: str, periodic: float,
+                   version: str = "") -> tuple[TracerProvider, InMemorySpanExporter | None]:
     """The provider for `chosen` ("console", "file:<path>", "memory", "none") beside OTLP when `otlp`;
     and the in-memory exporter when "memory" was chosen. The SDK reads its sampler (OTEL_TRACES_SAMPLER)
     and its batch settings (OTEL_BSP_*) from the environment."""
-    provider = TracerProvider(resource=service_resource(service_name, node))
+    provider = TracerProvider(resource=service_resource(service_name, node, version))
     provider.sampler = PeriodicSampler(provider.sampler, periodic)  # before any tracer is made
     memory: InMemorySpanExporter | None = None
     if otlp:
@@ -123,7 +123,7 @@ class PeriodicSampler(Sampler):
         return f"PeriodicSampler{{{self.periodic.get_description()},{self.base.get_description()}}}"
 
 
-def service_resource(service: str, node: str = "") -> Resource:
+def service_resource(service: str, node: str = "", version: str = "") -> Resource:
     """The resource of one process: `service.name` names the logical service (`gpu-dra-preparer`, never
     the node: N nodes are one service with N instances), `service.instance.id` this process,
     `service.version` the package, `k8s.node.name` the node where there is one. `service` is the
@@ -133,7 +133,7 @@ def service_resource(service: str, node: str = "") -> Resource:
         "service.name": logical if logical.startswith("gpu-dra") else f"gpu-dra-{logical}",
         "service.namespace": "gpu-dra",
         "service.instance.id": f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
-        "service.version": package_version(),
+        "service.version": version,
     }
     if node:
         attributes["k8s.node.name"] = node

@@ -4,7 +4,7 @@ Owns one JSON file `<state-dir>/claims.json`, replaced whole whenever the set ch
 start-up so that pods already Running keep their claims and claims whose pods vanished while the emulator
 was down get unprepared.
 
-Crash argument (the preparer's checkpoint makes the same one, `services/preparer/checkpoint.py`):
+Crash argument (the preparer's checkpoint makes the same one, `services/preparer/host/checkpoint.py`):
 - A process crash loses nothing the kernel has: each write replaces the file by a rename, so it is the old
   document or the new one. No fsync is needed for that.
 - A power loss or kernel crash reboots the node, and after a reboot nothing is prepared: the preparer drops

@@ -17,12 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from services.preparer.claims import KubeClaimSource
 from services.preparer.config import DESCRIPTION, PreparerConfig, parse
-from services.preparer.healthcheck import HealthCheck, HealthCheckServer
+from services.preparer.host.claims import KubeClaimSource
+from services.preparer.host.healthcheck import HealthCheck, HealthCheckServer
+from services.preparer.host.service import PreparerService
+from services.preparer.host.sockets import SocketError
 from services.preparer.nodesettings import KubeNodeSettings
-from services.preparer.service import PreparerService
-from services.preparer.sockets import SocketError
 from shared import nodeconfig
 from shared.bus import Bus, LoginRefused
 from shared.driverroot import DriverRootError

@@ -30,9 +30,9 @@ from services.discovery.config import DiscoveryConfig
 from services.discovery.machine import MachineError
 from services.discovery.nvml import NodeFacts, NvmlUnavailable
 from services.discovery.service import open_nvml
-from services.preparer.cdi import CdiDevice, DeviceNode, build_node_spec, gpu_device_nodes
-from services.preparer.checkpoint import atomic_write
-from services.preparer.commonedits import DEFAULT_CDI_HOOK, build_driver_files, control_nodes, edits_of
+from services.preparer.gpu.commonedits import DEFAULT_CDI_HOOK, build_driver_files, control_nodes, edits_of
+from services.preparer.host.cdi import CdiDevice, DeviceNode, build_node_spec, gpu_device_nodes
+from services.preparer.host.checkpoint import atomic_write
 from shared.driverroot import DriverRoot, DriverRootError
 from shared.events.inventory import NodeInventory
 from shared.logs import setup_logging

@@ -13,7 +13,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from embedded.cluster.local import ClusterConfig, LocalCluster
-from services.preparer.pcisysfs import normal_bdf
+from services.preparer.gpu.pcisysfs import normal_bdf
 from tests.cluster.helpers import apply, device_attributes, edits
 from tests.polling import eventually
 

@@ -13,7 +13,7 @@ from kubernetes_asyncio import client
 
 from embedded.cluster.apply import Applier, ManifestError, load_documents
 from embedded.cluster.local import ClusterConfig, LocalCluster
-from services.preparer.pcisysfs import PciSysfs
+from services.preparer.gpu.pcisysfs import PciSysfs
 from tests.cluster.helpers import apply, edits, wait_pods
 
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "workloads"

@@ -19,7 +19,7 @@ from services.computedomain.agent import clique_of
 from services.computedomain.channelcore import channel_config
 from services.computedomain.crd import CHANNEL_DEVICE_CLASS
 from services.computedomain.membership import Membership, wait_for_status
-from services.preparer.claims import KubeClaimSource
+from services.preparer.host.claims import KubeClaimSource
 from shared.bus import Bus
 from shared.deviceclasses import CD_DRIVER
 from shared.events.catalog import CD_AGENT_JOIN, INVENTORY_BUCKET
@@ -233,7 +233,7 @@ async def test_the_preparer_process_serves_both_drivers_on_their_own_sockets(roo
                  "--cdi-dir", str(root / "cdi")])
     assert cfg.drivers == ["gpu.nvidia.com", CD_DRIVER]
     from embedded.kubelet.client import register
-    from services.preparer.service import PreparerService
+    from services.preparer.host.service import PreparerService
     from tests.preparer.helpers import MemoryClaims
 
     services = [PreparerService(cfg, MemoryClaims(), driver=d) for d in cfg.drivers]

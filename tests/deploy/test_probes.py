@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.preparer.healthcheck import SERVICES as GRPC_HEALTH_SERVICES
+from services.preparer.host.healthcheck import SERVICES as GRPC_HEALTH_SERVICES
 from shared.health import LIVENESS_PATH, PATHS, READINESS_PATH
 from tests.deploy.conftest import OVERLAYS, render_overlay
 

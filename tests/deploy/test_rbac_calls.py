@@ -32,7 +32,7 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
                                                   {"get"})],
     ("services/webhook/cli.py", "request:PATCH"): [("admissionregistration.k8s.io", "validatingwebhookconfigurations",
                                                     {"patch"})],
-    ("services/preparer/claims.py", "request:GET"): [(RK, "resourceclaims", {"get"})],
+    ("services/preparer/host/claims.py", "request:GET"): [(RK, "resourceclaims", {"get"})],
     ("services/computedomain/controller.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
     ("services/computedomain/controller.py", "get:COMPUTEDOMAINS"): [(RN, "computedomains", {"get"})],
     ("services/computedomain/controller.py", "patch:COMPUTEDOMAINS"): [

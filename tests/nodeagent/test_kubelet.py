@@ -25,7 +25,7 @@ from embedded.harness.discovery import running_discovery
 from embedded.kubelet.client import Claim
 from embedded.nodeagent import cli as kubelet_cli
 from embedded.nodeagent.pods import EDITS_ANNOTATION, EXIT_ANNOTATION, FAILED_REASON
-from services.preparer.claims import KubeClaimSource
+from services.preparer.host.claims import KubeClaimSource
 from shared.bus import Bus
 from shared.kube.resources import PODS, RESOURCECLAIMS, Kube
 from shared.natsserver import EmbeddedNats

@@ -15,9 +15,9 @@ from typing import Any
 import msgspec
 
 from embedded.kubelet.client import Claim, DraPlugin, register
-from services.preparer.claims import ClaimNotFound, ResourceClaim
 from services.preparer.config import PreparerConfig
-from services.preparer.service import PreparerService
+from services.preparer.host.claims import ClaimNotFound, ResourceClaim
+from services.preparer.host.service import PreparerService
 from shared.events import devicemetadata
 
 DRIVER = "gpu.nvidia.com"

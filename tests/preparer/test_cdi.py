@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from embedded.harness.discovery import RunningDiscovery
-from services.preparer.cdi import CdiDevice, CdiWriter, ContainerEdits, DeviceNode, build_spec
+from services.preparer.host.cdi import CdiDevice, CdiWriter, ContainerEdits, DeviceNode, build_spec
 from shared.bus import Bus
 from tests.preparer.cdischema import cdi_validator, loader_errors
 from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from services.preparer.checkpoint import (
+from services.preparer.host.checkpoint import (
     SCHEMA_VERSION,
     Checkpoint,
     CheckpointError,
@@ -112,7 +112,7 @@ async def test_reboot_through_the_service_wipes_and_the_device_is_free(claims: M
 
 
 async def test_a_corrupt_checkpoint_is_reported(claims: MemoryClaims, root: Path) -> None:
-    from services.preparer.service import PreparerService
+    from services.preparer.host.service import PreparerService
     from tests.preparer.helpers import node_config
 
     cfg = node_config(root)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from services.preparer.cdi import READ_ONLY, CdiDevice, build_spec, gpu_device_nodes
-from services.preparer.commonedits import (
+from services.preparer.gpu.commonedits import (
     CommonEdits,
     DriverFiles,
     build_driver_files,
     control_nodes,
     edits_of,
 )
+from services.preparer.host.cdi import READ_ONLY, CdiDevice, build_spec, gpu_device_nodes
 from shared.driverroot import DriverRoot, DriverRootError
 from tests.fakedriver import make_driver_root
 from tests.preparer.cdischema import spec_errors
@@ -216,10 +216,10 @@ def test_missing_optional_files_are_skipped_with_one_debug_line(tmp_path: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     fake = make_driver_root(tmp_path / "driver", binaries=("nvidia-smi", "nvidia-cdi-hook"), firmware=False,
                             sockets=False)
-    with caplog.at_level(logging.DEBUG, logger="services.preparer.commonedits"):
+    with caplog.at_level(logging.DEBUG, logger="services.preparer.gpu.commonedits"):
         files = build_driver_files(DriverRoot.of(str(fake.root)), f"{fake.root}/usr/bin/nvidia-cdi-hook")
     assert (files.binaries, files.firmware, files.ipc) == (["/usr/bin/nvidia-smi"], [], [])
     assert files.warnings == [] and len(files.hooks) == 4
-    [line] = [r for r in caplog.records if r.name == "services.preparer.commonedits"]
+    [line] = [r for r in caplog.records if r.name == "services.preparer.gpu.commonedits"]
     assert line.levelno == logging.DEBUG and line.getMessage() == "optional driver files absent; skipped"
     assert "nvidia-imex" in str(line.structured_fields["missing"])  # type: ignore[attr-defined]

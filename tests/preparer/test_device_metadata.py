@@ -20,7 +20,7 @@ import pytest
 from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import Claim
 from services.discovery import simpci
-from services.preparer.pcisysfs import PciSysfs, normal_bdf
+from services.preparer.gpu.pcisysfs import PciSysfs, normal_bdf
 from shared.bus import Bus
 from shared.events import devicemetadata as dm
 from shared.events.schema import write_schemas

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from embedded.harness.discovery import RunningDiscovery
-from services.preparer.commonedits import build_driver_files, control_nodes, edits_of
+from services.preparer.gpu.commonedits import build_driver_files, control_nodes, edits_of
 from shared.bus import Bus
 from shared.driverroot import DriverRoot
 from tests.fakedriver import make_driver_root

@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from embedded.apiserver.testing import running_apiserver
 from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import register
-from services.preparer.checkpoint import ClaimRecord, PreparedDevice
-from services.preparer.claims import KubeClaimSource
+from services.preparer.host.checkpoint import ClaimRecord, PreparedDevice
+from services.preparer.host.claims import KubeClaimSource
 from shared.bus import Bus
 from shared.events.claims import ClaimLifecycle
 from shared.natsserver import EmbeddedNats

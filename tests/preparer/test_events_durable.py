@@ -18,9 +18,9 @@ from prometheus_client import REGISTRY
 
 from embedded.apiserver.testing import running_apiserver
 from embedded.kubelet.client import register
-from services.preparer import outbox as outbox_module
-from services.preparer.checkpoint import ClaimRecord, PreparedDevice
-from services.preparer.lifecycle import LifecycleEvents
+from services.preparer.host import outbox as outbox_module
+from services.preparer.host.checkpoint import ClaimRecord, PreparedDevice
+from services.preparer.host.lifecycle import LifecycleEvents
 from shared.bus import Bus
 from shared.events.claims import ClaimLifecycle
 from shared.events.schema import write_schemas

@@ -19,7 +19,7 @@ from shared.cli import COMMANDS
 import importlib
 cli = importlib.import_module(COMMANDS["preparer"][0])
 from services.preparer.config import parse
-from services.preparer.service import PreparerService
+from services.preparer.host.service import PreparerService
 root = sys.argv[1]
 cfg = parse(["--node", "n1", "--registry-dir", root + "/reg", "--plugins-dir", root + "/plugins",
              "--cdi-dir", root + "/cdi", "--boot-id-path", root + "/boot_id", "--kubeconfig", root + "/kubeconfig"])
@@ -67,7 +67,7 @@ def test_preparer_start_loads_only_what_it_uses(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.splitlines()[-1])
     assert seen["drivers"] == 2
-    assert "services.preparer.gpu" in seen["modules"] and "services.preparer.channeldriver" in seen["modules"]
+    assert "services.preparer.gpu.plugin" in seen["modules"] and "services.preparer.channel.driver" in seen["modules"]
     loaded = [m for m in seen["modules"] if any(_within(m, name) for name in MUST_NOT_LOAD)]
     assert loaded == [], f"the preparer loaded modules it must not need: {loaded}"
     assert seen["stores"] == [0, 0], "aiohttp's default TLS contexts hold the parsed system trust store"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from embedded.harness.discovery import RunningDiscovery
-from services.preparer.claimstate import ClaimPreparer
+from services.preparer.host.claimstate import ClaimPreparer
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import (

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from embedded.harness.discovery import RunningDiscovery
-from services.preparer.claims import KubeClaimSource
+from services.preparer.host.claims import KubeClaimSource
 from services.preparer.nodesettings import KubeNodeSettings
 from shared.kube import rest as kube
 from shared.natsserver import EmbeddedNats

@@ -8,10 +8,10 @@ import grpc
 import pytest
 
 from embedded.kubelet.client import PluginError, choose_version, register
+from services.preparer.host.service import PreparerService
+from services.preparer.host.sockets import SocketError
 from services.preparer.protos import pluginregistration_v1_pb2 as reg_pb2
 from services.preparer.protos import pluginregistration_v1_pb2_grpc as reg_grpc
-from services.preparer.service import PreparerService
-from services.preparer.sockets import SocketError
 from tests.preparer.helpers import node_config, running_node
 
 

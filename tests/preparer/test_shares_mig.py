@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from embedded.harness.discovery import RunningDiscovery
-from services.preparer.devices import DeviceOps
+from services.preparer.host.devices import DeviceOps
 from shared.bus import Bus
 from shared.events.inventory import MigDevice
 from tests.fakedriver import FakeDriver, wait_gone

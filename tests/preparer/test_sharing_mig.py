@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from embedded.harness.discovery import RunningDiscovery
-from services.preparer.devices import DeviceOps
+from services.preparer.host.devices import DeviceOps
 from shared.bus import Bus
 from shared.events.inventory import MigPlacement
 from tests.preparer.helpers import MemoryClaims, Node, claim_doc, gpu_config, running_node, without_metadata

@@ -18,7 +18,7 @@ from typing import Any
 from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import Claim
 from services.discovery import simpci
-from services.preparer.pcisysfs import PciSysfs, normal_bdf
+from services.preparer.gpu.pcisysfs import PciSysfs, normal_bdf
 from shared.bus import Bus
 from tests.polling import eventually
 from tests.preparer.helpers import DRIVER, MemoryClaims, Node, claim_doc, running_node

@@ -23,7 +23,7 @@ from embedded.apiserver.testing import running_apiserver
 from embedded.harness.discovery import running_discovery
 from embedded.kubelet.client import register
 from services.discovery import simpci
-from services.preparer.pcisysfs import PciSysfs
+from services.preparer.gpu.pcisysfs import PciSysfs
 from shared.bus import Bus
 from shared.natsserver import EmbeddedNats
 from tests.preparer.helpers import ApiClaims, claim_doc

@@ -18,7 +18,7 @@ import pytest
 from examples.ledger import trust
 from examples.ledger.consumer import LedgerService
 from examples.ledger.schema import load_contract
-from services.preparer.lifecycle import LifecycleEvents
+from services.preparer.host.lifecycle import LifecycleEvents
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.base import now_unix

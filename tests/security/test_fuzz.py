@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from embedded.apiserver.validation import validate_object
 from embedded.kubelet.client import Claim
 from services.computedomain.channelcore import ChannelConfigError, parse_channel_config
-from services.preparer.claims import ClaimDecodeError, ResourceClaim, decode_claim
+from services.preparer.host.claims import ClaimDecodeError, ResourceClaim, decode_claim
 from services.preparer.protos import dra_v1_pb2, dra_v1beta1_pb2
 from shared.bus import Bus, TypedKV
 from shared.claimconfigs import (
@@ -197,7 +197,7 @@ def test_every_catalog_message_decodes_or_becomes_a_dead_letter_reason(entry: ca
 
 @pytest.mark.parametrize("bucket", catalog.BUCKETS, ids=lambda b: b.name)
 def test_every_kv_value_decodes_or_is_skipped(bucket: catalog.Bucket) -> None:
-    kv: TypedKV[Any] = TypedKV(_KV_BUS, bucket)  # type: ignore[arg-type]
+    kv: TypedKV[Any] = TypedKV(_KV_BUS, bucket)
 
     @settings(**FUZZ, suppress_health_check=[HealthCheck.too_slow])
     @given(shallow_json | mutated(shaped(bucket.message)).map(msgspec.json.encode))
@@ -215,7 +215,7 @@ def test_an_event_nested_past_the_decoder_limit_becomes_a_dead_letter_reason(ent
 
 
 def test_a_kv_value_nested_past_the_decoder_limit_is_skipped() -> None:
-    kv: TypedKV[Any] = TypedKV(_KV_BUS, catalog.INVENTORY_BUCKET)  # type: ignore[arg-type]
+    kv: TypedKV[Any] = TypedKV(_KV_BUS, catalog.INVENTORY_BUCKET)
     assert kv.decode("n1", nesting(3000)) is None
 
 

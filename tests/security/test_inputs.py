@@ -18,7 +18,7 @@ import pytest
 
 from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import Claim
-from services.preparer.claims import (
+from services.preparer.host.claims import (
     ClaimDecodeError,
     ClaimFetchError,
     ClaimNotFound,

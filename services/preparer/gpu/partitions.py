@@ -8,7 +8,7 @@ partition, as NVIDIA's driver requires: GPUs that span two partitions, or only p
 before any side effect. The users of a partition are counted over the checkpoint's records (prepared, or
 being prepared), as the shared MPS daemons are: a restart neither deactivates a partition in use nor
 keeps one unused. Crash safety: a claim's record names its partition (`fabric_partition`) and is on disk
-before the activation request, so a crash or failure from there on leaves the partition to the undo.
+before the activation request (the driver yields it to the claim state machine first), so a crash or failure from there on leaves the partition to the undo.
 Both requests are idempotent in discovery (it asks Fabric Manager for the state first).
 """
 
@@ -18,9 +18,9 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Iterable
 
-from services.preparer.checkpoint import Checkpoint, ClaimRecord
-from services.preparer.claimstate import PrepareFailed
-from services.preparer.devices import DeviceOps, Inventory, ResolvedDevice
+from services.preparer.host.checkpoint import ClaimRecord
+from services.preparer.host.devices import DeviceOps, Inventory, ResolvedDevice
+from services.preparer.host.port import ClaimRecords, PrepareFailed
 from shared.logs import get_logger
 from shared.nvlinkpartitions import PartitionError, claim_partition
 from shared.telemetry import get_tracer
@@ -35,9 +35,9 @@ def whole_gpus(devices: Iterable[tuple[ResolvedDevice, bool]]) -> set[str]:
 
 
 class Partitions:
-    def __init__(self, ops: DeviceOps, checkpoint: Checkpoint, inventory: Inventory) -> None:
+    def __init__(self, ops: DeviceOps, records: ClaimRecords, inventory: Inventory) -> None:
         self.ops = ops
-        self.checkpoint = checkpoint
+        self.records = records
         self.inventory = inventory
         self._locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)  # activation and release per partition
 
@@ -52,13 +52,9 @@ class Partitions:
             raise PrepareFailed(str(exc), "device-error" if away else "invalid-config") from None
         return partition.id if partition is not None else -1
 
-    async def activate(self, uid: str, record: ClaimRecord, gpus: set[str]) -> None:
-        """Activate the record's partition (none: nothing), its record on disk first (module doc)."""
-        partition = record.fabric_partition
-        if partition < 0:
-            return
+    async def activate(self, uid: str, partition: int, gpus: set[str]) -> None:
+        """Activate the claim's partition, whose record the caller has on disk (module doc)."""
         async with self._locks[partition]:
-            await self.checkpoint.put(uid, record)
             with tracer.start_as_current_span("device.partition-activate") as span:
                 span.set_attribute("dra.partition", partition)
                 reply = await self.ops.partition_activate(partition, sorted(gpus))
@@ -71,7 +67,7 @@ class Partitions:
         if partition < 0:
             return
         async with self._locks[partition]:
-            users = [u for u, r in self.checkpoint.claims.items() if u != uid and r.fabric_partition == partition]
+            users = [u for u, r in self.records.claims.items() if u != uid and r.fabric_partition == partition]
             if users:
                 log.info("NVLink partition kept: other claims use it", claim_uid=uid, partition=partition,
                          users=len(users))

@@ -1,45 +1,43 @@
-"""The `gpu.nvidia.com` core: claim + allocation + configs -> prepared GPUs and MIG devices, and the way back.
+"""The `gpu.nvidia.com` driver (a `host.port.DriverPort`): claim + allocation + configs -> GPUs and MIG devices.
 
-Owns what a GPU prepare does inside the shared claim state machine (`claimstate.ClaimPreparer`:
-serialisation, idempotency, rollback, stale cleanup, events): device resolution, opaque configs,
-the overlap guard (a device held by another completed claim is refused unless both share it by
-config), time-slicing, MPS, dynamic MIG and NVLink partitions (`partitions`) through discovery, and the
-claim's CDI spec (its devices' nodes plus the node's common edits, the driver userspace, from `commonedits`;
-the device metadata files from `metadatafiles`).
-I/O goes through small ports: ClaimSource, Inventory, DeviceOps, CdiWriter, Checkpoint.
+Owns what a GPU prepare does inside the claim state machine (`claimstate`, which writes every record, spec
+and event): device resolution, opaque configs, the overlap guard (a device held by another completed claim
+is refused unless both share it by config), time-slicing, MPS, dynamic MIG and NVLink partitions
+(`partitions`) through discovery, VFIO passthrough (`vfio`), the claim's CDI edits (its devices' nodes plus
+the node's common edits, the driver userspace, from `commonedits`), and the way back. I/O goes through small
+ports: Inventory, DeviceOps, Passthrough, ClaimRecords (the checkpoint, read only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-import time
 from collections import defaultdict
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 import msgspec
 from opentelemetry import trace
 
-from services.preparer.cdi import (
-    CdiDevice,
-    CdiWriter,
-    Mount,
-    build_spec,
-    device_id,
-    gpu_device_nodes,
-    mps_edits,
-    mps_share_env,
+from services.preparer.gpu.commonedits import CommonEdits
+from services.preparer.gpu.partitions import Partitions, whole_gpus
+from services.preparer.gpu.vfio import Passthrough, VfioSettings, passthrough_conflict
+from services.preparer.host.cdi import CdiDevice, Mount, gpu_device_nodes, mps_edits, mps_share_env
+from services.preparer.host.checkpoint import ClaimRecord, PreparedDevice
+from services.preparer.host.claims import AllocationResult, ResourceClaim
+from services.preparer.host.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
+from services.preparer.host.metadatafiles import MetadataSource
+from services.preparer.host.port import (
+    RECORD,
+    ClaimRecords,
+    ClaimRef,
+    Plan,
+    PrepareFailed,
+    Record,
+    SpecEdits,
 )
-from services.preparer.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
-from services.preparer.claims import ClaimSource, ResourceClaim
-from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareFailed, failure_reason
-from services.preparer.commonedits import CommonEdits
-from services.preparer.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
-from services.preparer.lifecycle import LifecycleEvents
-from services.preparer.metadatafiles import MetadataFiles, MetadataSource
 from services.preparer.nodesettings import NodeSettings
-from services.preparer.partitions import Partitions, whole_gpus
-from services.preparer.vfio import Passthrough, VfioSettings, passthrough_conflict
 from shared import featuregates
 from shared.claimconfigs import (
     SHARE_MPS_CAPACITIES,
@@ -61,7 +59,7 @@ from shared.claimconfigs import (
 )
 from shared.devicemodel import binary_si
 from shared.logs import get_logger
-from shared.telemetry import get_tracer, leaf_span
+from shared.telemetry import get_tracer
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
@@ -214,21 +212,33 @@ def _vfio_config(groups: list[Selected], planned: list[_Planned]) -> VfioDeviceC
     return vfio[0].config
 
 
-class Preparer(ClaimPreparer):
-    def __init__(self, *, driver: str, node: str, claims: ClaimSource, inventory: Inventory, ops: DeviceOps,
-                 cdi: CdiWriter, checkpoint: Checkpoint, events: LifecycleEvents, common: CommonEdits,
-                 pool: str = "", settings: NodeSettings | None = None, vfio: VfioSettings | None = None,
-                 gates: featuregates.FeatureGates | None = None, metadata: MetadataFiles | None = None) -> None:
-        super().__init__(driver=driver, node=node, claims=claims, cdi=cdi, checkpoint=checkpoint, events=events,
-                         pool=pool)
+@dataclass
+class _Work:
+    """A GPU claim's plan, as `apply` needs it."""
+
+    planned: list[_Planned]
+    groups: list[Selected]
+    modes: dict[int, _Mode]
+    vfio_config: VfioDeviceConfig | None
+
+
+class GpuDriver:
+    """The GPU side of a claim's prepare and unprepare (see the module doc)."""
+
+    resumable = False  # a PrepareStarted is an interrupted prepare: rolled back, never resumed
+
+    def __init__(self, *, driver: str, inventory: Inventory, ops: DeviceOps, records: ClaimRecords,
+                 common: CommonEdits, settings: NodeSettings | None = None, vfio: VfioSettings | None = None,
+                 gates: featuregates.FeatureGates | None = None) -> None:
+        self.driver = driver
+        self.records = records
         self.settings = settings or NodeSettings()  # the node config's setting per GPU (time-slicing)
         self.gates = gates if gates is not None else featuregates.FeatureGates()  # a gated device is refused
         self.inventory = inventory
         self.ops = ops
         self.common = common  # the node's driver userspace, in every claim spec
         self.passthrough = Passthrough(vfio or VfioSettings(), inventory.host_path)  # gpu-vfio-<minor> devices
-        self.partitions = Partitions(ops, checkpoint, inventory)  # NVLink partitions (Fabric Manager)
-        self.metadata = metadata  # the device metadata files mounted by each claim's spec; None: off
+        self.partitions = Partitions(ops, records, inventory)  # NVLink partitions (Fabric Manager)
         # per shared MPS daemon: its start and its stop (with the count of its users) do not interleave
         self._daemon_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # per shared MPS daemon this process started or confirmed, and has not asked to stop since: the
@@ -236,11 +246,11 @@ class Preparer(ClaimPreparer):
         self._share_daemons: dict[str, tuple[dict[str, int], list[str], list[Mount]]] = {}
         self._published: tuple[object, dict[str, str]] = (None, {})  # an inventory and its devices' daemons
 
-    def _plan(self, claim: ResourceClaim) -> tuple[list[_Planned], list[RawConfig]]:
+    def _resolve(self, claim: ResourceClaim,
+                 ours: list[tuple[int, AllocationResult]]) -> tuple[list[_Planned], list[RawConfig]]:
         allocation = claim.status.allocation
         assert allocation is not None
         planned: list[_Planned] = []
-        ours = self._our_results(claim)
         if len(ours) > MAX_RESULTS:
             raise PrepareFailed(f"the claim is allocated {len(ours)} devices of this driver, more than the "
                                 f"{MAX_RESULTS} a claim may hold", "invalid-config")
@@ -263,10 +273,10 @@ class Preparer(ClaimPreparer):
         for i, item in enumerate(planned):
             if item.admin_access:
                 continue
-            if why := passthrough_conflict(self.checkpoint, ref.uid, item.resolved):
+            if why := passthrough_conflict(self.records, ref.uid, item.resolved):
                 raise PrepareFailed(f"requested device {item.resolved.name} cannot be prepared for this claim: "
                                     f"{why}", "device-busy")
-            for uid, record, held in self.checkpoint.holders(item.resolved.name, exclude=ref.uid):
+            for uid, record, held in self.records.holders(item.resolved.name, exclude=ref.uid):
                 if held.admin_access:
                     continue
                 why = _conflict(modes[i], held)
@@ -304,16 +314,9 @@ class Preparer(ClaimPreparer):
                 if setting.time_slice_interval != "Default":  # the GPU's own default: nothing to set or reset
                     modes[i].node_interval = setting.time_slice_interval
 
-    async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
-                             claim: ResourceClaim) -> list[PreparedDevice]:
-        if previous is not None:  # a PrepareStarted left by a failed or interrupted attempt
-            # Undone before this attempt reads the inventory. A dynamic MIG device the earlier attempt had
-            # discovery create (its reply lost to a kill or a cancelled call) is live until this rollback
-            # destroys it: a plan made first resolves it as an existing (static) MIG device, skips the
-            # create, and completes the claim on the device the rollback then destroys (PrepareCompleted,
-            # the MIG device gone from discovery's inventory: seen after a preparer restart).
-            await self._rollback(ref.uid, previous, reason="retry after an interrupted prepare")
-        planned, raw = self._plan(claim)
+    async def plan(self, ref: ClaimRef, claim: ResourceClaim,
+                   results: list[tuple[int, AllocationResult]]) -> Plan:
+        planned, raw = self._resolve(claim, results)
         if any(p.resolved.kind == "gpu" and not p.share_id for p in planned):
             await self.settings.synced()  # a whole GPU's NodeConfig rule may time-slice it
         try:
@@ -347,66 +350,41 @@ class Preparer(ClaimPreparer):
             dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
             pci_bus_id=self.passthrough.address(p.resolved) if p.resolved.kind == "vfio" else "",
         ) for i, p in enumerate(planned)]
-        record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
-                             preparation=self.checkpoint.next_preparation(), devices=devices, started_at=time.time(),
-                             configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit],
-                             traceparent=self.claim_traceparent(claim), fabric_partition=partition)
-        started = [self._event("prepare-started", ref, record)]
-        if any(d.dynamic_mig or d.pci_bus_id for d in devices):
-            # a MIG device is created or a GPU leaves nvidia next: the record must be on disk first, so a
-            # crash leaves it to undo
-            await self.checkpoint.put(ref.uid, record, events=started)
-        else:
-            # Nothing exists yet that a crash could leave behind: the record goes to disk with the next
-            # write (the put before a time-slice or MPS call, else PrepareCompleted), its event with it;
-            # a crash before that leaves nothing but maybe a CDI spec, which the start-up sweep removes.
-            self.checkpoint.stage(ref.uid, record, events=started)
-        try:
-            cdi_devices = await self._apply(ref, record, planned, groups, modes, vfio_config)
-            with leaf_span(tracer, "cdi.write"):
-                if self.metadata is not None:  # written before the spec that mounts them
-                    await self.metadata.add_to(claim, [MetadataSource(p.request, d, p.resolved.gpu)
-                                                       for p, d in zip(planned, record.devices, strict=True)],
-                                               cdi_devices)
-                common = (self.passthrough.common_edits(vfio_config) if vfio_config is not None
-                          else await self.common.get(self.inventory.dev_root))
-                spec = build_spec(ref.uid, cdi_devices, common) if cdi_devices else None
-                if spec is not None:
-                    record.cdi_spec = await self.cdi.write(ref.uid, spec)
-            for dev in record.devices:
-                dev.cdi_device_ids = [device_id(ref.uid, dev.device)] if spec is not None else []
-            record.state = "PrepareCompleted"
-            record.completed_at = time.time()
-            await self.checkpoint.put(ref.uid, record, events=[self._event("prepared", ref, record)])
-        except Exception as exc:
-            log.warning("prepare failed after it started; rolling back", claim=str(ref), error=str(exc))
-            reason = failure_reason(exc)
-            await self._rollback(ref.uid, record, reason=str(exc), failed=reason)
-            raise PrepareFailed(str(exc), reason, reported=True) from None
-        log.info("claim prepared", claim=str(ref), devices=[d.device for d in record.devices])
-        return list(record.devices)
+        # a MIG device is created or a GPU leaves nvidia first: the record must be on disk before, so a crash
+        # leaves it to undo (else it is staged: the next write carries it)
+        return Plan(devices=devices, configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit],
+                    fabric_partition=partition, record_first=any(d.dynamic_mig or d.pci_bus_id for d in devices),
+                    work=_Work(planned, groups, modes, vfio_config))
 
-    async def _apply(self, ref: ClaimRef, record: ClaimRecord, planned: list[_Planned],
-                     groups: list[Selected], modes: dict[int, _Mode],
-                     vfio_config: VfioDeviceConfig | None = None) -> list[CdiDevice]:
-        """Time-slicing, MPS and dynamic MIG through discovery, VFIO through sysfs; the per-device CDI edits."""
+    def resumes(self, previous: ClaimRecord, plan: Plan) -> bool:
+        return False
+
+    async def apply(self, ref: ClaimRef, claim: ResourceClaim, plan: Plan,
+                    record: ClaimRecord) -> AsyncGenerator[Record | SpecEdits, None]:
+        """NVLink partition, VFIO through sysfs, dynamic MIG, MPS and time-slicing through discovery, each
+        side effect a crash could leave behind after `RECORD`; then the claim's CDI edits."""
+        work: _Work = plan.work
+        planned, modes = work.planned, work.modes
         cdi_devices: dict[int, CdiDevice] = {}
-        await self.partitions.activate(ref.uid, record, whole_gpus((p.resolved, p.admin_access) for p in planned))
+        if record.fabric_partition >= 0:
+            yield RECORD  # the partition's record on disk before its activation (`partitions` module doc)
+            await self.partitions.activate(ref.uid, record.fabric_partition,
+                                           whole_gpus((p.resolved, p.admin_access) for p in planned))
         for i, item in enumerate(planned):
             res = item.resolved
             caps: list[str] = []
-            if res.kind == "vfio":
-                assert vfio_config is not None
+            if res.kind == "vfio":  # its PCI address is on disk (`record_first`) before the GPU leaves nvidia
+                assert work.vfio_config is not None
                 dev = record.devices[i]
                 with tracer.start_as_current_span("device.vfio-bind") as span:
                     span.set_attribute("dra.device", res.name)
                     dev.iommu_group = await self.passthrough.acquire(dev.pci_bus_id, res.minor)
                 cdi_devices[i] = CdiDevice(device=res.name, nodes=self.passthrough.device_nodes(
-                    dev.pci_bus_id, dev.iommu_group, vfio_config))
+                    dev.pci_bus_id, dev.iommu_group, work.vfio_config))
                 continue
             if res.kind == "mig":
                 mig = res.mig
-                if mig is None:
+                if mig is None:  # created for this claim, whose record is on disk (`record_first`)
                     assert res.gpu is not None and res.profile is not None and res.placement is not None
                     with tracer.start_as_current_span("device.mig-create") as span:
                         span.set_attribute("dra.device", res.name)
@@ -415,20 +393,20 @@ class Preparer(ClaimPreparer):
                     if mig is None or mig.name != res.name:
                         raise DeviceError(f"discovery created MIG device {mig.name if mig else '?'}, expected {res.name}")
                     record.devices[i].uuid = mig.uuid
-                    await self.checkpoint.put(ref.uid, record)  # rollback must know what exists now
+                    yield RECORD  # rollback must know what exists now
                     await self.inventory.wait_mig(mig.uuid, present=True)
                 caps = list(mig.device_path_caps)
             cdi_devices[i] = CdiDevice(device=res.name, nodes=gpu_device_nodes(res.minor, self.inventory.host_path, caps))
         for i, mode in modes.items():
             if mode.share_mps:
-                env, mounts = await self._start_share_daemon(ref, record, i, mode)
-                cdi_devices[i].env += env
-                cdi_devices[i].mounts += mounts
+                async with contextlib.aclosing(self._start_share_daemon(ref.uid, record, i, mode, cdi_devices[i])) as steps:
+                    async for step in steps:
+                        yield step
         slices: dict[str, set[str]] = defaultdict(set)  # time-slice interval -> the GPUs that get it
         for i, mode in modes.items():
             if mode.node_interval:
                 slices[mode.node_interval].add(planned[i].resolved.uuid)
-        for group in groups:
+        for group in work.groups:
             kind = strategy(group.config)
             gpu_uuids = sorted({planned[i].resolved.uuid for i in group.results
                                 if planned[i].resolved.kind == "gpu" and not modes[i].share_mps})
@@ -439,8 +417,8 @@ class Preparer(ClaimPreparer):
                 mps = group.config.sharing.mpsConfig
                 daemon = mps_daemon_id(ref.uid, gpu_uuids)
                 limits = _group_pinned_limits(group, planned)  # validated before the prepare started
-                record.mps_daemon_id = daemon  # recorded before the start: rollback stops whatever got started
-                await self.checkpoint.put(ref.uid, record)
+                record.mps_daemon_id = daemon
+                yield RECORD  # recorded before the start: rollback stops whatever got started
                 with tracer.start_as_current_span("device.mps-start"):
                     started = await self.ops.mps_start(daemon, gpu_uuids,
                                                        mps.defaultActiveThreadPercentage if mps else None, limits)
@@ -452,75 +430,67 @@ class Preparer(ClaimPreparer):
         if slices:
             # Recorded before the call: a crash, failure or timeout of the call still leaves the GPUs to reset.
             record.timesliced_gpus = sorted(set(record.timesliced_gpus).union(*slices.values()))
-            await self.checkpoint.put(ref.uid, record)
+            yield RECORD
             for slice_interval, uuids in sorted(slices.items()):
                 with tracer.start_as_current_span("device.set-sharing"):
                     await self.ops.set_sharing(sorted(uuids), "Default", slice_interval)
-        return [cdi_devices[i] for i in sorted(cdi_devices)]
+        devices = [cdi_devices[i] for i in sorted(cdi_devices)]
+        common = (self.passthrough.common_edits(work.vfio_config) if work.vfio_config is not None
+                  else await self.common.get(self.inventory.dev_root))
+        yield SpecEdits(devices, common, [MetadataSource(p.request, d, p.resolved.gpu)
+                                          for p, d in zip(planned, record.devices, strict=True)])
 
-    async def _start_share_daemon(self, ref: ClaimRef, record: ClaimRecord, i: int,
-                                  mode: _Mode) -> tuple[list[str], list[Mount]]:
+    async def _start_share_daemon(self, uid: str, record: ClaimRecord, i: int, mode: _Mode,
+                                  cdi: CdiDevice) -> AsyncGenerator[Record, None]:
         """The device's one MPS daemon for its shares: started by the first share, confirmed by the others
-        (discovery's start is idempotent), or known running (`_running_share_daemon`: no request); the
-        share's CDI env and mounts. The share is a user of the daemon from its start record on (staged
-        with the claim's PrepareStarted, or written with it); before a start request that record is on disk,
-        so a crash or failure from there on leaves the share to the undo, which stops the daemon only when
-        no other record uses it. A share that makes no request starts nothing: its record may stay staged
-        (the claim's PrepareCompleted, or any earlier write, carries it), as a plain prepare's does.
-
-        MPS on MIG (mig+mps): a share of a static MIG device is served by one daemon per MIG device,
-        named by the MIG device's UUID and started with CUDA_VISIBLE_DEVICES=MIG-<uuid>, as NVIDIA
-        documents it (each MPS server runs on one MIG instance, its client limit lowered in proportion
-        to the compute instance) and as NVIDIA's DRA driver does (the daemon sees the MIG UUIDs, the
-        compute mode is set on the parent GPU, which discovery keeps in EXCLUSIVE_PROCESS while any of
-        its MIG devices has a daemon). So the shares of one MIG device meet only each other, a MIG
-        device's daemon comes and goes with its own shares, and a share's client sees its MIG device as
-        device 0: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB> limits it on that MIG device."""
+        (discovery's start is idempotent) or known running (no request); the share's env and mounts go to
+        `cdi`. The share's record marks it a user of the daemon, on disk (`RECORD`) before any start request,
+        so the undo stops the daemon only when no other record uses it; with no request the record may stay
+        staged. MPS on MIG: one daemon per MIG device (its UUID, CUDA_VISIBLE_DEVICES=MIG-<uuid>), as NVIDIA
+        documents it and its DRA driver does; discovery keeps the parent GPU in EXCLUSIVE_PROCESS while any
+        of its MIG devices has a daemon, and a share's client sees its MIG device as device 0
+        (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>)."""
         dev = record.devices[i]
         daemon = dev.mps_daemon
         lock = self._daemon_locks[daemon]
         # Unlocked, no start or stop of the daemon is under way; the check and its use run with no await in
         # between, so none can begin before this share's record (staged) counts as a user of the daemon.
-        known = None if lock.locked() else self._running_share_daemon(ref.uid, dev)
+        known = None if lock.locked() else self._running_share_daemon(uid, dev)
         if known is not None:  # no device.mps-start span in the claim's trace says so
-            return known[0] + mps_share_env(mode.limits.memory, mode.limits.compute), list(known[1])
-        async with lock:
-            known = self._running_share_daemon(ref.uid, dev)
-            if known is not None:
-                env, mounts = known
-            else:
-                await self.checkpoint.put(ref.uid, record)
-                settings = dev.mps_daemon_settings
-                limit = settings.get("pinnedDeviceMemoryLimitMiB")
-                with tracer.start_as_current_span("device.mps-start") as span:
-                    span.set_attribute("dra.share_id", dev.share_id)
-                    try:
-                        started = await self.ops.mps_start(daemon, [dev.uuid], settings.get("activeThreadPercentage"),
-                                                           {dev.uuid: limit << 20} if limit else {})
-                    except BaseException:
-                        self._share_daemons.pop(daemon, None)  # in an unknown state now: the next share asks
-                        raise
-                env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
-                self._share_daemons[daemon] = (dict(settings), env, mounts)
-        return env + mps_share_env(mode.limits.memory, mode.limits.compute), list(mounts)
+            env, mounts = known
+        else:
+            async with lock:
+                known = self._running_share_daemon(uid, dev)
+                if known is not None:
+                    env, mounts = known
+                else:
+                    yield RECORD
+                    settings = dev.mps_daemon_settings
+                    limit = settings.get("pinnedDeviceMemoryLimitMiB")
+                    with tracer.start_as_current_span("device.mps-start") as span:
+                        span.set_attribute("dra.share_id", dev.share_id)
+                        try:
+                            started = await self.ops.mps_start(daemon, [dev.uuid],
+                                                               settings.get("activeThreadPercentage"),
+                                                               {dev.uuid: limit << 20} if limit else {})
+                        except BaseException:
+                            self._share_daemons.pop(daemon, None)  # in an unknown state now: the next share asks
+                            raise
+                    env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
+                    self._share_daemons[daemon] = (dict(settings), env, mounts)
+        cdi.env += env + mps_share_env(mode.limits.memory, mode.limits.compute)
+        cdi.mounts += mounts
 
     def _running_share_daemon(self, uid: str, dev: PreparedDevice) -> tuple[list[str], list[Mount]] | None:
-        """The CDI env and mounts that reach `dev`'s GPU's shared daemon when it is known to run with `dev`'s settings,
-        so that one more share needs no `mps-start` round trip; None when discovery must start or confirm it.
-        Called under the daemon's lock, or while no one holds it. Known means all three of:
-        1. this process started or confirmed it with these settings (discovery replied ok) and has asked no
-           stop of it since (`_release_share_daemon` forgets it before asking; a failed or interrupted start
-           forgets it): nothing this preparer did has stopped it, and its pipe and shm dirs are the ones that
-           reply named (discovery names them by the daemon's id, so a daemon started again has the same);
-        2. the checkpoint holds another claim's completed share using it with the same settings: it is in use,
-           and it cannot be stopped while that record stands (the stop waits for the last user's undo);
-        3. discovery's inventory, followed live from its KV (not the local cache), names it as the MPS
-           daemon of the GPU (or of the MIG device, mig+mps). Discovery publishes a daemon while it runs:
-           when discovery restarts, its reconcile drops the record of a daemon that is gone (a node reboot
-           or its container's restart ends the daemon); while it runs, it watches each daemon's process and
-           starts one that exits unasked again in the same dirs, or gives it up and publishes the device
-           without it. Either way this check then sends the next share to discovery, whose start brings the
-           daemon back. A preparer restart empties (1): its first share of each device asks discovery."""
+        """The CDI env and mounts that reach `dev`'s daemon when it is known to run with `dev`'s settings (one more
+        share needs no `mps-start` round trip); None when discovery must start or confirm it. Under the
+        daemon's lock, or while no one holds it. Known means all three of:
+        1. this process started or confirmed it with these settings and has asked no stop of it since (a
+           stop, or a failed or interrupted start, forgets it), so its pipe and shm dirs are the reply's;
+        2. another claim's completed share uses it with the same settings (no stop before that one's undo);
+        3. discovery's live inventory (its KV, not the local cache) names it as the device's daemon:
+           discovery drops a daemon that is gone and restarts or gives up one that exits unasked, so the
+           next share then goes to discovery, whose start brings it back. A preparer restart empties (1)."""
         known = self._share_daemons.get(dev.mps_daemon)
         if known is None or known[0] != dev.mps_daemon_settings:
             return None
@@ -532,26 +502,20 @@ class Preparer(ClaimPreparer):
                                      **{m.uuid: m.mps_daemon for g in inv.gpus for m in g.mig_devices}})
         if self._published[1].get(dev.uuid) != dev.mps_daemon:
             return None
-        for other, record in self.checkpoint.claims.items():
+        for other, record in self.records.claims.items():
             if other != uid and record.state == "PrepareCompleted":
                 for held in record.devices:
                     if held.mps_daemon == dev.mps_daemon and held.mps_daemon_settings == dev.mps_daemon_settings:
                         return known[1], known[2]
         return None
 
-    async def sweep_specs(self) -> int:
-        """At start: the CDI specs, then the metadata files, of claims the checkpoint does not hold."""
-        removed = await super().sweep_specs()
-        if self.metadata is not None and (gone := await self.metadata.sweep(set(self.checkpoint.claims))):
-            log.info("device metadata files of claims not prepared here removed", files=len(gone))
-        return removed
-
     # -- unprepare -------------------------------------------------------------------------
     def _still_used(self, uid: str, device: str) -> bool:
-        return any(r.state == "PrepareCompleted" for _, r, _ in self.checkpoint.holders(device, exclude=uid))
+        return any(r.state == "PrepareCompleted" for _, r, _ in self.records.holders(device, exclude=uid))
 
-    async def _undo(self, uid: str, record: ClaimRecord) -> None:
-        """Undo a claim's side effects (idempotent: safe to repeat after a crash or a failure)."""
+    async def undo(self, uid: str, record: ClaimRecord) -> None:
+        """Undo a claim's side effects (idempotent: safe to repeat after a crash or a failure); the machine
+        removes its CDI spec and metadata files after."""
         for dev in record.devices:
             if dev.pci_bus_id and not self._still_used(uid, dev.device):
                 with tracer.start_as_current_span("device.vfio-unbind"):
@@ -569,7 +533,7 @@ class Preparer(ClaimPreparer):
             if mig_uuid:
                 with tracer.start_as_current_span("device.mig-destroy"):
                     await self.ops.mig_destroy(dev.parent_uuid, mig_uuid)
-                    # a retried prepare plans from the inventory right after this undo (`_prepare_claim`): one
+                    # a retried prepare plans from the inventory right after this undo (`claimstate`): one
                     # still showing the device would pass it off as a static MIG device that exists
                     if not await self.inventory.wait_mig(mig_uuid, present=False):
                         raise DeviceError(f"MIG device {dev.device} ({mig_uuid}) was destroyed but discovery's "
@@ -580,21 +544,18 @@ class Preparer(ClaimPreparer):
         for daemon in sorted({d.mps_daemon for d in record.devices if d.mps_daemon}):
             await self._release_share_daemon(uid, daemon)
         if record.timesliced_gpus:
-            held = {d.uuid for u, r in self.checkpoint.claims.items() if u != uid and r.state == "PrepareCompleted"
+            held = {d.uuid for u, r in self.records.claims.items() if u != uid and r.state == "PrepareCompleted"
                     for d in r.devices if d.sharing == "TimeSlicing"}
             reset = [u for u in record.timesliced_gpus if u not in held]
             if reset:
                 with tracer.start_as_current_span("device.set-sharing"):
                     await self.ops.set_sharing(reset, "Default", "Default")
-        await self.cdi.remove(uid)  # a rename on the loop: no span of its own
-        if self.metadata is not None:
-            await self.metadata.remove(uid, [r for d in record.devices for r in d.requests])  # after the spec
 
     async def _release_share_daemon(self, uid: str, daemon: str) -> None:
         """Stop a GPU's shared MPS daemon when no other claim's record (prepared, or being prepared) uses it:
         the count is the checkpoint's, so a restart neither stops a daemon in use nor keeps one unused."""
         async with self._daemon_locks[daemon]:
-            users = [u for u, r in self.checkpoint.claims.items() if u != uid
+            users = [u for u, r in self.records.claims.items() if u != uid
                      and any(d.mps_daemon == daemon for d in r.devices)]
             if users:
                 log.info("shared MPS daemon kept: other shares use it", claim_uid=uid, daemon=daemon,

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from services.preparer.checkpoint import atomic_write
+from services.preparer.host.checkpoint import atomic_write
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import (

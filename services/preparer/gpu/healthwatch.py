@@ -12,7 +12,7 @@ import asyncio
 import time
 from typing import Any
 
-from services.preparer.devices import Inventory
+from services.preparer.host.devices import Inventory
 from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
 from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
 from shared.bus import Bus

@@ -41,7 +41,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from services.preparer.cdi import READ_ONLY, ContainerEdits, DeviceNode, Hook, Mount
+from services.preparer.host.cdi import READ_ONLY, ContainerEdits, DeviceNode, Hook, Mount
 from shared.driverroot import NVML_SONAME, DriverRoot, DriverRootError, read_soname
 from shared.logs import get_logger
 

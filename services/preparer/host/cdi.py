@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from services.preparer.checkpoint import atomic_write
+from services.preparer.host.checkpoint import atomic_write
 from shared.files import fill_in_place
 
 VENDOR = "k8s.gpu.nvidia.com"

@@ -5,8 +5,8 @@ Owns the steps NVIDIA's driver takes (PassthroughSupport), each one skipped when
 a repeat after a crash at any point finishes the move: wait until no process holds `/dev/nvidia<minor>`,
 load `vfio_pci` when its driver is absent, unbind from `nvidia`, set `driver_override`, bind `vfio-pci`;
 the way back is the same towards `nvidia`, with `driver_override` cleared last. The checkpoint record
-naming the GPU's PCI address is on disk before the first write (the caller's), so a restart rolls an
-interrupted move back to `nvidia`. The CDI edits follow NVIDIA's `VfioDeviceConfig`: per device the IOMMU
+naming the GPU's PCI address is on disk before the first sysfs write (the claim state machine writes it), so
+a restart rolls an interrupted move back to `nvidia`. The CDI edits follow NVIDIA's `VfioDeviceConfig`: per device the IOMMU
 group node `/dev/vfio/<group>`, or the iommufd node `/dev/vfio/devices/vfioN` with `PreferIommuFD` on a
 node that has `/dev/iommu`; the API device (`/dev/vfio/vfio` or `/dev/iommu`) only with `enableAPIDevice`;
 no driver userspace, and `NVIDIA_VISIBLE_DEVICES=void`.
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.preparer.cdi import ContainerEdits, DeviceNode
-from services.preparer.checkpoint import Checkpoint
-from services.preparer.devices import DeviceError, ResolvedDevice
-from services.preparer.pcisysfs import NVIDIA, VFIO_MODULE, VFIO_PCI, PciError, PciSysfs, normal_bdf
+from services.preparer.gpu.pcisysfs import NVIDIA, VFIO_MODULE, VFIO_PCI, PciError, PciSysfs, normal_bdf
+from services.preparer.host.cdi import ContainerEdits, DeviceNode
+from services.preparer.host.devices import DeviceError, ResolvedDevice
+from services.preparer.host.port import ClaimRecords
 from shared.claimconfigs import VfioDeviceConfig
 from shared.logs import get_logger
 
@@ -40,13 +40,13 @@ class VfioSettings:
     free_interval: float = 1.0  # seconds between looks (NVIDIA: 1 s; there is no event for it)
 
 
-def passthrough_conflict(checkpoint: Checkpoint, uid: str, resolved: ResolvedDevice) -> str:
+def passthrough_conflict(records: ClaimRecords, uid: str, resolved: ResolvedDevice) -> str:
     """Why `resolved` cannot be prepared while another claim holds the same GPU the other way; "" if it can.
     The scheduler's shared counters keep this from happening; this is the node's last line of defence."""
     gpu_uuid = resolved.gpu.uuid if resolved.gpu is not None else ""
     if not gpu_uuid:
         return ""
-    for other, record in checkpoint.claims.items():
+    for other, record in records.claims.items():
         if other == uid:
             continue
         for held in record.devices:
@@ -57,12 +57,12 @@ def passthrough_conflict(checkpoint: Checkpoint, uid: str, resolved: ResolvedDev
     return ""
 
 
-async def restore_bindings(checkpoint: Checkpoint, passthrough: Passthrough) -> int:
+async def restore_bindings(records: ClaimRecords, passthrough: Passthrough) -> int:
     """At start, after the rollback of interrupted prepares: every GPU of a completed passthrough claim is on
     vfio-pci again (an unprepare killed between its unbind and bind left it on no driver; the kubelet's
     retried unprepare then gives it back from a known state). Returns how many GPUs it moved."""
     moved = 0
-    for uid, record in checkpoint.by_state("PrepareCompleted").items():
+    for uid, record in records.by_state("PrepareCompleted").items():
         for dev in record.devices:
             if dev.pci_bus_id and await asyncio.to_thread(passthrough.sysfs.driver_of, dev.pci_bus_id) != VFIO_PCI:
                 log.warning("passthrough GPU of a prepared claim found off vfio-pci; binding it again",

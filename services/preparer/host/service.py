@@ -6,7 +6,7 @@ Owns, for one driver on one node, what every driver has: `<registry>/<driver>-re
 the start order (checkpoint first, the driver's start work, DRA socket before the registration
 socket), stale-claim cleanup every `cleanup_interval`, the driver's background work once a bus is
 attached, and clean shutdown (sockets removed). What differs per driver comes from its
-`drivers.DriverPlugin` (`gpu.py`, `channeldriver.py`). `gpu-dra preparer` runs one of these per driver.
+`plugin.DriverPlugin` (`gpu/plugin.py`, `channel/driver.py`). `gpu-dra preparer` runs one of these per driver.
 """
 
 from __future__ import annotations
@@ -19,20 +19,34 @@ from typing import Any
 
 import grpc
 
-from services.preparer import drivers, sockets
-from services.preparer.checkpoint import Checkpoint, read_boot_id
-from services.preparer.claims import ClaimSource
 from services.preparer.config import PreparerConfig
-from services.preparer.lifecycle import LifecycleEvents
+from services.preparer.host import sockets
+from services.preparer.host.checkpoint import Checkpoint, read_boot_id
+from services.preparer.host.claims import ClaimSource
+from services.preparer.host.lifecycle import LifecycleEvents
+from services.preparer.host.plugin import DriverPlugin, PluginContext
+from services.preparer.host.registration import Registration, add_registration_service
+from services.preparer.host.server import DraCore, add_dra_services
 from services.preparer.nodesettings import NodeSettings
-from services.preparer.registration import Registration, add_registration_service
-from services.preparer.server import DraCore, add_dra_services
 from shared.bus import Bus
-from shared.deviceclasses import GPU_DRIVER
+from shared.deviceclasses import CD_DRIVER, GPU_DRIVER
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
+
+
+def build(ctx: PluginContext) -> DriverPlugin:
+    """The plugin of `ctx.driver` (its modules are loaded by the process that serves it)."""
+    if ctx.driver == GPU_DRIVER:
+        from services.preparer.gpu.plugin import GpuPlugin
+
+        return GpuPlugin(ctx)
+    if ctx.driver == CD_DRIVER:
+        from services.preparer.channel.driver import ChannelPlugin
+
+        return ChannelPlugin(ctx)
+    raise ValueError(f"no kubelet plugin for driver {ctx.driver!r}; known: {GPU_DRIVER}, {CD_DRIVER}")
 
 
 class PreparerService:
@@ -52,7 +66,7 @@ class PreparerService:
         self.events = LifecycleEvents(cfg.node, driver, self.plugin_dir / "outbox.jsonl",
                                       max_events=cfg.outbox_max_events, max_bytes=cfg.outbox_max_bytes)
         self.checkpoint.journal = self.events.outbox
-        self.plugin = drivers.build(drivers.PluginContext(cfg=cfg, driver=driver, claims=claims,
+        self.plugin = build(PluginContext(cfg=cfg, driver=driver, claims=claims,
                                                           plugin_dir=self.plugin_dir, checkpoint=self.checkpoint,
                                                           events=self.events,
                                                           settings=settings or NodeSettings()))

@@ -15,9 +15,10 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from services.preparer import metrics
-from services.preparer.checkpoint import PreparedDevice
-from services.preparer.claimstate import ClaimPreparer, ClaimRef, PrepareResult
+from services.preparer.host import metrics
+from services.preparer.host.checkpoint import PreparedDevice
+from services.preparer.host.claimstate import ClaimPreparer, PrepareResult
+from services.preparer.host.port import ClaimRef
 from services.preparer.protos import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from shared.heap import BurstTrim
 from shared.logs import get_logger
@@ -118,50 +119,41 @@ def _v1beta1_device(dev: PreparedDevice) -> dra_v1beta1_pb2.Device:
                                   cdi_device_ids=dev.cdi_device_ids)
 
 
-class DraV1(dra_v1_pb2_grpc.DRAPluginServicer):
+class _Servicer:
+    """One DRA version's servicer: its messages (`pb2`, `device`) around the core."""
+
+    version = ""
+    pb2: Any = None
+    device: Any = None
+
     def __init__(self, core: DraCore) -> None:
         self.core = core
 
-    async def NodePrepareResources(self, request: Any, context: Any) -> dra_v1_pb2.NodePrepareResourcesResponse:  # noqa: N802
-        results = await self.core.run("prepare", "NodePrepareResources", "v1", request, context)
-        response = dra_v1_pb2.NodePrepareResourcesResponse()
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+        results = await self.core.run("prepare", "NodePrepareResources", self.version, request, context)
+        response = self.pb2.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = response.claims[uid]
             if result.error:
                 entry.error = result.error
             else:
-                entry.devices.extend(_v1_device(d) for d in result.devices)
+                entry.devices.extend(self.device(d) for d in result.devices)
         return response
 
-    async def NodeUnprepareResources(self, request: Any, context: Any) -> dra_v1_pb2.NodeUnprepareResourcesResponse:  # noqa: N802
-        results = await self.core.run("unprepare", "NodeUnprepareResources", "v1", request, context)
-        response = dra_v1_pb2.NodeUnprepareResourcesResponse()
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+        results = await self.core.run("unprepare", "NodeUnprepareResources", self.version, request, context)
+        response = self.pb2.NodeUnprepareResourcesResponse()
         for uid, error in results.items():
             response.claims[uid].error = error
         return response
 
 
-class DraV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
-    def __init__(self, core: DraCore) -> None:
-        self.core = core
+class DraV1(_Servicer, dra_v1_pb2_grpc.DRAPluginServicer):
+    version, pb2, device = "v1", dra_v1_pb2, staticmethod(_v1_device)
 
-    async def NodePrepareResources(self, request: Any, context: Any) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:  # noqa: N802
-        results = await self.core.run("prepare", "NodePrepareResources", "v1beta1", request, context)
-        response = dra_v1beta1_pb2.NodePrepareResourcesResponse()
-        for uid, result in results.items():
-            entry = response.claims[uid]
-            if result.error:
-                entry.error = result.error
-            else:
-                entry.devices.extend(_v1beta1_device(d) for d in result.devices)
-        return response
 
-    async def NodeUnprepareResources(self, request: Any, context: Any) -> dra_v1beta1_pb2.NodeUnprepareResourcesResponse:  # noqa: N802
-        results = await self.core.run("unprepare", "NodeUnprepareResources", "v1beta1", request, context)
-        response = dra_v1beta1_pb2.NodeUnprepareResourcesResponse()
-        for uid, error in results.items():
-            response.claims[uid].error = error
-        return response
+class DraV1beta1(_Servicer, dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    version, pb2, device = "v1beta1", dra_v1beta1_pb2, staticmethod(_v1beta1_device)
 
 
 def add_dra_services(server: grpc.aio.Server, core: DraCore) -> None:

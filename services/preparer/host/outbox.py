@@ -24,7 +24,7 @@ from typing import Literal
 
 import msgspec
 
-from services.preparer import metrics
+from services.preparer.host import metrics
 from shared.events.claims import ClaimLifecycle
 from shared.files import AppendFile, atomic_write
 from shared.logs import get_logger

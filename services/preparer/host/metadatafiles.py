@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.preparer.cdi import CdiDevice, Mount
-from services.preparer.checkpoint import PreparedDevice, atomic_write
-from services.preparer.claims import ResourceClaim
-from services.preparer.pcisysfs import PciError, normal_bdf
+from services.preparer.gpu.pcisysfs import PciError, normal_bdf
+from services.preparer.host.cdi import CdiDevice, Mount
+from services.preparer.host.checkpoint import PreparedDevice, atomic_write
+from services.preparer.host.claims import ResourceClaim
 from shared.devicemodel import PCI_BUS_ID
 from shared.events import devicemetadata as dm
 from shared.events.inventory import Gpu

@@ -10,19 +10,18 @@ plain full-GPU path never waits for NATS.
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any
 
 import grpc
 
-from services.preparer.cdi import CdiWriter
-from services.preparer.commonedits import CommonEdits
-from services.preparer.devices import DeviceOps, Inventory
-from services.preparer.drivers import PluginContext
-from services.preparer.healthwatch import HealthWatch, add_health_service
-from services.preparer.metadatafiles import SUBDIR, MetadataFiles
-from services.preparer.prepare import Preparer
-from services.preparer.vfio import VfioSettings, restore_bindings
+from services.preparer.gpu.commonedits import CommonEdits
+from services.preparer.gpu.driver import GpuDriver
+from services.preparer.gpu.healthwatch import HealthWatch, add_health_service
+from services.preparer.gpu.vfio import VfioSettings, restore_bindings
+from services.preparer.host.cdi import GPU_CDI
+from services.preparer.host.devices import DeviceOps, Inventory
+from services.preparer.host.metadatafiles import SUBDIR, MetadataFiles
+from services.preparer.host.plugin import PluginContext
 from shared import featuregates
 from shared.bus import Bus
 from shared.logs import get_logger
@@ -39,15 +38,14 @@ class GpuPlugin:
                                    dev_root=self.common.dev_root_override,
                                    dev_local=self.common.root.dev_local if self.common.configured else None)
         self.ops = DeviceOps(cfg.node, timeout=cfg.device_op_timeout)
-        cdi = CdiWriter(Path(cfg.cdi_dir), durable=not ctx.checkpoint.power_loss_is_reboot)
-        metadata = (MetadataFiles(ctx.plugin_dir / SUBDIR, ctx.driver, durable=cdi.durable)
+        metadata = (MetadataFiles(ctx.plugin_dir / SUBDIR, ctx.driver, durable=not ctx.checkpoint.power_loss_is_reboot)
                     if cfg.gates.enabled(featuregates.DEVICE_METADATA) else None)
-        self.preparer = Preparer(driver=ctx.driver, node=cfg.node, claims=ctx.claims, inventory=self.inventory,
-                                 ops=self.ops, cdi=cdi, checkpoint=ctx.checkpoint, events=ctx.events, common=self.common,
-                                 settings=ctx.settings,
-                                 vfio=VfioSettings(sys_root=cfg.sys_root, proc_root=cfg.proc_root, modprobe=cfg.modprobe,
-                                                   free_timeout=cfg.vfio_free_timeout),
-                                 gates=cfg.gates, metadata=metadata)
+        self.gpus = GpuDriver(driver=ctx.driver, inventory=self.inventory, ops=self.ops, records=ctx.checkpoint,
+                              common=self.common, settings=ctx.settings,
+                              vfio=VfioSettings(sys_root=cfg.sys_root, proc_root=cfg.proc_root, modprobe=cfg.modprobe,
+                                                free_timeout=cfg.vfio_free_timeout),
+                              gates=cfg.gates)
+        self.preparer = ctx.preparer(self.gpus, GPU_CDI, metadata)
         self.health = HealthWatch(cfg.node, self.inventory)
 
     async def start(self) -> None:
@@ -55,7 +53,7 @@ class GpuPlugin:
         await self.common.start()
         await self.inventory.load_cache()
         await self.preparer.recover()
-        await restore_bindings(self.preparer.checkpoint, self.preparer.passthrough)
+        await restore_bindings(self.preparer.checkpoint, self.gpus.passthrough)
         await self.preparer.sweep_specs()
 
     def add_services(self, server: grpc.aio.Server) -> None:

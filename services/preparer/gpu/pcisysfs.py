@@ -78,9 +78,6 @@ class PciSysfs:
             return ""
         return names[0] if names else ""
 
-    def module_loaded(self, module: str) -> bool:
-        return (self.sys / "module" / module).is_dir()
-
     def driver_present(self, driver: str) -> bool:
         return self.driver_dir(driver).is_dir()
 

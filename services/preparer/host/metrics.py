@@ -13,7 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from services.preparer.checkpoint import Checkpoint
+    from services.preparer.host.checkpoint import Checkpoint
 
 BUCKETS = tuple(0.05 * 2**k for k in range(9))
 

@@ -1,19 +1,14 @@
-"""The per-claim state machine every driver's preparer shares; the driver supplies what a prepare does.
+"""The per-claim state machine every driver shares: the one writer of a claim's checkpoint states, CDI spec,
+device metadata files and lifecycle events; a driver (`host.port.DriverPort`) plans and does the rest.
 
-Owns, for one driver on one node: per-claim serialisation, idempotency (a `PrepareCompleted` claim
-returns its checkpointed devices and does nothing else), unprepare (undo, then forget), rollback
-of partial prepares (at start, when the kubelet abandons a prepare, within seconds after a failed
-rollback, and for stale claims), the claim fetch and
-the checks every driver makes (same UID, allocated, pinned to this node, in this node's pool), and
-traces (every prepare and unprepare of a claim, failed or not, has its span in the claim's trace, with
-the claim, pod, device and GPU attributes and, when it failed, error status and the failure's class),
-lifecycle events: each carried by the checkpoint write of the state change it reports (the outbox
-record is on file when the change is), and a `prepare-failed` with its reason class for every
-failed prepare (also one that failed before `prepare-started`). A driver subclasses
-`ClaimPreparer` and implements the port:
-  `_prepare_claim(ref, previous, claim)`  plan, record `PrepareStarted` (written, or staged when
-                                          nothing is created before the spec), side effects, CDI, `PrepareCompleted`
-  `_undo(uid, record)`       undo a claim's side effects (idempotent)
+Owns, for one driver on one node: per-claim serialisation; idempotency (a `PrepareCompleted` claim returns
+its checkpointed devices); the prepare (the `PrepareStarted` record from the driver's plan, written or
+staged; written again at each `RECORD` the driver yields; the spec; `PrepareCompleted`); unprepare (undo,
+then forget); rollback of partial prepares (at start, when the kubelet abandons a prepare, soon after a
+failed rollback, for stale claims); the claim fetch and the checks every driver makes (same UID, allocated,
+pinned to this node, in this node's pool); a span per prepare and unprepare in the claim's trace; and
+lifecycle events, each carried by the checkpoint write of the change it reports, with a `prepare-failed`
+of its reason class for every failed prepare.
 """
 
 from __future__ import annotations
@@ -29,19 +24,28 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from services.preparer import metrics
-from services.preparer.cdi import CdiWriter
-from services.preparer.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice
-from services.preparer.claims import (
+from services.preparer.host import metrics
+from services.preparer.host.cdi import CdiWriter, build_spec
+from services.preparer.host.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice
+from services.preparer.host.claims import (
     AllocationResult,
     ClaimNotFound,
     ClaimSource,
     ResourceClaim,
     selector_node_names,
 )
-from services.preparer.devices import DeviceError
-from services.preparer.lifecycle import LifecycleEvents
-from services.preparer.outbox import OutboxRecord
+from services.preparer.host.lifecycle import LifecycleEvents
+from services.preparer.host.metadatafiles import MetadataFiles
+from services.preparer.host.outbox import OutboxRecord
+from services.preparer.host.port import (
+    ClaimRef,
+    DriverPort,
+    Pending,
+    Plan,
+    PrepareFailed,
+    SpecEdits,
+    failure_reason,
+)
 from shared.backoff import Backoff
 from shared.events.claims import ClaimEventKind, FailureReason, PreparedDeviceRef
 from shared.logs import get_logger
@@ -49,6 +53,7 @@ from shared.telemetry import (
     CLAIM_TRACEPARENT_ANNOTATION,
     KUBELET_CONTEXT,
     get_tracer,
+    leaf_span,
     span_link,
     traceparent_context,
 )
@@ -57,56 +62,25 @@ log = get_logger(__name__)
 tracer = get_tracer(__name__)
 
 
-@dataclass(frozen=True)
-class ClaimRef:
-    uid: str
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}:{self.uid}"
-
-
 @dataclass
 class PrepareResult:
     devices: list[PreparedDevice] = field(default_factory=list)
     error: str = ""
 
 
-class PrepareFailed(Exception):
-    """A claim cannot be prepared as allocated; the message goes to the kubelet and the pod's events.
-    `reason` is its class in the `prepare-failed` event; `reported`: that event is already recorded;
-    `claim`: the claim as read, when a check of it failed (its trace context is then known)."""
-
-    def __init__(self, message: str, reason: FailureReason = "internal", *, reported: bool = False,
-                 claim: ResourceClaim | None = None) -> None:
-        super().__init__(message)
-        self.reason: FailureReason = reason
-        self.reported = reported
-        self.claim = claim
-
-
-def failure_reason(exc: BaseException) -> FailureReason:
-    """The class of an unexpected failure during a prepare's side effects."""
-    if isinstance(exc, TimeoutError) or isinstance(exc.__cause__, TimeoutError):
-        return "timeout"
-    if isinstance(exc, PrepareFailed):
-        return exc.reason
-    if isinstance(exc, DeviceError):
-        return "device-error"
-    return "internal"
-
-
 class ClaimPreparer:
     """Prepare and unprepare one driver's claims on one node (see the module doc)."""
 
-    def __init__(self, *, driver: str, node: str, claims: ClaimSource, cdi: CdiWriter, checkpoint: Checkpoint,
-                 events: LifecycleEvents, pool: str = "") -> None:
+    def __init__(self, *, port: DriverPort, driver: str, node: str, claims: ClaimSource, cdi: CdiWriter,
+                 checkpoint: Checkpoint, events: LifecycleEvents, pool: str = "",
+                 metadata: MetadataFiles | None = None) -> None:
+        self.port = port
         self.driver = driver
         self.node = node
         self.pool = pool or node
         self.claims = claims
         self.cdi = cdi
+        self.metadata = metadata  # the device metadata files each claim's spec mounts; None: off
         self.checkpoint = checkpoint
         self.events = events
         metrics.track_prepared(node, driver, checkpoint)  # nvidia_dra_prepared_devices, counted when scraped
@@ -116,17 +90,6 @@ class ClaimPreparer:
         # Set when a rollback failed (discovery slow or away): `retry_failed_rollbacks` tries again within
         # seconds, so a device is not held by a dead prepare until the periodic sweep.
         self.rollback_failed = asyncio.Event()
-
-    # -- the port ---------------------------------------------------------------------------
-    async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
-                             claim: ResourceClaim) -> list[PreparedDevice]:
-        """Prepare a claim not completed here, read and checked (`previous`: a PrepareStarted left by an
-        earlier try); runs in the claim's span."""
-        raise NotImplementedError
-
-    async def _undo(self, uid: str, record: ClaimRecord) -> None:
-        """Undo a claim's side effects, CDI spec included (idempotent: safe to repeat)."""
-        raise NotImplementedError
 
     # -- prepare ---------------------------------------------------------------------------
     async def prepare(self, ref: ClaimRef) -> PrepareResult:
@@ -170,6 +133,77 @@ class ClaimPreparer:
             devices = await self._prepare_claim(ref, previous, claim)
             self.describe_devices(span, devices)
             return devices
+
+    async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
+                             claim: ResourceClaim) -> list[PreparedDevice]:
+        """The driver's plan, its record, its side effects, the spec and `PrepareCompleted` (module doc)."""
+        port = self.port
+        if previous is not None and not port.resumable:  # a PrepareStarted left by a failed or interrupted attempt
+            # Undone before this attempt plans (from the inventory). A dynamic MIG device the earlier attempt had
+            # discovery create (its reply lost to a kill or a cancelled call) is live until this rollback
+            # destroys it: a plan made first resolves it as an existing (static) MIG device, skips the
+            # create, and completes the claim on the device the rollback then destroys.
+            await self._rollback(ref.uid, previous, reason="retry after an interrupted prepare")
+            previous = None
+        plan = await port.plan(ref, claim, self._our_results(claim))
+        if plan is None:  # no device of this driver in the claim: nothing to do, remembered as done
+            now = time.time()
+            await self.checkpoint.put(ref.uid, ClaimRecord(
+                state="PrepareCompleted", name=ref.name, namespace=ref.namespace,
+                preparation=self.checkpoint.next_preparation(), started_at=now, completed_at=now))
+            return []
+        if previous is not None and not port.resumes(previous, plan):
+            await self._rollback(ref.uid, previous, reason="retry of a claim recorded for another preparation")
+            previous = None
+        if previous is None:
+            record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
+                                 preparation=self.checkpoint.next_preparation(), devices=plan.devices,
+                                 started_at=time.time(), configs=plan.configs,
+                                 traceparent=self.claim_traceparent(claim), fabric_partition=plan.fabric_partition)
+            started = [self._event("prepare-started", ref, record)]
+            if plan.record_first:  # a side effect a crash could leave behind comes first: on disk before it
+                await self.checkpoint.put(ref.uid, record, events=started)
+            else:  # nothing to leave behind yet: the next write carries it (`checkpoint` module doc)
+                self.checkpoint.stage(ref.uid, record, events=started)
+        else:
+            record = previous  # resumed: the earlier attempt's side effects are still in place
+        try:
+            await self._complete(ref, claim, record, await self._apply(ref, claim, plan, record))
+        except Pending:
+            raise  # the record stays for the next call
+        except Exception as exc:
+            log.warning("prepare failed after it started; rolling back", claim=str(ref), error=str(exc))
+            reason = failure_reason(exc)
+            await self._rollback(ref.uid, record, reason=str(exc), failed=reason)
+            raise PrepareFailed(str(exc), reason, reported=True) from None
+        log.info("claim prepared", claim=str(ref), devices=[d.device for d in record.devices])
+        return list(record.devices)
+
+    async def _apply(self, ref: ClaimRef, claim: ResourceClaim, plan: Plan, record: ClaimRecord) -> SpecEdits:
+        """Run the driver's side effects, writing the record whenever it asks; its CDI edits."""
+        edits: SpecEdits | None = None
+        async with contextlib.aclosing(self.port.apply(ref, claim, plan, record)) as steps:
+            async for step in steps:
+                if isinstance(step, SpecEdits):
+                    edits = step
+                else:
+                    await self.checkpoint.put(ref.uid, record)
+        assert edits is not None, "a driver's apply ends with its SpecEdits"
+        return edits
+
+    async def _complete(self, ref: ClaimRef, claim: ResourceClaim, record: ClaimRecord, edits: SpecEdits) -> None:
+        """The metadata files, then the spec that mounts them, then `PrepareCompleted` with its event."""
+        with leaf_span(tracer, "cdi.write"):
+            if self.metadata is not None and edits.metadata:
+                await self.metadata.add_to(claim, edits.metadata, edits.devices)
+            if edits.devices:
+                spec = build_spec(ref.uid, edits.devices, edits.common, self.cdi.cdi_kind)
+                record.cdi_spec = await self.cdi.write(ref.uid, spec)
+        for dev in record.devices:
+            dev.cdi_device_ids = [self.cdi.device_id(ref.uid, dev.device)] if edits.devices else []
+        record.state = "PrepareCompleted"
+        record.completed_at = time.time()
+        await self.checkpoint.put(ref.uid, record, events=[self._event("prepared", ref, record)])
 
     async def _abandon(self, ref: ClaimRef) -> None:
         """Roll back the PrepareStarted entry a cancelled prepare left (a step cut short by the
@@ -318,6 +352,13 @@ class ClaimPreparer:
         return ours
 
     # -- unprepare and rollback ------------------------------------------------------------
+    async def _undo(self, uid: str, record: ClaimRecord) -> None:
+        """The driver's undo, then the claim's spec, then its metadata files (idempotent)."""
+        await self.port.undo(uid, record)
+        await self.cdi.remove(uid)  # a rename on the loop: no span of its own
+        if self.metadata is not None:
+            await self.metadata.remove(uid, [r for d in record.devices for r in d.requests])  # after the spec
+
     async def unprepare(self, ref: ClaimRef) -> str:
         """"" on success (also for a claim never prepared here), else the reason to retry."""
         async with self._locks[ref.uid]:
@@ -360,29 +401,38 @@ class ClaimPreparer:
 
     async def recover(self, *, only_failed: bool = False) -> int:
         """Roll back PrepareStarted claims no prepare is working on: at start all of them (a crash
-        interrupted them), later those whose rollback failed before. Returns how many were rolled back."""
+        interrupted them), later those whose rollback failed before. Returns how many were rolled back.
+        A resumable driver's PrepareStarted is a prepare in progress: undone by unprepare or stale cleanup only."""
+        if self.port.resumable:
+            return 0
         done = 0
         for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
-            lock = self._locks[uid]
-            if only_failed and lock.locked():
+            if only_failed and self._locks[uid].locked():
                 continue
-            async with lock:
-                if self.checkpoint.claims.get(uid) is not record:
-                    continue  # prepared or rolled back meanwhile
-                try:
-                    await self._rollback(uid, record, reason="interrupted prepare found at start"
-                                         if not only_failed else "partial prepare left by a failed rollback")
-                    done += 1
-                except PrepareFailed:
-                    continue
+            done += await self._roll_back_unchanged(uid, record, "interrupted prepare found at start"
+                                                    if not only_failed else "partial prepare left by a failed rollback")
         return done
 
+    async def _roll_back_unchanged(self, uid: str, record: ClaimRecord, reason: str) -> int:
+        """Under the claim's lock, roll `record` back if it is still the claim's; 1 when it was rolled back."""
+        async with self._locks[uid]:
+            if self.checkpoint.claims.get(uid) is not record:
+                return 0  # prepared or rolled back meanwhile
+            try:
+                await self._rollback(uid, record, reason=reason)
+            except PrepareFailed:
+                return 0
+            return 1
+
     async def sweep_specs(self) -> int:
-        """At start, after `recover`: remove CDI specs of claims the checkpoint does not hold (cdi module doc)."""
+        """At start, after `recover`: remove the CDI specs, then the metadata files, of claims the checkpoint does not
+        hold (cdi module doc)."""
         removed = await self.cdi.sweep(set(self.checkpoint.claims))
         if removed:
             log.info("CDI specs of claims not prepared here removed (left by a reboot or a crash)",
                      driver=self.driver, specs=len(removed))
+        if self.metadata is not None and (gone := await self.metadata.sweep(set(self.checkpoint.claims))):
+            log.info("device metadata files of claims not prepared here removed", files=len(gone))
         return len(removed)
 
     async def retry_failed_rollbacks(self, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:
@@ -403,8 +453,7 @@ class ClaimPreparer:
         """Roll back PrepareStarted claims whose ResourceClaim is gone or no longer allocated here."""
         done = 0
         for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
-            lock = self._locks[uid]
-            if lock.locked() or not record.name:
+            if self._locks[uid].locked() or not record.name:
                 continue  # being prepared right now, or a legacy entry without a name
             try:
                 claim = await self.claims.get(record.namespace, record.name)
@@ -419,13 +468,7 @@ class ClaimPreparer:
             if not stale:
                 log.info("partially prepared claim not stale", claim=f"{record.namespace}/{record.name}")
                 continue
-            async with lock:
-                if self.checkpoint.claims.get(uid) is record:
-                    try:
-                        await self._rollback(uid, record, reason="stale claim (deleted or not allocated here)")
-                        done += 1
-                    except PrepareFailed:
-                        continue
+            done += await self._roll_back_unchanged(uid, record, "stale claim (deleted or not allocated here)")
         return done
 
     # -- events ----------------------------------------------------------------------------

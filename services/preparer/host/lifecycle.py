@@ -27,7 +27,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 
-from services.preparer.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Outbox, OutboxRecord
+from services.preparer.host.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Outbox, OutboxRecord
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.base import now_unix
