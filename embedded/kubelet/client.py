@@ -14,6 +14,7 @@ otherwise raise CancelledError into a caller nobody cancelled.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from typing import Any
 import grpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
+from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
 from services.preparer.protos import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from services.preparer.protos import pluginregistration_v1_pb2 as reg_pb2
 from services.preparer.protos import pluginregistration_v1_pb2_grpc as reg_grpc
@@ -33,6 +36,7 @@ GET_INFO_TIMEOUT = 1.0
 NOTIFY_TIMEOUT = 5.0
 CALL_TIMEOUT = 45.0
 KUBELET_SERVICES = {"v1.DRAPlugin": "v1", "v1beta1.DRAPlugin": "v1beta1"}
+_HEALTH = {health_pb2.HEALTHY: "Healthy", health_pb2.UNHEALTHY: "Unhealthy"}  # anything else: Unknown
 _MODULES = {"v1": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
 
 
@@ -54,6 +58,17 @@ class PreparedDevice:
     device: str
     cdi_device_ids: list[str]
     share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceHealthReport:
+    """One device of a `NodeWatchResources` message (v1alpha1.DRAResourceHealth)."""
+
+    pool: str
+    device: str
+    health: str  # Healthy, Unhealthy or Unknown, as the kubelet maps the enum
+    last_updated: int  # unix seconds
+    timeout_s: int = 0  # the plugin's health_check_timeout_seconds (0: the kubelet's default)
 
 
 @dataclass
@@ -126,6 +141,15 @@ class DraPlugin:
     async def unprepare(self, claims: list[Claim], timeout: float = CALL_TIMEOUT) -> dict[str, str]:
         response = await self._call("NodeUnprepareResources", claims, timeout)
         return {uid: entry.error for uid, entry in response.claims.items()}
+
+    async def watch_health(self) -> AsyncIterator[list[DeviceHealthReport]]:
+        """The plugin's `NodeWatchResources` stream (KEP-4680), one list per message; ends when the stream does.
+        Raises grpc.aio.AioRpcError (UNIMPLEMENTED: the plugin serves no health stream)."""
+        stub = health_grpc.DRAResourceHealthStub(self.channel)
+        async for message in stub.NodeWatchResources(health_pb2.NodeWatchResourcesRequest()):
+            yield [DeviceHealthReport(d.device.pool_name, d.device.device_name, _HEALTH.get(d.health, "Unknown"),
+                                      d.last_updated_time, d.health_check_timeout_seconds)
+                   for d in message.devices]
 
     async def close(self) -> None:
         """Close the channel; calls in flight on it fail with PluginError."""

@@ -65,7 +65,7 @@ async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
         state_dir = await asyncio.to_thread(state_dir.resolve)  # containers' dirs named by their real place
         runtime = await asyncio.to_thread(container_runtime, cfg, state_dir)
         runner = PodRunner(cfg.node, api, plugins, [Path(cfg.cdi_dir)], resync_seconds=cfg.resync_seconds,
-                           state_dir=state_dir, runtime=runtime)
+                           state_dir=state_dir, runtime=runtime, health=plugins.health)
         kubelet_api = KubeletServer(KubeletAuth(api, cfg.node), lambda: runner.workers)
         agent = NodeAgent(core, api, cfg.node, await kubelet_api.start())
         watcher = asyncio.create_task(plugins.run(stopping))

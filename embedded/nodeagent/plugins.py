@@ -2,7 +2,8 @@
 
 Owns scanning `<registry-dir>/*-reg.sock` (the kubelet's plugin watcher does the same with fsnotify),
 registering each new socket through the real registration protocol, dropping plugins whose socket
-went away or was replaced, and routing prepare/unprepare calls to the driver's plugin.
+went away or was replaced, following each registered plugin's device health stream (`resourcehealth.py`), and
+routing prepare/unprepare calls to the driver's plugin.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import contextlib
 from pathlib import Path
 
 from embedded.kubelet.client import Claim, DraPlugin, PluginError, PreparedClaim, register
+from embedded.nodeagent.resourcehealth import DeviceHealthCache, follow
 from shared.logs import get_logger
+from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
 SCAN_INTERVAL = 0.25
@@ -26,6 +29,8 @@ class PluginRegistry:
         self.plugins: dict[str, DraPlugin] = {}
         self._sockets: dict[Path, tuple[int, str]] = {}  # socket -> (inode, driver)
         self.changed = asyncio.Event()
+        self.health = DeviceHealthCache()
+        self._health_streams: dict[str, asyncio.Task[None]] = {}  # driver -> its health stream's follower
 
     def drivers(self) -> set[str]:
         return set(self.plugins)
@@ -51,9 +56,7 @@ class PluginRegistry:
         for path, (inode, driver) in list(self._sockets.items()):
             if present.get(path) != inode:
                 del self._sockets[path]
-                plugin = self.plugins.pop(driver, None)
-                if plugin is not None:
-                    await plugin.close()
+                await self._drop(driver)
                 log.info("plugin deregistered", driver=driver, socket=str(path))
                 self.changed.set()
         for path, inode in present.items():
@@ -64,13 +67,20 @@ class PluginRegistry:
             except PluginError as exc:
                 log.warning("plugin registration failed; will retry", socket=str(path), error=str(exc))
                 continue
-            old = self.plugins.pop(plugin.driver, None)
-            if old is not None:
-                await old.close()
+            await self._drop(plugin.driver)
             self.plugins[plugin.driver] = plugin
+            self._health_streams[plugin.driver] = asyncio.create_task(follow(plugin, self.health))
             self._sockets[path] = (inode, plugin.driver)
             log.info("plugin registered", driver=plugin.driver, version=plugin.version, endpoint=plugin.endpoint)
             self.changed.set()
+
+    async def _drop(self, driver: str) -> None:
+        stream = self._health_streams.pop(driver, None)
+        if stream is not None:
+            await cancel_and_wait([stream])
+        plugin = self.plugins.pop(driver, None)
+        if plugin is not None:
+            await plugin.close()
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -79,6 +89,5 @@ class PluginRegistry:
                 await asyncio.wait_for(stopping.wait(), SCAN_INTERVAL)
 
     async def close(self) -> None:
-        for plugin in self.plugins.values():
-            await plugin.close()
-        self.plugins.clear()
+        for driver in list(self.plugins):
+            await self._drop(driver)

@@ -44,6 +44,7 @@ from embedded.nodeagent.cdi_resolve import CdiResolutionError, SpecCache, load_s
 from embedded.nodeagent.containers import PodWorker
 from embedded.nodeagent.containers import now as timestamp
 from embedded.nodeagent.kubeletevents import EventRecorder
+from embedded.nodeagent.resourcehealth import DeviceHealthCache, DeviceKey, allocated_resources_status
 from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
 from shared.backoff import Backoff
 from shared.kube.events import event_body, record_event
@@ -227,8 +228,13 @@ class PodRunner:
 
     def __init__(self, node: str, api: client.ApiClient, dra: DraClient, cdi_dirs: list[Path],
                  resync_seconds: float = 30.0, on_change: Callable[[], None] | None = None,
-                 state_dir: Path | None = None, runtime: Runtime | None = None):
+                 state_dir: Path | None = None, runtime: Runtime | None = None,
+                 health: DeviceHealthCache | None = None):
         self.node = node
+        self.health = health  # the plugins' device health: each container status's allocatedResourcesStatus
+        if health is not None:
+            health.on_change = self.health_changed
+        self._health_writes: set[asyncio.Task[None]] = set()
         self.api = api  # raw JSON calls (`shared.kube.rest`): pods and claims are dicts, never decoded into models
         self.dra = dra
         self.cdi_dirs = cdi_dirs
@@ -291,10 +297,61 @@ class PodRunner:
                             edits: dict[str, Any] | None = None) -> None:
         """One pods/status PATCH; the edits annotation rides on it (a pod status write keeps metadata changes,
         as kube-apiserver's pod status strategy does: one request, and the pod shows its edits with its status)."""
+        self._add_resource_health(pod, status.get("containerStatuses") or [])
         body: dict[str, Any] = {"status": status}
         if edits is not None:
             body["metadata"] = {"annotations": {EDITS_ANNOTATION: json.dumps(edits, sort_keys=True)}}
         await self._patch_pod(pod["metadata"], body, "status")
+
+    # ------------------------------------------------------------------ device health (KEP-4680)
+    def _add_resource_health(self, pod: dict[str, Any], statuses: list[dict[str, Any]]) -> bool:
+        """Set each container status's `allocatedResourcesStatus`; True when any container has one."""
+        if self.health is None:
+            return False
+        health = self.health
+        namespace = pod["metadata"]["namespace"]
+        names = {e["name"]: n for e in (pod.get("spec") or {}).get("resourceClaims") or []
+                 if (n := claim_name_for(pod, e)) is not None}
+
+        def devices_of(claim: str) -> list[tuple[str, PreparedDevice]]:
+            state = next((c for c in self.prepared.values()
+                          if c.ref.namespace == namespace and c.ref.name == claim), None)
+            if state is None:
+                return []
+            drivers = sorted(state.drivers)
+            return [(next((d for d in drivers if (d, dev.pool, dev.device) in health.devices), drivers[0]), dev)
+                    for dev in state.devices] if drivers else []
+
+        by_container = allocated_resources_status(pod, names, devices_of, health)
+        for status in statuses:
+            if status.get("name") in by_container:
+                status["allocatedResourcesStatus"] = by_container[status["name"]]
+        return bool(by_container)
+
+    def health_changed(self, devices: set[DeviceKey]) -> None:
+        """Rewrite the allocatedResourcesStatus of the pods holding a device whose health changed."""
+        pods = {uid for state in self.prepared.values()
+                if any((d, dev.pool, dev.device) in devices for d in state.drivers for dev in state.devices)
+                for uid in state.pods}
+        for uid in pods:
+            pod = self.pods.get(uid)
+            if pod is not None and uid not in self._deleted:
+                task = asyncio.create_task(self._write_resource_health(pod))
+                self._health_writes.add(task)
+                task.add_done_callback(self._health_writes.discard)
+
+    async def _write_resource_health(self, pod: dict[str, Any]) -> None:
+        """One pods/status strategic merge patch of the containers' allocatedResourcesStatus only (merged by
+        container name: the rest of each status stays as the last full write left it)."""
+        statuses = [{"name": c["name"]} for c in (pod.get("spec") or {}).get("containers") or []]
+        if not self._add_resource_health(pod, statuses):
+            return
+        statuses = [s for s in statuses if "allocatedResourcesStatus" in s]
+        try:
+            await self._patch_pod(pod["metadata"], {"status": {"containerStatuses": statuses}}, "status")
+        except (ApiError, OSError, TimeoutError, aiohttp.ClientError) as exc:
+            log.warning("device health not written to the pod; the next status write carries it",
+                        pod=pod["metadata"]["name"], error=str(exc))
 
     # ------------------------------------------------------------------ prepare / unprepare
     async def _prepare_pod(self, pod: dict[str, Any]) -> None:
@@ -667,7 +724,7 @@ class PodRunner:
             for task in (retry, loop, stop):
                 task.cancel()
             results = await asyncio.gather(retry, loop, stop, return_exceptions=True)
-            await cancel_and_wait(list(self._events))
+            await cancel_and_wait([*self._events, *self._health_writes])
             await self.stop_all()
         for result in results:
             if isinstance(result, Exception):

@@ -53,7 +53,7 @@ log = get_logger(__name__)
 tracer = get_tracer(__name__)
 MAX_CAUSES = 16  # member changes a sync links to (a burst of joins coalesces into one sync)
 COMPUTEDOMAINS = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, "ComputeDomain")
-COMPUTE_DOMAINS = Gauge("nvidia_dra_compute_domain_info", "ComputeDomains by global status", ["status"])
+COMPUTE_DOMAINS = Gauge("gpu_dra_compute_domain_info", "ComputeDomains by global status", ["status"])
 
 
 @dataclass
@@ -292,7 +292,7 @@ class Controller:
             self._count_statuses()
 
     def _count_statuses(self) -> None:
-        """nvidia_dra_compute_domain_info{status}: the domains per global status, as the reference driver."""
+        """gpu_dra_compute_domain_info{status}: the domains per global status, as the reference driver's nvidia_dra_ one."""
         counts = {"Ready": 0, "NotReady": 0}
         for other in self.domains.values():
             if other.live and other.announced is not None:

@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter
 
+from services.discovery import healthmetrics
 from services.discovery.nvml import NO_ID, GpuLost, Nvml, RawEvent
 from shared.bus import Bus
 from shared.events import catalog
@@ -23,8 +24,6 @@ from shared.events.inventory import NodeInventory
 from shared.logs import get_logger
 
 log = get_logger(__name__)
-DEVICE_HEALTHY = Gauge("gpu_dra_device_healthy", "1 healthy, 0 unhealthy (set once a device's health was reported)",
-                       ["node", "device"])
 XID_EVENTS = Counter("gpu_dra_xid_events", "XID errors that changed a device's health, by XID code", ["node", "xid"])
 
 
@@ -47,6 +46,10 @@ class HealthMonitor:
         self._task: asyncio.Task[None] | None = None
         self._es: Any = None
         self._lock = asyncio.Lock()
+        healthmetrics.DEVICE_HEALTH.track(node, self)  # gpu_dra_device_healthy, counted when scraped
+
+    def inventory(self) -> NodeInventory | None:
+        return self._inventory()
 
     async def start(self) -> None:
         self.kv = await self.bus.kv(catalog.HEALTH_BUCKET)
@@ -180,7 +183,6 @@ class HealthMonitor:
             await self.kv.put(f"{self.node}.{device}", h)
             await self.bus.publish(catalog.HEALTH, h, msg_id=event_id, node=self.node, device=device)
             self.last[device] = h
-            DEVICE_HEALTHY.labels(self.node, device).set(1 if state == "Healthy" else 0)
             if reason == "xid" and xid:
                 XID_EVENTS.labels(self.node, str(xid)).inc()
             log.info("device health changed", node=self.node, device=device, state=state, reason=reason, xid=xid)

@@ -104,8 +104,9 @@ def _gpu_devices(gpu: Gpu, inv: NodeInventory, mode: MigMode, notes: list[str]) 
     if mode == "dynamic":
         return devicemodel.dynamic_mode_devices(gpu, inv)
     devices = devicemodel.default_mode_devices(gpu, inv)
-    if gpu.mig_enabled and not devices:
-        notes.append(f"{gpu.name} has MIG enabled but no MIG devices; it advertises nothing")
+    if gpu.mig_enabled and not devices:  # as NVIDIA's driver: nothing allocatable, "likely stranded capacity"
+        notes.append(f"{gpu.name} has MIG mode enabled but no configured MIG devices; its capacity is stranded "
+                     "(create MIG devices, or publish with --mig-mode dynamic to offer its placements)")
     return devices
 
 

@@ -96,7 +96,7 @@ async def test_grpc_health_serves_only_while_both_plugins_answer_and_readyz_wait
 
     # the probe's empty NodePrepareResources calls are not counted as kubelet requests
     _, metrics = await asyncio.to_thread(get, p.metrics_port, "/metrics")
-    assert 'nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="prepare"} 0.0' in metrics
+    assert 'gpu_dra_requests_total{driver="gpu.nvidia.com",operation="prepare"} 0.0' in metrics
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{p.health_port}") as channel:
         watch = pb2_grpc.HealthStub(channel).Watch(pb2.HealthCheckRequest(service=""))

@@ -44,10 +44,10 @@ async def test_full_gpu_prepare_and_unprepare_without_nats(claims: MemoryClaims,
         record = node.service.checkpoint.claims[claim.uid]
         assert record.state == "PrepareCompleted" and (record.namespace, record.name) == ("default", "one")
         prepared = {"node": "n1", "driver": "gpu.nvidia.com", "device_type": "gpu"}
-        assert REGISTRY.get_sample_value("nvidia_dra_prepared_devices", prepared) == 1.0, "counted when scraped"
+        assert REGISTRY.get_sample_value("gpu_dra_prepared_devices", prepared) == 1.0, "counted when scraped"
 
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
-        assert REGISTRY.get_sample_value("nvidia_dra_prepared_devices", prepared) == 0.0
+        assert REGISTRY.get_sample_value("gpu_dra_prepared_devices", prepared) == 0.0
         assert not spec_file.exists()
         assert claim.uid not in node.service.checkpoint.claims
         on_disk = json.loads((root / "plugins" / "gpu.nvidia.com" / "checkpoint.json").read_text())

@@ -105,6 +105,25 @@ async def test_static_mig_gpu_advertises_its_mig_devices_not_itself(tmp_path):
     assert "consumesCounters" not in mig
 
 
+async def test_a_mig_gpu_without_mig_devices_is_offered_as_nvidias_driver_offers_it(tmp_path):
+    """NVIDIA's driver (gpu-kubelet-plugin nvlib.go): in static MIG mode such a GPU has nothing allocatable (a
+    warning: stranded capacity); with DynamicMIG its placements are offered against its counter set, and the
+    GPU itself only where MIG can be toggled without a reset (Hopper on; not this A100)."""
+    machine = {"gpus": [{"profile": "a100-40gb", "count": 1, "mig_enabled": True, "mig_devices": []},
+                        {"profile": "a100-40gb", "count": 1}]}
+    inv = await scan(tmp_path, "n1", machine=machine)
+    static = slices.desired_pools(inv, {}, STATIC, V134)[slices.GPU_DRIVER]
+    assert [d["name"] for s in static.slices for d in s.devices] == ["gpu-1"]
+    assert any("gpu-0 has MIG mode enabled but no configured MIG devices" in n for n in static.notes)
+    dynamic = slices.desired_pools(inv, {}, DYNAMIC, V134)[slices.GPU_DRIVER]
+    names = [d["name"] for s in dynamic.slices for d in s.devices]
+    assert "gpu-0" not in names and "gpu-1" in names
+    placements = [n for n in names if n.startswith("gpu-0-mig-")]
+    assert "gpu-0-mig-7g40gb-0-0" in placements and "gpu-0-mig-1g5gb-19-6" in placements, placements
+    counter_sets = [c["name"] for s in dynamic.slices for c in s.shared_counters]
+    assert "gpu-0-counter-set" in counter_sets
+
+
 @pytest.mark.parametrize("profile", [V134, V135], ids=["1.34-beside-devices", "1.35-counters-only-slice"])
 async def test_dynamic_mig_layouts(h100, profile):
     pool = slices.desired_pools(h100, {}, DYNAMIC, profile)[slices.GPU_DRIVER]

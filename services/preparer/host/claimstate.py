@@ -83,7 +83,7 @@ class ClaimPreparer:
         self.metadata = metadata  # the device metadata files each claim's spec mounts; None: off
         self.checkpoint = checkpoint
         self.events = events
-        metrics.track_prepared(node, driver, checkpoint)  # nvidia_dra_prepared_devices, counted when scraped
+        metrics.track_prepared(node, driver, checkpoint)  # gpu_dra_prepared_devices, counted when scraped
         if checkpoint.journal is None:
             checkpoint.journal = events.outbox  # checkpoint writes carry their events into the outbox
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)

@@ -1,6 +1,7 @@
-"""Preparer metrics under the reference driver's names and labels (`nvidia_dra_*`, so its dashboards and
-alerts work): request counts and durations per operation, in-flight requests, prepared devices by type,
-and errors by type; ours (`gpu_dra_*`) for shares of devices and the outbox (Prometheus default registry)."""
+"""Preparer metrics, `gpu_dra_*` as every service's (docs/operations.md maps them): the reference driver's
+request counts and durations per operation, in-flight requests, prepared devices by type and errors by type,
+with its labels and buckets (deploy/'s recording rules give them its `nvidia_dra_*` names too); shares of
+devices and the outbox (Prometheus default registry)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ if TYPE_CHECKING:
 
 BUCKETS = tuple(0.05 * 2**k for k in range(9))
 
-REQUESTS = Counter("nvidia_dra_requests", "Successful kubelet DRA requests", ["driver", "operation"])
-DURATION = Histogram("nvidia_dra_request_duration_seconds", "Kubelet DRA request duration", ["driver", "operation"],
+REQUESTS = Counter("gpu_dra_requests", "Successful kubelet DRA requests", ["driver", "operation"])
+DURATION = Histogram("gpu_dra_request_duration_seconds", "Kubelet DRA request duration", ["driver", "operation"],
                      buckets=BUCKETS)
-INFLIGHT = Gauge("nvidia_dra_requests_inflight", "Kubelet DRA requests in progress", ["driver", "operation"])
-PREPARE_ERRORS = Counter("nvidia_dra_node_prepare_errors", "Claims that failed to prepare", ["driver", "error_type"])
-UNPREPARE_ERRORS = Counter("nvidia_dra_node_unprepare_errors", "Claims that failed to unprepare", ["driver", "error_type"])
+INFLIGHT = Gauge("gpu_dra_requests_inflight", "Kubelet DRA requests in progress", ["driver", "operation"])
+PREPARE_ERRORS = Counter("gpu_dra_node_prepare_errors", "Claims that failed to prepare", ["driver", "error_type"])
+UNPREPARE_ERRORS = Counter("gpu_dra_node_unprepare_errors", "Claims that failed to unprepare", ["driver", "error_type"])
 
 
 def init(driver: str) -> None:
@@ -67,7 +68,7 @@ SHARES_HELP = ("Shares of a device (KEP-5075 consumable capacity) held by comple
 
 
 class _PreparedDevices(Collector):
-    """`nvidia_dra_prepared_devices{node,driver,device_type}` and `gpu_dra_prepared_shares{node,driver,device,
+    """`gpu_dra_prepared_devices{node,driver,device_type}` and `gpu_dra_prepared_shares{node,driver,device,
     namespace}` (SHARES_HELP), counted from each tracked checkpoint when it is
     scraped: nothing to keep up to date on the prepare path (a count per change was O(claims) per claim)."""
 
@@ -78,7 +79,7 @@ class _PreparedDevices(Collector):
         self._tracked[(node, driver)] = weakref.ref(checkpoint)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("nvidia_dra_prepared_devices", "Devices in completed claims",
+        family = GaugeMetricFamily("gpu_dra_prepared_devices", "Devices in completed claims",
                                    labels=["node", "driver", "device_type"])
         shares = GaugeMetricFamily("gpu_dra_prepared_shares", SHARES_HELP,
                                    labels=["node", "driver", "device", "namespace"])
