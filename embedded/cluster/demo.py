@@ -220,7 +220,8 @@ async def _demo(cfg: DemoConfig) -> int:
         machine = cluster.data_dir / "demo-machine.yaml"
         machine.write_text(DEMO_MACHINE)
         cfg.machine = str(machine)
-    cluster.extra_env["GPU_DRA_OTEL_EXPORTER"] = f"file:{cluster.data_dir / 'traces.jsonl'}"
+    if cfg.otel_exporter == "none":  # the services' spans, for the waterfall below and the fleet page
+        cluster.cfg.otel_exporter = f"file:{cluster.data_dir / 'traces.jsonl'}"
     async with cluster:
         api = await cluster.api_client()
         applier = Applier(api)
