@@ -55,6 +55,7 @@ from shared.natstarget import LOCAL_CLUSTER_FILE
 from shared.natsusers import DASHBOARD_READER, GATE_ROLE, check_node, node_user, reader_user
 from shared.parentdeath import with_parent_death_signal
 from shared.ports import free_port, next_free_port
+from shared.runtime import export_build_info
 from shared.tasks import cancel_and_wait, finish_even_if_cancelled
 
 log = get_logger(__name__)
@@ -666,6 +667,7 @@ def cluster_main(config_type: type[C], argv: list[str] | None, *, prog: str, des
     service = prog.replace(" ", "-")
     setup_logging(service, "warning" if cfg.log_level == "info" else cfg.log_level, cfg.log_format)
     if cfg.metrics_port > 0:
+        export_build_info(service)
         serve(cfg.metrics_port)  # the restart counts and which services run (processes.RESTARTS, RUNNING)
     try:
         return asyncio.run(until_signalled(run(cfg), prog))
