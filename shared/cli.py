@@ -1,9 +1,12 @@
-"""The `gpu-dra` console script: one subcommand per service and tool, dispatched lazily."""
+"""The `gpu-dra` console script: one subcommand per service and tool, dispatched lazily; `--version`; the
+operator's errors (a bad file, a server out of reach) as one line (shared/clierrors.py)."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from shared import clierrors
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "discovery": ("services.discovery.cli", "NVML inventory, health and device operations for one node"),
@@ -37,7 +40,7 @@ _EMBEDDED_MODULES = ("embedded", "kubernetes_validate", "cel")
 
 
 def usage() -> str:
-    lines = ["usage: gpu-dra <command> [options]", "", "commands:"]
+    lines = ["usage: gpu-dra <command> [options]   (gpu-dra --version: the version)", "", "commands:"]
     lines += [f"  {name:<14} {summary}" for name, (_, summary) in COMMANDS.items()]
     lines += ["", "Run 'gpu-dra <command> --help' for a command's options."]
     return "\n".join(lines)
@@ -47,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
+        return 0
+    if args[0] in ("--version", "version"):
+        from shared.telemetry import package_version
+
+        print(f"gpu-dra {package_version()}")
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
@@ -64,7 +72,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"gpu-dra: command {name!r} is not available in this build ({exc})", file=sys.stderr)
         return 2
-    result = module.main(rest)
+    if not clierrors.long_running(args):
+        # a one-shot command's retries (NATS dials, ...) are not news; its result or its one-line error are
+        from shared.logs import setup_logging
+
+        setup_logging(f"gpu-dra-{name}", "error")
+    try:
+        result = module.main(rest)
+    except Exception as exc:  # noqa: BLE001 - the operator's errors become one line; the rest re-raised
+        line = clierrors.one_line(exc)
+        if line is None:
+            raise
+        print(f"gpu-dra {name}: {line}", file=sys.stderr)
+        return clierrors.exit_status(exc, args)
     return int(result or 0)
 
 

@@ -13,7 +13,7 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -82,6 +82,21 @@ def _flag(name: str) -> str:
 
 def _env(name: str) -> str:
     return ENV_PREFIX + name.upper()
+
+
+def settings_env(config: CommonConfig, names: Iterable[str]) -> dict[str, str]:
+    """The `GPU_DRA_*` environment that gives another process these settings of `config`, as they are."""
+    out = {}
+    for name in names:
+        value = getattr(config, name)
+        out[_env(name)] = ",".join(map(str, value)) if isinstance(value, list | tuple | set | frozenset) else str(value)
+    return out
+
+
+def without_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` less its `GPU_DRA_*` settings (launchers' own variables kept): what a process passes on to a child
+    whose settings it gives itself, as a child refuses the settings it does not know."""
+    return {k: v for k, v in env.items() if not k.startswith(ENV_PREFIX) or k in LAUNCHER_ENV}
 
 
 def _strip(tp: Any) -> tuple[Any, str]:

@@ -94,9 +94,14 @@ BUILD_INFO = Gauge("gpu_dra_build_info", "1, labelled with what runs: the servic
                    ["service", "version", "python"])
 
 
+def export_build_info(service: str) -> None:
+    """`gpu_dra_build_info{service, version, python} 1`: the version `gpu-dra --version` prints (the package's)."""
+    BUILD_INFO.labels(service, package_version(), platform.python_version()).set(1)
+
+
 def prepare_process(config: CommonConfig, service: str) -> None:
     """Logs, traces, and the metrics and health endpoint (on `--metrics-port`; 0 is off) for this process."""
-    BUILD_INFO.labels(service, package_version(), platform.python_version()).set(1)
+    export_build_info(service)
     featuregates.export(config.gates)
     setup_logging(service, config.log_level, config.log_format)
     setup_telemetry(service, config.otel_exporter, node=str(getattr(config, "node", "") or ""),

@@ -1,25 +1,33 @@
-"""`gpu-dra demo` (what `make run` runs): sample workloads on a full local cluster, shown and torn down.
+"""`gpu-dra demo` (what `make run` runs): sample workloads on a full local cluster, checked, shown and torn down.
 
 Brings up a local cluster (two simulated nodes with H100s and a MIG-partitioned A100), applies the
 sample workloads in `examples/workloads/`, waits for their pods, prints what every container got
-(devices, UUIDs, sharing), the first lines each container logged (its `nvidia-smi -L`), and a waterfall of one claim-preparation trace, then tears it all down.
-Exit code 0 only when every sample pod ran.
+(devices, UUIDs, sharing), reads every container's log and checks that it names exactly the GPUs and MIG
+devices its claims were allocated and the sharing they asked for (`democheck.py`), prints a waterfall of one
+claim-preparation trace and what to run next, then tears it all down (`--keep`: leaves it up until Ctrl-C).
+Exit code 0 only when every sample pod ran and every log checked out; 1 names each mismatch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 from kubernetes_asyncio import client
 
+from embedded.cluster import democheck
 from embedded.cluster.apply import Applier, load_documents
 from embedded.cluster.local import ClusterConfig, LocalCluster, cluster_main
+from embedded.cluster.up import ready_lines, serve_until_stopped
 from embedded.cluster.waterfall import read_spans, render, traces_with
 from embedded.nodeagent.pods import EDITS_ANNOTATION
+from shared.backoff import Backoff
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 DEMO_MACHINE = """\
@@ -36,8 +44,21 @@ gpus:
 
 
 class DemoConfig(ClusterConfig, kw_only=True, forbid_unknown_fields=True):
-    workloads: str = ""  # a folder of manifests (default: examples/workloads)
-    wait_timeout: float = 120.0
+    workloads: Annotated[str, msgspec.Meta(description=(
+        "a folder of manifests to apply; empty: examples/workloads"))] = ""
+    wait_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
+        "seconds for every sample pod to run"))] = 120.0
+    log_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
+        "seconds for every container's log to show its devices and sharing"))] = 20.0
+    keep: Annotated[bool, msgspec.Meta(description=(
+        "leave the cluster up after the checks (fleet page, kubectl, gpu-dra events tail) until Ctrl-C"))] = False
+
+
+NEXT_STEPS = """\
+what next:
+  gpu-dra up                 a local GPU cluster of your own: kubectl, your claims, the fleet page
+  gpu-dra demo --keep        this demo, left running until Ctrl-C
+  docs/local-cluster.md      the local cluster; docs/sharing.md: GPU sharing; README.md: the services"""
 
 
 async def _pods(api: client.ApiClient, namespaces: set[str]) -> list[dict[str, Any]]:
@@ -130,33 +151,60 @@ async def print_table(api: client.ApiClient, pods: list[dict[str, Any]]) -> None
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
-async def _log_head(api: client.ApiClient, pod: dict[str, Any], container: str, lines: int,
-                    timeout: float = 5.0) -> list[str]:
-    """The first `lines` of a container's log through the API server (waiting a little for its first line)."""
-    import asyncio
+@dataclass
+class Checked:
+    expected: democheck.Expected
+    log: str
+    wrong: list[str]
 
-    meta = pod["metadata"]
+
+async def _log(api: client.ApiClient, namespace: str, pod: str, container: str) -> str:
+    try:
+        return str(await client.CoreV1Api(api).read_namespaced_pod_log(pod, namespace, container=container))
+    except client.ApiException as exc:
+        return f"(no log: {exc.status} {exc.reason})"
+
+
+async def check_logs(api: client.ApiClient, pods: list[dict[str, Any]], timeout: float) -> list[Checked]:
+    """Every container with devices: its log, read until it shows all it must (or `timeout`), and what is
+    wrong with it. The pod log API has no follow here, so each log is read again with a short back-off."""
+    custom = client.CustomObjectsApi(api)
+    slices = await custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
+    devices = democheck.slice_devices(slices.get("items") or [])
+    claims: dict[str, dict[str, dict[str, Any]]] = {}
+    for ns in {p["metadata"]["namespace"] for p in pods}:
+        listed = await custom.list_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims")
+        claims[ns] = {c["metadata"]["name"]: c for c in listed.get("items") or []}
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            text = await client.CoreV1Api(api).read_namespaced_pod_log(meta["name"], meta["namespace"],
-                                                                       container=container)
-        except client.ApiException as exc:
-            text = ""
-            if time.monotonic() >= deadline:
-                return [f"(no log: {exc.status} {exc.reason})"]
-        if text or time.monotonic() >= deadline:
-            return str(text).splitlines()[:lines] or ["(no output yet)"]
-        await asyncio.sleep(0.2)
+
+    async def one(want: democheck.Expected) -> Checked:
+        namespace, name = want.pod.split("/", 1)
+        backoff = Backoff(initial_s=0.05, cap_s=1.0)
+        while True:
+            log = await _log(api, namespace, name, want.container)
+            if want.complete(log) or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(backoff.next(), max(0.0, deadline - time.monotonic())))
+        log = await _log(api, namespace, name, want.container)  # once more: lines after the last expected one
+        return Checked(want, log, want.mismatches(log))
+
+    wanted = [w for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+              for w in democheck.expected(pod, claims[pod["metadata"]["namespace"]], devices)]
+    return list(await asyncio.gather(*(one(w) for w in wanted)))
 
 
-async def print_logs(api: client.ApiClient, pods: list[dict[str, Any]], lines: int = 3) -> None:
-    """Each container's first log lines, as `kubectl logs POD -c CONTAINER | head` shows them."""
-    for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
-        for c in pod["spec"].get("containers") or []:
-            print(f"  kubectl logs -n {pod['metadata']['namespace']} {pod['metadata']['name']} -c {c['name']}:")
-            for line in await _log_head(api, pod, c["name"], lines):
-                print(f"    {line}")
+def print_checked(checked: list[Checked], lines: int = 4) -> None:
+    """Each container's first log lines, as `kubectl logs POD -c CONTAINER | head` shows them, and the verdict."""
+    for c in checked:
+        namespace, name = c.expected.pod.split("/", 1)
+        verdict = "names exactly its devices" + (f" and {', '.join(c.expected.sharing)}" if c.expected.sharing
+                                                 else "")
+        print(f"  kubectl logs -n {namespace} {name} -c {c.expected.container}:   "
+              f"{'MISMATCH' if c.wrong else 'ok: ' + verdict}")
+        for line in c.log.splitlines()[:lines] or ["(no output)"]:
+            print(f"    {line}")
+        for why in c.wrong:
+            print(f"    MISMATCH: {why}")
 
 
 async def _demo(cfg: DemoConfig) -> int:
@@ -172,7 +220,8 @@ async def _demo(cfg: DemoConfig) -> int:
         machine = cluster.data_dir / "demo-machine.yaml"
         machine.write_text(DEMO_MACHINE)
         cfg.machine = str(machine)
-    cluster.extra_env["GPU_DRA_OTEL_EXPORTER"] = f"file:{cluster.data_dir / 'traces.jsonl'}"
+    if cfg.otel_exporter == "none":  # the services' spans, for the waterfall below and the fleet page
+        cluster.cfg.otel_exporter = f"file:{cluster.data_dir / 'traces.jsonl'}"
     async with cluster:
         api = await cluster.api_client()
         applier = Applier(api)
@@ -192,20 +241,39 @@ async def _demo(cfg: DemoConfig) -> int:
         running = [p for p in pods if _running(p)]
         print(f"\n{len(running)}/{len(pods)} pods running after {time.monotonic() - started:.1f}s:\n")
         await print_table(api, running)
-        if cfg.runtime != "none" and running:
-            print("\nwhat each container printed (its first lines):\n")
-            await print_logs(api, running)
+        checked: list[Checked] = []
+        if cluster.cfg.runtime != "none" and running:
+            print("\nwhat each container printed, checked against its claims' allocation:\n")
+            checked = await check_logs(api, running, cfg.log_timeout)
+            print_checked(checked)
+        elif running:
+            print("\nNOT CHECKED: containers were not run (--runtime none, or no bubblewrap: `make sandbox`)")
+        failures = []
         for pod in pods:
             if not _running(pod):
                 why = await _why_not_running(api, pod)
-                print(f"  NOT RUNNING {pod['metadata']['namespace']}/{pod['metadata']['name']}: {why}")
+                failures.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']} is not running: {why}")
+        failures += [f"{c.expected.pod} container {c.expected.container}: {why}" for c in checked for why in c.wrong]
         traces = traces_with(read_spans(cluster.data_dir / "traces.jsonl"), "NodePrepareResources")
         if traces:
             print("\none claim preparation, as traced across the services:\n")
             print(render(traces[0]))
-        ok = bool(pods) and len(running) == len(pods)
+        if not pods:
+            failures.append(f"no pods in the namespaces of {folder}")
+        if failures:
+            print(f"\ndemo FAILED: {len(failures)} thing(s) are not as the claims say:", file=sys.stderr)
+            for line in failures:
+                print(f"  {line}", file=sys.stderr)
+        else:
+            print(f"\ndemo ok: {len(pods)} pods ran; {len(checked)} container logs name exactly their allocated "
+                  "GPUs, MIG devices and sharing")
+        print(f"\n{NEXT_STEPS}")
+        if cfg.keep:
+            code = await serve_until_stopped(cluster, ["", *ready_lines(cluster)])
+            if code:
+                return code
     print("\ncluster stopped; nothing left running.")
-    return 0 if ok else 1
+    return 1 if failures else 0
 
 
 def main(argv: list[str] | None = None) -> int:

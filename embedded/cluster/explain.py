@@ -237,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     except NotFound as exc:
         print(f"gpu-dra explain: {exc} (check the namespace and name with kubectl get)", file=sys.stderr)
         return 1
-    except (ApiError, OSError) as exc:
+    except OSError as exc:  # the API server out of reach (or a file): fix the target, exit 2
+        print(f"gpu-dra explain: cannot read the cluster: {exc}", file=sys.stderr)
+        return 2
+    except ApiError as exc:
         print(f"gpu-dra explain: cannot read the cluster: {exc}", file=sys.stderr)
         return 1
     return 0

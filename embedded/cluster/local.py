@@ -44,7 +44,7 @@ from services.discovery.machine import MachineError, parse_spec
 from shared import featuregates, nodeconfig
 from shared.backoff import Backoff
 from shared.bus import Bus, NatsTLS
-from shared.config import CommonConfig, load_config_or_report
+from shared.config import CommonConfig, load_config_or_report, settings_env
 from shared.deviceclasses import device_classes
 from shared.events import catalog
 from shared.health import HEALTH, serve
@@ -55,13 +55,21 @@ from shared.natstarget import LOCAL_CLUSTER_FILE
 from shared.natsusers import DASHBOARD_READER, GATE_ROLE, check_node, node_user, reader_user
 from shared.parentdeath import with_parent_death_signal
 from shared.ports import free_port, next_free_port
+from shared.runtime import export_build_info
 from shared.tasks import cancel_and_wait, finish_even_if_cancelled
 
 log = get_logger(__name__)
 GPU_DRIVER = "gpu.nvidia.com"
 # the ComputeDomain controller assigns domains from allocated claims; agents count only those (docs/security.md)
 ASSIGNED_DOMAINS_ONLY = {"GPU_DRA_REQUIRE_ASSIGNMENT": "true"}
-NATS_CREDENTIAL_ENV = ("GPU_DRA_NATS_USER", "GPU_DRA_NATS_PASSWORD", "GPU_DRA_NATS_CREDS", "GPU_DRA_NATS_TOKEN_FILE")
+# The settings every service shares with up (CommonConfig) that up gives each service its own way: the NATS
+# identity (a user per service; with --nats-url, up's own as given), the log format (json, into the log files),
+# the metrics port (one each after --metrics-port) and the feature gates (with those the flags imply). Every other
+# common setting reaches every service as up got it (flag or environment): SHARED_SETTINGS.
+NATS_IDENTITY = ("nats_user", "nats_password", "nats_creds", "nats_token_file", "nats_tls_ca", "nats_tls_cert",
+                 "nats_tls_key")
+PER_SERVICE = frozenset({"nats_url", "log_format", "metrics_port", "feature_gates", *NATS_IDENTITY})
+SHARED_SETTINGS = tuple(f.name for f in msgspec.structs.fields(CommonConfig) if f.name not in PER_SERVICE)
 
 
 C = TypeVar("C", bound="ClusterConfig")
@@ -269,13 +277,17 @@ class LocalCluster:
         await finish_even_if_cancelled(self.stop())
 
     def _env(self) -> dict[str, str]:
-        # No process inherits the admin's kubeconfig: each gets its own identity's (`_kube`), or none.
-        # POD_NAMESPACE as a pod in deploy/'s namespace has it (the controller's Lease lives there).
-        # Nor the caller's NATS credentials when up runs the server: a process is only the user `_nats` gives it.
-        own_nats = dict.fromkeys(NATS_CREDENTIAL_ENV, "") if self.nats_identities else {}
+        """What every service gets: SHARED_SETTINGS as up has them, and (the Supervisor passes on no GPU_DRA_*
+        variable of up's environment) nothing of up's own settings (GPU_DRA_NODES, ...), which it would refuse.
+        No process inherits the admin's kubeconfig: each gets its own identity's (`_kube`), or none.
+        POD_NAMESPACE as a pod in deploy/'s namespace has it (the controller's Lease lives there).
+        When up runs the server a process is only the NATS user `_nats` gives it; with --nats-url, up's identity."""
+        identity = {} if self.nats_identities else settings_env(
+            self.cfg, [name for name in NATS_IDENTITY if getattr(self.cfg, name)])
         gates = {"GPU_DRA_FEATURE_GATES": self.cfg.gate_setting()} if self.cfg.gate_setting() else {}
-        return {"GPU_DRA_NATS_URL": self.nats_url, "GPU_DRA_LOG_FORMAT": "json", "KUBECONFIG": "",
-                "POD_NAMESPACE": identities.NODE.namespace, **own_nats, **gates, **self.extra_env}
+        return {**settings_env(self.cfg, SHARED_SETTINGS), "GPU_DRA_NATS_URL": self.nats_url,
+                "GPU_DRA_LOG_FORMAT": "json", "KUBECONFIG": "", "POD_NAMESPACE": identities.NODE.namespace,
+                **identity, **gates, **self.extra_env}
 
     def _nats(self, user: str) -> dict[str, str]:
         """The environment that makes a process the NATS user `user` (its .creds file; none with --nats-url)."""
@@ -655,6 +667,7 @@ def cluster_main(config_type: type[C], argv: list[str] | None, *, prog: str, des
     service = prog.replace(" ", "-")
     setup_logging(service, "warning" if cfg.log_level == "info" else cfg.log_level, cfg.log_format)
     if cfg.metrics_port > 0:
+        export_build_info(service)
         serve(cfg.metrics_port)  # the restart counts and which services run (processes.RESTARTS, RUNNING)
     try:
         return asyncio.run(until_signalled(run(cfg), prog))

@@ -1,6 +1,7 @@
 """Child processes of the local cluster: start each service as its own OS process, keep it running, stop them all.
 
-Owns process groups, per-process log files, the environment each service gets, restarts (a service
+Owns process groups, per-process log files, the environment each service gets (this process's, less its
+`GPU_DRA_*` settings, plus what the caller gives), restarts (a service
 that exits or is killed is started again after the project's backoff, as the kubelet restarts a
 DaemonSet pod, and the restart is logged, reported and counted), waiting for a readiness condition,
 and a shutdown that leaves nothing behind (SIGTERM to the group, SIGKILL after a grace period).
@@ -22,6 +23,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from shared.backoff import Backoff
+from shared.config import without_settings
 from shared.logs import get_logger
 from shared.parentdeath import with_parent_death_signal
 
@@ -116,7 +118,8 @@ class Supervisor:
         return child
 
     async def _spawn(self, child: Child) -> None:
-        full_env = {**os.environ, **self.base_env, **child.env}
+        # no GPU_DRA_* setting of ours is inherited: a child gets the settings it is given (it refuses unknown ones)
+        full_env = {**without_settings(os.environ), **self.base_env, **child.env}
         log_file = await asyncio.to_thread(open, child.log_path, "ab")
         try:
             child.process = await asyncio.create_subprocess_exec(

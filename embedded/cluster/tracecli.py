@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"gpu-dra trace: error: cannot read {path}: {exc.strerror or exc} (run the cluster with "
               "GPU_DRA_OTEL_EXPORTER=file:<data dir>/traces.jsonl, or give an OTLP-JSON file)", file=sys.stderr)
-        return 1
+        return 2
     trace = claim_trace(spans, args.claim)
     if not trace:
         print(f"gpu-dra trace: error: no span in {path} names claim {args.claim!r} (attributes dra.claim.uid, "

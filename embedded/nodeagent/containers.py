@@ -1,7 +1,7 @@
 """The kubelet emulator's container runtime: runs a pod's containers as sandboxed processes, as the kubelet does.
 
 Owns, for each pod: its init containers in order, then its containers side by side, each a bubblewrap process
-(`sandbox.py`) with the pod's env, the CDI edits' env/mounts and the `nvidia-smi` shim (`nvidiasmi.py`); the
+(`sandbox.py`) with the pod's env, the CDI edits' env/mounts and the `nvidia-smi` shim at /usr/bin (`nvidiasmi.py`); the
 container states (waiting/running/terminated with exit code and reason), restarts per restartPolicy with the
 kubelet's doubling back-off (`CrashLoopBackOff` meanwhile), the pod phase (Running, Succeeded, Failed) and
 termination (SIGTERM to the container's processes, SIGKILL once the grace period is over). Output goes, a line
@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 from embedded.nodeagent import nvidiasmi
 from embedded.nodeagent.attach import Attachment
 from embedded.nodeagent.kubeletevents import pull_events
-from embedded.nodeagent.sandbox import CONTAINER_PATH, NOBODY, SHIM_DIR, SIM_STATE, WORK_DIR, bwrap_argv
+from embedded.nodeagent.sandbox import CONTAINER_PATH, NOBODY, SIM_STATE, WORK_DIR, bwrap_argv
 from shared.backoff import Backoff
 from shared.kube.events import EventType
 from shared.logs import get_logger
@@ -154,7 +154,7 @@ class PodWorker:
     # ------------------------------------------------------------------ one run of one container
     def _env(self, name: str) -> tuple[dict[str, str], list[tuple[str, str]], int]:
         spec = self.specs[name]
-        env = {"PATH": f"{SHIM_DIR}:{CONTAINER_PATH}", "HOME": WORK_DIR, "HOSTNAME": self.pod["metadata"]["name"],  # noqa: S108
+        env = {"PATH": CONTAINER_PATH, "HOME": WORK_DIR, "HOSTNAME": self.pod["metadata"]["name"],  # noqa: S108
                "KUBERNETES_POD_NAME": self.pod["metadata"]["name"], nvidiasmi.STATE_ENV: SIM_STATE}
         edits = self.edits.get(name) or {}
         for entry in edits.get("env") or []:

@@ -1,4 +1,4 @@
-"""The `nvidia-smi` a sandboxed container finds on its PATH: answers from the node's simulated NVML state for
+"""The `nvidia-smi` a sandboxed container finds at /usr/bin/nvidia-smi: answers from the node's simulated NVML state for
 exactly the devices its CDI edits made visible.
 
 Owns the visibility rule (a GPU is visible when its `/dev/nvidia<minor>` node was given; a MIG device when its
@@ -192,23 +192,55 @@ def main() -> None:
     sys.exit(code)
 
 
+# Inside a sandbox the shim runs from fixed paths, whatever the checkout's: its interpreter, this repo and the
+# site-packages are mounted read-only under /run/gpu-dra (the host's /tmp, where a checkout or venv may live, is
+# the sandbox's own private /tmp there).
+PYTHON_MOUNT = "/run/gpu-dra/python"  # the interpreter's installation (sys.base_prefix)
+CODE_MOUNT = "/run/gpu-dra/code"  # this repo
+SITE_MOUNT = "/run/gpu-dra/site"  # <SITE_MOUNT>/<n>: the n-th site-packages dir of this interpreter
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How the shim runs inside a sandbox: `interpreter` and `path` (sys.path) are sandbox paths, `mounts` the
+    read-only host:sandbox binds that make them exist."""
+
+    interpreter: str
+    path: tuple[str, ...]
+    mounts: tuple[tuple[str, str], ...]
+
+    def script(self) -> str:
+        return (f"#!{self.interpreter} -S\nimport sys\nsys.path[:0] = {list(self.path)!r}\n"
+                "from embedded.nodeagent.nvidiasmi import main\nmain()\n")
+
+
+def launcher() -> Launcher:
+    """This interpreter, this repo and its site-packages, as a sandbox sees them once `mounts` are made."""
+    real = Path(os.path.realpath(sys.executable))
+    prefix = Path(os.path.realpath(sys.base_prefix))
+    mounts = [(str(Path(__file__).resolve().parents[2]), CODE_MOUNT)]
+    if real.is_relative_to(prefix):
+        mounts.append((str(prefix), PYTHON_MOUNT))
+        interpreter = f"{PYTHON_MOUNT}/{real.relative_to(prefix)}"
+    else:  # an interpreter outside its own prefix: used where it is (seen through the read-only host root)
+        interpreter = str(real)
+    sites = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
+    mounts += [(os.path.realpath(site), f"{SITE_MOUNT}/{n}") for n, site in enumerate(sites)]
+    return Launcher(interpreter, (CODE_MOUNT, *(f"{SITE_MOUNT}/{n}" for n in range(len(sites)))), tuple(mounts))
+
+
 def install(bin_dir: Path) -> Path:
-    """Write the `nvidia-smi` launcher into `bin_dir` (this interpreter, this repo) and return its path."""
+    """Write the `nvidia-smi` launcher into `bin_dir` and return its path; it names sandbox paths only
+    (`launcher()`), so it runs in a sandbox from any checkout, venv or interpreter location."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    repo = Path(__file__).resolve().parents[2]
     script = bin_dir / "nvidia-smi"
-    text = (f"#!{sys.executable} -S\nimport sys\nsys.path[:0] = [{str(repo)!r}, *{_site_paths()!r}]\n"
-            "from embedded.nodeagent.nvidiasmi import main\nmain()\n")
+    text = launcher().script()
     if not script.exists() or script.read_text() != text:
         tmp = script.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.chmod(0o755)
         os.replace(tmp, script)
     return script
-
-
-def _site_paths() -> list[str]:
-    return [p for p in sys.path if p.endswith("site-packages")]
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = args[0], args[1:]
     # a failed start is reported in one line with its cause (exit 1); the traceback is in the log
-    failures = ((KubeConfigError, 1), (OSError, 1), (BusError, 1))
+    failures = ((KubeConfigError, 2), (OSError, 1), (BusError, 1))
     if command == "controller":
         prog = "gpu-dra computedomain controller"
         return service_main(ControllerConfig, rest, prog=prog, description="ComputeDomain controller",

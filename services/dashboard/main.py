@@ -141,4 +141,4 @@ async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
 def main(argv: list[str] | None = None) -> int:
     return service_main(DashboardConfig, argv, prog="gpu-dra dashboard", description=DESCRIPTION,
                         service=lambda cfg: "dashboard", run=_run,
-                        failures=((KubeConfigError, 3), (DiscoveryError, 3)))
+                        failures=((KubeConfigError, 2), (DiscoveryError, 3)))

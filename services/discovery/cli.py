@@ -68,7 +68,11 @@ async def inject_xid(argv: list[str]) -> int:
     except TargetError as exc:
         return _fail(str(exc), 2)
     tls = NatsTLS(creds_file=target.creds) if target.creds else None
-    bus = await Bus.connect(target.url, name=f"inject-xid-{ns.node}", user=target.user or None, tls=tls)
+    try:
+        bus = await Bus.connect(target.url, name=f"inject-xid-{ns.node}", user=target.user or None, tls=tls,
+                                initial_attempts=3)  # as events tail: an operator waits for the answer
+    except BusError as exc:  # NATS out of reach, or its credentials unreadable: fix the target, exit 2
+        return _fail(str(exc), 2)
     try:
         ref = ns.device
         inv = await (await bus.kv(catalog.INVENTORY_BUCKET)).get(ns.node)

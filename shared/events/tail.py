@@ -4,7 +4,8 @@ Where to connect, first found: `--nats-url` (with `--creds`/`--user`); the envir
 (GPU_DRA_NATS_URL, GPU_DRA_NATS_CREDS, GPU_DRA_NATS_USER: the lines `gpu-dra up` prints); `--data-dir`
 of a local cluster; the newest local cluster still running (its `nats.json`). `--since 10m` replays
 the DRA_EVENTS stream from then on through an ordered consumer (nothing is stored for us); without
-it only new events show. Filters narrow the subjects subscribed to, not what is printed.
+it only new events show. Filters narrow the subjects subscribed to, not what is printed. A reader that goes
+away (`| head -2`) ends it quietly, exit 0.
 """
 
 from __future__ import annotations
@@ -119,7 +120,12 @@ async def tail(target: Target, filters: list[str], *, since_s: float | None, cou
         async with lock:
             if done.is_set():
                 return
-            print(render(msg, as_json), file=out, flush=True)
+            try:
+                print(render(msg, as_json), file=out, flush=True)
+            except BrokenPipeError:  # the reader is gone (`| head -2`): the end, quietly
+                _discard_output(out)
+                done.set()
+                return
             seen += 1
             if count and seen >= count:
                 done.set()
@@ -137,6 +143,17 @@ async def tail(target: Target, filters: list[str], *, since_s: float | None, cou
     finally:
         await bus.close()
     return 0
+
+
+def _discard_output(out: Any) -> None:
+    """Point `out`'s file descriptor at /dev/null, so that nothing written later (the flush at exit) fails."""
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def add_parser(sub: Any) -> None:

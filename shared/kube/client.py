@@ -52,8 +52,11 @@ async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "
     elif insecure_skip_tls_verify:
         raise ValueError("insecure_skip_tls_verify applies to an API URL only; a kubeconfig says it itself")
     else:
+        in_cluster = not kubeconfig and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+        if not in_cluster:
+            _check_kubeconfig_file(kubeconfig)
         try:
-            if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            if in_cluster:
                 config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
             elif not await asyncio.to_thread(load_json_kubeconfig, kubeconfig, configuration):
                 await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
@@ -67,6 +70,21 @@ async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "
     _most_recent_first(api.rest_client.pool_manager.connector)
     _trust_store_on_demand()
     return api
+
+
+def _check_kubeconfig_file(kubeconfig: str) -> None:
+    """KubeConfigError naming the kubeconfig file (given, KUBECONFIG's only one, or ~/.kube/config) when it
+    cannot be read: kubernetes-asyncio takes a missing file for an empty config and says a key is missing."""
+    path = kubeconfig or os.environ.get("KUBECONFIG", "") or os.path.expanduser("~/.kube/config")
+    if os.pathsep in path:
+        return  # several files, merged by the loader
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        source = "--kubeconfig" if kubeconfig else ("KUBECONFIG" if os.environ.get("KUBECONFIG") else "default")
+        raise KubeConfigError(f"cannot read the kubeconfig {path} ({source}): {exc.strerror}; give --kubeconfig "
+                              "(or KUBECONFIG) or run in a pod with a ServiceAccount") from None
 
 
 _PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy")

@@ -150,12 +150,14 @@ def pod_manifest(name: str, template: str = "one-gpu", selector: str = "", node:
 class Up:
     """`gpu-dra up` as a user runs it: a subprocess in its own session, its console read as it comes."""
 
-    def __init__(self, data_dir: Path | None, *args: str, nodes: int = 2, command: str = "up",
+    def __init__(self, data_dir: Path | None, *args: str, nodes: int | None = 2, command: str = "up",
                  env: dict[str, str] | None = None):
+        """`nodes` None: no --nodes and --gpus flags (the environment may set them)."""
         self.data_dir = data_dir
         self.command = command
         self.kubeconfig = data_dir / "kubeconfig" if data_dir else None
-        argv = [sys.executable, "-m", "shared.cli", command, "--nodes", str(nodes), "--gpus", "h100x1", *args]
+        shape = ["--nodes", str(nodes), "--gpus", "h100x1"] if nodes is not None else []
+        argv = [sys.executable, "-m", "shared.cli", command, *shape, *args]
         if data_dir is not None:
             argv += ["--data-dir", str(data_dir)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

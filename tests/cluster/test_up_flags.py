@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -59,8 +60,15 @@ def test_dynamic_mig_metrics_port_and_per_node_gpus_with_a_clique(tmp_path: Path
         up.wait_ready()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as reply:
             assert reply.status == 200
+        version = subprocess.run([sys.executable, "-m", "shared.cli", "--version"], capture_output=True,
+                                 text=True, timeout=30).stdout.split()[-1]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-            assert b"# TYPE" in reply.read()
+            text = reply.read().decode()
+        assert re.search(rf'gpu_dra_build_info\{{[^}}]*service="gpu-dra-up"[^}}]*version="{re.escape(version)}"',
+                         text), [line for line in text.splitlines() if "build_info" in line]
+        services = json.loads((tmp_path / "cluster" / "metrics.json").read_text())
+        with urllib.request.urlopen(f"http://127.0.0.1:{services['publisher']}/metrics", timeout=10) as reply:
+            assert f'version="{version}"' in reply.read().decode()  # every service's, the same version
         slices = json.loads(up.kubectl("get", "resourceslices", "-o", "json"))["items"]
         mine = [s for s in slices if s["spec"]["driver"] == "gpu.nvidia.com"]
         node0 = json.dumps([s for s in mine if s["spec"].get("nodeName") == "gpu-node-0"])

@@ -3,9 +3,11 @@ the nvidia-smi shim answering from a simulated NVML state for exactly the device
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -181,3 +183,51 @@ async def test_container_without_command_idles_until_stopped(node: dict[str, Pat
     assert time.monotonic() - started < 5, "SIGTERM stops it (no wait for the grace period)"
     # 0 once its TERM trap is set, 143 (128 + SIGTERM) when stopped before the shell got that far
     assert w.status()["containerStatuses"][0]["state"]["terminated"]["exitCode"] in (0, 143)
+
+
+async def test_login_shell_finds_nvidia_smi_where_cdi_puts_it_and_usr_bin_stays_read_only(
+        node: dict[str, Path]) -> None:
+    """NVIDIA's pods-shared-gpu spec runs `bash -lc "nvidia-smi -L"`: a login shell resets PATH."""
+    p = pod("login", [{"name": "ctr", "image": "ubuntu:22.04", "command": ["bash", "-lc"],
+                       "args": ["command -v nvidia-smi; nvidia-smi -L; touch /usr/bin/x 2>/dev/null || echo ro; "
+                                "ls /usr/bin/env"]}])
+    w = worker(node, p, gpu_edits("/dev/nvidia0"))
+    w.start()
+    await w.task  # type: ignore[misc]
+    assert log_of(node, p, "ctr").splitlines() == [
+        "/usr/bin/nvidia-smi", f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100})", "ro", "/usr/bin/env"]
+    assert w.phase == "Succeeded"
+
+
+RUN_FROM_CHECKOUT = """
+import shutil, subprocess, sys
+from pathlib import Path
+from embedded.nodeagent import nvidiasmi
+from embedded.nodeagent.sandbox import bwrap_argv
+root = Path(sys.argv[1])
+shim = nvidiasmi.install(root / "bin")
+assert str(root) not in shim.read_text(), shim.read_text()
+for d in ("tmp", "work"):
+    (root / d).mkdir()
+argv = bwrap_argv(shutil.which("bwrap"), ["bash", "-lc", "nvidia-smi -L"], work=root / "work", tmp=root / "tmp",
+                  shim_dir=root / "bin", uid=65534, sim_state=sys.argv[2],
+                  env={nvidiasmi.STATE_ENV: "/run/gpu-dra/simnvml.json", nvidiasmi.NODES_ENV: "/dev/nvidia0"})
+done = subprocess.run(argv, capture_output=True, text=True)
+print(done.stdout + done.stderr, end="")
+sys.exit(done.returncode)
+"""
+
+
+async def test_the_shim_runs_from_a_checkout_under_tmp_which_the_sandbox_hides(node: dict[str, Path],
+                                                                                tmp_path: Path) -> None:
+    """A checkout under /tmp (the sandbox's /tmp is its own): the shim names only the paths it is mounted at."""
+    repo = Path(__file__).resolve().parents[2]
+    checkout = tmp_path / "checkout"
+    for package in ("shared", "services", "embedded"):
+        shutil.copytree(repo / package, checkout / package, ignore=shutil.ignore_patterns("__pycache__"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", RUN_FROM_CHECKOUT, str(tmp_path / "run"), str(node["state"]), cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)}, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    assert (proc.returncode, out.decode()) == (0, f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100})\n"), out.decode()
