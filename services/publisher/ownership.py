@@ -82,6 +82,16 @@ class Membership:
             changed = self._changed
             await changed.wait()
 
+    async def settle(self) -> None:
+        """Return once the live set has not changed for one heartbeat: replicas started together have
+        seen one another's first beats (an absence of events has to be waited out; nothing else signals it)."""
+        while True:
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), self.heartbeat_s)
+            except TimeoutError:
+                return
+
     async def start(self) -> None:
         """Beat once, read the current members, then keep beating and watching."""
         self._kv = await self.bus.kv(REPLICAS_BUCKET)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from typing import Any
 
@@ -24,6 +25,7 @@ from services.publisher import apiversion, slices, split
 from services.publisher.config import PublisherConfig
 from services.publisher.nodeconfigs import NodeConfigWatch
 from services.publisher.nodes import NodeWatcher
+from services.publisher.nodestate import NodeState
 from services.publisher.ownership import Membership, owner_of
 from services.publisher.taintevents import TaintEvents
 from services.publisher.writer import InvalidSlice, SliceWriter, WriteStats
@@ -50,65 +52,8 @@ LATENCY = Histogram("gpu_dra_publisher_inventory_to_slice_seconds",
 QUEUE_DEPTH = Gauge("gpu_dra_publisher_queue_depth", "Nodes waiting for a slice sync or being synced")
 OWNED_NODES = Gauge("gpu_dra_publisher_owned_nodes", "Nodes with an inventory that this replica owns")
 RETRY_DELAY_S = 2.0
-
-
-class NodeState:
-    """What the publisher knows of every node, newest observation first-class.
-
-    Every accepted inventory, withdrawal and health report is numbered in the order this replica
-    received it (`received`). A KV read drops what KV no longer holds only if it was received before
-    the read began: an event that arrives while KV is being read may be newer than what the read
-    returns, whatever its observation time says.
-    """
-
-    def __init__(self) -> None:
-        self.inventory: dict[str, NodeInventory] = {}
-        self.health: dict[str, dict[str, DeviceHealth]] = {}
-        self.withdrawn: dict[str, float] = {}
-        self.received = 0
-        self._inventory_seq: dict[str, int] = {}
-        self._health_seq: dict[tuple[str, str], int] = {}
-
-    def set_inventory(self, inv: NodeInventory) -> bool:
-        current = self.inventory.get(inv.node)
-        if current is not None and inv.observed_at < current.observed_at:
-            return False
-        if inv.observed_at and inv.observed_at < self.withdrawn.get(inv.node, 0.0):
-            return False
-        self.withdrawn.pop(inv.node, None)
-        self.inventory[inv.node] = inv
-        self.received += 1
-        self._inventory_seq[inv.node] = self.received
-        return True
-
-    def withdraw(self, node: str, at: float) -> None:
-        self.inventory.pop(node, None)
-        self.withdrawn[node] = at
-        self.received += 1
-        self._inventory_seq[node] = self.received
-
-    def set_health(self, h: DeviceHealth) -> bool:
-        devices = self.health.setdefault(h.node, {})
-        current = devices.get(h.device)
-        if current is not None and h.observed_at < current.observed_at:
-            return False
-        devices[h.device] = h
-        self.received += 1
-        self._health_seq[(h.node, h.device)] = self.received
-        return True
-
-    def drop_absent(self, health: set[tuple[str, str]], read_began: int) -> None:
-        """After a KV read that began when `received` was `read_began`: forget the device health KV no
-        longer holds and nothing since renewed. Inventories are never dropped this way: a key that reads
-        back missing or undecodable (a KV error, a garbage value, a NATS outage) says nothing about the
-        node's GPUs, so its last inventory stands until an explicit withdrawal or the Node's removal."""
-        for node, devices in self.health.items():
-            for device in list(devices):
-                if (node, device) not in health and self._health_seq.get((node, device), 0) <= read_began:
-                    devices.pop(device, None)
-
-    def nodes(self) -> set[str]:
-        return set(self.inventory) | set(self.withdrawn)
+FREEZE_EVERY = 1024  # nodes read or synced between two gc.freeze() of a bulk load (see shared.heap)
+KV_READS = 64  # inventories read from KV at once (at start, at a resync, on taking nodes over)
 
 
 class Publisher:
@@ -149,6 +94,8 @@ class Publisher:
         # arrival starts continues that trace (a node's first slices, in discovery's trace)
         self._awaiting_node: dict[str, otel_context.Context] = {}
         self._early_causes: dict[str, otel_context.Context] = {}  # node -> the last cause seen before ready
+        self._bulk = 0  # node syncs done, for freezing the cache as it grows
+        self._unlisted: set[str] = set()  # nodes taken over from another replica: their slices not read yet
         self._tasks: list[asyncio.Task[None]] = []
         self._ready = False
         self.started = asyncio.Event()
@@ -172,6 +119,9 @@ class Publisher:
         await self.bus.subscribe(catalog.INVENTORY_WITHDRAWN, self._on_withdrawn)
         await self.bus.subscribe(catalog.HEALTH, self._on_health)
         self.bus.on_reconnect(self._reconnected)
+        # Membership first: which nodes are ours decides which inventories are read and kept.
+        await self.membership.start()
+        await self.membership.settle()  # replicas started together see one another before any node is read
         brought = await self._load_kv()
         for driver in slices.DRIVERS:
             await self.writer.list_driver(driver)
@@ -181,7 +131,6 @@ class Publisher:
         await self.nodes.synced.wait()
         if self.nodeconfigs is not None:
             await self.nodeconfigs.ready.wait()  # the first syncs already use the objects' config: no flapping
-        await self.membership.start()
         if self.nodeconfigs is not None:
             self._tasks.append(asyncio.create_task(self.nodeconfigs.run_status(), name="nodeconfig-status"))
             self.nodeconfigs.mark()
@@ -229,7 +178,7 @@ class Publisher:
             self._early_causes[node] = ctx  # an event consumed while starting: its sync at start continues it
 
     async def _on_inventory(self, inv: NodeInventory, _ctx: MsgContext) -> None:
-        if self.state.set_inventory(inv):
+        if self.state.set_inventory(inv, keep=self.membership.owns(inv.node)):
             self._enqueue(inv.node, otel_context.get_current())
 
     async def _on_withdrawn(self, msg: InventoryWithdrawn, _ctx: MsgContext) -> None:
@@ -275,26 +224,57 @@ class Publisher:
 
     def _members_changed(self, before: frozenset[str], after: frozenset[str]) -> None:
         me = self.cfg.replica_id
-        gained = [n for n in self._known_nodes() if owner_of(n, after) == me and owner_of(n, before) != me]
+        known = self._known_nodes()
+        gained = [n for n in known if owner_of(n, after) == me and owner_of(n, before) != me]
+        lost = [n for n in known if owner_of(n, before) == me and owner_of(n, after) != me]
+        self.state.release(lost)
+        if self.writer is not None:
+            self.writer.store.forget(lost)
         if gained:
             log.info("nodes taken over", replica=me, count=len(gained))
+            self._unlisted.update(gained)  # written by another replica: re-read before the first sync
+            self.bus.spawn(self._take_over(gained))
+
+    async def _take_over(self, gained: list[str]) -> None:
+        """Read the gained nodes' inventories from KV (the last values: no replay, no gap), then sync them."""
+        try:
+            brought = await self._load_kv(only=gained)
+        except Exception as exc:  # noqa: BLE001 - the periodic resync repairs it
+            log.warning("reading taken-over inventories failed; the next resync repairs it", error=str(exc))
+            brought = {}
         for node in gained:
-            self._enqueue(node)
+            self._enqueue(node, brought.get(node))
         if self.nodeconfigs is not None:
             self.nodeconfigs.mark()  # the NodeConfig objects this replica now owns get their status checked
 
-    async def _load_kv(self) -> dict[str, otel_context.Context]:
-        """Merge the KV's last values into the state; what KV no longer holds (and no event renewed) goes.
+    async def _load_kv(self, only: list[str] | None = None) -> dict[str, otel_context.Context]:
+        """Merge the KV's last values into the state (of `only` these nodes: inventories alone); what KV no
+        longer holds (and no event renewed) goes. Every key's name is kept; the values read are those of
+        the nodes this replica owns, KV_READS at a time.
         Returns, for each node whose inventory this read brought (a node's first inventory, or one whose
         event was missed), the context of its consumer span, a child of discovery's write of it."""
         read_began = self.state.received
         kv = await self.bus.kv(catalog.INVENTORY_BUCKET)
-        inventories = await kv.items()
+        keys = await kv.keys() if only is None else only
+        mine = [key for key in keys if self.membership.owns(key)]
+        gate = asyncio.Semaphore(KV_READS)
+
+        async def read(key: str) -> NodeInventory | None:
+            async with gate:
+                return await kv.get(key)
+
         brought: dict[str, otel_context.Context] = {}
-        for key, inv in inventories.items():
-            if self.state.set_inventory(inv):
-                with kv.consume(key):
-                    brought[inv.node] = otel_context.get_current()
+        for start in range(0, len(mine), FREEZE_EVERY):
+            chunk = mine[start:start + FREEZE_EVERY]
+            for key, inv in zip(chunk, await asyncio.gather(*(read(key) for key in chunk)), strict=True):
+                if inv is not None and self.state.set_inventory(inv, keep=self.membership.owns(key)):
+                    with kv.consume(key):
+                        brought[inv.node] = otel_context.get_current()
+            gc.freeze()  # what was read lives on: out of the collector's passes (settle() collects after the load)
+        for key in keys:  # another replica's: the name only (withdrawals and Node removals still apply)
+            self.state.observed.setdefault(key, 0.0)
+        if only is not None:
+            return brought
         health = await (await self.bus.kv(catalog.HEALTH_BUCKET)).items()
         for h in health.values():
             self.state.set_health(h)
@@ -332,6 +312,11 @@ class Publisher:
                 self.bus.spawn(self._retry_later(node))
             finally:
                 self.queue.done(node)
+                self._bulk += 1
+                if self._bulk % FREEZE_EVERY == 0:
+                    # A cold start's slices, cached, live on: each automatic full pass over them would find
+                    # nothing to free (80% of the CPU of a decode at 5,000 nodes); the next settle() collects.
+                    gc.freeze()
                 done, self._synced = self._synced, asyncio.Event()
                 done.set()
 
@@ -354,6 +339,9 @@ class Publisher:
             if not self.membership.owns(node):
                 span.set_attribute("publisher.skipped", "not-owner")
                 return total
+            if node in self._unlisted:
+                await self.writer.refresh_node(node)  # another replica wrote them: our cache knows nothing
+                self._unlisted.discard(node)
             inv = self.state.inventory.get(node)
             uid = self.nodes.uids.get(node)
             pools: dict[str, slices.DesiredPool] = {}
@@ -370,8 +358,11 @@ class Publisher:
                                              settings)
                 self._note(node, tuple(n for p in pools.values() for n in p.notes))
                 self._note_withheld(node, pools)
-            for driver in slices.DRIVERS:
-                stats = await self.writer.sync(driver, node, pools.get(driver), uid or "")
+            # the node's pools are independent objects: written in parallel (the client's connection pool bounds
+            # what is in flight at the API server)
+            writer = self.writer
+            for stats in await asyncio.gather(*(writer.sync(driver, node, pools.get(driver), uid or "")
+                                                for driver in slices.DRIVERS)):
                 total.creates += stats.creates
                 total.updates += stats.updates
                 total.deletes += stats.deletes

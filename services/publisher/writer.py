@@ -18,7 +18,7 @@ from prometheus_client import Histogram
 
 from services.publisher import objects
 from services.publisher.apiversion import ServerProfile
-from services.publisher.slices import DesiredPool
+from services.publisher.slices import DRIVERS, DesiredPool
 from shared.backoff import Backoff
 from shared.kube import rest as kube
 from shared.logs import get_logger
@@ -143,6 +143,12 @@ class SliceStore:
     def nodes(self) -> set[str]:
         return {node for (_, node) in self.pools}
 
+    def forget(self, nodes: list[str]) -> None:
+        """Nodes another replica now writes: their cached slices go (re-read if they come back)."""
+        gone = set(nodes)
+        for key in [key for key in self.pools if key[1] in gone]:
+            self.pools.pop(key, None)
+
 
 class WriteStats(msgspec.Struct, kw_only=True):
     creates: int = 0
@@ -192,6 +198,13 @@ class SliceWriter:
         raw = await kube.request(self.api, "GET", self.collection,
                                  query=[("fieldSelector", f"spec.driver={driver},spec.nodeName={node}")])
         self.store.replace_pool(driver, node, _LIST.decode(raw).items)
+
+    async def refresh_node(self, node: str) -> None:
+        """Re-read every pool of `node` (all drivers: one GET)."""
+        raw = await kube.request(self.api, "GET", self.collection, query=[("fieldSelector", f"spec.nodeName={node}")])
+        views = _LIST.decode(raw).items
+        for driver in DRIVERS:
+            self.store.replace_pool(driver, node, [v for v in views if v.spec.driver == driver])
 
     async def sync(self, driver: str, node: str, pool: DesiredPool | None, node_uid: str = "") -> WriteStats:
         """Make the server's pool match `pool` (None: delete the pool). The writes it took."""

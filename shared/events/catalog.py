@@ -321,8 +321,10 @@ DEAD_LETTER_STREAM = Stream("DRA_DEADLETTER", ("dra.v1.deadletter.>",), max_age_
                             max_msg_size=80 * 1024, max_msgs_per_subject=256, discard_new=True)
 STREAMS: tuple[Stream, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM)
 
+# 2 GiB: one value per node (history 1, each node writes only its own key); 65,000 nodes x 8 H100s is ~1.3 GB
+# (bench/fleet_bench.py), past the 256 MiB default at ~13,000 nodes
 INVENTORY_BUCKET = Bucket("dra-inventory", NodeInventory, key="{node}", binds=(("node", "node"),),
-                          max_value_size=1024 * 1024)
+                          max_value_size=1024 * 1024, max_bytes=2 * 1024 * 1024 * 1024)
 HEALTH_BUCKET = Bucket("dra-health", DeviceHealth, key="{node}.{device}", key_rest=True,
                        binds=(("node", "node"), ("device", "device")))
 CD_MEMBERS_BUCKET = Bucket("dra-cd-members", DomainMember, key="{domain_uid}.{node}",

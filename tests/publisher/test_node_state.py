@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.publisher.service import NodeState
+from services.publisher.nodestate import NodeState
 from shared.events.health import DeviceHealth
 from shared.events.inventory import NodeInventory
 

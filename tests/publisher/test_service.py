@@ -335,6 +335,11 @@ async def test_a_crashed_replica_hands_its_nodes_over(bus, api, nats_server, tmp
                 await until(a, lambda: _has_slices(client, node, 1))  # noqa: B023 - awaited here
             b_nodes = [n for n in nodes if b.membership.owns(n)]
             assert b_nodes and not any(a.membership.owns(n) for n in b_nodes)
+            # each replica holds the inventories of its own nodes only; of the others, the names
+            seed_node = {"seed"}  # the simulated discovery's own inventory, in KV too
+            assert set(a.state.inventory) - seed_node == set(nodes) - set(b_nodes)
+            assert set(b.state.inventory) - seed_node == set(b_nodes)
+            assert a.state.nodes() - seed_node == set(nodes)
         # b died without a word; once its lease runs out, a owns b's nodes and publishes their changes.
         await a.membership.wait_for({"a"})
         changed = msgspec.structs.replace(seed, node=b_nodes[0], gpus=seed.gpus * 0)
@@ -346,3 +351,10 @@ async def test_a_crashed_replica_hands_its_nodes_over(bus, api, nats_server, tmp
             return len(stored) == 1 and not stored[0]["spec"].get("devices")
 
         await until(a, emptied)
+        # a read b's inventories back from KV and b's slices from the server before writing: no blind
+        # create that the server refuses, no node left unsynced
+        await a.idle()
+        assert set(a.state.inventory) - {"seed"} == set(nodes)
+        assert a.stats.conflicts == 0
+        for node in b_nodes[1:]:
+            assert await _has_slices(client, node, 1)
