@@ -26,7 +26,7 @@ from embedded.cluster.apply import Applier, load_documents
 from embedded.cluster.local import ClusterConfig, LocalCluster, cluster_main
 from embedded.cluster.up import ready_lines, serve_until_stopped
 from embedded.cluster.waterfall import read_spans, render, traces_with
-from embedded.nodeagent.pods import EDITS_ANNOTATION
+from embedded.nodeagent.podclaims import EDITS_ANNOTATION
 from shared.backoff import Backoff
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"

@@ -1,27 +1,14 @@
-"""The kubelet emulator's pod loop: prepare the claims of pods bound to this node, run them, finish them.
+"""The kubelet emulator's pod loop for one node: prepare the claims of the pods bound to it, run them,
+finish them.
 
-Owns, for one node: watching its pods (each event handled in a task of its own: pods side by side, one
-pod's events in order; the claim GETs and pod writes of one pod overlap another's prepare), checking each claim (from `spec.resourceClaims` and the
-scheduler's `status.extendedResourceClaimStatus`) is allocated and reserved for the pod, calling
-`NodePrepareResources` per driver through a DRA client (one call at a time, so a claim is never
-prepared twice concurrently), resolving the returned CDI ids into what each container gets (recorded
-on the pod as an annotation `kubectl get -o yaml` shows, written with the pod's first status, in one pods/status
-PATCH), the pod's Running/Ready status (or, as the
-kubelet does, Pending with its containers `ContainerCreating` and a Warning Event
-`FailedPrepareDynamicResources` on the pod carrying the error, retried with backoff), its containers (with a
-`Runtime`: run sandboxed by `containers.PodWorker`, which writes the status from then on; without one, the
-opt-in emulated exit), termination (SIGTERM, SIGKILL after the grace period), `NodeUnprepareResources` once the
-last pod using a claim is gone or finished, then the grace-period-0
-delete that lets the API server drop a terminating pod. What it prepared survives restarts in a
-state file (`state.py`); every re-list prunes pods that vanished meanwhile. Pods and claims stay plain dicts:
-requests and the pod watch go through `shared.kube.rest` (no client models, no timestamp parsing).
-
-Retries: a pod whose prepare failed (the plugin's error, a call cut off by the plugin's death or by its
-registration being dropped) is tried again after `RETRY_MIN` doubling to `RETRY_MAX`, and at once when a plugin
-(re-)registers (`wake`). That is sooner than a real kubelet: its `kuberuntime_manager.SyncPod` records the Event
-and returns without failing the sync, so the pod worker syncs the pod again only at its resync, `--sync-frequency`
-1 min jittered up to 1.5x (pod_workers.go `completeWork`). A failed sync waits `backOffPeriod` 10 s, jittered
-alike; 10 s doubling to 300 s (`MaxContainerBackOff`) is the containers' crash-loop back-off, not the prepare's.
+Owns the watch of the node's pods (a task per event: pods side by side, one pod's events in order), the
+check that each claim is allocated and reserved for the pod, `NodePrepareResources` per driver (one call
+at a time), the pod's status (Running/Ready, or Pending with `ContainerCreating` and a Warning Event
+`FailedPrepareDynamicResources`), its containers (`containers.PodWorker` with a `Runtime`), termination,
+`NodeUnprepareResources` after the last pod using a claim, and the grace-period-0 delete. What it prepared
+survives restarts (`state.py`). A failed prepare is retried after RETRY_MIN doubling to RETRY_MAX, and at
+once when a plugin registers: sooner than a real kubelet, which syncs such a pod again at its resync
+(`--sync-frequency`, 1 min jittered).
 """
 
 from __future__ import annotations
@@ -30,185 +17,48 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client
 from opentelemetry import context as otel_context
 
 from embedded.kubelet.client import Claim, PluginError, PreparedDevice
-from embedded.kubelet.client import PreparedClaim as KubeletPreparedClaim
-from embedded.nodeagent.cdi_resolve import CdiResolutionError, SpecCache, load_specs, resolve
+from embedded.nodeagent.cdi_resolve import CdiResolutionError, SpecCache
 from embedded.nodeagent.containers import PodWorker
-from embedded.nodeagent.containers import now as timestamp
 from embedded.nodeagent.kubeletevents import EventRecorder
-from embedded.nodeagent.resourcehealth import DeviceHealthCache, DeviceKey, allocated_resources_status
+from embedded.nodeagent.podclaims import (
+    EDITS_ANNOTATION,
+    DraClient,
+    PreparedClaim,
+    PrepareFailed,
+    container_edits,
+    fill_resource_health,
+    is_ready,
+    pod_claims,
+    pod_status,
+    status_inputs,
+)
+from embedded.nodeagent.podwatch import watch_node_pods
+from embedded.nodeagent.resourcehealth import DeviceHealthCache, DeviceKey
 from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
 from shared.backoff import Backoff
 from shared.kube.events import event_body, record_event
 from shared.kube.resources import PODS, RESOURCECLAIMS
-from shared.kube.rest import ApiError, Gone, decode, request, watch_lines
+from shared.kube.rest import ApiError, decode, request
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait, cancelling
 from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION, traceparent_context
 
 log = get_logger(__name__)
-EDITS_ANNOTATION = "gpu.nvidia.com/container-edits"
 EXIT_ANNOTATION = "gpu-dra.nvidia.com/emulate-exit"
 FAILED_REASON = "FailedPrepareDynamicResources"  # the kubelet's Event reason (pkg/kubelet/events)
-WAITING_REASON = "ContainerCreating"
 KUBELET_COMPONENT = "kubelet"
 RETRY_MIN, RETRY_MAX = 0.2, 5.0  # a waiting pod's retries (module doc: a real kubelet's are 60-90 s apart)
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"  # what the kubelet sends (conditions merged by type)
 FIRST_STATUS_WAIT_S = 0.5  # a Running pod's first status waits this long at most for its containers to start
-
-
-class DraClient(Protocol):
-    """The kubelet side of the DRA gRPC protocol for the drivers registered on this node."""
-
-    def drivers(self) -> set[str]: ...
-
-    async def prepare(self, driver: str, claims: list[Claim]) -> dict[str, KubeletPreparedClaim]: ...
-
-    async def unprepare(self, driver: str, claims: list[Claim]) -> dict[str, str]: ...
-
-
-class PrepareFailed(RuntimeError):
-    pass
-
-
-@dataclass
-class PreparedClaim:
-    ref: Claim
-    drivers: set[str]
-    devices: list[PreparedDevice]
-    pods: set[str] = field(default_factory=set)  # pod uids using it
-
-
-# (claim name, request name or "" for the whole claim)
-Use = tuple[str, str]
-
-
-def claim_name_for(pod: dict[str, Any], entry: dict[str, Any]) -> str | None:
-    """The ResourceClaim a pod's `spec.resourceClaims[]` entry refers to (None until generated)."""
-    if entry.get("resourceClaimName"):
-        return str(entry["resourceClaimName"])
-    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-        if status.get("name") == entry.get("name") and status.get("resourceClaimName"):
-            return str(status["resourceClaimName"])
-    return None
-
-
-def pod_claims(pod: dict[str, Any]) -> tuple[list[str], dict[str, list[Use]]]:
-    """(claim names the pod needs, container name -> what of them it uses). Raises if one is not generated."""
-    spec = pod.get("spec") or {}
-    by_entry: dict[str, str] = {}
-    for entry in spec.get("resourceClaims") or []:
-        name = claim_name_for(pod, entry)
-        if name is None:
-            raise PrepareFailed(f"claim {entry.get('name')!r} has not been generated yet")
-        by_entry[entry["name"]] = name
-    names = list(dict.fromkeys(by_entry.values()))
-    uses: dict[str, list[Use]] = {}
-    for container in spec.get("containers") or []:
-        for ref in ((container.get("resources") or {}).get("claims")) or []:
-            name = by_entry.get(ref.get("name", ""))
-            if name:
-                uses.setdefault(container["name"], []).append((name, ref.get("request") or ""))
-    extended = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
-    if extended.get("resourceClaimName"):
-        name = str(extended["resourceClaimName"])
-        if name not in names:
-            names.append(name)
-        for mapping in extended.get("requestMappings") or []:
-            uses.setdefault(mapping.get("containerName", ""), []).append((name, mapping.get("requestName") or ""))
-    return names, uses
-
-
-def _wants(request: str, names: list[str]) -> bool:
-    return not request or not names or any(n == request or n.split("/")[0] == request for n in names)
-
-
-def container_edits(pod: dict[str, Any], prepared: dict[str, PreparedClaim], uses: dict[str, list[Use]],
-                    cdi_dirs: list[Path], cache: SpecCache | None = None) -> dict[str, dict[str, Any]]:
-    """container name -> what it gets, from the claims (and requests) it uses and the prepared devices."""
-    specs = load_specs(cdi_dirs, cache)
-    by_name = {p.ref.name: p for p in prepared.values()}
-    out: dict[str, dict[str, Any]] = {}
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        ids: list[str] = []
-        devices: list[str] = []
-        for claim_name, request_name in uses.get(container["name"], []):
-            claim = by_name.get(claim_name)
-            if claim is None:
-                continue
-            for dev in claim.devices:
-                if not _wants(request_name, dev.request_names):
-                    continue
-                label = f"{dev.pool}/{dev.device}"
-                if label not in devices:
-                    devices.append(label)
-                ids += [i for i in dev.cdi_device_ids if i not in ids]
-        if not ids:
-            continue
-        edits = resolve(ids, specs)
-        out[container["name"]] = {"devices": devices, "cdiDevices": edits.cdi_devices, "env": edits.env,
-                                  "deviceNodes": edits.device_nodes, "mounts": edits.mounts}
-    return out
-
-
-def _inputs(pod: dict[str, Any]) -> str:
-    """What a prepare attempt depends on in the pod itself (not our own status writes)."""
-    status = pod.get("status") or {}
-    annotations = {k: v for k, v in ((pod.get("metadata") or {}).get("annotations") or {}).items()
-                   if k != EDITS_ANNOTATION}
-    return json.dumps([(pod.get("spec") or {}).get("resourceClaims"), status.get("resourceClaimStatuses"),
-                       status.get("extendedResourceClaimStatus"), annotations], sort_keys=True)
-
-
-def _is_ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-def pod_status(pod: dict[str, Any], *, phase: str, exit_code: int | None = None) -> dict[str, Any]:
-    """A pod status as the kubelet writes it: Running/Ready, Pending with containers `ContainerCreating`, or
-    terminated. Written as a strategic merge patch, so what another state set is nulled (no stale reason)."""
-    now = timestamp()
-    ready = phase == "Running"
-    names = " ".join(c["name"] for c in (pod.get("spec") or {}).get("containers") or [])
-    why: dict[str, Any] = {"reason": None, "message": None}
-    if exit_code is not None:
-        why = {"reason": "PodCompleted", "message": None}
-    elif not ready:
-        why = {"reason": "ContainersNotReady", "message": f"containers with unready status: [{names}]"}
-    conditions = [
-        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-        {"type": "Initialized", "status": "True", "lastTransitionTime": now},
-        {"type": "ContainersReady", "status": "True" if ready else "False", "lastTransitionTime": now, **why},
-        {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now, **why},
-    ]
-    started = ((pod.get("status") or {}).get("startTime")) or now
-    statuses = []
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        if exit_code is not None:
-            state: dict[str, Any] = {"waiting": None, "running": None, "terminated": {
-                "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                "startedAt": started, "finishedAt": now}}
-        elif ready:
-            state = {"waiting": None, "terminated": None, "running": {"startedAt": now}}
-        else:
-            state = {"running": None, "terminated": None, "waiting": {"reason": WAITING_REASON}}
-        statuses.append({"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": ready,
-                         "restartCount": 0, "started": ready, "state": state})
-    status: dict[str, Any] = {"phase": phase, "conditions": conditions, "containerStatuses": statuses,
-                              "hostIP": "127.0.0.1"}
-    if phase != "Pending":
-        status["podIP"] = "127.0.0.1"
-        status["startTime"] = started
-    return status
 
 
 @dataclass
@@ -306,27 +156,7 @@ class PodRunner:
     # ------------------------------------------------------------------ device health (KEP-4680)
     def _add_resource_health(self, pod: dict[str, Any], statuses: list[dict[str, Any]]) -> bool:
         """Set each container status's `allocatedResourcesStatus`; True when any container has one."""
-        if self.health is None:
-            return False
-        health = self.health
-        namespace = pod["metadata"]["namespace"]
-        names = {e["name"]: n for e in (pod.get("spec") or {}).get("resourceClaims") or []
-                 if (n := claim_name_for(pod, e)) is not None}
-
-        def devices_of(claim: str) -> list[tuple[str, PreparedDevice]]:
-            state = next((c for c in self.prepared.values()
-                          if c.ref.namespace == namespace and c.ref.name == claim), None)
-            if state is None:
-                return []
-            drivers = sorted(state.drivers)
-            return [(next((d for d in drivers if (d, dev.pool, dev.device) in health.devices), drivers[0]), dev)
-                    for dev in state.devices] if drivers else []
-
-        by_container = allocated_resources_status(pod, names, devices_of, health)
-        for status in statuses:
-            if status.get("name") in by_container:
-                status["allocatedResourcesStatus"] = by_container[status["name"]]
-        return bool(by_container)
+        return self.health is not None and fill_resource_health(pod, statuses, self.prepared.values(), self.health)
 
     def health_changed(self, devices: set[DeviceKey]) -> None:
         """Rewrite the allocatedResourcesStatus of the pods holding a device whose health changed."""
@@ -501,14 +331,14 @@ class PodRunner:
                 self._retry.discard(uid)
                 if not await self._release_pod(uid):
                     self._retry.add(uid)
-            elif phase == "Running" and _is_ready(pod) and self._holds_claims(uid) and self.runtime is None:
+            elif phase == "Running" and is_ready(pod) and self._holds_claims(uid) and self.runtime is None:
                 self._retry.discard(uid)
             elif uid in self._finished or worker is not None:
                 pass  # exited: never started again (the old emulated exit wrote a Succeeded pod back to Pending)
-            elif uid in self._retry and self._attempted.get(uid) == _inputs(pod) and not force:
+            elif uid in self._retry and self._attempted.get(uid) == status_inputs(pod) and not force:
                 pass  # our own Pending status coming back; the retry loop's backoff decides when to try again
             else:
-                self._attempted[uid] = _inputs(pod)
+                self._attempted[uid] = status_inputs(pod)
                 return True
         return False
 
@@ -733,47 +563,18 @@ class PodRunner:
             raise RuntimeError(f"the pod loops of node {self.node} ended before it was stopped: {results[:2]!r}")
 
     async def _list_and_watch(self, stopping: asyncio.Event) -> None:
-        selector = [("fieldSelector", f"spec.nodeName={self.node}")]
-        while not stopping.is_set():
-            try:
-                listing = decode(await request(self.api, "GET", PODS.path(), query=selector))
-                seen = set()
-                for pod in listing.get("items") or []:
-                    seen.add(pod["metadata"]["uid"])
-                await self.prune(seen)
-                for pod in listing.get("items") or []:
-                    await self.sync_pod(pod)
-                version = listing["metadata"].get("resourceVersion", "")
-                await self._watch(selector, version, stopping)
-            except ApiError as exc:
-                if not isinstance(exc, Gone):
-                    log.warning("pod watch failed; re-listing", node=self.node, status=exc.status)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stopping.wait(), 1.0)
-            except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-                log.warning("API server unreachable; retrying", node=self.node, error=str(exc))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), 1.0)
+        await watch_node_pods(self.api, self.node, self.resync_seconds, stopping,
+                              on_list=self._listed, on_event=self._spawn_event)
 
-    async def _watch(self, selector: list[tuple[str, str]], version: str, stopping: asyncio.Event) -> None:
-        """Until the server ends the stream (every `resync_seconds`: the caller lists again). Events are decoded
-        straight to dicts (no client models: no per-field conversion, no timestamp parsing)."""
-        async for line in watch_lines(self.api, PODS.path(), resource_version=version, query=selector,
-                                      timeout_s=max(1, int(self.resync_seconds))):
-            if stopping.is_set():
-                return
-            event = decode(line)
-            raw = event.get("object") or {}
-            kind = event.get("type")
-            if kind == "ERROR":
-                code = int(raw.get("code") or 500)
-                raise (Gone if code == 410 else ApiError)(code, str(raw.get("reason") or "Error"),
-                                                           str(raw.get("message") or ""))
-            if kind == "BOOKMARK":
-                continue
-            task = asyncio.create_task(self._handle_event(kind, raw))
-            self._events.add(task)
-            task.add_done_callback(self._events.discard)
+    async def _listed(self, pods: list[dict[str, Any]]) -> None:
+        await self.prune({pod["metadata"]["uid"] for pod in pods})
+        for pod in pods:
+            await self.sync_pod(pod)
+
+    def _spawn_event(self, kind: str, pod: dict[str, Any]) -> None:
+        task = asyncio.create_task(self._handle_event(kind, pod))
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
 
     async def _handle_event(self, kind: str, pod: dict[str, Any]) -> None:
         """One watch event in its own task: pods are prepared side by side, and each pod's events are handled

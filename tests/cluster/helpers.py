@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 
 from embedded.cluster.apply import Applier
-from embedded.nodeagent.pods import EDITS_ANNOTATION
+from embedded.nodeagent.podclaims import EDITS_ANNOTATION
 from shared.ports import port_is_free
 
 

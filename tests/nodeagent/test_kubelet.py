@@ -24,7 +24,8 @@ from embedded.apiserver.testing import running_apiserver
 from embedded.harness.discovery import running_discovery
 from embedded.kubelet.client import Claim
 from embedded.nodeagent import cli as kubelet_cli
-from embedded.nodeagent.pods import EDITS_ANNOTATION, EXIT_ANNOTATION, FAILED_REASON
+from embedded.nodeagent.podclaims import EDITS_ANNOTATION
+from embedded.nodeagent.pods import EXIT_ANNOTATION, FAILED_REASON
 from services.preparer.host.claims import KubeClaimSource
 from shared.bus import Bus
 from shared.kube.resources import PODS, RESOURCECLAIMS, Kube

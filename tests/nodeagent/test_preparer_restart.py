@@ -22,7 +22,7 @@ from kubernetes_asyncio import client as k8s
 from embedded.apiserver.testing import running_apiserver
 from embedded.harness.discovery import RunningDiscovery, running_discovery
 from embedded.nodeagent.plugins import PluginRegistry
-from embedded.nodeagent.pods import EDITS_ANNOTATION
+from embedded.nodeagent.podclaims import EDITS_ANNOTATION
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import MigCreateReply, MigCreateRequest
