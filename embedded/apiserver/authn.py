@@ -251,3 +251,7 @@ class _Verified(msgspec.Struct, frozen=True):
     sa_uid: str | None
     pod: tuple[str, str | None] | None
     user: UserInfo
+
+
+# Whoever calls a server that checks no token (plain HTTP without one): everything is allowed.
+OPEN_USER = UserInfo("system:anonymous", "", (MASTERS,))

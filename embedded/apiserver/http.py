@@ -1,8 +1,7 @@
-"""The aiohttp application: the request chain (body limit, authentication, authorization: Node then
-RBAC), URL parsing into (group, version, resource, namespace, name, subresource), bodies decoded by
-bodies.py, content negotiation (JSON, Table, PartialObjectMetadata, aggregated discovery) and the
-mapping of verbs onto the core; the routes of the APIs that store nothing (authapi.py). Errors leave
-as Status objects.
+"""The verbs on resources: URL parsing into (group, version, resource, namespace, name, subresource),
+bodies decoded by bodies.py, content negotiation (JSON, Table, PartialObjectMetadata, aggregated
+discovery), the mapping of verbs onto the core, and the APIs that store nothing (authapi.py). The
+request chain and the routes are `app.py`'s; errors leave as Status objects (`responses.py`).
 """
 
 from __future__ import annotations
@@ -16,26 +15,22 @@ import msgspec
 from aiohttp import web
 
 from embedded.apiserver import (
-    admission,
     authapi,
     authn,
     bodies,
     discovery,
     errors,
-    impersonation,
     openapi_docs,
     openapi_proto,
     patch,
-    podlogs,
     protobuf,
-    rbac,
-    streaming,
     tables,
     versions,
 )
 from embedded.apiserver.requestcount import verb_of
 from embedded.apiserver.resources import Resource
-from embedded.apiserver.selectors import SelectorError, parse_field_selector, parse_label_selector
+from embedded.apiserver.responses import JSON_ONLY, json_response, reply, truthy
+from embedded.apiserver.selectors import parse_field_selector, parse_label_selector
 from embedded.apiserver.storage import deep_copy
 from embedded.apiserver.watch import WatchRequest
 from shared.logs import get_logger
@@ -45,45 +40,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 _encode = msgspec.json.encode
-_JSON_ONLY = web.RequestKey("json_only", bool)  # set for custom resources: every answer is JSON
-OPEN_PATHS = {"/healthz", "/livez", "/readyz", "/version", "/version/"}
-
-
-def _truthy(value: str | None) -> bool:
-    """Go's strconv.ParseBool truths, which query parameters use (clients send true, True or 1)."""
-    return value in ("1", "t", "T", "true", "TRUE", "True")
-
-
-def _headers(content_type: str, warnings: list[str] | None) -> dict[str, str]:
-    headers = {"Content-Type": content_type}
-    if warnings:
-        headers["Warning"] = ", ".join('299 - "' + w.replace('"', '\\"') + '"' for w in warnings)
-    return headers
-
-
-def json_response(body: Any, status: int = 200, content_type: str = "application/json",
-                  warnings: list[str] | None = None) -> web.Response:
-    return web.Response(body=_encode(body), status=status, headers=_headers(content_type, warnings))
-
-
-def reply(request: web.Request, body: Any, status: int = 200, warnings: list[str] | None = None) -> web.Response:
-    """An object (or Status) in the encoding the client prefers: protobuf for the built-in kinds when
-    its Accept header asks for that first (client-go), JSON otherwise."""
-    accept = request.headers.get("Accept", "")
-    if not request.get(_JSON_ONLY) and protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS) \
-            and protobuf.can_encode(body):
-        try:
-            return web.Response(body=protobuf.encode_object(body), status=status,
-                                headers=_headers(protobuf.MEDIA_TYPE, warnings))
-        except protobuf.ProtobufError as exc:  # a value its message cannot hold: JSON, which */* accepts
-            log.warning("answering JSON: the object does not fit its protobuf message", error=str(exc))
-    return json_response(body, status=status, warnings=warnings)
-
-
-def status_response(err: errors.ApiError, request: web.Request | None = None) -> web.Response:
-    if request is not None:
-        return reply(request, err.status(), status=err.code)
-    return json_response(err.status(), status=err.code)
 
 
 @dataclass
@@ -95,84 +51,6 @@ class Target:
     name: str
     subresource: str
     watch_prefix: bool = False
-
-
-def build_app(server: ApiServer) -> web.Application:
-    @web.middleware
-    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        if (request.content_length or 0) > admission.MAX_REQUEST_BODY:
-            return status_response(_too_large(), request)
-        user = _OPEN_USER
-        checked = request.path not in OPEN_PATHS and server.authenticator.enabled
-        if checked:
-            auth = request.headers.get("Authorization", "")
-            found = server.authenticator.authenticate(auth[7:].strip()) if auth.startswith("Bearer ") else None
-            if found is None:
-                return reply(request, errors.status(401, "Unauthorized", "Unauthorized"), status=401)
-            user = found
-        if request.path not in OPEN_PATHS and impersonation.asks(request.headers):
-            try:
-                user = impersonation.acting_user(server.authorizer, user, request.headers)
-            except errors.ApiError as err:
-                log.info("impersonation refused", user=user.username, method=request.method, path=request.path,
-                         reason=err.message)
-                return status_response(err, request)
-        if checked:
-            attrs = rbac.request_attributes(request.method, request.path, request.query_string)
-            allowed, reason = server.authorizer.authorize(user, attrs)
-            if not allowed:
-                denied = rbac.forbidden(user, attrs, reason)
-                log.info("request forbidden", user=user.username, method=request.method, path=request.path,
-                         reason=denied.message)
-                return status_response(denied, request)
-        token = authn.current_user.set(user)
-        try:
-            response: web.StreamResponse = await handler(request)
-            return response
-        except errors.ApiError as err:
-            return status_response(err, request)
-        except SelectorError as err:
-            return status_response(errors.bad_request(str(err)), request)
-        except web.HTTPRequestEntityTooLarge:
-            return status_response(_too_large(), request)
-        finally:
-            authn.current_user.reset(token)
-
-    app = web.Application(middlewares=[middleware], client_max_size=admission.MAX_REQUEST_BODY)
-    handlers = Handlers(server)
-    app.router.add_get("/healthz", handlers.ok)
-    app.router.add_get("/livez", handlers.ok)
-    app.router.add_get("/readyz", handlers.ok)
-    app.router.add_get("/version", handlers.version)
-    app.router.add_get("/version/", handlers.version)  # kubernetes clients ask with the slash
-    app.router.add_get("/metrics", handlers.metrics)
-    app.router.add_get("/openapi/v2", handlers.openapi_v2)
-    app.router.add_get("/openapi/v3", handlers.openapi_v3_index)
-    app.router.add_get("/openapi/v3/{path:.*}", handlers.openapi_v3)
-    app.router.add_route("*", "/api", handlers.api_root)
-    app.router.add_route("*", "/apis", handlers.apis_root)
-    app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", handlers.self_access_review)
-    app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", handlers.self_rules_review)
-    app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", handlers.subject_access_review)
-    app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", handlers.token_review)
-    app.router.add_post("/apis/authentication.k8s.io/v1/selfsubjectreviews", handlers.self_subject_review)
-    app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}/log", podlogs.handler(server))
-    for sub in ("exec", "attach"):
-        for method in ("GET", "POST"):
-            app.router.add_route(method, f"/api/v1/namespaces/{{namespace}}/pods/{{name}}/{sub}",
-                                 streaming.handler(server, sub))
-    app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
-    app.router.add_route("*", "/apis/{tail:.*}", handlers.resource)
-    return app
-
-
-# Whoever calls a server that checks no token (plain HTTP without one): everything is allowed.
-_OPEN_USER = authn.UserInfo("system:anonymous", "", (authn.MASTERS,))
-
-
-def _too_large() -> errors.ApiError:
-    return errors.ApiError(413, "RequestEntityTooLarge",
-                           f"Request entity too large: limit is {admission.MAX_REQUEST_BODY}")
 
 
 class Handlers:
@@ -223,11 +101,11 @@ class Handlers:
     # ---- APIs that are not storage
 
     async def self_access_review(self, request: web.Request) -> web.Response:
-        user = authn.current_user.get() or _OPEN_USER
+        user = authn.current_user.get() or authn.OPEN_USER
         return reply(request, authapi.access_review(self.server.authorizer, user, await self._body(request)), 201)
 
     async def self_rules_review(self, request: web.Request) -> web.Response:
-        user = authn.current_user.get() or _OPEN_USER
+        user = authn.current_user.get() or authn.OPEN_USER
         return reply(request, authapi.rules_review(self.server.authorizer, user, await self._body(request)), 201)
 
     async def subject_access_review(self, request: web.Request) -> web.Response:
@@ -236,7 +114,7 @@ class Handlers:
 
     async def self_subject_review(self, request: web.Request) -> web.Response:
         await request.read()  # a SelfSubjectReview asks nothing (kubectl sends it as protobuf): read and dropped
-        return reply(request, authapi.self_subject_review(authn.current_user.get() or _OPEN_USER), 201)
+        return reply(request, authapi.self_subject_review(authn.current_user.get() or authn.OPEN_USER), 201)
 
     async def token_review(self, request: web.Request) -> web.Response:
         # RBAC (`create tokenreviews`) was checked by the middleware, as for any request.
@@ -303,17 +181,17 @@ class Handlers:
             return target
         method = request.method
         q = request.query
-        watching = method == "GET" and not target.name and (target.watch_prefix or _truthy(q.get("watch")))
+        watching = method == "GET" and not target.name and (target.watch_prefix or truthy(q.get("watch")))
         assert target.res is not None
         self.server.requests.add(verb_of(method, bool(target.name), watching), target.group, target.res.plural,
                                  target.subresource)
         if target.res.is_custom:
-            request[_JSON_ONLY] = True  # errors too are JSON, as the CRD handler answers
+            request[JSON_ONLY] = True  # errors too are JSON, as the CRD handler answers
             _json_only(request)
         if method == "GET":
             if target.name:
                 return self._get(request, target)
-            if target.watch_prefix or _truthy(q.get("watch")):
+            if target.watch_prefix or truthy(q.get("watch")):
                 return await self._watch(request, target)
             return self._list(request, target)
         response = await self._write(request, target, method)
@@ -426,9 +304,9 @@ class Handlers:
         wr = WatchRequest(
             res=res, version=target.version, namespace=target.namespace if res.namespaced else None,
             label=label, field=field, resource_version=q.get("resourceVersion", ""),
-            bookmarks=_truthy(q.get("allowWatchBookmarks")),
+            bookmarks=truthy(q.get("allowWatchBookmarks")),
             timeout=float(timeout) if timeout else None,
-            send_initial=_truthy(q.get("sendInitialEvents")),
+            send_initial=truthy(q.get("sendInitialEvents")),
             as_table=tables.wants_table(accept), include_object=q.get("includeObject", "Metadata"),
             metadata_only=tables.wants_metadata(accept),
             protobuf=protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS) and not res.is_custom,

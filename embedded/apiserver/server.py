@@ -26,10 +26,10 @@ from embedded.apiserver import (
     tls,
     webhooks,
 )
+from embedded.apiserver.app import build_app
 from embedded.apiserver.core import Core, now
 from embedded.apiserver.crds import CrdController
 from embedded.apiserver.gc import GarbageCollector
-from embedded.apiserver.http import build_app
 from embedded.apiserver.requestcount import RequestCounter
 from embedded.apiserver.resources import Registry, Resource
 from embedded.apiserver.serviceaccounts import ServiceAccountsController
