@@ -15,37 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from embedded.cluster.local import ClusterConfig, LocalCluster
 from embedded.kubelet.metrics import go_code
-from tests.cluster.helpers import apply, metrics_base, wait_pods
+from tests.cluster.helpers import apply, gpu_pod_manifest, metrics_base, wait_pods
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.timeout(240)]
-SPEC = """\
-apiVersion: v1
-kind: Namespace
-metadata: {name: kubelet-metrics}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: one-gpu, namespace: kubelet-metrics}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.nvidia.com}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: worker, namespace: kubelet-metrics}
-spec:
-  containers:
-  - name: ctr
-    image: ubuntu:24.04
-    command: [sleep, "600"]
-    resources: {claims: [{name: gpus}]}
-  resourceClaims:
-  - {name: gpus, resourceClaimTemplateName: one-gpu}
-"""
 PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
 Values = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -62,7 +35,7 @@ async def test_a_pod_started_and_deleted_shows_in_the_kubelets_dra_metrics(tmp_p
     async with LocalCluster(cfg) as cluster, aiohttp.ClientSession() as http:
         api = await cluster.api_client()
         spec = tmp_path / "worker.yaml"
-        spec.write_text(SPEC)
+        spec.write_text(gpu_pod_manifest("kubelet-metrics", "worker"))
         await apply(api, spec)
         await wait_pods(api, "kubelet-metrics", 1, timeout=90)
 

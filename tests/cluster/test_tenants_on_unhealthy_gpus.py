@@ -5,10 +5,7 @@ cluster, two tenants' pods each hold a GPU; an XID 79 is injected on one; discov
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import os
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -17,36 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from embedded.cluster.local import ClusterConfig, LocalCluster
-from tests.cluster.helpers import apply, edits, metrics_base, wait_pods
+from tests.cluster.helpers import apply, edits, gpu_pod_manifest, inject_xid, metrics_base, wait_pods
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.timeout(240)]
-SPEC = """\
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: one-gpu, namespace: {ns}}}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {{deviceClassName: gpu.nvidia.com}}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: {pod}, namespace: {ns}}}
-spec:
-  containers:
-  - name: train
-    image: ubuntu:24.04
-    command: [sleep, "600"]
-    resources: {{claims: [{{name: gpus}}]}}
-  - name: sidecar
-    image: ubuntu:24.04
-    command: [sleep, "600"]
-  resourceClaims:
-  - {{name: gpus, resourceClaimTemplateName: one-gpu}}
-"""
 TENANTS = {"team-a": "trainer", "team-b": "evaluator"}
 
 
@@ -72,8 +43,7 @@ async def test_the_join_of_allocation_and_health_names_the_pod_on_the_failed_gpu
         api = await cluster.api_client()
         for ns, pod in TENANTS.items():
             spec = tmp_path / f"{ns}.yaml"
-            spec.write_text(f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n---\n"
-                            + SPEC.format(ns=ns, pod=pod))
+            spec.write_text(gpu_pod_manifest(ns, pod, container="train", sidecar="sidecar"))
             await apply(api, spec)
         (trainer,) = await wait_pods(api, "team-a", 1, timeout=90)
         await wait_pods(api, "team-b", 1, timeout=90)
@@ -100,12 +70,7 @@ async def test_the_join_of_allocation_and_health_names_the_pod_on_the_failed_gpu
         assert on_unhealthy_gpus(allocation, health) == set()
 
         (device,) = edits(trainer)["train"]["devices"]
-        injected = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli", "discovery", "inject-xid", "--node", "gpu-node-0",
-            "--device", device.split("/")[1], "--xid", "79", env={**os.environ, **cluster.nats_env()},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await injected.communicate()
-        assert injected.returncode == 0, (out + err).decode()
+        await inject_xid(cluster.nats_env(), "gpu-node-0", device.split("/")[1], 79)
 
         async def unhealthy() -> list[Sample]:
             found = await scrape("gpu-node-0-discovery", "gpu_dra_device_healthy")
