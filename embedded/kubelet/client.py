@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from embedded.kubelet import metrics
 from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
 from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
 from services.preparer.protos import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
@@ -107,18 +108,23 @@ class DraPlugin:
             span.set_attribute("rpc.service", f"k8s.io.kubelet.pkg.apis.dra.{self.version}.DRAPlugin")
             span.set_attribute("rpc.method", method)
             span.set_attribute("dra.driver", self.driver)
-            try:
-                response = await getattr(self._stub, method)(request, timeout=timeout,
-                                                             metadata=inject_grpc_metadata())
-            except grpc.aio.AioRpcError as exc:
-                span.set_status(Status(StatusCode.ERROR, exc.details() or str(exc.code())))
-                raise PluginError(f"{method} on {self.endpoint} failed: {exc.code().name}: {exc.details()}") from exc
-            except asyncio.CancelledError:
-                if cancelling():
-                    raise  # our caller is being cancelled
-                span.set_status(Status(StatusCode.ERROR, "channel closed"))
-                raise PluginError(f"{method} on {self.endpoint} failed: CANCELLED: the channel closed during the "
-                                  f"call (the plugin's registration went away or was replaced)") from None
+            full_method = f"/k8s.io.kubelet.pkg.apis.dra.{self.version}.DRAPlugin/{method}"
+            with metrics.grpc_call(self.driver, full_method) as said:
+                try:
+                    response = await getattr(self._stub, method)(request, timeout=timeout,
+                                                                 metadata=inject_grpc_metadata())
+                except grpc.aio.AioRpcError as exc:
+                    said(exc.code())
+                    span.set_status(Status(StatusCode.ERROR, exc.details() or str(exc.code())))
+                    raise PluginError(f"{method} on {self.endpoint} failed: {exc.code().name}: "
+                                      f"{exc.details()}") from exc
+                except asyncio.CancelledError:
+                    said(grpc.StatusCode.CANCELLED)
+                    if cancelling():
+                        raise  # our caller is being cancelled
+                    span.set_status(Status(StatusCode.ERROR, "channel closed"))
+                    raise PluginError(f"{method} on {self.endpoint} failed: CANCELLED: the channel closed during "
+                                      f"the call (the plugin's registration went away or was replaced)") from None
             wanted = {c.uid for c in claims}
             unknown = [uid for uid in response.claims if uid not in wanted]
             if unknown:

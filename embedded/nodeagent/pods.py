@@ -25,6 +25,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from opentelemetry import context as otel_context
 
+from embedded.kubelet import metrics as kubelet_metrics
 from embedded.kubelet.client import Claim, PluginError, PreparedDevice
 from embedded.nodeagent.cdi_resolve import CdiResolutionError, SpecCache
 from embedded.nodeagent.containers import PodWorker
@@ -92,6 +93,7 @@ class PodRunner:
         self.resync_seconds = resync_seconds
         self.store = StateStore(state_dir)
         self.prepared: dict[str, PreparedClaim] = {}  # claim uid -> state
+        kubelet_metrics.CLAIMS_IN_USE.track(self)
         self.pods: dict[str, dict[str, Any]] = {}  # pod uid -> last seen pod
         self.prepare_calls = 0  # NodePrepareResources calls made (tests, metrics)
         self._lock = asyncio.Lock()  # the prepared claims, the DRA calls and the state file: one at a time
@@ -210,7 +212,8 @@ class PodRunner:
             drivers_of[ref.uid] = {r["driver"] for r in results}
             traceparents[ref.uid] = (claim["metadata"].get("annotations") or {}).get(CLAIM_TRACEPARENT_ANNOTATION, "")
         async with self._lock:
-            prepared = await self._prepare_claims(uid, wanted, drivers_of, traceparents)
+            with kubelet_metrics.operation("PrepareResources"):
+                prepared = await self._prepare_claims(uid, wanted, drivers_of, traceparents)
         await self._save()
         edits = container_edits(pod, prepared, uses, self.cdi_dirs, self._specs)
         if self.runtime is not None:
@@ -261,6 +264,14 @@ class PodRunner:
 
     async def _release_pod(self, pod_uid: str) -> bool:
         """Drop the pod from its claims, unprepare the ones nobody uses; True when none failed."""
+        if not self._holds_claims(pod_uid):  # a sweep of orphaned claims, or a pod already released: no work
+            return await self._unprepare_unused(pod_uid)  # of a pod's UnprepareResources to count
+        with kubelet_metrics.operation("UnprepareResources") as failed:
+            ok = await self._unprepare_unused(pod_uid)
+            failed(not ok)
+        return ok
+
+    async def _unprepare_unused(self, pod_uid: str) -> bool:
         ok = True
         changed = False
         for claim_uid, state in list(self.prepared.items()):

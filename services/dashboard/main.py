@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from services.dashboard import allocmetrics
 from services.dashboard.auth import authenticator
 from services.dashboard.server import Explainer, Waterfall, make_app, parse_listen, serve
 from services.dashboard.state import DiscoveryError, FleetState, discover
@@ -120,7 +121,7 @@ async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
         state = FleetState(kube, **await discover(kube))
         synced = asyncio.Event()
         HEALTH.add_check("fleet listed", synced.is_set)
-        async with reading_bus(cfg) as bus:
+        async with reading_bus(cfg) as bus, allocmetrics.exported(state):
             await state.subscribe_bus(bus)
             app = make_app(state, auth=authenticator(cfg.auth, api), trace_url_template=cfg.trace_url_template,
                            explainer=local_explainer(cfg.kubeconfig), waterfall=local_waterfall(cfg.span_store))

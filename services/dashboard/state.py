@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import functools
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -119,6 +119,7 @@ class FleetState:
         self._rings: dict[tuple[str, str], deque[DeviceEvent]] = {}
         self.traces: dict[str, str] = {}  # claim uid -> trace id (lifecycle events' traceparent)
         self.informers: list[Informer] = []
+        self.claim_listeners: list[Callable[[str, Obj, Obj | None], None]] = []  # e.g. allocmetrics.AllocationInfo
         self.kube = kube
         if kube is not None:
             self.slices = Informer(kube, slices, on_change=self._on_slice, transform=model.trim_slice)
@@ -218,6 +219,8 @@ class FleetState:
         self._mark(node)
 
     def _on_claim(self, event: str, obj: Obj, old: Obj | None) -> None:
+        for listener in self.claim_listeners:
+            listener(event, obj, old)
         key = key_of(obj)
         before = set(model.claim_devices(old)) if old else set()
         after = model.allocations_of(obj) if event != "DELETED" else {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -145,6 +146,53 @@ def pod_manifest(name: str, template: str = "one-gpu", selector: str = "", node:
         text = text.replace("spec:\n  containers:", f"spec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n"
                                                   "  containers:")
     return text
+
+
+GPU_POD = """\
+apiVersion: v1
+kind: Namespace
+metadata: {{name: {ns}}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: one-gpu, namespace: {ns}}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {{deviceClassName: gpu.nvidia.com}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {pod}, namespace: {ns}}}
+spec:
+  containers:
+  - name: {container}
+    image: ubuntu:24.04
+    command: [sleep, "600"]
+    resources: {{claims: [{{name: gpus, request: gpu}}]}}
+  - name: {sidecar}
+    image: ubuntu:24.04
+    command: [sleep, "600"]
+  resourceClaims:
+  - {{name: gpus, resourceClaimTemplateName: one-gpu}}
+"""
+
+
+def gpu_pod_manifest(namespace: str, pod: str, container: str = "ctr", sidecar: str = "side") -> str:
+    """A namespace, its ResourceClaimTemplate `one-gpu` and a sleeping pod whose `container` uses the GPU (claim
+    reference `gpus`, request `gpu`) beside a `sidecar` that uses none."""
+    return GPU_POD.format(ns=namespace, pod=pod, container=container, sidecar=sidecar)
+
+
+async def inject_xid(env: dict[str, str], node: str, device: str, xid: int) -> None:
+    """`gpu-dra discovery inject-xid` as an operator runs it, with the cluster's NATS settings (`env`)."""
+    injected = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "shared.cli", "discovery", "inject-xid", "--node", node, "--device", device,
+        "--xid", str(xid), env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await injected.communicate()
+    assert injected.returncode == 0, (out + err).decode()
 
 
 class Up:

@@ -4,10 +4,7 @@ as kubelet 1.34 does (`claim:<pod claim name>/<request>`, the device's CDI id, H
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,42 +12,10 @@ import pytest
 from kubernetes_asyncio import client
 
 from embedded.cluster.local import ClusterConfig, LocalCluster
-from tests.cluster.helpers import apply, edits
+from tests.cluster.helpers import apply, edits, gpu_pod_manifest, inject_xid
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.timeout(240)]
-SPEC = """\
-apiVersion: v1
-kind: Namespace
-metadata: {name: health}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: one-gpu, namespace: health}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.nvidia.com}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: worker, namespace: health}
-spec:
-  containers:
-  - name: ctr
-    image: ubuntu:24.04
-    command: [sleep, "600"]
-    resources: {claims: [{name: gpus, request: gpu}]}
-  - name: side
-    image: ubuntu:24.04
-    command: [sleep, "600"]
-  resourceClaims:
-  - {name: gpus, resourceClaimTemplateName: one-gpu}
-"""
-
-
 def health_of(pod: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return {c["name"]: c.get("allocatedResourcesStatus") or [] for c in pod["status"].get("containerStatuses") or []}
 
@@ -61,7 +26,7 @@ async def test_an_xid_79_shows_in_the_pods_allocated_resources_status(tmp_path: 
     async with LocalCluster(cfg) as cluster:
         api = await cluster.api_client()
         spec = tmp_path / "worker.yaml"
-        spec.write_text(SPEC)
+        spec.write_text(gpu_pod_manifest("health", "worker"))
         await apply(api, spec)
         core = client.CoreV1Api(api)
 
@@ -77,12 +42,7 @@ async def test_an_xid_79_shows_in_the_pods_allocated_resources_status(tmp_path: 
         assert health_of(pod) == {"ctr": [{"name": "claim:gpus/gpu", "resources": [
             {"resourceID": cdi_id, "health": "Healthy"}]}], "side": []}
 
-        injected = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli", "discovery", "inject-xid", "--node", "gpu-node-0",
-            "--device", device.split("/")[1], "--xid", "79", env={**os.environ, **cluster.nats_env()},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await injected.communicate()
-        assert injected.returncode == 0, (out + err).decode()
+        await inject_xid(cluster.nats_env(), "gpu-node-0", device.split("/")[1], 79)
 
         pod = await wait(lambda: pod_with("Unhealthy"), "the pod's GPU reported Unhealthy")
         assert health_of(pod)["ctr"] == [{"name": "claim:gpus/gpu", "resources": [
