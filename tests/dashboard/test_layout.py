@@ -24,6 +24,16 @@ from tests.dashboard.cdp import Browser
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
 
 HEIGHT = 900
+PENDING = [
+    {"namespace": "team-a", "pod": "train-big", "since": "2026-12-04T14:02:00Z",
+     "asks": "16 x gpu.nvidia.com where device.attributes['gpu.nvidia.com'].productName.contains('H100')",
+     "reason": "not enough capacity: claim team-a/train-big-gpu request gpu wants 16 gpu.nvidia.com, no node has "
+               "more than 8 that it can have (2 already allocated to claim team-b/serve-0)"},
+    {"namespace": "team-b", "pod": "notebook-7", "since": "2026-12-04T14:20:00Z",
+     "asks": "1 x mig.nvidia.com where device.attributes['gpu.nvidia.com'].profile == '3g.20gb'",
+     "reason": "0/5 nodes can allocate the pod's claims: node node-a: claim team-b/notebook-7-mig request mig: 0 of "
+               "1 devices eligible, 1 wanted; 1 already allocated to claim team-a/infer-2"},
+]
 
 
 def layout_fleet() -> dict[str, Any]:
@@ -36,6 +46,7 @@ def layout_fleet() -> dict[str, Any]:
             row["devices"] = row["devices"][:8]
     fleet["nodes"] += big
     fleet["groups"].insert(0, {"name": "clique c2", "nodes": [r["name"] for r in big]})
+    fleet["pending"] = PENDING
     return fleet
 
 

@@ -18,7 +18,7 @@
   const S = {
     nodes: new Map(), groups: [], counters: {}, namespaces: [], version: 0, traceUrlTemplate: "",
     ns: "", query: "", layout: [], offsets: [], rendered: new Map(), es: null, retry: 0,
-    perLine: 1, openKey: "", lastFocus: null, firstEventMs: null, firstRenderMs: null, fulls: 0, deltas: 0,
+    perLine: 1, pending: [], openKey: "", lastFocus: null, firstEventMs: null, firstRenderMs: null, fulls: 0, deltas: 0,
   };
   window.__dash = S; // read by the browser tests and the bench
 
@@ -87,7 +87,9 @@
     S.namespaces = f.namespaces || [];
     S.traceUrlTemplate = f.traceUrlTemplate || "";
     S.version = f.version || 0;
+    S.pending = f.pending || [];
     S.fulls += 1;
+    renderPending();
     renderNamespaces();
     renderCounters();
     relayout();
@@ -114,6 +116,7 @@
     }
     if (d.groups) S.groups = d.groups;
     if (d.counters) { S.counters = d.counters; renderCounters(); }
+    if (d.pending) { S.pending = d.pending; renderPending(); }
     if (!S.ns) renderNamespaces();
     if (d.version) S.version = d.version;
     S.deltas += 1;
@@ -177,6 +180,21 @@
       return `<div class="product" data-product="${esc(product)}"><b>${esc(shortProduct(product))}</b>${st}</div>`;
     });
     $("#counters").innerHTML = parts.join("") || "<span>no devices</span>";
+  }
+
+  // Pods waiting for GPUs: what they ask for and why they wait (explain's plan, from the server).
+  function renderPending() {
+    const box = $("#pending");
+    box.dataset.count = String(S.pending.length);
+    $("#pending-count").textContent = String(S.pending.length);
+    $("#pending-list").innerHTML = S.pending.map((p) => {
+      const key = `${p.namespace}/${p.pod}`;
+      return `<li data-pending="${esc(key)}"><b class="p-pod">${esc(key)}</b>`
+        + `<span class="p-asks" title="what its claims ask for">${esc(p.asks || "…")}</span>`
+        + `<span class="p-reason">${esc(p.reason || "not explained yet")}</span>`
+        + `<span class="age" title="waiting since ${esc(p.since)}">${esc(age(p.since))}</span>`
+        + `<button type="button" data-explain="${esc(key)}">explain</button></li>`;
+    }).join("");
   }
 
   function renderNamespaces() {
@@ -542,10 +560,12 @@
     const el = ev.target.closest("[data-device]");
     if (el) openDrill(el.dataset.device, el);
   });
-  ddBody.addEventListener("click", (ev) => {
-    const b = ev.target.closest("[data-explain]");
-    if (b) explain(b.dataset.explain);
-  });
+  for (const el of [ddBody, $("#pending")]) {
+    el.addEventListener("click", (ev) => {
+      const b = ev.target.closest("[data-explain]");
+      if (b) explain(b.dataset.explain);
+    });
+  }
   $("#dd-close").addEventListener("click", closeDrill);
   document.addEventListener("keydown", (ev) => { if (ev.key === "Escape" && !drill.hidden) closeDrill(); });
 
@@ -582,6 +602,7 @@
       if (key.startsWith("n:") && !el.contains(document.activeElement)) { el.remove(); S.rendered.delete(key); }
     }
     render();
+    renderPending();
   }, 30000);
 
   connect();
