@@ -50,7 +50,7 @@ spec:
     devices:
       requests:
       - name: gpu
-        exactly: {{deviceClassName: gpu.nvidia.com, selectors: [{{cel: {{expression: "device.attributes['gpu.nvidia.com'].productName.contains('H100')"}}}}]}}
+        exactly: {{deviceClassName: gpu.nvidia.com, count: {count}, selectors: [{{cel: {{expression: "device.attributes['gpu.nvidia.com'].productName.contains('H100')"}}}}]}}
 ---
 apiVersion: v1
 kind: Pod
@@ -62,34 +62,6 @@ spec:
     resources: {{claims: [{{name: gpu}}]}}
   resourceClaims:
   - {{name: gpu, resourceClaimTemplateName: one-gpu}}
-"""
-
-
-TOO_BIG = """\
-apiVersion: v1
-kind: Namespace
-metadata: {{name: {ns}}}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: three-gpus, namespace: {ns}}}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpus
-        exactly: {{deviceClassName: gpu.nvidia.com, count: 3, selectors: [{{cel: {{expression: "device.attributes['gpu.nvidia.com'].productName.contains('H100')"}}}}]}}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: {pod}, namespace: {ns}}}
-spec:
-  containers:
-  - name: ctr
-    image: ubuntu:22.04
-    resources: {{claims: [{{name: gpus}}]}}
-  resourceClaims:
-  - {{name: gpus, resourceClaimTemplateName: three-gpus}}
 """
 
 
@@ -195,7 +167,7 @@ async def _run_pod(fleet: Fleet, namespace: str, pod: str) -> tuple[float, float
         " return e && [e.dataset.device, e.dataset.claim]; })()", timeout=60))
     allocated = asyncio.create_task(_claim_allocated(fleet.api, namespace))
     path = fleet.shots / f"{namespace}.yaml"
-    path.write_text(TENANT.format(ns=namespace, pod=pod))
+    path.write_text(TENANT.format(ns=namespace, pod=pod, count=1))
     await Applier(fleet.api).apply_file(path, namespace=namespace)
     (t_write, claim), (device, claim_key) = await asyncio.gather(allocated, tile)
     t_tile = time.monotonic()
@@ -266,7 +238,7 @@ async def test_a_pod_that_cannot_fit_waits_with_explains_reason(fleet: Fleet) ->
                                      " s.dispatchEvent(new Event('change')); })()")
         await fleet.browser.wait_for(f"window.__dash.fulls > {fulls}", timeout=10)
     path = fleet.shots / "too-big.yaml"
-    path.write_text(TOO_BIG.format(ns="tenant-c", pod="huge"))
+    path.write_text(TENANT.format(ns="tenant-c", pod="huge", count=3))
     await Applier(fleet.api).apply_file(path, namespace="tenant-c")
     item = '[data-pending="tenant-c/huge"]'
     text = await fleet.browser.wait_for(
