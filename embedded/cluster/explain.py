@@ -18,11 +18,14 @@ import asyncio
 import sys
 from typing import Any
 
+import msgspec
+
 from embedded.scheduler.allocator import schedule
 from embedded.scheduler.celsandbox import CelSandbox
 from embedded.scheduler.explain import report_text
 from embedded.scheduler.plan import plan_pod
 from embedded.scheduler.pools import SliceIndex
+from embedded.scheduler.report import NodeReport, RequestReport
 from embedded.scheduler.requests import claim_selectors
 from embedded.scheduler.state import ClusterState, load_state
 from shared.kube.client import kube_api_client
@@ -156,6 +159,76 @@ def explain_claim(state: ClusterState, namespace: str, name: str, index: SliceIn
                            state.values(NODES), admin_namespaces=state.admin_namespaces(), all_nodes=True)
         lines.append(report_text(outcome.reports, outcome.problems))
     return "\n".join(lines)
+
+
+class Waiting(msgspec.Struct, frozen=True):
+    """A pod waiting for devices in one line each (the fleet page's pending-pods panel): what its claims ask for
+    and why no node gives it to them, from the same plan `explain_pod` reports in full."""
+
+    asks: str
+    reason: str
+
+
+def _asks(claims: list[Obj]) -> str:
+    """`2 x gpu.nvidia.com where <selector>` per request of each claim, `; `-joined."""
+    parts: list[str] = []
+    for claim in claims:
+        for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+            exact = req.get("exactly") or req
+            options = [exact] if req.get("exactly") or req.get("deviceClassName") else req.get("firstAvailable") or []
+            texts = []
+            for option in options:
+                count = "all" if option.get("allocationMode") == "All" else str(option.get("count") or 1)
+                where = " and ".join(str((sel.get("cel") or {}).get("expression") or "")
+                                     for sel in option.get("selectors") or [])
+                texts.append(f"{count} x {option.get('deviceClassName')}" + (f" where {where}" if where else ""))
+            parts.append(" or ".join(texts))
+    return "; ".join(parts)
+
+
+def _shortfall(reports: list[NodeReport]) -> str:
+    """"not enough capacity: ..." when on every node some request has fewer eligible devices than it wants."""
+    worst: RequestReport | None = None
+    for report in reports:
+        if report.fits:
+            return ""
+        short = [r for r in report.failed_requests() if not r.error and r.wanted.isdigit()
+                 and r.eligible < int(r.wanted)]
+        if not short:
+            return ""
+        best = max(short, key=lambda r: r.eligible)
+        if worst is None or best.eligible > worst.eligible:
+            worst = best
+    if worst is None:
+        return ""
+    why = "; ".join(f"{r.count} {r.reason}" for r in worst.rejections[:2])
+    return (f"not enough capacity: claim {worst.claim} request {worst.request} wants {worst.wanted} "
+            f"{worst.device_class}, no node has more than {worst.eligible} that it can have"
+            + (f" ({why})" if why else ""))
+
+
+def waiting_pod(state: ClusterState, namespace: str, name: str, index: SliceIndex | None = None) -> Waiting:
+    """What an unscheduled pod asks for and why it waits (NotFound when the pod is gone)."""
+    pod = state.get(PODS, namespace, name)
+    if pod is None:
+        raise NotFound(f"pod {namespace}/{name} not found")
+    names, missing = state.pod_claim_names(pod)
+    claims = [c for c in (state.get(RESOURCECLAIMS, namespace, n) for n in names) if c is not None]
+    if missing:
+        return Waiting(asks=_asks(claims), reason="waiting for its claims: " + "; ".join(missing))
+    plan = plan_pod(state, pod, index or SliceIndex(state.values_slices()), all_nodes=True)
+    reason = plan.message or (f"every claim is allocated; the pod can go to node {plan.node}" if plan.node else "")
+    if plan.outcome is not None and not plan.outcome.problems and not plan.node_rejections:
+        reason = _shortfall(plan.outcome.reports) or reason
+    return Waiting(asks=_asks(claims), reason=reason)
+
+
+async def why_waiting(namespace: str, name: str, kube: Kube) -> Waiting:
+    """`waiting_pod` on what `load_pod` reads, with the selectors settled in a CEL worker first."""
+    state, _ = await load_pod(kube, namespace, name)
+    index = SliceIndex(state.values_slices())
+    await _evaluate_selectors(state, _claims_of(state, "pod", namespace, name), index)
+    return waiting_pod(state, namespace, name, index)
 
 
 async def load_pod(kube: Kube, namespace: str, name: str) -> tuple[ClusterState, list[Obj]]:

@@ -19,6 +19,7 @@ import msgspec
 
 from services.dashboard import allocmetrics
 from services.dashboard.auth import authenticator
+from services.dashboard.pending import Reasoner
 from services.dashboard.server import Explainer, Waterfall, make_app, parse_listen, serve
 from services.dashboard.state import DiscoveryError, FleetState, discover
 from shared.bus import Bus
@@ -82,6 +83,19 @@ def local_explainer(kubeconfig: str) -> Explainer | None:
     return explain
 
 
+def local_reasoner(kube: Kube) -> Reasoner | None:
+    """What a waiting pod asks for and why it waits, from explain's plan on the dashboard's own client."""
+    if importlib.util.find_spec("embedded") is None:
+        return None
+
+    async def reason(namespace: str, name: str) -> tuple[str, str]:
+        tool = _local_tool("embedded.cluster.explain")
+        waiting = await tool.why_waiting(namespace, name, kube)
+        return str(waiting.asks), str(waiting.reason)
+
+    return reason
+
+
 def local_waterfall(span_store: str) -> Waterfall | None:
     if not span_store:
         return None
@@ -118,7 +132,7 @@ async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
     api = await kube_api_client(cfg.kubeconfig)
     try:
         kube = Kube(api)
-        state = FleetState(kube, **await discover(kube))
+        state = FleetState(kube, **await discover(kube), reasoner=local_reasoner(kube))
         synced = asyncio.Event()
         HEALTH.add_check("fleet listed", synced.is_set)
         async with reading_bus(cfg) as bus, allocmetrics.exported(state):

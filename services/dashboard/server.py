@@ -3,7 +3,8 @@
 Routes (docs/dashboard.md, "The API"): the page and its static files from the package, `/healthz`,
 `/api/fleet`, `/api/stream` (server-sent events: a full `fleet`, then coalesced `delta`s, a `: ping` every
 `ping_s`), and the drill-downs `/api/device/<node>/<device>`, `/api/claim/<ns>/<name>`,
-`/api/pod/<ns>/<name>/explain`. Every answer is filtered by the viewer's namespaces (auth.py; explain of
+`/api/pod/<ns>/<name>/explain`; the Fleet carries the pods waiting for devices (`pending`, in a delta when they
+changed). Every answer is filtered by the viewer's namespaces (auth.py; explain of
 another namespace's pod is 403, other tenants' claims in its text unnamed); every error
 is JSON `{"error": "..."}` that says what was wrong and what to do.
 """
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from services.dashboard import model
 from services.dashboard.auth import Authenticator, Unauthorized, Viewer, bearer
+from services.dashboard.pending import PendingPod
 from services.dashboard.state import FleetState
 from shared.kube.rest import ApiError
 from shared.logs import get_logger
@@ -103,20 +105,29 @@ class Api:
         assert body.endswith(b'"nodes":[]}')
         return body[:-2] + b",".join(rows) + b"]}"
 
+    def _pending(self, viewer: Viewer) -> list[PendingPod]:
+        """The waiting pods `viewer` may see, another tenant's claims in their reasons unnamed."""
+        if self.state.pending is None:
+            return []
+        return [msgspec.structs.replace(p, reason=model.redact_text(p.reason, viewer.visible))
+                for p in self.state.pending.view(viewer.sees)]
+
     def fleet(self, viewer: Viewer, full: bool = False) -> bytes:
         state = self.state
         head: dict[str, Any] = {
             "version": state.version, "generatedAt": state.generated_at, "groups": state.groups,
             "counters": state.counters, "traceUrlTemplate": self.trace_url_template,
-            "namespaces": self._namespaces(viewer)}
+            "namespaces": self._namespaces(viewer), "pending": self._pending(viewer)}
         if full:
             head["full"] = True
         return self._with_nodes(head, [self._row(n, viewer) for g in state.groups for n in g.nodes])
 
-    def delta(self, viewer: Viewer, names: set[str]) -> bytes:
+    def delta(self, viewer: Viewer, names: set[str], pending: bool = False) -> bytes:
         rows = self.state.rows
-        head = {"version": self.state.version, "removed": sorted(n for n in names if n not in rows),
-                "counters": self.state.counters, "groups": self.state.groups}
+        head: dict[str, Any] = {"version": self.state.version, "removed": sorted(n for n in names if n not in rows),
+                                "counters": self.state.counters, "groups": self.state.groups}
+        if pending:
+            head["pending"] = self._pending(viewer)
         return self._with_nodes(head, [self._row(n, viewer) for n in sorted(names) if n in rows])
 
     # ---- routes ---------------------------------------------------------------------------------------
@@ -150,8 +161,8 @@ class Api:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(watcher.wake.wait(), self.ping_s)
                 if watcher.wake.is_set():
-                    names = watcher.take()
-                    await response.write(b"event: delta\ndata: " + self.delta(viewer, names) + b"\n\n")
+                    names, pending = watcher.take()
+                    await response.write(b"event: delta\ndata: " + self.delta(viewer, names, pending) + b"\n\n")
                 else:
                     await response.write(b": ping\n\n")
                     try:  # grants change (and the token may expire): asked again, from the cache mostly

@@ -5,6 +5,7 @@ Owns the informers (ResourceSlices, ResourceClaims, Nodes and, when served, Comp
 device health events, the indexes that say which node rows a change touches, the rows themselves (rebuilt
 one node at a time by `model.node_row`), a ring of recent events per device, and the viewers: each keeps the
 names of rows changed since it last sent, and is woken at most every `flush_s` (coalesced deltas, <= 10/s).
+The pods waiting for devices, and why, are `pending.PendingPods`' (its informer runs with the others).
 Nothing here asks the API per viewer.
 """
 
@@ -23,6 +24,7 @@ import msgspec
 from services.computedomain import crd
 from services.dashboard import model
 from services.dashboard.model import Allocation, DeviceKey, Health, Node
+from services.dashboard.pending import PendingPods, Reasoner
 from shared.bus import Bus, MsgContext
 from shared.devicemodel import GPU_DRIVER
 from shared.events.catalog import CLAIM, HEALTH
@@ -58,12 +60,15 @@ class Viewer:
 
     def __init__(self) -> None:
         self.changed: set[str] = set()
+        self.pending = False  # the waiting pods changed
         self.wake = asyncio.Event()
 
-    def take(self) -> set[str]:
+    def take(self) -> tuple[set[str], bool]:
+        """(rows changed, whether the waiting pods changed) since the last take."""
         names, self.changed = self.changed, set()
+        pending, self.pending = self.pending, False
         self.wake.clear()
-        return names
+        return names, pending
 
 
 class _Allocations(Mapping[DeviceKey, list[Allocation]]):
@@ -97,7 +102,7 @@ class FleetState:
     """The rows, their version, and what changed; fed by `run()`."""
 
     def __init__(self, kube: Kube | None, *, slices: Resource = RESOURCESLICES, claims: Resource = RESOURCECLAIMS,
-                 compute_domains: bool = True, flush_s: float = 0.1) -> None:
+                 compute_domains: bool = True, flush_s: float = 0.1, reasoner: Reasoner | None = None) -> None:
         self.flush_s = flush_s
         self.version = 0
         self.generated_at = k8s_time()
@@ -108,6 +113,7 @@ class FleetState:
         self.viewers: set[Viewer] = set()
         self._row_counters: dict[str, dict[str, dict[str, int]]] = {}
         self._dirty: set[str] = set()
+        self._pending_dirty = False
         self.listed = False  # every informer has listed: rows are built from then on
         self._flush_handle: asyncio.TimerHandle | None = None
         # indexes
@@ -120,6 +126,7 @@ class FleetState:
         self.traces: dict[str, str] = {}  # claim uid -> trace id (lifecycle events' traceparent)
         self.informers: list[Informer] = []
         self.claim_listeners: list[Callable[[str, Obj, Obj | None], None]] = []  # e.g. allocmetrics.AllocationInfo
+        self.pending: PendingPods | None = None
         self.kube = kube
         if kube is not None:
             self.slices = Informer(kube, slices, on_change=self._on_slice, transform=model.trim_slice)
@@ -131,6 +138,8 @@ class FleetState:
             if compute_domains:
                 self.domains = Informer(kube, COMPUTEDOMAINS, on_change=self._on_domain, transform=model.trim_domain)
                 self.informers.append(self.domains)
+            self.pending = PendingPods(kube, reasoner, on_change=self._on_pending)
+            self.informers.append(self.pending.informer)
 
     # ---- running --------------------------------------------------------------------------------------
 
@@ -144,6 +153,8 @@ class FleetState:
         """Watch until `stopping`; `synced` is set once every informer has listed."""
         tasks = [asyncio.create_task(i.run(stopping), name=f"dashboard-watch-{i.res.plural}")
                  for i in self.informers]
+        if self.pending is not None:
+            tasks.append(asyncio.create_task(self.pending.run(stopping), name="dashboard-pending"))
         try:
             if await until_synced([i.synced for i in self.informers], stopping):
                 self.listed = True
@@ -164,8 +175,8 @@ class FleetState:
         return sorted({ns for ns, _ in self.claims.objects}) if self.informers else []
 
     async def has_pod(self, namespace: str, name: str) -> bool:
-        """Whether the pod exists, asked when a viewer asks (no pod watch: a pod changes several times on its way
-        to Running and away, and nothing else here reads pods)."""
+        """Whether the pod exists, asked of the API server when a viewer asks (the pod informer may not have
+        seen a pod created a moment ago)."""
         if self.kube is None:
             return False
         try:
@@ -198,6 +209,17 @@ class FleetState:
         if not node:
             return
         self._dirty.add(node)
+        self._schedule_flush()
+
+    def _on_pending(self) -> None:
+        self._pending_dirty = True
+        self._schedule_flush()
+
+    def _fleet_changed(self) -> None:
+        if self.pending is not None and self.listed:
+            self.pending.fleet_changed()
+
+    def _schedule_flush(self) -> None:
         if self._flush_handle is None and self.listed:
             with contextlib.suppress(RuntimeError):  # no running loop: a synchronous caller flushes itself
                 self._flush_handle = asyncio.get_running_loop().call_later(self.flush_s, self.flush)
@@ -217,6 +239,7 @@ class FleetState:
         elif not self._slices_of.get(node):
             self._slices_of.pop(node, None)
         self._mark(node)
+        self._fleet_changed()
 
     def _on_claim(self, event: str, obj: Obj, old: Obj | None) -> None:
         for listener in self.claim_listeners:
@@ -244,6 +267,8 @@ class FleetState:
             self._mark(self._pool_node.get(device[1], device[1]))
         for device in before:
             self._mark(self._pool_node.get(device[1], device[1]))
+        if before != set(after):
+            self._fleet_changed()
 
     def _history(self, device: DeviceKey, kind: str, summary: str, namespace: str = "",
                  when: float | None = None) -> None:
@@ -306,7 +331,8 @@ class FleetState:
         """Rebuild the dirty rows, bump the version, wake the viewers."""
         self._flush_handle = None
         dirty, self._dirty = self._dirty, set()
-        if not dirty:
+        pending, self._pending_dirty = self._pending_dirty, False
+        if not dirty and not pending:
             return
         allocations = _Allocations(self._allocs)
         changed: set[str] = set()
@@ -330,13 +356,14 @@ class FleetState:
                 self.rows[name] = row
                 self.encoded.pop(name, None)
                 changed.add(name)
-        if not changed:
+        if not changed and not pending:
             return
         self.version += 1
         self.generated_at = k8s_time()
         self.groups = model.groups(self.rows.values())
         for viewer in self.viewers:
             viewer.changed |= changed
+            viewer.pending |= pending
             viewer.wake.set()
 
     def add_viewer(self) -> Viewer:

@@ -76,8 +76,7 @@ class Browser:
             self._session = attached["sessionId"]
             await self.send("Page.enable")
             await self.send("Runtime.enable")
-            await self.send("Emulation.setDeviceMetricsOverride",
-                            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+            await self.resize(width, height)
         except BaseException:
             await self.close()
             raise
@@ -184,6 +183,11 @@ class Browser:
                            {int(timeout * 1000)});
 }})"""
         return await self.evaluate(script, timeout=timeout)
+
+    async def resize(self, width: int, height: int) -> None:
+        """Set the page's viewport to `width` x `height` CSS pixels (the page sees a resize event)."""
+        await self.send("Emulation.setDeviceMetricsOverride",
+                        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
 
     async def press(self, key: str) -> None:
         """A real key press (keyDown + keyUp) on the focused element: Enter, Escape, Tab, arrows."""

@@ -88,7 +88,20 @@ class FixtureFleet:
         self.streams: list[tuple[str, asyncio.Queue[str | None]]] = []
 
     def view(self, namespace: str) -> dict[str, Any]:
-        return {**self.fleet, "nodes": [for_tenant(n, namespace) for n in self.fleet["nodes"]]}
+        return {**self.fleet, "pending": self.pending(namespace),
+                "nodes": [for_tenant(n, namespace) for n in self.fleet["nodes"]]}
+
+    def pending(self, namespace: str) -> list[dict[str, Any]]:
+        return [p for p in self.fleet.get("pending") or [] if not namespace or p["namespace"] == namespace]
+
+    def push_pending(self, pending: list[dict[str, Any]]) -> None:
+        """Replace the waiting pods and send the delta (no rows) to every stream."""
+        self.fleet["pending"] = pending
+        self.fleet["version"] += 1
+        for namespace, queue in self.streams:
+            delta = {"version": self.fleet["version"], "nodes": [], "removed": [], "pending": self.pending(namespace),
+                     "counters": self.fleet["counters"], "groups": self.fleet["groups"]}
+            queue.put_nowait(f"event: delta\ndata: {json.dumps(delta)}\n\n")
 
     def node(self, name: str) -> dict[str, Any]:
         return next(n for n in self.fleet["nodes"] if n["name"] == name)

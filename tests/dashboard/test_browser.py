@@ -4,7 +4,8 @@ One `gpu-dra up` for the module (2 nodes, each 2 H100s and an A100-40GB cut into
 runtime) with the fleet page it starts (its URL in <data-dir>/dashboard.url), one Chromium (conftest.py). The tests: the page shows the nodes and GPUs the
 ResourceSlices publish; a MIG bar matches the slices; a new pod's claim appears on its GPU within 1 s of the
 scheduler's allocation write; an injected XID shows a tainted GPU with its code; the namespace filter hides
-other tenants' claims. Screenshots of the 2-node fleet are saved under the test's tmp dir (paths printed).
+other tenants' claims; a pod asking for more H100s than a node has is listed as waiting, with explain's reason
+naming capacity, and leaves the list when deleted. Screenshots of the 2-node fleet are saved under the test's tmp dir (paths printed).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ spec:
     devices:
       requests:
       - name: gpu
-        exactly: {{deviceClassName: gpu.nvidia.com, selectors: [{{cel: {{expression: "device.attributes['gpu.nvidia.com'].productName.contains('H100')"}}}}]}}
+        exactly: {{deviceClassName: gpu.nvidia.com, count: {count}, selectors: [{{cel: {{expression: "device.attributes['gpu.nvidia.com'].productName.contains('H100')"}}}}]}}
 ---
 apiVersion: v1
 kind: Pod
@@ -166,7 +167,7 @@ async def _run_pod(fleet: Fleet, namespace: str, pod: str) -> tuple[float, float
         " return e && [e.dataset.device, e.dataset.claim]; })()", timeout=60))
     allocated = asyncio.create_task(_claim_allocated(fleet.api, namespace))
     path = fleet.shots / f"{namespace}.yaml"
-    path.write_text(TENANT.format(ns=namespace, pod=pod))
+    path.write_text(TENANT.format(ns=namespace, pod=pod, count=1))
     await Applier(fleet.api).apply_file(path, namespace=namespace)
     (t_write, claim), (device, claim_key) = await asyncio.gather(allocated, tile)
     t_tile = time.monotonic()
@@ -228,3 +229,25 @@ async def test_the_namespace_filter_hides_other_tenants(fleet: Fleet) -> None:
     body = await fleet.browser.evaluate("document.getElementById('viewport').textContent")
     assert "tenant-b" not in body and "serve" not in body
     assert await fleet.browser.evaluate("location.search") == "?namespace=tenant-a"
+
+
+async def test_a_pod_that_cannot_fit_waits_with_explains_reason(fleet: Fleet) -> None:
+    fulls = await fleet.browser.evaluate("window.__dash.fulls")
+    if await fleet.browser.evaluate("window.__dash.ns"):  # after the filter test: every namespace again
+        await fleet.browser.evaluate("(() => { const s = document.getElementById('ns-filter'); s.value = '';"
+                                     " s.dispatchEvent(new Event('change')); })()")
+        await fleet.browser.wait_for(f"window.__dash.fulls > {fulls}", timeout=10)
+    path = fleet.shots / "too-big.yaml"
+    path.write_text(TENANT.format(ns="tenant-c", pod="huge", count=3))
+    await Applier(fleet.api).apply_file(path, namespace="tenant-c")
+    item = '[data-pending="tenant-c/huge"]'
+    text = await fleet.browser.wait_for(
+        f"(() => {{ const e = document.querySelector('{item}');"
+        " return e && e.querySelector('.p-reason').textContent.includes('capacity') && e.textContent; })()", timeout=30)
+    print(f"\npending: {text}")
+    asks = await fleet.browser.evaluate(f"document.querySelector('{item} .p-asks').textContent")
+    reason = await fleet.browser.evaluate(f"document.querySelector('{item} .p-reason').textContent")
+    assert asks.startswith("3 x gpu.nvidia.com where ") and "H100" in asks
+    assert reason.startswith("not enough capacity: ") and "wants 3 gpu.nvidia.com" in reason
+    await client.CoreV1Api(fleet.api).delete_namespaced_pod("huge", "tenant-c", grace_period_seconds=0)
+    await fleet.browser.wait_for(f"!document.querySelector('{item}')", timeout=15)

@@ -234,3 +234,22 @@ async def test_a_shared_gpu_tile_lists_its_shares_and_hides_other_tenants(page, 
         await b.evaluate("(() => { const s = document.getElementById('ns-filter'); s.value = '';"
                          " s.dispatchEvent(new Event('change')); })()")
         state.push([before])
+
+
+async def test_the_pending_panel_lists_waiting_pods_live(page) -> None:
+    b, state, _ = page
+    assert await b.evaluate(q("#pending") + ".dataset.count") == "0"
+    assert await b.evaluate(q("#pending-none") + ".offsetParent !== null")
+    waiting = {"namespace": "team-a", "pod": "big-1", "since": "2026-12-04T14:31:00Z", "asks": "3 x gpu.nvidia.com",
+               "reason": "not enough capacity: claim team-a/big-1-gpu request gpu wants 3 gpu.nvidia.com, no node has "
+                         "more than 2 that it can have"}
+    state.push_pending([waiting])
+    item = await b.wait_for(q('[data-pending="team-a/big-1"]') + "?.textContent", timeout=2)
+    assert "3 x gpu.nvidia.com" in item and "not enough capacity" in item
+    assert await b.evaluate(q("#pending-count") + ".textContent") == "1"
+    await b.evaluate(q('[data-pending="team-a/big-1"] [data-explain]') + ".click()")
+    text = await b.wait_for(q("#dd-explain .explain") + "?.textContent", timeout=5)
+    assert "team-a/big-1" in text
+    await b.press("Escape")
+    state.push_pending([])
+    await b.wait_for(q("#pending") + ".dataset.count === '0' && !" + q('[data-pending]'), timeout=2)

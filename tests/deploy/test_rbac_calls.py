@@ -68,6 +68,8 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/dashboard/state.py", "informer:claims"): [(RK, "resourceclaims", {"list", "watch"})],
     ("services/dashboard/state.py", "get:PODS"): [("", "pods", {"get"})],
     ("services/dashboard/state.py", "informer:NODES"): [("", "nodes", {"list", "watch"})],
+    ("services/dashboard/pending.py", "informer:PODS"): [("", "pods", {"list", "watch"})],
+    ("services/dashboard/allocmetrics.py", "get:PODS"): [("", "pods", {"get"})],
     ("services/dashboard/state.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
     ("services/dashboard/auth.py", "request:POST"): [("authentication.k8s.io", "tokenreviews", {"create"}),
                                                      ("authorization.k8s.io", "subjectaccessreviews", {"create"})],

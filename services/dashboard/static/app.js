@@ -1,22 +1,33 @@
-// The fleet page: one EventSource on /api/stream, node rows virtualized (fixed heights), GPU tiles.
+// The fleet page: one EventSource on /api/stream, node rows virtualized (each row's height follows from its
+// GPU count and the window's width: tiles wrap onto as many lines as they need), GPU tiles.
 // Plain JS, no framework, no build step. Contract: docs/dashboard.md and the DOM hooks tests use
 // ([data-node], [data-device] with data-state/data-xid/data-claim, [data-mig-slot], #counters, #ns-filter, #drilldown).
 "use strict";
 (() => {
-  const ROW_H = 108;
+  // Row geometry; app.css reads the same numbers from the custom properties set below.
+  const TILE_W = 150;
+  const TILE_H = 100;
+  const GAP = 6; // between tiles, across and down
+  const ROW_PAD = 4; // above and below the tiles
+  const ROW_BORDER = 1; // the line under a row
+  const ROW_SIDE = 14 + 14 + 132 + 10; // row padding, node head, gap to the tiles
+  const ROW_H = TILE_H + 2 * ROW_PAD + ROW_BORDER; // a row of one line of tiles
   const GROUP_H = 30;
   const OVERSCAN = 3;
   const ICON = { free: "○", claimed: "●", tainted: "⚠" };
   const S = {
     nodes: new Map(), groups: [], counters: {}, namespaces: [], version: 0, traceUrlTemplate: "",
     ns: "", query: "", layout: [], offsets: [], rendered: new Map(), es: null, retry: 0,
-    openKey: "", lastFocus: null, firstEventMs: null, firstRenderMs: null, fulls: 0, deltas: 0,
+    perLine: 1, pending: [], openKey: "", lastFocus: null, firstEventMs: null, firstRenderMs: null, fulls: 0, deltas: 0,
   };
   window.__dash = S; // read by the browser tests and the bench
 
   const $ = (sel) => document.querySelector(sel);
   const viewport = $("#viewport");
   const spacer = $("#spacer");
+  for (const [k, v] of Object.entries({ "--tile-w": TILE_W, "--tile-h": TILE_H, "--gap": GAP, "--row-pad": ROW_PAD })) {
+    document.documentElement.style.setProperty(k, `${v}px`);
+  }
   const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 
   // ---- identity: ?token= is kept in sessionStorage and sent as a header (and on the stream URL,
@@ -76,7 +87,9 @@
     S.namespaces = f.namespaces || [];
     S.traceUrlTemplate = f.traceUrlTemplate || "";
     S.version = f.version || 0;
+    S.pending = f.pending || [];
     S.fulls += 1;
+    renderPending();
     renderNamespaces();
     renderCounters();
     relayout();
@@ -92,7 +105,8 @@
     let shape = Boolean(d.groups);
     const changed = new Set();
     for (const n of d.nodes || []) {
-      if (!S.nodes.has(n.name)) shape = true;
+      const before = S.nodes.get(n.name);
+      if (!before || topDevices(before).length !== topDevices(n).length) shape = true;
       S.nodes.set(n.name, n);
       changed.add(n.name);
     }
@@ -102,6 +116,7 @@
     }
     if (d.groups) S.groups = d.groups;
     if (d.counters) { S.counters = d.counters; renderCounters(); }
+    if (d.pending) { S.pending = d.pending; renderPending(); }
     if (!S.ns) renderNamespaces();
     if (d.version) S.version = d.version;
     S.deltas += 1;
@@ -167,6 +182,21 @@
     $("#counters").innerHTML = parts.join("") || "<span>no devices</span>";
   }
 
+  // Pods waiting for GPUs: what they ask for and why they wait (explain's plan, from the server).
+  function renderPending() {
+    const box = $("#pending");
+    box.dataset.count = String(S.pending.length);
+    $("#pending-count").textContent = String(S.pending.length);
+    $("#pending-list").innerHTML = S.pending.map((p) => {
+      const key = `${p.namespace}/${p.pod}`;
+      return `<li data-pending="${esc(key)}"><b class="p-pod">${esc(key)}</b>`
+        + `<span class="p-asks" title="what its claims ask for">${esc(p.asks || "…")}</span>`
+        + `<span class="p-reason">${esc(p.reason || "not explained yet")}</span>`
+        + `<span class="age" title="waiting since ${esc(p.since)}">${esc(age(p.since))}</span>`
+        + `<button type="button" data-explain="${esc(key)}">explain</button></li>`;
+    }).join("");
+  }
+
   function renderNamespaces() {
     const sel = $("#ns-filter");
     // the server's list comes with a full Fleet; deltas add the namespaces of claims that appear since
@@ -197,7 +227,15 @@
     return false;
   }
 
+  // Tiles per line at the viewport's width, and the height of a row of `count` tiles.
+  const perLine = () => Math.max(1, Math.floor((viewport.clientWidth - ROW_SIDE + GAP) / (TILE_W + GAP)));
+  function rowHeight(count) {
+    const lines = Math.max(1, Math.ceil(count / S.perLine));
+    return lines * TILE_H + (lines - 1) * GAP + 2 * ROW_PAD + ROW_BORDER;
+  }
+
   function relayout() {
+    S.perLine = perLine();
     const q = S.query.trim().toLowerCase();
     const seen = new Set();
     const groups = S.groups.map((g) => ({ name: g.name, nodes: g.nodes.filter((n) => S.nodes.has(n)) }));
@@ -215,7 +253,12 @@
       if (!names.length) continue;
       layout.push({ kind: "g", key: `g:${g.name}:${names.length}`, name: g.name, count: names.length });
       offsets.push(y); y += GROUP_H;
-      for (const n of names) { layout.push({ kind: "n", key: `n:${n}`, name: n }); offsets.push(y); y += ROW_H; }
+      for (const n of names) {
+        const h = rowHeight(topDevices(S.nodes.get(n)).length);
+        layout.push({ kind: "n", key: `n:${n}`, name: n, h });
+        offsets.push(y);
+        y += h;
+      }
     }
     S.layout = layout;
     S.offsets = offsets;
@@ -233,6 +276,7 @@
       const i = at.get(key);
       if (i === undefined) { el.remove(); S.rendered.delete(key); continue; }
       if (el.dataset.top !== String(offsets[i])) { el.style.top = `${offsets[i]}px`; el.dataset.top = String(offsets[i]); }
+      if (layout[i].h && el.style.height !== `${layout[i].h}px`) el.style.height = `${layout[i].h}px`;
     }
   }
 
@@ -261,6 +305,7 @@
       const el = row.kind === "g" ? groupEl(row) : nodeEl(S.nodes.get(row.name));
       el.style.top = `${S.offsets[i]}px`;
       el.dataset.top = String(S.offsets[i]);
+      if (row.h) el.style.height = `${row.h}px`;
       S.rendered.set(row.key, el);
       frag.appendChild(el);
     }
@@ -279,19 +324,24 @@
     return el;
   }
 
+  // The devices drawn as tiles (a MIG device or partition is drawn inside its parent's tile).
+  function topDevices(node) {
+    const names = new Set((node.devices || []).map((d) => d.name));
+    return (node.devices || []).filter((d) => !(d.parent && names.has(d.parent)));
+  }
+
   function nodeEl(node) {
     const el = document.createElement("div");
     el.className = `row${node.ready === false ? " not-ready" : ""}`;
     el.setAttribute("role", "listitem");
     el.dataset.node = node.name;
     const children = new Map();
-    const top = [];
-    const names = new Set((node.devices || []).map((d) => d.name));
+    const top = topDevices(node);
+    const tops = new Set(top);
     for (const d of node.devices || []) {
-      if (d.parent && names.has(d.parent)) {
-        if (!children.has(d.parent)) children.set(d.parent, []);
-        children.get(d.parent).push(d);
-      } else top.push(d);
+      if (tops.has(d)) continue;
+      if (!children.has(d.parent)) children.set(d.parent, []);
+      children.get(d.parent).push(d);
     }
     const meta = [node.ready === false ? "⚠ not ready" : "ready", node.clique ? `clique ${node.clique}` : "",
       ...(node.domains || []).map((d) => `domain ${d}`)].filter(Boolean).join(" · ");
@@ -483,8 +533,9 @@
     do { i += step; } while (i >= 0 && i < S.layout.length && S.layout[i].kind !== "n");
     if (i < 0 || i >= S.layout.length) return;
     const y = S.offsets[i];
+    const h = S.layout[i].h;
     if (y < viewport.scrollTop) viewport.scrollTop = y - GROUP_H;
-    else if (y + ROW_H > viewport.scrollTop + viewport.clientHeight) viewport.scrollTop = y + ROW_H - viewport.clientHeight;
+    else if (y + h > viewport.scrollTop + viewport.clientHeight) viewport.scrollTop = y + h - viewport.clientHeight;
     render();
     const target = S.rendered.get(S.layout[i].key);
     const devs = target ? [...target.querySelectorAll("[data-device]")] : [];
@@ -509,10 +560,12 @@
     const el = ev.target.closest("[data-device]");
     if (el) openDrill(el.dataset.device, el);
   });
-  ddBody.addEventListener("click", (ev) => {
-    const b = ev.target.closest("[data-explain]");
-    if (b) explain(b.dataset.explain);
-  });
+  for (const el of [ddBody, $("#pending")]) {
+    el.addEventListener("click", (ev) => {
+      const b = ev.target.closest("[data-explain]");
+      if (b) explain(b.dataset.explain);
+    });
+  }
   $("#dd-close").addEventListener("click", closeDrill);
   document.addEventListener("keydown", (ev) => { if (ev.key === "Escape" && !drill.hidden) closeDrill(); });
 
@@ -523,7 +576,11 @@
     requestAnimationFrame(() => { scheduled = false; render(); });
   };
   viewport.addEventListener("scroll", schedule, { passive: true });
-  window.addEventListener("resize", schedule);
+  // a new width may fit more or fewer tiles per line: the rows get their new heights and places
+  window.addEventListener("resize", () => {
+    if (perLine() !== S.perLine) relayout();
+    schedule();
+  });
 
   const search = $("#search");
   search.addEventListener("input", () => { S.query = search.value; relayout(); render(); });
@@ -545,6 +602,7 @@
       if (key.startsWith("n:") && !el.contains(document.activeElement)) { el.remove(); S.rendered.delete(key); }
     }
     render();
+    renderPending();
   }, 30000);
 
   connect();
