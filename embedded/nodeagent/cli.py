@@ -12,8 +12,8 @@ from embedded.nodeagent.kubeletauth import KubeletAuth
 from embedded.nodeagent.kubeletserver import KubeletServer
 from embedded.nodeagent.node import NodeAgent
 from embedded.nodeagent.plugins import PluginRegistry
-from embedded.nodeagent.pods import PodRunner, Runtime
-from embedded.nodeagent.sandbox import SandboxUnavailable, find_bwrap
+from embedded.nodeagent.pods import PodRunner
+from embedded.nodeagent.sandbox import Runtime, SandboxUnavailable, find_bwrap
 from shared.config import CommonConfig
 from shared.kube.client import kube_api_client
 from shared.logs import get_logger

@@ -17,11 +17,12 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 from kubernetes_asyncio import client
 from opentelemetry import context as otel_context
 
@@ -44,6 +45,7 @@ from embedded.nodeagent.podclaims import (
 )
 from embedded.nodeagent.podwatch import watch_node_pods
 from embedded.nodeagent.resourcehealth import DeviceHealthCache, DeviceKey
+from embedded.nodeagent.sandbox import Runtime
 from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
 from shared.backoff import Backoff
 from shared.kube.events import event_body, record_event
@@ -60,18 +62,6 @@ KUBELET_COMPONENT = "kubelet"
 RETRY_MIN, RETRY_MAX = 0.2, 5.0  # a waiting pod's retries (module doc: a real kubelet's are 60-90 s apart)
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"  # what the kubelet sends (conditions merged by type)
 FIRST_STATUS_WAIT_S = 0.5  # a Running pod's first status waits this long at most for its containers to start
-
-
-@dataclass
-class Runtime:
-    """Where and how the sandboxed runtime runs containers (None on the PodRunner: `--runtime none`)."""
-
-    bwrap: str
-    work_root: Path  # per pod, per container: private /tmp and work dir
-    log_root: Path  # <namespace>_<pod>_<uid>/<container>/<restart>.log
-    shim_dir: Path  # holds the nvidia-smi shim
-    sim_state: str  # the simulated NVML state file the shim answers from
-    backoff_base: float = 10.0
 
 
 class PodRunner:
@@ -117,7 +107,7 @@ class PodRunner:
         for rec in self.store.load():
             self.prepared[rec.uid] = PreparedClaim(
                 Claim(namespace=rec.namespace, uid=rec.uid, name=rec.name), set(rec.drivers),
-                [PreparedDevice(**msgspec_to_dict(d)) for d in rec.devices], set(rec.pods))
+                [PreparedDevice(**msgspec.structs.asdict(d)) for d in rec.devices], set(rec.pods))
         if self.prepared:
             log.info("re-learned prepared claims from the state file", node=node, claims=len(self.prepared))
 
@@ -603,7 +593,3 @@ class PodRunner:
                       error=f"{type(exc).__name__}: {exc}")
             if kind != "DELETED":
                 self._retry.add(uid)
-
-
-def msgspec_to_dict(record: DeviceRecord) -> dict[str, Any]:
-    return {f: getattr(record, f) for f in record.__struct_fields__}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from embedded.nodeagent import nvidiasmi
@@ -106,3 +107,15 @@ def bwrap_argv(bwrap: str, argv: list[str], *, work: Path, tmp: Path, shim_dir: 
     for key, value in env.items():
         out += ["--setenv", key, value]
     return [*out, "--", *argv]
+
+
+@dataclass
+class Runtime:
+    """Where and how the sandboxed runtime runs containers (None on the PodRunner: `--runtime none`)."""
+
+    bwrap: str
+    work_root: Path  # per pod, per container: private /tmp and work dir
+    log_root: Path  # <namespace>_<pod>_<uid>/<container>/<restart>.log
+    shim_dir: Path  # holds the nvidia-smi shim
+    sim_state: str  # the simulated NVML state file the shim answers from
+    backoff_base: float = 10.0
