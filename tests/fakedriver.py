@@ -20,7 +20,7 @@ Every stub appends one JSON line per call to `<root>/.fake/calls.jsonl` (`bin`, 
                              already in that state, a GPU shared with an active partition)
   anything else              records and exits 0
 Faults: `fake.fail(bin, msg)` makes a stub print msg and exit 1; `fake.hang(bin, when="")` makes it sleep
-(only the calls whose argv holds `when`, if given);
+(only the calls with `when` as one of their arguments, if given);
 `fake.fail_once(bin, msg, when=...)` fails only the next call (the next whose argv or stdin holds `when`).
 """
 
@@ -133,7 +133,7 @@ def faults():
     if os.path.exists(hang):
         with open(hang) as f:
             when = f.read()
-        if not when or when in " ".join(sys.argv[1:]):
+        if not when or when in sys.argv[1:]:  # an argument, not part of one (a temp path may hold "-a")
             time.sleep(3600)
 
 
