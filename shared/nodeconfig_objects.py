@@ -45,9 +45,8 @@ class NodeConfigObjects:
     """The merged config of every NodeConfig object (`config`), kept current by `run()`; `on_config(old,
     new)` after each change of it."""
 
-    who = "this process"  # named in the log when the objects cannot be read
-
-    def __init__(self, api_client: Any, *, on_config: OnConfig | None = None) -> None:
+    def __init__(self, api_client: Any, *, on_config: OnConfig | None = None, who: str = "this process") -> None:
+        self.who = who  # named in the log when the objects cannot be read
         self.api = api_client
         self.kube = kube = Kube(api_client)
         self.informer = Informer(kube, NODECONFIGS, on_change=self._changed, retry_s=5.0)

@@ -59,9 +59,7 @@ class KubeNodeSettings(NodeSettings):
 
     def __init__(self, api_client: Any, node: str, *, file_config: nodeconfig.NodeConfig | None = None) -> None:
         super().__init__(file_config or nodeconfig.DEFAULT)
-        self.objects = None if file_config is not None else NodeConfigObjects(api_client)
-        if self.objects is not None:
-            self.objects.who = "the preparer"
+        self.objects = None if file_config is not None else NodeConfigObjects(api_client, who="the preparer")
         self.node = Informer(Kube(api_client), NODES, field_selector=f"metadata.name={node}", retry_s=5.0)
         self.node_name = node
         self._synced = False

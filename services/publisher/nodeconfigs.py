@@ -57,11 +57,9 @@ def _differs(a: Obj | None, b: Obj) -> bool:
 class NodeConfigWatch(NodeConfigObjects):
     """The merged config of every NodeConfig object (`config`, kept current by `run()`), and their status."""
 
-    who = "the publisher"
-
     def __init__(self, api_client: Any, *, on_config: Callable[[nodeconfig.NodeConfig, nodeconfig.NodeConfig], None],
                  owns: Callable[[str], bool], idle: Callable[[], Awaitable[None]]) -> None:
-        super().__init__(api_client, on_config=on_config)
+        super().__init__(api_client, on_config=on_config, who="the publisher")
         self.owns = owns
         self.idle = idle
         self.status_writes = 0
