@@ -40,6 +40,7 @@ run: $(STAMP) sandbox
 	$(BIN)/gpu-dra demo
 
 lint: $(STAMP)
+	$(BIN)/ruff format --check shared services embedded tests bench
 	$(BIN)/ruff check shared services embedded tests bench
 
 typecheck: $(STAMP)

@@ -32,14 +32,21 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 def slice_body(i: int) -> dict:
     node = f"node-{i:05d}"
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
         "metadata": {"name": f"{node}-gpu.nvidia.com", "labels": {"bench": "true"}},
         "spec": {
-            "driver": "gpu.nvidia.com", "nodeName": node,
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
             "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": f"gpu-{d}", "attributes": {
-                "productName": {"string": "NVIDIA H100 80GB HBM3"}, "index": {"int": d}},
-                "capacity": {"memory": {"value": "80Gi"}}} for d in range(8)],
+            "devices": [
+                {
+                    "name": f"gpu-{d}",
+                    "attributes": {"productName": {"string": "NVIDIA H100 80GB HBM3"}, "index": {"int": d}},
+                    "capacity": {"memory": {"value": "80Gi"}},
+                }
+                for d in range(8)
+            ],
         },
     }
 
@@ -47,8 +54,18 @@ def slice_body(i: int) -> dict:
 async def start_server(tmp: Path) -> tuple[asyncio.subprocess.Process, str, str]:
     kubeconfig = tmp / "kubeconfig"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "apiserver", "--port", "0", "--kubeconfig", str(kubeconfig),
-        "--log-level", "warning", stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "apiserver",
+        "--port",
+        "0",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--log-level",
+        "warning",
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
     )
     assert proc.stdout is not None
     line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
@@ -89,10 +106,14 @@ async def list_latency(http: aiohttp.ClientSession, url: str, runs: int, expecte
         size = len(body)
         assert len(items) == expected, len(items)
     times.sort()
-    return {"median_ms": round(statistics.median(times) * 1000, 1),
-            "p90_ms": round(times[max(0, int(len(times) * 0.9) - 1)] * 1000, 1),
-            "min_ms": round(times[0] * 1000, 1), "runs": runs, "bytes": size,
-            "client_msgspec_decode_median_ms": round(statistics.median(decodes) * 1000, 1)}
+    return {
+        "median_ms": round(statistics.median(times) * 1000, 1),
+        "p90_ms": round(times[max(0, int(len(times) * 0.9) - 1)] * 1000, 1),
+        "min_ms": round(times[0] * 1000, 1),
+        "runs": runs,
+        "bytes": size,
+        "client_msgspec_decode_median_ms": round(statistics.median(decodes) * 1000, 1),
+    }
 
 
 async def fan_out(http: aiohttp.ClientSession, url: str, watchers: int, events: int) -> dict:
@@ -121,15 +142,22 @@ async def fan_out(http: aiohttp.ClientSession, url: str, watchers: int, events: 
     await asyncio.wait_for(all_ready.wait(), 60)
     t0 = time.perf_counter()
     for i in range(events):
-        async with http.post(url + "/api/v1/namespaces/default/configmaps",
-                             json={"metadata": {"name": f"fan-{i}"}, "data": {"i": str(i)}}) as resp:
+        async with http.post(
+            url + "/api/v1/namespaces/default/configmaps",
+            json={"metadata": {"name": f"fan-{i}"}, "data": {"i": str(i)}},
+        ) as resp:
             assert resp.status == 201
     writes_done = time.perf_counter()
     await asyncio.wait_for(asyncio.gather(*tasks), 300)
     elapsed = max(done_at) - t0
-    return {"watchers": watchers, "events_per_watcher": events, "delivered": watchers * events,
-            "seconds": round(elapsed, 3), "delivered_events_per_s": round(watchers * events / elapsed),
-            "write_seconds": round(writes_done - t0, 3)}
+    return {
+        "watchers": watchers,
+        "events_per_watcher": events,
+        "delivered": watchers * events,
+        "seconds": round(elapsed, 3),
+        "delivered_events_per_s": round(watchers * events / elapsed),
+        "write_seconds": round(writes_done - t0, 3),
+    }
 
 
 async def main(argv: list[str] | None = None) -> dict:
@@ -165,10 +193,15 @@ async def main(argv: list[str] | None = None) -> dict:
     await asyncio.to_thread(out.parent.mkdir, parents=True, exist_ok=True)
     await asyncio.to_thread(out.write_text, json.dumps(result, indent=2) + "\n")
     print(f"created {args.slices} ResourceSlices at {creates:.0f}/s")
-    print(f"LIST {args.slices} slices ({listing['bytes'] / 1e6:.1f} MB): median {listing['median_ms']} ms, "
-          f"p90 {listing['p90_ms']} ms over {args.runs} runs (client decode {listing['client_msgspec_decode_median_ms']} ms)")
-    print(f"watch fan-out: {watch['watchers']} watchers x {watch['events_per_watcher']} events = "
-          f"{watch['delivered']} deliveries in {watch['seconds']} s -> {watch['delivered_events_per_s']} events/s")
+    print(
+        f"LIST {args.slices} slices ({listing['bytes'] / 1e6:.1f} MB): median {listing['median_ms']} ms, "
+        f"p90 {listing['p90_ms']} ms over {args.runs} runs "
+        f"(client decode {listing['client_msgspec_decode_median_ms']} ms)"
+    )
+    print(
+        f"watch fan-out: {watch['watchers']} watchers x {watch['events_per_watcher']} events = "
+        f"{watch['delivered']} deliveries in {watch['seconds']} s -> {watch['delivered_events_per_s']} events/s"
+    )
     print(f"wrote {out}")
     return result
 

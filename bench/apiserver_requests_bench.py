@@ -85,9 +85,11 @@ class Server:
 
 
 def session(token: str, connections: int = 4) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False, limit=connections),
-                                 headers={"Authorization": f"Bearer {token}"},
-                                 timeout=aiohttp.ClientTimeout(total=60))
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=False, limit=connections),
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=aiohttp.ClientTimeout(total=60),
+    )
 
 
 async def call(http: aiohttp.ClientSession, method: str, url: str, expect: int, **kw: Any) -> Any:
@@ -102,8 +104,20 @@ async def running(server: Server, tmp: Path, watchers: int) -> AsyncIterator[Ser
     kubeconfig = tmp / f"{server.name}.kubeconfig"
     env = {**os.environ, "PYTHONPATH": str(server.repo)}
     server.proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "apiserver", "--port", "0", "--kubeconfig", str(kubeconfig),
-        "--log-level", "warning", stdout=asyncio.subprocess.PIPE, cwd=server.repo, env=env)
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "apiserver",
+        "--port",
+        "0",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--log-level",
+        "warning",
+        stdout=asyncio.subprocess.PIPE,
+        cwd=server.repo,
+        env=env,
+    )
     try:
         assert server.proc.stdout is not None
         line = (await asyncio.wait_for(server.proc.stdout.readline(), 60)).decode()
@@ -139,22 +153,56 @@ async def setup(server: Server) -> str:
         path = PATHS[doc["kind"]].format(ns=doc["metadata"].get("namespace", ""))
         await call(http, "POST", url + path, 201, json=doc)
     await call(http, "POST", url + PATHS["ServiceAccount"].format(ns=NS), 201, json={"metadata": {"name": SA}})
-    role = {"metadata": {"name": "bench-claims"}, "rules": [
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaims/status"],
-         "verbs": ["get", "list", "watch", "update", "patch"]}]}
-    await call(http, "POST", url + PATHS["ClusterRole"], 201, json=role)
-    await call(http, "POST", url + PATHS["ClusterRoleBinding"], 201, json={
+    role = {
         "metadata": {"name": "bench-claims"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bench-claims"},
-        "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": NS}]})
-    issued = await call(http, "POST", url + PATHS["ServiceAccount"].format(ns=NS) + f"/{SA}/token", 201, json={
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 86400}})
-    created = await call(http, "POST", url + CLAIMS, 201, json={
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "claim-0"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
-    status = {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com",
-                                                      "pool": "node-0", "device": "gpu-0"}], "config": []}},
-              "reservedFor": [{"resource": "pods", "name": "pod-0", "uid": "uid-0"}]}
+        "rules": [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "resources": ["resourceclaims", "resourceclaims/status"],
+                "verbs": ["get", "list", "watch", "update", "patch"],
+            }
+        ],
+    }
+    await call(http, "POST", url + PATHS["ClusterRole"], 201, json=role)
+    await call(
+        http,
+        "POST",
+        url + PATHS["ClusterRoleBinding"],
+        201,
+        json={
+            "metadata": {"name": "bench-claims"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bench-claims"},
+            "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": NS}],
+        },
+    )
+    issued = await call(
+        http,
+        "POST",
+        url + PATHS["ServiceAccount"].format(ns=NS) + f"/{SA}/token",
+        201,
+        json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 86400}},
+    )
+    created = await call(
+        http,
+        "POST",
+        url + CLAIMS,
+        201,
+        json={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "claim-0"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        },
+    )
+    status = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-0", "device": "gpu-0"}],
+                "config": [],
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": "pod-0", "uid": "uid-0"}],
+    }
     await call(http, "PUT", url + CLAIM + "/status", 200, json={**created, "status": status})
     return str(issued["status"]["token"])
 
@@ -163,8 +211,11 @@ async def watch_claims(server: Server) -> None:
     """An informer's watch on the claims: each write's event is delivered (and counted) here."""
     assert server.admin is not None
     params = {"watch": "true", "allowWatchBookmarks": "true"}
-    async with server.admin.get(server.url + CLAIMS, params=params,  # one connection per watch
-                                timeout=aiohttp.ClientTimeout(total=None)) as resp:
+    async with server.admin.get(
+        server.url + CLAIMS,
+        params=params,  # one connection per watch
+        timeout=aiohttp.ClientTimeout(total=None),
+    ) as resp:
         async for _ in resp.content:
             server.watched += 1
 
@@ -176,14 +227,16 @@ def get_request(identity: str) -> Callable[[Server, int], Awaitable[None]]:
         async with http.get(server.url + CLAIM) as resp:
             await resp.read()
             assert resp.status == 200, resp.status
+
     return get
 
 
 async def patch_status(server: Server, i: int) -> None:
     assert server.client is not None
     body = {"status": {"reservedFor": [{"resource": "pods", "name": f"pod-{i}", "uid": f"uid-{i}"}]}}
-    async with server.client.patch(server.url + CLAIM + "/status", json=body,
-                                   headers={"Content-Type": "application/merge-patch+json"}) as resp:
+    async with server.client.patch(
+        server.url + CLAIM + "/status", json=body, headers={"Content-Type": "application/merge-patch+json"}
+    ) as resp:
         await resp.read()
         assert resp.status == 200, (resp.status, await resp.text())
 
@@ -202,7 +255,11 @@ async def put(server: Server, i: int, current: dict[str, dict[str, Any]] = {}) -
 
 
 PHASES: dict[str, Callable[[Server, int], Awaitable[None]]] = {
-    "get": get_request("sa"), "get_admin": get_request("admin"), "patch_status": patch_status, "put": put}
+    "get": get_request("sa"),
+    "get_admin": get_request("admin"),
+    "patch_status": patch_status,
+    "put": put,
+}
 
 
 async def phase(servers: list[Server], name: str, requests: int, block: int) -> None:
@@ -233,10 +290,13 @@ def figures(server: Server) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, lat in server.latencies.items():
         cpu = server.cpu_per_request[name]
-        out[name] = {"requests": len(lat), "p50_ms": round(pct(lat, 0.5) * 1000, 3),
-                     "p99_ms": round(pct(lat, 0.99) * 1000, 3),
-                     "server_cpu_ms_per_request": round(statistics.median(cpu) * 1000, 3),
-                     "server_cpu_ms_per_request_blocks": [round(c * 1000, 3) for c in cpu]}
+        out[name] = {
+            "requests": len(lat),
+            "p50_ms": round(pct(lat, 0.5) * 1000, 3),
+            "p99_ms": round(pct(lat, 0.99) * 1000, 3),
+            "server_cpu_ms_per_request": round(statistics.median(cpu) * 1000, 3),
+            "server_cpu_ms_per_request_blocks": [round(c * 1000, 3) for c in cpu],
+        }
     out["watch_events_delivered"] = server.watched
     return out
 
@@ -250,10 +310,18 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--requests", type=int, default=2000, help="requests per phase (per server)")
     ap.add_argument("--block", type=int, default=200, help="requests per CPU sample; servers alternate per block")
-    ap.add_argument("--watchers", type=int, default=1, help="watches open on the claims (each write's event goes to all)")
+    ap.add_argument(
+        "--watchers", type=int, default=1, help="watches open on the claims (each write's event goes to all)"
+    )
     ap.add_argument("--phases", default=",".join(PHASES), help="comma-separated: " + ", ".join(PHASES))
-    ap.add_argument("--compare-repo", action="append", default=[], metavar="[NAME=]DIR", type=repo_spec,
-                    help="another checkout whose server runs too, as NAME (default `compare`); repeatable")
+    ap.add_argument(
+        "--compare-repo",
+        action="append",
+        default=[],
+        metavar="[NAME=]DIR",
+        type=repo_spec,
+        help="another checkout whose server runs too, as NAME (default `compare`); repeatable",
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "apiserver_requests.json"))
     args = ap.parse_args(argv)
     servers = [Server("main", ROOT)]
@@ -269,9 +337,9 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "apiserver_requests",
         "what": "one ResourceClaim over HTTPS, sequential requests on one persistent session; `get`, "
-                "`patch_status` (merge patch) and `put` as a ServiceAccount with RBAC through ClusterRoleBindings "
-                "(the cluster's RBAC loaded), `get_admin` as system:masters; --watchers watches on the claims open; "
-                "server CPU from /proc/<pid>/task/*/schedstat per block of requests (median block)",
+        "`patch_status` (merge patch) and `put` as a ServiceAccount with RBAC through ClusterRoleBindings "
+        "(the cluster's RBAC loaded), `get_admin` as system:masters; --watchers watches on the claims open; "
+        "server CPU from /proc/<pid>/task/*/schedstat per block of requests (median block)",
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "block": args.block,
         "watchers": args.watchers,
@@ -282,8 +350,11 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     await asyncio.to_thread(out.parent.mkdir, parents=True, exist_ok=True)
     await asyncio.to_thread(out.write_text, json.dumps(result, indent=2) + "\n")
     for name in args.phases.split(","):
-        row = "  ".join(f"{s.name}: p50 {result[s.name][name]['p50_ms']:.2f} ms p99 {result[s.name][name]['p99_ms']:.2f} ms "
-                        f"cpu {result[s.name][name]['server_cpu_ms_per_request']:.3f} ms/req" for s in servers)
+        row = "  ".join(
+            f"{s.name}: p50 {result[s.name][name]['p50_ms']:.2f} ms p99 {result[s.name][name]['p99_ms']:.2f} ms "
+            f"cpu {result[s.name][name]['server_cpu_ms_per_request']:.3f} ms/req"
+            for s in servers
+        )
         print(f"{name:13s} {row}")
     print(f"wrote {out}")
     return result

@@ -59,13 +59,17 @@ NS = "default"
 LABEL = "chaos"
 CLUSTER_TARGETS = ("publisher", "scheduler", "apiserver", "nats-server")
 NODE_TARGETS = ("preparer", "discovery", "kubelet")
-GPU_CONFIG = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-              "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
+GPU_CONFIG = {
+    "apiVersion": "resource.nvidia.com/v1beta1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+}
 TEMPLATES = {
     "chaos-gpu": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]},
-    "chaos-ts-gpu": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
-                     "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com",
-                                                                 "parameters": GPU_CONFIG}}]},
+    "chaos-ts-gpu": {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
+        "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": GPU_CONFIG}}],
+    },
 }
 STATE_CHANGING = {"prepared", "unprepared", "rolled-back"}  # what the ledger accounts
 
@@ -81,8 +85,21 @@ class UpProcess:
     def __init__(self, data_dir: Path, nodes: int, gpus: str, metrics_port: int) -> None:
         self.data_dir = data_dir
         self.kubeconfig = data_dir / "kubeconfig"
-        self.argv = [sys.executable, "-m", "shared.cli", "up", "--nodes", str(nodes), "--gpus", gpus,
-                     "--data-dir", str(data_dir), "--metrics-port", str(metrics_port), "--no-compute-domains"]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "up",
+            "--nodes",
+            str(nodes),
+            "--gpus",
+            gpus,
+            "--data-dir",
+            str(data_dir),
+            "--metrics-port",
+            str(metrics_port),
+            "--no-compute-domains",
+        ]
         self.proc: asyncio.subprocess.Process | None = None
         self.lines: list[str] = []
         self.stamps: list[float] = []  # wall time each line was read
@@ -90,8 +107,13 @@ class UpProcess:
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self, timeout: float) -> None:
-        self.proc = await asyncio.create_subprocess_exec(*self.argv, cwd=REPO, stdout=asyncio.subprocess.PIPE,
-                                                         stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            cwd=REPO,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._reader = asyncio.create_task(self._read())
         await self.wait_line(lambda line: line.startswith("ready:"), timeout)
 
@@ -117,6 +139,7 @@ class UpProcess:
                         if match(line):
                             return line
                     await self._new.wait()
+
         return await asyncio.wait_for(first(), timeout)
 
     async def nats_url(self) -> str:
@@ -213,16 +236,22 @@ SHARED_CLAIM = "chaos-shared"  # a standalone claim: pods at once share it, pods
 def pod_body(name: str, template: str) -> dict[str, Any]:
     """A pod whose claim comes from `template`, or is the standalone SHARED_CLAIM."""
     ref = {"resourceClaimName": SHARED_CLAIM} if template == SHARED_CLAIM else {"resourceClaimTemplateName": template}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {LABEL: "1"}},
-            "spec": {"containers": [{"name": "ctr", "image": "ubuntu:22.04",
-                                     "resources": {"claims": [{"name": "gpu"}]}}],
-                     "resourceClaims": [{"name": "gpu", **ref}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {LABEL: "1"}},
+        "spec": {
+            "containers": [{"name": "ctr", "image": "ubuntu:22.04", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", **ref}],
+        },
+    }
 
 
 def is_running(pod: dict[str, Any]) -> bool:
     st = pod.get("status") or {}
-    return st.get("phase") == "Running" and any(c.get("type") == "Ready" and c.get("status") == "True"
-                                                for c in st.get("conditions") or [])
+    return st.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []
+    )
 
 
 async def poll_pods(api: Api, run: Run) -> None:
@@ -253,13 +282,17 @@ async def pod_life(api: Api, run: Run, name: str, template: str, hold: float, po
         except ApiError as exc:
             if exc.status != 409:  # a retry of a create that landed
                 raise
+
     await api.call(create)
     run.created += 1
     if await until(run, lambda: name in run.seen and is_running(run.seen[name]), pod_timeout):
         run.succeeded.add(name)
         pod = run.seen[name]
-        claim = SHARED_CLAIM if template == SHARED_CLAIM else \
-            ((pod.get("status") or {}).get("resourceClaimStatuses") or [{}])[0].get("resourceClaimName", "")
+        claim = (
+            SHARED_CLAIM
+            if template == SHARED_CLAIM
+            else ((pod.get("status") or {}).get("resourceClaimStatuses") or [{}])[0].get("resourceClaimName", "")
+        )
         if claim:
             with contextlib.suppress(ApiError):
                 obj = await api.call(lambda k: k.get(RESOURCECLAIMS, NS, claim))
@@ -274,6 +307,7 @@ async def pod_life(api: Api, run: Run, name: str, template: str, hold: float, po
         except ApiError as exc:
             if not exc.not_found:
                 raise
+
     await api.call(delete)
     if not await until(run, lambda: name not in run.seen, pod_timeout):
         run.never_gone.add(name)
@@ -344,8 +378,11 @@ def doubles_in_checkpoint(entries: dict[str, Any]) -> list[str]:
     for uid, record in entries.items():
         for d in record.get("devices") or []:
             holders[f"{d.get('pool')}/{d.get('device')}"].append((uid, bool(d.get("shared"))))
-    return [f"{dev}: {sorted(u for u, _ in held)}" for dev, held in holders.items()
-            if len(held) > 1 and not all(shared for _, shared in held)]
+    return [
+        f"{dev}: {sorted(u for u, _ in held)}"
+        for dev, held in holders.items()
+        if len(held) > 1 and not all(shared for _, shared in held)
+    ]
 
 
 def doubles_in_allocations(claims: list[dict[str, Any]]) -> list[str]:
@@ -373,23 +410,35 @@ def node_state(up: UpProcess, node: str, claims: list[dict[str, Any]], pods: lis
     root = up.data_dir / "nodes" / node
     specs = {m[1] for p in (root / "var/run/cdi").glob("*.json") if (m := re.search(r"claim_(.+)\.json$", p.name))}
     pods_here = {p["metadata"]["uid"] for p in pods if p["spec"].get("nodeName") == node}
-    on_node = {c["metadata"]["uid"] for c in claims
-               if (c.get("status") or {}).get("allocation")
-               and {r.get("uid") for r in (c.get("status") or {}).get("reservedFor") or []} & pods_here}
+    on_node = {
+        c["metadata"]["uid"]
+        for c in claims
+        if (c.get("status") or {}).get("allocation")
+        and {r.get("uid") for r in (c.get("status") or {}).get("reservedFor") or []} & pods_here
+    }
     sim = read_json(root / f"var/lib/gpu-dra/simnvml-{node}.json")
-    held = {d.get("uuid") for e in entries.values() for d in e.get("devices") or []} | \
-           {d.get("parent_uuid") for e in entries.values() for d in e.get("devices") or []}
-    policy_left = [f"{g['uuid']} timeslice={g.get('timeslice', 0)} compute_mode={g.get('compute_mode', 0)}"
-                   for g in sim.get("gpus") or []
-                   if (g.get("timeslice") or g.get("compute_mode")) and g["uuid"] not in held]
-    policy_left += [f"MPS daemon {d}" for d, m in (sim.get("mps") or {}).items()
-                    if not set(m.get("gpu_uuids") or []) & held]
+    held = {d.get("uuid") for e in entries.values() for d in e.get("devices") or []} | {
+        d.get("parent_uuid") for e in entries.values() for d in e.get("devices") or []
+    }
+    policy_left = [
+        f"{g['uuid']} timeslice={g.get('timeslice', 0)} compute_mode={g.get('compute_mode', 0)}"
+        for g in sim.get("gpus") or []
+        if (g.get("timeslice") or g.get("compute_mode")) and g["uuid"] not in held
+    ]
+    policy_left += [
+        f"MPS daemon {d}" for d, m in (sim.get("mps") or {}).items() if not set(m.get("gpu_uuids") or []) & held
+    ]
     keys = set(entries)
     policy_held = sum(1 for g in sim.get("gpus") or [] if g.get("timeslice") and g["uuid"] in held)
-    return {"checkpoint": len(entries), "cdi_specs": len(specs), "prepared_claims": len(on_node),
-            "timesliced_held": policy_held,
-            "mismatch": sorted((keys ^ specs) | (keys ^ on_node)), "policy_left": policy_left,
-            "not_completed": sorted(u for u, e in entries.items() if e.get("state") != "PrepareCompleted")}
+    return {
+        "checkpoint": len(entries),
+        "cdi_specs": len(specs),
+        "prepared_claims": len(on_node),
+        "timesliced_held": policy_held,
+        "mismatch": sorted((keys ^ specs) | (keys ^ on_node)),
+        "policy_left": policy_left,
+        "not_completed": sorted(u for u, e in entries.items() if e.get("state") != "PrepareCompleted"),
+    }
 
 
 def admin_login(data_dir: Path) -> dict[str, Any]:
@@ -430,18 +479,27 @@ def check_events(events: list[dict[str, Any]], run: Run) -> dict[str, Any]:
             preparations["/".join(parts[:3])].add(parts[3])
     incomplete = []
     for prep, kinds in preparations.items():
-        done = ("prepared" in kinds and ({"unprepared", "rolled-back"} & kinds)) or \
-               ("rolled-back" in kinds) or kinds == {"prepare-failed"}
+        done = (
+            ("prepared" in kinds and ({"unprepared", "rolled-back"} & kinds))
+            or ("rolled-back" in kinds)
+            or kinds == {"prepare-failed"}
+        )
         if "prepare-started" not in kinds and kinds != {"prepare-failed"}:
             done = False
         if not done:
             incomplete.append(f"{prep}: {sorted(kinds)}")
     prepared = {(e["claim_uid"], e["node"]) for e in events if e.get("event") == "prepared"}
-    unaccounted = sorted(f"{pod} {uid}@{node}" for pod, (uid, node) in run.claim_of.items()
-                         if (uid, node) not in prepared)
-    return {"events": len(events), "preparations": len(preparations), "duplicate_ids": duplicates,
-            "incomplete_preparations": sorted(incomplete), "ran_without_prepared_event": unaccounted,
-            "no_event_id": ids.get("", 0)}
+    unaccounted = sorted(
+        f"{pod} {uid}@{node}" for pod, (uid, node) in run.claim_of.items() if (uid, node) not in prepared
+    )
+    return {
+        "events": len(events),
+        "preparations": len(preparations),
+        "duplicate_ids": duplicates,
+        "incomplete_preparations": sorted(incomplete),
+        "ran_without_prepared_event": unaccounted,
+        "no_event_id": ids.get("", 0),
+    }
 
 
 def serving_times(up: UpProcess, node: str) -> list[float]:
@@ -472,8 +530,14 @@ def recovery(events: list[dict[str, Any]], run: Run, up: UpProcess) -> list[dict
         if nxt is None:
             continue
         one["from_kill"] = round(nxt - at, 2)
-        restarted = next((t for t, line in zip(up.stamps, up.lines, strict=False)
-                          if t > at and f"{node}-preparer restarted" in line), None)
+        restarted = next(
+            (
+                t
+                for t, line in zip(up.stamps, up.lines, strict=False)
+                if t > at and f"{node}-preparer restarted" in line
+            ),
+            None,
+        )
         if restarted is None or restarted > nxt:
             continue
         one["from_restart"] = round(nxt - restarted, 2)
@@ -484,8 +548,11 @@ def recovery(events: list[dict[str, Any]], run: Run, up: UpProcess) -> list[dict
 
 
 def figures(values: list[float]) -> dict[str, Any]:
-    return {"measured": len(values), "median": round(statistics.median(values), 2) if values else None,
-            "max": round(max(values), 2) if values else None}
+    return {
+        "measured": len(values),
+        "median": round(statistics.median(values), 2) if values else None,
+        "max": round(max(values), 2) if values else None,
+    }
 
 
 async def settle(check: Callable[[], Any], timeout: float, what: str) -> None:
@@ -497,9 +564,17 @@ async def settle(check: Callable[[], Any], timeout: float, what: str) -> None:
 
 
 # ---------------------------------------------------------------- the run
-async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kills_each: int = 2,
-                concurrency: int = 0, pod_timeout: float = 120.0, keep: int = 0,
-                data_dir: Path | None = None) -> dict[str, Any]:
+async def chaos(
+    pods: int,
+    seed: int,
+    nodes: int = 2,
+    gpus: str = "h100x4",
+    kills_each: int = 2,
+    concurrency: int = 0,
+    pod_timeout: float = 120.0,
+    keep: int = 0,
+    data_dir: Path | None = None,
+) -> dict[str, Any]:
     from shared.ports import free_port
 
     own = data_dir is None
@@ -519,29 +594,68 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
         url = await up.nats_url()
         log(f"cluster up in {time.monotonic() - started:.1f}s ({nodes} nodes x {gpus}); nats {url}")
         schemas = data_dir / "schemas"
-        done = await asyncio.create_subprocess_exec(sys.executable, "-m", "shared.cli", "events", "schema",
-                                                    "--out", str(schemas), cwd=REPO,
-                                                    stdout=asyncio.subprocess.DEVNULL)
+        done = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "events",
+            "schema",
+            "--out",
+            str(schemas),
+            cwd=REPO,
+            stdout=asyncio.subprocess.DEVNULL,
+        )
         assert await done.wait() == 0, "gpu-dra events schema failed"
         ledger_state = data_dir / "ledger.json"
         ledger = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "examples.ledger", "--schemas", str(schemas), "--nats", url,
-            "--creds", str(admin_creds(data_dir)), "--inbox-prefix", "_INBOX_admin",
-            "--state", str(ledger_state), cwd=REPO, stdout=asyncio.subprocess.DEVNULL,
-            stderr=open(data_dir / "ledger.log", "wb"), start_new_session=True)  # noqa: ASYNC230, SIM115
+            sys.executable,
+            "-m",
+            "examples.ledger",
+            "--schemas",
+            str(schemas),
+            "--nats",
+            url,
+            "--creds",
+            str(admin_creds(data_dir)),
+            "--inbox-prefix",
+            "_INBOX_admin",
+            "--state",
+            str(ledger_state),
+            cwd=REPO,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=open(data_dir / "ledger.log", "wb"),  # noqa: ASYNC230, SIM115
+            start_new_session=True,
+        )
         for name, spec in TEMPLATES.items():
+
             async def create(k: Kube, name: str = name, spec: dict[str, Any] = spec) -> None:
                 with contextlib.suppress(ApiError):
-                    await k.create(RESOURCECLAIMTEMPLATES, NS, {
-                        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                        "metadata": {"name": name, "namespace": NS}, "spec": {"spec": {"devices": spec}}})
+                    await k.create(
+                        RESOURCECLAIMTEMPLATES,
+                        NS,
+                        {
+                            "apiVersion": "resource.k8s.io/v1",
+                            "kind": "ResourceClaimTemplate",
+                            "metadata": {"name": name, "namespace": NS},
+                            "spec": {"spec": {"devices": spec}},
+                        },
+                    )
+
             await api.call(create)
 
         async def create_shared(k: Kube) -> None:
             with contextlib.suppress(ApiError):
-                await k.create(RESOURCECLAIMS, NS, {
-                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                    "metadata": {"name": SHARED_CLAIM, "namespace": NS}, "spec": {"devices": TEMPLATES["chaos-gpu"]}})
+                await k.create(
+                    RESOURCECLAIMS,
+                    NS,
+                    {
+                        "apiVersion": "resource.k8s.io/v1",
+                        "kind": "ResourceClaim",
+                        "metadata": {"name": SHARED_CLAIM, "namespace": NS},
+                        "spec": {"devices": TEMPLATES["chaos-gpu"]},
+                    },
+                )
+
         await api.call(create_shared)
 
         progress = asyncio.Condition()
@@ -557,16 +671,15 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
         log(f"churn done in {churn_s:.1f}s; waiting for every process to run again")
 
         async def all_running() -> bool:
-            return all(up.pids(t) for t in CLUSTER_TARGETS) and all(
-                up.pids(t, n) for n in names for t in NODE_TARGETS)
+            return all(up.pids(t) for t in CLUSTER_TARGETS) and all(up.pids(t, n) for n in names for t in NODE_TARGETS)
+
         await settle(all_running, 120, "every service running again")
 
         # A last set of pods runs: checkpoint = CDI specs = claims prepared there, per node.
         final = [f"chaos-final-{i}" for i in range(keep)]
         for name in final:
             await api.call(lambda k: k.create(PODS, NS, pod_body(name, "chaos-ts-gpu")))  # noqa: B023 - awaited here
-        final_ok = await until(run, lambda: all(n in run.seen and is_running(run.seen[n]) for n in final),
-                               pod_timeout)
+        final_ok = await until(run, lambda: all(n in run.seen and is_running(run.seen[n]) for n in final), pod_timeout)
         claims, _ = await api.call(lambda k: k.list(RESOURCECLAIMS, NS))
         pods_now, _ = await api.call(lambda k: k.list(PODS, NS))
         with_pods = {n: node_state(up, n, claims, pods_now) for n in names}
@@ -576,8 +689,8 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
 
         async def all_gone() -> bool:
             claims, _ = await api.call(lambda k: k.list(RESOURCECLAIMS, NS))
-            return not any(n in run.seen for n in final) and not claims and \
-                not any(checkpoint(up, n) for n in names)
+            return not any(n in run.seen for n in final) and not claims and not any(checkpoint(up, n) for n in names)
+
         with contextlib.suppress(RuntimeError):
             await settle(all_gone, pod_timeout, "every pod, claim and checkpoint entry gone")
         claims, _ = await api.call(lambda k: k.list(RESOURCECLAIMS, NS))
@@ -587,12 +700,14 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
             count = len(await stream_events(url, admin_login(data_dir)))
             same, last[0] = count == last[0], count
             return same
+
         await settle(stream_settled, 60, "DRA_EVENTS settled")
         events = await stream_events(url, admin_login(data_dir))
         wanted = {f"id:{e['event_id']}" for e in events if e.get("event") in STATE_CHANGING}
 
         async def ledger_caught_up() -> bool:
             return wanted <= set(read_json(ledger_state).get("applied") or {})
+
         with contextlib.suppress(RuntimeError):
             await settle(ledger_caught_up, 60, "the ledger caught up")
         ledger.send_signal(signal.SIGTERM)
@@ -601,28 +716,47 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
         applied = set(book.get("applied") or {})
         ev = check_events(events, run)
         rec = recovery(events, run, up)
-        leaks = sum(len(s["mismatch"]) + len(s["policy_left"]) + len(s["not_completed"])
-                    for s in (*with_pods.values(), *empty.values())) + \
-            sum(s["checkpoint"] + s["cdi_specs"] for s in empty.values()) + len(claims)
+        leaks = (
+            sum(
+                len(s["mismatch"]) + len(s["policy_left"]) + len(s["not_completed"])
+                for s in (*with_pods.values(), *empty.values())
+            )
+            + sum(s["checkpoint"] + s["cdi_specs"] for s in empty.values())
+            + len(claims)
+        )
         stuck = run.never_running | run.never_gone
         if not final_ok:
             stuck |= {n for n in final if not (n in run.seen and is_running(run.seen[n]))}
         result: dict[str, Any] = {
-            "pods": pods, "seed": seed, "nodes": nodes, "gpus": gpus, "concurrency": concurrency,
+            "pods": pods,
+            "seed": seed,
+            "nodes": nodes,
+            "gpus": gpus,
+            "concurrency": concurrency,
             "churn_s": round(churn_s, 1),
-            "pods_created": run.created + keep, "pods_succeeded": len(run.succeeded) + (keep if final_ok else 0),
-            "pods_stuck": len(stuck), "stuck": sorted(stuck)[:20],
-            "stuck_never_running": sorted(run.never_running)[:20], "stuck_never_gone": sorted(run.never_gone)[:20],
-            "kills": dict(Counter(t for t, _, _ in run.kills)), "kills_total": len(run.kills),
-            "leaks": leaks, "claims_left": len(claims), "nodes_with_pods": with_pods, "nodes_empty": empty,
-            "doubles": len(run.doubles), "double_samples": sorted(run.doubles)[:20],
-            "events": ev["events"], "preparations": ev["preparations"],
+            "pods_created": run.created + keep,
+            "pods_succeeded": len(run.succeeded) + (keep if final_ok else 0),
+            "pods_stuck": len(stuck),
+            "stuck": sorted(stuck)[:20],
+            "stuck_never_running": sorted(run.never_running)[:20],
+            "stuck_never_gone": sorted(run.never_gone)[:20],
+            "kills": dict(Counter(t for t, _, _ in run.kills)),
+            "kills_total": len(run.kills),
+            "leaks": leaks,
+            "claims_left": len(claims),
+            "nodes_with_pods": with_pods,
+            "nodes_empty": empty,
+            "doubles": len(run.doubles),
+            "double_samples": sorted(run.doubles)[:20],
+            "events": ev["events"],
+            "preparations": ev["preparations"],
             "duplicate_events": len(ev["duplicate_ids"]),
             "lost_events": len(ev["incomplete_preparations"]) + len(ev["ran_without_prepared_event"]),
             "event_problems": {k: v[:20] for k, v in ev.items() if isinstance(v, list) and v},
-            "ledger_missing": len(wanted - applied), "ledger_extra": len({a for a in applied if a.startswith("id:")}
-                                                                          - wanted),
-            "ledger_open_uses": len(book.get("open") or {}), "ledger_stats": book.get("stats", {}),
+            "ledger_missing": len(wanted - applied),
+            "ledger_extra": len({a for a in applied if a.startswith("id:")} - wanted),
+            "ledger_open_uses": len(book.get("open") or {}),
+            "ledger_stats": book.get("stats", {}),
             "pods_checked_for_events": len(run.claim_of),
             "preparer_kills": len([k for k in run.kills if k[0] == "preparer"]),
             "preparer_recovery_s": figures([r["from_kill"] for r in rec if "from_kill" in r]),
@@ -631,9 +765,16 @@ async def chaos(pods: int, seed: int, nodes: int = 2, gpus: str = "h100x4", kill
             "preparer_recoveries": rec,
             "kill_log": [f"{time.strftime('%H:%M:%S', time.localtime(at))} {t} {n}".strip() for t, n, at in run.kills],
         }
-        result["ok"] = not (result["pods_stuck"] or leaks or result["doubles"] or result["duplicate_events"]
-                            or result["lost_events"] or result["ledger_missing"] or result["ledger_extra"]
-                            or result["ledger_open_uses"])
+        result["ok"] = not (
+            result["pods_stuck"]
+            or leaks
+            or result["doubles"]
+            or result["duplicate_events"]
+            or result["lost_events"]
+            or result["ledger_missing"]
+            or result["ledger_extra"]
+            or result["ledger_open_uses"]
+        )
         return result
     finally:
         for t in tasks:
@@ -658,8 +799,9 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=0, help="pods alive at once (default: the GPUs)")
     parser.add_argument("--data-dir", type=Path, help="keep the cluster's state here (default: a temp dir)")
     args = parser.parse_args()
-    out = asyncio.run(chaos(args.pods, args.seed, args.nodes, args.gpus, args.kills, args.concurrency,
-                            data_dir=args.data_dir))
+    out = asyncio.run(
+        chaos(args.pods, args.seed, args.nodes, args.gpus, args.kills, args.concurrency, data_dir=args.data_dir)
+    )
     print(json.dumps(out, indent=2))
     path = REPO / "bench" / "results" / "chaos.json"
     path.write_text(json.dumps(out, indent=2) + "\n")

@@ -45,9 +45,15 @@ def pct(values: list[float], q: float) -> float:
 
 
 def pod(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {"bench": "1"}},
-            "spec": {"containers": [{"name": "ctr", "image": "ubuntu:22.04", "resources": {"claims": [{"name": "gpu"}]}}],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {"bench": "1"}},
+        "spec": {
+            "containers": [{"name": "ctr", "image": "ubuntu:22.04", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+        },
+    }
 
 
 async def request_counts(api: Any) -> dict[str, int]:
@@ -56,7 +62,7 @@ async def request_counts(api: Any) -> dict[str, int]:
     for line in (await request(api, "GET", "/metrics")).decode().splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
-        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(","))
         verb, res, sub = (labels[k].strip('"') for k in ("verb", "resource", "subresource"))
         key = f"{verb} {res}{'/' + sub if sub else ''}"
         counts[key] = counts.get(key, 0) + int(line.rsplit(" ", 1)[1])
@@ -79,8 +85,9 @@ def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
 
 def ready(obj: dict[str, Any]) -> bool:
     st = obj.get("status") or {}
-    return st.get("phase") == "Running" and any(c.get("type") == "Ready" and c.get("status") == "True"
-                                                for c in st.get("conditions") or [])
+    return st.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []
+    )
 
 
 async def wave(kube: Kube, names: list[str]) -> tuple[list[float], list[float]]:
@@ -127,10 +134,20 @@ async def main(pods: int, wave_size: int, nodes: int, singles: int, runtime: str
         up_s = time.perf_counter() - started
         api = await cluster.api_client()
         kube = Kube(api)
-        await kube.create(RESOURCECLAIMTEMPLATES, NS, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "one-gpu", "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
+        await kube.create(
+            RESOURCECLAIMTEMPLATES,
+            NS,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-gpu", "namespace": NS},
+                "spec": {
+                    "spec": {
+                        "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}
+                    }
+                },
+            },
+        )
         latencies: list[float] = []
         binds: list[float] = []
         waves: list[float] = []
@@ -147,25 +164,34 @@ async def main(pods: int, wave_size: int, nodes: int, singles: int, runtime: str
         cpu_after = cpu_seconds(cluster)
         cpu = {k: round((v - cpu_before.get(k, 0.0)) / pods * 1000, 1) for k, v in cpu_after.items()}
         # every request the waves cost (the bench's own creates, deletes and polls included), per pod
-        per_pod = {k: round((after.get(k, 0) - before.get(k, 0)) / pods, 2) for k in sorted(after)
-                   if after.get(k, 0) - before.get(k, 0) >= pods / 10}
+        per_pod = {
+            k: round((after.get(k, 0) - before.get(k, 0)) / pods, 2)
+            for k in sorted(after)
+            if after.get(k, 0) - before.get(k, 0) >= pods / 10
+        }
         single: list[float] = []  # one pod at a time: the path's own latency, without a burst's queue
         for i in range(singles):
             single += (await wave(kube, [f"bench-single-{i}"]))[0]
-    return {"pods": pods, "nodes": nodes, "wave": wave_size, "runtime": cfg.runtime, "cluster_up_s": round(up_s, 2),
-            "pod_running_p50_ms": round(pct(latencies, 0.5) * 1000, 1),
-            "pod_running_p99_ms": round(pct(latencies, 0.99) * 1000, 1),
-            "pod_running_mean_ms": round(statistics.fmean(latencies) * 1000, 1),
-            "pod_bound_p50_ms": round(pct(binds, 0.5) * 1000, 1),
-            "pod_bound_p99_ms": round(pct(binds, 0.99) * 1000, 1),
-            "wave_median_s": round(statistics.median(waves), 2),
-            "single_pods": singles,
-            "single_pod_running_p50_ms": round(pct(single, 0.5) * 1000, 1) if single else None,
-            "single_pod_running_p99_ms": round(pct(single, 0.99) * 1000, 1) if single else None,
-            "api_requests_per_pod": round(sum(per_pod.values()), 1),
-            "api_requests_per_pod_by_verb": per_pod,
-            "cpu_ms_per_pod": round(sum(cpu.values()), 1),
-            "cpu_ms_per_pod_by_service": dict(sorted(cpu.items(), key=lambda kv: -kv[1]))}
+    return {
+        "pods": pods,
+        "nodes": nodes,
+        "wave": wave_size,
+        "runtime": cfg.runtime,
+        "cluster_up_s": round(up_s, 2),
+        "pod_running_p50_ms": round(pct(latencies, 0.5) * 1000, 1),
+        "pod_running_p99_ms": round(pct(latencies, 0.99) * 1000, 1),
+        "pod_running_mean_ms": round(statistics.fmean(latencies) * 1000, 1),
+        "pod_bound_p50_ms": round(pct(binds, 0.5) * 1000, 1),
+        "pod_bound_p99_ms": round(pct(binds, 0.99) * 1000, 1),
+        "wave_median_s": round(statistics.median(waves), 2),
+        "single_pods": singles,
+        "single_pod_running_p50_ms": round(pct(single, 0.5) * 1000, 1) if single else None,
+        "single_pod_running_p99_ms": round(pct(single, 0.99) * 1000, 1) if single else None,
+        "api_requests_per_pod": round(sum(per_pod.values()), 1),
+        "api_requests_per_pod_by_verb": per_pod,
+        "cpu_ms_per_pod": round(sum(cpu.values()), 1),
+        "cpu_ms_per_pod_by_service": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
+    }
 
 
 if __name__ == "__main__":
@@ -174,8 +200,12 @@ if __name__ == "__main__":
     parser.add_argument("--wave", type=int, default=25)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--singles", type=int, default=20, help="pods created one at a time after the waves")
-    parser.add_argument("--runtime", default="sandbox", choices=("sandbox", "none"),
-                        help="the kubelet emulators' container runtime (sandbox: bubblewrap, as `gpu-dra up`)")
+    parser.add_argument(
+        "--runtime",
+        default="sandbox",
+        choices=("sandbox", "none"),
+        help="the kubelet emulators' container runtime (sandbox: bubblewrap, as `gpu-dra up`)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cluster.json")
     parser.add_argument("--data-dir", default="", help="keep the cluster's state and service logs (<dir>/logs) here")
     args = parser.parse_args()

@@ -52,9 +52,17 @@ RESULTS = Path(__file__).resolve().parent / "results" / "computedomain.json"
 
 async def one_round(custom, bus: Bus, preparers: list[ChannelPreparer], n: int, name: str) -> dict[str, float]:
     created = await custom.create_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, "bench", crd.PLURAL,
-        {"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "metadata": {"name": name},
-         "spec": {"channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}}})
+        crd.GROUP,
+        crd.VERSION,
+        "bench",
+        crd.PLURAL,
+        {
+            "apiVersion": f"{crd.GROUP}/{crd.VERSION}",
+            "kind": crd.KIND,
+            "metadata": {"name": name},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}},
+        },
+    )
     uid = created["metadata"]["uid"]
     member_ready: dict[str, float] = {}
     marks: dict[str, float] = {}
@@ -67,9 +75,15 @@ async def one_round(custom, bus: Bus, preparers: list[ChannelPreparer], n: int, 
 
     async def follow_cr() -> None:
         async with watch.Watch() as stream:
-            async for event in stream.stream(custom.list_namespaced_custom_object, crd.GROUP, crd.VERSION, "bench",
-                                             crd.PLURAL, field_selector=f"metadata.name={name}"):
-                status = (event["object"].get("status") or {})
+            async for event in stream.stream(
+                custom.list_namespaced_custom_object,
+                crd.GROUP,
+                crd.VERSION,
+                "bench",
+                crd.PLURAL,
+                field_selector=f"metadata.name={name}",
+            ):
+                status = event["object"].get("status") or {}
                 if status.get("status") == "Ready" and len(status.get("nodes") or []) == n:
                     marks["status"] = time.perf_counter()
                     done_status.set()
@@ -85,14 +99,17 @@ async def one_round(custom, bus: Bus, preparers: list[ChannelPreparer], n: int, 
     await asyncio.sleep(0.2)  # the CR watch and the KV watch are established
     cfg = parse_channel_config(channel_config(uid))
     start = time.perf_counter()
-    await asyncio.gather(*(p.prepare(ChannelClaim(f"{name}-{i}", "bench", f"{name}-{i}", cfg))
-                           for i, p in enumerate(preparers)))
+    await asyncio.gather(
+        *(p.prepare(ChannelClaim(f"{name}-{i}", "bench", f"{name}-{i}", cfg)) for i, p in enumerate(preparers))
+    )
     await asyncio.wait_for(asyncio.gather(done_status.wait(), done_event.wait()), 30)
     await sub.unsubscribe()
     last_ready = max(member_ready.values())
-    result = {"last_ready_to_status_ms": (marks["status"] - last_ready) * 1000,
-              "last_ready_to_event_ms": (marks["event"] - last_ready) * 1000,
-              "bring_up_ms": (marks["status"] - start) * 1000}
+    result = {
+        "last_ready_to_status_ms": (marks["status"] - last_ready) * 1000,
+        "last_ready_to_event_ms": (marks["event"] - last_ready) * 1000,
+        "bring_up_ms": (marks["status"] - start) * 1000,
+    }
     for task in tasks:
         task.cancel()
     # tear down and check that nothing is left
@@ -130,16 +147,28 @@ async def main_async(nodes: int, rounds: int) -> dict[str, object]:
                     node = f"gb200-{i:02d}"
                     clique = 1 + i // 9  # two cliques of nine
                     await stack.enter_async_context(
-                        running_discovery(bus, node, simulate=f"gb200x4:clique={clique}", root=root / "sim"))
-                    cfg = AgentConfig(node=node, ip_address=f"127.0.99.{i + 1}", state_dir=str(root / "agents" / node),
-                                      imex_server_port=port, imex_cmd_port=port + 1, imex_daemon="simulated").resolved()
+                        running_discovery(bus, node, simulate=f"gb200x4:clique={clique}", root=root / "sim")
+                    )
+                    cfg = AgentConfig(
+                        node=node,
+                        ip_address=f"127.0.99.{i + 1}",
+                        state_dir=str(root / "agents" / node),
+                        imex_server_port=port,
+                        imex_cmd_port=port + 1,
+                        imex_daemon="simulated",
+                    ).resolved()
                     agent = Agent(cfg, bus)
                     tasks.append(asyncio.create_task(agent.run(stopping)))
                     await agent.ready.wait()
-                    preparers.append(ChannelPreparer(bus, node=node, dev_root=str(root / "sim" / node),
-                                                     ready_timeout=30, simulated=True))
-                results = [await one_round(client.CustomObjectsApi(kube), bus, preparers, nodes, f"cd-{r}")
-                           for r in range(rounds)]
+                    preparers.append(
+                        ChannelPreparer(
+                            bus, node=node, dev_root=str(root / "sim" / node), ready_timeout=30, simulated=True
+                        )
+                    )
+                results = [
+                    await one_round(client.CustomObjectsApi(kube), bus, preparers, nodes, f"cd-{r}")
+                    for r in range(rounds)
+                ]
                 stopping.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:

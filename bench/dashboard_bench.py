@@ -54,19 +54,39 @@ def slice_body(n: int, gpus: int) -> dict[str, Any]:
     devices = []
     for g in range(gpus):
         i = n * gpus + g
-        dev: dict[str, Any] = {"name": f"gpu-{g}", "attributes": {
-            "type": {"string": "gpu"}, "uuid": {"string": f"GPU-{i:08d}"},
-            "productName": {"string": "NVIDIA H100 80GB HBM3"}, "index": {"int": g},
-            "nvlinkClusterUUID": {"string": "bench"}, "nvlinkCliqueID": {"string": str(n // 18)}},
-            "capacity": {"memory": {"value": "80Gi"}}}
+        dev: dict[str, Any] = {
+            "name": f"gpu-{g}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": f"GPU-{i:08d}"},
+                "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                "index": {"int": g},
+                "nvlinkClusterUUID": {"string": "bench"},
+                "nvlinkCliqueID": {"string": str(n // 18)},
+            },
+            "capacity": {"memory": {"value": "80Gi"}},
+        }
         if i % 97 == 5:
-            dev["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule",
-                              "timeAdded": "2026-12-04T12:00:00Z"}]
+            dev["taints"] = [
+                {
+                    "key": "gpu.nvidia.com/xid",
+                    "value": "48",
+                    "effect": "NoSchedule",
+                    "timeAdded": "2026-12-04T12:00:00Z",
+                }
+            ]
         devices.append(dev)
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{node}-gpu.nvidia.com"},
-            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
-                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu.nvidia.com"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
 
 
 def is_claimed(i: int, gpus: int) -> bool:
@@ -76,13 +96,22 @@ def is_claimed(i: int, gpus: int) -> bool:
 
 async def add_claim(kube: Kube, namespace: str, name: str, node: str, device: str) -> None:
     """A claim allocated to node/device and reserved for pod <name>-pod, as the scheduler writes it."""
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    }
     created = await kube.create(RESOURCECLAIMS, namespace, body)
-    status = {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": node,
-                                                      "device": device}], "config": []}},
-              "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"uid-{name}"}]}
+    status = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": device}],
+                "config": [],
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"uid-{name}"}],
+    }
     await kube.replace(RESOURCECLAIMS, {**created, "status": status}, subresource="status")
 
 
@@ -96,11 +125,19 @@ async def bounded(coros: list[Any], width: int = 32) -> None:
     await asyncio.gather(*(one(c) for c in coros))
 
 
-async def start(argv: list[str], pattern: str, env: dict[str, str] | None = None, timeout: float = 60
-                ) -> tuple[asyncio.subprocess.Process, re.Match[str]]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "shared.cli", *argv, cwd=ROOT,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                                                env={**os.environ, **(env or {})})
+async def start(
+    argv: list[str], pattern: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> tuple[asyncio.subprocess.Process, re.Match[str]]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "shared.cli",
+        *argv,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
     assert proc.stdout is not None
     seen: list[str] = []
     deadline = time.monotonic() + timeout
@@ -122,8 +159,11 @@ async def drain(stream: asyncio.StreamReader) -> None:
 
 def rss_mb(pid: int) -> tuple[float, float]:
     status = Path(f"/proc/{pid}/status").read_text()
-    got = {k: int(v.split()[0]) / 1024 for k, v in (line.split(":", 1) for line in status.splitlines())
-           if k in ("VmRSS", "VmHWM")}
+    got = {
+        k: int(v.split()[0]) / 1024
+        for k, v in (line.split(":", 1) for line in status.splitlines())
+        if k in ("VmRSS", "VmHWM")
+    }
     return round(got["VmRSS"], 1), round(got["VmHWM"], 1)
 
 
@@ -146,7 +186,10 @@ TO_BOTTOM = """(async () => {
   v.scrollTop = v.scrollHeight;
   const layout = window.__dash.layout;
   const last = `[data-node="${CSS.escape(layout[layout.length - 1].name)}"]`;
-  await new Promise((r) => { const f = () => document.querySelector(last) ? requestAnimationFrame(r) : requestAnimationFrame(f); f(); });
+  await new Promise((r) => {
+    const f = () => document.querySelector(last) ? requestAnimationFrame(r) : requestAnimationFrame(f);
+    f();
+  });
   return {ms: performance.now() - t0, rows: document.querySelectorAll('[data-node]').length};
 })()"""
 
@@ -156,8 +199,9 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
     nats = EmbeddedNats(store_dir=tmp / "nats")
     await nats.start()
     kubeconfig = tmp / "kubeconfig"
-    apiserver, _ = await start(["apiserver", "--port", "0", "--kubeconfig", str(kubeconfig), "--log-level",
-                                "warning"], r"listening on")
+    apiserver, _ = await start(
+        ["apiserver", "--port", "0", "--kubeconfig", str(kubeconfig), "--log-level", "warning"], r"listening on"
+    )
     dash: asyncio.subprocess.Process | None = None
     browser: Browser | None = None
     api = await kube_api_client(str(kubeconfig))
@@ -167,16 +211,40 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
         for ns in TENANTS:
             await kube.create(NAMESPACES, None, {"metadata": {"name": ns}})
         await bounded([kube.create(RESOURCESLICES, None, slice_body(n, gpus)) for n in range(nodes)])
-        await bounded([kube.create(NODES, None, {"metadata": {"name": f"node-{n:04d}"}, "status": {
-            "conditions": [{"type": "Ready", "status": "True"}]}}) for n in range(nodes)])
+        await bounded(
+            [
+                kube.create(
+                    NODES,
+                    None,
+                    {
+                        "metadata": {"name": f"node-{n:04d}"},
+                        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+                    },
+                )
+                for n in range(nodes)
+            ]
+        )
         claimed = [i for i in range(nodes * gpus) if is_claimed(i, gpus)]
-        await bounded([add_claim(kube, TENANTS[i % 5], f"job-{i}", f"node-{i // gpus:04d}", f"gpu-{i % gpus}")
-                       for i in claimed])
+        await bounded(
+            [add_claim(kube, TENANTS[i % 5], f"job-{i}", f"node-{i // gpus:04d}", f"gpu-{i % gpus}") for i in claimed]
+        )
         load_s = time.perf_counter() - t0
         print(f"loaded {nodes} slices x {gpus} GPUs and {len(claimed)} claims in {load_s:.1f} s", flush=True)
 
-        dash, m = await start(["dashboard", "--kubeconfig", str(kubeconfig), "--listen", "127.0.0.1:0",
-                               "--nats-url", nats.url, "--log-level", "warning"], r"dashboard: (http://\S+)")
+        dash, m = await start(
+            [
+                "dashboard",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--listen",
+                "127.0.0.1:0",
+                "--nats-url",
+                nats.url,
+                "--log-level",
+                "warning",
+            ],
+            r"dashboard: (http://\S+)",
+        )
         url = m.group(1)
         async with aiohttp.ClientSession() as http:
             t0 = time.perf_counter()
@@ -184,8 +252,9 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
                 async with http.get(url + "api/fleet") as resp:
                     body = await resp.read()
                 fleet = json.loads(body)
-                if len(fleet["nodes"]) == nodes and \
-                        sum(c["claimed"] for c in fleet["counters"].values()) == len(claimed):
+                if len(fleet["nodes"]) == nodes and sum(c["claimed"] for c in fleet["counters"].values()) == len(
+                    claimed
+                ):
                     break
                 await asyncio.sleep(0.2)
             listed_s = time.perf_counter() - t0
@@ -206,10 +275,12 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
         try:
             bottom = await browser.evaluate(TO_BOTTOM, timeout=20)
         except TimeoutError:
-            state = await browser.evaluate("({top: document.getElementById('viewport').scrollTop, "
-                                           "height: document.getElementById('viewport').scrollHeight, "
-                                           "rows: [...document.querySelectorAll('[data-node]')].map(e => e.dataset.node), "
-                                           "layout: window.__dash.layout.length, nodes: window.__dash.nodes.size})")
+            state = await browser.evaluate(
+                "({top: document.getElementById('viewport').scrollTop, "
+                "height: document.getElementById('viewport').scrollHeight, "
+                "rows: [...document.querySelectorAll('[data-node]')].map(e => e.dataset.node), "
+                "layout: window.__dash.layout.length, nodes: window.__dash.nodes.size})"
+            )
             raise SystemExit(f"the last row was not drawn after scrolling to the bottom: {state}") from None
         await browser.evaluate("document.getElementById('viewport').scrollTop = 0")
         deltas = await browser.evaluate("window.__dash.deltas")
@@ -224,23 +295,34 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
         written = time.perf_counter()
         index = await browser.evaluate(f"window.__dash.layout.findIndex((r) => r.key === 'n:{node}')")
         await browser.evaluate(f"document.getElementById('viewport').scrollTop = window.__dash.offsets[{index}]")
-        await browser.wait_for(f"document.querySelector('[data-device=\"{node}/{device}\"][data-claim=\"team-0/bench-live\"]')",
-                               timeout=10)
+        await browser.wait_for(
+            f'document.querySelector(\'[data-device="{node}/{device}"][data-claim="team-0/bench-live"]\')', timeout=10
+        )
         live_ms = (time.perf_counter() - written) * 1000
         rss, peak = rss_mb(dash.pid)
         return {
-            "nodes": nodes, "gpus_per_node": gpus, "claims": len(claimed) + 1, "runs": runs,
-            "load_s": round(load_s, 1), "server_listed_s": round(listed_s, 1),
+            "nodes": nodes,
+            "gpus_per_node": gpus,
+            "claims": len(claimed) + 1,
+            "runs": runs,
+            "load_s": round(load_s, 1),
+            "server_listed_s": round(listed_s, 1),
             "fleet_body_mb": round(len(body) / 1e6, 2),
-            "first_render_ms": {"median": round(statistics.median(renders)), "max": round(max(renders)),
-                                "all": [round(r) for r in renders]},
+            "first_render_ms": {
+                "median": round(statistics.median(renders)),
+                "max": round(max(renders)),
+                "all": [round(r) for r in renders],
+            },
             "first_fleet_event_ms": {"median": round(statistics.median(firsts)), "all": [round(f) for f in firsts]},
             "rows_in_dom": in_dom,
             "scroll_step_frame_ms": {"median": round(statistics.median(steps), 1), "max": round(max(steps), 1)},
             "deltas_during_scroll": deltas,
-            "scroll_to_bottom_ms": round(bottom["ms"], 1), "rows_in_dom_at_bottom": bottom["rows"],
-            "claim_write_to_tile_ms": round(live_ms), "claim_write_s": round(written - t0, 3),
-            "server_rss_mb": rss, "server_peak_rss_mb": peak,
+            "scroll_to_bottom_ms": round(bottom["ms"], 1),
+            "rows_in_dom_at_bottom": bottom["rows"],
+            "claim_write_to_tile_ms": round(live_ms),
+            "claim_write_s": round(written - t0, 3),
+            "server_rss_mb": rss,
+            "server_peak_rss_mb": peak,
             "goals": {"first_render_ms": 2000, "server_rss_mb": 150},
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()[0]},
         }

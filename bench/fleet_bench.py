@@ -71,8 +71,14 @@ def proc_figures(pid: int) -> tuple[float, float]:
 @contextlib.asynccontextmanager
 async def recording_server(nodes: int, ports: int) -> AsyncIterator[dict[str, Any]]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "bench" / "recording_apiserver.py"), "--nodes", str(nodes), "--ports", str(ports),
-        stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        str(ROOT / "bench" / "recording_apiserver.py"),
+        "--nodes",
+        str(nodes),
+        "--ports",
+        str(ports),
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         ready = json.loads(await proc.stdout.readline())
@@ -96,18 +102,38 @@ async def feed(bus: Bus, seed: NodeInventory, nodes: int) -> None:
         await asyncio.gather(*(one(i) for i in range(start, min(nodes, start + PAGE))))
 
 
-async def start_replica(nats_url: str, kubeconfig_path: Path, replica: str, args: argparse.Namespace
-                        ) -> asyncio.subprocess.Process:
+async def start_replica(
+    nats_url: str, kubeconfig_path: Path, replica: str, args: argparse.Namespace
+) -> asyncio.subprocess.Process:
     code = "import sys; from services.publisher.cli import main; sys.exit(main())"
     if args.profile:  # cProfile of each replica, written when it stops (SIGTERM is a clean stop)
-        code = (f"import cProfile, sys; from services.publisher.cli import main; "
-                f"cProfile.run('main()', {str(args.profile / replica)!r})")
+        code = (
+            f"import cProfile, sys; from services.publisher.cli import main; "
+            f"cProfile.run('main()', {str(args.profile / replica)!r})"
+        )
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-c", code, "--nats-url", nats_url, "--kubeconfig", str(kubeconfig_path),
-        "--replica-id", replica, "--workers", str(args.workers), "--heartbeat-seconds", str(args.heartbeat),
-        "--lease-seconds", str(args.lease), "--log-level", args.log_level,
-        cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL if args.log_level != "debug" else None)
+        sys.executable,
+        "-c",
+        code,
+        "--nats-url",
+        nats_url,
+        "--kubeconfig",
+        str(kubeconfig_path),
+        "--replica-id",
+        replica,
+        "--workers",
+        str(args.workers),
+        "--heartbeat-seconds",
+        str(args.heartbeat),
+        "--lease-seconds",
+        str(args.lease),
+        "--log-level",
+        args.log_level,
+        cwd=str(ROOT),
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL if args.log_level != "debug" else None,
+    )
 
 
 class Control:
@@ -116,8 +142,9 @@ class Control:
         self.base = f"http://127.0.0.1:{port}"
 
     async def get(self, path: str, **query: Any) -> dict[str, Any]:
-        async with self.session.get(self.base + path, params={k: str(v) for k, v in query.items()},
-                                    timeout=aiohttp.ClientTimeout(total=None)) as resp:
+        async with self.session.get(
+            self.base + path, params={k: str(v) for k, v in query.items()}, timeout=aiohttp.ClientTimeout(total=None)
+        ) as resp:
             doc: dict[str, Any] = await resp.json()
             return doc
 
@@ -144,8 +171,15 @@ async def latencies(bus: Bus, ctl: Control, seed: NodeInventory, nodes: int, cha
     return out
 
 
-async def kill_one(bus: Bus, ctl: Control, seed: NodeInventory, procs: dict[str, asyncio.subprocess.Process],
-                   nodes: int, sample: int, timeout_s: float) -> dict[str, Any]:
+async def kill_one(
+    bus: Bus,
+    ctl: Control,
+    seed: NodeInventory,
+    procs: dict[str, asyncio.subprocess.Process],
+    nodes: int,
+    sample: int,
+    timeout_s: float,
+) -> dict[str, Any]:
     """SIGKILL one replica; change `sample` of its nodes at once; how long until survivors wrote them."""
     victim = sorted(procs)[-1]
     everyone = frozenset(procs)
@@ -170,7 +204,8 @@ async def kill_one(bus: Bus, ctl: Control, seed: NodeInventory, procs: dict[str,
     extra = {n: (await ctl.get("/count", node=n))["count"] - counts[n] for n in changed}
     landed = [a for a in arrivals if a is not None]
     return {
-        "killed_replica_nodes": len(theirs), "changed_nodes": len(changed),
+        "killed_replica_nodes": len(theirs),
+        "changed_nodes": len(changed),
         "takeover_all_written_s": round(max(landed) - killed, 2) if landed else None,
         "takeover_first_written_s": round(min(landed) - killed, 2) if landed else None,
         "lost_writes": sum(1 for a in arrivals if a is None),
@@ -184,8 +219,11 @@ async def kill_one(bus: Bus, ctl: Control, seed: NodeInventory, procs: dict[str,
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     replica_ids = [f"pub-{i}" for i in range(args.replicas)]
-    async with EmbeddedNats(store_dir=tmp / "nats") as nats_srv, \
-            recording_server(args.nodes, args.replicas) as server, aiohttp.ClientSession() as session:
+    async with (
+        EmbeddedNats(store_dir=tmp / "nats") as nats_srv,
+        recording_server(args.nodes, args.replicas) as server,
+        aiohttp.ClientSession() as session,
+    ):
         bus = await Bus.connect(nats_srv.url, name="fleet-bench")
         await bus.provision()
         async with running_discovery(bus, node="seed", simulate="h100x8", root=tmp / "sim") as disc:
@@ -207,7 +245,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             figures = {pid: proc_figures(p.pid) for pid, p in procs.items()}
             cold = await ctl.get("/summary")
             result: dict[str, Any] = {
-                "nodes": args.nodes, "gpus_per_node": 8, "replicas": args.replicas, "workers": args.workers,
+                "nodes": args.nodes,
+                "gpus_per_node": 8,
+                "replicas": args.replicas,
+                "workers": args.workers,
                 "publish_all_s": round(publish_s, 2),
                 "first_write_s": round(cold["first_write"] - started, 2),
                 "replica_peak_rss_mib_max": round(max(r for r, _ in figures.values())),
@@ -215,13 +256,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "replica_cpu_ms_per_node": round(1000 * sum(c for _, c in figures.values()) / args.nodes, 2),
                 "apiserver_cpu_s": round(proc_figures(server["pid"])[1], 2),
                 "nodes_written_by_several": cold["nodes_written_by_several"],
-                "conflicts": cold["conflicts"], "writes": sum(cold["writes"].values()),
+                "conflicts": cold["conflicts"],
+                "writes": sum(cold["writes"].values()),
                 "inventories_fed_s": round(feed_s, 2),
             }
             if args.changes:
                 lat = await latencies(bus, ctl, seed, args.nodes, args.changes)
-                result |= {"change_to_slice_ms_p50": round(statistics.median(lat), 2),
-                           "change_to_slice_ms_p99": round(pct(lat, 0.99), 2), "changes": len(lat)}
+                result |= {
+                    "change_to_slice_ms_p50": round(statistics.median(lat), 2),
+                    "change_to_slice_ms_p99": round(pct(lat, 0.99), 2),
+                    "changes": len(lat),
+                }
             if args.kill:
                 result |= await kill_one(bus, ctl, seed, procs, args.nodes, args.kill_sample, args.kill_timeout)
             result["load_avg_1m"] = round(os.getloadavg()[0], 2)

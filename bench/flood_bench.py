@@ -34,18 +34,32 @@ SHARE, BURST, EVENT = 64 * 1024, 8 * 1024 * 1024, 16 * 1024
 
 
 def _event(node: str, n: int, pad: int = 0) -> ClaimLifecycle:
-    return ClaimLifecycle(event_id=f"{node}/{n}", claim_uid=f"uid-{node}-{n}", claim_namespace=f"ns-{node}",
-                          claim_name="c" + "x" * pad, node=node, driver="gpu.nvidia.com", event="prepared",
-                          observed_at=time.time())
+    return ClaimLifecycle(
+        event_id=f"{node}/{n}",
+        claim_uid=f"uid-{node}-{n}",
+        claim_namespace=f"ns-{node}",
+        claim_name="c" + "x" * pad,
+        node=node,
+        driver="gpu.nvidia.com",
+        event="prepared",
+        observed_at=time.time(),
+    )
 
 
 async def _publish(bus: Bus, event: ClaimLifecycle) -> None:
-    await bus.publish(catalog.CLAIM, event, msg_id=event.event_id, namespace=event.claim_namespace,
-                      node=event.node, event="prepared")
+    await bus.publish(
+        catalog.CLAIM, event, msg_id=event.event_id, namespace=event.claim_namespace, node=event.node, event="prepared"
+    )
 
 
-async def _honest(bus: Bus, node: str, stop: asyncio.Event, flooding: asyncio.Event,
-                  latencies: dict[str, list[float]], sent: list[str]) -> None:
+async def _honest(
+    bus: Bus,
+    node: str,
+    stop: asyncio.Event,
+    flooding: asyncio.Event,
+    latencies: dict[str, list[float]],
+    sent: list[str],
+) -> None:
     n = 0
     while not stop.is_set():
         n += 1
@@ -98,8 +112,10 @@ async def run(seconds: float, honest: int) -> dict[str, object]:
         stop, flooding = asyncio.Event(), asyncio.Event()
         latencies: dict[str, list[float]] = {"before": [], "during": []}
         sent: list[str] = []
-        tasks = [asyncio.create_task(_honest(bus, node, stop, flooding, latencies, sent))
-                 for bus, node in zip(buses, nodes, strict=True)]
+        tasks = [
+            asyncio.create_task(_honest(bus, node, stop, flooding, latencies, sent))
+            for bus, node in zip(buses, nodes, strict=True)
+        ]
         await asyncio.sleep(2.0)
         flooding.set()
         flood_start = time.perf_counter()
@@ -118,15 +134,22 @@ async def run(seconds: float, honest: int) -> dict[str, object]:
         return round(statistics.quantiles(values, n=100)[int(q) - 1], 2) if len(values) >= 2 else 0.0
 
     return {
-        "flood_seconds": round(flood_s, 1), "share_bytes_per_s": SHARE, "burst_bytes": BURST,
-        "flood_rate_bytes_per_s": 100 * SHARE, "flood_event_bytes": EVENT,
-        "flooder_stored": stored, "flooder_refused": refused,
+        "flood_seconds": round(flood_s, 1),
+        "share_bytes_per_s": SHARE,
+        "burst_bytes": BURST,
+        "flood_rate_bytes_per_s": 100 * SHARE,
+        "flood_event_bytes": EVENT,
+        "flooder_stored": stored,
+        "flooder_refused": refused,
         "flooder_stored_bytes_per_s": round(stored * EVENT / flood_s),
-        "other_nodes": honest, "other_events_sent": len(sent), "other_events_kept": len(kept & set(sent)),
+        "other_nodes": honest,
+        "other_events_sent": len(sent),
+        "other_events_kept": len(kept & set(sent)),
         "other_events_evicted": len(set(sent) - kept),
         "other_publish_ms_before": {"p50": pct(latencies["before"], 50), "p99": pct(latencies["before"], 99)},
         "other_publish_ms_during": {"p50": pct(latencies["during"], 50), "p99": pct(latencies["during"], 99)},
-        "stream_bytes_at_end": info.state.bytes, "stream_max_bytes": catalog.EVENTS_STREAM.max_bytes,
+        "stream_bytes_at_end": info.state.bytes,
+        "stream_max_bytes": catalog.EVENTS_STREAM.max_bytes,
     }
 
 

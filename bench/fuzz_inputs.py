@@ -22,8 +22,17 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=5000, help="examples per property (default 5000)")
     args = parser.parse_args()
     env = {**os.environ, "GPU_DRA_FUZZ_EXAMPLES": str(args.examples), "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "0",
-               "tests/security/test_fuzz.py"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--timeout",
+        "0",
+        "tests/security/test_fuzz.py",
+    ]
     return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode  # noqa: S603
 
 

@@ -38,9 +38,19 @@ async def run(seconds: float) -> dict[str, object]:
         bus = await Bus.connect(nats.url, name="bench")
         await bus.provision()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "examples.ledger", "--schemas", str(work / "schemas"), "--nats", nats.url,
-            "--state", str(work / "ledger.json"), cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT)
+            sys.executable,
+            "-m",
+            "examples.ledger",
+            "--schemas",
+            str(work / "schemas"),
+            "--nats",
+            nats.url,
+            "--state",
+            str(work / "ledger.json"),
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         started = time.monotonic()
         try:
             await asyncio.wait_for(proc.wait(), seconds)
@@ -50,10 +60,17 @@ async def run(seconds: float) -> dict[str, object]:
         idle_s = time.monotonic() - started
         now = time.time()
         for event, at in (("prepared", now - 10), ("unprepared", now)):
-            message = ClaimLifecycle(event=event, node="n1", driver="gpu.nvidia.com", claim_uid="u1",
-                                     claim_namespace="team-a", claim_name="c", event_id=f"n1/u1/1/{event}",
-                                     devices=[PreparedDeviceRef(request="gpu", pool="n1", device="gpu-0")],
-                                     observed_at=at)
+            message = ClaimLifecycle(
+                event=event,
+                node="n1",
+                driver="gpu.nvidia.com",
+                claim_uid="u1",
+                claim_namespace="team-a",
+                claim_name="c",
+                event_id=f"n1/u1/1/{event}",
+                devices=[PreparedDeviceRef(request="gpu", pool="n1", device="gpu-0")],
+                observed_at=at,
+            )
             await bus.publish(catalog.CLAIM, message, namespace="team-a", node="n1", event=event)
         await asyncio.sleep(3)  # a bench, not a test: give the ledger a few fetch cycles
         if proc.returncode is None:
@@ -61,8 +78,13 @@ async def run(seconds: float) -> dict[str, object]:
         output = (await proc.communicate())[0].decode()
         await bus.close()
         await nats.close()
-        return {"idle_seconds": round(idle_s, 1), "alive_after_idle": alive, "exit_code": proc.returncode,
-                "counted_after_idle": "team-a" in output, "output_tail": output[-400:]}
+        return {
+            "idle_seconds": round(idle_s, 1),
+            "alive_after_idle": alive,
+            "exit_code": proc.returncode,
+            "counted_after_idle": "team-a" in output,
+            "output_tail": output[-400:],
+        }
 
 
 def main() -> int:

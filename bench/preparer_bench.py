@@ -12,9 +12,9 @@ file) and, with --compare-repo, `compare` (another checkout's preparer, e.g. the
 fsyncs are read from each preparer's `gpu_dra_fsyncs_total` (its /metrics); RSS from /proc/<pid>/status.
 Sequential cycles alternate between variants in blocks of 25 (`--interleave block`, the default since the fourth
 round: a preparer's own events, sent 20 ms after a call, then land on its own next calls, not on another variant's)
-or cycle by cycle (`--interleave cycle`). The API server runs as its own process (`--apiserver process`, the default since the fourth round: a kubelet and
-kube-apiserver never share a process) or in the bench's own (`--apiserver in-process`, the earlier rounds' method).
-Prints the figures and writes them to --out.
+or cycle by cycle (`--interleave cycle`). The API server runs as its own process (`--apiserver process`, the default
+since the fourth round: a kubelet and kube-apiserver never share a process) or in the bench's own (`--apiserver
+in-process`, the earlier rounds' method). Prints the figures and writes them to --out.
 """
 
 from __future__ import annotations
@@ -63,8 +63,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 def ms(values: list[float]) -> dict[str, float]:
-    return {"p50_ms": round(pct(values, 0.5) * 1000, 3), "p95_ms": round(pct(values, 0.95) * 1000, 3),
-            "p99_ms": round(pct(values, 0.99) * 1000, 3), "mean_ms": round(statistics.fmean(values) * 1000, 3)}
+    return {
+        "p50_ms": round(pct(values, 0.5) * 1000, 3),
+        "p95_ms": round(pct(values, 0.95) * 1000, 3),
+        "p99_ms": round(pct(values, 0.99) * 1000, 3),
+        "mean_ms": round(statistics.fmean(values) * 1000, 3),
+    }
 
 
 @dataclass
@@ -121,8 +125,20 @@ async def apiserver(base: Path, mode: str) -> AsyncIterator[Any]:
     kubeconfig = base / "kubeconfig"
     log = open(base / "apiserver.log", "wb")  # noqa: ASYNC230, SIM115
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "apiserver", "--port", str(free_port()), "--kubeconfig", str(kubeconfig),
-        "--data-dir", str(base / "data"), cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=log)
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "apiserver",
+        "--port",
+        str(free_port()),
+        "--kubeconfig",
+        str(kubeconfig),
+        "--data-dir",
+        str(base / "data"),
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log,
+    )
     log.close()
     try:
         assert proc.stdout is not None
@@ -148,10 +164,31 @@ async def running_preparer(variant: Variant, base: Path, kubeconfig: Path) -> As
     env.update(variant.env, PYTHONPATH=str(variant.repo))
     log = open(root / "preparer.log", "wb")  # noqa: ASYNC230, SIM115
     variant.proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "preparer", "--node", "n1", "--registry-dir", str(root / "reg"),
-        "--plugins-dir", str(root / "plugins"), "--cdi-dir", str(root / "cdi"), "--dev-root", str(root / "host"),
-        "--boot-id-path", str(root / "boot_id"), "--kubeconfig", str(kubeconfig),
-        "--metrics-port", str(variant.port), cwd=variant.repo, env=env, stdout=log, stderr=log)
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "preparer",
+        "--node",
+        "n1",
+        "--registry-dir",
+        str(root / "reg"),
+        "--plugins-dir",
+        str(root / "plugins"),
+        "--cdi-dir",
+        str(root / "cdi"),
+        "--dev-root",
+        str(root / "host"),
+        "--boot-id-path",
+        str(root / "boot_id"),
+        "--kubeconfig",
+        str(kubeconfig),
+        "--metrics-port",
+        str(variant.port),
+        cwd=variant.repo,
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
     log.close()
     reg = root / "reg" / "gpu.nvidia.com-reg.sock"
     try:
@@ -192,8 +229,9 @@ async def concurrent_round(plugin: DraPlugin, claims: list[Claim]) -> None:
     assert all(e[c.uid] == "" for e, c in zip(unprepared, claims, strict=True)), unprepared
 
 
-async def timed_phase(variants: list[Variant], rounds: int, claims_per_round: int, work: Any,
-                      claims: list[list[Claim]]) -> dict[str, dict[str, float | None]]:
+async def timed_phase(
+    variants: list[Variant], rounds: int, claims_per_round: int, work: Any, claims: list[list[Claim]]
+) -> dict[str, dict[str, float | None]]:
     """`rounds` rounds of `work(plugin, claims[r])`, interleaved across variants; claims/s and fsyncs per claim."""
     elapsed = dict.fromkeys((v.name for v in variants), 0.0)
     before = {v.name: v.fsync_total() for v in variants}
@@ -207,44 +245,60 @@ async def timed_phase(variants: list[Variant], rounds: int, claims_per_round: in
     for v in variants:
         after, start = v.fsync_total(), before[v.name]
         n = rounds * claims_per_round
-        out[v.name] = {"claims_per_s": round(n / elapsed[v.name], 1),
-                       "fsyncs_per_cycle": round((after - start) / n, 3) if after is not None and start is not None
-                       else None}
+        out[v.name] = {
+            "claims_per_s": round(n / elapsed[v.name], 1),
+            "fsyncs_per_cycle": round((after - start) / n, 3) if after is not None and start is not None else None,
+        }
     return out
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="gdb-", dir="/tmp"))  # noqa: S108 - short socket paths
-    variants = [Variant("main", REPO, {}),
-                Variant("tracing-on", REPO, {"GPU_DRA_OTEL_EXPORTER": f"file:{base / 'spans.jsonl'}"})]
+    variants = [
+        Variant("main", REPO, {}),
+        Variant("tracing-on", REPO, {"GPU_DRA_OTEL_EXPORTER": f"file:{base / 'spans.jsonl'}"}),
+    ]
     if args.compare_repo:
         variants.append(Variant("compare", Path(args.compare_repo), {}))
         if args.compare_tracing:  # the other checkout with its spans exported too: its own tracing overhead
-            variants.append(Variant("compare-tracing-on", Path(args.compare_repo),
-                                    {"GPU_DRA_OTEL_EXPORTER": f"file:{base / 'spans-compare.jsonl'}"}))
+            variants.append(
+                Variant(
+                    "compare-tracing-on",
+                    Path(args.compare_repo),
+                    {"GPU_DRA_OTEL_EXPORTER": f"file:{base / 'spans-compare.jsonl'}"},
+                )
+            )
     if args.tracing_first:  # each tree's exporter-on variant before its exporter-off one (the order's own bias)
         variants = [v for pair in zip(variants[1::2], variants[0::2], strict=False) for v in pair] + (
-            variants[-1:] if len(variants) % 2 else [])
+            variants[-1:] if len(variants) % 2 else []
+        )
     figures_order = [v.name for v in variants]
     figures: dict[str, Any] = {
         "what": "1-GPU claims over the real DRA v1 unix socket; claims GET from the embedded API server; each "
-                "preparer its own process (its embedded nats-server not counted in RSS); variants interleaved "
-                "cycle by cycle",
+        "preparer its own process (its embedded nats-server not counted in RSS); variants interleaved "
+        "cycle by cycle",
         "cpus": os.cpu_count(),
         "apiserver": args.apiserver,
         "interleave": args.interleave,
         "order": figures_order,
     }
     try:
-        async with apiserver(base / "api", args.apiserver) as api, api.client() as client, \
-                contextlib.AsyncExitStack() as stack:
+        async with (
+            apiserver(base / "api", args.apiserver) as api,
+            api.client() as client,
+            contextlib.AsyncExitStack() as stack,
+        ):
             claims = ApiClaims(client)
-            singles = [await claims.add(claim_doc(name=f"one-{i}", results=[("gpu", "gpu-0")]))
-                       for i in range(args.cycles + 5)]
-            batches = [[await claims.add(claim_doc(name=f"b{r}-{g}", results=[("gpu", f"gpu-{g}")]))
-                        for g in range(BATCH)] for r in range(min(args.batch_rounds, 20))]
-            crowd = [await claims.add(claim_doc(name=f"c-{g}", results=[("gpu", f"gpu-{g}")]))
-                     for g in range(CONCURRENT)]
+            singles = [
+                await claims.add(claim_doc(name=f"one-{i}", results=[("gpu", "gpu-0")])) for i in range(args.cycles + 5)
+            ]
+            batches = [
+                [await claims.add(claim_doc(name=f"b{r}-{g}", results=[("gpu", f"gpu-{g}")])) for g in range(BATCH)]
+                for r in range(min(args.batch_rounds, 20))
+            ]
+            crowd = [
+                await claims.add(claim_doc(name=f"c-{g}", results=[("gpu", f"gpu-{g}")])) for g in range(CONCURRENT)
+            ]
             for v in variants:
                 await stack.enter_async_context(running_preparer(v, base, api.kubeconfig_path))
             for v in variants:  # warm-up: version discovery, first connections, first writes
@@ -262,7 +316,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     assert v.plugin is not None
                     if block > 1:
                         await asyncio.sleep(SETTLE_S)  # the variant before finishes its events' round
-                    for claim in sequence[first:first + block]:
+                    for claim in sequence[first : first + block]:
                         p, u = await cycle(v.plugin, claim)
                         v.prepare_s.append(p)
                         v.unprepare_s.append(u)
@@ -277,7 +331,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "sequential_claims_per_s": round(len(v.prepare_s) / t_seq[v.name], 1),
                     "preparer_cpu_ms_per_cycle": round((v.cpu_s() - cpu_before[v.name]) * 1000 / len(v.prepare_s), 2),
                     "sequential_fsyncs_per_cycle": round((after - start) / len(v.prepare_s), 3)
-                    if after is not None and start is not None else None,
+                    if after is not None and start is not None
+                    else None,
                 }
             batched = await timed_phase(variants, args.batch_rounds, BATCH, batch_round, batches)
             concurrent = await timed_phase(variants, args.concurrent_rounds, CONCURRENT, concurrent_round, [crowd])
@@ -295,16 +350,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "prepare_p50": overhead(on_v["prepare"]["p50_ms"], off_v["prepare"]["p50_ms"]),
                     "prepare_mean": overhead(on_v["prepare"]["mean_ms"], off_v["prepare"]["mean_ms"]),
                     "cpu_per_cycle": overhead(on_v["preparer_cpu_ms_per_cycle"], off_v["preparer_cpu_ms_per_cycle"]),
-                    "batched_claims_per_s": overhead(on_v["batched"]["claims_per_s"],
-                                                     off_v["batched"]["claims_per_s"], rate=True),
-                    "concurrent_claims_per_s": overhead(on_v["concurrent"]["claims_per_s"],
-                                                        off_v["concurrent"]["claims_per_s"], rate=True),
+                    "batched_claims_per_s": overhead(
+                        on_v["batched"]["claims_per_s"], off_v["batched"]["claims_per_s"], rate=True
+                    ),
+                    "concurrent_claims_per_s": overhead(
+                        on_v["concurrent"]["claims_per_s"], off_v["concurrent"]["claims_per_s"], rate=True
+                    ),
                 }
 
             figures["tracing_overhead_pct"] = tracing_overhead(figures["tracing-on"], figures["main"])
             if "compare-tracing-on" in figures:
-                figures["compare_tracing_overhead_pct"] = tracing_overhead(figures["compare-tracing-on"],
-                                                                           figures["compare"])
+                figures["compare_tracing_overhead_pct"] = tracing_overhead(
+                    figures["compare-tracing-on"], figures["compare"]
+                )
             if args.soak:
                 assert main_v.plugin is not None
                 samples = [round(main_v.rss_mb(), 1)]
@@ -313,8 +371,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     await cycle(main_v.plugin, pool[i % len(pool)])
                     if (i + 1) % max(1, args.soak // 10) == 0:
                         samples.append(round(main_v.rss_mb(), 1))
-                figures["soak"] = {"cycles": args.soak, "rss_mb_samples": samples, "rss_mb_end": samples[-1],
-                                   "rss_mb_growth_second_half": round(samples[-1] - samples[len(samples) // 2], 1)}
+                figures["soak"] = {
+                    "cycles": args.soak,
+                    "rss_mb_samples": samples,
+                    "rss_mb_end": samples[-1],
+                    "rss_mb_growth_second_half": round(samples[-1] - samples[len(samples) // 2], 1),
+                }
             figures["rss_mb_end"] = {v.name: round(v.rss_mb(), 1) for v in variants}
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -329,18 +391,32 @@ if __name__ == "__main__":
     parser.add_argument("--batch-rounds", type=int, default=40, help="rounds of 8-claim calls per variant")
     parser.add_argument("--concurrent-rounds", type=int, default=10, help="rounds of 64 concurrent calls per variant")
     parser.add_argument("--soak", type=int, default=0, help="cycles of the RSS soak on `main` (0: no soak)")
-    parser.add_argument("--apiserver", choices=("process", "in-process"), default="process",
-                        help="the embedded API server as its own process (as kube-apiserver is) or in the bench's")
-    parser.add_argument("--interleave", choices=("block", "cycle"), default="block",
-                        help=f"sequential cycles in blocks of {SEQUENTIAL_BLOCK} per variant, or one cycle per variant "
-                             "in turn (the earlier rounds' method: one preparer's events then go out during another's "
-                             "calls)")
+    parser.add_argument(
+        "--apiserver",
+        choices=("process", "in-process"),
+        default="process",
+        help="the embedded API server as its own process (as kube-apiserver is) or in the bench's",
+    )
+    parser.add_argument(
+        "--interleave",
+        choices=("block", "cycle"),
+        default="block",
+        help=f"sequential cycles in blocks of {SEQUENTIAL_BLOCK} per variant, or one cycle per variant "
+        "in turn (the earlier rounds' method: one preparer's events then go out during another's "
+        "calls)",
+    )
     parser.add_argument("--compare-repo", default="", help="another checkout whose preparer runs as `compare`")
-    parser.add_argument("--compare-tracing", action="store_true",
-                        help="with --compare-repo: that checkout with spans exported too (`compare-tracing-on`)")
-    parser.add_argument("--tracing-first", action="store_true",
-                        help="run each tree's exporter-on variant before its exporter-off one in every round (the "
-                             "later variant of a pair runs a little faster here: run both orders and take both)")
+    parser.add_argument(
+        "--compare-tracing",
+        action="store_true",
+        help="with --compare-repo: that checkout with spans exported too (`compare-tracing-on`)",
+    )
+    parser.add_argument(
+        "--tracing-first",
+        action="store_true",
+        help="run each tree's exporter-on variant before its exporter-off one in every round (the "
+        "later variant of a pair runs a little faster here: run both orders and take both)",
+    )
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "preparer.json"))
     arguments = parser.parse_args()
     if arguments.compare_repo:

@@ -94,12 +94,18 @@ async def main(nodes: int, changes: int) -> dict[str, object]:
         await client.close()
         await bus.close()
     return {
-        "nodes": nodes, "gpus_per_node": 8, "slices_written": 2 * nodes,
+        "nodes": nodes,
+        "gpus_per_node": 8,
+        "slices_written": 2 * nodes,
         "publish_all_s": round(publish_s, 2),
-        "inventories_fed_s": round(feed_s, 2), "publish_all_cpu_s": round(publish_cpu_s, 2), "nodes_per_s": round(nodes / publish_s, 1),
-        "noop_resync_writes": noop_writes, "noop_resync_s": round(resync_s, 2),
+        "inventories_fed_s": round(feed_s, 2),
+        "publish_all_cpu_s": round(publish_cpu_s, 2),
+        "nodes_per_s": round(nodes / publish_s, 1),
+        "noop_resync_writes": noop_writes,
+        "noop_resync_s": round(resync_s, 2),
         "change_to_slice_ms_p50": round(statistics.median(lat), 2) if lat else None,
-        "change_to_slice_ms_p99": round(pct(lat, 0.99), 2) if lat else None, "changes": len(lat),
+        "change_to_slice_ms_p99": round(pct(lat, 0.99), 2) if lat else None,
+        "changes": len(lat),
     }
 
 

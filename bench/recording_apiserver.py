@@ -68,8 +68,14 @@ HASH = "publisher.gpu-dra.io/content-hash"
 
 
 def status(code: int, reason: str, message: str) -> web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason,
-            "message": message}
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
     return web.Response(status=code, body=_ENC.encode(body), content_type="application/json")
 
 
@@ -107,11 +113,16 @@ class Recorder:
             await self._changed.wait()
 
     def summary(self) -> dict[str, Any]:
-        return {"writes": dict(self.writes), "by_replica": {str(k): v for k, v in self.by_replica.items()},
-                "slices": len(self.slices), "conflicts": self.conflicts,
-                "nodes_written_by_several": sum(1 for w in self.node_writers.values() if len(w) > 1),
-                "same_hash_rewrites": self.same_hash_rewrites,
-                "first_write": self.first_write, "last_write": self.last_write}
+        return {
+            "writes": dict(self.writes),
+            "by_replica": {str(k): v for k, v in self.by_replica.items()},
+            "slices": len(self.slices),
+            "conflicts": self.conflicts,
+            "nodes_written_by_several": sum(1 for w in self.node_writers.values() if len(w) > 1),
+            "same_hash_rewrites": self.same_hash_rewrites,
+            "first_write": self.first_write,
+            "last_write": self.last_write,
+        }
 
 
 def build_app(rec: Recorder, port_of: dict[int, int]) -> web.Application:
@@ -125,9 +136,15 @@ def build_app(rec: Recorder, port_of: dict[int, int]) -> web.Application:
         return web.Response(body=_ENC.encode(doc), content_type="application/json")
 
     async def group(_r: web.Request) -> web.Response:
-        return json_response({"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io",
-                              "versions": [{"groupVersion": "resource.k8s.io/v1", "version": "v1"}],
-                              "preferredVersion": {"groupVersion": "resource.k8s.io/v1", "version": "v1"}})
+        return json_response(
+            {
+                "kind": "APIGroup",
+                "apiVersion": "v1",
+                "name": "resource.k8s.io",
+                "versions": [{"groupVersion": "resource.k8s.io/v1", "version": "v1"}],
+                "preferredVersion": {"groupVersion": "resource.k8s.io/v1", "version": "v1"},
+            }
+        )
 
     async def version(_r: web.Request) -> web.Response:
         return json_response({"major": "1", "minor": "34", "gitVersion": "v1.34.0-recording"})
@@ -141,10 +158,16 @@ def build_app(rec: Recorder, port_of: dict[int, int]) -> web.Application:
     def page(request: web.Request, items: list[Any]) -> web.Response:
         limit = int(request.query.get("limit") or 0) or len(items) or 1
         start = int(request.query.get("continue") or 0)
-        chunk = items[start:start + limit]
+        chunk = items[start : start + limit]
         cont = str(start + limit) if start + limit < len(items) else ""
-        return json_response({"kind": "List", "apiVersion": "v1",
-                              "metadata": {"resourceVersion": str(rec.rv), "continue": cont}, "items": chunk})
+        return json_response(
+            {
+                "kind": "List",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(rec.rv), "continue": cont},
+                "items": chunk,
+            }
+        )
 
     async def nodes(request: web.Request) -> web.StreamResponse:
         if request.query.get("watch") == "true":
@@ -157,8 +180,11 @@ def build_app(rec: Recorder, port_of: dict[int, int]) -> web.Application:
             return await hold_watch(request)
         wanted = dict(part.split("=", 1) for part in request.query.get("fieldSelector", "").split(",") if part)
         driver, node = wanted.get("spec.driver"), wanted.get("spec.nodeName")
-        items = [s for s in rec.slices.values()
-                 if (driver is None or s.spec.driver == driver) and (node is None or s.spec.nodeName == node)]
+        items = [
+            s
+            for s in rec.slices.values()
+            if (driver is None or s.spec.driver == driver) and (node is None or s.spec.nodeName == node)
+        ]
         return page(request, items)
 
     def stored(new: Slice) -> web.Response:
@@ -257,10 +283,14 @@ async def serve(nodes: int, ports: int) -> None:
 
 def kubeconfig(port: int) -> dict[str, Any]:
     """A kubeconfig (JSON) for one replica's port."""
-    return {"apiVersion": "v1", "kind": "Config", "current-context": "rec",
-            "clusters": [{"name": "rec", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-            "users": [{"name": "rec", "user": {"token": "bench"}}],
-            "contexts": [{"name": "rec", "context": {"cluster": "rec", "user": "rec"}}]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "rec",
+        "clusters": [{"name": "rec", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "rec", "user": {"token": "bench"}}],
+        "contexts": [{"name": "rec", "context": {"cluster": "rec", "user": "rec"}}],
+    }
 
 
 if __name__ == "__main__":

@@ -44,8 +44,19 @@ WARM_RUNS = 45
 
 def _claim(i: int) -> dict[str, Any]:
     sel = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"
-    return {"metadata": {"namespace": "bench", "name": f"c{i}"}, "spec": {"devices": {"requests": [
-        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": sel}}]}}]}}}
+    return {
+        "metadata": {"namespace": "bench", "name": f"c{i}"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": sel}}]},
+                    }
+                ]
+            }
+        },
+    }
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -63,15 +74,26 @@ async def loop_latency(inv: Any) -> dict[str, float]:
                 await kube.create(DEVICECLASSES, None, cls)
             for i in range(LOOP_NODES):
                 name = f"node-{i}"
-                await kube.create(NODE_RESOURCE, None, {"metadata": {"name": name}, "status": {"conditions": [
-                    {"type": "Ready", "status": "True"}]}})
+                await kube.create(
+                    NODE_RESOURCE,
+                    None,
+                    {"metadata": {"name": name}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+                )
                 for s in renamed(base, inv.node, name):
                     s["metadata"].pop("ownerReferences", None)
                     await kube.create(RESOURCESLICES, None, s)
-            await kube.create(RESOURCECLAIMTEMPLATES, "default", {
-                "metadata": {"name": "one-gpu", "namespace": "default"},
-                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                    "deviceClassName": "gpu.nvidia.com"}}]}}}})
+            await kube.create(
+                RESOURCECLAIMTEMPLATES,
+                "default",
+                {
+                    "metadata": {"name": "one-gpu", "namespace": "default"},
+                    "spec": {
+                        "spec": {
+                            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}
+                        }
+                    },
+                },
+            )
             stopping = asyncio.Event()
             scheduler = Scheduler(client)
             task = asyncio.create_task(scheduler.run(stopping))
@@ -98,10 +120,20 @@ async def loop_latency(inv: Any) -> dict[str, float]:
                 names = [f"p{wave * LOOP_WAVE + i:03d}" for i in range(LOOP_WAVE)]
                 for name in names:
                     created[name] = time.perf_counter()
-                    await kube.create(PODS, "default", {"metadata": {"name": name}, "spec": {
-                        "terminationGracePeriodSeconds": 0,
-                        "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
-                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}})
+                    await kube.create(
+                        PODS,
+                        "default",
+                        {
+                            "metadata": {"name": name},
+                            "spec": {
+                                "terminationGracePeriodSeconds": 0,
+                                "containers": [
+                                    {"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
+                                ],
+                                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                            },
+                        },
+                    )
                 await asyncio.wait_for(wave_bound.wait(), 120)
                 for name in names:
                     await kube.delete(PODS, "default", name)
@@ -156,7 +188,9 @@ def main() -> int:
         env._evaluate(sel)
     cel_us = (time.perf_counter() - t) / 5000 * 1e6
     figures = {
-        "nodes": NODES, "gpus_per_node": 8, "slices": len(slices),
+        "nodes": NODES,
+        "gpus_per_node": 8,
+        "slices": len(slices),
         "index_build_ms": round(build_ms, 1),
         "one_claim_all_nodes_filtered_cold_ms_median": round(statistics.median(cold), 1),
         "one_claim_all_nodes_filtered_cold_cpu_ms_median": round(statistics.median(cold_cpu), 1),
@@ -164,7 +198,10 @@ def main() -> int:
         "one_claim_all_nodes_filtered_warm_cpu_ms_median": round(statistics.median(warm_cpu), 1),
         "one_claim_first_node_fits_ms": round(first_fit_ms, 2),
         "cel_evaluation_warm_us": round(cel_us, 2),
-        "loop_pods": LOOP_PODS, "loop_nodes": LOOP_NODES, "loop_gpus_per_node": 16, "loop_wave": LOOP_WAVE,
+        "loop_pods": LOOP_PODS,
+        "loop_nodes": LOOP_NODES,
+        "loop_gpus_per_node": 16,
+        "loop_wave": LOOP_WAVE,
         "loop_pod_created_to_bound_p50_ms_median": round(statistics.median(r["p50"] for r in loop_runs), 1),
         "loop_pod_created_to_bound_p99_ms_median": round(statistics.median(r["p99"] for r in loop_runs), 1),
         "loop_all_pods_bound_s_median": round(statistics.median(r["total"] for r in loop_runs), 2),

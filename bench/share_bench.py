@@ -40,8 +40,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"p50_ms": round(statistics.median(values) * 1e3, 3), "p90_ms": round(pct(values, 0.9) * 1e3, 3),
-            "n": len(values)}
+    return {
+        "p50_ms": round(statistics.median(values) * 1e3, 3),
+        "p90_ms": round(pct(values, 0.9) * 1e3, 3),
+        "n": len(values),
+    }
 
 
 async def run(cycles: int, warmup: int) -> dict[str, Any]:
@@ -54,9 +57,12 @@ async def run(cycles: int, warmup: int) -> dict[str, Any]:
     timings: dict[str, dict[str, list[float]]] = {k: {"prepare": [], "unprepare": []} for k in ("share", "whole")}
     mps_starts = 0
     try:
-        async with running_discovery(bus, node="n1", simulate="h100x4", root=root / "sim",
-                                     driver_root=str(fake.root), tool_timeout=5.0) as _disc, \
-                running_node(claims := MemoryClaims(), root, bus=bus) as node:
+        async with (
+            running_discovery(
+                bus, node="n1", simulate="h100x4", root=root / "sim", driver_root=str(fake.root), tool_timeout=5.0
+            ) as _disc,
+            running_node(claims := MemoryClaims(), root, bus=bus) as node,
+        ):
             resident = claims.add(share_doc("resident", "tenant-r"))
             assert (await node.plugin.prepare([resident]))[resident.uid].error == ""
             served = {"n": 0}
@@ -67,8 +73,11 @@ async def run(cycles: int, warmup: int) -> dict[str, Any]:
             sub = await bus.nc.subscribe("dra.v1.device.n1.mps-start", cb=counting)
             for i in range(warmup + cycles):
                 for kind in ("share", "whole") if i % 2 == 0 else ("whole", "share"):
-                    doc = (share_doc(f"s-{i}", f"tenant-{i % 8}") if kind == "share"
-                           else share_doc(f"w-{i}", f"tenant-{i % 8}", device="gpu-1", share=False))
+                    doc = (
+                        share_doc(f"s-{i}", f"tenant-{i % 8}")
+                        if kind == "share"
+                        else share_doc(f"w-{i}", f"tenant-{i % 8}", device="gpu-1", share=False)
+                    )
                     claim = claims.add(doc)
                     t0 = time.perf_counter()
                     got = await node.plugin.prepare([claim])
@@ -92,9 +101,11 @@ async def run(cycles: int, warmup: int) -> dict[str, Any]:
         cleanup(root)
     out: dict[str, Any] = {k: {phase: summary(v) for phase, v in t.items()} for k, t in timings.items()}
     out["ratio_prepare_p50_share_over_whole"] = round(
-        out["share"]["prepare"]["p50_ms"] / out["whole"]["prepare"]["p50_ms"], 3)
+        out["share"]["prepare"]["p50_ms"] / out["whole"]["prepare"]["p50_ms"], 3
+    )
     out["ratio_unprepare_p50_share_over_whole"] = round(
-        out["share"]["unprepare"]["p50_ms"] / out["whole"]["unprepare"]["p50_ms"], 3)
+        out["share"]["unprepare"]["p50_ms"] / out["whole"]["unprepare"]["p50_ms"], 3
+    )
     for phase in ("prepare", "unprepare"):  # each cycle's share over the same cycle's whole: the noise of a
         # moment (another process on the 2 cores) hits both, so the median of the pairs is the steadier figure
         pairs = [s / w for s, w in zip(timings["share"][phase], timings["whole"][phase], strict=True)]
@@ -113,13 +124,19 @@ def main() -> None:
     result = asyncio.run(run(args.cycles, args.warmup))
     for kind in ("share", "whole"):
         p, u = result[kind]["prepare"], result[kind]["unprepare"]
-        print(f"{kind:>5}: prepare p50 {p['p50_ms']:.2f} ms p90 {p['p90_ms']:.2f} ms | "
-              f"unprepare p50 {u['p50_ms']:.2f} ms p90 {u['p90_ms']:.2f} ms  (n={p['n']})")
-    print(f"paired share/whole per cycle, median: prepare {result['paired_ratio_prepare_p50']:.3f}x, unprepare "
-          f"{result['paired_ratio_unprepare_p50']:.3f}x")
-    print(f"prepare p50 share/whole: {result['ratio_prepare_p50_share_over_whole']:.2f}x; unprepare "
-          f"{result['ratio_unprepare_p50_share_over_whole']:.2f}x; mps-start requests per share cycle "
-          f"{result['mps_start_requests_per_share_cycle']}")
+        print(
+            f"{kind:>5}: prepare p50 {p['p50_ms']:.2f} ms p90 {p['p90_ms']:.2f} ms | "
+            f"unprepare p50 {u['p50_ms']:.2f} ms p90 {u['p90_ms']:.2f} ms  (n={p['n']})"
+        )
+    print(
+        f"paired share/whole per cycle, median: prepare {result['paired_ratio_prepare_p50']:.3f}x, unprepare "
+        f"{result['paired_ratio_unprepare_p50']:.3f}x"
+    )
+    print(
+        f"prepare p50 share/whole: {result['ratio_prepare_p50_share_over_whole']:.2f}x; unprepare "
+        f"{result['ratio_unprepare_p50_share_over_whole']:.2f}x; mps-start requests per share cycle "
+        f"{result['mps_start_requests_per_share_cycle']}"
+    )
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
 

@@ -8,8 +8,8 @@ claim + two leaves) and the file exporter's encoding per span (done on the batch
 
 Each is timed with tracers of two providers: `sdk` (what `shared.tracing_sdk.build_provider` makes, the SDK's
 TracerProvider, every span exported to a file as with GPU_DRA_OTEL_EXPORTER=file:...) and `noop` (no provider:
-the API's no-op tracer, as with no exporter). Figures: microseconds per span (per prepare for the set), the median of --repeats runs of
---n spans; the batch processor's thread runs as it does in a service.
+the API's no-op tracer, as with no exporter). Figures: microseconds per span (per prepare for the set), the median of
+--repeats runs of --n spans; the batch processor's thread runs as it does in a service.
 
 Run: `.venv/bin/python bench/span_bench.py [--n 20000] [--repeats 5] [--out bench/results/span.json]`.
 """
@@ -55,63 +55,105 @@ def providers(path: str) -> dict[str, trace.TracerProvider]:
 def kinds(tracer: trace.Tracer) -> dict[str, Callable[[], None]]:
     """One call of each: the preparer's span kinds, as its code makes them."""
     server_parent = traceparent_context(KUBELET_TRACEPARENT)
-    server_attrs: dict[str, str | int] = {"rpc.system": "grpc", "rpc.service": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
-                    "rpc.method": "NodePrepareResources", "dra.claims": 1}
+    server_attrs: dict[str, str | int] = {
+        "rpc.system": "grpc",
+        "rpc.service": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+        "rpc.method": "NodePrepareResources",
+        "dra.claims": 1,
+    }
 
     def server() -> None:
-        with kubelet_context(True), tracer.start_as_current_span("NodePrepareResources", context=server_parent,
-                                                                 kind=SpanKind.SERVER, attributes=server_attrs):
+        with (
+            kubelet_context(True),
+            tracer.start_as_current_span(
+                "NodePrepareResources", context=server_parent, kind=SpanKind.SERVER, attributes=server_attrs
+            ),
+        ):
             pass
 
     def claim() -> None:
         links = span_link(SCHEDULER_TRACEPARENT)
-        attributes: dict[str, str] = {"dra.claim.uid": "0c5e7c1e-6f1b-4d6e-9a53-3f1d8d1b2a10", "dra.claim.name": "claim-1",
-                      "k8s.namespace.name": "default", "dra.driver": "gpu.nvidia.com", "k8s.node.name": "node-1",
-                      "k8s.pod.uid": "5b7f3f2c-9a0e-4a4b-8c7e-1e0b0f6a9d21"}
+        attributes: dict[str, str] = {
+            "dra.claim.uid": "0c5e7c1e-6f1b-4d6e-9a53-3f1d8d1b2a10",
+            "dra.claim.name": "claim-1",
+            "k8s.namespace.name": "default",
+            "dra.driver": "gpu.nvidia.com",
+            "k8s.node.name": "node-1",
+            "k8s.pod.uid": "5b7f3f2c-9a0e-4a4b-8c7e-1e0b0f6a9d21",
+        }
         with tracer.start_as_current_span("claim.prepare", links=links, attributes=attributes) as span:
             if span.is_recording():
                 span.add_event("claim.get", {"dra.claim.get_ms": 0.412})
-                span.set_attributes({"dra.device": ["gpu-0"], "gpu.uuid": ["GPU-8f0c3a1e-0000-0000-0000-000000000000"],
-                                     "cdi.device_ids": ["k8s.gpu.nvidia.com/claim=0c5e7c1e-gpu-0"]})
+                span.set_attributes(
+                    {
+                        "dra.device": ["gpu-0"],
+                        "gpu.uuid": ["GPU-8f0c3a1e-0000-0000-0000-000000000000"],
+                        "cdi.device_ids": ["k8s.gpu.nvidia.com/claim=0c5e7c1e-gpu-0"],
+                    }
+                )
 
     def leaf() -> None:
         with leaf_span(tracer, "checkpoint.write", {"checkpoint.events": 1}):
             pass
 
     def producer() -> None:
-        with tracer.start_as_current_span("publish claim.prepared", kind=SpanKind.PRODUCER, attributes={
-                "messaging.system": "nats", "messaging.destination.name": "dra.v1.claim.node-1.prepared"}):
+        with tracer.start_as_current_span(
+            "publish claim.prepared",
+            kind=SpanKind.PRODUCER,
+            attributes={"messaging.system": "nats", "messaging.destination.name": "dra.v1.claim.node-1.prepared"},
+        ):
             inject_headers({"ce-id": "x"})
 
     def prepare() -> None:
-        with kubelet_context(True), tracer.start_as_current_span("NodePrepareResources", context=server_parent,
-                                                                 kind=SpanKind.SERVER, attributes=server_attrs):
+        with (
+            kubelet_context(True),
+            tracer.start_as_current_span(
+                "NodePrepareResources", context=server_parent, kind=SpanKind.SERVER, attributes=server_attrs
+            ),
+        ):
             claim_with_leaves()
 
     def claim_with_leaves() -> None:
-        with tracer.start_as_current_span("claim.prepare", links=span_link(SCHEDULER_TRACEPARENT),
-                                          attributes={"dra.claim.uid": "u", "dra.claim.name": "c",
-                                                      "k8s.namespace.name": "default"}):
+        with tracer.start_as_current_span(
+            "claim.prepare",
+            links=span_link(SCHEDULER_TRACEPARENT),
+            attributes={"dra.claim.uid": "u", "dra.claim.name": "c", "k8s.namespace.name": "default"},
+        ):
             with leaf_span(tracer, "cdi.write"):
                 pass
             with leaf_span(tracer, "checkpoint.write", {"checkpoint.events": 1}):
                 pass
 
-    local = trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
-        0x0AF7651916CD43DD8448EB211C80319C, 0x00F067AA0BA902B7, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))))
+    local = trace.set_span_in_context(
+        trace.NonRecordingSpan(
+            trace.SpanContext(
+                0x0AF7651916CD43DD8448EB211C80319C,
+                0x00F067AA0BA902B7,
+                False,
+                trace.TraceFlags(trace.TraceFlags.SAMPLED),
+            )
+        )
+    )
 
     def inside(call: Callable[[], None]) -> Callable[[], None]:
         """`call` as the preparer makes it: within a (sampled, local) parent span, its child."""
+
         def run() -> None:
             token = otel_context.attach(local)
             try:
                 call()
             finally:
                 otel_context.detach(token)
+
         return run
 
-    return {"server": server, "claim.prepare": inside(claim), "leaf": inside(leaf), "producer": inside(producer),
-            "prepare (4 spans)": prepare}
+    return {
+        "server": server,
+        "claim.prepare": inside(claim),
+        "leaf": inside(leaf),
+        "producer": inside(producer),
+        "prepare (4 spans)": prepare,
+    }
 
 
 def timed(call: Callable[[], None], n: int, flush: Callable[[], object]) -> float:
@@ -174,9 +216,12 @@ def main() -> None:
     print(f"{'us per span (thread CPU)':<44}{'noop':>8}{'sdk':>8}")
     for kind, row in results.items():
         print(f"{kind:<44}" + "".join(f"{row[p]:>8.2f}" if p in row else f"{'-':>8}" for p in ("noop", "sdk")))
-    out = {"what": "microseconds of the calling thread's CPU per span (per prepare for the 4-span set), median of "
-                   f"{args.repeats} runs of {args.n}; every span exported to a file (batch processor)",
-           "cpus": os.cpu_count(), "results": results}
+    out = {
+        "what": "microseconds of the calling thread's CPU per span (per prepare for the 4-span set), median of "
+        f"{args.repeats} runs of {args.n}; every span exported to a file (batch processor)",
+        "cpus": os.cpu_count(),
+        "results": results,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"written to {args.out}")

@@ -38,13 +38,35 @@ VWC = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 
 
 def good_claim(name: str) -> dict:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": {"devices": {
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
                 "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
-                "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
-                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
-                                                                  "defaultPinnedDeviceMemoryLimit": "10Gi"}}}}}]}}}
+                "config": [
+                    {
+                        "requests": ["gpu"],
+                        "opaque": {
+                            "driver": "gpu.nvidia.com",
+                            "parameters": {
+                                "apiVersion": "resource.nvidia.com/v1beta1",
+                                "kind": "GpuConfig",
+                                "sharing": {
+                                    "strategy": "MPS",
+                                    "mpsConfig": {
+                                        "defaultActiveThreadPercentage": 50,
+                                        "defaultPinnedDeviceMemoryLimit": "10Gi",
+                                    },
+                                },
+                            },
+                        },
+                    }
+                ],
+            }
+        },
+    }
 
 
 def pct(values: list[float], q: float) -> float:
@@ -58,9 +80,22 @@ _DRAINS: list[asyncio.Task[bytes]] = []  # the webhook's stderr, read to its end
 async def start_webhook(cert_dir: Path) -> tuple[asyncio.subprocess.Process, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "webhook", "--self-signed", "--cert-dir", str(cert_dir), "--host",
-        "127.0.0.1", "--port", "0", cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "webhook",
+        "--self-signed",
+        "--cert-dir",
+        str(cert_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     assert proc.stderr is not None
     while True:
         line = (await proc.stderr.readline()).decode()
@@ -72,8 +107,9 @@ async def start_webhook(cert_dir: Path) -> tuple[asyncio.subprocess.Process, str
             return proc, found.group(1)
 
 
-async def creates(http: aiohttp.ClientSession, url: str, headers: dict, ctx: ssl.SSLContext, prefix: str,
-                  count: int) -> list[float]:
+async def creates(
+    http: aiohttp.ClientSession, url: str, headers: dict, ctx: ssl.SSLContext, prefix: str, count: int
+) -> list[float]:
     took = []
     for i in range(count):
         started = time.perf_counter()
@@ -94,10 +130,16 @@ async def main(count: int) -> dict:
                 headers = {"Authorization": f"Bearer {server.token}"}
                 bundle = base64.b64encode((Path(tmp) / "certs" / "webhook.crt").read_bytes()).decode()
                 hook_ctx = ssl.create_default_context(cafile=str(Path(tmp) / "certs" / "webhook.crt"))
-                review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-                    "uid": "bench", "resource": {"group": "resource.k8s.io", "version": "v1",
-                                                 "resource": "resourceclaims"},
-                    "operation": "CREATE", "object": good_claim("review")}}
+                review = {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "request": {
+                        "uid": "bench",
+                        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+                        "operation": "CREATE",
+                        "object": good_claim("review"),
+                    },
+                }
                 direct = []
                 for _ in range(count):
                     started = time.perf_counter()
@@ -116,13 +158,15 @@ async def main(count: int) -> dict:
             await proc.wait()
     return {
         "what": "a good ResourceClaim's admission: the real webhook process, the embedded API server in the "
-                "client's process, HTTPS throughout",
+        "client's process, HTTPS throughout",
         "claims": count,
         "webhook_round_trip_ms": {"p50": pct(direct, 0.5), "p99": pct(direct, 0.99)},
         "create_with_webhook_ms": {"p50": pct(hooked, 0.5), "p99": pct(hooked, 0.99)},
         "create_without_webhook_ms": {"p50": pct(without, 0.5), "p99": pct(without, 0.99)},
-        "admission_added_ms": {"p50": round(pct(hooked, 0.5) - pct(without, 0.5), 2),
-                               "p99": round(pct(hooked, 0.99) - pct(without, 0.99), 2)},
+        "admission_added_ms": {
+            "p50": round(pct(hooked, 0.5) - pct(without, 0.5), 2),
+            "p99": round(pct(hooked, 0.99) - pct(without, 0.99), 2),
+        },
         "goal": "admission p99 <= 20 ms",
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
     }

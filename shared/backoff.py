@@ -13,8 +13,9 @@ class Backoff:
     """`delay = backoff.next()` before each retry; `backoff.reset()` after a success (or `delay =
     backoff.restart()`); `backoff.ran(seconds)` after a try that ran a while."""
 
-    def __init__(self, initial_s: float = 0.2, cap_s: float = 10.0, factor: float = 2.0,
-                 stable_after_s: float = 30.0) -> None:
+    def __init__(
+        self, initial_s: float = 0.2, cap_s: float = 10.0, factor: float = 2.0, stable_after_s: float = 30.0
+    ) -> None:
         if not 0 < initial_s <= cap_s or factor < 1:
             raise ValueError(f"backoff needs 0 < initial ({initial_s}) <= cap ({cap_s}) and factor ({factor}) >= 1")
         self.initial_s = initial_s

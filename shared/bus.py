@@ -76,11 +76,24 @@ from shared.natsconn import (
 from shared.natskv import CONSUMER_PENDING, TypedKV, decode_body, encode, note_pending
 from shared.telemetry import extract_context, get_tracer, inject_headers
 
-__all__ = ["PUBLISH_RETRY_S", "Bus", "BusError", "CONSUMER_PENDING", "LoginRefused", "MsgContext", "NatsTLS", "TypedKV",
-           "encode", "identity_token", "inbox_prefix", "retry_jetstream"]
+__all__ = [
+    "PUBLISH_RETRY_S",
+    "Bus",
+    "BusError",
+    "CONSUMER_PENDING",
+    "LoginRefused",
+    "MsgContext",
+    "NatsTLS",
+    "TypedKV",
+    "encode",
+    "identity_token",
+    "inbox_prefix",
+    "retry_jetstream",
+]
 log = get_logger(__name__)
-DEAD_LETTERS = Counter("gpu_dra_dead_letters", "Messages a consumer refused and filed as dead letters",
-                       ["consumer", "reason"])
+DEAD_LETTERS = Counter(
+    "gpu_dra_dead_letters", "Messages a consumer refused and filed as dead letters", ["consumer", "reason"]
+)
 tracer = get_tracer(__name__)
 M = TypeVar("M", bound=Message)
 R = TypeVar("R", bound=Message)
@@ -109,8 +122,9 @@ class Bus:
         self.identity = identity_token(user) if user else consumer_token(name)
         self.user = user  # the NATS user it logged in as (None: no authentication, no identities to check)
         node_role = node_identity(user)
-        self.js: JetStreamContext = BusJetStream(nc, gated=gate_prefix(node_role[1], node_role[0])
-                                                  if node_role else None)
+        self.js: JetStreamContext = BusJetStream(
+            nc, gated=gate_prefix(node_role[1], node_role[0]) if node_role else None
+        )
         self._subs: list[Subscription] = []
         self._kv_cache: dict[str, TypedKV[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -213,8 +227,10 @@ class Bus:
                 return await retry_jetstream(lambda: self.js.key_value(bucket.name), f"open KV bucket {bucket.name}")
             except nats.js.errors.BucketNotFoundError:
                 if loop.time() > deadline:
-                    raise BusError(f"KV bucket {bucket.name} does not exist after {PUBLISH_RETRY_S:.0f}s: the "
-                                   "publisher (or the deployment's init, as admin) creates it; is it running?") from None
+                    raise BusError(
+                        f"KV bucket {bucket.name} does not exist after {PUBLISH_RETRY_S:.0f}s: the "
+                        "publisher (or the deployment's init, as admin) creates it; is it running?"
+                    ) from None
                 log.info("KV bucket not provisioned yet; waiting for the publisher", bucket=bucket.name)
                 await asyncio.sleep(backoff.next())
 
@@ -228,9 +244,13 @@ class Bus:
             try:
                 return await self.js.create_key_value(
                     KeyValueConfig(
-                        bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None, replicas=self.replicas,
+                        bucket=bucket.name,
+                        history=bucket.history,
+                        ttl=bucket.ttl_s or None,
+                        replicas=self.replicas,
                         direct=True,  # TypedKV reads by direct get only
-                        max_value_size=bucket.max_value_size, max_bytes=bucket.max_bytes,
+                        max_value_size=bucket.max_value_size,
+                        max_bytes=bucket.max_bytes,
                     )
                 )
             except nats.js.errors.BadRequestError:
@@ -246,9 +266,13 @@ class Bus:
             await asyncio.wait_for(self.js.update_stream(info.config), timeout=2.0)
             log.info("direct get enabled on KV bucket", bucket=bucket.name)
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
-            log.warning("KV bucket has no direct get and this user cannot enable it; reads fail until the "
-                        "publisher starts (or run `nats stream edit --allow-direct`)", bucket=bucket.name,
-                        stream=stream, error=str(exc) or type(exc).__name__)
+            log.warning(
+                "KV bucket has no direct get and this user cannot enable it; reads fail until the "
+                "publisher starts (or run `nats stream edit --allow-direct`)",
+                bucket=bucket.name,
+                stream=stream,
+                error=str(exc) or type(exc).__name__,
+            )
 
     async def kv(self, bucket: Bucket) -> TypedKV[Any]:
         """The typed KV bucket (created if missing)."""
@@ -260,14 +284,18 @@ class Bus:
         return cached
 
     @contextlib.contextmanager
-    def _outgoing(self, entry: Entry, message: Message, msg_id: str | None, durable: bool,
-                  tokens: dict[str, str]) -> Iterator[tuple[str, bytes, dict[str, str]]]:
+    def _outgoing(
+        self, entry: Entry, message: Message, msg_id: str | None, durable: bool, tokens: dict[str, str]
+    ) -> Iterator[tuple[str, bytes, dict[str, str]]]:
         """An event's subject, body and headers, inside its producer span (which ends with the block)."""
         if not isinstance(message, entry.message):
             raise TypeError(f"{entry.name} carries {entry.message.__name__}, not {type(message).__name__}")
         subject = entry.format(**tokens)
-        with tracer.start_as_current_span(f"publish {entry.name}", kind=SpanKind.PRODUCER, attributes={
-                "messaging.system": "nats", "messaging.destination.name": subject}):
+        with tracer.start_as_current_span(
+            f"publish {entry.name}",
+            kind=SpanKind.PRODUCER,
+            attributes={"messaging.system": "nats", "messaging.destination.name": subject},
+        ):
             # every durable publish carries a message id, so a retry is de-duplicated by the stream; the
             # id (given or drawn) is also the CloudEvents id of an event that has no event id of its own
             event_id = msg_id or uuid.uuid4().hex
@@ -286,8 +314,14 @@ class Bus:
             else:
                 await self.nc.publish(subject, payload, headers=headers)
 
-    async def publish_nowait(self, entry: Entry, message: Message, *, msg_id: str, **tokens: str,
-                             ) -> asyncio.Future[Any]:
+    async def publish_nowait(
+        self,
+        entry: Entry,
+        message: Message,
+        *,
+        msg_id: str,
+        **tokens: str,
+    ) -> asyncio.Future[Any]:
         """Send a durable event to JetStream without waiting for its store: the future of its ack (a
         JetStream error or NoStreamResponseError as its exception; await it with a timeout). For a sender
         that has many in flight at once; the publish span ends when the message is sent."""
@@ -386,9 +420,7 @@ class Bus:
                     await msg.ack()
                 return
             parent = extract_context(headers)
-            with tracer.start_as_current_span(
-                f"consume {entry.name}", context=parent, kind=SpanKind.CONSUMER
-            ) as span:
+            with tracer.start_as_current_span(f"consume {entry.name}", context=parent, kind=SpanKind.CONSUMER) as span:
                 span.set_attribute("messaging.system", "nats")
                 span.set_attribute("messaging.destination.name", msg.subject)
                 try:
@@ -470,7 +502,8 @@ class Bus:
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
                 span.set_status(Status(StatusCode.ERROR, "no reply"))
                 raise BusError(
-                    f"no reply on {subject} within {timeout}s ({type(exc).__name__}): is the service for this node running?"
+                    f"no reply on {subject} within {timeout}s ({type(exc).__name__}): "
+                    "is the service for this node running?"
                 ) from exc
             reply, error = decode_body(msgspec.json.Decoder(entry.reply), msg.data)
             if error:

@@ -3,7 +3,8 @@ validation, and which config applies to which allocated device.
 
 Owns the user-visible config rules: class configs before claim configs, later over earlier, a
 config naming a request or its parent request (`req` matches `req/sub`), type compatibility
-(GpuConfig -> full GPU, MigDeviceConfig -> MIG, VfioDeviceConfig -> VFIO passthrough GPU). An unknown field is an error naming it.
+(GpuConfig -> full GPU, MigDeviceConfig -> MIG, VfioDeviceConfig -> VFIO passthrough GPU). An unknown field is an error
+naming it.
 
 Owns the input limits of opaque configs too (docs/security.md, "Input limits"), all checked before
 any work that grows with the input: parameters at most `MAX_PARAMETERS_BYTES` of JSON, at most
@@ -102,7 +103,10 @@ class VfioDeviceConfig(_Strict):
 
 DeviceConfig = GpuConfig | MigDeviceConfig | VfioDeviceConfig
 _KINDS: dict[str, type[DeviceConfig]] = {
-    "GpuConfig": GpuConfig, "MigDeviceConfig": MigDeviceConfig, "VfioDeviceConfig": VfioDeviceConfig}
+    "GpuConfig": GpuConfig,
+    "MigDeviceConfig": MigDeviceConfig,
+    "VfioDeviceConfig": VfioDeviceConfig,
+}
 _DEVICE_KIND = {"GpuConfig": "gpu", "MigDeviceConfig": "mig", "VfioDeviceConfig": "vfio"}
 _CONFIG_FOR_KIND = {kind: name for name, kind in _DEVICE_KIND.items()}
 _UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
@@ -125,7 +129,7 @@ def _explain(exc: msgspec.ValidationError, kind: str) -> str:
         return f'strict decoding error: unknown field "{path}" in {kind}'
     m = _AT.match(text)
     if m:
-        return f"invalid {kind}: {m.group(1)} at field \"{m.group(2)}\""
+        return f'invalid {kind}: {m.group(1)} at field "{m.group(2)}"'
     return f"invalid {kind}: {text}"
 
 
@@ -142,10 +146,14 @@ def parameters_size(parameters: Any) -> int:
 def decode_config(parameters: Any) -> DeviceConfig:
     """Strictly decode one opaque `parameters` object (already parsed JSON) and validate it."""
     if not isinstance(parameters, dict):
-        raise ClaimConfigError(f"opaque parameters must be an object with apiVersion and kind, got {type(parameters).__name__}")
+        raise ClaimConfigError(
+            f"opaque parameters must be an object with apiVersion and kind, got {type(parameters).__name__}"
+        )
     size = parameters_size(parameters)
     if size > MAX_PARAMETERS_BYTES:
-        raise ClaimConfigError(f"opaque parameters are {size} bytes of JSON, more than the {MAX_PARAMETERS_BYTES} allowed")
+        raise ClaimConfigError(
+            f"opaque parameters are {size} bytes of JSON, more than the {MAX_PARAMETERS_BYTES} allowed"
+        )
     api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
     if api_version != API_GROUP_VERSION:
         raise ClaimConfigError(f"unsupported opaque config apiVersion {_short(api_version)}; use {API_GROUP_VERSION!r}")
@@ -227,16 +235,19 @@ def pinned_limits(mps: MpsConfig | None, uuids: list[str], memory: dict[str, int
     limits: dict[str, int] = {}
     if mps.defaultPinnedDeviceMemoryLimit is not None:
         for uuid in ordered:
-            limits[uuid] = _pinned_limit(mps.defaultPinnedDeviceMemoryLimit, "defaultPinnedDeviceMemoryLimit",
-                                         memory.get(uuid) or MAX_VALUE)
+            limits[uuid] = _pinned_limit(
+                mps.defaultPinnedDeviceMemoryLimit, "defaultPinnedDeviceMemoryLimit", memory.get(uuid) or MAX_VALUE
+            )
     for key, text in mps.defaultPerDevicePinnedMemoryLimit.items():
         if key in ordered:
             uuid = key
         elif key.isdigit() and int(key) < len(ordered):
             uuid = ordered[int(key)]
         else:
-            raise ClaimConfigError(f"defaultPerDevicePinnedMemoryLimit key {_short(key)} is neither a UUID of the claim's "
-                                   f"devices nor an index below {len(ordered)}")
+            raise ClaimConfigError(
+                f"defaultPerDevicePinnedMemoryLimit key {_short(key)} is neither a UUID of the claim's "
+                f"devices nor an index below {len(ordered)}"
+            )
         limits[uuid] = _pinned_limit(text, f"defaultPerDevicePinnedMemoryLimit[{uuid}]", memory.get(uuid) or MAX_VALUE)
     return limits
 
@@ -272,8 +283,7 @@ def share_limits(consumed: dict[str, str], gpu_memory: int = 0) -> ShareLimits:
     `memory: 0` (a claim naming no amount under `memoryDefault: none`, NVIDIA's unlimited and integer
     modes) reserves no memory, so it sets no client memory limit: the daemon's default applies."""
     memory, compute = consumed.get("memory"), consumed.get("compute")
-    return _share_limits(None if memory is None else str(memory), None if compute is None else str(compute),
-                         gpu_memory)
+    return _share_limits(None if memory is None else str(memory), None if compute is None else str(compute), gpu_memory)
 
 
 @functools.lru_cache(maxsize=1024)  # a node's shares repeat few sizes: parsed once, not per share's prepare
@@ -287,8 +297,10 @@ def _share_limits(memory_text: str | None, compute_text: str | None, gpu_memory:
         except QuantityError as exc:
             raise ClaimConfigError(f"consumedCapacity compute: {exc}") from None
         if value.denominator != 1 or not 1 <= value <= 100:
-            raise ClaimConfigError(f"consumedCapacity compute {_short(compute_text)} must be a whole "
-                                   "percent of the GPU's SMs within 1..100")
+            raise ClaimConfigError(
+                f"consumedCapacity compute {_short(compute_text)} must be a whole "
+                "percent of the GPU's SMs within 1..100"
+            )
         compute = int(value)
     return ShareLimits(memory=memory, compute=compute)
 
@@ -301,6 +313,7 @@ def _is_zero(text: str) -> bool:
 
 
 # -- selection ------------------------------------------------------------------------------
+
 
 class RawConfig(msgspec.Struct, kw_only=True):
     """A `status.allocation.devices.config[]` entry as the claim carries it."""
@@ -323,20 +336,26 @@ class Selected:
 
 def _mismatch(config: DeviceConfig, request: str, device_kind: str) -> str:
     """Why `config` cannot apply to a device of `device_kind`, naming the config type that would."""
-    text = (f"cannot apply {config.kind} to request {request!r}: its device is of type {device_kind!r} "
-            f"(use {_CONFIG_FOR_KIND.get(device_kind, 'no config')})")
+    text = (
+        f"cannot apply {config.kind} to request {request!r}: its device is of type {device_kind!r} "
+        f"(use {_CONFIG_FOR_KIND.get(device_kind, 'no config')})"
+    )
     if device_kind == "vfio" and config.sharing is not None:
-        text += (f"; field \"sharing.strategy\": {_short(config.sharing.strategy)} sharing does not apply to a GPU "
-                 "passed through to a VM, which is handed over whole")
+        text += (
+            f'; field "sharing.strategy": {_short(config.sharing.strategy)} sharing does not apply to a GPU '
+            "passed through to a VM, which is handed over whole"
+        )
     return text
 
 
 def check_gates(device_kind: str, *, share: bool, dynamic_mig: bool, enabled: Callable[[str], bool]) -> None:
     """ClaimConfigError when a device needs a feature whose gate is off (`enabled(name)` says which are on):
     a VFIO device (PassthroughSupport), a share (ConsumableShares), a dynamic MIG device (DynamicMIG)."""
-    needs = [(device_kind == "vfio", featuregates.PASSTHROUGH_SUPPORT, "VFIO (passthrough) devices"),
-             (share, featuregates.CONSUMABLE_SHARES, "consumable shares"),
-             (dynamic_mig, featuregates.DYNAMIC_MIG, "dynamic MIG devices")]
+    needs = [
+        (device_kind == "vfio", featuregates.PASSTHROUGH_SUPPORT, "VFIO (passthrough) devices"),
+        (share, featuregates.CONSUMABLE_SHARES, "consumable shares"),
+        (dynamic_mig, featuregates.DYNAMIC_MIG, "dynamic MIG devices"),
+    ]
     for needed, gate, what in needs:
         if needed and not enabled(gate):
             raise ClaimConfigError(f"{what} are turned off here (feature gate {gate}=false)")
@@ -357,22 +376,31 @@ def select(driver: str, entries: list[RawConfig], results: list[tuple[str, str]]
         raise ClaimConfigError(f"the claim carries {len(entries)} config entries, more than the {MAX_CONFIGS} allowed")
     for position, entry in enumerate(entries):
         if len(entry.requests) > MAX_REQUESTS_PER_CONFIG:
-            raise ClaimConfigError(f"config entry {position} names {len(entry.requests)} requests, more than the "
-                                   f"{MAX_REQUESTS_PER_CONFIG} allowed")
+            raise ClaimConfigError(
+                f"config entry {position} names {len(entry.requests)} requests, more than the "
+                f"{MAX_REQUESTS_PER_CONFIG} allowed"
+            )
     ordered = [e for e in entries if e.source == "FromClass"] + [e for e in entries if e.source != "FromClass"]
     decoded: list[tuple[list[str], DeviceConfig, bool]] = [
-        ([], VfioDeviceConfig(), False), ([], MigDeviceConfig(), False), ([], GpuConfig(), False)]  # defaults
+        ([], VfioDeviceConfig(), False),
+        ([], MigDeviceConfig(), False),
+        ([], GpuConfig(), False),
+    ]  # defaults
     for position, entry in enumerate(ordered):
         if not entry.has_opaque:
-            raise ClaimConfigError("only opaque parameters are supported by this driver (config entry "
-                                   f"{position} has no 'opaque')")
+            raise ClaimConfigError(
+                f"only opaque parameters are supported by this driver (config entry {position} has no 'opaque')"
+            )
         if entry.driver != driver:
             continue
         try:
             decoded.append((entry.requests, decode_config(entry.parameters), True))
         except ClaimConfigError as exc:
-            where = f"{_short(entry.source)} config for requests {_short(entry.requests)}" if entry.requests else \
-                f"{_short(entry.source)} config"
+            where = (
+                f"{_short(entry.source)} config for requests {_short(entry.requests)}"
+                if entry.requests
+                else f"{_short(entry.source)} config"
+            )
             raise ClaimConfigError(f"{where}: {exc}") from None
     groups: dict[int, Selected] = {}
     for index, (request, device_kind) in enumerate(results):

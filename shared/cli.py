@@ -66,9 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
         if module_name.startswith("embedded.") or missing in _EMBEDDED_MODULES:
-            print(f"gpu-dra: command {name!r} is part of the local-cluster world, which this install lacks "
-                  f"(no module {exc.name!r}); install it with: pip install 'gpu-dra[{EMBEDDED_EXTRA}]' "
-                  "(a production image runs only the services)", file=sys.stderr)
+            print(
+                f"gpu-dra: command {name!r} is part of the local-cluster world, which this install lacks "
+                f"(no module {exc.name!r}); install it with: pip install 'gpu-dra[{EMBEDDED_EXTRA}]' "
+                "(a production image runs only the services)",
+                file=sys.stderr,
+            )
         else:
             print(f"gpu-dra: command {name!r} is not available in this build ({exc})", file=sys.stderr)
         return 2

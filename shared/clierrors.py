@@ -12,8 +12,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # Commands that run until stopped; their one-shot actions (`discovery inject-xid`, `nats credentials`) do not.
-LONG_RUNNING = frozenset({"discovery", "publisher", "state-gate", "preparer", "computedomain", "dashboard",
-                          "apiserver", "kubelet", "scheduler", "controllers", "webhook", "up", "demo", "nats"})
+LONG_RUNNING = frozenset(
+    {
+        "discovery",
+        "publisher",
+        "state-gate",
+        "preparer",
+        "computedomain",
+        "dashboard",
+        "apiserver",
+        "kubelet",
+        "scheduler",
+        "controllers",
+        "webhook",
+        "up",
+        "demo",
+        "nats",
+    }
+)
 ONE_SHOT_ACTIONS = frozenset({"inject-xid", "credentials"})
 
 

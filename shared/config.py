@@ -43,11 +43,16 @@ class CommonConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nats_url: Annotated[str, _help("NATS server URL(s), comma-separated; empty starts an embedded nats-server")] = ""
     nats_user: Annotated[str, _help("NATS user name (multi-tenant deployments)")] = ""
     nats_password: Annotated[str, _help("NATS password")] = ""
-    nats_creds: Annotated[str, _help("NATS .creds file (user JWT + NKEY seed from `gpu-dra nats credentials`), "
-                                     "instead of a password")] = ""
-    nats_token_file: Annotated[str, _help(
-        "projected ServiceAccount token (audience nats) sent to the NATS auth callout, with GPU_DRA_NATS_CREDS "
-        "naming the sentinel's creds and GPU_DRA_NATS_USER the identity asked for; read at every connect")] = ""
+    nats_creds: Annotated[
+        str, _help("NATS .creds file (user JWT + NKEY seed from `gpu-dra nats credentials`), instead of a password")
+    ] = ""
+    nats_token_file: Annotated[
+        str,
+        _help(
+            "projected ServiceAccount token (audience nats) sent to the NATS auth callout, with GPU_DRA_NATS_CREDS "
+            "naming the sentinel's creds and GPU_DRA_NATS_USER the identity asked for; read at every connect"
+        ),
+    ] = ""
     nats_tls_ca: Annotated[str, _help("CA bundle that signed the NATS server certificate (tls:// URLs)")] = ""
     nats_tls_cert: Annotated[str, _help("client certificate for NATS servers that verify clients")] = ""
     nats_tls_key: Annotated[str, _help("private key of GPU_DRA_NATS_TLS_CERT")] = ""
@@ -59,16 +64,40 @@ class CommonConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     otel_exporter: Annotated[
         str, _help("trace exporter when OTEL_EXPORTER_OTLP_ENDPOINT is unset: none, console, memory, file:<path>")
     ] = "none"
-    otel_periodic_ratio: Annotated[float, msgspec.Meta(ge=0, le=1, description=(
-        "share of periodic no-op work (scans, resyncs) traced as root spans; what such work changes is "
-        "always traced"))] = DEFAULT_PERIODIC_RATIO
-    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535, description=(
-        "HTTP port of /metrics (Prometheus), /healthz (liveness) and /readyz (readiness); 0 is off"))] = 0
-    health_stall_seconds: Annotated[float, msgspec.Meta(gt=1, le=3600, description=(
-        "/healthz fails once the event loop has not ticked (every second) for this long"))] = 10.0
-    feature_gates: Annotated[str, _help(
-        "feature gates to change from their defaults, Name=true|false comma-separated (`gpu-dra features` "
-        "lists them with stage and default)")] = ""
+    otel_periodic_ratio: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=1,
+            description=(
+                "share of periodic no-op work (scans, resyncs) traced as root spans; what such work changes is "
+                "always traced"
+            ),
+        ),
+    ] = DEFAULT_PERIODIC_RATIO
+    metrics_port: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=65535,
+            description=("HTTP port of /metrics (Prometheus), /healthz (liveness) and /readyz (readiness); 0 is off"),
+        ),
+    ] = 0
+    health_stall_seconds: Annotated[
+        float,
+        msgspec.Meta(
+            gt=1,
+            le=3600,
+            description=("/healthz fails once the event loop has not ticked (every second) for this long"),
+        ),
+    ] = 10.0
+    feature_gates: Annotated[
+        str,
+        _help(
+            "feature gates to change from their defaults, Name=true|false comma-separated (`gpu-dra features` "
+            "lists them with stage and default)"
+        ),
+    ] = ""
 
     @property
     def gates(self) -> featuregates.FeatureGates:
@@ -147,11 +176,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig
         default = f.default if f.default is not msgspec.NODEFAULT else None
         help_text = f"{description} (env {_env(f.name)}; default {default!r})"
         if _is_bool(tp):
-            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=help_text)
+            parser.add_argument(
+                _flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         else:
-            parser.add_argument(_flag(f.name), dest=f.name, default=None, metavar=f.name.upper(),
-                                help=help_text)
+            parser.add_argument(_flag(f.name), dest=f.name, default=None, metavar=f.name.upper(), help=help_text)
 
 
 def _raw_value(tp: Any, text: str) -> Any:
@@ -170,7 +199,8 @@ def config_from(
     unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known_env)
     if unknown:
         raise ConfigError(
-            f"unknown setting(s) {', '.join(unknown)}; this service accepts: {', '.join(sorted(known_env - LAUNCHER_ENV))}"
+            f"unknown setting(s) {', '.join(unknown)}; "
+            f"this service accepts: {', '.join(sorted(known_env - LAUNCHER_ENV))}"
         )
     raw: dict[str, Any] = {}
     sources: dict[str, str] = {}

@@ -31,7 +31,9 @@ CLASSES: dict[str, tuple[str, str]] = {
     "vfio.gpu.nvidia.com": (_typed(GPU_DRIVER, "vfio"), ""),
     "compute-domain-daemon.nvidia.com": (_typed(CD_DRIVER, "daemon"), ""),
     "compute-domain-default-channel.nvidia.com": (
-        _typed(CD_DRIVER, "channel", f" && device.attributes['{CD_DRIVER}'].id == 0"), ""),
+        _typed(CD_DRIVER, "channel", f" && device.attributes['{CD_DRIVER}'].id == 0"),
+        "",
+    ),
 }
 
 

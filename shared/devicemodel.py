@@ -135,8 +135,12 @@ def memory_slice_count(gpu: Gpu) -> int:
 
 def full_gpu_device(gpu: Gpu, inv: NodeInventory) -> Device:
     """A whole GPU in the default (non-partitionable) mode: capacity `memory` in bytes."""
-    attrs = {"type": _string("gpu"), "uuid": _string(gpu.uuid), **common_attributes(gpu, inv),
-             **nvlinkpartitions.attributes(gpu, inv)}
+    attrs = {
+        "type": _string("gpu"),
+        "uuid": _string(gpu.uuid),
+        **common_attributes(gpu, inv),
+        **nvlinkpartitions.attributes(gpu, inv),
+    }
     device: Device = {"name": gpu.name, "attributes": attrs}
     if gpu.memory_bytes > 0:
         device["capacity"] = {"memory": _quantity(gpu.memory_bytes)}
@@ -203,8 +207,10 @@ def dynamic_mig_device(gpu: Gpu, profile: MigProfile, placement: MigPlacement, i
 
 def supports_dynamic_mig(gpu: Gpu) -> bool:
     """MIG-capable with MIG data, and either reset-less MIG (Hopper+) or MIG already on."""
-    return gpu.mig_capable and bool(gpu.mig_profiles) and (
-        gpu.architecture in RESETLESS_MIG_ARCHITECTURES or gpu.mig_enabled
+    return (
+        gpu.mig_capable
+        and bool(gpu.mig_profiles)
+        and (gpu.architecture in RESETLESS_MIG_ARCHITECTURES or gpu.mig_enabled)
     )
 
 
@@ -248,8 +254,12 @@ def with_passthrough(device: Device, gpu: Gpu) -> Device:
 def vfio_device(gpu: Gpu, inv: NodeInventory) -> Device:
     """The GPU for a VM (`vfio.gpu.nvidia.com`): bound to vfio-pci when prepared. Its `uuid` is the GPU's
     NVML UUID (NVIDIA's driver makes one up from the PCI address, as NVML does not see a GPU on vfio-pci)."""
-    attrs = {"type": _string("vfio"), "uuid": _string(gpu.uuid), **common_attributes(gpu, inv),
-             **nvlinkpartitions.attributes(gpu, inv)}
+    attrs = {
+        "type": _string("vfio"),
+        "uuid": _string(gpu.uuid),
+        **common_attributes(gpu, inv),
+        **nvlinkpartitions.attributes(gpu, inv),
+    }
     device: Device = {"name": vfio_name(gpu.minor), "attributes": attrs}
     if gpu.memory_bytes > 0:
         device["capacity"] = {"memory": _quantity(gpu.memory_bytes)}

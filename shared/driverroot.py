@@ -23,8 +23,16 @@ from typing import BinaryIO
 
 NVML_SONAME = "libnvidia-ml.so.1"
 # Standard library dirs, searched in this order when the driver root has no ld cache.
-STANDARD_LIB_DIRS = ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib64",
-                     "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib", "/lib")
+STANDARD_LIB_DIRS = (
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib",
+    "/lib",
+)
 BINARY_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
 LD_CACHE = "/etc/ld.so.cache"
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -177,12 +185,18 @@ class DriverRoot:
     @classmethod
     def of(cls, driver_root: str = "/", container_driver_root: str = "", dev_root: str = "") -> DriverRoot:
         """Roots from the `--driver-root`, `--container-driver-root` and `--dev-root` settings."""
-        for name, value in (("--driver-root", driver_root), ("--container-driver-root", container_driver_root),
-                            ("--dev-root", dev_root)):
+        for name, value in (
+            ("--driver-root", driver_root),
+            ("--container-driver-root", container_driver_root),
+            ("--dev-root", dev_root),
+        ):
             if value and not os.path.isabs(value):
                 raise DriverRootError(f"{name} must be an absolute path, got {value!r}")
-        return cls(host_root=driver_root or "/", container_root=container_driver_root or driver_root or "/",
-                   dev_root=dev_root or driver_root or "/")
+        return cls(
+            host_root=driver_root or "/",
+            container_root=container_driver_root or driver_root or "/",
+            dev_root=dev_root or driver_root or "/",
+        )
 
     # -- path mapping (container paths are absolute paths inside the driver root, e.g. /usr/bin/nvidia-smi)
     @staticmethod
@@ -265,7 +279,8 @@ class DriverRoot:
                 f"no {NVML_SONAME} under driver root {self.local('/')} (looked in "
                 f"{', '.join(self.library_dirs()) or 'no library directory'}); pass --driver-root (the host's "
                 "driver root, e.g. / or /run/nvidia/driver) and --container-driver-root where this container "
-                "mounts it")
+                "mounts it"
+            )
         return found
 
     def driver_version(self) -> str:
@@ -274,13 +289,17 @@ class DriverRoot:
         real = self.local(lib).resolve()
         version = real.name.removeprefix("libnvidia-ml.so.")
         if version == real.name or not _VERSION.match(version):
-            candidates = [p for p in self.libraries_matching("libnvidia-ml.so.*")
-                          if _VERSION.match(p.rsplit("libnvidia-ml.so.", 1)[1])]
+            candidates = [
+                p
+                for p in self.libraries_matching("libnvidia-ml.so.*")
+                if _VERSION.match(p.rsplit("libnvidia-ml.so.", 1)[1])
+            ]
             if len(candidates) != 1:
                 raise DriverRootError(
                     f"cannot tell the driver version from {self.local(lib)}: it resolves to {real.name} and the "
                     f"library dirs hold {len(candidates)} libnvidia-ml.so.<version> files; reinstall the driver "
-                    "or point --driver-root at a single driver")
+                    "or point --driver-root at a single driver"
+                )
             version = candidates[0].rsplit("libnvidia-ml.so.", 1)[1]
         return version
 

@@ -91,8 +91,9 @@ class DriverTools:
     _launches: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def of(cls, driver_root: str = "", container_driver_root: str = "",
-           timeout: float = DEFAULT_TIMEOUT_S) -> DriverTools:
+    def of(
+        cls, driver_root: str = "", container_driver_root: str = "", timeout: float = DEFAULT_TIMEOUT_S
+    ) -> DriverTools:
         return cls(DriverRoot.of(driver_root or "/", container_driver_root), timeout)
 
     def command(self, name: str) -> tuple[list[str], dict[str, str]]:
@@ -100,9 +101,12 @@ class DriverTools:
         cached form). Long-running daemons (nvidia-imex) are started from this too."""
         found = self.root.find_binary(name)
         if not found:
-            raise ToolError("missing", f"{name} not found under driver root {self.root.local('/')} (looked in "
-                                       f"{', '.join(BINARY_DIRS)}); install the NVIDIA driver's utilities there or "
-                                       "point --driver-root at the root that has them")
+            raise ToolError(
+                "missing",
+                f"{name} not found under driver root {self.root.local('/')} (looked in "
+                f"{', '.join(BINARY_DIRS)}); install the NVIDIA driver's utilities there or "
+                "point --driver-root at the root that has them",
+            )
         exe = str(self.root.local(found))
         bins = [str(self.root.local(d)) for d in BINARY_DIRS]
         path = os.environ.get("PATH", "")
@@ -132,9 +136,17 @@ class DriverTools:
             return False
         return True
 
-    async def run(self, name: str, args: list[str], *, stdin: str | None = None, env: dict[str, str] | None = None,
-                  timeout: float | None = None, output: Path | None = None,
-                  new_session: bool = False) -> ToolResult:
+    async def run(
+        self,
+        name: str,
+        args: list[str],
+        *,
+        stdin: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        output: Path | None = None,
+        new_session: bool = False,
+    ) -> ToolResult:
         """Run `name args` to its exit, at most `timeout` seconds (then it is killed: ToolError "timeout").
 
         `output`: a file that takes stdout and stderr instead of pipes, for a command whose children
@@ -148,10 +160,13 @@ class DriverTools:
             if output is not None:
                 sink = await asyncio.to_thread(open, output, "ab")
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                *argv,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=sink if sink is not None else asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT if sink is not None else asyncio.subprocess.PIPE,
-                env={**os.environ, **tool_env, **(env or {})}, start_new_session=new_session)
+                env={**os.environ, **tool_env, **(env or {})},
+                start_new_session=new_session,
+            )
         except OSError as exc:
             raise ToolError("failed", f"cannot run {' '.join(argv)}: {exc}") from exc
         finally:
@@ -162,15 +177,22 @@ class DriverTools:
                 out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
         except TimeoutError:
             log.warning("driver tool timed out; killing it", command=" ".join(argv), timeout_s=limit)
-            raise ToolError("timeout", f"{' '.join([name, *args])} did not finish within {limit:g}s and was "
-                                       "killed; check the driver (nvidia-smi -q) and retry") from None
+            raise ToolError(
+                "timeout",
+                f"{' '.join([name, *args])} did not finish within {limit:g}s and was "
+                "killed; check the driver (nvidia-smi -q) and retry",
+            ) from None
         finally:
             if proc.returncode is None:  # timed out or cancelled: never leave it running
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
-        return ToolResult(argv, proc.returncode if proc.returncode is not None else -1,
-                          (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace"))
+        return ToolResult(
+            argv,
+            proc.returncode if proc.returncode is not None else -1,
+            (out or b"").decode(errors="replace"),
+            (err or b"").decode(errors="replace"),
+        )
 
 
 __all__ = ["DEFAULT_TIMEOUT_S", "DriverTools", "ToolError", "ToolResult", "read_interp"]

@@ -47,20 +47,45 @@ class Gate(msgspec.Struct, frozen=True, kw_only=True):
 # Names and stages follow NVIDIA's driver where it has the feature. DynamicMIG and ConsumableShares are
 # Beta and on by default here (NVIDIA: Alpha, off): both have run by default in this driver since they
 # landed, and shares are offered only where a NodeConfig asks for them.
-GATES: dict[str, Gate] = {g.name: g for g in (
-    Gate(name=DYNAMIC_MIG, stage="Beta", default=True,
-         description="partitionable GPUs whose MIG devices are created on prepare (publisher --mig-mode dynamic, "
-                     "NodeConfig mig: dynamic)"),
-    Gate(name=CONSUMABLE_SHARES, stage="Beta", default=True,
-         description="GPUs offered as consumable shares (NodeConfig shares / mpsShares, KEP-5075)"),
-    Gate(name=PASSTHROUGH_SUPPORT, stage="Alpha", default=False,
-         description="whole GPUs handed to VMs through vfio-pci (device class vfio.gpu.nvidia.com, VfioDeviceConfig)"),
-    Gate(name=DEVICE_METADATA, stage="Alpha", default=False,
-         description="a JSON file per prepared request in the workload (UUID, PCI bus id, IOMMU group, MIG parent, "
-                     "share id; KEP-5304)"),
-    Gate(name=FABRIC_MANAGER_PARTITIONING, stage="Alpha", default=False,
-         description="Fabric Manager NVLink partitions activated on prepare (shared NVSwitch mode)"),
-)}
+GATES: dict[str, Gate] = {
+    g.name: g
+    for g in (
+        Gate(
+            name=DYNAMIC_MIG,
+            stage="Beta",
+            default=True,
+            description="partitionable GPUs whose MIG devices are created on prepare (publisher --mig-mode dynamic, "
+            "NodeConfig mig: dynamic)",
+        ),
+        Gate(
+            name=CONSUMABLE_SHARES,
+            stage="Beta",
+            default=True,
+            description="GPUs offered as consumable shares (NodeConfig shares / mpsShares, KEP-5075)",
+        ),
+        Gate(
+            name=PASSTHROUGH_SUPPORT,
+            stage="Alpha",
+            default=False,
+            description=(
+                "whole GPUs handed to VMs through vfio-pci (device class vfio.gpu.nvidia.com, VfioDeviceConfig)"
+            ),
+        ),
+        Gate(
+            name=DEVICE_METADATA,
+            stage="Alpha",
+            default=False,
+            description="a JSON file per prepared request in the workload (UUID, PCI bus id, IOMMU group, MIG parent, "
+            "share id; KEP-5304)",
+        ),
+        Gate(
+            name=FABRIC_MANAGER_PARTITIONING,
+            stage="Alpha",
+            default=False,
+            description="Fabric Manager NVLink partitions activated on prepare (shared NVSwitch mode)",
+        ),
+    )
+}
 
 
 class FeatureGates(Mapping[str, bool]):
@@ -122,12 +147,14 @@ def check_dependencies(gates: FeatureGates) -> None:
             continue
         for needed in gate.requires:
             if not gates.enabled(needed):
-                raise FeatureGateError(f"feature gate {name} requires {needed} to be enabled too "
-                                       f"(set {needed}=true, or {name}=false)")
+                raise FeatureGateError(
+                    f"feature gate {name} requires {needed} to be enabled too (set {needed}=true, or {name}=false)"
+                )
         for other in gate.conflicts:
             if gates.enabled(other):
-                raise FeatureGateError(f"feature gates {name} and {other} cannot both be enabled "
-                                       f"(set {name}=false or {other}=false)")
+                raise FeatureGateError(
+                    f"feature gates {name} and {other} cannot both be enabled (set {name}=false or {other}=false)"
+                )
 
 
 @functools.lru_cache(maxsize=32)
@@ -136,8 +163,9 @@ def parsed(text: str) -> FeatureGates:
     return parse(text)
 
 
-FEATURE_ENABLED = Gauge("gpu_dra_feature_enabled", "1 while a feature gate is on in this process, else 0",
-                        ["name", "stage"])
+FEATURE_ENABLED = Gauge(
+    "gpu_dra_feature_enabled", "1 while a feature gate is on in this process, else 0", ["name", "stage"]
+)
 
 
 def export(gates: FeatureGates) -> None:

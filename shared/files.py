@@ -99,7 +99,7 @@ def fill_in_place(path: Path, data: bytes, *, create: bool = False) -> None:
     try:
         os.pwrite(fd, data, 0)
         if os.fstat(fd).st_size > len(data):  # only a shorter content needs its tail cut: a truncate costs
-            os.ftruncate(fd, len(data))         # ~20 us even when it changes nothing
+            os.ftruncate(fd, len(data))  # ~20 us even when it changes nothing
     finally:
         os.close(fd)
 
@@ -162,7 +162,7 @@ class AppendFile:
             self._finalizer = weakref.finalize(self, os.close, self._fd)
         view = memoryview(data)
         while view:
-            view = view[os.write(self._fd, view):]
+            view = view[os.write(self._fd, view) :]
 
     def reopen(self) -> None:
         """Close the descriptor: the next append opens `path` anew."""
@@ -171,4 +171,14 @@ class AppendFile:
         self._fd, self._finalizer = None, None
 
 
-__all__ = ["BOOT_ID_PATH", "FSYNCS", "AppendFile", "BootMarker", "SlotFile", "atomic_write", "fill_in_place", "fsync_count", "read_boot_id"]
+__all__ = [
+    "BOOT_ID_PATH",
+    "FSYNCS",
+    "AppendFile",
+    "BootMarker",
+    "SlotFile",
+    "atomic_write",
+    "fill_in_place",
+    "fsync_count",
+    "read_boot_id",
+]

@@ -39,8 +39,12 @@ DEFAULT_TICK_SECONDS = 1.0
 class Health:
     """Liveness (the loop ticks) and readiness (every registered check passes) of one process."""
 
-    def __init__(self, stall_seconds: float = DEFAULT_STALL_SECONDS, tick_seconds: float = DEFAULT_TICK_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        stall_seconds: float = DEFAULT_STALL_SECONDS,
+        tick_seconds: float = DEFAULT_TICK_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._clock = clock
         self.stall_seconds = stall_seconds
         self.tick_seconds = tick_seconds
@@ -52,8 +56,10 @@ class Health:
     def configure(self, stall_seconds: float, tick_seconds: float = DEFAULT_TICK_SECONDS) -> None:
         """Set the bounds (at process start); the stall clock starts again from now."""
         if not 0 < tick_seconds < stall_seconds:
-            raise ValueError(f"the watchdog tick ({tick_seconds} s) must be positive and shorter than the stall "
-                             f"bound ({stall_seconds} s)")
+            raise ValueError(
+                f"the watchdog tick ({tick_seconds} s) must be positive and shorter than the stall "
+                f"bound ({stall_seconds} s)"
+            )
         self.stall_seconds = stall_seconds
         self.tick_seconds = tick_seconds
         self._since = self._clock()
@@ -96,8 +102,9 @@ class Health:
         """One watchdog beat: the loop is alive, and readiness is evaluated afresh."""
         now = self._clock()
         if self._last_tick is not None and now - self._last_tick > self.stall_seconds:
-            log.warning("the event loop was stalled", seconds=round(now - self._last_tick, 1),
-                        bound_s=self.stall_seconds)
+            log.warning(
+                "the event loop was stalled", seconds=round(now - self._last_tick, 1), bound_s=self.stall_seconds
+            )
         self._not_ready = self._evaluate()
         self._last_tick = now
 
@@ -147,8 +154,7 @@ def _handler(health: Health, registry: CollectorRegistry) -> type[BaseHTTPReques
                 self._text(503 if stall else 200, f"not alive: {stall}\n" if stall else "ok\n")
             elif url.path == READINESS_PATH:
                 missing = health.not_ready()
-                self._text(503 if missing else 200,
-                           "not ready: " + "; ".join(missing) + "\n" if missing else "ok\n")
+                self._text(503 if missing else 200, "not ready: " + "; ".join(missing) + "\n" if missing else "ok\n")
             else:
                 self._text(404, f"no such path {url.path}: this endpoint serves {', '.join(PATHS)}\n")
 
@@ -195,12 +201,18 @@ class HealthServer:
         self._thread.join(timeout=5)
 
 
-def serve(port: int, host: str = "0.0.0.0",  # noqa: S104 - probed and scraped from outside the pod
-          health: Health = HEALTH, registry: CollectorRegistry = REGISTRY) -> HealthServer:
+def serve(
+    port: int,
+    host: str = "0.0.0.0",  # noqa: S104 - probed and scraped from outside the pod
+    health: Health = HEALTH,
+    registry: CollectorRegistry = REGISTRY,
+) -> HealthServer:
     """Serve /metrics, /healthz and /readyz on `host:port` (0 picks a free port)."""
     try:
         server = HealthServer(port, host, health, registry)
     except OSError as exc:
-        raise OSError(f"cannot serve metrics and health on {host}:{port}: {exc}; choose another --metrics-port") from exc
+        raise OSError(
+            f"cannot serve metrics and health on {host}:{port}: {exc}; choose another --metrics-port"
+        ) from exc
     log.info("metrics and health endpoint up", port=server.port, paths="/metrics /healthz /readyz")
     return server

@@ -42,8 +42,10 @@ class Mismatch:
     @property
     def error(self) -> str:
         said = ", ".join(f"{name}={body!r} (subject says {subject!r})" for name, subject, body in self.fields)
-        return (f"{REASON}: the body of a {self.kind} message on {self.where} names {said}; a message may "
-                "only speak for what its subject names (the publisher's NATS user is scoped to that subject)")
+        return (
+            f"{REASON}: the body of a {self.kind} message on {self.where} names {said}; a message may "
+            "only speak for what its subject names (the publisher's NATS user is scoped to that subject)"
+        )
 
 
 def check_event(entry: Entry, subject: str, message: Message) -> Mismatch | None:
@@ -76,6 +78,12 @@ def refused(consumer: str, mismatch: Mismatch) -> None:
     """Count and log a refusal (the caller dead-letters it and does not act on the message)."""
     MISMATCHES.labels(consumer=consumer, subject_kind=mismatch.kind).inc()
     for name, subject_value, body_value in mismatch.fields:
-        log.warning("message refused: its body names another identity than its subject", consumer=consumer,
-                    subject=mismatch.where, kind=mismatch.kind, field=name, subject_names=subject_value,
-                    body_names=body_value)
+        log.warning(
+            "message refused: its body names another identity than its subject",
+            consumer=consumer,
+            subject=mismatch.where,
+            kind=mismatch.kind,
+            field=name,
+            subject_names=subject_value,
+            body_names=body_value,
+        )

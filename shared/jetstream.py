@@ -28,10 +28,12 @@ from shared.natsconn import BusError
 
 log = get_logger(__name__)
 JETSTREAM_RETRIES = Counter("gpu_dra_jetstream_retries", "JetStream calls retried (leader changes, reconnects)")
-JETSTREAM_REFUSED = Counter("gpu_dra_jetstream_refused",
-                            "Writes the JetStream server refused for a limit (message size, messages per "
-                            "subject, bucket or stream full, rollup): this identity's share is used up",
-                            ["subject_kind", "reason"])
+JETSTREAM_REFUSED = Counter(
+    "gpu_dra_jetstream_refused",
+    "Writes the JetStream server refused for a limit (message size, messages per "
+    "subject, bucket or stream full, rollup): this identity's share is used up",
+    ["subject_kind", "reason"],
+)
 T = TypeVar("T")
 
 
@@ -41,9 +43,17 @@ PUBLISH_RETRY_S = 30.0
 
 def _retryable(exc: BaseException) -> bool:
     """A JetStream error that a leader change or reconnect explains (worth retrying)."""
-    if isinstance(exc, (nats.errors.TimeoutError, nats.errors.NoRespondersError, TimeoutError,
-                        nats.errors.ConnectionReconnectingError, nats.js.errors.ServiceUnavailableError,
-                        nats.js.errors.NoStreamResponseError)):
+    if isinstance(
+        exc,
+        (
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            TimeoutError,
+            nats.errors.ConnectionReconnectingError,
+            nats.js.errors.ServiceUnavailableError,
+            nats.js.errors.NoStreamResponseError,
+        ),
+    ):
         return True
     if isinstance(exc, nats.js.errors.APIError):
         # KV errors (KeyNotFoundError, ...) subclass APIError without setting its fields
@@ -53,9 +63,7 @@ def _retryable(exc: BaseException) -> bool:
     return False
 
 
-async def retry_jetstream(
-    call: Callable[[], Awaitable[T]], what: str, *, budget_s: float = PUBLISH_RETRY_S
-) -> T:
+async def retry_jetstream(call: Callable[[], Awaitable[T]], what: str, *, budget_s: float = PUBLISH_RETRY_S) -> T:
     """`await call()`, retrying a leader change / reconnect with backoff for `budget_s`.
 
     For JetStream API calls (stream and bucket lookups, KV reads and watches) that fail while a
@@ -93,15 +101,23 @@ async def publish_with_retry(
     stored, so a retry never doubles an event.
     """
     try:
-        return await retry_jetstream(lambda: js.publish(subject, payload, headers=headers),
-                                     f"JetStream publish to {subject}", budget_s=budget_s)
+        return await retry_jetstream(
+            lambda: js.publish(subject, payload, headers=headers), f"JetStream publish to {subject}", budget_s=budget_s
+        )
     except nats.js.errors.APIError as exc:
         count_refusal(subject, exc)
         raise
 
 
-_LIMIT_TEXTS = (("quota", "quota"), ("message size", "message-size"), ("per subject", "subject-full"), ("maximum bytes", "full"),
-                ("maximum messages", "full"), ("rollup", "rollup"), ("insufficient storage", "full"))
+_LIMIT_TEXTS = (
+    ("quota", "quota"),
+    ("message size", "message-size"),
+    ("per subject", "subject-full"),
+    ("maximum bytes", "full"),
+    ("maximum messages", "full"),
+    ("rollup", "rollup"),
+    ("insufficient storage", "full"),
+)
 """Words of nats-server's answers to a write a limit refused, and the reason they count under."""
 
 
@@ -117,8 +133,14 @@ def count_refusal(subject: str, exc: nats.js.errors.APIError) -> None:
         JETSTREAM_REFUSED.labels(kind, reason).inc()
         skipped = _REFUSALS_LOGGED.due(f"{kind}/{reason}")
         if skipped is not None:
-            log.warning("JetStream refused a write for a limit", subject=subject, reason=reason, error=text,
-                        not_logged_since=skipped)
+            log.warning(
+                "JetStream refused a write for a limit",
+                subject=subject,
+                reason=reason,
+                error=text,
+                not_logged_since=skipped,
+            )
+
 
 _AUTO_CONSUMER = "flt"
 
@@ -136,9 +158,13 @@ class _FilterInCreateSubject(JetStreamManager):
     async def add_consumer(
         self, stream: str, config: ConsumerConfig | None = None, timeout: float | None = None, **params: Any
     ) -> ConsumerInfo:
-        if (config is not None and not config.durable_name and not config.filter_subjects
-                and config.filter_subject not in (None, "", ">")
-                and (config.name is None or config.name.startswith(_AUTO_CONSUMER))):  # a caller's name stays
+        if (
+            config is not None
+            and not config.durable_name
+            and not config.filter_subjects
+            and config.filter_subject not in (None, "", ">")
+            and (config.name is None or config.name.startswith(_AUTO_CONSUMER))
+        ):  # a caller's name stays
             config.name = f"{_AUTO_CONSUMER}{uuid.uuid4().hex}"
         return await super().add_consumer(stream, config, timeout, **params)
 
@@ -167,4 +193,3 @@ class BusJetStream(_FilterInCreateSubject, JetStreamContext):
     @property
     def _jsm(self) -> JetStreamManager:
         return _FilterInCreateSubject(conn=self._nc, prefix=self._prefix, timeout=self._timeout)
-

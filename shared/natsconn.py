@@ -39,6 +39,7 @@ class BusError(RuntimeError):
 class LoginRefused(BusError):
     """NATS refused the client's credentials (Bus.connect gave up; retrying will not help until they change)."""
 
+
 class NatsTLS(msgspec.Struct, frozen=True, kw_only=True):
     """How a client proves who it is and checks the server, beyond user/password.
 
@@ -79,11 +80,15 @@ class NatsTLS(msgspec.Struct, frozen=True, kw_only=True):
             with open(self.creds_file, encoding="utf-8") as handle:
                 return Creds(handle.read())
         except OSError as exc:
-            raise BusError(f"cannot read NATS credentials {self.creds_file} ({exc}); mount the Secret that "
-                           "`gpu-dra nats credentials` wrote, or set GPU_DRA_NATS_CREDS to its file") from exc
+            raise BusError(
+                f"cannot read NATS credentials {self.creds_file} ({exc}); mount the Secret that "
+                "`gpu-dra nats credentials` wrote, or set GPU_DRA_NATS_CREDS to its file"
+            ) from exc
         except CredsError as exc:
-            raise BusError(f"NATS credentials {self.creds_file} are not usable ({exc}); write them again "
-                           "with `gpu-dra nats credentials`") from exc
+            raise BusError(
+                f"NATS credentials {self.creds_file} are not usable ({exc}); write them again "
+                "with `gpu-dra nats credentials`"
+            ) from exc
 
     async def connect_options(self) -> tuple[dict[str, Any], str | None]:
         """nats-py connect() keyword arguments and the creds' user name (files read off the event loop)."""
@@ -93,8 +98,10 @@ class NatsTLS(msgspec.Struct, frozen=True, kw_only=True):
             options["tls"] = context
         if not self.creds_file:
             if self.token_file:
-                raise BusError("GPU_DRA_NATS_TOKEN_FILE needs GPU_DRA_NATS_CREDS: the sentinel's creds "
-                               "(Secret gpu-dra-nats-sentinel) that route the connect to the auth callout")
+                raise BusError(
+                    "GPU_DRA_NATS_TOKEN_FILE needs GPU_DRA_NATS_CREDS: the sentinel's creds "
+                    "(Secret gpu-dra-nats-sentinel) that route the connect to the auth callout"
+                )
             return options, None
         creds = await asyncio.to_thread(self._creds)
         options["user_jwt_cb"], options["signature_cb"] = creds.callbacks()
@@ -111,9 +118,10 @@ class NatsTLS(msgspec.Struct, frozen=True, kw_only=True):
             with open(self.token_file, encoding="utf-8") as handle:
                 return handle.read().strip()
         except OSError as exc:
-            raise BusError(f"cannot read the NATS token {self.token_file} ({exc}); mount a projected "
-                           "ServiceAccount token with audience nats there (deploy/kubernetes/base/node-agents.yaml)"
-                           ) from exc
+            raise BusError(
+                f"cannot read the NATS token {self.token_file} ({exc}); mount a projected "
+                "ServiceAccount token with audience nats there (deploy/kubernetes/base/node-agents.yaml)"
+            ) from exc
 
 
 def consumer_token(name: str) -> str:
@@ -147,7 +155,6 @@ def inbox_prefix(user: str | None) -> str:
     return f"_INBOX_{identity_token(user)}" if user else "_INBOX"
 
 
-
 async def dial(
     url: str,
     *,
@@ -173,12 +180,16 @@ async def dial(
     tls = tls or NatsTLS()
     options, creds_user = await tls.connect_options()
     if user and creds_user and user != creds_user:
-        raise BusError(f"GPU_DRA_NATS_USER is {user!r} but the creds file is for {creds_user!r}: the inbox and "
-                       "dead-letter subjects would not be the ones its permissions allow; fix either one")
+        raise BusError(
+            f"GPU_DRA_NATS_USER is {user!r} but the creds file is for {creds_user!r}: the inbox and "
+            "dead-letter subjects would not be the ones its permissions allow; fix either one"
+        )
     identity = user or creds_user or url_user(url)
     if tls.token_file and not user:
-        raise BusError("GPU_DRA_NATS_TOKEN_FILE needs GPU_DRA_NATS_USER: the identity the auth callout is "
-                       "asked for (e.g. preparer.<node>)")
+        raise BusError(
+            "GPU_DRA_NATS_TOKEN_FILE needs GPU_DRA_NATS_USER: the identity the auth callout is "
+            "asked for (e.g. preparer.<node>)"
+        )
     login = None if tls.signs else user
 
     async def on_disconnect() -> None:
@@ -200,8 +211,7 @@ async def dial(
 
     def refused_login(exc: Exception) -> bool:
         text = str(exc).lower()
-        return isinstance(exc, nats.errors.Error) and ("authorization violation" in text
-                                                       or "authentication" in text)
+        return isinstance(exc, nats.errors.Error) and ("authorization violation" in text or "authentication" in text)
 
     def who() -> str:
         if tls.token_file:
@@ -274,4 +284,3 @@ async def dial(
         nc.options["max_reconnect_attempts"] = -1
         NATS_CONNECTED.labels(name).set(1)
         return nc, identity
-

@@ -53,8 +53,12 @@ def _unb64(text: str) -> bytes:
 
 def encode(claims: Mapping[str, Any], issuer: KeyPair, *, issued_at: int | None = None) -> str:
     """A signed JWT of `claims` (which must hold `sub`, `name` and `nats`), issued by `issuer`."""
-    body: dict[str, Any] = {**claims, "iat": issued_at if issued_at is not None else int(time.time()),
-                            "iss": issuer.public_key, "jti": ""}
+    body: dict[str, Any] = {
+        **claims,
+        "iat": issued_at if issued_at is not None else int(time.time()),
+        "iss": issuer.public_key,
+        "jti": "",
+    }
     digest = hashlib.new("sha512_256", json.dumps(body, sort_keys=True).encode()).digest()
     body["jti"] = base64.b32encode(digest).decode().rstrip("=")
     signing_input = f"{_b64(json.dumps(_HEADER).encode())}.{_b64(json.dumps(body, sort_keys=True).encode())}"
@@ -74,23 +78,48 @@ def decode_claims(token: str) -> dict[str, Any]:
 
 
 def operator_jwt(operator: KeyPair, name: str, system_account: str) -> str:
-    return encode({"sub": operator.public_key, "name": name,
-                   "nats": {"type": "operator", "version": 2, "system_account": system_account}}, operator)
+    return encode(
+        {
+            "sub": operator.public_key,
+            "name": name,
+            "nats": {"type": "operator", "version": 2, "system_account": system_account},
+        },
+        operator,
+    )
 
 
-def account_jwt(operator: KeyPair, account: KeyPair, name: str, *, jetstream: bool,
-                revocations: Mapping[str, int] | None = None, signing_keys: list[str] | None = None,
-                auth_users: list[str] | None = None, allowed_accounts: list[str] | None = None) -> str:
+def account_jwt(
+    operator: KeyPair,
+    account: KeyPair,
+    name: str,
+    *,
+    jetstream: bool,
+    revocations: Mapping[str, int] | None = None,
+    signing_keys: list[str] | None = None,
+    auth_users: list[str] | None = None,
+    allowed_accounts: list[str] | None = None,
+) -> str:
     """An account with no connection limits; JetStream enabled (unlimited storage) when asked.
     `signing_keys` may issue its users; `auth_users` turns on auth callout for every other user of
     it, answered by those users, who may place users into `allowed_accounts`."""
-    limits: dict[str, Any] = {"subs": UNLIMITED, "data": UNLIMITED, "payload": UNLIMITED, "imports": UNLIMITED,
-                              "exports": UNLIMITED, "wildcards": True, "conn": UNLIMITED, "leaf": UNLIMITED}
+    limits: dict[str, Any] = {
+        "subs": UNLIMITED,
+        "data": UNLIMITED,
+        "payload": UNLIMITED,
+        "imports": UNLIMITED,
+        "exports": UNLIMITED,
+        "wildcards": True,
+        "conn": UNLIMITED,
+        "leaf": UNLIMITED,
+    }
     if jetstream:
-        limits |= {"mem_storage": UNLIMITED, "disk_storage": UNLIMITED, "streams": UNLIMITED,
-                   "consumer": UNLIMITED}
-    nats: dict[str, Any] = {"type": "account", "version": 2, "limits": limits,
-                            "default_permissions": {"pub": {}, "sub": {}}}
+        limits |= {"mem_storage": UNLIMITED, "disk_storage": UNLIMITED, "streams": UNLIMITED, "consumer": UNLIMITED}
+    nats: dict[str, Any] = {
+        "type": "account",
+        "version": 2,
+        "limits": limits,
+        "default_permissions": {"pub": {}, "sub": {}},
+    }
     if revocations:
         nats["revocations"] = dict(revocations)
     if signing_keys:
@@ -100,17 +129,31 @@ def account_jwt(operator: KeyPair, account: KeyPair, name: str, *, jetstream: bo
     return encode({"sub": account.public_key, "name": name, "nats": nats}, operator)
 
 
-def user_jwt(account: KeyPair, user: KeyPair | str, name: str, *, publish: list[str], subscribe: list[str],
-             allow_responses: bool, issuer_account: str = "", expires: int | None = None,
-             bearer: bool = False) -> str:
+def user_jwt(
+    account: KeyPair,
+    user: KeyPair | str,
+    name: str,
+    *,
+    publish: list[str],
+    subscribe: list[str],
+    allow_responses: bool,
+    issuer_account: str = "",
+    expires: int | None = None,
+    bearer: bool = False,
+) -> str:
     """A user of `account` whose permissions are baked into its JWT. `user` is its key (or public
     key); `issuer_account` names the account when `account` is one of its signing keys; `expires`
     (Unix seconds) ends the connection then; `bearer` lets it connect without signing the nonce.
     Empty allow lists deny everything (NATS reads a permission with no allow as no limit)."""
-    nats: dict[str, Any] = {"type": "user", "version": 2,
-                            "pub": {"allow": publish} if publish else {"deny": [">"]},
-                            "sub": {"allow": subscribe} if subscribe else {"deny": [">"]},
-                            "subs": UNLIMITED, "data": UNLIMITED, "payload": UNLIMITED}
+    nats: dict[str, Any] = {
+        "type": "user",
+        "version": 2,
+        "pub": {"allow": publish} if publish else {"deny": [">"]},
+        "sub": {"allow": subscribe} if subscribe else {"deny": [">"]},
+        "subs": UNLIMITED,
+        "data": UNLIMITED,
+        "payload": UNLIMITED,
+    }
     if allow_responses:
         nats["resp"] = {"max": 1, "ttl": 60_000_000_000}  # one reply within a minute (nanoseconds)
     if issuer_account:
@@ -123,8 +166,9 @@ def user_jwt(account: KeyPair, user: KeyPair | str, name: str, *, publish: list[
     return encode(claims, account)
 
 
-def authorization_response(issuer: KeyPair, issuer_account: str, user_nkey: str, server_id: str, *,
-                           user_jwt: str = "", error: str = "") -> str:
+def authorization_response(
+    issuer: KeyPair, issuer_account: str, user_nkey: str, server_id: str, *, user_jwt: str = "", error: str = ""
+) -> str:
     """The auth callout's answer to one request: the user's JWT, or the reason it is refused."""
     nats: dict[str, Any] = {"type": "authorization_response", "version": 2}
     nats |= {"jwt": user_jwt} if user_jwt else {"error": error or "not authorized"}
@@ -135,12 +179,14 @@ def authorization_response(issuer: KeyPair, issuer_account: str, user_nkey: str,
 
 def creds_file(jwt: str, user: KeyPair) -> str:
     """The .creds text nats clients read: the user JWT and the user's NKEY seed."""
-    return (f"{_JWT_BEGIN}\n{jwt}\n{_JWT_END}\n\n"
-            "************************* IMPORTANT *************************\n"
-            "NKEY Seed printed below can be used to sign and prove identity.\n"
-            "NKEYs are sensitive and should be treated as secrets.\n\n"
-            f"{_SEED_BEGIN}\n{user.seed}\n{_SEED_END}\n\n"
-            "*************************************************************\n")
+    return (
+        f"{_JWT_BEGIN}\n{jwt}\n{_JWT_END}\n\n"
+        "************************* IMPORTANT *************************\n"
+        "NKEY Seed printed below can be used to sign and prove identity.\n"
+        "NKEYs are sensitive and should be treated as secrets.\n\n"
+        f"{_SEED_BEGIN}\n{user.seed}\n{_SEED_END}\n\n"
+        "*************************************************************\n"
+    )
 
 
 def _block(text: str, begin: str, end: str) -> str:
@@ -150,7 +196,7 @@ def _block(text: str, begin: str, end: str) -> str:
         stop = lines.index(end, start)
     except ValueError:
         raise CredsError(f"no {begin!r} ... {end!r} block") from None
-    inner = [line for line in lines[start + 1:stop] if line]
+    inner = [line for line in lines[start + 1 : stop] if line]
     if len(inner) != 1:
         raise CredsError(f"the {begin!r} block must hold exactly one line")
     return inner[0]
@@ -172,6 +218,7 @@ class Creds:
 
     def callbacks(self) -> tuple[Callable[[], bytes], Callable[[str], bytes]]:
         """nats-py's `user_jwt_cb` and `signature_cb` (sign the connect nonce; no file read on the loop)."""
+
         def user_jwt() -> bytes:
             return self.jwt.encode()
 

@@ -42,11 +42,14 @@ class KVHost(Protocol):
     async def refuse(self, mismatch: identity.Mismatch, data: bytes, consumer: str) -> None: ...
     async def dead_letter(self, subject: str, data: bytes, consumer: str, error: str, *, reason: str) -> None: ...
 
+
 log = get_logger(__name__)
-CONSUMER_PENDING = Gauge("gpu_dra_nats_consumer_pending",
-                         "Messages a JetStream consumer has yet to deliver (its num_pending, as of its last "
-                         "delivery): a KV watch (consumer kv:<bucket>) or a durable consumer (its name)",
-                         ["consumer"])
+CONSUMER_PENDING = Gauge(
+    "gpu_dra_nats_consumer_pending",
+    "Messages a JetStream consumer has yet to deliver (its num_pending, as of its last "
+    "delivery): a KV watch (consumer kv:<bucket>) or a durable consumer (its name)",
+    ["consumer"],
+)
 tracer = get_tracer(__name__)
 M = TypeVar("M", bound=Message)
 _ENCODER = msgspec.json.Encoder()
@@ -61,6 +64,7 @@ def note_pending(consumer: str, msg: Msg) -> None:
 
 def encode(message: Message) -> bytes:
     return _ENCODER.encode(message)
+
 
 def decode_body(decoder: msgspec.json.Decoder[Any], data: bytes) -> tuple[Any, str]:
     """A message body decoded, or None and why not: malformed, the wrong shape, or nested deeper
@@ -93,7 +97,7 @@ class _KeepingContext:
     def _keep(self, subject: str | None, headers: dict[str, str] | None) -> None:
         if not subject or not subject.startswith(self._prefix):
             return
-        key = subject[len(self._prefix):]
+        key = subject[len(self._prefix) :]
         traceparent = (headers or {}).get("traceparent", "")
         if not traceparent:
             self.traceparents.pop(key, None)  # a write from outside the bus
@@ -102,8 +106,9 @@ class _KeepingContext:
             self.traceparents.clear()
         self.traceparents[key] = traceparent
 
-    async def publish(self, subject: str, payload: bytes = b"", *args: Any, headers: dict[str, str] | None = None,
-                      **kwargs: Any) -> Any:
+    async def publish(
+        self, subject: str, payload: bytes = b"", *args: Any, headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> Any:
         """nats-py's own KV writes (delete, purge): with the caller's trace context, like TypedKV.put."""
         publish: Any = self._js.publish
         return await publish(subject, payload, *args, headers=inject_headers(headers) or headers, **kwargs)
@@ -127,12 +132,13 @@ class _KeepingContext:
                 if len(self.relayed) >= self.MAX_KEYS:
                     self.relayed.clear()
                 with contextlib.suppress(nats.errors.NotJSMessageError):
-                    self.relayed[(msg.subject[len(self._prefix):], msg.metadata.sequence.stream)] = why
+                    self.relayed[(msg.subject[len(self._prefix) :], msg.metadata.sequence.stream)] = why
             if not listing:
                 note_pending(self._consumer, msg)
             await delivered(msg)
 
         return await subscribe(*args, cb=keeping, **kwargs)
+
 
 async def kv_updates(watcher: Any) -> AsyncIterator[Any]:
     """A KV watcher's entries (None: the end of the initial values), however long each takes."""
@@ -155,8 +161,13 @@ class TypedKV(Generic[M]):
         # the read a per-node permission can name; STREAM.MSG.GET is not allowed to node users.
         stream = f"KV_{bucket.name}"
         self._js = _KeepingContext(bus.js, f"$KV.{bucket.name}.")
-        self._kv = KeyValue(name=bucket.name, stream=stream, pre=f"$KV.{bucket.name}.", js=self._js,  # type: ignore[arg-type]
-                            direct=True)
+        self._kv = KeyValue(
+            name=bucket.name,
+            stream=stream,
+            pre=f"$KV.{bucket.name}.",
+            js=self._js,  # type: ignore[arg-type]
+            direct=True,
+        )
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(bucket.message)
         self._refused: set[tuple[str, int]] = set()  # (key, revision or value hash) already dead-lettered
 
@@ -191,10 +202,12 @@ class TypedKV(Generic[M]):
         """A consumer span for acting on the value last read of `key`: the child of the span that wrote
         it (its `traceparent`, kept from the read), a root when the writer sent none."""
         parent = traceparent_context(self._js.traceparents.get(key, ""))
-        with tracer.start_as_current_span(f"consume {self.bucket.name}", context=parent, kind=SpanKind.CONSUMER,
-                                          attributes={"messaging.system": "nats",
-                                                      "messaging.destination.name": f"$KV.{self.bucket.name}.{key}"},
-                                          ) as span:
+        with tracer.start_as_current_span(
+            f"consume {self.bucket.name}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes={"messaging.system": "nats", "messaging.destination.name": f"$KV.{self.bucket.name}.{key}"},
+        ) as span:
             yield span
 
     async def get(self, key: str) -> M | None:
@@ -242,8 +255,12 @@ class TypedKV(Generic[M]):
                 out[key] = value
         return out
 
-    async def watch(self, keys: str = ">", *, refused_as_none: bool = False,
-                    ) -> AsyncGenerator[tuple[str, M | None], None]:
+    async def watch(
+        self,
+        keys: str = ">",
+        *,
+        refused_as_none: bool = False,
+    ) -> AsyncGenerator[tuple[str, M | None], None]:
         """Current values, then every change: (key, value) with value None for a delete.
 
         An empty marker (key "") separates the initial values from live updates. A value that does not
@@ -272,8 +289,8 @@ class TypedKV(Generic[M]):
         if why:
             where = f"$KV.{self.bucket.name}.{key}"
             log.warning("KV value stored by a server relay refused", key=where, why=why)
-            self._bus.spawn(self._bus.dead_letter(where, raw or b"", self._bus.name, f"stored by {why}",
-                                                  reason=natsorigin.RELAYED))
+            self._bus.spawn(
+                self._bus.dead_letter(where, raw or b"", self._bus.name, f"stored by {why}", reason=natsorigin.RELAYED)
+            )
             return None
         return self.decode(key, raw, revision)
-

@@ -34,8 +34,9 @@ def relayed(reply: str | None, headers: Mapping[str, str] | None) -> str:
     return ""
 
 
-def foreign_requester(entry: Entry, tokens: Mapping[str, str], reply: str | None,
-                      inbox_prefix: Callable[[str], str]) -> str:
+def foreign_requester(
+    entry: Entry, tokens: Mapping[str, str], reply: str | None, inbox_prefix: Callable[[str], str]
+) -> str:
     """Why a request on `entry` must not be answered ('' when its reply is an allowed asker's inbox).
 
     The askers are `<role>.<node>` for each of the entry's requesters, on the node its subject names,
@@ -48,5 +49,7 @@ def foreign_requester(entry: Entry, tokens: Mapping[str, str], reply: str | None
     if reply and any(reply.startswith(inbox_prefix(user) + ".") for user in askers):
         return ""
     shown = reply or "none"
-    return (f"the reply subject {shown[:80]!r} is not the inbox of {' or '.join(askers)}: only they may ask "
-            f"{entry.name} on node {node}")
+    return (
+        f"the reply subject {shown[:80]!r} is not the inbox of {' or '.join(askers)}: only they may ask "
+        f"{entry.name} on node {node}"
+    )

@@ -100,7 +100,7 @@ class EmbeddedNats:
         except OSError:
             return ""
         marker = data.rfind(b"Starting nats-server")
-        return data[max(marker, len(data) - size, 0):].decode("utf-8", "replace")
+        return data[max(marker, len(data) - size, 0) :].decode("utf-8", "replace")
 
     async def stop(self, kill: bool = False) -> None:
         """Stop the server (SIGTERM, or SIGKILL with kill=True) and wait for it."""

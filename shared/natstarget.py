@@ -58,12 +58,17 @@ def resolve_target(args: argparse.Namespace, env: dict[str, str]) -> Target:
     if args.nats_url:
         return Target(args.nats_url, args.creds, args.user)
     if env.get("GPU_DRA_NATS_URL"):
-        return Target(env["GPU_DRA_NATS_URL"], args.creds or env.get("GPU_DRA_NATS_CREDS", ""),
-                      args.user or env.get("GPU_DRA_NATS_USER", ""))
+        return Target(
+            env["GPU_DRA_NATS_URL"],
+            args.creds or env.get("GPU_DRA_NATS_CREDS", ""),
+            args.user or env.get("GPU_DRA_NATS_USER", ""),
+        )
     if args.data_dir:
         return _from_file(Path(args.data_dir) / LOCAL_CLUSTER_FILE)
     newest = _newest_local_cluster()
     if newest is None:
-        raise TargetError("no NATS to connect to: pass --nats-url (and --creds), set GPU_DRA_NATS_URL as `gpu-dra up` "
-                          "prints it, or pass --data-dir of a local cluster")
+        raise TargetError(
+            "no NATS to connect to: pass --nats-url (and --creds), set GPU_DRA_NATS_URL as `gpu-dra up` "
+            "prints it, or pass --data-dir of a local cluster"
+        )
     return _from_file(newest)

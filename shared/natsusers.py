@@ -170,24 +170,37 @@ def node_state_rights(role: str, node: str) -> list[str]:
     user = node_user(role, node)
     common = [*_jetstream_base(), _own_dead_letters(user)]
     if role == "discovery":
-        return (common + _events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH), node=node)
-                + [f"$KV.{INVENTORY_BUCKET.name}.{node}", f"$KV.{HEALTH_BUCKET.name}.{node}.>"]
-                + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>"))
+        return (
+            common
+            + _events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH), node=node)
+            + [f"$KV.{INVENTORY_BUCKET.name}.{node}", f"$KV.{HEALTH_BUCKET.name}.{node}.>"]
+            + _kv_read(INVENTORY_BUCKET.name, node)
+            + _kv_read(HEALTH_BUCKET.name, f"{node}.>")
+        )
     if role == "preparer":
-        return (common + _events((CLAIM,), node=node)
-                + _kv_read(INVENTORY_BUCKET.name, node) + _kv_read(HEALTH_BUCKET.name, f"{node}.>")
-                + _kv_read(CD_MEMBERS_BUCKET.name))
+        return (
+            common
+            + _events((CLAIM,), node=node)
+            + _kv_read(INVENTORY_BUCKET.name, node)
+            + _kv_read(HEALTH_BUCKET.name, f"{node}.>")
+            + _kv_read(CD_MEMBERS_BUCKET.name)
+        )
     if role == "cd-agent":
-        return (common + _events((CD_MEMBER, CD_MEMBER_LEFT), node=node)
-                # its membership `<domain>.<node>` and its index bids `<domain>.idx.<clique>.<NN>.<node>`
-                # (services/computedomain/membership.py): every key it writes ends in its node
-                + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}", f"$KV.{CD_MEMBERS_BUCKET.name}.*.idx.*.*.{node}"]
-                + _kv_read(CD_MEMBERS_BUCKET.name)
-                + _kv_read(INVENTORY_BUCKET.name, node)  # its node's clique
-                # the last status / deletion of a domain it is asked to join (an ordered consumer per subject)
-                + [f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.{CD_STATUS.wildcard()}",
-                   f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.{CD_DELETED.wildcard()}",
-                   f"{JS}.CONSUMER.INFO.{EVENTS_STREAM.name}.*"])
+        return (
+            common
+            + _events((CD_MEMBER, CD_MEMBER_LEFT), node=node)
+            # its membership `<domain>.<node>` and its index bids `<domain>.idx.<clique>.<NN>.<node>`
+            # (services/computedomain/membership.py): every key it writes ends in its node
+            + [f"$KV.{CD_MEMBERS_BUCKET.name}.*.{node}", f"$KV.{CD_MEMBERS_BUCKET.name}.*.idx.*.*.{node}"]
+            + _kv_read(CD_MEMBERS_BUCKET.name)
+            + _kv_read(INVENTORY_BUCKET.name, node)  # its node's clique
+            # the last status / deletion of a domain it is asked to join (an ordered consumer per subject)
+            + [
+                f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.{CD_STATUS.wildcard()}",
+                f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.{CD_DELETED.wildcard()}",
+                f"{JS}.CONSUMER.INFO.{EVENTS_STREAM.name}.*",
+            ]
+        )
     raise UsersError(f"unknown node role {role!r}; known: {', '.join(NODE_ROLES)}")
 
 
@@ -210,9 +223,16 @@ def node_permissions(role: str, node: str) -> Permissions:
             # the kubelet's device-health stream follows this node's health events
             subscribe=[*_events((HEALTH,), node=node), inbox],
         )
-    return Permissions(publish=base + answers,
-                       subscribe=[CD_STATUS.wildcard(), CD_MEMBER.wildcard(), CD_DELETED.wildcard(),
-                                  *_events(agent_ops, node=node), inbox])
+    return Permissions(
+        publish=base + answers,
+        subscribe=[
+            CD_STATUS.wildcard(),
+            CD_MEMBER.wildcard(),
+            CD_DELETED.wildcard(),
+            *_events(agent_ops, node=node),
+            inbox,
+        ],
+    )
 
 
 def cluster_permissions(role: str) -> Permissions:
@@ -225,18 +245,25 @@ def cluster_permissions(role: str) -> Permissions:
             publish=[
                 *common,
                 *_provision(),
-                f"{JS}.STREAM.INFO.KV_{replicas}", f"{JS}.STREAM.CREATE.KV_{replicas}", f"$KV.{replicas}.>",
-                f"{JS}.CONSUMER.DELETE.KV_{replicas}.*", *_kv_read(replicas), *_kv_read(INVENTORY_BUCKET.name), *_kv_read(HEALTH_BUCKET.name),
+                f"{JS}.STREAM.INFO.KV_{replicas}",
+                f"{JS}.STREAM.CREATE.KV_{replicas}",
+                f"$KV.{replicas}.>",
+                f"{JS}.CONSUMER.DELETE.KV_{replicas}.*",
+                *_kv_read(replicas),
+                *_kv_read(INVENTORY_BUCKET.name),
+                *_kv_read(HEALTH_BUCKET.name),
                 *_durable_consumer(EVENTS_STREAM.name),
                 # a withdrawn node's last values are removed by the publisher
-                f"$KV.{INVENTORY_BUCKET.name}.*", f"$KV.{HEALTH_BUCKET.name}.>",
+                f"$KV.{INVENTORY_BUCKET.name}.*",
+                f"$KV.{HEALTH_BUCKET.name}.>",
             ],
             subscribe=[*_events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH)), inbox],
         )
     if role == "controller":
         members = CD_MEMBERS_BUCKET.name
         return Permissions(
-            publish=common + _provision()
+            publish=common
+            + _provision()
             + _events((CD_STATUS, CD_DELETED))  # a domain's status, and its deletion (agents stop its daemon)
             + _kv_read(members)
             + _durable_consumer(EVENTS_STREAM.name)
@@ -286,8 +313,9 @@ def dashboard_permissions() -> Permissions:
     events and every device's health events, live (core subscriptions). It publishes only its own dead
     letters (an empty allow list would be no limit at all)."""
     user = reader_user(DASHBOARD_READER)
-    return Permissions(publish=[_own_dead_letters(user)], subscribe=[CLAIM.wildcard(), HEALTH.wildcard(),
-                                                                       _own_inbox(user)])
+    return Permissions(
+        publish=[_own_dead_letters(user)], subscribe=[CLAIM.wildcard(), HEALTH.wildcard(), _own_inbox(user)]
+    )
 
 
 def node_user(role: str, node: str) -> str:

@@ -176,9 +176,11 @@ DEFAULT = NodeConfig()
 
 def _check_rule(i: int, rule: Rule) -> None:
     where = f"spec.rules[{i}]"
-    for field, text in (("memoryStep", rule.memoryStep),
-                        ("gpus.memory.min", rule.gpus.memory.min if rule.gpus and rule.gpus.memory else None),
-                        ("gpus.memory.max", rule.gpus.memory.max if rule.gpus and rule.gpus.memory else None)):
+    for field, text in (
+        ("memoryStep", rule.memoryStep),
+        ("gpus.memory.min", rule.gpus.memory.min if rule.gpus and rule.gpus.memory else None),
+        ("gpus.memory.max", rule.gpus.memory.max if rule.gpus and rule.gpus.memory else None),
+    ):
         if text is None:
             continue
         try:
@@ -186,7 +188,9 @@ def _check_rule(i: int, rule: Rule) -> None:
         except QuantityError as exc:
             raise NodeConfigError(f"{where}.{field}: {exc}") from None
         if field == "memoryStep" and (value < MIB or value % MIB):
-            raise NodeConfigError(f"{where}.memoryStep: {text!r} must be a positive whole number of Mi (e.g. 1Mi, 10Gi)")
+            raise NodeConfigError(
+                f"{where}.memoryStep: {text!r} must be a positive whole number of Mi (e.g. 1Mi, 10Gi)"
+            )
     if rule.gpus and rule.gpus.memory and rule.gpus.memory.min and rule.gpus.memory.max:
         if parse_bytes(rule.gpus.memory.min) > parse_bytes(rule.gpus.memory.max):
             raise NodeConfigError(f"{where}.gpus.memory: min {rule.gpus.memory.min} exceeds max {rule.gpus.memory.max}")
@@ -194,8 +198,9 @@ def _check_rule(i: int, rule: Rule) -> None:
     if sharing not in SHARED_MODES:
         for field in ("memoryStep", "memoryDefault", "computeStep", "maxShares"):
             if getattr(rule, field) is not None:
-                raise NodeConfigError(f"{where}.{field}: only meaningful with sharing mpsShares or shares "
-                                      f"(the rule says {sharing})")
+                raise NodeConfigError(
+                    f"{where}.{field}: only meaningful with sharing mpsShares or shares (the rule says {sharing})"
+                )
     if sharing != "mpsShares" and rule.computeStep is not None:
         raise NodeConfigError(f"{where}.computeStep: only MPS enforces a compute share; use sharing mpsShares")
     if rule.computeStep is not None and 100 % rule.computeStep:
@@ -205,11 +210,15 @@ def _check_rule(i: int, rule: Rule) -> None:
     if sharing in SHARED_MODES and rule.mig == "dynamic":
         raise NodeConfigError(f"{where}.mig: dynamic MIG devices cannot be shared; use static or none with {sharing}")
     if rule.passthrough and (sharing != "exclusive" or rule.mig == "dynamic"):
-        raise NodeConfigError(f"{where}.passthrough: a passthrough GPU is given whole to one VM; it cannot be "
-                              f"shared ({sharing}) or partitioned by dynamic MIG")
+        raise NodeConfigError(
+            f"{where}.passthrough: a passthrough GPU is given whole to one VM; it cannot be "
+            f"shared ({sharing}) or partitioned by dynamic MIG"
+        )
     if rule.maxShares is not None and rule.memoryDefault not in (None, "none"):
-        raise NodeConfigError(f"{where}.memoryDefault: with maxShares a claim's default memory request is 0 "
-                              "(NVIDIA's <count> shares); leave memoryDefault unset or none")
+        raise NodeConfigError(
+            f"{where}.memoryDefault: with maxShares a claim's default memory request is 0 "
+            "(NVIDIA's <count> shares); leave memoryDefault unset or none"
+        )
 
 
 def validate(config: NodeConfig) -> NodeConfig:
@@ -219,14 +228,18 @@ def validate(config: NodeConfig) -> NodeConfig:
     seen: set[str] = set()
     for i, rule in enumerate(config.spec.rules):
         if not rule.name or rule.name in seen:
-            raise NodeConfigError(f"spec.rules[{i}].name: {'empty' if not rule.name else 'duplicate ' + repr(rule.name)}")
+            raise NodeConfigError(
+                f"spec.rules[{i}].name: {'empty' if not rule.name else 'duplicate ' + repr(rule.name)}"
+            )
         seen.add(rule.name)
         _check_rule(i, rule)
         for j, req in enumerate(rule.nodeSelector.matchExpressions if rule.nodeSelector else []):
             has_values = bool(req.values)
             if has_values != (req.operator in ("In", "NotIn")):
-                raise NodeConfigError(f"spec.rules[{i}].nodeSelector.matchExpressions[{j}].values: operator "
-                                      f"{req.operator} {'needs' if not has_values else 'takes no'} values")
+                raise NodeConfigError(
+                    f"spec.rules[{i}].nodeSelector.matchExpressions[{j}].values: operator "
+                    f"{req.operator} {'needs' if not has_values else 'takes no'} values"
+                )
     return config
 
 
@@ -256,8 +269,11 @@ def load(path: str | Path) -> NodeConfig:
 def merge(configs: Mapping[str, NodeConfig]) -> NodeConfig:
     """Object name -> its (validated) config => one config (module doc): all rules, objects in name order,
     each rule named `<object>/<rule>`; DEFAULT when there are none."""
-    rules = [msgspec.structs.replace(rule, name=f"{name}/{rule.name}")
-             for name in sorted(configs) for rule in configs[name].spec.rules]
+    rules = [
+        msgspec.structs.replace(rule, name=f"{name}/{rule.name}")
+        for name in sorted(configs)
+        for rule in configs[name].spec.rules
+    ]
     return NodeConfig(spec=NodeConfigSpec(rules=rules)) if rules else DEFAULT
 
 
@@ -283,8 +299,8 @@ def setting_for(config: NodeConfig, labels: Mapping[str, str], gpu: Gpu) -> GpuS
         rule=rule.name,
         sharing=rule.sharing or "exclusive",
         memory_step=parse_bytes(rule.memoryStep) if rule.memoryStep else MIB,
-        memory_default=rule.memoryDefault or ("none" if rule.maxShares else
-                                              "step" if rule.sharing == "mpsShares" else "all"),
+        memory_default=rule.memoryDefault
+        or ("none" if rule.maxShares else "step" if rule.sharing == "mpsShares" else "all"),
         compute_step=rule.computeStep or DEFAULT_COMPUTE_STEP,
         max_shares=rule.maxShares,
         mig=rule.mig,

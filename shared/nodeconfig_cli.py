@@ -21,14 +21,16 @@ def _parser() -> argparse.ArgumentParser:
     explain = sub.add_parser("explain", help="the effective setting per GPU of one node, and the deciding rule")
     explain.add_argument("node", help="the node's name")
     explain.add_argument("--config", required=True, help="a NodeConfig YAML file")
-    explain.add_argument("--inventory", required=True,
-                         help="the node's inventory JSON, as 'gpu-dra discovery --once --output json' prints it")
+    explain.add_argument(
+        "--inventory",
+        required=True,
+        help="the node's inventory JSON, as 'gpu-dra discovery --once --output json' prints it",
+    )
     explain.add_argument("--labels", default="", help="the node's labels, k=v,k2=v2")
     return parser
 
 
-def explain_lines(config: nodeconfig.NodeConfig, node: str, labels: dict[str, str],
-                  inv: NodeInventory) -> list[str]:
+def explain_lines(config: nodeconfig.NodeConfig, node: str, labels: dict[str, str], inv: NodeInventory) -> list[str]:
     """One line per GPU: name, product, effective setting, deciding rule."""
     lines = [f"node {node}: {len(inv.gpus)} GPU(s), {len(config.spec.rules)} rule(s)"]
     for gpu in inv.gpus:

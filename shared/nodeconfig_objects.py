@@ -72,9 +72,14 @@ class NodeConfigObjects:
                     continue
                 if not said:
                     said = True
-                    log.warning("NodeConfig objects cannot be read; every GPU exclusive until they can",
-                                reason="the CRD is not installed" if exc.status == 404 else
-                                f"{self.who}'s role may not list nodeconfigs", error=str(exc), retry_s=CRD_POLL_S)
+                    log.warning(
+                        "NodeConfig objects cannot be read; every GPU exclusive until they can",
+                        reason="the CRD is not installed"
+                        if exc.status == 404
+                        else f"{self.who}'s role may not list nodeconfigs",
+                        error=str(exc),
+                        retry_s=CRD_POLL_S,
+                    )
                 self.ready.set()
                 await pause(stopping, CRD_POLL_S)
             except Exception as exc:  # noqa: BLE001 - API server restarts and network blips
@@ -108,11 +113,19 @@ class NodeConfigObjects:
             if self.verdicts.get(name) != verdict:
                 self.verdicts[name] = verdict
                 if verdict[1]:
-                    log.warning("NodeConfig refused; its last accepted version stays in force", nodeconfig=name,
-                                generation=generation, error=verdict[1])
+                    log.warning(
+                        "NodeConfig refused; its last accepted version stays in force",
+                        nodeconfig=name,
+                        generation=generation,
+                        error=verdict[1],
+                    )
                 else:
-                    log.info("NodeConfig accepted", nodeconfig=name, generation=generation,
-                             rules=len(self.accepted[name].spec.rules))
+                    log.info(
+                        "NodeConfig accepted",
+                        nodeconfig=name,
+                        generation=generation,
+                        rules=len(self.accepted[name].spec.rules),
+                    )
             self.verdict_changed(name)
         merged = nodeconfig.merge(self.accepted)
         if merged != self.config:

@@ -56,17 +56,21 @@ def claim_partition(inv: NodeInventory | None, devices: set[str]) -> FabricParti
         return None
     fm = inv.fabric_manager
     if fm.error and not fm.partitions:
-        raise PartitionError(f"node {inv.node} uses NVLink partitions, and Fabric Manager could not be asked at "
-                             f"discovery's last scan: {fm.error}")
+        raise PartitionError(
+            f"node {inv.node} uses NVLink partitions, and Fabric Manager could not be asked at "
+            f"discovery's last scan: {fm.error}"
+        )
     for p in fm.partitions:
         if p.devices == devices:
             return p
     where = []
     for device in sorted(devices):
         holding = sorted((p for p in fm.partitions if device in p.devices), key=lambda p: (len(p.gpus), p.id))
-        where.append(f"{device} in partition {holding[0].id} ({len(holding[0].gpus)} GPU(s))" if holding
-                     else f"{device} in none")
+        where.append(
+            f"{device} in partition {holding[0].id} ({len(holding[0].gpus)} GPU(s))" if holding else f"{device} in none"
+        )
     raise PartitionError(
         f"the claim's GPUs {', '.join(sorted(devices))} do not form one NVLink partition of Fabric Manager "
         f"(smallest: {'; '.join(where)}); ask for GPUs of one partition with the constraint `matchAttribute: "
-        f"gpu.nvidia.com/{partition_attribute(len(devices))}`")
+        f"gpu.nvidia.com/{partition_attribute(len(devices))}`"
+    )

@@ -60,8 +60,9 @@ def _parse(text: str) -> Fraction:
     if m.group("exp") is not None:
         exponent = int(m.group("exp"))  # at most MAX_LENGTH digits: cheap
         if abs(exponent) > MAX_EXPONENT:
-            raise QuantityError(f"quantity {_shown(text)}: exponent {exponent} is out of range "
-                                f"-{MAX_EXPONENT}..{MAX_EXPONENT}")
+            raise QuantityError(
+                f"quantity {_shown(text)}: exponent {exponent} is out of range -{MAX_EXPONENT}..{MAX_EXPONENT}"
+            )
         scale += exponent
     elif suffix in _BINARY:
         binary = _BINARY[suffix]

@@ -34,8 +34,13 @@ C = TypeVar("C", bound=CommonConfig)
 def nats_tls(config: CommonConfig) -> NatsTLS:
     """The TLS and credential files a service's settings name (GPU_DRA_NATS_TLS_CA/_CERT/_KEY, _CREDS,
     _TOKEN_FILE)."""
-    return NatsTLS(ca_file=config.nats_tls_ca, cert_file=config.nats_tls_cert, key_file=config.nats_tls_key,
-                   creds_file=config.nats_creds, token_file=config.nats_token_file)
+    return NatsTLS(
+        ca_file=config.nats_tls_ca,
+        cert_file=config.nats_tls_cert,
+        key_file=config.nats_tls_key,
+        creds_file=config.nats_creds,
+        token_file=config.nats_token_file,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -55,9 +60,15 @@ async def nats_url_or_embedded(config: CommonConfig) -> AsyncIterator[str]:
 
 async def connect_configured(config: CommonConfig, url: str, client_name: str, **options: Any) -> Bus:
     """Bus.connect with the configured identity (user, password, creds, token, TLS) and replicas."""
-    return await Bus.connect(url, name=client_name, user=config.nats_user or None,
-                             password=config.nats_password or None, replicas=config.nats_replicas,
-                             tls=nats_tls(config), **options)
+    return await Bus.connect(
+        url,
+        name=client_name,
+        user=config.nats_user or None,
+        password=config.nats_password or None,
+        replicas=config.nats_replicas,
+        tls=nats_tls(config),
+        **options,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -90,8 +101,11 @@ def stop_event() -> asyncio.Event:
     return stopping
 
 
-BUILD_INFO = Gauge("gpu_dra_build_info", "1, labelled with what runs: the service, the package version, Python",
-                   ["service", "version", "python"])
+BUILD_INFO = Gauge(
+    "gpu_dra_build_info",
+    "1, labelled with what runs: the service, the package version, Python",
+    ["service", "version", "python"],
+)
 
 
 def export_build_info(service: str) -> None:
@@ -104,8 +118,9 @@ def prepare_process(config: CommonConfig, service: str) -> None:
     export_build_info(service)
     featuregates.export(config.gates)
     setup_logging(service, config.log_level, config.log_format)
-    setup_telemetry(service, config.otel_exporter, node=str(getattr(config, "node", "") or ""),
-                    periodic=config.otel_periodic_ratio)
+    setup_telemetry(
+        service, config.otel_exporter, node=str(getattr(config, "node", "") or ""), periodic=config.otel_periodic_ratio
+    )
     HEALTH.configure(config.health_stall_seconds)
     if config.metrics_port > 0:
         serve(config.metrics_port)

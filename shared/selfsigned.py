@@ -19,8 +19,9 @@ class TlsUnavailable(RuntimeError):
     """No `openssl` tool, or it failed: the message says which and what to do instead."""
 
 
-def make_pair(directory: Path, stem: str, *, common_name: str, sans: Sequence[str],
-              days: int = 3650) -> tuple[Path, Path]:
+def make_pair(
+    directory: Path, stem: str, *, common_name: str, sans: Sequence[str], days: int = 3650
+) -> tuple[Path, Path]:
     """(`<stem>.crt`, `<stem>.key`) in `directory`, made when missing (atomically; the key 0600).
     `sans`: subjectAltName entries (`IP:127.0.0.1`, `DNS:name`). Blocking: call via asyncio.to_thread."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -29,15 +30,32 @@ def make_pair(directory: Path, stem: str, *, common_name: str, sans: Sequence[st
         return cert, key
     openssl = shutil.which("openssl")
     if openssl is None:
-        raise TlsUnavailable(f"the 'openssl' tool is needed to make the {common_name} certificate; install it, "
-                             "or give a certificate and key made elsewhere")
+        raise TlsUnavailable(
+            f"the 'openssl' tool is needed to make the {common_name} certificate; install it, "
+            "or give a certificate and key made elsewhere"
+        )
     tmp_key, tmp_cert = key.with_suffix(".key.tmp"), cert.with_suffix(".crt.tmp")
     cmd = [
-        openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-days", str(days), "-subj", f"/CN={common_name}",
-        "-addext", "subjectAltName=" + ",".join(sans),
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-keyout", str(tmp_key), "-out", str(tmp_cert),
+        openssl,
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        str(days),
+        "-subj",
+        f"/CN={common_name}",
+        "-addext",
+        "subjectAltName=" + ",".join(sans),
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-keyout",
+        str(tmp_key),
+        "-out",
+        str(tmp_cert),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:

@@ -3,8 +3,8 @@
 Exporters: OTLP when OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) is set, over
 OTEL_EXPORTER_OTLP_PROTOCOL (`http/protobuf`, the default, or `grpc`); beside it, what `exporter` names:
 "console", "file:<path>" (one JSON span per line, read by the terminal waterfall and tests, so the
-demo's waterfall works beside OTLP), "memory" (in-process, for tests) or "none". With "none" (and no OTLP endpoint) no SDK provider is
-installed: the API's no-op tracer hands out non-recording spans (no ids drawn, no attributes kept, no
+demo's waterfall works beside OTLP), "memory" (in-process, for tests) or "none". With "none" (and no OTLP endpoint) no
+SDK provider is installed: the API's no-op tracer hands out non-recording spans (no ids drawn, no attributes kept, no
 processors), which still carry a caller's remote context through, so a kubelet's `traceparent` reaches
 NATS headers and log lines all the same. With an exporter, the SDK's sampler decides (OTEL_TRACES_SAMPLER,
 e.g. `parentbased_traceidratio` with OTEL_TRACES_SAMPLER_ARG): a span not sampled is not recorded;
@@ -65,8 +65,9 @@ def package_version() -> str:
         return "0.0.0+unknown"
 
 
-def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str = "",
-                    periodic: float | None = None) -> TracerProvider | None:
+def setup_telemetry(
+    service_name: str, exporter: str | None = None, *, node: str = "", periodic: float | None = None
+) -> TracerProvider | None:
     """Install the process's tracer provider once (None: no exporter, the no-op tracer stays). Later
     calls return the first provider. Head sampling is the SDK's, from OTEL_TRACES_SAMPLER/_ARG;
     `periodic`: the ratio of PERIODIC roots kept (None: GPU_DRA_OTEL_PERIODIC_RATIO's)."""
@@ -80,8 +81,13 @@ def setup_telemetry(service_name: str, exporter: str | None = None, *, node: str
     from shared import tracing_sdk  # the SDK is loaded only by a process that exports spans
 
     provider, _memory_exporter = tracing_sdk.build_provider(
-        service_name, chosen, otlp=otlp, node=node, periodic=periodic_ratio() if periodic is None else periodic,
-        version=package_version())
+        service_name,
+        chosen,
+        otlp=otlp,
+        node=node,
+        periodic=periodic_ratio() if periodic is None else periodic,
+        version=package_version(),
+    )
     trace.set_tracer_provider(provider)
     _provider = provider
     return provider
@@ -131,8 +137,9 @@ def get_tracer(name: str) -> trace.Tracer:
 
 
 @contextlib.contextmanager
-def leaf_span(tracer: trace.Tracer, name: str,
-              attributes: Mapping[str, AttributeValue] | None = None) -> Iterator[trace.Span]:
+def leaf_span(
+    tracer: trace.Tracer, name: str, attributes: Mapping[str, AttributeValue] | None = None
+) -> Iterator[trace.Span]:
     """A span with no children (a file write, one API call): the current span's child, not made current;
     an exception escaping it is recorded on it, as `start_as_current_span` does."""
     with tracer.start_span(name, attributes=attributes) as span:

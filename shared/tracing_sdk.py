@@ -33,8 +33,9 @@ from opentelemetry.sdk.trace.sampling import Sampler, SamplingResult, TraceIdRat
 from shared.spanattrs import PERIODIC
 
 
-def build_provider(service_name: str, chosen: str, *, otlp: bool, node: str, periodic: float,
-                   version: str = "") -> tuple[TracerProvider, InMemorySpanExporter | None]:
+def build_provider(
+    service_name: str, chosen: str, *, otlp: bool, node: str, periodic: float, version: str = ""
+) -> tuple[TracerProvider, InMemorySpanExporter | None]:
     """The provider for `chosen` ("console", "file:<path>", "memory", "none") beside OTLP when `otlp`;
     and the in-memory exporter when "memory" was chosen. The SDK reads its sampler (OTEL_TRACES_SAMPLER)
     and its batch settings (OTEL_BSP_*) from the environment."""
@@ -99,8 +100,10 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
         "end_ns": span.end_time,
         "status": span.status.status_code.name,
         "attributes": dict(span.attributes or {}),
-        "links": [{"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
-                  for link in span.links],
+        "links": [
+            {"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
+            for link in span.links
+        ],
     }
 
 
@@ -111,10 +114,16 @@ class PeriodicSampler(Sampler):
         self.base = base
         self.periodic = TraceIdRatioBased(ratio)
 
-    def should_sample(self, parent_context: otel_context.Context | None, trace_id: int, name: str,
-                      kind: trace.SpanKind | None = None, attributes: Any = None,
-                      links: Sequence[trace.Link] | None = None,
-                      trace_state: trace.TraceState | None = None) -> SamplingResult:
+    def should_sample(
+        self,
+        parent_context: otel_context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: trace.SpanKind | None = None,
+        attributes: Any = None,
+        links: Sequence[trace.Link] | None = None,
+        trace_state: trace.TraceState | None = None,
+    ) -> SamplingResult:
         root = not trace.get_current_span(parent_context).get_span_context().is_valid
         chosen = self.periodic if root and attributes and attributes.get(PERIODIC) else self.base
         return chosen.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
@@ -142,8 +151,11 @@ def service_resource(service: str, node: str = "", version: str = "") -> Resourc
 
 def otlp_exporter() -> SpanExporter:
     """The OTLP span exporter OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL names (`http/protobuf` or `grpc`)."""
-    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
@@ -152,5 +164,7 @@ def otlp_exporter() -> SpanExporter:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
         return HttpExporter()
-    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported: use grpc or http/protobuf "
-                     "(http/json is not implemented by the Python SDK)")
+    raise ValueError(
+        f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported: use grpc or http/protobuf "
+        "(http/json is not implemented by the Python SDK)"
+    )

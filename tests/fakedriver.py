@@ -63,8 +63,16 @@ GRAPHICS_LIBRARIES = (
     ("libnvidia-egl-wayland.so.1.1.13", "libnvidia-egl-wayland.so.1"),
 )
 OTHER_LIBRARIES = (("libc.so.6", "libc.so.6"),)  # in the ld cache but not the driver's
-DRIVER_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
-                   "nvidia-cuda-mps-server", "nvidia-imex", "nvidia-imex-ctl", "nvidia-cdi-hook")
+DRIVER_BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+    "nvidia-cdi-hook",
+)
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 SOCKETS = ("/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket")
@@ -345,19 +353,35 @@ class FakeDriver:
         (self.fake / "imex-status").write_text(status)
 
     # -- Fabric Manager (fmpm) -----------------------------------------------------------------
-    def set_partitions(self, partitions: list[tuple[int, list[int]]], gpus: list[tuple[int, str, str]],
-                       active: tuple[int, ...] = ()) -> None:
+    def set_partitions(
+        self, partitions: list[tuple[int, list[int]]], gpus: list[tuple[int, str, str]], active: tuple[int, ...] = ()
+    ) -> None:
         """Fabric Manager's table: (partition id, module ids) each, over `gpus` as (module id, NVML PCI bus
         id, UUID); the `active` ones start active. Written in fmpm's JSON (`fmpm -l` prints it)."""
         by_module = {module: (bus, uuid) for module, bus, uuid in gpus}
-        info = [{"partitionId": pid, "isActive": int(pid in active), "numGpus": len(modules),
-                 "gpuInfo": [{"physicalId": m, "uuid": by_module[m][1], "pciBusId": by_module[m][0],
-                              "numNvLinksAvailable": 18, "maxNumNvLinks": 18, "nvlinkLineRateMBps": 50000}
-                             for m in modules]}
-                for pid, modules in partitions]
+        info = [
+            {
+                "partitionId": pid,
+                "isActive": int(pid in active),
+                "numGpus": len(modules),
+                "gpuInfo": [
+                    {
+                        "physicalId": m,
+                        "uuid": by_module[m][1],
+                        "pciBusId": by_module[m][0],
+                        "numNvLinksAvailable": 18,
+                        "maxNumNvLinks": 18,
+                        "nvlinkLineRateMBps": 50000,
+                    }
+                    for m in modules
+                ],
+            }
+            for pid, modules in partitions
+        ]
         self.fake.mkdir(parents=True, exist_ok=True)
-        (self.fake / "fabric.json").write_text(json.dumps(
-            {"version": 1, "numPartitions": len(info), "maxNumPartitions": 31, "partitionInfo": info}))
+        (self.fake / "fabric.json").write_text(
+            json.dumps({"version": 1, "numPartitions": len(info), "maxNumPartitions": 31, "partitionInfo": info})
+        )
 
     def active_partitions(self) -> list[int]:
         table = json.loads((self.fake / "fabric.json").read_text())

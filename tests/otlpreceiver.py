@@ -25,6 +25,7 @@ def _value(v: AnyValue) -> Any:
 
 T = TypeVar("T")
 
+
 @dataclass
 class Received:
     name: str
@@ -51,11 +52,18 @@ class Spans:
             resource = {a.key: _value(a.value) for a in rs.resource.attributes}
             for ss in rs.scope_spans:
                 for s in ss.spans:
-                    got.append(Received(
-                        name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                        parent_span_id=s.parent_span_id.hex(),
-                        attributes={a.key: _value(a.value) for a in s.attributes}, resource=resource,
-                        links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links], via=via))
+                    got.append(
+                        Received(
+                            name=s.name,
+                            trace_id=s.trace_id.hex(),
+                            span_id=s.span_id.hex(),
+                            parent_span_id=s.parent_span_id.hex(),
+                            attributes={a.key: _value(a.value) for a in s.attributes},
+                            resource=resource,
+                            links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
+                            via=via,
+                        )
+                    )
         with self._lock:
             self.spans.extend(got)
             self.requests += 1

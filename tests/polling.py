@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-async def eventually(probe: Callable[[], Any], what: str = "condition", timeout: float = 10.0,
-                     every: float = 0.02) -> Any:
+async def eventually(
+    probe: Callable[[], Any], what: str = "condition", timeout: float = 10.0, every: float = 0.02
+) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:

@@ -34,15 +34,23 @@ def private_imports(source: str) -> list[str]:
 
 
 def test_the_scan_finds_private_modules_and_names() -> None:
-    assert private_imports("import nats._x\nfrom opentelemetry.sdk.trace._y import z\n"
-                           "from opentelemetry.trace.propagation import _SPAN_KEY\n"
-                           "import os._private\nfrom shared._x import y\nimport nats.js\n") == [
-        "nats._x", "opentelemetry.sdk.trace._y", "opentelemetry.sdk.trace._y.z",
-        "opentelemetry.trace.propagation._SPAN_KEY"]
+    assert private_imports(
+        "import nats._x\nfrom opentelemetry.sdk.trace._y import z\n"
+        "from opentelemetry.trace.propagation import _SPAN_KEY\n"
+        "import os._private\nfrom shared._x import y\nimport nats.js\n"
+    ) == [
+        "nats._x",
+        "opentelemetry.sdk.trace._y",
+        "opentelemetry.sdk.trace._y.z",
+        "opentelemetry.trace.propagation._SPAN_KEY",
+    ]
 
 
 def test_no_product_source_imports_a_private_module_of_a_dependency() -> None:
-    found = {str(path.relative_to(REPO)): names for top in ("shared", "services", "embedded")
-             for path in sorted((REPO / top).rglob("*.py"))
-             if GENERATED not in (text := path.read_text())[:300] and (names := private_imports(text))}
+    found = {
+        str(path.relative_to(REPO)): names
+        for top in ("shared", "services", "embedded")
+        for path in sorted((REPO / top).rglob("*.py"))
+        if GENERATED not in (text := path.read_text())[:300] and (names := private_imports(text))
+    }
     assert found == {}

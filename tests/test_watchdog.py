@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-HANGING = '''
+HANGING = """
 import asyncio
 import pytest
 
@@ -27,20 +27,35 @@ async def leaked():
 
 async def test_fails_then_hangs_in_teardown(leaked):
     assert 1 == 2, "the failure the watchdog must still show"
-'''
+"""
 
 
-async def test_a_failed_test_hanging_in_teardown_ends_the_run_with_its_failure_and_task_stacks(
-        tmp_path: Path) -> None:
+async def test_a_failed_test_hanging_in_teardown_ends_the_run_with_its_failure_and_task_stacks(tmp_path: Path) -> None:
     (tmp_path / "test_hang.py").write_text(HANGING)
-    (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_mode = auto\n"
-                                         "asyncio_default_fixture_loop_scope = function\n")
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+    )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.watchdog",
-        "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), "-o", "timeout=60",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "tests.watchdog",
+        "-c",
+        str(tmp_path / "pytest.ini"),
+        "--rootdir",
+        str(tmp_path),
+        "-o",
+        "timeout=60",
         str(tmp_path / "test_hang.py"),
-        cwd=ROOT, env={**os.environ, "GPU_DRA_TEST_WATCHDOG_S": "3", "PYTHONPATH": str(ROOT)},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        cwd=ROOT,
+        env={**os.environ, "GPU_DRA_TEST_WATCHDOG_S": "3", "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     text = out.decode()
     assert proc.returncode == 3, text

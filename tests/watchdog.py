@@ -48,8 +48,9 @@ class Watchdog:
         if self.capture is not None:
             self.capture.suspend_global_capture(in_=False)
         out = sys.stderr
-        out.write(f"\n\n*** {nodeid} still running after {limit_s:.0f}s (setup, call and teardown); "
-                  "ending the test run ***\n")
+        out.write(
+            f"\n\n*** {nodeid} still running after {limit_s:.0f}s (setup, call and teardown); ending the test run ***\n"
+        )
         for failure in self.failures:
             out.write(failure + "\n")
         out.write("\n*** thread stacks ***\n")

@@ -108,8 +108,9 @@ def rule_syntax_errors(schema: Any, path: str, errors: list[fe.FieldError]) -> N
         if isinstance(text, str):
             program = _program(text)
             if isinstance(program, str):
-                errors.append(fe.invalid(f"{path}.x-kubernetes-validations[{i}].rule", text,
-                                         f"compilation failed: {program}"))
+                errors.append(
+                    fe.invalid(f"{path}.x-kubernetes-validations[{i}].rule", text, f"compilation failed: {program}")
+                )
     for key, sub in (schema.get("properties") or {}).items():
         rule_syntax_errors(sub, f"{path}.properties[{key}]", errors)
     for key in ("items", "additionalProperties"):

@@ -27,9 +27,7 @@ INT_OR_STRING_DEF = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
 
 _QUANTITY_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
 _QUANTITY_MSG = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
-_DATE_TIME_RE = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
-)
+_DATE_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -77,7 +75,9 @@ def join(path: str, key: str) -> str:
 def type_error(path: str, value: object, wanted: str) -> fe.FieldError:
     got = json_type(value)
     where = path or "<root>"
-    return fe.FieldError(fe.TYPE_INVALID, path, f"{where} in body must be of type {wanted}: {got!r}".replace("'", '"'), got)
+    return fe.FieldError(
+        fe.TYPE_INVALID, path, f"{where} in body must be of type {wanted}: {got!r}".replace("'", '"'), got
+    )
 
 
 def _any(value: Any, path: str, errors: list[fe.FieldError]) -> None:
@@ -257,7 +257,11 @@ class Compiler:
                     if item is not None or crd:
                         addl_check(item, f"{path}[{key}]", errors)
                 elif closed and key not in implicit:
-                    errors.append(fe.FieldError(fe.UNKNOWN_FIELD, f"{path}.{key}" if path else key, "field not declared in schema"))
+                    errors.append(
+                        fe.FieldError(
+                            fe.UNKNOWN_FIELD, f"{path}.{key}" if path else key, "field not declared in schema"
+                        )
+                    )
             for key in required:
                 if value.get(key) is None:
                     errors.append(fe.required(f"{path}.{key}" if path else key))
@@ -326,7 +330,9 @@ def _value_constraints(schema: dict[str, Any], compiler: Compiler) -> list[Check
         shown = [str(v) for v in allowed]
 
         def check_enum(value: Any, path: str, errors: list[fe.FieldError]) -> None:
-            if value not in allowed or isinstance(value, bool) != any(isinstance(a, bool) and a == value for a in allowed):
+            if value not in allowed or isinstance(value, bool) != any(
+                isinstance(a, bool) and a == value for a in allowed
+            ):
                 errors.append(fe.not_supported(path, value, shown))
 
         checks.append(check_enum)
@@ -336,9 +342,12 @@ def _value_constraints(schema: dict[str, Any], compiler: Compiler) -> list[Check
             exclusive = bool(schema.get("exclusiveMaximum" if key == "maximum" else "exclusiveMinimum"))
             checks.append(_bound_check(bound, op, exclusive, word))
     for key, kind, limit_word in (
-        ("maxLength", str, "at most"), ("minLength", str, "at least"),
-        ("maxItems", list, "at most"), ("minItems", list, "at least"),
-        ("maxProperties", dict, "at most"), ("minProperties", dict, "at least"),
+        ("maxLength", str, "at most"),
+        ("minLength", str, "at least"),
+        ("maxItems", list, "at most"),
+        ("minItems", list, "at least"),
+        ("maxProperties", dict, "at most"),
+        ("minProperties", dict, "at least"),
     ):
         if key in schema:
             checks.append(_size_check(int(schema[key]), kind, key.startswith("max"), limit_word))
@@ -369,8 +378,11 @@ def _bound_check(bound: float, op: str, exclusive: bool, word: str) -> Check:
     def check(value: Any, path: str, errors: list[fe.FieldError]) -> None:
         if not is_type(value, "number"):
             return
-        bad = (value >= bound if exclusive else value > bound) if op == "gt" else (
-            value <= bound if exclusive else value < bound)
+        bad = (
+            (value >= bound if exclusive else value > bound)
+            if op == "gt"
+            else (value <= bound if exclusive else value < bound)
+        )
         if bad:
             strict = word.replace(" or equal to", "") if exclusive else word
             errors.append(fe.invalid(path, value, f"{path} in body should be {strict} {bound}"))
@@ -394,7 +406,11 @@ def _size_check(limit: int, kind: type[Any], is_max: bool, limit_word: str) -> C
             else:
                 errors.append(fe.too_many(path, size, limit))
         elif not is_max and size < limit:
-            errors.append(fe.invalid(path, value if kind is str else size, f"{path} in body should be {limit_word} {limit} {unit}"))
+            errors.append(
+                fe.invalid(
+                    path, value if kind is str else size, f"{path} in body should be {limit_word} {limit} {unit}"
+                )
+            )
 
     return check
 

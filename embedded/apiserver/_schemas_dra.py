@@ -47,8 +47,10 @@ MAX_HARDWARE_ADDRESS = 128
 
 _TAINT_EFFECTS = ["NoSchedule", "NoExecute", "None"]
 _VALUE_KINDS = frozenset({"int", "bool", "string", "version", "ints", "bools", "strings", "versions"})
-_PER_DEVICE_MSG = ("exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when "
-                   "`perDeviceNodeSelection` is set to true in the ResourceSlice spec")
+_PER_DEVICE_MSG = (
+    "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when "
+    "`perDeviceNodeSelection` is set to true in the ResourceSlice spec"
+)
 _NODE_UNION_MSG = "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"
 
 Errors = list[fe.FieldError]
@@ -129,6 +131,7 @@ def qualified_name_errors(path: str, key: str, errors: Errors) -> None:
 
 # -- ResourceSlice ---------------------------------------------------------------------------
 
+
 def validate_slice_spec(spec: dict[str, Any], errors: Errors, path: str = "spec") -> None:
     driver = spec.get("driver")
     driver_name_errors(f"{path}.driver", driver, errors)
@@ -161,8 +164,9 @@ def validate_slice_spec(spec: dict[str, Any], errors: Errors, path: str = "spec"
     if not set_fields:
         errors.append(fe.required(path, _NODE_UNION_MSG))
     elif len(set_fields) > 1:
-        errors.append(fe.invalid(path, "{" + ", ".join(set_fields) + "}",
-                                 f"{_NODE_UNION_MSG}, but multiple fields are set"))
+        errors.append(
+            fe.invalid(path, "{" + ", ".join(set_fields) + "}", f"{_NODE_UNION_MSG}, but multiple fields are set")
+        )
     if spec.get("sharedCounters") is not None and spec.get("devices") is not None:
         errors.append(fe.invalid(path, "", "only one of `sharedCounters` or `devices` is allowed"))
 
@@ -199,8 +203,13 @@ def _device(path: str, device: dict[str, Any], per_device: bool, errors: Errors)
     capacity = as_map(device.get("capacity"))
     combined = len(attributes) + len(capacity)
     if combined > MAX_ATTRIBUTES_AND_CAPACITIES:
-        errors.append(fe.invalid(path, combined, "the total number of attributes and capacities must not exceed "
-                                 f"{MAX_ATTRIBUTES_AND_CAPACITIES}"))
+        errors.append(
+            fe.invalid(
+                path,
+                combined,
+                f"the total number of attributes and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITIES}",
+            )
+        )
     for key, attr in attributes.items():
         kpath = f"{path}.attributes[{key}]"
         if _qualified_name_problems(key):
@@ -246,8 +255,14 @@ def _device(path: str, device: dict[str, Any], per_device: bool, errors: Errors)
         elif len(chosen) > 1:
             errors.append(fe.invalid(path, "{" + ", ".join(chosen) + "}", _PER_DEVICE_MSG))
     elif any(device.get(f) is not None for f in node_fields):
-        errors.append(fe.invalid(path, None, "`nodeName`, `nodeSelector` and `allNodes` can only be set if "
-                                 "`perDeviceNodeSelection` is set to true in the ResourceSlice spec"))
+        errors.append(
+            fe.invalid(
+                path,
+                None,
+                "`nodeName`, `nodeSelector` and `allNodes` can only be set if "
+                "`perDeviceNodeSelection` is set to true in the ResourceSlice spec",
+            )
+        )
     for key in ("bindingConditions", "bindingFailureConditions"):
         conditions = as_list(device.get(key))
         if len(conditions) > MAX_BINDING_CONDITIONS:
@@ -273,14 +288,21 @@ def _request_policy(path: str, value: Any, policy: dict[str, Any], errors: Error
     rng = policy.get("validRange")
     values = as_list(policy.get("validValues"))
     if values and rng is not None:
-        errors.append(fe.forbidden(path, 'exactly one policy can be specified, cannot specify "validValues" and '
-                                   '"validRange" at the same time'))
+        errors.append(
+            fe.forbidden(
+                path,
+                'exactly one policy can be specified, cannot specify "validValues" and "validRange" at the same time',
+            )
+        )
         return
     if not values and rng is None:
         return
     if policy.get("default") is None:
-        errors.append(fe.required(f"{path}.default", "required when " +
-                                  ("validValues" if values else "validRange") + " is defined"))
+        errors.append(
+            fe.required(
+                f"{path}.default", "required when " + ("validValues" if values else "validRange") + " is defined"
+            )
+        )
         return
     try:
         capacity = parse_quantity(str(value))
@@ -298,19 +320,26 @@ def _request_policy(path: str, value: Any, policy: dict[str, Any], errors: Error
             return
         for i in range(len(options) - 1):
             if options[i] > options[i + 1]:
-                errors.append(fe.invalid(f"{vpath}[{i + 1}]", _quantity_text(options[i + 1]),
-                                         "values must be sorted in ascending order"))
+                errors.append(
+                    fe.invalid(
+                        f"{vpath}[{i + 1}]", _quantity_text(options[i + 1]), "values must be sorted in ascending order"
+                    )
+                )
         seen: set[Fraction] = set()
         for i, option in enumerate(options):
             if option > capacity:
-                errors.append(fe.invalid(f"{vpath}[{i}]", _quantity_text(option),
-                                         f"option is larger than capacity value: {cap_text}"))
+                errors.append(
+                    fe.invalid(
+                        f"{vpath}[{i}]", _quantity_text(option), f"option is larger than capacity value: {cap_text}"
+                    )
+                )
             if option in seen:
                 errors.append(fe.duplicate(f"{vpath}[{i}]", str(math.floor(option))))
             seen.add(option)
         if default not in seen:
-            errors.append(fe.invalid(vpath, _quantity_text(default),
-                                     "default value is not valid according to the requestPolicy"))
+            errors.append(
+                fe.invalid(vpath, _quantity_text(default), "default value is not valid according to the requestPolicy")
+            )
         return
     rpath = f"{path}.validRange"
     if low is None:
@@ -318,29 +347,44 @@ def _request_policy(path: str, value: Any, policy: dict[str, Any], errors: Error
     if low > capacity:
         errors.append(fe.invalid(f"{rpath}.min", _quantity_text(low), f"min is larger than capacity value: {cap_text}"))
     if default < low:
-        errors.append(fe.invalid(f"{rpath}.min", _quantity_text(default),
-                                 f"default is less than min: {_quantity_text(low)}"))
+        errors.append(
+            fe.invalid(f"{rpath}.min", _quantity_text(default), f"default is less than min: {_quantity_text(low)}")
+        )
     if high is not None:
         if low > high:
-            errors.append(fe.invalid(f"{rpath}.max", _quantity_text(low), f"min is larger than max: {_quantity_text(high)}"))
+            errors.append(
+                fe.invalid(f"{rpath}.max", _quantity_text(low), f"min is larger than max: {_quantity_text(high)}")
+            )
         if high > capacity:
-            errors.append(fe.invalid(f"{rpath}.max", _quantity_text(high),
-                                     f"max is larger than capacity value: {cap_text}"))
+            errors.append(
+                fe.invalid(f"{rpath}.max", _quantity_text(high), f"max is larger than capacity value: {cap_text}")
+            )
         if default > high:
-            errors.append(fe.invalid(f"{rpath}.max", _quantity_text(default),
-                                     f"default is more than max: {_quantity_text(high)}"))
+            errors.append(
+                fe.invalid(f"{rpath}.max", _quantity_text(default), f"default is more than max: {_quantity_text(high)}")
+            )
     if step is not None:
         if step <= 0:
             errors.append(fe.invalid(f"{rpath}.step", _quantity_text(step), "must be greater than zero"))
             return
         if low + step > capacity:
-            errors.append(fe.invalid(f"{rpath}.step", _quantity_text(step),
-                                     f"one step {_quantity_text(low + step)} is larger than capacity value: {cap_text}"))
+            errors.append(
+                fe.invalid(
+                    f"{rpath}.step",
+                    _quantity_text(step),
+                    f"one step {_quantity_text(low + step)} is larger than capacity value: {cap_text}",
+                )
+            )
         for amount in (default, high):
             if amount is not None and (math.ceil(amount) - math.ceil(low)) % math.ceil(step):
-                errors.append(fe.invalid(f"{rpath}.step", _quantity_text(amount),
-                                         f"value is not a multiple of a given step ({_quantity_text(step)}) "
-                                         f"from ({_quantity_text(low)})"))
+                errors.append(
+                    fe.invalid(
+                        f"{rpath}.step",
+                        _quantity_text(amount),
+                        f"value is not a multiple of a given step ({_quantity_text(step)}) "
+                        f"from ({_quantity_text(low)})",
+                    )
+                )
 
 
 def _attribute(path: str, attr: Any, errors: Errors) -> None:

@@ -61,8 +61,11 @@ def request_names(spec: dict[str, Any]) -> RequestNames:
         request = as_map(request)
         name = request.get("name")
         if isinstance(name, str):
-            found[name] = {str(s["name"]) for s in as_list(request.get("firstAvailable"))
-                           if isinstance(s, dict) and isinstance(s.get("name"), str)}
+            found[name] = {
+                str(s["name"])
+                for s in as_list(request.get("firstAvailable"))
+                if isinstance(s, dict) and isinstance(s.get("name"), str)
+            }
     return found
 
 
@@ -115,8 +118,11 @@ def _request(path: str, request: dict[str, Any], errors: Errors) -> None:
     if exactly is None and not first:
         errors.append(fe.required(path, "exactly one of `exactly` or `firstAvailable` is required"))
     elif exactly is not None and first:
-        errors.append(fe.invalid(path, None, "exactly one of `exactly` or `firstAvailable` is required, "
-                                 "but multiple fields are set"))
+        errors.append(
+            fe.invalid(
+                path, None, "exactly one of `exactly` or `firstAvailable` is required, but multiple fields are set"
+            )
+        )
     elif first:
         if len(first) > MAX_SUBREQUESTS:
             errors.append(fe.too_many(f"{path}.firstAvailable", len(first), MAX_SUBREQUESTS))
@@ -216,8 +222,9 @@ def _toleration(path: str, toleration: dict[str, Any], errors: Errors) -> None:
     if operator not in _OPERATORS:
         errors.append(fe.not_supported(f"{path}.operator", operator, _OPERATORS))
     elif operator == "Exists" and toleration.get("value"):
-        errors.append(fe.invalid(f"{path}.operator", toleration.get("value"),
-                                 "value must be empty when `operator` is 'Exists'"))
+        errors.append(
+            fe.invalid(f"{path}.operator", toleration.get("value"), "value must be empty when `operator` is 'Exists'")
+        )
     elif operator == "Equal" and not key:
         errors.append(fe.invalid(f"{path}.operator", operator, "operator must be Exists when `key` is empty"))
     effect = toleration.get("effect")
@@ -229,11 +236,19 @@ def _constraint(path: str, constraint: dict[str, Any], known: RequestNames, erro
     _request_refs(f"{path}.requests", constraint.get("requests"), known, errors)
     chosen = [f for f in ("matchAttribute", "distinctAttribute") if constraint.get(f) is not None]
     if not chosen:
-        errors.append(fe.required(path, 'exactly one of "matchAttribute" or "distinctAttribute" is required, '
-                                  "but multiple fields are set"))
+        errors.append(
+            fe.required(
+                path, 'exactly one of "matchAttribute" or "distinctAttribute" is required, but multiple fields are set'
+            )
+        )
     elif len(chosen) > 1:
-        errors.append(fe.invalid(path, None, 'exactly one of "matchAttribute" or "distinctAttribute" is required, '
-                                 "but multiple fields are set"))
+        errors.append(
+            fe.invalid(
+                path,
+                None,
+                'exactly one of "matchAttribute" or "distinctAttribute" is required, but multiple fields are set',
+            )
+        )
     for field in chosen:
         value = constraint[field]
         if not isinstance(value, str):
@@ -241,8 +256,9 @@ def _constraint(path: str, constraint: dict[str, Any], known: RequestNames, erro
         fpath = f"{path}.{field}"
         qualified_name_errors(fpath, value, errors)
         if "/" not in value:
-            errors.append(fe.invalid(fpath, value, "a fully qualified name must be a domain and a name separated "
-                                     "by a slash"))
+            errors.append(
+                fe.invalid(fpath, value, "a fully qualified name must be a domain and a name separated by a slash")
+            )
 
 
 def _request_refs(path: str, refs: Any, known: RequestNames, errors: Errors) -> None:
@@ -262,7 +278,7 @@ def _request_refs(path: str, refs: Any, known: RequestNames, errors: Errors) -> 
 
 
 def _request_ref(path: str, ref: str, known: RequestNames, errors: Errors) -> None:
-    """"req" or "req/sub", naming a request (and subrequest) of the claim."""
+    """ "req" or "req/sub", naming a request (and subrequest) of the claim."""
     segments = ref.split("/")
     if len(segments) > 2:
         errors.append(fe.invalid(path, ref, _REF_MSG))
@@ -316,8 +332,14 @@ def _is_extended_resource_name(name: str) -> bool:
 
 # -- status -------------------------------------------------------------------------------------
 
-def validate_claim_status(status: dict[str, Any], errors: Errors, path: str = "status",
-                          known: RequestNames | None = None, old_status: dict[str, Any] | None = None) -> None:
+
+def validate_claim_status(
+    status: dict[str, Any],
+    errors: Errors,
+    path: str = "status",
+    known: RequestNames | None = None,
+    old_status: dict[str, Any] | None = None,
+) -> None:
     """reservedFor, device status and the allocation. A populated allocation may only be cleared:
     with `old_status` holding one, a changed allocation is immutable and is not re-validated."""
     allocation = status.get("allocation")
@@ -395,8 +417,14 @@ def _allocation(path: str, allocation: dict[str, Any], known: RequestNames, erro
 
 def _share_id(path: str, value: Any, errors: Errors) -> None:
     if isinstance(value, str) and not _UID_RE.match(value):
-        errors.append(fe.invalid(path, value, "uid must be in RFC 4122 normalized form, "
-                                 "`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` with lowercase hexadecimal characters"))
+        errors.append(
+            fe.invalid(
+                path,
+                value,
+                "uid must be in RFC 4122 normalized form, "
+                "`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` with lowercase hexadecimal characters",
+            )
+        )
 
 
 def _device_status(path: str, device: dict[str, Any], allocated: set[str], errors: Errors) -> None:
@@ -429,8 +457,9 @@ def _device_status(path: str, device: dict[str, Any], allocated: set[str], error
             continue
         ipath = f"{path}.networkData.ips[{j}]"
         if not _is_cidr(cidr):
-            errors.append(fe.invalid(ipath, cidr, "must be a valid address in CIDR form, (e.g. 10.9.8.7/24 or "
-                                     "2001:db8::1/64)"))
+            errors.append(
+                fe.invalid(ipath, cidr, "must be a valid address in CIDR form, (e.g. 10.9.8.7/24 or 2001:db8::1/64)")
+            )
         if cidr in seen:
             errors.append(fe.duplicate(ipath, cidr))
         seen.add(cidr)

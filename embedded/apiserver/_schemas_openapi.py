@@ -97,12 +97,15 @@ def crd_components(res: ServedResource, crd_schema: dict[str, Any], prefix: str)
     """The kind's and its List's schema for one served version of a CRD."""
     schema = copy.deepcopy(crd_schema)
     props = dict(schema.get("properties") or {})
-    props["apiVersion"] = {"type": "string", "description": "APIVersion defines the versioned schema of this "
-                           "representation of an object."}
-    props["kind"] = {"type": "string", "description": "Kind is a string value representing the REST resource "
-                     "this object represents."}
-    props["metadata"] = {"allOf": [{"$ref": prefix + OBJECT_META_DEF}],
-                         "description": "Standard object's metadata."}
+    props["apiVersion"] = {
+        "type": "string",
+        "description": "APIVersion defines the versioned schema of this representation of an object.",
+    }
+    props["kind"] = {
+        "type": "string",
+        "description": "Kind is a string value representing the REST resource this object represents.",
+    }
+    props["metadata"] = {"allOf": [{"$ref": prefix + OBJECT_META_DEF}], "description": "Standard object's metadata."}
     schema["properties"] = props
     schema.setdefault("type", "object")
     gvk = {"group": res.group, "version": res.version, "kind": res.kind}
@@ -113,7 +116,8 @@ def crd_components(res: ServedResource, crd_schema: dict[str, Any], prefix: str)
         "type": "object",
         "required": ["items"],
         "properties": {
-            "apiVersion": props["apiVersion"], "kind": props["kind"],
+            "apiVersion": props["apiVersion"],
+            "kind": props["kind"],
             "items": {"type": "array", "items": {"$ref": prefix + name}},
             "metadata": {"allOf": [{"$ref": prefix + LIST_META_DEF}]},
         },
@@ -125,8 +129,11 @@ def crd_components(res: ServedResource, crd_schema: dict[str, Any], prefix: str)
 def strip_v3_only(schema: Any) -> Any:
     """CRD schemas in Swagger 2.0: no `nullable`, no oneOf/anyOf/not (as the real server publishes)."""
     if isinstance(schema, dict):
-        return {k: strip_v3_only(v) for k, v in schema.items()
-                if k not in ("nullable", "oneOf", "anyOf", "not", "x-kubernetes-validations")}
+        return {
+            k: strip_v3_only(v)
+            for k, v in schema.items()
+            if k not in ("nullable", "oneOf", "anyOf", "not", "x-kubernetes-validations")
+        }
     if isinstance(schema, list):
         return [strip_v3_only(v) for v in schema]
     return schema

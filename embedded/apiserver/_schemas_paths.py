@@ -11,8 +11,10 @@ from typing import Any
 import msgspec
 
 PATCH_TYPES_BUILTIN = (
-    "application/apply-patch+yaml", "application/json-patch+json",
-    "application/merge-patch+json", "application/strategic-merge-patch+json",
+    "application/apply-patch+yaml",
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
 )
 PATCH_TYPES_CUSTOM = PATCH_TYPES_BUILTIN[:3]
 PATCH_DEF = "io.k8s.apimachinery.pkg.apis.meta.v1.Patch"
@@ -46,31 +48,67 @@ def _camel(group: str, version: str) -> str:
 
 
 def _param(name: str, where: str, description: str, kind: str = "string", required: bool = False) -> dict[str, Any]:
-    return {"name": name, "in": where, "description": description, "required": required or where == "path",
-            "schema": {"type": kind, "uniqueItems": True}}
+    return {
+        "name": name,
+        "in": where,
+        "description": description,
+        "required": required or where == "path",
+        "schema": {"type": kind, "uniqueItems": True},
+    }
 
 
 _QUERY = {
     "dryRun": _param("dryRun", "query", "When present, indicates that modifications should not be persisted."),
-    "fieldManager": _param("fieldManager", "query", "fieldManager is a name associated with the actor or entity "
-                           "that is making these changes."),
-    "fieldValidation": _param("fieldValidation", "query", "fieldValidation instructs the server on how to handle "
-                              "objects in the request containing unknown or duplicate fields: Ignore, Warn or Strict."),
-    "force": _param("force", "query", "Force is going to \"force\" Apply requests.", "boolean"),
+    "fieldManager": _param(
+        "fieldManager",
+        "query",
+        "fieldManager is a name associated with the actor or entity that is making these changes.",
+    ),
+    "fieldValidation": _param(
+        "fieldValidation",
+        "query",
+        "fieldValidation instructs the server on how to handle "
+        "objects in the request containing unknown or duplicate fields: Ignore, Warn or Strict.",
+    ),
+    "force": _param("force", "query", 'Force is going to "force" Apply requests.', "boolean"),
     "pretty": _param("pretty", "query", "If 'true', then the output is pretty printed."),
-    "labelSelector": _param("labelSelector", "query", "A selector to restrict the list of returned objects by their labels."),
-    "fieldSelector": _param("fieldSelector", "query", "A selector to restrict the list of returned objects by their fields."),
+    "labelSelector": _param(
+        "labelSelector", "query", "A selector to restrict the list of returned objects by their labels."
+    ),
+    "fieldSelector": _param(
+        "fieldSelector", "query", "A selector to restrict the list of returned objects by their fields."
+    ),
     "limit": _param("limit", "query", "limit is a maximum number of responses to return for a list call.", "integer"),
     "continue": _param("continue", "query", "The continue option should be set when retrieving more results."),
-    "resourceVersion": _param("resourceVersion", "query", "resourceVersion sets a constraint on what resource versions a request may be served from."),
+    "resourceVersion": _param(
+        "resourceVersion",
+        "query",
+        "resourceVersion sets a constraint on what resource versions a request may be served from.",
+    ),
     "watch": _param("watch", "query", "Watch for changes to the described resources.", "boolean"),
-    "allowWatchBookmarks": _param("allowWatchBookmarks", "query", "allowWatchBookmarks requests watch events with type \"BOOKMARK\".", "boolean"),
+    "allowWatchBookmarks": _param(
+        "allowWatchBookmarks", "query", 'allowWatchBookmarks requests watch events with type "BOOKMARK".', "boolean"
+    ),
     "timeoutSeconds": _param("timeoutSeconds", "query", "Timeout for the list/watch call.", "integer"),
-    "gracePeriodSeconds": _param("gracePeriodSeconds", "query", "The duration in seconds before the object should be deleted.", "integer"),
-    "propagationPolicy": _param("propagationPolicy", "query", "Whether and how garbage collection will be performed: Orphan, Background or Foreground."),
+    "gracePeriodSeconds": _param(
+        "gracePeriodSeconds", "query", "The duration in seconds before the object should be deleted.", "integer"
+    ),
+    "propagationPolicy": _param(
+        "propagationPolicy",
+        "query",
+        "Whether and how garbage collection will be performed: Orphan, Background or Foreground.",
+    ),
 }
-_LIST_PARAMS = ("allowWatchBookmarks", "continue", "fieldSelector", "labelSelector", "limit", "resourceVersion",
-                "timeoutSeconds", "watch")
+_LIST_PARAMS = (
+    "allowWatchBookmarks",
+    "continue",
+    "fieldSelector",
+    "labelSelector",
+    "limit",
+    "resourceVersion",
+    "timeoutSeconds",
+    "watch",
+)
 
 
 def _content(ref: str, types: tuple[str, ...] = ("application/json", "application/yaml")) -> dict[str, Any]:
@@ -97,9 +135,14 @@ class PathBuilder:
         }
         if res.namespaced:
             paths[f"{root}/{res.plural}"] = {
-                "get": self._op(res, "list", f"list{_camel(res.group, res.version)}{res.kind}ForAllNamespaces",
-                                f"list or watch objects of kind {res.kind}", list_kind=True,
-                                params=_LIST_PARAMS),
+                "get": self._op(
+                    res,
+                    "list",
+                    f"list{_camel(res.group, res.version)}{res.kind}ForAllNamespaces",
+                    f"list or watch objects of kind {res.kind}",
+                    list_kind=True,
+                    params=_LIST_PARAMS,
+                ),
                 "parameters": [_QUERY["pretty"]],
             }
         for sub in res.subresources:
@@ -110,25 +153,38 @@ class PathBuilder:
     def _gvk(self, res: ServedResource) -> dict[str, str]:
         return {"group": res.group, "version": res.version, "kind": res.kind}
 
-    def _op(self, res: ServedResource, action: str, operation_id: str, description: str, *,
-            list_kind: bool = False, params: tuple[str, ...] = (), body: str = "",
-            patch_types: tuple[str, ...] = ()) -> dict[str, Any]:
+    def _op(
+        self,
+        res: ServedResource,
+        action: str,
+        operation_id: str,
+        description: str,
+        *,
+        list_kind: bool = False,
+        params: tuple[str, ...] = (),
+        body: str = "",
+        patch_types: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
         target = self.ref(res.schema_name + ("List" if list_kind else ""))
         op: dict[str, Any] = {
             "tags": [f"{(res.group.removesuffix('.k8s.io').replace('.', '') or 'core')}_{res.version}"],
             "description": description,
             "operationId": operation_id,
             "parameters": [_QUERY[p] for p in params],
-            "responses": {"200": {"description": "OK", "content": _content(target)},
-                          "401": {"description": "Unauthorized"}},
+            "responses": {
+                "200": {"description": "OK", "content": _content(target)},
+                "401": {"description": "Unauthorized"},
+            },
             "x-kubernetes-action": action,
             "x-kubernetes-group-version-kind": self._gvk(res),
         }
         if body:
             op["requestBody"] = {"content": {"*/*": {"schema": {"$ref": self.ref(body)}}}, "required": True}
         if patch_types:
-            op["requestBody"] = {"content": {t: {"schema": {"$ref": self.ref(PATCH_DEF)}} for t in patch_types},
-                                 "required": True}
+            op["requestBody"] = {
+                "content": {t: {"schema": {"$ref": self.ref(PATCH_DEF)}} for t in patch_types},
+                "required": True,
+            }
         if action in ("post", "put", "patch"):
             op["responses"]["201"] = {"description": "Created", "content": _content(target)}
         return op
@@ -136,14 +192,30 @@ class PathBuilder:
     def _collection(self, res: ServedResource, scope: str) -> dict[str, Any]:
         camel = _camel(res.group, res.version)
         item: dict[str, Any] = {
-            "get": self._op(res, "list", f"list{camel}{scope}{res.kind}", f"list or watch objects of kind {res.kind}",
-                            list_kind=True, params=_LIST_PARAMS),
-            "post": self._op(res, "post", f"create{camel}{scope}{res.kind}", f"create a {res.kind}",
-                             params=("dryRun", "fieldManager", "fieldValidation"), body=res.schema_name),
-            "delete": self._op(res, "deletecollection", f"deletecollection{camel}{scope}{res.kind}",
-                               f"delete collection of {res.kind}", params=("gracePeriodSeconds", "propagationPolicy",
-                                                                          "labelSelector", "fieldSelector", "dryRun"),
-                               body=DELETE_OPTIONS_DEF),
+            "get": self._op(
+                res,
+                "list",
+                f"list{camel}{scope}{res.kind}",
+                f"list or watch objects of kind {res.kind}",
+                list_kind=True,
+                params=_LIST_PARAMS,
+            ),
+            "post": self._op(
+                res,
+                "post",
+                f"create{camel}{scope}{res.kind}",
+                f"create a {res.kind}",
+                params=("dryRun", "fieldManager", "fieldValidation"),
+                body=res.schema_name,
+            ),
+            "delete": self._op(
+                res,
+                "deletecollection",
+                f"deletecollection{camel}{scope}{res.kind}",
+                f"delete collection of {res.kind}",
+                params=("gracePeriodSeconds", "propagationPolicy", "labelSelector", "fieldSelector", "dryRun"),
+                body=DELETE_OPTIONS_DEF,
+            ),
         }
         item["delete"]["responses"]["200"]["content"] = _content(self.ref(STATUS_DEF))
         item["parameters"] = self._path_params(res, with_name=False)
@@ -156,15 +228,32 @@ class PathBuilder:
         patch_types = PATCH_TYPES_CUSTOM if res.custom else PATCH_TYPES_BUILTIN
         item: dict[str, Any] = {
             "get": self._op(res, "get", f"read{camel}{scope}{res.kind}{suffix}", f"read {what}"),
-            "put": self._op(res, "put", f"replace{camel}{scope}{res.kind}{suffix}", f"replace {what}",
-                            params=("dryRun", "fieldManager", "fieldValidation"), body=res.schema_name),
-            "patch": self._op(res, "patch", f"patch{camel}{scope}{res.kind}{suffix}", f"partially update {what}",
-                              params=("dryRun", "fieldManager", "fieldValidation", "force"), patch_types=patch_types),
+            "put": self._op(
+                res,
+                "put",
+                f"replace{camel}{scope}{res.kind}{suffix}",
+                f"replace {what}",
+                params=("dryRun", "fieldManager", "fieldValidation"),
+                body=res.schema_name,
+            ),
+            "patch": self._op(
+                res,
+                "patch",
+                f"patch{camel}{scope}{res.kind}{suffix}",
+                f"partially update {what}",
+                params=("dryRun", "fieldManager", "fieldValidation", "force"),
+                patch_types=patch_types,
+            ),
         }
         if not sub:
-            item["delete"] = self._op(res, "delete", f"delete{camel}{scope}{res.kind}", f"delete a {res.kind}",
-                                      params=("dryRun", "gracePeriodSeconds", "propagationPolicy"),
-                                      body=DELETE_OPTIONS_DEF)
+            item["delete"] = self._op(
+                res,
+                "delete",
+                f"delete{camel}{scope}{res.kind}",
+                f"delete a {res.kind}",
+                params=("dryRun", "gracePeriodSeconds", "propagationPolicy"),
+                body=DELETE_OPTIONS_DEF,
+            )
         item["parameters"] = self._path_params(res, with_name=True)
         return item
 
@@ -194,15 +283,30 @@ def to_swagger_paths(v3_paths: dict[str, dict[str, Any]]) -> dict[str, dict[str,
                 content = body["content"]
                 op["consumes"] = sorted(content)
                 first = next(iter(content.values()))["schema"]["$ref"]
-                params.append({"name": "body", "in": "body", "required": True,
-                               "schema": {"$ref": first.replace("#/components/schemas/", "#/definitions/")}})
+                params.append(
+                    {
+                        "name": "body",
+                        "in": "body",
+                        "required": True,
+                        "schema": {"$ref": first.replace("#/components/schemas/", "#/definitions/")},
+                    }
+                )
             op["parameters"] = params
             op["produces"] = ["application/json", "application/yaml"]
             op["schemes"] = ["https"]
             op["responses"] = {
-                code: ({"description": r["description"], "schema": {"$ref": next(iter(r["content"].values()))[
-                    "schema"]["$ref"].replace("#/components/schemas/", "#/definitions/")}} if "content" in r
-                       else {"description": r["description"]})
+                code: (
+                    {
+                        "description": r["description"],
+                        "schema": {
+                            "$ref": next(iter(r["content"].values()))["schema"]["$ref"].replace(
+                                "#/components/schemas/", "#/definitions/"
+                            )
+                        },
+                    }
+                    if "content" in r
+                    else {"description": r["description"]}
+                )
                 for code, r in value.get("responses", {}).items()
             }
             new_item[key] = op

@@ -65,14 +65,24 @@ def check_size(res: Resource, name: str, obj: dict[str, Any]) -> None:
             total += sum(len(k) + len(str(v)) for k, v in (obj.get("binaryData") or {}).items())
         if total > MAX_DATA_SIZE:
             field = "[]" if res.kind == "ConfigMap" else "data"  # upstream: field.NewPath("") prints as []
-            raise errors.invalid(res, name, [{"reason": "FieldValueTooLong", "field": field,
-                                              "message": f"Too long: must have at most {MAX_DATA_SIZE} bytes"}])
+            raise errors.invalid(
+                res,
+                name,
+                [
+                    {
+                        "reason": "FieldValueTooLong",
+                        "field": field,
+                        "message": f"Too long: must have at most {MAX_DATA_SIZE} bytes",
+                    }
+                ],
+            )
     if len(msgspec.json.encode(obj)) > MAX_STORED_OBJECT:
         raise errors.ApiError(413, "RequestEntityTooLarge", "etcdserver: request is too large")
 
 
-def rule_matches(rule: dict[str, Any], res: Resource, version: str, operation: str, subresource: str,
-                  namespaced_request: bool) -> bool:
+def rule_matches(
+    rule: dict[str, Any], res: Resource, version: str, operation: str, subresource: str, namespaced_request: bool
+) -> bool:
     def has(values: list[str] | None, wanted: str) -> bool:
         return bool(values) and ("*" in values or wanted in values)  # type: ignore[operator]
 
@@ -82,9 +92,13 @@ def rule_matches(rule: dict[str, Any], res: Resource, version: str, operation: s
         return False
     combined = f"{res.plural}/{subresource}" if subresource else res.plural
     resources = rule.get("resources") or []
-    ok = combined in resources or "*/*" in resources or (not subresource and "*" in resources) or (
-        bool(subresource) and f"*/{subresource}" in resources) or (
-        bool(subresource) and f"{res.plural}/*" in resources)
+    ok = (
+        combined in resources
+        or "*/*" in resources
+        or (not subresource and "*" in resources)
+        or (bool(subresource) and f"*/{subresource}" in resources)
+        or (bool(subresource) and f"{res.plural}/*" in resources)
+    )
     if not ok:
         return False
     scope = str(rule.get("scope", "*"))
@@ -120,8 +134,18 @@ class PolicyAdmission:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def admit(self, user: UserInfo, operation: str, res: Resource, version: str, subresource: str,
-              namespace: str, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+    def admit(
+        self,
+        user: UserInfo,
+        operation: str,
+        res: Resource,
+        version: str,
+        subresource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+    ) -> None:
         bindings = self.store.items((ADMISSION, "validatingadmissionpolicybindings"))
         if not bindings:
             return
@@ -132,8 +156,11 @@ class PolicyAdmission:
             "subResource": subresource,
             "requestKind": {"group": res.group, "version": version, "kind": res.kind},
             "requestResource": {"group": res.group, "version": version, "resource": res.plural},
-            "name": name, "namespace": namespace, "operation": operation,
-            "userInfo": user.to_json(), "dryRun": False,
+            "name": name,
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": user.to_json(),
+            "dryRun": False,
         }
         for _, binding in sorted(bindings, key=lambda kv: kv[0]):
             spec = binding.get("spec") or {}
@@ -144,24 +171,49 @@ class PolicyAdmission:
                 continue
             pspec = policy.get("spec") or {}
             subject = obj if obj is not None else old or {}
-            if not self._matches(pspec.get("matchConstraints") or {}, res, version, operation, subresource,
-                                 namespace, namespace_obj, subject):
+            if not self._matches(
+                pspec.get("matchConstraints") or {},
+                res,
+                version,
+                operation,
+                subresource,
+                namespace,
+                namespace_obj,
+                subject,
+            ):
                 continue
             if spec.get("matchResources") and not self._matches(
-                    spec["matchResources"], res, version, operation, subresource, namespace, namespace_obj, subject):
+                spec["matchResources"], res, version, operation, subresource, namespace, namespace_obj, subject
+            ):
                 continue
-            env = {"object": obj, "oldObject": old, "request": request, "params": None,
-                   "namespaceObject": namespace_obj, "variables": {}}
+            env = {
+                "object": obj,
+                "oldObject": old,
+                "request": request,
+                "params": None,
+                "namespaceObject": namespace_obj,
+                "variables": {},
+            }
             self._evaluate(policy, binding, env, res, name)
 
     @staticmethod
-    def _matches(match: dict[str, Any], res: Resource, version: str, operation: str, subresource: str,
-                 namespace: str, namespace_obj: dict[str, Any] | None, subject: dict[str, Any]) -> bool:
+    def _matches(
+        match: dict[str, Any],
+        res: Resource,
+        version: str,
+        operation: str,
+        subresource: str,
+        namespace: str,
+        namespace_obj: dict[str, Any] | None,
+        subject: dict[str, Any],
+    ) -> bool:
         rules = match.get("resourceRules") or []
         if not any(rule_matches(r, res, version, operation, subresource, bool(namespace)) for r in rules):
             return False
-        if any(rule_matches(r, res, version, operation, subresource, bool(namespace))
-               for r in match.get("excludeResourceRules") or []):
+        if any(
+            rule_matches(r, res, version, operation, subresource, bool(namespace))
+            for r in match.get("excludeResourceRules") or []
+        ):
             return False
         if namespace and match.get("namespaceSelector"):
             labels = ((namespace_obj or {}).get("metadata") or {}).get("labels") or {}
@@ -170,23 +222,28 @@ class PolicyAdmission:
         labels = (subject.get("metadata") or {}).get("labels") or {}
         return labels_match(match.get("objectSelector"), labels)
 
-    def _evaluate(self, policy: dict[str, Any], binding: dict[str, Any], env: dict[str, Any],
-                  res: Resource, name: str) -> None:
+    def _evaluate(
+        self, policy: dict[str, Any], binding: dict[str, Any], env: dict[str, Any], res: Resource, name: str
+    ) -> None:
         pspec = policy.get("spec") or {}
         policy_name = (policy.get("metadata") or {}).get("name", "")
         binding_name = (binding.get("metadata") or {}).get("name", "")
         fail_closed = pspec.get("failurePolicy", "Fail") != "Ignore"
 
         def deny(message: str, reason: str = "Invalid") -> errors.ApiError:
-            text = (f"ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' "
-                    f"denied request: {message}")
+            text = f"ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: {message}"
             group_resource = f"{res.plural}.{res.group}" if res.group else res.plural
-            details: dict[str, Any] = {"name": name, "group": res.group, "kind": res.plural,
-                                       "causes": [{"message": text}]}
+            details: dict[str, Any] = {
+                "name": name,
+                "group": res.group,
+                "kind": res.plural,
+                "causes": [{"message": text}],
+            }
             if not res.group:
                 details.pop("group")
-            return errors.ApiError(_REASON_CODES.get(reason, 422), reason,
-                                   f'{group_resource} "{name}" is forbidden: {text}', details)
+            return errors.ApiError(
+                _REASON_CODES.get(reason, 422), reason, f'{group_resource} "{name}" is forbidden: {text}', details
+            )
 
         try:
             for cond in pspec.get("matchConditions") or []:

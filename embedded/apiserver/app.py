@@ -37,16 +37,26 @@ def build_app(server: ApiServer) -> web.Application:
             try:
                 user = impersonation.acting_user(server.authorizer, user, request.headers)
             except errors.ApiError as err:
-                log.info("impersonation refused", user=user.username, method=request.method, path=request.path,
-                         reason=err.message)
+                log.info(
+                    "impersonation refused",
+                    user=user.username,
+                    method=request.method,
+                    path=request.path,
+                    reason=err.message,
+                )
                 return status_response(err, request)
         if checked:
             attrs = rbac.request_attributes(request.method, request.path, request.query_string)
             allowed, reason = server.authorizer.authorize(user, attrs)
             if not allowed:
                 denied = rbac.forbidden(user, attrs, reason)
-                log.info("request forbidden", user=user.username, method=request.method, path=request.path,
-                         reason=denied.message)
+                log.info(
+                    "request forbidden",
+                    user=user.username,
+                    method=request.method,
+                    path=request.path,
+                    reason=denied.message,
+                )
                 return status_response(denied, request)
         token = authn.current_user.set(user)
         try:
@@ -82,13 +92,15 @@ def build_app(server: ApiServer) -> web.Application:
     app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}/log", podlogs.handler(server))
     for sub in ("exec", "attach"):
         for method in ("GET", "POST"):
-            app.router.add_route(method, f"/api/v1/namespaces/{{namespace}}/pods/{{name}}/{sub}",
-                                 streaming.handler(server, sub))
+            app.router.add_route(
+                method, f"/api/v1/namespaces/{{namespace}}/pods/{{name}}/{sub}", streaming.handler(server, sub)
+            )
     app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
     app.router.add_route("*", "/apis/{tail:.*}", handlers.resource)
     return app
 
 
 def _too_large() -> errors.ApiError:
-    return errors.ApiError(413, "RequestEntityTooLarge",
-                           f"Request entity too large: limit is {admission.MAX_REQUEST_BODY}")
+    return errors.ApiError(
+        413, "RequestEntityTooLarge", f"Request entity too large: limit is {admission.MAX_REQUEST_BODY}"
+    )

@@ -71,13 +71,16 @@ def parse_token_file(text: str, source: str = "token file") -> dict[str, UserInf
         if not row or (len(row) == 1 and not row[0].strip()) or row[0].lstrip().startswith("#"):
             continue
         if len(row) < 3 or not row[0].strip() or not row[1].strip():
-            raise TokenFileError(f"{source} line {lineno}: expected token,user,uid[,\"group1,group2\"], "
-                                 f"got {len(row)} field(s)")
+            raise TokenFileError(
+                f'{source} line {lineno}: expected token,user,uid[,"group1,group2"], got {len(row)} field(s)'
+            )
         token, user, uid = (c.strip() for c in row[:3])
         groups = [g.strip() for g in row[3].split(",") if g.strip()] if len(row) > 3 else []
         if token in users:
-            raise TokenFileError(f"{source} line {lineno}: the token of {user!r} is already used by "
-                                 f"{users[token].username!r}; every identity needs its own token")
+            raise TokenFileError(
+                f"{source} line {lineno}: the token of {user!r} is already used by "
+                f"{users[token].username!r}; every identity needs its own token"
+            )
         users[token] = UserInfo(user, uid, tuple(dict.fromkeys([*groups, AUTHENTICATED])))
     return users
 
@@ -87,12 +90,13 @@ def node_identity(user: UserInfo) -> tuple[str, bool]:
     `system:node:<name>` in group `system:nodes`; the name may be empty (a node that names no node)."""
     if not user.username.startswith(NODE_PREFIX) or NODES not in user.groups:
         return "", False
-    return user.username[len(NODE_PREFIX):], True
+    return user.username[len(NODE_PREFIX) :], True
 
 
 def service_account_user(namespace: str, name: str, uid: str = "") -> UserInfo:
-    return UserInfo(f"{SA_PREFIX}{namespace}:{name}", uid,
-                    (SERVICE_ACCOUNTS, f"{SERVICE_ACCOUNTS}:{namespace}", AUTHENTICATED))
+    return UserInfo(
+        f"{SA_PREFIX}{namespace}:{name}", uid, (SERVICE_ACCOUNTS, f"{SERVICE_ACCOUNTS}:{namespace}", AUTHENTICATED)
+    )
 
 
 def _b64(data: bytes) -> str:
@@ -158,17 +162,30 @@ class Authenticator:
             return None, [], "invalid bearer token"
         return self._service_account(token, audiences)
 
-    def issue(self, namespace: str, name: str, uid: str, expiration_seconds: int,
-              audiences: list[str], bound: dict[str, Any] | None = None) -> tuple[str, int]:
+    def issue(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        expiration_seconds: int,
+        audiences: list[str],
+        bound: dict[str, Any] | None = None,
+    ) -> tuple[str, int]:
         """A ServiceAccount token and its expiry (Unix seconds); `bound` adds the `pod` and `node`
         ({"name", "uid"}) the token is bound to."""
         issued = int(time.time())
         expires = issued + expiration_seconds
         k8s: dict[str, Any] = {"namespace": namespace, "serviceaccount": {"name": name, "uid": uid}, **(bound or {})}
-        claims = {"aud": audiences or [ISSUER], "exp": expires, "iat": issued, "nbf": issued, "iss": ISSUER,
-                  "sub": f"{SA_PREFIX}{namespace}:{name}",
-                  "jti": secrets.token_hex(8),
-                  "kubernetes.io": k8s}
+        claims = {
+            "aud": audiences or [ISSUER],
+            "exp": expires,
+            "iat": issued,
+            "nbf": issued,
+            "iss": ISSUER,
+            "sub": f"{SA_PREFIX}{namespace}:{name}",
+            "jti": secrets.token_hex(8),
+            "kubernetes.io": k8s,
+        }
         head = _b64(msgspec.json.encode({"alg": "HS256", "typ": "JWT"}))
         body = _b64(msgspec.json.encode(claims))
         sig = _b64(hmac.new(self.signing_key, f"{head}.{body}".encode(), hashlib.sha256).digest())
@@ -188,8 +205,14 @@ class Authenticator:
             return None, [], f"{invalid}, service account token has expired"
         accepted = [a for a in audiences if a in verified.audiences]
         if not accepted:
-            return None, [], (f"{invalid}, token audiences {list(verified.audiences)} is invalid for the target "
-                              f"audiences {audiences}")
+            return (
+                None,
+                [],
+                (
+                    f"{invalid}, token audiences {list(verified.audiences)} is invalid for the target "
+                    f"audiences {audiences}"
+                ),
+            )
         namespace, sa_name = verified.namespace, verified.sa_name
         stored = self.store.get(("", "serviceaccounts"), (namespace, sa_name))
         if stored is None or (stored.get("metadata") or {}).get("uid") != verified.sa_uid:
@@ -233,9 +256,15 @@ class Authenticator:
         if claims.get("jti"):
             extra[f"{EXTRA}credential-id"] = [f"JTI={claims['jti']}"]
         user = service_account_user(namespace, sa.get("name", ""), sa.get("uid", ""))
-        return _Verified(int(claims.get("exp") or 0), tuple([aud] if isinstance(aud, str) else list(aud or [])),
-                         namespace, sa.get("name", ""), sa.get("uid"), bound_pod,
-                         UserInfo(user.username, user.uid, user.groups, extra))
+        return _Verified(
+            int(claims.get("exp") or 0),
+            tuple([aud] if isinstance(aud, str) else list(aud or [])),
+            namespace,
+            sa.get("name", ""),
+            sa.get("uid"),
+            bound_pod,
+            UserInfo(user.username, user.uid, user.groups, extra),
+        )
 
 
 _VERIFIED_TOKENS = 4096  # verified tokens kept (their signature and claims), per server

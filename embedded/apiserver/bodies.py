@@ -21,8 +21,10 @@ MAX_DEPTH = 200  # objects and arrays inside one another; a CRD with a pod templ
 
 
 def too_deep() -> errors.ApiError:
-    return errors.bad_request(f"json parse error: exceeded max depth: the request body nests objects and arrays "
-                              f"more than {MAX_DEPTH} levels deep")
+    return errors.bad_request(
+        f"json parse error: exceeded max depth: the request body nests objects and arrays "
+        f"more than {MAX_DEPTH} levels deep"
+    )
 
 
 def decode_json(raw: bytes, what: str = "the request body is not valid JSON") -> Any:

@@ -20,16 +20,34 @@ class ApiServerConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535, description="port on 127.0.0.1; 0 picks a free one")] = 6443
     kubeconfig: Annotated[str, msgspec.Meta(description="where to write a kubeconfig for kubectl and clients")] = ""
     data_dir: Annotated[str, msgspec.Meta(description="persist objects here (SQLite); empty keeps them in memory")] = ""
-    token: Annotated[str, msgspec.Meta(description=(
-        "the admin's bearer token (system:masters); empty makes a random one, written only to --kubeconfig. "
-        "A flag shows in `ps`: prefer leaving it empty"))] = ""
-    token_auth_file: Annotated[str, msgspec.Meta(description=(
-        'static tokens, one identity a line: token,user,uid,"group1,group2" (as kube-apiserver\'s '
-        "--token-auth-file); ServiceAccount tokens come from the TokenRequest API"))] = ""
-    insecure_http: Annotated[bool, msgspec.Meta(
-        description="serve plain HTTP instead of TLS (kubectl then sends no token, so the token is not checked)")] = False
-    pod_log_dir: Annotated[str, msgspec.Meta(
-        description="where the kubelets write container logs (served as pods/{name}/log); empty: none")] = ""
+    token: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "the admin's bearer token (system:masters); empty makes a random one, written only to --kubeconfig. "
+                "A flag shows in `ps`: prefer leaving it empty"
+            )
+        ),
+    ] = ""
+    token_auth_file: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                'static tokens, one identity a line: token,user,uid,"group1,group2" (as kube-apiserver\'s '
+                "--token-auth-file); ServiceAccount tokens come from the TokenRequest API"
+            )
+        ),
+    ] = ""
+    insecure_http: Annotated[
+        bool,
+        msgspec.Meta(
+            description="serve plain HTTP instead of TLS (kubectl then sends no token, so the token is not checked)"
+        ),
+    ] = False
+    pod_log_dir: Annotated[
+        str,
+        msgspec.Meta(description="where the kubelets write container logs (served as pods/{name}/log); empty: none"),
+    ] = ""
     bookmark_interval: Annotated[float, msgspec.Meta(gt=0, description="seconds between watch bookmarks")] = 60.0
 
 
@@ -50,8 +68,12 @@ async def serve(config: ApiServerConfig) -> None:
     await server.start()
     if config.kubeconfig:
         server.write_kubeconfig(Path(config.kubeconfig))
-    log.info("apiserver listening", url=server.url, kubeconfig=config.kubeconfig or "-",
-             data_dir=config.data_dir or "(memory)")
+    log.info(
+        "apiserver listening",
+        url=server.url,
+        kubeconfig=config.kubeconfig or "-",
+        data_dir=config.data_dir or "(memory)",
+    )
     print(f"apiserver listening on {server.url}", flush=True)
     try:
         await stopping.wait()
@@ -60,8 +82,9 @@ async def serve(config: ApiServerConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = load_config_or_report(ApiServerConfig, argv, prog="gpu-dra apiserver",
-                                   description="the embedded Kubernetes API server")
+    config = load_config_or_report(
+        ApiServerConfig, argv, prog="gpu-dra apiserver", description="the embedded Kubernetes API server"
+    )
     if config is None:
         return 2
     setup_logging("apiserver", config.log_level, config.log_format)

@@ -21,8 +21,16 @@ DRA_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", 
 _V1_SHAPE = frozenset({"v1", "v1beta2"})
 _KNOWN = _V1_SHAPE | {"v1beta1"}
 # Fields of a v1 ExactDeviceRequest, which v1beta1 puts directly on the DeviceRequest.
-EXACT_FIELDS = ("deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations",
-                "capacity", "derivedAttributes")
+EXACT_FIELDS = (
+    "deviceClassName",
+    "selectors",
+    "allocationMode",
+    "count",
+    "adminAccess",
+    "tolerations",
+    "capacity",
+    "derivedAttributes",
+)
 
 
 class ConversionError(ValueError):
@@ -56,7 +64,8 @@ def convert_resource(obj: dict[str, Any], to_version: str) -> dict[str, Any]:
     for version in (from_version, target):
         if version not in _KNOWN:
             raise ConversionError(
-                f"resource.k8s.io version {version!r} is not served: use one of {', '.join(sorted(_KNOWN))}")
+                f"resource.k8s.io version {version!r} is not served: use one of {', '.join(sorted(_KNOWN))}"
+            )
     if kind != base_kind:
         items = out.get("items")
         if isinstance(items, list):

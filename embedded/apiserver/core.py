@@ -55,8 +55,9 @@ class Core:
         self.graceful_pods = True
         # Admission after validation, before storage: (operation, res, version, subresource, namespace,
         # name, object, oldObject) in the request's version; it raises an ApiError to refuse (server.py).
-        self.admit: Callable[[str, Resource, str, str, str, str, dict[str, Any] | None,
-                              dict[str, Any] | None], None] | None = None
+        self.admit: (
+            Callable[[str, Resource, str, str, str, str, dict[str, Any] | None, dict[str, Any] | None], None] | None
+        ) = None
 
     # ---- reads
 
@@ -127,13 +128,20 @@ class Core:
             raise errors.namespace_not_found(namespace)
         if meta(ns).get("deletionTimestamp"):
             raise errors.forbidden(
-                res, name,
+                res,
+                name,
                 f'{res.group_resource} "{name}" is forbidden: unable to create new content in namespace '
                 f"{namespace} because it is being terminated",
             )
 
     def create(
-        self, res: Resource, version: str, namespace: str, body: Any, dry_run: bool = False, field_validation: str = "Warn"
+        self,
+        res: Resource,
+        version: str,
+        namespace: str,
+        body: Any,
+        dry_run: bool = False,
+        field_validation: str = "Warn",
     ) -> tuple[dict[str, Any], list[str]]:
         """Store a new object from a request body in `version`; returns it and warnings."""
         obj = self._check_body(res, version, body)
@@ -152,9 +160,17 @@ class Core:
             md["name"] = self._generate_name(res, namespace, str(md["generateName"]))
         name = str(md.get("name") or "")
         if not name:
-            raise errors.invalid(res, "", [{
-                "reason": "FieldValueRequired", "field": "metadata.name",
-                "message": "Required value: name or generateName is required"}])
+            raise errors.invalid(
+                res,
+                "",
+                [
+                    {
+                        "reason": "FieldValueRequired",
+                        "field": "metadata.name",
+                        "message": "Required value: name or generateName is required",
+                    }
+                ],
+            )
         self.check_namespace(res, namespace, name)
         for k in ("uid", "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             md.pop(k, None)
@@ -191,7 +207,9 @@ class Core:
 
     def _check_body(self, res: Resource, version: str, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
-            raise errors.bad_request(f"the request body must be a JSON object (a {res.kind}), not {type(body).__name__}")
+            raise errors.bad_request(
+                f"the request body must be a JSON object (a {res.kind}), not {type(body).__name__}"
+            )
         api_version = res.api_version(version)
         kind = body.get("kind")
         if kind and kind != res.kind:
@@ -258,7 +276,8 @@ class Core:
         uid = new_md.get("uid")
         if uid and uid != meta(current).get("uid"):
             raise errors.conflict(
-                res, name,
+                res,
+                name,
                 f"Precondition failed: UID in precondition: {uid}, UID in object meta: {meta(current).get('uid')}",
             )
         return self._replace(res, version, current, new, subresource, dry_run, field_validation)
@@ -296,8 +315,15 @@ class Core:
             new = deep_copy(merged)  # never share nested dicts with the stored (immutable) object
         else:
             md = dict(new.get("metadata") or {})
-            for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
-                      "deletionGracePeriodSeconds", "generation"):
+            for k in (
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+            ):
                 if k in old_md:
                     md[k] = old_md[k]
                 else:
@@ -313,9 +339,17 @@ class Core:
             if old_md.get("deletionTimestamp"):
                 added = set(md.get("finalizers") or []) - set(old_md.get("finalizers") or [])
                 if added:
-                    raise errors.invalid(res, name, [{
-                        "reason": "FieldValueForbidden", "field": "metadata.finalizers",
-                        "message": "Forbidden: no new finalizers can be added if the object is being deleted"}])
+                    raise errors.invalid(
+                        res,
+                        name,
+                        [
+                            {
+                                "reason": "FieldValueForbidden",
+                                "field": "metadata.finalizers",
+                                "message": "Forbidden: no new finalizers can be added if the object is being deleted",
+                            }
+                        ],
+                    )
         md = new["metadata"]
         md["resourceVersion"] = old_md.get("resourceVersion")
         if res.has_generation:
@@ -325,8 +359,16 @@ class Core:
         defaults.on_update(res, new, old)
         new, warnings = self._validate(res, version, new, old, field_validation)
         if self.admit is not None:
-            self.admit("UPDATE", res, version, subresource, old_md.get("namespace", "") if res.namespaced else "",
-                       name, new, old)
+            self.admit(
+                "UPDATE",
+                res,
+                version,
+                subresource,
+                old_md.get("namespace", "") if res.namespaced else "",
+                name,
+                new,
+                old,
+            )
         stored = versions.to_storage(res, new, version)
         if dry_run:
             return stored, warnings
@@ -371,7 +413,8 @@ class Core:
             elif content_type == patch.STRATEGIC_PATCH:
                 if res.is_custom:
                     raise errors.ApiError(
-                        415, "UnsupportedMediaType",
+                        415,
+                        "UnsupportedMediaType",
                         "strategic merge patch is not supported for custom resources; "
                         "use application/merge-patch+json or application/json-patch+json",
                     )
@@ -404,19 +447,20 @@ class Core:
         """Delete now, or mark for deletion; returns (object, deleted-now)."""
         current = self.get(res, namespace, name)
         if self.admit is not None:
-            self.admit("DELETE", res, res.storage_version, "", namespace if res.namespaced else "", name, None,
-                       current)
+            self.admit("DELETE", res, res.storage_version, "", namespace if res.namespaced else "", name, None, current)
         md = meta(current)
         if preconditions:
             if preconditions.get("uid") and preconditions["uid"] != md.get("uid"):
                 raise errors.conflict(
-                    res, name,
+                    res,
+                    name,
                     f"Precondition failed: UID in precondition: {preconditions['uid']}, "
                     f"UID in object meta: {md.get('uid')}",
                 )
             if preconditions.get("resourceVersion") and preconditions["resourceVersion"] != md.get("resourceVersion"):
                 raise errors.conflict(
-                    res, name,
+                    res,
+                    name,
                     f"Precondition failed: ResourceVersion in precondition: {preconditions['resourceVersion']}, "
                     f"ResourceVersion in object meta: {md.get('resourceVersion')}",
                 )
@@ -445,8 +489,11 @@ class Core:
             return current, False
         if finalizers or grace:
             new_md = dict(md)
-            stamp = now() if not grace else (
-                dt.datetime.now(dt.UTC) + dt.timedelta(seconds=grace)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            stamp = (
+                now()
+                if not grace
+                else (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=grace)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            )
             new_md["deletionTimestamp"] = stamp
             new_md["deletionGracePeriodSeconds"] = grace or 0
             if finalizers:
@@ -504,8 +551,11 @@ class Core:
 
 
 def _spec_changed(res: Resource, old: dict[str, Any], new: dict[str, Any]) -> bool:
-    skip = {"metadata", "status", "kind", "apiVersion"} if "status" in res.subresources or res.is_custom else {
-        "metadata", "kind", "apiVersion"}
+    skip = (
+        {"metadata", "status", "kind", "apiVersion"}
+        if "status" in res.subresources or res.is_custom
+        else {"metadata", "kind", "apiVersion"}
+    )
     if res.is_custom and "status" not in res.subresources:
         skip = {"metadata", "kind", "apiVersion"}
     keys = (set(old) | set(new)) - skip

@@ -111,7 +111,9 @@ class CrdController:
         old = crd.get("status") or {}
         names = (crd.get("spec") or {}).get("names") or {}
         accepted = {
-            "plural": res.plural, "singular": res.singular, "kind": res.kind,
+            "plural": res.plural,
+            "singular": res.singular,
+            "kind": res.kind,
             "listKind": names.get("listKind") or f"{res.kind}List",
         }
         if res.short_names:

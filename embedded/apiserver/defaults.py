@@ -48,13 +48,27 @@ def _pod(obj: dict[str, Any]) -> None:
             c.setdefault("terminationMessagePath", "/dev/termination-log")
             c.setdefault("terminationMessagePolicy", "File")
             image = str(c.get("image", ""))
-            c.setdefault("imagePullPolicy", "Always" if image.endswith(":latest") or ":" not in image else "IfNotPresent")
+            c.setdefault(
+                "imagePullPolicy", "Always" if image.endswith(":latest") or ":" not in image else "IfNotPresent"
+            )
             c.setdefault("resources", {})
-    spec.setdefault("tolerations", [
-        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
-        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
-         "tolerationSeconds": 300},
-    ])
+    spec.setdefault(
+        "tolerations",
+        [
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
+            {
+                "key": "node.kubernetes.io/unreachable",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
+        ],
+    )
     obj["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
 
 
@@ -64,7 +78,8 @@ def _qos(spec: dict[str, Any]) -> str:
         return "BestEffort"
     guaranteed = all(
         (r.get("limits") or {}).get(k) and (r.get("requests") or r.get("limits") or {}).get(k) == r["limits"][k]
-        for r in resources for k in ("cpu", "memory")
+        for r in resources
+        for k in ("cpu", "memory")
     )
     return "Guaranteed" if guaranteed else "Burstable"
 
@@ -137,7 +152,9 @@ def _secret(obj: dict[str, Any]) -> None:
 def _deployment(obj: dict[str, Any]) -> None:
     spec = obj.setdefault("spec", {})
     spec.setdefault("replicas", 1)
-    spec.setdefault("strategy", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}})
+    spec.setdefault(
+        "strategy", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}
+    )
     spec.setdefault("revisionHistoryLimit", 10)
     spec.setdefault("progressDeadlineSeconds", 600)
 
@@ -160,8 +177,12 @@ def _job_selector(obj: dict[str, Any], spec: dict[str, Any]) -> None:
     uid, name = str(md.get("uid", "")), str(md.get("name", ""))
     template = spec.setdefault("template", {})
     labels = template.setdefault("metadata", {}).setdefault("labels", {})
-    for key, value in (("batch.kubernetes.io/controller-uid", uid), ("batch.kubernetes.io/job-name", name),
-                       ("controller-uid", uid), ("job-name", name)):
+    for key, value in (
+        ("batch.kubernetes.io/controller-uid", uid),
+        ("batch.kubernetes.io/job-name", name),
+        ("controller-uid", uid),
+        ("job-name", name),
+    ):
         labels.setdefault(key, value)
     spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
 

@@ -33,16 +33,18 @@ _SUBRESOURCE_VERBS = {
     "ephemeralcontainers": ["get", "patch", "update"],
     "token": ["create"],
 }
-_SUBRESOURCE_KIND = {"binding": ("", "v1", "Binding"), "eviction": ("policy", "v1", "Eviction"),
-                     "scale": ("autoscaling", "v1", "Scale"), "token": ("authentication.k8s.io", "v1", "TokenRequest")}
+_SUBRESOURCE_KIND = {
+    "binding": ("", "v1", "Binding"),
+    "eviction": ("policy", "v1", "Eviction"),
+    "scale": ("autoscaling", "v1", "Scale"),
+    "token": ("authentication.k8s.io", "v1", "TokenRequest"),
+}
 
 
 def wants_aggregated(accept: str) -> str | None:
     """The aggregated media type the client asked for first, if any (else the legacy documents)."""
     for media_range in accept.split(","):
-        params = dict(
-            p.strip().split("=", 1) for p in media_range.split(";")[1:] if "=" in p
-        )
+        params = dict(p.strip().split("=", 1) for p in media_range.split(";")[1:] if "=" in p)
         if params.get("as") == "APIGroupDiscoveryList" and params.get("g") == "apidiscovery.k8s.io":
             if params.get("v") == "v2":
                 return AGGREGATED_V2
@@ -102,8 +104,11 @@ def resource_list(registry: Registry, group: str, version: str) -> dict[str, Any
         for sub in res.subresources:
             g, v, k = _SUBRESOURCE_KIND.get(sub, (res.group, version, res.kind))
             sub_entry: dict[str, Any] = {
-                "name": f"{res.plural}/{sub}", "singularName": "", "namespaced": res.namespaced,
-                "kind": k, "verbs": _SUBRESOURCE_VERBS.get(sub, ["get", "patch", "update"]),
+                "name": f"{res.plural}/{sub}",
+                "singularName": "",
+                "namespaced": res.namespaced,
+                "kind": k,
+                "verbs": _SUBRESOURCE_VERBS.get(sub, ["get", "patch", "update"]),
             }
             if sub in _SUBRESOURCE_KIND:
                 sub_entry["group"], sub_entry["version"] = g, v
@@ -137,8 +142,13 @@ def aggregated(registry: Registry, legacy: bool, media: str) -> dict[str, Any]:
                     subs = []
                     for sub in res.subresources:
                         g, sv, k = _SUBRESOURCE_KIND.get(sub, (res.group, v, res.kind))
-                        subs.append({"subresource": sub, "responseKind": {"group": g, "version": sv, "kind": k},
-                                     "verbs": _SUBRESOURCE_VERBS.get(sub, ["get", "patch", "update"])})
+                        subs.append(
+                            {
+                                "subresource": sub,
+                                "responseKind": {"group": g, "version": sv, "kind": k},
+                                "verbs": _SUBRESOURCE_VERBS.get(sub, ["get", "patch", "update"]),
+                            }
+                        )
                     entry["subresources"] = subs
                 resources.append(entry)
             version_entries.append({"version": v, "resources": resources, "freshness": "Current"})

@@ -47,8 +47,9 @@ class ApiError(Exception):
 
 
 def _details(res: Resource, name: str) -> dict[str, Any]:
-    d: dict[str, Any] = {"name": name, "group": res.group, "kind": res.plural} if name else {
-        "group": res.group, "kind": res.plural}
+    d: dict[str, Any] = (
+        {"name": name, "group": res.group, "kind": res.plural} if name else {"group": res.group, "kind": res.plural}
+    )
     if not res.group:
         d.pop("group")
     return d
@@ -103,6 +104,10 @@ def expired(message: str) -> ApiError:
 
 
 def unsupported_media(content_type: str) -> ApiError:
-    return ApiError(415, "UnsupportedMediaType", f'the body of the request was in an unknown format - accepted '
-                    f'media types include: application/json-patch+json, application/merge-patch+json, '
-                    f'application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type!r})')
+    return ApiError(
+        415,
+        "UnsupportedMediaType",
+        f"the body of the request was in an unknown format - accepted "
+        f"media types include: application/json-patch+json, application/merge-patch+json, "
+        f"application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type!r})",
+    )

@@ -93,7 +93,8 @@ class GarbageCollector:
     def _on_change(self, change: Change) -> None:
         md = meta(change.obj)
         refs_changed = change.prev is not None and (
-            meta(change.prev).get("ownerReferences") != md.get("ownerReferences"))
+            meta(change.prev).get("ownerReferences") != md.get("ownerReferences")
+        )
         if change.type == "DELETED" or refs_changed:
             self._refer(change.res, change.key, change.prev if refs_changed else change.obj, -1)
         if change.type != "DELETED" and (change.type == "ADDED" or refs_changed):
@@ -128,8 +129,10 @@ class GarbageCollector:
             self._new.append((change.res, change.key))
             self._wake.set()
             self.idle.clear()
-        elif change.type == "MODIFIED" and change.prev is not None and (
-            meta(change.prev).get("ownerReferences") != md.get("ownerReferences")
+        elif (
+            change.type == "MODIFIED"
+            and change.prev is not None
+            and (meta(change.prev).get("ownerReferences") != md.get("ownerReferences"))
         ):
             self.wake()
 
@@ -266,7 +269,11 @@ class GarbageCollector:
         return changed
 
     def _dependent(
-        self, res: ResKey, key: ObjKey, obj: dict[str, Any], refs: list[dict[str, Any]],
+        self,
+        res: ResKey,
+        key: ObjKey,
+        obj: dict[str, Any],
+        refs: list[dict[str, Any]],
         by_uid: dict[str, tuple[ResKey, ObjKey, dict[str, Any]]],
         has_dependents: bool,
     ) -> bool:
@@ -291,8 +298,9 @@ class GarbageCollector:
         if res is None or obj is None:
             return False
         md = meta(obj)
-        if md.get("deletionTimestamp") and (propagation != "Foreground" or "foregroundDeletion" in (
-                md.get("finalizers") or [])):
+        if md.get("deletionTimestamp") and (
+            propagation != "Foreground" or "foregroundDeletion" in (md.get("finalizers") or [])
+        ):
             return False
         try:
             self.core.delete(res, key[0], key[1], propagation)
@@ -354,8 +362,12 @@ class GarbageCollector:
     def _expired_pods(self) -> bool:
         for _, pod in self.core.store.items(("", "pods")):
             md = meta(pod)
-            if md.get("deletionTimestamp") and not md.get("finalizers") and md.get("deletionGracePeriodSeconds") \
-                    and _past(md["deletionTimestamp"]):
+            if (
+                md.get("deletionTimestamp")
+                and not md.get("finalizers")
+                and md.get("deletionGracePeriodSeconds")
+                and _past(md["deletionTimestamp"])
+            ):
                 return True
         return False
 

@@ -125,8 +125,16 @@ class Handlers:
         sa = self.core.get(target.res, target.namespace or "", target.name)
         body = await self._body(request, target)
         if self.core.admit is not None:  # NodeRestriction: a node's tokens only for pods bound to it
-            self.core.admit("CREATE", target.res, target.version, "token", target.namespace or "", target.name,
-                            body if isinstance(body, dict) else {}, None)
+            self.core.admit(
+                "CREATE",
+                target.res,
+                target.version,
+                "token",
+                target.namespace or "",
+                target.name,
+                body if isinstance(body, dict) else {},
+                None,
+            )
         issued = authapi.token_request(self.server.authenticator, sa, body)
         return reply(request, issued, status=201)
 
@@ -183,8 +191,9 @@ class Handlers:
         q = request.query
         watching = method == "GET" and not target.name and (target.watch_prefix or truthy(q.get("watch")))
         assert target.res is not None
-        self.server.requests.add(verb_of(method, bool(target.name), watching), target.group, target.res.plural,
-                                 target.subresource)
+        self.server.requests.add(
+            verb_of(method, bool(target.name), watching), target.group, target.res.plural, target.subresource
+        )
         if target.res.is_custom:
             request[JSON_ONLY] = True  # errors too are JSON, as the CRD handler answers
             _json_only(request)
@@ -201,8 +210,12 @@ class Handlers:
     async def _write(self, request: web.Request, target: Target, method: str) -> web.StreamResponse:
         if method == "POST" and not target.name:
             return await self._create(request, target)
-        if method == "POST" and target.subresource == "token" and target.res is not None \
-                and target.res.key == ("", "serviceaccounts"):
+        if (
+            method == "POST"
+            and target.subresource == "token"
+            and target.res is not None
+            and target.res.key == ("", "serviceaccounts")
+        ):
             return await self._token_request(request, target)
         if method == "POST" and target.subresource in ("binding", "eviction"):
             return await self._pod_action(request, target)
@@ -222,8 +235,14 @@ class Handlers:
         assert target.res is not None
         return versions.convert(target.res, obj, target.version)
 
-    def _respond_object(self, request: web.Request, target: Target, obj: dict[str, Any], status: int = 200,
-                        warnings: list[str] | None = None) -> web.Response:
+    def _respond_object(
+        self,
+        request: web.Request,
+        target: Target,
+        obj: dict[str, Any],
+        status: int = 200,
+        warnings: list[str] | None = None,
+    ) -> web.Response:
         out = self._out(target, obj)
         accept = request.headers.get("Accept", "")
         assert target.res is not None
@@ -264,22 +283,33 @@ class Handlers:
             list_meta["remainingItemCount"] = page.remaining
         accept = request.headers.get("Accept", "")
         list_kind, list_version = f"{res.kind}List", res.api_version(target.version)
-        if target.version == res.storage_version and protobuf.prefers_protobuf(accept) \
-                and protobuf.kind_message(list_version, list_kind):
+        if (
+            target.version == res.storage_version
+            and protobuf.prefers_protobuf(accept)
+            and protobuf.kind_message(list_version, list_kind)
+        ):
             store = self.server.store
             try:
-                raws = [store.encoded(res.key, k, o, protobuf.object_message)
-                        for k, o in zip(page.keys, page.items, strict=True)]
-                return web.Response(body=protobuf.encode_list(list_version, list_kind, list_meta, raws),
-                                    headers={"Content-Type": protobuf.MEDIA_TYPE})
+                raws = [
+                    store.encoded(res.key, k, o, protobuf.object_message)
+                    for k, o in zip(page.keys, page.items, strict=True)
+                ]
+                return web.Response(
+                    body=protobuf.encode_list(list_version, list_kind, list_meta, raws),
+                    headers={"Content-Type": protobuf.MEDIA_TYPE},
+                )
             except protobuf.ProtobufError as exc:
                 log.warning("answering JSON: an item does not fit its protobuf message", error=str(exc))
-        if target.version == res.storage_version and not tables.wants_table(accept) \
-                and not tables.wants_metadata(accept):
+        if (
+            target.version == res.storage_version
+            and not tables.wants_table(accept)
+            and not tables.wants_metadata(accept)
+        ):
             # The hot path (informers, LIST of 10k slices): join each object's cached JSON.
             store = self.server.store
-            head = _encode({"kind": f"{res.kind}List", "apiVersion": res.api_version(target.version),
-                            "metadata": list_meta})
+            head = _encode(
+                {"kind": f"{res.kind}List", "apiVersion": res.api_version(target.version), "metadata": list_meta}
+            )
             items_raw = b",".join(store.encoded(res.key, k, o) for k, o in zip(page.keys, page.items, strict=True))
             body_raw = head[:-1] + b',"items":[' + items_raw + b"]}"
             return web.Response(body=body_raw, headers={"Content-Type": "application/json"})
@@ -287,11 +317,19 @@ class Handlers:
         if tables.wants_table(accept):
             body = tables.table(res, target.version, items, list_meta, q.get("includeObject", "Metadata"))
         elif tables.wants_metadata(accept):
-            body = {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta,
-                    "items": [tables.partial_metadata(o) for o in items]}
+            body = {
+                "kind": "PartialObjectMetadataList",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": list_meta,
+                "items": [tables.partial_metadata(o) for o in items],
+            }
         else:
-            body = {"kind": f"{res.kind}List", "apiVersion": res.api_version(target.version),
-                    "metadata": list_meta, "items": items}
+            body = {
+                "kind": f"{res.kind}List",
+                "apiVersion": res.api_version(target.version),
+                "metadata": list_meta,
+                "items": items,
+            }
         return reply(request, body)
 
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
@@ -302,12 +340,17 @@ class Handlers:
         timeout = q.get("timeoutSeconds")
         accept = request.headers.get("Accept", "")
         wr = WatchRequest(
-            res=res, version=target.version, namespace=target.namespace if res.namespaced else None,
-            label=label, field=field, resource_version=q.get("resourceVersion", ""),
+            res=res,
+            version=target.version,
+            namespace=target.namespace if res.namespaced else None,
+            label=label,
+            field=field,
+            resource_version=q.get("resourceVersion", ""),
             bookmarks=truthy(q.get("allowWatchBookmarks")),
             timeout=float(timeout) if timeout else None,
             send_initial=truthy(q.get("sendInitialEvents")),
-            as_table=tables.wants_table(accept), include_object=q.get("includeObject", "Metadata"),
+            as_table=tables.wants_table(accept),
+            include_object=q.get("includeObject", "Metadata"),
             metadata_only=tables.wants_metadata(accept),
             protobuf=protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS) and not res.is_custom,
         )
@@ -341,11 +384,17 @@ class Handlers:
         value = request.query.get("fieldValidation", "")
         if value not in ("", "Strict", "Warn", "Ignore"):
             raise errors.bad_request(
-                f'fieldValidation: Unsupported value: "{value}": supported values: "Ignore", "Strict", "Warn"')
+                f'fieldValidation: Unsupported value: "{value}": supported values: "Ignore", "Strict", "Warn"'
+            )
         return value or "Warn"
 
-    async def _admitted(self, request: web.Request, target: Target, operation: str,
-                        write: Callable[[bool], tuple[dict[str, Any], list[str]]]) -> tuple[dict[str, Any], list[str]]:
+    async def _admitted(
+        self,
+        request: web.Request,
+        target: Target,
+        operation: str,
+        write: Callable[[bool], tuple[dict[str, Any], list[str]]],
+    ) -> tuple[dict[str, Any], list[str]]:
         """`write(dry_run)`, reviewed first by the validating webhooks whose rules name it: they see the
         object as a dry run of the write makes it (defaulted, validated, policies passed), as kube-apiserver
         calls them after validation and before storage; then the write is made for real."""
@@ -358,8 +407,18 @@ class Handlers:
         md = preview.get("metadata") or {}
         namespace, name = (md.get("namespace", "") if res.namespaced else ""), md.get("name", "")
         current = self.server.store.get(res.key, (namespace, name)) if operation == "UPDATE" else None
-        await hooks.admit(user, operation, res, target.version, target.subresource, namespace, name,
-                          self._out(target, preview), self._out(target, current) if current else None, dry_run)
+        await hooks.admit(
+            user,
+            operation,
+            res,
+            target.version,
+            target.subresource,
+            namespace,
+            name,
+            self._out(target, preview),
+            self._out(target, current) if current else None,
+            dry_run,
+        )
         return write(dry_run)
 
     async def _create(self, request: web.Request, target: Target) -> web.Response:
@@ -370,18 +429,21 @@ class Handlers:
         obj, warnings = await self._admitted(request, target, "CREATE", self._creator(request, target, body))
         return self._respond_object(request, target, obj, status=201, warnings=warnings)
 
-    def _creator(self, request: web.Request, target: Target, body: Any,
-                 field_validation: str | None = None) -> Callable[[bool], tuple[dict[str, Any], list[str]]]:
+    def _creator(
+        self, request: web.Request, target: Target, body: Any, field_validation: str | None = None
+    ) -> Callable[[bool], tuple[dict[str, Any], list[str]]]:
         """`core.create` of a copy of `body`; a name a dry run generated is kept for the real create."""
         assert target.res is not None
         res, validation = target.res, field_validation or self._field_validation(request)
 
         def create(dry_run: bool) -> tuple[dict[str, Any], list[str]]:
-            obj, warnings = self.core.create(res, target.version, target.namespace or "",
-                                             deep_copy(body) if dry_run else body, dry_run, validation)
+            obj, warnings = self.core.create(
+                res, target.version, target.namespace or "", deep_copy(body) if dry_run else body, dry_run, validation
+            )
             if dry_run and isinstance(body, dict) and isinstance(body.get("metadata"), dict):
                 body["metadata"].setdefault("name", (obj.get("metadata") or {}).get("name"))
             return obj, warnings
+
         return create
 
     async def _update(self, request: web.Request, target: Target) -> web.Response:
@@ -392,9 +454,21 @@ class Handlers:
         if target.subresource == "finalize":
             return self._finalize(request, target, body)
         res, validation = target.res, self._field_validation(request)
-        obj, warnings = await self._admitted(request, target, "UPDATE", lambda dry_run: self.core.update(
-            res, target.version, target.namespace or "", target.name, deep_copy(body) if dry_run else body,
-            target.subresource, dry_run, validation))
+        obj, warnings = await self._admitted(
+            request,
+            target,
+            "UPDATE",
+            lambda dry_run: self.core.update(
+                res,
+                target.version,
+                target.namespace or "",
+                target.name,
+                deep_copy(body) if dry_run else body,
+                target.subresource,
+                dry_run,
+                validation,
+            ),
+        )
         return self._respond_object(request, target, obj, warnings=warnings)
 
     async def _patch(self, request: web.Request, target: Target) -> web.Response:
@@ -412,9 +486,22 @@ class Handlers:
             patched = patch.merge_patch(current, doc) if ctype != patch.JSON_PATCH else patch.json_patch(current, doc)
             return await self._update_scale(request, target, patched)
         validation = self._field_validation(request)
-        obj, warnings = await self._admitted(request, target, "UPDATE", lambda dry_run: self.core.patch(
-            res, target.version, target.namespace or "", target.name, ctype, raw, target.subresource, dry_run,
-            validation))
+        obj, warnings = await self._admitted(
+            request,
+            target,
+            "UPDATE",
+            lambda dry_run: self.core.patch(
+                res,
+                target.version,
+                target.namespace or "",
+                target.name,
+                ctype,
+                raw,
+                target.subresource,
+                dry_run,
+                validation,
+            ),
+        )
         return self._respond_object(request, target, obj, warnings=warnings)
 
     async def _apply(self, request: web.Request, target: Target, raw: bytes) -> web.Response:
@@ -430,12 +517,19 @@ class Handlers:
         exists = res and self.server.store.get(res.key, (ns if res.namespaced else "", target.name)) is not None
         if not exists:
             doc.setdefault("metadata", {})["name"] = target.name
-            obj, warnings = await self._admitted(request, target, "CREATE",
-                                                 self._creator(request, target, doc, field_validation="Warn"))
+            obj, warnings = await self._admitted(
+                request, target, "CREATE", self._creator(request, target, doc, field_validation="Warn")
+            )
             return self._respond_object(request, target, obj, status=201, warnings=warnings)
         ctype = patch.MERGE_PATCH if res.is_custom else patch.STRATEGIC_PATCH
-        obj, warnings = await self._admitted(request, target, "UPDATE", lambda dry_run: self.core.patch(
-            res, target.version, ns, target.name, ctype, _encode(doc), target.subresource, dry_run))
+        obj, warnings = await self._admitted(
+            request,
+            target,
+            "UPDATE",
+            lambda dry_run: self.core.patch(
+                res, target.version, ns, target.name, ctype, _encode(doc), target.subresource, dry_run
+            ),
+        )
         return self._respond_object(request, target, obj, warnings=warnings)
 
     async def _delete(self, request: web.Request, target: Target) -> web.Response:
@@ -443,8 +537,13 @@ class Handlers:
         assert res is not None
         options = await self._delete_options(request)
         obj, gone = self.core.delete(
-            res, target.namespace or "", target.name, options.get("propagationPolicy"),
-            options.get("gracePeriodSeconds"), options.get("preconditions"), self._dry_run(request, options)
+            res,
+            target.namespace or "",
+            target.name,
+            options.get("propagationPolicy"),
+            options.get("gracePeriodSeconds"),
+            options.get("preconditions"),
+            self._dry_run(request, options),
         )
         if gone and not _returns_deleted_object(res):
             uid = (obj.get("metadata") or {}).get("uid", "")
@@ -481,15 +580,29 @@ class Handlers:
         for obj in page.items:
             md = obj.get("metadata") or {}
             try:
-                out, _ = self.core.delete(res, md.get("namespace", ""), md["name"], options.get("propagationPolicy"),
-                                          options.get("gracePeriodSeconds"), None, dry_run)
+                out, _ = self.core.delete(
+                    res,
+                    md.get("namespace", ""),
+                    md["name"],
+                    options.get("propagationPolicy"),
+                    options.get("gracePeriodSeconds"),
+                    None,
+                    dry_run,
+                )
             except errors.ApiError as err:
                 if err.code == 404:
                     continue
                 raise
             deleted.append(self._out(target, out))
-        return reply(request, {"kind": f"{res.kind}List", "apiVersion": res.api_version(target.version),
-                               "metadata": {"resourceVersion": str(self.server.store.rv)}, "items": deleted})
+        return reply(
+            request,
+            {
+                "kind": f"{res.kind}List",
+                "apiVersion": res.api_version(target.version),
+                "metadata": {"resourceVersion": str(self.server.store.rv)},
+                "items": deleted,
+            },
+        )
 
     # ---- subresources with their own shapes
 
@@ -500,23 +613,39 @@ class Handlers:
         ns = target.namespace or ""
         if target.subresource == "eviction":
             options = (body or {}).get("deleteOptions") or {}
-            self.core.delete(res, ns, target.name, options.get("propagationPolicy"),
-                             options.get("gracePeriodSeconds"), options.get("preconditions"),
-                             self._dry_run(request, options))
-            return reply(request, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                                   "code": 201}, status=201)
+            self.core.delete(
+                res,
+                ns,
+                target.name,
+                options.get("propagationPolicy"),
+                options.get("gracePeriodSeconds"),
+                options.get("preconditions"),
+                self._dry_run(request, options),
+            )
+            return reply(
+                request,
+                {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+                status=201,
+            )
         node = ((body or {}).get("target") or {}).get("name")
         if not node:
-            raise errors.invalid(res, target.name, [{"reason": "FieldValueRequired", "field": "target.name",
-                                                     "message": "Required value"}])
+            raise errors.invalid(
+                res,
+                target.name,
+                [{"reason": "FieldValueRequired", "field": "target.name", "message": "Required value"}],
+            )
         pod = self.core.get(res, ns, target.name)
         if (pod.get("spec") or {}).get("nodeName"):
-            raise errors.conflict(res, target.name, f"pod {target.name} is already assigned to node "
-                                                    f"\"{pod['spec']['nodeName']}\"")
+            raise errors.conflict(
+                res, target.name, f'pod {target.name} is already assigned to node "{pod["spec"]["nodeName"]}"'
+            )
         if not self._dry_run(request):
             self.server.bind_pod(res, pod, node)
-        return reply(request, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                               "code": 201}, status=201)
+        return reply(
+            request,
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+            status=201,
+        )
 
     def _finalize(self, request: web.Request, target: Target, body: Any) -> web.Response:
         res = target.res
@@ -535,12 +664,22 @@ class Handlers:
         assert res is not None
         replicas = ((body or {}).get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or replicas < 0:
-            raise errors.invalid(res, target.name, [{"reason": "FieldValueInvalid", "field": "spec.replicas",
-                                                     "message": "Invalid value: must be a non-negative integer"}])
+            raise errors.invalid(
+                res,
+                target.name,
+                [
+                    {
+                        "reason": "FieldValueInvalid",
+                        "field": "spec.replicas",
+                        "message": "Invalid value: must be a non-negative integer",
+                    }
+                ],
+            )
         current = self._out(target, self.core.get(res, target.namespace or "", target.name))
         new = deep_copy({**current, "spec": {**(current.get("spec") or {}), "replicas": replicas}})
-        obj, _ = self.core.update(res, target.version, target.namespace or "", target.name, new,
-                                  dry_run=self._dry_run(request))
+        obj, _ = self.core.update(
+            res, target.version, target.namespace or "", target.name, new, dry_run=self._dry_run(request)
+        )
         return reply(request, scale_of(self._out(target, obj)))
 
 
@@ -560,16 +699,26 @@ def _json_only(request: web.Request) -> None:
     """Custom resources are served in JSON only, as upstream: 415 for a protobuf body, 406 when the
     client accepts nothing else (`Accept: application/vnd.kubernetes.protobuf, */*` gets JSON)."""
     if request.headers.get("Content-Type", "").split(";")[0].strip() == protobuf.MEDIA_TYPE:
-        raise errors.ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
-                              "accepted media types include: application/json, application/yaml")
+        raise errors.ApiError(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - "
+            "accepted media types include: application/json, application/yaml",
+        )
     if not protobuf.accepts_json(request.headers.get("Accept", "")):
-        raise errors.ApiError(406, "NotAcceptable", "only the following media types are accepted: "
-                              "application/json, application/yaml")
+        raise errors.ApiError(
+            406, "NotAcceptable", "only the following media types are accepted: application/json, application/yaml"
+        )
 
 
 # Kinds whose registry returns the deleted object rather than a Status (ReturnDeletedObject upstream).
-_RETURNS_OBJECT = {("", "pods"), ("", "services"), ("", "serviceaccounts"), ("rbac.authorization.k8s.io", "rolebindings"),
-                   ("networking.k8s.io", "networkpolicies")}
+_RETURNS_OBJECT = {
+    ("", "pods"),
+    ("", "services"),
+    ("", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "rolebindings"),
+    ("networking.k8s.io", "networkpolicies"),
+}
 
 
 def _returns_deleted_object(res: Resource) -> bool:
@@ -582,9 +731,12 @@ def scale_of(obj: dict[str, Any]) -> dict[str, Any]:
     status = obj.get("status") or {}
     selector = (spec.get("selector") or {}).get("matchLabels") or {}
     return {
-        "kind": "Scale", "apiVersion": "autoscaling/v1",
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
         "metadata": {k: md[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in md},
         "spec": {"replicas": spec.get("replicas", 1)},
-        "status": {"replicas": status.get("replicas", 0),
-                   "selector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))},
+        "status": {
+            "replicas": status.get("replicas", 0),
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(selector.items())),
+        },
     }

@@ -46,12 +46,18 @@ def acting_user(authorizer: authz.Authorizer, caller: UserInfo, headers: CIMulti
     extra: dict[str, list[str]] = {}
     for key, value in headers.items():
         if key.lower().startswith(EXTRA):
-            extra.setdefault(unquote(key[len(EXTRA):].lower()), []).append(value)
+            extra.setdefault(unquote(key[len(EXTRA) :].lower()), []).append(value)
     if not name:
-        asked = [f"group {g!r}" for g in named_groups] + [f"uid {uid!r}"] * bool(uid) + [
-            f"extra {k}={v!r}" for k, values in extra.items() for v in values]
-        raise errors.ApiError(500, "InternalError",
-                              f"Internal error occurred: requested [{', '.join(asked)}] without impersonating a user")
+        asked = (
+            [f"group {g!r}" for g in named_groups]
+            + [f"uid {uid!r}"] * bool(uid)
+            + [f"extra {k}={v!r}" for k, values in extra.items() for v in values]
+        )
+        raise errors.ApiError(
+            500,
+            "InternalError",
+            f"Internal error occurred: requested [{', '.join(asked)}] without impersonating a user",
+        )
     checks: list[rbac.Attributes] = []
     groups: list[str] = []
     account = _service_account(name)
@@ -85,13 +91,23 @@ def _service_account(name: str) -> tuple[str, str] | None:
     """(namespace, name) of a ServiceAccount's user name, as upstream splits it; None for any other name."""
     if not name.startswith(SA_PREFIX):
         return None
-    parts = name[len(SA_PREFIX):].split(":")
+    parts = name[len(SA_PREFIX) :].split(":")
     if len(parts) != 2 or not all(parts):
         return None
     return parts[0], parts[1]
 
 
-def _impersonate(resource: str, name: str, *, namespace: str = "", group: str = "",
-                 subresource: str = "") -> rbac.Attributes:
-    return rbac.Attributes("impersonate", "", True, api_group=group, api_version="v1", resource=resource,
-                           subresource=subresource, namespace=namespace, name=name)
+def _impersonate(
+    resource: str, name: str, *, namespace: str = "", group: str = "", subresource: str = ""
+) -> rbac.Attributes:
+    return rbac.Attributes(
+        "impersonate",
+        "",
+        True,
+        api_group=group,
+        api_version="v1",
+        resource=resource,
+        subresource=subresource,
+        namespace=namespace,
+        name=name,
+    )

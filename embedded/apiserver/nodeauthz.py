@@ -146,8 +146,10 @@ class NodeAuthorizer:
             if _selects_node(attrs, "spec.nodeName", node):
                 return _ALLOW  # a collection's deletes are each checked by NodeRestriction
             return _no("can only list/watch/deletecollection resourceslices with nodeName field selector")
-        return _no("only the following verbs are allowed for a ResourceSlice: get, watch, list, create, update, "
-                   "patch, delete, deletecollection")
+        return _no(
+            "only the following verbs are allowed for a ResourceSlice: get, watch, list, create, update, "
+            "patch, delete, deletecollection"
+        )
 
     def _node(self, node: str, attrs: Attributes) -> Verdict:
         if not attrs.subresource:

@@ -119,8 +119,11 @@ def pod_references(pod: dict[str, Any]) -> frozenset[Ref]:
             if isinstance(plugin, dict):
                 add(SECRET, _name(plugin.get("secretRef")) or _name(plugin.get("nodePublishSecretRef")))
         add(SECRET, _name(volume.get("azureFile"), "secretName"))
-    generated = {_name(s): str(s.get("resourceClaimName") or "")
-                 for s in status.get("resourceClaimStatuses") or [] if isinstance(s, dict)}
+    generated = {
+        _name(s): str(s.get("resourceClaimName") or "")
+        for s in status.get("resourceClaimStatuses") or []
+        if isinstance(s, dict)
+    }
     for entry in spec.get("resourceClaims") or []:
         if isinstance(entry, dict):
             add(RESOURCECLAIM, str(entry.get("resourceClaimName") or "") or generated.get(_name(entry), ""))

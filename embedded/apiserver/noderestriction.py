@@ -27,11 +27,21 @@ from embedded.apiserver.storage import Store
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 NODE_RESTRICTION_LABELS = "node-restriction.kubernetes.io"
 # the labels a kubelet may set on its Node (k8s.io/kubelet/pkg/apis: kubeletLabels, kubeletLabelNamespaces)
-KUBELET_LABELS = frozenset({
-    "kubernetes.io/hostname", "topology.kubernetes.io/zone", "topology.kubernetes.io/region",
-    "failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region",
-    "beta.kubernetes.io/instance-type", "node.kubernetes.io/instance-type", "kubernetes.io/os",
-    "kubernetes.io/arch", "beta.kubernetes.io/os", "beta.kubernetes.io/arch"})
+KUBELET_LABELS = frozenset(
+    {
+        "kubernetes.io/hostname",
+        "topology.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+        "failure-domain.beta.kubernetes.io/region",
+        "beta.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+        "kubernetes.io/os",
+        "kubernetes.io/arch",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+    }
+)
 KUBELET_LABEL_NAMESPACES = ("kubelet.kubernetes.io", "node.kubernetes.io")
 
 
@@ -79,8 +89,17 @@ class NodeRestriction:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def admit(self, user: UserInfo, operation: str, res: Resource, subresource: str, namespace: str, name: str,
-              obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+    def admit(
+        self,
+        user: UserInfo,
+        operation: str,
+        res: Resource,
+        subresource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+    ) -> None:
         node, is_node = node_identity(user)
         if not is_node:
             return
@@ -88,8 +107,11 @@ class NodeRestriction:
             if not node:
                 raise _Refused(f'could not determine node from user "{user.username}"')
             check = {
-                ("", "pods"): self._pod, ("", "nodes"): self._node, ("", "serviceaccounts"): self._service_account,
-                ("coordination.k8s.io", "leases"): self._lease, ("resource.k8s.io", "resourceslices"): self._slice,
+                ("", "pods"): self._pod,
+                ("", "nodes"): self._node,
+                ("", "serviceaccounts"): self._service_account,
+                ("coordination.k8s.io", "leases"): self._lease,
+                ("resource.k8s.io", "resourceslices"): self._slice,
             }.get(res.key)
             if check is not None:
                 check(node, operation, subresource, namespace, name, obj, old)
@@ -99,8 +121,16 @@ class NodeRestriction:
 
     # ---- pods
 
-    def _pod(self, node: str, operation: str, subresource: str, namespace: str, name: str,
-             obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+    def _pod(
+        self,
+        node: str,
+        operation: str,
+        subresource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+    ) -> None:
         if subresource == "status":
             if operation != "UPDATE":
                 raise _Refused(f'unexpected operation "{operation}"')
@@ -125,8 +155,9 @@ class NodeRestriction:
 
     def _mirror_pod(self, node: str, pod: dict[str, Any]) -> None:
         if MIRROR_ANNOTATION not in (_md(pod).get("annotations") or {}):
-            raise _Refused(f'pod does not have "{MIRROR_ANNOTATION}" annotation, node "{node}" can only create '
-                           "mirror pods")
+            raise _Refused(
+                f'pod does not have "{MIRROR_ANNOTATION}" annotation, node "{node}" can only create mirror pods'
+            )
         spec = _spec(pod)
         if spec.get("nodeName") != node:
             raise _Refused(f'node "{node}" can only create pods with spec.nodeName set to itself')
@@ -144,10 +175,11 @@ class NodeRestriction:
             raise _Refused(f'node "{node}" must not set blockOwnerDeletion on an owner reference')
         stored = self.store.get(("", "nodes"), ("", node))
         if stored is None:
-            raise errors.ApiError(404, "NotFound", f'nodes "{node}" not found',
-                                  {"name": node, "kind": "nodes"})
+            raise errors.ApiError(404, "NotFound", f'nodes "{node}" not found', {"name": node, "kind": "nodes"})
         if owner.get("uid") != _md(stored).get("uid"):
-            raise _Refused(f"node {node} UID mismatch: expected {owner.get('uid', '')} got {_md(stored).get('uid', '')}")
+            raise _Refused(
+                f"node {node} UID mismatch: expected {owner.get('uid', '')} got {_md(stored).get('uid', '')}"
+            )
         if spec.get("serviceAccountName"):
             raise _Refused(f'node "{node}" can not create pods that reference a service account')
         kinds = {kind for kind, _, _ in pod_references(pod)}
@@ -166,8 +198,16 @@ class NodeRestriction:
 
     # ---- the node's own objects
 
-    def _node(self, node: str, operation: str, subresource: str, namespace: str, name: str,
-              obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+    def _node(
+        self,
+        node: str,
+        operation: str,
+        subresource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+    ) -> None:
         if name != node:
             raise _Refused(f'node "{node}" is not allowed to modify node "{name}"')
         if operation == "CREATE":
@@ -186,35 +226,66 @@ class NodeRestriction:
             if forbidden:
                 raise _Refused(f"is not allowed to modify labels: {', '.join(forbidden)}")
 
-    def _service_account(self, node: str, operation: str, subresource: str, namespace: str, name: str,
-                         obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+    def _service_account(
+        self,
+        node: str,
+        operation: str,
+        subresource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+    ) -> None:
         if operation != "CREATE" or subresource != "token":
             return
         ref = _spec(obj).get("boundObjectRef")
-        if not isinstance(ref, dict) or ref.get("apiVersion") != "v1" or ref.get("kind") != "Pod" \
-                or not ref.get("name"):
+        if (
+            not isinstance(ref, dict)
+            or ref.get("apiVersion") != "v1"
+            or ref.get("kind") != "Pod"
+            or not ref.get("name")
+        ):
             raise _Refused("node requested token not bound to a pod")
         if not ref.get("uid"):
             raise _Refused("node requested token with a pod binding without a uid")
         pod = self.store.get(("", "pods"), (namespace, str(ref["name"])))
         if pod is None:
-            raise errors.ApiError(404, "NotFound", f'pods "{ref["name"]}" not found',
-                                  {"name": str(ref["name"]), "kind": "pods"})
+            raise errors.ApiError(
+                404, "NotFound", f'pods "{ref["name"]}" not found', {"name": str(ref["name"]), "kind": "pods"}
+            )
         if ref["uid"] != _md(pod).get("uid"):
-            raise _Refused(f"the UID in the bound object reference ({ref['uid']}) does not match the UID in record. "
-                           "The object might have been deleted and then recreated")
+            raise _Refused(
+                f"the UID in the bound object reference ({ref['uid']}) does not match the UID in record. "
+                "The object might have been deleted and then recreated"
+            )
         if _spec(pod).get("nodeName") != node:
             raise _Refused("node requested token bound to a pod scheduled on a different node")
 
-    def _lease(self, node: str, operation: str, subresource: str, namespace: str, name: str,
-               obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+    def _lease(
+        self,
+        node: str,
+        operation: str,
+        subresource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+    ) -> None:
         if namespace != NODE_LEASE_NAMESPACE:
             raise _Refused(f'can only access leases in the "{NODE_LEASE_NAMESPACE}" system namespace')
         if (_md(obj).get("name") if operation == "CREATE" else name) != node:
             raise _Refused("can only access node lease with the same name as the requesting node")
 
-    def _slice(self, node: str, operation: str, subresource: str, namespace: str, name: str,
-               obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+    def _slice(
+        self,
+        node: str,
+        operation: str,
+        subresource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+    ) -> None:
         # updates are the Node authorizer's (the stored slice's node; spec.nodeName is immutable)
         if operation == "CREATE" and _spec(obj).get("nodeName") != node:
             raise _Refused("can only create ResourceSlice with the same NodeName as the requesting node")

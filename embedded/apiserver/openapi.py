@@ -67,8 +67,12 @@ def add_crd_schema(crd: dict[str, Any]) -> None:
         raise CrdSchemaError("the CRD has no spec: pass the CustomResourceDefinition object")
     name = str((crd.get("metadata") or {}).get("name") or "")
     names = spec.get("names") or {}
-    for field, value in (("metadata.name", name), ("spec.group", spec.get("group")),
-                         ("spec.names.kind", names.get("kind")), ("spec.names.plural", names.get("plural"))):
+    for field, value in (
+        ("metadata.name", name),
+        ("spec.group", spec.get("group")),
+        ("spec.names.kind", names.get("kind")),
+        ("spec.names.plural", names.get("plural")),
+    ):
         if not value:
             raise CrdSchemaError(f"the CRD lacks {field}: set it and add the CRD again")
     with _lock:
@@ -84,6 +88,7 @@ def remove_crd_schema(name: str) -> None:
 
 
 # -- the served set --------------------------------------------------------------------------
+
 
 class _Custom(msgspec.Struct, frozen=True):
     resource: ServedResource
@@ -109,8 +114,15 @@ def _crd_served(crd: dict[str, Any]) -> list[_Custom]:
             continue
         schema = ((version.get("schema") or {}).get("openAPIV3Schema")) or {"type": "object"}
         subs = tuple(k for k in (version.get("subresources") or {}) if k in ("status", "scale"))
-        res = ServedResource(spec["group"], version["name"], names["kind"], names["plural"],
-                             spec.get("scope", "Namespaced") == "Namespaced", subs, custom=True)
+        res = ServedResource(
+            spec["group"],
+            version["name"],
+            names["kind"],
+            names["plural"],
+            spec.get("scope", "Namespaced") == "Namespaced",
+            subs,
+            custom=True,
+        )
         out.append(_Custom(res, msgspec.json.encode(schema)))
     return out
 
@@ -124,8 +136,9 @@ def _from_objects(resources: Iterable[Any]) -> tuple[tuple[ServedResource, ...],
         is_custom = bool(getattr(res, "crd_name", "") or getattr(res, "custom", False))
         schemas = getattr(res, "schemas", {}) or {}
         for version in versions:
-            served = ServedResource(res.group, version, res.kind, res.plural, bool(res.namespaced), subs,
-                                    custom=is_custom)
+            served = ServedResource(
+                res.group, version, res.kind, res.plural, bool(res.namespaced), subs, custom=is_custom
+            )
             if is_custom:
                 custom.append(_Custom(served, msgspec.json.encode(schemas.get(version) or {"type": "object"})))
             else:
@@ -152,7 +165,9 @@ def _resolve(res: ServedResource) -> tuple[str, ServedResource] | None:
     return k8s_version, msgspec.structs.replace(res, schema_name=name)
 
 
-def _v3_doc(group: str, version: str, builtin: tuple[ServedResource, ...], custom: tuple[_Custom, ...]) -> dict[str, Any]:
+def _v3_doc(
+    group: str, version: str, builtin: tuple[ServedResource, ...], custom: tuple[_Custom, ...]
+) -> dict[str, Any]:
     k8s = schema_versions()[0]
     defs = definitions(k8s)
     paths: dict[str, Any] = {}
@@ -187,23 +202,31 @@ def _v3_doc(group: str, version: str, builtin: tuple[ServedResource, ...], custo
         "paths": paths,
         "components": {
             "schemas": schemas,
-            "securitySchemes": {"BearerToken": {"type": "apiKey", "description": "Bearer Token authentication",
-                                                "name": "authorization", "in": "header"}},
+            "securitySchemes": {
+                "BearerToken": {
+                    "type": "apiKey",
+                    "description": "Bearer Token authentication",
+                    "name": "authorization",
+                    "in": "header",
+                }
+            },
         },
         "security": [{"BearerToken": []}],
     }
 
 
 @functools.lru_cache(maxsize=64)
-def _v3_encoded(group: str, version: str, builtin: tuple[ServedResource, ...],
-                custom: tuple[_Custom, ...]) -> tuple[bytes, str]:
+def _v3_encoded(
+    group: str, version: str, builtin: tuple[ServedResource, ...], custom: tuple[_Custom, ...]
+) -> tuple[bytes, str]:
     doc = _v3_doc(group, version, builtin, custom)
     body = msgspec.json.encode(doc) if doc else b""
     return body, hashlib.sha512(body).hexdigest().upper()
 
 
-def _v3_for(group: str, version: str, builtin: tuple[ServedResource, ...],
-            custom: tuple[_Custom, ...]) -> tuple[bytes, str]:
+def _v3_for(
+    group: str, version: str, builtin: tuple[ServedResource, ...], custom: tuple[_Custom, ...]
+) -> tuple[bytes, str]:
     """Cached per group-version on that group-version's resources only, so a CRD coming or going
     does not rebuild the other documents (nor change their hashes)."""
     own = tuple(r for r in builtin if (r.group, r.version) == (group, version))
@@ -294,8 +317,14 @@ def _v2_encoded(builtin: tuple[ServedResource, ...], custom: tuple[_Custom, ...]
         "info": {"title": "Kubernetes", "version": f"v{k8s}.0"},
         "paths": to_swagger_paths(v3_paths),
         "definitions": definitions_v2,
-        "securityDefinitions": {"BearerToken": {"type": "apiKey", "name": "authorization", "in": "header",
-                                                "description": "Bearer Token authentication"}},
+        "securityDefinitions": {
+            "BearerToken": {
+                "type": "apiKey",
+                "name": "authorization",
+                "in": "header",
+                "description": "Bearer Token authentication",
+            }
+        },
         "security": [{"BearerToken": []}],
     }
     return msgspec.json.encode(doc)

@@ -73,21 +73,37 @@ def _crd_document(resources: list[Resource], version: str) -> dict[str, Any]:
         gvk = [{"group": res.group, "version": version, "kind": res.kind}]
         schema = dict(res.schemas.get(version) or {"type": "object", "x-kubernetes-preserve-unknown-fields": True})
         props = dict(schema.get("properties") or {})
-        props.setdefault("apiVersion", {"type": "string", "description": "APIVersion defines the versioned schema "
-                                        "of this representation of an object."})
-        props.setdefault("kind", {"type": "string", "description": "Kind is a string value representing the REST "
-                                  "resource this object represents."})
-        props["metadata"] = {"allOf": [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}],
-                             "description": "Standard object's metadata."}
+        props.setdefault(
+            "apiVersion",
+            {
+                "type": "string",
+                "description": "APIVersion defines the versioned schema of this representation of an object.",
+            },
+        )
+        props.setdefault(
+            "kind",
+            {
+                "type": "string",
+                "description": "Kind is a string value representing the REST resource this object represents.",
+            },
+        )
+        props["metadata"] = {
+            "allOf": [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}],
+            "description": "Standard object's metadata.",
+        }
         schema["properties"] = props
         schema["x-kubernetes-group-version-kind"] = gvk
         schemas[name] = schema
         list_name = name + "List"
         schemas[list_name] = {
-            "type": "object", "required": ["items"],
-            "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                           "items": {"type": "array", "items": {"$ref": f"#/components/schemas/{name}"}},
-                           "metadata": {"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta"}},
+            "type": "object",
+            "required": ["items"],
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "items": {"type": "array", "items": {"$ref": f"#/components/schemas/{name}"}},
+                "metadata": {"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta"},
+            },
             "x-kubernetes-group-version-kind": [{"group": res.group, "version": version, "kind": res.kind + "List"}],
         }
         base = f"/apis/{res.group}/{version}" + ("/namespaces/{namespace}" if res.namespaced else "")
@@ -112,10 +128,19 @@ def _crd_document(resources: list[Resource], version: str) -> dict[str, Any]:
 
         paths[f"{base}/{res.plural}"] = {"get": op("list"), "post": op("post")}
         paths[f"{base}/{res.plural}/{{name}}"] = {
-            "get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete"), "parameters": params}
+            "get": op("get"),
+            "put": op("put"),
+            "patch": op("patch"),
+            "delete": op("delete"),
+            "parameters": params,
+        }
         if "status" in res.subresources:
             paths[f"{base}/{res.plural}/{{name}}/status"] = {
-                "get": op("get"), "put": op("put"), "patch": op("patch"), "parameters": params}
+                "get": op("get"),
+                "put": op("put"),
+                "patch": op("patch"),
+                "parameters": params,
+            }
     meta_schemas = _meta_schemas()
     return {
         "openapi": "3.0.0",
@@ -139,10 +164,17 @@ def _meta_schemas() -> dict[str, Any]:
             pass
     return {
         "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": {
-            "type": "object", "description": "ObjectMeta is metadata that all persisted resources must have.",
-            "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
-                           "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                           "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}},
-        "io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta": {"type": "object", "properties": {
-            "resourceVersion": {"type": "string"}, "continue": {"type": "string"}}},
+            "type": "object",
+            "description": "ObjectMeta is metadata that all persisted resources must have.",
+            "properties": {
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta": {
+            "type": "object",
+            "properties": {"resourceVersion": {"type": "string"}, "continue": {"type": "string"}},
+        },
     }

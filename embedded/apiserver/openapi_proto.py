@@ -39,16 +39,26 @@ def _named_any(field: int, name: str, value: Any) -> bytes:
 
 def schema(s: dict[str, Any]) -> bytes:
     """One Schema message."""
-    out = [_str(1, s.get("$ref", "")), _str(2, s.get("format", "")), _str(3, s.get("title", "")),
-           _str(4, s.get("description", ""))]
+    out = [
+        _str(1, s.get("$ref", "")),
+        _str(2, s.get("format", "")),
+        _str(3, s.get("title", "")),
+        _str(4, s.get("description", "")),
+    ]
     if "default" in s:
         out.append(_bytes(5, _any(s["default"])))
     for name, field in (("multipleOf", 6), ("maximum", 7), ("minimum", 9)):
         if isinstance(s.get(name), int | float):
             out.append(_double(field, s[name]))
     out += [_bool(8, bool(s.get("exclusiveMaximum"))), _bool(10, bool(s.get("exclusiveMinimum")))]
-    for name, field in (("maxLength", 11), ("minLength", 12), ("maxItems", 14), ("minItems", 15),
-                        ("maxProperties", 17), ("minProperties", 18)):
+    for name, field in (
+        ("maxLength", 11),
+        ("minLength", 12),
+        ("maxItems", 14),
+        ("minItems", 15),
+        ("maxProperties", 17),
+        ("minProperties", 18),
+    ):
         if isinstance(s.get(name), int):
             out.append(_int(field, s[name]))
     out += [_str(13, s.get("pattern", "")), _bool(16, bool(s.get("uniqueItems")))]
@@ -80,8 +90,10 @@ def document(doc: dict[str, Any]) -> bytes:
     """The Swagger 2.0 document (as /openapi/v2 serves it in JSON) -> an openapi.v2.Document."""
     info = doc.get("info") or {}
     definitions = doc.get("definitions") or {}
-    return b"".join([
-        _str(1, doc.get("swagger", "2.0")),
-        _bytes(2, _str(1, info.get("title", "")) + _str(2, info.get("version", ""))),
-        _bytes(9, b"".join(_bytes(1, _str(1, name) + _bytes(2, schema(s))) for name, s in definitions.items())),
-    ])
+    return b"".join(
+        [
+            _str(1, doc.get("swagger", "2.0")),
+            _bytes(2, _str(1, info.get("title", "")) + _str(2, info.get("version", ""))),
+            _bytes(9, b"".join(_bytes(1, _str(1, name) + _bytes(2, schema(s))) for name, s in definitions.items())),
+        ]
+    )

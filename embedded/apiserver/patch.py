@@ -24,14 +24,34 @@ class PatchError(ValueError):
 
 # field name -> merge key for lists merged by key in the built-in types (patchMergeKey tags).
 MERGE_KEYS: dict[str, str] = {
-    "containers": "name", "initContainers": "name", "ephemeralContainers": "name",
-    "volumes": "name", "volumeMounts": "mountPath", "volumeDevices": "devicePath",
-    "env": "name", "ports": "containerPort", "imagePullSecrets": "name",
-    "conditions": "type", "ownerReferences": "uid", "hostAliases": "ip", "resourceClaims": "name",
-    "claims": "name", "readinessGates": "conditionType", "topologySpreadConstraints": "topologyKey",
-    "taints": "key", "addresses": "type", "containerStatuses": "name", "initContainerStatuses": "name",
-    "ephemeralContainerStatuses": "name", "podIPs": "ip", "hostIPs": "ip", "resourceClaimStatuses": "name",
-    "images": "names", "volumesAttached": "name", "subsets": "", "webhooks": "name",
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "volumeDevices": "devicePath",
+    "env": "name",
+    "ports": "containerPort",
+    "imagePullSecrets": "name",
+    "conditions": "type",
+    "ownerReferences": "uid",
+    "hostAliases": "ip",
+    "resourceClaims": "name",
+    "claims": "name",
+    "readinessGates": "conditionType",
+    "topologySpreadConstraints": "topologyKey",
+    "taints": "key",
+    "addresses": "type",
+    "containerStatuses": "name",
+    "initContainerStatuses": "name",
+    "ephemeralContainerStatuses": "name",
+    "podIPs": "ip",
+    "hostIPs": "ip",
+    "resourceClaimStatuses": "name",
+    "images": "names",
+    "volumesAttached": "name",
+    "subsets": "",
+    "webhooks": "name",
 }
 # Lists of scalars merged as sets (patchStrategy:merge on []string).
 MERGE_SCALAR_LISTS = {"finalizers"}
@@ -216,8 +236,9 @@ def _smp_list(field: str, current: Any, patch: list[Any]) -> list[Any]:
     if not key or not all(isinstance(p, dict) for p in patch):
         return [copy.deepcopy(v) for v in patch if not (isinstance(v, dict) and v.get("$patch"))]
     if any(p.get("$patch") == "replace" for p in patch):
-        return [copy.deepcopy({k: v for k, v in p.items() if k != "$patch"}) for p in patch
-                if p.get("$patch") != "replace"]
+        return [
+            copy.deepcopy({k: v for k, v in p.items() if k != "$patch"}) for p in patch if p.get("$patch") != "replace"
+        ]
     out = [copy.deepcopy(c) for c in current]
     for item in patch:
         if item.get("$patch") == "delete":
@@ -242,8 +263,6 @@ def _apply_order(field: str, items: list[Any], order: list[Any]) -> list[Any]:
 
     wanted = [ident(o) for o in order]
     rank = {w: i for i, w in enumerate(wanted) if w is not None}
-    ordered = sorted(
-        (v for v in items if ident(v) in rank), key=lambda v: rank[ident(v)]
-    )
+    ordered = sorted((v for v in items if ident(v) in rank), key=lambda v: rank[ident(v)])
     rest = [v for v in items if ident(v) not in rank]
     return ordered + rest

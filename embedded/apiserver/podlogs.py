@@ -37,8 +37,10 @@ def _container(pod: dict[str, Any], wanted: str) -> str:
     if not wanted:
         if len(names) == 1:
             return str(names[0])
-        raise errors.bad_request(f"a container name must be specified for pod {name}, choose one of: "
-                                 f"[{' '.join(names)}] or one of the init containers: [{' '.join(inits)}]")
+        raise errors.bad_request(
+            f"a container name must be specified for pod {name}, choose one of: "
+            f"[{' '.join(names)}] or one of the init containers: [{' '.join(inits)}]"
+        )
     if wanted not in names + inits + ephemerals:
         raise errors.bad_request(f"container {wanted} is not valid for pod {name}")
     return wanted
@@ -46,8 +48,11 @@ def _container(pod: dict[str, Any], wanted: str) -> str:
 
 def _state(pod: dict[str, Any], container: str) -> dict[str, Any]:
     status = pod.get("status") or {}
-    for c in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or []),
-              *(status.get("ephemeralContainerStatuses") or [])]:
+    for c in [
+        *(status.get("containerStatuses") or []),
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("ephemeralContainerStatuses") or []),
+    ]:
         if c.get("name") == container:
             return {k: v for k, v in (c.get("state") or {}).items() if v}
     return {}
@@ -105,7 +110,7 @@ def handler(server: Any) -> Any:
             data = b"".join(lines[-tail:] if tail else [])
         body = _format(data, timestamps)
         if q.get("limitBytes", "").isdigit():
-            body = body[:int(q["limitBytes"])]
+            body = body[: int(q["limitBytes"])]
         if not flag("follow"):
             return web.Response(body=body, content_type="text/plain")
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
@@ -121,8 +126,11 @@ def handler(server: Any) -> Any:
                 current = server.core.get(res, ns, name)
             except errors.ApiError:
                 break  # the pod is gone
-            if current["metadata"]["uid"] != pod["metadata"]["uid"] or "running" not in _state(current, container) \
-                    or _runs(path.parent)[-1] != path:
+            if (
+                current["metadata"]["uid"] != pod["metadata"]["uid"]
+                or "running" not in _state(current, container)
+                or _runs(path.parent)[-1] != path
+            ):
                 more = await asyncio.to_thread(_read, path, offset)  # what it wrote before it ended
                 if more:
                     await response.write(_format(more, timestamps))

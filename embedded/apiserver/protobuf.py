@@ -49,6 +49,7 @@ class ProtobufError(ValueError):
 
 # ---- content negotiation
 
+
 def _accepted(accept: str) -> list[tuple[str, dict[str, str]]]:
     """The Accept header's media types, most preferred first (q-values, then the client's order)."""
     out = []
@@ -96,9 +97,17 @@ def kind_message(api_version: str, kind: str) -> str | None:
 
 # ---- scalars and the apimachinery types
 
-_SCALAR_WIRE = {"string": wire.BYTES, "bytes": wire.BYTES, "bool": wire.VARINT, "int32": wire.VARINT,
-                "int64": wire.VARINT, "uint32": wire.VARINT, "uint64": wire.VARINT, "double": wire.FIXED64,
-                "float": wire.FIXED32}
+_SCALAR_WIRE = {
+    "string": wire.BYTES,
+    "bytes": wire.BYTES,
+    "bool": wire.VARINT,
+    "int32": wire.VARINT,
+    "int64": wire.VARINT,
+    "uint32": wire.VARINT,
+    "uint64": wire.VARINT,
+    "double": wire.FIXED64,
+    "float": wire.FIXED32,
+}
 _TIME = "apis.meta.v1.Time"
 _MICROTIME = "apis.meta.v1.MicroTime"
 _DURATION = "apis.meta.v1.Duration"
@@ -241,6 +250,7 @@ def _zero(value: Any) -> bool:
 
 # ---- messages
 
+
 def to_json(buf: bytes, message: str) -> dict[str, Any]:
     """A message's bytes -> its JSON object (ProtobufError or wire.WireError when malformed)."""
     out: dict[str, Any] = {}
@@ -266,8 +276,9 @@ def _into(out: dict[str, Any], buf: bytes, message: str) -> None:
         if label == "*" and type_ in _SCALAR_WIRE and type_ not in ("string", "bytes") and wire_type == wire.BYTES:
             out.setdefault(name, []).extend(_unpack(type_, value))  # a packed repeated scalar
             continue
-        if (type_ in _SCALAR_WIRE and wire_type != _SCALAR_WIRE[type_]) \
-                or (type_ not in _SCALAR_WIRE and wire_type != wire.BYTES):
+        if (type_ in _SCALAR_WIRE and wire_type != _SCALAR_WIRE[type_]) or (
+            type_ not in _SCALAR_WIRE and wire_type != wire.BYTES
+        ):
             raise ProtobufError(f"{message}.{name} (field {num}): wire type {wire_type} does not fit type {type_}")
         converted = _value_to_json(type_, wire_type, value)
         if label == "*":
@@ -289,7 +300,7 @@ def _unpack(type_: str, buf: bytes) -> list[Any]:
         width, fmt = (8, "<d") if type_ == "double" else (4, "<f")
         if len(buf) % width:
             raise ProtobufError("a packed repeated field is truncated")
-        return [struct.unpack(fmt, buf[i:i + width])[0] for i in range(0, len(buf), width)]
+        return [struct.unpack(fmt, buf[i : i + width])[0] for i in range(0, len(buf), width)]
     out, pos = [], 0
     while pos < len(buf):
         value, pos = wire.read_varint(buf, pos)
@@ -351,8 +362,11 @@ def from_json(obj: dict[str, Any], message: str, lenient: bool = False) -> bytes
         except (ProtobufError, TypeError, ValueError, AttributeError) as exc:
             if not lenient:
                 raise ProtobufError(f"{message}.{name}: {exc}") from None
-            log.warning("a field left out of a protobuf message: its value does not fit", field=f"{message}.{name}",
-                        error=str(exc))
+            log.warning(
+                "a field left out of a protobuf message: its value does not fit",
+                field=f"{message}.{name}",
+                error=str(exc),
+            )
     return b"".join(out)
 
 
@@ -368,10 +382,16 @@ def _value_from_json(num: int, type_: str, value: Any, lenient: bool = False) ->
 
 # ---- the envelope, objects, watch frames
 
+
 def envelope(api_version: str, kind: str, raw: bytes) -> bytes:
     type_meta = wire.bytes_field(1, api_version.encode()) + wire.bytes_field(2, kind.encode())
-    return MAGIC + wire.bytes_field(1, type_meta) + wire.bytes_field(2, raw) + wire.bytes_field(3, b"") \
+    return (
+        MAGIC
+        + wire.bytes_field(1, type_meta)
+        + wire.bytes_field(2, raw)
+        + wire.bytes_field(3, b"")
         + wire.bytes_field(4, b"")
+    )
 
 
 def can_encode(obj: Any) -> bool:
@@ -419,14 +439,16 @@ def decode_body(body: bytes, default: tuple[str, str] = ("", "")) -> dict[str, A
     if len(body) == len(MAGIC):
         raise ProtobufError("the protobuf body is empty after its magic")
     try:
-        env = {num: value for num, _, value in wire.fields(body[len(MAGIC):])}
+        env = {num: value for num, _, value in wire.fields(body[len(MAGIC) :])}
         type_meta = {num: value for num, _, value in wire.fields(env.get(1, b""))}
         api_version = _text(type_meta.get(1, b"")) or default[0]
         kind = _text(type_meta.get(2, b"")) or default[1]
         message = KINDS.get((api_version, kind)) or _ANY_VERSION.get(kind)
         if message is None:
-            raise UnknownKind(f"{kind or 'an object with no kind'} ({api_version or 'no apiVersion'}) is not "
-                              "a kind this server reads as protobuf; send it as application/json")
+            raise UnknownKind(
+                f"{kind or 'an object with no kind'} ({api_version or 'no apiVersion'}) is not "
+                "a kind this server reads as protobuf; send it as application/json"
+            )
         if env.get(3):
             raise ProtobufError(f"contentEncoding {_text(env[3])!r} is not supported")
         obj = to_json(env.get(2, b""), message)

@@ -106,8 +106,9 @@ def forbidden(user: UserInfo, attrs: Attributes, reason: str = "") -> errors.Api
     else:
         resource = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
         where = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
-        msg = (f'User "{user.username}" cannot {attrs.verb} resource "{resource}" in API group '
-               f'"{attrs.api_group}" {where}')
+        msg = (
+            f'User "{user.username}" cannot {attrs.verb} resource "{resource}" in API group "{attrs.api_group}" {where}'
+        )
     if reason:
         msg = f"{msg}: {reason}"
     if not attrs.resource_request:
@@ -212,8 +213,12 @@ class RbacAuthorizer:
     def rules_for(self, user: UserInfo, namespace: str) -> list[dict[str, Any]]:
         """Every rule that applies to `user` in `namespace` (SelfSubjectRulesReview, `kubectl auth can-i --list`)."""
         if MASTERS in user.groups:
-            return [rule for role in bootstrap_cluster_roles() if role["metadata"]["name"] == "cluster-admin"
-                    for rule in role["rules"]]
+            return [
+                rule
+                for role in bootstrap_cluster_roles()
+                if role["metadata"]["name"] == "cluster-admin"
+                for rule in role["rules"]
+            ]
         bindings = [("", b) for _, b in self.store.items((RBAC, "clusterrolebindings"))]
         if namespace:
             bindings += [(namespace, b) for _, b in self.store.items((RBAC, "rolebindings"), namespace)]
@@ -229,8 +234,9 @@ class RbacAuthorizer:
             rules.extend((role or {}).get("rules") or [])
         return rules
 
-    def _binding_allows(self, binding: dict[str, Any], namespace: str, user: UserInfo, attrs: Attributes,
-                        missing: list[str]) -> bool:
+    def _binding_allows(
+        self, binding: dict[str, Any], namespace: str, user: UserInfo, attrs: Attributes, missing: list[str]
+    ) -> bool:
         if not any(_subject_matches(s, user, namespace) for s in binding.get("subjects") or []):
             return False
         ref = binding.get("roleRef") or {}
@@ -247,45 +253,86 @@ class RbacAuthorizer:
 
 
 _BOOTSTRAP_LABELS = {"kubernetes.io/bootstrapping": "rbac-defaults"}
-_DISCOVERY_URLS = ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*",
-                   "/readyz", "/version", "/version/"]
+_DISCOVERY_URLS = [
+    "/api",
+    "/api/*",
+    "/apis",
+    "/apis/*",
+    "/healthz",
+    "/livez",
+    "/openapi",
+    "/openapi/*",
+    "/readyz",
+    "/version",
+    "/version/",
+]
 
 
 def bootstrap_cluster_roles() -> list[dict[str, Any]]:
     """The default ClusterRoles of every cluster that the local one relies on."""
+
     def role(name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole",
-                "metadata": {"name": name, "labels": dict(_BOOTSTRAP_LABELS)}, "rules": rules}
+        return {
+            "apiVersion": f"{RBAC}/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name, "labels": dict(_BOOTSTRAP_LABELS)},
+            "rules": rules,
+        }
+
     return [
-        role("cluster-admin", [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
-                               {"nonResourceURLs": ["*"], "verbs": ["*"]}]),
+        role(
+            "cluster-admin",
+            [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}, {"nonResourceURLs": ["*"], "verbs": ["*"]}],
+        ),
         role("system:discovery", [{"nonResourceURLs": _DISCOVERY_URLS, "verbs": ["get"]}]),
-        role("system:basic-user", [{"apiGroups": ["authorization.k8s.io"],
-                                    "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
-                                    "verbs": ["create"]},
-                                   {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"],
-                                    "verbs": ["create"]}]),
-        role("system:kubelet-api-admin", [
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "proxy"]},
-            {"apiGroups": [""], "resources": ["nodes/log", "nodes/metrics", "nodes/proxy", "nodes/stats"],
-             "verbs": ["*"]}]),
-        role("system:public-info-viewer", [{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version",
-                                                                "/version/"], "verbs": ["get"]}]),
+        role(
+            "system:basic-user",
+            [
+                {
+                    "apiGroups": ["authorization.k8s.io"],
+                    "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                    "verbs": ["create"],
+                },
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]},
+            ],
+        ),
+        role(
+            "system:kubelet-api-admin",
+            [
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "proxy"]},
+                {
+                    "apiGroups": [""],
+                    "resources": ["nodes/log", "nodes/metrics", "nodes/proxy", "nodes/stats"],
+                    "verbs": ["*"],
+                },
+            ],
+        ),
+        role(
+            "system:public-info-viewer",
+            [{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}],
+        ),
     ]
 
 
 def bootstrap_cluster_role_bindings() -> list[dict[str, Any]]:
     def binding(name: str, role: str, groups: list[str]) -> dict[str, Any]:
-        return {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": name, "labels": dict(_BOOTSTRAP_LABELS)},
-                "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": role},
-                "subjects": [{"apiGroup": RBAC, "kind": "Group", "name": g} for g in groups]}
+        return {
+            "apiVersion": f"{RBAC}/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name, "labels": dict(_BOOTSTRAP_LABELS)},
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": RBAC, "kind": "Group", "name": g} for g in groups],
+        }
+
     return [
         binding("cluster-admin", "cluster-admin", [MASTERS]),
         binding("system:discovery", "system:discovery", ["system:authenticated"]),
         binding("system:basic-user", "system:basic-user", ["system:authenticated"]),
-        {**binding("system:kube-apiserver-kubelet-client", "system:kubelet-api-admin", []),
-         "subjects": [{"apiGroup": RBAC, "kind": "User", "name": KUBELET_CLIENT}]},
-        binding("system:public-info-viewer", "system:public-info-viewer",
-                ["system:authenticated", "system:unauthenticated"]),
+        {
+            **binding("system:kube-apiserver-kubelet-client", "system:kubelet-api-admin", []),
+            "subjects": [{"apiGroup": RBAC, "kind": "User", "name": KUBELET_CLIENT}],
+        },
+        binding(
+            "system:public-info-viewer", "system:public-info-viewer", ["system:authenticated", "system:unauthenticated"]
+        ),
     ]

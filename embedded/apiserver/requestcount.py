@@ -30,9 +30,13 @@ class RequestCounter:
         self.counts[(verb, group, resource, subresource)] += 1
 
     def exposition(self) -> str:
-        lines = ["# HELP apiserver_request_total Resource requests served, by verb, group, resource and subresource.",
-                 "# TYPE apiserver_request_total counter"]
+        lines = [
+            "# HELP apiserver_request_total Resource requests served, by verb, group, resource and subresource.",
+            "# TYPE apiserver_request_total counter",
+        ]
         for (verb, group, resource, sub), n in sorted(self.counts.items()):
-            lines.append(f'apiserver_request_total{{verb="{verb}",group="{group}",resource="{resource}",'
-                         f'subresource="{sub}"}} {n}')
+            lines.append(
+                f'apiserver_request_total{{verb="{verb}",group="{group}",resource="{resource}",'
+                f'subresource="{sub}"}} {n}'
+            )
         return "\n".join(lines) + "\n"

@@ -28,8 +28,9 @@ def headers_of(content_type: str, warnings: list[str] | None) -> dict[str, str]:
     return headers
 
 
-def json_response(body: Any, status: int = 200, content_type: str = "application/json",
-                  warnings: list[str] | None = None) -> web.Response:
+def json_response(
+    body: Any, status: int = 200, content_type: str = "application/json", warnings: list[str] | None = None
+) -> web.Response:
     return web.Response(body=_encode(body), status=status, headers=headers_of(content_type, warnings))
 
 
@@ -37,11 +38,15 @@ def reply(request: web.Request, body: Any, status: int = 200, warnings: list[str
     """An object (or Status) in the encoding the client prefers: protobuf for the built-in kinds when
     its Accept header asks for that first (client-go), JSON otherwise."""
     accept = request.headers.get("Accept", "")
-    if not request.get(JSON_ONLY) and protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS) \
-            and protobuf.can_encode(body):
+    if (
+        not request.get(JSON_ONLY)
+        and protobuf.prefers_protobuf(accept, protobuf.METADATA_KINDS)
+        and protobuf.can_encode(body)
+    ):
         try:
-            return web.Response(body=protobuf.encode_object(body), status=status,
-                                headers=headers_of(protobuf.MEDIA_TYPE, warnings))
+            return web.Response(
+                body=protobuf.encode_object(body), status=status, headers=headers_of(protobuf.MEDIA_TYPE, warnings)
+            )
         except protobuf.ProtobufError as exc:  # a value its message cannot hold: JSON, which */* accepts
             log.warning("answering JSON: the object does not fit its protobuf message", error=str(exc))
     return json_response(body, status=status, warnings=warnings)

@@ -143,7 +143,6 @@ def _compares(key: str, limit: int, greater: bool, labels: dict[str, str]) -> bo
     return _cmp(labels.get(key), limit, greater)
 
 
-
 _KEY = re.compile(r"^([a-z0-9A-Z.-]{1,253}/)?[a-zA-Z0-9]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?$")
 
 
@@ -193,7 +192,7 @@ def parse_field_selector(text: str | None, allowed: tuple[str, ...], kind: str) 
             raise SelectorError(f"invalid selector: '{text}'; can't understand '{part}'")
         field = field.strip()
         if field not in allowed:
-            raise SelectorError(f'field label not supported: {field}')
+            raise SelectorError(f"field label not supported: {field}")
         reqs.append((field, _unescape(value.strip()), negate))
 
     def match(obj: dict[str, Any]) -> bool:

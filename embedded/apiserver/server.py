@@ -125,16 +125,27 @@ class ApiServer:
         for name in DEFAULT_NAMESPACES:
             if self.store.get(ns_res.key, ("", name)) is None:
                 self.core.create(ns_res, "v1", "", {"metadata": {"name": name}})
-        for plural, objects in (("clusterroles", rbac.bootstrap_cluster_roles()),
-                                ("clusterrolebindings", rbac.bootstrap_cluster_role_bindings())):
+        for plural, objects in (
+            ("clusterroles", rbac.bootstrap_cluster_roles()),
+            ("clusterrolebindings", rbac.bootstrap_cluster_role_bindings()),
+        ):
             res = self.registry.by_key(rbac.RBAC, plural)
             assert res is not None
             for obj in objects:
                 if self.store.get(res.key, ("", obj["metadata"]["name"])) is None:
                     self.core.create(res, "v1", "", obj)
 
-    def _admit(self, operation: str, res: Resource, version: str, subresource: str, namespace: str, name: str,
-               obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+    def _admit(
+        self,
+        operation: str,
+        res: Resource,
+        version: str,
+        subresource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+    ) -> None:
         if obj is not None:
             admission.check_size(res, name, obj)
         user = authn.current_user.get()
@@ -147,8 +158,9 @@ class ApiServer:
         md = pod.get("metadata") or {}
         status = dict(pod.get("status") or {})
         conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
-        conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
-                           "lastTransitionTime": now()})
+        conditions.append(
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now()}
+        )
         status["conditions"] = conditions
         updated = {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": node}, "status": status}
         self.store.put(res.key, (md.get("namespace", ""), md["name"]), updated)
@@ -163,8 +175,9 @@ class ApiServer:
             "kind": "Config",
             "clusters": [{"name": "gpu-dra", "cluster": cluster}],
             "users": [{"name": "gpu-dra", "user": {"token": self.token if token is None else token}}],
-            "contexts": [{"name": "gpu-dra", "context": {"cluster": "gpu-dra", "user": "gpu-dra",
-                                                         "namespace": namespace}}],
+            "contexts": [
+                {"name": "gpu-dra", "context": {"cluster": "gpu-dra", "user": "gpu-dra", "namespace": namespace}}
+            ],
             "current-context": "gpu-dra",
             "preferences": {},
         }

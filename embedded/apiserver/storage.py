@@ -126,8 +126,9 @@ class Store:
             return sorted(objects.items())
         return sorted((k, v) for k, v in objects.items() if k[0] == namespace)
 
-    def encoded(self, res: ResKey, key: ObjKey, obj: dict[str, Any],
-                encode: Callable[[dict[str, Any]], bytes] | None = None) -> bytes:
+    def encoded(
+        self, res: ResKey, key: ObjKey, obj: dict[str, Any], encode: Callable[[dict[str, Any]], bytes] | None = None
+    ) -> bytes:
         """`obj`'s JSON, cached while it is the current version (LIST joins these instead of re-encoding);
         with `encode` (protobuf.object_message), its protobuf message, cached the same way."""
         cache = (self._encoded if encode is None else self._encoded_proto)[res]
@@ -205,10 +206,7 @@ class Store:
     def changes_since(self, rv: int, res: ResKey, namespace: str | None) -> list[Change]:
         if rv < self._compacted:
             raise Expired(rv, self._compacted + 1)
-        return [
-            c for c in self._history
-            if c.rv > rv and c.res == res and (namespace is None or c.key[0] == namespace)
-        ]
+        return [c for c in self._history if c.rv > rv and c.res == res and (namespace is None or c.key[0] == namespace)]
 
     def watch(self, res: ResKey, namespace: str | None) -> Watcher:
         watcher = Watcher(res, namespace)
@@ -318,9 +316,7 @@ class _SqliteWriter:
                 change, last_rv = b
                 (grp, res), (ns, name) = change.res, change.key
                 if change.type == "DELETED":
-                    conn.execute(
-                        "DELETE FROM objects WHERE grp=? AND res=? AND ns=? AND name=?", (grp, res, ns, name)
-                    )
+                    conn.execute("DELETE FROM objects WHERE grp=? AND res=? AND ns=? AND name=?", (grp, res, ns, name))
                 else:
                     conn.execute(
                         "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?)",

@@ -32,14 +32,14 @@ _FINISHED = ("Succeeded", "Failed")
 def _container(pod: dict[str, Any], wanted: str) -> str:
     spec = pod.get("spec") or {}
     name = pod["metadata"]["name"]
-    names = [c["name"] for key in ("containers", "initContainers", "ephemeralContainers")
-             for c in spec.get(key) or []]
+    names = [c["name"] for key in ("containers", "initContainers", "ephemeralContainers") for c in spec.get(key) or []]
     if not wanted:
         mains = [c["name"] for c in spec.get("containers") or []]
         if len(mains) == 1:
             return str(mains[0])
-        raise errors.bad_request(f"a container name must be specified for pod {name}, "
-                                 f"choose one of: [{' '.join(mains)}]")
+        raise errors.bad_request(
+            f"a container name must be specified for pod {name}, choose one of: [{' '.join(mains)}]"
+        )
     if wanted not in names:
         raise errors.bad_request(f"container {wanted} is not valid for pod {name}")
     return wanted
@@ -80,8 +80,9 @@ def handler(server: Any, subresource: str) -> Any:
         pod = server.core.get(server.registry.get("", "v1", "pods"), ns, name)
         q = request.query
         if request.headers.get("Upgrade", "").lower().startswith("spdy"):
-            raise errors.bad_request("this server streams over WebSockets (v5.channel.k8s.io) only: "
-                                     "use kubectl 1.30 or newer")
+            raise errors.bad_request(
+                "this server streams over WebSockets (v5.channel.k8s.io) only: use kubectl 1.30 or newer"
+            )
         if not any(q.get(f, "") in _TRUE for f in ("stdin", "stdout", "stderr")):
             raise errors.bad_request("you must specify at least one of stdin, stdout, stderr")
         if subresource == "exec" and not q.getall("command", []):
@@ -89,8 +90,9 @@ def handler(server: Any, subresource: str) -> Any:
         container = _container(pod, q.get("container", ""))
         phase = (pod.get("status") or {}).get("phase", "")
         if phase in _FINISHED:
-            raise errors.bad_request(f"cannot {subresource} into a container in a completed pod; "
-                                     f"current phase is {phase}")
+            raise errors.bad_request(
+                f"cannot {subresource} into a container in a completed pod; current phase is {phase}"
+            )
         node_name = (pod.get("spec") or {}).get("nodeName")
         if not node_name:
             raise errors.bad_request(f"pod {name} does not have a host assigned")
@@ -103,16 +105,22 @@ def handler(server: Any, subresource: str) -> Any:
         headers = {"Authorization": f"Bearer {server.kubelet_client_token}"}
         async with aiohttp.ClientSession() as session:
             try:
-                upstream = await session.ws_connect(url, params=kubelet_query(q, subresource), protocols=protocols,
-                                                    headers=headers, autoping=True, max_msg_size=0)
+                upstream = await session.ws_connect(
+                    url,
+                    params=kubelet_query(q, subresource),
+                    protocols=protocols,
+                    headers=headers,
+                    autoping=True,
+                    max_msg_size=0,
+                )
             except aiohttp.WSServerHandshakeError as exc:
-                raise errors.ApiError(exc.status if exc.status >= 400 else 500, "InternalError",
-                                      f"error dialing backend: {exc.message}") from None
+                raise errors.ApiError(
+                    exc.status if exc.status >= 400 else 500, "InternalError", f"error dialing backend: {exc.message}"
+                ) from None
             except (aiohttp.ClientError, OSError) as exc:
                 raise errors.ApiError(500, "InternalError", f"error dialing backend: {exc}") from None
             async with upstream:
-                ws = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (),
-                                           max_msg_size=0)
+                ws = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (), max_msg_size=0)
                 await ws.prepare(request)
                 relays = [asyncio.create_task(_relay(ws, upstream)), asyncio.create_task(_relay(upstream, ws))]
                 await asyncio.wait(relays, return_when=asyncio.FIRST_COMPLETED)

@@ -195,52 +195,89 @@ def _created_at(o: dict[str, Any]) -> str:
 
 
 COLUMNS: dict[tuple[str, str], list[Column]] = {
-    ("", "pods"): [NAME, ("Ready", "string", "", 0, _pod_ready), ("Status", "string", "", 0, _pod_status),
-                   ("Restarts", "string", "", 0, _pod_restarts), AGE,
-                   ("IP", "string", "", 1, _get("status.podIP")), ("Node", "string", "", 1, _get("spec.nodeName")),
-                   ("Nominated Node", "string", "", 1, _get("status.nominatedNodeName")),
-                   ("Readiness Gates", "string", "", 1, lambda o: "<none>")],
-    ("", "nodes"): [NAME, ("Status", "string", "", 0, _node_status), ("Roles", "string", "", 0, _node_roles), AGE,
-                    ("Version", "string", "", 0, _get("status.nodeInfo.kubeletVersion")),
-                    ("Internal-IP", "string", "", 1, _node_address("InternalIP")),
-                    ("External-IP", "string", "", 1, _node_address("ExternalIP")),
-                    ("OS-Image", "string", "", 1, _node_info("osImage")),
-                    ("Kernel-Version", "string", "", 1, _node_info("kernelVersion")),
-                    ("Container-Runtime", "string", "", 1, _node_info("containerRuntimeVersion"))],
+    ("", "pods"): [
+        NAME,
+        ("Ready", "string", "", 0, _pod_ready),
+        ("Status", "string", "", 0, _pod_status),
+        ("Restarts", "string", "", 0, _pod_restarts),
+        AGE,
+        ("IP", "string", "", 1, _get("status.podIP")),
+        ("Node", "string", "", 1, _get("spec.nodeName")),
+        ("Nominated Node", "string", "", 1, _get("status.nominatedNodeName")),
+        ("Readiness Gates", "string", "", 1, lambda o: "<none>"),
+    ],
+    ("", "nodes"): [
+        NAME,
+        ("Status", "string", "", 0, _node_status),
+        ("Roles", "string", "", 0, _node_roles),
+        AGE,
+        ("Version", "string", "", 0, _get("status.nodeInfo.kubeletVersion")),
+        ("Internal-IP", "string", "", 1, _node_address("InternalIP")),
+        ("External-IP", "string", "", 1, _node_address("ExternalIP")),
+        ("OS-Image", "string", "", 1, _node_info("osImage")),
+        ("Kernel-Version", "string", "", 1, _node_info("kernelVersion")),
+        ("Container-Runtime", "string", "", 1, _node_info("containerRuntimeVersion")),
+    ],
     ("", "namespaces"): [NAME, ("Status", "string", "", 0, _get("status.phase")), AGE],
-    ("", "configmaps"): [NAME, ("Data", "integer", "", 0, lambda o: len(o.get("data") or {}) + len(
-        o.get("binaryData") or {})), AGE],
+    ("", "configmaps"): [
+        NAME,
+        ("Data", "integer", "", 0, lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {})),
+        AGE,
+    ],
     ("", "secrets"): [NAME, ("Type", "string", "", 0, _get("type")), ("Data", "integer", "", 0, _count("data")), AGE],
     ("", "serviceaccounts"): [NAME, ("Secrets", "integer", "", 0, _count("secrets")), AGE],
-    ("", "services"): [NAME, ("Type", "string", "", 0, _get("spec.type")),
-                       ("Cluster-IP", "string", "", 0, _get("spec.clusterIP")),
-                       ("External-IP", "string", "", 0, lambda o: "<none>"),
-                       ("Port(s)", "string", "", 0, _service_ports), AGE],
-    ("", "events"): [("Last Seen", "string", "", 0, _event_last_seen), ("Type", "string", "", 0, _get("type")),
-                     ("Reason", "string", "", 0, _get("reason")), ("Object", "string", "", 0, _event_object),
-                     ("Message", "string", "", 0, _get("message"))],
-    ("apps", "deployments"): [NAME, ("Ready", "string", "", 0, _replicas),
-                              ("Up-to-date", "integer", "", 0, lambda o: (o.get("status") or {}).get("updatedReplicas", 0)),
-                              ("Available", "integer", "", 0,
-                               lambda o: (o.get("status") or {}).get("availableReplicas", 0)), AGE],
-    ("apps", "replicasets"): [NAME, ("Desired", "integer", "", 0, lambda o: (o.get("spec") or {}).get("replicas", 1)),
-                              ("Current", "integer", "", 0, lambda o: (o.get("status") or {}).get("replicas", 0)),
-                              ("Ready", "integer", "", 0, lambda o: (o.get("status") or {}).get("readyReplicas", 0)),
-                              AGE],
-    ("apps", "daemonsets"): [NAME, ("Desired", "integer", "", 0,
-                                    lambda o: (o.get("status") or {}).get("desiredNumberScheduled", 0)),
-                             ("Current", "integer", "", 0,
-                              lambda o: (o.get("status") or {}).get("currentNumberScheduled", 0)),
-                             ("Ready", "integer", "", 0, lambda o: (o.get("status") or {}).get("numberReady", 0)),
-                             AGE],
-    ("batch", "jobs"): [NAME, ("Status", "string", "", 0, _job_status),
-                        ("Completions", "string", "", 0, _job_completions), AGE],
+    ("", "services"): [
+        NAME,
+        ("Type", "string", "", 0, _get("spec.type")),
+        ("Cluster-IP", "string", "", 0, _get("spec.clusterIP")),
+        ("External-IP", "string", "", 0, lambda o: "<none>"),
+        ("Port(s)", "string", "", 0, _service_ports),
+        AGE,
+    ],
+    ("", "events"): [
+        ("Last Seen", "string", "", 0, _event_last_seen),
+        ("Type", "string", "", 0, _get("type")),
+        ("Reason", "string", "", 0, _get("reason")),
+        ("Object", "string", "", 0, _event_object),
+        ("Message", "string", "", 0, _get("message")),
+    ],
+    ("apps", "deployments"): [
+        NAME,
+        ("Ready", "string", "", 0, _replicas),
+        ("Up-to-date", "integer", "", 0, lambda o: (o.get("status") or {}).get("updatedReplicas", 0)),
+        ("Available", "integer", "", 0, lambda o: (o.get("status") or {}).get("availableReplicas", 0)),
+        AGE,
+    ],
+    ("apps", "replicasets"): [
+        NAME,
+        ("Desired", "integer", "", 0, lambda o: (o.get("spec") or {}).get("replicas", 1)),
+        ("Current", "integer", "", 0, lambda o: (o.get("status") or {}).get("replicas", 0)),
+        ("Ready", "integer", "", 0, lambda o: (o.get("status") or {}).get("readyReplicas", 0)),
+        AGE,
+    ],
+    ("apps", "daemonsets"): [
+        NAME,
+        ("Desired", "integer", "", 0, lambda o: (o.get("status") or {}).get("desiredNumberScheduled", 0)),
+        ("Current", "integer", "", 0, lambda o: (o.get("status") or {}).get("currentNumberScheduled", 0)),
+        ("Ready", "integer", "", 0, lambda o: (o.get("status") or {}).get("numberReady", 0)),
+        AGE,
+    ],
+    ("batch", "jobs"): [
+        NAME,
+        ("Status", "string", "", 0, _job_status),
+        ("Completions", "string", "", 0, _job_completions),
+        AGE,
+    ],
     ("coordination.k8s.io", "leases"): [NAME, ("Holder", "string", "", 0, _get("spec.holderIdentity")), AGE],
     ("apiextensions.k8s.io", "customresourcedefinitions"): [NAME, ("Created At", "date", "", 0, _created_at)],
     ("resource.k8s.io", "resourceclaims"): [NAME, ("State", "string", "", 0, _claim_state), AGE],
-    ("resource.k8s.io", "resourceslices"): [NAME, ("Node", "string", "", 0, _get("spec.nodeName")),
-                                            ("Driver", "string", "", 0, _get("spec.driver")),
-                                            ("Pool", "string", "", 0, _get("spec.pool.name")), AGE],
+    ("resource.k8s.io", "resourceslices"): [
+        NAME,
+        ("Node", "string", "", 0, _get("spec.nodeName")),
+        ("Driver", "string", "", 0, _get("spec.driver")),
+        ("Pool", "string", "", 0, _get("spec.pool.name")),
+        AGE,
+    ],
 }
 
 
@@ -317,7 +354,7 @@ def column_definitions(res: Resource, version: str) -> list[dict[str, Any]]:
 
 _DESCRIPTIONS = {
     "Name": "Name must be unique within a namespace. Is required when creating resources, although some "
-            "resources may allow a client to request the generation of an appropriate name automatically.",
+    "resources may allow a client to request the generation of an appropriate name automatically.",
     "Age": "CreationTimestamp is a timestamp representing the server time when this object was created.",
 }
 
@@ -344,7 +381,11 @@ def _cell(fn: Callable[[dict[str, Any]], Any], obj: dict[str, Any]) -> Any:
 
 
 def table(
-    res: Resource, version: str, objs: list[dict[str, Any]], list_meta: dict[str, Any], include: str = "Metadata",
+    res: Resource,
+    version: str,
+    objs: list[dict[str, Any]],
+    list_meta: dict[str, Any],
+    include: str = "Metadata",
     with_columns: bool = True,
 ) -> dict[str, Any]:
     return {

@@ -26,8 +26,10 @@ def ensure_pair(directory: Path | None) -> tuple[Path, Path]:
             _process_dir = Path(tempfile.mkdtemp(prefix="gpu-dra-apiserver-tls-"))
         directory = _process_dir
     try:
-        return make_pair(directory, "apiserver", common_name="gpu-dra-apiserver",
-                         sans=["IP:127.0.0.1", "DNS:localhost"])
+        return make_pair(
+            directory, "apiserver", common_name="gpu-dra-apiserver", sans=["IP:127.0.0.1", "DNS:localhost"]
+        )
     except TlsUnavailable as exc:
-        raise TlsUnavailable(f"{exc} (or run with --insecure-http: kubectl will then not send the token, so "
-                             "--token must be empty)") from None
+        raise TlsUnavailable(
+            f"{exc} (or run with --insecure-http: kubectl will then not send the token, so --token must be empty)"
+        ) from None

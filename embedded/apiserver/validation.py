@@ -43,22 +43,56 @@ __all__ = [
 ]
 
 # Kinds without a namespace. Everything else built in is namespaced.
-CLUSTER_SCOPED = frozenset({
-    "Namespace", "Node", "PersistentVolume", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-    "APIService", "DeviceClass", "ResourceSlice", "DeviceTaintRule", "ValidatingWebhookConfiguration",
-    "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-    "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "StorageClass", "CSIDriver", "CSINode",
-    "VolumeAttachment", "PriorityClass", "IngressClass", "RuntimeClass", "CertificateSigningRequest",
-    "FlowSchema", "PriorityLevelConfiguration", "IPAddress", "ServiceCIDR", "VolumeAttributesClass",
-    "ClusterTrustBundle", "StorageVersionMigration",
-})
+CLUSTER_SCOPED = frozenset(
+    {
+        "Namespace",
+        "Node",
+        "PersistentVolume",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "APIService",
+        "DeviceClass",
+        "ResourceSlice",
+        "DeviceTaintRule",
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+        "StorageClass",
+        "CSIDriver",
+        "CSINode",
+        "VolumeAttachment",
+        "PriorityClass",
+        "IngressClass",
+        "RuntimeClass",
+        "CertificateSigningRequest",
+        "FlowSchema",
+        "PriorityLevelConfiguration",
+        "IPAddress",
+        "ServiceCIDR",
+        "VolumeAttributesClass",
+        "ClusterTrustBundle",
+        "StorageVersionMigration",
+    }
+)
 # Name formats per kind (default: DNS-1123 subdomain).
 _NAME_RULE = {
     "Namespace": names.dns1123_label,
-    "Service": lambda v: names.dns1123_label(v) + ([] if not v or v[0].isalpha() else [
-        "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an "
-        "alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', "
-        "regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"]),
+    "Service": lambda v: (
+        names.dns1123_label(v)
+        + (
+            []
+            if not v or v[0].isalpha()
+            else [
+                "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an "
+                "alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', "
+                "regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"
+            ]
+        )
+    ),
     "Role": names.path_segment_name,
     "ClusterRole": names.path_segment_name,
     "RoleBinding": names.path_segment_name,
@@ -85,16 +119,23 @@ def _checker(group: str, version: str, kind: str) -> Check | None:
     return _compiler(k8s_version).definition(name)
 
 
-def validate_object(group: str, version: str, kind: str, obj: dict[str, Any],
-                    old: dict[str, Any] | None = None) -> list[FieldError]:
+def validate_object(
+    group: str, version: str, kind: str, obj: dict[str, Any], old: dict[str, Any] | None = None
+) -> list[FieldError]:
     """Every problem with a built-in object (create when `old` is None, update otherwise)."""
     if not isinstance(obj, dict):
         return [fe.FieldError(fe.TYPE_INVALID, "", "the body must be a JSON object", type(obj).__name__)]
     checker = _checker(group, version, kind)
     if checker is None:
         gv = f"{group}/{version}" if group else version
-        return [fe.FieldError(fe.NOT_SUPPORTED, "kind", f"no schema is known for kind {kind} in {gv}; "
-                              "custom resources are validated with their CRD schema", kind)]
+        return [
+            fe.FieldError(
+                fe.NOT_SUPPORTED,
+                "kind",
+                f"no schema is known for kind {kind} in {gv}; custom resources are validated with their CRD schema",
+                kind,
+            )
+        ]
     errors: list[FieldError] = []
     checker(obj, "", errors)
     meta = obj.get("metadata")
@@ -116,8 +157,14 @@ def _meta(obj: dict[str, Any] | None) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else {}
 
 
-def validate_metadata(kind: str, meta: dict[str, Any], errors: list[FieldError], *,
-                      old_meta: dict[str, Any] | None = None, namespaced: bool | None = None) -> None:
+def validate_metadata(
+    kind: str,
+    meta: dict[str, Any],
+    errors: list[FieldError],
+    *,
+    old_meta: dict[str, Any] | None = None,
+    namespaced: bool | None = None,
+) -> None:
     """ObjectMeta rules: name or generateName, name format, namespace, labels, annotations, finalizers,
     ownerReferences; on update, name/namespace/uid immutable."""
     rule = _NAME_RULE.get(kind, names.dns1123_subdomain)
@@ -167,8 +214,9 @@ def validate_metadata(kind: str, meta: dict[str, Any], errors: list[FieldError],
                     errors.append(fe.required(f"metadata.ownerReferences[{i}].{key}", f"{key} must not be empty"))
             controllers += owner.get("controller") is True
         if controllers > 1:
-            errors.append(fe.invalid("metadata.ownerReferences", owners,
-                                     "Only one reference can have Controller set to true."))
+            errors.append(
+                fe.invalid("metadata.ownerReferences", owners, "Only one reference can have Controller set to true.")
+            )
     if old_meta is not None:
         for key in ("name", "namespace", "uid"):
             before, after = old_meta.get(key), meta.get(key)
@@ -219,8 +267,9 @@ def _validate_crd_name(obj: dict[str, Any], errors: list[FieldError]) -> None:
         errors.append(fe.invalid("metadata.name", name, 'must be spec.names.plural+"."+spec.group'))
 
 
-def _validate_dra(version: str, kind: str, obj: dict[str, Any], old: dict[str, Any] | None,
-                  errors: list[FieldError]) -> None:
+def _validate_dra(
+    version: str, kind: str, obj: dict[str, Any], old: dict[str, Any] | None, errors: list[FieldError]
+) -> None:
     """The resource.k8s.io rules, run on the v1 shape (the real server's internal one), so that
     error paths name v1 fields whatever version was sent, as the real server's do."""
     v1 = obj if version == "v1" else _as_v1(obj)
@@ -235,8 +284,12 @@ def _validate_dra(version: str, kind: str, obj: dict[str, Any], old: dict[str, A
         status = v1.get("status")
         if isinstance(status, dict):
             old_status = (old_v1 or {}).get("status")
-            dra_claims.validate_claim_status(status, errors, known=dra_claims.request_names(spec or {}),
-                                             old_status=old_status if isinstance(old_status, dict) else None)
+            dra_claims.validate_claim_status(
+                status,
+                errors,
+                known=dra_claims.request_names(spec or {}),
+                old_status=old_status if isinstance(old_status, dict) else None,
+            )
     elif kind == "ResourceClaimTemplate" and spec is not None and old_v1 is None:
         inner = spec.get("spec")
         if isinstance(inner, dict):
@@ -317,8 +370,14 @@ def _custom_checker(schema: dict[str, Any]) -> Check:
     return check
 
 
-def validate_custom(openapi_v3_schema: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | None = None,
-                    *, kind: str = "", namespaced: bool | None = True) -> list[FieldError]:
+def validate_custom(
+    openapi_v3_schema: dict[str, Any],
+    obj: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    *,
+    kind: str = "",
+    namespaced: bool | None = True,
+) -> list[FieldError]:
     """Checks a custom resource against its CRD's structural schema (types, required, enum, bounds,
     lengths, pattern, list-type uniqueness, preserve-unknown-fields, additionalProperties) and its
     metadata. Unknown fields come back as UNKNOWN_FIELD errors (see `prune_unknown`)."""
@@ -328,8 +387,13 @@ def validate_custom(openapi_v3_schema: dict[str, Any], obj: dict[str, Any], old:
     _custom_checker(openapi_v3_schema)(obj, "", errors)
     cel_rules.check_rules(openapi_v3_schema, obj, old, "", errors)
     meta = obj.get("metadata")
-    validate_metadata(kind or str(obj.get("kind", "")), meta if isinstance(meta, dict) else {}, errors,
-                      old_meta=_meta(old), namespaced=namespaced)
+    validate_metadata(
+        kind or str(obj.get("kind", "")),
+        meta if isinstance(meta, dict) else {},
+        errors,
+        old_meta=_meta(old),
+        namespaced=namespaced,
+    )
     return errors
 
 
@@ -369,7 +433,7 @@ def _split_path(path: str) -> list[str | int]:
             if token:
                 parts.append(token)
             end = path.index("]", i)
-            inner = path[i + 1:end]
+            inner = path[i + 1 : end]
             parts.append(int(inner) if inner.isdigit() else inner)
             token = ""
             i = end

@@ -43,9 +43,7 @@ def convert(res: Resource, obj: dict[str, Any], version: str) -> dict[str, Any]:
     return out
 
 
-def validate(
-    res: Resource, version: str, obj: dict[str, Any], old: dict[str, Any] | None
-) -> list[Any]:
+def validate(res: Resource, version: str, obj: dict[str, Any], old: dict[str, Any] | None) -> list[Any]:
     """FieldErrors for `obj` in `version` (with `old` in the same version on update)."""
     validation = _module("validation")
     if validation is None:

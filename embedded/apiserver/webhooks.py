@@ -48,48 +48,83 @@ class WebhookAdmission:
 
     def may_apply(self, operation: str, res: Resource, version: str, subresource: str, namespaced: bool) -> bool:
         """Whether some webhook's rules name this write (cheap: the selectors and conditions come later)."""
-        return any(rule_matches(r, res, version, operation, subresource, namespaced)
-                   for _, config in self.store.items(CONFIGS) for hook in config.get("webhooks") or []
-                   for r in hook.get("rules") or [])
+        return any(
+            rule_matches(r, res, version, operation, subresource, namespaced)
+            for _, config in self.store.items(CONFIGS)
+            for hook in config.get("webhooks") or []
+            for r in hook.get("rules") or []
+        )
 
-    def matching(self, user: UserInfo, operation: str, res: Resource, version: str, subresource: str,
-                 namespace: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> list[dict[str, Any]]:
+    def matching(
+        self,
+        user: UserInfo,
+        operation: str,
+        res: Resource,
+        version: str,
+        subresource: str,
+        namespace: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+    ) -> list[dict[str, Any]]:
         """The webhooks to call, in configuration-name order; a matchCondition that fails to evaluate
         makes its webhook a failure (denial under Fail, skipped under Ignore), as upstream."""
         subject = obj if obj is not None else old or {}
         labels = (subject.get("metadata") or {}).get("labels") or {}
         ns_obj = self.store.get(("", "namespaces"), ("", namespace)) if namespace else None
-        env = {"object": obj, "oldObject": old, "request": review_request(user, operation, res, version, subresource,
-                                                                           namespace, subject, obj, old, False)}
+        env = {
+            "object": obj,
+            "oldObject": old,
+            "request": review_request(user, operation, res, version, subresource, namespace, subject, obj, old, False),
+        }
         chosen = []
         for _, config in sorted(self.store.items(CONFIGS), key=lambda kv: kv[0]):
             for hook in config.get("webhooks") or []:
-                if not any(rule_matches(r, res, version, operation, subresource, bool(namespace))
-                           for r in hook.get("rules") or []):
+                if not any(
+                    rule_matches(r, res, version, operation, subresource, bool(namespace))
+                    for r in hook.get("rules") or []
+                ):
                     continue
-                if namespace and not labels_match(hook.get("namespaceSelector"),
-                                                  ((ns_obj or {}).get("metadata") or {}).get("labels") or {}):
+                if namespace and not labels_match(
+                    hook.get("namespaceSelector"), ((ns_obj or {}).get("metadata") or {}).get("labels") or {}
+                ):
                     continue
                 if not labels_match(hook.get("objectSelector"), labels):
                     continue
                 try:
-                    if all(run_cel(c.get("expression", "false"), env) is True for c in hook.get("matchConditions") or []):
+                    if all(
+                        run_cel(c.get("expression", "false"), env) is True for c in hook.get("matchConditions") or []
+                    ):
                         chosen.append(hook)
                 except CelFailure as exc:
                     if hook.get("failurePolicy", "Fail") != "Ignore":
-                        raise errors.ApiError(500, "InternalError", f'Internal error occurred: failed calling webhook '
-                                              f'"{hook.get("name", "")}": matchCondition failed: {exc}') from None
+                        raise errors.ApiError(
+                            500,
+                            "InternalError",
+                            f"Internal error occurred: failed calling webhook "
+                            f'"{hook.get("name", "")}": matchCondition failed: {exc}',
+                        ) from None
         return chosen
 
-    async def admit(self, user: UserInfo, operation: str, res: Resource, version: str, subresource: str,
-                    namespace: str, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None,
-                    dry_run: bool) -> None:
+    async def admit(
+        self,
+        user: UserInfo,
+        operation: str,
+        res: Resource,
+        version: str,
+        subresource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+        dry_run: bool,
+    ) -> None:
         """Call every matching webhook, concurrently as upstream; the first refusal (in order) is raised."""
         hooks = self.matching(user, operation, res, version, subresource, namespace, obj, old)
         if not hooks:
             return
-        request = review_request(user, operation, res, version, subresource, namespace, {"metadata": {"name": name}},
-                                 obj, old, dry_run)
+        request = review_request(
+            user, operation, res, version, subresource, namespace, {"metadata": {"name": name}}, obj, old, dry_run
+        )
         outcomes = await asyncio.gather(*(self._call(hook, request) for hook in hooks))
         for refusal in outcomes:
             if refusal is not None:
@@ -104,13 +139,18 @@ class WebhookAdmission:
         except _CallFailed as exc:
             if hook.get("failurePolicy", "Fail") == "Ignore":
                 return None
-            return errors.ApiError(500, "InternalError",
-                                   f'Internal error occurred: failed calling webhook "{name}": {exc}')
+            return errors.ApiError(
+                500, "InternalError", f'Internal error occurred: failed calling webhook "{name}": {exc}'
+            )
         if response.get("uid") != uid:
             if hook.get("failurePolicy", "Fail") == "Ignore":
                 return None
-            return errors.ApiError(500, "InternalError", f'Internal error occurred: failed calling webhook "{name}": '
-                                   f'expected response.uid="{uid}", got "{response.get("uid")}"')
+            return errors.ApiError(
+                500,
+                "InternalError",
+                f'Internal error occurred: failed calling webhook "{name}": '
+                f'expected response.uid="{uid}", got "{response.get("uid")}"',
+            )
         if response.get("allowed") is True:
             return None
         found = response.get("status")
@@ -130,10 +170,13 @@ class WebhookAdmission:
             self._session = aiohttp.ClientSession()
         try:
             async with asyncio.timeout(timeout):
-                async with self._session.post(url, data=msgspec.json.encode(body),
-                                              headers={"Content-Type": "application/json"},
-                                              ssl=self._context(client.get("caBundle", "")),
-                                              server_hostname=server_name) as resp:
+                async with self._session.post(
+                    url,
+                    data=msgspec.json.encode(body),
+                    headers={"Content-Type": "application/json"},
+                    ssl=self._context(client.get("caBundle", "")),
+                    server_hostname=server_name,
+                ) as resp:
                     raw = await resp.read()
                     if resp.status != 200:
                         raise _CallFailed(f"failed to call webhook: the server responded with status {resp.status}")
@@ -184,14 +227,33 @@ class WebhookAdmission:
             self._session = None
 
 
-def review_request(user: UserInfo, operation: str, res: Resource, version: str, subresource: str, namespace: str,
-                   subject: dict[str, Any], obj: dict[str, Any] | None, old: dict[str, Any] | None,
-                   dry_run: bool) -> dict[str, Any]:
+def review_request(
+    user: UserInfo,
+    operation: str,
+    res: Resource,
+    version: str,
+    subresource: str,
+    namespace: str,
+    subject: dict[str, Any],
+    obj: dict[str, Any] | None,
+    old: dict[str, Any] | None,
+    dry_run: bool,
+) -> dict[str, Any]:
     """The AdmissionReview `request` (without its uid) for a write."""
     gvk = {"group": res.group, "version": version, "kind": res.kind}
     gvr = {"group": res.group, "version": version, "resource": res.plural}
-    return {"kind": gvk, "resource": gvr, "subResource": subresource, "requestKind": gvk, "requestResource": gvr,
-            "name": (subject.get("metadata") or {}).get("name", ""), "namespace": namespace,
-            "operation": operation, "userInfo": user.to_json(), "object": obj, "oldObject": old,
-            "dryRun": dry_run, "options": None}
-
+    return {
+        "kind": gvk,
+        "resource": gvr,
+        "subResource": subresource,
+        "requestKind": gvk,
+        "requestResource": gvr,
+        "name": (subject.get("metadata") or {}).get("name", ""),
+        "namespace": namespace,
+        "operation": operation,
+        "userInfo": user.to_json(),
+        "object": obj,
+        "oldObject": old,
+        "dryRun": dry_run,
+        "options": None,
+    }

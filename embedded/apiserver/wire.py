@@ -104,12 +104,12 @@ def fields(buf: bytes) -> list[tuple[int, int, Any]]:
             length, pos = read_varint(buf, pos)
             if pos + length > end:
                 raise WireError(f"field {num}: {length} bytes announced at byte {pos}, only {end - pos} left")
-            value, pos = buf[pos:pos + length], pos + length
+            value, pos = buf[pos : pos + length], pos + length
         elif wire in (FIXED64, FIXED32):
             width = 8 if wire == FIXED64 else 4
             if pos + width > end:
                 raise WireError(f"field {num}: truncated fixed-width value at byte {pos}")
-            value, pos = buf[pos:pos + width], pos + width
+            value, pos = buf[pos : pos + width], pos + width
         else:
             raise WireError(f"field {num}: wire type {wire} is not supported (groups are not proto3/k8s)")
         out.append((num, wire, value))

@@ -40,10 +40,15 @@ class Applier:
         return await self._call(path, "GET")
 
     async def _call(self, path: str, method: str, body: Any = None) -> Any:
-        return await self.api.call_api(path, method, body=body, header_params={"Content-Type": "application/json",
-                                                                              "Accept": "application/json"},
-                                       response_types_map={200: "object", 201: "object"},
-                                       auth_settings=["BearerToken"], _return_http_data_only=True)
+        return await self.api.call_api(
+            path,
+            method,
+            body=body,
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            response_types_map={200: "object", 201: "object"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+        )
 
     async def _kinds(self, api_version: str) -> dict[str, tuple[str, bool]]:
         if api_version not in self._resources:
@@ -54,7 +59,9 @@ class Applier:
                 raise ManifestError(f"the server does not serve {api_version} ({exc.status})") from exc
             self._resources[api_version] = {
                 r["kind"]: (r["name"], bool(r.get("namespaced")))
-                for r in listing.get("resources", []) if "/" not in r["name"]}
+                for r in listing.get("resources", [])
+                if "/" not in r["name"]
+            }
         return self._resources[api_version]
 
     def _base(self, api_version: str) -> str:
@@ -77,8 +84,9 @@ class Applier:
             return dict(await self._call(path, "POST", obj))
         except ApiException as exc:
             if exc.status != 409:
-                raise ManifestError(f"creating {obj['kind']} {obj.get('metadata', {}).get('name')}: "
-                                    f"{exc.status} {exc.body!r}") from exc
+                raise ManifestError(
+                    f"creating {obj['kind']} {obj.get('metadata', {}).get('name')}: {exc.status} {exc.body!r}"
+                ) from exc
             return None
 
     async def create(self, obj: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
@@ -91,8 +99,9 @@ class Applier:
         have changed since a data dir was made: the stored one must not keep rules that are gone)."""
         path = await self.path_for(obj, namespace)
         created = await self._post(path, obj)
-        return created if created is not None else dict(await self._call(f"{path}/{obj['metadata']['name']}", "PUT",
-                                                                         obj))
+        return (
+            created if created is not None else dict(await self._call(f"{path}/{obj['metadata']['name']}", "PUT", obj))
+        )
 
     async def apply_file(self, path: Path, namespace: str = "default") -> list[dict[str, Any]]:
         return [await self.create(doc, namespace) for doc in load_documents(path)]

@@ -18,62 +18,124 @@ from shared.natsusers import check_node
 # identity (a user per service; with --nats-url, up's own as given), the log format (json, into the log files),
 # the metrics port (one each after --metrics-port) and the feature gates (with those the flags imply). Every other
 # common setting reaches every service as up got it (flag or environment): SHARED_SETTINGS.
-NATS_IDENTITY = ("nats_user", "nats_password", "nats_creds", "nats_token_file", "nats_tls_ca", "nats_tls_cert",
-                 "nats_tls_key")
+NATS_IDENTITY = (
+    "nats_user",
+    "nats_password",
+    "nats_creds",
+    "nats_token_file",
+    "nats_tls_ca",
+    "nats_tls_cert",
+    "nats_tls_key",
+)
 PER_SERVICE = frozenset({"nats_url", "log_format", "metrics_port", "feature_gates", *NATS_IDENTITY})
 SHARED_SETTINGS = tuple(f.name for f in msgspec.structs.fields(CommonConfig) if f.name not in PER_SERVICE)
 
 
-
 class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     nodes: Annotated[int, msgspec.Meta(ge=1, description="simulated GPU nodes")] = 2
-    gpus: Annotated[str, msgspec.Meta(description=(
-        "the simulated GPUs of every node: <profile>x<count>[:mig][,clique=N] joined by '+' for one node "
-        "(h100x4+l40sx2), SPEC;SPEC;... one per node (cycled); clique=N sets the NVLink clique "
-        f"(gb200x4:clique=7); profiles: {', '.join(profiles.choices())}"))] = "h100x8"
-    machine: Annotated[str, msgspec.Meta(description=(
-        "YAML machine file (docs/discovery.md) for every node, instead of --gpus"))] = ""
-    kubeconfig: Annotated[str, msgspec.Meta(description=(
-        "where to write the admin kubeconfig; empty: <data-dir>/kubeconfig"))] = ""
-    data_dir: Annotated[str, msgspec.Meta(description=(
-        "all state (API objects, logs, node dirs); run again on it to resume; empty: a temp dir removed "
-        "on exit"))] = ""
-    node_prefix: Annotated[str, msgspec.Meta(description=(
-        "node names are <prefix><index>: lowercase letters, digits and '-'"))] = "gpu-node-"
-    node_config: Annotated[str, msgspec.Meta(description=(
-        "a NodeConfig YAML file (examples/node-config/, docs/sharing.md), created (or replaced) as the "
-        "NodeConfig object of its name, which the publisher watches: how each GPU is shared (exclusive, "
-        "timeSlicing, mpsShares, shares); `kubectl apply` changes it live. Empty: no NodeConfig is made"))] = ""
-    dynamic_mig: Annotated[bool, msgspec.Meta(description=(
-        "publish MIG-capable GPUs as partitionable devices with counters (the publisher's --mig-mode dynamic)"
-    ))] = False
-    compute_domains: Annotated[bool, msgspec.Meta(description=(
-        "run a ComputeDomain agent (simulated IMEX daemon) on every node"))] = True
-    passthrough: Annotated[bool, msgspec.Meta(description=(
-        "offer every GPU without MIG for VFIO passthrough too (class vfio.gpu.nvidia.com; the publisher's "
-        "--passthrough): a prepare moves the simulated GPU to vfio-pci in the node's fake sysfs"))] = False
-    nvlink_partitions: Annotated[bool, msgspec.Meta(description=(
-        "run each node's discovery with --fabric-manager-partitions: a simulated Fabric Manager offers the HGX "
-        "partition table, GPUs publish partition<N> attributes, and a claim's partition is activated on "
-        "prepare (docs/nvlink-partitions.md)"))] = False
-    start_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
-        "seconds each start step (a node's inventory, a node Ready) may take"))] = 90.0
-    runtime: Annotated[str, msgspec.Meta(description=(
-        "sandbox: each container's command runs under bubblewrap (read-only host root, no network, own PID "
-        "namespace; logs, exits, restarts); none: containers are not executed, pods only show Running"))] = "sandbox"
-    dashboard: Annotated[bool, msgspec.Meta(description=(
-        "serve the live fleet page (gpu-dra dashboard, --auth none) and print its URL"))] = True
-    dashboard_port: Annotated[int, msgspec.Meta(ge=0, le=65535, description=(
-        "the fleet page's port on 127.0.0.1; 0: a free one"))] = 0
-    restart_backoff: Annotated[float, msgspec.Meta(gt=0, description=(
-        "seconds before a failed container's first restart (doubling up to 300, as the kubelet)"))] = 10.0
+    gpus: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "the simulated GPUs of every node: <profile>x<count>[:mig][,clique=N] joined by '+' for one node "
+                "(h100x4+l40sx2), SPEC;SPEC;... one per node (cycled); clique=N sets the NVLink clique "
+                f"(gb200x4:clique=7); profiles: {', '.join(profiles.choices())}"
+            )
+        ),
+    ] = "h100x8"
+    machine: Annotated[
+        str, msgspec.Meta(description=("YAML machine file (docs/discovery.md) for every node, instead of --gpus"))
+    ] = ""
+    kubeconfig: Annotated[
+        str, msgspec.Meta(description=("where to write the admin kubeconfig; empty: <data-dir>/kubeconfig"))
+    ] = ""
+    data_dir: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "all state (API objects, logs, node dirs); run again on it to resume; empty: a temp dir removed on exit"
+            )
+        ),
+    ] = ""
+    node_prefix: Annotated[
+        str, msgspec.Meta(description=("node names are <prefix><index>: lowercase letters, digits and '-'"))
+    ] = "gpu-node-"
+    node_config: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "a NodeConfig YAML file (examples/node-config/, docs/sharing.md), created (or replaced) as the "
+                "NodeConfig object of its name, which the publisher watches: how each GPU is shared (exclusive, "
+                "timeSlicing, mpsShares, shares); `kubectl apply` changes it live. Empty: no NodeConfig is made"
+            )
+        ),
+    ] = ""
+    dynamic_mig: Annotated[
+        bool,
+        msgspec.Meta(
+            description=(
+                "publish MIG-capable GPUs as partitionable devices with counters (the publisher's --mig-mode dynamic)"
+            )
+        ),
+    ] = False
+    compute_domains: Annotated[
+        bool, msgspec.Meta(description=("run a ComputeDomain agent (simulated IMEX daemon) on every node"))
+    ] = True
+    passthrough: Annotated[
+        bool,
+        msgspec.Meta(
+            description=(
+                "offer every GPU without MIG for VFIO passthrough too (class vfio.gpu.nvidia.com; the publisher's "
+                "--passthrough): a prepare moves the simulated GPU to vfio-pci in the node's fake sysfs"
+            )
+        ),
+    ] = False
+    nvlink_partitions: Annotated[
+        bool,
+        msgspec.Meta(
+            description=(
+                "run each node's discovery with --fabric-manager-partitions: a simulated Fabric Manager offers the HGX "
+                "partition table, GPUs publish partition<N> attributes, and a claim's partition is activated on "
+                "prepare (docs/nvlink-partitions.md)"
+            )
+        ),
+    ] = False
+    start_timeout: Annotated[
+        float, msgspec.Meta(gt=0, description=("seconds each start step (a node's inventory, a node Ready) may take"))
+    ] = 90.0
+    runtime: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "sandbox: each container's command runs under bubblewrap (read-only host root, no network, own PID "
+                "namespace; logs, exits, restarts); none: containers are not executed, pods only show Running"
+            )
+        ),
+    ] = "sandbox"
+    dashboard: Annotated[
+        bool, msgspec.Meta(description=("serve the live fleet page (gpu-dra dashboard, --auth none) and print its URL"))
+    ] = True
+    dashboard_port: Annotated[
+        int, msgspec.Meta(ge=0, le=65535, description=("the fleet page's port on 127.0.0.1; 0: a free one"))
+    ] = 0
+    restart_backoff: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0, description=("seconds before a failed container's first restart (doubling up to 300, as the kubelet)")
+        ),
+    ] = 10.0
 
     def implied_gates(self) -> list[str]:
         """The gates the cluster's flags need: --passthrough PassthroughSupport, --nvlink-partitions
         FabricManagerPartitioning."""
-        return [gate for gate, wanted in ((featuregates.PASSTHROUGH_SUPPORT, self.passthrough),
-                                          (featuregates.FABRIC_MANAGER_PARTITIONING, self.nvlink_partitions))
-                if wanted]
+        return [
+            gate
+            for gate, wanted in (
+                (featuregates.PASSTHROUGH_SUPPORT, self.passthrough),
+                (featuregates.FABRIC_MANAGER_PARTITIONING, self.nvlink_partitions),
+            )
+            if wanted
+        ]
 
     def gate_setting(self) -> str:
         """The --feature-gates every service gets: the cluster's, with the gates its flags need turned on."""
@@ -91,8 +153,10 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
             try:
                 check_node(f"{self.node_prefix}{index}")
             except ValueError as exc:
-                raise ValueError(f"--node-prefix {self.node_prefix!r} makes node names a NATS user cannot be "
-                                 f"named after ({exc}); use lowercase letters, digits and '-'") from None
+                raise ValueError(
+                    f"--node-prefix {self.node_prefix!r} makes node names a NATS user cannot be "
+                    f"named after ({exc}); use lowercase letters, digits and '-'"
+                ) from None
         if self.machine and not Path(self.machine).is_file():
             raise ValueError(f"--machine {self.machine!r} is not a file; give a YAML machine file (docs/discovery.md)")
         if not self.machine:
@@ -103,8 +167,10 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
                     raise ValueError(f"--gpus {spec!r}: {exc}") from None
         for gate in self.implied_gates():
             if self.gates.overrides.get(gate) is False:
-                raise ValueError(f"--passthrough and --nvlink-partitions need their feature gates; the "
-                                 f"--feature-gates setting turns {gate} off")
+                raise ValueError(
+                    f"--passthrough and --nvlink-partitions need their feature gates; the "
+                    f"--feature-gates setting turns {gate} off"
+                )
         if self.node_config:
             try:
                 nodeconfig.load(self.node_config)
@@ -120,6 +186,9 @@ def publisher_argv(cfg: ClusterConfig) -> list[str]:
     while /version says 1.34, so dynamic MIG and passthrough (counters too) name the layout, not derive it."""
     passthrough = ["--passthrough", "--counter-layout", "counters-only-slice"] if cfg.passthrough else []
     if cfg.dynamic_mig:
-        return ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice", "--passthrough"
-                ] if cfg.passthrough else ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice"]
+        return (
+            ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice", "--passthrough"]
+            if cfg.passthrough
+            else ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice"]
+        )
     return ["publisher", "--mig-mode", "static", *passthrough]

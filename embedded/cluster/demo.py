@@ -44,14 +44,21 @@ gpus:
 
 
 class DemoConfig(ClusterConfig, kw_only=True, forbid_unknown_fields=True):
-    workloads: Annotated[str, msgspec.Meta(description=(
-        "a folder of manifests to apply; empty: examples/workloads"))] = ""
-    wait_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
-        "seconds for every sample pod to run"))] = 120.0
-    log_timeout: Annotated[float, msgspec.Meta(gt=0, description=(
-        "seconds for every container's log to show its devices and sharing"))] = 20.0
-    keep: Annotated[bool, msgspec.Meta(description=(
-        "leave the cluster up after the checks (fleet page, kubectl, gpu-dra events tail) until Ctrl-C"))] = False
+    workloads: Annotated[
+        str, msgspec.Meta(description=("a folder of manifests to apply; empty: examples/workloads"))
+    ] = ""
+    wait_timeout: Annotated[float, msgspec.Meta(gt=0, description=("seconds for every sample pod to run"))] = 120.0
+    log_timeout: Annotated[
+        float, msgspec.Meta(gt=0, description=("seconds for every container's log to show its devices and sharing"))
+    ] = 20.0
+    keep: Annotated[
+        bool,
+        msgspec.Meta(
+            description=(
+                "leave the cluster up after the checks (fleet page, kubectl, gpu-dra events tail) until Ctrl-C"
+            )
+        ),
+    ] = False
 
 
 NEXT_STEPS = """\
@@ -75,7 +82,8 @@ async def _why_not_running(api: client.ApiClient, pod: dict[str, Any]) -> str:
     """The kubelet's last FailedPrepareDynamicResources message for the pod, else its conditions' message."""
     meta = pod["metadata"]
     events = await client.CoreV1Api(api).list_namespaced_event(
-        meta["namespace"], field_selector=f"involvedObject.uid={meta['uid']},reason=FailedPrepareDynamicResources")
+        meta["namespace"], field_selector=f"involvedObject.uid={meta['uid']},reason=FailedPrepareDynamicResources"
+    )
     if events.items:
         return str(max(events.items, key=lambda e: str(e.last_timestamp or "")).message)
     conds = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
@@ -96,8 +104,9 @@ async def wait_for_pods(api: client.ApiClient, namespaces: set[str], timeout: fl
             return pods
         w = watch.Watch()
         async with w:
-            async for _ in w.stream(client.CoreV1Api(api).list_pod_for_all_namespaces,
-                                    timeout_seconds=max(1, int(min(left, 5)))):
+            async for _ in w.stream(
+                client.CoreV1Api(api).list_pod_for_all_namespaces, timeout_seconds=max(1, int(min(left, 5)))
+            ):
                 break  # something changed: look again
 
 
@@ -143,9 +152,16 @@ async def print_table(api: client.ApiClient, pods: list[dict[str, Any]]) -> None
         name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
         for container, got in sorted(edits.items()):
             devices = got.get("devices") or []
-            rows.append((name, container, pod["spec"].get("nodeName", ""),
-                         " ".join(d.split("/", 1)[1] for d in devices),
-                         " ".join(uuids.get(d, "?")[:12] for d in devices), sharing))
+            rows.append(
+                (
+                    name,
+                    container,
+                    pod["spec"].get("nodeName", ""),
+                    " ".join(d.split("/", 1)[1] for d in devices),
+                    " ".join(uuids.get(d, "?")[:12] for d in devices),
+                    sharing,
+                )
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
@@ -188,8 +204,11 @@ async def check_logs(api: client.ApiClient, pods: list[dict[str, Any]], timeout:
         log = await _log(api, namespace, name, want.container)  # once more: lines after the last expected one
         return Checked(want, log, want.mismatches(log))
 
-    wanted = [w for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
-              for w in democheck.expected(pod, claims[pod["metadata"]["namespace"]], devices)]
+    wanted = [
+        w
+        for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+        for w in democheck.expected(pod, claims[pod["metadata"]["namespace"]], devices)
+    ]
     return list(await asyncio.gather(*(one(w) for w in wanted)))
 
 
@@ -197,10 +216,11 @@ def print_checked(checked: list[Checked], lines: int = 4) -> None:
     """Each container's first log lines, as `kubectl logs POD -c CONTAINER | head` shows them, and the verdict."""
     for c in checked:
         namespace, name = c.expected.pod.split("/", 1)
-        verdict = "names exactly its devices" + (f" and {', '.join(c.expected.sharing)}" if c.expected.sharing
-                                                 else "")
-        print(f"  kubectl logs -n {namespace} {name} -c {c.expected.container}:   "
-              f"{'MISMATCH' if c.wrong else 'ok: ' + verdict}")
+        verdict = "names exactly its devices" + (f" and {', '.join(c.expected.sharing)}" if c.expected.sharing else "")
+        print(
+            f"  kubectl logs -n {namespace} {name} -c {c.expected.container}:   "
+            f"{'MISMATCH' if c.wrong else 'ok: ' + verdict}"
+        )
         for line in c.log.splitlines()[:lines] or ["(no output)"]:
             print(f"    {line}")
         for why in c.wrong:
@@ -265,8 +285,10 @@ async def _demo(cfg: DemoConfig) -> int:
             for line in failures:
                 print(f"  {line}", file=sys.stderr)
         else:
-            print(f"\ndemo ok: {len(pods)} pods ran; {len(checked)} container logs name exactly their allocated "
-                  "GPUs, MIG devices and sharing")
+            print(
+                f"\ndemo ok: {len(pods)} pods ran; {len(checked)} container logs name exactly their allocated "
+                "GPUs, MIG devices and sharing"
+            )
         print(f"\n{NEXT_STEPS}")
         if cfg.keep:
             code = await serve_until_stopped(cluster, ["", *ready_lines(cluster)])

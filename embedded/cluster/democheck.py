@@ -46,8 +46,10 @@ class Expected:
             if mode.startswith("TimeSlicing:"):
                 interval = mode.split(":", 1)[1]
                 if not _time_slice(interval).search(log):
-                    missing.append(f"no 'Time Slice Interval : {interval}' line, though the claim's config "
-                                   f"asks for time-slicing with interval {interval}")
+                    missing.append(
+                        f"no 'Time Slice Interval : {interval}' line, though the claim's config "
+                        f"asks for time-slicing with interval {interval}"
+                    )
         return missing
 
     def mismatches(self, log: str) -> list[str]:
@@ -72,16 +74,22 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], 
         if spec.get("driver") != DRIVER:
             continue
         for device in spec.get("devices") or []:
-            attrs = {k.removeprefix(f"{DRIVER}/"): str(v["string"])
-                     for k, v in (device.get("attributes") or {}).items() if "string" in (v or {})}
+            attrs = {
+                k.removeprefix(f"{DRIVER}/"): str(v["string"])
+                for k, v in (device.get("attributes") or {}).items()
+                if "string" in (v or {})
+            }
             out[(spec["pool"]["name"], device["name"])] = attrs
     return out
 
 
 def claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
     """The pod's claim entry name -> the ResourceClaim's name (a template's generated claim from the status)."""
-    names = {e["name"]: e["resourceClaimName"] for e in (pod.get("spec") or {}).get("resourceClaims") or []
-             if e.get("resourceClaimName")}
+    names = {
+        e["name"]: e["resourceClaimName"]
+        for e in (pod.get("spec") or {}).get("resourceClaims") or []
+        if e.get("resourceClaimName")
+    }
     for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
         if status.get("resourceClaimName"):
             names[status["name"]] = status["resourceClaimName"]
@@ -108,8 +116,11 @@ def _sharing(claim: Mapping[str, Any], request: str) -> list[str]:
     return modes
 
 
-def expected(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
-             devices: Mapping[tuple[str, str], Mapping[str, str]]) -> list[Expected]:
+def expected(
+    pod: Mapping[str, Any],
+    claims: Mapping[str, Mapping[str, Any]],
+    devices: Mapping[tuple[str, str], Mapping[str, str]],
+) -> list[Expected]:
     """Per container of `pod`, what its log must show; `claims` by name, in the pod's namespace. A device the
     slices do not describe is expected by a placeholder UUID, so that the log cannot match it."""
     meta = pod["metadata"]
@@ -134,6 +145,13 @@ def expected(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
                     gpus.add(uuid)
                 sharing += [m for m in _sharing(claim, result.get("request", "")) if m not in sharing]
         if gpus or migs:
-            out.append(Expected(f"{meta['namespace']}/{meta['name']}", container["name"], frozenset(gpus),
-                                frozenset(migs), tuple(sharing)))
+            out.append(
+                Expected(
+                    f"{meta['namespace']}/{meta['name']}",
+                    container["name"],
+                    frozenset(gpus),
+                    frozenset(migs),
+                    tuple(sharing),
+                )
+            )
     return out

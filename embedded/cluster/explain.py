@@ -60,16 +60,19 @@ def _allocation_lines(claim: Obj) -> list[str]:
         admin = " (admin access)" if r.get("adminAccess") else ""
         consumed = ", ".join(f"{k} {v}" for k, v in (r.get("consumedCapacity") or {}).items())
         share = f" (share {r['shareID']}{': ' + consumed if consumed else ''})" if r.get("shareID") else ""
-        lines.append(f"  request {r.get('request')}: {r.get('driver')} pool {r.get('pool')} device {r.get('device')}"
-                     f"{admin}{share}")
+        lines.append(
+            f"  request {r.get('request')}: {r.get('driver')} pool {r.get('pool')} device {r.get('device')}"
+            f"{admin}{share}"
+        )
     users = [f"{r.get('resource')}/{r.get('name')}" for r in status.get("reservedFor") or []]
     lines.append(f"  reserved for: {', '.join(users) if users else 'nobody (it will be freed)'}")
     return lines
 
 
 def _taints(taints: list[Obj] | None) -> str:
-    return ", ".join(f"{t.get('key')}{'=' + str(t['value']) if t.get('value') else ''}:{t.get('effect')}"
-                     for t in taints or [])
+    return ", ".join(
+        f"{t.get('key')}{'=' + str(t['value']) if t.get('value') else ''}:{t.get('effect')}" for t in taints or []
+    )
 
 
 def _device_taints(state: ClusterState, claim: Obj) -> dict[str, str]:
@@ -89,14 +92,16 @@ def _device_taints(state: ClusterState, claim: Obj) -> dict[str, str]:
 def _prepare_lines(state: ClusterState, pod: Obj, node: str, claims: list[Obj], events: list[Obj]) -> list[str]:
     """Why a bound pod is not running: the prepare failure the kubelet reported, the devices, the node."""
     uid = pod["metadata"].get("uid")
-    failures = [e for e in events if e.get("reason") == FAILED_PREPARE
-                and (e.get("involvedObject") or {}).get("uid") == uid]
+    failures = [
+        e for e in events if e.get("reason") == FAILED_PREPARE and (e.get("involvedObject") or {}).get("uid") == uid
+    ]
     lines: list[str] = []
     if failures:
         last = max(failures, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
         count = sum(int(e.get("count") or 1) for e in failures)
-        lines.append(f"prepare on node {node} failed ({count}x, last at {last.get('lastTimestamp')}): "
-                     f"{last.get('message')}")
+        lines.append(
+            f"prepare on node {node} failed ({count}x, last at {last.get('lastTimestamp')}): {last.get('message')}"
+        )
     else:
         lines.append(f"waiting for the kubelet on node {node} to prepare the claims (no failure reported)")
     for claim in claims:
@@ -107,15 +112,22 @@ def _prepare_lines(state: ClusterState, pod: Obj, node: str, claims: list[Obj], 
         lines.append(f"node {node}: not found (deleted?)")
         return lines
     ready = next((c for c in (node_obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
-    health = (f"Ready={ready.get('status')}" + (f" ({ready.get('reason')}: {ready.get('message')})"
-                                                 if ready.get("status") != "True" else "")) if ready else "no Ready condition"
+    health = (
+        (
+            f"Ready={ready.get('status')}"
+            + (f" ({ready.get('reason')}: {ready.get('message')})" if ready.get("status") != "True" else "")
+        )
+        if ready
+        else "no Ready condition"
+    )
     taints = _taints((node_obj.get("spec") or {}).get("taints"))
     lines.append(f"node {node}: {health}" + (f"; taints: {taints}" if taints else ""))
     return lines
 
 
-def explain_pod(state: ClusterState, namespace: str, name: str, events: list[Obj] | None = None,
-                index: SliceIndex | None = None) -> str:
+def explain_pod(
+    state: ClusterState, namespace: str, name: str, events: list[Obj] | None = None, index: SliceIndex | None = None
+) -> str:
     pod = state.get(PODS, namespace, name)
     if pod is None:
         raise NotFound(f"pod {namespace}/{name} not found")
@@ -155,8 +167,15 @@ def explain_claim(state: ClusterState, namespace: str, name: str, index: SliceIn
         raise NotFound(f"resourceclaim {namespace}/{name} not found")
     lines = _allocation_lines(claim)
     if not (claim.get("status") or {}).get("allocation"):
-        outcome = schedule([claim], state.classes(), index or SliceIndex(state.values_slices()), state.allocated,
-                           state.values(NODES), admin_namespaces=state.admin_namespaces(), all_nodes=True)
+        outcome = schedule(
+            [claim],
+            state.classes(),
+            index or SliceIndex(state.values_slices()),
+            state.allocated,
+            state.values(NODES),
+            admin_namespaces=state.admin_namespaces(),
+            all_nodes=True,
+        )
         lines.append(report_text(outcome.reports, outcome.problems))
     return "\n".join(lines)
 
@@ -179,21 +198,23 @@ def _asks(claims: list[Obj]) -> str:
             texts = []
             for option in options:
                 count = "all" if option.get("allocationMode") == "All" else str(option.get("count") or 1)
-                where = " and ".join(str((sel.get("cel") or {}).get("expression") or "")
-                                     for sel in option.get("selectors") or [])
+                where = " and ".join(
+                    str((sel.get("cel") or {}).get("expression") or "") for sel in option.get("selectors") or []
+                )
                 texts.append(f"{count} x {option.get('deviceClassName')}" + (f" where {where}" if where else ""))
             parts.append(" or ".join(texts))
     return "; ".join(parts)
 
 
 def _shortfall(reports: list[NodeReport]) -> str:
-    """"not enough capacity: ..." when on every node some request has fewer eligible devices than it wants."""
+    """ "not enough capacity: ..." when on every node some request has fewer eligible devices than it wants."""
     worst: RequestReport | None = None
     for report in reports:
         if report.fits:
             return ""
-        short = [r for r in report.failed_requests() if not r.error and r.wanted.isdigit()
-                 and r.eligible < int(r.wanted)]
+        short = [
+            r for r in report.failed_requests() if not r.error and r.wanted.isdigit() and r.eligible < int(r.wanted)
+        ]
         if not short:
             return ""
         best = max(short, key=lambda r: r.eligible)
@@ -202,9 +223,10 @@ def _shortfall(reports: list[NodeReport]) -> str:
     if worst is None:
         return ""
     why = "; ".join(f"{r.count} {r.reason}" for r in worst.rejections[:2])
-    return (f"not enough capacity: claim {worst.claim} request {worst.request} wants {worst.wanted} "
-            f"{worst.device_class}, no node has more than {worst.eligible} that it can have"
-            + (f" ({why})" if why else ""))
+    return (
+        f"not enough capacity: claim {worst.claim} request {worst.request} wants {worst.wanted} "
+        f"{worst.device_class}, no node has more than {worst.eligible} that it can have" + (f" ({why})" if why else "")
+    )
 
 
 def waiting_pod(state: ClusterState, namespace: str, name: str, index: SliceIndex | None = None) -> Waiting:
@@ -243,11 +265,22 @@ async def load_pod(kube: Kube, namespace: str, name: str) -> tuple[ClusterState,
         raise
     uid = (pod.get("metadata") or {}).get("uid")
     (claims, _), (slices, _), (nodes, _), (classes, _), ns, (events, _) = await asyncio.gather(
-        kube.list(RESOURCECLAIMS), kube.list(RESOURCESLICES), kube.list(NODES), kube.list(DEVICECLASSES),
-        kube.get(NAMESPACES, None, namespace), kube.list(EVENTS, namespace, field_selector=f"involvedObject.uid={uid}"))
+        kube.list(RESOURCECLAIMS),
+        kube.list(RESOURCESLICES),
+        kube.list(NODES),
+        kube.list(DEVICECLASSES),
+        kube.get(NAMESPACES, None, namespace),
+        kube.list(EVENTS, namespace, field_selector=f"involvedObject.uid={uid}"),
+    )
     state = ClusterState()
-    for res, items in ((PODS, [pod]), (RESOURCECLAIMS, claims), (RESOURCESLICES, slices), (NODES, nodes),
-                       (DEVICECLASSES, classes), (NAMESPACES, [ns])):
+    for res, items in (
+        (PODS, [pod]),
+        (RESOURCECLAIMS, claims),
+        (RESOURCESLICES, slices),
+        (NODES, nodes),
+        (DEVICECLASSES, classes),
+        (NAMESPACES, [ns]),
+    ):
         state.replace_all(res, items)
     return state, events
 

@@ -57,43 +57,57 @@ def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> dict[str
 
 _READ = ["get", "list", "watch"]
 _WRITE = ["create", "update", "patch", "delete"]
-_EVENTS = [_rule([""], ["events"], ["create", "patch", "update"]),
-           _rule(["events.k8s.io"], ["events"], ["create", "patch", "update"])]
+_EVENTS = [
+    _rule([""], ["events"], ["create", "patch", "update"]),
+    _rule(["events.k8s.io"], ["events"], ["create", "patch", "update"]),
+]
 
 # What upstream grants its own components, cut to what the embedded ones touch.
 EMBEDDED_ROLES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     # system:kube-scheduler + the DRA rules of its bootstrap policy
-    "gpu-dra:embedded-scheduler": ([
-        _rule([""], ["pods"], [*_READ, "delete"]),
-        _rule([""], ["pods/binding"], ["create"]),
-        _rule([""], ["pods/status"], ["patch", "update"]),
-        _rule([""], ["nodes", "namespaces"], _READ),
-        _rule(["resource.k8s.io"], ["resourceclaims"], [*_READ, *_WRITE]),
-        _rule(["resource.k8s.io"], ["resourceclaims/status"], ["patch", "update"]),
-        _rule(["resource.k8s.io"], ["resourceslices", "deviceclasses", "resourceclaimtemplates"], _READ),
-        _rule(["coordination.k8s.io"], ["leases"], [*_READ, *_WRITE]),
-        *_EVENTS,
-    ], [{"kind": "ServiceAccount", "name": SCHEDULER.name, "namespace": SCHEDULER.namespace}]),
+    "gpu-dra:embedded-scheduler": (
+        [
+            _rule([""], ["pods"], [*_READ, "delete"]),
+            _rule([""], ["pods/binding"], ["create"]),
+            _rule([""], ["pods/status"], ["patch", "update"]),
+            _rule([""], ["nodes", "namespaces"], _READ),
+            _rule(["resource.k8s.io"], ["resourceclaims"], [*_READ, *_WRITE]),
+            _rule(["resource.k8s.io"], ["resourceclaims/status"], ["patch", "update"]),
+            _rule(["resource.k8s.io"], ["resourceslices", "deviceclasses", "resourceclaimtemplates"], _READ),
+            _rule(["coordination.k8s.io"], ["leases"], [*_READ, *_WRITE]),
+            *_EVENTS,
+        ],
+        [{"kind": "ServiceAccount", "name": SCHEDULER.name, "namespace": SCHEDULER.namespace}],
+    ),
     # kube-controller-manager's deployment, replicaset and job controllers
-    "gpu-dra:embedded-workload-controllers": ([
-        _rule(["apps"], ["deployments", "replicasets"], [*_READ, *_WRITE]),
-        _rule(["apps"], ["deployments/status", "replicasets/status", "deployments/finalizers",
-                         "replicasets/finalizers"], ["update", "patch"]),
-        _rule(["batch"], ["jobs"], [*_READ, *_WRITE]),
-        _rule(["batch"], ["jobs/status", "jobs/finalizers"], ["update", "patch"]),
-        _rule([""], ["pods"], [*_READ, *_WRITE]),
-        _rule(["coordination.k8s.io"], ["leases"], [*_READ, *_WRITE]),
-        *_EVENTS,
-    ], [{"kind": "ServiceAccount", "name": WORKLOAD_CONTROLLERS.name, "namespace": WORKLOAD_CONTROLLERS.namespace}]),
+    "gpu-dra:embedded-workload-controllers": (
+        [
+            _rule(["apps"], ["deployments", "replicasets"], [*_READ, *_WRITE]),
+            _rule(
+                ["apps"],
+                ["deployments/status", "replicasets/status", "deployments/finalizers", "replicasets/finalizers"],
+                ["update", "patch"],
+            ),
+            _rule(["batch"], ["jobs"], [*_READ, *_WRITE]),
+            _rule(["batch"], ["jobs/status", "jobs/finalizers"], ["update", "patch"]),
+            _rule([""], ["pods"], [*_READ, *_WRITE]),
+            _rule(["coordination.k8s.io"], ["leases"], [*_READ, *_WRITE]),
+            *_EVENTS,
+        ],
+        [{"kind": "ServiceAccount", "name": WORKLOAD_CONTROLLERS.name, "namespace": WORKLOAD_CONTROLLERS.namespace}],
+    ),
     # system:node's rules on what the Node authorizer does not subdivide (embedded/apiserver/nodeauthz.py):
     # nodes, pods, leases, ResourceSlices, ResourceClaims, secrets, configmaps and tokens are granted by it
     # alone, for the kubelet's own node, so that no rule here grants them again for every node
-    "gpu-dra:embedded-kubelet": ([
-        _rule([""], ["services"], _READ),
-        _rule(["authentication.k8s.io"], ["tokenreviews"], ["create"]),
-        _rule(["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
-        *_EVENTS,
-    ], [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": "system:nodes"}]),
+    "gpu-dra:embedded-kubelet": (
+        [
+            _rule([""], ["services"], _READ),
+            _rule(["authentication.k8s.io"], ["tokenreviews"], ["create"]),
+            _rule(["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
+            *_EVENTS,
+        ],
+        [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": "system:nodes"}],
+    ),
 }
 
 
@@ -101,13 +115,21 @@ def embedded_rbac() -> list[dict[str, Any]]:
     """ServiceAccounts, ClusterRoles and ClusterRoleBindings of the embedded components."""
     objects: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa.name, "namespace": sa.namespace}}
-        for sa in (SCHEDULER, WORKLOAD_CONTROLLERS)]
+        for sa in (SCHEDULER, WORKLOAD_CONTROLLERS)
+    ]
     for name, (rules, subjects) in EMBEDDED_ROLES.items():
-        objects.append({"apiVersion": f"{RBAC_GROUP}/v1", "kind": "ClusterRole", "metadata": {"name": name},
-                        "rules": rules})
-        objects.append({"apiVersion": f"{RBAC_GROUP}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
-                        "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": name},
-                        "subjects": subjects})
+        objects.append(
+            {"apiVersion": f"{RBAC_GROUP}/v1", "kind": "ClusterRole", "metadata": {"name": name}, "rules": rules}
+        )
+        objects.append(
+            {
+                "apiVersion": f"{RBAC_GROUP}/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": name},
+                "subjects": subjects,
+            }
+        )
     return objects
 
 
@@ -162,18 +184,22 @@ async def install(api: client.ApiClient, namespace: str = "gpu-dra") -> None:
 async def service_account_token(api: client.ApiClient, sa: ServiceAccount) -> str:
     """A token for `sa` from the TokenRequest API, as `kubectl create token` gets one."""
     request = client.AuthenticationV1TokenRequest(
-        api_version="authentication.k8s.io/v1", kind="TokenRequest",
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=TOKEN_SECONDS))
+        api_version="authentication.k8s.io/v1",
+        kind="TokenRequest",
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=TOKEN_SECONDS),
+    )
     issued = await client.CoreV1Api(api).create_namespaced_service_account_token(sa.name, sa.namespace, request)
     return str(issued.status.token)
 
 
 async def write_kubeconfig(admin_kubeconfig: Path, token: str, path: Path) -> Path:
     """The admin's kubeconfig (server, CA) with another identity's token, written 0600."""
+
     def build() -> Path:
         config = yaml.safe_load(admin_kubeconfig.read_text())
         for user in config.get("users") or []:
             user["user"] = {"token": token}
         # JSON, as the admin's (shared.kube.kubeconfig reads it without PyYAML; kubectl reads both)
         return write_secret(path, json.dumps(config, indent=2) + "\n")
+
     return await asyncio.to_thread(build)

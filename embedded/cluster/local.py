@@ -65,6 +65,8 @@ C = TypeVar("C", bound=ClusterConfig)
 GPU_DRIVER = "gpu.nvidia.com"
 # the ComputeDomain controller assigns domains from allocated claims; agents count only those (docs/security.md)
 ASSIGNED_DOMAINS_ONLY = {"GPU_DRA_REQUIRE_ASSIGNMENT": "true"}
+
+
 class ClusterNats(EmbeddedNats):
     """The cluster's nats-server: it dies with `gpu-dra up`, even when that is SIGKILLed."""
 
@@ -162,8 +164,9 @@ class LocalCluster:
             raise
         return self
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await finish_even_if_cancelled(self.stop())
 
     def _env(self) -> dict[str, str]:
@@ -172,12 +175,22 @@ class LocalCluster:
         No process inherits the admin's kubeconfig: each gets its own identity's (`_kube`), or none.
         POD_NAMESPACE as a pod in deploy/'s namespace has it (the controller's Lease lives there).
         When up runs the server a process is only the NATS user `_nats` gives it; with --nats-url, up's identity."""
-        identity = {} if self.nats_identities else settings_env(
-            self.cfg, [name for name in NATS_IDENTITY if getattr(self.cfg, name)])
+        identity = (
+            {}
+            if self.nats_identities
+            else settings_env(self.cfg, [name for name in NATS_IDENTITY if getattr(self.cfg, name)])
+        )
         gates = {"GPU_DRA_FEATURE_GATES": self.cfg.gate_setting()} if self.cfg.gate_setting() else {}
-        return {**settings_env(self.cfg, SHARED_SETTINGS), "GPU_DRA_NATS_URL": self.nats_url,
-                "GPU_DRA_LOG_FORMAT": "json", "KUBECONFIG": "", "POD_NAMESPACE": identities.NODE.namespace,
-                **identity, **gates, **self.extra_env}
+        return {
+            **settings_env(self.cfg, SHARED_SETTINGS),
+            "GPU_DRA_NATS_URL": self.nats_url,
+            "GPU_DRA_LOG_FORMAT": "json",
+            "KUBECONFIG": "",
+            "POD_NAMESPACE": identities.NODE.namespace,
+            **identity,
+            **gates,
+            **self.extra_env,
+        }
 
     def _nats(self, user: str) -> dict[str, str]:
         """The environment that makes a process the NATS user `user` (its .creds file; none with --nats-url)."""
@@ -201,15 +214,26 @@ class LocalCluster:
     def _write_nats_file(self) -> None:
         """<data-dir>/nats.json: the URL and up's credential, for `gpu-dra events tail` (0600)."""
         env = self.nats_env()
-        text = json.dumps({"url": env["GPU_DRA_NATS_URL"], "creds": env.get("GPU_DRA_NATS_CREDS", ""),
-                           "user": env.get("GPU_DRA_NATS_USER", "")}, indent=2) + "\n"
+        text = (
+            json.dumps(
+                {
+                    "url": env["GPU_DRA_NATS_URL"],
+                    "creds": env.get("GPU_DRA_NATS_CREDS", ""),
+                    "user": env.get("GPU_DRA_NATS_USER", ""),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         identities.write_secret(self.data_dir / LOCAL_CLUSTER_FILE, text)
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.runtime == "sandbox" and shutil.which("bwrap") is None:
-            self.progress("containers will NOT run: bubblewrap (bwrap) is not installed; `apt-get install -y "
-                          "bubblewrap` (or `make sandbox`) and start again. Running with --runtime none.")
+            self.progress(
+                "containers will NOT run: bubblewrap (bwrap) is not installed; `apt-get install -y "
+                "bubblewrap` (or `make sandbox`) and start again. Running with --runtime none."
+            )
             self.cfg = msgspec.structs.replace(self.cfg, runtime="none")
         await asyncio.to_thread(self._forget_previous_run)
         await asyncio.to_thread(sweep_orphaned_dirs)
@@ -228,14 +252,27 @@ class LocalCluster:
         sup = self.supervisor = Supervisor(self.data_dir / "logs", self._env(), report=self.progress)
         port = free_port()
         kubelets = identities.kubelet_tokens(self.node_names)
-        token_file = await asyncio.to_thread(identities.write_secret, self.identities_dir / "tokens.csv",
-                                             identities.token_file_text(kubelets))
+        token_file = await asyncio.to_thread(
+            identities.write_secret, self.identities_dir / "tokens.csv", identities.token_file_text(kubelets)
+        )
         # The admin's token is made by the server and written only into its kubeconfig (0600); a restarted
         # server writes a new one there (kubectl reads the file afresh; the services have their own).
-        await sup.start("apiserver", gpu_dra("apiserver", "--port", str(port), "--kubeconfig",
-                                             str(self.kubeconfig_path), "--data-dir",
-                                             str(self.data_dir / "apiserver"), "--token-auth-file", str(token_file),
-                                             "--pod-log-dir", str(self.pod_log_dir)))
+        await sup.start(
+            "apiserver",
+            gpu_dra(
+                "apiserver",
+                "--port",
+                str(port),
+                "--kubeconfig",
+                str(self.kubeconfig_path),
+                "--data-dir",
+                str(self.data_dir / "apiserver"),
+                "--token-auth-file",
+                str(token_file),
+                "--pod-log-dir",
+                str(self.pod_log_dir),
+            ),
+        )
         await sup.wait_until("the API server", self._apiserver_ready, timeout=self.cfg.start_timeout)
         self.progress(f"API server                https://127.0.0.1:{port} (kubeconfig {self.kubeconfig_path})")
         await self._install_cluster_objects()
@@ -244,7 +281,8 @@ class LocalCluster:
         await asyncio.gather(*(self._start_node(node) for node in self.node_names))
         if self.metrics_ports:
             await asyncio.to_thread(
-                (self.data_dir / "metrics.json").write_text, json.dumps(self.metrics_ports, indent=2) + "\n")
+                (self.data_dir / "metrics.json").write_text, json.dumps(self.metrics_ports, indent=2) + "\n"
+            )
         await sup.wait_until("ResourceSlices for every node", self._slices_published, timeout=self.cfg.start_timeout)
         self.progress(f"ResourceSlices published  {len(self.node_names)} node(s)")
         if self.dashboard_url:
@@ -304,10 +342,17 @@ class LocalCluster:
             RUNNING.labels("nats-server").set(0)
             backoff.ran(loop.time() - started)
             delay = backoff.next()
-            log.error("nats-server exited; restarting it", code=code, restarts=self.nats_restarts + 1,
-                      backoff_s=delay, log=str(self.nats.log_path))
-            self.progress(f"nats-server {describe_exit(code)}; restarting in {delay:.1f}s "
-                          f"(restart {self.nats_restarts + 1}); log {self.nats.log_path}")
+            log.error(
+                "nats-server exited; restarting it",
+                code=code,
+                restarts=self.nats_restarts + 1,
+                backoff_s=delay,
+                log=str(self.nats.log_path),
+            )
+            self.progress(
+                f"nats-server {describe_exit(code)}; restarting in {delay:.1f}s "
+                f"(restart {self.nats_restarts + 1}); log {self.nats.log_path}"
+            )
             await asyncio.sleep(delay)
             started = loop.time()  # a start that fails is a short run: the backoff grows
             try:
@@ -319,8 +364,10 @@ class LocalCluster:
             self.nats_restarts += 1
             RESTARTS.labels("nats-server").inc()
             RUNNING.labels("nats-server").set(1)
-            self.progress(f"nats-server restarted (pid {self.nats.proc.pid if self.nats.proc else 0}, "
-                          f"restart {self.nats_restarts})")
+            self.progress(
+                f"nats-server restarted (pid {self.nats.proc.pid if self.nats.proc else 0}, "
+                f"restart {self.nats_restarts})"
+            )
 
     # ------------------------------------------------------------------ steps
     async def _apiserver_ready(self) -> bool:
@@ -338,8 +385,9 @@ class LocalCluster:
         assert self.api is not None
         return self.api
 
-    async def _apply(self, group: str, version: str, plural: str, body: dict[str, Any],
-                     namespace: str | None = None) -> None:
+    async def _apply(
+        self, group: str, version: str, plural: str, body: dict[str, Any], namespace: str | None = None
+    ) -> None:
         custom = client.CustomObjectsApi(self.api)
         try:
             if namespace:
@@ -361,8 +409,7 @@ class LocalCluster:
             if exc.status != 409:
                 raise
             stored = await custom.get_cluster_custom_object(group, version, "nodeconfigs", name)
-            body = {**body, "metadata": {**body["metadata"],
-                                         "resourceVersion": stored["metadata"]["resourceVersion"]}}
+            body = {**body, "metadata": {**body["metadata"], "resourceVersion": stored["metadata"]["resourceVersion"]}}
             await custom.replace_cluster_custom_object(group, version, "nodeconfigs", name, body)
         self.progress(f"NodeConfig {name} from {self.cfg.node_config}")
 
@@ -385,9 +432,13 @@ class LocalCluster:
                 await core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]  # the client sends plain dicts as they are
         not_ready = {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}
         for node in self.node_names:
-            body: dict[str, Any] = {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node,
-                                                           "nvidia.com/gpu.present": "true"}},
-                    "status": not_ready}
+            body: dict[str, Any] = {
+                "metadata": {
+                    "name": node,
+                    "labels": {"kubernetes.io/hostname": node, "nvidia.com/gpu.present": "true"},
+                },
+                "status": not_ready,
+            }
             try:
                 await core.create_node(body)  # type: ignore[arg-type]  # the client sends plain dicts as they are
             except ApiException as exc:
@@ -401,15 +452,21 @@ class LocalCluster:
         """deploy/'s RBAC and policies plus the embedded components' roles, then a kubeconfig per identity."""
         assert self.api is not None
         await identities.install(self.api, identities.NODE.namespace)
-        accounts = {"publisher": identities.PUBLISHER, "controller": identities.CONTROLLER, "node": identities.NODE,
-                    "dashboard": identities.DASHBOARD,
-                    "scheduler": identities.SCHEDULER, "controllers": identities.WORKLOAD_CONTROLLERS}
+        accounts = {
+            "publisher": identities.PUBLISHER,
+            "controller": identities.CONTROLLER,
+            "node": identities.NODE,
+            "dashboard": identities.DASHBOARD,
+            "scheduler": identities.SCHEDULER,
+            "controllers": identities.WORKLOAD_CONTROLLERS,
+        }
         tokens = {f"kubelet-{node}": token for node, token in kubelets.items()}
         for identity, sa in accounts.items():
             tokens[identity] = await identities.service_account_token(self.api, sa)
         for identity, token in tokens.items():
             self.kubeconfigs[identity] = await identities.write_kubeconfig(
-                self.kubeconfig_path, token, self.identities_dir / f"{identity}.kubeconfig")
+                self.kubeconfig_path, token, self.identities_dir / f"{identity}.kubeconfig"
+            )
         self.progress("RBAC and admission policies of deploy/, an identity per service")
 
     async def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
@@ -422,8 +479,9 @@ class LocalCluster:
         if self.cfg.metrics_port > 0:
             port = self.metrics_ports.get(name)
             if port is None:
-                port = self.metrics_ports[name] = next_free_port(max(self.metrics_ports.values(),
-                                                                     default=self.cfg.metrics_port))
+                port = self.metrics_ports[name] = next_free_port(
+                    max(self.metrics_ports.values(), default=self.cfg.metrics_port)
+                )
             extra = {"GPU_DRA_METRICS_PORT": str(port)}
         await self.supervisor.start(name, argv, env={**(env or {}), **extra})
 
@@ -431,10 +489,12 @@ class LocalCluster:
         assert self.supervisor is not None
         if self.nats_identities:  # node identities reach JetStream only through it (services/stategate)
             await self._start("state-gate", gpu_dra("state-gate"), env=self._nats(GATE_ROLE))
-        for name, identity, argv in (("publisher", "publisher", publisher_argv(self.cfg)),
-                                     ("scheduler", "scheduler", ["scheduler"]),
-                                     ("controllers", "controllers", ["controllers"]),
-                                     ("computedomain-controller", "controller", ["computedomain", "controller"])):
+        for name, identity, argv in (
+            ("publisher", "publisher", publisher_argv(self.cfg)),
+            ("scheduler", "scheduler", ["scheduler"]),
+            ("controllers", "controllers", ["controllers"]),
+            ("computedomain-controller", "controller", ["computedomain", "controller"]),
+        ):
             flags, env = self._kube(identity)
             if name == "publisher":
                 env = {**env, **self._nats(PUBLISHER)}
@@ -451,8 +511,9 @@ class LocalCluster:
         assert self.supervisor is not None and self.api is not None
         cert_dir, port = self.data_dir / "webhook", free_port()
         await self._start("webhook", gpu_dra(*webhook.webhook_argv(cert_dir, port)))
-        await self.supervisor.wait_until("the admission webhook", lambda: webhook.ready(cert_dir, port),
-                                         timeout=self.cfg.start_timeout)
+        await self.supervisor.wait_until(
+            "the admission webhook", lambda: webhook.ready(cert_dir, port), timeout=self.cfg.start_timeout
+        )
         await webhook.register(self.api, cert_dir, port)
 
     async def _start_dashboard(self) -> None:
@@ -460,10 +521,20 @@ class LocalCluster:
         visible (--auth none: the machine's user is the cluster's admin), claims' waterfalls from traces.jsonl."""
         port = self.cfg.dashboard_port or free_port()
         flags, env = self._kube("dashboard")
-        await self._start("dashboard", gpu_dra(
-            "dashboard", "--listen", f"127.0.0.1:{port}", "--auth", "none",
-            "--span-store", str(self.data_dir / "traces.jsonl"), *flags),
-            env={**env, **self._nats(reader_user(DASHBOARD_READER))})
+        await self._start(
+            "dashboard",
+            gpu_dra(
+                "dashboard",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--auth",
+                "none",
+                "--span-store",
+                str(self.data_dir / "traces.jsonl"),
+                *flags,
+            ),
+            env={**env, **self._nats(reader_user(DASHBOARD_READER))},
+        )
         self.dashboard_url = f"http://127.0.0.1:{port}/"
 
     async def _start_node(self, node: str) -> None:
@@ -479,42 +550,101 @@ class LocalCluster:
             paths[key].mkdir(parents=True, exist_ok=True)
         index = self.node_names.index(node)
         machine = ["--machine", self.cfg.machine] if self.cfg.machine else ["--simulate", self.cfg.node_spec(index)]
-        await self._start(f"{node}-discovery", gpu_dra(
-            "discovery", "--node", node, *machine, "--dev-root", str(paths["root"]),
-            *(["--fabric-manager-partitions"] if self.cfg.nvlink_partitions else [])),
-            env=self._nats(node_user("discovery", node)))
-        await self.supervisor.wait_until(f"{node} inventory", lambda: self._has_inventory(node),
-                                         timeout=self.cfg.start_timeout)
+        await self._start(
+            f"{node}-discovery",
+            gpu_dra(
+                "discovery",
+                "--node",
+                node,
+                *machine,
+                "--dev-root",
+                str(paths["root"]),
+                *(["--fabric-manager-partitions"] if self.cfg.nvlink_partitions else []),
+            ),
+            env=self._nats(node_user("discovery", node)),
+        )
+        await self.supervisor.wait_until(
+            f"{node} inventory", lambda: self._has_inventory(node), timeout=self.cfg.start_timeout
+        )
         node_flags, node_env = self._kube("node")
-        await self._start(f"{node}-preparer", gpu_dra(
-            "preparer", "--node", node, *node_flags,
-            "--registry-dir", str(paths["registry"]), "--plugins-dir", str(paths["plugins"]),
-            "--cdi-dir", str(paths["cdi"]), "--dev-root", str(paths["root"]),
-            # the simulated node's sysfs and (process-less) proc: VFIO passthrough moves its GPUs there
-            "--sys-root", str(paths["root"]), "--proc-root", str(paths["root"])),
-            env={**node_env, **self._nats(node_user("preparer", node))})
+        await self._start(
+            f"{node}-preparer",
+            gpu_dra(
+                "preparer",
+                "--node",
+                node,
+                *node_flags,
+                "--registry-dir",
+                str(paths["registry"]),
+                "--plugins-dir",
+                str(paths["plugins"]),
+                "--cdi-dir",
+                str(paths["cdi"]),
+                "--dev-root",
+                str(paths["root"]),
+                # the simulated node's sysfs and (process-less) proc: VFIO passthrough moves its GPUs there
+                "--sys-root",
+                str(paths["root"]),
+                "--proc-root",
+                str(paths["root"]),
+            ),
+            env={**node_env, **self._nats(node_user("preparer", node))},
+        )
         if self.cfg.compute_domains:
-            await self._start(f"{node}-cd-agent", gpu_dra(
-                "computedomain", "agent", "--node", node, "--ip-address", node_ip(index),
-                "--state-dir", str(paths["plugins"] / "compute-domain.nvidia.com"),
-                "--imex-server-port", str(self.imex_port), "--imex-cmd-port", str(self.imex_port + 1),
-                "--imex-daemon", "simulated"),  # no nvidia-imex here: the simulated daemon, each node its own address
-                env={**ASSIGNED_DOMAINS_ONLY, **self._nats(node_user("cd-agent", node))})
+            await self._start(
+                f"{node}-cd-agent",
+                gpu_dra(
+                    "computedomain",
+                    "agent",
+                    "--node",
+                    node,
+                    "--ip-address",
+                    node_ip(index),
+                    "--state-dir",
+                    str(paths["plugins"] / "compute-domain.nvidia.com"),
+                    "--imex-server-port",
+                    str(self.imex_port),
+                    "--imex-cmd-port",
+                    str(self.imex_port + 1),
+                    "--imex-daemon",
+                    "simulated",
+                ),  # no nvidia-imex here: the simulated daemon, each node its own address
+                env={**ASSIGNED_DOMAINS_ONLY, **self._nats(node_user("cd-agent", node))},
+            )
         kubelet_flags, kubelet_env = self._kube(f"kubelet-{node}")
-        await self._start(f"{node}-kubelet", gpu_dra(
-            "kubelet", "--node", node, *kubelet_flags,
-            "--registry-dir", str(paths["registry"]), "--cdi-dir", str(paths["cdi"]), "--runtime", self.cfg.runtime,
-            "--backoff-seconds", str(self.cfg.restart_backoff),
-            "--pod-log-dir", str(self.pod_log_dir),
-            "--sim-state", str(sim_state_file(simulated_state_dir(paths["root"]), node))), env=kubelet_env)
-        await self.supervisor.wait_until(f"{node} Ready", lambda: self._node_ready(node),
-                                         timeout=self.cfg.start_timeout)
+        await self._start(
+            f"{node}-kubelet",
+            gpu_dra(
+                "kubelet",
+                "--node",
+                node,
+                *kubelet_flags,
+                "--registry-dir",
+                str(paths["registry"]),
+                "--cdi-dir",
+                str(paths["cdi"]),
+                "--runtime",
+                self.cfg.runtime,
+                "--backoff-seconds",
+                str(self.cfg.restart_backoff),
+                "--pod-log-dir",
+                str(self.pod_log_dir),
+                "--sim-state",
+                str(sim_state_file(simulated_state_dir(paths["root"]), node)),
+            ),
+            env=kubelet_env,
+        )
+        await self.supervisor.wait_until(
+            f"{node} Ready", lambda: self._node_ready(node), timeout=self.cfg.start_timeout
+        )
         self.progress(f"node {node:<18} discovery, preparer, kubelet ready")
 
     async def _dashboard_ready(self) -> bool:
         try:
-            async with aiohttp.ClientSession() as http, http.get(self.dashboard_url + "healthz",
-                                                                 timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(self.dashboard_url + "healthz", timeout=aiohttp.ClientTimeout(total=2)) as resp,
+            ):
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
@@ -534,8 +664,11 @@ class LocalCluster:
     async def _slices_published(self) -> bool:
         custom = client.CustomObjectsApi(self.api)
         listed = await custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
-        nodes = {(s.get("spec") or {}).get("nodeName") for s in listed.get("items") or []
-                 if (s.get("spec") or {}).get("driver") == GPU_DRIVER}
+        nodes = {
+            (s.get("spec") or {}).get("nodeName")
+            for s in listed.get("items") or []
+            if (s.get("spec") or {}).get("driver") == GPU_DRIVER
+        }
         return set(self.node_names) <= nodes
 
 
@@ -546,8 +679,9 @@ async def local_cluster(progress: Callable[[str], None] | None = None, **setting
         yield cluster
 
 
-def cluster_main(config_type: type[C], argv: list[str] | None, *, prog: str, description: str,
-                 run: Callable[[C], Awaitable[int]]) -> int:
+def cluster_main(
+    config_type: type[C], argv: list[str] | None, *, prog: str, description: str, run: Callable[[C], Awaitable[int]]
+) -> int:
     """`gpu-dra up` and `gpu-dra demo`: flags -> config (exit 2 naming a bad setting), quiet logs, the
     metrics endpoint (`--metrics-port`), `run(cfg)`; a service that cannot be kept running (it refuses
     its settings) is exit 1, Ctrl-C during start or teardown 130 (SIGTERM 143)."""

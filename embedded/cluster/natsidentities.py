@@ -47,8 +47,10 @@ class NatsIdentities:
 
 def _issue(directory: Path, nodes: list[str]) -> NatsIdentities:
     issued = issue(all_users(nodes), directory / "nats-keys")
-    header = ("# Written by `gpu-dra up` at every start: the operator, the GPU_DRA account (JetStream) and\n"
-              "# the system account; each service's user JWT is in identities/nats/<user>.creds.\n")
+    header = (
+        "# Written by `gpu-dra up` at every start: the operator, the GPU_DRA account (JetStream) and\n"
+        "# the system account; each service's user JWT is in identities/nats/<user>.creds.\n"
+    )
     config = write_secret(directory / "nats-server.conf", header + issued.server_config)
     creds = {user: write_secret(directory / "nats" / f"{user}.creds", text) for user, text in issued.creds.items()}
     return NatsIdentities(server_config=config, creds=creds)

@@ -50,8 +50,10 @@ def _print_devices(slices: list[dict[str, Any]]) -> None:
     for d in _devices(slices):
         a = d.get("attributes") or {}
         mem = ((d.get("capacity") or {}).get("memory") or {}).get("value", "")
-        print(f"  {d['name']:<24} {a['type']['string']:<5} {a['productName']['string'][:24]:<24} {mem:<8} "
-              f"{a.get('numaNode', {}).get('int', ''):<5} {a.get('uuid', {}).get('string', '')}")
+        print(
+            f"  {d['name']:<24} {a['type']['string']:<5} {a['productName']['string'][:24]:<24} {mem:<8} "
+            f"{a.get('numaNode', {}).get('int', ''):<5} {a.get('uuid', {}).get('string', '')}"
+        )
 
 
 async def _demo(work: Path) -> int:
@@ -65,10 +67,13 @@ async def _demo(work: Path) -> int:
         try:
             async with api.client() as client_:
                 await ensure_node(client_, NODE)
-            async with running_publisher(nats_srv.url, str(api.kubeconfig_path)) as publisher, \
-                    running_discovery(bus, NODE, machine=str(machine), root=work / "nodes") as disc:
+            async with (
+                running_publisher(nats_srv.url, str(api.kubeconfig_path)) as publisher,
+                running_discovery(bus, NODE, machine=str(machine), root=work / "nodes") as disc,
+            ):
                 print(f"discovery on {NODE}: {len(disc.inventory.gpus)} simulated GPUs; publisher running\n")
                 async with api.client() as client_:
+
                     async def published() -> bool:
                         return len(_devices(await node_slices(client_, NODE))) >= 10
 
@@ -78,8 +83,9 @@ async def _demo(work: Path) -> int:
                     _print_devices(slices)
 
                     gpu = disc.inventory.gpus[3]
-                    reply = await bus.request(catalog.DEVICE_INJECT_XID,
-                                              InjectXidRequest(gpu_uuid=gpu.uuid, xid=79), timeout=10, node=NODE)
+                    reply = await bus.request(
+                        catalog.DEVICE_INJECT_XID, InjectXidRequest(gpu_uuid=gpu.uuid, xid=79), timeout=10, node=NODE
+                    )
                     assert reply.ok, reply.error
 
                     async def tainted(want: bool) -> bool:
@@ -89,8 +95,12 @@ async def _demo(work: Path) -> int:
                     await until(publisher, lambda: tainted(True), timeout=30)
                     dev = next(d for d in _devices(await node_slices(client_, NODE)) if d["name"] == gpu.name)
                     print(f"\ninjected XID 79 on {gpu.name}: taints {dev['taints']}")
-                    await bus.request(catalog.DEVICE_INJECT_XID,
-                                      InjectXidRequest(gpu_uuid=gpu.uuid, recover=True), timeout=10, node=NODE)
+                    await bus.request(
+                        catalog.DEVICE_INJECT_XID,
+                        InjectXidRequest(gpu_uuid=gpu.uuid, recover=True),
+                        timeout=10,
+                        node=NODE,
+                    )
                     await until(publisher, lambda: tainted(False), timeout=30)
                     print(f"recovered {gpu.name}: taint removed")
         finally:

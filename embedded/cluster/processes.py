@@ -30,8 +30,9 @@ from shared.parentdeath import with_parent_death_signal
 log = get_logger(__name__)
 
 RESTARTS = Counter("gpu_dra_up_process_restarts", "Times a service of the local cluster was restarted", ["process"])
-RUNNING = Gauge("gpu_dra_up_process_running", "1 while the service's process runs, 0 while it waits to restart",
-                ["process"])
+RUNNING = Gauge(
+    "gpu_dra_up_process_running", "1 while the service's process runs, 0 while it waits to restart", ["process"]
+)
 
 USAGE_EXIT = 2
 """What a service exits with when its flags or settings are refused: starting it again cannot help."""
@@ -85,9 +86,14 @@ class Supervisor:
 
     `restart=False` is for harnesses that must see any exit: a child that exits is then `failed`."""
 
-    def __init__(self, log_dir: Path, base_env: dict[str, str] | None = None,
-                 report: Callable[[str], None] | None = None,
-                 backoff: Callable[[], Backoff] = Backoff, restart: bool = True):
+    def __init__(
+        self,
+        log_dir: Path,
+        base_env: dict[str, str] | None = None,
+        report: Callable[[str], None] | None = None,
+        backoff: Callable[[], Backoff] = Backoff,
+        restart: bool = True,
+    ):
         self.log_dir = log_dir
         self.restart = restart
         self.base_env = base_env or {}
@@ -123,8 +129,13 @@ class Supervisor:
         log_file = await asyncio.to_thread(open, child.log_path, "ab")
         try:
             child.process = await asyncio.create_subprocess_exec(
-                *with_parent_death_signal(child.argv), stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
-                stderr=asyncio.subprocess.STDOUT, env=full_env, start_new_session=True)
+                *with_parent_death_signal(child.argv),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+            )
         finally:
             log_file.close()
         child.started_at = asyncio.get_running_loop().time()
@@ -153,18 +164,32 @@ class Supervisor:
                         self.failed.set_result(child)
                     return
                 if code == USAGE_EXIT:
-                    log.error("process refused its settings; not restarting it", process=child.name, code=code,
-                              log=str(child.log_path))
+                    log.error(
+                        "process refused its settings; not restarting it",
+                        process=child.name,
+                        code=code,
+                        log=str(child.log_path),
+                    )
                     self.report(f"{child.name} refused its settings ({describe_exit(code)}); see {child.log_path}")
                     if not self.failed.done():
                         self.failed.set_result(child)
                     return
                 backoff.ran(ran)
                 delay = backoff.next()
-                log.error("process exited; restarting it", process=child.name, pid=child.pid, code=code,
-                          ran_s=round(ran, 1), restarts=child.restarts + 1, backoff_s=delay, log=str(child.log_path))
-                self.report(f"{child.name} (pid {child.pid}) {describe_exit(code)} after {ran:.1f}s; "
-                            f"restarting in {delay:.1f}s (restart {child.restarts + 1}); log {child.log_path}")
+                log.error(
+                    "process exited; restarting it",
+                    process=child.name,
+                    pid=child.pid,
+                    code=code,
+                    ran_s=round(ran, 1),
+                    restarts=child.restarts + 1,
+                    backoff_s=delay,
+                    log=str(child.log_path),
+                )
+                self.report(
+                    f"{child.name} (pid {child.pid}) {describe_exit(code)} after {ran:.1f}s; "
+                    f"restarting in {delay:.1f}s (restart {child.restarts + 1}); log {child.log_path}"
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(stopping), delay)
                 if stopping.done():
@@ -183,14 +208,20 @@ class Supervisor:
         finally:
             stopping.cancel()
 
-    async def wait_until(self, what: str, condition: Callable[[], Awaitable[bool]], timeout: float = 60.0,
-                         wake: Callable[[], Awaitable[None]] | None = None) -> None:
+    async def wait_until(
+        self,
+        what: str,
+        condition: Callable[[], Awaitable[bool]],
+        timeout: float = 60.0,
+        wake: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """Await `condition()` becoming true; ProcessFailed when a child cannot be kept running meanwhile,
         or at `timeout` (naming the children that kept exiting, with the last lines of their logs).
 
         `wake` awaits the next change worth re-checking on (an event); without it the condition is
         polled with a short back-off, for conditions that have no event (a socket file appearing).
         """
+
         async def satisfied() -> None:
             backoff = Backoff(initial_s=0.02, cap_s=0.5)
             while not await condition():
@@ -202,8 +233,7 @@ class Supervisor:
         waiter = asyncio.ensure_future(satisfied())
         try:
             watched: set[asyncio.Future[Any]] = {waiter, self.failed}
-            done, _ = await asyncio.wait(watched, timeout=timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not waiter.done():
                 waiter.cancel()
@@ -212,11 +242,16 @@ class Supervisor:
             return
         if self.failed.done():
             child = self.failed.result()
-            raise ProcessFailed(f"{child.name} {describe_exit(child.last_exit)} while waiting for {what}; "
-                                f"last lines of {child.log_path}:\n{child.tail()}")
+            raise ProcessFailed(
+                f"{child.name} {describe_exit(child.last_exit)} while waiting for {what}; "
+                f"last lines of {child.log_path}:\n{child.tail()}"
+            )
         crashing = [c for c in self.children if c.last_exit is not None]
-        why = "".join(f"\n{c.name} exited {c.restarts + 1} time(s), last {describe_exit(c.last_exit)}; last lines "
-                      f"of {c.log_path}:\n{c.tail()}" for c in crashing)
+        why = "".join(
+            f"\n{c.name} exited {c.restarts + 1} time(s), last {describe_exit(c.last_exit)}; last lines "
+            f"of {c.log_path}:\n{c.tail()}"
+            for c in crashing
+        )
         raise ProcessFailed(f"timed out after {timeout:.0f}s waiting for {what}; logs are in {self.log_dir}{why}")
 
     async def stop(self, grace: float = 5.0) -> None:

@@ -22,7 +22,11 @@ def _names_claim(span: Span, claim: str) -> bool:
     if attrs.get("dra.claim.uid") == claim:
         return True
     namespace, _, name = claim.rpartition("/")
-    return bool(name) and attrs.get("dra.claim.name") == name and attrs.get("k8s.namespace.name") == (namespace or "default")
+    return (
+        bool(name)
+        and attrs.get("dra.claim.name") == name
+        and attrs.get("k8s.namespace.name") == (namespace or "default")
+    )
 
 
 def claim_trace(spans: list[Span], claim: str) -> list[Span]:
@@ -56,13 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spans = parse_spans(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        print(f"gpu-dra trace: error: cannot read {path}: {exc.strerror or exc} (run the cluster with "
-              "GPU_DRA_OTEL_EXPORTER=file:<data dir>/traces.jsonl, or give an OTLP-JSON file)", file=sys.stderr)
+        print(
+            f"gpu-dra trace: error: cannot read {path}: {exc.strerror or exc} (run the cluster with "
+            "GPU_DRA_OTEL_EXPORTER=file:<data dir>/traces.jsonl, or give an OTLP-JSON file)",
+            file=sys.stderr,
+        )
         return 2
     trace = claim_trace(spans, args.claim)
     if not trace:
-        print(f"gpu-dra trace: error: no span in {path} names claim {args.claim!r} (attributes dra.claim.uid, "
-              f"or dra.claim.name with k8s.namespace.name); {len(spans)} spans read", file=sys.stderr)
+        print(
+            f"gpu-dra trace: error: no span in {path} names claim {args.claim!r} (attributes dra.claim.uid, "
+            f"or dra.claim.name with k8s.namespace.name); {len(spans)} spans read",
+            file=sys.stderr,
+        )
         return 1
     print(render(trace))
     return 0

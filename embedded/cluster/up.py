@@ -10,9 +10,11 @@ from embedded.cluster.local import ClusterConfig, LocalCluster, cluster_main
 from shared.health import HEALTH
 from shared.runtime import stop_event
 
-DESCRIPTION = ("A local GPU cluster: embedded NATS, the embedded API server, and per simulated node a "
-               "discovery, a preparer and a kubelet emulator, plus the publisher, scheduler and controllers. "
-               "A service that dies is restarted with backoff; run again on the same --data-dir, it resumes.")
+DESCRIPTION = (
+    "A local GPU cluster: embedded NATS, the embedded API server, and per simulated node a "
+    "discovery, a preparer and a kubelet emulator, plus the publisher, scheduler and controllers. "
+    "A service that dies is restarted with backoff; run again on the same --data-dir, it resumes."
+)
 
 
 def ready_lines(cluster: LocalCluster) -> list[str]:
@@ -41,8 +43,10 @@ async def serve_until_stopped(cluster: LocalCluster, announce: list[str]) -> int
     stopper.cancel()
     if failed.done():
         child = failed.result()
-        print(f"gpu-dra up: {child.name} cannot be kept running; last lines of {child.log_path}:\n"
-              f"{child.tail()}", file=sys.stderr)
+        print(
+            f"gpu-dra up: {child.name} cannot be kept running; last lines of {child.log_path}:\n{child.tail()}",
+            file=sys.stderr,
+        )
         return 1
     print("stopping...", flush=True)
     return 0

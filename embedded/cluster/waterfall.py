@@ -30,16 +30,25 @@ def _otlp_spans(doc: dict[str, Any]) -> list[Span]:
     """The spans of one OTLP-JSON ExportTraceServiceRequest, in the span store's flat shape."""
     out: list[Span] = []
     for rs in doc.get("resourceSpans") or []:
-        resource = {a["key"]: _otlp_value(a.get("value") or {}) for a in (rs.get("resource") or {}).get("attributes") or []}
+        resource = {
+            a["key"]: _otlp_value(a.get("value") or {}) for a in (rs.get("resource") or {}).get("attributes") or []
+        }
         for ss in rs.get("scopeSpans") or []:
             for s in ss.get("spans") or []:
-                out.append({
-                    "name": s.get("name", ""), "service": resource.get("service.name"),
-                    "node": resource.get("k8s.node.name", ""), "trace_id": s.get("traceId", ""),
-                    "span_id": s.get("spanId", ""), "parent_span_id": s.get("parentSpanId", ""),
-                    "start_ns": int(s.get("startTimeUnixNano") or 0), "end_ns": int(s.get("endTimeUnixNano") or 0),
-                    "status": "ERROR" if (s.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR") else "OK",
-                    "attributes": {a["key"]: _otlp_value(a.get("value") or {}) for a in s.get("attributes") or []}})
+                out.append(
+                    {
+                        "name": s.get("name", ""),
+                        "service": resource.get("service.name"),
+                        "node": resource.get("k8s.node.name", ""),
+                        "trace_id": s.get("traceId", ""),
+                        "span_id": s.get("spanId", ""),
+                        "parent_span_id": s.get("parentSpanId", ""),
+                        "start_ns": int(s.get("startTimeUnixNano") or 0),
+                        "end_ns": int(s.get("endTimeUnixNano") or 0),
+                        "status": "ERROR" if (s.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR") else "OK",
+                        "attributes": {a["key"]: _otlp_value(a.get("value") or {}) for a in s.get("attributes") or []},
+                    }
+                )
     return out
 
 
@@ -94,8 +103,10 @@ def render(trace: list[dict[str, Any]]) -> str:
     t0 = min(s["start_ns"] for s in trace)
     t1 = max(s["end_ns"] for s in trace)
     total = max(t1 - t0, 1)
-    lines = [f"trace {trace[0]['trace_id']}  {total / 1e6:.1f} ms, {len(trace)} spans, "
-             f"{len({s.get('service') for s in trace})} services"]
+    lines = [
+        f"trace {trace[0]['trace_id']}  {total / 1e6:.1f} ms, {len(trace)} spans, "
+        f"{len({s.get('service') for s in trace})} services"
+    ]
 
     def walk(span: dict[str, Any], depth: int) -> None:
         start = (span["start_ns"] - t0) / total

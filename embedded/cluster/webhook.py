@@ -38,8 +38,10 @@ async def ready(cert_dir: Path, port: int) -> bool:
         return False
     context = await asyncio.to_thread(ssl.create_default_context, cafile=str(cert))
     try:
-        async with aiohttp.ClientSession() as http, http.get(f"https://127.0.0.1:{port}/healthz", ssl=context,
-                                                             timeout=aiohttp.ClientTimeout(total=2)) as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"https://127.0.0.1:{port}/healthz", ssl=context, timeout=aiohttp.ClientTimeout(total=2)) as resp,
+        ):
             return resp.status == 200
     except (aiohttp.ClientError, TimeoutError, OSError):
         return False

@@ -12,8 +12,10 @@ from shared.config import CommonConfig
 from shared.kube.client import kube_api_client
 from shared.runtime import service_main
 
-DESCRIPTION = ("Workload controllers of the local cluster: Deployments -> ReplicaSets -> Pods and Jobs -> Pods, "
-               "driven by watches on the API server, until SIGTERM/SIGINT.")
+DESCRIPTION = (
+    "Workload controllers of the local cluster: Deployments -> ReplicaSets -> Pods and Jobs -> Pods, "
+    "driven by watches on the API server, until SIGTERM/SIGINT."
+)
 
 
 class ControllersConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
@@ -27,5 +29,11 @@ async def run(cfg: ControllersConfig, stopping: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main(ControllersConfig, argv, prog="gpu-dra controllers", description=DESCRIPTION,
-                        service=lambda cfg: "controllers", run=run)
+    return service_main(
+        ControllersConfig,
+        argv,
+        prog="gpu-dra controllers",
+        description=DESCRIPTION,
+        service=lambda cfg: "controllers",
+        run=run,
+    )

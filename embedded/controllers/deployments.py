@@ -108,15 +108,17 @@ class DeploymentController:
 
     def replicasets_of(self, d: Obj) -> list[Obj]:
         ns = key_of(d)[0]
-        return [rs for rs in self.replicasets.owned_by(uid_of(d))
-                if key_of(rs)[0] == ns and not (rs.get("metadata") or {}).get("deletionTimestamp")]
+        return [
+            rs
+            for rs in self.replicasets.owned_by(uid_of(d))
+            if key_of(rs)[0] == ns and not (rs.get("metadata") or {}).get("deletionTimestamp")
+        ]
 
     def split(self, d: Obj) -> tuple[Obj | None, list[Obj]]:
         """(the ReplicaSet of the current template or None, the others)."""
         template = (d.get("spec") or {}).get("template") or {}
         rss = self.replicasets_of(d)
-        new = next((rs for rs in rss if without_hash((rs.get("spec") or {}).get("template") or {}) == template),
-                   None)
+        new = next((rs for rs in rss if without_hash((rs.get("spec") or {}).get("template") or {}) == template), None)
         if new is None:
             h = template_hash(template, int((d.get("status") or {}).get("collisionCount") or 0))
             new = next((rs for rs in rss if key_of(rs)[1] == f"{key_of(d)[1]}-{h}"), None)
@@ -125,8 +127,11 @@ class DeploymentController:
     def pod_counts(self, rs: Obj, min_ready: int) -> tuple[int, int, int]:
         """(active, ready, available) pods of the ReplicaSet."""
         active = [p for p in self.pods.owned_by(uid_of(rs)) if is_active(p)]
-        return (len(active), sum(1 for p in active if is_ready(p)),
-                sum(1 for p in active if available_in(p, min_ready) == 0))
+        return (
+            len(active),
+            sum(1 for p in active if is_ready(p)),
+            sum(1 for p in active if available_in(p, min_ready) == 0),
+        )
 
     def available(self, d: Obj, rs: Obj) -> int:
         return min(self.pod_counts(rs, int((d.get("spec") or {}).get("minReadySeconds") or 0))[2], replicas_of(rs))
@@ -144,14 +149,20 @@ class DeploymentController:
         if before == replicas and all(have.get(k) == v for k, v in notes.items()):
             return rs
         ns, name = key_of(rs)
-        updated = await self.kube.patch(REPLICASETS, ns, name, {"metadata": {"annotations": notes},
-                                                                 "spec": {"replicas": replicas}})
+        updated = await self.kube.patch(
+            REPLICASETS, ns, name, {"metadata": {"annotations": notes}, "spec": {"replicas": replicas}}
+        )
         self.replicasets.apply(updated)
         if before != replicas:
             verb = "up" if replicas > before else "down"
             log.info("replicaset scaled", deployment=f"{ns}/{key_of(d)[1]}", replicaset=name, replicas=replicas)
-            await record_event(self.kube, d, self.component, "ScalingReplicaSet",
-                               f"Scaled {verb} replica set {name} from {before} to {replicas}")
+            await record_event(
+                self.kube,
+                d,
+                self.component,
+                "ScalingReplicaSet",
+                f"Scaled {verb} replica set {name} from {before} to {replicas}",
+            )
         return updated
 
     async def create_new(self, d: Obj, replicas: int, old: list[Obj]) -> Obj | None:
@@ -164,12 +175,23 @@ class DeploymentController:
         selector = copy.deepcopy(spec.get("selector") or {})
         selector.setdefault("matchLabels", {})[HASH_LABEL] = h
         revision = max([revision_of(rs) for rs in old] + [0]) + 1
-        body = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                "metadata": {"name": f"{name}-{h}", "namespace": ns, "labels": dict(template["metadata"]["labels"]),
-                             "annotations": {**self._annotations(d), REVISION: str(revision)},
-                             "ownerReferences": [owner_ref(d, "apps/v1", "Deployment")]},
-                "spec": {"replicas": replicas, "minReadySeconds": int(spec.get("minReadySeconds") or 0),
-                         "selector": selector, "template": template}}
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {
+                "name": f"{name}-{h}",
+                "namespace": ns,
+                "labels": dict(template["metadata"]["labels"]),
+                "annotations": {**self._annotations(d), REVISION: str(revision)},
+                "ownerReferences": [owner_ref(d, "apps/v1", "Deployment")],
+            },
+            "spec": {
+                "replicas": replicas,
+                "minReadySeconds": int(spec.get("minReadySeconds") or 0),
+                "selector": selector,
+                "template": template,
+            },
+        }
         try:
             created = await self.kube.create(REPLICASETS, ns, body)
         except ApiError as exc:
@@ -178,19 +200,32 @@ class DeploymentController:
             existing = await self.kube.get(REPLICASETS, ns, f"{name}-{h}")
             refs = (existing.get("metadata") or {}).get("ownerReferences") or []
             if any(r.get("controller") and r.get("uid") == uid_of(d) for r in refs) and without_hash(
-                    (existing.get("spec") or {}).get("template") or {}) == spec.get("template"):
+                (existing.get("spec") or {}).get("template") or {}
+            ) == spec.get("template"):
                 self.replicasets.apply(existing)
                 return existing
-            log.warning("replicaset name collision; bumping collisionCount", deployment=f"{ns}/{name}",
-                        replicaset=f"{name}-{h}")
-            await write_status(self.kube, DEPLOYMENTS, self.deployments, d,
-                               {**(d.get("status") or {}), "collisionCount": collisions + 1})
+            log.warning(
+                "replicaset name collision; bumping collisionCount", deployment=f"{ns}/{name}", replicaset=f"{name}-{h}"
+            )
+            await write_status(
+                self.kube,
+                DEPLOYMENTS,
+                self.deployments,
+                d,
+                {**(d.get("status") or {}), "collisionCount": collisions + 1},
+            )
             return None
         self.replicasets.apply(created, "ADDED")
-        log.info("replicaset created", deployment=f"{ns}/{name}", replicaset=f"{name}-{h}", replicas=replicas,
-                 revision=revision)
-        await record_event(self.kube, d, self.component, "ScalingReplicaSet",
-                           f"Scaled up replica set {name}-{h} from 0 to {replicas}")
+        log.info(
+            "replicaset created",
+            deployment=f"{ns}/{name}",
+            replicaset=f"{name}-{h}",
+            replicas=replicas,
+            revision=revision,
+        )
+        await record_event(
+            self.kube, d, self.component, "ScalingReplicaSet", f"Scaled up replica set {name}-{h} from 0 to {replicas}"
+        )
         return created
 
     # ---- the reconcile -----------------------------------------------------------------------------
@@ -199,8 +234,10 @@ class DeploymentController:
         d = self.deployments.get(namespace, name)
         if d is None or (d.get("metadata") or {}).get("deletionTimestamp"):
             return None
-        with tracer.start_as_current_span("controllers.reconcile_deployment", attributes={
-                "k8s.namespace.name": namespace, "k8s.deployment.name": name}) as span:
+        with tracer.start_as_current_span(
+            "controllers.reconcile_deployment",
+            attributes={"k8s.namespace.name": namespace, "k8s.deployment.name": name},
+        ) as span:
             spec = d.get("spec") or {}
             new, old = self.split(d)
             span.set_attribute("gpu_dra.replicasets", len(old) + (new is not None))
@@ -216,8 +253,11 @@ class DeploymentController:
     async def recreate(self, d: Obj, new: Obj | None, old: list[Obj]) -> None:
         for rs in old:
             await self.scale(d, rs, 0)
-        if any((p.get("status") or {}).get("phase") not in DONE_PHASES
-               for rs in old for p in self.pods.owned_by(uid_of(rs))):
+        if any(
+            (p.get("status") or {}).get("phase") not in DONE_PHASES
+            for rs in old
+            for p in self.pods.owned_by(uid_of(rs))
+        ):
             return  # old pods still run or terminate; their deletions wake us (through the ReplicaSets)
         if new is None:
             await self.create_new(d, replicas_of(d), old)
@@ -268,9 +308,10 @@ class DeploymentController:
         limit = (d.get("spec") or {}).get("revisionHistoryLimit")
         limit = 10 if limit is None else int(limit)
         _, old = self.split(d)
-        idle = sorted((rs for rs in old if replicas_of(rs) == 0 and not self.pods.owned_by(uid_of(rs))),
-                      key=revision_of)
-        for rs in idle[:max(0, len(idle) - limit)]:
+        idle = sorted(
+            (rs for rs in old if replicas_of(rs) == 0 and not self.pods.owned_by(uid_of(rs))), key=revision_of
+        )
+        for rs in idle[: max(0, len(idle) - limit)]:
             ns, name = key_of(rs)
             await self.kube.delete(REPLICASETS, ns, name, uid=uid_of(rs))
             self.replicasets.mark_deleted(rs)
@@ -290,24 +331,56 @@ class DeploymentController:
         _, unavailable = surge_and_unavailable(d)
         conds = list(status.get("conditions") or [])
         if available >= replicas - unavailable:
-            conds = set_condition(conds, "Available", "True", "MinimumReplicasAvailable",
-                                  "Deployment has minimum availability.", update=True)
+            conds = set_condition(
+                conds,
+                "Available",
+                "True",
+                "MinimumReplicasAvailable",
+                "Deployment has minimum availability.",
+                update=True,
+            )
         else:
-            conds = set_condition(conds, "Available", "False", "MinimumReplicasUnavailable",
-                                  "Deployment does not have minimum availability.", update=True)
+            conds = set_condition(
+                conds,
+                "Available",
+                "False",
+                "MinimumReplicasUnavailable",
+                "Deployment does not have minimum availability.",
+                update=True,
+            )
         if spec.get("paused"):
-            conds = set_condition(conds, "Progressing", "Unknown", "DeploymentPaused", "Deployment is paused",
-                                  update=True)
+            conds = set_condition(
+                conds, "Progressing", "Unknown", "DeploymentPaused", "Deployment is paused", update=True
+            )
         elif new is not None:
             rs_name = key_of(new)[1]
             done = updated == replicas and active == updated and available >= replicas
             conds = set_condition(
-                conds, "Progressing", "True", "NewReplicaSetAvailable" if done else "ReplicaSetUpdated",
-                f'ReplicaSet "{rs_name}" has successfully progressed.' if done else
-                f'ReplicaSet "{rs_name}" is progressing.', update=True)
+                conds,
+                "Progressing",
+                "True",
+                "NewReplicaSetAvailable" if done else "ReplicaSetUpdated",
+                f'ReplicaSet "{rs_name}" has successfully progressed.'
+                if done
+                else f'ReplicaSet "{rs_name}" is progressing.',
+                update=True,
+            )
         total = sum(replicas_of(rs) for rs in [*old, *([new] if new else [])])
-        await write_status(self.kube, DEPLOYMENTS, self.deployments, d, compact({
-            "observedGeneration": (d.get("metadata") or {}).get("generation"),
-            "replicas": active, "updatedReplicas": updated, "readyReplicas": ready, "availableReplicas": available,
-            "unavailableReplicas": max(0, total - available), "conditions": conds,
-            "collisionCount": status.get("collisionCount")}))
+        await write_status(
+            self.kube,
+            DEPLOYMENTS,
+            self.deployments,
+            d,
+            compact(
+                {
+                    "observedGeneration": (d.get("metadata") or {}).get("generation"),
+                    "replicas": active,
+                    "updatedReplicas": updated,
+                    "readyReplicas": ready,
+                    "availableReplicas": available,
+                    "unavailableReplicas": max(0, total - available),
+                    "conditions": conds,
+                    "collisionCount": status.get("collisionCount"),
+                }
+            ),
+        )

@@ -78,12 +78,15 @@ class JobController:
         job = self.jobs.get(namespace, name)
         if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
             return None
-        with tracer.start_as_current_span("controllers.reconcile_job", attributes={
-                "k8s.namespace.name": namespace, "k8s.job.name": name}) as span:
+        with tracer.start_as_current_span(
+            "controllers.reconcile_job", attributes={"k8s.namespace.name": namespace, "k8s.job.name": name}
+        ) as span:
             again = await self.sync(job)
-            span.set_attribute("gpu_dra.job.finished",
-                               condition_true(self.jobs.get(namespace, name) or job, "Complete")
-                               or condition_true(self.jobs.get(namespace, name) or job, "Failed"))
+            span.set_attribute(
+                "gpu_dra.job.finished",
+                condition_true(self.jobs.get(namespace, name) or job, "Complete")
+                or condition_true(self.jobs.get(namespace, name) or job, "Failed"),
+            )
             return again
 
     async def sync(self, job: Obj) -> float | None:
@@ -94,8 +97,11 @@ class JobController:
         active = [p for p in pods if is_active(p)]
         restarts = 0
         if pod_spec.get("restartPolicy") == "OnFailure":
-            restarts = sum(int(cs.get("restartCount") or 0) for p in active
-                           for cs in (p.get("status") or {}).get("containerStatuses") or [])
+            restarts = sum(
+                int(cs.get("restartCount") or 0)
+                for p in active
+                for cs in (p.get("status") or {}).get("containerStatuses") or []
+            )
         succeeded = max(int(status.get("succeeded") or 0), sum(1 for p in pods if _phase(p) == "Succeeded"))
         failed = max(int(status.get("failed") or 0), sum(1 for p in pods if _phase(p) == "Failed"))
         conds = list(status.get("conditions") or [])
@@ -115,8 +121,10 @@ class JobController:
             failure: tuple[str, str] | None = None
             policy = pod_spec.get("restartPolicy")
             if policy not in ("Never", "OnFailure"):
-                failure = ("InvalidRestartPolicy",
-                           f"the pod template's restartPolicy must be Never or OnFailure, not {policy!r}")
+                failure = (
+                    "InvalidRestartPolicy",
+                    f"the pod template's restartPolicy must be Never or OnFailure, not {policy!r}",
+                )
             elif failed + restarts > backoff:
                 failure = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
             elif deadline is not None and elapsed is not None and elapsed >= int(deadline):
@@ -131,8 +139,14 @@ class JobController:
             elif complete:
                 await delete_pods(self.kube, self.pods, active)
                 for kind in ("SuccessCriteriaMet", "Complete"):
-                    conds = set_condition(conds, kind, "True", "CompletionsReached",
-                                          "Reached expected number of succeeded pods", probe=True)
+                    conds = set_condition(
+                        conds,
+                        kind,
+                        "True",
+                        "CompletionsReached",
+                        "Reached expected number of succeeded pods",
+                        probe=True,
+                    )
                 status["completionTime"] = now_iso()
                 log.info("job complete", job=f"{ns}/{name}", succeeded=succeeded, failed=failed)
                 await record_event(self.kube, job, self.component, "Completed", "Job completed")
@@ -152,8 +166,15 @@ class JobController:
         else:
             again = await self.expire(job)
         active = [p for p in self.pods_of(job) if is_active(p)]
-        status.update({"active": len(active), "ready": sum(1 for p in active if is_ready(p)),
-                       "succeeded": succeeded, "failed": failed, "conditions": conds})
+        status.update(
+            {
+                "active": len(active),
+                "ready": sum(1 for p in active if is_ready(p)),
+                "succeeded": succeeded,
+                "failed": failed,
+                "conditions": conds,
+            }
+        )
         current = self.jobs.get(ns, name)
         if current is not None and uid_of(current) == uid_of(job):
             await write_status(self.kube, JOBS, self.jobs, current, compact(status, keep=("ready",)))
@@ -168,10 +189,11 @@ class JobController:
             finally:
                 if made:
                     log.info("job pods created", job=f"{ns}/{name}", count=made, want=want)
-                    await record_event(self.kube, job, self.component, "SuccessfulCreate",
-                                       f"Created {made} pod(s) for Job {name}")
+                    await record_event(
+                        self.kube, job, self.component, "SuccessfulCreate", f"Created {made} pod(s) for Job {name}"
+                    )
         elif len(active) > want:
-            victims = delete_order(active)[:len(active) - want]
+            victims = delete_order(active)[: len(active) - want]
             await delete_pods(self.kube, self.pods, victims)
             log.info("job pods deleted", job=f"{ns}/{name}", count=len(victims), want=want)
 
@@ -182,7 +204,8 @@ class JobController:
             return None
         status = job.get("status") or {}
         finished_at = status.get("completionTime") or next(
-            (c.get("lastTransitionTime") for c in status.get("conditions") or [] if c.get("type") == "Failed"), None)
+            (c.get("lastTransitionTime") for c in status.get("conditions") or [] if c.get("type") == "Failed"), None
+        )
         since = _seconds_since(finished_at)
         if since is None:
             return None

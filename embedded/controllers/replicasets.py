@@ -32,6 +32,7 @@ STATUS_WRITE_TRIES = 5
 
 # ---- helpers shared by the controllers -------------------------------------------------------------
 
+
 def now_iso() -> str:
     return k8s_time()
 
@@ -48,7 +49,8 @@ def parse_time(text: str | None) -> dt.datetime | None:
 def is_active(pod: Obj) -> bool:
     """Counts towards replicas: not being deleted and not finished."""
     return not (pod.get("metadata") or {}).get("deletionTimestamp") and (
-        (pod.get("status") or {}).get("phase") not in DONE_PHASES)
+        (pod.get("status") or {}).get("phase") not in DONE_PHASES
+    )
 
 
 def ready_condition(pod: Obj) -> Obj | None:
@@ -77,16 +79,27 @@ def available_in(pod: Obj, min_ready_seconds: int) -> float | None:
 
 def owner_ref(owner: Obj, api_version: str, kind: str) -> Obj:
     md = owner["metadata"]
-    return {"apiVersion": api_version, "kind": kind, "name": md["name"], "uid": md["uid"],
-            "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": md["name"],
+        "uid": md["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
-def pod_from_template(template: Obj, namespace: str, generate_name: str, owner: Obj,
-                      labels: dict[str, str] | None = None) -> Obj:
+def pod_from_template(
+    template: Obj, namespace: str, generate_name: str, owner: Obj, labels: dict[str, str] | None = None
+) -> Obj:
     """A Pod body from a pod template: its labels (plus `labels`), annotations and spec, owned by `owner`."""
     tmd = template.get("metadata") or {}
-    md: Obj = {"generateName": generate_name, "namespace": namespace,
-               "labels": {**(tmd.get("labels") or {}), **(labels or {})}, "ownerReferences": [owner]}
+    md: Obj = {
+        "generateName": generate_name,
+        "namespace": namespace,
+        "labels": {**(tmd.get("labels") or {}), **(labels or {})},
+        "ownerReferences": [owner],
+    }
     if tmd.get("annotations"):
         md["annotations"] = dict(tmd["annotations"])
     if tmd.get("finalizers"):
@@ -98,9 +111,14 @@ def delete_order(pods: list[Obj]) -> list[Obj]:
     """Pods in the order to delete them: unscheduled, pending, not ready, and newest first."""
     phase_rank = {"Pending": 0, "Unknown": 1, "Running": 2}
     newest = sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""), reverse=True)
-    return sorted(newest, key=lambda p: (bool((p.get("spec") or {}).get("nodeName")),
-                                         phase_rank.get(str((p.get("status") or {}).get("phase")), 0),
-                                         is_ready(p)))
+    return sorted(
+        newest,
+        key=lambda p: (
+            bool((p.get("spec") or {}).get("nodeName")),
+            phase_rank.get(str((p.get("status") or {}).get("phase")), 0),
+            is_ready(p),
+        ),
+    )
 
 
 async def create_pods(kube: Kube, pods: Informer, namespace: str, count: int, body: Callable[[], Obj]) -> int:
@@ -108,8 +126,9 @@ async def create_pods(kube: Kube, pods: Informer, namespace: str, count: int, bo
     made, batch = 0, 1
     while made < count:
         size = min(batch, count - made)
-        results = await asyncio.gather(*(kube.create(PODS, namespace, body())
-                                         for _ in range(size)), return_exceptions=True)
+        results = await asyncio.gather(
+            *(kube.create(PODS, namespace, body()) for _ in range(size)), return_exceptions=True
+        )
         errors = [r for r in results if isinstance(r, BaseException)]
         for r in results:
             if isinstance(r, dict):
@@ -153,8 +172,9 @@ async def write_status(kube: Kube, res: Resource, cache: Informer, obj: Obj, sta
     return False
 
 
-def set_condition(conditions: list[Obj], kind: str, status: str, reason: str, message: str,
-                  probe: bool = False, update: bool = False) -> list[Obj]:
+def set_condition(
+    conditions: list[Obj], kind: str, status: str, reason: str, message: str, probe: bool = False, update: bool = False
+) -> list[Obj]:
     """conditions with `kind` set; timestamps kept while nothing about it changes."""
     now = now_iso()
     old = next((c for c in conditions if c.get("type") == kind), None)
@@ -172,21 +192,35 @@ def set_condition(conditions: list[Obj], kind: str, status: str, reason: str, me
 
 
 def condition_true(obj: Obj, kind: str) -> bool:
-    return any(c.get("type") == kind and c.get("status") == "True"
-               for c in (obj.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == kind and c.get("status") == "True" for c in (obj.get("status") or {}).get("conditions") or []
+    )
 
 
-async def record_event(kube: Kube, obj: Obj, component: str, reason: str, message: str,
-                       warning: bool = False) -> None:
+async def record_event(kube: Kube, obj: Obj, component: str, reason: str, message: str, warning: bool = False) -> None:
     """A core/v1 Event about obj; best effort, as upstream's recorder."""
     ns, name = key_of(obj)
     now = now_iso()
-    body = {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": f"{name}.", "namespace": ns},
-            "involvedObject": {"apiVersion": obj.get("apiVersion", ""), "kind": obj.get("kind", ""),
-                               "namespace": ns, "name": name, "uid": uid_of(obj)},
-            "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
-            "source": {"component": component}, "reportingComponent": component,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{name}.", "namespace": ns},
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion", ""),
+            "kind": obj.get("kind", ""),
+            "namespace": ns,
+            "name": name,
+            "uid": uid_of(obj),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": component},
+        "reportingComponent": component,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
     try:
         await kube.create(EVENTS, ns, body)
     except ApiError as exc:
@@ -199,6 +233,7 @@ def compact(status: Obj, keep: tuple[str, ...] = ()) -> Obj:
 
 
 # ---- the ReplicaSet controller ---------------------------------------------------------------------
+
 
 class ReplicaSetController:
     component = "replicaset-controller"
@@ -216,8 +251,10 @@ class ReplicaSetController:
         rs = self.replicasets.get(namespace, name)
         if rs is None or (rs.get("metadata") or {}).get("deletionTimestamp"):
             return None
-        with tracer.start_as_current_span("controllers.reconcile_replicaset", attributes={
-                "k8s.namespace.name": namespace, "k8s.replicaset.name": name}) as span:
+        with tracer.start_as_current_span(
+            "controllers.reconcile_replicaset",
+            attributes={"k8s.namespace.name": namespace, "k8s.replicaset.name": name},
+        ) as span:
             spec = rs.get("spec") or {}
             want = 1 if spec.get("replicas") is None else int(spec["replicas"])
             active = [p for p in self.pods_of(rs) if is_active(p)]
@@ -228,19 +265,34 @@ class ReplicaSetController:
                 template = spec.get("template") or {}
                 made = 0
                 try:
-                    made = await create_pods(self.kube, self.pods, namespace, want - len(active),
-                                             lambda: pod_from_template(template, namespace, f"{name}-", ref))
+                    made = await create_pods(
+                        self.kube,
+                        self.pods,
+                        namespace,
+                        want - len(active),
+                        lambda: pod_from_template(template, namespace, f"{name}-", ref),
+                    )
                 finally:
                     if made:
                         log.info("pods created", replicaset=f"{namespace}/{name}", count=made, want=want)
-                        await record_event(self.kube, rs, self.component, "SuccessfulCreate",
-                                           f"Created {made} pod(s) for ReplicaSet {name}")
+                        await record_event(
+                            self.kube,
+                            rs,
+                            self.component,
+                            "SuccessfulCreate",
+                            f"Created {made} pod(s) for ReplicaSet {name}",
+                        )
             elif len(active) > want:
-                victims = delete_order(active)[:len(active) - want]
+                victims = delete_order(active)[: len(active) - want]
                 await delete_pods(self.kube, self.pods, victims)
                 log.info("pods deleted", replicaset=f"{namespace}/{name}", count=len(victims), want=want)
-                await record_event(self.kube, rs, self.component, "SuccessfulDelete",
-                                   "Deleted pod(s): " + ", ".join(key_of(p)[1] for p in victims))
+                await record_event(
+                    self.kube,
+                    rs,
+                    self.component,
+                    "SuccessfulDelete",
+                    "Deleted pod(s): " + ", ".join(key_of(p)[1] for p in victims),
+                )
             return await self.update_status(namespace, name)
 
     async def update_status(self, namespace: str, name: str) -> float | None:
@@ -250,19 +302,27 @@ class ReplicaSetController:
         spec = rs.get("spec") or {}
         min_ready = int(spec.get("minReadySeconds") or 0)
         active = [p for p in self.pods_of(rs) if is_active(p)]
-        selector = ((spec.get("selector") or {}).get("matchLabels") or {})
+        selector = (spec.get("selector") or {}).get("matchLabels") or {}
         template_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
         waits = [available_in(p, min_ready) for p in active]
-        status = compact({
-            "replicas": len(active),
-            "fullyLabeledReplicas": sum(1 for p in active if all(
-                ((p.get("metadata") or {}).get("labels") or {}).get(k) == v
-                for k, v in {**template_labels, **selector}.items())),
-            "readyReplicas": sum(1 for p in active if is_ready(p)),
-            "availableReplicas": sum(1 for w in waits if w == 0),
-            "observedGeneration": (rs.get("metadata") or {}).get("generation"),
-            "conditions": (rs.get("status") or {}).get("conditions"),
-        }, keep=("replicas",))
+        status = compact(
+            {
+                "replicas": len(active),
+                "fullyLabeledReplicas": sum(
+                    1
+                    for p in active
+                    if all(
+                        ((p.get("metadata") or {}).get("labels") or {}).get(k) == v
+                        for k, v in {**template_labels, **selector}.items()
+                    )
+                ),
+                "readyReplicas": sum(1 for p in active if is_ready(p)),
+                "availableReplicas": sum(1 for w in waits if w == 0),
+                "observedGeneration": (rs.get("metadata") or {}).get("generation"),
+                "conditions": (rs.get("status") or {}).get("conditions"),
+            },
+            keep=("replicas",),
+        )
         await write_status(self.kube, REPLICASETS, self.replicasets, rs, status)
         pending = [w for w in waits if w]
         return min(pending) + 0.05 if pending else None

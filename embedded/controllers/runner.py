@@ -37,8 +37,9 @@ TRANSIENT = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 class Controllers:
     """`await Controllers(api_client).run(stopping)` runs the Deployment, ReplicaSet and Job controllers."""
 
-    def __init__(self, api_client: ApiClient, resync_seconds: float = 30.0, workers: int = 4,
-                 watch_timeout_s: int = 300) -> None:
+    def __init__(
+        self, api_client: ApiClient, resync_seconds: float = 30.0, workers: int = 4, watch_timeout_s: int = 300
+    ) -> None:
         self.kube = Kube(api_client)
         self.queue: WorkQueue[QueueKey] = WorkQueue()
         self.resync_seconds = resync_seconds
@@ -52,8 +53,10 @@ class Controllers:
         self.deploy = DeploymentController(self.kube, self.deployments, self.replicasets, self.pods)
         self.job = JobController(self.kube, self.jobs, self.pods)
         self.reconcilers: dict[str, Reconcile] = {
-            REPLICASETS.plural: self.rs.reconcile, DEPLOYMENTS.plural: self.deploy.reconcile,
-            JOBS.plural: self.job.reconcile}
+            REPLICASETS.plural: self.rs.reconcile,
+            DEPLOYMENTS.plural: self.deploy.reconcile,
+            JOBS.plural: self.job.reconcile,
+        }
         self.ready = asyncio.Event()  # every informer listed; workers running
         self.reconciles = 0
 
@@ -111,8 +114,9 @@ class Controllers:
                     self.queue.add_after(key, again)
             except (ApiError, *TRANSIENT) as exc:
                 delay = self.queue.retry(key)
-                log.warning("reconcile failed; retrying", kind=plural, object=f"{ns}/{name}", error=str(exc),
-                            retry_s=delay)
+                log.warning(
+                    "reconcile failed; retrying", kind=plural, object=f"{ns}/{name}", error=str(exc), retry_s=delay
+                )
             except Exception:
                 delay = self.queue.retry(key)
                 log.exception("reconcile crashed; retrying", kind=plural, object=f"{ns}/{name}", retry_s=delay)
@@ -120,16 +124,21 @@ class Controllers:
                 self.queue.done(key)
 
     async def run(self, stopping: asyncio.Event) -> None:
-        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(i.run(stopping), name=f"inform-{i.res.plural}")
-                                          for i in self.informers]
+        tasks: list[asyncio.Task[Any]] = [
+            asyncio.create_task(i.run(stopping), name=f"inform-{i.res.plural}") for i in self.informers
+        ]
         try:
             if not await until_synced((i.synced for i in self.informers), stopping):
                 return
             tasks += [asyncio.create_task(self._work(), name=f"controller-worker-{n}") for n in range(self.workers)]
             self.ready.set()
-            log.info("controllers synced", deployments=len(self.deployments.objects),
-                     replicasets=len(self.replicasets.objects), jobs=len(self.jobs.objects),
-                     pods=len(self.pods.objects))
+            log.info(
+                "controllers synced",
+                deployments=len(self.deployments.objects),
+                replicasets=len(self.replicasets.objects),
+                jobs=len(self.jobs.objects),
+                pods=len(self.pods.objects),
+            )
             while not stopping.is_set():
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stopping.wait(), self.resync_seconds)

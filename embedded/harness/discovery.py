@@ -48,8 +48,14 @@ async def running_discovery(
 ) -> AsyncIterator[RunningDiscovery]:
     """Run discovery for `node` on a simulated machine (`simulate` spec or `machine` YAML file)."""
     root = Path(root) / node
-    cfg = DiscoveryConfig(node=node, simulate="" if machine else simulate, machine=machine,
-                          dev_root=str(root), rescan_interval=rescan_interval, **overrides).resolved()  # type: ignore[arg-type]
+    cfg = DiscoveryConfig(
+        node=node,
+        simulate="" if machine else simulate,
+        machine=machine,
+        dev_root=str(root),
+        rescan_interval=rescan_interval,
+        **overrides,  # type: ignore[arg-type]
+    ).resolved()
     nvml = open_nvml(cfg)
     await nvml.start()
     service = DiscoveryService(cfg, nvml, bus)
@@ -70,15 +76,17 @@ async def running_discovery(
         await nvml.close()
 
 
-async def scan_simulated(root: Path | str, node: str = "n1", simulate: str = "h100x8",
-                         machine: str = "") -> NodeInventory:
+async def scan_simulated(
+    root: Path | str, node: str = "n1", simulate: str = "h100x8", machine: str = ""
+) -> NodeInventory:
     """Scan a simulated machine once, without a bus: what `gpu-dra discovery --once` prints.
 
     The fake `/dev` tree and simulated NVML state live under `root/<node>`.
     """
     dev = Path(root) / node
-    cfg = DiscoveryConfig(node=node, simulate="" if machine else simulate, machine=machine,
-                          dev_root=str(dev)).resolved()
+    cfg = DiscoveryConfig(
+        node=node, simulate="" if machine else simulate, machine=machine, dev_root=str(dev)
+    ).resolved()
     nvml = open_nvml(cfg)
     await nvml.start()
     try:

@@ -23,8 +23,9 @@ _replicas = itertools.count(1)
 
 
 @contextlib.asynccontextmanager
-async def running_publisher(nats_url: str, kubeconfig: str, *, clean_stop: bool = True,
-                            **settings: Any) -> AsyncIterator[Publisher]:
+async def running_publisher(
+    nats_url: str, kubeconfig: str, *, clean_stop: bool = True, **settings: Any
+) -> AsyncIterator[Publisher]:
     """A started publisher replica; settings override PublisherConfig fields (e.g. mig_mode="dynamic")."""
     settings.setdefault("replica_id", f"test-replica-{next(_replicas)}")
     settings.setdefault("heartbeat_seconds", 0.1)
@@ -59,8 +60,9 @@ async def until(publisher: Publisher, check_fn: Callable[[], Awaitable[bool]], t
 async def ensure_node(api: Any, name: str) -> str:
     """Create the Node `name` if missing; its uid."""
     try:
-        raw = await kube.request(api, "POST", "/api/v1/nodes",
-                                 body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        raw = await kube.request(
+            api, "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        )
     except kube.ApiError as exc:
         if exc.status != 409:
             raise
@@ -71,7 +73,11 @@ async def ensure_node(api: Any, name: str) -> str:
 
 async def node_slices(api: Any, node: str, driver: str = "gpu.nvidia.com", version: str = "v1") -> list[dict[str, Any]]:
     """The node's slices of `driver` as the server has them, sorted by name."""
-    raw = await kube.request(api, "GET", f"/apis/resource.k8s.io/{version}/resourceslices",
-                             query=[("fieldSelector", f"spec.driver={driver},spec.nodeName={node}")])
+    raw = await kube.request(
+        api,
+        "GET",
+        f"/apis/resource.k8s.io/{version}/resourceslices",
+        query=[("fieldSelector", f"spec.driver={driver},spec.nodeName={node}")],
+    )
     items: list[dict[str, Any]] = kube.decode(raw)["items"]
     return sorted(items, key=lambda s: s["metadata"]["name"])

@@ -85,8 +85,9 @@ def choose_version(supported: list[str], known: dict[str, str] = KUBELET_SERVICE
     for entry in supported:
         if entry in known:
             return known[entry]
-    raise PluginError(f"none of services supported by the plugin ({supported}) are supported by the kubelet "
-                      f"({list(known)})")
+    raise PluginError(
+        f"none of services supported by the plugin ({supported}) are supported by the kubelet ({list(known)})"
+    )
 
 
 class DraPlugin:
@@ -111,20 +112,24 @@ class DraPlugin:
             full_method = f"/k8s.io.kubelet.pkg.apis.dra.{self.version}.DRAPlugin/{method}"
             with metrics.grpc_call(self.driver, full_method) as said:
                 try:
-                    response = await getattr(self._stub, method)(request, timeout=timeout,
-                                                                 metadata=inject_grpc_metadata())
+                    response = await getattr(self._stub, method)(
+                        request, timeout=timeout, metadata=inject_grpc_metadata()
+                    )
                 except grpc.aio.AioRpcError as exc:
                     said(exc.code())
                     span.set_status(Status(StatusCode.ERROR, exc.details() or str(exc.code())))
-                    raise PluginError(f"{method} on {self.endpoint} failed: {exc.code().name}: "
-                                      f"{exc.details()}") from exc
+                    raise PluginError(
+                        f"{method} on {self.endpoint} failed: {exc.code().name}: {exc.details()}"
+                    ) from exc
                 except asyncio.CancelledError:
                     said(grpc.StatusCode.CANCELLED)
                     if cancelling():
                         raise  # our caller is being cancelled
                     span.set_status(Status(StatusCode.ERROR, "channel closed"))
-                    raise PluginError(f"{method} on {self.endpoint} failed: CANCELLED: the channel closed during "
-                                      f"the call (the plugin's registration went away or was replaced)") from None
+                    raise PluginError(
+                        f"{method} on {self.endpoint} failed: CANCELLED: the channel closed during "
+                        f"the call (the plugin's registration went away or was replaced)"
+                    ) from None
             wanted = {c.uid for c in claims}
             unknown = [uid for uid in response.claims if uid not in wanted]
             if unknown:
@@ -138,9 +143,16 @@ class DraPlugin:
         response = await self._call("NodePrepareResources", claims, timeout)
         out: dict[str, PreparedClaim] = {}
         for uid, entry in response.claims.items():
-            devices = [PreparedDevice(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids),
-                                      d.share_id if self.version == "v1" and d.HasField("share_id") else None)
-                       for d in entry.devices]
+            devices = [
+                PreparedDevice(
+                    list(d.request_names),
+                    d.pool_name,
+                    d.device_name,
+                    list(d.cdi_device_ids),
+                    d.share_id if self.version == "v1" and d.HasField("share_id") else None,
+                )
+                for d in entry.devices
+            ]
             out[uid] = PreparedClaim(devices=devices if not entry.error else [], error=entry.error)
         return out
 
@@ -153,9 +165,16 @@ class DraPlugin:
         Raises grpc.aio.AioRpcError (UNIMPLEMENTED: the plugin serves no health stream)."""
         stub = health_grpc.DRAResourceHealthStub(self.channel)
         async for message in stub.NodeWatchResources(health_pb2.NodeWatchResourcesRequest()):
-            yield [DeviceHealthReport(d.device.pool_name, d.device.device_name, _HEALTH.get(d.health, "Unknown"),
-                                      d.last_updated_time, d.health_check_timeout_seconds)
-                   for d in message.devices]
+            yield [
+                DeviceHealthReport(
+                    d.device.pool_name,
+                    d.device.device_name,
+                    _HEALTH.get(d.health, "Unknown"),
+                    d.last_updated_time,
+                    d.health_check_timeout_seconds,
+                )
+                for d in message.devices
+            ]
 
     async def close(self) -> None:
         """Close the channel; calls in flight on it fail with PluginError."""
@@ -186,12 +205,14 @@ async def register(registration_socket: Path | str, *, known: dict[str, str] = K
             version = choose_version(list(info.supported_versions), known)
         except PluginError as exc:
             try:
-                await stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=False,
-                                                                               error=str(exc)), timeout=NOTIFY_TIMEOUT)
+                await stub.NotifyRegistrationStatus(
+                    reg_pb2.RegistrationStatus(plugin_registered=False, error=str(exc)), timeout=NOTIFY_TIMEOUT
+                )
             except grpc.aio.AioRpcError:
                 pass  # the plugin answers a refusal with an error of its own
             raise
         endpoint = info.endpoint or str(path)
-        await stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True, error=""),
-                                            timeout=NOTIFY_TIMEOUT)
+        await stub.NotifyRegistrationStatus(
+            reg_pb2.RegistrationStatus(plugin_registered=True, error=""), timeout=NOTIFY_TIMEOUT
+        )
     return DraPlugin(info.name, endpoint, version)

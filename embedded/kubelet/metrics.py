@@ -27,13 +27,17 @@ from prometheus_client.registry import Collector
 
 ANY_DRIVER = "<any>"
 OPERATIONS = Histogram(
-    "dra_operations_duration_seconds", "Latency histogram in seconds for the duration of handling all ResourceClaims "
+    "dra_operations_duration_seconds",
+    "Latency histogram in seconds for the duration of handling all ResourceClaims "
     "referenced by a pod when the pod is being started or shut down. Identified by the name of the operation "
     "(PrepareResources or UnprepareResources) and separated by the success of the operation.",
-    ["operation_name", "is_error"])
+    ["operation_name", "is_error"],
+)
 GRPC_OPERATIONS = Histogram(
-    "dra_grpc_operations_duration_seconds", "Duration in seconds of the DRA gRPC operations",
-    ["driver_name", "method_name", "grpc_status_code"])
+    "dra_grpc_operations_duration_seconds",
+    "Duration in seconds of the DRA gRPC operations",
+    ["driver_name", "method_name", "grpc_status_code"],
+)
 
 
 def go_code(code: grpc.StatusCode) -> str:
@@ -91,9 +95,13 @@ class _ClaimsInUse(Collector):
         self._tracked.append(weakref.ref(runner))
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("dra_resource_claims_in_use", "The number of ResourceClaims that are currently "
-                                   "in use on the node, by driver name (driver_name label value) and across all "
-                                   "drivers (special value <any> for driver_name).", labels=["driver_name"])
+        family = GaugeMetricFamily(
+            "dra_resource_claims_in_use",
+            "The number of ResourceClaims that are currently "
+            "in use on the node, by driver name (driver_name label value) and across all "
+            "drivers (special value <any> for driver_name).",
+            labels=["driver_name"],
+        )
         counts: dict[str, int] = {ANY_DRIVER: 0}
         for ref in list(self._tracked):
             runner = ref()

@@ -16,8 +16,9 @@ from typing import Any
 class Attachment:
     """One client's view of a container's streams (remotecommand.Streams)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, spec: dict[str, Any],
-                 leave: Callable[[asyncio.Queue[bytes]], None]) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, spec: dict[str, Any], leave: Callable[[asyncio.Queue[bytes]], None]
+    ) -> None:
         self.proc = proc
         self.spec = spec
         self.lines: asyncio.Queue[bytes] = asyncio.Queue()  # b"" once the container has exited

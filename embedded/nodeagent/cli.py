@@ -20,8 +20,10 @@ from shared.logs import get_logger
 from shared.runtime import service_main
 
 log = get_logger(__name__)
-DESCRIPTION = ("Kubelet emulator: registers DRA plugins from the registry dir, prepares the claims of pods "
-               "bound to this node over the real gRPC sockets, and runs those pods.")
+DESCRIPTION = (
+    "Kubelet emulator: registers DRA plugins from the registry dir, prepares the claims of pods "
+    "bound to this node over the real gRPC sockets, and runs those pods."
+)
 
 
 class KubeletConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
@@ -52,9 +54,14 @@ def container_runtime(cfg: KubeletConfig, state_dir: Path) -> Runtime | None:
         return None
     shim_dir = state_dir / "bin"
     nvidiasmi.install(shim_dir)
-    return Runtime(bwrap=bwrap, work_root=state_dir / "pods", shim_dir=shim_dir, sim_state=cfg.sim_state,
-                   log_root=Path(cfg.pod_log_dir) if cfg.pod_log_dir else state_dir / "pod-logs",
-                   backoff_base=cfg.backoff_seconds)
+    return Runtime(
+        bwrap=bwrap,
+        work_root=state_dir / "pods",
+        shim_dir=shim_dir,
+        sim_state=cfg.sim_state,
+        log_root=Path(cfg.pod_log_dir) if cfg.pod_log_dir else state_dir / "pod-logs",
+        backoff_base=cfg.backoff_seconds,
+    )
 
 
 async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
@@ -64,8 +71,16 @@ async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
         state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(cfg.registry_dir).parent / "gpu-dra-kubelet"
         state_dir = await asyncio.to_thread(state_dir.resolve)  # containers' dirs named by their real place
         runtime = await asyncio.to_thread(container_runtime, cfg, state_dir)
-        runner = PodRunner(cfg.node, api, plugins, [Path(cfg.cdi_dir)], resync_seconds=cfg.resync_seconds,
-                           state_dir=state_dir, runtime=runtime, health=plugins.health)
+        runner = PodRunner(
+            cfg.node,
+            api,
+            plugins,
+            [Path(cfg.cdi_dir)],
+            resync_seconds=cfg.resync_seconds,
+            state_dir=state_dir,
+            runtime=runtime,
+            health=plugins.health,
+        )
         kubelet_api = KubeletServer(KubeletAuth(api, cfg.node), lambda: runner.workers)
         agent = NodeAgent(core, api, cfg.node, await kubelet_api.start())
         watcher = asyncio.create_task(plugins.run(stopping))
@@ -97,5 +112,11 @@ async def run(cfg: KubeletConfig, stopping: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main(KubeletConfig, argv, prog="gpu-dra kubelet", description=DESCRIPTION,
-                        service=lambda cfg: f"kubelet-{cfg.node}", run=run)
+    return service_main(
+        KubeletConfig,
+        argv,
+        prog="gpu-dra kubelet",
+        description=DESCRIPTION,
+        service=lambda cfg: f"kubelet-{cfg.node}",
+        run=run,
+    )

@@ -61,10 +61,16 @@ class ContainerState:
 
     def status(self) -> dict[str, Any]:
         running = "running" in self.state
-        out = {"name": self.name, "image": self.image, "imageID": "", "restartCount": self.restarts,
-               "ready": running and not self.init, "started": running,
-               "state": {k: self.state.get(k) for k in ("waiting", "running", "terminated")},
-               "lastState": self.last}
+        out = {
+            "name": self.name,
+            "image": self.image,
+            "imageID": "",
+            "restartCount": self.restarts,
+            "ready": running and not self.init,
+            "started": running,
+            "state": {k: self.state.get(k) for k in ("waiting", "running", "terminated")},
+            "lastState": self.last,
+        }
         if running:
             out["containerID"] = f"bwrap://{self.name}-{self.restarts}"
         return out
@@ -91,9 +97,20 @@ def _descendants(pid: int) -> list[int]:
 class PodWorker:
     """One pod's containers, from start to a final phase or until stopped."""
 
-    def __init__(self, pod: dict[str, Any], edits: dict[str, dict[str, Any]], *, bwrap: str, work_root: Path,
-                 log_root: Path, shim_dir: Path, sim_state: str, on_change: Callable[[PodWorker], None],
-                 backoff_base: float = 10.0, on_event: ContainerEvent | None = None) -> None:
+    def __init__(
+        self,
+        pod: dict[str, Any],
+        edits: dict[str, dict[str, Any]],
+        *,
+        bwrap: str,
+        work_root: Path,
+        log_root: Path,
+        shim_dir: Path,
+        sim_state: str,
+        on_change: Callable[[PodWorker], None],
+        backoff_base: float = 10.0,
+        on_event: ContainerEvent | None = None,
+    ) -> None:
         self.pod = pod
         self.on_event = on_event or (lambda container, type, reason, message: None)
         self.edits = edits
@@ -106,7 +123,9 @@ class PodWorker:
         self.backoff_base = backoff_base
         spec = pod.get("spec") or {}
         self.policy = spec.get("restartPolicy") or "Always"
-        self.inits = [ContainerState(c["name"], c.get("image", ""), init=True) for c in spec.get("initContainers") or []]
+        self.inits = [
+            ContainerState(c["name"], c.get("image", ""), init=True) for c in spec.get("initContainers") or []
+        ]
         self.mains = [ContainerState(c["name"], c.get("image", "")) for c in spec.get("containers") or []]
         self.specs = {c["name"]: c for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]}
         self.ephemerals: list[ContainerState] = []  # `kubectl debug`'s containers, run once each, as they come
@@ -135,27 +154,37 @@ class PodWorker:
         elif not ready:
             bad = " ".join(c.name for c in self.mains if "running" not in c.state)
             why = {"reason": "ContainersNotReady", "message": f"containers with unready status: [{bad}]"}
-        return {"phase": self.phase, "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": self.started_at,
-                "conditions": [
-                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": self.started_at},
-                    {"type": "Initialized", "status": _flag(self.initialized), "lastTransitionTime": t},
-                    {"type": "ContainersReady", "status": _flag(ready), "lastTransitionTime": t, **why},
-                    {"type": "Ready", "status": _flag(ready), "lastTransitionTime": t, **why}],
-                "initContainerStatuses": [c.status() for c in self.inits] or None,
-                "containerStatuses": [c.status() for c in self.mains],
-                "ephemeralContainerStatuses": [{**c.status(), "ready": False} for c in self.ephemerals] or None}
+        return {
+            "phase": self.phase,
+            "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "startTime": self.started_at,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": self.started_at},
+                {"type": "Initialized", "status": _flag(self.initialized), "lastTransitionTime": t},
+                {"type": "ContainersReady", "status": _flag(ready), "lastTransitionTime": t, **why},
+                {"type": "Ready", "status": _flag(ready), "lastTransitionTime": t, **why},
+            ],
+            "initContainerStatuses": [c.status() for c in self.inits] or None,
+            "containerStatuses": [c.status() for c in self.mains],
+            "ephemeralContainerStatuses": [{**c.status(), "ready": False} for c in self.ephemerals] or None,
+        }
 
     def _changed(self) -> None:
-        if self.phase in ("Succeeded", "Failed") or all(
-                "waiting" not in c.state or c.restarts for c in self.mains):
+        if self.phase in ("Succeeded", "Failed") or all("waiting" not in c.state or c.restarts for c in self.mains):
             self.started.set()
         self.on_change(self)
 
     # ------------------------------------------------------------------ one run of one container
     def _env(self, name: str) -> tuple[dict[str, str], list[tuple[str, str]], int]:
         spec = self.specs[name]
-        env = {"PATH": CONTAINER_PATH, "HOME": WORK_DIR, "HOSTNAME": self.pod["metadata"]["name"],  # noqa: S108
-               "KUBERNETES_POD_NAME": self.pod["metadata"]["name"], nvidiasmi.STATE_ENV: SIM_STATE}
+        env = {
+            "PATH": CONTAINER_PATH,
+            "HOME": WORK_DIR,
+            "HOSTNAME": self.pod["metadata"]["name"],  # noqa: S108
+            "KUBERNETES_POD_NAME": self.pod["metadata"]["name"],
+            nvidiasmi.STATE_ENV: SIM_STATE,
+        }
         edits = self.edits.get(name) or {}
         for entry in edits.get("env") or []:
             key, _, value = entry.partition("=")
@@ -173,8 +202,9 @@ class PodWorker:
         uid = 0 if ctx.get("runAsUser") == 0 or (ctx.get("privileged") is True) else NOBODY
         return env, [(a, b) for a, b in binds], uid
 
-    def _set_up(self, name: str, tmp: Path, work: Path,
-                log_path: Path) -> tuple[dict[str, str], list[tuple[str, str]], int, str, BinaryIO]:
+    def _set_up(
+        self, name: str, tmp: Path, work: Path, log_path: Path
+    ) -> tuple[dict[str, str], list[tuple[str, str]], int, str, BinaryIO]:
         """A container's env, binds and user, its directories made, the simulated NVML state to bind ("" when
         there is none) and its log file opened: one trip to a worker thread."""
         env, binds, uid = self._env(name)
@@ -203,16 +233,19 @@ class PodWorker:
         log_path = self.logs / c.name / f"{c.restarts}.log"
         env, binds, uid, sim, f = await asyncio.to_thread(self._set_up, c.name, tmp, work, log_path)
         self.envs[c.name] = env
-        cmd = bwrap_argv(self.bwrap, argv, work=work, tmp=tmp, shim_dir=self.shim_dir, uid=uid, env=env,
-                         binds=binds, sim_state=sim)
+        cmd = bwrap_argv(
+            self.bwrap, argv, work=work, tmp=tmp, shim_dir=self.shim_dir, uid=uid, env=env, binds=binds, sim_state=sim
+        )
         for event in pull_events(c.image, spec.get("imagePullPolicy") or "IfNotPresent"):
             self.on_event(c.name, *event)
         started = now()
         try:
-            proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE if spec.get("stdin")
-                                                        else asyncio.subprocess.DEVNULL,
-                                                        stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.STDOUT)
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.PIPE if spec.get("stdin") else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
         except BaseException:
             f.close()
             raise
@@ -221,8 +254,14 @@ class PodWorker:
         self.on_event(c.name, "Normal", "Started", f"Started container {c.name}")
         c.state = {"running": {"startedAt": started}}
         self._changed()
-        log.info("container started", pod=self.pod["metadata"]["name"], container=c.name, pid=proc.pid,
-                 image=c.image, restarts=c.restarts)
+        log.info(
+            "container started",
+            pod=self.pod["metadata"]["name"],
+            container=c.name,
+            pid=proc.pid,
+            image=c.image,
+            restarts=c.restarts,
+        )
         assert proc.stdout is not None
         with f:
             while True:
@@ -238,8 +277,14 @@ class PodWorker:
         self._procs.pop(c.name, None)
         if code < 0:
             code = 128 - code  # killed by a signal: as a runtime reports it
-        c.state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                  "startedAt": started, "finishedAt": now()}}
+        c.state = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": started,
+                "finishedAt": now(),
+            }
+        }
         log.info("container exited", pod=self.pod["metadata"]["name"], container=c.name, exit_code=code)
         return code
 
@@ -254,13 +299,22 @@ class PodWorker:
             c.last = dict(c.state)
             c.restarts += 1
             delay = backoff.next()
-            c.state = {"waiting": {"reason": "CrashLoopBackOff", "message":
-                                   f"back-off {delay:g}s restarting failed container={c.name} "
-                                   f"pod={self.pod['metadata']['name']}"}}
+            c.state = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off {delay:g}s restarting failed container={c.name} "
+                    f"pod={self.pod['metadata']['name']}",
+                }
+            }
             self._changed()
             meta = self.pod["metadata"]
-            self.on_event(c.name, "Warning", "BackOff", f"Back-off restarting failed container {c.name} in pod "
-                                                       f"{meta['name']}_{meta['namespace']}({meta['uid']})")
+            self.on_event(
+                c.name,
+                "Warning",
+                "BackOff",
+                f"Back-off restarting failed container {c.name} in pod "
+                f"{meta['name']}_{meta['namespace']}({meta['uid']})",
+            )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_event.wait(), delay)
             if self._stopping:
@@ -279,8 +333,12 @@ class PodWorker:
             self.phase = "Running"
             self._changed()
             policy = self.policy
-            codes = await asyncio.gather(*(self._loop(c, lambda rc: policy == "Always" or
-                                                      (policy == "OnFailure" and rc != 0)) for c in self.mains))
+            codes = await asyncio.gather(
+                *(
+                    self._loop(c, lambda rc: policy == "Always" or (policy == "OnFailure" and rc != 0))
+                    for c in self.mains
+                )
+            )
             if not self._stopping:
                 self.phase = "Succeeded" if all(rc == 0 for rc in codes) else "Failed"
                 self._changed()

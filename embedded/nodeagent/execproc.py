@@ -37,8 +37,16 @@ def sandbox_init(bwrap_pid: int) -> int | None:
 def nsenter_argv(target: int, argv: list[str], workdir: str = WORK_DIR) -> list[str]:
     """`nsenter ... -- argv` joining `target`'s namespaces; `--preserve-credentials` keeps the caller's uid,
     which the sandbox's user namespace maps to the container's user."""
-    return ["nsenter", f"--target={target}", *NAMESPACES, "--preserve-credentials", "--root", f"--wdns={workdir}",
-            "--", *argv]
+    return [
+        "nsenter",
+        f"--target={target}",
+        *NAMESPACES,
+        "--preserve-credentials",
+        "--root",
+        f"--wdns={workdir}",
+        "--",
+        *argv,
+    ]
 
 
 class ExecProcess:
@@ -50,14 +58,18 @@ class ExecProcess:
         self._closed_stdin = False
 
     @classmethod
-    async def start(cls, target: int, argv: list[str], env: dict[str, str], *, tty: bool,
-                    stdin: bool) -> ExecProcess:
+    async def start(cls, target: int, argv: list[str], env: dict[str, str], *, tty: bool, stdin: bool) -> ExecProcess:
         if tty:  # a session of its own inside the container, the terminal its controlling one
             master, slave = pty.openpty()
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *nsenter_argv(target, ["setsid", "--ctty", "--wait", *argv]), stdin=slave, stdout=slave,
-                    stderr=slave, env=env, start_new_session=True)
+                    *nsenter_argv(target, ["setsid", "--ctty", "--wait", *argv]),
+                    stdin=slave,
+                    stdout=slave,
+                    stderr=slave,
+                    env=env,
+                    start_new_session=True,
+                )
             except BaseException:
                 os.close(master)
                 raise
@@ -65,8 +77,13 @@ class ExecProcess:
                 os.close(slave)
             return cls(proc, master)
         proc = await asyncio.create_subprocess_exec(
-            *nsenter_argv(target, argv), stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+            *nsenter_argv(target, argv),
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         return cls(proc, None)
 
     async def write_stdin(self, data: bytes) -> None:
@@ -124,7 +141,7 @@ class ExecProcess:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 async def _terminal_output(master: int) -> AsyncIterator[bytes]:

@@ -33,8 +33,12 @@ class KubeletAuth:
         if hit and hit[0] > time.monotonic():
             return hit[1]
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
-        status = decode(await request(self.api, "POST", "/apis/authentication.k8s.io/v1/tokenreviews",
-                                      body=review)).get("status") or {}
+        status = (
+            decode(await request(self.api, "POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=review)).get(
+                "status"
+            )
+            or {}
+        )
         found = status.get("user") if status.get("authenticated") else None
         self._users[token] = (time.monotonic() + CACHE_SECONDS, found)
         return found
@@ -45,14 +49,29 @@ class KubeletAuth:
         hit = self._decisions.get(key)
         if hit and hit[0] > time.monotonic():
             return hit[1]
-        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {
-            "user": user.get("username", ""), "uid": user.get("uid", ""), "groups": user.get("groups") or [],
-            "extra": user.get("extra") or {},
-            "resourceAttributes": {"verb": verb, "resource": "nodes", "subresource": subresource,
-                                   "name": self.node}}}
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user.get("username", ""),
+                "uid": user.get("uid", ""),
+                "groups": user.get("groups") or [],
+                "extra": user.get("extra") or {},
+                "resourceAttributes": {
+                    "verb": verb,
+                    "resource": "nodes",
+                    "subresource": subresource,
+                    "name": self.node,
+                },
+            },
+        }
         try:
-            status = decode(await request(self.api, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews",
-                                          body=review)).get("status") or {}
+            status = (
+                decode(
+                    await request(self.api, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=review)
+                ).get("status")
+                or {}
+            )
         except ApiError:
             return False
         allowed = bool(status.get("allowed"))

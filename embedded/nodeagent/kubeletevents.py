@@ -29,9 +29,14 @@ def _field_path(pod: dict[str, Any], container: str) -> str:
 def pull_events(image: str, policy: str) -> list[tuple[EventType, str, str]]:
     """What the image manager says before a container is created (no image is fetched here)."""
     if policy == "Always":
-        return [("Normal", "Pulling", f'Pulling image "{image}"'),
-                ("Normal", "Pulled", f'Successfully pulled image "{image}" in 0s (0s including waiting). '
-                                     "Image size: 0 bytes.")]
+        return [
+            ("Normal", "Pulling", f'Pulling image "{image}"'),
+            (
+                "Normal",
+                "Pulled",
+                f'Successfully pulled image "{image}" in 0s (0s including waiting). Image size: 0 bytes.',
+            ),
+        ]
     return [("Normal", "Pulled", f'Container image "{image}" already present on machine')]
 
 
@@ -46,10 +51,17 @@ class EventRecorder:
 
     def container(self, pod: dict[str, Any], container: str, type: EventType, reason: str, message: str) -> None:
         meta = pod["metadata"]
-        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"], "name": meta["name"],
-                    "uid": meta["uid"], "fieldPath": _field_path(pod, container)}
-        self._queue.put_nowait(event_body(involved, reason=reason, message=message, type=type, component=COMPONENT,
-                                          instance=self.node))
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta["uid"],
+            "fieldPath": _field_path(pod, container),
+        }
+        self._queue.put_nowait(
+            event_body(involved, reason=reason, message=message, type=type, component=COMPONENT, instance=self.node)
+        )
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain())
 

@@ -70,9 +70,12 @@ class KubeletServer:
             if user is None:
                 return web.Response(status=401, text="Unauthorized")
             if not await self.auth.allowed(user, request.method, "proxy"):
-                return web.Response(status=403, text=f"Forbidden (user={user.get('username', '')}, "
-                                                     f"verb={request.method.lower()}, resource=nodes, "
-                                                     "subresource=proxy)")
+                return web.Response(
+                    status=403,
+                    text=f"Forbidden (user={user.get('username', '')}, "
+                    f"verb={request.method.lower()}, resource=nodes, "
+                    "subresource=proxy)",
+                )
         except (ApiError, OSError) as exc:
             return web.Response(status=500, text=f"authorization failed: {exc}")
         response: web.StreamResponse = await handler(request)
@@ -99,15 +102,15 @@ class KubeletServer:
         ws = await _upgrade(request)
         tty, stdin = _flag(request, "tty"), _flag(request, "stdin")
         try:
-            proc = await execproc.ExecProcess.start(target, argv, worker.envs.get(container, {}), tty=tty,
-                                                    stdin=stdin)
+            proc = await execproc.ExecProcess.start(target, argv, worker.envs.get(container, {}), tty=tty, stdin=stdin)
         except OSError as exc:
             await remotecommand.finish(ws, remotecommand.failure(f"failed to exec in container: {exc}"))
             return ws
         log.info("exec started", pod=m["pod"], container=container, command=argv[0], tty=tty)
         try:
-            code = await remotecommand.serve(ws, proc, stdin=stdin, stdout=_flag(request, "stdout"),
-                                             stderr=_flag(request, "stderr"), tty=tty)
+            code = await remotecommand.serve(
+                ws, proc, stdin=stdin, stdout=_flag(request, "stdout"), stderr=_flag(request, "stderr"), tty=tty
+            )
             log.info("exec ended", pod=m["pod"], container=container, exit_code=code)
         finally:
             await proc.kill()
@@ -123,8 +126,14 @@ class KubeletServer:
             raise web.HTTPNotFound(text=f'container "{m["container"]}" is not running')
         try:
             ws = await _upgrade(request)
-            await remotecommand.serve(ws, session, stdin=_flag(request, "stdin"), stdout=_flag(request, "stdout"),
-                                      stderr=_flag(request, "stderr"), tty=_flag(request, "tty"))
+            await remotecommand.serve(
+                ws,
+                session,
+                stdin=_flag(request, "stdin"),
+                stdout=_flag(request, "stdout"),
+                stderr=_flag(request, "stderr"),
+                tty=_flag(request, "tty"),
+            )
         finally:
             session.close()
         with contextlib.suppress(ConnectionError):
@@ -137,7 +146,8 @@ async def _upgrade(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(protocols=remotecommand.PROTOCOLS)
     ready = ws.can_prepare(request)
     if not ready.ok or ready.protocol is None:
-        raise web.HTTPBadRequest(text="a WebSocket upgrade with subprotocol "
-                                      f"{' or '.join(remotecommand.PROTOCOLS)} is required")
+        raise web.HTTPBadRequest(
+            text=f"a WebSocket upgrade with subprotocol {' or '.join(remotecommand.PROTOCOLS)} is required"
+        )
     await ws.prepare(request)
     return ws

@@ -38,16 +38,32 @@ def _micro_now() -> str:
 def node_status(node: str, ready: bool, message: str, port: int = 10250) -> dict[str, Any]:
     now = _now()
     return {
-        "capacity": CAPACITY, "allocatable": CAPACITY,
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False", "lastHeartbeatTime": now,
-                        "lastTransitionTime": now, "reason": "KubeletReady" if ready else "KubeletNotReady",
-                        "message": message}],
+        "capacity": CAPACITY,
+        "allocatable": CAPACITY,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True" if ready else "False",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+                "reason": "KubeletReady" if ready else "KubeletNotReady",
+                "message": message,
+            }
+        ],
         "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": node}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
-        "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "machineID": node, "systemUUID": node, "bootID": node,
-                     "kernelVersion": "", "osImage": "gpu-dra simulated node",
-                     "containerRuntimeVersion": "cdi://emulated", "kubeProxyVersion": "",
-                     "operatingSystem": "linux", "architecture": "amd64"},
+        "nodeInfo": {
+            "kubeletVersion": KUBELET_VERSION,
+            "machineID": node,
+            "systemUUID": node,
+            "bootID": node,
+            "kernelVersion": "",
+            "osImage": "gpu-dra simulated node",
+            "containerRuntimeVersion": "cdi://emulated",
+            "kubeProxyVersion": "",
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+        },
     }
 
 
@@ -68,9 +84,19 @@ class NodeAgent:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node, "labels": {
-                "kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}},
-                "status": status}
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": self.node,
+                    "labels": {
+                        "kubernetes.io/hostname": self.node,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                    },
+                },
+                "status": status,
+            }
             with contextlib.suppress(ApiException):
                 await self.core.create_node(cast(Any, body))
             log.info("node registered", node=self.node)
@@ -81,8 +107,9 @@ class NodeAgent:
             await self.ensure_node(status)
             await self.core.patch_node_status(self.node, {"status": status})
         except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
-            log.warning("node status not written; retried on the next change or heartbeat", node=self.node,
-                        error=str(exc))
+            log.warning(
+                "node status not written; retried on the next change or heartbeat", node=self.node, error=str(exc)
+            )
 
     async def renew_lease(self) -> None:
         """Patch the node's Lease, or create it. As a kubelet, the emulator touches no Namespace: the API server
@@ -93,9 +120,18 @@ class NodeAgent:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            await self.coord.create_namespaced_lease(LEASE_NAMESPACE, cast(Any, {
-                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.node, "namespace": LEASE_NAMESPACE}, "spec": spec}))
+            await self.coord.create_namespaced_lease(
+                LEASE_NAMESPACE,
+                cast(
+                    Any,
+                    {
+                        "apiVersion": "coordination.k8s.io/v1",
+                        "kind": "Lease",
+                        "metadata": {"name": self.node, "namespace": LEASE_NAMESPACE},
+                        "spec": spec,
+                    },
+                ),
+            )
 
     async def heartbeat(self, stopping: asyncio.Event, interval: float = RENEW_SECONDS) -> None:
         while not stopping.is_set():

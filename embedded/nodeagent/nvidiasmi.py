@@ -56,12 +56,19 @@ def visible_devices(state: dict[str, Any], device_nodes: list[str]) -> list[Visi
         for gi in gpu.get("gis") or []:
             spec = specs.get(gi["profile_index"])
             for ci in gi.get("cis") or []:
-                all_migs.append(Mig(ci["uuid"], spec.name if spec else "?", gi["id"], ci["id"],
-                                    spec.memory_mib if spec else 0))
-        chosen = [m for m in all_migs
-                  if f"nvidia-cap{devtree.mig_cap_minors(gpu['minor'], m.gi, m.ci)[1]}" in names]
-        out.append(Visible(len(out), gpu, prof.product_name, prof.memory_bytes >> 20,
-                           chosen or (all_migs if gpu.get("mig_enabled") else [])))
+                all_migs.append(
+                    Mig(ci["uuid"], spec.name if spec else "?", gi["id"], ci["id"], spec.memory_mib if spec else 0)
+                )
+        chosen = [m for m in all_migs if f"nvidia-cap{devtree.mig_cap_minors(gpu['minor'], m.gi, m.ci)[1]}" in names]
+        out.append(
+            Visible(
+                len(out),
+                gpu,
+                prof.product_name,
+                prof.memory_bytes >> 20,
+                chosen or (all_migs if gpu.get("mig_enabled") else []),
+            )
+        )
     return out
 
 
@@ -84,15 +91,19 @@ def list_lines(devices: list[Visible]) -> list[str]:
 
 def sharing_lines(state: dict[str, Any], d: Visible) -> list[str]:
     gpu = d.gpu
-    out = [f"    Compute Mode                          : {COMPUTE_MODES.get(gpu.get('compute_mode', 0), '?')}",
-           f"    Time Slice Interval                   : {TIMESLICES.get(gpu.get('timeslice', 0), '?')}"]
+    out = [
+        f"    Compute Mode                          : {COMPUTE_MODES.get(gpu.get('compute_mode', 0), '?')}",
+        f"    Time Slice Interval                   : {TIMESLICES.get(gpu.get('timeslice', 0), '?')}",
+    ]
     mps = _mps_of(state, gpu["uuid"])
     if mps is not None:
         pct = mps.get("active_thread_percentage")
         limits = ",".join(f"{k}={v}" for k, v in sorted((mps.get("pinned_device_memory_limits") or {}).items()))
-        out.append(f"    MPS Server                            : Running (daemon {mps['daemon_id']}, "
-                   f"active thread percentage {pct if pct is not None else 'default'}"
-                   f"{', pinned memory limits ' + limits if limits else ''})")
+        out.append(
+            f"    MPS Server                            : Running (daemon {mps['daemon_id']}, "
+            f"active thread percentage {pct if pct is not None else 'default'}"
+            f"{', pinned memory limits ' + limits if limits else ''})"
+        )
     else:
         out.append("    MPS Server                            : Not Running")
     return out
@@ -101,21 +112,31 @@ def sharing_lines(state: dict[str, Any], d: Visible) -> list[str]:
 def table(state: dict[str, Any], devices: list[Visible]) -> list[str]:
     cuda = int(state.get("cuda_version") or 0)
     bar = "+-----------------------------------------+------------------------+----------------------+"
-    lines = [bar, f"| NVIDIA-SMI (gpu-dra simulated)   Driver Version: {state.get('driver_version', '?'):<14} "
-                  f"CUDA Version: {cuda // 1000}.{cuda % 1000 // 10:<6}|", bar,
-             "| GPU  Name                               | Bus-Id         Disp.A  | Compute M.  MIG M.   |", bar]
+    lines = [
+        bar,
+        f"| NVIDIA-SMI (gpu-dra simulated)   Driver Version: {state.get('driver_version', '?'):<14} "
+        f"CUDA Version: {cuda // 1000}.{cuda % 1000 // 10:<6}|",
+        bar,
+        "| GPU  Name                               | Bus-Id         Disp.A  | Compute M.  MIG M.   |",
+        bar,
+    ]
     for d in devices:
         mode = COMPUTE_MODES.get(d.gpu.get("compute_mode", 0), "?")
         mig = "Enabled" if d.gpu.get("mig_enabled") else "Disabled"
-        lines.append(f"| {d.index:>3}  {d.product[:34]:<34} | {d.gpu['bus_id'][:16]:<16} Off  | "
-                     f"{mode[:11]:<11} {mig:<8} |")
+        lines.append(
+            f"| {d.index:>3}  {d.product[:34]:<34} | {d.gpu['bus_id'][:16]:<16} Off  | {mode[:11]:<11} {mig:<8} |"
+        )
         lines.append(f"|      {'0MiB / ' + str(d.memory_mib) + 'MiB':<34} | {'':<22} | {'':<20} |")
     lines.append(bar)
     migs = [(d, m) for d in devices for m in d.migs]
     if migs:
         lines += ["| MIG devices:  GPU  GI  CI  MIG Dev  Profile    Memory-Usage            UUID", bar]
-        lines += [f"|               {d.index:>3} {m.gi:>3} {m.ci:>3} {i:>8}  {m.profile:<10} 0MiB / {m.memory_mib}MiB"
-                  f"  {m.uuid}" for d in devices for i, m in enumerate(d.migs)]
+        lines += [
+            f"|               {d.index:>3} {m.gi:>3} {m.ci:>3} {i:>8}  {m.profile:<10} 0MiB / {m.memory_mib}MiB"
+            f"  {m.uuid}"
+            for d in devices
+            for i, m in enumerate(d.migs)
+        ]
         lines.append(bar)
     for d in devices:
         lines.append(f"GPU {d.index} sharing:")
@@ -130,13 +151,21 @@ def _query_value(state: dict[str, Any], d: Visible, name: str, units: bool, coun
         return f"{v} MiB" if units else str(v)
 
     values = {
-        "name": d.product, "gpu_name": d.product, "uuid": gpu["uuid"], "gpu_uuid": gpu["uuid"],
-        "index": str(d.index), "count": str(count), "pci.bus_id": gpu["bus_id"],
-        "memory.total": mib(d.memory_mib), "memory.used": mib(0), "memory.free": mib(d.memory_mib),
+        "name": d.product,
+        "gpu_name": d.product,
+        "uuid": gpu["uuid"],
+        "gpu_uuid": gpu["uuid"],
+        "index": str(d.index),
+        "count": str(count),
+        "pci.bus_id": gpu["bus_id"],
+        "memory.total": mib(d.memory_mib),
+        "memory.used": mib(0),
+        "memory.free": mib(d.memory_mib),
         "compute_mode": COMPUTE_MODES.get(gpu.get("compute_mode", 0), "?"),
         "mig.mode.current": "Enabled" if gpu.get("mig_enabled") else "Disabled",
         "driver_version": str(state.get("driver_version", "")),
-        "minor_number": str(gpu["minor"]), "serial": gpu["uuid"][-12:],
+        "minor_number": str(gpu["minor"]),
+        "serial": gpu["uuid"][-12:],
     }
     if name not in values:
         raise KeyError(name)
@@ -158,8 +187,10 @@ def run(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
     try:
         state = json.loads(Path(path).read_text())
     except (OSError, ValueError):
-        return 9, ["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-                   f"(gpu-dra: no simulated NVML state at {path or '$' + STATE_ENV})"]
+        return 9, [
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            f"(gpu-dra: no simulated NVML state at {path or '$' + STATE_ENV})"
+        ]
     devices = visible_devices(state, [n for n in env.get(NODES_ENV, "").split(":") if n])
     if not devices:
         return 6, ["No devices were found"]
@@ -180,8 +211,12 @@ def run(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
     if "-q" in argv:
         out = []
         for d in devices:
-            out += [f"GPU {d.gpu['bus_id']}", f"    Product Name                          : {d.product}",
-                    f"    GPU UUID                              : {d.gpu['uuid']}", *sharing_lines(state, d)]
+            out += [
+                f"GPU {d.gpu['bus_id']}",
+                f"    Product Name                          : {d.product}",
+                f"    GPU UUID                              : {d.gpu['uuid']}",
+                *sharing_lines(state, d),
+            ]
         return 0, out
     return 0, table(state, devices)
 
@@ -210,8 +245,10 @@ class Launcher:
     mounts: tuple[tuple[str, str], ...]
 
     def script(self) -> str:
-        return (f"#!{self.interpreter} -S\nimport sys\nsys.path[:0] = {list(self.path)!r}\n"
-                "from embedded.nodeagent.nvidiasmi import main\nmain()\n")
+        return (
+            f"#!{self.interpreter} -S\nimport sys\nsys.path[:0] = {list(self.path)!r}\n"
+            "from embedded.nodeagent.nvidiasmi import main\nmain()\n"
+        )
 
 
 def launcher() -> Launcher:

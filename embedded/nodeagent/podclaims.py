@@ -86,8 +86,13 @@ def _wants(request: str, names: list[str]) -> bool:
     return not request or not names or any(n == request or n.split("/")[0] == request for n in names)
 
 
-def container_edits(pod: dict[str, Any], prepared: dict[str, PreparedClaim], uses: dict[str, list[Use]],
-                    cdi_dirs: list[Path], cache: SpecCache | None = None) -> dict[str, dict[str, Any]]:
+def container_edits(
+    pod: dict[str, Any],
+    prepared: dict[str, PreparedClaim],
+    uses: dict[str, list[Use]],
+    cdi_dirs: list[Path],
+    cache: SpecCache | None = None,
+) -> dict[str, dict[str, Any]]:
     """container name -> what it gets, from the claims (and requests) it uses and the prepared devices."""
     specs = load_specs(cdi_dirs, cache)
     by_name = {p.ref.name: p for p in prepared.values()}
@@ -109,23 +114,38 @@ def container_edits(pod: dict[str, Any], prepared: dict[str, PreparedClaim], use
         if not ids:
             continue
         edits = resolve(ids, specs)
-        out[container["name"]] = {"devices": devices, "cdiDevices": edits.cdi_devices, "env": edits.env,
-                                  "deviceNodes": edits.device_nodes, "mounts": edits.mounts}
+        out[container["name"]] = {
+            "devices": devices,
+            "cdiDevices": edits.cdi_devices,
+            "env": edits.env,
+            "deviceNodes": edits.device_nodes,
+            "mounts": edits.mounts,
+        }
     return out
 
 
 def status_inputs(pod: dict[str, Any]) -> str:
     """What a prepare attempt depends on in the pod itself (not our own status writes)."""
     status = pod.get("status") or {}
-    annotations = {k: v for k, v in ((pod.get("metadata") or {}).get("annotations") or {}).items()
-                   if k != EDITS_ANNOTATION}
-    return json.dumps([(pod.get("spec") or {}).get("resourceClaims"), status.get("resourceClaimStatuses"),
-                       status.get("extendedResourceClaimStatus"), annotations], sort_keys=True)
+    annotations = {
+        k: v for k, v in ((pod.get("metadata") or {}).get("annotations") or {}).items() if k != EDITS_ANNOTATION
+    }
+    return json.dumps(
+        [
+            (pod.get("spec") or {}).get("resourceClaims"),
+            status.get("resourceClaimStatuses"),
+            status.get("extendedResourceClaimStatus"),
+            annotations,
+        ],
+        sort_keys=True,
+    )
 
 
 def is_ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 def pod_status(pod: dict[str, Any], *, phase: str, exit_code: int | None = None) -> dict[str, Any]:
@@ -149,30 +169,54 @@ def pod_status(pod: dict[str, Any], *, phase: str, exit_code: int | None = None)
     statuses = []
     for c in (pod.get("spec") or {}).get("containers") or []:
         if exit_code is not None:
-            state: dict[str, Any] = {"waiting": None, "running": None, "terminated": {
-                "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                "startedAt": started, "finishedAt": now}}
+            state: dict[str, Any] = {
+                "waiting": None,
+                "running": None,
+                "terminated": {
+                    "exitCode": exit_code,
+                    "reason": "Completed" if exit_code == 0 else "Error",
+                    "startedAt": started,
+                    "finishedAt": now,
+                },
+            }
         elif ready:
             state = {"waiting": None, "terminated": None, "running": {"startedAt": now}}
         else:
             state = {"running": None, "terminated": None, "waiting": {"reason": WAITING_REASON}}
-        statuses.append({"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": ready,
-                         "restartCount": 0, "started": ready, "state": state})
-    status: dict[str, Any] = {"phase": phase, "conditions": conditions, "containerStatuses": statuses,
-                              "hostIP": "127.0.0.1"}
+        statuses.append(
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": ready,
+                "restartCount": 0,
+                "started": ready,
+                "state": state,
+            }
+        )
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": conditions,
+        "containerStatuses": statuses,
+        "hostIP": "127.0.0.1",
+    }
     if phase != "Pending":
         status["podIP"] = "127.0.0.1"
         status["startTime"] = started
     return status
 
 
-def fill_resource_health(pod: dict[str, Any], statuses: list[dict[str, Any]], prepared: Iterable[PreparedClaim],
-                         health: DeviceHealthCache) -> bool:
+def fill_resource_health(
+    pod: dict[str, Any], statuses: list[dict[str, Any]], prepared: Iterable[PreparedClaim], health: DeviceHealthCache
+) -> bool:
     """Set each container status's `allocatedResourcesStatus` (KEP-4680) from the devices prepared for the
     pod's claims and their health; True when any container has one."""
     namespace = pod["metadata"]["namespace"]
-    names = {e["name"]: n for e in (pod.get("spec") or {}).get("resourceClaims") or []
-             if (n := claim_name_for(pod, e)) is not None}
+    names = {
+        e["name"]: n
+        for e in (pod.get("spec") or {}).get("resourceClaims") or []
+        if (n := claim_name_for(pod, e)) is not None
+    }
     claims = list(prepared)
 
     def devices_of(claim: str) -> list[tuple[str, PreparedDevice]]:
@@ -180,8 +224,14 @@ def fill_resource_health(pod: dict[str, Any], statuses: list[dict[str, Any]], pr
         if state is None:
             return []
         drivers = sorted(state.drivers)
-        return [(next((d for d in drivers if (d, dev.pool, dev.device) in health.devices), drivers[0]), dev)
-                for dev in state.devices] if drivers else []
+        return (
+            [
+                (next((d for d in drivers if (d, dev.pool, dev.device) in health.devices), drivers[0]), dev)
+                for dev in state.devices
+            ]
+            if drivers
+            else []
+        )
 
     by_container = allocated_resources_status(pod, names, devices_of, health)
     for status in statuses:

@@ -67,10 +67,18 @@ FIRST_STATUS_WAIT_S = 0.5  # a Running pod's first status waits this long at mos
 class PodRunner:
     """Runs this node's pods: their claims prepared, their containers (with a Runtime) executed."""
 
-    def __init__(self, node: str, api: client.ApiClient, dra: DraClient, cdi_dirs: list[Path],
-                 resync_seconds: float = 30.0, on_change: Callable[[], None] | None = None,
-                 state_dir: Path | None = None, runtime: Runtime | None = None,
-                 health: DeviceHealthCache | None = None):
+    def __init__(
+        self,
+        node: str,
+        api: client.ApiClient,
+        dra: DraClient,
+        cdi_dirs: list[Path],
+        resync_seconds: float = 30.0,
+        on_change: Callable[[], None] | None = None,
+        state_dir: Path | None = None,
+        runtime: Runtime | None = None,
+        health: DeviceHealthCache | None = None,
+    ):
         self.node = node
         self.health = health  # the plugins' device health: each container status's allocatedResourcesStatus
         if health is not None:
@@ -106,8 +114,11 @@ class PodRunner:
         self._stops: dict[str, asyncio.Task[None]] = {}  # pod uid -> its termination (grace period, then delete)
         for rec in self.store.load():
             self.prepared[rec.uid] = PreparedClaim(
-                Claim(namespace=rec.namespace, uid=rec.uid, name=rec.name), set(rec.drivers),
-                [PreparedDevice(**msgspec.structs.asdict(d)) for d in rec.devices], set(rec.pods))
+                Claim(namespace=rec.namespace, uid=rec.uid, name=rec.name),
+                set(rec.drivers),
+                [PreparedDevice(**msgspec.structs.asdict(d)) for d in rec.devices],
+                set(rec.pods),
+            )
         if self.prepared:
             log.info("re-learned prepared claims from the state file", node=node, claims=len(self.prepared))
 
@@ -120,10 +131,19 @@ class PodRunner:
             if self._saved >= wanted:
                 return
             upto = self._changes
-            await self.store.save([
-                ClaimRecord(namespace=s.ref.namespace, uid=s.ref.uid, name=s.ref.name, drivers=sorted(s.drivers),
-                            devices=[DeviceRecord(**asdict(d)) for d in s.devices], pods=sorted(s.pods))
-                for s in self.prepared.values()])
+            await self.store.save(
+                [
+                    ClaimRecord(
+                        namespace=s.ref.namespace,
+                        uid=s.ref.uid,
+                        name=s.ref.name,
+                        drivers=sorted(s.drivers),
+                        devices=[DeviceRecord(**asdict(d)) for d in s.devices],
+                        pods=sorted(s.pods),
+                    )
+                    for s in self.prepared.values()
+                ]
+            )
             self._saved = upto
 
     # ------------------------------------------------------------------ API helpers
@@ -132,11 +152,17 @@ class PodRunner:
         return obj
 
     async def _patch_pod(self, meta: dict[str, Any], body: dict[str, Any], subresource: str | None = None) -> None:
-        await request(self.api, "PATCH", PODS.path(meta["namespace"], meta["name"], subresource), body=body,
-                      content_type=STRATEGIC_PATCH)
+        await request(
+            self.api,
+            "PATCH",
+            PODS.path(meta["namespace"], meta["name"], subresource),
+            body=body,
+            content_type=STRATEGIC_PATCH,
+        )
 
-    async def _write_status(self, pod: dict[str, Any], status: dict[str, Any],
-                            edits: dict[str, Any] | None = None) -> None:
+    async def _write_status(
+        self, pod: dict[str, Any], status: dict[str, Any], edits: dict[str, Any] | None = None
+    ) -> None:
         """One pods/status PATCH; the edits annotation rides on it (a pod status write keeps metadata changes,
         as kube-apiserver's pod status strategy does: one request, and the pod shows its edits with its status)."""
         self._add_resource_health(pod, status.get("containerStatuses") or [])
@@ -152,9 +178,12 @@ class PodRunner:
 
     def health_changed(self, devices: set[DeviceKey]) -> None:
         """Rewrite the allocatedResourcesStatus of the pods holding a device whose health changed."""
-        pods = {uid for state in self.prepared.values()
-                if any((d, dev.pool, dev.device) in devices for d in state.drivers for dev in state.devices)
-                for uid in state.pods}
+        pods = {
+            uid
+            for state in self.prepared.values()
+            if any((d, dev.pool, dev.device) in devices for d in state.drivers for dev in state.devices)
+            for uid in state.pods
+        }
         for uid in pods:
             pod = self.pods.get(uid)
             if pod is not None and uid not in self._deleted:
@@ -172,8 +201,11 @@ class PodRunner:
         try:
             await self._patch_pod(pod["metadata"], {"status": {"containerStatuses": statuses}}, "status")
         except (ApiError, OSError, TimeoutError, aiohttp.ClientError) as exc:
-            log.warning("device health not written to the pod; the next status write carries it",
-                        pod=pod["metadata"]["name"], error=str(exc))
+            log.warning(
+                "device health not written to the pod; the next status write carries it",
+                pod=pod["metadata"]["name"],
+                error=str(exc),
+            )
 
     # ------------------------------------------------------------------ prepare / unprepare
     async def _prepare_pod(self, pod: dict[str, Any]) -> None:
@@ -192,8 +224,10 @@ class PodRunner:
                 raise
             status = claim.get("status") or {}
             if not any(r.get("uid") == uid for r in status.get("reservedFor") or []):
-                raise PrepareFailed(f"ResourceClaim {ns}/{name} is not reserved for this pod "
-                                    f"(the scheduler reserves it; check status.reservedFor)")
+                raise PrepareFailed(
+                    f"ResourceClaim {ns}/{name} is not reserved for this pod "
+                    f"(the scheduler reserves it; check status.reservedFor)"
+                )
             results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
             if not status.get("allocation"):
                 raise PrepareFailed(f"ResourceClaim {ns}/{name} is not allocated")
@@ -224,8 +258,9 @@ class PodRunner:
             async with self._lock:
                 await self._release_pod(uid)
 
-    async def _prepare_claims(self, uid: str, wanted: dict[str, Claim], drivers_of: dict[str, set[str]],
-                              traceparents: dict[str, str]) -> dict[str, PreparedClaim]:
+    async def _prepare_claims(
+        self, uid: str, wanted: dict[str, Claim], drivers_of: dict[str, set[str]], traceparents: dict[str, str]
+    ) -> dict[str, PreparedClaim]:
         """NodePrepareResources for the claims not prepared yet, and the pod added to each (under the node-wide
         lock: a claim is never prepared twice); the caller saves the state file."""
         for claim_uid, ref in wanted.items():
@@ -244,8 +279,10 @@ class PodRunner:
                     if token is not None:
                         otel_context.detach(token)
                 if answer is None or answer.error:
-                    raise PrepareFailed(f"{driver} could not prepare {ref.namespace}/{ref.name}: "
-                                        f"{answer.error if answer else 'no answer'}")
+                    raise PrepareFailed(
+                        f"{driver} could not prepare {ref.namespace}/{ref.name}: "
+                        f"{answer.error if answer else 'no answer'}"
+                    )
                 devices += answer.devices
             self.prepared[claim_uid] = PreparedClaim(ref, drivers_of[claim_uid], devices)
         for claim_uid in wanted:
@@ -323,7 +360,8 @@ class PodRunner:
                 self._terminating.add(uid)
                 grace = meta.get("deletionGracePeriodSeconds")
                 self._stops[uid] = asyncio.create_task(
-                    self._terminate(pod, worker, 30.0 if grace is None else float(grace)))
+                    self._terminate(pod, worker, 30.0 if grace is None else float(grace))
+                )
             elif meta.get("deletionTimestamp"):
                 await self._finish_deleted(pod)
             elif worker is not None and worker.phase not in ("Succeeded", "Failed"):
@@ -347,14 +385,27 @@ class PodRunner:
     def _start_worker(self, pod: dict[str, Any], edits: dict[str, dict[str, Any]]) -> None:
         rt = self.runtime
         assert rt is not None
-        worker = PodWorker(pod, edits, bwrap=rt.bwrap, work_root=rt.work_root, log_root=rt.log_root,
-                           shim_dir=rt.shim_dir, sim_state=rt.sim_state, on_change=self._worker_changed,
-                           backoff_base=rt.backoff_base,
-                           on_event=lambda *event: self.events.container(pod, *event))
+        worker = PodWorker(
+            pod,
+            edits,
+            bwrap=rt.bwrap,
+            work_root=rt.work_root,
+            log_root=rt.log_root,
+            shim_dir=rt.shim_dir,
+            sim_state=rt.sim_state,
+            on_change=self._worker_changed,
+            backoff_base=rt.backoff_base,
+            on_event=lambda *event: self.events.container(pod, *event),
+        )
         self.workers[pod["metadata"]["uid"]] = worker
         worker.start()
-        log.info("pod started", node=self.node, pod=f"{pod['metadata']['namespace']}/{pod['metadata']['name']}",
-                 containers=len(worker.mains), init_containers=len(worker.inits))
+        log.info(
+            "pod started",
+            node=self.node,
+            pod=f"{pod['metadata']['namespace']}/{pod['metadata']['name']}",
+            containers=len(worker.mains),
+            init_containers=len(worker.inits),
+        )
 
     def _worker_changed(self, worker: PodWorker) -> None:
         """Write the worker's status: one writer per pod, which always writes the latest state."""
@@ -421,8 +472,17 @@ class PodRunner:
             self._retry.add(uid)
             return
         try:
-            await request(self.api, "DELETE", PODS.path(meta["namespace"], meta["name"]), body={
-                "apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+            await request(
+                self.api,
+                "DELETE",
+                PODS.path(meta["namespace"], meta["name"]),
+                body={
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": uid},
+                },
+            )
             log.info("pod finished", node=self.node, pod=f"{meta['namespace']}/{meta['name']}")
         except ApiError as exc:
             if exc.status not in (404, 409):
@@ -446,8 +506,7 @@ class PodRunner:
         except (PrepareFailed, CdiResolutionError, PluginError, ApiError, aiohttp.ClientError) as exc:
             self._retry.add(uid)
             reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiError) else str(exc)
-            log.info("pod not ready yet", node=self.node, pod=f"{meta['namespace']}/{meta['name']}",
-                     reason=reason)
+            log.info("pod not ready yet", node=self.node, pod=f"{meta['namespace']}/{meta['name']}", reason=reason)
             with contextlib.suppress(ApiError, OSError, TimeoutError, aiohttp.ClientError):
                 if isinstance(exc, (PrepareFailed, CdiResolutionError, PluginError)):
                     await self._failed_event(pod, f"Failed to prepare dynamic resources: {reason}")
@@ -458,10 +517,21 @@ class PodRunner:
         meta = pod["metadata"]
         if self._reported.get(meta["uid"]) == message:
             return
-        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"], "name": meta["name"],
-                    "uid": meta["uid"]}
-        body = event_body(involved, reason=FAILED_REASON, message=message, type="Warning",
-                          component=KUBELET_COMPONENT, instance=self.node)
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta["uid"],
+        }
+        body = event_body(
+            involved,
+            reason=FAILED_REASON,
+            message=message,
+            type="Warning",
+            component=KUBELET_COMPONENT,
+            instance=self.node,
+        )
         if await record_event(self.api, body):
             self._reported[meta["uid"]] = message
 
@@ -539,8 +609,12 @@ class PodRunner:
                 except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - a dead retry loop leaves pods waiting
                     if isinstance(exc, asyncio.CancelledError) and cancelling():
                         raise  # we are stopped; any other CancelledError came from a callee (a closed channel...)
-                    log.error("retrying waiting pods failed; the next round tries again", node=self.node,
-                              error=f"{type(exc).__name__}: {exc}", waiting=len(self._retry))
+                    log.error(
+                        "retrying waiting pods failed; the next round tries again",
+                        node=self.node,
+                        error=f"{type(exc).__name__}: {exc}",
+                        waiting=len(self._retry),
+                    )
                 delay = backoff.next() if self._retry or self._orphans() else backoff.restart()
 
     # ------------------------------------------------------------------ watch loop
@@ -564,8 +638,9 @@ class PodRunner:
             raise RuntimeError(f"the pod loops of node {self.node} ended before it was stopped: {results[:2]!r}")
 
     async def _list_and_watch(self, stopping: asyncio.Event) -> None:
-        await watch_node_pods(self.api, self.node, self.resync_seconds, stopping,
-                              on_list=self._listed, on_event=self._spawn_event)
+        await watch_node_pods(
+            self.api, self.node, self.resync_seconds, stopping, on_list=self._listed, on_event=self._spawn_event
+        )
 
     async def _listed(self, pods: list[dict[str, Any]]) -> None:
         await self.prune({pod["metadata"]["uid"] for pod in pods})
@@ -589,7 +664,11 @@ class PodRunner:
         except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - the retry loop takes the pod up again
             if isinstance(exc, asyncio.CancelledError) and cancelling():
                 raise
-            log.error("pod event not handled; retrying", node=self.node, pod=pod["metadata"].get("name"),
-                      error=f"{type(exc).__name__}: {exc}")
+            log.error(
+                "pod event not handled; retrying",
+                node=self.node,
+                pod=pod["metadata"].get("name"),
+                error=f"{type(exc).__name__}: {exc}",
+            )
             if kind != "DELETED":
                 self._retry.add(uid)

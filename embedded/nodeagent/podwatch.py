@@ -19,9 +19,15 @@ log = get_logger(__name__)
 Pod = dict[str, Any]
 
 
-async def watch_node_pods(api: Any, node: str, resync_s: float, stopping: asyncio.Event, *,
-                          on_list: Callable[[list[Pod]], Awaitable[None]],
-                          on_event: Callable[[str, Pod], None]) -> None:
+async def watch_node_pods(
+    api: Any,
+    node: str,
+    resync_s: float,
+    stopping: asyncio.Event,
+    *,
+    on_list: Callable[[list[Pod]], Awaitable[None]],
+    on_event: Callable[[str, Pod], None],
+) -> None:
     """Until `stopping`."""
     selector = [("fieldSelector", f"spec.nodeName={node}")]
     while not stopping.is_set():
@@ -40,11 +46,18 @@ async def watch_node_pods(api: Any, node: str, resync_s: float, stopping: asynci
                 await asyncio.wait_for(stopping.wait(), 1.0)
 
 
-async def _watch(api: Any, selector: list[tuple[str, str]], version: str, resync_s: float,
-                 stopping: asyncio.Event, on_event: Callable[[str, Pod], None]) -> None:
+async def _watch(
+    api: Any,
+    selector: list[tuple[str, str]],
+    version: str,
+    resync_s: float,
+    stopping: asyncio.Event,
+    on_event: Callable[[str, Pod], None],
+) -> None:
     """Until the server ends the stream (the caller lists again)."""
-    async for line in watch_lines(api, PODS.path(), resource_version=version, query=selector,
-                                  timeout_s=max(1, int(resync_s))):
+    async for line in watch_lines(
+        api, PODS.path(), resource_version=version, query=selector, timeout_s=max(1, int(resync_s))
+    ):
         if stopping.is_set():
             return
         event = decode(line)
@@ -52,7 +65,8 @@ async def _watch(api: Any, selector: list[tuple[str, str]], version: str, resync
         kind = event.get("type")
         if kind == "ERROR":
             code = int(raw.get("code") or 500)
-            raise (Gone if code == 410 else ApiError)(code, str(raw.get("reason") or "Error"),
-                                                       str(raw.get("message") or ""))
+            raise (Gone if code == 410 else ApiError)(
+                code, str(raw.get("reason") or "Error"), str(raw.get("message") or "")
+            )
         if kind != "BOOKMARK":
             on_event(str(kind), raw)

@@ -44,9 +44,13 @@ def exit_status(code: int) -> dict[str, Any]:
     """The error channel's message for a command that ended with `code`, as the kubelet writes it."""
     if code == 0:
         return success()
-    return {"metadata": {}, "status": "Failure",
-            "message": f"command terminated with non-zero exit code: exit status {code}",
-            "reason": "NonZeroExitCode", "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
+    return {
+        "metadata": {},
+        "status": "Failure",
+        "message": f"command terminated with non-zero exit code: exit status {code}",
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+    }
 
 
 def failure(message: str, code: int = 500, reason: str = "InternalError") -> dict[str, Any]:
@@ -88,8 +92,9 @@ async def _output(ws: web.WebSocketResponse, streams: Streams, stream: int, want
             await send(ws, stream, chunk)
 
 
-async def serve(ws: web.WebSocketResponse, streams: Streams, *, stdin: bool, stdout: bool, stderr: bool,
-                tty: bool) -> int | None:
+async def serve(
+    ws: web.WebSocketResponse, streams: Streams, *, stdin: bool, stdout: bool, stderr: bool, tty: bool
+) -> int | None:
     """Pump `streams` over `ws` until the command ends (its exit code is sent on the error channel and
     returned) or the client goes away (None: the caller ends the command)."""
     reader = asyncio.create_task(_input(ws, streams, stdin))

@@ -86,8 +86,11 @@ async def follow(plugin: DraPlugin, cache: DeviceHealthCache) -> None:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 log.info("plugin serves no device health stream", driver=plugin.driver)
                 return
-            log.warning("device health stream broke; following again", driver=plugin.driver,
-                        error=f"{exc.code().name}: {exc.details()}")
+            log.warning(
+                "device health stream broke; following again",
+                driver=plugin.driver,
+                error=f"{exc.code().name}: {exc.details()}",
+            )
         finally:
             cache.clear_driver(plugin.driver)
         backoff.ran(time.monotonic() - started)
@@ -98,9 +101,12 @@ def resource_id(driver: str, device: PreparedDevice) -> str:
     return device.cdi_device_ids[0] if device.cdi_device_ids else f"{driver}/{device.pool}/{device.device}"
 
 
-def allocated_resources_status(pod: dict[str, Any], claim_names: dict[str, str],
-                               devices_of: Callable[[str], list[tuple[str, PreparedDevice]]],
-                               cache: DeviceHealthCache) -> dict[str, list[dict[str, Any]]]:
+def allocated_resources_status(
+    pod: dict[str, Any],
+    claim_names: dict[str, str],
+    devices_of: Callable[[str], list[tuple[str, PreparedDevice]]],
+    cache: DeviceHealthCache,
+) -> dict[str, list[dict[str, Any]]]:
     """Container name -> its `allocatedResourcesStatus`. `claim_names`: the pod's claim reference name -> the
     ResourceClaim's name; `devices_of(claim name)`: the (driver, device) pairs prepared for it."""
     out: dict[str, list[dict[str, Any]]] = {}
@@ -112,9 +118,13 @@ def allocated_resources_status(pod: dict[str, Any], claim_names: dict[str, str],
             if not devices:
                 continue
             name = f"claim:{ref['name']}" + (f"/{ref['request']}" if ref.get("request") else "")
-            entries[name] = {"name": name, "resources": [
-                {"resourceID": resource_id(driver, d), "health": cache.health(driver, d.pool, d.device)}
-                for driver, d in devices]}
+            entries[name] = {
+                "name": name,
+                "resources": [
+                    {"resourceID": resource_id(driver, d), "health": cache.health(driver, d.pool, d.device)}
+                    for driver, d in devices
+                ],
+            }
         if entries:
             out[container["name"]] = list(entries.values())
     return out

@@ -36,8 +36,10 @@ def find_bwrap() -> str:
     """The bwrap binary, or SandboxUnavailable saying how to get it."""
     path = shutil.which("bwrap")
     if path is None:
-        raise SandboxUnavailable("bubblewrap (bwrap) is not installed: `apt-get install -y bubblewrap` "
-                                 "(or run the cluster with `--runtime none`: containers are then not executed)")
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed: `apt-get install -y bubblewrap` "
+            "(or run the cluster with `--runtime none`: containers are then not executed)"
+        )
     return path
 
 
@@ -88,16 +90,56 @@ def usr_bin_args(shim: Path) -> list[str]:
     return [*out, "--ro-bind", str(shim), NVIDIA_SMI]
 
 
-def bwrap_argv(bwrap: str, argv: list[str], *, work: Path, tmp: Path, shim_dir: Path, uid: int,
-               env: dict[str, str], binds: list[tuple[str, str]] | None = None, sim_state: str = "") -> list[str]:
+def bwrap_argv(
+    bwrap: str,
+    argv: list[str],
+    *,
+    work: Path,
+    tmp: Path,
+    shim_dir: Path,
+    uid: int,
+    env: dict[str, str],
+    binds: list[tuple[str, str]] | None = None,
+    sim_state: str = "",
+) -> list[str]:
     """`bwrap ... -- argv`: `env` is the whole environment (cleared first); `binds` are read-only host:container
     mounts from the CDI edits (ones whose host path is missing are skipped, as the simulated devices are files)."""
-    out = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run",
-           "--bind", str(tmp), "/tmp", "--bind", str(work), WORK_DIR, "--chdir", WORK_DIR,
-           *usr_bin_args(shim_dir / "nvidia-smi"), *(["--ro-bind", sim_state, SIM_STATE] if sim_state else []),
-           "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", "pod",
-           "--unshare-user", "--uid", str(uid), "--gid", str(uid),
-           "--die-with-parent", "--new-session", "--clearenv"]
+    out = [
+        bwrap,
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/run",
+        "--bind",
+        str(tmp),
+        "/tmp",
+        "--bind",
+        str(work),
+        WORK_DIR,
+        "--chdir",
+        WORK_DIR,
+        *usr_bin_args(shim_dir / "nvidia-smi"),
+        *(["--ro-bind", sim_state, SIM_STATE] if sim_state else []),
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--hostname",
+        "pod",
+        "--unshare-user",
+        "--uid",
+        str(uid),
+        "--gid",
+        str(uid),
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+    ]
     for host, wanted in binds or []:
         inside = _mount_point(wanted) if wanted else wanted
         if _can_bind(host, inside):

@@ -74,14 +74,19 @@ class StateStore:
         if marker.rebooted:
             self.dropped_for_reboot = self.path.exists()
             if self.dropped_for_reboot:
-                log.info("kubelet state file is of a past boot; nothing is prepared after a reboot: dropped",
-                         path=str(self.path))
+                log.info(
+                    "kubelet state file is of a past boot; nothing is prepared after a reboot: dropped",
+                    path=str(self.path),
+                )
         elif self.path.exists():
             try:
                 claims = msgspec.json.decode(self.path.read_bytes(), type=StateFile).claims
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.warning("kubelet state file unreadable; starting empty (delete it to silence this)",
-                            path=str(self.path), error=str(exc))
+                log.warning(
+                    "kubelet state file unreadable; starting empty (delete it to silence this)",
+                    path=str(self.path),
+                    error=str(exc),
+                )
         if self.boot_id:
             self._mark_boot(marker)
         return claims
@@ -95,8 +100,11 @@ class StateStore:
             slots.open()
             self._slots = slots
         except OSError as exc:
-            log.warning("kubelet state boot not marked; every state write keeps its fsync", path=str(self.marker),
-                        error=str(exc))
+            log.warning(
+                "kubelet state boot not marked; every state write keeps its fsync",
+                path=str(self.marker),
+                error=str(exc),
+            )
 
     async def save(self, claims: list[ClaimRecord]) -> None:
         if self.path is None:

@@ -4,8 +4,8 @@ Owns the search for one pod's unallocated claims on one node: requests in order,
 `All`, `firstAvailable` subrequests (result `req/sub`), `matchAttribute` constraints, adminAccess
 (namespace label), counters (partitionable devices), consumable capacity of shareable devices
 (`capacity.py`: shares across claims, each within what the device has left), taints vs
-tolerations, depth-first with backtracking under a step budget. The output is the `status.allocation` v1 dict per claim, or a
-`NodeReport` saying per request which check rejected which devices. Claim parsing lives in
+tolerations, depth-first with backtracking under a step budget. The output is the `status.allocation` v1 dict per
+claim, or a `NodeReport` saying per request which check rejected which devices. Claim parsing lives in
 `requests.py`, slice gathering in `pools.py`, result building in `results.py`.
 
 Across scheduling cycles (the SliceIndex is kept until slices change): each device keeps its CEL
@@ -226,8 +226,14 @@ def _describe_taint(taint: Mapping[str, Any]) -> str:
 class NodeAttempt:
     """One pod's claims on one node: per-device filtering, then the combined search."""
 
-    def __init__(self, claims: list[ClaimRequests], pools: list[Pool], allocated: AllocatedState, node: str,
-                 budget: int = DEFAULT_BUDGET):
+    def __init__(
+        self,
+        claims: list[ClaimRequests],
+        pools: list[Pool],
+        allocated: AllocatedState,
+        node: str,
+        budget: int = DEFAULT_BUDGET,
+    ):
         self.claims = claims
         self.pools = [p for p in pools if not p.incomplete and not p.invalid]
         self.all_pools = pools
@@ -255,8 +261,12 @@ class NodeAttempt:
     # ---- per-device checks (independent of the other choices) -------------------------------------
 
     def filter(self, req: Req) -> RequestReport:
-        report = RequestReport(claim=req.claim_key, request=req.name, device_class=req.class_name,
-                               wanted="all" if req.mode == "All" else str(req.count))
+        report = RequestReport(
+            claim=req.claim_key,
+            request=req.name,
+            device_class=req.class_name,
+            wanted="all" if req.mode == "All" else str(req.count),
+        )
         eligible: list[Candidate] = []
         signature, admin, every = req.signature, req.admin, req.mode == "All"
         taken = self.allocated.devices
@@ -300,8 +310,9 @@ class NodeAttempt:
                     reason = verdict
                 else:
                     report.seen = seen - len(pool.devices) + pool.devices.index(device) + 1
-                    report.error = (f"selector `{_short(verdict.expression)}` failed on device {device.text}: "
-                                    f"{verdict.message}")
+                    report.error = (
+                        f"selector `{_short(verdict.expression)}` failed on device {device.text}: {verdict.message}"
+                    )
                     self.eligible[id(req)] = []
                     self.reports[id(req)] = report
                     return report
@@ -317,8 +328,11 @@ class NodeAttempt:
         if kept is not None:
             if len(kept.filtered) >= MAX_VERDICTS:
                 kept.filtered.clear()
-            kept.filtered[(signature, admin)] = (holders, tuple(eligible), tuple(
-                (r.reason, r.count, tuple(r.devices)) for r in report.rejections))
+            kept.filtered[(signature, admin)] = (
+                holders,
+                tuple(eligible),
+                tuple((r.reason, r.count, tuple(r.devices)) for r in report.rejections),
+            )
         if every:
             if any(p.incomplete for p in self.all_pools):
                 report.error = report.error or "allocationMode All cannot be used while a pool is incomplete"
@@ -328,11 +342,18 @@ class NodeAttempt:
         self.reports[id(req)] = report
         return report
 
-    def _reuse(self, req: Req, report: RequestReport, eligible: tuple[Candidate, ...],
-               rejections: tuple[tuple[str, int, tuple[str, ...]], ...], seen: int) -> RequestReport:
+    def _reuse(
+        self,
+        req: Req,
+        report: RequestReport,
+        eligible: tuple[Candidate, ...],
+        rejections: tuple[tuple[str, int, tuple[str, ...]], ...],
+        seen: int,
+    ) -> RequestReport:
         report.seen, report.eligible = seen, len(eligible)
-        report.rejections = [Rejection(reason=reason, count=count, devices=list(devices))
-                             for reason, count, devices in rejections]
+        report.rejections = [
+            Rejection(reason=reason, count=count, devices=list(devices)) for reason, count, devices in rejections
+        ]
         self.eligible[id(req)] = list(eligible)
         self.reports[id(req)] = report
         return report
@@ -405,8 +426,9 @@ class NodeAttempt:
                 continue
             n = len(self.eligible[id(req)]) if req.mode == "All" else req.count
             if len(self.results[ci]) + n > MAX_RESULTS:
-                self.reports[id(req)].error = (f"the claim would get more than {MAX_RESULTS} devices "
-                                               f"({len(self.results[ci])} + {n})")
+                self.reports[
+                    id(req)
+                ].error = f"the claim would get more than {MAX_RESULTS} devices ({len(self.results[ci])} + {n})"
                 continue
             self.picked_alt[(ci, ri)] = ai
             if self._slot(ci, ri, req, n, 0, 0):
@@ -494,11 +516,16 @@ class NodeAttempt:
 
 def _short(expression: str, limit: int = 90) -> str:
     text = " ".join(expression.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def allocate_on_node(claims: list[ClaimRequests], index: SliceIndex, allocated: AllocatedState,
-                     node: Mapping[str, Any] | str, budget: int = DEFAULT_BUDGET) -> NodeOutcome:
+def allocate_on_node(
+    claims: list[ClaimRequests],
+    index: SliceIndex,
+    allocated: AllocatedState,
+    node: Mapping[str, Any] | str,
+    budget: int = DEFAULT_BUDGET,
+) -> NodeOutcome:
     """Allocate all `claims` (already parsed) together on `node`, or explain why not."""
     node_obj: Mapping[str, Any]
     if isinstance(node, str):
@@ -531,24 +558,34 @@ def allocate_on_node(claims: list[ClaimRequests], index: SliceIndex, allocated: 
         picked = attempt.results[ci]
         for req, device in picked:
             attempt.reports[id(req)].allocated.append(device.label())
-        chosen_alts = {ri: claim.requests[ri].alternatives[attempt.picked_alt.get((ci, ri), 0)]
-                       for ri in range(len(claim.requests))}
+        chosen_alts = {
+            ri: claim.requests[ri].alternatives[attempt.picked_alt.get((ci, ri), 0)]
+            for ri in range(len(claim.requests))
+        }
         allocations[claim.key] = allocation_result(claim, chosen_alts, picked, name)
     # On success only the chosen firstAvailable subrequests stay in the report.
     report.requests = [r for r in report.requests if r.allocated or "/" not in r.request]
     return NodeOutcome(node=name, allocations=allocations, report=report)
 
 
-def schedule(claims: list[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]],
-             slices: Iterable[Mapping[str, Any]] | SliceIndex, allocated: AllocatedState,
-             nodes: Iterable[Mapping[str, Any] | str], *, admin_namespaces: Iterable[str] = (),
-             budget: int = DEFAULT_BUDGET, all_nodes: bool = False) -> ScheduleOutcome:
+def schedule(
+    claims: list[Mapping[str, Any]],
+    classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]],
+    slices: Iterable[Mapping[str, Any]] | SliceIndex,
+    allocated: AllocatedState,
+    nodes: Iterable[Mapping[str, Any] | str],
+    *,
+    admin_namespaces: Iterable[str] = (),
+    budget: int = DEFAULT_BUDGET,
+    all_nodes: bool = False,
+) -> ScheduleOutcome:
     """Try `nodes` in order; the first that fits wins (with `all_nodes`, every node is still reported)."""
     try:
         parsed = parse_claims(claims, classes, set(admin_namespaces))
     except ClaimError as exc:
-        return ScheduleOutcome(node=None, allocations={}, reports=[],
-                               problems=[ClaimProblem(claim=exc.claim, message=exc.message)])
+        return ScheduleOutcome(
+            node=None, allocations={}, reports=[], problems=[ClaimProblem(claim=exc.claim, message=exc.message)]
+        )
     index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
     reports: list[NodeReport] = []
     winner: NodeOutcome | None = None

@@ -116,14 +116,19 @@ class Writer:
         results = (allocation.get("devices") or {}).get("results") or []
         pod_span = trace.get_current_span().get_span_context()
         with tracer.start_as_current_span(
-                "scheduler.allocate_claim", context=otel_context.Context(),
-                links=[trace.Link(pod_span)] if pod_span.is_valid else None,
-                attributes={"dra.claim.uid": md.get("uid", ""), "dra.claim.name": md.get("name", ""),
-                            "k8s.namespace.name": md.get("namespace", ""),
-                            "k8s.pod.uid": pod["metadata"].get("uid", ""),
-                            "k8s.pod.name": pod["metadata"].get("name", ""),
-                            "dra.device": [f"{r.get('pool')}/{r.get('device')}" for r in results],
-                            "dra.driver": sorted({str(r.get("driver", "")) for r in results})}):
+            "scheduler.allocate_claim",
+            context=otel_context.Context(),
+            links=[trace.Link(pod_span)] if pod_span.is_valid else None,
+            attributes={
+                "dra.claim.uid": md.get("uid", ""),
+                "dra.claim.name": md.get("name", ""),
+                "k8s.namespace.name": md.get("namespace", ""),
+                "k8s.pod.uid": pod["metadata"].get("uid", ""),
+                "k8s.pod.name": pod["metadata"].get("name", ""),
+                "dra.device": [f"{r.get('pool')}/{r.get('device')}" for r in results],
+                "dra.driver": sorted({str(r.get("driver", "")) for r in results}),
+            },
+        ):
             traceparent = current_traceparent()
             if traceparent and (md.get("annotations") or {}).get(CLAIM_TRACEPARENT_ANNOTATION) != traceparent:
                 annotated = copy.deepcopy(claim)
@@ -172,16 +177,23 @@ class Writer:
     async def bind(self, pod: Obj, node: str) -> None:
         """Write the binding of a pod `assume_bound` cached; on failure the cache has the pod unbound again."""
         ns, name = key_of(pod)
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
         try:
             await self.kube.create_subresource(PODS, ns, name, "binding", body)
         except BaseException:
             self.unbind(pod)
             raise
         current = self.state.get(PODS, ns, name)
-        if current is not None and current["metadata"].get("uid") == pod["metadata"].get("uid") \
-                and not (current.get("spec") or {}).get("nodeName"):
+        if (
+            current is not None
+            and current["metadata"].get("uid") == pod["metadata"].get("uid")
+            and not (current.get("spec") or {}).get("nodeName")
+        ):
             self.assume_bound(current, node)  # a newer version came meanwhile, from before the binding: it is bound
 
     async def mark_unschedulable(self, pod: Obj, message: str) -> bool:
@@ -189,11 +201,21 @@ class Writer:
         ns, name = key_of(pod)
         conditions = list((pod.get("status") or {}).get("conditions") or [])
         old = next((c for c in conditions if c.get("type") == "PodScheduled"), None)
-        if old and old.get("status") == "False" and old.get("reason") == "Unschedulable" and old.get("message") == message:
+        if (
+            old
+            and old.get("status") == "False"
+            and old.get("reason") == "Unschedulable"
+            and old.get("message") == message
+        ):
             return False
-        cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-                "lastProbeTime": None,
-                "lastTransitionTime": old.get("lastTransitionTime") if old and old.get("status") == "False" else k8s_time()}
+        cond = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": old.get("lastTransitionTime") if old and old.get("status") == "False" else k8s_time(),
+        }
         conditions = [c for c in conditions if c.get("type") != "PodScheduled"] + [cond]
         updated = await self.kube.patch(PODS, ns, name, {"status": {"conditions": conditions}}, subresource="status")
         self.state.apply(PODS, "MODIFIED", updated)
@@ -202,13 +224,26 @@ class Writer:
     async def event(self, pod: Obj, reason: str, message: str, warning: bool = False) -> None:
         ns, name = key_of(pod)
         now = k8s_time()
-        body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{name}.", "namespace": ns},
-                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name,
-                                   "uid": pod["metadata"].get("uid", "")},
-                "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
-                "source": {"component": SCHEDULER_NAME}, "reportingComponent": SCHEDULER_NAME,
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": ns,
+                "name": name,
+                "uid": pod["metadata"].get("uid", ""),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": SCHEDULER_NAME},
+            "reportingComponent": SCHEDULER_NAME,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
         try:
             await self.kube.create(EVENTS, ns, body)
         except ApiError as exc:  # events are best effort, as upstream's recorder
@@ -221,8 +256,12 @@ class Writer:
         for claim in self.state.values(RESOURCECLAIMS):
             status = claim.get("status") or {}
             reserved = status.get("reservedFor") or []
-            keep = [r for r in reserved if r.get("resource") != "pods" or (
-                r.get("uid") in pods and (pods[r["uid"]].get("status") or {}).get("phase") not in DONE_PHASES)]
+            keep = [
+                r
+                for r in reserved
+                if r.get("resource") != "pods"
+                or (r.get("uid") in pods and (pods[r["uid"]].get("status") or {}).get("phase") not in DONE_PHASES)
+            ]
             if len(keep) == len(reserved) and (keep or not status.get("allocation")):
                 continue
             if _collected(claim, pods):
@@ -240,8 +279,11 @@ class Writer:
             except Conflict:
                 continue  # the fresh claim is cached; the next pass looks again
             wrote = True
-            log.info("released claim" if not keep else "removed finished consumers from claim",
-                     claim=f"{key_of(claim)[0]}/{key_of(claim)[1]}", consumers=len(keep))
+            log.info(
+                "released claim" if not keep else "removed finished consumers from claim",
+                claim=f"{key_of(claim)[0]}/{key_of(claim)[1]}",
+                consumers=len(keep),
+            )
         return wrote
 
 

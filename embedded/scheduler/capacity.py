@@ -63,8 +63,10 @@ class Capacity:
             if self.max is not None and amount > self.max:
                 return amount, f"{format_quantity(requested)} is above the maximum {format_quantity(self.max)}"
         elif self.valid_values is not None and amount not in self.valid_values:
-            return amount, (f"{format_quantity(requested)} is above every valid value "
-                            f"({', '.join(format_quantity(v) for v in self.valid_values)})")
+            return amount, (
+                f"{format_quantity(requested)} is above every valid value "
+                f"({', '.join(format_quantity(v) for v in self.valid_values)})"
+            )
         return amount, ""
 
 
@@ -73,8 +75,9 @@ def device_capacities(device: Mapping[str, Any], driver: str) -> dict[str, Capac
     return {qualify(str(k), driver): Capacity(str(k), v or {}) for k, v in (device.get("capacity") or {}).items()}
 
 
-def consumption(capacities: Mapping[str, Capacity], requests: Mapping[str, Fraction]
-                ) -> tuple[dict[str, Fraction], str]:
+def consumption(
+    capacities: Mapping[str, Capacity], requests: Mapping[str, Fraction]
+) -> tuple[dict[str, Fraction], str]:
     """What one allocation of the device consumes per qualified capacity name (`requests` qualified
     too), and the first policy violation ("" when none)."""
     out: dict[str, Fraction] = {}
@@ -86,8 +89,9 @@ def consumption(capacities: Mapping[str, Capacity], requests: Mapping[str, Fract
     return out, ""
 
 
-def shortage(capacities: Mapping[str, Capacity], need: Mapping[str, Fraction],
-             *used: Mapping[str, Fraction] | None) -> str:
+def shortage(
+    capacities: Mapping[str, Capacity], need: Mapping[str, Fraction], *used: Mapping[str, Fraction] | None
+) -> str:
     """`memory 10Gi of 80Gi left, request needs 20Gi` for every capacity `need` overruns ("" if none)."""
     short: list[str] = []
     for name, amount in need.items():
@@ -95,8 +99,10 @@ def shortage(capacities: Mapping[str, Capacity], need: Mapping[str, Fraction],
         taken = sum(((u or {}).get(name, Fraction(0)) for u in used), Fraction(0))
         if taken + amount > cap.value:
             left = max(cap.value - taken, Fraction(0))
-            short.append(f"{cap.key} {format_quantity(left)} of {format_quantity(cap.value)} left, "
-                         f"request needs {format_quantity(amount)}")
+            short.append(
+                f"{cap.key} {format_quantity(left)} of {format_quantity(cap.value)} left, "
+                f"request needs {format_quantity(amount)}"
+            )
     return "; ".join(short)
 
 

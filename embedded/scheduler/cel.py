@@ -74,8 +74,9 @@ class Selector:
         if not expression.strip():
             raise CelError(expression, "empty CEL expression: a selector must be a boolean expression over `device`")
         if len(expression) > MAX_EXPRESSION_LENGTH:
-            raise CelError(expression, f"CEL expression is {len(expression)} characters; the limit is "
-                                       f"{MAX_EXPRESSION_LENGTH}")
+            raise CelError(
+                expression, f"CEL expression is {len(expression)} characters; the limit is {MAX_EXPRESSION_LENGTH}"
+            )
         try:
             self.program = _cel.compile(expression)
         except (ValueError, RuntimeError) as exc:

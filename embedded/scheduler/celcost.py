@@ -66,8 +66,16 @@ class T:
 
     __slots__ = ("elem", "fields", "key", "kind", "min", "size")
 
-    def __init__(self, kind: str, size: int | None = 1, *, elem: T | None = None, key: T | None = None,
-                 fields: dict[str, T] | None = None, min_size: int = 0):
+    def __init__(
+        self,
+        kind: str,
+        size: int | None = 1,
+        *,
+        elem: T | None = None,
+        key: T | None = None,
+        fields: dict[str, T] | None = None,
+        min_size: int = 0,
+    ):
         self.kind, self.size, self.elem, self.key, self.fields, self.min = kind, size, elem, key, fields, min_size
 
 
@@ -81,20 +89,48 @@ QUANTITY, SEMVER = T("quantity"), T("semver")
 _ATTRIBUTE = T("dyn", 64)  # DeviceAttributeMaxValueLength
 _ID, _DOMAIN = _string(32), _string(63)  # DeviceMaxIDLength, DeviceMaxDomainLength
 _PER_DEVICE = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
-DEVICE = T("object", None, fields={
-    "driver": _string(63),  # DriverNameMaxLength
-    "attributes": T("map", _PER_DEVICE, key=_DOMAIN, elem=T("map", _PER_DEVICE, key=_ID, elem=_ATTRIBUTE)),
-    "capacity": T("map", _PER_DEVICE, key=_DOMAIN, elem=T("map", _PER_DEVICE, key=_ID, elem=QUANTITY)),
-    "allowMultipleAllocations": BOOL,
-})
+DEVICE = T(
+    "object",
+    None,
+    fields={
+        "driver": _string(63),  # DriverNameMaxLength
+        "attributes": T("map", _PER_DEVICE, key=_DOMAIN, elem=T("map", _PER_DEVICE, key=_ID, elem=_ATTRIBUTE)),
+        "capacity": T("map", _PER_DEVICE, key=_DOMAIN, elem=T("map", _PER_DEVICE, key=_ID, elem=QUANTITY)),
+        "allowMultipleAllocations": BOOL,
+    },
+)
 _SCALARS = {"int": INT, "uint": T("uint"), "double": DOUBLE, "bool": BOOL, "null": T("null")}
 _RESULTS = {  # function -> result when fixed (sizes of string results are worked out in _method)
-    "size": INT, "int": INT, "uint": T("uint"), "double": DOUBLE, "bool": BOOL, "string": _string(None),
-    "contains": BOOL, "startsWith": BOOL, "endsWith": BOOL, "matches": BOOL, "isSorted": BOOL,
-    "quantity": QUANTITY, "isQuantity": BOOL, "semver": SEMVER, "isSemver": BOOL, "add": QUANTITY,
-    "sub": QUANTITY, "compareTo": INT, "isGreaterThan": BOOL, "isLessThan": BOOL, "sign": INT,
-    "asInteger": INT, "isInteger": BOOL, "asApproximateFloat": DOUBLE, "major": INT, "minor": INT,
-    "patch": INT, "indexOf": INT, "lastIndexOf": INT, "charAt": _string(1),
+    "size": INT,
+    "int": INT,
+    "uint": T("uint"),
+    "double": DOUBLE,
+    "bool": BOOL,
+    "string": _string(None),
+    "contains": BOOL,
+    "startsWith": BOOL,
+    "endsWith": BOOL,
+    "matches": BOOL,
+    "isSorted": BOOL,
+    "quantity": QUANTITY,
+    "isQuantity": BOOL,
+    "semver": SEMVER,
+    "isSemver": BOOL,
+    "add": QUANTITY,
+    "sub": QUANTITY,
+    "compareTo": INT,
+    "isGreaterThan": BOOL,
+    "isLessThan": BOOL,
+    "sign": INT,
+    "asInteger": INT,
+    "isInteger": BOOL,
+    "asApproximateFloat": DOUBLE,
+    "major": INT,
+    "minor": INT,
+    "patch": INT,
+    "indexOf": INT,
+    "lastIndexOf": INT,
+    "charAt": _string(1),
 }
 
 
@@ -132,8 +168,9 @@ def _union(a: T, b: T) -> T:
         return T("dyn", size)
     elem = _union(a.elem, b.elem) if a.elem is not None and b.elem is not None else (a.elem or b.elem)
     key = _union(a.key, b.key) if a.key is not None and b.key is not None else (a.key or b.key)
-    return T(a.kind, size, elem=elem, key=key, fields=a.fields if a.fields is b.fields else None,
-             min_size=min(a.min, b.min))
+    return T(
+        a.kind, size, elem=elem, key=key, fields=a.fields if a.fields is b.fields else None, min_size=min(a.min, b.min)
+    )
 
 
 def _stringy(t: T) -> bool:
@@ -214,8 +251,11 @@ class _Coster:
                 cost = _sat(1 + args)
                 size = None if left.size is None or right.size is None else left.size + right.size
                 left = T("list", size, elem=_union(left.elem or DYN, right.elem or DYN))
-            elif op == "+" and (left.kind in ("string", "bytes") or right.kind in ("string", "bytes")
-                                or left.kind == right.kind == "dyn"):
+            elif op == "+" and (
+                left.kind in ("string", "bytes")
+                or right.kind in ("string", "bytes")
+                or left.kind == right.kind == "dyn"
+            ):
                 size = None if left.size is None or right.size is None else left.size + right.size
                 cost = _sat(_factor(UNKNOWN if size is None else size, STRING_TRAVERSAL) + args)
                 left = T(left.kind if left.kind == right.kind else "dyn", size)
@@ -235,8 +275,13 @@ class _Coster:
 
     def member(self, node: Member) -> tuple[int, T]:
         ops = node.ops
-        if isinstance(node.base, Ident) and node.base.name == "cel" and len(ops) == 1 \
-                and isinstance(ops[0], Method) and ops[0].name == "bind":
+        if (
+            isinstance(node.base, Ident)
+            and node.base.name == "cel"
+            and len(ops) == 1
+            and isinstance(ops[0], Method)
+            and ops[0].name == "bind"
+        ):
             return self.bind(ops[0].args)
         cost, t = self.cost(node.base)
         for op in ops:
@@ -275,7 +320,7 @@ class _Coster:
         else:
             kinds = [DYN, DYN]
         scope = dict(zip(names, kinds, strict=False))
-        body = op.args[len(names):]
+        body = op.args[len(names) :]
         self.scopes.append(scope)
         try:
             parts = [self.cost(b) for b in body]

@@ -73,7 +73,8 @@ def _kind(value: Any) -> str:
             return "a quantity"
         return "a map"
     return {bool: "a bool", int: "an int", float: "a double", str: "a string", list: "a list"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
 
 
 def _sign(n: int) -> int:
@@ -81,6 +82,7 @@ def _sign(n: int) -> int:
 
 
 # --- semver -------------------------------------------------------------------------------------
+
 
 def semver(text: str, normalize: bool = False) -> dict[str, str]:
     try:
@@ -98,6 +100,7 @@ def is_semver(text: Any, normalize: bool = False) -> bool:
 
 
 # --- quantity -----------------------------------------------------------------------------------
+
 
 def quantity(text: str) -> dict[str, str]:
     try:
@@ -159,6 +162,7 @@ def q_sign(a: Any) -> int:
 
 # --- strings (cel-go ext.Strings) ------------------------------------------------------------------
 
+
 def _str(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise CelFunctionError(f"{what} needs a string, got {_kind(value)}")
@@ -169,7 +173,7 @@ def char_at(s: Any, i: int) -> str:
     text = _str(s, "charAt")
     if not 0 <= i <= len(text):
         raise CelFunctionError(f"charAt index {i} out of range for a string of length {len(text)}")
-    return text[i:i + 1]
+    return text[i : i + 1]
 
 
 def index_of(s: Any, sub: Any, start: int = 0) -> int:
@@ -201,7 +205,7 @@ def split(s: Any, sep: Any, n: int = -1) -> list[str]:
         return []
     if separator == "":
         chars = list(text)
-        return chars if n < 0 else [*chars[:n - 1], "".join(chars[n - 1:])]
+        return chars if n < 0 else [*chars[: n - 1], "".join(chars[n - 1 :])]
     return text.split(separator, -1 if n < 0 else n - 1)
 
 
@@ -220,6 +224,7 @@ def join(items: Any, sep: str = "") -> str:
 
 
 # --- lists (Kubernetes library) ----------------------------------------------------------------
+
 
 def _comparable(items: Any, what: str) -> list[Any]:
     if not isinstance(items, list):

@@ -134,7 +134,8 @@ class Cond(Node):
         self.branches, self.otherwise = branches, otherwise
 
 
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<ws>\s+|//[^\n]*)
   | (?P<float>(?:\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\.\d+(?:[eE][+-]?\d+)?))
   | (?P<hex>0[xX][0-9a-fA-F]+[uU]?)
@@ -142,12 +143,48 @@ _TOKEN = re.compile(r"""
   | (?P<string>(?:[rR][bB]?|[bB][rR]?)?(?:\"\"\"|'''|"|'))
   | (?P<ident>[_a-zA-Z][_a-zA-Z0-9]*)
   | (?P<punct>==|!=|<=|>=|&&|\|\||[-<>!+*/%?:.,()\[\]{}])
-""", re.VERBOSE)
-_ESCAPE = re.compile(r"""\\(?:([abfnrtv\\'"`?])|x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|([0-3][0-7]{2}))""")
-_SIMPLE_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
-                   "\\": "\\", "'": "'", '"': '"', "`": "`", "?": "?"}
-_RESERVED = frozenset({"as", "break", "const", "continue", "else", "for", "function", "if", "import", "let",
-                       "loop", "package", "namespace", "return", "var", "void", "while", "in"})
+""",
+    re.VERBOSE,
+)
+_ESCAPE = re.compile(
+    r"""\\(?:([abfnrtv\\'"`?])|x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|([0-3][0-7]{2}))"""
+)
+_SIMPLE_ESCAPES = {
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    "'": "'",
+    '"': '"',
+    "`": "`",
+    "?": "?",
+}
+_RESERVED = frozenset(
+    {
+        "as",
+        "break",
+        "const",
+        "continue",
+        "else",
+        "for",
+        "function",
+        "if",
+        "import",
+        "let",
+        "loop",
+        "package",
+        "namespace",
+        "return",
+        "var",
+        "void",
+        "while",
+        "in",
+    }
+)
 # Binary operators by precedence, lowest first.
 _LEVELS = (("||",), ("&&",), ("<", "<=", ">=", ">", "==", "!=", "in"), ("+", "-"), ("*", "/", "%"))
 _PRECEDENCE = {op: i for i, ops in enumerate(_LEVELS) for op in ops}
@@ -188,7 +225,7 @@ def tokenize(text: str) -> list[tuple[str, Any, int]]:
         lexeme = m.group()
         if kind == "string":
             quote = lexeme.lstrip("rRbB")
-            prefix = lexeme[:len(lexeme) - len(quote)].lower()
+            prefix = lexeme[: len(lexeme) - len(quote)].lower()
             start = m.end()
             end = text.find(quote, start)
             if len(quote) == 1:  # a single-quoted string ends at its first unescaped quote, on this line
@@ -401,7 +438,7 @@ def _group(operands: list[Node], ops: list[str], level: int) -> Node:
     start = 0
     for k, op in enumerate(ops):
         if _PRECEDENCE[op] == level:
-            groups.append(_group(operands[start:k + 1], ops[start:k], level + 1))
+            groups.append(_group(operands[start : k + 1], ops[start:k], level + 1))
             joins.append(op)
             start = k + 1
     if not joins:

@@ -60,8 +60,9 @@ class _WorkerEnded(Exception):
 class CelSandbox:
     """The scheduler's CEL worker: `unsettled` says what a pod waits for, `settle` evaluates it."""
 
-    def __init__(self, cpu_s: float = celworker.CPU_LIMIT_S, wall_s: float = WALL_LIMIT_S,
-                 budget_s: float = BATCH_BUDGET_S) -> None:
+    def __init__(
+        self, cpu_s: float = celworker.CPU_LIMIT_S, wall_s: float = WALL_LIMIT_S, budget_s: float = BATCH_BUDGET_S
+    ) -> None:
         self.cpu_s, self.wall_s, self.budget_s = cpu_s, wall_s, budget_s
         self._proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
@@ -71,8 +72,9 @@ class CelSandbox:
     def unsettled(self, selectors: Iterable[Selector], index: SliceIndex) -> list[Selector]:
         """The selectors to evaluate in the worker before a pod using them is planned on `index`."""
         done = self._settled.get(index, set())
-        return [s for s in offloaded(selectors, len(index.device_envs()))
-                if s.failure is None and s.expression not in done]
+        return [
+            s for s in offloaded(selectors, len(index.device_envs())) if s.failure is None and s.expression not in done
+        ]
 
     async def settle(self, selector: Selector, index: SliceIndex) -> None:
         """Give every device of `index` a result for `selector` (evaluated in the worker, one at a time)."""
@@ -99,8 +101,12 @@ class CelSandbox:
         try:
             proc = await self._worker()
             assert proc.stdin is not None and proc.stdout is not None
-            log.info("evaluating a selector in the CEL worker", worker=proc.pid, evaluations=len(groups),
-                     expression=selector.expression[:120])
+            log.info(
+                "evaluating a selector in the CEL worker",
+                worker=proc.pid,
+                evaluations=len(groups),
+                expression=selector.expression[:120],
+            )
             feeder = asyncio.create_task(self._feed(proc, selector, groups))
             try:
                 for key, envs in groups:
@@ -118,16 +124,20 @@ class CelSandbox:
             await self.close()
             spent = loop.time() >= deadline
             what = "its evaluations over the cluster's devices took" if spent else "an evaluation took"
-            self._fail(selector, f"{COST_LIMIT_MESSAGE} ({what} more than {self.budget_s if spent else self.wall_s:g} s)",
-                       groups[answered:])
+            self._fail(
+                selector,
+                f"{COST_LIMIT_MESSAGE} ({what} more than {self.budget_s if spent else self.wall_s:g} s)",
+                groups[answered:],
+            )
         except _WorkerEnded as exc:
             self._fail(selector, exc.message, groups[answered:])
         except asyncio.CancelledError:
             await self.close()  # the evaluation in flight must not outlive the scheduler
             raise
 
-    async def _feed(self, proc: asyncio.subprocess.Process, selector: Selector,
-                    groups: list[tuple[Any, list[DeviceEnv]]]) -> None:
+    async def _feed(
+        self, proc: asyncio.subprocess.Process, selector: Selector, groups: list[tuple[Any, list[DeviceEnv]]]
+    ) -> None:
         """Write the batch while the answers are read (a stuck worker stops reading: the pipe fills),
         building the device variables a chunk at a time between which the loop runs other work."""
         assert proc.stdin is not None
@@ -162,8 +172,11 @@ class CelSandbox:
             return self._proc
         try:
             proc = await asyncio.create_subprocess_exec(
-                *with_parent_death_signal(celworker.argv(), signal.SIGKILL), stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=None)
+                *with_parent_death_signal(celworker.argv(), signal.SIGKILL),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=None,
+            )
         except OSError as exc:
             raise _WorkerEnded(f"the CEL worker did not start: {exc}") from None
         assert proc.stdout is not None

@@ -76,8 +76,13 @@ def evaluate_once(selector: Selector, variables: dict[str, Any], cpu_s: float = 
     """One evaluation in a worker of its own, for synchronous callers (tools, tests): bool or CelError.
     Blocks for the worker's start (~0.2 s) and at most `cpu_s` of CPU: never call it on an event loop."""
     try:
-        done = subprocess.run(argv(), input=header(selector.expression, 1, cpu_s) + device_line(variables),
-                              capture_output=True, timeout=ONE_OFF_WALL_S, check=False)
+        done = subprocess.run(
+            argv(),
+            input=header(selector.expression, 1, cpu_s) + device_line(variables),
+            capture_output=True,
+            timeout=ONE_OFF_WALL_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return CelError(selector.expression, f"the CEL worker did not answer within {ONE_OFF_WALL_S:g} s")
     lines = done.stdout.splitlines()

@@ -26,8 +26,14 @@ IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 def owner_ref(pod: Obj) -> Obj:
     md = pod["metadata"]
-    return {"apiVersion": "v1", "kind": "Pod", "name": md["name"], "uid": md["uid"], "controller": True,
-            "blockOwnerDeletion": True}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": md["name"],
+        "uid": md["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _prefix(pod_name: str, entry: str) -> str:
@@ -65,10 +71,17 @@ def extended_requests(pod: Obj, by_resource: dict[str, str]) -> tuple[list[Obj],
                 continue
             name = f"container-{ci}-request-{ri}"
             ri += 1
-            requests.append({"name": name, "exactly": {"deviceClassName": by_resource[resource],
-                                                       "allocationMode": "ExactCount", "count": count}})
-            mappings.append({"containerName": container.get("name", ""), "resourceName": resource,
-                             "requestName": name})
+            requests.append(
+                {
+                    "name": name,
+                    "exactly": {
+                        "deviceClassName": by_resource[resource],
+                        "allocationMode": "ExactCount",
+                        "count": count,
+                    },
+                }
+            )
+            mappings.append({"containerName": container.get("name", ""), "resourceName": resource, "requestName": name})
     return requests, mappings
 
 
@@ -89,8 +102,10 @@ class ClaimGenerator:
         entries = [e for e in (pod.get("spec") or {}).get("resourceClaims") or [] if e.get("resourceClaimTemplateName")]
         if not entries:
             return False
-        current = {s.get("name"): s.get("resourceClaimName")
-                   for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+        current = {
+            s.get("name"): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        }
         statuses: list[Obj] = []
         wrote = False
         for entry in entries:
@@ -103,10 +118,14 @@ class ClaimGenerator:
                 wrote = True
             statuses.append({"name": entry["name"], "resourceClaimName": claim["metadata"]["name"]})
         if statuses and any(current.get(s["name"]) != s["resourceClaimName"] for s in statuses):
-            keep = [{"name": k, "resourceClaimName": v} for k, v in current.items()
-                    if k not in {s["name"] for s in statuses}]
-            updated = await self.kube.patch(PODS, ns, pod_name, {"status": {"resourceClaimStatuses": keep + statuses}},
-                                            subresource="status")
+            keep = [
+                {"name": k, "resourceClaimName": v}
+                for k, v in current.items()
+                if k not in {s["name"] for s in statuses}
+            ]
+            updated = await self.kube.patch(
+                PODS, ns, pod_name, {"status": {"resourceClaimStatuses": keep + statuses}}, subresource="status"
+            )
             self.state.apply(PODS, "MODIFIED", updated)
             wrote = True
         return wrote
@@ -115,15 +134,27 @@ class ClaimGenerator:
         ns, pod_name = key_of(pod)
         tmeta = (template.get("spec") or {}).get("metadata") or {}
         annotations = {**(tmeta.get("annotations") or {}), POD_CLAIM_ANNOTATION: entry}
-        body: Obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                     "metadata": {"generateName": _prefix(pod_name, entry), "namespace": ns,
-                                  "labels": dict(tmeta.get("labels") or {}), "annotations": annotations,
-                                  "ownerReferences": [owner_ref(pod)]},
-                     "spec": copy.deepcopy((template.get("spec") or {}).get("spec") or {})}
+        body: Obj = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {
+                "generateName": _prefix(pod_name, entry),
+                "namespace": ns,
+                "labels": dict(tmeta.get("labels") or {}),
+                "annotations": annotations,
+                "ownerReferences": [owner_ref(pod)],
+            },
+            "spec": copy.deepcopy((template.get("spec") or {}).get("spec") or {}),
+        }
         created = await self.kube.create(RESOURCECLAIMS, ns, body)
         self.state.apply(RESOURCECLAIMS, "ADDED", created)
-        log.info("generated claim from template", pod=f"{ns}/{pod_name}", entry=entry,
-                 claim=created["metadata"]["name"], template=template["metadata"]["name"])
+        log.info(
+            "generated claim from template",
+            pod=f"{ns}/{pod_name}",
+            entry=entry,
+            claim=created["metadata"]["name"],
+            template=template["metadata"]["name"],
+        )
         return created
 
     async def _extended(self, pod: Obj) -> bool:
@@ -134,11 +165,17 @@ class ClaimGenerator:
         claim = self.state.extended_claim(pod)
         wrote = False
         if claim is None:
-            body: Obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                         "metadata": {"generateName": _prefix(pod_name, "extended-resources"), "namespace": ns,
-                                      "annotations": {EXTENDED_ANNOTATION: "true"},
-                                      "ownerReferences": [owner_ref(pod)]},
-                         "spec": {"devices": {"requests": requests}}}
+            body: Obj = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {
+                    "generateName": _prefix(pod_name, "extended-resources"),
+                    "namespace": ns,
+                    "annotations": {EXTENDED_ANNOTATION: "true"},
+                    "ownerReferences": [owner_ref(pod)],
+                },
+                "spec": {"devices": {"requests": requests}},
+            }
             claim = await self.kube.create(RESOURCECLAIMS, ns, body)
             self.state.apply(RESOURCECLAIMS, "ADDED", claim)
             log.info("generated claim for extended resources", pod=f"{ns}/{pod_name}", claim=claim["metadata"]["name"])
@@ -146,11 +183,13 @@ class ClaimGenerator:
         wanted = {"resourceClaimName": claim["metadata"]["name"], "requestMappings": mappings}
         if (pod.get("status") or {}).get("extendedResourceClaimStatus") != wanted:
             try:
-                updated = await self.kube.patch(PODS, ns, pod_name, {"status": {"extendedResourceClaimStatus": wanted}},
-                                                subresource="status")
+                updated = await self.kube.patch(
+                    PODS, ns, pod_name, {"status": {"extendedResourceClaimStatus": wanted}}, subresource="status"
+                )
             except ApiError as exc:
-                raise ApiError(exc.status, exc.reason, f"writing extendedResourceClaimStatus of pod {ns}/{pod_name}: "
-                                                       f"{exc.message}") from exc
+                raise ApiError(
+                    exc.status, exc.reason, f"writing extendedResourceClaimStatus of pod {ns}/{pod_name}: {exc.message}"
+                ) from exc
             self.state.apply(PODS, "MODIFIED", updated)
             wrote = True
         return wrote

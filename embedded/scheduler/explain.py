@@ -62,7 +62,7 @@ def condition_message(reports: Sequence[NodeReport], problems: Sequence[ClaimPro
 
 
 def _cap(text: str) -> str:
-    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 15] + " ... (truncated)"
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 15] + " ... (truncated)"
 
 
 def node_lines(report: NodeReport) -> list[str]:
@@ -72,7 +72,7 @@ def node_lines(report: NodeReport) -> list[str]:
         lines.append(f"  problem: {report.problem}")
     lines += [f"  note: {n}" for n in report.notes]
     for req in report.requests:
-        head = (f"  claim {req.claim}, request {req.request} (class {req.device_class}, wants {req.wanted}): ")
+        head = f"  claim {req.claim}, request {req.request} (class {req.device_class}, wants {req.wanted}): "
         if req.allocated:
             lines.append(head + f"allocated {', '.join(req.allocated)}")
         elif req.error:

@@ -78,8 +78,13 @@ def _allocation_of(claim: Obj | None) -> Any:
 class Scheduler:
     """`await Scheduler(api_client).run(stopping)` schedules pods until `stopping` is set."""
 
-    def __init__(self, api_client: ApiClient, resync_seconds: float = 30.0, watch_timeout_s: int = 300,
-                 cel_cpu_seconds: float = celworker.CPU_LIMIT_S) -> None:
+    def __init__(
+        self,
+        api_client: ApiClient,
+        resync_seconds: float = 30.0,
+        watch_timeout_s: int = 300,
+        cel_cpu_seconds: float = celworker.CPU_LIMIT_S,
+    ) -> None:
         self.kube = Kube(api_client)
         self.state = ClusterState()
         self.index = IndexCache()
@@ -107,8 +112,11 @@ class Scheduler:
             if res is RESOURCESLICES:
                 self.index.dirty = True
         elif res is RESOURCECLAIMS and obj is not None:
-            if event == "DELETED" or (_allocation_of(old) and not _allocation_of(obj)) or (
-                    old is not None and old.get("spec") != obj.get("spec")):
+            if (
+                event == "DELETED"
+                or (_allocation_of(old) and not _allocation_of(obj))
+                or (old is not None and old.get("spec") != obj.get("spec"))
+            ):
                 self.generation += 1
         elif res is RESOURCECLAIMS or res is RESOURCECLAIMTEMPLATES:
             self.generation += 1
@@ -247,10 +255,14 @@ class Scheduler:
         names, _ = self.state.pod_claim_names(pod)
         if any((md.get("namespace", ""), name) in self.state.assumed for name in names):
             await self._writes_done()  # it shares a claim with a pod decided in this pass: that write goes first
-        span_attributes = {"k8s.namespace.name": md.get("namespace", ""), "k8s.pod.name": md.get("name", ""),
-                           "k8s.pod.uid": uid}
-        with tracer.start_as_current_span("scheduler.schedule_pod", attributes=span_attributes,
-                                          end_on_exit=False) as span:
+        span_attributes = {
+            "k8s.namespace.name": md.get("namespace", ""),
+            "k8s.pod.name": md.get("name", ""),
+            "k8s.pod.uid": uid,
+        }
+        with tracer.start_as_current_span(
+            "scheduler.schedule_pod", attributes=span_attributes, end_on_exit=False
+        ) as span:
             binding = False
             try:
                 index = self.index.get(self.state)
@@ -291,8 +303,9 @@ class Scheduler:
         if missing:
             return []
         ns = pod["metadata"].get("namespace", "")
-        claims = [c for c in (self.state.get(RESOURCECLAIMS, ns, n) for n in names)
-                  if c is not None and not _allocation_of(c)]
+        claims = [
+            c for c in (self.state.get(RESOURCECLAIMS, ns, n) for n in names) if c is not None and not _allocation_of(c)
+        ]
         return claim_selectors(claims, self.state.classes()) if claims else []
 
     def _settle_later(self, selectors: list[Selector], index: SliceIndex) -> None:
@@ -300,7 +313,8 @@ class Scheduler:
         for selector in selectors:
             if selector.expression not in self._settling:
                 self._settling[selector.expression] = asyncio.create_task(
-                    self._settle(selector, index), name="cel-settle")
+                    self._settle(selector, index), name="cel-settle"
+                )
 
     async def _settle(self, selector: Selector, index: SliceIndex) -> None:
         try:

@@ -29,8 +29,9 @@ def _taint_text(taint: Mapping[str, Any]) -> str:
     return f"{taint.get('key')}{'=' + value if value else ''}:{taint.get('effect')}"
 
 
-def node_rejection(pod: Mapping[str, Any], node: Mapping[str, Any],
-                   pins: Iterable[tuple[str, Mapping[str, Any]]] = ()) -> str | None:
+def node_rejection(
+    pod: Mapping[str, Any], node: Mapping[str, Any], pins: Iterable[tuple[str, Mapping[str, Any]]] = ()
+) -> str | None:
     """Why the pod cannot go to this node regardless of devices, or None."""
     spec = pod.get("spec") or {}
     labels = (node.get("metadata") or {}).get("labels") or {}
@@ -41,8 +42,9 @@ def node_rejection(pod: Mapping[str, Any], node: Mapping[str, Any],
     for k, v in (spec.get("nodeSelector") or {}).items():
         if labels.get(k) != v:
             return f"pod nodeSelector {k}={v} does not match"
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
     if required and not selector_matches(required, node):
         return "pod's required node affinity does not match"
     tolerations = spec.get("tolerations") or []

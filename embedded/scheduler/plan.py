@@ -122,14 +122,22 @@ def plan_pod(state: ClusterState, pod: Obj, index: SliceIndex, *, all_nodes: boo
     if not pending:
         plan.node = str(candidates[0]["metadata"]["name"])
         return plan
-    outcome = schedule(pending, state.classes(), index, state.allocated, candidates,
-                       admin_namespaces=state.admin_namespaces(), all_nodes=all_nodes)
+    outcome = schedule(
+        pending,
+        state.classes(),
+        index,
+        state.allocated,
+        candidates,
+        admin_namespaces=state.admin_namespaces(),
+        all_nodes=all_nodes,
+    )
     plan.outcome = outcome
     if outcome.node is None:
         plan.message = condition_message(outcome.reports, outcome.problems)
         if plan.node_rejections:
-            plan.message += " (also: " + "; ".join(
-                f"node {n}: {why}" for n, why in sorted(plan.node_rejections.items())) + ")"
+            plan.message += (
+                " (also: " + "; ".join(f"node {n}: {why}" for n, why in sorted(plan.node_rejections.items())) + ")"
+            )
         return plan
     plan.node = outcome.node
     plan.allocations = dict(outcome.allocations)

@@ -47,9 +47,18 @@ class Candidate:
         "verdicts",
     )
 
-    def __init__(self, driver: str, pool: str, slice_name: str, device: dict[str, Any], env: DeviceEnv,
-                 consumes: list[tuple[CounterKey, dict[str, Fraction]]], node_name: str,
-                 node_selector: dict[str, Any] | None, all_nodes: bool):
+    def __init__(
+        self,
+        driver: str,
+        pool: str,
+        slice_name: str,
+        device: dict[str, Any],
+        env: DeviceEnv,
+        consumes: list[tuple[CounterKey, dict[str, Fraction]]],
+        node_name: str,
+        node_selector: dict[str, Any] | None,
+        all_nodes: bool,
+    ):
         self.pool = pool
         self.slice_name = slice_name
         self.device = device
@@ -266,8 +275,10 @@ class SliceIndex:
                 continue
             pool = Pool(key[0], key[1], entry.generation)
             if len(entry.slices) != entry.declared:
-                pool.incomplete = (f"pool {key[1]} of {key[0]} is incomplete: {len(entry.slices)} of "
-                                   f"{entry.declared} slices of generation {entry.generation} are published")
+                pool.incomplete = (
+                    f"pool {key[1]} of {key[0]} is incomplete: {len(entry.slices)} of "
+                    f"{entry.declared} slices of generation {entry.generation} are published"
+                )
             users: Consumers = []
             self._fill(pool, entry, relevant, node, users)
             pool.plain = not pool.counters and not any(d.taints or d.shareable for d in pool.devices)
@@ -289,8 +300,14 @@ class SliceIndex:
             return any(_device_visible(d, node) for d in spec.get("devices") or [])
         return False
 
-    def _fill(self, pool: Pool, entry: _PoolSlices, relevant: list[dict[str, Any]], node: Mapping[str, Any],
-              consumers: Consumers) -> None:
+    def _fill(
+        self,
+        pool: Pool,
+        entry: _PoolSlices,
+        relevant: list[dict[str, Any]],
+        node: Mapping[str, Any],
+        consumers: Consumers,
+    ) -> None:
         driver = pool.driver
         names: set[str] = set()
         pool_sets: set[str] = set()
@@ -328,8 +345,9 @@ class SliceIndex:
                     node_sel = device.get("nodeSelector") if per_device else spec.get("nodeSelector")
                     node_name = str(device.get("nodeName") or "") if per_device else str(spec.get("nodeName") or "")
                     all_nodes = bool(device.get("allNodes") if per_device else spec.get("allNodes"))
-                    pool.devices.append(Candidate(driver, pool.name, sname, device, env, consumes, node_name,
-                                                  node_sel, all_nodes))
+                    pool.devices.append(
+                        Candidate(driver, pool.name, sname, device, env, consumes, node_name, node_sel, all_nodes)
+                    )
         except (QuantityError, KeyError, TypeError, ValueError) as exc:
             pool.invalid = pool.invalid or f"pool {pool.name} of {driver} is invalid: {exc}"
 
@@ -343,8 +361,9 @@ class SliceIndex:
         return found[1]
 
     @staticmethod
-    def _consumption(pool: Pool, sname: str, own_sets: set[str], pool_sets: set[str],
-                     device: Mapping[str, Any]) -> list[tuple[CounterKey, dict[str, Fraction]]]:
+    def _consumption(
+        pool: Pool, sname: str, own_sets: set[str], pool_sets: set[str], device: Mapping[str, Any]
+    ) -> list[tuple[CounterKey, dict[str, Fraction]]]:
         out: list[tuple[CounterKey, dict[str, Fraction]]] = []
         for use in device.get("consumesCounters") or []:
             set_name = str(use.get("counterSet", ""))
@@ -357,7 +376,9 @@ class SliceIndex:
             amounts = _quantities(use.get("counters") or {})
             unknown = set(amounts) - set(pool.counters[ckey])
             if unknown:
-                raise ValueError(f"device {device.get('name')} consumes unknown counters "
-                                 f"{', '.join(sorted(unknown))} of set {set_name}")
+                raise ValueError(
+                    f"device {device.get('name')} consumes unknown counters "
+                    f"{', '.join(sorted(unknown))} of set {set_name}"
+                )
             out.append((ckey, amounts))
         return out

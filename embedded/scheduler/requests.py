@@ -48,8 +48,9 @@ class Req:
         "top",
     )
 
-    def __init__(self, claim_key: str, top: str, name: str, body: Mapping[str, Any], class_obj: Mapping[str, Any],
-                 admin: bool):
+    def __init__(
+        self, claim_key: str, top: str, name: str, body: Mapping[str, Any], class_obj: Mapping[str, Any], admin: bool
+    ):
         self.claim_key = claim_key
         self.top = top
         self.name = name
@@ -60,16 +61,24 @@ class Req:
         self.admin = admin
         self.tolerations: list[dict[str, Any]] = list(body.get("tolerations") or [])
         where = f"request {name}"
-        self.class_selectors = _selectors(claim_key, f"DeviceClass {self.class_name}",
-                                          (class_obj.get("spec") or {}).get("selectors") or [])
+        self.class_selectors = _selectors(
+            claim_key, f"DeviceClass {self.class_name}", (class_obj.get("spec") or {}).get("selectors") or []
+        )
         self.selectors = _selectors(claim_key, where, body.get("selectors") or [])
         self.selectors += _capacity_selectors(claim_key, where, body.get("capacity") or {})
         # capacity.requests by name as written: what each allocation of a shareable device consumes.
-        self.capacity: dict[str, Fraction] = {str(k): parse_quantity(str(v)) for k, v in
-                                              ((body.get("capacity") or {}).get("requests") or {}).items()}
+        self.capacity: dict[str, Fraction] = {
+            str(k): parse_quantity(str(v)) for k, v in ((body.get("capacity") or {}).get("requests") or {}).items()
+        }
         # What the per-device CEL verdict depends on: equal signatures, equal verdicts (and reasons).
-        signature = "\x00".join([self.class_name, *(s.expression for s in self.class_selectors), "\x01",
-                                  *(s.expression for s in self.selectors)])
+        signature = "\x00".join(
+            [
+                self.class_name,
+                *(s.expression for s in self.class_selectors),
+                "\x01",
+                *(s.expression for s in self.selectors),
+            ]
+        )
         self.signature = sys.intern(signature)  # the same object for every claim alike: identity-fast lookups
 
 
@@ -100,8 +109,14 @@ class ClaimRequests:
 
     __slots__ = ("claim", "configs", "constraints", "key", "requests")
 
-    def __init__(self, key: str, claim: Mapping[str, Any], requests: list[RequestSpec],
-                 constraints: list[Constraint], configs: list[dict[str, Any]]):
+    def __init__(
+        self,
+        key: str,
+        claim: Mapping[str, Any],
+        requests: list[RequestSpec],
+        constraints: list[Constraint],
+        configs: list[dict[str, Any]],
+    ):
         self.key = key
         self.claim = claim
         self.requests = requests
@@ -136,18 +151,21 @@ def _capacity_selectors(key: str, where: str, capacity: Mapping[str, Any]) -> li
             raise ClaimError(key, f"{where}: capacity request {name}: {exc}") from None
         domain, ident = split_name(name, "")
         lookup = f"device.capacity['{domain}']" if domain else "device.capacity[device.driver]"
-        out.append(compile_selector(f"'{ident}' in {lookup} && "
-                                    f"{lookup}.{ident}.compareTo(quantity('{value}')) >= 0"))
+        out.append(compile_selector(f"'{ident}' in {lookup} && {lookup}.{ident}.compareTo(quantity('{value}')) >= 0"))
     return out
 
 
-def _class_index(classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+def _class_index(
+    classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]],
+) -> dict[str, Mapping[str, Any]]:
     if isinstance(classes, Mapping):
         return dict(classes)
     return {str((c.get("metadata") or {}).get("name", "")): c for c in classes}
 
 
-def _request_body(key: str, top: str, body: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+def _request_body(
+    key: str, top: str, body: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]
+) -> Mapping[str, Any]:
     class_name = body.get("deviceClassName")
     if not class_name:
         raise ClaimError(key, f"request {top} has no deviceClassName")
@@ -163,7 +181,9 @@ def _request_body(key: str, top: str, body: Mapping[str, Any], classes: Mapping[
     return classes[class_name]
 
 
-def parse_claim(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], admin_namespaces: set[str]) -> ClaimRequests:
+def parse_claim(
+    claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], admin_namespaces: set[str]
+) -> ClaimRequests:
     key = claim_key(claim)
     namespace = key.split("/", 1)[0]
     devices = (claim.get("spec") or {}).get("devices") or {}
@@ -183,8 +203,11 @@ def parse_claim(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any
             body = raw["exactly"]
             admin = bool(body.get("adminAccess"))
             if admin and namespace not in admin_namespaces:
-                raise ClaimError(key, f"request {top} asks for adminAccess, which is only allowed in namespaces "
-                                      f"labelled {ADMIN_LABEL}=true (namespace {namespace} is not)")
+                raise ClaimError(
+                    key,
+                    f"request {top} asks for adminAccess, which is only allowed in namespaces "
+                    f"labelled {ADMIN_LABEL}=true (namespace {namespace} is not)",
+                )
             cls = _request_body(key, top, body, classes)
             requests.append(RequestSpec(top, [Req(key, top, top, body, cls, admin)], False))
             continue
@@ -204,19 +227,25 @@ def parse_claim(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any
         if unknown:
             raise ClaimError(key, f"constraint #{i + 1} names unknown requests {', '.join(unknown)}")
         if raw.get("distinctAttribute"):
-            raise ClaimError(key, f"constraint #{i + 1}: distinctAttribute (consumable capacity) is not "
-                                  "supported by this scheduler; use matchAttribute")
+            raise ClaimError(
+                key,
+                f"constraint #{i + 1}: distinctAttribute (consumable capacity) is not "
+                "supported by this scheduler; use matchAttribute",
+            )
         attribute = raw.get("matchAttribute")
         if not attribute or "/" not in attribute:
-            raise ClaimError(key, f"constraint #{i + 1}: matchAttribute must be a fully qualified name such as "
-                                  "gpu.nvidia.com/parentUUID")
+            raise ClaimError(
+                key,
+                f"constraint #{i + 1}: matchAttribute must be a fully qualified name such as gpu.nvidia.com/parentUUID",
+            )
         constraints.append(Constraint(scope, str(attribute)))
     configs = [dict(c) for c in devices.get("config") or []]
     return ClaimRequests(key, claim, requests, constraints, configs)
 
 
-def claim_selectors(claims: Iterable[Mapping[str, Any]],
-                    classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]]) -> list[Selector]:
+def claim_selectors(
+    claims: Iterable[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]]
+) -> list[Selector]:
     """The compiled selectors the claims' requests and their DeviceClasses use (what a plan evaluates);
     one that does not compile is left out: parsing the claim reports it."""
     index = _class_index(classes)
@@ -236,9 +265,11 @@ def claim_selectors(claims: Iterable[Mapping[str, Any]],
     return list(found.values())
 
 
-def parse_claims(claims: Iterable[Mapping[str, Any]],
-                 classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]],
-                 admin_namespaces: set[str]) -> list[ClaimRequests]:
+def parse_claims(
+    claims: Iterable[Mapping[str, Any]],
+    classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]],
+    admin_namespaces: set[str],
+) -> list[ClaimRequests]:
     """Every claim parsed; the first malformed one raises ClaimError."""
     index = _class_index(classes)
     return [parse_claim(c, index, admin_namespaces) for c in claims]

@@ -62,8 +62,7 @@ def _configs(claim: ClaimRequests, chosen: dict[int, Req]) -> list[dict[str, Any
 
 def _node_selector(devices: list[Candidate], node: str) -> dict[str, Any] | None:
     if any(d.node_name or d.device.get("bindsToNode") for d in devices):
-        return {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+        return {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
     expressions: list[dict[str, Any]] = []
     fields: list[dict[str, Any]] = []
     for d in devices:
@@ -82,11 +81,13 @@ def _node_selector(devices: list[Candidate], node: str) -> dict[str, Any] | None
     return {"nodeSelectorTerms": [merged]}
 
 
-def allocation_result(claim: ClaimRequests, chosen: dict[int, Req], picked: list[tuple[Req, Candidate]],
-                      node: str) -> dict[str, Any]:
+def allocation_result(
+    claim: ClaimRequests, chosen: dict[int, Req], picked: list[tuple[Req, Candidate]], node: str
+) -> dict[str, Any]:
     """The claim's `status.allocation`."""
-    allocation: dict[str, Any] = {"devices": {"results": [_result(req, dev) for req, dev in picked],
-                                              "config": _configs(claim, chosen)}}
+    allocation: dict[str, Any] = {
+        "devices": {"results": [_result(req, dev) for req, dev in picked], "config": _configs(claim, chosen)}
+    }
     selector = _node_selector([dev for _, dev in picked], node)
     if selector is not None:
         allocation["nodeSelector"] = selector

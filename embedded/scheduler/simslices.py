@@ -19,16 +19,23 @@ from shared.events.health import DeviceHealth
 from shared.events.inventory import NodeInventory
 
 
-async def simulated_inventory(node: str, simulate: str = "h100x8", machine: str = "",
-                              root: Path | str | None = None) -> NodeInventory:
+async def simulated_inventory(
+    node: str, simulate: str = "h100x8", machine: str = "", root: Path | str | None = None
+) -> NodeInventory:
     """Scan a simulated machine once (its fake /dev tree lives under `root`, a temp dir by default)."""
     base = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="gpu-dra-sched-"))
     return await scan_simulated(base, node, simulate, machine)
 
 
-def node_slices(inv: NodeInventory, *, mig_mode: Literal["static", "dynamic"] = "static", minor: int = 34,
-                health: dict[str, DeviceHealth] | None = None, generation: int = 1,
-                compute_domains: bool = False) -> list[dict[str, Any]]:
+def node_slices(
+    inv: NodeInventory,
+    *,
+    mig_mode: Literal["static", "dynamic"] = "static",
+    minor: int = 34,
+    health: dict[str, DeviceHealth] | None = None,
+    generation: int = 1,
+    compute_domains: bool = False,
+) -> list[dict[str, Any]]:
     """The node's slices (v1 objects) as the publisher would write them to a 1.`minor` server."""
     profile = ServerProfile(minor=minor, counter_layout=layout_for(1, minor))
     opts = slices.SliceOptions(mig_mode=mig_mode, compute_domains=compute_domains)

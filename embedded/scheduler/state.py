@@ -31,8 +31,15 @@ from shared.kube.resources import (
     Resource,
 )
 
-WATCHED: tuple[Resource, ...] = (PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, RESOURCESLICES, DEVICECLASSES,
-                                 NODES, NAMESPACES)
+WATCHED: tuple[Resource, ...] = (
+    PODS,
+    RESOURCECLAIMS,
+    RESOURCECLAIMTEMPLATES,
+    RESOURCESLICES,
+    DEVICECLASSES,
+    NODES,
+    NAMESPACES,
+)
 ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 EXTENDED_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
@@ -154,8 +161,11 @@ class ClusterState:
         return {name: obj for (_, name), obj in self.objects[DEVICECLASSES.plural].items()}
 
     def admin_namespaces(self) -> set[str]:
-        return {name for (_, name), ns in self.objects[NAMESPACES.plural].items()
-                if ((ns.get("metadata") or {}).get("labels") or {}).get(ADMIN_LABEL) == "true"}
+        return {
+            name
+            for (_, name), ns in self.objects[NAMESPACES.plural].items()
+            if ((ns.get("metadata") or {}).get("labels") or {}).get(ADMIN_LABEL) == "true"
+        }
 
     def owned_claims(self, pod: Obj) -> list[Obj]:
         """Claims whose controller owner is this pod (generated from a template or for extended resources)."""
@@ -192,8 +202,10 @@ class ClusterState:
         for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
             name = entry.get("resourceClaimName") or by_entry.get(entry.get("name"))
             if not name:
-                missing.append(f"claim for entry {entry.get('name')!r} (template "
-                               f"{entry.get('resourceClaimTemplateName')!r}) not generated yet")
+                missing.append(
+                    f"claim for entry {entry.get('name')!r} (template "
+                    f"{entry.get('resourceClaimTemplateName')!r}) not generated yet"
+                )
             elif self.get(RESOURCECLAIMS, ns, name) is None:
                 missing.append(f"resourceclaim {ns}/{name} does not exist")
             else:

@@ -13,8 +13,16 @@ from functools import lru_cache
 
 from shared.quantity import QuantityError, parse_quantity
 
-__all__ = ["QuantityError", "parse_quantity", "format_quantity", "Semver", "SemverError", "parse_semver",
-           "compare_semver", "semver_text"]
+__all__ = [
+    "QuantityError",
+    "parse_quantity",
+    "format_quantity",
+    "Semver",
+    "SemverError",
+    "parse_semver",
+    "compare_semver",
+    "semver_text",
+]
 
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -31,7 +39,7 @@ def format_quantity(value: Fraction) -> str:
     """An exact value back to a short quantity string (`42949672960` -> `40Gi`)."""
     if value.denominator != 1:
         for suffix, exp in (("m", -3), ("u", -6), ("n", -9)):
-            scaled = value * 10 ** -exp
+            scaled = value * 10**-exp
             if scaled.denominator == 1:
                 return f"{scaled.numerator}{suffix}"
         return str(float(value))

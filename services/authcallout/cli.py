@@ -38,19 +38,30 @@ def _help(text: str) -> msgspec.Meta:
 
 class CalloutConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     kubeconfig: Annotated[str, _help("kubeconfig file; empty uses in-cluster, then KUBECONFIG or ~/.kube/config")] = ""
-    issuer_seed_file: Annotated[str, _help(
-        "the issuer's NKEY seed (Secret gpu-dra-nats-auth-callout, key issuer.nk)")] = ""
-    account: Annotated[str, _help("public key of the GPU_DRA account the users are placed in (Secret key "
-                                  "`account`)")] = ""
-    auth_account: Annotated[str, _help("public key of the AUTH account that calls out (Secret key "
-                                       "`auth-account`)")] = ""
+    issuer_seed_file: Annotated[
+        str, _help("the issuer's NKEY seed (Secret gpu-dra-nats-auth-callout, key issuer.nk)")
+    ] = ""
+    account: Annotated[
+        str, _help("public key of the GPU_DRA account the users are placed in (Secret key `account`)")
+    ] = ""
+    auth_account: Annotated[str, _help("public key of the AUTH account that calls out (Secret key `auth-account`)")] = (
+        ""
+    )
     audience: Annotated[str, _help("the audience node tokens must be issued for")] = "nats"
-    service_account_roles: Annotated[str, _help(
-        "which node roles each ServiceAccount may take: NS/SA=role[,role][;...]")] = \
-        "gpu-dra/gpu-dra-node=discovery,preparer,cd-agent"
-    max_ttl_seconds: Annotated[int, msgspec.Meta(ge=60, le=86400, description=(
-        "a NATS user expires after this (or with its token, if sooner); the client reconnects with a fresh token"))] \
-        = 3600
+    service_account_roles: Annotated[
+        str, _help("which node roles each ServiceAccount may take: NS/SA=role[,role][;...]")
+    ] = "gpu-dra/gpu-dra-node=discovery,preparer,cd-agent"
+    max_ttl_seconds: Annotated[
+        int,
+        msgspec.Meta(
+            ge=60,
+            le=86400,
+            description=(
+                "a NATS user expires after this (or with its token, if sooner); "
+                "the client reconnects with a fresh token"
+            ),
+        ),
+    ] = 3600
 
 
 def _settings(cfg: CalloutConfig) -> tuple[KeyPair, dict[str, tuple[str, ...]]]:
@@ -96,8 +107,15 @@ async def run(cfg: CalloutConfig, stopping: asyncio.Event) -> None:
     issuer, roles = _settings(cfg)
     api = await kube_api_client(cfg.kubeconfig)
     try:
-        callout = AuthCallout(issuer=issuer, account=cfg.account, auth_account=cfg.auth_account, roles=roles,
-                              review=kube_token_reviewer(api), audience=cfg.audience, max_ttl_s=cfg.max_ttl_seconds)
+        callout = AuthCallout(
+            issuer=issuer,
+            account=cfg.account,
+            auth_account=cfg.auth_account,
+            roles=roles,
+            review=kube_token_reviewer(api),
+            audience=cfg.audience,
+            max_ttl_s=cfg.max_ttl_seconds,
+        )
         bus = await connect_configured(cfg, cfg.nats_url, "auth-callout")
         try:
             await serve(callout, bus, stopping)
@@ -108,5 +126,12 @@ async def run(cfg: CalloutConfig, stopping: asyncio.Event) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return service_main(CalloutConfig, argv, prog="gpu-dra nats auth-callout", description=DESCRIPTION,
-                        service=lambda _: "auth-callout", run=run, check=_settings)
+    return service_main(
+        CalloutConfig,
+        argv,
+        prog="gpu-dra nats auth-callout",
+        description=DESCRIPTION,
+        service=lambda _: "auth-callout",
+        run=run,
+        check=_settings,
+    )

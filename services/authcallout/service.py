@@ -72,8 +72,9 @@ def parse_roles(text: str) -> dict[str, tuple[str, ...]]:
             raise UsersError(f"service account roles {item!r}: expected NAMESPACE/SERVICEACCOUNT=role[,role]")
         unknown = sorted(set(wanted) - set(NODE_ROLES))
         if unknown:
-            raise UsersError(f"service account roles {item!r}: unknown role(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(NODE_ROLES)}")
+            raise UsersError(
+                f"service account roles {item!r}: unknown role(s) {', '.join(unknown)}; known: {', '.join(NODE_ROLES)}"
+            )
         out[f"{SA_PREFIX}{namespace}:{name}"] = wanted
     if not out:
         raise UsersError("no service account is given any role; e.g. gpu-dra/gpu-dra-node=discovery,preparer,cd-agent")
@@ -93,8 +94,17 @@ def _token_expiry(token: str) -> int | None:
 class AuthCallout:
     """Decides one authorization request at a time (the NATS loop is in cli.py)."""
 
-    def __init__(self, *, issuer: KeyPair, account: str, auth_account: str, roles: Mapping[str, tuple[str, ...]],
-                 review: TokenReviewer, audience: str = "nats", max_ttl_s: int = 3600) -> None:
+    def __init__(
+        self,
+        *,
+        issuer: KeyPair,
+        account: str,
+        auth_account: str,
+        roles: Mapping[str, tuple[str, ...]],
+        review: TokenReviewer,
+        audience: str = "nats",
+        max_ttl_s: int = 3600,
+    ) -> None:
         self.issuer = issuer
         self.account = account
         self.auth_account = auth_account
@@ -114,61 +124,91 @@ class AuthCallout:
         nats = claims.get("nats") or {}
         user_nkey = str(nats.get("user_nkey") or "")
         server_id = str((nats.get("server_id") or {}).get("id") or "")
-        if nats.get("type") != "authorization_request" or claims.get("aud") != REQUEST_AUDIENCE \
-                or not user_nkey or not server_id:
+        if (
+            nats.get("type") != "authorization_request"
+            or claims.get("aud") != REQUEST_AUDIENCE
+            or not user_nkey
+            or not server_id
+        ):
             DECISIONS.labels("refused", "bad-request").inc()
             log.warning("nats auth callout: not an authorization request", type=nats.get("type"))
             return b""
         opts = nats.get("connect_opts") or {}
         client = {"host": (nats.get("client_info") or {}).get("host", ""), "asked": opts.get("name", "")}
         try:
-            identity, node, permissions, expires = await self._decide(str(opts.get("auth_token") or ""),
-                                                                      str(opts.get("name") or ""))
+            identity, node, permissions, expires = await self._decide(
+                str(opts.get("auth_token") or ""), str(opts.get("name") or "")
+            )
         except Refused as exc:
             DECISIONS.labels("refused", exc.reason).inc()
             log.warning("nats connect refused", reason=exc.reason, error=str(exc), **client)
-            return (await asyncio.to_thread(natsjwt.authorization_response, self.issuer, self.auth_account,
-                                            user_nkey, server_id, error=str(exc))).encode()
+            return (
+                await asyncio.to_thread(
+                    natsjwt.authorization_response, self.issuer, self.auth_account, user_nkey, server_id, error=str(exc)
+                )
+            ).encode()
         user = await asyncio.to_thread(
-            natsjwt.user_jwt, self.issuer, user_nkey, identity, publish=sorted(set(permissions.publish)),
-            subscribe=sorted(set(permissions.subscribe)), allow_responses=permissions.allow_responses,
-            issuer_account=self.account, expires=expires)
-        response = await asyncio.to_thread(natsjwt.authorization_response, self.issuer, self.auth_account,
-                                           user_nkey, server_id, user_jwt=user)
+            natsjwt.user_jwt,
+            self.issuer,
+            user_nkey,
+            identity,
+            publish=sorted(set(permissions.publish)),
+            subscribe=sorted(set(permissions.subscribe)),
+            allow_responses=permissions.allow_responses,
+            issuer_account=self.account,
+            expires=expires,
+        )
+        response = await asyncio.to_thread(
+            natsjwt.authorization_response, self.issuer, self.auth_account, user_nkey, server_id, user_jwt=user
+        )
         DECISIONS.labels("allowed", "ok").inc()
         log.info("nats connect authorized", identity=identity, node=node, expires=expires, **client)
         return response.encode()
 
     async def _decide(self, token: str, asked: str) -> tuple[str, str, Any, int]:
         if not token:
-            raise Refused("no-token", "no ServiceAccount token was sent; set GPU_DRA_NATS_TOKEN_FILE to a projected "
-                                      f"token with audience {self.audience}")
+            raise Refused(
+                "no-token",
+                "no ServiceAccount token was sent; set GPU_DRA_NATS_TOKEN_FILE to a projected "
+                f"token with audience {self.audience}",
+            )
         try:
             review = await self.review(token, self.audience)
         except Exception as exc:  # noqa: BLE001 - any failure to ask Kubernetes refuses, with its cause
-            raise Refused("review-failed", f"the TokenReview failed ({exc}); check the callout's RBAC "
-                                           "(create tokenreviews) and the API server") from exc
+            raise Refused(
+                "review-failed",
+                f"the TokenReview failed ({exc}); check the callout's RBAC (create tokenreviews) and the API server",
+            ) from exc
         if not review.authenticated:
             reason = "audience" if "audience" in review.error else "unauthenticated"
-            raise Refused(reason, f"the token was not accepted for audience {self.audience}: "
-                                  f"{review.error or 'no reason given'}")
+            raise Refused(
+                reason, f"the token was not accepted for audience {self.audience}: {review.error or 'no reason given'}"
+            )
         if self.audience not in review.audiences:
             raise Refused("audience", f"the token is not for audience {self.audience}")
         extra = review.extra or {}
         node = (extra.get(NODE_NAME) or [""])[0]
         if not node or not (extra.get(POD_NAME) or [""])[0]:
-            raise Refused("not-node-bound", f"the token of {review.username} is not bound to a pod on a node; "
-                                            "use a projected ServiceAccount token (serviceAccountToken volume)")
+            raise Refused(
+                "not-node-bound",
+                f"the token of {review.username} is not bound to a pod on a node; "
+                "use a projected ServiceAccount token (serviceAccountToken volume)",
+            )
         roles = self.roles.get(review.username)
         if not roles:
-            raise Refused("unknown-service-account", f"{review.username} has no NATS role; add it to "
-                                                     "--service-account-roles if it should have one")
+            raise Refused(
+                "unknown-service-account",
+                f"{review.username} has no NATS role; add it to --service-account-roles if it should have one",
+            )
         role, _, asked_node = asked.partition(".")
         if len(roles) == 1 and not asked:
             role, asked_node = roles[0], node
         if role not in roles or asked_node != node:
-            raise Refused("identity-not-allowed", f"{review.username} on node {node} asked to be {asked!r}; it may "
-                                                  f"be {', '.join(node_user(r, node) for r in roles)}")
+            raise Refused(
+                "identity-not-allowed",
+                f"{review.username} on node {node} asked to be {asked!r}; it may "
+                f"be {', '.join(node_user(r, node) for r in roles)}",
+            )
         try:
             permissions = node_permissions(role, node)
         except UsersError as exc:
@@ -187,8 +227,12 @@ def kube_token_reviewer(api: Any) -> TokenReviewer:
         out = await client.AuthenticationV1Api(api).create_token_review(body)
         status = out.status
         user = status.user if status is not None else None
-        return Review(bool(status and status.authenticated), username=(user.username if user else "") or "",
-                      extra=(user.extra if user else None) or {}, audiences=tuple(status.audiences or ()),
-                      error=status.error or "")
+        return Review(
+            bool(status and status.authenticated),
+            username=(user.username if user else "") or "",
+            extra=(user.extra if user else None) or {},
+            audiences=tuple(status.audiences or ()),
+            error=status.error or "",
+        )
 
     return review

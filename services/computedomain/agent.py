@@ -78,12 +78,14 @@ def clique_of(inventory: NodeInventory) -> str:
     cliques = {
         f"{g.fabric.cluster_uuid}.{g.fabric.clique_id}"
         for g in inventory.gpus
-        if g.fabric is not None and g.fabric.state == "completed"
-        and g.fabric.cluster_uuid.strip("0-") != ""
+        if g.fabric is not None and g.fabric.state == "completed" and g.fabric.cluster_uuid.strip("0-") != ""
     }
     if len(cliques) > 1:
-        raise AgentError("invalid", f"node {inventory.node}'s GPUs are in different NVLink cliques "
-                         f"({', '.join(sorted(cliques))}); a ComputeDomain node needs one clique")
+        raise AgentError(
+            "invalid",
+            f"node {inventory.node}'s GPUs are in different NVLink cliques "
+            f"({', '.join(sorted(cliques))}); a ComputeDomain node needs one clique",
+        )
     return cliques.pop() if cliques else ""
 
 
@@ -112,8 +114,9 @@ class Agent:
     def __init__(self, cfg: AgentConfig, bus: Bus) -> None:
         self.cfg = cfg
         self.bus = bus
-        self.membership = Membership(bus, max_per_clique=cfg.max_nodes_per_imex_domain,
-                                     require_assignment=cfg.require_assignment)
+        self.membership = Membership(
+            bus, max_per_clique=cfg.max_nodes_per_imex_domain, require_assignment=cfg.require_assignment
+        )
         self.state_dir = Path(cfg.state_dir)
         self.domain: _Domain | None = None
         self._lock = asyncio.Lock()
@@ -129,8 +132,10 @@ class Agent:
             log.warning("ended IMEX daemons a previous agent left running", pids=ended)
         self.launch = await asyncio.to_thread(resolve_launch, self.cfg)
         if self.launch.problem:
-            log.warning("no IMEX daemon can run on this node; channel claims on NVLink nodes will fail",
-                        problem=self.launch.problem)
+            log.warning(
+                "no IMEX daemon can run on this node; channel claims on NVLink nodes will fail",
+                problem=self.launch.problem,
+            )
         await self._resume()
         await self.bus.serve(CD_AGENT_JOIN, self._serve_join, node=token(self.cfg.node))
         await self.bus.serve(CD_AGENT_LEAVE, self._serve_leave, node=token(self.cfg.node))
@@ -215,8 +220,14 @@ class Agent:
             domain = await self._join(request.domain_uid, request.claim_uid, request.claim_namespace)
         except AgentError as exc:
             return JoinReply(ok=False, error_code=exc.code, error=str(exc), domain_uid=request.domain_uid)  # type: ignore[arg-type]
-        return JoinReply(ok=True, domain_uid=domain.uid, domain_name=domain.name, domain_namespace=domain.namespace,
-                         clique_id=domain.member.clique_id, index=domain.member.index)
+        return JoinReply(
+            ok=True,
+            domain_uid=domain.uid,
+            domain_name=domain.name,
+            domain_namespace=domain.namespace,
+            clique_id=domain.member.clique_id,
+            index=domain.member.index,
+        )
 
     async def _serve_leave(self, request: LeaveRequest) -> LeaveReply:
         async with self._lock:
@@ -239,7 +250,10 @@ class Agent:
 
     async def _lookup(self, uid: str) -> DomainStatusChanged:
         """The domain as the controller last announced it; not-found while it has not (yet)."""
-        for subject, gone in ((CD_DELETED.format(domain_uid=token(uid)), True), (CD_STATUS.format(domain_uid=token(uid)), False)):
+        for subject, gone in (
+            (CD_DELETED.format(domain_uid=token(uid)), True),
+            (CD_STATUS.format(domain_uid=token(uid)), False),
+        ):
             data = await self._last_event(subject)
             if data is None:
                 continue
@@ -252,18 +266,25 @@ class Agent:
             mismatch = identity.check_event(CD_STATUS, subject, status)
             if mismatch is not None:
                 await self.bus.refuse(mismatch, data, self.bus.name)
-                raise AgentError("internal", f"the status event for ComputeDomain {uid} names another domain; "
-                                 "it was dead-lettered: check who publishes on its subject")
+                raise AgentError(
+                    "internal",
+                    f"the status event for ComputeDomain {uid} names another domain; "
+                    "it was dead-lettered: check who publishes on its subject",
+                )
             return status
-        raise AgentError("unavailable", f"ComputeDomain {uid} is not known (yet): no status from the "
-                         "computedomain controller; is it running, and does the domain exist?")
+        raise AgentError(
+            "unavailable",
+            f"ComputeDomain {uid} is not known (yet): no status from the "
+            "computedomain controller; is it running, and does the domain exist?",
+        )
 
     async def _last_event(self, subject: str) -> bytes | None:
         """The last event stored on `subject`, or None. Read through an ordered consumer filtered to
         that subject (the read a cd-agent's NATS user may do: the filter is in the create subject);
         STREAM.MSG.GET, which reads any subject, is not allowed to node users."""
-        sub = await self.bus.js.subscribe(subject, stream=EVENTS_STREAM.name, ordered_consumer=True,
-                                          deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+        sub = await self.bus.js.subscribe(
+            subject, stream=EVENTS_STREAM.name, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT
+        )
         try:
             info = await sub.consumer_info()
             if not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
@@ -271,8 +292,9 @@ class Agent:
             try:
                 return (await sub.next_msg(timeout=5.0)).data or b""
             except nats.errors.TimeoutError:
-                raise AgentError("unavailable", f"NATS did not deliver the last event on {subject} within 5 s; "
-                                 "kubelet retries") from None
+                raise AgentError(
+                    "unavailable", f"NATS did not deliver the last event on {subject} within 5 s; kubelet retries"
+                ) from None
         finally:
             await sub.unsubscribe()
 
@@ -294,7 +316,8 @@ class Agent:
                         "conflict",
                         f"node {self.cfg.node} already serves ComputeDomain {current.namespace}/{current.name} "
                         f"(uid {current.uid}); a node serves one ComputeDomain at a time: run this workload on "
-                        "other nodes or wait until that domain's pods leave this node")
+                        "other nodes or wait until that domain's pods leave this node",
+                    )
                 if claim_namespace and claim_namespace != current.namespace:
                     raise AgentError("invalid", self._namespace_error(claim_namespace, current.namespace, current.name))
                 current.claims.add(claim_uid)
@@ -302,38 +325,65 @@ class Agent:
                 return current
             announced = await self._lookup(uid)
             if claim_namespace and claim_namespace != announced.domain_namespace:
-                raise AgentError("invalid", self._namespace_error(
-                    claim_namespace, announced.domain_namespace, announced.domain_name))
+                raise AgentError(
+                    "invalid", self._namespace_error(claim_namespace, announced.domain_namespace, announced.domain_name)
+                )
             clique = await self._clique()
             assert self.launch is not None
             if clique and self.launch.problem:
-                raise AgentError("unavailable", f"node {self.cfg.node} cannot run the IMEX daemon of ComputeDomain "
-                                 f"{announced.domain_namespace}/{announced.domain_name}: {self.launch.problem}")
+                raise AgentError(
+                    "unavailable",
+                    f"node {self.cfg.node} cannot run the IMEX daemon of ComputeDomain "
+                    f"{announced.domain_namespace}/{announced.domain_name}: {self.launch.problem}",
+                )
             if self.membership.require_assignment and token(self.cfg.node) not in await self.membership.assigned(uid):
-                raise AgentError("unavailable", f"ComputeDomain {announced.domain_namespace}/{announced.domain_name} "
-                                 f"is not assigned to node {self.cfg.node} (yet): the controller assigns a domain "
-                                 "to the nodes its channel claims are allocated on; kubelet retries")
+                raise AgentError(
+                    "unavailable",
+                    f"ComputeDomain {announced.domain_namespace}/{announced.domain_name} "
+                    f"is not assigned to node {self.cfg.node} (yet): the controller assigns a domain "
+                    "to the nodes its channel claims are allocated on; kubelet retries",
+                )
             files = DaemonFiles(self.domains_dir / token(uid))
-            member = DomainMember(domain_uid=uid, domain_name=announced.domain_name,
-                                  domain_namespace=announced.domain_namespace, node=self.cfg.node,
-                                  ip_address=self.cfg.ip_address, clique_id=clique, index=-1)
+            member = DomainMember(
+                domain_uid=uid,
+                domain_name=announced.domain_name,
+                domain_namespace=announced.domain_namespace,
+                node=self.cfg.node,
+                ip_address=self.cfg.ip_address,
+                clique_id=clique,
+                index=-1,
+            )
             try:
                 member = await self.membership.join(member)
             except MembershipError as exc:
                 raise AgentError("conflict", str(exc)) from None
-            domain = _Domain(uid=uid, name=announced.domain_name, namespace=announced.domain_namespace,
-                             member=member, files=files, claims={claim_uid})
+            domain = _Domain(
+                uid=uid,
+                name=announced.domain_name,
+                namespace=announced.domain_namespace,
+                member=member,
+                files=files,
+                claims={claim_uid},
+            )
             self.domain = domain
             await self._save_state()
             await self._start(domain)
-            log.info("serving compute domain", domain=uid, name=domain.name, clique=clique or "(none)",
-                     index=member.index, resume=resume)
+            log.info(
+                "serving compute domain",
+                domain=uid,
+                name=domain.name,
+                clique=clique or "(none)",
+                index=member.index,
+                resume=resume,
+            )
             return domain
 
     @staticmethod
     def _namespace_error(claim_ns: str, domain_ns: str, name: str) -> str:
-        return (f"the claim is in namespace {claim_ns!r} but ComputeDomain {name} is in {domain_ns!r}; "
-                "a channel claim must be in its domain's namespace")
+        return (
+            f"the claim is in namespace {claim_ns!r} but ComputeDomain {name} is in {domain_ns!r}; "
+            "a channel claim must be in its domain's namespace"
+        )
 
     async def _start(self, domain: _Domain) -> None:
         if domain.member.clique_id == "":
@@ -342,10 +392,16 @@ class Agent:
             return
         launch = self.launch
         assert launch is not None
-        await asyncio.to_thread(write_static, domain.files, bind_ip=self.cfg.ip_address,
-                                server_port=self.cfg.imex_server_port, cmd_port=self.cfg.imex_cmd_port,
-                                max_nodes=self.cfg.max_nodes_per_imex_domain, peer_mode=self.cfg.imex_peer_mode,
-                                sim_hosts=domain.files.hosts if launch.simulated else None)
+        await asyncio.to_thread(
+            write_static,
+            domain.files,
+            bind_ip=self.cfg.ip_address,
+            server_port=self.cfg.imex_server_port,
+            cmd_port=self.cfg.imex_cmd_port,
+            max_nodes=self.cfg.max_nodes_per_imex_domain,
+            peer_mode=self.cfg.imex_peer_mode,
+            sim_hosts=domain.files.hosts if launch.simulated else None,
+        )
         replayed = asyncio.Event()
         domain.watcher = asyncio.create_task(self._watch_peers(domain, replayed), name=f"peers-{domain.uid}")
         await replayed.wait()  # the hosts (or nodes) file lists the peers known now, before the daemon reads it
@@ -355,10 +411,18 @@ class Agent:
                 domain.member = await self.membership.set_status(domain.member, "Ready" if ready else "NotReady")
 
         domain.supervisor = ImexSupervisor(
-            name=f"{domain.uid}@{self.cfg.node}", command=launch.command, config=domain.files.config,
-            on_ready=on_ready, reload_signal=launch.reload_signal, signal_spacing=launch.signal_spacing,
-            check_command=launch.check_command, check_interval=self.cfg.imex_check_interval, env=launch.env,
-            log_file=domain.files.log, pid_file=domain.files.pid)
+            name=f"{domain.uid}@{self.cfg.node}",
+            command=launch.command,
+            config=domain.files.config,
+            on_ready=on_ready,
+            reload_signal=launch.reload_signal,
+            signal_spacing=launch.signal_spacing,
+            check_command=launch.check_command,
+            check_interval=self.cfg.imex_check_interval,
+            env=launch.env,
+            log_file=domain.files.log,
+            pid_file=domain.files.pid,
+        )
         await domain.supervisor.start()
 
     async def _watch_peers(self, domain: _Domain, replayed: asyncio.Event) -> None:
@@ -390,15 +454,21 @@ class Agent:
             replayed.set()
 
     async def _apply_peers(self, domain: _Domain, peers: dict[str, DomainMember], *, restarted: bool) -> None:
-        wanted = {m.index: m.ip_address for m in peers.values()
-                  if m.clique_id == domain.member.clique_id and m.index >= 0}
+        wanted = {
+            m.index: m.ip_address for m in peers.values() if m.clique_id == domain.member.clique_id and m.index >= 0
+        }
         wanted[domain.member.index] = self.cfg.ip_address
         changed = False
         if wanted != domain.peers:
             domain.peers = wanted
             assert self.launch is not None
-            changed = await asyncio.to_thread(write_peers, domain.files, wanted, peer_mode=self.cfg.imex_peer_mode,
-                                              hosts_file=self.launch.hosts_for(domain.files))
+            changed = await asyncio.to_thread(
+                write_peers,
+                domain.files,
+                wanted,
+                peer_mode=self.cfg.imex_peer_mode,
+                hosts_file=self.launch.hosts_for(domain.files),
+            )
         if domain.supervisor is None:
             return
         if changed and self.cfg.imex_peer_mode == "ip":
@@ -433,5 +503,12 @@ def describe(agent: Agent) -> str:
     d = agent.domain
     if d is None:
         return json.dumps({"node": agent.cfg.node, "domain": None})
-    return json.dumps({"node": agent.cfg.node, "domain": d.uid, "claims": sorted(d.claims),
-                       "index": d.member.index, "status": d.member.status})
+    return json.dumps(
+        {
+            "node": agent.cfg.node,
+            "domain": d.uid,
+            "claims": sorted(d.claims),
+            "index": d.member.index,
+            "status": d.member.status,
+        }
+    )

@@ -31,20 +31,28 @@ def claim_assignments(claim: dict[str, Any]) -> set[Pair]:
     """The (domain uid, node) pairs one ResourceClaim's allocation assigns."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
     devices = allocation.get("devices") or {}
-    nodes = {str(r["pool"]) for r in devices.get("results") or []
-             if isinstance(r, dict) and r.get("driver") == crd.DRIVER and r.get("pool")}
-    for term in ((allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []):
+    nodes = {
+        str(r["pool"])
+        for r in devices.get("results") or []
+        if isinstance(r, dict) and r.get("driver") == crd.DRIVER and r.get("pool")
+    }
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
         for field in term.get("matchFields") or []:
             if field.get("key") == "metadata.name" and field.get("operator") == "In" and nodes:
                 nodes &= {str(v) for v in field.get("values") or []} or nodes
-    configs = list(devices.get("config") or []) + list(((claim.get("spec") or {}).get("devices") or {}).get("config")
-                                                       or [])
+    configs = list(devices.get("config") or []) + list(
+        ((claim.get("spec") or {}).get("devices") or {}).get("config") or []
+    )
     domains = set()
     for entry in configs:
         opaque = (entry or {}).get("opaque") or {}
         params = opaque.get("parameters") or {}
-        if (opaque.get("driver") == crd.DRIVER and isinstance(params, dict)
-                and params.get("kind") == crd.CHANNEL_CONFIG_KIND and params.get("domainID")):
+        if (
+            opaque.get("driver") == crd.DRIVER
+            and isinstance(params, dict)
+            and params.get("kind") == crd.CHANNEL_CONFIG_KIND
+            and params.get("domainID")
+        ):
             domains.add(str(params["domainID"]))
     return {(uid, node) for uid in domains for node in nodes}
 

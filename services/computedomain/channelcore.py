@@ -79,8 +79,12 @@ class ComputeDomainChannelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fi
 
 def channel_config(domain_uid: str, allocation_mode: str = "Single") -> dict[str, Any]:
     """The opaque parameters object for a domain (what the controller writes)."""
-    return {"apiVersion": CONFIG_API_VERSION, "kind": CHANNEL_CONFIG_KIND, "domainID": domain_uid,
-            "allocationMode": allocation_mode}
+    return {
+        "apiVersion": CONFIG_API_VERSION,
+        "kind": CHANNEL_CONFIG_KIND,
+        "domainID": domain_uid,
+        "allocationMode": allocation_mode,
+    }
 
 
 def parse_channel_config(parameters: bytes | str | dict[str, Any]) -> ComputeDomainChannelConfig:
@@ -122,8 +126,15 @@ class ChannelDevice:
     minor: int
 
     def to_cdi(self) -> dict[str, Any]:
-        return {"path": self.path, "hostPath": self.host_path, "type": "c", "major": self.major,
-                "minor": self.minor, "fileMode": 0o666, "permissions": "rw"}
+        return {
+            "path": self.path,
+            "hostPath": self.host_path,
+            "type": "c",
+            "major": self.major,
+            "minor": self.minor,
+            "fileMode": 0o666,
+            "permissions": "rw",
+        }
 
 
 @dataclass
@@ -166,8 +177,16 @@ def channel_major(proc_devices: Path) -> int | None:
 class ChannelPreparer:
     """Prepare and unprepare channel claims on one node (see the module doc)."""
 
-    def __init__(self, bus: Bus, *, node: str, dev_root: str = "/", ready_timeout: float = 10.0,
-                 request_timeout: float = 10.0, simulated: bool = False) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        node: str,
+        dev_root: str = "/",
+        ready_timeout: float = 10.0,
+        request_timeout: float = 10.0,
+        simulated: bool = False,
+    ) -> None:
         self.bus = bus
         self.node = node
         self.dev_root = Path(dev_root)
@@ -181,9 +200,15 @@ class ChannelPreparer:
         try:
             reply: JoinReply = await self.bus.request(
                 CD_AGENT_JOIN,
-                JoinRequest(domain_uid=config.domain_id, claim_uid=claim.uid, claim_namespace=claim.namespace,
-                            claim_name=claim.name),
-                timeout=self.request_timeout, node=token(self.node))
+                JoinRequest(
+                    domain_uid=config.domain_id,
+                    claim_uid=claim.uid,
+                    claim_namespace=claim.namespace,
+                    claim_name=claim.name,
+                ),
+                timeout=self.request_timeout,
+                node=token(self.node),
+            )
         except BusError as exc:
             raise ChannelNotReady(f"the computedomain agent on node {self.node} did not answer: {exc}") from None
         if not reply.ok:
@@ -197,9 +222,15 @@ class ChannelPreparer:
             raise ChannelNotReady(
                 f"error asserting ComputeDomain Ready: node {self.node} not ready in ComputeDomain "
                 f"{reply.domain_namespace}/{reply.domain_name} within {self.ready_timeout:g}s (its IMEX daemon "
-                "is connecting to its peers); kubelet retries")
-        edits = ChannelEdits(domain_uid=config.domain_id, domain_name=reply.domain_name,
-                             domain_namespace=reply.domain_namespace, clique_id=member.clique_id, index=member.index)
+                "is connecting to its peers); kubelet retries"
+            )
+        edits = ChannelEdits(
+            domain_uid=config.domain_id,
+            domain_name=reply.domain_name,
+            domain_namespace=reply.domain_namespace,
+            clique_id=member.clique_id,
+            index=member.index,
+        )
         if member.clique_id == "":
             return edits  # no NVLink fabric: no IMEX, no channel devices
         major = await asyncio.to_thread(channel_major, self.dev_root / "proc" / "devices")
@@ -207,23 +238,41 @@ class ChannelPreparer:
             if not self.simulated:
                 raise ChannelError(
                     f"no {CHANNEL_MAJOR_NAME} entry in {self.dev_root / 'proc' / 'devices'}: the NVIDIA driver's "
-                    "IMEX channel support is not loaded on this node (driver >= 570.158.01 is needed)")
+                    "IMEX channel support is not loaded on this node (driver >= 570.158.01 is needed)"
+                )
             major = SIMULATED_CHANNEL_MAJOR
         channels = range(CHANNEL_COUNT) if config.all_channels else range(1)
         host_dir = self.dev_root / CHANNEL_DIR.lstrip("/")
-        edits.device_nodes = [ChannelDevice(path=f"{CHANNEL_DIR}/channel{i}", host_path=str(host_dir / f"channel{i}"),
-                                            major=major, minor=i) for i in channels]
-        edits.env = [f"COMPUTE_DOMAIN_UUID={config.domain_id}", f"COMPUTE_DOMAIN_NAME={reply.domain_name}",
-                     f"COMPUTE_DOMAIN_NAMESPACE={reply.domain_namespace}", f"CLIQUE_ID={member.clique_id}"]
-        log.info("channel claim prepared", claim=claim.uid, domain=config.domain_id, node=self.node,
-                 channels=len(edits.device_nodes))
+        edits.device_nodes = [
+            ChannelDevice(
+                path=f"{CHANNEL_DIR}/channel{i}", host_path=str(host_dir / f"channel{i}"), major=major, minor=i
+            )
+            for i in channels
+        ]
+        edits.env = [
+            f"COMPUTE_DOMAIN_UUID={config.domain_id}",
+            f"COMPUTE_DOMAIN_NAME={reply.domain_name}",
+            f"COMPUTE_DOMAIN_NAMESPACE={reply.domain_namespace}",
+            f"CLIQUE_ID={member.clique_id}",
+        ]
+        log.info(
+            "channel claim prepared",
+            claim=claim.uid,
+            domain=config.domain_id,
+            node=self.node,
+            channels=len(edits.device_nodes),
+        )
         return edits
 
     async def unprepare(self, claim_uid: str, domain_uid: str) -> bool:
         """Release the claim; True when it was the node's last claim of the domain (the daemon stopped)."""
         try:
-            reply = await self.bus.request(CD_AGENT_LEAVE, LeaveRequest(domain_uid=domain_uid, claim_uid=claim_uid),
-                                           timeout=self.request_timeout, node=token(self.node))
+            reply = await self.bus.request(
+                CD_AGENT_LEAVE,
+                LeaveRequest(domain_uid=domain_uid, claim_uid=claim_uid),
+                timeout=self.request_timeout,
+                node=token(self.node),
+            )
         except BusError as exc:
             raise ChannelNotReady(f"the computedomain agent on node {self.node} did not answer: {exc}") from None
         if not reply.ok:

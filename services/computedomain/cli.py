@@ -34,16 +34,24 @@ async def run_controller(cfg: ControllerConfig, stopping: asyncio.Event) -> None
     api = await kube_api_client(cfg.kubeconfig)
     try:
         async with connected_bus(cfg, "computedomain-controller") as bus:
+
             async def lead(lost: asyncio.Event) -> None:
-                await Controller(api, bus, deletion_timeout=cfg.deletion_timeout,
-                                 require_assignment=cfg.require_assignment).run(lost)
+                await Controller(
+                    api, bus, deletion_timeout=cfg.deletion_timeout, require_assignment=cfg.require_assignment
+                ).run(lost)
 
             if not cfg.leader_election:
                 await lead(stopping)
                 return
-            elector = LeaderElector(api, namespace=cfg.lease_namespace, name=cfg.lease_name, identity=cfg.identity,
-                                    lease_duration=cfg.lease_duration, renew_deadline=cfg.renew_deadline,
-                                    retry_period=cfg.retry_period)
+            elector = LeaderElector(
+                api,
+                namespace=cfg.lease_namespace,
+                name=cfg.lease_name,
+                identity=cfg.identity,
+                lease_duration=cfg.lease_duration,
+                renew_deadline=cfg.renew_deadline,
+                retry_period=cfg.retry_period,
+            )
             await elector.run(stopping, lead)
     finally:
         await api.close()
@@ -66,13 +74,27 @@ def main(argv: list[str] | None = None) -> int:
     failures = ((KubeConfigError, 2), (OSError, 1), (BusError, 1))
     if command == "controller":
         prog = "gpu-dra computedomain controller"
-        return service_main(ControllerConfig, rest, prog=prog, description="ComputeDomain controller",
-                            parse=lambda a: load_config(ControllerConfig, a, prog=prog).resolved(),
-                            service=lambda _: "computedomain-controller", run=run_controller, failures=failures)
+        return service_main(
+            ControllerConfig,
+            rest,
+            prog=prog,
+            description="ComputeDomain controller",
+            parse=lambda a: load_config(ControllerConfig, a, prog=prog).resolved(),
+            service=lambda _: "computedomain-controller",
+            run=run_controller,
+            failures=failures,
+        )
     if command == "agent":
         prog = "gpu-dra computedomain agent"
-        return service_main(AgentConfig, rest, prog=prog, description="ComputeDomain node agent (IMEX daemons)",
-                            parse=lambda a: load_config(AgentConfig, a, prog=prog).resolved(),
-                            service=lambda _: "computedomain-agent", run=run_agent, failures=failures)
+        return service_main(
+            AgentConfig,
+            rest,
+            prog=prog,
+            description="ComputeDomain node agent (IMEX daemons)",
+            parse=lambda a: load_config(AgentConfig, a, prog=prog).resolved(),
+            service=lambda _: "computedomain-agent",
+            run=run_agent,
+            failures=failures,
+        )
     print(f"gpu-dra computedomain: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2

@@ -81,17 +81,20 @@ class _Domain:
 
 def _same_but_status(obj: dict[str, Any], old: dict[str, Any]) -> bool:
     """The CR changed only in `status` (and bookkeeping metadata): nothing the controller acts on."""
+
     def acted_on(o: dict[str, Any]) -> tuple[Any, ...]:
         md = o.get("metadata") or {}
-        return (o.get("spec"), md.get("deletionTimestamp"), md.get("finalizers"), md.get("namespace"),
-                md.get("name"))
+        return (o.get("spec"), md.get("deletionTimestamp"), md.get("finalizers"), md.get("namespace"), md.get("name"))
+
     return acted_on(obj) == acted_on(old)
 
 
 def desired_status(domain: _Domain) -> dict[str, Any]:
     nodes = sorted(
-        ({"name": m.node, "ipAddress": m.ip_address, "cliqueID": m.clique_id, "index": m.index, "status": m.status}
-         for m in domain.members.values()),
+        (
+            {"name": m.node, "ipAddress": m.ip_address, "cliqueID": m.clique_id, "index": m.index, "status": m.status}
+            for m in domain.members.values()
+        ),
         key=lambda n: (n["cliqueID"], n["index"], n["name"]),
     )
     ready = all(n["status"] == "Ready" for n in nodes) and len(nodes) >= domain.num_nodes
@@ -99,8 +102,9 @@ def desired_status(domain: _Domain) -> dict[str, Any]:
 
 
 class Controller:
-    def __init__(self, api: ApiClient, bus: Bus, *, deletion_timeout: float = 10.0,
-                 require_assignment: bool = False) -> None:
+    def __init__(
+        self, api: ApiClient, bus: Bus, *, deletion_timeout: float = 10.0, require_assignment: bool = False
+    ) -> None:
         self.api = api
         self.kube = Kube(api)
         self.bus = bus
@@ -119,8 +123,10 @@ class Controller:
 
     async def run(self, stopping: asyncio.Event) -> None:
         self.resource_version = await self._resource_api_version()
-        tasks = [asyncio.create_task(self._watch_members(), name="cd-members"),
-                 asyncio.create_task(self._watch_domains(), name="cd-domains")]
+        tasks = [
+            asyncio.create_task(self._watch_members(), name="cd-members"),
+            asyncio.create_task(self._watch_domains(), name="cd-domains"),
+        ]
         if self.membership.require_assignment:
             assigner = Assigner(self.api, self.membership, resource_version=self.resource_version)
             tasks.append(asyncio.create_task(assigner.run(), name="cd-assignments"))
@@ -171,7 +177,7 @@ class Controller:
                     domain.last_member_ready_at = member.observed_at or now_unix()
             if self.members_replayed.is_set():  # a live change (the replay's are old news)
                 with self.membership.consume(domain_token, node_token):
-                    domain.causes = [*domain.causes[-(MAX_CAUSES - 1):], otel_context.get_current()]
+                    domain.causes = [*domain.causes[-(MAX_CAUSES - 1) :], otel_context.get_current()]
             domain.changed.set()
             domain.dirty.set()
 
@@ -180,8 +186,7 @@ class Controller:
     async def _watch_domains(self) -> None:
         """ComputeDomain CRs through the one informer (list + watch, re-list on 410 Gone); each change
         marks its domain dirty."""
-        domains = Informer(self.kube, COMPUTEDOMAINS,
-                           on_change=lambda kind, obj, old: self._on_change(kind, obj, old))
+        domains = Informer(self.kube, COMPUTEDOMAINS, on_change=lambda kind, obj, old: self._on_change(kind, obj, old))
         never = asyncio.Event()  # the controller's run() cancels this task when it stops
         listing = asyncio.create_task(domains.run(never), name="cd-domains-informer")
         try:
@@ -238,11 +243,16 @@ class Controller:
             links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in causes[:-1]]
             try:
                 root = otel_context.Context()  # a CR change: no context to continue (not the task's)
-                with tracer.start_as_current_span("computedomain.reconcile", context=causes[-1] if causes else root,
-                                                  links=links, attributes={
-                                                      "dra.compute_domain": domain.uid,
-                                                      "k8s.namespace.name": domain.namespace,
-                                                      "computedomain.name": domain.name}):
+                with tracer.start_as_current_span(
+                    "computedomain.reconcile",
+                    context=causes[-1] if causes else root,
+                    links=links,
+                    attributes={
+                        "dra.compute_domain": domain.uid,
+                        "k8s.namespace.name": domain.namespace,
+                        "computedomain.name": domain.name,
+                    },
+                ):
                     await self._sync(domain)
                 backoff.reset()
                 if self.domains.get(domain.uid) is not domain:
@@ -274,8 +284,9 @@ class Controller:
         await self._ensure_template(domain)
         status = desired_status(domain)
         if status != domain.written:
-            await self.kube.patch(COMPUTEDOMAINS, domain.namespace, domain.name, {"status": status},
-                                  subresource="status")
+            await self.kube.patch(
+                COMPUTEDOMAINS, domain.namespace, domain.name, {"status": status}, subresource="status"
+            )
             self.writes += 1
             before = (domain.written or {}).get("status")  # a new domain starts NotReady: no news
             if status["status"] != before and (before is not None or status["status"] == "Ready"):
@@ -285,14 +296,24 @@ class Controller:
                 domain.ready_written_at = now_unix()
         announce = (status["status"], len(status["nodes"]))
         if announce != domain.announced:
-            await self.bus.publish(CD_STATUS, DomainStatusChanged(
-                domain_uid=domain.uid, domain_name=domain.name, domain_namespace=domain.namespace,
-                status=announce[0], nodes=announce[1], observed_at=now_unix()), domain_uid=token(domain.uid))
+            await self.bus.publish(
+                CD_STATUS,
+                DomainStatusChanged(
+                    domain_uid=domain.uid,
+                    domain_name=domain.name,
+                    domain_namespace=domain.namespace,
+                    status=announce[0],
+                    nodes=announce[1],
+                    observed_at=now_unix(),
+                ),
+                domain_uid=token(domain.uid),
+            )
             domain.announced = announce
             self._count_statuses()
 
     def _count_statuses(self) -> None:
-        """gpu_dra_compute_domain_info{status}: the domains per global status, as the reference driver's nvidia_dra_ one."""
+        """gpu_dra_compute_domain_info{status}: the domains per global status, as the reference driver's
+        nvidia_dra_ one."""
         counts = {"Ready": 0, "NotReady": 0}
         for other in self.domains.values():
             if other.live and other.announced is not None:
@@ -303,20 +324,41 @@ class Controller:
     async def _status_event(self, domain: _Domain, status: dict[str, Any]) -> None:
         """An Event on the ComputeDomain when its status turns Ready or NotReady (best effort)."""
         ready = sum(1 for n in status["nodes"] if n["status"] == "Ready")
-        involved = {"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "name": domain.name,
-                    "namespace": domain.namespace, "uid": domain.uid}
+        involved = {
+            "apiVersion": f"{crd.GROUP}/{crd.VERSION}",
+            "kind": crd.KIND,
+            "name": domain.name,
+            "namespace": domain.namespace,
+            "uid": domain.uid,
+        }
         message = f"status {status['status']}: {ready} of {domain.num_nodes} nodes Ready"
-        await record_event(self.api, event_body(involved, reason=f"ComputeDomain{status['status']}", message=message,
-                                          type="Normal" if status["status"] == "Ready" else "Warning",
-                                          component="compute-domain-controller"))
+        await record_event(
+            self.api,
+            event_body(
+                involved,
+                reason=f"ComputeDomain{status['status']}",
+                message=message,
+                type="Normal" if status["status"] == "Ready" else "Warning",
+                component="compute-domain-controller",
+            ),
+        )
 
     async def _add_finalizer(self, domain: _Domain) -> None:
         obj = await self.kube.get(COMPUTEDOMAINS, domain.namespace, domain.name)
         finalizers = list(obj["metadata"].get("finalizers") or [])
         if crd.FINALIZER in finalizers:
             return
-        await self.kube.patch(COMPUTEDOMAINS, domain.namespace, domain.name, {"metadata": {
-            "finalizers": [*finalizers, crd.FINALIZER], "resourceVersion": obj["metadata"]["resourceVersion"]}})
+        await self.kube.patch(
+            COMPUTEDOMAINS,
+            domain.namespace,
+            domain.name,
+            {
+                "metadata": {
+                    "finalizers": [*finalizers, crd.FINALIZER],
+                    "resourceVersion": obj["metadata"]["resourceVersion"],
+                }
+            },
+        )
 
     def template_body(self, domain: _Domain) -> dict[str, Any]:
         if self.resource_version == "v1":
@@ -330,22 +372,40 @@ class Controller:
                 "name": domain.template,
                 "namespace": domain.namespace,
                 "labels": {crd.LABEL_DOMAIN: domain.uid, crd.LABEL_TARGET: "Workload"},
-                "ownerReferences": [{"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND,
-                                     "name": domain.name, "uid": domain.uid}],
+                "ownerReferences": [
+                    {
+                        "apiVersion": f"{crd.GROUP}/{crd.VERSION}",
+                        "kind": crd.KIND,
+                        "name": domain.name,
+                        "uid": domain.uid,
+                    }
+                ],
             },
-            "spec": {"spec": {"devices": {
-                "requests": [request],
-                "config": [{"requests": ["channel"], "opaque": {
-                    "driver": crd.DRIVER, "parameters": channel_config(domain.uid, domain.allocation_mode)}}],
-            }}},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [request],
+                        "config": [
+                            {
+                                "requests": ["channel"],
+                                "opaque": {
+                                    "driver": crd.DRIVER,
+                                    "parameters": channel_config(domain.uid, domain.allocation_mode),
+                                },
+                            }
+                        ],
+                    }
+                }
+            },
         }
 
     async def _ensure_template(self, domain: _Domain) -> None:
         if not domain.template:
             return
         try:
-            await self.kube.create(RESOURCECLAIMTEMPLATES.at(self.resource_version), domain.namespace,
-                                   self.template_body(domain))
+            await self.kube.create(
+                RESOURCECLAIMTEMPLATES.at(self.resource_version), domain.namespace, self.template_body(domain)
+            )
             log.info("created workload claim template", domain=domain.uid, template=domain.template)
         except ApiError as exc:
             if not exc.conflict:
@@ -355,8 +415,9 @@ class Controller:
         if not domain.template:
             return
         try:
-            existing = await self.kube.get(RESOURCECLAIMTEMPLATES.at(self.resource_version), domain.namespace,
-                                           domain.template)
+            existing = await self.kube.get(
+                RESOURCECLAIMTEMPLATES.at(self.resource_version), domain.namespace, domain.template
+            )
         except ApiError as exc:
             if exc.not_found:
                 return
@@ -367,9 +428,16 @@ class Controller:
             await self.kube.delete(RESOURCECLAIMTEMPLATES.at(self.resource_version), domain.namespace, domain.template)
 
     async def _finalize(self, domain: _Domain) -> None:
-        await self.bus.publish(CD_DELETED, DomainDeleted(domain_uid=domain.uid, domain_name=domain.name,
-                                                         domain_namespace=domain.namespace, observed_at=now_unix()),
-                               domain_uid=token(domain.uid))
+        await self.bus.publish(
+            CD_DELETED,
+            DomainDeleted(
+                domain_uid=domain.uid,
+                domain_name=domain.name,
+                domain_namespace=domain.namespace,
+                observed_at=now_unix(),
+            ),
+            domain_uid=token(domain.uid),
+        )
         await self._delete_template(domain)
         deadline = time.monotonic() + self.deletion_timeout
         while domain.members and time.monotonic() < deadline:
@@ -377,8 +445,11 @@ class Controller:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(domain.changed.wait(), deadline - time.monotonic())
         if domain.members:
-            log.warning("members did not leave a deleted domain in time; removing them",
-                        domain=domain.uid, nodes=sorted(domain.members))
+            log.warning(
+                "members did not leave a deleted domain in time; removing them",
+                domain=domain.uid,
+                nodes=sorted(domain.members),
+            )
         await self.membership.purge_domain(domain.uid)
         try:
             obj = await self.kube.get(COMPUTEDOMAINS, domain.namespace, domain.name)
@@ -389,16 +460,27 @@ class Controller:
             raise
         finalizers = [f for f in obj["metadata"].get("finalizers") or [] if f != crd.FINALIZER]
         with contextlib.suppress(ApiError):
-            await self.kube.patch(COMPUTEDOMAINS, domain.namespace, domain.name, {"metadata": {
-                "finalizers": finalizers or None, "resourceVersion": obj["metadata"]["resourceVersion"]}})
+            await self.kube.patch(
+                COMPUTEDOMAINS,
+                domain.namespace,
+                domain.name,
+                {"metadata": {"finalizers": finalizers or None, "resourceVersion": obj["metadata"]["resourceVersion"]}},
+            )
         log.info("ComputeDomain cleaned up", domain=domain.uid, name=f"{domain.namespace}/{domain.name}")
 
     async def _forget(self, domain: _Domain) -> None:
         """The CR is gone: drop what is left (a domain deleted while no controller was leading)."""
         if domain.members:
-            await self.bus.publish(CD_DELETED, DomainDeleted(
-                domain_uid=domain.uid, domain_name=domain.name, domain_namespace=domain.namespace,
-                observed_at=now_unix()), domain_uid=token(domain.uid))
+            await self.bus.publish(
+                CD_DELETED,
+                DomainDeleted(
+                    domain_uid=domain.uid,
+                    domain_name=domain.name,
+                    domain_namespace=domain.namespace,
+                    observed_at=now_unix(),
+                ),
+                domain_uid=token(domain.uid),
+            )
         await self.membership.purge_domain(domain.uid)
         domain.members.clear()
         self.domains.pop(domain.uid, None)

@@ -89,7 +89,9 @@ def _computedomain_schema() -> dict[str, Any]:
                     },
                 },
                 "required": ["channel"],
-                "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "A computeDomain.spec is immutable"}],
+                "x-kubernetes-validations": [
+                    {"rule": "self == oldSelf", "message": "A computeDomain.spec is immutable"}
+                ],
             },
             "status": {
                 "type": "object",
@@ -138,8 +140,7 @@ def _clique_schema() -> dict[str, Any]:
 
 
 def _crd(kind: str, plural: str, schema: dict[str, Any], status: bool) -> dict[str, Any]:
-    version: dict[str, Any] = {"name": VERSION, "served": True, "storage": True,
-                               "schema": {"openAPIV3Schema": schema}}
+    version: dict[str, Any] = {"name": VERSION, "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}
     if status:
         version["subresources"] = {"status": {}}
     return {

@@ -48,9 +48,14 @@ class DaemonLaunch:
 def resolve_launch(cfg: AgentConfig) -> DaemonLaunch:
     """The daemon for these settings (blocking: looks in the driver root; call via to_thread)."""
     if cfg.imex_daemon == "simulated":
-        return DaemonLaunch(command=cfg.imex_command or SIMULATOR_COMMAND, check_command=cfg.imex_check_command,
-                            reload_signal=cfg.imex_reload_signal, signal_spacing=0.0, simulated=True,
-                            hosts_file=None)
+        return DaemonLaunch(
+            command=cfg.imex_command or SIMULATOR_COMMAND,
+            check_command=cfg.imex_check_command,
+            reload_signal=cfg.imex_reload_signal,
+            signal_spacing=0.0,
+            simulated=True,
+            hosts_file=None,
+        )
     tools = DriverTools.of(cfg.driver_root, cfg.container_driver_root)
     root = tools.root
     missing: list[str] = []
@@ -71,11 +76,19 @@ def resolve_launch(cfg: AgentConfig) -> DaemonLaunch:
     check = command(cfg.imex_check_command, "nvidia-imex-ctl", "-c", "{config}", "-q")
     problem = ""
     if missing:
-        problem = (f"no {' or '.join(missing)} under driver root {root.local('/')} (looked in "
-                   f"{', '.join(BINARY_DIRS)}); install the driver's IMEX package on the node (nvidia-imex of "
-                   "the driver's branch), set --driver-root (host) and --container-driver-root (where this "
-                   "container mounts it), or name the daemon with --imex-command")
-    return DaemonLaunch(command=daemon, check_command=check, reload_signal=cfg.imex_reload_signal,
-                        signal_spacing=cfg.imex_signal_spacing, simulated=False,
-                        hosts_file=Path(cfg.hosts_file) if cfg.imex_peer_mode == "dns" else None,
-                        env=env, problem=problem)
+        problem = (
+            f"no {' or '.join(missing)} under driver root {root.local('/')} (looked in "
+            f"{', '.join(BINARY_DIRS)}); install the driver's IMEX package on the node (nvidia-imex of "
+            "the driver's branch), set --driver-root (host) and --container-driver-root (where this "
+            "container mounts it), or name the daemon with --imex-command"
+        )
+    return DaemonLaunch(
+        command=daemon,
+        check_command=check,
+        reload_signal=cfg.imex_reload_signal,
+        signal_spacing=cfg.imex_signal_spacing,
+        simulated=False,
+        hosts_file=Path(cfg.hosts_file) if cfg.imex_peer_mode == "dns" else None,
+        env=env,
+        problem=problem,
+    )

@@ -33,8 +33,10 @@ from shared.tasks import cancel_and_wait, cancelling, raise_if_cancelling
 log = get_logger(__name__)
 IMEX_RUNNING = Gauge("gpu_dra_imex_daemons_running", "IMEX daemons this agent runs now")
 IMEX_RESTARTS = Counter("gpu_dra_imex_daemon_restarts", "IMEX daemons restarted after they died")
-IMEX_READY = Gauge("gpu_dra_imex_daemons_ready", "IMEX daemons of this agent that report READY (the rest "
-                   "of gpu_dra_imex_daemons_running are starting or not ready)")
+IMEX_READY = Gauge(
+    "gpu_dra_imex_daemons_ready",
+    "IMEX daemons of this agent that report READY (the rest of gpu_dra_imex_daemons_running are starting or not ready)",
+)
 
 _STOP_GRACE_S = 5.0
 
@@ -213,8 +215,8 @@ class ImexSupervisor:
             raise_if_cancelling()  # asked to stop while a probe's wait_for swallowed it
             try:
                 probe = await asyncio.create_subprocess_exec(
-                    *self.check_argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-                    env=self.env)
+                    *self.check_argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=self.env
+                )
                 try:
                     out, _ = await asyncio.wait_for(probe.communicate(), 10.0)
                 finally:
@@ -248,8 +250,12 @@ class ImexSupervisor:
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            *orphans.with_parent_death_signal(self.argv), stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=self.env)
+            *orphans.with_parent_death_signal(self.argv),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            env=self.env,
+        )
         if self.pid_file is not None:
             await asyncio.to_thread(orphans.record, self.pid_file, proc.pid, self.argv[0])
         return proc
@@ -303,8 +309,13 @@ class ImexSupervisor:
             IMEX_RESTARTS.inc()
             backoff.ran(asyncio.get_running_loop().time() - started)  # a good while: not a crash loop
             delay = backoff.next()
-            log.warning("IMEX daemon exited; restarting", daemon=self.name, code=proc.returncode,
-                        restarts=self.restarts, backoff_s=delay)
+            log.warning(
+                "IMEX daemon exited; restarting",
+                daemon=self.name,
+                code=proc.returncode,
+                restarts=self.restarts,
+                backoff_s=delay,
+            )
             await self._wait_stop(delay)
 
     async def _wait_stop(self, seconds: float) -> None:

@@ -68,8 +68,16 @@ def _write(path: Path, text: str) -> bool:
     return True
 
 
-def write_static(files: DaemonFiles, *, bind_ip: str, server_port: int, cmd_port: int, max_nodes: int,
-                 peer_mode: PeerMode = "dns", sim_hosts: Path | None = None) -> None:
+def write_static(
+    files: DaemonFiles,
+    *,
+    bind_ip: str,
+    server_port: int,
+    cmd_port: int,
+    max_nodes: int,
+    peer_mode: PeerMode = "dns",
+    sim_hosts: Path | None = None,
+) -> None:
     """imexd.cfg (and, in dns mode, the static nodes.cfg), written once per daemon start.
 
     `sim_hosts`: the simulated daemon's hosts file, named in the config by a key only it reads."""

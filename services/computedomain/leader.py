@@ -41,8 +41,17 @@ def _now_micro() -> str:
 
 
 class LeaderElector:
-    def __init__(self, api: ApiClient, *, namespace: str, name: str, identity: str,
-                 lease_duration: float = 15.0, renew_deadline: float = 10.0, retry_period: float = 2.0) -> None:
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+    ) -> None:
         self.kube = Kube(api)
         self.namespace = namespace
         self.name = name
@@ -57,8 +66,13 @@ class LeaderElector:
 
     def _spec(self, transitions: int, acquire: str) -> dict[str, Any]:
         now = _now_micro()
-        return {"holderIdentity": self.identity, "leaseDurationSeconds": max(1, round(self.lease_duration)),
-                "acquireTime": acquire or now, "renewTime": now, "leaseTransitions": transitions}
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, round(self.lease_duration)),
+            "acquireTime": acquire or now,
+            "renewTime": now,
+            "leaseTransitions": transitions,
+        }
 
     async def _try(self) -> bool:
         """One attempt to acquire or renew; True when we hold the Lease afterwards."""
@@ -86,9 +100,14 @@ class LeaderElector:
             return False  # someone else holds it and has renewed recently
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
         acquire = str(spec.get("acquireTime") or "") if holder == self.identity else ""
-        body = {"metadata": {"name": self.name, "namespace": self.namespace,
-                             "resourceVersion": lease["metadata"]["resourceVersion"]},
-                "spec": self._spec(transitions, acquire)}
+        body = {
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "resourceVersion": lease["metadata"]["resourceVersion"],
+            },
+            "spec": self._spec(transitions, acquire),
+        }
         try:
             await self.kube.replace(LEASES, body)
         except ApiError as exc:
@@ -161,10 +180,19 @@ class LeaderElector:
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != self.identity:
                 return
-            body = {"metadata": {"name": self.name, "namespace": self.namespace,
-                                 "resourceVersion": lease["metadata"]["resourceVersion"]},
-                    "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro(),
-                             "leaseTransitions": spec.get("leaseTransitions") or 0}}
+            body = {
+                "metadata": {
+                    "name": self.name,
+                    "namespace": self.namespace,
+                    "resourceVersion": lease["metadata"]["resourceVersion"],
+                },
+                "spec": {
+                    "holderIdentity": "",
+                    "leaseDurationSeconds": 1,
+                    "renewTime": _now_micro(),
+                    "leaseTransitions": spec.get("leaseTransitions") or 0,
+                },
+            }
             await self.kube.replace(LEASES, body)
             log.info("released leadership", lease=self.name, identity=self.identity)
 

@@ -117,8 +117,8 @@ class Membership:
         except nats.errors.TimeoutError as exc:
             raise MembershipError(f"KV {CD_MEMBERS_BUCKET.name} did not answer listing {pattern}") from exc
         found: dict[str, tuple[bytes, int]] = {}
-        for subject in (info.state.subjects or {}):
-            key = subject[len(prefix):]
+        for subject in info.state.subjects or {}:
+            key = subject[len(prefix) :]
             try:
                 entry = await raw.get(key)
             except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
@@ -136,7 +136,9 @@ class Membership:
         (with `require_assignment`, among the bids of nodes the domain is assigned to)."""
         assigned = await self.assigned(domain_uid) if self.require_assignment else None
         first: dict[int, tuple[int, str]] = {}
-        for key, (_value, revision) in (await self._listing(f"{index_prefix(domain_uid, clique_id)}.{index}.*")).items():
+        for key, (_value, revision) in (
+            await self._listing(f"{index_prefix(domain_uid, clique_id)}.{index}.*")
+        ).items():
             number, node = key.rsplit(".", 2)[1:]
             if not number.isdigit() or (assigned is not None and node not in assigned):
                 continue
@@ -181,8 +183,9 @@ class Membership:
                 index = await self._reserve(member)
         joined = msgspec.structs.replace(member, index=index, observed_at=now_unix())
         await self._write(joined)
-        log.info("joined compute domain", domain=member.domain_uid, node=member.node,
-                 clique=member.clique_id, index=index)
+        log.info(
+            "joined compute domain", domain=member.domain_uid, node=member.node, clique=member.clique_id, index=index
+        )
         return joined
 
     async def set_status(self, member: DomainMember, status: MemberStatus) -> DomainMember:
@@ -193,8 +196,13 @@ class Membership:
     async def _write(self, member: DomainMember) -> None:
         typed, _ = await self._kv()
         revision = await typed.put(member_key(member.domain_uid, member.node), member)
-        await self.bus.publish(CD_MEMBER, member, msg_id=f"{member_key(member.domain_uid, member.node)}.{revision}",
-                               domain_uid=token(member.domain_uid), node=token(member.node))
+        await self.bus.publish(
+            CD_MEMBER,
+            member,
+            msg_id=f"{member_key(member.domain_uid, member.node)}.{revision}",
+            domain_uid=token(member.domain_uid),
+            node=token(member.node),
+        )
 
     async def leave(self, member: DomainMember, reason: str = "") -> None:
         """Remove this node's membership and withdraw its bid for its index (the key is its own)."""
@@ -247,8 +255,11 @@ class Membership:
         if (key, int(member.observed_at)) in self._refused:
             return
         self._refused.add((key, int(member.observed_at)))
-        mismatch = identity.Mismatch(CD_MEMBERS_BUCKET.name, f"$KV.{CD_MEMBERS_BUCKET.name}.{key}", (
-            ("domain_uid", f"not assigned to node {member.node}", member.domain_uid),))
+        mismatch = identity.Mismatch(
+            CD_MEMBERS_BUCKET.name,
+            f"$KV.{CD_MEMBERS_BUCKET.name}.{key}",
+            (("domain_uid", f"not assigned to node {member.node}", member.domain_uid),),
+        )
         await self.bus.refuse(mismatch, encode(member), self.bus.name)
 
     async def node_memberships(self, node: str) -> list[DomainMember]:
@@ -292,8 +303,9 @@ class Membership:
             domain_token, node_token = key.split(".", 1)
             yield domain_token, node_token, value
 
-    async def _watch_assigned(self, typed: TypedKV[DomainMember],
-                              domain_uid: str | None) -> AsyncIterator[tuple[str, str, DomainMember | None]]:
+    async def _watch_assigned(
+        self, typed: TypedKV[DomainMember], domain_uid: str | None
+    ) -> AsyncIterator[tuple[str, str, DomainMember | None]]:
         """watch() counting a member only while its domain is assigned to its node. Members and
         assignments come in any order: an unassigned member is held (refused once), and shown when
         its assignment arrives; an assignment withdrawn takes its member away."""
@@ -302,8 +314,10 @@ class Membership:
         shown: set[tuple[str, str]] = set()
         replayed = False
         pattern = f"{token(domain_uid)}.>" if domain_uid else ">"
-        watcher = await retry_jetstream(lambda: typed.raw.watch(pattern),  # typed's: trace contexts kept
-                                        f"KV watch {CD_MEMBERS_BUCKET.name}/{pattern}")
+        watcher = await retry_jetstream(
+            lambda: typed.raw.watch(pattern),  # typed's: trace contexts kept
+            f"KV watch {CD_MEMBERS_BUCKET.name}/{pattern}",
+        )
         try:
             async for entry in kv_updates(watcher):
                 if entry is None:
@@ -353,7 +367,6 @@ class Membership:
                     await self._refuse_unassigned(entry.key, member)
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
-
 
     def consume(self, domain_token: str, node_token: str) -> contextlib.AbstractContextManager[trace.Span]:
         """A consumer span for a member change that watch() yielded: the child of the agent's write of it."""

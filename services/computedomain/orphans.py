@@ -1,8 +1,8 @@
 """No IMEX daemon outlives its agent: a record per running daemon, a parent-death signal, a sweep at start.
 
 Owns three guards. `record`/`forget` keep `<domain-dir>/imexd.pid` (the daemon's pid and its kernel
-start time, so a reused pid is never mistaken for our daemon). `with_parent_death_signal(argv)` (shared.parentdeath) starts
-the daemon through a tiny launcher that sets Linux PR_SET_PDEATHSIG, so the daemon gets SIGTERM when
+start time, so a reused pid is never mistaken for our daemon). `with_parent_death_signal(argv)` (shared.parentdeath)
+starts the daemon through a tiny launcher that sets Linux PR_SET_PDEATHSIG, so the daemon gets SIGTERM when
 the agent dies, even by SIGKILL. `sweep(domains_dir)` runs at agent start, before any daemon is
 started: every recorded daemon still alive is from a previous agent (this one has started none yet),
 so it is ended (SIGTERM, SIGKILL after a grace) and its record removed; the daemon of a domain the
@@ -84,8 +84,12 @@ def sweep(domains_dir: Path, grace_s: float = 5.0) -> list[int]:
             forget(path)
             continue
         if end(pid, started, grace_s):
-            log.warning("ended an IMEX daemon a previous agent left running", pid=pid, record=str(path),
-                        command=data.get("command", ""))
+            log.warning(
+                "ended an IMEX daemon a previous agent left running",
+                pid=pid,
+                record=str(path),
+                command=data.get("command", ""),
+            )
             ended.append(pid)
         forget(path)
     return ended

@@ -53,8 +53,10 @@ def pod_claims(pod: Obj) -> PodClaims:
     used by the containers its request mappings name."""
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []}
-    resolved = {str(ref.get("name")): str(ref.get("resourceClaimName") or generated.get(ref.get("name")) or "")
-                for ref in spec.get("resourceClaims") or []}
+    resolved = {
+        str(ref.get("name")): str(ref.get("resourceClaimName") or generated.get(ref.get("name")) or "")
+        for ref in spec.get("resourceClaims") or []
+    }
     containers: dict[str, list[str]] = {}
 
     def uses(claim: str, container: str) -> None:
@@ -67,15 +69,19 @@ def pod_claims(pod: Obj) -> PodClaims:
     extended = status.get("extendedResourceClaimStatus") or {}
     for mapping in extended.get("requestMappings") or []:
         uses(str(extended.get("resourceClaimName") or ""), str(mapping.get("containerName") or ""))
-    return PodClaims(name=str((pod.get("metadata") or {}).get("name") or ""),
-                     containers={claim: tuple(names) for claim, names in containers.items()})
+    return PodClaims(
+        name=str((pod.get("metadata") or {}).get("name") or ""),
+        containers={claim: tuple(names) for claim, names in containers.items()},
+    )
 
 
 def reserved_pods(claim: Obj | None) -> list[PodRef]:
     ns = key_of(claim or {})[0]
-    return [(ns, str(r.get("name") or ""), str(r.get("uid") or ""))
-            for r in ((claim or {}).get("status") or {}).get("reservedFor") or []
-            if r.get("resource", "pods") == "pods" and r.get("uid")]
+    return [
+        (ns, str(r.get("name") or ""), str(r.get("uid") or ""))
+        for r in ((claim or {}).get("status") or {}).get("reservedFor") or []
+        if r.get("resource", "pods") == "pods" and r.get("uid")
+    ]
 
 
 def device_uuids(slices: Iterable[Obj]) -> dict[model.DeviceKey, tuple[str, str]]:
@@ -83,8 +89,11 @@ def device_uuids(slices: Iterable[Obj]) -> dict[model.DeviceKey, tuple[str, str]
     out: dict[model.DeviceKey, tuple[str, str]] = {}
     for rslice in slices:
         spec = rslice.get("spec") or {}
-        driver, pool, node = str(spec.get("driver") or ""), str((spec.get("pool") or {}).get("name") or ""), \
-            model.slice_node(rslice)
+        driver, pool, node = (
+            str(spec.get("driver") or ""),
+            str((spec.get("pool") or {}).get("name") or ""),
+            model.slice_node(rslice),
+        )
         for device in spec.get("devices") or []:
             uuid = model.attr(device, "uuid")
             if uuid:
@@ -92,20 +101,25 @@ def device_uuids(slices: Iterable[Obj]) -> dict[model.DeviceKey, tuple[str, str]
     return out
 
 
-def allocation_samples(claims: Iterable[Obj], uuids: Mapping[model.DeviceKey, tuple[str, str]],
-                       pods: Mapping[str, PodClaims]) -> list[list[str]]:
+def allocation_samples(
+    claims: Iterable[Obj], uuids: Mapping[model.DeviceKey, tuple[str, str]], pods: Mapping[str, PodClaims]
+) -> list[list[str]]:
     """Label values (LABELS' order) of one series per device with a UUID x reserving pod x container using the
     claim (container "" when none names it); a pod not read yet has none."""
     out: set[tuple[str, ...]] = set()
     for claim in claims:
         ns, name = key_of(claim)
-        holders = [(pod.name, pod.containers.get(name) or ("",))
-                   for pod in (pods.get(uid) for _, _, uid in reserved_pods(claim)) if pod is not None]
+        holders = [
+            (pod.name, pod.containers.get(name) or ("",))
+            for pod in (pods.get(uid) for _, _, uid in reserved_pods(claim))
+            if pod is not None
+        ]
         for device in model.claim_devices(claim):
             uuid, node = uuids.get(device, ("", ""))
             if uuid:
-                out.update((uuid, node, ns, pod, container, name) for pod, containers in holders
-                           for container in containers)
+                out.update(
+                    (uuid, node, ns, pod, container, name) for pod, containers in holders for container in containers
+                )
     return [list(labels) for labels in sorted(out)]
 
 
@@ -150,8 +164,12 @@ class AllocationInfo(Collector):
                 if isinstance(exc, ApiError) and exc.not_found:
                     self.queue.backoffs.pop(ref, None)  # gone: its claims are unreserved soon
                 else:
-                    log.warning("cannot read a reserved pod; retrying", pod=f"{ref[0]}/{ref[1]}", error=str(exc),
-                                retry_s=round(self.queue.retry(ref), 2))
+                    log.warning(
+                        "cannot read a reserved pod; retrying",
+                        pod=f"{ref[0]}/{ref[1]}",
+                        error=str(exc),
+                        retry_s=round(self.queue.retry(ref), 2),
+                    )
             else:
                 self.queue.backoffs.pop(ref, None)
             finally:
@@ -178,8 +196,11 @@ class AllocationInfo(Collector):
 
     @staticmethod
     def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily(NAME, "1 per device (by UUID) x pod x container holding it through a claim, "
-                                 "as DCGM-exporter's pod mapping", labels=LABELS)
+        return GaugeMetricFamily(
+            NAME,
+            "1 per device (by UUID) x pod x container holding it through a claim, as DCGM-exporter's pod mapping",
+            labels=LABELS,
+        )
 
 
 @contextlib.asynccontextmanager

@@ -60,8 +60,9 @@ class KubernetesAuth(Authenticator):
     """TokenReview + SubjectAccessReview through the dashboard's own client (`create tokenreviews`,
     `create subjectaccessreviews`), cached per token for `ttl_s`."""
 
-    def __init__(self, api_client: Any, ttl_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 max_entries: int = 4096) -> None:
+    def __init__(
+        self, api_client: Any, ttl_s: float = 30.0, clock: Callable[[], float] = time.monotonic, max_entries: int = 4096
+    ) -> None:
         self.api = api_client
         self.ttl_s = ttl_s
         self.clock = clock
@@ -72,20 +73,26 @@ class KubernetesAuth(Authenticator):
 
     async def viewer(self, token: str, namespaces: Iterable[str]) -> Viewer:
         if not token:
-            raise Unauthorized("no bearer token: send `Authorization: Bearer <token>` (or open the page with "
-                               "?token=<token>); `kubectl create token <serviceaccount>` makes one")
+            raise Unauthorized(
+                "no bearer token: send `Authorization: Bearer <token>` (or open the page with "
+                "?token=<token>); `kubectl create token <serviceaccount>` makes one"
+            )
         digest = hashlib.sha256(token.encode()).hexdigest()
         user = await self._cached(self._users, digest, lambda: self._review(token))
         if user is None:
-            raise Unauthorized("the API server does not accept this token (expired, revoked or for another "
-                               "cluster); get a new one with `kubectl create token <serviceaccount>`")
+            raise Unauthorized(
+                "the API server does not accept this token (expired, revoked or for another "
+                "cluster); get a new one with `kubectl create token <serviceaccount>`"
+            )
         if await self._cached(self._grants, (digest, ""), lambda: self._may_list(user, "")):
             return Viewer(str(user.get("username") or ""), None)
         wanted = sorted(set(namespaces))
-        answers = await asyncio.gather(*(self._cached(self._grants, (digest, ns), functools.partial(
-            self._may_list, user, ns)) for ns in wanted))  # asked together on a cold cache
-        return Viewer(str(user.get("username") or ""), frozenset(ns for ns, ok in zip(wanted, answers, strict=True)
-                                                                  if ok))
+        answers = await asyncio.gather(
+            *(self._cached(self._grants, (digest, ns), functools.partial(self._may_list, user, ns)) for ns in wanted)
+        )  # asked together on a cold cache
+        return Viewer(
+            str(user.get("username") or ""), frozenset(ns for ns, ok in zip(wanted, answers, strict=True) if ok)
+        )
 
     async def _cached(self, cache: dict[Any, Any], key: Any, fetch: Callable[[], Awaitable[Any]]) -> Any:
         now = self.clock()
@@ -106,9 +113,10 @@ class KubernetesAuth(Authenticator):
 
     async def _review(self, token: str) -> dict[str, Any] | None:
         try:
-            out = await self._post("/apis/authentication.k8s.io/v1/tokenreviews",
-                                   {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                                    "spec": {"token": token}})
+            out = await self._post(
+                "/apis/authentication.k8s.io/v1/tokenreviews",
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+            )
         except ApiError as exc:
             log.error("TokenReview failed", error=str(exc))
             raise
@@ -117,15 +125,23 @@ class KubernetesAuth(Authenticator):
 
     async def _may_list(self, user: dict[str, Any], namespace: str) -> bool:
         spec: dict[str, Any] = {
-            "user": user.get("username", ""), "groups": list(user.get("groups") or []),
-            "resourceAttributes": {"verb": "list", "group": "resource.k8s.io", "resource": "resourceclaims",
-                                   "namespace": namespace}}
+            "user": user.get("username", ""),
+            "groups": list(user.get("groups") or []),
+            "resourceAttributes": {
+                "verb": "list",
+                "group": "resource.k8s.io",
+                "resource": "resourceclaims",
+                "namespace": namespace,
+            },
+        }
         if user.get("uid"):
             spec["uid"] = user["uid"]
         if user.get("extra"):
             spec["extra"] = user["extra"]
-        out = await self._post("/apis/authorization.k8s.io/v1/subjectaccessreviews",
-                               {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec})
+        out = await self._post(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec},
+        )
         return bool((out.get("status") or {}).get("allowed"))
 
 

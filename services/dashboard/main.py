@@ -34,23 +34,47 @@ from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
 DEFAULT_LISTEN = "127.0.0.1:8765"
-DESCRIPTION = ("The live fleet page: every node, GPU, MIG device, claim and ComputeDomain, pushed to the browser "
-               "within a second of a change (docs/dashboard.md).")
+DESCRIPTION = (
+    "The live fleet page: every node, GPU, MIG device, claim and ComputeDomain, pushed to the browser "
+    "within a second of a change (docs/dashboard.md)."
+)
 
 
 class DashboardConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
-    listen: Annotated[str, msgspec.Meta(description=(
-        "HOST:PORT to serve the page and API on (port 0: a free one, printed)"))] = DEFAULT_LISTEN
-    kubeconfig: Annotated[str, msgspec.Meta(description=(
-        "kubeconfig file; empty: in-cluster credentials, else $KUBECONFIG or ~/.kube/config"))] = ""
-    auth: Annotated[Literal["none", "kubernetes"], msgspec.Meta(description=(
-        "none: everyone sees every namespace (local use); kubernetes: a viewer's bearer token is checked by "
-        "TokenReview and sees the claims of the namespaces where it may list resourceclaims"))] = "none"
-    trace_url_template: Annotated[str, msgspec.Meta(description=(
-        "a tracing UI's URL for a trace, {traceId} replaced, e.g. http://localhost:16686/trace/{traceId}"))] = ""
-    span_store: Annotated[str, msgspec.Meta(description=(
-        "a local span-store file (JSON lines, as `gpu-dra up` writes traces.jsonl): claims show their "
-        "waterfall"))] = ""
+    listen: Annotated[
+        str, msgspec.Meta(description=("HOST:PORT to serve the page and API on (port 0: a free one, printed)"))
+    ] = DEFAULT_LISTEN
+    kubeconfig: Annotated[
+        str,
+        msgspec.Meta(
+            description=("kubeconfig file; empty: in-cluster credentials, else $KUBECONFIG or ~/.kube/config")
+        ),
+    ] = ""
+    auth: Annotated[
+        Literal["none", "kubernetes"],
+        msgspec.Meta(
+            description=(
+                "none: everyone sees every namespace (local use); kubernetes: a viewer's bearer token is checked by "
+                "TokenReview and sees the claims of the namespaces where it may list resourceclaims"
+            )
+        ),
+    ] = "none"
+    trace_url_template: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "a tracing UI's URL for a trace, {traceId} replaced, e.g. http://localhost:16686/trace/{traceId}"
+            )
+        ),
+    ] = ""
+    span_store: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "a local span-store file (JSON lines, as `gpu-dra up` writes traces.jsonl): claims show their waterfall"
+            )
+        ),
+    ] = ""
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)
@@ -137,8 +161,13 @@ async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
         HEALTH.add_check("fleet listed", synced.is_set)
         async with reading_bus(cfg) as bus, allocmetrics.exported(state):
             await state.subscribe_bus(bus)
-            app = make_app(state, auth=authenticator(cfg.auth, api), trace_url_template=cfg.trace_url_template,
-                           explainer=local_explainer(cfg.kubeconfig), waterfall=local_waterfall(cfg.span_store))
+            app = make_app(
+                state,
+                auth=authenticator(cfg.auth, api),
+                trace_url_template=cfg.trace_url_template,
+                explainer=local_explainer(cfg.kubeconfig),
+                waterfall=local_waterfall(cfg.span_store),
+            )
             watching = asyncio.create_task(state.run(stopping, synced), name="dashboard-state")
             try:
                 if not await until_synced([synced], stopping):
@@ -154,6 +183,12 @@ async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main(DashboardConfig, argv, prog="gpu-dra dashboard", description=DESCRIPTION,
-                        service=lambda cfg: "dashboard", run=_run,
-                        failures=((KubeConfigError, 2), (DiscoveryError, 3)))
+    return service_main(
+        DashboardConfig,
+        argv,
+        prog="gpu-dra dashboard",
+        description=DESCRIPTION,
+        service=lambda cfg: "dashboard",
+        run=_run,
+        failures=((KubeConfigError, 2), (DiscoveryError, 3)),
+    )

@@ -130,6 +130,7 @@ class Health(msgspec.Struct, frozen=True):
 
 # ---- reading API objects --------------------------------------------------------------------------
 
+
 def attr(device: Obj, key: str) -> str:
     value = (device.get("attributes") or {}).get(key) or {}
     for kind in ("string", "version", "int", "bool"):
@@ -138,8 +139,17 @@ def attr(device: Obj, key: str) -> str:
     return ""
 
 
-_SUFFIX = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50,
-           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_SUFFIX = {
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+    "Pi": 1 << 50,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+}
 
 
 def quantity_bytes(text: str) -> int:
@@ -154,17 +164,30 @@ def quantity_bytes(text: str) -> int:
 def _slots(dev: Obj) -> list[int]:
     """The memory slices a device covers: static MIG capacity `memorySlice<i>`, or dynamic counters
     `memory-slice-<i>` it consumes."""
-    found = [int(k[len("memorySlice"):]) for k in (dev.get("capacity") or {}) if k.startswith("memorySlice")
-             and k[len("memorySlice"):].isdigit()]
+    found = [
+        int(k[len("memorySlice") :])
+        for k in (dev.get("capacity") or {})
+        if k.startswith("memorySlice") and k[len("memorySlice") :].isdigit()
+    ]
     for use in dev.get("consumesCounters") or []:
-        found += [int(k[len("memory-slice-"):]) for k in (use.get("counters") or {})
-                  if k.startswith("memory-slice-") and k[len("memory-slice-"):].isdigit()]
+        found += [
+            int(k[len("memory-slice-") :])
+            for k in (use.get("counters") or {})
+            if k.startswith("memory-slice-") and k[len("memory-slice-") :].isdigit()
+        ]
     return sorted(set(found))
 
 
 def _taints(dev: Obj) -> list[Taint]:
-    return [Taint(key=str(t.get("key") or ""), value=str(t.get("value") or ""), effect=str(t.get("effect") or ""),
-                  time_added=str(t.get("timeAdded") or "")) for t in dev.get("taints") or []]
+    return [
+        Taint(
+            key=str(t.get("key") or ""),
+            value=str(t.get("value") or ""),
+            effect=str(t.get("effect") or ""),
+            time_added=str(t.get("timeAdded") or ""),
+        )
+        for t in dev.get("taints") or []
+    ]
 
 
 def slice_node(rslice: Obj) -> str:
@@ -191,8 +214,16 @@ def domain_name(domain: Obj) -> str:
 
 _META = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "creationTimestamp", "ownerReferences")
 SHARE_CAPACITIES = ("memory", "compute", "shares")  # what shares of a GPU consume (services/publisher/shares.py)
-_DEVICE_ATTRIBUTES = ("type", "uuid", "productName", "parentUUID", "profile", CLIQUE_ATTRIBUTE, "nvlinkClusterUUID",
-                      "nvlinkCliqueID")
+_DEVICE_ATTRIBUTES = (
+    "type",
+    "uuid",
+    "productName",
+    "parentUUID",
+    "profile",
+    CLIQUE_ATTRIBUTE,
+    "nvlinkClusterUUID",
+    "nvlinkCliqueID",
+)
 
 
 def _meta(obj: Obj, annotations: tuple[str, ...] = ()) -> Obj:
@@ -206,17 +237,21 @@ def _meta(obj: Obj, annotations: tuple[str, ...] = ()) -> Obj:
 
 def _trim_device(dev: Obj) -> Obj:
     attrs = dev.get("attributes") or {}
-    out: Obj = {"name": dev.get("name", ""),
-                "attributes": {k: attrs[k] for k in _DEVICE_ATTRIBUTES if k in attrs}}
-    capacity = {k: v for k, v in (dev.get("capacity") or {}).items() if k in SHARE_CAPACITIES
-                or k.startswith("memorySlice")}
+    out: Obj = {"name": dev.get("name", ""), "attributes": {k: attrs[k] for k in _DEVICE_ATTRIBUTES if k in attrs}}
+    capacity = {
+        k: v for k, v in (dev.get("capacity") or {}).items() if k in SHARE_CAPACITIES or k.startswith("memorySlice")
+    }
     if capacity:
         out["capacity"] = capacity
     if dev.get("allowMultipleAllocations"):
         out["allowMultipleAllocations"] = True
-    uses = [{"counterSet": u.get("counterSet", ""),
-             "counters": {k: v for k, v in (u.get("counters") or {}).items() if k.startswith("memory-slice-")}}
-            for u in dev.get("consumesCounters") or []]
+    uses = [
+        {
+            "counterSet": u.get("counterSet", ""),
+            "counters": {k: v for k, v in (u.get("counters") or {}).items() if k.startswith("memory-slice-")},
+        }
+        for u in dev.get("consumesCounters") or []
+    ]
     if uses:
         out["consumesCounters"] = uses
     if dev.get("taints"):
@@ -226,10 +261,15 @@ def _trim_device(dev: Obj) -> Obj:
 
 def trim_slice(rslice: Obj) -> Obj:
     spec = rslice.get("spec") or {}
-    return {"metadata": _meta(rslice), "spec": {
-        "driver": spec.get("driver", ""), "nodeName": spec.get("nodeName", ""),
-        "pool": {"name": (spec.get("pool") or {}).get("name", "")},
-        "devices": [_trim_device(d) for d in spec.get("devices") or []]}}
+    return {
+        "metadata": _meta(rslice),
+        "spec": {
+            "driver": spec.get("driver", ""),
+            "nodeName": spec.get("nodeName", ""),
+            "pool": {"name": (spec.get("pool") or {}).get("name", "")},
+            "devices": [_trim_device(d) for d in spec.get("devices") or []],
+        },
+    }
 
 
 def trim_claim(claim: Obj, annotations: tuple[str, ...] = ()) -> Obj:
@@ -237,14 +277,19 @@ def trim_claim(claim: Obj, annotations: tuple[str, ...] = ()) -> Obj:
     devices = (status.get("allocation") or {}).get("devices") or {}
     out: Obj = {"metadata": _meta(claim, annotations), "status": {}}
     if status.get("allocation"):
-        out["status"]["allocation"] = {"devices": {
-            "results": [{k: r[k] for k in ("request", "driver", "pool", "device", "shareID", "consumedCapacity")
-                         if k in r}
-                        for r in devices.get("results") or []],
-            "config": devices.get("config") or []}}
+        out["status"]["allocation"] = {
+            "devices": {
+                "results": [
+                    {k: r[k] for k in ("request", "driver", "pool", "device", "shareID", "consumedCapacity") if k in r}
+                    for r in devices.get("results") or []
+                ],
+                "config": devices.get("config") or [],
+            }
+        }
     if status.get("reservedFor"):
-        out["status"]["reservedFor"] = [{k: r[k] for k in ("resource", "name", "uid") if k in r}
-                                        for r in status["reservedFor"]]
+        out["status"]["reservedFor"] = [
+            {k: r[k] for k in ("resource", "name", "uid") if k in r} for r in status["reservedFor"]
+        ]
     return out
 
 
@@ -267,14 +312,18 @@ def claim_results(claim: Obj) -> list[Obj]:
 
 
 def claim_devices(claim: Obj) -> list[DeviceKey]:
-    return [(str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or ""))
-            for r in claim_results(claim)]
+    return [
+        (str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or "")) for r in claim_results(claim)
+    ]
 
 
 def claim_pods(claim: Obj) -> list[str]:
     ns = (claim.get("metadata") or {}).get("namespace", "")
-    return [f"{ns}/{r.get('name')}" for r in (claim.get("status") or {}).get("reservedFor") or []
-            if r.get("resource", "pods") == "pods"]
+    return [
+        f"{ns}/{r.get('name')}"
+        for r in (claim.get("status") or {}).get("reservedFor") or []
+        if r.get("resource", "pods") == "pods"
+    ]
 
 
 def _sharing(config: Any) -> Sharing:
@@ -284,24 +333,34 @@ def _sharing(config: Any) -> Sharing:
     if sharing.strategy == "TimeSlicing":
         return Sharing(mode="time-slicing", interval=interval(config) if isinstance(config, GpuConfig) else "Default")
     mps = sharing.mpsConfig
-    return Sharing(mode="mps", thread_percentage=mps.defaultActiveThreadPercentage if mps else None,
-                   pinned_memory=(mps.defaultPinnedDeviceMemoryLimit or "") if mps else "")
+    return Sharing(
+        mode="mps",
+        thread_percentage=mps.defaultActiveThreadPercentage if mps else None,
+        pinned_memory=(mps.defaultPinnedDeviceMemoryLimit or "") if mps else "",
+    )
 
 
 def claim_sharing(claim: Obj) -> dict[int, Sharing]:
     """Result index -> how that device is shared, from the claim's opaque GpuConfig/MigDeviceConfig (as the
     preparer reads them); a config the preparer would refuse shows as exclusive."""
     allocation = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-    raw = [RawConfig(source=str(c.get("source") or "FromClaim"), requests=list(c.get("requests") or []),
-                     driver=str((c.get("opaque") or {}).get("driver") or ""),
-                     parameters=(c.get("opaque") or {}).get("parameters"), has_opaque=c.get("opaque") is not None)
-           for c in allocation.get("config") or []]
+    raw = [
+        RawConfig(
+            source=str(c.get("source") or "FromClaim"),
+            requests=list(c.get("requests") or []),
+            driver=str((c.get("opaque") or {}).get("driver") or ""),
+            parameters=(c.get("opaque") or {}).get("parameters"),
+            has_opaque=c.get("opaque") is not None,
+        )
+        for c in allocation.get("config") or []
+    ]
     results = allocation.get("results") or []
     ours = [(i, r) for i, r in enumerate(results) if r.get("driver") == GPU_DRIVER]
     if not raw or not ours:
         return {}
-    kinds = [(str(r.get("request") or ""), "mig" if parse_mig_name(str(r.get("device") or "")) else "gpu")
-             for _, r in ours]
+    kinds = [
+        (str(r.get("request") or ""), "mig" if parse_mig_name(str(r.get("device") or "")) else "gpu") for _, r in ours
+    ]
     try:
         chosen = select(GPU_DRIVER, raw, kinds)
     except ClaimConfigError:
@@ -323,8 +382,12 @@ def result_share(result: Obj) -> Share | None:
     if not result.get("shareID"):
         return None
     consumed = result.get("consumedCapacity") or {}
-    return Share(id=str(result["shareID"]), memory_bytes=quantity_bytes(consumed.get("memory", "")),
-                 compute=_count(consumed.get("compute")), shares=_count(consumed.get("shares")))
+    return Share(
+        id=str(result["shareID"]),
+        memory_bytes=quantity_bytes(consumed.get("memory", "")),
+        compute=_count(consumed.get("compute")),
+        shares=_count(consumed.get("shares")),
+    )
 
 
 def _add(a: int | None, b: int | None) -> int | None:
@@ -341,14 +404,22 @@ def allocations_of(claim: Obj, since: str = "") -> dict[DeviceKey, Allocation]:
         share = result_share(result)
         held = out.get(key)
         if held is not None and held.share is not None and share is not None:
-            held.share = Share(id=held.share.id, memory_bytes=held.share.memory_bytes + share.memory_bytes,
-                               compute=_add(held.share.compute, share.compute),
-                               shares=_add(held.share.shares, share.shares))
+            held.share = Share(
+                id=held.share.id,
+                memory_bytes=held.share.memory_bytes + share.memory_bytes,
+                compute=_add(held.share.compute, share.compute),
+                shares=_add(held.share.shares, share.shares),
+            )
             continue
-        out[key] = Allocation(namespace=str(md.get("namespace") or ""), claim=str(md.get("name") or ""),
-                              claim_uid=str(md.get("uid") or ""), pods=pods,
-                              since=since or str(md.get("creationTimestamp") or ""),
-                              sharing=sharing.get(index, Sharing()), share=share)
+        out[key] = Allocation(
+            namespace=str(md.get("namespace") or ""),
+            claim=str(md.get("name") or ""),
+            claim_uid=str(md.get("uid") or ""),
+            pods=pods,
+            since=since or str(md.get("creationTimestamp") or ""),
+            sharing=sharing.get(index, Sharing()),
+            share=share,
+        )
     return out
 
 
@@ -370,13 +441,16 @@ def capacity_left(dev: Obj, allocations: Iterable[Allocation]) -> Capacity | Non
     return Capacity(
         memory_bytes=None if memory is None else max(0, memory - sum(s.memory_bytes for s in shares)),
         compute=None if compute is None else max(0, compute - sum(s.compute or 0 for s in shares)),
-        shares=None if count is None else max(0, count - sum(s.shares or 0 for s in shares)))
+        shares=None if count is None else max(0, count - sum(s.shares or 0 for s in shares)),
+    )
 
 
 # ---- one node's row --------------------------------------------------------------------------------
 
-def _device(dev: Obj, pool: str, allocations: Mapping[DeviceKey, list[Allocation]],
-            health: Mapping[str, Health]) -> Device:
+
+def _device(
+    dev: Obj, pool: str, allocations: Mapping[DeviceKey, list[Allocation]], health: Mapping[str, Health]
+) -> Device:
     name = str(dev.get("name") or "")
     kind = attr(dev, "type") or "gpu"
     slots = _slots(dev)
@@ -399,16 +473,33 @@ def _device(dev: Obj, pool: str, allocations: Mapping[DeviceKey, list[Allocation
     if xid is None and live is not None and live.unhealthy and live.xid:
         xid = live.xid
     allocs = list(allocations.get((GPU_DRIVER, pool, name), ()))
-    state: State = "tainted" if taints or (live is not None and live.unhealthy) else (
-        "claimed" if allocs else "free")
-    return Device(name=name, uuid=attr(dev, "uuid"), product=attr(dev, "productName"), memory_bytes=memory,
-                  type=dtype, parent=parent, mig=mig, mig_slots=mig_slots, taints=taints, xid=xid, state=state,
-                  allocations=allocs, shared=bool(dev.get("allowMultipleAllocations")),
-                  capacity_left=capacity_left(dev, allocs))
+    state: State = "tainted" if taints or (live is not None and live.unhealthy) else ("claimed" if allocs else "free")
+    return Device(
+        name=name,
+        uuid=attr(dev, "uuid"),
+        product=attr(dev, "productName"),
+        memory_bytes=memory,
+        type=dtype,
+        parent=parent,
+        mig=mig,
+        mig_slots=mig_slots,
+        taints=taints,
+        xid=xid,
+        state=state,
+        allocations=allocs,
+        shared=bool(dev.get("allowMultipleAllocations")),
+        capacity_left=capacity_left(dev, allocs),
+    )
 
 
-def node_row(name: str, slices: Iterable[Obj], node: Obj | None, allocations: Mapping[DeviceKey, list[Allocation]],
-             health: Mapping[str, Health], domains: Iterable[str] = ()) -> Node:
+def node_row(
+    name: str,
+    slices: Iterable[Obj],
+    node: Obj | None,
+    allocations: Mapping[DeviceKey, list[Allocation]],
+    health: Mapping[str, Health],
+    domains: Iterable[str] = (),
+) -> Node:
     """The row of node `name` from its ResourceSlices (both drivers), its Node, the allocations on its
     devices, its devices' live health and the ComputeDomains that list it."""
     slices = list(slices)
@@ -418,8 +509,9 @@ def node_row(name: str, slices: Iterable[Obj], node: Obj | None, allocations: Ma
         spec = rslice.get("spec") or {}
         driver = spec.get("driver")
         if driver == CD_DRIVER:
-            clique = clique or next((attr(d, CLIQUE_ATTRIBUTE) for d in spec.get("devices") or []
-                                     if attr(d, CLIQUE_ATTRIBUTE)), "")
+            clique = clique or next(
+                (attr(d, CLIQUE_ATTRIBUTE) for d in spec.get("devices") or [] if attr(d, CLIQUE_ATTRIBUTE)), ""
+            )
             continue
         if driver != GPU_DRIVER:
             continue
@@ -428,8 +520,14 @@ def node_row(name: str, slices: Iterable[Obj], node: Obj | None, allocations: Ma
     clique = clique or gpu_clique(slices)
     devices = _with_parents(devices)
     devices.sort(key=_device_order)
-    return Node(name=name, pool=pool or name, clique=clique, domains=sorted(set(domains)), ready=node_ready(node),
-                devices=devices)
+    return Node(
+        name=name,
+        pool=pool or name,
+        clique=clique,
+        domains=sorted(set(domains)),
+        ready=node_ready(node),
+        devices=devices,
+    )
 
 
 def gpu_clique(slices: Iterable[Obj]) -> str:
@@ -534,9 +632,25 @@ def redact(node: Node, visible: frozenset[str] | None) -> Node:
     device's capacity left adds up)."""
     if visible is None or not any(a.namespace not in visible for d in node.devices for a in d.allocations):
         return node
-    devices = [d if all(a.namespace in visible for a in d.allocations) else msgspec.structs.replace(
-        d, allocations=[a if a.namespace in visible else Allocation(
-            namespace="", claim="", since=a.since, sharing=a.sharing, other_tenant=True,
-            share=None if a.share is None else msgspec.structs.replace(a.share, id=""))
-                        for a in d.allocations]) for d in node.devices]
+    devices = [
+        d
+        if all(a.namespace in visible for a in d.allocations)
+        else msgspec.structs.replace(
+            d,
+            allocations=[
+                a
+                if a.namespace in visible
+                else Allocation(
+                    namespace="",
+                    claim="",
+                    since=a.since,
+                    sharing=a.sharing,
+                    other_tenant=True,
+                    share=None if a.share is None else msgspec.structs.replace(a.share, id=""),
+                )
+                for a in d.allocations
+            ],
+        )
+        for d in node.devices
+    ]
     return msgspec.structs.replace(node, devices=devices)

@@ -40,17 +40,26 @@ class PendingPod(msgspec.Struct, frozen=True, rename="camel"):
 def trim_pod(pod: Obj) -> Obj:
     md, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     scheduled = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
-    return {"metadata": {k: md[k] for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
-                                            "resourceVersion") if k in md},
-            "spec": {"nodeName": spec.get("nodeName") or "", "resourceClaims": spec.get("resourceClaims") or []},
-            "status": {"phase": status.get("phase") or "Pending", "conditions": scheduled}}
+    return {
+        "metadata": {
+            k: md[k]
+            for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "resourceVersion")
+            if k in md
+        },
+        "spec": {"nodeName": spec.get("nodeName") or "", "resourceClaims": spec.get("resourceClaims") or []},
+        "status": {"phase": status.get("phase") or "Pending", "conditions": scheduled},
+    }
 
 
 def waits(pod: Obj) -> bool:
     """Not on a node yet, asks for resource claims, and neither finished nor going away."""
     spec, md = pod.get("spec") or {}, pod.get("metadata") or {}
-    return (not spec.get("nodeName") and bool(spec.get("resourceClaims")) and not md.get("deletionTimestamp")
-            and (pod.get("status") or {}).get("phase", "Pending") == "Pending")
+    return (
+        not spec.get("nodeName")
+        and bool(spec.get("resourceClaims"))
+        and not md.get("deletionTimestamp")
+        and (pod.get("status") or {}).get("phase", "Pending") == "Pending"
+    )
 
 
 def scheduler_message(pod: Obj) -> str:
@@ -61,8 +70,9 @@ def scheduler_message(pod: Obj) -> str:
 class PendingPods:
     """The waiting pods; `on_change()` is called whenever the list or a reason changes."""
 
-    def __init__(self, kube: Kube, reasoner: Reasoner | None, on_change: Callable[[], None],
-                 recheck_s: float = 2.0) -> None:
+    def __init__(
+        self, kube: Kube, reasoner: Reasoner | None, on_change: Callable[[], None], recheck_s: float = 2.0
+    ) -> None:
         self.reasoner = reasoner
         self.on_change = on_change
         self.recheck_s = recheck_s
@@ -80,8 +90,13 @@ class PendingPods:
         if event != "DELETED" and waits(obj):
             before = self.pods.get(key)
             reason = before.reason if before is not None and self.reasoner is not None else scheduler_message(obj)
-            now = PendingPod(namespace=key[0], pod=key[1], since=str(obj["metadata"].get("creationTimestamp") or ""),
-                             asks=before.asks if before is not None else "", reason=reason)
+            now = PendingPod(
+                namespace=key[0],
+                pod=key[1],
+                since=str(obj["metadata"].get("creationTimestamp") or ""),
+                asks=before.asks if before is not None else "",
+                reason=reason,
+            )
             if now != before:
                 self.pods[key] = now
                 self.on_change()

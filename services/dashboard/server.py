@@ -38,8 +38,15 @@ PLACEHOLDER = b"""<!doctype html><html lang="en"><head><meta charset="utf-8"><ti
 <body><h1>gpu-dra fleet</h1><p>The page is not in this build; the API is:
 <a href="/api/fleet">/api/fleet</a>, <a href="/api/stream">/api/stream</a>.</p></body></html>
 """
-_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
-          ".png": "image/png", ".json": "application/json", ".ico": "image/x-icon"}
+_TYPES = {
+    ".html": "text/html",
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".json": "application/json",
+    ".ico": "image/x-icon",
+}
 
 
 def error(status: int, message: str) -> web.Response:
@@ -63,8 +70,15 @@ def _static(name: str) -> bytes | None:
 
 
 class Api:
-    def __init__(self, state: FleetState, auth: Authenticator, trace_url_template: str, explainer: Explainer | None,
-                 waterfall: Waterfall | None, ping_s: float) -> None:
+    def __init__(
+        self,
+        state: FleetState,
+        auth: Authenticator,
+        trace_url_template: str,
+        explainer: Explainer | None,
+        waterfall: Waterfall | None,
+        ping_s: float,
+    ) -> None:
         self.state = state
         self.auth = auth
         self.trace_url_template = trace_url_template
@@ -79,8 +93,10 @@ class Api:
         namespace = request.query.get("namespace", "")
         if namespace:
             if not viewer.sees(namespace):
-                raise web.HTTPForbidden(reason=f"you may not list resourceclaims in namespace {namespace!r}; "
-                                               "ask for a RoleBinding there or choose another namespace")
+                raise web.HTTPForbidden(
+                    reason=f"you may not list resourceclaims in namespace {namespace!r}; "
+                    "ask for a RoleBinding there or choose another namespace"
+                )
             return Viewer(viewer.user, frozenset({namespace}))
         return viewer
 
@@ -109,23 +125,34 @@ class Api:
         """The waiting pods `viewer` may see, another tenant's claims in their reasons unnamed."""
         if self.state.pending is None:
             return []
-        return [msgspec.structs.replace(p, reason=model.redact_text(p.reason, viewer.visible))
-                for p in self.state.pending.view(viewer.sees)]
+        return [
+            msgspec.structs.replace(p, reason=model.redact_text(p.reason, viewer.visible))
+            for p in self.state.pending.view(viewer.sees)
+        ]
 
     def fleet(self, viewer: Viewer, full: bool = False) -> bytes:
         state = self.state
         head: dict[str, Any] = {
-            "version": state.version, "generatedAt": state.generated_at, "groups": state.groups,
-            "counters": state.counters, "traceUrlTemplate": self.trace_url_template,
-            "namespaces": self._namespaces(viewer), "pending": self._pending(viewer)}
+            "version": state.version,
+            "generatedAt": state.generated_at,
+            "groups": state.groups,
+            "counters": state.counters,
+            "traceUrlTemplate": self.trace_url_template,
+            "namespaces": self._namespaces(viewer),
+            "pending": self._pending(viewer),
+        }
         if full:
             head["full"] = True
         return self._with_nodes(head, [self._row(n, viewer) for g in state.groups for n in g.nodes])
 
     def delta(self, viewer: Viewer, names: set[str], pending: bool = False) -> bytes:
         rows = self.state.rows
-        head: dict[str, Any] = {"version": self.state.version, "removed": sorted(n for n in names if n not in rows),
-                                "counters": self.state.counters, "groups": self.state.groups}
+        head: dict[str, Any] = {
+            "version": self.state.version,
+            "removed": sorted(n for n in names if n not in rows),
+            "counters": self.state.counters,
+            "groups": self.state.groups,
+        }
         if pending:
             head["pending"] = self._pending(viewer)
         return self._with_nodes(head, [self._row(n, viewer) for n in sorted(names) if n in rows])
@@ -140,7 +167,7 @@ class Api:
         body = _static(name)
         if body is None:
             return error(404, f"no static file {name!r} in this build")
-        suffix = name[name.rfind("."):] if "." in name else ""
+        suffix = name[name.rfind(".") :] if "." in name else ""
         return web.Response(body=body, content_type=_TYPES.get(suffix, "application/octet-stream"))
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -151,8 +178,9 @@ class Api:
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         viewer = await self.viewer(request)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               "X-Accel-Buffering": "no"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         await response.prepare(request)
         watcher = self.state.add_viewer()
         try:
@@ -184,11 +212,17 @@ class Api:
         row = model.redact(row, viewer.visible)
         device = next((d for d in row.devices if d.name == name), None)
         if device is None:
-            return error(404, f"node {node!r} has no device {name!r}; its devices are: "
-                              f"{', '.join(d.name for d in row.devices)}")
-        events = [{"time": e.time, "type": e.type,
-                   "summary": e.summary if viewer.sees(e.namespace) or not e.namespace else "another tenant's claim"}
-                  for e in self.state.events(node, name)]
+            return error(
+                404, f"node {node!r} has no device {name!r}; its devices are: {', '.join(d.name for d in row.devices)}"
+            )
+        events = [
+            {
+                "time": e.time,
+                "type": e.type,
+                "summary": e.summary if viewer.sees(e.namespace) or not e.namespace else "another tenant's claim",
+            }
+            for e in self.state.events(node, name)
+        ]
         return _json({"device": device, "node": node, "events": events})
 
     async def claim(self, request: web.Request) -> web.Response:
@@ -198,17 +232,30 @@ class Api:
             return error(403, f"you may not list resourceclaims in namespace {namespace!r}")
         claim = self.state.claims.get(namespace, name)
         if claim is None:
-            return error(404, f"no resourceclaim {namespace}/{name}; check the name with kubectl get resourceclaims "
-                              f"-n {namespace}")
+            return error(
+                404,
+                f"no resourceclaim {namespace}/{name}; check the name with kubectl get resourceclaims -n {namespace}",
+            )
         md = claim.get("metadata") or {}
         trace_id = self.state.claim_trace_id(claim)
-        trace_url = self.trace_url_template.replace("{traceId}", trace_id) if trace_id and self.trace_url_template \
-            else ""
+        trace_url = (
+            self.trace_url_template.replace("{traceId}", trace_id) if trace_id and self.trace_url_template else ""
+        )
         waterfall = await self.waterfall(str(md.get("uid") or "")) if self.waterfall is not None else None
-        return _json({"claim": {"namespace": namespace, "name": name, "uid": md.get("uid", ""),
-                                "pods": model.claim_pods(claim),
-                                "devices": [{"node": n, "device": d} for n, d in self.state.claim_nodes(claim)]},
-                      "traceId": trace_id, "traceUrl": trace_url, "waterfall": waterfall})
+        return _json(
+            {
+                "claim": {
+                    "namespace": namespace,
+                    "name": name,
+                    "uid": md.get("uid", ""),
+                    "pods": model.claim_pods(claim),
+                    "devices": [{"node": n, "device": d} for n, d in self.state.claim_nodes(claim)],
+                },
+                "traceId": trace_id,
+                "traceUrl": trace_url,
+                "waterfall": waterfall,
+            }
+        )
 
     async def explain(self, request: web.Request) -> web.Response:
         viewer = await self.viewer(request)
@@ -218,14 +265,18 @@ class Api:
         if not await self.state.has_pod(namespace, name):
             return error(404, f"no pod {namespace}/{name}; check the name with kubectl get pods -n {namespace}")
         if self.explainer is None:
-            return error(501, "explain needs the local-cluster tools, which this install lacks (pip install "
-                              f"'gpu-dra[embedded]'); run `gpu-dra explain pod {namespace}/{name}` where they are")
+            return error(
+                501,
+                "explain needs the local-cluster tools, which this install lacks (pip install "
+                f"'gpu-dra[embedded]'); run `gpu-dra explain pod {namespace}/{name}` where they are",
+            )
         return _json({"text": model.redact_text(await self.explainer(namespace, name), viewer.visible)})
 
 
 @web.middleware
-async def json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                      ) -> web.StreamResponse:
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """Every failure as JSON {"error": ...}: 401 for a token refused, the HTTP errors as they are."""
     try:
         return await handler(request)
@@ -241,9 +292,15 @@ async def json_errors(request: web.Request, handler: Callable[[web.Request], Awa
         return error(502, f"the Kubernetes API refused the dashboard: {exc}; check its RBAC and the API server")
 
 
-def make_app(state: FleetState, *, auth: Authenticator | None = None, trace_url_template: str = "",
-             explainer: Explainer | None = None, waterfall: Waterfall | None = None, ping_s: float = 15.0
-             ) -> web.Application:
+def make_app(
+    state: FleetState,
+    *,
+    auth: Authenticator | None = None,
+    trace_url_template: str = "",
+    explainer: Explainer | None = None,
+    waterfall: Waterfall | None = None,
+    ping_s: float = 15.0,
+) -> web.Application:
     api = Api(state, auth or Authenticator(), trace_url_template, explainer, waterfall, ping_s)
     app = web.Application(middlewares=[json_errors])
     app[STATE_KEY] = state

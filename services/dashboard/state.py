@@ -90,8 +90,7 @@ class _Allocations(Mapping[DeviceKey, list[Allocation]]):
 async def resource_resources(api_client: Any) -> tuple[Resource, Resource]:
     """ResourceSlices and ResourceClaims in the version the server serves (v1 preferred)."""
     version = best_version(await served_versions(api_client)) or "v1"
-    return (dataclasses.replace(RESOURCESLICES, version=version),
-            dataclasses.replace(RESOURCECLAIMS, version=version))
+    return (dataclasses.replace(RESOURCESLICES, version=version), dataclasses.replace(RESOURCECLAIMS, version=version))
 
 
 async def serves_compute_domains(api_client: Any) -> bool:
@@ -101,8 +100,16 @@ async def serves_compute_domains(api_client: Any) -> bool:
 class FleetState:
     """The rows, their version, and what changed; fed by `run()`."""
 
-    def __init__(self, kube: Kube | None, *, slices: Resource = RESOURCESLICES, claims: Resource = RESOURCECLAIMS,
-                 compute_domains: bool = True, flush_s: float = 0.1, reasoner: Reasoner | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube | None,
+        *,
+        slices: Resource = RESOURCESLICES,
+        claims: Resource = RESOURCECLAIMS,
+        compute_domains: bool = True,
+        flush_s: float = 0.1,
+        reasoner: Reasoner | None = None,
+    ) -> None:
         self.flush_s = flush_s
         self.version = 0
         self.generated_at = k8s_time()
@@ -130,8 +137,12 @@ class FleetState:
         self.kube = kube
         if kube is not None:
             self.slices = Informer(kube, slices, on_change=self._on_slice, transform=model.trim_slice)
-            self.claims = Informer(kube, claims, on_change=self._on_claim, transform=functools.partial(
-                model.trim_claim, annotations=(CLAIM_TRACEPARENT_ANNOTATION,)))
+            self.claims = Informer(
+                kube,
+                claims,
+                on_change=self._on_claim,
+                transform=functools.partial(model.trim_claim, annotations=(CLAIM_TRACEPARENT_ANNOTATION,)),
+            )
             self.nodes = Informer(kube, NODES, on_change=self._on_node, transform=model.trim_node)
             self.informers = [self.slices, self.claims, self.nodes]
             self.domains: Informer | None = None
@@ -151,8 +162,7 @@ class FleetState:
 
     async def run(self, stopping: asyncio.Event, synced: asyncio.Event | None = None) -> None:
         """Watch until `stopping`; `synced` is set once every informer has listed."""
-        tasks = [asyncio.create_task(i.run(stopping), name=f"dashboard-watch-{i.res.plural}")
-                 for i in self.informers]
+        tasks = [asyncio.create_task(i.run(stopping), name=f"dashboard-watch-{i.res.plural}") for i in self.informers]
         if self.pending is not None:
             tasks.append(asyncio.create_task(self.pending.run(stopping), name="dashboard-pending"))
         try:
@@ -226,7 +236,7 @@ class FleetState:
 
     def _on_slice(self, event: str, obj: Obj, old: Obj | None) -> None:
         name = str((obj.get("metadata") or {}).get("name") or "")
-        for before in ([old] if old else []):
+        for before in [old] if old else []:
             node = model.slice_node(before)
             self._slices_of.get(node, set()).discard(name)
             self._mark(node)
@@ -270,8 +280,9 @@ class FleetState:
         if before != set(after):
             self._fleet_changed()
 
-    def _history(self, device: DeviceKey, kind: str, summary: str, namespace: str = "",
-                 when: float | None = None) -> None:
+    def _history(
+        self, device: DeviceKey, kind: str, summary: str, namespace: str = "", when: float | None = None
+    ) -> None:
         if not self.listed:
             return  # what the first list finds allocated is the present, not history
         node = self._pool_node.get(device[1], device[1])
@@ -310,8 +321,12 @@ class FleetState:
             self._mark(self._pool_node.get(device[1], message.node))
 
     async def _on_health_event(self, message: DeviceHealth, ctx: MsgContext) -> None:
-        health = Health(unhealthy=message.state == "Unhealthy", xid=message.xid, reason=message.reason,
-                        time=k8s_time(message.observed_at or None))
+        health = Health(
+            unhealthy=message.state == "Unhealthy",
+            xid=message.xid,
+            reason=message.reason,
+            time=k8s_time(message.observed_at or None),
+        )
         self._health.setdefault(message.node, {})[message.device] = health
         what = f"XID {message.xid}" if message.reason == "xid" else (message.reason or message.state)
         summary = f"{message.state}: {what}" + (f" ({message.message})" if message.message else "")
@@ -347,8 +362,14 @@ class FleetState:
                     changed.add(name)
                 continue
             slices = [s for s in (self.slices.get("", n) for n in slice_names) if s is not None]
-            row = model.node_row(name, slices, self.nodes.get("", name), allocations, self._health.get(name, {}),
-                                 self._domains_of.get(name, ()))
+            row = model.node_row(
+                name,
+                slices,
+                self.nodes.get("", name),
+                allocations,
+                self._health.get(name, {}),
+                self._domains_of.get(name, ()),
+            )
             counts = model.node_counters(row)
             self._row_counters[name] = counts
             model.add_counters(self.counters, counts)
@@ -385,6 +406,7 @@ async def discover(kube: Kube) -> dict[str, Any]:
         slices, claims = await resource_resources(kube.api_client)
         domains = await serves_compute_domains(kube.api_client)
     except ApiError as exc:
-        raise DiscoveryError(f"cannot discover the served APIs: {exc}; check the API server and the dashboard's "
-                           "RBAC") from exc
+        raise DiscoveryError(
+            f"cannot discover the served APIs: {exc}; check the API server and the dashboard's RBAC"
+        ) from exc
     return {"slices": slices, "claims": claims, "compute_domains": domains}

@@ -47,8 +47,10 @@ async def _serve(cfg: config.DiscoveryConfig, stopping: asyncio.Event) -> int:
 
 
 def _inject_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpu-dra discovery inject-xid",
-                                description="Raise a simulated XID (or GPU lost, or recovery) on a running node.")
+    p = argparse.ArgumentParser(
+        prog="gpu-dra discovery inject-xid",
+        description="Raise a simulated XID (or GPU lost, or recovery) on a running node.",
+    )
     p.add_argument("--node", required=True)
     p.add_argument("--device", required=True, help="device name (gpu-0, a MIG device name) or UUID")
     p.add_argument("--xid", type=int, default=0)
@@ -69,8 +71,9 @@ async def inject_xid(argv: list[str]) -> int:
         return _fail(str(exc), 2)
     tls = NatsTLS(creds_file=target.creds) if target.creds else None
     try:
-        bus = await Bus.connect(target.url, name=f"inject-xid-{ns.node}", user=target.user or None, tls=tls,
-                                initial_attempts=3)  # as events tail: an operator waits for the answer
+        bus = await Bus.connect(
+            target.url, name=f"inject-xid-{ns.node}", user=target.user or None, tls=tls, initial_attempts=3
+        )  # as events tail: an operator waits for the answer
     except BusError as exc:  # NATS out of reach, or its credentials unreadable: fix the target, exit 2
         return _fail(str(exc), 2)
     try:
@@ -100,10 +103,16 @@ def main(argv: list[str] | None = None) -> int:
             return int(exc.code or 0) if not isinstance(exc.code, str) else _fail(exc.code, 2)
         except (TimeoutError, OSError, BusError) as exc:
             return _fail(f"{type(exc).__name__}: {exc}", 1)
-    return service_main(config.DiscoveryConfig, args, prog="gpu-dra discovery", description=config.DESCRIPTION,
-                        parse=config.parse, service=lambda cfg: f"discovery-{cfg.node}", run=_serve,
-                        failures=((MachineError, 2), (NvmlUnavailable, 3), (TimeoutError, 1), (OSError, 1),
-                                  (BusError, 1)))
+    return service_main(
+        config.DiscoveryConfig,
+        args,
+        prog="gpu-dra discovery",
+        description=config.DESCRIPTION,
+        parse=config.parse,
+        service=lambda cfg: f"discovery-{cfg.node}",
+        run=_serve,
+        failures=((MachineError, 2), (NvmlUnavailable, 3), (TimeoutError, 1), (OSError, 1), (BusError, 1)),
+    )
 
 
 if __name__ == "__main__":

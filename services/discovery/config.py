@@ -22,8 +22,10 @@ from shared.config import CommonConfig, ConfigError, load_config
 DEFAULT_IGNORED_XIDS = [13, 31, 43, 45, 68, 109]
 
 
-DESCRIPTION = ("GPU discovery: the node's NVML handle (inventory, health, device operations). "
-               "Sub-action: 'inject-xid --node N --device gpu-0 --xid 79'.")
+DESCRIPTION = (
+    "GPU discovery: the node's NVML handle (inventory, health, device operations). "
+    "Sub-action: 'inject-xid --node N --device gpu-0 --xid 79'."
+)
 __all__ = ["ConfigError", "DiscoveryConfig", "parse"]
 
 
@@ -55,17 +57,36 @@ class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     ignore_xids: list[int] = msgspec.field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
     additional_xids_to_ignore: list[int] = msgspec.field(default_factory=list)
     event_timeout_ms: int = 1000
-    fabric_manager_partitions: Annotated[bool, msgspec.Meta(description=(
-        "NVLink partitions of Fabric Manager's shared NVSwitch mode: list them in the inventory (published as "
-        "partition<N> attributes) and activate/deactivate them for claims (docs/nvlink-partitions.md)"))] = False
-    fabric_manager_tool: Annotated[str, msgspec.Meta(description=(
-        "Fabric Manager's partition tool (NVIDIA's fmpm), looked up in the driver root's binary dirs; "
-        "a simulated node without --driver-root uses the simulated Fabric Manager"))] = "fmpm"
-    fabric_manager_socket: Annotated[str, msgspec.Meta(description=(
-        "host path of Fabric Manager's unix socket (FM_CMD_UNIX_SOCKET_PATH), under the driver root; "
-        "'' for fmpm's default"))] = "/run/nvidia-fabricmanager/socket"
-    fabric_manager_address: Annotated[str, msgspec.Meta(description=(
-        "Fabric Manager's TCP address (FM_CMD_BIND_INTERFACE) instead of its socket"))] = ""
+    fabric_manager_partitions: Annotated[
+        bool,
+        msgspec.Meta(
+            description=(
+                "NVLink partitions of Fabric Manager's shared NVSwitch mode: list them in the inventory (published as "
+                "partition<N> attributes) and activate/deactivate them for claims (docs/nvlink-partitions.md)"
+            )
+        ),
+    ] = False
+    fabric_manager_tool: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "Fabric Manager's partition tool (NVIDIA's fmpm), looked up in the driver root's binary dirs; "
+                "a simulated node without --driver-root uses the simulated Fabric Manager"
+            )
+        ),
+    ] = "fmpm"
+    fabric_manager_socket: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "host path of Fabric Manager's unix socket (FM_CMD_UNIX_SOCKET_PATH), under the driver root; "
+                "'' for fmpm's default"
+            )
+        ),
+    ] = "/run/nvidia-fabricmanager/socket"
+    fabric_manager_address: Annotated[
+        str, msgspec.Meta(description=("Fabric Manager's TCP address (FM_CMD_BIND_INTERFACE) instead of its socket"))
+    ] = ""
 
     @property
     def local_driver_root(self) -> str:
@@ -79,15 +100,26 @@ class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     def resolved(self) -> DiscoveryConfig:
         """A copy with the derived defaults filled in."""
         node = self.node or os.environ.get("NODE_NAME", "") or socket.gethostname()
-        dev_root = self.dev_root or (str(Path(os.environ.get("TMPDIR", "/tmp")) / "gpu-dra-sim" / node)
-                                     if self.simulated else "/")
+        dev_root = self.dev_root or (
+            str(Path(os.environ.get("TMPDIR", "/tmp")) / "gpu-dra-sim" / node) if self.simulated else "/"
+        )
         # Real nodes: under the kubelet plugins dir, the host path the node DaemonSet mounts writable.
-        state_dir = self.state_dir or (str(simulated_state_dir(dev_root)) if self.simulated
-                                       else "/var/lib/kubelet/plugins/gpu.nvidia.com/discovery")
-        mps_root = self.mps_root or (str(Path(state_dir) / "mps") if self.simulated
-                                     else "/var/lib/kubelet/plugins/gpu.nvidia.com/mps")
-        return msgspec.structs.replace(self, node=node, dev_root=dev_root, sys_root=self.sys_root or dev_root,
-                                       state_dir=state_dir, mps_root=mps_root)
+        state_dir = self.state_dir or (
+            str(simulated_state_dir(dev_root))
+            if self.simulated
+            else "/var/lib/kubelet/plugins/gpu.nvidia.com/discovery"
+        )
+        mps_root = self.mps_root or (
+            str(Path(state_dir) / "mps") if self.simulated else "/var/lib/kubelet/plugins/gpu.nvidia.com/mps"
+        )
+        return msgspec.structs.replace(
+            self,
+            node=node,
+            dev_root=dev_root,
+            sys_root=self.sys_root or dev_root,
+            state_dir=state_dir,
+            mps_root=mps_root,
+        )
 
     @property
     def runs_driver_tools(self) -> bool:
@@ -109,6 +141,8 @@ def parse(argv: list[str]) -> DiscoveryConfig:
     if cfg.tool_timeout <= 0:
         raise ConfigError("--tool-timeout must be > 0 seconds")
     if cfg.fabric_manager_partitions and not cfg.gates.enabled(featuregates.FABRIC_MANAGER_PARTITIONING):
-        raise ConfigError(f"--fabric-manager-partitions needs --feature-gates "
-                          f"{featuregates.FABRIC_MANAGER_PARTITIONING}=true (an Alpha feature, off by default)")
+        raise ConfigError(
+            f"--fabric-manager-partitions needs --feature-gates "
+            f"{featuregates.FABRIC_MANAGER_PARTITIONING}=true (an Alpha feature, off by default)"
+        )
     return cfg.resolved()

@@ -2,7 +2,8 @@
 
 Owns writing `DIR/dev/nvidia*`, `DIR/dev/nvidia-caps/nvidia-capN`, `DIR/proc/devices`,
 `DIR/proc/driver/nvidia-caps/mig-minors` and a minimal `DIR/sys/bus/pci/devices/<bdf>` (with
-`numa_node`, linked under its PCIe root, and the driver binding `simpci` keeps) so the code that reads them is the code used on real nodes.
+`numa_node`, linked under its PCIe root, and the driver binding `simpci` keeps) so the code that reads them is the code
+used on real nodes.
 """
 
 from __future__ import annotations
@@ -71,10 +72,12 @@ def sync(root: Path, gpus: list[DevGpu]) -> None:
     for p in caps.glob("nvidia-cap*"):
         if p.name not in want_caps:
             p.unlink()
-    _write(root / "proc" / "devices",
-           "Character devices:\n  1 mem\n  4 /dev/vc/0\n"
-           f"{FRONTEND_MAJOR} nvidia-frontend\n{CAPS_MAJOR} nvidia-caps\n{UVM_MAJOR} nvidia-uvm\n\n"
-           "Block devices:\n  8 sd\n")
+    _write(
+        root / "proc" / "devices",
+        "Character devices:\n  1 mem\n  4 /dev/vc/0\n"
+        f"{FRONTEND_MAJOR} nvidia-frontend\n{CAPS_MAJOR} nvidia-caps\n{UVM_MAJOR} nvidia-uvm\n\n"
+        "Block devices:\n  8 sd\n",
+    )
     _write(root / "proc" / "driver" / "nvidia-caps" / "mig-minors", "\n".join(minors_lines) + "\n")
     bus_dir = root / "sys" / "bus" / "pci" / "devices"
     bus_dir.mkdir(parents=True, exist_ok=True)

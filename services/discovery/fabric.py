@@ -89,8 +89,9 @@ class Fmpm:
             raise FabricError("fabric-manager-unavailable", str(exc)) from exc
         if result.returncode != 0:
             detail = (result.stdout + result.stderr).strip() or "no output"
-            raise FabricError("fabric-manager-error",
-                              f"{self.tool} {' '.join(args)} failed (exit {result.returncode}): {detail}")
+            raise FabricError(
+                "fabric-manager-error", f"{self.tool} {' '.join(args)} failed (exit {result.returncode}): {detail}"
+            )
         return result.stdout
 
     async def partitions(self) -> list[FmPartition]:
@@ -122,8 +123,10 @@ def check(partitions: list[FmPartition]) -> None:
             raise FabricError("fabric-manager-error", f"Fabric Manager's partition {p.partition_id} has no GPUs")
         modules = [g.physical_id for g in p.gpu_info]
         if len(set(modules)) != len(modules):
-            raise FabricError("fabric-manager-error",
-                              f"Fabric Manager's partition {p.partition_id} names a GPU module twice: {modules}")
+            raise FabricError(
+                "fabric-manager-error",
+                f"Fabric Manager's partition {p.partition_id} names a GPU module twice: {modules}",
+            )
 
 
 def _bus_id(text: str) -> str:
@@ -143,11 +146,17 @@ def to_state(partitions: list[FmPartition], gpus: Iterable[NodeGpu]) -> FabricMa
         members = []
         for g in p.gpu_info:
             bus = _bus_id(g.pci_bus_id)
-            members.append(FabricPartitionGpu(
-                module_id=g.physical_id, pci_bus_id=bus, uuid=g.uuid,
-                device=by_bus.get(bus) or by_module.get(g.physical_id, ""),
-                nvlinks_available=g.nvlinks_available, max_nvlinks=g.max_nvlinks,
-                nvlink_line_rate_mbps=g.line_rate_mbps))
+            members.append(
+                FabricPartitionGpu(
+                    module_id=g.physical_id,
+                    pci_bus_id=bus,
+                    uuid=g.uuid,
+                    device=by_bus.get(bus) or by_module.get(g.physical_id, ""),
+                    nvlinks_available=g.nvlinks_available,
+                    max_nvlinks=g.max_nvlinks,
+                    nvlink_line_rate_mbps=g.line_rate_mbps,
+                )
+            )
         out.append(FabricPartition(id=p.partition_id, active=bool(p.is_active), gpus=members))
     return FabricManagerState(partitions=out)
 

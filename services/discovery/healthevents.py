@@ -28,9 +28,16 @@ XID_EVENTS = Counter("gpu_dra_xid_events", "XID errors that changed a device's h
 
 
 class HealthMonitor:
-    def __init__(self, node: str, nvml: Nvml, bus: Bus, ignored: set[int],
-                 inventory: Callable[[], NodeInventory | None], on_event: Callable[[], None] | None = None,
-                 timeout_ms: int = 1000):
+    def __init__(
+        self,
+        node: str,
+        nvml: Nvml,
+        bus: Bus,
+        ignored: set[int],
+        inventory: Callable[[], NodeInventory | None],
+        on_event: Callable[[], None] | None = None,
+        timeout_ms: int = 1000,
+    ):
         self.node = node
         self.nvml = nvml
         self.bus = bus
@@ -140,8 +147,9 @@ class HealthMonitor:
     async def handle(self, ev: RawEvent) -> int:
         """Turn one NVML event into health events; returns how many were published."""
         if ev.is_gpu_lost:
-            return await self._set_many(self._with_children(ev.gpu_uuid), "Unhealthy", "gpu-lost", 0,
-                                        "GPU fell off the bus or is unavailable")
+            return await self._set_many(
+                self._with_children(ev.gpu_uuid), "Unhealthy", "gpu-lost", 0, "GPU fell off the bus or is unavailable"
+            )
         if not ev.is_xid:
             log.debug("ignoring non-XID NVML event", type=hex(ev.event_type), uuid=ev.gpu_uuid)
             return 0
@@ -156,8 +164,11 @@ class HealthMonitor:
 
     async def gpu_lost_all(self, message: str) -> int:
         inv = self._inventory()
-        devices = [pair for g in (inv.gpus if inv else [])
-                   for pair in [(g.name, g.uuid), *((m.name, m.uuid) for m in g.mig_devices)]]
+        devices = [
+            pair
+            for g in (inv.gpus if inv else [])
+            for pair in [(g.name, g.uuid), *((m.name, m.uuid) for m in g.mig_devices)]
+        ]
         return await self._set_many(devices, "Unhealthy", "gpu-lost", 0, message)
 
     async def recover(self, uuid: str) -> int:
@@ -178,8 +189,17 @@ class HealthMonitor:
                 return 0  # no change (repeat of the same XID, or a replay after restart)
             now = time.time()
             event_id = f"{self.node}.{device}.{reason}.{xid}.{int(now * 1000)}"
-            h = DeviceHealth(node=self.node, device=device, uuid=uuid, state=state,  # type: ignore[arg-type]
-                             reason=reason, xid=xid, message=message, event_id=event_id, observed_at=now)
+            h = DeviceHealth(
+                node=self.node,
+                device=device,
+                uuid=uuid,
+                state=state,  # type: ignore[arg-type]
+                reason=reason,
+                xid=xid,
+                message=message,
+                event_id=event_id,
+                observed_at=now,
+            )
             await self.kv.put(f"{self.node}.{device}", h)
             await self.bus.publish(catalog.HEALTH, h, msg_id=event_id, node=self.node, device=device)
             self.last[device] = h

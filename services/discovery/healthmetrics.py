@@ -27,8 +27,9 @@ class Monitored(Protocol):
     def inventory(self) -> NodeInventory | None: ...
 
 
-def health_samples(node: str, inventory: NodeInventory | None,
-                   last: Mapping[str, DeviceHealth]) -> list[tuple[list[str], float]]:
+def health_samples(
+    node: str, inventory: NodeInventory | None, last: Mapping[str, DeviceHealth]
+) -> list[tuple[list[str], float]]:
     """(label values, value) per device: the inventory's GPUs and MIG devices, then devices known only from a
     health report (a GPU that fell off the bus)."""
     out: list[tuple[list[str], float]] = []
@@ -57,8 +58,11 @@ class _DeviceHealthCollector(Collector):
         self._tracked[node] = weakref.ref(monitor)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("gpu_dra_device_healthy", "1 healthy, 0 unhealthy or unknown; every device "
-                                   "of the node from its first scan", labels=LABELS)
+        family = GaugeMetricFamily(
+            "gpu_dra_device_healthy",
+            "1 healthy, 0 unhealthy or unknown; every device of the node from its first scan",
+            labels=LABELS,
+        )
         for node, ref in list(self._tracked.items()):
             monitor = ref()
             if monitor is not None:

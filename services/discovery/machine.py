@@ -88,8 +88,9 @@ def parse_spec(spec: str) -> MachineSpec:
                 clique = int(value)
             else:
                 raise MachineError(f"unknown --simulate option {opt!r} in {part!r}; valid: mig, clique=N")
-        gpus.append(GpuSpec(profile=m.group("profile"), count=int(m.group("count") or 1),
-                            mig_enabled=mig, clique_id=clique))
+        gpus.append(
+            GpuSpec(profile=m.group("profile"), count=int(m.group("count") or 1), mig_enabled=mig, clique_id=clique)
+        )
     machine = MachineSpec(gpus=gpus)
     validate(machine)
     return machine

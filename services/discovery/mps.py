@@ -108,16 +108,18 @@ class MpsManager:
 
     def by_gpu(self, *, ready_only: bool = False) -> dict[str, str]:
         """GPU (or MIG device) UUID -> the daemon serving it; `ready_only`: running ones (what is published)."""
-        return {u: d.daemon_id for d in self._records.values() if not ready_only or d.state == "ready"
-                for u in d.gpu_uuids}
+        return {
+            u: d.daemon_id for d in self._records.values() if not ready_only or d.state == "ready" for u in d.gpu_uuids
+        }
 
     # ------------------------------------------------------------------ lifecycle
     def _mode_users(self, exclude: str) -> set[str]:
         """The physical GPUs other daemons keep in ExclusiveProcess."""
         return {g for d in self._records.values() if d.daemon_id != exclude for g in (d.mode_gpus or d.gpu_uuids)}
 
-    async def start(self, req: MpsStartRequest, known_uuids: set[str],
-                    parents: dict[str, str] | None = None) -> MpsDaemonRecord:
+    async def start(
+        self, req: MpsStartRequest, known_uuids: set[str], parents: dict[str, str] | None = None
+    ) -> MpsDaemonRecord:
         """Start (or confirm) the daemon; on failure nothing of it is left. Idempotent: a start of a running
         daemon with the same GPUs and settings confirms it (one daemon per GPU serves all of its shares:
         the first share's prepare starts it, a later one asks unless the preparer knows it runs, see its
@@ -139,13 +141,17 @@ class MpsManager:
             if sorted(existing.gpu_uuids) != sorted(req.gpu_uuids):
                 raise NvmlOpError("invalid-argument", f"MPS daemon {req.daemon_id} already serves other GPUs")
             if existing.active_thread_percentage != req.active_thread_percentage or (
-                    req.pinned_device_memory_limits
-                    and existing.pinned_device_memory_limits != dict(req.pinned_device_memory_limits)):
+                req.pinned_device_memory_limits
+                and existing.pinned_device_memory_limits != dict(req.pinned_device_memory_limits)
+            ):
                 # one daemon serves many shares of a GPU: a start with other settings (limits named and
                 # different, or another percentage) asks for another daemon, which the GPU cannot have
-                raise NvmlOpError("in-use", f"MPS daemon {req.daemon_id} already runs with other settings "
-                                            f"(active thread percentage {existing.active_thread_percentage}, "
-                                            f"pinned limits {existing.pinned_device_memory_limits})")
+                raise NvmlOpError(
+                    "in-use",
+                    f"MPS daemon {req.daemon_id} already runs with other settings "
+                    f"(active thread percentage {existing.active_thread_percentage}, "
+                    f"pinned limits {existing.pinned_device_memory_limits})",
+                )
             if existing.state == "ready" and (self.control is None or await self.control.running_pid(existing)):
                 return existing
             log.info("MPS daemon record without a ready daemon; starting it again", daemon=req.daemon_id)
@@ -154,12 +160,17 @@ class MpsManager:
         busy = [u for u in req.gpu_uuids if u in taken]
         if busy:
             raise NvmlOpError("in-use", f"GPUs {busy} are already served by MPS daemon {taken[busy[0]]}")
-        d = MpsDaemonRecord(daemon_id=req.daemon_id, gpu_uuids=list(req.gpu_uuids),
-                            active_thread_percentage=req.active_thread_percentage,
-                            pinned_device_memory_limits=dict(req.pinned_device_memory_limits),
-                            mode_gpus=sorted({parents.get(u, u) for u in req.gpu_uuids}),
-                            pipe_dir=str(base / "pipe"), shm_dir=str(base / "shm"), log_dir=str(base / "log"),
-                            created_at=time.time())
+        d = MpsDaemonRecord(
+            daemon_id=req.daemon_id,
+            gpu_uuids=list(req.gpu_uuids),
+            active_thread_percentage=req.active_thread_percentage,
+            pinned_device_memory_limits=dict(req.pinned_device_memory_limits),
+            mode_gpus=sorted({parents.get(u, u) for u in req.gpu_uuids}),
+            pipe_dir=str(base / "pipe"),
+            shm_dir=str(base / "shm"),
+            log_dir=str(base / "log"),
+            created_at=time.time(),
+        )
         await self._write(d)  # before the daemon exists: a crash from here on leaves a record to stop
         try:
             for sub in (d.pipe_dir, d.shm_dir, d.log_dir):
@@ -178,8 +189,11 @@ class MpsManager:
             try:
                 await self._teardown(d)
             except Exception as cleanup:  # noqa: BLE001 - the record stays for the preparer's stop
-                log.error("MPS daemon cleanup after a failed start failed; its record stays for a later stop",
-                          daemon=d.daemon_id, error=str(cleanup))
+                log.error(
+                    "MPS daemon cleanup after a failed start failed; its record stays for a later stop",
+                    daemon=d.daemon_id,
+                    error=str(cleanup),
+                )
             raise
         return d
 
@@ -196,8 +210,11 @@ class MpsManager:
         with contextlib.suppress(ValueError, IndexError):
             got = float(answer.split()[0])
             if d.active_thread_percentage is not None and got != d.active_thread_percentage:
-                raise ToolError("failed", f"MPS daemon {d.daemon_id} reports active thread percentage {answer!r}, "
-                                          f"not the {d.active_thread_percentage} it was given")
+                raise ToolError(
+                    "failed",
+                    f"MPS daemon {d.daemon_id} reports active thread percentage {answer!r}, "
+                    f"not the {d.active_thread_percentage} it was given",
+                )
         log.info("MPS daemon ready", daemon=d.daemon_id, pid=d.pid, gpus=d.gpu_uuids, ready_answer=answer)
 
     def _sim_record(self, d: MpsDaemonRecord | None, daemon_id: str = "") -> None:
@@ -247,8 +264,13 @@ class MpsManager:
         now = time.monotonic()
         recent = [t for t in self._revivals.get(daemon_id, []) if now - t < REVIVAL_WINDOW_S]
         if len(recent) >= MAX_REVIVALS:
-            log.error("MPS daemon keeps exiting; giving it up: its shares have no daemon until the next "
-                      "share's prepare starts one", daemon=daemon_id, pid=pid, revivals=len(recent))
+            log.error(
+                "MPS daemon keeps exiting; giving it up: its shares have no daemon until the next "
+                "share's prepare starts one",
+                daemon=daemon_id,
+                pid=pid,
+                revivals=len(recent),
+            )
             await self._teardown(d)
             return True
         self._revivals[daemon_id] = [*recent, now]
@@ -315,7 +337,11 @@ class MpsManager:
                     await self._write(d)
                 self._watch(d)
                 continue
-            log.warning("MPS daemon of a record is gone (node reboot or discovery container restart); cleaning "
-                        "its record and dirs, claims using it must be prepared again", daemon=d.daemon_id,
-                        gpus=d.gpu_uuids, state=d.state)
+            log.warning(
+                "MPS daemon of a record is gone (node reboot or discovery container restart); cleaning "
+                "its record and dirs, claims using it must be prepared again",
+                daemon=d.daemon_id,
+                gpus=d.gpu_uuids,
+                state=d.state,
+            )
             await self._teardown(d)

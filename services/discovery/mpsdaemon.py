@@ -113,8 +113,11 @@ class MpsControl:
 
     @staticmethod
     def env(d: Daemon) -> dict[str, str]:
-        return {"CUDA_VISIBLE_DEVICES": ",".join(d.gpu_uuids), "CUDA_MPS_PIPE_DIRECTORY": d.pipe_dir,
-                "CUDA_MPS_LOG_DIRECTORY": d.log_dir}
+        return {
+            "CUDA_VISIBLE_DEVICES": ",".join(d.gpu_uuids),
+            "CUDA_MPS_PIPE_DIRECTORY": d.pipe_dir,
+            "CUDA_MPS_LOG_DIRECTORY": d.log_dir,
+        }
 
     async def running_pid(self, d: Daemon) -> int:
         """The pid of `d`'s daemon if it runs (from its pid file, else the one recorded), else 0."""
@@ -129,8 +132,9 @@ class MpsControl:
         res = await self.tools.run(CONTROL, ["-d"], env=self.env(d), output=start_log, new_session=True)
         if res.returncode != 0:
             detail = await asyncio.to_thread(_tail, start_log) or "no output"
-            raise ToolError("failed", f"{CONTROL} -d for MPS daemon {d.daemon_id} failed (exit {res.returncode}): "
-                                      f"{detail}")
+            raise ToolError(
+                "failed", f"{CONTROL} -d for MPS daemon {d.daemon_id} failed (exit {res.returncode}): {detail}"
+            )
         deadline = time.monotonic() + self.ready_timeout
         while True:  # another process's effect: a bounded poll
             pid = await self.running_pid(d)
@@ -138,8 +142,11 @@ class MpsControl:
                 log.info("MPS control daemon started", daemon=d.daemon_id, pid=pid, gpus=d.gpu_uuids)
                 return pid
             if time.monotonic() >= deadline:
-                raise ToolError("timeout", f"{CONTROL} -d returned but no daemon wrote {d.pipe_dir}/{PID_FILE} "
-                                           f"within {self.ready_timeout:g}s; see {d.log_dir}/control.log")
+                raise ToolError(
+                    "timeout",
+                    f"{CONTROL} -d returned but no daemon wrote {d.pipe_dir}/{PID_FILE} "
+                    f"within {self.ready_timeout:g}s; see {d.log_dir}/control.log",
+                )
             await asyncio.sleep(0.05)
 
     async def command(self, d: Daemon, line: str) -> str:
@@ -147,8 +154,10 @@ class MpsControl:
         res = await self.tools.run(CONTROL, [], stdin=line + "\n", env=self.env(d))
         if res.returncode != 0:
             detail = (res.stderr or res.stdout).strip() or "no output"
-            raise ToolError("failed", f"MPS control command {line!r} for daemon {d.daemon_id} failed "
-                                      f"(exit {res.returncode}): {detail}")
+            raise ToolError(
+                "failed",
+                f"MPS control command {line!r} for daemon {d.daemon_id} failed (exit {res.returncode}): {detail}",
+            )
         return res.stdout.strip()
 
     async def _gone(self, pid: int, pipe_dir: str, timeout: float) -> bool:
@@ -172,11 +181,12 @@ class MpsControl:
             log.info("MPS control daemon stopped", daemon=d.daemon_id, pid=pid)
             return True
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            log.warning("MPS control daemon still running; signalling it", daemon=d.daemon_id, pid=pid,
-                        signal=sig.name)
+            log.warning("MPS control daemon still running; signalling it", daemon=d.daemon_id, pid=pid, signal=sig.name)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
             if await self._gone(pid, d.pipe_dir, 2.0):
                 return True
-        raise ToolError("timeout", f"MPS control daemon {d.daemon_id} (pid {pid}) survived quit, SIGTERM and "
-                                   "SIGKILL; check the node")
+        raise ToolError(
+            "timeout",
+            f"MPS control daemon {d.daemon_id} (pid {pid}) survived quit, SIGTERM and SIGKILL; check the node",
+        )

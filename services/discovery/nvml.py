@@ -27,8 +27,11 @@ NO_ID = 0xFFFFFFFF
 HEALTH_EVENTS = N.nvmlEventTypeXidCriticalError | N.nvmlEventTypeDoubleBitEccError | N.nvmlEventTypeSingleBitEccError
 _GPU_LOST_EVENT = getattr(N, "nvmlEventTypeGpuUnavailableError", 0)
 _CI_INDEX_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
-COMPUTE_MODES = {"Default": N.NVML_COMPUTEMODE_DEFAULT, "ExclusiveProcess": N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
-                 "Prohibited": N.NVML_COMPUTEMODE_PROHIBITED}
+COMPUTE_MODES = {
+    "Default": N.NVML_COMPUTEMODE_DEFAULT,
+    "ExclusiveProcess": N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+    "Prohibited": N.NVML_COMPUTEMODE_PROHIBITED,
+}
 TIMESLICES = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 
 
@@ -193,11 +196,11 @@ class Nvml:
             code = _errcode(exc)
             hint = {
                 N.NVML_ERROR_LIBRARY_NOT_FOUND: f"{LIB_NAME} was not found: install the NVIDIA driver, pass "
-                                                "--driver-root DIR, or run with --simulate SPEC",
+                "--driver-root DIR, or run with --simulate SPEC",
                 N.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded on this node",
                 N.NVML_ERROR_NO_PERMISSION: "no permission to open /dev/nvidia*: run privileged",
                 N.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "libnvidia-ml and the kernel driver differ: "
-                                                      "reboot or reload the driver",
+                "reboot or reload the driver",
             }.get(code, "check the driver installation")
             raise NvmlUnavailable(f"NVML init failed ({exc}): {hint}") from exc
         self._open = True
@@ -240,14 +243,20 @@ class Nvml:
         mig_mode = _opt(b.nvmlDeviceGetMigMode, h)
         addressing = _opt(b.nvmlDeviceGetAddressingMode, h)
         g = GpuFacts(
-            index=index, minor=int(b.nvmlDeviceGetMinorNumber(h)), uuid=uuid, name=_s(b.nvmlDeviceGetName(h)),
-            brand=int(_opt(b.nvmlDeviceGetBrand, h) or 0), architecture=int(b.nvmlDeviceGetArchitecture(h)),
+            index=index,
+            minor=int(b.nvmlDeviceGetMinorNumber(h)),
+            uuid=uuid,
+            name=_s(b.nvmlDeviceGetName(h)),
+            brand=int(_opt(b.nvmlDeviceGetBrand, h) or 0),
+            architecture=int(b.nvmlDeviceGetArchitecture(h)),
             cc=tuple(b.nvmlDeviceGetCudaComputeCapability(h)),
             memory_total=int(mem.total) if mem is not None else None,
-            bus_id=_s(pci.busId), pci_device_id=int(pci.pciDeviceId),
+            bus_id=_s(pci.busId),
+            pci_device_id=int(pci.pciDeviceId),
             numa_node=_opt(b.nvmlDeviceGetNumaNodeId, h),
             addressing_mode=int(getattr(addressing, "value", addressing)) if addressing is not None else None,
-            mig_capable=mig_mode is not None, mig_enabled=bool(mig_mode and mig_mode[0] == N.NVML_DEVICE_MIG_ENABLE),
+            mig_capable=mig_mode is not None,
+            mig_enabled=bool(mig_mode and mig_mode[0] == N.NVML_DEVICE_MIG_ENABLE),
             compute_mode=_opt(b.nvmlDeviceGetComputeMode, h),
             timeslice=self._read_timeslice(h),
             module_id=_opt(b.nvmlDeviceGetModuleId, h),
@@ -280,12 +289,22 @@ class Nvml:
             if not name:
                 name = f"{info.sliceCount}g.{math.ceil(info.memorySizeMB / 1024)}gb"
             placements = self._placements(h, info.id, info.instanceCount)
-            out.append(ProfileFacts(
-                name=name, gi_profile_id=int(info.id), ci_profile_id=_CI_INDEX_FOR_SLICES.get(int(info.sliceCount), 0),
-                slices=int(info.sliceCount), memory_mib=int(info.memorySizeMB), sms=int(info.multiprocessorCount),
-                ce=int(info.copyEngineCount), dec=int(info.decoderCount), enc=int(info.encoderCount),
-                jpeg=int(info.jpegCount), ofa=int(info.ofaCount), placements=placements,
-            ))
+            out.append(
+                ProfileFacts(
+                    name=name,
+                    gi_profile_id=int(info.id),
+                    ci_profile_id=_CI_INDEX_FOR_SLICES.get(int(info.sliceCount), 0),
+                    slices=int(info.sliceCount),
+                    memory_mib=int(info.memorySizeMB),
+                    sms=int(info.multiprocessorCount),
+                    ce=int(info.copyEngineCount),
+                    dec=int(info.decoderCount),
+                    enc=int(info.encoderCount),
+                    jpeg=int(info.jpegCount),
+                    ofa=int(info.ofaCount),
+                    placements=placements,
+                )
+            )
         out.sort(key=lambda p: (p.slices, p.memory_mib, p.name))
         return out
 
@@ -315,8 +334,16 @@ class Nvml:
             ci_id = int(b.nvmlDeviceGetComputeInstanceId(m))
             gi = b.nvmlDeviceGetGpuInstanceById(h, gi_id)
             info = b.nvmlGpuInstanceGetInfo(gi)
-            out.append(MigFacts(_s(b.nvmlDeviceGetUUID(m)), gi_id, ci_id, int(info.profileId),
-                                int(info.placement.start), int(info.placement.size)))
+            out.append(
+                MigFacts(
+                    _s(b.nvmlDeviceGetUUID(m)),
+                    gi_id,
+                    ci_id,
+                    int(info.profileId),
+                    int(info.placement.start),
+                    int(info.placement.size),
+                )
+            )
         return out
 
     def _read_fabric(self, h: Any) -> FabricFacts | None:
@@ -360,8 +387,10 @@ class Nvml:
         """Simulated NVML only: real GPUs get theirs from nvidia-smi (services.discovery.timeslice)."""
         setter = getattr(self._b, "simSetTimeslice", None)
         if setter is None:
-            raise NvmlOpError("not-supported", "NVML cannot set the compute time-slice; it is set with nvidia-smi "
-                                               "from the driver root")
+            raise NvmlOpError(
+                "not-supported",
+                "NVML cannot set the compute time-slice; it is set with nvidia-smi from the driver root",
+            )
         setter(self._handle(uuid), TIMESLICES[level])
 
     def create_mig(self, gpu_uuid: str, gi_profile_id: int, start: int) -> tuple[MigFacts, bool]:
@@ -377,12 +406,18 @@ class Nvml:
             raise NvmlOpError("invalid-argument", f"GPU {gpu_uuid} has no GI profile id {gi_profile_id}")
         size = next((sz for st, sz in prof.placements if st == start), None)
         if size is None:
-            raise NvmlOpError("invalid-argument", f"placement start {start} is not valid for {prof.name}; "
-                                                  f"valid starts: {[s for s, _ in prof.placements]}")
+            raise NvmlOpError(
+                "invalid-argument",
+                f"placement start {start} is not valid for {prof.name}; "
+                f"valid starts: {[s for s, _ in prof.placements]}",
+            )
         if mode[0] != N.NVML_DEVICE_MIG_ENABLE:
             if int(b.nvmlDeviceGetArchitecture(h)) < N.NVML_DEVICE_ARCH_HOPPER:
-                raise NvmlOpError("mig-disabled", f"MIG mode is off on {gpu_uuid}; Ampere GPUs need an admin "
-                                                  "to enable it (a GPU reset), discovery does not toggle it")
+                raise NvmlOpError(
+                    "mig-disabled",
+                    f"MIG mode is off on {gpu_uuid}; Ampere GPUs need an admin "
+                    "to enable it (a GPU reset), discovery does not toggle it",
+                )
             try:
                 b.nvmlDeviceSetMigMode(h, N.NVML_DEVICE_MIG_ENABLE)
             except N.NVMLError as exc:
@@ -394,8 +429,10 @@ class Nvml:
                 return m, False
         for m in live:
             if m.start < start + size and start < m.start + m.size:
-                raise NvmlOpError("placement-overlap", f"placement {start}+{size} of {prof.name} overlaps live MIG "
-                                                       f"device {m.uuid} at {m.start}+{m.size}")
+                raise NvmlOpError(
+                    "placement-overlap",
+                    f"placement {start}+{size} of {prof.name} overlaps live MIG device {m.uuid} at {m.start}+{m.size}",
+                )
         placement = N.c_nvmlGpuInstancePlacement_t()
         placement.start = start
         placement.size = size
@@ -406,15 +443,17 @@ class Nvml:
             raise NvmlOpError(code, f"creating {prof.name} at {start} on {gpu_uuid}: {exc}") from exc
         try:
             ci_info = b.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                gi, prof.ci_profile_id, N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                gi, prof.ci_profile_id, N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+            )
             ci = b.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
             info = b.nvmlComputeInstanceGetInfo(ci)
             mig_uuid = _s(b.nvmlDeviceGetUUID(info.device))
             gi_info = b.nvmlGpuInstanceGetInfo(gi)
         except N.NVMLError as exc:
             _opt(b.nvmlGpuInstanceDestroy, gi)
-            raise NvmlOpError("nvml-error", f"creating the compute instance of {prof.name} on {gpu_uuid}: "
-                                            f"{exc}") from exc
+            raise NvmlOpError(
+                "nvml-error", f"creating the compute instance of {prof.name} on {gpu_uuid}: {exc}"
+            ) from exc
         return MigFacts(mig_uuid, int(gi_info.id), int(info.id), gi_profile_id, start, size), True
 
     def destroy_mig(self, gpu_uuid: str, mig_uuid: str) -> bool:

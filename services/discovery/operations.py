@@ -59,9 +59,17 @@ def _err(exc: BaseException) -> DeviceOpError:
 
 
 class Operations:
-    def __init__(self, node: str, nvml: Nvml, mps: MpsManager, timeslices: Timeslices, health: HealthMonitor | None,
-                 inventory: Callable[[], NodeInventory | None], rescan: Callable[[], Awaitable[NodeInventory]],
-                 fabric: FabricPartitions | None = None):
+    def __init__(
+        self,
+        node: str,
+        nvml: Nvml,
+        mps: MpsManager,
+        timeslices: Timeslices,
+        health: HealthMonitor | None,
+        inventory: Callable[[], NodeInventory | None],
+        rescan: Callable[[], Awaitable[NodeInventory]],
+        fabric: FabricPartitions | None = None,
+    ):
         self.node = node
         self.fabric = fabric
         self.nvml = nvml
@@ -150,13 +158,19 @@ class Operations:
                     raise NvmlOpError("not-supported", f"{gpu.name} ({gpu.product_name}) is not MIG-capable")
                 prof = next((p for p in gpu.mig_profiles if p.name == req.profile), None)
                 if prof is None:
-                    raise NvmlOpError("invalid-argument", f"{gpu.product_name} has no MIG profile {req.profile!r}; "
-                                                          f"valid: {', '.join(p.name for p in gpu.mig_profiles)}")
+                    raise NvmlOpError(
+                        "invalid-argument",
+                        f"{gpu.product_name} has no MIG profile {req.profile!r}; "
+                        f"valid: {', '.join(p.name for p in gpu.mig_profiles)}",
+                    )
                 pl = next((p for p in prof.placements if p.start == req.placement.start), None)
                 if pl is None or (req.placement.size and req.placement.size != pl.size):
-                    raise NvmlOpError("invalid-argument", f"placement {req.placement.start}+{req.placement.size} is "
-                                      f"not valid for {prof.name}; valid: "
-                                      f"{[f'{p.start}+{p.size}' for p in prof.placements]}")
+                    raise NvmlOpError(
+                        "invalid-argument",
+                        f"placement {req.placement.start}+{req.placement.size} is "
+                        f"not valid for {prof.name}; valid: "
+                        f"{[f'{p.start}+{p.size}' for p in prof.placements]}",
+                    )
                 facts, created = await self.nvml.call(self.nvml.create_mig, gpu.uuid, prof.gi_profile_id, pl.start)
             except Exception as exc:
                 return MigCreateReply(ok=False, error=_err(exc))
@@ -165,8 +179,12 @@ class Operations:
             for g in inv.gpus if inv else []:
                 dev = next((m for m in g.mig_devices if m.uuid == facts.uuid), None) or dev
             if dev is None:
-                return MigCreateReply(ok=False, error=DeviceOpError(
-                    code="nvml-error", message=f"MIG device {facts.uuid} was created but is not in the inventory"))
+                return MigCreateReply(
+                    ok=False,
+                    error=DeviceOpError(
+                        code="nvml-error", message=f"MIG device {facts.uuid} was created but is not in the inventory"
+                    ),
+                )
             log.info("MIG device ready", node=self.node, device=dev.name, uuid=dev.uuid, created=created)
             return MigCreateReply(ok=True, device=dev, created=created)
 
@@ -203,8 +221,10 @@ class Operations:
     async def _partition(self, partition_id: int) -> tuple[FabricPartitions, FabricPartition]:
         """Fabric Manager's partition as it stands now (asked, not the last scan's)."""
         if self.fabric is None:
-            raise NvmlOpError("not-supported", f"NVLink partitions are off on node {self.node}: discovery runs "
-                                               "without --fabric-manager-partitions")
+            raise NvmlOpError(
+                "not-supported",
+                f"NVLink partitions are off on node {self.node}: discovery runs without --fabric-manager-partitions",
+            )
         state = await self.fabric.read((g.name, g.pci_bus_id, g.module_id) for g in self._inv().gpus)
         partition = next((p for p in state.partitions if p.id == partition_id), None)
         if partition is None:
@@ -216,16 +236,20 @@ class Operations:
             try:
                 fabric, partition = await self._partition(req.partition_id)
                 if partition.devices != frozenset(req.devices) or not all(g.device for g in partition.gpus):
-                    raise NvmlOpError("invalid-argument", f"partition {req.partition_id} holds "
-                                      f"{sorted(partition.devices)}, not the claim's GPUs {sorted(req.devices)}")
+                    raise NvmlOpError(
+                        "invalid-argument",
+                        f"partition {req.partition_id} holds "
+                        f"{sorted(partition.devices)}, not the claim's GPUs {sorted(req.devices)}",
+                    )
                 if partition.active:
                     return PartitionActivateReply(ok=True, activated=False)
                 await fabric.client.activate(req.partition_id)
             except Exception as exc:
                 return PartitionActivateReply(ok=False, error=_err(exc))
             await self._safe_rescan()
-            log.info("NVLink partition activated", node=self.node, partition=req.partition_id,
-                     gpus=sorted(partition.devices))
+            log.info(
+                "NVLink partition activated", node=self.node, partition=req.partition_id, gpus=sorted(partition.devices)
+            )
             return PartitionActivateReply(ok=True, activated=True)
 
     async def partition_deactivate(self, req: PartitionDeactivateRequest) -> PartitionDeactivateReply:

@@ -37,8 +37,11 @@ from shared.telemetry import PERIODIC, get_tracer
 
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
-SCAN_SECONDS = Histogram("gpu_dra_nvml_scan_duration_seconds", "One NVML inventory scan of the node",
-                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+SCAN_SECONDS = Histogram(
+    "gpu_dra_nvml_scan_duration_seconds",
+    "One NVML inventory scan of the node",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 
 
 def open_nvml(cfg: DiscoveryConfig) -> Nvml:
@@ -71,8 +74,9 @@ def fabric_partitions(cfg: DiscoveryConfig, nvml: Nvml, tools: DriverTools | Non
         from services.discovery.simfabric import SimFabricManager, state_file
 
         return FabricPartitions(SimFabricManager(nvml, state_file(cfg.state_dir, cfg.node)))
-    return FabricPartitions(Fmpm(tools, tool=cfg.fabric_manager_tool, socket=cfg.fabric_manager_socket,
-                                 address=cfg.fabric_manager_address))
+    return FabricPartitions(
+        Fmpm(tools, tool=cfg.fabric_manager_tool, socket=cfg.fabric_manager_socket, address=cfg.fabric_manager_address)
+    )
 
 
 class Scanner:
@@ -106,12 +110,20 @@ class Scanner:
                     g.timeslice = applied.get(g.uuid, 0)
             fabric = None
             if self.fabric is not None:
-                fabric = await self.fabric.scan([(gpu_name(g.minor), normalise_bus_id(g.bus_id), g.module_id or 0)
-                                                 for g in facts.gpus])
-            inv = inventory.build(self.cfg.node, facts, dev_root=Path(self.cfg.dev_root),
-                                  sys_root=Path(self.cfg.sys_root), simulated=self.nvml.simulated,
-                                  mps=self.mps.by_gpu(ready_only=True), observed_at=time.time(),
-                                  features=dict(self.cfg.gates), fabric=fabric)
+                fabric = await self.fabric.scan(
+                    [(gpu_name(g.minor), normalise_bus_id(g.bus_id), g.module_id or 0) for g in facts.gpus]
+                )
+            inv = inventory.build(
+                self.cfg.node,
+                facts,
+                dev_root=Path(self.cfg.dev_root),
+                sys_root=Path(self.cfg.sys_root),
+                simulated=self.nvml.simulated,
+                mps=self.mps.by_gpu(ready_only=True),
+                observed_at=time.time(),
+                features=dict(self.cfg.gates),
+                fabric=fabric,
+            )
             span.set_attribute("gpu.count", len(inv.gpus))
             span.set_attribute("inventory.hash", inv.content_hash)
             return inv
@@ -131,10 +143,25 @@ class DiscoveryService:
         self.key_repairs = 0
         self._scan_lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        self.health = HealthMonitor(cfg.node, nvml, bus, cfg.ignored, lambda: self.current,
-                                    on_event=self._wake.set, timeout_ms=cfg.event_timeout_ms)
-        self.ops = Operations(cfg.node, nvml, self.scanner.mps, self.scanner.timeslices, self.health,
-                              lambda: self.current, self.rescan, fabric=self.scanner.fabric)
+        self.health = HealthMonitor(
+            cfg.node,
+            nvml,
+            bus,
+            cfg.ignored,
+            lambda: self.current,
+            on_event=self._wake.set,
+            timeout_ms=cfg.event_timeout_ms,
+        )
+        self.ops = Operations(
+            cfg.node,
+            nvml,
+            self.scanner.mps,
+            self.scanner.timeslices,
+            self.health,
+            lambda: self.current,
+            self.rescan,
+            fabric=self.scanner.fabric,
+        )
         self.ready = asyncio.Event()
 
     async def rescan(self) -> NodeInventory:
@@ -145,14 +172,22 @@ class DiscoveryService:
             if inv.content_hash != self.published_hash:
                 with tracer.start_as_current_span("discovery.publish-inventory"):
                     await self.kv.put(self.cfg.node, inv)
-                    await self.bus.publish(catalog.INVENTORY, inv,
-                                           msg_id=f"inventory.{self.cfg.node}.{inv.content_hash}.{inv.observed_at}",
-                                           node=self.cfg.node)
+                    await self.bus.publish(
+                        catalog.INVENTORY,
+                        inv,
+                        msg_id=f"inventory.{self.cfg.node}.{inv.content_hash}.{inv.observed_at}",
+                        node=self.cfg.node,
+                    )
                 self.published_hash = inv.content_hash
                 self.published = inv
                 self.publish_count += 1
-                log.info("inventory published", node=self.cfg.node, gpus=len(inv.gpus), hash=inv.content_hash,
-                         mig_devices=sum(len(g.mig_devices) for g in inv.gpus))
+                log.info(
+                    "inventory published",
+                    node=self.cfg.node,
+                    gpus=len(inv.gpus),
+                    hash=inv.content_hash,
+                    mig_devices=sum(len(g.mig_devices) for g in inv.gpus),
+                )
             return inv
 
     async def guard_key(self, retry_s: float = 1.0) -> None:
@@ -175,13 +210,18 @@ class DiscoveryService:
     async def _repair_key(self, value: NodeInventory | None) -> None:
         async with self._scan_lock:  # after a rescan's own write has been noted as published
             ours = self.published
-            if ours is None or (value is not None and value.node == ours.node
-                                and value.content_hash == ours.content_hash):
+            if ours is None or (
+                value is not None and value.node == ours.node and value.content_hash == ours.content_hash
+            ):
                 return  # ours (the hash covers the content), or nothing published yet
-            log.warning("this node's inventory key was changed by someone else; restoring it",
-                        node=self.cfg.node, bucket=catalog.INVENTORY_BUCKET.name,
-                        found="deleted or undecodable" if value is None else f"inventory of {value.node!r} "
-                        f"hash {value.content_hash}")
+            log.warning(
+                "this node's inventory key was changed by someone else; restoring it",
+                node=self.cfg.node,
+                bucket=catalog.INVENTORY_BUCKET.name,
+                found="deleted or undecodable"
+                if value is None
+                else f"inventory of {value.node!r} hash {value.content_hash}",
+            )
             self.key_repairs += 1  # counted first: a watcher may see the restored value before the put returns
             await self.kv.put(self.cfg.node, ours)
 
@@ -206,8 +246,12 @@ class DiscoveryService:
             return
         for name, needed_for in (("nvidia-smi", "time-slicing"), (CONTROL, "MPS")):
             if not await tools.has(name):
-                log.warning("driver binary missing: claims that need it will fail to prepare", binary=name,
-                            needed_for=needed_for, driver_root=str(tools.root.local("/")))
+                log.warning(
+                    "driver binary missing: claims that need it will fail to prepare",
+                    binary=name,
+                    needed_for=needed_for,
+                    driver_root=str(tools.root.local("/")),
+                )
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
@@ -216,8 +260,9 @@ class DiscoveryService:
             while not stop.is_set():
                 waiter = asyncio.ensure_future(self._wake.wait())
                 stopper = asyncio.ensure_future(stop.wait())
-                await asyncio.wait({waiter, stopper}, timeout=self.cfg.rescan_interval,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    {waiter, stopper}, timeout=self.cfg.rescan_interval, return_when=asyncio.FIRST_COMPLETED
+                )
                 waiter.cancel()
                 stopper.cancel()
                 self._wake.clear()

@@ -35,7 +35,7 @@ def default_partitions(gpus: list[FmGpu]) -> list[FmPartition]:
     out: list[FmPartition] = []
     for size in sizes:
         for start in range(0, count, size):
-            out.append(FmPartition(partition_id=len(out), gpu_info=gpus[start:start + size]))
+            out.append(FmPartition(partition_id=len(out), gpu_info=gpus[start : start + size]))
     return out
 
 
@@ -55,9 +55,17 @@ class SimFabricManager:
         if raw is not None:
             return msgspec.json.decode(raw, type=FmPartitionList).partition_info
         facts = await self.nvml.call(self.nvml.read)
-        gpus = [FmGpu(physical_id=g.module_id or g.index + 1, uuid=g.uuid, pci_bus_id=g.bus_id,
-                      nvlinks_available=NVLINKS, max_nvlinks=NVLINKS, line_rate_mbps=LINE_RATE_MBPS)
-                for g in sorted(facts.gpus, key=lambda g: g.module_id or g.index + 1)]
+        gpus = [
+            FmGpu(
+                physical_id=g.module_id or g.index + 1,
+                uuid=g.uuid,
+                pci_bus_id=g.bus_id,
+                nvlinks_available=NVLINKS,
+                max_nvlinks=NVLINKS,
+                line_rate_mbps=LINE_RATE_MBPS,
+            )
+            for g in sorted(facts.gpus, key=lambda g: g.module_id or g.index + 1)
+        ]
         partitions = default_partitions(gpus)
         await self._save(partitions)
         return partitions
@@ -78,15 +86,22 @@ class SimFabricManager:
             if target is None:
                 raise FabricError("not-found", f"Fabric Manager has no partition {partition_id}")
             if bool(target.is_active) == active:
-                raise FabricError("fabric-manager-error", f"partition {partition_id} is "
-                                  f"{'already active' if active else 'not active'} (simulated Fabric Manager)")
+                raise FabricError(
+                    "fabric-manager-error",
+                    f"partition {partition_id} is "
+                    f"{'already active' if active else 'not active'} (simulated Fabric Manager)",
+                )
             if active:
                 modules = {g.physical_id for g in target.gpu_info}
-                busy = [p.partition_id for p in partitions
-                        if p.is_active and modules & {g.physical_id for g in p.gpu_info}]
+                busy = [
+                    p.partition_id for p in partitions if p.is_active and modules & {g.physical_id for g in p.gpu_info}
+                ]
                 if busy:
-                    raise FabricError("fabric-manager-error", f"partition {partition_id} shares GPUs with active "
-                                      f"partition(s) {busy} (simulated Fabric Manager: in use)")
+                    raise FabricError(
+                        "fabric-manager-error",
+                        f"partition {partition_id} shares GPUs with active "
+                        f"partition(s) {busy} (simulated Fabric Manager: in use)",
+                    )
             target.is_active = int(active)
             await self._save(partitions)
 

@@ -159,8 +159,11 @@ class PciKernel:
     def _vfio_nodes(self, dev: Path, *, present: bool) -> None:
         group = os.path.basename(os.readlink(dev / "iommu_group"))
         cdev = f"vfio{int(group) - IOMMU_GROUP_BASE}" if group.isdigit() else "vfio0"
-        nodes = [self.root / "dev" / "vfio" / group, self.root / "dev" / "vfio" / "devices" / cdev,
-                 dev / "vfio-dev" / cdev]
+        nodes = [
+            self.root / "dev" / "vfio" / group,
+            self.root / "dev" / "vfio" / "devices" / cdev,
+            dev / "vfio-dev" / cdev,
+        ]
         for node in nodes:
             if present:
                 node.parent.mkdir(parents=True, exist_ok=True)

@@ -51,10 +51,14 @@ FILE_THREADS = 4
 
 def corrupt_checkpoint_reporter(api_client: Any, node: str, driver: str) -> Any:
     async def report(reason: str, moved_to: Path) -> None:
-        body = event_body({"apiVersion": "v1", "kind": "Node", "name": node}, reason="CheckpointCorrupt",
-                          type="Warning", component="gpu-dra-preparer", instance=node,
-                          message=f"{driver} checkpoint was corrupt ({reason[:300]}); moved to {moved_to} "
-                                  "and started empty")
+        body = event_body(
+            {"apiVersion": "v1", "kind": "Node", "name": node},
+            reason="CheckpointCorrupt",
+            type="Warning",
+            component="gpu-dra-preparer",
+            instance=node,
+            message=f"{driver} checkpoint was corrupt ({reason[:300]}); moved to {moved_to} and started empty",
+        )
         await record_event(api_client, body)
 
     return report
@@ -69,8 +73,11 @@ async def connect_bus_forever(cfg: PreparerConfig, services: list[PreparerServic
                 try:
                     bus = await connect_configured(cfg, url, f"preparer-{cfg.node}", initial_attempts=3)
                 except LoginRefused as exc:  # the creds file is read again at each try: a fixed Secret heals it
-                    log.error("NATS refused this preparer's credentials; plain GPU prepares still work, events and "
-                              "ComputeDomain channels do not", error=str(exc))
+                    log.error(
+                        "NATS refused this preparer's credentials; plain GPU prepares still work, events and "
+                        "ComputeDomain channels do not",
+                        error=str(exc),
+                    )
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stopping.wait(), timeout=LOGIN_RETRY_S)
                 except Exception as exc:  # noqa: BLE001 - keep serving the plain path, try again
@@ -93,21 +100,30 @@ async def connect_bus_forever(cfg: PreparerConfig, services: list[PreparerServic
 
 async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
     asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(max_workers=FILE_THREADS, thread_name_prefix="preparer-files"))
+        ThreadPoolExecutor(max_workers=FILE_THREADS, thread_name_prefix="preparer-files")
+    )
     api_client = await kube_api_client(cfg.kubeconfig, max_connections=API_CONNECTIONS)
     claims = KubeClaimSource(api_client)
-    settings = KubeNodeSettings(api_client, cfg.node,
-                                file_config=nodeconfig.load(cfg.node_config) if cfg.node_config else None)
-    services = [PreparerService(cfg, claims, driver=driver,
-                                report_corrupt=corrupt_checkpoint_reporter(api_client, cfg.node, driver),
-                                settings=settings)
-                for driver in cfg.drivers]
+    settings = KubeNodeSettings(
+        api_client, cfg.node, file_config=nodeconfig.load(cfg.node_config) if cfg.node_config else None
+    )
+    services = [
+        PreparerService(
+            cfg,
+            claims,
+            driver=driver,
+            report_corrupt=corrupt_checkpoint_reporter(api_client, cfg.node, driver),
+            settings=settings,
+        )
+        for driver in cfg.drivers
+    ]
     started: list[PreparerService] = []
     health_server = HealthCheckServer(HealthCheck(services), cfg.healthcheck_port) if cfg.healthcheck_port else None
     with contextlib.ExitStack() as readiness:
         for service in services:
-            readiness.enter_context(HEALTH.check(f"{service.driver} registered with the kubelet",
-                                                 service.registration.registered.is_set))
+            readiness.enter_context(
+                HEALTH.check(f"{service.driver} registered with the kubelet", service.registration.registered.is_set)
+            )
         try:
             for service in services:
                 await service.start()
@@ -140,9 +156,16 @@ async def _run(cfg: PreparerConfig, stopping: asyncio.Event) -> int:
 def main(argv: list[str] | None = None) -> int:
     # before any thread starts: gRPC's and the file writers' allocations in the main arena (shared.heap)
     one_malloc_arena()
-    return service_main(PreparerConfig, argv, prog="gpu-dra preparer", description=DESCRIPTION,
-                        parse=parse, service=lambda cfg: f"preparer-{cfg.node}", run=_run,
-                        failures=((KubeConfigError, 2),))
+    return service_main(
+        PreparerConfig,
+        argv,
+        prog="gpu-dra preparer",
+        description=DESCRIPTION,
+        parse=parse,
+        service=lambda cfg: f"preparer-{cfg.node}",
+        run=_run,
+        failures=((KubeConfigError, 2),),
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ SYNC_WAIT_S = 5.0
 class NodeSettings:
     """A fixed config and node labels (a `--node-config` file, or none)."""
 
-    def __init__(self, config: nodeconfig.NodeConfig = nodeconfig.DEFAULT,
-                 labels: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: nodeconfig.NodeConfig = nodeconfig.DEFAULT, labels: dict[str, str] | None = None
+    ) -> None:
         self._config = config
         self._labels = labels or {}
 
@@ -79,8 +80,11 @@ class KubeNodeSettings(NodeSettings):
             async with asyncio.timeout(SYNC_WAIT_S):
                 await asyncio.gather(*waits)
         except TimeoutError:
-            log.warning("node config not read yet; preparing with every GPU exclusive until it is",
-                        node=self.node_name, waited_s=SYNC_WAIT_S)
+            log.warning(
+                "node config not read yet; preparing with every GPU exclusive until it is",
+                node=self.node_name,
+                waited_s=SYNC_WAIT_S,
+            )
         self._synced = True
 
     @property

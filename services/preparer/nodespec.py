@@ -48,32 +48,56 @@ class _Exit(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    p = argparse.ArgumentParser(prog=PROG, description=(
-        "Print this node's CDI spec (kind k8s.gpu.nvidia.com/device): the driver userspace every GPU claim "
-        "gets plus one device per GPU and MIG device. Compare it with `nvidia-ctk cdi generate`."))
-    p.add_argument("--driver-root", default=env("GPU_DRA_DRIVER_ROOT") or "/",
-                   help="host path of the driver root (env GPU_DRA_DRIVER_ROOT; default /)")
-    p.add_argument("--container-driver-root", default=env("GPU_DRA_CONTAINER_DRIVER_ROOT", ""),
-                   help="where this process sees the driver root (env GPU_DRA_CONTAINER_DRIVER_ROOT)")
-    p.add_argument("--dev-root", default=env("GPU_DRA_DEV_ROOT", ""),
-                   help="host root of /dev (env GPU_DRA_DEV_ROOT; default: the driver root)")
-    p.add_argument("--cdi-hook-path", default=env("GPU_DRA_CDI_HOOK_PATH") or DEFAULT_CDI_HOOK,
-                   help=f"host path of nvidia-cdi-hook (env GPU_DRA_CDI_HOOK_PATH; default {DEFAULT_CDI_HOOK})")
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Print this node's CDI spec (kind k8s.gpu.nvidia.com/device): the driver userspace every GPU claim "
+            "gets plus one device per GPU and MIG device. Compare it with `nvidia-ctk cdi generate`."
+        ),
+    )
+    p.add_argument(
+        "--driver-root",
+        default=env("GPU_DRA_DRIVER_ROOT") or "/",
+        help="host path of the driver root (env GPU_DRA_DRIVER_ROOT; default /)",
+    )
+    p.add_argument(
+        "--container-driver-root",
+        default=env("GPU_DRA_CONTAINER_DRIVER_ROOT", ""),
+        help="where this process sees the driver root (env GPU_DRA_CONTAINER_DRIVER_ROOT)",
+    )
+    p.add_argument(
+        "--dev-root",
+        default=env("GPU_DRA_DEV_ROOT", ""),
+        help="host root of /dev (env GPU_DRA_DEV_ROOT; default: the driver root)",
+    )
+    p.add_argument(
+        "--cdi-hook-path",
+        default=env("GPU_DRA_CDI_HOOK_PATH") or DEFAULT_CDI_HOOK,
+        help=f"host path of nvidia-cdi-hook (env GPU_DRA_CDI_HOOK_PATH; default {DEFAULT_CDI_HOOK})",
+    )
     p.add_argument("--simulate", default="", help="GPUs from the simulated NVML, e.g. h100x2 (tests)")
     p.add_argument("--machine", default="", help="GPUs from a simulated machine file (tests)")
     p.add_argument("--output", default="", help="write the spec to this file (default: stdout)")
-    p.add_argument("--format", choices=("json", "yaml"), default="",
-                   help="output format (default: from the --output suffix, else json)")
+    p.add_argument(
+        "--format",
+        choices=("json", "yaml"),
+        default="",
+        help="output format (default: from the --output suffix, else json)",
+    )
     return p
 
 
 async def _read_gpus(ns: argparse.Namespace, root: DriverRoot, workdir: Path) -> tuple[NodeFacts, NodeInventory]:
     """NVML facts and the inventory built from them (device names, MIG capability nodes)."""
     simulated = bool(ns.simulate or ns.machine)
-    cfg = DiscoveryConfig(node="cdi-generate", simulate=ns.simulate, machine=ns.machine,
-                          driver_root="" if simulated else ns.driver_root,
-                          container_driver_root="" if simulated else ns.container_driver_root,
-                          dev_root=str(workdir) if simulated else "/").resolved()
+    cfg = DiscoveryConfig(
+        node="cdi-generate",
+        simulate=ns.simulate,
+        machine=ns.machine,
+        driver_root="" if simulated else ns.driver_root,
+        container_driver_root="" if simulated else ns.container_driver_root,
+        dev_root=str(workdir) if simulated else "/",
+    ).resolved()
     nvml = open_nvml(cfg)
     await nvml.start()
     try:
@@ -124,9 +148,12 @@ async def generate(ns: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         except NvmlUnavailable as exc:
             raise _Exit(3, str(exc)) from None
     if facts.driver_version != files.version:
-        raise _Exit(2, f"NVML reports driver {facts.driver_version} but driver root {root.local('/')} holds "
-                       f"{files.version}: point --driver-root at the driver the kernel runs (or reboot after "
-                       "an upgrade)")
+        raise _Exit(
+            2,
+            f"NVML reports driver {facts.driver_version} but driver root {root.local('/')} holds "
+            f"{files.version}: point --driver-root at the driver the kernel runs (or reboot after "
+            "an upgrade)",
+        )
     devices = devices_of(facts, inv, root)
     if not devices:
         raise _Exit(1, "NVML reports no GPUs on this node; nothing to generate")

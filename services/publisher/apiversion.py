@@ -92,8 +92,9 @@ def choose_version(served: list[str], wanted: str = "auto") -> str:
     )
 
 
-def profile_from(group: dict[str, object], version: dict[str, object], *, wanted: str = "auto",
-                 layout: str = "auto") -> ServerProfile:
+def profile_from(
+    group: dict[str, object], version: dict[str, object], *, wanted: str = "auto", layout: str = "auto"
+) -> ServerProfile:
     """A ServerProfile from the decoded APIGroup and version.Info documents."""
     versions = group.get("versions")
     served = [str(v.get("version")) for v in (versions if isinstance(versions, list) else []) if isinstance(v, dict)]
@@ -104,8 +105,13 @@ def profile_from(group: dict[str, object], version: dict[str, object], *, wanted
         major = 1
     minor = parse_minor(str(version.get("minor") or ""))
     chosen: Layout = layout_for(major, minor) if layout == "auto" else layout  # type: ignore[assignment]
-    return ServerProfile(api_version=api_version, major=major, minor=minor,
-                         git_version=str(version.get("gitVersion") or ""), counter_layout=chosen)
+    return ServerProfile(
+        api_version=api_version,
+        major=major,
+        minor=minor,
+        git_version=str(version.get("gitVersion") or ""),
+        counter_layout=chosen,
+    )
 
 
 async def discover(api_client: object, *, wanted: str = "auto", layout: str = "auto") -> ServerProfile:

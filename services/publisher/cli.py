@@ -16,8 +16,13 @@ from shared.runtime import connected_bus, service_main
 
 
 async def _run(cfg: config.PublisherConfig, stopping: asyncio.Event) -> None:
-    api = await kube_api_client(cfg.kubeconfig, url=cfg.api_url, token=cfg.api_token, ca_file=cfg.api_ca_file,
-                                insecure_skip_tls_verify=cfg.api_insecure_skip_tls_verify)
+    api = await kube_api_client(
+        cfg.kubeconfig,
+        url=cfg.api_url,
+        token=cfg.api_token,
+        ca_file=cfg.api_ca_file,
+        insecure_skip_tls_verify=cfg.api_insecure_skip_tls_verify,
+    )
     try:
         async with connected_bus(cfg, f"publisher-{cfg.replica_id}") as bus:
             await run_service(cfg, bus, api, stopping)
@@ -26,6 +31,13 @@ async def _run(cfg: config.PublisherConfig, stopping: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main(config.PublisherConfig, argv, prog="gpu-dra publisher", description=config.DESCRIPTION,
-                        parse=config.parse, service=lambda cfg: "publisher", run=_run,
-                        failures=((ApiDiscoveryError, 3), (KubeConfigError, 3)))
+    return service_main(
+        config.PublisherConfig,
+        argv,
+        prog="gpu-dra publisher",
+        description=config.DESCRIPTION,
+        parse=config.parse,
+        service=lambda cfg: "publisher",
+        run=_run,
+        failures=((ApiDiscoveryError, 3), (KubeConfigError, 3)),
+    )

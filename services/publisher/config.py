@@ -27,13 +27,16 @@ def _help(text: str) -> msgspec.Meta:
 
 
 class PublisherConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
-    kubeconfig: Annotated[str, _help(
-        "kubeconfig file; empty uses --api-url/--api-token, then in-cluster, then KUBECONFIG or ~/.kube/config")] = ""
+    kubeconfig: Annotated[
+        str,
+        _help("kubeconfig file; empty uses --api-url/--api-token, then in-cluster, then KUBECONFIG or ~/.kube/config"),
+    ] = ""
     api_url: Annotated[str, _help("API server URL (instead of a kubeconfig)")] = ""
     api_token: Annotated[str, _help("bearer token for --api-url")] = ""
     api_ca_file: Annotated[str, _help("CA bundle for an https --api-url; empty uses the system's trust store")] = ""
-    api_insecure_skip_tls_verify: Annotated[bool, _help(
-        "do not verify the certificate of an https --api-url (testing only; logged as a warning at start)")] = False
+    api_insecure_skip_tls_verify: Annotated[
+        bool, _help("do not verify the certificate of an https --api-url (testing only; logged as a warning at start)")
+    ] = False
     api_version: Annotated[
         Literal["auto", "v1", "v1beta1"], _help("resource.k8s.io version to write; auto discovers it")
     ] = "auto"
@@ -48,21 +51,33 @@ class PublisherConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     taint_effect: Annotated[
         Literal["NoSchedule", "NoExecute"], _help("effect of the taint an unhealthy device gets")
     ] = "NoSchedule"
-    node_config: Annotated[str, _help(
-        "a NodeConfig YAML file (examples/node-config/): how each node pool's GPUs are shared, read once; "
-        "given, NodeConfig objects are ignored. Empty: the NodeConfig objects (resource.nvidia.com), watched "
-        "and applied at once; none: every GPU exclusive")] = ""
+    node_config: Annotated[
+        str,
+        _help(
+            "a NodeConfig YAML file (examples/node-config/): how each node pool's GPUs are shared, read once; "
+            "given, NodeConfig objects are ignored. Empty: the NodeConfig objects (resource.nvidia.com), watched "
+            "and applied at once; none: every GPU exclusive"
+        ),
+    ] = ""
     compute_domains: Annotated[bool, _help("publish compute-domain.nvidia.com slices (channel-0, daemon-0)")] = True
-    passthrough: Annotated[bool, _help(
-        "offer every GPU without MIG for VFIO passthrough too (gpu-vfio-<minor>, class vfio.gpu.nvidia.com; shared "
-        "counters give a GPU out one way at a time); a NodeConfig rule's passthrough decides per GPU")] = False
+    passthrough: Annotated[
+        bool,
+        _help(
+            "offer every GPU without MIG for VFIO passthrough too (gpu-vfio-<minor>, class vfio.gpu.nvidia.com; shared "
+            "counters give a GPU out one way at a time); a NodeConfig rule's passthrough decides per GPU"
+        ),
+    ] = False
     replica_id: Annotated[str, _help("this replica's name among publishers; default <host>-<pid>")] = ""
     heartbeat_seconds: Annotated[float, _help("how often a replica renews its membership")] = 1.0
     lease_seconds: Annotated[float, _help("a replica silent this long is gone; its nodes move")] = 5.0
     resync_seconds: Annotated[float, _help("full re-read of KV and slices (writes only what differs)")] = 60.0
-    node_gone_grace: Annotated[float, _help(
-        "seconds a Node must be gone from Kubernetes before its slices are deleted (an explicit withdrawal "
-        "from the node's discovery deletes them at once; an empty or unreadable inventory never does)")] = 300.0
+    node_gone_grace: Annotated[
+        float,
+        _help(
+            "seconds a Node must be gone from Kubernetes before its slices are deleted (an explicit withdrawal "
+            "from the node's discovery deletes them at once; an empty or unreadable inventory never does)"
+        ),
+    ] = 300.0
     # 64: at 10,000 nodes a cold publish is bound by write latency, not CPU (14 s with 64, 23 s with 16;
     # bench/fleet_bench.py); 64 nodes x 2 pools stays within the client's pool of 100 connections
     workers: Annotated[int, msgspec.Meta(ge=1, le=256, description="nodes synced concurrently")] = 64
@@ -94,13 +109,16 @@ def check(cfg: PublisherConfig) -> None:
     if cfg.api_token and not cfg.api_url:
         raise ConfigError("--api-token needs --api-url")
     if (cfg.api_ca_file or cfg.api_insecure_skip_tls_verify) and not cfg.api_url:
-        raise ConfigError("--api-ca-file and --api-insecure-skip-tls-verify need --api-url (a kubeconfig carries "
-                          "its own CA)")
+        raise ConfigError(
+            "--api-ca-file and --api-insecure-skip-tls-verify need --api-url (a kubeconfig carries its own CA)"
+        )
     if cfg.api_ca_file and cfg.api_insecure_skip_tls_verify:
         raise ConfigError("give --api-ca-file or --api-insecure-skip-tls-verify, not both")
     if cfg.passthrough and not cfg.gates.enabled(featuregates.PASSTHROUGH_SUPPORT):
-        raise ConfigError(f"--passthrough needs --feature-gates {featuregates.PASSTHROUGH_SUPPORT}=true (an Alpha "
-                          "feature, off by default)")
+        raise ConfigError(
+            f"--passthrough needs --feature-gates {featuregates.PASSTHROUGH_SUPPORT}=true (an Alpha "
+            "feature, off by default)"
+        )
     if cfg.node_config:
         try:
             nodeconfig.load(cfg.node_config)

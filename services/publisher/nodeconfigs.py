@@ -5,9 +5,9 @@ Owns the objects' status and Events; the watch, each object's verdict and the me
 `on_config(old, new)` and re-publishes the slices of the nodes whose GPU settings differ (new
 allocations see them; existing allocations and claims are never touched).
 
-Each object is validated on its own (shared.nodeconfig): a bad one is refused (status `Accepted=False`, reason InvalidNodeConfig, the message naming the field;
-a Warning Event InvalidNodeConfig on the object) and its last accepted version stays in force (none
-if it never had one). A deleted object's rules go.
+Each object is validated on its own (shared.nodeconfig): a bad one is refused (status `Accepted=False`, reason
+InvalidNodeConfig, the message naming the field; a Warning Event InvalidNodeConfig on the object) and its last accepted
+version stays in force (none if it never had one). A deleted object's rules go.
 
 `--node-config FILE` is exclusive with this: given, the file is the whole config and NodeConfig
 objects are neither read nor written.
@@ -41,12 +41,16 @@ APPLY_WAIT_S = 10.0
 Obj = dict[str, Any]
 
 
-def _condition(type_: str, status: str, reason: str, message: str, generation: int,
-               old: Obj | None) -> Obj:
+def _condition(type_: str, status: str, reason: str, message: str, generation: int, old: Obj | None) -> Obj:
     same = old is not None and old.get("status") == status
-    return {"type": type_, "status": status, "reason": reason, "message": message[:32768],
-            "observedGeneration": generation,
-            "lastTransitionTime": old.get("lastTransitionTime") if same and old else k8s_time()}
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:32768],
+        "observedGeneration": generation,
+        "lastTransitionTime": old.get("lastTransitionTime") if same and old else k8s_time(),
+    }
 
 
 def _differs(a: Obj | None, b: Obj) -> bool:
@@ -57,8 +61,14 @@ def _differs(a: Obj | None, b: Obj) -> bool:
 class NodeConfigWatch(NodeConfigObjects):
     """The merged config of every NodeConfig object (`config`, kept current by `run()`), and their status."""
 
-    def __init__(self, api_client: Any, *, on_config: Callable[[nodeconfig.NodeConfig, nodeconfig.NodeConfig], None],
-                 owns: Callable[[str], bool], idle: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        on_config: Callable[[nodeconfig.NodeConfig, nodeconfig.NodeConfig], None],
+        owns: Callable[[str], bool],
+        idle: Callable[[], Awaitable[None]],
+    ) -> None:
         super().__init__(api_client, on_config=on_config, who="the publisher")
         self.owns = owns
         self.idle = idle
@@ -89,8 +99,12 @@ class NodeConfigWatch(NodeConfigObjects):
                 try:
                     await self._reconcile(name)
                 except Exception as exc:  # noqa: BLE001 - written again shortly
-                    log.warning("NodeConfig status not written; retrying", nodeconfig=name, error=str(exc),
-                                retry_s=STATUS_RETRY_S)
+                    log.warning(
+                        "NodeConfig status not written; retrying",
+                        nodeconfig=name,
+                        error=str(exc),
+                        retry_s=STATUS_RETRY_S,
+                    )
                     asyncio.get_running_loop().call_later(STATUS_RETRY_S, self.mark, name)
 
     async def _reconcile(self, name: str) -> None:
@@ -114,17 +128,26 @@ class NodeConfigWatch(NodeConfigObjects):
         wanted: list[Obj] = []
         if error:
             kept = "its last accepted version stays in force" if name in self.accepted else "it adds no rules"
-            wanted.append(_condition(ACCEPTED, "False", INVALID, f"{error}; {kept}", generation,
-                                     current.get(ACCEPTED)))
+            wanted.append(_condition(ACCEPTED, "False", INVALID, f"{error}; {kept}", generation, current.get(ACCEPTED)))
         else:
             rules = len(self.accepted[name].spec.rules)
-            wanted.append(_condition(ACCEPTED, "True", "Valid", f"{rules} rule(s) in force", generation,
-                                     current.get(ACCEPTED)))
-            wanted.append(_condition(APPLIED, "True", "SlicesPublished", "the slices of the nodes it concerns are "
-                                     "re-published; new allocations use it", generation, current.get(APPLIED))
-                          if applied else
-                          _condition(APPLIED, "Unknown", "Publishing", "slices are being re-published", generation,
-                                     current.get(APPLIED)))
+            wanted.append(
+                _condition(ACCEPTED, "True", "Valid", f"{rules} rule(s) in force", generation, current.get(ACCEPTED))
+            )
+            wanted.append(
+                _condition(
+                    APPLIED,
+                    "True",
+                    "SlicesPublished",
+                    "the slices of the nodes it concerns are re-published; new allocations use it",
+                    generation,
+                    current.get(APPLIED),
+                )
+                if applied
+                else _condition(
+                    APPLIED, "Unknown", "Publishing", "slices are being re-published", generation, current.get(APPLIED)
+                )
+            )
         changed = [c for c in wanted if _differs(current.get(c["type"]), c)]
         if not changed and status.get("observedGeneration") == generation:
             return
@@ -134,9 +157,18 @@ class NodeConfigWatch(NodeConfigObjects):
         self.status_writes += 1
         self.informer.apply(answer)
         if error and any(c["type"] == ACCEPTED for c in changed):
-            involved = {"apiVersion": nodeconfig.API_VERSION, "kind": nodeconfig.KIND, "name": name,
-                        "uid": (obj.get("metadata") or {}).get("uid", "")}
-            body = event_body(involved, reason=INVALID, type="Warning", component=COMPONENT,
-                              message=f"NodeConfig {name} generation {generation} refused: {error}")
+            involved = {
+                "apiVersion": nodeconfig.API_VERSION,
+                "kind": nodeconfig.KIND,
+                "name": name,
+                "uid": (obj.get("metadata") or {}).get("uid", ""),
+            }
+            body = event_body(
+                involved,
+                reason=INVALID,
+                type="Warning",
+                component=COMPONENT,
+                message=f"NodeConfig {name} generation {generation} refused: {error}",
+            )
             if await record_event(self.api, body):
                 self.events += 1

@@ -71,8 +71,11 @@ class NodeWatcher:
             labels.update({n.metadata.name: n.metadata.labels for n in page.items})
             version = version or page.metadata.resourceVersion
         self._rv = version
-        changed = {n for n in set(nodes) | set(self.uids)
-                   if nodes.get(n) != self.uids.get(n) or labels.get(n) != self.labels.get(n)}
+        changed = {
+            n
+            for n in set(nodes) | set(self.uids)
+            if nodes.get(n) != self.uids.get(n) or labels.get(n) != self.labels.get(n)
+        }
         self.uids = nodes
         self.labels = labels
         self.relists += 1
@@ -101,8 +104,9 @@ class NodeWatcher:
                 self._rv = ""
 
     async def _watch(self) -> None:
-        async for line in kube.watch_lines(self.api, "/api/v1/nodes", resource_version=self._rv,
-                                           timeout_s=self._watch_timeout_s):
+        async for line in kube.watch_lines(
+            self.api, "/api/v1/nodes", resource_version=self._rv, timeout_s=self._watch_timeout_s
+        ):
             event = _EVENT.decode(line)
             if event.type == "ERROR":
                 status = _STATUS.decode(event.object)

@@ -30,7 +30,7 @@ def slice_name(node: str, driver: str, index: int) -> str:
     if len(name) <= MAX_NAME:
         return name
     digest = hashlib.sha256(node.encode()).hexdigest()[:10]
-    return f"{node[:MAX_NAME - len(suffix) - 11].rstrip('.-')}-{digest}{suffix}"
+    return f"{node[: MAX_NAME - len(suffix) - 11].rstrip('.-')}-{digest}{suffix}"
 
 
 def owner_reference(node: str, node_uid: str) -> dict[str, Any]:
@@ -85,8 +85,16 @@ def render(pool: DesiredPool, node_uid: str) -> list[RenderedSlice]:
             spec["devices"] = content.devices
         if content.shared_counters:
             spec["sharedCounters"] = content.shared_counters
-        out.append(RenderedSlice(name=slice_name(pool.node, pool.driver, index), driver=pool.driver,
-                                 node=pool.node, content_hash=content_hash(spec, owner), spec=spec, owner=owner))
+        out.append(
+            RenderedSlice(
+                name=slice_name(pool.node, pool.driver, index),
+                driver=pool.driver,
+                node=pool.node,
+                content_hash=content_hash(spec, owner),
+                spec=spec,
+                owner=owner,
+            )
+        )
     return out
 
 

@@ -28,7 +28,9 @@ from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
-LIVE_REPLICAS = Gauge("gpu_dra_publisher_live_replicas", "Publisher replicas this one sees alive (they share the nodes)")
+LIVE_REPLICAS = Gauge(
+    "gpu_dra_publisher_live_replicas", "Publisher replicas this one sees alive (they share the nodes)"
+)
 
 
 class ReplicaHeartbeat(Message, kw_only=True):
@@ -57,8 +59,15 @@ def owner_of(node: str, replicas: frozenset[str] | set[str]) -> str | None:
 class Membership:
     """This replica's view of the live publishers; `owns(node)` answers from it."""
 
-    def __init__(self, bus: Bus, replica: str, *, heartbeat_s: float = 1.0, lease_s: float = 5.0,
-                 on_change: Callable[[frozenset[str], frozenset[str]], None] | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        replica: str,
+        *,
+        heartbeat_s: float = 1.0,
+        lease_s: float = 5.0,
+        on_change: Callable[[frozenset[str], frozenset[str]], None] | None = None,
+    ) -> None:
         self.bus = bus
         self.replica = replica
         self.heartbeat_s = heartbeat_s
@@ -97,9 +106,11 @@ class Membership:
         self._kv = await self.bus.kv(REPLICAS_BUCKET)
         await self._beat()
         self._seen[self.replica] = time.monotonic()
-        self._tasks = [asyncio.create_task(self._beat_loop(), name=f"heartbeat-{self.replica}"),
-                       asyncio.create_task(self._watch_loop(), name=f"members-{self.replica}"),
-                       asyncio.create_task(self._expire_loop(), name=f"expire-{self.replica}")]
+        self._tasks = [
+            asyncio.create_task(self._beat_loop(), name=f"heartbeat-{self.replica}"),
+            asyncio.create_task(self._watch_loop(), name=f"members-{self.replica}"),
+            asyncio.create_task(self._expire_loop(), name=f"expire-{self.replica}"),
+        ]
         await self._synced.wait()
         self._recompute()
 
@@ -117,8 +128,10 @@ class Membership:
     async def _beat(self) -> None:
         self._seq += 1
         assert self._kv is not None
-        await self._kv.put(self.replica, ReplicaHeartbeat(replica=self.replica, started_at=self._started,
-                                                          beat_at=time.time(), seq=self._seq))
+        await self._kv.put(
+            self.replica,
+            ReplicaHeartbeat(replica=self.replica, started_at=self._started, beat_at=time.time(), seq=self._seq),
+        )
 
     async def _beat_loop(self) -> None:
         while True:

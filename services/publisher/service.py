@@ -46,9 +46,11 @@ _RESYNC_KEY = otel_context.create_key("gpu_dra.publisher.resync")
 RESYNC = otel_context.set_value(_RESYNC_KEY, True, otel_context.Context())  # a cause: the periodic resync
 
 WRITES = Counter("gpu_dra_publisher_slice_writes", "ResourceSlice writes", ["verb"])
-LATENCY = Histogram("gpu_dra_publisher_inventory_to_slice_seconds",
-                    "From an inventory's observation to its slices being written",
-                    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+LATENCY = Histogram(
+    "gpu_dra_publisher_inventory_to_slice_seconds",
+    "From an inventory's observation to its slices being written",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
 QUEUE_DEPTH = Gauge("gpu_dra_publisher_queue_depth", "Nodes waiting for a slice sync or being synced")
 OWNED_NODES = Gauge("gpu_dra_publisher_owned_nodes", "Nodes with an inventory that this replica owns")
 RETRY_DELAY_S = 2.0
@@ -59,22 +61,34 @@ KV_READS = 64  # inventories read from KV at once (at start, at a resync, on tak
 class Publisher:
     """One publisher replica."""
 
-    def __init__(self, cfg: PublisherConfig, bus: Bus, api_client: Any,
-                 profile: apiversion.ServerProfile | None = None) -> None:
+    def __init__(
+        self, cfg: PublisherConfig, bus: Bus, api_client: Any, profile: apiversion.ServerProfile | None = None
+    ) -> None:
         self.cfg = cfg
         self.bus = bus
         self.api = api_client
         self.taint_events = TaintEvents(api_client)  # Events on the Node when a device taint changes
         self.profile = profile
-        self.opts = slices.SliceOptions(mig_mode=cfg.mig_mode, taint_effect=cfg.taint_effect,
-                                        compute_domains=cfg.compute_domains, passthrough=cfg.passthrough,
-                                        disabled_features=frozenset(n for n, on in cfg.gates.items() if not on))
+        self.opts = slices.SliceOptions(
+            mig_mode=cfg.mig_mode,
+            taint_effect=cfg.taint_effect,
+            compute_domains=cfg.compute_domains,
+            passthrough=cfg.passthrough,
+            disabled_features=frozenset(n for n, on in cfg.gates.items() if not on),
+        )
         # how each node pool's GPUs are shared: a --node-config file (read once at start), else the NodeConfig
         # objects, watched (services.publisher.nodeconfigs); the two never mix
         self.node_config = nodeconfig.load(cfg.node_config) if cfg.node_config else nodeconfig.DEFAULT
-        self.nodeconfigs: NodeConfigWatch | None = None if cfg.node_config else NodeConfigWatch(
-            api_client, on_config=self._config_changed, owns=lambda name: self.membership.owns(f"nodeconfig/{name}"),
-            idle=self.idle)
+        self.nodeconfigs: NodeConfigWatch | None = (
+            None
+            if cfg.node_config
+            else NodeConfigWatch(
+                api_client,
+                on_config=self._config_changed,
+                owns=lambda name: self.membership.owns(f"nodeconfig/{name}"),
+                idle=self.idle,
+            )
+        )
         self._stopping = asyncio.Event()
         self._shares_withheld_logged = False
         self.state = NodeState()
@@ -83,8 +97,13 @@ class Publisher:
         OWNED_NODES.set_function(lambda: sum(1 for node in self.state.inventory if self.membership.owns(node)))
         self.writer: SliceWriter | None = None
         self.nodes = NodeWatcher(api_client, self._node_changed)
-        self.membership = Membership(bus, cfg.replica_id, heartbeat_s=cfg.heartbeat_seconds,
-                                     lease_s=cfg.lease_seconds, on_change=self._members_changed)
+        self.membership = Membership(
+            bus,
+            cfg.replica_id,
+            heartbeat_s=cfg.heartbeat_seconds,
+            lease_s=cfg.lease_seconds,
+            on_change=self._members_changed,
+        )
         self.latencies: list[float] = []
         self.syncs = 0
         self._notes: dict[str, tuple[str, ...]] = {}
@@ -108,11 +127,17 @@ class Publisher:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         if self.profile is None:
-            self.profile = await apiversion.discover(self.api, wanted=self.cfg.api_version,
-                                                     layout=self.cfg.counter_layout)
-        log.info("publishing ResourceSlices", api=self.profile.group_version, server=self.profile.git_version,
-                 counter_layout=self.profile.counter_layout, mig_mode=self.cfg.mig_mode,
-                 replica=self.cfg.replica_id)
+            self.profile = await apiversion.discover(
+                self.api, wanted=self.cfg.api_version, layout=self.cfg.counter_layout
+            )
+        log.info(
+            "publishing ResourceSlices",
+            api=self.profile.group_version,
+            server=self.profile.git_version,
+            counter_layout=self.profile.counter_layout,
+            mig_mode=self.cfg.mig_mode,
+            replica=self.cfg.replica_id,
+        )
         self.writer = SliceWriter(self.api, self.profile)
         # Subscribe before reading KV: a change in between is seen twice, never missed.
         await self.bus.subscribe(catalog.INVENTORY, self._on_inventory)
@@ -134,8 +159,9 @@ class Publisher:
         if self.nodeconfigs is not None:
             self._tasks.append(asyncio.create_task(self.nodeconfigs.run_status(), name="nodeconfig-status"))
             self.nodeconfigs.mark()
-        self._tasks += [asyncio.create_task(self._worker(), name=f"publisher-worker-{i}")
-                        for i in range(self.cfg.workers)]
+        self._tasks += [
+            asyncio.create_task(self._worker(), name=f"publisher-worker-{i}") for i in range(self.cfg.workers)
+        ]
         self._tasks.append(asyncio.create_task(self._resync_loop(), name="publisher-resync"))
         self._ready = True
         early, self._early_causes = self._early_causes, {}
@@ -215,9 +241,12 @@ class Publisher:
         """The NodeConfig objects changed the config: re-publish the nodes whose GPU settings differ (other
         nodes are not even synced). Slices change for new allocations only; claims are never touched."""
         self.node_config = new
-        affected = [node for node, inv in self.state.inventory.items()
-                    if nodeconfig.resolve(old, self.nodes.labels.get(node, {}), inv.gpus)
-                    != nodeconfig.resolve(new, self.nodes.labels.get(node, {}), inv.gpus)]
+        affected = [
+            node
+            for node, inv in self.state.inventory.items()
+            if nodeconfig.resolve(old, self.nodes.labels.get(node, {}), inv.gpus)
+            != nodeconfig.resolve(new, self.nodes.labels.get(node, {}), inv.gpus)
+        ]
         log.info("sharing config changed", rules=len(new.spec.rules), nodes=len(affected))
         for node in affected:
             self._enqueue(node)
@@ -265,7 +294,7 @@ class Publisher:
 
         brought: dict[str, otel_context.Context] = {}
         for start in range(0, len(mine), FREEZE_EVERY):
-            chunk = mine[start:start + FREEZE_EVERY]
+            chunk = mine[start : start + FREEZE_EVERY]
             for key, inv in zip(chunk, await asyncio.gather(*(read(key) for key in chunk)), strict=True):
                 if inv is not None and self.state.set_inventory(inv, keep=self.membership.owns(key)):
                     with kv.consume(key):
@@ -333,8 +362,9 @@ class Publisher:
         # only the periodic resync asked for it: a no-op pass, mostly; sampled low (shared.telemetry)
         periodic = bool(causes) and all(otel_context.get_value(_RESYNC_KEY, c) for c in causes)
         total = WriteStats()
-        with tracer.start_as_current_span("publisher.sync-node", context=parent, links=links,
-                                          attributes={PERIODIC: periodic}) as span:
+        with tracer.start_as_current_span(
+            "publisher.sync-node", context=parent, links=links, attributes={PERIODIC: periodic}
+        ) as span:
             span.set_attribute("k8s.node.name", node)
             if not self.membership.owns(node):
                 span.set_attribute("publisher.skipped", "not-owner")
@@ -352,17 +382,20 @@ class Publisher:
                     self._awaiting_node[node] = parent
                 return total
             if inv is not None and uid is not None:
-                settings = (nodeconfig.resolve(self.node_config, self.nodes.labels.get(node, {}), inv.gpus)
-                            if self.node_config.spec.rules else None)
-                pools = slices.desired_pools(inv, self.state.health.get(node, {}), self.opts, self.profile,
-                                             settings)
+                settings = (
+                    nodeconfig.resolve(self.node_config, self.nodes.labels.get(node, {}), inv.gpus)
+                    if self.node_config.spec.rules
+                    else None
+                )
+                pools = slices.desired_pools(inv, self.state.health.get(node, {}), self.opts, self.profile, settings)
                 self._note(node, tuple(n for p in pools.values() for n in p.notes))
                 self._note_withheld(node, pools)
             # the node's pools are independent objects: written in parallel (the client's connection pool bounds
             # what is in flight at the API server)
             writer = self.writer
-            for stats in await asyncio.gather(*(writer.sync(driver, node, pools.get(driver), uid or "")
-                                                for driver in slices.DRIVERS)):
+            for stats in await asyncio.gather(
+                *(writer.sync(driver, node, pools.get(driver), uid or "") for driver in slices.DRIVERS)
+            ):
                 total.creates += stats.creates
                 total.updates += stats.updates
                 total.deletes += stats.deletes
@@ -380,8 +413,9 @@ class Publisher:
                 self.latencies.append(latency)
                 LATENCY.observe(latency)
             if total.writes:
-                log.info("slices written", node=node, creates=total.creates, updates=total.updates,
-                         deletes=total.deletes)
+                log.info(
+                    "slices written", node=node, creates=total.creates, updates=total.updates, deletes=total.deletes
+                )
         return total
 
     def _keep_as_is(self, node: str, inv: NodeInventory | None, uid: str | None) -> str:
@@ -400,17 +434,28 @@ class Publisher:
             now = time.monotonic()
             left = self.cfg.node_gone_grace - (now - self._gone_since.setdefault(node, now))
             if left <= 0:
-                self._note(node, (f"Node gone from Kubernetes for {self.cfg.node_gone_grace:g} s; its slices "
-                                  "are deleted",))
+                self._note(
+                    node, (f"Node gone from Kubernetes for {self.cfg.node_gone_grace:g} s; its slices are deleted",)
+                )
                 return ""
-            self._note(node, (f"no Node object; the node's slices are kept for up to {self.cfg.node_gone_grace:g} s "
-                              "in case it comes back",))
+            self._note(
+                node,
+                (
+                    f"no Node object; the node's slices are kept for up to {self.cfg.node_gone_grace:g} s "
+                    "in case it comes back",
+                ),
+            )
             if node not in self._grace_timers:
                 self._grace_timers[node] = asyncio.get_running_loop().call_later(left, self._grace_over, node)
             return "node-gone-grace"
         if inv is None:
-            self._note(node, ("no inventory known for this node (KV empty or unreadable); its slices are kept "
-                              "as they are until discovery publishes or withdraws",))
+            self._note(
+                node,
+                (
+                    "no inventory known for this node (KV empty or unreadable); its slices are kept "
+                    "as they are until discovery publishes or withdraws",
+                ),
+            )
             return "inventory-unknown"
         return ""
 
@@ -423,10 +468,15 @@ class Publisher:
         withheld = sum(p.shares_withheld for p in pools.values())
         if withheld and not self._shares_withheld_logged and self.profile is not None:
             self._shares_withheld_logged = True
-            log.warning("GPU shares not offered: the server's resource.k8s.io version has no consumable capacity "
-                        "(allowMultipleAllocations, requestPolicy; needs v1 on Kubernetes 1.34+); "
-                        "shared GPUs are published whole", api=self.profile.group_version,
-                        server=self.profile.git_version, node=node, gpus=withheld)
+            log.warning(
+                "GPU shares not offered: the server's resource.k8s.io version has no consumable capacity "
+                "(allowMultipleAllocations, requestPolicy; needs v1 on Kubernetes 1.34+); "
+                "shared GPUs are published whole",
+                api=self.profile.group_version,
+                server=self.profile.git_version,
+                node=node,
+                gpus=withheld,
+            )
 
     def _note(self, node: str, notes: tuple[str, ...]) -> None:
         if self._notes.get(node) != notes:

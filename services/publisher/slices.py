@@ -89,8 +89,9 @@ def _parent_name(device_name: str) -> str | None:
     return devicemodel.gpu_name(parsed[0]) if parsed else None
 
 
-def device_taints(name: str, health: Mapping[str, DeviceHealth], effect: TaintEffect,
-                  profile: ServerProfile) -> list[dict[str, Any]]:
+def device_taints(
+    name: str, health: Mapping[str, DeviceHealth], effect: TaintEffect, profile: ServerProfile
+) -> list[dict[str, Any]]:
     """A device's own taints, plus its parent GPU's for a MIG device (one taint per key, own first)."""
     taints = health_taints(health.get(name), effect, profile)
     parent = _parent_name(name)
@@ -105,8 +106,10 @@ def _gpu_devices(gpu: Gpu, inv: NodeInventory, mode: MigMode, notes: list[str]) 
         return devicemodel.dynamic_mode_devices(gpu, inv)
     devices = devicemodel.default_mode_devices(gpu, inv)
     if gpu.mig_enabled and not devices:  # as NVIDIA's driver: nothing allocatable, "likely stranded capacity"
-        notes.append(f"{gpu.name} has MIG mode enabled but no configured MIG devices; its capacity is stranded "
-                     "(create MIG devices, or publish with --mig-mode dynamic to offer its placements)")
+        notes.append(
+            f"{gpu.name} has MIG mode enabled but no configured MIG devices; its capacity is stranded "
+            "(create MIG devices, or publish with --mig-mode dynamic to offer its placements)"
+        )
     return devices
 
 
@@ -117,15 +120,18 @@ def _gpu_mode(pool_mode: MigMode, setting: GpuSetting | None) -> MigMode:
     return "dynamic" if setting.mig == "dynamic" else "static"
 
 
-def _passthrough(gpu: Gpu, mode: MigMode, setting: GpuSetting | None, opts: SliceOptions, notes: list[str],
-                 off: frozenset[str]) -> bool:
+def _passthrough(
+    gpu: Gpu, mode: MigMode, setting: GpuSetting | None, opts: SliceOptions, notes: list[str], off: frozenset[str]
+) -> bool:
     """Whether the GPU is offered for VFIO passthrough too: a rule's `passthrough`, else --passthrough; never
     a GPU with MIG on or in dynamic MIG mode (as NVIDIA's driver: a GPU without MIG devices only), nor with
     the PassthroughSupport gate off for the node."""
     wanted = setting.passthrough if setting is not None and setting.passthrough is not None else opts.passthrough
     if wanted and featuregates.PASSTHROUGH_SUPPORT in off:
-        notes.append(f"{gpu.name}: passthrough asked for, but feature gate {featuregates.PASSTHROUGH_SUPPORT} is "
-                     "off for the node")
+        notes.append(
+            f"{gpu.name}: passthrough asked for, but feature gate {featuregates.PASSTHROUGH_SUPPORT} is "
+            "off for the node"
+        )
         return False
     if wanted and (gpu.mig_enabled or mode == "dynamic"):
         notes.append(f"{gpu.name} is not offered for passthrough: MIG is on or dynamic")
@@ -133,8 +139,13 @@ def _passthrough(gpu: Gpu, mode: MigMode, setting: GpuSetting | None, opts: Slic
     return wanted
 
 
-def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: SliceOptions,
-             profile: ServerProfile, settings: Mapping[str, GpuSetting] | None = None) -> DesiredPool:
+def gpu_pool(
+    inv: NodeInventory,
+    health: Mapping[str, DeviceHealth],
+    opts: SliceOptions,
+    profile: ServerProfile,
+    settings: Mapping[str, GpuSetting] | None = None,
+) -> DesiredPool:
     """The node's `gpu.nvidia.com` pool: devices per the MIG mode, shares per each GPU's effective
     NodeConfig setting (`settings`, by GPU name; none: exclusive), taints from health, split to limits."""
     settings = settings or {}
@@ -143,8 +154,10 @@ def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: Slice
     off = disabled_features(inv, opts)
     dynamic_allowed = featuregates.DYNAMIC_MIG not in off
     if not dynamic_allowed and (mode == "dynamic" or any(s.mig == "dynamic" for s in settings.values())):
-        notes.append(f"dynamic MIG asked for, but feature gate {featuregates.DYNAMIC_MIG} is off for the node; "
-                     "publishing static devices")
+        notes.append(
+            f"dynamic MIG asked for, but feature gate {featuregates.DYNAMIC_MIG} is off for the node; "
+            "publishing static devices"
+        )
     if not dynamic_allowed:
         mode = "static"
     if mode == "dynamic" and inv.gpus and not any(devicemodel.supports_dynamic_mig(g) for g in inv.gpus):
@@ -167,8 +180,10 @@ def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: Slice
             gpu_devices.append(devicemodel.vfio_device(gpu, inv))
         if setting is not None and setting.offers_shares:
             if featuregates.CONSUMABLE_SHARES in off:
-                notes.append(f"{gpu.name}: shares asked for, but feature gate {featuregates.CONSUMABLE_SHARES} is "
-                             "off for the node; offering it whole")
+                notes.append(
+                    f"{gpu.name}: shares asked for, but feature gate {featuregates.CONSUMABLE_SHARES} is "
+                    "off for the node; offering it whole"
+                )
             elif profile.consumable_capacity:
                 gpu_devices = [shares.offer_shares(d, setting) for d in gpu_devices]
             else:
@@ -179,8 +194,13 @@ def gpu_pool(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: Slice
             if taints:
                 device["taints"] = taints
         devices += gpu_devices
-    return DesiredPool(driver=GPU_DRIVER, node=inv.node, notes=notes, shares_withheld=withheld,
-                       slices=split.split_pool(devices, counter_sets, profile))
+    return DesiredPool(
+        driver=GPU_DRIVER,
+        node=inv.node,
+        notes=notes,
+        shares_withheld=withheld,
+        slices=split.split_pool(devices, counter_sets, profile),
+    )
 
 
 def clique_id(inv: NodeInventory) -> str:
@@ -208,8 +228,13 @@ def compute_domain_pool(inv: NodeInventory, profile: ServerProfile) -> DesiredPo
     return DesiredPool(driver=CD_DRIVER, node=inv.node, slices=split.split_pool(devices, [], profile))
 
 
-def desired_pools(inv: NodeInventory, health: Mapping[str, DeviceHealth], opts: SliceOptions,
-                  profile: ServerProfile, settings: Mapping[str, GpuSetting] | None = None) -> dict[str, DesiredPool]:
+def desired_pools(
+    inv: NodeInventory,
+    health: Mapping[str, DeviceHealth],
+    opts: SliceOptions,
+    profile: ServerProfile,
+    settings: Mapping[str, GpuSetting] | None = None,
+) -> dict[str, DesiredPool]:
     """Every pool the node should have, by driver. A driver missing from the result has no pool.
     `settings`: each GPU's effective NodeConfig setting by name (`shared.nodeconfig.resolve`)."""
     pools = {GPU_DRIVER: gpu_pool(inv, health, opts, profile, settings)}

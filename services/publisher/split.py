@@ -56,8 +56,9 @@ def _consumed_set(device: dict[str, Any]) -> str | None:
     return str(consumes[0]["counterSet"]) if consumes else None
 
 
-def split_pool(devices: list[dict[str, Any]], counter_sets: list[dict[str, Any]],
-               profile: ServerProfile) -> list[SliceContent]:
+def split_pool(
+    devices: list[dict[str, Any]], counter_sets: list[dict[str, Any]], profile: ServerProfile
+) -> list[SliceContent]:
     """The slices of one pool. Devices keep their order; each counter set keeps its consumers together."""
     for cs in counter_sets:
         if _counter_count(cs) > profile.max_counters_per_slice:
@@ -89,7 +90,7 @@ def split_pool(devices: list[dict[str, Any]], counter_sets: list[dict[str, Any]]
     else:
         step = profile.max_counter_sets_per_slice
         for i in range(0, len(counter_sets), step):
-            out.append(SliceContent(shared_counters=counter_sets[i:i + step]))
+            out.append(SliceContent(shared_counters=counter_sets[i : i + step]))
         for cs in counter_sets:
             out += [SliceContent(devices=chunk) for chunk in pack(consumers[cs["name"]], profile)]
     out += [SliceContent(devices=chunk) for chunk in pack(plain, profile)]

@@ -28,8 +28,12 @@ def _taint(t: Mapping[str, Any]) -> str:
 
 def pool_taints(pools: Mapping[str, DesiredPool]) -> dict[str, frozenset[str]]:
     """`driver/device` -> its taints, as `key=value:effect`, for every device of the node's pools."""
-    return {f"{driver}/{dev.get('name')}": frozenset(_taint(t) for t in dev.get("taints") or [])
-            for driver, pool in pools.items() for content in pool.slices for dev in content.devices}
+    return {
+        f"{driver}/{dev.get('name')}": frozenset(_taint(t) for t in dev.get("taints") or [])
+        for driver, pool in pools.items()
+        for content in pool.slices
+        for dev in content.devices
+    }
 
 
 class TaintEvents:
@@ -57,8 +61,12 @@ class TaintEvents:
         involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}
         for reason, device, taint in self.changes(node, pools):
             verb = "added to" if reason == ADDED else "removed from"
-            body = event_body(involved, reason=reason, component=COMPONENT,
-                              message=f"taint {taint} {verb} device {device} in the node's ResourceSlices",
-                              type="Warning" if reason == ADDED else "Normal")
+            body = event_body(
+                involved,
+                reason=reason,
+                component=COMPONENT,
+                message=f"taint {taint} {verb} device {device} in the node's ResourceSlices",
+                type="Warning" if reason == ADDED else "Normal",
+            )
             if await record_event(self.api, body):
                 self.posted += 1

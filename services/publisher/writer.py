@@ -27,9 +27,12 @@ from shared.telemetry import get_tracer
 log = get_logger(__name__)
 tracer = get_tracer(__name__)
 
-WRITE_SECONDS = Histogram("gpu_dra_publisher_slice_write_seconds",
-                          "One ResourceSlice write to the API server (its request, failed ones included)", ["verb"],
-                          buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+WRITE_SECONDS = Histogram(
+    "gpu_dra_publisher_slice_write_seconds",
+    "One ResourceSlice write to the API server (its request, failed ones included)",
+    ["verb"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 MAX_ATTEMPTS = 6
 
 
@@ -188,15 +191,17 @@ class SliceWriter:
         """Fill the cache with every slice of `driver` (one LIST, paged)."""
         items: list[SliceView] = []
         rv = ""
-        async for page in kube.list_pages(self.api, self.collection, SliceView,
-                                          query=[("fieldSelector", f"spec.driver={driver}")]):
+        async for page in kube.list_pages(
+            self.api, self.collection, SliceView, query=[("fieldSelector", f"spec.driver={driver}")]
+        ):
             items += page.items
             rv = rv or page.metadata.resourceVersion
         self.store.replace_driver(driver, SliceList(metadata=kube.ListMeta(resourceVersion=rv), items=items))
 
     async def refresh(self, driver: str, node: str) -> None:
-        raw = await kube.request(self.api, "GET", self.collection,
-                                 query=[("fieldSelector", f"spec.driver={driver},spec.nodeName={node}")])
+        raw = await kube.request(
+            self.api, "GET", self.collection, query=[("fieldSelector", f"spec.driver={driver},spec.nodeName={node}")]
+        )
         self.store.replace_pool(driver, node, _LIST.decode(raw).items)
 
     async def refresh_node(self, node: str) -> None:
@@ -217,21 +222,28 @@ class SliceWriter:
             except Retry as exc:
                 done.conflicts += 1
                 self.stats.conflicts += 1
-                log.info("slice write conflict; re-reading the pool", driver=driver, node=node,
-                         attempt=attempt + 1, reason=str(exc))
+                log.info(
+                    "slice write conflict; re-reading the pool",
+                    driver=driver,
+                    node=node,
+                    attempt=attempt + 1,
+                    reason=str(exc),
+                )
                 await asyncio.sleep(backoff.next())
                 await self.refresh(driver, node)
         raise RuntimeError(f"pool {driver}/{node} still conflicting after {MAX_ATTEMPTS} attempts")
 
-    async def _sync_once(self, driver: str, node: str, pool: DesiredPool | None, node_uid: str,
-                         done: WriteStats) -> None:
+    async def _sync_once(
+        self, driver: str, node: str, pool: DesiredPool | None, node_uid: str, done: WriteStats
+    ) -> None:
         existing = {n: v for n, v in self.store.pool(driver, node).items() if v.metadata.deletionTimestamp is None}
         desired = objects.render(pool, node_uid) if pool is not None else []
         wanted = {r.name: r for r in desired}
         generation = max((v.spec.pool.generation for v in existing.values()), default=0)
-        if (set(existing) == set(wanted)
-                and all(existing[n].content_hash == r.content_hash and existing[n].spec.pool.generation == generation
-                        for n, r in wanted.items())):
+        if set(existing) == set(wanted) and all(
+            existing[n].content_hash == r.content_hash and existing[n].spec.pool.generation == generation
+            for n, r in wanted.items()
+        ):
             return
         generation += 1
         for name in sorted(set(existing) - set(wanted)):
@@ -245,8 +257,11 @@ class SliceWriter:
 
     async def _delete(self, view: SliceView, done: WriteStats) -> None:
         name = view.metadata.name
-        body = {"kind": "DeleteOptions", "apiVersion": "v1",
-                "preconditions": {"uid": view.metadata.uid, "resourceVersion": view.metadata.resourceVersion}}
+        body = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "preconditions": {"uid": view.metadata.uid, "resourceVersion": view.metadata.resourceVersion},
+        }
         with tracer.start_as_current_span("DELETE resourceslice", kind=SpanKind.CLIENT) as span:
             span.set_attribute("k8s.resourceslice.name", name)
             try:
@@ -280,8 +295,7 @@ class SliceWriter:
         done.creates += 1
         self.stats.creates += 1
 
-    async def _update(self, rendered: objects.RenderedSlice, generation: int, old: SliceView,
-                      done: WriteStats) -> None:
+    async def _update(self, rendered: objects.RenderedSlice, generation: int, old: SliceView, done: WriteStats) -> None:
         body = rendered.body(generation, self.profile, resource_version=old.metadata.resourceVersion)
         with tracer.start_as_current_span("PUT resourceslice", kind=SpanKind.CLIENT) as span:
             span.set_attribute("k8s.resourceslice.name", rendered.name)
@@ -312,5 +326,8 @@ class SliceWriter:
         wanted_taints = any(d.get("taints") for d in rendered.spec.get("devices", []))
         if wanted_taints and not any(d.has_taints for d in view.spec.devices) and not self._warned_dropped:
             self._warned_dropped = True
-            log.warning("the API server dropped device taints; enable the DRADeviceTaints feature gate "
-                        "for unhealthy devices to be avoided", slice=rendered.name)
+            log.warning(
+                "the API server dropped device taints; enable the DRADeviceTaints feature gate "
+                "for unhealthy devices to be avoided",
+                slice=rendered.name,
+            )

@@ -54,25 +54,33 @@ class StateGate:
             REFUSED.labels(role, "reply").inc()
             skipped = self._logged.due(f"{node}/{role}/reply")
             if skipped is not None:
-                log.warning("state gate call with a reply subject not the asker's inbox: not answered",
-                            subject=msg.subject[:200], reply=(msg.reply or "")[:120], not_logged_since=skipped)
+                log.warning(
+                    "state gate call with a reply subject not the asker's inbox: not answered",
+                    subject=msg.subject[:200],
+                    reply=(msg.reply or "")[:120],
+                    not_logged_since=skipped,
+                )
             return
         store = call[0] == "PUB"
         target = ".".join(call[1:]) if store else "$JS.API." + ".".join(call)
         kind = "store" if store else ".".join(call[:2])
-        with tracer.start_as_current_span(f"gate {kind}", context=extract_context(dict(msg.headers or {})),
-                                          kind=SpanKind.SERVER, attributes={"messaging.system": "nats",
-                                                                            "gpu_dra.node": node,
-                                                                            "gpu_dra.role": role}):
+        with tracer.start_as_current_span(
+            f"gate {kind}",
+            context=extract_context(dict(msg.headers or {})),
+            kind=SpanKind.SERVER,
+            attributes={"messaging.system": "nats", "gpu_dra.node": node, "gpu_dra.role": role},
+        ):
             try:
                 rules.check_subject(role, node, target)
                 if store:
                     rules.check_store_headers(msg.headers)
                     size = len(msg.data) + sum(len(k) + len(v) for k, v in (msg.headers or {}).items())
                     if not self.share.take(node, size):
-                        raise rules.Refused(f"quota: node {node} is past its share of the shared streams "
-                                            f"({self.share.rate:.0f} bytes/s after {self.share.burst:.0f}); "
-                                            "retry later")
+                        raise rules.Refused(
+                            f"quota: node {node} is past its share of the shared streams "
+                            f"({self.share.rate:.0f} bytes/s after {self.share.burst:.0f}); "
+                            "retry later"
+                        )
                 elif call[:2] == ["CONSUMER", "CREATE"]:
                     rules.check_consumer(role, node, msg.data)
             except rules.Refused as exc:
@@ -80,8 +88,14 @@ class StateGate:
                 REFUSED.labels(role, reason).inc()
                 skipped = self._logged.due(f"{node}/{role}/{reason}")
                 if skipped is not None:
-                    log.warning("state gate refused a call", node=node, role=role, call=target[:200], why=str(exc),
-                                not_logged_since=skipped)
+                    log.warning(
+                        "state gate refused a call",
+                        node=node,
+                        role=role,
+                        call=target[:200],
+                        why=str(exc),
+                        not_logged_since=skipped,
+                    )
                 await self._answer_refusal(msg, call, str(exc))
                 return
             CALLS.labels(role, kind).inc()

@@ -50,8 +50,10 @@ def check_consumer(role: str, node: str, body: bytes) -> None:
     deliver = str(config.get("deliver_subject") or "")
     own = inbox_prefix(node_user(role, node)) + "."
     if not deliver.startswith(own):
-        raise Refused(f"a consumer of {node_user(role, node)} must deliver to its own inbox {own}>, "
-                      f"not {deliver or 'nowhere (a pull consumer)'!r}")
+        raise Refused(
+            f"a consumer of {node_user(role, node)} must deliver to its own inbox {own}>, "
+            f"not {deliver or 'nowhere (a pull consumer)'!r}"
+        )
 
 
 def check_store_headers(headers: dict[str, str] | None) -> None:

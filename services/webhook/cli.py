@@ -31,8 +31,14 @@ class PatchFailed(RuntimeError):
 def self_signed_pair(cfg: config.WebhookConfig) -> tuple[Path, Path]:
     """The certificate --self-signed serves: its own CA, for the Service's names. Blocking (openssl)."""
     name, ns = cfg.service_name, cfg.service_namespace
-    sans = [f"DNS:{name}", f"DNS:{name}.{ns}", f"DNS:{name}.{ns}.svc", f"DNS:{name}.{ns}.svc.cluster.local",
-            "DNS:localhost", "IP:127.0.0.1"]
+    sans = [
+        f"DNS:{name}",
+        f"DNS:{name}.{ns}",
+        f"DNS:{name}.{ns}.svc",
+        f"DNS:{name}.{ns}.svc.cluster.local",
+        "DNS:localhost",
+        "IP:127.0.0.1",
+    ]
     return make_pair(Path(cfg.cert_dir), "webhook", common_name=f"{name}.{ns}.svc", sans=sans)
 
 
@@ -41,10 +47,13 @@ async def patch_ca_bundle(kubeconfig: str, name: str, ca_bundle: str) -> None:
     api = await kube_api_client(kubeconfig)
     try:
         current = kube.decode(await kube.request(api, "GET", f"{VWC_PATH}/{name}"))
-        webhooks = [{**w, "clientConfig": {**w.get("clientConfig", {}), "caBundle": ca_bundle}}
-                    for w in current.get("webhooks") or []]
-        await kube.request(api, "PATCH", f"{VWC_PATH}/{name}", body={"webhooks": webhooks},
-                           content_type="application/merge-patch+json")
+        webhooks = [
+            {**w, "clientConfig": {**w.get("clientConfig", {}), "caBundle": ca_bundle}}
+            for w in current.get("webhooks") or []
+        ]
+        await kube.request(
+            api, "PATCH", f"{VWC_PATH}/{name}", body={"webhooks": webhooks}, content_type="application/merge-patch+json"
+        )
     except kube.ApiError as exc:
         raise PatchFailed(f"cannot set the caBundle of ValidatingWebhookConfiguration {name}: {exc}") from None
     finally:
@@ -68,14 +77,26 @@ async def _run(cfg: config.WebhookConfig, stopping: asyncio.Event) -> None:
             ca_bundle = base64.b64encode(await asyncio.to_thread(cert.read_bytes)).decode()
             if cfg.patch_configuration:
                 await patch_ca_bundle(cfg.kubeconfig, cfg.patch_configuration, ca_bundle)
-        log.info("webhook serving", url=f"https://{cfg.host}:{port}/validate", certificate=str(cert),
-                 caBundle=ca_bundle or "(from the certificate's issuer)", feature_gates=cfg.gates.text())
+        log.info(
+            "webhook serving",
+            url=f"https://{cfg.host}:{port}/validate",
+            certificate=str(cert),
+            caBundle=ca_bundle or "(from the certificate's issuer)",
+            feature_gates=cfg.gates.text(),
+        )
         await stopping.wait()
     finally:
         await server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main(config.WebhookConfig, argv, prog="gpu-dra webhook", description=config.DESCRIPTION,
-                        parse=config.parse, service=lambda cfg: "webhook", run=_run,
-                        failures=((TlsUnavailable, 3), (PatchFailed, 3), (KubeConfigError, 3)))
+    return service_main(
+        config.WebhookConfig,
+        argv,
+        prog="gpu-dra webhook",
+        description=config.DESCRIPTION,
+        parse=config.parse,
+        service=lambda cfg: "webhook",
+        run=_run,
+        failures=((TlsUnavailable, 3), (PatchFailed, 3), (KubeConfigError, 3)),
+    )

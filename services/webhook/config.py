@@ -11,9 +11,11 @@ import msgspec
 
 from shared.config import CommonConfig, ConfigError, load_config
 
-DESCRIPTION = ("Admission webhook: ResourceClaims and ResourceClaimTemplates whose opaque configs name "
-               "gpu.nvidia.com or compute-domain.nvidia.com are checked as the preparer checks them (POST /validate, "
-               "AdmissionReview v1, HTTPS).")
+DESCRIPTION = (
+    "Admission webhook: ResourceClaims and ResourceClaimTemplates whose opaque configs name "
+    "gpu.nvidia.com or compute-domain.nvidia.com are checked as the preparer checks them (POST /validate, "
+    "AdmissionReview v1, HTTPS)."
+)
 
 
 def _help(text: str) -> msgspec.Meta:
@@ -25,16 +27,25 @@ class WebhookConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535, description="HTTPS port of /validate; 0 picks one")] = 8443
     tls_cert_file: Annotated[str, _help("serving certificate (PEM), e.g. from cert-manager's Secret")] = ""
     tls_key_file: Annotated[str, _help("private key of --tls-cert-file")] = ""
-    self_signed: Annotated[bool, _help(
-        "make a self-signed certificate in --cert-dir (for the Service's DNS names) instead of "
-        "--tls-cert-file; its PEM is the caBundle, logged at start")] = False
+    self_signed: Annotated[
+        bool,
+        _help(
+            "make a self-signed certificate in --cert-dir (for the Service's DNS names) instead of "
+            "--tls-cert-file; its PEM is the caBundle, logged at start"
+        ),
+    ] = False
     cert_dir: Annotated[str, _help("where --self-signed keeps its certificate")] = "/tmp/gpu-dra-webhook"
     service_name: Annotated[str, _help("the webhook's Service name (the self-signed certificate's DNS names)")] = (
-        "gpu-dra-webhook")
+        "gpu-dra-webhook"
+    )
     service_namespace: Annotated[str, _help("the webhook's Service namespace")] = "gpu-dra"
-    patch_configuration: Annotated[str, _help(
-        "with --self-signed: the ValidatingWebhookConfiguration whose caBundle to set to the certificate "
-        "(needs --kubeconfig or in-cluster credentials)")] = ""
+    patch_configuration: Annotated[
+        str,
+        _help(
+            "with --self-signed: the ValidatingWebhookConfiguration whose caBundle to set to the certificate "
+            "(needs --kubeconfig or in-cluster credentials)"
+        ),
+    ] = ""
     kubeconfig: Annotated[str, _help("kubeconfig for --patch-configuration; empty: in-cluster, then KUBECONFIG")] = ""
 
 

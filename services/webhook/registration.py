@@ -25,15 +25,19 @@ def _list(items: list[str]) -> str:
 def _ours(devices: str) -> str:
     """CEL: `devices` (a claim spec's devices) has a config naming our driver or a request of our class."""
     drivers, classes = _list(list(DRIVERS)), _list(sorted({*CLASSES, VFIO_CLASS}))
-    return (f"(has({devices}.config) && {devices}.config.exists(c, has(c.opaque) && c.opaque.driver in {drivers}))"
-            f" || (has({devices}.requests) && {devices}.requests.exists(r,"
-            f" (has(r.exactly) && r.exactly.deviceClassName in {classes})"
-            f" || (has(r.deviceClassName) && r.deviceClassName in {classes})"
-            f" || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in {classes}))))")
+    return (
+        f"(has({devices}.config) && {devices}.config.exists(c, has(c.opaque) && c.opaque.driver in {drivers}))"
+        f" || (has({devices}.requests) && {devices}.requests.exists(r,"
+        f" (has(r.exactly) && r.exactly.deviceClassName in {classes})"
+        f" || (has(r.deviceClassName) && r.deviceClassName in {classes})"
+        f" || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in {classes}))))"
+    )
 
 
-MATCH_CONDITION = (f"(has(object.spec.devices) && ({_ours('object.spec.devices')}))"
-                   f" || (has(object.spec.spec) && has(object.spec.spec.devices) && ({_ours('object.spec.spec.devices')}))")
+MATCH_CONDITION = (
+    f"(has(object.spec.devices) && ({_ours('object.spec.devices')}))"
+    f" || (has(object.spec.spec) && has(object.spec.spec.devices) && ({_ours('object.spec.spec.devices')}))"
+)
 
 
 def webhook(client_config: dict[str, Any], failure_policy: str = "Fail", timeout_seconds: int = 10) -> dict[str, Any]:
@@ -41,9 +45,15 @@ def webhook(client_config: dict[str, Any], failure_policy: str = "Fail", timeout
     return {
         "name": WEBHOOK,
         "clientConfig": client_config,
-        "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1", "v1beta1", "v1beta2"],
-                   "operations": ["CREATE", "UPDATE"], "resources": ["resourceclaims", "resourceclaimtemplates"],
-                   "scope": "Namespaced"}],
+        "rules": [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "apiVersions": ["v1", "v1beta1", "v1beta2"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["resourceclaims", "resourceclaimtemplates"],
+                "scope": "Namespaced",
+            }
+        ],
         "matchConditions": [{"name": "names-a-gpu-dra-driver-or-class", "expression": MATCH_CONDITION}],
         "failurePolicy": failure_policy,
         "sideEffects": "None",
@@ -57,5 +67,9 @@ def configuration(client_config: dict[str, Any], annotations: dict[str, str] | N
     metadata: dict[str, Any] = {"name": NAME, "labels": {"app.kubernetes.io/part-of": "gpu-dra"}}
     if annotations:
         metadata["annotations"] = annotations
-    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-            "metadata": metadata, "webhooks": [webhook(client_config)]}
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": metadata,
+        "webhooks": [webhook(client_config)],
+    }

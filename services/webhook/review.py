@@ -43,12 +43,20 @@ def _requests(devices: dict[str, Any], path: str) -> Iterator[tuple[str, str, bo
         found = req.get("exactly")
         exactly: dict[str, Any] = found if isinstance(found, dict) else req  # v1 | v1beta1
         if exactly.get("deviceClassName"):
-            yield (str(req.get("name", "")), str(exactly["deviceClassName"]), bool(exactly.get("capacity")),
-                   f"{where}{'.exactly' if exactly is not req else ''}")
+            yield (
+                str(req.get("name", "")),
+                str(exactly["deviceClassName"]),
+                bool(exactly.get("capacity")),
+                f"{where}{'.exactly' if exactly is not req else ''}",
+            )
         for j, sub in enumerate(req.get("firstAvailable") or []):
             if isinstance(sub, dict):
-                yield (f"{req.get('name', '')}/{sub.get('name', '')}", str(sub.get("deviceClassName", "")),
-                       bool(sub.get("capacity")), f"{where}.firstAvailable[{j}]")
+                yield (
+                    f"{req.get('name', '')}/{sub.get('name', '')}",
+                    str(sub.get("deviceClassName", "")),
+                    bool(sub.get("capacity")),
+                    f"{where}.firstAvailable[{j}]",
+                )
 
 
 def spec_errors(devices: Any, path: str, gates: FeatureGates) -> list[str]:
@@ -95,21 +103,30 @@ def object_errors(resource: str, obj: Any, gates: FeatureGates) -> list[str]:
 
 def review(body: Any, gates: FeatureGates) -> dict[str, Any]:
     """The AdmissionReview response for request `body`; ReviewError for a body that is no AdmissionReview."""
-    if not isinstance(body, dict) or body.get("apiVersion") != REVIEW_API_VERSION or \
-            body.get("kind") != "AdmissionReview" or not isinstance(body.get("request"), dict):
+    if (
+        not isinstance(body, dict)
+        or body.get("apiVersion") != REVIEW_API_VERSION
+        or body.get("kind") != "AdmissionReview"
+        or not isinstance(body.get("request"), dict)
+    ):
         raise ReviewError(f"expected an {REVIEW_API_VERSION} AdmissionReview with a request")
     request = body["request"]
     uid = str(request.get("uid", ""))
     resource = request.get("resource") or {}
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if resource.get("group") != "resource.k8s.io" or resource.get("resource") not in RESOURCES:
-        response.update(allowed=False, status={
-            "code": 400, "reason": "BadRequest", "message": "expected a resource.k8s.io resourceclaims or "
-            f"resourceclaimtemplates request, got {resource.get('group')}/{resource.get('resource')}"})
+        response.update(
+            allowed=False,
+            status={
+                "code": 400,
+                "reason": "BadRequest",
+                "message": "expected a resource.k8s.io resourceclaims or "
+                f"resourceclaimtemplates request, got {resource.get('group')}/{resource.get('resource')}",
+            },
+        )
     elif request.get("operation") in ("CREATE", "UPDATE"):
         errors = object_errors(resource["resource"], request.get("object"), gates)
         if errors:
-            message = errors[0] if len(errors) == 1 else f"{len(errors)} problems: " + \
-                "; ".join(errors)
+            message = errors[0] if len(errors) == 1 else f"{len(errors)} problems: " + "; ".join(errors)
             response.update(allowed=False, status={"reason": "Invalid", "message": message})  # 400, as NVIDIA's
     return {"apiVersion": REVIEW_API_VERSION, "kind": "AdmissionReview", "response": response}

@@ -34,8 +34,9 @@ class WebhookServer:
     async def validate(self, request: web.Request) -> web.Response:
         if request.content_type != "application/json":
             REVIEWS.labels("malformed").inc()
-            return web.json_response({"error": f"content type {request.content_type!r}; use application/json"},
-                                     status=415)
+            return web.json_response(
+                {"error": f"content type {request.content_type!r}; use application/json"}, status=415
+            )
         try:
             answer = review(_JSON.decode(await request.read()), self.gates)
         except (msgspec.DecodeError, ReviewError) as exc:

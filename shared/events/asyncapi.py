@@ -32,17 +32,25 @@ HEADERS: dict[str, Any] = {
     "type": "object",
     "description": "NATS headers on every event (CloudEvents NATS binding, binary mode, plus W3C trace context).",
     "properties": {
-        "ce-specversion": {"type": "string", "const": cloudevents.SPEC_VERSION,
-                           "description": "CloudEvents spec version."},
-        "ce-id": {"type": "string", "description": "The event id (claim events: their event_id); unique per "
-                                                   "event, kept by a resend: de-duplicate on it."},
+        "ce-specversion": {
+            "type": "string",
+            "const": cloudevents.SPEC_VERSION,
+            "description": "CloudEvents spec version.",
+        },
+        "ce-id": {
+            "type": "string",
+            "description": "The event id (claim events: their event_id); unique per "
+            "event, kept by a resend: de-duplicate on it.",
+        },
         "ce-type": {"type": "string", "description": "com.nvidia.gpu.dra.<version>.<channel>."},
         "ce-source": {"type": "string", "description": "The publishing service, /gpu-dra/<service>."},
         "ce-subject": {"type": "string", "description": "The NATS subject the event was published on."},
-        "ce-time": {"type": "string", "format": "date-time",
-                    "description": "When the producer observed it (RFC 3339, UTC)."},
-        "content-type": {"type": "string", "const": cloudevents.CONTENT_TYPE,
-                         "description": "The body's media type."},
+        "ce-time": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When the producer observed it (RFC 3339, UTC).",
+        },
+        "content-type": {"type": "string", "const": cloudevents.CONTENT_TYPE, "description": "The body's media type."},
         "traceparent": {"type": "string", "description": "W3C trace context of the span that caused the event."},
         "tracestate": {"type": "string", "description": "W3C trace state, when the trace has one."},
         "Nats-Msg-Id": {"type": "string", "description": "JetStream de-duplication id (not for consumers: use ce-id)."},
@@ -123,13 +131,17 @@ def document() -> dict[str, Any]:
                 "messages": {entry.reply.__name__: {"$ref": f"#/components/messages/{entry.reply.__name__}"}},
             }
             operations[entry.name] = {
-                "action": "receive", "channel": ref, "summary": entry.summary, "messages": [msg_ref],
-                "reply": {"channel": {"$ref": f"#/channels/{reply_name}"},
-                          "messages": [{"$ref": f"#/channels/{reply_name}/messages/{entry.reply.__name__}"}]},
+                "action": "receive",
+                "channel": ref,
+                "summary": entry.summary,
+                "messages": [msg_ref],
+                "reply": {
+                    "channel": {"$ref": f"#/channels/{reply_name}"},
+                    "messages": [{"$ref": f"#/channels/{reply_name}/messages/{entry.reply.__name__}"}],
+                },
             }
         else:
-            operations[entry.name] = {"action": "send", "channel": ref, "summary": entry.summary,
-                                      "messages": [msg_ref]}
+            operations[entry.name] = {"action": "send", "channel": ref, "summary": entry.summary, "messages": [msg_ref]}
     for bucket in BUCKETS:
         name = f"kv-{bucket.name}"
         key_tokens = [t.strip("{}") for t in bucket.key.split(".")] if bucket.key else []
@@ -142,24 +154,30 @@ def document() -> dict[str, Any]:
             "x-gpu-dra-kv": {"bucket": bucket.name, "key": bucket.key, "history": bucket.history},
         }
         messages.setdefault(bucket.message.__name__, _message(bucket.message))
-        operations[name] = {"action": "send", "channel": {"$ref": f"#/channels/{name}"},
-                            "summary": f"Values written to KV bucket {bucket.name}.",
-                            "messages": [{"$ref": f"#/channels/{name}/messages/{bucket.message.__name__}"}]}
+        operations[name] = {
+            "action": "send",
+            "channel": {"$ref": f"#/channels/{name}"},
+            "summary": f"Values written to KV bucket {bucket.name}.",
+            "messages": [{"$ref": f"#/channels/{name}/messages/{bucket.message.__name__}"}],
+        }
     return {
         "asyncapi": "3.0.0",
         "info": {
             "title": "gpu-dra events",
             "version": VERSION,
             "description": "Events and requests of the NVIDIA GPU DRA driver on NATS. Subjects `dra.v1....` are "
-                           "additive-only; breaking changes come as `dra.v2....` published beside v1 for a "
-                           "release (docs/events.md). Every field is always present on the wire.",
+            "additive-only; breaking changes come as `dra.v2....` published beside v1 for a "
+            "release (docs/events.md). Every field is always present on the wire.",
             "license": {"name": "Apache-2.0"},
         },
         "defaultContentType": cloudevents.CONTENT_TYPE,
         "servers": {
-            "nats": {"host": "localhost:4222", "protocol": "nats",
-                     "description": "The cluster's NATS (JetStream on); `gpu-dra up` writes its URL and a "
-                                    "reader credential into its data dir."},
+            "nats": {
+                "host": "localhost:4222",
+                "protocol": "nats",
+                "description": "The cluster's NATS (JetStream on); `gpu-dra up` writes its URL and a "
+                "reader credential into its data dir.",
+            },
         },
         "channels": channels,
         "operations": operations,

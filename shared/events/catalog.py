@@ -57,6 +57,7 @@ def gate_prefix(node: str, role: str) -> str:
     """The JetStream API prefix of `<role>.<node>`: its calls go to the state gate, never to `$JS.API`."""
     return f"{GATE_SUBJECT}.{node}.{role}"
 
+
 _TOKEN = re.compile(r"\{(\w+)\}")
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -134,9 +135,7 @@ class Entry:
             raise SubjectError(f"subject {self.subject!r} needs tokens {missing}")
         for key, value in tokens.items():
             if not _SAFE_TOKEN.match(value):
-                raise SubjectError(
-                    f"subject token {key}={value!r} must match [A-Za-z0-9_-]+ (no dots or wildcards)"
-                )
+                raise SubjectError(f"subject token {key}={value!r} must match [A-Za-z0-9_-]+ (no dots or wildcards)")
         return _TOKEN.sub(lambda m: tokens[m.group(1)], self.subject)
 
     def wildcard(self, **tokens: str) -> str:
@@ -145,82 +144,138 @@ class Entry:
 
 
 INVENTORY = Entry(
-    "inventory", "dra.v1.inventory.{node}", NodeInventory, "event",
+    "inventory",
+    "dra.v1.inventory.{node}",
+    NodeInventory,
+    "event",
     "A node's GPU inventory changed (also the last value in KV bucket dra-inventory, key <node>).",
     binds=(("node", "node"),),
 )
 INVENTORY_WITHDRAWN = Entry(
-    "inventory-withdrawn", "dra.v1.inventory-withdrawn.{node}", InventoryWithdrawn, "event",
+    "inventory-withdrawn",
+    "dra.v1.inventory-withdrawn.{node}",
+    InventoryWithdrawn,
+    "event",
     "A node's discovery withdrew its inventory for good; its ResourceSlices are deleted.",
     binds=(("node", "node"),),
 )
 HEALTH = Entry(
-    "device-health", "dra.v1.health.{node}.{device}", DeviceHealth, "event",
+    "device-health",
+    "dra.v1.health.{node}.{device}",
+    DeviceHealth,
+    "event",
     "A device's health changed (XID, GPU lost, recovered); last value in KV dra-health.",
     binds=(("node", "node"), ("device", "device")),
 )
 CLAIM = Entry(
-    "claim-lifecycle", "dra.v1.claim.{namespace}.{node}.{event}", ClaimLifecycle, "event",
+    "claim-lifecycle",
+    "dra.v1.claim.{namespace}.{node}.{event}",
+    ClaimLifecycle,
+    "event",
     "A claim was prepared, failed, unprepared or rolled back on a node.",
     binds=(("namespace", "claim_namespace"), ("node", "node"), ("event", "event")),
 )
 DEVICE_SET_SHARING = Entry(
-    "device-set-sharing", "dra.v1.device.{node}.set-sharing", SetSharingRequest, "request",
-    "Set compute mode and time-slice interval on GPUs.", SetSharingReply,
+    "device-set-sharing",
+    "dra.v1.device.{node}.set-sharing",
+    SetSharingRequest,
+    "request",
+    "Set compute mode and time-slice interval on GPUs.",
+    SetSharingReply,
     requesters=("preparer",),
 )
 DEVICE_MIG_CREATE = Entry(
-    "device-mig-create", "dra.v1.device.{node}.mig-create", MigCreateRequest, "request",
-    "Create a MIG device at a placement (idempotent).", MigCreateReply,
+    "device-mig-create",
+    "dra.v1.device.{node}.mig-create",
+    MigCreateRequest,
+    "request",
+    "Create a MIG device at a placement (idempotent).",
+    MigCreateReply,
     requesters=("preparer",),
 )
 DEVICE_MIG_DESTROY = Entry(
-    "device-mig-destroy", "dra.v1.device.{node}.mig-destroy", MigDestroyRequest, "request",
-    "Destroy a MIG device (idempotent).", MigDestroyReply,
+    "device-mig-destroy",
+    "dra.v1.device.{node}.mig-destroy",
+    MigDestroyRequest,
+    "request",
+    "Destroy a MIG device (idempotent).",
+    MigDestroyReply,
     requesters=("preparer",),
 )
 DEVICE_MPS_START = Entry(
-    "device-mps-start", "dra.v1.device.{node}.mps-start", MpsStartRequest, "request",
-    "Start an MPS control daemon for GPUs with limits (idempotent).", MpsStartReply,
+    "device-mps-start",
+    "dra.v1.device.{node}.mps-start",
+    MpsStartRequest,
+    "request",
+    "Start an MPS control daemon for GPUs with limits (idempotent).",
+    MpsStartReply,
     requesters=("preparer",),
 )
 DEVICE_MPS_STOP = Entry(
-    "device-mps-stop", "dra.v1.device.{node}.mps-stop", MpsStopRequest, "request",
-    "Stop an MPS control daemon (idempotent).", MpsStopReply,
+    "device-mps-stop",
+    "dra.v1.device.{node}.mps-stop",
+    MpsStopRequest,
+    "request",
+    "Stop an MPS control daemon (idempotent).",
+    MpsStopReply,
     requesters=("preparer",),
 )
 DEVICE_PARTITION_ACTIVATE = Entry(
-    "device-partition-activate", "dra.v1.device.{node}.partition-activate", PartitionActivateRequest, "request",
-    "Activate a Fabric Manager NVLink partition for a claim's GPUs (idempotent).", PartitionActivateReply,
+    "device-partition-activate",
+    "dra.v1.device.{node}.partition-activate",
+    PartitionActivateRequest,
+    "request",
+    "Activate a Fabric Manager NVLink partition for a claim's GPUs (idempotent).",
+    PartitionActivateReply,
     requesters=("preparer",),
 )
 DEVICE_PARTITION_DEACTIVATE = Entry(
-    "device-partition-deactivate", "dra.v1.device.{node}.partition-deactivate", PartitionDeactivateRequest,
-    "request", "Deactivate a Fabric Manager NVLink partition (idempotent).", PartitionDeactivateReply,
+    "device-partition-deactivate",
+    "dra.v1.device.{node}.partition-deactivate",
+    PartitionDeactivateRequest,
+    "request",
+    "Deactivate a Fabric Manager NVLink partition (idempotent).",
+    PartitionDeactivateReply,
     requesters=("preparer",),
 )
 DEVICE_INJECT_XID = Entry(
-    "device-inject-xid", "dra.v1.device.{node}.inject-xid", InjectXidRequest, "request",
-    "Simulation: raise an XID or GPU-lost on a device, or recover it.", InjectXidReply,
+    "device-inject-xid",
+    "dra.v1.device.{node}.inject-xid",
+    InjectXidRequest,
+    "request",
+    "Simulation: raise an XID or GPU-lost on a device, or recover it.",
+    InjectXidReply,
     requesters=("preparer",),
 )
 CD_MEMBER = Entry(
-    "cd-member", "dra.v1.cd.{domain_uid}.member.{node}", DomainMember, "event",
+    "cd-member",
+    "dra.v1.cd.{domain_uid}.member.{node}",
+    DomainMember,
+    "event",
     "A node joined, changed or left a ComputeDomain (last value in KV dra-cd-members).",
     binds=(("domain_uid", "domain_uid"), ("node", "node")),
 )
 CD_STATUS = Entry(
-    "cd-status", "dra.v1.cd.{domain_uid}.status", DomainStatusChanged, "event",
+    "cd-status",
+    "dra.v1.cd.{domain_uid}.status",
+    DomainStatusChanged,
+    "event",
     "A ComputeDomain's readiness changed.",
     binds=(("domain_uid", "domain_uid"),),
 )
 CD_MEMBER_LEFT = Entry(
-    "cd-member-left", "dra.v1.cd.{domain_uid}.left.{node}", MemberLeft, "event",
+    "cd-member-left",
+    "dra.v1.cd.{domain_uid}.left.{node}",
+    MemberLeft,
+    "event",
     "A node left a ComputeDomain (its KV entry under <domain-uid>.<node> was deleted).",
     binds=(("domain_uid", "domain_uid"), ("node", "node")),
 )
 CD_DELETED = Entry(
-    "cd-deleted", "dra.v1.cd.{domain_uid}.deleted", DomainDeleted, "event",
+    "cd-deleted",
+    "dra.v1.cd.{domain_uid}.deleted",
+    DomainDeleted,
+    "event",
     "A ComputeDomain is being deleted; its daemons stop and its members leave.",
     binds=(("domain_uid", "domain_uid"),),
 )
@@ -228,17 +283,28 @@ CD_DELETED = Entry(
 # `dra.v1.cd.>`: that prefix is captured by the DRA_EVENTS stream, which would answer a request
 # with a JetStream ack, and its second token is a domain UID.
 CD_AGENT_JOIN = Entry(
-    "cd-agent-join", "dra.v1.cd-agent.{node}.join", JoinRequest, "request",
-    "A channel claim for a ComputeDomain is prepared on a node: run its IMEX daemon, join.", JoinReply,
+    "cd-agent-join",
+    "dra.v1.cd-agent.{node}.join",
+    JoinRequest,
+    "request",
+    "A channel claim for a ComputeDomain is prepared on a node: run its IMEX daemon, join.",
+    JoinReply,
     requesters=("preparer",),
 )
 CD_AGENT_LEAVE = Entry(
-    "cd-agent-leave", "dra.v1.cd-agent.{node}.leave", LeaveRequest, "request",
-    "A channel claim was unprepared on a node; the last one leaves the domain.", LeaveReply,
+    "cd-agent-leave",
+    "dra.v1.cd-agent.{node}.leave",
+    LeaveRequest,
+    "request",
+    "A channel claim was unprepared on a node; the last one leaves the domain.",
+    LeaveReply,
     requesters=("preparer",),
 )
 DEAD_LETTER = Entry(
-    "dead-letter", "dra.v1.deadletter.{identity}.{consumer}", DeadLetter, "event",
+    "dead-letter",
+    "dra.v1.deadletter.{identity}.{consumer}",
+    DeadLetter,
+    "event",
     "A message a consumer could not decode, with the reason; filed under the NATS identity of the "
     "consumer that saw it, the only dead-letter subjects that identity may publish.",
 )
@@ -305,7 +371,7 @@ class Bucket:
         if len(parts) > len(pattern):
             if not self.key_rest:
                 return None
-            parts = [*parts[: len(pattern) - 1], ".".join(parts[len(pattern) - 1:])]
+            parts = [*parts[: len(pattern) - 1], ".".join(parts[len(pattern) - 1 :])]
         return _match_tokens(pattern, parts)
 
 
@@ -317,18 +383,33 @@ EVENTS_STREAM = Stream(
 )
 # A letter keeps up to 64 KiB of the refused payload. Per identity and consumer, the first letters are kept
 # (the forensic record of an attack) and a flood of later ones is refused, never the other way round.
-DEAD_LETTER_STREAM = Stream("DRA_DEADLETTER", ("dra.v1.deadletter.>",), max_age_s=3 * 24 * 3600, max_bytes=64 << 20,
-                            max_msg_size=80 * 1024, max_msgs_per_subject=256, discard_new=True)
+DEAD_LETTER_STREAM = Stream(
+    "DRA_DEADLETTER",
+    ("dra.v1.deadletter.>",),
+    max_age_s=3 * 24 * 3600,
+    max_bytes=64 << 20,
+    max_msg_size=80 * 1024,
+    max_msgs_per_subject=256,
+    discard_new=True,
+)
 STREAMS: tuple[Stream, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM)
 
 # 2 GiB: one value per node (history 1, each node writes only its own key); 65,000 nodes x 8 H100s is ~1.3 GB
 # (bench/fleet_bench.py), past the 256 MiB default at ~13,000 nodes
-INVENTORY_BUCKET = Bucket("dra-inventory", NodeInventory, key="{node}", binds=(("node", "node"),),
-                          max_value_size=1024 * 1024, max_bytes=2 * 1024 * 1024 * 1024)
-HEALTH_BUCKET = Bucket("dra-health", DeviceHealth, key="{node}.{device}", key_rest=True,
-                       binds=(("node", "node"), ("device", "device")))
-CD_MEMBERS_BUCKET = Bucket("dra-cd-members", DomainMember, key="{domain_uid}.{node}",
-                           binds=(("domain_uid", "domain_uid"), ("node", "node")))
+INVENTORY_BUCKET = Bucket(
+    "dra-inventory",
+    NodeInventory,
+    key="{node}",
+    binds=(("node", "node"),),
+    max_value_size=1024 * 1024,
+    max_bytes=2 * 1024 * 1024 * 1024,
+)
+HEALTH_BUCKET = Bucket(
+    "dra-health", DeviceHealth, key="{node}.{device}", key_rest=True, binds=(("node", "node"), ("device", "device"))
+)
+CD_MEMBERS_BUCKET = Bucket(
+    "dra-cd-members", DomainMember, key="{domain_uid}.{node}", binds=(("domain_uid", "domain_uid"), ("node", "node"))
+)
 BUCKETS: tuple[Bucket, ...] = (INVENTORY_BUCKET, HEALTH_BUCKET, CD_MEMBERS_BUCKET)
 
 

@@ -32,8 +32,9 @@ def source(publisher: str) -> str:
 
 
 def rfc3339(unix_s: float) -> str:
-    return datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat(timespec="microseconds").replace(
-        "+00:00", "Z")
+    return (
+        datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    )
 
 
 def headers(entry: Entry, message: Message, subject: str, fallback_id: str, publisher: str) -> dict[str, str]:

@@ -44,8 +44,15 @@ def _shape(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
     return ("type", kind)
 
 
-def _compare_object(where: str, old: dict[str, Any], new: dict[str, Any], old_defs: dict[str, Any],
-                    new_defs: dict[str, Any], out: list[str], seen: set[str]) -> None:
+def _compare_object(
+    where: str,
+    old: dict[str, Any],
+    new: dict[str, Any],
+    old_defs: dict[str, Any],
+    new_defs: dict[str, Any],
+    out: list[str],
+    seen: set[str],
+) -> None:
     old_props, new_props = old.get("properties", {}), new.get("properties", {})
     for field, old_field in old_props.items():
         if field not in new_props:
@@ -57,11 +64,14 @@ def _compare_object(where: str, old: dict[str, Any], new: dict[str, Any], old_de
         removed = set(map(str, old_field.get("enum", []))) - set(map(str, new_field.get("enum", [])))
         if removed:
             out.append(f"{where}: field {field!r} lost enum values {sorted(removed)}")
-        for old_ref, new_ref in ((_resolve(old_field, old_defs), _resolve(new_field, new_defs)),
-                                 *[(_resolve(a, old_defs), _resolve(b, new_defs))
-                                   for a, b in zip(old_field.get("anyOf", []), new_field.get("anyOf", []), strict=False)],
-                                 (_resolve(old_field.get("items", {}), old_defs),
-                                  _resolve(new_field.get("items", {}), new_defs))):
+        for old_ref, new_ref in (
+            (_resolve(old_field, old_defs), _resolve(new_field, new_defs)),
+            *[
+                (_resolve(a, old_defs), _resolve(b, new_defs))
+                for a, b in zip(old_field.get("anyOf", []), new_field.get("anyOf", []), strict=False)
+            ],
+            (_resolve(old_field.get("items", {}), old_defs), _resolve(new_field.get("items", {}), new_defs)),
+        ):
             title = old_ref.get("title", "")
             if old_ref.get("properties") and title and title not in seen:
                 seen.add(title)
@@ -95,6 +105,5 @@ def breaking_changes(released: Schemas, current: Schemas) -> list[str]:
         if new is None:
             out.append(f"message schema {name} removed")
             continue
-        _compare_object(name.removesuffix(".json"), old, new, old.get("$defs", {}), new.get("$defs", {}), out,
-                        set())
+        _compare_object(name.removesuffix(".json"), old, new, old.get("$defs", {}), new.get("$defs", {}), out, set())
     return out

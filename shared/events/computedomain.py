@@ -71,7 +71,9 @@ class JoinReply(Message, kw_only=True):
     (e.g. the claim is not in the domain's namespace: permanent), `internal`."""
 
     ok: Annotated[bool, doc("Whether the request was carried out.")]
-    error_code: Annotated[JoinErrorCode, doc("Why not, for programs: conflict, invalid, unavailable or internal; '' on success.")] = ""
+    error_code: Annotated[
+        JoinErrorCode, doc("Why not, for programs: conflict, invalid, unavailable or internal; '' on success.")
+    ] = ""
     error: Annotated[str, doc("Why not, for people; '' on success.")] = ""
     domain_uid: Annotated[str, doc("The ComputeDomain's metadata.uid; equals the subject's domain token.")] = ""
     domain_name: Annotated[str, doc("The domain's name.")] = ""

@@ -40,18 +40,22 @@ class MetadataDevice(msgspec.Struct, kw_only=True, omit_defaults=True):
     driver: Annotated[str, doc("The DRA driver that prepared it, gpu.nvidia.com.")]
     pool: Annotated[str, doc("The resource pool it was allocated from (the node's name).")]
     name: Annotated[str, doc("The device name in the pool, e.g. gpu-0, gpu-vfio-1, gpu-0-mig-1g10gb-19-0.")]
-    attributes: Annotated[dict[str, DeviceAttributeValue], doc(
-        "Facts about the device as prepared, by attribute name: type, uuid, parentUUID (MIG), "
-        "resource.kubernetes.io/pciBusID, iommuGroup (VFIO), numaNode, shareID (a share).")] = (
-        msgspec.field(default_factory=dict))
+    attributes: Annotated[
+        dict[str, DeviceAttributeValue],
+        doc(
+            "Facts about the device as prepared, by attribute name: type, uuid, parentUUID (MIG), "
+            "resource.kubernetes.io/pciBusID, iommuGroup (VFIO), numaNode, shareID (a share)."
+        ),
+    ] = msgspec.field(default_factory=dict)
 
 
 class MetadataRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One request of the claim and the devices allocated for it by this driver."""
 
     name: Annotated[str, doc("The request name; req/sub for a subrequest of firstAvailable.")]
-    devices: Annotated[list[MetadataDevice], doc("The request's devices prepared by this driver.")] = (
-        msgspec.field(default_factory=list))
+    devices: Annotated[list[MetadataDevice], doc("The request's devices prepared by this driver.")] = msgspec.field(
+        default_factory=list
+    )
 
 
 class MetadataObjectMeta(msgspec.Struct, kw_only=True):
@@ -69,18 +73,26 @@ class DeviceMetadata(msgspec.Struct, kw_only=True, omit_defaults=True):
     apiVersion: Annotated[str, doc("metadata.resource.k8s.io/v1alpha1.")]  # noqa: N815
     kind: Annotated[str, doc("DeviceMetadata.")]
     metadata: Annotated[MetadataObjectMeta, doc("The claim the file describes.")]
-    podClaimName: Annotated[str | None, doc(  # noqa: N815
-        "The pod's name for a claim made from a ResourceClaimTemplate; absent for a claim named directly.")] = None
-    requests: Annotated[list[MetadataRequest], doc("The request this file is for (one entry).")] = (
-        msgspec.field(default_factory=list))
+    podClaimName: Annotated[
+        str | None,
+        doc(  # noqa: N815
+            "The pod's name for a claim made from a ResourceClaimTemplate; absent for a claim named directly."
+        ),
+    ] = None
+    requests: Annotated[list[MetadataRequest], doc("The request this file is for (one entry).")] = msgspec.field(
+        default_factory=list
+    )
 
 
-def document(*, name: str, namespace: str, uid: str, pod_claim_name: str,
-             request: MetadataRequest) -> DeviceMetadata:
+def document(*, name: str, namespace: str, uid: str, pod_claim_name: str, request: MetadataRequest) -> DeviceMetadata:
     """The v1alpha1 object for one request of a claim."""
-    return DeviceMetadata(apiVersion=API_VERSION, kind=KIND,
-                          metadata=MetadataObjectMeta(name=name, namespace=namespace, uid=uid),
-                          podClaimName=pod_claim_name or None, requests=[request])
+    return DeviceMetadata(
+        apiVersion=API_VERSION,
+        kind=KIND,
+        metadata=MetadataObjectMeta(name=name, namespace=namespace, uid=uid),
+        podClaimName=pod_claim_name or None,
+        requests=[request],
+    )
 
 
 def container_path(driver: str, request: str, *, claim_name: str, pod_claim_name: str = "") -> str:

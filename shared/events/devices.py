@@ -16,7 +16,9 @@ from shared.events.inventory import MigDevice, MigPlacement
 class DeviceOpError(msgspec.Struct, kw_only=True):
     """Why an operation was refused. `code` is stable for programs; `message` is for people."""
 
-    code: Annotated[str, doc("Stable code for programs: not-found, placement-overlap, invalid-argument, nvml-error, ...")]
+    code: Annotated[
+        str, doc("Stable code for programs: not-found, placement-overlap, invalid-argument, nvml-error, ...")
+    ]
     message: Annotated[str, doc("What went wrong, for people.")]
 
 
@@ -24,7 +26,9 @@ class SetSharingRequest(Message, kw_only=True):
     """Set compute mode and time-slice interval on GPUs (by UUID)."""
 
     gpu_uuids: Annotated[list[str], doc("The GPUs, by UUID.")]
-    compute_mode: Annotated[Literal["Default", "ExclusiveProcess", "Prohibited"], doc("NVML compute mode to set.")] = "Default"
+    compute_mode: Annotated[Literal["Default", "ExclusiveProcess", "Prohibited"], doc("NVML compute mode to set.")] = (
+        "Default"
+    )
     timeslice: Annotated[Literal["Default", "Short", "Medium", "Long"], doc("Time-slice interval to set.")] = "Default"
 
 
@@ -64,9 +68,12 @@ class MpsStartRequest(Message, kw_only=True):
 
     daemon_id: Annotated[str, doc("Claim-scoped id of the MPS control daemon, chosen by the preparer.")]
     gpu_uuids: Annotated[list[str], doc("The GPUs, by UUID.")]
-    active_thread_percentage: Annotated[int | None, doc("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for clients; null: unlimited.", unit="percent")] = None
-    pinned_device_memory_limits: Annotated[dict[str, int], doc("Pinned device memory limit per GPU UUID.", unit="bytes")] = (
-        msgspec.field(default_factory=dict))
+    active_thread_percentage: Annotated[
+        int | None, doc("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for clients; null: unlimited.", unit="percent")
+    ] = None
+    pinned_device_memory_limits: Annotated[
+        dict[str, int], doc("Pinned device memory limit per GPU UUID.", unit="bytes")
+    ] = msgspec.field(default_factory=dict)
 
 
 class MpsStartReply(Message, kw_only=True):

@@ -13,8 +13,7 @@ class DeviceHealth(Message, kw_only=True):
     """The health of one device. Published on change; last value kept in KV `<node>.<device>`."""
 
     node: Annotated[str, doc("The node; equals the subject's node token.")]
-    device: Annotated[str, doc("The device name, gpu-<minor> or a MIG device name; equals the subject's "
-                               "device token.")]
+    device: Annotated[str, doc("The device name, gpu-<minor> or a MIG device name; equals the subject's device token.")]
     uuid: Annotated[str, doc("The GPU or MIG device UUID.")] = ""
     state: Annotated[HealthState, doc("Healthy, Unhealthy or Unknown.")]
     reason: Annotated[str, doc("What changed: xid, gpu-lost or recovered.")] = ""

@@ -40,8 +40,9 @@ class MigProfile(MigResources, kw_only=True):
     gi_profile_id: Annotated[int, doc("NVML GpuInstanceProfileInfo.id of the profile.")]
     ci_profile_id: Annotated[int, doc("NVML compute-instance profile id used with it.")] = 0
     slice_count: Annotated[int, doc("Compute slices the profile takes.")]
-    placements: Annotated[list[MigPlacement], doc("Every placement NVML allows for the profile.")] = (
-        msgspec.field(default_factory=list))
+    placements: Annotated[list[MigPlacement], doc("Every placement NVML allows for the profile.")] = msgspec.field(
+        default_factory=list
+    )
 
 
 class MigDevice(MigResources, kw_only=True):
@@ -55,9 +56,11 @@ class MigDevice(MigResources, kw_only=True):
     gpu_instance_id: Annotated[int, doc("NVML GPU instance id.")]
     compute_instance_id: Annotated[int, doc("NVML compute instance id.")]
     device_path_caps: Annotated[list[str], doc("The /dev/nvidia-caps/nvidia-capN nodes giving access.")] = (
-        msgspec.field(default_factory=list))
-    mps_daemon: Annotated[str, doc("Id of the MPS control daemon serving this MIG device (mig+mps shares); '' "
-                                   "when none.")] = ""
+        msgspec.field(default_factory=list)
+    )
+    mps_daemon: Annotated[
+        str, doc("Id of the MPS control daemon serving this MIG device (mig+mps shares); '' when none.")
+    ] = ""
 
 
 class FabricInfo(msgspec.Struct, kw_only=True):
@@ -66,7 +69,8 @@ class FabricInfo(msgspec.Struct, kw_only=True):
     cluster_uuid: Annotated[str, doc("The NVLink fabric cluster UUID.")]
     clique_id: Annotated[int, doc("The NVLink clique id within the cluster.")]
     state: Annotated[str, doc("The fabric registration state, as NVML reports it (completed when usable).")] = (
-        "completed")
+        "completed"
+    )
 
 
 class Sharing(msgspec.Struct, kw_only=True):
@@ -83,8 +87,10 @@ class FabricPartitionGpu(msgspec.Struct, kw_only=True):
     module_id: Annotated[int, doc("The GPU's module (physical) id on the baseboard, as Fabric Manager reports it.")]
     pci_bus_id: Annotated[str, doc("PCI bus id, normalised as Gpu.pci_bus_id, e.g. 0000:3b:00.0.")]
     uuid: Annotated[str, doc("The GPU UUID as Fabric Manager reports it; '' when it reports none.")] = ""
-    device: Annotated[str, doc("The inventory's GPU it is (gpu-<minor>, matched by PCI bus id, else module "
-                               "id); '' when none matches.")] = ""
+    device: Annotated[
+        str,
+        doc("The inventory's GPU it is (gpu-<minor>, matched by PCI bus id, else module id); '' when none matches."),
+    ] = ""
     nvlinks_available: Annotated[int, doc("NVLinks of the GPU available to the partition.")] = 0
     max_nvlinks: Annotated[int, doc("NVLinks the GPU has.")] = 0
     nvlink_line_rate_mbps: Annotated[int, doc("NVLink line rate.", unit="MBps")] = 0
@@ -108,7 +114,8 @@ class FabricManagerState(msgspec.Struct, kw_only=True):
     """Fabric Manager partitions on a node whose discovery runs with --fabric-manager-partitions."""
 
     partitions: Annotated[list[FabricPartition], doc("Every partition Fabric Manager supports on the node.")] = (
-        msgspec.field(default_factory=list))
+        msgspec.field(default_factory=list)
+    )
     error: Annotated[str, doc("Why Fabric Manager could not be asked at the last scan; '' when it answered.")] = ""
 
 
@@ -131,10 +138,8 @@ class Gpu(msgspec.Struct, kw_only=True):
     mig_capable: Annotated[bool, doc("Whether the GPU supports MIG.")] = False
     mig_enabled: Annotated[bool, doc("Whether MIG mode is on.")] = False
     memory_slice_count: Annotated[int, doc("MIG memory slices of the GPU; 0 without MIG.")] = 0
-    mig_profiles: Annotated[list[MigProfile], doc("The GPU's MIG profile table.")] = (
-        msgspec.field(default_factory=list))
-    mig_devices: Annotated[list[MigDevice], doc("MIG devices that exist now.")] = (
-        msgspec.field(default_factory=list))
+    mig_profiles: Annotated[list[MigProfile], doc("The GPU's MIG profile table.")] = msgspec.field(default_factory=list)
+    mig_devices: Annotated[list[MigDevice], doc("MIG devices that exist now.")] = msgspec.field(default_factory=list)
     fabric: Annotated[FabricInfo | None, doc("NVLink fabric membership; null without Multi-Node NVLink.")] = None
     sharing: Annotated[Sharing, doc("The sharing state applied to the GPU.")] = msgspec.field(default_factory=Sharing)
     device_path: Annotated[str, doc("The device node, /dev/nvidia<minor>.")] = ""
@@ -148,16 +153,22 @@ class NodeInventory(Message, kw_only=True):
     driver_version: Annotated[str, doc("NVIDIA driver version, semver-normalised, e.g. 550.163.1.")]
     cuda_driver_version: Annotated[str, doc("CUDA driver API version, e.g. 12.4.0.")]
     gpus: Annotated[list[Gpu], doc("The node's physical GPUs.")] = msgspec.field(default_factory=list)
-    control_device_paths: Annotated[list[str], doc("Control device nodes, e.g. /dev/nvidiactl.")] = (
-        msgspec.field(default_factory=list))
+    control_device_paths: Annotated[list[str], doc("Control device nodes, e.g. /dev/nvidiactl.")] = msgspec.field(
+        default_factory=list
+    )
     dev_root: Annotated[str, doc("Where the node's /dev lives (a fake tree under simulation).")] = "/"
     simulated: Annotated[bool, doc("True when the inventory comes from the simulated NVML.")] = False
-    features: Annotated[dict[str, bool], doc(
-        "The feature gates in force on the node's discovery (`gpu-dra features`), by name: the publisher offers "
-        "a gated feature's devices only on nodes whose gate is on. Empty from older nodes: the defaults.")] = (
-        msgspec.field(default_factory=dict))
-    fabric_manager: Annotated[FabricManagerState | None, doc(
-        "Fabric Manager's NVLink partitions (shared NVSwitch mode); null when the node does not use them.")] = None
+    features: Annotated[
+        dict[str, bool],
+        doc(
+            "The feature gates in force on the node's discovery (`gpu-dra features`), by name: the publisher offers "
+            "a gated feature's devices only on nodes whose gate is on. Empty from older nodes: the defaults."
+        ),
+    ] = msgspec.field(default_factory=dict)
+    fabric_manager: Annotated[
+        FabricManagerState | None,
+        doc("Fabric Manager's NVLink partitions (shared NVSwitch mode); null when the node does not use them."),
+    ] = None
     content_hash: Annotated[str, doc("Hash of the content above; an unchanged hash means nothing changed.")] = ""
     observed_at: Annotated[float, OBSERVED_AT] = 0.0
 

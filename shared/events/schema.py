@@ -15,8 +15,10 @@ from shared.events.catalog import BUCKETS, CATALOG, STREAMS
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # files (not bus messages) whose format is part of the contract: name -> (type, where it is found)
 FILES: dict[str, tuple[type[msgspec.Struct], str]] = {
-    "device-metadata": (devicemetadata.DeviceMetadata, devicemetadata.container_path(
-        "<driver>", "<request>", claim_name="<claim>")),
+    "device-metadata": (
+        devicemetadata.DeviceMetadata,
+        devicemetadata.container_path("<driver>", "<request>", claim_name="<claim>"),
+    ),
 }
 
 
@@ -42,20 +44,28 @@ def write_schemas(out_dir: Path) -> dict[str, Any]:
             if tp.__name__ not in written:
                 (out_dir / f"{tp.__name__}.json").write_text(json.dumps(message_schema(tp), indent=2) + "\n")
                 written.add(tp.__name__)
-        index["subjects"].append({
-            "name": entry.name,
-            "subject": entry.subject,
-            "subscribe": entry.wildcard(),
-            "pattern": entry.pattern,
-            "summary": entry.summary,
-            "schema": f"{entry.message.__name__}.json",
-            **({"reply_schema": f"{entry.reply.__name__}.json"} if entry.reply else {}),
-            # identity: which body field must name what each subject token names (see docs/security.md)
-            **({"binds": dict(entry.binds)} if entry.binds else {}),
-        })
+        index["subjects"].append(
+            {
+                "name": entry.name,
+                "subject": entry.subject,
+                "subscribe": entry.wildcard(),
+                "pattern": entry.pattern,
+                "summary": entry.summary,
+                "schema": f"{entry.message.__name__}.json",
+                **({"reply_schema": f"{entry.reply.__name__}.json"} if entry.reply else {}),
+                # identity: which body field must name what each subject token names (see docs/security.md)
+                **({"binds": dict(entry.binds)} if entry.binds else {}),
+            }
+        )
     index["streams"] = [{"name": s.name, "subjects": list(s.subjects), "max_age_s": s.max_age_s} for s in STREAMS]
-    index["buckets"] = [{"name": b.name, "schema": f"{b.message.__name__}.json",
-                         **({"key": b.key, "binds": dict(b.binds)} if b.binds else {})} for b in BUCKETS]
+    index["buckets"] = [
+        {
+            "name": b.name,
+            "schema": f"{b.message.__name__}.json",
+            **({"key": b.key, "binds": dict(b.binds)} if b.binds else {}),
+        }
+        for b in BUCKETS
+    ]
     index["files"] = []
     for name, (file_type, path) in FILES.items():
         (out_dir / f"{file_type.__name__}.json").write_text(json.dumps(message_schema(file_type), indent=2) + "\n")

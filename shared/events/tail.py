@@ -96,10 +96,18 @@ def render(msg: Msg, as_json: bool) -> str:
         body = msgspec.json.decode(msg.data)
     except msgspec.DecodeError:
         body = {"undecodable": msg.data[:200].decode("utf-8", "replace")}
-    observed = headers.get("ce-time") or datetime.datetime.fromtimestamp(
-        float(body.get("observed_at") or 0), datetime.UTC).isoformat()
-    record = {"time": observed, "type": headers.get("ce-type", entry.name if entry else ""),
-              "id": headers.get("ce-id", ""), "subject": msg.subject, "trace_id": _trace_id(headers), "data": body}
+    observed = (
+        headers.get("ce-time")
+        or datetime.datetime.fromtimestamp(float(body.get("observed_at") or 0), datetime.UTC).isoformat()
+    )
+    record = {
+        "time": observed,
+        "type": headers.get("ce-type", entry.name if entry else ""),
+        "id": headers.get("ce-id", ""),
+        "subject": msg.subject,
+        "trace_id": _trace_id(headers),
+        "data": body,
+    }
     if as_json:
         return json.dumps(record, separators=(",", ":"))
     name = entry.name if entry else "?"
@@ -107,8 +115,9 @@ def render(msg: Msg, as_json: bool) -> str:
     return f"{observed} {name:<18} {_summary(entry, body)}{trace}"
 
 
-async def tail(target: Target, filters: list[str], *, since_s: float | None, count: int, as_json: bool,
-               out: Any) -> int:
+async def tail(
+    target: Target, filters: list[str], *, since_s: float | None, count: int, as_json: bool, out: Any
+) -> int:
     tls = NatsTLS(creds_file=target.creds) if target.creds else None
     bus = await Bus.connect(target.url, name="events-tail", user=target.user or None, tls=tls, initial_attempts=3)
     seen = 0
@@ -136,9 +145,14 @@ async def tail(target: Target, filters: list[str], *, since_s: float | None, cou
                 await bus.nc.subscribe(subject, cb=show)
             else:
                 start = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=since_s)
-                await bus.js.subscribe(subject, stream=EVENTS_STREAM.name, cb=show, ordered_consumer=True,
-                                       deliver_policy=DeliverPolicy.BY_START_TIME,
-                                       config=ConsumerConfig(opt_start_time=start))
+                await bus.js.subscribe(
+                    subject,
+                    stream=EVENTS_STREAM.name,
+                    cb=show,
+                    ordered_consumer=True,
+                    deliver_policy=DeliverPolicy.BY_START_TIME,
+                    config=ConsumerConfig(opt_start_time=start),
+                )
         await done.wait()
     finally:
         await bus.close()
@@ -161,8 +175,11 @@ def add_parser(sub: Any) -> None:
     tail_args.add_argument("--since", help="replay from this long ago first (e.g. 10m, 2h)")
     tail_args.add_argument("--node", default="", help="only events of this node")
     tail_args.add_argument("--namespace", default="", help="only claim events of this namespace")
-    tail_args.add_argument("--type", default="", help="a catalog event name (claim-lifecycle, device-health, ...) "
-                                                      "or a claim step (prepared, unprepared, ...)")
+    tail_args.add_argument(
+        "--type",
+        default="",
+        help="a catalog event name (claim-lifecycle, device-health, ...) or a claim step (prepared, unprepared, ...)",
+    )
     tail_args.add_argument("-o", "--output", choices=("line", "json"), default="line")
     tail_args.add_argument("--count", type=int, default=0, help="stop after this many events (0: never)")
     add_target_flags(tail_args)
@@ -178,7 +195,8 @@ def run(args: argparse.Namespace, out: Any) -> int:
         raise TailError("the filters exclude every event (e.g. --namespace with a --type that has no namespace)")
     target = resolve_target(args, dict(os.environ))
     try:
-        return asyncio.run(tail(target, filters, since_s=since, count=args.count, as_json=args.output == "json",
-                                out=out))
+        return asyncio.run(
+            tail(target, filters, since_s=since, count=args.count, as_json=args.output == "json", out=out)
+        )
     except KeyboardInterrupt:
         return 0

@@ -24,8 +24,15 @@ class KubeConfigError(RuntimeError):
     unreadable); the message says what to give instead."""
 
 
-async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "", ca_file: str = "",
-                          insecure_skip_tls_verify: bool = False, max_connections: int = 0) -> Any:
+async def kube_api_client(
+    kubeconfig: str = "",
+    *,
+    url: str = "",
+    token: str = "",
+    ca_file: str = "",
+    insecure_skip_tls_verify: bool = False,
+    max_connections: int = 0,
+) -> Any:
     """A kubernetes-asyncio ApiClient, from the first that applies: `url` (with a bearer `token` and
     the `ca_file` that signs its certificate), in-cluster credentials when no kubeconfig is given and
     the process runs in a pod, else the kubeconfig file (`KUBECONFIG` / `~/.kube/config` when empty): a
@@ -47,8 +54,11 @@ async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "
             configuration.ssl_ca_cert = ca_file
         if insecure_skip_tls_verify:
             configuration.verify_ssl = False
-            log.warning("TLS verification of the API server is OFF (--api-insecure-skip-tls-verify): anyone on "
-                        "the path can read the token and the traffic; give --api-ca-file instead", url=url)
+            log.warning(
+                "TLS verification of the API server is OFF (--api-insecure-skip-tls-verify): anyone on "
+                "the path can read the token and the traffic; give --api-ca-file instead",
+                url=url,
+            )
     elif insecure_skip_tls_verify:
         raise ValueError("insecure_skip_tls_verify applies to an API URL only; a kubeconfig says it itself")
     else:
@@ -61,8 +71,10 @@ async def kube_api_client(kubeconfig: str = "", *, url: str = "", token: str = "
             elif not await asyncio.to_thread(load_json_kubeconfig, kubeconfig, configuration):
                 await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
         except Exception as exc:  # noqa: BLE001 - kubeconfig and in-cluster loading raise many types
-            raise KubeConfigError(f"cannot configure the Kubernetes client: {exc}; give --kubeconfig (or "
-                                  "KUBECONFIG) or run in a pod with a ServiceAccount") from exc
+            raise KubeConfigError(
+                f"cannot configure the Kubernetes client: {exc}; give --kubeconfig (or "
+                "KUBECONFIG) or run in a pod with a ServiceAccount"
+            ) from exc
     if max_connections > 0:
         configuration.connection_pool_maxsize = max_connections
     api = client.ApiClient(configuration)
@@ -83,8 +95,10 @@ def _check_kubeconfig_file(kubeconfig: str) -> None:
             pass
     except OSError as exc:
         source = "--kubeconfig" if kubeconfig else ("KUBECONFIG" if os.environ.get("KUBECONFIG") else "default")
-        raise KubeConfigError(f"cannot read the kubeconfig {path} ({source}): {exc.strerror}; give --kubeconfig "
-                              "(or KUBECONFIG) or run in a pod with a ServiceAccount") from None
+        raise KubeConfigError(
+            f"cannot read the kubeconfig {path} ({source}): {exc.strerror}; give --kubeconfig "
+            "(or KUBECONFIG) or run in a pod with a ServiceAccount"
+        ) from None
 
 
 _PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy")
@@ -102,7 +116,8 @@ def _without_env_lookups(api: Any, configuration: Any) -> None:
     rest = api.rest_client
     old = rest.pool_manager
     rest.pool_manager = aiohttp.ClientSession(
-        connector=old.connector, connector_owner=True, trust_env=False, read_bufsize=2**21)
+        connector=old.connector, connector_owner=True, trust_env=False, read_bufsize=2**21
+    )
     old._connector = None  # the connector now belongs to the new session; the old one closes nothing
 
 
@@ -153,7 +168,8 @@ def _trust_store_on_demand() -> None:
     from aiohttp import connector
 
     if not isinstance(getattr(connector, "_SSL_CONTEXT_VERIFIED", None), ssl.SSLContext) or isinstance(
-            connector._SSL_CONTEXT_VERIFIED, _StoreOnFirstHandshake):
+        connector._SSL_CONTEXT_VERIFIED, _StoreOnFirstHandshake
+    ):
         return
     verified = _StoreOnFirstHandshake(ssl.PROTOCOL_TLS_CLIENT)  # as ssl.create_default_context() makes it
     verified.verify_mode = ssl.CERT_REQUIRED

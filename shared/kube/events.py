@@ -19,18 +19,27 @@ EventType = Literal["Normal", "Warning"]
 CLUSTER_SCOPED_NAMESPACE = "default"  # where Events about cluster-scoped objects (Nodes) go, as upstream's
 
 
-def event_body(involved: dict[str, Any], *, reason: str, message: str, type: EventType, component: str,
-               instance: str = "") -> dict[str, Any]:
+def event_body(
+    involved: dict[str, Any], *, reason: str, message: str, type: EventType, component: str, instance: str = ""
+) -> dict[str, Any]:
     """An Event about `involved` ({apiVersion, kind, name, uid[, namespace]})."""
     stamp = k8s_time()
     namespace = involved.get("namespace") or CLUSTER_SCOPED_NAMESPACE
     return {
-        "apiVersion": "v1", "kind": "Event",
+        "apiVersion": "v1",
+        "kind": "Event",
         "metadata": {"generateName": f"{involved.get('name')}.", "namespace": namespace},
-        "involvedObject": involved, "reason": reason, "message": message[:1024], "type": type,
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message[:1024],
+        "type": type,
         "source": {"component": component, **({"host": instance} if instance else {})},
-        "reportingComponent": component, "reportingInstance": instance or component,
-        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
+        "reportingComponent": component,
+        "reportingInstance": instance or component,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
 
 
 async def record_event(api_client: Any, body: dict[str, Any]) -> bool:
@@ -39,8 +48,11 @@ async def record_event(api_client: Any, body: dict[str, Any]) -> bool:
     try:
         await rest.request(api_client, "POST", f"/api/v1/namespaces/{namespace}/events", body=body)
     except Exception as exc:  # noqa: BLE001 - module doc
-        log.warning("event not recorded", reason=body.get("reason"),
-                    object=f"{body['involvedObject'].get('kind')}/{body['involvedObject'].get('name')}",
-                    error=str(exc))
+        log.warning(
+            "event not recorded",
+            reason=body.get("reason"),
+            object=f"{body['involvedObject'].get('kind')}/{body['involvedObject'].get('name')}",
+            error=str(exc),
+        )
         return False
     return True

@@ -87,9 +87,16 @@ def _deleting(obj: Obj) -> Obj:
 class Informer:
     """The cached objects of one resource, kept current by `run()`."""
 
-    def __init__(self, kube: Kube, res: Resource, on_change: Handler | None = None,
-                 watch_timeout_s: int = 300, retry_s: float = 1.0, transform: Transform | None = None,
-                 field_selector: str | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        res: Resource,
+        on_change: Handler | None = None,
+        watch_timeout_s: int = 300,
+        retry_s: float = 1.0,
+        transform: Transform | None = None,
+        field_selector: str | None = None,
+    ) -> None:
         self.kube = kube
         self.res = res
         self.field_selector = field_selector  # e.g. metadata.name=<node>: one object, not the whole kind
@@ -208,21 +215,22 @@ class Informer:
         """List, then watch, until `stopping` is set (or the task is cancelled)."""
         while not stopping.is_set():
             try:
-                items, rv = await self.kube.list(self.res, transform=self.transform,
-                                                  field_selector=self.field_selector)
+                items, rv = await self.kube.list(self.res, transform=self.transform, field_selector=self.field_selector)
                 self.lists += 1
                 self._replace_all(items)
                 self.synced.set()
                 while not stopping.is_set():
-                    async for event, obj in self.kube.watch(self.res, rv, timeout_s=self.watch_timeout_s,
-                                                            field_selector=self.field_selector):
+                    async for event, obj in self.kube.watch(
+                        self.res, rv, timeout_s=self.watch_timeout_s, field_selector=self.field_selector
+                    ):
                         rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                         if event in ("ADDED", "MODIFIED", "DELETED"):
                             self.apply(obj, event)
             except Gone:
                 log.info("watch expired; re-listing", resource=self.res.plural)
             except (ApiError, *TRANSIENT) as exc:
-                log.warning("informer failed; re-listing", resource=self.res.plural, error=str(exc),
-                            retry_s=self.retry_s)
+                log.warning(
+                    "informer failed; re-listing", resource=self.res.plural, error=str(exc), retry_s=self.retry_s
+                )
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stopping.wait(), self.retry_s)

@@ -182,8 +182,13 @@ def _fields(config: _KubeConfig, base: str) -> dict[str, Any]:
     if context.user and config.users:
         named = next((u for u in config.users if u.name == context.user), None)
         user = named.user if named is not None and named.user is not None else _User()
-    if (user.exec is not None or user.auth_provider is not None or user.token_file is not None
-            or user.username is not None or user.password is not None):
+    if (
+        user.exec is not None
+        or user.auth_provider is not None
+        or user.token_file is not None
+        or user.username is not None
+        or user.password is not None
+    ):
         raise _NotCovered
     fields: dict[str, Any] = {}
     if user.token:
@@ -191,8 +196,9 @@ def _fields(config: _KubeConfig, base: str) -> dict[str, Any]:
     if cluster.server is not None:
         fields["host"] = cluster.server.rstrip("/")
         if fields["host"].startswith("https"):
-            fields["ssl_ca_cert"] = _file_or_data(cluster.certificate_authority, cluster.certificate_authority_data,
-                                                  base)
+            fields["ssl_ca_cert"] = _file_or_data(
+                cluster.certificate_authority, cluster.certificate_authority_data, base
+            )
             fields["cert_file"] = _file_or_data(user.client_certificate, user.client_certificate_data, base)
             fields["key_file"] = _file_or_data(user.client_key, user.client_key_data, base)
     if cluster.insecure_skip_tls_verify is not None:

@@ -80,39 +80,75 @@ class Kube:
         self.api_client = api_client
         self.request_timeout = request_timeout
 
-    async def _call(self, method: str, path: str, query: list[tuple[str, Any]] | None = None,
-                    body: Any = None, content_type: str = JSON, timeout: float | None = None) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, Any]] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout: float | None = None,
+    ) -> Any:
         """One request through `shared.kube.rest.request` (no model walk of the body), the answer decoded with
         msgspec (bytes to dicts, no text decoding first); ApiError (Gone on 410) for a refusal."""
-        raw = await request(self.api_client, method, path, query=[(k, str(v)) for k, v in query or []],
-                            body=body, timeout=timeout or self.request_timeout, content_type=content_type)
+        raw = await request(
+            self.api_client,
+            method,
+            path,
+            query=[(k, str(v)) for k, v in query or []],
+            body=body,
+            timeout=timeout or self.request_timeout,
+            content_type=content_type,
+        )
         try:
             return decode(raw) if raw else None
         except msgspec.DecodeError:
             return raw.decode("utf-8", "replace")
 
-    async def list(self, res: Resource, namespace: str | None = None, label_selector: str | None = None,
-                   page_size: int = 500, transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                   field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    async def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = 500,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
         """Every object (following `continue`), each through `transform` as its page arrives (a big list is
         never held whole), and the list's resourceVersion."""
-        query = [(name, value) for name, value in (("labelSelector", label_selector),
-                                                   ("fieldSelector", field_selector)) if value]
+        query = [
+            (name, value)
+            for name, value in (("labelSelector", label_selector), ("fieldSelector", field_selector))
+            if value
+        ]
         items: list[dict[str, Any]] = []
         version = ""
-        async for page in list_pages(self.api_client, res.path(namespace), dict[str, Any], query=query,
-                                     page_size=page_size, timeout=self.request_timeout):
+        async for page in list_pages(
+            self.api_client,
+            res.path(namespace),
+            dict[str, Any],
+            query=query,
+            page_size=page_size,
+            timeout=self.request_timeout,
+        ):
             items.extend(map(transform, page.items) if transform is not None else page.items)
             version = version or page.metadata.resourceVersion
         return items, version
 
-    async def watch(self, res: Resource, resource_version: str, timeout_s: int = 300,
-                    field_selector: str | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def watch(
+        self, res: Resource, resource_version: str, timeout_s: int = 300, field_selector: str | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) events from `resource_version` (bookmarks included) until the server ends the stream
         (`shared.kube.rest.watch_lines`); an ERROR event raises its Status as ApiError (Gone for 410)."""
         query = [("fieldSelector", field_selector)] if field_selector else None
-        async for line in watch_lines(self.api_client, res.path(), resource_version=resource_version, query=query,
-                                      timeout_s=timeout_s, connect_timeout_s=self.request_timeout):
+        async for line in watch_lines(
+            self.api_client,
+            res.path(),
+            resource_version=resource_version,
+            query=query,
+            timeout_s=timeout_s,
+            connect_timeout_s=self.request_timeout,
+        ):
             event = decode(line)
             kind, obj = event.get("type", ""), event.get("object") or {}
             if kind == "ERROR":
@@ -127,8 +163,9 @@ class Kube:
         data: dict[str, Any] = await self._call("POST", res.path(namespace), body=body)
         return data
 
-    async def create_subresource(self, res: Resource, namespace: str | None, name: str, subresource: str,
-                                 body: dict[str, Any]) -> dict[str, Any]:
+    async def create_subresource(
+        self, res: Resource, namespace: str | None, name: str, subresource: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
         """POST to a subresource (pods/binding, pods/eviction)."""
         data: dict[str, Any] = await self._call("POST", res.path(namespace, name, subresource), body=body)
         return data
@@ -136,18 +173,20 @@ class Kube:
     async def replace(self, res: Resource, obj: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
         """PUT with the object's resourceVersion: a 409 means someone else wrote first."""
         md = obj["metadata"]
-        data: dict[str, Any] = await self._call("PUT", res.path(md.get("namespace"), md["name"], subresource),
-                                                body=obj)
+        data: dict[str, Any] = await self._call("PUT", res.path(md.get("namespace"), md["name"], subresource), body=obj)
         return data
 
-    async def patch(self, res: Resource, namespace: str | None, name: str, patch: dict[str, Any],
-                    subresource: str | None = None) -> dict[str, Any]:
-        data: dict[str, Any] = await self._call("PATCH", res.path(namespace, name, subresource), body=patch,
-                                                content_type=MERGE_PATCH)
+    async def patch(
+        self, res: Resource, namespace: str | None, name: str, patch: dict[str, Any], subresource: str | None = None
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = await self._call(
+            "PATCH", res.path(namespace, name, subresource), body=patch, content_type=MERGE_PATCH
+        )
         return data
 
-    async def delete(self, res: Resource, namespace: str | None, name: str, uid: str | None = None,
-                     propagation: str | None = None) -> None:
+    async def delete(
+        self, res: Resource, namespace: str | None, name: str, uid: str | None = None, propagation: str | None = None
+    ) -> None:
         """Delete (with a uid precondition when given); an object already gone is not an error."""
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if uid:

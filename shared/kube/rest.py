@@ -70,8 +70,16 @@ class Gone(ApiError):
     """The resourceVersion asked for is older than the server keeps (410 Gone): list again."""
 
 
-async def request(api_client: Any, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
-                  body: Any = None, timeout: float = 30.0, content_type: str = "application/json") -> bytes:
+async def request(
+    api_client: Any,
+    method: str,
+    path: str,
+    *,
+    query: list[tuple[str, str]] | None = None,
+    body: Any = None,
+    timeout: float = 30.0,
+    content_type: str = "application/json",
+) -> bytes:
     """Send one request; the body bytes on 2xx, ApiError otherwise (`content_type`: a PATCH's kind).
 
     It goes to the client's REST layer directly (auth headers from the client, its session, TLS and
@@ -84,8 +92,13 @@ async def request(api_client: Any, method: str, path: str, *, query: list[tuple[
     params = list(query or [])
     await api_client.update_params_for_auth(headers, params, ["BearerToken"])
     resp = await api_client.rest_client.request(
-        method, api_client.configuration.host + path, query_params=params, headers=headers, body=body,
-        _preload_content=False, _request_timeout=timeout,
+        method,
+        api_client.configuration.host + path,
+        query_params=params,
+        headers=headers,
+        body=body,
+        _preload_content=False,
+        _request_timeout=timeout,
     )
     try:
         data: bytes = await resp.read()
@@ -99,8 +112,15 @@ async def request(api_client: Any, method: str, path: str, *, query: list[tuple[
 _PAGE_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
 
 
-async def list_pages(api_client: Any, path: str, item_type: type[T], *, query: list[tuple[str, str]] | None = None,
-                     page_size: int = 500, timeout: float = 30.0) -> AsyncIterator[Page[T]]:
+async def list_pages(
+    api_client: Any,
+    path: str,
+    item_type: type[T],
+    *,
+    query: list[tuple[str, str]] | None = None,
+    page_size: int = 500,
+    timeout: float = 30.0,
+) -> AsyncIterator[Page[T]]:
     """The pages of one LIST of `path` (following `continue`), each item decoded as `item_type` (a msgspec
     type: a hot object's few fields, or `dict` for the whole object)."""
     decoder = _PAGE_DECODERS.get(item_type)
@@ -125,19 +145,35 @@ async def get_json(api_client: Any, path: str, query: list[tuple[str, str]] | No
     return _JSON.decode(await request(api_client, "GET", path, query=query))
 
 
-async def watch_lines(api_client: Any, path: str, *, resource_version: str,
-                      query: list[tuple[str, str]] | None = None, timeout_s: int = 300,
-                      connect_timeout_s: float = 10) -> AsyncIterator[bytes]:
+async def watch_lines(
+    api_client: Any,
+    path: str,
+    *,
+    resource_version: str,
+    query: list[tuple[str, str]] | None = None,
+    timeout_s: int = 300,
+    connect_timeout_s: float = 10,
+) -> AsyncIterator[bytes]:
     """Raw watch events (one JSON object a line) from `resource_version`; Gone on 410.
 
     The stream ends when the server closes it (after `timeout_s`); the caller watches again from
     the last resourceVersion it saw.
     """
-    params = [*(query or []), ("watch", "true"), ("resourceVersion", resource_version),
-              ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_s))]
+    params = [
+        *(query or []),
+        ("watch", "true"),
+        ("resourceVersion", resource_version),
+        ("allowWatchBookmarks", "true"),
+        ("timeoutSeconds", str(timeout_s)),
+    ]
     resp = await api_client.call_api(
-        path, "GET", query_params=params, header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"], _preload_content=False, _request_timeout=(connect_timeout_s, timeout_s + 30),
+        path,
+        "GET",
+        query_params=params,
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=(connect_timeout_s, timeout_s + 30),
     )
     try:
         if resp.status == 410:

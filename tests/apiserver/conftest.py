@@ -30,9 +30,14 @@ class Kubectl:
     async def __call__(self, *args: str, stdin: str | None = None, check: bool = True) -> tuple[int, str, str]:
         assert KUBECTL is not None
         proc = await asyncio.create_subprocess_exec(
-            KUBECTL, "--cache-dir", str(self.cache), *args,
-            env=self.api.kubectl_env(), stdin=asyncio.subprocess.PIPE if stdin is not None else None,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            KUBECTL,
+            "--cache-dir",
+            str(self.cache),
+            *args,
+            env=self.api.kubectl_env(),
+            stdin=asyncio.subprocess.PIPE if stdin is not None else None,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
         rc = proc.returncode or 0
@@ -43,8 +48,13 @@ class Kubectl:
     async def start(self, *args: str) -> asyncio.subprocess.Process:
         assert KUBECTL is not None
         return await asyncio.create_subprocess_exec(
-            KUBECTL, "--cache-dir", str(self.cache), *args, env=self.api.kubectl_env(),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            KUBECTL,
+            "--cache-dir",
+            str(self.cache),
+            *args,
+            env=self.api.kubectl_env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
 
 
@@ -55,8 +65,9 @@ def kubectl(api: RunningApiServer, tmp_path: Path) -> Kubectl:
     return Kubectl(api, tmp_path / "kubectl-cache")
 
 
-async def wait_deleted(api: RunningApiServer, group: str, plural: str, namespace: str, name: str,
-                       timeout: float = 10.0) -> None:
+async def wait_deleted(
+    api: RunningApiServer, group: str, plural: str, namespace: str, name: str, timeout: float = 10.0
+) -> None:
     """Wait (on the store's own change feed, not by polling) until the object is gone."""
     store = api.server.store
     watcher = store.watch((group, plural), None)

@@ -13,8 +13,9 @@ from embedded.apiserver.bodies import MAX_DEPTH
 from embedded.apiserver.testing import RunningApiServer
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
-TOO_DEEP = f"json parse error: exceeded max depth: the request body nests objects and arrays more than {MAX_DEPTH} " \
-    "levels deep"
+TOO_DEEP = (
+    f"json parse error: exceeded max depth: the request body nests objects and arrays more than {MAX_DEPTH} levels deep"
+)
 
 
 def nested(depth: int) -> str:
@@ -26,19 +27,30 @@ def configmap(depth: int) -> bytes:
     return f'{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"deep"}},"x":{nested(depth)}}}'.encode()
 
 
-async def call(api: RunningApiServer, method: str, path: str, body: bytes | None,
-               content_type: str = "application/json") -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as session, session.request(
-            method, api.url + path, data=body, ssl=False,
-            headers={"Authorization": f"Bearer {api.token}", "Content-Type": content_type}) as resp:
+async def call(
+    api: RunningApiServer, method: str, path: str, body: bytes | None, content_type: str = "application/json"
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(
+            method,
+            api.url + path,
+            data=body,
+            ssl=False,
+            headers={"Authorization": f"Bearer {api.token}", "Content-Type": content_type},
+        ) as resp,
+    ):
         text = await resp.text()
         return resp.status, json.loads(text) if text else None
 
 
 async def test_a_body_nested_5000_levels_deep_is_a_400_and_stores_nothing(api: RunningApiServer) -> None:
     rv = api.server.store.rv
-    for body, content_type in ((configmap(5000), "application/json"), (configmap(5000), "application/yaml"),
-                               (configmap(MAX_DEPTH), "application/json")):
+    for body, content_type in (
+        (configmap(5000), "application/json"),
+        (configmap(5000), "application/yaml"),
+        (configmap(MAX_DEPTH), "application/json"),
+    ):
         status, out = await call(api, "POST", CONFIGMAPS, body, content_type)
         assert (status, out["reason"], out["message"]) == (400, "BadRequest", TOO_DEEP), (content_type, out)
     assert api.server.store.rv == rv
@@ -55,11 +67,13 @@ async def test_patches_apply_and_delete_options_nested_too_deep_are_400s(api: Ru
     assert status == 201
     rv = api.server.store.rv
     deep = f'{{"metadata":{{"labels":{nested(5000)}}}}}'.encode()
-    for method, query, content_type in (("PATCH", "", "application/merge-patch+json"),
-                                        ("PATCH", "", "application/strategic-merge-patch+json"),
-                                        ("PATCH", "", "application/json-patch+json"),
-                                        ("PATCH", "?fieldManager=t", "application/apply-patch+yaml"),
-                                        ("DELETE", "", "application/json")):
+    for method, query, content_type in (
+        ("PATCH", "", "application/merge-patch+json"),
+        ("PATCH", "", "application/strategic-merge-patch+json"),
+        ("PATCH", "", "application/json-patch+json"),
+        ("PATCH", "?fieldManager=t", "application/apply-patch+yaml"),
+        ("DELETE", "", "application/json"),
+    ):
         status, out = await call(api, method, f"{CONFIGMAPS}/kept{query}", deep, content_type)
         assert (status, out["reason"], out["message"]) == (400, "BadRequest", TOO_DEEP), (method, content_type, out)
     assert api.server.store.rv == rv

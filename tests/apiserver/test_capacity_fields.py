@@ -20,26 +20,69 @@ POLICY = {"default": "1Gi", "validRange": {"min": "1Gi", "max": "40Gi", "step": 
 
 def shareable_slice(version: str = "v1", policy: dict[str, Any] | None = None) -> dict[str, Any]:
     memory: dict[str, Any] = {"value": "80Gi", "requestPolicy": copy.deepcopy(policy or POLICY)}
-    return {"apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceSlice", "metadata": {"name": "shared"},
-            "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-a",
-                     "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": "gpu-0", "allowMultipleAllocations": True,
-                                  "capacity": {"memory": memory,
-                                               "cores": {"value": "132",
-                                                         "requestPolicy": {"default": "33",
-                                                                           "validValues": ["33", "66", "132"]}}}}]}}
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "shared"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "node-a",
+            "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "gpu-0",
+                    "allowMultipleAllocations": True,
+                    "capacity": {
+                        "memory": memory,
+                        "cores": {
+                            "value": "132",
+                            "requestPolicy": {"default": "33", "validValues": ["33", "66", "132"]},
+                        },
+                    },
+                }
+            ],
+        },
+    }
 
 
 def share_claim(version: str = "v1") -> dict[str, Any]:
-    return {"apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceClaim", "metadata": {"name": "tenant"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": "1500Mi"}}}}]}}}
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "tenant"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.nvidia.com",
+                            "capacity": {"requests": {"memory": "1500Mi"}},
+                        },
+                    }
+                ]
+            }
+        },
+    }
 
 
 def allocation(share: str = SHARE, consumed: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"allocation": {"devices": {"results": [{
-        "request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0", "shareID": share,
-        "consumedCapacity": consumed or {"memory": "2Gi", "cores": "33"}}]}}}
+    return {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": "gpu.nvidia.com",
+                        "pool": "node-a",
+                        "device": "gpu-0",
+                        "shareID": share,
+                        "consumedCapacity": consumed or {"memory": "2Gi", "cores": "33"},
+                    }
+                ]
+            }
+        }
+    }
 
 
 def at(version: str) -> tuple[Any, Any]:
@@ -71,24 +114,46 @@ async def test_capacity_fields_round_trip(api: RunningApiServer, version: str) -
         assert again["status"]["allocation"]["devices"]["results"][0]["shareID"] == SHARE
 
 
-@pytest.mark.parametrize(("policy", "field", "message"), [
-    ({"default": "1Gi", "validRange": {"min": "1Gi", "max": "100Gi"}}, "requestPolicy.validRange.max",
-     "max is larger than capacity value: 80Gi"),
-    ({"default": "3Gi", "validRange": {"min": "2Gi", "step": "2Gi"}}, "requestPolicy.validRange.step",
-     "value is not a multiple of a given step (2Gi) from (2Gi)"),
-    ({"default": "500Mi", "validRange": {"min": "1Gi"}}, "requestPolicy.validRange.min",
-     "default is less than min: 1Gi"),
-    ({"validRange": {"min": "1Gi"}}, "requestPolicy.default", "required when validRange is defined"),
-    ({"default": "5Gi", "validValues": ["10Gi", "20Gi"]}, "requestPolicy.validValues",
-     "default value is not valid according to the requestPolicy"),
-    ({"default": "10Gi", "validValues": ["20Gi", "10Gi"]}, "requestPolicy.validValues[1]",
-     "values must be sorted in ascending order"),
-    ({"default": "1Gi", "validRange": {"min": "1Gi"}, "validValues": ["1Gi"]}, "requestPolicy",
-     'exactly one policy can be specified, cannot specify "validValues" and "validRange" at the same time'),
-    ({"default": "1Gi", "validRange": {"min": "one"}}, "requestPolicy.validRange.min", "quantities must match"),
-])
-async def test_bad_request_policy_is_422(api: RunningApiServer, policy: dict[str, Any], field: str,
-                                         message: str) -> None:
+@pytest.mark.parametrize(
+    ("policy", "field", "message"),
+    [
+        (
+            {"default": "1Gi", "validRange": {"min": "1Gi", "max": "100Gi"}},
+            "requestPolicy.validRange.max",
+            "max is larger than capacity value: 80Gi",
+        ),
+        (
+            {"default": "3Gi", "validRange": {"min": "2Gi", "step": "2Gi"}},
+            "requestPolicy.validRange.step",
+            "value is not a multiple of a given step (2Gi) from (2Gi)",
+        ),
+        (
+            {"default": "500Mi", "validRange": {"min": "1Gi"}},
+            "requestPolicy.validRange.min",
+            "default is less than min: 1Gi",
+        ),
+        ({"validRange": {"min": "1Gi"}}, "requestPolicy.default", "required when validRange is defined"),
+        (
+            {"default": "5Gi", "validValues": ["10Gi", "20Gi"]},
+            "requestPolicy.validValues",
+            "default value is not valid according to the requestPolicy",
+        ),
+        (
+            {"default": "10Gi", "validValues": ["20Gi", "10Gi"]},
+            "requestPolicy.validValues[1]",
+            "values must be sorted in ascending order",
+        ),
+        (
+            {"default": "1Gi", "validRange": {"min": "1Gi"}, "validValues": ["1Gi"]},
+            "requestPolicy",
+            'exactly one policy can be specified, cannot specify "validValues" and "validRange" at the same time',
+        ),
+        ({"default": "1Gi", "validRange": {"min": "one"}}, "requestPolicy.validRange.min", "quantities must match"),
+    ],
+)
+async def test_bad_request_policy_is_422(
+    api: RunningApiServer, policy: dict[str, Any], field: str, message: str
+) -> None:
     async with api.client() as c:
         with pytest.raises(ApiError) as err:
             await Kube(c).create(RESOURCESLICES, None, shareable_slice(policy=policy))
@@ -105,14 +170,23 @@ async def test_request_policy_needs_multiple_allocations(api: RunningApiServer) 
         assert err.value.status == 422 and "allowMultipleAllocations must be true" in err.value.message
 
 
-@pytest.mark.parametrize(("mutate", "field"), [
-    (lambda s: s["allocation"]["devices"]["results"][0].update(shareID="Not-A-UID"),
-     "status.allocation.devices.results[0].shareID"),
-    (lambda s: s["allocation"]["devices"]["results"][0].update(consumedCapacity={"memory": "lots"}),
-     "status.allocation.devices.results[0].consumedCapacity[memory]"),
-    (lambda s: s["allocation"]["devices"]["results"][0].update(consumedCapacity={"no such": "1"}),
-     "status.allocation.devices.results[0].consumedCapacity[no such]"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (
+            lambda s: s["allocation"]["devices"]["results"][0].update(shareID="Not-A-UID"),
+            "status.allocation.devices.results[0].shareID",
+        ),
+        (
+            lambda s: s["allocation"]["devices"]["results"][0].update(consumedCapacity={"memory": "lots"}),
+            "status.allocation.devices.results[0].consumedCapacity[memory]",
+        ),
+        (
+            lambda s: s["allocation"]["devices"]["results"][0].update(consumedCapacity={"no such": "1"}),
+            "status.allocation.devices.results[0].consumedCapacity[no such]",
+        ),
+    ],
+)
 async def test_bad_share_results_are_422(api: RunningApiServer, mutate: Any, field: str) -> None:
     async with api.client() as c:
         kube = Kube(c)

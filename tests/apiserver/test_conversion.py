@@ -46,10 +46,12 @@ def test_storage_version_is_v1() -> None:
 
 def test_slice_devices_get_wrapped_in_basic() -> None:
     v1 = h100_slice(devices=2)
-    v1["spec"]["devices"][1]["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute",
-                                           "timeAdded": "2026-12-03T06:00:00Z"}]
-    v1["spec"]["devices"][1]["consumesCounters"] = [{"counterSet": "gpu-1-counter-set",
-                                                     "counters": {"memory": {"value": "80Gi"}}}]
+    v1["spec"]["devices"][1]["taints"] = [
+        {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute", "timeAdded": "2026-12-03T06:00:00Z"}
+    ]
+    v1["spec"]["devices"][1]["consumesCounters"] = [
+        {"counterSet": "gpu-1-counter-set", "counters": {"memory": {"value": "80Gi"}}}
+    ]
     beta = round_trip(v1)
     device = beta["spec"]["devices"][1]
     assert set(device) == {"name", "basic"} and device["name"] == "gpu-1"
@@ -60,14 +62,26 @@ def test_slice_devices_get_wrapped_in_basic() -> None:
 
 
 def test_v1beta1_slice_to_v1_and_back() -> None:
-    beta = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice", "metadata": {"name": "s"},
-            "spec": {"driver": "gpu.nvidia.com", "nodeName": "n", "pool": {"name": "n", "generation": 3,
-                     "resourceSliceCount": 1},
-                     "devices": [{"name": "gpu-0", "basic": {"attributes": {"type": {"string": "gpu"}},
-                                                             "capacity": {"memory": {"value": "40Gi"}}}}]}}
+    beta = {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "s"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "n",
+            "pool": {"name": "n", "generation": 3, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "gpu-0",
+                    "basic": {"attributes": {"type": {"string": "gpu"}}, "capacity": {"memory": {"value": "40Gi"}}},
+                }
+            ],
+        },
+    }
     v1 = convert_resource(beta, "v1")
-    assert v1["spec"]["devices"] == [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}},
-                                      "capacity": {"memory": {"value": "40Gi"}}}]
+    assert v1["spec"]["devices"] == [
+        {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}, "capacity": {"memory": {"value": "40Gi"}}}
+    ]
     assert_valid(v1)
     assert convert_resource(v1, "v1beta1") == beta
 
@@ -75,14 +89,31 @@ def test_v1beta1_slice_to_v1_and_back() -> None:
 def test_claim_requests_flatten_and_nest_exactly() -> None:
     v1 = claim()
     v1["status"] = {
-        "allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1",
-                                                "device": "gpu-0"},
-                                               {"request": "mig/big", "driver": "gpu.nvidia.com", "pool": "node-1",
-                                                "device": "gpu-1-mig-3g40gb-0"}],
-                                   "config": [{"source": "FromClaim", "requests": ["gpu"],
-                                               "opaque": {"driver": "gpu.nvidia.com", "parameters": {"a": 1}}}]},
-                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                           {"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]}},
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0"},
+                    {
+                        "request": "mig/big",
+                        "driver": "gpu.nvidia.com",
+                        "pool": "node-1",
+                        "device": "gpu-1-mig-3g40gb-0",
+                    },
+                ],
+                "config": [
+                    {
+                        "source": "FromClaim",
+                        "requests": ["gpu"],
+                        "opaque": {"driver": "gpu.nvidia.com", "parameters": {"a": 1}},
+                    }
+                ],
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}
+                ]
+            },
+        },
         "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": "0b1c"}],
     }
     beta = round_trip(v1)
@@ -94,32 +125,54 @@ def test_claim_requests_flatten_and_nest_exactly() -> None:
 
 
 def test_v1beta1_request_with_only_a_class_gets_exactly() -> None:
-    beta = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.nvidia.com",
-                                               "allocationMode": "All", "adminAccess": True}]}}}
+    beta = {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "gpu", "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True}
+                ]
+            }
+        },
+    }
     v1 = convert_resource(beta, "resource.k8s.io/v1")
-    assert v1["spec"]["devices"]["requests"] == [{"name": "gpu", "exactly": {
-        "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True}}]
+    assert v1["spec"]["devices"]["requests"] == [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True}}
+    ]
     assert convert_resource(v1, "v1beta1") == beta
 
 
 def test_template_and_class_round_trip() -> None:
-    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": "t", "namespace": "default"},
-                "spec": {"metadata": {"labels": {"app": "x"}}, "spec": claim()["spec"]}}
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": "default"},
+        "spec": {"metadata": {"labels": {"app": "x"}}, "spec": claim()["spec"]},
+    }
     beta = round_trip(template)
     assert beta["spec"]["spec"]["devices"]["requests"][0]["deviceClassName"] == "gpu.nvidia.com"
-    device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
-                    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}],
-                             "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"x": 1}}}]}}
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {
+            "selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}],
+            "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"x": 1}}}],
+        },
+    }
     assert round_trip(device_class)["spec"] == device_class["spec"]
 
 
 def test_lists_convert_every_item() -> None:
     items = [h100_slice(devices=1), h100_slice(devices=2)]
-    listing = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {"resourceVersion": "9"},
-               "items": items}
+    listing = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSliceList",
+        "metadata": {"resourceVersion": "9"},
+        "items": items,
+    }
     beta = convert_resource(listing, "v1beta1")
     assert beta["apiVersion"] == "resource.k8s.io/v1beta1" and beta["metadata"] == {"resourceVersion": "9"}
     assert all(item["apiVersion"] == "resource.k8s.io/v1beta1" for item in beta["items"])
@@ -156,13 +209,21 @@ def test_bad_input_says_what_is_wrong() -> None:
 
 
 def test_field_paths_map_to_the_v1beta1_shape() -> None:
-    assert v1_field_path_to("ResourceSlice", "spec.devices[3].attributes[x]", "v1beta1") == \
-        "spec.devices[3].basic.attributes[x]"
+    assert (
+        v1_field_path_to("ResourceSlice", "spec.devices[3].attributes[x]", "v1beta1")
+        == "spec.devices[3].basic.attributes[x]"
+    )
     assert v1_field_path_to("ResourceSlice", "spec.devices[3].name", "v1beta1") == "spec.devices[3].name"
     assert v1_field_path_to("ResourceSlice", "spec.devices[3]", "v1beta1") == "spec.devices[3]"
-    assert v1_field_path_to("ResourceClaim", "spec.devices.requests[0].exactly.count", "v1beta1") == \
-        "spec.devices.requests[0].count"
-    assert v1_field_path_to("ResourceClaimTemplate", "spec.spec.devices.requests[1].exactly", "v1beta1") == \
-        "spec.spec.devices.requests[1]"
-    assert v1_field_path_to("ResourceClaim", "spec.devices.requests[0].exactly.count", "v1") == \
-        "spec.devices.requests[0].exactly.count"
+    assert (
+        v1_field_path_to("ResourceClaim", "spec.devices.requests[0].exactly.count", "v1beta1")
+        == "spec.devices.requests[0].count"
+    )
+    assert (
+        v1_field_path_to("ResourceClaimTemplate", "spec.spec.devices.requests[1].exactly", "v1beta1")
+        == "spec.spec.devices.requests[1]"
+    )
+    assert (
+        v1_field_path_to("ResourceClaim", "spec.devices.requests[0].exactly.count", "v1")
+        == "spec.devices.requests[0].exactly.count"
+    )

@@ -114,8 +114,15 @@ async def test_status_subresource_is_separate_and_generation_tracks_spec_only(ap
         claim = await res.create_namespaced_resource_claim("default", claim_body("c1"))
         assert claim.status is None or claim.status.allocation is None
         assert claim.spec.devices.requests[0].exactly.allocation_mode == "ExactCount"  # server defaulting
-        status = {"status": {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]}}}}
+        status = {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]
+                    }
+                }
+            }
+        }
         patched = await res.patch_namespaced_resource_claim_status("c1", "default", status)
         assert patched.status.allocation.devices.results[0].device == "gpu-0"
         assert patched.metadata.generation == 1
@@ -130,13 +137,17 @@ async def test_status_subresource_is_separate_and_generation_tracks_spec_only(ap
 async def test_label_and_field_selectors(api: RunningApiServer) -> None:
     async with api.client() as c:
         res = client.ResourceV1Api(c)
-        for name, node, driver in (("a", "n1", "gpu.nvidia.com"), ("b", "n2", "gpu.nvidia.com"),
-                                   ("c", "n1", "compute-domain.nvidia.com")):
+        for name, node, driver in (
+            ("a", "n1", "gpu.nvidia.com"),
+            ("b", "n2", "gpu.nvidia.com"),
+            ("c", "n1", "compute-domain.nvidia.com"),
+        ):
             await res.create_resource_slice(slice_body(name, node=node, driver=driver))
         names = lambda lst: [i.metadata.name for i in lst.items]  # noqa: E731
         assert names(await res.list_resource_slice(field_selector="spec.nodeName=n1")) == ["a", "c"]
         assert names(await res.list_resource_slice(field_selector="spec.driver=gpu.nvidia.com,spec.nodeName!=n1")) == [
-            "b"]
+            "b"
+        ]
         assert names(await res.list_resource_slice(field_selector="metadata.name=b")) == ["b"]
         assert names(await res.list_resource_slice(label_selector="node in (n2)")) == ["b"]
         assert names(await res.list_resource_slice(label_selector="node!=n2")) == ["a", "c"]
@@ -147,8 +158,13 @@ async def test_label_and_field_selectors(api: RunningApiServer) -> None:
 
         core = client.CoreV1Api(c)
         for pod, node in (("p1", "n1"), ("p2", "n2")):
-            await core.create_namespaced_pod("default", {"metadata": {"name": pod}, "spec": {
-                "nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}})
+            await core.create_namespaced_pod(
+                "default",
+                {
+                    "metadata": {"name": pod},
+                    "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+                },
+            )
         assert names(await core.list_pod_for_all_namespaces(field_selector="spec.nodeName=n2")) == ["p2"]
 
 
@@ -227,8 +243,12 @@ async def test_v1beta2_is_discovered_and_converts_with_v1_and_v1beta1(api: Runni
         assert [v.version for v in dra.versions] == ["v1", "v1beta2", "v1beta1"]
         assert dra.preferred_version.version == "v1"
         kinds = await client.ResourceV1beta2Api(c).get_api_resources()
-        assert {r.kind for r in kinds.resources if "/" not in r.name} == \
-            {"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"}
+        assert {r.kind for r in kinds.resources if "/" not in r.name} == {
+            "DeviceClass",
+            "ResourceClaim",
+            "ResourceClaimTemplate",
+            "ResourceSlice",
+        }
         beta2 = client.ResourceV1beta2Api(c)
         await beta2.create_resource_slice({**slice_body("s-beta2"), "apiVersion": "resource.k8s.io/v1beta2"})
         v1 = await client.ResourceV1Api(c).read_resource_slice("s-beta2")
@@ -240,22 +260,33 @@ async def test_v1beta2_is_discovered_and_converts_with_v1_and_v1beta1(api: Runni
         assert claim.api_version == "resource.k8s.io/v1beta2"
         assert claim.spec.devices.requests[0].exactly.device_class_name == "gpu.nvidia.com"
         listed = await beta2.list_resource_slice()
-        assert listed.api_version == "resource.k8s.io/v1beta2" and [s.metadata.name for s in listed.items] == ["s-beta2"]
+        assert listed.api_version == "resource.k8s.io/v1beta2" and [s.metadata.name for s in listed.items] == [
+            "s-beta2"
+        ]
 
 
 async def test_leases_events_nodes_and_namespaced_kinds(api: RunningApiServer) -> None:
     async with api.client() as c:
         coord = client.CoordinationV1Api(c)
-        lease = await coord.create_namespaced_lease("kube-system", {
-            "metadata": {"name": "leader"}, "spec": {"holderIdentity": "me", "leaseDurationSeconds": 15}})
+        lease = await coord.create_namespaced_lease(
+            "kube-system",
+            {"metadata": {"name": "leader"}, "spec": {"holderIdentity": "me", "leaseDurationSeconds": 15}},
+        )
         lease.spec.holder_identity = "you"
         lease = await coord.replace_namespaced_lease("leader", "kube-system", lease)
         assert lease.spec.holder_identity == "you"
         core = client.CoreV1Api(c)
         await core.create_node({"metadata": {"name": "n1", "labels": {"gpu": "true"}}})
-        await core.create_namespaced_event("default", {
-            "metadata": {"name": "e1"}, "involvedObject": {"kind": "Node", "name": "n1"},
-            "reason": "Ready", "message": "hi", "type": "Normal"})
+        await core.create_namespaced_event(
+            "default",
+            {
+                "metadata": {"name": "e1"},
+                "involvedObject": {"kind": "Node", "name": "n1"},
+                "reason": "Ready",
+                "message": "hi",
+                "type": "Normal",
+            },
+        )
         events = await core.list_namespaced_event("default", field_selector="involvedObject.name=n1")
         assert [e.reason for e in events.items] == ["Ready"]
         nodes = await core.list_node(label_selector="gpu")
@@ -265,10 +296,20 @@ async def test_leases_events_nodes_and_namespaced_kinds(api: RunningApiServer) -
 async def test_events_k8s_io_v1_events(api: RunningApiServer) -> None:
     async with api.client() as c:
         events = client.EventsV1Api(c)
-        await events.create_namespaced_event("default", {
-            "apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e1"},
-            "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "gpu.nvidia.com/publisher",
-            "reportingInstance": "p-0", "action": "Publish", "reason": "SlicePublished", "type": "Normal",
-            "regarding": {"kind": "Node", "name": "n1"}})
+        await events.create_namespaced_event(
+            "default",
+            {
+                "apiVersion": "events.k8s.io/v1",
+                "kind": "Event",
+                "metadata": {"name": "e1"},
+                "eventTime": "2026-01-01T00:00:00.000000Z",
+                "reportingController": "gpu.nvidia.com/publisher",
+                "reportingInstance": "p-0",
+                "action": "Publish",
+                "reason": "SlicePublished",
+                "type": "Normal",
+                "regarding": {"kind": "Node", "name": "n1"},
+            },
+        )
         found = await events.list_namespaced_event("default", field_selector="regarding.name=n1")
         assert [e.reason for e in found.items] == ["SlicePublished"]

@@ -28,8 +28,13 @@ def count_sweeps(gc: Any) -> list[int]:
 
 
 def owner_ref(obj, block: bool = False) -> dict:  # noqa: ANN001
-    return {"apiVersion": "v1", "kind": "ConfigMap", "name": obj.metadata.name, "uid": obj.metadata.uid,
-            "blockOwnerDeletion": block}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": obj.metadata.name,
+        "uid": obj.metadata.uid,
+        "blockOwnerDeletion": block,
+    }
 
 
 async def test_finalizer_holds_deletion_until_removed(api: RunningApiServer) -> None:
@@ -37,8 +42,9 @@ async def test_finalizer_holds_deletion_until_removed(api: RunningApiServer) -> 
         core = client.CoreV1Api(c)
         await core.create_namespaced_config_map("default", {"metadata": {"name": "held", "finalizers": ["x/y"]}})
         w = watch.Watch()
-        stream = w.stream(core.list_namespaced_config_map, "default", field_selector="metadata.name=held",
-                          timeout_seconds=30)
+        stream = w.stream(
+            core.list_namespaced_config_map, "default", field_selector="metadata.name=held", timeout_seconds=30
+        )
         assert (await asyncio.wait_for(stream.__anext__(), 5))["type"] == "ADDED"
         await core.delete_namespaced_config_map("held", "default")
         marked = await asyncio.wait_for(stream.__anext__(), 5)
@@ -58,8 +64,9 @@ async def test_background_cascade_deletes_dependents(api: RunningApiServer) -> N
     async with api.client() as c:
         core = client.CoreV1Api(c)
         owner = await core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
-        await core.create_namespaced_config_map("default", {"metadata": {
-            "name": "child", "ownerReferences": [owner_ref(owner)]}})
+        await core.create_namespaced_config_map(
+            "default", {"metadata": {"name": "child", "ownerReferences": [owner_ref(owner)]}}
+        )
         await core.create_namespaced_config_map("default", {"metadata": {"name": "bystander"}})
         await core.delete_namespaced_config_map("owner", "default")
         await wait_deleted(api, "", "configmaps", "default", "child")
@@ -70,16 +77,25 @@ async def test_foreground_deletion_waits_for_dependents(api: RunningApiServer) -
     async with api.client() as c:
         core = client.CoreV1Api(c)
         owner = await core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
-        await core.create_namespaced_config_map("default", {"metadata": {
-            "name": "child", "finalizers": ["test/hold"], "ownerReferences": [owner_ref(owner, block=True)]}})
+        await core.create_namespaced_config_map(
+            "default",
+            {
+                "metadata": {
+                    "name": "child",
+                    "finalizers": ["test/hold"],
+                    "ownerReferences": [owner_ref(owner, block=True)],
+                }
+            },
+        )
         await core.delete_namespaced_config_map("owner", "default", propagation_policy="Foreground")
         marked = await core.read_namespaced_config_map("owner", "default")
         assert marked.metadata.deletion_timestamp and "foregroundDeletion" in marked.metadata.finalizers
         # The child is being deleted but its own finalizer holds it, so the owner stays.
         w = watch.Watch()
         child = None
-        async for event in w.stream(core.list_namespaced_config_map, "default", field_selector="metadata.name=child",
-                                    timeout_seconds=10):
+        async for event in w.stream(
+            core.list_namespaced_config_map, "default", field_selector="metadata.name=child", timeout_seconds=10
+        ):
             if event["object"].metadata.deletion_timestamp:
                 child = event["object"]
                 break
@@ -95,8 +111,9 @@ async def test_orphan_deletion_keeps_dependents_without_the_reference(api: Runni
     async with api.client() as c:
         core = client.CoreV1Api(c)
         owner = await core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
-        await core.create_namespaced_config_map("default", {"metadata": {
-            "name": "child", "ownerReferences": [owner_ref(owner)]}})
+        await core.create_namespaced_config_map(
+            "default", {"metadata": {"name": "child", "ownerReferences": [owner_ref(owner)]}}
+        )
         await core.delete_namespaced_config_map("owner", "default", propagation_policy="Orphan")
         await wait_deleted(api, "", "configmaps", "default", "owner")
         child = await core.read_namespaced_config_map("child", "default")
@@ -110,8 +127,13 @@ async def test_deleting_a_namespace_deletes_everything_in_it(api: RunningApiServ
         await core.create_namespace({"metadata": {"name": "doomed"}})
         await core.create_namespaced_config_map("doomed", {"metadata": {"name": "cm"}})
         await core.create_namespaced_config_map("doomed", {"metadata": {"name": "held", "finalizers": ["t/hold"]}})
-        await res.create_namespaced_resource_claim("doomed", {"metadata": {"name": "claim"}, "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+        await res.create_namespaced_resource_claim(
+            "doomed",
+            {
+                "metadata": {"name": "claim"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+            },
+        )
         await core.delete_namespace("doomed")
         await wait_deleted(api, "", "configmaps", "doomed", "cm")
         await wait_deleted(api, "resource.k8s.io", "resourceclaims", "doomed", "claim")
@@ -133,7 +155,10 @@ async def test_graceful_pod_deletion_on_a_node_waits_for_the_kubelet(api: Runnin
     async with api.client() as c:
         core = client.CoreV1Api(c)
         await core.create_node({"metadata": {"name": "n1"}})
-        pod: dict[str, Any] = {"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}
+        pod: dict[str, Any] = {
+            "metadata": {"name": "p"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]},
+        }
         await core.create_namespaced_pod("default", pod)
         await core.delete_namespaced_pod("p", "default")
         marked = await core.read_namespaced_pod("p", "default")
@@ -154,8 +179,14 @@ async def test_objects_created_with_owners_are_checked_alone(api: RunningApiServ
     async with api.client() as c:
         core = client.CoreV1Api(c)
         owner = await core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
-        await asyncio.gather(*(core.create_namespaced_config_map("default", {"metadata": {
-            "name": f"child-{i}", "ownerReferences": [owner_ref(owner)]}}) for i in range(30)))
+        await asyncio.gather(
+            *(
+                core.create_namespaced_config_map(
+                    "default", {"metadata": {"name": f"child-{i}", "ownerReferences": [owner_ref(owner)]}}
+                )
+                for i in range(30)
+            )
+        )
         await asyncio.wait_for(gc.idle.wait(), 10)
         assert sweeps[0] == 0
         assert len((await core.list_namespaced_config_map("default")).items) >= 31
@@ -164,8 +195,9 @@ async def test_objects_created_with_owners_are_checked_alone(api: RunningApiServ
         await wait_deleted(api, "", "configmaps", "default", "stray")
         await core.delete_namespaced_config_map("owner", "default")
         await core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})  # same name, new uid
-        await core.create_namespaced_config_map("default", {"metadata": {
-            "name": "late", "ownerReferences": [owner_ref(owner)]}})
+        await core.create_namespaced_config_map(
+            "default", {"metadata": {"name": "late", "ownerReferences": [owner_ref(owner)]}}
+        )
         await wait_deleted(api, "", "configmaps", "default", "late")
         await wait_deleted(api, "", "configmaps", "default", "child-29")
         assert sweeps[0] > 0
@@ -180,18 +212,27 @@ async def test_deletions_are_checked_alone(api: RunningApiServer) -> None:
         core = client.CoreV1Api(c)
         await core.create_node({"metadata": {"name": "n1"}})
         containers = [{"name": "c", "image": "x"}]
-        pods = await asyncio.gather(*(core.create_namespaced_pod("default", {"metadata": {"name": f"w-{i}"}, "spec": {
-            "nodeName": "n1", "containers": containers}}) for i in range(10)))
+        pods = await asyncio.gather(
+            *(
+                core.create_namespaced_pod(
+                    "default", {"metadata": {"name": f"w-{i}"}, "spec": {"nodeName": "n1", "containers": containers}}
+                )
+                for i in range(10)
+            )
+        )
         for pod in pods:
             ref = {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid}
-            await core.create_namespaced_config_map("default", {"metadata": {
-                "name": f"{pod.metadata.name}-dep", "ownerReferences": [ref]}})
-        await core.create_namespaced_pod("default", {"metadata": {"name": "lost"}, "spec": {
-            "nodeName": "gone-node", "containers": containers}})
+            await core.create_namespaced_config_map(
+                "default", {"metadata": {"name": f"{pod.metadata.name}-dep", "ownerReferences": [ref]}}
+            )
+        await core.create_namespaced_pod(
+            "default", {"metadata": {"name": "lost"}, "spec": {"nodeName": "gone-node", "containers": containers}}
+        )
         await asyncio.wait_for(gc.idle.wait(), 10)
         await asyncio.gather(*(core.delete_namespaced_pod(p.metadata.name, "default") for p in pods))
-        await asyncio.gather(*(core.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=0)
-                               for p in pods))  # what the kubelet does
+        await asyncio.gather(
+            *(core.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=0) for p in pods)
+        )  # what the kubelet does
         await core.delete_namespaced_pod("lost", "default")  # no kubelet will finish it: its node does not exist
         for pod in pods:
             await wait_deleted(api, "", "configmaps", "default", f"{pod.metadata.name}-dep")

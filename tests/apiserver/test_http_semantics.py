@@ -20,8 +20,9 @@ class Http:
     def __init__(self, api: RunningApiServer, session: aiohttp.ClientSession) -> None:
         self.api, self.session = api, session
 
-    async def __call__(self, method: str, path: str, body: Any = None, headers: dict | None = None,
-                       raw: bytes | None = None) -> tuple[int, Any, Any]:
+    async def __call__(
+        self, method: str, path: str, body: Any = None, headers: dict | None = None, raw: bytes | None = None
+    ) -> tuple[int, Any, Any]:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         hdrs = {"Authorization": f"Bearer {self.api.token}", "Content-Type": "application/json", **(headers or {})}
         async with self.session.request(method, self.api.url + path, data=data, headers=hdrs, ssl=False) as resp:
@@ -57,7 +58,12 @@ async def test_field_validation_strict_rejects_and_warn_prunes_unknown_fields(ht
 async def test_pod_binding_and_eviction(http: Http) -> None:
     pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
     assert (await http("POST", "/api/v1/namespaces/default/pods", pod))[0] == 201
-    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n1"}}
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "p"},
+        "target": {"kind": "Node", "name": "n1"},
+    }
     status, body, _ = await http("POST", "/api/v1/namespaces/default/pods/p/binding", binding)
     assert status == 201 and body["status"] == "Success"
     _, got, _ = await http("GET", "/api/v1/namespaces/default/pods/p")
@@ -65,8 +71,12 @@ async def test_pod_binding_and_eviction(http: Http) -> None:
     assert [c["type"] for c in got["status"]["conditions"]] == ["PodScheduled"]
     status, body, _ = await http("POST", "/api/v1/namespaces/default/pods/p/binding", binding)
     assert status == 409 and "already assigned" in body["message"]
-    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "p"},
-                "deleteOptions": {"gracePeriodSeconds": 0}}
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "p"},
+        "deleteOptions": {"gracePeriodSeconds": 0},
+    }
     assert (await http("POST", "/api/v1/namespaces/default/pods/p/eviction", eviction))[0] == 201
     assert (await http("GET", "/api/v1/namespaces/default/pods/p"))[0] == 404
 
@@ -76,24 +86,41 @@ async def test_pod_status_writes_keep_metadata_changes_other_kinds_do_not(http: 
     (a kubelet writes annotations with its status in one request); other kinds' status resets all metadata."""
     _, made, _ = await http("POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "o"}})
     owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": made["metadata"]["uid"]}
-    pod = {"metadata": {"name": "s", "labels": {"a": "1"}, "ownerReferences": [owner]},
-           "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    pod = {
+        "metadata": {"name": "s", "labels": {"a": "1"}, "ownerReferences": [owner]},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
     assert (await http("POST", "/api/v1/namespaces/default/pods", pod))[0] == 201
     strategic = {"Content-Type": "application/strategic-merge-patch+json"}
-    status, body, _ = await http("PATCH", "/api/v1/namespaces/default/pods/s/status", {
-        "metadata": {"annotations": {"x/edits": "{}"}, "labels": {"a": None, "b": "2"}, "ownerReferences": None},
-        "spec": {"containers": [{"name": "c", "image": "y"}]}, "status": {"phase": "Running"}}, headers=strategic)
+    status, body, _ = await http(
+        "PATCH",
+        "/api/v1/namespaces/default/pods/s/status",
+        {
+            "metadata": {"annotations": {"x/edits": "{}"}, "labels": {"a": None, "b": "2"}, "ownerReferences": None},
+            "spec": {"containers": [{"name": "c", "image": "y"}]},
+            "status": {"phase": "Running"},
+        },
+        headers=strategic,
+    )
     assert status == 200, body
     _, got, _ = await http("GET", "/api/v1/namespaces/default/pods/s")
     assert got["status"]["phase"] == "Running" and got["metadata"]["annotations"] == {"x/edits": "{}"}
     assert got["metadata"]["labels"] == {"b": "2"}
     assert got["metadata"]["ownerReferences"] == [owner] and got["spec"]["containers"][0]["image"] == "x"
     cm = {"metadata": {"name": "plain"}, "spec": {}}
-    assert (await http("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
-                       {**cm, "spec": {"devices": {"requests": []}}}))[0] == 201
-    status, body, _ = await http("PATCH", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/plain/status",
-                                 {"metadata": {"annotations": {"x/edits": "{}"}}, "status": {}},
-                                 headers={"Content-Type": "application/merge-patch+json"})
+    assert (
+        await http(
+            "POST",
+            "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+            {**cm, "spec": {"devices": {"requests": []}}},
+        )
+    )[0] == 201
+    status, body, _ = await http(
+        "PATCH",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/plain/status",
+        {"metadata": {"annotations": {"x/edits": "{}"}}, "status": {}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
     assert status == 200 and "annotations" not in body["metadata"], body
 
 
@@ -103,14 +130,21 @@ async def test_metrics_count_requests_by_verb_resource_and_subresource(http: Htt
     await http("GET", "/api/v1/namespaces/default/pods/m")
     await http("GET", "/api/v1/namespaces/default/pods/m")
     await http("GET", "/api/v1/pods")
-    await http("PATCH", "/api/v1/namespaces/default/pods/m/status", {"status": {"phase": "Running"}},
-               headers={"Content-Type": "application/merge-patch+json"})
+    await http(
+        "PATCH",
+        "/api/v1/namespaces/default/pods/m/status",
+        {"status": {"phase": "Running"}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
     hdrs = {"Authorization": f"Bearer {http.api.token}"}
     async with http.session.get(http.api.url + "/metrics", headers=hdrs, ssl=False) as resp:
         assert resp.status == 200 and resp.content_type == "text/plain"
         text = await resp.text()
-    counts = {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("apiserver_request_total{")}
+    counts = {
+        line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("apiserver_request_total{")
+    }
     labels = 'apiserver_request_total{{verb="{}",group="",resource="pods",subresource="{}"}}'
     assert counts[labels.format("CREATE", "")] == 1 and counts[labels.format("GET", "")] == 2
     assert counts[labels.format("LIST", "")] == 1 and counts[labels.format("PATCH", "status")] == 1
@@ -119,9 +153,20 @@ async def test_metrics_count_requests_by_verb_resource_and_subresource(http: Htt
 async def test_scale_subresource(api: RunningApiServer) -> None:
     async with api.client() as c:
         apps = client.AppsV1Api(c)
-        await apps.create_namespaced_deployment("default", {"metadata": {"name": "d"}, "spec": {
-            "replicas": 1, "selector": {"matchLabels": {"app": "d"}},
-            "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}})
+        await apps.create_namespaced_deployment(
+            "default",
+            {
+                "metadata": {"name": "d"},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": "d"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "d"}},
+                        "spec": {"containers": [{"name": "c", "image": "x"}]},
+                    },
+                },
+            },
+        )
         scale = await apps.read_namespaced_deployment_scale("d", "default")
         assert scale.spec.replicas == 1 and scale.status.selector == "app=d"
         await apps.patch_namespaced_deployment_scale("d", "default", {"spec": {"replicas": 3}})
@@ -137,8 +182,9 @@ async def test_delete_collection_and_preconditions(api: RunningApiServer) -> Non
         await core.delete_collection_namespaced_config_map("default", label_selector="team=x")
         assert [i.metadata.name for i in (await core.list_namespaced_config_map("default")).items] == ["c"]
         with pytest.raises(ApiException) as err:
-            await core.delete_namespaced_config_map("c", "default", body=client.V1DeleteOptions(
-                preconditions=client.V1Preconditions(uid="not-the-uid")))
+            await core.delete_namespaced_config_map(
+                "c", "default", body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid="not-the-uid"))
+            )
         assert err.value.status == 409 and "Precondition failed" in json.loads(err.value.body)["message"]
 
 
@@ -168,8 +214,11 @@ async def test_metadata_only_list(http: Http) -> None:
     accept = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
     _, body, _ = await http("GET", "/apis/resource.k8s.io/v1/resourceslices", headers={"Accept": accept})
     assert body["kind"] == "PartialObjectMetadataList"
-    assert body["items"][0] == {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                                "metadata": body["items"][0]["metadata"]}
+    assert body["items"][0] == {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": body["items"][0]["metadata"],
+    }
     assert "spec" not in body["items"][0]
 
 
@@ -178,12 +227,18 @@ async def test_bad_requests_have_clear_status(http: Http) -> None:
     assert status == 400 and body["kind"] == "Status" and "not valid JSON" in body["message"]
     status, body, _ = await http("GET", "/apis/example.com/v1/widgets")
     assert status == 404 and body["reason"] == "NotFound"
-    status, body, _ = await http("POST", "/api/v1/namespaces/default/configmaps",
-                                 {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}})
+    status, body, _ = await http(
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}},
+    )
     assert status == 400 and "Secret" in body["message"]
-    status, body, _ = await http("PATCH", "/api/v1/namespaces/default/configmaps/none", {"data": {}},
-                                 headers={"Content-Type": "application/merge-patch+json"})
+    status, body, _ = await http(
+        "PATCH",
+        "/api/v1/namespaces/default/configmaps/none",
+        {"data": {}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
     assert status == 404
-    status, body, _ = await http("POST", "/api/v1/namespaces/default/configmaps",
-                                 {"metadata": {"name": "Bad_Name"}})
+    status, body, _ = await http("POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "Bad_Name"}})
     assert status == 422 and body["details"]["causes"][0]["field"] == "metadata.name"

@@ -32,8 +32,11 @@ async def test_apply_every_reference_workload_then_get_and_delete(kubectl: Kubec
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         known_namespaces |= {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
         # An object in a namespace the file never creates is refused, as a real server refuses it.
-        orphans = {d["metadata"]["namespace"] for d in docs
-                   if d["kind"] != "Namespace" and d["metadata"].get("namespace", "default") not in known_namespaces}
+        orphans = {
+            d["metadata"]["namespace"]
+            for d in docs
+            if d["kind"] != "Namespace" and d["metadata"].get("namespace", "default") not in known_namespaces
+        }
         _, out, err = await kubectl("apply", "-f", str(path), check=not orphans)
         for ns in orphans:
             assert f'namespaces "{ns}" not found' in err, err
@@ -70,15 +73,25 @@ async def test_apply_every_reference_workload_then_get_and_delete(kubectl: Kubec
 
 
 async def test_get_yaml_patch_and_explain(kubectl: Kubectl) -> None:
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p1", "labels": {"app": "a"}},
-           "spec": {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "A", "value": "1"}]}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p1", "labels": {"app": "a"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "A", "value": "1"}]}]},
+    }
     await kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     await kubectl("patch", "pod", "p1", "-p", '{"metadata":{"labels":{"tier":"x"}}}')
     await kubectl("patch", "pod", "p1", "--type=merge", "-p", '{"metadata":{"annotations":{"note":"hi"}}}')
     await kubectl("patch", "pod", "p1", "--type=json", "-p", '[{"op":"remove","path":"/metadata/labels/app"}]')
     # Strategic merge: the env list merges by name instead of being replaced.
-    await kubectl("patch", "pod", "p1", "-p",
-                  '{"spec":{"containers":[{"name":"c","env":[{"name":"B","value":"2"}]}]}}', check=False)
+    await kubectl(
+        "patch",
+        "pod",
+        "p1",
+        "-p",
+        '{"spec":{"containers":[{"name":"c","env":[{"name":"B","value":"2"}]}]}}',
+        check=False,
+    )
     _, out, _ = await kubectl("get", "pod", "p1", "-o", "yaml")
     got = yaml.safe_load(out)
     assert got["metadata"]["labels"] == {"tier": "x"}
@@ -91,13 +104,22 @@ async def test_get_yaml_patch_and_explain(kubectl: Kubectl) -> None:
 async def test_strategic_merge_patch_merges_lists_by_key(kubectl: Kubectl, api: RunningApiServer) -> None:
     async with api.client() as c:
         await client.CoreV1Api(c).create_namespaced_service_account("default", {"metadata": {"name": "sa"}})
-        await client.AppsV1Api(c).create_namespaced_deployment("default", {
-            "metadata": {"name": "d"},
-            "spec": {"selector": {"matchLabels": {"app": "d"}}, "template": {
-                "metadata": {"labels": {"app": "d"}},
-                "spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}}}})
-    await kubectl("patch", "deployment", "d", "-p",
-                  '{"spec":{"template":{"spec":{"containers":[{"name":"b","image":"z"}]}}}}')
+        await client.AppsV1Api(c).create_namespaced_deployment(
+            "default",
+            {
+                "metadata": {"name": "d"},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "d"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "d"}},
+                        "spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]},
+                    },
+                },
+            },
+        )
+    await kubectl(
+        "patch", "deployment", "d", "-p", '{"spec":{"template":{"spec":{"containers":[{"name":"b","image":"z"}]}}}}'
+    )
     _, out, _ = await kubectl("get", "deployment", "d", "-o", "json")
     containers = json.loads(out)["spec"]["template"]["spec"]["containers"]
     assert [(c["name"], c["image"]) for c in containers] == [("a", "x"), ("b", "z")]
@@ -131,11 +153,13 @@ async def test_watch_prints_changes(kubectl: Kubectl, api: RunningApiServer) -> 
 async def test_wait_for_condition(kubectl: Kubectl, api: RunningApiServer) -> None:
     async with api.client() as c:
         core = client.CoreV1Api(c)
-        await core.create_namespaced_pod("default", {"metadata": {"name": "w"}, "spec": {
-            "containers": [{"name": "c", "image": "x"}]}})
+        await core.create_namespaced_pod(
+            "default", {"metadata": {"name": "w"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+        )
         waiter = await kubectl.start("wait", "--for=condition=Ready", "pod/w", "--timeout=20s")
-        await core.patch_namespaced_pod_status("w", "default", {"status": {"phase": "Running", "conditions": [
-            {"type": "Ready", "status": "True"}]}})
+        await core.patch_namespaced_pod_status(
+            "w", "default", {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+        )
         out, err = await asyncio.wait_for(waiter.communicate(), 25)
     assert waiter.returncode == 0, err.decode()
     assert "pod/w condition met" in out.decode()
@@ -149,8 +173,12 @@ async def test_wait_for_crd_established_then_apply_custom_resource(kubectl: Kube
     assert "condition met" in out
     doc = yaml.safe_load(crd.read_text())
     version = next(v["name"] for v in doc["spec"]["versions"] if v.get("storage"))
-    cr = {"apiVersion": f"{doc['spec']['group']}/{version}", "kind": doc["spec"]["names"]["kind"],
-          "metadata": {"name": "cd1"}, "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "t"}}}}
+    cr = {
+        "apiVersion": f"{doc['spec']['group']}/{version}",
+        "kind": doc["spec"]["names"]["kind"],
+        "metadata": {"name": "cd1"},
+        "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "t"}}},
+    }
     await kubectl("apply", "-f", "-", stdin=json.dumps(cr))
     _, listed, _ = await kubectl("get", doc["spec"]["names"]["plural"])
     assert "cd1" in listed
@@ -159,10 +187,17 @@ async def test_wait_for_crd_established_then_apply_custom_resource(kubectl: Kube
 
 
 async def test_slice_with_129_devices_is_rejected_naming_the_field(kubectl: Kubectl, api: RunningApiServer) -> None:
-    big = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "big"},
-           "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1",
-                    "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
-                    "devices": [{"name": f"gpu-{i}"} for i in range(129)]}}
+    big = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "big"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": f"gpu-{i}"} for i in range(129)],
+        },
+    }
     rc, _, err = await kubectl("apply", "-f", "-", stdin=json.dumps(big), check=False)
     assert rc != 0
     assert 'The ResourceSlice "big" is invalid: spec.devices: Too many: 129: must have at most 128 items' in err
@@ -193,7 +228,11 @@ async def test_typed_create_subcommands_send_protobuf(kubectl: Kubectl, api: Run
 
 
 async def test_get_nodes_wide_has_upstreams_columns(kubectl: Kubectl) -> None:
-    await kubectl("apply", "-f", "-", stdin="""
+    await kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin="""
 apiVersion: v1
 kind: Node
 metadata: {name: n1}
@@ -202,11 +241,22 @@ status:
   nodeInfo: {kubeletVersion: v1.34.0, osImage: Ubuntu 24.04, kernelVersion: 6.8.0, containerRuntimeVersion: "",
              machineID: m, systemUUID: u, bootID: b, kubeProxyVersion: "", operatingSystem: linux,
              architecture: amd64}
-""")
+""",
+    )
     _, out, _ = await kubectl("get", "nodes", "-o", "wide")
     header, row = out.splitlines()
-    assert header.split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION", "INTERNAL-IP", "EXTERNAL-IP", "OS-IMAGE",
-                              "KERNEL-VERSION", "CONTAINER-RUNTIME"]
+    assert header.split() == [
+        "NAME",
+        "STATUS",
+        "ROLES",
+        "AGE",
+        "VERSION",
+        "INTERNAL-IP",
+        "EXTERNAL-IP",
+        "OS-IMAGE",
+        "KERNEL-VERSION",
+        "CONTAINER-RUNTIME",
+    ]
     cells = row.split()
     assert cells[0] == "n1" and cells[4] == "v1.34.0" and cells[5:7] == ["10.0.0.7", "<none>"], row
     assert cells[7:] == ["Ubuntu", "24.04", "6.8.0", "<unknown>"], row
@@ -214,20 +264,27 @@ status:
     assert "INTERNAL-IP" not in narrow
 
 
-async def test_apply_a_list_and_an_unknown_kind_with_the_protobuf_openapi_v2(kubectl: Kubectl,
-                                                                             api: RunningApiServer) -> None:
+async def test_apply_a_list_and_an_unknown_kind_with_the_protobuf_openapi_v2(
+    kubectl: Kubectl, api: RunningApiServer
+) -> None:
     # kubectl's validation reads /openapi/v2 only as protobuf (gnostic's openapi.v2.Document)
-    await kubectl("apply", "-f", "-", stdin="""
+    await kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin="""
 apiVersion: v1
 kind: List
 items:
 - {apiVersion: v1, kind: ConfigMap, metadata: {name: l1, namespace: default}, data: {a: "1"}}
 - {apiVersion: v1, kind: ConfigMap, metadata: {name: l2, namespace: default}, data: {b: "2"}}
-""")
+""",
+    )
     async with api.client() as c:
         names = {cm.metadata.name for cm in (await client.CoreV1Api(c).list_namespaced_config_map("default")).items}
     assert {"l1", "l2"} <= names
-    rc, _, err = await kubectl("apply", "-f", "-", check=False,
-                               stdin="apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n")
+    rc, _, err = await kubectl(
+        "apply", "-f", "-", check=False, stdin="apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n"
+    )
     assert rc == 1 and 'no matches for kind "Widget" in version "example.com/v1"' in err, err
     assert "proto" not in err

@@ -44,5 +44,8 @@ async def test_a_job_selects_its_own_pods_by_uid(kubectl: Kubectl) -> None:
     uid = job["metadata"]["uid"]
     assert job["spec"]["selector"] == {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
     assert job["spec"]["template"]["metadata"]["labels"] == {
-        "batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": "once",
-        "controller-uid": uid, "job-name": "once"}
+        "batch.kubernetes.io/controller-uid": uid,
+        "batch.kubernetes.io/job-name": "once",
+        "controller-uid": uid,
+        "job-name": "once",
+    }

@@ -32,17 +32,27 @@ CRD = {
         "group": "example.com",
         "scope": "Namespaced",
         "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
-        "versions": [{
-            "name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
-            "schema": {"openAPIV3Schema": {
-                "type": "object",
-                "properties": {
-                    "spec": {"type": "object", "description": "What the widget should be.",
-                             "properties": {"size": {"type": "integer", "description": "Widget size in cm."}}},
-                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "description": "What the widget should be.",
+                                "properties": {"size": {"type": "integer", "description": "Widget size in cm."}},
+                            },
+                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                        },
+                    }
                 },
-            }},
-        }],
+            }
+        ],
     },
 }
 
@@ -53,8 +63,14 @@ def _gvk_of(schema: dict[str, Any]) -> list[dict[str, str]]:
 
 def test_index_lists_every_served_group_version_with_a_hash() -> None:
     paths = openapi_v3_index()["paths"]
-    for gv in ("api/v1", "apis/apps/v1", "apis/resource.k8s.io/v1", "apis/resource.k8s.io/v1beta1",
-               "apis/apiextensions.k8s.io/v1", "apis/coordination.k8s.io/v1"):
+    for gv in (
+        "api/v1",
+        "apis/apps/v1",
+        "apis/resource.k8s.io/v1",
+        "apis/resource.k8s.io/v1beta1",
+        "apis/apiextensions.k8s.io/v1",
+        "apis/coordination.k8s.io/v1",
+    ):
         url = paths[gv]["serverRelativeURL"]
         assert url.startswith(f"/openapi/v3/{gv}?hash=")
         assert len(url.split("hash=")[1]) == 128  # sha512, upper-case hex like the real server
@@ -75,8 +91,11 @@ def test_resource_v1_document_has_kinds_refs_and_patch_operations() -> None:
     for ref in {part.split("'")[0] for part in text.split("'$ref': '#/components/schemas/")[1:]}:
         assert ref in schemas, ref
     patch = doc["paths"]["/apis/resource.k8s.io/v1/resourceslices/{name}"]["patch"]
-    assert patch["x-kubernetes-group-version-kind"] == {"group": "resource.k8s.io", "version": "v1",
-                                                        "kind": "ResourceSlice"}
+    assert patch["x-kubernetes-group-version-kind"] == {
+        "group": "resource.k8s.io",
+        "version": "v1",
+        "kind": "ResourceSlice",
+    }
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
     assert "application/strategic-merge-patch+json" in patch["requestBody"]["content"]
     assert schemas["io.k8s.apimachinery.pkg.api.resource.Quantity"]["type"] == "string"
@@ -113,8 +132,9 @@ def test_crd_schema_joins_its_group_version_and_leaves_again() -> None:
 
 def test_bad_crd_is_refused_with_the_missing_field() -> None:
     with pytest.raises(openapi.CrdSchemaError, match=r"spec\.names\.plural"):
-        add_crd_schema({"metadata": {"name": "x.example.com"},
-                        "spec": {"group": "example.com", "names": {"kind": "X"}}})
+        add_crd_schema(
+            {"metadata": {"name": "x.example.com"}, "spec": {"group": "example.com", "names": {"kind": "X"}}}
+        )
 
 
 def test_swagger_v2_has_definitions_with_patch_metadata() -> None:
@@ -129,11 +149,20 @@ def test_swagger_v2_has_definitions_with_patch_metadata() -> None:
 
 # -- kubectl against a tiny HTTP server that serves discovery plus these documents ----------------
 
+
 def _discovery() -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
     groups: dict[str, list[str]] = {}
     resources: dict[str, list[dict[str, Any]]] = {}
-    crds = [(c["spec"]["group"], [v["name"] for v in c["spec"]["versions"]], c["spec"]["names"]["kind"],
-             c["spec"]["names"]["plural"], c["spec"]["scope"] == "Namespaced") for c in openapi._crds.values()]
+    crds = [
+        (
+            c["spec"]["group"],
+            [v["name"] for v in c["spec"]["versions"]],
+            c["spec"]["names"]["kind"],
+            c["spec"]["names"]["plural"],
+            c["spec"]["scope"] == "Namespaced",
+        )
+        for c in openapi._crds.values()
+    ]
     builtin = [(r.group, r.versions, r.kind, r.plural, r.namespaced) for r in BUILTIN]
     for group, versions, kind, plural, namespaced in [*builtin, *crds]:
         for version in versions:
@@ -142,17 +171,36 @@ def _discovery() -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, An
                 groups.setdefault(group, [])
                 if version not in groups[group]:
                     groups[group].append(version)
-            resources.setdefault(gv, []).append({
-                "name": plural, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
-                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
-            })
-    api = {"kind": "APIVersions", "versions": ["v1"],
-           "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
-    apis = {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-        {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
-         "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}} for g, vs in groups.items()]}
-    lists = {gv: {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": rs}
-             for gv, rs in resources.items()}
+            resources.setdefault(gv, []).append(
+                {
+                    "name": plural,
+                    "singularName": kind.lower(),
+                    "namespaced": namespaced,
+                    "kind": kind,
+                    "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                }
+            )
+    api = {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
+    }
+    apis = {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [
+            {
+                "name": g,
+                "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
+            }
+            for g, vs in groups.items()
+        ],
+    }
+    lists = {
+        gv: {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": rs}
+        for gv, rs in resources.items()
+    }
     return api, apis, lists
 
 
@@ -166,8 +214,9 @@ async def kube_env(tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
         api, apis, lists = _discovery()
         if request.method in ("POST", "PATCH"):
             body = await request.json()
-            posted.append({"path": path, "query": dict(request.query), "body": body,
-                           "content_type": request.content_type})
+            posted.append(
+                {"path": path, "query": dict(request.query), "body": body, "content_type": request.content_type}
+            )
             if request.method == "POST":
                 stored[f"{path}/{body['metadata']['name']}"] = body
                 return web.json_response(body, status=201)
@@ -175,10 +224,19 @@ async def kube_env(tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
         if path in stored:
             return web.json_response(stored[path])
         if "/deviceclasses/" in path:
-            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                      "reason": "NotFound", "code": 404, "message": "not found",
-                                      "details": {"name": path.rsplit("/", 1)[1], "group": "resource.k8s.io",
-                                                  "kind": "deviceclasses"}}, status=404)
+            return web.json_response(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "reason": "NotFound",
+                    "code": 404,
+                    "message": "not found",
+                    "details": {"name": path.rsplit("/", 1)[1], "group": "resource.k8s.io", "kind": "deviceclasses"},
+                },
+                status=404,
+            )
         if path == "/api":
             return web.json_response(api)
         if path == "/apis":
@@ -209,10 +267,10 @@ async def kube_env(tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
         "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
         f"clusters: [{{name: t, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
         "users: [{name: t, user: {token: x}}]\n"
-        "contexts: [{name: t, context: {cluster: t, user: t}}]\n")
+        "contexts: [{name: t, context: {cluster: t, user: t}}]\n"
+    )
     try:
-        yield {"kubeconfig": str(kubeconfig), "cache": str(tmp_path / "cache"), "posted": posted,
-               "dir": str(tmp_path)}
+        yield {"kubeconfig": str(kubeconfig), "cache": str(tmp_path / "cache"), "posted": posted, "dir": str(tmp_path)}
     finally:
         await runner.cleanup()
 
@@ -220,8 +278,13 @@ async def kube_env(tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
 async def _kubectl(env: dict[str, Any], *args: str) -> tuple[int, str]:
     assert KUBECTL is not None
     proc = await asyncio.create_subprocess_exec(
-        KUBECTL, f"--kubeconfig={env['kubeconfig']}", f"--cache-dir={env['cache']}", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        KUBECTL,
+        f"--kubeconfig={env['kubeconfig']}",
+        f"--cache-dir={env['cache']}",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
     return proc.returncode or 0, out.decode()
 
@@ -234,8 +297,9 @@ async def test_kubectl_explain_reads_the_v3_documents(kube_env: dict[str, Any]) 
     assert "GROUP:      resource.k8s.io" in out and "KIND:       ResourceSlice" in out, out
     assert "VERSION:    v1\n" in out and "FIELD: devices <[]Device>" in out, out
     assert "attributes\t<map[string]DeviceAttribute>" in out, out
-    rc, out = await _kubectl(kube_env, "explain", "--api-version=resource.k8s.io/v1beta1",
-                             "resourceslices.spec.devices.basic")
+    rc, out = await _kubectl(
+        kube_env, "explain", "--api-version=resource.k8s.io/v1beta1", "resourceslices.spec.devices.basic"
+    )
     assert rc == 0, out
     assert "FIELD: basic <BasicDevice>" in out
     rc, out = await _kubectl(kube_env, "explain", "pods.spec.containers.resources.claims")
@@ -251,7 +315,8 @@ async def test_kubectl_sees_server_side_field_validation(kube_env: dict[str, Any
     manifest = Path(kube_env["dir"]) / "slice.yaml"
     manifest.write_text(
         "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s1}\n"
-        "spec: {driver: gpu.nvidia.com, nodeName: n1, pool: {name: n1, generation: 1, resourceSliceCount: 1}}\n")
+        "spec: {driver: gpu.nvidia.com, nodeName: n1, pool: {name: n1, generation: 1, resourceSliceCount: 1}}\n"
+    )
     rc, out = await _kubectl(kube_env, "create", "-f", str(manifest))
     assert rc == 0, out
     (sent,) = kube_env["posted"]
@@ -265,8 +330,10 @@ async def test_kubectl_apply_builds_a_strategic_merge_patch_from_the_v3_schema(k
     # kubectl 1.32 has no compiled-in resource.k8s.io/v1 types: a strategic merge patch for a v1
     # DeviceClass can only come from the OpenAPI v3 document (otherwise it sends a JSON merge patch).
     manifest = Path(kube_env["dir"]) / "class.yaml"
-    body = ("apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {{name: gpu.nvidia.com}}\n"
-            "spec: {{selectors: [{{cel: {{expression: \"{}\"}}}}]}}\n")
+    body = (
+        "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {{name: gpu.nvidia.com}}\n"
+        'spec: {{selectors: [{{cel: {{expression: "{}"}}}}]}}\n'
+    )
     manifest.write_text(body.format("device.driver == 'gpu.nvidia.com'"))
     rc, out = await _kubectl(kube_env, "apply", "-f", str(manifest))
     assert rc == 0 and "created" in out, out
@@ -296,9 +363,12 @@ async def test_openapi_v2_protobuf_is_a_gnostic_document(api: RunningApiServer) 
     import aiohttp
 
     from embedded.apiserver import openapi_proto
+
     headers = {"Accept": openapi_proto.MEDIA_TYPE, "Authorization": f"Bearer {api.token}"}
-    async with aiohttp.ClientSession() as session, \
-            session.get(api.url + "/openapi/v2", headers=headers, ssl=False) as reply:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(api.url + "/openapi/v2", headers=headers, ssl=False) as reply,
+    ):
         body = await reply.read()
         assert reply.status == 200 and reply.headers["Content-Type"] == openapi_proto.RESPONSE_TYPE
     assert body.startswith(b"\x0a\x032.0")  # Document.swagger (field 1) = "2.0"

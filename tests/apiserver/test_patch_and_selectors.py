@@ -17,15 +17,18 @@ def test_merge_patch_rfc7386() -> None:
 
 def test_json_patch_operations_and_errors() -> None:
     doc = {"metadata": {"labels": {"a": "1"}}, "items": [1, 2, 3]}
-    out = json_patch(doc, [
-        {"op": "add", "path": "/metadata/labels/b", "value": "2"},
-        {"op": "remove", "path": "/metadata/labels/a"},
-        {"op": "replace", "path": "/items/0", "value": 9},
-        {"op": "add", "path": "/items/-", "value": 4},
-        {"op": "move", "from": "/items/1", "path": "/moved"},
-        {"op": "copy", "from": "/moved", "path": "/copied"},
-        {"op": "test", "path": "/copied", "value": 2},
-    ])
+    out = json_patch(
+        doc,
+        [
+            {"op": "add", "path": "/metadata/labels/b", "value": "2"},
+            {"op": "remove", "path": "/metadata/labels/a"},
+            {"op": "replace", "path": "/items/0", "value": 9},
+            {"op": "add", "path": "/items/-", "value": 4},
+            {"op": "move", "from": "/items/1", "path": "/moved"},
+            {"op": "copy", "from": "/moved", "path": "/copied"},
+            {"op": "test", "path": "/copied", "value": 2},
+        ],
+    )
     assert out == {"metadata": {"labels": {"b": "2"}}, "items": [9, 3, 4], "moved": 2, "copied": 2}
     with pytest.raises(PatchError, match="missing"):
         json_patch(doc, [{"op": "remove", "path": "/nope"}])
@@ -36,26 +39,51 @@ def test_json_patch_operations_and_errors() -> None:
 
 
 def test_strategic_merge_merges_keyed_lists_and_honours_directives() -> None:
-    pod = {"spec": {"containers": [
-        {"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}]},
-        {"name": "b", "image": "y"}]}, "metadata": {"finalizers": ["f1"]}}
-    out = strategic_merge_patch(pod, {"spec": {"containers": [
-        {"name": "a", "env": [{"name": "B", "value": "2"}]},
-        {"name": "b", "$patch": "delete"},
-        {"name": "c", "image": "z"}]}, "metadata": {"finalizers": ["f2"]}})
+    pod = {
+        "spec": {
+            "containers": [
+                {"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}]},
+                {"name": "b", "image": "y"},
+            ]
+        },
+        "metadata": {"finalizers": ["f1"]},
+    }
+    out = strategic_merge_patch(
+        pod,
+        {
+            "spec": {
+                "containers": [
+                    {"name": "a", "env": [{"name": "B", "value": "2"}]},
+                    {"name": "b", "$patch": "delete"},
+                    {"name": "c", "image": "z"},
+                ]
+            },
+            "metadata": {"finalizers": ["f2"]},
+        },
+    )
     assert out["spec"]["containers"] == [
         {"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]},
-        {"name": "c", "image": "z"}]
+        {"name": "c", "image": "z"},
+    ]
     assert out["metadata"]["finalizers"] == ["f1", "f2"]
-    ordered = strategic_merge_patch(pod, {"spec": {"$setElementOrder/containers": [{"name": "b"}, {"name": "a"}],
-                                                   "containers": [{"name": "a", "image": "new"}]}})
+    ordered = strategic_merge_patch(
+        pod,
+        {
+            "spec": {
+                "$setElementOrder/containers": [{"name": "b"}, {"name": "a"}],
+                "containers": [{"name": "a", "image": "new"}],
+            }
+        },
+    )
     assert [c["name"] for c in ordered["spec"]["containers"]] == ["b", "a"]
     replaced = strategic_merge_patch(pod, {"spec": {"$patch": "replace", "containers": []}})
     assert replaced["spec"] == {"containers": []}
     removed = strategic_merge_patch(pod, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["f1"]}})
     assert removed["metadata"]["finalizers"] == []
-    retained = strategic_merge_patch({"spec": {"strategy": {"type": "A", "rollingUpdate": {"x": 1}}}},
-                                     {"spec": {"strategy": {"$retainKeys": ["type"], "type": "Recreate"}}})
+    retained = strategic_merge_patch(
+        {"spec": {"strategy": {"type": "A", "rollingUpdate": {"x": 1}}}},
+        {"spec": {"strategy": {"$retainKeys": ["type"], "type": "Recreate"}}},
+    )
     assert retained["spec"]["strategy"] == {"type": "Recreate"}
     # Lists without a merge key are atomic, as upstream.
     assert strategic_merge_patch({"args": ["a", "b"]}, {"args": ["c"]}) == {"args": ["c"]}

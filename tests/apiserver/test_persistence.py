@@ -43,11 +43,26 @@ async def test_objects_and_resource_versions_survive_restart(tmp_path: Path) -> 
         for i in range(5):
             await client.ResourceV1Api(c).create_resource_slice(slice_body(f"s{i}"))
         claim = await client.ResourceV1Api(c).create_namespaced_resource_claim("team", claim_body("c1"))
-        await client.ResourceV1Api(c).patch_namespaced_resource_claim_status("c1", "team", {"status": {
-            "allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "p", "device": "gpu-0"}]}}}})
-        await client.CustomObjectsApi(c).create_namespaced_custom_object("example.com", "v1", "default", "widgets", {
-            "apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w1"}, "spec": {"size": 1}})
+        await client.ResourceV1Api(c).patch_namespaced_resource_claim_status(
+            "c1",
+            "team",
+            {
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "p", "device": "gpu-0"}]
+                        }
+                    }
+                }
+            },
+        )
+        await client.CustomObjectsApi(c).create_namespaced_custom_object(
+            "example.com",
+            "v1",
+            "default",
+            "widgets",
+            {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w1"}, "spec": {"size": 1}},
+        )
         await client.ResourceV1Api(c).delete_resource_slice("s4")
         before = await _snapshot(c)
         last_rv = api.server.store.rv
@@ -68,9 +83,21 @@ async def test_gpu_dra_apiserver_command_serves_kubectl_and_persists(tmp_path: P
 
     async def start() -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli", "apiserver", "--port", "0", "--kubeconfig", str(kubeconfig),
-            "--data-dir", str(data), "--token", "s3cret", stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, cwd=Path(__file__).resolve().parents[2],
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "apiserver",
+            "--port",
+            "0",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--data-dir",
+            str(data),
+            "--token",
+            "s3cret",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[2],
         )
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
@@ -80,8 +107,14 @@ async def test_gpu_dra_apiserver_command_serves_kubectl_and_persists(tmp_path: P
     async def kubectl(*args: str) -> str:
         assert KUBECTL is not None
         proc = await asyncio.create_subprocess_exec(
-            KUBECTL, "--cache-dir", str(tmp_path / "cache"), *args, env={**os.environ, "KUBECONFIG": str(kubeconfig)},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            KUBECTL,
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            *args,
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await proc.communicate()
         assert proc.returncode == 0, err.decode()
         return out.decode()
@@ -112,8 +145,16 @@ async def test_gpu_dra_apiserver_command_serves_kubectl_and_persists(tmp_path: P
 
 async def test_bad_flag_is_a_clear_error() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "apiserver", "--port", "not-a-port",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=Path(__file__).resolve().parents[2])
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "apiserver",
+        "--port",
+        "not-a-port",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert b"port" in err

@@ -17,9 +17,15 @@ async def test_log_subresource_reads_the_node_files(tmp_path: Path) -> None:
         api.server.pod_log_dir = tmp_path / "logs"
         async with api.client() as c:
             core = client.CoreV1Api(c)
-            pod = await core.create_namespaced_pod("default", {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-                "spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "x"}]}})
+            pod = await core.create_namespaced_pod(
+                "default",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "p"},
+                    "spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "x"}]},
+                },
+            )
             with pytest.raises(client.ApiException) as exc:
                 await core.read_namespaced_pod_log("p", "default")
             # str(): the client decodes an error body to str, its stubs say bytes
@@ -33,8 +39,10 @@ async def test_log_subresource_reads_the_node_files(tmp_path: Path) -> None:
             (d / "1.log").write_text("2026-01-01T00:00:01.000001Z two\n2026-01-01T00:00:02.000001Z three\npart")
             assert await core.read_namespaced_pod_log("p", "default", container="a") == "two\nthree\n"
             assert await core.read_namespaced_pod_log("p", "default", container="a", previous=True) == "one\n"
-            assert await core.read_namespaced_pod_log("p", "default", container="a", tail_lines=1,
-                                                      timestamps=True) == "2026-01-01T00:00:02.000001Z three\n"
+            assert (
+                await core.read_namespaced_pod_log("p", "default", container="a", tail_lines=1, timestamps=True)
+                == "2026-01-01T00:00:02.000001Z three\n"
+            )
             with pytest.raises(client.ApiException) as exc:
                 await core.read_namespaced_pod_log("p", "default", container="nope")
             assert "container nope is not valid for pod p" in str(exc.value.body)

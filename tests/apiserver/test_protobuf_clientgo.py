@@ -47,6 +47,7 @@ def _compile(tmp: Path) -> ModuleType:
 
 # ---- JSON <-> message, written against the descriptors (not the server's table)
 
+
 def build(cls: Any, obj: dict[str, Any]) -> Any:
     msg = cls()
     _fill(msg, obj)
@@ -92,7 +93,9 @@ def as_json(msg: Message) -> dict[str, Any]:
     for field, value in msg.ListFields():
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             value_field = field.message_type.fields_by_name["value"]
-            out[field.name] = {k: (v if value_field.message_type is None else _message_json(v)) for k, v in value.items()}
+            out[field.name] = {
+                k: (v if value_field.message_type is None else _message_json(v)) for k, v in value.items()
+            }
         elif field.is_repeated:
             out[field.name] = [_message_json(v) if field.message_type else v for v in value]
         elif field.message_type is not None:
@@ -119,7 +122,7 @@ def wrap(pb: ModuleType, api_version: str, kind: str, msg: Message) -> bytes:
 
 def unwrap(pb: ModuleType, body: bytes) -> tuple[tuple[str, str], bytes]:
     assert body.startswith(MAGIC), body[:40]
-    unknown = pb.Unknown.FromString(body[len(MAGIC):])
+    unknown = pb.Unknown.FromString(body[len(MAGIC) :])
     return (unknown.typeMeta.apiVersion, unknown.typeMeta.kind), unknown.raw
 
 
@@ -133,12 +136,14 @@ def subset(small: Any, big: Any) -> bool:
 
 # ---- one server for the module
 
+
 class Client:
     def __init__(self, api: RunningApiServer, session: aiohttp.ClientSession, pb: ModuleType) -> None:
         self.api, self.session, self.pb = api, session, pb
 
-    async def __call__(self, method: str, path: str, body: bytes | dict[str, Any] | None = None,
-                       accept: str = CLIENT_GO_ACCEPT) -> tuple[int, str, bytes]:
+    async def __call__(
+        self, method: str, path: str, body: bytes | dict[str, Any] | None = None, accept: str = CLIENT_GO_ACCEPT
+    ) -> tuple[int, str, bytes]:
         headers = {"Authorization": f"Bearer {self.api.token}", "Accept": accept}
         data = None
         if isinstance(body, bytes):
@@ -163,19 +168,30 @@ async def k8s(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]
 
 
 SLICE_SPEC: dict[str, Any] = {
-    "driver": "gpu.nvidia.com", "nodeName": "node-a",
+    "driver": "gpu.nvidia.com",
+    "nodeName": "node-a",
     "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
-    "devices": [{"name": "gpu-0",
-                 "attributes": {"uuid": {"string": "GPU-0"}, "index": {"int": 0}, "driverVersion": {"version": "1.2.3"},
-                                "mig": {"bool": False}},
-                 "capacity": {"memory": {"value": "80Gi"}}}],
+    "devices": [
+        {
+            "name": "gpu-0",
+            "attributes": {
+                "uuid": {"string": "GPU-0"},
+                "index": {"int": 0},
+                "driverVersion": {"version": "1.2.3"},
+                "mig": {"bool": False},
+            },
+            "capacity": {"memory": {"value": "80Gi"}},
+        }
+    ],
 }
 
 
 async def test_resourceslice_create_get_update_list_delete(k8s: Client) -> None:
     pb = k8s.pb
     meta = {"name": "s1", "labels": {"node": "node-a"}, "notUpstream": "dropped"}
-    body = wrap(pb, "resource.k8s.io/v1", "ResourceSlice", build(pb.ResourceSlice, {"metadata": meta, "spec": SLICE_SPEC}))
+    body = wrap(
+        pb, "resource.k8s.io/v1", "ResourceSlice", build(pb.ResourceSlice, {"metadata": meta, "spec": SLICE_SPEC})
+    )
     status, ctype, raw = await k8s("POST", SLICES, body)
     assert status == 201 and ctype == PROTO, raw
     type_meta, message = unwrap(pb, raw)
@@ -190,12 +206,15 @@ async def test_resourceslice_create_get_update_list_delete(k8s: Client) -> None:
     assert status == 200
     got = as_json(pb.ResourceSlice.FromString(unwrap(pb, raw)[1]))
     assert got["spec"] == stored["spec"]
-    assert {k: got["metadata"][k] for k in ("name", "uid", "resourceVersion", "creationTimestamp", "labels")} == \
-        {k: stored["metadata"][k] for k in ("name", "uid", "resourceVersion", "creationTimestamp", "labels")}
+    assert {k: got["metadata"][k] for k in ("name", "uid", "resourceVersion", "creationTimestamp", "labels")} == {
+        k: stored["metadata"][k] for k in ("name", "uid", "resourceVersion", "creationTimestamp", "labels")
+    }
 
     changed = {**SLICE_SPEC, "pool": {**SLICE_SPEC["pool"], "generation": 2}}
-    update = build(pb.ResourceSlice, {"metadata": {"name": "s1", "resourceVersion": stored["metadata"]["resourceVersion"]},
-                                      "spec": changed})
+    update = build(
+        pb.ResourceSlice,
+        {"metadata": {"name": "s1", "resourceVersion": stored["metadata"]["resourceVersion"]}, "spec": changed},
+    )
     status, _, raw = await k8s("PUT", f"{SLICES}/s1", wrap(pb, "resource.k8s.io/v1", "ResourceSlice", update))
     assert status == 200, raw
     assert (await k8s.json(f"{SLICES}/s1"))["spec"]["pool"]["generation"] == 2
@@ -204,8 +223,16 @@ async def test_resourceslice_create_get_update_list_delete(k8s: Client) -> None:
     conflict = pb.Status.FromString(unwrap(pb, stale[2])[1])  # errors come back as a protobuf Status
     assert (conflict.code, conflict.reason, conflict.status) == (409, "Conflict", "Failure")
 
-    await k8s("POST", SLICES, wrap(pb, "resource.k8s.io/v1", "ResourceSlice",
-                                   build(pb.ResourceSlice, {"metadata": {"name": "s2"}, "spec": SLICE_SPEC})))
+    await k8s(
+        "POST",
+        SLICES,
+        wrap(
+            pb,
+            "resource.k8s.io/v1",
+            "ResourceSlice",
+            build(pb.ResourceSlice, {"metadata": {"name": "s2"}, "spec": SLICE_SPEC}),
+        ),
+    )
     status, _, raw = await k8s("GET", SLICES)
     type_meta, message = unwrap(pb, raw)
     listed = pb.ResourceSliceList.FromString(message)
@@ -213,8 +240,10 @@ async def test_resourceslice_create_get_update_list_delete(k8s: Client) -> None:
     assert [i.metadata.name for i in listed.items] == ["s1", "s2"] and int(listed.metadata.resourceVersion) > 0
     assert [as_json(i)["spec"] for i in listed.items] == [changed, SLICE_SPEC]
 
-    metadata_accept = ("application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
-                       "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json")
+    metadata_accept = (
+        "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
+        "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+    )
     status, _, raw = await k8s("GET", SLICES, accept=metadata_accept)  # client-go's metadata client
     type_meta, message = unwrap(pb, raw)
     assert type_meta == ("meta.k8s.io/v1", "PartialObjectMetadataList")
@@ -259,26 +288,51 @@ async def test_watch_streams_length_prefixed_watch_events(k8s: Client) -> None:
     assert as_json(slices[0])["spec"] == SLICE_SPEC
 
 
-POD = {"metadata": {"name": "p1", "namespace": "default", "labels": {"app": "x"}},
-       "spec": {"containers": [{"name": "c", "image": "busybox", "command": ["sh", "-c"], "args": ["nvidia-smi -L"],
-                                "env": [{"name": "A", "value": "1"}],
-                                "resources": {"limits": {"cpu": "500m"}, "requests": {"memory": "1Gi"}}}],
-                "restartPolicy": "Never", "terminationGracePeriodSeconds": 5}}
-NODE = {"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1"}},
-        "spec": {"providerID": "local://n1", "taints": [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]},
-        "status": {"capacity": {"cpu": "8", "nvidia.com/gpu": "4"}, "allocatable": {"cpu": "7500m"}}}
-LEASE = {"metadata": {"name": "l1", "namespace": "default"},
-         "spec": {"holderIdentity": "me", "leaseDurationSeconds": 15, "acquireTime": "2026-01-02T03:04:05.123456Z",
-                  "renewTime": "2026-01-02T03:04:06.000001Z", "leaseTransitions": 2}}
+POD = {
+    "metadata": {"name": "p1", "namespace": "default", "labels": {"app": "x"}},
+    "spec": {
+        "containers": [
+            {
+                "name": "c",
+                "image": "busybox",
+                "command": ["sh", "-c"],
+                "args": ["nvidia-smi -L"],
+                "env": [{"name": "A", "value": "1"}],
+                "resources": {"limits": {"cpu": "500m"}, "requests": {"memory": "1Gi"}},
+            }
+        ],
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 5,
+    },
+}
+NODE = {
+    "metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1"}},
+    "spec": {"providerID": "local://n1", "taints": [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]},
+    "status": {"capacity": {"cpu": "8", "nvidia.com/gpu": "4"}, "allocatable": {"cpu": "7500m"}},
+}
+LEASE = {
+    "metadata": {"name": "l1", "namespace": "default"},
+    "spec": {
+        "holderIdentity": "me",
+        "leaseDurationSeconds": 15,
+        "acquireTime": "2026-01-02T03:04:05.123456Z",
+        "renewTime": "2026-01-02T03:04:06.000001Z",
+        "leaseTransitions": 2,
+    },
+}
 
 
-@pytest.mark.parametrize(("path", "api_version", "kind", "obj"), [
-    ("/api/v1/namespaces/default/pods", "v1", "Pod", POD),
-    ("/api/v1/nodes", "v1", "Node", NODE),
-    ("/apis/coordination.k8s.io/v1/namespaces/default/leases", "coordination.k8s.io/v1", "Lease", LEASE),
-])
-async def test_pod_node_lease_round_trip(k8s: Client, path: str, api_version: str, kind: str,
-                                         obj: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("path", "api_version", "kind", "obj"),
+    [
+        ("/api/v1/namespaces/default/pods", "v1", "Pod", POD),
+        ("/api/v1/nodes", "v1", "Node", NODE),
+        ("/apis/coordination.k8s.io/v1/namespaces/default/leases", "coordination.k8s.io/v1", "Lease", LEASE),
+    ],
+)
+async def test_pod_node_lease_round_trip(
+    k8s: Client, path: str, api_version: str, kind: str, obj: dict[str, Any]
+) -> None:
     pb = k8s.pb
     cls = getattr(pb, kind)
     status, _, raw = await k8s("POST", path, wrap(pb, api_version, kind, build(cls, obj)))
@@ -294,8 +348,12 @@ async def test_pod_node_lease_round_trip(k8s: Client, path: str, api_version: st
 
 async def test_malformed_bodies_are_400_and_store_nothing(k8s: Client) -> None:
     pb = k8s.pb
-    good = wrap(pb, "resource.k8s.io/v1", "ResourceSlice",
-                build(pb.ResourceSlice, {"metadata": {"name": "cut"}, "spec": SLICE_SPEC}))
+    good = wrap(
+        pb,
+        "resource.k8s.io/v1",
+        "ResourceSlice",
+        build(pb.ResourceSlice, {"metadata": {"name": "cut"}, "spec": SLICE_SPEC}),
+    )
     for body in (good[:-7], good[:3], MAGIC, MAGIC + b"\x0a\xff\xff"):
         status, ctype, raw = await k8s("POST", SLICES, body)
         assert status == 400 and ctype == PROTO, (body, raw)
@@ -311,8 +369,9 @@ async def test_malformed_bodies_are_400_and_store_nothing(k8s: Client) -> None:
 
 async def test_custom_resources_stay_json(k8s: Client) -> None:
     crd = yaml.safe_load((Path(__file__).parents[1] / "fixtures/reference/computedomain-crd.yaml").read_text())
-    status, _, raw = await k8s("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd,
-                               accept="application/json")
+    status, _, raw = await k8s(
+        "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, accept="application/json"
+    )
     assert status == 201, raw
     version = next(v["name"] for v in crd["spec"]["versions"] if v.get("storage"))
     path = f"/apis/resource.nvidia.com/{version}/namespaces/default/computedomains"
@@ -331,8 +390,12 @@ async def test_custom_resources_stay_json(k8s: Client) -> None:
 
 async def test_an_object_that_does_not_fit_its_message_is_answered_in_json(k8s: Client) -> None:
     """Nothing the API accepts stores such a value; if one got in, client-go gets JSON, not a 500."""
-    odd = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "odd", "namespace": "default"},
-           "data": {"n": 5}}
+    odd = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "odd", "namespace": "default"},
+        "data": {"n": 5},
+    }
     k8s.api.server.store.put(("", "configmaps"), ("default", "odd"), odd)
     status, ctype, raw = await k8s("GET", "/api/v1/namespaces/default/configmaps/odd")
     assert status == 200 and ctype == "application/json" and msgspec.json.decode(raw)["data"] == {"n": 5}

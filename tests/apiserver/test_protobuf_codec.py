@@ -56,20 +56,52 @@ def test_json_protobuf_json_is_identity(name: str, obj: dict[str, Any]) -> None:
 
 
 def test_special_types_both_ways() -> None:
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "creationTimestamp": "2026-03-04T05:06:07Z"},
-           "spec": {"containers": [{"name": "c", "ports": [{"containerPort": 80}],
-                                    "readinessProbe": {"httpGet": {"port": "http", "path": "/"}},
-                                    "livenessProbe": {"tcpSocket": {"port": 8080}},
-                                    "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "1.5Gi"}}}],
-                    "volumes": [{"name": "v", "emptyDir": {"sizeLimit": "1Gi"}}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "creationTimestamp": "2026-03-04T05:06:07Z"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "ports": [{"containerPort": 80}],
+                    "readinessProbe": {"httpGet": {"port": "http", "path": "/"}},
+                    "livenessProbe": {"tcpSocket": {"port": 8080}},
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "1.5Gi"}},
+                }
+            ],
+            "volumes": [{"name": "v", "emptyDir": {"sizeLimit": "1Gi"}}],
+        },
+    }
     assert protobuf.decode_body(protobuf.encode_object(pod)) == pod  # inline VolumeSource, ProbeHandler
-    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"},
-             "spec": {"renewTime": "2026-03-04T05:06:07.250000Z", "leaseDurationSeconds": 0}}
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "l"},
+        "spec": {"renewTime": "2026-03-04T05:06:07.250000Z", "leaseDurationSeconds": 0},
+    }
     assert protobuf.decode_body(protobuf.encode_object(lease)) == lease  # a pointer's zero is kept
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"},
-             "spec": {"devices": {"config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {
-                 "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                 "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}}]}}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
+        "spec": {
+            "devices": {
+                "config": [
+                    {
+                        "opaque": {
+                            "driver": "gpu.nvidia.com",
+                            "parameters": {
+                                "apiVersion": "resource.nvidia.com/v1beta1",
+                                "kind": "GpuConfig",
+                                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+                            },
+                        }
+                    }
+                ]
+            }
+        },
+    }
     assert protobuf.decode_body(protobuf.encode_object(claim)) == claim  # RawExtension as JSON
     assert protobuf._format_duration(protobuf._parse_duration("1h2m3.5s")) == "1h2m3.5s"
     assert protobuf._format_duration(1_500_000) == "1.5ms" and protobuf._format_duration(0) == "0s"
@@ -77,15 +109,25 @@ def test_special_types_both_ways() -> None:
 
 def test_go_zero_values_read_as_go_json_would() -> None:
     """gogo protobuf writes every non-pointer field; Go's JSON omits the omitempty ones when zero."""
-    meta = (wire.bytes_field(1, b"n") + wire.bytes_field(2, b"") + wire.bytes_field(3, b"")
-            + wire.int_field(7, 0) + wire.bytes_field(8, b""))  # name, generateName, namespace, generation, time
+    meta = (
+        wire.bytes_field(1, b"n")
+        + wire.bytes_field(2, b"")
+        + wire.bytes_field(3, b"")
+        + wire.int_field(7, 0)
+        + wire.bytes_field(8, b"")
+    )  # name, generateName, namespace, generation, time
     spec = wire.bytes_field(1, b"") + wire.int_field(2, 0) + wire.int_field(5, 0)  # all three are pointers in Go
-    body = protobuf.envelope("coordination.k8s.io/v1", "Lease", wire.bytes_field(1, meta) + wire.bytes_field(2, spec)
-                             + wire.bytes_field(7, b"unknown field"))
-    assert protobuf.decode_body(body) == {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                                          "metadata": {"name": "n"},
-                                          "spec": {"holderIdentity": "", "leaseDurationSeconds": 0,
-                                                   "leaseTransitions": 0}}
+    body = protobuf.envelope(
+        "coordination.k8s.io/v1",
+        "Lease",
+        wire.bytes_field(1, meta) + wire.bytes_field(2, spec) + wire.bytes_field(7, b"unknown field"),
+    )
+    assert protobuf.decode_body(body) == {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "n"},
+        "spec": {"holderIdentity": "", "leaseDurationSeconds": 0, "leaseTransitions": 0},
+    }
 
 
 def test_negotiation_follows_the_clients_order() -> None:
@@ -117,9 +159,11 @@ message Volume {
     messages, nullable = generate.parse_proto(proto, "k8s.io.api.core.v1")
     assert nullable == {"k8s.io.api.core.v1.ExtraValue"}
     assert messages["k8s.io.api.core.v1.Volume"] == [
-        ("name", "optional", 1, "string"), ("volumeSource", "optional", 2, "k8s.io.api.core.v1.VolumeSource"),
-        ("limits", "map", 3, ("string", "k8s.io.apimachinery.pkg.api.resource.Quantity"))]
-    go = '''
+        ("name", "optional", 1, "string"),
+        ("volumeSource", "optional", 2, "k8s.io.api.core.v1.VolumeSource"),
+        ("limits", "map", 3, ("string", "k8s.io.apimachinery.pkg.api.resource.Quantity")),
+    ]
+    go = """
 type Volume struct {
 	// comment `json:"ignored" protobuf:"bytes,9,opt,name=ignored"`
 	Name string `json:"name" protobuf:"bytes,1,opt,name=name"`
@@ -127,6 +171,10 @@ type Volume struct {
 	Limits ResourceList `json:"limits,omitempty" protobuf:"bytes,3,rep,name=limits,casttype=ResourceList"`
 	Size *int64 `json:"sizeBytes,omitempty" protobuf:"varint,4,opt,name=size"`
 }
-'''
-    assert generate.parse_go(go) == {("Volume", 1): ("name", False, True), ("Volume", 2): ("", True, True),
-                                     ("Volume", 3): ("limits", False, False), ("Volume", 4): ("sizeBytes", False, True)}
+"""
+    assert generate.parse_go(go) == {
+        ("Volume", 1): ("name", False, True),
+        ("Volume", 2): ("", True, True),
+        ("Volume", 3): ("limits", False, False),
+        ("Volume", 4): ("sizeBytes", False, True),
+    }

@@ -32,7 +32,10 @@ async def test_watch_sees_initial_state_then_changes_in_order(api: RunningApiSer
         await res.delete_resource_slice("s0")
         seen = [await _next(stream) for _ in range(3)]
         assert [(e["type"], e["object"].metadata.name) for e in seen] == [
-            ("ADDED", "s1"), ("MODIFIED", "s1"), ("DELETED", "s0")]
+            ("ADDED", "s1"),
+            ("MODIFIED", "s1"),
+            ("DELETED", "s0"),
+        ]
         rvs = [int(e["object"].metadata.resource_version) for e in seen]
         assert rvs == sorted(rvs) and len(set(rvs)) == 3
         w.stop()
@@ -46,8 +49,9 @@ async def test_watch_resumes_from_a_resource_version(api: RunningApiServer) -> N
         await core.create_namespaced_config_map("default", {"metadata": {"name": "b"}})
         await core.delete_namespaced_config_map("a", "default")
         w = watch.Watch()
-        stream = w.stream(core.list_namespaced_config_map, "default", resource_version=a.metadata.resource_version,
-                          timeout_seconds=30)
+        stream = w.stream(
+            core.list_namespaced_config_map, "default", resource_version=a.metadata.resource_version, timeout_seconds=30
+        )
         events = [await _next(stream) for _ in range(2)]
         assert [(e["type"], e["object"].metadata.name) for e in events] == [("ADDED", "b"), ("DELETED", "a")]
         await w.close()
@@ -60,8 +64,12 @@ async def test_expired_resource_version_is_410_error_event(api: RunningApiServer
         await core.create_namespaced_config_map("default", {"metadata": {"name": "b"}})
         api.server.store.compact()
         w = watch.Watch()
-        stream = w.stream(core.list_namespaced_config_map, "default", resource_version=old.metadata.resource_version,
-                          timeout_seconds=5)
+        stream = w.stream(
+            core.list_namespaced_config_map,
+            "default",
+            resource_version=old.metadata.resource_version,
+            timeout_seconds=5,
+        )
         with pytest.raises(ApiException) as err:
             await _next(stream)
         assert err.value.status == 410
@@ -85,9 +93,14 @@ async def test_raw_watch_framing_bookmarks_and_410_body(tmp_path) -> None:
                 line = await asyncio.wait_for(resp.content.readline(), 5)
                 event = json.loads(line)
                 assert line.endswith(b"\n")
-                assert event == {"type": "BOOKMARK", "object": {
-                    "kind": "ResourceSlice", "apiVersion": "resource.k8s.io/v1",
-                    "metadata": {"resourceVersion": event["object"]["metadata"]["resourceVersion"]}}}
+                assert event == {
+                    "type": "BOOKMARK",
+                    "object": {
+                        "kind": "ResourceSlice",
+                        "apiVersion": "resource.k8s.io/v1",
+                        "metadata": {"resourceVersion": event["object"]["metadata"]["resourceVersion"]},
+                    },
+                }
                 assert int(event["object"]["metadata"]["resourceVersion"]) >= int(rv)
             api.server.store.compact()
             async with http.post(url, json=slice_body("s2"), ssl=False) as resp:
@@ -108,8 +121,13 @@ async def test_send_initial_events_ends_with_marked_bookmark(api: RunningApiServ
     async with api.client() as c:
         await client.ResourceV1Api(c).create_resource_slice(slice_body("s1"))
     url = f"{api.url}/apis/resource.k8s.io/v1/resourceslices"
-    params = {"watch": "true", "sendInitialEvents": "true", "allowWatchBookmarks": "true",
-              "resourceVersionMatch": "NotOlderThan", "timeoutSeconds": "5"}
+    params = {
+        "watch": "true",
+        "sendInitialEvents": "true",
+        "allowWatchBookmarks": "true",
+        "resourceVersionMatch": "NotOlderThan",
+        "timeoutSeconds": "5",
+    }
     async with aiohttp.ClientSession(headers=headers) as http, http.get(url, params=params, ssl=False) as resp:
         added = json.loads(await asyncio.wait_for(resp.content.readline(), 5))
         marker = json.loads(await asyncio.wait_for(resp.content.readline(), 5))

@@ -22,10 +22,13 @@ pytestmark = pytest.mark.timeout(240)
 
 async def test_a_churn_with_every_service_killed_leaves_nothing_stuck_leaked_doubled_or_lost(tmp_path: Path) -> None:
     seed = int(os.environ.get("GPU_DRA_CHAOS_SEED", "7"))  # the schedule is seeded: a failure can be replayed
-    out = await chaos(pods=20, seed=seed, nodes=1, gpus="h100x4", kills_each=1, pod_timeout=60,
-                      data_dir=tmp_path / "cluster")
-    problems = {k: out[k] for k in ("stuck", "double_samples", "event_problems", "nodes_with_pods", "nodes_empty",
-                                    "ledger_stats")}
+    out = await chaos(
+        pods=20, seed=seed, nodes=1, gpus="h100x4", kills_each=1, pod_timeout=60, data_dir=tmp_path / "cluster"
+    )
+    problems = {
+        k: out[k]
+        for k in ("stuck", "double_samples", "event_problems", "nodes_with_pods", "nodes_empty", "ledger_stats")
+    }
     assert out["kills"] == {t: 1 for t in (*CLUSTER_TARGETS, *NODE_TARGETS)}, out["kills"]
     assert out["pods_created"] == out["pods_succeeded"] == 21 and out["pods_stuck"] == 0, problems
     assert out["leaks"] == 0 and out["claims_left"] == 0, problems

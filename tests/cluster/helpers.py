@@ -65,11 +65,13 @@ async def pods_in(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]
 def running(pod: dict[str, Any]) -> bool:
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
 
 
-async def wait_pods(api: client.ApiClient, namespace: str, count: int, ready: bool = True,
-                    timeout: float = 60.0) -> list[dict[str, Any]]:
+async def wait_pods(
+    api: client.ApiClient, namespace: str, count: int, ready: bool = True, timeout: float = 60.0
+) -> list[dict[str, Any]]:
     """The namespace's pods once `count` exist and (with `ready`) all run; woken by the pod watch."""
     deadline = time.monotonic() + timeout
     pods: list[dict[str, Any]] = []
@@ -80,12 +82,15 @@ async def wait_pods(api: client.ApiClient, namespace: str, count: int, ready: bo
         w = watch.Watch()
         async with w:
             left = max(1, int(deadline - time.monotonic()))
-            async for _ in w.stream(client.CoreV1Api(api).list_namespaced_pod, namespace,
-                                    timeout_seconds=min(left, 5)):
+            async for _ in w.stream(client.CoreV1Api(api).list_namespaced_pod, namespace, timeout_seconds=min(left, 5)):
                 break
-    states = {p["metadata"]["name"]: ((p.get("status") or {}).get("phase"),
-                                      [c.get("message") for c in (p.get("status") or {}).get("conditions") or []
-                                       if c.get("message")]) for p in pods}
+    states = {
+        p["metadata"]["name"]: (
+            (p.get("status") or {}).get("phase"),
+            [c.get("message") for c in (p.get("status") or {}).get("conditions") or [] if c.get("message")],
+        )
+        for p in pods
+    }
     raise AssertionError(f"{namespace}: wanted {count} pods{' running' if ready else ''}; have {states}")
 
 
@@ -143,8 +148,9 @@ def pod_manifest(name: str, template: str = "one-gpu", selector: str = "", node:
     if template != "one-gpu":
         text = text.replace("name: one-gpu,", f"name: {template},")
     if node:
-        text = text.replace("spec:\n  containers:", f"spec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n"
-                                                  "  containers:")
+        text = text.replace(
+            "spec:\n  containers:", f"spec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n  containers:"
+        )
     return text
 
 
@@ -189,8 +195,21 @@ def gpu_pod_manifest(namespace: str, pod: str, container: str = "ctr", sidecar: 
 async def inject_xid(env: dict[str, str], node: str, device: str, xid: int) -> None:
     """`gpu-dra discovery inject-xid` as an operator runs it, with the cluster's NATS settings (`env`)."""
     injected = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "discovery", "inject-xid", "--node", node, "--device", device,
-        "--xid", str(xid), env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "discovery",
+        "inject-xid",
+        "--node",
+        node,
+        "--device",
+        device,
+        "--xid",
+        str(xid),
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await injected.communicate()
     assert injected.returncode == 0, (out + err).decode()
 
@@ -198,8 +217,14 @@ async def inject_xid(env: dict[str, str], node: str, device: str, xid: int) -> N
 class Up:
     """`gpu-dra up` as a user runs it: a subprocess in its own session, its console read as it comes."""
 
-    def __init__(self, data_dir: Path | None, *args: str, nodes: int | None = 2, command: str = "up",
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        data_dir: Path | None,
+        *args: str,
+        nodes: int | None = 2,
+        command: str = "up",
+        env: dict[str, str] | None = None,
+    ):
         """`nodes` None: no --nodes and --gpus flags (the environment may set them)."""
         self.data_dir = data_dir
         self.command = command
@@ -208,8 +233,14 @@ class Up:
         argv = [sys.executable, "-m", "shared.cli", command, *shape, *args]
         if data_dir is not None:
             argv += ["--data-dir", str(data_dir)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
         self.output: list[str] = []
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -234,8 +265,9 @@ class Up:
                     if line and match(line):
                         return line
                 if self.output and self.output[-1] == "":
-                    raise AssertionError(f"{self.command} exited ({self.proc.wait()}) before the line came:\n"
-                                         + "".join(self.output))
+                    raise AssertionError(
+                        f"{self.command} exited ({self.proc.wait()}) before the line came:\n" + "".join(self.output)
+                    )
                 left = deadline - time.monotonic()
                 assert left > 0, "no such line in time:\n" + "".join(self.output)
                 self._changed.wait(left)
@@ -244,8 +276,13 @@ class Up:
         self.wait_line(lambda line: line.startswith("ready:"), timeout)
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        done = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args], input=stdin,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if check:
             assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
         return done.stdout
@@ -277,8 +314,9 @@ class Up:
         import tempfile
 
         owned = re.compile(rf"(gdra|gpu-dra-cluster)-{self.proc.pid}-.+")
-        return [p for root in {Path("/tmp"), Path(tempfile.gettempdir())} for p in root.iterdir()
-                if owned.fullmatch(p.name)]
+        return [
+            p for root in {Path("/tmp"), Path(tempfile.gettempdir())} for p in root.iterdir() if owned.fullmatch(p.name)
+        ]
 
     def signal(self, sig: signal.Signals) -> None:
         os.kill(self.proc.pid, sig)

@@ -40,25 +40,43 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
 
 
 def compute_domain(name: str, template: str, num_nodes: int = 0) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ComputeDomain", "metadata": {"name": name, "namespace": NS},
-            "spec": {"numNodes": num_nodes, "channel": {"resourceClaimTemplate": {"name": template}}}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ComputeDomain",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"numNodes": num_nodes, "channel": {"resourceClaimTemplate": {"name": template}}},
+    }
 
 
 def workload(name: str, template: str, replicas: int) -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": {"app": name}}, "spec": {
-                         "containers": [{"name": "ctr", "image": "ubuntu:22.04",
-                                         "resources": {"claims": [{"name": "channel"}]}}],
-                         "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": template}]}}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {"name": "ctr", "image": "ubuntu:22.04", "resources": {"claims": [{"name": "channel"}]}}
+                    ],
+                    "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": template}],
+                },
+            },
+        },
+    }
 
 
 def imex_daemons(cluster: LocalCluster) -> list[str]:
     """IMEX daemon processes of this cluster (their config files live under its socket root)."""
     found = subprocess.run(["pgrep", "-af", f"{cluster.socket_root}.*imex"], capture_output=True, text=True)
-    return [line for line in found.stdout.splitlines()
-            if "computedomain agent" not in line
-            and not line.split(maxsplit=2)[1].endswith("bwrap")]  # a sandboxed container is not a daemon
+    return [
+        line
+        for line in found.stdout.splitlines()
+        if "computedomain agent" not in line and not line.split(maxsplit=2)[1].endswith("bwrap")
+    ]  # a sandboxed container is not a daemon
 
 
 async def _domain_events(api: Any, uid: str, reason: str, timeout: float = 20.0) -> list[dict[str, Any]]:
@@ -76,14 +94,25 @@ async def _domain_events(api: Any, uid: str, reason: str, timeout: float = 20.0)
 
 
 async def test_a_four_node_domain_across_two_cliques_runs_its_workload_and_leaves_nothing(
-        cluster: LocalCluster) -> None:
+    cluster: LocalCluster,
+) -> None:
     api = await cluster.api_client()
     core, custom, apps = client.CoreV1Api(api), client.CustomObjectsApi(api), client.AppsV1Api(api)
     await core.create_namespace({"metadata": {"name": NS}})  # type: ignore[arg-type]  # the client sends a dict as it is
-    await custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, compute_domain("train", "train-channel", 4))
+    await custom.create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, compute_domain("train", "train-channel", 4)
+    )
     # the controller writes the workload's claim template
-    await wait_for_object(custom, "resource.k8s.io", "v1", NS, "resourceclaimtemplates", "train-channel",
-                          lambda obj: obj is not None, timeout=30)
+    await wait_for_object(
+        custom,
+        "resource.k8s.io",
+        "v1",
+        NS,
+        "resourceclaimtemplates",
+        "train-channel",
+        lambda obj: obj is not None,
+        timeout=30,
+    )
     await apps.create_namespaced_deployment(NS, workload("trainer", "train-channel", 4))  # type: ignore[arg-type]  # the client sends a dict as it is
 
     pods = await wait_pods(api, NS, 4, timeout=90)
@@ -92,8 +121,16 @@ async def test_a_four_node_domain_across_two_cliques_runs_its_workload_and_leave
         nodes = edits(pod)["ctr"]["deviceNodes"]
         assert "/dev/nvidia-caps-imex-channels/channel0" in str(nodes), nodes
 
-    domain = await wait_for_object(custom, GROUP, VERSION, NS, PLURAL, "train",
-                                   lambda obj: ((obj or {}).get("status") or {}).get("status") == "Ready", timeout=60)
+    domain = await wait_for_object(
+        custom,
+        GROUP,
+        VERSION,
+        NS,
+        PLURAL,
+        "train",
+        lambda obj: ((obj or {}).get("status") or {}).get("status") == "Ready",
+        timeout=60,
+    )
     listed = domain["status"]["nodes"]
     assert sorted(n["name"] for n in listed) == sorted(cluster.node_names)
     by_clique: dict[str, list[int]] = {}

@@ -17,7 +17,9 @@ from tests.cluster.helpers import Up
 
 
 def test_demo_publishes_slices_and_round_trips_a_taint():
-    done = subprocess.run([sys.executable, "-m", "shared.cli", "pipeline-demo"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "pipeline-demo"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
     assert "gpu-7 " in out and "gpu-8-mig-3g20gb-9-0" in out, out
@@ -29,23 +31,33 @@ def _checkout(root: Path) -> Path:
     """The working tree copied under `root` (a fresh checkout's files, no .git, no venv)."""
     repo = Path(__file__).resolve().parents[2]
     copy = root / "checkout"
-    shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "__pycache__", "*.pyc", ".mypy_cache", ".ruff_cache", ".pytest_cache", "schemas"))
+    shutil.copytree(
+        repo,
+        copy,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "__pycache__", "*.pyc", ".mypy_cache", ".ruff_cache", ".pytest_cache", "schemas"
+        ),
+    )
     return copy
 
 
 def _demo(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shared.cli", "demo", *args], cwd=checkout,
-                          env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, text=True,
-                          timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", "demo", *args],
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
-BROKEN_SHIM = '''
+BROKEN_SHIM = """
 
 def main() -> None:  # broken on purpose by tests/cluster/test_demo.py
     print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", file=sys.stderr)
     sys.exit(9)
-'''
+"""
 
 
 @pytest.mark.timeout(600)
@@ -80,8 +92,9 @@ def test_demo_keep_leaves_the_fleet_page_up_until_ctrl_c(tmp_path: Path) -> None
     workloads = tmp_path / "workloads"
     workloads.mkdir()
     shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "workloads" / "full-gpu.yaml", workloads)
-    demo = Up(tmp_path / "cluster", "--keep", "--workloads", str(workloads), "--runtime", "none", nodes=1,
-              command="demo")
+    demo = Up(
+        tmp_path / "cluster", "--keep", "--workloads", str(workloads), "--runtime", "none", nodes=1, command="demo"
+    )
     try:
         demo.wait_line(lambda line: line.startswith("what next:"))
         url = demo.wait_line(lambda line: "fleet page:" in line).split("fleet page:")[1].strip()

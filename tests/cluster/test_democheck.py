@@ -8,25 +8,48 @@ from embedded.cluster import democheck
 
 GPU_A, GPU_B, PARENT = "GPU-aaaa-0001", "GPU-bbbb-0002", "GPU-cccc-0003"
 MIG_1, MIG_2 = "MIG-1111-0001", "MIG-2222-0002"
-SLICES = [{"spec": {"driver": "gpu.nvidia.com", "pool": {"name": "n0"}, "devices": [
-    {"name": "gpu-0", "attributes": {"uuid": {"string": GPU_A}}},
-    {"name": "gpu-1", "attributes": {"uuid": {"string": GPU_B}}},
-    {"name": "gpu-2-mig-a", "attributes": {"uuid": {"string": MIG_1}, "parentUUID": {"string": PARENT}}},
-    {"name": "gpu-2-mig-b", "attributes": {"uuid": {"string": MIG_2}, "parentUUID": {"string": PARENT}}}]}},
-    {"spec": {"driver": "compute-domain.nvidia.com", "pool": {"name": "n0"}, "devices": [{"name": "channel-0"}]}}]
+SLICES = [
+    {
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "pool": {"name": "n0"},
+            "devices": [
+                {"name": "gpu-0", "attributes": {"uuid": {"string": GPU_A}}},
+                {"name": "gpu-1", "attributes": {"uuid": {"string": GPU_B}}},
+                {"name": "gpu-2-mig-a", "attributes": {"uuid": {"string": MIG_1}, "parentUUID": {"string": PARENT}}},
+                {"name": "gpu-2-mig-b", "attributes": {"uuid": {"string": MIG_2}, "parentUUID": {"string": PARENT}}},
+            ],
+        }
+    },
+    {"spec": {"driver": "compute-domain.nvidia.com", "pool": {"name": "n0"}, "devices": [{"name": "channel-0"}]}},
+]
 
 
 def claim(name: str, results: list[tuple[str, str]], config: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "status": {"allocation": {"devices": {
-        "results": [{"request": r, "driver": "gpu.nvidia.com", "pool": "n0", "device": d} for r, d in results],
-        "config": config or []}}}}
+    return {
+        "metadata": {"name": name},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": r, "driver": "gpu.nvidia.com", "pool": "n0", "device": d} for r, d in results
+                    ],
+                    "config": config or [],
+                }
+            }
+        },
+    }
 
 
 def pod(containers: list[dict[str, Any]], claims: dict[str, str]) -> dict[str, Any]:
-    return {"metadata": {"namespace": "ns", "name": "p"},
-            "spec": {"containers": containers,
-                     "resourceClaims": [{"name": k, "resourceClaimTemplateName": "t"} for k in claims]},
-            "status": {"resourceClaimStatuses": [{"name": k, "resourceClaimName": v} for k, v in claims.items()]}}
+    return {
+        "metadata": {"namespace": "ns", "name": "p"},
+        "spec": {
+            "containers": containers,
+            "resourceClaims": [{"name": k, "resourceClaimTemplateName": "t"} for k in claims],
+        },
+        "status": {"resourceClaimStatuses": [{"name": k, "resourceClaimName": v} for k, v in claims.items()]},
+    }
 
 
 def line(index: int, uuid: str) -> str:
@@ -34,13 +57,30 @@ def line(index: int, uuid: str) -> str:
 
 
 def test_whole_gpu_mig_devices_per_request_and_time_slicing() -> None:
-    ts = [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
-        "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}}]
-    claims = {"c-gpu": claim("c-gpu", [("gpu", "gpu-0")], ts),
-              "c-mig": claim("c-mig", [("mig-a", "gpu-2-mig-a"), ("mig-b", "gpu-2-mig-b")])}
-    p = pod([{"name": "whole", "resources": {"claims": [{"name": "g"}]}},
-             {"name": "mig", "resources": {"claims": [{"name": "m", "request": "mig-b"}]}},
-             {"name": "none"}], {"g": "c-gpu", "m": "c-mig"})
+    ts = [
+        {
+            "requests": ["gpu"],
+            "opaque": {
+                "driver": "gpu.nvidia.com",
+                "parameters": {
+                    "kind": "GpuConfig",
+                    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+                },
+            },
+        }
+    ]
+    claims = {
+        "c-gpu": claim("c-gpu", [("gpu", "gpu-0")], ts),
+        "c-mig": claim("c-mig", [("mig-a", "gpu-2-mig-a"), ("mig-b", "gpu-2-mig-b")]),
+    }
+    p = pod(
+        [
+            {"name": "whole", "resources": {"claims": [{"name": "g"}]}},
+            {"name": "mig", "resources": {"claims": [{"name": "m", "request": "mig-b"}]}},
+            {"name": "none"},
+        ],
+        {"g": "c-gpu", "m": "c-mig"},
+    )
     whole, mig = democheck.expected(p, claims, democheck.slice_devices(SLICES))
     assert (whole.gpus, whole.migs, whole.sharing) == (frozenset({GPU_A}), frozenset(), ("TimeSlicing:Long",))
     assert (mig.container, mig.gpus, mig.migs) == ("mig", frozenset({PARENT}), frozenset({MIG_2}))
@@ -49,7 +89,8 @@ def test_whole_gpu_mig_devices_per_request_and_time_slicing() -> None:
     assert whole.complete(good) and whole.mismatches(good) == []
     assert not whole.complete(line(0, GPU_A))  # the sharing line may still come
     assert whole.mismatches(line(0, GPU_A)) == [
-        "no 'Time Slice Interval : Long' line, though the claim's config asks for time-slicing with interval Long"]
+        "no 'Time Slice Interval : Long' line, though the claim's config asks for time-slicing with interval Long"
+    ]
     extra = f"{good}{line(1, GPU_B)}"
     assert whole.mismatches(extra) == [f"names GPU(s) it was not allocated: {GPU_B}"]
     both_migs = f"{line(0, PARENT)}\n  MIG 1g.5gb Device 0: (UUID: {MIG_1})\n  MIG 1g.5gb Device 1: (UUID: {MIG_2})"
@@ -60,13 +101,20 @@ def test_a_broken_shim_or_an_unpublished_device_never_passes() -> None:
     claims = {"c": claim("c", [("gpu", "gpu-9")])}  # no slice describes gpu-9
     mps = [{"requests": [], "opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": {"strategy": "MPS"}}}}]
     claims["m"] = claim("m", [("gpu", "gpu-1")], mps)
-    p = pod([{"name": "a", "resources": {"claims": [{"name": "x"}]}},
-             {"name": "b", "resources": {"claims": [{"name": "y"}]}}], {"x": "c", "y": "m"})
+    p = pod(
+        [
+            {"name": "a", "resources": {"claims": [{"name": "x"}]}},
+            {"name": "b", "resources": {"claims": [{"name": "y"}]}},
+        ],
+        {"x": "c", "y": "m"},
+    )
     unknown, shared = democheck.expected(p, claims, democheck.slice_devices(SLICES))
     assert unknown.mismatches(line(0, GPU_A)) == [
         f"names GPU(s) it was not allocated: {GPU_A}",
-        "does not name its allocated GPU(s): <no uuid published for n0/gpu-9>"]
+        "does not name its allocated GPU(s): <no uuid published for n0/gpu-9>",
+    ]
     broken = "bash: line 1: /usr/bin/nvidia-smi: cannot execute: required file not found"
     assert shared.mismatches(broken) == [
         f"does not name its allocated GPU(s): {GPU_B}",
-        "no 'MPS Server : Running' line, though the claim's config asks for MPS"]
+        "no 'MPS Server : Running' line, though the claim's config asks for MPS",
+    ]

@@ -50,8 +50,15 @@ spec:
 
 
 async def test_a_pod_reads_its_gpus_metadata_file(tmp_path: Path) -> None:
-    cfg = ClusterConfig(nodes=1, gpus="h100x2", data_dir=str(tmp_path / "data"), start_timeout=120,
-                        compute_domains=False, dashboard=False, feature_gates="DeviceMetadata=true")
+    cfg = ClusterConfig(
+        nodes=1,
+        gpus="h100x2",
+        data_dir=str(tmp_path / "data"),
+        start_timeout=120,
+        compute_domains=False,
+        dashboard=False,
+        feature_gates="DeviceMetadata=true",
+    )
     async with LocalCluster(cfg) as cluster:
         api = await cluster.api_client()
         spec = tmp_path / "reader.yaml"

@@ -11,9 +11,11 @@ import pytest
 
 from tests.cluster.helpers import Up, pod_manifest
 
-pytestmark = [pytest.mark.timeout(240),
-              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl"),
-              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (containers run)")]
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl"),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (containers run)"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +31,9 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
 
 
 def kubectl(up: Up, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["kubectl", "--kubeconfig", str(up.kubeconfig), *args], input=stdin, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(up.kubeconfig), *args], input=stdin, capture_output=True, text=True, timeout=60
+    )
 
 
 def allocated_uuid(up: Up, pod: str) -> str:
@@ -63,8 +66,18 @@ def test_exec_passes_stdin_stderr_and_the_exit_code(up: Up) -> None:
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a local terminal")
 def test_exec_with_a_terminal_runs_an_interactive_shell(up: Up, tmp_path: Path) -> None:
     typed = "stty size; echo in-$((40+2)); exit 5\n"
-    done = subprocess.run(["script", "-qec", f"stty cols 120 rows 40; kubectl --kubeconfig {up.kubeconfig} "
-                           "exec -it p -- sh", "/dev/null"], input=typed, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            "script",
+            "-qec",
+            f"stty cols 120 rows 40; kubectl --kubeconfig {up.kubeconfig} exec -it p -- sh",
+            "/dev/null",
+        ],
+        input=typed,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 5, done.stdout
     assert "in-42" in done.stdout and "command terminated with exit code 5" in done.stdout, done.stdout
 
@@ -75,8 +88,9 @@ def test_exec_needs_create_on_pods_exec(up: Up) -> None:
     up.kubectl("create", "rolebinding", "pod-reader", "--role=pod-reader", "--serviceaccount=default:viewer")
     denied = kubectl(up, "--as", user, "exec", "p", "--", "true")
     assert denied.returncode == 1
-    assert f'User "{user}" cannot create resource "pods/exec" in API group "" in the namespace "default"' \
-        in denied.stderr, denied.stderr
+    assert (
+        f'User "{user}" cannot create resource "pods/exec" in API group "" in the namespace "default"' in denied.stderr
+    ), denied.stderr
     up.kubectl("create", "role", "pod-exec", "--verb=create", "--resource=pods/exec")
     up.kubectl("create", "rolebinding", "pod-exec", "--role=pod-exec", "--serviceaccount=default:viewer")
     allowed = kubectl(up, "--as", user, "exec", "p", "--", "echo", "ok")
@@ -116,9 +130,22 @@ def watch_events(up: Up, pod: str, wanted: set[str], timeout: float = 60) -> dic
     import json
     import threading
 
-    proc = subprocess.Popen(["kubectl", "--kubeconfig", str(up.kubeconfig), "get", "events", "--watch",
-                             "--field-selector", f"involvedObject.name={pod}", "-o", "json"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            "kubectl",
+            "--kubeconfig",
+            str(up.kubeconfig),
+            "get",
+            "events",
+            "--watch",
+            "--field-selector",
+            f"involvedObject.name={pod}",
+            "-o",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
     seen: dict[str, dict] = {}
@@ -154,8 +181,9 @@ def test_the_kubelet_records_container_events_with_upstream_reasons(up: Up) -> N
     assert seen["Pulling"]["message"] == 'Pulling image "busybox:1.36"'
     assert seen["BackOff"]["type"] == "Warning"
     assert seen["BackOff"]["message"].startswith("Back-off restarting failed container c in pod crash_default(")
-    up.kubectl("apply", "-f", "-", stdin=CRASHING.replace("name: crash", "name: sleeper").replace(
-        '"exit 1"', '"sleep 600"'))
+    up.kubectl(
+        "apply", "-f", "-", stdin=CRASHING.replace("name: crash", "name: sleeper").replace('"exit 1"', '"sleep 600"')
+    )
     up.kubectl("wait", "--for=condition=Ready", "pod/sleeper", "--timeout=60s")
     up.kubectl("delete", "pod", "sleeper", "--wait=false")
     assert watch_events(up, "sleeper", {"Killing"})["Killing"]["message"] == "Stopping container c"
@@ -183,10 +211,23 @@ def test_kubectl_cp_both_ways_through_tar_in_the_container(up: Up, tmp_path: Pat
 
 
 def test_kubectl_debug_runs_an_ephemeral_container(up: Up) -> None:
-    up.kubectl("debug", "p", "--image=busybox", "--container=dbg", "--profile=general", "--",
-               "sh", "-c", "echo debugging from $(hostname)")
-    up.kubectl("wait", "pod/p", "--for=jsonpath={.status.ephemeralContainerStatuses[0].state.terminated.reason}"
-               "=Completed", "--timeout=60s")
+    up.kubectl(
+        "debug",
+        "p",
+        "--image=busybox",
+        "--container=dbg",
+        "--profile=general",
+        "--",
+        "sh",
+        "-c",
+        "echo debugging from $(hostname)",
+    )
+    up.kubectl(
+        "wait",
+        "pod/p",
+        "--for=jsonpath={.status.ephemeralContainerStatuses[0].state.terminated.reason}=Completed",
+        "--timeout=60s",
+    )
     assert up.kubectl("logs", "p", "-c", "dbg") == "debugging from pod\n"
     status = up.json("get", "pod", "p")["status"]
     assert status["phase"] == "Running" and [c["name"] for c in status["ephemeralContainerStatuses"]] == ["dbg"]
@@ -215,7 +256,17 @@ def test_kubectl_attach_talks_to_the_containers_own_streams(up: Up) -> None:
 
 
 def test_kubectl_debug_interactive_attaches_to_its_container(up: Up) -> None:
-    done = kubectl(up, "debug", "-i", "p", "--image=busybox", "--container=shell", "--profile=general", "--", "sh",
-                   stdin="echo hi from $(hostname)\nexit 0\n")
+    done = kubectl(
+        up,
+        "debug",
+        "-i",
+        "p",
+        "--image=busybox",
+        "--container=shell",
+        "--profile=general",
+        "--",
+        "sh",
+        stdin="echo hi from $(hostname)\nexit 0\n",
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "hi from pod\n"

@@ -25,13 +25,27 @@ Values = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def test_status_codes_are_spelled_as_go_spells_them() -> None:
-    assert [go_code(c) for c in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                 grpc.StatusCode.UNAVAILABLE)] == ["OK", "Canceled", "DeadlineExceeded", "Unavailable"]
+    assert [
+        go_code(c)
+        for c in (
+            grpc.StatusCode.OK,
+            grpc.StatusCode.CANCELLED,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.StatusCode.UNAVAILABLE,
+        )
+    ] == ["OK", "Canceled", "DeadlineExceeded", "Unavailable"]
 
 
 async def test_a_pod_started_and_deleted_shows_in_the_kubelets_dra_metrics(tmp_path: Path) -> None:
-    cfg = ClusterConfig(nodes=1, gpus="h100x1", data_dir=str(tmp_path / "data"), start_timeout=120,
-                        compute_domains=False, dashboard=False, metrics_port=metrics_base())
+    cfg = ClusterConfig(
+        nodes=1,
+        gpus="h100x1",
+        data_dir=str(tmp_path / "data"),
+        start_timeout=120,
+        compute_domains=False,
+        dashboard=False,
+        metrics_port=metrics_base(),
+    )
     async with LocalCluster(cfg) as cluster, aiohttp.ClientSession() as http:
         api = await cluster.api_client()
         spec = tmp_path / "worker.yaml"
@@ -43,18 +57,31 @@ async def test_a_pod_started_and_deleted_shows_in_the_kubelets_dra_metrics(tmp_p
             url = f"http://127.0.0.1:{cluster.metrics_ports['gpu-node-0-kubelet']}/metrics"
             async with http.get(url) as resp:
                 text = await resp.text()
-            return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                    for f in text_string_to_metric_families(text) for s in f.samples}
+            return {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(text)
+                for s in f.samples
+            }
 
         def count(found: Values, name: str, **labels: str) -> float:
             return found.get((name, tuple(sorted(labels.items()))), 0.0)
 
         wait = functools.partial(eventually, timeout=60.0, every=0.2)
         found = await values()
-        assert count(found, "dra_operations_duration_seconds_count",
-                     operation_name="PrepareResources", is_error="false") == 1
-        assert count(found, "dra_grpc_operations_duration_seconds_count", driver_name="gpu.nvidia.com",
-                     method_name=PREPARE, grpc_status_code="OK") == 1
+        assert (
+            count(found, "dra_operations_duration_seconds_count", operation_name="PrepareResources", is_error="false")
+            == 1
+        )
+        assert (
+            count(
+                found,
+                "dra_grpc_operations_duration_seconds_count",
+                driver_name="gpu.nvidia.com",
+                method_name=PREPARE,
+                grpc_status_code="OK",
+            )
+            == 1
+        )
         assert count(found, "dra_resource_claims_in_use", driver_name="gpu.nvidia.com") == 1
         assert count(found, "dra_resource_claims_in_use", driver_name="<any>") == 1
 
@@ -65,10 +92,21 @@ async def test_a_pod_started_and_deleted_shows_in_the_kubelets_dra_metrics(tmp_p
             return found if count(found, "dra_resource_claims_in_use", driver_name="<any>") == 0 else None
 
         found = await wait(released, "the pod's claim unprepared")
-        assert count(found, "dra_operations_duration_seconds_count",
-                     operation_name="UnprepareResources", is_error="false") == 1
-        assert count(found, "dra_grpc_operations_duration_seconds_count", driver_name="gpu.nvidia.com",
-                     method_name=UNPREPARE, grpc_status_code="OK") == 1
-        assert count(found, "dra_operations_duration_seconds_count",
-                     operation_name="PrepareResources", is_error="true") == 0
-
+        assert (
+            count(found, "dra_operations_duration_seconds_count", operation_name="UnprepareResources", is_error="false")
+            == 1
+        )
+        assert (
+            count(
+                found,
+                "dra_grpc_operations_duration_seconds_count",
+                driver_name="gpu.nvidia.com",
+                method_name=UNPREPARE,
+                grpc_status_code="OK",
+            )
+            == 1
+        )
+        assert (
+            count(found, "dra_operations_duration_seconds_count", operation_name="PrepareResources", is_error="true")
+            == 0
+        )

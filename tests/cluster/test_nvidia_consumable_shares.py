@@ -61,8 +61,10 @@ from tests.polling import eventually
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "tests" / "fixtures" / "reference" / "workloads" / "consumable-shares"
 BATS = ROOT / "tests" / "fixtures" / "reference" / "bats"
-MODES = {m: ROOT / "examples" / "node-config" / f"nvidia-consumable-shares-{m}.yaml"
-         for m in ("count", "memory", "unlimited")}
+MODES = {
+    m: ROOT / "examples" / "node-config" / f"nvidia-consumable-shares-{m}.yaml"
+    for m in ("count", "memory", "unlimited")
+}
 NODE = "gpu-node-0"
 GIB = 1 << 30
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
@@ -81,9 +83,15 @@ class Clusters:
     async def get(self, mode: str) -> LocalCluster:
         if mode != self.mode:
             await self.close()
-            cfg = ClusterConfig(nodes=1, gpus="h100x2", node_config=str(MODES[mode]),
-                                data_dir=str(self.root / mode), start_timeout=120, compute_domains=False,
-                                dashboard=False)
+            cfg = ClusterConfig(
+                nodes=1,
+                gpus="h100x2",
+                node_config=str(MODES[mode]),
+                data_dir=str(self.root / mode),
+                start_timeout=120,
+                compute_domains=False,
+                dashboard=False,
+            )
             self.current = await LocalCluster(cfg).__aenter__()
             self.mode = mode
         assert self.current is not None
@@ -106,7 +114,8 @@ async def clusters(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cl
 
 async def claims_in(api: client.ApiClient, ns: str) -> list[dict[str, Any]]:
     listed = await client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "resource.k8s.io", "v1", ns, "resourceclaims")
+        "resource.k8s.io", "v1", ns, "resourceclaims"
+    )
     return list(listed.get("items") or [])
 
 
@@ -122,6 +131,7 @@ async def log_of(api: client.ApiClient, pod: dict[str, Any], container: str = ""
 
 async def running_pods(api: client.ApiClient, ns: str, count: int, printed: str) -> list[dict[str, Any]]:
     """The namespace's `count` running pods once each container's log has `printed`."""
+
     async def probe() -> list[dict[str, Any]] | None:
         pods = [p for p in await pods_in(api, ns) if running(p)]
         if len(pods) != count:
@@ -131,6 +141,7 @@ async def running_pods(api: client.ApiClient, ns: str, count: int, printed: str)
                 if printed not in await log_of(api, p, c["name"]):
                     return None
         return pods
+
     result: list[dict[str, Any]] = await until(probe, f"{count} pods in {ns} Running, each log with {printed!r}")
     return result
 
@@ -180,11 +191,13 @@ async def bats_two_pods(clusters: Clusters, spec: str, prefix: str) -> tuple[lis
     async def ready() -> list[dict[str, Any]] | None:
         pods = {p["metadata"]["name"]: p for p in await pods_in(api, "default")}
         return [pods[n] for n in names] if all(n in pods and running(pods[n]) for n in names) else None
+
     pods: list[dict[str, Any]] = await eventually(ready, f"{names} Ready", timeout=45.0, every=0.2)
 
     async def logged() -> list[str] | None:
         logs = [await log_of(api, p, "ctr") for p in pods]
         return logs if all("UUID: GPU-" in text for text in logs) else None
+
     logs: list[str] = await eventually(logged, "both logs with UUID: GPU-", timeout=45.0, every=0.2)
     assert logs[0] == logs[1], logs  # bats: assert_equal "$uid0" "$uid1"
     return pods, logs
@@ -196,10 +209,12 @@ async def bats_delete(api: client.ApiClient, names: list[str], claim_template: s
     for name in names:
         await core.delete_namespaced_pod(name, "default")
     await client.CustomObjectsApi(api).delete_namespaced_custom_object(
-        "resource.k8s.io", "v1", "default", "resourceclaimtemplates", claim_template)
+        "resource.k8s.io", "v1", "default", "resourceclaimtemplates", claim_template
+    )
 
     async def gone() -> bool:
         return not ({p["metadata"]["name"] for p in await pods_in(api, "default")} & set(names))
+
     await eventually(gone, f"{names} deleted", timeout=30.0, every=0.2)
     await until(lambda: _no_claims(api), "the pods' claims gone")
 
@@ -252,7 +267,8 @@ async def test_bats_mps_under_consumable_shares_runs_here_where_nvidia_refuses_i
         assert any(m.startswith(f"{record.parent / 'pipe'}:") for m in e["mounts"]), e["mounts"]
     await client.CoreV1Api(api).delete_namespaced_pod("pod-mps", "default")
     await client.CustomObjectsApi(api).delete_namespaced_custom_object(
-        "resource.k8s.io", "v1", "default", "resourceclaimtemplates", "rct-mps-gpu")
+        "resource.k8s.io", "v1", "default", "resourceclaimtemplates", "rct-mps-gpu"
+    )
     await until(functools.partial(drained, api, "default"), "pod-mps and its claim gone")
     await until(lambda: not record.exists(), "the GPU's MPS daemon stopped")
 
@@ -266,7 +282,9 @@ async def test_demo_integer_sharing_four_replicas_per_gpu(clusters: Clusters) ->
     assert len({await gpu_uuid(api, p) for p in pods}) == 1, "the 4 replicas share one GPU"
     for p in pods:
         lines = (await log_of(api, p)).splitlines()
-        assert lines[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-") and lines[1] == "running with 1 share claim"
+        assert (
+            lines[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-") and lines[1] == "running with 1 share claim"
+        )
     assert [consumed(c) for c in await claims_in(api, ns)] == [{"shares": "1", "memory": "0"}] * 4
 
     await scale(api, ns, "integer-sharing", 9)  # 2 GPUs x 4 shares: 8 fit
@@ -327,4 +345,3 @@ async def test_demo_unlimited_sharing_any_number_on_one_gpu(clusters: Clusters) 
     assert len({await gpu_uuid(api, p) for p in pods}) == 1, "all 6 on one GPU"
     assert [consumed(c) for c in await claims_in(api, ns)] == [{"memory": "0"}] * 6
     await scale_to_zero(api, ns, "unlimited-sharing")
-

@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.timeout(240)]
 def active(node_dir: Path, node: str) -> dict[int, list[int]]:
     """The simulated Fabric Manager's active partitions: id -> module ids."""
     table = json.loads(state_file(simulated_state_dir(node_dir), node).read_text())
-    return {p["partitionId"]: sorted(g["physicalId"] for g in p["gpuInfo"])
-            for p in table["partitionInfo"] if p["isActive"]}
+    return {
+        p["partitionId"]: sorted(g["physicalId"] for g in p["gpuInfo"]) for p in table["partitionInfo"] if p["isActive"]
+    }
 
 
 def test_the_example_is_valid() -> None:
@@ -35,10 +36,16 @@ def test_the_example_is_valid() -> None:
         kubernetes_validate.validate(doc, "1.34.0", strict=True)
 
 
-async def test_claims_matching_on_partition2_get_one_partition_each_and_it_is_deactivated_after(
-        tmp_path: Path) -> None:
-    cfg = ClusterConfig(nodes=1, gpus="h100x8", data_dir=str(tmp_path / "data"), start_timeout=120,
-                        runtime="none", compute_domains=False, nvlink_partitions=True)
+async def test_claims_matching_on_partition2_get_one_partition_each_and_it_is_deactivated_after(tmp_path: Path) -> None:
+    cfg = ClusterConfig(
+        nodes=1,
+        gpus="h100x8",
+        data_dir=str(tmp_path / "data"),
+        start_timeout=120,
+        runtime="none",
+        compute_domains=False,
+        nvlink_partitions=True,
+    )
     async with LocalCluster(cfg) as cluster:
         api = await cluster.api_client()
         await apply(api, EXAMPLE)
@@ -55,8 +62,9 @@ async def test_claims_matching_on_partition2_get_one_partition_each_and_it_is_de
         assert active(cluster.node_dir(node), node) == dict(held)
 
         for pod in pods:
-            await client.CoreV1Api(api).delete_namespaced_pod(pod["metadata"]["name"], NAMESPACE,
-                                                              grace_period_seconds=0)
+            await client.CoreV1Api(api).delete_namespaced_pod(
+                pod["metadata"]["name"], NAMESPACE, grace_period_seconds=0
+            )
         async with asyncio.timeout(60):
             while active(cluster.node_dir(node), node):  # the simulated FM's file: another process's effect
                 await asyncio.sleep(0.1)

@@ -81,14 +81,25 @@ async def test_a_wait_that_times_out_names_the_child_that_kept_exiting(superviso
     async def never() -> bool:
         return False
 
-    with pytest.raises(ProcessFailed, match=r"timed out(.|\n)*crashy exited \d+ time\(s\), last exit status 1(.|\n)*boom"):
+    with pytest.raises(
+        ProcessFailed, match=r"timed out(.|\n)*crashy exited \d+ time\(s\), last exit status 1(.|\n)*boom"
+    ):
         await supervisor.wait_until("Godot", never, timeout=0.5)
 
 
 async def test_stop_ends_every_child_and_its_group_and_restarts_nothing(supervisor: Supervisor) -> None:
-    spawner = await supervisor.start("spawner", [sys.executable, "-c", (
-        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)']);"
-        "print(p.pid, flush=True); time.sleep(3600)")])
+    spawner = await supervisor.start(
+        "spawner",
+        [
+            sys.executable,
+            "-c",
+            (
+                "import subprocess, sys, time; "
+                "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)']);"
+                "print(p.pid, flush=True); time.sleep(3600)"
+            ),
+        ],
+    )
     child = await supervisor.start("plain", SLEEPER)
     log = spawner.log_path
     async with asyncio.timeout(20):

@@ -1,8 +1,8 @@
 """The reference workloads (all but VFIO and IMEX) run on a local cluster as their comments say.
 
 One cluster for the module: 2 simulated nodes, each with 4 H100s and 2 MIG-partitioned A100s, every
-service its own process. Manifests come from tests/fixtures/reference/workloads (NVIDIA's quickstart workloads, copied into
-the repo); each test applies one and checks what the kubelet emulator recorded for every container.
+service its own process. Manifests come from tests/fixtures/reference/workloads (NVIDIA's quickstart workloads, copied
+into the repo); each test applies one and checks what the kubelet emulator recorded for every container.
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
     machine = root / "machine.yaml"
     machine.write_text(MIG_MACHINE)
     # What the emulator records, not what runs: the images' own binaries (cuda-sample's /tmp/sample) are not here.
-    cfg = ClusterConfig(nodes=2, machine=str(machine), data_dir=str(root / "data"), start_timeout=120,
-                        runtime="none")
+    cfg = ClusterConfig(nodes=2, machine=str(machine), data_dir=str(root / "data"), start_timeout=120, runtime="none")
     async with LocalCluster(cfg) as c:
         yield c
 
@@ -54,7 +53,9 @@ async def test_gpu_test1_two_pods_get_distinct_gpus(cluster: LocalCluster) -> No
     assert got[0] != got[1], "each pod has its own GPU"
     for p in pods:
         env = edits(p)["ctr"]["env"]
-        assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=") or "UUID" in e for e in env) or edits(p)["ctr"]["deviceNodes"]
+        assert (
+            any(e.startswith("NVIDIA_VISIBLE_DEVICES=") or "UUID" in e for e in env) or edits(p)["ctr"]["deviceNodes"]
+        )
 
 
 async def test_gpu_test2_two_containers_share_one_gpu(cluster: LocalCluster) -> None:
@@ -72,7 +73,8 @@ async def test_gpu_test3_one_global_claim_shared_by_two_pods(cluster: LocalClust
     assert len({tuple(gpu_devices(p, "ctr")) for p in pods}) == 1
     assert len({p["spec"]["nodeName"] for p in pods}) == 1
     claims = await client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "resource.k8s.io", "v1", "gpu-test3", "resourceclaims")
+        "resource.k8s.io", "v1", "gpu-test3", "resourceclaims"
+    )
     (claim,) = claims["items"]
     assert {r["name"] for r in claim["status"]["reservedFor"]} == {p["metadata"]["name"] for p in pods}
 

@@ -16,13 +16,21 @@ from tests.cluster.helpers import apply, edits, gpu_pod_manifest, inject_xid
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.timeout(240)]
+
+
 def health_of(pod: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return {c["name"]: c.get("allocatedResourcesStatus") or [] for c in pod["status"].get("containerStatuses") or []}
 
 
 async def test_an_xid_79_shows_in_the_pods_allocated_resources_status(tmp_path: Path) -> None:
-    cfg = ClusterConfig(nodes=1, gpus="h100x2", data_dir=str(tmp_path / "data"), start_timeout=120,
-                        compute_domains=False, dashboard=False)
+    cfg = ClusterConfig(
+        nodes=1,
+        gpus="h100x2",
+        data_dir=str(tmp_path / "data"),
+        start_timeout=120,
+        compute_domains=False,
+        dashboard=False,
+    )
     async with LocalCluster(cfg) as cluster:
         api = await cluster.api_client()
         spec = tmp_path / "worker.yaml"
@@ -39,21 +47,30 @@ async def test_an_xid_79_shows_in_the_pods_allocated_resources_status(tmp_path: 
         pod = await wait(lambda: pod_with("Healthy"), "the pod's GPU reported Healthy")
         (device,) = edits(pod)["ctr"]["devices"]
         (cdi_id,) = edits(pod)["ctr"]["cdiDevices"][:1]
-        assert health_of(pod) == {"ctr": [{"name": "claim:gpus/gpu", "resources": [
-            {"resourceID": cdi_id, "health": "Healthy"}]}], "side": []}
+        assert health_of(pod) == {
+            "ctr": [{"name": "claim:gpus/gpu", "resources": [{"resourceID": cdi_id, "health": "Healthy"}]}],
+            "side": [],
+        }
 
         await inject_xid(cluster.nats_env(), "gpu-node-0", device.split("/")[1], 79)
 
         pod = await wait(lambda: pod_with("Unhealthy"), "the pod's GPU reported Unhealthy")
-        assert health_of(pod)["ctr"] == [{"name": "claim:gpus/gpu", "resources": [
-            {"resourceID": cdi_id, "health": "Unhealthy"}]}]
+        assert health_of(pod)["ctr"] == [
+            {"name": "claim:gpus/gpu", "resources": [{"resourceID": cdi_id, "health": "Unhealthy"}]}
+        ]
         assert pod["status"]["phase"] == "Running"  # the status write kept the rest of the container statuses
         assert all(c["state"].get("running") for c in pod["status"]["containerStatuses"])
 
         async def taints() -> list[dict[str, Any]]:
             slices = await client.CustomObjectsApi(api).list_cluster_custom_object(
-                "resource.k8s.io", "v1", "resourceslices")
-            return [t for s in slices["items"] for d in s["spec"].get("devices") or []
-                    if f"{s['spec']['pool']['name']}/{d['name']}" == device for t in d.get("taints") or []]
+                "resource.k8s.io", "v1", "resourceslices"
+            )
+            return [
+                t
+                for s in slices["items"]
+                for d in s["spec"].get("devices") or []
+                if f"{s['spec']['pool']['name']}/{d['name']}" == device
+                for t in d.get("taints") or []
+            ]
 
         assert await wait(taints, "the device tainted in its slice")

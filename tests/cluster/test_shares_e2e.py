@@ -72,8 +72,15 @@ until = functools.partial(eventually, timeout=90.0, every=0.2)
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
     root = tmp_path_factory.mktemp("sharescluster")
-    cfg = ClusterConfig(nodes=1, gpus="h100x1", node_config=str(EXAMPLE), data_dir=str(root / "data"),
-                        start_timeout=120, compute_domains=False, dashboard=False)
+    cfg = ClusterConfig(
+        nodes=1,
+        gpus="h100x1",
+        node_config=str(EXAMPLE),
+        data_dir=str(root / "data"),
+        start_timeout=120,
+        compute_domains=False,
+        dashboard=False,
+    )
     async with LocalCluster(cfg) as c:
         yield c
 
@@ -90,8 +97,11 @@ async def _pod(api: client.ApiClient, ns: str) -> dict[str, Any]:
 
 
 async def _claim(api: client.ApiClient, ns: str) -> dict[str, Any]:
-    return dict(await client.CustomObjectsApi(api).get_namespaced_custom_object(
-        "resource.k8s.io", "v1", ns, "resourceclaims", "share"))
+    return dict(
+        await client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "resource.k8s.io", "v1", ns, "resourceclaims", "share"
+        )
+    )
 
 
 async def _running_with_env(api: client.ApiClient, ns: str) -> tuple[dict[str, Any], str] | None:
@@ -119,7 +129,8 @@ def _daemon_record(cluster: LocalCluster, daemon: str) -> Path:
 async def _delete(api: client.ApiClient, ns: str) -> None:
     await client.CoreV1Api(api).delete_namespaced_pod("app", ns)
     await client.CustomObjectsApi(api).delete_namespaced_custom_object(
-        "resource.k8s.io", "v1", ns, "resourceclaims", "share")
+        "resource.k8s.io", "v1", ns, "resourceclaims", "share"
+    )
 
 
 async def _gone(api: client.ApiClient, ns: str) -> bool:
@@ -139,8 +150,9 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon(cluster: Local
     api = await cluster.api_client()
     started = time.monotonic()
     await asyncio.gather(*(_apply(api, TENANT.format(ns=ns, compute=COMPUTE[ns])) for ns in TENANTS))
-    ran = await asyncio.gather(*(until(functools.partial(_running_with_env, api, ns), f"{ns}/app Running")
-                                 for ns in TENANTS))
+    ran = await asyncio.gather(
+        *(until(functools.partial(_running_with_env, api, ns), f"{ns}/app Running") for ns in TENANTS)
+    )
     took = time.monotonic() - started
     attrs = await device_attributes(api)
     uuids: set[str] = set()
@@ -152,10 +164,13 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon(cluster: Local
         assert env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == str(COMPUTE[ns]), (ns, text)
         assert re.fullmatch(r"0=10240M", env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")), (ns, text)
         pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")
-        daemons.update(host for host, _, path in (m.partition(":") for m in edits(pod)["ctr"]["mounts"])
-                       if path == pipe)
+        daemons.update(
+            host for host, _, path in (m.partition(":") for m in edits(pod)["ctr"]["mounts"]) if path == pipe
+        )
         (result,) = (await _claim(api, ns))["status"]["allocation"]["devices"]["results"]
-        assert result["shareID"] and result["consumedCapacity"] == {"memory": "10Gi", "compute": str(COMPUTE[ns])}, result
+        assert result["shareID"] and result["consumedCapacity"] == {"memory": "10Gi", "compute": str(COMPUTE[ns])}, (
+            result
+        )
     (gpu,) = uuids
     daemon = share_daemon_id(gpu)
     assert daemons == {str(_daemon_record(cluster, daemon).parent / "pipe")}, daemons
@@ -171,6 +186,7 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon(cluster: Local
         cond = {c["type"]: c for c in (await _pod(api, "tenant-8")).get("status", {}).get("conditions") or []}
         msg = str(cond.get("PodScheduled", {}).get("message") or "")
         return msg if cond.get("PodScheduled", {}).get("reason") == "Unschedulable" else None
+
     message = await until(unschedulable, "tenant-8 unschedulable")
     assert "not enough capacity" in message, message
     assert "memory 0 of 80Gi left" in message and "compute 0 of 100 left" in message, message
@@ -179,6 +195,7 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon(cluster: Local
     async def failed_scheduling() -> list[str]:
         events = await client.CoreV1Api(api).list_namespaced_event("tenant-8", field_selector="reason=FailedScheduling")
         return [e.message for e in events.items if "not enough capacity" in (e.message or "")]
+
     await until(failed_scheduling, "a FailedScheduling event naming capacity")
     print(f"tenant-8: {message}")
     await _delete(api, "tenant-8")
@@ -199,6 +216,7 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon(cluster: Local
     async def daemon_stopped() -> bool:
         inv = await _inventory(cluster)
         return not _daemon_record(cluster, daemon).exists() and all(g.sharing.mps_daemon == "" for g in inv.gpus)
+
     await eventually(daemon_stopped, "the MPS daemon stopped", timeout=2.0, every=0.05)
     print(f"daemon stopped {time.monotonic() - stopping:.2f}s after the last pod and claim were deleted")
     await until(functools.partial(_gone, api, TENANTS[7]), "the last pod and claim gone")

@@ -25,8 +25,7 @@ from shared.events import catalog
 from shared.natsjwt import Creds
 from tests.cluster.helpers import Up, gone, metric, metrics_base, pod_manifest
 
-pytestmark = [pytest.mark.timeout(300),
-              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
 
 NODE0 = "gpu-node-0"
 
@@ -37,8 +36,7 @@ def checkpoint_claims(data_dir: Path, node: str = NODE0) -> dict:
 
 
 def claim_uid(up: Up, pod: str) -> str:
-    (claim,) = [c for c in up.json("get", "resourceclaims")["items"]
-                if c["metadata"]["name"].startswith(f"{pod}-")]
+    (claim,) = [c for c in up.json("get", "resourceclaims")["items"] if c["metadata"]["name"].startswith(f"{pod}-")]
     return str(claim["metadata"]["uid"])
 
 
@@ -106,8 +104,9 @@ async def _stream_messages(url: str, data_dir: Path) -> int:
         await nc.close()
 
 
-def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_state_kept(tmp_path: Path,
-                                                                                        cleanup) -> None:
+def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_state_kept(
+    tmp_path: Path, cleanup
+) -> None:
     data_dir = tmp_path / "cluster"
     first = Up(data_dir)
     cleanup(first)
@@ -127,8 +126,13 @@ def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_st
     cleanup(second)
     second.wait_ready(timeout=150)  # the stale kubeconfig names a server that is gone: no hang on it
     assert second.kubeconfig is not None and second.kubeconfig.read_text() != old_kubeconfig
-    stale = subprocess.run(["kubectl", "--kubeconfig", "/dev/stdin", "get", "nodes"], input=old_kubeconfig,
-                           capture_output=True, text=True, timeout=60)
+    stale = subprocess.run(
+        ["kubectl", "--kubeconfig", "/dev/stdin", "get", "nodes"],
+        input=old_kubeconfig,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert stale.returncode != 0, "the old kubeconfig (its token, its port) no longer gets in"
     pod = second.json("get", "pod", "kept")
     assert pod["metadata"]["uid"] and pod["status"]["phase"] == "Running", "API objects are kept"
@@ -143,8 +147,9 @@ def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_st
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_during_start_stops_everything_and_removes_the_temporary_dirs(sig: signal.Signals, code: int,
-                                                                               cleanup) -> None:
+def test_a_signal_during_start_stops_everything_and_removes_the_temporary_dirs(
+    sig: signal.Signals, code: int, cleanup
+) -> None:
     up = Up(None)  # no --data-dir: a temporary one, which must go too
     cleanup(up)
     line = up.wait_line(lambda line: "API server" in line)  # services are being started now
@@ -189,8 +194,9 @@ def test_demo_interrupted_during_teardown_leaves_nothing(tmp_path: Path, cleanup
     assert not demo.data_dir.exists()
 
 
-def test_up_killed_with_sigkill_takes_its_processes_along_and_the_next_up_sweeps_its_dirs(tmp_path: Path,
-                                                                                          cleanup) -> None:
+def test_up_killed_with_sigkill_takes_its_processes_along_and_the_next_up_sweeps_its_dirs(
+    tmp_path: Path, cleanup
+) -> None:
     from embedded.cluster.local import sweep_orphaned_dirs
 
     up = Up(tmp_path / "cluster", nodes=1)
@@ -207,8 +213,9 @@ def test_up_killed_with_sigkill_takes_its_processes_along_and_the_next_up_sweeps
     assert up.runtime_dirs() == []
 
 
-def test_nats_server_killed_is_restarted_on_its_port_with_its_data_and_the_cluster_goes_on(tmp_path: Path,
-                                                                                          cleanup) -> None:
+def test_nats_server_killed_is_restarted_on_its_port_with_its_data_and_the_cluster_goes_on(
+    tmp_path: Path, cleanup
+) -> None:
     port = metrics_base()
     up = Up(tmp_path / "cluster", "--metrics-port", str(port), nodes=1)
     cleanup(up)
@@ -222,8 +229,7 @@ def test_nats_server_killed_is_restarted_on_its_port_with_its_data_and_the_clust
     mark = len(up.output)
     os.kill(old, signal.SIGKILL)
     up.wait_line(lambda line: "nats-server restarted" in line, timeout=30, after=mark)
-    assert metric(f"http://127.0.0.1:{port}/metrics", "gpu_dra_up_process_restarts_total",
-                  process="nats-server") == 1.0
+    assert metric(f"http://127.0.0.1:{port}/metrics", "gpu_dra_up_process_restarts_total", process="nats-server") == 1.0
     assert asyncio.run(_stream_messages(nats_url[0], tmp_path / "cluster")) >= events, "same port, same JetStream data"
     up.kubectl("delete", "pod", "before", "--wait=true", "--timeout=60s")
     up.kubectl("apply", "-f", "-", stdin=pod_manifest("after"))

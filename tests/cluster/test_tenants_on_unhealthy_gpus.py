@@ -37,8 +37,14 @@ def on_unhealthy_gpus(allocation: list[Sample], health: list[Sample]) -> set[tup
 
 
 async def test_the_join_of_allocation_and_health_names_the_pod_on_the_failed_gpu(tmp_path: Path) -> None:
-    cfg = ClusterConfig(nodes=1, gpus="h100x2", data_dir=str(tmp_path / "data"), start_timeout=120,
-                        compute_domains=False, metrics_port=metrics_base())
+    cfg = ClusterConfig(
+        nodes=1,
+        gpus="h100x2",
+        data_dir=str(tmp_path / "data"),
+        start_timeout=120,
+        compute_domains=False,
+        metrics_port=metrics_base(),
+    )
     async with LocalCluster(cfg) as cluster, aiohttp.ClientSession() as http:
         api = await cluster.api_client()
         for ns, pod in TENANTS.items():
@@ -63,9 +69,9 @@ async def test_the_join_of_allocation_and_health_names_the_pod_on_the_failed_gpu
             return found if {s.labels["pod"] for s in found} == set(TENANTS.values()) else []
 
         allocation = await wait(both_pods_mapped, "both pods in the dashboard's allocation series")
-        assert {(s.labels["namespace"], s.labels["pod"], s.labels["container"], s.labels["Hostname"])
-                for s in allocation} == {("team-a", "trainer", "train", "gpu-node-0"),
-                                         ("team-b", "evaluator", "train", "gpu-node-0")}
+        assert {
+            (s.labels["namespace"], s.labels["pod"], s.labels["container"], s.labels["Hostname"]) for s in allocation
+        } == {("team-a", "trainer", "train", "gpu-node-0"), ("team-b", "evaluator", "train", "gpu-node-0")}
         health = await wait(lambda: scrape("gpu-node-0-discovery", "gpu_dra_device_healthy"), "health series")
         assert on_unhealthy_gpus(allocation, health) == set()
 

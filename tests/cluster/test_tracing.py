@@ -17,20 +17,32 @@ import pytest
 from tests.cluster.helpers import Up, pod_manifest
 from tests.otlpreceiver import Received, Spans, grpc_receiver, http_receiver
 
-pytestmark = [pytest.mark.timeout(240),
-              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
 
-WANTED = ("scheduler.allocate_claim", "kubelet NodePrepareResources", "NodePrepareResources", "claim.prepare",
-          "cdi.write", "checkpoint.write", "publish claim-lifecycle")
+WANTED = (
+    "scheduler.allocate_claim",
+    "kubelet NodePrepareResources",
+    "NodePrepareResources",
+    "claim.prepare",
+    "cdi.write",
+    "checkpoint.write",
+    "publish claim-lifecycle",
+)
 
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Up, Spans]]:
     spans = Spans()
     server, port = grpc_receiver(spans)
-    cluster = Up(tmp_path_factory.mktemp("traced") / "cluster", nodes=1, env={
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-        "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    cluster = Up(
+        tmp_path_factory.mktemp("traced") / "cluster",
+        nodes=1,
+        env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        },
+    )
     try:
         cluster.wait_ready()
         yield cluster, spans
@@ -45,7 +57,9 @@ def claim_trace(spans: Spans, claim_uid: str, timeout: float = 60) -> list[Recei
     names: set[str] = set()
 
     def complete(got: list[Received]) -> list[Received] | None:
-        roots = [s for s in got if s.name == "scheduler.allocate_claim" and s.attributes.get("dra.claim.uid") == claim_uid]
+        roots = [
+            s for s in got if s.name == "scheduler.allocate_claim" and s.attributes.get("dra.claim.uid") == claim_uid
+        ]
         if not roots:
             return None
         in_trace = [s for s in got if s.trace_id == roots[0].trace_id]
@@ -92,7 +106,9 @@ def test_one_claims_trace_goes_from_the_scheduler_to_its_lifecycle_events(traced
     published = [s for s in in_trace if s.name == "publish claim-lifecycle"]
     assert all(spans_by_id[s.parent_span_id].name == "claim.prepare" for s in published)
     assert {s.attributes["messaging.destination.name"].rsplit(".", 1)[1] for s in published} >= {
-        "prepare-started", "prepared"}
+        "prepare-started",
+        "prepared",
+    }
     # resources: one logical service each, the node apart
     services = {s.resource["service.name"] for s in in_trace}
     assert {"gpu-dra-scheduler", "gpu-dra-kubelet", "gpu-dra-preparer"} <= services, services
@@ -131,12 +147,18 @@ def ancestry(span: Received, got: list[Received]) -> list[str] | None:
 
 
 def test_a_nodes_first_inventory_and_a_domains_status_continue_the_traces_that_caused_them(
-        traced: tuple[Up, Spans]) -> None:
+    traced: tuple[Up, Spans],
+) -> None:
     up, spans = traced
 
     def first_write(got: list[Received]) -> list[str] | None:
-        writes = [s for s in got if s.name == "publisher.sync-node" and s.attributes.get("publisher.writes")
-                  and s.attributes.get("k8s.node.name") == "gpu-node-0"]
+        writes = [
+            s
+            for s in got
+            if s.name == "publisher.sync-node"
+            and s.attributes.get("publisher.writes")
+            and s.attributes.get("k8s.node.name") == "gpu-node-0"
+        ]
         return ancestry(writes[0], got) if writes else None
 
     # read from its KV key (the publisher was not listening yet) or from its event, the node's first
@@ -164,7 +186,9 @@ def test_a_nodes_first_inventory_and_a_domains_status_continue_the_traces_that_c
     assert chain, "no cd-status published in the channel claim's trace, or its parents never arrived"
     assert chain[:3] == ["computedomain.reconcile", "consume dra-cd-members", "serve cd-agent-join"], chain
     assert "claim.prepare" in chain and chain[-1] == "scheduler.allocate_claim", chain
-    prepare = next(s for s in spans.snapshot() if s.name == "claim.prepare" and s.attributes.get("dra.claim.uid") == uid)
+    prepare = next(
+        s for s in spans.snapshot() if s.name == "claim.prepare" and s.attributes.get("dra.claim.uid") == uid
+    )
     (device,) = prepare.attributes["dra.device"]
     assert device.startswith("channel-") and prepare.resource["service.name"] == "gpu-dra-preparer"
 
@@ -177,12 +201,33 @@ def test_a_process_exporting_over_http_adds_its_spans_to_the_claims_trace(traced
     assert up.data_dir is not None and up.kubeconfig is not None
     receiver = http_receiver(spans)
     nats = json.loads((up.data_dir / "nats.json").read_text())
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
-           "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100",
-           "GPU_DRA_NATS_URL": nats["url"], "GPU_DRA_NATS_CREDS": nats["creds"], "GPU_DRA_NATS_USER": nats["user"]}
-    page = subprocess.Popen([sys.executable, "-m", "shared.cli", "dashboard", "--kubeconfig", str(up.kubeconfig),
-                             "--listen", "127.0.0.1:0", "--auth", "none"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "GPU_DRA_NATS_URL": nats["url"],
+        "GPU_DRA_NATS_CREDS": nats["creds"],
+        "GPU_DRA_NATS_USER": nats["user"],
+    }
+    page = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "dashboard",
+            "--kubeconfig",
+            str(up.kubeconfig),
+            "--listen",
+            "127.0.0.1:0",
+            "--auth",
+            "none",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert page.stdout is not None
         line = page.stdout.readline()  # printed once it listed the fleet and subscribed to the bus
@@ -190,16 +235,22 @@ def test_a_process_exporting_over_http_adds_its_spans_to_the_claims_trace(traced
         up.kubectl("delete", "pod", "traced", "--ignore-not-found", "--wait=true", "--timeout=60s")  # its GPU
         up.kubectl("apply", "-f", "-", stdin=pod_manifest("traced-http"))
         up.kubectl("wait", "--for=condition=Ready", "pod/traced-http", "--timeout=60s")
-        (claim,) = [c for c in up.json("get", "resourceclaims")["items"]
-                    if c["metadata"]["name"].startswith("traced-http-")]
+        (claim,) = [
+            c for c in up.json("get", "resourceclaims")["items"] if c["metadata"]["name"].startswith("traced-http-")
+        ]
         uid = claim["metadata"]["uid"]
 
         def joined(got: list[Received]) -> tuple[Received, Received] | None:
-            roots = [s for s in got if s.name == "scheduler.allocate_claim" and s.attributes.get("dra.claim.uid") == uid]
+            roots = [
+                s for s in got if s.name == "scheduler.allocate_claim" and s.attributes.get("dra.claim.uid") == uid
+            ]
             if not roots:
                 return None
-            over_http = [s for s in got if s.trace_id == roots[0].trace_id and s.via == "http"
-                         and s.name == "consume claim-lifecycle"]
+            over_http = [
+                s
+                for s in got
+                if s.trace_id == roots[0].trace_id and s.via == "http" and s.name == "consume claim-lifecycle"
+            ]
             return (roots[0], over_http[0]) if over_http else None
 
         found = spans.wait_for(joined, 60)

@@ -14,8 +14,8 @@ import pytest
 
 from tests.cluster.helpers import Up, pod_manifest
 
-pytestmark = [pytest.mark.timeout(240),
-              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
+
 
 @pytest.fixture
 def up(tmp_path: Path):
@@ -30,11 +30,12 @@ def up(tmp_path: Path):
 def test_kubectl_sees_the_cluster_and_pods_get_and_free_gpus_and_ctrl_c_leaves_nothing(up: Up) -> None:
     nodes = up.json("get", "nodes")["items"]
     assert sorted(n["metadata"]["name"] for n in nodes) == ["gpu-node-0", "gpu-node-1"]
-    assert all(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
-               for n in nodes)
+    assert all(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in nodes)
     slices = up.json("get", "resourceslices")["items"]
-    assert {s["spec"]["nodeName"] for s in slices if s["spec"]["driver"] == "gpu.nvidia.com"} == \
-        {"gpu-node-0", "gpu-node-1"}
+    assert {s["spec"]["nodeName"] for s in slices if s["spec"]["driver"] == "gpu.nvidia.com"} == {
+        "gpu-node-0",
+        "gpu-node-1",
+    }
 
     # Two GPUs in the cluster: two pods run, a third waits until one is deleted.
     for name in ("a", "b"):
@@ -53,30 +54,99 @@ def test_kubectl_sees_the_cluster_and_pods_get_and_free_gpus_and_ctrl_c_leaves_n
     exports = up.wait_line(lambda line: "export GPU_DRA_NATS_URL=" in line).split("#")[0].split()[1:]
     env = {**os.environ, **dict(item.split("=", 1) for item in exports)}
     claim_a = next(c["metadata"]["uid"] for c in claims if c["metadata"]["name"].startswith("a-"))
-    tailed = subprocess.run([sys.executable, "-m", "shared.cli", "events", "tail", "--since", "10m", "--type",
-                             "unprepared", "--count", "1"], capture_output=True, text=True, timeout=60, env=env)
+    tailed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "events",
+            "tail",
+            "--since",
+            "10m",
+            "--type",
+            "unprepared",
+            "--count",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert tailed.returncode == 0 and "unprepared default/a-" in tailed.stdout, tailed.stdout + tailed.stderr
-    tailed = subprocess.run([sys.executable, "-m", "shared.cli", "events", "tail", "--since", "10m", "--namespace",
-                             "default", "--type", "prepared", "--count", "3", "-o", "json"],
-                            capture_output=True, text=True, timeout=60, env=env)
+    tailed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "events",
+            "tail",
+            "--since",
+            "10m",
+            "--namespace",
+            "default",
+            "--type",
+            "prepared",
+            "--count",
+            "3",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert tailed.returncode == 0, tailed.stderr
     prepared = [json.loads(line)["data"] for line in tailed.stdout.splitlines()]
     assert claim_a in {p["claim_uid"] for p in prepared} and {p["event"] for p in prepared} == {"prepared"}
     # ... and an operator's XID injection reaches the node with the same credential (XID 13, an application
     # error, taints nothing)
-    injected = subprocess.run([sys.executable, "-m", "shared.cli", "discovery", "inject-xid", "--node", "gpu-node-0",
-                               "--device", "gpu-0", "--xid", "13"], capture_output=True, text=True, timeout=60, env=env)
+    injected = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "discovery",
+            "inject-xid",
+            "--node",
+            "gpu-node-0",
+            "--device",
+            "gpu-0",
+            "--xid",
+            "13",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert injected.returncode == 0 and "injected on gpu-node-0/gpu-0" in injected.stdout, injected.stderr
 
     # A selector that matches nothing: Pending, with an explanation on the pod and from `gpu-dra explain`.
-    up.kubectl("apply", "-f", "-", stdin=pod_manifest(
-        "never", template="no-such-gpu", selector=", selectors: [{cel: {expression: \"device.attributes['gpu.nvidia.com'].productName == 'No Such GPU'\"}}]"))
+    up.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=pod_manifest(
+            "never",
+            template="no-such-gpu",
+            selector=(
+                ", selectors: [{cel: {expression: "
+                "\"device.attributes['gpu.nvidia.com'].productName == 'No Such GPU'\"}}]"
+            ),
+        ),
+    )
     up.kubectl("wait", "--for=condition=PodScheduled=false", "pod/never", "--timeout=60s")
     pod = up.json("get", "pod", "never")
     (cond,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
     assert cond["reason"] == "Unschedulable" and "gpu" in cond["message"], cond
-    explained = subprocess.run([sys.executable, "-m", "shared.cli", "explain", "pod", "default/never",
-                                "--kubeconfig", str(up.kubeconfig)], capture_output=True, text=True, timeout=60)
+    explained = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "explain", "pod", "default/never", "--kubeconfig", str(up.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert explained.returncode == 0, explained.stderr
     assert "gpu-node-0" in explained.stdout and "selector" in explained.stdout, explained.stdout
 

@@ -19,13 +19,11 @@ from services.publisher.config import PublisherConfig
 from shared.config import load_config
 from tests.cluster.helpers import Up, metrics_base
 
-pytestmark = [pytest.mark.timeout(240),
-              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
 
 
 def _up_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shared.cli", "up", *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-m", "shared.cli", "up", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_help_documents_every_flag_and_lists_the_profiles() -> None:
@@ -44,28 +42,42 @@ def test_help_documents_every_flag_and_lists_the_profiles() -> None:
 @pytest.mark.parametrize("profile", profiles.choices())
 def test_every_listed_profile_is_accepted_and_a_bad_spec_is_refused_before_starting(profile: str) -> None:
     from embedded.cluster.local import ClusterConfig
+
     ClusterConfig(gpus=f"{profile}x2;{profile}x1:clique=4")  # raises on a spec discovery would refuse
     if profile == profiles.choices()[0]:
         done = _up_cli("--gpus", "h100x1;h100x1:clique=x")
-        assert done.returncode == 2 and "--gpus 'h100x1:clique=x'" in done.stderr and "number" in done.stderr, done.stderr
+        assert done.returncode == 2 and "--gpus 'h100x1:clique=x'" in done.stderr and "number" in done.stderr, (
+            done.stderr
+        )
         done = _up_cli("--machine", "/no/such/machine.yaml")
         assert done.returncode == 2 and "--machine" in done.stderr, done.stderr
 
 
 def test_dynamic_mig_metrics_port_and_per_node_gpus_with_a_clique(tmp_path: Path) -> None:
     port = metrics_base()
-    up = Up(tmp_path / "cluster", "--dynamic-mig", "--metrics-port", str(port), "--runtime", "none",
-            "--no-compute-domains", "--gpus", "a100-40gbx1:mig;gb200x2:clique=3")
+    up = Up(
+        tmp_path / "cluster",
+        "--dynamic-mig",
+        "--metrics-port",
+        str(port),
+        "--runtime",
+        "none",
+        "--no-compute-domains",
+        "--gpus",
+        "a100-40gbx1:mig;gb200x2:clique=3",
+    )
     try:
         up.wait_ready()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as reply:
             assert reply.status == 200
-        version = subprocess.run([sys.executable, "-m", "shared.cli", "--version"], capture_output=True,
-                                 text=True, timeout=30).stdout.split()[-1]
+        version = subprocess.run(
+            [sys.executable, "-m", "shared.cli", "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.split()[-1]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
             text = reply.read().decode()
-        assert re.search(rf'gpu_dra_build_info\{{[^}}]*service="gpu-dra-up"[^}}]*version="{re.escape(version)}"',
-                         text), [line for line in text.splitlines() if "build_info" in line]
+        assert re.search(
+            rf'gpu_dra_build_info\{{[^}}]*service="gpu-dra-up"[^}}]*version="{re.escape(version)}"', text
+        ), [line for line in text.splitlines() if "build_info" in line]
         services = json.loads((tmp_path / "cluster" / "metrics.json").read_text())
         with urllib.request.urlopen(f"http://127.0.0.1:{services['publisher']}/metrics", timeout=10) as reply:
             assert f'version="{version}"' in reply.read().decode()  # every service's, the same version

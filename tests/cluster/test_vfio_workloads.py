@@ -21,8 +21,18 @@ pytestmark = [pytest.mark.timeout(240)]
 
 
 def passthrough_cluster(tmp_path: Path) -> LocalCluster:
-    return LocalCluster(ClusterConfig(nodes=1, gpus="h100x2", data_dir=str(tmp_path / "data"), start_timeout=120,
-                                      runtime="none", passthrough=True, compute_domains=False, dashboard=False))
+    return LocalCluster(
+        ClusterConfig(
+            nodes=1,
+            gpus="h100x2",
+            data_dir=str(tmp_path / "data"),
+            start_timeout=120,
+            runtime="none",
+            passthrough=True,
+            compute_domains=False,
+            dashboard=False,
+        )
+    )
 
 
 async def test_gpu_test_vfiopci_runs_and_gives_the_gpu_back(tmp_path: Path) -> None:
@@ -45,16 +55,18 @@ async def test_gpu_test_vfio_config_runs_with_the_api_device(tmp_path: Path) -> 
         applier = Applier(api)
         await applier.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-test-vfiopci"}})
         await apply(api, REFERENCE / "gpu-test-vfio-config.yaml")
-        (template,) = [d for d in load_documents(REFERENCE / "gpu-test-vfio-config.yaml")
-                       if d["kind"] == "ResourceClaimTemplate"]
+        (template,) = [
+            d for d in load_documents(REFERENCE / "gpu-test-vfio-config.yaml") if d["kind"] == "ResourceClaimTemplate"
+        ]
         assert template["metadata"]["namespace"] == "gpu-test-vfio"
         await applier.create({**template, "metadata": {**template["metadata"], "namespace": "gpu-test-vfiopci"}})
         (pod,) = await wait_pods(api, "gpu-test-vfiopci", 1, timeout=90)
         await check_passthrough(api, cluster, pod, api_device=True)
 
 
-async def check_passthrough(api: client.ApiClient, cluster: LocalCluster, pod: dict[str, Any], *,
-                            api_device: bool) -> None:
+async def check_passthrough(
+    api: client.ApiClient, cluster: LocalCluster, pod: dict[str, Any], *, api_device: bool
+) -> None:
     """The pod's one GPU on vfio-pci with its group's node (and /dev/vfio/vfio with `api_device`) in the CDI
     edits; after the pod is deleted, back on nvidia and offered both ways again."""
     node = pod["spec"]["nodeName"]
@@ -72,7 +84,6 @@ async def check_passthrough(api: client.ApiClient, cluster: LocalCluster, pod: d
         while sysfs.driver_of(on_vfio[0]) != "nvidia":
             await asyncio.sleep(0.1)
     assert (sysfs.device_dir(on_vfio[0]) / "driver_override").read_text().strip() == ""
-    slices = await client.CustomObjectsApi(api).list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceslices")
+    slices = await client.CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
     offered = {d["name"] for s in slices["items"] for d in s["spec"].get("devices") or []}
     assert {"gpu-0", "gpu-1", "gpu-vfio-0", "gpu-vfio-1"} <= offered

@@ -13,8 +13,7 @@ import pytest
 from tests.cluster.helpers import Up
 from tests.webhook.test_admission import DENIED, claim, mps
 
-pytestmark = [pytest.mark.timeout(240),
-              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
 
 
 def test_up_refuses_a_bad_claim_and_takes_a_good_one(tmp_path: Path) -> None:
@@ -22,9 +21,13 @@ def test_up_refuses_a_bad_claim_and_takes_a_good_one(tmp_path: Path) -> None:
     try:
         up.wait_ready()
         assert up.data_dir is not None
-        done = subprocess.run(["kubectl", "--kubeconfig", str(up.kubeconfig), "apply", "-f", "-"], text=True,
-                              input=claim("bad", mps(defaultPinnedDeviceMemoryLimit="1e999999")),
-                              capture_output=True, timeout=60)
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(up.kubeconfig), "apply", "-f", "-"],
+            text=True,
+            input=claim("bad", mps(defaultPinnedDeviceMemoryLimit="1e999999")),
+            capture_output=True,
+            timeout=60,
+        )
         assert done.returncode != 0
         assert DENIED in done.stderr and "defaultPinnedDeviceMemoryLimit" in done.stderr
         out = up.kubectl("apply", "-f", "-", stdin=claim("good", mps(defaultActiveThreadPercentage=20)))

@@ -76,8 +76,14 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
     root = tmp_path_factory.mktemp("runcluster")
     machine = root / "machine.yaml"
     machine.write_text(MIG_MACHINE)
-    cfg = ClusterConfig(nodes=1, machine=str(machine), data_dir=str(root / "data"), start_timeout=120,
-                        compute_domains=False, restart_backoff=1.5)
+    cfg = ClusterConfig(
+        nodes=1,
+        machine=str(machine),
+        data_dir=str(root / "data"),
+        start_timeout=120,
+        compute_domains=False,
+        restart_backoff=1.5,
+    )
     async with LocalCluster(cfg) as c:
         yield c
 
@@ -140,10 +146,12 @@ async def test_shared_gpus_show_time_slice_and_mps_in_nvidia_smi(cluster: LocalC
     global PRINT
     before, PRINT = PRINT, "nvidia-smi -q"
     try:
-        ts, ts_uuids = await run_workload(api, "ts", "gpu.nvidia.com",
-                                          "{strategy: TimeSlicing, timeSlicingConfig: {interval: Long}}")
-        mps, mps_uuids = await run_workload(api, "mps", "gpu.nvidia.com",
-                                            "{strategy: MPS, mpsConfig: {defaultActiveThreadPercentage: 50}}")
+        ts, ts_uuids = await run_workload(
+            api, "ts", "gpu.nvidia.com", "{strategy: TimeSlicing, timeSlicingConfig: {interval: Long}}"
+        )
+        mps, mps_uuids = await run_workload(
+            api, "mps", "gpu.nvidia.com", "{strategy: MPS, mpsConfig: {defaultActiveThreadPercentage: 50}}"
+        )
     finally:
         PRINT = before
     assert ts_uuids.pop() in ts and "Time Slice Interval                   : Long" in ts, ts
@@ -152,7 +160,9 @@ async def test_shared_gpus_show_time_slice_and_mps_in_nvidia_smi(cluster: LocalC
 
 async def test_job_completes_and_kubectl_wait_sees_it(cluster: LocalCluster) -> None:
     api = await cluster.api_client()
-    await _apply_text(api, """\
+    await _apply_text(
+        api,
+        """\
 apiVersion: batch/v1
 kind: Job
 metadata: {name: twice, namespace: run}
@@ -163,11 +173,26 @@ spec:
       restartPolicy: Never
       containers:
       - {name: ctr, image: busybox, command: [sh, -c, "echo job done"]}
-""")
+""",
+    )
     kubeconfig = str(cluster.kubeconfig_path)
-    done = await asyncio.to_thread(subprocess.run, [
-        "kubectl", "--kubeconfig", kubeconfig, "wait", "-n", "run", "--for=condition=complete", "job/twice",
-        "--timeout=60s"], capture_output=True, text=True, timeout=90)
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [
+            "kubectl",
+            "--kubeconfig",
+            kubeconfig,
+            "wait",
+            "-n",
+            "run",
+            "--for=condition=complete",
+            "job/twice",
+            "--timeout=60s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert done.returncode == 0, done.stderr
     pods = await client.CoreV1Api(api).list_namespaced_pod("run", label_selector="job-name=twice")
     assert [p.status.phase for p in pods.items] == ["Succeeded", "Succeeded"]
@@ -176,9 +201,13 @@ spec:
 
 async def test_crashing_container_backs_off_then_runs_and_logs_have_kubectl_options(cluster: LocalCluster) -> None:
     api = await cluster.api_client()
-    script = ("echo run; if [ -e /run/pod/ok ]; then echo up; trap 'exit 0' TERM; sleep 60 & wait; "
-              "else touch /run/pod/ok; echo crash; exit 2; fi")
-    await _apply_text(api, f"""\
+    script = (
+        "echo run; if [ -e /run/pod/ok ]; then echo up; trap 'exit 0' TERM; sleep 60 & wait; "
+        "else touch /run/pod/ok; echo crash; exit 2; fi"
+    )
+    await _apply_text(
+        api,
+        f"""\
 apiVersion: v1
 kind: Pod
 metadata: {{name: crash, namespace: run}}
@@ -186,7 +215,8 @@ spec:
   terminationGracePeriodSeconds: 5
   containers:
   - {{name: ctr, image: busybox, command: [sh, -c, "{script}"]}}
-""")
+""",
+    )
 
     async def state() -> tuple[str, int, bool]:
         status = (await pod(api, "crash"))["status"]
@@ -203,9 +233,12 @@ spec:
     assert await log(api, "crash", tail_lines=1) == "up\n"
     stamped = await log(api, "crash", timestamps=True)
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z run$", stamped.splitlines()[0]), stamped
-    follow = await asyncio.to_thread(subprocess.Popen, [
-        "kubectl", "--kubeconfig", str(cluster.kubeconfig_path), "logs", "-f", "-n", "run", "crash"],
-        stdout=subprocess.PIPE, text=True)
+    follow = await asyncio.to_thread(
+        subprocess.Popen,
+        ["kubectl", "--kubeconfig", str(cluster.kubeconfig_path), "logs", "-f", "-n", "run", "crash"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert follow.stdout is not None
     first = await asyncio.to_thread(follow.stdout.readline)  # kubectl is streaming
     started = time.monotonic()
@@ -245,18 +278,41 @@ async def _log_has(api: client.ApiClient, text: str) -> bool:
 async def test_deployment_rolls_to_a_new_template(cluster: LocalCluster) -> None:
     api = await cluster.api_client()
     apps = client.AppsV1Api(api)
-    template = {"metadata": {"labels": {"app": "web"}}, "spec": {"terminationGracePeriodSeconds": 5, "containers": [
-        {"name": "ctr", "image": "busybox", "command": ["sh", "-c", "echo v=$V; trap 'exit 0' TERM; sleep 60 & wait"],
-         "env": [{"name": "V", "value": "1"}]}]}}
-    await apps.create_namespaced_deployment("run", {  # type: ignore[arg-type]  # the client sends a dict as it is
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "run"},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "template": template}})
+    template = {
+        "metadata": {"labels": {"app": "web"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "ctr",
+                    "image": "busybox",
+                    "command": ["sh", "-c", "echo v=$V; trap 'exit 0' TERM; sleep 60 & wait"],
+                    "env": [{"name": "V", "value": "1"}],
+                }
+            ],
+        },
+    }
+    await apps.create_namespaced_deployment(
+        "run",
+        {  # type: ignore[arg-type]  # the client sends a dict as it is
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "run"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "template": template},
+        },
+    )
     kubectl = ["kubectl", "--kubeconfig", str(cluster.kubeconfig_path), "-n", "run"]
 
     async def rollout() -> None:
-        done = await asyncio.to_thread(subprocess.run, [*kubectl, "rollout", "status", "deployment/web",
-                                                        "--timeout=60s"], capture_output=True, text=True, timeout=90)
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [*kubectl, "rollout", "status", "deployment/web", "--timeout=60s"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         assert done.returncode == 0, done.stderr + done.stdout
+
     await rollout()
     template["spec"]["containers"][0]["env"][0]["value"] = "2"  # type: ignore[index]
     await apps.patch_namespaced_deployment("web", "run", {"spec": {"template": template}})
@@ -267,6 +323,7 @@ async def test_deployment_rolls_to_a_new_template(cluster: LocalCluster) -> None
         pods = [p for p in listed.items if p.metadata.deletion_timestamp is None]
         logs = [await log(api, p.metadata.name) for p in pods if p.status.phase == "Running"]
         return logs if len(listed.items) == 2 and logs == ["v=2\n", "v=2\n"] else None
+
     await until(rolled, "two new pods printing v=2, the old ones gone")
 
 
@@ -275,8 +332,12 @@ async def test_the_fleet_page_draws_the_mig_layout_the_slices_publish(cluster: L
     memory slices its ResourceSlice device covers."""
     api = await cluster.api_client()
     listed = await client.CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
-    published = {d["name"]: sorted(int(k[len("memorySlice"):]) for k in d.get("capacity", {}) if k.startswith("memorySlice"))
-                 for s in listed["items"] if s["spec"]["driver"] == "gpu.nvidia.com" for d in s["spec"]["devices"]}
+    published = {
+        d["name"]: sorted(int(k[len("memorySlice") :]) for k in d.get("capacity", {}) if k.startswith("memorySlice"))
+        for s in listed["items"]
+        if s["spec"]["driver"] == "gpu.nvidia.com"
+        for d in s["spec"]["devices"]
+    }
     async with aiohttp.ClientSession() as http, http.get(cluster.dashboard_url + "api/fleet") as resp:
         assert resp.status == 200
         fleet = await resp.json()
@@ -287,4 +348,6 @@ async def test_the_fleet_page_draws_the_mig_layout_the_slices_publish(cluster: L
     for name, d in migs.items():
         assert [d["mig"]["start"], d["mig"]["size"]] == [published[name][0], len(published[name])], name
         assert devices[d["parent"]]["migSlots"] == 8
-    assert fleet["counters"]["NVIDIA H100 80GB HBM3"]["free"] + fleet["counters"]["NVIDIA H100 80GB HBM3"]["claimed"] == 4
+    assert (
+        fleet["counters"]["NVIDIA H100 80GB HBM3"]["free"] + fleet["counters"]["NVIDIA H100 80GB HBM3"]["claimed"] == 4
+    )

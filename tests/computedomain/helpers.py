@@ -57,15 +57,31 @@ async def install_crds(kube: ApiClient, namespace: str = "ns") -> None:
 
 async def announce(bus: Bus, uid: str, name: str = "cd", namespace: str = "ns") -> None:
     """What the controller publishes when it first sees a domain."""
-    await bus.publish(CD_STATUS, DomainStatusChanged(domain_uid=uid, domain_name=name, domain_namespace=namespace,
-                                                     status="NotReady", nodes=0, observed_at=now_unix()),
-                      domain_uid=uid)
+    await bus.publish(
+        CD_STATUS,
+        DomainStatusChanged(
+            domain_uid=uid,
+            domain_name=name,
+            domain_namespace=namespace,
+            status="NotReady",
+            nodes=0,
+            observed_at=now_unix(),
+        ),
+        domain_uid=uid,
+    )
 
 
 @contextlib.asynccontextmanager
-async def running_nodes(bus: Bus, tmp_path: Path, specs: list[str], *, port: int | None = None,
-                        ready_timeout: float = 30.0, per_node: Sequence[dict[str, object]] = (),
-                        **agent_overrides: object) -> AsyncIterator[list[Node]]:
+async def running_nodes(
+    bus: Bus,
+    tmp_path: Path,
+    specs: list[str],
+    *,
+    port: int | None = None,
+    ready_timeout: float = 30.0,
+    per_node: Sequence[dict[str, object]] = (),
+    **agent_overrides: object,
+) -> AsyncIterator[list[Node]]:
     """One discovery + agent (+ the channel preparer core) per spec, e.g. ["gb200x4:clique=1"] * 3; the
     agents run the simulated daemon unless `agent_overrides` say otherwise; `per_node[i]`: node i's own."""
     port = port or free_port()
@@ -76,16 +92,31 @@ async def running_nodes(bus: Bus, tmp_path: Path, specs: list[str], *, port: int
         for i, spec in enumerate(specs):
             name = f"node-{i}"
             await stack.enter_async_context(running_discovery(bus, name, simulate=spec, root=tmp_path / "sim"))
-            cfg = AgentConfig(node=name, ip_address=node_ip(i), state_dir=str(tmp_path / "agents" / name),
-                              imex_server_port=port, imex_cmd_port=port + 1,
-                              **{"imex_daemon": "simulated", **agent_overrides,
-                                 **(per_node[i] if i < len(per_node) else {})}).resolved()  # type: ignore[arg-type]
+            cfg = AgentConfig(
+                node=name,
+                ip_address=node_ip(i),
+                state_dir=str(tmp_path / "agents" / name),
+                imex_server_port=port,
+                imex_cmd_port=port + 1,
+                **{"imex_daemon": "simulated", **agent_overrides, **(per_node[i] if i < len(per_node) else {})},  # type: ignore[arg-type]
+            ).resolved()
             agent = Agent(cfg, bus)
             tasks.append(asyncio.create_task(agent.run(stopping)))
             await agent.ready.wait()
-            nodes.append(Node(name, agent, ChannelPreparer(bus, node=name, dev_root=str(tmp_path / "sim" / name),
-                                                          ready_timeout=ready_timeout, simulated=True),
-                              tmp_path / "agents" / name))
+            nodes.append(
+                Node(
+                    name,
+                    agent,
+                    ChannelPreparer(
+                        bus,
+                        node=name,
+                        dev_root=str(tmp_path / "sim" / name),
+                        ready_timeout=ready_timeout,
+                        simulated=True,
+                    ),
+                    tmp_path / "agents" / name,
+                )
+            )
         try:
             yield nodes
         finally:
@@ -96,8 +127,15 @@ async def running_nodes(bus: Bus, tmp_path: Path, specs: list[str], *, port: int
 async def spawn_computedomain(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
     """`python -m services.computedomain ARGS` as a real process in its own session, output discarded."""
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.computedomain", *args, env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        sys.executable,
+        "-m",
+        "services.computedomain",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 async def prepare_when_agent_answers(channels: ChannelPreparer, claim: ChannelClaim) -> ChannelEdits:
@@ -110,16 +148,18 @@ async def prepare_when_agent_answers(channels: ChannelPreparer, claim: ChannelCl
     raise AssertionError("agent never prepared the claim")
 
 
-async def wait_for_object(custom, group: str, version: str, namespace: str, plural: str, name: str,
-                          predicate, timeout: float = 15.0):
+async def wait_for_object(
+    custom, group: str, version: str, namespace: str, plural: str, name: str, predicate, timeout: float = 15.0
+):
     """The object once `predicate(obj or None)` holds (None: it is gone), by watching, not polling."""
     from kubernetes_asyncio import watch
     from kubernetes_asyncio.client.exceptions import ApiException
 
     async def _wait():
         while True:
-            listed = await custom.list_namespaced_custom_object(group, version, namespace, plural,
-                                                                field_selector=f"metadata.name={name}")
+            listed = await custom.list_namespaced_custom_object(
+                group, version, namespace, plural, field_selector=f"metadata.name={name}"
+            )
             items = listed.get("items") or []
             current = items[0] if items else None
             if predicate(current):
@@ -127,9 +167,15 @@ async def wait_for_object(custom, group: str, version: str, namespace: str, plur
             try:
                 async with watch.Watch() as stream:
                     async for event in stream.stream(
-                            custom.list_namespaced_custom_object, group, version, namespace, plural,
-                            field_selector=f"metadata.name={name}",
-                            resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=30):
+                        custom.list_namespaced_custom_object,
+                        group,
+                        version,
+                        namespace,
+                        plural,
+                        field_selector=f"metadata.name={name}",
+                        resource_version=listed["metadata"]["resourceVersion"],
+                        timeout_seconds=30,
+                    ):
                         obj = None if event["type"] == "DELETED" else event["object"]
                         if predicate(obj):
                             return obj

@@ -24,7 +24,9 @@ GB200 = "gb200x4:clique=1"
 
 
 def claim(uid: str, domain: str, mode: str = "Single", ns: str = "ns") -> ChannelClaim:
-    return ChannelClaim(uid=uid, namespace=ns, name=f"claim-{uid}", config=parse_channel_config(channel_config(domain, mode)))
+    return ChannelClaim(
+        uid=uid, namespace=ns, name=f"claim-{uid}", config=parse_channel_config(channel_config(domain, mode))
+    )
 
 
 async def test_three_nodes_join_get_channel0_then_leave_without_a_trace(bus, tmp_path):

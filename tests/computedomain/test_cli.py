@@ -50,37 +50,83 @@ async def test_processes_domain_ready_then_leader_killed_and_standby_continues(n
         await install_crds(kube)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
         env["GPU_DRA_NATS_URL"] = nats_server.url
-        ctl = ["controller", "--kubeconfig", str(api.kubeconfig_path), "--lease-duration", "2",
-               "--renew-deadline", "1.5", "--retry-period", "0.2"]
+        ctl = [
+            "controller",
+            "--kubeconfig",
+            str(api.kubeconfig_path),
+            "--lease-duration",
+            "2",
+            "--renew-deadline",
+            "1.5",
+            "--retry-period",
+            "0.2",
+        ]
         port = free_port()
         try:
             procs.append(await spawn_computedomain(*ctl, "--identity", "one", env=env))
             procs.append(await spawn_computedomain(*ctl, "--identity", "two", env=env))
             custom = client.CustomObjectsApi(kube)
             async with running_discovery(bus, "n0", simulate="gb200x4:clique=3", root=tmp_path / "sim"):
-                procs.append(await spawn_computedomain("agent", "--node", "n0", "--ip-address", "127.0.88.1",
-                                          "--state-dir", str(tmp_path / "agent"), "--imex-server-port", str(port),
-                                          "--imex-cmd-port", str(port + 1), "--imex-daemon", "simulated", env=env))
-                created = await custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, "ns", crd.PLURAL, {
-                    "apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "metadata": {"name": "p"},
-                    "spec": {"channel": {"resourceClaimTemplate": {"name": "p-channel"}}}})
+                procs.append(
+                    await spawn_computedomain(
+                        "agent",
+                        "--node",
+                        "n0",
+                        "--ip-address",
+                        "127.0.88.1",
+                        "--state-dir",
+                        str(tmp_path / "agent"),
+                        "--imex-server-port",
+                        str(port),
+                        "--imex-cmd-port",
+                        str(port + 1),
+                        "--imex-daemon",
+                        "simulated",
+                        env=env,
+                    )
+                )
+                created = await custom.create_namespaced_custom_object(
+                    crd.GROUP,
+                    crd.VERSION,
+                    "ns",
+                    crd.PLURAL,
+                    {
+                        "apiVersion": f"{crd.GROUP}/{crd.VERSION}",
+                        "kind": crd.KIND,
+                        "metadata": {"name": "p"},
+                        "spec": {"channel": {"resourceClaimTemplate": {"name": "p-channel"}}},
+                    },
+                )
                 uid = created["metadata"]["uid"]
                 lease = await _wait_lease(kube)
                 leader = procs[0] if lease.startswith("one-") else procs[1]
-                channels = ChannelPreparer(bus, node="n0", dev_root=str(tmp_path / "sim" / "n0"),
-                                           ready_timeout=20, simulated=True)
+                channels = ChannelPreparer(
+                    bus, node="n0", dev_root=str(tmp_path / "sim" / "n0"), ready_timeout=20, simulated=True
+                )
                 cfg = parse_channel_config(channel_config(uid))
                 edits = await prepare_when_agent_answers(channels, ChannelClaim("c0", "ns", "c0", cfg))
                 assert edits.device_nodes[0].path == "/dev/nvidia-caps-imex-channels/channel0"
-                await wait_for_object(custom, crd.GROUP, crd.VERSION, "ns", crd.PLURAL, "p",
-                                      lambda o: o and (o.get("status") or {}).get("status") == "Ready"
-                                      and len(o["status"].get("nodes", [])) == 1, timeout=20)
+                await wait_for_object(
+                    custom,
+                    crd.GROUP,
+                    crd.VERSION,
+                    "ns",
+                    crd.PLURAL,
+                    "p",
+                    lambda o: (
+                        o
+                        and (o.get("status") or {}).get("status") == "Ready"
+                        and len(o["status"].get("nodes", [])) == 1
+                    ),
+                    timeout=20,
+                )
                 leader.send_signal(signal.SIGKILL)
                 await leader.wait()
                 # the standby takes over and deletion still cleans up everything
                 await custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, "ns", crd.PLURAL, "p")
-                await wait_for_object(custom, crd.GROUP, crd.VERSION, "ns", crd.PLURAL, "p",
-                                      lambda o: o is None, timeout=20)
+                await wait_for_object(
+                    custom, crd.GROUP, crd.VERSION, "ns", crd.PLURAL, "p", lambda o: o is None, timeout=20
+                )
                 assert not (tmp_path / "agent" / "domains" / uid).exists()
         finally:
             for proc in procs:

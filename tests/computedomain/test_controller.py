@@ -34,8 +34,12 @@ async def world(nats_server, tmp_path):
 
 
 def cd_body(name: str, template: str, **spec) -> dict:
-    return {"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "metadata": {"name": name},
-            "spec": {"channel": {"resourceClaimTemplate": {"name": template}}, **spec}}
+    return {
+        "apiVersion": f"{crd.GROUP}/{crd.VERSION}",
+        "kind": crd.KIND,
+        "metadata": {"name": name},
+        "spec": {"channel": {"resourceClaimTemplate": {"name": template}}, **spec},
+    }
 
 
 async def wait_cd(custom, name, predicate, timeout=15.0):
@@ -50,31 +54,55 @@ async def test_domain_lifecycle_template_status_and_cleanup(world, tmp_path):
     run = asyncio.create_task(controller.run(stopping))
     try:
         created = await custom.create_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, "ns", crd.PLURAL, cd_body("train", "train-channel"))
+            crd.GROUP, crd.VERSION, "ns", crd.PLURAL, cd_body("train", "train-channel")
+        )
         uid = created["metadata"]["uid"]
         # finalizer, and an empty domain reports Ready as upstream does
-        cd = await wait_cd(custom, "train", lambda o: o and crd.FINALIZER in o["metadata"].get("finalizers", [])
-                           and (o.get("status") or {}).get("status") == "Ready")
-        rct = await custom.get_namespaced_custom_object("resource.k8s.io", "v1", "ns", "resourceclaimtemplates",
-                                                        "train-channel")
+        cd = await wait_cd(
+            custom,
+            "train",
+            lambda o: (
+                o
+                and crd.FINALIZER in o["metadata"].get("finalizers", [])
+                and (o.get("status") or {}).get("status") == "Ready"
+            ),
+        )
+        rct = await custom.get_namespaced_custom_object(
+            "resource.k8s.io", "v1", "ns", "resourceclaimtemplates", "train-channel"
+        )
         devices = rct["spec"]["spec"]["devices"]
-        assert devices["requests"] == [{"name": "channel", "exactly": {
-            "deviceClassName": "compute-domain-default-channel.nvidia.com", **_defaults(devices)}}]
+        assert devices["requests"] == [
+            {
+                "name": "channel",
+                "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com", **_defaults(devices)},
+            }
+        ]
         params = devices["config"][0]["opaque"]
         assert params["driver"] == "compute-domain.nvidia.com"
-        assert params["parameters"] == {"apiVersion": "resource.nvidia.com/v1beta1",
-                                        "kind": "ComputeDomainChannelConfig", "domainID": uid,
-                                        "allocationMode": "Single"}
+        assert params["parameters"] == {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomainChannelConfig",
+            "domainID": uid,
+            "allocationMode": "Single",
+        }
         assert rct["metadata"]["labels"][crd.LABEL_DOMAIN] == uid
 
         # four nodes in two cliques join through the channel preparer core
         async with running_nodes(bus, tmp_path, [GB200_1, GB200_1, GB200_2, GB200_2]) as nodes:
             cfg = parse_channel_config(params["parameters"])
-            await asyncio.gather(*(n.channels.prepare(ChannelClaim(f"c{i}", "ns", f"c{i}", cfg))
-                                   for i, n in enumerate(nodes)))
-            cd = await wait_cd(custom, "train", lambda o: o and len((o.get("status") or {}).get("nodes", [])) == 4
-                               and o["status"]["status"] == "Ready"
-                               and all(n["status"] == "Ready" for n in o["status"]["nodes"]))
+            await asyncio.gather(
+                *(n.channels.prepare(ChannelClaim(f"c{i}", "ns", f"c{i}", cfg)) for i, n in enumerate(nodes))
+            )
+            cd = await wait_cd(
+                custom,
+                "train",
+                lambda o: (
+                    o
+                    and len((o.get("status") or {}).get("nodes", [])) == 4
+                    and o["status"]["status"] == "Ready"
+                    and all(n["status"] == "Ready" for n in o["status"]["nodes"])
+                ),
+            )
             by_clique: dict[str, list[int]] = {}
             for n in cd["status"]["nodes"]:
                 by_clique.setdefault(n["cliqueID"], []).append(n["index"])
@@ -83,7 +111,8 @@ async def test_domain_lifecycle_template_status_and_cleanup(world, tmp_path):
 
             # a second domain on a busy node: refused, the first stays Ready
             other = await custom.create_namespaced_custom_object(
-                crd.GROUP, crd.VERSION, "ns", crd.PLURAL, cd_body("other", "other-channel"))
+                crd.GROUP, crd.VERSION, "ns", crd.PLURAL, cd_body("other", "other-channel")
+            )
             await wait_cd(custom, "other", lambda o: o and (o.get("status") or {}).get("status") == "Ready")
             other_cfg = parse_channel_config({**params["parameters"], "domainID": other["metadata"]["uid"]})
             with pytest.raises(ChannelConflict, match="already serves ComputeDomain ns/train"):
@@ -102,8 +131,9 @@ async def test_domain_lifecycle_template_status_and_cleanup(world, tmp_path):
                     os.kill(pid, 0)
             assert await Membership(bus).members(uid) == {}
             with pytest.raises(ApiException) as gone:
-                await custom.get_namespaced_custom_object("resource.k8s.io", "v1", "ns", "resourceclaimtemplates",
-                                                          "train-channel")
+                await custom.get_namespaced_custom_object(
+                    "resource.k8s.io", "v1", "ns", "resourceclaimtemplates", "train-channel"
+                )
             assert gone.value.status == 404
             await custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, "ns", crd.PLURAL, "other")
             await wait_cd(custom, "other", lambda o: o is None)
@@ -125,8 +155,15 @@ async def test_standby_controller_takes_over_and_keeps_status_current(world, tmp
     custom = client.CustomObjectsApi(kube)
 
     def candidate(name: str):
-        elector = LeaderElector(kube, namespace="default", name="cd-ctl", identity=name,
-                                lease_duration=2.0, renew_deadline=1.5, retry_period=0.2)
+        elector = LeaderElector(
+            kube,
+            namespace="default",
+            name="cd-ctl",
+            identity=name,
+            lease_duration=2.0,
+            renew_deadline=1.5,
+            retry_period=0.2,
+        )
         stopping = asyncio.Event()
 
         async def lead(lost: asyncio.Event) -> None:
@@ -138,11 +175,17 @@ async def test_standby_controller_takes_over_and_keeps_status_current(world, tmp
     await asyncio.wait_for(first.leading.wait(), 5)
     second, second_stop, second_task = candidate("two")
     try:
-        await custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, "ns", crd.PLURAL,
-                                                     cd_body("fo", "fo-channel", numNodes=2))
+        await custom.create_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, "ns", crd.PLURAL, cd_body("fo", "fo-channel", numNodes=2)
+        )
         cd = await wait_cd(custom, "fo", lambda o: o and (o.get("status") or {}).get("status") == "NotReady")
-        cfg = parse_channel_config({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig",
-                                    "domainID": cd["metadata"]["uid"]})
+        cfg = parse_channel_config(
+            {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "ComputeDomainChannelConfig",
+                "domainID": cd["metadata"]["uid"],
+            }
+        )
         async with running_nodes(bus, tmp_path, [GB200_1, GB200_1]) as nodes:
             await nodes[0].channels.prepare(ChannelClaim("f0", "ns", "f0", cfg))
             await wait_cd(custom, "fo", lambda o: o and len(o["status"].get("nodes", [])) == 1)
@@ -150,18 +193,24 @@ async def test_standby_controller_takes_over_and_keeps_status_current(world, tmp
             await asyncio.wait_for(second.leading.wait(), 5)
             # the new leader rebuilt its view from KV and the CRs, and follows new members
             await nodes[1].channels.prepare(ChannelClaim("f1", "ns", "f1", cfg))
-            cd = await wait_cd(custom, "fo", lambda o: o and o["status"]["status"] == "Ready"
-                               and len(o["status"]["nodes"]) == 2)
+            cd = await wait_cd(
+                custom, "fo", lambda o: o and o["status"]["status"] == "Ready" and len(o["status"]["nodes"]) == 2
+            )
             assert sorted(n["index"] for n in cd["status"]["nodes"]) == [0, 1]
             await nodes[1].channels.unprepare("f1", cd["metadata"]["uid"])
             cd = await wait_cd(custom, "fo", lambda o: o and len(o["status"]["nodes"]) == 1)
             assert cd["status"]["status"] == "NotReady"  # numNodes 2 not met
             # the status changes are Events on the domain (its first NotReady is no news)
             listed = await client.CoreV1Api(kube).list_namespaced_event("ns")
-            seen = [(e.reason, e.type, e.message) for e in sorted(listed.items, key=lambda e: int(e.metadata.resource_version))
-                    if e.involved_object.kind == crd.KIND and e.involved_object.name == "fo"]
-            assert seen == [("ComputeDomainReady", "Normal", "status Ready: 2 of 2 nodes Ready"),
-                            ("ComputeDomainNotReady", "Warning", "status NotReady: 1 of 2 nodes Ready")]
+            seen = [
+                (e.reason, e.type, e.message)
+                for e in sorted(listed.items, key=lambda e: int(e.metadata.resource_version))
+                if e.involved_object.kind == crd.KIND and e.involved_object.name == "fo"
+            ]
+            assert seen == [
+                ("ComputeDomainReady", "Normal", "status Ready: 2 of 2 nodes Ready"),
+                ("ComputeDomainNotReady", "Warning", "status NotReady: 1 of 2 nodes Ready"),
+            ]
     finally:
         second_stop.set()
         await second_task

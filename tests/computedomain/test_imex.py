@@ -21,8 +21,12 @@ class Watched:
 
     def __init__(self, name: str, files: DaemonFiles) -> None:
         self.changes: asyncio.Queue[bool] = asyncio.Queue()
-        self.sup = ImexSupervisor(name=name, command=f"{sys.executable} -m services.computedomain.imexd "
-                                  "--config {config}", config=files.config, on_ready=self._on)
+        self.sup = ImexSupervisor(
+            name=name,
+            command=f"{sys.executable} -m services.computedomain.imexd --config {{config}}",
+            config=files.config,
+            on_ready=self._on,
+        )
 
     async def _on(self, ready: bool) -> None:
         await self.changes.put(ready)
@@ -32,6 +36,7 @@ class Watched:
             while self.sup.ready != ready or not self.changes.empty():
                 if await self.changes.get() == ready and self.changes.empty():
                     return
+
         if self.sup.ready == ready and self.changes.empty():
             return
         await asyncio.wait_for(_wait(), timeout)
@@ -134,8 +139,12 @@ async def test_a_cancelled_supervisor_kills_its_daemon_even_when_its_report_swal
             except asyncio.CancelledError:
                 pass  # what a library flushing a socket may do
 
-    sup = ImexSupervisor(name="n0", command=f"{sys.executable} -m services.computedomain.imexd --config {{config}}",
-                         config=files[0].config, on_ready=on_ready)
+    sup = ImexSupervisor(
+        name="n0",
+        command=f"{sys.executable} -m services.computedomain.imexd --config {{config}}",
+        config=files[0].config,
+        on_ready=on_ready,
+    )
     await sup.start()
     assert sup._task is not None
     await asyncio.wait_for(up.wait(), 10)

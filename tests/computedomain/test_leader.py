@@ -12,8 +12,15 @@ from services.computedomain.leader import LeaderElector
 
 
 def elector(kube, name: str) -> LeaderElector:
-    return LeaderElector(kube, namespace="default", name="cd-controller", identity=name,
-                         lease_duration=2.0, renew_deadline=1.5, retry_period=0.2)
+    return LeaderElector(
+        kube,
+        namespace="default",
+        name="cd-controller",
+        identity=name,
+        lease_duration=2.0,
+        renew_deadline=1.5,
+        retry_period=0.2,
+    )
 
 
 async def test_one_leader_then_the_standby_takes_over_within_the_lease_duration(tmp_path):
@@ -26,6 +33,7 @@ async def test_one_leader_then_the_standby_takes_over_within_the_lease_duration(
             async def lead(lost: asyncio.Event) -> None:
                 leading.append(name)
                 await lost.wait()
+
             return lead
 
         task_a = asyncio.create_task(a.run(stop_a, work("a")))

@@ -15,8 +15,15 @@ CLIQUE_B = "6f2a9c1e-3b4d-5e6f-8a9b-0c1d2e3f4a5b.2"
 
 
 def member(node: str, clique: str = CLIQUE_A, uid: str = "uid-1") -> DomainMember:
-    return DomainMember(domain_uid=uid, domain_name="cd", domain_namespace="ns", node=node,
-                        ip_address="127.0.0.1", clique_id=clique, index=-1)
+    return DomainMember(
+        domain_uid=uid,
+        domain_name="cd",
+        domain_namespace="ns",
+        node=node,
+        ip_address="127.0.0.1",
+        clique_id=clique,
+        index=-1,
+    )
 
 
 @pytest.fixture

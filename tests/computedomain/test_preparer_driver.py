@@ -44,28 +44,43 @@ def root() -> Any:
         cleanup(path)
 
 
-
 def channel_claim(name: str, domain_uid: str, mode: str = "Single") -> dict[str, Any]:
     """A claim from the domain's workload template (request `channel`, the opaque channel config), allocated
     channel-0 on node-0 as the scheduler would."""
-    doc = claim_doc(name=name, namespace=NS, node=NODE, driver=CD_DRIVER, results=[("channel", "channel-0")],
-                    configs=[{"source": "FromClaim", "requests": ["channel"],
-                              "opaque": {"driver": CD_DRIVER, "parameters": channel_config(domain_uid, mode)}}])
+    doc = claim_doc(
+        name=name,
+        namespace=NS,
+        node=NODE,
+        driver=CD_DRIVER,
+        results=[("channel", "channel-0")],
+        configs=[
+            {
+                "source": "FromClaim",
+                "requests": ["channel"],
+                "opaque": {"driver": CD_DRIVER, "parameters": channel_config(domain_uid, mode)},
+            }
+        ],
+    )
     doc["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = CHANNEL_DEVICE_CLASS
     return doc
 
 
 @contextlib.asynccontextmanager
-async def world(bus: Bus, root: Path, tmp_path: Path, domains: dict[str, str], **overrides: Any
-                ) -> AsyncIterator[tuple[ApiClaims, Node, PreparerNode, Any]]:
+async def world(
+    bus: Bus, root: Path, tmp_path: Path, domains: dict[str, str], **overrides: Any
+) -> AsyncIterator[tuple[ApiClaims, Node, PreparerNode, Any]]:
     """Announced domains (uid -> name), one GB200 node with discovery and agent, claims in the API server, and the
     channel driver's preparer on its real sockets, registered like the kubelet does."""
     for uid, name in domains.items():
         await announce(bus, uid, name=name, namespace=NS)
-    async with running_nodes(bus, tmp_path, [GB200]) as nodes, running_apiserver(root / "api") as api, \
-            api.client() as client:
-        async with running_node(KubeClaimSource(client), root, bus=bus, node=NODE, driver=CD_DRIVER,
-                                **overrides) as prep:
+    async with (
+        running_nodes(bus, tmp_path, [GB200]) as nodes,
+        running_apiserver(root / "api") as api,
+        api.client() as client,
+    ):
+        async with running_node(
+            KubeClaimSource(client), root, bus=bus, node=NODE, driver=CD_DRIVER, **overrides
+        ) as prep:
             yield ApiClaims(client), nodes[0], prep, client
 
 
@@ -98,7 +113,8 @@ async def counting_joins(bus: Bus) -> AsyncIterator[Any]:
 
 
 async def test_channel_claim_over_the_real_socket_gets_channel0_and_unprepare_removes_everything(
-        spans: InMemorySpanExporter, bus: Bus, root: Path, tmp_path: Path) -> None:
+    spans: InMemorySpanExporter, bus: Bus, root: Path, tmp_path: Path
+) -> None:
     async with world(bus, root, tmp_path, {"cd-1": "cd"}) as (claims, node, prep, _):
         assert prep.plugin.driver == CD_DRIVER
         assert prep.service.registration_socket == root / "reg" / "compute-domain.nvidia.com-reg.sock"
@@ -140,14 +156,23 @@ async def test_channel_claim_over_the_real_socket_gets_channel0_and_unprepare_re
 
 
 async def test_a_daemon_not_ready_yet_is_a_retryable_error_and_the_next_call_succeeds(
-        bus: Bus, root: Path, tmp_path: Path) -> None:
+    bus: Bus, root: Path, tmp_path: Path
+) -> None:
     async with world(bus, root, tmp_path, {"cd-r": "cd"}, channel_ready_timeout=1.0) as (claims, node, prep, _):
         # a peer that joined the domain but whose daemon never answers keeps node-0's daemon NotReady
         inventory = await (await bus.kv(INVENTORY_BUCKET)).get(NODE)
         assert inventory is not None
-        ghost = await Membership(bus).join(DomainMember(
-            domain_uid="cd-r", domain_name="cd", domain_namespace=NS, node="ghost", ip_address=node_ip(7),
-            clique_id=clique_of(inventory), index=-1))
+        ghost = await Membership(bus).join(
+            DomainMember(
+                domain_uid="cd-r",
+                domain_name="cd",
+                domain_namespace=NS,
+                node="ghost",
+                ip_address=node_ip(7),
+                clique_id=clique_of(inventory),
+                index=-1,
+            )
+        )
         claim = await claims.add(channel_claim("early", "cd-r"))
         first = (await prep.plugin.prepare([claim]))[claim.uid]
         assert "not ready in ComputeDomain default/cd" in first.error and "kubelet retries" in first.error
@@ -169,7 +194,8 @@ async def test_a_daemon_not_ready_yet_is_a_retryable_error_and_the_next_call_suc
 
 
 async def test_a_second_domain_on_the_node_fails_clearly_and_leaves_the_first_prepared(
-        bus: Bus, root: Path, tmp_path: Path) -> None:
+    bus: Bus, root: Path, tmp_path: Path
+) -> None:
     async with world(bus, root, tmp_path, {"cd-a": "cd-a", "cd-b": "cd-b"}) as (claims, node, prep, _):
         first = await claims.add(channel_claim("a", "cd-a"))
         second = await claims.add(channel_claim("b", "cd-b"))
@@ -203,9 +229,9 @@ async def test_a_second_domain_on_the_node_fails_clearly_and_leaves_the_first_pr
 
 
 async def test_a_restarted_preparer_keeps_the_claim_and_prepares_it_again_without_a_second_join(
-        bus: Bus, root: Path, tmp_path: Path) -> None:
-    async with world(bus, root, tmp_path, {"cd-s": "cd"}) as (claims, node, prep, client), \
-            counting_joins(bus) as joins:
+    bus: Bus, root: Path, tmp_path: Path
+) -> None:
+    async with world(bus, root, tmp_path, {"cd-s": "cd"}) as (claims, node, prep, client), counting_joins(bus) as joins:
         claim = await claims.add(channel_claim("survivor", "cd-s"))
         before = (await prep.plugin.prepare([claim]))[claim.uid]
         assert before.error == "" and await joins() == 1
@@ -229,8 +255,18 @@ async def test_a_restarted_preparer_keeps_the_claim_and_prepares_it_again_withou
 async def test_the_preparer_process_serves_both_drivers_on_their_own_sockets(root: Path) -> None:
     from services.preparer.config import parse
 
-    cfg = parse(["--node", NODE, "--registry-dir", str(root / "reg"), "--plugins-dir", str(root / "plugins"),
-                 "--cdi-dir", str(root / "cdi")])
+    cfg = parse(
+        [
+            "--node",
+            NODE,
+            "--registry-dir",
+            str(root / "reg"),
+            "--plugins-dir",
+            str(root / "plugins"),
+            "--cdi-dir",
+            str(root / "cdi"),
+        ]
+    )
     assert cfg.drivers == ["gpu.nvidia.com", CD_DRIVER]
     from embedded.kubelet.client import register
     from services.preparer.host.service import PreparerService

@@ -45,7 +45,9 @@ HOSTS_BEFORE = "127.0.0.1\tlocalhost\n10.9.9.9\tgpu-dra-node-abcde\n"  # what th
 
 
 def claim(uid: str, domain: str) -> ChannelClaim:
-    return ChannelClaim(uid=uid, namespace="ns", name=f"claim-{uid}", config=parse_channel_config(channel_config(domain)))
+    return ChannelClaim(
+        uid=uid, namespace="ns", name=f"claim-{uid}", config=parse_channel_config(channel_config(domain))
+    )
 
 
 def real(fake: FakeDriver, tmp_path: Path, **more: Any) -> dict[str, Any]:
@@ -78,8 +80,9 @@ async def test_the_real_daemon_runs_from_the_driver_root_with_its_config_and_ctl
     fake = make_driver_root(tmp_path / "driver")
     (hosts,) = hosts_files(tmp_path, 1)
     await announce(bus, "cd-r")
-    async with running_nodes(bus, tmp_path, [GB200], port=50000, hosts_file=str(hosts),
-                             **real(fake, tmp_path)) as nodes:
+    async with running_nodes(
+        bus, tmp_path, [GB200], port=50000, hosts_file=str(hosts), **real(fake, tmp_path)
+    ) as nodes:
         (node,) = nodes
         edits = await node.channels.prepare(claim("c0", "cd-r"))
         assert edits.index == 0
@@ -122,8 +125,9 @@ async def test_a_new_peer_is_written_to_the_hosts_block_and_the_daemon_is_signal
     fake = make_driver_root(tmp_path / "driver")
     hosts = hosts_files(tmp_path, 2)
     await announce(bus, "cd-p")
-    async with running_nodes(bus, tmp_path, [GB200] * 2, per_node=[{"hosts_file": str(p)} for p in hosts],
-                             **real(fake, tmp_path)) as nodes:  # each agent its own /etc/hosts, as each pod has
+    async with running_nodes(
+        bus, tmp_path, [GB200] * 2, per_node=[{"hosts_file": str(p)} for p in hosts], **real(fake, tmp_path)
+    ) as nodes:  # each agent its own /etc/hosts, as each pod has
         await nodes[0].channels.prepare(claim("a", "cd-p"))
         first = nodes[0].daemon
         await nodes[1].channels.prepare(claim("b", "cd-p"))
@@ -145,8 +149,9 @@ async def test_peers_by_ip_rewrite_the_nodes_file_and_restart_the_daemon(bus, tm
     fake = make_driver_root(tmp_path / "driver")
     (hosts,) = hosts_files(tmp_path, 1)
     await announce(bus, "cd-ip")
-    async with running_nodes(bus, tmp_path, [GB200] * 2, hosts_file=str(hosts),
-                             **real(fake, tmp_path, imex_peer_mode="ip")) as nodes:
+    async with running_nodes(
+        bus, tmp_path, [GB200] * 2, hosts_file=str(hosts), **real(fake, tmp_path, imex_peer_mode="ip")
+    ) as nodes:
         await nodes[0].channels.prepare(claim("a", "cd-ip"))
         first = nodes[0].daemon
         files = DaemonFiles(nodes[0].root / "domains" / "cd-ip")
@@ -177,9 +182,16 @@ async def test_reload_signals_wait_for_the_handler_and_are_spaced_as_nvidia_imex
         if value:
             ready.set()
 
-    sup = ImexSupervisor(name="n0", command=f"{fake.root}/usr/bin/nvidia-imex -c {{config}}", config=files.config,
-                         on_ready=on_ready, signal_spacing=0.5, check_interval=0.05,
-                         check_command=f"{fake.root}/usr/bin/nvidia-imex-ctl -c {{config}} -q", pid_file=files.pid)
+    sup = ImexSupervisor(
+        name="n0",
+        command=f"{fake.root}/usr/bin/nvidia-imex -c {{config}}",
+        config=files.config,
+        on_ready=on_ready,
+        signal_spacing=0.5,
+        check_interval=0.05,
+        check_command=f"{fake.root}/usr/bin/nvidia-imex-ctl -c {{config}} -q",
+        pid_file=files.pid,
+    )
     await sup.start()
     try:
         await until(lambda: sup.pid is not None)
@@ -207,10 +219,12 @@ async def test_an_agent_ends_the_daemons_a_previous_agent_left_and_their_files(b
     hosts.write_text(f"{HOSTS_BEFORE}{BLOCK_BEGIN}\n10.1.1.1\t{dns_name(3)}\n{BLOCK_END}\n")
     left = DaemonFiles(tmp_path / "agents" / "node-0" / "domains" / "cd-gone")
     left.directory.mkdir(parents=True)
-    orphan = await asyncio.create_subprocess_exec(f"{fake.root}/usr/bin/nvidia-imex", "-c", str(left.config),
-                                                  start_new_session=True)
-    bystander = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)",
-                                                     start_new_session=True)
+    orphan = await asyncio.create_subprocess_exec(
+        f"{fake.root}/usr/bin/nvidia-imex", "-c", str(left.config), start_new_session=True
+    )
+    bystander = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import time; time.sleep(60)", start_new_session=True
+    )
     try:
         await until(lambda: daemon_calls(fake, orphan.pid) != [])  # its SIGTERM handler is installed
         orphans.record(left.pid, orphan.pid, "nvidia-imex")
@@ -234,8 +248,9 @@ async def test_a_missing_nvidia_imex_is_a_clear_retryable_error_for_fabric_nodes
     (hosts,) = hosts_files(tmp_path, 1)
     await announce(bus, "cd-m")
     await announce(bus, "cd-plain")
-    async with running_nodes(bus, tmp_path, [GB200, "h100x2"], hosts_file=str(hosts), ready_timeout=2,
-                             **real(fake, tmp_path)) as nodes:
+    async with running_nodes(
+        bus, tmp_path, [GB200, "h100x2"], hosts_file=str(hosts), ready_timeout=2, **real(fake, tmp_path)
+    ) as nodes:
         with pytest.raises(ChannelNotReady, match=rf"no nvidia-imex or nvidia-imex-ctl under driver root {fake.root}"):
             await nodes[0].channels.prepare(claim("m", "cd-m"))
         assert nodes[0].agent.domain is None and await Membership(bus).members("cd-m") == {}
@@ -243,18 +258,34 @@ async def test_a_missing_nvidia_imex_is_a_clear_retryable_error_for_fabric_nodes
         assert plain.device_nodes == []
 
 
-async def test_a_sigkilled_agent_leaves_no_daemon_and_its_successor_resumes_with_a_fresh_one(bus, nats_server, tmp_path):
+async def test_a_sigkilled_agent_leaves_no_daemon_and_its_successor_resumes_with_a_fresh_one(
+    bus, nats_server, tmp_path
+):
     fake = make_driver_root(tmp_path / "driver")
     (hosts,) = hosts_files(tmp_path, 1)
     state = tmp_path / "agent"
     await announce(bus, "cd-k")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
     env["GPU_DRA_NATS_URL"] = nats_server.url
-    args = ["agent", "--node", "n0", "--ip-address", "127.0.88.1", "--state-dir", str(state),
-            "--driver-root", str(fake.root), "--hosts-file", str(hosts), "--imex-check-interval", "0.05"]
+    args = [
+        "agent",
+        "--node",
+        "n0",
+        "--ip-address",
+        "127.0.88.1",
+        "--state-dir",
+        str(state),
+        "--driver-root",
+        str(fake.root),
+        "--hosts-file",
+        str(hosts),
+        "--imex-check-interval",
+        "0.05",
+    ]
     async with running_discovery(bus, "n0", simulate="gb200x4:clique=3", root=tmp_path / "sim"):
-        channels = ChannelPreparer(bus, node="n0", dev_root=str(tmp_path / "sim" / "n0"), ready_timeout=20,
-                                   simulated=True)
+        channels = ChannelPreparer(
+            bus, node="n0", dev_root=str(tmp_path / "sim" / "n0"), ready_timeout=20, simulated=True
+        )
         first = await spawn_computedomain(*args, env=env)
         second = None
         try:

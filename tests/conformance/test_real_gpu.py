@@ -32,8 +32,10 @@ from tests.preparer.helpers import MemoryClaims, claim_doc, cleanup, gpu_config,
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(os.environ.get("GPU_DRA_TEST_REAL_NVML") != "1",
-                       reason="real-hardware conformance: set GPU_DRA_TEST_REAL_NVML=1 on a GPU node"),
+    pytest.mark.skipif(
+        os.environ.get("GPU_DRA_TEST_REAL_NVML") != "1",
+        reason="real-hardware conformance: set GPU_DRA_TEST_REAL_NVML=1 on a GPU node",
+    ),
 ]
 
 DRIVER_ROOT = os.environ.get("GPU_DRA_TEST_DRIVER_ROOT", "/")
@@ -117,8 +119,7 @@ def test_cdi_generate_names_every_gpu_and_the_driver_userspace() -> None:
 async def _prepare_unprepare(root: Path, bus: Bus, doc: dict) -> dict:
     claims = MemoryClaims()
     claim = claims.add(doc)
-    async with running_node(claims, root, bus=bus, node=NODE, driver_root=DRIVER_ROOT,
-                            dev_root=DEV_ROOT or "") as node:
+    async with running_node(claims, root, bus=bus, node=NODE, driver_root=DRIVER_ROOT, dev_root=DEV_ROOT or "") as node:
         result = (await node.plugin.prepare([claim]))[claim.uid]
         assert result.error == "", result.error
         [spec_file] = node.cdi_files()
@@ -129,8 +130,9 @@ async def _prepare_unprepare(root: Path, bus: Bus, doc: dict) -> dict:
         return spec
 
 
-async def test_full_gpu_claim_prepares_with_the_driver_userspace(root: Path, bus: Bus,
-                                                                 real_discovery: RunningDiscovery) -> None:
+async def test_full_gpu_claim_prepares_with_the_driver_userspace(
+    root: Path, bus: Bus, real_discovery: RunningDiscovery
+) -> None:
     gpu = real_discovery.inventory.gpus[0]
     spec = await _prepare_unprepare(root, bus, claim_doc(name="full", node=NODE, results=[("gpu", gpu.name)]))
     [device] = spec["devices"]
@@ -143,8 +145,7 @@ async def test_full_gpu_claim_prepares_with_the_driver_userspace(root: Path, bus
         assert any(p.endswith(f"libcuda.so.{version}") for p in mounts), mounts
 
 
-async def test_mig_claim_prepares_on_a_mig_enabled_gpu(root: Path, bus: Bus,
-                                                       real_discovery: RunningDiscovery) -> None:
+async def test_mig_claim_prepares_on_a_mig_enabled_gpu(root: Path, bus: Bus, real_discovery: RunningDiscovery) -> None:
     migs = [m for g in real_discovery.inventory.gpus for m in g.mig_devices]
     if not migs:
         pytest.skip("no MIG device on this node (enable MIG mode and create an instance to run this)")
@@ -154,13 +155,21 @@ async def test_mig_claim_prepares_on_a_mig_enabled_gpu(root: Path, bus: Bus,
     assert sorted(paths[1:]) == sorted(mig.device_path_caps)
 
 
-async def test_mps_claim_starts_and_stops_the_control_daemon(root: Path, bus: Bus,
-                                                             real_discovery: RunningDiscovery) -> None:
+async def test_mps_claim_starts_and_stops_the_control_daemon(
+    root: Path, bus: Bus, real_discovery: RunningDiscovery
+) -> None:
     if not DriverRoot.of(DRIVER_ROOT, "", DEV_ROOT).find_binary("nvidia-cuda-mps-control"):
         pytest.skip("no nvidia-cuda-mps-control in the driver root")
     gpu = real_discovery.inventory.gpus[0]
-    spec = await _prepare_unprepare(root, bus, claim_doc(name="mps", node=NODE, results=[("gpu", gpu.name)],
-                                                         configs=[gpu_config({"strategy": "MPS", "mpsConfig": {
-                                                             "defaultActiveThreadPercentage": 50}})]))
+    spec = await _prepare_unprepare(
+        root,
+        bus,
+        claim_doc(
+            name="mps",
+            node=NODE,
+            results=[("gpu", gpu.name)],
+            configs=[gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}})],
+        ),
+    )
     env = spec["devices"][0]["containerEdits"]["env"]
     assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env

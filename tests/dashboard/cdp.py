@@ -21,9 +21,20 @@ from typing import Any
 
 import aiohttp
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check",
-         "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio", "--remote-debugging-port=0"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--remote-debugging-port=0",
+]
 
 
 KEYS = {"Enter": 13, "Escape": 27, "Tab": 9, "ArrowLeft": 37, "ArrowUp": 38, "ArrowRight": 39, "ArrowDown": 40}
@@ -57,12 +68,21 @@ class Browser:
     async def start(cls, profile: Path, width: int = 1440, height: int = 900, timeout: float = 60.0) -> Browser:
         exe = chromium_path()
         if exe is None:
-            raise CDPError("chromium not found: install Debian's chromium (apt-get install -y chromium) or set CHROMIUM")
+            raise CDPError(
+                "chromium not found: install Debian's chromium (apt-get install -y chromium) or set CHROMIUM"
+            )
         profile.mkdir(parents=True, exist_ok=True)
         proc = await asyncio.create_subprocess_exec(
-            exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)
+            exe,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            f"--window-size={width},{height}",
+            "about:blank",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
         self = cls(proc, profile)
         try:
             ws_url = await asyncio.wait_for(self._listening(), timeout)
@@ -71,8 +91,9 @@ class Browser:
             self._ws = await self._http.ws_connect(ws_url, max_msg_size=0)
             self._tasks.append(asyncio.create_task(self._read()))
             target = await self.send("Target.createTarget", {"url": "about:blank"}, page=False)
-            attached = await self.send("Target.attachToTarget", {"targetId": target["targetId"], "flatten": True},
-                                       page=False)
+            attached = await self.send(
+                "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}, page=False
+            )
             self._session = attached["sessionId"]
             await self.send("Page.enable")
             await self.send("Runtime.enable")
@@ -89,8 +110,10 @@ class Browser:
         while True:
             line = await self.proc.stderr.readline()
             if not line:
-                raise CDPError(f"chromium exited ({await self.proc.wait()}) before DevTools listened: "
-                               + " | ".join(self.stderr_tail[-5:]))
+                raise CDPError(
+                    f"chromium exited ({await self.proc.wait()}) before DevTools listened: "
+                    + " | ".join(self.stderr_tail[-5:])
+                )
             text = line.decode(errors="replace").rstrip()
             self.stderr_tail = [*self.stderr_tail[-20:], text]
             if text.startswith("DevTools listening on "):
@@ -119,8 +142,9 @@ class Browser:
             if not fut.done():
                 fut.set_exception(CDPError("the DevTools connection closed"))
 
-    async def send(self, method: str, params: dict[str, Any] | None = None, page: bool = True,
-                   timeout: float = 30.0) -> dict[str, Any]:
+    async def send(
+        self, method: str, params: dict[str, Any] | None = None, page: bool = True, timeout: float = 30.0
+    ) -> dict[str, Any]:
         if self._ws is None or self._ws.closed:
             raise CDPError(f"{method}: not connected to chromium")
         msg_id = next(self._ids)
@@ -157,8 +181,11 @@ class Browser:
 
     async def evaluate(self, expression: str, timeout: float = 30.0) -> Any:
         """The value of a JS expression (a promise is awaited), returned by value."""
-        result = await self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True,
-                                                      "returnByValue": True}, timeout=timeout + 5)
+        result = await self.send(
+            "Runtime.evaluate",
+            {"expression": expression, "awaitPromise": True, "returnByValue": True},
+            timeout=timeout + 5,
+        )
         if "exceptionDetails" in result:
             details = result["exceptionDetails"]
             text = (details.get("exception") or {}).get("description") or details.get("text")
@@ -186,8 +213,10 @@ class Browser:
 
     async def resize(self, width: int, height: int) -> None:
         """Set the page's viewport to `width` x `height` CSS pixels (the page sees a resize event)."""
-        await self.send("Emulation.setDeviceMetricsOverride",
-                        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        await self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
 
     async def press(self, key: str) -> None:
         """A real key press (keyDown + keyUp) on the focused element: Enter, Escape, Tab, arrows."""
@@ -203,8 +232,13 @@ class Browser:
         if scale != 1.0 or height is not None:
             metrics = await self.send("Page.getLayoutMetrics")
             view = metrics.get("cssVisualViewport") or metrics["layoutViewport"]
-            params["clip"] = {"x": 0, "y": 0, "width": view["clientWidth"],
-                              "height": min(height or view["clientHeight"], view["clientHeight"]), "scale": scale}
+            params["clip"] = {
+                "x": 0,
+                "y": 0,
+                "width": view["clientWidth"],
+                "height": min(height or view["clientHeight"], view["clientHeight"]),
+                "scale": scale,
+            }
         shot = await self.send("Page.captureScreenshot", params)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(shot["data"]))

@@ -39,21 +39,64 @@ def synthetic_fleet(nodes: int, gpus: int) -> dict[str, Any]:
                 state = "tainted"
             elif i % 3 == 0:
                 state = "claimed"
-                allocs = [{"namespace": f"team-{i % 5}", "claim": f"job-{i}", "claimUid": f"uid-{i}",
-                           "pods": [f"team-{i % 5}/job-{i}-0"], "since": "2026-12-04T12:00:00Z",
-                           "sharing": {"mode": "exclusive", "interval": "", "threadPercentage": None,
-                                       "pinnedMemory": ""}}]
-            devices.append({"name": f"gpu-{g}", "uuid": f"GPU-{i:08d}", "product": "NVIDIA H100 80GB HBM3",
-                            "memoryBytes": 80 * GI, "type": "gpu", "parent": "", "mig": None, "migSlots": 0,
-                            "taints": [{"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule",
-                                        "timeAdded": "2026-12-04T12:00:00Z"}] if state == "tainted" else [],
-                            "xid": 48 if state == "tainted" else None, "state": state, "allocations": allocs})
-        rows.append({"name": f"node-{n:04d}", "pool": f"node-{n:04d}", "clique": f"c{n // 18}", "domains": [],
-                     "ready": True, "devices": devices})
-    groups = [{"name": f"clique c{c}", "nodes": [r["name"] for r in rows if r["clique"] == f"c{c}"]}
-              for c in range((nodes + 17) // 18)]
-    return {"version": 1, "generatedAt": "2026-12-04T12:00:00Z", "groups": groups, "nodes": rows, "counters": {},
-            "traceUrlTemplate": "", "namespaces": [f"team-{t}" for t in range(5)]}
+                allocs = [
+                    {
+                        "namespace": f"team-{i % 5}",
+                        "claim": f"job-{i}",
+                        "claimUid": f"uid-{i}",
+                        "pods": [f"team-{i % 5}/job-{i}-0"],
+                        "since": "2026-12-04T12:00:00Z",
+                        "sharing": {"mode": "exclusive", "interval": "", "threadPercentage": None, "pinnedMemory": ""},
+                    }
+                ]
+            devices.append(
+                {
+                    "name": f"gpu-{g}",
+                    "uuid": f"GPU-{i:08d}",
+                    "product": "NVIDIA H100 80GB HBM3",
+                    "memoryBytes": 80 * GI,
+                    "type": "gpu",
+                    "parent": "",
+                    "mig": None,
+                    "migSlots": 0,
+                    "taints": [
+                        {
+                            "key": "gpu.nvidia.com/xid",
+                            "value": "48",
+                            "effect": "NoSchedule",
+                            "timeAdded": "2026-12-04T12:00:00Z",
+                        }
+                    ]
+                    if state == "tainted"
+                    else [],
+                    "xid": 48 if state == "tainted" else None,
+                    "state": state,
+                    "allocations": allocs,
+                }
+            )
+        rows.append(
+            {
+                "name": f"node-{n:04d}",
+                "pool": f"node-{n:04d}",
+                "clique": f"c{n // 18}",
+                "domains": [],
+                "ready": True,
+                "devices": devices,
+            }
+        )
+    groups = [
+        {"name": f"clique c{c}", "nodes": [r["name"] for r in rows if r["clique"] == f"c{c}"]}
+        for c in range((nodes + 17) // 18)
+    ]
+    return {
+        "version": 1,
+        "generatedAt": "2026-12-04T12:00:00Z",
+        "groups": groups,
+        "nodes": rows,
+        "counters": {},
+        "traceUrlTemplate": "",
+        "namespaces": [f"team-{t}" for t in range(5)],
+    }
 
 
 def counters(nodes: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -88,8 +131,11 @@ class FixtureFleet:
         self.streams: list[tuple[str, asyncio.Queue[str | None]]] = []
 
     def view(self, namespace: str) -> dict[str, Any]:
-        return {**self.fleet, "pending": self.pending(namespace),
-                "nodes": [for_tenant(n, namespace) for n in self.fleet["nodes"]]}
+        return {
+            **self.fleet,
+            "pending": self.pending(namespace),
+            "nodes": [for_tenant(n, namespace) for n in self.fleet["nodes"]],
+        }
 
     def pending(self, namespace: str) -> list[dict[str, Any]]:
         return [p for p in self.fleet.get("pending") or [] if not namespace or p["namespace"] == namespace]
@@ -99,8 +145,14 @@ class FixtureFleet:
         self.fleet["pending"] = pending
         self.fleet["version"] += 1
         for namespace, queue in self.streams:
-            delta = {"version": self.fleet["version"], "nodes": [], "removed": [], "pending": self.pending(namespace),
-                     "counters": self.fleet["counters"], "groups": self.fleet["groups"]}
+            delta = {
+                "version": self.fleet["version"],
+                "nodes": [],
+                "removed": [],
+                "pending": self.pending(namespace),
+                "counters": self.fleet["counters"],
+                "groups": self.fleet["groups"],
+            }
             queue.put_nowait(f"event: delta\ndata: {json.dumps(delta)}\n\n")
 
     def node(self, name: str) -> dict[str, Any]:
@@ -122,8 +174,13 @@ class FixtureFleet:
         self.fleet["version"] += 1
         self.fleet["counters"] = counters(self.fleet["nodes"])
         for namespace, queue in self.streams:
-            delta = {"version": self.fleet["version"], "nodes": [for_tenant(r, namespace) for r in changed],
-                     "removed": [], "counters": self.fleet["counters"], "groups": self.fleet["groups"]}
+            delta = {
+                "version": self.fleet["version"],
+                "nodes": [for_tenant(r, namespace) for r in changed],
+                "removed": [],
+                "counters": self.fleet["counters"],
+                "groups": self.fleet["groups"],
+            }
             queue.put_nowait(f"event: delta\ndata: {json.dumps(delta)}\n\n")
 
 
@@ -159,16 +216,30 @@ def make_fixture_app(state: FixtureFleet) -> web.Application:
 
     async def claim(request: web.Request) -> web.Response:
         ns, name = request.match_info["namespace"], request.match_info["name"]
-        found = [(n["name"], d["name"], a) for n in state.fleet["nodes"] for d in n["devices"]
-                 for a in d["allocations"] if (a["namespace"], a["claim"]) == (ns, name)]
+        found = [
+            (n["name"], d["name"], a)
+            for n in state.fleet["nodes"]
+            for d in n["devices"]
+            for a in d["allocations"]
+            if (a["namespace"], a["claim"]) == (ns, name)
+        ]
         if not found:
             return web.json_response({"error": f"claim {ns}/{name} not found"}, status=404)
         trace = "4bf92f3577b34da6a3ce929d0e0e4736"
-        return web.json_response({
-            "claim": {"namespace": ns, "name": name, "uid": found[0][2]["claimUid"], "pods": found[0][2]["pods"],
-                      "devices": [{"node": n, "device": d} for n, d, _ in found]},
-            "traceId": trace, "traceUrl": state.fleet["traceUrlTemplate"].replace("{traceId}", trace),
-            "waterfall": "allocate  |====      |\nprepare   |    ===== |"})
+        return web.json_response(
+            {
+                "claim": {
+                    "namespace": ns,
+                    "name": name,
+                    "uid": found[0][2]["claimUid"],
+                    "pods": found[0][2]["pods"],
+                    "devices": [{"node": n, "device": d} for n, d, _ in found],
+                },
+                "traceId": trace,
+                "traceUrl": state.fleet["traceUrlTemplate"].replace("{traceId}", trace),
+                "waterfall": "allocate  |====      |\nprepare   |    ===== |",
+            }
+        )
 
     async def explain(request: web.Request) -> web.Response:
         pod = f"{request.match_info['namespace']}/{request.match_info['name']}"
@@ -184,8 +255,9 @@ def make_fixture_app(state: FixtureFleet) -> web.Application:
         header = request.headers.get("Authorization", "").removeprefix("Bearer ")
         given, how = (header, "header") if header else (request.query.get("token", ""), "query")
         if given != state.token:
-            return web.json_response({"error": "the token was refused; open the page with ?token=<your token>"},
-                                     status=401)
+            return web.json_response(
+                {"error": "the token was refused; open the page with ?token=<your token>"}, status=401
+            )
         state.seen_tokens.append((request.path, how))
         return await handler(request)
 

@@ -28,19 +28,32 @@ Series = set[tuple[str, ...]]
 
 
 def test_containers_are_those_naming_a_reference_that_resolves_to_the_claim() -> None:
-    pod = {"metadata": {"name": "p"},
-           "spec": {"resourceClaims": [{"name": "direct", "resourceClaimName": "shared-gpu"},
-                                       {"name": "tpl", "resourceClaimTemplateName": "one-gpu"},
-                                       {"name": "unresolved", "resourceClaimTemplateName": "one-gpu"}],
-                    "initContainers": [{"name": "warm", "resources": {"claims": [{"name": "tpl"}]}}],
-                    "containers": [{"name": "a", "resources": {"claims": [{"name": "direct"}, {"name": "tpl"}]}},
-                                   {"name": "b", "resources": {"claims": [{"name": "unresolved"}]}},
-                                   {"name": "c"}]},
-           "status": {"resourceClaimStatuses": [{"name": "tpl", "resourceClaimName": "p-tpl-x1"}],
-                      "extendedResourceClaimStatus": {"resourceClaimName": "p-extended-gpus-y2", "requestMappings": [
-                          {"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "container-2"}]}}}
-    assert pod_claims(pod).containers == {"shared-gpu": ("a",), "p-tpl-x1": ("warm", "a"),
-                                          "p-extended-gpus-y2": ("c",)}
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "resourceClaims": [
+                {"name": "direct", "resourceClaimName": "shared-gpu"},
+                {"name": "tpl", "resourceClaimTemplateName": "one-gpu"},
+                {"name": "unresolved", "resourceClaimTemplateName": "one-gpu"},
+            ],
+            "initContainers": [{"name": "warm", "resources": {"claims": [{"name": "tpl"}]}}],
+            "containers": [
+                {"name": "a", "resources": {"claims": [{"name": "direct"}, {"name": "tpl"}]}},
+                {"name": "b", "resources": {"claims": [{"name": "unresolved"}]}},
+                {"name": "c"},
+            ],
+        },
+        "status": {
+            "resourceClaimStatuses": [{"name": "tpl", "resourceClaimName": "p-tpl-x1"}],
+            "extendedResourceClaimStatus": {
+                "resourceClaimName": "p-extended-gpus-y2",
+                "requestMappings": [
+                    {"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "container-2"}
+                ],
+            },
+        },
+    }
+    assert pod_claims(pod).containers == {"shared-gpu": ("a",), "p-tpl-x1": ("warm", "a"), "p-extended-gpus-y2": ("c",)}
 
 
 class World:
@@ -58,24 +71,36 @@ class World:
 
     async def pod(self, name: str, claim: str, containers: dict[str, bool]) -> dict[str, Any]:
         """A pod whose containers named True use `claim` (through a template reference resolved in its status)."""
-        body = {"metadata": {"name": name, "namespace": "team-a"},
-                "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "one-gpu"}],
-                         "containers": [{"name": c, "image": "ubuntu", **({"resources": {"claims": [{"name": "gpus"}]}}
-                                                                          if uses else {})}
-                                        for c, uses in containers.items()]}}
+        body = {
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "one-gpu"}],
+                "containers": [
+                    {"name": c, "image": "ubuntu", **({"resources": {"claims": [{"name": "gpus"}]}} if uses else {})}
+                    for c, uses in containers.items()
+                ],
+            },
+        }
         pod = await self.kube.create(PODS, "team-a", body)
         pod["status"] = {"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": claim}]}
         return await self.kube.replace(PODS, pod, subresource="status")
 
     async def claim(self, name: str, device: str, pods: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"metadata": {"name": name, "namespace": "team-a"},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+        body = {
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        }
         created = await self.kube.create(RESOURCECLAIMS, "team-a", body)
         created["status"] = {
-            "allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a",
-                                                    "device": device}]}},
-            "reservedFor": [{"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
-                            for p in pods]}
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": device}]
+                }
+            },
+            "reservedFor": [
+                {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in pods
+            ],
+        }
         return await self.kube.replace(RESOURCECLAIMS, created, subresource="status")
 
 
@@ -86,12 +111,23 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
         api = await kube_api_client(str(server.kubeconfig_path))
         kube = Kube(api)
         await kube.create(NAMESPACES, None, {"metadata": {"name": "team-a"}})
-        devices = [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": f"GPU-{i}"}}}
-                   for i in range(3)]
-        await kube.create(RESOURCESLICES, None, {
-            "metadata": {"name": "node-a-gpu"},
-            "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-a", "devices": devices,
-                     "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1}}})
+        devices = [
+            {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": f"GPU-{i}"}}}
+            for i in range(3)
+        ]
+        await kube.create(
+            RESOURCESLICES,
+            None,
+            {
+                "metadata": {"name": "node-a-gpu"},
+                "spec": {
+                    "driver": "gpu.nvidia.com",
+                    "nodeName": "node-a",
+                    "devices": devices,
+                    "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                },
+            },
+        )
         state = FleetState(kube, **await discover(kube))
         registry = CollectorRegistry()
         stopping, synced = asyncio.Event(), asyncio.Event()
@@ -128,9 +164,13 @@ async def test_a_shared_claim_gives_a_series_per_pod_and_a_vanished_pod_none(wor
     second = await world.pod("worker-1", "shared", {"w": True, "w2": True})
     gone = {"metadata": {"name": "worker-gone", "uid": "no-such-uid"}}
     await world.claim("shared", "gpu-2", [first, second, gone])
-    await world.series_become({("GPU-2", "node-a", "team-a", "worker-0", "w", "shared"),
-                               ("GPU-2", "node-a", "team-a", "worker-1", "w", "shared"),
-                               ("GPU-2", "node-a", "team-a", "worker-1", "w2", "shared")})
+    await world.series_become(
+        {
+            ("GPU-2", "node-a", "team-a", "worker-0", "w", "shared"),
+            ("GPU-2", "node-a", "team-a", "worker-1", "w", "shared"),
+            ("GPU-2", "node-a", "team-a", "worker-1", "w2", "shared"),
+        }
+    )
     await world.kube.delete(RESOURCECLAIMS, "team-a", "shared")
     await world.series_become(set())
     assert world.info.pods == {}

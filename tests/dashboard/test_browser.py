@@ -1,11 +1,12 @@
 """The fleet page in headless Chromium against `gpu-dra up` (the acceptance of issue 20).
 
 One `gpu-dra up` for the module (2 nodes, each 2 H100s and an A100-40GB cut into MIG devices; no container
-runtime) with the fleet page it starts (its URL in <data-dir>/dashboard.url), one Chromium (conftest.py). The tests: the page shows the nodes and GPUs the
-ResourceSlices publish; a MIG bar matches the slices; a new pod's claim appears on its GPU within 1 s of the
-scheduler's allocation write; an injected XID shows a tainted GPU with its code; the namespace filter hides
-other tenants' claims; a pod asking for more H100s than a node has is listed as waiting, with explain's reason
-naming capacity, and leaves the list when deleted. Screenshots of the 2-node fleet are saved under the test's tmp dir (paths printed).
+runtime) with the fleet page it starts (its URL in <data-dir>/dashboard.url), one Chromium (conftest.py). The tests:
+the page shows the nodes and GPUs the ResourceSlices publish; a MIG bar matches the slices; a new pod's claim appears
+on its GPU within 1 s of the scheduler's allocation write; an injected XID shows a tainted GPU with its code; the
+namespace filter hides other tenants' claims; a pod asking for more H100s than a node has is listed as waiting, with
+explain's reason naming capacity, and leaves the list when deleted. Screenshots of the 2-node fleet are saved under the
+test's tmp dir (paths printed).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ spec:
     devices:
       requests:
       - name: gpu
-        exactly: {{deviceClassName: gpu.nvidia.com, count: {count}, selectors: [{{cel: {{expression: "device.attributes['gpu.nvidia.com'].productName.contains('H100')"}}}}]}}
+        exactly: {{deviceClassName: gpu.nvidia.com, count: {count},
+          selectors: [{{cel: {{expression: "device.attributes['gpu.nvidia.com'].productName.contains('H100')"}}}}]}}
 ---
 apiVersion: v1
 kind: Pod
@@ -97,8 +99,9 @@ async def fleet(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> A
         assert f"fleet page: {url}" in "".join(up.output)
         api = await kube_api_client(str(up.kubeconfig))
         await browser.navigate(url)
-        await browser.wait_for("document.querySelectorAll('[data-node]').length === 2 && window.__dash.version",
-                               timeout=30)
+        await browser.wait_for(
+            "document.querySelectorAll('[data-node]').length === 2 && window.__dash.version", timeout=30
+        )
         yield Fleet(up, api, url, env, browser, tmp_path_factory.mktemp("screenshots"))
     finally:
         if api is not None:
@@ -117,10 +120,16 @@ def attr(device: dict[str, Any], name: str) -> Any:
 
 async def test_the_page_shows_every_node_and_gpu(fleet: Fleet) -> None:
     published = {f"{s['spec']['nodeName']}/{d['name']}" for s in await slices(fleet.api) for d in s["spec"]["devices"]}
-    shown = set(await fleet.browser.evaluate("[...document.querySelectorAll('[data-device]')].map(e => e.dataset.device)"))
+    shown = set(
+        await fleet.browser.evaluate("[...document.querySelectorAll('[data-device]')].map(e => e.dataset.device)")
+    )
     # a GPU in MIG mode publishes only its MIG devices; the page draws their parent as the tile holding the bar
-    parents = set(await fleet.browser.evaluate(
-        "[...document.querySelectorAll('.tile')].filter(e => e.querySelector('.mig-bar')).map(e => e.dataset.device)"))
+    parents = set(
+        await fleet.browser.evaluate(
+            "[...document.querySelectorAll('.tile')]"
+            ".filter(e => e.querySelector('.mig-bar')).map(e => e.dataset.device)"
+        )
+    )
     assert shown == published | parents and len(parents) == 2
     tiles = set(await fleet.browser.evaluate("[...document.querySelectorAll('.tile')].map(e => e.dataset.device)"))
     assert tiles == {d for d in published if "-mig-" not in d} | parents and len(tiles) == 6
@@ -132,11 +141,13 @@ async def test_a_mig_bar_matches_the_slices(fleet: Fleet) -> None:
     migs = [d for s in await slices(fleet.api) for d in s["spec"]["devices"] if attr(d, "type") == "mig"]
     node = (await slices(fleet.api))[0]["spec"]["nodeName"]
     parent = await fleet.browser.evaluate(
-        f"document.querySelector('[data-node=\"{node}\"] .mig-bar').closest('.tile').dataset.device")
+        f"document.querySelector('[data-node=\"{node}\"] .mig-bar').closest('.tile').dataset.device"
+    )
     bar = await fleet.browser.evaluate(f"""[...document.querySelectorAll('[data-device="{parent}"] [data-mig-slot]')]
         .map(e => [e.dataset.profile, +e.dataset.start, +e.dataset.size])""")
-    want = sorted([p, start, MIG_SIZE[p]] for p, start in
-                  [("2g.10gb", 0), ("1g.5gb", 2), ("1g.5gb", 3), ("3g.20gb", 4)])
+    want = sorted(
+        [p, start, MIG_SIZE[p]] for p, start in [("2g.10gb", 0), ("1g.5gb", 2), ("1g.5gb", 3), ("3g.20gb", 4)]
+    )
     assert sorted(bar) == want
     assert {attr(d, "profile") for d in migs} == set(MIG_SIZE)
     # drawn to scale: each slice's left edge and width in eighths of the bar
@@ -152,8 +163,14 @@ async def _claim_allocated(api: client.ApiClient, namespace: str) -> tuple[float
     """(monotonic time, claim) when the scheduler's allocation of a claim in `namespace` is seen on a watch."""
     w = watch.Watch()
     async with w:
-        async for event in w.stream(client.CustomObjectsApi(api).list_namespaced_custom_object, "resource.k8s.io",
-                                    "v1", namespace, "resourceclaims", timeout_seconds=60):
+        async for event in w.stream(
+            client.CustomObjectsApi(api).list_namespaced_custom_object,
+            "resource.k8s.io",
+            "v1",
+            namespace,
+            "resourceclaims",
+            timeout_seconds=60,
+        ):
             obj = event["object"]
             if ((obj.get("status") or {}).get("allocation") or {}).get("devices"):
                 return time.monotonic(), obj
@@ -162,9 +179,13 @@ async def _claim_allocated(api: client.ApiClient, namespace: str) -> tuple[float
 
 async def _run_pod(fleet: Fleet, namespace: str, pod: str) -> tuple[float, float, str, str]:
     """Apply a tenant's pod; (allocation write seen, tile shows it, node/device, ns/claim)."""
-    tile = asyncio.create_task(fleet.browser.wait_for(
-        f"(() => {{ const e = document.querySelector('[data-claim^=\"{namespace}/\"]');"
-        " return e && [e.dataset.device, e.dataset.claim]; })()", timeout=60))
+    tile = asyncio.create_task(
+        fleet.browser.wait_for(
+            f"(() => {{ const e = document.querySelector('[data-claim^=\"{namespace}/\"]');"
+            " return e && [e.dataset.device, e.dataset.claim]; })()",
+            timeout=60,
+        )
+    )
     allocated = asyncio.create_task(_claim_allocated(fleet.api, namespace))
     path = fleet.shots / f"{namespace}.yaml"
     path.write_text(TENANT.format(ns=namespace, pod=pod, count=1))
@@ -183,28 +204,37 @@ async def test_a_new_pods_claim_shows_on_its_gpu_within_a_second(fleet: Fleet) -
     print(f"\nclaim {claim} on {device}: allocation write seen -> tile {latency * 1000:.0f} ms")
     assert latency <= 1.0, f"{claim} showed {latency:.2f} s after its allocation was written"
     # the pod follows when the claim is reserved for it
-    await fleet.browser.wait_for(f"document.querySelector('[data-device=\"{device}\"]').textContent.includes('train')",
-                                 timeout=30)
+    await fleet.browser.wait_for(
+        f"document.querySelector('[data-device=\"{device}\"]').textContent.includes('train')", timeout=30
+    )
 
 
 async def test_an_injected_xid_shows_a_tainted_gpu(fleet: Fleet) -> None:
     target = await fleet.browser.evaluate(
         "[...document.querySelectorAll('.tile[data-state=\"free\"]')].find(e => !e.querySelector('.mig-bar'))"
-        ".dataset.device")  # a full GPU (the XID goes to a published device)
+        ".dataset.device"
+    )  # a full GPU (the XID goes to a published device)
     node, device = target.split("/")
-    uuid = next(attr(d, "uuid") for s in await slices(fleet.api) if s["spec"]["nodeName"] == node
-                for d in s["spec"]["devices"] if d["name"] == device)
+    uuid = next(
+        attr(d, "uuid")
+        for s in await slices(fleet.api)
+        if s["spec"]["nodeName"] == node
+        for d in s["spec"]["devices"]
+        if d["name"] == device
+    )
     # as the demo and tests/discovery do: the discovery's inject-xid request, with up's NATS identity
     cfg = msgspec.convert({k.removeprefix("GPU_DRA_").lower(): v for k, v in fleet.nats_env.items()}, CommonConfig)
     bus = await connect_configured(cfg, cfg.nats_url, "dashboard-browser-test")
     try:
-        reply = await bus.request(catalog.DEVICE_INJECT_XID, InjectXidRequest(gpu_uuid=uuid, xid=79), timeout=10,
-                                  node=node)
+        reply = await bus.request(
+            catalog.DEVICE_INJECT_XID, InjectXidRequest(gpu_uuid=uuid, xid=79), timeout=10, node=node
+        )
     finally:
         await bus.close()
     assert reply.ok, reply.error
     await fleet.browser.wait_for(
-        f"document.querySelector('[data-device=\"{target}\"][data-state=\"tainted\"][data-xid=\"79\"]')", timeout=15)
+        f'document.querySelector(\'[data-device="{target}"][data-state="tainted"][data-xid="79"]\')', timeout=15
+    )
     text = await fleet.browser.evaluate(f"document.querySelector('[data-device=\"{target}\"]').textContent")
     assert "XID 79" in text and "tainted" in text
 
@@ -214,17 +244,21 @@ async def test_the_namespace_filter_hides_other_tenants(fleet: Fleet) -> None:
     await fleet.browser.wait_for("document.querySelector('[data-claim^=\"tenant-a/\"]')")
     path = await fleet.browser.screenshot(fleet.shots / "fleet-2-nodes.png")
     drawn = await fleet.browser.evaluate(
-        "document.querySelector('main').offsetTop + document.getElementById('spacer').offsetHeight + 12")
+        "document.querySelector('main').offsetTop + document.getElementById('spacer').offsetHeight + 12"
+    )
     small = await fleet.browser.screenshot(fleet.shots / "fleet-2-nodes-small.png", scale=0.6, height=drawn)
     print(f"\nscreenshots of the 2-node fleet: {path} {small}")
     fulls = await fleet.browser.evaluate("window.__dash.fulls")
-    await fleet.browser.evaluate("(() => { const s = document.getElementById('ns-filter'); s.value = 'tenant-a';"
-                                 " s.dispatchEvent(new Event('change')); })()")
+    await fleet.browser.evaluate(
+        "(() => { const s = document.getElementById('ns-filter'); s.value = 'tenant-a';"
+        " s.dispatchEvent(new Event('change')); })()"
+    )
     await fleet.browser.wait_for(f"window.__dash.fulls > {fulls}", timeout=10)
     claims = await fleet.browser.evaluate("[...document.querySelectorAll('[data-claim]')].map(e => e.dataset.claim)")
     assert claims and all(c.startswith("tenant-a/") for c in claims), claims
     others = await fleet.browser.evaluate(
-        "[...document.querySelectorAll('.tile')].filter(e => e.textContent.includes('other tenant')).length")
+        "[...document.querySelectorAll('.tile')].filter(e => e.textContent.includes('other tenant')).length"
+    )
     assert others >= 1
     body = await fleet.browser.evaluate("document.getElementById('viewport').textContent")
     assert "tenant-b" not in body and "serve" not in body
@@ -234,8 +268,10 @@ async def test_the_namespace_filter_hides_other_tenants(fleet: Fleet) -> None:
 async def test_a_pod_that_cannot_fit_waits_with_explains_reason(fleet: Fleet) -> None:
     fulls = await fleet.browser.evaluate("window.__dash.fulls")
     if await fleet.browser.evaluate("window.__dash.ns"):  # after the filter test: every namespace again
-        await fleet.browser.evaluate("(() => { const s = document.getElementById('ns-filter'); s.value = '';"
-                                     " s.dispatchEvent(new Event('change')); })()")
+        await fleet.browser.evaluate(
+            "(() => { const s = document.getElementById('ns-filter'); s.value = '';"
+            " s.dispatchEvent(new Event('change')); })()"
+        )
         await fleet.browser.wait_for(f"window.__dash.fulls > {fulls}", timeout=10)
     path = fleet.shots / "too-big.yaml"
     path.write_text(TENANT.format(ns="tenant-c", pod="huge", count=3))
@@ -243,7 +279,9 @@ async def test_a_pod_that_cannot_fit_waits_with_explains_reason(fleet: Fleet) ->
     item = '[data-pending="tenant-c/huge"]'
     text = await fleet.browser.wait_for(
         f"(() => {{ const e = document.querySelector('{item}');"
-        " return e && e.querySelector('.p-reason').textContent.includes('capacity') && e.textContent; })()", timeout=30)
+        " return e && e.querySelector('.p-reason').textContent.includes('capacity') && e.textContent; })()",
+        timeout=30,
+    )
     print(f"\npending: {text}")
     asks = await fleet.browser.evaluate(f"document.querySelector('{item} .p-asks').textContent")
     reason = await fleet.browser.evaluate(f"document.querySelector('{item} .p-reason').textContent")

@@ -44,45 +44,78 @@ class Page:
     token: str  # a team-a viewer's
 
     async def explain(self, namespace: str, name: str) -> tuple[int, Any]:
-        async with self.http.get(f"{self.url}/api/pod/{namespace}/{name}/explain",
-                                 headers={"Authorization": f"Bearer {self.token}"}) as resp:
+        async with self.http.get(
+            f"{self.url}/api/pod/{namespace}/{name}/explain", headers={"Authorization": f"Bearer {self.token}"}
+        ) as resp:
             return resp.status, await resp.json()
 
 
 async def token_of(kube: Kube, namespace: str, name: str) -> str:
-    issued = await kube.create_subresource(SERVICEACCOUNTS, namespace, name, "token",
-                                           {"spec": {"expirationSeconds": 3600}})
+    issued = await kube.create_subresource(
+        SERVICEACCOUNTS, namespace, name, "token", {"spec": {"expirationSeconds": 3600}}
+    )
     return str(issued["status"]["token"])
 
 
 async def tenant_viewer(kube: Kube, namespace: str) -> str:
     """A ServiceAccount of `namespace` that may list its claims (what the dashboard asks about a viewer)."""
     await kube.create(SERVICEACCOUNTS, namespace, {"metadata": {"name": "viewer", "namespace": namespace}})
-    await kube.create(ROLES, namespace, {"metadata": {"name": "claims", "namespace": namespace}, "rules": [
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list", "get"]}]})
-    await kube.create(ROLEBINDINGS, namespace, {
-        "metadata": {"name": "viewer", "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
-        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": namespace}]})
+    await kube.create(
+        ROLES,
+        namespace,
+        {
+            "metadata": {"name": "claims", "namespace": namespace},
+            "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list", "get"]}],
+        },
+    )
+    await kube.create(
+        ROLEBINDINGS,
+        namespace,
+        {
+            "metadata": {"name": "viewer", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
+            "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": namespace}],
+        },
+    )
     return await token_of(kube, namespace, "viewer")
 
 
 async def allocated_claim(kube: Kube, namespace: str, name: str, device: str, pod: dict[str, Any]) -> None:
-    claim = await kube.create(RESOURCECLAIMS, namespace, {"metadata": {"name": name, "namespace": namespace},
-                                                         "spec": {"devices": {"requests": [
-                                                             {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+    claim = await kube.create(
+        RESOURCECLAIMS,
+        namespace,
+        {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        },
+    )
     result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": device}
-    await kube.replace(RESOURCECLAIMS, {**claim, "status": {
-        "allocation": {"devices": {"results": [result]}},
-        "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}]}},
-        subresource="status")
+    await kube.replace(
+        RESOURCECLAIMS,
+        {
+            **claim,
+            "status": {
+                "allocation": {"devices": {"results": [result]}},
+                "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
+            },
+        },
+        subresource="status",
+    )
 
 
 async def pod(kube: Kube, namespace: str, name: str, claim: str, node: str = "") -> dict[str, Any]:
-    return await kube.create(PODS, namespace, {"metadata": {"name": name, "namespace": namespace}, "spec": {
-        **({"nodeName": node} if node else {}),
-        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-        "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}]}})
+    return await kube.create(
+        PODS,
+        namespace,
+        {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                **({"nodeName": node} if node else {}),
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        },
+    )
 
 
 async def the_cluster(kube: Kube, api: Any) -> None:
@@ -96,25 +129,58 @@ async def the_cluster(kube: Kube, api: Any) -> None:
             await applier.create(doc, "gpu-dra")
     for doc in load_documents(BASE / "deviceclasses.yaml"):
         await applier.create(doc)
-    await kube.create(NODES, None, {"metadata": {"name": "node-a"},
-                                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-    gpus = [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": f"GPU-{i}"}}}
-            for i in (0, 1)]
-    await kube.create(RESOURCESLICES, None, {"metadata": {"name": "node-a-gpu"}, "spec": {
-        "driver": "gpu.nvidia.com", "nodeName": "node-a",
-        "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1}, "devices": gpus}})
+    await kube.create(
+        NODES, None, {"metadata": {"name": "node-a"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    )
+    gpus = [
+        {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": f"GPU-{i}"}}} for i in (0, 1)
+    ]
+    await kube.create(
+        RESOURCESLICES,
+        None,
+        {
+            "metadata": {"name": "node-a-gpu"},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": "node-a",
+                "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                "devices": gpus,
+            },
+        },
+    )
     stuck = await pod(kube, "team-a", "stuck", "stuck", node="node-a")
     await allocated_claim(kube, "team-a", "stuck", "gpu-0", stuck)
-    involved = {"apiVersion": "v1", "kind": "Pod", "namespace": "team-a", "name": "stuck",
-                "uid": stuck["metadata"]["uid"]}
-    await kube.create(EVENTS, "team-a", event_body(involved, reason="FailedPrepareDynamicResources",
-                                                    message=PREPARE_ERROR, type="Warning", component="kubelet",
-                                                    instance="node-a"))
+    involved = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "team-a",
+        "name": "stuck",
+        "uid": stuck["metadata"]["uid"],
+    }
+    await kube.create(
+        EVENTS,
+        "team-a",
+        event_body(
+            involved,
+            reason="FailedPrepareDynamicResources",
+            message=PREPARE_ERROR,
+            type="Warning",
+            component="kubelet",
+            instance="node-a",
+        ),
+    )
     theirs = await pod(kube, "team-b", "theirs", "theirs", node="node-a")
     await allocated_claim(kube, "team-b", "theirs", "gpu-1", theirs)
-    await kube.create(RESOURCECLAIMS, "team-a", {"metadata": {"name": "both", "namespace": "team-a"},
-                                                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                                                     "deviceClassName": "gpu.nvidia.com", "count": 2}}]}}})
+    await kube.create(
+        RESOURCECLAIMS,
+        "team-a",
+        {
+            "metadata": {"name": "both", "namespace": "team-a"},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}
+            },
+        },
+    )
     await pod(kube, "team-a", "waiting", "both")
 
 
@@ -127,8 +193,9 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
             await the_cluster(kube, admin)
             viewer = await tenant_viewer(kube, "team-a")
             # The dashboard as deployed: its own ServiceAccount's token, nothing more.
-            as_dashboard = server.server.write_kubeconfig(tmp_path / "dashboard.kubeconfig",
-                                                          token=await token_of(kube, "gpu-dra", DASHBOARD))
+            as_dashboard = server.server.write_kubeconfig(
+                tmp_path / "dashboard.kubeconfig", token=await token_of(kube, "gpu-dra", DASHBOARD)
+            )
             api = await kube_api_client(str(as_dashboard))
             try:
                 state = FleetState(Kube(api), **await discover(Kube(api)))

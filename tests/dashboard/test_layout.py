@@ -25,14 +25,22 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
 
 HEIGHT = 900
 PENDING = [
-    {"namespace": "team-a", "pod": "train-big", "since": "2026-12-04T14:02:00Z",
-     "asks": "16 x gpu.nvidia.com where device.attributes['gpu.nvidia.com'].productName.contains('H100')",
-     "reason": "not enough capacity: claim team-a/train-big-gpu request gpu wants 16 gpu.nvidia.com, no node has "
-               "more than 8 that it can have (2 already allocated to claim team-b/serve-0)"},
-    {"namespace": "team-b", "pod": "notebook-7", "since": "2026-12-04T14:20:00Z",
-     "asks": "1 x mig.nvidia.com where device.attributes['gpu.nvidia.com'].profile == '3g.20gb'",
-     "reason": "0/5 nodes can allocate the pod's claims: node node-a: claim team-b/notebook-7-mig request mig: 0 of "
-               "1 devices eligible, 1 wanted; 1 already allocated to claim team-a/infer-2"},
+    {
+        "namespace": "team-a",
+        "pod": "train-big",
+        "since": "2026-12-04T14:02:00Z",
+        "asks": "16 x gpu.nvidia.com where device.attributes['gpu.nvidia.com'].productName.contains('H100')",
+        "reason": "not enough capacity: claim team-a/train-big-gpu request gpu wants 16 gpu.nvidia.com, no node has "
+        "more than 8 that it can have (2 already allocated to claim team-b/serve-0)",
+    },
+    {
+        "namespace": "team-b",
+        "pod": "notebook-7",
+        "since": "2026-12-04T14:20:00Z",
+        "asks": "1 x mig.nvidia.com where device.attributes['gpu.nvidia.com'].profile == '3g.20gb'",
+        "reason": "0/5 nodes can allocate the pod's claims: node node-a: claim team-b/notebook-7-mig request mig: 0 of "
+        "1 devices eligible, 1 wanted; 1 already allocated to claim team-a/infer-2",
+    },
 ]
 
 
@@ -81,8 +89,9 @@ async def at_width(b: Browser, width: int) -> list[dict[str, Any]]:
 
 
 def outside(inner: list[float], outer: list[float]) -> bool:
-    return inner[0] < outer[0] - 0.5 or inner[1] < outer[1] - 0.5 or inner[2] > outer[2] + 0.5 or \
-        inner[3] > outer[3] + 0.5
+    return (
+        inner[0] < outer[0] - 0.5 or inner[1] < outer[1] - 0.5 or inner[2] > outer[2] + 0.5 or inner[3] > outer[3] + 0.5
+    )
 
 
 @pytest.mark.parametrize("width", [1280, 1400, 1920])
@@ -111,6 +120,7 @@ async def test_screenshots_at_1280_and_1920(page, tmp_path: Path) -> None:
     for width in (1280, 1920):
         await at_width(b, width)
         drawn = await b.evaluate(
-            "document.querySelector('main').offsetTop + document.getElementById('spacer').offsetHeight + 12")
+            "document.querySelector('main').offsetTop + document.getElementById('spacer').offsetHeight + 12"
+        )
         path = await b.screenshot(out / f"fleet-{width}.png", height=drawn)
         print(f"\nfleet page at {width} px: {path}")

@@ -11,11 +11,18 @@ def _slice(node: str, devices: list[dict[str, Any]], driver: str = "gpu.nvidia.c
 
 
 def _claim(ns: str, name: str, node: str, device: str, config: list[Any] | None = None) -> dict[str, Any]:
-    return {"metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}", "creationTimestamp": "2026-12-04T10:00:00Z"},
-            "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com",
-                                                              "pool": node, "device": device}],
-                                                  "config": config or []}},
-                       "reservedFor": [{"resource": "pods", "name": "p", "uid": "1"}]}}
+    return {
+        "metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}", "creationTimestamp": "2026-12-04T10:00:00Z"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": device}],
+                    "config": config or [],
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "1"}],
+        },
+    }
 
 
 def _allocs(*claims: dict[str, Any]) -> dict[model.DeviceKey, list[Allocation]]:
@@ -27,15 +34,32 @@ def _allocs(*claims: dict[str, Any]) -> dict[model.DeviceKey, list[Allocation]]:
 
 
 H100 = {"productName": {"string": "NVIDIA H100"}, "uuid": {"string": "GPU-a"}}
-TIME_SLICED = [{"source": "FromClaim", "requests": [], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
-    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}}]
+TIME_SLICED = [
+    {
+        "source": "FromClaim",
+        "requests": [],
+        "opaque": {
+            "driver": "gpu.nvidia.com",
+            "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+            },
+        },
+    }
+]
 
 
 def test_a_row_marks_taints_xid_claims_and_sharing() -> None:
-    devices: list[dict[str, Any]] = [{"name": "gpu-0", "attributes": H100, "capacity": {"memory": {"value": "80Gi"}},
-                "taints": [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]},
-               {"name": "gpu-1", "attributes": H100}]
+    devices: list[dict[str, Any]] = [
+        {
+            "name": "gpu-0",
+            "attributes": H100,
+            "capacity": {"memory": {"value": "80Gi"}},
+            "taints": [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}],
+        },
+        {"name": "gpu-1", "attributes": H100},
+    ]
     claims = [_claim("t", "a", "n", "gpu-1", TIME_SLICED), _claim("u", "b", "n", "gpu-1", TIME_SLICED)]
     row = node_row("n", [_slice("n", devices)], None, _allocs(*claims), {})
     g0, g1 = row.devices
@@ -47,18 +71,30 @@ def test_a_row_marks_taints_xid_claims_and_sharing() -> None:
 
 
 def test_live_health_taints_before_the_slice_does() -> None:
-    row = node_row("n", [_slice("n", [{"name": "gpu-0", "attributes": H100}])], None, {},
-                   {"gpu-0": Health(unhealthy=True, xid=48)})
+    row = node_row(
+        "n", [_slice("n", [{"name": "gpu-0", "attributes": H100}])], None, {}, {"gpu-0": Health(unhealthy=True, xid=48)}
+    )
     assert (row.devices[0].state, row.devices[0].xid) == ("tainted", 48)
 
 
 def test_dynamic_mig_places_partitions_on_the_counter_slots() -> None:
-    full: dict[str, Any] = {"name": "gpu-0", "attributes": {**H100, "type": {"string": "gpu"}},
-            "consumesCounters": [{"counterSet": "gpu-0-counter-set",
-                                  "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(8)}}]}
-    part: dict[str, Any] = {"name": "gpu-0-mig-2g20gb-14-2", "attributes": {"type": {"string": "mig"}, "profile": {"string": "2g.20gb"}},
-            "consumesCounters": [{"counterSet": "gpu-0-counter-set",
-                                  "counters": {"memory-slice-2": {"value": "1"}, "memory-slice-3": {"value": "1"}}}]}
+    full: dict[str, Any] = {
+        "name": "gpu-0",
+        "attributes": {**H100, "type": {"string": "gpu"}},
+        "consumesCounters": [
+            {"counterSet": "gpu-0-counter-set", "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(8)}}
+        ],
+    }
+    part: dict[str, Any] = {
+        "name": "gpu-0-mig-2g20gb-14-2",
+        "attributes": {"type": {"string": "mig"}, "profile": {"string": "2g.20gb"}},
+        "consumesCounters": [
+            {
+                "counterSet": "gpu-0-counter-set",
+                "counters": {"memory-slice-2": {"value": "1"}, "memory-slice-3": {"value": "1"}},
+            }
+        ],
+    }
     row = node_row("n", [_slice("n", [part, full])], None, _allocs(_claim("t", "c", "n", part["name"])), {})
     assert [d.name for d in row.devices] == ["gpu-0", "gpu-0-mig-2g20gb-14-2"]
     assert row.devices[0].mig_slots == 8
@@ -68,59 +104,87 @@ def test_dynamic_mig_places_partitions_on_the_counter_slots() -> None:
 
 
 def test_groups_domains_then_cliques_then_ungrouped_and_ready_from_conditions() -> None:
-    cd = _slice("b", [{"name": "channel-0", "attributes": {"cliqueID": {"string": "uuid.3"}}}], "compute-domain.nvidia.com")
+    cd = _slice(
+        "b", [{"name": "channel-0", "attributes": {"cliqueID": {"string": "uuid.3"}}}], "compute-domain.nvidia.com"
+    )
     ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    rows = [node_row("c", [_slice("c", [])], None, {}, {}),
-            node_row("b", [cd, _slice("b", [])], ready, {}, {}),
-            node_row("a", [_slice("a", [])], None, {}, {}, domains=["ns/dom"])]
+    rows = [
+        node_row("c", [_slice("c", [])], None, {}, {}),
+        node_row("b", [cd, _slice("b", [])], ready, {}, {}),
+        node_row("a", [_slice("a", [])], None, {}, {}, domains=["ns/dom"]),
+    ]
     assert rows[1].clique == "uuid.3" and rows[1].ready and not rows[0].ready
     assert [(g.name, g.nodes) for g in model.groups(rows)] == [
-        ("domain ns/dom", ["a"]), ("clique uuid.3", ["b"]), ("ungrouped", ["c"])]
+        ("domain ns/dom", ["a"]),
+        ("clique uuid.3", ["b"]),
+        ("ungrouped", ["c"]),
+    ]
 
 
 def test_redact_hides_other_tenants_names_only() -> None:
-    row = node_row("n", [_slice("n", [{"name": "gpu-0", "attributes": H100}])], None,
-                   _allocs(_claim("mine", "a", "n", "gpu-0"), _claim("theirs", "b", "n", "gpu-0")), {})
+    row = node_row(
+        "n",
+        [_slice("n", [{"name": "gpu-0", "attributes": H100}])],
+        None,
+        _allocs(_claim("mine", "a", "n", "gpu-0"), _claim("theirs", "b", "n", "gpu-0")),
+        {},
+    )
     seen = model.redact(row, frozenset({"mine"}))
     mine, theirs = seen.devices[0].allocations
     assert (mine.namespace, mine.claim) == ("mine", "a")
-    assert (theirs.namespace, theirs.claim, theirs.claim_uid, theirs.pods, theirs.other_tenant) == ("", "", "", [], True)
+    assert (theirs.namespace, theirs.claim, theirs.claim_uid, theirs.pods, theirs.other_tenant) == (
+        "",
+        "",
+        "",
+        [],
+        True,
+    )
     assert model.redact(row, None) is row and row.devices[0].allocations[1].claim == "b"  # the shared row is untouched
 
 
-
 def test_explain_text_keeps_the_viewers_claims_named_and_unnames_the_others() -> None:
-    text = ("claim team-a/job: not allocated\n    1 rejected: already allocated to claim team-a/old (gpu-0)\n"
-            "    2 rejected: already allocated to claim team-b/secret.v2 (gpu-1, gpu-2)")
+    text = (
+        "claim team-a/job: not allocated\n    1 rejected: already allocated to claim team-a/old (gpu-0)\n"
+        "    2 rejected: already allocated to claim team-b/secret.v2 (gpu-1, gpu-2)"
+    )
     seen = model.redact_text(text, frozenset({"team-a"}))
-    assert seen == ("claim team-a/job: not allocated\n    1 rejected: already allocated to claim team-a/old (gpu-0)\n"
-                    "    2 rejected: already allocated to another tenant's claim (gpu-1, gpu-2)")
+    assert seen == (
+        "claim team-a/job: not allocated\n    1 rejected: already allocated to claim team-a/old (gpu-0)\n"
+        "    2 rejected: already allocated to another tenant's claim (gpu-1, gpu-2)"
+    )
     assert model.redact_text(text, None) == text
 
 
 def _share(ns: str, name: str, memory: str, compute: str, share_id: str) -> dict[str, Any]:
     claim = _claim(ns, name, "n", "gpu-0")
     claim["status"]["allocation"]["devices"]["results"][0].update(
-        {"shareID": share_id, "consumedCapacity": {"memory": memory, "compute": compute}})
+        {"shareID": share_id, "consumedCapacity": {"memory": memory, "compute": compute}}
+    )
     return claim
 
 
 SHARED_GPU: dict[str, Any] = {
-    "name": "gpu-0", "attributes": H100, "allowMultipleAllocations": True,
-    "capacity": {"memory": {"value": "80Gi", "requestPolicy": {"default": "1Mi"}}, "compute": {"value": "100"}}}
+    "name": "gpu-0",
+    "attributes": H100,
+    "allowMultipleAllocations": True,
+    "capacity": {"memory": {"value": "80Gi", "requestPolicy": {"default": "1Mi"}}, "compute": {"value": "100"}},
+}
 
 
 def test_a_shared_gpu_shows_each_tenants_share_and_the_capacity_left() -> None:
     # as the state keeps them: the informers' transforms must keep shares and capacities
     rslice = model.trim_slice({"metadata": {"name": "s"}, **_slice("n", [SHARED_GPU])})
-    claims = [model.trim_claim(_share("mine", "a", "10Gi", "10", "s-a")),
-              model.trim_claim(_share("theirs", "b", "30Gi", "40", "s-b"))]
+    claims = [
+        model.trim_claim(_share("mine", "a", "10Gi", "10", "s-a")),
+        model.trim_claim(_share("theirs", "b", "30Gi", "40", "s-b")),
+    ]
     row = node_row("n", [rslice], None, _allocs(*claims), {})
     [gpu] = row.devices
     assert gpu.shared and gpu.state == "claimed"
     assert [(a.namespace, a.claim, a.share) for a in gpu.allocations] == [
         ("mine", "a", model.Share(id="s-a", memory_bytes=10 << 30, compute=10)),
-        ("theirs", "b", model.Share(id="s-b", memory_bytes=30 << 30, compute=40))]
+        ("theirs", "b", model.Share(id="s-b", memory_bytes=30 << 30, compute=40)),
+    ]
     assert gpu.capacity_left == model.Capacity(memory_bytes=40 << 30, compute=50)
     body = msgspec.to_builtins(gpu)
     assert body["capacityLeft"] == {"memoryBytes": 40 << 30, "compute": 50, "shares": None}
@@ -129,17 +193,27 @@ def test_a_shared_gpu_shows_each_tenants_share_and_the_capacity_left() -> None:
     [seen] = model.redact(row, frozenset({"mine"})).devices
     mine, theirs = seen.allocations
     assert (mine.namespace, mine.claim, mine.share) == ("mine", "a", gpu.allocations[0].share)
-    assert (theirs.namespace, theirs.claim, theirs.claim_uid, theirs.pods, theirs.other_tenant) == ("", "", "", [], True)
+    assert (theirs.namespace, theirs.claim, theirs.claim_uid, theirs.pods, theirs.other_tenant) == (
+        "",
+        "",
+        "",
+        [],
+        True,
+    )
     assert theirs.share == model.Share(id="", memory_bytes=30 << 30, compute=40)  # its size, not its id
     assert seen.capacity_left == gpu.capacity_left
     assert "s-b" not in msgspec.json.encode(seen).decode() and "theirs" not in msgspec.json.encode(seen).decode()
 
 
 def test_a_whole_gpu_and_a_share_without_capacity_names() -> None:
-    whole = node_row("n", [_slice("n", [{"name": "gpu-0", "attributes": H100}])], None,
-                     _allocs(_claim("t", "a", "n", "gpu-0")), {})
+    whole = node_row(
+        "n", [_slice("n", [{"name": "gpu-0", "attributes": H100}])], None, _allocs(_claim("t", "a", "n", "gpu-0")), {}
+    )
     assert (whole.devices[0].shared, whole.devices[0].capacity_left, whole.devices[0].allocations[0].share) == (
-        False, None, None)
+        False,
+        None,
+        None,
+    )
     counted = {**SHARED_GPU, "capacity": {"memory": {"value": "80Gi"}, "shares": {"value": "4"}}}
     claim = _claim("t", "a", "n", "gpu-0")
     claim["status"]["allocation"]["devices"]["results"][0].update({"shareID": "s", "consumedCapacity": {"shares": "1"}})

@@ -37,29 +37,46 @@ SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
-CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
-                namespaced=False)
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False)
 H100 = {"productName": {"string": "NVIDIA H100 80GB HBM3"}}
 
 
 def _gpu(minor: int, **extra: Any) -> dict[str, Any]:
-    return {"name": f"gpu-{minor}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": f"GPU-{minor}"},
-                                                   **H100}, "capacity": {"memory": {"value": "80Gi"}}, **extra}
+    return {
+        "name": f"gpu-{minor}",
+        "attributes": {"type": {"string": "gpu"}, "uuid": {"string": f"GPU-{minor}"}, **H100},
+        "capacity": {"memory": {"value": "80Gi"}},
+        **extra,
+    }
 
 
 def _mig(parent: int, start: int, size: int) -> dict[str, Any]:
     capacity = {f"memorySlice{i}": {"value": "1"} for i in range(start, start + size)}
-    return {"name": f"gpu-{parent}-mig-1g10gb-19-{start}",
-            "attributes": {"type": {"string": "mig"}, "uuid": {"string": f"MIG-{parent}-{start}"},
-                           "parentUUID": {"string": f"GPU-{parent}"}, "profile": {"string": "1g.10gb"}, **H100},
-            "capacity": {"memory": {"value": "10Gi"}, **capacity}}
+    return {
+        "name": f"gpu-{parent}-mig-1g10gb-19-{start}",
+        "attributes": {
+            "type": {"string": "mig"},
+            "uuid": {"string": f"MIG-{parent}-{start}"},
+            "parentUUID": {"string": f"GPU-{parent}"},
+            "profile": {"string": "1g.10gb"},
+            **H100,
+        },
+        "capacity": {"memory": {"value": "10Gi"}, **capacity},
+    }
 
 
 def _slice(node: str, devices: list[dict[str, Any]], driver: str = "gpu.nvidia.com") -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{node}-{driver.split('.')[0]}"},
-            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{driver.split('.')[0]}"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
 
 
 class Dash:
@@ -74,15 +91,23 @@ class Dash:
     async def claim(self, namespace: str, name: str, node: str, device: str, config: list[Any] | None = None) -> float:
         """A claim allocated to `device` and reserved for pod `<name>-pod`, as the scheduler writes it; when
         (monotonic) the allocation was written."""
-        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        }
         created = await self.kube.create(RESOURCECLAIMS, namespace, body)
-        allocation: dict[str, Any] = {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com",
-                                                               "pool": node, "device": device}],
-                                                  "config": config or []}}
-        status = {"allocation": allocation,
-                  "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"uid-{name}"}]}
+        allocation: dict[str, Any] = {
+            "devices": {
+                "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": device}],
+                "config": config or [],
+            }
+        }
+        status = {
+            "allocation": allocation,
+            "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"uid-{name}"}],
+        }
         written = time.monotonic()
         await self.kube.replace(RESOURCECLAIMS, {**created, "status": status}, subresource="status")
         return written
@@ -98,8 +123,11 @@ async def dash(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Dash]:
         kube = Kube(api)
         for ns in ("team-a", "team-b"):
             await kube.create(NAMESPACES, None, {"metadata": {"name": ns}})
-        await kube.create(NODES, None, {"metadata": {"name": "node-a"},
-                                        "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        await kube.create(
+            NODES,
+            None,
+            {"metadata": {"name": "node-a"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+        )
         await kube.create(RESOURCESLICES, None, _slice("node-a", [_gpu(0), _gpu(1)]))
         await kube.create(RESOURCESLICES, None, _slice("node-b", [_mig(0, 0, 1), _mig(0, 4, 2), _gpu(1)]))
         for definition in crd.crds():  # ComputeDomains are served: the dashboard watches them
@@ -113,9 +141,14 @@ async def dash(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Dash]:
         await asyncio.wait_for(synced.wait(), 20)
         tenant_app = make_app(state, auth=KubernetesAuth(api))
         try:
-            async with serve(make_app(state, trace_url_template="http://ui/trace/{traceId}", ping_s=0.5),
-                             "127.0.0.1:0") as (host, port), \
-                    serve(tenant_app, "127.0.0.1:0") as (thost, tport), aiohttp.ClientSession() as http:
+            async with (
+                serve(make_app(state, trace_url_template="http://ui/trace/{traceId}", ping_s=0.5), "127.0.0.1:0") as (
+                    host,
+                    port,
+                ),
+                serve(tenant_app, "127.0.0.1:0") as (thost, tport),
+                aiohttp.ClientSession() as http,
+            ):
                 yield Dash(kube, bus, f"http://{host}:{port}", f"http://{thost}:{tport}", http)
         finally:
             stopping.set()
@@ -155,8 +188,12 @@ async def test_fleet_shows_nodes_and_gpus_from_the_slices(dash: Dash) -> None:
     assert status == 200
     assert [n["name"] for n in fleet["nodes"]] == ["node-a", "node-b"]
     a0 = _device(fleet, "node-a", "gpu-0")
-    assert (a0["product"], a0["memoryBytes"], a0["type"], a0["uuid"]) == ("NVIDIA H100 80GB HBM3", 80 << 30, "gpu",
-                                                                          "GPU-0")
+    assert (a0["product"], a0["memoryBytes"], a0["type"], a0["uuid"]) == (
+        "NVIDIA H100 80GB HBM3",
+        80 << 30,
+        "gpu",
+        "GPU-0",
+    )
     node_a = next(n for n in fleet["nodes"] if n["name"] == "node-a")
     assert node_a["ready"] is True and fleet["traceUrlTemplate"] == "http://ui/trace/{traceId}"
     # static MIG: the parent GPU is drawn for its MIG devices, placed by their memory slices
@@ -170,9 +207,20 @@ async def test_fleet_shows_nodes_and_gpus_from_the_slices(dash: Dash) -> None:
 
 
 async def test_a_claim_allocated_shows_on_its_device_within_a_second(dash: Dash) -> None:
-    sharing = [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
-        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}}}}]
+    sharing = [
+        {
+            "source": "FromClaim",
+            "requests": ["gpu"],
+            "opaque": {
+                "driver": "gpu.nvidia.com",
+                "parameters": {
+                    "apiVersion": "resource.nvidia.com/v1beta1",
+                    "kind": "GpuConfig",
+                    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+                },
+            },
+        }
+    ]
     async with dash.http.get(dash.url + "/api/stream") as stream:
         name, first = await _next_event(stream.content)
         assert name == "fleet" and first["full"] is True
@@ -195,12 +243,26 @@ async def test_a_claim_allocated_shows_on_its_device_within_a_second(dash: Dash)
 
 
 async def test_an_xid_shows_a_tainted_gpu_and_its_history(dash: Dash) -> None:
-    health = DeviceHealth(node="node-a", device="gpu-0", uuid="GPU-0", state="Unhealthy", reason="xid", xid=79,
-                          message="GPU has fallen off the bus", observed_at=time.time())
+    health = DeviceHealth(
+        node="node-a",
+        device="gpu-0",
+        uuid="GPU-0",
+        state="Unhealthy",
+        reason="xid",
+        xid=79,
+        message="GPU has fallen off the bus",
+        observed_at=time.time(),
+    )
     await dash.bus.publish(HEALTH, health, node="node-a", device="gpu-0")
-    prepared = ClaimLifecycle(event="prepared", node="node-a", driver="gpu.nvidia.com", claim_uid="u1",
-                              claim_namespace="team-b", claim_name="infer",
-                              devices=[PreparedDeviceRef(request="gpu", pool="node-a", device="gpu-0")])
+    prepared = ClaimLifecycle(
+        event="prepared",
+        node="node-a",
+        driver="gpu.nvidia.com",
+        claim_uid="u1",
+        claim_namespace="team-b",
+        claim_name="infer",
+        devices=[PreparedDeviceRef(request="gpu", pool="node-a", device="gpu-0")],
+    )
     await dash.bus.publish(CLAIM, prepared, namespace="team-b", node="node-a", event="prepared")
 
     async def both_seen() -> Any:  # the bus delivers in its own time; the row follows within flush_s
@@ -216,14 +278,26 @@ async def test_an_xid_shows_a_tainted_gpu_and_its_history(dash: Dash) -> None:
 async def test_a_tenant_sees_only_granted_namespaces(dash: Dash) -> None:
     await dash.claim("team-b", "secret-job", "node-b", "gpu-1")
     await dash.kube.create(SERVICEACCOUNTS, "team-a", {"metadata": {"name": "viewer", "namespace": "team-a"}})
-    await dash.kube.create(ROLES, "team-a", {"metadata": {"name": "claims", "namespace": "team-a"}, "rules": [
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list", "get"]}]})
-    await dash.kube.create(ROLEBINDINGS, "team-a", {
-        "metadata": {"name": "viewer", "namespace": "team-a"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
-        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": "team-a"}]})
-    issued = await dash.kube.create_subresource(SERVICEACCOUNTS, "team-a", "viewer", "token",
-                                                {"spec": {"expirationSeconds": 3600}})
+    await dash.kube.create(
+        ROLES,
+        "team-a",
+        {
+            "metadata": {"name": "claims", "namespace": "team-a"},
+            "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list", "get"]}],
+        },
+    )
+    await dash.kube.create(
+        ROLEBINDINGS,
+        "team-a",
+        {
+            "metadata": {"name": "viewer", "namespace": "team-a"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
+            "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": "team-a"}],
+        },
+    )
+    issued = await dash.kube.create_subresource(
+        SERVICEACCOUNTS, "team-a", "viewer", "token", {"spec": {"expirationSeconds": 3600}}
+    )
     token = issued["status"]["token"]
 
     async def allocated() -> Any:
@@ -235,8 +309,9 @@ async def test_a_tenant_sees_only_granted_namespaces(dash: Dash) -> None:
     other = _device(fleet, "node-b", "gpu-1")
     assert fleet["namespaces"] == ["team-a"]
     assert other["state"] == "claimed"
-    assert other["allocations"] == [{**other["allocations"][0], "namespace": "", "claim": "", "pods": [],
-                                     "otherTenant": True}]
+    assert other["allocations"] == [
+        {**other["allocations"][0], "namespace": "", "claim": "", "pods": [], "otherTenant": True}
+    ]
     assert "secret-job" not in json.dumps(fleet)
     assert _device(fleet, "node-a", "gpu-1")["allocations"][0]["claim"] == "train"
     status, body = await dash.get("/api/claim/team-b/secret-job", token, dash.tenant_url)
@@ -250,10 +325,17 @@ async def test_a_tenant_sees_only_granted_namespaces(dash: Dash) -> None:
 
 
 async def test_a_compute_domain_groups_its_nodes(dash: Dash) -> None:
-    body = {"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND, "metadata": {"name": "dom", "namespace": "team-a"},
-            "spec": {"channel": {"resourceClaimTemplate": {"name": "dom-channel"}}}}
+    body = {
+        "apiVersion": f"{crd.GROUP}/{crd.VERSION}",
+        "kind": crd.KIND,
+        "metadata": {"name": "dom", "namespace": "team-a"},
+        "spec": {"channel": {"resourceClaimTemplate": {"name": "dom-channel"}}},
+    }
     created = await dash.kube.create(COMPUTEDOMAINS, "team-a", body)
-    status = {"status": "Ready", "nodes": [{"name": "node-b", "cliqueID": "c.1", "ipAddress": "10.0.0.2", "status": "Ready"}]}
+    status = {
+        "status": "Ready",
+        "nodes": [{"name": "node-b", "cliqueID": "c.1", "ipAddress": "10.0.0.2", "status": "Ready"}],
+    }
     await dash.kube.replace(COMPUTEDOMAINS, {**created, "status": status}, subresource="status")
 
     async def grouped() -> Any:
@@ -261,7 +343,10 @@ async def test_a_compute_domain_groups_its_nodes(dash: Dash) -> None:
         return fleet if len(fleet["groups"]) == 2 else None
 
     fleet = await until(grouped, "the domain's group")
-    assert fleet["groups"] == [{"name": "domain team-a/dom", "nodes": ["node-b"]}, {"name": "ungrouped", "nodes": ["node-a"]}]
+    assert fleet["groups"] == [
+        {"name": "domain team-a/dom", "nodes": ["node-b"]},
+        {"name": "ungrouped", "nodes": ["node-a"]},
+    ]
     assert [n["name"] for n in fleet["nodes"]] == ["node-b", "node-a"]  # rows in group order
     assert next(n for n in fleet["nodes"] if n["name"] == "node-b")["domains"] == ["team-a/dom"]
 
@@ -278,7 +363,8 @@ async def test_unknown_node_device_and_path_are_json_404s(dash: Dash) -> None:
 async def test_explain_asks_the_api_whether_the_pod_exists(dash: Dash) -> None:
     status, body = await dash.get("/api/pod/team-a/no-such-pod/explain")
     assert status == 404 and "no pod team-a/no-such-pod" in body["error"]
-    await dash.kube.create(PODS, "team-a", {"metadata": {"name": "explained"},
-                                            "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    await dash.kube.create(
+        PODS, "team-a", {"metadata": {"name": "explained"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    )
     status, body = await dash.get("/api/pod/team-a/explained/explain")
     assert status == 501 and "explain needs the local-cluster tools" in body["error"]  # this app has no explainer

@@ -73,13 +73,15 @@ def _with_v1beta1_dir(name: str) -> Path:
     atexit.register(shutil.rmtree, root, True)
     overlay = KUBERNETES / "overlays" / name
     (root / "kustomization.yaml").write_text(
-        yaml.safe_dump({
-            "apiVersion": "kustomize.config.k8s.io/v1beta1",
-            "kind": "Kustomization",
-            # kustomize takes relative paths only
-            "resources": [os.path.relpath(overlay, root)],
-            "components": [os.path.relpath(V1BETA1_COMPONENT, root)],
-        })
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                # kustomize takes relative paths only
+                "resources": [os.path.relpath(overlay, root)],
+                "components": [os.path.relpath(V1BETA1_COMPONENT, root)],
+            }
+        )
     )
     return root
 
@@ -156,8 +158,15 @@ class ShippedConfigNats(EmbeddedNats):
     def _args(self) -> list[str]:
         assert self.config_file is not None
         inherited = [f"{k}={v}" for k, v in sorted(self.env.items())]
-        return [shutil.which("env") or "/usr/bin/env", *inherited, nats_server_binary(),
-                "-a", "127.0.0.1", "-c", str(self.config_file)]
+        return [
+            shutil.which("env") or "/usr/bin/env",
+            *inherited,
+            nats_server_binary(),
+            "-a",
+            "127.0.0.1",
+            "-c",
+            str(self.config_file),
+        ]
 
 
 async def start_gate(url: str, share: Share | None = None, *, creds_file: str = "") -> Bus:
@@ -166,8 +175,9 @@ async def start_gate(url: str, share: Share | None = None, *, creds_file: str = 
     if creds_file:
         bus = await Bus.connect(url, name="state-gate", tls=NatsTLS(creds_file=creds_file), initial_attempts=5)
     else:
-        bus = await Bus.connect(url, name="state-gate", user=GATE_ROLE, password=test_password(GATE_ROLE),
-                                initial_attempts=5)
+        bus = await Bus.connect(
+            url, name="state-gate", user=GATE_ROLE, password=test_password(GATE_ROLE), initial_attempts=5
+        )
     await StateGate(bus, share or Share(rate=64 * 1024, burst=8 << 20)).start()
     return bus
 
@@ -188,13 +198,20 @@ async def nats_cluster(tmp_path: Path) -> AsyncIterator[list[ShippedConfigNats]]
     config with users generated for CLUSTER_NODES (passwords from `test_password`)."""
     config = nats_layout(tmp_path, CLUSTER_NODES) / "nats-cluster.conf"
     cluster_ports = [free_port() for _ in range(CLUSTER_SIZE)]
-    routes = {f"NATS_ROUTE_{i}": f"nats-route://route:{ROUTE_PASSWORD}@127.0.0.1:{port}"
-              for i, port in enumerate(cluster_ports)}
+    routes = {
+        f"NATS_ROUTE_{i}": f"nats-route://route:{ROUTE_PASSWORD}@127.0.0.1:{port}"
+        for i, port in enumerate(cluster_ports)
+    }
     servers = []
     for i, port in enumerate(cluster_ports):
         store = tmp_path / f"nats-{i}"
-        env = server_env(f"gpu-dra-nats-{i}", store / "jetstream", NATS_CLUSTER_PORT=str(port),
-                         NATS_ROUTE_PASSWORD=ROUTE_PASSWORD, **routes)
+        env = server_env(
+            f"gpu-dra-nats-{i}",
+            store / "jetstream",
+            NATS_CLUSTER_PORT=str(port),
+            NATS_ROUTE_PASSWORD=ROUTE_PASSWORD,
+            **routes,
+        )
         servers.append(ShippedConfigNats(config, env, store))
     try:
         await asyncio.gather(*(s.start(timeout=30) for s in servers))

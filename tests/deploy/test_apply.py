@@ -24,8 +24,15 @@ async def test_overlay_applies_to_the_embedded_api_server(tmp_path: Path, overla
     manifest.write_text(yaml.safe_dump_all(render_overlay(overlay)))
     async with running_apiserver(tmp_path) as api:
         proc = await asyncio.create_subprocess_exec(
-            kubectl, "apply", "--server-side=false", "-f", str(manifest),
-            env=api.kubectl_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            kubectl,
+            "apply",
+            "--server-side=false",
+            "-f",
+            str(manifest),
+            env=api.kubectl_env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(proc.communicate(), 60)
     errors = [line for line in err.decode().splitlines() if line and "ensure CRDs are installed first" not in line]
     missing = sorted({f"{m.group(2)} {m.group(1)}" for line in errors if (m := MISSING.search(line))})

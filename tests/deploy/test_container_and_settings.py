@@ -82,8 +82,9 @@ def test_dockerfile_copies_the_services_and_not_the_local_cluster_world() -> Non
     assert {"shared", "services", "pyproject.toml"} <= copied
     assert "embedded" not in copied and "tests" not in copied and "." not in copied, copied
     installs = [a for kind, a in steps if kind == "RUN" and "pip install" in a]
-    assert installs and all("[" not in a.split("pip install", 1)[1].split("&&")[0] for a in installs), \
+    assert installs and all("[" not in a.split("pip install", 1)[1].split("&&")[0] for a in installs), (
         "the image installs no extra (dev, embedded)"
+    )
 
 
 def _imports(root: Path) -> set[tuple[str, str]]:

@@ -20,7 +20,10 @@ COMPUTE_DOMAIN: dict[str, Any] = {
     "apiVersion": "resource.nvidia.com/v1beta1",
     "kind": "ComputeDomain",
     "metadata": {"name": "imex-job", "namespace": "default"},
-    "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": "imex-channel-0"}, "allocationMode": "Single"}},
+    "spec": {
+        "numNodes": 0,
+        "channel": {"resourceClaimTemplate": {"name": "imex-channel-0"}, "allocationMode": "Single"},
+    },
     "status": {
         "status": "Ready",
         "nodes": [{"name": "gb200-0", "ipAddress": "10.0.0.4", "cliqueID": "0f1e.1", "index": 0, "status": "Ready"}],
@@ -30,7 +33,9 @@ CLIQUE: dict[str, Any] = {
     "apiVersion": "resource.nvidia.com/v1beta1",
     "kind": "ComputeDomainClique",
     "metadata": {"name": "5b3c-uid.0f1e.1", "namespace": "gpu-dra"},
-    "daemons": [{"nodeName": "gb200-0", "ipAddress": "10.0.0.4", "cliqueID": "0f1e.1", "index": 0, "status": "NotReady"}],
+    "daemons": [
+        {"nodeName": "gb200-0", "ipAddress": "10.0.0.4", "cliqueID": "0f1e.1", "index": 0, "status": "NotReady"}
+    ],
 }
 
 
@@ -81,7 +86,9 @@ def test_malformed_compute_domains_are_refused(path: list[str], value: Any, comp
 
 
 def test_a_clique_daemon_without_node_name_is_refused() -> None:
-    errors = _errors(_schema("computedomaincliques.yaml"), _broken(CLIQUE, ["daemons"], [{"ipAddress": "x", "cliqueID": ""}]))
+    errors = _errors(
+        _schema("computedomaincliques.yaml"), _broken(CLIQUE, ["daemons"], [{"ipAddress": "x", "cliqueID": ""}])
+    )
     assert any("'nodeName' is a required property" in e for e in errors), errors
 
 
@@ -90,7 +97,9 @@ def test_compute_domain_spec_is_immutable_and_status_is_a_subresource() -> None:
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["x-kubernetes-validations"] == [{"message": "A computeDomain.spec is immutable", "rule": "self == oldSelf"}]
+    assert spec["x-kubernetes-validations"] == [
+        {"message": "A computeDomain.spec is immutable", "rule": "self == oldSelf"}
+    ]
     nodes = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["nodes"]
     assert (nodes["x-kubernetes-list-type"], nodes["x-kubernetes-list-map-keys"]) == ("map", ["name"])
 

@@ -25,10 +25,16 @@ def _lower_bound(package: str) -> tuple[int, ...]:
 
 
 def test_protobuf_and_grpcio_lower_bounds_match_the_generated_code() -> None:
-    protobuf = {_version(m) for f in PROTOS.glob("*_pb2.py")
-                for m in re.findall(r"# Protobuf Python Version: ([0-9.]+)", f.read_text())}
-    grpc = {_version(m) for f in PROTOS.glob("*_pb2_grpc.py")
-            for m in re.findall(r"GRPC_GENERATED_VERSION = '([0-9.]+)'", f.read_text())}
+    protobuf = {
+        _version(m)
+        for f in PROTOS.glob("*_pb2.py")
+        for m in re.findall(r"# Protobuf Python Version: ([0-9.]+)", f.read_text())
+    }
+    grpc = {
+        _version(m)
+        for f in PROTOS.glob("*_pb2_grpc.py")
+        for m in re.findall(r"GRPC_GENERATED_VERSION = '([0-9.]+)'", f.read_text())
+    }
     assert protobuf and grpc, "no generated modules found"
     assert _lower_bound("protobuf") >= max(protobuf), f"protobuf pin below the generated code's {max(protobuf)}"
     assert _lower_bound("grpcio") >= max(grpc), f"grpcio pin below the generated code's {max(grpc)}"

@@ -23,8 +23,14 @@ from tests.deploy.conftest import (
 pytestmark = pytest.mark.kubectl
 
 CLUSTER_SCOPED = {
-    "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
-    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration",
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DeviceClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "ValidatingWebhookConfiguration",
 }
 WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet"}
 SLICE_WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
@@ -56,10 +62,23 @@ def _validate_all(objects: list[dict[str, Any]], version: str) -> list[str]:
 def test_overlay_renders_every_object_kind(overlay: str) -> None:
     kinds = {o["kind"] for o in render_overlay(overlay)}
     expected = {
-        "Namespace", "CustomResourceDefinition", "DeviceClass", "ServiceAccount", "ClusterRole",
-        "ClusterRoleBinding", "Role", "RoleBinding", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding", "ConfigMap", "Service", "StatefulSet", "DaemonSet",
-        "Deployment", "PodDisruptionBudget", "NetworkPolicy",
+        "Namespace",
+        "CustomResourceDefinition",
+        "DeviceClass",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ConfigMap",
+        "Service",
+        "StatefulSet",
+        "DaemonSet",
+        "Deployment",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
     }
     assert expected <= kinds, f"missing kinds: {sorted(expected - kinds)}"
 
@@ -126,8 +145,9 @@ def test_cluster_services_run_restricted(overlay: str) -> None:
 
 
 def _rules_by_service_account(objects: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    roles = {(o["kind"], o["metadata"]["name"]): o.get("rules", []) for o in objects
-             if o["kind"] in ("Role", "ClusterRole")}
+    roles = {
+        (o["kind"], o["metadata"]["name"]): o.get("rules", []) for o in objects if o["kind"] in ("Role", "ClusterRole")
+    }
     out: dict[str, list[dict[str, Any]]] = {}
     for binding in objects:
         if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
@@ -171,7 +191,11 @@ def test_node_agents_mount_the_kubelet_cdi_dev_and_driver_root_host_paths() -> N
     spec = ds["spec"]["template"]["spec"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert set(host_paths.values()) >= {
-        "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/dev", "/",
+        "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+        "/dev",
+        "/",
     }
     mounts = {c["name"]: {m["mountPath"]: m for m in c["volumeMounts"]} for c in spec["containers"]}
     assert set(mounts) == {"discovery", "preparer", "cd-agent"}
@@ -207,7 +231,9 @@ def test_node_agents_ask_the_auth_callout_for_their_node_role_with_a_projected_t
         assert env["GPU_DRA_NATS_CREDS"]["value"] == "/etc/gpu-dra/nats/sentinel.creds"
         assert env["GPU_DRA_NATS_TOKEN_FILE"]["value"] == "/var/run/secrets/gpu-dra/nats/token"
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert mounts["nats-sentinel"] == "/etc/gpu-dra/nats" and mounts["nats-token"] == "/var/run/secrets/gpu-dra/nats"
+        assert (
+            mounts["nats-sentinel"] == "/etc/gpu-dra/nats" and mounts["nats-token"] == "/var/run/secrets/gpu-dra/nats"
+        )
     assert set(roles.values()) == set(users.NODE_ROLES)
 
 
@@ -244,7 +270,9 @@ def test_production_runs_a_three_member_nats_cluster_and_two_of_each_cluster_ser
     assert env.index("NATS_ROUTE_PASSWORD") < env.index("NATS_ROUTE_0"), "$(NATS_ROUTE_PASSWORD) must come first"
     assert {"NATS_ROUTE_0", "NATS_ROUTE_1", "NATS_ROUTE_2"} <= set(env)
     assert find(objects, "PodDisruptionBudget", "gpu-dra-nats")["spec"] == {
-        "minAvailable": 2, "selector": nats["spec"]["selector"]}
+        "minAvailable": 2,
+        "selector": nats["spec"]["selector"],
+    }
     assert find(objects, "Deployment", "gpu-dra-publisher")["spec"]["replicas"] == 2
     controller = find(objects, "Deployment", "gpu-dra-controller")
     assert controller["spec"]["replicas"] == 2
@@ -263,7 +291,9 @@ def test_nats_config_map_carries_the_files_tested_here(overlay: str) -> None:
     from tests.deploy.conftest import NATS_DIR
 
     objects = render_overlay(overlay)
-    config = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("gpu-dra-nats-config"))
+    config = next(
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("gpu-dra-nats-config")
+    )
     for name, text in config["data"].items():
         assert text == (NATS_DIR / name).read_text(), name
     sts = find(objects, "StatefulSet", "gpu-dra-nats")
@@ -305,8 +335,9 @@ def test_network_policies_admit_imex_between_node_agents_and_nothing_wider(overl
         assert _selects(policy["spec"]["podSelector"], agent_labels), "50000 must be open on node-agent pods only"
         assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "gpu-dra-node"}
         assert rule["ports"] == [{"protocol": "TCP", "port": 50000}]
-        assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "gpu-dra-node"}}}], \
+        assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "gpu-dra-node"}}}], (
             "only node-agent pods may dial the IMEX port (no namespaceSelector, no ipBlock)"
+        )
         assert _selects(rule["from"][0]["podSelector"], agent_labels)
 
 
@@ -319,8 +350,9 @@ def test_the_node_agent_runs_the_real_imex_daemon_from_the_mounted_driver_root()
     env = {e["name"]: e["value"] for e in agent["env"] if "value" in e}
     assert env["SERVICE_COMMAND"] == "computedomain agent"
     cfg = config_from(AgentConfig, {}, env={k: v for k, v in env.items() if k.startswith("GPU_DRA_")})
-    assert cfg.imex_daemon == "real" and cfg.imex_command == "" and cfg.imex_check_command == "", \
+    assert cfg.imex_daemon == "real" and cfg.imex_command == "" and cfg.imex_check_command == "", (
         "the shipped agent must run nvidia-imex from the driver root, not the simulator or another command"
+    )
     assert cfg.imex_peer_mode == "dns" and cfg.hosts_file == "/etc/hosts" and cfg.imex_server_port == 50000
     volumes = {v["name"]: v for v in spec["volumes"]}
     mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == cfg.container_driver_root)

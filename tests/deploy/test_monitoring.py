@@ -26,16 +26,18 @@ DASHBOARD = REPO / "deploy/monitoring/grafana-dashboard.json"
 NAME = re.compile(r"\b((?:nvidia|gpu)_dra_[a-z0-9_]+)")
 SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
 
-pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
 
 
 def test_the_recording_rules_give_every_reference_name_from_one_of_ours() -> None:
     rules = yaml.safe_load(RECORDING.read_text())["spec"]["groups"][0]["rules"]
-    assert all(r["record"].startswith("nvidia_dra_") and r["expr"] == "gpu_dra_" + r["record"].removeprefix(
-        "nvidia_dra_") for r in rules), rules
+    assert all(
+        r["record"].startswith("nvidia_dra_") and r["expr"] == "gpu_dra_" + r["record"].removeprefix("nvidia_dra_")
+        for r in rules
+    ), rules
     assert {"nvidia_dra_requests_total", "nvidia_dra_prepared_devices", "nvidia_dra_compute_domain_info"} <= {
-        r["record"] for r in rules}
+        r["record"] for r in rules
+    }
 
 
 def used_metrics() -> dict[str, str]:
@@ -83,8 +85,13 @@ def test_every_metric_of_the_alerts_and_the_dashboard_is_exported_by_a_service(t
     try:
         up.wait_ready()
         ports = json.loads((tmp_path / "cluster/metrics.json").read_text())
-        assert set(ports) >= {"publisher", "computedomain-controller", "gpu-node-0-discovery",
-                              "gpu-node-0-preparer", "gpu-node-0-cd-agent"}, ports
+        assert set(ports) >= {
+            "publisher",
+            "computedomain-controller",
+            "gpu-node-0-discovery",
+            "gpu-node-0-preparer",
+            "gpu-node-0-cd-agent",
+        }, ports
         exported: dict[str, set[str]] = {}
         for service, port in ports.items():
             families, text = scrape(port)
@@ -97,12 +104,19 @@ def test_every_metric_of_the_alerts_and_the_dashboard_is_exported_by_a_service(t
         missing = {name: where for name, where in used.items() if family_of(name, everything) is None}
         assert missing == {}, f"used but exported by no service: {missing}"
         # one prefix: the reference driver's metrics under ours (deploy/'s recording rules add its names)
-        assert {"gpu_dra_requests", "gpu_dra_request_duration_seconds", "gpu_dra_prepared_devices",
-                "gpu_dra_requests_inflight"} <= exported["gpu-node-0-preparer"]
+        assert {
+            "gpu_dra_requests",
+            "gpu_dra_request_duration_seconds",
+            "gpu_dra_prepared_devices",
+            "gpu_dra_requests_inflight",
+        } <= exported["gpu-node-0-preparer"]
         assert "gpu_dra_compute_domain_info" in exported["computedomain-controller"]
         assert not [f for families in exported.values() for f in families if f.startswith("nvidia_dra_")]
-        health = [line for line in scrape(ports["gpu-node-0-discovery"])[1].splitlines()
-                  if line.startswith("gpu_dra_device_healthy{")]
+        health = [
+            line
+            for line in scrape(ports["gpu-node-0-discovery"])[1].splitlines()
+            if line.startswith("gpu_dra_device_healthy{")
+        ]
         assert health and all('UUID="GPU-' in line or 'UUID="MIG-' in line for line in health), health
         assert all('Hostname="gpu-node-0"' in line and 'modelName="NVIDIA' in line for line in health), health
         assert {"gpu_dra_nvml_scan_duration_seconds", "gpu_dra_xid_events"} <= exported["gpu-node-0-discovery"]

@@ -62,8 +62,15 @@ async def _connect(srv: EmbeddedNats, user: str, password: str | None = None) ->
     async def on_error(exc: Exception) -> None:
         errors.put_nowait(str(exc))
 
-    nc = await nats.connect(srv.url, user=user, password=password or test_password(user), error_cb=on_error,
-                            allow_reconnect=False, connect_timeout=2, inbox_prefix=inbox_prefix(user))
+    nc = await nats.connect(
+        srv.url,
+        user=user,
+        password=password or test_password(user),
+        error_cb=on_error,
+        allow_reconnect=False,
+        connect_timeout=2,
+        inbox_prefix=inbox_prefix(user),
+    )
     return Conn(nc, errors)
 
 
@@ -204,8 +211,9 @@ async def test_discovery_starts_through_the_bus_with_its_node_user(server: Embed
     permissions, and the stored values are readable by the publisher's user."""
     admin = await Bus.connect(server.url, name="admin", user="admin", password=test_password("admin"))
     await admin.provision()
-    bus = await Bus.connect(server.url, name="discovery-gpu-a", user="discovery.gpu-a",
-                            password=test_password("discovery.gpu-a"))
+    bus = await Bus.connect(
+        server.url, name="discovery-gpu-a", user="discovery.gpu-a", password=test_password("discovery.gpu-a")
+    )
     reader = await Bus.connect(server.url, name="publisher", user="publisher", password=test_password("publisher"))
     try:
         await bus.provision()  # a node's services provision nothing: a no-op

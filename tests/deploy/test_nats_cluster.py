@@ -46,14 +46,27 @@ async def _provision_replicated(bus: Bus, replicas: int) -> None:
     Retries while the cluster elects its JetStream meta leader (no event tells us when)."""
     await wait_for_meta_leader(bus)
     for stream in catalog.STREAMS:
-        await bus.js.add_stream(StreamConfig(
-            name=stream.name, subjects=list(stream.subjects), max_age=stream.max_age_s, max_bytes=stream.max_bytes,
-            storage=StorageType.FILE, duplicate_window=120.0, num_replicas=replicas,
-        ))
+        await bus.js.add_stream(
+            StreamConfig(
+                name=stream.name,
+                subjects=list(stream.subjects),
+                max_age=stream.max_age_s,
+                max_bytes=stream.max_bytes,
+                storage=StorageType.FILE,
+                duplicate_window=120.0,
+                num_replicas=replicas,
+            )
+        )
     for bucket in catalog.BUCKETS:
-        await bus.js.create_key_value(KeyValueConfig(
-            bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None, replicas=replicas, direct=True,
-        ))
+        await bus.js.create_key_value(
+            KeyValueConfig(
+                bucket=bucket.name,
+                history=bucket.history,
+                ttl=bucket.ttl_s or None,
+                replicas=replicas,
+                direct=True,
+            )
+        )
 
 
 async def _publish_with_retry(bus: Bus, inventory: NodeInventory, msg_id: str) -> list[str]:
@@ -75,8 +88,9 @@ async def _publish_with_retry(bus: Bus, inventory: NodeInventory, msg_id: str) -
 
 
 def _inventory(node: str, seq: int) -> NodeInventory:
-    return NodeInventory(node=node, driver_version="550.163.1", cuda_driver_version="12.4.0",
-                         content_hash=f"{node}-{seq}")
+    return NodeInventory(
+        node=node, driver_version="550.163.1", cuda_driver_version="12.4.0", content_hash=f"{node}-{seq}"
+    )
 
 
 async def test_killing_the_stream_leader_loses_no_event(cluster: list[ShippedConfigNats]) -> None:
@@ -136,8 +150,10 @@ async def test_killing_the_stream_leader_loses_no_event(cluster: list[ShippedCon
             last = await kv.get(node)
             assert last is not None and last.content_hash == f"{node}-{EVENTS_PER_NODE - 1}"
         kinds = {kind: retried.count(kind) for kind in sorted(set(retried))}
-        print(f"\nkilled leader {leader}; producer retries {kinds}; consumer deliveries {deliveries} "
-              f"for {len(expected)} events")
+        print(
+            f"\nkilled leader {leader}; producer retries {kinds}; consumer deliveries {deliveries} "
+            f"for {len(expected)} events"
+        )
     finally:
         for bus in (*producers.values(), publisher, admin):
             await bus.close()
@@ -158,8 +174,9 @@ async def test_bus_provision_keeps_the_replicas_of_existing_streams(cluster: lis
 async def test_bus_provision_creates_streams_and_buckets_with_the_configured_replicas(
     cluster: list[ShippedConfigNats],
 ) -> None:
-    admin = await Bus.connect(cluster_urls(cluster), name="admin", user="admin", password=test_password("admin"),
-                              replicas=REPLICAS)
+    admin = await Bus.connect(
+        cluster_urls(cluster), name="admin", user="admin", password=test_password("admin"), replicas=REPLICAS
+    )
     try:
         await wait_for_meta_leader(admin)
         await admin.provision()

@@ -30,8 +30,14 @@ SERVER_ENV = {
 
 def _check(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")} | env
-    return subprocess.run([nats_server_binary(), "-t", "-c", str(config)], capture_output=True, text=True,
-                          env=full, timeout=30, check=False)
+    return subprocess.run(
+        [nats_server_binary(), "-t", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=30,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("config", ["nats.conf", "nats-cluster.conf"])
@@ -47,8 +53,12 @@ def test_nats_server_accepts_the_shipped_config_with_generated_jwt_users(tmp_pat
     """users.conf as `gpu-dra nats credentials` writes it (operator JWT, MEMORY resolver)."""
     config_dir = nats_layout(tmp_path, ["gpu-a"])
     out = tmp_path / "out"
-    assert nats_users_module().main(["--nodes", "gpu-a", "--credentials-dir", str(tmp_path / "keys"),
-                                     "--output", str(out)]) == 0
+    assert (
+        nats_users_module().main(
+            ["--nodes", "gpu-a", "--credentials-dir", str(tmp_path / "keys"), "--output", str(out)]
+        )
+        == 0
+    )
     docs = [json.loads(d) for d in (out / "secrets.yaml").read_text().split("---\n") if d.strip()]
     users_conf = next(d for d in docs if d["metadata"]["name"] == "gpu-dra-nats-users")["stringData"]["users.conf"]
     (tmp_path / "auth" / "users.conf").write_text(users_conf)
@@ -72,9 +82,29 @@ def test_nats_server_accepts_the_config_with_tls_enabled(tmp_path: Path) -> None
     config_dir = nats_layout(tmp_path, ["gpu-a"])
     tls_dir = tmp_path / "tls"
     tls_dir.mkdir()
-    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-days", "1", "-subj", "/CN=gpu-dra-nats", "-keyout", str(tls_dir / "tls.key"),
-                    "-out", str(tls_dir / "tls.crt")], check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=gpu-dra-nats",
+            "-keyout",
+            str(tls_dir / "tls.key"),
+            "-out",
+            str(tls_dir / "tls.crt"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     shutil.copy(tls_dir / "tls.crt", tls_dir / "ca.crt")
     tls = (config_dir / "tls.conf").read_text().replace("/etc/nats/tls", str(tls_dir))
     (config_dir / "tls.conf").write_text(tls)
@@ -97,10 +127,19 @@ def test_generator_writes_secrets_and_keeps_keys_private_and_stable(tmp_path: Pa
     assert (keys / "users" / "discovery.gpu-a.nk").read_text() == seed, "re-running changed a key"
     docs = [json.loads(d) for d in (out / "secrets.yaml").read_text().split("---\n") if d.strip()]
     names = {d["metadata"]["name"] for d in docs}
-    assert names == {"gpu-dra-nats-users", "gpu-dra-nats-route", "gpu-dra-nats-publisher", "gpu-dra-nats-controller",
-                     "gpu-dra-nats-admin", "gpu-dra-nats-node-gpu-a", "gpu-dra-nats-node-gpu-b",
-                     "gpu-dra-nats-auth-callout", "gpu-dra-nats-sentinel", "gpu-dra-nats-dashboard",
-                     "gpu-dra-nats-gate"}
+    assert names == {
+        "gpu-dra-nats-users",
+        "gpu-dra-nats-route",
+        "gpu-dra-nats-publisher",
+        "gpu-dra-nats-controller",
+        "gpu-dra-nats-admin",
+        "gpu-dra-nats-node-gpu-a",
+        "gpu-dra-nats-node-gpu-b",
+        "gpu-dra-nats-auth-callout",
+        "gpu-dra-nats-sentinel",
+        "gpu-dra-nats-dashboard",
+        "gpu-dra-nats-gate",
+    }
     users_conf = next(d for d in docs if d["metadata"]["name"] == "gpu-dra-nats-users")["stringData"]["users.conf"]
     assert "resolver: MEMORY" in users_conf and "operator:" in users_conf
 
@@ -135,10 +174,12 @@ def test_node_users_publish_only_subjects_naming_their_node() -> None:
         for subject in perms.publish:
             if subject.startswith(("dra.v1.", "$KV.")) and not subject.startswith("dra.v1.deadletter."):
                 assert "gpu-a" in subject.split("."), f"{role} may publish {subject}"
-            assert ">" != subject and not subject.startswith(("$JS.API.STREAM.DELETE", "$JS.API.STREAM.UPDATE",
-                                                               "$JS.API.STREAM.PURGE")), f"{role}: {subject}"
+            assert ">" != subject and not subject.startswith(
+                ("$JS.API.STREAM.DELETE", "$JS.API.STREAM.UPDATE", "$JS.API.STREAM.PURGE")
+            ), f"{role}: {subject}"
 
 
 def test_publisher_replicas_bucket_matches_the_publisher() -> None:
     from services.publisher import ownership
+
     assert nats_users_module().PUBLISHER_REPLICAS_BUCKET == ownership.REPLICAS_BUCKET.name

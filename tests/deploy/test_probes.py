@@ -35,16 +35,23 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 def test_probes_hit_health_paths_on_the_services_own_ports(overlay: str) -> None:
     containers = _gpu_dra_containers(overlay)
     assert {name for name, _ in containers} >= {
-        "gpu-dra-node/discovery", "gpu-dra-node/preparer", "gpu-dra-node/cd-agent", "gpu-dra-publisher/publisher",
-        "gpu-dra-controller/controller"}
+        "gpu-dra-node/discovery",
+        "gpu-dra-node/preparer",
+        "gpu-dra-node/cd-agent",
+        "gpu-dra-publisher/publisher",
+        "gpu-dra-controller/controller",
+    }
     grpc_probed = set()
     for where, container in containers:
         env = _env(container)
         declared = {p["containerPort"] for p in container.get("ports", [])}
         metrics_port = int(env["GPU_DRA_METRICS_PORT"])
         assert metrics_port in declared, where
-        for kind, paths in (("startupProbe", {LIVENESS_PATH}), ("livenessProbe", {LIVENESS_PATH}),
-                            ("readinessProbe", {READINESS_PATH})):
+        for kind, paths in (
+            ("startupProbe", {LIVENESS_PATH}),
+            ("livenessProbe", {LIVENESS_PATH}),
+            ("readinessProbe", {READINESS_PATH}),
+        ):
             probe = container.get(kind)
             assert probe is not None, f"{where} has no {kind}"
             if "grpc" in probe:
@@ -56,5 +63,7 @@ def test_probes_hit_health_paths_on_the_services_own_ports(overlay: str) -> None
                 continue
             get = probe["httpGet"]
             assert get["path"] in PATHS and get["path"] in paths, f"{where} {kind} GETs {get['path']}"
-            assert get["port"] == metrics_port, f"{where} {kind} probes {get['port']}, the service serves {metrics_port}"
+            assert get["port"] == metrics_port, (
+                f"{where} {kind} probes {get['port']}, the service serves {metrics_port}"
+            )
     assert grpc_probed == {"gpu-dra-node/preparer"}, "the preparer's liveness is its gRPC health service"

@@ -28,27 +28,34 @@ DISCOVERY: list[tuple[str, str, set[str]]] = []
 # module uses (their calls are listed beside them)
 CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/preparer/cli.py", "record_event"): [("", "events", {"create"})],
-    ("services/webhook/cli.py", "request:GET"): [("admissionregistration.k8s.io", "validatingwebhookconfigurations",
-                                                  {"get"})],
-    ("services/webhook/cli.py", "request:PATCH"): [("admissionregistration.k8s.io", "validatingwebhookconfigurations",
-                                                    {"patch"})],
+    ("services/webhook/cli.py", "request:GET"): [
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations", {"get"})
+    ],
+    ("services/webhook/cli.py", "request:PATCH"): [
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations", {"patch"})
+    ],
     ("services/preparer/host/claims.py", "request:GET"): [(RK, "resourceclaims", {"get"})],
     ("services/computedomain/controller.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
     ("services/computedomain/controller.py", "get:COMPUTEDOMAINS"): [(RN, "computedomains", {"get"})],
     ("services/computedomain/controller.py", "patch:COMPUTEDOMAINS"): [
-        (RN, "computedomains", {"patch"}), (RN, "computedomains/status", {"patch"})],
+        (RN, "computedomains", {"patch"}),
+        (RN, "computedomains/status", {"patch"}),
+    ],
     ("services/computedomain/controller.py", "get:RESOURCECLAIMTEMPLATES"): [(RK, "resourceclaimtemplates", {"get"})],
     ("services/computedomain/controller.py", "create:RESOURCECLAIMTEMPLATES"): [
-        (RK, "resourceclaimtemplates", {"create"})],
+        (RK, "resourceclaimtemplates", {"create"})
+    ],
     ("services/computedomain/controller.py", "delete:RESOURCECLAIMTEMPLATES"): [
-        (RK, "resourceclaimtemplates", {"delete"})],
+        (RK, "resourceclaimtemplates", {"delete"})
+    ],
     ("services/computedomain/assignments.py", "list:RESOURCECLAIMS"): [(RK, "resourceclaims", {"list"})],
     ("services/computedomain/assignments.py", "watch:RESOURCECLAIMS"): [(RK, "resourceclaims", {"watch"})],
     ("services/computedomain/leader.py", "get:LEASES"): [(CO, "leases", {"get"})],
     ("services/computedomain/leader.py", "create:LEASES"): [(CO, "leases", {"create"})],
     ("services/computedomain/leader.py", "replace:LEASES"): [(CO, "leases", {"update"})],
-    ("services/authcallout/service.py", "api:AuthenticationV1Api"): [("authentication.k8s.io", "tokenreviews",
-                                                                       {"create"})],
+    ("services/authcallout/service.py", "api:AuthenticationV1Api"): [
+        ("authentication.k8s.io", "tokenreviews", {"create"})
+    ],
     ("services/publisher/nodes.py", "list_pages"): [("", "nodes", {"list"})],
     ("services/publisher/nodes.py", "watch_lines"): [("", "nodes", {"watch"})],
     ("services/publisher/apiversion.py", "get_json"): DISCOVERY,
@@ -71,8 +78,10 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("services/dashboard/pending.py", "informer:PODS"): [("", "pods", {"list", "watch"})],
     ("services/dashboard/allocmetrics.py", "get:PODS"): [("", "pods", {"get"})],
     ("services/dashboard/state.py", "informer:COMPUTEDOMAINS"): [(RN, "computedomains", {"list", "watch"})],
-    ("services/dashboard/auth.py", "request:POST"): [("authentication.k8s.io", "tokenreviews", {"create"}),
-                                                     ("authorization.k8s.io", "subjectaccessreviews", {"create"})],
+    ("services/dashboard/auth.py", "request:POST"): [
+        ("authentication.k8s.io", "tokenreviews", {"create"}),
+        ("authorization.k8s.io", "subjectaccessreviews", {"create"}),
+    ],
     # the dashboard's explain (services/dashboard/main.py local_explainer): load_pod's reads
     ("embedded/cluster/explain.py", "get:PODS"): [("", "pods", {"get"})],
     ("embedded/cluster/explain.py", "list:RESOURCECLAIMS"): [(RK, "resourceclaims", {"list"})],
@@ -83,9 +92,15 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
     ("embedded/cluster/explain.py", "list:EVENTS"): [("", "events", {"list"})],
 }
 # the `gpu-dra` command whose process runs each service package's (or module's) calls
-COMMANDS = {"services/preparer": "preparer", "services/publisher": "publisher",
-            "services/computedomain": "computedomain controller", "services/authcallout": "nats auth-callout",
-            "services/dashboard": "dashboard", "embedded/cluster/explain.py": "dashboard", "services/webhook": "webhook"}
+COMMANDS = {
+    "services/preparer": "preparer",
+    "services/publisher": "publisher",
+    "services/computedomain": "computedomain controller",
+    "services/authcallout": "nats auth-callout",
+    "services/dashboard": "dashboard",
+    "embedded/cluster/explain.py": "dashboard",
+    "services/webhook": "webhook",
+}
 # modules outside services/ that a service runs: the dashboard's explain (its claim path, load_state, is the
 # CLI's alone and makes no call the scan matches)
 SERVICE_MODULES_ELSEWHERE = ("embedded/cluster/explain.py",)
@@ -93,16 +108,20 @@ SERVICE_MODULES_ELSEWHERE = ("embedded/cluster/explain.py",)
 NOT_CALL_SITES = {"shared/kube/rest.py", "embedded/harness/publisher.py", "embedded/harness/discovery.py"}
 
 _PATTERNS = (
-    (re.compile(r"\.((?:create|read|list|patch|replace|delete|get|watch)_(?:namespaced|cluster)_\w+)\b"),
-     lambda m: m.group(1)),
+    (
+        re.compile(r"\.((?:create|read|list|patch|replace|delete|get|watch)_(?:namespaced|cluster)_\w+)\b"),
+        lambda m: m.group(1),
+    ),
     # a typed API class: its calls on cluster-scoped objects (create_node, ...) need an entry too
     (re.compile(r"\b(\w+V\d\w*Api|CustomObjectsApi)\("), lambda m: f"api:{m.group(1)}"),
     (re.compile(r"\bkube\.request\(\s*[\w.]+,\s*\"(\w+)\""), lambda m: f"request:{m.group(1)}"),
     (re.compile(r"\b(watch_lines|get_json|call_api|list_pages)\("), lambda m: m.group(1)),
     (re.compile(r"\b(record_event)\("), lambda m: m.group(1)),  # shared.kube.events: creates an Event
     # shared.kube.resources.Kube's typed calls on the resource they are given
-    (re.compile(r"\bkube\.(get|list|create|patch|delete|update|replace|watch)\(\s*(\w+)"),
-     lambda m: f"{m.group(1)}:{m.group(2)}"),
+    (
+        re.compile(r"\bkube\.(get|list|create|patch|delete|update|replace|watch)\(\s*(\w+)"),
+        lambda m: f"{m.group(1)}:{m.group(2)}",
+    ),
     # the one informer (shared.kube.informer) lists and watches the resource it is given
     (re.compile(r"\bInformer\(\s*(?:Kube\([^)]*\)|(?:self\.)?kube),\s*(\w+)"), lambda m: f"informer:{m.group(1)}"),
     # shared.nodeconfig_objects lists and watches every NodeConfig for the module that uses it
@@ -160,7 +179,9 @@ def test_every_api_call_is_granted_to_the_pod_that_makes_it(overlay: str) -> Non
         for group, resource, verbs in needs:
             granted = _can(rules.get(account, []), group, resource, verbs)
             if granted != verbs:
-                missing.append(f"{module} {call}: {account} lacks {sorted(verbs - granted)} on {group or 'core'}/{resource}")
+                missing.append(
+                    f"{module} {call}: {account} lacks {sorted(verbs - granted)} on {group or 'core'}/{resource}"
+                )
     assert missing == []
 
 

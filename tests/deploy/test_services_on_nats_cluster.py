@@ -90,17 +90,24 @@ class World:
 
     def devices(self, node: str) -> dict[str, dict[str, Any]]:
         """The node's gpu.nvidia.com devices across its slices, by name."""
-        return {d["name"]: d for s in self.slices.values() if s["spec"].get("nodeName") == node
-                for d in s["spec"].get("devices") or []}
+        return {
+            d["name"]: d
+            for s in self.slices.values()
+            if s["spec"].get("nodeName") == node
+            for d in s["spec"].get("devices") or []
+        }
 
     def summary(self) -> str:
-        slices = {n: {d: [t.get("key") for t in dev.get("taints") or []] for d, dev in self.devices(n).items()}
-                  for n in CLUSTER_NODES}
+        slices = {
+            n: {d: [t.get("key") for t in dev.get("taints") or []] for d, dev in self.devices(n).items()}
+            for n in CLUSTER_NODES
+        }
         return f"slices (device -> taint keys) {slices}; preparer views {self.preparer_views}"
 
     async def until(self, what: str, condition: Callable[[], bool], timeout: float) -> None:
         """Until `condition()` holds, re-checked on every change; fails naming `what` on a timeout or
         when any service process exits meanwhile."""
+
         async def satisfied() -> None:
             while not condition():
                 await self.changed()
@@ -109,11 +116,11 @@ class World:
         failed = {sup.failed for sup in self.supervisors}
         try:
             watched: set[asyncio.Future[Any]] = {waiter, *failed, *self.watchers}
-            done, _ = await asyncio.wait_for(
-                asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED), timeout)
+            done, _ = await asyncio.wait_for(asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED), timeout)
         except TimeoutError:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; {self.summary()}; "
-                                 f"service logs in {self.log_dir}") from None
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what}; {self.summary()}; service logs in {self.log_dir}"
+            ) from None
         finally:
             waiter.cancel()
         if waiter in done:
@@ -122,8 +129,9 @@ class World:
             if task.done():
                 raise AssertionError(f"{task.get_name()} ended while waiting for {what}") from task.exception()
         child = next(f for f in failed if f.done()).result()
-        raise ProcessFailed(f"{child.name} exited while waiting for {what}; last lines of "
-                            f"{child.log_path}:\n{child.tail()}")
+        raise ProcessFailed(
+            f"{child.name} exited while waiting for {what}; last lines of {child.log_path}:\n{child.tail()}"
+        )
 
 
 async def _watch_slices(api: Any, world: World) -> None:
@@ -151,7 +159,8 @@ async def _follow_preparer(node: str, socket: Path, world: World) -> None:
         try:
             async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
                 stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
-                    health_pb2.NodeWatchResourcesRequest())
+                    health_pb2.NodeWatchResourcesRequest()
+                )
                 async for update in stream:
                     world.preparer_views[node] = {d.device.device_name: d.health for d in update.devices}
                     world.notify()
@@ -226,8 +235,12 @@ class Services:
         self.world = World(root / "logs")
 
     def _nats_env(self, user: str) -> dict[str, str]:
-        return {"GPU_DRA_NATS_URL": self.urls, "GPU_DRA_NATS_USER": user,
-                "GPU_DRA_NATS_PASSWORD": test_password(user), "GPU_DRA_NATS_REPLICAS": str(CLUSTER_SIZE)}
+        return {
+            "GPU_DRA_NATS_URL": self.urls,
+            "GPU_DRA_NATS_USER": user,
+            "GPU_DRA_NATS_PASSWORD": test_password(user),
+            "GPU_DRA_NATS_REPLICAS": str(CLUSTER_SIZE),
+        }
 
     def dra_socket(self, node: str) -> Path:
         return self.socket_root / node / "plugins" / GPU_DRIVER / "dra.sock"
@@ -238,17 +251,30 @@ class Services:
     async def start_apiserver(self) -> None:
         self.main = Supervisor(self.world.log_dir, restart=False)
         self.world.supervisors.append(self.main)
-        await self.main.start("apiserver", gpu_dra(
-            "apiserver", "--port", str(free_port()), "--kubeconfig", str(self.kubeconfig),
-            "--data-dir", str(self.root / "apiserver"), "--token", secrets.token_hex(16)))
+        await self.main.start(
+            "apiserver",
+            gpu_dra(
+                "apiserver",
+                "--port",
+                str(free_port()),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--data-dir",
+                str(self.root / "apiserver"),
+                "--token",
+                secrets.token_hex(16),
+            ),
+        )
 
     async def start_discovery(self, node: str, simulate: str, generation: int = 0) -> None:
         sup = Supervisor(self.world.log_dir, restart=False)
         self.discovery[node] = sup
         self.world.supervisors.append(sup)
-        await sup.start(f"{node}-discovery-{generation}", gpu_dra(
-            "discovery", "--node", node, "--simulate", simulate, "--dev-root", str(self.node_root(node))),
-            env=self._nats_env(f"discovery.{node}"))
+        await sup.start(
+            f"{node}-discovery-{generation}",
+            gpu_dra("discovery", "--node", node, "--simulate", simulate, "--dev-root", str(self.node_root(node))),
+            env=self._nats_env(f"discovery.{node}"),
+        )
 
     async def stop_discovery(self, node: str) -> None:
         sup = self.discovery.pop(node)
@@ -258,18 +284,34 @@ class Services:
     async def start_preparer(self, node: str) -> None:
         assert self.main is not None
         kubelet = self.socket_root / node
-        await self.main.start(f"{node}-preparer", gpu_dra(
-            "preparer", "--node", node, "--kubeconfig", str(self.kubeconfig),
-            "--registry-dir", str(kubelet / "plugins_registry"), "--plugins-dir", str(kubelet / "plugins"),
-            "--cdi-dir", str(self.node_root(node) / "var/run/cdi"), "--dev-root", str(self.node_root(node))),
-            env=self._nats_env(f"preparer.{node}"))
+        await self.main.start(
+            f"{node}-preparer",
+            gpu_dra(
+                "preparer",
+                "--node",
+                node,
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--registry-dir",
+                str(kubelet / "plugins_registry"),
+                "--plugins-dir",
+                str(kubelet / "plugins"),
+                "--cdi-dir",
+                str(self.node_root(node) / "var/run/cdi"),
+                "--dev-root",
+                str(self.node_root(node)),
+            ),
+            env=self._nats_env(f"preparer.{node}"),
+        )
 
     async def start_publisher(self) -> None:
         assert self.main is not None
         # No periodic resync inside the test: the slices must converge from events, not from a timer.
-        await self.main.start("publisher", gpu_dra(
-            "publisher", "--kubeconfig", str(self.kubeconfig), "--resync-seconds", "3600"),
-            env=self._nats_env("publisher"))
+        await self.main.start(
+            "publisher",
+            gpu_dra("publisher", "--kubeconfig", str(self.kubeconfig), "--resync-seconds", "3600"),
+            env=self._nats_env("publisher"),
+        )
 
     async def stop(self) -> None:
         for task in self.world.watchers:
@@ -294,8 +336,9 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
 ) -> None:
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    admin = await Bus.connect(cluster_urls(nats_cluster), name="test-admin", user="admin",
-                              password=test_password("admin"))
+    admin = await Bus.connect(
+        cluster_urls(nats_cluster), name="test-admin", user="admin", password=test_password("admin")
+    )
     api: Any = None
     observer: Bus | None = None
     try:
@@ -304,23 +347,30 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
             world = svc.world
             await svc.start_apiserver()
             assert svc.main is not None
-            await svc.main.wait_until("the API server's kubeconfig", lambda: _exists(svc.kubeconfig),
-                                      timeout=START_TIMEOUT)
+            await svc.main.wait_until(
+                "the API server's kubeconfig", lambda: _exists(svc.kubeconfig), timeout=START_TIMEOUT
+            )
             await asyncio.gather(*(svc.start_discovery(node, "h100x2") for node in CLUSTER_NODES))
             api = await kube_api_client(str(svc.kubeconfig))
-            await asyncio.wait_for(_retry_api(lambda: asyncio.gather(*(ensure_node(api, n) for n in CLUSTER_NODES))),
-                                   START_TIMEOUT)
+            await asyncio.wait_for(
+                _retry_api(lambda: asyncio.gather(*(ensure_node(api, n) for n in CLUSTER_NODES))), START_TIMEOUT
+            )
             world.watch(_watch_slices(api, world), "the ResourceSlice watch")
             await svc.start_publisher()
             for node in CLUSTER_NODES:
                 await svc.start_preparer(node)
                 world.watch(_follow_preparer(node, svc.dra_socket(node), world), f"{node}'s preparer health stream")
 
-            await world.until("both nodes' ResourceSlices with 2 GPUs each",
-                              lambda: all(len(world.devices(n)) == 2 for n in CLUSTER_NODES), START_TIMEOUT)
-            await world.until("both preparers serving their 2 GPUs",
-                              lambda: all(len(world.preparer_views.get(n, {})) == 2 for n in CLUSTER_NODES),
-                              START_TIMEOUT)
+            await world.until(
+                "both nodes' ResourceSlices with 2 GPUs each",
+                lambda: all(len(world.devices(n)) == 2 for n in CLUSTER_NODES),
+                START_TIMEOUT,
+            )
+            await world.until(
+                "both preparers serving their 2 GPUs",
+                lambda: all(len(world.preparer_views.get(n, {})) == 2 for n in CLUSTER_NODES),
+                START_TIMEOUT,
+            )
             buckets = [*catalog.BUCKETS, REPLICAS_BUCKET]  # the last: the publisher's own
             for stream in [s.name for s in catalog.STREAMS] + [f"KV_{b.name}" for b in buckets]:
                 info = await admin.js.stream_info(stream)
@@ -334,8 +384,9 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
             victim = next(s for s in nats_cluster if server_name(s) == leader)
             survivors = [s for s in nats_cluster if s is not victim]
             on_victim = await _connz(victim)
-            observer = await Bus.connect(cluster_urls(survivors), name="test-observer", user="admin",
-                                         password=test_password("admin"))
+            observer = await Bus.connect(
+                cluster_urls(survivors), name="test-observer", user="admin", password=test_password("admin")
+            )
 
             async def observe(msg: Msg) -> None:
                 world.observed.append((loop.time(), msg.subject, (msg.headers or {}).get("Nats-Msg-Id", "")))
@@ -347,23 +398,36 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
             await victim.stop(kill=True)
             await svc.stop_discovery(GROWN_NODE)
             await svc.start_discovery(GROWN_NODE, "h100x3", generation=1)
-            reply = await asyncio.wait_for(_request_until_served(
-                observer, catalog.DEVICE_INJECT_XID, InjectXidRequest(gpu_uuid=XID_DEVICE, xid=XID), XID_NODE,
-                deadline=loop.time() + CONVERGE_TIMEOUT), CONVERGE_TIMEOUT + 25)
+            reply = await asyncio.wait_for(
+                _request_until_served(
+                    observer,
+                    catalog.DEVICE_INJECT_XID,
+                    InjectXidRequest(gpu_uuid=XID_DEVICE, xid=XID),
+                    XID_NODE,
+                    deadline=loop.time() + CONVERGE_TIMEOUT,
+                ),
+                CONVERGE_TIMEOUT + 25,
+            )
             assert reply.ok, f"XID injection on {XID_NODE}/{XID_DEVICE} refused: {reply.error}"
 
             def xid_tainted() -> bool:
                 taints = world.devices(XID_NODE).get(XID_DEVICE, {}).get("taints") or []
                 return any(t.get("key") == f"{GPU_DRIVER}/xid" and t.get("value") == str(XID) for t in taints)
 
-            await world.until(f"the XID {XID} taint on {XID_NODE}/{XID_DEVICE} and 3 GPUs in {GROWN_NODE}'s slices",
-                              lambda: xid_tainted() and len(world.devices(GROWN_NODE)) == 3, CONVERGE_TIMEOUT)
+            await world.until(
+                f"the XID {XID} taint on {XID_NODE}/{XID_DEVICE} and 3 GPUs in {GROWN_NODE}'s slices",
+                lambda: xid_tainted() and len(world.devices(GROWN_NODE)) == 3,
+                CONVERGE_TIMEOUT,
+            )
             converged_s = loop.time() - killed_at
-            await world.until(f"{GROWN_NODE}'s preparer serving its 3 GPUs and {XID_NODE}'s reporting "
-                              f"{XID_DEVICE} unhealthy",
-                              lambda: len(world.preparer_views.get(GROWN_NODE, {})) == 3
-                              and world.preparer_views.get(XID_NODE, {}).get(XID_DEVICE) == health_pb2.UNHEALTHY,
-                              CONVERGE_TIMEOUT)
+            await world.until(
+                f"{GROWN_NODE}'s preparer serving its 3 GPUs and {XID_NODE}'s reporting {XID_DEVICE} unhealthy",
+                lambda: (
+                    len(world.preparer_views.get(GROWN_NODE, {})) == 3
+                    and world.preparer_views.get(XID_NODE, {}).get(XID_DEVICE) == health_pb2.UNHEALTHY
+                ),
+                CONVERGE_TIMEOUT,
+            )
             preparers_s = loop.time() - killed_at
             assert world.devices(XID_NODE).keys() == {"gpu-0", "gpu-1"}
             assert not world.devices(XID_NODE)["gpu-1"].get("taints")
@@ -373,20 +437,27 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
             kv_inventory = await (await observer.kv(catalog.INVENTORY_BUCKET)).get(GROWN_NODE)
             assert kv_health is not None and kv_health.xid == XID
             assert kv_inventory is not None and len(kv_inventory.gpus) == 3
-            outage = {msg_id for at, subject, msg_id in world.observed
-                      if at >= killed_at and subject.startswith(("dra.v1.inventory.", "dra.v1.health."))}
-            expected = {kv_health.event_id,
-                        f"inventory.{GROWN_NODE}.{kv_inventory.content_hash}.{kv_inventory.observed_at}"}
+            outage = {
+                msg_id
+                for at, subject, msg_id in world.observed
+                if at >= killed_at and subject.startswith(("dra.v1.inventory.", "dra.v1.health."))
+            }
+            expected = {
+                kv_health.event_id,
+                f"inventory.{GROWN_NODE}.{kv_inventory.content_hash}.{kv_inventory.observed_at}",
+            }
             assert expected <= outage, f"the outage's events {expected - outage} were not seen on the bus"
             try:
                 stored = await asyncio.wait_for(
-                    _stored_ids(observer, catalog.EVENTS_STREAM.name, "dra.v1.>", outage), PUBLISH_RETRY_S + 15)
+                    _stored_ids(observer, catalog.EVENTS_STREAM.name, "dra.v1.>", outage), PUBLISH_RETRY_S + 15
+                )
             except (TimeoutError, nats.errors.TimeoutError):
                 raise AssertionError(
                     f"not every event published during the outage ({sorted(outage)}) reached DRA_EVENTS within "
                     f"{PUBLISH_RETRY_S + 15:.0f}s; the stream holds "
                     f"{await _stream_listing(observer, catalog.EVENTS_STREAM.name)}; seen on the bus "
-                    f"{world.observed}") from None
+                    f"{world.observed}"
+                ) from None
             doubled = sorted(i for i, n in stored.items() if n > 1)
             assert not doubled, f"events stored more than once in DRA_EVENTS: {doubled}"
             info = await observer.js.stream_info(catalog.EVENTS_STREAM.name)
@@ -410,11 +481,13 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
                 await asyncio.wait_for(caught_up(), 30)
             except TimeoutError:
                 raise AssertionError(f"{leader} did not rejoin DRA_EVENTS as a current replica within 30s") from None
-            print(f"\nstarted in {started_s:.1f}s; killed {leader} (the DRA_EVENTS leader; clients on it: "
-                  f"{', '.join(on_victim) or 'none'}); slices converged {converged_s:.1f}s after the kill, preparers "
-                  f"{preparers_s:.1f}s, stream checked {checked_s:.1f}s; "
-                  f"{len(outage)} events during the outage, each stored once; {leader} current again "
-                  f"{loop.time() - restarted_at:.1f}s after its restart; total {loop.time() - t0:.1f}s")
+            print(
+                f"\nstarted in {started_s:.1f}s; killed {leader} (the DRA_EVENTS leader; clients on it: "
+                f"{', '.join(on_victim) or 'none'}); slices converged {converged_s:.1f}s after the kill, preparers "
+                f"{preparers_s:.1f}s, stream checked {checked_s:.1f}s; "
+                f"{len(outage)} events during the outage, each stored once; {leader} current again "
+                f"{loop.time() - restarted_at:.1f}s after its restart; total {loop.time() - t0:.1f}s"
+            )
     finally:
         if api is not None:
             await api.close()
@@ -436,4 +509,3 @@ async def _retry_api(call: Callable[[], Awaitable[Any]]) -> Any:
         except (OSError, aiohttp.ClientError, kube.ApiError):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
-

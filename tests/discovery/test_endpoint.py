@@ -31,8 +31,15 @@ def get(port: int, path: str) -> tuple[int, str]:
         return 0, str(err)
 
 
-async def wait_for(port: int, path: str, status: int, proc: asyncio.subprocess.Process, log: Path,
-                   timeout: float = 30, containing: str = "") -> str:
+async def wait_for(
+    port: int,
+    path: str,
+    status: int,
+    proc: asyncio.subprocess.Process,
+    log: Path,
+    timeout: float = 30,
+    containing: str = "",
+) -> str:
     """Poll another process's endpoint until `path` answers `status` with `containing` in the body (bounded)."""
     last: tuple[int, str] = (0, "")
     try:
@@ -48,15 +55,35 @@ async def wait_for(port: int, path: str, status: int, proc: asyncio.subprocess.P
 
 
 @pytest.fixture
-async def discovery_process(tmp_path: Path, nats_server: EmbeddedNats) -> AsyncIterator[tuple[int, asyncio.subprocess.Process, Path]]:
+async def discovery_process(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> AsyncIterator[tuple[int, asyncio.subprocess.Process, Path]]:
     port = free_port()
     log = tmp_path / "discovery.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
     with open(log, "wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli", "discovery", "--node", "n1", "--simulate", "h100x2",
-            "--dev-root", str(tmp_path / "sim"), "--nats-url", nats_server.url, "--metrics-port", str(port),
-            "--health-stall-seconds", "3", cwd=REPO, env=env, stdout=out, stderr=out)
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "discovery",
+            "--node",
+            "n1",
+            "--simulate",
+            "h100x2",
+            "--dev-root",
+            str(tmp_path / "sim"),
+            "--nats-url",
+            nats_server.url,
+            "--metrics-port",
+            str(port),
+            "--health-stall-seconds",
+            "3",
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=out,
+        )
     try:
         yield port, proc, log
     finally:
@@ -67,7 +94,8 @@ async def discovery_process(tmp_path: Path, nats_server: EmbeddedNats) -> AsyncI
 
 
 async def test_discovery_serves_metrics_health_and_readiness(
-        discovery_process: tuple[int, asyncio.subprocess.Process, Path], nats_server: EmbeddedNats) -> None:
+    discovery_process: tuple[int, asyncio.subprocess.Process, Path], nats_server: EmbeddedNats
+) -> None:
     port, proc, log = discovery_process
     assert await wait_for(port, "/readyz", 200, proc, log) == "ok\n"
     assert await wait_for(port, "/healthz", 200, proc, log) == "ok\n"

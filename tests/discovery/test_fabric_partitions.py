@@ -21,19 +21,30 @@ def table(inv: NodeInventory) -> dict[int, tuple[list[str], bool]]:
 
 
 async def activate(bus: Bus, partition: int, devices: list[str]) -> Any:
-    return await bus.request(catalog.DEVICE_PARTITION_ACTIVATE,
-                             PartitionActivateRequest(partition_id=partition, devices=devices), timeout=20, node="n1")
+    return await bus.request(
+        catalog.DEVICE_PARTITION_ACTIVATE,
+        PartitionActivateRequest(partition_id=partition, devices=devices),
+        timeout=20,
+        node="n1",
+    )
 
 
 async def deactivate(bus: Bus, partition: int) -> Any:
-    return await bus.request(catalog.DEVICE_PARTITION_DEACTIVATE,
-                             PartitionDeactivateRequest(partition_id=partition), timeout=20, node="n1")
+    return await bus.request(
+        catalog.DEVICE_PARTITION_DEACTIVATE, PartitionDeactivateRequest(partition_id=partition), timeout=20, node="n1"
+    )
 
 
 async def test_partitions_of_the_fake_fabric_manager_are_in_the_inventory(bus: Bus, tmp_path: Path) -> None:
     fake = await fake_fabric_manager(tmp_path, active=(4,))
-    async with running_discovery(bus, node="n1", simulate="h100x8", root=tmp_path / "sim", driver_root=str(fake.root),
-                                 fabric_manager_partitions=True) as disc:
+    async with running_discovery(
+        bus,
+        node="n1",
+        simulate="h100x8",
+        root=tmp_path / "sim",
+        driver_root=str(fake.root),
+        fabric_manager_partitions=True,
+    ) as disc:
         inv = disc.inventory
         assert [g.module_id for g in inv.gpus] == list(range(1, 9))
         parts = table(inv)
@@ -51,8 +62,14 @@ async def test_partitions_of_the_fake_fabric_manager_are_in_the_inventory(bus: B
 
 async def test_activate_and_deactivate_on_request_are_idempotent(bus: Bus, tmp_path: Path) -> None:
     fake = await fake_fabric_manager(tmp_path)
-    async with running_discovery(bus, node="n1", simulate="h100x8", root=tmp_path / "sim", driver_root=str(fake.root),
-                                 fabric_manager_partitions=True) as disc:
+    async with running_discovery(
+        bus,
+        node="n1",
+        simulate="h100x8",
+        root=tmp_path / "sim",
+        driver_root=str(fake.root),
+        fabric_manager_partitions=True,
+    ) as disc:
         reply = await activate(bus, 3, ["gpu-1", "gpu-0"])
         assert reply.ok and reply.activated, reply.error
         assert fake.active_partitions() == [3] and table(disc.inventory)[3][1] is True  # rescanned before the reply
@@ -79,8 +96,14 @@ async def test_activate_and_deactivate_on_request_are_idempotent(bus: Bus, tmp_p
 async def test_a_fabric_manager_that_fails_is_reported_not_fatal(bus: Bus, tmp_path: Path) -> None:
     fake = await fake_fabric_manager(tmp_path)
     fake.fail("fmpm", "Failed to get partition list. fmReturn: -3")
-    async with running_discovery(bus, node="n1", simulate="h100x8", root=tmp_path / "sim", driver_root=str(fake.root),
-                                 fabric_manager_partitions=True) as disc:
+    async with running_discovery(
+        bus,
+        node="n1",
+        simulate="h100x8",
+        root=tmp_path / "sim",
+        driver_root=str(fake.root),
+        fabric_manager_partitions=True,
+    ) as disc:
         fm = disc.inventory.fabric_manager
         assert fm is not None and fm.partitions == [] and "fmReturn: -3" in fm.error
         assert len(disc.inventory.gpus) == 8
@@ -90,8 +113,9 @@ async def test_a_fabric_manager_that_fails_is_reported_not_fatal(bus: Bus, tmp_p
 
 async def test_without_the_flag_there_are_no_partitions(bus: Bus, tmp_path: Path) -> None:
     fake = await fake_fabric_manager(tmp_path)
-    async with running_discovery(bus, node="n1", simulate="h100x8", root=tmp_path / "sim",
-                                 driver_root=str(fake.root)) as disc:
+    async with running_discovery(
+        bus, node="n1", simulate="h100x8", root=tmp_path / "sim", driver_root=str(fake.root)
+    ) as disc:
         assert disc.inventory.fabric_manager is None
         reply = await activate(bus, 3, ["gpu-0", "gpu-1"])
         assert not reply.ok and reply.error is not None and reply.error.code == "not-supported"
@@ -99,14 +123,17 @@ async def test_without_the_flag_there_are_no_partitions(bus: Bus, tmp_path: Path
 
 
 async def test_the_simulated_fabric_manager_keeps_its_partitions_across_restarts(bus: Bus, tmp_path: Path) -> None:
-    async with running_discovery(bus, node="n1", simulate="h100x8", root=tmp_path / "sim",
-                                 fabric_manager_partitions=True) as disc:
+    async with running_discovery(
+        bus, node="n1", simulate="h100x8", root=tmp_path / "sim", fabric_manager_partitions=True
+    ) as disc:
         parts = table(disc.inventory)
         assert {pid: devices for pid, (devices, _) in parts.items()} == {
-            pid: [f"gpu-{m - 1}" for m in modules] for pid, modules in HGX8}
+            pid: [f"gpu-{m - 1}" for m in modules] for pid, modules in HGX8
+        }
         assert (await activate(bus, 1, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"])).activated
         refused = await activate(bus, 3, ["gpu-0", "gpu-1"])
         assert not refused.ok and refused.error is not None and "in use" in refused.error.message
-    async with running_discovery(bus, node="n1", simulate="h100x8", root=tmp_path / "sim",
-                                 fabric_manager_partitions=True) as disc:
+    async with running_discovery(
+        bus, node="n1", simulate="h100x8", root=tmp_path / "sim", fabric_manager_partitions=True
+    ) as disc:
         assert [pid for pid, (_, active) in table(disc.inventory).items() if active] == [1]

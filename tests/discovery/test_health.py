@@ -24,8 +24,9 @@ async def health_events(bus: Bus, node: str) -> asyncio.Queue[DeviceHealth]:
 
 
 async def inject(bus: Bus, node: str, uuid: str, xid: int = 0, **flags: bool) -> None:
-    reply = await bus.request(catalog.DEVICE_INJECT_XID, InjectXidRequest(gpu_uuid=uuid, xid=xid, **flags),
-                              timeout=10, node=node)
+    reply = await bus.request(
+        catalog.DEVICE_INJECT_XID, InjectXidRequest(gpu_uuid=uuid, xid=xid, **flags), timeout=10, node=node
+    )
     assert reply.ok, reply.error
 
 
@@ -68,8 +69,10 @@ async def test_ignore_list_is_configurable(bus, tmp_path):
 
 async def test_mig_device_xid_marks_only_that_device(bus, tmp_path):
     machine = tmp_path / "m.yaml"
-    machine.write_text("gpus:\n- profile: h100\n  mig_enabled: true\n  mig_devices:\n"
-                       "  - {profile: 3g.40gb, placement: 0}\n  - {profile: 3g.40gb, placement: 4}\n")
+    machine.write_text(
+        "gpus:\n- profile: h100\n  mig_enabled: true\n  mig_devices:\n"
+        "  - {profile: 3g.40gb, placement: 0}\n  - {profile: 3g.40gb, placement: 4}\n"
+    )
     events = await health_events(bus, "n3")
     async with running_discovery(bus, "n3", machine=str(machine), root=tmp_path) as disc:
         gpu = disc.inventory.gpus[0]
@@ -79,8 +82,27 @@ async def test_mig_device_xid_marks_only_that_device(bus, tmp_path):
 
 
 def test_inject_xid_cli_reports_an_unreachable_node(nats_server):
-    done = subprocess.run([sys.executable, "-m", "shared.cli", "discovery", "inject-xid", "--node", "nowhere",
-                           "--device", "gpu-0", "--xid", "79", "--timeout", "0.5", "--nats-url", nats_server.url],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "discovery",
+            "inject-xid",
+            "--node",
+            "nowhere",
+            "--device",
+            "gpu-0",
+            "--xid",
+            "79",
+            "--timeout",
+            "0.5",
+            "--nats-url",
+            nats_server.url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     assert "no reply on dra.v1.device.nowhere" in done.stderr and "Traceback" not in done.stderr

@@ -14,11 +14,22 @@ from shared import devicemodel
 from shared.events.inventory import NodeInventory
 
 ATTRIBUTE_TYPES = {
-    "type": "string", "uuid": "string", "productName": "string", "brand": "string", "architecture": "string",
-    "cudaComputeCapability": "version", "driverVersion": "version", "cudaDriverVersion": "version",
-    "addressingMode": "string", "resource.kubernetes.io/pciBusID": "string",
-    "resource.kubernetes.io/pcieRoot": "string", "numaNode": "int", "nvlinkClusterUUID": "string",
-    "nvlinkCliqueID": "int", "parentUUID": "string", "profile": "string",
+    "type": "string",
+    "uuid": "string",
+    "productName": "string",
+    "brand": "string",
+    "architecture": "string",
+    "cudaComputeCapability": "version",
+    "driverVersion": "version",
+    "cudaDriverVersion": "version",
+    "addressingMode": "string",
+    "resource.kubernetes.io/pciBusID": "string",
+    "resource.kubernetes.io/pcieRoot": "string",
+    "numaNode": "int",
+    "nvlinkClusterUUID": "string",
+    "nvlinkCliqueID": "int",
+    "parentUUID": "string",
+    "profile": "string",
 }
 SEMVER = r"^\d+\.\d+\.\d+$"
 
@@ -28,9 +39,25 @@ async def scan(tmp_path: Path, spec: str, node: str = "n1") -> NodeInventory:
 
 
 def once(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shared.cli", "discovery", "--node", "n1", "--once",
-                           "--output", "json", "--dev-root", str(tmp_path / "root"), *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "discovery",
+            "--node",
+            "n1",
+            "--once",
+            "--output",
+            "json",
+            "--dev-root",
+            str(tmp_path / "root"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_once_prints_h100x8_inventory(tmp_path):
@@ -55,9 +82,19 @@ async def test_h100_device_attributes_have_upstream_keys_and_types(tmp_path):
         for key, value in attrs.items():
             assert key in ATTRIBUTE_TYPES, f"unexpected attribute {key}"
             assert list(value) == [ATTRIBUTE_TYPES[key]], (key, value)
-        for required in ("type", "uuid", "productName", "brand", "architecture", "cudaComputeCapability",
-                         "driverVersion", "cudaDriverVersion", "resource.kubernetes.io/pciBusID",
-                         "resource.kubernetes.io/pcieRoot", "numaNode"):
+        for required in (
+            "type",
+            "uuid",
+            "productName",
+            "brand",
+            "architecture",
+            "cudaComputeCapability",
+            "driverVersion",
+            "cudaDriverVersion",
+            "resource.kubernetes.io/pciBusID",
+            "resource.kubernetes.io/pcieRoot",
+            "numaNode",
+        ):
             assert required in attrs, required
         assert attrs["type"] == {"string": "gpu"}
         assert attrs["architecture"] == {"string": "Hopper"}
@@ -115,7 +152,8 @@ async def test_static_mig_devices_replace_the_full_gpu(tmp_path):
         "gpus:\n"
         "- profile: a100-40gb\n  mig_enabled: true\n  mig_devices:\n"
         "  - {profile: 3g.20gb, placement: 0}\n  - {profile: 1g.5gb, placement: 4}\n"
-        "- profile: t4\n")
+        "- profile: t4\n"
+    )
     inv = await scan_simulated(tmp_path, "n1", machine=str(machine))
     a100, t4 = inv.gpus
     assert not t4.mig_capable and t4.mig_profiles == []
@@ -138,12 +176,15 @@ async def test_unchanged_machine_hashes_the_same(tmp_path):
     assert [g.product_name for g in first.gpus][-1] == "NVIDIA L40S"
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--simulate", "h900x8"], "valid profiles: a100-40gb"),
-    (["--simulate", "t4x2:mig"], "not MIG-capable"),
-    (["--simulate", "h100x8:turbo"], "unknown --simulate option"),
-    (["--bogus-flag"], "bogus"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--simulate", "h900x8"], "valid profiles: a100-40gb"),
+        (["--simulate", "t4x2:mig"], "not MIG-capable"),
+        (["--simulate", "h100x8:turbo"], "unknown --simulate option"),
+        (["--bogus-flag"], "bogus"),
+    ],
+)
 def test_bad_spec_is_a_clear_error(tmp_path, args, needle):
     done = once(tmp_path, *args)
     assert done.returncode == 2, done.stdout
@@ -162,8 +203,12 @@ def test_malformed_machine_file_names_the_keys(tmp_path):
 def test_missing_nvml_is_a_clear_error(tmp_path):
     empty_root = tmp_path / "driver"
     empty_root.mkdir()
-    done = subprocess.run([sys.executable, "-m", "shared.cli", "discovery", "--node", "n1", "--once",
-                           "--driver-root", str(empty_root)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "discovery", "--node", "n1", "--once", "--driver-root", str(empty_root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 3, (done.stdout, done.stderr)
     assert "libnvidia-ml.so.1" in done.stderr
     assert done.stdout == "", "no half inventory on stdout"

@@ -28,8 +28,9 @@ def fake(tmp_path: Path) -> FakeDriver:
 
 def real(bus: Bus, tmp_path: Path, fake: FakeDriver, **overrides: Any):
     """Discovery on two simulated H100s that runs the fake driver root's binaries."""
-    return running_discovery(bus, "n1", "h100x2", tmp_path / "sim", driver_root=str(fake.root),
-                             **{"tool_timeout": 5.0, **overrides})
+    return running_discovery(
+        bus, "n1", "h100x2", tmp_path / "sim", driver_root=str(fake.root), **{"tool_timeout": 5.0, **overrides}
+    )
 
 
 def bin_path(fake: FakeDriver) -> str:
@@ -37,8 +38,9 @@ def bin_path(fake: FakeDriver) -> str:
 
 
 async def set_sharing(bus: Bus, uuid: str, timeslice: Literal["Default", "Short", "Medium", "Long"]):
-    return await bus.request(catalog.DEVICE_SET_SHARING, SetSharingRequest(gpu_uuids=[uuid], timeslice=timeslice),
-                             timeout=20, node="n1")
+    return await bus.request(
+        catalog.DEVICE_SET_SHARING, SetSharingRequest(gpu_uuids=[uuid], timeslice=timeslice), timeout=20, node="n1"
+    )
 
 
 def gpu0(disc: RunningDiscovery):
@@ -91,8 +93,9 @@ def daemon_pid(pipe_dir: str) -> int:
 
 
 async def start_mps(bus: Bus, daemon_id: str, uuids: list[str], **kw: Any):
-    return await bus.request(catalog.DEVICE_MPS_START, MpsStartRequest(daemon_id=daemon_id, gpu_uuids=uuids, **kw),
-                             timeout=20, node="n1")
+    return await bus.request(
+        catalog.DEVICE_MPS_START, MpsStartRequest(daemon_id=daemon_id, gpu_uuids=uuids, **kw), timeout=20, node="n1"
+    )
 
 
 async def stop_mps(bus: Bus, daemon_id: str):
@@ -102,8 +105,13 @@ async def stop_mps(bus: Bus, daemon_id: str):
 async def test_mps_daemon_commands_in_order_and_stopped_cleanly(bus, tmp_path, fake):
     async with real(bus, tmp_path, fake) as disc:
         uuids = [g.uuid for g in disc.inventory.gpus]
-        started = await start_mps(bus, "claim-1", uuids, active_thread_percentage=50,
-                                  pinned_device_memory_limits={uuids[0]: 10 * GIB, uuids[1]: 5 * GIB})
+        started = await start_mps(
+            bus,
+            "claim-1",
+            uuids,
+            active_thread_percentage=50,
+            pinned_device_memory_limits={uuids[0]: 10 * GIB, uuids[1]: 5 * GIB},
+        )
         assert started.ok, started.error
         calls = fake.calls("nvidia-cuda-mps-control")
         assert calls[0]["argv"] == ["-d"]
@@ -165,8 +173,10 @@ def serving(pipe_dir: str) -> list[int]:
         if not proc.name.isdigit():
             continue
         try:
-            if needle in (proc / "environ").read_bytes().split(b"\0") and \
-                    (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+            if (
+                needle in (proc / "environ").read_bytes().split(b"\0")
+                and (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+            ):
                 out.append(int(proc.name))
         except OSError:
             continue
@@ -196,7 +206,10 @@ async def test_a_refused_setting_stops_the_started_daemon(bus, tmp_path, fake):
         assert "Invalid value" in reply.error.message
         calls = fake.calls("nvidia-cuda-mps-control")
         assert [c["argv"] or c["stdin"] for c in calls] == [
-            ["-d"], "set_default_active_thread_percentage 30\n", "quit\n"]
+            ["-d"],
+            "set_default_active_thread_percentage 30\n",
+            "quit\n",
+        ]
         pipe_dir = calls[0]["env"]["CUDA_MPS_PIPE_DIRECTORY"]
         assert serving(pipe_dir) == [], "the daemon that was started is gone"
         assert not Path(pipe_dir).parent.exists()
@@ -227,8 +240,9 @@ async def test_mps_records_after_a_discovery_restart(bus, tmp_path, fake):
 def test_a_driver_root_under_simulation_selects_the_real_binaries(tmp_path) -> None:
     sim = config.parse(["--node", "n1", "--simulate", "h100x2", "--dev-root", str(tmp_path)])
     assert not sim.runs_driver_tools, "the local cluster: simulated GPUs, no binaries"
-    both = config.parse(["--node", "n1", "--simulate", "h100x2", "--dev-root", str(tmp_path),
-                         "--driver-root", str(tmp_path / "driver")])
+    both = config.parse(
+        ["--node", "n1", "--simulate", "h100x2", "--dev-root", str(tmp_path), "--driver-root", str(tmp_path / "driver")]
+    )
     assert both.runs_driver_tools and both.simulated
     real_node = config.parse(["--node", "n1"])
     assert real_node.runs_driver_tools

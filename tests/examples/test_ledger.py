@@ -53,18 +53,33 @@ async def bus(nats_server) -> AsyncIterator[Bus]:
         await producer.nc.close()
 
 
-def lifecycle(event: str, uid: str, namespace: str, at: float, devices: tuple[str, ...] = (),
-              node: str = "node-1", preparation: int = 1) -> ClaimLifecycle:
+def lifecycle(
+    event: str,
+    uid: str,
+    namespace: str,
+    at: float,
+    devices: tuple[str, ...] = (),
+    node: str = "node-1",
+    preparation: int = 1,
+) -> ClaimLifecycle:
     return ClaimLifecycle(
-        event=event, node=node, driver="gpu.nvidia.com", claim_uid=uid, claim_namespace=namespace,  # type: ignore[arg-type]
-        claim_name=f"claim-{uid}", event_id=claim_event_id(node, uid, preparation, event), observed_at=at,
-        devices=[PreparedDeviceRef(request="gpu", pool=node, device=d, uuid=f"GPU-{d}") for d in devices])
+        event=event,  # type: ignore[arg-type]
+        node=node,
+        driver="gpu.nvidia.com",
+        claim_uid=uid,
+        claim_namespace=namespace,
+        claim_name=f"claim-{uid}",
+        event_id=claim_event_id(node, uid, preparation, event),
+        observed_at=at,
+        devices=[PreparedDeviceRef(request="gpu", pool=node, device=d, uuid=f"GPU-{d}") for d in devices],
+    )
 
 
 async def publish(bus: Bus, events: list[ClaimLifecycle]) -> None:
     for ev in events:
-        await bus.publish(catalog.CLAIM, ev, msg_id=ev.event_id, namespace=ev.claim_namespace, node=ev.node,
-                          event=ev.event)
+        await bus.publish(
+            catalog.CLAIM, ev, msg_id=ev.event_id, namespace=ev.claim_namespace, node=ev.node, event=ev.event
+        )
 
 
 # team-a: 2 GPUs x 100 s + 1 GPU x 40 s = 240; team-b: one 1g10gb MIG device x 30 s, one GPU open.
@@ -88,8 +103,11 @@ STATE_CHANGING = sum(1 for e in ALL_EVENTS if e.event in ("prepared", "unprepare
 def test_each_preparation_of_one_claim_is_accounted_and_each_resend_once() -> None:
     """A standalone claim used by three pods one after another: three preparations, three uses."""
     ledger = Ledger()
-    events = [lifecycle(kind, "s1", "team-a", T0 + 100 * p + (10 if kind == "unprepared" else 0), ("gpu-0",),
-                        preparation=p) for p in (1, 2, 3) for kind in ("prepared", "unprepared")]
+    events = [
+        lifecycle(kind, "s1", "team-a", T0 + 100 * p + (10 if kind == "unprepared" else 0), ("gpu-0",), preparation=p)
+        for p in (1, 2, 3)
+        for kind in ("prepared", "unprepared")
+    ]
     for ev in events + events:  # every event delivered twice (a resend after a restart)
         ledger.apply(msgspec.to_builtins(ev), event_key(msgspec.to_builtins(ev), ev.node, 0))
     assert ledger.stats.applied == 6 and ledger.stats.duplicates == 6
@@ -97,8 +115,9 @@ def test_each_preparation_of_one_claim_is_accounted_and_each_resend_once() -> No
     assert ledger.report()["team-a"]["gpu_seconds"] == 30.0
 
 
-def share(uid: str, namespace: str, event: str, at: float, device: str = "gpu-0", node: str = "node-1",
-          **consumed: str) -> ClaimLifecycle:
+def share(
+    uid: str, namespace: str, event: str, at: float, device: str = "gpu-0", node: str = "node-1", **consumed: str
+) -> ClaimLifecycle:
     """A claim holding one share of `device` (an 80Gi GPU) consuming `consumed` of it."""
     ev = lifecycle(event, uid, namespace, at, (device,), node=node)
     ev.devices[0].share_id = f"share-{uid}"
@@ -142,19 +161,24 @@ def test_an_open_share_runs_at_its_fraction_and_survives_a_save() -> None:
     assert Ledger.from_json(older, 60.0).report(now=T0 + 40)["team-a"]["running_gpu_seconds"] == 40.0
 
 
-@pytest.mark.parametrize(("consumed", "capacity", "fraction"), [
-    ({"memory": "10Gi", "compute": "50"}, {"memory": "80Gi", "compute": "100"}, 0.125),  # memory first
-    ({"memory": "10Gi", "compute": "50"}, {}, 0.5),  # GPU memory unknown: compute percent / 100
-    ({"memory": "0", "compute": "25"}, {"memory": "80Gi"}, 0.25),  # memoryDefault none: no memory taken
-    ({"memory": "0", "shares": "1"}, {"memory": "80Gi", "shares": "4"}, 0.25),  # 1/N
-    ({"shares": "1"}, {}, 1.0),  # N unknown: the whole GPU
-    ({}, {}, 1.0),
-    ({"memory": "100Gi"}, {"memory": "80Gi"}, 1.0),  # never more than the device
-    ({"memory": "10G"}, {"memory": "80G"}, 0.125),
-])
+@pytest.mark.parametrize(
+    ("consumed", "capacity", "fraction"),
+    [
+        ({"memory": "10Gi", "compute": "50"}, {"memory": "80Gi", "compute": "100"}, 0.125),  # memory first
+        ({"memory": "10Gi", "compute": "50"}, {}, 0.5),  # GPU memory unknown: compute percent / 100
+        ({"memory": "0", "compute": "25"}, {"memory": "80Gi"}, 0.25),  # memoryDefault none: no memory taken
+        ({"memory": "0", "shares": "1"}, {"memory": "80Gi", "shares": "4"}, 0.25),  # 1/N
+        ({"shares": "1"}, {}, 1.0),  # N unknown: the whole GPU
+        ({}, {}, 1.0),
+        ({"memory": "100Gi"}, {"memory": "80Gi"}, 1.0),  # never more than the device
+        ({"memory": "10G"}, {"memory": "80G"}, 0.125),
+    ],
+)
 def test_a_shares_fraction_follows_the_documented_order(consumed: dict, capacity: dict, fraction: float) -> None:
-    assert share_fraction({"device": "gpu-0", "share_id": "s", "consumed_capacity": consumed,
-                           "capacity": capacity}) == fraction
+    assert (
+        share_fraction({"device": "gpu-0", "share_id": "s", "consumed_capacity": consumed, "capacity": capacity})
+        == fraction
+    )
     assert share_fraction({"device": "gpu-0", "consumed_capacity": consumed}) is None  # not a share
 
 
@@ -171,10 +195,24 @@ async def test_shares_are_billed_from_the_stream(nats_server, bus: Bus, schemas:
 def assert_exact_totals(ledger: Ledger) -> None:
     report = ledger.report(now=T0 + 310)
     assert report == {
-        "team-a": {"gpu_seconds": 240.0, "mig_seconds": {}, "gpu_share_seconds": 0.0, "claims_closed": 2,
-                   "claims_open": 0, "running_gpu_seconds": 0.0, "running_gpu_share_seconds": 0.0},
-        "team-b": {"gpu_seconds": 0.0, "mig_seconds": {"1g10gb": 30.0}, "gpu_share_seconds": 0.0, "claims_closed": 1,
-                   "claims_open": 1, "running_gpu_seconds": 10.0, "running_gpu_share_seconds": 0.0},
+        "team-a": {
+            "gpu_seconds": 240.0,
+            "mig_seconds": {},
+            "gpu_share_seconds": 0.0,
+            "claims_closed": 2,
+            "claims_open": 0,
+            "running_gpu_seconds": 0.0,
+            "running_gpu_share_seconds": 0.0,
+        },
+        "team-b": {
+            "gpu_seconds": 0.0,
+            "mig_seconds": {"1g10gb": 30.0},
+            "gpu_share_seconds": 0.0,
+            "claims_closed": 1,
+            "claims_open": 1,
+            "running_gpu_seconds": 10.0,
+            "running_gpu_share_seconds": 0.0,
+        },
     }
 
 
@@ -203,8 +241,7 @@ async def test_exact_totals_per_namespace(nats_server, bus: Bus, schemas: Path, 
     assert saved["namespaces"]["team-a"]["gpu_seconds"] == 240.0
 
 
-async def test_restart_mid_stream_counts_each_event_once(nats_server, bus: Bus, schemas: Path,
-                                                         tmp_path: Path) -> None:
+async def test_restart_mid_stream_counts_each_event_once(nats_server, bus: Bus, schemas: Path, tmp_path: Path) -> None:
     state = tmp_path / "ledger.json"
     await publish(bus, FIRST_HALF)
     first = service(nats_server, schemas, state)
@@ -218,8 +255,9 @@ async def test_restart_mid_stream_counts_each_event_once(nats_server, bus: Bus, 
     assert second.ledger.stats.duplicates == 0  # the durable consumer resumed after the acked ones
 
 
-async def test_crash_between_write_and_ack_is_not_double_counted(nats_server, bus: Bus, schemas: Path,
-                                                                  tmp_path: Path) -> None:
+async def test_crash_between_write_and_ack_is_not_double_counted(
+    nats_server, bus: Bus, schemas: Path, tmp_path: Path
+) -> None:
     state = tmp_path / "ledger.json"
     await publish(bus, ALL_EVENTS)
 
@@ -244,7 +282,8 @@ def await_load(state: Path) -> Ledger:
 
 
 async def test_full_replay_with_kept_ledger_changes_nothing_and_lost_ledger_rebuilds(
-        nats_server, bus: Bus, schemas: Path, tmp_path: Path) -> None:
+    nats_server, bus: Bus, schemas: Path, tmp_path: Path
+) -> None:
     state = tmp_path / "ledger.json"
     await publish(bus, ALL_EVENTS)
     await run_until(service(nats_server, schemas, state), lambda lg: lg.stats.applied == STATE_CHANGING)
@@ -258,15 +297,26 @@ async def test_full_replay_with_kept_ledger_changes_nothing_and_lost_ledger_rebu
     assert_exact_totals(rebuilt.ledger)
 
 
-async def test_messages_that_break_the_schema_are_skipped_without_blocking(nats_server, bus: Bus, schemas: Path,
-                                                                           tmp_path: Path) -> None:
+async def test_messages_that_break_the_schema_are_skipped_without_blocking(
+    nats_server, bus: Bus, schemas: Path, tmp_path: Path
+) -> None:
     raw = await nats.connect(nats_server.url)
     js = raw.jetstream()
     await js.publish("dra.v1.claim.team-a.node-1.prepared", b"not json")
     await js.publish("dra.v1.claim.team-a.node-1.prepared", json.dumps({"event": "prepared"}).encode())
-    await js.publish("dra.v1.claim.team-a.node-1.prepared", json.dumps(
-        {"event": "paused", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "team-a",
-         "claim_name": "c"}).encode())
+    await js.publish(
+        "dra.v1.claim.team-a.node-1.prepared",
+        json.dumps(
+            {
+                "event": "paused",
+                "node": "n",
+                "driver": "d",
+                "claim_uid": "u",
+                "claim_namespace": "team-a",
+                "claim_name": "c",
+            }
+        ).encode(),
+    )
     await raw.close()
     await publish(bus, ALL_EVENTS)
     svc = service(nats_server, schemas, tmp_path / "ledger.json")
@@ -275,8 +325,9 @@ async def test_messages_that_break_the_schema_are_skipped_without_blocking(nats_
     assert_exact_totals(svc.ledger)
 
 
-async def test_namespace_scope_accounts_only_that_namespace(nats_server, bus: Bus, schemas: Path,
-                                                            tmp_path: Path) -> None:
+async def test_namespace_scope_accounts_only_that_namespace(
+    nats_server, bus: Bus, schemas: Path, tmp_path: Path
+) -> None:
     await publish(bus, ALL_EVENTS)
     svc = service(nats_server, schemas, tmp_path / "ledger.json", namespace="team-b", durable="team-b-only")
     assert svc.filter_subject == "dra.v1.claim.team-b.*.*"
@@ -293,20 +344,60 @@ def test_contract_comes_from_the_exported_index(schemas: Path, tmp_path: Path) -
         load_contract(tmp_path / "nowhere")
 
 
-@pytest.mark.parametrize("message", [
-    {"event": "prepared"},
-    {"event": "paused", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c"},
-    {"event": "prepared", "node": 3, "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c"},
-    {"event": "prepared", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c",
-     "devices": [{"request": "gpu", "pool": "p"}]},
-    {"event": "prepared", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c",
-     "devices": [{"request": "gpu", "pool": "p", "device": "gpu-0"}], "observed_at": 12.5},
-    {"event": "prepared", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c",
-     "devices": [{"request": "gpu", "pool": "p", "device": "gpu-0", "share_id": "s",
-                  "consumed_capacity": {"memory": "10Gi"}, "capacity": {"memory": "80Gi"}}]},
-    {"event": "prepared", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c",
-     "devices": [{"request": "gpu", "pool": "p", "device": "gpu-0", "consumed_capacity": {"memory": 10}}]},
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"event": "prepared"},
+        {"event": "paused", "node": "n", "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c"},
+        {"event": "prepared", "node": 3, "driver": "d", "claim_uid": "u", "claim_namespace": "ns", "claim_name": "c"},
+        {
+            "event": "prepared",
+            "node": "n",
+            "driver": "d",
+            "claim_uid": "u",
+            "claim_namespace": "ns",
+            "claim_name": "c",
+            "devices": [{"request": "gpu", "pool": "p"}],
+        },
+        {
+            "event": "prepared",
+            "node": "n",
+            "driver": "d",
+            "claim_uid": "u",
+            "claim_namespace": "ns",
+            "claim_name": "c",
+            "devices": [{"request": "gpu", "pool": "p", "device": "gpu-0"}],
+            "observed_at": 12.5,
+        },
+        {
+            "event": "prepared",
+            "node": "n",
+            "driver": "d",
+            "claim_uid": "u",
+            "claim_namespace": "ns",
+            "claim_name": "c",
+            "devices": [
+                {
+                    "request": "gpu",
+                    "pool": "p",
+                    "device": "gpu-0",
+                    "share_id": "s",
+                    "consumed_capacity": {"memory": "10Gi"},
+                    "capacity": {"memory": "80Gi"},
+                }
+            ],
+        },
+        {
+            "event": "prepared",
+            "node": "n",
+            "driver": "d",
+            "claim_uid": "u",
+            "claim_namespace": "ns",
+            "claim_name": "c",
+            "devices": [{"request": "gpu", "pool": "p", "device": "gpu-0", "consumed_capacity": {"memory": 10}}],
+        },
+    ],
+)
 def test_schema_checker_agrees_with_jsonschema(schemas: Path, message: dict) -> None:
     contract = load_contract(schemas)
     try:
@@ -322,8 +413,9 @@ def test_schema_checker_agrees_with_jsonschema(schemas: Path, message: dict) -> 
     assert valid == expected_valid
 
 
-async def test_corrupt_ledger_file_stops_start_and_is_left_alone(nats_server, bus: Bus, schemas: Path,
-                                                                 tmp_path: Path) -> None:
+async def test_corrupt_ledger_file_stops_start_and_is_left_alone(
+    nats_server, bus: Bus, schemas: Path, tmp_path: Path
+) -> None:
     state = tmp_path / "ledger.json"
     state.write_text('{"version": 1, "namespaces": ')
     svc = service(nats_server, schemas, state)
@@ -345,13 +437,25 @@ def test_the_example_imports_only_the_standard_library_and_nats() -> None:
             assert roots <= allowed, f"{module.name} imports {roots - allowed}"
 
 
-async def test_runs_as_a_process_and_prints_the_report_on_sigterm(nats_server, bus: Bus, schemas: Path,
-                                                                   tmp_path: Path) -> None:
+async def test_runs_as_a_process_and_prints_the_report_on_sigterm(
+    nats_server, bus: Bus, schemas: Path, tmp_path: Path
+) -> None:
     await publish(bus, ALL_EVENTS)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "examples.ledger", "--schemas", str(schemas), "--nats", nats_server.url,
-        "--state", str(tmp_path / "ledger.json"), cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "examples.ledger",
+        "--schemas",
+        str(schemas),
+        "--nats",
+        nats_server.url,
+        "--state",
+        str(tmp_path / "ledger.json"),
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         async with asyncio.timeout(20):
             assert proc.stderr is not None

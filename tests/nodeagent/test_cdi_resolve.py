@@ -17,19 +17,34 @@ def write_spec(path, kind, devices, edits=None):
 
 
 def test_resolves_ids_across_specs(tmp_path):
-    write_spec(tmp_path / "claim_a.json", "k8s.gpu.nvidia.com/claim",
-               [{"name": "a-gpu-0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}],
-                                                       "env": ["NVIDIA_VISIBLE_DEVICES=void"]}},
-                {"name": "a-gpu-1", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}}],
-               edits={"deviceNodes": [{"path": "/dev/nvidiactl"}], "env": ["A=1"]})
-    write_spec(tmp_path / "mps.json", "k8s.gpu.nvidia.com/mps",
-               [{"name": "d1", "containerEdits": {"mounts": [{"hostPath": "/h/pipe", "containerPath": "/p"}],
-                                                  "env": ["A=2"]}}])
+    write_spec(
+        tmp_path / "claim_a.json",
+        "k8s.gpu.nvidia.com/claim",
+        [
+            {
+                "name": "a-gpu-0",
+                "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}], "env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+            },
+            {"name": "a-gpu-1", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}},
+        ],
+        edits={"deviceNodes": [{"path": "/dev/nvidiactl"}], "env": ["A=1"]},
+    )
+    write_spec(
+        tmp_path / "mps.json",
+        "k8s.gpu.nvidia.com/mps",
+        [
+            {
+                "name": "d1",
+                "containerEdits": {"mounts": [{"hostPath": "/h/pipe", "containerPath": "/p"}], "env": ["A=2"]},
+            }
+        ],
+    )
     (tmp_path / "notes.txt").write_text("ignored")
     (tmp_path / "broken.json").write_text("{")
     specs = load_specs([tmp_path])
-    edits = resolve(["k8s.gpu.nvidia.com/claim=a-gpu-0", "k8s.gpu.nvidia.com/claim=a-gpu-1",
-                     "k8s.gpu.nvidia.com/mps=d1"], specs)
+    edits = resolve(
+        ["k8s.gpu.nvidia.com/claim=a-gpu-0", "k8s.gpu.nvidia.com/claim=a-gpu-1", "k8s.gpu.nvidia.com/mps=d1"], specs
+    )
     assert edits.device_nodes == ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"]
     assert edits.env == ["NVIDIA_VISIBLE_DEVICES=void", "A=2"], "later edits of a variable win"
     assert edits.mounts == ["/h/pipe:/p"]

@@ -21,8 +21,11 @@ from services.discovery import devtree
 from services.discovery.simnvml.state import SimCi, SimGi, SimGpu, SimMps, SimState
 from tests.polling import eventually
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60),
-              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (make setup)")]
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (make setup)"),
+]
 
 H100 = "GPU-11111111-0000-0000-0000-000000000000"
 A100 = "GPU-22222222-0000-0000-0000-000000000000"
@@ -31,15 +34,44 @@ MIG_B = "MIG-bbbbbbbb-0000-0000-0000-000000000000"
 
 
 def sim_state() -> SimState:
-    return SimState(node="n1", machine="x", driver_version="550.54.15", cuda_version=12040, gpus=[
-        SimGpu(index=0, profile="h100", uuid=H100, minor=0, bus_id="0000:1a:00.0", pcie_root="pci0000:00",
-               numa_node=0, compute_mode=3, timeslice=2),
-        SimGpu(index=1, profile="a100-40gb", uuid=A100, minor=1, bus_id="0000:2a:00.0", pcie_root="pci0000:00",
-               numa_node=0, mig_enabled=True, gis=[
-                   SimGi(id=1, profile_index=1, start=0, size=2, cis=[SimCi(id=0, profile_index=1, uuid=MIG_A)]),
-                   SimGi(id=2, profile_index=0, start=2, size=1, cis=[SimCi(id=0, profile_index=0, uuid=MIG_B)])])],
-        mps={"d1": SimMps(daemon_id="d1", gpu_uuids=[H100], active_thread_percentage=50, pipe_dir="/p",
-                          shm_dir="/s", log_dir="/l")})
+    return SimState(
+        node="n1",
+        machine="x",
+        driver_version="550.54.15",
+        cuda_version=12040,
+        gpus=[
+            SimGpu(
+                index=0,
+                profile="h100",
+                uuid=H100,
+                minor=0,
+                bus_id="0000:1a:00.0",
+                pcie_root="pci0000:00",
+                numa_node=0,
+                compute_mode=3,
+                timeslice=2,
+            ),
+            SimGpu(
+                index=1,
+                profile="a100-40gb",
+                uuid=A100,
+                minor=1,
+                bus_id="0000:2a:00.0",
+                pcie_root="pci0000:00",
+                numa_node=0,
+                mig_enabled=True,
+                gis=[
+                    SimGi(id=1, profile_index=1, start=0, size=2, cis=[SimCi(id=0, profile_index=1, uuid=MIG_A)]),
+                    SimGi(id=2, profile_index=0, start=2, size=1, cis=[SimCi(id=0, profile_index=0, uuid=MIG_B)]),
+                ],
+            ),
+        ],
+        mps={
+            "d1": SimMps(
+                daemon_id="d1", gpu_uuids=[H100], active_thread_percentage=50, pipe_dir="/p", shm_dir="/s", log_dir="/l"
+            )
+        },
+    )
 
 
 @pytest.fixture
@@ -52,18 +84,33 @@ def node(tmp_path: Path) -> dict[str, Path]:
 
 
 def pod(name: str, containers: list[dict[str, Any]], policy: str = "Never", **spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
-            "spec": {"containers": containers, "restartPolicy": policy, **spec}}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {"containers": containers, "restartPolicy": policy, **spec},
+    }
 
 
-def worker(node: dict[str, Path], p: dict[str, Any], edits: dict[str, Any] | None = None,
-           seen: list[dict[str, Any]] | None = None) -> PodWorker:
+def worker(
+    node: dict[str, Path],
+    p: dict[str, Any],
+    edits: dict[str, Any] | None = None,
+    seen: list[dict[str, Any]] | None = None,
+) -> PodWorker:
     def changed(w: PodWorker) -> None:
         if seen is not None:
             seen.append(w.status())
-    return PodWorker(p, edits or {}, bwrap=shutil.which("bwrap") or "", work_root=node["work"],
-                     log_root=node["logs"], shim_dir=node["shim"], sim_state=str(node["state"]),
-                     on_change=changed, backoff_base=0.3)
+
+    return PodWorker(
+        p,
+        edits or {},
+        bwrap=shutil.which("bwrap") or "",
+        work_root=node["work"],
+        log_root=node["logs"],
+        shim_dir=node["shim"],
+        sim_state=str(node["state"]),
+        on_change=changed,
+        backoff_base=0.3,
+    )
 
 
 def log_of(node: dict[str, Path], p: dict[str, Any], container: str, run: int = 0) -> str:
@@ -80,9 +127,18 @@ def gpu_edits(*nodes: str) -> dict[str, Any]:
 
 
 async def test_container_prints_its_gpu_env_and_exits(node: dict[str, Path]) -> None:
-    p = pod("one", [{"name": "ctr", "image": "ubuntu:22.04", "command": ["bash", "-c"],
-                     "args": ["nvidia-smi -L; env | grep -E '^(CUDA|NVIDIA|EXTRA|GREETING)' | sort; id -u"],
-                     "env": [{"name": "GREETING", "value": "hi"}]}])
+    p = pod(
+        "one",
+        [
+            {
+                "name": "ctr",
+                "image": "ubuntu:22.04",
+                "command": ["bash", "-c"],
+                "args": ["nvidia-smi -L; env | grep -E '^(CUDA|NVIDIA|EXTRA|GREETING)' | sort; id -u"],
+                "env": [{"name": "GREETING", "value": "hi"}],
+            }
+        ],
+    )
     w = worker(node, p, gpu_edits("/dev/nvidia0", "/dev/nvidiactl"))
     w.start()
     await w.task  # type: ignore[misc]
@@ -90,8 +146,13 @@ async def test_container_prints_its_gpu_env_and_exits(node: dict[str, Path]) -> 
     term = w.status()["containerStatuses"][0]["state"]["terminated"]
     assert (term["exitCode"], term["reason"]) == (0, "Completed")
     assert log_of(node, p, "ctr").splitlines() == [
-        f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100})", f"CUDA_VISIBLE_DEVICES={H100}", "EXTRA=from-cdi",
-        "GREETING=hi", "NVIDIA_VISIBLE_DEVICES=void", "65534"]
+        f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100})",
+        f"CUDA_VISIBLE_DEVICES={H100}",
+        "EXTRA=from-cdi",
+        "GREETING=hi",
+        "NVIDIA_VISIBLE_DEVICES=void",
+        "65534",
+    ]
 
 
 async def test_shim_shows_only_the_visible_mig_device_and_sharing() -> None:
@@ -99,11 +160,15 @@ async def test_shim_shows_only_the_visible_mig_device_and_sharing() -> None:
     cap = devtree.mig_cap_minors(1, 2, 0)[1]
     env = {nvidiasmi.STATE_ENV: "", nvidiasmi.NODES_ENV: f"/dev/nvidia1:/dev/nvidia-caps/nvidia-cap{cap}"}
     devices = nvidiasmi.visible_devices(state, env[nvidiasmi.NODES_ENV].split(":"))
-    assert nvidiasmi.list_lines(devices) == [f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {A100})",
-                                             f"  MIG 1g.5gb       Device  0: (UUID: {MIG_B})"]
+    assert nvidiasmi.list_lines(devices) == [
+        f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {A100})",
+        f"  MIG 1g.5gb       Device  0: (UUID: {MIG_B})",
+    ]
     assert nvidiasmi.visible_uuids(devices) == [MIG_B]
     assert nvidiasmi.query(state, devices, ["name", "uuid", "memory.total", "index"], {"csv"}) == [
-        "name, uuid, memory.total [MiB], index", f"NVIDIA A100-SXM4-40GB, {A100}, 40960 MiB, 0"]
+        "name, uuid, memory.total [MiB], index",
+        f"NVIDIA A100-SXM4-40GB, {A100}, 40960 MiB, 0",
+    ]
     full = nvidiasmi.visible_devices(state, ["/dev/nvidia0"])
     table = "\n".join(nvidiasmi.table(state, full))
     assert "Exclusive_Process" in table and "Time Slice Interval                   : Medium" in table
@@ -116,12 +181,15 @@ async def test_hostile_commands_fail_inside_and_harm_nothing(node: dict[str, Pat
     sentinel.mkdir()
     (sentinel / "keep").write_text("kept")
     try:
-        script = (f"rm -rf {sentinel} /etc/hostname /usr/bin/env 2>&1 | head -3; echo pwned > /etc/pwned; "
-                  "timeout 3 rm -rf --no-preserve-root / 2>/dev/null; "
-                  "apt-get install -y -q cowsay >/dev/null 2>&1; echo apt=$?; "
-                  "getent hosts example.com || echo no-network; echo ok > /tmp/mine && cat /tmp/mine; exit 3")
-        p = pod("evil", [{"name": "ctr", "image": "x", "command": ["bash", "-c", script]}],
-                securityContext={"runAsUser": 0})
+        script = (
+            f"rm -rf {sentinel} /etc/hostname /usr/bin/env 2>&1 | head -3; echo pwned > /etc/pwned; "
+            "timeout 3 rm -rf --no-preserve-root / 2>/dev/null; "
+            "apt-get install -y -q cowsay >/dev/null 2>&1; echo apt=$?; "
+            "getent hosts example.com || echo no-network; echo ok > /tmp/mine && cat /tmp/mine; exit 3"
+        )
+        p = pod(
+            "evil", [{"name": "ctr", "image": "x", "command": ["bash", "-c", script]}], securityContext={"runAsUser": 0}
+        )
         w = worker(node, p)
         w.start()
         await w.task  # type: ignore[misc]
@@ -136,14 +204,20 @@ async def test_hostile_commands_fail_inside_and_harm_nothing(node: dict[str, Pat
 
 async def test_crash_loop_backs_off_and_runs_again(node: dict[str, Path]) -> None:
     marker = "/run/pod/ran"  # the work dir survives restarts: the second run succeeds and stays up
-    script = f"if [ -e {marker} ]; then echo second; trap 'echo bye; exit 0' TERM; sleep 30 & wait; " \
-             f"else touch {marker}; echo first; exit 1; fi"
+    script = (
+        f"if [ -e {marker} ]; then echo second; trap 'echo bye; exit 0' TERM; sleep 30 & wait; "
+        f"else touch {marker}; echo first; exit 1; fi"
+    )
     p = pod("crash", [{"name": "ctr", "image": "x", "command": ["sh", "-c", script]}], policy="Always")
     seen: list[dict[str, Any]] = []
     w = worker(node, p, seen=seen)
     w.start()
-    await until(lambda: w.status()["containerStatuses"][0]["restartCount"] == 1
-                and w.status()["containerStatuses"][0]["state"]["running"] is not None)
+    await until(
+        lambda: (
+            w.status()["containerStatuses"][0]["restartCount"] == 1
+            and w.status()["containerStatuses"][0]["state"]["running"] is not None
+        )
+    )
     reasons = [(s["containerStatuses"][0]["state"].get("waiting") or {}).get("reason") for s in seen]
     assert "CrashLoopBackOff" in reasons
     status = w.status()
@@ -158,14 +232,23 @@ async def test_crash_loop_backs_off_and_runs_again(node: dict[str, Path]) -> Non
 
 
 async def test_init_containers_run_in_order_and_sigkill_after_grace(node: dict[str, Path]) -> None:
-    p = pod("init", [{"name": "ctr", "image": "x", "command": ["sh", "-c", "cd && pwd; "
-                                                                           "trap '' TERM; echo up; sleep 60"]}],
-            initContainers=[{"name": "a", "image": "x", "command": ["sh", "-c", "echo a"]},
-                            {"name": "b", "image": "x", "command": ["sh", "-c", "echo b"]}])
+    p = pod(
+        "init",
+        [{"name": "ctr", "image": "x", "command": ["sh", "-c", "cd && pwd; trap '' TERM; echo up; sleep 60"]}],
+        initContainers=[
+            {"name": "a", "image": "x", "command": ["sh", "-c", "echo a"]},
+            {"name": "b", "image": "x", "command": ["sh", "-c", "echo b"]},
+        ],
+    )
     w = worker(node, p)
     w.start()
-    await until(lambda: w.phase == "Running" and (node["logs"] / "ns_init_uid-init" / "ctr" / "0.log").exists()
-                and "up" in log_of(node, p, "ctr"))
+    await until(
+        lambda: (
+            w.phase == "Running"
+            and (node["logs"] / "ns_init_uid-init" / "ctr" / "0.log").exists()
+            and "up" in log_of(node, p, "ctr")
+        )
+    )
     assert [log_of(node, p, c) for c in ("a", "b")] == ["a\n", "b\n"]
     assert all(c["state"]["terminated"]["reason"] == "Completed" for c in w.status()["initContainerStatuses"])
     started = time.monotonic()
@@ -186,16 +269,31 @@ async def test_container_without_command_idles_until_stopped(node: dict[str, Pat
 
 
 async def test_login_shell_finds_nvidia_smi_where_cdi_puts_it_and_usr_bin_stays_read_only(
-        node: dict[str, Path]) -> None:
+    node: dict[str, Path],
+) -> None:
     """NVIDIA's pods-shared-gpu spec runs `bash -lc "nvidia-smi -L"`: a login shell resets PATH."""
-    p = pod("login", [{"name": "ctr", "image": "ubuntu:22.04", "command": ["bash", "-lc"],
-                       "args": ["command -v nvidia-smi; nvidia-smi -L; touch /usr/bin/x 2>/dev/null || echo ro; "
-                                "ls /usr/bin/env"]}])
+    p = pod(
+        "login",
+        [
+            {
+                "name": "ctr",
+                "image": "ubuntu:22.04",
+                "command": ["bash", "-lc"],
+                "args": [
+                    "command -v nvidia-smi; nvidia-smi -L; touch /usr/bin/x 2>/dev/null || echo ro; ls /usr/bin/env"
+                ],
+            }
+        ],
+    )
     w = worker(node, p, gpu_edits("/dev/nvidia0"))
     w.start()
     await w.task  # type: ignore[misc]
     assert log_of(node, p, "ctr").splitlines() == [
-        "/usr/bin/nvidia-smi", f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100})", "ro", "/usr/bin/env"]
+        "/usr/bin/nvidia-smi",
+        f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100})",
+        "ro",
+        "/usr/bin/env",
+    ]
     assert w.phase == "Succeeded"
 
 
@@ -218,16 +316,24 @@ sys.exit(done.returncode)
 """
 
 
-async def test_the_shim_runs_from_a_checkout_under_tmp_which_the_sandbox_hides(node: dict[str, Path],
-                                                                                tmp_path: Path) -> None:
+async def test_the_shim_runs_from_a_checkout_under_tmp_which_the_sandbox_hides(
+    node: dict[str, Path], tmp_path: Path
+) -> None:
     """A checkout under /tmp (the sandbox's /tmp is its own): the shim names only the paths it is mounted at."""
     repo = Path(__file__).resolve().parents[2]
     checkout = tmp_path / "checkout"
     for package in ("shared", "services", "embedded"):
         shutil.copytree(repo / package, checkout / package, ignore=shutil.ignore_patterns("__pycache__"))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", RUN_FROM_CHECKOUT, str(tmp_path / "run"), str(node["state"]), cwd=checkout,
-        env={**os.environ, "PYTHONPATH": str(checkout)}, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        "-c",
+        RUN_FROM_CHECKOUT,
+        str(tmp_path / "run"),
+        str(node["state"]),
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     assert (proc.returncode, out.decode()) == (0, f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100})\n"), out.decode()

@@ -29,8 +29,9 @@ class Held(dra_v1_pb2_grpc.DRAPluginServicer):
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
-    async def NodeUnprepareResources(self, request: object,
-                                     context: object) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
+    async def NodeUnprepareResources(
+        self, request: object, context: object
+    ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
         return dra_v1_pb2.NodeUnprepareResourcesResponse()
 
 

@@ -36,7 +36,6 @@ PREPARE_SPAN = "kubelet NodePrepareResources"
 REPO = Path(__file__).resolve().parents[2]
 
 
-
 async def until(what: str, check: Callable[[], Awaitable[Any]], timeout: float = 15.0) -> Any:
     """Poll `check` until it returns something truthy; fail naming `what` at the deadline."""
     deadline = time.monotonic() + timeout
@@ -63,9 +62,14 @@ class Cluster:
 
     def kubelet_config(self) -> kubelet_cli.KubeletConfig:
         return kubelet_cli.KubeletConfig(
-            node="n1", kubeconfig=str(self.api.kubeconfig_path), registry_dir=str(self.root / "reg"),
-            cdi_dir=str(self.root / "cdi"), state_dir=str(self.root / "kubelet-state"), resync_seconds=5.0,
-            runtime="none")  # claims and status, not processes (test_containers.py runs those)
+            node="n1",
+            kubeconfig=str(self.api.kubeconfig_path),
+            registry_dir=str(self.root / "reg"),
+            cdi_dir=str(self.root / "cdi"),
+            state_dir=str(self.root / "kubelet-state"),
+            resync_seconds=5.0,
+            runtime="none",
+        )  # claims and status, not processes (test_containers.py runs those)
 
     def start_kubelet(self) -> None:
         self.stopping = asyncio.Event()
@@ -89,10 +93,28 @@ class Cluster:
     async def kubelet_process(self) -> asyncio.subprocess.Process:
         cfg = self.kubelet_config()
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli", "kubelet", "--node", cfg.node, "--kubeconfig", cfg.kubeconfig,
-            "--registry-dir", cfg.registry_dir, "--cdi-dir", cfg.cdi_dir, "--state-dir", cfg.state_dir,
-            "--resync-seconds", "5", "--runtime", "none", cwd=str(REPO), stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL)
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "kubelet",
+            "--node",
+            cfg.node,
+            "--kubeconfig",
+            cfg.kubeconfig,
+            "--registry-dir",
+            cfg.registry_dir,
+            "--cdi-dir",
+            cfg.cdi_dir,
+            "--state-dir",
+            cfg.state_dir,
+            "--resync-seconds",
+            "5",
+            "--runtime",
+            "none",
+            cwd=str(REPO),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
 
     async def pod(self, name: str, ns: str = "default") -> dict[str, Any] | None:
         try:
@@ -102,36 +124,71 @@ class Cluster:
                 return None
             raise
 
-    async def create_pod(self, name: str, claim: str | None, containers: list[str], *,
-                         annotations: dict[str, str] | None = None, request: str = "",
-                         node: str | None = "n1") -> dict[str, Any]:
+    async def create_pod(
+        self,
+        name: str,
+        claim: str | None,
+        containers: list[str],
+        *,
+        annotations: dict[str, str] | None = None,
+        request: str = "",
+        node: str | None = "n1",
+    ) -> dict[str, Any]:
         use = {"name": "gpu", **({"request": request} if request else {})}
-        body = {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
-                "spec": {**({"nodeName": node} if node else {}), "terminationGracePeriodSeconds": 30,
-                         "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}] if claim else [],
-                         "containers": [{"name": c, "image": "cuda", "command": ["sleep", "infinity"],
-                                         "resources": {"claims": [use]} if claim else {}} for c in containers]}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
+            "spec": {
+                **({"nodeName": node} if node else {}),
+                "terminationGracePeriodSeconds": 30,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}] if claim else [],
+                "containers": [
+                    {
+                        "name": c,
+                        "image": "cuda",
+                        "command": ["sleep", "infinity"],
+                        "resources": {"claims": [use]} if claim else {},
+                    }
+                    for c in containers
+                ],
+            },
+        }
         created = await self.core.create_namespaced_pod("default", body)  # type: ignore[arg-type]  # the client sends a dict as it is
         return self.client.sanitize_for_serialization(created)
 
     async def reserve(self, claim: Claim, *pods: dict[str, Any]) -> None:
-        await self.kube.patch(RESOURCECLAIMS, claim.namespace, claim.name, {"status": {"reservedFor": [
-            {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in pods]}},
-            subresource="status")
+        await self.kube.patch(
+            RESOURCECLAIMS,
+            claim.namespace,
+            claim.name,
+            {
+                "status": {
+                    "reservedFor": [
+                        {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in pods
+                    ]
+                }
+            },
+            subresource="status",
+        )
 
     async def running(self, name: str) -> dict[str, Any]:
         async def check() -> dict[str, Any] | None:
             pod = await self.pod(name)
-            ok = pod and pod["status"].get("phase") == "Running" and any(
-                c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+            ok = (
+                pod
+                and pod["status"].get("phase") == "Running"
+                and any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+            )
             return pod if ok else None
+
         pod: dict[str, Any] = await until(f"pod {name} Running/Ready", check)
         return pod
 
     async def gone(self, name: str) -> None:
         async def check() -> bool:
             return await self.pod(name) is None
+
         await until(f"pod {name} gone", check)
 
     def checkpointed(self) -> set[str]:
@@ -144,9 +201,12 @@ async def cluster(nats_server: EmbeddedNats) -> AsyncIterator[Cluster]:
     bus = await Bus.connect(nats_server.url, name="kubelet-test")
     await bus.provision()
     try:
-        async with running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim"), \
-                running_apiserver(root / "api") as api, api.client() as client, \
-                running_node(KubeClaimSource(client), root, bus=bus) as node:
+        async with (
+            running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim"),
+            running_apiserver(root / "api") as api,
+            api.client() as client,
+            running_node(KubeClaimSource(client), root, bus=bus) as node,
+        ):
             c = Cluster(root, api, client, k8s.CoreV1Api(client), Kube(client), ApiClaims(client), node)
             c.start_kubelet()
             try:
@@ -168,7 +228,8 @@ def visible(edit: dict[str, Any]) -> str:
 
 
 async def test_node_ready_pod_runs_two_containers_share_gpu_and_delete_unprepares(
-        cluster: Cluster, spans: InMemorySpanExporter) -> None:
+    cluster: Cluster, spans: InMemorySpanExporter
+) -> None:
     async def ready() -> bool:
         try:
             node = await cluster.core.read_node("n1")
@@ -176,6 +237,7 @@ async def test_node_ready_pod_runs_two_containers_share_gpu_and_delete_unprepare
             return False
         conditions = (node.status.conditions if node.status else None) or []
         return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
     await until("node n1 Ready", ready)
     node = await cluster.core.read_node("n1")
     assert node.status.allocatable["pods"] == "110" and node.status.capacity["cpu"] == "16"
@@ -197,8 +259,9 @@ async def test_node_ready_pod_runs_two_containers_share_gpu_and_delete_unprepare
 
     finished = spans.get_finished_spans()
     client_span = next(s for s in finished if s.name == PREPARE_SPAN)
-    server = next(s for s in finished if s.name == "NodePrepareResources"
-                  and s.context.trace_id == client_span.context.trace_id)
+    server = next(
+        s for s in finished if s.name == "NodePrepareResources" and s.context.trace_id == client_span.context.trace_id
+    )
     assert server.parent is not None and server.parent.span_id == client_span.context.span_id
 
     await cluster.core.delete_namespaced_pod("two", "default")  # graceful: the kubelet finishes it
@@ -208,15 +271,18 @@ async def test_node_ready_pod_runs_two_containers_share_gpu_and_delete_unprepare
 
 
 async def test_claim_not_reserved_is_pending_with_reason_then_both_pods_run_with_one_prepare(
-        cluster: Cluster, spans: InMemorySpanExporter) -> None:
+    cluster: Cluster, spans: InMemorySpanExporter
+) -> None:
     claim = await cluster.claims.add(claim_doc(name="later", results=[("gpu", "gpu-1")]))
     first = await cluster.create_pod("waiting", claim.name, ["main"])
     second = await cluster.create_pod("waiting2", claim.name, ["main"])
 
     async def failed_events() -> list[Any]:
         listed = await cluster.core.list_namespaced_event(
-            "default", field_selector=f"involvedObject.uid={first['metadata']['uid']},reason={FAILED_REASON}")
+            "default", field_selector=f"involvedObject.uid={first['metadata']['uid']},reason={FAILED_REASON}"
+        )
         return list(listed.items)
+
     [event] = await until(FAILED_REASON, failed_events)  # as the kubelet: a Warning Event on the pod
     assert event.type == "Warning" and event.source.component == "kubelet"
     assert (event.involved_object.kind, event.involved_object.name) == ("Pod", "waiting")
@@ -251,18 +317,44 @@ async def test_extended_resource_claim_and_emulated_exit_unprepares(cluster: Clu
     claim = await cluster.claims.add(claim_doc(name="ext", results=[("container-0-request-0", "gpu-0")]))
     pod = await cluster.create_pod("ext", None, ["main", "side"], annotations={EXIT_ANNOTATION: "0"}, node=None)
     # What the scheduler writes for `nvidia.com/gpu: 1` on container main, before it binds the pod.
-    await cluster.kube.patch(PODS, "default", "ext", {"status": {"extendedResourceClaimStatus": {
-        "resourceClaimName": claim.name, "requestMappings": [
-            {"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]}}},
-        subresource="status")
+    await cluster.kube.patch(
+        PODS,
+        "default",
+        "ext",
+        {
+            "status": {
+                "extendedResourceClaimStatus": {
+                    "resourceClaimName": claim.name,
+                    "requestMappings": [
+                        {
+                            "containerName": "main",
+                            "resourceName": "nvidia.com/gpu",
+                            "requestName": "container-0-request-0",
+                        }
+                    ],
+                }
+            }
+        },
+        subresource="status",
+    )
     await cluster.reserve(claim, pod)
-    await cluster.kube.create_subresource(PODS, "default", "ext", "binding", {
-        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "ext", "namespace": "default"},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}})
+    await cluster.kube.create_subresource(
+        PODS,
+        "default",
+        "ext",
+        "binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "ext", "namespace": "default"},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+        },
+    )
 
     async def done() -> dict[str, Any] | None:
         p = await cluster.pod("ext")
         return p if p and p["status"].get("phase") == "Succeeded" else None
+
     finished = await until("pod ext Succeeded", done)
     edits = edits_of(finished)
     assert set(edits) == {"main"} and edits["main"]["devices"] == ["n1/gpu-0"]
@@ -271,11 +363,13 @@ async def test_extended_resource_claim_and_emulated_exit_unprepares(cluster: Clu
 
     async def unprepared() -> bool:
         return claim.uid not in cluster.checkpointed()
+
     await until("extended claim unprepared", unprepared)
 
 
 async def test_kill_9_and_restart_relearns_running_pods_and_unprepares_what_vanished_meanwhile(
-        cluster: Cluster, spans: InMemorySpanExporter) -> None:
+    cluster: Cluster, spans: InMemorySpanExporter
+) -> None:
     keep = await cluster.claims.add(claim_doc(name="keep", results=[("gpu", "gpu-0")]))
     lost = await cluster.claims.add(claim_doc(name="lost", results=[("gpu", "gpu-1")]))
     pod_keep = await cluster.create_pod("keep", keep.name, ["main"])
@@ -291,9 +385,11 @@ async def test_kill_9_and_restart_relearns_running_pods_and_unprepares_what_vani
     spans.clear()
     first = await cluster.kubelet_process()
     try:
+
         async def relearned() -> bool:  # it wrote its node status: it is up and has listed the pods
             node = await cluster.core.read_node("n1")
             return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
         await until("restarted kubelet up", relearned)
     finally:
         first.kill()
@@ -303,8 +399,10 @@ async def test_kill_9_and_restart_relearns_running_pods_and_unprepares_what_vani
     await cluster.gone("lost")
     second = await cluster.kubelet_process()
     try:
+
         async def lost_unprepared() -> bool:
             return lost.uid not in cluster.checkpointed()
+
         await until("claim of the vanished pod unprepared", lost_unprepared)
         assert keep.uid in cluster.checkpointed()
         await cluster.running("keep")

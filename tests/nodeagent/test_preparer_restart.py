@@ -92,8 +92,9 @@ class Parts:
         except (TimeoutError, AssertionError):
             now = await self.cluster.pod(name)
             log = (self.root / "preparer.log").read_text()[-3000:]
-            raise AssertionError(f"pod {name} not Running within {RUNNING_WITHIN_S} s: "
-                                 f"{json.dumps((now or {}).get('status'))}\n{log}") from None
+            raise AssertionError(
+                f"pod {name} not Running within {RUNNING_WITHIN_S} s: {json.dumps((now or {}).get('status'))}\n{log}"
+            ) from None
 
     def mig_devices(self) -> list[str]:
         return [m.name for g in self.disc.inventory.gpus for m in g.mig_devices]
@@ -125,11 +126,13 @@ async def parts(nats_server: EmbeddedNats) -> AsyncIterator[Parts]:
     bus = await Bus.connect(nats_server.url, name="preparer-restart-test")
     await bus.provision()
     try:
-        async with running_apiserver(root / "api") as api, api.client() as client, \
-                running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim") as disc:
+        async with (
+            running_apiserver(root / "api") as api,
+            api.client() as client,
+            running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim") as disc,
+        ):
             hold = await hold_mig_creates(bus, disc)
-            cluster = Cluster(root, api, client, k8s.CoreV1Api(client), Kube(client), ApiClaims(client),
-                              node=None)  # type: ignore[arg-type]  # the preparer is a process here
+            cluster = Cluster(root, api, client, k8s.CoreV1Api(client), Kube(client), ApiClaims(client), node=None)  # type: ignore[arg-type]  # the preparer is a process here
             cluster.start_kubelet()
             try:
                 yield Parts(root, bus, api, cluster, disc, hold)
@@ -165,7 +168,9 @@ async def kill_9(proc: asyncio.subprocess.Process) -> None:
     assert await proc.wait() == -signal.SIGKILL
 
 
-async def start_pod_and_hold_its_prepare(parts: Parts, nats_server: EmbeddedNats) -> tuple[Any, asyncio.subprocess.Process]:
+async def start_pod_and_hold_its_prepare(
+    parts: Parts, nats_server: EmbeddedNats
+) -> tuple[Any, asyncio.subprocess.Process]:
     claim = await parts.cluster.claims.add(claim_doc(name="mig", results=[("gpu", MIG)]))
     proc = await parts.preparer(nats_server, ready=True)
     try:
@@ -182,7 +187,8 @@ async def start_pod_and_hold_its_prepare(parts: Parts, nats_server: EmbeddedNats
 
 
 async def test_a_prepare_cut_off_by_the_kill_is_retried_and_the_pod_runs_with_its_claim_prepared_once(
-        parts: Parts, nats_server: EmbeddedNats) -> None:
+    parts: Parts, nats_server: EmbeddedNats
+) -> None:
     claim, proc = await start_pod_and_hold_its_prepare(parts, nats_server)
     await kill_9(proc)  # the call's connection breaks: the kubelet's NodePrepareResources fails
     parts.hold.release_all()
@@ -196,7 +202,8 @@ async def test_a_prepare_cut_off_by_the_kill_is_retried_and_the_pod_runs_with_it
 
 
 async def test_a_prepare_in_flight_when_the_plugin_registers_again_is_retried_at_once(
-        parts: Parts, nats_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch) -> None:
+    parts: Parts, nats_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The kubelet's channel to the old registration reconnects to the restarted preparer's socket and a retried
     prepare is in flight on it when the kubelet's watcher notices the new registration and drops the old one
     (a window of one scan; held open here): that call ends under the kubelet, which must try again at once

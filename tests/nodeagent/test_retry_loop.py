@@ -27,8 +27,11 @@ def unreachable_api() -> client.ApiClient:
 
 
 def deleted_pod(uid: str) -> dict:
-    return {"metadata": {"name": "p", "namespace": "default", "uid": uid,
-                         "deletionTimestamp": "2026-12-04T00:00:00Z"}, "spec": {}, "status": {}}
+    return {
+        "metadata": {"name": "p", "namespace": "default", "uid": uid, "deletionTimestamp": "2026-12-04T00:00:00Z"},
+        "spec": {},
+        "status": {},
+    }
 
 
 async def test_a_final_delete_that_cannot_reach_the_api_server_is_retried_not_raised(tmp_path: Path) -> None:
@@ -42,8 +45,9 @@ async def test_a_final_delete_that_cannot_reach_the_api_server_is_retried_not_ra
 
 
 @contextlib.asynccontextmanager
-async def _loop_past_a_failed_round(tmp_path: Path, failure: BaseException,
-                                    stopping: asyncio.Event) -> AsyncIterator[asyncio.Task[None]]:
+async def _loop_past_a_failed_round(
+    tmp_path: Path, failure: BaseException, stopping: asyncio.Event
+) -> AsyncIterator[asyncio.Task[None]]:
     """A retry loop whose first round raises `failure`; yields the loop's task once a second round ran."""
     api = unreachable_api()
     runner = PodRunner("n", api, PluginRegistry(tmp_path / "reg"), [], state_dir=tmp_path / "state")
@@ -69,8 +73,9 @@ async def _loop_past_a_failed_round(tmp_path: Path, failure: BaseException,
 
 async def test_the_retry_loop_keeps_going_after_a_round_fails(tmp_path: Path) -> None:
     stopping = asyncio.Event()
-    async with _loop_past_a_failed_round(tmp_path, RuntimeError("a round that fails as nobody foresaw"),
-                                         stopping) as loop:
+    async with _loop_past_a_failed_round(
+        tmp_path, RuntimeError("a round that fails as nobody foresaw"), stopping
+    ) as loop:
         stopping.set()
         await asyncio.wait_for(loop, 5)
 
@@ -95,10 +100,17 @@ async def test_a_waiting_pod_that_is_gone_is_forgotten_under_the_node_authorizer
             core = client.CoreV1Api(admin)
             await core.create_namespace({"metadata": {"name": "gpu-dra"}})  # type: ignore[arg-type]
             await identities.install(admin)
-            created = await core.create_namespaced_pod("default", {  # type: ignore[arg-type]
-                "metadata": {"name": "p"}, "spec": {
-                    "nodeName": "n", "containers": [{"name": "c", "image": "x:1"}],
-                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "not-yet"}]}})
+            created = await core.create_namespaced_pod(
+                "default",
+                {  # type: ignore[arg-type]
+                    "metadata": {"name": "p"},
+                    "spec": {
+                        "nodeName": "n",
+                        "containers": [{"name": "c", "image": "x:1"}],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimName": "not-yet"}],
+                    },
+                },
+            )
             pod = admin.sanitize_for_serialization(created)
         config = await identities.write_kubeconfig(server.kubeconfig_path, tokens["n"], tmp_path / "kubelet.json")
         async with await kube_api_client(str(config)) as api:

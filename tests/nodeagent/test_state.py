@@ -9,9 +9,16 @@ from shared.files import fsync_count
 
 
 def record(uid: str) -> ClaimRecord:
-    return ClaimRecord(namespace="ns", uid=uid, name=f"claim-{uid}", drivers=["gpu.nvidia.com"], pods=["pod-1"],
-                       devices=[DeviceRecord(request_names=["gpu"], pool="n", device="gpu-0",
-                                             cdi_device_ids=["k8s.gpu.nvidia.com/claim=x"])])
+    return ClaimRecord(
+        namespace="ns",
+        uid=uid,
+        name=f"claim-{uid}",
+        drivers=["gpu.nvidia.com"],
+        pods=["pod-1"],
+        devices=[
+            DeviceRecord(request_names=["gpu"], pool="n", device="gpu-0", cdi_device_ids=["k8s.gpu.nvidia.com/claim=x"])
+        ],
+    )
 
 
 async def test_writes_within_a_boot_are_unsynced_and_read_back(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ def fake(root: Path) -> FakeDriver:
 @pytest.fixture
 async def real_discovery(bus: Bus, root: Path, fake: FakeDriver) -> AsyncIterator[RunningDiscovery]:
     """Discovery on four simulated H100s whose MPS and time-slice commands run the fake driver root's stubs."""
-    async with running_discovery(bus, node="n1", simulate="h100x4", root=root / "sim", driver_root=str(fake.root),
-                                 tool_timeout=5.0) as disc:
+    async with running_discovery(
+        bus, node="n1", simulate="h100x4", root=root / "sim", driver_root=str(fake.root), tool_timeout=5.0
+    ) as disc:
         yield disc

@@ -29,39 +29,76 @@ def short_root() -> Path:
     return Path(tempfile.mkdtemp(prefix="gdp-", dir="/tmp"))  # noqa: S108
 
 
-def claim_doc(*, name: str, results: list[tuple[str, str]], node: str = "n1", namespace: str = "default",
-              uid: str | None = None, configs: list[dict[str, Any]] | None = None, driver: str = DRIVER,
-              pool: str | None = None, admin: bool = False) -> dict[str, Any]:
+def claim_doc(
+    *,
+    name: str,
+    results: list[tuple[str, str]],
+    node: str = "n1",
+    namespace: str = "default",
+    uid: str | None = None,
+    configs: list[dict[str, Any]] | None = None,
+    driver: str = DRIVER,
+    pool: str | None = None,
+    admin: bool = False,
+) -> dict[str, Any]:
     """A ResourceClaim (resource.k8s.io/v1) allocated with `results` = [(request, device)]."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuidlib.uuid4())},
-        "spec": {"devices": {"requests": [{"name": r.split("/")[0], "exactly": {"deviceClassName": "gpu.nvidia.com"}}
-                                          for r in dict.fromkeys(r for r, _ in results)]}},
-        "status": {"allocation": {
+        "spec": {
             "devices": {
-                "results": [{"request": r, "driver": driver, "pool": pool or node, "device": d,
-                             **({"adminAccess": True} if admin else {})} for r, d in results],
-                "config": configs or [],
-            },
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-        }},
+                "requests": [
+                    {"name": r.split("/")[0], "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                    for r in dict.fromkeys(r for r, _ in results)
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": r,
+                            "driver": driver,
+                            "pool": pool or node,
+                            "device": d,
+                            **({"adminAccess": True} if admin else {}),
+                        }
+                        for r, d in results
+                    ],
+                    "config": configs or [],
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                },
+            }
+        },
     }
 
 
 def without_metadata(edits: dict[str, Any]) -> dict[str, Any]:
     """A CDI device's container edits less the device metadata file's mount and env (tests/preparer/
     test_device_metadata.py checks those), for tests about the other edits."""
-    return {**edits,
-            "env": [e for e in edits.get("env") or [] if not e.startswith(f"{devicemetadata.ENV}=")],
-            "mounts": [m for m in edits.get("mounts") or []
-                       if not m["containerPath"].startswith(devicemetadata.CONTAINER_ROOT)]}
+    return {
+        **edits,
+        "env": [e for e in edits.get("env") or [] if not e.startswith(f"{devicemetadata.ENV}=")],
+        "mounts": [
+            m for m in edits.get("mounts") or [] if not m["containerPath"].startswith(devicemetadata.CONTAINER_ROOT)
+        ],
+    }
 
 
-def gpu_config(sharing: dict[str, Any] | None = None, *, requests: list[str] | None = None,
-               kind: str = "GpuConfig", source: str = "FromClaim", **extra: Any) -> dict[str, Any]:
+def gpu_config(
+    sharing: dict[str, Any] | None = None,
+    *,
+    requests: list[str] | None = None,
+    kind: str = "GpuConfig",
+    source: str = "FromClaim",
+    **extra: Any,
+) -> dict[str, Any]:
     params: dict[str, Any] = {"apiVersion": GROUP, "kind": kind, **extra}
     if sharing is not None:
         params["sharing"] = sharing
@@ -110,13 +147,27 @@ def node_config(root: Path, node: str = "n1", **overrides: Any) -> PreparerConfi
     boot = root / "boot_id"
     if not boot.exists():
         boot.write_text(str(uuidlib.uuid4()) + "\n")
-    return PreparerConfig(node=node, registry_dir=str(root / "reg"), plugins_dir=str(root / "plugins"),
-                          cdi_dir=str(root / "cdi"), boot_id_path=str(boot), **overrides)
+    return PreparerConfig(
+        node=node,
+        registry_dir=str(root / "reg"),
+        plugins_dir=str(root / "plugins"),
+        cdi_dir=str(root / "cdi"),
+        boot_id_path=str(boot),
+        **overrides,
+    )
 
 
 @contextlib.asynccontextmanager
-async def running_node(claims: Any, root: Path, *, bus: Any = None, node: str = "n1", driver: str = DRIVER,
-                       settings: Any = None, **overrides: Any) -> AsyncIterator[Node]:
+async def running_node(
+    claims: Any,
+    root: Path,
+    *,
+    bus: Any = None,
+    node: str = "n1",
+    driver: str = DRIVER,
+    settings: Any = None,
+    **overrides: Any,
+) -> AsyncIterator[Node]:
     """The preparer of `driver` on its real sockets, registered with a kubelet emulator."""
     cfg = node_config(root, node, **overrides)
     service = PreparerService(cfg, claims, driver=driver, settings=settings)
@@ -135,7 +186,9 @@ async def running_node(claims: Any, root: Path, *, bus: Any = None, node: str = 
 async def wait_inventory(service: PreparerService, timeout: float = 10.0) -> None:
     """Until the preparer has discovery's inventory for its node."""
     async with asyncio.timeout(timeout):
-        plugin: Any = service.plugin  # both drivers' plugins keep an Inventory; the DriverPlugin protocol does not name it
+        plugin: Any = (
+            service.plugin
+        )  # both drivers' plugins keep an Inventory; the DriverPlugin protocol does not name it
         while plugin.inventory.current is None:
             await plugin.inventory.changed.wait()
 

@@ -23,21 +23,28 @@ def validator():
 
 
 def test_the_validators_catch_a_broken_spec(validator) -> None:
-    broken = {"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvidia.com/claim",
-              "devices": [{"name": "x", "containerEdits": {"deviceNodes": [{"hostPath": "/dev/nvidia0"}]}}]}
+    broken = {
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.nvidia.com/claim",
+        "devices": [{"name": "x", "containerEdits": {"deviceNodes": [{"hostPath": "/dev/nvidia0"}]}}],
+    }
     assert list(validator.iter_errors(broken))
     assert loader_errors({"cdiVersion": "2.0", "kind": "nokind", "devices": [{"name": "-x-", "containerEdits": {}}]})
 
 
 def test_a_built_spec_is_valid(validator) -> None:
-    spec = build_spec("0f8a-uid", [CdiDevice("gpu-0", [DeviceNode("/dev/nvidia0", "/dev/nvidia0")])],
-                      ContainerEdits(nodes=[DeviceNode("/dev/nvidiactl", "/dev/nvidiactl")]))
+    spec = build_spec(
+        "0f8a-uid",
+        [CdiDevice("gpu-0", [DeviceNode("/dev/nvidia0", "/dev/nvidia0")])],
+        ContainerEdits(nodes=[DeviceNode("/dev/nvidiactl", "/dev/nvidiactl")]),
+    )
     assert list(validator.iter_errors(spec)) == []
     assert loader_errors(spec) == []
 
 
-async def test_prepared_specs_for_gpu_mig_and_mps_validate(validator, claims: MemoryClaims, root: Path, bus: Bus,
-                                                           discovery: RunningDiscovery) -> None:
+async def test_prepared_specs_for_gpu_mig_and_mps_validate(
+    validator, claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     docs = [
         claim_doc(name="full", results=[("gpu", "gpu-0"), ("gpu", "gpu-1")]),
         claim_doc(name="mig", results=[("mig", "gpu-2-mig-1g10gb-19-3")]),

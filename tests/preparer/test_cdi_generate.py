@@ -26,8 +26,14 @@ LIB = "/usr/lib/x86_64-linux-gnu"
 
 
 def _generate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shared.cli", "cdi", "generate", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", "cdi", "generate", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
 
 
 @pytest.fixture
@@ -36,8 +42,14 @@ def driver(tmp_path: Path) -> Path:
 
 
 def test_h100_node_spec_is_stable_and_as_expected(driver: Path) -> None:
-    args = ("--driver-root", str(driver), "--cdi-hook-path", f"{driver}/usr/bin/nvidia-cdi-hook", "--simulate",
-            "h100x2")
+    args = (
+        "--driver-root",
+        str(driver),
+        "--cdi-hook-path",
+        f"{driver}/usr/bin/nvidia-cdi-hook",
+        "--simulate",
+        "h100x2",
+    )
     first, second = _generate(*args), _generate(*args)
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout
@@ -55,8 +67,16 @@ def test_h100_node_spec_is_stable_and_as_expected(driver: Path) -> None:
 def test_mig_node_spec_as_yaml_file_is_stable_and_as_expected(driver: Path, tmp_path: Path) -> None:
     out = [tmp_path / "one.yaml", tmp_path / "two.yaml"]
     for path in out:
-        run = _generate("--driver-root", str(driver), "--cdi-hook-path", f"{driver}/usr/bin/nvidia-cdi-hook",
-                        "--machine", str(FIXTURES / "a100-mig-machine.yaml"), "--output", str(path))
+        run = _generate(
+            "--driver-root",
+            str(driver),
+            "--cdi-hook-path",
+            f"{driver}/usr/bin/nvidia-cdi-hook",
+            "--machine",
+            str(FIXTURES / "a100-mig-machine.yaml"),
+            "--output",
+            str(path),
+        )
         assert run.returncode == 0, run.stderr
         assert run.stdout == ""
     text = out[0].read_text()
@@ -72,22 +92,27 @@ def test_mig_node_spec_as_yaml_file_is_stable_and_as_expected(driver: Path, tmp_
 
 
 def test_a_container_driver_root_names_host_paths_only(driver: Path) -> None:
-    run = _generate("--driver-root", "/run/nvidia/driver", "--container-driver-root", str(driver),
-                    "--simulate", "h100x2")
+    run = _generate(
+        "--driver-root", "/run/nvidia/driver", "--container-driver-root", str(driver), "--simulate", "h100x2"
+    )
     assert run.returncode == 0, run.stderr
     assert str(driver) not in run.stdout
     spec = json.loads(run.stdout)
     assert {m["hostPath"] for m in spec["containerEdits"]["mounts"]} >= {
-        f"/run/nvidia/driver{LIB}/libcuda.so.{SIM_VERSION}", "/run/nvidia/driver/usr/bin/nvidia-smi"}
+        f"/run/nvidia/driver{LIB}/libcuda.so.{SIM_VERSION}",
+        "/run/nvidia/driver/usr/bin/nvidia-smi",
+    }
     assert {h["path"] for h in spec["containerEdits"]["hooks"]} == {"/usr/bin/nvidia-cdi-hook"}
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/nvidia0", "hostPath": "/run/nvidia/driver/dev/nvidia0"}]
+        {"path": "/dev/nvidia0", "hostPath": "/run/nvidia/driver/dev/nvidia0"}
+    ]
 
 
 def test_a_missing_hook_is_a_warning_and_the_spec_has_no_hooks(tmp_path: Path) -> None:
     root = make_driver_root(tmp_path / "driver", version=SIM_VERSION, binaries=("nvidia-smi",)).root
-    run = _generate("--driver-root", str(root), "--cdi-hook-path", f"{root}/usr/bin/nvidia-cdi-hook",
-                    "--simulate", "h100x2")
+    run = _generate(
+        "--driver-root", str(root), "--cdi-hook-path", f"{root}/usr/bin/nvidia-cdi-hook", "--simulate", "h100x2"
+    )
     assert run.returncode == 0, run.stderr
     assert f"gpu-dra cdi generate: warning: nvidia-cdi-hook is not at {root}/usr/bin/nvidia-cdi-hook" in run.stderr
     spec = json.loads(run.stdout)
@@ -122,6 +147,12 @@ def test_an_unusable_driver_root_exits_2_naming_it(tmp_path: Path, case) -> None
 
 def test_bad_flags_exit_2() -> None:
     assert _generate("--driver-root", "relative").returncode == 2
-    run = subprocess.run([sys.executable, "-m", "shared.cli", "cdi", "frobnicate"], cwd=REPO, capture_output=True,
-                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "cdi", "frobnicate"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert run.returncode == 2 and "usage: gpu-dra cdi generate" in run.stderr

@@ -22,8 +22,12 @@ from tests.preparer.helpers import MemoryClaims, claim_doc, running_node
 
 
 def record(state: str = "PrepareCompleted") -> ClaimRecord:
-    return ClaimRecord(state=state, name="c", namespace="ns",  # type: ignore[arg-type]
-                       devices=[PreparedDevice(requests=["gpu"], pool="n1", device="gpu-0")])
+    return ClaimRecord(
+        state=state,  # type: ignore[arg-type]
+        name="c",
+        namespace="ns",
+        devices=[PreparedDevice(requests=["gpu"], pool="n1", device="gpu-0")],
+    )
 
 
 async def test_round_trip_and_no_temp_files_left(root: Path) -> None:
@@ -32,7 +36,11 @@ async def test_round_trip_and_no_temp_files_left(root: Path) -> None:
     await cp.load()
     await cp.put("uid-1", record())
     assert sorted(p.name for p in path.parent.iterdir()) == [
-        ".checkpoint.json.slot-a", ".checkpoint.json.slot-b", "checkpoint.boot", "checkpoint.json"]
+        ".checkpoint.json.slot-a",
+        ".checkpoint.json.slot-b",
+        "checkpoint.boot",
+        "checkpoint.json",
+    ]
     again = Checkpoint(path, boot_id="boot-1")
     await again.load()
     assert again.claims == {"uid-1": record()}
@@ -77,7 +85,9 @@ async def test_a_reboot_wipes_prepared_state(root: Path) -> None:
 
 async def test_a_legacy_file_without_boot_id_is_kept_and_stamped(root: Path) -> None:
     path = root / "checkpoint.json"
-    path.write_text(json.dumps({"preparedClaims": {"u": {"state": "PrepareCompleted", "name": "c", "namespace": "ns"}}}))
+    path.write_text(
+        json.dumps({"preparedClaims": {"u": {"state": "PrepareCompleted", "name": "c", "namespace": "ns"}}})
+    )
     cp = Checkpoint(path, boot_id="now")
     await cp.load()
     assert set(cp.claims) == {"u"}
@@ -208,7 +218,8 @@ async def test_a_checkpoint_torn_by_a_power_loss_is_dropped_as_a_reboot_not_quar
 
 
 async def test_a_power_loss_that_lost_the_last_renames_is_a_reboot_and_the_claim_prepares_again(
-        claims: MemoryClaims, root: Path) -> None:
+    claims: MemoryClaims, root: Path
+) -> None:
     """What a power loss can leave without directory fsyncs and spec fsyncs: the checkpoint as it was before
     the prepare (its rename lost), the outbox without the prepare's events, no CDI spec (its rename lost too)
     and a torn spec of a claim no one prepares again. The boot id changed, so the state is dropped,

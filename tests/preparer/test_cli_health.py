@@ -33,21 +33,29 @@ def test_settings_from_flags_and_env() -> None:
     assert parse(["--drivers", "compute-domain.nvidia.com"]).drivers == ["compute-domain.nvidia.com"]
 
 
-@pytest.mark.parametrize(("argv", "env", "message"), [
-    (["--cleanup-interval", "soon"], {}, "--cleanup-interval"),
-    ([], {"GPU_DRA_CDI_ROOT": "/x"}, "unknown setting(s) GPU_DRA_CDI_ROOT"),
-    (["--plugins-dir", "relative/dir"], {}, "--plugins-dir must be an absolute path"),
-    (["--drivers", "gpu.nvidia.com,tpu.example.com"], {}, "--drivers must name each of"),
-])
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--cleanup-interval", "soon"], {}, "--cleanup-interval"),
+        ([], {"GPU_DRA_CDI_ROOT": "/x"}, "unknown setting(s) GPU_DRA_CDI_ROOT"),
+        (["--plugins-dir", "relative/dir"], {}, "--plugins-dir must be an absolute path"),
+        (["--drivers", "gpu.nvidia.com,tpu.example.com"], {}, "--drivers must name each of"),
+    ],
+)
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse(argv, env=env)
 
 
 def test_the_command_exits_2_on_a_bad_setting_and_changes_nothing(root: Path) -> None:
-    run = subprocess.run([sys.executable, "-m", "shared.cli", "preparer", "--cleanup-interval", "-1",
-                          "--plugins-dir", str(root / "p")], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "preparer", "--cleanup-interval", "-1", "--plugins-dir", str(root / "p")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert run.returncode == 2
     assert "--cleanup-interval" in run.stderr
     assert not (root / "p").exists()
@@ -68,12 +76,14 @@ async def test_v1beta1_prepare_matches_v1(claims: MemoryClaims, root: Path) -> N
         assert json.loads((node.cdi_dir / node.cdi_files()[0]).read_text())["devices"][0]["name"].endswith("gpu-2")
 
 
-async def test_health_stream_reports_every_device_and_follows_xids(claims: MemoryClaims, root: Path, bus: Bus,
-                                                                   discovery: RunningDiscovery) -> None:
+async def test_health_stream_reports_every_device_and_follows_xids(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     async with running_node(claims, root, bus=bus) as node:
         async with grpc.aio.insecure_channel(f"unix:{node.service.dra_socket}") as channel:
             stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
-                health_pb2.NodeWatchResourcesRequest())
+                health_pb2.NodeWatchResourcesRequest()
+            )
             first = await stream.read()
             assert isinstance(first, health_pb2.NodeWatchResourcesResponse), first  # not the end of the stream
             assert {d.device.device_name for d in first.devices} == {f"gpu-{i}" for i in range(8)}
@@ -93,20 +103,31 @@ async def test_health_stream_reports_every_device_and_follows_xids(claims: Memor
 
 
 async def test_health_missed_while_nats_was_away_is_read_from_kv_on_reconnect(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery, nats_server: EmbeddedNats) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery, nats_server: EmbeddedNats
+) -> None:
     """The health subscription is core NATS: an event published while the connection is away never
     arrives. After a reconnect the preparer re-reads KV, and its stream says so without waiting."""
     async with running_node(claims, root, bus=bus) as node:
         async with grpc.aio.insecure_channel(f"unix:{node.service.dra_socket}") as channel:
             stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
-                health_pb2.NodeWatchResourcesRequest())
+                health_pb2.NodeWatchResourcesRequest()
+            )
             first = await stream.read()
             assert isinstance(first, health_pb2.NodeWatchResourcesResponse), first
             assert all(d.health == health_pb2.HEALTHY for d in first.devices)
             # the last value discovery wrote, whose event the preparer did not hear
             kv = await bus.kv(catalog.HEALTH_BUCKET)
-            await kv.put("n1.gpu-5", DeviceHealth(node="n1", device="gpu-5", state="Unhealthy", reason="xid", xid=79,
-                                                 message="XID 79: GPU has fallen off the bus"))
+            await kv.put(
+                "n1.gpu-5",
+                DeviceHealth(
+                    node="n1",
+                    device="gpu-5",
+                    state="Unhealthy",
+                    reason="xid",
+                    xid=79,
+                    message="XID 79: GPU has fallen off the bus",
+                ),
+            )
             await nats_server.restart()
             async with asyncio.timeout(8):  # under the 10 s resend: the re-read wakes the stream
                 while True:

@@ -34,8 +34,11 @@ from tests.preparer.driverfiles import (
 )
 
 
-@pytest.mark.parametrize(("ld_cache", "lib_dir"), [(True, LIB), (False, LIB), (True, "/opt/nvidia/lib64")],
-                         ids=["ld-cache", "no-cache", "ld-cache-only-dir"])
+@pytest.mark.parametrize(
+    ("ld_cache", "lib_dir"),
+    [(True, LIB), (False, LIB), (True, "/opt/nvidia/lib64")],
+    ids=["ld-cache", "no-cache", "ld-cache-only-dir"],
+)
 def test_driver_files_are_the_compute_userspace(tmp_path: Path, ld_cache: bool, lib_dir: str) -> None:
     fake = make_driver_root(tmp_path / "driver", ld_cache=ld_cache, lib_dir=lib_dir)
     root = DriverRoot.of(str(fake.root))
@@ -49,8 +52,10 @@ def test_driver_files_are_the_compute_userspace(tmp_path: Path, ld_cache: bool, 
     assert files.ipc == EXPECTED_IPC
     assert files.warnings == []
     mounted = [(m.container_path, m.host_path, m.options) for m in files.mounts]
-    assert mounted == [(p, f"{fake.root}{p}", READ_ONLY)
-                       for p in (*files.libraries, *EXPECTED_BINARIES, *EXPECTED_FIRMWARE, *EXPECTED_IPC)]
+    assert mounted == [
+        (p, f"{fake.root}{p}", READ_ONLY)
+        for p in (*files.libraries, *EXPECTED_BINARIES, *EXPECTED_FIRMWARE, *EXPECTED_IPC)
+    ]
     assert READ_ONLY == ["ro", "nosuid", "nodev", "rbind", "rprivate"]
     assert [(h.hook_name, h.path) for h in files.hooks] == [("createContainer", hook)] * 4
     assert [h.args for h in files.hooks] == expected_hook_args(lib_dir)
@@ -61,16 +66,17 @@ def test_a_container_driver_root_reads_here_and_names_host_paths(tmp_path: Path)
     root = DriverRoot.of("/run/nvidia/driver", str(fake.root))
     files = build_driver_files(root)
     assert files.libraries == EXPECTED_LIBRARIES
-    assert {m.host_path for m in files.mounts} == {f"/run/nvidia/driver{p}" for p in
-                                                  (*EXPECTED_LIBRARIES, *EXPECTED_BINARIES, *EXPECTED_FIRMWARE,
-                                                   *EXPECTED_IPC)}
+    assert {m.host_path for m in files.mounts} == {
+        f"/run/nvidia/driver{p}" for p in (*EXPECTED_LIBRARIES, *EXPECTED_BINARIES, *EXPECTED_FIRMWARE, *EXPECTED_IPC)
+    }
     assert all(not m.container_path.startswith(("/run/nvidia/driver", str(tmp_path))) for m in files.mounts)
     # the hook's default host path is outside the driver root: named as configured, not second-guessed
     assert {h.path for h in files.hooks} == {"/usr/bin/nvidia-cdi-hook"}
     nodes = control_nodes(root)
     assert [(n.path, n.host_path) for n in nodes] == [
-        (p, f"/run/nvidia/driver{p}") for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                                                "/dev/nvidia-modeset")]
+        (p, f"/run/nvidia/driver{p}")
+        for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+    ]
 
 
 def _char_device(path: Path) -> os.stat_result:
@@ -88,11 +94,19 @@ def test_control_nodes_exist_under_the_dev_root_with_major_minor_of_char_devices
     (fake.root / "dev" / "nvidia-modeset").unlink()
     st = _char_device(fake.root / "dev" / "nvidiactl")
     nodes = control_nodes(DriverRoot.of(str(fake.root)))
-    ctl = {"path": "/dev/nvidiactl", "hostPath": f"{fake.root}/dev/nvidiactl", "type": "c",
-           "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev), "fileMode": 0o666, "permissions": "rwm"}
+    ctl = {
+        "path": "/dev/nvidiactl",
+        "hostPath": f"{fake.root}/dev/nvidiactl",
+        "type": "c",
+        "major": os.major(st.st_rdev),
+        "minor": os.minor(st.st_rdev),
+        "fileMode": 0o666,
+        "permissions": "rwm",
+    }
     assert [n.to_json() for n in nodes] == [ctl] + [
         {"path": p, "hostPath": f"{fake.root}{p}", "fileMode": 0o666, "permissions": "rwm"}
-        for p in ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")]  # nvidia-modeset is absent: skipped
+        for p in ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+    ]  # nvidia-modeset is absent: skipped
 
 
 def test_a_separate_dev_root(tmp_path: Path) -> None:
@@ -124,8 +138,11 @@ def test_a_root_without_nvml_is_an_error_naming_it(tmp_path: Path) -> None:
 def test_mixed_driver_versions_are_an_error_naming_the_root(tmp_path: Path) -> None:
     fake = make_driver_root(tmp_path / "driver")
     upgrade(fake.root, LIB, "560.28.03", cuda=False)  # NVML moved on, libcuda.so.1 did not
-    with pytest.raises(DriverRootError, match=f"driver root {fake.root} mixes driver versions: "
-                                              f"libnvidia-ml.so.1 is 560.28.03 but libcuda.so.1 is libcuda.so.{V}"):
+    with pytest.raises(
+        DriverRootError,
+        match=f"driver root {fake.root} mixes driver versions: "
+        f"libnvidia-ml.so.1 is 560.28.03 but libcuda.so.1 is libcuda.so.{V}",
+    ):
         build_driver_files(DriverRoot.of(str(fake.root)))
 
 
@@ -151,8 +168,9 @@ def test_a_hook_elsewhere_under_the_root_is_found(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ the cache
 async def test_edits_are_cached_and_rebuilt_when_the_driver_changes(tmp_path: Path) -> None:
     fake = make_driver_root(tmp_path / "driver")
-    common = CommonEdits(driver_root=str(fake.root), cdi_hook_path=f"{fake.root}/usr/bin/nvidia-cdi-hook",
-                         check_interval=3600)
+    common = CommonEdits(
+        driver_root=str(fake.root), cdi_hook_path=f"{fake.root}/usr/bin/nvidia-cdi-hook", check_interval=3600
+    )
     await common.start()
     first = await common.get()
     assert {m.container_path for m in first.mounts} >= set(EXPECTED_LIBRARIES)
@@ -164,7 +182,8 @@ async def test_edits_are_cached_and_rebuilt_when_the_driver_changes(tmp_path: Pa
     upgraded = await common.get()
     assert f"{LIB}/libnvidia-ml.so.560.28.03" in {m.container_path for m in upgraded.mounts}
     assert ["nvidia-cdi-hook", "enable-cuda-compat", "--host-driver-version=560.28.03"] in [
-        h.args for h in upgraded.hooks]
+        h.args for h in upgraded.hooks
+    ]
     assert await common.refresh() is False  # nothing changed since
 
 
@@ -185,7 +204,8 @@ async def test_an_explicit_root_without_a_driver_fails_at_start(tmp_path: Path) 
 
 
 async def test_no_driver_and_no_root_given_degrades_to_device_nodes_with_one_warning(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "empty").mkdir()  # "/" as this container sees it: no driver there
     (tmp_path / "sim" / "dev").mkdir(parents=True)
     (tmp_path / "sim" / "dev" / "nvidiactl").touch()
@@ -212,10 +232,12 @@ async def test_a_driver_installed_after_start_is_picked_up(tmp_path: Path) -> No
     assert {m.host_path for m in edits.mounts} >= {f"{p}" for p in EXPECTED_LIBRARIES}  # host root is /
 
 
-def test_missing_optional_files_are_skipped_with_one_debug_line(tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
-    fake = make_driver_root(tmp_path / "driver", binaries=("nvidia-smi", "nvidia-cdi-hook"), firmware=False,
-                            sockets=False)
+def test_missing_optional_files_are_skipped_with_one_debug_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = make_driver_root(
+        tmp_path / "driver", binaries=("nvidia-smi", "nvidia-cdi-hook"), firmware=False, sockets=False
+    )
     with caplog.at_level(logging.DEBUG, logger="services.preparer.gpu.commonedits"):
         files = build_driver_files(DriverRoot.of(str(fake.root)), f"{fake.root}/usr/bin/nvidia-cdi-hook")
     assert (files.binaries, files.firmware, files.ipc) == (["/usr/bin/nvidia-smi"], [], [])

@@ -25,17 +25,40 @@ REPO = Path(__file__).resolve().parents[2]
 MIG = "gpu-1-mig-2g20gb-14-2"
 
 
-async def start_preparer(root: Path, kubeconfig: Path, nats_url: str, log_path: Path,
-                         *extra: str) -> asyncio.subprocess.Process:
+async def start_preparer(
+    root: Path, kubeconfig: Path, nats_url: str, log_path: Path, *extra: str
+) -> asyncio.subprocess.Process:
     cfg = node_config(root)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
     log = open(log_path, "ab")  # noqa: ASYNC230, SIM115 - handed to the child
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli", "preparer", "--node", "n1", "--registry-dir", cfg.registry_dir,
-            "--plugins-dir", cfg.plugins_dir, "--cdi-dir", cfg.cdi_dir, "--boot-id-path", cfg.boot_id_path,
-            "--kubeconfig", str(kubeconfig), "--nats-url", nats_url, "--cleanup-interval", "600",
-            *extra, cwd=REPO, env=env, stdout=log, stderr=log)
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "preparer",
+            "--node",
+            "n1",
+            "--registry-dir",
+            cfg.registry_dir,
+            "--plugins-dir",
+            cfg.plugins_dir,
+            "--cdi-dir",
+            cfg.cdi_dir,
+            "--boot-id-path",
+            cfg.boot_id_path,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--nats-url",
+            nats_url,
+            "--cleanup-interval",
+            "600",
+            *extra,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
     finally:
         log.close()
     return proc
@@ -52,15 +75,19 @@ def checkpoint(root: Path) -> dict:
     return json.loads((root / "plugins" / "gpu.nvidia.com" / "checkpoint.json").read_text())["preparedClaims"]
 
 
-async def test_kill_9_mid_prepare_then_restart_rolls_back_and_frees_the_device(root: Path,
-                                                                               nats_server: EmbeddedNats) -> None:
+async def test_kill_9_mid_prepare_then_restart_rolls_back_and_frees_the_device(
+    root: Path, nats_server: EmbeddedNats
+) -> None:
     bus = await Bus.connect(nats_server.url, name="crash-test")
     await bus.provision()
     log_path = root / "preparer.log"
     reg_socket = root / "reg" / "gpu.nvidia.com-reg.sock"
     try:
-        async with running_apiserver(root / "api") as api, api.client() as client, \
-                running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim") as disc:
+        async with (
+            running_apiserver(root / "api") as api,
+            api.client() as client,
+            running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim") as disc,
+        ):
             claims = ApiClaims(client)
             claim = await claims.add(claim_doc(name="dyn", results=[("mig", MIG)]))
 
@@ -111,8 +138,9 @@ async def test_kill_9_mid_prepare_then_restart_rolls_back_and_frees_the_device(r
                 if event.claim_uid == claim.uid and not rolled_back.done():
                     rolled_back.set_result(event)
 
-            await bus.subscribe(catalog.CLAIM, on_rolled_back, namespace=claim.namespace, node="n1",
-                                event="rolled-back")
+            await bus.subscribe(
+                catalog.CLAIM, on_rolled_back, namespace=claim.namespace, node="n1", event="rolled-back"
+            )
             proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
             try:
                 await wait_for_socket(reg_socket, proc, log_path)

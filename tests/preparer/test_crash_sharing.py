@@ -25,22 +25,33 @@ from tests.preparer.test_crash import checkpoint, start_preparer, wait_for_socke
 
 
 @contextlib.asynccontextmanager
-async def node_parts(root: Path, nats_server: EmbeddedNats, *, tool_timeout: float = 2.0) -> AsyncIterator[tuple[Bus, Any, ApiClaims,
-                                                                                  RunningDiscovery, FakeDriver]]:
+async def node_parts(
+    root: Path, nats_server: EmbeddedNats, *, tool_timeout: float = 2.0
+) -> AsyncIterator[tuple[Bus, Any, ApiClaims, RunningDiscovery, FakeDriver]]:
     fake = make_driver_root(root / "driver")
     bus = await Bus.connect(nats_server.url, name="crash-sharing-test")
     await bus.provision()
     try:
-        async with running_apiserver(root / "api") as api, api.client() as client, \
-                running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim", driver_root=str(fake.root),
-                                  tool_timeout=tool_timeout) as disc:
+        async with (
+            running_apiserver(root / "api") as api,
+            api.client() as client,
+            running_discovery(
+                bus,
+                node="n1",
+                simulate="h100x2",
+                root=root / "sim",
+                driver_root=str(fake.root),
+                tool_timeout=tool_timeout,
+            ) as disc,
+        ):
             yield bus, api, ApiClaims(client), disc, fake
     finally:
         await bus.close()
 
 
-async def start_ready_preparer(root: Path, api: Any, nats_server: EmbeddedNats,
-                              *extra: str) -> asyncio.subprocess.Process:
+async def start_ready_preparer(
+    root: Path, api: Any, nats_server: EmbeddedNats, *extra: str
+) -> asyncio.subprocess.Process:
     """A preparer process that has discovery's inventory (it caches it on disk when it arrives): a claim
     sent earlier would fail on an unknown device, and the kill would land nowhere. A restarted preparer
     would find the previous one's cache at once: it goes first, so the file's return means the bus is up."""
@@ -72,8 +83,9 @@ async def kill_9(proc: asyncio.subprocess.Process, prepare: asyncio.Task[Any], p
     await plugin.close()
 
 
-async def restart_and_wait_rollback(root: Path, api: Any, nats_server: EmbeddedNats,
-                                    rolled_back: asyncio.Future[ClaimLifecycle]) -> asyncio.subprocess.Process:
+async def restart_and_wait_rollback(
+    root: Path, api: Any, nats_server: EmbeddedNats, rolled_back: asyncio.Future[ClaimLifecycle]
+) -> asyncio.subprocess.Process:
     log_path = root / "preparer.log"
     proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
     await wait_for_socket(root / "reg" / "gpu.nvidia.com-reg.sock", proc, log_path)
@@ -93,12 +105,18 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
-async def test_kill_9_during_the_timeslice_call_leaves_no_policy_after_restart(root: Path,
-                                                                               nats_server: EmbeddedNats) -> None:
+async def test_kill_9_during_the_timeslice_call_leaves_no_policy_after_restart(
+    root: Path, nats_server: EmbeddedNats
+) -> None:
     async with node_parts(root, nats_server) as (bus, api, claims, disc, fake):
         uuid = disc.inventory.gpus[0].uuid
-        claim = await claims.add(claim_doc(name="ts", results=[("gpu", "gpu-0")], configs=[
-            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+        claim = await claims.add(
+            claim_doc(
+                name="ts",
+                results=[("gpu", "gpu-0")],
+                configs=[gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
+            )
+        )
         fake.hang("nvidia-smi")  # the kill lands while nvidia-smi runs
         proc = await start_ready_preparer(root, api, nats_server)
         plugin = await register(root / "reg" / "gpu.nvidia.com-reg.sock")
@@ -126,15 +144,19 @@ async def test_kill_9_during_the_timeslice_call_leaves_no_policy_after_restart(r
             await stop(proc)
 
 
-async def test_a_prepare_abandoned_by_the_kubelet_is_rolled_back_at_once(root: Path,
-                                                                          nats_server: EmbeddedNats) -> None:
+async def test_a_prepare_abandoned_by_the_kubelet_is_rolled_back_at_once(root: Path, nats_server: EmbeddedNats) -> None:
     """The kubelet's deadline passes while the time-slice call still runs: the preparer finishes that step
     (discovery kills the hung nvidia-smi at its timeout), resets the GPU and drops the PrepareStarted entry
     within 2 s of the cancellation, not at the 10-minute sweep; the next claim gets the GPU at Default."""
     async with node_parts(root, nats_server, tool_timeout=1.5) as (bus, api, claims, disc, fake):
         uuid = disc.inventory.gpus[0].uuid
-        claim = await claims.add(claim_doc(name="ts", results=[("gpu", "gpu-0")], configs=[
-            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+        claim = await claims.add(
+            claim_doc(
+                name="ts",
+                results=[("gpu", "gpu-0")],
+                configs=[gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
+            )
+        )
         rolled_back = await rolled_back_future(bus, claim.uid, claim.namespace)
         fake.hang("nvidia-smi")
         proc = await start_ready_preparer(root, api, nats_server)
@@ -168,14 +190,20 @@ async def test_a_prepare_abandoned_by_the_kubelet_is_rolled_back_at_once(root: P
 
 
 async def test_a_time_slice_call_past_the_device_op_deadline_is_undone_within_seconds(
-        root: Path, nats_server: EmbeddedNats) -> None:
+    root: Path, nats_server: EmbeddedNats
+) -> None:
     """nvidia-smi hangs past the preparer's device-op deadline (1 s), and the reset the rollback asks for
     waits behind it in discovery and times out too. The failed rollback is retried within seconds, not
     at the 10-minute sweep: the GPU ends at Default and the entry is gone."""
     async with node_parts(root, nats_server, tool_timeout=3.0) as (bus, api, claims, disc, fake):
         uuid = disc.inventory.gpus[0].uuid
-        claim = await claims.add(claim_doc(name="ts", results=[("gpu", "gpu-0")], configs=[
-            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+        claim = await claims.add(
+            claim_doc(
+                name="ts",
+                results=[("gpu", "gpu-0")],
+                configs=[gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
+            )
+        )
         rolled_back = await rolled_back_future(bus, claim.uid, claim.namespace)
         fake.hang("nvidia-smi")
         proc = await start_ready_preparer(root, api, nats_server, "--device-op-timeout", "1")
@@ -200,10 +228,16 @@ async def test_a_time_slice_call_past_the_device_op_deadline_is_undone_within_se
 
 
 async def test_kill_9_after_the_mps_daemon_started_leaves_no_daemon_after_restart(
-        root: Path, nats_server: EmbeddedNats) -> None:
+    root: Path, nats_server: EmbeddedNats
+) -> None:
     async with node_parts(root, nats_server) as (bus, api, claims, disc, fake):
-        claim = await claims.add(claim_doc(name="mps", results=[("gpu", "gpu-1")], configs=[
-            gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}})]))
+        claim = await claims.add(
+            claim_doc(
+                name="mps",
+                results=[("gpu", "gpu-1")],
+                configs=[gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}})],
+            )
+        )
         # Take over discovery's MPS-start subject: really start the daemon, then never answer.
         real_sub = next(s for s in disc.service.bus._subs if s.subject == "dra.v1.device.n1.mps-start")
         await real_sub.unsubscribe()

@@ -28,16 +28,24 @@ from tests.preparer.helpers import DRIVER, MemoryClaims, Node, claim_doc, runnin
 
 ON = "DeviceMetadata=true"
 
-VFIO_CONFIG = {"source": "FromClaim", "requests": ["vm"], "opaque": {"driver": DRIVER, "parameters": {
-    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"}}}
+VFIO_CONFIG = {
+    "source": "FromClaim",
+    "requests": ["vm"],
+    "opaque": {
+        "driver": DRIVER,
+        "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"},
+    },
+}
 
 
 @pytest.fixture
 def schema(tmp_path: Path) -> dict[str, Any]:
     index = write_schemas(tmp_path)
     (entry,) = [f for f in index["files"] if f["name"] == "device-metadata"]
-    assert entry["path"] == "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/" \
-                            "<driver>-metadata.json"
+    assert (
+        entry["path"] == "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/"
+        "<driver>-metadata.json"
+    )
     return dict(json.loads((tmp_path / entry["schema"]).read_text()))
 
 
@@ -90,7 +98,8 @@ def gpu_of(discovery: RunningDiscovery, name: str) -> Any:
 
 
 async def test_full_gpu_and_mig_device_files_name_their_devices_and_go_on_unprepare(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery, schema: dict[str, Any]) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery, schema: dict[str, Any]
+) -> None:
     strays = root / "plugins" / DRIVER / "device-metadata"
     strays.mkdir(parents=True)
     (strays / f"{uuidlib.uuid4()}_gpu.json").write_text("{}\n")  # a claim's whose record a crash lost
@@ -112,22 +121,29 @@ async def test_full_gpu_and_mig_device_files_name_their_devices_and_go_on_unprep
         for device in request["devices"]:
             gpu = gpu_of(discovery, device["name"])
             assert (device["driver"], device["pool"]) == (DRIVER, "n1")
-            assert attrs(device) == {"type": "gpu", "uuid": gpu.uuid, "productName": gpu.product_name,
-                                     "resource.kubernetes.io/pciBusID": normal_bdf(gpu.pci_bus_id),
-                                     **({"numaNode": gpu.numa_node} if gpu.numa_node >= 0 else {})}
+            assert attrs(device) == {
+                "type": "gpu",
+                "uuid": gpu.uuid,
+                "productName": gpu.product_name,
+                "resource.kubernetes.io/pciBusID": normal_bdf(gpu.pci_bus_id),
+                **({"numaNode": gpu.numa_node} if gpu.numa_node >= 0 else {}),
+            }
         (mig,) = files[f"{base}/mig/{DRIVER}-metadata.json"]["requests"][0]["devices"]
         parent = gpu_of(discovery, "gpu-2")
         created = next(m for m in gpu_of(discovery, "gpu-2").mig_devices if m.name == "gpu-2-mig-1g10gb-19-3")
         got = attrs(mig)
         assert (got["type"], got["uuid"], got["parentUUID"]) == ("mig", created.uuid, parent.uuid)
-        assert got["uuid"].startswith("MIG-") and got["resource.kubernetes.io/pciBusID"] == normal_bdf(parent.pci_bus_id)
+        assert got["uuid"].startswith("MIG-") and got["resource.kubernetes.io/pciBusID"] == normal_bdf(
+            parent.pci_bus_id
+        )
 
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
         assert files_of(node, claim.uid) == []
 
 
-async def test_share_and_template_claim_files(claims: MemoryClaims, root: Path, bus: Bus,
-                                              discovery: RunningDiscovery, schema: dict[str, Any]) -> None:
+async def test_share_and_template_claim_files(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery, schema: dict[str, Any]
+) -> None:
     async with running_node(claims, root, bus=bus, feature_gates=ON) as node:
         doc = claim_doc(name="pod1-gpu-x7k2q", results=[("gpu", "gpu-3")])
         doc["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "shared-gpu"}
@@ -146,16 +162,24 @@ async def test_share_and_template_claim_files(claims: MemoryClaims, root: Path, 
         assert files_of(node, claim.uid) == []
 
 
-async def test_vfio_file_names_pci_bus_id_and_iommu_group(claims: MemoryClaims, root: Path, bus: Bus,
-                                                          discovery: RunningDiscovery, schema: dict[str, Any]) -> None:
+async def test_vfio_file_names_pci_bus_id_and_iommu_group(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery, schema: dict[str, Any]
+) -> None:
     node_root = root / "sim" / "n1"
     simpci.serve(node_root)
     (root / "proc").mkdir()
     sysfs = PciSysfs(node_root)
-    async with running_node(claims, root, bus=bus, sys_root=str(node_root), proc_root=str(root),
-                            feature_gates=ON + ",PassthroughSupport=true") as node:
-        claim, spec = await prepared(node, claims, claim_doc(name="vm", results=[("vm", "gpu-vfio-1")],
-                                                             configs=[VFIO_CONFIG]))
+    async with running_node(
+        claims,
+        root,
+        bus=bus,
+        sys_root=str(node_root),
+        proc_root=str(root),
+        feature_gates=ON + ",PassthroughSupport=true",
+    ) as node:
+        claim, spec = await prepared(
+            node, claims, claim_doc(name="vm", results=[("vm", "gpu-vfio-1")], configs=[VFIO_CONFIG])
+        )
         gpu = gpu_of(discovery, "gpu-1")
         bdf = normal_bdf(gpu.pci_bus_id)
         assert sysfs.driver_of(bdf) == "vfio-pci"
@@ -169,8 +193,9 @@ async def test_vfio_file_names_pci_bus_id_and_iommu_group(claims: MemoryClaims, 
         assert files_of(node, claim.uid) == []
 
 
-async def test_with_the_gate_off_no_file_is_written_or_mounted(claims: MemoryClaims, root: Path, bus: Bus,
-                                                                 discovery: RunningDiscovery) -> None:
+async def test_with_the_gate_off_no_file_is_written_or_mounted(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     async with running_node(claims, root, bus=bus) as node:
         claim, spec = await prepared(node, claims, claim_doc(name="plain", results=[("gpu", "gpu-4")]))
         (dev,) = spec["devices"]

@@ -24,11 +24,17 @@ from tests.preparer.helpers import ApiClaims, claim_doc, gpu_config, running_nod
 
 
 async def test_one_trace_from_kubelet_through_discovery_to_checkpoint(
-        spans: InMemorySpanExporter, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    spans: InMemorySpanExporter, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     async with running_apiserver(root / "api") as api, api.client() as client:
         claims = ApiClaims(client)
-        claim = await claims.add(claim_doc(name="traced", results=[("gpu", "gpu-0")], configs=[
-            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}})]))
+        claim = await claims.add(
+            claim_doc(
+                name="traced",
+                results=[("gpu", "gpu-0")],
+                configs=[gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}})],
+            )
+        )
         async with running_node(KubeClaimSource(client), root, bus=bus) as node:
             spans.clear()
             result = (await node.plugin.prepare([claim]))[claim.uid]
@@ -53,7 +59,8 @@ async def test_one_trace_from_kubelet_through_discovery_to_checkpoint(
 
 
 async def test_a_kubelet_without_trace_context_gets_the_prepare_into_the_claims_trace(
-        spans: InMemorySpanExporter, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    spans: InMemorySpanExporter, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     scheduler = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the claim's trace, as annotated
     async with running_apiserver(root / "api") as api, api.client() as client:
         doc = claim_doc(name="annotated", results=[("gpu", "gpu-1")])
@@ -63,8 +70,13 @@ async def test_a_kubelet_without_trace_context_gets_the_prepare_into_the_claims_
         async with running_node(KubeClaimSource(client), root, bus=bus) as node:
             spans.clear()
             plugin = node.plugin
-            request = plugin._pb2.NodePrepareResourcesRequest(claims=[plugin._pb2.Claim(  # noqa: SLF001
-                namespace=claim.namespace, uid=claim.uid, name=claim.name)])
+            request = plugin._pb2.NodePrepareResourcesRequest(
+                claims=[
+                    plugin._pb2.Claim(  # noqa: SLF001
+                        namespace=claim.namespace, uid=claim.uid, name=claim.name
+                    )
+                ]
+            )
             response = await plugin._stub.NodePrepareResources(request, timeout=30)  # noqa: SLF001 - no metadata
             assert response.claims[claim.uid].error == ""
             await node.service.events.drained()
@@ -78,8 +90,9 @@ async def test_a_kubelet_without_trace_context_gets_the_prepare_into_the_claims_
             assert [link.context.span_id for link in prepare.links] == [server.context.span_id]
             assert (prepare.attributes or {})["dra.device"] == ("gpu-1",)
             published = [s for s in finished if s.name == "publish claim-lifecycle"]
-            assert len(published) == 2 and all(s.parent is not None and s.parent.span_id == prepare.context.span_id
-                                          for s in published)
+            assert len(published) == 2 and all(
+                s.parent is not None and s.parent.span_id == prepare.context.span_id for s in published
+            )
             spans.clear()
             # the claim is gone by the time of the unprepare (as after a pod's deletion): the link comes from
             # the context its checkpoint record kept, not from reading the claim
@@ -98,13 +111,17 @@ async def test_a_kubelet_without_trace_context_gets_the_prepare_into_the_claims_
             failed = next(s for s in finished if s.name == "claim.prepare")
             rpc = next(s for s in finished if s.name == "NodePrepareResources")
             assert failed.parent is not None and failed.parent.span_id == rpc.context.span_id
-            assert failed.status.status_code == trace.StatusCode.ERROR and [e.name for e in failed.events] == ["claim.get", "exception"]
+            assert failed.status.status_code == trace.StatusCode.ERROR and [e.name for e in failed.events] == [
+                "claim.get",
+                "exception",
+            ]
             assert (failed.attributes or {})["dra.failure.reason"] == "not-found"
             assert (failed.attributes or {})["dra.claim.uid"] == "0000-gone"
 
 
 async def test_plain_gpu_works_with_nats_down_and_events_follow_when_it_returns(
-        root: Path, nats_server: EmbeddedNats, discovery: RunningDiscovery) -> None:
+    root: Path, nats_server: EmbeddedNats, discovery: RunningDiscovery
+) -> None:
     bus = await Bus.connect(nats_server.url, name="preparer-under-test", reconnect_wait=0.1)
     try:
         async with running_apiserver(root / "api") as api, api.client() as client:
@@ -127,8 +144,10 @@ async def test_plain_gpu_works_with_nats_down_and_events_follow_when_it_returns(
                         while len(seen) < 2:
                             msg = await sub.next_msg(timeout=5)
                             seen.append(msgspec.json.decode(msg.data, type=ClaimLifecycle))
-                    assert [(e.event, e.claim_uid) for e in seen] == [("prepare-started", claim.uid),
-                                                                      ("prepared", claim.uid)]
+                    assert [(e.event, e.claim_uid) for e in seen] == [
+                        ("prepare-started", claim.uid),
+                        ("prepared", claim.uid),
+                    ]
                     assert seen[1].devices[0].device == "gpu-3"
                     assert msg.subject == "dra.v1.claim.default.n1.prepared"
                 finally:
@@ -163,9 +182,16 @@ async def test_stale_prepare_started_claims_are_rolled_back(root: Path) -> None:
         await claims.delete(gone)
         async with running_node(KubeClaimSource(client), root) as node:
             for ref, dev in ((live, "gpu-1"), (gone, "gpu-0"), (moved, "gpu-2")):
-                await node.service.checkpoint.put(ref.uid, ClaimRecord(
-                    state="PrepareStarted", name=ref.name, namespace=ref.namespace, started_at=time.time(),
-                    devices=[PreparedDevice(requests=["gpu"], pool="n1", device=dev)]))
+                await node.service.checkpoint.put(
+                    ref.uid,
+                    ClaimRecord(
+                        state="PrepareStarted",
+                        name=ref.name,
+                        namespace=ref.namespace,
+                        started_at=time.time(),
+                        devices=[PreparedDevice(requests=["gpu"], pool="n1", device=dev)],
+                    ),
+                )
             assert await node.service.preparer.cleanup_stale() == 2
             assert set(node.service.checkpoint.claims) == {live.uid}
             rolled = [e for e in node.service.events.pending if e.event == "rolled-back"]

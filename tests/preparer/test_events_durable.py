@@ -49,8 +49,9 @@ async def stream_events(bus: Bus, want: int, timeout: float = 20.0) -> list[Clai
     """The claim events in DRA_EVENTS once it holds `want` of them (and exactly that many)."""
     sub = await bus.js.subscribe(SUBJECTS, ordered_consumer=True)
     try:
-        out = [msgspec.json.decode((await sub.next_msg(timeout=timeout)).data, type=ClaimLifecycle)
-               for _ in range(want)]
+        out = [
+            msgspec.json.decode((await sub.next_msg(timeout=timeout)).data, type=ClaimLifecycle) for _ in range(want)
+        ]
     finally:
         await sub.unsubscribe()
     assert await stored_count(bus) == want
@@ -58,7 +59,8 @@ async def stream_events(bus: Bus, want: int, timeout: float = 20.0) -> list[Clai
 
 
 async def test_three_preparations_of_one_claim_keep_three_pairs_of_events(
-        bus: Bus, claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    bus: Bus, claims: MemoryClaims, root: Path, dev_root: Path
+) -> None:
     claim = claims.add(claim_doc(name="standalone", results=[("gpu", "gpu-1")]))
     async with running_node(claims, root, dev_root=str(dev_root)) as node:
         node.service.events.attach(bus)
@@ -81,7 +83,8 @@ async def test_three_preparations_of_one_claim_keep_three_pairs_of_events(
 
 
 async def test_claims_events_go_out_in_rounds_each_claims_in_order(
-        bus: Bus, claims: MemoryClaims, root: Path, dev_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bus: Bus, claims: MemoryClaims, root: Path, dev_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Four claims prepared and unprepared while NATS is away leave 12 events; once it is there they go in
     three rounds (each claim's first event, then its second, then its third), every round's events in
     flight together, and the stream holds each claim's events in their order."""
@@ -108,13 +111,18 @@ async def test_claims_events_go_out_in_rounds_each_claims_in_order(
 
 
 async def test_a_retry_after_a_rollback_gets_new_ids_and_a_resend_keeps_its_own(
-        bus: Bus, claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    bus: Bus, claims: MemoryClaims, root: Path, dev_root: Path
+) -> None:
     claim = claims.add(claim_doc(name="retried", results=[("gpu", "gpu-0")]))
     async with running_node(claims, root, dev_root=str(dev_root)) as node:
         checkpoint = node.service.checkpoint
-        interrupted = ClaimRecord(state="PrepareStarted", name=claim.name, namespace=claim.namespace,
-                                  preparation=checkpoint.next_preparation(),
-                                  devices=[PreparedDevice(requests=["gpu"], pool="n1", device="gpu-0")])
+        interrupted = ClaimRecord(
+            state="PrepareStarted",
+            name=claim.name,
+            namespace=claim.namespace,
+            preparation=checkpoint.next_preparation(),
+            devices=[PreparedDevice(requests=["gpu"], pool="n1", device="gpu-0")],
+        )
         await checkpoint.put(claim.uid, interrupted)
         assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
         outbox = checkpoint.path.with_name("outbox.jsonl")
@@ -135,11 +143,19 @@ async def test_a_retry_after_a_rollback_gets_new_ids_and_a_resend_keeps_its_own(
     assert await LifecycleEvents("n1", "gpu.nvidia.com", outbox).outbox.load() == 0  # all acked on file
 
 
-@pytest.mark.parametrize(("case", "reason"), [
-    ("missing", "not-found"), ("unallocated", "not-allocated"), ("elsewhere", "other-node"),
-    ("bad-config", "invalid-config"), ("busy", "device-busy")])
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("missing", "not-found"),
+        ("unallocated", "not-allocated"),
+        ("elsewhere", "other-node"),
+        ("bad-config", "invalid-config"),
+        ("busy", "device-busy"),
+    ],
+)
 async def test_every_failed_prepare_records_prepare_failed_with_its_reason(
-        case: str, reason: str, claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    case: str, reason: str, claims: MemoryClaims, root: Path, dev_root: Path
+) -> None:
     holder = claims.add(claim_doc(name="holder", results=[("gpu", "gpu-1")]))
     if case == "missing":
         claim = claims.add(claim_doc(name="gone", results=[("gpu", "gpu-0")]))
@@ -151,8 +167,9 @@ async def test_every_failed_prepare_records_prepare_failed_with_its_reason(
     elif case == "elsewhere":
         claim = claims.add(claim_doc(name="there", results=[("gpu", "gpu-0")], node="n2"))
     elif case == "bad-config":
-        claim = claims.add(claim_doc(name="bad", results=[("gpu", "gpu-0")],
-                                     configs=[gpu_config({"strategy": "Nonsense"})]))
+        claim = claims.add(
+            claim_doc(name="bad", results=[("gpu", "gpu-0")], configs=[gpu_config({"strategy": "Nonsense"})])
+        )
     else:
         claim = claims.add(claim_doc(name="second", results=[("gpu", "gpu-1")]))
     async with running_node(claims, root, dev_root=str(dev_root)) as node:
@@ -165,11 +182,13 @@ async def test_every_failed_prepare_records_prepare_failed_with_its_reason(
     # recorded durably: a restart (NATS still away) still holds them
     async with running_node(claims, root, dev_root=str(dev_root)) as node:
         assert Counter(e.event for e in node.service.events.pending if e.claim_uid == claim.uid) == {
-            "prepare-failed": 2}
+            "prepare-failed": 2
+        }
 
 
 async def test_a_prepare_failing_after_it_started_records_the_failure_of_that_preparation_and_a_retry_its_own(
-        claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    claims: MemoryClaims, root: Path, dev_root: Path
+) -> None:
     claim = claims.add(claim_doc(name="nocdi", results=[("gpu", "gpu-0")]))
     async with running_node(claims, root, dev_root=str(dev_root)) as node:
         cdi = Path(node.cfg.cdi_dir)
@@ -190,7 +209,8 @@ async def test_a_prepare_failing_after_it_started_records_the_failure_of_that_pr
 
 
 async def test_sigkill_with_nats_down_then_restart_delivers_the_events_exactly_once(
-        root: Path, nats_server: EmbeddedNats, dev_root: Path) -> None:
+    root: Path, nats_server: EmbeddedNats, dev_root: Path
+) -> None:
     log_path = root / "preparer.log"
     reg_socket = root / "reg" / "gpu.nvidia.com-reg.sock"
     outbox = root / "plugins" / "gpu.nvidia.com" / "outbox.jsonl"
@@ -201,8 +221,7 @@ async def test_sigkill_with_nats_down_then_restart_delivers_the_events_exactly_o
         claims = ApiClaims(client)
         claim = await claims.add(claim_doc(name="offline", results=[("gpu", "gpu-0")]))
         await nats_server.stop()
-        proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path,
-                                    "--dev-root", str(dev_root))
+        proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path, "--dev-root", str(dev_root))
         try:
             await wait_for_socket(reg_socket, proc, log_path)
             plugin = await register(reg_socket)
@@ -216,8 +235,7 @@ async def test_sigkill_with_nats_down_then_restart_delivers_the_events_exactly_o
             proc.send_signal(signal.SIGKILL)
             assert await proc.wait() == -signal.SIGKILL
         await nats_server.start()
-        proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path,
-                                    "--dev-root", str(dev_root))
+        proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path, "--dev-root", str(dev_root))
         try:
             await wait_for_socket(reg_socket, proc, log_path)
             reader = await Bus.connect(nats_server.url, name="reader")
@@ -241,13 +259,15 @@ async def test_sigkill_with_nats_down_then_restart_delivers_the_events_exactly_o
 
 
 async def test_a_full_outbox_refuses_new_events_counts_them_and_compacts_what_was_sent(
-        bus: Bus, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bus: Bus, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(outbox_module, "COMPACT_MIN_ACKS", 2)
     path = root / "outbox.jsonl"
     events = LifecycleEvents("n1", "gpu.test", path, max_events=2)
     before = REGISTRY.get_sample_value("gpu_dra_outbox_dropped_total", {"driver": "gpu.test"}) or 0.0
-    await events.outbox.add([events.make("prepared", uid=f"u{i}", namespace="default", name=f"c{i}", preparation=i)
-                             for i in range(3)])
+    await events.outbox.add(
+        [events.make("prepared", uid=f"u{i}", namespace="default", name=f"c{i}", preparation=i) for i in range(3)]
+    )
     assert [e.claim_uid for e in events.pending] == ["u0", "u1"] and events.dropped == 1
     assert REGISTRY.get_sample_value("gpu_dra_outbox_dropped_total", {"driver": "gpu.test"}) == before + 1
     assert REGISTRY.get_sample_value("gpu_dra_outbox_events", {"driver": "gpu.test"}) == 2
@@ -260,11 +280,22 @@ def test_the_exported_schema_names_the_failure_reasons(tmp_path: Path) -> None:
     write_schemas(tmp_path)
     schema = json.loads((tmp_path / "ClaimLifecycle.json").read_text())
     assert set(schema["properties"]["reason"]["enum"]) == {
-        "", "not-found", "not-allocated", "other-node", "invalid-config", "device-busy", "device-error", "timeout",
-        "internal"}
+        "",
+        "not-found",
+        "not-allocated",
+        "other-node",
+        "invalid-config",
+        "device-busy",
+        "device-error",
+        "timeout",
+        "internal",
+    }
     assert schema["properties"]["reason"]["default"] == ""  # older events without it stay valid
-    event = LifecycleEvents("n1", "gpu.nvidia.com").make("prepare-failed", uid="u", namespace="d", name="c",
-                                                         preparation=7, error="no", reason="timeout").event
+    event = (
+        LifecycleEvents("n1", "gpu.nvidia.com")
+        .make("prepare-failed", uid="u", namespace="d", name="c", preparation=7, error="no", reason="timeout")
+        .event
+    )
     jsonschema.validate(msgspec.to_builtins(event), schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**msgspec.to_builtins(event), "reason": "bad luck"}, schema)
@@ -273,8 +304,10 @@ def test_the_exported_schema_names_the_failure_reasons(tmp_path: Path) -> None:
 async def test_a_line_cut_short_by_a_crash_is_skipped_and_the_rest_is_sent(root: Path) -> None:
     path = root / "outbox.jsonl"
     first = LifecycleEvents("n1", "gpu.nvidia.com", path)
-    records = [first.make(kind, uid="u1", namespace="default", name="c", preparation=4)
-               for kind in ("prepare-started", "prepared")]
+    records = [
+        first.make(kind, uid="u1", namespace="default", name="c", preparation=4)
+        for kind in ("prepare-started", "prepared")
+    ]
     await first.outbox.add(records)
     with path.open("ab") as f:
         f.write(b'{"seq":3,"msg_id":"n1/u1/4/unprep')  # the write a SIGKILL interrupted

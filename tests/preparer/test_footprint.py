@@ -28,7 +28,8 @@ async def main():
     api = await cli.kube_api_client(cfg.kubeconfig, max_connections=cli.API_CONNECTIONS)
     services = [PreparerService(cfg, cli.KubeClaimSource(api), driver=d) for d in cfg.drivers]
     from aiohttp import connector
-    stores = [c.cert_store_stats()["x509_ca"] for c in (connector._SSL_CONTEXT_VERIFIED, connector._SSL_CONTEXT_UNVERIFIED)]
+    contexts = (connector._SSL_CONTEXT_VERIFIED, connector._SSL_CONTEXT_UNVERIFIED)
+    stores = [c.cert_store_stats()["x509_ca"] for c in contexts]
     limit = api.rest_client.pool_manager.connector.limit
     await api.close()
     return len(services), stores, limit
@@ -38,20 +39,32 @@ print(json.dumps({"modules": sorted(sys.modules), "drivers": drivers, "stores": 
 """
 
 # JSON, as our tools write kubeconfigs: read without PyYAML or kubernetes-asyncio's loader (shared.kube.kubeconfig)
-KUBECONFIG = json.dumps({
-    "apiVersion": "v1", "kind": "Config",
-    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
-    "users": [{"name": "u", "user": {"token": "t"}}],
-    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-    "current-context": "x",
-})
+KUBECONFIG = json.dumps(
+    {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+)
 
 # packages a preparer must never load: the local-cluster world (not in the production image), other
 # services and the OpenTelemetry SDK (only an exporting process loads it). kubernetes-asyncio is loaded
 # whole, as its package's __init__ imports it (models, config loader, PyYAML, urllib3, and where installed
 # kubernetes-validate for its dynamic client: the embedded extra, not in the production image).
-MUST_NOT_LOAD = ("embedded", "cel", "celpy", "services.publisher", "services.discovery", "services.dashboard",
-                 "services.authcallout", "opentelemetry.sdk", "tests")
+MUST_NOT_LOAD = (
+    "embedded",
+    "cel",
+    "celpy",
+    "services.publisher",
+    "services.discovery",
+    "services.dashboard",
+    "services.authcallout",
+    "opentelemetry.sdk",
+    "tests",
+)
 
 
 def _within(module: str, name: str) -> bool:
@@ -62,8 +75,14 @@ def _within(module: str, name: str) -> bool:
 def test_preparer_start_loads_only_what_it_uses(tmp_path: Path) -> None:
     (tmp_path / "kubeconfig").write_text(KUBECONFIG)
     (tmp_path / "boot_id").write_text("b\n")
-    out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                         timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.splitlines()[-1])
     assert seen["drivers"] == 2

@@ -53,11 +53,33 @@ async def preparer(root: Path, nats_server: EmbeddedNats) -> AsyncIterator[Prepa
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
     with open(log, "wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli", "preparer", "--node", "n1", "--registry-dir", cfg.registry_dir,
-            "--plugins-dir", cfg.plugins_dir, "--cdi-dir", cfg.cdi_dir, "--boot-id-path", cfg.boot_id_path,
-            "--kubeconfig", str(root / "kubeconfig"), "--nats-url", nats_server.url,
-            "--healthcheck-port", str(health_port), "--metrics-port", str(metrics_port),
-            cwd=REPO, env=env, stdout=out, stderr=out)
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "preparer",
+            "--node",
+            "n1",
+            "--registry-dir",
+            cfg.registry_dir,
+            "--plugins-dir",
+            cfg.plugins_dir,
+            "--cdi-dir",
+            cfg.cdi_dir,
+            "--boot-id-path",
+            cfg.boot_id_path,
+            "--kubeconfig",
+            str(root / "kubeconfig"),
+            "--nats-url",
+            nats_server.url,
+            "--healthcheck-port",
+            str(health_port),
+            "--metrics-port",
+            str(metrics_port),
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=out,
+        )
     try:
         yield Preparer(proc, log, health_port, metrics_port, Path(cfg.registry_dir), Path(cfg.plugins_dir))
     finally:
@@ -74,7 +96,8 @@ async def check(port: int, service: str = "") -> int:
 
 
 async def test_grpc_health_serves_only_while_both_plugins_answer_and_readyz_waits_for_registration(
-        preparer: Preparer) -> None:
+    preparer: Preparer,
+) -> None:
     p = preparer
     # ready to be probed once its HTTP endpoint is up; not ready until the kubelet registered both drivers
     text = await wait_for(p.metrics_port, "/readyz", 503, p.proc, p.log, containing="registered")

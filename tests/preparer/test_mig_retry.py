@@ -43,12 +43,15 @@ async def take_over(disc: RunningDiscovery, bus: Bus, entry: catalog.Entry, hand
 
 
 async def test_a_retry_after_a_refused_rollback_prepares_a_mig_device_that_exists(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The rollback retry loop (1 s after a failed rollback) would undo the leftover before the kubelet's retry
     # comes: kept out of the way, so the retry is the one that finds it, as after a restart.
-    monkeypatch.setattr(ClaimPreparer, "retry_failed_rollbacks",
-                        functools.partialmethod(ClaimPreparer.retry_failed_rollbacks, first_delay=600.0))
+    monkeypatch.setattr(
+        ClaimPreparer,
+        "retry_failed_rollbacks",
+        functools.partialmethod(ClaimPreparer.retry_failed_rollbacks, first_delay=600.0),
+    )
     created: asyncio.Queue[str] = asyncio.Queue()
     answer = asyncio.Event()  # discovery answers creates only once set
     refusing = True  # discovery refuses destroys (as NVML does for a device in use) while True

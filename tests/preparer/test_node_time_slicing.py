@@ -31,9 +31,21 @@ TIMESLICE = {"Default": "0", "Short": "1", "Medium": "2", "Long": "3"}
 
 
 def pool_rule(interval: str, pool: str = "inference") -> dict[str, Any]:
-    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "NodeConfig", "metadata": {"name": "pools"},
-            "spec": {"rules": [{"name": pool, "nodeSelector": {"matchLabels": {"pool": pool}},
-                                "sharing": "timeSlicing", "timeSliceInterval": interval}]}}
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "NodeConfig",
+        "metadata": {"name": "pools"},
+        "spec": {
+            "rules": [
+                {
+                    "name": pool,
+                    "nodeSelector": {"matchLabels": {"pool": pool}},
+                    "sharing": "timeSlicing",
+                    "timeSliceInterval": interval,
+                }
+            ]
+        },
+    }
 
 
 @contextlib.asynccontextmanager
@@ -67,55 +79,72 @@ def _chain(first: Any, then: Any) -> Any:
     def both(*args: Any) -> None:
         first(*args)
         then()
+
     return both
 
 
 async def test_a_pools_rule_time_slices_its_gpus_from_the_next_prepare_on(
-        root: Path, nats_server: EmbeddedNats) -> None:
+    root: Path, nats_server: EmbeddedNats
+) -> None:
     async with node_parts(root, nats_server) as (bus, _api, claims, disc, fake):
         client = claims.client
-        await kube.request(client, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                           body=yaml.safe_load(CRD.read_text()))
-        await kube.request(client, "POST", "/api/v1/nodes",
-                           body={"metadata": {"name": "n1", "labels": {"pool": "inference"}}})
+        await kube.request(
+            client,
+            "POST",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            body=yaml.safe_load(CRD.read_text()),
+        )
+        await kube.request(
+            client, "POST", "/api/v1/nodes", body={"metadata": {"name": "n1", "labels": {"pool": "inference"}}}
+        )
         await kube.request(client, "POST", NODECONFIGS, body=pool_rule("Short"))
         uuids = {g.name: g.uuid for g in disc.inventory.gpus}
-        async with settings_of(client) as settings, running_node(KubeClaimSource(client), root, bus=bus, settings=settings) as node:
+        async with (
+            settings_of(client) as settings,
+            running_node(KubeClaimSource(client), root, bus=bus, settings=settings) as node,
+        ):
             await _check_modes(node, claims, fake, disc, uuids)
             await _check_changes(node, claims, fake, settings, uuids)
 
 
-async def _check_modes(node: Any, claims: ApiClaims, fake: FakeDriver, disc: RunningDiscovery,
-                       uuids: dict[str, str]) -> None:
+async def _check_modes(
+    node: Any, claims: ApiClaims, fake: FakeDriver, disc: RunningDiscovery, uuids: dict[str, str]
+) -> None:
     plain = await claims.add(claim_doc(name="plain", results=[("gpu", "gpu-0")]))
     assert (await node.plugin.prepare([plain]))[plain.uid].error == ""
     assert fake.timeslice(uuids["gpu-0"]) == TIMESLICE["Short"]
     [held] = node.service.checkpoint.claims[plain.uid].devices
     assert held.sharing == "TimeSlicing" and not held.shared, "time-sliced, and still one claim's"
 
-    own = await claims.add(claim_doc(name="own", results=[("gpu", "gpu-1")], configs=[
-        gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+    own = await claims.add(
+        claim_doc(
+            name="own",
+            results=[("gpu", "gpu-1")],
+            configs=[gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
+        )
+    )
     assert (await node.plugin.prepare([own]))[own.uid].error == ""
     assert fake.timeslice(uuids["gpu-1"]) == TIMESLICE["Long"], "the claim's own interval"
     assert await node.plugin.unprepare([own]) == {own.uid: ""}
     assert fake.timeslice(uuids["gpu-1"]) == "0"
 
     calls = len(fake.calls("nvidia-smi"))
-    mps = await claims.add(claim_doc(name="mps", results=[("gpu", "gpu-1")], configs=[
-        gpu_config({"strategy": "MPS"})]))
+    mps = await claims.add(claim_doc(name="mps", results=[("gpu", "gpu-1")], configs=[gpu_config({"strategy": "MPS"})]))
     error = (await node.plugin.prepare([mps]))[mps.uid].error
     assert "time-sliced by NodeConfig rule pools/inference" in error and "MPS" in error, error
     assert mps.uid not in node.service.checkpoint.claims and len(fake.calls("nvidia-smi")) == calls
     assert fake.calls("nvidia-cuda-mps-control") == [] and node.cdi_files() == [
-        f"k8s.gpu.nvidia.com-claim_{plain.uid}.json"]
+        f"k8s.gpu.nvidia.com-claim_{plain.uid}.json"
+    ]
 
     assert await node.plugin.unprepare([plain]) == {plain.uid: ""}
     assert fake.timeslice(uuids["gpu-0"]) == "0", "reset after the claim"
     assert next(g for g in disc.inventory.gpus if g.name == "gpu-0").sharing.timeslice in ("Default", "Short")
 
 
-async def _check_changes(node: Any, claims: ApiClaims, fake: FakeDriver, settings: KubeNodeSettings,
-                         uuids: dict[str, str]) -> None:
+async def _check_changes(
+    node: Any, claims: ApiClaims, fake: FakeDriver, settings: KubeNodeSettings, uuids: dict[str, str]
+) -> None:
     first = await claims.add(claim_doc(name="first", results=[("gpu", "gpu-0")]))
     assert (await node.plugin.prepare([first]))[first.uid].error == ""
     assert fake.timeslice(uuids["gpu-0"]) == TIMESLICE["Short"]
@@ -130,8 +159,13 @@ async def _check_changes(node: Any, claims: ApiClaims, fake: FakeDriver, setting
     assert fake.timeslice(uuids["gpu-1"]) == TIMESLICE["Medium"], "the next prepare has the new interval"
     assert await node.plugin.unprepare([first, second]) == {first.uid: "", second.uid: ""}
 
-    await kube.request(claims.client, "PATCH", "/api/v1/nodes/n1", body={"metadata": {"labels": {"pool": "train"}}},
-                       content_type="application/merge-patch+json")
+    await kube.request(
+        claims.client,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        body={"metadata": {"labels": {"pool": "train"}}},
+        content_type="application/merge-patch+json",
+    )
     await until(settings, lambda: settings.labels.get("pool") == "train")
     calls = len(fake.calls("nvidia-smi"))
     third = await claims.add(claim_doc(name="third", results=[("gpu", "gpu-0")]))

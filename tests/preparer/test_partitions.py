@@ -23,8 +23,15 @@ async def fm(root: Path) -> FakeDriver:
 
 @pytest.fixture
 async def fm_discovery(bus: Bus, root: Path, fm: FakeDriver) -> AsyncIterator[RunningDiscovery]:
-    async with running_discovery(bus, node="n1", simulate="h100x8", root=root / "sim", driver_root=str(fm.root),
-                                 tool_timeout=5.0, fabric_manager_partitions=True) as disc:
+    async with running_discovery(
+        bus,
+        node="n1",
+        simulate="h100x8",
+        root=root / "sim",
+        driver_root=str(fm.root),
+        tool_timeout=5.0,
+        fabric_manager_partitions=True,
+    ) as disc:
         yield disc
 
 
@@ -37,7 +44,8 @@ TIME_SLICED = gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"inte
 
 
 async def test_a_claim_of_one_partition_activates_it_and_unprepare_deactivates_it(
-        claims: MemoryClaims, root: Path, bus: Bus, fm: FakeDriver, fm_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fm: FakeDriver, fm_discovery: RunningDiscovery
+) -> None:
     claim = claims.add(claim_doc(name="pair", results=[("gpus", "gpu-1"), ("gpus", "gpu-0")]))
     async with running_node(claims, root, bus=bus) as node:
         assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
@@ -48,7 +56,8 @@ async def test_a_claim_of_one_partition_activates_it_and_unprepare_deactivates_i
 
 
 async def test_a_partition_stays_active_until_its_last_claim_is_unprepared(
-        claims: MemoryClaims, root: Path, bus: Bus, fm: FakeDriver, fm_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fm: FakeDriver, fm_discovery: RunningDiscovery
+) -> None:
     first = claims.add(claim_doc(name="a", results=[("gpus", "gpu-2"), ("gpus", "gpu-3")], configs=[TIME_SLICED]))
     second = claims.add(claim_doc(name="b", results=[("gpus", "gpu-3"), ("gpus", "gpu-2")], configs=[TIME_SLICED]))
     async with running_node(claims, root, bus=bus) as node:
@@ -61,10 +70,12 @@ async def test_a_partition_stays_active_until_its_last_claim_is_unprepared(
         assert fm.active_partitions() == [] and changes(fm) == [["-a", "4"], ["-d", "4"]]
 
 
-@pytest.mark.parametrize("gpus", [["gpu-0", "gpu-2"], ["gpu-0", "gpu-1", "gpu-2"]], ids=["two-partitions", "part-of-one"])
+@pytest.mark.parametrize(
+    "gpus", [["gpu-0", "gpu-2"], ["gpu-0", "gpu-1", "gpu-2"]], ids=["two-partitions", "part-of-one"]
+)
 async def test_gpus_that_form_no_partition_are_refused_with_nothing_changed(
-        claims: MemoryClaims, root: Path, bus: Bus, fm: FakeDriver, fm_discovery: RunningDiscovery,
-        gpus: list[str]) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fm: FakeDriver, fm_discovery: RunningDiscovery, gpus: list[str]
+) -> None:
     claim = claims.add(claim_doc(name="span", results=[("gpus", g) for g in gpus]))
     async with running_node(claims, root, bus=bus) as node:
         error = (await node.plugin.prepare([claim]))[claim.uid].error
@@ -76,7 +87,8 @@ async def test_gpus_that_form_no_partition_are_refused_with_nothing_changed(
 
 
 async def test_a_single_gpu_gets_its_one_gpu_partition_and_mig_free_claims_elsewhere_are_untouched(
-        claims: MemoryClaims, root: Path, bus: Bus, fm: FakeDriver, fm_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fm: FakeDriver, fm_discovery: RunningDiscovery
+) -> None:
     one = claims.add(claim_doc(name="one", results=[("gpu", "gpu-7")]))
     board = claims.add(claim_doc(name="board", results=[("gpus", f"gpu-{i}") for i in range(4)]))
     async with running_node(claims, root, bus=bus) as node:
@@ -88,7 +100,8 @@ async def test_a_single_gpu_gets_its_one_gpu_partition_and_mig_free_claims_elsew
 
 
 async def test_an_activation_fabric_manager_refuses_fails_the_prepare_and_leaves_nothing(
-        claims: MemoryClaims, root: Path, bus: Bus, fm: FakeDriver, fm_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fm: FakeDriver, fm_discovery: RunningDiscovery
+) -> None:
     claim = claims.add(claim_doc(name="refused", results=[("gpus", "gpu-4"), ("gpus", "gpu-5")]))
     fm.fail_once("fmpm", "Failed to activate partition. fmReturn: -5", when="-a")
     async with running_node(claims, root, bus=bus) as node:

@@ -35,9 +35,19 @@ async def hgx_node(root: Path, nats_server: EmbeddedNats) -> AsyncIterator[tuple
     bus = await Bus.connect(nats_server.url, name="partitions-crash-test")
     await bus.provision()
     try:
-        async with running_apiserver(root / "api") as api, api.client() as client, \
-                running_discovery(bus, node="n1", simulate="h100x8", root=root / "sim", driver_root=str(fake.root),
-                                  tool_timeout=2.0, fabric_manager_partitions=True):
+        async with (
+            running_apiserver(root / "api") as api,
+            api.client() as client,
+            running_discovery(
+                bus,
+                node="n1",
+                simulate="h100x8",
+                root=root / "sim",
+                driver_root=str(fake.root),
+                tool_timeout=2.0,
+                fabric_manager_partitions=True,
+            ),
+        ):
             yield bus, api, ApiClaims(client), fake
     finally:
         await bus.close()
@@ -56,9 +66,16 @@ async def wait_call(fake: FakeDriver, flag: str, binary: str = "fmpm") -> dict[s
             await asyncio.sleep(0.05)
 
 
-async def kill_and_restart(root: Path, nats_server: EmbeddedNats, bus: Bus, api: Any, claim: Any, fake: FakeDriver,
-                           hung: str, running: tuple[asyncio.subprocess.Process, asyncio.Task[Any], Any]
-                           ) -> asyncio.subprocess.Process:
+async def kill_and_restart(
+    root: Path,
+    nats_server: EmbeddedNats,
+    bus: Bus,
+    api: Any,
+    claim: Any,
+    fake: FakeDriver,
+    hung: str,
+    running: tuple[asyncio.subprocess.Process, asyncio.Task[Any], Any],
+) -> asyncio.subprocess.Process:
     """kill -9 the preparer mid-prepare, let the `hung` stub go, restart it: the new process once it has
     rolled the claim back."""
     await kill_9(*running)
@@ -67,8 +84,9 @@ async def kill_and_restart(root: Path, nats_server: EmbeddedNats, bus: Bus, api:
     return await restart_and_wait_rollback(root, api, nats_server, rolled_back)
 
 
-async def test_kill_9_during_the_activation_call_leaves_the_partition_inactive(root: Path,
-                                                                              nats_server: EmbeddedNats) -> None:
+async def test_kill_9_during_the_activation_call_leaves_the_partition_inactive(
+    root: Path, nats_server: EmbeddedNats
+) -> None:
     async with hgx_node(root, nats_server) as (bus, api, claims, fake):
         claim = await claims.add(claim_doc(name="pair", results=[("gpus", "gpu-6"), ("gpus", "gpu-7")]))
         fake.hang("fmpm", when="-a")  # the kill lands while Fabric Manager is being asked
@@ -89,11 +107,15 @@ async def test_kill_9_during_the_activation_call_leaves_the_partition_inactive(r
             await stop(proc)
 
 
-async def test_kill_9_after_the_activation_deactivates_it_after_restart(root: Path,
-                                                                       nats_server: EmbeddedNats) -> None:
+async def test_kill_9_after_the_activation_deactivates_it_after_restart(root: Path, nats_server: EmbeddedNats) -> None:
     async with hgx_node(root, nats_server) as (bus, api, claims, fake):
-        claim = await claims.add(claim_doc(name="pair", results=[("gpus", "gpu-4"), ("gpus", "gpu-5")], configs=[
-            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+        claim = await claims.add(
+            claim_doc(
+                name="pair",
+                results=[("gpus", "gpu-4"), ("gpus", "gpu-5")],
+                configs=[gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
+            )
+        )
         fake.hang("nvidia-smi")  # activated; the kill lands in the time-slice step after it
         proc = await start_ready_preparer(root, api, nats_server)
         plugin = await register(root / "reg" / "gpu.nvidia.com-reg.sock")

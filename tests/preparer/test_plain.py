@@ -36,11 +36,17 @@ async def test_full_gpu_prepare_and_unprepare_without_nats(claims: MemoryClaims,
         spec = json.loads(spec_file.read_text())
         assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
         assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
-        assert {"path": "/dev/nvidiactl", "hostPath": f"{dev_root}/dev/nvidiactl", "fileMode": 0o666,
-                "permissions": "rwm"} in spec["containerEdits"]["deviceNodes"]
+        assert {
+            "path": "/dev/nvidiactl",
+            "hostPath": f"{dev_root}/dev/nvidiactl",
+            "fileMode": 0o666,
+            "permissions": "rwm",
+        } in spec["containerEdits"]["deviceNodes"]
         [cdi_dev] = spec["devices"]
         assert cdi_dev["name"] == f"{claim.uid}-gpu-1"
-        assert cdi_dev["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia1", "hostPath": f"{dev_root}/dev/nvidia1"}]
+        assert cdi_dev["containerEdits"]["deviceNodes"] == [
+            {"path": "/dev/nvidia1", "hostPath": f"{dev_root}/dev/nvidia1"}
+        ]
         record = node.service.checkpoint.claims[claim.uid]
         assert record.state == "PrepareCompleted" and (record.namespace, record.name) == ("default", "one")
         prepared = {"node": "n1", "driver": "gpu.nvidia.com", "device_type": "gpu"}
@@ -55,17 +61,25 @@ async def test_full_gpu_prepare_and_unprepare_without_nats(claims: MemoryClaims,
         assert [e.event for e in node.service.events.pending] == ["prepare-started", "prepared", "unprepared"]
 
 
-async def test_several_devices_and_two_containers_sharing_one_claim(claims: MemoryClaims, root: Path,
-                                                                     dev_root: Path) -> None:
-    claim = claims.add(claim_doc(name="multi", results=[("train", "gpu-0"), ("train", "gpu-2"), ("infer/small", "gpu-3")]))
+async def test_several_devices_and_two_containers_sharing_one_claim(
+    claims: MemoryClaims, root: Path, dev_root: Path
+) -> None:
+    claim = claims.add(
+        claim_doc(name="multi", results=[("train", "gpu-0"), ("train", "gpu-2"), ("infer/small", "gpu-3")])
+    )
     async with running_node(claims, root, dev_root=str(dev_root)) as node:
         result = (await node.plugin.prepare([claim]))[claim.uid]
         assert result.error == ""
         assert [(d.device, d.request_names) for d in result.devices] == [
-            ("gpu-0", ["train"]), ("gpu-2", ["train"]), ("gpu-3", ["infer"])]
+            ("gpu-0", ["train"]),
+            ("gpu-2", ["train"]),
+            ("gpu-3", ["infer"]),
+        ]
         # container A references request "train", container B request "infer" (the subrequest is stripped)
-        assert cdi_ids_for(result, "train") == [f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-0",
-                                                f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-2"]
+        assert cdi_ids_for(result, "train") == [
+            f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-0",
+            f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-2",
+        ]
         assert cdi_ids_for(result, "infer") == [f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-3"]
         assert len(cdi_ids_for(result)) == 3
         specs = node.cdi_files()
@@ -73,7 +87,8 @@ async def test_several_devices_and_two_containers_sharing_one_claim(claims: Memo
 
 
 async def test_repeated_prepare_returns_the_checkpointed_result_without_side_effects(
-        claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    claims: MemoryClaims, root: Path, dev_root: Path
+) -> None:
     claim = claims.add(claim_doc(name="again", results=[("gpu", "gpu-0")]))
     async with running_node(claims, root, dev_root=str(dev_root)) as node:
         first = (await node.plugin.prepare([claim]))[claim.uid]
@@ -93,9 +108,17 @@ async def test_unprepare_of_an_unknown_claim_succeeds(claims: MemoryClaims, root
 
 
 async def test_unknown_config_field_is_a_per_claim_error_naming_it_and_writes_nothing(
-        claims: MemoryClaims, root: Path, dev_root: Path) -> None:
-    bad = claims.add(claim_doc(name="bad", results=[("gpu", "gpu-0")], configs=[
-        gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short", "speed": "fast"}})]))
+    claims: MemoryClaims, root: Path, dev_root: Path
+) -> None:
+    bad = claims.add(
+        claim_doc(
+            name="bad",
+            results=[("gpu", "gpu-0")],
+            configs=[
+                gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short", "speed": "fast"}})
+            ],
+        )
+    )
     good = claims.add(claim_doc(name="good", results=[("gpu", "gpu-1")]))
     async with running_node(claims, root, dev_root=str(dev_root)) as node:
         results = await node.plugin.prepare([bad, good])
@@ -107,16 +130,26 @@ async def test_unknown_config_field_is_a_per_claim_error_naming_it_and_writes_no
         assert bad.uid not in node.service.checkpoint.claims
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    (gpu_config({"strategy": "Spatial"}), "unknown GPU sharing strategy"),
-    (gpu_config({"strategy": "TimeSlicing", "mpsConfig": {}}), "cannot use MpsConfig with the 'TimeSlicing' strategy"),
-    (gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}}), "within 0..100"),
-    (gpu_config(kind="MigDeviceConfig", requests=["gpu"]), "cannot apply MigDeviceConfig to request 'gpu'"),
-    (gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": 3}}), 'field "sharing.timeSlicingConfig.interval"'),
-    ({"source": "FromClaim", "requests": []}, "only opaque parameters are supported"),
-])
-async def test_invalid_configs_are_refused_with_a_reason(claims: MemoryClaims, root: Path, dev_root: Path,
-                                                        config: dict, message: str) -> None:
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (gpu_config({"strategy": "Spatial"}), "unknown GPU sharing strategy"),
+        (
+            gpu_config({"strategy": "TimeSlicing", "mpsConfig": {}}),
+            "cannot use MpsConfig with the 'TimeSlicing' strategy",
+        ),
+        (gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}}), "within 0..100"),
+        (gpu_config(kind="MigDeviceConfig", requests=["gpu"]), "cannot apply MigDeviceConfig to request 'gpu'"),
+        (
+            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": 3}}),
+            'field "sharing.timeSlicingConfig.interval"',
+        ),
+        ({"source": "FromClaim", "requests": []}, "only opaque parameters are supported"),
+    ],
+)
+async def test_invalid_configs_are_refused_with_a_reason(
+    claims: MemoryClaims, root: Path, dev_root: Path, config: dict, message: str
+) -> None:
     claim = claims.add(claim_doc(name="cfg", results=[("gpu", "gpu-0")], configs=[config]))
     async with running_node(claims, root, dev_root=str(dev_root)) as node:
         result = (await node.plugin.prepare([claim]))[claim.uid]
@@ -149,6 +182,7 @@ async def test_uid_mismatch_and_unallocated_claims_fail(claims: MemoryClaims, ro
     doc = claim_doc(name="replaced", results=[("gpu", "gpu-0")])
     real = claims.add(doc)
     from embedded.kubelet.client import Claim
+
     stale = Claim(namespace="default", uid="00000000-0000-0000-0000-000000000000", name="replaced")
     unalloc_doc = claim_doc(name="pending", results=[])
     unalloc_doc["status"] = {}
@@ -175,7 +209,8 @@ async def test_a_device_held_by_another_claim_is_refused(claims: MemoryClaims, r
 
 
 async def test_a_spec_that_cannot_be_written_fails_the_prepare_and_the_checkpoint_never_says_prepared(
-        claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    claims: MemoryClaims, root: Path, dev_root: Path
+) -> None:
     """The spec is written before the PrepareCompleted checkpoint write (which orders it: no directory fsync of
     its own): when it fails, that write does not happen, the claim is rolled back and a later prepare succeeds."""
     claim = claims.add(claim_doc(name="blocked", results=[("gpu", "gpu-0")]))
@@ -196,7 +231,8 @@ async def test_a_spec_that_cannot_be_written_fails_the_prepare_and_the_checkpoin
 
 
 async def test_a_prepare_and_unprepare_cost_no_fsync_with_a_boot_id_six_without(
-        claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    claims: MemoryClaims, root: Path, dev_root: Path
+) -> None:
     """Where a power loss shows as a reboot (a boot id; checkpoint module doc) neither the checkpoint writes
     (PrepareCompleted, which also carries the staged PrepareStarted of a claim with nothing to undo, and the
     removal) nor the CDI spec fsync: only the boot marker did, at start; without a boot id, files and
@@ -213,7 +249,8 @@ async def test_a_prepare_and_unprepare_cost_no_fsync_with_a_boot_id_six_without(
 
 
 async def test_a_removed_spec_becomes_the_file_of_the_next_one_and_is_swept_at_start(
-        claims: MemoryClaims, root: Path, dev_root: Path) -> None:
+    claims: MemoryClaims, root: Path, dev_root: Path
+) -> None:
     """With a boot id an unprepared claim's spec is renamed to a spare (a dot-named .tmp no CDI registry
     reads) and the next prepare's spec is written into it: the same file, no inode created or freed. A
     spare left when the preparer stops is swept at the next start."""

@@ -28,10 +28,16 @@ def timeslice_calls(fake: FakeDriver) -> list[tuple[str, str]]:
 
 
 async def test_time_sliced_claim_sets_the_policy_and_unprepare_resets_it(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     uuid = gpu(real_discovery, "gpu-0").uuid
-    claim = claims.add(claim_doc(name="ts", results=[("gpu", "gpu-0")], configs=[
-        gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+    claim = claims.add(
+        claim_doc(
+            name="ts",
+            results=[("gpu", "gpu-0")],
+            configs=[gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
+        )
+    )
     async with running_node(claims, root, bus=bus) as node:
         assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
         assert timeslice_calls(fake) == [(uuid, "3")]
@@ -43,10 +49,16 @@ async def test_time_sliced_claim_sets_the_policy_and_unprepare_resets_it(
 
 
 async def test_a_failed_policy_call_fails_the_prepare_and_resets_the_gpu(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     uuid = gpu(real_discovery, "gpu-1").uuid
-    claim = claims.add(claim_doc(name="ts-fail", results=[("gpu", "gpu-1")], configs=[
-        gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}})]))
+    claim = claims.add(
+        claim_doc(
+            name="ts-fail",
+            results=[("gpu", "gpu-1")],
+            configs=[gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}})],
+        )
+    )
     fake.fail_once("nvidia-smi", "Unable to set timeslice: Insufficient Permissions")
     async with running_node(claims, root, bus=bus) as node:
         error = (await node.plugin.prepare([claim]))[claim.uid].error
@@ -62,12 +74,27 @@ def spec_of(root: Path, uid: str) -> dict:
 
 
 async def test_mps_claim_runs_a_daemon_that_unprepare_stops(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     uuids = sorted([gpu(real_discovery, "gpu-1").uuid, gpu(real_discovery, "gpu-2").uuid])
-    claim = claims.add(claim_doc(name="mps", results=[("gpus", "gpu-1"), ("gpus", "gpu-2")], configs=[
-        gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
-                                                     "defaultPinnedDeviceMemoryLimit": "10Gi",
-                                                     "defaultPerDevicePinnedMemoryLimit": {"1": "5Gi"}}})]))
+    claim = claims.add(
+        claim_doc(
+            name="mps",
+            results=[("gpus", "gpu-1"), ("gpus", "gpu-2")],
+            configs=[
+                gpu_config(
+                    {
+                        "strategy": "MPS",
+                        "mpsConfig": {
+                            "defaultActiveThreadPercentage": 50,
+                            "defaultPinnedDeviceMemoryLimit": "10Gi",
+                            "defaultPerDevicePinnedMemoryLimit": {"1": "5Gi"},
+                        },
+                    }
+                )
+            ],
+        )
+    )
     async with running_node(claims, root, bus=bus) as node:
         assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
         daemon = node.service.checkpoint.claims[claim.uid].mps_daemon_id
@@ -95,9 +122,11 @@ async def test_mps_claim_runs_a_daemon_that_unprepare_stops(
 
 
 async def test_mps_daemon_that_cannot_start_fails_the_prepare_and_leaves_nothing(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
-    claim = claims.add(claim_doc(name="mps-fail", results=[("gpu", "gpu-3")], configs=[
-        gpu_config({"strategy": "MPS"})]))
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
+    claim = claims.add(
+        claim_doc(name="mps-fail", results=[("gpu", "gpu-3")], configs=[gpu_config({"strategy": "MPS"})])
+    )
     fake.fail("nvidia-cuda-mps-control", "An instance of this daemon is already running")
     async with running_node(claims, root, bus=bus) as node:
         error = (await node.plugin.prepare([claim]))[claim.uid].error

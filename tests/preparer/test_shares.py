@@ -45,8 +45,16 @@ from tests.preparer.test_crash_sharing import (
 PID_FILE = "nvidia-cuda-mps-control.pid"
 
 
-def share_doc(name: str, namespace: str, device: str = "gpu-0", *, memory: str = "10Gi", compute: str = "10",
-              configs: list[dict[str, Any]] | None = None, share: bool = True) -> dict[str, Any]:
+def share_doc(
+    name: str,
+    namespace: str,
+    device: str = "gpu-0",
+    *,
+    memory: str = "10Gi",
+    compute: str = "10",
+    configs: list[dict[str, Any]] | None = None,
+    share: bool = True,
+) -> dict[str, Any]:
     """A claim allocated a share of `device` (or, with share False, the whole device)."""
     doc = claim_doc(name=name, namespace=namespace, results=[("gpu", device)], configs=configs)
     if share:
@@ -83,10 +91,13 @@ def gpu_of(real_discovery: RunningDiscovery, name: str) -> Any:
 
 
 async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_the_last(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     tenants = [claims.add(share_doc(f"share-{i}", f"tenant-{i}", compute=str(5 + i))) for i in range(8)]
-    share_ids = {c.uid: claims.docs[(c.namespace, c.name)]["status"]["allocation"]["devices"]["results"][0]["shareID"]
-                 for c in tenants}
+    share_ids = {
+        c.uid: claims.docs[(c.namespace, c.name)]["status"]["allocation"]["devices"]["results"][0]["shareID"]
+        for c in tenants
+    }
     async with running_node(claims, root, bus=bus) as node:
         prepared = await node.plugin.prepare(tenants)  # one kubelet call: the eight prepare concurrently
         for c in tenants:
@@ -97,7 +108,10 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_
         [start] = daemon_starts(fake)  # exactly one MPS daemon for the GPU
         pipe = Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"])
         assert start["env"]["CUDA_VISIBLE_DEVICES"] == gpu_of(real_discovery, "gpu-0").uuid
-        assert mps_dirs(real_discovery) == [pipe.parent.name] and gpu_of(real_discovery, "gpu-0").sharing.mps_daemon == pipe.parent.name
+        assert (
+            mps_dirs(real_discovery) == [pipe.parent.name]
+            and gpu_of(real_discovery, "gpu-0").sharing.mps_daemon == pipe.parent.name
+        )
         pid = int((pipe / PID_FILE).read_text())
         for i, c in enumerate(tenants):
             env, mounts = edits_of(node.cdi_dir, c.uid)
@@ -108,7 +122,11 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_
             record = node.service.checkpoint.claims[c.uid]
             [held] = record.devices
             assert (record.state, held.share_id, held.consumed_capacity, held.mps_daemon) == (
-                "PrepareCompleted", share_ids[c.uid], {"memory": "10Gi", "compute": str(5 + i)}, pipe.parent.name)
+                "PrepareCompleted",
+                share_ids[c.uid],
+                {"memory": "10Gi", "compute": str(5 + i)},
+                pipe.parent.name,
+            )
             assert record.mps_daemon_id == ""  # no claim-scoped daemon
 
         assert await node.plugin.unprepare(tenants[:7]) == {c.uid: "" for c in tenants[:7]}
@@ -127,12 +145,15 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_
 
 
 async def test_claim_events_and_metrics_carry_each_share(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     shares = [claims.add(share_doc(f"share-{i}", f"tenant-{i}", compute=str(10 * (i + 1)))) for i in range(2)]
     shares.append(claims.add(share_doc("share-2", "tenant-0", device="gpu-0", memory="20Gi")))
     whole = claims.add(share_doc("whole", "tenant-w", device="gpu-1", share=False))
-    share_ids = {c.uid: claims.docs[(c.namespace, c.name)]["status"]["allocation"]["devices"]["results"][0]["shareID"]
-                 for c in shares}
+    share_ids = {
+        c.uid: claims.docs[(c.namespace, c.name)]["status"]["allocation"]["devices"]["results"][0]["shareID"]
+        for c in shares
+    }
     memory = binary_si(gpu_of(real_discovery, "gpu-0").memory_bytes)
     labels = {"node": "n1", "driver": "gpu.nvidia.com", "device": "gpu-0"}
     sent: list[ClaimLifecycle] = []
@@ -155,45 +176,68 @@ async def test_claim_events_and_metrics_carry_each_share(
             [dev] = prepared_events[c.uid].devices
             compute = str(10 * (i + 1)) if i < 2 else "10"
             assert (dev.device, dev.share_id, dev.consumed_capacity, dev.capacity) == (
-                "gpu-0", share_ids[c.uid], {"memory": "20Gi" if i == 2 else "10Gi", "compute": compute},
-                {"memory": memory, "compute": "100"})
+                "gpu-0",
+                share_ids[c.uid],
+                {"memory": "20Gi" if i == 2 else "10Gi", "compute": compute},
+                {"memory": memory, "compute": "100"},
+            )
         [dev] = prepared_events[whole.uid].devices
         assert (dev.device, dev.share_id, dev.consumed_capacity, dev.capacity) == ("gpu-1", "", {}, {})
         assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-0"}) == 2.0
         assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-1"}) == 1.0
-        assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "device": "gpu-1",
-                                                                     "namespace": "tenant-w"}) is None
+        assert (
+            REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "device": "gpu-1", "namespace": "tenant-w"})
+            is None
+        )
 
         assert await node.plugin.unprepare(shares[:2]) == {c.uid: "" for c in shares[:2]}
         assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-0"}) == 1.0
         assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-1"}) is None
         unprepared = await events("unprepared")
         assert {uid: e.devices[0].share_id for uid, e in unprepared.items()} == {
-            c.uid: share_ids[c.uid] for c in shares[:2]}
+            c.uid: share_ids[c.uid] for c in shares[:2]
+        }
         assert await node.plugin.unprepare([shares[2], whole]) == {shares[2].uid: "", whole.uid: ""}
     await sub.unsubscribe()
 
 
 async def test_a_mode_conflicting_with_the_gpus_shares_is_refused_with_nothing_changed(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     shares = [claims.add(share_doc(f"share-{i}", f"tenant-{i}")) for i in range(2)]
     mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
     conflicts = {
         "has shares prepared": claims.add(share_doc("whole", "t-whole", share=False)),
         "MPS daemon runs for other shares": claims.add(share_doc("mps-50", "t-mps", configs=[gpu_config(mps)])),
-        "time-slicing and MPS do not mix": claims.add(share_doc("ts", "t-ts", configs=[gpu_config(
-            {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})])),
+        "time-slicing and MPS do not mix": claims.add(
+            share_doc(
+                "ts",
+                "t-ts",
+                configs=[gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
+            )
+        ),
         "claim-scoped daemon": claims.add(share_doc("mps-claim", "t-mpsc", configs=[gpu_config(mps)], share=False)),
     }
     async with running_node(claims, root, bus=bus) as node:
         prepared = await node.plugin.prepare(shares)
         assert [prepared[c.uid].error for c in shares] == ["", ""]
-        before = (dict(checkpoint(root)), node.cdi_files(), fake.calls(), mps_dirs(real_discovery), gpu_of(real_discovery, "gpu-0").sharing)
+        before = (
+            dict(checkpoint(root)),
+            node.cdi_files(),
+            fake.calls(),
+            mps_dirs(real_discovery),
+            gpu_of(real_discovery, "gpu-0").sharing,
+        )
         for message, claim in conflicts.items():
             error = (await node.plugin.prepare([claim]))[claim.uid].error
             assert message in error and "gpu-0" in error, error
-            after = (dict(checkpoint(root)), node.cdi_files(), fake.calls(), mps_dirs(real_discovery),
-                     gpu_of(real_discovery, "gpu-0").sharing)
+            after = (
+                dict(checkpoint(root)),
+                node.cdi_files(),
+                fake.calls(),
+                mps_dirs(real_discovery),
+                gpu_of(real_discovery, "gpu-0").sharing,
+            )
             assert after == before, f"{message}: something changed"
         assert await node.plugin.unprepare(shares) == {c.uid: "" for c in shares}
         assert mps_dirs(real_discovery) == []
@@ -203,7 +247,8 @@ async def test_a_mode_conflicting_with_the_gpus_shares_is_refused_with_nothing_c
 
 
 async def test_one_more_share_of_a_running_daemon_asks_discovery_nothing_until_discovery_drops_it(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     """A share of a GPU whose daemon this preparer started, with a completed share using it and discovery's
     inventory naming it, needs no mps-start request and one checkpoint write (a whole GPU's count). When
     discovery no longer names the daemon (its restart found it gone), or after the last share stopped it,
@@ -261,7 +306,8 @@ async def test_one_more_share_of_a_running_daemon_asks_discovery_nothing_until_d
 
 
 async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_one_daemon(
-        root: Path, nats_server: EmbeddedNats) -> None:
+    root: Path, nats_server: EmbeddedNats
+) -> None:
     async with node_parts(root, nats_server) as (bus, api, claims, real_discovery, fake):
         core = CoreV1Api(claims.client)
         for i in range(8):
@@ -321,7 +367,8 @@ async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_
             assert mps_dirs(real_discovery) == [pipe.parent.name]
             cdi_dir = root / "cdi"
             assert sorted(p.name for p in cdi_dir.iterdir() if not p.name.startswith(".")) == sorted(
-                f"k8s.gpu.nvidia.com-claim_{c.uid}.json" for c in tenants), "no leaked spec"
+                f"k8s.gpu.nvidia.com-claim_{c.uid}.json" for c in tenants
+            ), "no leaked spec"
             for c in tenants:
                 env, _ = edits_of(cdi_dir, c.uid)
                 assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
@@ -334,7 +381,8 @@ async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_
 
 
 async def test_plain_shares_without_compute_start_no_daemon_and_carry_no_mps_limits(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     """NodeConfig `shares` and NVIDIA's --consumable-shares publish no `compute`: their shares are plain (nothing
     enforced), however much memory they consume, 0 included (`memoryDefault: none`)."""
     consumed = [{"memory": "4Gi"}, {"memory": "0"}, {"memory": "0", "shares": "1"}]
@@ -351,18 +399,25 @@ async def test_plain_shares_without_compute_start_no_daemon_and_carry_no_mps_lim
             assert not [k for k in env if k.startswith("CUDA_MPS_")] and "/tmp/nvidia-mps" not in mounts, env
             [held] = node.service.checkpoint.claims[c.uid].devices
             assert held.shared and held.share_id and held.consumed_capacity == capacity and held.mps_daemon == ""
-        assert daemon_starts(fake) == [] and mps_dirs(real_discovery) == [] and gpu_of(real_discovery, "gpu-0").sharing.mps_daemon == ""
+        assert (
+            daemon_starts(fake) == []
+            and mps_dirs(real_discovery) == []
+            and gpu_of(real_discovery, "gpu-0").sharing.mps_daemon == ""
+        )
         assert await node.plugin.unprepare(tenants) == {c.uid: "" for c in tenants}
         assert node.service.checkpoint.claims == {} and node.cdi_files() == []
 
 
 async def test_an_mps_config_on_a_share_that_consumes_no_memory_gets_no_client_memory_limit(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     """NVIDIA's bats gpu-mps.yaml under --consumable-shares=4: the share consumes `shares: 1, memory: 0`. It is
     served by the GPU's daemon with the config's settings; 0 memory reserved means no client memory limit
     (not a limit of 0, which no MPS client could run under)."""
-    mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
-                                            "defaultPinnedDeviceMemoryLimit": "10Gi"}}
+    mps = {
+        "strategy": "MPS",
+        "mpsConfig": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"},
+    }
     doc = share_doc("mps-share", "default", configs=[gpu_config(mps)])
     doc["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {"shares": "1", "memory": "0"}
     claim = claims.add(doc)
@@ -374,8 +429,10 @@ async def test_an_mps_config_on_a_share_that_consumes_no_memory_gets_no_client_m
         [start] = daemon_starts(fake)
         controls = [c["stdin"] for c in fake.calls("nvidia-cuda-mps-control") if not c["argv"]]
         uuid = gpu_of(real_discovery, "gpu-0").uuid
-        assert {"set_default_active_thread_percentage 50\n",
-                f"set_default_device_pinned_mem_limit {uuid} 10240M\n"} <= set(controls), controls
+        assert {
+            "set_default_active_thread_percentage 50\n",
+            f"set_default_device_pinned_mem_limit {uuid} 10240M\n",
+        } <= set(controls), controls
         [held] = node.service.checkpoint.claims[claim.uid].devices
         assert held.mps_daemon == Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"]).parent.name
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
@@ -383,7 +440,8 @@ async def test_an_mps_config_on_a_share_that_consumes_no_memory_gets_no_client_m
 
 
 async def test_two_shares_of_one_gpu_in_one_claim_reach_it_once_with_their_limits_added(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     """Two requests of one claim may each be allocated a share of the same GPU: the claim's containers reach
     it through one CDI device whose client limits are the two shares' sum, and both results name it."""
     doc = claim_doc(name="two-shares", namespace="tenant-a", results=[("small", "gpu-0"), ("large", "gpu-0")])
@@ -396,9 +454,9 @@ async def test_two_shares_of_one_gpu_in_one_claim_reach_it_once_with_their_limit
         prepared = (await node.plugin.prepare([claim]))[claim.uid]
         assert prepared.error == "", prepared.error
         assert sorted((d.request_names[0], d.share_id) for d in prepared.devices) == sorted(
-            (r["request"], r["shareID"]) for r in results)
-        assert {tuple(d.cdi_device_ids) for d in prepared.devices} == {
-            (f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-0",)}
+            (r["request"], r["shareID"]) for r in results
+        )
+        assert {tuple(d.cdi_device_ids) for d in prepared.devices} == {(f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-0",)}
         env, _ = edits_of(node.cdi_dir, claim.uid)
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=30720M"
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
@@ -409,7 +467,9 @@ async def test_two_shares_of_one_gpu_in_one_claim_reach_it_once_with_their_limit
 
 def ready_queries(fake: FakeDriver) -> int:
     """How many times discovery has asked a daemon it started whether it is ready (the last step of a start)."""
-    return sum(c.get("stdin") == "get_default_active_thread_percentage\n" for c in fake.calls("nvidia-cuda-mps-control"))
+    return sum(
+        c.get("stdin") == "get_default_active_thread_percentage\n" for c in fake.calls("nvidia-cuda-mps-control")
+    )
 
 
 async def revived_pid(fake: FakeDriver, pipe: Path, starts: int, timeout: float = 10.0) -> int:
@@ -422,7 +482,8 @@ async def revived_pid(fake: FakeDriver, pipe: Path, starts: int, timeout: float 
 
 
 async def test_a_daemon_killed_under_its_shares_is_started_again_in_the_same_dirs_and_given_up_when_it_loops(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     """The MPS daemon dies under two shares (SIGKILL): discovery notices at once (it watches the process)
     and starts it again with the same settings and dirs, so the shares' containers reach it where their
     CDI mounts point; one more share still needs no request. A daemon that keeps dying is given up: the
@@ -461,12 +522,16 @@ async def test_a_daemon_killed_under_its_shares_is_started_again_in_the_same_dir
 
 
 async def test_a_counted_shares_event_carries_the_gpus_share_count_so_a_ledger_bills_one_nth(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     """NVIDIA's <count> mode (NodeConfig `maxShares: 4`): a share consumes `shares: 1` and no memory. The
     prepared event names the GPU's count as its `shares` capacity, so the ledger example bills 1/4 of the
     GPU for it (before: no count, and a share of unknown size is billed whole)."""
-    config = nodeconfig.validate(nodeconfig.NodeConfig(spec=nodeconfig.NodeConfigSpec(rules=[
-        nodeconfig.Rule(name="four", sharing="shares", maxShares=4)])))
+    config = nodeconfig.validate(
+        nodeconfig.NodeConfig(
+            spec=nodeconfig.NodeConfigSpec(rules=[nodeconfig.Rule(name="four", sharing="shares", maxShares=4)])
+        )
+    )
     doc = share_doc("counted", "tenant-a")
     doc["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {"shares": "1", "memory": "0"}
     claim = claims.add(doc)

@@ -36,11 +36,14 @@ def quits(fake: FakeDriver) -> list[Any]:
 
 
 async def test_shares_of_one_mig_device_meet_in_one_mps_daemon_kept_until_the_last(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     mig = await static_mig(bus, real_discovery, "gpu-1", "3g.40gb")
     limits = [("5Gi", "20", "5120M"), ("10Gi", "30", "10240M"), ("15Gi", "40", "15360M")]
-    shares = [claims.add(share_doc(f"mig-share-{i}", f"tenant-{i}", device=mig.name, memory=m, compute=c))
-              for i, (m, c, _) in enumerate(limits)]
+    shares = [
+        claims.add(share_doc(f"mig-share-{i}", f"tenant-{i}", device=mig.name, memory=m, compute=c))
+        for i, (m, c, _) in enumerate(limits)
+    ]
     async with running_node(claims, root, bus=bus) as node:
         prepared = await node.plugin.prepare(shares)  # concurrently: still one daemon
         for c in shares:
@@ -92,7 +95,8 @@ async def test_shares_of_one_mig_device_meet_in_one_mps_daemon_kept_until_the_la
 
 
 async def test_two_mig_devices_of_one_gpu_have_a_daemon_each_and_share_the_parent_mode(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     a = await static_mig(bus, real_discovery, "gpu-2", "3g.40gb", 0)
     b = await static_mig(bus, real_discovery, "gpu-2", "3g.40gb", 1)
     on_a = claims.add(share_doc("on-a", "tenant-a", device=a.name, memory="5Gi", compute="50"))
@@ -114,11 +118,14 @@ async def test_two_mig_devices_of_one_gpu_have_a_daemon_each_and_share_the_paren
 
 
 async def test_a_mig_device_config_with_mps_sets_its_shares_daemon_and_whole_devices_stay_refused(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     mig = await static_mig(bus, real_discovery, "gpu-3", "3g.40gb")
     mps = gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 60}}, kind="MigDeviceConfig")
-    shares = [claims.add(share_doc(f"cfg-{i}", "tenant", device=mig.name, memory="5Gi", compute="10",
-                                   configs=[mps])) for i in range(2)]
+    shares = [
+        claims.add(share_doc(f"cfg-{i}", "tenant", device=mig.name, memory="5Gi", compute="10", configs=[mps]))
+        for i in range(2)
+    ]
     whole = claims.add(share_doc("whole-mps", "tenant", device=mig.name, configs=[mps], share=False))
     async with running_node(claims, root, bus=bus) as node:
         prepared = await node.plugin.prepare(shares)
@@ -137,7 +144,8 @@ async def test_a_mig_device_config_with_mps_sets_its_shares_daemon_and_whole_dev
 
 
 async def test_one_more_share_of_a_mig_devices_running_daemon_asks_discovery_nothing(
-        claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
     """Discovery publishes a MIG device's daemon on the MIG device (not on its GPU): once it names it, one more
     share of the MIG device is prepared without an mps-start request, as on a full GPU."""
     mig = await static_mig(bus, real_discovery, "gpu-1", "3g.40gb")
@@ -147,8 +155,10 @@ async def test_one_more_share_of_a_mig_devices_running_daemon_asks_discovery_not
         requests.append(msg)
 
     sub = await bus.nc.subscribe("dra.v1.device.n1.mps-start", cb=seen)
-    shares = [claims.add(share_doc(f"mig-share-{i}", f"tenant-{i}", device=mig.name, memory="5Gi", compute="20"))
-              for i in range(2)]
+    shares = [
+        claims.add(share_doc(f"mig-share-{i}", f"tenant-{i}", device=mig.name, memory="5Gi", compute="20"))
+        for i in range(2)
+    ]
     async with running_node(claims, root, bus=bus) as node:
         inventory = node.service.plugin.inventory  # type: ignore[attr-defined]
         assert (await node.plugin.prepare(shares[:1]))[shares[0].uid].error == ""

@@ -21,10 +21,16 @@ def spec_of(node: Node, uid: str) -> dict:
     return json.loads((node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
 
 
-async def test_time_slicing_is_applied_and_reset(claims: MemoryClaims, root: Path, bus: Bus,
-                                                 discovery: RunningDiscovery) -> None:
-    claim = claims.add(claim_doc(name="ts", results=[("gpu", "gpu-0")], configs=[
-        gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})]))
+async def test_time_slicing_is_applied_and_reset(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
+    claim = claims.add(
+        claim_doc(
+            name="ts",
+            results=[("gpu", "gpu-0")],
+            configs=[gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
+        )
+    )
     async with running_node(claims, root, bus=bus) as node:
         result = (await node.plugin.prepare([claim]))[claim.uid]
         assert result.error == ""
@@ -36,12 +42,27 @@ async def test_time_slicing_is_applied_and_reset(claims: MemoryClaims, root: Pat
         assert gpu(discovery, "gpu-0").sharing.timeslice == "Default"
 
 
-async def test_mps_daemon_started_mounted_and_stopped(claims: MemoryClaims, root: Path, bus: Bus,
-                                                      discovery: RunningDiscovery) -> None:
-    claim = claims.add(claim_doc(name="mps", results=[("gpus", "gpu-1"), ("gpus", "gpu-2")], configs=[
-        gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
-                                                     "defaultPinnedDeviceMemoryLimit": "10Gi",
-                                                     "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"}}})]))
+async def test_mps_daemon_started_mounted_and_stopped(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
+    claim = claims.add(
+        claim_doc(
+            name="mps",
+            results=[("gpus", "gpu-1"), ("gpus", "gpu-2")],
+            configs=[
+                gpu_config(
+                    {
+                        "strategy": "MPS",
+                        "mpsConfig": {
+                            "defaultActiveThreadPercentage": 50,
+                            "defaultPinnedDeviceMemoryLimit": "10Gi",
+                            "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"},
+                        },
+                    }
+                )
+            ],
+        )
+    )
     async with running_node(claims, root, bus=bus) as node:
         result = (await node.plugin.prepare([claim]))[claim.uid]
         assert result.error == ""
@@ -57,8 +78,9 @@ async def test_mps_daemon_started_mounted_and_stopped(claims: MemoryClaims, root
         assert gpu(discovery, "gpu-1").sharing.mps_daemon == ""
 
 
-async def test_static_mig_device_is_used_as_is(claims: MemoryClaims, root: Path, bus: Bus,
-                                               discovery: RunningDiscovery) -> None:
+async def test_static_mig_device_is_used_as_is(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     ops = DeviceOps("n1")
     ops.bus = bus
     parent = gpu(discovery, "gpu-3")
@@ -80,7 +102,8 @@ async def test_static_mig_device_is_used_as_is(claims: MemoryClaims, root: Path,
 
 
 async def test_dynamic_mig_is_created_on_prepare_and_destroyed_on_unprepare(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     name = "gpu-4-mig-3g40gb-9-4"
     assert gpu(discovery, "gpu-4").mig_devices == []
     claim = claims.add(claim_doc(name="dyn", results=[("mig", name)]))
@@ -101,19 +124,23 @@ async def test_dynamic_mig_is_created_on_prepare_and_destroyed_on_unprepare(
 
 
 async def test_dynamic_mig_gate_off_refuses_the_claim_and_creates_nothing(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     name = "gpu-4-mig-3g40gb-9-4"
     claim = claims.add(claim_doc(name="dyn-off", results=[("mig", name)]))
     async with running_node(claims, root, bus=bus, feature_gates="DynamicMIG=false") as node:
         result = (await node.plugin.prepare([claim]))[claim.uid]
         assert result.error.endswith(": dynamic MIG devices are turned off here (feature gate DynamicMIG=false)")
         assert gpu(discovery, "gpu-4").mig_devices == []
-        assert claim.uid not in node.service.checkpoint.claims or \
-            node.service.checkpoint.claims[claim.uid].state != "PrepareCompleted"
+        assert (
+            claim.uid not in node.service.checkpoint.claims
+            or node.service.checkpoint.claims[claim.uid].state != "PrepareCompleted"
+        )
 
 
-async def test_a_gpu_shared_by_config_goes_to_both_claims(claims: MemoryClaims, root: Path, bus: Bus,
-                                                          discovery: RunningDiscovery) -> None:
+async def test_a_gpu_shared_by_config_goes_to_both_claims(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     share = gpu_config({"strategy": "TimeSlicing"})
     a = claims.add(claim_doc(name="a", results=[("gpu", "gpu-5")], configs=[share]))
     b = claims.add(claim_doc(name="b", results=[("gpu", "gpu-5")], configs=[share]))
@@ -129,12 +156,22 @@ async def test_a_gpu_shared_by_config_goes_to_both_claims(claims: MemoryClaims, 
 
 
 async def test_class_config_then_claim_config_and_parent_request_matching(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
-    claim = claims.add(claim_doc(name="prec", results=[("big/fast", "gpu-6"), ("other", "gpu-7")], configs=[
-        gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}, source="FromClaim",
-                   requests=["big"]),
-        gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}, source="FromClass"),
-    ]))
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
+    claim = claims.add(
+        claim_doc(
+            name="prec",
+            results=[("big/fast", "gpu-6"), ("other", "gpu-7")],
+            configs=[
+                gpu_config(
+                    {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
+                    source="FromClaim",
+                    requests=["big"],
+                ),
+                gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}, source="FromClass"),
+            ],
+        )
+    )
     async with running_node(claims, root, bus=bus) as node:
         assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
         assert gpu(discovery, "gpu-6").sharing.timeslice == "Short"  # claim config for parent request "big"

@@ -38,8 +38,15 @@ async def vfio_node(claims: MemoryClaims, root: Path, bus: Bus, **overrides: Any
     node_root = root / "sim" / "n1"
     simpci.serve(node_root)
     (root / "proc").mkdir(exist_ok=True)
-    async with running_node(claims, root, bus=bus, sys_root=str(node_root), proc_root=str(root),
-                            feature_gates="PassthroughSupport=true", **overrides) as node:
+    async with running_node(
+        claims,
+        root,
+        bus=bus,
+        sys_root=str(node_root),
+        proc_root=str(root),
+        feature_gates="PassthroughSupport=true",
+        **overrides,
+    ) as node:
         yield node
 
 
@@ -51,7 +58,8 @@ def device_nodes(node: Node, uid: str) -> list[str]:
     """The claim spec's device nodes: spec-level first, then the devices'."""
     spec = json.loads((node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
     return [n["path"] for n in spec.get("containerEdits", {}).get("deviceNodes") or []] + [
-        n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes") or []]
+        n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes") or []
+    ]
 
 
 async def prepare(node: Node, claims: MemoryClaims, doc: dict[str, Any]) -> tuple[Claim, str]:
@@ -60,15 +68,18 @@ async def prepare(node: Node, claims: MemoryClaims, doc: dict[str, Any]) -> tupl
 
 
 async def test_modprobe_runs_when_vfio_pci_is_absent_and_a_failed_load_is_named(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     node_root = root / "sim" / "n1"
     drivers, modules = node_root / "sys/bus/pci/drivers", node_root / "sys/module"
     unloaded = root / "vfio-pci-unloaded"  # the driver's dir while the module is out (its FIFOs stay served)
     calls = root / "modprobe-calls"
     stub = root / "modprobe"
-    stub.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
-                    f'[ -e {root}/modprobe-fails ] && {{ echo "FATAL: Module vfio_pci not found." >&2; exit 1; }}\n'
-                    f"mv {unloaded} {drivers}/vfio-pci && mkdir -p {modules}/vfio_pci\n")
+    stub.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n'
+        f'[ -e {root}/modprobe-fails ] && {{ echo "FATAL: Module vfio_pci not found." >&2; exit 1; }}\n'
+        f"mv {unloaded} {drivers}/vfio-pci && mkdir -p {modules}/vfio_pci\n"
+    )
     stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
     sysfs = PciSysfs(node_root)
     async with vfio_node(claims, root, bus, modprobe=str(stub)) as node:
@@ -76,8 +87,10 @@ async def test_modprobe_runs_when_vfio_pci_is_absent_and_a_failed_load_is_named(
         (modules / "vfio_pci").rmdir()
         (root / "modprobe-fails").touch()
         claim, error = await prepare(node, claims, claim_doc(name="vm-0", results=[("vm", "gpu-vfio-2")]))
-        assert f"{stub} vfio_pci did not make the vfio-pci driver appear (exit 1: FATAL: Module vfio_pci not " \
-               "found.)" in error, error
+        assert (
+            f"{stub} vfio_pci did not make the vfio-pci driver appear (exit 1: FATAL: Module vfio_pci not "
+            "found.)" in error
+        ), error
         assert sysfs.driver_of(bdf_of(discovery, 2)) == "nvidia"  # rolled back to where it was
         assert claim.uid not in checkpoint(root)
 
@@ -91,7 +104,8 @@ async def test_modprobe_runs_when_vfio_pci_is_absent_and_a_failed_load_is_named(
 
 
 async def test_prepare_waits_while_a_process_holds_the_gpu_then_moves_it(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     holder = root / "proc" / "4242" / "fd"
     holder.mkdir(parents=True)
     (holder / "7").symlink_to("/dev/nvidia3")  # what a CUDA process holding GPU 3 shows in /proc/<pid>/fd
@@ -111,7 +125,8 @@ async def test_prepare_waits_while_a_process_holds_the_gpu_then_moves_it(
 
 
 async def test_prepare_fails_clearly_when_the_gpu_stays_in_use(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     node_root = root / "sim" / "n1"
     holder = root / "proc" / "4242" / "fd"
     holder.mkdir(parents=True)
@@ -119,26 +134,31 @@ async def test_prepare_fails_clearly_when_the_gpu_stays_in_use(
     sysfs = PciSysfs(node_root)
     async with vfio_node(claims, root, bus, vfio_free_timeout=1.5) as node:
         claim, error = await prepare(node, claims, claim_doc(name="vm", results=[("vm", "gpu-vfio-3")]))
-        assert f"GPU {bdf_of(discovery, 3)} (/dev/nvidia3) is still open by process(es) [4242] after 1.5s" in error, error
+        assert f"GPU {bdf_of(discovery, 3)} (/dev/nvidia3) is still open by process(es) [4242] after 1.5s" in error, (
+            error
+        )
         assert sysfs.driver_of(bdf_of(discovery, 3)) == "nvidia"
         assert claim.uid not in checkpoint(root)
 
 
 async def test_prefer_iommufd_yields_the_iommufd_nodes_where_the_node_has_dev_iommu(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     sysfs = PciSysfs(root / "sim" / "n1")
     group = sysfs.iommu_group(bdf_of(discovery, 4))
     async with vfio_node(claims, root, bus) as node:
         config = vfio_config(["vm"], backendPolicy="PreferIommuFD", enableAPIDevice=True)
-        legacy, error = await prepare(node, claims, claim_doc(name="no-iommufd", results=[("vm", "gpu-vfio-4")],
-                                                              configs=[config]))
+        legacy, error = await prepare(
+            node, claims, claim_doc(name="no-iommufd", results=[("vm", "gpu-vfio-4")], configs=[config])
+        )
         assert error == ""
         assert device_nodes(node, legacy.uid) == ["/dev/vfio/vfio", f"/dev/vfio/{group}"]  # no /dev/iommu here
         assert await node.plugin.unprepare([legacy]) == {legacy.uid: ""}
 
         (root / "sim" / "n1" / "dev" / "iommu").touch()  # a kernel with iommufd
-        claim, error = await prepare(node, claims, claim_doc(name="iommufd", results=[("vm", "gpu-vfio-4")],
-                                                             configs=[config]))
+        claim, error = await prepare(
+            node, claims, claim_doc(name="iommufd", results=[("vm", "gpu-vfio-4")], configs=[config])
+        )
         assert error == ""
         cdev = sysfs.iommufd_node(bdf_of(discovery, 4))
         assert cdev.startswith("vfio")
@@ -146,15 +166,17 @@ async def test_prefer_iommufd_yields_the_iommufd_nodes_where_the_node_has_dev_io
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
 
         no_api = vfio_config(["vm"], backendPolicy="PreferIommuFD")
-        claim, error = await prepare(node, claims, claim_doc(name="iommufd-no-api", results=[("vm", "gpu-vfio-4")],
-                                                             configs=[no_api]))
+        claim, error = await prepare(
+            node, claims, claim_doc(name="iommufd-no-api", results=[("vm", "gpu-vfio-4")], configs=[no_api])
+        )
         assert error == ""
         assert device_nodes(node, claim.uid) == [f"/dev/vfio/devices/{cdev}"]
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
 
 
 async def test_a_gpu_is_refused_for_passthrough_while_nvidia_serves_it_and_the_other_way(
-        claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     sysfs = PciSysfs(root / "sim" / "n1")
     bdf = bdf_of(discovery, 5)
     async with vfio_node(claims, root, bus) as node:
@@ -174,7 +196,8 @@ async def test_a_gpu_is_refused_for_passthrough_while_nvidia_serves_it_and_the_o
         assert sysfs.driver_of(bdf) == "vfio-pci"
         assert await node.plugin.unprepare([vm]) == {vm.uid: ""}
 
-        mixed, error = await prepare(node, claims, claim_doc(name="mixed", results=[("vm", "gpu-vfio-6"),
-                                                                                    ("gpu", "gpu-7")]))
+        mixed, error = await prepare(
+            node, claims, claim_doc(name="mixed", results=[("vm", "gpu-vfio-6"), ("gpu", "gpu-7")])
+        )
         assert "holds passthrough GPUs only" in error, error
         assert sysfs.driver_of(bdf_of(discovery, 6)) == "nvidia" and mixed.uid not in checkpoint(root)

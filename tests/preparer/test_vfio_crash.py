@@ -30,9 +30,18 @@ from tests.preparer.helpers import ApiClaims, claim_doc
 from tests.preparer.test_crash import checkpoint, start_preparer, wait_for_socket
 
 VFIO = "gpu-vfio-1"
-VFIO_CONFIG = {"opaque": {"driver": "gpu.nvidia.com", "parameters": {
-    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
-    "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": True}}}, "requests": ["vm"], "source": "FromClaim"}
+VFIO_CONFIG = {
+    "opaque": {
+        "driver": "gpu.nvidia.com",
+        "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "VfioDeviceConfig",
+            "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": True},
+        },
+    },
+    "requests": ["vm"],
+    "source": "FromClaim",
+}
 # the writes of one prepare and its unprepare, in order
 STEPS = [("unbind", "nvidia"), ("bind", "vfio-pci"), ("unbind", "vfio-pci"), ("bind", "nvidia")]
 
@@ -74,23 +83,34 @@ async def prepare_until_it_answers(plugin: Any, claim: Any, attempts: int = 100)
 
 
 @pytest.mark.parametrize("apply", [True, False], ids=["write-applied", "write-lost"])
-async def test_sigkill_at_each_vfio_step_leaves_one_state_and_no_leaks(root: Path, nats_server: EmbeddedNats,
-                                                                       apply: bool) -> None:
+async def test_sigkill_at_each_vfio_step_leaves_one_state_and_no_leaks(
+    root: Path, nats_server: EmbeddedNats, apply: bool
+) -> None:
     bus = await Bus.connect(nats_server.url, name="vfio-crash-test")
     await bus.provision()
     log_path = root / "preparer.log"
     reg_socket = root / "reg" / "gpu.nvidia.com-reg.sock"
     (root / "proc").mkdir()
     try:
-        async with running_apiserver(root / "api") as api, api.client() as client, \
-                running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim") as disc:
+        async with (
+            running_apiserver(root / "api") as api,
+            api.client() as client,
+            running_discovery(bus, node="n1", simulate="h100x2", root=root / "sim") as disc,
+        ):
             node_root = root / "sim" / "n1"
             sysfs = PciSysfs(node_root)
             bdf = next(g for g in disc.inventory.gpus if g.minor == 1).pci_bus_id.lower()
             bdf = bdf[4:] if len(bdf) == 16 else bdf
             kernel = simpci.serve(node_root)
             claims = ApiClaims(client)
-            extra = ("--sys-root", str(node_root), "--proc-root", str(root), "--feature-gates", "PassthroughSupport=true")
+            extra = (
+                "--sys-root",
+                str(node_root),
+                "--proc-root",
+                str(root),
+                "--feature-gates",
+                "PassthroughSupport=true",
+            )
             for at in range(len(STEPS)):
                 claim = await claims.add(claim_doc(name=f"vm-{at}", results=[("vm", VFIO)], configs=[VFIO_CONFIG]))
                 trap = Trap(asyncio.get_running_loop(), at, apply)
@@ -128,7 +148,8 @@ async def test_sigkill_at_each_vfio_step_leaves_one_state_and_no_leaks(root: Pat
                     assert sysfs.driver_of(bdf) == "vfio-pci"
                     spec = json.loads((root / "cdi" / checkpoint(root)[claim.uid]["cdi_spec"]).read_text())
                     nodes = [n["path"] for n in spec["containerEdits"]["deviceNodes"]] + [
-                        n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+                        n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]
+                    ]
                     group = sysfs.iommu_group(bdf)
                     assert nodes == ["/dev/vfio/vfio", f"/dev/vfio/{group}"], nodes
                     assert "NVIDIA_VISIBLE_DEVICES=void" in spec["containerEdits"]["env"]

@@ -30,27 +30,35 @@ def _has_mig(stored: list[dict]) -> bool:
 async def test_dynamic_mig_off_on_one_node_drops_its_partitions_within_a_second(bus, nats_server, tmp_path):
     async with running_apiserver(tmp_path / "api") as api:
         from shared.kube.client import kube_api_client
+
         client = await kube_api_client(str(api.kubeconfig_path))
         try:
             for node in ("n1", "n2"):
                 await ensure_node(client, node)
-            async with running_publisher(nats_server.url, str(api.kubeconfig_path), mig_mode="dynamic",
-                                         counter_layout="counters-only-slice") as pub, \
-                    running_discovery(bus, node="n2", simulate="h100x2", root=tmp_path / "sim"):
+            async with (
+                running_publisher(
+                    nats_server.url, str(api.kubeconfig_path), mig_mode="dynamic", counter_layout="counters-only-slice"
+                ) as pub,
+                running_discovery(bus, node="n2", simulate="h100x2", root=tmp_path / "sim"),
+            ):
                 async with running_discovery(bus, node="n1", simulate="h100x2", root=tmp_path / "sim"):
+
                     async def both_dynamic() -> bool:
                         return all([_has_mig(await node_slices(client, n)) for n in ("n1", "n2")])
+
                     await until(pub, both_dynamic)
                     other = await node_slices(client, "n2")
                 # n1's discovery comes back with the gate off: the operator staging it on that node only
-                async with running_discovery(bus, node="n1", simulate="h100x2", root=tmp_path / "sim",
-                                             feature_gates="DynamicMIG=false") as disc:
+                async with running_discovery(
+                    bus, node="n1", simulate="h100x2", root=tmp_path / "sim", feature_gates="DynamicMIG=false"
+                ) as disc:
                     assert disc.inventory.features[featuregates.DYNAMIC_MIG] is False
                     started = time.monotonic()
 
                     async def n1_static() -> bool:
                         stored = await node_slices(client, "n1")
                         return bool(stored) and not _has_mig(stored)
+
                     await until(pub, n1_static, timeout=5.0)
                     elapsed = time.monotonic() - started
                     assert _names(await node_slices(client, "n1")) == {"gpu-0", "gpu-1"}

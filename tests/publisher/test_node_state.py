@@ -8,8 +8,7 @@ from shared.events.inventory import NodeInventory
 
 
 def inventory(node: str, observed_at: float) -> NodeInventory:
-    return NodeInventory(node=node, driver_version="550.163.1", cuda_driver_version="12.4.0",
-                         observed_at=observed_at)
+    return NodeInventory(node=node, driver_version="550.163.1", cuda_driver_version="12.4.0", observed_at=observed_at)
 
 
 def test_an_inventory_kv_no_longer_holds_is_kept() -> None:

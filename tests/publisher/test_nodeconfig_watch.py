@@ -31,8 +31,12 @@ async def api(tmp_path):
     async with apiserver_testing.running_apiserver(tmp_path / "api") as server:
         client = await kube_api_client(str(server.kubeconfig_path))
         try:
-            await kube.request(client, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                               body=yaml.safe_load(CRD.read_text()))
+            await kube.request(
+                client,
+                "POST",
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                body=yaml.safe_load(CRD.read_text()),
+            )
             server.client_raw = client  # type: ignore[attr-defined]
             yield server
         finally:
@@ -44,8 +48,12 @@ def rule(**what: Any) -> Obj:
 
 
 def nodeconfig(*rules: Obj, name: str = "tenants") -> Obj:
-    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "NodeConfig", "metadata": {"name": name},
-            "spec": {"rules": list(rules)}}
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "NodeConfig",
+        "metadata": {"name": name},
+        "spec": {"rules": list(rules)},
+    }
 
 
 async def wait_for(k: Kube, res: Any, pred: Callable[[Obj], bool], *, rv: str = "", timeout: float = 10.0) -> Obj:
@@ -70,10 +78,16 @@ def condition(obj: Obj, type_: str) -> Obj:
 
 def status_is(name: str, generation: int, **want: str) -> Callable[[Obj], bool]:
     def pred(obj: Obj) -> bool:
-        return (obj["metadata"]["name"] == name and obj["metadata"].get("generation") == generation
-                and obj.get("status", {}).get("observedGeneration") == generation
-                and all(condition(obj, t).get("status") == s and condition(obj, t).get("observedGeneration") == generation
-                        for t, s in want.items()))
+        return (
+            obj["metadata"]["name"] == name
+            and obj["metadata"].get("generation") == generation
+            and obj.get("status", {}).get("observedGeneration") == generation
+            and all(
+                condition(obj, t).get("status") == s and condition(obj, t).get("observedGeneration") == generation
+                for t, s in want.items()
+            )
+        )
+
     return pred
 
 
@@ -81,40 +95,59 @@ def gpu_slice_of(node: str, pred: Callable[[list[Obj]], bool]) -> Callable[[Obj]
     def check(obj: Obj) -> bool:
         spec = obj.get("spec") or {}
         return spec.get("nodeName") == node and spec.get("driver") == "gpu.nvidia.com" and pred(spec["devices"])
+
     return check
 
 
 def shares(n: int) -> Callable[[list[Obj]], bool]:
-    return lambda devices: all(d.get("allowMultipleAllocations") is True
-                               and d["capacity"].get("shares", {}).get("value") == str(n) for d in devices)
+    return lambda devices: all(
+        d.get("allowMultipleAllocations") is True and d["capacity"].get("shares", {}).get("value") == str(n)
+        for d in devices
+    )
 
 
 def exclusive(devices: list[Obj]) -> bool:
-    return all("allowMultipleAllocations" not in d and "shares" not in d["capacity"]
-               and "requestPolicy" not in d["capacity"]["memory"] for d in devices)
+    return all(
+        "allowMultipleAllocations" not in d
+        and "shares" not in d["capacity"]
+        and "requestPolicy" not in d["capacity"]["memory"]
+        for d in devices
+    )
 
 
 async def _node(client: Any, name: str, labels: dict[str, str]) -> None:
-    await kube.request(client, "POST", "/api/v1/nodes",
-                       body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+    await kube.request(
+        client,
+        "POST",
+        "/api/v1/nodes",
+        body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}},
+    )
 
 
 async def rvs(client: Any, node: str) -> dict[str, str]:
-    return {s["metadata"]["name"]: s["metadata"]["resourceVersion"]
-            for driver in ("gpu.nvidia.com", "compute-domain.nvidia.com") for s in await node_slices(client, node, driver)}
+    return {
+        s["metadata"]["name"]: s["metadata"]["resourceVersion"]
+        for driver in ("gpu.nvidia.com", "compute-domain.nvidia.com")
+        for s in await node_slices(client, node, driver)
+    }
 
 
 async def test_a_nodeconfig_change_republishes_only_its_nodes_a_bad_one_is_refused_and_deletion_restores(
-        bus, api, nats_server, tmp_path):
+    bus, api, nats_server, tmp_path
+):
     client = api.client_raw
     k = Kube(client)
     await _node(client, "a", {"pool": "a"})
     await _node(client, "b", {"pool": "b"})
-    async with running_publisher(nats_server.url, str(api.kubeconfig_path)) as pub, \
-            running_discovery(bus, node="a", simulate="h100x2", root=tmp_path / "a"), \
-            running_discovery(bus, node="b", simulate="h100x2", root=tmp_path / "b"):
+    async with (
+        running_publisher(nats_server.url, str(api.kubeconfig_path)) as pub,
+        running_discovery(bus, node="a", simulate="h100x2", root=tmp_path / "a"),
+        running_discovery(bus, node="b", simulate="h100x2", root=tmp_path / "b"),
+    ):
+
         async def published() -> bool:
             return [len(await node_slices(client, n)) for n in ("a", "b")] == [1, 1]
+
         await until(pub, published)
         assert exclusive((await node_slices(client, "a"))[0]["spec"]["devices"])
 
@@ -147,11 +180,15 @@ async def test_a_nodeconfig_change_republishes_only_its_nodes_a_bad_one_is_refus
         assert accepted["reason"] == INVALID and "spec.rules[0].computeStep" in accepted["message"], accepted
         assert condition(bad, "Applied") == condition(changed, "Applied")  # still generation 2's
         events, _ = await k.list(EVENTS, "default")
-        [event] = [e for e in events if e["involvedObject"].get("kind") == "NodeConfig"
-                   and e["involvedObject"]["name"] == "tenants"]
+        [event] = [
+            e
+            for e in events
+            if e["involvedObject"].get("kind") == "NodeConfig" and e["involvedObject"]["name"] == "tenants"
+        ]
         assert (event["type"], event["reason"]) == ("Warning", INVALID)
-        assert "spec.rules[0].computeStep" in event["message"] and event["involvedObject"]["uid"] == \
-            bad["metadata"]["uid"]
+        assert (
+            "spec.rules[0].computeStep" in event["message"] and event["involvedObject"]["uid"] == bad["metadata"]["uid"]
+        )
         await pub.idle()
         assert await rvs(client, "a") == a_before  # the last good config (4 shares) stays in force
         assert shares(4)((await node_slices(client, "a"))[0]["spec"]["devices"])
@@ -168,15 +205,18 @@ async def test_a_nodeconfig_change_republishes_only_its_nodes_a_bad_one_is_refus
 
 
 async def test_objects_there_at_start_decide_the_first_slices_and_combine_in_name_order(
-        bus, api, nats_server, tmp_path):
+    bus, api, nats_server, tmp_path
+):
     client = api.client_raw
     k = Kube(client)
     await _node(client, "a", {"pool": "a"})
     # same specificity: the rule of the object whose name sorts first wins ("a-first" over "b-second")
     await k.create(NODECONFIGS, None, nodeconfig(rule(sharing="shares", maxShares=2), name="b-second"))
     await k.create(NODECONFIGS, None, nodeconfig(rule(sharing="shares", maxShares=3), name="a-first"))
-    async with running_publisher(nats_server.url, str(api.kubeconfig_path)) as pub, \
-            running_discovery(bus, node="a", simulate="h100x2", root=tmp_path / "a"):
+    async with (
+        running_publisher(nats_server.url, str(api.kubeconfig_path)) as pub,
+        running_discovery(bus, node="a", simulate="h100x2", root=tmp_path / "a"),
+    ):
         await until(pub, lambda: _has(client, "a"))
         await pub.idle()
         assert shares(3)((await node_slices(client, "a"))[0]["spec"]["devices"])

@@ -16,16 +16,26 @@ def attrs(pool: slices.DesiredPool) -> dict[str, dict]:
 
 
 async def test_each_gpu_names_the_partition_of_each_size_that_holds_it(bus: Bus, tmp_path: Path) -> None:
-    async with running_discovery(bus, node="n1", simulate="h100x8", root=tmp_path / "sim",
-                                 fabric_manager_partitions=True,
-                                 feature_gates="PassthroughSupport=true,FabricManagerPartitioning=true") as disc:
+    async with running_discovery(
+        bus,
+        node="n1",
+        simulate="h100x8",
+        root=tmp_path / "sim",
+        fabric_manager_partitions=True,
+        feature_gates="PassthroughSupport=true,FabricManagerPartitioning=true",
+    ) as disc:
         inv = disc.inventory
     pool = slices.desired_pools(inv, {}, slices.SliceOptions(passthrough=True), V135)[slices.GPU_DRIVER]
     devices = attrs(pool)
     for name in ("gpu-5", "gpu-vfio-5"):
         got = {k: v for k, v in devices[name].items() if k.startswith(("partition", "gpuModuleID"))}
-        assert got == {"partition8": {"int": 0}, "partition4": {"int": 2}, "partition2": {"int": 5},
-                       "partition1": {"int": 12}, "gpuModuleID": {"int": 6}}
+        assert got == {
+            "partition8": {"int": 0},
+            "partition4": {"int": 2},
+            "partition2": {"int": 5},
+            "partition1": {"int": 12},
+            "gpuModuleID": {"int": 6},
+        }
     pairs: dict[int, list[str]] = {}
     for name, a in devices.items():
         if name.startswith("gpu-") and not name.startswith("gpu-vfio"):

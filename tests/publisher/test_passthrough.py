@@ -31,7 +31,8 @@ async def test_every_gpu_and_its_vfio_twin_consume_one_passthrough_counter(tmp_p
     for i in (0, 1):
         for name in (f"gpu-{i}", f"gpu-vfio-{i}"):
             assert devices[name]["consumesCounters"] == [
-                {"counterSet": f"gpu-{i}-passthrough", "counters": {"gpu": {"value": "1"}}}]
+                {"counterSet": f"gpu-{i}-passthrough", "counters": {"gpu": {"value": "1"}}}
+            ]
     vfio = devices["gpu-vfio-1"]["attributes"]
     assert vfio["type"] == {"string": "vfio"} and vfio["uuid"] == devices["gpu-1"]["attributes"]["uuid"]
     for body in bodies(pool, profile):
@@ -40,17 +41,27 @@ async def test_every_gpu_and_its_vfio_twin_consume_one_passthrough_counter(tmp_p
 
 async def test_a_node_config_rule_offers_passthrough_per_gpu_and_refuses_it_with_sharing(tmp_path) -> None:
     inv = await passthrough_node(tmp_path)
-    config = nodeconfig.validate(nodeconfig.NodeConfig(spec=nodeconfig.NodeConfigSpec(rules=[
-        nodeconfig.Rule(name="vm", passthrough=True)])))
+    config = nodeconfig.validate(
+        nodeconfig.NodeConfig(spec=nodeconfig.NodeConfigSpec(rules=[nodeconfig.Rule(name="vm", passthrough=True)]))
+    )
     settings = nodeconfig.resolve(config, {}, inv.gpus)
     pool = slices.desired_pools(inv, {}, slices.SliceOptions(), V135, settings)[slices.GPU_DRIVER]
     assert sorted(d["name"] for s in pool.slices for d in s.devices if d["name"].startswith("gpu-vfio")) == [
-        "gpu-vfio-0", "gpu-vfio-1"]
+        "gpu-vfio-0",
+        "gpu-vfio-1",
+    ]
     without = slices.desired_pools(inv, {}, slices.SliceOptions(), V135)[slices.GPU_DRIVER]
-    assert not any(d["name"].startswith("gpu-vfio") or "consumesCounters" in d for s in without.slices for d in s.devices)
+    assert not any(
+        d["name"].startswith("gpu-vfio") or "consumesCounters" in d for s in without.slices for d in s.devices
+    )
     with pytest.raises(nodeconfig.NodeConfigError, match=r"spec.rules\[0\].passthrough"):
-        nodeconfig.validate(nodeconfig.NodeConfig(spec=nodeconfig.NodeConfigSpec(rules=[
-            nodeconfig.Rule(name="vm", passthrough=True, sharing="timeSlicing")])))
+        nodeconfig.validate(
+            nodeconfig.NodeConfig(
+                spec=nodeconfig.NodeConfigSpec(
+                    rules=[nodeconfig.Rule(name="vm", passthrough=True, sharing="timeSlicing")]
+                )
+            )
+        )
 
 
 async def test_a_node_whose_passthrough_gate_is_off_offers_no_vfio_device(tmp_path) -> None:
@@ -60,6 +71,10 @@ async def test_a_node_whose_passthrough_gate_is_off_offers_no_vfio_device(tmp_pa
     assert sorted(d["name"] for s in pool.slices for d in s.devices) == ["gpu-0", "gpu-1"]
     assert not any("consumesCounters" in d for s in pool.slices for d in s.devices)
     on = await passthrough_node(tmp_path / "on")
-    pool = slices.desired_pools(on, {}, slices.SliceOptions(passthrough=True, disabled_features=frozenset(
-        {featuregates.PASSTHROUGH_SUPPORT})), V135)[slices.GPU_DRIVER]
+    pool = slices.desired_pools(
+        on,
+        {},
+        slices.SliceOptions(passthrough=True, disabled_features=frozenset({featuregates.PASSTHROUGH_SUPPORT})),
+        V135,
+    )[slices.GPU_DRIVER]
     assert sorted(d["name"] for s in pool.slices for d in s.devices) == ["gpu-0", "gpu-1"], "off in the publisher"

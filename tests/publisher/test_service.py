@@ -47,9 +47,13 @@ def taints(slices: list[dict]) -> dict[str, list[dict]]:
 async def node_events(client, node: str) -> list[tuple[str, str, str]]:
     """(reason, type, message) of the publisher's Events about the node, oldest first."""
     listed = await CoreV1Api(client).list_namespaced_event("default")
-    return [(e.reason, e.type, e.message) for e in sorted(listed.items, key=lambda e: int(e.metadata.resource_version))
-            if e.involved_object.kind == "Node" and e.involved_object.name == node
-            and e.source.component == "gpu-dra-publisher"]
+    return [
+        (e.reason, e.type, e.message)
+        for e in sorted(listed.items, key=lambda e: int(e.metadata.resource_version))
+        if e.involved_object.kind == "Node"
+        and e.involved_object.name == node
+        and e.source.component == "gpu-dra-publisher"
+    ]
 
 
 async def inject(bus: Bus, node: str, uuid: str, **what) -> None:
@@ -106,8 +110,13 @@ async def test_xid_taints_survive_a_publisher_restart_and_recovery_clears_them(b
             assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.nvidia.com/xid", "79", "NoExecute")
             before = await node_slices(client, "n1")
             assert await node_events(client, "n1") == [
-                ("DeviceTaintAdded", "Warning", "taint gpu.nvidia.com/xid=79:NoExecute added to device "
-                                                "gpu.nvidia.com/gpu-2 in the node's ResourceSlices")]
+                (
+                    "DeviceTaintAdded",
+                    "Warning",
+                    "taint gpu.nvidia.com/xid=79:NoExecute added to device "
+                    "gpu.nvidia.com/gpu-2 in the node's ResourceSlices",
+                )
+            ]
 
         async with running_publisher(nats_server.url, str(api.kubeconfig_path), taint_effect="NoExecute") as pub:
             await pub.idle()
@@ -120,8 +129,13 @@ async def test_xid_taints_survive_a_publisher_restart_and_recovery_clears_them(b
 
             await until(pub, clear)
             assert (await node_events(client, "n1"))[1:] == [  # the restart's first sync only recorded
-                ("DeviceTaintRemoved", "Normal", "taint gpu.nvidia.com/xid=79:NoExecute removed from device "
-                                                 "gpu.nvidia.com/gpu-2 in the node's ResourceSlices")]
+                (
+                    "DeviceTaintRemoved",
+                    "Normal",
+                    "taint gpu.nvidia.com/xid=79:NoExecute removed from device "
+                    "gpu.nvidia.com/gpu-2 in the node's ResourceSlices",
+                )
+            ]
             [after] = await node_slices(client, "n1")
             assert after["spec"]["pool"]["generation"] == before[0]["spec"]["pool"]["generation"] + 1
 
@@ -130,16 +144,19 @@ async def test_slices_go_when_the_inventory_is_withdrawn(bus, api, nats_server, 
     client = api.client_raw
     for node in ("n1", "n2"):
         await ensure_node(client, node)
-    async with running_discovery(bus, node="n1", simulate="h100x2", root=tmp_path / "sim"), \
-            running_discovery(bus, node="n2", simulate="l40sx1", root=tmp_path / "sim"), \
-            running_publisher(nats_server.url, str(api.kubeconfig_path)) as pub:
+    async with (
+        running_discovery(bus, node="n1", simulate="h100x2", root=tmp_path / "sim"),
+        running_discovery(bus, node="n2", simulate="l40sx1", root=tmp_path / "sim"),
+        running_publisher(nats_server.url, str(api.kubeconfig_path)) as pub,
+    ):
         await until(pub, lambda: _has_slices(client, "n1", 1))
         await until(pub, lambda: _has_slices(client, "n2", 1))
         await bus.publish(catalog.INVENTORY_WITHDRAWN, InventoryWithdrawn(node="n1", reason="drained"), node="n1")
 
         async def n1_gone() -> bool:
-            return (await _has_slices(client, "n1", 0)
-                    and await _has_slices(client, "n1", 0, driver="compute-domain.nvidia.com"))
+            return await _has_slices(client, "n1", 0) and await _has_slices(
+                client, "n1", 0, driver="compute-domain.nvidia.com"
+            )
 
         await until(pub, n1_gone)
 
@@ -149,9 +166,10 @@ async def test_a_deleted_nodes_slices_go_only_after_the_grace(bus, api, nats_ser
     for --node-gone-grace, in case the Node comes back, then deletes them."""
     client = api.client_raw
     await ensure_node(client, "n2")
-    async with running_discovery(bus, node="n2", simulate="l40sx1", root=tmp_path / "sim"), \
-            running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False,
-                              node_gone_grace=1.5) as pub:
+    async with (
+        running_discovery(bus, node="n2", simulate="l40sx1", root=tmp_path / "sim"),
+        running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False, node_gone_grace=1.5) as pub,
+    ):
         await until(pub, lambda: _has_slices(client, "n2", 1))
         synced = pub.next_sync()
         await kube.request(client, "DELETE", "/api/v1/nodes/n2", query=[("propagationPolicy", "Orphan")])
@@ -180,7 +198,8 @@ async def _all_slices(client) -> list[dict]:
 
 
 async def test_a_publisher_restarted_through_a_nats_outage_with_kv_read_empty_deletes_nothing(
-        bus, api, nats_server, tmp_path):
+    bus, api, nats_server, tmp_path
+):
     client = api.client_raw
     await _seed_two_nodes(bus, client, tmp_path)
     url, kubeconfig = nats_server.url, str(api.kubeconfig_path)
@@ -201,12 +220,15 @@ async def test_a_publisher_restarted_through_a_nats_outage_with_kv_read_empty_de
 
 
 async def test_garbage_in_a_nodes_inventory_key_keeps_its_slices_and_discovery_restores_the_key(
-        bus, api, nats_server, tmp_path):
+    bus, api, nats_server, tmp_path
+):
     client = api.client_raw
     await _seed_two_nodes(bus, client, tmp_path)
     kv = await bus.kv(catalog.INVENTORY_BUCKET)
-    async with running_discovery(bus, node="n3", simulate="l40sx1", root=tmp_path / "sim") as disc, \
-            running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False) as pub:
+    async with (
+        running_discovery(bus, node="n3", simulate="l40sx1", root=tmp_path / "sim") as disc,
+        running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False) as pub,
+    ):
         await ensure_node(client, "n3")
         for node in ("n1", "n2", "n3"):
             await until(pub, lambda: _has_slices(client, node, 1))  # noqa: B023 - awaited here
@@ -252,9 +274,12 @@ async def test_a_129_device_node_is_published_as_two_slices(bus, api, nats_serve
 async def test_dynamic_mig_counters_only_layout_is_accepted(bus, api, nats_server, tmp_path):
     client = api.client_raw
     await ensure_node(client, "n1")
-    async with running_discovery(bus, node="n1", simulate="h100x2", root=tmp_path / "sim"), \
-            running_publisher(nats_server.url, str(api.kubeconfig_path), mig_mode="dynamic",
-                              counter_layout="counters-only-slice") as pub:
+    async with (
+        running_discovery(bus, node="n1", simulate="h100x2", root=tmp_path / "sim"),
+        running_publisher(
+            nats_server.url, str(api.kubeconfig_path), mig_mode="dynamic", counter_layout="counters-only-slice"
+        ) as pub,
+    ):
         await until(pub, lambda: _has_slices(client, "n1", 3))
         stored = await node_slices(client, "n1")
         head = stored[0]["spec"]
@@ -267,8 +292,10 @@ async def test_dynamic_mig_counters_only_layout_is_accepted(bus, api, nats_serve
 async def test_conflicts_and_external_edits_are_read_again_and_repaired(bus, api, nats_server, tmp_path):
     client = api.client_raw
     await ensure_node(client, "n1")
-    async with running_discovery(bus, node="n1", simulate="h100x1", root=tmp_path / "sim"), \
-            running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False) as pub:
+    async with (
+        running_discovery(bus, node="n1", simulate="h100x1", root=tmp_path / "sim"),
+        running_publisher(nats_server.url, str(api.kubeconfig_path), compute_domains=False) as pub,
+    ):
         await until(pub, lambda: _has_slices(client, "n1", 1))
         [stored] = await node_slices(client, "n1")
         # Someone else edits the slice: the publisher's cached resourceVersion is now stale.
@@ -305,8 +332,9 @@ async def test_an_inventory_missed_while_nats_was_away_is_read_from_kv_on_reconn
 
         await until(pub, lambda: _equals(devices(), 2))
         # the value a discovery wrote whose event the publisher did not hear
-        await kv.put("n1", msgspec.structs.replace(seed, node="n1", gpus=seed.gpus[:1],
-                                                   observed_at=seed.observed_at + 1))
+        await kv.put(
+            "n1", msgspec.structs.replace(seed, node="n1", gpus=seed.gpus[:1], observed_at=seed.observed_at + 1)
+        )
         await nats_server.restart()
         await until(pub, lambda: _equals(devices(), 1), timeout=30)
 
@@ -327,8 +355,7 @@ async def test_a_crashed_replica_hands_its_nodes_over(bus, api, nats_server, tmp
         await kv.put(node, msgspec.structs.replace(seed, node=node))
     url, kubeconfig = nats_server.url, str(api.kubeconfig_path)
     async with running_publisher(url, kubeconfig, replica_id="a", compute_domains=False) as a:
-        async with running_publisher(url, kubeconfig, replica_id="b", compute_domains=False,
-                                     clean_stop=False) as b:
+        async with running_publisher(url, kubeconfig, replica_id="b", compute_domains=False, clean_stop=False) as b:
             await a.membership.wait_for({"a", "b"})
             await b.membership.wait_for({"a", "b"})
             for node in nodes:

@@ -35,15 +35,19 @@ def _range(default: str, low: str, high: str, step: str) -> dict[str, Any]:
 # What an H100 80GB's gpu-N device carries per mode (NVIDIA: cmd/gpu-kubelet-plugin/consumable_shares.go)
 EXPECTED_CAPACITY: dict[str, dict[str, Any]] = {
     "nvidia-consumable-shares-memory.yaml": {
-        "memory": {"value": "80Gi", "requestPolicy": _range("80Gi", "1Mi", "80Gi", "1Mi")}},
+        "memory": {"value": "80Gi", "requestPolicy": _range("80Gi", "1Mi", "80Gi", "1Mi")}
+    },
     "nvidia-consumable-shares-unlimited.yaml": {
-        "memory": {"value": "80Gi", "requestPolicy": _range("0", "0", "80Gi", "1Mi")}},
+        "memory": {"value": "80Gi", "requestPolicy": _range("0", "0", "80Gi", "1Mi")}
+    },
     "nvidia-consumable-shares-count.yaml": {
         "memory": {"value": "80Gi", "requestPolicy": _range("0", "0", "80Gi", "1Mi")},
-        "shares": {"value": "4", "requestPolicy": _range("1", "1", "4", "1")}},
+        "shares": {"value": "4", "requestPolicy": _range("1", "1", "4", "1")},
+    },
     "mps-shares.yaml": {
         "memory": {"value": "80Gi", "requestPolicy": _range("10Gi", "10Gi", "80Gi", "10Gi")},
-        "compute": {"value": "100", "requestPolicy": _range("10", "10", "100", "10")}},
+        "compute": {"value": "100", "requestPolicy": _range("10", "10", "100", "10")},
+    },
 }
 DEV = {"pool": "dev"}
 
@@ -97,8 +101,18 @@ async def test_each_sharing_mode_publishes_the_expected_capacities_and_validates
 
 async def test_the_shares_example_shares_only_the_dev_pools_big_gpus_with_its_taint_effect(h100):
     from shared.events.health import DeviceHealth
-    sick = {"gpu-1": DeviceHealth(node="n1", device="gpu-1", uuid=h100.gpus[1].uuid, state="Unhealthy",
-                                  reason="xid", xid=79, observed_at=1.0e9)}
+
+    sick = {
+        "gpu-1": DeviceHealth(
+            node="n1",
+            device="gpu-1",
+            uuid=h100.gpus[1].uuid,
+            state="Unhealthy",
+            reason="xid",
+            xid=79,
+            observed_at=1.0e9,
+        )
+    }
     dev = slices.desired_pools(h100, sick, STATIC, V135, settings_for("shares.yaml", h100))[slices.GPU_DRIVER]
     [body] = bodies(dev, V135)
     assert_valid(body)
@@ -110,8 +124,7 @@ async def test_the_shares_example_shares_only_the_dev_pools_big_gpus_with_its_ta
 
 
 async def test_unaligned_memory_rounds_down_to_a_whole_step_as_upstream_does(h100):
-    odd = msgspec.structs.replace(h100, gpus=[msgspec.structs.replace(h100.gpus[0],
-                                                                       memory_bytes=80 * 2**30 + 500)])
+    odd = msgspec.structs.replace(h100, gpus=[msgspec.structs.replace(h100.gpus[0], memory_bytes=80 * 2**30 + 500)])
     pool = slices.gpu_pool(odd, {}, STATIC, V134, settings_for("nvidia-consumable-shares-unlimited.yaml", odd))
     [device] = pool.slices[0].devices
     assert device["capacity"]["memory"] == {"value": "80Gi", "requestPolicy": _range("0", "0", "80Gi", "1Mi")}
@@ -145,8 +158,13 @@ async def test_static_mig_devices_are_shared_too_and_validate(tmp_path):
 
 async def test_dynamic_mig_partitionable_devices_are_never_shared(tmp_path):
     inv = await scan(tmp_path, "n2", simulate="h100x8")
-    pool = slices.gpu_pool(inv, {}, slices.SliceOptions(mig_mode="dynamic"), V135,
-                           settings_for("nvidia-consumable-shares-memory.yaml", inv))
+    pool = slices.gpu_pool(
+        inv,
+        {},
+        slices.SliceOptions(mig_mode="dynamic"),
+        V135,
+        settings_for("nvidia-consumable-shares-memory.yaml", inv),
+    )
     devices = [d for s in pool.slices for d in s.devices]
     assert devices and all("consumesCounters" in d for d in devices)
     assert not any(d.get("allowMultipleAllocations") for d in devices)
@@ -166,11 +184,13 @@ async def test_v1beta1_offers_no_shares_and_counts_them_withheld(h100):
 @pytest.mark.parametrize("profile", [V134, V135, V133_BETA], ids=["1.34", "1.35", "v1beta1"])
 async def test_the_default_and_non_sharing_configs_publish_exactly_todays_slices(h100, example, profile):
     today = slices.desired_pools(h100, {}, STATIC, profile)
-    settings = (nodeconfig.resolve(nodeconfig.DEFAULT, DEV, h100.gpus) if example is None
-                else settings_for(example, h100))
+    settings = (
+        nodeconfig.resolve(nodeconfig.DEFAULT, DEV, h100.gpus) if example is None else settings_for(example, h100)
+    )
     assert slices.desired_pools(h100, {}, STATIC, profile, settings) == today
-    assert bodies(slices.desired_pools(h100, {}, STATIC, profile, settings)[slices.GPU_DRIVER], profile) == \
-        bodies(today[slices.GPU_DRIVER], profile)
+    assert bodies(slices.desired_pools(h100, {}, STATIC, profile, settings)[slices.GPU_DRIVER], profile) == bodies(
+        today[slices.GPU_DRIVER], profile
+    )
 
 
 def test_a_setting_without_shares_leaves_the_device_alone() -> None:
@@ -179,8 +199,12 @@ def test_a_setting_without_shares_leaves_the_device_alone() -> None:
 
 
 async def _node(client, name: str, labels: dict[str, str]) -> None:
-    await kube.request(client, "POST", "/api/v1/nodes",
-                       body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+    await kube.request(
+        client,
+        "POST",
+        "/api/v1/nodes",
+        body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}},
+    )
 
 
 async def test_the_publisher_offers_shares_on_the_embedded_api_server(bus, api, nats_server, tmp_path):
@@ -189,18 +213,23 @@ async def test_the_publisher_offers_shares_on_the_embedded_api_server(bus, api, 
     await _node(client, "prod-1", {"pool": "prod"})
     config = str(EXAMPLES / "shares.yaml")
     async with running_publisher(nats_server.url, str(api.kubeconfig_path), node_config=config) as pub:
-        async with running_discovery(bus, node="dev-1", simulate="h100x8", root=tmp_path / "dev"), \
-                running_discovery(bus, node="prod-1", simulate="h100x8", root=tmp_path / "prod"):
+        async with (
+            running_discovery(bus, node="dev-1", simulate="h100x8", root=tmp_path / "dev"),
+            running_discovery(bus, node="prod-1", simulate="h100x8", root=tmp_path / "prod"),
+        ):
+
             async def published() -> bool:
                 return [len(await node_slices(client, n)) for n in ("dev-1", "prod-1")] == [1, 1]
+
             await until(pub, published)
             [dev] = await node_slices(client, "dev-1")
             [prod] = await node_slices(client, "prod-1")
     for device in dev["spec"]["devices"]:
         assert device["allowMultipleAllocations"] is True
         assert device["capacity"]["memory"]["requestPolicy"] == _range("80Gi", "4Gi", "80Gi", "4Gi")
-    assert not any("allowMultipleAllocations" in d or "requestPolicy" in d["capacity"]["memory"]
-                   for d in prod["spec"]["devices"])
+    assert not any(
+        "allowMultipleAllocations" in d or "requestPolicy" in d["capacity"]["memory"] for d in prod["spec"]["devices"]
+    )
 
 
 async def test_on_v1beta1_the_publisher_withholds_shares_and_says_so_once(bus, api, nats_server, tmp_path, caplog):
@@ -209,12 +238,17 @@ async def test_on_v1beta1_the_publisher_withholds_shares_and_says_so_once(bus, a
     await _node(client, "b", {})
     config = str(EXAMPLES / "mps-shares.yaml")
     with caplog.at_level(logging.WARNING, logger="services.publisher.service"):
-        async with running_publisher(nats_server.url, str(api.kubeconfig_path), node_config=config,
-                                     api_version="v1beta1") as pub:
-            async with running_discovery(bus, node="a", simulate="h100x8", root=tmp_path / "a"), \
-                    running_discovery(bus, node="b", simulate="h100x8", root=tmp_path / "b"):
+        async with running_publisher(
+            nats_server.url, str(api.kubeconfig_path), node_config=config, api_version="v1beta1"
+        ) as pub:
+            async with (
+                running_discovery(bus, node="a", simulate="h100x8", root=tmp_path / "a"),
+                running_discovery(bus, node="b", simulate="h100x8", root=tmp_path / "b"),
+            ):
+
                 async def published() -> bool:
                     return [len(await node_slices(client, n, version="v1beta1")) for n in ("a", "b")] == [1, 1]
+
                 await until(pub, published)
                 [a] = await node_slices(client, "a", version="v1beta1")
     assert not any("allowMultipleAllocations" in d["basic"] for d in a["spec"]["devices"])

@@ -49,7 +49,8 @@ async def test_h100x8_full_gpus_match_the_reference_and_validate(h100):
     assert spec["driver"] == "gpu.nvidia.com" and spec["nodeName"] == "n1"
     assert spec["pool"] == {"name": "n1", "generation": 1, "resourceSliceCount": 1}
     assert body["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "0b6f3c1e-node-uid", "controller": True}]
+        {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "0b6f3c1e-node-uid", "controller": True}
+    ]
     devices = {d["name"]: d for d in spec["devices"]}
     assert sorted(devices) == [f"gpu-{i}" for i in range(8)]
     d0 = devices["gpu-0"]
@@ -94,8 +95,13 @@ async def test_static_mig_gpu_advertises_its_mig_devices_not_itself(tmp_path):
     [body] = bodies(pool, V134)
     assert_valid(body)
     devices = {d["name"]: d for d in body["spec"]["devices"]}
-    assert sorted(devices) == ["gpu-0-mig-1g5gb-19-0", "gpu-0-mig-1g5gb-19-1", "gpu-0-mig-2g10gb-14-2",
-                               "gpu-0-mig-3g20gb-9-4", "gpu-1"]
+    assert sorted(devices) == [
+        "gpu-0-mig-1g5gb-19-0",
+        "gpu-0-mig-1g5gb-19-1",
+        "gpu-0-mig-2g10gb-14-2",
+        "gpu-0-mig-3g20gb-9-4",
+        "gpu-1",
+    ]
     mig = devices["gpu-0-mig-2g10gb-14-2"]
     assert mig["attributes"]["type"] == {"string": "mig"}
     assert mig["attributes"]["profile"] == {"string": "2g.10gb"}
@@ -109,8 +115,12 @@ async def test_a_mig_gpu_without_mig_devices_is_offered_as_nvidias_driver_offers
     """NVIDIA's driver (gpu-kubelet-plugin nvlib.go): in static MIG mode such a GPU has nothing allocatable (a
     warning: stranded capacity); with DynamicMIG its placements are offered against its counter set, and the
     GPU itself only where MIG can be toggled without a reset (Hopper on; not this A100)."""
-    machine = {"gpus": [{"profile": "a100-40gb", "count": 1, "mig_enabled": True, "mig_devices": []},
-                        {"profile": "a100-40gb", "count": 1}]}
+    machine = {
+        "gpus": [
+            {"profile": "a100-40gb", "count": 1, "mig_enabled": True, "mig_devices": []},
+            {"profile": "a100-40gb", "count": 1},
+        ]
+    }
     inv = await scan(tmp_path, "n1", machine=machine)
     static = slices.desired_pools(inv, {}, STATIC, V134)[slices.GPU_DRIVER]
     assert [d["name"] for s in static.slices for d in s.devices] == ["gpu-1"]
@@ -164,19 +174,29 @@ async def test_dynamic_mode_without_mig_capable_gpus_falls_back_with_a_warning(t
 
 
 def _health(device: str, state: str = "Unhealthy", reason: str = "xid", xid: int = 79) -> DeviceHealth:
-    return DeviceHealth(node="n1", device=device, state=state, reason=reason, xid=xid,  # type: ignore[arg-type]
-                        observed_at=1_790_000_000.7)
+    return DeviceHealth(
+        node="n1",
+        device=device,
+        state=state,  # type: ignore[arg-type]
+        reason=reason,
+        xid=xid,
+        observed_at=1_790_000_000.7,
+    )
 
 
 async def test_unhealthy_devices_get_taints_and_healthy_ones_lose_them(h100):
-    health = {"gpu-1": _health("gpu-1"), "gpu-2": _health("gpu-2", reason="gpu-lost", xid=0),
-              "gpu-3": _health("gpu-3", state="Healthy", reason="recovered", xid=0)}
+    health = {
+        "gpu-1": _health("gpu-1"),
+        "gpu-2": _health("gpu-2", reason="gpu-lost", xid=0),
+        "gpu-3": _health("gpu-3", state="Healthy", reason="recovered", xid=0),
+    }
     pool = slices.desired_pools(h100, health, STATIC, V135)[slices.GPU_DRIVER]
     [body] = bodies(pool, V135)
     assert_valid(body)
     devices = {d["name"]: d for d in body["spec"]["devices"]}
-    assert devices["gpu-1"]["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule",
-                                           "timeAdded": "2026-09-21T14:13:20Z"}]
+    assert devices["gpu-1"]["taints"] == [
+        {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule", "timeAdded": "2026-09-21T14:13:20Z"}
+    ]
     assert devices["gpu-2"]["taints"][0]["key"] == "gpu.nvidia.com/gpu-lost"
     assert "taints" not in devices["gpu-0"] and "taints" not in devices["gpu-3"]
     no_exec = slices.desired_pools(h100, health, slices.SliceOptions(taint_effect="NoExecute"), V135)

@@ -51,9 +51,12 @@ def classes() -> list[dict[str, Any]]:
 
 
 def claim(name: str, requests: list[dict[str, Any]], namespace: str = "default", **devices: Any) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}"},
-            "spec": {"devices": {"requests": requests, **devices}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": requests, **devices}},
+    }
 
 
 def exactly(name: str, device_class: str = "gpu.nvidia.com", *selectors: str, **extra: Any) -> dict[str, Any]:
@@ -73,8 +76,14 @@ def template_claim(docs: list[dict[str, Any]], name: str = "") -> dict[str, Any]
     for doc in docs:
         if doc["kind"] == "ResourceClaimTemplate" and (not name or doc["metadata"]["name"] == name):
             spec = copy.deepcopy(doc["spec"]["spec"])
-            return {"metadata": {"namespace": doc["metadata"]["namespace"], "name": f"{doc['metadata']['name']}-x",
-                                 "uid": "u"}, "spec": spec}
+            return {
+                "metadata": {
+                    "namespace": doc["metadata"]["namespace"],
+                    "name": f"{doc['metadata']['name']}-x",
+                    "uid": "u",
+                },
+                "spec": spec,
+            }
         if doc["kind"] == "ResourceClaim":
             return copy.deepcopy(doc)
     raise AssertionError("no claim in workload")

@@ -37,15 +37,24 @@ class Cluster:
             await asyncio.wait_for(self._task, 10)
             self._task = None
 
-    async def pod(self, name: str, claims: list[dict[str, Any]] | None = None, namespace: str = "default",
-                  **spec: Any) -> dict[str, Any]:
+    async def pod(
+        self, name: str, claims: list[dict[str, Any]] | None = None, namespace: str = "default", **spec: Any
+    ) -> dict[str, Any]:
         container: dict[str, Any] = {"name": "main", "image": "busybox"}
         if claims:
             container["resources"] = {"claims": [{"name": c["name"]} for c in claims]}
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-                # No kubelet runs here: a grace period of 0 lets a deleted bound pod go at once.
-                "spec": {"containers": [container], "terminationGracePeriodSeconds": 0,
-                         **({"resourceClaims": claims} if claims else {}), **spec}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            # No kubelet runs here: a grace period of 0 lets a deleted bound pod go at once.
+            "spec": {
+                "containers": [container],
+                "terminationGracePeriodSeconds": 0,
+                **({"resourceClaims": claims} if claims else {}),
+                **spec,
+            },
+        }
         return await self.kube.create(PODS, namespace, body)
 
     async def get_pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
@@ -57,11 +66,13 @@ class Cluster:
 
 
 def ready_node(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "spec": spec,
-            "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                       "message": "test"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": spec,
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}]},
+    }
 
 
 async def add_node(kube: Kube, name: str, base_slices: list[dict[str, Any]], base_node: str, **spec: Any) -> None:

@@ -40,15 +40,21 @@ def test_allocation_has_the_v1_status_shape(h100_slices: list[dict[str, Any]], c
     out = schedule([c], classes, h100_slices, AllocatedState(), ["h100-node"])
     assert out.node == "h100-node"
     assert out.allocations["default/one"] == {
-        "devices": {"results": [{"request": "gpu", "driver": GPU, "pool": "h100-node", "device": "gpu-0"}],
-                    "config": []},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["h100-node"]}]}]},
+        "devices": {
+            "results": [{"request": "gpu", "driver": GPU, "pool": "h100-node", "device": "gpu-0"}],
+            "config": [],
+        },
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["h100-node"]}]}
+            ]
+        },
     }
 
 
-def test_count_takes_distinct_devices_and_explains_shortfall(h100_slices: list[dict[str, Any]],
-                                                            classes: list[dict[str, Any]]) -> None:
+def test_count_takes_distinct_devices_and_explains_shortfall(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     out = schedule([claim("two", [exactly("gpu", count=2)])], classes, h100_slices, AllocatedState(), ["h100-node"])
     assert devices_of(out, "default/two") == ["gpu-0", "gpu-1"]
     state = AllocatedState({(GPU, "h100-node", f"gpu-{i}"): "other/claim" for i in range(6)})
@@ -60,8 +66,9 @@ def test_count_takes_distinct_devices_and_explains_shortfall(h100_slices: list[d
     assert taken.count == 6 and taken.reason == "already allocated to claim other/claim"
 
 
-def test_all_mode_takes_every_matching_device_or_none(h100_slices: list[dict[str, Any]],
-                                                     classes: list[dict[str, Any]]) -> None:
+def test_all_mode_takes_every_matching_device_or_none(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     c = claim("all", [exactly("gpu", allocationMode="All")])
     out = schedule([c], classes, h100_slices, AllocatedState(), ["h100-node"])
     assert devices_of(out, "default/all") == [f"gpu-{i}" for i in range(8)]
@@ -71,41 +78,64 @@ def test_all_mode_takes_every_matching_device_or_none(h100_slices: list[dict[str
     assert "allocationMode All needs every matching device" in out.reports[0].requests[0].error
 
 
-def test_backtracking_moves_an_earlier_request(h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]) -> None:
+def test_backtracking_moves_an_earlier_request(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     uuid0 = uuid_of(h100_slices, "gpu-0")
     c = claim("bt", [exactly("any"), exactly("first", GPU, f"device.attributes['gpu.nvidia.com'].uuid == '{uuid0}'")])
     out = schedule([c], classes, h100_slices, AllocatedState(), ["h100-node"])
     assert devices_of(out, "default/bt") == ["gpu-1", "gpu-0"]
 
 
-def test_first_available_prefers_the_first_subrequest_that_fits(h100_slices: list[dict[str, Any]],
-                                                                classes: list[dict[str, Any]]) -> None:
-    fa: dict[str, Any] = {"name": "gpu", "firstAvailable": [
-        {"name": "big", "deviceClassName": GPU,
-         "selectors": [{"cel": {"expression": "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('141Gi')) >= 0"}}]},
-        {"name": "two", "deviceClassName": GPU, "count": 2},
-    ]}
+def test_first_available_prefers_the_first_subrequest_that_fits(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
+    fa: dict[str, Any] = {
+        "name": "gpu",
+        "firstAvailable": [
+            {
+                "name": "big",
+                "deviceClassName": GPU,
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('141Gi')) >= 0"
+                        }
+                    }
+                ],
+            },
+            {"name": "two", "deviceClassName": GPU, "count": 2},
+        ],
+    }
     out = schedule([claim("fa", [fa])], classes, h100_slices, AllocatedState(), ["h100-node"])
     results = out.allocations["default/fa"]["devices"]["results"]
     assert [r["request"] for r in results] == ["gpu/two", "gpu/two"]
     fa["firstAvailable"][0]["selectors"][0]["cel"]["expression"] = (
-        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0")
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
+    )
     out = schedule([claim("fa", [fa])], classes, h100_slices, AllocatedState(), ["h100-node"])
     assert [r["request"] for r in out.allocations["default/fa"]["devices"]["results"]] == ["gpu/big"]
 
 
-def test_first_available_subrequest_chosen_so_the_rest_fits(h100_slices: list[dict[str, Any]],
-                                                            classes: list[dict[str, Any]]) -> None:
+def test_first_available_subrequest_chosen_so_the_rest_fits(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     # "wide" (7 GPUs) fits alone but leaves too few for the second request; the search falls back to "one".
-    fa = {"name": "a", "firstAvailable": [{"name": "wide", "deviceClassName": GPU, "count": 7},
-                                          {"name": "one", "deviceClassName": GPU}]}
+    fa = {
+        "name": "a",
+        "firstAvailable": [
+            {"name": "wide", "deviceClassName": GPU, "count": 7},
+            {"name": "one", "deviceClassName": GPU},
+        ],
+    }
     c = claim("fa2", [fa, exactly("b", count=2)])
     out = schedule([c], classes, h100_slices, AllocatedState(), ["h100-node"])
     assert [r["request"] for r in out.allocations["default/fa2"]["devices"]["results"]] == ["a/one", "b", "b"]
 
 
-def test_taints_block_unless_tolerated_and_tolerations_are_copied(h100_slices: list[dict[str, Any]],
-                                                                 classes: list[dict[str, Any]]) -> None:
+def test_taints_block_unless_tolerated_and_tolerations_are_copied(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     slices = copy.deepcopy(h100_slices)
     for d in slices[0]["spec"]["devices"]:
         d["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
@@ -115,19 +145,22 @@ def test_taints_block_unless_tolerated_and_tolerations_are_copied(h100_slices: l
     rej = out.reports[0].requests[0].rejections[0]
     assert rej.reason == "taint gpu.nvidia.com/xid=79:NoSchedule not tolerated" and rej.count == 7
     tol = [{"key": "gpu.nvidia.com/xid", "operator": "Exists", "effect": "NoSchedule"}]
-    out = schedule([claim("t", [exactly("gpu", count=2, tolerations=tol)])], classes, slices, AllocatedState(),
-                   ["h100-node"])
+    out = schedule(
+        [claim("t", [exactly("gpu", count=2, tolerations=tol)])], classes, slices, AllocatedState(), ["h100-node"]
+    )
     results = out.allocations["default/t"]["devices"]["results"]
     assert [r["device"] for r in results] == ["gpu-0", "gpu-1"]
     assert results[0]["tolerations"] == tol
     wrong = [{"key": "gpu.nvidia.com/xid", "operator": "Equal", "value": "48"}]
-    out = schedule([claim("t", [exactly("gpu", count=2, tolerations=wrong)])], classes, slices, AllocatedState(),
-                   ["h100-node"])
+    out = schedule(
+        [claim("t", [exactly("gpu", count=2, tolerations=wrong)])], classes, slices, AllocatedState(), ["h100-node"]
+    )
     assert out.node is None
 
 
 def test_admin_access_needs_the_namespace_label_and_ignores_allocations(
-        h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]) -> None:
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     busy = AllocatedState({(GPU, "h100-node", f"gpu-{i}"): "ns/holder" for i in range(8)})
     c = claim("admin", [exactly("gpu", adminAccess=True)], namespace="monitoring")
     out = schedule([c], classes, h100_slices, busy, ["h100-node"])
@@ -145,8 +178,13 @@ def test_generations_and_incomplete_pools(h100_slices: list[dict[str, Any]], cla
     old["metadata"]["name"] = "stale"
     old["spec"]["pool"]["generation"] = 0
     old["spec"]["devices"] = [dict(old["spec"]["devices"][0], name="ghost")]
-    out = schedule([claim("c", [exactly("g", allocationMode="All")])], classes, [old, *h100_slices],
-                   AllocatedState(), ["h100-node"])
+    out = schedule(
+        [claim("c", [exactly("g", allocationMode="All")])],
+        classes,
+        [old, *h100_slices],
+        AllocatedState(),
+        ["h100-node"],
+    )
     assert "ghost" not in devices_of(out, "default/c")
     incomplete = copy.deepcopy(h100_slices)
     incomplete[0]["spec"]["pool"]["resourceSliceCount"] = 2
@@ -166,8 +204,11 @@ def test_configs_from_class_and_claim(h100_slices: list[dict[str, Any]], classes
     opaque = {"driver": GPU, "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}}
     cls[0]["spec"]["config"] = [{"opaque": opaque}]
     mine = {"driver": GPU, "parameters": {"kind": "GpuConfig", "sharing": {"strategy": "MPS"}}}
-    c = claim("cfg", [exactly("a"), exactly("b")], config=[{"requests": ["b"], "opaque": mine},
-                                                           {"requests": ["a", "b"], "opaque": mine}])
+    c = claim(
+        "cfg",
+        [exactly("a"), exactly("b")],
+        config=[{"requests": ["b"], "opaque": mine}, {"requests": ["a", "b"], "opaque": mine}],
+    )
     out = schedule([c], cls, h100_slices, AllocatedState(), ["h100-node"])
     assert out.allocations["default/cfg"]["devices"]["config"] == [
         {"source": "FromClass", "opaque": opaque},
@@ -176,14 +217,21 @@ def test_configs_from_class_and_claim(h100_slices: list[dict[str, Any]], classes
     ]
 
 
-@pytest.mark.parametrize(("mutation", "expected"), [
-    ({"deviceClassName": "nope"}, "DeviceClass 'nope' does not exist"),
-    ({"allocationMode": "Some"}, "allocationMode 'Some' is unknown"),
-    ({"count": 0}, "count must be at least 1"),
-    ({"selectors": [{"cel": {"expression": "device.driver =="}}]}, "selector #1 does not compile: CEL syntax error"),
-])
-def test_bad_claims_are_explained(h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]],
-                                  mutation: dict[str, Any], expected: str) -> None:
+@pytest.mark.parametrize(
+    ("mutation", "expected"),
+    [
+        ({"deviceClassName": "nope"}, "DeviceClass 'nope' does not exist"),
+        ({"allocationMode": "Some"}, "allocationMode 'Some' is unknown"),
+        ({"count": 0}, "count must be at least 1"),
+        (
+            {"selectors": [{"cel": {"expression": "device.driver =="}}]},
+            "selector #1 does not compile: CEL syntax error",
+        ),
+    ],
+)
+def test_bad_claims_are_explained(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]], mutation: dict[str, Any], expected: str
+) -> None:
     request = exactly("gpu")
     request["exactly"].update(mutation)
     out = schedule([claim("bad", [request])], classes, h100_slices, AllocatedState(), ["h100-node"])
@@ -191,16 +239,18 @@ def test_bad_claims_are_explained(h100_slices: list[dict[str, Any]], classes: li
     assert expected in out.problems[0].message and out.problems[0].claim == "default/bad"
 
 
-def test_selector_runtime_error_fails_the_request_with_the_reason(h100_slices: list[dict[str, Any]],
-                                                                  classes: list[dict[str, Any]]) -> None:
+def test_selector_runtime_error_fails_the_request_with_the_reason(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     c = claim("err", [exactly("gpu", GPU, "device.attributes['gpu.nvidia.com'].index == 0")])
     out = schedule([c], classes, h100_slices, AllocatedState(), ["h100-node"])
     assert out.node is None
     assert out.reports[0].requests[0].error.endswith("failed on device gpu-0: no such key: index")
 
 
-def test_two_pods_get_distinct_devices_through_allocated_state(h100_slices: list[dict[str, Any]],
-                                                               classes: list[dict[str, Any]]) -> None:
+def test_two_pods_get_distinct_devices_through_allocated_state(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     state = AllocatedState()
     seen = []
     for i in range(8):
@@ -220,15 +270,19 @@ def test_node_selector_slices_and_labels(h100_slices: list[dict[str, Any]], clas
     shared["spec"]["pool"]["name"] = "rack-a"
     selector = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "rack", "operator": "In", "values": ["a"]}]}]}
     shared["spec"]["nodeSelector"] = selector
-    nodes = [{"metadata": {"name": "n-b", "labels": {"rack": "b"}}}, {"metadata": {"name": "n-a", "labels": {"rack": "a"}}}]
+    nodes = [
+        {"metadata": {"name": "n-b", "labels": {"rack": "b"}}},
+        {"metadata": {"name": "n-a", "labels": {"rack": "a"}}},
+    ]
     out = schedule([claim("c", [exactly("g")])], classes, [shared], AllocatedState(), nodes)
     assert out.node == "n-a"
     assert out.allocations["default/c"]["nodeSelector"] == {"nodeSelectorTerms": [selector["nodeSelectorTerms"][0]]}
 
 
 @pytest.mark.parametrize("minor", [34, 35])
-def test_counters_keep_a_full_gpu_and_its_mig_devices_apart(h100_inv: Any, classes: list[dict[str, Any]],
-                                                            minor: int) -> None:
+def test_counters_keep_a_full_gpu_and_its_mig_devices_apart(
+    h100_inv: Any, classes: list[dict[str, Any]], minor: int
+) -> None:
     slices = node_slices(h100_inv, mig_mode="dynamic", minor=minor)
     layouts = [bool(s["spec"].get("devices")) and bool(s["spec"].get("sharedCounters")) for s in slices]
     assert any(layouts) == (minor == 34)  # 1.34 counters beside devices, 1.35 counters-only slice
@@ -261,8 +315,9 @@ def test_counters_keep_a_full_gpu_and_its_mig_devices_apart(h100_inv: Any, class
 
 def test_mig_placements_fill_a_gpu_then_spill(h100_inv: Any, classes: list[dict[str, Any]]) -> None:
     slices = node_slices(h100_inv, mig_mode="dynamic", minor=35)
-    c = claim("m", [exactly("m", "mig.nvidia.com", "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",
-                            count=8)])
+    c = claim(
+        "m", [exactly("m", "mig.nvidia.com", "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'", count=8)]
+    )
     out = schedule([c], classes, slices, AllocatedState(), ["h100-node"])
     picked = devices_of(out, "default/m")
     assert len(set(picked)) == 8
@@ -273,8 +328,11 @@ def test_match_attribute_failure_is_named(h100_inv: Any, classes: list[dict[str,
     slices = node_slices(h100_inv, mig_mode="dynamic", minor=35)
     u0, u1 = uuid_of(slices, "gpu-0"), uuid_of(slices, "gpu-1")
     sel = "device.attributes['gpu.nvidia.com'].parentUUID == '{}'"
-    c = claim("ma", [exactly("a", "mig.nvidia.com", sel.format(u0)), exactly("b", "mig.nvidia.com", sel.format(u1))],
-              constraints=[{"requests": [], "matchAttribute": "gpu.nvidia.com/parentUUID"}])
+    c = claim(
+        "ma",
+        [exactly("a", "mig.nvidia.com", sel.format(u0)), exactly("b", "mig.nvidia.com", sel.format(u1))],
+        constraints=[{"requests": [], "matchAttribute": "gpu.nvidia.com/parentUUID"}],
+    )
     out = schedule([c], classes, slices, AllocatedState(), ["h100-node"])
     assert out.node is None
     b = out.reports[0].requests[1]
@@ -298,23 +356,28 @@ def test_search_budget_is_bounded(h100_inv: Any, classes: list[dict[str, Any]]) 
     slices = node_slices(h100_inv, mig_mode="dynamic", minor=35)
     # 1g.10gb on 8 GPUs: 56 candidates, but each of 9 devices needs its own GPU (matchAttribute on uuid-less
     # `profile` is fine, parentUUID forces one GPU): an impossible combination explored within the budget.
-    c = claim("big", [exactly("m", "mig.nvidia.com", "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",
-                              count=8)],
-              constraints=[{"matchAttribute": "gpu.nvidia.com/parentUUID"}])
+    c = claim(
+        "big",
+        [exactly("m", "mig.nvidia.com", "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'", count=8)],
+        constraints=[{"matchAttribute": "gpu.nvidia.com/parentUUID"}],
+    )
     out = schedule([c], classes, slices, AllocatedState(), ["h100-node"], budget=2000)
     assert out.node is None
     assert out.reports[0].problem == "the search gave up after 2000 device tries"
 
 
-def test_one_index_serves_many_cycles(h100_inv: Any, h100_slices: list[dict[str, Any]],
-                                      classes: list[dict[str, Any]]) -> None:
+def test_one_index_serves_many_cycles(
+    h100_inv: Any, h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     """What a node sees is kept on the index between cycles: counters are netted per call (never in
     the kept pools), and a node's labels are part of what it sees."""
     slices = node_slices(h100_inv, mig_mode="dynamic", minor=35)
     index = SliceIndex(slices)
     uuid0 = uuid_of(slices, "gpu-0")
     full = claim("full", [exactly("gpu", GPU, f"device.attributes['gpu.nvidia.com'].uuid == '{uuid0}'")])
-    mig = claim("mig", [exactly("mig", "mig.nvidia.com", f"device.attributes['gpu.nvidia.com'].parentUUID == '{uuid0}'")])
+    mig = claim(
+        "mig", [exactly("mig", "mig.nvidia.com", f"device.attributes['gpu.nvidia.com'].parentUUID == '{uuid0}'")]
+    )
     state = AllocatedState()
     held = commit(state, mig, schedule([mig], classes, index, state, ["h100-node"]))
     out = schedule([full], classes, index, state, ["h100-node"])
@@ -327,28 +390,37 @@ def test_one_index_serves_many_cycles(h100_inv: Any, h100_slices: list[dict[str,
     shared["metadata"]["name"] = "rack-pool"
     del shared["spec"]["nodeName"]
     shared["spec"]["pool"]["name"] = "rack-a"
-    shared["spec"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "rack", "operator": "In", "values": ["a"]}]}]}
+    shared["spec"]["nodeSelector"] = {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "rack", "operator": "In", "values": ["a"]}]}]
+    }
     index = SliceIndex([shared])
     one = claim("c", [exactly("g")])
-    assert schedule([one], classes, index, AllocatedState(), [{"metadata": {"name": "n", "labels": {"rack": "a"}}}]).node
+    assert schedule(
+        [one], classes, index, AllocatedState(), [{"metadata": {"name": "n", "labels": {"rack": "a"}}}]
+    ).node
     moved = schedule([one], classes, index, AllocatedState(), [{"metadata": {"name": "n", "labels": {"rack": "b"}}}])
     assert moved.node is None and moved.reports[0].problem == "no ResourceSlices are published for this node"
 
 
-def test_requests_with_other_selectors_get_their_own_verdicts(h100_slices: list[dict[str, Any]],
-                                                              classes: list[dict[str, Any]]) -> None:
+def test_requests_with_other_selectors_get_their_own_verdicts(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     index = SliceIndex(h100_slices)
     uuid3 = uuid_of(h100_slices, "gpu-3")
     this = claim("this", [exactly("gpu", GPU, f"device.attributes['gpu.nvidia.com'].uuid == '{uuid3}'")])
     other = claim("other", [exactly("gpu", GPU, f"device.attributes['gpu.nvidia.com'].uuid != '{uuid3}'")])
     for _ in range(2):
-        assert devices_of(schedule([this], classes, index, AllocatedState(), ["h100-node"]), "default/this") == ["gpu-3"]
-        assert devices_of(schedule([other], classes, index, AllocatedState(), ["h100-node"]), "default/other") == ["gpu-0"]
+        assert devices_of(schedule([this], classes, index, AllocatedState(), ["h100-node"]), "default/this") == [
+            "gpu-3"
+        ]
+        assert devices_of(schedule([other], classes, index, AllocatedState(), ["h100-node"]), "default/other") == [
+            "gpu-0"
+        ]
 
 
-def test_kept_filter_results_follow_who_holds_each_device(h100_slices: list[dict[str, Any]],
-                                                          classes: list[dict[str, Any]]) -> None:
+def test_kept_filter_results_follow_who_holds_each_device(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     index = SliceIndex(h100_slices)
     state = AllocatedState()
     held = {}
@@ -361,14 +433,17 @@ def test_kept_filter_results_follow_who_holds_each_device(h100_slices: list[dict
     assert full.node is None
     assert sum(r.count for r in full.reports[0].requests[0].rejections) == 8
     assert {r.reason for r in full.reports[0].requests[0].rejections} == {
-        f"already allocated to claim default/c{i}" for i in range(8)}
+        f"already allocated to claim default/c{i}" for i in range(8)
+    }
     state.remove_claim(held["gpu-5"])
     again = schedule([claim("late", [exactly("gpu")])], classes, index, state, ["h100-node"])
     assert devices_of(again, "default/late") == ["gpu-5"]
     assert again.reports[0].requests[0].eligible == 1
     # Another AllocatedState (built, not changed through add/remove) is another stamp.
     one_held = AllocatedState({(GPU, "h100-node", "gpu-0"): "x/a"})
-    assert devices_of(schedule([claim("p", [exactly("gpu")])], classes, index, one_held, ["h100-node"]),
-                      "default/p") == ["gpu-1"]
-    assert devices_of(schedule([claim("q", [exactly("gpu")])], classes, index, AllocatedState(), ["h100-node"]),
-                      "default/q") == ["gpu-0"]
+    assert devices_of(
+        schedule([claim("p", [exactly("gpu")])], classes, index, one_held, ["h100-node"]), "default/p"
+    ) == ["gpu-1"]
+    assert devices_of(
+        schedule([claim("q", [exactly("gpu")])], classes, index, AllocatedState(), ["h100-node"]), "default/q"
+    ) == ["gpu-0"]

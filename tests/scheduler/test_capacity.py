@@ -23,22 +23,35 @@ NODE = "share-node"
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-def gpu(name: str, memory: str = "80Gi", shareable: bool = True, policy: dict[str, Any] | None = None,
-        **capacity: Any) -> dict[str, Any]:
+def gpu(
+    name: str, memory: str = "80Gi", shareable: bool = True, policy: dict[str, Any] | None = None, **capacity: Any
+) -> dict[str, Any]:
     mem: dict[str, Any] = {"value": memory}
     if policy is not None:
         mem["requestPolicy"] = policy
-    device: dict[str, Any] = {"name": name, "attributes": {"type": {"string": "gpu"}},
-                              "capacity": {"memory": mem, **capacity}}
+    device: dict[str, Any] = {
+        "name": name,
+        "attributes": {"type": {"string": "gpu"}},
+        "capacity": {"memory": mem, **capacity},
+    }
     if shareable:
         device["allowMultipleAllocations"] = True
     return device
 
 
 def gpu_slice(*devices: dict[str, Any], node: str = NODE, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpus"},
-            "spec": {"driver": GPU, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": list(devices), **spec}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpus"},
+        "spec": {
+            "driver": GPU,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": list(devices),
+            **spec,
+        },
+    }
 
 
 def mem_request(name: str = "gpu", memory: str | None = "10Gi", **extra: Any) -> dict[str, Any]:
@@ -106,19 +119,23 @@ RANGE = {"default": "1Gi", "validRange": {"min": "1Gi", "max": "40Gi", "step": "
 VALUES = {"default": "10Gi", "validValues": ["10Gi", "20Gi", "40Gi"]}
 
 
-@pytest.mark.parametrize(("policy", "asked", "consumed"), [
-    (RANGE, "1500Mi", "2Gi"),  # rounded up to min + n*step
-    (RANGE, "100Mi", "1Gi"),  # below min: min
-    (RANGE, None, "1Gi"),  # no request: the default
-    ({"default": "1Gi", "validRange": {"min": "4Gi", "step": "3Gi"}}, "5Gi", "7Gi"),  # steps count from min
-    (VALUES, "11Gi", "20Gi"),  # the next valid value
-    (VALUES, "20Gi", "20Gi"),
-    (VALUES, None, "10Gi"),
-    (None, "1500Mi", "1500Mi"),  # no policy: as asked
-    (None, None, "80Gi"),  # no policy and no request: the whole capacity
-])
-def test_consumed_capacity_follows_the_request_policy(classes: list[dict[str, Any]], policy: Any, asked: Any,
-                                                      consumed: str) -> None:
+@pytest.mark.parametrize(
+    ("policy", "asked", "consumed"),
+    [
+        (RANGE, "1500Mi", "2Gi"),  # rounded up to min + n*step
+        (RANGE, "100Mi", "1Gi"),  # below min: min
+        (RANGE, None, "1Gi"),  # no request: the default
+        ({"default": "1Gi", "validRange": {"min": "4Gi", "step": "3Gi"}}, "5Gi", "7Gi"),  # steps count from min
+        (VALUES, "11Gi", "20Gi"),  # the next valid value
+        (VALUES, "20Gi", "20Gi"),
+        (VALUES, None, "10Gi"),
+        (None, "1500Mi", "1500Mi"),  # no policy: as asked
+        (None, None, "80Gi"),  # no policy and no request: the whole capacity
+    ],
+)
+def test_consumed_capacity_follows_the_request_policy(
+    classes: list[dict[str, Any]], policy: Any, asked: Any, consumed: str
+) -> None:
     cl = Cluster(classes, [gpu_slice(gpu("gpu-0", policy=policy))])
     out = cl.place(claim("c", [mem_request(memory=asked)]))
     assert results(out)[0]["consumedCapacity"] == {"memory": consumed}
@@ -133,12 +150,16 @@ def test_rounding_counts_against_what_is_left(classes: list[dict[str, Any]]) -> 
     assert "gpu-0: memory 0 of 4Gi left, request needs 1Gi" in report_text(out.reports)
 
 
-@pytest.mark.parametrize(("policy", "asked", "why"), [
-    (RANGE, "41Gi", "capacity memory: request 41Gi is above the maximum 40Gi"),
-    (VALUES, "41Gi", "capacity memory: request 41Gi is above every valid value (10Gi, 20Gi, 40Gi)"),
-])
-def test_a_request_the_policy_does_not_allow_is_unsatisfiable(classes: list[dict[str, Any]], policy: Any, asked: str,
-                                                               why: str) -> None:
+@pytest.mark.parametrize(
+    ("policy", "asked", "why"),
+    [
+        (RANGE, "41Gi", "capacity memory: request 41Gi is above the maximum 40Gi"),
+        (VALUES, "41Gi", "capacity memory: request 41Gi is above every valid value (10Gi, 20Gi, 40Gi)"),
+    ],
+)
+def test_a_request_the_policy_does_not_allow_is_unsatisfiable(
+    classes: list[dict[str, Any]], policy: Any, asked: str, why: str
+) -> None:
     cl = Cluster(classes, [gpu_slice(gpu("gpu-0", policy=policy))])
     out = cl.place(claim("c", [mem_request(memory=asked)]))
     assert out.node is None
@@ -169,8 +190,9 @@ def test_several_shares_of_one_device_in_one_claim_count_together(classes: list[
     cl2 = Cluster(classes, [gpu_slice(gpu("gpu-0"))])
     out = cl2.place(claim("trio", [mem_request("a", "30Gi"), mem_request("b", "30Gi"), mem_request("c", "30Gi")]))
     assert out.node is None
-    assert "capacity taken by this pod's other requests (memory 20Gi of 80Gi left, request needs 30Gi)" in \
-        report_text(out.reports)
+    assert "capacity taken by this pod's other requests (memory 20Gi of 80Gi left, request needs 30Gi)" in report_text(
+        out.reports
+    )
 
 
 def test_a_device_without_multiple_allocations_stays_exclusive(classes: list[dict[str, Any]]) -> None:
@@ -185,8 +207,9 @@ def test_a_device_without_multiple_allocations_stays_exclusive(classes: list[dic
 def test_a_whole_allocation_of_a_shareable_device_blocks_shares(classes: list[dict[str, Any]]) -> None:
     cl = Cluster(classes, [gpu_slice(gpu("gpu-0"))])
     legacy = claim("legacy", [mem_request()])
-    legacy["status"] = {"allocation": {"devices": {"results": [
-        {"request": "gpu", "driver": GPU, "pool": NODE, "device": "gpu-0"}]}}}  # no shareID
+    legacy["status"] = {
+        "allocation": {"devices": {"results": [{"request": "gpu", "driver": GPU, "pool": NODE, "device": "gpu-0"}]}}
+    }  # no shareID
     cl.state.add_claim(legacy)
     assert cl.place(claim("new", [mem_request()])).node is None
 
@@ -245,9 +268,10 @@ async def test_loop_binds_eight_tenants_to_one_gpu_and_leaves_the_ninth_pending(
         failed = [e for e in events if e["reason"] == "FailedScheduling"]
         assert failed and "not enough capacity left" in failed[0]["message"]
         # `gpu-dra explain` names the capacity left on the device, and what each share consumes.
-        why, share = await asyncio.gather(explain(c.api.kubeconfig_path, "pod", f"{ns}/train"),
-                                          explain(c.api.kubeconfig_path, "claim",
-                                                  f"{bound[0]['metadata']['namespace']}/share"))
+        why, share = await asyncio.gather(
+            explain(c.api.kubeconfig_path, "pod", f"{ns}/train"),
+            explain(c.api.kubeconfig_path, "claim", f"{bound[0]['metadata']['namespace']}/share"),
+        )
         assert why.returncode == 0, why.stderr
         assert "not enough capacity left (gpu-0: memory 0 of 80Gi left, request needs 10Gi)" in why.stdout
         assert share.returncode == 0, share.stderr
@@ -256,8 +280,13 @@ async def test_loop_binds_eight_tenants_to_one_gpu_and_leaves_the_ninth_pending(
         # Freeing one tenant's share lets the pending pod in.
         done = bound[0]
         await c.kube.delete(PODS, done["metadata"]["namespace"], "train")
-        await c.kube.patch(RESOURCECLAIMS, done["metadata"]["namespace"], "share",
-                           {"status": {"allocation": None, "reservedFor": None}}, subresource="status")
+        await c.kube.patch(
+            RESOURCECLAIMS,
+            done["metadata"]["namespace"],
+            "share",
+            {"status": {"allocation": None, "reservedFor": None}},
+            subresource="status",
+        )
 
         async def in_now() -> Any:
             return (await c.get_pod("train", ns))["spec"].get("nodeName")

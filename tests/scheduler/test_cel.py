@@ -26,43 +26,50 @@ DEVICE: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("expression", [
-    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
-    "device.attributes['gpu.nvidia.com'].productName.lowerAscii().matches('^.*a100.*$')",
-    "device.attributes['gpu.nvidia.com'].numaNode == 1 && !device.attributes['gpu.nvidia.com'].mig",
-    "device.attributes['resource.kubernetes.io'].pciBusID.startsWith('0000:07')",
-    "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) == 0",
-    "device.capacity['gpu.nvidia.com'].memory == quantity('40960Mi')",
-    "device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('39.5Gi'))",
-    "device.capacity['gpu.nvidia.com'].memory.asInteger() == 42949672960",
-    "device.capacity['example.com'].slots.isLessThan(quantity('2')) && !device.capacity['example.com'].slots.isInteger()",
-    "device.capacity['gpu.nvidia.com'].memory.sub(quantity('8Gi')).compareTo(quantity('32Gi')) == 0",
-    "device.attributes['gpu.nvidia.com'].driverVersion.isGreaterThan(semver('550.54.15'))",
-    "device.attributes['gpu.nvidia.com'].driverVersion.compareTo(semver('550.163.1')) == 0",
-    "device.attributes['gpu.nvidia.com'].cudaComputeCapability.major() == 8",
-    "semver('1.0.0-rc.1').isLessThan(semver('1.0.0')) && isSemver('1.2.3') && !isSemver('v1.2')",
-    "isQuantity('1e3') && !isQuantity('lots') && quantity('1k') == quantity('1e3')",
-    "device.attributes['other.example.com'].size() == 0 && !('x' in device.attributes['gpu.nvidia.com'])",
-    "has(device.attributes['gpu.nvidia.com'].productName) && !has(device.attributes['gpu.nvidia.com'].index)",
-    "'NVIDIA A100'.split(' ').join('-') == 'NVIDIA-A100' && ' x '.trim() == 'x' && 'abc'.indexOf('c') == 2",
-    "'a.b.c'.replace('.', '/') == 'a/b/c' && 'hello'.substring(1, 3) == 'el' && 'ab'.upperAscii() == 'AB'",
-    "[3, 1, 2].max() == 3 && [1, 2].isSorted() && [1, 2, 3].sum() == 6 && [4, 5].indexOf(5) == 1",
-    "device.allowMultipleAllocations == false",
-    "['a100', 'h100'].exists(p, device.attributes['gpu.nvidia.com'].productName.lowerAscii().contains(p))",
-])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+        "device.attributes['gpu.nvidia.com'].productName.lowerAscii().matches('^.*a100.*$')",
+        "device.attributes['gpu.nvidia.com'].numaNode == 1 && !device.attributes['gpu.nvidia.com'].mig",
+        "device.attributes['resource.kubernetes.io'].pciBusID.startsWith('0000:07')",
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) == 0",
+        "device.capacity['gpu.nvidia.com'].memory == quantity('40960Mi')",
+        "device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('39.5Gi'))",
+        "device.capacity['gpu.nvidia.com'].memory.asInteger() == 42949672960",
+        "device.capacity['example.com'].slots.isLessThan(quantity('2'))"
+        " && !device.capacity['example.com'].slots.isInteger()",
+        "device.capacity['gpu.nvidia.com'].memory.sub(quantity('8Gi')).compareTo(quantity('32Gi')) == 0",
+        "device.attributes['gpu.nvidia.com'].driverVersion.isGreaterThan(semver('550.54.15'))",
+        "device.attributes['gpu.nvidia.com'].driverVersion.compareTo(semver('550.163.1')) == 0",
+        "device.attributes['gpu.nvidia.com'].cudaComputeCapability.major() == 8",
+        "semver('1.0.0-rc.1').isLessThan(semver('1.0.0')) && isSemver('1.2.3') && !isSemver('v1.2')",
+        "isQuantity('1e3') && !isQuantity('lots') && quantity('1k') == quantity('1e3')",
+        "device.attributes['other.example.com'].size() == 0 && !('x' in device.attributes['gpu.nvidia.com'])",
+        "has(device.attributes['gpu.nvidia.com'].productName) && !has(device.attributes['gpu.nvidia.com'].index)",
+        "'NVIDIA A100'.split(' ').join('-') == 'NVIDIA-A100' && ' x '.trim() == 'x' && 'abc'.indexOf('c') == 2",
+        "'a.b.c'.replace('.', '/') == 'a/b/c' && 'hello'.substring(1, 3) == 'el' && 'ab'.upperAscii() == 'AB'",
+        "[3, 1, 2].max() == 3 && [1, 2].isSorted() && [1, 2, 3].sum() == 6 && [4, 5].indexOf(5) == 1",
+        "device.allowMultipleAllocations == false",
+        "['a100', 'h100'].exists(p, device.attributes['gpu.nvidia.com'].productName.lowerAscii().contains(p))",
+    ],
+)
 def test_true_selectors(expression: str) -> None:
     assert evaluate(expression, GPU, DEVICE) is True
 
 
-@pytest.mark.parametrize(("expression", "message"), [
-    ("device.attributes['gpu.nvidia.com'].index == 0", "no such key: index"),
-    ("device.attributes['gpu.nvidia.com'].numaNode", "must return a bool"),
-    ("quantity('lots').isInteger()", "'lots' is not a quantity"),
-    ("semver('v1').major() == 1", "'v1' is not a semantic version"),
-    ("device.capacity['gpu.nvidia.com'].memory.compareTo(semver('1.0.0')) == 0", "needs a quantity"),
-    ("device.driver ==", "CEL syntax error"),
-    ("", "empty CEL expression"),
-])
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("device.attributes['gpu.nvidia.com'].index == 0", "no such key: index"),
+        ("device.attributes['gpu.nvidia.com'].numaNode", "must return a bool"),
+        ("quantity('lots').isInteger()", "'lots' is not a quantity"),
+        ("semver('v1').major() == 1", "'v1' is not a semantic version"),
+        ("device.capacity['gpu.nvidia.com'].memory.compareTo(semver('1.0.0')) == 0", "needs a quantity"),
+        ("device.driver ==", "CEL syntax error"),
+        ("", "empty CEL expression"),
+    ],
+)
 def test_errors_say_what_was_wrong(expression: str, message: str) -> None:
     with pytest.raises(CelError) as err:
         evaluate(expression, GPU, DEVICE)
@@ -87,10 +94,13 @@ def test_values() -> None:
 
 def test_evaluation_cost_is_microseconds() -> None:
     """Warm evaluations against a prepared device environment (the allocator's case); reported in the docs."""
-    selectors = [compile_selector(e) for e in (
-        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
-        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
-    )]
+    selectors = [
+        compile_selector(e)
+        for e in (
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+            "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
+        )
+    ]
     env = DeviceEnv(GPU, DEVICE)
     env.matches(selectors[0])
     rounds = 2000
@@ -102,21 +112,30 @@ def test_evaluation_cost_is_microseconds() -> None:
     assert per_eval < 500e-6, f"{per_eval * 1e6:.1f} µs per evaluation"
 
 
-@pytest.mark.parametrize(("expression", "refs"), [
-    ("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
-     (("driver", "", ""), ("attributes", GPU, "type"))),
-    ('device.capacity["gpu.nvidia.com"]["memory"].compareTo(quantity("40Gi")) >= 0',
-     (("capacity", GPU, "memory"),)),
-    ("has(device.attributes['resource.kubernetes.io'].pciBusID) && device.allowMultipleAllocations",
-     (("attributes", "resource.kubernetes.io", "pciBusID"), ("allowMultipleAllocations", "", ""))),
-    # Whole maps, a computed key, a method on the map, `device` itself: the result may depend on more.
-    ("'x' in device.attributes['gpu.nvidia.com']", None),
-    ("device.attributes['gpu.nvidia.com'].size() == 0", None),
-    ("device.attributes['gpu.nvidia.com'][device.driver] == 1", None),
-    ("device.attributes[device.driver].type == 'gpu'", None),
-    ("'device' == 'device'", None),
-    ("[1].all(x, x == 1)", ()),
-])
+@pytest.mark.parametrize(
+    ("expression", "refs"),
+    [
+        (
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+            (("driver", "", ""), ("attributes", GPU, "type")),
+        ),
+        (
+            'device.capacity["gpu.nvidia.com"]["memory"].compareTo(quantity("40Gi")) >= 0',
+            (("capacity", GPU, "memory"),),
+        ),
+        (
+            "has(device.attributes['resource.kubernetes.io'].pciBusID) && device.allowMultipleAllocations",
+            (("attributes", "resource.kubernetes.io", "pciBusID"), ("allowMultipleAllocations", "", "")),
+        ),
+        # Whole maps, a computed key, a method on the map, `device` itself: the result may depend on more.
+        ("'x' in device.attributes['gpu.nvidia.com']", None),
+        ("device.attributes['gpu.nvidia.com'].size() == 0", None),
+        ("device.attributes['gpu.nvidia.com'][device.driver] == 1", None),
+        ("device.attributes[device.driver].type == 'gpu'", None),
+        ("'device' == 'device'", None),
+        ("[1].all(x, x == 1)", ()),
+    ],
+)
 def test_selectors_name_the_fields_they_read(expression: str, refs: tuple[Any, ...] | None) -> None:
     assert compile_selector(expression).refs == refs
 
@@ -146,8 +165,11 @@ def test_results_are_shared_between_devices_that_agree_on_the_fields_read(monkey
 
 @pytest.mark.parametrize("value", [{"int": 1}, {"bool": True}, {"string": "1"}, {"ints": [1]}, {"int": "1"}, {}])
 def test_shared_results_equal_a_full_evaluation(value: dict[str, Any]) -> None:
-    for expression in ("device.attributes['gpu.nvidia.com'].v == 1", "has(device.attributes['gpu.nvidia.com'].v)",
-                       "device.attributes['gpu.nvidia.com'].v == true"):
+    for expression in (
+        "device.attributes['gpu.nvidia.com'].v == 1",
+        "has(device.attributes['gpu.nvidia.com'].v)",
+        "device.attributes['gpu.nvidia.com'].v == true",
+    ):
         selector = compile_selector(expression)
         for device in (_variant("a", v=value), _variant("b", v=value, uuid={"string": "GPU-b"})):
             expected = DeviceEnv(GPU, device)._evaluate(selector)

@@ -155,8 +155,17 @@ class SchedulerProcess:
 @contextlib.asynccontextmanager
 async def scheduler_process(kubeconfig: Path, log: Path, *flags: str) -> AsyncIterator[SchedulerProcess]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "scheduler", "--kubeconfig", str(kubeconfig), *flags,
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "scheduler",
+        "--kubeconfig",
+        str(kubeconfig),
+        *flags,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     running = SchedulerProcess(proc, log)
     try:
         yield running
@@ -171,7 +180,11 @@ async def test_slow_selector_never_delays_another_tenants_pod(tmp_path: Path, h1
     async with cluster(tmp_path, h100_inv, nodes=1, start=False) as c:
         await c.kube.create(RESOURCECLAIMTEMPLATES, "default", template("slow", selector=backtracking(28)))
         await c.kube.create(RESOURCECLAIMTEMPLATES, "default", template("one-gpu"))
-        pods, claims, events = await watch(c.kube, PODS), await watch(c.kube, RESOURCECLAIMS), await watch(c.kube, EVENTS)
+        pods, claims, events = (
+            await watch(c.kube, PODS),
+            await watch(c.kube, RESOURCECLAIMS),
+            await watch(c.kube, EVENTS),
+        )
         try:
             async with scheduler_process(c.api.kubeconfig_path, tmp_path / "scheduler.log"):
                 await c.pod("warm", from_template("one-gpu"))
@@ -184,8 +197,10 @@ async def test_slow_selector_never_delays_another_tenants_pod(tmp_path: Path, h1
                 took = time.perf_counter() - created
                 assert took < 1.0, f"another tenant's pod waited {took:.2f} s behind the slow selector"
 
-                failed = await events.until(lambda e: e["reason"] == "FailedScheduling"
-                                            and e["involvedObject"]["name"] == "evil", "evil's FailedScheduling")
+                failed = await events.until(
+                    lambda e: e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == "evil",
+                    "evil's FailedScheduling",
+                )
                 assert COST_LIMIT in failed["message"] and "the evaluation used more than" in failed["message"]
                 assert "selector `device.driver == 'gpu.nvidia.com' && 'aaaa" in failed["message"]
                 assert (await c.get_pod("evil"))["spec"].get("nodeName") is None

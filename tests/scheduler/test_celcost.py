@@ -49,7 +49,7 @@ UPSTREAM = {
     'device.attributes["dra.example.com"].services.matches("[^a]?sym")': 18,
     'device.capacity.exists_one(x, x == "dra.example.com")': 164,
     'device.capacity["dra.example.com"].exists_one(x, x == "memory")': 133,
-    'device.allowMultipleAllocations == true': 3,
+    "device.allowMultipleAllocations == true": 3,
     "true": 0,
     # Seven nested 10-element all() loops: 85,555,551, over the limit (upstream's "expensive" case).
     f"{TEN}.all(x, {TEN}.all(y, {TEN}.all(z, {TEN}.all(z2, {TEN}.all(z3, {TEN}.all(z4, {TEN}.all(z5, "
@@ -64,14 +64,18 @@ def test_estimates_match_upstream(expression: str, cost: int) -> None:
 
 def test_the_hostile_selector_is_far_over_the_limit() -> None:
     items = "[" + ",".join(str(i) for i in range(1, 501)) + "]"
-    hostile = (f"{items}.all(x, {items}.all(y, {items}.all(z, "
-               'device.attributes["gpu.nvidia.com"].productName.matches("^(a+)+$"))))')
+    hostile = (
+        f"{items}.all(x, {items}.all(y, {items}.all(z, "
+        'device.attributes["gpu.nvidia.com"].productName.matches("^(a+)+$"))))'
+    )
     assert estimate(hostile).cost > 2_000 * MAX_COST
     # One 500-element loop of the same predicate is fine: sizes come from the literal.
     assert estimate(f'{items}.all(x, device.attributes["gpu.nvidia.com"].productName.matches("^a+$"))').cost < 10_000
     # Sizes flow through function results (an attribute's 64 characters split into at most 64 parts)...
-    assert estimate("device.attributes['d'].name.split(device.driver).map(x, x).all(y, y.split('').all(z, true))"
-                    ).cost <= MAX_COST
+    assert (
+        estimate("device.attributes['d'].name.split(device.driver).map(x, x).all(y, y.split('').all(z, true))").cost
+        <= MAX_COST
+    )
     # ...and a loop over something of unknown size costs the maximum.
     assert estimate("string(device.attributes['d'].name).split('').all(x, true)").exceeds
 
@@ -99,17 +103,20 @@ def test_every_selector_this_repo_ships_is_accepted() -> None:
         assert estimate(expression).cost <= 100, expression
 
 
-@pytest.mark.parametrize(("text", "kind", "value"), [
-    (r"'caf\u00e9'", "string", "café"),
-    (r'"a\x41\101\n"', "string", "aAA\n"),
-    (r"r'\d+'", "string", r"\d+"),
-    ("'''multi\nline'''", "string", "multi\nline"),
-    (r"b'\xff'", "bytes", "\xff"),
-    ("0x1F", "int", 31),
-    ("7u", "uint", 7),
-    ("-2", "int", -2),
-    (".5e1", "double", 5.0),
-])
+@pytest.mark.parametrize(
+    ("text", "kind", "value"),
+    [
+        (r"'caf\u00e9'", "string", "café"),
+        (r'"a\x41\101\n"', "string", "aAA\n"),
+        (r"r'\d+'", "string", r"\d+"),
+        ("'''multi\nline'''", "string", "multi\nline"),
+        (r"b'\xff'", "bytes", "\xff"),
+        ("0x1F", "int", 31),
+        ("7u", "uint", 7),
+        ("-2", "int", -2),
+        (".5e1", "double", 5.0),
+    ],
+)
 def test_literals(text: str, kind: str, value: Any) -> None:
     node = parse(text)
     assert isinstance(node, Lit) and (node.kind, node.value) == (kind, value)

@@ -20,9 +20,18 @@ async def test_scheduler_command_binds_and_stops_on_sigterm(tmp_path, h100_inv):
         await c.kube.create(RESOURCECLAIMS, "default", named_claim("mine"))
         await c.pod("p", [{"name": "gpu", "resourceClaimName": "mine"}])
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli", "scheduler", "--kubeconfig", str(c.api.kubeconfig_path),
-            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "scheduler",
+            "--kubeconfig",
+            str(c.api.kubeconfig_path),
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         try:
+
             async def bound() -> object:
                 return (await c.get_pod("p"))["spec"].get("nodeName")
 
@@ -36,8 +45,15 @@ async def test_scheduler_command_binds_and_stops_on_sigterm(tmp_path, h100_inv):
 
 async def test_scheduler_command_rejects_unknown_flags():
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "scheduler", "--no-such-flag", cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "scheduler",
+        "--no-such-flag",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     _, err = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 2
     assert b"no-such-flag" in err

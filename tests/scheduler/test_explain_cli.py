@@ -39,8 +39,11 @@ async def test_explain_pending_and_bound_pods_and_claims(tmp_path, h100_inv):
         await eventually(settled, what="x unschedulable and ok bound")
         kubeconfig = c.api.kubeconfig_path
         pending, bound, missing, bad = await asyncio.gather(
-            explain(kubeconfig, "pod", "default/x"), explain(kubeconfig, "pod", "default/ok"),
-            explain(kubeconfig, "pod", "default/nope"), explain(kubeconfig, "node", "default/x"))
+            explain(kubeconfig, "pod", "default/x"),
+            explain(kubeconfig, "pod", "default/ok"),
+            explain(kubeconfig, "pod", "default/nope"),
+            explain(kubeconfig, "node", "default/x"),
+        )
         assert pending.returncode == 0, pending.stderr
         out = pending.stdout
         assert "pod default/x: not scheduled" in out
@@ -70,29 +73,93 @@ async def test_explain_pending_and_bound_pods_and_claims(tmp_path, h100_inv):
 def test_explain_a_bound_pod_stuck_in_prepare_names_the_failure_the_device_and_the_node() -> None:
     state = ClusterState()
     result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0"}
-    state.replace_all(RESOURCECLAIMS, [{"metadata": {"name": "c", "namespace": "default", "uid": "cu"},
-                                        "status": {"allocation": {"devices": {"results": [result]}},
-                                                   "reservedFor": [{"resource": "pods", "name": "p", "uid": "pu"}]}}])
-    state.replace_all(PODS, [{"metadata": {"name": "p", "namespace": "default", "uid": "pu"},
-                              "spec": {"nodeName": "n1", "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]},
-                              "status": {"phase": "Pending"}}])
-    state.replace_all(RESOURCESLICES, [{"metadata": {"name": "s"}, "spec": {
-        "driver": "gpu.nvidia.com", "pool": {"name": "n1"}, "devices": [
-            {"name": "gpu-0", "taints": [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]},
-            {"name": "gpu-1", "taints": [{"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}]}]}}])
-    state.replace_all(NODES, [{"metadata": {"name": "n1"}, "spec": {"taints": [
-        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]}, "status": {"conditions": [
-            {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown", "message": "kubelet stopped posting"}]}}])
-    events = [{"reason": "FailedPrepareDynamicResources", "involvedObject": {"uid": "pu"}, "count": 2,
-               "lastTimestamp": "2026-01-01T00:00:02Z", "message": "gpu.nvidia.com could not prepare default/c: boom"},
-              {"reason": "FailedPrepareDynamicResources", "involvedObject": {"uid": "other"}, "count": 1,
-               "lastTimestamp": "2026-01-01T00:00:03Z", "message": "not this pod"}]
+    state.replace_all(
+        RESOURCECLAIMS,
+        [
+            {
+                "metadata": {"name": "c", "namespace": "default", "uid": "cu"},
+                "status": {
+                    "allocation": {"devices": {"results": [result]}},
+                    "reservedFor": [{"resource": "pods", "name": "p", "uid": "pu"}],
+                },
+            }
+        ],
+    )
+    state.replace_all(
+        PODS,
+        [
+            {
+                "metadata": {"name": "p", "namespace": "default", "uid": "pu"},
+                "spec": {"nodeName": "n1", "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]},
+                "status": {"phase": "Pending"},
+            }
+        ],
+    )
+    state.replace_all(
+        RESOURCESLICES,
+        [
+            {
+                "metadata": {"name": "s"},
+                "spec": {
+                    "driver": "gpu.nvidia.com",
+                    "pool": {"name": "n1"},
+                    "devices": [
+                        {
+                            "name": "gpu-0",
+                            "taints": [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}],
+                        },
+                        {
+                            "name": "gpu-1",
+                            "taints": [{"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}],
+                        },
+                    ],
+                },
+            }
+        ],
+    )
+    state.replace_all(
+        NODES,
+        [
+            {
+                "metadata": {"name": "n1"},
+                "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "Unknown",
+                            "reason": "NodeStatusUnknown",
+                            "message": "kubelet stopped posting",
+                        }
+                    ]
+                },
+            }
+        ],
+    )
+    events = [
+        {
+            "reason": "FailedPrepareDynamicResources",
+            "involvedObject": {"uid": "pu"},
+            "count": 2,
+            "lastTimestamp": "2026-01-01T00:00:02Z",
+            "message": "gpu.nvidia.com could not prepare default/c: boom",
+        },
+        {
+            "reason": "FailedPrepareDynamicResources",
+            "involvedObject": {"uid": "other"},
+            "count": 1,
+            "lastTimestamp": "2026-01-01T00:00:03Z",
+            "message": "not this pod",
+        },
+    ]
     out = explain_pod(state, "default", "p", events)
     assert "prepare on node n1 failed (2x, last at 2026-01-01T00:00:02Z): gpu.nvidia.com could not prepare" in out
     assert "not this pod" not in out
     assert "device gpu.nvidia.com/n1/gpu-0 is tainted: gpu.nvidia.com/xid=79:NoSchedule" in out
     assert "gpu-1" not in out  # not the pod's device
-    assert "node n1: Ready=Unknown (NodeStatusUnknown: kubelet stopped posting); taints: " \
-           "node.kubernetes.io/unreachable:NoExecute" in out
+    assert (
+        "node n1: Ready=Unknown (NodeStatusUnknown: kubelet stopped posting); taints: "
+        "node.kubernetes.io/unreachable:NoExecute" in out
+    )
     waiting = explain_pod(state, "default", "p", [])
     assert "waiting for the kubelet on node n1 to prepare the claims (no failure reported)" in waiting

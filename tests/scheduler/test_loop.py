@@ -18,15 +18,21 @@ def template(name: str, selector: str = "", count: int = 1) -> dict[str, Any]:
     exactly: dict[str, Any] = {**GPU, "count": count}
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
 
 
 def named_claim(name: str, count: int = 1) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {**GPU, "count": count}}]}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {**GPU, "count": count}}]}},
+    }
 
 
 def from_template(tpl: str = "one-gpu") -> list[dict[str, Any]]:
@@ -65,12 +71,16 @@ async def test_template_claim_is_generated_allocated_reserved_and_pod_bound(tmp_
         assert device[1] == pod["spec"]["nodeName"]
         assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": "p1", "uid": created["metadata"]["uid"]}]
         assert claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [
-            pod["spec"]["nodeName"]]
+            pod["spec"]["nodeName"]
+        ]
         assert (condition(pod) or {}).get("status") == "True"
         events, _ = await c.kube.list(EVENTS, "default")
         assert any(e["reason"] == "Scheduled" and e["involvedObject"]["name"] == "p1" for e in events)
-    attempts = [sp for sp in spans.get_finished_spans() if sp.name == "scheduler.schedule_pod"
-             and sp.attributes.get("k8s.pod.uid") == created["metadata"]["uid"]]
+    attempts = [
+        sp
+        for sp in spans.get_finished_spans()
+        if sp.name == "scheduler.schedule_pod" and sp.attributes.get("k8s.pod.uid") == created["metadata"]["uid"]
+    ]
     assert attempts and attempts[-1].attributes["k8s.node.name"] == pod["spec"]["nodeName"]
     assert attempts[-1].attributes["gpu_dra.outcome"] == "bound"
 
@@ -196,9 +206,14 @@ async def test_finished_pod_releases_its_claim(tmp_path, h100_inv):
 
 async def test_extended_resource_pod_gets_a_claim_with_two_devices(tmp_path, h100_inv):
     async with cluster(tmp_path, h100_inv) as c:
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "legacy", "namespace": "default"},
-                "spec": {"containers": [{"name": "cuda", "image": "cuda",
-                                         "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "legacy", "namespace": "default"},
+            "spec": {
+                "containers": [{"name": "cuda", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]
+            },
+        }
         created = await c.kube.create(PODS, "default", body)
         pod = await bound(c, "legacy")
 
@@ -208,8 +223,9 @@ async def test_extended_resource_pod_gets_a_claim_with_two_devices(tmp_path, h10
 
         pod = await eventually(with_status, what="extendedResourceClaimStatus")
         ext = pod["status"]["extendedResourceClaimStatus"]
-        assert ext["requestMappings"] == [{"containerName": "cuda", "resourceName": "nvidia.com/gpu",
-                                           "requestName": "container-0-request-0"}]
+        assert ext["requestMappings"] == [
+            {"containerName": "cuda", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}
+        ]
         claim = await c.kube.get(RESOURCECLAIMS, "default", ext["resourceClaimName"])
         assert claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
         assert claim["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
@@ -253,8 +269,12 @@ async def test_node_checks_taints_and_node_selector(tmp_path, h100_inv):
         assert "taint maintenance:NoSchedule is not tolerated" in cond["message"]
         # Tolerating the taint lets it in.
         await c.kube.delete(PODS, "default", "pinned")
-        await c.pod("tolerant", from_template(), nodeSelector={"kubernetes.io/hostname": "node-0"},
-                    tolerations=[{"key": "maintenance", "operator": "Exists"}])
+        await c.pod(
+            "tolerant",
+            from_template(),
+            nodeSelector={"kubernetes.io/hostname": "node-0"},
+            tolerations=[{"key": "maintenance", "operator": "Exists"}],
+        )
         assert (await bound(c, "tolerant"))["spec"]["nodeName"] == "node-0"
 
 

@@ -12,18 +12,36 @@ from embedded.scheduler.state import ClusterState
 from shared.kube.resources import PODS, RESOURCECLAIMS, Kube
 
 GPU = {"deviceClassName": "gpu.nvidia.com"}
-ALLOCATED = {"allocation": {"devices": {"results": [
-    {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-0", "device": "gpu-0"}]}}}
+ALLOCATED = {
+    "allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-0", "device": "gpu-0"}]}
+    }
+}
 
 
 async def reserved_claim(kube: Kube, name: str, pod: dict[str, Any], owned: bool) -> dict[str, Any]:
     md: dict[str, Any] = {"name": name, "namespace": "default"}
     if owned:
-        md["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                                  "uid": pod["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
-    made = await kube.create(RESOURCECLAIMS, "default", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": md,
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": GPU}]}}})
+        md["ownerReferences"] = [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod["metadata"]["name"],
+                "uid": pod["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    made = await kube.create(
+        RESOURCECLAIMS,
+        "default",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": md,
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": GPU}]}},
+        },
+    )
     consumer = {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
     made["status"] = {**ALLOCATED, "reservedFor": [consumer]}
     return await kube.replace(RESOURCECLAIMS, made, subresource="status")
@@ -32,8 +50,9 @@ async def reserved_claim(kube: Kube, name: str, pod: dict[str, Any], owned: bool
 async def test_a_claim_the_garbage_collector_deletes_is_not_written_others_are_freed(tmp_path: Path) -> None:
     async with running_apiserver(tmp_path) as api, api.client() as client:
         kube = Kube(client)
-        pod = await kube.create(PODS, "default", {"metadata": {"name": "p"},
-                                                  "spec": {"containers": [{"name": "c", "image": "x"}]}})
+        pod = await kube.create(
+            PODS, "default", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+        )
         generated = await reserved_claim(kube, "p-gpu", pod, owned=True)
         named = await reserved_claim(kube, "shared", pod, owned=False)
         state = ClusterState()

@@ -13,11 +13,18 @@ DEVICE = ("gpu.nvidia.com", "node-0", "gpu-0")
 
 
 def claim(rv: int, allocated: bool = False) -> dict[str, Any]:
-    obj: dict[str, Any] = {"metadata": {"namespace": "default", "name": "c", "uid": "u1", "resourceVersion": str(rv)},
-                           "spec": {}}
+    obj: dict[str, Any] = {
+        "metadata": {"namespace": "default", "name": "c", "uid": "u1", "resourceVersion": str(rv)},
+        "spec": {},
+    }
     if allocated:
-        obj["status"] = {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": DEVICE[0], "pool": DEVICE[1], "device": DEVICE[2]}]}}}
+        obj["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": DEVICE[0], "pool": DEVICE[1], "device": DEVICE[2]}]
+                }
+            }
+        }
     return obj
 
 

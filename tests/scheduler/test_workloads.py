@@ -13,8 +13,9 @@ from tests.scheduler.conftest import template_claim, workload
 GPU = "gpu.nvidia.com"
 
 
-def allocate_pods(claims: list[dict[str, Any]], classes: list[dict[str, Any]], slices: list[dict[str, Any]],
-                  node: str) -> list[dict[str, Any]]:
+def allocate_pods(
+    claims: list[dict[str, Any]], classes: list[dict[str, Any]], slices: list[dict[str, Any]], node: str
+) -> list[dict[str, Any]]:
     """One claim per pod, pods one after another (as the scheduler does): each claim's allocation."""
     state = AllocatedState()
     out = []
@@ -49,8 +50,9 @@ def test_gpu_test1_two_pods_get_distinct_gpus(h100_slices: list[dict[str, Any]],
     assert len(devices) == 2 and len(set(devices)) == 2
 
 
-def test_gpu_test2_one_claim_shared_by_two_containers(h100_slices: list[dict[str, Any]],
-                                                      classes: list[dict[str, Any]]) -> None:
+def test_gpu_test2_one_claim_shared_by_two_containers(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     (alloc,) = allocate_pods(per_pod(workload("gpu-test2"), 1), classes, h100_slices, "h100-node")
     assert [r["request"] for r in results(alloc)] == ["gpu"]  # one device, which both containers reference
 
@@ -82,26 +84,31 @@ def test_gpu_test4_four_mig_devices_on_one_parent_per_replica(a100_mig_inv: Any,
     assert len(set(parents_per_pod)) == 4  # a 40 GB A100 holds one such set; each replica gets its own GPU
 
 
-def test_gpu_test5_two_gpus_with_their_own_sharing_configs(h100_slices: list[dict[str, Any]],
-                                                           classes: list[dict[str, Any]]) -> None:
+def test_gpu_test5_two_gpus_with_their_own_sharing_configs(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     (alloc,) = allocate_pods(per_pod(workload("gpu-test5"), 1), classes, h100_slices, "h100-node")
     res = results(alloc)
     assert [r["request"] for r in res] == ["ts-gpu", "mps-gpu"] and res[0]["device"] != res[1]["device"]
     config = alloc["devices"]["config"]
     assert [(c["source"], c["requests"], c["opaque"]["parameters"]["sharing"]["strategy"]) for c in config] == [
-        ("FromClaim", ["ts-gpu"], "TimeSlicing"), ("FromClaim", ["mps-gpu"], "MPS")]
+        ("FromClaim", ["ts-gpu"], "TimeSlicing"),
+        ("FromClaim", ["mps-gpu"], "MPS"),
+    ]
 
 
-def test_gpu_test_mps_config_reaches_the_allocation(h100_slices: list[dict[str, Any]],
-                                                    classes: list[dict[str, Any]]) -> None:
+def test_gpu_test_mps_config_reaches_the_allocation(
+    h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     (alloc,) = allocate_pods(per_pod(workload("gpu-test-mps"), 1), classes, h100_slices, "h100-node")
     (config,) = alloc["devices"]["config"]
     assert config["source"] == "FromClaim" and "requests" not in config  # the claim's only request
     assert config["opaque"]["parameters"]["sharing"]["mpsConfig"]["defaultActiveThreadPercentage"] == 50
 
 
-def test_gpu_test6_removed_index_attribute_is_explained(a100_inv: Any, h100_slices: list[dict[str, Any]],
-                                                        classes: list[dict[str, Any]]) -> None:
+def test_gpu_test6_removed_index_attribute_is_explained(
+    a100_inv: Any, h100_slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
     c = per_pod(workload("gpu-test6"), 1)[0]
     a100 = node_slices(a100_inv)
     out = schedule([c], classes, [*h100_slices, *a100], AllocatedState(), ["h100-node", "a100-node"])

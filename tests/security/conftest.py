@@ -48,8 +48,9 @@ class Conn:
                     return
                 seen.append(error)
         except TimeoutError:
-            raise AssertionError(f"no refusal of {verb} to {subject!r} within {REFUSAL_WAIT_S}s; "
-                                 f"errors seen: {seen}") from None
+            raise AssertionError(
+                f"no refusal of {verb} to {subject!r} within {REFUSAL_WAIT_S}s; errors seen: {seen}"
+            ) from None
 
     async def delivered(self, subject: str, to: Any) -> None:
         """Publish on `subject` (allowed for us) and see the subscription `to` (another client's) get it;
@@ -96,7 +97,6 @@ async def connect_watched(url: str, **options: Any) -> Conn:
 
     nc = await nats.connect(url, error_cb=on_error, allow_reconnect=False, connect_timeout=2, **options)
     return Conn(nc, errors)
-
 
 
 def url_as(server: EmbeddedNats, user: str) -> str:

@@ -16,12 +16,18 @@ from hypothesis import strategies as st
 FUZZ: dict[str, Any] = {"max_examples": int(os.environ.get("GPU_DRA_FUZZ_EXAMPLES", "200")), "deadline": 1000}
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=40),
     st.sampled_from(["1e999999", "1e30Gi", "-0", "9" * 70, "\u0000", "Default", "MPS", "TimeSlicing"]),
 )
-json_values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)), max_leaves=20)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=20,
+)
 
 
 def nesting(depth: int) -> bytes:

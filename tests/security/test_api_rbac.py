@@ -55,10 +55,17 @@ def _descendants(pids: set[int]) -> set[int]:
 
 
 def _slice(name: str, node: str) -> dict:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceSlice", "metadata": {"name": name},
-            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
-                     "pool": {"name": node, "generation": 99, "resourceSliceCount": 1},
-                     "devices": [{"name": "gpu-0"}]}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 99, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
 
 
 async def test_no_credential_on_any_argv_or_environment(cluster: LocalCluster) -> None:
@@ -86,16 +93,19 @@ async def test_no_credential_on_any_argv_or_environment(cluster: LocalCluster) -
 async def test_node_identity_is_denied_what_deploy_does_not_grant(cluster: LocalCluster) -> None:
     node = cluster.node_names[0]
     async with await kube_api_client(str(cluster.kubeconfigs["node"])) as api:
-        claims = await client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, "default",
-                                                                                  "resourceclaims")
+        claims = await client.CustomObjectsApi(api).list_namespaced_custom_object(
+            GROUP, VERSION, "default", "resourceclaims"
+        )
         assert claims["items"] == []  # granted: the preparer reads claims
         with pytest.raises(ApiException) as denied:
-            await client.CustomObjectsApi(api).create_cluster_custom_object(GROUP, VERSION, "resourceslices",
-                                                                            _slice("forged", node))
+            await client.CustomObjectsApi(api).create_cluster_custom_object(
+                GROUP, VERSION, "resourceslices", _slice("forged", node)
+            )
         assert denied.value.status == 403 and denied.value.body is not None
         assert json.loads(denied.value.body)["message"] == (
             'resourceslices.resource.k8s.io is forbidden: User "system:serviceaccount:gpu-dra:gpu-dra-node" '
-            'cannot create resource "resourceslices" in API group "resource.k8s.io" at the cluster scope')
+            'cannot create resource "resourceslices" in API group "resource.k8s.io" at the cluster scope'
+        )
         with pytest.raises(ApiException) as secrets:
             await client.CoreV1Api(api).list_namespaced_secret("gpu-dra")
         assert secrets.value.status == 403
@@ -105,17 +115,27 @@ async def test_admission_policy_refuses_a_forged_slice_even_to_the_admin(cluster
     api = await cluster.api_client()
     with pytest.raises(ApiException) as denied:
         await client.CustomObjectsApi(api).create_cluster_custom_object(
-            GROUP, VERSION, "resourceslices", _slice("forged-by-admin", cluster.node_names[0]))
+            GROUP, VERSION, "resourceslices", _slice("forged-by-admin", cluster.node_names[0])
+        )
     assert denied.value.status == 403 and denied.value.body is not None
-    assert ("ValidatingAdmissionPolicy 'gpu-dra-resourceslices' with binding 'gpu-dra-resourceslices' denied "
-            "request: ResourceSlices of driver gpu.nvidia.com are written only by gpu-dra-publisher, not by "
-            "kubernetes-admin") in json.loads(denied.value.body)["message"]
+    assert (
+        "ValidatingAdmissionPolicy 'gpu-dra-resourceslices' with binding 'gpu-dra-resourceslices' denied "
+        "request: ResourceSlices of driver gpu.nvidia.com are written only by gpu-dra-publisher, not by "
+        "kubernetes-admin"
+    ) in json.loads(denied.value.body)["message"]
 
 
 async def _can_i(kubeconfig: Path, *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        "kubectl", "--kubeconfig", str(kubeconfig), "auth", "can-i", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        "kubectl",
+        "--kubeconfig",
+        str(kubeconfig),
+        "auth",
+        "can-i",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, _ = await proc.communicate()
     return proc.returncode or 0, out.decode().strip()
 

@@ -44,13 +44,23 @@ CLIQUE = "fabric-1.0"
 
 
 def member(node: str) -> DomainMember:
-    return DomainMember(domain_uid=UID, domain_name="cd", domain_namespace="team-a", node=node,
-                        ip_address=f"10.0.0.{1 + ord(node[-1]) - ord('a')}", clique_id=CLIQUE, index=-1)
+    return DomainMember(
+        domain_uid=UID,
+        domain_name="cd",
+        domain_namespace="team-a",
+        node=node,
+        ip_address=f"10.0.0.{1 + ord(node[-1]) - ord('a')}",
+        clique_id=CLIQUE,
+        index=-1,
+    )
 
 
 async def test_agents_join_and_leave_a_domain_with_only_their_own_nats_rights(shipped_nats: EmbeddedNats) -> None:
-    async with bus_as(shipped_nats, "cd-agent.gpu-a") as bus_a, bus_as(shipped_nats, "cd-agent.gpu-b") as bus_b, \
-            bus_as(shipped_nats, "controller") as controller:
+    async with (
+        bus_as(shipped_nats, "cd-agent.gpu-a") as bus_a,
+        bus_as(shipped_nats, "cd-agent.gpu-b") as bus_b,
+        bus_as(shipped_nats, "controller") as controller,
+    ):
         joined = await asyncio.gather(Membership(bus_a).join(member("gpu-a")), Membership(bus_b).join(member("gpu-b")))
         assert sorted(m.index for m in joined) == [0, 1]
         seen = await Membership(controller).members(UID)
@@ -67,10 +77,12 @@ async def test_agents_join_and_leave_a_domain_with_only_their_own_nats_rights(sh
         assert rejoined.index == joined[0].index
 
 
-@pytest.mark.parametrize("key", [member_key(UID, "gpu-a"), index_key(UID, CLIQUE, 0, "gpu-a")],
-                         ids=["membership", "index-bid"])
+@pytest.mark.parametrize(
+    "key", [member_key(UID, "gpu-a"), index_key(UID, CLIQUE, 0, "gpu-a")], ids=["membership", "index-bid"]
+)
 async def test_an_agent_cannot_write_another_nodes_membership_or_index_bid(
-        shipped_nats: EmbeddedNats, key: str) -> None:
+    shipped_nats: EmbeddedNats, key: str
+) -> None:
     async with bus_as(shipped_nats, "cd-agent.gpu-b") as hostile, bus_as(shipped_nats, "admin") as admin:
         forged = msgspec.structs.replace(member("gpu-a"), index=0, status="Ready")
         subject = f"$KV.{catalog.CD_MEMBERS_BUCKET.name}.{key}"
@@ -80,8 +92,11 @@ async def test_an_agent_cannot_write_another_nodes_membership_or_index_bid(
         assert await Membership(admin).holders(UID, CLIQUE) == {}
         # the same write for its own node is allowed (the refusal is about the key, not a broken setup)
         own = key.replace("gpu-a", "gpu-b")
-        await hostile.js.publish(f"$KV.{catalog.CD_MEMBERS_BUCKET.name}.{own}",
-                                 encode(msgspec.structs.replace(forged, node="gpu-b")), timeout=2.0)
+        await hostile.js.publish(
+            f"$KV.{catalog.CD_MEMBERS_BUCKET.name}.{own}",
+            encode(msgspec.structs.replace(forged, node="gpu-b")),
+            timeout=2.0,
+        )
 
 
 async def _files(agent: Agent) -> dict[str, str]:
@@ -92,32 +107,48 @@ async def _files(agent: Agent) -> dict[str, str]:
 
 
 async def test_an_agent_cannot_join_a_domain_not_assigned_to_its_node(
-        shipped_nats: EmbeddedNats, tmp_path: Path, dead_letters: DeadLetters) -> None:
+    shipped_nats: EmbeddedNats, tmp_path: Path, dead_letters: DeadLetters
+) -> None:
     """gpu-a's agent serves a domain the controller assigned to gpu-a only; gpu-b's agent, with valid
     node creds, writes itself into that domain (membership and index bid): it is no member for the
     controller nor for gpu-a, the IMEX nodes config does not change, and the write is dead-lettered
     `identity-mismatch`. Once the controller assigns gpu-b, the same membership counts."""
     members_key = f"$KV.{catalog.CD_MEMBERS_BUCKET.name}.{member_key(UID, 'gpu-b')}"
     async with contextlib.AsyncExitStack() as stack:
-        bus = {user: await stack.enter_async_context(bus_as(shipped_nats, user)) for user in (
-            "controller", "discovery.gpu-a", "cd-agent.gpu-a", "preparer.gpu-a", "cd-agent.gpu-b")}
-        await stack.enter_async_context(running_discovery(bus["discovery.gpu-a"], "gpu-a", simulate="gb200x4:clique=1",
-                                                          root=tmp_path / "sim"))
+        bus = {
+            user: await stack.enter_async_context(bus_as(shipped_nats, user))
+            for user in ("controller", "discovery.gpu-a", "cd-agent.gpu-a", "preparer.gpu-a", "cd-agent.gpu-b")
+        }
+        await stack.enter_async_context(
+            running_discovery(bus["discovery.gpu-a"], "gpu-a", simulate="gb200x4:clique=1", root=tmp_path / "sim")
+        )
         controller = Membership(bus["controller"], require_assignment=True)
         await announce(bus["controller"], UID, namespace="team-a")
         await controller.assign(UID, "gpu-a", ["team-a/workload-a"])
-        cfg = AgentConfig(node="gpu-a", ip_address="127.0.0.1", state_dir=str(tmp_path / "agent-a"),
-                          imex_server_port=free_port(), imex_cmd_port=free_port(), imex_daemon="simulated",
-                          require_assignment=True).resolved()
+        cfg = AgentConfig(
+            node="gpu-a",
+            ip_address="127.0.0.1",
+            state_dir=str(tmp_path / "agent-a"),
+            imex_server_port=free_port(),
+            imex_cmd_port=free_port(),
+            imex_daemon="simulated",
+            require_assignment=True,
+        ).resolved()
         agent = Agent(cfg, bus["cd-agent.gpu-a"])
         stopping = asyncio.Event()
         run = asyncio.create_task(agent.run(stopping))
         try:
             await agent.ready.wait()
-            channels = ChannelPreparer(bus["preparer.gpu-a"], node="gpu-a", dev_root=str(tmp_path / "sim" / "gpu-a"),
-                                       ready_timeout=20, simulated=True)
-            await prepare_when_agent_answers(channels, ChannelClaim("claim-a", "team-a", "workload-a",
-                                                                    parse_channel_config(channel_config(UID))))
+            channels = ChannelPreparer(
+                bus["preparer.gpu-a"],
+                node="gpu-a",
+                dev_root=str(tmp_path / "sim" / "gpu-a"),
+                ready_timeout=20,
+                simulated=True,
+            )
+            await prepare_when_agent_answers(
+                channels, ChannelClaim("claim-a", "team-a", "workload-a", parse_channel_config(channel_config(UID)))
+            )
             assert agent.domain is not None and agent.domain.member.index == 0
             peers_before, files_before = dict(agent.domain.peers), await _files(agent)
 
@@ -173,22 +204,40 @@ async def _assignment_changes(bus: Bus) -> AsyncGenerator[tuple[set[str], str], 
 
 def _channel_claim(name: str, node: str) -> dict[str, Any]:
     """A ResourceClaim allocated on `node` with a channel of the domain, as the scheduler writes it."""
-    config = {"source": "FromClaim", "requests": [], "opaque": {"driver": crd.DRIVER, "parameters": channel_config(UID)}}
+    config = {
+        "source": "FromClaim",
+        "requests": [],
+        "opaque": {"driver": crd.DRIVER, "parameters": channel_config(UID)},
+    }
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "team-a"},
-        "spec": {"devices": {"requests": [{"name": "channel", "exactly": {"deviceClassName": crd.CHANNEL_DEVICE_CLASS}}],
-                             "config": [config]}},
-        "status": {"allocation": {
-            "devices": {"results": [{"request": "channel", "driver": crd.DRIVER, "pool": node, "device": "channel-0"}],
-                        "config": [config]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "channel", "exactly": {"deviceClassName": crd.CHANNEL_DEVICE_CLASS}}],
+                "config": [config],
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "channel", "driver": crd.DRIVER, "pool": node, "device": "channel-0"}],
+                    "config": [config],
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                },
+            }
+        },
     }
 
 
 async def test_the_controller_assigns_a_domain_to_the_nodes_of_its_allocated_channel_claims(
-        shipped_nats: EmbeddedNats, api: Any) -> None:
+    shipped_nats: EmbeddedNats, api: Any
+) -> None:
     custom = kube.CustomObjectsApi(api.client_raw)
     async with bus_as(shipped_nats, "controller") as bus:
         membership = Membership(bus, require_assignment=True)
@@ -197,18 +246,25 @@ async def test_the_controller_assigns_a_domain_to_the_nodes_of_its_allocated_cha
         try:
             async with asyncio.timeout(10):
                 assert await anext(changes) == (set(), "replayed")
-                await kube.CoreV1Api(api.client_raw).create_namespace(
-                    {"metadata": {"name": "team-a"}})  # type: ignore[arg-type]  # the client sends a dict as it is
+                await kube.CoreV1Api(api.client_raw).create_namespace({"metadata": {"name": "team-a"}})  # type: ignore[arg-type]  # the client sends a dict as it is
                 doc = _channel_claim("workload-a", "gpu-a")
-                created = await custom.create_namespaced_custom_object("resource.k8s.io", "v1", "team-a",
-                                                                       "resourceclaims", doc)
+                created = await custom.create_namespaced_custom_object(
+                    "resource.k8s.io", "v1", "team-a", "resourceclaims", doc
+                )
                 await custom.patch_namespaced_custom_object_status(
-                    "resource.k8s.io", "v1", "team-a", "resourceclaims", "workload-a", {"status": doc["status"]},
-                    _content_type="application/merge-patch+json")  # type: ignore[call-arg]  # not in its stubs
+                    "resource.k8s.io",
+                    "v1",
+                    "team-a",
+                    "resourceclaims",
+                    "workload-a",
+                    {"status": doc["status"]},
+                    _content_type="application/merge-patch+json",
+                )  # type: ignore[call-arg]  # not in its stubs
                 assert await anext(changes) == ({"gpu-a"}, "assigned gpu-a")
                 assert created["metadata"]["uid"]
-                await custom.delete_namespaced_custom_object("resource.k8s.io", "v1", "team-a", "resourceclaims",
-                                                             "workload-a")
+                await custom.delete_namespaced_custom_object(
+                    "resource.k8s.io", "v1", "team-a", "resourceclaims", "workload-a"
+                )
                 assert await anext(changes) == (set(), "unassigned gpu-a")
         finally:
             await changes.aclose()
@@ -218,13 +274,19 @@ async def test_the_controller_assigns_a_domain_to_the_nodes_of_its_allocated_cha
 async def test_an_unassigned_nodes_early_bids_do_not_take_indices(shipped_nats: EmbeddedNats) -> None:
     """gpu-b's agent bids for every index of a domain assigned only to gpu-a before gpu-a joins:
     with assignments required, gpu-a still gets index 0 and gpu-b holds none."""
-    async with bus_as(shipped_nats, "cd-agent.gpu-a") as bus_a, bus_as(shipped_nats, "cd-agent.gpu-b") as bus_b, \
-            bus_as(shipped_nats, "controller") as controller:
+    async with (
+        bus_as(shipped_nats, "cd-agent.gpu-a") as bus_a,
+        bus_as(shipped_nats, "cd-agent.gpu-b") as bus_b,
+        bus_as(shipped_nats, "controller") as controller,
+    ):
         await Membership(controller).assign(UID, "gpu-a", ["team-a/workload-a"])
         squatter = Membership(bus_b, max_per_clique=2)  # without the check, a clique of 2 would be full
         for index in range(2):
-            await bus_b.js.publish(f"$KV.{catalog.CD_MEMBERS_BUCKET.name}.{index_key(UID, CLIQUE, index, 'gpu-b')}",
-                                   encode(msgspec.structs.replace(member("gpu-b"), index=index)), timeout=2.0)
+            await bus_b.js.publish(
+                f"$KV.{catalog.CD_MEMBERS_BUCKET.name}.{index_key(UID, CLIQUE, index, 'gpu-b')}",
+                encode(msgspec.structs.replace(member("gpu-b"), index=index)),
+                timeout=2.0,
+            )
         assert await squatter.holders(UID, CLIQUE) == {0: "gpu-b", 1: "gpu-b"}
         with pytest.raises(MembershipError, match="already has 2 nodes"):
             await Membership(bus_a, max_per_clique=2).join(member("gpu-a"))

@@ -53,26 +53,44 @@ def _request(version: str, expression: str) -> dict[str, Any]:
 
 
 def claim(version: str, name: str, expression: str) -> dict[str, Any]:
-    return {"apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": {"devices": {"requests": [_request(version, expression)]}}}
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [_request(version, expression)]}},
+    }
 
 
 def template(version: str, name: str, expression: str) -> dict[str, Any]:
-    return {"apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [_request(version, expression)]}}}}
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [_request(version, expression)]}}},
+    }
 
 
 def device_class(version: str, name: str, expression: str) -> dict[str, Any]:
-    return {"apiVersion": f"resource.k8s.io/{version}", "kind": "DeviceClass", "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
 
 
 # kind -> (collection path, body, field path of the first selector: the internal v1 shape in every version)
 KINDS = {
-    "ResourceClaim": (f"namespaces/{NS}/resourceclaims", claim,
-                      "spec.devices.requests[0].exactly.selectors[0].cel.expression"),
-    "ResourceClaimTemplate": (f"namespaces/{NS}/resourceclaimtemplates", template,
-                              "spec.spec.devices.requests[0].exactly.selectors[0].cel.expression"),
+    "ResourceClaim": (
+        f"namespaces/{NS}/resourceclaims",
+        claim,
+        "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+    ),
+    "ResourceClaimTemplate": (
+        f"namespaces/{NS}/resourceclaimtemplates",
+        template,
+        "spec.spec.devices.requests[0].exactly.selectors[0].cel.expression",
+    ),
     "DeviceClass": ("deviceclasses", device_class, "spec.selectors[0].cel.expression"),
 }
 
@@ -105,14 +123,29 @@ async def http(tmp_path: Path) -> AsyncIterator[Http]:
         admin = api.token
         for method, path, body in [
             ("POST", "/api/v1/namespaces", {"metadata": {"name": NS}}),
-            ("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles", {
-                "metadata": {"name": "claims"},
-                "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"],
-                           "verbs": ["create", "get", "update"]}]}),
-            ("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings", {
-                "metadata": {"name": "tenant-claims"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
-                "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": TENANT}]}),
+            (
+                "POST",
+                f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles",
+                {
+                    "metadata": {"name": "claims"},
+                    "rules": [
+                        {
+                            "apiGroups": ["resource.k8s.io"],
+                            "resources": ["resourceclaims", "resourceclaimtemplates"],
+                            "verbs": ["create", "get", "update"],
+                        }
+                    ],
+                },
+            ),
+            (
+                "POST",
+                f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings",
+                {
+                    "metadata": {"name": "tenant-claims"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
+                    "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": TENANT}],
+                },
+            ),
         ]:
             status, out, _ = await h.call(method, path, admin, body)
             assert status == 201, (status, out)
@@ -123,8 +156,7 @@ def assert_refused(status: int, out: Any, took: tuple[float, float], kind: str, 
     assert status == 422, (status, out)
     assert out["reason"] == "Invalid" and out["code"] == 422
     assert out["message"] == f'{kind}.resource.k8s.io "{name}" is invalid: {field}: {FORBIDDEN}', out["message"]
-    assert out["details"]["causes"] == [{"reason": "FieldValueForbidden", "message": FORBIDDEN,
-                                         "field": field}]
+    assert out["details"]["causes"] == [{"reason": "FieldValueForbidden", "message": FORBIDDEN, "field": field}]
     wall_ms, cpu_ms = took
     assert cpu_ms < REFUSE_CPU_MS and wall_ms < REFUSE_WALL_MS, f"refused in {wall_ms:.1f} ms ({cpu_ms:.1f} ms CPU)"
 
@@ -169,8 +201,9 @@ async def test_attack_selector_refused_at_update(http: Http) -> None:
 async def test_overlong_selector_refused(http: Http) -> None:
     """Upstream's CELSelectorExpressionMaxLength (10240) comes before any parsing."""
     long = "device.driver == '" + "x" * 10240 + "'"
-    status, out, _ = await http.call("POST", f"{GROUP}/v1/namespaces/{NS}/resourceclaims", TENANT_TOKEN,
-                                     claim("v1", "long", long))
+    status, out, _ = await http.call(
+        "POST", f"{GROUP}/v1/namespaces/{NS}/resourceclaims", TENANT_TOKEN, claim("v1", "long", long)
+    )
     assert status == 422, out
     assert out["details"]["causes"][0]["field"] == "spec.devices.requests[0].exactly.selectors[0].cel.expression"
     assert out["details"]["causes"][0]["reason"] == "FieldValueTooLong"

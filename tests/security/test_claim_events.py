@@ -34,7 +34,9 @@ from tests.security.conftest import DeadLetters, bus_as, url_as
 @pytest.fixture
 async def ledger(shipped_nats: EmbeddedNats, tmp_path: Path) -> AsyncIterator[LedgerService]:
     write_schemas(tmp_path / "schemas")
-    service = LedgerService(url_as(shipped_nats, "admin"), load_contract(tmp_path / "schemas"), tmp_path / "ledger.json")
+    service = LedgerService(
+        url_as(shipped_nats, "admin"), load_contract(tmp_path / "schemas"), tmp_path / "ledger.json"
+    )
     await service.start()
     task = asyncio.create_task(service.run())
     try:
@@ -46,13 +48,27 @@ async def ledger(shipped_nats: EmbeddedNats, tmp_path: Path) -> AsyncIterator[Le
         await service.close()
 
 
-def event(kind: str, uid: str, namespace: str, node: str, at: float, *, event_id: str | None = None,
-          devices: tuple[str, ...] = ("gpu-0",)) -> ClaimLifecycle:
+def event(
+    kind: str,
+    uid: str,
+    namespace: str,
+    node: str,
+    at: float,
+    *,
+    event_id: str | None = None,
+    devices: tuple[str, ...] = ("gpu-0",),
+) -> ClaimLifecycle:
     return ClaimLifecycle(
-        event=kind, node=node, driver="gpu.nvidia.com", claim_uid=uid, claim_namespace=namespace,  # type: ignore[arg-type]
-        claim_name=f"claim-{uid}", observed_at=at,
+        event=kind,  # type: ignore[arg-type]
+        node=node,
+        driver="gpu.nvidia.com",
+        claim_uid=uid,
+        claim_namespace=namespace,
+        claim_name=f"claim-{uid}",
+        observed_at=at,
         event_id=claim_event_id(node, uid, 1, kind) if event_id is None else event_id,
-        devices=[PreparedDeviceRef(request="gpu", pool=node, device=d) for d in devices])
+        devices=[PreparedDeviceRef(request="gpu", pool=node, device=d) for d in devices],
+    )
 
 
 async def forge(bus: Bus, ev: ClaimLifecycle, *, namespace: str, node: str, msg_id: str | None = None) -> None:
@@ -63,10 +79,19 @@ async def forge(bus: Bus, ev: ClaimLifecycle, *, namespace: str, node: str, msg_
 async def real_claim_on_gpu_b(bus: Bus, uid: str) -> float:
     """gpu-b's preparer emits prepared then unprepared for `uid` (team-b, one GPU); the GPU-seconds due."""
     events = LifecycleEvents("gpu-b", "gpu.nvidia.com")
-    await events.outbox.add([
-        events.make("prepared", uid=uid, namespace="team-b", name=f"claim-{uid}", preparation=1,
-                    devices=[PreparedDeviceRef(request="gpu", pool="gpu-b", device="gpu-0")]),
-        events.make("unprepared", uid=uid, namespace="team-b", name=f"claim-{uid}", preparation=1)])
+    await events.outbox.add(
+        [
+            events.make(
+                "prepared",
+                uid=uid,
+                namespace="team-b",
+                name=f"claim-{uid}",
+                preparation=1,
+                devices=[PreparedDeviceRef(request="gpu", pool="gpu-b", device="gpu-0")],
+            ),
+            events.make("unprepared", uid=uid, namespace="team-b", name=f"claim-{uid}", preparation=1),
+        ]
+    )
     prepared, unprepared = list(events.pending)
     assert prepared.event_id == f"gpu-b/{uid}/1/prepared"
     await send_all(events, bus)
@@ -74,7 +99,8 @@ async def real_claim_on_gpu_b(bus: Bus, uid: str) -> float:
 
 
 async def test_an_event_whose_body_names_another_namespace_or_node_is_not_accounted(
-        shipped_nats: EmbeddedNats, ledger: LedgerService, dead_letters: DeadLetters, admin_bus: Bus) -> None:
+    shipped_nats: EmbeddedNats, ledger: LedgerService, dead_letters: DeadLetters, admin_bus: Bus
+) -> None:
     received: list[ClaimLifecycle] = []
 
     async def on_claim(ev: ClaimLifecycle, _ctx: object) -> None:
@@ -96,25 +122,37 @@ async def test_an_event_whose_body_names_another_namespace_or_node_is_not_accoun
     assert ledger.ledger.stats.identity_mismatches == 4
     assert "team-b" not in ledger.ledger.report(now=now)
     assert [u.claim for u in ledger.ledger.open.values()] == ["claim-a1"]
-    await dead_letters.next(reason=REASON, subject=catalog.CLAIM.format(namespace="team-b", node="gpu-a",
-                                                                        event="unprepared"))
+    await dead_letters.next(
+        reason=REASON, subject=catalog.CLAIM.format(namespace="team-b", node="gpu-a", event="unprepared")
+    )
     # the honest event went out last: once this consumer has it, every forged one before it was handled (refused)
     await eventually(lambda: received, "the honest event at the driver-side consumer")
     assert [ev.claim_uid for ev in received] == ["a1"]
 
 
 async def test_a_forged_future_event_id_does_not_drop_the_real_event(
-        shipped_nats: EmbeddedNats, ledger: LedgerService) -> None:
+    shipped_nats: EmbeddedNats, ledger: LedgerService
+) -> None:
     async with bus_as(shipped_nats, "preparer.gpu-a") as attacker, bus_as(shipped_nats, "preparer.gpu-b") as real:
         now = now_unix()
         for kind in ("prepared", "unprepared"):
             target = claim_event_id("gpu-b", "b1", 1, kind)
             # gpu-b's future id in the body (refused: not gpu-a's), and as the stream's message id
-            await forge(attacker, event(kind, "b1", "team-b", "gpu-a", now, event_id=target),
-                        namespace="team-b", node="gpu-a", msg_id=target)
+            await forge(
+                attacker,
+                event(kind, "b1", "team-b", "gpu-a", now, event_id=target),
+                namespace="team-b",
+                node="gpu-a",
+                msg_id=target,
+            )
             # the older id shape, which named no node, under gpu-a: it cannot collide with gpu-b's
-            await forge(attacker, event(kind, "b1", "team-b", "gpu-a", now, event_id=f"b1/{kind}/1",
-                                        devices=()), namespace="team-b", node="gpu-a", msg_id=f"b1/{kind}/1")
+            await forge(
+                attacker,
+                event(kind, "b1", "team-b", "gpu-a", now, event_id=f"b1/{kind}/1", devices=()),
+                namespace="team-b",
+                node="gpu-a",
+                msg_id=f"b1/{kind}/1",
+            )
         due = await real_claim_on_gpu_b(real, "b1")
     await ledger.wait_until(lambda lg: lg.report().get("team-b", {}).get("claims_closed", 0) >= 2)
     assert ledger.ledger.stats.identity_mismatches == 2

@@ -55,9 +55,24 @@ MESSAGE_LIMIT = 1024  # the kubelet keeps 1024 characters of an error; ours say 
 # -- quantities ---------------------------------------------------------------------------------
 
 _SUFFIXES: dict[str, int | Fraction]
-_SUFFIXES = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": 10**3,
-             "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_SUFFIXES = {
+    "": 1,
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
 
 
 @st.composite
@@ -106,9 +121,16 @@ def test_any_other_text_is_a_quantity_within_the_limits_or_a_clear_error(text: A
 VALID_CONFIGS = [
     gpu_config()["opaque"]["parameters"],
     gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})["opaque"]["parameters"],
-    gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
-                                                 "defaultPinnedDeviceMemoryLimit": "10Gi",
-                                                 "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"}}})["opaque"]["parameters"],
+    gpu_config(
+        {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": 50,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+                "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"},
+            },
+        }
+    )["opaque"]["parameters"],
     gpu_config({"strategy": "TimeSlicing"}, kind="MigDeviceConfig")["opaque"]["parameters"],
 ]
 configs = st.one_of(mutated(st.sampled_from(VALID_CONFIGS)), shaped(GpuConfig), shaped(MigDeviceConfig), json_values)
@@ -126,11 +148,21 @@ def test_opaque_configs_decode_or_fail_with_a_config_error(parameters: Any) -> N
 
 
 @settings(**FUZZ)
-@given(st.lists(st.tuples(st.sampled_from(["FromClass", "FromClaim"]), st.lists(st.sampled_from(["gpu", "mig", "x"]),
-                                                                              max_size=3), configs), max_size=4))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["FromClass", "FromClaim"]),
+            st.lists(st.sampled_from(["gpu", "mig", "x"]), max_size=3),
+            configs,
+        ),
+        max_size=4,
+    )
+)
 def test_config_selection_for_a_claim_never_crashes(entries: list[tuple[str, list[str], Any]]) -> None:
-    raw = [RawConfig(source=source, requests=requests, driver=DRIVER, parameters=parameters)
-           for source, requests, parameters in entries]
+    raw = [
+        RawConfig(source=source, requests=requests, driver=DRIVER, parameters=parameters)
+        for source, requests, parameters in entries
+    ]
     try:
         groups = select(DRIVER, raw, [("gpu", "gpu"), ("mig/small", "mig")])
     except ClaimConfigError as exc:
@@ -139,8 +171,12 @@ def test_config_selection_for_a_claim_never_crashes(entries: list[tuple[str, lis
         assert sorted(i for g in groups for i in g.results) == [0, 1]
 
 
-CHANNEL = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig",
-           "domainID": "6f1c0d5e-0000-4000-8000-000000000001", "allocationMode": "Single"}
+CHANNEL = {
+    "apiVersion": "resource.nvidia.com/v1beta1",
+    "kind": "ComputeDomainChannelConfig",
+    "domainID": "6f1c0d5e-0000-4000-8000-000000000001",
+    "allocationMode": "Single",
+}
 
 
 @settings(**FUZZ)
@@ -160,7 +196,9 @@ VALID_CLAIM = claim_doc(name="c", results=[("gpu", "gpu-0")], configs=[gpu_confi
 
 
 @settings(**FUZZ)
-@given(raw_json | mutated(st.just(VALID_CLAIM)).map(msgspec.json.encode) | shaped(ResourceClaim).map(msgspec.json.encode))
+@given(
+    raw_json | mutated(st.just(VALID_CLAIM)).map(msgspec.json.encode) | shaped(ResourceClaim).map(msgspec.json.encode)
+)
 def test_claim_bodies_decode_or_fail_with_a_claim_decode_error(body: bytes) -> None:
     try:
         claim = decode_claim(body)
@@ -185,8 +223,11 @@ def test_every_catalog_message_decodes_or_becomes_a_dead_letter_reason(entry: ca
     types = [entry.message] + ([entry.reply] if entry.reply is not None else [])
 
     @settings(**FUZZ, suppress_health_check=[HealthCheck.too_slow])
-    @given(st.sampled_from(types).flatmap(lambda t: st.tuples(st.just(t), shallow_json | mutated(shaped(t)).map(
-        msgspec.json.encode))))
+    @given(
+        st.sampled_from(types).flatmap(
+            lambda t: st.tuples(st.just(t), shallow_json | mutated(shaped(t)).map(msgspec.json.encode))
+        )
+    )
     def decodes(case: tuple[Any, bytes]) -> None:
         message_type, data = case
         message, error = _bus_decode(message_type, data)
@@ -222,17 +263,35 @@ def test_a_kv_value_nested_past_the_decoder_limit_is_skipped() -> None:
 # -- API bodies through the embedded API server's validation ------------------------------------
 
 VALID_SLICE = {
-    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n1-gpu"},
-    "spec": {"driver": DRIVER, "nodeName": "n1", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
-             "devices": [{"name": "gpu-0", "attributes": {"productName": {"string": "H100"}},
-                          "capacity": {"memory": {"value": "80Gi"}}}]},
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceSlice",
+    "metadata": {"name": "n1-gpu"},
+    "spec": {
+        "driver": DRIVER,
+        "nodeName": "n1",
+        "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+        "devices": [
+            {
+                "name": "gpu-0",
+                "attributes": {"productName": {"string": "H100"}},
+                "capacity": {"memory": {"value": "80Gi"}},
+            }
+        ],
+    },
 }
-API_CLAIM = {k: v for k, v in VALID_CLAIM.items() if k != "status"} | {"metadata": {"name": "c", "namespace": "default"}}
+API_CLAIM = {k: v for k, v in VALID_CLAIM.items() if k != "status"} | {
+    "metadata": {"name": "c", "namespace": "default"}
+}
 
 
 @settings(**FUZZ)
-@given(st.sampled_from(["ResourceClaim", "ResourceSlice"]).flatmap(lambda kind: st.tuples(st.just(kind), mutated(
-    st.just(API_CLAIM if kind == "ResourceClaim" else VALID_SLICE)) | json_values)))
+@given(
+    st.sampled_from(["ResourceClaim", "ResourceSlice"]).flatmap(
+        lambda kind: st.tuples(
+            st.just(kind), mutated(st.just(API_CLAIM if kind == "ResourceClaim" else VALID_SLICE)) | json_values
+        )
+    )
+)
 def test_api_bodies_validate_to_field_errors(case: tuple[str, Any]) -> None:
     kind, body = case
     errors = validate_object("resource.k8s.io", "v1", kind, copy.deepcopy(body))
@@ -248,12 +307,16 @@ def test_the_unmutated_api_bodies_are_valid() -> None:  # so the mutations above
 
 # -- kubelet gRPC requests into the preparer over its real socket --------------------------------
 
-claim_refs = st.lists(st.builds(Claim, namespace=st.text(max_size=30), uid=st.text(max_size=40),
-                                name=st.text(max_size=30)), max_size=5)
+claim_refs = st.lists(
+    st.builds(Claim, namespace=st.text(max_size=30), uid=st.text(max_size=40), name=st.text(max_size=30)), max_size=5
+)
 request_bytes = st.one_of(
     st.binary(max_size=300),
-    claim_refs.map(lambda cs: dra_v1_pb2.NodePrepareResourcesRequest(claims=[
-        dra_v1_pb2.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in cs]).SerializeToString()),
+    claim_refs.map(
+        lambda cs: dra_v1_pb2.NodePrepareResourcesRequest(
+            claims=[dra_v1_pb2.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in cs]
+        ).SerializeToString()
+    ),
 )
 
 
@@ -269,20 +332,28 @@ async def test_grpc_requests_get_a_result_per_claim_or_a_grpc_error_and_the_sock
             loop = asyncio.get_running_loop()
             channel = node.plugin.channel
             methods: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]]
-            methods = {(v, op): channel.unary_unary(f"/k8s.io.kubelet.pkg.apis.dra.{v}.DRAPlugin/{op}Resources")
-                       for v in ("v1", "v1beta1") for op in ("NodePrepare", "NodeUnprepare")}
+            methods = {
+                (v, op): channel.unary_unary(f"/k8s.io.kubelet.pkg.apis.dra.{v}.DRAPlugin/{op}Resources")
+                for v in ("v1", "v1beta1")
+                for op in ("NodePrepare", "NodeUnprepare")
+            }
             replies: dict[tuple[str, str], Any]  # four response classes, each with .claims
-            replies = {("v1", "NodePrepare"): dra_v1_pb2.NodePrepareResourcesResponse,
-                       ("v1", "NodeUnprepare"): dra_v1_pb2.NodeUnprepareResourcesResponse,
-                       ("v1beta1", "NodePrepare"): dra_v1beta1_pb2.NodePrepareResourcesResponse,
-                       ("v1beta1", "NodeUnprepare"): dra_v1beta1_pb2.NodeUnprepareResourcesResponse}
+            replies = {
+                ("v1", "NodePrepare"): dra_v1_pb2.NodePrepareResourcesResponse,
+                ("v1", "NodeUnprepare"): dra_v1_pb2.NodeUnprepareResourcesResponse,
+                ("v1beta1", "NodePrepare"): dra_v1beta1_pb2.NodePrepareResourcesResponse,
+                ("v1beta1", "NodeUnprepare"): dra_v1beta1_pb2.NodeUnprepareResourcesResponse,
+            }
 
             async def call(method: tuple[str, str], data: bytes) -> None:
                 try:
                     raw = await methods[method](data, timeout=5)
                 except grpc.aio.AioRpcError as exc:  # a request that is not a request: refused, nothing else
-                    assert exc.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT,
-                                          grpc.StatusCode.UNKNOWN), exc
+                    assert exc.code() in (
+                        grpc.StatusCode.INTERNAL,
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        grpc.StatusCode.UNKNOWN,
+                    ), exc
                     return
                 request = dra_v1_pb2.NodePrepareResourcesRequest.FromString(data)
                 response = replies[method].FromString(raw)

@@ -38,8 +38,15 @@ class JsonClaims:
         self.bodies: dict[tuple[str, str], bytes] = {}
         self.gates: dict[tuple[str, str], asyncio.Event] = {}
 
-    def add(self, doc: dict[str, Any] | None = None, *, body: bytes = b"", namespace: str = "", name: str = "",
-            uid: str = "") -> Claim:
+    def add(
+        self,
+        doc: dict[str, Any] | None = None,
+        *,
+        body: bytes = b"",
+        namespace: str = "",
+        name: str = "",
+        uid: str = "",
+    ) -> Claim:
         if doc is not None:
             meta = doc["metadata"]
             namespace, name, uid, body = meta["namespace"], meta["name"], meta["uid"], json.dumps(doc).encode()
@@ -72,8 +79,12 @@ def hostile_doc(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def neighbour_doc() -> dict[str, Any]:
-    return claim_doc(name="good", namespace="tenant-b", results=[("gpu", "gpu-1")],
-                     configs=[mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")])
+    return claim_doc(
+        name="good",
+        namespace="tenant-b",
+        results=[("gpu", "gpu-1")],
+        configs=[mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")],
+    )
 
 
 def assert_not_named(text: str, claim: Claim) -> None:
@@ -85,20 +96,25 @@ HOSTILE = {
     "huge exponent": (mps(defaultPinnedDeviceMemoryLimit="1e999999"), "exponent 999999 is out of range"),
     "exponent with a suffix": (mps(defaultPinnedDeviceMemoryLimit="1e30Gi"), "'1e30Gi' is not a quantity"),
     "beyond 2^63-1": (mps(defaultPinnedDeviceMemoryLimit="1e30"), "too large: at most 9223372036854775807"),
-    "more than the GPU's memory": (mps(defaultPerDevicePinnedMemoryLimit={"0": "81Gi"}),
-                                   "more than the 85899345920 allowed"),
+    "more than the GPU's memory": (
+        mps(defaultPerDevicePinnedMemoryLimit={"0": "81Gi"}),
+        "more than the 85899345920 allowed",
+    ),
     "a 1 MB quantity": (mps(defaultPinnedDeviceMemoryLimit="9" * 1_000_000), "more than the 10240 allowed"),
     "thread percentage": (mps(defaultActiveThreadPercentage=10**30), "within 0..100, got a larger number"),
-    "interval name": (gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}),
-                      'field "sharing.timeSlicingConfig.interval" must be one of Default, Short, Medium, Long'),
+    "interval name": (
+        gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}),
+        'field "sharing.timeSlicingConfig.interval" must be one of Default, Short, Medium, Long',
+    ),
     "a long unknown field": (gpu_config({"strategy": "TimeSlicing", "x" * 5000: 1}), 'unknown field "sharing.xxxx'),
     "a long strategy": (gpu_config({"strategy": "S" * 5000}), "unknown GPU sharing strategy: 'SSSS"),
 }
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
-async def test_a_hostile_config_fails_fast_and_the_neighbour_prepares(case: str, root: Path, bus: Bus,
-                                                                      discovery: RunningDiscovery) -> None:
+async def test_a_hostile_config_fails_fast_and_the_neighbour_prepares(
+    case: str, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     config, message = HOSTILE[case]
     assert next(g for g in discovery.inventory.gpus if g.name == "gpu-0").memory_bytes == 80 * 2**30
     claims = JsonClaims()
@@ -118,8 +134,9 @@ async def test_a_hostile_config_fails_fast_and_the_neighbour_prepares(case: str,
         assert node.cdi_files() == [f"k8s.gpu.nvidia.com-claim_{good.uid}.json"]
 
 
-async def test_a_claim_body_nested_past_the_decoder_limit_fails_fast(root: Path, bus: Bus,
-                                                                      discovery: RunningDiscovery) -> None:
+async def test_a_claim_body_nested_past_the_decoder_limit_fails_fast(
+    root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     claims = JsonClaims()
     doc = hostile_doc(gpu_config())
     body = json.dumps(doc).encode().replace(b'"kind": "GpuConfig"', b'"kind": "GpuConfig", "x": ' + nested(200_000))
@@ -135,8 +152,9 @@ async def test_a_claim_body_nested_past_the_decoder_limit_fails_fast(root: Path,
         assert results[good.uid].error == ""
 
 
-async def test_a_claim_whose_fetch_hangs_does_not_delay_another_claims_prepare(root: Path, bus: Bus,
-                                                                              discovery: RunningDiscovery) -> None:
+async def test_a_claim_whose_fetch_hangs_does_not_delay_another_claims_prepare(
+    root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     claims = JsonClaims()
     stuck = claims.add(hostile_doc(gpu_config()))
     good = claims.add(neighbour_doc())
@@ -153,7 +171,8 @@ async def test_a_claim_whose_fetch_hangs_does_not_delay_another_claims_prepare(r
 
 
 async def test_a_device_held_by_another_tenant_is_refused_without_naming_the_holder(
-        root: Path, bus: Bus, discovery: RunningDiscovery) -> None:
+    root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
     claims = JsonClaims()
     holder = claims.add(claim_doc(name="holder", namespace="tenant-a", results=[("gpu", "gpu-0")]))
     second = claims.add(claim_doc(name="second", namespace="tenant-b", results=[("gpu", "gpu-0")]))

@@ -36,8 +36,9 @@ GATE = "dra.v1.gate.gpu-a.discovery"  # discovery.gpu-a's JetStream prefix: the 
 
 
 async def _raw(server: EmbeddedNats, user: str) -> Conn:
-    return await connect_watched(server.url, user=user, password=test_password(user),
-                                 inbox_prefix=f"_INBOX_{user.replace('.', '_')}")
+    return await connect_watched(
+        server.url, user=user, password=test_password(user), inbox_prefix=f"_INBOX_{user.replace('.', '_')}"
+    )
 
 
 async def _seed(server: EmbeddedNats) -> None:
@@ -60,8 +61,9 @@ async def _stored(admin: Bus, bucket: catalog.Bucket, key: str) -> bytes:
     return bytes((await admin.js.get_msg(f"KV_{bucket.name}", subject=f"$KV.{bucket.name}.{key}")).data or b"")
 
 
-async def _through_gate(conn: Conn, call: str, body: bytes = b"", reply: str | None = None,
-                        headers: dict[str, str] | None = None) -> dict[str, object]:
+async def _through_gate(
+    conn: Conn, call: str, body: bytes = b"", reply: str | None = None, headers: dict[str, str] | None = None
+) -> dict[str, object]:
     """A call through the state gate as discovery.gpu-a; its answer decoded (a status as {"status": ...})."""
     if reply is not None:
         await conn.nc.publish(f"{GATE}.{call}", body, reply=reply, headers=headers)
@@ -69,7 +71,10 @@ async def _through_gate(conn: Conn, call: str, body: bytes = b"", reply: str | N
         return {}
     answer = await conn.nc.request(f"{GATE}.{call}", body, timeout=WAIT, headers=headers)
     if not answer.data:
-        return {"status": (answer.headers or {}).get("Status"), "description": (answer.headers or {}).get("Description")}
+        return {
+            "status": (answer.headers or {}).get("Status"),
+            "description": (answer.headers or {}).get("Description"),
+        }
     return dict(json.loads(answer.data))
 
 
@@ -79,13 +84,18 @@ def _sharing_request() -> bytes:
 
 
 def _counted(metric_name: str, **labels: str) -> float:
-    return sum(sample.value for metric in REGISTRY.collect() if metric.name == metric_name
-               for sample in metric.samples
-               if sample.name.endswith("_total") and all(sample.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        if metric.name == metric_name
+        for sample in metric.samples
+        if sample.name.endswith("_total") and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 async def test_a_consumer_delivering_on_another_nodes_request_subject_is_refused_and_never_acted_on(
-        seeded: EmbeddedNats, admin_bus: Bus, dead_letters: DeadLetters) -> None:
+    seeded: EmbeddedNats, admin_bus: Bus, dead_letters: DeadLetters
+) -> None:
     """gpu-a keeps a sharing request as the value of its own health key and asks for a push consumer on it
     that delivers on gpu-b's `set-sharing` subject: the server refuses the call (no node makes a JetStream
     call), the gate refuses it (a node's consumer delivers to its own inbox only). The admin may create it:
@@ -105,8 +115,17 @@ async def test_a_consumer_delivering_on_another_nodes_request_subject_is_refused
         try:
             stored = await _through_gate(attacker, f"PUB.{OWN_KEY}", _sharing_request())  # its own key: allowed
             assert "seq" in stored, stored
-            body = json.dumps({"stream_name": HEALTH_STREAM, "config": {
-                "name": "evil", "filter_subject": OWN_KEY, "deliver_subject": target, "ack_policy": "none"}}).encode()
+            body = json.dumps(
+                {
+                    "stream_name": HEALTH_STREAM,
+                    "config": {
+                        "name": "evil",
+                        "filter_subject": OWN_KEY,
+                        "deliver_subject": target,
+                        "ack_policy": "none",
+                    },
+                }
+            ).encode()
             create = f"CONSUMER.CREATE.{HEALTH_STREAM}.evil.{OWN_KEY}"
             await attacker.request_refused(f"$JS.API.{create}", body)
             refused = await _through_gate(attacker, create, body)
@@ -117,16 +136,20 @@ async def test_a_consumer_delivering_on_another_nodes_request_subject_is_refused
             letter = await dead_letters.next(reason=natsorigin.RELAYED, subject=OWN_KEY)
             assert letter.consumer == victim.name and "consumer's delivery" in letter.error
             assert asked == [], f"gpu-b's discovery acted on a relayed request: {asked}"
-            reply = await preparer.request(catalog.DEVICE_SET_SHARING,
-                                           SetSharingRequest(gpu_uuids=["GPU-gpu-b"], compute_mode="Default"),
-                                           node="gpu-b", timeout=WAIT)
+            reply = await preparer.request(
+                catalog.DEVICE_SET_SHARING,
+                SetSharingRequest(gpu_uuids=["GPU-gpu-b"], compute_mode="Default"),
+                node="gpu-b",
+                timeout=WAIT,
+            )
             assert reply.ok and [r.compute_mode for r in asked] == ["Default"]
         finally:
             await attacker.nc.close()
 
 
 async def test_an_answer_aimed_at_another_nodes_health_subject_or_key_is_never_sent(
-        seeded: EmbeddedNats, admin_bus: Bus, dead_letters: DeadLetters) -> None:
+    seeded: EmbeddedNats, admin_bus: Bus, dead_letters: DeadLetters
+) -> None:
     """gpu-a stores an XID-79 report naming gpu-b under its own key and asks for it (a direct get), and for a
     publish ack, with reply subjects naming gpu-b's health subject and gpu-b's inventory key: the gate
     answers only the asker's inbox, so nothing is published there and gpu-b's key keeps its value. The
@@ -168,7 +191,8 @@ async def test_an_answer_aimed_at_another_nodes_health_subject_or_key_is_never_s
 
 @pytest.mark.parametrize("headers", [{"Nats-Rollup": "all"}, {"KV-Operation": "PURGE", "Nats-Rollup": "sub"}])
 async def test_a_rollup_on_an_own_key_is_refused_and_erases_nothing(
-        seeded: EmbeddedNats, admin_bus: Bus, headers: dict[str, str]) -> None:
+    seeded: EmbeddedNats, admin_bus: Bus, headers: dict[str, str]
+) -> None:
     """A write on gpu-a's own key with a rollup header is refused by the server (no direct write), by the
     gate, and by the bucket itself (made without rollups). On a bucket made the old way the admin's same
     write erases gpu-b's key (the probe works)."""
@@ -194,7 +218,9 @@ async def test_a_rollup_on_an_own_key_is_refused_and_erases_nothing(
         await attacker.nc.close()
 
 
-async def test_provisioning_turns_rollups_off_on_a_bucket_made_the_old_way(seeded: EmbeddedNats, admin_bus: Bus) -> None:
+async def test_provisioning_turns_rollups_off_on_a_bucket_made_the_old_way(
+    seeded: EmbeddedNats, admin_bus: Bus
+) -> None:
     info = await admin_bus.js.stream_info(HEALTH_STREAM)
     info.config.allow_rollup_hdrs, info.config.max_msg_size = True, -1
     await admin_bus.js.update_stream(info.config)
@@ -308,14 +334,22 @@ async def small_events(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedNats, Bus]
 
 
 def _event(node: str, n: int, pad: int = 0) -> ClaimLifecycle:
-    return ClaimLifecycle(event_id=f"{node}/{n}", claim_uid=f"uid-{n}", claim_namespace="team-b" if node == "gpu-b"
-                          else "team-a", claim_name="c" + "x" * pad, node=node, driver="gpu.nvidia.com",
-                          event="prepared", observed_at=float(n))
+    return ClaimLifecycle(
+        event_id=f"{node}/{n}",
+        claim_uid=f"uid-{n}",
+        claim_namespace="team-b" if node == "gpu-b" else "team-a",
+        claim_name="c" + "x" * pad,
+        node=node,
+        driver="gpu.nvidia.com",
+        event="prepared",
+        observed_at=float(n),
+    )
 
 
 async def _publish(bus: Bus, event: ClaimLifecycle) -> None:
-    await bus.publish(catalog.CLAIM, event, msg_id=event.event_id, namespace=event.claim_namespace, node=event.node,
-                      event="prepared")
+    await bus.publish(
+        catalog.CLAIM, event, msg_id=event.event_id, namespace=event.claim_namespace, node=event.node, event="prepared"
+    )
 
 
 async def _flood(bus: Bus, node: str, seconds: float, rate_bytes_s: float, size: int) -> tuple[int, int]:
@@ -335,7 +369,8 @@ async def _flood(bus: Bus, node: str, seconds: float, rate_bytes_s: float, size:
 
 
 async def test_a_node_flooding_its_own_claim_subject_evicts_no_other_nodes_event(
-        small_events: tuple[EmbeddedNats, Bus]) -> None:
+    small_events: tuple[EmbeddedNats, Bus],
+) -> None:
     """gpu-a publishes claim events at 100x its share for 3 s (the bench runs 60 s): the excess is refused by
     the gate and counted on both sides, and every event gpu-b stored before and during the flood is still
     in DRA_EVENTS. The same volume from the admin, who passes no gate, evicts gpu-b's first events."""
@@ -357,8 +392,9 @@ async def test_a_node_flooding_its_own_claim_subject_evicts_no_other_nodes_event
     assert kept == [f"gpu-b/{n}" for n in range(10)]
     # the probe: the same flood with no share to hold it (the admin publishes directly) evicts gpu-b's events
     for _ in range(EVENTS_BYTES // (16 * 1024) + 16):
-        await admin.js.publish(catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared"),
-                               b"x" * (16 * 1024))
+        await admin.js.publish(
+            catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared"), b"x" * (16 * 1024)
+        )
     assert (await _node_events(admin, "gpu-b"))[:1] != ["gpu-b/0"]
 
 

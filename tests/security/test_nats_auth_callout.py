@@ -47,8 +47,7 @@ class Setup:
     metrics_url: str
     callout_log: Path
 
-    async def token(self, sa: str, pod: str | None, audiences: tuple[str, ...] = ("nats",),
-                    name: str = "token") -> str:
+    async def token(self, sa: str, pod: str | None, audiences: tuple[str, ...] = ("nats",), name: str = "token") -> str:
         """A token file as the kubelet projects it: for `sa`, bound to `pod` when given."""
         spec: dict[str, Any] = {"audiences": list(audiences), "expirationSeconds": 3600}
         if pod is not None:
@@ -60,16 +59,27 @@ class Setup:
         return str(path)
 
     async def bus(self, token_file: str, user: str) -> Bus:
-        return await Bus.connect(self.nats.url, name="t", user=user, initial_attempts=1,
-                                 tls=NatsTLS(creds_file=self.sentinel, token_file=token_file))
+        return await Bus.connect(
+            self.nats.url,
+            name="t",
+            user=user,
+            initial_attempts=1,
+            tls=NatsTLS(creds_file=self.sentinel, token_file=token_file),
+        )
 
     async def refused(self, token_file: str, user: str) -> None:
         """A plain client (no retries) with the sentinel, this token and name is refused at connect."""
         user_jwt, signature = Creds(Path(self.sentinel).read_text()).callbacks()
         with pytest.raises(nats.errors.Error, match=r"(?i)authorization"):
-            await nats.connect(self.nats.url, user_jwt_cb=user_jwt, signature_cb=signature,
-                               token=Path(token_file).read_text(), name=user, allow_reconnect=False,
-                               connect_timeout=3)
+            await nats.connect(
+                self.nats.url,
+                user_jwt_cb=user_jwt,
+                signature_cb=signature,
+                token=Path(token_file).read_text(),
+                name=user,
+                allow_reconnect=False,
+                connect_timeout=3,
+            )
 
     async def metrics(self) -> str:
         async with aiohttp.ClientSession() as session, session.get(self.metrics_url) as resp:
@@ -85,8 +95,12 @@ async def _until(what: str, condition: Any, timeout: float = WAIT_S) -> None:
 
 
 async def _admin(api: RunningApiServer, method: str, path: str, body: Any = None) -> Any:
-    async with aiohttp.ClientSession() as session, session.request(
-            method, api.url + path, json=body, headers={"Authorization": f"Bearer {api.token}"}, ssl=False) as resp:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(
+            method, api.url + path, json=body, headers={"Authorization": f"Bearer {api.token}"}, ssl=False
+        ) as resp,
+    ):
         out = await resp.json()
         assert resp.status in (200, 201), (resp.status, out)
         return out
@@ -107,17 +121,32 @@ async def _cluster(api: RunningApiServer) -> None:
     for node in ("gpu-a", "gpu-b"):
         await _admin(api, "POST", "/api/v1/nodes", {"metadata": {"name": node}})
         for sa, pod in (("gpu-dra-node", f"agents-{node}"), ("tenant-app", f"tenant-{node}")):
-            await _admin(api, "POST", f"/api/v1/namespaces/{NS}/pods", {
-                "metadata": {"name": pod},
-                "spec": {"nodeName": node, "serviceAccountName": sa, "containers": [{"name": "c", "image": "i"}]}})
+            await _admin(
+                api,
+                "POST",
+                f"/api/v1/namespaces/{NS}/pods",
+                {
+                    "metadata": {"name": pod},
+                    "spec": {"nodeName": node, "serviceAccountName": sa, "containers": [{"name": "c", "image": "i"}]},
+                },
+            )
 
 
 @contextlib.asynccontextmanager
 async def _callout_process(env: dict[str, str], log: Path) -> AsyncIterator[None]:
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli", "nats", "auth-callout", env=env, stdout=out, stderr=out,
-            cwd=REPO, start_new_session=True)
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "nats",
+            "auth-callout",
+            env=env,
+            stdout=out,
+            stderr=out,
+            cwd=REPO,
+            start_new_session=True,
+        )
     try:
         deadline = asyncio.get_running_loop().time() + WAIT_S
         while b"nats auth callout ready" not in log.read_bytes():
@@ -144,20 +173,24 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
     (tmp_path / "auth" / "users.conf").write_text(secrets["gpu-dra-nats-users"]["users.conf"])
     files = tmp_path / "secrets"
     files.mkdir()
-    for secret, key in (("gpu-dra-nats-sentinel", "sentinel.creds"), ("gpu-dra-nats-auth-callout", "user.creds"),
-                        ("gpu-dra-nats-auth-callout", "issuer.nk"), ("gpu-dra-nats-admin", "user.creds"),
-                        ("gpu-dra-nats-gate", "user.creds")):
+    for secret, key in (
+        ("gpu-dra-nats-sentinel", "sentinel.creds"),
+        ("gpu-dra-nats-auth-callout", "user.creds"),
+        ("gpu-dra-nats-auth-callout", "issuer.nk"),
+        ("gpu-dra-nats-admin", "user.creds"),
+        ("gpu-dra-nats-gate", "user.creds"),
+    ):
         (files / secret).mkdir(exist_ok=True)
         (files / secret / key).write_text(secrets[secret][key])
     async with running_apiserver(tmp_path) as api:
         await _cluster(api)
         async with api.client() as kube:
-            token = await identities.service_account_token(
-                kube, identities.ServiceAccount(NS, "gpu-dra-auth-callout"))
+            token = await identities.service_account_token(kube, identities.ServiceAccount(NS, "gpu-dra-auth-callout"))
         kubeconfig = await identities.write_kubeconfig(api.kubeconfig_path, token, tmp_path / "callout.kubeconfig")
         store = tmp_path / "js"
-        server = ShippedConfigNats(tmp_path / "config" / "nats.conf", server_env("callout-test", store), store,
-                                   gate=False)
+        server = ShippedConfigNats(
+            tmp_path / "config" / "nats.conf", server_env("callout-test", store), store, gate=False
+        )
         await server.start()
         gate = await start_gate(server.url, creds_file=str(files / "gpu-dra-nats-gate" / "user.creds"))
         port = free_port()
@@ -173,16 +206,26 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
             "GPU_DRA_METRICS_PORT": str(port),
         }
         try:
-            admin = await Bus.connect(server.url, name="admin", initial_attempts=3,
-                                      tls=NatsTLS(creds_file=str(files / "gpu-dra-nats-admin" / "user.creds")))
+            admin = await Bus.connect(
+                server.url,
+                name="admin",
+                initial_attempts=3,
+                tls=NatsTLS(creds_file=str(files / "gpu-dra-nats-admin" / "user.creds")),
+            )
             try:
                 await admin.provision()
             finally:
                 await admin.close()
             log = tmp_path / "callout.log"
             async with _callout_process(env, log):
-                yield Setup(api, server, str(files / "gpu-dra-nats-sentinel" / "sentinel.creds"), tmp_path,
-                            f"http://127.0.0.1:{port}/metrics", log)
+                yield Setup(
+                    api,
+                    server,
+                    str(files / "gpu-dra-nats-sentinel" / "sentinel.creds"),
+                    tmp_path,
+                    f"http://127.0.0.1:{port}/metrics",
+                    log,
+                )
         finally:
             await gate.close()
             await server.close()
@@ -196,9 +239,17 @@ async def _plain(setup: Setup, token_file: str, user: str) -> tuple[Any, asyncio
         errors.put_nowait(str(exc))
 
     user_jwt, signature = Creds(Path(setup.sentinel).read_text()).callbacks()
-    nc = await nats.connect(setup.nats.url, user_jwt_cb=user_jwt, signature_cb=signature,
-                            token=lambda: Path(token_file).read_text(), name=user, allow_reconnect=False,
-                            connect_timeout=3, error_cb=on_error, inbox_prefix=f"_INBOX_{user.replace('.', '_')}")
+    nc = await nats.connect(
+        setup.nats.url,
+        user_jwt_cb=user_jwt,
+        signature_cb=signature,
+        token=lambda: Path(token_file).read_text(),
+        name=user,
+        allow_reconnect=False,
+        connect_timeout=3,
+        error_cb=on_error,
+        inbox_prefix=f"_INBOX_{user.replace('.', '_')}",
+    )
     return nc, errors
 
 
@@ -249,8 +300,15 @@ async def test_node_token_gets_its_node_role_and_nothing_of_another_node(setup: 
 
 async def test_tokens_that_name_no_node_role_are_refused(setup: Setup) -> None:
     cases = [
-        (await setup.token("gpu-dra-node", "agents-gpu-a", audiences=("https://kubernetes.default.svc.cluster.local",),
-                           name="api-audience"), "audience"),
+        (
+            await setup.token(
+                "gpu-dra-node",
+                "agents-gpu-a",
+                audiences=("https://kubernetes.default.svc.cluster.local",),
+                name="api-audience",
+            ),
+            "audience",
+        ),
         (await setup.token("gpu-dra-node", None, name="unbound"), "not-node-bound"),
         (await setup.token("tenant-app", "tenant-gpu-a", name="tenant"), "unknown-service-account"),
     ]
@@ -278,8 +336,9 @@ async def test_the_token_is_read_again_at_every_connect(setup: Setup) -> None:
     path = Path(await setup.token("gpu-dra-node", "agents-gpu-a", name="rotating"))
     bus = await setup.bus(str(path), "preparer.gpu-a")
     try:
-        path.write_text(Path(await setup.token("gpu-dra-node", "agents-gpu-a", audiences=("other",),
-                                               name="wrong")).read_text())
+        path.write_text(
+            Path(await setup.token("gpu-dra-node", "agents-gpu-a", audiences=("other",), name="wrong")).read_text()
+        )
         await setup.nats.restart()
 
         async def refused_for_audience() -> bool:
@@ -299,15 +358,20 @@ async def test_the_token_is_read_again_at_every_connect(setup: Setup) -> None:
         await bus.close()
 
 
-def test_callout_settings_that_cannot_work_stop_it_with_exit_2(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_callout_settings_that_cannot_work_stop_it_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from services.authcallout.cli import main as callout_main
     from services.authcallout.service import parse_roles
 
     assert parse_roles("gpu-dra/gpu-dra-node=discovery,preparer") == {
-        "system:serviceaccount:gpu-dra:gpu-dra-node": ("discovery", "preparer")}
-    for bad, complaint in (("gpu-dra/x=admin", "unknown role"), ("gpu-dra-node=preparer", "expected NAMESPACE/"),
-                           ("", "no service account")):
+        "system:serviceaccount:gpu-dra:gpu-dra-node": ("discovery", "preparer")
+    }
+    for bad, complaint in (
+        ("gpu-dra/x=admin", "unknown role"),
+        ("gpu-dra-node=preparer", "expected NAMESPACE/"),
+        ("", "no service account"),
+    ):
         with pytest.raises(ValueError, match=complaint):
             parse_roles(bad)
     seed = tmp_path / "issuer.nk"
@@ -323,13 +387,27 @@ async def test_a_token_without_the_sentinel_or_an_identity_is_refused_before_con
     token = tmp_path / "token"
     token.write_text("t")
     with pytest.raises(BusError, match="needs GPU_DRA_NATS_CREDS"):
-        await Bus.connect("nats://127.0.0.1:1", name="t", user="preparer.gpu-a", initial_attempts=1,
-                          tls=NatsTLS(token_file=str(token)))
+        await Bus.connect(
+            "nats://127.0.0.1:1",
+            name="t",
+            user="preparer.gpu-a",
+            initial_attempts=1,
+            tls=NatsTLS(token_file=str(token)),
+        )
     creds = tmp_path / "sentinel.creds"
     creds.write_text(_secrets(tmp_path)["gpu-dra-nats-sentinel"]["sentinel.creds"])
     with pytest.raises(BusError, match="needs GPU_DRA_NATS_USER"):
-        await Bus.connect("nats://127.0.0.1:1", name="t", initial_attempts=1,
-                          tls=NatsTLS(creds_file=str(creds), token_file=str(token)))
+        await Bus.connect(
+            "nats://127.0.0.1:1",
+            name="t",
+            initial_attempts=1,
+            tls=NatsTLS(creds_file=str(creds), token_file=str(token)),
+        )
     with pytest.raises(BusError, match="cannot read the NATS token"):
-        await Bus.connect("nats://127.0.0.1:1", name="t", user="preparer.gpu-a", initial_attempts=1,
-                          tls=NatsTLS(creds_file=str(creds), token_file=str(tmp_path / "missing")))
+        await Bus.connect(
+            "nats://127.0.0.1:1",
+            name="t",
+            user="preparer.gpu-a",
+            initial_attempts=1,
+            tls=NatsTLS(creds_file=str(creds), token_file=str(tmp_path / "missing")),
+        )

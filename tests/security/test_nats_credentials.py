@@ -29,14 +29,20 @@ WAIT = 5.0
 
 def test_ed25519_matches_rfc8032_vectors() -> None:
     vectors = [  # RFC 8032 section 7.1, tests 1 and 2: secret key, public key, message, signature
-        ("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
-         "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a", "",
-         "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46b"
-         "d25bf5f0595bbe24655141438e7a100b"),
-        ("4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
-         "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c", "72",
-         "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da085ac1e43e15996e458f3613d0f11d8c"
-         "387b2eaeb4302aeeb00d291612bb0c00"),
+        (
+            "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+            "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
+            "",
+            "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46b"
+            "d25bf5f0595bbe24655141438e7a100b",
+        ),
+        (
+            "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
+            "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c",
+            "72",
+            "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da085ac1e43e15996e458f3613d0f11d8c"
+            "387b2eaeb4302aeeb00d291612bb0c00",
+        ),
     ]
     for secret, public, message, signature in vectors:
         seed = bytes.fromhex(secret)
@@ -80,8 +86,9 @@ class Deployment:
         shutil.copy(NATS_DIR / "nats.conf", self.root / "config" / "nats.conf")
         (self.root / "auth" / "users.conf").write_text(secrets["gpu-dra-nats-users"]["users.conf"])
         store = self.root / "js"
-        self.server = ShippedConfigNats(self.root / "config" / "nats.conf", server_env("creds-test", store), store,
-                                        gate=False)
+        self.server = ShippedConfigNats(
+            self.root / "config" / "nats.conf", server_env("creds-test", store), store, gate=False
+        )
         await self.server.start()
         self.gate = await start_gate(self.server.url, creds_file=self.creds(secrets, "gpu-dra-nats-gate", "user.creds"))
 
@@ -119,8 +126,13 @@ async def _refused_login(deployment: Deployment, creds: str) -> None:
     assert deployment.server is not None
     user_jwt, signature = Creds(Path(creds).read_text()).callbacks()
     with pytest.raises(nats.errors.Error, match=r"(?i)authorization"):
-        await nats.connect(deployment.server.url, user_jwt_cb=user_jwt, signature_cb=signature,
-                           allow_reconnect=False, connect_timeout=2)
+        await nats.connect(
+            deployment.server.url,
+            user_jwt_cb=user_jwt,
+            signature_cb=signature,
+            allow_reconnect=False,
+            connect_timeout=2,
+        )
     async with asyncio.timeout(10):
         with pytest.raises(BusError, match=f"refused the login of creds file {re.escape(creds)}"):
             await Bus.connect(deployment.server.url, name="t", tls=NatsTLS(creds_file=creds))
@@ -135,8 +147,14 @@ async def _refused_publish(deployment: Deployment, creds: str, subject: str) -> 
         errors.put_nowait(str(exc))
 
     user_jwt, signature = Creds(Path(creds).read_text()).callbacks()
-    nc = await nats.connect(deployment.server.url, user_jwt_cb=user_jwt, signature_cb=signature, error_cb=on_error,
-                            allow_reconnect=False, connect_timeout=2)
+    nc = await nats.connect(
+        deployment.server.url,
+        user_jwt_cb=user_jwt,
+        signature_cb=signature,
+        error_cb=on_error,
+        allow_reconnect=False,
+        connect_timeout=2,
+    )
     try:
         await nc.publish(subject, b"{}")
         await nc.flush()
@@ -150,20 +168,31 @@ async def test_every_identity_authenticates_with_its_creds_and_its_permissions_h
     deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     keys = tmp_path / "keys"
-    secrets = _run_credentials(["--nodes", "gpu-a,gpu-b", "--reader", "billing=team-a", "--credentials-dir",
-                                str(keys)], capsys)
+    secrets = _run_credentials(
+        ["--nodes", "gpu-a,gpu-b", "--reader", "billing=team-a", "--credentials-dir", str(keys)], capsys
+    )
     assert set(secrets["gpu-dra-nats-node-gpu-a"]) == {"discovery.creds", "preparer.creds", "cd-agent.creds"}
-    assert set(secrets) >= {"gpu-dra-nats-route", "gpu-dra-nats-publisher", "gpu-dra-nats-controller",
-                            "gpu-dra-nats-admin", "gpu-dra-nats-node-gpu-b", "gpu-dra-nats-reader-billing"}
+    assert set(secrets) >= {
+        "gpu-dra-nats-route",
+        "gpu-dra-nats-publisher",
+        "gpu-dra-nats-controller",
+        "gpu-dra-nats-admin",
+        "gpu-dra-nats-node-gpu-b",
+        "gpu-dra-nats-reader-billing",
+    }
     # the node's JWT carries its node's permissions and nothing of another node's
     claims = decode_claims(Creds(secrets["gpu-dra-nats-node-gpu-a"]["preparer.creds"]).jwt)
     assert claims["name"] == "preparer.gpu-a" and "_INBOX_preparer_gpu-a.>" in claims["nats"]["sub"]["allow"]
     assert not any("gpu-b" in s for s in claims["nats"]["pub"]["allow"] + claims["nats"]["sub"]["allow"])
     await deployment.start(secrets)
-    identities: list[tuple[str, str, str]] = [(f"gpu-dra-nats-{r}", "user.creds", r) for r in ("publisher",
-                                                                                                "controller", "admin")]
-    identities += [(f"gpu-dra-nats-node-{n}", f"{r}.creds", f"{r}_{n}") for n in ("gpu-a", "gpu-b")
-                   for r in ("discovery", "preparer", "cd-agent")]
+    identities: list[tuple[str, str, str]] = [
+        (f"gpu-dra-nats-{r}", "user.creds", r) for r in ("publisher", "controller", "admin")
+    ]
+    identities += [
+        (f"gpu-dra-nats-node-{n}", f"{r}.creds", f"{r}_{n}")
+        for n in ("gpu-a", "gpu-b")
+        for r in ("discovery", "preparer", "cd-agent")
+    ]
     identities.append(("gpu-dra-nats-reader-billing", "user.creds", "reader_billing"))
     for secret, key, identity in identities:
         bus = await deployment.bus(deployment.creds(secrets, secret, key))
@@ -200,8 +229,9 @@ async def test_rerunning_keeps_credentials_and_a_rotated_key_is_refused(
     await deployment.start(second)
     bus = await deployment.bus(old_creds)  # minted by the first run, still valid after adding a node
     await bus.close()
-    rotated = _run_credentials(["--nodes", "gpu-a,gpu-b", "--rotate", "preparer.gpu-a", "--credentials-dir",
-                                str(keys)], capsys)
+    rotated = _run_credentials(
+        ["--nodes", "gpu-a,gpu-b", "--rotate", "preparer.gpu-a", "--credentials-dir", str(keys)], capsys
+    )
     await deployment.start(rotated)
     await _refused_login(deployment, old_creds)
     new = await deployment.bus(deployment.creds(rotated, "gpu-dra-nats-node-gpu-a", "preparer.creds"))
@@ -222,14 +252,18 @@ async def test_creds_of_another_deployment_are_refused(
         await nats.connect(deployment.server.url, allow_reconnect=False, connect_timeout=2)  # no credentials
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--nodes", "gpu-a", "--reader", "billing"], "expected NAME=namespace"),
-    (["--nodes", "gpu-a", "--reader", "billing=Team_A"], "not a Kubernetes namespace"),
-    (["--nodes", "a.b"], "contains '.'"),
-    (["--nodes", "gpu-a", "--rotate", "preparer.gpu-z"], "names no user"),
-])
-def test_bad_input_is_refused_with_exit_code_2(args: list[str], message: str, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes", "gpu-a", "--reader", "billing"], "expected NAME=namespace"),
+        (["--nodes", "gpu-a", "--reader", "billing=Team_A"], "not a Kubernetes namespace"),
+        (["--nodes", "a.b"], "contains '.'"),
+        (["--nodes", "gpu-a", "--rotate", "preparer.gpu-z"], "names no user"),
+    ],
+)
+def test_bad_input_is_refused_with_exit_code_2(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert gpu_dra(["nats", "credentials", *args, "--credentials-dir", str(tmp_path / "k")]) == 2
     assert message in capsys.readouterr().err
 
@@ -240,8 +274,9 @@ async def test_a_damaged_creds_file_stops_the_connect_with_a_clear_error(tmp_pat
     with pytest.raises(BusError, match="not usable"):
         await Bus.connect("nats://127.0.0.1:1", name="t", tls=NatsTLS(creds_file=str(path)), initial_attempts=1)
     with pytest.raises(BusError, match="cannot read NATS credentials"):
-        await Bus.connect("nats://127.0.0.1:1", name="t", tls=NatsTLS(creds_file=str(tmp_path / "none")),
-                          initial_attempts=1)
+        await Bus.connect(
+            "nats://127.0.0.1:1", name="t", tls=NatsTLS(creds_file=str(tmp_path / "none")), initial_attempts=1
+        )
     with pytest.raises(CredsError):
         Creds("nothing")
 
@@ -253,6 +288,10 @@ async def test_a_user_name_that_is_not_the_creds_user_is_refused_before_connecti
     path = tmp_path / "preparer.creds"
     path.write_text(secrets["gpu-dra-nats-node-gpu-a"]["preparer.creds"])
     with pytest.raises(BusError, match=r"creds file is for 'preparer\.gpu-a'"):
-        await Bus.connect("nats://127.0.0.1:1", name="t", user="discovery.gpu-a", tls=NatsTLS(creds_file=str(path)),
-                          initial_attempts=1)
-
+        await Bus.connect(
+            "nats://127.0.0.1:1",
+            name="t",
+            user="discovery.gpu-a",
+            tls=NatsTLS(creds_file=str(path)),
+            initial_attempts=1,
+        )

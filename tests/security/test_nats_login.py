@@ -69,13 +69,32 @@ async def test_an_unreachable_server_is_a_network_error_tried_with_backoff() -> 
 
 
 async def test_a_service_with_a_wrong_password_exits_non_zero_with_the_reason(
-        shipped_nats: EmbeddedNats, tmp_path: Path) -> None:
-    env = {**os.environ, "GPU_DRA_NATS_URL": shipped_nats.url, "GPU_DRA_NATS_USER": "cd-agent.gpu-a",
-           "GPU_DRA_NATS_PASSWORD": "wrong"}
+    shipped_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "GPU_DRA_NATS_URL": shipped_nats.url,
+        "GPU_DRA_NATS_USER": "cd-agent.gpu-a",
+        "GPU_DRA_NATS_PASSWORD": "wrong",
+    }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.computedomain", "agent", "--node", "gpu-a", "--ip-address", "127.0.88.1",
-        "--state-dir", str(tmp_path / "agent"), "--imex-daemon", "simulated", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        sys.executable,
+        "-m",
+        "services.computedomain",
+        "agent",
+        "--node",
+        "gpu-a",
+        "--ip-address",
+        "127.0.88.1",
+        "--state-dir",
+        str(tmp_path / "agent"),
+        "--imex-daemon",
+        "simulated",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         async with asyncio.timeout(15):
             _out, err = await proc.communicate()

@@ -129,14 +129,19 @@ GATE = "dra.v1.gate.gpu-a.preparer"  # preparer.gpu-a's JetStream API prefix: th
 
 
 async def test_a_node_makes_no_jetstream_call_itself_and_the_gate_reads_it_only_its_own_keys(
-        seeded: EmbeddedNats) -> None:
+    seeded: EmbeddedNats,
+) -> None:
     """No JetStream API call by a node user reaches the server (any answer could be sent where the node
     chooses); through the state gate, another node's key is refused by any API and its own is read."""
     node_a = await _connect(seeded, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
     try:
         own, other = f"$KV.{INV}.gpu-a", f"$KV.{INV}.gpu-b"
-        for subject in (f"$JS.API.DIRECT.GET.{INV_STREAM}.{own}", f"$JS.API.STREAM.INFO.{INV_STREAM}", "$JS.API.INFO",
-                        f"$JS.API.CONSUMER.CREATE.{INV_STREAM}.w.{own}"):
+        for subject in (
+            f"$JS.API.DIRECT.GET.{INV_STREAM}.{own}",
+            f"$JS.API.STREAM.INFO.{INV_STREAM}",
+            "$JS.API.INFO",
+            f"$JS.API.CONSUMER.CREATE.{INV_STREAM}.w.{own}",
+        ):
             await node_a.request_refused(subject)
         for subject in (own, "dra.v1.claim.team-a.gpu-a.prepared", "dra.v1.deadletter.preparer_gpu-a.x"):
             await node_a.nc.publish(subject, b"{}")  # a stream's subject, even its own: only through the gate
@@ -145,17 +150,32 @@ async def test_a_node_makes_no_jetstream_call_itself_and_the_gate_reads_it_only_
         # through the gate: another node's key by direct get, the body form, STREAM.MSG.GET, a consumer
         answer = await node_a.nc.request(f"{GATE}.DIRECT.GET.{INV_STREAM}.{other}", b"", timeout=WAIT)
         assert (answer.headers or {}).get("Status") == "403", answer.headers
-        for call, body in ((f"DIRECT.GET.{INV_STREAM}", {"last_by_subj": other}),
-                           (f"STREAM.MSG.GET.{INV_STREAM}", {"last_by_subj": other}),
-                           (f"CONSUMER.DURABLE.CREATE.{INV_STREAM}.d1", {}),
-                           (f"CONSUMER.CREATE.{INV_STREAM}", {})):
+        for call, body in (
+            (f"DIRECT.GET.{INV_STREAM}", {"last_by_subj": other}),
+            (f"STREAM.MSG.GET.{INV_STREAM}", {"last_by_subj": other}),
+            (f"CONSUMER.DURABLE.CREATE.{INV_STREAM}.d1", {}),
+            (f"CONSUMER.CREATE.{INV_STREAM}", {}),
+        ):
             answer = await node_a.nc.request(f"{GATE}.{call}", json.dumps(body).encode(), timeout=WAIT)
             assert (answer.headers or {}).get("Status") == "403" or "error" in json.loads(answer.data or b"{}"), call
         for name, filter_subject in (("w1", other), ("w2", f"$KV.{INV}.>"), ("w3", f"$KV.{INV}.*")):
-            create = {"stream_name": INV_STREAM, "config": {"name": name, "filter_subject": filter_subject,
-                                                            "deliver_subject": "_INBOX_preparer_gpu-a.x"}}
-            answer = json.loads((await node_a.nc.request(f"{GATE}.CONSUMER.CREATE.{INV_STREAM}.{name}.{filter_subject}",
-                                                          json.dumps(create).encode(), timeout=WAIT)).data)
+            create = {
+                "stream_name": INV_STREAM,
+                "config": {
+                    "name": name,
+                    "filter_subject": filter_subject,
+                    "deliver_subject": "_INBOX_preparer_gpu-a.x",
+                },
+            }
+            answer = json.loads(
+                (
+                    await node_a.nc.request(
+                        f"{GATE}.CONSUMER.CREATE.{INV_STREAM}.{name}.{filter_subject}",
+                        json.dumps(create).encode(),
+                        timeout=WAIT,
+                    )
+                ).data
+            )
             assert "may not" in answer["error"]["description"], answer
         # its own node's entry, through the gate: allowed, and it is there
         own_entry = await node_a.nc.request(f"{GATE}.DIRECT.GET.{INV_STREAM}.{own}", b"", timeout=WAIT)
@@ -176,21 +196,31 @@ async def test_a_consumer_create_cannot_smuggle_another_filter_or_delivery_past_
     node_a = await _connect(seeded, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
     try:
         own, other = f"$KV.{INV}.gpu-a", f"$KV.{INV}.gpu-b"
-        for config in ({"filter_subject": other}, {"filter_subjects": [other]}, {"filter_subjects": [own, other]},
-                       {"filter_subject": f"$KV.{INV}.>"},
-                       {"filter_subject": own, "deliver_subject": "dra.v1.device.gpu-b.set-sharing"},
-                       {"filter_subject": own, "deliver_subject": "_INBOX_preparer_gpu-b.x"},
-                       {"filter_subject": own, "deliver_subject": ""}):
-            body = {"stream_name": INV_STREAM,
-                    "config": {"name": "smuggle", "deliver_subject": "_INBOX_preparer_gpu-a.s", **config}}
-            reply = await node_a.nc.request(f"{GATE}.CONSUMER.CREATE.{INV_STREAM}.smuggle.{own}",
-                                            json.dumps(body).encode(), timeout=WAIT)
+        for config in (
+            {"filter_subject": other},
+            {"filter_subjects": [other]},
+            {"filter_subjects": [own, other]},
+            {"filter_subject": f"$KV.{INV}.>"},
+            {"filter_subject": own, "deliver_subject": "dra.v1.device.gpu-b.set-sharing"},
+            {"filter_subject": own, "deliver_subject": "_INBOX_preparer_gpu-b.x"},
+            {"filter_subject": own, "deliver_subject": ""},
+        ):
+            body = {
+                "stream_name": INV_STREAM,
+                "config": {"name": "smuggle", "deliver_subject": "_INBOX_preparer_gpu-a.s", **config},
+            }
+            reply = await node_a.nc.request(
+                f"{GATE}.CONSUMER.CREATE.{INV_STREAM}.smuggle.{own}", json.dumps(body).encode(), timeout=WAIT
+            )
             answer = json.loads(reply.data)
             assert "error" in answer, f"a consumer was created for {config}: {answer}"
-        body = {"stream_name": INV_STREAM, "config": {"name": "fine", "filter_subject": own,
-                                                      "deliver_subject": "_INBOX_preparer_gpu-a.fine"}}
-        reply = await node_a.nc.request(f"{GATE}.CONSUMER.CREATE.{INV_STREAM}.fine.{own}", json.dumps(body).encode(),
-                                        timeout=WAIT)
+        body = {
+            "stream_name": INV_STREAM,
+            "config": {"name": "fine", "filter_subject": own, "deliver_subject": "_INBOX_preparer_gpu-a.fine"},
+        }
+        reply = await node_a.nc.request(
+            f"{GATE}.CONSUMER.CREATE.{INV_STREAM}.fine.{own}", json.dumps(body).encode(), timeout=WAIT
+        )
         assert "error" not in json.loads(reply.data)  # the probe: its own key, to its own inbox
     finally:
         await node_a.nc.close()
@@ -200,7 +230,9 @@ async def test_a_node_reads_its_own_kv_entries_through_the_bus(seeded: EmbeddedN
     bus = await _bus(seeded, "preparer.gpu-a")
     try:
         inventory = await bus.kv(catalog.INVENTORY_BUCKET)
-        assert (await inventory.get("gpu-a")) == NodeInventory(node="gpu-a", driver_version="550.1", cuda_driver_version="12.4.0")
+        assert (await inventory.get("gpu-a")) == NodeInventory(
+            node="gpu-a", driver_version="550.1", cuda_driver_version="12.4.0"
+        )
         health = await bus.kv(catalog.HEALTH_BUCKET)
         assert await health.keys("gpu-a.>") == ["gpu-a.gpu-0"]
         assert set(await health.items("gpu-a.>")) == {"gpu-a.gpu-0"}
@@ -216,11 +248,15 @@ async def test_a_node_cannot_file_a_dead_letter_for_another_consumer(seeded: Emb
     node_a = await _connect(seeded, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
     admin = await _connect(seeded, "admin")
     try:
+
         async def store(subject: str) -> dict[str, object]:
             return json.loads((await node_a.nc.request(f"{GATE}.PUB.{subject}", b"{}", timeout=WAIT)).data)
 
-        for subject in ("dra.v1.deadletter.publisher.publisher", "dra.v1.deadletter.discovery_gpu-b.x",
-                        "dra.v1.deadletter.preparer_gpu-b.preparer-gpu-b"):
+        for subject in (
+            "dra.v1.deadletter.publisher.publisher",
+            "dra.v1.deadletter.discovery_gpu-b.x",
+            "dra.v1.deadletter.preparer_gpu-b.preparer-gpu-b",
+        ):
             await node_a.nc.publish(subject, b"{}")
             await node_a.nc.flush()
             await node_a.refused("publish", subject)
@@ -270,20 +306,33 @@ async def test_a_reader_sees_claim_events_of_its_namespaces_only(seeded: Embedde
     reader = await _connect(seeded, "reader.billing", inbox="_INBOX_reader_billing")
     try:
         live = await reader.nc.subscribe(catalog.CLAIM.wildcard(namespace="team-a"))
-        for subject in (catalog.CLAIM.wildcard(namespace="team-b"), "dra.v1.claim.>", "dra.v1.>",
-                        catalog.INVENTORY.wildcard(), "$KV.>"):
+        for subject in (
+            catalog.CLAIM.wildcard(namespace="team-b"),
+            "dra.v1.claim.>",
+            "dra.v1.>",
+            catalog.INVENTORY.wildcard(),
+            "$KV.>",
+        ):
             await reader.nc.subscribe(subject)
             await reader.nc.flush()
             await reader.refused("subscription", subject)
 
         def event(ns: str, n: int) -> ClaimLifecycle:
-            return ClaimLifecycle(event_id=f"{ns}-{n}", claim_uid=f"uid-{ns}-{n}", claim_namespace=ns,
-                                  claim_name=f"c{n}", node="gpu-a", driver="gpu.nvidia.com", event="prepared",
-                                  observed_at=float(n))
+            return ClaimLifecycle(
+                event_id=f"{ns}-{n}",
+                claim_uid=f"uid-{ns}-{n}",
+                claim_namespace=ns,
+                claim_name=f"c{n}",
+                node="gpu-a",
+                driver="gpu.nvidia.com",
+                event="prepared",
+                observed_at=float(n),
+            )
 
         for n, ns in enumerate(("team-b", "team-a", "team-b", "team-a")):
-            await preparer.publish(catalog.CLAIM, event(ns, n), msg_id=f"{ns}-{n}", namespace=ns, node="gpu-a",
-                                   event="prepared")
+            await preparer.publish(
+                catalog.CLAIM, event(ns, n), msg_id=f"{ns}-{n}", namespace=ns, node="gpu-a", event="prepared"
+            )
         got = [json.loads((await live.next_msg(timeout=WAIT)).data)["claim_namespace"] for _ in range(2)]
         assert got == ["team-a", "team-a"]
         with pytest.raises(nats.errors.TimeoutError):
@@ -295,26 +344,39 @@ async def test_a_reader_sees_claim_events_of_its_namespaces_only(seeded: Embedde
         async def on_stored(msg: Msg) -> None:
             stored.put_nowait(json.loads(msg.data)["claim_namespace"])
 
-        await reader_bus.js.subscribe(catalog.CLAIM.wildcard(namespace="team-a"), stream=catalog.EVENTS_STREAM.name,
-                                      cb=on_stored, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        await reader_bus.js.subscribe(
+            catalog.CLAIM.wildcard(namespace="team-a"),
+            stream=catalog.EVENTS_STREAM.name,
+            cb=on_stored,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )
         assert [await asyncio.wait_for(stored.get(), WAIT) for _ in range(2)] == ["team-a", "team-a"]
         # consumers over team-b, over every claim, or with no filter in the subject: refused
         for filter_subject in (catalog.CLAIM.wildcard(namespace="team-b"), "dra.v1.claim.>"):
             subject = f"$JS.API.CONSUMER.CREATE.{catalog.EVENTS_STREAM.name}.r1.{filter_subject}"
-            body = {"stream_name": catalog.EVENTS_STREAM.name,
-                    "config": {"name": "r1", "filter_subject": filter_subject,
-                               "deliver_subject": "_INBOX_reader_billing.r"}}
+            body = {
+                "stream_name": catalog.EVENTS_STREAM.name,
+                "config": {
+                    "name": "r1",
+                    "filter_subject": filter_subject,
+                    "deliver_subject": "_INBOX_reader_billing.r",
+                },
+            }
             await reader.request_refused(subject, json.dumps(body).encode())
         await reader.request_refused(f"$JS.API.CONSUMER.CREATE.{catalog.EVENTS_STREAM.name}")
         with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
-            await reader_bus.js.subscribe(catalog.CLAIM.wildcard(namespace="team-b"),
-                                          stream=catalog.EVENTS_STREAM.name, ordered_consumer=True)
+            await reader_bus.js.subscribe(
+                catalog.CLAIM.wildcard(namespace="team-b"), stream=catalog.EVENTS_STREAM.name, ordered_consumer=True
+            )
         # no KV, no requests, no events of its own
         await reader.request_refused(f"$JS.API.DIRECT.GET.{INV_STREAM}.$KV.{INV}.gpu-a")
         await reader.request_refused(catalog.DEVICE_MIG_CREATE.format(node="gpu-a"))
         await reader.request_refused(f"$JS.API.STREAM.INFO.{catalog.EVENTS_STREAM.name}")
-        for subject in (catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared"),
-                        "dra.v1.deadletter.reader_billing.x"):
+        for subject in (
+            catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared"),
+            "dra.v1.deadletter.reader_billing.x",
+        ):
             await reader.nc.publish(subject, b"{}")
             await reader.nc.flush()
             await reader.refused("publish", subject)
@@ -360,16 +422,35 @@ async def test_the_dashboard_reads_every_claim_and_health_event_and_says_nothing
             await dashboard.nc.flush()
             await dashboard.refused("subscription", subject)
         for n, ns in enumerate(("team-a", "team-b")):
-            await preparer.publish(catalog.CLAIM, ClaimLifecycle(
-                event_id=f"d-{n}", claim_uid=f"u{n}", claim_namespace=ns, claim_name="c", node="gpu-a",
-                driver="gpu.nvidia.com", event="prepared"), msg_id=f"d-{n}", namespace=ns, node="gpu-a", event="prepared")
+            await preparer.publish(
+                catalog.CLAIM,
+                ClaimLifecycle(
+                    event_id=f"d-{n}",
+                    claim_uid=f"u{n}",
+                    claim_namespace=ns,
+                    claim_name="c",
+                    node="gpu-a",
+                    driver="gpu.nvidia.com",
+                    event="prepared",
+                ),
+                msg_id=f"d-{n}",
+                namespace=ns,
+                node="gpu-a",
+                event="prepared",
+            )
         got = [json.loads((await claims.next_msg(timeout=WAIT)).data)["claim_namespace"] for _ in range(2)]
         assert got == ["team-a", "team-b"]
-        await discovery.publish(catalog.HEALTH, DeviceHealth(node="gpu-a", device="gpu-0", state="Unhealthy", xid=79),
-                                node="gpu-a", device="gpu-0")
+        await discovery.publish(
+            catalog.HEALTH,
+            DeviceHealth(node="gpu-a", device="gpu-0", state="Unhealthy", xid=79),
+            node="gpu-a",
+            device="gpu-0",
+        )
         assert json.loads((await health.next_msg(timeout=WAIT)).data)["xid"] == 79
-        for subject in (catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared"),
-                        catalog.HEALTH.format(node="gpu-a", device="gpu-0")):
+        for subject in (
+            catalog.CLAIM.format(namespace="team-a", node="gpu-a", event="prepared"),
+            catalog.HEALTH.format(node="gpu-a", device="gpu-0"),
+        ):
             await dashboard.nc.publish(subject, b"{}")
             await dashboard.nc.flush()
             await dashboard.refused("publish", subject)

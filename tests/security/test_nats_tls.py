@@ -31,8 +31,21 @@ def _openssl(*args: str) -> None:
 
 def _ca(directory: Path, name: str) -> tuple[Path, Path]:
     key, cert = directory / f"{name}.key", directory / f"{name}.crt"
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-             "-days", "1", "-subj", f"/CN={name}")
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(cert),
+        "-days",
+        "1",
+        "-subj",
+        f"/CN={name}",
+    )
     return key, cert
 
 
@@ -41,8 +54,23 @@ def _signed(directory: Path, name: str, ca: tuple[Path, Path], san: str) -> tupl
     ext = directory / f"{name}.ext"
     ext.write_text(f"subjectAltName={san}\n")
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}")
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca[1]), "-CAkey", str(ca[0]), "-CAcreateserial",
-             "-out", str(cert), "-days", "1", "-extfile", str(ext))
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca[1]),
+        "-CAkey",
+        str(ca[0]),
+        "-CAcreateserial",
+        "-out",
+        str(cert),
+        "-days",
+        "1",
+        "-extfile",
+        str(ext),
+    )
     return key, cert
 
 
@@ -54,9 +82,16 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     server = _signed(root, "gpu-dra-nats", ca, "IP:127.0.0.1,DNS:localhost")
     client = _signed(root, "preparer", ca, "DNS:preparer")
     stranger = _signed(root, "stranger", other_ca, "DNS:stranger")
-    return {"ca": ca[1], "other_ca": other_ca[1], "server_key": server[0], "server_cert": server[1],
-            "client_key": client[0], "client_cert": client[1], "stranger_key": stranger[0],
-            "stranger_cert": stranger[1]}
+    return {
+        "ca": ca[1],
+        "other_ca": other_ca[1],
+        "server_key": server[0],
+        "server_cert": server[1],
+        "client_key": client[0],
+        "client_cert": client[1],
+        "stranger_key": stranger[0],
+        "stranger_cert": stranger[1],
+    }
 
 
 @pytest.fixture
@@ -77,15 +112,25 @@ async def tls_server(tmp_path: Path, pki: dict[str, Path]) -> AsyncIterator[str]
 
 
 def _settings(pki: dict[str, Path], **overrides: str) -> CommonConfig:
-    values: dict[str, Any] = {"nats_tls_ca": str(pki["ca"]), "nats_tls_cert": str(pki["client_cert"]),
-              "nats_tls_key": str(pki["client_key"])}
-    return CommonConfig(nats_user="preparer.gpu-a", nats_password=test_password("preparer.gpu-a"),
-                        **(values | overrides))
+    values: dict[str, Any] = {
+        "nats_tls_ca": str(pki["ca"]),
+        "nats_tls_cert": str(pki["client_cert"]),
+        "nats_tls_key": str(pki["client_key"]),
+    }
+    return CommonConfig(
+        nats_user="preparer.gpu-a", nats_password=test_password("preparer.gpu-a"), **(values | overrides)
+    )
 
 
 async def _connect(url: str, config: CommonConfig) -> Bus:
-    return await Bus.connect(url, name="tls-test", user=config.nats_user, password=config.nats_password,
-                             tls=nats_tls(config), initial_attempts=1)
+    return await Bus.connect(
+        url,
+        name="tls-test",
+        user=config.nats_user,
+        password=config.nats_password,
+        tls=nats_tls(config),
+        initial_attempts=1,
+    )
 
 
 async def test_the_ca_and_a_client_certificate_get_in(tls_server: str, pki: dict[str, Path]) -> None:
@@ -97,19 +142,28 @@ async def test_the_ca_and_a_client_certificate_get_in(tls_server: str, pki: dict
         await bus.close()
 
 
-@pytest.mark.parametrize("overrides", [
-    {"nats_tls_cert": "", "nats_tls_key": ""},  # the server verifies clients: no certificate, no entry
-    {"nats_tls_ca": "other_ca"},  # the server's certificate is not from the CA the client trusts
-    {"nats_tls_cert": "stranger_cert", "nats_tls_key": "stranger_key"},  # a client cert of another CA
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"nats_tls_cert": "", "nats_tls_key": ""},  # the server verifies clients: no certificate, no entry
+        {"nats_tls_ca": "other_ca"},  # the server's certificate is not from the CA the client trusts
+        {"nats_tls_cert": "stranger_cert", "nats_tls_key": "stranger_key"},  # a client cert of another CA
+    ],
+)
 async def test_without_the_right_certificates_the_connect_fails(
     tls_server: str, pki: dict[str, Path], overrides: dict[str, str]
 ) -> None:
     config = _settings(pki, **{k: str(pki[v]) if v else "" for k, v in overrides.items()})
     options, _ = await nats_tls(config).connect_options()  # what Bus.connect passes
     with pytest.raises((nats.errors.Error, OSError, ssl.SSLError, TimeoutError)):
-        await nats.connect(tls_server, user=config.nats_user, password=config.nats_password, allow_reconnect=False,
-                           connect_timeout=2, **options)
+        await nats.connect(
+            tls_server,
+            user=config.nats_user,
+            password=config.nats_password,
+            allow_reconnect=False,
+            connect_timeout=2,
+            **options,
+        )
 
 
 async def test_half_a_client_certificate_is_a_clear_error(pki: dict[str, Path]) -> None:

@@ -29,8 +29,10 @@ from tests.security.conftest import DeadLetters, bus_as, url_as
 
 
 def mismatches(consumer: str, kind: str) -> float:
-    return REGISTRY.get_sample_value("gpu_dra_identity_mismatch_total",
-                                     {"consumer": consumer, "subject_kind": kind}) or 0.0
+    return (
+        REGISTRY.get_sample_value("gpu_dra_identity_mismatch_total", {"consumer": consumer, "subject_kind": kind})
+        or 0.0
+    )
 
 
 def device_names(slices: list[dict[str, Any]]) -> list[str]:
@@ -50,12 +52,16 @@ async def _publishing_gpu_b(pub: Publisher, client: Any) -> list[dict[str, Any]]
 
 
 async def test_an_inventory_naming_another_node_does_not_touch_its_slices(
-        shipped_nats: EmbeddedNats, api: Any, dead_letters: DeadLetters, tmp_path: Path) -> None:
+    shipped_nats: EmbeddedNats, api: Any, dead_letters: DeadLetters, tmp_path: Path
+) -> None:
     client = api.client_raw
     for node in ("gpu-a", "gpu-b"):
         await ensure_node(client, node)
-    async with bus_as(shipped_nats, "discovery.gpu-b") as disc_b, bus_as(shipped_nats, "discovery.gpu-a") as attacker, \
-            running_discovery(disc_b, node="gpu-b", simulate="h100x4", root=tmp_path / "sim") as real_b:
+    async with (
+        bus_as(shipped_nats, "discovery.gpu-b") as disc_b,
+        bus_as(shipped_nats, "discovery.gpu-a") as attacker,
+        running_discovery(disc_b, node="gpu-b", simulate="h100x4", root=tmp_path / "sim") as real_b,
+    ):
         async with running_publisher(url_as(shipped_nats, "publisher"), str(api.kubeconfig_path)) as pub:
             before = await _publishing_gpu_b(pub, client)
             consumer = pub.bus.name
@@ -90,17 +96,21 @@ async def test_an_inventory_naming_another_node_does_not_touch_its_slices(
 
 
 async def test_health_naming_another_nodes_gpus_taints_nothing(
-        shipped_nats: EmbeddedNats, api: Any, dead_letters: DeadLetters, tmp_path: Path) -> None:
+    shipped_nats: EmbeddedNats, api: Any, dead_letters: DeadLetters, tmp_path: Path
+) -> None:
     client = api.client_raw
     await ensure_node(client, "gpu-b")
-    async with bus_as(shipped_nats, "discovery.gpu-b") as disc_b, bus_as(shipped_nats, "discovery.gpu-a") as attacker, \
-            running_discovery(disc_b, node="gpu-b", simulate="h100x4", root=tmp_path / "sim"), \
-            running_publisher(url_as(shipped_nats, "publisher"), str(api.kubeconfig_path),
-                              taint_effect="NoExecute") as pub:
+    async with (
+        bus_as(shipped_nats, "discovery.gpu-b") as disc_b,
+        bus_as(shipped_nats, "discovery.gpu-a") as attacker,
+        running_discovery(disc_b, node="gpu-b", simulate="h100x4", root=tmp_path / "sim"),
+        running_publisher(url_as(shipped_nats, "publisher"), str(api.kubeconfig_path), taint_effect="NoExecute") as pub,
+    ):
         before = await _publishing_gpu_b(pub, client)
         counted = mismatches(pub.bus.name, "device-health")
-        forged = DeviceHealth(node="gpu-b", device="gpu-2", state="Unhealthy", reason="xid", xid=79,
-                              event_id="forged", observed_at=9e9)
+        forged = DeviceHealth(
+            node="gpu-b", device="gpu-2", state="Unhealthy", reason="xid", xid=79, event_id="forged", observed_at=9e9
+        )
         await (await attacker.kv(catalog.HEALTH_BUCKET)).put("gpu-a.gpu-2", forged)
         await attacker.publish(catalog.HEALTH, forged, node="gpu-a", device="gpu-2")
         await dead_letters.next(reason=REASON, subject=catalog.HEALTH.format(node="gpu-a", device="gpu-2"))
@@ -123,10 +133,18 @@ async def test_health_naming_another_nodes_gpus_taints_nothing(
 
 
 async def test_a_membership_value_naming_another_node_is_not_a_member(
-        shipped_nats: EmbeddedNats, admin_bus: Bus, dead_letters: DeadLetters) -> None:
+    shipped_nats: EmbeddedNats, admin_bus: Bus, dead_letters: DeadLetters
+) -> None:
     async with bus_as(shipped_nats, "cd-agent.gpu-a") as attacker, bus_as(shipped_nats, "cd-agent.gpu-b") as agent_b:
-        honest = DomainMember(domain_uid="cd-1", domain_name="d", domain_namespace="team-b", node="gpu-b",
-                              ip_address="10.0.0.2", clique_id="", index=-1)
+        honest = DomainMember(
+            domain_uid="cd-1",
+            domain_name="d",
+            domain_namespace="team-b",
+            node="gpu-b",
+            ip_address="10.0.0.2",
+            clique_id="",
+            index=-1,
+        )
         await (await agent_b.kv(catalog.CD_MEMBERS_BUCKET)).put("cd-1.gpu-b", honest)
         # gpu-a's agent, under its own key, claims to be gpu-b with another address
         forged = msgspec.structs.replace(honest, ip_address="10.6.6.6")
@@ -137,10 +155,13 @@ async def test_a_membership_value_naming_another_node_is_not_a_member(
 
 
 async def test_discovery_restores_its_own_key_under_its_shipped_permissions(
-        shipped_nats: EmbeddedNats, admin_bus: Bus, tmp_path: Path) -> None:
+    shipped_nats: EmbeddedNats, admin_bus: Bus, tmp_path: Path
+) -> None:
     """The key guard needs only what discovery.<node> may do: watch and write its own key."""
-    async with bus_as(shipped_nats, "discovery.gpu-b") as disc_b, \
-            running_discovery(disc_b, node="gpu-b", simulate="h100x1", root=tmp_path / "sim") as real_b:
+    async with (
+        bus_as(shipped_nats, "discovery.gpu-b") as disc_b,
+        running_discovery(disc_b, node="gpu-b", simulate="h100x1", root=tmp_path / "sim") as real_b,
+    ):
         kv = await admin_bus.kv(catalog.INVENTORY_BUCKET)
         watch = kv.watch("gpu-b")
         while (await anext(watch))[0] != "":

@@ -42,8 +42,7 @@ INV = catalog.INVENTORY_BUCKET.name
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
     root = tmp_path_factory.mktemp("upnats")
-    cfg = ClusterConfig(nodes=2, gpus="h100x2", compute_domains=False, data_dir=str(root / "data"),
-                        start_timeout=120)
+    cfg = ClusterConfig(nodes=2, gpus="h100x2", compute_domains=False, data_dir=str(root / "data"), start_timeout=120)
     async with LocalCluster(cfg) as c:
         yield c
 
@@ -68,8 +67,9 @@ async def attacker(cluster: LocalCluster) -> AsyncIterator[Bus]:
     """gpu-node-0's discovery identity, from the .creds file up gave that service."""
     assert cluster.nats_identities is not None
     user = f"discovery.{OWN}"
-    bus = await Bus.connect(cluster.nats_url, name="attacker", user=user, tls=cluster.nats_identities.tls(user),
-                            initial_attempts=3)
+    bus = await Bus.connect(
+        cluster.nats_url, name="attacker", user=user, tls=cluster.nats_identities.tls(user), initial_attempts=3
+    )
     yield bus
     await bus.close()
 
@@ -78,8 +78,9 @@ async def _raw(cluster: LocalCluster, user: str) -> Conn:
     """A raw nats-py client signing in with `user`'s .creds, taking replies on its own inbox prefix."""
     assert cluster.nats_identities is not None
     jwt_cb, sign_cb = Creds(cluster.nats_identities.creds[user].read_text()).callbacks()
-    return await connect_watched(cluster.nats_url, user_jwt_cb=jwt_cb, signature_cb=sign_cb,
-                                 inbox_prefix=f"_INBOX_{user.replace('.', '_')}")
+    return await connect_watched(
+        cluster.nats_url, user_jwt_cb=jwt_cb, signature_cb=sign_cb, inbox_prefix=f"_INBOX_{user.replace('.', '_')}"
+    )
 
 
 def devices_and_taints(slices: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -92,11 +93,16 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 async def test_every_service_is_its_own_nats_user_given_by_file_and_anonymous_clients_are_refused(
-        cluster: LocalCluster) -> None:
+    cluster: LocalCluster,
+) -> None:
     assert cluster.supervisor is not None and cluster.nats_identities is not None
-    expected = {"publisher": "publisher", "computedomain-controller": "controller", "dashboard": "reader.dashboard",
-                "state-gate": "gate",
-                **{f"{n}-{role}": f"{role}.{n}" for n in cluster.node_names for role in ("discovery", "preparer")}}
+    expected = {
+        "publisher": "publisher",
+        "computedomain-controller": "controller",
+        "dashboard": "reader.dashboard",
+        "state-gate": "gate",
+        **{f"{n}-{role}": f"{role}.{n}" for n in cluster.node_names for role in ("discovery", "preparer")},
+    }
     seen = {}
     for child in cluster.supervisor.children:
         env = _environ(child.pid)
@@ -117,7 +123,8 @@ async def test_every_service_is_its_own_nats_user_given_by_file_and_anonymous_cl
 
 
 async def test_an_inventory_naming_another_node_leaves_its_slices_as_they_are(
-        cluster: LocalCluster, attacker: Bus, dead_letters: DeadLetters) -> None:
+    cluster: LocalCluster, attacker: Bus, dead_letters: DeadLetters
+) -> None:
     api = await cluster.api_client()
     before = devices_and_taints(await node_slices(api, OTHER))
     assert len(before) == 2
@@ -137,12 +144,14 @@ async def test_an_inventory_naming_another_node_leaves_its_slices_as_they_are(
 
 
 async def test_health_naming_another_nodes_gpu_taints_nothing(
-        cluster: LocalCluster, attacker: Bus, dead_letters: DeadLetters) -> None:
+    cluster: LocalCluster, attacker: Bus, dead_letters: DeadLetters
+) -> None:
     api = await cluster.api_client()
     before = devices_and_taints(await node_slices(api, OTHER))
     assert before and not any(before.values())
-    forged = DeviceHealth(node=OTHER, device="gpu-1", state="Unhealthy", reason="xid", xid=79,
-                          event_id="forged", observed_at=9e9)
+    forged = DeviceHealth(
+        node=OTHER, device="gpu-1", state="Unhealthy", reason="xid", xid=79, event_id="forged", observed_at=9e9
+    )
     await (await attacker.kv(catalog.HEALTH_BUCKET)).put(f"{OWN}.gpu-1", forged)
     await attacker.publish(catalog.HEALTH, forged, node=OWN, device="gpu-1")
 
@@ -160,11 +169,16 @@ async def test_a_node_user_reads_neither_the_shared_inbox_nor_another_nodes_kv_e
 
             other = f"$JS.API.DIRECT.GET.KV_{INV}.$KV.{INV}.{OTHER}"
             await conn.request_refused(other)
-            await conn.request_refused(f"$JS.API.STREAM.MSG.GET.KV_{INV}",
-                                       json.dumps({"last_by_subj": f"$KV.{INV}.{OTHER}"}).encode())
+            await conn.request_refused(
+                f"$JS.API.STREAM.MSG.GET.KV_{INV}", json.dumps({"last_by_subj": f"$KV.{INV}.{OTHER}"}).encode()
+            )
             watch = f"$JS.API.CONSUMER.CREATE.KV_{INV}.w.$KV.{INV}.{OTHER}"
-            await conn.request_refused(watch, json.dumps({"stream_name": f"KV_{INV}", "config": {
-                "name": "w", "filter_subject": f"$KV.{INV}.{OTHER}"}}).encode())
+            await conn.request_refused(
+                watch,
+                json.dumps(
+                    {"stream_name": f"KV_{INV}", "config": {"name": "w", "filter_subject": f"$KV.{INV}.{OTHER}"}}
+                ).encode(),
+            )
 
             # through the state gate: another node's entry refused, its own node's entry read
             gate = f"dra.v1.gate.{OWN}.{user.split('.')[0]}"
@@ -177,13 +191,15 @@ async def test_a_node_user_reads_neither_the_shared_inbox_nor_another_nodes_kv_e
 
 
 async def test_node_names_no_nats_user_can_be_named_after_are_refused_before_anything_starts(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert up_main(["--node-prefix", "gpu.node-", "--nodes", "1"]) == 2
     assert "--node-prefix 'gpu.node-'" in capsys.readouterr().err
 
 
 async def test_jetstream_relays_to_another_nodes_subjects_change_nothing_there(
-        cluster: LocalCluster, dead_letters: DeadLetters) -> None:
+    cluster: LocalCluster, dead_letters: DeadLetters
+) -> None:
     """gpu-node-0 keeps a sharing request under its own health key (through the state gate, its only way to
     JetStream) and asks for a push consumer delivering it on gpu-node-1's `set-sharing` subject, and for a
     direct get answered on gpu-node-1's health subject: the server refuses the direct calls, the gate the
@@ -204,8 +220,12 @@ async def test_jetstream_relays_to_another_nodes_subjects_change_nothing_there(
         request = json.dumps({"gpu_uuids": [victim_gpu.uuid], "compute_mode": "Prohibited", "timeslice": "Long"})
         stored = await conn.nc.request(f"{gate}.PUB.{key}", request.encode(), timeout=5)
         assert "seq" in json.loads(stored.data)
-        body = json.dumps({"stream_name": stream, "config": {"name": "evil", "filter_subject": key,
-                                                             "deliver_subject": sharing, "ack_policy": "none"}})
+        body = json.dumps(
+            {
+                "stream_name": stream,
+                "config": {"name": "evil", "filter_subject": key, "deliver_subject": sharing, "ack_policy": "none"},
+            }
+        )
         await conn.request_refused(f"$JS.API.CONSUMER.CREATE.{stream}.evil.{key}", body.encode())
         refused = await conn.nc.request(f"{gate}.CONSUMER.CREATE.{stream}.evil.{key}", body.encode(), timeout=5)
         assert "own inbox" in json.loads(refused.data)["error"]["description"]
@@ -213,8 +233,7 @@ async def test_jetstream_relays_to_another_nodes_subjects_change_nothing_there(
         rollup = await conn.nc.request(f"{gate}.PUB.{key}", b"", headers={"Nats-Rollup": "all"}, timeout=5)
         assert "rollup" in json.loads(rollup.data)["error"]["description"].lower()
         # the probe: the admin may create that consumer; gpu-node-1's discovery refuses what it is handed
-        created = await cluster.bus.nc.request(f"$JS.API.CONSUMER.CREATE.{stream}.evil.{key}", body.encode(),
-                                               timeout=5)
+        created = await cluster.bus.nc.request(f"$JS.API.CONSUMER.CREATE.{stream}.evil.{key}", body.encode(), timeout=5)
         assert "error" not in json.loads(created.data)
         letter = await dead_letters.next(reason="relayed", subject=key)
         assert OTHER in letter.consumer, letter

@@ -26,9 +26,18 @@ tracer = trace.get_tracer(__name__)
 
 
 def inventory(node: str) -> NodeInventory:
-    gpu = Gpu(name="gpu-0", index=0, minor=0, uuid="GPU-1", product_name="NVIDIA H100 80GB HBM3", brand="Nvidia",
-              architecture="Hopper", cuda_compute_capability="9.0.0", memory_bytes=85899345920,
-              pci_bus_id="0000:3b:00.0")
+    gpu = Gpu(
+        name="gpu-0",
+        index=0,
+        minor=0,
+        uuid="GPU-1",
+        product_name="NVIDIA H100 80GB HBM3",
+        brand="Nvidia",
+        architecture="Hopper",
+        cuda_compute_capability="9.0.0",
+        memory_bytes=85899345920,
+        pci_bus_id="0000:3b:00.0",
+    )
     return NodeInventory(node=node, driver_version="550.163.1", cuda_driver_version="12.4.0", gpus=[gpu])
 
 
@@ -41,7 +50,11 @@ async def test_event_crosses_processes_with_trace_and_dead_letter(nats_server: E
     await producer.provision()
     trace_file = tmp_path / "spans.jsonl"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.shared.consumer_proc", nats_server.url, str(trace_file),
+        sys.executable,
+        "-m",
+        "tests.shared.consumer_proc",
+        nats_server.url,
+        str(trace_file),
         stdout=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
@@ -71,8 +84,10 @@ async def test_event_crosses_processes_with_trace_and_dead_letter(nats_server: E
     consumer_span = next(s for s in spans if s["attributes"].get("messaging.destination.name") == "dra.v1.inventory.n1")
     assert consumer_span["trace_id"] == f"{root_trace:032x}"
     producer_span = next(
-        s for s in memory_spans()
-        if s.name == "publish inventory" and (s.attributes or {}).get("messaging.destination.name") == "dra.v1.inventory.n1"
+        s
+        for s in memory_spans()
+        if s.name == "publish inventory"
+        and (s.attributes or {}).get("messaging.destination.name") == "dra.v1.inventory.n1"
         and s.context.trace_id == root_trace  # other tests in this process publish on the same subject
     )
     assert consumer_span["trace_id"] == f"{producer_span.context.trace_id:032x}"
@@ -93,8 +108,11 @@ async def test_request_reply_and_kv(nats_server: EmbeddedNats) -> None:
         return MigCreateReply(ok=req.profile == "1g.10gb", created=True)
 
     await bus.serve(catalog.DEVICE_MIG_CREATE, create, node="n1")
-    reply = await bus.request(catalog.DEVICE_MIG_CREATE, MigCreateRequest(
-        gpu_uuid="GPU-1", profile="1g.10gb", placement=MigPlacement(0, 1)), node="n1")
+    reply = await bus.request(
+        catalog.DEVICE_MIG_CREATE,
+        MigCreateRequest(gpu_uuid="GPU-1", profile="1g.10gb", placement=MigPlacement(0, 1)),
+        node="n1",
+    )
     assert reply == MigCreateReply(ok=True, created=True)
     # An undecodable request gets a typed error reply.
     raw = await bus.nc.request("dra.v1.device.n1.mig-create", b"[]", timeout=5)

@@ -23,8 +23,9 @@ GPU_DRA = [sys.executable, "-m", "shared.cli"]
 
 
 async def gpu_dra(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(*GPU_DRA, *args, stdin=asyncio.subprocess.PIPE,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        *GPU_DRA, *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     out, err = await asyncio.wait_for(proc.communicate(stdin), 90)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
@@ -45,27 +46,46 @@ def unreachable_kubeconfig(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("args", "names"), [
-    (["explain", "--kubeconfig", "/no/such/kubeconfig", "pod", "default/x"], "/no/such/kubeconfig"),
-    (["explain", "--kubeconfig", "{tmp}/dir", "pod", "default/x"], "{tmp}/dir"),
-    (["explain", "--kubeconfig", "{unreachable}", "pod", "default/x"], "Cannot connect to host 127.0.0.1"),
-    (["kubelet", "--node", "n", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
-    (["scheduler", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
-    (["controllers", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
-    (["dashboard", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
-    (["computedomain", "controller", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
-    (["state-gate", "--nats-url", "nats://127.0.0.1:{port}", "--nats-creds", "/no/such.creds"], "/no/such.creds"),
-    (["events", "tail", "--nats-url", "nats://127.0.0.1:{port}"], "cannot connect to NATS at nats://127.0.0.1:"),
-    (["events", "tail", "--data-dir", "/no/such/cluster"], "/no/such/cluster/nats.json"),
-    (["events", "schema", "--out", "/proc/no-such-dir"], "/proc/no-such-dir"),
-    (["events", "asyncapi", "--out", "/no/such/asyncapi.json"], "/no/such/asyncapi.json"),
-    (["discovery", "inject-xid", "--node", "n", "--device", "gpu-0", "--xid", "79", "--nats-url",
-      "nats://127.0.0.1:{port}", "--timeout", "1"], "cannot connect to NATS at nats://127.0.0.1:"),
-    (["trace", "--file", "/no/such/spans.jsonl", "claim"], "/no/such/spans.jsonl"),
-    (["nodeconfig", "explain", "n", "--config", "/no/such.yaml", "--inventory", "/no/such.json"], "/no/such"),
-])
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["explain", "--kubeconfig", "/no/such/kubeconfig", "pod", "default/x"], "/no/such/kubeconfig"),
+        (["explain", "--kubeconfig", "{tmp}/dir", "pod", "default/x"], "{tmp}/dir"),
+        (["explain", "--kubeconfig", "{unreachable}", "pod", "default/x"], "Cannot connect to host 127.0.0.1"),
+        (["kubelet", "--node", "n", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
+        (["scheduler", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
+        (["controllers", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
+        (["dashboard", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
+        (["computedomain", "controller", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
+        (["state-gate", "--nats-url", "nats://127.0.0.1:{port}", "--nats-creds", "/no/such.creds"], "/no/such.creds"),
+        (["events", "tail", "--nats-url", "nats://127.0.0.1:{port}"], "cannot connect to NATS at nats://127.0.0.1:"),
+        (["events", "tail", "--data-dir", "/no/such/cluster"], "/no/such/cluster/nats.json"),
+        (["events", "schema", "--out", "/proc/no-such-dir"], "/proc/no-such-dir"),
+        (["events", "asyncapi", "--out", "/no/such/asyncapi.json"], "/no/such/asyncapi.json"),
+        (
+            [
+                "discovery",
+                "inject-xid",
+                "--node",
+                "n",
+                "--device",
+                "gpu-0",
+                "--xid",
+                "79",
+                "--nats-url",
+                "nats://127.0.0.1:{port}",
+                "--timeout",
+                "1",
+            ],
+            "cannot connect to NATS at nats://127.0.0.1:",
+        ),
+        (["trace", "--file", "/no/such/spans.jsonl", "claim"], "/no/such/spans.jsonl"),
+        (["nodeconfig", "explain", "n", "--config", "/no/such.yaml", "--inventory", "/no/such.json"], "/no/such"),
+    ],
+)
 async def test_a_bad_file_or_a_server_out_of_reach_is_one_line_naming_it_exit_2(
-        args: list[str], names: str, tmp_path: Path) -> None:
+    args: list[str], names: str, tmp_path: Path
+) -> None:
     (tmp_path / "dir").mkdir()
     fill = {"tmp": str(tmp_path), "unreachable": str(unreachable_kubeconfig(tmp_path)), "port": str(free_port())}
     code, out, err = await gpu_dra(*(a.format(**fill) for a in args))
@@ -94,8 +114,9 @@ async def test_events_tail_into_head_ends_quietly_with_exit_0(nats_server: Embed
 
     nc = await nats.connect(nats_server.url)
     script = f"set -o pipefail; {' '.join(GPU_DRA)} events tail --nats-url {nats_server.url} | head -2"
-    proc = await asyncio.create_subprocess_exec("bash", "-c", script, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", script, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
 
     async def publish_until_done() -> None:  # events as a node would send them, until the pipeline ends
         while proc.returncode is None:

@@ -21,8 +21,11 @@ def elf_executable(interp: str) -> bytes:
     text = interp.encode() + b"\0"
     off = ehdr.size + phdr.size
     ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
-    return (ehdr.pack(ident, 2, 62, 1, 0, ehdr.size, 0, 0, ehdr.size, phdr.size, 1, 64, 0, 0)
-            + phdr.pack(3, 4, off, off, off, len(text), len(text), 1) + text)
+    return (
+        ehdr.pack(ident, 2, 62, 1, 0, ehdr.size, 0, 0, ehdr.size, phdr.size, 1, 64, 0, 0)
+        + phdr.pack(3, 4, off, off, off, len(text), len(text), 1)
+        + text
+    )
 
 
 def test_read_interp_of_elf_and_of_a_script(tmp_path: Path) -> None:

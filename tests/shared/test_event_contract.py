@@ -33,31 +33,86 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 NOW = 1_764_800_000.25
 
 SAMPLES: dict[str, tuple[Message, dict[str, Any]]] = {  # Any: the subject tokens go in as **kwargs
-    "inventory": (NodeInventory(node="n1", driver_version="550.1.0", cuda_driver_version="12.4.0", observed_at=NOW,
-                                gpus=[Gpu(name="gpu-0", index=0, minor=0, uuid="GPU-1", product_name="H100",
-                                          brand="Nvidia", architecture="Hopper", cuda_compute_capability="9.0.0",
-                                          memory_bytes=80 << 30, pci_bus_id="0000:01:00.0")]), {"node": "n1"}),
+    "inventory": (
+        NodeInventory(
+            node="n1",
+            driver_version="550.1.0",
+            cuda_driver_version="12.4.0",
+            observed_at=NOW,
+            gpus=[
+                Gpu(
+                    name="gpu-0",
+                    index=0,
+                    minor=0,
+                    uuid="GPU-1",
+                    product_name="H100",
+                    brand="Nvidia",
+                    architecture="Hopper",
+                    cuda_compute_capability="9.0.0",
+                    memory_bytes=80 << 30,
+                    pci_bus_id="0000:01:00.0",
+                )
+            ],
+        ),
+        {"node": "n1"},
+    ),
     "inventory-withdrawn": (InventoryWithdrawn(node="n1", reason="drained", observed_at=NOW), {"node": "n1"}),
-    "device-health": (DeviceHealth(node="n1", device="gpu-0", state="Unhealthy", reason="xid", xid=79,
-                                   observed_at=NOW), {"node": "n1", "device": "gpu-0"}),
-    "claim-lifecycle": (ClaimLifecycle(event="prepared", node="n1", driver="gpu.nvidia.com", claim_uid="u1",
-                                       claim_namespace="team-a", claim_name="c1", event_id="n1/u1/7/prepared",
-                                       devices=[PreparedDeviceRef(request="gpu", pool="n1", device="gpu-0"),
-                                                PreparedDeviceRef(request="slice", pool="n1", device="gpu-1",
-                                                                  share_id="s-1", capacity={"memory": "80Gi"},
-                                                                  consumed_capacity={"memory": "10Gi"})],
-                                       observed_at=NOW),
-                        {"namespace": "team-a", "node": "n1", "event": "prepared"}),
-    "cd-member": (DomainMember(domain_uid="d1", domain_name="cd", domain_namespace="team-a", node="n1",
-                               ip_address="10.0.0.1", clique_id="c.1", index=0, observed_at=NOW),
-                  {"domain_uid": "d1", "node": "n1"}),
-    "cd-status": (DomainStatusChanged(domain_uid="d1", domain_name="cd", domain_namespace="team-a", status="Ready",
-                                      nodes=2, observed_at=NOW), {"domain_uid": "d1"}),
+    "device-health": (
+        DeviceHealth(node="n1", device="gpu-0", state="Unhealthy", reason="xid", xid=79, observed_at=NOW),
+        {"node": "n1", "device": "gpu-0"},
+    ),
+    "claim-lifecycle": (
+        ClaimLifecycle(
+            event="prepared",
+            node="n1",
+            driver="gpu.nvidia.com",
+            claim_uid="u1",
+            claim_namespace="team-a",
+            claim_name="c1",
+            event_id="n1/u1/7/prepared",
+            devices=[
+                PreparedDeviceRef(request="gpu", pool="n1", device="gpu-0"),
+                PreparedDeviceRef(
+                    request="slice",
+                    pool="n1",
+                    device="gpu-1",
+                    share_id="s-1",
+                    capacity={"memory": "80Gi"},
+                    consumed_capacity={"memory": "10Gi"},
+                ),
+            ],
+            observed_at=NOW,
+        ),
+        {"namespace": "team-a", "node": "n1", "event": "prepared"},
+    ),
+    "cd-member": (
+        DomainMember(
+            domain_uid="d1",
+            domain_name="cd",
+            domain_namespace="team-a",
+            node="n1",
+            ip_address="10.0.0.1",
+            clique_id="c.1",
+            index=0,
+            observed_at=NOW,
+        ),
+        {"domain_uid": "d1", "node": "n1"},
+    ),
+    "cd-status": (
+        DomainStatusChanged(
+            domain_uid="d1", domain_name="cd", domain_namespace="team-a", status="Ready", nodes=2, observed_at=NOW
+        ),
+        {"domain_uid": "d1"},
+    ),
     "cd-member-left": (MemberLeft(domain_uid="d1", node="n1", observed_at=NOW), {"domain_uid": "d1", "node": "n1"}),
-    "cd-deleted": (DomainDeleted(domain_uid="d1", domain_name="cd", domain_namespace="team-a", observed_at=NOW),
-                   {"domain_uid": "d1"}),
-    "dead-letter": (DeadLetter(subject="dra.v1.x", consumer="c", error="bad", payload="{", observed_at=NOW),
-                    {"identity": "publisher", "consumer": "c"}),
+    "cd-deleted": (
+        DomainDeleted(domain_uid="d1", domain_name="cd", domain_namespace="team-a", observed_at=NOW),
+        {"domain_uid": "d1"},
+    ),
+    "dead-letter": (
+        DeadLetter(subject="dra.v1.x", consumer="c", error="bad", payload="{", observed_at=NOW),
+        {"identity": "publisher", "consumer": "c"},
+    ),
 }
 
 
@@ -90,8 +145,11 @@ def test_every_field_of_every_message_has_a_description(tmp_path: Path) -> None:
     undocumented = []
     for name, schema in _schemas(tmp_path).items():
         for type_name, part in {name: schema, **schema.get("$defs", {})}.items():
-            undocumented += [f"{type_name}.{field}" for field, prop in part.get("properties", {}).items()
-                             if not prop.get("description")]
+            undocumented += [
+                f"{type_name}.{field}"
+                for field, prop in part.get("properties", {}).items()
+                if not prop.get("description")
+            ]
     assert undocumented == []
     observed = message_schema(ClaimLifecycle)["properties"]["observed_at"]
     assert observed["x-unit"] == "s" and "Unix epoch" in observed["description"]
@@ -139,11 +197,19 @@ def test_claim_events_carry_shares_in_their_schema_and_on_the_wire(tmp_path: Pat
     whole, share = body["devices"]
     assert (whole["share_id"], whole["consumed_capacity"], whole["capacity"]) == ("", {}, {})
     assert (share["share_id"], share["consumed_capacity"], share["capacity"]) == (
-        "s-1", {"memory": "10Gi"}, {"memory": "80Gi"})
+        "s-1",
+        {"memory": "10Gi"},
+        {"memory": "80Gi"},
+    )
     assert msgspec.json.decode(msgspec.json.encode(message), type=ClaimLifecycle) == message
     # a consumer of the older schema (no share fields) still reads it
-    old = {**body, "devices": [{k: v for k, v in d.items() if k not in ("share_id", "consumed_capacity", "capacity")}
-                               for d in body["devices"]]}
+    old = {
+        **body,
+        "devices": [
+            {k: v for k, v in d.items() if k not in ("share_id", "consumed_capacity", "capacity")}
+            for d in body["devices"]
+        ],
+    }
     assert msgspec.json.decode(json.dumps(old), type=ClaimLifecycle).devices[1].share_id == ""
     schema = _schemas(tmp_path)["ClaimLifecycle.json"]
     device = schema["$defs"]["PreparedDeviceRef"]
@@ -167,8 +233,9 @@ def test_removing_a_field_from_a_copy_of_the_catalog_is_a_breaking_change(tmp_pa
     released = compat.load(FIXTURES / "events/v1")
     current = _schemas(tmp_path)
     # a copy of the claim event type without one field, as a careless change would make it
-    shrunk = msgspec.defstruct("ClaimLifecycle", _field_specs(ClaimLifecycle, "claim_name"), bases=(Message,),
-                               kw_only=True)
+    shrunk = msgspec.defstruct(
+        "ClaimLifecycle", _field_specs(ClaimLifecycle, "claim_name"), bases=(Message,), kw_only=True
+    )
     current["ClaimLifecycle.json"] = message_schema(shrunk)
     assert compat.breaking_changes(released, current) == ["ClaimLifecycle: field 'claim_name' removed"]
     # ... and a changed type, a newly required field and a removed subject are breaking too
@@ -205,22 +272,50 @@ def _field_specs(struct: type[msgspec.Struct], without: str) -> list[tuple[Any, 
 async def test_events_tail_replays_and_filters_by_namespace(nats_server: EmbeddedNats, bus: Bus) -> None:
     for namespace, event in (("team-a", "prepared"), ("team-b", "prepared"), ("team-a", "unprepared")):
         message, _ = SAMPLES["claim-lifecycle"]
-        message = msgspec.structs.replace(message, event=event, claim_namespace=namespace,
-                                          event_id=f"n1/u1/7/{event}-{namespace}")
+        message = msgspec.structs.replace(
+            message, event=event, claim_namespace=namespace, event_id=f"n1/u1/7/{event}-{namespace}"
+        )
         await bus.publish(catalog.CLAIM, message, namespace=namespace, node="n1", event=event)
     env = {**os.environ, "GPU_DRA_NATS_URL": nats_server.url}
     for key in ("GPU_DRA_NATS_CREDS", "GPU_DRA_NATS_USER"):
         env.pop(key, None)
     done = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "shared.cli", "events", "tail", "--since", "10m", "--namespace",
-                         "team-a", "-o", "json", "--count", "2"], capture_output=True, text=True, timeout=60, env=env)
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "shared.cli",
+            "events",
+            "tail",
+            "--since",
+            "10m",
+            "--namespace",
+            "team-a",
+            "-o",
+            "json",
+            "--count",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [(r["data"]["claim_namespace"], r["data"]["event"]) for r in lines] == [("team-a", "prepared"),
-                                                                                  ("team-a", "unprepared")]
+    assert [(r["data"]["claim_namespace"], r["data"]["event"]) for r in lines] == [
+        ("team-a", "prepared"),
+        ("team-a", "unprepared"),
+    ]
     assert lines[0]["type"] == "com.nvidia.gpu.dra.v1.claim-lifecycle" and lines[0]["id"] == "n1/u1/7/prepared-team-a"
-    bad = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "shared.cli", "events", "tail", "--since",
-                                                   "ten"], capture_output=True, text=True, timeout=60, env=env)
+    bad = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "shared.cli", "events", "tail", "--since", "ten"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert bad.returncode == 2 and "--since 'ten'" in bad.stderr
 
 

@@ -19,14 +19,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def gpu_dra(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
-    return subprocess.run([sys.executable, "-m", "shared.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**clean, "PYTHONPATH": str(ROOT), **env}, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**clean, "PYTHONPATH": str(ROOT), **env},
+        timeout=60,
+    )
 
 
-@pytest.mark.parametrize(("setting", "message"), [
-    ("Nope=true", "unknown feature gate 'Nope'"),
-    ("DynamicMIG=maybe", "feature gate DynamicMIG: value 'maybe' is not true or false"),
-])
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("Nope=true", "unknown feature gate 'Nope'"),
+        ("DynamicMIG=maybe", "feature gate DynamicMIG: value 'maybe' is not true or false"),
+    ],
+)
 def test_a_bad_setting_stops_a_service_naming_it(setting: str, message: str) -> None:
     done = gpu_dra("publisher", env={"GPU_DRA_FEATURE_GATES": setting})
     assert done.returncode == 2
@@ -36,18 +45,25 @@ def test_a_bad_setting_stops_a_service_naming_it(setting: str, message: str) -> 
 
 
 def test_a_gate_that_requires_another_is_refused_alone() -> None:
-    registry = {g.name: g for g in (featuregates.Gate(name="Base", stage="Alpha", default=False, description="b"),
-                                    featuregates.Gate(name="Top", stage="Alpha", default=False, requires=("Base",),
-                                                      description="t"))}
+    registry = {
+        g.name: g
+        for g in (
+            featuregates.Gate(name="Base", stage="Alpha", default=False, description="b"),
+            featuregates.Gate(name="Top", stage="Alpha", default=False, requires=("Base",), description="t"),
+        )
+    }
     with pytest.raises(featuregates.FeatureGateError, match="feature gate Top requires Base to be enabled too"):
         featuregates.parse("Top=true", registry)
     assert featuregates.parse("Top=true,Base=true", registry).enabled("Top")
 
 
-@pytest.mark.parametrize(("command", "gate"), [
-    (["publisher", "--passthrough"], "PassthroughSupport"),
-    (["discovery", "--simulate", "h100x1", "--fabric-manager-partitions"], "FabricManagerPartitioning"),
-])
+@pytest.mark.parametrize(
+    ("command", "gate"),
+    [
+        (["publisher", "--passthrough"], "PassthroughSupport"),
+        (["discovery", "--simulate", "h100x1", "--fabric-manager-partitions"], "FabricManagerPartitioning"),
+    ],
+)
 def test_a_feature_flag_without_its_gate_stops_the_service_naming_the_gate(command: list[str], gate: str) -> None:
     done = gpu_dra(*command, env={})
     assert done.returncode == 2 and f"--feature-gates {gate}=true" in done.stderr, done.stderr[-2000:]

@@ -49,9 +49,14 @@ def test_a_process_killed_while_writing_leaves_the_old_or_the_new_file(tmp_path:
         "import sys\nfrom pathlib import Path\nfrom shared.files import SlotFile\n"
         "s = SlotFile(Path(sys.argv[1])); s.open()\nn = 0\n"
         "while True:\n    s.write(str(n % 10).encode() * (1 << 20 if n % 2 else 1 << 16)); n += 1\n"
-        "    if n == 20: print('writing', flush=True)\n")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
+        "    if n == 20: print('writing', flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
     proc.kill()
     proc.wait()

@@ -53,8 +53,11 @@ async def test_metrics_are_prometheus_text_or_openmetrics_and_other_paths_are_40
         assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
         assert "gpu_dra_test_things_total 3.0" in text
         status, text, headers = await asyncio.to_thread(
-            get, server.port, "/metrics", {"Accept": "application/openmetrics-text; version=1.0.0",
-                                           "Accept-Encoding": "gzip"})
+            get,
+            server.port,
+            "/metrics",
+            {"Accept": "application/openmetrics-text; version=1.0.0", "Accept-Encoding": "gzip"},
+        )
         assert status == 200 and headers["Content-Type"].startswith("application/openmetrics-text")
         assert headers["Content-Encoding"] == "gzip" and text.rstrip().endswith("# EOF")
         status, text, _ = await asyncio.to_thread(get, server.port, "/metrics?name[]=nothing_here")
@@ -69,8 +72,10 @@ async def test_readyz_lists_failing_checks_and_follows_them() -> None:
     connected = asyncio.Event()
     async with endpoint(health) as server:
         remove = health.add_check("connected to NATS", connected.is_set)
-        with health.check("first scan done", lambda: True), \
-                health.check("broken", lambda: 1 / 0 == 0):  # a check that raises reads as not ready
+        with (
+            health.check("first scan done", lambda: True),
+            health.check("broken", lambda: 1 / 0 == 0),
+        ):  # a check that raises reads as not ready
             # One beat on this loop now: the watchdog task may not have run its first tick before the HTTP
             # thread answers, and a tick that ran before add_check has not seen these checks yet.
             health.tick()

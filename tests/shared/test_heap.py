@@ -110,8 +110,14 @@ def test_threads_allocate_from_the_main_arena_when_asked(mode: str, one: bool) -
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", _ARENAS, mode], cwd=repo, capture_output=True, text=True, timeout=60,
-                         env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", _ARENAS, mode],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     arenas = out.stderr.count("Arena ")
     assert (arenas == 1) if one else (arenas > 1), out.stderr

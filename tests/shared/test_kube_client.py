@@ -27,7 +27,8 @@ async def _version(api: ApiClient) -> str:
 
 
 async def test_https_is_verified_unless_skipping_is_asked_for_and_logged(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with running_apiserver(tmp_path) as server:
         assert server.url.startswith("https://")
         ca = tmp_path / "ca.pem"
@@ -40,8 +41,9 @@ async def test_https_is_verified_unless_skipping_is_asked_for_and_logged(
         assert not [r for r in caplog.records if "TLS verification" in r.getMessage()]
 
         with caplog.at_level(logging.WARNING, logger="shared.kube.client"):
-            assert await _version(await kube_api_client(url=server.url, token=server.token,
-                                                        insecure_skip_tls_verify=True))
+            assert await _version(
+                await kube_api_client(url=server.url, token=server.token, insecure_skip_tls_verify=True)
+            )
         warned = [r for r in caplog.records if "TLS verification of the API server is OFF" in r.getMessage()]
         assert len(warned) == 1 and warned[0].levelno == logging.WARNING
 
@@ -64,11 +66,14 @@ async def test_skipping_verification_without_a_url_is_refused() -> None:
         await kube_api_client(insecure_skip_tls_verify=True)
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--api-insecure-skip-tls-verify"], "need --api-url"),
-    (["--api-ca-file", "/etc/ca.pem"], "need --api-url"),
-    (["--api-url", "https://k:6443", "--api-ca-file", "/ca", "--api-insecure-skip-tls-verify"], "not both"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--api-insecure-skip-tls-verify"], "need --api-url"),
+        (["--api-ca-file", "/etc/ca.pem"], "need --api-url"),
+        (["--api-url", "https://k:6443", "--api-ca-file", "/ca", "--api-insecure-skip-tls-verify"], "not both"),
+    ],
+)
 def test_publisher_refuses_tls_settings_that_would_be_ignored(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config.parse(argv)
@@ -80,7 +85,8 @@ def test_publisher_takes_the_explicit_opt_in() -> None:
 
 
 async def test_requests_skip_environment_lookups_unless_a_proxy_is_set(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No proxy variable: the session does no .netrc/proxy lookups per request (they cost a thread hop
     each). HTTPS_PROXY set: requests go through that proxy, as client-go's do."""
     import asyncio
@@ -94,8 +100,16 @@ async def test_requests_skip_environment_lookups_unless_a_proxy_is_set(
     listener = await asyncio.start_server(proxy, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     async with running_apiserver(tmp_path) as server, listener:
-        for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy", "NO_PROXY",
-                     "no_proxy"):
+        for name in (
+            "HTTPS_PROXY",
+            "HTTP_PROXY",
+            "ALL_PROXY",
+            "https_proxy",
+            "http_proxy",
+            "all_proxy",
+            "NO_PROXY",
+            "no_proxy",
+        ):
             monkeypatch.delenv(name, raising=False)
         api = await kube_api_client(url=server.url, token=server.token, insecure_skip_tls_verify=True)
         assert api.rest_client.pool_manager.trust_env is False
@@ -121,7 +135,7 @@ async def test_the_pool_reuses_the_connection_released_last(tmp_path: Path) -> N
         try:
             connector = api.rest_client.pool_manager.connector
             await asyncio.gather(*(get_json(api, "/version") for _ in range(16)))
-            (key, idle), = connector._conns.items()
+            ((key, idle),) = connector._conns.items()
             assert len(idle) > 1, "the burst opened one connection only: nothing to test"
             opened = {protocol for protocol, _ in idle}
             used = set()

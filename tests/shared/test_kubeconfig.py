@@ -28,26 +28,37 @@ def _b64(data: bytes) -> str:
 def _kubeconfig(cluster: dict[str, Any], user: dict[str, Any] | None, *, current: str = "x") -> dict[str, Any]:
     """Two contexts (the other one's cluster and user differ), `current` chosen."""
     return {
-        "apiVersion": "v1", "kind": "Config", "preferences": {},
+        "apiVersion": "v1",
+        "kind": "Config",
+        "preferences": {},
         "clusters": [{"name": "other", "cluster": {"server": "https://other:1"}}, {"name": "c", "cluster": cluster}],
-        "users": [{"name": "o", "user": {"token": "other"}}] + ([{"name": "u", "user": user}] if user is not None
-                                                              else []),
-        "contexts": [{"name": "o", "context": {"cluster": "other", "user": "o"}},
-                     {"name": "x", "context": {"cluster": "c", **({"user": "u"} if user is not None else {})}}],
+        "users": [{"name": "o", "user": {"token": "other"}}]
+        + ([{"name": "u", "user": user}] if user is not None else []),
+        "contexts": [
+            {"name": "o", "context": {"cluster": "other", "user": "o"}},
+            {"name": "x", "context": {"cluster": "c", **({"user": "u"} if user is not None else {})}},
+        ],
         "current-context": current,
     }
 
 
 CASES = {
     "CA data and token": _kubeconfig(
-        {"server": "https://10.0.0.1:6443/", "certificate-authority-data": _b64(b"CA PEM")}, {"token": "secret"}),
+        {"server": "https://10.0.0.1:6443/", "certificate-authority-data": _b64(b"CA PEM")}, {"token": "secret"}
+    ),
     "client certificate data and a CA file beside the kubeconfig": _kubeconfig(
         {"server": "https://api.example:443", "certificate-authority": "ca.pem"},
-        {"client-certificate-data": _b64(b"CERT PEM"), "client-key-data": _b64(b"KEY PEM")}),
+        {"client-certificate-data": _b64(b"CERT PEM"), "client-key-data": _b64(b"KEY PEM")},
+    ),
     "client certificate files, insecure, server name and proxy": _kubeconfig(
-        {"server": "https://10.0.0.1:6443", "insecure-skip-tls-verify": True, "tls-server-name": "kubernetes",
-         "proxy-url": "http://proxy:3128"},
-        {"client-certificate": "certs/client.pem", "client-key": "certs/client.key", "token": "t"}),
+        {
+            "server": "https://10.0.0.1:6443",
+            "insecure-skip-tls-verify": True,
+            "tls-server-name": "kubernetes",
+            "proxy-url": "http://proxy:3128",
+        },
+        {"client-certificate": "certs/client.pem", "client-key": "certs/client.key", "token": "t"},
+    ),
     "plain http, no user": _kubeconfig({"server": "http://127.0.0.1:8080"}, None),
 }
 
@@ -82,15 +93,21 @@ async def test_json_kubeconfig_gives_what_the_loader_gives(tmp_path: Path, case:
         assert os.stat(fast.ssl_ca_cert).st_mode & 0o077 == 0, "a credential's file is readable by others"
 
 
-@pytest.mark.parametrize(("text", "why"), [
-    ("apiVersion: v1\nkind: Config\ncurrent-context: x\n", "YAML"),
-    (json.dumps(_kubeconfig({"server": "https://k"}, {"exec": {"command": "get-token"}})), "an exec plugin"),
-    (json.dumps(_kubeconfig({"server": "https://k"}, {"auth-provider": {"name": "oidc"}})), "an auth provider"),
-    (json.dumps(_kubeconfig({"server": "https://k"}, {"tokenFile": "/t"})), "a token file"),
-    (json.dumps(_kubeconfig({"server": "https://k"}, {"username": "a", "password": "b"})), "basic auth"),
-    (json.dumps(_kubeconfig({"server": "https://k", "certificate-authority": "missing.pem"}, None)), "a missing file"),
-    (json.dumps(_kubeconfig({"server": "https://k"}, None, current="gone")), "no such context"),
-])
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("apiVersion: v1\nkind: Config\ncurrent-context: x\n", "YAML"),
+        (json.dumps(_kubeconfig({"server": "https://k"}, {"exec": {"command": "get-token"}})), "an exec plugin"),
+        (json.dumps(_kubeconfig({"server": "https://k"}, {"auth-provider": {"name": "oidc"}})), "an auth provider"),
+        (json.dumps(_kubeconfig({"server": "https://k"}, {"tokenFile": "/t"})), "a token file"),
+        (json.dumps(_kubeconfig({"server": "https://k"}, {"username": "a", "password": "b"})), "basic auth"),
+        (
+            json.dumps(_kubeconfig({"server": "https://k", "certificate-authority": "missing.pem"}, None)),
+            "a missing file",
+        ),
+        (json.dumps(_kubeconfig({"server": "https://k"}, None, current="gone")), "no such context"),
+    ],
+)
 def test_what_the_json_reader_does_not_cover_goes_to_the_loader(tmp_path: Path, text: str, why: str) -> None:
     path = tmp_path / "kubeconfig"
     path.write_text(text)
@@ -113,6 +130,7 @@ async def test_the_servers_kubeconfig_is_json_and_a_client_from_it_works(tmp_pat
             await api.close()
         # the same kubeconfig as YAML still works, through the loader
         import yaml
+
         as_yaml = tmp_path / "yaml.kubeconfig"
         as_yaml.write_text(yaml.safe_dump(json.loads(written.read_text())))
         api = await kube_api_client(str(as_yaml))

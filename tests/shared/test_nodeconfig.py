@@ -21,14 +21,29 @@ GIB = 1 << 30
 
 
 def gpu(minor: int = 0, product: str = "NVIDIA H100 80GB HBM3", arch: str = "Hopper", gib: int = 80) -> Gpu:
-    return Gpu(name=f"gpu-{minor}", index=minor, minor=minor, uuid=f"GPU-{minor:04d}", product_name=product,
-               brand="Nvidia", architecture=arch, cuda_compute_capability="9.0.0", memory_bytes=gib * GIB,
-               pci_bus_id=f"0000:{minor:02x}:00.0")
+    return Gpu(
+        name=f"gpu-{minor}",
+        index=minor,
+        minor=minor,
+        uuid=f"GPU-{minor:04d}",
+        product_name=product,
+        brand="Nvidia",
+        architecture=arch,
+        cuda_compute_capability="9.0.0",
+        memory_bytes=gib * GIB,
+        pci_bus_id=f"0000:{minor:02x}:00.0",
+    )
 
 
 def config(*rules: dict[str, Any]) -> nodeconfig.NodeConfig:
-    return nodeconfig.from_obj({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "NodeConfig",
-                                "metadata": {"name": "t"}, "spec": {"rules": list(rules)}})
+    return nodeconfig.from_obj(
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "NodeConfig",
+            "metadata": {"name": "t"},
+            "spec": {"rules": list(rules)},
+        }
+    )
 
 
 def test_no_rules_means_every_gpu_exclusive_decided_by_no_rule() -> None:
@@ -41,11 +56,19 @@ def test_the_most_specific_rule_wins_and_ties_go_to_the_earlier_rule() -> None:
     cfg = config(
         {"name": "everyone", "sharing": "timeSlicing"},
         {"name": "dev", "nodeSelector": {"matchLabels": {"pool": "dev"}}, "sharing": "shares"},
-        {"name": "dev-too", "nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "In",
-                                                                     "values": ["dev"]}]}, "sharing": "exclusive"},
-        {"name": "dev-hopper-big", "nodeSelector": {"matchLabels": {"pool": "dev"}},
-         "gpus": {"architecture": "Hopper", "memory": {"min": "40Gi"}}, "sharing": "mpsShares",
-         "memoryStep": "10Gi", "computeStep": 20},
+        {
+            "name": "dev-too",
+            "nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["dev"]}]},
+            "sharing": "exclusive",
+        },
+        {
+            "name": "dev-hopper-big",
+            "nodeSelector": {"matchLabels": {"pool": "dev"}},
+            "gpus": {"architecture": "Hopper", "memory": {"min": "40Gi"}},
+            "sharing": "mpsShares",
+            "memoryStep": "10Gi",
+            "computeStep": 20,
+        },
     )
     big, small, ampere = gpu(0), gpu(1, gib=24), gpu(2, "NVIDIA A100-SXM4-40GB", "Ampere", 40)
     dev = nodeconfig.resolve(cfg, {"pool": "dev"}, [big, small, ampere])
@@ -58,48 +81,58 @@ def test_the_most_specific_rule_wins_and_ties_go_to_the_earlier_rule() -> None:
     assert nodeconfig.resolve(cfg, {}, [big])["gpu-0"].rule == "everyone"
 
 
-@pytest.mark.parametrize(("expr", "labels", "hit"), [
-    ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {"zone": "b"}, True),
-    ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {"zone": "a"}, False),
-    ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {}, True),
-    ({"key": "gpu", "operator": "Exists"}, {"gpu": ""}, True),
-    ({"key": "gpu", "operator": "Exists"}, {}, False),
-    ({"key": "gpu", "operator": "DoesNotExist"}, {}, True),
-    ({"key": "zone", "operator": "In", "values": ["a", "b"]}, {"zone": "c"}, False),
-])
+@pytest.mark.parametrize(
+    ("expr", "labels", "hit"),
+    [
+        ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {"zone": "b"}, True),
+        ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {"zone": "a"}, False),
+        ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {}, True),
+        ({"key": "gpu", "operator": "Exists"}, {"gpu": ""}, True),
+        ({"key": "gpu", "operator": "Exists"}, {}, False),
+        ({"key": "gpu", "operator": "DoesNotExist"}, {}, True),
+        ({"key": "zone", "operator": "In", "values": ["a", "b"]}, {"zone": "c"}, False),
+    ],
+)
 def test_match_expressions_follow_kubernetes_label_selector_semantics(expr, labels, hit) -> None:
     cfg = config({"name": "r", "nodeSelector": {"matchExpressions": [expr]}, "sharing": "shares"})
     assert (nodeconfig.setting_for(cfg, labels, gpu()).rule == "r") is hit
 
 
 def test_gpu_attributes_product_name_and_memory_bounds_select() -> None:
-    cfg = config({"name": "small", "gpus": {"memory": {"max": "24Gi"}}, "sharing": "shares"},
-                 {"name": "a100", "gpus": {"productName": "NVIDIA A100-SXM4-40GB"}, "sharing": "timeSlicing"})
+    cfg = config(
+        {"name": "small", "gpus": {"memory": {"max": "24Gi"}}, "sharing": "shares"},
+        {"name": "a100", "gpus": {"productName": "NVIDIA A100-SXM4-40GB"}, "sharing": "timeSlicing"},
+    )
     got = nodeconfig.resolve(cfg, {}, [gpu(0), gpu(1, gib=24), gpu(2, "NVIDIA A100-SXM4-40GB", "Ampere", 40)])
     assert {k: v.rule for k, v in got.items()} == {"gpu-0": None, "gpu-1": "small", "gpu-2": "a100"}
 
 
-@pytest.mark.parametrize(("rule", "field"), [
-    ({"name": "r", "sharing": "sliced"}, "spec.rules[0].sharing"),
-    ({"name": "r", "sharing": "shares", "maxShares": 0}, "spec.rules[0].maxShares"),
-    ({"name": "r", "sharing": "mpsShares", "computeStep": 101}, "spec.rules[0].computeStep"),
-    ({"name": "r", "sharing": "mpsShares", "computeStep": 30}, "spec.rules[0].computeStep"),
-    ({"name": "r", "sharing": "shares", "computeStep": 10}, "spec.rules[0].computeStep"),
-    ({"name": "r", "sharing": "shares", "memoryStep": "ten gigs"}, "spec.rules[0].memoryStep"),
-    ({"name": "r", "sharing": "shares", "memoryStep": "1500Ki"}, "spec.rules[0].memoryStep"),
-    ({"name": "r", "sharing": "exclusive", "memoryStep": "1Gi"}, "spec.rules[0].memoryStep"),
-    ({"name": "r", "memoryStep": "1Gi"}, "spec.rules[0].memoryStep"),
-    ({"name": "r", "sharing": "shares", "timeSliceInterval": "Short"}, "spec.rules[0].timeSliceInterval"),
-    ({"name": "r", "sharing": "shares", "mig": "dynamic"}, "spec.rules[0].mig"),
-    ({"name": "r", "sharing": "shares", "maxShares": 4, "memoryDefault": "all"}, "spec.rules[0].memoryDefault"),
-    ({"name": "r", "gpus": {"memory": {"min": "80Gi", "max": "40Gi"}}}, "spec.rules[0].gpus.memory"),
-    ({"name": "r", "gpus": {"memory": {"min": "lots"}}}, "spec.rules[0].gpus.memory.min"),
-    ({"name": "r", "gpus": {"vendor": "nvidia"}}, "spec.rules[0].gpus"),
-    ({"name": "r", "healthTaintEffect": "Evict"}, "spec.rules[0].healthTaintEffect"),
-    ({"name": "r", "nodeSelector": {"matchExpressions": [{"key": "k", "operator": "In"}]}},
-     "spec.rules[0].nodeSelector.matchExpressions[0].values"),
-    ({"sharing": "shares"}, "spec.rules[0]"),
-])
+@pytest.mark.parametrize(
+    ("rule", "field"),
+    [
+        ({"name": "r", "sharing": "sliced"}, "spec.rules[0].sharing"),
+        ({"name": "r", "sharing": "shares", "maxShares": 0}, "spec.rules[0].maxShares"),
+        ({"name": "r", "sharing": "mpsShares", "computeStep": 101}, "spec.rules[0].computeStep"),
+        ({"name": "r", "sharing": "mpsShares", "computeStep": 30}, "spec.rules[0].computeStep"),
+        ({"name": "r", "sharing": "shares", "computeStep": 10}, "spec.rules[0].computeStep"),
+        ({"name": "r", "sharing": "shares", "memoryStep": "ten gigs"}, "spec.rules[0].memoryStep"),
+        ({"name": "r", "sharing": "shares", "memoryStep": "1500Ki"}, "spec.rules[0].memoryStep"),
+        ({"name": "r", "sharing": "exclusive", "memoryStep": "1Gi"}, "spec.rules[0].memoryStep"),
+        ({"name": "r", "memoryStep": "1Gi"}, "spec.rules[0].memoryStep"),
+        ({"name": "r", "sharing": "shares", "timeSliceInterval": "Short"}, "spec.rules[0].timeSliceInterval"),
+        ({"name": "r", "sharing": "shares", "mig": "dynamic"}, "spec.rules[0].mig"),
+        ({"name": "r", "sharing": "shares", "maxShares": 4, "memoryDefault": "all"}, "spec.rules[0].memoryDefault"),
+        ({"name": "r", "gpus": {"memory": {"min": "80Gi", "max": "40Gi"}}}, "spec.rules[0].gpus.memory"),
+        ({"name": "r", "gpus": {"memory": {"min": "lots"}}}, "spec.rules[0].gpus.memory.min"),
+        ({"name": "r", "gpus": {"vendor": "nvidia"}}, "spec.rules[0].gpus"),
+        ({"name": "r", "healthTaintEffect": "Evict"}, "spec.rules[0].healthTaintEffect"),
+        (
+            {"name": "r", "nodeSelector": {"matchExpressions": [{"key": "k", "operator": "In"}]}},
+            "spec.rules[0].nodeSelector.matchExpressions[0].values",
+        ),
+        ({"sharing": "shares"}, "spec.rules[0]"),
+    ],
+)
 def test_a_bad_rule_is_refused_naming_the_field(rule: dict[str, Any], field: str) -> None:
     with pytest.raises(nodeconfig.NodeConfigError) as err:
         config(rule)
@@ -122,7 +155,9 @@ def test_objects_merge_in_name_order_with_their_rules_named_after_them() -> None
     assert (dev.rule, dev.max_shares) == ("a/dev", 4)  # a tie: the object whose name sorts first
     [prod] = nodeconfig.resolve(merged, {"pool": "prod"}, [gpu()]).values()
     assert prod.rule == "b/all"
-    assert nodeconfig.merge({}) is nodeconfig.DEFAULT and nodeconfig.merge({"x": nodeconfig.DEFAULT}) is nodeconfig.DEFAULT
+    assert (
+        nodeconfig.merge({}) is nodeconfig.DEFAULT and nodeconfig.merge({"x": nodeconfig.DEFAULT}) is nodeconfig.DEFAULT
+    )
 
 
 def _crd_schema() -> dict[str, Any]:
@@ -144,9 +179,15 @@ def test_the_crd_schema_knows_every_rule_field_of_the_types() -> None:
 
 def test_there_is_an_example_per_mode() -> None:
     names = {p.name for p in EXAMPLES}
-    assert {"exclusive.yaml", "time-slicing.yaml", "mps-shares.yaml", "shares.yaml",
-            "nvidia-consumable-shares-memory.yaml", "nvidia-consumable-shares-unlimited.yaml",
-            "nvidia-consumable-shares-count.yaml"} <= names
+    assert {
+        "exclusive.yaml",
+        "time-slicing.yaml",
+        "mps-shares.yaml",
+        "shares.yaml",
+        "nvidia-consumable-shares-memory.yaml",
+        "nvidia-consumable-shares-unlimited.yaml",
+        "nvidia-consumable-shares-count.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -166,27 +207,62 @@ def test_the_mps_shares_example_puts_every_gpu_into_10gib_and_10_percent_steps()
 
 def test_a_broken_file_is_refused_naming_the_file_and_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("apiVersion: resource.nvidia.com/v1beta1\nkind: NodeConfig\nspec:\n  rules:\n"
-                   "  - name: r\n    sharing: shares\n    maxShares: -2\n")
+    bad.write_text(
+        "apiVersion: resource.nvidia.com/v1beta1\nkind: NodeConfig\nspec:\n  rules:\n"
+        "  - name: r\n    sharing: shares\n    maxShares: -2\n"
+    )
     with pytest.raises(nodeconfig.NodeConfigError, match=r"bad.yaml: .*spec.rules\[0\].maxShares"):
         nodeconfig.load(bad)
 
 
 def test_explain_prints_each_gpus_setting_and_the_deciding_rule(tmp_path: Path, capsys) -> None:
-    inv = NodeInventory(node="dev-1", driver_version="580.65.06", cuda_driver_version="13.0",
-                        gpus=[gpu(0), gpu(1, gib=24)])
+    inv = NodeInventory(
+        node="dev-1", driver_version="580.65.06", cuda_driver_version="13.0", gpus=[gpu(0), gpu(1, gib=24)]
+    )
     inv_file = tmp_path / "inv.json"
     inv_file.write_bytes(msgspec.json.encode(inv))
-    rc = cli.main(["nodeconfig", "explain", "dev-1", "--config", str(ROOT / "examples/node-config/shares.yaml"),
-                   "--inventory", str(inv_file), "--labels", "pool=dev,zone=a"])
+    rc = cli.main(
+        [
+            "nodeconfig",
+            "explain",
+            "dev-1",
+            "--config",
+            str(ROOT / "examples/node-config/shares.yaml"),
+            "--inventory",
+            str(inv_file),
+            "--labels",
+            "pool=dev,zone=a",
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     assert rc == 0, out
     assert out[0] == "node dev-1: 2 GPU(s), 2 rule(s)"
     assert out[1].startswith("  gpu-0 (NVIDIA H100 80GB HBM3): sharing=shares memoryStep=4096Mi memoryDefault=all")
     assert "healthTaintEffect=NoExecute" in out[1] and out[1].endswith("<- rule 'dev-pool-big-gpus'")
     assert "sharing=exclusive" in out[2] and out[2].endswith("<- rule 'dev-pool'")
-    rc = cli.main(["nodeconfig", "explain", "dev-1", "--config", str(ROOT / "examples/node-config/shares.yaml"),
-                   "--inventory", str(inv_file)])
+    rc = cli.main(
+        [
+            "nodeconfig",
+            "explain",
+            "dev-1",
+            "--config",
+            str(ROOT / "examples/node-config/shares.yaml"),
+            "--inventory",
+            str(inv_file),
+        ]
+    )
     assert rc == 0 and capsys.readouterr().out.splitlines()[1].endswith("<- no rule matched (default)")
-    assert cli.main(["nodeconfig", "explain", "other", "--config", str(ROOT / "examples/node-config/shares.yaml"),
-                     "--inventory", str(inv_file)]) == 2
+    assert (
+        cli.main(
+            [
+                "nodeconfig",
+                "explain",
+                "other",
+                "--config",
+                str(ROOT / "examples/node-config/shares.yaml"),
+                "--inventory",
+                str(inv_file),
+            ]
+        )
+        == 2
+    )

@@ -17,8 +17,12 @@ from shared.events.schema import write_schemas
 
 
 def test_schema_export_cli_writes_valid_schemas(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "events", "schema", "--out", str(tmp_path)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "events", "schema", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "wrote" in out.stdout
     index = json.loads((tmp_path / "index.json").read_text())
     assert {e["subject"] for e in index["subjects"]} == {e.subject for e in CATALOG}
@@ -32,6 +36,7 @@ def test_schema_accepts_real_messages_and_rejects_wrong_types(tmp_path: Path) ->
     write_schemas(tmp_path)
     schema = json.loads((tmp_path / "DeviceHealth.json").read_text())
     from shared.events.health import DeviceHealth
+
     good = json.loads(msgspec.json.encode(DeviceHealth(node="n", device="gpu-0", state="Unhealthy", xid=79)))
     jsonschema.validate(good, schema)
     with pytest.raises(jsonschema.ValidationError):

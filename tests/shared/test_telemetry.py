@@ -29,8 +29,15 @@ print(provider is None, recording, headers["traceparent"].split("-")[1], len(mem
 
 
 def run(exporter: str) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", SCRIPT, exporter, PARENT], cwd=REPO, capture_output=True,
-                         text=True, check=True, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, exporter, PARENT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     return out.stdout.split()
 
 
@@ -51,10 +58,12 @@ shutdown_telemetry()
 """
 
 
-@pytest.mark.parametrize(("protocol", "sampler"), [("http/protobuf", "parentbased_always_on"), ("grpc", ""),
-                                                   ("grpc", "traceidratio")])
+@pytest.mark.parametrize(
+    ("protocol", "sampler"), [("http/protobuf", "parentbased_always_on"), ("grpc", ""), ("grpc", "traceidratio")]
+)
 def test_otlp_over_the_protocol_the_env_names_with_the_services_resource_and_head_sampling(
-        protocol: str, sampler: str) -> None:
+    protocol: str, sampler: str
+) -> None:
     spans = Spans()
     stop: Callable[[], object]
     if protocol == "grpc":
@@ -64,12 +73,23 @@ def test_otlp_over_the_protocol_the_env_names_with_the_services_resource_and_hea
         http = http_receiver(spans)
         port, stop = http.server_address[1], http.shutdown
     try:
-        env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-               "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+        env = {
+            "PYTHONPATH": str(REPO),
+            "PATH": "/usr/bin:/bin",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        }
         if sampler:
             env |= {"OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": "0"}
-        out = subprocess.run([sys.executable, "-c", OTLP_SCRIPT], cwd=REPO, capture_output=True, text=True,
-                             check=True, timeout=60, env=env)
+        out = subprocess.run(
+            [sys.executable, "-c", OTLP_SCRIPT],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+            env=env,
+        )
     finally:
         stop()
     traceparent = out.stdout.strip()
@@ -100,9 +120,15 @@ print(idle.is_recording() or idle.get_span_context().trace_flags.sampled, cause.
 
 @pytest.mark.parametrize(("ratio", "idle_kept"), [("0", "False"), ("1", "True")])
 def test_periodic_roots_are_sampled_at_their_own_ratio_and_work_they_join_is_not(ratio: str, idle_kept: str) -> None:
-    out = subprocess.run([sys.executable, "-c", PERIODIC_SCRIPT], cwd=REPO, capture_output=True, text=True,
-                         check=True, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                      "GPU_DRA_OTEL_PERIODIC_RATIO": ratio})
+    out = subprocess.run(
+        [sys.executable, "-c", PERIODIC_SCRIPT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "GPU_DRA_OTEL_PERIODIC_RATIO": ratio},
+    )
     assert out.stdout.split() == [idle_kept, "True", "True"], out.stderr
 
 
@@ -127,6 +153,13 @@ print(current, ok.parent.span_id == parent.get_span_context().span_id, ok.attrib
 
 
 def test_a_leaf_span_is_the_current_spans_child_without_becoming_current_and_records_a_failure() -> None:
-    out = subprocess.run([sys.executable, "-c", LEAF_SCRIPT], cwd=REPO, capture_output=True, text=True,
-                         check=True, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", LEAF_SCRIPT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert out.stdout.split() == ["True", "True", "1", "ERROR", "exception", "True"], out.stderr

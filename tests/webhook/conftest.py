@@ -38,13 +38,29 @@ class RunningWebhook:
 
 
 @contextlib.asynccontextmanager
-async def running_webhook(cert_dir: Path, *flags: str, env: dict[str, str] | None = None) -> AsyncIterator[RunningWebhook]:
+async def running_webhook(
+    cert_dir: Path, *flags: str, env: dict[str, str] | None = None
+) -> AsyncIterator[RunningWebhook]:
     """`gpu-dra webhook --self-signed` on a port it picks; ready once it logs the URL it serves."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "webhook", "--self-signed", "--cert-dir", str(cert_dir),
-        "--host", "127.0.0.1", "--port", "0", *flags, cwd=ROOT, env={**clean, "PYTHONPATH": str(ROOT), **(env or {})},
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "webhook",
+        "--self-signed",
+        "--cert-dir",
+        str(cert_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        *flags,
+        cwd=ROOT,
+        env={**clean, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     assert process.stderr is not None
     seen: list[str] = []
     try:

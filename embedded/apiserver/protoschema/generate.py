@@ -21,10 +21,25 @@ from typing import Any
 
 # (repository, package directory) for each proto package the roots reach.
 PACKAGES = {
-    "k8s.io.api.{}".format(d.replace("/", ".")): ("api", d) for d in (
-        "core/v1", "apps/v1", "batch/v1", "policy/v1", "coordination/v1", "events/v1", "rbac/v1",
-        "networking/v1", "admissionregistration/v1", "resource/v1", "resource/v1beta1", "resource/v1beta2",
-        "authentication/v1", "authorization/v1", "autoscaling/v1", "scheduling/v1alpha3")
+    "k8s.io.api.{}".format(d.replace("/", ".")): ("api", d)
+    for d in (
+        "core/v1",
+        "apps/v1",
+        "batch/v1",
+        "policy/v1",
+        "coordination/v1",
+        "events/v1",
+        "rbac/v1",
+        "networking/v1",
+        "admissionregistration/v1",
+        "resource/v1",
+        "resource/v1beta1",
+        "resource/v1beta2",
+        "authentication/v1",
+        "authorization/v1",
+        "autoscaling/v1",
+        "scheduling/v1alpha3",
+    )
 } | {
     "k8s.io.apimachinery.pkg.apis.meta.v1": ("apimachinery", "pkg/apis/meta/v1"),
     "k8s.io.apimachinery.pkg.runtime": ("apimachinery", "pkg/runtime"),
@@ -34,60 +49,114 @@ PACKAGES = {
 }
 
 # Messages the codec converts itself (their JSON is a string, a number or raw JSON): not expanded.
-SPECIAL = {"apis.meta.v1.Time", "apis.meta.v1.MicroTime", "apis.meta.v1.Duration", "api.resource.Quantity",
-           "util.intstr.IntOrString", "runtime.RawExtension", "apis.meta.v1.FieldsV1"}
+SPECIAL = {
+    "apis.meta.v1.Time",
+    "apis.meta.v1.MicroTime",
+    "apis.meta.v1.Duration",
+    "api.resource.Quantity",
+    "util.intstr.IntOrString",
+    "runtime.RawExtension",
+    "apis.meta.v1.FieldsV1",
+}
 
 # The kinds served in protobuf: (apiVersion, kind) -> message; each kind's List too.
-_CORE = ["Pod", "Node", "Namespace", "Event", "ConfigMap", "Secret", "ServiceAccount", "Service", "Endpoints",
-         "Binding"]
+_CORE = [
+    "Pod",
+    "Node",
+    "Namespace",
+    "Event",
+    "ConfigMap",
+    "Secret",
+    "ServiceAccount",
+    "Service",
+    "Endpoints",
+    "Binding",
+]
 ROOTS: list[tuple[str, str, str]] = (
     [("v1", k, f"core.v1.{k}") for k in _CORE]
     + [("apps/v1", k, f"apps.v1.{k}") for k in ("Deployment", "ReplicaSet", "DaemonSet", "StatefulSet")]
-    + [("batch/v1", "Job", "batch.v1.Job"), ("policy/v1", "PodDisruptionBudget", "policy.v1.PodDisruptionBudget"),
-       ("policy/v1", "Eviction", "policy.v1.Eviction"),
-       ("coordination.k8s.io/v1", "Lease", "coordination.v1.Lease"),
-       ("events.k8s.io/v1", "Event", "events.v1.Event"),
-       ("autoscaling/v1", "Scale", "autoscaling.v1.Scale")]
-    + [("rbac.authorization.k8s.io/v1", k, f"rbac.v1.{k}")
-       for k in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")]
+    + [
+        ("batch/v1", "Job", "batch.v1.Job"),
+        ("policy/v1", "PodDisruptionBudget", "policy.v1.PodDisruptionBudget"),
+        ("policy/v1", "Eviction", "policy.v1.Eviction"),
+        ("coordination.k8s.io/v1", "Lease", "coordination.v1.Lease"),
+        ("events.k8s.io/v1", "Event", "events.v1.Event"),
+        ("autoscaling/v1", "Scale", "autoscaling.v1.Scale"),
+    ]
+    + [
+        ("rbac.authorization.k8s.io/v1", k, f"rbac.v1.{k}")
+        for k in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+    ]
     + [("networking.k8s.io/v1", k, f"networking.v1.{k}") for k in ("NetworkPolicy", "Ingress", "IngressClass")]
-    + [("admissionregistration.k8s.io/v1", k, f"admissionregistration.v1.{k}")
-       for k in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
-                 "ValidatingAdmissionPolicyBinding")]
-    + [(f"resource.k8s.io/{v}", k, f"resource.{v}.{k}") for v in ("v1", "v1beta1", "v1beta2")
-       for k in ("ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass")]
-    + [("authorization.k8s.io/v1", k, f"authorization.v1.{k}")
-       for k in ("SelfSubjectAccessReview", "SelfSubjectRulesReview", "SubjectAccessReview")]
+    + [
+        ("admissionregistration.k8s.io/v1", k, f"admissionregistration.v1.{k}")
+        for k in (
+            "ValidatingWebhookConfiguration",
+            "MutatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        )
+    ]
+    + [
+        (f"resource.k8s.io/{v}", k, f"resource.{v}.{k}")
+        for v in ("v1", "v1beta1", "v1beta2")
+        for k in ("ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
+    ]
+    + [
+        ("authorization.k8s.io/v1", k, f"authorization.v1.{k}")
+        for k in ("SelfSubjectAccessReview", "SelfSubjectRulesReview", "SubjectAccessReview")
+    ]
     + [("authentication.k8s.io/v1", k, f"authentication.v1.{k}") for k in ("TokenRequest", "TokenReview")]
 )
-UNLISTED = {"Binding", "Eviction", "Scale", "SelfSubjectAccessReview", "SelfSubjectRulesReview",
-            "SubjectAccessReview", "TokenRequest", "TokenReview"}
-META = ["apis.meta.v1.Status", "apis.meta.v1.WatchEvent", "apis.meta.v1.DeleteOptions",
-        "apis.meta.v1.PartialObjectMetadata", "apis.meta.v1.PartialObjectMetadataList", "runtime.Unknown"]
+UNLISTED = {
+    "Binding",
+    "Eviction",
+    "Scale",
+    "SelfSubjectAccessReview",
+    "SelfSubjectRulesReview",
+    "SubjectAccessReview",
+    "TokenRequest",
+    "TokenReview",
+}
+META = [
+    "apis.meta.v1.Status",
+    "apis.meta.v1.WatchEvent",
+    "apis.meta.v1.DeleteOptions",
+    "apis.meta.v1.PartialObjectMetadata",
+    "apis.meta.v1.PartialObjectMetadataList",
+    "runtime.Unknown",
+]
 
 SCALARS = {"string", "bytes", "bool", "int32", "int64", "uint32", "uint64", "double", "float"}
 _FIELD = re.compile(r"^\s*(optional|repeated)\s+([.\w]+)\s+(\w+)\s*=\s*(\d+)\s*;")
 _MAP = re.compile(r"^\s*map<\s*(\w+)\s*,\s*([.\w]+)\s*>\s+(\w+)\s*=\s*(\d+)\s*;")
 _STRUCT = re.compile(r"^type (\w+) struct \{")
-_GOFIELD = re.compile(r'^\s*(?:(\w+)\s+)?(\*?)(\[\]|map\[[^\]]+\])?[\w.*\[\]]*\s+`json:"([^",]*)((?:,\w+)*)"'
-                      r'.*?protobuf:"\w+,(\d+),')
+_GOFIELD = re.compile(
+    r'^\s*(?:(\w+)\s+)?(\*?)(\[\]|map\[[^\]]+\])?[\w.*\[\]]*\s+`json:"([^",]*)((?:,\w+)*)"'
+    r'.*?protobuf:"\w+,(\d+),'
+)
 
 
 def short(package: str) -> str:
     for prefix in ("k8s.io.api.", "k8s.io.apimachinery.pkg."):
         if package.startswith(prefix):
-            return package[len(prefix):]
+            return package[len(prefix) :]
     raise ValueError(f"unexpected proto package {package}")
 
 
 def git_show(repo: Path, path: str) -> str:
-    return subprocess.run(["git", "--git-dir", str(_gitdir(repo)), "show", f"HEAD:{path}"], check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "--git-dir", str(_gitdir(repo)), "show", f"HEAD:{path}"], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def git_ls(repo: Path, directory: str) -> list[str]:
-    out = subprocess.run(["git", "--git-dir", str(_gitdir(repo)), "ls-tree", "--name-only", "HEAD", directory + "/"],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["git", "--git-dir", str(_gitdir(repo)), "ls-tree", "--name-only", "HEAD", directory + "/"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return out.split()
 
 
@@ -202,11 +271,14 @@ def main(api_repo: Path, machinery_repo: Path, out: Path) -> None:
 
     kinds = {(api_version, kind): msg for api_version, kind, msg in ROOTS}
     kinds |= {(api_version, f"{kind}List"): f"{msg}List" for api_version, kind, msg in ROOTS if kind not in UNLISTED}
-    kinds |= {("v1", "Status"): "apis.meta.v1.Status", ("meta.k8s.io/v1", "Status"): "apis.meta.v1.Status",
-              ("v1", "DeleteOptions"): "apis.meta.v1.DeleteOptions",
-              ("meta.k8s.io/v1", "DeleteOptions"): "apis.meta.v1.DeleteOptions",
-              ("meta.k8s.io/v1", "PartialObjectMetadata"): "apis.meta.v1.PartialObjectMetadata",
-              ("meta.k8s.io/v1", "PartialObjectMetadataList"): "apis.meta.v1.PartialObjectMetadataList"}
+    kinds |= {
+        ("v1", "Status"): "apis.meta.v1.Status",
+        ("meta.k8s.io/v1", "Status"): "apis.meta.v1.Status",
+        ("v1", "DeleteOptions"): "apis.meta.v1.DeleteOptions",
+        ("meta.k8s.io/v1", "DeleteOptions"): "apis.meta.v1.DeleteOptions",
+        ("meta.k8s.io/v1", "PartialObjectMetadata"): "apis.meta.v1.PartialObjectMetadata",
+        ("meta.k8s.io/v1", "PartialObjectMetadataList"): "apis.meta.v1.PartialObjectMetadataList",
+    }
     write(out, seen, kinds, sorted(n for n in nullable if n in seen), api_repo, machinery_repo)
 
 
@@ -215,12 +287,19 @@ def _short_type(type_: str) -> str:
 
 
 def _head(repo: Path) -> str:
-    return subprocess.run(["git", "--git-dir", str(_gitdir(repo)), "rev-parse", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "--git-dir", str(_gitdir(repo)), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
-def write(out: Path, messages: dict[str, Any], kinds: dict[tuple[str, str], str], nullable: list[str],
-          api_repo: Path, machinery_repo: Path) -> None:
+def write(
+    out: Path,
+    messages: dict[str, Any],
+    kinds: dict[tuple[str, str], str],
+    nullable: list[str],
+    api_repo: Path,
+    machinery_repo: Path,
+) -> None:
     lines = [
         '"""GENERATED by embedded/apiserver/protoschema/generate.py: do not edit.',
         "",

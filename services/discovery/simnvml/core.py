@@ -22,8 +22,12 @@ _BASE = 0x7F00_0000_0000
 KIND_GPU, KIND_GI, KIND_CI, KIND_MIG, KIND_SET = 1, 2, 3, 4, 5
 CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}  # NVML_COMPUTE_INSTANCE_PROFILE_* -> slices
 NO_ID = 0xFFFFFFFF
-SUPPORTED_EVENTS: int = (N.nvmlEventTypeXidCriticalError | N.nvmlEventTypeDoubleBitEccError
-                    | N.nvmlEventTypeSingleBitEccError | N.nvmlEventTypeGpuUnavailableError)
+SUPPORTED_EVENTS: int = (
+    N.nvmlEventTypeXidCriticalError
+    | N.nvmlEventTypeDoubleBitEccError
+    | N.nvmlEventTypeSingleBitEccError
+    | N.nvmlEventTypeGpuUnavailableError
+)
 
 
 def nvml_error(code: int) -> N.NVMLError:
@@ -101,20 +105,36 @@ class SimCore:
             root, numa = prof.root_of(bus)
             used_bus.add(bus.lower())
             cluster = g.fabric.cluster_uuid if g.fabric else profiles.DEFAULT_CLUSTER_UUID
-            clique = g.clique_id if g.clique_id is not None else (
-                g.fabric.clique_id if g.fabric else profiles.DEFAULT_CLIQUE_ID)
-            gpus.append(st.SimGpu(
-                index=i, profile=prof.key, uuid=gpu_uuid(node, i), minor=i, bus_id=bus.lower(),
-                pcie_root=root, numa_node=numa, mig_enabled=g.mig_enabled,
-                fabric_cluster_uuid=cluster if prof.fabric else "",
-                fabric_clique_id=clique if prof.fabric else 0,
-            ))
+            clique = (
+                g.clique_id
+                if g.clique_id is not None
+                else (g.fabric.clique_id if g.fabric else profiles.DEFAULT_CLIQUE_ID)
+            )
+            gpus.append(
+                st.SimGpu(
+                    index=i,
+                    profile=prof.key,
+                    uuid=gpu_uuid(node, i),
+                    minor=i,
+                    bus_id=bus.lower(),
+                    pcie_root=root,
+                    numa_node=numa,
+                    mig_enabled=g.mig_enabled,
+                    fabric_cluster_uuid=cluster if prof.fabric else "",
+                    fabric_clique_id=clique if prof.fabric else 0,
+                )
+            )
         cuda = first.cuda_version
         if machine.cuda_version:
             major, minor = machine.cuda_version.split(".")
             cuda = int(major) * 1000 + int(minor) * 10
-        state = st.SimState(node=node, machine=fp, driver_version=machine.driver_version or first.driver_version,
-                            cuda_version=cuda, gpus=gpus)
+        state = st.SimState(
+            node=node,
+            machine=fp,
+            driver_version=machine.driver_version or first.driver_version,
+            cuda_version=cuda,
+            gpus=gpus,
+        )
         self.state = state
         for gpu, g in zip(gpus, specs, strict=True):
             prof = profiles.lookup(g.profile)
@@ -128,11 +148,15 @@ class SimCore:
         st.save(self._state_file, self.state)
         if self._dev_root is not None:
             simpci.serve(self._dev_root)  # the node's PCI binds and unbinds (VFIO passthrough)
-            devtree.sync(self._dev_root, [
-                devtree.DevGpu(g.minor, g.bus_id, g.pcie_root, g.numa_node,
-                               [(gi.id, ci.id) for gi in g.gis for ci in gi.cis])
-                for g in self.state.gpus
-            ])
+            devtree.sync(
+                self._dev_root,
+                [
+                    devtree.DevGpu(
+                        g.minor, g.bus_id, g.pcie_root, g.numa_node, [(gi.id, ci.id) for gi in g.gis for ci in gi.cis]
+                    )
+                    for g in self.state.gpus
+                ],
+            )
 
     # ------------------------------------------------------------------ lookups
     def _gpu(self, handle: Any, allow_mig: bool = False) -> st.SimGpu:
@@ -340,8 +364,11 @@ class SimCore:
             gpu = self._gpu(handle)
             if mode == N.NVML_COMPUTEMODE_EXCLUSIVE_THREAD:
                 raise nvml_error(N.NVML_ERROR_NOT_SUPPORTED)
-            if mode not in (N.NVML_COMPUTEMODE_DEFAULT, N.NVML_COMPUTEMODE_PROHIBITED,
-                            N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS):
+            if mode not in (
+                N.NVML_COMPUTEMODE_DEFAULT,
+                N.NVML_COMPUTEMODE_PROHIBITED,
+                N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+            ):
                 raise nvml_error(N.NVML_ERROR_INVALID_ARGUMENT)
             if gpu.compute_mode != mode:
                 gpu.compute_mode = mode

@@ -77,8 +77,9 @@ class SimMig(SimCore):
 
     nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
 
-    def nvmlDeviceGetGpuInstancePossiblePlacements(self, handle: Any, profileId: int, placementsRef: Any,
-                                                   countRef: Any) -> int:
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, handle: Any, profileId: int, placementsRef: Any, countRef: Any
+    ) -> int:
         gpu = self._gpu(handle)
         self._require_mig_capable(gpu)
         spec = self._mig_spec_by_id(gpu, profileId)
@@ -156,16 +157,16 @@ class SimMig(SimCore):
             self._persist()
             return SUCCESS
 
-    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gpuInstance: Any, profile: int, engProfile: int,
-                                                     version: int = 2) -> Any:
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gpuInstance: Any, profile: int, engProfile: int, version: int = 2
+    ) -> Any:
         with self._lock:
             gpu, gi = self._gi_of(gpuInstance)
             gspec = self._mig_spec_by_index(gpu, gi.profile_index)
             slices = CI_SLICES.get(profile)
             if slices is None or slices > gspec.slices:
                 raise nvml_error(N.NVML_ERROR_NOT_SUPPORTED)
-            info = (N.c_nvmlComputeInstanceProfileInfo_v2_t() if version == 2
-                    else N.c_nvmlComputeInstanceProfileInfo_t())
+            info = N.c_nvmlComputeInstanceProfileInfo_v2_t() if version == 2 else N.c_nvmlComputeInstanceProfileInfo_t()
             info.id = profile
             info.sliceCount = slices
             info.instanceCount = gspec.slices // slices
@@ -188,8 +189,9 @@ class SimMig(SimCore):
             self._persist()
             return as_handle(N.c_nvmlComputeInstance_t, handle_addr(KIND_CI, gpu.index, gi.id, ci.id))
 
-    def nvmlGpuInstanceGetComputeInstances(self, gpuInstance: Any, profileId: int, computeInstancesRef: Any,
-                                           countRef: Any) -> int:
+    def nvmlGpuInstanceGetComputeInstances(
+        self, gpuInstance: Any, profileId: int, computeInstancesRef: Any, countRef: Any
+    ) -> int:
         with self._lock:
             gpu, gi = self._gi_of(gpuInstance)
             found = [c for c in gi.cis if c.profile_index == profileId]

@@ -72,8 +72,16 @@ class ChannelDriver:
     # undone by unprepare or by stale-claim cleanup; never rolled back at start
     resumable = True
 
-    def __init__(self, *, driver: str, node: str, records: ClaimRecords, inventory: Inventory, ready_timeout: float,
-                 request_timeout: float) -> None:
+    def __init__(
+        self,
+        *,
+        driver: str,
+        node: str,
+        records: ClaimRecords,
+        inventory: Inventory,
+        ready_timeout: float,
+        request_timeout: float,
+    ) -> None:
         self.driver = driver
         self.node = node
         self.records = records
@@ -83,32 +91,49 @@ class ChannelDriver:
         self.channels: ChannelPreparer | None = None
 
     def attach(self, bus: Bus) -> None:
-        self.channels = ChannelPreparer(bus, node=self.node, ready_timeout=self.ready_timeout,
-                                        request_timeout=self.request_timeout)
+        self.channels = ChannelPreparer(
+            bus, node=self.node, ready_timeout=self.ready_timeout, request_timeout=self.request_timeout
+        )
 
     # -- planning ----------------------------------------------------------------------------
-    async def plan(self, ref: ClaimRef, claim: ResourceClaim,
-                   results: list[tuple[int, AllocationResult]]) -> Plan | None:
+    async def plan(
+        self, ref: ClaimRef, claim: ResourceClaim, results: list[tuple[int, AllocationResult]]
+    ) -> Plan | None:
         if not results:
             return None  # no device of ours in the claim: nothing to do, remembered as done
         if len(results) != 1:
-            raise PrepareFailed(f"a ComputeDomain channel claim has exactly one {self.driver} device; this one has "
-                                f"{len(results)} ({', '.join(r.device for _, r in results)})", "invalid-config")
+            raise PrepareFailed(
+                f"a ComputeDomain channel claim has exactly one {self.driver} device; this one has "
+                f"{len(results)} ({', '.join(r.device for _, r in results)})",
+                "invalid-config",
+            )
         _, result = results[0]
         if result.device.startswith("daemon-"):
-            raise PrepareFailed(f"device {result.device} (class {DAEMON_DEVICE_CLASS}) is not prepared by this "
-                                "driver: the node's computedomain agent runs the IMEX daemon itself; workloads "
-                                "use the ComputeDomain's channel claim template", "invalid-config")
+            raise PrepareFailed(
+                f"device {result.device} (class {DAEMON_DEVICE_CLASS}) is not prepared by this "
+                "driver: the node's computedomain agent runs the IMEX daemon itself; workloads "
+                "use the ComputeDomain's channel claim template",
+                "invalid-config",
+            )
         if not result.device.startswith("channel-"):
-            raise PrepareFailed(f"device {result.device!r} is not a device this driver publishes (channel-0)",
-                                "invalid-config")
+            raise PrepareFailed(
+                f"device {result.device!r} is not a device this driver publishes (channel-0)", "invalid-config"
+            )
         config = self._config_for(claim, result.request)
         if self.channels is None or self.inventory.current is None:
-            raise PrepareFailed(f"not ready for channel claims yet on node {self.node} (NATS or discovery's "
-                                "inventory has not arrived); the kubelet retries", "device-busy")
+            raise PrepareFailed(
+                f"not ready for channel claims yet on node {self.node} (NATS or discovery's "
+                "inventory has not arrived); the kubelet retries",
+                "device-busy",
+            )
         self._guard(ref, result.device, config.domain_id)
-        device = PreparedDevice(requests=[result.request.split("/", 1)[0]], pool=result.pool, device=result.device,
-                                kind="channel", admin_access=bool(result.adminAccess))
+        device = PreparedDevice(
+            requests=[result.request.split("/", 1)[0]],
+            pool=result.pool,
+            device=result.device,
+            kind="channel",
+            admin_access=bool(result.adminAccess),
+        )
         # on disk before the join: a crash leaves the claim to unprepare or stale cleanup
         return Plan(devices=[device], configs=[msgspec.to_builtins(config)], record_first=True, work=config)
 
@@ -127,8 +152,10 @@ class ChannelDriver:
         named, unnamed = None, None
         for position, entry in enumerate(ordered):
             if entry.opaque is None:
-                raise PrepareFailed(f"only opaque parameters are supported by this driver (config entry {position} "
-                                    "has no 'opaque')", "invalid-config")
+                raise PrepareFailed(
+                    f"only opaque parameters are supported by this driver (config entry {position} has no 'opaque')",
+                    "invalid-config",
+                )
             if entry.opaque.driver != self.driver:
                 continue
             names = list(entry.requests or [])
@@ -138,9 +165,12 @@ class ChannelDriver:
                 unnamed = entry.opaque.parameters
         parameters = named if named is not None else unnamed
         if parameters is None:
-            raise PrepareFailed(f"request {request!r} has no {CHANNEL_CONFIG_KIND} for {self.driver}: channel "
-                                "claims come from the ComputeDomain's ResourceClaimTemplate "
-                                "(spec.channel.resourceClaimTemplate.name), which carries it", "invalid-config")
+            raise PrepareFailed(
+                f"request {request!r} has no {CHANNEL_CONFIG_KIND} for {self.driver}: channel "
+                "claims come from the ComputeDomain's ResourceClaimTemplate "
+                "(spec.channel.resourceClaimTemplate.name), which carries it",
+                "invalid-config",
+            )
         try:
             return parse_channel_config(parameters if isinstance(parameters, dict) else msgspec.json.encode(parameters))
         except ChannelConfigError as exc:
@@ -151,14 +181,22 @@ class ChannelDriver:
             if held.admin_access or domain_of(record) != domain:
                 continue  # another domain: the agent answers with the one-domain-per-node error
             # The log names the holder; the reply (this claim's) does not: it may be another tenant's claim.
-            log.warning("device held by another claim", claim=str(ref), device=device,
-                        holder=f"{record.namespace}/{record.name}:{uid}")
-            raise PrepareFailed(f"requested device {device} is already allocated to a different claim of the "
-                                "same ComputeDomain on this node", "device-busy")
+            log.warning(
+                "device held by another claim",
+                claim=str(ref),
+                device=device,
+                holder=f"{record.namespace}/{record.name}:{uid}",
+            )
+            raise PrepareFailed(
+                f"requested device {device} is already allocated to a different claim of the "
+                "same ComputeDomain on this node",
+                "device-busy",
+            )
 
     # -- prepare and undo --------------------------------------------------------------------
-    async def apply(self, ref: ClaimRef, claim: ResourceClaim, plan: Plan,
-                    record: ClaimRecord) -> AsyncGenerator[Record | SpecEdits, None]:
+    async def apply(
+        self, ref: ClaimRef, claim: ResourceClaim, plan: Plan, record: ClaimRecord
+    ) -> AsyncGenerator[Record | SpecEdits, None]:
         """Join the domain at the agent and wait for its daemon; the channel devices and the domain's env."""
         config: ComputeDomainChannelConfig = plan.work
         channels, inventory = self.channels, self.inventory.current
@@ -173,10 +211,21 @@ class ChannelDriver:
             if exc.retryable:
                 log.info("channel not ready yet; the kubelet retries", claim=str(ref), error=str(exc))
                 raise Pending(str(exc), "timeout") from None
-            raise PrepareFailed(str(exc), "invalid-config" if isinstance(exc, ChannelConfigError)
-                                else "device-error") from None
-        nodes = [DeviceNode(d.path, d.host_path, type="c", major=d.major, minor=d.minor,
-                            file_mode=CHANNEL_FILE_MODE, permissions="rw") for d in edits.device_nodes]
+            raise PrepareFailed(
+                str(exc), "invalid-config" if isinstance(exc, ChannelConfigError) else "device-error"
+            ) from None
+        nodes = [
+            DeviceNode(
+                d.path,
+                d.host_path,
+                type="c",
+                major=d.major,
+                minor=d.minor,
+                file_mode=CHANNEL_FILE_MODE,
+                permissions="rw",
+            )
+            for d in edits.device_nodes
+        ]
         # a node without NVLink fabric gets no IMEX channel, and no CDI device at all
         yield SpecEdits([CdiDevice(record.devices[0].device, nodes, env=list(edits.env))] if nodes else [])
 
@@ -184,8 +233,9 @@ class ChannelDriver:
         domain = domain_of(record)
         if domain:
             if self.channels is None:
-                raise ChannelError(f"NATS is not connected yet; cannot release claim {uid} at the computedomain "
-                                   "agent (will retry)")
+                raise ChannelError(
+                    f"NATS is not connected yet; cannot release claim {uid} at the computedomain agent (will retry)"
+                )
             with tracer.start_as_current_span("channel.leave") as span:
                 span.set_attribute("dra.compute_domain", domain)
                 await self.channels.unprepare(uid, domain)
@@ -198,8 +248,14 @@ class ChannelPlugin:
         cfg = ctx.cfg
         # dev root and simulation flag of the node (where /proc/devices and /dev live) come from discovery
         self.inventory = Inventory(cfg.node, ctx.plugin_dir / "inventory-cache.json", dev_root=cfg.dev_root)
-        self.channels = ChannelDriver(driver=ctx.driver, node=cfg.node, records=ctx.checkpoint, inventory=self.inventory,
-                                      ready_timeout=cfg.channel_ready_timeout, request_timeout=cfg.device_op_timeout)
+        self.channels = ChannelDriver(
+            driver=ctx.driver,
+            node=cfg.node,
+            records=ctx.checkpoint,
+            inventory=self.inventory,
+            ready_timeout=cfg.channel_ready_timeout,
+            request_timeout=cfg.device_op_timeout,
+        )
         self.preparer = ctx.preparer(self.channels, CHANNEL_CDI)
 
     async def start(self) -> None:

@@ -57,12 +57,21 @@ CONTROL_PERMISSIONS = "rwm"
 # Graphics-only libraries a compute container does not get (name prefixes; libGL covers GLES, GLX, GLdispatch).
 GRAPHICS_PREFIXES = ("libEGL", "libGL", "libOpenCL", "libOpenGL", "libnvidia-api", "libnvidia-egl-")
 EXTRA_LIBRARIES = ("libnvidia-nvvm70.so.*",)
-BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
-            "nvidia-cuda-mps-server", "nvidia-imex", "nvidia-imex-ctl")
+BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+)
 # Each IPC endpoint: the places it may be, first found wins.
-IPC_PATHS = (("/run/nvidia-persistenced/socket", "/var/run/nvidia-persistenced/socket"),
-             ("/run/nvidia-fabricmanager/socket", "/var/run/nvidia-fabricmanager/socket"),
-             ("/tmp/nvidia-mps",))  # noqa: S108 - the node-wide MPS pipe dir, as CUDA looks for it
+IPC_PATHS = (
+    ("/run/nvidia-persistenced/socket", "/var/run/nvidia-persistenced/socket"),
+    ("/run/nvidia-fabricmanager/socket", "/var/run/nvidia-fabricmanager/socket"),
+    ("/tmp/nvidia-mps",),
+)  # noqa: S108 - the node-wide MPS pipe dir, as CUDA looks for it
 HOOK_SEARCH_DIRS = ("/usr/local/nvidia/toolkit",)  # the GPU operator's toolkit install, besides the binary dirs
 
 
@@ -108,15 +117,18 @@ def _check_consistent(root: DriverRoot, version: str, warnings: list[str]) -> No
     """libcuda.so.1 must belong to the same driver as libnvidia-ml.so.1."""
     cuda = root.find_library("libcuda.so.1")
     if not cuda:
-        warnings.append(f"no libcuda.so.1 under driver root {root.local('/')}: CUDA containers cannot start; "
-                        "reinstall the driver's CUDA libraries")
+        warnings.append(
+            f"no libcuda.so.1 under driver root {root.local('/')}: CUDA containers cannot start; "
+            "reinstall the driver's CUDA libraries"
+        )
         return
     target = root.local(cuda).resolve().name
     cuda_version = target.removeprefix("libcuda.so.")
     if cuda_version != version:
         raise DriverRootError(
             f"driver root {root.local('/')} mixes driver versions: {NVML_SONAME} is {version} but libcuda.so.1 is "
-            f"{target}; reinstall one driver or point --driver-root at a single driver")
+            f"{target}; reinstall one driver or point --driver-root at a single driver"
+        )
 
 
 def _first_present(root: DriverRoot, candidates: tuple[str, ...]) -> str:
@@ -127,21 +139,27 @@ def resolve_hook(root: DriverRoot, hook_path: str, warnings: list[str]) -> str:
     """The host path of nvidia-cdi-hook to name in specs, or "" to leave the hooks out (see the module doc)."""
     host_root = root.host_root.rstrip("/")
     if host_root and hook_path != host_root and not hook_path.startswith(host_root + "/"):
-        log.debug("cdi hook path is outside the driver root; trusted as configured", hook=hook_path,
-                  driver_root=root.host_root)
+        log.debug(
+            "cdi hook path is outside the driver root; trusted as configured",
+            hook=hook_path,
+            driver_root=root.host_root,
+        )
         return hook_path
-    local = root.local(hook_path[len(host_root):] or "/")
+    local = root.local(hook_path[len(host_root) :] or "/")
     if local.is_file() and os.access(local, os.X_OK):
         return hook_path
-    found = root.find_binary(HOOK_NAME) or _first_present(
-        root, tuple(f"{d}/{HOOK_NAME}" for d in HOOK_SEARCH_DIRS))
+    found = root.find_binary(HOOK_NAME) or _first_present(root, tuple(f"{d}/{HOOK_NAME}" for d in HOOK_SEARCH_DIRS))
     if found:
-        warnings.append(f"{HOOK_NAME} is not at {hook_path}; using {root.host(found)} found under the driver "
-                        "root (set --cdi-hook-path to silence this)")
+        warnings.append(
+            f"{HOOK_NAME} is not at {hook_path}; using {root.host(found)} found under the driver "
+            "root (set --cdi-hook-path to silence this)"
+        )
         return root.host(found)
-    warnings.append(f"{HOOK_NAME} is not at {hook_path} nor under driver root {root.local('/')}: claim specs "
-                    "leave out its hooks (no SONAME links, ld cache update or CUDA compat in containers, so most "
-                    "CUDA programs will not load); install the NVIDIA container toolkit or set --cdi-hook-path")
+    warnings.append(
+        f"{HOOK_NAME} is not at {hook_path} nor under driver root {root.local('/')}: claim specs "
+        "leave out its hooks (no SONAME links, ld cache update or CUDA compat in containers, so most "
+        "CUDA programs will not load); install the NVIDIA container toolkit or set --cdi-hook-path"
+    )
     return ""
 
 
@@ -198,9 +216,19 @@ def build_driver_files(root: DriverRoot, hook_path: str = DEFAULT_CDI_HOOK, kern
     mounts = [Mount(root.host(p), p, list(READ_ONLY)) for p in (*libraries, *binaries, *firmware, *ipc)]
     hook = resolve_hook(root, hook_path, warnings)
     hooks = hooks_for(hook, root, libraries, version) if hook else []
-    return DriverFiles(version=version, nvml_path=nvml, nvml_target=root.local(nvml).resolve().name,
-                       libraries=libraries, binaries=binaries, firmware=firmware, ipc=ipc, hook_path=hook,
-                       mounts=mounts, hooks=hooks, warnings=warnings)
+    return DriverFiles(
+        version=version,
+        nvml_path=nvml,
+        nvml_target=root.local(nvml).resolve().name,
+        libraries=libraries,
+        binaries=binaries,
+        firmware=firmware,
+        ipc=ipc,
+        hook_path=hook,
+        mounts=mounts,
+        hooks=hooks,
+        warnings=warnings,
+    )
 
 
 def control_nodes(root: DriverRoot) -> list[DeviceNode]:
@@ -220,16 +248,24 @@ def control_nodes(root: DriverRoot) -> list[DeviceNode]:
 
 
 def edits_of(files: DriverFiles, nodes: list[DeviceNode]) -> ContainerEdits:
-    return ContainerEdits(nodes=list(nodes), env=[VISIBLE_DEVICES_VOID], mounts=list(files.mounts),
-                          hooks=list(files.hooks))
+    return ContainerEdits(
+        nodes=list(nodes), env=[VISIBLE_DEVICES_VOID], mounts=list(files.mounts), hooks=list(files.hooks)
+    )
 
 
 # ------------------------------------------------------------------------------------ the cache
 class CommonEdits:
     """The node's common edits, built once and refreshed when the driver changes (see the module doc)."""
 
-    def __init__(self, *, driver_root: str = "", container_driver_root: str = "", dev_root: str = "",
-                 cdi_hook_path: str = DEFAULT_CDI_HOOK, check_interval: float = CHECK_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        *,
+        driver_root: str = "",
+        container_driver_root: str = "",
+        dev_root: str = "",
+        cdi_hook_path: str = DEFAULT_CDI_HOOK,
+        check_interval: float = CHECK_INTERVAL_S,
+    ) -> None:
         self.settings = (driver_root, container_driver_root, dev_root)
         self.explicit = bool(driver_root)
         self.configured = bool(driver_root or container_driver_root or dev_root)
@@ -257,9 +293,12 @@ class CommonEdits:
             if self.explicit:
                 raise
             files = NO_DRIVER
-            log.warning("no NVIDIA driver found: claim CDI specs carry device nodes only, so containers get no "
-                        "driver libraries or binaries; on a GPU node set --driver-root (and "
-                        "--container-driver-root where this container mounts it)", error=str(exc))
+            log.warning(
+                "no NVIDIA driver found: claim CDI specs carry device nodes only, so containers get no "
+                "driver libraries or binaries; on a GPU node set --driver-root (and "
+                "--container-driver-root where this container mounts it)",
+                error=str(exc),
+            )
         self._use(files)
         self._checked_at = time.monotonic()
 
@@ -268,9 +307,16 @@ class CommonEdits:
             if warning not in self.files.warnings:
                 log.warning(warning)
         if files.version:
-            log.info("driver userspace for CDI specs ready", driver_root=self.root.host_root, version=files.version,
-                     libraries=len(files.libraries), binaries=len(files.binaries), firmware=len(files.firmware),
-                     ipc=len(files.ipc), hook=files.hook_path or "(none)")
+            log.info(
+                "driver userspace for CDI specs ready",
+                driver_root=self.root.host_root,
+                version=files.version,
+                libraries=len(files.libraries),
+                binaries=len(files.binaries),
+                firmware=len(files.firmware),
+                ipc=len(files.ipc),
+                hook=files.hook_path or "(none)",
+            )
         self.files = files
 
     def _current_target(self) -> str:
@@ -294,11 +340,13 @@ class CommonEdits:
             try:
                 files = await asyncio.to_thread(build_driver_files, self._fresh_root(), self.hook_path)
             except DriverRootError as exc:
-                log.warning("driver changed but its files are not usable; claim specs keep the previous driver "
-                            "files", version=self.files.version or "(none)", error=str(exc))
+                log.warning(
+                    "driver changed but its files are not usable; claim specs keep the previous driver files",
+                    version=self.files.version or "(none)",
+                    error=str(exc),
+                )
                 return False
-            log.info("driver changed; common CDI edits rebuilt", old=self.files.version or "(none)",
-                     new=files.version)
+            log.info("driver changed; common CDI edits rebuilt", old=self.files.version or "(none)", new=files.version)
             self._use(files)
             return True
 

@@ -112,8 +112,10 @@ def _share_modes(groups: list[Selected], planned: list[_Planned]) -> dict[int, _
             implied = not kind and any(c in p.consumed for c in SHARE_MPS_CAPACITIES)
             if p.share_id and (kind == "MPS" or implied):
                 if p.resolved.kind == "mig" and p.resolved.mig is None:
-                    raise ClaimConfigError(f"device {p.resolved.name} is a dynamic MIG device, made for one "
-                                           "claim: only full GPUs and static MIG devices are shared through MPS")
+                    raise ClaimConfigError(
+                        f"device {p.resolved.name} is a dynamic MIG device, made for one "
+                        "claim: only full GPUs and static MIG devices are shared through MPS"
+                    )
                 mode.sharing, mode.share_mps = "MPS", True
                 gpu_memory = _device_memory(p.resolved)
                 mode.limits = share_limits(p.consumed, gpu_memory)
@@ -128,8 +130,10 @@ def _share_modes(groups: list[Selected], planned: list[_Planned]) -> dict[int, _
             modes[i] = mode
     gpus = {planned[i].resolved.uuid for i, m in modes.items() if m.share_mps}  # GPU or MIG device UUIDs
     if len(gpus) > 1:
-        raise ClaimConfigError(f"the claim holds MPS shares of {len(gpus)} GPUs; a claim's containers reach one "
-                               "MPS daemon, so a claim may hold MPS shares of one GPU only")
+        raise ClaimConfigError(
+            f"the claim holds MPS shares of {len(gpus)} GPUs; a claim's containers reach one "
+            "MPS daemon, so a claim may hold MPS shares of one GPU only"
+        )
     _combine_share_limits([m for m in modes.values() if m.share_mps])
     return modes
 
@@ -140,8 +144,9 @@ def _combine_share_limits(modes: list[_Mode]) -> None:
     if len(modes) < 2:
         return
     memory = None if any(m.limits.memory is None for m in modes) else sum(m.limits.memory or 0 for m in modes)
-    compute = None if any(m.limits.compute is None for m in modes) else min(100, sum(m.limits.compute or 0
-                                                                                     for m in modes))
+    compute = (
+        None if any(m.limits.compute is None for m in modes) else min(100, sum(m.limits.compute or 0 for m in modes))
+    )
     for m in modes:
         m.limits = ShareLimits(memory=memory, compute=compute)
 
@@ -150,23 +155,31 @@ def _conflict(mine: _Mode, held: PreparedDevice) -> str:
     """Why this claim cannot have a device `held` by another claim as well; "" when it can."""
     if not mine.shared or not held.shared:
         if held.share_id and not mine.shared:
-            return ("it has shares prepared for other claims, and this claim asks for it whole (no sharing "
-                    "config, no share); an exclusive claim waits until the shares are unprepared")
+            return (
+                "it has shares prepared for other claims, and this claim asks for it whole (no sharing "
+                "config, no share); an exclusive claim waits until the shares are unprepared"
+            )
         if mine.shared and not held.shared:
             return "another claim on this node holds it whole (no sharing config); it cannot be shared now"
         return ""  # the classic message (no one shares)
     if (mine.sharing == "MPS") != (held.sharing == "MPS"):
-        return (f"it is in {held.sharing or 'default'} mode for other claims on this node, and this claim "
-                f"asks for {mine.sharing or 'default'} sharing (time-slicing and MPS do not mix on one GPU)")
+        return (
+            f"it is in {held.sharing or 'default'} mode for other claims on this node, and this claim "
+            f"asks for {mine.sharing or 'default'} sharing (time-slicing and MPS do not mix on one GPU)"
+        )
     if mine.sharing != "MPS":
         return ""
     if not (mine.share_mps and held.share_id):  # a held MPS share uses (or is about to use) the GPU's daemon
-        return ("its MPS daemon serves another claim (a claim-scoped daemon); MPS shares of one GPU need "
-                "allocations with a shareID")
+        return (
+            "its MPS daemon serves another claim (a claim-scoped daemon); MPS shares of one GPU need "
+            "allocations with a shareID"
+        )
     if mine.daemon_settings != held.mps_daemon_settings:
-        return (f"its MPS daemon runs for other shares with settings {held.mps_daemon_settings or 'none'}, and "
-                f"this claim asks for {mine.daemon_settings or 'none'}; give every share of a GPU the same "
-                "MPS config")
+        return (
+            f"its MPS daemon runs for other shares with settings {held.mps_daemon_settings or 'none'}, and "
+            f"this claim asks for {mine.daemon_settings or 'none'}; give every share of a GPU the same "
+            "MPS config"
+        )
     return ""
 
 
@@ -206,8 +219,10 @@ def _vfio_config(groups: list[Selected], planned: list[_Planned]) -> VfioDeviceC
     if not vfio:
         return None
     if len(vfio) != len(groups) or len(vfio) > 1:
-        raise ClaimConfigError("a claim with passthrough GPUs (vfio.gpu.nvidia.com) holds passthrough GPUs only, "
-                               "under one VfioDeviceConfig: its containers get no NVIDIA driver")
+        raise ClaimConfigError(
+            "a claim with passthrough GPUs (vfio.gpu.nvidia.com) holds passthrough GPUs only, "
+            "under one VfioDeviceConfig: its containers get no NVIDIA driver"
+        )
     assert isinstance(vfio[0].config, VfioDeviceConfig)
     return vfio[0].config
 
@@ -227,9 +242,18 @@ class GpuDriver:
 
     resumable = False  # a PrepareStarted is an interrupted prepare: rolled back, never resumed
 
-    def __init__(self, *, driver: str, inventory: Inventory, ops: DeviceOps, records: ClaimRecords,
-                 common: CommonEdits, settings: NodeSettings | None = None, vfio: VfioSettings | None = None,
-                 gates: featuregates.FeatureGates | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        driver: str,
+        inventory: Inventory,
+        ops: DeviceOps,
+        records: ClaimRecords,
+        common: CommonEdits,
+        settings: NodeSettings | None = None,
+        vfio: VfioSettings | None = None,
+        gates: featuregates.FeatureGates | None = None,
+    ) -> None:
         self.driver = driver
         self.records = records
         self.settings = settings or NodeSettings()  # the node config's setting per GPU (time-slicing)
@@ -246,26 +270,44 @@ class GpuDriver:
         self._share_daemons: dict[str, tuple[dict[str, int], list[str], list[Mount]]] = {}
         self._published: tuple[object, dict[str, str]] = (None, {})  # an inventory and its devices' daemons
 
-    def _resolve(self, claim: ResourceClaim,
-                 ours: list[tuple[int, AllocationResult]]) -> tuple[list[_Planned], list[RawConfig]]:
+    def _resolve(
+        self, claim: ResourceClaim, ours: list[tuple[int, AllocationResult]]
+    ) -> tuple[list[_Planned], list[RawConfig]]:
         allocation = claim.status.allocation
         assert allocation is not None
         planned: list[_Planned] = []
         if len(ours) > MAX_RESULTS:
-            raise PrepareFailed(f"the claim is allocated {len(ours)} devices of this driver, more than the "
-                                f"{MAX_RESULTS} a claim may hold", "invalid-config")
+            raise PrepareFailed(
+                f"the claim is allocated {len(ours)} devices of this driver, more than the "
+                f"{MAX_RESULTS} a claim may hold",
+                "invalid-config",
+            )
         for index, result in ours:
             try:
                 resolved = self.inventory.resolve(result.device)
             except DeviceError as exc:
                 raise PrepareFailed(str(exc), "device-error") from None
-            planned.append(_Planned(index, result.request, result.pool, resolved, bool(result.adminAccess),
-                                    result.shareID or "",
-                                    {k: str(v) for k, v in (result.consumedCapacity or {}).items()}))
-        raw = [RawConfig(source=c.source, requests=list(c.requests or []),
-                         driver=c.opaque.driver if c.opaque else "", parameters=c.opaque.parameters if c.opaque else None,
-                         has_opaque=c.opaque is not None)
-               for c in (allocation.devices.config if allocation.devices else [])]
+            planned.append(
+                _Planned(
+                    index,
+                    result.request,
+                    result.pool,
+                    resolved,
+                    bool(result.adminAccess),
+                    result.shareID or "",
+                    {k: str(v) for k, v in (result.consumedCapacity or {}).items()},
+                )
+            )
+        raw = [
+            RawConfig(
+                source=c.source,
+                requests=list(c.requests or []),
+                driver=c.opaque.driver if c.opaque else "",
+                parameters=c.opaque.parameters if c.opaque else None,
+                has_opaque=c.opaque is not None,
+            )
+            for c in (allocation.devices.config if allocation.devices else [])
+        ]
         return planned, raw
 
     def _guard(self, ref: ClaimRef, planned: list[_Planned], modes: dict[int, _Mode]) -> None:
@@ -274,8 +316,9 @@ class GpuDriver:
             if item.admin_access:
                 continue
             if why := passthrough_conflict(self.records, ref.uid, item.resolved):
-                raise PrepareFailed(f"requested device {item.resolved.name} cannot be prepared for this claim: "
-                                    f"{why}", "device-busy")
+                raise PrepareFailed(
+                    f"requested device {item.resolved.name} cannot be prepared for this claim: {why}", "device-busy"
+                )
             for uid, record, held in self.records.holders(item.resolved.name, exclude=ref.uid):
                 if held.admin_access:
                     continue
@@ -283,15 +326,23 @@ class GpuDriver:
                 if modes[i].shared and held.shared and not why:
                     continue
                 # The holder may be another tenant's claim: the log names it, the reply (this claim's) does not.
-                log.warning("device held by another claim", claim=str(ref), device=item.resolved.name,
-                            holder=f"{record.namespace}/{record.name}:{uid}", holder_state=record.state,
-                            conflict=why)
+                log.warning(
+                    "device held by another claim",
+                    claim=str(ref),
+                    device=item.resolved.name,
+                    holder=f"{record.namespace}/{record.name}:{uid}",
+                    holder_state=record.state,
+                    conflict=why,
+                )
                 if why:
-                    raise PrepareFailed(f"requested device {item.resolved.name} cannot be prepared for this claim: "
-                                        f"{why}", "device-busy")
-                raise PrepareFailed(f"requested device {item.resolved.name} is already allocated to a different "
-                                    "claim on this node; share it by giving both claims a sharing config",
-                                    "device-busy")
+                    raise PrepareFailed(
+                        f"requested device {item.resolved.name} cannot be prepared for this claim: {why}", "device-busy"
+                    )
+                raise PrepareFailed(
+                    f"requested device {item.resolved.name} is already allocated to a different "
+                    "claim on this node; share it by giving both claims a sharing config",
+                    "device-busy",
+                )
 
     def _node_time_slicing(self, groups: list[Selected], planned: list[_Planned], modes: dict[int, _Mode]) -> None:
         """Whole GPUs whose NodeConfig rule says `timeSlicing`: a claim without a sharing config gets the rule's
@@ -307,29 +358,39 @@ class GpuDriver:
                 if setting.sharing != "timeSlicing":
                     continue
                 if kind == "MPS":
-                    raise ClaimConfigError(f"device {res.name} is time-sliced by NodeConfig rule {setting.rule}; a "
-                                           "claim's MPS config does not fit its mode (use TimeSlicing, or a GPU "
-                                           "whose rule offers mpsShares)")
+                    raise ClaimConfigError(
+                        f"device {res.name} is time-sliced by NodeConfig rule {setting.rule}; a "
+                        "claim's MPS config does not fit its mode (use TimeSlicing, or a GPU "
+                        "whose rule offers mpsShares)"
+                    )
                 modes[i].sharing = "TimeSlicing"
                 if setting.time_slice_interval != "Default":  # the GPU's own default: nothing to set or reset
                     modes[i].node_interval = setting.time_slice_interval
 
-    async def plan(self, ref: ClaimRef, claim: ResourceClaim,
-                   results: list[tuple[int, AllocationResult]]) -> Plan:
+    async def plan(self, ref: ClaimRef, claim: ResourceClaim, results: list[tuple[int, AllocationResult]]) -> Plan:
         planned, raw = self._resolve(claim, results)
         if any(p.resolved.kind == "gpu" and not p.share_id for p in planned):
             await self.settings.synced()  # a whole GPU's NodeConfig rule may time-slice it
         try:
             for p in planned:
-                check_gates(p.resolved.kind, share=bool(p.share_id), enabled=self.gates.enabled,
-                            dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None)
+                check_gates(
+                    p.resolved.kind,
+                    share=bool(p.share_id),
+                    enabled=self.gates.enabled,
+                    dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
+                )
             groups = select(self.driver, raw, [(p.request, p.resolved.kind) for p in planned])
             for group in groups:
-                if (strategy(group.config) == "MPS" and not isinstance(group.config, GpuConfig)
-                        and not all(planned[i].share_id for i in group.results)):
-                    raise ClaimConfigError("MPS on MIG devices is served to shares only (allocations with a "
-                                           "shareID, mpsShares); a claim-scoped MPS daemon on a whole MIG "
-                                           "device is not supported: use shares, or TimeSlicing")
+                if (
+                    strategy(group.config) == "MPS"
+                    and not isinstance(group.config, GpuConfig)
+                    and not all(planned[i].share_id for i in group.results)
+                ):
+                    raise ClaimConfigError(
+                        "MPS on MIG devices is served to shares only (allocations with a "
+                        "shareID, mpsShares); a claim-scoped MPS daemon on a whole MIG "
+                        "device is not supported: use shares, or TimeSlicing"
+                    )
                 _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
             modes = _share_modes(groups, planned)
             self._node_time_slicing(groups, planned, modes)
@@ -339,28 +400,44 @@ class GpuDriver:
         trace.get_current_span().set_attribute("configs.groups", len(groups))  # on the claim's span
         self._guard(ref, planned, modes)
         partition = self.partitions.plan(whole_gpus((p.resolved, p.admin_access) for p in planned))
-        devices = [PreparedDevice(
-            requests=[p.request.split("/", 1)[0]], pool=p.pool, device=p.resolved.name, kind=p.resolved.kind,
-            uuid=p.resolved.uuid, parent_uuid=p.resolved.gpu.uuid if p.resolved.gpu and p.resolved.kind == "mig" else "",
-            shared=modes[i].shared, admin_access=p.admin_access, share_id=p.share_id,
-            consumed_capacity=dict(p.consumed), capacity=_share_capacity(p, self.settings), sharing=modes[i].sharing,
-            mps_daemon_settings=dict(modes[i].daemon_settings),
-            # a share's user mark is in its start record (the one write before the daemon's start, if any)
-            mps_daemon=share_daemon_id(p.resolved.uuid) if modes[i].share_mps else "",
-            dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
-            pci_bus_id=self.passthrough.address(p.resolved) if p.resolved.kind == "vfio" else "",
-        ) for i, p in enumerate(planned)]
+        devices = [
+            PreparedDevice(
+                requests=[p.request.split("/", 1)[0]],
+                pool=p.pool,
+                device=p.resolved.name,
+                kind=p.resolved.kind,
+                uuid=p.resolved.uuid,
+                parent_uuid=p.resolved.gpu.uuid if p.resolved.gpu and p.resolved.kind == "mig" else "",
+                shared=modes[i].shared,
+                admin_access=p.admin_access,
+                share_id=p.share_id,
+                consumed_capacity=dict(p.consumed),
+                capacity=_share_capacity(p, self.settings),
+                sharing=modes[i].sharing,
+                mps_daemon_settings=dict(modes[i].daemon_settings),
+                # a share's user mark is in its start record (the one write before the daemon's start, if any)
+                mps_daemon=share_daemon_id(p.resolved.uuid) if modes[i].share_mps else "",
+                dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
+                pci_bus_id=self.passthrough.address(p.resolved) if p.resolved.kind == "vfio" else "",
+            )
+            for i, p in enumerate(planned)
+        ]
         # a MIG device is created or a GPU leaves nvidia first: the record must be on disk before, so a crash
         # leaves it to undo (else it is staged: the next write carries it)
-        return Plan(devices=devices, configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit],
-                    fabric_partition=partition, record_first=any(d.dynamic_mig or d.pci_bus_id for d in devices),
-                    work=_Work(planned, groups, modes, vfio_config))
+        return Plan(
+            devices=devices,
+            configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit],
+            fabric_partition=partition,
+            record_first=any(d.dynamic_mig or d.pci_bus_id for d in devices),
+            work=_Work(planned, groups, modes, vfio_config),
+        )
 
     def resumes(self, previous: ClaimRecord, plan: Plan) -> bool:
         return False
 
-    async def apply(self, ref: ClaimRef, claim: ResourceClaim, plan: Plan,
-                    record: ClaimRecord) -> AsyncGenerator[Record | SpecEdits, None]:
+    async def apply(
+        self, ref: ClaimRef, claim: ResourceClaim, plan: Plan, record: ClaimRecord
+    ) -> AsyncGenerator[Record | SpecEdits, None]:
         """NVLink partition, VFIO through sysfs, dynamic MIG, MPS and time-slicing through discovery, each
         side effect a crash could leave behind after `RECORD`; then the claim's CDI edits."""
         work: _Work = plan.work
@@ -368,8 +445,9 @@ class GpuDriver:
         cdi_devices: dict[int, CdiDevice] = {}
         if record.fabric_partition >= 0:
             yield RECORD  # the partition's record on disk before its activation (`partitions` module doc)
-            await self.partitions.activate(ref.uid, record.fabric_partition,
-                                           whole_gpus((p.resolved, p.admin_access) for p in planned))
+            await self.partitions.activate(
+                ref.uid, record.fabric_partition, whole_gpus((p.resolved, p.admin_access) for p in planned)
+            )
         for i, item in enumerate(planned):
             res = item.resolved
             caps: list[str] = []
@@ -379,8 +457,10 @@ class GpuDriver:
                 with tracer.start_as_current_span("device.vfio-bind") as span:
                     span.set_attribute("dra.device", res.name)
                     dev.iommu_group = await self.passthrough.acquire(dev.pci_bus_id, res.minor)
-                cdi_devices[i] = CdiDevice(device=res.name, nodes=self.passthrough.device_nodes(
-                    dev.pci_bus_id, dev.iommu_group, work.vfio_config))
+                cdi_devices[i] = CdiDevice(
+                    device=res.name,
+                    nodes=self.passthrough.device_nodes(dev.pci_bus_id, dev.iommu_group, work.vfio_config),
+                )
                 continue
             if res.kind == "mig":
                 mig = res.mig
@@ -391,15 +471,21 @@ class GpuDriver:
                         reply = await self.ops.mig_create(res.gpu.uuid, res.profile.name, res.placement)
                     mig = reply.device
                     if mig is None or mig.name != res.name:
-                        raise DeviceError(f"discovery created MIG device {mig.name if mig else '?'}, expected {res.name}")
+                        raise DeviceError(
+                            f"discovery created MIG device {mig.name if mig else '?'}, expected {res.name}"
+                        )
                     record.devices[i].uuid = mig.uuid
                     yield RECORD  # rollback must know what exists now
                     await self.inventory.wait_mig(mig.uuid, present=True)
                 caps = list(mig.device_path_caps)
-            cdi_devices[i] = CdiDevice(device=res.name, nodes=gpu_device_nodes(res.minor, self.inventory.host_path, caps))
+            cdi_devices[i] = CdiDevice(
+                device=res.name, nodes=gpu_device_nodes(res.minor, self.inventory.host_path, caps)
+            )
         for i, mode in modes.items():
             if mode.share_mps:
-                async with contextlib.aclosing(self._start_share_daemon(ref.uid, record, i, mode, cdi_devices[i])) as steps:
+                async with contextlib.aclosing(
+                    self._start_share_daemon(ref.uid, record, i, mode, cdi_devices[i])
+                ) as steps:
                     async for step in steps:
                         yield step
         slices: dict[str, set[str]] = defaultdict(set)  # time-slice interval -> the GPUs that get it
@@ -408,8 +494,13 @@ class GpuDriver:
                 slices[mode.node_interval].add(planned[i].resolved.uuid)
         for group in work.groups:
             kind = strategy(group.config)
-            gpu_uuids = sorted({planned[i].resolved.uuid for i in group.results
-                                if planned[i].resolved.kind == "gpu" and not modes[i].share_mps})
+            gpu_uuids = sorted(
+                {
+                    planned[i].resolved.uuid
+                    for i in group.results
+                    if planned[i].resolved.kind == "gpu" and not modes[i].share_mps
+                }
+            )
             if kind == "TimeSlicing" and gpu_uuids:
                 slices[interval(group.config)].update(gpu_uuids)
             elif kind == "MPS" and gpu_uuids:
@@ -420,8 +511,9 @@ class GpuDriver:
                 record.mps_daemon_id = daemon
                 yield RECORD  # recorded before the start: rollback stops whatever got started
                 with tracer.start_as_current_span("device.mps-start"):
-                    started = await self.ops.mps_start(daemon, gpu_uuids,
-                                                       mps.defaultActiveThreadPercentage if mps else None, limits)
+                    started = await self.ops.mps_start(
+                        daemon, gpu_uuids, mps.defaultActiveThreadPercentage if mps else None, limits
+                    )
                 env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
                 for i in group.results:
                     if not modes[i].share_mps:
@@ -435,13 +527,20 @@ class GpuDriver:
                 with tracer.start_as_current_span("device.set-sharing"):
                     await self.ops.set_sharing(sorted(uuids), "Default", slice_interval)
         devices = [cdi_devices[i] for i in sorted(cdi_devices)]
-        common = (self.passthrough.common_edits(work.vfio_config) if work.vfio_config is not None
-                  else await self.common.get(self.inventory.dev_root))
-        yield SpecEdits(devices, common, [MetadataSource(p.request, d, p.resolved.gpu)
-                                          for p, d in zip(planned, record.devices, strict=True)])
+        common = (
+            self.passthrough.common_edits(work.vfio_config)
+            if work.vfio_config is not None
+            else await self.common.get(self.inventory.dev_root)
+        )
+        yield SpecEdits(
+            devices,
+            common,
+            [MetadataSource(p.request, d, p.resolved.gpu) for p, d in zip(planned, record.devices, strict=True)],
+        )
 
-    async def _start_share_daemon(self, uid: str, record: ClaimRecord, i: int, mode: _Mode,
-                                  cdi: CdiDevice) -> AsyncGenerator[Record, None]:
+    async def _start_share_daemon(
+        self, uid: str, record: ClaimRecord, i: int, mode: _Mode, cdi: CdiDevice
+    ) -> AsyncGenerator[Record, None]:
         """The device's one MPS daemon for its shares: started by the first share, confirmed by the others
         (discovery's start is idempotent) or known running (no request); the share's env and mounts go to
         `cdi`. The share's record marks it a user of the daemon, on disk (`RECORD`) before any start request,
@@ -470,9 +569,12 @@ class GpuDriver:
                     with tracer.start_as_current_span("device.mps-start") as span:
                         span.set_attribute("dra.share_id", dev.share_id)
                         try:
-                            started = await self.ops.mps_start(daemon, [dev.uuid],
-                                                               settings.get("activeThreadPercentage"),
-                                                               {dev.uuid: limit << 20} if limit else {})
+                            started = await self.ops.mps_start(
+                                daemon,
+                                [dev.uuid],
+                                settings.get("activeThreadPercentage"),
+                                {dev.uuid: limit << 20} if limit else {},
+                            )
                         except BaseException:
                             self._share_daemons.pop(daemon, None)  # in an unknown state now: the next share asks
                             raise
@@ -498,8 +600,13 @@ class GpuDriver:
         if not self.inventory.live or inv is None:
             return None
         if self._published[0] is not inv:  # GPU and MIG device UUIDs -> the daemon discovery names for them
-            self._published = (inv, {**{g.uuid: g.sharing.mps_daemon for g in inv.gpus},
-                                     **{m.uuid: m.mps_daemon for g in inv.gpus for m in g.mig_devices}})
+            self._published = (
+                inv,
+                {
+                    **{g.uuid: g.sharing.mps_daemon for g in inv.gpus},
+                    **{m.uuid: m.mps_daemon for g in inv.gpus for m in g.mig_devices},
+                },
+            )
         if self._published[1].get(dev.uuid) != dev.mps_daemon:
             return None
         for other, record in self.records.claims.items():
@@ -527,8 +634,10 @@ class GpuDriver:
             mig_uuid = dev.uuid
             if not mig_uuid:  # interrupted between create and checkpoint: ask the live inventory
                 if not self.inventory.live:
-                    raise DeviceError(f"cannot tell whether MIG device {dev.device} was created before the "
-                                      "interruption until discovery's inventory arrives; will retry")
+                    raise DeviceError(
+                        f"cannot tell whether MIG device {dev.device} was created before the "
+                        "interruption until discovery's inventory arrives; will retry"
+                    )
                 mig_uuid = self._live_mig_uuid(dev.device)
             if mig_uuid:
                 with tracer.start_as_current_span("device.mig-destroy"):
@@ -536,16 +645,23 @@ class GpuDriver:
                     # a retried prepare plans from the inventory right after this undo (`claimstate`): one
                     # still showing the device would pass it off as a static MIG device that exists
                     if not await self.inventory.wait_mig(mig_uuid, present=False):
-                        raise DeviceError(f"MIG device {dev.device} ({mig_uuid}) was destroyed but discovery's "
-                                          "inventory still shows it; will retry")
+                        raise DeviceError(
+                            f"MIG device {dev.device} ({mig_uuid}) was destroyed but discovery's "
+                            "inventory still shows it; will retry"
+                        )
         if record.mps_daemon_id:
             with tracer.start_as_current_span("device.mps-stop"):
                 await self.ops.mps_stop(record.mps_daemon_id)
         for daemon in sorted({d.mps_daemon for d in record.devices if d.mps_daemon}):
             await self._release_share_daemon(uid, daemon)
         if record.timesliced_gpus:
-            held = {d.uuid for u, r in self.records.claims.items() if u != uid and r.state == "PrepareCompleted"
-                    for d in r.devices if d.sharing == "TimeSlicing"}
+            held = {
+                d.uuid
+                for u, r in self.records.claims.items()
+                if u != uid and r.state == "PrepareCompleted"
+                for d in r.devices
+                if d.sharing == "TimeSlicing"
+            }
             reset = [u for u in record.timesliced_gpus if u not in held]
             if reset:
                 with tracer.start_as_current_span("device.set-sharing"):
@@ -555,11 +671,11 @@ class GpuDriver:
         """Stop a GPU's shared MPS daemon when no other claim's record (prepared, or being prepared) uses it:
         the count is the checkpoint's, so a restart neither stops a daemon in use nor keeps one unused."""
         async with self._daemon_locks[daemon]:
-            users = [u for u, r in self.records.claims.items() if u != uid
-                     and any(d.mps_daemon == daemon for d in r.devices)]
+            users = [
+                u for u, r in self.records.claims.items() if u != uid and any(d.mps_daemon == daemon for d in r.devices)
+            ]
             if users:
-                log.info("shared MPS daemon kept: other shares use it", claim_uid=uid, daemon=daemon,
-                         users=len(users))
+                log.info("shared MPS daemon kept: other shares use it", claim_uid=uid, daemon=daemon, users=len(users))
                 return
             self._share_daemons.pop(daemon, None)  # forgotten before the stop: a failed stop leaves it unknown
             with tracer.start_as_current_span("device.mps-stop"):

@@ -73,10 +73,14 @@ class HealthWatch(health_grpc.DRAResourceHealthServicer):
         out = health_pb2.NodeWatchResourcesResponse()
         for name in names:
             state = self.states.get(name)
-            out.devices.append(health_pb2.DeviceHealth(
-                device=health_pb2.DeviceIdentifier(pool_name=self.pool, device_name=name),
-                health=_STATUS[state.state] if state else health_pb2.HEALTHY,
-                last_updated_time=now, message=(state.message or state.reason)[:1024] if state else ""))
+            out.devices.append(
+                health_pb2.DeviceHealth(
+                    device=health_pb2.DeviceIdentifier(pool_name=self.pool, device_name=name),
+                    health=_STATUS[state.state] if state else health_pb2.HEALTHY,
+                    last_updated_time=now,
+                    message=(state.message or state.reason)[:1024] if state else "",
+                )
+            )
         return out
 
     async def NodeWatchResources(self, request: Any, context: Any):  # type: ignore[no-untyped-def]  # noqa: N802

@@ -8,8 +8,9 @@ partition, as NVIDIA's driver requires: GPUs that span two partitions, or only p
 before any side effect. The users of a partition are counted over the checkpoint's records (prepared, or
 being prepared), as the shared MPS daemons are: a restart neither deactivates a partition in use nor
 keeps one unused. Crash safety: a claim's record names its partition (`fabric_partition`) and is on disk
-before the activation request (the driver yields it to the claim state machine first), so a crash or failure from there on leaves the partition to the undo.
-Both requests are idempotent in discovery (it asks Fabric Manager for the state first).
+before the activation request (the driver yields it to the claim state machine first), so a crash or failure from there
+on leaves the partition to the undo. Both requests are idempotent in discovery (it asks Fabric Manager for the state
+first).
 """
 
 from __future__ import annotations
@@ -58,8 +59,13 @@ class Partitions:
             with tracer.start_as_current_span("device.partition-activate") as span:
                 span.set_attribute("dra.partition", partition)
                 reply = await self.ops.partition_activate(partition, sorted(gpus))
-        log.info("NVLink partition ready for claim", claim_uid=uid, partition=partition, gpus=sorted(gpus),
-                 activated=reply.activated)
+        log.info(
+            "NVLink partition ready for claim",
+            claim_uid=uid,
+            partition=partition,
+            gpus=sorted(gpus),
+            activated=reply.activated,
+        )
 
     async def release(self, uid: str, record: ClaimRecord) -> None:
         """Deactivate the record's partition when no other claim's record names it."""
@@ -69,8 +75,9 @@ class Partitions:
         async with self._locks[partition]:
             users = [u for u, r in self.records.claims.items() if u != uid and r.fabric_partition == partition]
             if users:
-                log.info("NVLink partition kept: other claims use it", claim_uid=uid, partition=partition,
-                         users=len(users))
+                log.info(
+                    "NVLink partition kept: other claims use it", claim_uid=uid, partition=partition, users=len(users)
+                )
                 return
             with tracer.start_as_current_span("device.partition-deactivate") as span:
                 span.set_attribute("dra.partition", partition)

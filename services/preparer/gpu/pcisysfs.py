@@ -67,8 +67,9 @@ class PciSysfs:
         try:
             return int(os.path.basename(os.readlink(self.device_dir(bdf) / "iommu_group")))
         except (OSError, ValueError):
-            raise PciError(f"PCI device {bdf} has no IOMMU group (is the IOMMU on: intel_iommu=on / amd_iommu=on?)"
-                           ) from None
+            raise PciError(
+                f"PCI device {bdf} has no IOMMU group (is the IOMMU on: intel_iommu=on / amd_iommu=on?)"
+            ) from None
 
     def iommufd_node(self, bdf: str) -> str:
         """`vfioN` when the device has an iommufd character device (bound to vfio-pci with iommufd), else ""."""
@@ -100,8 +101,10 @@ class PciSysfs:
         delay = 0.0005
         while (got := self.driver_of(bdf)) != want:
             if time.monotonic() > deadline:
-                raise PciError(f"{what} of {bdf} was not applied: the device is bound to {got or 'no driver'}, "
-                               f"expected {want or 'no driver'}")
+                raise PciError(
+                    f"{what} of {bdf} was not applied: the device is bound to {got or 'no driver'}, "
+                    f"expected {want or 'no driver'}"
+                )
             time.sleep(delay)  # in a worker thread; sysfs has no change notification
             delay = min(delay * 2, 0.05)
 
@@ -132,4 +135,3 @@ class PciSysfs:
             self.unbind(bdf)
         self.bind(bdf, driver)
         return True
-

@@ -32,19 +32,39 @@ log = get_logger(__name__)
 class GpuPlugin:
     def __init__(self, ctx: PluginContext) -> None:
         cfg = ctx.cfg
-        self.common = CommonEdits(driver_root=cfg.driver_root, container_driver_root=cfg.container_driver_root,
-                                  dev_root=cfg.dev_root, cdi_hook_path=cfg.cdi_hook_path)
-        self.inventory = Inventory(cfg.node, ctx.plugin_dir / "inventory-cache.json",
-                                   dev_root=self.common.dev_root_override,
-                                   dev_local=self.common.root.dev_local if self.common.configured else None)
+        self.common = CommonEdits(
+            driver_root=cfg.driver_root,
+            container_driver_root=cfg.container_driver_root,
+            dev_root=cfg.dev_root,
+            cdi_hook_path=cfg.cdi_hook_path,
+        )
+        self.inventory = Inventory(
+            cfg.node,
+            ctx.plugin_dir / "inventory-cache.json",
+            dev_root=self.common.dev_root_override,
+            dev_local=self.common.root.dev_local if self.common.configured else None,
+        )
         self.ops = DeviceOps(cfg.node, timeout=cfg.device_op_timeout)
-        metadata = (MetadataFiles(ctx.plugin_dir / SUBDIR, ctx.driver, durable=not ctx.checkpoint.power_loss_is_reboot)
-                    if cfg.gates.enabled(featuregates.DEVICE_METADATA) else None)
-        self.gpus = GpuDriver(driver=ctx.driver, inventory=self.inventory, ops=self.ops, records=ctx.checkpoint,
-                              common=self.common, settings=ctx.settings,
-                              vfio=VfioSettings(sys_root=cfg.sys_root, proc_root=cfg.proc_root, modprobe=cfg.modprobe,
-                                                free_timeout=cfg.vfio_free_timeout),
-                              gates=cfg.gates)
+        metadata = (
+            MetadataFiles(ctx.plugin_dir / SUBDIR, ctx.driver, durable=not ctx.checkpoint.power_loss_is_reboot)
+            if cfg.gates.enabled(featuregates.DEVICE_METADATA)
+            else None
+        )
+        self.gpus = GpuDriver(
+            driver=ctx.driver,
+            inventory=self.inventory,
+            ops=self.ops,
+            records=ctx.checkpoint,
+            common=self.common,
+            settings=ctx.settings,
+            vfio=VfioSettings(
+                sys_root=cfg.sys_root,
+                proc_root=cfg.proc_root,
+                modprobe=cfg.modprobe,
+                free_timeout=cfg.vfio_free_timeout,
+            ),
+            gates=cfg.gates,
+        )
         self.preparer = ctx.preparer(self.gpus, GPU_CDI, metadata)
         self.health = HealthWatch(cfg.node, self.inventory)
 
@@ -61,8 +81,11 @@ class GpuPlugin:
 
     def attach_bus(self, bus: Bus) -> dict[str, Coroutine[Any, Any, None]]:
         self.ops.bus = bus
-        return {"inventory-watch": self.inventory.follow(bus), "health-watch": self.health.watch(bus),
-                "recover-with-bus": self._recover_with_bus()}
+        return {
+            "inventory-watch": self.inventory.follow(bus),
+            "health-watch": self.health.watch(bus),
+            "recover-with-bus": self._recover_with_bus(),
+        }
 
     async def _recover_with_bus(self) -> None:
         """Rollbacks that needed discovery (dynamic MIG, MPS, time-slicing) and failed at start run now."""

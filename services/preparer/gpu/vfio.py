@@ -6,8 +6,8 @@ a repeat after a crash at any point finishes the move: wait until no process hol
 load `vfio_pci` when its driver is absent, unbind from `nvidia`, set `driver_override`, bind `vfio-pci`;
 the way back is the same towards `nvidia`, with `driver_override` cleared last. The checkpoint record
 naming the GPU's PCI address is on disk before the first sysfs write (the claim state machine writes it), so
-a restart rolls an interrupted move back to `nvidia`. The CDI edits follow NVIDIA's `VfioDeviceConfig`: per device the IOMMU
-group node `/dev/vfio/<group>`, or the iommufd node `/dev/vfio/devices/vfioN` with `PreferIommuFD` on a
+a restart rolls an interrupted move back to `nvidia`. The CDI edits follow NVIDIA's `VfioDeviceConfig`: per device the
+IOMMU group node `/dev/vfio/<group>`, or the iommufd node `/dev/vfio/devices/vfioN` with `PreferIommuFD` on a
 node that has `/dev/iommu`; the API device (`/dev/vfio/vfio` or `/dev/iommu`) only with `enableAPIDevice`;
 no driver userspace, and `NVIDIA_VISIBLE_DEVICES=void`.
 """
@@ -52,8 +52,10 @@ def passthrough_conflict(records: ClaimRecords, uid: str, resolved: ResolvedDevi
         for held in record.devices:
             same_gpu = gpu_uuid in (held.uuid, held.parent_uuid)
             if same_gpu and (held.kind == "vfio") != (resolved.kind == "vfio"):
-                return (f"its GPU is held by another claim on this node as {held.device}; a GPU is given out "
-                        "either for passthrough or to the nvidia driver, not both")
+                return (
+                    f"its GPU is held by another claim on this node as {held.device}; a GPU is given out "
+                    "either for passthrough or to the nvidia driver, not both"
+                )
     return ""
 
 
@@ -65,8 +67,12 @@ async def restore_bindings(records: ClaimRecords, passthrough: Passthrough) -> i
     for uid, record in records.by_state("PrepareCompleted").items():
         for dev in record.devices:
             if dev.pci_bus_id and await asyncio.to_thread(passthrough.sysfs.driver_of, dev.pci_bus_id) != VFIO_PCI:
-                log.warning("passthrough GPU of a prepared claim found off vfio-pci; binding it again",
-                            claim_uid=uid, device=dev.device, bdf=dev.pci_bus_id)
+                log.warning(
+                    "passthrough GPU of a prepared claim found off vfio-pci; binding it again",
+                    claim_uid=uid,
+                    device=dev.device,
+                    bdf=dev.pci_bus_id,
+                )
                 await passthrough.acquire(dev.pci_bus_id, int(dev.device.rsplit("-", 1)[1]))
                 moved += 1
     return moved
@@ -134,11 +140,14 @@ class Passthrough:
             return
         import subprocess  # noqa: PLC0415 - only on a node that lacks the module
 
-        done = subprocess.run([self.settings.modprobe, VFIO_MODULE], capture_output=True, text=True, timeout=60,
-                              check=False)
+        done = subprocess.run(
+            [self.settings.modprobe, VFIO_MODULE], capture_output=True, text=True, timeout=60, check=False
+        )
         if done.returncode != 0 or not self.sysfs.driver_present(VFIO_PCI):
-            raise PciError(f"{self.settings.modprobe} {VFIO_MODULE} did not make the {VFIO_PCI} driver appear "
-                           f"(exit {done.returncode}: {done.stderr.strip()[-300:]})")
+            raise PciError(
+                f"{self.settings.modprobe} {VFIO_MODULE} did not make the {VFIO_PCI} driver appear "
+                f"(exit {done.returncode}: {done.stderr.strip()[-300:]})"
+            )
 
     def _holders(self, minor: int) -> list[int]:
         """PIDs with `/dev/nvidia<minor>` open, from `<proc_root>/proc/<pid>/fd` (what fuser reads)."""
@@ -169,8 +178,10 @@ class Passthrough:
         deadline = time.monotonic() + self.settings.free_timeout
         while holders := self._holders(minor):
             if time.monotonic() >= deadline:
-                raise PciError(f"GPU {bdf} (/dev/nvidia{minor}) is still open by process(es) {sorted(holders)[:10]} "
-                               f"after {self.settings.free_timeout:g}s; it is not moved to vfio-pci while in use")
+                raise PciError(
+                    f"GPU {bdf} (/dev/nvidia{minor}) is still open by process(es) {sorted(holders)[:10]} "
+                    f"after {self.settings.free_timeout:g}s; it is not moved to vfio-pci while in use"
+                )
             time.sleep(self.settings.free_interval)  # in a worker thread: fuser-style polling, as NVIDIA's
 
     # -- CDI ---------------------------------------------------------------------------------
@@ -182,8 +193,10 @@ class Passthrough:
         if self._iommufd(config):
             cdev = self.sysfs.iommufd_node(bdf)
             if not cdev:
-                raise DeviceError(f"GPU {bdf} has no iommufd device (sys/bus/pci/devices/{bdf}/vfio-dev) although "
-                                  "the node has /dev/iommu; use backendPolicy LegacyOnly")
+                raise DeviceError(
+                    f"GPU {bdf} has no iommufd device (sys/bus/pci/devices/{bdf}/vfio-dev) although "
+                    "the node has /dev/iommu; use backendPolicy LegacyOnly"
+                )
             path = f"/dev/vfio/devices/{cdev}"
         else:
             path = f"/dev/vfio/{group}"

@@ -160,8 +160,10 @@ def device_id(claim_uid: str, device: str, cdi_kind: CdiKind = GPU_CDI) -> str:
 
 def mps_edits(pipe_dir: str, shm_dir: str) -> tuple[list[str], list[Mount]]:
     """Env and mounts a container needs to reach an MPS control daemon."""
-    return ([f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"],
-            [Mount(pipe_dir, MPS_PIPE_IN_CONTAINER), Mount(shm_dir, "/dev/shm")])
+    return (
+        [f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"],
+        [Mount(pipe_dir, MPS_PIPE_IN_CONTAINER), Mount(shm_dir, "/dev/shm")],
+    )
 
 
 def mps_share_env(pinned_memory: int | None, active_thread_percentage: int | None) -> list[str]:
@@ -176,8 +178,9 @@ def mps_share_env(pinned_memory: int | None, active_thread_percentage: int | Non
     return env
 
 
-def _edits(nodes: list[DeviceNode], env: list[str], mounts: list[Mount], hooks: list[Hook] | None = None
-           ) -> dict[str, Any]:
+def _edits(
+    nodes: list[DeviceNode], env: list[str], mounts: list[Mount], hooks: list[Hook] | None = None
+) -> dict[str, Any]:
     edits: dict[str, Any] = {}
     if env:
         edits["env"] = list(env)
@@ -190,8 +193,9 @@ def _edits(nodes: list[DeviceNode], env: list[str], mounts: list[Mount], hooks: 
     return edits
 
 
-def build_spec(claim_uid: str, devices: list[CdiDevice], common: ContainerEdits,
-               cdi_kind: CdiKind = GPU_CDI) -> dict[str, Any]:
+def build_spec(
+    claim_uid: str, devices: list[CdiDevice], common: ContainerEdits, cdi_kind: CdiKind = GPU_CDI
+) -> dict[str, Any]:
     """The claim's CDI spec as a JSON-ready dict (validated like the CDI loader validates)."""
     if not devices:
         raise CdiError(f"claim {claim_uid} has no devices for a CDI spec")
@@ -199,8 +203,7 @@ def build_spec(claim_uid: str, devices: list[CdiDevice], common: ContainerEdits,
     return _document(cdi_kind, named, common)
 
 
-def build_node_spec(devices: list[CdiDevice], common: ContainerEdits, cdi_kind: CdiKind = NODE_CDI
-                    ) -> dict[str, Any]:
+def build_node_spec(devices: list[CdiDevice], common: ContainerEdits, cdi_kind: CdiKind = NODE_CDI) -> dict[str, Any]:
     """A node-wide spec whose device names are used as given (`0`, `GPU-<uuid>`, `0:1`, `all`)."""
     if not devices:
         raise CdiError("no devices for a CDI spec")
@@ -288,8 +291,8 @@ class CdiWriter:
         return os.path.basename(path)
 
     async def write(self, claim_uid: str, spec: dict[str, Any]) -> str:
-        """Write the claim's spec; its file name in the CDI directory. Without fsync (`durable` False) it is a few KB into the page cache, a
-        bounded step done on the event loop: cheaper than the hop to a worker thread and back."""
+        """Write the claim's spec; its file name in the CDI directory. Without fsync (`durable` False) it is a few KB
+        into the page cache, a bounded step done on the event loop: cheaper than the hop to a worker thread and back."""
         try:
             if self.durable:
                 return await asyncio.to_thread(self._write_sync, claim_uid, spec)
@@ -319,7 +322,7 @@ class CdiWriter:
         for path in self.dir.glob(f"*{prefix}*"):
             name = path.name
             if name.startswith(prefix) and name.endswith(".json"):
-                uid = name[len(prefix): -len(".json")]
+                uid = name[len(prefix) : -len(".json")]
             elif name.startswith(f".{prefix}") and name.endswith(".tmp"):
                 uid = ""  # a temp file a crash left mid-write
             else:

@@ -45,6 +45,7 @@ fsync of its own: a process crash keeps it whole, and a power loss is a reboot a
 prepared, so no container is handed the spec before the kubelet's next prepare writes it again; specs
 of claims that are not prepared again (a torn one included) are swept at start (`CdiWriter.sweep`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -187,8 +188,12 @@ class Checkpoint:
             os.replace(self.path, target)
         self.quarantined = target
         self.corrupt_reason = reason
-        log.error("checkpoint is corrupt; moved aside and starting empty (claims will be re-prepared)",
-                  path=str(self.path), quarantined_to=str(target), reason=reason)
+        log.error(
+            "checkpoint is corrupt; moved aside and starting empty (claims will be re-prepared)",
+            path=str(self.path),
+            quarantined_to=str(target),
+            reason=reason,
+        )
 
     def _load_sync(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,8 +207,9 @@ class Checkpoint:
         try:
             marker.mark()
         except OSError as exc:
-            log.warning("boot marker not written; every checkpoint write keeps its fsync", path=str(self.marker),
-                        error=str(exc))
+            log.warning(
+                "boot marker not written; every checkpoint write keeps its fsync", path=str(self.marker), error=str(exc)
+            )
             return
         self.sync_file = False
         slots = SlotFile(self.path)
@@ -211,8 +217,11 @@ class Checkpoint:
             slots.open()
             self._slots = slots
         except OSError as exc:  # no hard links here: a temp file and a rename per write, still unsynced
-            log.info("checkpoint slots not linked; each write replaces the file through a temp file",
-                     path=str(self.path), error=str(exc))
+            log.info(
+                "checkpoint slots not linked; each write replaces the file through a temp file",
+                path=str(self.path),
+                error=str(exc),
+            )
 
     def _read_sync(self, *, rebooted: bool) -> None:
         try:
@@ -233,23 +242,34 @@ class Checkpoint:
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             if rebooted:  # torn by the power loss that rebooted the node: state of a past boot (module doc)
                 self.torn_by_reboot = True
-                log.warning("checkpoint unreadable after a reboot (its last writes were not synced); prepared "
-                            "state of the past boot dropped", path=str(self.path), error=str(exc))
+                log.warning(
+                    "checkpoint unreadable after a reboot (its last writes were not synced); prepared "
+                    "state of the past boot dropped",
+                    path=str(self.path),
+                    error=str(exc),
+                )
             else:
                 self._quarantine(str(exc))
             self.preparation_seq = _fresh_sequence()
             return
         self.preparation_seq = known.preparationSeq or _fresh_sequence()
         if known.schemaVersion > SCHEMA_VERSION:
-            log.warning("checkpoint written by a newer schema; unknown fields are kept as they are",
-                        schema_version=known.schemaVersion, ours=SCHEMA_VERSION)
+            log.warning(
+                "checkpoint written by a newer schema; unknown fields are kept as they are",
+                schema_version=known.schemaVersion,
+                ours=SCHEMA_VERSION,
+            )
         self._raw_top = top
         self._raw_claims = dict(known.preparedClaims)
         if known.nodeBootID and self.boot_id and known.nodeBootID != self.boot_id:
             self.wiped_for_reboot = len(claims)
             self.preparation_seq = max(self.preparation_seq, _fresh_sequence())  # a lost rename: never back
-            log.warning("node rebooted since the checkpoint was written; prepared state wiped",
-                        stored_boot_id=known.nodeBootID, boot_id=self.boot_id, claims=len(claims))
+            log.warning(
+                "node rebooted since the checkpoint was written; prepared state wiped",
+                stored_boot_id=known.nodeBootID,
+                boot_id=self.boot_id,
+                claims=len(claims),
+            )
             self._raw_claims = {}
             return
         self.claims = claims
@@ -275,12 +295,17 @@ class Checkpoint:
     def _document(self) -> bytes:
         """The whole file: compact JSON (read it with jq), claims last."""
         top = dict(self._raw_top)
-        top.update(apiVersion=API_VERSION, kind=KIND, schemaVersion=max(SCHEMA_VERSION, int(
-            top.get("schemaVersion", SCHEMA_VERSION) or SCHEMA_VERSION)), nodeBootID=self.boot_id,
-                   preparationSeq=self.preparation_seq)
+        top.update(
+            apiVersion=API_VERSION,
+            kind=KIND,
+            schemaVersion=max(SCHEMA_VERSION, int(top.get("schemaVersion", SCHEMA_VERSION) or SCHEMA_VERSION)),
+            nodeBootID=self.boot_id,
+            preparationSeq=self.preparation_seq,
+        )
         top.pop("preparedClaims", None)
-        claims = b",".join(msgspec.json.encode(uid) + b":" + self._claim_json(uid, record)
-                           for uid, record in self.claims.items())
+        claims = b",".join(
+            msgspec.json.encode(uid) + b":" + self._claim_json(uid, record) for uid, record in self.claims.items()
+        )
         return msgspec.json.encode(top)[:-1] + b',"preparedClaims":{' + claims + b"}}"
 
     def next_preparation(self) -> int:

@@ -156,8 +156,10 @@ class KubeClaimSource:
             raise ClaimFetchError(f"GET /apis/{RESOURCE_GROUP}: {exc}") from exc
         version = best_version(served)
         if version is None:
-            raise ClaimFetchError(f"the API server serves no usable {RESOURCE_GROUP} version (it serves "
-                                  f"{served or 'none'}); need one of {', '.join(PREFERRED_VERSIONS)}")
+            raise ClaimFetchError(
+                f"the API server serves no usable {RESOURCE_GROUP} version (it serves "
+                f"{served or 'none'}); need one of {', '.join(PREFERRED_VERSIONS)}"
+            )
         self.version = version
         log.info("resource.k8s.io version chosen", version=version)
         return version

@@ -71,9 +71,19 @@ class PrepareResult:
 class ClaimPreparer:
     """Prepare and unprepare one driver's claims on one node (see the module doc)."""
 
-    def __init__(self, *, port: DriverPort, driver: str, node: str, claims: ClaimSource, cdi: CdiWriter,
-                 checkpoint: Checkpoint, events: LifecycleEvents, pool: str = "",
-                 metadata: MetadataFiles | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        port: DriverPort,
+        driver: str,
+        node: str,
+        claims: ClaimSource,
+        cdi: CdiWriter,
+        checkpoint: Checkpoint,
+        events: LifecycleEvents,
+        pool: str = "",
+        metadata: MetadataFiles | None = None,
+    ) -> None:
         self.port = port
         self.driver = driver
         self.node = node
@@ -134,8 +144,9 @@ class ClaimPreparer:
             self.describe_devices(span, devices)
             return devices
 
-    async def _prepare_claim(self, ref: ClaimRef, previous: ClaimRecord | None,
-                             claim: ResourceClaim) -> list[PreparedDevice]:
+    async def _prepare_claim(
+        self, ref: ClaimRef, previous: ClaimRecord | None, claim: ResourceClaim
+    ) -> list[PreparedDevice]:
         """The driver's plan, its record, its side effects, the spec and `PrepareCompleted` (module doc)."""
         port = self.port
         if previous is not None and not port.resumable:  # a PrepareStarted left by a failed or interrupted attempt
@@ -148,18 +159,33 @@ class ClaimPreparer:
         plan = await port.plan(ref, claim, self._our_results(claim))
         if plan is None:  # no device of this driver in the claim: nothing to do, remembered as done
             now = time.time()
-            await self.checkpoint.put(ref.uid, ClaimRecord(
-                state="PrepareCompleted", name=ref.name, namespace=ref.namespace,
-                preparation=self.checkpoint.next_preparation(), started_at=now, completed_at=now))
+            await self.checkpoint.put(
+                ref.uid,
+                ClaimRecord(
+                    state="PrepareCompleted",
+                    name=ref.name,
+                    namespace=ref.namespace,
+                    preparation=self.checkpoint.next_preparation(),
+                    started_at=now,
+                    completed_at=now,
+                ),
+            )
             return []
         if previous is not None and not port.resumes(previous, plan):
             await self._rollback(ref.uid, previous, reason="retry of a claim recorded for another preparation")
             previous = None
         if previous is None:
-            record = ClaimRecord(state="PrepareStarted", name=ref.name, namespace=ref.namespace,
-                                 preparation=self.checkpoint.next_preparation(), devices=plan.devices,
-                                 started_at=time.time(), configs=plan.configs,
-                                 traceparent=self.claim_traceparent(claim), fabric_partition=plan.fabric_partition)
+            record = ClaimRecord(
+                state="PrepareStarted",
+                name=ref.name,
+                namespace=ref.namespace,
+                preparation=self.checkpoint.next_preparation(),
+                devices=plan.devices,
+                started_at=time.time(),
+                configs=plan.configs,
+                traceparent=self.claim_traceparent(claim),
+                fabric_partition=plan.fabric_partition,
+            )
             started = [self._event("prepare-started", ref, record)]
             if plan.record_first:  # a side effect a crash could leave behind comes first: on disk before it
                 await self.checkpoint.put(ref.uid, record, events=started)
@@ -212,14 +238,20 @@ class ClaimPreparer:
         record = self.checkpoint.claims.get(ref.uid)
         if record is None or record.state != "PrepareStarted":
             return
-        log.warning("prepare abandoned by the kubelet (deadline passed or client gone); rolling back",
-                    claim=str(ref))
+        log.warning("prepare abandoned by the kubelet (deadline passed or client gone); rolling back", claim=str(ref))
         try:
-            await self._rollback(ref.uid, record, reason="prepare abandoned: the kubelet's deadline passed "
-                                                         "or it went away", failed="timeout")
+            await self._rollback(
+                ref.uid,
+                record,
+                reason="prepare abandoned: the kubelet's deadline passed or it went away",
+                failed="timeout",
+            )
         except PrepareFailed as exc:
-            log.error("rollback of an abandoned prepare failed; the periodic recovery retries it", claim=str(ref),
-                      error=str(exc))
+            log.error(
+                "rollback of an abandoned prepare failed; the periodic recovery retries it",
+                claim=str(ref),
+                error=str(exc),
+            )
 
     async def _report_failure(self, ref: ClaimRef, exc: PrepareFailed, started_after: int) -> None:
         """Record the `prepare-failed` of an attempt that did not (it names the preparation this attempt
@@ -228,18 +260,26 @@ class ClaimPreparer:
         if current is not None and current.preparation > started_after:
             event = self._event("prepare-failed", ref, current, error=str(exc), reason=exc.reason)
         else:
-            event = self.events.make("prepare-failed", uid=ref.uid, namespace=ref.namespace, name=ref.name,
-                                     preparation=self.checkpoint.next_preparation(), error=str(exc),
-                                     reason=exc.reason)
+            event = self.events.make(
+                "prepare-failed",
+                uid=ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                preparation=self.checkpoint.next_preparation(),
+                error=str(exc),
+                reason=exc.reason,
+            )
         try:
             await self.checkpoint.save(events=[event])
         except CheckpointError as err:
-            log.error("prepare-failed event not recorded: the checkpoint cannot be written", claim=str(ref),
-                      error=str(err))
+            log.error(
+                "prepare-failed event not recorded: the checkpoint cannot be written", claim=str(ref), error=str(err)
+            )
 
     @contextlib.contextmanager
-    def claim_span(self, ref: ClaimRef, claim: ResourceClaim | None, *,
-                   start_time: int | None = None) -> Iterator[trace.Span]:
+    def claim_span(
+        self, ref: ClaimRef, claim: ResourceClaim | None, *, start_time: int | None = None
+    ) -> Iterator[trace.Span]:
         """The span `claim.prepare` in the claim's trace: linked to the scheduler's context on the claim
         (its `gpu.nvidia.com/traceparent`), and its child when the kubelet sent no context of its own
         (then linked back to this RPC's server span instead); with no claim (not readable) the RPC's
@@ -252,13 +292,17 @@ class ClaimPreparer:
             server = trace.get_current_span().get_span_context()
             links = [trace.Link(server)] if server.is_valid else []
         attributes: dict[str, str | list[str]] = {
-            "dra.claim.uid": ref.uid, "dra.claim.name": ref.name, "k8s.namespace.name": ref.namespace,
-            "dra.driver": self.driver}  # the node: the resource's k8s.node.name
+            "dra.claim.uid": ref.uid,
+            "dra.claim.name": ref.name,
+            "k8s.namespace.name": ref.namespace,
+            "dra.driver": self.driver,
+        }  # the node: the resource's k8s.node.name
         pods = [c.uid for c in claim.status.reservedFor if c.resource == "pods" and c.uid] if claim else []
         if pods:
             attributes["k8s.pod.uid"] = pods[0] if len(pods) == 1 else pods
-        with tracer.start_as_current_span("claim.prepare", context=parent, links=links, attributes=attributes,
-                                          start_time=start_time) as span:
+        with tracer.start_as_current_span(
+            "claim.prepare", context=parent, links=links, attributes=attributes, start_time=start_time
+        ) as span:
             try:
                 yield span
             except Exception as exc:
@@ -269,16 +313,19 @@ class ClaimPreparer:
     def _unprepare_span(self, ref: ClaimRef, record: ClaimRecord | None) -> Iterator[trace.Span]:
         """The span `claim.unprepare`: the RPC's child, with the claim's attributes and what it held."""
         attributes: dict[str, str | list[str]] = {
-            "dra.claim.uid": ref.uid, "dra.claim.name": ref.name or (record.name if record else ""),
+            "dra.claim.uid": ref.uid,
+            "dra.claim.name": ref.name or (record.name if record else ""),
             "k8s.namespace.name": ref.namespace or (record.namespace if record else ""),
-            "dra.driver": self.driver}
+            "dra.driver": self.driver,
+        }
         with tracer.start_as_current_span("claim.unprepare", attributes=attributes) as span:
             if record is not None:
                 self.describe_devices(span, list(record.devices))
             yield span
 
-    async def _link_claim_trace(self, span: trace.Span, ref: ClaimRef, record: ClaimRecord | None,
-                                timeout_s: float = 2.0) -> None:
+    async def _link_claim_trace(
+        self, span: trace.Span, ref: ClaimRef, record: ClaimRecord | None, timeout_s: float = 2.0
+    ) -> None:
         """Link `span` to the claim's trace: from the context its record kept at prepare (none kept: the
         claim had none, or the record predates the field); for a claim not prepared here, read from the
         claim while it is still readable (best effort, bounded: a deleted claim or a slow API server leaves
@@ -309,8 +356,13 @@ class ClaimPreparer:
         """The prepared devices on a claim's span: names, GPU UUIDs, CDI ids."""
         if not span.is_recording():
             return
-        span.set_attributes({"dra.device": [d.device for d in devices], "gpu.uuid": [d.uuid for d in devices if d.uuid],
-                             "cdi.device_ids": [i for d in devices for i in d.cdi_device_ids]})
+        span.set_attributes(
+            {
+                "dra.device": [d.device for d in devices],
+                "gpu.uuid": [d.uuid for d in devices if d.uuid],
+                "cdi.device_ids": [i for d in devices for i in d.cdi_device_ids],
+            }
+        )
 
     @staticmethod
     def _note_read(span: trace.Span, began: int) -> None:
@@ -326,8 +378,11 @@ class ClaimPreparer:
         except Exception as exc:  # noqa: BLE001 - any fetch failure fails this claim, retried by the kubelet
             raise PrepareFailed(f"retrieve claim {ref.namespace}/{ref.name}: {exc}", failure_reason(exc)) from None
         if claim.metadata.uid != ref.uid:  # another claim of that name: its trace is not this one's
-            raise PrepareFailed(f"claim {ref.namespace}/{ref.name} got replaced (UID {claim.metadata.uid}, "
-                                f"kubelet asked for {ref.uid})", "not-found")
+            raise PrepareFailed(
+                f"claim {ref.namespace}/{ref.name} got replaced (UID {claim.metadata.uid}, "
+                f"kubelet asked for {ref.uid})",
+                "not-found",
+            )
         if claim.status.allocation is None:
             raise PrepareFailed(f"claim {ref.namespace}/{ref.name} not allocated", "not-allocated", claim=claim)
         return claim
@@ -338,16 +393,19 @@ class ClaimPreparer:
         assert allocation is not None
         pinned = selector_node_names(allocation.nodeSelector)
         if pinned is not None and self.node not in pinned:
-            raise PrepareFailed(f"claim is allocated to node(s) {', '.join(sorted(pinned))}, not to this node "
-                                f"{self.node}", "other-node")
+            raise PrepareFailed(
+                f"claim is allocated to node(s) {', '.join(sorted(pinned))}, not to this node {self.node}", "other-node"
+            )
         ours: list[tuple[int, AllocationResult]] = []
         for index, result in enumerate(allocation.devices.results if allocation.devices else []):
             if result.driver != self.driver:
                 continue
             if result.pool != self.pool:
-                raise PrepareFailed(f"device {result.pool}/{result.device} is in pool {result.pool!r}, not this "
-                                    f"node's pool {self.pool!r}: the claim is allocated to another node",
-                                    "other-node")
+                raise PrepareFailed(
+                    f"device {result.pool}/{result.device} is in pool {result.pool!r}, not this "
+                    f"node's pool {self.pool!r}: the claim is allocated to another node",
+                    "other-node",
+                )
             ours.append((index, result))
         return ours
 
@@ -360,7 +418,7 @@ class ClaimPreparer:
             await self.metadata.remove(uid, [r for d in record.devices for r in d.requests])  # after the spec
 
     async def unprepare(self, ref: ClaimRef) -> str:
-        """"" on success (also for a claim never prepared here), else the reason to retry."""
+        """ "" on success (also for a claim never prepared here), else the reason to retry."""
         async with self._locks[ref.uid]:
             record = self.checkpoint.claims.get(ref.uid)
             with self._unprepare_span(ref, record) as span:
@@ -371,8 +429,10 @@ class ClaimPreparer:
                     return ""
                 try:
                     await self._undo(ref.uid, record)
-                    await self.checkpoint.remove(ref.uid, events=[
-                        self._event("unprepared", ClaimRef(ref.uid, record.namespace, record.name), record)])
+                    await self.checkpoint.remove(
+                        ref.uid,
+                        events=[self._event("unprepared", ClaimRef(ref.uid, record.namespace, record.name), record)],
+                    )
                 except Exception as exc:  # noqa: BLE001 - the kubelet retries unprepare
                     span.record_exception(exc)
                     span.set_status(Status(StatusCode.ERROR, str(exc)))
@@ -382,8 +442,9 @@ class ClaimPreparer:
         self._locks.pop(ref.uid, None)
         return ""
 
-    async def _rollback(self, uid: str, record: ClaimRecord, *, reason: str,
-                        failed: FailureReason | None = None) -> None:
+    async def _rollback(
+        self, uid: str, record: ClaimRecord, *, reason: str, failed: FailureReason | None = None
+    ) -> None:
         """Undo a partial prepare and forget it; if undo fails the PrepareStarted entry stays for a later try.
         `failed`: the rollback ends a failed prepare, whose `prepare-failed` (of that class) goes with it."""
         try:
@@ -409,8 +470,13 @@ class ClaimPreparer:
         for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
             if only_failed and self._locks[uid].locked():
                 continue
-            done += await self._roll_back_unchanged(uid, record, "interrupted prepare found at start"
-                                                    if not only_failed else "partial prepare left by a failed rollback")
+            done += await self._roll_back_unchanged(
+                uid,
+                record,
+                "interrupted prepare found at start"
+                if not only_failed
+                else "partial prepare left by a failed rollback",
+            )
         return done
 
     async def _roll_back_unchanged(self, uid: str, record: ClaimRecord, reason: str) -> int:
@@ -429,8 +495,11 @@ class ClaimPreparer:
         hold (cdi module doc)."""
         removed = await self.cdi.sweep(set(self.checkpoint.claims))
         if removed:
-            log.info("CDI specs of claims not prepared here removed (left by a reboot or a crash)",
-                     driver=self.driver, specs=len(removed))
+            log.info(
+                "CDI specs of claims not prepared here removed (left by a reboot or a crash)",
+                driver=self.driver,
+                specs=len(removed),
+            )
         if self.metadata is not None and (gone := await self.metadata.sweep(set(self.checkpoint.claims))):
             log.info("device metadata files of claims not prepared here removed", files=len(gone))
         return len(removed)
@@ -457,9 +526,14 @@ class ClaimPreparer:
                 continue  # being prepared right now, or a legacy entry without a name
             try:
                 claim = await self.claims.get(record.namespace, record.name)
-                stale = claim.metadata.uid != uid or claim.status.allocation is None or not any(
-                    r.driver == self.driver and r.pool == self.pool
-                    for r in (claim.status.allocation.devices.results if claim.status.allocation.devices else []))
+                stale = (
+                    claim.metadata.uid != uid
+                    or claim.status.allocation is None
+                    or not any(
+                        r.driver == self.driver and r.pool == self.pool
+                        for r in (claim.status.allocation.devices.results if claim.status.allocation.devices else [])
+                    )
+                )
             except ClaimNotFound:
                 stale = True
             except Exception as exc:  # noqa: BLE001 - transient: next round
@@ -472,13 +546,31 @@ class ClaimPreparer:
         return done
 
     # -- events ----------------------------------------------------------------------------
-    def _event(self, event: ClaimEventKind, ref: ClaimRef, record: ClaimRecord, *, error: str = "",
-               reason: FailureReason = "") -> OutboxRecord:
+    def _event(
+        self, event: ClaimEventKind, ref: ClaimRef, record: ClaimRecord, *, error: str = "", reason: FailureReason = ""
+    ) -> OutboxRecord:
         """The event `event` of the preparation `record` is, for the checkpoint write that reports it."""
-        refs = [PreparedDeviceRef(request=d.requests[0] if d.requests else "", pool=d.pool, device=d.device,
-                                  uuid=d.uuid, sharing=d.sharing, cdi_device_ids=list(d.cdi_device_ids),
-                                  share_id=d.share_id, consumed_capacity=dict(d.consumed_capacity),
-                                  capacity=dict(d.capacity))
-                for d in record.devices]
-        return self.events.make(event, uid=ref.uid, namespace=ref.namespace, name=ref.name,
-                                preparation=record.preparation, devices=refs, error=error, reason=reason)
+        refs = [
+            PreparedDeviceRef(
+                request=d.requests[0] if d.requests else "",
+                pool=d.pool,
+                device=d.device,
+                uuid=d.uuid,
+                sharing=d.sharing,
+                cdi_device_ids=list(d.cdi_device_ids),
+                share_id=d.share_id,
+                consumed_capacity=dict(d.consumed_capacity),
+                capacity=dict(d.capacity),
+            )
+            for d in record.devices
+        ]
+        return self.events.make(
+            event,
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            preparation=record.preparation,
+            devices=refs,
+            error=error,
+            reason=reason,
+        )

@@ -71,7 +71,7 @@ class ResolvedDevice:
 
 
 def device_kind(name: str) -> str:
-    """"gpu" or "mig" from an upstream device name; "" for a name this driver does not publish."""
+    """ "gpu" or "mig" from an upstream device name; "" for a name this driver does not publish."""
     if _GPU_NAME.match(name):
         return "gpu"
     if _MIG_NAME.match(name):
@@ -82,8 +82,9 @@ def device_kind(name: str) -> str:
 class Inventory:
     """The latest NodeInventory for this node, from the bus or the local cache."""
 
-    def __init__(self, node: str, cache_path: Path, dev_root: str = "",
-                 dev_local: Callable[[str], Path] | None = None) -> None:
+    def __init__(
+        self, node: str, cache_path: Path, dev_root: str = "", dev_local: Callable[[str], Path] | None = None
+    ) -> None:
         self.node = node
         self.cache_path = Path(cache_path)
         self.dev_root_override = dev_root
@@ -175,8 +176,9 @@ class Inventory:
         """Map an allocated device name to hardware here, or raise DeviceError."""
         gpu_m, mig_m, vfio_m = _GPU_NAME.match(name), _MIG_NAME.match(name), _VFIO_NAME.match(name)
         if not gpu_m and not mig_m and not vfio_m:
-            raise DeviceError(f"device {name!r} is not a device this driver publishes (gpu-<minor>, MIG or "
-                              "gpu-vfio-<minor>)")
+            raise DeviceError(
+                f"device {name!r} is not a device this driver publishes (gpu-<minor>, MIG or gpu-vfio-<minor>)"
+            )
         minor = int((gpu_m or mig_m or vfio_m).group(1))  # type: ignore[union-attr]
         inv = self.current
         if vfio_m:  # a passthrough GPU needs its PCI address: discovery's inventory only
@@ -187,8 +189,10 @@ class Inventory:
         if inv is None:
             if gpu_m and self.dev_local(f"/dev/nvidia{minor}").exists():
                 return ResolvedDevice(name=name, kind="gpu", gpu=None, minor=minor)
-            raise DeviceError(f"device {name} is unknown: no inventory from discovery yet and "
-                              f"{self.host_path(f'/dev/nvidia{minor}')} does not exist")
+            raise DeviceError(
+                f"device {name} is unknown: no inventory from discovery yet and "
+                f"{self.host_path(f'/dev/nvidia{minor}')} does not exist"
+            )
         gpu = next((g for g in inv.gpus if g.minor == minor), None)
         if gpu is None:
             raise DeviceError(f"device {name} is not on node {self.node}: no GPU with minor {minor}")
@@ -199,14 +203,24 @@ class Inventory:
         gi_profile, start = int(mig_m.group(3)), int(mig_m.group(4))
         profile = next((p for p in gpu.mig_profiles if p.gi_profile_id == gi_profile), None)
         if live is None and profile is None:
-            raise DeviceError(f"device {name} is not on node {self.node}: {gpu.name} has no MIG profile id {gi_profile}")
-        placement = live.placement if live is not None else next(
-            (p for p in profile.placements if p.start == start), None) if profile is not None else None
+            raise DeviceError(
+                f"device {name} is not on node {self.node}: {gpu.name} has no MIG profile id {gi_profile}"
+            )
+        placement = (
+            live.placement
+            if live is not None
+            else next((p for p in profile.placements if p.start == start), None)
+            if profile is not None
+            else None
+        )
         if live is None and placement is None:
-            raise DeviceError(f"device {name}: placement start {start} is not valid for profile "
-                              f"{profile.name if profile else gi_profile} on {gpu.name}")
-        return ResolvedDevice(name=name, kind="mig", gpu=gpu, minor=minor, mig=live, profile=profile,
-                              placement=placement)
+            raise DeviceError(
+                f"device {name}: placement start {start} is not valid for profile "
+                f"{profile.name if profile else gi_profile} on {gpu.name}"
+            )
+        return ResolvedDevice(
+            name=name, kind="mig", gpu=gpu, minor=minor, mig=live, profile=profile, placement=placement
+        )
 
 
 class DeviceOps:
@@ -230,41 +244,64 @@ class DeviceOps:
             raise DeviceError(f"{what}: {exc}") from exc
         if not reply.ok:
             err = reply.error
-            raise DeviceError(f"{what} refused by discovery ({err.code if err else '?'}): "
-                              f"{err.message if err else 'no reason given'}")
+            raise DeviceError(
+                f"{what} refused by discovery ({err.code if err else '?'}): {err.message if err else 'no reason given'}"
+            )
         return reply
 
     async def set_sharing(self, uuids: list[str], compute_mode: str, timeslice: str) -> SetSharingReply:
-        return await self._call(catalog.DEVICE_SET_SHARING,  # type: ignore[no-any-return]
-                                SetSharingRequest(gpu_uuids=uuids, compute_mode=compute_mode,  # type: ignore[arg-type]
-                                                  timeslice=timeslice),  # type: ignore[arg-type]
-                                f"set time-slice {timeslice} on {len(uuids)} GPU(s)")
+        return await self._call(  # type: ignore[no-any-return]
+            catalog.DEVICE_SET_SHARING,
+            SetSharingRequest(
+                gpu_uuids=uuids,
+                compute_mode=compute_mode,  # type: ignore[arg-type]
+                timeslice=timeslice,  # type: ignore[arg-type]
+            ),
+            f"set time-slice {timeslice} on {len(uuids)} GPU(s)",
+        )
 
     async def mig_create(self, gpu_uuid: str, profile: str, placement: MigPlacement) -> MigCreateReply:
-        return await self._call(catalog.DEVICE_MIG_CREATE,  # type: ignore[no-any-return]
-                                MigCreateRequest(gpu_uuid=gpu_uuid, profile=profile, placement=placement),
-                                f"create MIG {profile} at {placement.start}")
+        return await self._call(  # type: ignore[no-any-return]
+            catalog.DEVICE_MIG_CREATE,
+            MigCreateRequest(gpu_uuid=gpu_uuid, profile=profile, placement=placement),
+            f"create MIG {profile} at {placement.start}",
+        )
 
     async def mig_destroy(self, gpu_uuid: str, mig_uuid: str) -> MigDestroyReply:
-        return await self._call(catalog.DEVICE_MIG_DESTROY,  # type: ignore[no-any-return]
-                                MigDestroyRequest(gpu_uuid=gpu_uuid, mig_uuid=mig_uuid), f"destroy MIG {mig_uuid}")
+        return await self._call(  # type: ignore[no-any-return]
+            catalog.DEVICE_MIG_DESTROY,
+            MigDestroyRequest(gpu_uuid=gpu_uuid, mig_uuid=mig_uuid),
+            f"destroy MIG {mig_uuid}",
+        )
 
-    async def mps_start(self, daemon_id: str, uuids: list[str], pct: int | None,
-                        limits: dict[str, int]) -> MpsStartReply:
-        return await self._call(catalog.DEVICE_MPS_START,  # type: ignore[no-any-return]
-                                MpsStartRequest(daemon_id=daemon_id, gpu_uuids=uuids, active_thread_percentage=pct,
-                                                pinned_device_memory_limits=limits), f"start MPS daemon {daemon_id}")
+    async def mps_start(
+        self, daemon_id: str, uuids: list[str], pct: int | None, limits: dict[str, int]
+    ) -> MpsStartReply:
+        return await self._call(  # type: ignore[no-any-return]
+            catalog.DEVICE_MPS_START,
+            MpsStartRequest(
+                daemon_id=daemon_id, gpu_uuids=uuids, active_thread_percentage=pct, pinned_device_memory_limits=limits
+            ),
+            f"start MPS daemon {daemon_id}",
+        )
 
     async def partition_activate(self, partition_id: int, devices: list[str]) -> PartitionActivateReply:
-        return await self._call(catalog.DEVICE_PARTITION_ACTIVATE,  # type: ignore[no-any-return]
-                                PartitionActivateRequest(partition_id=partition_id, devices=devices),
-                                f"activate NVLink partition {partition_id}")
+        return await self._call(  # type: ignore[no-any-return]
+            catalog.DEVICE_PARTITION_ACTIVATE,
+            PartitionActivateRequest(partition_id=partition_id, devices=devices),
+            f"activate NVLink partition {partition_id}",
+        )
 
     async def partition_deactivate(self, partition_id: int) -> PartitionDeactivateReply:
-        return await self._call(catalog.DEVICE_PARTITION_DEACTIVATE,  # type: ignore[no-any-return]
-                                PartitionDeactivateRequest(partition_id=partition_id),
-                                f"deactivate NVLink partition {partition_id}")
+        return await self._call(  # type: ignore[no-any-return]
+            catalog.DEVICE_PARTITION_DEACTIVATE,
+            PartitionDeactivateRequest(partition_id=partition_id),
+            f"deactivate NVLink partition {partition_id}",
+        )
 
     async def mps_stop(self, daemon_id: str) -> MpsStopReply:
-        return await self._call(catalog.DEVICE_MPS_STOP, MpsStopRequest(daemon_id=daemon_id),  # type: ignore[no-any-return]
-                                f"stop MPS daemon {daemon_id}")
+        return await self._call(  # type: ignore[no-any-return]
+            catalog.DEVICE_MPS_STOP,
+            MpsStopRequest(daemon_id=daemon_id),
+            f"stop MPS daemon {daemon_id}",
+        )

@@ -42,8 +42,14 @@ class Plugin(Protocol):
 
 
 class HealthCheck(pb2_grpc.HealthServicer):
-    def __init__(self, plugins: Sequence[Plugin], *, health: Health = HEALTH, call_timeout: float = 2.0,
-                 watch_interval: float = 5.0) -> None:
+    def __init__(
+        self,
+        plugins: Sequence[Plugin],
+        *,
+        health: Health = HEALTH,
+        call_timeout: float = 2.0,
+        watch_interval: float = 5.0,
+    ) -> None:
         self.plugins = list(plugins)
         self.health = health
         self.call_timeout = call_timeout
@@ -61,8 +67,9 @@ class HealthCheck(pb2_grpc.HealthServicer):
     async def _plugin_problem(self, plugin: Plugin) -> str | None:
         try:
             async with grpc.aio.insecure_channel(f"unix:{plugin.registration_socket}") as channel:
-                info = await reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(),
-                                                                        timeout=self.call_timeout)
+                info = await reg_grpc.RegistrationStub(channel).GetInfo(
+                    reg_pb2.InfoRequest(), timeout=self.call_timeout
+                )
         except grpc.aio.AioRpcError as exc:
             return f"{plugin.driver}: GetInfo on {plugin.registration_socket} failed: {exc.code().name} {exc.details()}"
         if info.name != plugin.driver:
@@ -70,10 +77,13 @@ class HealthCheck(pb2_grpc.HealthServicer):
         try:
             async with grpc.aio.insecure_channel(f"unix:{plugin.dra_socket}") as channel:
                 await dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-                    dra_v1_pb2.NodePrepareResourcesRequest(), timeout=self.call_timeout)
+                    dra_v1_pb2.NodePrepareResourcesRequest(), timeout=self.call_timeout
+                )
         except grpc.aio.AioRpcError as exc:
-            return (f"{plugin.driver}: NodePrepareResources on {plugin.dra_socket} failed: "
-                    f"{exc.code().name} {exc.details()}")
+            return (
+                f"{plugin.driver}: NodePrepareResources on {plugin.dra_socket} failed: "
+                f"{exc.code().name} {exc.details()}"
+            )
         return None
 
     async def _status(self) -> pb2.HealthCheckResponse.ServingStatus.ValueType:
@@ -88,8 +98,10 @@ class HealthCheck(pb2_grpc.HealthServicer):
 
     async def Check(self, request: Any, context: Any) -> pb2.HealthCheckResponse:  # noqa: N802
         if request.service not in SERVICES:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}; "
-                                f"this server knows {', '.join(repr(s) for s in SERVICES)}")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"unknown service {request.service!r}; this server knows {', '.join(repr(s) for s in SERVICES)}",
+            )
         return pb2.HealthCheckResponse(status=await self._status())
 
     async def Watch(self, request: Any, context: Any) -> AsyncIterator[pb2.HealthCheckResponse]:  # noqa: N802
@@ -120,8 +132,9 @@ class HealthCheckServer:
         try:
             self.port = self._server.add_insecure_port(self.requested)
         except RuntimeError as exc:
-            raise OSError(f"cannot serve gRPC health on {self.requested}: {exc}; choose another "
-                          "--healthcheck-port") from exc
+            raise OSError(
+                f"cannot serve gRPC health on {self.requested}: {exc}; choose another --healthcheck-port"
+            ) from exc
         await self._server.start()
         log.info("gRPC health service up", port=self.port, services=list(SERVICES))
 

@@ -1,4 +1,5 @@
-"""Claim lifecycle events (`dra.v1.claim.<ns>.<node>.<event>`): minted here, kept in the outbox, sent when NATS is there.
+"""Claim lifecycle events (`dra.v1.claim.<ns>.<node>.<event>`): minted here, kept in the outbox, sent when NATS is
+there.
 
 Owns the making of an event (its id, its `Nats-Msg-Id`) and the sender that drains the durable
 outbox (`outbox.py`) to JetStream: prepare never waits on NATS, and the sender lingers `SEND_LINGER`
@@ -57,17 +58,25 @@ def subject_token(value: str) -> str:
 class LifecycleEvents:
     """Make events, and send what the outbox holds whenever a bus is there."""
 
-    def __init__(self, node: str, driver: str, outbox_path: Path | None = None, *,
-                 max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 linger: float = SEND_LINGER) -> None:
+    def __init__(
+        self,
+        node: str,
+        driver: str,
+        outbox_path: Path | None = None,
+        *,
+        max_events: int = DEFAULT_MAX_EVENTS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        linger: float = SEND_LINGER,
+    ) -> None:
         self.node = node
         self.linger = linger
         self.driver = driver
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
-        self.outbox = Outbox(outbox_path, driver=driver, max_events=max_events, max_bytes=max_bytes,
-                             on_commit=self._committed)
+        self.outbox = Outbox(
+            outbox_path, driver=driver, max_events=max_events, max_bytes=max_bytes, on_commit=self._committed
+        )
         self._msg_id_suffix = secrets.token_hex(8)  # unguessable by other publishers (module docstring)
         self.sent = 0
         self.bus: Bus | None = None
@@ -81,17 +90,40 @@ class LifecycleEvents:
     def dropped(self) -> int:
         return self.outbox.dropped
 
-    def make(self, event: ClaimEventKind, *, uid: str, namespace: str, name: str, preparation: int,
-             devices: list[PreparedDeviceRef] | None = None, error: str = "",
-             reason: FailureReason = "") -> OutboxRecord:
+    def make(
+        self,
+        event: ClaimEventKind,
+        *,
+        uid: str,
+        namespace: str,
+        name: str,
+        preparation: int,
+        devices: list[PreparedDeviceRef] | None = None,
+        error: str = "",
+        reason: FailureReason = "",
+    ) -> OutboxRecord:
         """An outbox record for one event; it is kept once a checkpoint write (or `outbox.add`) carries it."""
         event_id = claim_event_id(subject_token(self.node), uid, preparation, event)
         message = ClaimLifecycle(
-            event=event, node=self.node, driver=self.driver, claim_uid=uid, claim_namespace=namespace,
-            claim_name=name, devices=devices or [], error=error, reason=reason, event_id=event_id,
-            observed_at=now_unix())
-        return OutboxRecord(seq=self.outbox.next_seq(), msg_id=f"{event_id}/{self._msg_id_suffix}",
-                            preparation=preparation, event=message, traceparent=current_traceparent())
+            event=event,
+            node=self.node,
+            driver=self.driver,
+            claim_uid=uid,
+            claim_namespace=namespace,
+            claim_name=name,
+            devices=devices or [],
+            error=error,
+            reason=reason,
+            event_id=event_id,
+            observed_at=now_unix(),
+        )
+        return OutboxRecord(
+            seq=self.outbox.next_seq(),
+            msg_id=f"{event_id}/{self._msg_id_suffix}",
+            preparation=preparation,
+            event=message,
+            traceparent=current_traceparent(),
+        )
 
     def _committed(self) -> None:
         if self.outbox.pending:
@@ -120,7 +152,7 @@ class LifecycleEvents:
             if n == len(rounds):
                 rounds.append([])
             rounds[n].append((seq, record))
-        return [r[i:i + SEND_WINDOW] for r in rounds for i in range(0, len(r), SEND_WINDOW)]
+        return [r[i : i + SEND_WINDOW] for r in rounds for i in range(0, len(r), SEND_WINDOW)]
 
     async def _send(self) -> bool:
         """Send what is pending, round by round (`_rounds`); False when a publish failed (retry later)."""
@@ -147,9 +179,14 @@ class LifecycleEvents:
             # the publish continues the trace of the span that caused the event, not the sender's
             token = otel_context.attach(traceparent_context(record.traceparent))
             try:
-                future = await self.bus.publish_nowait(catalog.CLAIM, event, msg_id=record.msg_id,
-                                                       namespace=subject_token(event.claim_namespace),
-                                                       node=subject_token(event.node), event=event.event)
+                future = await self.bus.publish_nowait(
+                    catalog.CLAIM,
+                    event,
+                    msg_id=record.msg_id,
+                    namespace=subject_token(event.claim_namespace),
+                    node=subject_token(event.node),
+                    event=event.event,
+                )
             except Exception as exc:  # noqa: BLE001 - it stays in the outbox; retried
                 log.info("lifecycle event not sent yet; will retry", error=str(exc) or type(exc).__name__)
                 break

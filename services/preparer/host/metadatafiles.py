@@ -1,11 +1,11 @@
 """Device metadata files of prepared claims (KEP-5304): written per claim request, mounted read-only by the CDI spec.
 
 Owns, as `<plugin dir>/device-metadata/<claim uid>_<request>.json` (one directory: a write's fsync of it makes
-the file's name durable), the file of each request of a claim (format and container path: `shared.events.devicemetadata`), the facts it carries per
-device (type, UUID, MIG parent, PCI bus id, IOMMU group, NUMA node, share id), and the CDI edits that hand
-it to the containers: a read-only bind mount at the well-known path, and `GPU_DRA_DEVICE_METADATA_FILE`
-naming it. Crash argument, as the CDI spec's (`cdi` module doc): each file is written whole (temp file,
-rename) before the claim's spec that mounts it, removed after that spec on undo, and at start the
+the file's name durable), the file of each request of a claim (format and container path:
+`shared.events.devicemetadata`), the facts it carries per device (type, UUID, MIG parent, PCI bus id, IOMMU group, NUMA
+node, share id), and the CDI edits that hand it to the containers: a read-only bind mount at the well-known path, and
+`GPU_DRA_DEVICE_METADATA_FILE` naming it. Crash argument, as the CDI spec's (`cdi` module doc): each file is written
+whole (temp file, rename) before the claim's spec that mounts it, removed after that spec on undo, and at start the
 files of claims the checkpoint does not hold are swept; without a boot id every write is fsync'd.
 """
 
@@ -90,22 +90,34 @@ class MetadataFiles:
         for src in sources:
             base = src.request.split("/", 1)[0]
             entry = requests.setdefault(base, dm.MetadataRequest(name=src.request))
-            entry.devices.append(dm.MetadataDevice(driver=self.driver, pool=src.device.pool, name=src.device.device,
-                                                   attributes=attributes(src)))
+            entry.devices.append(
+                dm.MetadataDevice(
+                    driver=self.driver, pool=src.device.pool, name=src.device.device, attributes=attributes(src)
+                )
+            )
         pod_claim = meta.annotations.get(dm.POD_CLAIM_ANNOTATION, "")
-        return {base: dm.document(name=meta.name, namespace=meta.namespace, uid=meta.uid, pod_claim_name=pod_claim,
-                                  request=request) for base, request in requests.items()}
+        return {
+            base: dm.document(
+                name=meta.name, namespace=meta.namespace, uid=meta.uid, pod_claim_name=pod_claim, request=request
+            )
+            for base, request in requests.items()
+        }
 
-    async def add_to(self, claim: ResourceClaim, sources: Sequence[MetadataSource],
-                     cdi_devices: Sequence[CdiDevice]) -> None:
+    async def add_to(
+        self, claim: ResourceClaim, sources: Sequence[MetadataSource], cdi_devices: Sequence[CdiDevice]
+    ) -> None:
         """Write the claim's files and add their mounts and env to `cdi_devices` (one per source, in order).
         A device name in several requests (shares of one GPU) carries every such request's file."""
         docs = self.documents(claim, sources)
         meta = claim.metadata
         pod_claim = meta.annotations.get(dm.POD_CLAIM_ANNOTATION, "")
-        files = {base: (self.host_path(meta.uid, base), dm.container_path(self.driver, base, claim_name=meta.name,
-                                                                          pod_claim_name=pod_claim))
-                 for base in docs}
+        files = {
+            base: (
+                self.host_path(meta.uid, base),
+                dm.container_path(self.driver, base, claim_name=meta.name, pod_claim_name=pod_claim),
+            )
+            for base in docs
+        }
         await self._write(meta.uid, {files[base][0]: dm.encode(doc) for base, doc in docs.items()})
         by_name: dict[str, list[str]] = {}
         for src in sources:

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 BUCKETS = tuple(0.05 * 2**k for k in range(9))
 
 REQUESTS = Counter("gpu_dra_requests", "Successful kubelet DRA requests", ["driver", "operation"])
-DURATION = Histogram("gpu_dra_request_duration_seconds", "Kubelet DRA request duration", ["driver", "operation"],
-                     buckets=BUCKETS)
+DURATION = Histogram(
+    "gpu_dra_request_duration_seconds", "Kubelet DRA request duration", ["driver", "operation"], buckets=BUCKETS
+)
 INFLIGHT = Gauge("gpu_dra_requests_inflight", "Kubelet DRA requests in progress", ["driver", "operation"])
 PREPARE_ERRORS = Counter("gpu_dra_node_prepare_errors", "Claims that failed to prepare", ["driver", "error_type"])
 UNPREPARE_ERRORS = Counter("gpu_dra_node_unprepare_errors", "Claims that failed to unprepare", ["driver", "error_type"])
@@ -62,9 +63,11 @@ def prepared_shares(checkpoint: Checkpoint) -> dict[tuple[str, str], int]:
     return counts
 
 
-SHARES_HELP = ("Shares of a device (KEP-5075 consumable capacity) held by completed claims, by device and the "
-               "claims' namespace. Not by share id or claim: those are new label values with every claim, so "
-               "the series stay bounded by devices x tenants (a series goes when its last share does).")
+SHARES_HELP = (
+    "Shares of a device (KEP-5075 consumable capacity) held by completed claims, by device and the "
+    "claims' namespace. Not by share id or claim: those are new label values with every claim, so "
+    "the series stay bounded by devices x tenants (a series goes when its last share does)."
+)
 
 
 class _PreparedDevices(Collector):
@@ -79,10 +82,12 @@ class _PreparedDevices(Collector):
         self._tracked[(node, driver)] = weakref.ref(checkpoint)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("gpu_dra_prepared_devices", "Devices in completed claims",
-                                   labels=["node", "driver", "device_type"])
-        shares = GaugeMetricFamily("gpu_dra_prepared_shares", SHARES_HELP,
-                                   labels=["node", "driver", "device", "namespace"])
+        family = GaugeMetricFamily(
+            "gpu_dra_prepared_devices", "Devices in completed claims", labels=["node", "driver", "device_type"]
+        )
+        shares = GaugeMetricFamily(
+            "gpu_dra_prepared_shares", SHARES_HELP, labels=["node", "driver", "device", "namespace"]
+        )
         for (node, driver), ref in list(self._tracked.items()):
             checkpoint = ref()
             if checkpoint is not None:

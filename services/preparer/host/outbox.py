@@ -54,8 +54,15 @@ _decoder = msgspec.json.Decoder(OutboxRecord)
 class Outbox:
     """Pending lifecycle events, mirrored to an append-only file (`path` None: memory only)."""
 
-    def __init__(self, path: Path | None, *, driver: str, max_events: int = DEFAULT_MAX_EVENTS,
-                 max_bytes: int = DEFAULT_MAX_BYTES, on_commit: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        driver: str,
+        max_events: int = DEFAULT_MAX_EVENTS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        on_commit: Callable[[], None] | None = None,
+    ) -> None:
         self.path = path
         self.driver = driver
         self.max_events = max_events
@@ -91,11 +98,16 @@ class Outbox:
                 if len(self._in_file) + len(kept) >= self.max_events or size + len(line) > self.max_bytes:
                     self.dropped += 1
                     metrics.OUTBOX_DROPPED.labels(self.driver).inc()
-                    log.error("lifecycle outbox full; event dropped (is NATS reachable? raise "
-                              "--outbox-max-events/--outbox-max-bytes if the outage is expected)",
-                              driver=self.driver, pending=len(self._in_file), bytes=size,
-                              max_events=self.max_events, max_bytes=self.max_bytes,
-                              event_id=record.event.event_id if record.event else "")
+                    log.error(
+                        "lifecycle outbox full; event dropped (is NATS reachable? raise "
+                        "--outbox-max-events/--outbox-max-bytes if the outage is expected)",
+                        driver=self.driver,
+                        pending=len(self._in_file),
+                        bytes=size,
+                        max_events=self.max_events,
+                        max_bytes=self.max_bytes,
+                        event_id=record.event.event_id if record.event else "",
+                    )
                     continue
                 kept.append(record)
                 lines.append(line)
@@ -168,8 +180,9 @@ class Outbox:
                 self.max_preparation = max(self.max_preparation, record.preparation)
             self._seq = max(self._seq, record.seq)
         if bad:
-            log.warning("outbox lines not readable were skipped (a write cut short by a crash)",
-                        path=str(self.path), lines=bad)
+            log.warning(
+                "outbox lines not readable were skipped (a write cut short by a crash)", path=str(self.path), lines=bad
+            )
         with self._lock:
             self._in_file = {seq: _encode(r) + b"\n" for seq, r in records.items()}
             self._pending_bytes = sum(len(line) for line in self._in_file.values())

@@ -43,8 +43,16 @@ class PluginContext:
     def preparer(self, port: DriverPort, cdi_kind: CdiKind, metadata: MetadataFiles | None = None) -> ClaimPreparer:
         """The driver's claim state machine over `port`, its specs of `cdi_kind` in the CDI dir."""
         cdi = CdiWriter(Path(self.cfg.cdi_dir), cdi_kind, durable=not self.checkpoint.power_loss_is_reboot)
-        return ClaimPreparer(port=port, driver=self.driver, node=self.cfg.node, claims=self.claims, cdi=cdi,
-                             checkpoint=self.checkpoint, events=self.events, metadata=metadata)
+        return ClaimPreparer(
+            port=port,
+            driver=self.driver,
+            node=self.cfg.node,
+            claims=self.claims,
+            cdi=cdi,
+            checkpoint=self.checkpoint,
+            events=self.events,
+            metadata=metadata,
+        )
 
 
 class DriverPlugin(Protocol):
@@ -60,4 +68,3 @@ class DriverPlugin(Protocol):
 
     def attach_bus(self, bus: Bus) -> dict[str, Coroutine[Any, Any, None]]:
         """Use `bus` from now on; returns the background work to run (by task name) until stopped."""
-

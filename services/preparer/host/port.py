@@ -35,8 +35,14 @@ class PrepareFailed(Exception):
     """A claim cannot be prepared as allocated (the message goes to the kubelet); `reason`: its class in the
     `prepare-failed` event; `reported`: that event is recorded; `claim`: as read, when a check of it failed."""
 
-    def __init__(self, message: str, reason: FailureReason = "internal", *, reported: bool = False,
-                 claim: ResourceClaim | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        reason: FailureReason = "internal",
+        *,
+        reported: bool = False,
+        claim: ResourceClaim | None = None,
+    ) -> None:
         super().__init__(message)
         self.reason: FailureReason = reason
         self.reported = reported
@@ -99,16 +105,18 @@ class DriverPort(Protocol):
     # a PrepareStarted is a prepare in progress that the next call resumes (not one to roll back at start)
     resumable: bool
 
-    async def plan(self, ref: ClaimRef, claim: ResourceClaim,
-                   results: list[tuple[int, AllocationResult]]) -> Plan | None:
+    async def plan(
+        self, ref: ClaimRef, claim: ResourceClaim, results: list[tuple[int, AllocationResult]]
+    ) -> Plan | None:
         """Check the claim (`results`: its allocation results of this driver) before any side effect;
         PrepareFailed when it cannot be prepared; None when it holds nothing of this driver."""
 
     def resumes(self, previous: ClaimRecord, plan: Plan) -> bool:
         """Whether a resumable driver's PrepareStarted `previous` is the prepare `plan` continues."""
 
-    def apply(self, ref: ClaimRef, claim: ResourceClaim, plan: Plan,
-              record: ClaimRecord) -> AsyncGenerator[Record | SpecEdits, None]:
+    def apply(
+        self, ref: ClaimRef, claim: ResourceClaim, plan: Plan, record: ClaimRecord
+    ) -> AsyncGenerator[Record | SpecEdits, None]:
         """The side effects, in order (see the module doc); `Pending` keeps the record for the next call."""
 
     async def undo(self, uid: str, record: ClaimRecord) -> None:

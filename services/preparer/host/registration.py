@@ -30,8 +30,9 @@ class Registration(reg_grpc.RegistrationServicer):
         self.last_error = ""
 
     async def GetInfo(self, request: Any, context: Any) -> reg_pb2.PluginInfo:  # noqa: N802
-        return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint,
-                                  supported_versions=list(self.versions))
+        return reg_pb2.PluginInfo(
+            type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint, supported_versions=list(self.versions)
+        )
 
     async def NotifyRegistrationStatus(self, request: Any, context: Any) -> reg_pb2.RegistrationStatusResponse:  # noqa: N802
         if request.plugin_registered:

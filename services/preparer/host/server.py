@@ -68,8 +68,9 @@ class DraCore:
             log.exception("unprepare crashed", claim=str(ref))
             return f"error unpreparing devices for claim {ref}: internal error: {exc}"
 
-    async def run(self, operation: str, method: str, version: str, request: Any,
-                  context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, Any]:
+    async def run(
+        self, operation: str, method: str, version: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> dict[str, Any]:
         refs = _refs(request.claims)
         if not refs:  # the health check's probe call (healthcheck.py): no span, no request metrics
             return {}
@@ -80,13 +81,20 @@ class DraCore:
         with HEAP_TRIM.request(len(refs)):
             return await self._run(operation, method, version, refs, parent, sent, start)
 
-    async def _run(self, operation: str, method: str, version: str, refs: list[ClaimRef], parent: Any, sent: bool,
-                   start: float) -> dict[str, Any]:
+    async def _run(
+        self, operation: str, method: str, version: str, refs: list[ClaimRef], parent: Any, sent: bool, start: float
+    ) -> dict[str, Any]:
         self._inflight[operation].inc()
-        attributes: dict[str, str | int] = {"rpc.system": "grpc", "rpc.service": f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin",
-                      "rpc.method": method, "dra.claims": len(refs)}
-        with kubelet_context(sent), tracer.start_as_current_span(method, context=parent, kind=SpanKind.SERVER,
-                                                                 attributes=attributes) as span:
+        attributes: dict[str, str | int] = {
+            "rpc.system": "grpc",
+            "rpc.service": f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin",
+            "rpc.method": method,
+            "dra.claims": len(refs),
+        }
+        with (
+            kubelet_context(sent),
+            tracer.start_as_current_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes) as span,
+        ):
             try:
                 handle = self._safe_prepare if operation == "prepare" else self._safe_unprepare
                 if len(refs) == 1:  # the common call: no task of its own
@@ -99,7 +107,8 @@ class DraCore:
             if failed:
                 span.set_status(Status(StatusCode.ERROR, f"{len(failed)} of {len(refs)} claims failed"))
                 (metrics.PREPARE_ERRORS if operation == "prepare" else metrics.UNPREPARE_ERRORS).labels(
-                    self.driver, "prepare_devices").inc(len(failed))
+                    self.driver, "prepare_devices"
+                ).inc(len(failed))
             else:
                 self._requests[operation].inc()
         self._duration[operation].observe(time.perf_counter() - start)
@@ -107,16 +116,18 @@ class DraCore:
 
 
 def _v1_device(dev: PreparedDevice) -> dra_v1_pb2.Device:
-    out = dra_v1_pb2.Device(request_names=dev.requests, pool_name=dev.pool, device_name=dev.device,
-                            cdi_device_ids=dev.cdi_device_ids)
+    out = dra_v1_pb2.Device(
+        request_names=dev.requests, pool_name=dev.pool, device_name=dev.device, cdi_device_ids=dev.cdi_device_ids
+    )
     if dev.share_id:
         out.share_id = dev.share_id
     return out
 
 
 def _v1beta1_device(dev: PreparedDevice) -> dra_v1beta1_pb2.Device:
-    return dra_v1beta1_pb2.Device(request_names=dev.requests, pool_name=dev.pool, device_name=dev.device,
-                                  cdi_device_ids=dev.cdi_device_ids)
+    return dra_v1beta1_pb2.Device(
+        request_names=dev.requests, pool_name=dev.pool, device_name=dev.device, cdi_device_ids=dev.cdi_device_ids
+    )
 
 
 class _Servicer:

@@ -52,24 +52,41 @@ def build(ctx: PluginContext) -> DriverPlugin:
 class PreparerService:
     """One running kubelet plugin for one driver on one node."""
 
-    def __init__(self, cfg: PreparerConfig, claims: ClaimSource, *, driver: str = GPU_DRIVER,
-                 report_corrupt: Callable[[str, Path], Awaitable[None]] | None = None,
-                 settings: NodeSettings | None = None) -> None:
+    def __init__(
+        self,
+        cfg: PreparerConfig,
+        claims: ClaimSource,
+        *,
+        driver: str = GPU_DRIVER,
+        report_corrupt: Callable[[str, Path], Awaitable[None]] | None = None,
+        settings: NodeSettings | None = None,
+    ) -> None:
         self.cfg = cfg
         self.driver = driver
         self.plugin_dir = Path(cfg.plugins_dir) / driver
         self.dra_socket = self.plugin_dir / "dra.sock"
         self.registration_socket = Path(cfg.registry_dir) / f"{driver}-reg.sock"
-        self.checkpoint = Checkpoint(self.plugin_dir / "checkpoint.json",
-                                     boot_id=read_boot_id(cfg.boot_id_path))
+        self.checkpoint = Checkpoint(self.plugin_dir / "checkpoint.json", boot_id=read_boot_id(cfg.boot_id_path))
         self.report_corrupt = report_corrupt
-        self.events = LifecycleEvents(cfg.node, driver, self.plugin_dir / "outbox.jsonl",
-                                      max_events=cfg.outbox_max_events, max_bytes=cfg.outbox_max_bytes)
+        self.events = LifecycleEvents(
+            cfg.node,
+            driver,
+            self.plugin_dir / "outbox.jsonl",
+            max_events=cfg.outbox_max_events,
+            max_bytes=cfg.outbox_max_bytes,
+        )
         self.checkpoint.journal = self.events.outbox
-        self.plugin = build(PluginContext(cfg=cfg, driver=driver, claims=claims,
-                                                          plugin_dir=self.plugin_dir, checkpoint=self.checkpoint,
-                                                          events=self.events,
-                                                          settings=settings or NodeSettings()))
+        self.plugin = build(
+            PluginContext(
+                cfg=cfg,
+                driver=driver,
+                claims=claims,
+                plugin_dir=self.plugin_dir,
+                checkpoint=self.checkpoint,
+                events=self.events,
+                settings=settings or NodeSettings(),
+            )
+        )
         self.preparer = self.plugin.preparer
         self.registration = Registration(driver, str(self.dra_socket))
         self.bus: Bus | None = None
@@ -101,10 +118,17 @@ class PreparerService:
         add_registration_service(self._reg_server, self.registration)
         await sockets.serve_on(self._reg_server, self.registration_socket)
         self._tasks.append(asyncio.create_task(self._cleanup_loop(), name=f"stale-claim-cleanup-{self.driver}"))
-        self._tasks.append(asyncio.create_task(self.preparer.retry_failed_rollbacks(),
-                                               name=f"rollback-retry-{self.driver}"))
-        log.info("preparer serving", driver=self.driver, node=self.cfg.node, dra_socket=str(self.dra_socket),
-                 registration_socket=str(self.registration_socket), claims=len(self.checkpoint.claims))
+        self._tasks.append(
+            asyncio.create_task(self.preparer.retry_failed_rollbacks(), name=f"rollback-retry-{self.driver}")
+        )
+        log.info(
+            "preparer serving",
+            driver=self.driver,
+            node=self.cfg.node,
+            dra_socket=str(self.dra_socket),
+            registration_socket=str(self.registration_socket),
+            claims=len(self.checkpoint.claims),
+        )
 
     def attach_bus(self, bus: Bus) -> None:
         """Use `bus` for lifecycle events and the driver's NATS work from now on."""

@@ -25,8 +25,10 @@ def check_path(path: Path) -> None:
     if not path.is_absolute():
         raise SocketError(f"socket path {path} must be absolute (the kubelet dials it verbatim)")
     if len(os.fsencode(path)) > UNIX_PATH_MAX:
-        raise SocketError(f"socket path {path} is {len(os.fsencode(path))} bytes; unix sockets allow at most "
-                          f"{UNIX_PATH_MAX}: choose a shorter --registry-dir/--plugins-dir")
+        raise SocketError(
+            f"socket path {path} is {len(os.fsencode(path))} bytes; unix sockets allow at most "
+            f"{UNIX_PATH_MAX}: choose a shorter --registry-dir/--plugins-dir"
+        )
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:

@@ -15,8 +15,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-PROTOS = ("dra_v1.proto", "dra_v1beta1.proto", "pluginregistration_v1.proto", "dra_health_v1alpha1.proto",
-          "grpc_health_v1.proto")
+PROTOS = (
+    "dra_v1.proto",
+    "dra_v1beta1.proto",
+    "pluginregistration_v1.proto",
+    "dra_health_v1alpha1.proto",
+    "grpc_health_v1.proto",
+)
 
 
 def main() -> int:
@@ -28,8 +33,14 @@ def main() -> int:
     rel = HERE.relative_to(REPO)
     # mypy-protobuf's plugins (protoc-gen-mypy, protoc-gen-mypy_grpc) live beside this interpreter
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    args = ["protoc", f"-I{REPO}", f"--python_out={REPO}", f"--grpc_python_out={REPO}", f"--mypy_out={REPO}",
-            f"--mypy_grpc_out={REPO}"]
+    args = [
+        "protoc",
+        f"-I{REPO}",
+        f"--python_out={REPO}",
+        f"--grpc_python_out={REPO}",
+        f"--mypy_out={REPO}",
+        f"--mypy_grpc_out={REPO}",
+    ]
     args += [str(rel / name) for name in PROTOS]
     code = protoc.main(args)
     if code != 0:
