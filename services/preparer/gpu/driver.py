@@ -483,11 +483,21 @@ class GpuDriver:
             )
         for i, mode in modes.items():
             if mode.share_mps:
-                async with contextlib.aclosing(
-                    self._start_share_daemon(ref.uid, record, i, mode, cdi_devices[i])
-                ) as steps:
-                    async for step in steps:
-                        yield step
+                dev = record.devices[i]
+                # Unlocked, no start or stop of the daemon is under way; the check and its use run with no await
+                # in between, so none can begin before this share's record (staged) counts as a user of it.
+                known = (
+                    None if self._daemon_locks[dev.mps_daemon].locked() else self._running_share_daemon(ref.uid, dev)
+                )
+                if known is None:
+                    async with contextlib.aclosing(self._start_share_daemon(ref.uid, dev)) as steps:
+                        async for step in steps:
+                            yield step
+                    known = self._share_daemons[dev.mps_daemon][1:]
+                env, mounts = known
+                cdi_devices[i].env += env
+                cdi_devices[i].env += mps_share_env(mode.limits.memory, mode.limits.compute)
+                cdi_devices[i].mounts += mounts
         slices: dict[str, set[str]] = defaultdict(set)  # time-slice interval -> the GPUs that get it
         for i, mode in modes.items():
             if mode.node_interval:
@@ -538,50 +548,37 @@ class GpuDriver:
             [MetadataSource(p.request, d, p.resolved.gpu) for p, d in zip(planned, record.devices, strict=True)],
         )
 
-    async def _start_share_daemon(
-        self, uid: str, record: ClaimRecord, i: int, mode: _Mode, cdi: CdiDevice
-    ) -> AsyncGenerator[Record, None]:
-        """The device's one MPS daemon for its shares: started by the first share, confirmed by the others
-        (discovery's start is idempotent) or known running (no request); the share's env and mounts go to
-        `cdi`. The share's record marks it a user of the daemon, on disk (`RECORD`) before any start request,
-        so the undo stops the daemon only when no other record uses it; with no request the record may stay
-        staged. MPS on MIG: one daemon per MIG device (its UUID, CUDA_VISIBLE_DEVICES=MIG-<uuid>), as NVIDIA
+    async def _start_share_daemon(self, uid: str, dev: PreparedDevice) -> AsyncGenerator[Record, None]:
+        """Start or confirm the device's one MPS daemon for its shares, under its lock, when `apply` could not
+        find it known to run (`_running_share_daemon`): discovery's start is idempotent, so the other shares
+        confirm what the first started. The share's record marks it a user of the daemon, on disk (`RECORD`)
+        before any start request, so the undo stops the daemon only when no other record uses it; with no
+        request the record may stay staged. On success `_share_daemons` holds the daemon's env and mounts.
+        MPS on MIG: one daemon per MIG device (its UUID, CUDA_VISIBLE_DEVICES=MIG-<uuid>), as NVIDIA
         documents it and its DRA driver does; discovery keeps the parent GPU in EXCLUSIVE_PROCESS while any
         of its MIG devices has a daemon, and a share's client sees its MIG device as device 0
         (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>)."""
-        dev = record.devices[i]
         daemon = dev.mps_daemon
-        lock = self._daemon_locks[daemon]
-        # Unlocked, no start or stop of the daemon is under way; the check and its use run with no await in
-        # between, so none can begin before this share's record (staged) counts as a user of the daemon.
-        known = None if lock.locked() else self._running_share_daemon(uid, dev)
-        if known is not None:  # no device.mps-start span in the claim's trace says so
-            env, mounts = known
-        else:
-            async with lock:
-                known = self._running_share_daemon(uid, dev)
-                if known is not None:
-                    env, mounts = known
-                else:
-                    yield RECORD
-                    settings = dev.mps_daemon_settings
-                    limit = settings.get("pinnedDeviceMemoryLimitMiB")
-                    with tracer.start_as_current_span("device.mps-start") as span:
-                        span.set_attribute("dra.share_id", dev.share_id)
-                        try:
-                            started = await self.ops.mps_start(
-                                daemon,
-                                [dev.uuid],
-                                settings.get("activeThreadPercentage"),
-                                {dev.uuid: limit << 20} if limit else {},
-                            )
-                        except BaseException:
-                            self._share_daemons.pop(daemon, None)  # in an unknown state now: the next share asks
-                            raise
-                    env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
-                    self._share_daemons[daemon] = (dict(settings), env, mounts)
-        cdi.env += env + mps_share_env(mode.limits.memory, mode.limits.compute)
-        cdi.mounts += mounts
+        async with self._daemon_locks[daemon]:
+            if self._running_share_daemon(uid, dev) is not None:
+                return
+            yield RECORD
+            settings = dev.mps_daemon_settings
+            limit = settings.get("pinnedDeviceMemoryLimitMiB")
+            with tracer.start_as_current_span("device.mps-start") as span:
+                span.set_attribute("dra.share_id", dev.share_id)
+                try:
+                    started = await self.ops.mps_start(
+                        daemon,
+                        [dev.uuid],
+                        settings.get("activeThreadPercentage"),
+                        {dev.uuid: limit << 20} if limit else {},
+                    )
+                except BaseException:
+                    self._share_daemons.pop(daemon, None)  # in an unknown state now: the next share asks
+                    raise
+            env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
+            self._share_daemons[daemon] = (dict(settings), env, mounts)
 
     def _running_share_daemon(self, uid: str, dev: PreparedDevice) -> tuple[list[str], list[Mount]] | None:
         """The CDI env and mounts that reach `dev`'s daemon when it is known to run with `dev`'s settings (one more

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -166,7 +167,8 @@ def mps_edits(pipe_dir: str, shm_dir: str) -> tuple[list[str], list[Mount]]:
     )
 
 
-def mps_share_env(pinned_memory: int | None, active_thread_percentage: int | None) -> list[str]:
+@functools.lru_cache(maxsize=256)  # a node's shares repeat few limits: built once, not per share's prepare
+def mps_share_env(pinned_memory: int | None, active_thread_percentage: int | None) -> tuple[str, ...]:
     """A share's MPS client limits as env (NVIDIA's MPS client variables). The memory limit names the
     device by index, as NVIDIA's device plugin does (a limit keyed by UUID is not applied by every
     driver): a share's container reaches one GPU through its daemon, so it is device 0 there."""
@@ -175,7 +177,7 @@ def mps_share_env(pinned_memory: int | None, active_thread_percentage: int | Non
         env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={max(1, pinned_memory >> 20)}M")
     if active_thread_percentage is not None:
         env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={active_thread_percentage}")
-    return env
+    return tuple(env)
 
 
 def _edits(
