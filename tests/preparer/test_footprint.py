@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROBE = r"""
 import asyncio, json, sys
-from shared.cli import COMMANDS
+from shared.cli import registry
 import importlib
-cli = importlib.import_module(COMMANDS["preparer"][0])
+cli = importlib.import_module(registry(until="preparer").commands["preparer"].module)
 from services.preparer.config import parse
 from services.preparer.host.service import PreparerService
 root = sys.argv[1]
