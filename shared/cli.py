@@ -1,55 +1,87 @@
 """The `gpu-dra` console script: one subcommand per service and tool, dispatched lazily; `--version`; the
-operator's errors (a bad file, a server out of reach) as one line (shared/clierrors.py)."""
+operator's errors (a bad file, a server out of reach) as one line (shared/clierrors.py).
+
+The commands are not listed here: each package declares its own (services/commands.py, shared/commands.py,
+embedded/commands.py: name -> (module with a `main(argv)`, one-line summary)) and registers that table in
+pyproject.toml's `gpu_dra.commands` entry-point group, which this module reads from the installed package's
+metadata. A registration named after one of the package's extras (`embedded`) belongs to that extra: when its
+package or the extra's requirements are missing (a production image leaves both out), the message names the
+extra to install. Listing the commands imports only the tables, never a command's module."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
 
 from shared import clierrors
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "discovery": ("services.discovery.cli", "NVML inventory, health and device operations for one node"),
-    "publisher": ("services.publisher.cli", "inventory and health -> ResourceSlices"),
-    "state-gate": ("services.stategate.cli", "node services' one door to JetStream: rights and shares checked"),
-    "nodeconfig": ("shared.nodeconfig_cli", "'nodeconfig explain NODE': each GPU's sharing setting and its rule"),
-    "preparer": ("services.preparer.cli", "the kubelet DRA plugin (prepare/unprepare, CDI, checkpoint)"),
-    "cdi": ("services.preparer.nodespec", "'cdi generate': this node's CDI spec (driver userspace + GPUs)"),
-    "computedomain": ("services.computedomain.cli", "ComputeDomain controller and node agent"),
-    "dashboard": ("services.dashboard.main", "the live fleet page and its API (docs/dashboard.md)"),
-    "apiserver": ("embedded.apiserver.cli", "the embedded Kubernetes API server"),
-    "kubelet": ("embedded.nodeagent.cli", "the kubelet emulator for one simulated node"),
-    "scheduler": ("embedded.scheduler.cli", "the DRA scheduler of the local cluster"),
-    "controllers": ("embedded.controllers.cli", "Deployment, ReplicaSet and Job controllers of the local cluster"),
-    "up": ("embedded.cluster.up", "a local GPU cluster: NATS, API server, simulated nodes"),
-    "demo": ("embedded.cluster.demo", "run sample workloads on a local cluster and show the result"),
-    "pipeline-demo": ("embedded.cluster.pipeline_demo", "inventory -> NATS -> ResourceSlices in one process, traced"),
-    "explain": ("embedded.cluster.explain", "why a pod or claim is (not) allocated"),
-    "trace": ("embedded.cluster.tracecli", "one claim's trace as a waterfall, from a span-store or OTLP-JSON file"),
-    "features": ("shared.featuregates_cli", "the feature gates: stage, default, and what a setting turns on"),
-    "webhook": ("services.webhook.cli", "the admission webhook: claims' opaque configs checked at the door"),
-    "events": ("shared.events.cli", "the event catalog: list subjects, export JSON Schemas"),
-    "nats": ("shared.natsserver_cli", "an embedded nats-server; 'nats credentials': NATS JWT creds as Secrets"),
-}
+GROUP = "gpu_dra.commands"
 
 
-# Commands of the local-cluster world: they need the `embedded` extra and the embedded/ package, which
-# the production image leaves out.
-EMBEDDED_EXTRA = "embedded"
-_EMBEDDED_MODULES = ("embedded", "kubernetes_validate", "cel")
+@dataclass(frozen=True)
+class Command:
+    module: str
+    summary: str
+    extra: str = ""  # the extra that brings it ("": the base install)
 
 
-def usage() -> str:
+@dataclass
+class Registry:
+    commands: dict[str, Command] = field(default_factory=dict)
+    absent: dict[str, str] = field(default_factory=dict)  # extra -> the missing module, for registrations not here
+
+
+def _extra(point: EntryPoint) -> str:
+    """The registration's name when its distribution declares an extra of that name, else ""."""
+    extras = (point.dist.metadata.get_all("Provides-Extra") or []) if point.dist is not None else []
+    return point.name if point.name in extras else ""
+
+
+def registry(points: list[EntryPoint] | None = None, until: str = "") -> Registry:
+    """The registered commands (`points`: the group's entry points, those of the installed metadata when None),
+    the base install's first, the first registration of a name winning; a registration of an extra whose module
+    is missing is noted as absent. With `until`, the tables are read until one has that command (a service's
+    start reads its own table only)."""
+    found = Registry()
+    registered = [(_extra(point), point) for point in (entry_points(group=GROUP) if points is None else points)]
+    for extra, point in sorted(registered, key=lambda pair: (pair[0] != "", pair[1].name)):
+        try:
+            table = point.load()
+        except ModuleNotFoundError as exc:
+            if not extra:
+                raise
+            found.absent[extra] = exc.name or point.module
+            continue
+        for name, (module, summary) in table.items():
+            found.commands.setdefault(name, Command(module, summary, extra))
+        if until and until in found.commands:
+            break
+    return found
+
+
+def usage(found: Registry) -> str:
     lines = ["usage: gpu-dra <command> [options]   (gpu-dra --version: the version)", "", "commands:"]
-    lines += [f"  {name:<14} {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += [f"  {name:<14} {command.summary}" for name, command in found.commands.items()]
+    if not found.commands:
+        lines += [f"  (none registered: the package's metadata has no {GROUP!r} group; reinstall it: pip install -e .)"]
+    lines += [f"  (more with: pip install 'gpu-dra[{extra}]')" for extra in found.absent]
     lines += ["", "Run 'gpu-dra <command> --help' for a command's options."]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _lacking(extra: str, missing: str) -> str:
+    return (
+        f"the {extra!r} extra, which this install lacks (no module {missing!r}); install it with: "
+        f"pip install 'gpu-dra[{extra}]' (a production image runs only the services)"
+    )
+
+
+def main(argv: list[str] | None = None, *, points: list[EntryPoint] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help", "help"):
-        print(usage())
+        print(usage(registry(points)))
         return 0
     if args[0] in ("--version", "version"):
         from shared.telemetry import package_version
@@ -57,21 +89,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-dra {package_version()}")
         return 0
     name, rest = args[0], args[1:]
-    if name not in COMMANDS:
-        print(f"gpu-dra: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+    found = registry(points, until=name)
+    command = found.commands.get(name)
+    if command is None:
+        if found.absent:
+            extras = " or ".join(_lacking(extra, missing) for extra, missing in found.absent.items())
+            print(f"gpu-dra: no command {name!r} in this install; it may come with {extras}", file=sys.stderr)
+        else:
+            print(f"gpu-dra: unknown command {name!r}\n\n{usage(found)}", file=sys.stderr)
         return 2
-    module_name, _ = COMMANDS[name]
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(command.module)
     except ModuleNotFoundError as exc:
-        missing = (exc.name or "").split(".")[0]
-        if module_name.startswith("embedded.") or missing in _EMBEDDED_MODULES:
-            print(
-                f"gpu-dra: command {name!r} is part of the local-cluster world, which this install lacks "
-                f"(no module {exc.name!r}); install it with: pip install 'gpu-dra[{EMBEDDED_EXTRA}]' "
-                "(a production image runs only the services)",
-                file=sys.stderr,
-            )
+        if command.extra:
+            print(f"gpu-dra: command {name!r} needs {_lacking(command.extra, exc.name or '')}", file=sys.stderr)
         else:
             print(f"gpu-dra: command {name!r} is not available in this build ({exc})", file=sys.stderr)
         return 2

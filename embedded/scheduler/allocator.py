@@ -3,8 +3,8 @@
 Owns the search for one pod's unallocated claims on one node: requests in order, `ExactCount` and
 `All`, `firstAvailable` subrequests (result `req/sub`), `matchAttribute` constraints, adminAccess
 (namespace label), counters (partitionable devices), consumable capacity of shareable devices
-(`capacity.py`: shares across claims, each within what the device has left), taints vs
-tolerations, depth-first with backtracking under a step budget. The output is the `status.allocation` v1 dict per
+(`capacity.py`: shares across claims, each within what the device has left), taints vs tolerations
+(`taints.py`), depth-first with backtracking under a step budget. The output is the `status.allocation` v1 dict per
 claim, or a `NodeReport` saying per request which check rejected which devices. Claim parsing lives in
 `requests.py`, slice gathering in `pools.py`, result building in `results.py`.
 
@@ -17,7 +17,7 @@ stamp for that pool is unchanged. A pass over 1,000 full nodes is then ~5 µs a 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -29,6 +29,7 @@ from embedded.scheduler.pools import Candidate, CounterKey, DeviceId, Pool, Slic
 from embedded.scheduler.report import SAMPLE, ClaimProblem, NodeReport, Rejection, RequestReport
 from embedded.scheduler.requests import ClaimError, ClaimRequests, Constraint, Req, parse_claims
 from embedded.scheduler.results import allocation_result
+from embedded.scheduler.taints import blocking_taint, taint_text
 from embedded.scheduler.values import QuantityError, parse_quantity
 from shared.heap import collection_paused
 
@@ -140,25 +141,6 @@ class ScheduleOutcome(msgspec.Struct, kw_only=True):
     problems: list[ClaimProblem]
 
 
-def tolerates(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        if t.get("key") and t.get("key") != taint.get("key"):
-            continue
-        op = t.get("operator") or "Equal"
-        if op == "Exists" or (op == "Equal" and (t.get("value") or "") == (taint.get("value") or "")):
-            return True
-    return False
-
-
-def blocking_taint(device: Candidate, tolerations: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    for taint in device.taints:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(taint, tolerations):
-            return taint
-    return None
-
-
 def constraint_value(device: Candidate, attribute: str) -> Any:
     """matchAttribute lookup: the exact `dom/name` key, else `name` when `dom` is the driver's domain."""
     attrs = device.device.get("attributes") or {}
@@ -216,11 +198,6 @@ def _cel_verdict(req: Req, device: Candidate) -> str | CelError | None:
 
 class _Budget(Exception):
     pass
-
-
-def _describe_taint(taint: Mapping[str, Any]) -> str:
-    value = taint.get("value") or ""
-    return f"{taint.get('key')}{'=' + value if value else ''}:{taint.get('effect')}"
 
 
 class NodeAttempt:
@@ -295,8 +272,8 @@ class NodeAttempt:
                     owner = None if admin else taken.get(device.id)
                     if owner is not None:
                         reason = f"already allocated to claim {owner}"
-                    elif device.taints and (taint := blocking_taint(device, req.tolerations)) is not None:
-                        reason = f"taint {_describe_taint(taint)} not tolerated"
+                    elif device.taints and (taint := blocking_taint(device.taints, req.tolerations)) is not None:
+                        reason = f"taint {taint_text(taint)} not tolerated"
                     elif device.shareable and not admin and (lack := self._capacity_problem(req, device))[0]:
                         reason, label = lack[0], f"{device.text}: {lack[1]}"
                     elif not admin and device.consumes and (short := self._counter_shortage(device)):

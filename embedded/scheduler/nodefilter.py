@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from embedded.scheduler.allocator import tolerates
 from embedded.scheduler.pools import selector_matches
+from embedded.scheduler.taints import blocking_taint, taint_text
 
 Obj = dict[str, Any]
 
@@ -22,11 +22,6 @@ def node_ready(node: Mapping[str, Any]) -> bool:
         if cond.get("type") == "Ready":
             return bool(cond.get("status") == "True")
     return False
-
-
-def _taint_text(taint: Mapping[str, Any]) -> str:
-    value = taint.get("value") or ""
-    return f"{taint.get('key')}{'=' + value if value else ''}:{taint.get('effect')}"
 
 
 def node_rejection(
@@ -47,10 +42,9 @@ def node_rejection(
     )
     if required and not selector_matches(required, node):
         return "pod's required node affinity does not match"
-    tolerations = spec.get("tolerations") or []
-    for taint in (node.get("spec") or {}).get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(taint, tolerations):
-            return f"taint {_taint_text(taint)} is not tolerated"
+    taint = blocking_taint((node.get("spec") or {}).get("taints") or [], spec.get("tolerations") or [])
+    if taint is not None:
+        return f"taint {taint_text(taint)} is not tolerated"
     for claim_name, selector in pins:
         if selector and not selector_matches(selector, node):
             return f"claim {claim_name} is allocated on devices not reachable from this node"

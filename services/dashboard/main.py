@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 from collections.abc import AsyncIterator
-from pathlib import Path
+from importlib.metadata import entry_points
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from services.dashboard import allocmetrics
 from services.dashboard.auth import authenticator
-from services.dashboard.pending import Reasoner
-from services.dashboard.server import Explainer, Waterfall, make_app, parse_listen, serve
+from services.dashboard.server import make_app, parse_listen, serve
 from services.dashboard.state import DiscoveryError, FleetState, discover
 from shared.bus import Bus
 from shared.config import CommonConfig
@@ -33,6 +30,7 @@ from shared.runtime import connect_configured, nats_url_or_embedded, service_mai
 from shared.tasks import cancel_and_wait
 
 log = get_logger(__name__)
+TOOLS_GROUP = "gpu_dra.dashboard_tools"
 DEFAULT_LISTEN = "127.0.0.1:8765"
 DESCRIPTION = (
     "The live fleet page: every node, GPU, MIG device, claim and ComputeDomain, pushed to the browser "
@@ -82,57 +80,16 @@ class DashboardConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"--trace-url-template {self.trace_url_template!r} has no {{traceId}} to replace")
 
 
-def _local_tool(module: str) -> Any:
-    """A module of the local-cluster world when this install has it (gpu-dra[embedded]), else None: the
-    drill-down's explain and waterfall use its code rather than a copy; a production image answers 501."""
-    if importlib.util.find_spec(module.split(".")[0]) is None:
-        return None
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
-
-
-def local_explainer(kubeconfig: str) -> Explainer | None:
-    if importlib.util.find_spec("embedded") is None:
-        return None
-
-    async def explain(namespace: str, name: str) -> str:
-        tool = _local_tool("embedded.cluster.explain")  # on first use: the scheduler's code is not small
+def local_tools() -> Any:
+    """The drill-down tools (`explainer`, `reasoner`, `waterfall`) a local-cluster install registers in the
+    `gpu_dra.dashboard_tools` entry-point group (embedded/cluster/dashboardtools.py), else None: the drill-down
+    uses that code rather than a copy, and a production image, without it, answers 501."""
+    for point in entry_points(group=TOOLS_GROUP):
         try:
-            return str(await tool.explain("pod", namespace, name, kubeconfig))
-        except tool.NotFound as exc:
-            return str(exc)
-
-    return explain
-
-
-def local_reasoner(kube: Kube) -> Reasoner | None:
-    """What a waiting pod asks for and why it waits, from explain's plan on the dashboard's own client."""
-    if importlib.util.find_spec("embedded") is None:
-        return None
-
-    async def reason(namespace: str, name: str) -> tuple[str, str]:
-        tool = _local_tool("embedded.cluster.explain")
-        waiting = await tool.why_waiting(namespace, name, kube)
-        return str(waiting.asks), str(waiting.reason)
-
-    return reason
-
-
-def local_waterfall(span_store: str) -> Waterfall | None:
-    if not span_store:
-        return None
-    if importlib.util.find_spec("embedded") is None:
-        return None
-
-    async def render(claim_uid: str) -> str | None:
-        waterfall, tracecli = _local_tool("embedded.cluster.waterfall"), _local_tool("embedded.cluster.tracecli")
-        spans = await asyncio.to_thread(waterfall.read_spans, Path(span_store))
-        trace = tracecli.claim_trace(spans, claim_uid)
-        return str(waterfall.render(trace)) if trace else None
-
-    return render
+            return point.load()
+        except ImportError:
+            continue
+    return None
 
 
 @contextlib.asynccontextmanager
@@ -156,7 +113,8 @@ async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
     api = await kube_api_client(cfg.kubeconfig)
     try:
         kube = Kube(api)
-        state = FleetState(kube, **await discover(kube), reasoner=local_reasoner(kube))
+        tools = local_tools()
+        state = FleetState(kube, **await discover(kube), reasoner=tools.reasoner(kube) if tools else None)
         synced = asyncio.Event()
         HEALTH.add_check("fleet listed", synced.is_set)
         async with reading_bus(cfg) as bus, allocmetrics.exported(state):
@@ -165,8 +123,8 @@ async def _run(cfg: DashboardConfig, stopping: asyncio.Event) -> None:
                 state,
                 auth=authenticator(cfg.auth, api),
                 trace_url_template=cfg.trace_url_template,
-                explainer=local_explainer(cfg.kubeconfig),
-                waterfall=local_waterfall(cfg.span_store),
+                explainer=tools.explainer(cfg.kubeconfig) if tools else None,
+                waterfall=tools.waterfall(cfg.span_store) if tools else None,
             )
             watching = asyncio.create_task(state.run(stopping, synced), name="dashboard-state")
             try:

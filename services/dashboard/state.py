@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from services.computedomain import crd
-from services.dashboard import model
+from services.dashboard import model, trim
 from services.dashboard.model import Allocation, DeviceKey, Health, Node
 from services.dashboard.pending import PendingPods, Reasoner
 from shared.bus import Bus, MsgContext
@@ -136,18 +136,18 @@ class FleetState:
         self.pending: PendingPods | None = None
         self.kube = kube
         if kube is not None:
-            self.slices = Informer(kube, slices, on_change=self._on_slice, transform=model.trim_slice)
+            self.slices = Informer(kube, slices, on_change=self._on_slice, transform=trim.trim_slice)
             self.claims = Informer(
                 kube,
                 claims,
                 on_change=self._on_claim,
-                transform=functools.partial(model.trim_claim, annotations=(CLAIM_TRACEPARENT_ANNOTATION,)),
+                transform=functools.partial(trim.trim_claim, annotations=(CLAIM_TRACEPARENT_ANNOTATION,)),
             )
-            self.nodes = Informer(kube, NODES, on_change=self._on_node, transform=model.trim_node)
+            self.nodes = Informer(kube, NODES, on_change=self._on_node, transform=trim.trim_node)
             self.informers = [self.slices, self.claims, self.nodes]
             self.domains: Informer | None = None
             if compute_domains:
-                self.domains = Informer(kube, COMPUTEDOMAINS, on_change=self._on_domain, transform=model.trim_domain)
+                self.domains = Informer(kube, COMPUTEDOMAINS, on_change=self._on_domain, transform=trim.trim_domain)
                 self.informers.append(self.domains)
             self.pending = PendingPods(kube, reasoner, on_change=self._on_pending)
             self.informers.append(self.pending.informer)

@@ -37,8 +37,8 @@ from shared.tasks import cancel_and_wait
 log = get_logger(__name__)
 # API connections at once: a prepare reads each of its claims, one GET each. Each open connection holds
 # ~0.35 MB (asyncio's TLS read buffer, OpenSSL's state); kubernetes-asyncio's 100 would open one per
-# concurrent call. The pool reuses the connection released last (shared.kube.client), so those a burst
-# opened beyond what the load after it needs idle out 15-30 s later
+# concurrent call. aiohttp's pool reuses its idle connections in turn, so those a burst opened stay open
+# while any load goes on: this bound is what they cost at most (~1.4 MB)
 API_CONNECTIONS = 4
 LOGIN_RETRY_S = 30.0  # between tries while NATS refuses the credentials (it will until they change)
 # how often freed C heap goes back to the kernel (shared.heap): RSS follows a burst down within this

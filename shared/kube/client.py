@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import ssl
 from typing import Any
 
 from shared.kube.kubeconfig import load_json_kubeconfig
@@ -40,7 +39,8 @@ async def kube_api_client(
     ~1 MB of RSS less), any other through the loader.
     `max_connections` (0: kubernetes-asyncio's 100) bounds the connections open to the API server at
     once: each TLS connection holds a 256 KiB read buffer of asyncio's plus OpenSSL's state, so a burst
-    of concurrent requests would otherwise keep that memory until the pool lets them go.
+    of concurrent requests would otherwise keep that memory until the pool lets them go (aiohttp's pool
+    hands its idle connections out in turn: under a steady load none idles out, so all stay open).
     The caller closes it (`async with`, or `await api.close()`)."""
     from kubernetes_asyncio import client, config
 
@@ -79,8 +79,6 @@ async def kube_api_client(
         configuration.connection_pool_maxsize = max_connections
     api = client.ApiClient(configuration)
     _without_env_lookups(api, configuration)
-    _most_recent_first(api.rest_client.pool_manager.connector)
-    _trust_store_on_demand()
     return api
 
 
@@ -118,67 +116,4 @@ def _without_env_lookups(api: Any, configuration: Any) -> None:
     rest.pool_manager = aiohttp.ClientSession(
         connector=old.connector, connector_owner=True, trust_env=False, read_bufsize=2**21
     )
-    old._connector = None  # the connector now belongs to the new session; the old one closes nothing
-
-
-def _most_recent_first(connector: Any) -> None:
-    """The pool hands out the connection released last, not the one idle longest. aiohttp's pool is first in,
-    first out: under any steady load every connection a burst opened is reused in turn and none is ever idle
-    for aiohttp's keep-alive (15 s), so each keeps its TLS read buffer (256 KiB) and OpenSSL's state for good.
-    Most recent first, a steady load runs on one connection and the burst's others close 15-30 s after it
-    (client-go's pool is the same: the idle connection used last is reused first)."""
-    release = connector._release
-
-    def _release(key: Any, protocol: Any, *, should_close: bool = False) -> None:
-        release(key, protocol, should_close=should_close)
-        idle = connector._conns.get(key)
-        if idle and idle[-1][0] is protocol:  # released into the pool (not closed): first in line
-            idle.rotate(1)
-
-    connector._release = _release
-
-
-class _StoreOnFirstHandshake(ssl.SSLContext):
-    """A client TLS context that loads the default trust store (`load_default_certs`, which honours
-    SSL_CERT_FILE/SSL_CERT_DIR) when its first connection starts, not when it is made."""
-
-    _loaded = False
-
-    def _load(self) -> None:
-        if not self._loaded:
-            self.load_default_certs(ssl.Purpose.SERVER_AUTH)
-            self._loaded = True
-
-    def wrap_bio(self, *args: Any, **kwargs: Any) -> Any:  # asyncio's TLS transport
-        self._load()
-        return super().wrap_bio(*args, **kwargs)
-
-    def wrap_socket(self, *args: Any, **kwargs: Any) -> Any:  # a blocking socket
-        self._load()
-        return super().wrap_socket(*args, **kwargs)
-
-
-def _trust_store_on_demand() -> None:
-    """aiohttp makes two default TLS contexts when it is imported, each with the whole system trust
-    store parsed into it (~150 CA certificates; ~1.5 MB of RSS together), for the requests that bring
-    no context of their own. This client always brings its own (the cluster's CA, or the system's
-    when an https URL comes without one), so in our processes they usually serve nothing. They are
-    replaced by contexts with the same settings that load the store at their first handshake: a
-    request that does use them behaves as before."""
-    from aiohttp import connector
-
-    if not isinstance(getattr(connector, "_SSL_CONTEXT_VERIFIED", None), ssl.SSLContext) or isinstance(
-        connector._SSL_CONTEXT_VERIFIED, _StoreOnFirstHandshake
-    ):
-        return
-    verified = _StoreOnFirstHandshake(ssl.PROTOCOL_TLS_CLIENT)  # as ssl.create_default_context() makes it
-    verified.verify_mode = ssl.CERT_REQUIRED
-    verified.check_hostname = True
-    unverified = _StoreOnFirstHandshake(ssl.PROTOCOL_TLS_CLIENT)  # as aiohttp makes its unverified one
-    unverified.options |= ssl.OP_NO_SSLv2 | ssl.OP_NO_SSLv3 | ssl.OP_NO_COMPRESSION
-    unverified.check_hostname = False
-    unverified.verify_mode = ssl.CERT_NONE
-    for context in (verified, unverified):
-        context.set_alpn_protocols(("http/1.1",))
-    connector._SSL_CONTEXT_VERIFIED = verified
-    connector._SSL_CONTEXT_UNVERIFIED = unverified
+    old.detach()  # the connector now belongs to the new session; the old one closes nothing

@@ -18,8 +18,8 @@ import pytest
 
 from embedded.apiserver.testing import running_apiserver
 from embedded.cluster.apply import Applier, load_documents
+from embedded.cluster.dashboardtools import explainer
 from services.dashboard.auth import KubernetesAuth
-from services.dashboard.main import local_explainer
 from services.dashboard.server import make_app, serve
 from services.dashboard.state import FleetState, discover
 from shared.kube.client import kube_api_client
@@ -203,7 +203,7 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
                 watching = asyncio.create_task(state.run(stopping, synced))
                 try:
                     await asyncio.wait_for(synced.wait(), 20)
-                    app = make_app(state, auth=KubernetesAuth(api), explainer=local_explainer(str(as_dashboard)))
+                    app = make_app(state, auth=KubernetesAuth(api), explainer=explainer(str(as_dashboard)))
                     async with serve(app, "127.0.0.1:0") as (host, port), aiohttp.ClientSession() as http:
                         yield Page(f"http://{host}:{port}", http, viewer)
                 finally:

@@ -2,7 +2,7 @@ from typing import Any
 
 import msgspec
 
-from services.dashboard import model
+from services.dashboard import model, trim
 from services.dashboard.model import Allocation, Health, Sharing, allocations_of, node_row
 
 
@@ -173,10 +173,10 @@ SHARED_GPU: dict[str, Any] = {
 
 def test_a_shared_gpu_shows_each_tenants_share_and_the_capacity_left() -> None:
     # as the state keeps them: the informers' transforms must keep shares and capacities
-    rslice = model.trim_slice({"metadata": {"name": "s"}, **_slice("n", [SHARED_GPU])})
+    rslice = trim.trim_slice({"metadata": {"name": "s"}, **_slice("n", [SHARED_GPU])})
     claims = [
-        model.trim_claim(_share("mine", "a", "10Gi", "10", "s-a")),
-        model.trim_claim(_share("theirs", "b", "30Gi", "40", "s-b")),
+        trim.trim_claim(_share("mine", "a", "10Gi", "10", "s-a")),
+        trim.trim_claim(_share("theirs", "b", "30Gi", "40", "s-b")),
     ]
     row = node_row("n", [rslice], None, _allocs(*claims), {})
     [gpu] = row.devices

@@ -87,15 +87,32 @@ def test_dockerfile_copies_the_services_and_not_the_local_cluster_world() -> Non
     )
 
 
-def _imports(root: Path) -> set[tuple[str, str]]:
+_IMPORTERS = {"import_module", "find_spec", "__import__"}
+
+
+def _imported(source: str) -> set[str]:
+    """The top-level packages `source` imports: import statements, and a module named to importlib by a literal."""
     found = set()
-    for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found |= {(str(path.relative_to(REPO)), a.name.split(".")[0]) for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.add((str(path.relative_to(REPO)), node.module.split(".")[0]))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in _IMPORTERS and isinstance(node.args[0].value, str):
+                found.add(node.args[0].value.split(".")[0])
     return found
+
+
+def _imports(root: Path) -> set[tuple[str, str]]:
+    return {(str(path.relative_to(REPO)), m) for path in root.rglob("*.py") for m in _imported(path.read_text())}
+
+
+def test_the_import_scan_sees_a_module_named_to_importlib() -> None:
+    source = "import importlib, importlib.util\nfrom a.b import c\nimportlib.import_module('embedded.x')\n"
+    source += "importlib.util.find_spec('cel')\n__import__('tests.y')\nprint('embedded')\n"
+    assert _imported(source) == {"importlib", "a", "embedded", "cel", "tests"}
 
 
 def test_what_the_image_ships_needs_neither_embedded_nor_its_extra_nor_test_helpers() -> None:

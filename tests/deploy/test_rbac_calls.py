@@ -82,7 +82,7 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
         ("authentication.k8s.io", "tokenreviews", {"create"}),
         ("authorization.k8s.io", "subjectaccessreviews", {"create"}),
     ],
-    # the dashboard's explain (services/dashboard/main.py local_explainer): load_pod's reads
+    # the dashboard's explain (embedded/cluster/dashboardtools.py explainer): load_pod's reads
     ("embedded/cluster/explain.py", "get:PODS"): [("", "pods", {"get"})],
     ("embedded/cluster/explain.py", "list:RESOURCECLAIMS"): [(RK, "resourceclaims", {"list"})],
     ("embedded/cluster/explain.py", "list:RESOURCESLICES"): [(RK, "resourceslices", {"list"})],

@@ -1,6 +1,5 @@
 """What the preparer process loads: nothing of the local-cluster world or of other services, not the
-OpenTelemetry SDK without an exporter, and aiohttp's default TLS contexts without the system trust store
-parsed in (docs/performance.md, memory). Checked in a fresh
+OpenTelemetry SDK without an exporter (docs/performance.md, memory). Checked in a fresh
 interpreter that goes through the preparer's own start-up: its command's module, its settings, its
 Kubernetes client from a (JSON) kubeconfig, and one PreparerService per driver."""
 
@@ -15,9 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROBE = r"""
 import asyncio, json, sys
-from shared.cli import COMMANDS
+from shared.cli import registry
 import importlib
-cli = importlib.import_module(COMMANDS["preparer"][0])
+cli = importlib.import_module(registry(until="preparer").commands["preparer"].module)
 from services.preparer.config import parse
 from services.preparer.host.service import PreparerService
 root = sys.argv[1]
@@ -27,15 +26,12 @@ cfg = parse(["--node", "n1", "--registry-dir", root + "/reg", "--plugins-dir", r
 async def main():
     api = await cli.kube_api_client(cfg.kubeconfig, max_connections=cli.API_CONNECTIONS)
     services = [PreparerService(cfg, cli.KubeClaimSource(api), driver=d) for d in cfg.drivers]
-    from aiohttp import connector
-    contexts = (connector._SSL_CONTEXT_VERIFIED, connector._SSL_CONTEXT_UNVERIFIED)
-    stores = [c.cert_store_stats()["x509_ca"] for c in contexts]
     limit = api.rest_client.pool_manager.connector.limit
     await api.close()
-    return len(services), stores, limit
+    return len(services), limit
 
-drivers, stores, limit = asyncio.run(main())
-print(json.dumps({"modules": sorted(sys.modules), "drivers": drivers, "stores": stores, "limit": limit}))
+drivers, limit = asyncio.run(main())
+print(json.dumps({"modules": sorted(sys.modules), "drivers": drivers, "limit": limit}))
 """
 
 # JSON, as our tools write kubeconfigs: read without PyYAML or kubernetes-asyncio's loader (shared.kube.kubeconfig)
@@ -89,5 +85,4 @@ def test_preparer_start_loads_only_what_it_uses(tmp_path: Path) -> None:
     assert "services.preparer.gpu.plugin" in seen["modules"] and "services.preparer.channel.driver" in seen["modules"]
     loaded = [m for m in seen["modules"] if any(_within(m, name) for name in MUST_NOT_LOAD)]
     assert loaded == [], f"the preparer loaded modules it must not need: {loaded}"
-    assert seen["stores"] == [0, 0], "aiohttp's default TLS contexts hold the parsed system trust store"
     assert seen["limit"] == 4

@@ -6,7 +6,6 @@ refuse TLS settings that would be ignored."""
 from __future__ import annotations
 
 import logging
-import ssl
 from pathlib import Path
 
 import aiohttp
@@ -27,7 +26,7 @@ async def _version(api: ApiClient) -> str:
 
 
 async def test_https_is_verified_unless_skipping_is_asked_for_and_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with running_apiserver(tmp_path) as server:
         assert server.url.startswith("https://")
@@ -46,19 +45,6 @@ async def test_https_is_verified_unless_skipping_is_asked_for_and_logged(
             )
         warned = [r for r in caplog.records if "TLS verification of the API server is OFF" in r.getMessage()]
         assert len(warned) == 1 and warned[0].levelno == logging.WARNING
-
-        # aiohttp's own default contexts (requests without a context of their own) hold no trust store
-        # until a handshake needs one, and still verify, or still skip verification, as aiohttp made them
-        monkeypatch.setattr(aiohttp.connector, "_SSL_CONTEXT_VERIFIED", ssl.create_default_context())  # as imported
-        await (await kube_api_client(url=server.url, token=server.token, ca_file=str(ca))).close()
-        verified = aiohttp.connector._SSL_CONTEXT_VERIFIED
-        assert verified.cert_store_stats()["x509_ca"] == 0
-        async with aiohttp.ClientSession() as session:
-            with pytest.raises(aiohttp.ClientConnectorCertificateError):
-                await session.get(f"{server.url}/version")
-            async with session.get(f"{server.url}/version", ssl=False) as reply:
-                assert reply.status in (200, 401, 403)
-        assert verified.cert_store_stats()["x509_ca"] > 0, "the system store was not loaded for the handshake"
 
 
 async def test_skipping_verification_without_a_url_is_refused() -> None:
@@ -120,29 +106,3 @@ async def test_requests_skip_environment_lookups_unless_a_proxy_is_set(
         with pytest.raises(aiohttp.ClientError):
             await _version(await kube_api_client(url=server.url, token=server.token, insecure_skip_tls_verify=True))
         assert seen and seen[0].startswith(b"CONNECT 127.0.0.1:")
-
-
-async def test_the_pool_reuses_the_connection_released_last(tmp_path: Path) -> None:
-    """After a burst opened several connections, a steady load runs on one of them and leaves the others idle
-    (so aiohttp's keep-alive closes them, with their TLS buffers), as client-go's pool does; aiohttp's own pool
-    would hand all of them out in turn and keep every one open."""
-    import asyncio
-
-    from shared.kube.rest import get_json
-
-    async with running_apiserver(tmp_path) as server:
-        api = await kube_api_client(server.kubeconfig_path.as_posix(), max_connections=4)
-        try:
-            connector = api.rest_client.pool_manager.connector
-            await asyncio.gather(*(get_json(api, "/version") for _ in range(16)))
-            ((key, idle),) = connector._conns.items()
-            assert len(idle) > 1, "the burst opened one connection only: nothing to test"
-            opened = {protocol for protocol, _ in idle}
-            used = set()
-            for _ in range(8):
-                await get_json(api, "/version")
-                used.add(connector._conns[key][0][0])
-            assert len(used) == 1 and used <= opened
-            assert {protocol for protocol, _ in connector._conns[key]} == opened  # the others idle, still pooled
-        finally:
-            await api.close()

@@ -2,7 +2,7 @@
 
 Owns what a GPU prepare does inside the claim state machine (`claimstate`, which writes every record, spec
 and event): device resolution, opaque configs, the overlap guard (a device held by another completed claim
-is refused unless both share it by config), time-slicing, MPS, dynamic MIG and NVLink partitions
+is refused unless both share it by config: `sharing`), time-slicing, MPS, dynamic MIG and NVLink partitions
 (`partitions`) through discovery, VFIO passthrough (`vfio`), the claim's CDI edits (its devices' nodes plus
 the node's common edits, the driver userspace, from `commonedits`), and the way back. I/O goes through small
 ports: Inventory, DeviceOps, Passthrough, ClaimRecords (the checkpoint, read only).
@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections import defaultdict
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 from opentelemetry import trace
 
 from services.preparer.gpu.commonedits import CommonEdits
 from services.preparer.gpu.partitions import Partitions, whole_gpus
+from services.preparer.gpu.sharing import Mode, Planned, conflict, group_pinned_limits, share_capacity, share_modes
 from services.preparer.gpu.vfio import Passthrough, VfioSettings, passthrough_conflict
 from services.preparer.host.cdi import CdiDevice, Mount, gpu_device_nodes, mps_edits, mps_share_env
 from services.preparer.host.checkpoint import ClaimRecord, PreparedDevice
 from services.preparer.host.claims import AllocationResult, ResourceClaim
-from services.preparer.host.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
+from services.preparer.host.devices import DeviceError, DeviceOps, Inventory
 from services.preparer.host.metadatafiles import MetadataSource
 from services.preparer.host.port import (
     RECORD,
@@ -40,24 +40,18 @@ from services.preparer.host.port import (
 from services.preparer.nodesettings import NodeSettings
 from shared import featuregates
 from shared.claimconfigs import (
-    SHARE_MPS_CAPACITIES,
     ClaimConfigError,
     GpuConfig,
-    MigDeviceConfig,
     RawConfig,
     Selected,
-    ShareLimits,
     VfioDeviceConfig,
     check_gates,
     interval,
     mps_daemon_id,
-    pinned_limits,
     select,
     share_daemon_id,
-    share_limits,
     strategy,
 )
-from shared.devicemodel import binary_si
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 
@@ -65,154 +59,9 @@ log = get_logger(__name__)
 tracer = get_tracer(__name__)
 
 MAX_RESULTS = 32  # upstream AllocationResultsMaxSize: a claim holds at most 32 devices
-_memory_si = functools.lru_cache(maxsize=256)(binary_si)  # a node's few device sizes, per share's prepare
 
 
-@dataclass
-class _Planned:
-    result_index: int
-    request: str
-    pool: str
-    resolved: ResolvedDevice
-    admin_access: bool
-    share_id: str
-    consumed: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class _Mode:
-    """How a claim uses one of its devices: for the guard, and for a share served by the GPU's MPS daemon."""
-
-    sharing: str = ""  # "" | TimeSlicing | MPS
-    shared: bool = False  # another claim may hold the device too (a sharing config, or a share)
-    share_mps: bool = False  # a share (KEP-5075) served by the GPU's one MPS daemon
-    daemon_settings: dict[str, int] = field(default_factory=dict)  # that daemon's start settings
-    limits: ShareLimits = field(default_factory=ShareLimits)  # the share's client limits
-    node_interval: str = ""  # a whole GPU time-sliced by its NodeConfig rule: that rule's interval
-
-
-def _device_memory(r: ResolvedDevice) -> int:
-    """A full GPU's or a MIG device's memory in bytes (0 when the inventory does not say)."""
-    if r.kind == "mig":
-        return r.mig.memory_mib << 20 if r.mig is not None else r.profile.memory_mib << 20 if r.profile else 0
-    return r.gpu.memory_bytes if r.gpu is not None else 0
-
-
-def _share_modes(groups: list[Selected], planned: list[_Planned]) -> dict[int, _Mode]:
-    """Each planned device's mode. A share is served through MPS when its config says MPS, or when it has
-    no sharing config and consumes `compute` (an mpsShares GPU); the GPU's daemon is then started
-    with the config's defaults for that GPU, and each share's limits go to its containers' env.
-    ClaimConfigError for what cannot be served."""
-    modes: dict[int, _Mode] = {}
-    for group in groups:
-        kind = strategy(group.config)
-        for i in group.results:
-            p = planned[i]
-            mode = _Mode(sharing=kind, shared=bool(kind or p.share_id))
-            implied = not kind and any(c in p.consumed for c in SHARE_MPS_CAPACITIES)
-            if p.share_id and (kind == "MPS" or implied):
-                if p.resolved.kind == "mig" and p.resolved.mig is None:
-                    raise ClaimConfigError(
-                        f"device {p.resolved.name} is a dynamic MIG device, made for one "
-                        "claim: only full GPUs and static MIG devices are shared through MPS"
-                    )
-                mode.sharing, mode.share_mps = "MPS", True
-                gpu_memory = _device_memory(p.resolved)
-                mode.limits = share_limits(p.consumed, gpu_memory)
-                if kind == "MPS":
-                    assert isinstance(group.config, GpuConfig | MigDeviceConfig) and group.config.sharing is not None
-                    mps = group.config.sharing.mpsConfig
-                    limit = pinned_limits(mps, [p.resolved.uuid], {p.resolved.uuid: gpu_memory}).get(p.resolved.uuid)
-                    if mps is not None and mps.defaultActiveThreadPercentage is not None:
-                        mode.daemon_settings["activeThreadPercentage"] = mps.defaultActiveThreadPercentage
-                    if limit is not None:
-                        mode.daemon_settings["pinnedDeviceMemoryLimitMiB"] = limit >> 20
-            modes[i] = mode
-    gpus = {planned[i].resolved.uuid for i, m in modes.items() if m.share_mps}  # GPU or MIG device UUIDs
-    if len(gpus) > 1:
-        raise ClaimConfigError(
-            f"the claim holds MPS shares of {len(gpus)} GPUs; a claim's containers reach one "
-            "MPS daemon, so a claim may hold MPS shares of one GPU only"
-        )
-    _combine_share_limits([m for m in modes.values() if m.share_mps])
-    return modes
-
-
-def _combine_share_limits(modes: list[_Mode]) -> None:
-    """Several MPS shares of one device in one claim reach it as one CDI device, through one client env:
-    their limits add up (memory unlimited if any share is; compute at most 100 percent)."""
-    if len(modes) < 2:
-        return
-    memory = None if any(m.limits.memory is None for m in modes) else sum(m.limits.memory or 0 for m in modes)
-    compute = (
-        None if any(m.limits.compute is None for m in modes) else min(100, sum(m.limits.compute or 0 for m in modes))
-    )
-    for m in modes:
-        m.limits = ShareLimits(memory=memory, compute=compute)
-
-
-def _conflict(mine: _Mode, held: PreparedDevice) -> str:
-    """Why this claim cannot have a device `held` by another claim as well; "" when it can."""
-    if not mine.shared or not held.shared:
-        if held.share_id and not mine.shared:
-            return (
-                "it has shares prepared for other claims, and this claim asks for it whole (no sharing "
-                "config, no share); an exclusive claim waits until the shares are unprepared"
-            )
-        if mine.shared and not held.shared:
-            return "another claim on this node holds it whole (no sharing config); it cannot be shared now"
-        return ""  # the classic message (no one shares)
-    if (mine.sharing == "MPS") != (held.sharing == "MPS"):
-        return (
-            f"it is in {held.sharing or 'default'} mode for other claims on this node, and this claim "
-            f"asks for {mine.sharing or 'default'} sharing (time-slicing and MPS do not mix on one GPU)"
-        )
-    if mine.sharing != "MPS":
-        return ""
-    if not (mine.share_mps and held.share_id):  # a held MPS share uses (or is about to use) the GPU's daemon
-        return (
-            "its MPS daemon serves another claim (a claim-scoped daemon); MPS shares of one GPU need "
-            "allocations with a shareID"
-        )
-    if mine.daemon_settings != held.mps_daemon_settings:
-        return (
-            f"its MPS daemon runs for other shares with settings {held.mps_daemon_settings or 'none'}, and "
-            f"this claim asks for {mine.daemon_settings or 'none'}; give every share of a GPU the same "
-            "MPS config"
-        )
-    return ""
-
-
-def _group_pinned_limits(group: Selected, planned: list[_Planned]) -> dict[str, int]:
-    """An MPS group's pinned memory limits per GPU UUID, each at most that GPU's memory (ClaimConfigError if not)."""
-    if strategy(group.config) != "MPS" or not isinstance(group.config, GpuConfig) or group.config.sharing is None:
-        return {}
-    gpus = [planned[i].resolved for i in group.results if planned[i].resolved.kind == "gpu"]
-    memory = {r.uuid: r.gpu.memory_bytes for r in gpus if r.gpu is not None}
-    return pinned_limits(group.config.sharing.mpsConfig, sorted({r.uuid for r in gpus}), memory)
-
-
-def _share_capacity(p: _Planned, settings: NodeSettings) -> dict[str, str]:
-    """A share's device's whole capacity under the names it consumes, as this node knows it (the claim
-    events carry it, so a consumer can weigh the share): memory from the inventory, compute is 100 (percent),
-    shares the GPU's NodeConfig `maxShares` (NVIDIA's <count> mode: a share of 1 is 1/N of the GPU)."""
-    if not p.share_id:
-        return {}
-    out: dict[str, str] = {}
-    r = p.resolved
-    memory = _device_memory(r)
-    if "memory" in p.consumed and memory:
-        out["memory"] = _memory_si(memory)
-    if "compute" in p.consumed:
-        out["compute"] = "100"
-    if "shares" in p.consumed and r.gpu is not None:
-        count = settings.setting(r.gpu).max_shares
-        if count:
-            out["shares"] = str(count)
-    return out
-
-
-def _vfio_config(groups: list[Selected], planned: list[_Planned]) -> VfioDeviceConfig | None:
+def _vfio_config(groups: list[Selected], planned: list[Planned]) -> VfioDeviceConfig | None:
     """The claim's one VfioDeviceConfig when it holds passthrough GPUs (None when it holds none); a claim
     holds passthrough GPUs only, under one config, as NVIDIA's driver assumes (ClaimConfigError if not)."""
     vfio = [g for g in groups if any(planned[i].resolved.kind == "vfio" for i in g.results)]
@@ -231,9 +80,9 @@ def _vfio_config(groups: list[Selected], planned: list[_Planned]) -> VfioDeviceC
 class _Work:
     """A GPU claim's plan, as `apply` needs it."""
 
-    planned: list[_Planned]
+    planned: list[Planned]
     groups: list[Selected]
-    modes: dict[int, _Mode]
+    modes: dict[int, Mode]
     vfio_config: VfioDeviceConfig | None
 
 
@@ -272,10 +121,10 @@ class GpuDriver:
 
     def _resolve(
         self, claim: ResourceClaim, ours: list[tuple[int, AllocationResult]]
-    ) -> tuple[list[_Planned], list[RawConfig]]:
+    ) -> tuple[list[Planned], list[RawConfig]]:
         allocation = claim.status.allocation
         assert allocation is not None
-        planned: list[_Planned] = []
+        planned: list[Planned] = []
         if len(ours) > MAX_RESULTS:
             raise PrepareFailed(
                 f"the claim is allocated {len(ours)} devices of this driver, more than the "
@@ -288,7 +137,7 @@ class GpuDriver:
             except DeviceError as exc:
                 raise PrepareFailed(str(exc), "device-error") from None
             planned.append(
-                _Planned(
+                Planned(
                     index,
                     result.request,
                     result.pool,
@@ -310,7 +159,7 @@ class GpuDriver:
         ]
         return planned, raw
 
-    def _guard(self, ref: ClaimRef, planned: list[_Planned], modes: dict[int, _Mode]) -> None:
+    def _guard(self, ref: ClaimRef, planned: list[Planned], modes: dict[int, Mode]) -> None:
         """Refuse, before any side effect, a device another claim holds in a way this claim cannot join."""
         for i, item in enumerate(planned):
             if item.admin_access:
@@ -322,7 +171,7 @@ class GpuDriver:
             for uid, record, held in self.records.holders(item.resolved.name, exclude=ref.uid):
                 if held.admin_access:
                     continue
-                why = _conflict(modes[i], held)
+                why = conflict(modes[i], held)
                 if modes[i].shared and held.shared and not why:
                     continue
                 # The holder may be another tenant's claim: the log names it, the reply (this claim's) does not.
@@ -344,7 +193,7 @@ class GpuDriver:
                     "device-busy",
                 )
 
-    def _node_time_slicing(self, groups: list[Selected], planned: list[_Planned], modes: dict[int, _Mode]) -> None:
+    def _node_time_slicing(self, groups: list[Selected], planned: list[Planned], modes: dict[int, Mode]) -> None:
         """Whole GPUs whose NodeConfig rule says `timeSlicing`: a claim without a sharing config gets the rule's
         interval (a claim's own TimeSlicing config keeps its interval); a claim-scoped MPS config on such a GPU
         conflicts with its mode (ClaimConfigError). Read now: a changed rule applies to the next prepare."""
@@ -391,8 +240,8 @@ class GpuDriver:
                         "shareID, mpsShares); a claim-scoped MPS daemon on a whole MIG "
                         "device is not supported: use shares, or TimeSlicing"
                     )
-                _group_pinned_limits(group, planned)  # each limit fits its GPU's memory
-            modes = _share_modes(groups, planned)
+                group_pinned_limits(group, planned)  # each limit fits its GPU's memory
+            modes = share_modes(groups, planned)
             self._node_time_slicing(groups, planned, modes)
             vfio_config = _vfio_config(groups, planned)
         except ClaimConfigError as exc:
@@ -412,7 +261,7 @@ class GpuDriver:
                 admin_access=p.admin_access,
                 share_id=p.share_id,
                 consumed_capacity=dict(p.consumed),
-                capacity=_share_capacity(p, self.settings),
+                capacity=share_capacity(p, self.settings),
                 sharing=modes[i].sharing,
                 mps_daemon_settings=dict(modes[i].daemon_settings),
                 # a share's user mark is in its start record (the one write before the daemon's start, if any)
@@ -517,7 +366,7 @@ class GpuDriver:
                 assert isinstance(group.config, GpuConfig) and group.config.sharing is not None
                 mps = group.config.sharing.mpsConfig
                 daemon = mps_daemon_id(ref.uid, gpu_uuids)
-                limits = _group_pinned_limits(group, planned)  # validated before the prepare started
+                limits = group_pinned_limits(group, planned)  # validated before the prepare started
                 record.mps_daemon_id = daemon
                 yield RECORD  # recorded before the start: rollback stops whatever got started
                 with tracer.start_as_current_span("device.mps-start"):
