@@ -11,6 +11,7 @@ extra to install. Listing the commands imports only the tables, never a command'
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
@@ -79,7 +80,16 @@ def _lacking(extra: str, missing: str) -> str:
 
 
 def main(argv: list[str] | None = None, *, points: list[EntryPoint] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    try:
+        status = _dispatch(sys.argv[1:] if argv is None else argv, points)
+        sys.stdout.flush()  # here, not at the interpreter's exit, so a reader gone away is seen below
+        return status
+    except BrokenPipeError:  # the reader went away (`gpu-dra --help | head -3`): the end, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush too
+        return 0
+
+
+def _dispatch(args: list[str], points: list[EntryPoint] | None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage(registry(points)))
         return 0

@@ -5,6 +5,7 @@ metadata and its tables, as an install lays them out), and against this reposito
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
@@ -113,3 +114,18 @@ def test_the_installed_metadata_registers_what_pyproject_declares() -> None:
     """A stale install (pyproject.toml changed since `pip install -e .`) would miss commands: reinstall."""
     installed = {point.name: point.value for point in entry_points(group=cli.GROUP)}
     assert installed == _declared(), "the installed metadata is stale: run pip install -e '.[dev,embedded]'"
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`gpu-dra --help | head -1` with head gone before gpu-dra writes: exit 0 and nothing on stderr (Python
+    itself would print "Exception ignored ... BrokenPipeError" and exit 120)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from shared.cli import main; sys.exit(main())", "--help"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before the first byte
+    _, err = proc.communicate(timeout=30)
+    assert (proc.returncode, err) == (0, b"")
