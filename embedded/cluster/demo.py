@@ -23,7 +23,8 @@ from kubernetes_asyncio import client
 
 from embedded.cluster import democheck
 from embedded.cluster.apply import Applier, load_documents
-from embedded.cluster.local import ClusterConfig, LocalCluster, cluster_main
+from embedded.cluster.clustermain import cluster_main
+from embedded.cluster.local import ClusterConfig, LocalCluster
 from embedded.cluster.up import ready_lines, serve_until_stopped
 from embedded.cluster.waterfall import read_spans, render, traces_with
 from embedded.nodeagent.podclaims import EDITS_ANNOTATION

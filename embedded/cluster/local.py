@@ -19,49 +19,42 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import shutil
-import signal
-import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import msgspec
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from embedded.cluster import identities, webhook
-from embedded.cluster.apply import load_documents
+from embedded.cluster import clusterobjects, identities, webhook
 from embedded.cluster.clusterconfig import NATS_IDENTITY
 from embedded.cluster.clusterconfig import PER_SERVICE as PER_SERVICE  # re-exported
 from embedded.cluster.clusterconfig import SHARED_SETTINGS as SHARED_SETTINGS  # re-exported
 from embedded.cluster.clusterconfig import ClusterConfig as ClusterConfig  # re-exported
 from embedded.cluster.clusterconfig import publisher_argv as publisher_argv  # re-exported
 from embedded.cluster.natsidentities import ADMIN, CONTROLLER, PUBLISHER, NatsIdentities, issue_identities
-from embedded.cluster.processes import RESTARTS, RUNNING, ProcessFailed, Supervisor, describe_exit, gpu_dra
+from embedded.cluster.processes import RESTARTS, RUNNING, Supervisor, describe_exit, gpu_dra
+from embedded.cluster.tempdirs import DATA_PREFIX, RUNTIME_PREFIX, sweep_orphaned_dirs
 from services.discovery.config import sim_state_file, simulated_state_dir
 from shared.backoff import Backoff
 from shared.bus import Bus, NatsTLS
-from shared.config import load_config_or_report, settings_env
-from shared.deviceclasses import device_classes
+from shared.config import settings_env
 from shared.events import catalog
-from shared.health import HEALTH, serve
 from shared.kube.client import kube_api_client
-from shared.logs import get_logger, setup_logging
+from shared.logs import get_logger
 from shared.natsserver import EmbeddedNats
 from shared.natstarget import LOCAL_CLUSTER_FILE
 from shared.natsusers import DASHBOARD_READER, GATE_ROLE, node_user, reader_user
 from shared.parentdeath import with_parent_death_signal
 from shared.ports import free_port, next_free_port
-from shared.runtime import export_build_info
 from shared.tasks import cancel_and_wait, finish_even_if_cancelled
 
 log = get_logger(__name__)
-C = TypeVar("C", bound=ClusterConfig)
 GPU_DRIVER = "gpu.nvidia.com"
 # the ComputeDomain controller assigns domains from allocated claims; agents count only those (docs/security.md)
 ASSIGNED_DOMAINS_ONLY = {"GPU_DRA_REQUIRE_ASSIGNMENT": "true"}
@@ -72,36 +65,6 @@ class ClusterNats(EmbeddedNats):
 
     def _args(self) -> list[str]:
         return with_parent_death_signal(super()._args())
-
-
-# Temporary dirs are named <prefix><pid of gpu-dra up>-<random>, so that the ones an `up` killed with
-# SIGKILL left behind can be told apart from those of an `up` still running, and removed.
-RUNTIME_PREFIX, DATA_PREFIX = "gdra-", "gpu-dra-cluster-"
-_OWNED = re.compile(rf"(?:{RUNTIME_PREFIX}|{DATA_PREFIX})(\d+)-[a-z0-9_]+")
-
-
-def sweep_orphaned_dirs() -> list[Path]:
-    """Remove the temporary dirs of `gpu-dra up`s that are gone (killed before they could); the removed."""
-    removed: list[Path] = []
-    for root in {Path("/tmp"), Path(tempfile.gettempdir())}:
-        for path in [*root.glob(f"{RUNTIME_PREFIX}*-*"), *root.glob(f"{DATA_PREFIX}*-*")]:
-            owned = _OWNED.fullmatch(path.name)
-            if owned is None or not path.is_dir() or _alive(int(owned[1])):
-                continue
-            shutil.rmtree(path, ignore_errors=True)
-            log.warning("removed a dir a killed gpu-dra up left behind", path=str(path), pid=int(owned[1]))
-            removed.append(path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def node_ip(index: int) -> str:
@@ -385,68 +348,9 @@ class LocalCluster:
         assert self.api is not None
         return self.api
 
-    async def _apply(
-        self, group: str, version: str, plural: str, body: dict[str, Any], namespace: str | None = None
-    ) -> None:
-        custom = client.CustomObjectsApi(self.api)
-        try:
-            if namespace:
-                await custom.create_namespaced_custom_object(group, version, namespace, plural, body)
-            else:
-                await custom.create_cluster_custom_object(group, version, plural, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-
-    async def _replace_node_config(self, body: dict[str, Any]) -> None:
-        """--node-config's object, created or (kept from an earlier run on this data dir) replaced."""
-        group, version = body["apiVersion"].split("/")
-        custom = client.CustomObjectsApi(self.api)
-        name = body["metadata"]["name"]
-        try:
-            await custom.create_cluster_custom_object(group, version, "nodeconfigs", body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            stored = await custom.get_cluster_custom_object(group, version, "nodeconfigs", name)
-            body = {**body, "metadata": {**body["metadata"], "resourceVersion": stored["metadata"]["resourceVersion"]}}
-            await custom.replace_cluster_custom_object(group, version, "nodeconfigs", name, body)
-        self.progress(f"NodeConfig {name} from {self.cfg.node_config}")
-
     async def _install_cluster_objects(self) -> None:
-        from services.computedomain.crd import crds  # the ComputeDomain service owns its CRDs
-
-        ext = client.ApiextensionsV1Api(self.api)
-        # the publisher watches NodeConfig objects (its sharing config): the CRD as deploy/ ships it
-        nodeconfigs = load_documents(identities.DEPLOY_BASE / "crds" / "nodeconfigs.yaml")
-        for crd in [*crds(), *nodeconfigs]:
-            with contextlib.suppress(ApiException):
-                await ext.create_custom_resource_definition(crd)  # type: ignore[arg-type]  # the client sends plain dicts as they are
-        for dc in device_classes("v1"):
-            await self._apply("resource.k8s.io", "v1", "deviceclasses", dc)
-        if self.cfg.node_config:  # checked at start (ClusterConfig): the object the publisher then watches
-            await self._replace_node_config(load_documents(Path(self.cfg.node_config))[0])
-        core = client.CoreV1Api(self.api)
-        for name in ("gpu-dra", "default"):
-            with contextlib.suppress(ApiException):
-                await core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]  # the client sends plain dicts as they are
-        not_ready = {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}
-        for node in self.node_names:
-            body: dict[str, Any] = {
-                "metadata": {
-                    "name": node,
-                    "labels": {"kubernetes.io/hostname": node, "nvidia.com/gpu.present": "true"},
-                },
-                "status": not_ready,
-            }
-            try:
-                await core.create_node(body)  # type: ignore[arg-type]  # the client sends plain dicts as they are
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-                # Kept from a previous run: Ready again only once this run's kubelet says so.
-                await core.patch_node_status(node, {"status": not_ready})
-        self.progress(f"CRDs, DeviceClasses, Nodes {', '.join(self.node_names)}")
+        assert self.api is not None
+        await clusterobjects.install(self.api, self.node_names, self.cfg.node_config, self.progress)
 
     async def _install_identities(self, kubelets: dict[str, str]) -> None:
         """deploy/'s RBAC and policies plus the embedded components' roles, then a kubeconfig per identity."""
@@ -677,57 +581,3 @@ async def local_cluster(progress: Callable[[str], None] | None = None, **setting
     cfg = msgspec.convert(settings, ClusterConfig)
     async with LocalCluster(cfg, progress) as cluster:
         yield cluster
-
-
-def cluster_main(
-    config_type: type[C], argv: list[str] | None, *, prog: str, description: str, run: Callable[[C], Awaitable[int]]
-) -> int:
-    """`gpu-dra up` and `gpu-dra demo`: flags -> config (exit 2 naming a bad setting), quiet logs, the
-    metrics endpoint (`--metrics-port`), `run(cfg)`; a service that cannot be kept running (it refuses
-    its settings) is exit 1, Ctrl-C during start or teardown 130 (SIGTERM 143)."""
-    cfg = load_config_or_report(config_type, argv, prog=prog, description=description)
-    if cfg is None:
-        return 2
-    service = prog.replace(" ", "-")
-    setup_logging(service, "warning" if cfg.log_level == "info" else cfg.log_level, cfg.log_format)
-    if cfg.metrics_port > 0:
-        export_build_info(service)
-        serve(cfg.metrics_port)  # the restart counts and which services run (processes.RESTARTS, RUNNING)
-    try:
-        return asyncio.run(until_signalled(run(cfg), prog))
-    except ProcessFailed as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-async def until_signalled(main: Awaitable[int], prog: str) -> int:
-    """`await main`; SIGINT or SIGTERM cancels it (its teardown then runs to the end: LocalCluster
-    stops with finish_even_if_cancelled, so a second signal cannot cut it short) and the exit status is
-    128 + the signal. `main` may take the signals over (stop_event) once it handles them itself."""
-    task = asyncio.ensure_future(main)
-    loop = asyncio.get_running_loop()
-    got: list[signal.Signals] = []
-    watchdog = asyncio.create_task(HEALTH.watchdog(), name="health-watchdog")  # /healthz, /readyz
-
-    def on_signal(sig: signal.Signals) -> None:
-        if got:
-            print(f"{prog}: still stopping (waiting for every process to end)", file=sys.stderr, flush=True)
-        else:
-            print(f"{prog}: {sig.name}: stopping", file=sys.stderr, flush=True)
-            task.cancel()
-        got.append(sig)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal, sig)
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if not got:
-            raise
-        return 128 + int(got[0])
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        await cancel_and_wait([watchdog])

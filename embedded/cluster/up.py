@@ -6,7 +6,8 @@ import asyncio
 import sys
 from typing import Any
 
-from embedded.cluster.local import ClusterConfig, LocalCluster, cluster_main
+from embedded.cluster.clustermain import cluster_main
+from embedded.cluster.local import ClusterConfig, LocalCluster
 from shared.health import HEALTH
 from shared.runtime import stop_event
 

@@ -197,7 +197,7 @@ def test_demo_interrupted_during_teardown_leaves_nothing(tmp_path: Path, cleanup
 def test_up_killed_with_sigkill_takes_its_processes_along_and_the_next_up_sweeps_its_dirs(
     tmp_path: Path, cleanup
 ) -> None:
-    from embedded.cluster.local import sweep_orphaned_dirs
+    from embedded.cluster.tempdirs import sweep_orphaned_dirs
 
     up = Up(tmp_path / "cluster", nodes=1)
     cleanup(up)
