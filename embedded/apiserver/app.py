@@ -95,6 +95,10 @@ def build_app(server: ApiServer) -> web.Application:
             app.router.add_route(
                 method, f"/api/v1/namespaces/{{namespace}}/pods/{{name}}/{sub}", streaming.handler(server, sub)
             )
+    for method in ("GET", "POST"):
+        app.router.add_route(
+            method, "/api/v1/namespaces/{namespace}/pods/{name}/portforward", streaming.port_forward_handler(server)
+        )
     app.router.add_route("*", "/api/{tail:.*}", handlers.resource)
     app.router.add_route("*", "/apis/{tail:.*}", handlers.resource)
     return app

@@ -6,11 +6,13 @@ authentication and authorization of every request (kubeletauth.py: only a user t
 kubelet serves: `/exec/{namespace}/{pod}/{container}` (`command`, `stdin`, `stdout`, `stderr`, `tty` query
 parameters) speaking the remote command protocol (remotecommand.py) to a process joined to the container's
 sandbox (execproc.py); `/attach/{namespace}/{pod}/{container}` the same protocol on the container's own
-streams (attach.py).
+streams (attach.py); `/portForward/{namespace}/{pod}` SPDY tunneled over a WebSocket (portforward.py), each
+forwarded connection dialled inside the pod's sandbox (netnsdial.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from collections.abc import Callable
@@ -18,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from embedded.nodeagent import execproc, remotecommand
+from embedded.nodeagent import execproc, netnsdial, portforward, remotecommand
 from embedded.nodeagent.containers import PodWorker
 from embedded.nodeagent.kubeletauth import KubeletAuth
 from shared.kube.rest import ApiError
@@ -46,6 +48,8 @@ class KubeletServer:
             app.router.add_route(method, "/exec/{namespace}/{pod}/{uid}/{container}", self.exec)
             app.router.add_route(method, "/attach/{namespace}/{pod}/{container}", self.attach)
             app.router.add_route(method, "/attach/{namespace}/{pod}/{uid}/{container}", self.attach)
+            app.router.add_route(method, "/portForward/{namespace}/{pod}", self.port_forward)
+            app.router.add_route(method, "/portForward/{namespace}/{pod}/{uid}", self.port_forward)
         return app
 
     async def start(self, host: str = "127.0.0.1") -> int:
@@ -138,6 +142,32 @@ class KubeletServer:
             session.close()
         with contextlib.suppress(ConnectionError):
             await ws.close()
+        return ws
+
+    async def port_forward(self, request: web.Request) -> web.StreamResponse:
+        m = request.match_info
+        worker = self._worker(m["namespace"], m["pod"], m.get("uid", ""))
+        ws = web.WebSocketResponse(protocols=(portforward.WS_PROTOCOL,), max_msg_size=0)
+        if ws.can_prepare(request).protocol != portforward.WS_PROTOCOL:
+            raise web.HTTPBadRequest(text=f"a WebSocket upgrade with subprotocol {portforward.WS_PROTOCOL} is required")
+
+        async def dial(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            pids = [worker.running_pid(name) for name in worker.specs]
+            inits = [execproc.sandbox_init(pid) for pid in pids if pid is not None]
+            running = [pid for pid in inits if pid is not None]
+            if not running:
+                raise netnsdial.DialError("no container of the pod is running")
+            return await netnsdial.connect(await netnsdial.pick(running, port), port)
+
+        meta = worker.pod["metadata"]
+        forwarder = portforward.PortForwarder(dial, f"{meta['name']}_{meta['namespace']}", meta["uid"])
+        await ws.prepare(request)
+        log.info("port-forward session", pod=m["pod"])
+        try:
+            await portforward.serve(ws, forwarder)
+        finally:
+            with contextlib.suppress(ConnectionError):
+                await ws.close()
         return ws
 
 

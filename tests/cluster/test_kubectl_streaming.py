@@ -1,9 +1,15 @@
-"""The real kubectl's streaming verbs against `gpu-dra up`: exec (pipes and a terminal), RBAC on pods/exec."""
+"""The real kubectl's streaming verbs against `gpu-dra up`: exec (pipes and a terminal), RBAC on pods/exec, attach,
+cp, debug, and port-forward (SPDY tunneled over a WebSocket into the pod's sandbox, RBAC on pods/portforward)."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import socket
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -270,3 +276,168 @@ def test_kubectl_debug_interactive_attaches_to_its_container(up: Up) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "hi from pod\n"
+
+
+WEB = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: default}
+spec:
+  containers:
+  - name: c
+    image: python:3
+    command: [sh, -c, 'echo served-from-pod > index.html; yes 0123456789abcdef | head -c 4194304 > big;
+      exec python3 -m http.server 8080']
+"""
+BIG = b"0123456789abcdef\n" * (4194304 // 17) + b"0123456789abcdef\n"[: 4194304 % 17]  # 4 MiB: many SPDY frames
+
+
+class PortForward:
+    """`kubectl port-forward` running, its output read as it comes."""
+
+    def __init__(self, up: Up, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            ["kubectl", "--kubeconfig", str(up.kubeconfig), "port-forward", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self.lines.append("")  # EOF
+            self._changed.notify_all()
+
+    def wait_line(self, pattern: str, timeout: float = 60) -> re.Match[str]:
+        """The first output line that matches `pattern`, as soon as kubectl prints it."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    if found := re.search(pattern, line):
+                        return found
+                left = deadline - time.monotonic()
+                assert left > 0 and self.lines[-1:] != [""], f"no {pattern!r} in:\n{''.join(self.lines)}"
+                self._changed.wait(left)
+
+    def local_port(self, remote: int) -> int:
+        return int(self.wait_line(rf"^Forwarding from 127\.0\.0\.1:(\d+) -> {remote}$").group(1))
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(timeout=30)
+        with self._changed:
+            while self.lines[-1:] != [""]:
+                self._changed.wait(30)
+            return "".join(self.lines)
+
+
+def http_get(port: int, conn: socket.socket | None = None, path: str = "/") -> bytes:
+    """GET `path` through the forward (on `conn` if given); the whole response, up to the server's close."""
+    conn = conn or socket.create_connection(("127.0.0.1", port), timeout=30)
+    with conn:
+        conn.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        return b"".join(iter(lambda: conn.recv(65536), b""))
+
+
+@pytest.fixture(scope="module")
+def web(up: Up) -> str:
+    up.kubectl("apply", "-f", "-", stdin=WEB)
+    up.kubectl("wait", "--for=condition=Ready", "pod/web", "--timeout=60s")
+    return "web"
+
+
+def test_port_forward_reaches_a_server_in_the_pods_sandbox(up: Up, web: str) -> None:
+    forward = PortForward(up, f"pod/{web}", ":8080")
+    try:
+        port = forward.local_port(8080)
+        first = socket.create_connection(("127.0.0.1", port), timeout=30)
+        second = socket.create_connection(("127.0.0.1", port), timeout=30)
+        # both connections are open at once, each its own pair of SPDY streams: the second is served first
+        assert http_get(port, second).endswith(b"\r\n\r\nserved-from-pod\n")
+        assert http_get(port, first).startswith(b"HTTP/1.0 200 OK\r\n")
+        assert http_get(port, path="/big").endswith(b"\r\n\r\n" + BIG)
+        forward.wait_line(r"^Handling connection for \d+$")
+        assert forward.proc.poll() is None
+    finally:
+        output = forward.stop()
+    assert "error" not in output.lower(), output
+
+
+def test_port_forward_to_a_port_nobody_listens_on_reports_the_kubelets_error(up: Up, web: str) -> None:
+    forward = PortForward(up, f"pod/{web}", ":8080", ":9999")
+    try:
+        good, bad = forward.local_port(8080), forward.local_port(9999)
+        assert http_get(good).endswith(b"served-from-pod\n")
+        assert http_get(bad) == b""  # kubectl closes the local connection
+        error = forward.wait_line(r"an error occurred forwarding \d+ -> 9999: (.*)").group(1)
+        assert error.startswith(f"error forwarding port 9999 to pod {web}_default, uid "), error
+        assert "IPv4: dial tcp4 127.0.0.1:9999: connect: connection refused" in error, error
+        # client-go drops the whole connection after an error on any forward (kubectl 1.32 here)
+        assert forward.proc.wait(timeout=30) == 1
+    finally:
+        output = forward.stop()
+    assert "error: lost connection to pod" in output, output
+    again = PortForward(up, f"pod/{web}", ":8080")  # the pod's server is untouched
+    try:
+        assert http_get(again.local_port(8080)).endswith(b"served-from-pod\n")
+    finally:
+        again.stop()
+
+
+def test_port_forward_needs_create_on_pods_portforward(up: Up, web: str) -> None:
+    user = "system:serviceaccount:default:forwarder"
+    up.kubectl("create", "role", "pf-pod-reader", "--verb=get", "--resource=pods")
+    up.kubectl("create", "rolebinding", "pf-pod-reader", "--role=pf-pod-reader", "--serviceaccount=default:forwarder")
+    denied = kubectl(up, "--as", user, "port-forward", f"pod/{web}", ":8080")
+    assert denied.returncode == 1
+    assert (
+        f'User "{user}" cannot create resource "pods/portforward" in API group "" in the namespace "default"'
+        in denied.stderr
+    ), denied.stderr
+    up.kubectl("create", "role", "pf", "--verb=create", "--resource=pods/portforward")
+    up.kubectl("create", "rolebinding", "pf", "--role=pf", "--serviceaccount=default:forwarder")
+    forward = PortForward(up, "--as", user, f"pod/{web}", ":8080")
+    try:
+        assert http_get(forward.local_port(8080)).endswith(b"served-from-pod\n")
+    finally:
+        forward.stop()
+
+
+FINISHED = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: done, namespace: default}
+spec:
+  restartPolicy: Never
+  containers: [{name: c, image: busybox, command: ["true"]}]
+"""
+
+
+def test_port_forward_to_a_finished_pod_is_refused(up: Up) -> None:
+    up.kubectl("apply", "-f", "-", stdin=FINISHED)
+    up.kubectl("wait", "pod/done", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=60s")
+    done = kubectl(up, "port-forward", "pod/done", ":8080")
+    assert done.returncode == 1
+    assert "unable to forward port because pod is not running. Current status=Succeeded" in done.stderr, done.stderr
+
+
+def test_port_forward_over_plain_spdy_is_refused_saying_why(up: Up, web: str) -> None:
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(up.kubeconfig), "port-forward", f"pod/{web}", ":8080"],
+        env={**os.environ, "KUBECTL_PORT_FORWARD_WEBSOCKETS": "false"},  # kubectl's SPDY upgrade, as before 1.31
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "error upgrading connection: this server tunnels port-forward over WebSockets" in done.stderr, done.stderr
