@@ -9,6 +9,7 @@ from aiohttp import web
 
 from embedded.apiserver import admission, authn, errors, impersonation, podlogs, rbac, streaming
 from embedded.apiserver.http import Handlers
+from embedded.apiserver.infohandlers import InfoHandlers
 from embedded.apiserver.responses import reply, status_response
 from embedded.apiserver.selectors import SelectorError
 from shared.logs import get_logger
@@ -73,17 +74,18 @@ def build_app(server: ApiServer) -> web.Application:
 
     app = web.Application(middlewares=[middleware], client_max_size=admission.MAX_REQUEST_BODY)
     handlers = Handlers(server)
-    app.router.add_get("/healthz", handlers.ok)
-    app.router.add_get("/livez", handlers.ok)
-    app.router.add_get("/readyz", handlers.ok)
-    app.router.add_get("/version", handlers.version)
-    app.router.add_get("/version/", handlers.version)  # kubernetes clients ask with the slash
-    app.router.add_get("/metrics", handlers.metrics)
-    app.router.add_get("/openapi/v2", handlers.openapi_v2)
-    app.router.add_get("/openapi/v3", handlers.openapi_v3_index)
-    app.router.add_get("/openapi/v3/{path:.*}", handlers.openapi_v3)
-    app.router.add_route("*", "/api", handlers.api_root)
-    app.router.add_route("*", "/apis", handlers.apis_root)
+    info = InfoHandlers(server)
+    app.router.add_get("/healthz", info.ok)
+    app.router.add_get("/livez", info.ok)
+    app.router.add_get("/readyz", info.ok)
+    app.router.add_get("/version", info.version)
+    app.router.add_get("/version/", info.version)  # kubernetes clients ask with the slash
+    app.router.add_get("/metrics", info.metrics)
+    app.router.add_get("/openapi/v2", info.openapi_v2)
+    app.router.add_get("/openapi/v3", info.openapi_v3_index)
+    app.router.add_get("/openapi/v3/{path:.*}", info.openapi_v3)
+    app.router.add_route("*", "/api", info.api_root)
+    app.router.add_route("*", "/apis", info.apis_root)
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", handlers.self_access_review)
     app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", handlers.self_rules_review)
     app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", handlers.subject_access_review)

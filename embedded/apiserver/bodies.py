@@ -1,4 +1,5 @@
-"""Request bodies into plain values: JSON and YAML, with the nesting every later step can follow.
+"""Request bodies into plain values: JSON, YAML and protobuf (custom resources in JSON only), with the
+nesting every later step can follow.
 
 Owns the one limit on how deeply a body's objects and arrays may nest (MAX_DEPTH). kube-apiserver's
 JSON decoder refuses bodies nested past 10000 levels with `400 BadRequest` ("exceeded max depth");
@@ -14,8 +15,9 @@ from typing import Any
 
 import msgspec
 import yaml
+from aiohttp import web
 
-from embedded.apiserver import errors
+from embedded.apiserver import errors, protobuf
 
 MAX_DEPTH = 200  # objects and arrays inside one another; a CRD with a pod template's schema nests ~40
 
@@ -71,3 +73,31 @@ def checked(value: Any) -> Any:
         deepest[id(node)] = depth
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return value
+
+
+def decode_protobuf(raw: bytes, default: tuple[str, str]) -> dict[str, Any]:
+    """A protobuf body -> its JSON object; 415 for a kind with no protobuf form, 400 when malformed."""
+    try:
+        return protobuf.decode_body(raw, default)
+    except RecursionError:  # a RawExtension's JSON nested past what the decoder follows
+        raise too_deep() from None
+    except protobuf.UnknownKind as exc:
+        raise errors.ApiError(415, "UnsupportedMediaType", str(exc)) from exc
+    except protobuf.ProtobufError as exc:
+        raise errors.bad_request(f"the request body could not be decoded as protobuf: {exc}") from exc
+
+
+def json_only(request: web.Request) -> None:
+    """Custom resources are served in JSON only, as upstream: 415 for a protobuf body, 406 when the
+    client accepts nothing else (`Accept: application/vnd.kubernetes.protobuf, */*` gets JSON)."""
+    if request.headers.get("Content-Type", "").split(";")[0].strip() == protobuf.MEDIA_TYPE:
+        raise errors.ApiError(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - "
+            "accepted media types include: application/json, application/yaml",
+        )
+    if not protobuf.accepts_json(request.headers.get("Accept", "")):
+        raise errors.ApiError(
+            406, "NotAcceptable", "only the following media types are accepted: application/json, application/yaml"
+        )

@@ -6,7 +6,6 @@ request chain and the routes are `app.py`'s; errors leave as Status objects (`re
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,10 +19,9 @@ from embedded.apiserver import (
     bodies,
     discovery,
     errors,
-    openapi_docs,
-    openapi_proto,
     patch,
     protobuf,
+    subresources,
     tables,
     versions,
 )
@@ -58,45 +56,6 @@ class Handlers:
         self.server = server
         self.core = server.core
         self.registry = server.registry
-
-    async def ok(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def version(self, request: web.Request) -> web.Response:
-        return json_response(discovery.SERVER_VERSION)
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.server.requests.exposition(), content_type="text/plain")
-
-    async def openapi_v2(self, request: web.Request) -> web.Response:
-        doc = openapi_docs.v2(self.registry)
-        if doc is None:
-            raise errors.ApiError(404, "NotFound", "the OpenAPI v2 document is not available in this build")
-        if openapi_proto.wants_protobuf(request.headers.get("Accept", "")):
-            body = await asyncio.to_thread(openapi_proto.document, doc)
-            return web.Response(body=body, headers={"Content-Type": openapi_proto.RESPONSE_TYPE})
-        return json_response(doc)
-
-    async def openapi_v3_index(self, request: web.Request) -> web.Response:
-        return json_response(openapi_docs.v3_index(self.registry))
-
-    async def openapi_v3(self, request: web.Request) -> web.Response:
-        doc = openapi_docs.v3_document(self.registry, request.match_info["path"])
-        if doc is None:
-            raise errors.ApiError(404, "NotFound", f"no OpenAPI v3 document for {request.match_info['path']!r}")
-        return json_response(doc)
-
-    async def api_root(self, request: web.Request) -> web.Response:
-        media = discovery.wants_aggregated(request.headers.get("Accept", ""))
-        if media:
-            return json_response(discovery.aggregated(self.registry, True, media), content_type=media)
-        return json_response(discovery.api_versions(f"127.0.0.1:{self.server.port}"))
-
-    async def apis_root(self, request: web.Request) -> web.Response:
-        media = discovery.wants_aggregated(request.headers.get("Accept", ""))
-        if media:
-            return json_response(discovery.aggregated(self.registry, False, media), content_type=media)
-        return json_response(discovery.api_group_list(self.registry))
 
     # ---- APIs that are not storage
 
@@ -196,7 +155,7 @@ class Handlers:
         )
         if target.res.is_custom:
             request[JSON_ONLY] = True  # errors too are JSON, as the CRD handler answers
-            _json_only(request)
+            bodies.json_only(request)
         if method == "GET":
             if target.name:
                 return self._get(request, target)
@@ -252,7 +211,7 @@ class Handlers:
         elif tables.wants_metadata(accept):
             out = tables.partial_metadata(out)
         if target.subresource == "scale" and target.res is not None:
-            out = scale_of(out)
+            out = subresources.scale_of(out)
         return reply(request, out, status=status, warnings=warnings)
 
     # ---- verbs
@@ -362,9 +321,9 @@ class Handlers:
         if ctype == protobuf.MEDIA_TYPE:
             res = target.res if target is not None else None
             if res is not None and res.is_custom:
-                _json_only(request)
+                bodies.json_only(request)
             default = (res.api_version(target.version), res.kind) if res is not None and target else ("", "")
-            return bodies.checked(_decode_protobuf(raw, default))
+            return bodies.checked(bodies.decode_protobuf(raw, default))
         if ctype in ("application/yaml", patch.APPLY_PATCH):
             return bodies.decode_yaml(raw, "the request body is not valid JSON")
         return bodies.decode_json(raw)
@@ -481,7 +440,7 @@ class Handlers:
         if ctype == patch.APPLY_PATCH:
             return await self._apply(request, target, raw)
         if target.subresource == "scale":
-            current = scale_of(self._out(target, self.core.get(res, target.namespace or "", target.name)))
+            current = subresources.scale_of(self._out(target, self.core.get(res, target.namespace or "", target.name)))
             doc = bodies.decode_json(raw, "error decoding patch") if raw else {}
             patched = patch.merge_patch(current, doc) if ctype != patch.JSON_PATCH else patch.json_patch(current, doc)
             return await self._update_scale(request, target, patched)
@@ -555,7 +514,7 @@ class Handlers:
         raw = await request.read()
         ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
         if ctype == protobuf.MEDIA_TYPE and raw:
-            options.update(_decode_protobuf(raw, ("meta.k8s.io/v1", "DeleteOptions")))
+            options.update(bodies.decode_protobuf(raw, ("meta.k8s.io/v1", "DeleteOptions")))
         elif raw.strip():
             body = bodies.decode_json(raw, "invalid DeleteOptions")
             if isinstance(body, dict):
@@ -604,111 +563,18 @@ class Handlers:
             },
         )
 
-    # ---- subresources with their own shapes
+    # ---- subresources with their own shapes (subresources.py)
 
     async def _pod_action(self, request: web.Request, target: Target) -> web.Response:
-        res = target.res
-        assert res is not None and res.key == ("", "pods")
         body = await self._body(request, target)
-        ns = target.namespace or ""
-        if target.subresource == "eviction":
-            options = (body or {}).get("deleteOptions") or {}
-            self.core.delete(
-                res,
-                ns,
-                target.name,
-                options.get("propagationPolicy"),
-                options.get("gracePeriodSeconds"),
-                options.get("preconditions"),
-                self._dry_run(request, options),
-            )
-            return reply(
-                request,
-                {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
-                status=201,
-            )
-        node = ((body or {}).get("target") or {}).get("name")
-        if not node:
-            raise errors.invalid(
-                res,
-                target.name,
-                [{"reason": "FieldValueRequired", "field": "target.name", "message": "Required value"}],
-            )
-        pod = self.core.get(res, ns, target.name)
-        if (pod.get("spec") or {}).get("nodeName"):
-            raise errors.conflict(
-                res, target.name, f'pod {target.name} is already assigned to node "{pod["spec"]["nodeName"]}"'
-            )
-        if not self._dry_run(request):
-            self.server.bind_pod(res, pod, node)
-        return reply(
-            request,
-            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
-            status=201,
-        )
+        options = (body or {}).get("deleteOptions") or {} if target.subresource == "eviction" else None
+        return subresources.pod_action(self.server, request, target, body, self._dry_run(request, options))
 
     def _finalize(self, request: web.Request, target: Target, body: Any) -> web.Response:
-        res = target.res
-        assert res is not None
-        current = self.core.get(res, "", target.name)
-        finalizers = ((body or {}).get("spec") or {}).get("finalizers") or []
-        updated = {**current, "spec": {**(current.get("spec") or {}), "finalizers": finalizers}}
-        if self._dry_run(request):
-            return reply(request, self._out(target, updated))
-        stored = self.server.store.put(res.key, ("", target.name), updated)
-        self.server.gc.wake()
-        return reply(request, self._out(target, stored))
+        return subresources.finalize(self.server, request, target, body, self._out, self._dry_run(request))
 
     async def _update_scale(self, request: web.Request, target: Target, body: Any) -> web.Response:
-        res = target.res
-        assert res is not None
-        replicas = ((body or {}).get("spec") or {}).get("replicas")
-        if not isinstance(replicas, int) or replicas < 0:
-            raise errors.invalid(
-                res,
-                target.name,
-                [
-                    {
-                        "reason": "FieldValueInvalid",
-                        "field": "spec.replicas",
-                        "message": "Invalid value: must be a non-negative integer",
-                    }
-                ],
-            )
-        current = self._out(target, self.core.get(res, target.namespace or "", target.name))
-        new = deep_copy({**current, "spec": {**(current.get("spec") or {}), "replicas": replicas}})
-        obj, _ = self.core.update(
-            res, target.version, target.namespace or "", target.name, new, dry_run=self._dry_run(request)
-        )
-        return reply(request, scale_of(self._out(target, obj)))
-
-
-def _decode_protobuf(raw: bytes, default: tuple[str, str]) -> dict[str, Any]:
-    """A protobuf body -> its JSON object; 415 for a kind with no protobuf form, 400 when malformed."""
-    try:
-        return protobuf.decode_body(raw, default)
-    except RecursionError:  # a RawExtension's JSON nested past what the decoder follows
-        raise bodies.too_deep() from None
-    except protobuf.UnknownKind as exc:
-        raise errors.ApiError(415, "UnsupportedMediaType", str(exc)) from exc
-    except protobuf.ProtobufError as exc:
-        raise errors.bad_request(f"the request body could not be decoded as protobuf: {exc}") from exc
-
-
-def _json_only(request: web.Request) -> None:
-    """Custom resources are served in JSON only, as upstream: 415 for a protobuf body, 406 when the
-    client accepts nothing else (`Accept: application/vnd.kubernetes.protobuf, */*` gets JSON)."""
-    if request.headers.get("Content-Type", "").split(";")[0].strip() == protobuf.MEDIA_TYPE:
-        raise errors.ApiError(
-            415,
-            "UnsupportedMediaType",
-            "the body of the request was in an unknown format - "
-            "accepted media types include: application/json, application/yaml",
-        )
-    if not protobuf.accepts_json(request.headers.get("Accept", "")):
-        raise errors.ApiError(
-            406, "NotAcceptable", "only the following media types are accepted: application/json, application/yaml"
-        )
+        return subresources.update_scale(self.server, request, target, body, self._out, self._dry_run(request))
 
 
 # Kinds whose registry returns the deleted object rather than a Status (ReturnDeletedObject upstream).
@@ -723,20 +589,3 @@ _RETURNS_OBJECT = {
 
 def _returns_deleted_object(res: Resource) -> bool:
     return res.is_custom or res.group == "resource.k8s.io" or res.key in _RETURNS_OBJECT
-
-
-def scale_of(obj: dict[str, Any]) -> dict[str, Any]:
-    md = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    selector = (spec.get("selector") or {}).get("matchLabels") or {}
-    return {
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {k: md[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in md},
-        "spec": {"replicas": spec.get("replicas", 1)},
-        "status": {
-            "replicas": status.get("replicas", 0),
-            "selector": ",".join(f"{k}={v}" for k, v in sorted(selector.items())),
-        },
-    }
