@@ -7,7 +7,7 @@ written for a real kubelet work against the emulator's /metrics (`--metrics-port
   `method_name` the full method (`/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources`) and the code as
   Go spells it (`OK`, `DeadlineExceeded`, `Canceled`).
 - `dra_resource_claims_in_use{driver_name}`: claims prepared on the node per driver, and `<any>` for all of them
-  (a claim with devices of two drivers counts once there), read from the pod runner when scraped.
+  (a claim with devices of two drivers counts once there), read from the node's prepared claims when scraped.
 
 Buckets are Prometheus' defaults, as the kubelet's (`metrics.DefBuckets`).
 """
@@ -80,19 +80,20 @@ class _Prepared(Protocol):
 
 
 class Preparing(Protocol):
-    """What the collector reads of a pod runner (`embedded.nodeagent.pods.PodRunner`): claim uid -> its drivers."""
+    """What the collector reads of a node's prepared claims (`embedded.nodeagent.preparedclaims`): claim uid ->
+    its drivers."""
 
-    prepared: dict[str, Any]
+    by_uid: dict[str, Any]
 
 
 class _ClaimsInUse(Collector):
-    """Counted when scraped from each tracked pod runner's prepared claims."""
+    """Counted when scraped from each node's tracked prepared claims."""
 
     def __init__(self) -> None:
         self._tracked: list[weakref.ref[Preparing]] = []
 
-    def track(self, runner: Preparing) -> None:
-        self._tracked.append(weakref.ref(runner))
+    def track(self, prepared: Preparing) -> None:
+        self._tracked.append(weakref.ref(prepared))
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
@@ -104,8 +105,8 @@ class _ClaimsInUse(Collector):
         )
         counts: dict[str, int] = {ANY_DRIVER: 0}
         for ref in list(self._tracked):
-            runner = ref()
-            claims: list[_Prepared] = list(runner.prepared.values()) if runner is not None else []
+            prepared = ref()
+            claims: list[_Prepared] = list(prepared.by_uid.values()) if prepared is not None else []
             for claim in claims:
                 counts[ANY_DRIVER] += 1
                 for driver in set(claim.drivers):

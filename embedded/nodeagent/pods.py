@@ -17,17 +17,14 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgspec
 from kubernetes_asyncio import client
-from opentelemetry import context as otel_context
 
 from embedded.kubelet import metrics as kubelet_metrics
-from embedded.kubelet.client import Claim, PluginError, PreparedDevice
+from embedded.kubelet.client import Claim, PluginError
 from embedded.nodeagent.cdi_resolve import CdiResolutionError, SpecCache
 from embedded.nodeagent.containers import PodWorker
 from embedded.nodeagent.kubeletevents import EventRecorder
@@ -44,16 +41,16 @@ from embedded.nodeagent.podclaims import (
     status_inputs,
 )
 from embedded.nodeagent.podwatch import watch_node_pods
+from embedded.nodeagent.preparedclaims import PreparedClaims
 from embedded.nodeagent.resourcehealth import DeviceHealthCache, DeviceKey
 from embedded.nodeagent.sandbox import Runtime
-from embedded.nodeagent.state import ClaimRecord, DeviceRecord, StateStore
 from shared.backoff import Backoff
 from shared.kube.events import event_body, record_event
 from shared.kube.resources import PODS, RESOURCECLAIMS
 from shared.kube.rest import ApiError, decode, request
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait, cancelling
-from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION, traceparent_context
+from shared.telemetry import CLAIM_TRACEPARENT_ANNOTATION
 
 log = get_logger(__name__)
 EXIT_ANNOTATION = "gpu-dra.nvidia.com/emulate-exit"
@@ -89,16 +86,12 @@ class PodRunner:
         self.cdi_dirs = cdi_dirs
         self._specs: SpecCache = {}  # the CDI specs read so far (a file is read again only when it changed)
         self.resync_seconds = resync_seconds
-        self.store = StateStore(state_dir)
-        self.prepared: dict[str, PreparedClaim] = {}  # claim uid -> state
-        kubelet_metrics.CLAIMS_IN_USE.track(self)
+        self.claims = PreparedClaims(node, dra, state_dir)
+        kubelet_metrics.CLAIMS_IN_USE.track(self.claims)
         self.pods: dict[str, dict[str, Any]] = {}  # pod uid -> last seen pod
-        self.prepare_calls = 0  # NodePrepareResources calls made (tests, metrics)
         self._lock = asyncio.Lock()  # the prepared claims, the DRA calls and the state file: one at a time
         self._pod_locks: dict[str, asyncio.Lock] = {}  # pod uid -> held while one of its events is handled
         self._events: set[asyncio.Task[None]] = set()  # watch events being handled (pods side by side)
-        self._save_lock = asyncio.Lock()
-        self._changes = self._saved = 0  # changes to the prepared claims made / in the state file
         self._on_change = on_change
         self._retry: set[str] = set()
         self._attempted: dict[str, str] = {}  # pod uid -> inputs of the last failed attempt
@@ -112,39 +105,11 @@ class PodRunner:
         self._writes: dict[str, asyncio.Task[None]] = {}  # pod uid -> its status writer
         self._edits: dict[str, dict[str, Any]] = {}  # pod uid -> its edits annotation, until a status write carries it
         self._stops: dict[str, asyncio.Task[None]] = {}  # pod uid -> its termination (grace period, then delete)
-        for rec in self.store.load():
-            self.prepared[rec.uid] = PreparedClaim(
-                Claim(namespace=rec.namespace, uid=rec.uid, name=rec.name),
-                set(rec.drivers),
-                [PreparedDevice(**msgspec.structs.asdict(d)) for d in rec.devices],
-                set(rec.pods),
-            )
-        if self.prepared:
-            log.info("re-learned prepared claims from the state file", node=node, claims=len(self.prepared))
 
-    async def _save(self) -> None:
-        """Write the state file with every change made so far; callers that come while a write is on its way
-        share the next one (pods prepared side by side, one write)."""
-        self._changes += 1
-        wanted = self._changes
-        async with self._save_lock:
-            if self._saved >= wanted:
-                return
-            upto = self._changes
-            await self.store.save(
-                [
-                    ClaimRecord(
-                        namespace=s.ref.namespace,
-                        uid=s.ref.uid,
-                        name=s.ref.name,
-                        drivers=sorted(s.drivers),
-                        devices=[DeviceRecord(**asdict(d)) for d in s.devices],
-                        pods=sorted(s.pods),
-                    )
-                    for s in self.prepared.values()
-                ]
-            )
-            self._saved = upto
+    @property
+    def prepared(self) -> dict[str, PreparedClaim]:
+        """Claim uid -> what this node prepared for it (`PreparedClaims`)."""
+        return self.claims.by_uid
 
     # ------------------------------------------------------------------ API helpers
     async def _get_claim(self, namespace: str, name: str) -> dict[str, Any]:
@@ -237,8 +202,8 @@ class PodRunner:
             traceparents[ref.uid] = (claim["metadata"].get("annotations") or {}).get(CLAIM_TRACEPARENT_ANNOTATION, "")
         async with self._lock:
             with kubelet_metrics.operation("PrepareResources"):
-                prepared = await self._prepare_claims(uid, wanted, drivers_of, traceparents)
-        await self._save()
+                prepared = await self.claims.prepare(uid, wanted, drivers_of, traceparents)
+        await self.claims.save()
         edits = container_edits(pod, prepared, uses, self.cdi_dirs, self._specs)
         if self.runtime is not None:
             # The worker's writer writes the status from here on; its first write carries the annotation (a
@@ -258,79 +223,14 @@ class PodRunner:
             async with self._lock:
                 await self._release_pod(uid)
 
-    async def _prepare_claims(
-        self, uid: str, wanted: dict[str, Claim], drivers_of: dict[str, set[str]], traceparents: dict[str, str]
-    ) -> dict[str, PreparedClaim]:
-        """NodePrepareResources for the claims not prepared yet, and the pod added to each (under the node-wide
-        lock: a claim is never prepared twice); the caller saves the state file."""
-        for claim_uid, ref in wanted.items():
-            if claim_uid in self.prepared:
-                continue
-            devices: list[PreparedDevice] = []
-            for driver in sorted(drivers_of[claim_uid]):
-                if driver not in self.dra.drivers():
-                    raise PrepareFailed(f"driver {driver} is not registered on node {self.node}")
-                self.prepare_calls += 1
-                traceparent = traceparents[claim_uid]
-                token = otel_context.attach(traceparent_context(traceparent)) if traceparent else None
-                try:
-                    answer = (await self.dra.prepare(driver, [ref])).get(claim_uid)
-                finally:
-                    if token is not None:
-                        otel_context.detach(token)
-                if answer is None or answer.error:
-                    raise PrepareFailed(
-                        f"{driver} could not prepare {ref.namespace}/{ref.name}: "
-                        f"{answer.error if answer else 'no answer'}"
-                    )
-                devices += answer.devices
-            self.prepared[claim_uid] = PreparedClaim(ref, drivers_of[claim_uid], devices)
-        for claim_uid in wanted:
-            self.prepared[claim_uid].pods.add(uid)
-        return {u: self.prepared[u] for u in wanted}
-
     async def _release_pod(self, pod_uid: str) -> bool:
         """Drop the pod from its claims, unprepare the ones nobody uses; True when none failed."""
-        if not self._holds_claims(pod_uid):  # a sweep of orphaned claims, or a pod already released: no work
-            return await self._unprepare_unused(pod_uid)  # of a pod's UnprepareResources to count
+        if not self.claims.holds(pod_uid):  # a sweep of orphaned claims, or a pod already released: no work
+            return await self.claims.unprepare_unused(pod_uid)  # of a pod's UnprepareResources to count
         with kubelet_metrics.operation("UnprepareResources") as failed:
-            ok = await self._unprepare_unused(pod_uid)
+            ok = await self.claims.unprepare_unused(pod_uid)
             failed(not ok)
         return ok
-
-    async def _unprepare_unused(self, pod_uid: str) -> bool:
-        ok = True
-        changed = False
-        for claim_uid, state in list(self.prepared.items()):
-            if pod_uid in state.pods:
-                state.pods.discard(pod_uid)
-                changed = True
-            if state.pods:
-                continue
-            errors: list[str] = []
-            for driver in sorted(state.drivers):
-                try:
-                    error = (await self.dra.unprepare(driver, [state.ref])).get(claim_uid, "")
-                except PluginError as exc:
-                    error = str(exc)
-                if error:
-                    errors.append(error)
-            if errors:
-                ok = False
-                log.warning("unprepare failed; will retry", claim=state.ref.name, errors=errors)
-                continue
-            del self.prepared[claim_uid]
-            changed = True
-            log.info("claim unprepared", node=self.node, claim=f"{state.ref.namespace}/{state.ref.name}")
-        if changed:
-            await self._save()
-        return ok
-
-    def _orphans(self) -> bool:
-        return any(not s.pods for s in self.prepared.values())
-
-    def _holds_claims(self, uid: str) -> bool:
-        return any(uid in s.pods for s in self.prepared.values())
 
     def _pod_lock(self, uid: str) -> asyncio.Lock:
         return self._pod_locks.setdefault(uid, asyncio.Lock())
@@ -370,7 +270,7 @@ class PodRunner:
                 self._retry.discard(uid)
                 if not await self._release_pod(uid):
                     self._retry.add(uid)
-            elif phase == "Running" and is_ready(pod) and self._holds_claims(uid) and self.runtime is None:
+            elif phase == "Running" and is_ready(pod) and self.claims.holds(uid) and self.runtime is None:
                 self._retry.discard(uid)
             elif uid in self._finished or worker is not None:
                 pass  # exited: never started again (the old emulated exit wrote a Succeeded pod back to Pending)
@@ -600,10 +500,10 @@ class PodRunner:
             if wake is not None and wake.is_set():
                 wake.clear()
                 delay = backoff.restart()
-            if self._retry or self._orphans():
+            if self._retry or self.claims.orphans():
                 try:
                     await self.retry_pending()
-                    if self._orphans():  # claims whose unprepare failed (driver not back yet...)
+                    if self.claims.orphans():  # claims whose unprepare failed (driver not back yet...)
                         async with self._lock:
                             await self._release_pod("")
                 except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - a dead retry loop leaves pods waiting
@@ -615,7 +515,7 @@ class PodRunner:
                         error=f"{type(exc).__name__}: {exc}",
                         waiting=len(self._retry),
                     )
-                delay = backoff.next() if self._retry or self._orphans() else backoff.restart()
+                delay = backoff.next() if self._retry or self.claims.orphans() else backoff.restart()
 
     # ------------------------------------------------------------------ watch loop
     async def run(self, stopping: asyncio.Event, wake: asyncio.Event | None = None) -> None:
