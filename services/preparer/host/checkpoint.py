@@ -1,49 +1,20 @@
 """Durable prepared-claim state: `<plugin dir>/checkpoint.json`, the preparer's crash-recovery backbone.
 
-Owns the two-phase record per claim (`PrepareStarted` -> `PrepareCompleted`), the schema version,
-the node boot id (a reboot wipes prepared state), the node's preparation sequence (`preparationSeq`:
-bumped when a preparation starts, kept across unprepare, restarts and reboots; claim event ids carry
-it), crash-safe replacement and quarantine of a corrupt file. A write may carry records for a
-`Journal` (the lifecycle-event outbox): they are appended in the same thread just before the
-checkpoint's replacement, so the events of a state change are on disk when the change is. Decoding
-is forward-tolerant: fields a newer version wrote are kept on rewrite, never rejected, and there is
-no checksum over re-serialised JSON (the upstream driver's crash loop, NVIDIA/k8s-dra-driver-gpu#1080).
+Owns the two-phase record per claim (`PrepareStarted` -> `PrepareCompleted`), the schema version, the node
+boot id, the node's preparation sequence (`preparationSeq`, in every claim event id; it never goes back),
+crash-safe replacement and quarantine of a corrupt file. Decoding is forward-tolerant: fields a newer version
+wrote are kept on rewrite, and there is no checksum over re-serialised JSON (NVIDIA/k8s-dra-driver-gpu#1080).
 
-Group commit: a state change is one write of the whole document, and every change made while a write
-is on its way goes out together in the next one (one temp file, one fsync, one rename), each caller
-resuming once the write that carries its change has replaced the file. So N claims changing state at
-once cost one write, not N, and a failed write fails every change it carried (each caller restores its
-own record).
+Group commit: every change made while a write is on its way goes out in the next one (one temp file, one
+rename), each caller resuming once its change is on disk; a failed write fails every change it carried. A
+write may carry records for a `Journal` (the lifecycle-event outbox), appended just before the replacement.
 
-Crash argument (what each write must survive):
-- A process crash (SIGKILL, OOM kill) loses nothing the kernel has: a rename is atomic, so the file is
-  the old document or the new one and the restarted preparer rolls back `PrepareStarted` claims. No
-  fsync is needed for that.
-- A power loss or kernel crash reboots the node: the boot id changes, and the next load drops every
-  prepared claim (the kubelet prepares them again, rewriting their CDI specs), so it does not matter
-  which of the last writes reached the disk, nor whether the one that did is whole: once per boot, before
-  its first write, the checkpoint records the boot id it runs under in `checkpoint.boot` (fsync'd file
-  and directory: the only fsyncs of a boot). At the next load a marker naming another boot says the node
-  went down since, so a checkpoint that is unreadable then was torn by that power loss (its writes had no
-  fsync) and is dropped like any state of a past boot, not quarantined as corrupt; one that is readable
-  names the old boot and is wiped for it. The preparation sequence never goes back: after a reboot it
-  restarts at least at the clock in milliseconds, above any number handed out unless more than 1,000
-  preparations a second were made on average since the sequence started. So a write with a boot id
-  costs no fsync; being small and unsynced it is made on the event loop (bounded by `INLINE_MAX_BYTES`;
-  larger documents, and a journal busy compacting, go to a worker thread), through two slot files that
-  stay linked beside the checkpoint (`shared.files.SlotFile`: no file created or freed per write).
-  Without a readable boot id every write fsyncs its temp file and the directory, as the reboot could
-  not be told (`sync_file`, `sync_dir`).
-A PrepareStarted of a claim whose prepare creates nothing before its CDI spec (no dynamic MIG device)
-is staged (`stage`), not written: a crash before the next write loses it, and loses nothing with it,
-since no device state exists yet and the spec is swept at start; the next write (the put before a
-time-slice or MPS call, another claim's write, or its own PrepareCompleted) carries it and its
-`prepare-started` event together. So a plain prepare is one write and one fsync, not two.
-The CDI spec of a claim (`cdi.py`) rests on the same argument, one step further: it is written (renamed
-into place) before the `PrepareCompleted` write that hands its device ids to the kubelet, and has no
-fsync of its own: a process crash keeps it whole, and a power loss is a reboot after which no claim is
-prepared, so no container is handed the spec before the kubelet's next prepare writes it again; specs
-of claims that are not prepared again (a torn one included) are swept at start (`CdiWriter.sweep`).
+What a crash loses: docs/architecture.md. In short, a rename survives a process crash, and a power loss is a
+reboot, after which no claim is prepared: the boot id is recorded once per boot (`checkpoint.boot`, the only
+fsync), a checkpoint of another boot is wiped at load, so other writes need no fsync (without a readable boot
+id every write syncs). Small writes go on the event loop (`INLINE_MAX_BYTES`) through two slot files
+(`shared.files.SlotFile`). A `PrepareStarted` that creates nothing before its CDI spec is staged (`stage`),
+carried by the next write, so a plain prepare is one write.
 """
 
 from __future__ import annotations
