@@ -76,6 +76,7 @@ class Variant:
     name: str
     repo: Path
     env: dict[str, str]
+    args: list[str] = field(default_factory=list)  # more `gpu-dra preparer` flags
     root: Path = Path()
     port: int = 0
     proc: Any = None
@@ -95,7 +96,9 @@ class Variant:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def fsync_total(self) -> float | None:
-        """The preparer's fsyncs so far (None: a preparer that does not count them)."""
+        """The preparer's fsyncs so far (None: a preparer that does not count them, or serves no metrics)."""
+        if not self.port:
+            return None
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as reply:  # noqa: S310
             found = _FSYNC_LINE.findall(reply.read().decode())
         return sum(float(v) for _, v in found) if found else None
@@ -184,6 +187,7 @@ async def running_preparer(variant: Variant, base: Path, kubeconfig: Path) -> As
         str(kubeconfig),
         "--metrics-port",
         str(variant.port),
+        *variant.args,
         cwd=variant.repo,
         env=env,
         stdout=log,
@@ -252,6 +256,43 @@ async def timed_phase(
     return out
 
 
+async def sequential_phase(
+    variants: list[Variant], sequence: list[Claim], interleave: str
+) -> dict[str, dict[str, Any]]:
+    """One-claim prepare+unprepare cycles over `sequence` on every variant, in blocks of SEQUENTIAL_BLOCK
+    (`interleave` "block") or one by one ("cycle"): latency percentiles, sequential claims/s, the process's CPU
+    per cycle (/proc/<pid>/stat) and fsyncs per cycle."""
+    out: dict[str, dict[str, Any]] = {}
+    before = {v.name: v.fsync_total() for v in variants}
+    cpu_before = {v.name: v.cpu_s() for v in variants}
+    t_seq = dict.fromkeys((v.name for v in variants), 0.0)
+    block = 1 if interleave == "cycle" else SEQUENTIAL_BLOCK
+    for first in range(0, len(sequence), block):
+        for v in variants:
+            assert v.plugin is not None
+            if block > 1:
+                await asyncio.sleep(SETTLE_S)  # the variant before finishes its events' round
+            for claim in sequence[first : first + block]:
+                p, u = await cycle(v.plugin, claim)
+                v.prepare_s.append(p)
+                v.unprepare_s.append(u)
+                t_seq[v.name] += p + u
+    for v in variants:
+        after, start = v.fsync_total(), before[v.name]
+        out[v.name] = {
+            "cycles": len(v.prepare_s),
+            "prepare": ms(v.prepare_s),
+            "unprepare": ms(v.unprepare_s),
+            "prepare_plus_unprepare": ms([p + u for p, u in zip(v.prepare_s, v.unprepare_s, strict=True)]),
+            "sequential_claims_per_s": round(len(v.prepare_s) / t_seq[v.name], 1),
+            "preparer_cpu_ms_per_cycle": round((v.cpu_s() - cpu_before[v.name]) * 1000 / len(v.prepare_s), 2),
+            "sequential_fsyncs_per_cycle": round((after - start) / len(v.prepare_s), 3)
+            if after is not None and start is not None
+            else None,
+        }
+    return out
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="gdb-", dir="/tmp"))  # noqa: S108 - short socket paths
     variants = [
@@ -306,34 +347,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 for claim in singles[:5]:
                     await cycle(v.plugin, claim)
             figures["rss_mb_after_warmup"] = {v.name: round(v.rss_mb(), 1) for v in variants}
-            before = {v.name: v.fsync_total() for v in variants}
-            cpu_before = {v.name: v.cpu_s() for v in variants}
-            t_seq = dict.fromkeys((v.name for v in variants), 0.0)
-            block = 1 if args.interleave == "cycle" else SEQUENTIAL_BLOCK
-            sequence = singles[5:]
-            for first in range(0, len(sequence), block):
-                for v in variants:
-                    assert v.plugin is not None
-                    if block > 1:
-                        await asyncio.sleep(SETTLE_S)  # the variant before finishes its events' round
-                    for claim in sequence[first : first + block]:
-                        p, u = await cycle(v.plugin, claim)
-                        v.prepare_s.append(p)
-                        v.unprepare_s.append(u)
-                        t_seq[v.name] += p + u
+            sequential = await sequential_phase(variants, singles[5:], args.interleave)
             for v in variants:
-                after, start = v.fsync_total(), before[v.name]
-                figures[v.name] = {
-                    "cycles": len(v.prepare_s),
-                    "prepare": ms(v.prepare_s),
-                    "unprepare": ms(v.unprepare_s),
-                    "prepare_plus_unprepare": ms([p + u for p, u in zip(v.prepare_s, v.unprepare_s, strict=True)]),
-                    "sequential_claims_per_s": round(len(v.prepare_s) / t_seq[v.name], 1),
-                    "preparer_cpu_ms_per_cycle": round((v.cpu_s() - cpu_before[v.name]) * 1000 / len(v.prepare_s), 2),
-                    "sequential_fsyncs_per_cycle": round((after - start) / len(v.prepare_s), 3)
-                    if after is not None and start is not None
-                    else None,
-                }
+                figures[v.name] = sequential[v.name]
             batched = await timed_phase(variants, args.batch_rounds, BATCH, batch_round, batches)
             concurrent = await timed_phase(variants, args.concurrent_rounds, CONCURRENT, concurrent_round, [crowd])
             for v in variants:
