@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import stat
 import statistics
 import sys
@@ -44,11 +43,11 @@ from bench.preparer_bench import (  # noqa: E402
     apiserver,
     batch_round,
     cycle,
+    registered,
     running_preparer,
     sequential_phase,
     timed_phase,
 )
-from embedded.kubelet.client import register  # noqa: E402
 from tests.fakedriver import make_driver_root  # noqa: E402
 from tests.preparer.helpers import ApiClaims, claim_doc  # noqa: E402
 
@@ -127,20 +126,8 @@ async def running_nvidia_plugin(
         str(variant.repo), "-v", str(verbosity), *variant.args, env=env, stdout=log, stderr=log
     )
     log.close()
-    reg = root / "reg" / "gpu.nvidia.com-reg.sock"
-    try:
-        async with asyncio.timeout(60):
-            while not reg.exists():
-                assert variant.proc.returncode is None, (root / "plugin.log").read_text()[-3000:]
-                await asyncio.sleep(0.05)
-        variant.plugin = await register(reg)
+    async with registered(variant, root / "plugin.log"):
         yield variant
-    finally:
-        if variant.plugin is not None:
-            await variant.plugin.close()
-        if variant.proc.returncode is None:
-            variant.proc.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(variant.proc.wait(), timeout=15)
 
 
 async def ensure_node(client: Any, name: str) -> None:

@@ -194,18 +194,27 @@ async def running_preparer(variant: Variant, base: Path, kubeconfig: Path) -> As
         stderr=log,
     )
     log.close()
-    reg = root / "reg" / "gpu.nvidia.com-reg.sock"
+    async with registered(variant, root / "preparer.log"):
+        yield variant
+
+
+@contextlib.asynccontextmanager
+async def registered(variant: Variant, log: Path) -> AsyncIterator[None]:
+    """Once `variant.proc` (a kubelet plugin just started) has made its registration socket, the kubelet client
+    registered with it as `variant.plugin`; on exit, the client closed and the process stopped (SIGTERM)."""
+    reg = variant.root / "reg" / "gpu.nvidia.com-reg.sock"
     try:
         async with asyncio.timeout(60):
             while not reg.exists():
-                assert variant.proc.returncode is None, (root / "preparer.log").read_text()[-3000:]
+                assert variant.proc.returncode is None, log.read_text()[-3000:]  # noqa: ASYNC240 - its failure message
                 await asyncio.sleep(0.05)
         variant.plugin = await register(reg)
-        yield variant
+        yield
     finally:
         if variant.plugin is not None:
             await variant.plugin.close()
-        variant.proc.send_signal(signal.SIGTERM)
+        if variant.proc.returncode is None:
+            variant.proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(variant.proc.wait(), timeout=15)
 
 
