@@ -4,6 +4,10 @@ A service killed with SIGKILL is restarted (as the kubelet restarts a DaemonSet 
 going; a second `up` on the same data dir resumes with fresh credentials and the state kept; a signal
 during start, or during the teardown of `up` or `demo`, leaves no process and no temporary dir.
 Real processes throughout: the test reads the console as it is printed and checks pids in /proc.
+
+A cluster costs seconds to start, so the tests that kill one child and watch it come back share one (each
+deletes the pods it made and reads the restart counters as deltas), and one data dir's whole life (an
+impatient teardown, a second `up`, a SIGKILL of `up`) is a single test.
 """
 
 from __future__ import annotations
@@ -55,11 +59,32 @@ def cleanup():
         up.kill()
 
 
-def test_a_preparer_killed_with_sigkill_is_restarted_and_prepares_the_next_claim(tmp_path: Path, cleanup) -> None:
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One `up` (two nodes, a metrics port) for the tests that kill a child and watch it come back."""
     port = metrics_base()
-    up = Up(tmp_path / "cluster", "--metrics-port", str(port))
-    cleanup(up)
-    up.wait_ready()
+    up = Up(tmp_path_factory.mktemp("supervised") / "cluster", "--metrics-port", str(port))
+    try:
+        up.wait_ready()
+        yield up, port
+    finally:
+        up.kill()
+
+
+@pytest.fixture
+def shared(shared_cluster: tuple[Up, int]):
+    """The shared cluster, still running; the pods a test made are deleted after it."""
+    up, port = shared_cluster
+    assert up.proc.poll() is None, "the shared cluster stopped:\n" + "".join(up.output)
+    yield up, port
+    up.kubectl("delete", "pods", "--all", "--wait=true", "--timeout=60s")
+
+
+def test_a_preparer_killed_with_sigkill_is_restarted_and_prepares_the_next_claim(shared: tuple[Up, int]) -> None:
+    up, port = shared
+    url = f"http://127.0.0.1:{port}/metrics"
+    restarts = metric(url, "gpu_dra_up_process_restarts_total", process=f"{NODE0}-preparer") or 0.0
+    other_restarts = metric(url, "gpu_dra_up_process_restarts_total", process="gpu-node-1-preparer")
     pattern = f"shared.cli preparer --node {NODE0} .*{up.data_dir}"
     (old,) = up.pids(pattern)
     others = {pid for pid in up.pids() if pid != old}
@@ -80,17 +105,41 @@ def test_a_preparer_killed_with_sigkill_is_restarted_and_prepares_the_next_claim
     assert up.pid_matches(new, pattern), "".join(up.output[mark:])
     assert up.proc.poll() is None, "up keeps going"
     assert others <= set(up.pids()), "no other service was stopped or restarted"
-    url = f"http://127.0.0.1:{port}/metrics"
-    assert metric(url, "gpu_dra_up_process_restarts_total", process=f"{NODE0}-preparer") == 1.0
+    assert metric(url, "gpu_dra_up_process_restarts_total", process=f"{NODE0}-preparer") == restarts + 1
     assert metric(url, "gpu_dra_up_process_running", process=f"{NODE0}-preparer") == 1.0
-    assert metric(url, "gpu_dra_up_process_restarts_total", process="gpu-node-1-preparer") is None
+    # None on a fresh cluster: the other node's preparer never restarted
+    assert metric(url, "gpu_dra_up_process_restarts_total", process="gpu-node-1-preparer") == other_restarts
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
         assert resp.status == 200
 
     # A new claim on that node is prepared by the restarted preparer.
     up.kubectl("apply", "-f", "-", stdin=pod_manifest("after-restart", node=NODE0))
     up.kubectl("wait", "--for=condition=Ready", "pod/after-restart", "--timeout=60s")
-    assert claim_uid(up, "after-restart") in checkpoint_claims(tmp_path / "cluster")
+    assert up.data_dir is not None
+    assert claim_uid(up, "after-restart") in checkpoint_claims(up.data_dir)
+
+
+def test_nats_server_killed_is_restarted_on_its_port_with_its_data_and_the_cluster_goes_on(
+    shared: tuple[Up, int],
+) -> None:
+    up, port = shared
+    assert up.data_dir is not None
+    url = f"http://127.0.0.1:{port}/metrics"
+    restarts = metric(url, "gpu_dra_up_process_restarts_total", process="nats-server") or 0.0
+    nats_url = re.search(r"nats://\S+", up.wait_line(lambda line: "nats-server (JetStream)" in line))
+    assert nats_url
+    up.kubectl("apply", "-f", "-", stdin=pod_manifest("before"))
+    up.kubectl("wait", "--for=condition=Ready", "pod/before", "--timeout=60s")
+    events = asyncio.run(_stream_messages(nats_url[0], up.data_dir))
+    (old,) = up.pids(f"nats-server .*{up.data_dir}")
+    mark = len(up.output)
+    os.kill(old, signal.SIGKILL)
+    up.wait_line(lambda line: "nats-server restarted" in line, timeout=30, after=mark)
+    assert metric(url, "gpu_dra_up_process_restarts_total", process="nats-server") == restarts + 1
+    assert asyncio.run(_stream_messages(nats_url[0], up.data_dir)) >= events, "same port, same JetStream data"
+    up.kubectl("delete", "pod", "before", "--wait=true", "--timeout=60s")
+    up.kubectl("apply", "-f", "-", stdin=pod_manifest("after"))
+    up.kubectl("wait", "--for=condition=Ready", "pod/after", "--timeout=60s")
 
 
 async def _stream_messages(url: str, data_dir: Path) -> int:
@@ -104,9 +153,14 @@ async def _stream_messages(url: str, data_dir: Path) -> int:
         await nc.close()
 
 
-def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_state_kept(
+def test_a_data_dir_outlives_an_impatient_teardown_and_a_sigkill_of_up_leaves_no_process(
     tmp_path: Path, cleanup
 ) -> None:
+    """One data dir's life: signals during the teardown of `up` do not cut it short and it leaves nothing; `up`
+    again on that dir resumes with fresh credentials and the state kept; `up` killed with SIGKILL takes its
+    processes along and the next `up` sweeps its dirs."""
+    from embedded.cluster.tempdirs import sweep_orphaned_dirs
+
     data_dir = tmp_path / "cluster"
     first = Up(data_dir)
     cleanup(first)
@@ -119,8 +173,13 @@ def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_st
     assert nats_url
     events = asyncio.run(_stream_messages(nats_url[0], data_dir))
     assert events > 0, "the prepare was published"
+    pids = first.pids()
     first.signal(signal.SIGINT)
+    first.wait_line(lambda line: line.startswith("stopping"), timeout=30)
+    first.signal(signal.SIGINT)  # impatient Ctrl-C, then SIGTERM, while the services are being stopped
+    first.signal(signal.SIGTERM)
     assert first.proc.wait(timeout=60) == 0, "".join(first.output)
+    leaves_nothing(first, pids)
 
     second = Up(data_dir)
     cleanup(second)
@@ -145,6 +204,16 @@ def test_up_again_on_the_same_data_dir_resumes_with_fresh_credentials_and_the_st
     second.kubectl("apply", "-f", "-", stdin=pod_manifest("next", node=NODE0))
     second.kubectl("wait", "--for=condition=Ready", "pod/next", "--timeout=60s")
 
+    pids = second.pids()
+    assert len(pids) >= 8, pids  # nats-server, apiserver, 4 cluster services, discovery, preparer, ...
+    os.kill(second.proc.pid, signal.SIGKILL)  # up alone: no chance to clean up
+    second.proc.wait()
+    assert gone(pids) == [], "every child got its parent-death signal"
+    left = second.runtime_dirs()
+    assert left, "the short socket dir is still there"
+    assert set(left) <= set(sweep_orphaned_dirs())  # what the next `up` does first
+    assert second.runtime_dirs() == []
+
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_during_start_stops_everything_and_removes_the_temporary_dirs(
@@ -163,23 +232,11 @@ def test_a_signal_during_start_stops_everything_and_removes_the_temporary_dirs(
     assert not data_dir.exists()
 
 
-def test_signals_during_teardown_do_not_cut_it_short(tmp_path: Path, cleanup) -> None:
-    up = Up(tmp_path / "cluster")
-    cleanup(up)
-    up.wait_ready()
-    pids = up.pids()
-    up.signal(signal.SIGINT)
-    up.wait_line(lambda line: line.startswith("stopping"), timeout=30)
-    up.signal(signal.SIGINT)  # impatient Ctrl-C, then SIGTERM, while the services are being stopped
-    up.signal(signal.SIGTERM)
-    assert up.proc.wait(timeout=60) == 0, "".join(up.output)
-    leaves_nothing(up, pids)
-
-
 def test_demo_interrupted_during_teardown_leaves_nothing(tmp_path: Path, cleanup) -> None:
     workloads = tmp_path / "workloads"
     workloads.mkdir()
-    (workloads / "one.yaml").write_text(pod_manifest("demo-pod"))
+    # a pod whose log names its GPU at once: the demo's log check passes without waiting out --log-timeout
+    shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "workloads" / "full-gpu.yaml", workloads)
     demo = Up(None, "--workloads", str(workloads), nodes=1, command="demo")
     cleanup(demo)
     line = demo.wait_line(lambda line: "API server" in line)
@@ -192,45 +249,3 @@ def test_demo_interrupted_during_teardown_leaves_nothing(tmp_path: Path, cleanup
     assert demo.proc.wait(timeout=60) == 130, "".join(demo.output)
     leaves_nothing(demo, pids)
     assert not demo.data_dir.exists()
-
-
-def test_up_killed_with_sigkill_takes_its_processes_along_and_the_next_up_sweeps_its_dirs(
-    tmp_path: Path, cleanup
-) -> None:
-    from embedded.cluster.tempdirs import sweep_orphaned_dirs
-
-    up = Up(tmp_path / "cluster", nodes=1)
-    cleanup(up)
-    up.wait_ready()
-    pids = up.pids()
-    assert len(pids) >= 8, pids  # nats-server, apiserver, 4 cluster services, discovery, preparer, ...
-    os.kill(up.proc.pid, signal.SIGKILL)  # up alone: no chance to clean up
-    up.proc.wait()
-    assert gone(pids) == [], "every child got its parent-death signal"
-    left = up.runtime_dirs()
-    assert left, "the short socket dir is still there"
-    assert set(left) <= set(sweep_orphaned_dirs())  # what the next `up` does first
-    assert up.runtime_dirs() == []
-
-
-def test_nats_server_killed_is_restarted_on_its_port_with_its_data_and_the_cluster_goes_on(
-    tmp_path: Path, cleanup
-) -> None:
-    port = metrics_base()
-    up = Up(tmp_path / "cluster", "--metrics-port", str(port), nodes=1)
-    cleanup(up)
-    up.wait_ready()
-    nats_url = re.search(r"nats://\S+", up.wait_line(lambda line: "nats-server (JetStream)" in line))
-    assert nats_url
-    up.kubectl("apply", "-f", "-", stdin=pod_manifest("before"))
-    up.kubectl("wait", "--for=condition=Ready", "pod/before", "--timeout=60s")
-    events = asyncio.run(_stream_messages(nats_url[0], tmp_path / "cluster"))
-    (old,) = up.pids(f"nats-server .*{up.data_dir}")
-    mark = len(up.output)
-    os.kill(old, signal.SIGKILL)
-    up.wait_line(lambda line: "nats-server restarted" in line, timeout=30, after=mark)
-    assert metric(f"http://127.0.0.1:{port}/metrics", "gpu_dra_up_process_restarts_total", process="nats-server") == 1.0
-    assert asyncio.run(_stream_messages(nats_url[0], tmp_path / "cluster")) >= events, "same port, same JetStream data"
-    up.kubectl("delete", "pod", "before", "--wait=true", "--timeout=60s")
-    up.kubectl("apply", "-f", "-", stdin=pod_manifest("after"))
-    up.kubectl("wait", "--for=condition=Ready", "pod/after", "--timeout=60s")

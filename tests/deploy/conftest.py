@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
@@ -215,9 +217,32 @@ async def nats_cluster(tmp_path: Path) -> AsyncIterator[list[ShippedConfigNats]]
         servers.append(ShippedConfigNats(config, env, store))
     try:
         await asyncio.gather(*(s.start(timeout=30) for s in servers))
+        # The first JetStream call made before the meta leader is elected waits out its request timeout
+        # (~5 s); the election itself takes well under a second.
+        await asyncio.gather(*(wait_healthy(s) for s in servers))
         yield servers
     finally:
         await asyncio.gather(*(s.close() for s in servers))
+
+
+async def wait_healthy(server: ShippedConfigNats, timeout: float = 30.0) -> None:
+    """Until the member's /healthz answers 200: JetStream current with the meta leader (no event says so)."""
+    url = f"http://127.0.0.1:{server.env['NATS_MONITOR_PORT']}/healthz"
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = 0.02
+    while not await asyncio.to_thread(healthy):
+        assert loop.time() < deadline, f"{url} not healthy within {timeout}s"
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
 def cluster_urls(servers: list[ShippedConfigNats]) -> str:
