@@ -135,11 +135,13 @@ def _call_sites() -> set[tuple[str, str]]:
         module = path.relative_to(REPO).as_posix()
         if module in NOT_CALL_SITES or "/protos/" in module:
             continue
-        for line in path.read_text().splitlines():
-            if line.lstrip().startswith(("def ", "async def ", "#")):
-                continue
-            for pattern, key in _PATTERNS:
-                found |= {(module, key(m)) for m in pattern.finditer(line)}
+        # the code without definitions and comment lines, as one text: a call the formatter split over lines
+        # (`kube.patch(\n    COMPUTEDOMAINS, ...`) is one match
+        code = "\n".join(
+            line for line in path.read_text().splitlines() if not line.lstrip().startswith(("def ", "async def ", "#"))
+        )
+        for pattern, key in _PATTERNS:
+            found |= {(module, key(m)) for m in pattern.finditer(code)}
     return found
 
 
