@@ -11,6 +11,9 @@ of G H100s (NVLink cliques of 18 nodes, every 97th GPU tainted with XID 48) and 
   frame times of 30 one-screen scroll steps (median and max);
 - live: a new claim written to the API server until its GPU tile shows it (at that fleet size);
 - server: the dashboard process's RSS (and peak) with the page connected.
+With --telemetry (the default) every GPU has 10 minutes of utilisation before the page loads (61 samples per
+node on dra.v1.telemetry.<node>, as discovery publishes them), so the first render carries the rings too
+(`telemetry_applied_ms`: navigation start until the page has applied them); --no-telemetry for a fleet without.
 A screenshot of the fleet view goes to the run's temporary dir (path printed; a small copy to docs/images/
 with --docs-images).
 Writes bench/results/dashboard.json; goals (issue 20): first render <= 2 s, server <= 150 MB.
@@ -40,6 +43,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from shared.bus import Bus  # noqa: E402
+from shared.events.catalog import TELEMETRY  # noqa: E402
+from shared.events.telemetry import DeviceSample, NodeTelemetry  # noqa: E402
 from shared.kube.client import kube_api_client  # noqa: E402
 from shared.kube.resources import NAMESPACES, NODES, RESOURCECLAIMS, RESOURCESLICES, Kube  # noqa: E402
 from shared.natsserver import EmbeddedNats  # noqa: E402
@@ -194,7 +200,49 @@ TO_BOTTOM = """(async () => {
 })()"""
 
 
-async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str, Any]:
+def telemetry(n: int, gpus: int, k: int, at: float) -> NodeTelemetry:
+    devices = []
+    for g in range(gpus):
+        busy = is_claimed(n * gpus + g, gpus)
+        sm = (70 + (k * 7 + g) % 30) if busy else k % 3
+        devices.append(
+            DeviceSample(
+                device=f"gpu-{g}",
+                uuid=f"GPU-{n:04d}-{g:04d}",
+                sm_percent=sm,
+                memory_used_bytes=(48 if busy else 0) << 30,
+                memory_total_bytes=80 << 30,
+                power_mw=(560 if busy else 72) * 1000,
+                temperature_c=68 if busy else 33,
+            )
+        )
+    return NodeTelemetry(node=f"node-{n:04d}", interval_s=10.0, observed_at=at, devices=devices)
+
+
+async def publish_telemetry(url: str, http: aiohttp.ClientSession, dash_url: str, nodes: int, gpus: int) -> float:
+    """10 minutes of samples for every node (61, 10 s apart, ending now); seconds until the dashboard holds them."""
+    bus = await Bus.connect(url, name="bench-telemetry")
+    t0 = time.perf_counter()
+    try:
+        end = time.time()
+        for k in range(61):
+            for n in range(nodes):
+                await bus.publish(TELEMETRY, telemetry(n, gpus, k, end - (60 - k) * 10), node=f"node-{n:04d}")
+            await bus.nc.flush()
+    finally:
+        await bus.close()
+    last = f"{dash_url}api/telemetry/node-{nodes - 1:04d}"
+    points = 0
+    for _ in range(300):
+        async with http.get(last) as resp:
+            points = len((await resp.json())["devices"]["gpu-0"]["ring"]["t"]) if resp.status == 200 else 0
+            if points == 61:
+                return time.perf_counter() - t0
+        await asyncio.sleep(0.2)
+    raise SystemExit(f"the dashboard holds {points} of the 61 samples of {last} after 60 s")
+
+
+async def main(nodes: int, gpus: int, runs: int, docs_images: bool, with_telemetry: bool = True) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="dashboard-bench-"))
     nats = EmbeddedNats(store_dir=tmp / "nats")
     await nats.start()
@@ -258,15 +306,21 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
                     break
                 await asyncio.sleep(0.2)
             listed_s = time.perf_counter() - t0
-        print(f"dashboard listed the fleet in {listed_s:.1f} s; /api/fleet is {len(body) / 1e6:.2f} MB", flush=True)
+            print(f"dashboard listed the fleet in {listed_s:.1f} s; /api/fleet is {len(body) / 1e6:.2f} MB", flush=True)
+            telemetry_s = await publish_telemetry(nats.url, http, url, nodes, gpus) if with_telemetry else 0.0
+        if with_telemetry:
+            print(f"published 61 telemetry samples per node; held after {telemetry_s:.1f} s", flush=True)
 
         browser = await Browser.start(tmp / "chromium")
         renders: list[float] = []
         firsts: list[float] = []  # navigation start to the arrival of the full Fleet event
+        applied: list[float] = []  # navigation start until the rings are applied (with --telemetry)
         for _ in range(runs):
             await browser.navigate(url)
             renders.append(await browser.wait_for("window.__dash.firstRenderMs", timeout=30))
             firsts.append(await browser.evaluate("window.__dash.firstEventMs"))
+            if with_telemetry:
+                applied.append(await browser.wait_for("window.__dash.firstTelemetryMs", timeout=30))
         in_dom = await browser.evaluate("document.querySelectorAll('[data-node]').length")
         shot = await browser.screenshot(tmp / f"fleet-{nodes}-nodes.png")
         print(f"screenshot: {shot}", flush=True)
@@ -314,6 +368,10 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool) -> dict[str,
                 "all": [round(r) for r in renders],
             },
             "first_fleet_event_ms": {"median": round(statistics.median(firsts)), "all": [round(f) for f in firsts]},
+            "telemetry": with_telemetry,
+            "telemetry_applied_ms": {"median": round(statistics.median(applied)), "all": [round(a) for a in applied]}
+            if applied
+            else None,
             "rows_in_dom": in_dom,
             "scroll_step_frame_ms": {"median": round(statistics.median(steps), 1), "max": round(max(steps), 1)},
             "deltas_during_scroll": deltas,
@@ -349,8 +407,9 @@ if __name__ == "__main__":
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--docs-images", action="store_true", help="also write a small PNG to docs/images/")
+    parser.add_argument("--telemetry", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
-    result = asyncio.run(main(args.nodes, args.gpus, args.runs, args.docs_images))
+    result = asyncio.run(main(args.nodes, args.gpus, args.runs, args.docs_images, args.telemetry))
     print(json.dumps(result, indent=2))
     out = ROOT / "bench" / "results" / "dashboard.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

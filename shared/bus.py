@@ -305,9 +305,11 @@ class Bus:
             yield subject, encode(message), inject_headers(headers)
 
     async def publish(
-        self, entry: Entry, message: Message, *, msg_id: str | None = None, durable: bool = True, **tokens: str
+        self, entry: Entry, message: Message, *, msg_id: str | None = None, durable: bool | None = None, **tokens: str
     ) -> None:
-        """Publish an event. Durable events go through JetStream (stored, de-duplicated by msg_id)."""
+        """Publish an event. Durable events (by default the entry's `durable`) go through JetStream (stored,
+        de-duplicated by msg_id); the others are core NATS publishes, seen only by who listens now."""
+        durable = entry.durable if durable is None else durable
         with self._outgoing(entry, message, msg_id, durable, tokens) as (subject, payload, headers):
             if durable:
                 await publish_with_retry(self.js, subject, payload, headers)

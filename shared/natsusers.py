@@ -42,6 +42,7 @@ from shared.events.catalog import (
     INVENTORY_WITHDRAWN,
     NODE_ROLES,
     STREAMS,
+    TELEMETRY,
     Entry,
     gate_prefix,
 )
@@ -216,7 +217,12 @@ def node_permissions(role: str, node: str) -> Permissions:
     base = [f"{gate_prefix(node, role)}.>", *(f"$JS.FC.{name}.>" for name in _stream_names())]
     answers = _reply_to(node_user("preparer", node), "admin")
     if role == "discovery":
-        return Permissions(publish=base + answers, subscribe=[*_events(device_ops, node=node), inbox])
+        # telemetry is core NATS (no stream, so not through the gate): the server checks the node token itself.
+        # Its node's claim events drive the simulated NVML's load (services/discovery/simload.py).
+        return Permissions(
+            publish=[*base, *answers, *_events((TELEMETRY,), node=node)],
+            subscribe=[*_events(device_ops, node=node), *_events((CLAIM,), node=node), inbox],
+        )
     if role == "preparer":
         return Permissions(
             publish=base + _events(device_ops, node=node) + _events(agent_ops, node=node),
@@ -310,11 +316,12 @@ DASHBOARD_READER = "dashboard"  # the reader `gpu-dra dashboard` connects as: re
 
 def dashboard_permissions() -> Permissions:
     """The fleet page (`gpu-dra dashboard`): read-only, like every reader, but of every namespace's claim
-    events and every device's health events, live (core subscriptions). It publishes only its own dead
+    events and every device's health and telemetry, live (core subscriptions). It publishes only its own dead
     letters (an empty allow list would be no limit at all)."""
     user = reader_user(DASHBOARD_READER)
     return Permissions(
-        publish=[_own_dead_letters(user)], subscribe=[CLAIM.wildcard(), HEALTH.wildcard(), _own_inbox(user)]
+        publish=[_own_dead_letters(user)],
+        subscribe=[CLAIM.wildcard(), HEALTH.wildcard(), TELEMETRY.wildcard(), _own_inbox(user)],
     )
 
 

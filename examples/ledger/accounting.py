@@ -5,24 +5,24 @@ is (close - open) by the producer's `observed_at` (bounded by the server's times
 times the devices it got, so replaying the same events always gives the same totals. Full GPUs add to `gpu_seconds`; MIG devices add to
 `mig_seconds[<profile>]` (a biller prices each profile). A share of a GPU (a device with a `share_id`)
 adds its fraction of the GPU (`share_fraction`) times the seconds to `gpu_share_seconds`; a share of a
-MIG device adds its fraction to that profile's `mig_seconds`. Every state-changing event is remembered
+MIG device adds its fraction to that profile's `mig_seconds` (the rule: shared/billing.py). Every state-changing event is remembered
 by its key (event id under its subject's node, else stream sequence: trust.event_key) for as long
 as the stream can replay it, so a redelivered or replayed event changes nothing.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+# the billing rule is the driver's own, shared with the fleet page's GPU-hours (standard library only)
+from shared.billing import billed_as, mig_profile, share_fraction
+
+__all__ = ["Ledger", "LedgerFileError", "mig_profile", "share_fraction"]
 
 FORMAT_VERSION = 1
 OPENS = {"prepared"}
 CLOSES = {"unprepared", "rolled-back"}
-_MIG = re.compile(r"^gpu-\d+-mig-(.+)-\d+-\d+$")
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
-_SUFFIX = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
-           "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 
 Outcome = Literal["applied", "duplicate", "ignored"]
 
@@ -67,45 +67,6 @@ class Stats:
     clamped_times: int = 0  # body time out of bounds of the server's timestamp: replaced by the bound
 
 
-def mig_profile(device: str) -> str | None:
-    """`gpu-0-mig-1g24gb-19-0` -> `1g24gb`; None for a full GPU."""
-    m = _MIG.match(device)
-    return m.group(1) if m else None
-
-
-def quantity(text: Any) -> float | None:
-    """A Kubernetes quantity string (`10Gi`, `80G`, `25`, `500m`) as a number; None when it is not one."""
-    m = _QUANTITY.match(str(text).strip())
-    if m is None:
-        return None
-    return float(m.group(1)) * _SUFFIX.get(m.group(2) or "", 1.0)
-
-
-def share_fraction(device: dict[str, Any]) -> float | None:
-    """The fraction of its device a share bills for (README, "Billing choices"); None for a whole device
-    (no `share_id`). In order: consumed memory over the device's memory (`capacity.memory`) when both are
-    known and non-zero; else consumed `compute` percent / 100; else consumed `shares` over the device's
-    `capacity.shares` (1/N); else 1, the whole device (a share whose size is unknown is never under-billed)."""
-    if not device.get("share_id"):
-        return None
-    consumed = device.get("consumed_capacity") or {}
-    capacity = device.get("capacity") or {}
-
-    def ratio(name: str, whole: float | None) -> float | None:
-        part = quantity(consumed[name]) if name in consumed else None
-        if part is None or part <= 0 or whole is None or whole <= 0:
-            return None
-        return min(1.0, part / whole)
-
-    for name, whole in (("memory", quantity(capacity["memory"]) if "memory" in capacity else None),
-                        ("compute", quantity(capacity.get("compute", "100"))),
-                        ("shares", quantity(capacity["shares"]) if "shares" in capacity else None)):
-        fraction = ratio(name, whole)
-        if fraction is not None:
-            return fraction
-    return 1.0
-
-
 class Ledger:
     def __init__(self, retention_s: float = 7 * 24 * 3600) -> None:
         self.retention_s = retention_s
@@ -147,13 +108,13 @@ class Ledger:
     def _charge(self, use: OpenUse, seconds: float) -> None:
         totals = self.namespaces.setdefault(use.namespace, NamespaceTotals())
         for device, fraction in use.held():
-            profile = mig_profile(device)
-            if profile is not None:
-                totals.mig_seconds[profile] = totals.mig_seconds.get(profile, 0.0) + seconds * (fraction or 1.0)
-            elif fraction is not None:
-                totals.gpu_share_seconds += seconds * fraction
+            kind, profile, weight = billed_as(device, fraction)
+            if kind == "mig":
+                totals.mig_seconds[profile] = totals.mig_seconds.get(profile, 0.0) + seconds * weight
+            elif kind == "share":
+                totals.gpu_share_seconds += seconds * weight
             else:
-                totals.gpu_seconds += seconds
+                totals.gpu_seconds += seconds * weight
         totals.claims_closed += 1
 
     def _prune(self) -> None:

@@ -2,11 +2,13 @@
 
 Routes (docs/dashboard.md, "The API"): the page and its static files from the package, `/healthz`,
 `/api/fleet`, `/api/stream` (server-sent events: a full `fleet`, then coalesced `delta`s, a `: ping` every
-`ping_s`), and the drill-downs `/api/device/<node>/<device>`, `/api/claim/<ns>/<name>`,
-`/api/pod/<ns>/<name>/explain`; the Fleet carries the pods waiting for devices (`pending`, in a delta when they
-changed). Every answer is filtered by the viewer's namespaces (auth.py; explain of
-another namespace's pod is 403, other tenants' claims in its text unnamed); every error
-is JSON `{"error": "..."}` that says what was wrong and what to do.
+`ping_s`; `telemetry` events carry the tiles' utilisation, all with sparklines after the `fleet`, then each
+node's newest samples), the drill-downs `/api/device/<node>/<device>`, `/api/claim/<ns>/<name>`,
+`/api/pod/<ns>/<name>/explain`, a node's 10-minute utilisation rings `/api/telemetry/<node>` and the last day's
+GPU-hours per namespace `/api/gpu-hours`; the Fleet carries the pods waiting for devices (`pending`, in a delta
+when they changed). Every answer is filtered by the viewer's namespaces (auth.py; explain of another namespace's
+pod is 403, other tenants' claims in its text unnamed); every error is JSON `{"error": "..."}` that says what
+was wrong and what to do.
 """
 
 from __future__ import annotations
@@ -157,6 +159,13 @@ class Api:
             head["pending"] = self._pending(viewer)
         return self._with_nodes(head, [self._row(n, viewer) for n in sorted(names) if n in rows])
 
+    def tiles(self, nodes: set[str] | None, full: bool = False) -> bytes:
+        """The utilisation figures of `nodes` (all when None) as the tiles draw them; `full` adds each device's
+        SM % points (the sparkline) and says the page to replace what it holds, else the page appends."""
+        store = self.state.telemetry
+        picked = None if nodes is None else sorted(nodes)
+        return _encode({"full": full, "nodes": store.tiles(picked, with_spark=full)})
+
     # ---- routes ---------------------------------------------------------------------------------------
 
     async def index(self, request: web.Request) -> web.Response:
@@ -185,12 +194,18 @@ class Api:
         watcher = self.state.add_viewer()
         try:
             await response.write(b"event: fleet\ndata: " + self.fleet(viewer, full=True) + b"\n\n")
+            if self.state.telemetry.nodes:
+                await response.write(b"event: telemetry\ndata: " + self.tiles(None, full=True) + b"\n\n")
             while True:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(watcher.wake.wait(), self.ping_s)
                 if watcher.wake.is_set():
+                    sampled = watcher.take_telemetry()
                     names, pending = watcher.take()
-                    await response.write(b"event: delta\ndata: " + self.delta(viewer, names, pending) + b"\n\n")
+                    if sampled:
+                        await response.write(b"event: telemetry\ndata: " + self.tiles(sampled) + b"\n\n")
+                    if names or pending or not sampled:
+                        await response.write(b"event: delta\ndata: " + self.delta(viewer, names, pending) + b"\n\n")
                 else:
                     await response.write(b": ping\n\n")
                     try:  # grants change (and the token may expire): asked again, from the cache mostly
@@ -224,6 +239,24 @@ class Api:
             for e in self.state.events(node, name)
         ]
         return _json({"device": device, "node": node, "events": events})
+
+    async def telemetry(self, request: web.Request) -> web.Response:
+        await self.viewer(request)
+        node = request.match_info["node"]
+        view = self.state.telemetry.node_view(node)
+        if view is None:
+            return error(
+                404,
+                f"no utilisation from node {node!r} in the last 10 minutes; its discovery publishes it every "
+                "--telemetry-interval seconds (0: off)",
+            )
+        return _json(view)
+
+    async def gpu_hours(self, request: web.Request) -> web.Response:
+        viewer = await self.viewer(request)
+        hours = self.state.gpu_hours
+        rows = [r for r in hours.report() if viewer.sees(r.namespace)]
+        return _json({"windowS": hours.window_s, "namespaces": rows})
 
     async def claim(self, request: web.Request) -> web.Response:
         viewer = await self.viewer(request)
@@ -310,6 +343,8 @@ def make_app(
     app.router.add_get("/api/fleet", api.get_fleet)
     app.router.add_get("/api/stream", api.stream)
     app.router.add_get("/api/device/{node}/{device}", api.device)
+    app.router.add_get("/api/telemetry/{node}", api.telemetry)
+    app.router.add_get("/api/gpu-hours", api.gpu_hours)
     app.router.add_get("/api/claim/{namespace}/{name}", api.claim)
     app.router.add_get("/api/pod/{namespace}/{name}/explain", api.explain)
     return app

@@ -1,8 +1,9 @@
 """The dashboard's one view of the fleet: ONE watch set and the bus, feeding the model; viewers get deltas.
 
 Owns the informers (ResourceSlices, ResourceClaims, Nodes and, when served, ComputeDomains; several
-`shared.kube.informer.Informer`s on one Kube client), the core NATS subscriptions to claim lifecycle and
-device health events, the indexes that say which node rows a change touches, the rows themselves (rebuilt
+`shared.kube.informer.Informer`s on one Kube client), the core NATS subscriptions to claim lifecycle events,
+device health and utilisation telemetry (`utilisation.TelemetryStore`; the claim events also feed
+`gpuhours.GpuHours`), the indexes that say which node rows a change touches, the rows themselves (rebuilt
 one node at a time by `model.node_row`), a ring of recent events per device, and the viewers: each keeps the
 names of rows changed since it last sent, and is woken at most every `flush_s` (coalesced deltas, <= 10/s).
 The pods waiting for devices, and why, are `pending.PendingPods`' (its informer runs with the others).
@@ -23,13 +24,16 @@ import msgspec
 
 from services.computedomain import crd
 from services.dashboard import model, trim
+from services.dashboard.gpuhours import GpuHours
 from services.dashboard.model import Allocation, DeviceKey, Health, Node
 from services.dashboard.pending import PendingPods, Reasoner
+from services.dashboard.utilisation import TelemetryStore
 from shared.bus import Bus, MsgContext
 from shared.devicemodel import GPU_DRIVER
-from shared.events.catalog import CLAIM, HEALTH
+from shared.events.catalog import CLAIM, HEALTH, TELEMETRY
 from shared.events.claims import ClaimLifecycle
 from shared.events.health import DeviceHealth
+from shared.events.telemetry import NodeTelemetry
 from shared.kube.informer import Informer, key_of, until_synced
 from shared.kube.resources import NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, Kube, Resource
 from shared.kube.rest import ApiError
@@ -61,6 +65,7 @@ class Viewer:
     def __init__(self) -> None:
         self.changed: set[str] = set()
         self.pending = False  # the waiting pods changed
+        self.telemetry: set[str] = set()  # nodes with new utilisation samples
         self.wake = asyncio.Event()
 
     def take(self) -> tuple[set[str], bool]:
@@ -69,6 +74,11 @@ class Viewer:
         pending, self.pending = self.pending, False
         self.wake.clear()
         return names, pending
+
+    def take_telemetry(self) -> set[str]:
+        """The nodes with new utilisation samples since the last take (call before `take`)."""
+        nodes, self.telemetry = self.telemetry, set()
+        return nodes
 
 
 class _Allocations(Mapping[DeviceKey, list[Allocation]]):
@@ -121,6 +131,9 @@ class FleetState:
         self._row_counters: dict[str, dict[str, dict[str, int]]] = {}
         self._dirty: set[str] = set()
         self._pending_dirty = False
+        self._telemetry_dirty: set[str] = set()
+        self.telemetry = TelemetryStore()  # 10-minute utilisation rings per device
+        self.gpu_hours = GpuHours()  # per-namespace GPU-hours of the last day
         self.listed = False  # every informer has listed: rows are built from then on
         self._flush_handle: asyncio.TimerHandle | None = None
         # indexes
@@ -155,9 +168,10 @@ class FleetState:
     # ---- running --------------------------------------------------------------------------------------
 
     async def subscribe_bus(self, bus: Bus) -> None:
-        """Live claim lifecycle and device health events (core subscriptions: what happens from now on)."""
+        """Live claim lifecycle, device health and utilisation (core subscriptions: what happens from now on)."""
         await bus.subscribe(CLAIM, self._on_claim_event)
         await bus.subscribe(HEALTH, self._on_health_event)
+        await bus.subscribe(TELEMETRY, self._on_telemetry)
         bus.on_reconnect(self._forget_live_health)
 
     async def run(self, stopping: asyncio.Event, synced: asyncio.Event | None = None) -> None:
@@ -304,7 +318,13 @@ class FleetState:
                 self._domains_of.setdefault(node, set()).add(name)
                 self._mark(node)
 
+    async def _on_telemetry(self, message: NodeTelemetry, ctx: MsgContext) -> None:
+        if self.telemetry.add(message):
+            self._telemetry_dirty.add(message.node)
+            self._schedule_flush()
+
     async def _on_claim_event(self, message: ClaimLifecycle, ctx: MsgContext) -> None:
+        self.gpu_hours.apply(message)
         ns, name = message.claim_namespace, message.claim_name
         parent = ctx.headers.get("traceparent", "").split("-")
         if len(parent) == 4 and message.claim_uid:
@@ -347,6 +367,11 @@ class FleetState:
         self._flush_handle = None
         dirty, self._dirty = self._dirty, set()
         pending, self._pending_dirty = self._pending_dirty, False
+        telemetry, self._telemetry_dirty = self._telemetry_dirty, set()
+        if telemetry:  # new samples are sent on their own (`telemetry` events): no row is rebuilt for them
+            for viewer in self.viewers:
+                viewer.telemetry |= telemetry
+                viewer.wake.set()
         if not dirty and not pending:
             return
         allocations = _Allocations(self._allocs)

@@ -20,6 +20,7 @@ from shared import featuregates
 from shared.config import CommonConfig, ConfigError, load_config
 
 DEFAULT_IGNORED_XIDS = [13, 31, 43, 45, 68, 109]
+MIN_TELEMETRY_INTERVAL_S = 0.2  # the most a node publishes: 5 samples a second (tests); deployments keep 10 s
 
 
 DESCRIPTION = (
@@ -57,6 +58,16 @@ class DiscoveryConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     ignore_xids: list[int] = msgspec.field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
     additional_xids_to_ignore: list[int] = msgspec.field(default_factory=list)
     event_timeout_ms: int = 1000
+    telemetry_interval: Annotated[
+        float,
+        msgspec.Meta(
+            description=(
+                "seconds between utilisation samples (SM %, memory, power, temperature of every device), each "
+                "published as one message on dra.v1.telemetry.<node>; 0 turns sampling off; at least "
+                f"{MIN_TELEMETRY_INTERVAL_S} s"
+            )
+        ),
+    ] = 10.0
     fabric_manager_partitions: Annotated[
         bool,
         msgspec.Meta(
@@ -138,6 +149,8 @@ def parse(argv: list[str]) -> DiscoveryConfig:
         raise ConfigError("--rescan-interval must be > 0")
     if cfg.simulate and cfg.machine:
         raise ConfigError("give either --simulate SPEC or --machine FILE, not both")
+    if cfg.telemetry_interval < 0 or 0 < cfg.telemetry_interval < MIN_TELEMETRY_INTERVAL_S:
+        raise ConfigError(f"--telemetry-interval must be 0 (off) or at least {MIN_TELEMETRY_INTERVAL_S} seconds")
     if cfg.tool_timeout <= 0:
         raise ConfigError("--tool-timeout must be > 0 seconds")
     if cfg.fabric_manager_partitions and not cfg.gates.enabled(featuregates.FABRIC_MANAGER_PARTITIONING):

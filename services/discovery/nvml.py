@@ -117,6 +117,18 @@ class NodeFacts:
 
 
 @dataclass
+class SampleFacts:
+    """One device's utilisation; None where NVML does not give the figure for it."""
+
+    uuid: str
+    sm_percent: int | None
+    memory_used: int | None
+    memory_total: int | None
+    power_mw: int | None
+    temperature_c: int | None
+
+
+@dataclass
 class RawEvent:
     gpu_uuid: str
     event_type: int
@@ -361,6 +373,40 @@ class Nvml:
         if not any(raw):
             return None
         return FabricFacts(str(uuidlib.UUID(bytes=raw)), int(info.cliqueId), int(info.state), int(info.status))
+
+    # ------------------------------------------------------------------ utilisation
+    def sample(self, uuids: list[str]) -> list[SampleFacts]:
+        """SM %, memory, power and temperature of each device (GPU or MIG UUID) that NVML still knows."""
+        b = self._b
+        out: list[SampleFacts] = []
+        for uuid in uuids:
+            try:
+                h = self._handle(uuid)
+            except NvmlOpError:
+                continue
+            util = _opt(b.nvmlDeviceGetUtilizationRates, h)
+            mem = _opt(b.nvmlDeviceGetMemoryInfo, h)
+            power = _opt(b.nvmlDeviceGetPowerUsage, h)
+            temp = _opt(b.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU)
+            out.append(
+                SampleFacts(
+                    uuid,
+                    int(util.gpu) if util is not None else None,
+                    int(mem.used) if mem is not None else None,
+                    int(mem.total) if mem is not None else None,
+                    int(power) if power is not None else None,
+                    int(temp) if temp is not None else None,
+                )
+            )
+        return out
+
+    def set_load(self, uuids: list[str], holder: str, busy: bool) -> bool:
+        """Simulation only: mark devices busy (or idle again) for `holder`. False on real NVML."""
+        setter = getattr(self._b, "simSetLoad", None)
+        if setter is None:
+            return False
+        setter(uuids, holder, busy)
+        return True
 
     # ------------------------------------------------------------------ operations
     def _handle(self, uuid: str) -> Any:

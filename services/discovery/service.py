@@ -1,7 +1,8 @@
 """The discovery run loop: open NVML (real or simulated), scan, publish on change, serve operations.
 
 Owns the lifecycle: inventory to KV `dra-inventory/<node>` and `dra.v1.inventory.<node>` only when
-the content hash changes, re-scans on a period and on NVML events, health monitoring and the
+the content hash changes, re-scans on a period and on NVML events, health monitoring, utilisation sampling
+(`utilisation.Sampler`; under simulation the node's claims make its GPUs busy: `simload`) and the
 device-operation handlers. Time-slicing and MPS run the driver root's binaries on a real node and
 whenever a driver root is given (also under simulation); simulation without one runs none.
 """
@@ -23,8 +24,10 @@ from services.discovery.mps import MpsManager
 from services.discovery.mpsdaemon import CONTROL, MpsControl
 from services.discovery.nvml import Nvml, load_real_binding
 from services.discovery.operations import Operations
+from services.discovery.simload import SimulatedLoad
 from services.discovery.timeslice import Timeslices
 from services.discovery.topology import normalise_bus_id
+from services.discovery.utilisation import Sampler
 from shared.bus import Bus
 from shared.devicemodel import gpu_name
 from shared.drivertools import DriverTools
@@ -162,6 +165,11 @@ class DiscoveryService:
             self.rescan,
             fabric=self.scanner.fabric,
         )
+        self.sampler = (
+            Sampler(cfg.node, nvml, bus, cfg.telemetry_interval, lambda: self.current)
+            if cfg.telemetry_interval > 0
+            else None
+        )
         self.ready = asyncio.Event()
 
     async def rescan(self) -> NodeInventory:
@@ -238,6 +246,8 @@ class DiscoveryService:
         await self.rescan()
         await self.health.start()
         await self.ops.serve(self.bus)
+        if self.nvml.simulated and self.sampler is not None:
+            await SimulatedLoad(self.cfg.node, self.nvml).subscribe(self.bus)
         self.ready.set()
 
     async def _check_tools(self) -> None:
@@ -256,6 +266,9 @@ class DiscoveryService:
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
         guard = asyncio.create_task(self.guard_key(), name=f"inventory-key-guard-{self.cfg.node}")
+        tasks = [guard]
+        if self.sampler is not None:
+            tasks.append(asyncio.create_task(self.sampler.run(stop), name=f"telemetry-{self.cfg.node}"))
         try:
             while not stop.is_set():
                 waiter = asyncio.ensure_future(self._wake.wait())
@@ -273,7 +286,7 @@ class DiscoveryService:
                 except Exception as exc:
                     log.exception("periodic re-scan failed", error=str(exc))
         finally:
-            await cancel_and_wait([guard])
+            await cancel_and_wait(tasks)
             await self.ops.close()
             await self.health.stop()
 

@@ -44,6 +44,7 @@ from shared.events.devices import (
 )
 from shared.events.health import DeviceHealth
 from shared.events.inventory import InventoryWithdrawn, NodeInventory
+from shared.events.telemetry import NodeTelemetry
 
 Pattern = Literal["event", "request", "kv"]
 NODE_ROLES = ("discovery", "preparer", "cd-agent")  # the services on every node, each a NATS user `<role>.<node>`
@@ -115,6 +116,8 @@ class Entry:
     # a request's askers: the roles whose inbox on the subject's node a reply may go to (`<role>.<node>`;
     # the admin too). The responder answers nothing else: a request relayed or redirected is refused.
     requesters: tuple[str, ...] = ()
+    # an event kept in a stream (JetStream publish, replayable); False: core NATS only, live or lost (telemetry)
+    durable: bool = True
 
     @property
     def tokens(self) -> list[str]:
@@ -166,6 +169,15 @@ HEALTH = Entry(
     "event",
     "A device's health changed (XID, GPU lost, recovered); last value in KV dra-health.",
     binds=(("node", "node"), ("device", "device")),
+)
+TELEMETRY = Entry(
+    "telemetry",
+    "dra.v1.telemetry.{node}",
+    NodeTelemetry,
+    "event",
+    "A node's device utilisation (SM %, memory, power, temperature), every interval; core NATS, not stored.",
+    binds=(("node", "node"),),
+    durable=False,
 )
 CLAIM = Entry(
     "claim-lifecycle",
@@ -313,6 +325,7 @@ CATALOG: tuple[Entry, ...] = (
     INVENTORY,
     INVENTORY_WITHDRAWN,
     HEALTH,
+    TELEMETRY,
     CLAIM,
     DEVICE_SET_SHARING,
     DEVICE_MIG_CREATE,

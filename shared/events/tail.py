@@ -50,6 +50,8 @@ def subjects(entries: Iterable[Entry], node: str, namespace: str, kind: str) -> 
     for entry in entries:
         if entry.pattern != "event" or entry is DEAD_LETTER:
             continue
+        if not entry.durable and kind != entry.name:
+            continue  # telemetry: every node every few seconds, only when asked for by name
         tokens = {}
         if kind and kind != entry.name:
             if entry is not CLAIM or kind not in CLAIM_STEPS:
@@ -190,6 +192,8 @@ def run(args: argparse.Namespace, out: Any) -> int:
     if args.type and args.type not in known:
         raise TailError(f"--type {args.type!r}: not an event name; known: {', '.join(sorted(known))}")
     since = parse_duration(args.since) if args.since else None
+    if since is not None and any(e.name == args.type and not e.durable for e in CATALOG):
+        raise TailError(f"--type {args.type} is not stored (core NATS only): drop --since to watch it live")
     filters = subjects(CATALOG, args.node, args.namespace, args.type)
     if not filters:
         raise TailError("the filters exclude every event (e.g. --namespace with a --type that has no namespace)")

@@ -155,6 +155,12 @@ class FixtureFleet:
             }
             queue.put_nowait(f"event: delta\ndata: {json.dumps(delta)}\n\n")
 
+    def push_telemetry(self, nodes: dict[str, dict[str, list[Any]]], full: bool = False) -> None:
+        """Send a `telemetry` event (node -> device -> [time, SM %, memory used, memory total, W, °C(, SM %
+        points when full)], as the dashboard's server sends it) to every stream."""
+        for _, queue in self.streams:
+            queue.put_nowait(f"event: telemetry\ndata: {json.dumps({'full': full, 'nodes': nodes})}\n\n")
+
     def node(self, name: str) -> dict[str, Any]:
         return next(n for n in self.fleet["nodes"] if n["name"] == name)
 

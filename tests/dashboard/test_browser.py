@@ -5,8 +5,9 @@ runtime) with the fleet page it starts (its URL in <data-dir>/dashboard.url), on
 the page shows the nodes and GPUs the ResourceSlices publish; a MIG bar matches the slices; a new pod's claim appears
 on its GPU within 1 s of the scheduler's allocation write; an injected XID shows a tainted GPU with its code; the
 namespace filter hides other tenants' claims; a pod asking for more H100s than a node has is listed as waiting, with
-explain's reason naming capacity, and leaves the list when deleted. Screenshots of the 2-node fleet are saved under the
-test's tmp dir (paths printed).
+explain's reason naming capacity, and leaves the list when deleted; every full GPU's tile shows its utilisation and a
+sparkline from discovery's telemetry, the claimed one busy, and the GPU-hours panel names the tenant. Screenshots of
+the 2-node fleet are saved under the test's tmp dir (paths printed).
 """
 
 from __future__ import annotations
@@ -289,3 +290,36 @@ async def test_a_pod_that_cannot_fit_waits_with_explains_reason(fleet: Fleet) ->
     assert reason.startswith("not enough capacity: ") and "wants 3 gpu.nvidia.com" in reason
     await client.CoreV1Api(fleet.api).delete_namespaced_pod("huge", "tenant-c", grace_period_seconds=0)
     await fleet.browser.wait_for(f"!document.querySelector('{item}')", timeout=15)
+
+
+FULL_GPU_TILES = "[...document.querySelectorAll('.tile')].filter(e => !e.querySelector('.mig-bar'))"
+
+
+async def test_tiles_show_utilisation_and_a_sparkline_and_gpu_hours_follow_claims(fleet: Fleet) -> None:
+    """Discovery samples every 10 s (the default); the simulated GPU a prepared claim holds is busy."""
+    b = fleet.browser
+    await b.wait_for(
+        f"(() => {{ const t = {FULL_GPU_TILES}; return t.length === 4 && t.every(e => "
+        "e.querySelector('[data-util][data-sm] svg.spark path')); })()",
+        timeout=40,
+    )
+    figures = await b.evaluate(
+        f"{FULL_GPU_TILES}.map(e => {{ const u = e.querySelector('[data-util]'); return [e.dataset.device, "
+        "e.dataset.claim || '', Number(u.dataset.sm), Number(u.dataset.memTotal), Number(u.dataset.power), "
+        "Number(u.dataset.temp), u.textContent]; })"
+    )
+    for device, _, sm, total, power, temp, text in figures:
+        assert 0 <= sm <= 100 and total == 80 << 30 and 50 <= power <= 700 and 25 <= temp <= 90, (device, text)
+        assert text.startswith(f"{sm}% ") and text.endswith(f"{power}W {temp}°C"), text
+    busy = await b.wait_for(
+        "(() => { const u = document.querySelector('.tile[data-claim^=\"tenant-a/\"] [data-util]');"
+        " return u && Number(u.dataset.sm) >= 50 && u.textContent; })()",
+        timeout=40,
+    )
+    print(f"\nthe claimed GPU under simulated load: {busy}; all: {figures}")
+    hours = await b.wait_for(
+        "(() => { const e = document.querySelector('#gh-list [data-ns=\"tenant-a\"]');"
+        " return e && e.offsetParent !== null && e.textContent; })()",
+        timeout=20,
+    )
+    assert "GPU-h" in hours and "running" in hours, hours

@@ -58,6 +58,21 @@ def layout_fleet() -> dict[str, Any]:
     return fleet
 
 
+def telemetry(fleet: dict[str, Any]) -> dict[str, dict[str, list[Any]]]:
+    """Plausible figures for every top-level GPU: busy when claimed, idle when not, 10 minutes of SM %."""
+    out: dict[str, dict[str, list[Any]]] = {}
+    for row in fleet["nodes"]:
+        for k, d in enumerate(x for x in row["devices"] if not x.get("parent")):
+            busy = d.get("state") == "claimed"
+            spark = [(70 + (i * 7 + k * 13) % 30) if busy else (i + k) % 3 for i in range(61)]
+            total = d.get("memoryBytes") or 80 << 30
+            out.setdefault(row["name"], {})[d["name"]] = [
+                1_800_000_000.0, spark[-1], total * 6 // 10 if busy else total // 200, total,
+                560 if busy else 72, 68 if busy else 33, spark,
+            ]  # fmt: skip
+    return out
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def page(browser: Browser) -> AsyncIterator[tuple[Browser, fx.FixtureFleet]]:
     state = fx.FixtureFleet(layout_fleet())
@@ -65,6 +80,8 @@ async def page(browser: Browser) -> AsyncIterator[tuple[Browser, fx.FixtureFleet
     try:
         await browser.navigate(url + "/")
         await browser.wait_for("document.body.dataset.version")
+        state.push_telemetry(telemetry(state.fleet), full=True)  # every tile with its figures and sparkline
+        await browser.wait_for("document.querySelector('[data-util][data-sm]')")
         yield browser, state
     finally:
         await browser.resize(1440, HEIGHT)

@@ -316,3 +316,36 @@ async def test_the_pending_panel_lists_waiting_pods_live(page) -> None:
     await b.press("Escape")
     state.push_pending([])
     await b.wait_for(q("#pending") + ".dataset.count === '0' && !" + q("[data-pending]"), timeout=2)
+
+
+UTIL = ".tile[data-device='node-c/gpu-0'] [data-util]"
+
+
+async def test_a_tile_shows_utilisation_and_a_sparkline_patched_in_place(page) -> None:
+    b, state, _ = page
+    row = await b.evaluate("(window.__row = document.querySelector('[data-node=\"node-c\"]')) !== null")
+    assert row
+    assert await b.evaluate(f"[{q(UTIL)}.textContent, {q(UTIL)}.dataset.sm]") == ["80 GiB", None], "no sample yet"
+    t0 = 1_800_000_000.0
+    spark = [-1] * 50 + [0, 5, 40, 80, 90, 85, 88, 92, 90, 87, 91]
+    state.push_telemetry({"node-c": {"gpu-0": [t0, 91, 61 << 30, 80 << 30, 512, 64, spark]}}, full=True)
+    await b.wait_for(q(UTIL) + ".dataset.sm === '91'")
+    util = await b.evaluate(
+        f"(() => {{ const u = {q(UTIL)}; const p = u.querySelector('svg.spark path'); return [u.textContent, "
+        "u.dataset.mem, u.dataset.power, u.dataset.temp, p ? p.getAttribute('d') : '', u.title]; })()"
+    )
+    text, mem, power, temp, path, title = util
+    assert text == "91% 61/80G 512W 64°C"
+    assert (mem, power, temp) == (str(61 << 30), "512", "64")
+    assert path.startswith("M") and path.count("L") == 10, "11 points drawn, the 50 missing ones not"
+    assert "SM 91%" in title and "512 W" in title
+    # a live sample in the next 10 s slot: figures change, one point more, and the row was not redrawn
+    state.push_telemetry({"node-c": {"gpu-0": [t0 + 10, 12, 2 << 30, 80 << 30, 90, 35]}})
+    await b.wait_for(q(UTIL) + ".dataset.sm === '12'")
+    assert await b.evaluate(q(UTIL) + ".textContent") == "12% 2/80G 90W 35°C"
+    assert await b.evaluate(q(UTIL) + ".querySelector('path').getAttribute('d').split('L').length") == 12
+    assert await b.evaluate("window.__row === document.querySelector('[data-node=\"node-c\"]')")
+    # another sample in the same slot replaces the newest point
+    state.push_telemetry({"node-c": {"gpu-0": [t0 + 12, 14, 2 << 30, 80 << 30, 95, 35]}})
+    await b.wait_for(q(UTIL) + ".dataset.sm === '14'")
+    assert await b.evaluate(q(UTIL) + ".querySelector('path').getAttribute('d').split('L').length") == 12

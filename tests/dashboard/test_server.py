@@ -24,9 +24,10 @@ from services.dashboard.auth import KubernetesAuth
 from services.dashboard.server import make_app, serve
 from services.dashboard.state import COMPUTEDOMAINS, FleetState, discover
 from shared.bus import Bus
-from shared.events.catalog import CLAIM, HEALTH
+from shared.events.catalog import CLAIM, HEALTH, TELEMETRY
 from shared.events.claims import ClaimLifecycle, PreparedDeviceRef
 from shared.events.health import DeviceHealth
+from shared.events.telemetry import DeviceSample, NodeTelemetry
 from shared.kube.client import kube_api_client
 from shared.kube.resources import NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, Kube, Resource
 from shared.natsserver import EmbeddedNats
@@ -158,16 +159,17 @@ async def dash(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Dash]:
             await nats.close()
 
 
-async def _next_event(content: aiohttp.StreamReader) -> tuple[str, Any]:
-    """The next SSE event (name, data); comments (pings) are skipped."""
+async def _next_event(content: aiohttp.StreamReader, telemetry: bool = False) -> tuple[str, Any]:
+    """The next SSE event (name, data); comments (pings) are skipped, and `telemetry` events unless asked for."""
     name, data = "", ""
     while True:
         line = (await content.readline()).decode()
         if line in ("\n", ""):
-            if data:
+            if data and (telemetry or name != "telemetry"):
                 return name, json.loads(data)
             if line == "":
                 raise EOFError("the stream ended")
+            name, data = "", ""
             continue
         if line.startswith("event: "):
             name = line[7:].strip()
@@ -368,3 +370,110 @@ async def test_explain_asks_the_api_whether_the_pod_exists(dash: Dash) -> None:
     )
     status, body = await dash.get("/api/pod/team-a/explained/explain")
     assert status == 501 and "explain needs the local-cluster tools" in body["error"]  # this app has no explainer
+
+
+def _sample(node: str, at: float, sm: int) -> NodeTelemetry:
+    return NodeTelemetry(
+        node=node,
+        interval_s=10.0,
+        observed_at=at,
+        devices=[
+            DeviceSample(
+                device=f"gpu-{i}",
+                uuid=f"GPU-{i}",
+                sm_percent=sm + i,
+                memory_used_bytes=(sm + i) << 28,
+                memory_total_bytes=80 << 30,
+                power_mw=100_000 + 1000 * sm,
+                temperature_c=30 + sm // 4,
+            )
+            for i in range(2)
+        ],
+    )
+
+
+async def test_utilisation_rings_come_from_telemetry_in_the_api_and_the_stream(dash: Dash) -> None:
+    now = time.time()
+    for k, sm in enumerate((10, 50, 90)):  # three 10 s slots
+        await dash.bus.publish(TELEMETRY, _sample("node-a", now - 20 + 10 * k, sm), node="node-a")
+
+    async def three_points() -> Any:
+        status, body = await dash.get("/api/telemetry/node-a")
+        return body if status == 200 and len(body["devices"]["gpu-0"]["ring"]["t"]) == 3 else None
+
+    body = await until(three_points, "node-a's three samples")
+    gpu0 = body["devices"]["gpu-0"]
+    assert body["intervalS"] == 10.0 and body["windowS"] == 600.0
+    assert (gpu0["smPercent"], gpu0["memoryUsedBytes"], gpu0["memoryTotalBytes"]) == (90, 90 << 28, 80 << 30)
+    assert (gpu0["powerW"], gpu0["temperatureC"]) == (190, 52)
+    assert gpu0["ring"]["smPercent"] == [10, 50, 90] and gpu0["ring"]["powerW"] == [110, 150, 190]
+    status, missing = await dash.get("/api/telemetry/node-z")
+    assert status == 404 and "--telemetry-interval" in missing["error"]
+    async with dash.http.get(dash.url + "/api/stream") as stream:
+        name, _ = await _next_event(stream.content, telemetry=True)
+        assert name == "fleet"
+        name, tiles = await asyncio.wait_for(_next_event(stream.content, telemetry=True), 5)
+        assert name == "telemetry" and tiles["full"] is True
+        assert tiles["nodes"]["node-a"]["gpu-1"] == [pytest.approx(now), 91, 91 << 28, 80 << 30, 190, 52, [11, 51, 91]]
+        await dash.bus.publish(TELEMETRY, _sample("node-a", now + 10, 20), node="node-a")
+        while True:
+            name, tiles = await asyncio.wait_for(_next_event(stream.content, telemetry=True), 5)
+            if name == "telemetry":
+                break
+        assert tiles["full"] is False and list(tiles["nodes"]) == ["node-a"]
+        assert tiles["nodes"]["node-a"]["gpu-0"][1:] == [20, 20 << 28, 80 << 30, 120, 35], "newest figures, no ring"
+
+
+def _use(event: str, uid: str, at: float, devices: list[PreparedDeviceRef], ns: str = "team-a") -> ClaimLifecycle:
+    return ClaimLifecycle(
+        event=event,  # type: ignore[arg-type]
+        node="node-a",
+        driver="gpu.nvidia.com",
+        claim_uid=uid,
+        claim_namespace=ns,
+        claim_name=uid,
+        devices=devices,
+        observed_at=at,
+    )
+
+
+async def test_gpu_hours_of_the_last_day_per_namespace(dash: Dash) -> None:
+    now = time.time()
+    whole = [PreparedDeviceRef(request="gpu", pool="node-a", device="gpu-1", uuid="GPU-1")]
+    share = [
+        PreparedDeviceRef(
+            request="gpu",
+            pool="node-a",
+            device="gpu-0",
+            share_id="s1",
+            consumed_capacity={"memory": "10Gi"},
+            capacity={"memory": "80Gi"},
+        )
+    ]
+    mig = [PreparedDeviceRef(request="mig", pool="node-b", device="gpu-0-mig-1g10gb-19-0")]
+    events = [
+        _use("prepared", "h-whole", now - 7200, whole),  # 1 h whole GPU
+        _use("unprepared", "h-whole", now - 3600, whole),
+        _use("prepared", "h-share", now - 7200, share),  # 2 h of 1/8 GPU: 0.25
+        _use("rolled-back", "h-share", now, share),
+        _use("prepared", "h-mig", now - 3600, mig),  # open for 1 h of a MIG device
+        _use("prepared", "h-old", now - 30 * 3600, whole),  # ended 25 h ago: outside the day
+        _use("unprepared", "h-old", now - 25 * 3600, whole),
+        _use("prepared", "h-other", now - 3600, whole, ns="team-b"),
+    ]
+    for event in events:
+        await dash.bus.publish(CLAIM, event, namespace=event.claim_namespace, node="node-a", event=event.event)
+
+    async def counted() -> Any:
+        status, body = await dash.get("/api/gpu-hours?namespace=team-a")
+        assert status == 200, body
+        rows = body["namespaces"]
+        return rows if rows and rows[0]["migHours"] and rows[0]["gpuHours"] >= 1.2 else None
+
+    rows = await until(counted, "team-a's GPU-hours")
+    assert [r["namespace"] for r in rows] == ["team-a"], "another namespace is not shown to a team-a viewer"
+    assert rows[0]["gpuHours"] == pytest.approx(1.25, abs=0.01)
+    assert rows[0]["migHours"]["1g10gb"] == pytest.approx(1.0, abs=0.01)
+    assert rows[0]["claimsOpen"] == 1
+    _, everyone = await dash.get("/api/gpu-hours")
+    assert everyone["windowS"] == 86400.0 and "team-b" in [r["namespace"] for r in everyone["namespaces"]]

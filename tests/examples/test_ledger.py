@@ -424,17 +424,30 @@ async def test_corrupt_ledger_file_stops_start_and_is_left_alone(
     assert state.read_text() == '{"version": 1, "namespaces": '
 
 
-def test_the_example_imports_only_the_standard_library_and_nats() -> None:
-    allowed = set(sys.stdlib_module_names) | {"nats"}
+def _imports(path: Path) -> set[str]:
+    """The modules `path` imports (absolute imports, full dotted names)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module or "")
+    return names
+
+
+def test_the_example_imports_only_the_standard_library_nats_and_the_billing_rule() -> None:
+    """A third party needs nats-py, the published schemas and the two standard-library files of the billing
+    rule the fleet page shares (shared/billing.py, shared/quantity.py), nothing else of the project."""
+    stdlib = set(sys.stdlib_module_names)
+    shared_rule = {"shared.billing", "shared.quantity"}
     for module in LEDGER_DIR.glob("*.py"):
-        for node in ast.walk(ast.parse(module.read_text())):
-            if isinstance(node, ast.Import):
-                roots = {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                roots = {(node.module or "").split(".")[0]}
-            else:
-                continue
-            assert roots <= allowed, f"{module.name} imports {roots - allowed}"
+        for name in _imports(module):
+            root = name.split(".")[0]
+            assert root in stdlib | {"nats"} or name in shared_rule, f"{module.name} imports {name}"
+    for name in shared_rule:
+        path = REPO / (name.replace(".", "/") + ".py")
+        for imported in _imports(path):
+            assert imported.split(".")[0] in stdlib or imported in shared_rule, f"{path.name} imports {imported}"
 
 
 async def test_runs_as_a_process_and_prints_the_report_on_sigterm(

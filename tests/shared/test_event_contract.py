@@ -3,6 +3,7 @@ compatibility promise, and `gpu-dra events tail`, all through the real parts (na
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -27,6 +28,7 @@ from shared.events.deadletter import DeadLetter
 from shared.events.health import DeviceHealth
 from shared.events.inventory import Gpu, InventoryWithdrawn, NodeInventory
 from shared.events.schema import message_schema, write_schemas
+from shared.events.telemetry import DeviceSample, NodeTelemetry
 from shared.natsserver import EmbeddedNats
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -60,6 +62,26 @@ SAMPLES: dict[str, tuple[Message, dict[str, Any]]] = {  # Any: the subject token
     "device-health": (
         DeviceHealth(node="n1", device="gpu-0", state="Unhealthy", reason="xid", xid=79, observed_at=NOW),
         {"node": "n1", "device": "gpu-0"},
+    ),
+    "telemetry": (
+        NodeTelemetry(
+            node="n1",
+            interval_s=10.0,
+            observed_at=NOW,
+            devices=[
+                DeviceSample(
+                    device="gpu-0",
+                    uuid="GPU-1",
+                    sm_percent=87,
+                    memory_used_bytes=61 << 30,
+                    memory_total_bytes=80 << 30,
+                    power_mw=512_000,
+                    temperature_c=64,
+                ),
+                DeviceSample(device="gpu-0-mig-1g10gb-19-0", uuid="MIG-1", memory_total_bytes=10 << 30),
+            ],
+        ),
+        {"node": "n1"},
     ),
     "claim-lifecycle": (
         ClaimLifecycle(
@@ -321,3 +343,35 @@ async def test_events_tail_replays_and_filters_by_namespace(nats_server: Embedde
 
 def test_cloudevents_type_names_the_subject_version() -> None:
     assert cloudevents.event_type(catalog.CLAIM) == "com.nvidia.gpu.dra.v1.claim-lifecycle"
+
+
+def test_telemetry_is_in_the_exported_contract_and_in_no_stream(tmp_path: Path) -> None:
+    """Utilisation telemetry is a catalog event with its schema like every other, but core NATS only: no
+    stream captures its subject (a stream would store ~0.3 MB/s at 1,000 nodes of figures stale in 10 s)."""
+    schemas = _schemas(tmp_path)
+    listed = next(e for e in schemas["index.json"]["subjects"] if e["name"] == "telemetry")
+    assert (listed["subject"], listed["schema"], listed["binds"]) == (
+        "dra.v1.telemetry.{node}",
+        "NodeTelemetry.json",
+        {"node": "node"},
+    )
+    message, _ = SAMPLES["telemetry"]
+    body = json.loads(msgspec.json.encode(message))
+    jsonschema.validate(body, schemas["NodeTelemetry.json"])
+    assert body["devices"][1]["sm_percent"] is None, "a figure NVML does not give is null on the wire"
+    sample = schemas["NodeTelemetry.json"]["$defs"]["DeviceSample"]["properties"]
+    assert sample["power_mw"]["x-unit"] == "mW" and sample["memory_used_bytes"]["x-unit"] == "bytes"
+    assert "x-gpu-dra-stream" not in document()["channels"]["telemetry"]
+    assert not catalog.TELEMETRY.durable and all(e.durable for e in catalog.CATALOG if e is not catalog.TELEMETRY)
+    for stream in catalog.STREAMS:
+        assert not any(s.startswith("dra.v1.telemetry") or s in ("dra.v1.>", ">") for s in stream.subjects)
+
+
+def test_events_tail_shows_telemetry_only_when_asked_and_never_replays_it() -> None:
+    from shared.events import tail
+
+    assert not any(s.startswith("dra.v1.telemetry") for s in tail.subjects(catalog.CATALOG, "", "", ""))
+    assert tail.subjects(catalog.CATALOG, "n1", "", "telemetry") == ["dra.v1.telemetry.n1"]
+    args = argparse.Namespace(type="telemetry", since="10m", node="", namespace="", output="line", count=0)
+    with pytest.raises(tail.TailError, match="not stored"):
+        tail.run(args, sys.stdout)

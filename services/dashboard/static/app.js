@@ -1,7 +1,8 @@
 // The fleet page: one EventSource on /api/stream, node rows virtualized (each row's height follows from its
 // GPU count and the window's width: tiles wrap onto as many lines as they need), GPU tiles.
 // Plain JS, no framework, no build step. Contract: docs/dashboard.md and the DOM hooks tests use
-// ([data-node], [data-device] with data-state/data-xid/data-claim, [data-mig-slot], #counters, #ns-filter, #drilldown).
+// ([data-node], [data-device] with data-state/data-xid/data-claim, [data-mig-slot], [data-util] with data-sm/
+// data-mem/data-power/data-temp and its .spark, #counters, #ns-filter, #drilldown, #gpu-hours).
 "use strict";
 (() => {
   // Row geometry; app.css reads the same numbers from the custom properties set below.
@@ -18,7 +19,7 @@
   const S = {
     nodes: new Map(), groups: [], counters: {}, namespaces: [], version: 0, traceUrlTemplate: "",
     ns: "", query: "", layout: [], offsets: [], rendered: new Map(), es: null, retry: 0,
-    perLine: 1, pending: [], openKey: "", lastFocus: null, firstEventMs: null, firstRenderMs: null, fulls: 0, deltas: 0,
+    perLine: 1, pending: [], util: new Map(), gpuHours: [], openKey: "", lastFocus: null, firstEventMs: null, firstRenderMs: null, firstTelemetryMs: null, fulls: 0, deltas: 0,
   };
   window.__dash = S; // read by the browser tests and the bench
 
@@ -120,6 +121,7 @@
     if (!S.ns) renderNamespaces();
     if (d.version) S.version = d.version;
     S.deltas += 1;
+    if ((d.nodes || []).length) soonGpuHours();
     if (shape || S.query) relayout();
     redraw([...changed].map((name) => `n:${name}`));
     markApplied();
@@ -158,6 +160,12 @@
     setConn("connecting", "connecting");
     es.addEventListener("fleet", (ev) => { S.retry = 0; if (S.firstEventMs === null) S.firstEventMs = performance.now(); applyFull(JSON.parse(ev.data)); setConn("live", "live"); });
     es.addEventListener("delta", (ev) => applyDelta(JSON.parse(ev.data)));
+    es.addEventListener("telemetry", (ev) => {
+      // the rings (up to ~2 MB at 1,000 nodes) wait until the fleet is drawn: the first render is not theirs
+      const apply = () => applyTelemetry(JSON.parse(ev.data));
+      if (S.firstRenderMs === null) requestAnimationFrame(() => setTimeout(apply, 0)); else apply();
+    });
+    loadGpuHours();
     es.onerror = () => {
       if (es !== S.es) return;
       if (es.readyState !== EventSource.CLOSED) { setConn("reconnecting", "reconnecting…"); return; }
@@ -170,6 +178,36 @@
     };
   }
   function setConn(state, text) { const el = $("#conn"); el.dataset.conn = state; el.textContent = text; }
+
+  // ---- utilisation (util.js draws it) and GPU-hours ----
+  const U = window.gpuUtil;
+  function applyTelemetry(m) {
+    for (const [node, devices] of Object.entries(m.nodes || {})) {
+      const next = U.merge(m.full ? new Map() : (S.util.get(node) || new Map()), devices);
+      S.util.set(node, next);
+      const row = S.rendered.get(`n:${node}`);
+      if (!row) continue;
+      for (const el of row.querySelectorAll("[data-util]")) { // patched in place: no row is redrawn
+        const u = next.get(el.dataset.util);
+        if (u) el.outerHTML = U.utilHtml(el.dataset.util, u, el.dataset.plain);
+      }
+    }
+    if (S.firstTelemetryMs === null) S.firstTelemetryMs = performance.now();
+  }
+  const tileUtil = (node, d, plain) => U.utilHtml(d.name, (S.util.get(node.name) || new Map()).get(d.name), plain);
+
+  async function loadGpuHours() { // asked on connect, within 2 s of changed rows, and every minute
+    let r;
+    try { r = await api(`/api/gpu-hours${S.ns ? `?namespace=${encodeURIComponent(S.ns)}` : ""}`); } catch { return; }
+    S.gpuHours = r.namespaces || [];
+    $("#gh-list").innerHTML = S.gpuHours.map(U.hoursHtml).join("");
+    $("#gpu-hours").dataset.count = String(S.gpuHours.length);
+  }
+  setInterval(loadGpuHours, 60000);
+  let gpuHoursTimer = 0;
+  function soonGpuHours() {
+    if (!gpuHoursTimer) gpuHoursTimer = setTimeout(() => { gpuHoursTimer = 0; loadGpuHours(); }, 2000);
+  }
 
   // ---- header ----
   function renderCounters() {
@@ -424,7 +462,7 @@
     if (d.shared) {
       return `<div class="tile shared st-${esc(d.state)}" ${deviceAttrs(node, d)}>`
         + `<div class="t-head"><span class="t-name">${esc(d.name)}</span><span class="t-state"><i aria-hidden="true">${ICON[d.state] || ""}</i> ${esc(d.state)}</span></div>`
-        + `<div class="t-foot"><span class="t-prod">${esc(shortProduct(d.product))}</span><span class="mem">${esc(gib(d.memoryBytes))}</span>${xid}</div>`
+        + `<div class="t-foot">${tileUtil(node, d, `<span class="t-prod">${esc(shortProduct(d.product))}</span><span class="mem">${esc(gib(d.memoryBytes))}</span>`)}${xid}</div>`
         + `${sharesHtml(d)}</div>`;
     }
     return `<div class="tile st-${esc(d.state)}" ${deviceAttrs(node, d)}>`
@@ -432,7 +470,7 @@
       + `<div class="t-prod">${esc(shortProduct(d.product))}</div>`
       + (d.migSlots ? migBar(node, d, kids) : "")
       + (kidsLoose.length ? `<div class="muted small">${kidsLoose.length} partitions</div>` : "")
-      + `<div class="t-foot"><span class="mem">${esc(gib(d.memoryBytes))}</span>${xid}</div>${share}`
+      + `<div class="t-foot">${tileUtil(node, d, `<span class="mem">${esc(gib(d.memoryBytes))}</span>`)}${xid}</div>${share}`
       + `${allocText(allocs)}</div>`;
   }
 
@@ -466,7 +504,7 @@
     const rows = [["product", d.product], ["memory", gib(d.memoryBytes)], ["type", d.type], ["UUID", d.uuid],
       ["parent", d.parent], ["MIG", d.mig ? `${d.mig.profile} at slot ${d.mig.start} (size ${d.mig.size})` : ""],
       ["state", `${ICON[d.state] || ""} ${d.state}`], ["XID", d.xid == null ? "" : String(d.xid)],
-      ["capacity", leftText(d)]].filter((r) => r[1]);
+      ["capacity", leftText(d)], ["utilisation", U.utilText((S.util.get(node) || new Map()).get(dev))]].filter((r) => r[1]);
     const taints = (d.taints || []).map((t) => `<li>${esc(t.key)}=${esc(t.value)} <span class="muted">${esc(t.effect)} since ${esc(t.timeAdded)}</span></li>`).join("");
     const allocs = (d.allocations || []).map((a) => {
       const sh = a.share ? ` · share ${shareSize(a.share)}` : "";

@@ -1,9 +1,9 @@
 """A simulated NVML with pynvml's call signatures, ctypes return structs and NVMLError codes.
 
-Owns the simulated devices' behaviour (`SimCore`: state and device queries; `SimMig`: MIG) and, here,
-events and the extras that have no NVML call (time-slice, MPS bookkeeping, XID injection): the `sim*`
-methods. Handles are real ctypes pointers with synthetic addresses (never dereferenced), so code above
-treats them exactly like pynvml handles.
+Owns the simulated devices' behaviour (`SimCore`: state and device queries; `SimMig`: MIG; `SimLoad`:
+utilisation) and, here, events and the extras that have no NVML call (time-slice, MPS bookkeeping, XID
+injection): the `sim*` methods. Handles are real ctypes pointers with synthetic addresses (never
+dereferenced), so code above treats them exactly like pynvml handles.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from services.discovery.simnvml.core import (
     handle_addr,
     nvml_error,
 )
-from services.discovery.simnvml.mig import SimMig
+from services.discovery.simnvml.load import SimLoad
 
 __all__ = ["SimNvml", "gpu_uuid"]
 
 
-class SimNvml(SimMig):
+class SimNvml(SimLoad):
     """Module-like simulated NVML for one node. Thread-safe; every mutation is persisted."""
 
     # ------------------------------------------------------------------ events
