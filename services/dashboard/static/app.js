@@ -15,7 +15,6 @@
   const ROW_H = TILE_H + 2 * ROW_PAD + ROW_BORDER; // a row of one line of tiles
   const GROUP_H = 30;
   const OVERSCAN = 3;
-  const ICON = { free: "○", claimed: "●", tainted: "⚠" };
   const S = {
     nodes: new Map(), groups: [], counters: {}, namespaces: [], version: 0, traceUrlTemplate: "",
     ns: "", query: "", layout: [], offsets: [], rendered: new Map(), es: null, retry: 0,
@@ -29,7 +28,11 @@
   for (const [k, v] of Object.entries({ "--tile-w": TILE_W, "--tile-h": TILE_H, "--gap": GAP, "--row-pad": ROW_PAD })) {
     document.documentElement.style.setProperty(k, `${v}px`);
   }
-  const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+  const { esc, gib, age, sharing, shortProduct } = window.gpuFmt;
+  const { ICON, visibleAlloc, topDevices, tileHtml, shareSize, leftText } = window.gpuTiles({
+    ns: () => S.ns,
+    util: (node, d, plain) => tileUtil(node, d, plain), // defined below, with the telemetry it draws
+  });
 
   // ---- identity: ?token= is kept in sessionStorage and sent as a header (and on the stream URL,
   // since EventSource cannot send headers) ----
@@ -49,36 +52,6 @@
     if (!resp.ok) throw new Error(body.error || `${resp.status} ${resp.statusText}`);
     return body;
   }
-
-  // ---- formatting ----
-  function gib(bytes) {
-    if (!bytes) return "";
-    const g = bytes / 2 ** 30;
-    return `${g >= 10 ? Math.round(g) : g.toFixed(1)} GiB`;
-  }
-  function age(since) {
-    const t = Date.parse(since);
-    if (!since || Number.isNaN(t)) return "";
-    const s = Math.max(0, Math.round((Date.now() - t) / 1000));
-    if (s < 60) return `${s}s`;
-    if (s < 3600) return `${Math.floor(s / 60)}m`;
-    if (s < 86400) return `${Math.floor(s / 3600)}h`;
-    return `${Math.floor(s / 86400)}d`;
-  }
-  function sharing(sh) {
-    if (!sh || !sh.mode || sh.mode === "exclusive") return "exclusive";
-    if (sh.mode === "time-slicing") return `time-slice${sh.interval ? ` ${sh.interval}` : ""}`;
-    if (sh.mode === "mps") {
-      const pct = sh.threadPercentage == null ? "" : ` ${sh.threadPercentage}%`;
-      return `MPS${pct}${sh.pinnedMemory ? ` · ${sh.pinnedMemory} pinned` : ""}`;
-    }
-    return sh.mode;
-  }
-  const shortProduct = (p) => String(p || "GPU").replace(/^NVIDIA\s+/, "");
-  // An allocation of another tenant carries no names (server side); with a namespace chosen the page
-  // hides names of other namespaces too.
-  const visibleAlloc = (a) => a.namespace && a.claim && (!S.ns || a.namespace === S.ns);
-  const claimKey = (a) => (visibleAlloc(a) ? `${a.namespace}/${a.claim}` : "");
 
   // ---- data ----
   function applyFull(f) {
@@ -362,12 +335,6 @@
     return el;
   }
 
-  // The devices drawn as tiles (a MIG device or partition is drawn inside its parent's tile).
-  function topDevices(node) {
-    const names = new Set((node.devices || []).map((d) => d.name));
-    return (node.devices || []).filter((d) => !(d.parent && names.has(d.parent)));
-  }
-
   function nodeEl(node) {
     const el = document.createElement("div");
     el.className = `row${node.ready === false ? " not-ready" : ""}`;
@@ -388,90 +355,6 @@
       + `<span class="muted">${esc(meta)}</span></div>`
       + `<div class="tiles">${top.map((d) => tileHtml(node, d, children.get(d.name) || [])).join("")}</div>`;
     return el;
-  }
-
-  function allocText(allocs) {
-    if (!allocs.length) return "";
-    const a = allocs[0];
-    const more = allocs.length > 1 ? ` <span class="muted">+${allocs.length - 1}</span>` : "";
-    if (!visibleAlloc(a)) return `<div class="t-alloc"><span class="claim">claimed (other tenant)</span>${more}</div>`;
-    const pod = (a.pods || []).length ? `<span class="pod">${esc(a.pods[0].split("/").pop())}</span> · ` : "";
-    return `<div class="t-alloc"><span class="claim">${esc(a.namespace)}/${esc(a.claim)}</span>${more}</div>`
-      + `<div class="t-alloc">${pod}<span class="age">${esc(age(a.since))}</span></div>`;
-  }
-
-  // A device offered in shares: who holds each share (another tenant's without names) and what is left.
-  const shareSize = (sh) => [sh.memoryBytes ? gib(sh.memoryBytes) : "", sh.compute != null ? `${sh.compute}%` : "",
-    sh.shares != null ? `${sh.shares} sh` : ""].filter(Boolean).join(" · ");
-  const shareShort = (sh) => [sh.memoryBytes ? gib(sh.memoryBytes).replace(" GiB", "G") : "",
-    sh.compute != null ? `${sh.compute}%` : "", sh.shares != null ? `${sh.shares}sh` : ""].filter(Boolean).join(" ");
-  const shareWho = (a) => (visibleAlloc(a) ? `${a.namespace}/${a.claim}` : "another tenant");
-  function leftText(d) {
-    const c = d.capacityLeft;
-    if (!c) return "";
-    const parts = [c.memoryBytes != null ? (gib(c.memoryBytes) || "0 GiB") : "", c.compute != null ? `${c.compute}%` : "",
-      c.shares != null ? `${c.shares} shares` : ""].filter(Boolean);
-    return parts.length ? `left ${parts.join(" · ")}` : "";
-  }
-  function sharesHtml(d) {
-    const shares = (d.allocations || []).filter((a) => a.share);
-    const seg = (a) => `<span class="seg${visibleAlloc(a) ? "" : " other"}" style="width:${Math.min(100, (100 * a.share.memoryBytes) / d.memoryBytes)}%"></span>`;
-    const bar = d.memoryBytes ? `<div class="share-bar" aria-hidden="true">${shares.map(seg).join("")}</div>` : "";
-    const lines = shares.slice(0, 2).map((a) => `<div class="t-alloc" data-share="${esc(shareWho(a))}">`
-      + `<span class="claim">${esc(shareWho(a))}</span> <span class="muted" title="${esc(shareSize(a.share))}">${esc(shareShort(a.share))}</span></div>`).join("");
-    const more = shares.length > 2 ? ` <span class="muted">+${shares.length - 2} shares</span>` : "";
-    return bar + lines + `<div class="t-alloc share-left" data-left="${esc(leftText(d))}">${esc(leftText(d))}${more}</div>`;
-  }
-
-  function deviceAttrs(node, d) {
-    const allocs = d.allocations || [];
-    const claim = allocs.map(claimKey).find(Boolean) || "";
-    const label = [`${d.name} on ${node.name}`, d.product, gib(d.memoryBytes), d.state,
-      d.xid != null ? `XID ${d.xid}` : "", allocs.length ? sharing(allocs[0].sharing) : "",
-      ...allocs.map((a) => (a.share ? `share of ${shareWho(a)}, ${shareSize(a.share)}`
-        : visibleAlloc(a) ? `claim ${a.namespace}/${a.claim}${(a.pods || []).length ? `, pod ${a.pods.join(", ")}` : ""}, ${age(a.since)}` : "claimed by another tenant")),
-      leftText(d)]
-      .filter(Boolean).join(", ");
-    return `data-device="${esc(node.name)}/${esc(d.name)}" data-state="${esc(d.state)}"`
-      + `${d.xid != null ? ` data-xid="${esc(d.xid)}"` : ""}${claim ? ` data-claim="${esc(claim)}"` : ""}`
-      + ` tabindex="0" role="button" aria-label="${esc(label)}" title="${esc(label)}"`;
-  }
-
-  function migBar(node, d, kids) {
-    const slots = d.migSlots;
-    // Static MIG devices never overlap; dynamic partitions are every possible placement, so only the
-    // claimed ones are drawn and the rest counted.
-    const placed = kids.filter((k) => k.mig && (k.type === "mig" || k.state !== "free"));
-    const freeOptions = kids.filter((k) => k.mig && k.type === "partition" && k.state === "free").length;
-    const cells = placed.map((k) => {
-      const m = k.mig;
-      return `<div class="slot st-${esc(k.state)}" data-mig-slot ${deviceAttrs(node, k)} data-profile="${esc(m.profile)}"`
-        + ` data-start="${m.start}" data-size="${m.size}" style="grid-column:${m.start + 1} / span ${m.size}">`
-        + `<i aria-hidden="true">${ICON[k.state] || ""}</i>${esc(m.profile.split(".")[0])}</div>`;
-    }).join("");
-    const ticks = Array.from({ length: slots }, (_, i) => `<span class="tick" style="grid-column:${i + 1}"></span>`).join("");
-    return `<div class="mig-bar" role="group" aria-label="MIG layout, ${slots} slots" style="grid-template-columns:repeat(${slots},1fr)">${ticks}${cells}</div>`
-      + (freeOptions ? `<div class="muted small">${freeOptions} free placements</div>` : "");
-  }
-
-  function tileHtml(node, d, kids) {
-    const allocs = d.allocations || [];
-    const xid = d.xid != null ? `<span class="xid">XID ${esc(d.xid)}</span>` : "";
-    const share = allocs.length ? `<div class="share">${esc(sharing(allocs[0].sharing))}</div>` : "";
-    const kidsLoose = d.migSlots ? [] : kids;
-    if (d.shared) {
-      return `<div class="tile shared st-${esc(d.state)}" ${deviceAttrs(node, d)}>`
-        + `<div class="t-head"><span class="t-name">${esc(d.name)}</span><span class="t-state"><i aria-hidden="true">${ICON[d.state] || ""}</i> ${esc(d.state)}</span></div>`
-        + `<div class="t-foot">${tileUtil(node, d, `<span class="t-prod">${esc(shortProduct(d.product))}</span><span class="mem">${esc(gib(d.memoryBytes))}</span>`)}${xid}</div>`
-        + `${sharesHtml(d)}</div>`;
-    }
-    return `<div class="tile st-${esc(d.state)}" ${deviceAttrs(node, d)}>`
-      + `<div class="t-head"><span class="t-name">${esc(d.name)}</span><span class="t-state"><i aria-hidden="true">${ICON[d.state] || ""}</i> ${esc(d.state)}</span></div>`
-      + `<div class="t-prod">${esc(shortProduct(d.product))}</div>`
-      + (d.migSlots ? migBar(node, d, kids) : "")
-      + (kidsLoose.length ? `<div class="muted small">${kidsLoose.length} partitions</div>` : "")
-      + `<div class="t-foot">${tileUtil(node, d, `<span class="mem">${esc(gib(d.memoryBytes))}</span>`)}${xid}</div>${share}`
-      + `${allocText(allocs)}</div>`;
   }
 
   // ---- drill-down ----

@@ -5,8 +5,7 @@
 window.gpuUtil = (() => {
   const SLOT_S = 10; // one sparkline point per 10 s slot, 61 of them: the server's ring (utilisation.py)
   const POINTS = 61;
-  const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
-  const gib = (b) => (b ? `${b / 2 ** 30 >= 10 ? Math.round(b / 2 ** 30) : (b / 2 ** 30).toFixed(1)} GiB` : "");
+  const { esc, gib } = window.gpuFmt;
 
   // device -> [time, SM %, memory used, memory total, W, °C(, SM % points)] merged into `had` (a Map): a full
   // event brings the points; a live one adds a point, or replaces the newest when in the same 10 s slot.
