@@ -174,6 +174,7 @@ def issue(users: Mapping[str, Permissions], credentials_dir: Path, rotate: list[
             publish=sorted(set(perms.publish)),
             subscribe=sorted(set(perms.subscribe)),
             allow_responses=perms.allow_responses,
+            deny_publish=sorted(set(perms.deny_publish)),
         )
         creds[name] = natsjwt.creds_file(token, user)
     server_config = (

@@ -137,6 +137,7 @@ def user_jwt(
     publish: list[str],
     subscribe: list[str],
     allow_responses: bool,
+    deny_publish: list[str] | None = None,
     issuer_account: str = "",
     expires: int | None = None,
     bearer: bool = False,
@@ -144,11 +145,15 @@ def user_jwt(
     """A user of `account` whose permissions are baked into its JWT. `user` is its key (or public
     key); `issuer_account` names the account when `account` is one of its signing keys; `expires`
     (Unix seconds) ends the connection then; `bearer` lets it connect without signing the nonce.
-    Empty allow lists deny everything (NATS reads a permission with no allow as no limit)."""
+    Empty allow lists deny everything (NATS reads a permission with no allow as no limit); `deny_publish`
+    carves subjects out of `publish` (a deny wins over an allow)."""
+    pub: dict[str, list[str]] = {"allow": publish} if publish else {"deny": [">"]}
+    if publish and deny_publish:
+        pub["deny"] = deny_publish
     nats: dict[str, Any] = {
         "type": "user",
         "version": 2,
-        "pub": {"allow": publish} if publish else {"deny": [">"]},
+        "pub": pub,
         "sub": {"allow": subscribe} if subscribe else {"deny": [">"]},
         "subs": UNLIMITED,
         "data": UNLIMITED,

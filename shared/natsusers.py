@@ -68,12 +68,13 @@ class Permissions:
     publish: list[str] = field(default_factory=list)
     subscribe: list[str] = field(default_factory=list)
     allow_responses: bool = False
+    deny_publish: list[str] = field(default_factory=list)  # carved out of `publish` (a deny wins)
 
     def as_config(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "publish": {"allow": sorted(set(self.publish))},
-            "subscribe": {"allow": sorted(set(self.subscribe))},
-        }
+        publish: dict[str, list[str]] = {"allow": sorted(set(self.publish))}
+        if self.deny_publish:
+            publish["deny"] = sorted(set(self.deny_publish))
+        out: dict[str, object] = {"publish": publish, "subscribe": {"allow": sorted(set(self.subscribe))}}
         if self.allow_responses:
             out["allow_responses"] = {"max": 1, "expires": "1m"}
         return out
@@ -291,24 +292,39 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
-def reader_permissions(name: str, namespaces: Iterable[str]) -> Permissions:
+def reader_permissions(name: str, namespaces: Iterable[str], others: Iterable[str] = ()) -> Permissions:
     """A read-only third party (billing, audit): the claim events of `namespaces`, nothing else.
 
     It may subscribe to those claim subjects and create JetStream consumers whose filter (in the
-    create subject) lies inside them; no KV, no requests, no publishes of events, no stream info."""
+    create subject) lies inside them; no KV, no requests, no publishes of events, no stream info. Its one
+    durable consumer (`reader_durable(name)`: a pull consumer with explicit acks, docs/events.md) it may
+    also read, fetch from, ack and delete; no other consumer. A create names the consumer and the server
+    creates *or updates* it, so every other reader's durable (`others`: their names) is denied: no reader
+    can point another's durable at its own namespaces, which would make that one skip its events."""
     grants = sorted({check_namespace(ns) for ns in namespaces})
     if not grants:
         raise UsersError(f"reader {name!r} is granted no namespace; name at least one")
     user = reader_user(name)
     claims = [CLAIM.wildcard(namespace=ns) for ns in grants]
+    stream, durable = EVENTS_STREAM.name, reader_durable(name)
     return Permissions(
         publish=[
             f"{JS}.STREAM.NAMES",  # which stream holds a subject
-            *(f"{JS}.CONSUMER.CREATE.{EVENTS_STREAM.name}.*.dra.v1.claim.{ns}.>" for ns in grants),
-            f"$JS.FC.{EVENTS_STREAM.name}.>",  # flow-control replies of its push consumers
+            *(f"{JS}.CONSUMER.CREATE.{stream}.*.dra.v1.claim.{ns}.>" for ns in grants),
+            f"$JS.FC.{stream}.>",  # flow-control replies of its push consumers
+            *(f"{JS}.CONSUMER.{verb}.{stream}.{durable}" for verb in ("INFO", "MSG.NEXT", "DELETE")),
+            f"$JS.ACK.{stream}.{durable}.>",
         ],
         subscribe=[*claims, _own_inbox(user)],
+        deny_publish=[
+            f"{JS}.CONSUMER.CREATE.{stream}.{reader_durable(other)}.>" for other in sorted(set(others)) if other != name
+        ],
     )
+
+
+def reader_durable(name: str) -> str:
+    """The durable consumer on DRA_EVENTS that reader `name` owns: its identity token (`reader_billing`)."""
+    return identity_token(reader_user(name))
 
 
 DASHBOARD_READER = "dashboard"  # the reader `gpu-dra dashboard` connects as: reader.dashboard
@@ -342,10 +358,11 @@ def all_users(nodes: Iterable[str], readers: Mapping[str, Iterable[str]] | None 
         for role in NODE_ROLES:
             users[node_user(role, node)] = node_permissions(role, node)
     users[reader_user(DASHBOARD_READER)] = dashboard_permissions()
+    names = [DASHBOARD_READER, *(readers or {})]
     for name, namespaces in (readers or {}).items():
         if name == DASHBOARD_READER:
             raise UsersError(f"reader name {name!r} is the dashboard's own; choose another name")
-        users[reader_user(name)] = reader_permissions(name, namespaces)
+        users[reader_user(name)] = reader_permissions(name, namespaces, others=names)
     return users
 
 

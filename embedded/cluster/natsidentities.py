@@ -13,6 +13,7 @@ GPU_DRA_NATS_USER), never by an argument a `ps` would show.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,8 +46,8 @@ class NatsIdentities:
         return NatsTLS(creds_file=str(self.creds[user]))
 
 
-def _issue(directory: Path, nodes: list[str]) -> NatsIdentities:
-    issued = issue(all_users(nodes), directory / "nats-keys")
+def _issue(directory: Path, nodes: list[str], readers: Mapping[str, list[str]] | None) -> NatsIdentities:
+    issued = issue(all_users(nodes, readers), directory / "nats-keys")
     header = (
         "# Written by `gpu-dra up` at every start: the operator, the GPU_DRA account (JetStream) and\n"
         "# the system account; each service's user JWT is in identities/nats/<user>.creds.\n"
@@ -56,6 +57,9 @@ def _issue(directory: Path, nodes: list[str]) -> NatsIdentities:
     return NatsIdentities(server_config=config, creds=creds)
 
 
-async def issue_identities(directory: Path, nodes: list[str]) -> NatsIdentities:
-    """Keys (kept or made), the server's config and every identity's .creds for `nodes` (off the loop)."""
-    return await asyncio.to_thread(_issue, directory, nodes)
+async def issue_identities(
+    directory: Path, nodes: list[str], readers: Mapping[str, list[str]] | None = None
+) -> NatsIdentities:
+    """Keys (kept or made), the server's config and every identity's .creds for `nodes` and third-party
+    `readers` ({name: namespaces}, `reader.<name>`), off the loop."""
+    return await asyncio.to_thread(_issue, directory, nodes, readers)

@@ -393,6 +393,12 @@ EVENTS_STREAM = Stream(
     ("dra.v1.inventory.>", "dra.v1.inventory-withdrawn.>", "dra.v1.health.>", "dra.v1.claim.>", "dra.v1.cd.>"),
     max_age_s=7 * 24 * 3600,
     max_msg_size=1024 * 1024,  # an inventory event carries a whole node's GPUs (the server's max payload)
+    # How far the slowest durable consumer may fall behind before the oldest events it has not read are
+    # evicted (limits retention: no consumer holds events for another). A claim event is 1,123 bytes stored
+    # (bench/events_bench.py), so 2 GiB keeps ~1.9 million: a minute at 10,000/s is 600,000 (~670 MB; the
+    # former 256 MiB evicted a reader at 1,000/s after ~25 s of it). Within the shipped server's 8 GB file
+    # store (deploy/nats/nats.conf) beside the buckets' limits (~2.6 GiB).
+    max_bytes=2 * 1024 * 1024 * 1024,
 )
 # A letter keeps up to 64 KiB of the refused payload. Per identity and consumer, the first letters are kept
 # (the forensic record of an attack) and a flood of later ones is refused, never the other way round.

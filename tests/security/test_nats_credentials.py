@@ -184,6 +184,10 @@ async def test_every_identity_authenticates_with_its_creds_and_its_permissions_h
     claims = decode_claims(Creds(secrets["gpu-dra-nats-node-gpu-a"]["preparer.creds"]).jwt)
     assert claims["name"] == "preparer.gpu-a" and "_INBOX_preparer_gpu-a.>" in claims["nats"]["sub"]["allow"]
     assert not any("gpu-b" in s for s in claims["nats"]["pub"]["allow"] + claims["nats"]["sub"]["allow"])
+    # the reader's JWT: its own durable, and a create of the dashboard's (every other reader's) name denied
+    reader = decode_claims(Creds(secrets["gpu-dra-nats-reader-billing"]["user.creds"]).jwt)["nats"]["pub"]
+    assert "$JS.API.CONSUMER.MSG.NEXT.DRA_EVENTS.reader_billing" in reader["allow"]
+    assert reader["deny"] == ["$JS.API.CONSUMER.CREATE.DRA_EVENTS.reader_dashboard.>"]
     await deployment.start(secrets)
     identities: list[tuple[str, str, str]] = [
         (f"gpu-dra-nats-{r}", "user.creds", r) for r in ("publisher", "controller", "admin")

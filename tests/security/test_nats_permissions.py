@@ -16,7 +16,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy, KeyValueConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 
 from shared.bus import Bus, MsgContext
 from shared.events import catalog
@@ -30,7 +30,7 @@ from tests.polling import eventually
 from tests.security.conftest import Conn, connect_watched
 
 NODES = ["gpu-a", "gpu-b"]
-READERS = {"billing": ["team-a"]}
+READERS = {"billing": ["team-a"], "audit": ["team-a"]}
 WAIT = 5.0
 INV = catalog.INVENTORY_BUCKET.name
 INV_STREAM = f"KV_{INV}"
@@ -383,6 +383,55 @@ async def test_a_reader_sees_claim_events_of_its_namespaces_only(seeded: Embedde
     finally:
         await reader.nc.close()
         await reader_bus.close()
+        await preparer.close()
+
+
+async def test_a_reader_owns_one_durable_that_no_other_reader_may_read_ack_or_retarget(seeded: EmbeddedNats) -> None:
+    """reader.billing's durable pull consumer `reader_billing` (docs/events.md): it creates it (filter in the
+    create subject), fetches and acks. reader.audit, granted the same namespace, may not fetch from it, ack for
+    it, read or delete it, nor re-create it with another filter (a create of an existing name updates it: that
+    would make billing's consumer skip its events)."""
+    preparer = await _bus(seeded, "preparer.gpu-a")
+    billing = await _connect(seeded, "reader.billing", inbox="_INBOX_reader_billing")
+    audit = await _connect(seeded, "reader.audit", inbox="_INBOX_reader_audit")
+    stream, durable = catalog.EVENTS_STREAM.name, "reader_billing"
+    team_a = catalog.CLAIM.wildcard(namespace="team-a")
+    try:
+        event = ClaimLifecycle(
+            event_id="gpu-a/u1/1/prepared",
+            claim_uid="u1",
+            claim_namespace="team-a",
+            claim_name="c1",
+            node="gpu-a",
+            driver="gpu.nvidia.com",
+            event="prepared",
+        )
+        await preparer.publish(catalog.CLAIM, event, msg_id="m1", namespace="team-a", node="gpu-a", event="prepared")
+        config = ConsumerConfig(
+            name=durable, durable_name=durable, filter_subject=team_a, ack_policy=AckPolicy.EXPLICIT
+        )
+        js = billing.nc.jetstream()
+        await js.add_consumer(stream, config)
+        sub = await js.pull_subscribe_bind(durable, stream=stream)
+        (msg,) = await sub.fetch(1, timeout=WAIT)
+        await msg.ack_sync()
+        assert (await js.consumer_info(stream, durable)).num_ack_pending == 0
+        # the other reader: nothing of billing's durable
+        body = {"stream_name": stream, "config": {"name": durable, "durable_name": durable, "filter_subject": team_a}}
+        await audit.request_refused(f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.{team_a}", json.dumps(body).encode())
+        for verb in ("MSG.NEXT", "INFO", "DELETE"):
+            await audit.request_refused(f"$JS.API.CONSUMER.{verb}.{stream}.{durable}", b'{"batch": 1}')
+        ack = f"$JS.ACK.{stream}.{durable}.1.1.1.0.0"
+        await audit.nc.publish(ack, b"+ACK")
+        await audit.nc.flush()
+        await audit.refused("publish", ack)
+        # its own durable, `reader_audit`, it may make
+        own = ConsumerConfig(name="reader_audit", durable_name="reader_audit", filter_subject=team_a)
+        assert (await audit.nc.jetstream().add_consumer(stream, own)).num_pending == 1
+        assert (await js.consumer_info(stream, durable)).config.filter_subject == team_a
+    finally:
+        await audit.nc.close()
+        await billing.nc.close()
         await preparer.close()
 
 

@@ -179,3 +179,17 @@ def test_subject_tokens_are_checked() -> None:
     with pytest.raises(ValueError, match="no dots"):
         catalog.INVENTORY.format(node="a.b")
     assert catalog.CLAIM.wildcard(namespace="ns") == "dra.v1.claim.ns.*.*"
+
+
+async def test_provisioning_raises_the_event_streams_limit_of_a_stream_made_before(bus: Bus) -> None:
+    """DRA_EVENTS made with the old 256 MiB limit gets the catalog's (2 GiB: a slow durable consumer's backlog at
+    10,000 events/s, bench/events_bench.py) at the next provision; its events stay."""
+    stream = catalog.EVENTS_STREAM.name
+    info = await bus.js.stream_info(stream)
+    info.config.max_bytes = 256 * 1024 * 1024
+    await bus.js.update_stream(info.config)
+    await bus.js.publish(catalog.CLAIM.format(namespace="ns", node="n1", event="prepared"), b"{}")
+    await bus.provision()
+    info = await bus.js.stream_info(stream)
+    assert info.config.max_bytes == catalog.EVENTS_STREAM.max_bytes == 2 * 1024 * 1024 * 1024
+    assert info.state.messages == 1
