@@ -20,6 +20,9 @@ Then, with the kills over and every pod gone, it checks (issue 16, item 7):
     .venv/bin/python bench/chaos.py [--pods 1000] [--seed 1] [--nodes 2] [--gpus h100x4] [--kills 2]
 
 Prints the figures and writes them to bench/results/chaos.json. tests/chaos/ runs a short variant.
+
+Its parts: bench/chaos_cluster.py (`gpu-dra up` and the API client), bench/chaos_churn.py (the pods and
+the kill schedule), bench/chaos_checks.py (the invariants).
 """
 
 from __future__ import annotations
@@ -27,532 +30,55 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
-import os
-import random
-import re
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import nats  # noqa: E402
-from nats.errors import TimeoutError as NatsTimeout  # noqa: E402
-
-from shared.kube.client import kube_api_client  # noqa: E402
+from bench.chaos_checks import (  # noqa: E402
+    STATE_CHANGING,
+    check_events,
+    checkpoint,
+    figures,
+    node_state,
+    read_json,
+    recovery,
+    sample_doubles,
+)
+from bench.chaos_churn import (  # noqa: E402
+    SHARED_CLAIM,
+    TEMPLATES,
+    Run,
+    churn,
+    is_running,
+    kill_schedule,
+    killer,
+    pod_body,
+    poll_pods,
+    until,
+)
+from bench.chaos_cluster import (  # noqa: E402
+    CLUSTER_TARGETS,
+    NODE_TARGETS,
+    NS,
+    Api,
+    UpProcess,
+    admin_creds,
+    admin_login,
+    log,
+    stream_events,
+)
 from shared.kube.resources import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube  # noqa: E402
 from shared.kube.rest import ApiError  # noqa: E402
-from shared.natsjwt import Creds  # noqa: E402
-
-NS = "default"
-LABEL = "chaos"
-CLUSTER_TARGETS = ("publisher", "scheduler", "apiserver", "nats-server")
-NODE_TARGETS = ("preparer", "discovery", "kubelet")
-GPU_CONFIG = {
-    "apiVersion": "resource.nvidia.com/v1beta1",
-    "kind": "GpuConfig",
-    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
-}
-TEMPLATES = {
-    "chaos-gpu": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]},
-    "chaos-ts-gpu": {
-        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
-        "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": GPU_CONFIG}}],
-    },
-}
-STATE_CHANGING = {"prepared", "unprepared", "rolled-back"}  # what the ledger accounts
-
-
-def log(line: str) -> None:
-    print(f"[chaos {time.strftime('%H:%M:%S')}] {line}", flush=True)
-
-
-# ---------------------------------------------------------------- the cluster, as a user runs it
-class UpProcess:
-    """`gpu-dra up` in its own session; its console is kept and searched as it comes."""
-
-    def __init__(self, data_dir: Path, nodes: int, gpus: str, metrics_port: int) -> None:
-        self.data_dir = data_dir
-        self.kubeconfig = data_dir / "kubeconfig"
-        self.argv = [
-            sys.executable,
-            "-m",
-            "shared.cli",
-            "up",
-            "--nodes",
-            str(nodes),
-            "--gpus",
-            gpus,
-            "--data-dir",
-            str(data_dir),
-            "--metrics-port",
-            str(metrics_port),
-            "--no-compute-domains",
-        ]
-        self.proc: asyncio.subprocess.Process | None = None
-        self.lines: list[str] = []
-        self.stamps: list[float] = []  # wall time each line was read
-        self._new = asyncio.Condition()
-        self._reader: asyncio.Task[None] | None = None
-
-    async def start(self, timeout: float) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv,
-            cwd=REPO,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self._reader = asyncio.create_task(self._read())
-        await self.wait_line(lambda line: line.startswith("ready:"), timeout)
-
-    async def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        async for raw in self.proc.stdout:
-            async with self._new:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-                self.stamps.append(time.time())
-                self._new.notify_all()
-        async with self._new:
-            self.lines.append("\0")  # EOF
-            self.stamps.append(time.time())
-            self._new.notify_all()
-
-    async def wait_line(self, match: Callable[[str], bool], timeout: float) -> str:
-        async def first() -> str:
-            async with self._new:
-                while True:
-                    for line in self.lines:
-                        if line == "\0":
-                            raise RuntimeError("gpu-dra up exited:\n" + "\n".join(self.lines[-40:]))
-                        if match(line):
-                            return line
-                    await self._new.wait()
-
-        return await asyncio.wait_for(first(), timeout)
-
-    async def nats_url(self) -> str:
-        line = await self.wait_line(lambda line: "nats-server (JetStream)" in line, 5)
-        found = re.search(r"nats://\S+", line)
-        assert found, line
-        return found[0]
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 90)
-            except TimeoutError:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                await self.proc.wait()
-        if self._reader is not None:
-            await asyncio.wait_for(self._reader, 10)
-
-    def pids(self, target: str, node: str = "") -> list[int]:
-        """The processes of `target` (a service name, or nats-server) of this cluster, from /proc."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            text = " ".join(a.decode(errors="replace") for a in argv)
-            if str(self.data_dir) not in text:
-                continue
-            if target == "nats-server":
-                hit = argv[0].endswith(b"nats-server")
-            else:
-                hit = f"shared.cli {target} " in text and (not node or f"--node {node} " in text)
-            if hit:
-                found.append(int(entry.name))
-        return found
-
-
-class Api:
-    """The admin's API client; remade when the API server restarted (new port token) or a call fails."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        self.kubeconfig = kubeconfig
-        self.kube: Kube | None = None
-
-    async def call(self, what: Callable[[Kube], Any], timeout: float = 120) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if self.kube is None:
-                    self.kube = Kube(await kube_api_client(str(self.kubeconfig)), request_timeout=10)
-                return await what(self.kube)
-            except ApiError as exc:
-                if exc.status not in (401, 403, 429, 500, 503, 504):
-                    raise
-                err: Exception = exc
-            except Exception as exc:  # noqa: BLE001 - connection refused/reset while the API server restarts
-                err = exc
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the API server did not answer for {timeout:.0f}s: {err}")
-            await self.close()
-            await asyncio.sleep(0.3)
-
-    async def close(self) -> None:
-        if self.kube is not None:
-            with contextlib.suppress(Exception):
-                await self.kube.api_client.close()
-            self.kube = None
-
-
-# ---------------------------------------------------------------- churn, kills, samples
-@dataclass
-class Run:
-    pods: int
-    seed: int
-    nodes: list[str]
-    created: int = 0
-    succeeded: set[str] = field(default_factory=set)
-    never_running: set[str] = field(default_factory=set)
-    never_gone: set[str] = field(default_factory=set)
-    claim_of: dict[str, tuple[str, str]] = field(default_factory=dict)  # pod -> (claim uid, node) once Running
-    kills: list[tuple[str, str, float]] = field(default_factory=list)  # (target, node, wall time)
-    doubles: set[str] = field(default_factory=set)
-    seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # pod name -> last listed object
-    listed: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-SHARED_CLAIM = "chaos-shared"  # a standalone claim: pods at once share it, pods one after another re-prepare it
-
-
-def pod_body(name: str, template: str) -> dict[str, Any]:
-    """A pod whose claim comes from `template`, or is the standalone SHARED_CLAIM."""
-    ref = {"resourceClaimName": SHARED_CLAIM} if template == SHARED_CLAIM else {"resourceClaimTemplateName": template}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": {LABEL: "1"}},
-        "spec": {
-            "containers": [{"name": "ctr", "image": "ubuntu:22.04", "resources": {"claims": [{"name": "gpu"}]}}],
-            "resourceClaims": [{"name": "gpu", **ref}],
-        },
-    }
-
-
-def is_running(pod: dict[str, Any]) -> bool:
-    st = pod.get("status") or {}
-    return st.get("phase") == "Running" and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []
-    )
-
-
-async def poll_pods(api: Api, run: Run) -> None:
-    """One list of the churn's pods at a time; the workers wait on `run.listed` for news."""
-    while True:
-        pods, _ = await api.call(lambda k: k.list(PODS, NS, label_selector=f"{LABEL}=1"))
-        run.seen = {p["metadata"]["name"]: p for p in pods}
-        run.listed.set()
-        run.listed = asyncio.Event()
-        await asyncio.sleep(0.25)
-
-
-async def until(run: Run, check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(run.listed.wait(), left)
-    return True
-
-
-async def pod_life(api: Api, run: Run, name: str, template: str, hold: float, pod_timeout: float) -> None:
-    async def create(k: Kube) -> None:
-        try:
-            await k.create(PODS, NS, pod_body(name, template))
-        except ApiError as exc:
-            if exc.status != 409:  # a retry of a create that landed
-                raise
-
-    await api.call(create)
-    run.created += 1
-    if await until(run, lambda: name in run.seen and is_running(run.seen[name]), pod_timeout):
-        run.succeeded.add(name)
-        pod = run.seen[name]
-        claim = (
-            SHARED_CLAIM
-            if template == SHARED_CLAIM
-            else ((pod.get("status") or {}).get("resourceClaimStatuses") or [{}])[0].get("resourceClaimName", "")
-        )
-        if claim:
-            with contextlib.suppress(ApiError):
-                obj = await api.call(lambda k: k.get(RESOURCECLAIMS, NS, claim))
-                run.claim_of[name] = (obj["metadata"]["uid"], pod["spec"].get("nodeName", ""))
-        await asyncio.sleep(hold)
-    else:
-        run.never_running.add(name)
-
-    async def delete(k: Kube) -> None:
-        try:
-            await k.delete(PODS, NS, name)
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
-
-    await api.call(delete)
-    if not await until(run, lambda: name not in run.seen, pod_timeout):
-        run.never_gone.add(name)
-
-
-async def churn(api: Api, run: Run, concurrency: int, pod_timeout: float, progress: asyncio.Condition) -> None:
-    rng = random.Random(run.seed)
-    slots = asyncio.Semaphore(concurrency)
-    tasks = []
-
-    async def one(i: int) -> None:
-        try:
-            template = SHARED_CLAIM if i % 5 == 4 else "chaos-ts-gpu" if i % 3 == 2 else "chaos-gpu"
-            await pod_life(api, run, f"chaos-{i}", template, rng.uniform(0, 0.3), pod_timeout)
-        finally:
-            slots.release()
-
-    for i in range(run.pods):
-        await slots.acquire()
-        tasks.append(asyncio.create_task(one(i)))
-        async with progress:
-            progress.notify_all()
-        if (i + 1) % 50 == 0:
-            log(f"{i + 1}/{run.pods} pods started, {len(run.succeeded)} ran, {len(run.kills)} kills")
-    await asyncio.gather(*tasks)
-
-
-def kill_schedule(run: Run, kills_each: int) -> list[tuple[float, str, str]]:
-    """(fraction of the pods created, target, node) for every kill, in order; seeded."""
-    rng = random.Random(run.seed * 7919 + 1)
-    targets = [(t, "") for t in CLUSTER_TARGETS] + [(t, n) for n in run.nodes for t in NODE_TARGETS]
-    plan = [(t, n) for t, n in targets for _ in range(kills_each)]
-    rng.shuffle(plan)
-    fractions = sorted(rng.uniform(0.05, 0.85) for _ in plan)
-    return [(f, t, n) for f, (t, n) in zip(fractions, plan, strict=True)]
-
-
-async def killer(up: UpProcess, run: Run, schedule: list[tuple[float, str, str]], progress: asyncio.Condition) -> None:
-    for fraction, target, node in schedule:
-        async with progress:
-            await progress.wait_for(lambda f=fraction: run.created >= f * run.pods)  # type: ignore[misc]
-        deadline = time.monotonic() + 60
-        while not (pids := up.pids(target, node)):  # still waiting out a restart backoff
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{target} {node} did not come back within 60 s")
-            await asyncio.sleep(0.2)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        run.kills.append((target, node, time.time()))
-        log(f"SIGKILL {target} {node} (pid {','.join(map(str, pids))}) at pod {run.created}")
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
-def checkpoint(up: UpProcess, node: str) -> dict[str, Any]:
-    path = up.data_dir / "nodes" / node / "var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json"
-    return dict(read_json(path).get("preparedClaims") or {})
-
-
-def doubles_in_checkpoint(entries: dict[str, Any]) -> list[str]:
-    holders: dict[str, list[tuple[str, bool]]] = defaultdict(list)
-    for uid, record in entries.items():
-        for d in record.get("devices") or []:
-            holders[f"{d.get('pool')}/{d.get('device')}"].append((uid, bool(d.get("shared"))))
-    return [
-        f"{dev}: {sorted(u for u, _ in held)}"
-        for dev, held in holders.items()
-        if len(held) > 1 and not all(shared for _, shared in held)
-    ]
-
-
-def doubles_in_allocations(claims: list[dict[str, Any]]) -> list[str]:
-    holders: dict[str, list[str]] = defaultdict(list)
-    for c in claims:
-        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
-            if not r.get("adminAccess"):
-                holders[f"{r.get('pool')}/{r.get('device')}"].append(c["metadata"]["uid"])
-    return [f"{dev}: {sorted(uids)}" for dev, uids in holders.items() if len(uids) > 1]
-
-
-async def sample_doubles(up: UpProcess, api: Api, run: Run) -> None:
-    while True:
-        for node in run.nodes:
-            run.doubles.update(f"checkpoint {node} {d}" for d in doubles_in_checkpoint(checkpoint(up, node)))
-        claims, _ = await api.call(lambda k: k.list(RESOURCECLAIMS, NS))
-        run.doubles.update(f"allocation {d}" for d in doubles_in_allocations(claims))
-        await asyncio.sleep(1.0)
-
-
-# ---------------------------------------------------------------- invariants
-def node_state(up: UpProcess, node: str, claims: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, Any]:
-    """Checkpoint entries vs CDI claim specs vs claims prepared on the node, and sharing left on free GPUs."""
-    entries = checkpoint(up, node)
-    root = up.data_dir / "nodes" / node
-    specs = {m[1] for p in (root / "var/run/cdi").glob("*.json") if (m := re.search(r"claim_(.+)\.json$", p.name))}
-    pods_here = {p["metadata"]["uid"] for p in pods if p["spec"].get("nodeName") == node}
-    on_node = {
-        c["metadata"]["uid"]
-        for c in claims
-        if (c.get("status") or {}).get("allocation")
-        and {r.get("uid") for r in (c.get("status") or {}).get("reservedFor") or []} & pods_here
-    }
-    sim = read_json(root / f"var/lib/gpu-dra/simnvml-{node}.json")
-    held = {d.get("uuid") for e in entries.values() for d in e.get("devices") or []} | {
-        d.get("parent_uuid") for e in entries.values() for d in e.get("devices") or []
-    }
-    policy_left = [
-        f"{g['uuid']} timeslice={g.get('timeslice', 0)} compute_mode={g.get('compute_mode', 0)}"
-        for g in sim.get("gpus") or []
-        if (g.get("timeslice") or g.get("compute_mode")) and g["uuid"] not in held
-    ]
-    policy_left += [
-        f"MPS daemon {d}" for d, m in (sim.get("mps") or {}).items() if not set(m.get("gpu_uuids") or []) & held
-    ]
-    keys = set(entries)
-    policy_held = sum(1 for g in sim.get("gpus") or [] if g.get("timeslice") and g["uuid"] in held)
-    return {
-        "checkpoint": len(entries),
-        "cdi_specs": len(specs),
-        "prepared_claims": len(on_node),
-        "timesliced_held": policy_held,
-        "mismatch": sorted((keys ^ specs) | (keys ^ on_node)),
-        "policy_left": policy_left,
-        "not_completed": sorted(u for u, e in entries.items() if e.get("state") != "PrepareCompleted"),
-    }
-
-
-def admin_login(data_dir: Path) -> dict[str, Any]:
-    """nats.connect options for `gpu-dra up`'s own admin identity (its NATS has no anonymous user)."""
-    jwt_cb, sign_cb = Creds(admin_creds(data_dir).read_text()).callbacks()
-    return {"user_jwt_cb": jwt_cb, "signature_cb": sign_cb, "inbox_prefix": "_INBOX_admin"}
-
-
-def admin_creds(data_dir: Path) -> Path:
-    return data_dir / "identities" / "nats" / "admin.creds"
-
-
-async def stream_events(url: str, login: dict[str, Any]) -> list[dict[str, Any]]:
-    nc = await nats.connect(url, **login)
-    try:
-        js = nc.jetstream()
-        sub = await js.pull_subscribe("dra.v1.claim.>", stream="DRA_EVENTS")
-        out: list[dict[str, Any]] = []
-        while True:
-            try:
-                msgs = await sub.fetch(500, timeout=2)
-            except (NatsTimeout, TimeoutError):
-                return out
-            for msg in msgs:
-                out.append(json.loads(msg.data))
-                await msg.ack()
-    finally:
-        await nc.close()
-
-
-def check_events(events: list[dict[str, Any]], run: Run) -> dict[str, Any]:
-    ids = Counter(e.get("event_id", "") for e in events)
-    duplicates = sorted(i for i, n in ids.items() if n > 1)
-    preparations: dict[str, set[str]] = defaultdict(set)
-    for e in events:
-        parts = str(e.get("event_id", "")).split("/")
-        if len(parts) == 4:
-            preparations["/".join(parts[:3])].add(parts[3])
-    incomplete = []
-    for prep, kinds in preparations.items():
-        done = (
-            ("prepared" in kinds and ({"unprepared", "rolled-back"} & kinds))
-            or ("rolled-back" in kinds)
-            or kinds == {"prepare-failed"}
-        )
-        if "prepare-started" not in kinds and kinds != {"prepare-failed"}:
-            done = False
-        if not done:
-            incomplete.append(f"{prep}: {sorted(kinds)}")
-    prepared = {(e["claim_uid"], e["node"]) for e in events if e.get("event") == "prepared"}
-    unaccounted = sorted(
-        f"{pod} {uid}@{node}" for pod, (uid, node) in run.claim_of.items() if (uid, node) not in prepared
-    )
-    return {
-        "events": len(events),
-        "preparations": len(preparations),
-        "duplicate_ids": duplicates,
-        "incomplete_preparations": sorted(incomplete),
-        "ran_without_prepared_event": unaccounted,
-        "no_event_id": ids.get("", 0),
-    }
-
-
-def serving_times(up: UpProcess, node: str) -> list[float]:
-    """When the node's GPU preparer said "preparer serving" (its log), as wall times."""
-    out = []
-    with contextlib.suppress(OSError):
-        for line in (up.data_dir / "logs" / f"{node}-preparer.log").read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if entry.get("msg") == "preparer serving" and entry.get("driver") == "gpu.nvidia.com":
-                    stamp = datetime.datetime.fromisoformat(entry["ts"].replace("Z", "+00:00"))
-                    out.append(stamp.timestamp())
-    return out
-
-
-def recovery(events: list[dict[str, Any]], run: Run, up: UpProcess) -> list[dict[str, Any]]:
-    """Per preparer kill, seconds: to the node's next `prepared` from the kill (`from_kill`) and from the
-    restart (`up` prints "<node>-preparer restarted"), and the restarted preparer's start (restart to its
-    log's "preparer serving")."""
-    prepared = sorted((e["observed_at"], e["node"]) for e in events if e.get("event") == "prepared")
-    out: list[dict[str, Any]] = []
-    for target, node, at in run.kills:
-        if target != "preparer":
-            continue
-        one: dict[str, Any] = {"node": node, "at": time.strftime("%H:%M:%S", time.localtime(at))}
-        out.append(one)
-        nxt = next((t for t, n in prepared if n == node and t > at), None)
-        if nxt is None:
-            continue
-        one["from_kill"] = round(nxt - at, 2)
-        restarted = next(
-            (
-                t
-                for t, line in zip(up.stamps, up.lines, strict=False)
-                if t > at and f"{node}-preparer restarted" in line
-            ),
-            None,
-        )
-        if restarted is None or restarted > nxt:
-            continue
-        one["from_restart"] = round(nxt - restarted, 2)
-        serving = next((t for t in serving_times(up, node) if t > at), None)
-        if serving is not None:
-            one["start"] = round(serving - restarted, 2)
-    return out
-
-
-def figures(values: list[float]) -> dict[str, Any]:
-    return {
-        "measured": len(values),
-        "median": round(statistics.median(values), 2) if values else None,
-        "max": round(max(values), 2) if values else None,
-    }
 
 
 async def settle(check: Callable[[], Any], timeout: float, what: str) -> None:
@@ -563,7 +89,6 @@ async def settle(check: Callable[[], Any], timeout: float, what: str) -> None:
         await asyncio.sleep(0.5)
 
 
-# ---------------------------------------------------------------- the run
 async def chaos(
     pods: int,
     seed: int,

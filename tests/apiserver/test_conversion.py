@@ -18,7 +18,7 @@ from embedded.apiserver.conversion import (
     v1_field_path_to,
 )
 from embedded.apiserver.validation import validate_object
-from tests.apiserver.test_validation import claim, h100_slice
+from tests.apiserver.validation_objects import claim, h100_slice
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "workloads"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import CLUSTER_TARGETS, NODE_TARGETS, chaos
+from bench.chaos import chaos
+from bench.chaos_cluster import CLUSTER_TARGETS, NODE_TARGETS
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.chaos import Run, check_events, doubles_in_allocations, doubles_in_checkpoint
+from bench.chaos_checks import check_events, doubles_in_allocations, doubles_in_checkpoint
+from bench.chaos_churn import Run
 
 
 def ev(node: str, uid: str, prep: int, event: str) -> dict:
