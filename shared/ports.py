@@ -1,15 +1,37 @@
-"""TCP ports for local runs: one the kernel picks, or the next free one after a base."""
+"""TCP ports for local runs: a free one below the kernel's ephemeral range, or the next free one after a base."""
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+LOWEST = 10000  # below: ports services commonly use
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def free_port() -> int:
-    """A port free on loopback now (the kernel's pick, from the ephemeral range)."""
+    """A port free now, below the kernel's ephemeral range: between this pick and the bind of the server
+    given it, the kernel never hands it out as an outgoing connection's local port (a port of that range can
+    be: a nats-server's route port taken by a peer's dial). Random, so that processes picking at once
+    rarely meet; the kernel's own pick when no port below the range is found free."""
+    below = ephemeral_range()[0]
+    for _ in range(64) if below > LOWEST else ():
+        port = random.randrange(LOWEST, below)  # a spread, not a secret
+        if port_is_free(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux's default when it cannot be read)."""
+    try:
+        low, high = EPHEMERAL_RANGE.read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def port_is_free(port: int, host: str = "0.0.0.0") -> bool:  # noqa: S104 - the address a service binds

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from shared.ports import next_free_port, port_is_free
+from shared.ports import ephemeral_range, free_port, next_free_port, port_is_free
 
 
 def test_a_port_held_by_a_listener_or_as_a_connections_local_port_is_passed_over() -> None:
@@ -29,3 +29,12 @@ def test_no_free_port_left_in_the_range_is_an_error_naming_it() -> None:
         held = server.getsockname()[1]
         with pytest.raises(OSError, match=f"no free TCP port in {held}-{held}"):
             next_free_port(held - 1, limit=held)
+
+
+def test_a_free_port_lies_below_the_ephemeral_range_and_is_free() -> None:
+    """Outgoing connections take their local ports from the ephemeral range, so a port picked there can be
+    taken by one before its server binds; free_port picks below it."""
+    low, _ = ephemeral_range()
+    picked = {free_port() for _ in range(20)}
+    assert all(10000 <= port < low and port_is_free(port) for port in picked), picked
+    assert len(picked) > 1, "random: processes picking at once rarely meet"
