@@ -194,6 +194,8 @@ async def one_round(
     timeline: dict[str, dict[str, float]] = {}
     for phase in PHASES:
         offsets = [(m[phase] - start) * 1000 for (u, _n), m in tl.marks.items() if u in uids.values() and phase in m]
+        if not offsets:
+            continue  # no daemon process spawned (--daemon in-process)
         timeline[phase] = {"median_ms": round(statistics.median(offsets), 1), "last_ms": round(max(offsets), 1)}
     timeline["status_written"] = {"last_ms": round(max(d["status_written_ms"] for d in per_domain), 1)}
     timeline["status_seen"] = {"last_ms": round((max(status_seen.values()) - start) * 1000, 1)}
