@@ -1,15 +1,26 @@
-"""ComputeDomain readiness latency: time from the last IMEX daemon Ready to the domain Ready, 18 nodes.
+"""ComputeDomain readiness: last IMEX daemon Ready -> domain Ready, and bring-up, for 1..N domains at once.
 
-Runs a real nats-server, the embedded API server, the controller, and 18 simulated GB200 nodes
-(discovery + agent, each agent supervising a simulated IMEX daemon process on its own loopback
-address). Each round creates a ComputeDomain, prepares one channel claim per node through the
-channel preparer core, and records, on one clock in this process:
-  last_ready -> status   the last member's Ready (KV watch) to the CR watch showing `status: Ready`
+Runs a real nats-server, the embedded API server, the controller, and `--domains` x `--nodes` simulated
+GB200 nodes (discovery + agent each, each agent supervising a simulated IMEX daemon on its own loopback
+address; two cliques per domain). Each round creates the domains, waits for the controller to announce
+them (what lets the scheduler allocate their channel claims), prepares one channel claim per node, all
+at once, through the channel preparer core, and records on one clock in this process:
+  last_ready -> status   the domain's last member Ready (KV watch) to the CR watch showing `status: Ready`
   last_ready -> event    the same, to the `dra.v1.cd.<uid>.status` Ready event
-  bring-up               first prepare to domain Ready (18 daemons start and connect to 17 peers)
-then deletes the domain and checks that nothing is left. Upstream polls every 2 s; the goal is 1 s.
+  bring-up               the domain's first prepare to its status Ready (daemons start and connect to peers)
+  all domains            the last daemon Ready of all domains -> every domain Ready (--domains > 1)
+and a timeline per node (prepare called, membership joined, daemon process spawned, daemon Ready, member
+Ready seen in KV, prepare returned; controller: status written, status seen), from the components' own log
+lines and KV entries. Then deletes the domains and checks that nothing is left. Upstream polls every 2 s;
+the goal is 1 s.
 
-    .venv/bin/python bench/computedomain_bench.py [--nodes 18] [--rounds 5]
+`--daemon subprocess` (default) runs `python -m services.computedomain.imexd` per node, the agent's own
+simulated daemon. `--daemon in-process` (bench only) runs the same simulator's code (imexd.Daemon, real TCP
+between peers) inside this process, for domain counts whose subprocesses this machine cannot hold: its
+figure is the control plane's (last daemon Ready -> all domains Ready), which does not depend on how a
+daemon is started; its bring-up is not a daemon's.
+
+    .venv/bin/python bench/computedomain_bench.py [--nodes 18] [--rounds 5] [--domains 1] [--daemon subprocess]
 """
 
 from __future__ import annotations
@@ -18,16 +29,19 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubernetes_asyncio import client, watch  # noqa: E402
 
+from bench.computedomain_sim import InProcessDaemon, daemon_startup_ms  # noqa: E402
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
 from embedded.harness.discovery import running_discovery  # noqa: E402
 from services.computedomain import crd  # noqa: E402
@@ -48,84 +62,172 @@ from shared.natsserver import EmbeddedNats  # noqa: E402
 from shared.ports import free_port  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "computedomain.json"
+NS = "bench"
+# (logger, message) -> timeline mark: what the components already log, with the record's wall-clock time
+LOGGED = {
+    ("services.computedomain.membership", "joined compute domain"): "joined",
+    ("services.computedomain.imex", "IMEX daemon started"): "spawned",
+}
+PHASES = ["prepare_called", "joined", "spawned", "daemon_ready", "member_ready_seen", "prepared"]
 
 
-async def one_round(custom, bus: Bus, preparers: list[ChannelPreparer], n: int, name: str) -> dict[str, float]:
-    created = await custom.create_namespaced_custom_object(
-        crd.GROUP,
-        crd.VERSION,
-        "bench",
-        crd.PLURAL,
-        {
-            "apiVersion": f"{crd.GROUP}/{crd.VERSION}",
-            "kind": crd.KIND,
-            "metadata": {"name": name},
-            "spec": {"channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}},
-        },
-    )
-    uid = created["metadata"]["uid"]
-    member_ready: dict[str, float] = {}
-    marks: dict[str, float] = {}
-    done_status, done_event = asyncio.Event(), asyncio.Event()
+class Timeline(logging.Handler):
+    """Wall-clock marks per (domain uid, node), first occurrence of each."""
 
-    async def follow_members() -> None:
-        async for _d, node, m in Membership(bus).watch(uid):
-            if m is not None and m.status == "Ready" and node not in member_ready:
-                member_ready[node] = time.perf_counter()
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.marks: dict[tuple[str, str], dict[str, float]] = {}
 
-    async def follow_cr() -> None:
+    def mark(self, uid: str, node: str, what: str, at: float | None = None) -> None:
+        self.marks.setdefault((uid, node), {}).setdefault(what, time.time() if at is None else at)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        what = LOGGED.get((record.name, record.getMessage()))
+        fields = getattr(record, "structured_fields", None) or {}
+        if what == "joined":
+            self.mark(fields["domain"], fields["node"], what, record.created)
+        elif what == "spawned":
+            uid, _, node = str(fields["daemon"]).rpartition("@")
+            self.mark(uid, node, what, record.created)
+
+    def install(self) -> None:
+        """Take the INFO lines those loggers already write; the console handler keeps showing warnings only."""
+        logging.getLogger().handlers[0].setLevel(logging.WARNING)
+        for name, _msg in LOGGED:
+            logging.getLogger(name).setLevel(logging.INFO)
+            logging.getLogger(name).addHandler(self)
+
+
+async def one_round(
+    custom: Any, bus: Bus, controller: Controller, nodes: list[ChannelPreparer], per: int, tag: str, tl: Timeline
+) -> dict[str, Any]:
+    names = [f"cd-{tag}-{d}" for d in range(len(nodes) // per)]
+    announced: dict[str, asyncio.Event] = {}
+    ready_event: dict[str, float] = {}
+    status_seen: dict[str, float] = {}
+    all_ready = asyncio.Event()
+
+    async def on_status(msg: Any, _ctx: Any) -> None:
+        if msg.domain_name not in names:
+            return
+        announced.setdefault(msg.domain_name, asyncio.Event()).set()
+        if msg.status == "Ready" and msg.nodes == per:
+            ready_event.setdefault(msg.domain_name, time.time())
+
+    async def follow_crs() -> None:
         async with watch.Watch() as stream:
             async for event in stream.stream(
-                custom.list_namespaced_custom_object,
-                crd.GROUP,
-                crd.VERSION,
-                "bench",
-                crd.PLURAL,
-                field_selector=f"metadata.name={name}",
+                custom.list_namespaced_custom_object, crd.GROUP, crd.VERSION, NS, crd.PLURAL
             ):
-                status = event["object"].get("status") or {}
-                if status.get("status") == "Ready" and len(status.get("nodes") or []) == n:
-                    marks["status"] = time.perf_counter()
-                    done_status.set()
-                    return
+                obj = event["object"]
+                status = obj.get("status") or {}
+                name = obj["metadata"]["name"]
+                if name in names and status.get("status") == "Ready" and len(status.get("nodes") or []) == per:
+                    status_seen.setdefault(name, time.time())
+                    if len(status_seen) == len(names):
+                        all_ready.set()
 
-    async def on_status(msg, _ctx) -> None:
-        if msg.domain_uid == uid and msg.status == "Ready" and msg.nodes == n and "event" not in marks:
-            marks["event"] = time.perf_counter()
-            done_event.set()
+    member_ready: dict[str, float] = {}  # "<uid>/<node>" -> seen
+    replayed = asyncio.Event()
+
+    async def follow_members() -> None:
+        async for _d, node, m in Membership(bus).watch():
+            if node == "":
+                replayed.set()
+            elif m is not None and m.status == "Ready":
+                tl.mark(m.domain_uid, m.node, "daemon_ready", m.observed_at)
+                tl.mark(m.domain_uid, m.node, "member_ready_seen")
+                member_ready.setdefault(f"{m.domain_uid}/{m.node}", time.time())
 
     sub = await bus.subscribe(CD_STATUS, on_status)
-    tasks = [asyncio.create_task(follow_members()), asyncio.create_task(follow_cr())]
-    await asyncio.sleep(0.2)  # the CR watch and the KV watch are established
-    cfg = parse_channel_config(channel_config(uid))
-    start = time.perf_counter()
-    await asyncio.gather(
-        *(p.prepare(ChannelClaim(f"{name}-{i}", "bench", f"{name}-{i}", cfg)) for i, p in enumerate(preparers))
-    )
-    await asyncio.wait_for(asyncio.gather(done_status.wait(), done_event.wait()), 30)
+    tasks = [asyncio.create_task(follow_crs()), asyncio.create_task(follow_members())]
+    await replayed.wait()
+    uids: dict[str, str] = {}
+    for name in names:
+        announced.setdefault(name, asyncio.Event())
+        created = await custom.create_namespaced_custom_object(
+            crd.GROUP,
+            crd.VERSION,
+            NS,
+            crd.PLURAL,
+            {
+                "apiVersion": f"{crd.GROUP}/{crd.VERSION}",
+                "kind": crd.KIND,
+                "metadata": {"name": name},
+                "spec": {"channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}},
+            },
+        )
+        uids[name] = created["metadata"]["uid"]
+    # the controller's first announcement: until then an agent cannot look the domain up (kubelet would retry)
+    await asyncio.wait_for(asyncio.gather(*(announced[n].wait() for n in names)), 60)
+
+    async def prepare(p: ChannelPreparer, name: str, i: int) -> None:
+        uid = uids[name]
+        tl.mark(uid, p.node, "prepare_called")
+        cfg = parse_channel_config(channel_config(uid))
+        await p.prepare(ChannelClaim(f"{name}-{i}", NS, f"{name}-{i}", cfg))
+        tl.mark(uid, p.node, "prepared")
+
+    start = time.time()
+    await asyncio.gather(*(prepare(p, names[i // per], i) for i, p in enumerate(nodes)))
+    await asyncio.wait_for(all_ready.wait(), 120)
+    while len(ready_event) < len(names):
+        await asyncio.sleep(0.01)  # the event and the CR watch race; the event is at most a few ms behind
     await sub.unsubscribe()
-    last_ready = max(member_ready.values())
-    result = {
-        "last_ready_to_status_ms": (marks["status"] - last_ready) * 1000,
-        "last_ready_to_event_ms": (marks["event"] - last_ready) * 1000,
-        "bring_up_ms": (marks["status"] - start) * 1000,
-    }
     for task in tasks:
         task.cancel()
+
+    per_domain = []
+    for name in names:
+        uid = uids[name]
+        last = max(v for k, v in member_ready.items() if k.startswith(uid + "/"))
+        first = min(tl.marks[(uid, p.node)]["prepare_called"] for p in nodes if (uid, p.node) in tl.marks)
+        per_domain.append(
+            {
+                "last_ready_to_status_ms": (status_seen[name] - last) * 1000,
+                "last_ready_to_event_ms": (ready_event[name] - last) * 1000,
+                "bring_up_ms": (status_seen[name] - first) * 1000,
+                "status_written_ms": (controller.domains[uid].ready_written_at - first) * 1000,
+            }
+        )
+    last_all = max(member_ready.values())
+    timeline: dict[str, dict[str, float]] = {}
+    for phase in PHASES:
+        offsets = [(m[phase] - start) * 1000 for (u, _n), m in tl.marks.items() if u in uids.values() and phase in m]
+        if not offsets:
+            continue  # no daemon process spawned (--daemon in-process)
+        timeline[phase] = {"median_ms": round(statistics.median(offsets), 1), "last_ms": round(max(offsets), 1)}
+    timeline["status_written"] = {"last_ms": round(max(d["status_written_ms"] for d in per_domain), 1)}
+    timeline["status_seen"] = {"last_ms": round((max(status_seen.values()) - start) * 1000, 1)}
+    result = {
+        "last_ready_to_status_ms": statistics.median(d["last_ready_to_status_ms"] for d in per_domain),
+        "last_ready_to_event_ms": statistics.median(d["last_ready_to_event_ms"] for d in per_domain),
+        "bring_up_ms": statistics.median(d["bring_up_ms"] for d in per_domain),
+        "max_bring_up_ms": max(d["bring_up_ms"] for d in per_domain),
+        "last_ready_to_all_ready_ms": (max(status_seen.values()) - last_all) * 1000,
+        "timeline": timeline,
+    }
     # tear down and check that nothing is left
-    await custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, "bench", crd.PLURAL, name)
-    deadline = time.monotonic() + 20
+    for name in names:
+        await custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, NS, crd.PLURAL, name)
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        listed = await custom.list_namespaced_custom_object(crd.GROUP, crd.VERSION, "bench", crd.PLURAL)
-        if not listed["items"] and not await Membership(bus).members(uid):
+        listed = await custom.list_namespaced_custom_object(crd.GROUP, crd.VERSION, NS, crd.PLURAL)
+        if not listed["items"] and not any([await Membership(bus).members(u) for u in uids.values()]):
             break
         await asyncio.sleep(0.1)
     else:
-        raise RuntimeError(f"domain {name} was not cleaned up within 20 s")
+        raise RuntimeError(f"round {tag}: domains not cleaned up within 60 s")
     return result
 
 
-async def main_async(nodes: int, rounds: int) -> dict[str, object]:
+def node_address(d: int, i: int) -> str:
+    return f"127.{99 + d // 250}.{d % 250}.{i + 1}"
+
+
+async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict[str, Any]:
+    tl = Timeline()
+    tl.install()
     with tempfile.TemporaryDirectory(prefix="cd-bench-") as tmp:
         root = Path(tmp)
         nats = EmbeddedNats(store_dir=root / "nats")
@@ -138,74 +240,95 @@ async def main_async(nodes: int, rounds: int) -> dict[str, object]:
                 ext = client.ApiextensionsV1Api(kube)
                 for body in crd.crds():
                     await ext.create_custom_resource_definition(body)
-                await client.CoreV1Api(kube).create_namespace({"metadata": {"name": "bench"}})
+                await client.CoreV1Api(kube).create_namespace({"metadata": {"name": NS}})
                 controller = Controller(kube, bus)
                 tasks = [asyncio.create_task(controller.run(stopping))]
                 port = free_port()
                 preparers = []
-                for i in range(nodes):
-                    node = f"gb200-{i:02d}"
-                    clique = 1 + i // 9  # two cliques of nine
-                    await stack.enter_async_context(
-                        running_discovery(bus, node, simulate=f"gb200x4:clique={clique}", root=root / "sim")
-                    )
-                    cfg = AgentConfig(
-                        node=node,
-                        ip_address=f"127.0.99.{i + 1}",
-                        state_dir=str(root / "agents" / node),
-                        imex_server_port=port,
-                        imex_cmd_port=port + 1,
-                        imex_daemon="simulated",
-                    ).resolved()
-                    agent = Agent(cfg, bus)
-                    tasks.append(asyncio.create_task(agent.run(stopping)))
-                    await agent.ready.wait()
-                    preparers.append(
-                        ChannelPreparer(
-                            bus, node=node, dev_root=str(root / "sim" / node), ready_timeout=30, simulated=True
+                agents = []
+                for d in range(domains):
+                    for i in range(nodes):
+                        node = f"gb200-{d:02d}-{i:02d}" if domains > 1 else f"gb200-{i:02d}"
+                        clique = 1 + (i * 2) // nodes  # two cliques per domain
+                        await stack.enter_async_context(
+                            running_discovery(bus, node, simulate=f"gb200x4:clique={clique}", root=root / "sim")
                         )
-                    )
+                        cfg = AgentConfig(
+                            node=node,
+                            ip_address=node_address(d, i),
+                            state_dir=str(root / "agents" / node),
+                            imex_server_port=port,
+                            imex_cmd_port=port + 1,
+                            imex_daemon="simulated",
+                        ).resolved()
+                        agent = Agent(cfg, bus, supervisor=InProcessDaemon if daemon == "in-process" else None)
+                        agents.append(agent)
+                        tasks.append(asyncio.create_task(agent.run(stopping)))
+                        preparers.append(
+                            ChannelPreparer(
+                                bus, node=node, dev_root=str(root / "sim" / node), ready_timeout=120, simulated=True
+                            )
+                        )
+                await asyncio.gather(*(a.ready.wait() for a in agents))
+                custom = client.CustomObjectsApi(kube)
                 results = [
-                    await one_round(client.CustomObjectsApi(kube), bus, preparers, nodes, f"cd-{r}")
-                    for r in range(rounds)
+                    await one_round(custom, bus, controller, preparers, nodes, str(r), tl) for r in range(rounds)
                 ]
                 stopping.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             await bus.close()
             await nats.close()
+    startup = await daemon_startup_ms(nodes) if daemon == "subprocess" else None
 
     def med(key: str) -> float:
         return round(statistics.median(r[key] for r in results), 2)
 
-    return {
+    figures: dict[str, Any] = {
         "benchmark": "computedomain",
         "nodes": nodes,
         "cliques": 2,
         "rounds": rounds,
+        "domains": domains,
+        "daemon": daemon,
         "median_last_daemon_ready_to_domain_ready_status_ms": med("last_ready_to_status_ms"),
         "median_last_daemon_ready_to_status_event_ms": med("last_ready_to_event_ms"),
         "max_last_daemon_ready_to_domain_ready_status_ms": round(max(r["last_ready_to_status_ms"] for r in results), 2),
         "median_bring_up_ms": med("bring_up_ms"),
+        "median_max_bring_up_ms": med("max_bring_up_ms"),
+        "median_last_daemon_ready_to_all_domains_ready_ms": med("last_ready_to_all_ready_ms"),
+        "median_timeline_ms": {
+            phase: {k: round(statistics.median(r["timeline"][phase][k] for r in results), 1) for k in marks}
+            for phase, marks in results[0]["timeline"].items()
+        },
+        "simulated_daemon_startup_ms": startup,
         "goal_ms": 1000,
         "upstream_status_poll_ms": 2000,
-        "rounds_detail": [{k: round(v, 2) for k, v in r.items()} for r in results],
+        "load_average": [round(x, 2) for x in __import__("os").getloadavg()],
+        "rounds_detail": [
+            {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if k != "timeline"} for r in results
+        ],
     }
+    return figures
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--nodes", type=int, default=18)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--domains", type=int, default=1)
+    parser.add_argument("--daemon", choices=["subprocess", "in-process"], default="subprocess")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results file (merged: other runs' keys stay)")
+    parser.add_argument("--key", default="", help="store the figures under this key of the results file")
     args = parser.parse_args()
     setup_logging("bench", "warning")
-    figures = asyncio.run(main_async(args.nodes, args.rounds))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
-    for key, value in figures.items():
-        if key != "rounds_detail":
-            print(f"{key:<56} {value}")
-    print(f"wrote {RESULTS}")
+    figures = asyncio.run(main_async(args.nodes, args.rounds, args.domains, args.daemon))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    existing = json.loads(args.out.read_text()) if args.out.exists() else {}
+    existing.update({args.key: figures} if args.key else figures)
+    args.out.write_text(json.dumps(existing, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in figures.items() if k != "rounds_detail"}, indent=1))
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from nats.js.api import DeliverPolicy
 from services.computedomain import orphans
 from services.computedomain.config import AgentConfig
 from services.computedomain.daemon import DaemonLaunch, resolve_launch
-from services.computedomain.imex import ImexSupervisor
+from services.computedomain.imex import DaemonSupervisor, ImexSupervisor
 from services.computedomain.imexconfig import DaemonFiles, clear_hosts_block, write_peers, write_static
 from services.computedomain.membership import Membership, MembershipError, token
 from shared import identity
@@ -97,7 +98,7 @@ class _Domain:
     member: DomainMember
     files: DaemonFiles
     claims: set[str] = field(default_factory=set)
-    supervisor: ImexSupervisor | None = None
+    supervisor: DaemonSupervisor | None = None
     watcher: asyncio.Task[None] | None = None
     peers: dict[int, str] = field(default_factory=dict)
     peer_status: dict[str, str] = field(default_factory=dict)
@@ -111,8 +112,13 @@ class _Domain:
 
 
 class Agent:
-    def __init__(self, cfg: AgentConfig, bus: Bus) -> None:
+    def __init__(
+        self, cfg: AgentConfig, bus: Bus, *, supervisor: Callable[..., DaemonSupervisor] | None = None
+    ) -> None:
+        """`supervisor`: what supervises a domain's daemon, called with ImexSupervisor's keywords (the
+        default); a benchmark passes a stand-in that runs many simulated daemons in one process."""
         self.cfg = cfg
+        self._supervisor = supervisor or ImexSupervisor
         self.bus = bus
         self.membership = Membership(
             bus, max_per_clique=cfg.max_nodes_per_imex_domain, require_assignment=cfg.require_assignment
@@ -410,7 +416,7 @@ class Agent:
             if self.domain is domain:
                 domain.member = await self.membership.set_status(domain.member, "Ready" if ready else "NotReady")
 
-        domain.supervisor = ImexSupervisor(
+        domain.supervisor = self._supervisor(
             name=f"{domain.uid}@{self.cfg.node}",
             command=launch.command,
             config=domain.files.config,

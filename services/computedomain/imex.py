@@ -22,6 +22,7 @@ import shlex
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 from prometheus_client import Counter, Gauge
 
@@ -76,6 +77,15 @@ def catches(pid: int, sig: signal.Signals) -> bool:
         if line.startswith("SigCgt:"):
             return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
     return True
+
+
+class DaemonSupervisor(Protocol):
+    """What the agent needs of a domain's daemon: ImexSupervisor, or a stand-in built with its keywords."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def reload(self) -> None: ...
+    def restart(self) -> None: ...
 
 
 class ImexSupervisor:

@@ -109,58 +109,78 @@ class Membership:
         """(value, revision) of the live (non-deleted) keys matching `pattern`.
 
         The subjects come from the bucket stream's state (exact, unlike a watcher's end-of-replay
-        marker, which can arrive before the last buffered entry); each value is then read."""
+        marker, which can arrive before the last buffered entry); the values are then read, all at once."""
         _, raw = await self._kv()
         prefix = f"$KV.{CD_MEMBERS_BUCKET.name}."
         try:
             info = await self.bus.js.stream_info(f"KV_{CD_MEMBERS_BUCKET.name}", subjects_filter=prefix + pattern)
         except nats.errors.TimeoutError as exc:
             raise MembershipError(f"KV {CD_MEMBERS_BUCKET.name} did not answer listing {pattern}") from exc
-        found: dict[str, tuple[bytes, int]] = {}
-        for subject in info.state.subjects or {}:
-            key = subject[len(prefix) :]
+
+        async def read(key: str) -> tuple[str, bytes, int] | None:
             try:
                 entry = await raw.get(key)
             except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-                continue
-            if entry.value:
-                found[key] = (entry.value, int(entry.revision or 0))
-        return found
+                return None
+            return (key, entry.value, int(entry.revision or 0)) if entry.value else None
+
+        # the reads at once, not one after another: a clique's listing is on every joining node's path
+        read_back = await asyncio.gather(*(read(subject[len(prefix) :]) for subject in info.state.subjects or {}))
+        return {key: (value, revision) for key, value, revision in filter(None, read_back)}
 
     async def _entries(self, pattern: str) -> dict[str, bytes]:
         """Current (non-deleted) values of the keys matching `pattern`."""
         return {key: value for key, (value, _rev) in (await self._listing(pattern)).items()}
 
-    async def holders(self, domain_uid: str, clique_id: str, index: str = "*") -> dict[int, str]:
-        """{index: node token holding it} in a clique: per index, the live bid with the lowest revision
-        (with `require_assignment`, among the bids of nodes the domain is assigned to)."""
+    async def _bids(self, domain_uid: str, clique_id: str, index: str = "*") -> list[tuple[int, str]]:
+        """(index, node token) of the live bids in a clique, earliest (lowest revision) first; with
+        `require_assignment`, only the bids of nodes the domain is assigned to."""
         assigned = await self.assigned(domain_uid) if self.require_assignment else None
-        first: dict[int, tuple[int, str]] = {}
+        bids: list[tuple[int, int, str]] = []
         for key, (_value, revision) in (
             await self._listing(f"{index_prefix(domain_uid, clique_id)}.{index}.*")
         ).items():
             number, node = key.rsplit(".", 2)[1:]
-            if not number.isdigit() or (assigned is not None and node not in assigned):
-                continue
-            held = first.get(int(number))
-            if held is None or revision < held[0]:
-                first[int(number)] = (revision, node)
-        return {number: node for number, (_rev, node) in first.items()}
+            if number.isdigit() and (assigned is None or node in assigned):
+                bids.append((revision, int(number), node))
+        return [(number, node) for _rev, number, node in sorted(bids)]
+
+    async def holders(self, domain_uid: str, clique_id: str, index: str = "*") -> dict[int, str]:
+        """{index: node token holding it} in a clique: per index, the live bid with the lowest revision
+        (with `require_assignment`, among the bids of nodes the domain is assigned to)."""
+        first: dict[int, str] = {}
+        for number, node in await self._bids(domain_uid, clique_id, index):
+            first.setdefault(number, node)
+        return first
 
     async def _reserve(self, member: DomainMember) -> int:
-        """Take the lowest index nobody holds in the member's clique (bid, read back, keep or withdraw)."""
+        """Take the lowest index nobody holds in the member's clique (bid, read back, keep or withdraw).
+
+        The nodes that lost a bid to an earlier one move on in the order of their bids, each to a
+        different one of the next free indices (the second bidder to the next, the third to the one
+        after), not all to the next one again: nodes joining at once take one round or two, not one per
+        node. A pass that ends without an index (its skipped index was not taken after all) starts over."""
         _, raw = await self._kv()
-        taken = await self.holders(member.domain_uid, member.clique_id)
-        for index in range(self.max_per_clique):
-            if index in taken:
-                continue
-            key = index_key(member.domain_uid, member.clique_id, index, member.node)
-            claim = msgspec.structs.replace(member, index=index, observed_at=now_unix())
-            await raw.put(key, encode(claim))
-            holder = (await self.holders(member.domain_uid, member.clique_id, f"{index:02d}")).get(index)
-            if holder == token(member.node):
-                return index
-            await raw.delete(key)  # another node bid first between our listing and our bid
+        me = token(member.node)
+        for _pass in range(self.max_per_clique):
+            taken = await self.holders(member.domain_uid, member.clique_id)
+            if len(taken) >= self.max_per_clique:
+                break
+            skip = 0
+            for index in range(self.max_per_clique):
+                if index in taken:
+                    continue
+                if skip:
+                    skip -= 1
+                    continue
+                key = index_key(member.domain_uid, member.clique_id, index, member.node)
+                claim = msgspec.structs.replace(member, index=index, observed_at=now_unix())
+                await raw.put(key, encode(claim))
+                bidders = [node for _n, node in await self._bids(member.domain_uid, member.clique_id, f"{index:02d}")]
+                if bidders[:1] == [me]:
+                    return index
+                await raw.delete(key)  # another node bid first between our listing and our bid
+                skip = bidders.index(me) - 1 if me in bidders else 0
         raise MembershipError(
             f"clique {member.clique_id!r} of domain {member.domain_uid} already has {self.max_per_clique} "
             f"nodes (the IMEX limit per clique); node {member.node} cannot join: shrink the workload or "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from services.computedomain import crd
 from services.computedomain.agent import Agent, _Domain
 from services.computedomain.channelcore import ChannelClaim, ChannelEdits, ChannelNotReady, ChannelPreparer
 from services.computedomain.config import AgentConfig
-from services.computedomain.imex import ImexSupervisor
+from services.computedomain.imex import DaemonSupervisor, ImexSupervisor
 from shared.bus import Bus
 from shared.events.base import now_unix
 from shared.events.catalog import CD_STATUS
@@ -43,7 +43,7 @@ class Node:
     def daemon(self) -> ImexSupervisor:
         """That domain's IMEX daemon supervisor; the test fails when there is none."""
         daemon = self.domain.supervisor
-        assert daemon is not None, f"{self.name} runs no IMEX daemon"
+        assert isinstance(daemon, ImexSupervisor), f"{self.name} runs no IMEX daemon"
         return daemon
 
 
@@ -80,6 +80,7 @@ async def running_nodes(
     port: int | None = None,
     ready_timeout: float = 30.0,
     per_node: Sequence[dict[str, object]] = (),
+    supervisor: Callable[..., DaemonSupervisor] | None = None,
     **agent_overrides: object,
 ) -> AsyncIterator[list[Node]]:
     """One discovery + agent (+ the channel preparer core) per spec, e.g. ["gb200x4:clique=1"] * 3; the
@@ -100,7 +101,7 @@ async def running_nodes(
                 imex_cmd_port=port + 1,
                 **{"imex_daemon": "simulated", **agent_overrides, **(per_node[i] if i < len(per_node) else {})},  # type: ignore[arg-type]
             ).resolved()
-            agent = Agent(cfg, bus)
+            agent = Agent(cfg, bus, supervisor=supervisor)
             tasks.append(asyncio.create_task(agent.run(stopping)))
             await agent.ready.wait()
             nodes.append(

@@ -125,3 +125,41 @@ async def test_unknown_domain_is_retryable_and_bad_configs_are_permanent(bus, tm
         parse_channel_config(channel_config(""))
     with pytest.raises(ChannelConfigError, match="allocationMode"):
         parse_channel_config(channel_config("u", "Some"))
+
+
+async def test_a_stand_in_supervisor_gets_the_daemons_files_and_its_signals(bus, tmp_path):
+    # Agent(supervisor=...) builds the stand-in with ImexSupervisor's keywords (what the benchmark's
+    # in-process daemons use) and drives it as it drives a daemon: start, reload on new peers, stop.
+    made: list[StandIn] = []
+    reloaded = asyncio.Event()
+
+    class StandIn:
+        def __init__(self, **keywords: object) -> None:
+            self.keywords = keywords
+            self.calls: list[str] = []
+            made.append(self)
+
+        async def start(self) -> None:
+            self.calls.append("start")
+            await self.keywords["on_ready"](True)  # type: ignore[operator]
+
+        async def stop(self) -> None:
+            self.calls.append("stop")
+
+        def reload(self) -> None:
+            self.calls.append("reload")
+            reloaded.set()
+
+        def restart(self) -> None:
+            self.calls.append("restart")
+
+    await announce(bus, "cd-1")
+    async with running_nodes(bus, tmp_path, [GB200] * 2, supervisor=StandIn) as nodes:
+        first = await nodes[0].channels.prepare(claim("c0", "cd-1"))
+        assert first.index == 0 and made[0].keywords["config"] == nodes[0].domain.files.config
+        await nodes[1].channels.prepare(claim("c1", "cd-1"))
+        await asyncio.wait_for(reloaded.wait(), 10)  # node 0's stand-in hears of node 1
+        assert {m.status for m in (await Membership(bus).members("cd-1")).values()} == {"Ready"}
+        assert await nodes[0].channels.unprepare("c0", "cd-1") is True
+        assert made[0].calls[0] == "start" and made[0].calls[-1] == "stop" and "reload" in made[0].calls
+        assert not (nodes[0].root / "domains" / "cd-1" / "imexd.pid").exists()
