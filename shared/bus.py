@@ -59,9 +59,10 @@ from shared.events.catalog import (
     Entry,
     Stream,
     gate_prefix,
+    stream_of,
 )
 from shared.events.deadletter import DeadLetter
-from shared.jetstream import PUBLISH_RETRY_S, BusJetStream, publish_with_retry, retry_jetstream
+from shared.jetstream import PUBLISH_RETRY_S, BusJetStream, ordered_since, publish_with_retry, retry_jetstream
 from shared.logs import get_logger
 from shared.natsconn import (
     BusError,
@@ -106,6 +107,7 @@ class MsgContext:
     subject: str
     headers: dict[str, str] = field(default_factory=dict)
     raw: Msg | None = None
+    replayed: bool = False  # stored before the `since` consumer was made: the past, not news
 
 
 Handler = Callable[[M, MsgContext], Awaitable[None]]
@@ -392,20 +394,23 @@ class Bus:
         queue: str | None = None,
         durable: str | None = None,
         deliver_new: bool = False,
+        since: float | None = None,
         **tokens: str,
     ) -> Subscription:
         """Call `handler(message, ctx)` for each message on the entry's subjects.
 
         `durable`: a JetStream durable consumer of that name (replays what it has not acked,
-        survives restarts); without it, a core NATS subscription (live messages only).
+        survives restarts); `since` (a unix time): one ordered consumer of the entry's stream from then on
+        (shared.jetstream.ordered_since), what the stream held when it was made first (`ctx.replayed`), then
+        every new message, each once and in order; neither: a core NATS subscription (live messages only).
         """
         decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(entry.message)
         subject = entry.wildcard(**tokens)
         consumer = durable or self.name
 
-        async def on_message(msg: Msg) -> None:
+        async def on_message(msg: Msg, replayed: bool = False) -> None:
             headers = dict(msg.headers or {})
-            if durable:
+            if durable or since is not None:
                 note_pending(consumer, msg)
             elif await self._refused_relay(msg, consumer):
                 return
@@ -426,7 +431,8 @@ class Bus:
                 span.set_attribute("messaging.system", "nats")
                 span.set_attribute("messaging.destination.name", msg.subject)
                 try:
-                    await handler(message, MsgContext(subject=msg.subject, headers=headers, raw=msg))
+                    ctx = MsgContext(subject=msg.subject, headers=headers, raw=msg, replayed=replayed)
+                    await handler(message, ctx)
                 except Exception as exc:  # noqa: BLE001 - one bad message must not end the consumer
                     span.record_exception(exc)
                     span.set_status(Status(StatusCode.ERROR, str(exc)))
@@ -448,6 +454,11 @@ class Bus:
             sub: Subscription = await self.js.subscribe(
                 subject, queue=queue, cb=on_message, durable=consumer_token(durable), manual_ack=True, config=config
             )
+        elif since is not None:
+            stream = stream_of(entry.subject)
+            if stream is None or queue:
+                raise ValueError(f"{entry.name}: no stream keeps it, or a queue group was asked of a replay")
+            sub = await ordered_since(self.nc, self.js, stream.name, subject, since, on_message)
         else:
             sub = await self.nc.subscribe(subject, queue=queue or "", cb=on_message)
         self._subs.append(sub)

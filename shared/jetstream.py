@@ -6,6 +6,7 @@ go through a node's state gate.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -14,10 +15,13 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
+    AckPolicy,
     ConsumerConfig,
     ConsumerInfo,
+    DeliverPolicy,
 )
 from nats.js.manager import JetStreamManager
 from prometheus_client import Counter
@@ -38,6 +42,8 @@ T = TypeVar("T")
 
 
 PUBLISH_RETRY_S = 30.0
+ORDERED_HEARTBEAT_S = 5.0
+"""An ordered consumer's idle heartbeat: two missed (a lost connection, a consumer gone) and it is made again."""
 """How long a JetStream publish keeps retrying through a leader change before it gives up."""
 
 
@@ -153,7 +159,8 @@ class _FilterInCreateSubject(JetStreamManager):
     is created through `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, and the server refuses a
     create whose filter differs from the subject's: permissions on that subject decide which keys a
     node may watch and which namespaces a reader may follow. A fresh name each time also lets an
-    ordered consumer's reset create its replacement."""
+    ordered consumer's reset create its replacement; the reset starts at a stream sequence, so a start
+    time the first create had is dropped (the server refuses both together)."""
 
     async def add_consumer(
         self, stream: str, config: ConsumerConfig | None = None, timeout: float | None = None, **params: Any
@@ -166,6 +173,8 @@ class _FilterInCreateSubject(JetStreamManager):
             and (config.name is None or config.name.startswith(_AUTO_CONSUMER))
         ):  # a caller's name stays
             config.name = f"{_AUTO_CONSUMER}{uuid.uuid4().hex}"
+        if config is not None and config.deliver_policy == DeliverPolicy.BY_START_SEQUENCE:
+            config.opt_start_time = None
         return await super().add_consumer(stream, config, timeout, **params)
 
 
@@ -193,3 +202,43 @@ class BusJetStream(_FilterInCreateSubject, JetStreamContext):
     @property
     def _jsm(self) -> JetStreamManager:
         return _FilterInCreateSubject(conn=self._nc, prefix=self._prefix, timeout=self._timeout)
+
+
+async def ordered_since(
+    nc: NatsClient,
+    js: JetStreamContext,
+    stream: str,
+    subject: str,
+    since: float,
+    cb: Callable[[Msg, bool], Awaitable[None]],
+) -> JetStreamContext.PushSubscription:
+    """`await cb(msg, replayed)` for each message of `subject` on `stream` from the unix time `since` on, through
+    one ordered consumer; `replayed`: the stream held it when the consumer was made (the create's answer says
+    how many it held: that many first, the past, then the new ones).
+
+    nats-py's ordered consumer, made here rather than by `js.subscribe(ordered_consumer=True)` only to read that
+    answer: ephemeral, in memory, one replica, no acks, flow control and idle heartbeats; after a gap or two
+    missed heartbeats nats-py makes it again from the stream sequence after the last delivered, so each message
+    comes once, in stream order, and none is skipped while the stream keeps it."""
+    config = ConsumerConfig(
+        filter_subject=subject,
+        deliver_subject=nc.new_inbox(),
+        deliver_policy=DeliverPolicy.BY_START_TIME,
+        opt_start_time=datetime.datetime.fromtimestamp(since, datetime.UTC),
+        ack_policy=AckPolicy.NONE,
+        max_deliver=1,
+        flow_control=True,
+        idle_heartbeat=ORDERED_HEARTBEAT_S,
+        num_replicas=1,
+        mem_storage=True,
+    )
+    info = await retry_jetstream(lambda: js.add_consumer(stream, config), f"ordered consumer of {subject}")
+    backlog = info.num_pending or 0
+
+    async def deliver(msg: Msg) -> None:
+        nonlocal backlog
+        replayed = backlog > 0
+        backlog -= int(replayed)
+        await cb(msg, replayed)
+
+    return await js.subscribe_bind(stream, config, info.name, cb=deliver, ordered_consumer=True)

@@ -6,7 +6,8 @@ per node *and* node service (`discovery.<node>`, `preparer.<node>`, `cd-agent.<n
 are only to ask the state gate (services/stategate) for JetStream calls, to send its node's requests and
 to answer its node's preparer: what the gate then allows it (`node_state_rights`) names only that node's
 subjects and KV keys. Read-only `reader.<name>` users see the claim events of the namespaces they are
-granted, and the dashboard's `reader.dashboard` sees every claim and health event and publishes nothing.
+granted, and the dashboard's `reader.dashboard` sees every claim and health event (replaying the claim events
+of the last day through an ordered consumer) and publishes no event.
 Every user takes replies on its own `_INBOX_<identity>.>` and files dead letters under
 `dra.v1.deadletter.<identity>.>` only (shared.bus). Renders the same permissions either into user JWTs
 (shared.natscreds, `gpu-dra nats credentials`, what deployments use) or into a password
@@ -316,9 +317,7 @@ def reader_permissions(name: str, namespaces: Iterable[str], others: Iterable[st
             f"$JS.ACK.{stream}.{durable}.>",
         ],
         subscribe=[*claims, _own_inbox(user)],
-        deny_publish=[
-            f"{JS}.CONSUMER.CREATE.{stream}.{reader_durable(other)}.>" for other in sorted(set(others)) if other != name
-        ],
+        deny_publish=_others_durables(name, others),
     )
 
 
@@ -330,15 +329,32 @@ def reader_durable(name: str) -> str:
 DASHBOARD_READER = "dashboard"  # the reader `gpu-dra dashboard` connects as: reader.dashboard
 
 
-def dashboard_permissions() -> Permissions:
+def dashboard_permissions(others: Iterable[str] = ()) -> Permissions:
     """The fleet page (`gpu-dra dashboard`): read-only, like every reader, but of every namespace's claim
-    events and every device's health and telemetry, live (core subscriptions). It publishes only its own dead
-    letters (an empty allow list would be no limit at all)."""
+    events and every device's health and telemetry. Its GPU-hours replay the last day of claim events (one
+    ordered consumer, services/dashboard/state.py): it may create consumers on DRA_EVENTS whose filter (in the
+    create subject) lies inside `dra.v1.claim.>` and answer their flow control, nothing else of JetStream (no
+    stream info, no KV, no other stream, no consumer's info, fetch or ack). As for a reader, a create of another
+    reader's durable (`others`: the readers' names) is denied. It publishes only those and its own dead letters."""
     user = reader_user(DASHBOARD_READER)
+    stream = EVENTS_STREAM.name
     return Permissions(
-        publish=[_own_dead_letters(user)],
+        publish=[
+            f"{JS}.CONSUMER.CREATE.{stream}.*.dra.v1.claim.>",
+            f"$JS.FC.{stream}.>",
+            _own_dead_letters(user),
+        ],
         subscribe=[CLAIM.wildcard(), HEALTH.wildcard(), TELEMETRY.wildcard(), _own_inbox(user)],
+        deny_publish=_others_durables(DASHBOARD_READER, others),
     )
+
+
+def _others_durables(name: str, others: Iterable[str]) -> list[str]:
+    """The creates of every other reader's durable on DRA_EVENTS (a create of an existing name updates it)."""
+    stream = EVENTS_STREAM.name
+    return [
+        f"{JS}.CONSUMER.CREATE.{stream}.{reader_durable(other)}.>" for other in sorted(set(others)) if other != name
+    ]
 
 
 def node_user(role: str, node: str) -> str:
@@ -357,8 +373,8 @@ def all_users(nodes: Iterable[str], readers: Mapping[str, Iterable[str]] | None 
     for node in nodes:
         for role in NODE_ROLES:
             users[node_user(role, node)] = node_permissions(role, node)
-    users[reader_user(DASHBOARD_READER)] = dashboard_permissions()
     names = [DASHBOARD_READER, *(readers or {})]
+    users[reader_user(DASHBOARD_READER)] = dashboard_permissions(others=names)
     for name, namespaces in (readers or {}).items():
         if name == DASHBOARD_READER:
             raise UsersError(f"reader name {name!r} is the dashboard's own; choose another name")

@@ -4,10 +4,11 @@ A claim's use of a node opens at `prepared` and closes at `unprepared` or `rolle
 ledger (examples/ledger), by the producer's `observed_at`; each device bills by the one shared rule
 (shared/billing.py): a whole GPU 1 GPU-hour an hour, a share of a GPU its fraction (consumed memory over the
 GPU's memory first), a MIG device 1 hour of its profile. The report counts the part of each use inside the
-window (the last `WINDOW_S`), open uses up to now. Live events only (the dashboard's core subscription): after a
-restart the panel counts from then on, and a use whose `prepared` it did not see is not counted until it is
-prepared again. Memory is bounded: a closed use is kept until it leaves the window, open uses are the claims
-prepared now.
+window (the last `WINDOW_S`), open uses up to now. The dashboard feeds it from an ordered consumer of
+DRA_EVENTS that starts one window ago (services/dashboard/state.py): a restart replays the window's events
+first, so the figures survive it; a use prepared before the window whose claim is still held when the
+dashboard starts is not seen (its `prepared` is older than the replay). Memory is bounded: a closed use is kept
+until it leaves the window, open uses are the claims prepared now.
 """
 
 from __future__ import annotations

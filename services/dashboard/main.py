@@ -94,7 +94,7 @@ def local_tools() -> Any:
 
 @contextlib.asynccontextmanager
 async def reading_bus(cfg: DashboardConfig) -> AsyncIterator[Bus]:
-    """The bus as a reader (no provisioning: the reader role may create nothing); not ready while lost."""
+    """The bus as a reader (no provisioning: the reader role may create no stream); not ready while lost."""
     buses: list[Bus] = []
     remove_check = HEALTH.add_check("connected to NATS", lambda: any(bus.connected for bus in buses))
     try:

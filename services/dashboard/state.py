@@ -1,12 +1,13 @@
 """The dashboard's one view of the fleet: ONE watch set and the bus, feeding the model; viewers get deltas.
 
 Owns the informers (ResourceSlices, ResourceClaims, Nodes and, when served, ComputeDomains; several
-`shared.kube.informer.Informer`s on one Kube client), the core NATS subscriptions to claim lifecycle events,
-device health and utilisation telemetry (`utilisation.TelemetryStore`; the claim events also feed
-`gpuhours.GpuHours`), the indexes that say which node rows a change touches, the rows themselves (rebuilt
-one node at a time by `model.node_row`), a ring of recent events per device, and the viewers: each keeps the
-names of rows changed since it last sent, and is woken at most every `flush_s` (coalesced deltas, <= 10/s).
-The pods waiting for devices, and why, are `pending.PendingPods`' (its informer runs with the others).
+`shared.kube.informer.Informer`s on one Kube client), the claim lifecycle events (an ordered consumer that
+replays the last day into `gpuhours.GpuHours` and goes on live), the core NATS subscriptions to device health
+and utilisation telemetry (`utilisation.TelemetryStore`), the indexes that say which node rows a change
+touches, the rows themselves (rebuilt one node at a time by `model.node_row`), a ring of recent events per
+device, and the viewers: each keeps the names of rows changed since it last sent, and is woken at most every
+`flush_s` (coalesced deltas, <= 10/s). The pods waiting for devices, and why, are `pending.PendingPods`' (its
+informer runs with the others).
 Nothing here asks the API per viewer.
 """
 
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -168,8 +170,9 @@ class FleetState:
     # ---- running --------------------------------------------------------------------------------------
 
     async def subscribe_bus(self, bus: Bus) -> None:
-        """Live claim lifecycle, device health and utilisation (core subscriptions: what happens from now on)."""
-        await bus.subscribe(CLAIM, self._on_claim_event)
+        """Claim lifecycle events from one ordered consumer of DRA_EVENTS that starts a GPU-hours window ago
+        (the past, then live: each once), live device health and utilisation (core subscriptions)."""
+        await bus.subscribe(CLAIM, self._on_claim_event, since=time.time() - self.gpu_hours.window_s)
         await bus.subscribe(HEALTH, self._on_health_event)
         await bus.subscribe(TELEMETRY, self._on_telemetry)
         bus.on_reconnect(self._forget_live_health)
@@ -325,6 +328,8 @@ class FleetState:
 
     async def _on_claim_event(self, message: ClaimLifecycle, ctx: MsgContext) -> None:
         self.gpu_hours.apply(message)
+        if ctx.replayed:  # the past counts in GPU-hours only: allocations are the claims', history is from now on
+            return
         ns, name = message.claim_namespace, message.claim_name
         parent = ctx.headers.get("traceparent", "").split("-")
         if len(parent) == 4 and message.claim_uid:

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from shared.events import cloudevents
-from shared.events.catalog import BUCKETS, CATALOG, STREAMS, Entry, Stream
+from shared.events.catalog import BUCKETS, CATALOG, Entry, stream_of
 
 VERSION = "1.0.0"
 
@@ -67,14 +67,6 @@ def _parameters(tokens: list[str]) -> dict[str, Any]:
     return {t: {"description": _TOKEN_DOCS.get(t, t)} for t in tokens}
 
 
-def _stream_of(subject: str, streams: tuple[Stream, ...]) -> Stream | None:
-    prefix = subject.split("{", 1)[0]
-    for stream in streams:
-        if any(prefix.startswith(s.rstrip(">")) for s in stream.subjects):
-            return stream
-    return None
-
-
 def _message(tp: type[msgspec.Struct], summary: str = "") -> dict[str, Any]:
     return {
         "name": tp.__name__,
@@ -98,7 +90,7 @@ def _entry_channel(entry: Entry) -> dict[str, Any]:
         channel["parameters"] = _parameters(entry.tokens)
     if entry.binds:
         channel["x-gpu-dra-binds"] = dict(entry.binds)
-    stream = _stream_of(entry.subject, STREAMS)
+    stream = stream_of(entry.subject)
     if entry.pattern == "event" and stream is not None:
         channel["x-gpu-dra-stream"] = {"name": stream.name, "maxAgeSeconds": stream.max_age_s}
     return channel

@@ -413,6 +413,16 @@ DEAD_LETTER_STREAM = Stream(
 )
 STREAMS: tuple[Stream, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM)
 
+
+def stream_of(subject: str) -> Stream | None:
+    """The stream that stores `subject` (an entry's pattern or a concrete subject); None: core NATS only."""
+    prefix = subject.split("{", 1)[0]
+    for stream in STREAMS:
+        if any(prefix.startswith(s.rstrip(">")) for s in stream.subjects):
+            return stream
+    return None
+
+
 # 2 GiB: one value per node (history 1, each node writes only its own key); 65,000 nodes x 8 H100s is ~1.3 GB
 # (bench/fleet_bench.py), past the 256 MiB default at ~13,000 nodes
 INVENTORY_BUCKET = Bucket(

@@ -188,6 +188,10 @@ async def test_every_identity_authenticates_with_its_creds_and_its_permissions_h
     reader = decode_claims(Creds(secrets["gpu-dra-nats-reader-billing"]["user.creds"]).jwt)["nats"]["pub"]
     assert "$JS.API.CONSUMER.MSG.NEXT.DRA_EVENTS.reader_billing" in reader["allow"]
     assert reader["deny"] == ["$JS.API.CONSUMER.CREATE.DRA_EVENTS.reader_dashboard.>"]
+    # the dashboard's JWT: consumers filtered inside every claim (its GPU-hours replay), no reader's durable
+    dashboard = decode_claims(Creds(secrets["gpu-dra-nats-dashboard"]["user.creds"]).jwt)["nats"]["pub"]
+    assert "$JS.API.CONSUMER.CREATE.DRA_EVENTS.*.dra.v1.claim.>" in dashboard["allow"]
+    assert dashboard["deny"] == ["$JS.API.CONSUMER.CREATE.DRA_EVENTS.reader_billing.>"]
     await deployment.start(secrets)
     identities: list[tuple[str, str, str]] = [
         (f"gpu-dra-nats-{r}", "user.creds", r) for r in ("publisher", "controller", "admin")
