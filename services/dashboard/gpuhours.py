@@ -45,39 +45,40 @@ class NamespaceHours(msgspec.Struct, rename="camel", kw_only=True):
 class GpuHours:
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self.window_s = window_s
-        self.uses: dict[str, Use] = {}  # "<claim uid>@<node>" -> its use
+        self.uses: dict[str, list[Use]] = {}  # "<claim uid>@<node>" -> its uses, in order (the last may be open)
 
     def apply(self, event: ClaimLifecycle) -> None:
         key = f"{event.claim_uid}@{event.node}"
         at = event.observed_at or time.time()
+        uses = self.uses.setdefault(key, [])
         if event.event in OPENS:
-            use = self.uses.get(key)
-            if use is not None and use.end is None:
+            if uses and uses[-1].end is None:
                 return  # a re-prepare of an open use keeps its start (as the ledger)
-            use = self.uses[key] = Use(event.claim_namespace, at)
+            use = Use(event.claim_namespace, at)  # prepared again after an unprepare: a use of its own
+            uses.append(use)
             for device in event.devices:
                 kind, profile, weight = billed_as(device.device, share_fraction(msgspec.to_builtins(device)))
                 if kind == "mig":
                     use.mig_weight[profile] = use.mig_weight.get(profile, 0.0) + weight
                 else:
                     use.gpu_weight += weight
-        elif event.event in CLOSES:
-            use = self.uses.get(key)
-            if use is not None and use.end is None:
-                use.end = max(at, use.start)
+        elif event.event in CLOSES and uses and uses[-1].end is None:
+            uses[-1].end = max(at, uses[-1].start)
         self._prune(at)
 
     def _prune(self, now: float) -> None:
         horizon = now - self.window_s
-        for key in [k for k, u in self.uses.items() if u.end is not None and u.end < horizon]:
-            del self.uses[key]
+        for key, uses in list(self.uses.items()):
+            uses[:] = [u for u in uses if u.end is None or u.end >= horizon]
+            if not uses:
+                del self.uses[key]
 
     def report(self, now: float | None = None) -> list[NamespaceHours]:
         """Per namespace (sorted): GPU-hours and MIG-hours per profile inside the window ending `now`."""
         now = time.time() if now is None else now
         since = now - self.window_s
         out: dict[str, NamespaceHours] = {}
-        for use in self.uses.values():
+        for use in (u for uses in self.uses.values() for u in uses):
             hours = max(0.0, min(use.end if use.end is not None else now, now) - max(use.start, since)) / 3600
             row = out.get(use.namespace)
             if row is None:

@@ -124,3 +124,19 @@ def test_gpu_hours_clip_each_use_to_the_last_day_and_bill_shares_by_memory() -> 
     # a day later the closed uses have left the window and are dropped
     hours.apply(use("prepared", "d", now + 25 * 3600, GPU))
     assert set(hours.uses) == {"a@n1", "d@n1"}
+
+
+def test_a_claim_prepared_again_after_its_unprepare_bills_both_uses() -> None:
+    hours = GpuHours()
+    now = T0 + 10 * 3600
+    for event in (
+        use("prepared", "a", now - 5 * 3600, GPU),
+        use("unprepared", "a", now - 4 * 3600, GPU),  # 1 h
+        use("prepared", "a", now - 2 * 3600, GPU),  # the same claim on the same node again: 2 h so far
+    ):
+        hours.apply(event)
+    (report,) = hours.report(now)
+    assert report.gpu_hours == pytest.approx(3.0) and report.claims_open == 1
+    hours.apply(use("unprepared", "a", now - 3600, GPU))
+    (report,) = hours.report(now)
+    assert report.gpu_hours == pytest.approx(2.0) and report.claims_open == 0
