@@ -239,8 +239,9 @@ class Bus:
     async def _bucket_once(self, bucket: Bucket) -> KeyValue:
         try:
             kv = await self.js.key_value(bucket.name)
-            if not kv._direct:  # noqa: SLF001 - nats-py's record of the stream's allow_direct
+            if not (await kv.status()).stream_info.config.allow_direct:
                 await self._enable_direct_get(bucket)
+                kv = await self.js.key_value(bucket.name)  # its reads by direct get from now on
             return kv
         except nats.js.errors.BucketNotFoundError:
             try:
