@@ -137,7 +137,8 @@ class Bus:
         what was published while the connection was away; a consumer re-reads its state here."""
         self._reconnect_callbacks.append(callback)
 
-    def _reconnected(self) -> None:
+    def notify_reconnected(self) -> None:
+        """Call every `on_reconnect` callback (the connection's reconnect handler does, once per reconnect)."""
         for callback in list(self._reconnect_callbacks):
             try:
                 callback()
@@ -152,7 +153,7 @@ class Bus:
 
         def reconnected() -> None:
             for bus in buses:
-                bus._reconnected()
+                bus.notify_reconnected()
 
         nc, identity = await dial(url, name=name, reconnected=reconnected, **options)
         buses.append(cls(nc, name, replicas=replicas, user=identity))

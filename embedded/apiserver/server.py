@@ -105,9 +105,7 @@ class ApiServer:
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context)
         await site.start()
         if self.port == 0:
-            server = site._server
-            assert server is not None
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+            self.port = int(self._runner.addresses[0][1])  # the port the kernel picked
         self.gc.start()
 
     async def stop(self) -> None:

@@ -82,11 +82,11 @@ class Stream:
     async def reset(self, status: int = f.CANCEL) -> None:
         if self.was_reset:
             return
-        self._ended_by_reset()
+        self.ended_by_reset()
         with contextlib.suppress(ConnectionError):
             await self.session.send(f.RstStream(self.id, status))
 
-    def _deliver(self, data: bytes, fin: bool) -> None:
+    def deliver(self, data: bytes, fin: bool) -> None:
         if self.remote_closed:
             return
         if data:
@@ -96,7 +96,7 @@ class Stream:
             self._input.put_nowait(b"")
             self.session.forget_if_done(self)
 
-    def _ended_by_reset(self) -> None:
+    def ended_by_reset(self) -> None:
         self.reset_event.set()
         if not self.remote_closed:
             self.remote_closed = True
@@ -148,11 +148,11 @@ class Session:
         elif isinstance(frame, f.DataFrame):
             stream = self.streams.get(frame.stream_id)
             if stream is not None:  # data for a stream already ended (reset, say) is dropped, as spdystream does
-                stream._deliver(frame.data, bool(frame.flags & f.FLAG_FIN))
+                stream.deliver(frame.data, bool(frame.flags & f.FLAG_FIN))
         elif isinstance(frame, f.RstStream):
             stream = self.streams.get(frame.stream_id)
             if stream is not None:
-                stream._ended_by_reset()
+                stream.ended_by_reset()
         elif isinstance(frame, f.Ping):
             if frame.ping_id % 2 == 1:  # the client's (odd ids); a server's own would be even
                 await self.send(frame)
@@ -180,12 +180,12 @@ class Session:
             stream.local_closed = True
         await self.send(f.SynReply(stream.id, {}))
         if frame.flags & f.FLAG_FIN:
-            stream._deliver(b"", True)
+            stream.deliver(b"", True)
         self._handler.opened(stream)
 
     def close(self) -> None:
         """The transport is gone: every stream ends as if reset."""
         self.closed = True
         for stream in list(self.streams.values()):
-            stream._ended_by_reset()
+            stream.ended_by_reset()
         self.streams.clear()

@@ -192,7 +192,7 @@ class SliceIndex:
         self.pools: dict[PoolKey, _PoolSlices] = defaultdict(_PoolSlices)
         self.by_node: dict[str, set[PoolKey]] = defaultdict(set)
         self.anywhere: set[PoolKey] = set()  # pools with allNodes / nodeSelector / per-device slices
-        self._envs: dict[tuple[str, str, str, str], tuple[dict[str, Any], DeviceEnv]] = {}
+        self.envs: dict[tuple[str, str, str, str], tuple[dict[str, Any], DeviceEnv]] = {}
         for s in slices:
             spec = s.get("spec") or {}
             pool = spec.get("pool") or {}
@@ -210,7 +210,7 @@ class SliceIndex:
                 self.anywhere.add(key)
         for entry in self.pools.values():
             entry.slices.sort(key=lambda sl: str((sl.get("metadata") or {}).get("name", "")))
-        self._old_envs = previous._envs if previous is not None else {}
+        self._old_envs = previous.envs if previous is not None else {}
         self._all_envs: list[DeviceEnv] | None = None
         # node name (with its labels when selector pools exist) -> its pools before allocations, and
         # per pool the devices consuming its counters
@@ -354,10 +354,10 @@ class SliceIndex:
     def _env(self, driver: str, pool: str, sname: str, device: dict[str, Any]) -> DeviceEnv:
         """The device's CEL environment, reused while the device is unchanged (selector results too)."""
         ekey = (driver, pool, sname, str(device.get("name", "")))
-        found = self._envs.get(ekey) or self._old_envs.get(ekey)
+        found = self.envs.get(ekey) or self._old_envs.get(ekey)
         if found is None or not (found[0] is device or found[0] == device):
             found = (device, DeviceEnv(driver, device))
-        self._envs[ekey] = found
+        self.envs[ekey] = found
         return found[1]
 
     @staticmethod

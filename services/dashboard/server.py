@@ -366,9 +366,8 @@ async def serve(app: web.Application, listen: str) -> Any:
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[:2] if sockets else (host, port)
+    addresses = runner.addresses  # the bound sockets' names: the port the kernel picked for port 0
+    bound = addresses[0][:2] if addresses else (host, port)
     try:
         yield bound[0], int(bound[1])
     finally:

@@ -54,10 +54,10 @@ def decode_handle(handle: Any) -> tuple[int, int, int, int]:
 
 def out_of(ref: Any) -> Any:
     """The object behind `byref(x)`, `pointer(x)` or `x` itself (how pynvml callers pass outputs)."""
-    obj = getattr(ref, "_obj", None)
+    obj = getattr(ref, "_obj", None)  # byref's argument object: ctypes names no public accessor for it
     if obj is not None:
         return obj
-    if isinstance(ref, ctypes._Pointer):
+    if hasattr(type(ref), "contents"):  # a pointer type's instance
         return ref.contents
     return ref
 
