@@ -45,11 +45,12 @@ from bench.preparer_bench import (  # noqa: E402
     cycle,
     registered,
     running_preparer,
+    sequential_and_batch_claims,
     sequential_phase,
     timed_phase,
 )
 from tests.fakedriver import make_driver_root  # noqa: E402
-from tests.preparer.helpers import ApiClaims, claim_doc  # noqa: E402
+from tests.preparer.helpers import ApiClaims  # noqa: E402
 
 NODE = "n1"
 MOCK_GPUS = 8  # NVIDIA's mock NVML simulates at most 8 GPUs
@@ -199,13 +200,7 @@ async def run_once(args: argparse.Namespace, state_root: str, nvidia_first: bool
         ):
             await ensure_node(client, NODE)
             claims = ApiClaims(client)
-            singles = [
-                await claims.add(claim_doc(name=f"one-{i}", results=[("gpu", "gpu-0")])) for i in range(args.cycles + 5)
-            ]
-            batches = [
-                [await claims.add(claim_doc(name=f"b{r}-{g}", results=[("gpu", f"gpu-{g}")])) for g in range(BATCH)]
-                for r in range(min(args.batch_rounds, 20))
-            ]
+            singles, batches = await sequential_and_batch_claims(claims, args.cycles, args.batch_rounds)
             await stack.enter_async_context(running_preparer(ours, base, api.kubeconfig_path))
             await stack.enter_async_context(
                 running_nvidia_plugin(

@@ -154,6 +154,17 @@ async def apiserver(base: Path, mode: str) -> AsyncIterator[Any]:
         await asyncio.wait_for(proc.wait(), timeout=15)
 
 
+async def sequential_and_batch_claims(claims: ApiClaims, cycles: int, batch_rounds: int) -> tuple[list[Any], list[Any]]:
+    """The claims the sequential phase (one GPU each, all of gpu-0) and the batch phase (8 GPUs a round, at
+    most 20 rounds, reused after) prepare, created in the API server."""
+    singles = [await claims.add(claim_doc(name=f"one-{i}", results=[("gpu", "gpu-0")])) for i in range(cycles + 5)]
+    batches = [
+        [await claims.add(claim_doc(name=f"b{r}-{g}", results=[("gpu", f"gpu-{g}")])) for g in range(BATCH)]
+        for r in range(min(batch_rounds, 20))
+    ]
+    return singles, batches
+
+
 @contextlib.asynccontextmanager
 async def running_preparer(variant: Variant, base: Path, kubeconfig: Path) -> AsyncIterator[Variant]:
     root = base / variant.name
@@ -339,13 +350,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             contextlib.AsyncExitStack() as stack,
         ):
             claims = ApiClaims(client)
-            singles = [
-                await claims.add(claim_doc(name=f"one-{i}", results=[("gpu", "gpu-0")])) for i in range(args.cycles + 5)
-            ]
-            batches = [
-                [await claims.add(claim_doc(name=f"b{r}-{g}", results=[("gpu", f"gpu-{g}")])) for g in range(BATCH)]
-                for r in range(min(args.batch_rounds, 20))
-            ]
+            singles, batches = await sequential_and_batch_claims(claims, args.cycles, args.batch_rounds)
             crowd = [
                 await claims.add(claim_doc(name=f"c-{g}", results=[("gpu", f"gpu-{g}")])) for g in range(CONCURRENT)
             ]

@@ -31,6 +31,7 @@ from shared.events.telemetry import DeviceSample, NodeTelemetry
 from shared.kube.client import kube_api_client
 from shared.kube.resources import NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, Kube, Resource
 from shared.natsserver import EmbeddedNats
+from tests.dashboard.claimevents import claim_use
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
@@ -424,19 +425,6 @@ async def test_utilisation_rings_come_from_telemetry_in_the_api_and_the_stream(d
         assert tiles["nodes"]["node-a"]["gpu-0"][1:] == [20, 20 << 28, 80 << 30, 120, 35], "newest figures, no ring"
 
 
-def _use(event: str, uid: str, at: float, devices: list[PreparedDeviceRef], ns: str = "team-a") -> ClaimLifecycle:
-    return ClaimLifecycle(
-        event=event,  # type: ignore[arg-type]
-        node="node-a",
-        driver="gpu.nvidia.com",
-        claim_uid=uid,
-        claim_namespace=ns,
-        claim_name=uid,
-        devices=devices,
-        observed_at=at,
-    )
-
-
 async def test_gpu_hours_of_the_last_day_per_namespace(dash: Dash) -> None:
     now = time.time()
     whole = [PreparedDeviceRef(request="gpu", pool="node-a", device="gpu-1", uuid="GPU-1")]
@@ -452,14 +440,14 @@ async def test_gpu_hours_of_the_last_day_per_namespace(dash: Dash) -> None:
     ]
     mig = [PreparedDeviceRef(request="mig", pool="node-b", device="gpu-0-mig-1g10gb-19-0")]
     events = [
-        _use("prepared", "h-whole", now - 7200, whole),  # 1 h whole GPU
-        _use("unprepared", "h-whole", now - 3600, whole),
-        _use("prepared", "h-share", now - 7200, share),  # 2 h of 1/8 GPU: 0.25
-        _use("rolled-back", "h-share", now, share),
-        _use("prepared", "h-mig", now - 3600, mig),  # open for 1 h of a MIG device
-        _use("prepared", "h-old", now - 30 * 3600, whole),  # ended 25 h ago: outside the day
-        _use("unprepared", "h-old", now - 25 * 3600, whole),
-        _use("prepared", "h-other", now - 3600, whole, ns="team-b"),
+        claim_use("prepared", "h-whole", now - 7200, whole, node="node-a"),  # 1 h whole GPU
+        claim_use("unprepared", "h-whole", now - 3600, whole, node="node-a"),
+        claim_use("prepared", "h-share", now - 7200, share, node="node-a"),  # 2 h of 1/8 GPU: 0.25
+        claim_use("rolled-back", "h-share", now, share, node="node-a"),
+        claim_use("prepared", "h-mig", now - 3600, mig, node="node-a"),  # open for 1 h of a MIG device
+        claim_use("prepared", "h-old", now - 30 * 3600, whole, node="node-a"),  # ended 25 h ago: outside the day
+        claim_use("unprepared", "h-old", now - 25 * 3600, whole, node="node-a"),
+        claim_use("prepared", "h-other", now - 3600, whole, ns="team-b", node="node-a"),
     ]
     for event in events:
         await dash.bus.publish(CLAIM, event, namespace=event.claim_namespace, node="node-a", event=event.event)

@@ -9,8 +9,9 @@ import pytest
 
 from services.dashboard.gpuhours import GpuHours
 from services.dashboard.utilisation import POINTS, WINDOW_S, TelemetryStore
-from shared.events.claims import ClaimLifecycle, PreparedDeviceRef
+from shared.events.claims import PreparedDeviceRef
 from shared.events.telemetry import DeviceSample, NodeTelemetry
+from tests.dashboard.claimevents import claim_use
 
 T0 = 1_800_000_000.0
 
@@ -76,19 +77,6 @@ def test_the_rings_of_1000_devices_hold_under_2_5_kb_each() -> None:
     assert per_device < 1600
 
 
-def use(event: str, uid: str, at: float, devices: list[PreparedDeviceRef], ns: str = "team-a") -> ClaimLifecycle:
-    return ClaimLifecycle(
-        event=event,  # type: ignore[arg-type]
-        node="n1",
-        driver="gpu.nvidia.com",
-        claim_uid=uid,
-        claim_namespace=ns,
-        claim_name=uid,
-        devices=devices,
-        observed_at=at,
-    )
-
-
 GPU = [PreparedDeviceRef(request="r", pool="n1", device="gpu-0")]
 SHARE = [
     PreparedDeviceRef(
@@ -107,13 +95,13 @@ def test_gpu_hours_clip_each_use_to_the_last_day_and_bill_shares_by_memory() -> 
     hours = GpuHours()
     now = T0 + 30 * 3600
     for event in (
-        use("prepared", "a", T0, GPU),  # 30 h ago, still open: 24 h in the window
-        use("prepared", "b", now - 4 * 3600, SHARE),  # 20Gi of 80Gi for 4 h: 1 GPU-hour (memory, not compute)
-        use("prepared", "b", now - 3 * 3600, SHARE),  # a repeat keeps the start
-        use("unprepared", "b", now, SHARE),
-        use("prepared", "c", now - 2 * 3600, MIG, ns="team-b"),
-        use("rolled-back", "c", now - 3600, MIG, ns="team-b"),
-        use("unprepared", "never-seen", now, GPU, ns="team-c"),  # a close without its prepare counts nothing
+        claim_use("prepared", "a", T0, GPU),  # 30 h ago, still open: 24 h in the window
+        claim_use("prepared", "b", now - 4 * 3600, SHARE),  # 20Gi of 80Gi for 4 h: 1 GPU-hour (memory, not compute)
+        claim_use("prepared", "b", now - 3 * 3600, SHARE),  # a repeat keeps the start
+        claim_use("unprepared", "b", now, SHARE),
+        claim_use("prepared", "c", now - 2 * 3600, MIG, ns="team-b"),
+        claim_use("rolled-back", "c", now - 3600, MIG, ns="team-b"),
+        claim_use("unprepared", "never-seen", now, GPU, ns="team-c"),  # a close without its prepare counts nothing
     ):
         hours.apply(event)
     report = {r.namespace: r for r in hours.report(now)}
@@ -122,7 +110,7 @@ def test_gpu_hours_clip_each_use_to_the_last_day_and_bill_shares_by_memory() -> 
     assert report["team-a"].claims_open == 1
     assert report["team-b"].mig_hours == {"1g10gb": pytest.approx(1.0)} and report["team-b"].gpu_hours == 0
     # a day later the closed uses have left the window and are dropped
-    hours.apply(use("prepared", "d", now + 25 * 3600, GPU))
+    hours.apply(claim_use("prepared", "d", now + 25 * 3600, GPU))
     assert set(hours.uses) == {"a@n1", "d@n1"}
 
 
@@ -130,13 +118,13 @@ def test_a_claim_prepared_again_after_its_unprepare_bills_both_uses() -> None:
     hours = GpuHours()
     now = T0 + 10 * 3600
     for event in (
-        use("prepared", "a", now - 5 * 3600, GPU),
-        use("unprepared", "a", now - 4 * 3600, GPU),  # 1 h
-        use("prepared", "a", now - 2 * 3600, GPU),  # the same claim on the same node again: 2 h so far
+        claim_use("prepared", "a", now - 5 * 3600, GPU),
+        claim_use("unprepared", "a", now - 4 * 3600, GPU),  # 1 h
+        claim_use("prepared", "a", now - 2 * 3600, GPU),  # the same claim on the same node again: 2 h so far
     ):
         hours.apply(event)
     (report,) = hours.report(now)
     assert report.gpu_hours == pytest.approx(3.0) and report.claims_open == 1
-    hours.apply(use("unprepared", "a", now - 3600, GPU))
+    hours.apply(claim_use("unprepared", "a", now - 3600, GPU))
     (report,) = hours.report(now)
     assert report.gpu_hours == pytest.approx(2.0) and report.claims_open == 0
