@@ -82,10 +82,16 @@ class Conn:
             refusal.cancel()
 
     async def request_refused(self, subject: str, body: bytes = b"") -> None:
-        """A request on `subject` is refused by the server and no reply comes back."""
-        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
-            await self.nc.request(subject, body, timeout=1.0)
-        await self.refused("publish", subject)
+        """A request on `subject` is refused by the server and no reply comes back: the server's permissions
+        violation is awaited (a refused publish is routed nowhere), then a round trip shows no reply arrived."""
+        replies = await self.nc.subscribe(self.nc.new_inbox())
+        try:
+            await self.nc.publish(subject, body, reply=replies.subject)
+            await self.refused("publish", subject)
+            await self.nc.flush()
+            assert replies.delivered == 0 and replies.pending_msgs == 0, f"a reply to the refused {subject!r} came"
+        finally:
+            await replies.unsubscribe()
 
 
 async def connect_watched(url: str, **options: Any) -> Conn:
