@@ -52,7 +52,14 @@ def claim(uid: str, domain: str) -> ChannelClaim:
 
 def real(fake: FakeDriver, tmp_path: Path, **more: Any) -> dict[str, Any]:
     """Agent settings for the real daemon on the fake driver root, each node with its own hosts file."""
-    return {"imex_daemon": "real", "driver_root": str(fake.root), "imex_check_interval": 0.05, **more}
+    # signals 0.5 s apart, not nvidia-imex's 5 s (the spacing itself: test_reload_signals_wait_for_the_handler...)
+    return {
+        "imex_daemon": "real",
+        "driver_root": str(fake.root),
+        "imex_check_interval": 0.05,
+        "imex_signal_spacing": 0.5,
+        **more,
+    }
 
 
 def hosts_files(tmp_path: Path, count: int) -> list[Path]:
