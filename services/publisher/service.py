@@ -120,6 +120,11 @@ class Publisher:
         self._early_causes: dict[str, otel_context.Context] = {}  # node -> the last cause seen before ready
         self._bulk = 0  # node syncs done, for freezing the cache as it grows
         self._unlisted: set[str] = set()  # nodes taken over from another replica: their slices not read yet
+        # the initial bulk (every node known at start): one line at its end, a debug line per node meanwhile
+        self._bulk_left: set[str] = set()
+        self._bulk_stats = WriteStats()
+        self._bulk_written = 0
+        self._bulk_began = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._ready = False
         self.started = asyncio.Event()
@@ -170,7 +175,9 @@ class Publisher:
         self._tasks.append(asyncio.create_task(self._resync_loop(), name="publisher-resync"))
         self._ready = True
         early, self._early_causes = self._early_causes, {}
-        for node in self._known_nodes():
+        self._bulk_left = self._known_nodes()
+        self._bulk_began = time.monotonic()
+        for node in self._bulk_left:
             self.queue.add(node, brought.get(node) or early.get(node))
         settle()  # the KV and slices just loaded stay out of the collector's full passes
         self.started.set()
@@ -351,6 +358,8 @@ class Publisher:
                 self.bus.spawn(self._retry_later(node))
             finally:
                 self.queue.done(node)
+                if node in self._bulk_left:
+                    self._bulk_synced(node)
                 self._bulk += 1
                 if self._bulk % FREEZE_EVERY == 0:
                     # A cold start's slices, cached, live on: each automatic full pass over them would find
@@ -358,6 +367,21 @@ class Publisher:
                     gc.freeze()
                 done, self._synced = self._synced, asyncio.Event()
                 done.set()
+
+    def _bulk_synced(self, node: str) -> None:
+        """One node of the initial bulk synced (or failed: its retry logs as any later sync); the last one logs
+        what the bulk wrote."""
+        self._bulk_left.discard(node)
+        if not self._bulk_left:
+            done = self._bulk_stats
+            log.info(
+                "initial slices written",
+                nodes_written=self._bulk_written,
+                creates=done.creates,
+                updates=done.updates,
+                deletes=done.deletes,
+                seconds=round(time.monotonic() - self._bulk_began, 2),
+            )
 
     async def _retry_later(self, node: str) -> None:
         await asyncio.sleep(RETRY_DELAY_S)
@@ -423,9 +447,16 @@ class Publisher:
                 self.latencies.append(latency)
                 LATENCY.observe(latency)
             if total.writes:
-                log.info(
+                # a line per node after the start; during the initial bulk, one line at its end (_bulk_synced)
+                bulk = node in self._bulk_left
+                (log.debug if bulk else log.info)(
                     "slices written", node=node, creates=total.creates, updates=total.updates, deletes=total.deletes
                 )
+                if bulk:
+                    self._bulk_written += 1
+                    self._bulk_stats.creates += total.creates
+                    self._bulk_stats.updates += total.updates
+                    self._bulk_stats.deletes += total.deletes
         return total
 
     def _keep_as_is(self, node: str, inv: NodeInventory | None, uid: str | None) -> str:
