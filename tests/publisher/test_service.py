@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable
 
@@ -385,3 +386,30 @@ async def test_a_crashed_replica_hands_its_nodes_over(bus, api, nats_server, tmp
         assert a.stats.conflicts == 0
         for node in b_nodes[1:]:
             assert await _has_slices(client, node, 1)
+
+
+async def test_the_initial_bulk_logs_one_line_and_later_writes_a_line_each(bus, api, nats_server, tmp_path, caplog):
+    client = api.client_raw
+    for node in ("n1", "n2"):
+        await ensure_node(client, node)
+    with caplog.at_level(logging.INFO, logger="services.publisher.service"):
+        async with (
+            running_discovery(bus, node="n1", simulate="h100x2", root=tmp_path / "n1"),
+            running_discovery(bus, node="n2", simulate="l40sx1", root=tmp_path / "n2"),
+        ):
+            async with running_publisher(nats_server.url, str(api.kubeconfig_path)) as pub:  # both in KV already
+                await until(pub, lambda: _has_slices(client, "n1", 1))
+                await until(pub, lambda: _has_slices(client, "n2", 1))
+                await pub.idle()
+                bulk = [r for r in caplog.records if r.getMessage() == "initial slices written"]
+                assert [(r.structured_fields["nodes_written"], r.structured_fields["creates"]) for r in bulk] == [
+                    (2, 4)
+                ]
+                assert not [r for r in caplog.records if r.getMessage() == "slices written"]
+                await bus.publish(
+                    catalog.INVENTORY_WITHDRAWN, InventoryWithdrawn(node="n1", reason="drained"), node="n1"
+                )
+                await until(pub, lambda: _has_slices(client, "n1", 0))
+                await pub.idle()
+    later = [r.structured_fields for r in caplog.records if r.getMessage() == "slices written"]
+    assert later and later[0]["node"] == "n1" and later[0]["deletes"] >= 1
