@@ -313,3 +313,48 @@ async def test_a_staged_change_goes_out_with_the_next_write_whoever_makes_it(roo
     await cp.put("c", record(), events=["c:prepared"])
     assert journal.lines[2:] == ["c:prepare-started", "c:prepared"]
     assert json.loads(path.read_text())["preparedClaims"]["c"]["state"] == "PrepareCompleted"
+
+
+async def test_the_device_gpu_and_daemon_queries_follow_every_change(root: Path) -> None:
+    """`holders`, `gpu_holders` and `daemon_users` answer from an index kept by put, stage, remove, a failed
+    write's restore and load: what a walk over every record would find, in the records' order."""
+
+    def share(device: str, uuid: str, daemon: str = "", parent: str = "") -> PreparedDevice:
+        return PreparedDevice(
+            requests=["gpu"], pool="n1", device=device, uuid=uuid, parent_uuid=parent, mps_daemon=daemon
+        )
+
+    def found(rows: list[tuple[str, ClaimRecord, PreparedDevice]]) -> list[tuple[str, str]]:
+        return [(uid, dev.device) for uid, _, dev in rows]
+
+    path = root / "cp" / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b")
+    await cp.load()
+    a = ClaimRecord(state="PrepareCompleted", name="a", namespace="ns", devices=[share("gpu-0", "GPU-0", "d0")])
+    await cp.put("a", a)
+    mig = share("gpu-0-mig-1g", "", parent="GPU-0")
+    cp.stage("b", ClaimRecord(state="PrepareStarted", name="b", namespace="ns", devices=[mig]))
+    assert found(cp.holders("gpu-0")) == [("a", "gpu-0")] and found(cp.holders("gpu-0", exclude="a")) == []
+    assert found(cp.gpu_holders("GPU-0")) == [("a", "gpu-0"), ("b", "gpu-0-mig-1g")]
+    assert found(cp.daemon_users("d0", exclude="b")) == [("a", "gpu-0")] and cp.daemon_users("d1") == []
+    mig.uuid = "MIG-1"  # a dynamic MIG device's UUID, set in place and then written
+    await cp.put("b", cp.claims["b"])
+    assert found(cp.gpu_holders("MIG-1")) == [("b", "gpu-0-mig-1g")]
+    await cp.put(
+        "a", ClaimRecord(state="PrepareCompleted", name="a", namespace="ns", devices=[share("gpu-1", "GPU-1")])
+    )
+    assert (
+        cp.holders("gpu-0") == []
+        and cp.daemon_users("d0") == []
+        and found(cp.gpu_holders("GPU-0")) == [("b", "gpu-0-mig-1g")]
+    )
+    shutil.rmtree(path.parent)  # the next write fails: the records (and the answers) are restored
+    results = await asyncio.gather(cp.remove("b"), cp.put("c", a), return_exceptions=True)
+    assert all(isinstance(r, CheckpointError) for r in results), results
+    assert found(cp.gpu_holders("GPU-0")) == [("b", "gpu-0-mig-1g")] and cp.holders("gpu-0") == []
+    path.parent.mkdir()
+    await cp.remove("b")
+    assert cp.gpu_holders("GPU-0") == [] and found(cp.holders("gpu-1")) == [("a", "gpu-1")]
+    again = Checkpoint(path, boot_id="b")
+    await again.load()
+    assert found(again.holders("gpu-1")) == [("a", "gpu-1")] and found(again.gpu_holders("GPU-1")) == [("a", "gpu-1")]

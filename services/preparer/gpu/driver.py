@@ -455,11 +455,9 @@ class GpuDriver:
             )
         if self._published[1].get(dev.uuid) != dev.mps_daemon:
             return None
-        for other, record in self.records.claims.items():
-            if other != uid and record.state == "PrepareCompleted":
-                for held in record.devices:
-                    if held.mps_daemon == dev.mps_daemon and held.mps_daemon_settings == dev.mps_daemon_settings:
-                        return known[1], known[2]
+        for _, record, held in self.records.daemon_users(dev.mps_daemon, exclude=uid):
+            if record.state == "PrepareCompleted" and held.mps_daemon_settings == dev.mps_daemon_settings:
+                return known[1], known[2]
         return None
 
     # -- unprepare -------------------------------------------------------------------------
@@ -501,14 +499,14 @@ class GpuDriver:
         for daemon in sorted({d.mps_daemon for d in record.devices if d.mps_daemon}):
             await self._release_share_daemon(uid, daemon)
         if record.timesliced_gpus:
-            held = {
-                d.uuid
-                for u, r in self.records.claims.items()
-                if u != uid and r.state == "PrepareCompleted"
-                for d in r.devices
-                if d.sharing == "TimeSlicing"
-            }
-            reset = [u for u in record.timesliced_gpus if u not in held]
+            reset = [
+                gpu
+                for gpu in record.timesliced_gpus
+                if not any(
+                    r.state == "PrepareCompleted" and d.sharing == "TimeSlicing" and d.uuid == gpu
+                    for _, r, d in self.records.gpu_holders(gpu, exclude=uid)
+                )
+            ]
             if reset:
                 with tracer.start_as_current_span("device.set-sharing"):
                     await self.ops.set_sharing(reset, "Default", "Default")
@@ -517,9 +515,7 @@ class GpuDriver:
         """Stop a GPU's shared MPS daemon when no other claim's record (prepared, or being prepared) uses it:
         the count is the checkpoint's, so a restart neither stops a daemon in use nor keeps one unused."""
         async with self._daemon_locks[daemon]:
-            users = [
-                u for u, r in self.records.claims.items() if u != uid and any(d.mps_daemon == daemon for d in r.devices)
-            ]
+            users = {u for u, _, _ in self.records.daemon_users(daemon, exclude=uid)}
             if users:
                 log.info("shared MPS daemon kept: other shares use it", claim_uid=uid, daemon=daemon, users=len(users))
                 return

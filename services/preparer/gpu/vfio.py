@@ -46,16 +46,13 @@ def passthrough_conflict(records: ClaimRecords, uid: str, resolved: ResolvedDevi
     gpu_uuid = resolved.gpu.uuid if resolved.gpu is not None else ""
     if not gpu_uuid:
         return ""
-    for other, record in records.claims.items():
-        if other == uid:
-            continue
-        for held in record.devices:
-            same_gpu = gpu_uuid in (held.uuid, held.parent_uuid)
-            if same_gpu and (held.kind == "vfio") != (resolved.kind == "vfio"):
-                return (
-                    f"its GPU is held by another claim on this node as {held.device}; a GPU is given out "
-                    "either for passthrough or to the nvidia driver, not both"
-                )
+    vfio = resolved.kind == "vfio"
+    for _, _, held in records.gpu_holders(gpu_uuid, exclude=uid):
+        if (held.kind == "vfio") != vfio:
+            return (
+                f"its GPU is held by another claim on this node as {held.device}; a GPU is given out "
+                "either for passthrough or to the nvidia driver, not both"
+            )
     return ""
 
 

@@ -23,8 +23,9 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -131,7 +132,9 @@ class Checkpoint:
     def __init__(self, path: Path, *, boot_id: str) -> None:
         self.path = Path(path)
         self.boot_id = boot_id
-        self.claims: dict[str, ClaimRecord] = {}
+        self._claims: dict[str, ClaimRecord] = {}  # changed by `_set` only, which keeps `_index` with it
+        self.claims: Mapping[str, ClaimRecord] = MappingProxyType(self._claims)  # read only
+        self._index = _Index()  # device name, GPU UUID, MPS daemon -> the claims whose records name it
         self._raw_top: dict[str, Any] = {}
         self._raw_claims: dict[str, dict[str, Any]] = {}
         self._encoded: dict[str, tuple[ClaimRecord, bytes]] = {}  # uid -> (record, its JSON) until it changes
@@ -243,7 +246,8 @@ class Checkpoint:
             )
             self._raw_claims = {}
             return
-        self.claims = claims
+        for uid, record in claims.items():
+            self._set(uid, record)
 
     async def load(self) -> None:
         """Read the file (missing = empty); quarantine a corrupt one; wipe after a reboot; write back."""
@@ -288,7 +292,7 @@ class Checkpoint:
         """Change a claim in memory only: the next write persists it, whoever makes it, with `events`
         in the same write (so an event is never on disk without its change, nor the change without it).
         For a change a crash may lose: a PrepareStarted of a claim that has nothing to undo (module doc)."""
-        self.claims[uid] = record
+        self._set(uid, record)
         self._encoded.pop(uid, None)
         self._staged_events.extend(events)
 
@@ -366,20 +370,18 @@ class Checkpoint:
                 journal.committed(kept)  # on file: sent even when the checkpoint write failed
 
     async def put(self, uid: str, record: ClaimRecord, *, events: Sequence[Any] = ()) -> None:
-        previous = self.claims.get(uid)
-        self.claims[uid] = record
+        previous = self._claims.get(uid)
+        self._set(uid, record)
         self._encoded.pop(uid, None)  # changed in place, perhaps: encoded again
         try:
             await self.save(events)
         except CheckpointError:
-            if previous is None:
-                self.claims.pop(uid, None)
-            else:
-                self.claims[uid] = previous
+            self._set(uid, previous)
             raise
 
     async def remove(self, uid: str, *, events: Sequence[Any] = ()) -> None:
-        previous = self.claims.pop(uid, None)
+        previous = self._claims.get(uid)
+        self._set(uid, None)
         self._raw_claims.pop(uid, None)
         self._encoded.pop(uid, None)
         if previous is None and not events:
@@ -388,20 +390,90 @@ class Checkpoint:
             await self.save(events)
         except CheckpointError:
             if previous is not None:
-                self.claims[uid] = previous
+                self._set(uid, previous)
             raise
+
+    def _set(self, uid: str, record: ClaimRecord | None) -> None:
+        """The one place a claim's record is replaced, added or (None) dropped; the index follows. A record
+        changed in place (its state, a dynamic MIG device's UUID) goes through here again (`put`, `stage`)
+        before anyone awaits, so the index names what the record names whenever another task looks."""
+        if record is None:
+            self._claims.pop(uid, None)
+        else:
+            self._claims[uid] = record
+        self._index.update(uid, record)
 
     # -- queries ---------------------------------------------------------------------------
     def holders(self, device: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
         """Claims (other than `exclude`) that hold or are preparing `device`."""
         out = []
-        for uid, record in self.claims.items():
+        for uid in self._index.devices.get(device, ()):
             if uid == exclude:
                 continue
+            record = self._claims[uid]
             for dev in record.devices:
                 if dev.device == device:
                     out.append((uid, record, dev))
         return out
 
+    def gpu_holders(self, gpu_uuid: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
+        """Claims (other than `exclude`) holding or preparing the GPU `gpu_uuid` or one of its MIG devices."""
+        out = []
+        for uid in self._index.gpus.get(gpu_uuid, ()):
+            if uid == exclude:
+                continue
+            record = self._claims[uid]
+            for dev in record.devices:
+                if gpu_uuid in (dev.uuid, dev.parent_uuid):
+                    out.append((uid, record, dev))
+        return out
+
+    def daemon_users(self, daemon: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
+        """Claims (other than `exclude`) whose devices (prepared, or being prepared) use the shared MPS daemon."""
+        out = []
+        for uid in self._index.daemons.get(daemon, ()):
+            if uid == exclude:
+                continue
+            record = self._claims[uid]
+            for dev in record.devices:
+                if dev.mps_daemon == daemon:
+                    out.append((uid, record, dev))
+        return out
+
     def by_state(self, state: ClaimState) -> dict[str, ClaimRecord]:
-        return {uid: r for uid, r in self.claims.items() if r.state == state}
+        return {uid: r for uid, r in self._claims.items() if r.state == state}
+
+
+class _Index:
+    """Which claims' records name a device, a GPU (a device's UUID or its parent's) or a shared MPS daemon:
+    the guard and the daemon's reference count look up a device's claims, not walk every record. Per key
+    the claims in the order they came to name it (the records' order, as a walk would find them)."""
+
+    def __init__(self) -> None:
+        self.devices: dict[str, dict[str, None]] = {}
+        self.gpus: dict[str, dict[str, None]] = {}
+        self.daemons: dict[str, dict[str, None]] = {}
+        self._keys: dict[str, tuple[tuple[str, str, str, str], ...]] = {}  # uid -> what its devices name
+
+    def update(self, uid: str, record: ClaimRecord | None) -> None:
+        now = () if record is None else tuple([(d.device, d.uuid, d.parent_uuid, d.mps_daemon) for d in record.devices])
+        was = self._keys.get(uid, ())
+        if now == was:  # a record written again as it was indexed: the usual case
+            return
+        if now:
+            self._keys[uid] = now
+        else:
+            del self._keys[uid]
+        for index, old, new in zip((self.devices, self.gpus, self.daemons), _named(was), _named(now), strict=True):
+            for key in old - new:
+                users = index[key]
+                del users[uid]
+                if not users:
+                    del index[key]
+            for key in new - old:
+                index.setdefault(key, {})[uid] = None
+
+
+def _named(keys: tuple[tuple[str, str, str, str], ...]) -> tuple[set[str], set[str], set[str]]:
+    """The devices, GPUs and daemons a record's (device, UUID, parent UUID, daemon) keys name."""
+    return {k[0] for k in keys}, {u for k in keys for u in k[1:3] if u}, {k[3] for k in keys if k[3]}
