@@ -103,7 +103,9 @@ class Membership:
     async def _kv(self) -> tuple[TypedKV[DomainMember], KeyValue]:
         if self._typed is None or self._raw is None:
             self._typed = await self.bus.kv(CD_MEMBERS_BUCKET)
-            self._raw = await self.bus.js.key_value(CD_MEMBERS_BUCKET.name)
+            self._raw = await retry_jetstream(  # a loaded server's timeout is retried, as bus.kv() does
+                lambda: self.bus.js.key_value(CD_MEMBERS_BUCKET.name), f"open KV bucket {CD_MEMBERS_BUCKET.name}"
+            )
         return self._typed, self._raw
 
     async def _listing(self, pattern: str) -> dict[str, tuple[bytes, int]]:
