@@ -48,6 +48,7 @@ from services.computedomain import crd  # noqa: E402
 from services.computedomain.agent import Agent  # noqa: E402
 from services.computedomain.channelcore import (  # noqa: E402
     ChannelClaim,
+    ChannelNotReady,
     ChannelPreparer,
     channel_config,
     parse_channel_config,
@@ -165,9 +166,18 @@ async def one_round(
         uid = uids[name]
         tl.mark(uid, p.node, "prepare_called")
         cfg = parse_channel_config(channel_config(uid))
-        await p.prepare(ChannelClaim(f"{name}-{i}", NS, f"{name}-{i}", cfg))
+        for attempt in range(5):  # kubelet retries a prepare that answers "not ready" (its backoff: 1 s, doubling)
+            try:
+                await p.prepare(ChannelClaim(f"{name}-{i}", NS, f"{name}-{i}", cfg))
+                break
+            except ChannelNotReady:
+                if attempt == 4:
+                    raise
+                retried.append(p.node)
+                await asyncio.sleep(2**attempt)
         tl.mark(uid, p.node, "prepared")
 
+    retried: list[str] = []
     start = time.time()
     await asyncio.gather(*(prepare(p, names[i // per], i) for i, p in enumerate(nodes)))
     await asyncio.wait_for(all_ready.wait(), 120)
@@ -207,6 +217,7 @@ async def one_round(
         "max_bring_up_ms": max(d["bring_up_ms"] for d in per_domain),
         "last_ready_to_all_ready_ms": (max(status_seen.values()) - last_all) * 1000,
         "consumers_at_all_ready": consumers_at_ready,
+        "prepares_retried": len(retried),
         "timeline": timeline,
     }
     # tear down and check that nothing is left
@@ -278,11 +289,19 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict
                 def node_name(d: int, i: int) -> str:
                     return f"gb200-{d:02d}-{i:02d}" if domains > 1 else f"gb200-{i:02d}"
 
+                node_stacks: list[contextlib.AsyncExitStack] = []
+
+                async def stop_discoveries() -> None:  # all at once: one after another took 0.6 s a node
+                    await asyncio.gather(*(s.aclose() for s in node_stacks), return_exceptions=True)
+
+                stack.push_async_callback(stop_discoveries)
                 for d in range(domains):
                     # a domain's nodes' discovery at once (two cliques per domain): set-up is not measured
+                    opened = [contextlib.AsyncExitStack() for _ in range(nodes)]
+                    node_stacks += opened
                     await asyncio.gather(
                         *(
-                            stack.enter_async_context(
+                            opened[i].enter_async_context(
                                 running_discovery(
                                     bus,
                                     node_name(d, i),
@@ -308,7 +327,12 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict
                         tasks.append(asyncio.create_task(agent.run(stopping)))
                         preparers.append(
                             ChannelPreparer(
-                                bus, node=node, dev_root=str(root / "sim" / node), ready_timeout=120, simulated=True
+                                bus,
+                                node=node,
+                                dev_root=str(root / "sim" / node),
+                                ready_timeout=120,
+                                request_timeout=120,
+                                simulated=True,
                             )
                         )
                 await asyncio.gather(*(a.ready.wait() for a in agents))
