@@ -48,6 +48,7 @@ from services.computedomain import crd  # noqa: E402
 from services.computedomain.agent import Agent  # noqa: E402
 from services.computedomain.channelcore import (  # noqa: E402
     ChannelClaim,
+    ChannelNotReady,
     ChannelPreparer,
     channel_config,
     parse_channel_config,
@@ -56,7 +57,7 @@ from services.computedomain.config import AgentConfig  # noqa: E402
 from services.computedomain.controller import Controller  # noqa: E402
 from services.computedomain.membership import Membership  # noqa: E402
 from shared.bus import Bus  # noqa: E402
-from shared.events.catalog import CD_STATUS  # noqa: E402
+from shared.events.catalog import BUCKETS, CD_STATUS, STREAMS  # noqa: E402
 from shared.logs import setup_logging  # noqa: E402
 from shared.natsserver import EmbeddedNats  # noqa: E402
 from shared.ports import free_port  # noqa: E402
@@ -165,12 +166,22 @@ async def one_round(
         uid = uids[name]
         tl.mark(uid, p.node, "prepare_called")
         cfg = parse_channel_config(channel_config(uid))
-        await p.prepare(ChannelClaim(f"{name}-{i}", NS, f"{name}-{i}", cfg))
+        for attempt in range(5):  # kubelet retries a prepare that answers "not ready" (its backoff: 1 s, doubling)
+            try:
+                await p.prepare(ChannelClaim(f"{name}-{i}", NS, f"{name}-{i}", cfg))
+                break
+            except ChannelNotReady:
+                if attempt == 4:
+                    raise
+                retried.append(p.node)
+                await asyncio.sleep(2**attempt)
         tl.mark(uid, p.node, "prepared")
 
+    retried: list[str] = []
     start = time.time()
     await asyncio.gather(*(prepare(p, names[i // per], i) for i, p in enumerate(nodes)))
     await asyncio.wait_for(all_ready.wait(), 120)
+    consumers_at_ready = await consumers_per_stream(bus)
     while len(ready_event) < len(names):
         await asyncio.sleep(0.01)  # the event and the CR watch race; the event is at most a few ms behind
     await sub.unsubscribe()
@@ -205,6 +216,8 @@ async def one_round(
         "bring_up_ms": statistics.median(d["bring_up_ms"] for d in per_domain),
         "max_bring_up_ms": max(d["bring_up_ms"] for d in per_domain),
         "last_ready_to_all_ready_ms": (max(status_seen.values()) - last_all) * 1000,
+        "consumers_at_all_ready": consumers_at_ready,
+        "prepares_retried": len(retried),
         "timeline": timeline,
     }
     # tear down and check that nothing is left
@@ -219,6 +232,31 @@ async def one_round(
     else:
         raise RuntimeError(f"round {tag}: domains not cleaned up within 60 s")
     return result
+
+
+async def consumers_per_stream(bus: Bus) -> dict[str, int]:
+    """How many consumers each stream and KV bucket has now (the stream's state, as the server counts them
+    against its limit; ended ones are gone, stopped ones whose inactive threshold has not passed are not)."""
+    names = [s.name for s in STREAMS] + [f"KV_{b.name}" for b in BUCKETS]
+    return {name: int((await bus.js.stream_info(name)).state.consumer_count or 0) for name in names}
+
+
+def resources(nats: EmbeddedNats) -> dict[str, float]:
+    """This process's and nats-server's resident memory (MiB) and open file descriptors."""
+
+    def rss_mib(pid: int | str) -> float:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+        return 0.0
+
+    server = nats.proc.pid if nats.proc is not None else 0
+    return {
+        "bench_rss_mib": rss_mib("self"),
+        "bench_fds": len(list(Path("/proc/self/fd").iterdir())),
+        "nats_server_rss_mib": rss_mib(server) if server else 0.0,
+        "nats_server_fds": len(list(Path(f"/proc/{server}/fd").iterdir())) if server else 0,
+    }
 
 
 def node_address(d: int, i: int) -> str:
@@ -246,13 +284,36 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict
                 port = free_port()
                 preparers = []
                 agents = []
+                set_up_from = time.monotonic()
+
+                def node_name(d: int, i: int) -> str:
+                    return f"gb200-{d:02d}-{i:02d}" if domains > 1 else f"gb200-{i:02d}"
+
+                node_stacks: list[contextlib.AsyncExitStack] = []
+
+                async def stop_discoveries() -> None:  # all at once: one after another took 0.6 s a node
+                    await asyncio.gather(*(s.aclose() for s in node_stacks), return_exceptions=True)
+
+                stack.push_async_callback(stop_discoveries)
                 for d in range(domains):
-                    for i in range(nodes):
-                        node = f"gb200-{d:02d}-{i:02d}" if domains > 1 else f"gb200-{i:02d}"
-                        clique = 1 + (i * 2) // nodes  # two cliques per domain
-                        await stack.enter_async_context(
-                            running_discovery(bus, node, simulate=f"gb200x4:clique={clique}", root=root / "sim")
+                    # a domain's nodes' discovery at once (two cliques per domain): set-up is not measured
+                    opened = [contextlib.AsyncExitStack() for _ in range(nodes)]
+                    node_stacks += opened
+                    await asyncio.gather(
+                        *(
+                            opened[i].enter_async_context(
+                                running_discovery(
+                                    bus,
+                                    node_name(d, i),
+                                    simulate=f"gb200x4:clique={1 + (i * 2) // nodes}",
+                                    root=root / "sim",
+                                )
+                            )
+                            for i in range(nodes)
                         )
+                    )
+                    for i in range(nodes):
+                        node = node_name(d, i)
                         cfg = AgentConfig(
                             node=node,
                             ip_address=node_address(d, i),
@@ -266,14 +327,22 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict
                         tasks.append(asyncio.create_task(agent.run(stopping)))
                         preparers.append(
                             ChannelPreparer(
-                                bus, node=node, dev_root=str(root / "sim" / node), ready_timeout=120, simulated=True
+                                bus,
+                                node=node,
+                                dev_root=str(root / "sim" / node),
+                                ready_timeout=120,
+                                request_timeout=120,
+                                simulated=True,
                             )
                         )
                 await asyncio.gather(*(a.ready.wait() for a in agents))
+                set_up_s = round(time.monotonic() - set_up_from, 1)
+                consumers_idle = await consumers_per_stream(bus)
                 custom = client.CustomObjectsApi(kube)
                 results = [
                     await one_round(custom, bus, controller, preparers, nodes, str(r), tl) for r in range(rounds)
                 ]
+                used = resources(nats)
                 stopping.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
@@ -302,6 +371,16 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict
             for phase, marks in results[0]["timeline"].items()
         },
         "simulated_daemon_startup_ms": startup,
+        # per stream: after set-up (every node's discovery and agent running, no domain), and when all domains
+        # turned Ready (the last round); per node: their sum over the streams, divided by the node count
+        "consumers_idle": consumers_idle,
+        "consumers_at_all_ready": results[-1]["consumers_at_all_ready"],
+        "consumers_per_node_idle": round(sum(consumers_idle.values()) / (nodes * domains), 2),
+        "consumers_per_node_at_all_ready": round(
+            sum(results[-1]["consumers_at_all_ready"].values()) / (nodes * domains), 2
+        ),
+        "resources_at_end": used,
+        "set_up_s": set_up_s,
         "goal_ms": 1000,
         "upstream_status_poll_ms": 2000,
         "load_average": [round(x, 2) for x in __import__("os").getloadavg()],

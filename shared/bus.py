@@ -173,13 +173,19 @@ class Bus:
         count when it already has more (an operator may have scaled it up)."""
         if not self.provisions:
             return
+        account = await retry_jetstream(self.js.account_info, "JetStream account info")
+        most = int(account.limits.max_consumers or -1)  # the account's limit per stream, if it sets one
         for stream in STREAMS:
-            await retry_jetstream(functools.partial(self._provision_stream, stream), f"provision stream {stream.name}")
+            limit = min(stream.max_consumers, most) if most > 0 else stream.max_consumers
+            await retry_jetstream(
+                functools.partial(self._provision_stream, stream, limit), f"provision stream {stream.name}"
+            )
         for bucket in BUCKETS:
+            limit = min(bucket.max_consumers, most) if most > 0 else bucket.max_consumers
             await self._bucket(bucket)
-            await retry_jetstream(functools.partial(self._limit_bucket, bucket), f"limit bucket {bucket.name}")
+            await retry_jetstream(functools.partial(self._limit_bucket, bucket, limit), f"limit bucket {bucket.name}")
 
-    async def _provision_stream(self, stream: Stream) -> None:
+    async def _provision_stream(self, stream: Stream, max_consumers: int) -> None:
         replicas = self.replicas
         try:
             existing = await self.js.stream_info(stream.name)
@@ -199,18 +205,25 @@ class Bus:
             storage=StorageType.FILE,
             duplicate_window=120.0,
             num_replicas=replicas,
+            max_consumers=max_consumers,
         )
         try:
             await self.js.add_stream(config)
         except nats.js.errors.BadRequestError:
             await self.js.update_stream(config)
 
-    async def _limit_bucket(self, bucket: Bucket) -> None:
+    async def _limit_bucket(self, bucket: Bucket, max_consumers: int) -> None:
         """The bucket's stream with the catalog's limits: no rollup header (a `Nats-Rollup: all` on one's
-        own key would erase every key), value size and bucket size bounded."""
+        own key would erase every key), value size and bucket size bounded, its watches as many as the fleet
+        needs (nats-py creates a bucket with `max_consumers` -1, which nats-server 2.15 takes as 1,000)."""
         info = await self.js.stream_info(f"KV_{bucket.name}")
         config = info.config
-        want = {"allow_rollup_hdrs": False, "max_msg_size": bucket.max_value_size, "max_bytes": bucket.max_bytes}
+        want = {
+            "allow_rollup_hdrs": False,
+            "max_msg_size": bucket.max_value_size,
+            "max_bytes": bucket.max_bytes,
+            "max_consumers": max_consumers,
+        }
         if all(getattr(config, name) == value for name, value in want.items()):
             return
         for name, value in want.items():
@@ -465,6 +478,13 @@ class Bus:
             sub = await self.nc.subscribe(subject, queue=queue or "", cb=on_message)
         self._subs.append(sub)
         return sub
+
+    async def unsubscribe(self, sub: Subscription) -> None:
+        """End a subscription that subscribe() made, before the bus closes (a lost connection: already ended)."""
+        with contextlib.suppress(ValueError):
+            self._subs.remove(sub)
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
 
     async def serve(
         self, entry: Entry, handler: RequestHandler[Any], *, queue: str | None = None, **tokens: str

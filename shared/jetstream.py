@@ -42,9 +42,15 @@ T = TypeVar("T")
 
 
 PUBLISH_RETRY_S = 30.0
+"""How long a JetStream publish keeps retrying through a leader change before it gives up."""
 ORDERED_HEARTBEAT_S = 5.0
 """An ordered consumer's idle heartbeat: two missed (a lost connection, a consumer gone) and it is made again."""
-"""How long a JetStream publish keeps retrying through a leader change before it gives up."""
+WATCH_INACTIVE_S = 5.0
+"""How long the server keeps a watch's consumer (a KV watch, a key listing, an ordered consumer) once nobody
+receives its deliveries, so that a watch stopped or ended takes its consumer with it: the server's own default
+for an ephemeral consumer. nats-py's KV watch asks for 5 minutes, all counted against the stream's consumer
+limit: every key listing and every reset of an ordered consumer added one for that long. A client away longer
+loses it; its ordered consumer, missing the heartbeats, makes it again from where it was, as after any gap."""
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -231,6 +237,7 @@ async def ordered_since(
         idle_heartbeat=ORDERED_HEARTBEAT_S,
         num_replicas=1,
         mem_storage=True,
+        inactive_threshold=WATCH_INACTIVE_S,
     )
     info = await retry_jetstream(lambda: js.add_consumer(stream, config), f"ordered consumer of {subject}")
     backlog = info.num_pending or 0

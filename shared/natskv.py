@@ -26,7 +26,7 @@ from shared.events.base import Message
 from shared.events.catalog import (
     Bucket,
 )
-from shared.jetstream import publish_with_retry, retry_jetstream
+from shared.jetstream import WATCH_INACTIVE_S, publish_with_retry, retry_jetstream
 from shared.logs import get_logger
 from shared.tasks import raise_if_cancelling
 from shared.telemetry import get_tracer, inject_headers, traceparent_context
@@ -233,7 +233,10 @@ class TypedKV(Generic[M]):
         """Keys matching `pattern` (a node user may list only its own node's keys)."""
         try:
             watcher = await retry_jetstream(
-                lambda: self._kv.watch(pattern, ignore_deletes=True, meta_only=True), f"KV keys of {self.bucket.name}"
+                lambda: self._kv.watch(
+                    pattern, ignore_deletes=True, meta_only=True, inactive_threshold=WATCH_INACTIVE_S
+                ),
+                f"KV keys of {self.bucket.name}",
             )
         except nats.js.errors.NoKeysError:
             return []
@@ -267,7 +270,9 @@ class TypedKV(Generic[M]):
         decode, names another identity, or was stored by the server relaying someone's answer onto the
         key (shared.natsorigin) is refused and skipped: it never replaces the last good value. The key's
         owner, which restores what it wrote, asks to see it as None (`refused_as_none`)."""
-        watcher = await retry_jetstream(lambda: self._kv.watch(keys), f"KV watch {self.bucket.name}/{keys}")
+        watcher = await retry_jetstream(
+            lambda: self._kv.watch(keys, inactive_threshold=WATCH_INACTIVE_S), f"KV watch {self.bucket.name}/{keys}"
+        )
         try:
             async for entry in kv_updates(watcher):
                 if entry is None:

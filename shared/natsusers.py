@@ -228,8 +228,9 @@ def node_permissions(role: str, node: str) -> Permissions:
     if role == "preparer":
         return Permissions(
             publish=base + _events(device_ops, node=node) + _events(agent_ops, node=node),
-            # the kubelet's device-health stream follows this node's health events
-            subscribe=[*_events((HEALTH,), node=node), inbox],
+            # the kubelet's device-health stream follows this node's health events; a channel claim's
+            # prepare waits for this node's membership to turn Ready by its events (no consumer)
+            subscribe=[*_events((HEALTH, CD_MEMBER), node=node), inbox],
         )
     return Permissions(
         publish=base + answers,

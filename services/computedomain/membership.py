@@ -35,10 +35,11 @@ from nats.js.kv import KeyValue
 from opentelemetry import trace
 
 from shared import identity
-from shared.bus import Bus, TypedKV, encode, retry_jetstream
+from shared.bus import Bus, MsgContext, TypedKV, encode, retry_jetstream
 from shared.events.base import now_unix
 from shared.events.catalog import CD_MEMBER, CD_MEMBER_LEFT, CD_MEMBERS_BUCKET, as_token
 from shared.events.computedomain import DomainMember, MemberLeft, MemberStatus
+from shared.jetstream import WATCH_INACTIVE_S
 from shared.logs import get_logger
 from shared.natskv import kv_updates
 
@@ -102,7 +103,9 @@ class Membership:
     async def _kv(self) -> tuple[TypedKV[DomainMember], KeyValue]:
         if self._typed is None or self._raw is None:
             self._typed = await self.bus.kv(CD_MEMBERS_BUCKET)
-            self._raw = await self.bus.js.key_value(CD_MEMBERS_BUCKET.name)
+            self._raw = await retry_jetstream(  # a loaded server's timeout is retried, as bus.kv() does
+                lambda: self.bus.js.key_value(CD_MEMBERS_BUCKET.name), f"open KV bucket {CD_MEMBERS_BUCKET.name}"
+            )
         return self._typed, self._raw
 
     async def _listing(self, pattern: str) -> dict[str, tuple[bytes, int]]:
@@ -234,6 +237,14 @@ class Membership:
         await self.bus.publish(CD_MEMBER_LEFT, left, domain_uid=token(member.domain_uid), node=token(member.node))
         log.info("left compute domain", domain=member.domain_uid, node=member.node, reason=reason)
 
+    async def member(self, domain_uid: str, node: str) -> DomainMember | None:
+        """The node's member of the domain as stored now (a direct get of its key); None: not a member (with
+        `require_assignment`, also while the domain is not assigned to the node)."""
+        typed, _ = await self._kv()
+        if self.require_assignment and token(node) not in await self.assigned(domain_uid):
+            return None
+        return await typed.get(member_key(domain_uid, node))
+
     async def members(self, domain_uid: str) -> dict[str, DomainMember]:
         """The domain's members by node name."""
         typed, _ = await self._kv()
@@ -335,7 +346,7 @@ class Membership:
         replayed = False
         pattern = f"{token(domain_uid)}.>" if domain_uid else ">"
         watcher = await retry_jetstream(
-            lambda: typed.raw.watch(pattern),  # typed's: trace contexts kept
+            lambda: typed.raw.watch(pattern, inactive_threshold=WATCH_INACTIVE_S),  # typed's: trace contexts kept
             f"KV watch {CD_MEMBERS_BUCKET.name}/{pattern}",
         )
         try:
@@ -398,15 +409,29 @@ class Membership:
 async def wait_for_status(
     membership: Membership, domain_uid: str, node: str, status: MemberStatus, timeout: float
 ) -> DomainMember | None:
-    """The node's member once it has `status`, or None after `timeout` seconds (watch, no polling)."""
+    """The node's member once it has `status`, or None after `timeout` seconds. No polling and no consumer: the
+    node's member events (every write of its key publishes one; a core subscription here) say when, and its key
+    is read before the first (what was written before) and once more at the end (an event missed while the
+    connection was away). A KV watch of the domain, as before, was one more consumer on the members bucket for
+    each node preparing, kept 5 minutes after, and delivered every peer's changes to each of them."""
+    reached: asyncio.Future[DomainMember] = asyncio.get_running_loop().create_future()
 
-    async def _wait() -> DomainMember:
-        async for _d, node_token, member in membership.watch(domain_uid):
-            if node_token == token(node) and member is not None and member.status == status:
-                return member
-        raise MembershipError("membership watch ended")
+    async def on_member(member: DomainMember, _ctx: MsgContext) -> None:
+        if member.status != status or reached.done():
+            return
+        if membership.require_assignment and token(node) not in await membership.assigned(domain_uid):
+            return
+        if not reached.done():
+            reached.set_result(member)
 
+    sub = await membership.bus.subscribe(CD_MEMBER, on_member, domain_uid=token(domain_uid), node=token(node))
     try:
-        return await asyncio.wait_for(_wait(), timeout)
-    except TimeoutError:
-        return None
+        member = await membership.member(domain_uid, node)
+        if member is not None and member.status == status:
+            return member
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(reached, timeout)
+        member = await membership.member(domain_uid, node)
+        return member if member is not None and member.status == status else None
+    finally:
+        await membership.bus.unsubscribe(sub)

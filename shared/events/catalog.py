@@ -345,6 +345,19 @@ CATALOG: tuple[Entry, ...] = (
 )
 
 
+FLEET_NODES = 65_000
+"""The largest fleet the streams and buckets are sized for (the inventory bucket's bytes, the consumer limits)."""
+CONSUMERS_PER_NODE = 4
+"""Consumers a node may hold on one stream or bucket at a time: each of its services (NODE_ROLES) at most one
+watch there, and one more ended but not yet removed (shared.jetstream.WATCH_INACTIVE_S)."""
+CLUSTER_CONSUMERS = 4096
+"""Beside the nodes': the cluster services' watches and durable consumers, and third-party readers'."""
+FLEET_CONSUMERS = FLEET_NODES * CONSUMERS_PER_NODE + CLUSTER_CONSUMERS
+"""Each stream's and bucket's consumer limit (`max_consumers`). nats-server 2.15 refuses a stream's 1,001st
+consumer when neither the stream nor the account sets a limit (err 10026), -1 included: one watch per node on
+a bucket stops a fleet at 1,000 nodes. An account limit below it is kept (Bus.provision)."""
+
+
 @dataclass(frozen=True)
 class Stream:
     """A JetStream stream: retained events third parties can replay."""
@@ -357,6 +370,7 @@ class Stream:
     # per subject, the oldest kept and a newer one refused once a subject holds this many (-1: no limit)
     max_msgs_per_subject: int = -1
     discard_new: bool = False  # when full, refuse what comes (True) or drop the oldest (False)
+    max_consumers: int = FLEET_CONSUMERS
 
 
 @dataclass(frozen=True)
@@ -372,6 +386,7 @@ class Bucket:
     binds: Binds = ()  # identity: NATS permissions scope writes by key, so the key binds the value
     max_value_size: int = 16 * 1024  # the server refuses a larger value
     max_bytes: int = 256 * 1024 * 1024  # the bucket refuses writes past it (KV discards new)
+    max_consumers: int = FLEET_CONSUMERS  # its watches: one or two per node (shared.events.catalog.FLEET_CONSUMERS)
 
     def parse_key(self, key: str) -> dict[str, str] | None:
         """The token values of a key of this bucket's pattern; None for a key of another shape

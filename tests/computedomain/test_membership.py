@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from services.computedomain.membership import Membership, MembershipError, index_key, member_key
+from services.computedomain.membership import Membership, MembershipError, index_key, member_key, wait_for_status
 from shared.bus import Bus
+from shared.events.catalog import CD_MEMBERS_BUCKET
 from shared.events.computedomain import DomainMember
 
 CLIQUE_A = "6f2a9c1e-3b4d-5e6f-8a9b-0c1d2e3f4a5b.1"
@@ -117,3 +118,40 @@ async def test_nodes_that_lose_a_bid_spread_over_the_next_indices(buses):
     joined = await asyncio.gather(*(memberships[i % 4].join(member(f"n{i}")) for i in range(18)))
     assert sorted(m.index for m in joined) == list(range(18))
     assert len(bids) <= 130, f"{len(bids)} bids for 18 nodes"
+
+
+class _ReadsKnown(Membership):
+    """A membership that says when it has read a member (the waiter's read before any event came)."""
+
+    def __init__(self, bus: Bus) -> None:
+        super().__init__(bus)
+        self.read = asyncio.Event()
+
+    async def member(self, domain_uid: str, node: str) -> DomainMember | None:
+        found = await super().member(domain_uid, node)
+        self.read.set()
+        return found
+
+
+async def _consumers(bus: Bus) -> int:
+    return int((await bus.js.stream_info(f"KV_{CD_MEMBERS_BUCKET.name}")).state.consumer_count or 0)
+
+
+async def test_a_wait_for_ready_is_woken_by_the_member_event_and_holds_no_consumer(buses):
+    """A preparing node waited by a KV watch of its whole domain: one more consumer on the members bucket per
+    node (kept 5 minutes after), every peer's change delivered to it. Now its node's member events wake it."""
+    agent = Membership(buses[0])
+    joined = await agent.join(member("a"))
+    before = await _consumers(buses[0])
+    waiting = _ReadsKnown(buses[1])
+    waiter = asyncio.create_task(wait_for_status(waiting, "uid-1", "a", "Ready", timeout=60))
+    await waiting.read.wait()  # it read NotReady: only the event can end the wait before its 60 s
+    assert not waiter.done()
+    assert await _consumers(buses[0]) == before
+    await agent.set_status(joined, "Ready")
+    ready = await asyncio.wait_for(waiter, 10)
+    assert ready is not None and ready.node == "a" and ready.status == "Ready"
+    assert await _consumers(buses[0]) == before
+    # already Ready: the first read answers; never Ready: None after the timeout
+    assert await wait_for_status(Membership(buses[2]), "uid-1", "a", "Ready", timeout=5) is not None
+    assert await wait_for_status(Membership(buses[2]), "uid-1", "a", "NotReady", timeout=0.2) is None

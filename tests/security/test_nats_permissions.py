@@ -508,3 +508,20 @@ async def test_the_dashboard_reads_every_claim_and_health_event_and_says_nothing
         await dashboard.nc.close()
         await preparer.close()
         await discovery.close()
+
+
+async def test_a_preparer_follows_its_own_nodes_member_events_only(server: EmbeddedNats) -> None:
+    """A channel claim's prepare waits for its node's membership to turn Ready by its member events (core
+    NATS, no consumer): `preparer.gpu-a` may subscribe to gpu-a's, not to gpu-b's nor to every node's."""
+    node_a = await _connect(server, "preparer.gpu-a", inbox="_INBOX_preparer_gpu-a")
+    try:
+        for subject in (catalog.CD_MEMBER.wildcard(node="gpu-b"), catalog.CD_MEMBER.wildcard(), "dra.v1.cd.>"):
+            await node_a.nc.subscribe(subject)
+            await node_a.nc.flush()
+            await node_a.refused("subscription", subject)
+        own = await node_a.nc.subscribe(catalog.CD_MEMBER.wildcard(domain_uid="uid-1", node="gpu-a"))
+        await node_a.nc.flush()
+        assert node_a.errors.empty(), "its own node's member events were refused"
+        await own.unsubscribe()
+    finally:
+        await node_a.nc.close()

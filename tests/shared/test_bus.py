@@ -18,6 +18,7 @@ from shared.events import catalog
 from shared.events.deadletter import DeadLetter
 from shared.events.devices import MigCreateReply, MigCreateRequest
 from shared.events.inventory import Gpu, MigPlacement, NodeInventory
+from shared.jetstream import WATCH_INACTIVE_S
 from shared.natsserver import EmbeddedNats
 from shared.telemetry import memory_spans, setup_telemetry
 
@@ -193,3 +194,50 @@ async def test_provisioning_raises_the_event_streams_limit_of_a_stream_made_befo
     info = await bus.js.stream_info(stream)
     assert info.config.max_bytes == catalog.EVENTS_STREAM.max_bytes == 2 * 1024 * 1024 * 1024
     assert info.state.messages == 1
+
+
+def _streams() -> list[tuple[str, int]]:
+    return [(s.name, s.max_consumers) for s in catalog.STREAMS] + [
+        (f"KV_{b.name}", b.max_consumers) for b in catalog.BUCKETS
+    ]
+
+
+async def test_provisioning_sizes_every_stream_and_bucket_for_the_fleets_watches(bus: Bus) -> None:
+    """nats-server 2.15 refuses a stream's 1,001st consumer unless the stream sets its own limit (-1, nats-py's
+    for a bucket, counts as none): with a watch per node on a bucket, a fleet stopped at 1,000 nodes. Every
+    stream and bucket gets the catalog's limit, and a bucket made before (-1) gets it at the next provision."""
+    stream = f"KV_{catalog.INVENTORY_BUCKET.name}"
+    info = await bus.js.stream_info(stream)
+    info.config.max_consumers = -1
+    await bus.js.update_stream(info.config)
+    await bus.provision()
+    for name, limit in _streams():
+        assert (await bus.js.stream_info(name)).config.max_consumers == limit == catalog.FLEET_CONSUMERS, name
+    assert catalog.FLEET_CONSUMERS >= catalog.FLEET_NODES * 2 > 1000  # a node's discovery and preparer watch each
+
+
+async def test_an_account_limit_below_the_catalogs_is_kept(tmp_path: Path) -> None:
+    """An operator's account limit on consumers per stream stays the limit: the server would refuse a stream
+    asking for more."""
+    config = tmp_path / "limited.conf"
+    config.write_text("accounts { A: { jetstream: { max_consumers: 500 }, users: [ { user: a, password: a } ] } }\n")
+    async with EmbeddedNats(store_dir=tmp_path / "nats", config_file=config) as srv:
+        bus = await Bus.connect(srv.url.replace("nats://", "nats://a:a@"), name="limited")
+        try:
+            await bus.provision()
+            for name, _limit in _streams():
+                assert (await bus.js.stream_info(name)).config.max_consumers == 500, name
+        finally:
+            await bus.close()
+
+
+async def test_a_kv_watch_asks_the_server_to_end_its_consumer_soon_after_it(bus: Bus) -> None:
+    """A watch stopped, a key listing done or an ordered consumer reset leaves its consumer behind until its
+    inactive threshold: nats-py's 5 minutes counted every one of them against the stream's limit."""
+    kv = await bus.kv(catalog.INVENTORY_BUCKET)
+    await kv.put("n1", inventory("n1"))
+    watch = kv.watch("n1")
+    assert (await anext(watch))[0] == "n1"
+    infos = await bus.js.consumers_info(f"KV_{catalog.INVENTORY_BUCKET.name}")
+    assert [c.config.inactive_threshold for c in infos] == [WATCH_INACTIVE_S]
+    await watch.aclose()
