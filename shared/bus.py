@@ -175,15 +175,21 @@ class Bus:
             return
         account = await retry_jetstream(self.js.account_info, "JetStream account info")
         most = int(account.limits.max_consumers or -1)  # the account's limit per stream, if it sets one
+
+        def consumers(wanted: int) -> int:
+            return min(wanted, most) if most > 0 else wanted
+
         for stream in STREAMS:
-            limit = min(stream.max_consumers, most) if most > 0 else stream.max_consumers
             await retry_jetstream(
-                functools.partial(self._provision_stream, stream, limit), f"provision stream {stream.name}"
+                functools.partial(self._provision_stream, stream, consumers(stream.max_consumers)),
+                f"provision stream {stream.name}",
             )
         for bucket in BUCKETS:
-            limit = min(bucket.max_consumers, most) if most > 0 else bucket.max_consumers
             await self._bucket(bucket)
-            await retry_jetstream(functools.partial(self._limit_bucket, bucket, limit), f"limit bucket {bucket.name}")
+            await retry_jetstream(
+                functools.partial(self._limit_bucket, bucket, consumers(bucket.max_consumers)),
+                f"limit bucket {bucket.name}",
+            )
 
     async def _provision_stream(self, stream: Stream, max_consumers: int) -> None:
         replicas = self.replicas

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
@@ -406,39 +406,27 @@ class Checkpoint:
     # -- queries ---------------------------------------------------------------------------
     def holders(self, device: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
         """Claims (other than `exclude`) that hold or are preparing `device`."""
-        out = []
-        for uid in self._index.devices.get(device, ()):
-            if uid == exclude:
-                continue
-            record = self._claims[uid]
-            for dev in record.devices:
-                if dev.device == device:
-                    out.append((uid, record, dev))
-        return out
+        return self._named(self._index.devices, device, exclude, lambda dev: dev.device == device)
 
     def gpu_holders(self, gpu_uuid: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
         """Claims (other than `exclude`) holding or preparing the GPU `gpu_uuid` or one of its MIG devices."""
-        out = []
-        for uid in self._index.gpus.get(gpu_uuid, ()):
-            if uid == exclude:
-                continue
-            record = self._claims[uid]
-            for dev in record.devices:
-                if gpu_uuid in (dev.uuid, dev.parent_uuid):
-                    out.append((uid, record, dev))
-        return out
+        return self._named(self._index.gpus, gpu_uuid, exclude, lambda dev: gpu_uuid in (dev.uuid, dev.parent_uuid))
 
     def daemon_users(self, daemon: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
         """Claims (other than `exclude`) whose devices (prepared, or being prepared) use the shared MPS daemon."""
-        out = []
-        for uid in self._index.daemons.get(daemon, ()):
-            if uid == exclude:
-                continue
-            record = self._claims[uid]
-            for dev in record.devices:
-                if dev.mps_daemon == daemon:
-                    out.append((uid, record, dev))
-        return out
+        return self._named(self._index.daemons, daemon, exclude, lambda dev: dev.mps_daemon == daemon)
+
+    def _named(
+        self, index: dict[str, dict[str, None]], key: str, exclude: str, match: Callable[[PreparedDevice], bool]
+    ) -> list[tuple[str, ClaimRecord, PreparedDevice]]:
+        """(uid, record, device) of each device that `match`es in the records `index` lists under `key`."""
+        return [
+            (uid, self._claims[uid], dev)
+            for uid in index.get(key, ())
+            if uid != exclude
+            for dev in self._claims[uid].devices
+            if match(dev)
+        ]
 
     def by_state(self, state: ClaimState) -> dict[str, ClaimRecord]:
         return {uid: r for uid, r in self._claims.items() if r.state == state}
