@@ -129,6 +129,7 @@ class Bus:
         )
         self._subs: list[Subscription] = []
         self._kv_cache: dict[str, TypedKV[Any]] = {}
+        self._kv_opening: dict[str, asyncio.Lock] = {}  # one opening per bucket: one TypedKV per bucket
         self._tasks: set[asyncio.Task[None]] = set()
         self._reconnect_callbacks: list[Callable[[], object]] = []
 
@@ -298,12 +299,17 @@ class Bus:
             )
 
     async def kv(self, bucket: Bucket) -> TypedKV[Any]:
-        """The typed KV bucket (created if missing)."""
+        """The typed KV bucket (created if missing): the same object for every caller, those that asked
+        while it was being opened included (it keeps the trace context of what it reads, which a
+        watch on one object and a consumer span on another would not share)."""
         cached = self._kv_cache.get(bucket.name)
         if cached is None:
-            await self._bucket(bucket)  # created if missing, direct get turned on if it can be
-            cached = TypedKV(self, bucket)
-            self._kv_cache[bucket.name] = cached
+            async with self._kv_opening.setdefault(bucket.name, asyncio.Lock()):
+                cached = self._kv_cache.get(bucket.name)
+                if cached is None:
+                    await self._bucket(bucket)  # created if missing, direct get turned on if it can be
+                    cached = TypedKV(self, bucket)
+                    self._kv_cache[bucket.name] = cached
         return cached
 
     @contextlib.contextmanager

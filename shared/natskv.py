@@ -80,7 +80,9 @@ def decode_body(decoder: msgspec.json.Decoder[Any], data: bytes) -> tuple[Any, s
 
 class _KeepingContext:
     """The bus's JetStream context as one bucket's KeyValue uses it, keeping the `traceparent` of every
-    value it reads (a get or a watch delivery) by key: nats-py's KV entries drop the headers."""
+    value it reads by key: nats-py's KV entries drop the headers. A get's is kept at once; a watch's is
+    held per (key, revision) until its entry is read (`read`), so a second write of a key that arrives
+    before the first is acted on does not lend the first its trace."""
 
     MAX_KEYS = 100_000  # bounded: one short string a key; cleared if a bucket ever holds more
 
@@ -88,23 +90,39 @@ class _KeepingContext:
         self._js = js
         self._prefix = prefix
         self._consumer = f"kv:{prefix.split('.')[1]}"  # bounded: one per bucket
-        self.traceparents: dict[str, str] = {}
+        self.traceparents: dict[str, str] = {}  # key: the traceparent of the value last read ("" none)
+        self._arrived: dict[tuple[str, int], str] = {}  # (key, revision) delivered, not read yet: its traceparent
         self.relayed: dict[tuple[str, int], str] = {}  # (key, revision) delivered with a relay's marks: why
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._js, name)
 
-    def _keep(self, subject: str | None, headers: dict[str, str] | None) -> None:
-        if not subject or not subject.startswith(self._prefix):
-            return
-        key = subject[len(self._prefix) :]
-        traceparent = (headers or {}).get("traceparent", "")
+    def _key(self, subject: str | None) -> str | None:
+        return subject[len(self._prefix) :] if subject and subject.startswith(self._prefix) else None
+
+    def _keep(self, key: str, traceparent: str) -> None:
         if not traceparent:
             self.traceparents.pop(key, None)  # a write from outside the bus
             return
         if len(self.traceparents) >= self.MAX_KEYS:
             self.traceparents.clear()
         self.traceparents[key] = traceparent
+
+    def _arrive(self, key: str, revision: int, headers: dict[str, str]) -> None:
+        """A watch delivered this revision: hold its writer's context, and why a relay stored it, if one did
+        (the stored headers, as delivered). Bounded: a watch stopped before reading its entries leaves them."""
+        if len(self._arrived) >= self.MAX_KEYS:
+            self._arrived.clear()
+        self._arrived[(key, revision)] = headers.get("traceparent", "")
+        why = natsorigin.relayed(None, headers)
+        if why:
+            if len(self.relayed) >= self.MAX_KEYS:
+                self.relayed.clear()
+            self.relayed[(key, revision)] = why
+
+    def read(self, key: str, revision: int) -> None:
+        """A watch's entry is being acted on: its writer's context is now the key's (none if unknown)."""
+        self._keep(key, self._arrived.pop((key, revision), ""))
 
     async def publish(
         self, subject: str, payload: bytes = b"", *args: Any, headers: dict[str, str] | None = None, **kwargs: Any
@@ -115,7 +133,9 @@ class _KeepingContext:
 
     async def get_msg(self, *args: Any, **kwargs: Any) -> Any:
         msg = await self._js.get_msg(*args, **kwargs)
-        self._keep(msg.subject, msg.headers)
+        key = self._key(msg.subject)
+        if key is not None:
+            self._keep(key, (msg.headers or {}).get("traceparent", ""))
         return msg
 
     async def subscribe(self, *args: Any, cb: Callable[[Msg], Awaitable[None]] | None = None, **kwargs: Any) -> Any:
@@ -126,14 +146,10 @@ class _KeepingContext:
         listing = bool(kwargs.get("headers_only"))  # keys(): a one-off listing, not a consumer to watch
 
         async def keeping(msg: Msg) -> None:
-            self._keep(msg.subject, msg.headers)
-            why = natsorigin.relayed(None, msg.headers)  # stored headers, as delivered: a relay stored here
-            if why and msg.subject and msg.subject.startswith(self._prefix):
-                if len(self.relayed) >= self.MAX_KEYS:
-                    self.relayed.clear()
+            key = self._key(msg.subject)
+            if key is not None and not listing:
                 with contextlib.suppress(nats.errors.NotJSMessageError):
-                    self.relayed[(msg.subject[len(self._prefix) :], msg.metadata.sequence.stream)] = why
-            if not listing:
+                    self._arrive(key, msg.metadata.sequence.stream, msg.headers or {})
                 note_pending(self._consumer, msg)
             await delivered(msg)
 
@@ -191,6 +207,14 @@ class TypedKV(Generic[M]):
             self._refused.add(seen)
             self._bus.spawn(self._bus.refuse(mismatch, raw, self._bus.name))
         return None
+
+    async def updates(self, watcher: Any) -> AsyncIterator[Any]:
+        """kv_updates() of a watch on this bucket (`raw.watch`), each entry's writer context kept for
+        consume() as it is handed on."""
+        async for entry in kv_updates(watcher):
+            if entry is not None:
+                self._js.read(entry.key, int(entry.revision or 0))
+            yield entry
 
     @property
     def raw(self) -> KeyValue:
@@ -274,7 +298,7 @@ class TypedKV(Generic[M]):
             lambda: self._kv.watch(keys, inactive_threshold=WATCH_INACTIVE_S), f"KV watch {self.bucket.name}/{keys}"
         )
         try:
-            async for entry in kv_updates(watcher):
+            async for entry in self.updates(watcher):
                 if entry is None:
                     yield "", None
                     continue

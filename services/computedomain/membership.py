@@ -41,7 +41,6 @@ from shared.events.catalog import CD_MEMBER, CD_MEMBER_LEFT, CD_MEMBERS_BUCKET, 
 from shared.events.computedomain import DomainMember, MemberLeft, MemberStatus
 from shared.jetstream import WATCH_INACTIVE_S
 from shared.logs import get_logger
-from shared.natskv import kv_updates
 
 log = get_logger(__name__)
 
@@ -350,7 +349,7 @@ class Membership:
             f"KV watch {CD_MEMBERS_BUCKET.name}/{pattern}",
         )
         try:
-            async for entry in kv_updates(watcher):
+            async for entry in typed.updates(watcher):
                 if entry is None:
                     for pair in sorted(written):
                         if pair in assigned:

@@ -17,6 +17,7 @@ from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 from shared.bus import Bus, BusError, MsgContext
 from shared.events import catalog
 from shared.events.inventory import NodeInventory
+from shared.jetstream import retry_jetstream
 from tests.deploy.conftest import (
     CLUSTER_NODES,
     CLUSTER_SIZE,
@@ -43,29 +44,26 @@ async def _connect(servers: list[ShippedConfigNats], user: str) -> Bus:
 
 async def _provision_replicated(bus: Bus, replicas: int) -> None:
     """The catalog's streams and buckets as Bus.provision() makes them, with `replicas` copies.
-    Retries while the cluster elects its JetStream meta leader (no event tells us when)."""
+    Retries while the cluster elects its JetStream meta leader (no event tells us when), and a create
+    that a loaded cluster answers late (the same config again is a no-op if the first one was made)."""
     await wait_for_meta_leader(bus)
     for stream in catalog.STREAMS:
-        await bus.js.add_stream(
-            StreamConfig(
-                name=stream.name,
-                subjects=list(stream.subjects),
-                max_age=stream.max_age_s,
-                max_bytes=stream.max_bytes,
-                storage=StorageType.FILE,
-                duplicate_window=120.0,
-                num_replicas=replicas,
-            )
+        config = StreamConfig(
+            name=stream.name,
+            subjects=list(stream.subjects),
+            max_age=stream.max_age_s,
+            max_bytes=stream.max_bytes,
+            storage=StorageType.FILE,
+            duplicate_window=120.0,
+            num_replicas=replicas,
         )
+        await retry_jetstream(lambda config=config: bus.js.add_stream(config), f"create stream {stream.name}")
     for bucket in catalog.BUCKETS:
-        await bus.js.create_key_value(
-            KeyValueConfig(
-                bucket=bucket.name,
-                history=bucket.history,
-                ttl=bucket.ttl_s or None,
-                replicas=replicas,
-                direct=True,
-            )
+        kv_config = KeyValueConfig(
+            bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None, replicas=replicas, direct=True
+        )
+        await retry_jetstream(
+            lambda kv_config=kv_config: bus.js.create_key_value(kv_config), f"create KV bucket {bucket.name}"
         )
 
 

@@ -21,6 +21,7 @@ from shared.events.inventory import Gpu, MigPlacement, NodeInventory
 from shared.jetstream import WATCH_INACTIVE_S
 from shared.natsserver import EmbeddedNats
 from shared.telemetry import memory_spans, setup_telemetry
+from tests.polling import eventually
 
 setup_telemetry("tests", "memory")
 tracer = trace.get_tracer(__name__)
@@ -229,6 +230,52 @@ async def test_an_account_limit_below_the_catalogs_is_kept(tmp_path: Path) -> No
                 assert (await bus.js.stream_info(name)).config.max_consumers == 500, name
         finally:
             await bus.close()
+
+
+async def test_callers_opening_a_bucket_at_once_share_one_typed_kv_and_its_trace_contexts(bus: Bus) -> None:
+    """Two tasks of a service (the ComputeDomain controller's member watch and its assigner) open the same
+    bucket at once: both get the one TypedKV, so a value the first one's watch read is consumed by the
+    second one's handle as the child of its writer (two objects lost the writer's context: a root span)."""
+    watcher_kv, other_kv = await asyncio.gather(bus.kv(catalog.INVENTORY_BUCKET), bus.kv(catalog.INVENTORY_BUCKET))
+    assert watcher_kv is other_kv
+    watch = watcher_kv.watch("n1")
+    assert (await anext(watch))[0] == ""
+    with tracer.start_as_current_span("writer") as writer:
+        await (await bus.kv(catalog.INVENTORY_BUCKET)).put("n1", inventory("n1"))
+    assert (await anext(watch))[0] == "n1"
+    await watch.aclose()
+    with other_kv.consume("n1") as consumed:
+        pass
+    assert isinstance(consumed, ReadableSpan)
+    assert consumed.parent is not None and consumed.parent.span_id == writer.get_span_context().span_id
+
+
+async def test_each_watched_write_is_consumed_in_its_own_writers_trace(bus: Bus) -> None:
+    """Two writes of one key reach the watch before its reader acts on the first: each is consumed as the
+    child of its own writer (keyed by key alone, the first one was consumed in the second one's trace)."""
+    kv = await bus.kv(catalog.INVENTORY_BUCKET)
+    watch = kv.watch("n1")
+    assert (await anext(watch))[0] == ""
+    writers = []
+    for seq in range(2):
+        CONSUMER_PENDING.labels("kv:dra-inventory").set(-1)  # each delivery sets it (to 0: nothing after it)
+        with tracer.start_as_current_span(f"writer-{seq}") as writer:
+            await kv.put("n1", msgspec.structs.replace(inventory("n1"), content_hash=str(seq)))
+        writers.append(writer.get_span_context().span_id)
+        await eventually(
+            lambda: REGISTRY.get_sample_value("gpu_dra_nats_consumer_pending", {"consumer": "kv:dra-inventory"}) == 0,
+            f"write {seq} delivered to the watch",
+        )
+    consumed_parents = []
+    for seq in range(2):
+        key, value = await anext(watch)
+        assert key == "n1" and value is not None and value.content_hash == str(seq)
+        with kv.consume("n1") as consumed:
+            pass
+        assert isinstance(consumed, ReadableSpan) and consumed.parent is not None
+        consumed_parents.append(consumed.parent.span_id)
+    await watch.aclose()
+    assert consumed_parents == writers
 
 
 async def test_a_kv_watch_asks_the_server_to_end_its_consumer_soon_after_it(bus: Bus) -> None:
