@@ -8,6 +8,7 @@ event, and the KV holds each node's last inventory.
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import nats.errors
 import nats.js.errors
@@ -57,14 +58,12 @@ async def _provision_replicated(bus: Bus, replicas: int) -> None:
             duplicate_window=120.0,
             num_replicas=replicas,
         )
-        await retry_jetstream(lambda config=config: bus.js.add_stream(config), f"create stream {stream.name}")
+        await retry_jetstream(functools.partial(bus.js.add_stream, config), f"create stream {stream.name}")
     for bucket in catalog.BUCKETS:
         kv_config = KeyValueConfig(
             bucket=bucket.name, history=bucket.history, ttl=bucket.ttl_s or None, replicas=replicas, direct=True
         )
-        await retry_jetstream(
-            lambda kv_config=kv_config: bus.js.create_key_value(kv_config), f"create KV bucket {bucket.name}"
-        )
+        await retry_jetstream(functools.partial(bus.js.create_key_value, kv_config), f"create KV bucket {bucket.name}")
 
 
 async def _publish_with_retry(bus: Bus, inventory: NodeInventory, msg_id: str) -> list[str]:
