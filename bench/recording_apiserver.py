@@ -86,6 +86,9 @@ class Recorder:
         self.node_names = [f"node-{i:05d}" for i in range(nodes)]
         self.node_uids = {n: str(uuid.uuid5(uuid.NAMESPACE_DNS, n)) for n in self.node_names}
         self.slices: dict[str, Slice] = {}
+        # node -> its slices' names: a LIST by spec.nodeName reads the node's, as an indexed cache does, not
+        # every slice (2,560 taken-over nodes x 20,000 slices scanned made this server the takeover's bottleneck)
+        self.by_node: dict[str, dict[str, None]] = defaultdict(dict)
         self.rv = 1
         self.writes: dict[str, int] = defaultdict(int)  # verb -> count
         self.by_replica: dict[int, int] = defaultdict(int)
@@ -180,9 +183,10 @@ def build_app(rec: Recorder, port_of: dict[int, int]) -> web.Application:
             return await hold_watch(request)
         wanted = dict(part.split("=", 1) for part in request.query.get("fieldSelector", "").split(",") if part)
         driver, node = wanted.get("spec.driver"), wanted.get("spec.nodeName")
+        candidates = rec.slices.values() if node is None else [rec.slices[name] for name in rec.by_node.get(node, ())]
         items = [
             s
-            for s in rec.slices.values()
+            for s in candidates
             if (driver is None or s.spec.driver == driver) and (node is None or s.spec.nodeName == node)
         ]
         return page(request, items)
@@ -191,6 +195,7 @@ def build_app(rec: Recorder, port_of: dict[int, int]) -> web.Application:
         rec.rv += 1
         new.metadata.resourceVersion = str(rec.rv)
         rec.slices[new.metadata.name] = new
+        rec.by_node[new.spec.nodeName][new.metadata.name] = None
         return web.Response(body=_ENC.encode(new), content_type="application/json")
 
     async def create(request: web.Request) -> web.Response:
@@ -222,6 +227,7 @@ def build_app(rec: Recorder, port_of: dict[int, int]) -> web.Application:
         old = rec.slices.pop(name, None)
         if old is None:
             return status(404, "NotFound", f"resourceslices {name!r} not found")
+        rec.by_node[old.spec.nodeName].pop(name, None)
         rec.record(replica(request), "delete", old.spec.nodeName)
         return json_response({"kind": "Status", "status": "Success"})
 

@@ -277,14 +277,19 @@ class Publisher:
             self.bus.spawn(self._take_over(gained))
 
     async def _take_over(self, gained: list[str]) -> None:
-        """Read the gained nodes' inventories from KV (the last values: no replay, no gap), then sync them."""
-        try:
-            brought = await self._load_kv(only=gained)
-        except Exception as exc:  # noqa: BLE001 - the periodic resync repairs it
-            log.warning("reading taken-over inventories failed; the next resync repairs it", error=str(exc))
-            brought = {}
-        for node in gained:
-            self._enqueue(node, brought.get(node))
+        """Read the gained nodes' inventories from KV (the last values: no replay, no gap), then sync them. The
+        most recently changed first, a chunk queued as soon as it is read: a change published while the node
+        had no live owner is written before the thousands of unchanged nodes are re-read and found current."""
+        by_recency = sorted(gained, key=lambda node: self.state.observed.get(node, 0.0), reverse=True)
+        for start in range(0, len(by_recency), KV_CHUNK):
+            chunk = by_recency[start : start + KV_CHUNK]
+            try:
+                brought = await self._load_kv(only=chunk)
+            except Exception as exc:  # noqa: BLE001 - the periodic resync repairs it
+                log.warning("reading taken-over inventories failed; the next resync repairs it", error=str(exc))
+                brought = {}
+            for node in chunk:
+                self._enqueue(node, brought.get(node))
         if self.nodeconfigs is not None:
             self.nodeconfigs.mark()  # the NodeConfig objects this replica now owns get their status checked
 

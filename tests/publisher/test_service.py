@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from typing import Any
 
 import msgspec
 import pytest
@@ -355,8 +356,11 @@ async def test_a_crashed_replica_hands_its_nodes_over(bus, api, nats_server, tmp
     for node in nodes:
         await kv.put(node, msgspec.structs.replace(seed, node=node))
     url, kubeconfig = nats_server.url, str(api.kubeconfig_path)
-    async with running_publisher(url, kubeconfig, replica_id="a", compute_domains=False) as a:
-        async with running_publisher(url, kubeconfig, replica_id="b", compute_domains=False, clean_stop=False) as b:
+    lease = 2.0  # the changes below reach a well before it counts b as gone
+    async with running_publisher(url, kubeconfig, replica_id="a", compute_domains=False, lease_seconds=lease) as a:
+        async with running_publisher(
+            url, kubeconfig, replica_id="b", compute_domains=False, clean_stop=False, lease_seconds=lease
+        ) as b:
             await a.membership.wait_for({"a", "b"})
             await b.membership.wait_for({"a", "b"})
             for node in nodes:
@@ -368,8 +372,28 @@ async def test_a_crashed_replica_hands_its_nodes_over(bus, api, nats_server, tmp
             assert set(a.state.inventory) - seed_node == set(nodes) - set(b_nodes)
             assert set(b.state.inventory) - seed_node == set(b_nodes)
             assert a.state.nodes() - seed_node == set(nodes)
-        # b died without a word; once its lease runs out, a owns b's nodes and publishes their changes.
+        # b died without a word. Two of its nodes change before its lease runs out (no live owner): a takes the
+        # most recently changed first, then the older change, then the nodes that did not change.
+        queued: list[str] = []
+        add = a.queue.add
+
+        def recording(node: str, cause: Any = None) -> None:
+            queued.append(node)
+            add(node, cause)
+
+        a.queue.add = recording  # type: ignore[method-assign,assignment]
+        for node in (b_nodes[2], b_nodes[1]):
+            newer = msgspec.structs.replace(seed, node=node, driver_version="999.1", observed_at=time.time())
+            await kv.put(node, newer)
+            await bus.publish(catalog.INVENTORY, newer, node=node)
         await a.membership.wait_for({"a"})
+
+        async def all_queued() -> bool:
+            return set(b_nodes) <= set(queued)
+
+        await until(a, all_queued)
+        assert [n for n in queued if n in b_nodes][:2] == [b_nodes[1], b_nodes[2]], queued
+        # once its lease runs out, a owns b's nodes and publishes their changes
         changed = msgspec.structs.replace(seed, node=b_nodes[0], gpus=seed.gpus * 0)
         await kv.put(b_nodes[0], changed)
         await bus.publish(catalog.INVENTORY, changed, node=b_nodes[0])
