@@ -80,18 +80,56 @@ def _flag(value: bool) -> str:
     return "True" if value else "False"
 
 
-def _descendants(pid: int) -> list[int]:
+def _children(pid: int) -> list[int]:
     out: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{parent}/task"):
-                with contextlib.suppress(OSError), open(f"/proc/{parent}/task/{task}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-                    out += kids
-                    todo += kids
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(k) for k in f.read().split()]
     return out
+
+
+def _commands(sandbox: int) -> list[int]:
+    """The container's own process: the child of the sandbox's PID-1 (bwrap's init in its PID namespace, itself
+    the child of the bwrap we started). A runtime signals the container's process, as here, not its children:
+    the command decides what its children get, and they go with the namespace once it ends."""
+    return [pid for init in _children(sandbox) for pid in _children(init)]
+
+
+def _holders(pipe: str) -> list[int]:
+    """The processes whose stdout is `pipe` (a container's output pipe, as /proc names it): its sandbox's,
+    those that outlived the sandbox's bwrap included (a bwrap killed before its child armed `--die-with-parent`
+    leaves the child, reparented, holding the pipe open; it is no descendant any more)."""
+    out: list[int] = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry.name}/fd/1") == pipe:
+                    out.append(int(entry.name))
+    return out
+
+
+async def _terminate_commands(procs: list[asyncio.subprocess.Process], deadline: float) -> None:
+    """SIGTERM each sandbox's command. A sandbox still setting up (a pod deleted as it starts) has no command yet:
+    it is looked for again every COMMAND_POLL_S until it runs or `deadline` (the grace period's end) passes;
+    nothing says when bwrap has exec'd it."""
+    loop = asyncio.get_running_loop()
+    waiting = list(procs)
+    while waiting:
+        for proc in list(waiting):
+            commands = _commands(proc.pid)
+            for pid in commands:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            if commands or proc.returncode is not None:
+                waiting.remove(proc)
+        if not waiting or loop.time() + COMMAND_POLL_S > deadline:
+            return
+        await asyncio.sleep(COMMAND_POLL_S)
+
+
+COMMAND_POLL_S = 0.005
+ESCAPED_AFTER_S = 0.5  # a killed sandbox whose output pipe is still open this long after: kill who holds it
 
 
 class PodWorker:
@@ -136,6 +174,7 @@ class PodWorker:
         self.initialized = not self.inits
         self.started_at = status.get("startTime") or now()
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._pipes: dict[str, str] = {}  # container -> its output pipe, as /proc/<pid>/fd/1 names it
         self._attached: dict[str, set[asyncio.Queue[bytes]]] = {}  # container -> attached sessions' output
         self.envs: dict[str, dict[str, str]] = {}  # container -> the environment it runs with (exec gets it too)
         self.dirty = False  # a status change not written yet (the PodRunner's writer clears it)
@@ -250,6 +289,8 @@ class PodWorker:
             f.close()
             raise
         self._procs[c.name] = proc
+        with contextlib.suppress(OSError):
+            self._pipes[c.name] = os.readlink(f"/proc/{proc.pid}/fd/1")
         self.on_event(c.name, "Normal", "Created", f"Created container: {c.name}")
         self.on_event(c.name, "Normal", "Started", f"Started container {c.name}")
         c.state = {"running": {"startedAt": started}}
@@ -275,6 +316,7 @@ class PodWorker:
             session.put_nowait(b"")  # the attached sessions end with the container
         code = await proc.wait()
         self._procs.pop(c.name, None)
+        self._pipes.pop(c.name, None)
         if code < 0:
             code = 128 - code  # killed by a signal: as a runtime reports it
         c.state = {
@@ -382,22 +424,29 @@ class PodWorker:
         self.task = asyncio.create_task(self.run())
 
     async def stop(self, grace: float) -> None:
-        """SIGTERM every process of every container, SIGKILL what is left after `grace` seconds."""
+        """SIGTERM each container's process, SIGKILL its sandbox after `grace` seconds (and whatever of it
+        escaped the sandbox's end: `_holders`)."""
         self._stopping = True
         self._stop_event.set()
         procs = list(self._procs.values())
         for name in self._procs:
             self.on_event(name, "Normal", "Killing", f"Stopping container {name}")
-        for proc in procs:
-            for pid in _descendants(proc.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        await _terminate_commands(procs, deadline)
         if procs:
-            _, pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=grace)
+            pipes = list(self._pipes.values())
+            waits = [asyncio.ensure_future(p.wait()) for p in procs]
+            _, pending = await asyncio.wait(waits, timeout=max(0.0, deadline - loop.time()))
             for proc in procs:
                 if proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()  # bwrap; --die-with-parent takes the sandbox with it
+            if pending:  # a wait ends once the output pipe closes, which an escaped sandbox process holds open
+                _, pending = await asyncio.wait(pending, timeout=ESCAPED_AFTER_S)
+                for pid in [pid for pipe in pipes if pending for pid in _holders(pipe)]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
             for fut in pending:
                 with contextlib.suppress(Exception):
                     await fut

@@ -337,3 +337,70 @@ async def test_the_shim_runs_from_a_checkout_under_tmp_which_the_sandbox_hides(
     )
     out, _ = await proc.communicate()
     assert (proc.returncode, out.decode()) == (0, f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100})\n"), out.decode()
+
+
+async def test_a_pod_stopped_as_its_sandbox_starts_leaves_no_process_behind(node: dict[str, Path]) -> None:
+    """Deleted with no grace the moment it starts (`terminationGracePeriodSeconds: 0`): bwrap is killed before
+    its child armed `--die-with-parent`, and that child, reparented, held the container's output open, so the
+    stop waited for ever and the kubelet never unprepared the pod's claims. Now whoever holds it is killed."""
+    for i in range(8):
+        p = pod(f"gone-{i}", [{"name": "ctr", "image": "nginx"}], policy="Always")
+        spawned = asyncio.Event()
+
+        def note(w: PodWorker, spawned: asyncio.Event = spawned) -> None:
+            if w.running_pid("ctr"):
+                spawned.set()
+
+        w = PodWorker(
+            p,
+            {},
+            bwrap=shutil.which("bwrap") or "",
+            work_root=node["work"],
+            log_root=node["logs"],
+            shim_dir=node["shim"],
+            sim_state=str(node["state"]),
+            on_change=note,
+        )
+        w.start()
+        await spawned.wait()
+        await asyncio.wait_for(w.stop(0.0), 10)
+        work = str(node["work"] / f"uid-gone-{i}")
+        left = [d for d in os.listdir("/proc") if d.isdigit() and work.encode() in _cmdline(int(d))]
+        assert left == [], f"run {i}: sandbox processes outlived the stop: {left}"
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+async def test_a_pod_stopped_gracefully_as_its_sandbox_starts_gets_its_sigterm(node: dict[str, Path]) -> None:
+    """Deleted the moment it starts, with a grace period: the sandbox has no command yet when the stop comes, and
+    the SIGTERM, once sent to nobody, left the container to be killed when the grace period was over. The
+    command gets its SIGTERM once it runs, and the idle container's trap ends it at once."""
+    p = pod("soon", [{"name": "ctr", "image": "nginx"}], policy="Always")
+    spawned = asyncio.Event()
+
+    def note(w: PodWorker) -> None:
+        if w.running_pid("ctr"):
+            spawned.set()
+
+    w = PodWorker(
+        p,
+        {},
+        bwrap=shutil.which("bwrap") or "",
+        work_root=node["work"],
+        log_root=node["logs"],
+        shim_dir=node["shim"],
+        sim_state=str(node["state"]),
+        on_change=note,
+    )
+    w.start()
+    await spawned.wait()
+    started = time.monotonic()
+    await w.stop(30.0)
+    assert time.monotonic() - started < 10, "SIGTERM reached the command (no wait for the grace period)"
+    assert w.status()["containerStatuses"][0]["state"]["terminated"]["exitCode"] in (0, 143)
