@@ -3,15 +3,18 @@
 Owns one pod informer (trimmed to what says whether a pod waits: no node, resource claims, phase Pending), the
 waiting pods, and the loop that asks a `Reasoner` (`gpu-dra explain`'s plan, `embedded.cluster.explain.
 why_waiting`, where this install has it) what each one asks for and why it waits. A pod is explained when it
-appears or changes and, while it waits, again after the fleet changes; at most one pass every `recheck_s`, one
-pod at a time, so a storm of changes costs the API server a bounded number of reads. Without a reasoner the
-reason is the scheduler's `PodScheduled=False` message.
+has waited `settle_s` (most pods are placed sooner: a burst of new pods costs no reads), then whenever it changes
+and, while it waits, after the fleet changes; at most one pass every `recheck_s`, one pod at a time, so a storm
+of changes costs the API server a bounded number of reads. Until then, and without a reasoner, the reason is the
+scheduler's `PodScheduled=False` message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -62,6 +65,15 @@ def waits(pod: Obj) -> bool:
     )
 
 
+def _age_s(created: str) -> float:
+    """Seconds a pod has surely existed, from its creationTimestamp (whole seconds: up to one less than its
+    age; 0 when there is none or it does not parse)."""
+    try:
+        return max(0.0, time.time() - dt.datetime.fromisoformat(created).timestamp() - 1.0)
+    except ValueError:
+        return 0.0
+
+
 def scheduler_message(pod: Obj) -> str:
     cond = next(iter((pod.get("status") or {}).get("conditions") or []), None)
     return str(cond.get("message") or cond.get("reason") or "") if cond and cond.get("status") == "False" else ""
@@ -71,15 +83,22 @@ class PendingPods:
     """The waiting pods; `on_change()` is called whenever the list or a reason changes."""
 
     def __init__(
-        self, kube: Kube, reasoner: Reasoner | None, on_change: Callable[[], None], recheck_s: float = 2.0
+        self,
+        kube: Kube,
+        reasoner: Reasoner | None,
+        on_change: Callable[[], None],
+        recheck_s: float = 2.0,
+        settle_s: float = 1.0,
     ) -> None:
         self.reasoner = reasoner
         self.on_change = on_change
         self.recheck_s = recheck_s
+        self.settle_s = settle_s
         self.informer = Informer(kube, PODS, on_change=self._on_pod, transform=trim_pod)
         self.pods: dict[Key, PendingPod] = {}
         self._due: set[Key] = set()
         self._wake = asyncio.Event()
+        self._settling: dict[Key, asyncio.TimerHandle] = {}  # waiting pods not waiting for `settle_s` yet
 
     def view(self, sees: Callable[[str], bool]) -> list[PendingPod]:
         """The waiting pods of the namespaces `sees` admits, oldest first."""
@@ -100,13 +119,25 @@ class PendingPods:
             if now != before:
                 self.pods[key] = now
                 self.on_change()
-            self._explain({key})
-        elif self.pods.pop(key, None) is not None:
-            self.on_change()
+            wait = self.settle_s - _age_s(now.since) if before is None else 0.0
+            if wait > 0:
+                self._settling[key] = asyncio.get_running_loop().call_later(wait, self._settled, key)
+            elif key not in self._settling:
+                self._explain({key})
+        else:
+            timer = self._settling.pop(key, None)
+            if timer is not None:
+                timer.cancel()
+            if self.pods.pop(key, None) is not None:
+                self.on_change()
+
+    def _settled(self, key: Key) -> None:
+        self._settling.pop(key, None)
+        self._explain({key})
 
     def fleet_changed(self) -> None:
         """Devices were allocated, freed, published or tainted: every waiting pod's reason may have changed."""
-        self._explain(set(self.pods))
+        self._explain(set(self.pods) - set(self._settling))
 
     def _explain(self, keys: set[Key]) -> None:
         if self.reasoner is not None and keys:
