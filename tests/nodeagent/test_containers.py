@@ -339,30 +339,36 @@ async def test_the_shim_runs_from_a_checkout_under_tmp_which_the_sandbox_hides(
     assert (proc.returncode, out.decode()) == (0, f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100})\n"), out.decode()
 
 
+async def just_spawned(node: dict[str, Path], name: str) -> PodWorker:
+    """An idle container's worker, returned the moment its sandbox process is spawned (an event, no poll)."""
+    spawned = asyncio.Event()
+
+    def note(w: PodWorker) -> None:
+        if w.running_pid("ctr"):
+            spawned.set()
+
+    p = pod(name, [{"name": "ctr", "image": "nginx"}], policy="Always")
+    w = PodWorker(
+        p,
+        {},
+        bwrap=shutil.which("bwrap") or "",
+        work_root=node["work"],
+        log_root=node["logs"],
+        shim_dir=node["shim"],
+        sim_state=str(node["state"]),
+        on_change=note,
+    )
+    w.start()
+    await spawned.wait()
+    return w
+
+
 async def test_a_pod_stopped_as_its_sandbox_starts_leaves_no_process_behind(node: dict[str, Path]) -> None:
     """Deleted with no grace the moment it starts (`terminationGracePeriodSeconds: 0`): bwrap is killed before
     its child armed `--die-with-parent`, and that child, reparented, held the container's output open, so the
     stop waited for ever and the kubelet never unprepared the pod's claims. Now whoever holds it is killed."""
     for i in range(8):
-        p = pod(f"gone-{i}", [{"name": "ctr", "image": "nginx"}], policy="Always")
-        spawned = asyncio.Event()
-
-        def note(w: PodWorker, spawned: asyncio.Event = spawned) -> None:
-            if w.running_pid("ctr"):
-                spawned.set()
-
-        w = PodWorker(
-            p,
-            {},
-            bwrap=shutil.which("bwrap") or "",
-            work_root=node["work"],
-            log_root=node["logs"],
-            shim_dir=node["shim"],
-            sim_state=str(node["state"]),
-            on_change=note,
-        )
-        w.start()
-        await spawned.wait()
+        w = await just_spawned(node, f"gone-{i}")
         await asyncio.wait_for(w.stop(0.0), 10)
         work = str(node["work"] / f"uid-gone-{i}")
         left = [d for d in os.listdir("/proc") if d.isdigit() and work.encode() in _cmdline(int(d))]
@@ -381,25 +387,7 @@ async def test_a_pod_stopped_gracefully_as_its_sandbox_starts_gets_its_sigterm(n
     """Deleted the moment it starts, with a grace period: the sandbox has no command yet when the stop comes, and
     the SIGTERM, once sent to nobody, left the container to be killed when the grace period was over. The
     command gets its SIGTERM once it runs, and the idle container's trap ends it at once."""
-    p = pod("soon", [{"name": "ctr", "image": "nginx"}], policy="Always")
-    spawned = asyncio.Event()
-
-    def note(w: PodWorker) -> None:
-        if w.running_pid("ctr"):
-            spawned.set()
-
-    w = PodWorker(
-        p,
-        {},
-        bwrap=shutil.which("bwrap") or "",
-        work_root=node["work"],
-        log_root=node["logs"],
-        shim_dir=node["shim"],
-        sim_state=str(node["state"]),
-        on_change=note,
-    )
-    w.start()
-    await spawned.wait()
+    w = await just_spawned(node, "soon")
     started = time.monotonic()
     await w.stop(30.0)
     assert time.monotonic() - started < 10, "SIGTERM reached the command (no wait for the grace period)"
