@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +96,13 @@ def worker(
     p: dict[str, Any],
     edits: dict[str, Any] | None = None,
     seen: list[dict[str, Any]] | None = None,
+    on_change: Callable[[PodWorker], None] | None = None,
 ) -> PodWorker:
     def changed(w: PodWorker) -> None:
         if seen is not None:
             seen.append(w.status())
+        if on_change is not None:
+            on_change(w)
 
     return PodWorker(
         p,
@@ -347,17 +351,7 @@ async def just_spawned(node: dict[str, Path], name: str) -> PodWorker:
         if w.running_pid("ctr"):
             spawned.set()
 
-    p = pod(name, [{"name": "ctr", "image": "nginx"}], policy="Always")
-    w = PodWorker(
-        p,
-        {},
-        bwrap=shutil.which("bwrap") or "",
-        work_root=node["work"],
-        log_root=node["logs"],
-        shim_dir=node["shim"],
-        sim_state=str(node["state"]),
-        on_change=note,
-    )
+    w = worker(node, pod(name, [{"name": "ctr", "image": "nginx"}], policy="Always"), on_change=note)
     w.start()
     await spawned.wait()
     return w
