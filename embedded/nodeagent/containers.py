@@ -96,15 +96,15 @@ def _commands(sandbox: int) -> list[int]:
     return [pid for init in _children(sandbox) for pid in _children(init)]
 
 
-def _holders(pipe: str) -> list[int]:
-    """The processes whose stdout is `pipe` (a container's output pipe, as /proc names it): its sandbox's,
-    those that outlived the sandbox's bwrap included (a bwrap killed before its child armed `--die-with-parent`
-    leaves the child, reparented, holding the pipe open; it is no descendant any more)."""
+def _holders(pipes: set[str]) -> list[int]:
+    """The processes whose stdout is one of `pipes` (containers' output pipes, as /proc names them), in one
+    scan: their sandboxes', those that outlived the sandbox's bwrap included (a bwrap killed before its child
+    armed `--die-with-parent` leaves the child, reparented, holding the pipe open; it is no descendant any more)."""
     out: list[int] = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{entry.name}/fd/1") == pipe:
+                if os.readlink(f"/proc/{entry.name}/fd/1") in pipes:
                     out.append(int(entry.name))
     return out
 
@@ -435,7 +435,7 @@ class PodWorker:
         deadline = loop.time() + grace
         await _terminate_commands(procs, deadline)
         if procs:
-            pipes = list(self._pipes.values())
+            pipes = set(self._pipes.values())
             waits = [asyncio.ensure_future(p.wait()) for p in procs]
             _, pending = await asyncio.wait(waits, timeout=max(0.0, deadline - loop.time()))
             for proc in procs:
@@ -444,7 +444,7 @@ class PodWorker:
                         proc.kill()  # bwrap; --die-with-parent takes the sandbox with it
             if pending:  # a wait ends once the output pipe closes, which an escaped sandbox process holds open
                 _, pending = await asyncio.wait(pending, timeout=ESCAPED_AFTER_S)
-                for pid in [pid for pipe in pipes if pending for pid in _holders(pipe)]:
+                for pid in _holders(pipes) if pending else ():
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
             for fut in pending:

@@ -120,12 +120,15 @@ async def bus_as(server: EmbeddedNats, user: str) -> AsyncIterator[Bus]:
         await bus.close()
 
 
-@pytest.fixture
-async def shipped_nats(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
-    """nats-server on deploy/nats/nats.conf with the users `nats_users.py` generates for NODES;
-    the streams and buckets provisioned by the admin, as the deployment's init does."""
-    config_dir = nats_layout(tmp_path / "nats", NODES)
-    store = tmp_path / "nats" / "js"
+@contextlib.asynccontextmanager
+async def provisioned_nats(
+    directory: Path, nodes: list[str], readers: dict[str, list[str]] | None = None
+) -> AsyncIterator[EmbeddedNats]:
+    """nats-server on deploy/nats/nats.conf with the users `nats_users.py` generates for `nodes` (and the
+    third-party `readers`, {name: namespaces}); the streams and buckets provisioned by the admin, as the
+    deployment's init does."""
+    config_dir = nats_layout(directory, nodes, readers)
+    store = directory / "js"
     server = ShippedConfigNats(config_dir / "nats.conf", server_env("security-test", store), store)
     await server.start()
     try:
@@ -134,6 +137,13 @@ async def shipped_nats(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
         yield server
     finally:
         await server.close()
+
+
+@pytest.fixture
+async def shipped_nats(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
+    """The shipped server for NODES, provisioned (`provisioned_nats`)."""
+    async with provisioned_nats(tmp_path / "nats", NODES) as server:
+        yield server
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from shared.bus import Bus, MsgContext
 from shared.events import catalog
 from shared.events.claims import ClaimLifecycle
 from shared.natsserver import EmbeddedNats
-from tests.deploy.conftest import ShippedConfigNats, nats_layout, server_env, test_password
-from tests.security.conftest import Conn, bus_as, connect_watched
+from tests.deploy.conftest import test_password
+from tests.security.conftest import Conn, bus_as, connect_watched, provisioned_nats
 
 WAIT_S = 10.0
 STREAM = catalog.EVENTS_STREAM.name
@@ -30,16 +30,8 @@ DURABLE = "reader_billing"
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
     """The shipped server with reader `billing` (team-a) beside the dashboard, streams provisioned."""
-    config_dir = nats_layout(tmp_path, ["gpu-a"], {"billing": ["team-a"]})
-    store = tmp_path / "js"
-    srv = ShippedConfigNats(config_dir / "nats.conf", server_env("security-test", store), store)
-    await srv.start()
-    try:
-        async with bus_as(srv, "admin") as admin:
-            await admin.provision()
+    async with provisioned_nats(tmp_path, ["gpu-a"], {"billing": ["team-a"]}) as srv:
         yield srv
-    finally:
-        await srv.close()
 
 
 async def _connect(srv: EmbeddedNats, user: str) -> Conn:
