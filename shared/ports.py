@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import random
 import socket
+from collections import deque
 from pathlib import Path
 
 LOWEST = 10000  # below: ports services commonly use
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_HANDED_OUT: deque[int] = deque(maxlen=256)  # this process's last picks: free still, perhaps, but promised
 
 
 def free_port() -> int:
     """A port free now, below the kernel's ephemeral range: between this pick and the bind of the server
     given it, the kernel never hands it out as an outgoing connection's local port (a port of that range can
     be: a nats-server's route port taken by a peer's dial). Random, so that processes picking at once
-    rarely meet; the kernel's own pick when no port below the range is found free."""
+    rarely meet, and never one this process handed out lately (a caller picking several before it binds any,
+    as a three-server NATS cluster's nine, would otherwise get the same one twice now and then); the kernel's
+    own pick when no port below the range is found free."""
     below = ephemeral_range()[0]
     for _ in range(64) if below > LOWEST else ():
         port = random.randrange(LOWEST, below)  # a spread, not a secret
-        if port_is_free(port):
+        if port not in _HANDED_OUT and port_is_free(port):
+            _HANDED_OUT.append(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -3,6 +3,7 @@ connection as its local port, is passed over (a service given it would fail to b
 
 from __future__ import annotations
 
+import random
 import socket
 
 import pytest
@@ -38,3 +39,11 @@ def test_a_free_port_lies_below_the_ephemeral_range_and_is_free() -> None:
     picked = {free_port() for _ in range(20)}
     assert all(10000 <= port < low and port_is_free(port) for port in picked), picked
     assert len(picked) > 1, "random: processes picking at once rarely meet"
+
+
+def test_a_process_is_not_handed_the_same_free_port_twice_before_it_binds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NATS cluster fixture picks nine ports before any server binds; the random draw repeating one of them
+    (it did: 'bind: address already in use' on a route port) must not hand it out twice."""
+    draws = iter([23456, 23456, 23457])
+    monkeypatch.setattr(random, "randrange", lambda _low, _high: next(draws))
+    assert [free_port(), free_port()] == [23456, 23457]
