@@ -14,6 +14,7 @@ from pathlib import Path
 from services.discovery.config import DiscoveryConfig
 from services.discovery.service import DiscoveryService, Scanner, open_nvml
 from shared.bus import Bus
+from shared.events import catalog
 from shared.events.inventory import NodeInventory
 
 
@@ -34,6 +35,24 @@ class RunningDiscovery:
 
     async def rescan(self) -> NodeInventory:
         return await self.service.rescan()
+
+    async def overwrite_key(self, bus: Bus, garbage: bytes) -> NodeInventory:
+        """Write `garbage` over this node's inventory key as `bus`'s identity, then return the first
+        value stored after it: the one this service wrote back. Ordered by revision, not by a watch's
+        end-of-initial-values marker, which nats-py can hand out before the current value."""
+        kv = await bus.kv(catalog.INVENTORY_BUCKET)
+        node = self.config.node
+        watcher = await kv.raw.watch(node)
+        try:
+            written = (await bus.js.publish(f"$KV.{catalog.INVENTORY_BUCKET.name}.{node}", garbage)).seq
+            async for entry in kv.updates(watcher):
+                if entry is not None and entry.revision > written:
+                    value: NodeInventory | None = kv.decode(node, entry.value, entry.revision)
+                    assert value is not None, f"{node}'s key was rewritten with {entry.value!r}"
+                    return value
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        raise AssertionError("the watch ended")
 
 
 @contextlib.asynccontextmanager

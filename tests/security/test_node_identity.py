@@ -162,15 +162,7 @@ async def test_discovery_restores_its_own_key_under_its_shipped_permissions(
         bus_as(shipped_nats, "discovery.gpu-b") as disc_b,
         running_discovery(disc_b, node="gpu-b", simulate="h100x1", root=tmp_path / "sim") as real_b,
     ):
-        kv = await admin_bus.kv(catalog.INVENTORY_BUCKET)
-        watch = kv.watch("gpu-b")
-        while (await anext(watch))[0] != "":
-            pass
-        await admin_bus.nc.publish("$KV.dra-inventory.gpu-b", b"{not json")
         async with asyncio.timeout(5):
-            async for _key, value in watch:
-                if value is not None:
-                    break
-        await watch.aclose()
-        assert value is not None and value.content_hash == real_b.inventory.content_hash
+            value = await real_b.overwrite_key(admin_bus, b"{not json")
+        assert value.content_hash == real_b.inventory.content_hash
         assert real_b.service.key_repairs == 1
