@@ -157,7 +157,9 @@ class Publisher:
         # Membership first: which nodes are ours decides which inventories are read and kept.
         await self.membership.start()
         await self.membership.settle()  # replicas started together see one another before any node is read
-        brought = await self._load_kv()
+        read_began = self.state.received
+        keys = await (await self.bus.kv(catalog.INVENTORY_BUCKET)).keys()
+        await self._load_health(read_began)  # before any write: an unhealthy device is never offered first
         for driver in slices.DRIVERS:
             await self.writer.list_driver(driver)
         if self.nodeconfigs is not None:
@@ -175,11 +177,16 @@ class Publisher:
         self._tasks.append(asyncio.create_task(self._resync_loop(), name="publisher-resync"))
         self._ready = True
         early, self._early_causes = self._early_causes, {}
-        self._bulk_left = self._known_nodes()
+        mine = [key for key in keys if self.membership.owns(key)]
+        self._bulk_left = self._known_nodes() | set(keys)
         self._bulk_began = time.monotonic()
-        for node in self._bulk_left:
-            self.queue.add(node, brought.get(node) or early.get(node))
-        settle()  # the KV and slices just loaded stay out of the collector's full passes
+        for node in self._bulk_left.difference(mine):  # no inventory of ours to read: slices or a name only
+            self.queue.add(node, early.get(node))
+        for key in keys:  # another replica's: the name only (withdrawals and Node removals still apply)
+            self.state.observed.setdefault(key, 0.0)
+        # Each chunk of inventories is written while the next is read: the reads wait on NATS, the writes on
+        # the API server, and neither waits for the whole fleet to be read.
+        await self._read_and_queue(mine, early, tolerant=False)
         self.started.set()
 
     async def stop(self, *, clean: bool = True) -> None:
@@ -269,6 +276,8 @@ class Publisher:
         gained = [n for n in known if owner_of(n, after) == me and owner_of(n, before) != me]
         lost = [n for n in known if owner_of(n, before) == me and owner_of(n, after) != me]
         self.state.release(lost)
+        for node in self._bulk_left.intersection(lost):  # still to be read at start: now another replica's
+            self._bulk_synced(node)
         if self.writer is not None:
             self.writer.store.forget(lost)
         if gained:
@@ -281,17 +290,27 @@ class Publisher:
         most recently changed first, a chunk queued as soon as it is read: a change published while the node
         had no live owner is written before the thousands of unchanged nodes are re-read and found current."""
         by_recency = sorted(gained, key=lambda node: self.state.observed.get(node, 0.0), reverse=True)
-        for start in range(0, len(by_recency), KV_CHUNK):
-            chunk = by_recency[start : start + KV_CHUNK]
-            try:
-                brought = await self._load_kv(only=chunk)
-            except Exception as exc:  # noqa: BLE001 - the periodic resync repairs it
-                log.warning("reading taken-over inventories failed; the next resync repairs it", error=str(exc))
-                brought = {}
-            for node in chunk:
-                self._enqueue(node, brought.get(node))
+        await self._read_and_queue(by_recency, {}, tolerant=True)
         if self.nodeconfigs is not None:
             self.nodeconfigs.mark()  # the NodeConfig objects this replica now owns get their status checked
+
+    async def _read_and_queue(
+        self, nodes: list[str], causes: dict[str, otel_context.Context], *, tolerant: bool
+    ) -> None:
+        """Read `nodes`' inventories from KV a chunk at a time, in their order, and queue each chunk's nodes as
+        soon as it is read (with the read's context, else `causes`'). `tolerant`: a chunk that cannot be read
+        is left to the next resync (logged), else the error is raised."""
+        for start in range(0, len(nodes), KV_CHUNK):
+            chunk = nodes[start : start + KV_CHUNK]
+            try:
+                brought = await self._load_kv(only=chunk)
+            except Exception as exc:
+                if not tolerant:
+                    raise
+                log.warning("reading inventories failed; the next resync repairs it", nodes=len(chunk), error=str(exc))
+                brought = {}
+            for node in chunk:
+                self._enqueue(node, brought.get(node) or causes.get(node))
 
     async def _load_kv(self, only: list[str] | None = None) -> dict[str, otel_context.Context]:
         """Merge the KV's last values into the state (of `only` these nodes: inventories alone); what KV no
@@ -312,7 +331,7 @@ class Publisher:
                 inv = await kv.get(key)
             reads += 1
             if reads % FREEZE_EVERY == 0:
-                gc.freeze()  # what was read lives on: out of the collector's passes (settle() collects after the load)
+                gc.freeze()  # what was read lives on: out of the collector's passes (a resync's settle() collects)
             return inv
 
         brought: dict[str, otel_context.Context] = {}
@@ -326,11 +345,15 @@ class Publisher:
             self.state.observed.setdefault(key, 0.0)
         if only is not None:
             return brought
+        await self._load_health(read_began)
+        return brought
+
+    async def _load_health(self, read_began: int) -> None:
+        """Merge the health KV into the state; forget what it no longer holds (and nothing renewed since)."""
         health = await (await self.bus.kv(catalog.HEALTH_BUCKET)).items()
         for h in health.values():
             self.state.set_health(h)
         self.state.drop_absent({(h.node, h.device) for h in health.values()}, read_began)
-        return brought
 
     async def _resync_loop(self) -> None:
         while True:
