@@ -27,13 +27,19 @@ def _taint(t: Mapping[str, Any]) -> str:
 
 
 def pool_taints(pools: Mapping[str, DesiredPool]) -> dict[str, frozenset[str]]:
-    """`driver/device` -> its taints, as `key=value:effect`, for every device of the node's pools."""
+    """`driver/device` -> its taints, as `key=value:effect`, for each tainted device of the node's pools (an
+    untainted device is absent: a healthy node keeps an empty dict, not an entry per device)."""
     return {
-        f"{driver}/{dev.get('name')}": frozenset(_taint(t) for t in dev.get("taints") or [])
+        f"{driver}/{dev.get('name')}": frozenset(_taint(t) for t in taints)
         for driver, pool in pools.items()
         for content in pool.slices
         for dev in content.devices
+        if (taints := dev.get("taints"))
     }
+
+
+def _devices(pools: Mapping[str, DesiredPool]) -> set[str]:
+    return {f"{driver}/{dev.get('name')}" for driver, pool in pools.items() for c in pool.slices for dev in c.devices}
 
 
 class TaintEvents:
@@ -47,13 +53,14 @@ class TaintEvents:
         now = pool_taints(pools)
         before = self.known.get(node)
         self.known[node] = now
-        if before is None:
-            return []
+        if not before:  # the first sync (nothing known), or no taint before: only additions to look for
+            return [] if before is None else [(ADDED, d, t) for d in sorted(now) for t in sorted(now[d])]
+        present = _devices(pools)
         out: list[tuple[str, str, str]] = []
         for device in sorted(set(now) | set(before)):
             old, new = before.get(device, frozenset()), now.get(device, frozenset())
             out += [(ADDED, device, t) for t in sorted(new - old)]
-            if device in now:  # a device that left the pool is no news about its health
+            if device in present:  # a device that left the pool is no news about its health
                 out += [(REMOVED, device, t) for t in sorted(old - new)]
         return out
 
