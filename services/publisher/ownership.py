@@ -81,9 +81,18 @@ class Membership:
         self._kv: TypedKV[Any] | None = None
         self._synced = asyncio.Event()
         self._changed = asyncio.Event()
+        # node -> owned, for the live set it was worked out for: a node's hashes once per membership change,
+        # not on every look (a cold start at 65,000 nodes asked ~8 times a node: 4% of its CPU)
+        self._owned: tuple[frozenset[str], dict[str, bool]] = (self.live, {})
 
     def owns(self, node: str) -> bool:
-        return owner_of(node, self.live) == self.replica
+        live, owned = self._owned
+        if live is not self.live:
+            live, owned = self._owned = (self.live, {})
+        mine = owned.get(node)
+        if mine is None:
+            mine = owned[node] = owner_of(node, live) == self.replica
+        return mine
 
     async def wait_for(self, replicas: set[str] | frozenset[str]) -> None:
         """Return once this replica's view of the live set is exactly `replicas`."""
