@@ -158,14 +158,19 @@ class Publisher:
         await self.membership.start()
         await self.membership.settle()  # replicas started together see one another before any node is read
         read_began = self.state.received
-        keys = await (await self.bus.kv(catalog.INVENTORY_BUCKET)).keys()
-        await self._load_health(read_began)  # before any write: an unhealthy device is never offered first
-        for driver in slices.DRIVERS:
-            await self.writer.list_driver(driver)
         if self.nodeconfigs is not None:
             self._tasks.append(asyncio.create_task(self.nodeconfigs.run(self._stopping), name="nodeconfig-watch"))
         self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
-        await self.nodes.synced.wait()
+        # The inventory keys, the health (before any write: an unhealthy device is never offered first), our
+        # slices and the Nodes are independent reads of two servers: made at once.
+        inventory_keys = asyncio.ensure_future(self._inventory_keys())
+        await asyncio.gather(
+            inventory_keys,
+            self._load_health(read_began),
+            *(self.writer.list_driver(driver) for driver in slices.DRIVERS),
+            self.nodes.synced.wait(),
+        )
+        keys = inventory_keys.result()
         if self.nodeconfigs is not None:
             await self.nodeconfigs.ready.wait()  # the first syncs already use the objects' config: no flapping
         if self.nodeconfigs is not None:
@@ -347,6 +352,9 @@ class Publisher:
             return brought
         await self._load_health(read_began)
         return brought
+
+    async def _inventory_keys(self) -> list[str]:
+        return await (await self.bus.kv(catalog.INVENTORY_BUCKET)).keys()
 
     async def _load_health(self, read_began: int) -> None:
         """Merge the health KV into the state; forget what it no longer holds (and nothing renewed since)."""
