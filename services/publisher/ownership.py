@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import Gauge
@@ -81,18 +81,51 @@ class Membership:
         self._kv: TypedKV[Any] | None = None
         self._synced = asyncio.Event()
         self._changed = asyncio.Event()
-        # node -> owned, for the live set it was worked out for: a node's hashes once per membership change,
+        # node -> its owner, for the live set it was worked out for: a node's hashes once per membership change,
         # not on every look (a cold start at 65,000 nodes asked ~8 times a node: 4% of its CPU)
-        self._owned: tuple[frozenset[str], dict[str, bool]] = (self.live, {})
+        self._owners: tuple[frozenset[str], dict[str, str | None]] = (self.live, {})
+        self._previous: tuple[frozenset[str], dict[str, str | None]] = (
+            frozenset(),
+            {},
+        )  # the set before the last change
+
+    def owner(self, node: str) -> str | None:
+        live, known = self._owners
+        if live is not self.live:
+            live, known = self._owners = (self.live, {})
+        if node in known:
+            return known[node]
+        found = known[node] = owner_of(node, live)
+        return found
 
     def owns(self, node: str) -> bool:
-        live, owned = self._owned
-        if live is not self.live:
-            live, owned = self._owned = (self.live, {})
-        mine = owned.get(node)
-        if mine is None:
-            mine = owned[node] = owner_of(node, live) == self.replica
-        return mine
+        return self.owner(node) == self.replica
+
+    def moved(self, nodes: Iterable[str], before: frozenset[str], after: frozenset[str]) -> tuple[list[str], list[str]]:
+        """(gained, lost): the `nodes` this replica owns among `after` and did not among `before`, and the other
+        way round. Rendezvous hashing moves only the nodes it must: when replicas leave, only theirs move (to
+        the replica scoring next); when replicas join, only the nodes a newcomer outscores. So a departure at
+        65,000 nodes hashes the departed replicas' nodes only, their owners known from before the change."""
+        me = self.replica
+        was_known = self._previous[1] if self._previous[0] == before else {}
+        now_known = self._owners[1] if self._owners[0] is self.live and self.live == after else {}
+        gone, new = before - after, after - before
+        gained: list[str] = []
+        lost: list[str] = []
+        for node in nodes:
+            was = was_known[node] if node in was_known else owner_of(node, before)
+            if not new and was not in gone:
+                now = was  # nobody joined and its owner stayed: it stays
+            elif not gone and was is not None and not any((score(node, r), r) > (score(node, was), was) for r in new):
+                now = was  # nobody left and no newcomer outscores its owner
+            else:
+                now = owner_of(node, after)
+            now_known[node] = now
+            if now == me and was != me:
+                gained.append(node)
+            elif was == me and now != me:
+                lost.append(node)
+        return gained, lost
 
     async def wait_for(self, replicas: set[str] | frozenset[str]) -> None:
         """Return once this replica's view of the live set is exactly `replicas`."""
@@ -183,7 +216,7 @@ class Membership:
 
     async def _expire_loop(self) -> None:
         while True:
-            await asyncio.sleep(min(self.heartbeat_s, self.lease_s / 4))
+            await asyncio.sleep(min(self.heartbeat_s, self.lease_s / 10))  # gone within 10% past the lease
             self._recompute()
 
     def _recompute(self) -> None:
@@ -193,7 +226,9 @@ class Membership:
         for gone in set(self._seen) - live:
             self._seen.pop(gone, None)
         if live != self.live:
+            self._previous = self._owners if self._owners[0] is self.live else (self.live, {})
             before, self.live = self.live, live
+            self._owners = (live, {})
             LIVE_REPLICAS.set(len(live))
             log.info("publisher replicas changed", replica=self.replica, live=",".join(sorted(live)))
             if self.on_change is not None:

@@ -26,7 +26,7 @@ from services.publisher.config import PublisherConfig
 from services.publisher.nodeconfigs import NodeConfigWatch
 from services.publisher.nodes import NodeWatcher
 from services.publisher.nodestate import NodeState
-from services.publisher.ownership import Membership, owner_of
+from services.publisher.ownership import Membership
 from services.publisher.taintevents import TaintEvents
 from services.publisher.writer import InvalidSlice, SliceWriter, WriteStats
 from shared import nodeconfig
@@ -61,6 +61,8 @@ RETRY_DELAY_S = 2.0
 FREEZE_EVERY = 64
 KV_READS = 64  # inventories read from KV at once (at start, at a resync, on taking nodes over)
 KV_CHUNK = 1024  # keys whose reads are started together
+KV_FIRST_CHUNK = 64  # the first chunk of a start or a takeover, doubled each time up to KV_CHUNK: its nodes
+# (a takeover's most recently changed) are written while the rest is read
 
 
 class Publisher:
@@ -278,8 +280,7 @@ class Publisher:
     def _members_changed(self, before: frozenset[str], after: frozenset[str]) -> None:
         me = self.cfg.replica_id
         known = self._known_nodes()
-        gained = [n for n in known if owner_of(n, after) == me and owner_of(n, before) != me]
-        lost = [n for n in known if owner_of(n, before) == me and owner_of(n, after) != me]
+        gained, lost = self.membership.moved(known, before, after)
         self.state.release(lost)
         for node in self._bulk_left.intersection(lost):  # still to be read at start: now another replica's
             self._bulk_synced(node)
@@ -302,11 +303,13 @@ class Publisher:
     async def _read_and_queue(
         self, nodes: list[str], causes: dict[str, otel_context.Context], *, tolerant: bool
     ) -> None:
-        """Read `nodes`' inventories from KV a chunk at a time, in their order, and queue each chunk's nodes as
-        soon as it is read (with the read's context, else `causes`'). `tolerant`: a chunk that cannot be read
-        is left to the next resync (logged), else the error is raised."""
-        for start in range(0, len(nodes), KV_CHUNK):
-            chunk = nodes[start : start + KV_CHUNK]
+        """Read `nodes`' inventories from KV a chunk at a time (KV_FIRST_CHUNK, doubling to KV_CHUNK), in their
+        order, and queue each chunk's nodes as soon as it is read (with the read's context, else `causes`').
+        `tolerant`: a chunk that cannot be read is left to the next resync (logged), else the error is raised."""
+        start, size = 0, KV_FIRST_CHUNK
+        while start < len(nodes):
+            chunk = nodes[start : start + size]
+            start, size = start + size, min(KV_CHUNK, size * 2)
             try:
                 brought = await self._load_kv(only=chunk)
             except Exception as exc:

@@ -21,6 +21,32 @@ def test_every_node_has_exactly_one_owner_and_a_new_replica_moves_only_its_share
     assert owner_of("node-1", set()) is None
 
 
+def test_moved_nodes_are_those_whose_owner_changed_for_departures_arrivals_and_both():
+    """Membership.moved() takes shortcuts (a departure moves only the departed replica's nodes, an arrival only
+    the nodes a newcomer outscores): its answer is what owner_of says of each set, with or without the owners
+    of the set before remembered."""
+    for before, after in (
+        (frozenset("abcd"), frozenset("abc")),  # a departure
+        (frozenset("abc"), frozenset("abcd")),  # an arrival
+        (frozenset("abc"), frozenset("acd")),  # both at once
+        (frozenset(), frozenset("ab")),
+    ):
+        for me in sorted(before | after):
+            member = Membership(None, me)  # type: ignore[arg-type]  # no bus: moved() computes only
+            want = (
+                [n for n in NODES if owner_of(n, after) == me and owner_of(n, before) != me],
+                [n for n in NODES if owner_of(n, before) == me and owner_of(n, after) != me],
+            )
+            assert member.moved(NODES, before, after) == want  # nothing remembered of `before`
+            member.live = before
+            asked = [member.owns(n) for n in NODES]  # the owners among `before`, remembered
+            assert asked == [owner_of(n, before) == me for n in NODES]
+            member.live = after
+            member._previous, member._owners = member._owners, (after, {})  # noqa: SLF001 - as _recompute does
+            assert member.moved(NODES, before, after) == want
+            assert [member.owns(n) for n in NODES] == [owner_of(n, after) == me for n in NODES]
+
+
 async def _member(url: str, replica: str, lease_s: float = 0.6) -> tuple[Bus, Membership]:
     bus = await Bus.connect(url, name=f"test-{replica}")
     await bus.provision()
