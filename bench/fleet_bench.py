@@ -132,8 +132,16 @@ async def start_replica(
         cwd=str(ROOT),
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL if args.log_level != "debug" else None,
+        stderr=log_file(args.logs, replica)
+        if args.logs
+        else (None if args.log_level == "debug" else asyncio.subprocess.DEVNULL),
     )
+
+
+def log_file(folder: Path, replica: str) -> Any:
+    """`folder/<replica>.log`, opened for the replica's stderr (its log lines, with their times)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return (folder / f"{replica}.log").open("w")
 
 
 class Control:
@@ -189,7 +197,7 @@ async def kill_one(
     before = await ctl.get("/summary")
     procs[victim].send_signal(signal.SIGKILL)
     await procs[victim].wait()
-    killed = time.monotonic()
+    killed, killed_at = time.monotonic(), time.time()
     await asyncio.gather(*(change(bus, seed, n, 5000) for n in changed))
 
     async def written(node: str) -> float | None:
@@ -205,6 +213,7 @@ async def kill_one(
     landed = [a for a in arrivals if a is not None]
     return {
         "killed_replica_nodes": len(theirs),
+        "killed_at_unix": round(killed_at, 3),  # to read the survivors' --logs against
         "changed_nodes": len(changed),
         "takeover_all_written_s": round(max(landed) - killed, 2) if landed else None,
         "takeover_first_written_s": round(min(landed) - killed, 2) if landed else None,
@@ -292,6 +301,7 @@ def main() -> None:
     parser.add_argument("--heartbeat", type=float, default=0.5, help="each replica's --heartbeat-seconds")
     parser.add_argument("--lease", type=float, default=3.0, help="each replica's --lease-seconds")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--logs", type=Path, default=None, help="a folder: keep each replica's log in it")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--runs", type=int, default=1, help="each figure is the median over this many runs")
     parser.add_argument("--out", type=Path, default=None)
