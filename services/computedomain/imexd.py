@@ -20,6 +20,7 @@ start at once when a rack's domain comes up on a test machine, and importing asy
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import errno
 import heapq
@@ -48,16 +49,10 @@ class ImexConfigError(ValueError):
     """The config or nodes file is missing or malformed."""
 
 
-class ImexConfig:
-    def __init__(
-        self, bind_ip: str, server_port: int, cmd_port: int, cmd_enabled: bool, nodes_file: str, hosts_file: str
-    ) -> None:
-        self.bind_ip = bind_ip
-        self.server_port = server_port
-        self.cmd_port = cmd_port
-        self.cmd_enabled = cmd_enabled
-        self.nodes_file = nodes_file
-        self.hosts_file = hosts_file
+# (a named tuple: a dataclass's import, with inspect's, was 7 ms of every daemon's start)
+ImexConfig = collections.namedtuple(
+    "ImexConfig", ["bind_ip", "server_port", "cmd_port", "cmd_enabled", "nodes_file", "hosts_file"]
+)
 
 
 def _read(path: str, what: str) -> str:
