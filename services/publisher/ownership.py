@@ -84,10 +84,8 @@ class Membership:
         # node -> its owner, for the live set it was worked out for: a node's hashes once per membership change,
         # not on every look (a cold start at 65,000 nodes asked ~8 times a node: 4% of its CPU)
         self._owners: tuple[frozenset[str], dict[str, str | None]] = (self.live, {})
-        self._previous: tuple[frozenset[str], dict[str, str | None]] = (
-            frozenset(),
-            {},
-        )  # the set before the last change
+        # the same for the live set before the last change: where a change's moved nodes were owned
+        self._previous: tuple[frozenset[str], dict[str, str | None]] = (frozenset(), {})
 
     def owner(self, node: str) -> str | None:
         live, known = self._owners
@@ -95,7 +93,7 @@ class Membership:
             live, known = self._owners = (self.live, {})
         if node in known:
             return known[node]
-        found = known[node] = owner_of(node, live)
+        known[node] = found = owner_of(node, live)
         return found
 
     def owns(self, node: str) -> bool:
