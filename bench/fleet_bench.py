@@ -111,31 +111,34 @@ async def start_replica(
             f"import cProfile, sys; from services.publisher.cli import main; "
             f"cProfile.run('main()', {str(args.profile / replica)!r})"
         )
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        code,
-        "--nats-url",
-        nats_url,
-        "--kubeconfig",
-        str(kubeconfig_path),
-        "--replica-id",
-        replica,
-        "--workers",
-        str(args.workers),
-        "--heartbeat-seconds",
-        str(args.heartbeat),
-        "--lease-seconds",
-        str(args.lease),
-        "--log-level",
-        args.log_level,
-        cwd=str(ROOT),
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=log_file(args.logs, replica)
-        if args.logs
-        else (None if args.log_level == "debug" else asyncio.subprocess.DEVNULL),
-    )
+    log = log_file(args.logs, replica) if args.logs else None
+    try:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code,
+            "--nats-url",
+            nats_url,
+            "--kubeconfig",
+            str(kubeconfig_path),
+            "--replica-id",
+            replica,
+            "--workers",
+            str(args.workers),
+            "--heartbeat-seconds",
+            str(args.heartbeat),
+            "--lease-seconds",
+            str(args.lease),
+            "--log-level",
+            args.log_level,
+            cwd=str(ROOT),
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=log or (None if args.log_level == "debug" else asyncio.subprocess.DEVNULL),
+        )
+    finally:
+        if log is not None:
+            log.close()  # the replica holds its own copy
 
 
 def log_file(folder: Path, replica: str) -> Any:

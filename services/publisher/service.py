@@ -184,13 +184,13 @@ class Publisher:
         self._tasks.append(asyncio.create_task(self._resync_loop(), name="publisher-resync"))
         self._ready = True
         early, self._early_causes = self._early_causes, {}
+        for key in keys:  # every node's name (another replica's: the name only; withdrawals and removals apply)
+            self.state.observed.setdefault(key, 0.0)
         mine = [key for key in keys if self.membership.owns(key)]
-        self._bulk_left = self._known_nodes() | set(keys)
+        self._bulk_left = self._known_nodes()
         self._bulk_began = time.monotonic()
         for node in self._bulk_left.difference(mine):  # no inventory of ours to read: slices or a name only
             self.queue.add(node, early.get(node))
-        for key in keys:  # another replica's: the name only (withdrawals and Node removals still apply)
-            self.state.observed.setdefault(key, 0.0)
         # Each chunk of inventories is written while the next is read: the reads wait on NATS, the writes on
         # the API server, and neither waits for the whole fleet to be read.
         await self._read_and_queue(mine, early, tolerant=False)
