@@ -272,9 +272,11 @@ async def test_a_node_cannot_file_a_dead_letter_for_another_consumer(seeded: Emb
 
 
 async def test_the_bus_files_an_undecodable_message_under_its_own_identity(seeded: EmbeddedNats) -> None:
-    """End to end with the shipped permissions: discovery.gpu-a's consumer of its device requests
-    gets garbage and the dead letter is stored under `discovery_gpu-a`."""
+    """End to end with the shipped permissions: discovery.gpu-a's device requests get garbage from the node's
+    preparer, which is answered with an invalid-request error, and the dead letter is stored under
+    `discovery_gpu-a`."""
     bus = await _bus(seeded, "discovery.gpu-a")
+    preparer = await _bus(seeded, "preparer.gpu-a")
     admin = await _bus(seeded, "admin")
     letters: asyncio.Queue[tuple[str, DeadLetter]] = asyncio.Queue()
 
@@ -291,12 +293,24 @@ async def test_the_bus_files_an_undecodable_message_under_its_own_identity(seede
 
         await bus.serve(catalog.DEVICE_MIG_CREATE, handler, node="gpu-a")  # type: ignore[arg-type]
         await bus.nc.flush()
-        await admin.nc.publish(subject, b"not json")
+        # Core NATS delivers at most once: the request is asked again until its answer shows it arrived (a
+        # publish right after the subscription's flush was once lost on a loaded host).
+        for attempt in range(3):
+            try:
+                reply = await preparer.nc.request(subject, b"not json", timeout=WAIT)
+                break
+            except nats.errors.TimeoutError:
+                if attempt == 2:
+                    raise
+        answer = json.loads(reply.data)
+        assert answer["ok"] is False and answer["error"]["code"] == "invalid-request"
+        assert "undecodable request" in answer["error"]["message"]
         letter_subject, letter = await asyncio.wait_for(letters.get(), 4 * WAIT)  # a stored publish, on a busy host
         assert letter_subject == "dra.v1.deadletter.discovery_gpu-a.discovery_gpu-a"
-        assert letter.subject == subject and letter.consumer == "discovery.gpu-a"
+        assert letter.subject == subject and letter.consumer == "discovery.gpu-a" and letter.reason == "undecodable"
     finally:
         await admin.close()
+        await preparer.close()
         await bus.close()
 
 
