@@ -1,6 +1,6 @@
 """Share benchmark: prepare (and unprepare) of one more share of a GPU already shared vs of a whole GPU.
 
-    .venv/bin/python bench/share_bench.py [--cycles 200] [--warmup 20] [--out bench/results/share.json]
+    .venv/bin/python bench/share_bench.py [--cycles 200] [--warmup 20] [--runs 1] [--out bench/results/share.json]
 
 The harness of tests/preparer/test_shares.py: the preparer on its real unix sockets (gRPC from the kubelet
 emulator), discovery in-process on simulated H100s running a fake driver root's binaries (tests/fakedriver.py)
@@ -10,7 +10,8 @@ cycle a claim of all of gpu-1. Each cycle runs both kinds, in an order drawn fro
 is noisy: medians of interleaved cycles compare, and so does the median of each cycle's share/whole pair). Not a
 strict alternation: its period (8 RPCs) divides the preparer's heap trim period (64 RPCs, host/server.py), so
 every trim fell on the same kind of call, adding ~0.8 points to the ratio. Prints p50/p90 of
-each and the ratios; writes them to --out.
+each and the ratios; writes them to --out (with --runs N, the last run's figures, each run's ratios, and
+their median and range over the runs: a run's ratio moves by about a point from one run to the next).
 """
 
 from __future__ import annotations
@@ -121,29 +122,52 @@ async def run(cycles: int, warmup: int) -> dict[str, Any]:
     return out
 
 
+def runs_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last run's figures, each run's ratios, and the median and range of each ratio over the runs."""
+    out = dict(results[-1])
+    keys = [k for k in out if k.startswith(("ratio_", "paired_ratio_"))]
+    out["runs"] = [{k: r[k] for k in keys} for r in results]
+    out["over_runs"] = {
+        k: {
+            "median": round(statistics.median(r[k] for r in results), 3),
+            "range": [min(r[k] for r in results), max(r[k] for r in results)],
+        }
+        for k in keys
+    }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cycles", type=int, default=200, help="measured cycles of each kind")
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=1, help="whole runs (a fresh node each), for the ratios' spread")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "share.json"))
     args = ap.parse_args()
-    result = asyncio.run(run(args.cycles, args.warmup))
-    for kind in ("share", "whole"):
-        p, u = result[kind]["prepare"], result[kind]["unprepare"]
+    results = []
+    for _ in range(args.runs):
+        result = asyncio.run(run(args.cycles, args.warmup))
+        results.append(result)
+        for kind in ("share", "whole"):
+            p, u = result[kind]["prepare"], result[kind]["unprepare"]
+            print(
+                f"{kind:>5}: prepare p50 {p['p50_ms']:.2f} ms p90 {p['p90_ms']:.2f} ms | "
+                f"unprepare p50 {u['p50_ms']:.2f} ms p90 {u['p90_ms']:.2f} ms  (n={p['n']})"
+            )
         print(
-            f"{kind:>5}: prepare p50 {p['p50_ms']:.2f} ms p90 {p['p90_ms']:.2f} ms | "
-            f"unprepare p50 {u['p50_ms']:.2f} ms p90 {u['p90_ms']:.2f} ms  (n={p['n']})"
+            f"paired share/whole per cycle, median: prepare {result['paired_ratio_prepare_p50']:.3f}x, unprepare "
+            f"{result['paired_ratio_unprepare_p50']:.3f}x"
         )
-    print(
-        f"paired share/whole per cycle, median: prepare {result['paired_ratio_prepare_p50']:.3f}x, unprepare "
-        f"{result['paired_ratio_unprepare_p50']:.3f}x"
-    )
-    print(
-        f"prepare p50 share/whole: {result['ratio_prepare_p50_share_over_whole']:.2f}x; unprepare "
-        f"{result['ratio_unprepare_p50_share_over_whole']:.2f}x; mps-start requests per share cycle "
-        f"{result['mps_start_requests_per_share_cycle']}"
-    )
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(
+            f"prepare p50 share/whole: {result['ratio_prepare_p50_share_over_whole']:.2f}x; unprepare "
+            f"{result['ratio_unprepare_p50_share_over_whole']:.2f}x; mps-start requests per share cycle "
+            f"{result['mps_start_requests_per_share_cycle']}"
+        )
+    summary = runs_summary(results)
+    if args.runs > 1:
+        for key, over in summary["over_runs"].items():
+            print(f"{key} over {args.runs} runs: median {over['median']:.3f}, range {over['range']}")
+    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":
