@@ -1,7 +1,7 @@
 """Pods waiting for devices: the fleet page's pending-pods panel (docs/dashboard.md).
 
-Owns one pod informer (trimmed to what says whether a pod waits: no node, resource claims, phase Pending), the
-waiting pods, and the loop that asks a `Reasoner` (`gpu-dra explain`'s plan, `embedded.cluster.explain.
+Owns one informer of the pods on no node (trimmed to what says whether one waits: resource claims, phase
+Pending), the waiting pods, and the loop that asks a `Reasoner` (`gpu-dra explain`'s plan, `embedded.cluster.explain.
 why_waiting`, where this install has it) what each one asks for and why it waits. A pod is explained when it
 has waited `settle_s` (most pods are placed sooner: a burst of new pods costs no reads), then whenever it changes
 and, while it waits, after the fleet changes; at most one pass every `recheck_s`, one pod at a time, so a storm
@@ -28,6 +28,7 @@ log = get_logger(__name__)
 Obj = dict[str, Any]
 Key = tuple[str, str]
 Reasoner = Callable[[str, str], Awaitable[tuple[str, str]]]  # (namespace, pod) -> (what it asks for, why it waits)
+UNSCHEDULED = "spec.nodeName="  # the field selector of pods not bound to a node
 
 
 class PendingPod(msgspec.Struct, frozen=True, rename="camel"):
@@ -94,7 +95,9 @@ class PendingPods:
         self.on_change = on_change
         self.recheck_s = recheck_s
         self.settle_s = settle_s
-        self.informer = Informer(kube, PODS, on_change=self._on_pod, transform=trim_pod)
+        # Only pods on no node: a pod leaves the watch (DELETED) when it is bound, so the page is sent none of the
+        # status writes of the fleet's running pods.
+        self.informer = Informer(kube, PODS, on_change=self._on_pod, transform=trim_pod, field_selector=UNSCHEDULED)
         self.pods: dict[Key, PendingPod] = {}
         self._due: set[Key] = set()
         self._wake = asyncio.Event()
