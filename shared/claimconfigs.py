@@ -110,7 +110,7 @@ _KINDS: dict[str, type[DeviceConfig]] = {
 _DEVICE_KIND = {"GpuConfig": "gpu", "MigDeviceConfig": "mig", "VfioDeviceConfig": "vfio"}
 _CONFIG_FOR_KIND = {kind: name for name, kind in _DEVICE_KIND.items()}
 _UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
-_AT = re.compile(r"^(.*) - at `\$\.?([^`]*)`$")
+_AT = re.compile(r"^(.*) - at `\$\.?([^`]*)`\Z")
 
 
 _LONG_VALUE = re.compile(r"'([^']{40})[^']{8,}'")

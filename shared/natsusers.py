@@ -53,7 +53,7 @@ GATE_ROLE = "gate"  # services/stategate: every node's calls on the shared state
 CLUSTER_ROLES = ("publisher", "controller", "admin", GATE_ROLE)
 READER_ROLE = "reader"
 # Node names become one subject token; the catalog accepts exactly this alphabet.
-_NODE_TOKEN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_NODE_TOKEN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 JS = "$JS.API"
 # The publisher's own membership bucket (services/publisher/ownership.py), not in the catalog.
 PUBLISHER_REPLICAS_BUCKET = "dra-publisher-replicas"

@@ -25,9 +25,9 @@ Check = Callable[[Any, str, list[fe.FieldError]], None]
 QUANTITY_DEF = "io.k8s.apimachinery.pkg.api.resource.Quantity"
 INT_OR_STRING_DEF = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
 
-_QUANTITY_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
+_QUANTITY_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?\Z")
 _QUANTITY_MSG = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
-_DATE_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+_DATE_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})\Z")
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -353,7 +353,7 @@ def _value_constraints(schema: dict[str, Any], compiler: Compiler) -> list[Check
             checks.append(_size_check(int(schema[key]), kind, key.startswith("max"), limit_word))
     pattern = schema.get("pattern")
     if pattern is not None:
-        rx = re.compile(pattern)
+        rx = go_regexp(pattern)
 
         def check_pattern(value: Any, path: str, errors: list[fe.FieldError]) -> None:
             if isinstance(value, str) and not rx.search(value):
@@ -446,3 +446,40 @@ def _combinator(key: str, sub: Any, compiler: Compiler) -> Check:
             errors.append(fe.invalid(path, value, f"{path} in body must validate one and only one schema (oneOf)"))
 
     return check
+
+
+def go_regexp(pattern: str) -> re.Pattern[str]:
+    """A schema `pattern` compiled to match as the API server's Go regexp does: there `$` (and `\\z`) is the
+    end of the text, where Python's `$` also matches before a trailing newline ("abc\\n" would pass
+    `^[a-z]+$`). Each `$` outside a character class becomes `\\Z`; the rest is left as written. A pattern that
+    turns on multi-line mode (`(?m)`: `$` at each line's end, in both) is compiled as it is."""
+    if re.search(r"\(\?[a-zA-Z]*m", pattern):
+        return re.compile(pattern)
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            out.append("\\Z" if nxt == "z" and not in_class else c + nxt)
+            i += 2
+            continue
+        if in_class:
+            if c == "]":
+                in_class = False
+        elif c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            if pattern[i : i + 1] == "^":  # a negated class
+                out.append("^")
+                i += 1
+            if pattern[i : i + 1] == "]":  # a `]` first in a class is one of its characters
+                out.append("]")
+                i += 1
+            continue
+        elif c == "$":
+            c = "\\Z"
+        out.append(c)
+        i += 1
+    return re.compile("".join(out))

@@ -49,7 +49,7 @@ _ALLOCATION_MODES = ["All", "ExactCount"]
 _OPERATORS = ["Equal", "Exists"]
 _CONFIG_SOURCES = ["FromClaim", "FromClass"]
 _REF_MSG = "must be the name of a request in the claim or the name of a request and a subrequest separated by '/'"
-_UID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_UID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 
 RequestNames = dict[str, set[str]]  # request -> its subrequest names (empty for an exact request)
 

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 _PACKAGE = "kubernetes_validate"
-_DIR_RE = re.compile(r"^v(\d+)\.(\d+)\.(\d+)-local-strict$")
+_DIR_RE = re.compile(r"^v(\d+)\.(\d+)\.(\d+)-local-strict\Z")
 _REF_PREFIX = "#/$defs/"
 
 

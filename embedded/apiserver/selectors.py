@@ -143,7 +143,7 @@ def _compares(key: str, limit: int, greater: bool, labels: dict[str, str]) -> bo
     return _cmp(labels.get(key), limit, greater)
 
 
-_KEY = re.compile(r"^([a-z0-9A-Z.-]{1,253}/)?[a-zA-Z0-9]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?$")
+_KEY = re.compile(r"^([a-z0-9A-Z.-]{1,253}/)?[a-zA-Z0-9]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?\Z")
 
 
 def _check_key(key: str) -> None:

@@ -63,7 +63,7 @@ def parse_semver(text: str, normalize: bool = False) -> Semver:
     """Strict semver (`550.54.15`, `1.2.3-rc.1`); with `normalize`, `v1.2` -> 1.2.0 and leading zeros drop."""
     candidate = text.strip() if isinstance(text, str) else ""
     if normalize:
-        loose = re.match(r"^(\d+(?:\.\d+){0,2})(.*)$", candidate.removeprefix("v"))
+        loose = re.match(r"^(\d+(?:\.\d+){0,2})(.*)\Z", candidate.removeprefix("v"))
         if loose is not None:
             parts = [str(int(p)) for p in loose.group(1).split(".")]
             candidate = ".".join(parts + ["0"] * (3 - len(parts))) + loose.group(2)

@@ -59,7 +59,7 @@ class MachineSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return msgspec.json.encode(self).decode()
 
 
-_PART = re.compile(r"^(?P<profile>[a-z0-9.\-]+?)(?:x(?P<count>\d+))?(?::(?P<opts>[a-z0-9=,]+))?$")
+_PART = re.compile(r"^(?P<profile>[a-z0-9.\-]+?)(?:x(?P<count>\d+))?(?::(?P<opts>[a-z0-9=,]+))?\Z")
 MAX_GPUS = 16
 
 
@@ -157,7 +157,7 @@ def validate(machine: MachineSpec, source: str = "--simulate") -> None:
             used |= span
     if total > MAX_GPUS:
         raise MachineError(f"{source}: {total} GPUs is more than the {MAX_GPUS} a node may simulate")
-    if machine.driver_version is not None and not re.match(r"^\d+\.\d+(\.\d+)?$", machine.driver_version):
+    if machine.driver_version is not None and not re.match(r"^\d+\.\d+(\.\d+)?\Z", machine.driver_version):
         raise MachineError(f"{source}: driver_version {machine.driver_version!r} must look like 550.163.01")
-    if machine.cuda_version is not None and not re.match(r"^\d+\.\d+$", machine.cuda_version):
+    if machine.cuda_version is not None and not re.match(r"^\d+\.\d+\Z", machine.cuda_version):
         raise MachineError(f"{source}: cuda_version {machine.cuda_version!r} must look like 12.4")

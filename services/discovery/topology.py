@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}\Z")
 
 
 def normalise_bus_id(bus_id: str) -> str:

@@ -60,7 +60,7 @@ def gate_prefix(node: str, role: str) -> str:
 
 
 _TOKEN = re.compile(r"\{(\w+)\}")
-_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
+_SAFE_TOKEN = re.compile(r"[A-Za-z0-9_\-]+")  # fullmatch only: `$` would let a trailing newline through
 
 
 class SubjectError(ValueError):
@@ -137,7 +137,7 @@ class Entry:
         if missing:
             raise SubjectError(f"subject {self.subject!r} needs tokens {missing}")
         for key, value in tokens.items():
-            if not _SAFE_TOKEN.match(value):
+            if not _SAFE_TOKEN.fullmatch(value):
                 raise SubjectError(f"subject token {key}={value!r} must match [A-Za-z0-9_-]+ (no dots or wildcards)")
         return _TOKEN.sub(lambda m: tokens[m.group(1)], self.subject)
 

@@ -146,7 +146,10 @@ def test_generator_writes_secrets_and_keeps_keys_private_and_stable(tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("node", "complaint"),
-    [("ip-10-0-0-1.ec2.internal", "contains '.'"), ("GPU_A", "not a Kubernetes node name")],
+    [
+        ("ip-10-0-0-1.ec2.internal", "contains '.'"),
+        ("GPU_A", "not a Kubernetes node name"),
+    ],
 )
 def test_generator_refuses_bad_node_names_and_writes_nothing(
     tmp_path: Path, node: str, complaint: str, capsys: pytest.CaptureFixture[str]
@@ -157,6 +160,10 @@ def test_generator_refuses_bad_node_names_and_writes_nothing(
     assert not (tmp_path / "creds").exists()
     with pytest.raises(users.UsersError, match="not a Kubernetes"):
         users.check_node("")
+    with pytest.raises(users.UsersError, match="not a Kubernetes node name"):  # matched whole: no trailing newline
+        users.check_node("gpu-b\n")
+    with pytest.raises(users.UsersError, match="not a Kubernetes namespace"):
+        users.check_namespace("team-a\n")
 
 
 def test_generator_cli_reports_bad_input_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from embedded.harness.discovery import RunningDiscovery
-from services.preparer.host.cdi import CdiDevice, CdiWriter, ContainerEdits, DeviceNode, build_spec
+from services.preparer.host.cdi import CdiDevice, CdiError, CdiWriter, ContainerEdits, DeviceNode, build_spec
 from shared.bus import Bus
 from tests.preparer.cdischema import cdi_validator, loader_errors
 from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node
@@ -40,6 +40,12 @@ def test_a_built_spec_is_valid(validator) -> None:
     )
     assert list(validator.iter_errors(spec)) == []
     assert loader_errors(spec) == []
+
+
+@pytest.mark.parametrize("device", ["gpu-0-", "gpu 0", "gpu-0\n", ""])  # each named `<claim uid>-<device>`
+def test_a_device_name_cdi_refuses_is_refused_before_any_spec_is_built(device: str) -> None:
+    with pytest.raises(CdiError, match="is not valid"):
+        build_spec("0f8a-uid", [CdiDevice(device, [DeviceNode("/dev/nvidia0", "/dev/nvidia0")])], ContainerEdits())
 
 
 async def test_prepared_specs_for_gpu_mig_and_mps_validate(

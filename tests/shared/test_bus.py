@@ -183,6 +183,23 @@ def test_subject_tokens_are_checked() -> None:
     assert catalog.CLAIM.wildcard(namespace="ns") == "dra.v1.claim.ns.*.*"
 
 
+@pytest.mark.parametrize("token", ["gpu-a\n", "gpu-a\r\nPUB x 1", "", "gpu a", "gpu-*", ">"])
+def test_a_subject_token_that_would_break_the_protocol_line_is_refused(token: str) -> None:
+    """A token is checked whole: a trailing newline (which a `$`-anchored match lets through) would end the
+    PUB line early on the wire."""
+    with pytest.raises(catalog.SubjectError):
+        catalog.INVENTORY.format(node=token)
+    assert "\n" not in catalog.as_token(token) and "." not in catalog.as_token(token)
+
+
+@pytest.mark.parametrize(
+    ("value", "token"),
+    [("team-a", "team-a"), ("gpu_node-0", "gpu_node-0"), ("a.b", "a_b"), ("gpu-a\n", "gpu-a_"), ("", "_"), ("é", "_")],
+)
+def test_as_token_keeps_a_safe_value_and_replaces_the_rest(value: str, token: str) -> None:
+    assert catalog.as_token(value) == token
+
+
 async def test_provisioning_raises_the_event_streams_limit_of_a_stream_made_before(bus: Bus) -> None:
     """DRA_EVENTS made with the old 256 MiB limit gets the catalog's (2 GiB: a slow durable consumer's backlog at
     10,000 events/s, bench/events_bench.py) at the next provision; its events stay."""

@@ -17,7 +17,7 @@ import re
 import time
 from pathlib import Path
 
-BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 NVIDIA = "nvidia"
 VFIO_PCI = "vfio-pci"
 VFIO_MODULE = "vfio_pci"

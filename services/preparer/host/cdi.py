@@ -40,7 +40,7 @@ VENDOR = "k8s.gpu.nvidia.com"
 CLASS = "claim"
 KIND = f"{VENDOR}/{CLASS}"
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"  # noqa: S108 - the path CUDA's MPS client looks in
-_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 # Removed specs kept as files for the next writes (module doc): a burst of up to this many claims prepared
 # at once (a kubelet starting many pods) then creates and frees no file; each costs ~2 KB of disk.
 SPARES = 64

@@ -42,9 +42,9 @@ from shared.logs import get_logger
 
 log = get_logger(__name__)
 
-_GPU_NAME = re.compile(r"^gpu-(\d+)$")
-_MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$")
-_VFIO_NAME = re.compile(r"^gpu-vfio-(\d+)$")
+_GPU_NAME = re.compile(r"^gpu-(\d+)\Z")
+_MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)\Z")
+_VFIO_NAME = re.compile(r"^gpu-vfio-(\d+)\Z")
 
 
 class DeviceError(RuntimeError):

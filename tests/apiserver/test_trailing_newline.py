@@ -1,0 +1,96 @@
+"""Names, label values and schema patterns are matched whole, as the Go API server matches them: a value with a
+trailing newline, which a Python `$` lets through, is refused with 422 and stores nothing; the same value
+without it is accepted."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from embedded.apiserver.testing import RunningApiServer
+
+STEP_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "steps.example.com"},
+    "spec": {
+        "group": "example.com",
+        "scope": "Namespaced",
+        "names": {"plural": "steps", "singular": "step", "kind": "Step"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                # the NodeConfig CRD's memoryStep pattern (deploy/kubernetes/base/crds)
+                                "properties": {"memoryStep": {"type": "string", "pattern": "^[0-9]+(Mi|Gi|Ti)$"}},
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def _causes(err: ApiException) -> list[str]:
+    return [c.get("field", "") for c in json.loads(err.body)["details"]["causes"]]
+
+
+async def test_a_namespace_name_with_a_trailing_newline_is_refused(api: RunningApiServer) -> None:
+    async with api.client() as c:
+        core = client.CoreV1Api(c)
+        before = sorted(n.metadata.name for n in (await core.list_namespace()).items)
+        with pytest.raises(ApiException) as err:
+            await core.create_namespace({"metadata": {"name": "team-a\n"}})
+        assert err.value.status == 422 and "metadata.name" in _causes(err.value)
+        assert sorted(n.metadata.name for n in (await core.list_namespace()).items) == before
+        made = await core.create_namespace({"metadata": {"name": "team-a"}})
+        assert made.metadata.name == "team-a"
+
+
+async def test_a_label_value_with_a_trailing_newline_is_refused(api: RunningApiServer) -> None:
+    async with api.client() as c:
+        core = client.CoreV1Api(c)
+        with pytest.raises(ApiException) as err:
+            await core.create_namespaced_config_map("default", {"metadata": {"name": "cm", "labels": {"tier": "a\n"}}})
+        assert err.value.status == 422 and _causes(err.value) == ["metadata.labels[tier]"]
+        with pytest.raises(ApiException) as gone:
+            await core.read_namespaced_config_map("cm", "default")
+        assert gone.value.status == 404
+        made = await core.create_namespaced_config_map("default", {"metadata": {"name": "cm", "labels": {"tier": "a"}}})
+        assert made.metadata.labels == {"tier": "a"}
+
+
+async def test_a_schema_pattern_is_matched_to_the_end_of_the_value(api: RunningApiServer) -> None:
+    async with api.client() as c:
+        await client.ApiextensionsV1Api(c).create_custom_resource_definition(copy.deepcopy(STEP_CRD))
+        custom = client.CustomObjectsApi(c)
+        args = ("example.com", "v1", "default", "steps")
+
+        def step(name: str, value: str) -> dict[str, Any]:
+            return {
+                "apiVersion": "example.com/v1",
+                "kind": "Step",
+                "metadata": {"name": name},
+                "spec": {"memoryStep": value},
+            }
+
+        with pytest.raises(ApiException) as err:
+            await custom.create_namespaced_custom_object(*args, step("bad", "10Gi\n"))
+        assert err.value.status == 422 and _causes(err.value) == ["spec.memoryStep"]
+        assert (await custom.list_namespaced_custom_object(*args))["items"] == []
+        made = await custom.create_namespaced_custom_object(*args, step("good", "10Gi"))
+        assert made["spec"]["memoryStep"] == "10Gi"
