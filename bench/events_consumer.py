@@ -2,11 +2,11 @@
 
 Connects as its reader identity (`reader.<name>`: its .creds and its own inbox prefix `_INBOX_reader_<name>`),
 creates its own durable pull consumer (named `reader_<name>`, the one durable a reader owns) with its
-filter in the create subject, explicit acks and deliver-all, binds to it, then fetches batches and acks each
-message once it is processed. Records per message the latency from the event's `observed_at` (the producer's
-clock; same host here) and from the stream's timestamp of it (stored: the publish's ack) to the moment the
-batch was delivered, and each `ce-id` seen, so loss and duplicates
-after ack can be counted. `rate` > 0 makes it a slow consumer: it processes at most `rate` messages a second.
+filter in the create subject, ack policy `all` and deliver-all, binds to it, then fetches batches and, once a
+batch is processed, acks it with one ack (its newest message's). Records per message the latency from the
+event's `observed_at` (the producer's clock; same host here) and from the stream's timestamp of it (stored: the
+publish's ack) to the moment the batch was delivered, and each `ce-id` seen, so loss and duplicates after ack
+can be counted. `rate` > 0 makes it a slow consumer: it processes at most `rate` messages a second.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ async def consume(
         name=durable,
         durable_name=durable,
         filter_subject=spec.filter_subject,
-        ack_policy=AckPolicy.EXPLICIT,
+        ack_policy=AckPolicy.ALL,
         deliver_policy=DeliverPolicy.ALL,
         max_ack_pending=spec.max_ack_pending,
         ack_wait=30.0,
@@ -100,8 +100,8 @@ async def consume(
             await asyncio.sleep(len(msgs) / spec.rate)
         if gate is not None:
             await gate.wait()
-        for msg in msgs:  # processed: acked (a crash before this redelivers the batch)
-            await msg.ack()
+        if msgs:  # processed, in order: one ack for the batch (ack_policy=all; a crash before it redelivers it)
+            await max(msgs, key=lambda m: m.metadata.sequence.stream).ack()
         last_at = time.time()
         idle_since = loop.time()
     await nc.flush()

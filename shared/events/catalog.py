@@ -71,6 +71,8 @@ def as_token(value: str) -> str:
     """`value` as one subject token or KV-key token: every character outside [A-Za-z0-9_-] becomes `_`.
 
     Producers name subjects with it; consumers compare a body's field with the subject through it."""
+    if _SAFE_TOKEN.fullmatch(value):  # the usual case (a Kubernetes name): a fifth of the cost of the walk
+        return value
     return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in value) or "_"
 
 
