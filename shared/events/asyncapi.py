@@ -9,6 +9,7 @@ bucket's subjects). Every message carries the headers described by `EventHeaders
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -63,7 +64,7 @@ def _address(subject: str) -> str:
     return subject  # the catalog's `{token}` is AsyncAPI's parameter syntax already
 
 
-def _parameters(tokens: list[str]) -> dict[str, Any]:
+def _parameters(tokens: Sequence[str]) -> dict[str, Any]:
     return {t: {"description": _TOKEN_DOCS.get(t, t)} for t in tokens}
 
 

@@ -7,6 +7,7 @@ Third parties read the JSON Schemas that `gpu-dra events schema` derives from th
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -121,9 +122,10 @@ class Entry:
     # an event kept in a stream (JetStream publish, replayable); False: core NATS only, live or lost (telemetry)
     durable: bool = True
 
-    @property
-    def tokens(self) -> list[str]:
-        return _TOKEN.findall(self.subject)
+    @functools.cached_property
+    def tokens(self) -> tuple[str, ...]:
+        """The subject's `{token}` names, in order."""
+        return tuple(_TOKEN.findall(self.subject))
 
     def parse(self, subject: str) -> dict[str, str] | None:
         """The token values of a concrete subject of this entry; None when it is not one."""
@@ -141,7 +143,7 @@ class Entry:
         for key, value in tokens.items():
             if not _SAFE_TOKEN.fullmatch(value):
                 raise SubjectError(f"subject token {key}={value!r} must match [A-Za-z0-9_-]+ (no dots or wildcards)")
-        return _TOKEN.sub(lambda m: tokens[m.group(1)], self.subject)
+        return self.subject.format_map(tokens)  # `{name}` is str.format's own syntax; no other braces in a subject
 
     def wildcard(self, **tokens: str) -> str:
         """A subscription subject: given tokens filled in, the rest as `*`."""
