@@ -25,9 +25,10 @@ from embedded.apiserver import (
     tables,
     versions,
 )
+from embedded.apiserver.queryparams import query_int, truthy
 from embedded.apiserver.requestcount import verb_of
 from embedded.apiserver.resources import Resource
-from embedded.apiserver.responses import JSON_ONLY, json_response, reply, truthy
+from embedded.apiserver.responses import JSON_ONLY, json_response, reply
 from embedded.apiserver.selectors import parse_field_selector, parse_label_selector
 from embedded.apiserver.storage import deep_copy
 from embedded.apiserver.watch import WatchRequest
@@ -231,10 +232,7 @@ class Handlers:
         assert res is not None
         q = request.query
         label, field = self._selectors(request, res)
-        try:
-            limit = int(q.get("limit") or 0)
-        except ValueError:
-            raise errors.bad_request(f"invalid limit {q.get('limit')!r}: it must be an integer") from None
+        limit = query_int(q, "limit") or 0
         page = self.core.list_objects(res, target.namespace, label, field, limit, q.get("continue", ""))
         list_meta: dict[str, Any] = {"resourceVersion": page.resource_version}
         if page.continue_token:
@@ -296,7 +294,7 @@ class Handlers:
         assert res is not None
         q = request.query
         label, field = self._selectors(request, res)
-        timeout = q.get("timeoutSeconds")
+        timeout = query_int(q, "timeoutSeconds")
         accept = request.headers.get("Accept", "")
         wr = WatchRequest(
             res=res,
@@ -306,7 +304,7 @@ class Handlers:
             field=field,
             resource_version=q.get("resourceVersion", ""),
             bookmarks=truthy(q.get("allowWatchBookmarks")),
-            timeout=float(timeout) if timeout else None,
+            timeout=float(timeout) if timeout else None,  # 0: the server's own (none here), as upstream
             send_initial=truthy(q.get("sendInitialEvents")),
             as_table=tables.wants_table(accept),
             include_object=q.get("includeObject", "Metadata"),
@@ -522,8 +520,9 @@ class Handlers:
         q = request.query
         if q.get("propagationPolicy"):
             options["propagationPolicy"] = q["propagationPolicy"]
-        if q.get("gracePeriodSeconds"):
-            options["gracePeriodSeconds"] = int(q["gracePeriodSeconds"])
+        grace = query_int(q, "gracePeriodSeconds")
+        if grace is not None:
+            options["gracePeriodSeconds"] = grace
         if options.get("orphanDependents") is True and not options.get("propagationPolicy"):
             options["propagationPolicy"] = "Orphan"
         return options

@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from embedded.apiserver import errors
+from embedded.apiserver.queryparams import query_int, truthy
 
 FOLLOW_POLL = 0.2
 
@@ -87,10 +88,10 @@ def handler(server: Any) -> Any:
         container = _container(pod, q.get("container", ""))
         root: Path | None = getattr(server, "pod_log_dir", None)
         runs = _runs(root / f"{ns}_{name}_{pod['metadata']['uid']}" / container) if root else []
-        truthy = {"true", "1", "t"}  # as Go's strconv.ParseBool, any case
+        tail, limit_bytes = query_int(q, "tailLines"), query_int(q, "limitBytes")
 
         def flag(key: str) -> bool:
-            return q.get(key, "").lower() in truthy
+            return truthy(q.get(key))
 
         if flag("previous"):
             if len(runs) < 2:
@@ -104,13 +105,12 @@ def handler(server: Any) -> Any:
         timestamps = flag("timestamps")
         data = await asyncio.to_thread(_read, path, 0)
         offset = len(data)
-        if q.get("tailLines", "").isdigit():
+        if tail is not None and tail >= 0:  # a negative count is ignored: the whole log
             lines = data.splitlines(keepends=True)
-            tail = int(q["tailLines"])
             data = b"".join(lines[-tail:] if tail else [])
         body = _format(data, timestamps)
-        if q.get("limitBytes", "").isdigit():
-            body = body[: int(q["limitBytes"])]
+        if limit_bytes is not None and limit_bytes >= 0:
+            body = body[:limit_bytes]
         if not flag("follow"):
             return web.Response(body=body, content_type="text/plain")
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})

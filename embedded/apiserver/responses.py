@@ -16,11 +16,6 @@ _encode = msgspec.json.encode
 JSON_ONLY = web.RequestKey("json_only", bool)  # set for custom resources: every answer is JSON
 
 
-def truthy(value: str | None) -> bool:
-    """Go's strconv.ParseBool truths, which query parameters use (clients send true, True or 1)."""
-    return value in ("1", "t", "T", "true", "TRUE", "True")
-
-
 def headers_of(content_type: str, warnings: list[str] | None) -> dict[str, str]:
     headers = {"Content-Type": content_type}
     if warnings:

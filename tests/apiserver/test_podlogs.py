@@ -43,6 +43,9 @@ async def test_log_subresource_reads_the_node_files(tmp_path: Path) -> None:
                 await core.read_namespaced_pod_log("p", "default", container="a", tail_lines=1, timestamps=True)
                 == "2026-01-01T00:00:02.000001Z three\n"
             )
+            with pytest.raises(client.ApiException) as exc:  # an integer as Go's ParseInt reads one, or a 400
+                await core.read_namespaced_pod_log("p", "default", container="a", tail_lines="1_0")
+            assert exc.value.status == 400 and "query parameter tailLines" in str(exc.value.body)
             with pytest.raises(client.ApiException) as exc:
                 await core.read_namespaced_pod_log("p", "default", container="nope")
             assert "container nope is not valid for pod p" in str(exc.value.body)
