@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from shared.quantity import QuantityError, parse_quantity
 
-_MIG = re.compile(r"^gpu-\d+-mig-(.+)-\d+-\d+\Z")
+_MIG = re.compile(r"^gpu-\d+-mig-(.+)-\d+-\d+\Z", re.ASCII)
 Kind = Literal["gpu", "share", "mig"]
 
 

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import msgspec
 
 from shared import featuregates
+from shared.numbers import decimal_int
 from shared.quantity import MAX_VALUE, QuantityError, parse_bytes, parse_quantity
 
 API_GROUP_VERSION = "resource.nvidia.com/v1beta1"
@@ -241,8 +242,8 @@ def pinned_limits(mps: MpsConfig | None, uuids: list[str], memory: dict[str, int
     for key, text in mps.defaultPerDevicePinnedMemoryLimit.items():
         if key in ordered:
             uuid = key
-        elif key.isdigit() and int(key) < len(ordered):
-            uuid = ordered[int(key)]
+        elif (index := decimal_int(key)) is not None and index < len(ordered):
+            uuid = ordered[index]
         else:
             raise ClaimConfigError(
                 f"defaultPerDevicePinnedMemoryLimit key {_short(key)} is neither a UUID of the claim's "

@@ -16,7 +16,7 @@ from shared.events.inventory import Gpu, MigDevice, MigPlacement, MigProfile, Mi
 GPU_DRIVER = "gpu.nvidia.com"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
-MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)\Z")
+MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)\Z", re.ASCII)
 # Architectures whose MIG mode can be toggled without a GPU reset (full GPU stays advertisable).
 RESETLESS_MIG_ARCHITECTURES = frozenset({"Hopper", "Blackwell"})
 

@@ -35,7 +35,7 @@ STANDARD_LIB_DIRS = (
 )
 BINARY_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
 LD_CACHE = "/etc/ld.so.cache"
-_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?\Z")
+_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?\Z", re.ASCII)
 
 
 class DriverRootError(RuntimeError):

@@ -21,7 +21,8 @@ MAX_VALUE = (1 << 63) - 1
 
 _QUANTITY = re.compile(
     r"(?P<sign>[+-]?)(?P<number>\d+(?:\.\d*)?|\.\d+)"
-    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE](?P<exp>[+-]?\d+))?"
+    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE](?P<exp>[+-]?\d+))?",
+    re.ASCII,  # digits 0-9 only, as Go's parser: Python's \d takes every script's digits
 )
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}

@@ -25,9 +25,9 @@ Check = Callable[[Any, str, list[fe.FieldError]], None]
 QUANTITY_DEF = "io.k8s.apimachinery.pkg.api.resource.Quantity"
 INT_OR_STRING_DEF = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
 
-_QUANTITY_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?\Z")
+_QUANTITY_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?\Z", re.ASCII)
 _QUANTITY_MSG = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
-_DATE_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})\Z")
+_DATE_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})\Z", re.ASCII)
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -451,10 +451,11 @@ def _combinator(key: str, sub: Any, compiler: Compiler) -> Check:
 def go_regexp(pattern: str) -> re.Pattern[str]:
     """A schema `pattern` compiled to match as the API server's Go regexp does: there `$` (and `\\z`) is the
     end of the text, where Python's `$` also matches before a trailing newline ("abc\\n" would pass
-    `^[a-z]+$`). Each `$` outside a character class becomes `\\Z`; the rest is left as written. A pattern that
-    turns on multi-line mode (`(?m)`: `$` at each line's end, in both) is compiled as it is."""
+    `^[a-z]+$`), and `\\d`, `\\w`, `\\s` and `\\b` are ASCII only. Each `$` outside a character class
+    becomes `\\Z`; the rest is left as written. A pattern that turns on multi-line mode (`(?m)`: `$` at each
+    line's end, in both) keeps its `$`."""
     if re.search(r"\(\?[a-zA-Z]*m", pattern):
-        return re.compile(pattern)
+        return re.compile(pattern, re.ASCII)
     out: list[str] = []
     i, in_class = 0, False
     while i < len(pattern):
@@ -482,4 +483,4 @@ def go_regexp(pattern: str) -> re.Pattern[str]:
             c = "\\Z"
         out.append(c)
         i += 1
-    return re.compile("".join(out))
+    return re.compile("".join(out), re.ASCII)  # \d \w \s \b: ASCII in Go

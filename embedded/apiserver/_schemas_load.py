@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 _PACKAGE = "kubernetes_validate"
-_DIR_RE = re.compile(r"^v(\d+)\.(\d+)\.(\d+)-local-strict\Z")
+_DIR_RE = re.compile(r"^v(\d+)\.(\d+)\.(\d+)-local-strict\Z", re.ASCII)
 _REF_PREFIX = "#/$defs/"
 
 

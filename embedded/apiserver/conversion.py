@@ -164,7 +164,7 @@ def _request_to_v1beta1(request: Any) -> Any:
     return out
 
 
-_SLICE_DEVICE = re.compile(r"^(spec\.devices\[\d+\])\.(?!name(?:$|[.\[]))")
+_SLICE_DEVICE = re.compile(r"^(spec\.devices\[\d+\])\.(?!name(?:$|[.\[]))", re.ASCII)
 _CLAIM_EXACT = {
     "ResourceClaim": re.compile(r"^(spec\.devices\.requests\[\d+\])\.exactly(?=$|[.\[])"),
     "ResourceClaimTemplate": re.compile(r"^(spec\.spec\.devices\.requests\[\d+\])\.exactly(?=$|[.\[])"),

@@ -17,7 +17,7 @@ from embedded.apiserver.resources import Resource
 from embedded.apiserver.storage import Change
 
 CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
-_VERSION = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?\Z")
+_VERSION = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?\Z", re.ASCII)
 
 
 def version_priority(version: str) -> tuple[int, int, int, str]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from shared.numbers import decimal_int
+
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -98,9 +100,10 @@ def _resolve(doc: Any, parts: list[str], path: str) -> Any:
 def _index(part: str, length: int, path: str) -> int:
     if part == "-":
         return length
-    if not part.isdigit():
+    index = decimal_int(part)
+    if index is None:
         raise PatchError(f"invalid array index {part!r} in path {path!r}")
-    return int(part)
+    return index
 
 
 def json_patch(doc: Any, ops: Any) -> Any:

@@ -4,12 +4,11 @@ that is not an integer is a 400 naming the parameter, before the request does an
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from embedded.apiserver import errors
+from shared.numbers import decimal_int
 
-_INT = re.compile(r"[+-]?[0-9]+")  # fullmatch: no spaces, `_`, other scripts' digits or trailing newline
 _INT64 = 1 << 63
 
 
@@ -23,6 +22,7 @@ def query_int(query: Mapping[str, str], name: str) -> int | None:
     raw = query.get(name)
     if not raw:
         return None
-    if not _INT.fullmatch(raw) or not -_INT64 <= (value := int(raw)) < _INT64:
+    value = decimal_int(raw, signed=True)
+    if value is None or not -_INT64 <= value < _INT64:
         raise errors.bad_request(f"invalid value {raw!r} for query parameter {name}: it must be an integer")
     return value

@@ -18,7 +18,7 @@ class SelectorError(ValueError):
     pass
 
 
-_TOKEN = re.compile(r"\s*(!=|==|=|!|,|\(|\)|<|>|[^\s!=,()<>]+)")
+_TOKEN = re.compile(r"\s*(!=|==|=|!|,|\(|\)|<|>|[^\s!=,()<>]+)", re.ASCII)
 
 
 def _tokens(text: str) -> list[str]:

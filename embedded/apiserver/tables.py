@@ -306,7 +306,9 @@ def _crd_column(col: dict[str, Any]) -> Column:
     return (str(col.get("name", "")), kind, str(col.get("format", "")), int(col.get("priority", 0)), cell)
 
 
-_STEP = re.compile(r"\.([A-Za-z0-9_\-/]+)|\[(\d+|\*)\]|\[\?\(@\.([A-Za-z0-9_.]+)\s*==\s*[\"']([^\"']*)[\"']\)\]")
+_STEP = re.compile(
+    r"\.([A-Za-z0-9_\-/]+)|\[(\d+|\*)\]|\[\?\(@\.([A-Za-z0-9_.]+)\s*==\s*[\"']([^\"']*)[\"']\)\]", re.ASCII
+)
 
 
 def jsonpath(obj: Any, path: str) -> list[Any]:

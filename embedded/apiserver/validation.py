@@ -29,6 +29,7 @@ from embedded.apiserver._schemas_errors import (
 from embedded.apiserver._schemas_load import definitions, find_definition
 from embedded.apiserver.conversion import GROUP as RESOURCE_GROUP
 from embedded.apiserver.conversion import convert_resource
+from shared.numbers import decimal_int
 
 __all__ = [
     "UNKNOWN_FIELD",
@@ -434,7 +435,8 @@ def _split_path(path: str) -> list[str | int]:
                 parts.append(token)
             end = path.index("]", i)
             inner = path[i + 1 : end]
-            parts.append(int(inner) if inner.isdigit() else inner)
+            index = decimal_int(inner)
+            parts.append(inner if index is None else index)
             token = ""
             i = end
         else:

@@ -22,6 +22,7 @@ from embedded.apiserver import errors, protobuf, tables, versions
 from embedded.apiserver.resources import Resource
 from embedded.apiserver.selectors import Matcher
 from embedded.apiserver.storage import Change, Expired, ObjKey, Store
+from shared.numbers import decimal_int
 
 _encode = msgspec.json.encode
 _EVENT_HEAD = {t: b'{"type":"' + t.encode() + b'","object":' for t in ("ADDED", "MODIFIED", "DELETED")}
@@ -91,11 +92,10 @@ class WatchHub:
                     if self._matches(wr, obj):
                         initial.append(("ADDED", obj, key))
             else:
-                try:
-                    since = int(rv_text)
-                except ValueError:
+                since = decimal_int(rv_text)
+                if since is None:
                     store.unwatch(watcher)
-                    raise errors.bad_request(f"invalid resourceVersion {rv_text!r}: it must be an integer") from None
+                    raise errors.bad_request(f"invalid resourceVersion {rv_text!r}: it must be an integer")
                 for change in store.changes_since(since, wr.res.key, wr.namespace):
                     ev = self.translate(wr, change)
                     if ev is not None:

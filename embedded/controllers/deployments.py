@@ -34,6 +34,7 @@ from shared.kube.informer import Informer, Obj, key_of, uid_of
 from shared.kube.resources import DEPLOYMENTS, REPLICASETS, Kube
 from shared.kube.rest import ApiError
 from shared.logs import get_logger
+from shared.numbers import decimal_int
 from shared.telemetry import get_tracer
 
 log = get_logger(__name__)
@@ -71,7 +72,7 @@ def replicas_of(obj: Obj) -> int:
 
 def revision_of(rs: Obj) -> int:
     text = str(((rs.get("metadata") or {}).get("annotations") or {}).get(REVISION) or "0")
-    return int(text) if text.isdigit() else 0
+    return decimal_int(text) or 0
 
 
 def _resolve(value: Any, total: int, round_up: bool) -> int:

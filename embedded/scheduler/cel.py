@@ -40,7 +40,7 @@ MAX_EXPRESSION_LENGTH = 10 * 1024
 INLINE_COST = 10_000  # estimated cost units a selector may have and still run on the caller's thread
 COST_LIMIT_MESSAGE = "cel evaluation error: operation cancelled: actual cost limit exceeded"
 # `device.attributes['dom']` / `device.capacity["dom"]`: an unknown domain is an empty map, not an error.
-_DOMAIN_LOOKUP = re.compile(r"device\s*\.\s*(attributes|capacity)\s*\[\s*(['\"])([^'\"]+)\2\s*\]")
+_DOMAIN_LOOKUP = re.compile(r"device\s*\.\s*(attributes|capacity)\s*\[\s*(['\"])([^'\"]+)\2\s*\]", re.ASCII)
 _QUOTED_MESSAGE = re.compile(r"Python function call failed: \w+: (.*?)\. Check function arguments")
 # Every mention of `device` must be one of these for a selector's result to be cached by projection.
 _DEVICE_WORD = re.compile(r"\bdevice\b")

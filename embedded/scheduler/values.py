@@ -11,6 +11,7 @@ import re
 from fractions import Fraction
 from functools import lru_cache
 
+from shared.numbers import decimal_int
 from shared.quantity import QuantityError, parse_quantity
 
 __all__ = [
@@ -27,7 +28,8 @@ __all__ = [
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?"
-    r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?$"
+    r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?\Z",
+    re.ASCII,
 )
 
 
@@ -63,7 +65,7 @@ def parse_semver(text: str, normalize: bool = False) -> Semver:
     """Strict semver (`550.54.15`, `1.2.3-rc.1`); with `normalize`, `v1.2` -> 1.2.0 and leading zeros drop."""
     candidate = text.strip() if isinstance(text, str) else ""
     if normalize:
-        loose = re.match(r"^(\d+(?:\.\d+){0,2})(.*)\Z", candidate.removeprefix("v"))
+        loose = re.match(r"^(\d+(?:\.\d+){0,2})(.*)\Z", candidate.removeprefix("v"), re.ASCII)
         if loose is not None:
             parts = [str(int(p)) for p in loose.group(1).split(".")]
             candidate = ".".join(parts + ["0"] * (3 - len(parts))) + loose.group(2)
@@ -75,7 +77,7 @@ def parse_semver(text: str, normalize: bool = False) -> Semver:
 
 
 def _pre_key(pre: tuple[str, ...]) -> tuple[tuple[int, int, str], ...]:
-    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in pre)
+    return tuple((1, 0, p) if (n := decimal_int(p)) is None else (0, n, "") for p in pre)
 
 
 def compare_semver(a: Semver, b: Semver) -> int:

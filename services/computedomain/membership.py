@@ -41,6 +41,7 @@ from shared.events.catalog import CD_MEMBER, CD_MEMBER_LEFT, CD_MEMBERS_BUCKET, 
 from shared.events.computedomain import DomainMember, MemberLeft, MemberStatus
 from shared.jetstream import WATCH_INACTIVE_S
 from shared.logs import get_logger
+from shared.numbers import decimal_int
 
 log = get_logger(__name__)
 
@@ -143,8 +144,9 @@ class Membership:
             await self._listing(f"{index_prefix(domain_uid, clique_id)}.{index}.*")
         ).items():
             number, node = key.rsplit(".", 2)[1:]
-            if number.isdigit() and (assigned is None or node in assigned):
-                bids.append((revision, int(number), node))
+            seat = decimal_int(number)
+            if seat is not None and (assigned is None or node in assigned):
+                bids.append((revision, seat, node))
         return [(number, node) for _rev, number, node in sorted(bids)]
 
     async def holders(self, domain_uid: str, clique_id: str, index: str = "*") -> dict[int, str]:

@@ -22,6 +22,7 @@ from shared.claimconfigs import (
     select,
 )
 from shared.devicemodel import GPU_DRIVER, parse_mig_name
+from shared.numbers import decimal_int
 
 Obj = dict[str, Any]
 DeviceType = Literal["gpu", "mig", "partition"]
@@ -156,24 +157,24 @@ def quantity_bytes(text: str) -> int:
     """`80Gi` -> bytes; 0 for what is not a plain quantity (the page shows no memory then)."""
     text = str(text or "").strip()
     for suffix in sorted(_SUFFIX, key=len, reverse=True):
-        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
-            return int(text[: -len(suffix)]) * _SUFFIX[suffix]
-    return int(text) if text.isdigit() else 0
+        if text.endswith(suffix) and (count := decimal_int(text[: -len(suffix)])) is not None:
+            return count * _SUFFIX[suffix]
+    return decimal_int(text) or 0
 
 
 def _slots(dev: Obj) -> list[int]:
     """The memory slices a device covers: static MIG capacity `memorySlice<i>`, or dynamic counters
     `memory-slice-<i>` it consumes."""
     found = [
-        int(k[len("memorySlice") :])
+        i
         for k in (dev.get("capacity") or {})
-        if k.startswith("memorySlice") and k[len("memorySlice") :].isdigit()
+        if k.startswith("memorySlice") and (i := decimal_int(k[len("memorySlice") :])) is not None
     ]
     for use in dev.get("consumesCounters") or []:
         found += [
-            int(k[len("memory-slice-") :])
+            i
             for k in (use.get("counters") or {})
-            if k.startswith("memory-slice-") and k[len("memory-slice-") :].isdigit()
+            if k.startswith("memory-slice-") and (i := decimal_int(k[len("memory-slice-") :])) is not None
         ]
     return sorted(set(found))
 
@@ -281,8 +282,7 @@ def claim_sharing(claim: Obj) -> dict[int, Sharing]:
 
 
 def _count(text: Any) -> int | None:
-    value = str(text if text is not None else "").strip()
-    return int(value) if value.isdigit() else None
+    return decimal_int(str(text if text is not None else "").strip())
 
 
 def result_share(result: Obj) -> Share | None:
@@ -376,7 +376,7 @@ def _device(
         mig_slots = len(slots)  # a partitionable full GPU consumes every memory slice of its counter set
     memory = quantity_bytes(((dev.get("capacity") or {}).get("memory") or {}).get("value", ""))
     taints = _taints(dev)
-    xid = next((int(t.value) for t in taints if t.key == XID_TAINT and t.value.isdigit()), None)
+    xid = next((x for t in taints if t.key == XID_TAINT and (x := decimal_int(t.value)) is not None), None)
     live = health.get(name) or (health.get(parent) if parent else None)
     if xid is None and live is not None and live.unhealthy and live.xid:
         xid = live.xid
@@ -471,8 +471,8 @@ def _device_order(d: Device) -> tuple[int, int, int, str]:
     parsed = parse_mig_name(d.name)
     if parsed:
         return (parsed[0], 1, parsed[3], d.name)
-    minor = d.name.removeprefix("gpu-")
-    return (int(minor) if minor.isdigit() else 1 << 20, 0, 0, d.name)
+    minor = decimal_int(d.name.removeprefix("gpu-"))
+    return (1 << 20 if minor is None else minor, 0, 0, d.name)
 
 
 def group_name(node: Node) -> str:

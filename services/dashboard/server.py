@@ -29,6 +29,7 @@ from services.dashboard.pending import PendingPod
 from services.dashboard.state import FleetState
 from shared.kube.rest import ApiError
 from shared.logs import get_logger
+from shared.numbers import decimal_int
 
 log = get_logger(__name__)
 Explainer = Callable[[str, str], Awaitable[str]]  # (namespace, pod) -> `gpu-dra explain` text
@@ -353,9 +354,10 @@ def make_app(
 def parse_listen(listen: str) -> tuple[str, int]:
     """`HOST:PORT` or `:PORT` -> (host, port); ValueError naming the form."""
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    number = decimal_int(port)
+    if not sep or number is None or not 0 <= number <= 65535:
         raise ValueError(f"--listen {listen!r}: give HOST:PORT, e.g. 127.0.0.1:8765 or :8765")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    return host.strip("[]") or "0.0.0.0", number
 
 
 @contextlib.asynccontextmanager

@@ -12,6 +12,7 @@ import msgspec
 import yaml
 
 from services.discovery import profiles
+from shared.numbers import decimal_int
 
 
 class MachineError(ValueError):
@@ -59,7 +60,7 @@ class MachineSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return msgspec.json.encode(self).decode()
 
 
-_PART = re.compile(r"^(?P<profile>[a-z0-9.\-]+?)(?:x(?P<count>\d+))?(?::(?P<opts>[a-z0-9=,]+))?\Z")
+_PART = re.compile(r"^(?P<profile>[a-z0-9.\-]+?)(?:x(?P<count>\d+))?(?::(?P<opts>[a-z0-9=,]+))?\Z", re.ASCII)
 MAX_GPUS = 16
 
 
@@ -83,9 +84,10 @@ def parse_spec(spec: str) -> MachineSpec:
                 mig = True
             elif opt.startswith("clique="):
                 value = opt.split("=", 1)[1]
-                if not value.isdigit():
+                number = decimal_int(value)
+                if number is None:
                     raise MachineError(f"clique={value!r} in {part!r}: the clique is a number, e.g. clique=7")
-                clique = int(value)
+                clique = number
             else:
                 raise MachineError(f"unknown --simulate option {opt!r} in {part!r}; valid: mig, clique=N")
         gpus.append(
@@ -157,7 +159,7 @@ def validate(machine: MachineSpec, source: str = "--simulate") -> None:
             used |= span
     if total > MAX_GPUS:
         raise MachineError(f"{source}: {total} GPUs is more than the {MAX_GPUS} a node may simulate")
-    if machine.driver_version is not None and not re.match(r"^\d+\.\d+(\.\d+)?\Z", machine.driver_version):
+    if machine.driver_version is not None and not re.match(r"^\d+\.\d+(\.\d+)?\Z", machine.driver_version, re.ASCII):
         raise MachineError(f"{source}: driver_version {machine.driver_version!r} must look like 550.163.01")
-    if machine.cuda_version is not None and not re.match(r"^\d+\.\d+\Z", machine.cuda_version):
+    if machine.cuda_version is not None and not re.match(r"^\d+\.\d+\Z", machine.cuda_version, re.ASCII):
         raise MachineError(f"{source}: cuda_version {machine.cuda_version!r} must look like 12.4")

@@ -17,7 +17,7 @@ from shared.kube.versions import best_version
 SUPPORTED_VERSIONS = ("v1", "v1beta1")
 Layout = Literal["beside-devices", "counters-only-slice"]
 
-_MINOR = re.compile(r"^(\d+)")
+_MINOR = re.compile(r"^(\d+)", re.ASCII)
 
 
 class ApiDiscoveryError(RuntimeError):

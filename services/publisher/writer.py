@@ -22,6 +22,7 @@ from services.publisher.slices import DRIVERS, DesiredPool
 from shared.backoff import Backoff
 from shared.kube import rest as kube
 from shared.logs import get_logger
+from shared.numbers import decimal_int
 from shared.telemetry import get_tracer
 
 log = get_logger(__name__)
@@ -95,7 +96,8 @@ _LIST = msgspec.json.Decoder(SliceList)
 
 
 def _rv(value: str) -> int:
-    return int(value) if value.isdigit() else -1
+    number = decimal_int(value)
+    return -1 if number is None else number
 
 
 class SliceStore:

@@ -60,7 +60,7 @@ def gate_prefix(node: str, role: str) -> str:
     return f"{GATE_SUBJECT}.{node}.{role}"
 
 
-_TOKEN = re.compile(r"\{(\w+)\}")
+_TOKEN = re.compile(r"\{(\w+)\}", re.ASCII)
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9_\-]+")  # fullmatch only: `$` would let a trailing newline through
 
 

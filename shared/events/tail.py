@@ -29,7 +29,7 @@ from shared.events.claims import ClaimEventKind
 from shared.natstarget import Target, add_target_flags, resolve_target
 
 CLAIM_STEPS: tuple[str, ...] = get_args(ClaimEventKind)
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)\Z")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)\Z", re.ASCII)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

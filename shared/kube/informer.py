@@ -36,6 +36,7 @@ from shared.kube.resources import Kube, Resource
 from shared.kube.rest import ApiError, Gone
 from shared.kube.timestamps import k8s_time
 from shared.logs import get_logger
+from shared.numbers import decimal_int
 
 log = get_logger(__name__)
 Obj = dict[str, Any]
@@ -66,7 +67,7 @@ def controller_of(obj: Obj | None) -> Obj | None:
 def resource_version(obj: Obj) -> int | None:
     """The object's resourceVersion as a number (the embedded server's are), or None."""
     text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-    return int(text) if text.isdigit() else None
+    return decimal_int(text)
 
 
 async def until_synced(synced: Iterable[asyncio.Event], stopping: asyncio.Event) -> bool:

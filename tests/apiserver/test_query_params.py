@@ -56,3 +56,9 @@ async def test_a_watch_with_a_bad_timeout_is_refused_and_a_good_one_ends_the_str
     async with http.session.get(url, headers=headers, ssl=False) as resp:
         assert resp.status == 200
         await asyncio.wait_for(resp.read(), 10)  # the server ends the stream at its timeout
+
+
+@pytest.mark.parametrize("value", ["1_0", "%D9%A1"])
+async def test_a_watch_from_a_resource_version_that_is_not_an_integer_is_refused(http: Http, value: str) -> None:
+    status, body, _ = await http("GET", f"{CMS}?watch=true&resourceVersion={value}")
+    assert status == 400 and body["reason"] == "BadRequest" and "invalid resourceVersion" in body["message"]

@@ -42,9 +42,9 @@ from shared.logs import get_logger
 
 log = get_logger(__name__)
 
-_GPU_NAME = re.compile(r"^gpu-(\d+)\Z")
-_MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)\Z")
-_VFIO_NAME = re.compile(r"^gpu-vfio-(\d+)\Z")
+_GPU_NAME = re.compile(r"^gpu-(\d+)\Z", re.ASCII)
+_MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)\Z", re.ASCII)
+_VFIO_NAME = re.compile(r"^gpu-vfio-(\d+)\Z", re.ASCII)
 
 
 class DeviceError(RuntimeError):

@@ -1,6 +1,6 @@
-"""Names, label values and schema patterns are matched whole, as the Go API server matches them: a value with a
-trailing newline, which a Python `$` lets through, is refused with 422 and stores nothing; the same value
-without it is accepted."""
+"""Names, label values, quantities and schema patterns are matched as the Go API server matches them: whole (a
+trailing newline, which a Python `$` lets through, is refused) and with ASCII digits only (Python's `\\d` takes
+every script's digits); such a value is refused with 422 and stores nothing, the plain value is accepted."""
 
 from __future__ import annotations
 
@@ -34,7 +34,10 @@ STEP_CRD: dict[str, Any] = {
                             "spec": {
                                 "type": "object",
                                 # the NodeConfig CRD's memoryStep pattern (deploy/kubernetes/base/crds)
-                                "properties": {"memoryStep": {"type": "string", "pattern": "^[0-9]+(Mi|Gi|Ti)$"}},
+                                "properties": {
+                                    "memoryStep": {"type": "string", "pattern": "^[0-9]+(Mi|Gi|Ti)$"},
+                                    "count": {"type": "string", "pattern": "^\\d+$"},
+                                },
                             }
                         },
                     }
@@ -94,3 +97,59 @@ async def test_a_schema_pattern_is_matched_to_the_end_of_the_value(api: RunningA
         assert (await custom.list_namespaced_custom_object(*args))["items"] == []
         made = await custom.create_namespaced_custom_object(*args, step("good", "10Gi"))
         assert made["spec"]["memoryStep"] == "10Gi"
+
+
+async def test_a_schema_pattern_digit_is_an_ascii_digit(api: RunningApiServer) -> None:
+    async with api.client() as c:
+        await client.ApiextensionsV1Api(c).create_custom_resource_definition(copy.deepcopy(STEP_CRD))
+        custom = client.CustomObjectsApi(c)
+        args = ("example.com", "v1", "default", "steps")
+
+        def step(name: str, count: str) -> dict[str, Any]:
+            return {
+                "apiVersion": "example.com/v1",
+                "kind": "Step",
+                "metadata": {"name": name},
+                "spec": {"count": count},
+            }
+
+        with pytest.raises(ApiException) as err:
+            await custom.create_namespaced_custom_object(*args, step("bad", "١٢"))
+        assert err.value.status == 422 and _causes(err.value) == ["spec.count"]
+        assert (await custom.create_namespaced_custom_object(*args, step("good", "12")))["spec"]["count"] == "12"
+
+
+async def test_a_quantity_in_other_digits_is_refused(api: RunningApiServer) -> None:
+    async with api.client() as c:
+        core = client.CoreV1Api(c)
+
+        def pod(name: str, memory: str) -> dict[str, Any]:
+            container = {"name": "c", "image": "x", "resources": {"limits": {"memory": memory}}}
+            return {"metadata": {"name": name}, "spec": {"containers": [container]}}
+
+        with pytest.raises(ApiException) as err:
+            await core.create_namespaced_pod("default", pod("bad", "١٠Gi"))
+        assert err.value.status in (400, 422), err.value.body
+        with pytest.raises(ApiException) as gone:
+            await core.read_namespaced_pod("bad", "default")
+        assert gone.value.status == 404
+        made = await core.create_namespaced_pod("default", pod("good", "10Gi"))
+        assert made.spec.containers[0].resources.limits == {"memory": "10Gi"}
+
+
+async def test_a_json_patch_index_in_other_digits_is_a_clear_error(api: RunningApiServer) -> None:
+    async with api.client() as c:
+        core = client.CoreV1Api(c)
+        kept = {"name": "cm", "finalizers": ["example.com/kept"]}
+        await core.create_namespaced_config_map("default", {"metadata": kept, "data": {"a": "1"}})
+        for index in ("²", "١"):
+            with pytest.raises(ApiException) as err:
+                await core.patch_namespaced_config_map(
+                    "cm",
+                    "default",
+                    [{"op": "replace", "path": f"/metadata/finalizers/{index}", "value": "example.com/x"}],
+                    _content_type="application/json-patch+json",
+                )  # type: ignore[call-arg]  # not in its stubs
+            assert err.value.status in (400, 422) and "invalid array index" in str(err.value.body), err.value.body
+        got = await core.read_namespaced_config_map("cm", "default")
+        assert got.metadata.finalizers == ["example.com/kept"] and got.data == {"a": "1"}
