@@ -63,7 +63,7 @@ class Semver(tuple[int, int, int, tuple[str, ...]]):
 @lru_cache(maxsize=4096)
 def parse_semver(text: str, normalize: bool = False) -> Semver:
     """Strict semver (`550.54.15`, `1.2.3-rc.1`); with `normalize`, `v1.2` -> 1.2.0 and leading zeros drop."""
-    candidate = text.strip() if isinstance(text, str) else ""
+    candidate = text if isinstance(text, str) else ""  # no trimming: Go's semver parser takes none
     if normalize:
         loose = re.match(r"^(\d+(?:\.\d+){0,2})(.*)\Z", candidate.removeprefix("v"), re.ASCII)
         if loose is not None:

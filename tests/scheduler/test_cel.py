@@ -43,7 +43,8 @@ DEVICE: dict[str, Any] = {
         "device.attributes['gpu.nvidia.com'].driverVersion.isGreaterThan(semver('550.54.15'))",
         "device.attributes['gpu.nvidia.com'].driverVersion.compareTo(semver('550.163.1')) == 0",
         "device.attributes['gpu.nvidia.com'].cudaComputeCapability.major() == 8",
-        "semver('1.0.0-rc.1').isLessThan(semver('1.0.0')) && isSemver('1.2.3') && !isSemver('v1.2')",
+        "semver('1.0.0-rc.1').isLessThan(semver('1.0.0')) && isSemver('1.2.3') && !isSemver('v1.2')"
+        " && !isSemver(' 1.2.3') && !isSemver('1.2.3\\n') && !isSemver('1١.2.3')",
         "isQuantity('1e3') && !isQuantity('lots') && quantity('1k') == quantity('1e3')",
         "device.attributes['other.example.com'].size() == 0 && !('x' in device.attributes['gpu.nvidia.com'])",
         "has(device.attributes['gpu.nvidia.com'].productName) && !has(device.attributes['gpu.nvidia.com'].index)",
