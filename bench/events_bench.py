@@ -20,7 +20,7 @@ and without the slow consumer, alternating twice, for the fast consumers' latenc
 DRA_EVENTS shrunk to `--evict-bytes`, where the slow consumer loses what the stream evicts before it reads it.
 
 Run: `.venv/bin/python bench/events_bench.py [--seconds 60] [--rate 10000] [--slow-rate 1000]
-[--publishers 1] [--compare-seconds 15] [--compare-rate 2500] [--evict-bytes 8388608]
+[--publishers 1] [--consumer-mode pull|push] [--compare-seconds 15] [--compare-rate 2500] [--evict-bytes 8388608]
 [--out bench/results/events.json]`.
 """
 
@@ -243,6 +243,7 @@ class RunSpec:
     processes: bool = True  # each role a process of its own (the bench); False: tasks of this loop (the suite)
     give_up_s: float = 30.0
     stream_max_bytes: int = 0  # > 0: DRA_EVENTS' limit made this (what eviction costs a slow consumer)
+    consumer_mode: str = "pull"  # how the consumers take delivery: pull (fetch) or push (docs/events.md)
 
     @property
     def names(self) -> list[str]:
@@ -277,6 +278,7 @@ def _consumer(spec: RunSpec, name: str, url: str, creds: str, slow_gate: asyncio
         rate=spec.slow_rate if slow else 0.0,
         batch=100 if slow else 256,
         give_up_s=spec.give_up_s,
+        mode=spec.consumer_mode,
     )
     return Running("consumer", consumer, spec.processes, gate=slow_gate if slow else None)
 
@@ -374,8 +376,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     """The run asked for; a pair at `--compare-rate` (one the machine sustains) with and without the slow
     consumer, back to back; a run with DRA_EVENTS shrunk to `--evict-bytes` (what eviction costs)."""
     main_run = RunSpec(seconds=args.seconds, rate=args.rate, slow_rate=args.slow_rate, publishers=args.publishers,
-                       give_up_s=args.give_up_s)  # fmt: skip
-    out: dict[str, Any] = {"load_avg_1m_before": round(os.getloadavg()[0], 2), "with_slow": await run(main_run)}
+                       give_up_s=args.give_up_s, consumer_mode=args.consumer_mode)  # fmt: skip
+    out: dict[str, Any] = {"load_avg_1m_before": round(os.getloadavg()[0], 2), "consumer_mode": args.consumer_mode}
+    out["with_slow"] = await run(main_run)
     out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     if args.compare_seconds:
         out["pair"] = await _pair(dataclasses.replace(main_run, seconds=args.compare_seconds, rate=args.compare_rate))
@@ -423,6 +426,7 @@ def main() -> None:
     parser.add_argument("--compare-seconds", type=float, default=15.0, help="the pair's length; 0: no pair")
     parser.add_argument("--compare-rate", type=float, default=2_500.0, help="the pair's rate (sustained here)")
     parser.add_argument("--evict-bytes", type=int, default=8 << 20, help="the stream limit of the last run; 0: none")
+    parser.add_argument("--consumer-mode", choices=("pull", "push"), default="pull", help="how consumers take delivery")
     parser.add_argument("--give-up-s", type=float, default=60.0, help="a consumer idle this long reports what is lost")
     parser.add_argument("--out", default="bench/results/events.json")
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)

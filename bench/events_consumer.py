@@ -15,12 +15,13 @@ import asyncio
 import json
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import nats
 import nats.errors
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 STREAM = "DRA_EVENTS"
@@ -39,6 +40,9 @@ class ConsumerSpec:
     fetch_timeout_s: float = 0.1
     max_ack_pending: int = 1024  # >= batch: a fetch is never cut short by what is not acked yet
     give_up_s: float = 30.0  # told the total, and no new event for this long: stop and report what is missing
+    # pull: batches fetched (the recipe); push: the server delivers to a subject of the reader's inbox with flow
+    # control, and a callback takes each message (no fetch task per message: ~40% less CPU in nats-py)
+    mode: str = "pull"
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -67,43 +71,61 @@ async def consume(
         max_ack_pending=spec.max_ack_pending,
         ack_wait=30.0,
     )
+    if spec.mode == "push":  # delivered to the reader's own inbox space, paced by flow control and heartbeats
+        config.deliver_subject = f"_INBOX_reader_{spec.name}.deliver"
+        config.flow_control, config.idle_heartbeat = True, 5.0
     await js.add_consumer(STREAM, config)  # through $JS.API.CONSUMER.CREATE.DRA_EVENTS.<name>.<filter>
-    sub = await js.pull_subscribe_bind(durable, stream=STREAM)
     cpu0 = _cpu()
-    ready()
     seen: set[str] = set()
     latencies_ms: list[float] = []  # from the event's observed_at (minted by the preparer)
     stored_ms: list[float] = []  # from the stream's timestamp (JetStream stored it: the publish's ack)
-    duplicates = untraced = 0
-    first_at = last_at = 0.0
-    loop = asyncio.get_running_loop()
-    idle_since = loop.time()
-    while not (total.done() and (len(seen) >= total.result() or loop.time() - idle_since > spec.give_up_s)):
-        try:
-            msgs = await sub.fetch(spec.batch, timeout=spec.fetch_timeout_s)
-        except (TimeoutError, nats.errors.TimeoutError):
-            continue  # an idle stream; not an error (docs/events.md)
-        delivered = time.time()
-        first_at = first_at or delivered
-        for msg in msgs:
-            event = json.loads(msg.data)
-            headers = msg.headers or {}
-            event_id = headers.get("ce-id") or event["event_id"]
-            untraced += "traceparent" not in headers
-            if event_id in seen:
-                duplicates += 1
-            else:
-                seen.add(event_id)
-                latencies_ms.append((delivered - float(event["observed_at"])) * 1000)
-                stored_ms.append((delivered - msg.metadata.timestamp.timestamp()) * 1000)
-        if spec.rate:  # a slow consumer's work: 1/rate seconds an event
-            await asyncio.sleep(len(msgs) / spec.rate)
+    counts = {"duplicates": 0, "untraced": 0}
+    times = {"first": 0.0, "last": 0.0}
+
+    def note(msg: Msg, delivered: float) -> None:
+        event = json.loads(msg.data)
+        headers = msg.headers or {}
+        event_id = headers.get("ce-id") or event["event_id"]
+        counts["untraced"] += "traceparent" not in headers
+        if event_id in seen:
+            counts["duplicates"] += 1
+        else:
+            seen.add(event_id)
+            latencies_ms.append((delivered - float(event["observed_at"])) * 1000)
+            stored_ms.append((delivered - msg.metadata.timestamp.timestamp()) * 1000)
+        times["first"] = times["first"] or delivered
+
+    async def ack(batch: list[Msg]) -> None:  # processed, in order: one ack (ack_policy=all)
         if gate is not None:
             await gate.wait()
-        if msgs:  # processed, in order: one ack for the batch (ack_policy=all; a crash before it redelivers it)
-            await max(msgs, key=lambda m: m.metadata.sequence.stream).ack()
-        last_at = time.time()
+        await max(batch, key=lambda m: m.metadata.sequence.stream).ack()
+        times["last"] = time.time()
+
+    def finished(idle_s: float) -> bool:  # told the total: every event seen, or nothing new for give_up_s
+        return total.done() and (len(seen) >= total.result() or idle_s > spec.give_up_s)
+
+    loop = asyncio.get_running_loop()
+    if spec.mode == "push":
+        await _push(js, spec, durable, config, note, ack, finished, ready)
+    else:
+        sub = await js.pull_subscribe_bind(durable, stream=STREAM)
+        ready()
         idle_since = loop.time()
+        while not finished(loop.time() - idle_since):
+            try:
+                msgs = await sub.fetch(spec.batch, timeout=spec.fetch_timeout_s)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue  # an idle stream; not an error (docs/events.md)
+            delivered = time.time()
+            for msg in msgs:
+                note(msg, delivered)
+            if spec.rate:  # a slow consumer's work: 1/rate seconds an event
+                await asyncio.sleep(len(msgs) / spec.rate)
+            if msgs:  # a crash before the ack redelivers the batch
+                await ack(msgs)
+            idle_since = loop.time()
+    duplicates, untraced = counts["duplicates"], counts["untraced"]
+    first_at, last_at = times["first"], times["last"]
     await nc.flush()
     await nc.close()
     return {
@@ -120,6 +142,51 @@ async def consume(
         "last_at": last_at,
         "cpu_s": round(_cpu() - cpu0, 2),
     }
+
+
+async def _push(
+    js: Any,
+    spec: ConsumerSpec,
+    durable: str,
+    config: ConsumerConfig,
+    note: Callable[[Msg, float], None],
+    ack: Callable[[list[Msg]], Awaitable[None]],
+    finished: Callable[[float], bool],
+    ready: Callable[[], None],
+) -> None:
+    """Push delivery: the callback notes each message and acks every `batch` of them; a batch cut short by a
+    quiet `fetch_timeout_s` is acked then."""
+    pending: list[Msg] = []
+    arrived = asyncio.Event()
+
+    async def take(batch: list[Msg]) -> None:
+        pending.clear()
+        await ack(batch)
+
+    async def on_message(msg: Msg) -> None:
+        note(msg, time.time())
+        if spec.rate:  # a slow consumer's work: 1/rate seconds an event
+            await asyncio.sleep(1 / spec.rate)
+        pending.append(msg)
+        arrived.set()
+        if len(pending) >= spec.batch:
+            await take(pending[:])
+
+    sub = await js.subscribe_bind(STREAM, config, durable, cb=on_message, manual_ack=True)
+    ready()
+    loop = asyncio.get_running_loop()
+    idle_since = loop.time()
+    try:
+        while not finished(loop.time() - idle_since):
+            arrived.clear()
+            try:
+                await asyncio.wait_for(arrived.wait(), spec.fetch_timeout_s)
+                idle_since = loop.time()
+            except TimeoutError:
+                if pending:
+                    await take(pending[:])
+    finally:
+        await sub.unsubscribe()
 
 
 def _figures(values: list[float]) -> dict[str, float]:

@@ -4,7 +4,7 @@ process of its own, 10,000 events/s for 60 s).
 
 A real nats-server as `gpu-dra up` runs it (operator/account config, .creds per identity), DRA_EVENTS as
 `Bus.provision()` makes it, the preparer's own outbox and sender publishing, and two consumers as third parties
-write them (docs/events.md): each a `reader.<name>` identity with its own durable pull consumer. The slow one
+write them (docs/events.md): each a `reader.<name>` identity with its own durable consumer, pull or push. The slow one
 acks nothing until the fast one has had every event, so its backlog is certain, not a matter of timing.
 """
 
@@ -19,11 +19,11 @@ from bench.events_bench import RunSpec, run
 pytestmark = pytest.mark.timeout(60)
 
 
-async def test_a_slow_consumer_loses_nothing_and_holds_back_no_other_consumer() -> None:
+@pytest.mark.parametrize("mode", ["pull", "push"])
+async def test_a_slow_consumer_loses_nothing_and_holds_back_no_other_consumer(mode: str) -> None:
     gate = asyncio.Event()
-    out = await run(
-        RunSpec(seconds=2.5, rate=400, fast=1, slow_rate=2000, processes=False, give_up_s=10.0), slow_gate=gate
-    )
+    spec = RunSpec(seconds=2.5, rate=400, fast=1, slow_rate=2000, processes=False, give_up_s=10.0, consumer_mode=mode)
+    out = await run(spec, slow_gate=gate)
     total = out["events"]
     fast, slow = out["consumers"]["fast1"], out["consumers"]["slow"]
     assert total > 0 and out["publish"][0]["dropped"] == 0, out["publish"]
