@@ -16,7 +16,7 @@ import json
 import resource
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats
@@ -52,6 +52,32 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass
+class _Tally:
+    """What a consumer saw: each `ce-id`, the latencies of first sights, duplicates, untraced messages."""
+
+    seen: set[str] = field(default_factory=set)
+    latencies_ms: list[float] = field(default_factory=list)  # from the event's observed_at (the preparer's)
+    stored_ms: list[float] = field(default_factory=list)  # from the stream's timestamp (the publish's ack)
+    duplicates: int = 0
+    untraced: int = 0
+    first_at: float = 0.0
+    last_at: float = 0.0  # the last ack
+
+    def note(self, msg: Msg, delivered: float) -> None:
+        event = json.loads(msg.data)
+        headers = msg.headers or {}
+        event_id = headers.get("ce-id") or event["event_id"]
+        self.untraced += "traceparent" not in headers
+        if event_id in self.seen:
+            self.duplicates += 1
+        else:
+            self.seen.add(event_id)
+            self.latencies_ms.append((delivered - float(event["observed_at"])) * 1000)
+            self.stored_ms.append((delivered - msg.metadata.timestamp.timestamp()) * 1000)
+        self.first_at = self.first_at or delivered
+
+
 async def consume(
     spec: ConsumerSpec, ready: Callable[[], None], total: asyncio.Future[int], gate: asyncio.Event | None = None
 ) -> dict[str, Any]:
@@ -76,37 +102,21 @@ async def consume(
         config.flow_control, config.idle_heartbeat = True, 5.0
     await js.add_consumer(STREAM, config)  # through $JS.API.CONSUMER.CREATE.DRA_EVENTS.<name>.<filter>
     cpu0 = _cpu()
-    seen: set[str] = set()
-    latencies_ms: list[float] = []  # from the event's observed_at (minted by the preparer)
-    stored_ms: list[float] = []  # from the stream's timestamp (JetStream stored it: the publish's ack)
-    counts = {"duplicates": 0, "untraced": 0}
-    times = {"first": 0.0, "last": 0.0}
-
-    def note(msg: Msg, delivered: float) -> None:
-        event = json.loads(msg.data)
-        headers = msg.headers or {}
-        event_id = headers.get("ce-id") or event["event_id"]
-        counts["untraced"] += "traceparent" not in headers
-        if event_id in seen:
-            counts["duplicates"] += 1
-        else:
-            seen.add(event_id)
-            latencies_ms.append((delivered - float(event["observed_at"])) * 1000)
-            stored_ms.append((delivered - msg.metadata.timestamp.timestamp()) * 1000)
-        times["first"] = times["first"] or delivered
+    tally = _Tally()
+    seen = tally.seen
 
     async def ack(batch: list[Msg]) -> None:  # processed, in order: one ack (ack_policy=all)
         if gate is not None:
             await gate.wait()
         await max(batch, key=lambda m: m.metadata.sequence.stream).ack()
-        times["last"] = time.time()
+        tally.last_at = time.time()
 
     def finished(idle_s: float) -> bool:  # told the total: every event seen, or nothing new for give_up_s
         return total.done() and (len(seen) >= total.result() or idle_s > spec.give_up_s)
 
     loop = asyncio.get_running_loop()
     if spec.mode == "push":
-        await _push(js, spec, durable, config, note, ack, finished, ready)
+        await _push(js, spec, durable, config, tally.note, ack, finished, ready)
     else:
         sub = await js.pull_subscribe_bind(durable, stream=STREAM)
         ready()
@@ -118,28 +128,26 @@ async def consume(
                 continue  # an idle stream; not an error (docs/events.md)
             delivered = time.time()
             for msg in msgs:
-                note(msg, delivered)
+                tally.note(msg, delivered)
             if spec.rate:  # a slow consumer's work: 1/rate seconds an event
                 await asyncio.sleep(len(msgs) / spec.rate)
             if msgs:  # a crash before the ack redelivers the batch
                 await ack(msgs)
             idle_since = loop.time()
-    duplicates, untraced = counts["duplicates"], counts["untraced"]
-    first_at, last_at = times["first"], times["last"]
     await nc.flush()
     await nc.close()
     return {
         "name": spec.name,
         "slow_rate": spec.rate,
-        "received": len(seen) + duplicates,
+        "received": len(seen) + tally.duplicates,
         "distinct": len(seen),
         "missing": (total.result() if total.done() else -1) - len(seen),
-        "duplicates": duplicates,
-        "without_traceparent": untraced,
-        "latency_ms": _figures(latencies_ms),
-        "stored_to_delivered_ms": _figures(stored_ms),
-        "first_at": first_at,
-        "last_at": last_at,
+        "duplicates": tally.duplicates,
+        "without_traceparent": tally.untraced,
+        "latency_ms": _figures(tally.latencies_ms),
+        "stored_to_delivered_ms": _figures(tally.stored_ms),
+        "first_at": tally.first_at,
+        "last_at": tally.last_at,
         "cpu_s": round(_cpu() - cpu0, 2),
     }
 
