@@ -75,7 +75,7 @@ from shared.natsconn import (
     node_identity,
 )
 from shared.natskv import CONSUMER_PENDING, TypedKV, decode_body, encode, note_pending
-from shared.telemetry import extract_context, get_tracer, inject_headers
+from shared.telemetry import extract_context, get_tracer, inject_headers, spans_made, traceparent_context
 
 __all__ = [
     "PUBLISH_RETRY_S",
@@ -314,23 +314,39 @@ class Bus:
 
     @contextlib.contextmanager
     def _outgoing(
-        self, entry: Entry, message: Message, msg_id: str | None, durable: bool, tokens: dict[str, str]
+        self,
+        entry: Entry,
+        message: Message,
+        msg_id: str | None,
+        durable: bool,
+        tokens: dict[str, str],
+        traceparent: str | None = None,
     ) -> Iterator[tuple[str, bytes, dict[str, str]]]:
-        """An event's subject, body and headers, inside its producer span (which ends with the block)."""
+        """An event's subject, body and headers, inside its producer span (which ends with the block). The
+        span's parent is the current span, or the one `traceparent` names (a stored context: "" for none).
+        Where no SDK makes spans there is no span to start: the headers carry the parent's context as is."""
         if not isinstance(message, entry.message):
             raise TypeError(f"{entry.name} carries {entry.message.__name__}, not {type(message).__name__}")
         subject = entry.format(**tokens)
+        # every durable publish carries a message id, so a retry is de-duplicated by the stream; the
+        # id (given or drawn) is also the CloudEvents id of an event that has no event id of its own
+        event_id = msg_id or uuid.uuid4().hex
+        headers = cloudevents.headers(entry, message, subject, event_id, self.name)
+        if msg_id or durable:
+            headers["Nats-Msg-Id"] = event_id
+        if not spans_made():
+            if traceparent is None:
+                headers = inject_headers(headers)
+            elif traceparent:
+                headers["traceparent"] = traceparent
+            yield subject, encode(message), headers
+            return
         with tracer.start_as_current_span(
             f"publish {entry.name}",
+            context=None if traceparent is None else traceparent_context(traceparent),
             kind=SpanKind.PRODUCER,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject},
         ):
-            # every durable publish carries a message id, so a retry is de-duplicated by the stream; the
-            # id (given or drawn) is also the CloudEvents id of an event that has no event id of its own
-            event_id = msg_id or uuid.uuid4().hex
-            headers = cloudevents.headers(entry, message, subject, event_id, self.name)
-            if msg_id or durable:
-                headers["Nats-Msg-Id"] = event_id
             yield subject, encode(message), inject_headers(headers)
 
     async def publish(
@@ -351,12 +367,14 @@ class Bus:
         message: Message,
         *,
         msg_id: str,
+        traceparent: str | None = None,
         **tokens: str,
     ) -> asyncio.Future[Any]:
         """Send a durable event to JetStream without waiting for its store: the future of its ack (a
         JetStream error or NoStreamResponseError as its exception; await it with a timeout). For a sender
-        that has many in flight at once; the publish span ends when the message is sent."""
-        with self._outgoing(entry, message, msg_id, True, tokens) as (subject, payload, headers):
+        that has many in flight at once; the publish span (the child of the current span, or of the one a
+        stored `traceparent` names) ends when the message is sent."""
+        with self._outgoing(entry, message, msg_id, True, tokens, traceparent) as (subject, payload, headers):
             publish: Any = self.js.publish_async
             future: asyncio.Future[Any] = await publish(subject, payload, headers=headers)
         return future

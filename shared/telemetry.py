@@ -110,6 +110,13 @@ def current_traceparent() -> str:
     return inject_headers().get("traceparent", "")
 
 
+def spans_made() -> bool:
+    """Whether this process makes spans: `setup_telemetry` (the one way a service installs a provider)
+    installed the SDK's. False while the API's no-op tracer stands, whose spans only carry the current
+    context through: where that is all a span would do, a caller may carry the context itself."""
+    return _provider is not None
+
+
 def traceparent_context(traceparent: str) -> otel_context.Context:
     """A context whose parent is the span a stored `traceparent` names (empty context if none)."""
     return _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else otel_context.Context()

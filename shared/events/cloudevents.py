@@ -11,6 +11,8 @@ publishing service; `ce-subject` is the NATS subject; `ce-time` is when the prod
 from __future__ import annotations
 
 import datetime
+import functools
+import math
 
 from shared.events.base import Message, now_unix
 from shared.events.catalog import Entry
@@ -20,21 +22,33 @@ TYPE_PREFIX = "com.nvidia.gpu.dra"
 CONTENT_TYPE = "application/json"
 
 
+@functools.cache  # a catalog entry's type and a service's source never change: made once, not per event
 def event_type(entry: Entry) -> str:
     """`com.nvidia.gpu.dra.<subject version>.<entry name>`, e.g. com.nvidia.gpu.dra.v1.claim-lifecycle."""
     version = entry.subject.split(".")[1]
     return f"{TYPE_PREFIX}.{version}.{entry.name}"
 
 
+@functools.lru_cache(maxsize=64)
 def source(publisher: str) -> str:
     """The CloudEvents source (a URI reference) of a publishing service, e.g. /gpu-dra/preparer-gpu-node-0."""
     return f"/gpu-dra/{publisher}"
 
 
 def rfc3339(unix_s: float) -> str:
-    return (
-        datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-    )
+    """`2026-12-06T20:53:07.123456Z`: UTC, to the microsecond (rounded half to even, as datetime rounds)."""
+    fraction, whole = math.modf(unix_s)  # split first, as datetime does: the microseconds of the fraction
+    micros = round(fraction * 1e6)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1, micros - 1_000_000
+    elif micros < 0:
+        whole, micros = whole - 1, micros + 1_000_000
+    return f"{_second(int(whole))}.{micros:06d}Z"
+
+
+@functools.lru_cache(maxsize=4)  # the events of one second share it: formatted once, not per event
+def _second(unix_s: int) -> str:
+    return datetime.datetime.fromtimestamp(unix_s, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def headers(entry: Entry, message: Message, subject: str, fallback_id: str, publisher: str) -> dict[str, str]:

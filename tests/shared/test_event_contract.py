@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -343,6 +345,16 @@ async def test_events_tail_replays_and_filters_by_namespace(nats_server: Embedde
 
 def test_cloudevents_type_names_the_subject_version() -> None:
     assert cloudevents.event_type(catalog.CLAIM) == "com.nvidia.gpu.dra.v1.claim-lifecycle"
+
+
+def test_cloudevents_time_is_the_microsecond_datetime_writes() -> None:
+    """`ce-time` is formatted per second once, not per event: the same text as datetime's, rounding included
+    (half to even on the fraction's microseconds, a fraction that rounds up carried into the next second)."""
+    rng = random.Random(5075)
+    edges = [0.0, 1e-7, 5e-7, 1.5e-6, 2.5e-6, -0.5, -1.0000004, 1796586156.9999996, 1796586156.9999994]
+    for unix_s in edges + [rng.uniform(0, 4e9) for _ in range(20_000)]:
+        want = datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat(timespec="microseconds")
+        assert cloudevents.rfc3339(unix_s) == want.replace("+00:00", "Z"), unix_s
 
 
 def test_telemetry_is_in_the_exported_contract_and_in_no_stream(tmp_path: Path) -> None:

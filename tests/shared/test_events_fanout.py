@@ -33,4 +33,4 @@ async def test_a_slow_consumer_loses_nothing_and_holds_back_no_other_consumer(mo
     assert slow["lag_when_fast_ones_done"] == total, slow
     # ...and the slow one, once it went on, lost nothing and got nothing twice
     assert slow["distinct"] == total and slow["missing"] == 0 and slow["duplicates"] == 0, slow
-    assert fast["without_traceparent"] == slow["without_traceparent"] == 0
+    assert fast["without_claims_traceparent"] == slow["without_claims_traceparent"] == 0

@@ -26,8 +26,6 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from opentelemetry import context as otel_context
-
 from services.preparer.host.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Outbox, OutboxRecord
 from shared.bus import Bus
 from shared.events import catalog
@@ -41,7 +39,7 @@ from shared.events.claims import (
     claim_event_id,
 )
 from shared.logs import get_logger
-from shared.telemetry import current_traceparent, traceparent_context
+from shared.telemetry import current_traceparent
 
 log = get_logger(__name__)
 
@@ -176,13 +174,12 @@ class LifecycleEvents:
         for seq, record in batch:
             event = record.event
             assert event is not None
-            # the publish continues the trace of the span that caused the event, not the sender's
-            token = otel_context.attach(traceparent_context(record.traceparent))
-            try:
+            try:  # the publish continues the trace of the span that caused the event, not the sender's
                 future = await self.bus.publish_nowait(
                     catalog.CLAIM,
                     event,
                     msg_id=record.msg_id,
+                    traceparent=record.traceparent,
                     namespace=subject_token(event.claim_namespace),
                     node=subject_token(event.node),
                     event=event.event,
@@ -190,8 +187,6 @@ class LifecycleEvents:
             except Exception as exc:  # noqa: BLE001 - it stays in the outbox; retried
                 log.info("lifecycle event not sent yet; will retry", error=str(exc) or type(exc).__name__)
                 break
-            finally:
-                otel_context.detach(token)
             in_flight.append((seq, future))
         stored: list[int] = []
         if not in_flight:
