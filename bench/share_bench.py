@@ -1,17 +1,19 @@
 """Share benchmark: prepare (and unprepare) of one more share of a GPU already shared vs of a whole GPU.
 
-    .venv/bin/python bench/share_bench.py [--cycles 200] [--warmup 20] [--runs 1] [--out bench/results/share.json]
+    .venv/bin/python bench/share_bench.py [--cycles 200] [--warmup 20] [--runs 1] [--residents 1]
+        [--out bench/results/share.json]
 
 The harness of tests/preparer/test_shares.py: the preparer on its real unix sockets (gRPC from the kubelet
 emulator), discovery in-process on simulated H100s running a fake driver root's binaries (tests/fakedriver.py)
-over a real nats-server, claims in memory. gpu-0 keeps one resident share all along, so its MPS daemon stays
-up; each `share` cycle prepares and unprepares one more share of gpu-0 (a new claim each time), each `whole`
-cycle a claim of all of gpu-1. Each cycle runs both kinds, in an order drawn from a seeded generator (the machine
-is noisy: medians of interleaved cycles compare, and so does the median of each cycle's share/whole pair). Not a
-strict alternation: its period (8 RPCs) divides the preparer's heap trim period (64 RPCs, host/server.py), so
-every trim fell on the same kind of call, adding ~0.8 points to the ratio. Prints p50/p90 of
-each and the ratios; writes them to --out (with --runs N, the last run's figures, each run's ratios, and
-their median and range over the runs: a run's ratio moves by about a point from one run to the next).
+over a real nats-server, claims in memory. gpu-0 keeps `--residents` shares (of other tenants) all along, so
+its MPS daemon stays up and each new share has that many co-holders to be checked against; each `share` cycle
+prepares and unprepares one more share of gpu-0 (a new claim each time), each `whole` cycle a claim of all of
+gpu-1. Each cycle runs both kinds, in an order drawn from a seeded generator (the machine is noisy: medians of
+interleaved cycles compare, and so does the median of each cycle's share/whole pair). Not a strict
+alternation: its period (8 RPCs) divides the preparer's heap trim period (64 RPCs, host/server.py), so every
+trim fell on the same kind of call, adding ~0.8 points to the ratio. Prints p50/p90 of each and the ratios;
+writes them to --out (with --runs N, the last run's figures, each run's ratios, and their median and range
+over the runs: a run's ratio moves by about a point from one run to the next).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-async def run(cycles: int, warmup: int) -> dict[str, Any]:
+async def run(cycles: int, warmup: int, residents: int = 1) -> dict[str, Any]:
     root = short_root()
     nats = EmbeddedNats(store_dir=root / "nats")
     await nats.start()
@@ -69,8 +71,9 @@ async def run(cycles: int, warmup: int) -> dict[str, Any]:
             ) as _disc,
             running_node(claims := MemoryClaims(), root, bus=bus) as node,
         ):
-            resident = claims.add(share_doc("resident", "tenant-r"))
-            assert (await node.plugin.prepare([resident]))[resident.uid].error == ""
+            held = [claims.add(share_doc(f"resident-{n}", f"tenant-r{n}")) for n in range(residents)]
+            for resident in held:
+                assert (await node.plugin.prepare([resident]))[resident.uid].error == ""
             served = {"n": 0}
 
             async def counting(_msg: Any) -> None:  # a copy of each mps-start request discovery gets
@@ -101,7 +104,7 @@ async def run(cycles: int, warmup: int) -> dict[str, Any]:
             await sub.unsubscribe()
             mps_starts = served["n"]
             assert len(daemon_starts(fake)) == 1, "one daemon all along"
-            assert (await node.plugin.unprepare([resident])) == {resident.uid: ""}
+            assert (await node.plugin.unprepare(held)) == {r.uid: "" for r in held}
     finally:
         await bus.close()
         await nats.close()
@@ -118,7 +121,7 @@ async def run(cycles: int, warmup: int) -> dict[str, Any]:
         pairs = [s / w for s, w in zip(timings["share"][phase], timings["whole"][phase], strict=True)]
         out[f"paired_ratio_{phase}_p50"] = round(statistics.median(pairs), 3)
     out["mps_start_requests_per_share_cycle"] = round(mps_starts / (warmup + cycles), 3)
-    out["cycles"], out["warmup"], out["cpus"] = cycles, warmup, os.cpu_count()
+    out["cycles"], out["warmup"], out["residents"], out["cpus"] = cycles, warmup, residents, os.cpu_count()
     return out
 
 
@@ -141,12 +144,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cycles", type=int, default=200, help="measured cycles of each kind")
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--residents", type=int, default=1, help="shares gpu-0 holds all along (1 to 7 of its 8)")
     ap.add_argument("--runs", type=int, default=1, help="whole runs (a fresh node each), for the ratios' spread")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "share.json"))
     args = ap.parse_args()
     results = []
     for _ in range(args.runs):
-        result = asyncio.run(run(args.cycles, args.warmup))
+        result = asyncio.run(run(args.cycles, args.warmup, args.residents))
         results.append(result)
         for kind in ("share", "whole"):
             p, u = result[kind]["prepare"], result[kind]["unprepare"]

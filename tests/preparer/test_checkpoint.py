@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +324,7 @@ async def test_the_device_gpu_and_daemon_queries_follow_every_change(root: Path)
             requests=["gpu"], pool="n1", device=device, uuid=uuid, parent_uuid=parent, mps_daemon=daemon
         )
 
-    def found(rows: list[tuple[str, ClaimRecord, PreparedDevice]]) -> list[tuple[str, str]]:
+    def found(rows: Iterable[tuple[str, ClaimRecord, PreparedDevice]]) -> list[tuple[str, str]]:
         return [(uid, dev.device) for uid, _, dev in rows]
 
     path = root / "cp" / "checkpoint.json"
@@ -336,7 +336,7 @@ async def test_the_device_gpu_and_daemon_queries_follow_every_change(root: Path)
     cp.stage("b", ClaimRecord(state="PrepareStarted", name="b", namespace="ns", devices=[mig]))
     assert found(cp.holders("gpu-0")) == [("a", "gpu-0")] and found(cp.holders("gpu-0", exclude="a")) == []
     assert found(cp.gpu_holders("GPU-0")) == [("a", "gpu-0"), ("b", "gpu-0-mig-1g")]
-    assert found(cp.daemon_users("d0", exclude="b")) == [("a", "gpu-0")] and cp.daemon_users("d1") == []
+    assert found(cp.daemon_users("d0", exclude="b")) == [("a", "gpu-0")] and found(cp.daemon_users("d1")) == []
     mig.uuid = "MIG-1"  # a dynamic MIG device's UUID, set in place and then written
     await cp.put("b", cp.claims["b"])
     assert found(cp.gpu_holders("MIG-1")) == [("b", "gpu-0-mig-1g")]
@@ -345,7 +345,7 @@ async def test_the_device_gpu_and_daemon_queries_follow_every_change(root: Path)
     )
     assert (
         cp.holders("gpu-0") == []
-        and cp.daemon_users("d0") == []
+        and found(cp.daemon_users("d0")) == []
         and found(cp.gpu_holders("GPU-0")) == [("b", "gpu-0-mig-1g")]
     )
     shutil.rmtree(path.parent)  # the next write fails: the records (and the answers) are restored
@@ -358,3 +358,52 @@ async def test_the_device_gpu_and_daemon_queries_follow_every_change(root: Path)
     again = Checkpoint(path, boot_id="b")
     await again.load()
     assert found(again.holders("gpu-1")) == [("a", "gpu-1")] and found(again.gpu_holders("GPU-1")) == [("a", "gpu-1")]
+
+
+async def test_holds_name_one_holder_per_way_a_device_is_held_whatever_the_number_of_holders(root: Path) -> None:
+    """`holds` and `gpu_holds` answer the guard with one holder per `Hold`: 40 MPS shares of one GPU with the
+    same daemon settings are one answer, a share with other settings or an exclusive holder another; the
+    excluded claim is never the answer, and removing the holder that stood for a hold lets the next stand."""
+
+    def device(
+        name: str, *, share: str = "", settings: dict[str, int] | None = None, parent: str = ""
+    ) -> PreparedDevice:
+        return PreparedDevice(
+            requests=["gpu"],
+            pool="n1",
+            device=name,
+            uuid="" if parent else "GPU-0",
+            parent_uuid=parent,
+            shared=bool(share),
+            share_id=share,
+            sharing="MPS" if share else "",
+            mps_daemon="d0" if share else "",
+            mps_daemon_settings=settings or {},
+        )
+
+    def record(dev: PreparedDevice) -> ClaimRecord:
+        return ClaimRecord(state="PrepareCompleted", name="c", namespace="ns", devices=[dev])
+
+    def found(rows: list[tuple[str, ClaimRecord, PreparedDevice]]) -> list[tuple[str, str]]:
+        return [(uid, dev.share_id) for uid, _, dev in rows]
+
+    cp = Checkpoint(root / "cp" / "checkpoint.json", boot_id="b")
+    await cp.load()
+    for n in range(40):
+        cp.stage(f"s{n}", record(device("gpu-0", share=f"share-{n}")))
+    await cp.save()
+    assert len(cp.holders("gpu-0")) == 40
+    assert found(cp.holds("gpu-0")) == [("s0", "share-0")] and found(cp.gpu_holds("GPU-0")) == [("s0", "share-0")]
+    assert found(cp.holds("gpu-0", exclude="s0")) == [("s1", "share-1")]
+    await cp.put("odd", record(device("gpu-0", share="share-odd", settings={"activeThreadPercentage": 50})))
+    cp.stage("mig", record(device("gpu-0-mig-1g", parent="GPU-0")))
+    assert found(cp.holds("gpu-0")) == [("s0", "share-0"), ("odd", "share-odd")]
+    assert found(cp.gpu_holds("GPU-0")) == [("s0", "share-0"), ("odd", "share-odd"), ("mig", "")]
+    await cp.remove("s0")
+    await cp.remove("odd")
+    assert found(cp.holds("gpu-0")) == [("s1", "share-1")]
+    await asyncio.gather(*(cp.remove(f"s{n}") for n in range(1, 40)))
+    assert cp.holds("gpu-0") == [] and found(cp.gpu_holds("GPU-0")) == [("mig", "")]
+    again = Checkpoint(root / "cp" / "checkpoint.json", boot_id="b")
+    await again.load()
+    assert found(again.gpu_holds("GPU-0")) == [("mig", "")]

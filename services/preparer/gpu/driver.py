@@ -168,7 +168,8 @@ class GpuDriver:
                 raise PrepareFailed(
                     f"requested device {item.resolved.name} cannot be prepared for this claim: {why}", "device-busy"
                 )
-            for uid, record, held in self.records.holders(item.resolved.name, exclude=ref.uid):
+            # one holder per way the device is held: the rule reads nothing else (`Checkpoint.holds`)
+            for uid, record, held in self.records.holds(item.resolved.name, exclude=ref.uid):
                 if held.admin_access:
                     continue
                 why = conflict(modes[i], held)
@@ -515,9 +516,8 @@ class GpuDriver:
         """Stop a GPU's shared MPS daemon when no other claim's record (prepared, or being prepared) uses it:
         the count is the checkpoint's, so a restart neither stops a daemon in use nor keeps one unused."""
         async with self._daemon_locks[daemon]:
-            users = {u for u, _, _ in self.records.daemon_users(daemon, exclude=uid)}
-            if users:
-                log.info("shared MPS daemon kept: other shares use it", claim_uid=uid, daemon=daemon, users=len(users))
+            if next(self.records.daemon_users(daemon, exclude=uid), None) is not None:
+                log.info("shared MPS daemon kept: other shares use it", claim_uid=uid, daemon=daemon)
                 return
             self._share_daemons.pop(daemon, None)  # forgotten before the stop: a failed stop leaves it unknown
             with tracer.start_as_current_span("device.mps-stop"):

@@ -47,7 +47,7 @@ def passthrough_conflict(records: ClaimRecords, uid: str, resolved: ResolvedDevi
     if not gpu_uuid:
         return ""
     vfio = resolved.kind == "vfio"
-    for _, _, held in records.gpu_holders(gpu_uuid, exclude=uid):
+    for _, _, held in records.gpu_holds(gpu_uuid, exclude=uid):
         if (held.kind == "vfio") != vfio:
             return (
                 f"its GPU is held by another claim on this node as {held.device}; a GPU is given out "

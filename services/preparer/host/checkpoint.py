@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
@@ -71,6 +71,18 @@ class PreparedDevice(msgspec.Struct, kw_only=True):
     # VFIO: the GPU's PCI address, on disk before it leaves nvidia (the undo gives it back) and its IOMMU group
     pci_bus_id: str = ""
     iommu_group: int = -1
+
+
+# How a claim holds a device: its kind, whether it shares it, admin access, whether it holds a share, the
+# sharing mode and the settings of the MPS daemon its share uses. Whether another claim may hold the device too
+# depends on nothing else, so one holder of each way stands for all its holders (`Checkpoint.holds`).
+Hold = tuple[str, bool, bool, bool, str, tuple[tuple[str, int], ...]]
+
+
+def hold_of(dev: PreparedDevice) -> Hold:
+    """How a claim holds `dev` (`Hold`)."""
+    settings = tuple(sorted(dev.mps_daemon_settings.items())) if dev.mps_daemon_settings else ()
+    return (dev.kind, dev.shared, dev.admin_access, bool(dev.share_id), dev.sharing, settings)
 
 
 class ClaimRecord(msgspec.Struct, kw_only=True):
@@ -406,45 +418,84 @@ class Checkpoint:
     # -- queries ---------------------------------------------------------------------------
     def holders(self, device: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
         """Claims (other than `exclude`) that hold or are preparing `device`."""
-        return self._named(self._index.devices, device, exclude, lambda dev: dev.device == device)
+        return list(self._named(self._index.devices, device, exclude, lambda dev: dev.device == device))
 
     def gpu_holders(self, gpu_uuid: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
         """Claims (other than `exclude`) holding or preparing the GPU `gpu_uuid` or one of its MIG devices."""
-        return self._named(self._index.gpus, gpu_uuid, exclude, lambda dev: gpu_uuid in (dev.uuid, dev.parent_uuid))
+        return list(
+            self._named(self._index.gpus, gpu_uuid, exclude, lambda dev: gpu_uuid in (dev.uuid, dev.parent_uuid))
+        )
 
-    def daemon_users(self, daemon: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
-        """Claims (other than `exclude`) whose devices (prepared, or being prepared) use the shared MPS daemon."""
+    def daemon_users(self, daemon: str, *, exclude: str = "") -> Iterator[tuple[str, ClaimRecord, PreparedDevice]]:
+        """Claims (other than `exclude`) whose devices (prepared, or being prepared) use the shared MPS daemon, in
+        the order they came to use it; lazily: a caller that stops at the first it wants reads no more."""
         return self._named(self._index.daemons, daemon, exclude, lambda dev: dev.mps_daemon == daemon)
+
+    def holds(self, device: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
+        """One holder of `device` (other than `exclude`) for each way (`Hold`) other claims hold it: all that
+        decides whether one more claim may, whatever the number of holders (a GPU of 48 MPS shares: one)."""
+        return self._one_per_hold(self._index.device_holds, device, exclude, lambda dev: dev.device == device)
+
+    def gpu_holds(self, gpu_uuid: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
+        """`holds` of the GPU `gpu_uuid`'s devices: itself and its MIG devices."""
+        return self._one_per_hold(
+            self._index.gpu_holds, gpu_uuid, exclude, lambda dev: gpu_uuid in (dev.uuid, dev.parent_uuid)
+        )
 
     def _named(
         self, index: dict[str, dict[str, None]], key: str, exclude: str, match: Callable[[PreparedDevice], bool]
-    ) -> list[tuple[str, ClaimRecord, PreparedDevice]]:
+    ) -> Iterator[tuple[str, ClaimRecord, PreparedDevice]]:
         """(uid, record, device) of each device that `match`es in the records `index` lists under `key`."""
-        return [
+        return (
             (uid, self._claims[uid], dev)
             for uid in index.get(key, ())
             if uid != exclude
             for dev in self._claims[uid].devices
             if match(dev)
-        ]
+        )
+
+    def _one_per_hold(
+        self,
+        index: dict[str, dict[Hold, dict[str, None]]],
+        key: str,
+        exclude: str,
+        match: Callable[[PreparedDevice], bool],
+    ) -> list[tuple[str, ClaimRecord, PreparedDevice]]:
+        out: list[tuple[str, ClaimRecord, PreparedDevice]] = []
+        for hold, uids in index.get(key, {}).items():
+            uid = next((u for u in uids if u != exclude), None)
+            if uid is not None:
+                record = self._claims[uid]
+                out.extend((uid, record, dev) for dev in record.devices if match(dev) and hold_of(dev) == hold)
+        return out
 
     def by_state(self, state: ClaimState) -> dict[str, ClaimRecord]:
         return {uid: r for uid, r in self._claims.items() if r.state == state}
 
 
+_Keys = tuple[str, str, str, str, Hold]  # a device's name, UUID, parent UUID, daemon and how it is held
+
+
 class _Index:
-    """Which claims' records name a device, a GPU (a device's UUID or its parent's) or a shared MPS daemon:
-    the guard and the daemon's reference count look up a device's claims, not walk every record. Per key
-    the claims in the order they came to name it (the records' order, as a walk would find them)."""
+    """Which claims' records name a device, a GPU (a device's UUID or its parent's) or a shared MPS daemon, and
+    which hold a device or a GPU each way (`Hold`): the guard and the daemon's reference count look up a
+    device's claims, not walk every record. Per key the claims in the order they came to name it (the records'
+    order, as a walk would find them)."""
 
     def __init__(self) -> None:
         self.devices: dict[str, dict[str, None]] = {}
         self.gpus: dict[str, dict[str, None]] = {}
         self.daemons: dict[str, dict[str, None]] = {}
-        self._keys: dict[str, tuple[tuple[str, str, str, str], ...]] = {}  # uid -> what its devices name
+        self.device_holds: dict[str, dict[Hold, dict[str, None]]] = {}
+        self.gpu_holds: dict[str, dict[Hold, dict[str, None]]] = {}
+        self._keys: dict[str, tuple[_Keys, ...]] = {}  # uid -> what its devices name
 
     def update(self, uid: str, record: ClaimRecord | None) -> None:
-        now = () if record is None else tuple([(d.device, d.uuid, d.parent_uuid, d.mps_daemon) for d in record.devices])
+        now = (
+            ()
+            if record is None
+            else tuple([(d.device, d.uuid, d.parent_uuid, d.mps_daemon, hold_of(d)) for d in record.devices])
+        )
         was = self._keys.get(uid, ())
         if now == was:  # a record written again as it was indexed: the usual case
             return
@@ -452,16 +503,35 @@ class _Index:
             self._keys[uid] = now
         else:
             del self._keys[uid]
-        for index, old, new in zip((self.devices, self.gpus, self.daemons), _named(was), _named(now), strict=True):
-            for key in old - new:
+        old, new = _named(was), _named(now)
+        for index, gone, came in zip((self.devices, self.gpus, self.daemons), old[:3], new[:3], strict=True):
+            for key in gone - came:
                 users = index[key]
                 del users[uid]
                 if not users:
                     del index[key]
-            for key in new - old:
+            for key in came - gone:
                 index.setdefault(key, {})[uid] = None
+        for holds, gone_held, came_held in zip((self.device_holds, self.gpu_holds), old[3:], new[3:], strict=True):
+            for key, hold in gone_held - came_held:
+                users = holds[key][hold]
+                del users[uid]
+                if not users:
+                    del holds[key][hold]
+                    if not holds[key]:
+                        del holds[key]
+            for key, hold in came_held - gone_held:
+                holds.setdefault(key, {}).setdefault(hold, {})[uid] = None
 
 
-def _named(keys: tuple[tuple[str, str, str, str], ...]) -> tuple[set[str], set[str], set[str]]:
-    """The devices, GPUs and daemons a record's (device, UUID, parent UUID, daemon) keys name."""
-    return {k[0] for k in keys}, {u for k in keys for u in k[1:3] if u}, {k[3] for k in keys if k[3]}
+def _named(
+    keys: tuple[_Keys, ...],
+) -> tuple[set[str], set[str], set[str], set[tuple[str, Hold]], set[tuple[str, Hold]]]:
+    """The devices, GPUs and daemons a record's keys name, and the (device, hold) and (GPU, hold) pairs."""
+    return (
+        {k[0] for k in keys},
+        {u for k in keys for u in k[1:3] if u},
+        {k[3] for k in keys if k[3]},
+        {(k[0], k[4]) for k in keys},
+        {(u, k[4]) for k in keys for u in k[1:3] if u},
+    )
