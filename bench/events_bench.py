@@ -31,7 +31,7 @@ import asyncio
 import dataclasses
 import json
 import os
-import secrets
+import random
 import sys
 import tempfile
 import time
@@ -54,7 +54,6 @@ NAMESPACE = "team-a"
 DRIVER = "gpu.nvidia.com"
 NODES_PER_PUBLISHER = 16  # one LifecycleEvents (outbox and sender) per node, as on a real node
 TICK_S = 0.005
-BACKLOG = NODES_PER_PUBLISHER * SEND_WINDOW  # events made and not yet stored, at most (publish())
 READY, RESULT = "READY", "RESULT "
 
 
@@ -80,7 +79,8 @@ def _device(node: str, uid: str, n: int) -> PreparedDeviceRef:
 
 async def publish(spec: PublisherSpec, ready: Callable[[], None], _total: object = None) -> dict[str, Any]:
     """Mint prepared events at `spec.rate`/s for `spec.seconds` through the preparer's outbox and sender. An
-    event is made on time or not at all: while the senders have BACKLOG events not yet stored, the events due
+    event is made on time or not at all: while the senders have `backlog_cap` events not yet stored (each node's
+    SEND_WINDOW: what its sender may have in flight), the events due
     are skipped (counted), so the achieved rate is what this process and the server sustain, and an event's
     latency is its own, not that of a queue in front of it."""
     bus = await Bus.connect(spec.url, name=f"bench-{spec.nodes[0]}", user=ADMIN, tls=NatsTLS(creds_file=spec.creds))
@@ -92,16 +92,18 @@ async def publish(spec: PublisherSpec, ready: Callable[[], None], _total: object
     ready()
     loop = asyncio.get_running_loop()
     start, made, skipped, backlog = loop.time(), 0, 0, 0
+    backlog_cap = len(senders) * SEND_WINDOW  # events made and not yet stored, at most
+    uids = random.Random()  # seeded from the OS: each publisher process its own claims
     while (now := loop.time()) - start < spec.seconds:
         pending = sum(len(s.outbox.pending) for s in senders)
         backlog = max(backlog, pending)
         due = int((now - start) * spec.rate) + 1 - made - skipped
-        room = max(0, min(due, BACKLOG - pending))
+        room = max(0, min(due, backlog_cap - pending))
         skipped += due - room
         batches: list[list[Any]] = [[] for _ in senders]
         for n in range(made, made + room):
             sender = senders[n % len(senders)]
-            uid = secrets.token_hex(16)
+            uid = f"{uids.getrandbits(128):032x}"  # a claim's uid (the API server's; no secret)
             record = sender.make(
                 "prepared",
                 uid=uid,
@@ -240,6 +242,7 @@ class RunSpec:
     fast: int = 2  # fast consumers
     slow_rate: float = 0.0  # > 0: one more consumer, processing this many events a second
     publishers: int = 1
+    nodes_per_publisher: int = NODES_PER_PUBLISHER  # the fleet's nodes each publisher process speaks for
     processes: bool = True  # each role a process of its own (the bench); False: tasks of this loop (the suite)
     give_up_s: float = 30.0
     stream_max_bytes: int = 0  # > 0: DRA_EVENTS' limit made this (what eviction costs a slow consumer)
@@ -299,7 +302,7 @@ async def _measure(
             PublisherSpec(
                 url=server.url,
                 creds=str(ids.creds[ADMIN]),
-                nodes=[f"gpu-node-{p * NODES_PER_PUBLISHER + i}" for i in range(NODES_PER_PUBLISHER)],
+                nodes=[f"gpu-node-{p * spec.nodes_per_publisher + i}" for i in range(spec.nodes_per_publisher)],
                 rate=spec.rate / spec.publishers,
                 seconds=spec.seconds,
             ),
@@ -333,6 +336,7 @@ async def _measure(
         "seconds": spec.seconds,
         "events": total,
         "publishers": spec.publishers,
+        "nodes_per_publisher": spec.nodes_per_publisher,
         "publish_rate_achieved": round(total / max(p["stored_s"] for p in published), 1),
         "publish": published,
         "consumers": {},
@@ -376,7 +380,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     """The run asked for; a pair at `--compare-rate` (one the machine sustains) with and without the slow
     consumer, back to back; a run with DRA_EVENTS shrunk to `--evict-bytes` (what eviction costs)."""
     main_run = RunSpec(seconds=args.seconds, rate=args.rate, slow_rate=args.slow_rate, publishers=args.publishers,
-                       give_up_s=args.give_up_s, consumer_mode=args.consumer_mode)  # fmt: skip
+                       nodes_per_publisher=args.nodes_per_publisher, give_up_s=args.give_up_s,
+                       consumer_mode=args.consumer_mode)  # fmt: skip
     out: dict[str, Any] = {"load_avg_1m_before": round(os.getloadavg()[0], 2), "consumer_mode": args.consumer_mode}
     out["with_slow"] = await run(main_run)
     out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
@@ -423,6 +428,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10_000.0)
     parser.add_argument("--slow-rate", type=float, default=1_000.0)
     parser.add_argument("--publishers", type=int, default=1)
+    parser.add_argument("--nodes-per-publisher", type=int, default=NODES_PER_PUBLISHER,
+                        help="nodes (a sender each, SEND_WINDOW in flight) a publisher process speaks for")  # fmt: skip
     parser.add_argument("--compare-seconds", type=float, default=15.0, help="the pair's length; 0: no pair")
     parser.add_argument("--compare-rate", type=float, default=2_500.0, help="the pair's rate (sustained here)")
     parser.add_argument("--evict-bytes", type=int, default=8 << 20, help="the stream limit of the last run; 0: none")
