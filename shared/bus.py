@@ -75,7 +75,7 @@ from shared.natsconn import (
     node_identity,
 )
 from shared.natskv import CONSUMER_PENDING, TypedKV, decode_body, encode, note_pending
-from shared.telemetry import extract_context, get_tracer, inject_headers, spans_made, traceparent_context
+from shared.telemetry import ProducerSpan, extract_context, get_tracer, inject_headers
 
 __all__ = [
     "PUBLISH_RETRY_S",
@@ -322,9 +322,8 @@ class Bus:
         tokens: dict[str, str],
         traceparent: str | None = None,
     ) -> Iterator[tuple[str, bytes, dict[str, str]]]:
-        """An event's subject, body and headers, inside its producer span (which ends with the block). The
-        span's parent is the current span, or the one `traceparent` names (a stored context: "" for none).
-        Where no SDK makes spans there is no span to start: the headers carry the parent's context as is."""
+        """An event's subject, body and headers, inside its producer span (`telemetry.ProducerSpan`, its parent
+        the current span or the one a stored `traceparent` names), which ends with the block."""
         if not isinstance(message, entry.message):
             raise TypeError(f"{entry.name} carries {entry.message.__name__}, not {type(message).__name__}")
         subject = entry.format(**tokens)
@@ -334,20 +333,8 @@ class Bus:
         headers = cloudevents.headers(entry, message, subject, event_id, self.name)
         if msg_id or durable:
             headers["Nats-Msg-Id"] = event_id
-        if not spans_made():
-            if traceparent is None:
-                headers = inject_headers(headers)
-            elif traceparent:
-                headers["traceparent"] = traceparent
-            yield subject, encode(message), headers
-            return
-        with tracer.start_as_current_span(
-            f"publish {entry.name}",
-            context=None if traceparent is None else traceparent_context(traceparent),
-            kind=SpanKind.PRODUCER,
-            attributes={"messaging.system": "nats", "messaging.destination.name": subject},
-        ):
-            yield subject, encode(message), inject_headers(headers)
+        with ProducerSpan(f"publish {entry.name}", subject, headers, traceparent) as carried:
+            yield subject, encode(message), carried
 
     async def publish(
         self, entry: Entry, message: Message, *, msg_id: str | None = None, durable: bool | None = None, **tokens: str

@@ -153,6 +153,43 @@ def leaf_span(
         yield span
 
 
+_PRODUCER_TRACER = get_tracer("shared.bus")  # the producer spans' scope, as before they moved here
+
+
+class ProducerSpan:
+    """The span of a message's publish to `subject`, for a `with` block (it ends with the block); its parent is the
+    current span or the one a stored `traceparent` names ("" for none). The block gets `headers` with the W3C
+    context that continues it. Where no SDK makes spans none is started: the headers carry the parent's context
+    as is (a plain object, not a generator: it is entered once per event published)."""
+
+    __slots__ = ("_span", "headers")
+
+    def __init__(self, name: str, subject: str, headers: dict[str, str], traceparent: str | None) -> None:
+        self._span: contextlib.AbstractContextManager[trace.Span] | None = None
+        self.headers = headers
+        if spans_made():
+            self._span = _PRODUCER_TRACER.start_as_current_span(
+                name,
+                context=None if traceparent is None else traceparent_context(traceparent),
+                kind=trace.SpanKind.PRODUCER,
+                attributes={"messaging.system": "nats", "messaging.destination.name": subject},
+            )
+        elif traceparent is None:
+            self.headers = inject_headers(headers)
+        elif traceparent:
+            self.headers = {**headers, "traceparent": traceparent}
+
+    def __enter__(self) -> dict[str, str]:
+        if self._span is None:
+            return self.headers
+        self._span.__enter__()
+        return inject_headers(self.headers)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._span is not None:
+            self._span.__exit__(*exc)  # type: ignore[arg-type]
+
+
 def inject_headers(headers: dict[str, str] | None = None) -> dict[str, str]:
     """W3C `traceparent`/`tracestate` of the current span, added to a NATS header dict."""
     carrier: dict[str, str] = dict(headers or {})
