@@ -144,7 +144,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cycles", type=int, default=200, help="measured cycles of each kind")
     ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--residents", type=int, default=1, help="shares gpu-0 holds all along (1 to 7 of its 8)")
+    ap.add_argument(
+        "--residents", type=int, default=1, help="shares gpu-0 holds all along (7: eight tenants on one GPU)"
+    )
     ap.add_argument("--runs", type=int, default=1, help="whole runs (a fresh node each), for the ratios' spread")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "share.json"))
     args = ap.parse_args()
