@@ -317,3 +317,47 @@ async def test_a_line_cut_short_by_a_crash_is_skipped_and_the_rest_is_sent(root:
     assert again.outbox.max_preparation == 4
     await again.outbox.add([again.make("unprepared", uid="u1", namespace="default", name="c", preparation=4)])
     assert await LifecycleEvents("n1", "gpu.nvidia.com", path).outbox.load() == 3  # nothing glued to the torn line
+
+
+async def test_events_that_waited_out_a_round_in_flight_go_out_when_it_ends_without_a_second_linger(
+    bus: Bus, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sender lingers once from the wake an event causes: the first event waits `linger` for the rest of its
+    burst; an event that came while a round was in flight, and has waited `linger` by the time that round is
+    stored, goes out at once (a sender under load is not held back a linger per round)."""
+    linger = 0.5
+    events = LifecycleEvents("n1", "gpu.test", root / "outbox.jsonl", linger=linger)
+    loop = asyncio.get_running_loop()
+    started: list[float] = []
+    ended: list[float] = []
+    first_in_flight = asyncio.Event()
+    release_first = asyncio.Event()
+    send_round = events._send_round
+
+    async def held(batch: list[tuple[int, outbox_module.OutboxRecord]]) -> list[int]:
+        started.append(loop.time())
+        if len(started) == 1:  # the first round stays in flight until the test lets it end
+            first_in_flight.set()
+            await release_first.wait()
+        stored = await send_round(batch)
+        ended.append(loop.time())
+        return stored
+
+    monkeypatch.setattr(events, "_send_round", held)
+    events.attach(bus)
+    sender = asyncio.create_task(events.run())
+    try:
+        added = loop.time()
+        await events.outbox.add([events.make("prepared", uid="u1", namespace="default", name="c1", preparation=1)])
+        await first_in_flight.wait()
+        assert started[0] - added >= linger * 0.9  # the first event lingered for its burst
+        await events.outbox.add([events.make("prepared", uid="u2", namespace="default", name="c2", preparation=2)])
+        await asyncio.sleep(linger * 1.2)  # the second event waits out its linger while the first round is away
+        release_first.set()
+        await events.drained()
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+    assert len(started) == 2
+    assert started[1] - ended[0] < linger / 2  # went out when the round ended, not a linger after it
+    assert await stored_count(bus) == 2

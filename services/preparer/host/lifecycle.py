@@ -3,8 +3,9 @@ there.
 
 Owns the making of an event (its id, its `Nats-Msg-Id`) and the sender that drains the durable
 outbox (`outbox.py`) to JetStream: prepare never waits on NATS, and the sender lingers `SEND_LINGER`
-after it is woken, so the events of a burst go out together after the kubelet's call rather than
-interleaved with it. Each claim's events are stored in order: the sender publishes in rounds, a
+from the wake an event causes, so the events of a burst go out together after the kubelet's call rather
+than interleaved with it (events that came while a round was in flight have lingered by its end and go
+at once). Each claim's events are stored in order: the sender publishes in rounds, a
 claim's n-th pending event in round n, each round's events all in flight at once (up to
 `SEND_WINDOW`) and every ack awaited before the next round, so an event is sent only once the one
 before it of the same claim is stored (events of different claims may be stored in any order). One
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,7 @@ class LifecycleEvents:
         self.linger = linger
         self.driver = driver
         self._wake = asyncio.Event()
+        self._woken_at = 0.0  # monotonic time of the wake not yet served (the first commit since the last send)
         self._drained = asyncio.Event()
         self._drained.set()
         self.outbox = Outbox(
@@ -126,13 +129,18 @@ class LifecycleEvents:
     def _committed(self) -> None:
         if self.outbox.pending:
             self._drained.clear()
-        self._wake.set()
+        self._woke()
+
+    def _woke(self) -> None:
+        if not self._wake.is_set():
+            self._woken_at = time.monotonic()
+            self._wake.set()
 
     def attach(self, bus: Bus) -> None:
         """Send through `bus` from now on; its reconnects wake the sender (nothing is sent while it is away)."""
         self.bus = bus
-        bus.on_reconnect(self._wake.set)
-        self._wake.set()
+        bus.on_reconnect(self._woke)
+        self._woke()
 
     async def drained(self) -> None:
         """Until every event in the outbox has been sent."""
@@ -208,12 +216,14 @@ class LifecycleEvents:
         """Send the outbox whenever a connected bus is attached (until cancelled)."""
         while True:
             await self._wake.wait()
-            await asyncio.sleep(self.linger)  # let the rest of the burst land in the outbox (module doc)
+            # let the rest of the burst land in the outbox (module doc): `linger` from the wake, so events that
+            # came while the last round was in flight have had theirs and go out now
+            await asyncio.sleep(self._woken_at + self.linger - time.monotonic())
             self._wake.clear()
             ok = await self._send()
             if not self.outbox.pending:
                 self._drained.set()
             elif not ok:
                 await asyncio.sleep(0.5)
-                self._wake.set()
+                self._woke()
             # else: the bus is away; its reconnect wakes the sender (attach)
