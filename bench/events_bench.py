@@ -1,15 +1,17 @@
 """Events bench (issue 33): claim events fanned out through JetStream to independent third-party consumers.
 
 A nats-server run as `gpu-dra up` runs it (shared.natsserver with the operator/account config and .creds that
-embedded.cluster.natsidentities issues, `Bus.provision()` making DRA_EVENTS with the catalog's limits); a
-publisher process (`--publishers N` to split the rate) minting real claim lifecycle events through the
-preparer's own path (services.preparer.host.lifecycle: `LifecycleEvents.make()`, its in-memory outbox and
-sender; the `ClaimLifecycle` with one prepared GPU, CloudEvents headers, `traceparent` of the claim's trace,
-`Nats-Msg-Id` of event id and process suffix), paced at `--rate` for `--seconds`; and one process per
-consumer (bench/events_consumer.py: a third party's durable pull consumer, batched fetch, explicit acks, as
-its own `reader.<name>` identity), one of them slow (`--slow-rate` messages/s). The publisher connects as
-the admin: a preparer's events go through the state gate, whose per-node share (64 KiB/s) is far below
-10,000 events/s from one process (docs/security.md).
+embedded.cluster.natsidentities issues, `Bus.provision()` making DRA_EVENTS with the catalog's limits);
+`--publishers` processes (default 2, splitting the rate), each speaking for `--nodes-per-publisher` nodes
+(default 8; a fleet's nodes are processes of their own, and one process for all 16 runs their senders' rounds
+and acks on one event loop, which at 10,000/s is the first thing to fill up), minting real claim lifecycle
+events through the preparer's own path (services.preparer.host.lifecycle: `LifecycleEvents.make()`, its
+in-memory outbox and sender; the `ClaimLifecycle` with one prepared GPU, CloudEvents headers, `traceparent`
+of the claim's trace, `Nats-Msg-Id` of event id and process suffix), paced at `--rate` for `--seconds`; and
+one process per consumer (bench/events_consumer.py: a third party's durable pull consumer, batched fetch,
+explicit acks, as its own `reader.<name>` identity), one of them slow (`--slow-rate` messages/s). The
+publishers connect as the admin: a preparer's events go through the state gate, whose per-node share
+(64 KiB/s) is far below 10,000 events/s from one process (docs/security.md).
 
 Figures: the achieved publish rate (an event is made on time or skipped, see publish()); per consumer p50/p99
 latency to delivery from the event's `observed_at` (through the outbox) and from the stream's timestamp
@@ -20,8 +22,8 @@ and without the slow consumer, alternating twice, for the fast consumers' latenc
 DRA_EVENTS shrunk to `--evict-bytes`, where the slow consumer loses what the stream evicts before it reads it.
 
 Run: `.venv/bin/python bench/events_bench.py [--seconds 60] [--rate 10000] [--slow-rate 1000]
-[--publishers 1] [--consumer-mode pull|push] [--compare-seconds 15] [--compare-rate 2500] [--evict-bytes 8388608]
-[--out bench/results/events.json]`.
+[--publishers 2] [--nodes-per-publisher 8] [--consumer-mode pull|push] [--compare-seconds 15]
+[--compare-rate 2500] [--evict-bytes 8388608] [--out bench/results/events.json]`.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ from shared.natsusers import reader_durable  # noqa: E402
 
 NAMESPACE = "team-a"
 DRIVER = "gpu.nvidia.com"
-NODES_PER_PUBLISHER = 16  # one LifecycleEvents (outbox and sender) per node, as on a real node
+PUBLISHERS = 2  # publisher processes: the fleet's side uses both cores, as many nodes' processes would
+NODES_PER_PUBLISHER = 8  # one LifecycleEvents (outbox and sender) per node, as on a real node
 TICK_S = 0.005
 READY, RESULT = "READY", "RESULT "
 
@@ -241,7 +244,7 @@ class RunSpec:
     rate: float
     fast: int = 2  # fast consumers
     slow_rate: float = 0.0  # > 0: one more consumer, processing this many events a second
-    publishers: int = 1
+    publishers: int = PUBLISHERS
     nodes_per_publisher: int = NODES_PER_PUBLISHER  # the fleet's nodes each publisher process speaks for
     processes: bool = True  # each role a process of its own (the bench); False: tasks of this loop (the suite)
     give_up_s: float = 30.0
@@ -427,7 +430,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=10_000.0)
     parser.add_argument("--slow-rate", type=float, default=1_000.0)
-    parser.add_argument("--publishers", type=int, default=1)
+    parser.add_argument("--publishers", type=int, default=PUBLISHERS)
     parser.add_argument("--nodes-per-publisher", type=int, default=NODES_PER_PUBLISHER,
                         help="nodes (a sender each, SEND_WINDOW in flight) a publisher process speaks for")  # fmt: skip
     parser.add_argument("--compare-seconds", type=float, default=15.0, help="the pair's length; 0: no pair")
