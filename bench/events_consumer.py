@@ -25,6 +25,9 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 STREAM = "DRA_EVENTS"
+# a slow consumer sleeps off its work in steps this long, not per message: a timer a message cost it ~90 µs of
+# CPU an event (119 against a fast one's 29), taken from the cores the publishers and nats-server share with it
+SLOW_STEP_S = 0.01
 
 
 class _Claim(msgspec.Struct):
@@ -178,15 +181,20 @@ async def _push(
     quiet `fetch_timeout_s` is acked then."""
     pending: list[Msg] = []
     arrived = asyncio.Event()
+    owed_s = 0.0  # a slow consumer's work not yet slept off
 
     async def take(batch: list[Msg]) -> None:
         pending.clear()
         await ack(batch)
 
     async def on_message(msg: Msg) -> None:
+        nonlocal owed_s
         note(msg, time.time())
-        if spec.rate:  # a slow consumer's work: 1/rate seconds an event
-            await asyncio.sleep(1 / spec.rate)
+        if spec.rate:  # a slow consumer's work: 1/rate seconds an event, slept off in steps of SLOW_STEP_S
+            owed_s += 1 / spec.rate
+            if owed_s >= SLOW_STEP_S:
+                await asyncio.sleep(owed_s)
+                owed_s = 0.0
         pending.append(msg)
         arrived.set()
         if len(pending) >= spec.batch:
