@@ -21,7 +21,8 @@ Every stub appends one JSON line per call to `<root>/.fake/calls.jsonl` (`bin`, 
   anything else              records and exits 0
 Faults: `fake.fail(bin, msg)` makes a stub print msg and exit 1; `fake.hang(bin, when="")` makes it sleep
 (only the calls with `when` as one of their arguments, if given);
-`fake.fail_once(bin, msg, when=...)` fails only the next call (the next whose argv or stdin holds `when`).
+`fake.fail_once(bin, msg, when=...)` fails only the next call (the next with `when` as one of its arguments or
+in its stdin).
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ def fail_once():
             for line in f:
                 call = json.loads(line)
                 mine = call if call["pid"] == os.getpid() else mine
-        if fault["when"] not in " ".join(mine.get("argv", [])) + " " + mine.get("stdin", ""):
+        # one of its arguments (not part of one: a temp path may hold "-a"), or anywhere in what stdin said
+        if fault["when"] not in mine.get("argv", []) and fault["when"] not in mine.get("stdin", ""):
             return
     try:
         os.unlink(marker)
@@ -392,8 +394,8 @@ class FakeDriver:
 
     # -- added for the time-slice and MPS tests ------------------------------------------------
     def fail_once(self, binary: str, message: str = "injected failure", *, when: str = "") -> None:
-        """The next call of `binary` (with `when` in its arguments or stdin, if given) prints `message` and
-        exits 1; the calls after it behave."""
+        """The next call of `binary` (with `when` as one of its arguments or in its stdin, if given) prints
+        `message` and exits 1; the calls after it behave."""
         (self.fake / "fail-once").mkdir(parents=True, exist_ok=True)
         (self.fake / "fail-once" / binary).write_text(json.dumps({"message": message, "when": when}))
 
