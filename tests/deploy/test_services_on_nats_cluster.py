@@ -390,6 +390,7 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
 
             async def observe(msg: Msg) -> None:
                 world.observed.append((loop.time(), msg.subject, (msg.headers or {}).get("Nats-Msg-Id", "")))
+                world.notify()
 
             await observer.nc.subscribe("dra.v1.>", cb=observe)
             await observer.nc.flush()
@@ -437,16 +438,26 @@ async def test_services_converge_and_lose_no_event_when_a_nats_node_is_killed(
             kv_inventory = await (await observer.kv(catalog.INVENTORY_BUCKET)).get(GROWN_NODE)
             assert kv_health is not None and kv_health.xid == XID
             assert kv_inventory is not None and len(kv_inventory.gpus) == 3
-            outage = {
-                msg_id
-                for at, subject, msg_id in world.observed
-                if at >= killed_at and subject.startswith(("dra.v1.inventory.", "dra.v1.health."))
-            }
+
+            def outage_ids() -> set[str]:
+                return {
+                    msg_id
+                    for at, subject, msg_id in world.observed
+                    if at >= killed_at and subject.startswith(("dra.v1.inventory.", "dra.v1.health."))
+                }
+
             expected = {
                 kv_health.event_id,
                 f"inventory.{GROWN_NODE}.{kv_inventory.content_hash}.{kv_inventory.observed_at}",
             }
-            assert expected <= outage, f"the outage's events {expected - outage} were not seen on the bus"
+            # A service writes its KV value before it publishes the event, whose publish may still be retrying
+            # through the stream's leader change: the value can be seen first.
+            await world.until(
+                f"the outage's events {sorted(expected)} seen on the bus",
+                lambda: expected <= outage_ids(),
+                PUBLISH_RETRY_S + 15,
+            )
+            outage = outage_ids()
             try:
                 stored = await asyncio.wait_for(
                     _stored_ids(observer, catalog.EVENTS_STREAM.name, "dra.v1.>", outage), PUBLISH_RETRY_S + 15
