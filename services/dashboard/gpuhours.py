@@ -8,11 +8,14 @@ window (the last `WINDOW_S`), open uses up to now. The dashboard feeds it from a
 DRA_EVENTS that starts one window ago (services/dashboard/state.py): a restart replays the window's events
 first, so the figures survive it; a use prepared before the window whose claim is still held when the
 dashboard starts is not seen (its `prepared` is older than the replay). Memory is bounded: a closed use is kept
-until it leaves the window, open uses are the claims prepared now.
+until it leaves the window, open uses are the claims prepared now. Closed uses wait in a heap by their end, so
+an event drops what left the window without a pass over every use of the day.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -46,12 +49,14 @@ class GpuHours:
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self.window_s = window_s
         self.uses: dict[str, list[Use]] = {}  # "<claim uid>@<node>" -> its uses, in order (the last may be open)
+        self._closed: list[tuple[float, int, str, Use]] = []  # heap of (end, tie-break, key, use)
+        self._order = itertools.count()
 
     def apply(self, event: ClaimLifecycle) -> None:
         key = f"{event.claim_uid}@{event.node}"
         at = event.observed_at or time.time()
-        uses = self.uses.setdefault(key, [])
         if event.event in OPENS:
+            uses = self.uses.setdefault(key, [])
             if uses and uses[-1].end is None:
                 return  # a re-prepare of an open use keeps its start (as the ledger)
             use = Use(event.claim_namespace, at)  # prepared again after an unprepare: a use of its own
@@ -62,15 +67,23 @@ class GpuHours:
                     use.mig_weight[profile] = use.mig_weight.get(profile, 0.0) + weight
                 else:
                     use.gpu_weight += weight
-        elif event.event in CLOSES and uses and uses[-1].end is None:
-            uses[-1].end = max(at, uses[-1].start)
+        elif event.event in CLOSES:
+            held = self.uses.get(key)
+            if held and held[-1].end is None:  # (a close without its prepare counts nothing)
+                use = held[-1]
+                use.end = max(at, use.start)
+                heapq.heappush(self._closed, (use.end, next(self._order), key, use))
         self._prune(at)
 
     def _prune(self, now: float) -> None:
+        """Drop the closed uses that ended before the window ending `now` began."""
         horizon = now - self.window_s
-        for key, uses in list(self.uses.items()):
-            uses[:] = [u for u in uses if u.end is None or u.end >= horizon]
-            if not uses:
+        while self._closed and self._closed[0][0] < horizon:
+            _, _, key, use = heapq.heappop(self._closed)
+            uses = [u for u in self.uses[key] if u is not use]
+            if uses:
+                self.uses[key] = uses
+            else:
                 del self.uses[key]
 
     def report(self, now: float | None = None) -> list[NamespaceHours]:

@@ -114,6 +114,27 @@ def test_gpu_hours_clip_each_use_to_the_last_day_and_bill_shares_by_memory() -> 
     assert set(hours.uses) == {"a@n1", "d@n1"}
 
 
+def test_closed_uses_leave_the_window_by_their_end_in_whatever_order_their_events_came() -> None:
+    hours = GpuHours()
+    for event in (
+        claim_use("prepared", "late", T0, GPU),
+        claim_use("prepared", "early", T0, GPU, node="n2"),
+        claim_use("unprepared", "late", T0 + 2 * 3600, GPU),  # seen first, though it ended last
+        claim_use("unprepared", "early", T0 + 3600, GPU, node="n2"),
+        claim_use("prepared", "late", T0 + 3 * 3600, GPU),  # prepared again: a use of its own, open
+        claim_use("unprepared", "never-seen", T0 + 3 * 3600, GPU),  # a close without its prepare keeps nothing
+    ):
+        hours.apply(event)
+    assert set(hours.uses) == {"late@n1", "early@n2"}
+    hours.apply(claim_use("prepared", "x", T0 + 25.5 * 3600, GPU))  # the window now starts at T0 + 1.5 h
+    assert set(hours.uses) == {"late@n1", "x@n1"} and len(hours.uses["late@n1"]) == 2
+    hours.apply(claim_use("prepared", "y", T0 + 26.5 * 3600, GPU))  # ... at T0 + 2.5 h
+    assert [u.end for u in hours.uses["late@n1"]] == [None], "the open use stays, the closed one left"
+    report = {r.namespace: r for r in hours.report(T0 + 27 * 3600)}
+    assert report["team-a"].gpu_hours == pytest.approx(24 + 1.5 + 0.5)  # late's open use, x, y
+    assert report["team-a"].claims_open == 3
+
+
 def test_a_claim_prepared_again_after_its_unprepare_bills_both_uses() -> None:
     hours = GpuHours()
     now = T0 + 10 * 3600
