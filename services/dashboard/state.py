@@ -26,7 +26,7 @@ import msgspec
 
 from services.computedomain import crd
 from services.dashboard import model, trim
-from services.dashboard.gpuhours import GpuHours
+from services.dashboard.gpuhours import CLOSES, GpuHours
 from services.dashboard.model import Allocation, DeviceKey, Health, Node
 from services.dashboard.pending import PendingPods, Reasoner
 from services.dashboard.utilisation import TelemetryStore
@@ -36,7 +36,7 @@ from shared.events.catalog import CLAIM, HEALTH, TELEMETRY
 from shared.events.claims import ClaimLifecycle
 from shared.events.health import DeviceHealth
 from shared.events.telemetry import NodeTelemetry
-from shared.kube.informer import Informer, key_of, until_synced
+from shared.kube.informer import Informer, key_of, uid_of, until_synced
 from shared.kube.resources import NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, Kube, Resource
 from shared.kube.rest import ApiError
 from shared.kube.timestamps import k8s_time
@@ -145,7 +145,8 @@ class FleetState:
         self._domains_of: dict[str, set[str]] = {}  # node -> "ns/name" of the domains listing it
         self._health: dict[str, dict[str, Health]] = {}  # node -> device -> live health
         self._rings: dict[tuple[str, str], deque[DeviceEvent]] = {}
-        self.traces: dict[str, str] = {}  # claim uid -> trace id (lifecycle events' traceparent)
+        # claim uid -> trace id (lifecycle events' traceparent), while the claim exists
+        self.traces: dict[str, str] = {}
         self.informers: list[Informer] = []
         self.claim_listeners: list[Callable[[str, Obj, Obj | None], None]] = []  # e.g. allocmetrics.AllocationInfo
         self.pending: PendingPods | None = None
@@ -272,6 +273,8 @@ class FleetState:
         for listener in self.claim_listeners:
             listener(event, obj, old)
         key = key_of(obj)
+        if event == "DELETED":
+            self.traces.pop(uid_of(obj), None)
         before = set(model.claim_devices(old)) if old else set()
         after = model.allocations_of(obj) if event != "DELETED" else {}
         for device in before - set(after):
@@ -332,7 +335,8 @@ class FleetState:
             return
         ns, name = message.claim_namespace, message.claim_name
         parent = ctx.headers.get("traceparent", "").split("-")
-        if len(parent) == 4 and message.claim_uid:
+        # a use's end (its claim may be gone by now) notes no claim the trace map does not hold already
+        if len(parent) == 4 and message.claim_uid and (message.event not in CLOSES or message.claim_uid in self.traces):
             self.traces[message.claim_uid] = parent[1]
         devices: list[DeviceKey] = [(message.driver, d.pool, d.device) for d in message.devices]
         if not devices:  # prepare-started / prepare-failed name no devices: the claim's allocation does
