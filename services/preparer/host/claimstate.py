@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -48,6 +47,7 @@ from services.preparer.host.port import (
 )
 from shared.backoff import Backoff
 from shared.events.claims import ClaimEventKind, FailureReason, PreparedDeviceRef
+from shared.keyedlocks import KeyedLocks
 from shared.logs import get_logger
 from shared.telemetry import (
     CLAIM_TRACEPARENT_ANNOTATION,
@@ -96,14 +96,14 @@ class ClaimPreparer:
         metrics.track_prepared(node, driver, checkpoint)  # gpu_dra_prepared_devices, counted when scraped
         if checkpoint.journal is None:
             checkpoint.journal = events.outbox  # checkpoint writes carry their events into the outbox
-        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._locks: KeyedLocks[str] = KeyedLocks()  # per claim uid: one prepare, unprepare or rollback at a time
         # Set when a rollback failed (discovery slow or away): `retry_failed_rollbacks` tries again within
         # seconds, so a device is not held by a dead prepare until the periodic sweep.
         self.rollback_failed = asyncio.Event()
 
     # -- prepare ---------------------------------------------------------------------------
     async def prepare(self, ref: ClaimRef) -> PrepareResult:
-        async with self._locks[ref.uid]:
+        async with self._locks.hold(ref.uid):
             record = self.checkpoint.claims.get(ref.uid)
             if record is not None and record.state == "PrepareCompleted":
                 return PrepareResult(devices=list(record.devices))
@@ -419,7 +419,7 @@ class ClaimPreparer:
 
     async def unprepare(self, ref: ClaimRef) -> str:
         """ "" on success (also for a claim never prepared here), else the reason to retry."""
-        async with self._locks[ref.uid]:
+        async with self._locks.hold(ref.uid):
             record = self.checkpoint.claims.get(ref.uid)
             with self._unprepare_span(ref, record) as span:
                 await self._link_claim_trace(span, ref, record)
@@ -439,7 +439,6 @@ class ClaimPreparer:
                     span.set_attribute("dra.failure.reason", failure_reason(exc))
                     log.warning("unprepare failed", claim=str(ref), error=str(exc))
                     return f"error unpreparing devices for claim {ref}: {exc}"
-        self._locks.pop(ref.uid, None)
         return ""
 
     async def _rollback(
@@ -468,7 +467,7 @@ class ClaimPreparer:
             return 0
         done = 0
         for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
-            if only_failed and self._locks[uid].locked():
+            if only_failed and self._locks.locked(uid):
                 continue
             done += await self._roll_back_unchanged(
                 uid,
@@ -481,7 +480,7 @@ class ClaimPreparer:
 
     async def _roll_back_unchanged(self, uid: str, record: ClaimRecord, reason: str) -> int:
         """Under the claim's lock, roll `record` back if it is still the claim's; 1 when it was rolled back."""
-        async with self._locks[uid]:
+        async with self._locks.hold(uid):
             if self.checkpoint.claims.get(uid) is not record:
                 return 0  # prepared or rolled back meanwhile
             try:
@@ -522,7 +521,7 @@ class ClaimPreparer:
         """Roll back PrepareStarted claims whose ResourceClaim is gone or no longer allocated here."""
         done = 0
         for uid, record in list(self.checkpoint.by_state("PrepareStarted").items()):
-            if self._locks[uid].locked() or not record.name:
+            if self._locks.locked(uid) or not record.name:
                 continue  # being prepared right now, or a legacy entry without a name
             try:
                 claim = await self.claims.get(record.namespace, record.name)
