@@ -12,6 +12,7 @@ as the stream can replay it, so a redelivered or replayed event changes nothing.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -72,7 +73,8 @@ class Ledger:
         self.retention_s = retention_s
         self.namespaces: dict[str, NamespaceTotals] = {}
         self.open: dict[str, OpenUse] = {}
-        self.applied: dict[str, float] = {}  # dedupe key -> observed_at
+        self.applied: dict[str, float] = {}  # dedupe key -> observed_at (`note`)
+        self._oldest: list[tuple[float, str]] = []  # heap of (observed_at, key) of `applied`: what to forget first
         self.stats = Stats()
         self.newest = 0.0
 
@@ -86,7 +88,7 @@ class Ledger:
             self.stats.duplicates += 1
             return "duplicate"
         at = float(event.get("observed_at", 0.0))
-        self.applied[key] = at
+        self.note(key, at)
         self.newest = max(self.newest, at)
         use_key = f"{event['claim_uid']}@{event['node']}"
         if kind in OPENS:
@@ -117,11 +119,19 @@ class Ledger:
                 totals.gpu_seconds += seconds * weight
         totals.claims_closed += 1
 
+    def note(self, key: str, at: float) -> None:
+        """Remember `key` (an event seen at `at`) so that a redelivery of it is not counted again."""
+        self.applied[key] = at
+        heapq.heappush(self._oldest, (at, key))
+
     def _prune(self) -> None:
-        """Forget keys of events the stream no longer holds (they cannot be replayed)."""
+        """Forget keys of events the stream no longer holds (they cannot be replayed): the oldest first, without
+        a pass over every key per event."""
         horizon = self.newest - self.retention_s
-        if self.applied and min(self.applied.values()) < horizon:
-            self.applied = {k: at for k, at in self.applied.items() if at >= horizon}
+        while self._oldest and self._oldest[0][0] < horizon:
+            at, key = heapq.heappop(self._oldest)
+            if self.applied.get(key) == at:
+                del self.applied[key]
 
     def report(self, now: float | None = None) -> dict[str, Any]:
         """Totals per namespace; with `now`, open uses are counted up to it as `running_gpu_seconds`."""
@@ -162,7 +172,8 @@ class Ledger:
         try:
             ledger.namespaces = {ns: NamespaceTotals(**t) for ns, t in data["namespaces"].items()}
             ledger.open = {k: OpenUse(**u) for k, u in data["open"].items()}
-            ledger.applied = {str(k): float(v) for k, v in data["applied"].items()}
+            for key, at in data["applied"].items():
+                ledger.note(str(key), float(at))
             ledger.stats = Stats(**data["stats"])
             ledger.newest = float(data["newest"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -130,7 +130,7 @@ class LedgerService:
         again); False when it was noted before."""
         if key in self.ledger.applied:
             return False
-        self.ledger.applied[key] = self.ledger.newest
+        self.ledger.note(key, self.ledger.newest)
         return True
 
     def _account(self, msg: Msg) -> None:

@@ -115,6 +115,26 @@ def test_each_preparation_of_one_claim_is_accounted_and_each_resend_once() -> No
     assert ledger.report()["team-a"]["gpu_seconds"] == 30.0
 
 
+def test_keys_are_forgotten_once_older_than_the_retention_also_after_a_reload() -> None:
+    ledger = Ledger(retention_s=100)
+
+    def apply(ledger: Ledger, ev: ClaimLifecycle) -> str:
+        body = msgspec.to_builtins(ev)
+        key = event_key(body, ev.node, 0)
+        ledger.apply(body, key)
+        return key
+
+    late = apply(ledger, lifecycle("prepared", "c2", "team-a", T0 + 50, ("gpu-1",)))
+    early = apply(ledger, lifecycle("prepared", "c1", "team-a", T0, ("gpu-0",)))  # delivered after a later one
+    assert set(ledger.applied) == {early, late}
+    ledger = Ledger.from_json(json.loads(json.dumps(ledger.to_json())), 100)
+    newest = apply(ledger, lifecycle("unprepared", "c1", "team-a", T0 + 120))  # horizon T0 + 20: c1's prepare goes
+    assert set(ledger.applied) == {late, newest}
+    apply(ledger, lifecycle("unprepared", "c2", "team-a", T0 + 151))  # horizon T0 + 51: c2's prepare goes too
+    assert late not in ledger.applied and newest in ledger.applied
+    assert ledger.report()["team-a"]["gpu_seconds"] == 120.0 + 101.0
+
+
 def share(
     uid: str, namespace: str, event: str, at: float, device: str = "gpu-0", node: str = "node-1", **consumed: str
 ) -> ClaimLifecycle:
