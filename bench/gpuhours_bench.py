@@ -29,18 +29,15 @@ def measure(uses: int, events: int, reps: int) -> dict[str, Any]:
     from tests.dashboard.claimevents import claim_use
 
     devices = [PreparedDeviceRef(request="gpu", pool="n1", device="gpu-0")]
-
-    def event(kind: str, uid: str, at: float) -> Any:
-        return claim_use(kind, uid, at, devices, ns=f"team-{hash(uid) % 16}")
-
     hours = GpuHours()
     for i in range(uses):
-        hours.apply(event("prepared", f"c{i}", T0 + i))
-        hours.apply(event("unprepared", f"c{i}", T0 + i + 0.5))
+        hours.apply(claim_use("prepared", f"c{i}", T0 + i, devices))
+        hours.apply(claim_use("unprepared", f"c{i}", T0 + i + 0.5, devices))
     per_event: list[float] = []
     for rep in range(reps):
         base = T0 + uses + rep * events
-        batch = [event("prepared" if j % 2 == 0 else "unprepared", f"r{rep}-{j // 2}", base + j) for j in range(events)]
+        kinds = ("prepared", "unprepared")
+        batch = [claim_use(kinds[j % 2], f"r{rep}-{j // 2}", base + j, devices) for j in range(events)]
         start = time.perf_counter()
         for e in batch:
             hours.apply(e)

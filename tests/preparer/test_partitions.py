@@ -108,7 +108,8 @@ async def test_an_activation_fabric_manager_refuses_fails_the_prepare_and_leaves
         error = (await node.plugin.prepare([claim]))[claim.uid].error
         assert "activate NVLink partition 5" in error and "fmReturn: -5" in error, error
         assert claim.uid not in node.service.checkpoint.claims
-        calls = fm.calls("fmpm")
-        assert fm.active_partitions() == [] and changes(fm) == [["-a", "5"]], f"never active: no deactivation; {calls}"
+        assert fm.active_partitions() == [] and changes(fm) == [["-a", "5"]], (
+            f"never active: no deactivation; {fm.calls('fmpm')}"  # read only when it fails
+        )
         assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
         assert fm.active_partitions() == [5]
