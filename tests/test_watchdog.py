@@ -1,11 +1,15 @@
-"""The run's watchdog ends a run whose failed test then hangs in teardown, and says why."""
+"""The run's watchdog ends a run whose failed test then hangs in teardown, and says why; under pytest-xdist (as
+`make test` runs the suite) it ends that worker, and the run fails with the same report."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,8 +34,11 @@ async def test_fails_then_hangs_in_teardown(leaked):
 """
 
 
-async def test_a_failed_test_hanging_in_teardown_ends_the_run_with_its_failure_and_task_stacks(tmp_path: Path) -> None:
-    (tmp_path / "test_hang.py").write_text(HANGING)
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+async def test_a_failed_test_hanging_in_teardown_ends_the_run_with_its_failure_and_task_stacks(
+    tmp_path: Path, workers: list[str]
+) -> None:
+    (tmp_path / "test_hang.py").write_text(HANGING + "\n\ndef test_beside():\n    pass\n")
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
     )
@@ -50,6 +57,7 @@ async def test_a_failed_test_hanging_in_teardown_ends_the_run_with_its_failure_a
         str(tmp_path),
         "-o",
         "timeout=60",
+        *workers,
         str(tmp_path / "test_hang.py"),
         cwd=ROOT,
         env={**os.environ, "GPU_DRA_TEST_WATCHDOG_S": "3", "PYTHONPATH": str(ROOT)},
@@ -58,7 +66,12 @@ async def test_a_failed_test_hanging_in_teardown_ends_the_run_with_its_failure_a
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     text = out.decode()
-    assert proc.returncode == 3, text
+    if workers:  # the worker ends; the run goes on with the other tests and fails
+        assert proc.returncode == 1, text
+        assert re.search(r"worker 'gw\d' crashed while running 'test_hang.py::test_fails_then_hangs_in_teardown'", text)
+        assert "1 passed" in text, text
+    else:
+        assert proc.returncode == 3, text
     assert "test_fails_then_hangs_in_teardown still running after 3s" in text
     assert "the failure the watchdog must still show" in text
     assert "stubborn-task" in text and "in stubborn" in text
