@@ -3,11 +3,13 @@
 TLS is not optional in practice: kubectl (client-go's clientcmd) sends a kubeconfig's bearer
 token only over TLS, so a plain-HTTP server could not authenticate kubectl at all. The pair is
 kept in the data directory when there is one (stable across restarts), else made once per
-process in a private temporary directory.
+process in a private temporary directory, removed when the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -24,6 +26,7 @@ def ensure_pair(directory: Path | None) -> tuple[Path, Path]:
     if directory is None:
         if _process_dir is None:
             _process_dir = Path(tempfile.mkdtemp(prefix="gpu-dra-apiserver-tls-"))
+            atexit.register(shutil.rmtree, _process_dir, ignore_errors=True)  # its key stays nowhere after
         directory = _process_dir
     try:
         return make_pair(
