@@ -12,7 +12,7 @@ import asyncio
 import os
 from typing import Any
 
-from shared.kube.kubeconfig import load_json_kubeconfig
+from shared.kube.kubeconfig import JsonKubeconfig, load_json_kubeconfig
 from shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -45,6 +45,7 @@ async def kube_api_client(
     from kubernetes_asyncio import client, config
 
     configuration = client.Configuration()
+    loaded: JsonKubeconfig | None = None
     if url:
         configuration.host = url.rstrip("/")
         if token:
@@ -68,7 +69,7 @@ async def kube_api_client(
         try:
             if in_cluster:
                 config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            elif not await asyncio.to_thread(load_json_kubeconfig, kubeconfig, configuration):
+            elif (loaded := await asyncio.to_thread(load_json_kubeconfig, kubeconfig, configuration)) is None:
                 await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
         except Exception as exc:  # noqa: BLE001 - kubeconfig and in-cluster loading raise many types
             raise KubeConfigError(
@@ -77,7 +78,11 @@ async def kube_api_client(
             ) from exc
     if max_connections > 0:
         configuration.connection_pool_maxsize = max_connections
-    api = client.ApiClient(configuration)
+    try:
+        api = client.ApiClient(configuration)  # its TLS context reads the CA and the client pair now
+    finally:
+        if loaded is not None:  # the files decoded from the kubeconfig: no key stays on disk
+            await asyncio.to_thread(loaded.remove_files)
     _without_env_lookups(api, configuration)
     return api
 

@@ -7,9 +7,11 @@ YAML: kubectl and every client read it) with the common fields is read here inst
 
 - the context `current-context` names, its cluster and its user (none: no credentials);
 - `host` from the cluster's `server` (trailing `/` dropped); for an https server, `ssl_ca_cert` from
-  `certificate-authority-data` (decoded into a temporary file of its own, 0600, removed at exit) or
-  `certificate-authority` (relative to the kubeconfig's folder), and `cert_file` / `key_file` the same
-  way from the user's `client-certificate[-data]` / `client-key[-data]`;
+  `certificate-authority-data` (decoded into a temporary file of its own, 0600, that the caller removes as
+  soon as the client has read it: `JsonKubeconfig.remove_files`) or `certificate-authority` (relative to the
+  kubeconfig's folder), and `cert_file` / `key_file` the same way from the user's
+  `client-certificate[-data]` / `client-key[-data]`: a client key is on disk only while the client is built,
+  where the loader keeps its files until the process exits (and a process killed leaves them);
 - `verify_ssl` from `insecure-skip-tls-verify`, `tls_server_name`, `proxy` from `proxy-url`;
 - a bearer `token` as the loader sets it (`api_key["BearerToken"] = "Bearer <token>"`).
 
@@ -21,7 +23,6 @@ says which).
 
 from __future__ import annotations
 
-import atexit
 import base64
 import binascii
 import contextlib
@@ -84,41 +85,46 @@ class _KubeConfig(msgspec.Struct, rename="kebab"):
 
 
 _DECODER = msgspec.json.Decoder(_KubeConfig)
-_temp_files: dict[bytes, str] = {}  # decoded content -> its file, as the loader keeps them
 
 
-def _remove_temp_files() -> None:
-    for name in _temp_files.values():
-        with contextlib.suppress(OSError):
-            os.remove(name)
-    _temp_files.clear()
+class JsonKubeconfig:
+    """What `load_json_kubeconfig` read: the temporary files it wrote (`*-data` fields decoded), for the caller
+    to remove once the client has loaded them into its TLS context."""
+
+    def __init__(self) -> None:
+        self.files: list[str] = []
+
+    def remove_files(self) -> None:
+        """Blocking (unlinks files): call it from a worker thread."""
+        for name in self.files:
+            with contextlib.suppress(OSError):
+                os.remove(name)
+        self.files.clear()
 
 
-def _data_file(data: str) -> str | None:
-    """The base64 `data` decoded into a file readable by its owner only; None when it is not base64."""
+def _data_file(data: str, written: list[str]) -> str | None:
+    """The base64 `data` decoded into a new file readable by its owner only (its name added to `written`); None
+    when it is not base64."""
     try:
         content = base64.standard_b64decode(data.encode())
     except (binascii.Error, ValueError):
         return None
-    if content not in _temp_files:
-        if not _temp_files:
-            atexit.register(_remove_temp_files)
-        fd, name = tempfile.mkstemp()  # mode 0600
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-        _temp_files[content] = name
-    return _temp_files[content]
+    fd, name = tempfile.mkstemp()  # mode 0600
+    written.append(name)
+    with os.fdopen(fd, "wb") as f:
+        f.write(content)
+    return name
 
 
 class _NotCovered(Exception):
     """The kubeconfig needs the loader."""
 
 
-def _file_or_data(file: str | None, data: str | None, base: str) -> str | None:
+def _file_or_data(file: str | None, data: str | None, base: str, written: list[str]) -> str | None:
     if data is not None:  # the loader prefers the data, even an empty one
         if not data:
             return None
-        name = _data_file(data)
+        name = _data_file(data, written)
         if name is None:
             raise _NotCovered
         return name
@@ -138,31 +144,34 @@ def _one_path(kubeconfig: str) -> str | None:
     return os.path.expanduser(path)
 
 
-def load_json_kubeconfig(kubeconfig: str, configuration: Any) -> bool:
+def load_json_kubeconfig(kubeconfig: str, configuration: Any) -> JsonKubeconfig | None:
     """Set `configuration` (a kubernetes-asyncio `Configuration`) from a JSON kubeconfig as the loader would;
-    False, with `configuration` untouched, when the file is not one this reader covers (module doc).
-    Blocking (reads files): call it from a worker thread."""
+    None, with `configuration` untouched and no file left, when the file is not one this reader covers (module
+    doc). The caller removes the result's files once its client is built. Blocking (reads and writes files):
+    call it from a worker thread."""
     path = _one_path(kubeconfig)
     if path is None:
-        return False
+        return None
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError:
-        return False
+        return None
     if not raw.lstrip().startswith(b"{"):
-        return False
+        return None
+    loaded = JsonKubeconfig()
     try:
         config = _DECODER.decode(raw)
-        fields = _fields(config, os.path.dirname(os.path.abspath(path)))
+        fields = _fields(config, os.path.dirname(os.path.abspath(path)), loaded.files)
     except (msgspec.ValidationError, msgspec.DecodeError, _NotCovered):
-        return False
+        loaded.remove_files()
+        return None
     token = fields.pop("token", None)
     if token is not None:
         configuration.api_key["BearerToken"] = token
     for key, value in fields.items():
         setattr(configuration, key, value)
-    return True
+    return loaded
 
 
 def _by_name(items: list[Any] | None, name: str | None) -> Any:
@@ -172,8 +181,9 @@ def _by_name(items: list[Any] | None, name: str | None) -> Any:
     raise _NotCovered
 
 
-def _fields(config: _KubeConfig, base: str) -> dict[str, Any]:
-    """What the loader's `_set_config` copies into a Configuration, for this kubeconfig."""
+def _fields(config: _KubeConfig, base: str, written: list[str]) -> dict[str, Any]:
+    """What the loader's `_set_config` copies into a Configuration, for this kubeconfig (the files it decodes
+    named in `written`)."""
     if not config.current_context:
         raise _NotCovered
     context = _by_name(config.contexts, config.current_context).context
@@ -197,10 +207,10 @@ def _fields(config: _KubeConfig, base: str) -> dict[str, Any]:
         fields["host"] = cluster.server.rstrip("/")
         if fields["host"].startswith("https"):
             fields["ssl_ca_cert"] = _file_or_data(
-                cluster.certificate_authority, cluster.certificate_authority_data, base
+                cluster.certificate_authority, cluster.certificate_authority_data, base, written
             )
-            fields["cert_file"] = _file_or_data(user.client_certificate, user.client_certificate_data, base)
-            fields["key_file"] = _file_or_data(user.client_key, user.client_key_data, base)
+            fields["cert_file"] = _file_or_data(user.client_certificate, user.client_certificate_data, base, written)
+            fields["key_file"] = _file_or_data(user.client_key, user.client_key_data, base, written)
     if cluster.insecure_skip_tls_verify is not None:
         fields["verify_ssl"] = not cluster.insecure_skip_tls_verify
     if cluster.tls_server_name is not None:

@@ -1,14 +1,17 @@
 """shared.kube.kubeconfig: a JSON kubeconfig gives the client the Configuration kubernetes-asyncio's loader gives
 it from the same file (field for field; a file the loader makes from `*-data` compared by its content), anything
 it does not cover goes to the loader, and the kubeconfig the embedded API server writes is JSON that a client
-made from it uses over TLS. That it is read without PyYAML is checked on the preparer's own start-up
+made from it uses over TLS; the files decoded from `*-data` (a client key among them) are gone once the client
+is built. That it is read without PyYAML is checked on the preparer's own start-up
 (tests/preparer/test_footprint.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from kubernetes_asyncio.client import Configuration, VersionApi
 from embedded.apiserver.testing import running_apiserver
 from shared.kube.client import kube_api_client
 from shared.kube.kubeconfig import load_json_kubeconfig
+from shared.selfsigned import make_pair
 
 
 def _b64(data: bytes) -> str:
@@ -85,12 +89,20 @@ async def test_json_kubeconfig_gives_what_the_loader_gives(tmp_path: Path, case:
     path.write_text(json.dumps(CASES[case]))
 
     fast = Configuration()
-    assert load_json_kubeconfig(str(path), fast)
+    loaded = load_json_kubeconfig(str(path), fast)
+    assert loaded is not None
     expected = Configuration()
     await loader.load_kube_config(config_file=str(path), client_configuration=expected, persist_config=False)
     assert _seen(fast) == _seen(expected)
-    if fast.ssl_ca_cert and "ca.pem" not in fast.ssl_ca_cert:
-        assert os.stat(fast.ssl_ca_cert).st_mode & 0o077 == 0, "a credential's file is readable by others"
+    decoded = [
+        getattr(fast, name) for name in FILES if getattr(fast, name) and str(tmp_path) not in getattr(fast, name)
+    ]
+    assert sorted(loaded.files) == sorted(decoded), "every file decoded from *-data, and only those, is the caller's"
+    for name in decoded:
+        assert os.stat(name).st_mode & 0o077 == 0, "a credential's file is readable by others"
+    loaded.remove_files()
+    assert not [name for name in decoded if os.path.exists(name)]
+    assert all(os.path.exists(getattr(fast, name)) for name in FILES if getattr(fast, name) not in (None, *decoded))
 
 
 @pytest.mark.parametrize(
@@ -112,9 +124,11 @@ def test_what_the_json_reader_does_not_cover_goes_to_the_loader(tmp_path: Path, 
     path = tmp_path / "kubeconfig"
     path.write_text(text)
     configuration = Configuration()
-    assert not load_json_kubeconfig(str(path), configuration), why
+    before = set(os.listdir(tempfile.gettempdir()))
+    assert load_json_kubeconfig(str(path), configuration) is None, why
+    assert set(os.listdir(tempfile.gettempdir())) <= before, "a kubeconfig left to the loader leaves no file"
     assert configuration.host == Configuration().host and configuration.api_key == {}
-    assert not load_json_kubeconfig(f"{path}:{path}", configuration), "several files are merged by the loader"
+    assert load_json_kubeconfig(f"{path}:{path}", configuration) is None, "several files are merged by the loader"
 
 
 async def test_the_servers_kubeconfig_is_json_and_a_client_from_it_works(tmp_path: Path) -> None:
@@ -122,9 +136,20 @@ async def test_the_servers_kubeconfig_is_json_and_a_client_from_it_works(tmp_pat
         written = server.kubeconfig_path
         assert json.loads(written.read_text())["current-context"]
         assert os.stat(written).st_mode & 0o077 == 0
-        api = await kube_api_client(str(written))
+        # with a client pair as data too: the CA, the certificate and the key are on disk only while the client
+        # is built (kubernetes-asyncio's loader keeps them until exit; a process killed leaves them behind)
+        cert, key = await asyncio.to_thread(make_pair, tmp_path / "client", "client", common_name="c", sans=["DNS:c"])
+        doc = json.loads(written.read_text())
+        for user in doc["users"]:
+            user["user"]["client-certificate-data"] = _b64(cert.read_bytes())
+            user["user"]["client-key-data"] = _b64(key.read_bytes())
+        with_pair = tmp_path / "with-pair.kubeconfig"
+        with_pair.write_text(json.dumps(doc))
+        api = await kube_api_client(str(with_pair))
         try:
-            assert api.configuration.ssl_ca_cert and api.configuration.verify_ssl  # TLS verified with the CA data
+            files = [api.configuration.ssl_ca_cert, api.configuration.cert_file, api.configuration.key_file]
+            assert all(files) and api.configuration.verify_ssl  # TLS verified with the CA data
+            assert not [name for name in files if os.path.exists(name)], "a decoded credential outlived the build"
             assert (await VersionApi(api).get_code()).git_version
         finally:
             await api.close()
