@@ -118,15 +118,28 @@ async def test_json_kubeconfig_gives_what_the_loader_gives(tmp_path: Path, case:
             "a missing file",
         ),
         (json.dumps(_kubeconfig({"server": "https://k"}, None, current="gone")), "no such context"),
+        (
+            json.dumps(
+                _kubeconfig(
+                    {"server": "https://k", "certificate-authority-data": _b64(b"CA PEM")},
+                    {"client-certificate-data": _b64(b"CERT PEM"), "client-key-data": "not base64!"},
+                )
+            ),
+            "key data that is not base64, after the CA's was decoded",
+        ),
     ],
 )
-def test_what_the_json_reader_does_not_cover_goes_to_the_loader(tmp_path: Path, text: str, why: str) -> None:
+def test_what_the_json_reader_does_not_cover_goes_to_the_loader(
+    tmp_path: Path, text: str, why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "kubeconfig"
     path.write_text(text)
     configuration = Configuration()
-    before = set(os.listdir(tempfile.gettempdir()))
+    temp = tmp_path / "temp"  # where the reader's temporary files go (this test's own: other tests run beside it)
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     assert load_json_kubeconfig(str(path), configuration) is None, why
-    assert set(os.listdir(tempfile.gettempdir())) <= before, "a kubeconfig left to the loader leaves no file"
+    assert list(temp.iterdir()) == [], "a kubeconfig left to the loader leaves no file"
     assert configuration.host == Configuration().host and configuration.api_key == {}
     assert load_json_kubeconfig(f"{path}:{path}", configuration) is None, "several files are merged by the loader"
 
