@@ -166,6 +166,9 @@ def load_json_kubeconfig(kubeconfig: str, configuration: Any) -> JsonKubeconfig 
     except (msgspec.ValidationError, msgspec.DecodeError, _NotCovered):
         loaded.remove_files()
         return None
+    except BaseException:  # a write that failed half-way: nothing decoded stays behind either
+        loaded.remove_files()
+        raise
     token = fields.pop("token", None)
     if token is not None:
         configuration.api_key["BearerToken"] = token
