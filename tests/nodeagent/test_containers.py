@@ -209,7 +209,8 @@ async def test_hostile_commands_fail_inside_and_harm_nothing(node: dict[str, Pat
 async def test_crash_loop_backs_off_and_runs_again(node: dict[str, Path]) -> None:
     marker = "/run/pod/ran"  # the work dir survives restarts: the second run succeeds and stays up
     script = (
-        f"if [ -e {marker} ]; then echo second; trap 'echo bye; exit 0' TERM; sleep 30 & wait; "
+        # the trap is set before "second" is printed: the test's SIGTERM comes once it reads that line
+        f"if [ -e {marker} ]; then trap 'echo bye; exit 0' TERM; echo second; sleep 30 & wait; "
         f"else touch {marker}; echo first; exit 1; fi"
     )
     p = pod("crash", [{"name": "ctr", "image": "x", "command": ["sh", "-c", script]}], policy="Always")
