@@ -45,6 +45,7 @@ from embedded.nodeagent.preparedclaims import PreparedClaims
 from embedded.nodeagent.resourcehealth import DeviceHealthCache, DeviceKey
 from embedded.nodeagent.sandbox import Runtime
 from shared.backoff import Backoff
+from shared.keyedlocks import KeyedLocks
 from shared.kube.events import event_body, record_event
 from shared.kube.resources import PODS, RESOURCECLAIMS
 from shared.kube.rest import ApiError, decode, request
@@ -90,7 +91,7 @@ class PodRunner:
         kubelet_metrics.CLAIMS_IN_USE.track(self.claims)
         self.pods: dict[str, dict[str, Any]] = {}  # pod uid -> last seen pod
         self._lock = asyncio.Lock()  # the prepared claims, the DRA calls and the state file: one at a time
-        self._pod_locks: dict[str, asyncio.Lock] = {}  # pod uid -> held while one of its events is handled
+        self._pod_locks: KeyedLocks[str] = KeyedLocks()  # pod uid -> held while one of its events is handled
         self._events: set[asyncio.Task[None]] = set()  # watch events being handled (pods side by side)
         self._on_change = on_change
         self._retry: set[str] = set()
@@ -232,13 +233,10 @@ class PodRunner:
             failed(not ok)
         return ok
 
-    def _pod_lock(self, uid: str) -> asyncio.Lock:
-        return self._pod_locks.setdefault(uid, asyncio.Lock())
-
     async def sync_pod(self, pod: dict[str, Any], force: bool = False) -> None:
         meta = pod["metadata"]
         uid = meta["uid"]
-        async with self._pod_lock(uid):
+        async with self._pod_locks.hold(uid):
             if await self._sync_locked(pod, force):
                 await self._try_prepare(pod)  # the claim GETs and the pod writes outside the node-wide lock
         if self._on_change:
@@ -436,7 +434,7 @@ class PodRunner:
             self._reported[meta["uid"]] = message
 
     async def forget_pod(self, uid: str) -> None:
-        async with self._pod_lock(uid):
+        async with self._pod_locks.hold(uid):
             worker = self.workers.pop(uid, None)
             self._edits.pop(uid, None)
             if worker is not None:
@@ -450,9 +448,6 @@ class PodRunner:
                 self._reported.pop(uid, None)
                 if not await self._release_pod(uid):
                     log.warning("claims of a vanished pod not unprepared; the next re-list retries", pod_uid=uid)
-        lock = self._pod_locks.get(uid)
-        if lock is not None and not lock.locked():
-            del self._pod_locks[uid]
         if self._on_change:
             self._on_change()
 
