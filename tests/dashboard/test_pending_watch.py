@@ -34,7 +34,8 @@ def pod(name: str, node: str = "") -> dict[str, Any]:
 
 async def test_a_pod_leaves_the_watch_when_it_is_bound_and_pods_on_nodes_are_never_sent(tmp_path: Path) -> None:
     async with running_apiserver(tmp_path) as server:
-        kube = Kube(await kube_api_client(str(server.kubeconfig_path)))
+        api = await kube_api_client(str(server.kubeconfig_path))
+        kube = Kube(api)
         await kube.create(NAMESPACES, None, {"metadata": {"name": NS}})
         await kube.create(PODS, NS, pod("placed", node="gpu-node-0"))
         pending = PendingPods(kube, None, on_change=lambda: None)
@@ -68,3 +69,4 @@ async def test_a_pod_leaves_the_watch_when_it_is_bound_and_pods_on_nodes_are_nev
             stopping.set()
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
+            await api.close()
