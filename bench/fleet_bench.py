@@ -229,7 +229,12 @@ async def kill_one(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    # removed after: the JetStream store of up to 65,000 inventories, the sim tree, the kubeconfigs
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-", ignore_cleanup_errors=True) as tmp:
+        return await _run(args, Path(tmp))
+
+
+async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     replica_ids = [f"pub-{i}" for i in range(args.replicas)]
     async with (
         EmbeddedNats(store_dir=tmp / "nats") as nats_srv,

@@ -38,7 +38,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def main(nodes: int, changes: int) -> dict[str, object]:
-    tmp = Path(tempfile.mkdtemp(prefix="publisher-bench-"))
+    # removed after: the JetStream store, the API server's data, the sim tree
+    with tempfile.TemporaryDirectory(prefix="publisher-bench-", ignore_cleanup_errors=True) as tmp:
+        return await _main(Path(tmp), nodes, changes)
+
+
+async def _main(tmp: Path, nodes: int, changes: int) -> dict[str, object]:
     async with EmbeddedNats(store_dir=tmp / "nats") as nats_srv, running_apiserver(tmp / "api") as api:
         bus = await Bus.connect(nats_srv.url, name="bench")
         await bus.provision()

@@ -4,6 +4,7 @@ and the survivors write its changed nodes (bench/fleet_bench.py, which the full 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_three_replicas_publish_a_small_fleet_once_and_survive_a_kill(tmp_path: Path) -> None:
     out = tmp_path / "fleet.json"
+    scratch = tmp_path / "tmp"  # the bench's own temp dir goes here, and must be gone after
+    scratch.mkdir()
     subprocess.run(
         [
             sys.executable,
@@ -22,6 +25,7 @@ def test_three_replicas_publish_a_small_fleet_once_and_survive_a_kill(tmp_path: 
         ],
         check=True,
         cwd=REPO,
+        env={**os.environ, "TMPDIR": str(scratch)},
         capture_output=True,
         timeout=240,
     )
@@ -31,3 +35,4 @@ def test_three_replicas_publish_a_small_fleet_once_and_survive_a_kill(tmp_path: 
     assert got["changes"] == 5
     assert got["changed_nodes"] == 10 and got["lost_writes"] == 0 and got["duplicate_writes"] == 0
     assert got["nodes_written_by_several_before_kill"] == 0 and got["same_hash_rewrites"] == 0
+    assert list(scratch.iterdir()) == []  # its JetStream store, sim tree and kubeconfigs removed
