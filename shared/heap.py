@@ -6,7 +6,8 @@ every time enough new objects survive, which at 1,000 nodes is a 100-250 ms stop
 every few seconds under load, and it finds nothing to free. `settle()` runs one full collection and
 then freezes what survived (`gc.freeze`): later passes skip it. Frozen objects are still freed by
 reference counting; only a cycle among them would wait for the next `settle()`, which unfreezes
-first. Call it after a bulk load (a periodic resync), not on a hot path. `collection_paused()` keeps
+first. Call it after a bulk load (a periodic resync), not on a hot path. `freeze_start_up()` does the
+freeze alone at the end of every process's start-up (its modules and classes). `collection_paused()` keeps
 automatic passes out of one synchronous, allocation-heavy pass. `fewer_young_collections()` lets a process
 with many requests in flight free their objects by reference counting before a young pass walks them.
 
@@ -43,6 +44,13 @@ def settle() -> float:
     took = time.perf_counter() - start
     log.debug("heap settled", frozen=gc.get_freeze_count(), seconds=round(took, 3))
     return took
+
+
+def freeze_start_up() -> None:
+    """Freeze what exists now (`gc.freeze`), at the end of a process's start-up: its modules, classes and config
+    live as long as the process, and every oldest-generation pass would walk them to free nothing. No collection
+    first: it would cost each process's start-up a full pass to free the few dozen objects import leaves."""
+    gc.freeze()
 
 
 YOUNG_THRESHOLD = 50_000

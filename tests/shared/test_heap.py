@@ -121,3 +121,31 @@ def test_threads_allocate_from_the_main_arena_when_asked(mode: str, one: bool) -
     assert out.returncode == 0, out.stderr[-2000:]
     arenas = out.stderr.count("Arena ")
     assert (arenas == 1) if one else (arenas > 1), out.stderr
+
+
+START_UP_PROBE = """
+import gc, sys
+from shared.config import CommonConfig
+from shared.runtime import service_main
+
+class Loaded:  # made at import, lives as long as the process
+    pass
+
+LOADED = Loaded()
+
+async def run(cfg, stopping):
+    tracked = {id(o) for o in gc.get_objects()}  # what the collector's passes still walk
+    print(gc.get_freeze_count() > 0, id(LOADED) in tracked, id(Loaded) in tracked)
+
+sys.exit(service_main(CommonConfig, [], prog="probe", description="probe", service=lambda c: "probe", run=run))
+"""
+
+
+def test_a_service_runs_with_what_its_start_up_made_out_of_the_collectors_passes() -> None:
+    # Every service's main freezes its modules, classes and config before it runs: a full pass no longer walks them.
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", START_UP_PROBE], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert out == ["True", "False", "False"]
