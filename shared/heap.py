@@ -7,9 +7,10 @@ every few seconds under load, and it finds nothing to free. `settle()` runs one 
 then freezes what survived (`gc.freeze`): later passes skip it. Frozen objects are still freed by
 reference counting; only a cycle among them would wait for the next `settle()`, which unfreezes
 first. Call it after a bulk load (a periodic resync), not on a hot path. `freeze_start_up()` does the
-freeze alone at the end of every process's start-up (its modules and classes). `collection_paused()` keeps
-automatic passes out of one synchronous, allocation-heavy pass. `fewer_young_collections()` lets a process
-with many requests in flight free their objects by reference counting before a young pass walks them.
+freeze alone after a process's start-up (its modules and classes, imported with collection paused).
+`collection_paused()` keeps automatic passes out of one synchronous, allocation-heavy pass.
+`fewer_young_collections()` lets a process with many requests in flight free their objects by reference counting
+before a young pass walks them.
 
 `release_free_memory()` hands the C heap's free pages back to the kernel (glibc's `malloc_trim`):
 after a burst (64 concurrent calls, a batch's TLS connections) glibc keeps what was freed in the
@@ -47,9 +48,9 @@ def settle() -> float:
 
 
 def freeze_start_up() -> None:
-    """Freeze what exists now (`gc.freeze`), at the end of a process's start-up: its modules, classes and config
-    live as long as the process, and every oldest-generation pass would walk them to free nothing. No collection
-    first: it would cost each process's start-up a full pass to free the few dozen objects import leaves."""
+    """Freeze what exists now (`gc.freeze`), at the end of a process's start-up (the `gpu-dra` command's import):
+    its modules, classes and config live as long as the process, and every oldest-generation pass would walk them
+    to free nothing. No collection first: it would cost each start-up a full pass to free a few dozen objects."""
     gc.freeze()
 
 

@@ -22,7 +22,6 @@ from shared import featuregates
 from shared.bus import Bus, NatsTLS
 from shared.config import CommonConfig, ConfigError, load_config_or_report
 from shared.health import HEALTH, serve
-from shared.heap import freeze_start_up
 from shared.logs import get_logger, setup_logging
 from shared.natsserver import EmbeddedNats
 from shared.tasks import cancel_and_wait
@@ -179,7 +178,6 @@ def service_main(
     except tuple(kind for kind, _ in failures) as exc:
         return _failed(prog, exc, failures)
     prepare_process(cfg, service(cfg))
-    freeze_start_up()
     code: list[int | None] = [None]
 
     async def main(stopping: asyncio.Event) -> None:

@@ -11,7 +11,6 @@ import msgspec
 
 from embedded.apiserver.authn import TokenFileError
 from shared.config import CommonConfig, load_config_or_report
-from shared.heap import freeze_start_up
 from shared.logs import get_logger, setup_logging
 
 log = get_logger(__name__)
@@ -89,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     if config is None:
         return 2
     setup_logging("apiserver", config.log_level, config.log_format)
-    freeze_start_up()
     try:
         asyncio.run(serve(config))
     except TokenFileError as exc:

@@ -1,13 +1,17 @@
 """shared.heap.settle: survivors are frozen out of full passes; a cycle among them is freed by the next settle.
-The C heap's free pages go back to the kernel where the C library is glibc."""
+A `gpu-dra` command's import (its process's start-up) is frozen the same way. The C heap's free pages go back
+to the kernel where the C library is glibc."""
 
 from __future__ import annotations
 
 import gc
+import os
 import platform
+import subprocess
 import sys
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -123,29 +127,46 @@ def test_threads_allocate_from_the_main_arena_when_asked(mode: str, one: bool) -
     assert (arenas == 1) if one else (arenas > 1), out.stderr
 
 
-START_UP_PROBE = """
-import gc, sys
-from shared.config import CommonConfig
-from shared.runtime import service_main
+PROBE_COMMAND = """
+import gc
 
-class Loaded:  # made at import, lives as long as the process
+class Loaded:  # made at import: lives as long as the process
     pass
 
 LOADED = Loaded()
 
-async def run(cfg, stopping):
+def main(argv):
     tracked = {id(o) for o in gc.get_objects()}  # what the collector's passes still walk
-    print(gc.get_freeze_count() > 0, id(LOADED) in tracked, id(Loaded) in tracked)
+    print(gc.isenabled(), gc.get_freeze_count() > 0, id(LOADED) in tracked, id(Loaded) in tracked)
+"""
 
-sys.exit(service_main(CommonConfig, [], prog="probe", description="probe", service=lambda c: "probe", run=run))
+RUN_PROBE = """
+import sys
+from importlib.metadata import EntryPoint
+from shared import cli
+sys.argv = ["gpu-dra", "probe"]
+point = EntryPoint("probe", "probecmds:COMMANDS", cli.GROUP)
+sys.exit(cli.main(None if {own} else ["probe"], points=[point]))
 """
 
 
-def test_a_service_runs_with_what_its_start_up_made_out_of_the_collectors_passes() -> None:
-    # Every service's main freezes its modules, classes and config before it runs: a full pass no longer walks them.
-    import subprocess
-
+@pytest.mark.parametrize(
+    ("own", "expected"),
+    [
+        (True, ["True", "True", "False", "False"]),  # the process's own command line: its start-up frozen
+        (False, ["True", "False", "True", "True"]),  # a command run from Python code (a test): left alone
+    ],
+)
+def test_a_commands_import_is_frozen_out_of_the_collectors_passes(tmp_path, own: bool, expected: list[str]) -> None:
+    (tmp_path / "probecmds.py").write_text("COMMANDS = {'probe': ('probecmd', 'reports the collector')}\n")
+    (tmp_path / "probecmd.py").write_text(PROBE_COMMAND)
+    repo = Path(__file__).resolve().parents[2]
     out = subprocess.run(
-        [sys.executable, "-c", START_UP_PROBE], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", RUN_PROBE.format(own=own)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{repo}"},
     ).stdout.split()
-    assert out == ["True", "False", "False"]
+    assert out == expected
