@@ -102,7 +102,7 @@ def _import(module: str, *, start_up: bool) -> Any:
 
     with heap.collection_paused():
         imported = importlib.import_module(module)
-    heap.freeze_start_up()
+        heap.freeze_start_up()  # before collection resumes: no pass ever walks what import made
     return imported
 
 

@@ -49,8 +49,8 @@ def settle() -> float:
 
 def freeze_start_up() -> None:
     """Freeze what exists now (`gc.freeze`), at the end of a process's start-up (the `gpu-dra` command's import):
-    its modules, classes and config live as long as the process, and every oldest-generation pass would walk them
-    to free nothing. No collection first: it would cost each start-up a full pass to free a few dozen objects."""
+    its modules and classes live as long as the process, and every oldest-generation pass would walk them to free
+    nothing. No collection first: it would cost each start-up a full pass to free a few dozen objects."""
     gc.freeze()
 
 
