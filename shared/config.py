@@ -174,7 +174,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig
     for f in msgspec.structs.fields(cls):
         tp, description = _strip(f.type)
         default = f.default if f.default is not msgspec.NODEFAULT else None
-        help_text = f"{description} (env {_env(f.name)}; default {default!r})"
+        # argparse expands `%` in help (`%(default)s`): a literal one (`SM %`) is doubled
+        help_text = f"{description} (env {_env(f.name)}; default {default!r})".replace("%", "%%")
         if _is_bool(tp):
             parser.add_argument(
                 _flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text

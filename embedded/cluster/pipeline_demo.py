@@ -11,6 +11,7 @@ The full workload demo (`gpu-dra demo`, what `make run` runs) is `embedded/clust
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import tempfile
 from pathlib import Path
@@ -115,6 +116,8 @@ async def _demo(work: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    summary = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
+    argparse.ArgumentParser(prog="gpu-dra pipeline-demo", description=summary).parse_args(argv)  # --help; no options
     setup_logging("gpu-dra-demo", "warning")
     setup_telemetry("gpu-dra-demo", "memory")
     with tempfile.TemporaryDirectory(prefix="gpu-dra-demo-") as work:

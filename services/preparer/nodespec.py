@@ -168,8 +168,12 @@ def render(spec: dict[str, Any], fmt: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    usage = f"usage: gpu-dra cdi generate [options] (see '{PROG} --help')"
+    if args[:1] in (["-h"], ["--help"]):
+        print(usage)
+        return 0
     if not args or args[0] != "generate":
-        print(f"usage: gpu-dra cdi generate [options] (see '{PROG} --help')", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     try:
         ns = _parser().parse_args(args[1:])

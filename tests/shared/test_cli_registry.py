@@ -129,3 +129,21 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     proc.stdout.close()  # the reader is gone before the first byte
     _, err = proc.communicate(timeout=30)
     assert (proc.returncode, err) == (0, b"")
+
+
+def _commands() -> list[str]:
+    names: list[str] = []
+    for package, value in _declared().items():
+        names += EntryPoint(package, value, cli.GROUP).load()
+    return names
+
+
+@pytest.mark.parametrize("name", _commands())
+def test_every_command_answers_help_with_its_usage_and_exit_0(name: str) -> None:
+    """`gpu-dra <command> --help`, a real process each: the command's usage on stdout, nothing on stderr, exit 0,
+    and nothing started (discovery's help once raised on a literal `%`; pipeline-demo's ran the demo)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "shared.cli", name, "--help"], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr[-2000:]
+    assert done.stdout.startswith(f"usage: gpu-dra {name}"), done.stdout[:300]
