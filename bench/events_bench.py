@@ -49,6 +49,7 @@ from services.preparer.host.lifecycle import SEND_WINDOW, LifecycleEvents  # noq
 from shared.bus import Bus, NatsTLS  # noqa: E402
 from shared.events.catalog import CLAIM, EVENTS_STREAM  # noqa: E402
 from shared.events.claims import PreparedDeviceRef  # noqa: E402
+from shared.heap import freeze_start_up  # noqa: E402
 from shared.natsserver import EmbeddedNats  # noqa: E402
 from shared.natsusers import reader_durable  # noqa: E402
 
@@ -443,6 +444,7 @@ def main() -> None:
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
+        freeze_start_up()  # as a `gpu-dra` process starts (shared.cli): no full collection walks its modules
         print(RESULT + json.dumps(asyncio.run(_as_child(args.role, args.spec))), flush=True)
         return
     result = asyncio.run(bench(args))
