@@ -21,6 +21,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,14 +74,15 @@ def up_ready_s(variant: Variant, nodes: int) -> float:
         text=True,
     )
     assert proc.stdout is not None
+    stuck = threading.Timer(UP_TIMEOUT_S, proc.kill)  # a silent, stuck `up` ends the read below
+    stuck.start()
     try:
         for line in proc.stdout:
             if line.startswith("ready:"):
                 return time.monotonic() - started
-            if time.monotonic() - started > UP_TIMEOUT_S:
-                break
         raise RuntimeError(f"{variant.name}: gpu-dra up printed no 'ready:' (exit {proc.poll()})")
     finally:
+        stuck.cancel()
         proc.send_signal(signal.SIGINT)
         try:
             proc.communicate(timeout=60)
