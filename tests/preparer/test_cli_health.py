@@ -14,9 +14,10 @@ import pytest
 from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import register
 from services.preparer.config import ConfigError, parse
+from services.preparer.gpu.healthwatch import HealthWatch
 from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
 from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
-from shared.bus import Bus
+from shared.bus import Bus, BusError
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
 from shared.events.health import DeviceHealth
@@ -136,3 +137,28 @@ async def test_health_missed_while_nats_was_away_is_read_from_kv_on_reconnect(
                     if {d.device.device_name: d.health for d in update.devices}["gpu-5"] == health_pb2.UNHEALTHY:
                         break
             stream.cancel()
+
+
+async def test_a_kv_reread_that_fails_after_a_reconnect_is_retried_until_it_reads(bus: Bus) -> None:
+    """Right after a NATS restart the bucket may not be served yet: the re-read is retried (one at a time),
+    since what was missed while NATS was away is only in KV."""
+    kv = await bus.kv(catalog.HEALTH_BUCKET)
+    await kv.put("n9.gpu-1", DeviceHealth(node="n9", device="gpu-1", state="Unhealthy", reason="xid", xid=79))
+
+    class NotServedYet:  # the bucket refuses its first read, as a server still recovering its streams would
+        reads = 0
+
+        async def items(self, pattern: str) -> dict[str, DeviceHealth]:
+            self.reads += 1
+            if self.reads == 1:
+                raise BusError("KV keys of dra-health failed: JetStream not ready")
+            return await kv.items(pattern)
+
+    watch = HealthWatch("n9", inventory=None)  # type: ignore[arg-type]  # the re-read needs no inventory
+    changed, flaky = watch.changed, NotServedYet()
+    watch._reread(bus, flaky)
+    first = watch._rereading
+    watch._reread(bus, flaky)  # a second reconnect while the first re-read runs: still one re-read
+    assert watch._rereading is first
+    await asyncio.wait_for(changed.wait(), 10)
+    assert watch.states["gpu-1"].state == "Unhealthy" and flaky.reads == 2

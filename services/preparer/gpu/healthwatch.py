@@ -15,6 +15,7 @@ from typing import Any
 from services.preparer.host.devices import Inventory
 from services.preparer.protos import dra_health_v1alpha1_pb2 as health_pb2
 from services.preparer.protos import dra_health_v1alpha1_pb2_grpc as health_grpc
+from shared.backoff import Backoff
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.health import DeviceHealth
@@ -35,6 +36,7 @@ class HealthWatch(health_grpc.DRAResourceHealthServicer):
         # set (and replaced) on every change: each stream waits on the one it took before its snapshot,
         # so neither a change during a send nor another stream's wait can swallow a wake-up
         self.changed = asyncio.Event()
+        self._rereading: asyncio.Task[None] | None = None  # the KV re-read after a reconnect, while it runs
 
     def _note(self, health: DeviceHealth) -> None:
         if health.node == self.node and self.states.get(health.device) != health:
@@ -50,13 +52,30 @@ class HealthWatch(health_grpc.DRAResourceHealthServicer):
             self._note(message)
 
         await bus.subscribe(catalog.HEALTH, on_event, node=self.node)
-        bus.on_reconnect(lambda: bus.spawn(self._read_kv(kv)))
+        bus.on_reconnect(lambda: self._reread(bus, kv))
+
+    def _reread(self, bus: Bus, kv: Any) -> None:
+        """After a reconnect: one re-read of KV at a time; one under way reads after this reconnect anyway."""
+        if self._rereading is None or self._rereading.done():
+            self._rereading = bus.spawn(self._read_kv(kv))
 
     async def _read_kv(self, kv: Any) -> None:
-        try:
-            self._note_all(await kv.items(f"{self.node}.>"))
-        except Exception as exc:  # noqa: BLE001 - live events and the next reconnect still come
-            log.warning("device health not re-read from KV after a reconnect", node=self.node, error=str(exc))
+        """Read this node's health from KV until a read succeeds: what was missed while NATS was away is only
+        there (a server just restarted may not serve the bucket yet), and no later event need ever come."""
+        backoff = Backoff(initial_s=0.2, cap_s=5.0)
+        while True:
+            try:
+                self._note_all(await kv.items(f"{self.node}.>"))
+                return
+            except Exception as exc:  # noqa: BLE001 - retried: the stream goes on with what it has meanwhile
+                delay = backoff.next()
+                log.warning(
+                    "device health not re-read from KV after a reconnect; retrying",
+                    node=self.node,
+                    error=str(exc) or type(exc).__name__,
+                    retry_in_s=delay,
+                )
+                await asyncio.sleep(delay)
 
     def _note_all(self, stored: dict[str, DeviceHealth]) -> None:
         for key, value in stored.items():
