@@ -116,8 +116,8 @@ async def _demo(work: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    summary = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
-    argparse.ArgumentParser(prog="gpu-dra pipeline-demo", description=summary).parse_args(argv)  # --help; no options
+    # --help (no options): the module doc's first line, which stays whatever its later paragraphs become
+    argparse.ArgumentParser(prog="gpu-dra pipeline-demo", description=(__doc__ or "").split("\n")[0]).parse_args(argv)
     setup_logging("gpu-dra-demo", "warning")
     setup_telemetry("gpu-dra-demo", "memory")
     with tempfile.TemporaryDirectory(prefix="gpu-dra-demo-") as work:
