@@ -11,6 +11,9 @@ claims written for that driver work unchanged:
 - `shares` (a count, only with `maxShares: N`, NVIDIA's `<count>`): value N, default 1, {1, N, 1}.
 - `compute` (percent of the device's SMs, only in mpsShares, where the MPS daemon enforces it):
   value 100, default = computeStep, validRange {computeStep, 100, computeStep}.
+- every other capacity (a MIG device's `multiprocessors`, engines and `memorySlice<i>`): kept for selectors,
+  consumed by no share (default 0, validValues [0]). Upstream consumes a capacity without a policy whole on
+  every allocation, so one share would take them all and the next share would never fit.
 
 Full GPUs and static MIG devices are offered; partitionable (dynamic-MIG) devices are not, as
 counters and shares do not mix upstream either. A device that cannot hold `min` plus one step (the
@@ -38,6 +41,11 @@ def _policy(default: int, low: int, high: int, step: int) -> dict[str, Any]:
     return {"default": _q(default), "validRange": {"min": _q(low), "max": _q(high), "step": _q(step)}}
 
 
+def _not_consumed(capacity: dict[str, Any]) -> dict[str, Any]:
+    """A capacity that shares do not divide: each consumes 0 of it."""
+    return {**capacity, "requestPolicy": {"default": "0", "validValues": ["0"]}}
+
+
 def shareable(device: dict[str, Any]) -> bool:
     """Full GPUs and static MIG devices; not partitionable or dynamic-MIG ones (they consume counters)."""
     return "consumesCounters" not in device
@@ -47,7 +55,7 @@ def offer_shares(device: dict[str, Any], setting: GpuSetting) -> dict[str, Any]:
     """The device with `allowMultipleAllocations` and request policies per the setting (a new dict)."""
     if not setting.offers_shares or not shareable(device):
         return device
-    capacity = {k: dict(v) for k, v in device.get("capacity", {}).items()}
+    capacity = {k: dict(v) if k == MEMORY else _not_consumed(v) for k, v in device.get("capacity", {}).items()}
     if MEMORY in capacity:
         step = setting.memory_step
         top = parse_bytes(capacity[MEMORY]["value"]) // step * step

@@ -57,12 +57,17 @@ def settings_for(example: str, inv, labels=DEV) -> dict[str, nodeconfig.GpuSetti
 
 
 def check_request_policies(device: dict[str, Any]) -> None:
-    """The server's rules for a requestPolicy (KEP-5075): min <= default <= max <= value, both on a step."""
+    """The server's rules for a requestPolicy (KEP-5075): min <= default <= max <= value, both on a step; or the
+    default among validValues, each at most the value."""
     for name, cap in device.get("capacity", {}).items():
         policy = cap.get("requestPolicy")
         if policy is None:
             continue
         assert device.get("allowMultipleAllocations") is True, name
+        if "validValues" in policy:
+            values = [parse_quantity(v) for v in policy["validValues"]]
+            assert parse_quantity(policy["default"]) in values and max(values) <= parse_quantity(cap["value"]), name
+            continue
         rng = policy["validRange"]
         low, high, step = (parse_quantity(rng[k]) for k in ("min", "max", "step"))
         default, value = parse_quantity(policy["default"]), parse_quantity(cap["value"])
@@ -278,3 +283,36 @@ async def test_mig_mps_shares_with_a_5gi_step_offer_a_static_mig_device_two_shar
     assert memory["value"] == "15Gi" and memory["requestPolicy"] == _range("5Gi", "5Gi", "15Gi", "5Gi")
     assert parse_quantity(memory["value"]) // parse_quantity("5Gi") >= 2  # two shares of the minimum fit
     assert device["capacity"]["compute"]["requestPolicy"] == _range("10", "10", "100", "10")
+
+
+async def test_a_shared_mig_devices_other_capacities_are_consumed_by_no_share_so_its_shares_all_fit(tmp_path):
+    """Upstream consumes a capacity without a requestPolicy whole on every allocation: a MIG device's
+    `multiprocessors`, engines and `memorySlice<i>` would go to its first share and no second share would fit.
+    Each share consumes 0 of them; they stay on the device for selectors. Through the scheduler's allocator:
+    the 3g.20gb device (15Gi in 5Gi steps) takes three 5Gi shares, and the fourth is told memory ran out."""
+    from embedded.scheduler.explain import condition_message
+    from shared.deviceclasses import device_classes
+    from tests.scheduler.conftest import claim, exactly
+    from tests.scheduler.test_capacity import NODE, Cluster, gpu_slice, results
+
+    inv = await scan(tmp_path, "mig", machine=STATIC_MIG_MACHINE)
+    path = tmp_path / "mig-mps.yaml"
+    path.write_text((EXAMPLES / "mps-shares.yaml").read_text().replace("memoryStep: 10Gi", "memoryStep: 5Gi"))
+    settings = nodeconfig.resolve(nodeconfig.load(path), DEV, inv.gpus)
+    pool = slices.desired_pools(inv, {}, STATIC, V134, settings)[slices.GPU_DRIVER]
+    [body] = bodies(pool, V134)
+    [device] = [d for d in body["spec"]["devices"] if d.get("allowMultipleAllocations") and "mig" in d["name"]]
+    others = {k: v for k, v in device["capacity"].items() if k not in ("memory", "compute")}
+    assert {"multiprocessors", "copyEngines"} <= others.keys() and any(k.startswith("memorySlice") for k in others)
+    assert all(v["requestPolicy"] == {"default": "0", "validValues": ["0"]} for v in others.values())
+    assert int(others["multiprocessors"]["value"]) > 0  # still there for a selector to read
+
+    cl = Cluster(device_classes(), [gpu_slice(device)])  # the shared device alone: nothing else takes a share
+    request = exactly("s", "mig.nvidia.com", capacity={"requests": {"memory": "5Gi"}})
+    placed = [cl.place(claim("s", [request], namespace=f"tenant-{i}")) for i in range(4)]
+    assert [o.node for o in placed] == [NODE, NODE, NODE, None]
+    shared = [results(o)[0] for o in placed[:3]]
+    assert {r["device"] for r in shared} == {device["name"]} and len({r["shareID"] for r in shared}) == 3
+    assert all(r["consumedCapacity"]["memory"] == "5Gi" for r in shared)
+    assert all(r["consumedCapacity"]["multiprocessors"] == "0" for r in shared)
+    assert "memory" in condition_message(placed[3].reports)
