@@ -15,9 +15,11 @@ claims written for that driver work unchanged:
   consumed by no share (default 0, validValues [0]). Upstream consumes a capacity without a policy whole on
   every allocation, so one share would take them all and the next share would never fit.
 
-Full GPUs and static MIG devices are offered; partitionable (dynamic-MIG) devices are not, as
-counters and shares do not mix upstream either. A device that cannot hold `min` plus one step (the
-API's rule for a validRange) stays exclusive: one share at most would fit.
+Full GPUs and MIG devices are offered, static ones and the partitionable devices of dynamic MIG: a
+shared device's counters are consumed once, by its first share (the MIG device is made then, and
+destroyed after its last share). MPS shares only on devices without counters: the preparer runs no
+MPS daemon on a MIG device made on demand. A device that cannot hold `min` plus one step (the API's
+rule for a validRange) stays exclusive: one share at most would fit.
 """
 
 from __future__ import annotations
@@ -46,14 +48,14 @@ def _not_consumed(capacity: dict[str, Any]) -> dict[str, Any]:
     return {**capacity, "requestPolicy": {"default": "0", "validValues": ["0"]}}
 
 
-def shareable(device: dict[str, Any]) -> bool:
-    """Full GPUs and static MIG devices; not partitionable or dynamic-MIG ones (they consume counters)."""
-    return "consumesCounters" not in device
+def shareable(device: dict[str, Any], setting: GpuSetting) -> bool:
+    """Whether the setting's shares fit the device: any device, but MPS shares none that consumes counters."""
+    return setting.offers_shares and (setting.sharing != "mpsShares" or "consumesCounters" not in device)
 
 
 def offer_shares(device: dict[str, Any], setting: GpuSetting) -> dict[str, Any]:
     """The device with `allowMultipleAllocations` and request policies per the setting (a new dict)."""
-    if not setting.offers_shares or not shareable(device):
+    if not shareable(device, setting):
         return device
     capacity = {k: dict(v) if k == MEMORY else _not_consumed(v) for k, v in device.get("capacity", {}).items()}
     if MEMORY in capacity:

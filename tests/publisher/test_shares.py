@@ -161,18 +161,60 @@ async def test_static_mig_devices_are_shared_too_and_validate(tmp_path):
         check_request_policies(d)
 
 
-async def test_dynamic_mig_partitionable_devices_are_never_shared(tmp_path):
+async def test_dynamic_mig_devices_take_plain_shares_whose_counters_are_consumed_once(tmp_path):
+    """Dynamic MIG with NVIDIA's memory mode: every partitionable device (the full GPU and each placement) is
+    offered as shares and still consumes its counters; through the scheduler's allocator, two shares of one
+    placement consume them once, and an overlapping placement waits until both are gone. MPS shares are not
+    offered on a device that consumes counters (the preparer runs no MPS daemon on a MIG device it makes)."""
+    from embedded.scheduler.allocator import AllocatedState, schedule
+    from embedded.scheduler.explain import condition_message
+    from shared.deviceclasses import device_classes
+    from tests.scheduler.conftest import claim, exactly
+    from tests.scheduler.test_capacity import NODE, gpu_slice, results
+
     inv = await scan(tmp_path, "n2", simulate="h100x8")
-    pool = slices.gpu_pool(
-        inv,
-        {},
-        slices.SliceOptions(mig_mode="dynamic"),
-        V135,
-        settings_for("nvidia-consumable-shares-memory.yaml", inv),
-    )
-    devices = [d for s in pool.slices for d in s.devices]
-    assert devices and all("consumesCounters" in d for d in devices)
-    assert not any(d.get("allowMultipleAllocations") for d in devices)
+    dynamic = slices.SliceOptions(mig_mode="dynamic")
+    pool = slices.gpu_pool(inv, {}, dynamic, V135, settings_for("nvidia-consumable-shares-memory.yaml", inv))
+    devices = {d["name"]: d for s in pool.slices for d in s.devices}
+    assert devices and all(d.get("allowMultipleAllocations") and "consumesCounters" in d for d in devices.values())
+    for body in bodies(pool, V135):
+        assert_valid(body)
+    for body in bodies(
+        slices.gpu_pool(inv, {}, dynamic, V134, settings_for("nvidia-consumable-shares-memory.yaml", inv)), V134
+    ):
+        assert_valid_134(body)
+    for d in devices.values():
+        check_request_policies(d)
+    mps = slices.gpu_pool(inv, {}, dynamic, V135, settings_for("mps-shares.yaml", inv))
+    assert not any(d.get("allowMultipleAllocations") for s in mps.slices for d in s.devices)
+
+    counter_set = next(c for s in pool.slices for c in s.shared_counters if c["name"].startswith("gpu-0"))
+    three, seven = devices["gpu-0-mig-3g40gb-9-4"], devices["gpu-0-mig-7g80gb-0-0"]  # slices 4-7, and all
+    state, classes = AllocatedState(), device_classes()
+    pool_slices = [gpu_slice(three, seven, sharedCounters=[counter_set])]
+
+    def place(name: str, profile: str, memory: str) -> Any:
+        request = exactly(
+            "gpu",
+            "mig.nvidia.com",
+            f'device.attributes["gpu.nvidia.com"].profile == "{profile}"',
+            capacity={"requests": {"memory": memory}},
+        )
+        c = claim(name, [request])
+        out = schedule([c], classes, pool_slices, state, [NODE])
+        if out.node is not None:
+            c["status"] = {"allocation": out.allocations[f"default/{name}"]}
+            state.add_claim(c)
+        return c, out
+
+    a, first = place("a", "3g.40gb", "10Gi")
+    b, second = place("b", "3g.40gb", "20Gi")
+    assert [results(o)[0]["device"] for o in (first, second)] == [three["name"]] * 2
+    _, whole = place("c", "7g.80gb", "10Gi")
+    assert whole.node is None and "counters used up" in condition_message(whole.reports)
+    state.remove_claim(a)
+    state.remove_claim(b)
+    assert place("c", "7g.80gb", "10Gi")[1].node == NODE
 
 
 async def test_v1beta1_offers_no_shares_and_counts_them_withheld(h100):

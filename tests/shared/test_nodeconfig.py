@@ -120,7 +120,7 @@ def test_gpu_attributes_product_name_and_memory_bounds_select() -> None:
         ({"name": "r", "sharing": "exclusive", "memoryStep": "1Gi"}, "spec.rules[0].memoryStep"),
         ({"name": "r", "memoryStep": "1Gi"}, "spec.rules[0].memoryStep"),
         ({"name": "r", "sharing": "shares", "timeSliceInterval": "Short"}, "spec.rules[0].timeSliceInterval"),
-        ({"name": "r", "sharing": "shares", "mig": "dynamic"}, "spec.rules[0].mig"),
+        ({"name": "r", "sharing": "mpsShares", "mig": "dynamic"}, "spec.rules[0].mig"),
         ({"name": "r", "sharing": "shares", "maxShares": 4, "memoryDefault": "all"}, "spec.rules[0].memoryDefault"),
         ({"name": "r", "gpus": {"memory": {"min": "80Gi", "max": "40Gi"}}}, "spec.rules[0].gpus.memory"),
         ({"name": "r", "gpus": {"memory": {"min": "lots"}}}, "spec.rules[0].gpus.memory.min"),
@@ -137,6 +137,12 @@ def test_a_bad_rule_is_refused_naming_the_field(rule: dict[str, Any], field: str
     with pytest.raises(nodeconfig.NodeConfigError) as err:
         config(rule)
     assert field in str(err.value), str(err.value)
+
+
+def test_dynamic_mig_takes_plain_shares() -> None:
+    cfg = config({"name": "r", "sharing": "shares", "mig": "dynamic", "memoryStep": "5Gi"})
+    [setting] = nodeconfig.resolve(cfg, {}, [gpu(0)]).values()
+    assert (setting.sharing, setting.mig, setting.memory_step) == ("shares", "dynamic", 5 << 30)
 
 
 def test_duplicate_rule_names_are_refused() -> None:

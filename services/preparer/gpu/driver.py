@@ -26,7 +26,7 @@ from services.preparer.gpu.vfio import Passthrough, VfioSettings, passthrough_co
 from services.preparer.host.cdi import CdiDevice, Mount, gpu_device_nodes, mps_edits, mps_share_env
 from services.preparer.host.checkpoint import ClaimRecord, PreparedDevice
 from services.preparer.host.claims import AllocationResult, ResourceClaim
-from services.preparer.host.devices import DeviceError, DeviceOps, Inventory
+from services.preparer.host.devices import DeviceError, DeviceOps, Inventory, ResolvedDevice
 from services.preparer.host.metadatafiles import MetadataSource
 from services.preparer.host.port import (
     RECORD,
@@ -52,6 +52,7 @@ from shared.claimconfigs import (
     share_daemon_id,
     strategy,
 )
+from shared.events.inventory import MigDevice
 from shared.logs import get_logger
 from shared.telemetry import get_tracer
 
@@ -112,15 +113,16 @@ class GpuDriver:
         self.common = common  # the node's driver userspace, in every claim spec
         self.passthrough = Passthrough(vfio or VfioSettings(), inventory.host_path)  # gpu-vfio-<minor> devices
         self.partitions = Partitions(ops, records, inventory)  # NVLink partitions (Fabric Manager)
-        # per shared MPS daemon: its start and its stop (with the count of its users) do not interleave
-        self._daemon_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # per device-level resource several claims may use (a shared MPS daemon by its id, a dynamic MIG device by
+        # its name): its start or create and its stop or destroy (with the count of its users) do not interleave
+        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # per shared MPS daemon this process started or confirmed, and has not asked to stop since: the
         # settings it runs with and the CDI env and mounts that reach it (`_running_share_daemon`)
         self._share_daemons: dict[str, tuple[dict[str, int], list[str], list[Mount]]] = {}
         self._published: tuple[object, dict[str, str]] = (None, {})  # an inventory and its devices' daemons
 
     def _resolve(
-        self, claim: ResourceClaim, ours: list[tuple[int, AllocationResult]]
+        self, uid: str, claim: ResourceClaim, ours: list[tuple[int, AllocationResult]]
     ) -> tuple[list[Planned], list[RawConfig]]:
         allocation = claim.status.allocation
         assert allocation is not None
@@ -145,6 +147,7 @@ class GpuDriver:
                     bool(result.adminAccess),
                     result.shareID or "",
                     {k: str(v) for k, v in (result.consumedCapacity or {}).items()},
+                    dynamic_mig=resolved.kind == "mig" and (resolved.mig is None or self._made_for(resolved.name, uid)),
                 )
             )
         raw = [
@@ -218,7 +221,7 @@ class GpuDriver:
                     modes[i].node_interval = setting.time_slice_interval
 
     async def plan(self, ref: ClaimRef, claim: ResourceClaim, results: list[tuple[int, AllocationResult]]) -> Plan:
-        planned, raw = self._resolve(claim, results)
+        planned, raw = self._resolve(ref.uid, claim, results)
         if any(p.resolved.kind == "gpu" and not p.share_id for p in planned):
             await self.settings.synced()  # a whole GPU's NodeConfig rule may time-slice it
         try:
@@ -227,7 +230,7 @@ class GpuDriver:
                     p.resolved.kind,
                     share=bool(p.share_id),
                     enabled=self.gates.enabled,
-                    dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
+                    dynamic_mig=p.dynamic_mig,
                 )
             groups = select(self.driver, raw, [(p.request, p.resolved.kind) for p in planned])
             for group in groups:
@@ -267,7 +270,7 @@ class GpuDriver:
                 mps_daemon_settings=dict(modes[i].daemon_settings),
                 # a share's user mark is in its start record (the one write before the daemon's start, if any)
                 mps_daemon=share_daemon_id(p.resolved.uuid) if modes[i].share_mps else "",
-                dynamic_mig=p.resolved.kind == "mig" and p.resolved.mig is None,
+                dynamic_mig=p.dynamic_mig,
                 pci_bus_id=self.passthrough.address(p.resolved) if p.resolved.kind == "vfio" else "",
             )
             for i, p in enumerate(planned)
@@ -278,7 +281,7 @@ class GpuDriver:
             devices=devices,
             configs=[msgspec.to_builtins(g.config) for g in groups if g.explicit],
             fabric_partition=partition,
-            record_first=any(d.dynamic_mig or d.pci_bus_id for d in devices),
+            record_first=any((d.dynamic_mig and not d.uuid) or d.pci_bus_id for d in devices),
             work=_Work(planned, groups, modes, vfio_config),
         )
 
@@ -314,19 +317,14 @@ class GpuDriver:
                 continue
             if res.kind == "mig":
                 mig = res.mig
-                if mig is None:  # created for this claim, whose record is on disk (`record_first`)
-                    assert res.gpu is not None and res.profile is not None and res.placement is not None
-                    with tracer.start_as_current_span("device.mig-create") as span:
-                        span.set_attribute("dra.device", res.name)
-                        reply = await self.ops.mig_create(res.gpu.uuid, res.profile.name, res.placement)
-                    mig = reply.device
-                    if mig is None or mig.name != res.name:
-                        raise DeviceError(
-                            f"discovery created MIG device {mig.name if mig else '?'}, expected {res.name}"
-                        )
-                    record.devices[i].uuid = mig.uuid
-                    yield RECORD  # rollback must know what exists now
-                    await self.inventory.wait_mig(mig.uuid, present=True)
+                if item.dynamic_mig:
+                    async with contextlib.aclosing(self._make_mig(res, record.devices[i], plan.record_first)) as steps:
+                        async for step in steps:
+                            yield step
+                    mig = self._live_mig(res.name)
+                    if mig is None or mig.uuid != record.devices[i].uuid:
+                        raise DeviceError(f"MIG device {res.name} is gone from discovery's inventory")
+                assert mig is not None
                 caps = list(mig.device_path_caps)
             cdi_devices[i] = CdiDevice(
                 device=res.name, nodes=gpu_device_nodes(res.minor, self.inventory.host_path, caps)
@@ -336,9 +334,7 @@ class GpuDriver:
                 dev = record.devices[i]
                 # Unlocked, no start or stop of the daemon is under way; the check and its use run with no await
                 # in between, so none can begin before this share's record (staged) counts as a user of it.
-                known = (
-                    None if self._daemon_locks[dev.mps_daemon].locked() else self._running_share_daemon(ref.uid, dev)
-                )
+                known = None if self._locks[dev.mps_daemon].locked() else self._running_share_daemon(ref.uid, dev)
                 if known is None:
                     async with contextlib.aclosing(self._start_share_daemon(ref.uid, dev)) as steps:
                         async for step in steps:
@@ -409,7 +405,7 @@ class GpuDriver:
         of its MIG devices has a daemon, and a share's client sees its MIG device as device 0
         (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>)."""
         daemon = dev.mps_daemon
-        async with self._daemon_locks[daemon]:
+        async with self._locks[daemon]:
             if self._running_share_daemon(uid, dev) is not None:
                 return
             yield RECORD
@@ -429,6 +425,35 @@ class GpuDriver:
                     raise
             env, mounts = mps_edits(started.pipe_dir, started.shm_dir)
             self._share_daemons[daemon] = (dict(settings), env, mounts)
+
+    async def _make_mig(self, res: ResolvedDevice, dev: PreparedDevice, on_disk: bool) -> AsyncGenerator[Record, None]:
+        """Make the dynamic MIG device `res` for the claim whose record holds `dev`, unless it exists: made for
+        another claim that still holds it (a share of it), it is used as it is. Under the device's lock, so that
+        one create serves every share and no destroy (`undo`) runs in between. The record is on disk before a
+        create (`on_disk`: it was written first; a share planned to join a device since destroyed writes it
+        here), and again once the device's UUID is known, so a crash leaves the device to its undo."""
+        async with self._locks[res.name]:
+            live = self._live_mig(res.name)
+            if live is not None:
+                dev.uuid = live.uuid  # a staged record: the next write carries it
+                return
+            assert res.gpu is not None and res.profile is not None and res.placement is not None
+            if dev.uuid or not on_disk:  # planned to join a device that is gone since: made here after all
+                dev.uuid = ""
+                yield RECORD
+            with tracer.start_as_current_span("device.mig-create") as span:
+                span.set_attribute("dra.device", res.name)
+                reply = await self.ops.mig_create(res.gpu.uuid, res.profile.name, res.placement)
+            mig = reply.device
+            if mig is None or mig.name != res.name:
+                raise DeviceError(f"discovery created MIG device {mig.name if mig else '?'}, expected {res.name}")
+            dev.uuid = mig.uuid
+            yield RECORD  # rollback must know what exists now
+            await self.inventory.wait_mig(mig.uuid, present=True)
+
+    def _made_for(self, name: str, uid: str) -> bool:
+        """Whether MIG device `name` was made on demand for claims other than `uid` that still hold it."""
+        return any(dev.dynamic_mig for _, _, dev in self.records.holders(name, exclude=uid))
 
     def _running_share_daemon(self, uid: str, dev: PreparedDevice) -> tuple[list[str], list[Mount]] | None:
         """The CDI env and mounts that reach `dev`'s daemon when it is known to run with `dev`'s settings (one more
@@ -474,26 +499,8 @@ class GpuDriver:
                     await self.passthrough.release(dev.pci_bus_id)
         await self.partitions.release(uid, record)  # after its GPUs are back on nvidia, as NVIDIA's driver does
         for dev in record.devices:
-            if not dev.dynamic_mig or self._still_used(uid, dev.device):
-                continue
-            mig_uuid = dev.uuid
-            if not mig_uuid:  # interrupted between create and checkpoint: ask the live inventory
-                if not self.inventory.live:
-                    raise DeviceError(
-                        f"cannot tell whether MIG device {dev.device} was created before the "
-                        "interruption until discovery's inventory arrives; will retry"
-                    )
-                mig_uuid = self._live_mig_uuid(dev.device)
-            if mig_uuid:
-                with tracer.start_as_current_span("device.mig-destroy"):
-                    await self.ops.mig_destroy(dev.parent_uuid, mig_uuid)
-                    # a retried prepare plans from the inventory right after this undo (`claimstate`): one
-                    # still showing the device would pass it off as a static MIG device that exists
-                    if not await self.inventory.wait_mig(mig_uuid, present=False):
-                        raise DeviceError(
-                            f"MIG device {dev.device} ({mig_uuid}) was destroyed but discovery's "
-                            "inventory still shows it; will retry"
-                        )
+            if dev.dynamic_mig:
+                await self._destroy_mig(uid, dev)
         if record.mps_daemon_id:
             with tracer.start_as_current_span("device.mps-stop"):
                 await self.ops.mps_stop(record.mps_daemon_id)
@@ -515,7 +522,7 @@ class GpuDriver:
     async def _release_share_daemon(self, uid: str, daemon: str) -> None:
         """Stop a GPU's shared MPS daemon when no other claim's record (prepared, or being prepared) uses it:
         the count is the checkpoint's, so a restart neither stops a daemon in use nor keeps one unused."""
-        async with self._daemon_locks[daemon]:
+        async with self._locks[daemon]:
             if next(self.records.daemon_users(daemon, exclude=uid), None) is not None:
                 log.info("shared MPS daemon kept: other shares use it", claim_uid=uid, daemon=daemon)
                 return
@@ -523,9 +530,37 @@ class GpuDriver:
             with tracer.start_as_current_span("device.mps-stop"):
                 await self.ops.mps_stop(daemon)
 
-    def _live_mig_uuid(self, name: str) -> str:
+    async def _destroy_mig(self, uid: str, dev: PreparedDevice) -> None:
+        """Destroy the dynamic MIG device `dev` of claim `uid` unless another claim's record (prepared, or being
+        prepared) holds it: the last holder's undo destroys it. Under the device's lock (`_make_mig`)."""
+        async with self._locks[dev.device]:
+            if self.records.holders(dev.device, exclude=uid):
+                log.info("dynamic MIG device kept: other claims hold it", claim_uid=uid, device=dev.device)
+                return
+            mig_uuid = dev.uuid
+            if not mig_uuid:  # interrupted between create and checkpoint: ask the live inventory
+                if not self.inventory.live:
+                    raise DeviceError(
+                        f"cannot tell whether MIG device {dev.device} was created before the "
+                        "interruption until discovery's inventory arrives; will retry"
+                    )
+                live = self._live_mig(dev.device)
+                mig_uuid = live.uuid if live is not None else ""
+            if not mig_uuid:
+                return
+            with tracer.start_as_current_span("device.mig-destroy"):
+                await self.ops.mig_destroy(dev.parent_uuid, mig_uuid)
+                # a retried prepare plans from the inventory right after this undo (`claimstate`): one
+                # still showing the device would pass it off as a static MIG device that exists
+                if not await self.inventory.wait_mig(mig_uuid, present=False):
+                    raise DeviceError(
+                        f"MIG device {dev.device} ({mig_uuid}) was destroyed but discovery's "
+                        "inventory still shows it; will retry"
+                    )
+
+    def _live_mig(self, name: str) -> MigDevice | None:
+        """MIG device `name` as discovery's inventory shows it now; None when it does not exist."""
         try:
-            resolved = self.inventory.resolve(name)
+            return self.inventory.resolve(name).mig
         except DeviceError:
-            return ""
-        return resolved.mig.uuid if resolved.mig is not None else ""
+            return None

@@ -36,6 +36,9 @@ class Planned:
     admin_access: bool
     share_id: str
     consumed: dict[str, str] = field(default_factory=dict)
+    # a MIG device made on demand (dynamic MIG): not made yet, or made for claims that still hold it; made once
+    # for its first holder and destroyed after its last (`GpuDriver.apply`, `GpuDriver.undo`)
+    dynamic_mig: bool = False
 
 
 @dataclass
@@ -70,10 +73,10 @@ def share_modes(groups: list[Selected], planned: list[Planned]) -> dict[int, Mod
             mode = Mode(sharing=kind, shared=bool(kind or p.share_id))
             implied = not kind and any(c in p.consumed for c in SHARE_MPS_CAPACITIES)
             if p.share_id and (kind == "MPS" or implied):
-                if p.resolved.kind == "mig" and p.resolved.mig is None:
+                if p.dynamic_mig:
                     raise ClaimConfigError(
-                        f"device {p.resolved.name} is a dynamic MIG device, made for one "
-                        "claim: only full GPUs and static MIG devices are shared through MPS"
+                        f"device {p.resolved.name} is a dynamic MIG device: only full GPUs and static MIG "
+                        "devices are shared through MPS (a dynamic one takes plain shares)"
                     )
                 mode.sharing, mode.share_mps = "MPS", True
                 gpu_memory = device_memory(p.resolved)

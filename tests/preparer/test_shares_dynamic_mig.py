@@ -1,0 +1,196 @@
+"""Shares of a dynamic MIG device across claims (KEP-5075 consumable capacity on a partitionable device): the
+preparer over its real socket, discovery in-process on simulated H100s, device operations over a real
+nats-server. The device is made once, for its first share, and destroyed by the undo of its last; a share that
+joins it later, or whose prepare races the undo of the share that made it, ends on the one live device."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid as uuidlib
+from pathlib import Path
+from typing import Any
+
+from embedded.apiserver.testing import running_apiserver
+from embedded.harness.discovery import RunningDiscovery, running_discovery
+from embedded.kubelet.client import register
+from shared.bus import Bus
+from shared.events import catalog
+from shared.events.devices import MigCreateReply, MigCreateRequest
+from shared.natsserver import EmbeddedNats
+from tests.preparer.helpers import ApiClaims, MemoryClaims, Node, claim_doc, running_node
+from tests.preparer.test_crash import checkpoint, start_preparer, wait_for_socket
+from tests.preparer.test_shares import share_doc
+
+MIG = "gpu-4-mig-3g40gb-9-4"  # a placement of gpu-4, which has no MIG device until a claim makes one
+
+
+def share_of(name: str, namespace: str, memory: str = "10Gi") -> dict[str, Any]:
+    """A claim allocated a plain share (memory only: no MPS) of the dynamic MIG device."""
+    doc = claim_doc(name=name, namespace=namespace, results=[("mig", MIG)])
+    result = doc["status"]["allocation"]["devices"]["results"][0]
+    result["shareID"] = str(uuidlib.uuid4())
+    result["consumedCapacity"] = {"memory": memory, "multiprocessors": "0"}
+    return doc
+
+
+def live(disc: RunningDiscovery) -> list[tuple[str, str]]:
+    """(name, UUID) of every MIG device gpu-4 has now."""
+    gpu = next(g for g in disc.inventory.gpus if g.name == "gpu-4")
+    return [(m.name, m.uuid) for m in gpu.mig_devices]
+
+
+async def creates(bus: Bus) -> list[int]:
+    """A counter of the MIG-create requests discovery gets from now on (a list holding one int)."""
+    seen = [0]
+
+    async def count(_msg: Any) -> None:
+        seen[0] += 1
+
+    await bus.nc.subscribe(catalog.DEVICE_MIG_CREATE.format(node="n1"), cb=count)
+    return seen
+
+
+def held_uuid(node: Node, uid: str) -> str:
+    record = node.service.checkpoint.claims[uid]
+    [dev] = record.devices
+    assert dev.dynamic_mig and dev.share_id, dev
+    return dev.uuid
+
+
+async def test_shares_make_the_device_once_and_the_last_shares_undo_destroys_it(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
+    made = await creates(bus)
+    first = [claims.add(share_of(f"share-{i}", f"tenant-{i}")) for i in range(3)]
+    async with running_node(claims, root, bus=bus) as node:
+        prepared = await node.plugin.prepare(first)  # three at once: one create
+        assert all(prepared[c.uid].error == "" for c in first), prepared
+        [(name, mig_uuid)] = live(discovery)
+        assert name == MIG and {held_uuid(node, c.uid) for c in first} == {mig_uuid}
+        later = claims.add(share_of("share-3", "tenant-3"))  # joins the device that exists
+        assert (await node.plugin.prepare([later]))[later.uid].error == ""
+        assert held_uuid(node, later.uid) == mig_uuid
+        await bus.nc.flush()
+        assert made == [1]
+
+        for n, claim in enumerate([*first, later]):  # the share that made it goes first
+            assert await node.plugin.unprepare([claim]) == {claim.uid: ""}
+            assert live(discovery) == ([] if n == 3 else [(MIG, mig_uuid)]), n
+
+
+async def test_a_share_prepared_while_the_last_other_share_is_unprepared_ends_on_the_live_device(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
+    """The undo of the device's last share and the prepare of a new one run at once, either way round: the new
+    share holds the device that exists after both (kept, or made again), and its undo destroys it."""
+    async with running_node(claims, root, bus=bus) as node:
+        for n in range(6):
+            old = claims.add(share_of(f"old-{n}", "tenant-a"))
+            assert (await node.plugin.prepare([old]))[old.uid].error == ""
+            new = claims.add(share_of(f"new-{n}", "tenant-b"))
+            if n % 2:  # the new share's plan sees the device; the undo may destroy it before the apply
+                prepared, undone = await asyncio.gather(node.plugin.prepare([new]), node.plugin.unprepare([old]))
+            else:
+                undone, prepared = await asyncio.gather(node.plugin.unprepare([old]), node.plugin.prepare([new]))
+            assert prepared[new.uid].error == "" and undone == {old.uid: ""}, (prepared, undone)
+            [(_, mig_uuid)] = live(discovery)
+            assert held_uuid(node, new.uid) == mig_uuid, n
+            assert await node.plugin.unprepare([new]) == {new.uid: ""}
+            assert live(discovery) == [], n
+
+
+async def test_a_whole_claim_on_a_shared_dynamic_mig_device_and_an_mps_share_are_refused(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
+    share = claims.add(share_of("share", "tenant-a"))
+    whole = claims.add(claim_doc(name="whole", namespace="tenant-b", results=[("mig", MIG)]))
+    mps = claims.add(share_doc("mps", "tenant-c", device=MIG))  # consumes compute: served through MPS
+    async with running_node(claims, root, bus=bus) as node:
+        assert (await node.plugin.prepare([share]))[share.uid].error == ""
+        before = live(discovery)
+        got = await node.plugin.prepare([whole, mps])
+        assert "it has shares prepared for other claims" in got[whole.uid].error
+        assert "only full GPUs and static MIG devices are shared through MPS" in got[mps.uid].error
+        assert live(discovery) == before and set(node.service.checkpoint.claims) == {share.uid}
+        assert await node.plugin.unprepare([share]) == {share.uid: ""}
+        assert live(discovery) == []
+
+
+async def test_kill_9_while_two_shares_wait_on_the_devices_create_then_restart_leaves_nothing_and_retries_make_it_once(
+    root: Path, nats_server: EmbeddedNats
+) -> None:
+    """Two shares prepared at once by a real `gpu-dra preparer`: one makes the device (discovery creates it and never
+    answers), the other waits for it with its record on disk. kill -9; the restarted process rolls both back, and
+    the undo of the last destroys the device, once; the kubelet's retries make it once more for both."""
+    bus = await Bus.connect(nats_server.url, name="dynamic-mig-crash")
+    await bus.provision()
+    log_path = root / "preparer.log"
+    reg_socket = root / "reg" / "gpu.nvidia.com-reg.sock"
+    try:
+        async with (
+            running_apiserver(root / "api") as api,
+            api.client() as client,
+            running_discovery(bus, node="n1", simulate="h100x8", root=root / "sim") as disc,
+        ):
+            claims = ApiClaims(client)
+            shares = [await claims.add(share_of(f"share-{i}", "default")) for i in range(2)]
+            real_sub = next(s for s in disc.service.bus._subs if s.subject == "dra.v1.device.n1.mig-create")
+            await real_sub.unsubscribe()
+            created, hang, answered = asyncio.Event(), asyncio.Event(), [0]
+
+            async def create_then_hang(req: MigCreateRequest) -> MigCreateReply:
+                reply = await disc.service.ops.mig_create(req)
+                created.set()
+                await hang.wait()
+                answered[0] += 1
+                return reply
+
+            hijack = await bus.serve(catalog.DEVICE_MIG_CREATE, create_then_hang, node="n1")
+            proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
+            await wait_for_socket(reg_socket, proc, log_path)
+            plugin = await register(reg_socket)
+            async with asyncio.timeout(20):  # as the kubelet does: sent again until one reaches the create
+                while True:
+                    prepare = asyncio.create_task(plugin.prepare(shares, timeout=30))
+                    reached = asyncio.create_task(created.wait())
+                    await asyncio.wait({prepare, reached}, return_when=asyncio.FIRST_COMPLETED)
+                    if reached.done():
+                        break
+                    reached.cancel()
+                    await asyncio.sleep(0.2)
+                while {checkpoint(root).get(c.uid, {}).get("state") for c in shares} != {"PrepareStarted"}:
+                    await asyncio.sleep(0.02)  # the second share's record, written before it waits for the device
+            [(_, made)] = live(disc)
+            proc.send_signal(signal.SIGKILL)
+            assert await proc.wait() == -signal.SIGKILL
+            prepare.cancel()
+            await plugin.close()
+            hang.set()
+            await hijack.unsubscribe()
+            await bus.serve(catalog.DEVICE_MIG_CREATE, disc.service.ops.mig_create, node="n1")
+            made_again = await creates(bus)
+
+            proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
+            try:
+                await wait_for_socket(reg_socket, proc, log_path)
+                async with asyncio.timeout(20):
+                    while checkpoint(root) or live(disc):  # both rolled back, the device destroyed
+                        await asyncio.sleep(0.05)
+                plugin = await register(reg_socket)
+                got = await plugin.prepare(shares)
+                assert all(got[c.uid].error == "" for c in shares), got
+                [(_, mig_uuid)] = live(disc)
+                assert mig_uuid != made and made_again == [1]
+                assert {checkpoint(root)[c.uid]["devices"][0]["uuid"] for c in shares} == {mig_uuid}
+                assert await plugin.unprepare(shares[:1]) == {shares[0].uid: ""}
+                assert live(disc) == [(MIG, mig_uuid)]
+                assert await plugin.unprepare(shares[1:]) == {shares[1].uid: ""}
+                assert live(disc) == []
+                await plugin.close()
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                async with asyncio.timeout(15):
+                    await proc.wait()
+    finally:
+        await bus.close()
