@@ -4,6 +4,7 @@ discovery in-process on a simulated H100 node, device operations over a real nat
 from __future__ import annotations
 
 import json
+from typing import Any
 from pathlib import Path
 
 from embedded.harness.discovery import RunningDiscovery
@@ -153,6 +154,31 @@ async def test_a_gpu_shared_by_config_goes_to_both_claims(
         assert await node.plugin.unprepare([a]) == {a.uid: ""}
         assert gpu(discovery, "gpu-5").sharing.timeslice == "Default"  # interval Default both ways
         assert node.service.checkpoint.claims[b.uid].state == "PrepareCompleted"
+
+
+async def test_a_claim_asking_another_interval_of_a_gpu_time_sliced_for_others_is_refused(
+    claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
+) -> None:
+    """A GPU has one time-slice interval: a second claim sharing it by config with another interval would change
+    it under the first claim's pods. Refused with nothing changed; the same interval joins."""
+
+    def sliced(name: str, interval: str) -> Any:
+        config = gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}})
+        return claims.add(claim_doc(name=name, results=[("gpu", "gpu-6")], configs=[config]))
+
+    short, long, also_short = sliced("short", "Short"), sliced("long", "Long"), sliced("also-short", "Short")
+    async with running_node(claims, root, bus=bus) as node:
+        assert (await node.plugin.prepare([short]))[short.uid].error == ""
+        assert gpu(discovery, "gpu-6").sharing.timeslice == "Short"
+        refused = (await node.plugin.prepare([long]))[long.uid].error
+        assert "it is time-sliced at interval Short for other claims on this node" in refused, refused
+        assert "this claim asks for Long" in refused
+        assert gpu(discovery, "gpu-6").sharing.timeslice == "Short"
+        assert set(node.service.checkpoint.claims) == {short.uid}
+        assert (await node.plugin.prepare([also_short]))[also_short.uid].error == ""
+        assert node.service.checkpoint.claims[also_short.uid].devices[0].time_slice_interval == "Short"
+        assert await node.plugin.unprepare([short, also_short]) == {short.uid: "", also_short.uid: ""}
+        assert gpu(discovery, "gpu-6").sharing.timeslice == "Default"
 
 
 async def test_class_config_then_claim_config_and_parent_request_matching(

@@ -217,6 +217,7 @@ class GpuDriver:
                         "whose rule offers mpsShares)"
                     )
                 modes[i].sharing = "TimeSlicing"
+                modes[i].interval = setting.time_slice_interval
                 if setting.time_slice_interval != "Default":  # the GPU's own default: nothing to set or reset
                     modes[i].node_interval = setting.time_slice_interval
 
@@ -267,6 +268,7 @@ class GpuDriver:
                 consumed_capacity=dict(p.consumed),
                 capacity=share_capacity(p, self.settings),
                 sharing=modes[i].sharing,
+                time_slice_interval=modes[i].interval,
                 mps_daemon_settings=dict(modes[i].daemon_settings),
                 # a share's user mark is in its start record (the one write before the daemon's start, if any)
                 mps_daemon=share_daemon_id(p.resolved.uuid) if modes[i].share_mps else "",

@@ -18,6 +18,7 @@ from shared.claimconfigs import (
     MigDeviceConfig,
     Selected,
     ShareLimits,
+    interval,
     pinned_limits,
     share_limits,
     strategy,
@@ -51,6 +52,7 @@ class Mode:
     daemon_settings: dict[str, int] = field(default_factory=dict)  # that daemon's start settings
     limits: ShareLimits = field(default_factory=ShareLimits)  # the share's client limits
     node_interval: str = ""  # a whole GPU time-sliced by its NodeConfig rule: that rule's interval
+    interval: str = ""  # a full GPU time-sliced for this claim: the interval it gets (its config's, or its rule's)
 
 
 def device_memory(r: ResolvedDevice) -> int:
@@ -71,6 +73,8 @@ def share_modes(groups: list[Selected], planned: list[Planned]) -> dict[int, Mod
         for i in group.results:
             p = planned[i]
             mode = Mode(sharing=kind, shared=bool(kind or p.share_id))
+            if kind == "TimeSlicing" and p.resolved.kind == "gpu":
+                mode.interval = interval(group.config)
             implied = not kind and any(c in p.consumed for c in SHARE_MPS_CAPACITIES)
             if p.share_id and (kind == "MPS" or implied):
                 if p.dynamic_mig:
@@ -130,6 +134,11 @@ def conflict(mine: Mode, held: PreparedDevice) -> str:
             f"asks for {mine.sharing or 'default'} sharing (time-slicing and MPS do not mix on one GPU)"
         )
     if mine.sharing != "MPS":
+        if mine.interval and held.time_slice_interval and mine.interval != held.time_slice_interval:
+            return (
+                f"it is time-sliced at interval {held.time_slice_interval} for other claims on this node, and "
+                f"this claim asks for {mine.interval}; a GPU has one interval: give every claim on it the same"
+            )
         return ""
     if not (mine.share_mps and held.share_id):  # a held MPS share uses (or is about to use) the GPU's daemon
         return (

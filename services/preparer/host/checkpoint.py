@@ -58,6 +58,8 @@ class PreparedDevice(msgspec.Struct, kw_only=True):
     uuid: str = ""
     parent_uuid: str = ""  # MIG: the physical GPU
     sharing: str = ""  # "" | TimeSlicing | MPS
+    # a time-sliced full GPU: the interval this claim set on it ("" in records written before 2026-12-07)
+    time_slice_interval: str = ""
     shared: bool = False  # config allows another claim to hold this device too
     admin_access: bool = False
     dynamic_mig: bool = False  # created by this claim's prepare, destroyed by its unprepare
@@ -74,15 +76,24 @@ class PreparedDevice(msgspec.Struct, kw_only=True):
 
 
 # How a claim holds a device: its kind, whether it shares it, admin access, whether it holds a share, the
-# sharing mode and the settings of the MPS daemon its share uses. Whether another claim may hold the device too
-# depends on nothing else, so one holder of each way stands for all its holders (`Checkpoint.holds`).
-Hold = tuple[str, bool, bool, bool, str, tuple[tuple[str, int], ...]]
+# sharing mode, the settings of the MPS daemon its share uses and the time-slice interval it set. Whether another
+# claim may hold the device too depends on nothing else, so one holder of each way stands for all its holders
+# (`Checkpoint.holds`).
+Hold = tuple[str, bool, bool, bool, str, tuple[tuple[str, int], ...], str]
 
 
 def hold_of(dev: PreparedDevice) -> Hold:
     """How a claim holds `dev` (`Hold`)."""
     settings = tuple(sorted(dev.mps_daemon_settings.items())) if dev.mps_daemon_settings else ()
-    return (dev.kind, dev.shared, dev.admin_access, bool(dev.share_id), dev.sharing, settings)
+    return (
+        dev.kind,
+        dev.shared,
+        dev.admin_access,
+        bool(dev.share_id),
+        dev.sharing,
+        settings,
+        dev.time_slice_interval,
+    )
 
 
 class ClaimRecord(msgspec.Struct, kw_only=True):
