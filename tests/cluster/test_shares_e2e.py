@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 from kubernetes_asyncio import client
 
 from embedded.cluster.apply import Applier
@@ -205,6 +206,26 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon(cluster: Local
     await asyncio.gather(*(until(functools.partial(_gone, api, ns), f"{ns} pod and claim gone") for ns in TENANTS[:7]))
     last = await _pod(api, TENANTS[7])
     assert last["status"]["phase"] == "Running", last["status"]
+    assert _daemon_record(cluster, daemon).exists()
+    inv = await _inventory(cluster)
+    assert [g.sharing.mps_daemon for g in inv.gpus if g.uuid == gpu] == [daemon]
+
+    # the node config turns every GPU exclusive: the slices follow at once, the share in use and its daemon stay
+    (allocated,) = (await _claim(api, TENANTS[7]))["status"]["allocation"]["devices"]["results"]
+    exclusive = yaml.safe_load(EXAMPLE.read_text())
+    exclusive["spec"]["rules"] = [{"name": "every-gpu-whole", "sharing": "exclusive"}]
+    await Applier(api).create_or_replace(exclusive)
+
+    async def offered_whole() -> bool:
+        listed = await client.CustomObjectsApi(api).list_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
+        )
+        devices = [d for item in listed["items"] for d in item["spec"].get("devices") or []]
+        return bool(devices) and not any(d.get("allowMultipleAllocations") for d in devices)
+
+    await until(offered_whole, "the node's devices offered whole")
+    assert (await _claim(api, TENANTS[7]))["status"]["allocation"]["devices"]["results"] == [allocated]
+    assert (await _pod(api, TENANTS[7]))["status"]["phase"] == "Running"
     assert _daemon_record(cluster, daemon).exists()
     inv = await _inventory(cluster)
     assert [g.sharing.mps_daemon for g in inv.gpus if g.uuid == gpu] == [daemon]
