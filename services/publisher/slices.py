@@ -29,6 +29,7 @@ TAINT_UNMONITORED = "gpu.nvidia.com/unmonitored"
 CLIQUE_ATTRIBUTE = "cliqueID"  # <clusterUUID>.<cliqueId>, as ComputeDomain status names cliques
 
 MigMode = Literal["static", "dynamic"]
+GpuMigMode = Literal["none", "static", "dynamic"]  # a GPU's own, from its NodeConfig rule
 TaintEffect = Literal["NoSchedule", "NoExecute"]
 
 
@@ -101,9 +102,15 @@ def device_taints(
     return taints
 
 
-def _gpu_devices(gpu: Gpu, inv: NodeInventory, mode: MigMode, notes: list[str]) -> list[dict[str, Any]]:
+def _gpu_devices(gpu: Gpu, inv: NodeInventory, mode: GpuMigMode, notes: list[str]) -> list[dict[str, Any]]:
     if mode == "dynamic":
         return devicemodel.dynamic_mode_devices(gpu, inv)
+    if mode == "none" and gpu.mig_enabled:
+        notes.append(
+            f"{gpu.name} has MIG mode on and its NodeConfig rule says mig: none; it is not offered (turn MIG off "
+            "on it, or give it mig: static or dynamic)"
+        )
+        return []
     devices = devicemodel.default_mode_devices(gpu, inv)
     if gpu.mig_enabled and not devices:  # as NVIDIA's driver: nothing allocatable, "likely stranded capacity"
         notes.append(
@@ -113,15 +120,16 @@ def _gpu_devices(gpu: Gpu, inv: NodeInventory, mode: MigMode, notes: list[str]) 
     return devices
 
 
-def _gpu_mode(pool_mode: MigMode, setting: GpuSetting | None) -> MigMode:
-    """A rule's `mig` for this GPU (none and static: static devices), else the pool's mode."""
+def _gpu_mode(pool_mode: MigMode, setting: GpuSetting | None) -> GpuMigMode:
+    """A rule's `mig` for this GPU, else the pool's mode: none (the full GPU only, while MIG is off on it),
+    static (the MIG devices that exist, else the full GPU) or dynamic (every placement, made on demand)."""
     if setting is None or setting.mig is None:
         return pool_mode
-    return "dynamic" if setting.mig == "dynamic" else "static"
+    return setting.mig
 
 
 def _passthrough(
-    gpu: Gpu, mode: MigMode, setting: GpuSetting | None, opts: SliceOptions, notes: list[str], off: frozenset[str]
+    gpu: Gpu, mode: GpuMigMode, setting: GpuSetting | None, opts: SliceOptions, notes: list[str], off: frozenset[str]
 ) -> bool:
     """Whether the GPU is offered for VFIO passthrough too: a rule's `passthrough`, else --passthrough; never
     a GPU with MIG on or in dynamic MIG mode (as NVIDIA's driver: a GPU without MIG devices only), nor with
@@ -168,7 +176,9 @@ def gpu_pool(
     withheld = 0
     for gpu in inv.gpus:
         setting = settings.get(gpu.name)
-        gpu_mode = _gpu_mode(mode, setting) if dynamic_allowed else "static"
+        gpu_mode = _gpu_mode(mode, setting)
+        if gpu_mode == "dynamic" and not dynamic_allowed:
+            gpu_mode = "static"
         gpu_devices = _gpu_devices(gpu, inv, gpu_mode, notes)
         if gpu_mode == "dynamic" and devicemodel.supports_dynamic_mig(gpu):
             cs = devicemodel.counter_set(gpu)

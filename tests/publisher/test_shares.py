@@ -354,3 +354,34 @@ async def test_a_shared_mig_devices_other_capacities_are_consumed_by_no_share_so
     assert all(r["consumedCapacity"]["memory"] == "5Gi" for r in shared)
     assert all(r["consumedCapacity"]["multiprocessors"] == "0" for r in shared)
     assert "memory" in condition_message(placed[3].reports)
+
+
+@pytest.mark.parametrize("mig", ["none", "static", "dynamic"])
+async def test_a_rules_mig_mode_decides_each_gpus_devices(tmp_path, mig):
+    """One A100 with MIG on and four MIG devices, one with MIG off. `none`: full GPUs only, so the MIG-on GPU is
+    not offered and a note says why; `static`: the MIG devices that exist, and the other GPU whole; `dynamic`:
+    every placement of the MIG-on GPU, made on demand (an Ampere GPU with MIG off stays whole)."""
+    inv = await scan(tmp_path, "mig", machine=STATIC_MIG_MACHINE)
+    on, off = inv.gpus
+    assert on.mig_enabled and len(on.mig_devices) == 4 and not off.mig_enabled
+    cfg = nodeconfig.from_obj(
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "NodeConfig",
+            "metadata": {"name": "mig"},
+            "spec": {"rules": [{"name": "every-gpu", "mig": mig}]},
+        }
+    )
+    pool = slices.gpu_pool(inv, {}, STATIC, V135, nodeconfig.resolve(cfg, DEV, inv.gpus))
+    names = sorted(d["name"] for s in pool.slices for d in s.devices)
+    if mig == "none":
+        assert names == [off.name]
+        assert any(f"{on.name} has MIG mode on and its NodeConfig rule says mig: none" in n for n in pool.notes)
+    elif mig == "static":
+        assert names == sorted([m.name for m in on.mig_devices] + [off.name])
+    else:  # the MIG-on Ampere GPU offers its placements (not itself: MIG would have to go off); the other stays whole
+        devices = {d["name"]: d for s in pool.slices for d in s.devices}
+        placements = [n for n in names if n.startswith(f"{on.name}-mig-")]
+        assert len(placements) == sum(len(p.placements) for p in on.mig_profiles)
+        assert all("consumesCounters" in devices[n] for n in placements)
+        assert sorted(set(names) - set(placements)) == [off.name]
