@@ -4,8 +4,8 @@ discovery in-process on a simulated H100 node, device operations over a real nat
 from __future__ import annotations
 
 import json
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from embedded.harness.discovery import RunningDiscovery
 from services.preparer.host.devices import DeviceOps
