@@ -183,12 +183,8 @@ class ClusterConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
 def publisher_argv(cfg: ClusterConfig) -> list[str]:
     """The publisher's command line for this cluster (its MIG flag is `--mig-mode static|dynamic`). The
     embedded API server validates slices by the 1.35 rules (a slice has devices or sharedCounters, not both)
-    while /version says 1.34, so dynamic MIG and passthrough (counters too) name the layout, not derive it."""
-    passthrough = ["--passthrough", "--counter-layout", "counters-only-slice"] if cfg.passthrough else []
-    if cfg.dynamic_mig:
-        return (
-            ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice", "--passthrough"]
-            if cfg.passthrough
-            else ["publisher", "--mig-mode", "dynamic", "--counter-layout", "counters-only-slice"]
-        )
-    return ["publisher", "--mig-mode", "static", *passthrough]
+    while /version says 1.34, so the publisher is told the layout rather than derive it: counters come with
+    dynamic MIG and passthrough, whether from these flags or from a NodeConfig rule applied at any time."""
+    argv = ["publisher", "--mig-mode", "dynamic" if cfg.dynamic_mig else "static"]
+    argv += ["--counter-layout", "counters-only-slice"]
+    return [*argv, "--passthrough"] if cfg.passthrough else argv

@@ -98,6 +98,9 @@ def test_dynamic_mig_reaches_the_publisher_as_its_mig_mode(dynamic: bool, expect
     assert prog == "publisher"
     cfg = load_config(PublisherConfig, argv, prog=prog, env={})
     assert cfg.mig_mode == expected
+    # counters may come from a NodeConfig rule (mig: dynamic) at any time, and the embedded server takes them only
+    # in slices of their own: the layout is named whatever the flags
+    assert cfg.counter_layout == "counters-only-slice"
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "node-config"

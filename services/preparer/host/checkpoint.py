@@ -62,7 +62,7 @@ class PreparedDevice(msgspec.Struct, kw_only=True):
     time_slice_interval: str = ""
     shared: bool = False  # config allows another claim to hold this device too
     admin_access: bool = False
-    dynamic_mig: bool = False  # created by this claim's prepare, destroyed by its unprepare
+    dynamic_mig: bool = False  # made on demand for its claims: by the first one prepared, destroyed after the last
     share_id: str = ""  # KEP-5075: this claim holds a share of the device, not all of it
     consumed_capacity: dict[str, str] = msgspec.field(default_factory=dict)  # the share's, as allocated
     capacity: dict[str, str] = msgspec.field(default_factory=dict)  # a share's device's whole (memory, compute)
