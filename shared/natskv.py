@@ -28,6 +28,7 @@ from shared.events.catalog import (
 )
 from shared.jetstream import WATCH_INACTIVE_S, publish_with_retry, retry_jetstream
 from shared.logs import get_logger
+from shared.natsconn import BusError
 from shared.tasks import raise_if_cancelling
 from shared.telemetry import get_tracer, inject_headers, traceparent_context
 
@@ -53,6 +54,9 @@ CONSUMER_PENDING = Gauge(
 tracer = get_tracer(__name__)
 M = TypeVar("M", bound=Message)
 _ENCODER = msgspec.json.Encoder()
+# How long a key listing waits for its watch's next key or the end of the values before it fails (its caller
+# retries): nats-py's watcher iteration waits for ever, and a listing that never ends would stall its caller.
+KEYS_WAIT_S = 5.0
 
 
 def note_pending(consumer: str, msg: Msg) -> None:
@@ -266,8 +270,14 @@ class TypedKV(Generic[M]):
             return []
         keys: list[str] = []
         try:
-            async for entry in watcher:
-                if not entry:
+            while True:
+                try:
+                    entry = await watcher.updates(timeout=KEYS_WAIT_S)  # type: ignore[no-untyped-call]
+                except nats.errors.TimeoutError:
+                    raise BusError(
+                        f"KV keys of {self.bucket.name}: the listing did not end within {KEYS_WAIT_S:.0f}s"
+                    ) from None
+                if entry is None or entry is watcher.STOP_ITER:  # the end of the values
                     break
                 keys.append(entry.key)
         finally:

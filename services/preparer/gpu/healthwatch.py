@@ -65,7 +65,10 @@ class HealthWatch(health_grpc.DRAResourceHealthServicer):
         backoff = Backoff(initial_s=0.2, cap_s=5.0)
         while True:
             try:
-                self._note_all(await kv.items(f"{self.node}.>"))
+                stored = await kv.items(f"{self.node}.>")
+                self._note_all(stored)
+                unhealthy = sorted(v.device for v in stored.values() if v.state != "Healthy")
+                log.info("device health re-read from KV after a reconnect", node=self.node, unhealthy=unhealthy)
                 return
             except Exception as exc:  # noqa: BLE001 - retried: the stream goes on with what it has meanwhile
                 delay = backoff.next()
