@@ -8,6 +8,7 @@ no share and starts no second daemon."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -43,6 +44,7 @@ from tests.preparer.test_crash_sharing import (
 )
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
+GIB = 1 << 30
 
 
 def share_doc(
@@ -185,6 +187,11 @@ async def test_claim_events_and_metrics_carry_each_share(
         assert (dev.device, dev.share_id, dev.consumed_capacity, dev.capacity) == ("gpu-1", "", {}, {})
         assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-0"}) == 2.0
         assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-1"}) == 1.0
+        consumed = functools.partial(REGISTRY.get_sample_value, "gpu_dra_prepared_share_capacity")
+        assert consumed({**labels, "namespace": "tenant-0", "capacity": "memory"}) == 30 * GIB  # 10Gi + 20Gi
+        assert consumed({**labels, "namespace": "tenant-0", "capacity": "compute"}) == 20.0  # 10 + the default 10
+        assert consumed({**labels, "namespace": "tenant-1", "capacity": "memory"}) == 10 * GIB
+        assert consumed({**labels, "namespace": "tenant-1", "capacity": "compute"}) == 20.0
         assert (
             REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "device": "gpu-1", "namespace": "tenant-w"})
             is None
@@ -193,6 +200,8 @@ async def test_claim_events_and_metrics_carry_each_share(
         assert await node.plugin.unprepare(shares[:2]) == {c.uid: "" for c in shares[:2]}
         assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-0"}) == 1.0
         assert REGISTRY.get_sample_value("gpu_dra_prepared_shares", {**labels, "namespace": "tenant-1"}) is None
+        assert consumed({**labels, "namespace": "tenant-0", "capacity": "memory"}) == 20 * GIB
+        assert consumed({**labels, "namespace": "tenant-1", "capacity": "memory"}) is None
         unprepared = await events("unprepared")
         assert {uid: e.devices[0].share_id for uid, e in unprepared.items()} == {
             c.uid: share_ids[c.uid] for c in shares[:2]

@@ -13,6 +13,8 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shared.quantity import parse_quantity
+
 if TYPE_CHECKING:
     from services.preparer.host.checkpoint import Checkpoint
 
@@ -49,18 +51,34 @@ def prepared_counts(driver: str, checkpoint: Checkpoint) -> dict[str, int]:
     return counts
 
 
-def prepared_shares(checkpoint: Checkpoint) -> dict[tuple[str, str], int]:
+SHARE_CAPACITIES = ("memory", "compute", "shares")  # what a share consumes, in bytes, percent and shares
+
+
+class HeldShares:
+    """What one namespace's completed claims hold of one device: their shares, and the capacity they consume."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.consumed: dict[str, float] = {}
+
+
+def prepared_shares(checkpoint: Checkpoint) -> dict[tuple[str, str], HeldShares]:
     """Shares (KEP-5075: devices held with a shareID) of the checkpoint's completed claims, by (device,
-    claim namespace)."""
-    counts: dict[tuple[str, str], int] = {}
+    claim namespace): how many, and the sum of each SHARE_CAPACITIES capacity they consume."""
+    held: dict[tuple[str, str], HeldShares] = {}
     for record in list(checkpoint.claims.values()):  # a copy: a scrape runs on the metrics server's thread
         if record.state != "PrepareCompleted":
             continue
         for dev in record.devices:
-            if dev.share_id:
-                key = (dev.device, record.namespace)
-                counts[key] = counts.get(key, 0) + 1
-    return counts
+            if not dev.share_id:
+                continue
+            tally = held.setdefault((dev.device, record.namespace), HeldShares())
+            tally.count += 1
+            for name in SHARE_CAPACITIES:
+                if name in dev.consumed_capacity:
+                    amount = float(parse_quantity(dev.consumed_capacity[name]))
+                    tally.consumed[name] = tally.consumed.get(name, 0.0) + amount
+    return held
 
 
 SHARES_HELP = (
@@ -68,12 +86,18 @@ SHARES_HELP = (
     "claims' namespace. Not by share id or claim: those are new label values with every claim, so "
     "the series stay bounded by devices x tenants (a series goes when its last share does)."
 )
+SHARE_CAPACITY_HELP = (
+    "Capacity the shares of a device held by completed claims consume, by device, the claims' namespace and "
+    "capacity: memory in bytes, compute in percent of the SMs, shares in shares (as gpu_dra_prepared_shares, "
+    "not by share id or claim)."
+)
 
 
 class _PreparedDevices(Collector):
-    """`gpu_dra_prepared_devices{node,driver,device_type}` and `gpu_dra_prepared_shares{node,driver,device,
-    namespace}` (SHARES_HELP), counted from each tracked checkpoint when it is
-    scraped: nothing to keep up to date on the prepare path (a count per change was O(claims) per claim)."""
+    """`gpu_dra_prepared_devices{node,driver,device_type}`, `gpu_dra_prepared_shares{node,driver,device,
+    namespace}` (SHARES_HELP) and `gpu_dra_prepared_share_capacity{...,capacity}` (SHARE_CAPACITY_HELP),
+    counted from each tracked checkpoint when it is scraped: nothing to keep up to date on the prepare path (a
+    count per change was O(claims) per claim)."""
 
     def __init__(self) -> None:
         self._tracked: dict[tuple[str, str], weakref.ref[Checkpoint]] = {}
@@ -88,15 +112,23 @@ class _PreparedDevices(Collector):
         shares = GaugeMetricFamily(
             "gpu_dra_prepared_shares", SHARES_HELP, labels=["node", "driver", "device", "namespace"]
         )
+        consumed = GaugeMetricFamily(
+            "gpu_dra_prepared_share_capacity",
+            SHARE_CAPACITY_HELP,
+            labels=["node", "driver", "device", "namespace", "capacity"],
+        )
         for (node, driver), ref in list(self._tracked.items()):
             checkpoint = ref()
             if checkpoint is not None:
                 for kind, count in prepared_counts(driver, checkpoint).items():
                     family.add_metric([node, driver, kind], count)
-                for (device, namespace), count in sorted(prepared_shares(checkpoint).items()):
-                    shares.add_metric([node, driver, device, namespace], count)
+                for (device, namespace), held in sorted(prepared_shares(checkpoint).items()):
+                    shares.add_metric([node, driver, device, namespace], held.count)
+                    for name, amount in sorted(held.consumed.items()):
+                        consumed.add_metric([node, driver, device, namespace, name], amount)
         yield family
         yield shares
+        yield consumed
 
 
 PREPARED = _PreparedDevices()
