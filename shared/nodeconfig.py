@@ -45,6 +45,7 @@ Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 MIB = 1 << 20
 DEFAULT_MEMORY_STEP = "1Mi"  # NVIDIA's ConsumableShares granularity
 DEFAULT_COMPUTE_STEP = 10
+MAX_VALID_VALUES = 10  # the API's limit on a capacity's validValues (CapacityRequestPolicyDiscreteMaxOptions)
 SHARED_MODES = ("mpsShares", "shares")
 
 
@@ -120,6 +121,8 @@ class Rule(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaul
     gpus: GpuSelector | None = None
     sharing: Sharing | None = None
     memoryStep: str | None = None  # noqa: N815
+    # the only sizes a memory share may have (validValues), smallest first; instead of memoryStep's range
+    memorySizes: list[str] | None = None  # noqa: N815
     memoryDefault: MemoryDefault | None = None  # noqa: N815
     computeStep: Annotated[int, msgspec.Meta(ge=1, le=100)] | None = None  # noqa: N815
     maxShares: Annotated[int, msgspec.Meta(ge=1, le=1024)] | None = None  # noqa: N815
@@ -158,6 +161,7 @@ class GpuSetting(msgspec.Struct, frozen=True, kw_only=True):
     rule: str | None = None
     sharing: Sharing = "exclusive"
     memory_step: int = MIB  # bytes
+    memory_sizes: tuple[int, ...] = ()  # bytes, ascending: a share's memory is one of them (memorySizes)
     memory_default: MemoryDefault = "all"
     compute_step: int = DEFAULT_COMPUTE_STEP  # percent
     max_shares: int | None = None
@@ -191,12 +195,13 @@ def _check_rule(i: int, rule: Rule) -> None:
             raise NodeConfigError(
                 f"{where}.memoryStep: {text!r} must be a positive whole number of Mi (e.g. 1Mi, 10Gi)"
             )
+    _check_sizes(where, rule)
     if rule.gpus and rule.gpus.memory and rule.gpus.memory.min and rule.gpus.memory.max:
         if parse_bytes(rule.gpus.memory.min) > parse_bytes(rule.gpus.memory.max):
             raise NodeConfigError(f"{where}.gpus.memory: min {rule.gpus.memory.min} exceeds max {rule.gpus.memory.max}")
     sharing = rule.sharing or "exclusive"
     if sharing not in SHARED_MODES:
-        for field in ("memoryStep", "memoryDefault", "computeStep", "maxShares"):
+        for field in ("memoryStep", "memorySizes", "memoryDefault", "computeStep", "maxShares"):
             if getattr(rule, field) is not None:
                 raise NodeConfigError(
                     f"{where}.{field}: only meaningful with sharing mpsShares or shares (the rule says {sharing})"
@@ -222,6 +227,33 @@ def _check_rule(i: int, rule: Rule) -> None:
             f"{where}.memoryDefault: with maxShares a claim's default memory request is 0 "
             "(NVIDIA's <count> shares); leave memoryDefault unset or none"
         )
+
+
+def _check_sizes(where: str, rule: Rule) -> None:
+    """memorySizes: 1 to MAX_VALID_VALUES whole-Mi sizes, ascending, not with memoryStep or a memoryDefault (a claim
+    naming no memory takes the smallest) nor with maxShares (whose memory default is 0)."""
+    if rule.memorySizes is None:
+        return
+    field = f"{where}.memorySizes"
+    if not 1 <= len(rule.memorySizes) <= MAX_VALID_VALUES:
+        raise NodeConfigError(f"{field}: give 1 to {MAX_VALID_VALUES} sizes (the API's limit on validValues)")
+    for other in ("memoryStep", "memoryDefault", "maxShares"):
+        if getattr(rule, other) is not None:
+            raise NodeConfigError(
+                f"{where}.{other}: not with memorySizes (a share's memory is one of the sizes, a claim naming "
+                "none takes the smallest)"
+            )
+    sizes: list[int] = []
+    for j, text in enumerate(rule.memorySizes):
+        try:
+            size = parse_bytes(text, what=f"memorySizes[{j}]")
+        except QuantityError as exc:
+            raise NodeConfigError(f"{field}[{j}]: {exc}") from None
+        if size < MIB or size % MIB:
+            raise NodeConfigError(f"{field}[{j}]: {text!r} must be a positive whole number of Mi (e.g. 10Gi)")
+        if sizes and size <= sizes[-1]:
+            raise NodeConfigError(f"{field}[{j}]: {text!r} must be larger than the size before it (smallest first)")
+        sizes.append(size)
 
 
 def validate(config: NodeConfig) -> NodeConfig:
@@ -302,6 +334,7 @@ def setting_for(config: NodeConfig, labels: Mapping[str, str], gpu: Gpu) -> GpuS
         rule=rule.name,
         sharing=rule.sharing or "exclusive",
         memory_step=parse_bytes(rule.memoryStep) if rule.memoryStep else MIB,
+        memory_sizes=tuple(parse_bytes(t) for t in rule.memorySizes or ()),
         memory_default=rule.memoryDefault
         or ("none" if rule.maxShares else "step" if rule.sharing == "mpsShares" else "all"),
         compute_step=rule.computeStep or DEFAULT_COMPUTE_STEP,

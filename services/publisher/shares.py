@@ -4,6 +4,8 @@ capacities with a `requestPolicy` (KEP-5075 consumable capacity, resource.k8s.io
 Pure. Capacity names are NVIDIA's (kubernetes-sigs/dra-driver-nvidia-gpu `--consumable-shares`), so
 claims written for that driver work unchanged:
 
+- `memory` with `memorySizes`: the device's value, validValues the sizes that fit in it, the default the
+  smallest (a device too small for any stays whole). Otherwise:
 - `memory` (bytes): the device's value rounded down to a whole number of memory steps (NVIDIA: 1Mi);
   validRange {min, max = that value, step}; the default a claim that names no amount consumes is
   the whole memory (`memoryDefault: all`, NVIDIA's `memory`; min = step), 0 (`none`, NVIDIA's
@@ -58,7 +60,13 @@ def offer_shares(device: dict[str, Any], setting: GpuSetting) -> dict[str, Any]:
     if not shareable(device, setting):
         return device
     capacity = {k: dict(v) if k == MEMORY else _not_consumed(v) for k, v in device.get("capacity", {}).items()}
-    if MEMORY in capacity:
+    if MEMORY in capacity and setting.memory_sizes:
+        sizes = [size for size in setting.memory_sizes if size <= parse_bytes(capacity[MEMORY]["value"])]
+        if not sizes:
+            return device  # not even the smallest size fits: the device stays whole
+        policy = {"default": _q(sizes[0]), "validValues": [_q(size) for size in sizes]}
+        capacity[MEMORY] = {**capacity[MEMORY], "requestPolicy": policy}
+    elif MEMORY in capacity:
         step = setting.memory_step
         top = parse_bytes(capacity[MEMORY]["value"]) // step * step
         low = 0 if setting.memory_default == "none" else step

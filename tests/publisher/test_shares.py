@@ -385,3 +385,45 @@ async def test_a_rules_mig_mode_decides_each_gpus_devices(tmp_path, mig):
         assert len(placements) == sum(len(p.placements) for p in on.mig_profiles)
         assert all("consumesCounters" in devices[n] for n in placements)
         assert sorted(set(names) - set(placements)) == [off.name]
+
+
+async def test_memory_sizes_offer_those_sizes_only_and_a_request_takes_the_next_size_up(tmp_path, h100):
+    """`memorySizes` (validValues): an H100 offers 10, 20 and 40 GiB shares, a 3g.20gb MIG device (~19.6 GiB) the
+    10 GiB one only, a 1g.5gb none (it stays whole). Through the scheduler's allocator a 15Gi request consumes
+    20Gi, a request naming none 10Gi, and the sizes never add up past the GPU."""
+    from embedded.scheduler.explain import condition_message
+    from shared.deviceclasses import device_classes
+    from tests.scheduler.conftest import claim, exactly
+    from tests.scheduler.test_capacity import Cluster, gpu_slice, results
+
+    pool = slices.desired_pools(h100, {}, STATIC, V134, settings_for("mps-sized-shares.yaml", h100))
+    [body] = bodies(pool[slices.GPU_DRIVER], V134)
+    assert_valid(body)
+    assert_valid_134(body)
+    gpu0 = next(d for d in body["spec"]["devices"] if d["name"] == "gpu-0")
+    check_request_policies(gpu0)
+    assert gpu0["capacity"]["memory"]["requestPolicy"] == {"default": "10Gi", "validValues": ["10Gi", "20Gi", "40Gi"]}
+
+    inv = await scan(tmp_path, "mig", machine=STATIC_MIG_MACHINE)
+    migs = slices.desired_pools(inv, {}, STATIC, V134, settings_for("mps-sized-shares.yaml", inv))
+    policies = {
+        d["attributes"]["profile"]["string"]: d["capacity"]["memory"].get("requestPolicy")
+        for d in bodies(migs[slices.GPU_DRIVER], V134)[0]["spec"]["devices"]
+        if d["attributes"]["type"] == {"string": "mig"}
+    }
+    assert policies["3g.20gb"] == {"default": "10Gi", "validValues": ["10Gi"]}
+    assert policies["1g.5gb"] is None and policies["2g.10gb"] is None  # under 10Gi: no size fits
+
+    cl = Cluster(device_classes(), [gpu_slice(gpu0)])
+
+    def place(name: str, memory: str | None) -> Any:
+        extra = {"capacity": {"requests": {"memory": memory}}} if memory else {}
+        return cl.place(claim(name, [exactly("gpu", "gpu.nvidia.com", **extra)]))
+
+    taken = [
+        results(place(n, m))[0]["consumedCapacity"]["memory"] for n, m in (("a", "15Gi"), ("b", None), ("c", "40Gi"))
+    ]
+    assert taken == ["20Gi", "10Gi", "40Gi"]
+    full = place("d", "25Gi")  # 70Gi taken of the GPU's 80Gi: the next size up, 40Gi, no longer fits
+    assert full.node is None and "not enough capacity left" in condition_message(full.reports)
+    assert place("e", "50Gi").node is None  # not a size: no device takes it

@@ -121,6 +121,12 @@ def test_gpu_attributes_product_name_and_memory_bounds_select() -> None:
         ({"name": "r", "memoryStep": "1Gi"}, "spec.rules[0].memoryStep"),
         ({"name": "r", "sharing": "shares", "timeSliceInterval": "Short"}, "spec.rules[0].timeSliceInterval"),
         ({"name": "r", "sharing": "mpsShares", "mig": "dynamic"}, "spec.rules[0].mig"),
+        ({"name": "r", "sharing": "shares", "memorySizes": ["20Gi", "10Gi"]}, "spec.rules[0].memorySizes[1]"),
+        ({"name": "r", "sharing": "shares", "memorySizes": ["10Gi", "1500Ki"]}, "spec.rules[0].memorySizes[1]"),
+        ({"name": "r", "sharing": "shares", "memorySizes": [f"{n}Gi" for n in range(1, 12)]}, "memorySizes"),
+        ({"name": "r", "sharing": "shares", "memorySizes": []}, "spec.rules[0].memorySizes"),
+        ({"name": "r", "sharing": "shares", "memorySizes": ["10Gi"], "memoryStep": "1Gi"}, "spec.rules[0].memoryStep"),
+        ({"name": "r", "sharing": "exclusive", "memorySizes": ["10Gi"]}, "spec.rules[0].memorySizes"),
         ({"name": "r", "sharing": "shares", "maxShares": 4, "memoryDefault": "all"}, "spec.rules[0].memoryDefault"),
         ({"name": "r", "gpus": {"memory": {"min": "80Gi", "max": "40Gi"}}}, "spec.rules[0].gpus.memory"),
         ({"name": "r", "gpus": {"memory": {"min": "lots"}}}, "spec.rules[0].gpus.memory.min"),
@@ -137,6 +143,12 @@ def test_a_bad_rule_is_refused_naming_the_field(rule: dict[str, Any], field: str
     with pytest.raises(nodeconfig.NodeConfigError) as err:
         config(rule)
     assert field in str(err.value), str(err.value)
+
+
+def test_memory_sizes_resolve_to_bytes_smallest_first() -> None:
+    cfg = config({"name": "r", "sharing": "mpsShares", "memorySizes": ["10Gi", "20Gi", "40Gi"]})
+    [setting] = nodeconfig.resolve(cfg, {}, [gpu(0)]).values()
+    assert setting.memory_sizes == (10 * GIB, 20 * GIB, 40 * GIB)
 
 
 def test_dynamic_mig_takes_plain_shares() -> None:
