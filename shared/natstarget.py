@@ -13,7 +13,10 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.bus import Bus
 
 LOCAL_CLUSTER_FILE = "nats.json"  # written by `gpu-dra up` into its data dir
 
@@ -72,3 +75,12 @@ def resolve_target(args: argparse.Namespace, env: dict[str, str]) -> Target:
             "prints it, or pass --data-dir of a local cluster"
         )
     return _from_file(newest)
+
+
+async def connect(target: Target, name: str) -> Bus:
+    """A Bus to `target` for an operator's command: three tries, then BusError (out of reach, or its credentials
+    unreadable), so the operator is told at once rather than left waiting."""
+    from shared.bus import Bus, NatsTLS  # the bus only for commands that connect
+
+    tls = NatsTLS(creds_file=target.creds) if target.creds else None
+    return await Bus.connect(target.url, name=name, user=target.user or None, tls=tls, initial_attempts=3)

@@ -15,10 +15,10 @@ from services.discovery import config
 from services.discovery.machine import MachineError
 from services.discovery.nvml import NvmlUnavailable
 from services.discovery.service import Scanner, open_nvml, run_service
-from shared.bus import Bus, BusError, NatsTLS
+from shared.bus import BusError
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
-from shared.natstarget import TargetError, add_target_flags, resolve_target
+from shared.natstarget import TargetError, add_target_flags, connect, resolve_target
 from shared.runtime import connected_bus, service_main
 
 
@@ -69,11 +69,8 @@ async def inject_xid(argv: list[str]) -> int:
         target = resolve_target(ns, dict(os.environ))
     except TargetError as exc:
         return _fail(str(exc), 2)
-    tls = NatsTLS(creds_file=target.creds) if target.creds else None
     try:
-        bus = await Bus.connect(
-            target.url, name=f"inject-xid-{ns.node}", user=target.user or None, tls=tls, initial_attempts=3
-        )  # as events tail: an operator waits for the answer
+        bus = await connect(target, f"inject-xid-{ns.node}")
     except BusError as exc:  # NATS out of reach, or its credentials unreadable: fix the target, exit 2
         return _fail(str(exc), 2)
     try:

@@ -23,10 +23,9 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from shared.bus import Bus, NatsTLS
 from shared.events.catalog import CATALOG, CLAIM, DEAD_LETTER, EVENTS_STREAM, Entry
 from shared.events.claims import ClaimEventKind
-from shared.natstarget import Target, add_target_flags, resolve_target
+from shared.natstarget import Target, add_target_flags, connect, resolve_target
 
 CLAIM_STEPS: tuple[str, ...] = get_args(ClaimEventKind)
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)\Z", re.ASCII)
@@ -120,8 +119,7 @@ def render(msg: Msg, as_json: bool) -> str:
 async def tail(
     target: Target, filters: list[str], *, since_s: float | None, count: int, as_json: bool, out: Any
 ) -> int:
-    tls = NatsTLS(creds_file=target.creds) if target.creds else None
-    bus = await Bus.connect(target.url, name="events-tail", user=target.user or None, tls=tls, initial_attempts=3)
+    bus = await connect(target, "events-tail")
     seen = 0
     done = asyncio.Event()
     lock = asyncio.Lock()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -147,8 +149,25 @@ async def _gone(api: client.ApiClient, ns: str) -> bool:
     return True
 
 
+async def _explain(cluster: LocalCluster, node: str) -> subprocess.CompletedProcess[str]:
+    """`gpu-dra nodeconfig explain NODE` against the cluster: its objects and Node from the API server, the
+    node's GPUs from NATS (the data dir's nats.json), as an operator runs it."""
+    cmd = [sys.executable, "-m", "shared.cli", "nodeconfig", "explain", node]
+    cmd += ["--kubeconfig", str(cluster.kubeconfig_path), "--data-dir", str(cluster.data_dir)]
+    return await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=60)
+
+
 async def test_eight_tenants_share_one_gpu_through_one_mps_daemon(cluster: LocalCluster) -> None:
     api = await cluster.api_client()
+    explained = await _explain(cluster, NODE)
+    assert explained.returncode == 0, explained.stderr
+    assert re.search(
+        r"gpu-0 \(NVIDIA H100[^)]*\): sharing=mpsShares memoryStep=10240Mi memoryDefault=step computeStep=10% .*"
+        r"<- rule 'mps-shares/every-gpu-mps'",
+        explained.stdout,
+    ), explained.stdout
+    unknown = await _explain(cluster, "no-such-node")
+    assert unknown.returncode == 2 and "no-such-node" in unknown.stderr, unknown
     started = time.monotonic()
     await asyncio.gather(*(_apply(api, TENANT.format(ns=ns, compute=COMPUTE[ns])) for ns in TENANTS))
     ran = await asyncio.gather(
@@ -224,6 +243,9 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon(cluster: Local
         return bool(devices) and not any(d.get("allowMultipleAllocations") for d in devices)
 
     await until(offered_whole, "the node's devices offered whole")
+    explained = await _explain(cluster, NODE)
+    assert "gpu-0 (NVIDIA H100" in explained.stdout and "sharing=exclusive" in explained.stdout, explained
+    assert "<- rule 'mps-shares/every-gpu-whole'" in explained.stdout, explained.stdout
     assert (await _claim(api, TENANTS[7]))["status"]["allocation"]["devices"]["results"] == [allocated]
     assert (await _pod(api, TENANTS[7]))["status"]["phase"] == "Running"
     assert _daemon_record(cluster, daemon).exists()
