@@ -14,9 +14,20 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
-from embedded.cluster.local import ClusterConfig, LocalCluster
+from embedded.cluster.local import LocalCluster
 from tests.cluster.helpers import edits
-from tests.cluster.test_shares_e2e import NODE, _apply, _claim, _delete, _gone, _inventory, _running_with_env, until
+from tests.cluster.test_shares_e2e import (
+    NODE,
+    _apply,
+    _claim,
+    _delete,
+    _gone,
+    _inventory,
+    _running_with_env,
+    one_gpu_cluster,
+    tenant,
+    until,
+)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
 TENANTS = ["tenant-a", "tenant-b"]
@@ -31,38 +42,12 @@ spec:
     mig: dynamic
     memoryStep: 5Gi
 """
-TENANT = """\
-apiVersion: v1
-kind: Namespace
-metadata: {{name: {ns}}}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {{name: share, namespace: {ns}}}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
+REQUEST = """\
         deviceClassName: mig.nvidia.com
         selectors:
-        - cel: {{expression: 'device.attributes["gpu.nvidia.com"].profile == "3g.40gb"'}}
+        - cel: {expression: 'device.attributes["gpu.nvidia.com"].profile == "3g.40gb"'}
         capacity:
-          requests: {{memory: 10Gi}}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: app, namespace: {ns}}}
-spec:
-  terminationGracePeriodSeconds: 5
-  containers:
-  - name: ctr
-    image: ubuntu:22.04
-    command: [sh, -c, "env | grep -E '^(NVIDIA|CUDA)_' | sort; echo started; trap 'exit 0' TERM; sleep 600 & wait"]
-    resources: {{claims: [{{name: gpu}}]}}
-  resourceClaims:
-  - {{name: gpu, resourceClaimName: share}}
-"""
+          requests: {memory: 10Gi}"""
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -70,16 +55,7 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
     root = tmp_path_factory.mktemp("dynamicsharescluster")
     node_config = root / "dynamic-mig-shares.yaml"
     node_config.write_text(NODE_CONFIG)
-    cfg = ClusterConfig(
-        nodes=1,
-        gpus="h100x1",
-        node_config=str(node_config),
-        data_dir=str(root / "data"),
-        start_timeout=120,
-        compute_domains=False,
-        dashboard=False,
-    )
-    async with LocalCluster(cfg) as c:
+    async with one_gpu_cluster(root, node_config) as c:
         yield c
 
 
@@ -87,7 +63,7 @@ async def test_two_tenants_share_one_dynamic_mig_device_made_once_and_destroyed_
     cluster: LocalCluster,
 ) -> None:
     api = await cluster.api_client()
-    await asyncio.gather(*(_apply(api, TENANT.format(ns=ns)) for ns in TENANTS))
+    await asyncio.gather(*(_apply(api, tenant(ns, REQUEST)) for ns in TENANTS))
     ran = await asyncio.gather(
         *(until(functools.partial(_running_with_env, api, ns), f"{ns}/app Running") for ns in TENANTS)
     )

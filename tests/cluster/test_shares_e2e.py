@@ -7,6 +7,7 @@ daemon; the last leaving stops the daemon within 2 s."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import subprocess
@@ -51,9 +52,7 @@ spec:
     requests:
     - name: gpu
       exactly:
-        deviceClassName: gpu.nvidia.com
-        capacity:
-          requests: {{memory: 10Gi, compute: "{compute}"}}
+{request}
 ---
 apiVersion: v1
 kind: Pod
@@ -72,19 +71,36 @@ spec:
 until = functools.partial(eventually, timeout=90.0, every=0.2)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
-    root = tmp_path_factory.mktemp("sharescluster")
+def tenant(ns: str, request: str) -> str:
+    """A tenant's namespace, its claim `share` with `request` (the lines under `exactly:`) and its pod `app`."""
+    return TENANT.format(ns=ns, request=request)
+
+
+def mps_tenant(ns: str, compute: int) -> str:
+    """A tenant asking an MPS share of 10Gi and `compute` percent."""
+    capacity = f'{{memory: 10Gi, compute: "{compute}"}}'
+    return tenant(ns, f"        deviceClassName: gpu.nvidia.com\n        capacity:\n          requests: {capacity}")
+
+
+@contextlib.asynccontextmanager
+async def one_gpu_cluster(root: Path, node_config: Path) -> AsyncIterator[LocalCluster]:
+    """`gpu-dra up` with one node of one H100 under `node_config`, without ComputeDomains or the dashboard."""
     cfg = ClusterConfig(
         nodes=1,
         gpus="h100x1",
-        node_config=str(EXAMPLE),
+        node_config=str(node_config),
         data_dir=str(root / "data"),
         start_timeout=120,
         compute_domains=False,
         dashboard=False,
     )
     async with LocalCluster(cfg) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
+    async with one_gpu_cluster(tmp_path_factory.mktemp("sharescluster"), EXAMPLE) as c:
         yield c
 
 
@@ -169,7 +185,7 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon(cluster: Local
     unknown = await _explain(cluster, "no-such-node")
     assert unknown.returncode == 2 and "no-such-node" in unknown.stderr, unknown
     started = time.monotonic()
-    await asyncio.gather(*(_apply(api, TENANT.format(ns=ns, compute=COMPUTE[ns])) for ns in TENANTS))
+    await asyncio.gather(*(_apply(api, mps_tenant(ns, COMPUTE[ns])) for ns in TENANTS))
     ran = await asyncio.gather(
         *(until(functools.partial(_running_with_env, api, ns), f"{ns}/app Running") for ns in TENANTS)
     )
@@ -200,7 +216,7 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon(cluster: Local
     print(f"\n8 tenants Running on {gpu} in {took:.1f}s; {TENANTS[0]}'s log:\n{ran[0][1]}")
 
     # a ninth: the GPU's 80Gi are taken
-    await _apply(api, TENANT.format(ns="tenant-8", compute=10))
+    await _apply(api, mps_tenant("tenant-8", 10))
 
     async def unschedulable() -> str | None:
         cond = {c["type"]: c for c in (await _pod(api, "tenant-8")).get("status", {}).get("conditions") or []}

@@ -11,15 +11,18 @@ import uuid as uuidlib
 from pathlib import Path
 from typing import Any
 
-from embedded.apiserver.testing import running_apiserver
-from embedded.harness.discovery import RunningDiscovery, running_discovery
+from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import register
 from shared.bus import Bus
 from shared.events import catalog
-from shared.events.devices import MigCreateReply, MigCreateRequest
 from shared.natsserver import EmbeddedNats
-from tests.preparer.helpers import ApiClaims, MemoryClaims, Node, claim_doc, running_node
-from tests.preparer.test_crash import checkpoint, start_preparer, wait_for_socket
+from tests.preparer.helpers import MemoryClaims, Node, claim_doc, running_node
+from tests.preparer.test_crash import (
+    HungMigCreates,
+    checkpoint,
+    crash_rig,
+    prepare_until_created,
+)
 from tests.preparer.test_shares import share_doc
 
 MIG = "gpu-4-mig-3g40gb-9-4"  # a placement of gpu-4, which has no MIG device until a claim makes one
@@ -123,74 +126,38 @@ async def test_kill_9_while_two_shares_wait_on_the_devices_create_then_restart_l
     """Two shares prepared at once by a real `gpu-dra preparer`: one makes the device (discovery creates it and never
     answers), the other waits for it with its record on disk. kill -9; the restarted process rolls both back, and
     the undo of the last destroys the device, once; the kubelet's retries make it once more for both."""
-    bus = await Bus.connect(nats_server.url, name="dynamic-mig-crash")
-    await bus.provision()
-    log_path = root / "preparer.log"
-    reg_socket = root / "reg" / "gpu.nvidia.com-reg.sock"
-    try:
-        async with (
-            running_apiserver(root / "api") as api,
-            api.client() as client,
-            running_discovery(bus, node="n1", simulate="h100x8", root=root / "sim") as disc,
-        ):
-            claims = ApiClaims(client)
-            shares = [await claims.add(share_of(f"share-{i}", "default")) for i in range(2)]
-            real_sub = next(s for s in disc.service.bus._subs if s.subject == "dra.v1.device.n1.mig-create")
-            await real_sub.unsubscribe()
-            created, hang, answered = asyncio.Event(), asyncio.Event(), [0]
+    async with crash_rig(root, nats_server.url, "dynamic-mig-crash", "h100x8") as rig:
+        shares = [await rig.claims.add(share_of(f"share-{i}", "default")) for i in range(2)]
+        hung = await HungMigCreates(rig.disc, rig.bus).start()
+        proc = await rig.start()
+        plugin = await register(rig.reg_socket)
+        prepare = await prepare_until_created(plugin, shares, hung.created)
+        async with asyncio.timeout(20):
+            while {checkpoint(root).get(c.uid, {}).get("state") for c in shares} != {"PrepareStarted"}:
+                await asyncio.sleep(0.02)  # the second share's record, written before it waits for the device
+        [(_, made)] = live(rig.disc)
+        proc.send_signal(signal.SIGKILL)
+        assert await proc.wait() == -signal.SIGKILL
+        prepare.cancel()
+        await plugin.close()
+        await hung.restore()
+        made_again = await creates(rig.bus)
 
-            async def create_then_hang(req: MigCreateRequest) -> MigCreateReply:
-                reply = await disc.service.ops.mig_create(req)
-                created.set()
-                await hang.wait()
-                answered[0] += 1
-                return reply
-
-            hijack = await bus.serve(catalog.DEVICE_MIG_CREATE, create_then_hang, node="n1")
-            proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
-            await wait_for_socket(reg_socket, proc, log_path)
-            plugin = await register(reg_socket)
-            async with asyncio.timeout(20):  # as the kubelet does: sent again until one reaches the create
-                while True:
-                    prepare = asyncio.create_task(plugin.prepare(shares, timeout=30))
-                    reached = asyncio.create_task(created.wait())
-                    await asyncio.wait({prepare, reached}, return_when=asyncio.FIRST_COMPLETED)
-                    if reached.done():
-                        break
-                    reached.cancel()
-                    await asyncio.sleep(0.2)
-                while {checkpoint(root).get(c.uid, {}).get("state") for c in shares} != {"PrepareStarted"}:
-                    await asyncio.sleep(0.02)  # the second share's record, written before it waits for the device
-            [(_, made)] = live(disc)
-            proc.send_signal(signal.SIGKILL)
-            assert await proc.wait() == -signal.SIGKILL
-            prepare.cancel()
+        proc = await rig.start()
+        try:
+            async with asyncio.timeout(20):
+                while checkpoint(root) or live(rig.disc):  # both rolled back, the device destroyed
+                    await asyncio.sleep(0.05)
+            plugin = await register(rig.reg_socket)
+            got = await plugin.prepare(shares)
+            assert all(got[c.uid].error == "" for c in shares), got
+            [(_, mig_uuid)] = live(rig.disc)
+            assert mig_uuid != made and made_again == [1]
+            assert {checkpoint(root)[c.uid]["devices"][0]["uuid"] for c in shares} == {mig_uuid}
+            assert await plugin.unprepare(shares[:1]) == {shares[0].uid: ""}
+            assert live(rig.disc) == [(MIG, mig_uuid)]
+            assert await plugin.unprepare(shares[1:]) == {shares[1].uid: ""}
+            assert live(rig.disc) == []
             await plugin.close()
-            hang.set()
-            await hijack.unsubscribe()
-            await bus.serve(catalog.DEVICE_MIG_CREATE, disc.service.ops.mig_create, node="n1")
-            made_again = await creates(bus)
-
-            proc = await start_preparer(root, api.kubeconfig_path, nats_server.url, log_path)
-            try:
-                await wait_for_socket(reg_socket, proc, log_path)
-                async with asyncio.timeout(20):
-                    while checkpoint(root) or live(disc):  # both rolled back, the device destroyed
-                        await asyncio.sleep(0.05)
-                plugin = await register(reg_socket)
-                got = await plugin.prepare(shares)
-                assert all(got[c.uid].error == "" for c in shares), got
-                [(_, mig_uuid)] = live(disc)
-                assert mig_uuid != made and made_again == [1]
-                assert {checkpoint(root)[c.uid]["devices"][0]["uuid"] for c in shares} == {mig_uuid}
-                assert await plugin.unprepare(shares[:1]) == {shares[0].uid: ""}
-                assert live(disc) == [(MIG, mig_uuid)]
-                assert await plugin.unprepare(shares[1:]) == {shares[1].uid: ""}
-                assert live(disc) == []
-                await plugin.close()
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                async with asyncio.timeout(15):
-                    await proc.wait()
-    finally:
-        await bus.close()
+        finally:
+            await rig.stop(proc)
