@@ -212,11 +212,6 @@ def _check_rule(i: int, rule: Rule) -> None:
         raise NodeConfigError(f"{where}.computeStep: {rule.computeStep} must divide 100 (e.g. 5, 10, 25)")
     if sharing != "timeSlicing" and rule.timeSliceInterval is not None:
         raise NodeConfigError(f"{where}.timeSliceInterval: only meaningful with sharing timeSlicing")
-    if sharing == "mpsShares" and rule.mig == "dynamic":
-        raise NodeConfigError(
-            f"{where}.mig: dynamic MIG devices take plain shares (sharing shares), not MPS shares; use static or "
-            "none with mpsShares"
-        )
     if rule.passthrough and (sharing != "exclusive" or rule.mig == "dynamic"):
         raise NodeConfigError(
             f"{where}.passthrough: a passthrough GPU is given whole to one VM; it cannot be "

@@ -19,9 +19,8 @@ claims written for that driver work unchanged:
 
 Full GPUs and MIG devices are offered, static ones and the partitionable devices of dynamic MIG: a
 shared device's counters are consumed once, by its first share (the MIG device is made then, and
-destroyed after its last share). MPS shares only on devices without counters: the preparer runs no
-MPS daemon on a MIG device made on demand. A device that cannot hold `min` plus one step (the API's
-rule for a validRange) stays exclusive: one share at most would fit.
+destroyed after its last share, its MPS daemon stopped before). A device that cannot hold `min` plus
+one step (the API's rule for a validRange) stays exclusive: one share at most would fit.
 """
 
 from __future__ import annotations
@@ -50,14 +49,9 @@ def _not_consumed(capacity: dict[str, Any]) -> dict[str, Any]:
     return {**capacity, "requestPolicy": {"default": "0", "validValues": ["0"]}}
 
 
-def shareable(device: dict[str, Any], setting: GpuSetting) -> bool:
-    """Whether the setting's shares fit the device: any device, but MPS shares none that consumes counters."""
-    return setting.offers_shares and (setting.sharing != "mpsShares" or "consumesCounters" not in device)
-
-
 def offer_shares(device: dict[str, Any], setting: GpuSetting) -> dict[str, Any]:
     """The device with `allowMultipleAllocations` and request policies per the setting (a new dict)."""
-    if not shareable(device, setting):
+    if not setting.offers_shares:
         return device
     capacity = {k: dict(v) if k == MEMORY else _not_consumed(v) for k, v in device.get("capacity", {}).items()}
     if MEMORY in capacity and setting.memory_sizes:

@@ -6,6 +6,7 @@ joins it later, or whose prepare races the undo of the share that made it, ends 
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import uuid as uuidlib
 from pathlib import Path
@@ -16,6 +17,7 @@ from embedded.kubelet.client import register
 from shared.bus import Bus
 from shared.events import catalog
 from shared.natsserver import EmbeddedNats
+from tests.fakedriver import FakeDriver, wait_gone
 from tests.preparer.helpers import MemoryClaims, Node, claim_doc, running_node
 from tests.preparer.test_crash import (
     HungMigCreates,
@@ -23,7 +25,7 @@ from tests.preparer.test_crash import (
     crash_rig,
     prepare_until_created,
 )
-from tests.preparer.test_shares import share_doc
+from tests.preparer.test_shares import PID_FILE, daemon_starts, edits_of, gpu_of, mps_dirs, share_doc
 
 MIG = "gpu-4-mig-3g40gb-9-4"  # a placement of gpu-4, which has no MIG device until a claim makes one
 
@@ -52,6 +54,11 @@ async def creates(bus: Bus) -> list[int]:
 
     await bus.nc.subscribe(catalog.DEVICE_MIG_CREATE.format(node="n1"), cb=count)
     return seen
+
+
+async def note_subject(seen: list[str], msg: Any) -> None:
+    """A request's operation (the subject's last token), in the order they came."""
+    seen.append(msg.subject.rsplit(".", 1)[-1])
 
 
 def held_uuid(node: Node, uid: str) -> str:
@@ -103,7 +110,7 @@ async def test_a_share_prepared_while_the_last_other_share_is_unprepared_ends_on
             assert live(discovery) == [], n
 
 
-async def test_a_whole_claim_on_a_shared_dynamic_mig_device_and_an_mps_share_are_refused(
+async def test_a_whole_claim_or_an_mps_share_on_a_device_with_plain_shares_is_refused(
     claims: MemoryClaims, root: Path, bus: Bus, discovery: RunningDiscovery
 ) -> None:
     share = claims.add(share_of("share", "tenant-a"))
@@ -114,10 +121,58 @@ async def test_a_whole_claim_on_a_shared_dynamic_mig_device_and_an_mps_share_are
         before = live(discovery)
         got = await node.plugin.prepare([whole, mps])
         assert "it has shares prepared for other claims" in got[whole.uid].error
-        assert "only full GPUs and static MIG devices are shared through MPS" in got[mps.uid].error
+        assert "and this claim asks for MPS sharing" in got[mps.uid].error, got[mps.uid].error
         assert live(discovery) == before and set(node.service.checkpoint.claims) == {share.uid}
         assert await node.plugin.unprepare([share]) == {share.uid: ""}
         assert live(discovery) == []
+
+
+async def test_mps_shares_of_a_dynamic_mig_device_meet_in_one_daemon_stopped_before_the_device_goes(
+    claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
+) -> None:
+    """mig+mps on a MIG device made on demand: the first share makes the device, then the one daemon on it
+    (CUDA_VISIBLE_DEVICES its UUID, the parent in ExclusiveProcess); each share has its own limits; the last
+    share's unprepare stops the daemon, then destroys the device. A second round makes a new device and a new
+    daemon for it."""
+    mig = "gpu-2-mig-3g40gb-9-0"
+    for round_ in range(2):
+        shares = [
+            claims.add(share_doc(f"mps-{round_}-{i}", f"tenant-{i}", device=mig, memory=m, compute=c))
+            for i, (m, c) in enumerate((("10Gi", "20"), ("20Gi", "30")))
+        ]
+        async with running_node(claims, root, bus=bus) as node:
+            prepared = await node.plugin.prepare(shares)
+            assert all(prepared[c.uid].error == "" for c in shares), prepared
+            [made] = gpu_of(real_discovery, "gpu-2").mig_devices
+            [start] = daemon_starts(fake)[-1:]
+            assert start["env"]["CUDA_VISIBLE_DEVICES"] == made.uuid and len(mps_dirs(real_discovery)) == 1
+            assert gpu_of(real_discovery, "gpu-2").sharing.compute_mode == "ExclusiveProcess"
+            for c, mib, compute in zip(shares, ("10240M", "20480M"), ("20", "30"), strict=True):
+                env, _ = edits_of(node.cdi_dir, c.uid)
+                assert (env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) == (
+                    f"0={mib}",
+                    compute,
+                )
+                [held] = node.service.checkpoint.claims[c.uid].devices
+                assert held.dynamic_mig and held.uuid == made.uuid and held.sharing == "MPS"
+            pid = int((Path(start["env"]["CUDA_MPS_PIPE_DIRECTORY"]) / PID_FILE).read_text())
+
+            assert await node.plugin.unprepare(shares[:1]) == {shares[0].uid: ""}
+            assert not wait_gone(pid, timeout=0.2) and gpu_of(real_discovery, "gpu-2").mig_devices == [made]
+            asked: list[str] = []
+            subs = [
+                await bus.nc.subscribe(entry.format(node="n1"), cb=functools.partial(note_subject, asked))
+                for entry in (catalog.DEVICE_MPS_STOP, catalog.DEVICE_MIG_DESTROY)
+            ]
+            assert await node.plugin.unprepare(shares[1:]) == {shares[1].uid: ""}
+            await bus.nc.flush()
+            for sub in subs:
+                await sub.unsubscribe()
+            assert asked == ["mps-stop", "mig-destroy"], "the daemon stops before its device goes"
+            assert wait_gone(pid, timeout=2.0), "the last share's unprepare stopped the daemon"
+            assert gpu_of(real_discovery, "gpu-2").mig_devices == [] and mps_dirs(real_discovery) == []
+            assert gpu_of(real_discovery, "gpu-2").sharing.compute_mode == "Default"
+    assert len(daemon_starts(fake)) == 2
 
 
 async def test_kill_9_while_two_shares_wait_on_the_devices_create_then_restart_leaves_nothing_and_retries_make_it_once(

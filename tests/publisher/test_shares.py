@@ -157,11 +157,11 @@ async def test_static_mig_devices_are_shared_too_and_validate(tmp_path):
         check_request_policies(d)
 
 
-async def test_dynamic_mig_devices_take_plain_shares_whose_counters_are_consumed_once(tmp_path):
+async def test_dynamic_mig_devices_take_shares_whose_counters_are_consumed_once(tmp_path):
     """Dynamic MIG with NVIDIA's memory mode: every partitionable device (the full GPU and each placement) is
     offered as shares and still consumes its counters; through the scheduler's allocator, two shares of one
-    placement consume them once, and an overlapping placement waits until both are gone. MPS shares are not
-    offered on a device that consumes counters (the preparer runs no MPS daemon on a MIG device it makes)."""
+    placement consume them once, and an overlapping placement waits until both are gone. With mpsShares each
+    also offers `compute`."""
     from embedded.scheduler.allocator import AllocatedState, schedule
     from embedded.scheduler.explain import condition_message
     from shared.deviceclasses import device_classes
@@ -182,7 +182,10 @@ async def test_dynamic_mig_devices_take_plain_shares_whose_counters_are_consumed
     for d in devices.values():
         check_request_policies(d)
     mps = slices.gpu_pool(inv, {}, dynamic, V135, settings_for("mps-shares.yaml", inv))
-    assert not any(d.get("allowMultipleAllocations") for s in mps.slices for d in s.devices)
+    mps_devices = {d["name"]: d for s in mps.slices for d in s.devices}
+    shared = [d for d in mps_devices.values() if d.get("allowMultipleAllocations")]  # those that hold two 10Gi steps
+    assert mps_devices["gpu-0-mig-3g40gb-9-4"] in shared and all("consumesCounters" in d for d in shared)
+    assert all(d["capacity"]["compute"]["requestPolicy"] == _range("10", "10", "100", "10") for d in shared)
 
     counter_set = next(c for s in pool.slices for c in s.shared_counters if c["name"].startswith("gpu-0"))
     three, seven = devices["gpu-0-mig-3g40gb-9-4"], devices["gpu-0-mig-7g80gb-0-0"]  # slices 4-7, and all

@@ -120,7 +120,6 @@ def test_gpu_attributes_product_name_and_memory_bounds_select() -> None:
         ({"name": "r", "sharing": "exclusive", "memoryStep": "1Gi"}, "spec.rules[0].memoryStep"),
         ({"name": "r", "memoryStep": "1Gi"}, "spec.rules[0].memoryStep"),
         ({"name": "r", "sharing": "shares", "timeSliceInterval": "Short"}, "spec.rules[0].timeSliceInterval"),
-        ({"name": "r", "sharing": "mpsShares", "mig": "dynamic"}, "spec.rules[0].mig"),
         ({"name": "r", "sharing": "shares", "memorySizes": ["20Gi", "10Gi"]}, "spec.rules[0].memorySizes[1]"),
         ({"name": "r", "sharing": "shares", "memorySizes": ["10Gi", "1500Ki"]}, "spec.rules[0].memorySizes[1]"),
         ({"name": "r", "sharing": "shares", "memorySizes": [f"{n}Gi" for n in range(1, 12)]}, "memorySizes"),
@@ -151,10 +150,11 @@ def test_memory_sizes_resolve_to_bytes_smallest_first() -> None:
     assert setting.memory_sizes == (10 * GIB, 20 * GIB, 40 * GIB)
 
 
-def test_dynamic_mig_takes_plain_shares() -> None:
-    cfg = config({"name": "r", "sharing": "shares", "mig": "dynamic", "memoryStep": "5Gi"})
+@pytest.mark.parametrize("sharing", ["shares", "mpsShares"])
+def test_dynamic_mig_takes_either_kind_of_share(sharing: str) -> None:
+    cfg = config({"name": "r", "sharing": sharing, "mig": "dynamic", "memoryStep": "5Gi"})
     [setting] = nodeconfig.resolve(cfg, {}, [gpu(0)]).values()
-    assert (setting.sharing, setting.mig, setting.memory_step) == ("shares", "dynamic", 5 << 30)
+    assert (setting.sharing, setting.mig, setting.memory_step) == (sharing, "dynamic", 5 << 30)
 
 
 def test_duplicate_rule_names_are_refused() -> None:

@@ -62,6 +62,14 @@ tracer = get_tracer(__name__)
 MAX_RESULTS = 32  # upstream AllocationResultsMaxSize: a claim holds at most 32 devices
 
 
+def _daemon_key(p: Planned) -> str:
+    """What names the MPS daemon of a share's device: its UUID, or for a MIG device made on demand (which has none
+    until its first share makes it, and a new one each time it is made again) its parent GPU and its name."""
+    if p.dynamic_mig and p.resolved.gpu is not None:
+        return f"{p.resolved.gpu.uuid}/{p.resolved.name}"
+    return p.resolved.uuid
+
+
 def _vfio_config(groups: list[Selected], planned: list[Planned]) -> VfioDeviceConfig | None:
     """The claim's one VfioDeviceConfig when it holds passthrough GPUs (None when it holds none); a claim
     holds passthrough GPUs only, under one config, as NVIDIA's driver assumes (ClaimConfigError if not)."""
@@ -271,7 +279,7 @@ class GpuDriver:
                 time_slice_interval=modes[i].interval,
                 mps_daemon_settings=dict(modes[i].daemon_settings),
                 # a share's user mark is in its start record (the one write before the daemon's start, if any)
-                mps_daemon=share_daemon_id(p.resolved.uuid) if modes[i].share_mps else "",
+                mps_daemon=share_daemon_id(_daemon_key(p)) if modes[i].share_mps else "",
                 dynamic_mig=p.dynamic_mig,
                 pci_bus_id=self.passthrough.address(p.resolved) if p.resolved.kind == "vfio" else "",
             )
@@ -500,14 +508,14 @@ class GpuDriver:
                 with tracer.start_as_current_span("device.vfio-unbind"):
                     await self.passthrough.release(dev.pci_bus_id)
         await self.partitions.release(uid, record)  # after its GPUs are back on nvidia, as NVIDIA's driver does
-        for dev in record.devices:
-            if dev.dynamic_mig:
-                await self._destroy_mig(uid, dev)
         if record.mps_daemon_id:
             with tracer.start_as_current_span("device.mps-stop"):
                 await self.ops.mps_stop(record.mps_daemon_id)
         for daemon in sorted({d.mps_daemon for d in record.devices if d.mps_daemon}):
             await self._release_share_daemon(uid, daemon)
+        for dev in record.devices:  # after its MPS daemon, which runs on it, has stopped
+            if dev.dynamic_mig:
+                await self._destroy_mig(uid, dev)
         if record.timesliced_gpus:
             reset = [
                 gpu

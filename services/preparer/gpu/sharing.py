@@ -77,11 +77,6 @@ def share_modes(groups: list[Selected], planned: list[Planned]) -> dict[int, Mod
                 mode.interval = interval(group.config)
             implied = not kind and any(c in p.consumed for c in SHARE_MPS_CAPACITIES)
             if p.share_id and (kind == "MPS" or implied):
-                if p.dynamic_mig:
-                    raise ClaimConfigError(
-                        f"device {p.resolved.name} is a dynamic MIG device: only full GPUs and static MIG "
-                        "devices are shared through MPS (a dynamic one takes plain shares)"
-                    )
                 mode.sharing, mode.share_mps = "MPS", True
                 gpu_memory = device_memory(p.resolved)
                 mode.limits = share_limits(p.consumed, gpu_memory)
