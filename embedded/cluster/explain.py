@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from fractions import Fraction
 from typing import Any
 
 import msgspec
 
 from embedded.scheduler.allocator import schedule
+from embedded.scheduler.capacity import Capacity, device_capacities
 from embedded.scheduler.celsandbox import CelSandbox
 from embedded.scheduler.explain import report_text
 from embedded.scheduler.plan import plan_pod
@@ -28,6 +30,7 @@ from embedded.scheduler.pools import SliceIndex
 from embedded.scheduler.report import NodeReport, RequestReport
 from embedded.scheduler.requests import claim_selectors
 from embedded.scheduler.state import ClusterState, load_state
+from embedded.scheduler.values import format_quantity
 from shared.kube.client import kube_api_client
 from shared.kube.resources import (
     DEVICECLASSES,
@@ -161,11 +164,38 @@ def explain_pod(
     return "\n".join(lines)
 
 
+def _left_of(cap: Capacity, used: Fraction) -> str:
+    return f"{cap.key} {format_quantity(max(cap.value - used, Fraction(0)))} of {format_quantity(cap.value)}"
+
+
+def _left_lines(state: ClusterState, claim: Obj) -> list[str]:
+    """For each shared device the claim holds a share of: how many shares hold it, and what is left of each
+    capacity they consume (`device gpu-0: 8 shares; left: memory 0 of 80Gi, compute 10 of 100`)."""
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    wanted = {(r.get("driver"), r.get("pool"), r.get("device")) for r in results if r.get("shareID")}
+    lines: list[str] = []
+    for sl in state.values_slices() if wanted else []:
+        spec = sl.get("spec") or {}
+        for device in spec.get("devices") or []:
+            did = (str(spec.get("driver")), str((spec.get("pool") or {}).get("name")), str(device.get("name")))
+            if did not in wanted:
+                continue
+            used = state.allocated.shared.get(did, {})
+            left = [
+                _left_of(cap, used[qname])
+                for qname, cap in device_capacities(device, did[0]).items()
+                if used.get(qname)
+            ]
+            count = state.allocated.share_count(did)
+            lines.append(f"  device {did[2]}: {count} share{'s' if count != 1 else ''}; left: {', '.join(left)}")
+    return lines
+
+
 def explain_claim(state: ClusterState, namespace: str, name: str, index: SliceIndex | None = None) -> str:
     claim = state.get(RESOURCECLAIMS, namespace, name)
     if claim is None:
         raise NotFound(f"resourceclaim {namespace}/{name} not found")
-    lines = _allocation_lines(claim)
+    lines = [*_allocation_lines(claim), *_left_lines(state, claim)]
     if not (claim.get("status") or {}).get("allocation"):
         outcome = schedule(
             [claim],

@@ -111,6 +111,10 @@ class AllocatedState:
             self._touched[(did[0], did[1])] = next(_stamps)
             self._in_use = None
 
+    def share_count(self, did: DeviceId) -> int:
+        """How many shares (results with a shareID) of the device are allocated."""
+        return self._share_count.get(did, 0)
+
     def in_use(self) -> Mapping[DeviceId, str]:
         """Every device with an allocation: held whole or shared (what nets pools' counters)."""
         if not self.shared:

@@ -276,6 +276,7 @@ async def test_loop_binds_eight_tenants_to_one_gpu_and_leaves_the_ninth_pending(
         assert "not enough capacity left (gpu-0: memory 0 of 80Gi left, request needs 10Gi)" in why.stdout
         assert share.returncode == 0, share.stderr
         assert re.search(r"device gpu-0 \(share [0-9a-f-]{36}: memory 10Gi\)", share.stdout), share.stdout
+        assert "  device gpu-0: 8 shares; left: memory 0 of 80Gi" in share.stdout, share.stdout
 
         # Freeing one tenant's share lets the pending pod in.
         done = bound[0]
