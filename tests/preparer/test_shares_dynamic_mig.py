@@ -16,6 +16,7 @@ from embedded.harness.discovery import RunningDiscovery
 from embedded.kubelet.client import register
 from shared.bus import Bus
 from shared.events import catalog
+from shared.events.claims import ClaimLifecycle
 from shared.natsserver import EmbeddedNats
 from tests.fakedriver import FakeDriver, wait_gone
 from tests.preparer.helpers import MemoryClaims, Node, claim_doc, running_node
@@ -53,6 +54,30 @@ async def creates(bus: Bus) -> list[int]:
         seen[0] += 1
 
     await bus.nc.subscribe(catalog.DEVICE_MIG_CREATE.format(node="n1"), cb=count)
+    return seen
+
+
+class ClaimEvents:
+    """The claims whose lifecycle event of one kind has come, from the bus."""
+
+    def __init__(self) -> None:
+        self.uids: set[str] = set()
+        self.changed = asyncio.Event()
+
+    async def note(self, event: ClaimLifecycle, _ctx: object) -> None:
+        self.uids.add(event.claim_uid)
+        self.changed.set()
+
+    async def wait_for(self, uids: set[str], timeout: float = 20.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not uids <= self.uids:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def claim_events(bus: Bus, kind: str) -> ClaimEvents:
+    seen = ClaimEvents()
+    await bus.subscribe(catalog.CLAIM, seen.note, namespace="default", node="n1", event=kind)
     return seen
 
 
@@ -183,13 +208,16 @@ async def test_kill_9_while_two_shares_wait_on_the_devices_create_then_restart_l
     the undo of the last destroys the device, once; the kubelet's retries make it once more for both."""
     async with crash_rig(root, nats_server.url, "dynamic-mig-crash", "h100x8") as rig:
         shares = [await rig.claims.add(share_of(f"share-{i}", "default")) for i in range(2)]
+        started, rolled_back = (
+            await claim_events(rig.bus, "prepare-started"),
+            await claim_events(rig.bus, "rolled-back"),
+        )
         hung = await HungMigCreates(rig.disc, rig.bus).start()
         proc = await rig.start()
         plugin = await register(rig.reg_socket)
         prepare = await prepare_until_created(plugin, shares, hung.created)
-        async with asyncio.timeout(20):
-            while {checkpoint(root).get(c.uid, {}).get("state") for c in shares} != {"PrepareStarted"}:
-                await asyncio.sleep(0.02)  # the second share's record, written before it waits for the device
+        await started.wait_for({c.uid for c in shares})  # each record on disk: the second waits for the device
+        assert {checkpoint(root)[c.uid]["state"] for c in shares} == {"PrepareStarted"}
         [(_, made)] = live(rig.disc)
         proc.send_signal(signal.SIGKILL)
         assert await proc.wait() == -signal.SIGKILL
@@ -200,9 +228,8 @@ async def test_kill_9_while_two_shares_wait_on_the_devices_create_then_restart_l
 
         proc = await rig.start()
         try:
-            async with asyncio.timeout(20):
-                while checkpoint(root) or live(rig.disc):  # both rolled back, the device destroyed
-                    await asyncio.sleep(0.05)
+            await rolled_back.wait_for({c.uid for c in shares})  # each after its undo and its checkpoint write
+            assert checkpoint(root) == {} and live(rig.disc) == [], "both rolled back, the device destroyed"
             plugin = await register(rig.reg_socket)
             got = await plugin.prepare(shares)
             assert all(got[c.uid].error == "" for c in shares), got
