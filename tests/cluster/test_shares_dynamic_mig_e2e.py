@@ -1,8 +1,8 @@
-"""Shares of a dynamic MIG device end to end on the local cluster (`gpu-dra up --node-config` with a rule
-`mig: dynamic` and `sharing: shares`, then `mpsShares`): two tenants' claims for a 3g.40gb MIG device land on
-one placement, the preparer makes the MIG device once, for the first (and with mpsShares the one MPS daemon on
-it, each tenant with its own limits), both pods run on it, and it is destroyed after the last tenant leaves,
-not before."""
+"""Shares of a dynamic MIG device end to end on the local cluster (`gpu-dra up --node-config
+examples/node-config/dynamic-mig-shares.yaml`, `sharing: shares`, then `mpsShares`): two tenants' claims for a
+3g.40gb MIG device land on one placement, the preparer makes the MIG device once, for the first (and with
+mpsShares the one MPS daemon on it, each tenant with its own limits), both pods run on it, and it is destroyed
+after the last tenant leaves, not before."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import asyncio
 import functools
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -32,17 +33,7 @@ from tests.cluster.test_shares_e2e import (
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
 TENANTS = ["tenant-a", "tenant-b"]
-NODE_CONFIG = """\
-apiVersion: resource.nvidia.com/v1beta1
-kind: NodeConfig
-metadata: {{name: dynamic-mig-shares}}
-spec:
-  rules:
-  - name: every-gpu-dynamic-shares
-    sharing: {sharing}
-    mig: dynamic
-    memoryStep: 5Gi
-"""
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "node-config" / "dynamic-mig-shares.yaml"
 REQUEST = """\
         deviceClassName: mig.nvidia.com
         selectors:
@@ -58,7 +49,7 @@ async def cluster(
 ) -> AsyncIterator[tuple[LocalCluster, str]]:
     root = tmp_path_factory.mktemp("dynamicsharescluster")
     node_config = root / "dynamic-mig-shares.yaml"
-    node_config.write_text(NODE_CONFIG.format(sharing=request.param))
+    node_config.write_text(EXAMPLE.read_text().replace("sharing: shares", f"sharing: {request.param}"))
     async with one_gpu_cluster(root, node_config) as c:
         yield c, request.param
 
