@@ -277,7 +277,7 @@ class TypedKV(Generic[M]):
                     raise BusError(
                         f"KV keys of {self.bucket.name}: the listing did not end within {KEYS_WAIT_S:.0f}s"
                     ) from None
-                if entry is None or entry is watcher.STOP_ITER:  # the end of the values
+                if entry is None:  # the end of the values
                     break
                 keys.append(entry.key)
         finally:

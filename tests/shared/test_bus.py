@@ -321,7 +321,6 @@ async def test_a_key_listing_whose_watch_never_ends_fails_in_bounded_time(
     assert await kv.keys() == ["n1"]
 
     class Silent:  # a watch that delivers nothing, ever
-        STOP_ITER = object()
         stopped = False
 
         async def updates(self, timeout: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -54,12 +55,12 @@ def prepared_counts(driver: str, checkpoint: Checkpoint) -> dict[str, int]:
 SHARE_CAPACITIES = ("memory", "compute", "shares")  # what a share consumes, in bytes, percent and shares
 
 
+@dataclass
 class HeldShares:
     """What one namespace's completed claims hold of one device: their shares, and the capacity they consume."""
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.consumed: dict[str, float] = {}
+    count: int = 0
+    consumed: dict[str, float] = field(default_factory=dict)
 
 
 def prepared_shares(checkpoint: Checkpoint) -> dict[tuple[str, str], HeldShares]:
