@@ -3,9 +3,13 @@ connection as its local port, is passed over (a service given it would fail to b
 
 from __future__ import annotations
 
+import os
 import random
 import socket
+import subprocess
+import sys
 from collections import deque
+from pathlib import Path
 
 import pytest
 
@@ -43,12 +47,65 @@ def test_a_free_port_lies_below_the_ephemeral_range_and_is_free() -> None:
     assert len(picked) > 1, "random: processes picking at once rarely meet"
 
 
-def test_a_process_is_not_handed_the_same_free_port_twice_before_it_binds(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_process_is_not_handed_the_same_free_port_twice_before_it_binds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """A NATS cluster fixture picks nine ports before any server binds; the random draw repeating one of them
     (it did: 'bind: address already in use' on a route port) must not hand it out twice."""
     # this process's earlier picks (other tests') are not this test's: one of them was 23456 once
     monkeypatch.setattr(ports, "_HANDED_OUT", deque(maxlen=256))
+    monkeypatch.setattr(ports, "CLAIMS", tmp_path / "claims")
     first = next(p for p in range(23456, ephemeral_range()[0] - 1) if port_is_free(p) and port_is_free(p + 1))
     draws = iter([first, first, first + 1])
     monkeypatch.setattr(random, "randrange", lambda _low, _high: next(draws))
     assert [free_port(), free_port()] == [first, first + 1]
+
+
+CLAIMING_CHILD = """
+import sys
+from shared.ports import free_port
+print(free_port(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_port_another_process_was_handed_is_not_handed_out_until_that_process_exits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A cluster's webhook was given a port that another test process's cluster then gave one of its services
+    as a metrics port, both free and neither yet bound; the one that bound second failed at every restart.
+    A port handed out is claimed machine-wide until its process exits (or CLAIM_TTL_S passes)."""
+    claims = tmp_path / "gpu-dra-ports"  # the child's, under its TMPDIR
+    monkeypatch.setattr(ports, "CLAIMS", claims)
+    monkeypatch.setattr(ports, "_HANDED_OUT", deque(maxlen=256))
+    child = subprocess.Popen(
+        [sys.executable, "-c", CLAIMING_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        handed = int(child.stdout.readline())
+        assert port_is_free(handed), "handed out, not bound: nothing but the claim keeps it"
+        assert (claims / str(handed)).read_text() == str(child.pid)
+        assert next_free_port(handed - 1) != handed, "claimed by a running process"
+    finally:
+        child.communicate("\n", timeout=30)
+    assert next_free_port(handed - 1) == handed, "its process exited: the claim is void"
+    assert (claims / str(handed)).read_text() == str(os.getpid())
+
+
+def test_a_claim_older_than_its_time_to_live_is_void(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A process that picked a port and never bound it must not keep it from everyone for good."""
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    monkeypatch.setattr(ports, "CLAIMS", claims)
+    monkeypatch.setattr(ports, "_HANDED_OUT", deque(maxlen=256))
+    port = next(p for p in range(24000, 30000) if port_is_free(p))
+    (claims / str(port)).write_text("1")  # pid 1 runs for good
+    assert next_free_port(port - 1) != port
+    old = (claims / str(port)).stat().st_mtime - ports.CLAIM_TTL_S - 1
+    os.utime(claims / str(port), (old, old))
+    assert next_free_port(port - 1) == port
