@@ -12,14 +12,15 @@ import contextlib
 import os
 import random
 import socket
-import tempfile
 import time
 from collections import deque
 from pathlib import Path
 
 LOWEST = 10000  # below: ports services commonly use
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-CLAIMS = Path(tempfile.gettempdir()) / "gpu-dra-ports"  # one empty file per port handed out lately
+# one file per port handed out lately, naming its process: one place for every process of this user on the
+# machine, whatever its TMPDIR (a process with a TMPDIR of its own must still see the others' claims)
+CLAIMS = Path("/tmp") / f"gpu-dra-ports-{os.getuid()}"
 CLAIM_TTL_S = 600.0  # a claim older than this is void: its process bound the port long since, or never will
 _HANDED_OUT: deque[int] = deque(maxlen=256)  # this process's last picks: free still, perhaps, but promised
 

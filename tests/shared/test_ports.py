@@ -74,27 +74,28 @@ def test_a_port_another_process_was_handed_is_not_handed_out_until_that_process_
 ) -> None:
     """A cluster's webhook was given a port that another test process's cluster then gave one of its services
     as a metrics port, both free and neither yet bound; the one that bound second failed at every restart.
-    A port handed out is claimed machine-wide until its process exits (or CLAIM_TTL_S passes)."""
-    claims = tmp_path / "gpu-dra-ports"  # the child's, under its TMPDIR
-    monkeypatch.setattr(ports, "CLAIMS", claims)
+    A port handed out is claimed machine-wide until its process exits (or CLAIM_TTL_S passes), whatever
+    TMPDIR each process has (the fleet bench runs with one of its own)."""
     monkeypatch.setattr(ports, "_HANDED_OUT", deque(maxlen=256))
+    (own_tmp := tmp_path / "own-tmp").mkdir()
     child = subprocess.Popen(
         [sys.executable, "-c", CLAIMING_CHILD],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env={"TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[2])},
+        env={"TMPDIR": str(own_tmp), "PYTHONPATH": str(Path(__file__).parents[2])},
     )
     assert child.stdin is not None and child.stdout is not None
     try:
         handed = int(child.stdout.readline())
         assert port_is_free(handed), "handed out, not bound: nothing but the claim keeps it"
-        assert (claims / str(handed)).read_text() == str(child.pid)
+        assert (ports.CLAIMS / str(handed)).read_text() == str(child.pid)
         assert next_free_port(handed - 1) != handed, "claimed by a running process"
     finally:
         child.communicate("\n", timeout=30)
     assert next_free_port(handed - 1) == handed, "its process exited: the claim is void"
-    assert (claims / str(handed)).read_text() == str(os.getpid())
+    assert (ports.CLAIMS / str(handed)).read_text() == str(os.getpid())
+    assert list(own_tmp.iterdir()) == [], "claims are not kept under a process's own TMPDIR"
 
 
 def test_a_claim_older_than_its_time_to_live_is_void(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
