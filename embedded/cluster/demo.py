@@ -1,10 +1,11 @@
 """`gpu-dra demo` (what `make run` runs): sample workloads on a full local cluster, checked, shown and torn down.
 
-Brings up a local cluster (two simulated nodes with H100s and a MIG-partitioned A100), applies the
-sample workloads in `examples/workloads/`, waits for their pods, prints what every container got
-(devices, UUIDs, sharing), reads every container's log and checks that it names exactly the GPUs and MIG
-devices its claims were allocated and the sharing they asked for (`democheck.py`), prints a waterfall of one
-claim-preparation trace and what to run next, then tears it all down (`--keep`: leaves it up until Ctrl-C).
+Brings up a local cluster (two simulated nodes with H100s, a MIG-partitioned A100 and an L40S), applies the
+sample workloads in `examples/workloads/` (one of them a NodeConfig sharing gpu-node-0's L40S among tenants),
+waits for their pods, prints what every container got (devices, UUIDs, sharing), reads every container's log
+and checks that it names exactly the GPUs and MIG devices its claims were allocated and the sharing they asked
+for (`democheck.py`), prints a waterfall of one claim-preparation trace and what to run next, then tears it all
+down (`--keep`: leaves it up until Ctrl-C).
 Exit code 0 only when every sample pod ran and every log checked out; 1 names each mismatch.
 """
 
@@ -41,6 +42,8 @@ gpus:
   - {profile: 3g.20gb, placement: 0}
   - {profile: 2g.10gb, placement: 4}
   - {profile: 1g.5gb, placement: 6}
+- profile: l40s
+  count: 1
 """
 
 
@@ -125,7 +128,8 @@ async def _device_uuids(api: client.ApiClient) -> dict[str, str]:
 
 
 async def _sharing(api: client.ApiClient, pod: dict[str, Any]) -> str:
-    """The sharing strategy from the claims' opaque GpuConfig (exclusive when none)."""
+    """The sharing strategy from the claims' opaque GpuConfig, or the share each claim holds (exclusive when
+    none)."""
     custom = client.CustomObjectsApi(api)
     ns = pod["metadata"]["namespace"]
     modes: set[str] = set()
@@ -133,8 +137,15 @@ async def _sharing(api: client.ApiClient, pod: dict[str, Any]) -> str:
     names += [s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []]
     for name in filter(None, names):
         claim = await custom.get_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims", name)
-        configs = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("config") or []
-        for c in configs:
+        devices = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {})
+        for result in devices.get("results") or []:
+            if result.get("shareID"):  # a share of a device other claims may share too (consumable capacity)
+                consumed = result.get("consumedCapacity") or {}
+                amounts = [str(consumed["memory"])] if "memory" in consumed else []
+                amounts += [f"{consumed['compute']}%"] if "compute" in consumed else []
+                kind = "MPS share" if "compute" in consumed else "share"
+                modes.add(f"{kind} {'/'.join(amounts)}".strip())
+        for c in devices.get("config") or []:
             params = (c.get("opaque") or {}).get("parameters") or {}
             strategy = (params.get("sharing") or {}).get("strategy")
             if strategy:
@@ -218,6 +229,7 @@ def print_checked(checked: list[Checked], lines: int = 4) -> None:
     for c in checked:
         namespace, name = c.expected.pod.split("/", 1)
         verdict = "names exactly its devices" + (f" and {', '.join(c.expected.sharing)}" if c.expected.sharing else "")
+        verdict += " with its own share's limits" if c.expected.limits else ""
         print(
             f"  kubectl logs -n {namespace} {name} -c {c.expected.container}:   "
             f"{'MISMATCH' if c.wrong else 'ok: ' + verdict}"

@@ -1,5 +1,6 @@
 """What `gpu-dra demo` checks in every container's log: that it names exactly the GPUs and MIG devices the
-container's claims were allocated, and shows the sharing their configs asked for.
+container's claims were allocated, and shows the sharing their configs asked for: an MPS share's container its own
+client limits, those its claim's consumedCapacity gives it, and no one else's.
 
 Pure: pods, claims and ResourceSlices (as the API server returns them) in, expectations out; a log in, what is
 wrong with it out. The truth is the claims' `status.allocation` (which devices) and the slices' `uuid` and
@@ -14,9 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shared.quantity import parse_quantity
+
 DRIVER = "gpu.nvidia.com"
 UUID_IN_LOG = re.compile(r"\(UUID: ((?:GPU|MIG)-[0-9A-Za-z-]+)\)")
 MPS_RUNNING = re.compile(r"MPS Server\s*: Running")
+MPS_CLIENT_ENV = re.compile(r"^(CUDA_MPS_(?:PINNED_DEVICE_MEM_LIMIT|ACTIVE_THREAD_PERCENTAGE)=\S*)$", re.MULTILINE)
 
 
 def _time_slice(interval: str) -> re.Pattern[str]:
@@ -31,12 +35,18 @@ class Expected:
     container: str
     gpus: frozenset[str]  # the GPU UUIDs `nvidia-smi -L` lists: whole GPUs and the parents of MIG devices
     migs: frozenset[str]  # the MIG device UUIDs it lists under them
-    sharing: tuple[str, ...] = ()  # TimeSlicing:<interval> or MPS, from the claims' opaque configs
+    sharing: tuple[str, ...] = ()  # TimeSlicing:<interval> or MPS, from the claims' opaque configs or MPS shares
+    # an MPS share's client limits (`env | grep ^CUDA_MPS_`), from its claim's consumedCapacity: these and no others
+    limits: frozenset[str] = frozenset()
 
     def complete(self, log: str) -> bool:
-        """Every UUID and sharing line it expects is in `log` (more output may still come)."""
+        """Every UUID, sharing line and limit it expects is in `log` (more output may still come)."""
         seen = set(UUID_IN_LOG.findall(log))
-        return self.gpus | self.migs <= seen and not self._missing_sharing(log)
+        return (
+            self.gpus | self.migs <= seen
+            and not self._missing_sharing(log)
+            and self.limits <= set(MPS_CLIENT_ENV.findall(log))
+        )
 
     def _missing_sharing(self, log: str) -> list[str]:
         missing = []
@@ -63,6 +73,11 @@ class Expected:
                 wrong.append(f"names {kind}(s) it was not allocated: {', '.join(sorted(got - want))}")
             if want - got:
                 wrong.append(f"does not name its allocated {kind}(s): {', '.join(sorted(want - got))}")
+        limits = set(MPS_CLIENT_ENV.findall(log))
+        if self.limits and self.limits - limits:
+            wrong.append(f"does not show its share's MPS limits: {', '.join(sorted(self.limits - limits))}")
+        if limits - self.limits:
+            wrong.append(f"shows MPS limits that are not its share's: {', '.join(sorted(limits - self.limits))}")
         return wrong + self._missing_sharing(log)
 
 
@@ -116,6 +131,19 @@ def _sharing(claim: Mapping[str, Any], request: str) -> list[str]:
     return modes
 
 
+def share_limits(result: Mapping[str, Any]) -> set[str]:
+    """The MPS client limits an allocation result's share gets, as env lines: a share served by MPS consumes
+    `compute` (percent of the SMs), and its `memory` (when not 0) becomes a pinned limit on device 0, in MiB."""
+    consumed = result.get("consumedCapacity") or {}
+    if not result.get("shareID") or "compute" not in consumed:
+        return set()
+    lines = {f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={int(parse_quantity(str(consumed['compute'])))}"}
+    memory = parse_quantity(str(consumed.get("memory", "0")))
+    if memory:
+        lines.add(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={int(memory) >> 20}M")
+    return lines
+
+
 def expected(
     pod: Mapping[str, Any],
     claims: Mapping[str, Mapping[str, Any]],
@@ -130,6 +158,7 @@ def expected(
         gpus: set[str] = set()
         migs: set[str] = set()
         sharing: list[str] = []
+        limits: set[str] = set()
         for ref in (container.get("resources") or {}).get("claims") or []:
             claim = claims.get(names.get(ref["name"], ""), {})
             results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
@@ -144,6 +173,9 @@ def expected(
                 else:
                     gpus.add(uuid)
                 sharing += [m for m in _sharing(claim, result.get("request", "")) if m not in sharing]
+                if share := share_limits(result):
+                    limits |= share
+                    sharing += [] if "MPS" in sharing else ["MPS"]
         if gpus or migs:
             out.append(
                 Expected(
@@ -152,6 +184,7 @@ def expected(
                     frozenset(gpus),
                     frozenset(migs),
                     tuple(sharing),
+                    frozenset(limits),
                 )
             )
     return out

@@ -68,9 +68,15 @@ def test_demo_from_a_checkout_under_tmp_checks_every_log_and_fails_on_a_broken_s
     checkout = _checkout(tmp_path)
     done = _demo(checkout)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "demo ok: 7 pods ran; 11 container logs name exactly" in done.stdout, done.stdout[-3000:]
-    assert done.stdout.count("ok: names exactly its devices") == 11
+    assert "demo ok: 10 pods ran; 14 container logs name exactly" in done.stdout, done.stdout[-3000:]
+    assert done.stdout.count("ok: names exactly its devices") == 14
     assert "MIG 2g.10gb" in done.stdout and "and TimeSlicing:Long" in done.stdout and "and MPS" in done.stdout
+    # three tenants' claims on one L40S, each container with its own share's MPS limits
+    tenants = [line.split() for line in done.stdout.splitlines() if line.lstrip().startswith("tenant-") and "/" in line]
+    assert [row[-2:] for row in tenants] == [["share", "8Gi/20%"], ["share", "16Gi/30%"], ["share", "8Gi/10%"]], tenants
+    assert len({row[4] for row in tenants}) == 1, "the three tenants share one GPU"
+    assert done.stdout.count("and MPS with its own share's limits") == 3
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=16384M" in done.stdout
     assert "what next:" in done.stdout and "gpu-dra up" in done.stdout
 
     shim = checkout / "embedded" / "nodeagent" / "nvidiasmi.py"

@@ -118,3 +118,63 @@ def test_a_broken_shim_or_an_unpublished_device_never_passes() -> None:
         f"does not name its allocated GPU(s): {GPU_B}",
         "no 'MPS Server : Running' line, though the claim's config asks for MPS",
     ]
+
+
+def test_an_mps_share_shows_its_own_limits_and_no_other_tenants() -> None:
+    """Two tenants' shares of one GPU: each container must show the MPS client limits of its own claim's
+    consumedCapacity (memory in MiB on device 0, compute in percent) and none of the other's."""
+
+    def share(name: str, memory: str, compute: str) -> dict[str, Any]:
+        c = claim(name, [("gpu", "gpu-0")])
+        result = c["status"]["allocation"]["devices"]["results"][0]
+        result.update(shareID=f"share-of-{name}", consumedCapacity={"memory": memory, "compute": compute})
+        return c
+
+    claims = {"a": share("a", "8Gi", "20"), "b": share("b", "16Gi", "30")}
+    want_a, want_b = (
+        democheck.expected(
+            pod([{"name": "ctr", "resources": {"claims": [{"name": "gpu"}]}}], {"gpu": n}),
+            claims,
+            democheck.slice_devices(SLICES),
+        )[0]
+        for n in ("a", "b")
+    )
+    assert want_a.sharing == ("MPS",) and want_a.limits == {
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M",
+    }
+    mps = "    MPS Server                            : Running (daemon d, active thread percentage default)"
+    own = f"{line(0, GPU_A)}\n{mps}\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20\nCUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M\n"
+    assert want_a.complete(own) and want_a.mismatches(own) == []
+    others = own.replace("=20", "=30").replace("=8192M", "=16384M")
+    assert not want_a.complete(others)
+    assert want_a.mismatches(others) == [
+        "does not show its share's MPS limits: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20, "
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M",
+        "shows MPS limits that are not its share's: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30, "
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=16384M",
+    ]
+    assert want_b.mismatches(others) == []
+    unlimited = f"{line(0, GPU_A)}\n{mps}\n"
+    assert want_a.mismatches(unlimited) == [
+        "does not show its share's MPS limits: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20, "
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M"
+    ]
+    no_daemon = own.replace(mps, "    MPS Server                            : Not Running")
+    assert want_a.mismatches(no_daemon) == ["no 'MPS Server : Running' line, though the claim's config asks for MPS"]
+
+
+def test_a_share_without_compute_expects_no_mps_limits() -> None:
+    """A plain share (`shares`: memory only, nothing enforced) gets no MPS env; one showing some is wrong."""
+    c = claim("s", [("gpu", "gpu-1")])
+    c["status"]["allocation"]["devices"]["results"][0].update(shareID="x", consumedCapacity={"memory": "4Gi"})
+    (want,) = democheck.expected(
+        pod([{"name": "ctr", "resources": {"claims": [{"name": "gpu"}]}}], {"gpu": "s"}),
+        {"s": c},
+        democheck.slice_devices(SLICES),
+    )
+    assert want.sharing == () and want.limits == frozenset()
+    assert want.mismatches(line(0, GPU_B)) == []
+    assert want.mismatches(f"{line(0, GPU_B)}\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50") == [
+        "shows MPS limits that are not its share's: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"
+    ]
