@@ -5,8 +5,10 @@ sample workloads in `examples/workloads/` (one of them a NodeConfig sharing gpu-
 waits for their pods, prints what every container got (devices, UUIDs, sharing), reads every container's log
 and checks that it names exactly the GPUs and MIG devices its claims were allocated and the sharing they asked
 for (`democheck.py`), prints a waterfall of one claim-preparation trace and what to run next, then tears it all
-down (`--keep`: leaves it up until Ctrl-C).
-Exit code 0 only when every sample pod ran and every log checked out; 1 names each mismatch.
+down (`--keep`: leaves it up until Ctrl-C). A sample pod annotated `EXPECT_PENDING` must not run: it passes when
+the scheduler holds it back saying the annotation's text (a tenant asking for more than its GPU has left).
+Exit code 0 only when every other sample pod ran, every held-back one said why, and every log checked out; 1
+names each mismatch.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from embedded.nodeagent.podclaims import EDITS_ANNOTATION
 from shared.backoff import Backoff
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
+# on a sample pod that must not run: a text its PodScheduled=False message must hold (a tenant past its GPU's shares)
+EXPECT_PENDING = "demo.gpu-dra.io/expect-pending"
 DEMO_MACHINE = """\
 gpus:
 - profile: h100
@@ -82,6 +86,29 @@ def _running(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") == "Running"
 
 
+def expect_pending(pod: dict[str, Any]) -> str:
+    """What a sample pod that must not run says it must be told why (its EXPECT_PENDING annotation); "" for a pod
+    that must run."""
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(EXPECT_PENDING) or "")
+
+
+def _unschedulable(pod: dict[str, Any]) -> str:
+    """The pod's PodScheduled=False message ("" while it has none)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return str(cond.get("message") or "")
+    return ""
+
+
+def _settled(pod: dict[str, Any]) -> bool:
+    """Running; or, for a pod expected to stay Pending, unschedulable for the reason it expects, or scheduled
+    after all (a failure: nothing more to wait for)."""
+    want = expect_pending(pod)
+    if not want:
+        return _running(pod)
+    return want in _unschedulable(pod) or bool((pod.get("spec") or {}).get("nodeName"))
+
+
 async def _why_not_running(api: client.ApiClient, pod: dict[str, Any]) -> str:
     """The kubelet's last FailedPrepareDynamicResources message for the pod, else its conditions' message."""
     meta = pod["metadata"]
@@ -95,13 +122,14 @@ async def _why_not_running(api: client.ApiClient, pod: dict[str, Any]) -> str:
 
 
 async def wait_for_pods(api: client.ApiClient, namespaces: set[str], timeout: float) -> list[dict[str, Any]]:
-    """Until every pod in `namespaces` runs (or `timeout`), woken by pod watch events."""
+    """Until every pod in `namespaces` runs, or is held back as it expects (`expect_pending`), or `timeout`;
+    woken by pod watch events."""
     from kubernetes_asyncio import watch
 
     deadline = time.monotonic() + timeout
     while True:
         pods = await _pods(api, namespaces)
-        if pods and all(_running(p) for p in pods):
+        if pods and all(_settled(p) for p in pods):
             return pods
         left = deadline - time.monotonic()
         if left <= 0:
@@ -271,9 +299,18 @@ async def _demo(cfg: DemoConfig) -> int:
             print(f"  {path.name}")
         started = time.monotonic()
         pods = await wait_for_pods(api, namespaces, cfg.wait_timeout)
+        held = [p for p in pods if expect_pending(p)]
+        pods = [p for p in pods if not expect_pending(p)]
         running = [p for p in pods if _running(p)]
         print(f"\n{len(running)}/{len(pods)} pods running after {time.monotonic() - started:.1f}s:\n")
         await print_table(api, running)
+        if held:
+            print("\nheld back: a claim asking more than its GPU has left (`kubectl describe pod` says why):\n")
+            for pod in held:
+                name, message = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", _unschedulable(pod)
+                # the scheduler's clause that names the expected reason, out of its account of every node
+                why = next((part for part in message.split("; ") if expect_pending(pod) in part), message)
+                print(f"  {name}: {'Running' if _running(pod) else 'Pending'}: {why or '(no reason yet)'}")
         checked: list[Checked] = []
         if cluster.cfg.runtime != "none" and running:
             print("\nwhat each container printed, checked against its claims' allocation:\n")
@@ -287,6 +324,14 @@ async def _demo(cfg: DemoConfig) -> int:
                 why = await _why_not_running(api, pod)
                 failures.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']} is not running: {why}")
         failures += [f"{c.expected.pod} container {c.expected.container}: {why}" for c in checked for why in c.wrong]
+        for pod in held:
+            name, want = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", expect_pending(pod)
+            if pod["spec"].get("nodeName") or _running(pod):
+                failures.append(
+                    f"{name} was scheduled, though its claim asks for more than is left: limits did not hold"
+                )
+            elif want not in (got := _unschedulable(pod)):
+                failures.append(f"{name} is Pending, but not saying {want!r}: {got or 'no PodScheduled=False message'}")
         traces = traces_with(read_spans(cluster.data_dir / "traces.jsonl"), "NodePrepareResources")
         if traces:
             print("\none claim preparation, as traced across the services:\n")
@@ -299,8 +344,9 @@ async def _demo(cfg: DemoConfig) -> int:
                 print(f"  {line}", file=sys.stderr)
         else:
             print(
-                f"\ndemo ok: {len(pods)} pods ran; {len(checked)} container logs name exactly their allocated "
-                "GPUs, MIG devices and sharing"
+                f"\ndemo ok: {len(pods)} pods ran"
+                + (f", {len(held)} held back by the capacity left" if held else "")
+                + f"; {len(checked)} container logs name exactly their allocated GPUs, MIG devices and sharing"
             )
         print(f"\n{NEXT_STEPS}")
         if cfg.keep:

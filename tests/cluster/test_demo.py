@@ -68,11 +68,19 @@ def test_demo_from_a_checkout_under_tmp_checks_every_log_and_fails_on_a_broken_s
     checkout = _checkout(tmp_path)
     done = _demo(checkout)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "demo ok: 10 pods ran; 14 container logs name exactly" in done.stdout, done.stdout[-3000:]
+    assert "demo ok: 10 pods ran, 1 held back by the capacity left; 14 container logs name exactly" in done.stdout, (
+        done.stdout[-3000:]
+    )
+    assert (
+        "tenant-d/inference: Pending: 1 not enough capacity left (gpu-5: memory 16Gi of 48Gi left, request needs 24Gi)"
+        in done.stdout
+    )
     assert done.stdout.count("ok: names exactly its devices") == 14
     assert "MIG 2g.10gb" in done.stdout and "and TimeSlicing:Long" in done.stdout and "and MPS" in done.stdout
     # three tenants' claims on one L40S, each container with its own share's MPS limits
-    tenants = [line.split() for line in done.stdout.splitlines() if line.lstrip().startswith("tenant-") and "/" in line]
+    tenants = [
+        line.split() for line in done.stdout.splitlines() if line.lstrip().startswith("tenant-") and " ctr " in line
+    ]
     assert [row[-2:] for row in tenants] == [["share", "8Gi/20%"], ["share", "16Gi/30%"], ["share", "8Gi/10%"]], tenants
     assert len({row[4] for row in tenants}) == 1, "the three tenants share one GPU"
     assert done.stdout.count("and MPS with its own share's limits") == 3
@@ -91,6 +99,40 @@ def test_demo_from_a_checkout_under_tmp_checks_every_log_and_fails_on_a_broken_s
     assert "demo-full-gpu/trainer container ctr: does not name its allocated GPU(s): GPU-" in done.stderr
     assert "demo-time-slicing/ts-pair container ts-ctr0: no 'Time Slice Interval : Long' line" in done.stderr
     assert "NVIDIA-SMI has failed" in done.stdout  # the log, shown under its container
+
+
+@pytest.mark.timeout(240)
+def test_demo_fails_when_a_tenant_past_the_capacity_left_runs_or_is_pending_for_another_reason(tmp_path: Path) -> None:
+    """The tenants sample's fourth tenant must stay Pending for the capacity left: a demo whose held-back pod got
+    scheduled after all (limits did not hold), or is Pending without the reason it expects, fails naming it."""
+    sample = (Path(__file__).resolve().parents[2] / "examples" / "workloads" / "tenant-shares.yaml").read_text()
+    assert sample.count("memory: 24Gi") == 1
+    fits = sample.replace("memory: 24Gi", "memory: 8Gi")  # 8 + 16 + 8 + 8 of 48Gi: it is scheduled
+    extra = fits[fits.index("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: tenant-d") :]
+    extra = extra.replace("tenant-d", "tenant-e").replace("memory: 8Gi", "memory: 40Gi")
+    extra = extra.replace("request needs 24Gi", "request needs 99Gi")  # Pending, but saying 40Gi
+    workloads = tmp_path / "workloads"
+    workloads.mkdir()
+    (workloads / "tenant-shares.yaml").write_text(fits + "---\n" + extra)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "shared.cli", "demo", "--workloads", str(workloads), "--nodes", "1"),
+            *("--runtime", "none", "--wait-timeout", "10", "--data-dir", str(tmp_path / "cluster")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "demo FAILED: 2 thing(s)" in done.stderr, done.stderr
+    assert (
+        "tenant-d/inference was scheduled, though its claim asks for more than is left: limits did not hold"
+        in done.stderr
+    )
+    assert (
+        "tenant-e/inference is Pending, but not saying 'memory 16Gi of 48Gi left, request needs 99Gi': " in done.stderr
+    ), done.stderr
+    assert "3/3 pods running" in done.stdout and "tenant-d/inference: Running" in done.stdout
 
 
 @pytest.mark.timeout(240)

@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from embedded.cluster.demo import EXPECT_PENDING
 from shared import nodeconfig
 from shared.claimconfigs import decode_config, strategy
 
@@ -159,7 +160,15 @@ def test_tenant_shares_sample_shares_one_gpu_model_on_one_node_among_tenants() -
     assert rule.sharing == "mpsShares" and rule.gpus is not None and rule.gpus.productName == "NVIDIA L40S"
     assert rule.nodeSelector is not None and rule.nodeSelector.matchLabels == {"kubernetes.io/hostname": "gpu-node-0"}
     claims = [d for d in docs if d["kind"] == "ResourceClaim"]
-    assert len({c["metadata"]["namespace"] for c in claims}) == len(claims) == 3
+    assert len({c["metadata"]["namespace"] for c in claims}) == len(claims) == 4
+    memory = {}
     for c in claims:
         (request,) = c["spec"]["devices"]["requests"]
         assert set(request["exactly"]["capacity"]["requests"]) == {"memory", "compute"}
+        memory[c["metadata"]["namespace"]] = int(
+            request["exactly"]["capacity"]["requests"]["memory"].removesuffix("Gi")
+        )
+    # the fourth asks for more than the L40S's 48Gi less the other three's: its pod says so and stays Pending
+    (held,) = [d for d in docs if d["kind"] == "Pod" and d["metadata"].get("annotations")]
+    assert held["metadata"]["namespace"] == "tenant-d" and 48 - sum(memory.values()) + memory["tenant-d"] < 24
+    assert held["metadata"]["annotations"] == {EXPECT_PENDING: "memory 16Gi of 48Gi left, request needs 24Gi"}
