@@ -35,7 +35,7 @@ from shared.backoff import Backoff
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 # on a sample pod that must not run: a text its PodScheduled=False message must hold (a tenant past its GPU's shares)
-EXPECT_PENDING = "demo.gpu-dra.io/expect-pending"
+EXPECT_PENDING = "gpu-dra.nvidia.com/demo-expect-pending"
 DEMO_MACHINE = """\
 gpus:
 - profile: h100
