@@ -117,7 +117,7 @@ def test_demo_fails_when_a_tenant_past_the_capacity_left_runs_or_is_pending_for_
     done = subprocess.run(
         [
             *(sys.executable, "-m", "shared.cli", "demo", "--workloads", str(workloads), "--nodes", "1"),
-            *("--runtime", "none", "--wait-timeout", "10", "--data-dir", str(tmp_path / "cluster")),
+            *("--runtime", "none", "--wait-timeout", "20", "--data-dir", str(tmp_path / "cluster")),
         ],
         capture_output=True,
         text=True,
