@@ -118,6 +118,7 @@ class Controller:
         # new leader must neither write a status from none nor finalize a deletion without waiting for them.
         self.members_replayed = asyncio.Event()
         self.writes = 0
+        self.templates: Informer | None = None  # workload claim templates, names and labels (`_watch_templates`)
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -126,6 +127,7 @@ class Controller:
         tasks = [
             asyncio.create_task(self._watch_members(), name="cd-members"),
             asyncio.create_task(self._watch_domains(), name="cd-domains"),
+            asyncio.create_task(self._watch_templates(), name="cd-templates"),
         ]
         if self.membership.require_assignment:
             assigner = Assigner(self.api, self.membership, resource_version=self.resource_version)
@@ -203,6 +205,25 @@ class Controller:
             await listing
         finally:
             await cancel_and_wait([listing])
+
+    async def _watch_templates(self) -> None:
+        """Workload claim templates through one informer, cut to their metadata: `_ensure_template` reads it
+        instead of asking the API server to create the template at every sync (a member's join or Ready), and
+        a domain's template deleted by hand marks the domain dirty, so its sync makes it again."""
+        self.templates = Informer(
+            self.kube,
+            RESOURCECLAIMTEMPLATES.at(self.resource_version),
+            on_change=self._on_template,
+            transform=lambda obj: {"metadata": obj.get("metadata") or {}},
+        )
+        await self.templates.run(asyncio.Event())  # until run() cancels this task
+
+    def _on_template(self, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        if kind != "DELETED":
+            return
+        domain = self.domains.get(((obj.get("metadata") or {}).get("labels") or {}).get(crd.LABEL_DOMAIN, ""))
+        if domain is not None and domain.live:
+            domain.dirty.set()
 
     def _on_change(self, kind: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
         if kind == "MODIFIED" and obj is not None and old is not None and _same_but_status(obj, old):
@@ -402,10 +423,15 @@ class Controller:
     async def _ensure_template(self, domain: _Domain) -> None:
         if not domain.template:
             return
+        known = self.templates
+        if known is not None and known.synced.is_set() and known.get(domain.namespace, domain.template) is not None:
+            return  # in the informer's cache: no create, and no 409, at every member change
         try:
-            await self.kube.create(
+            made = await self.kube.create(
                 RESOURCECLAIMTEMPLATES.at(self.resource_version), domain.namespace, self.template_body(domain)
             )
+            if known is not None:
+                known.apply(made, "ADDED")  # the next sync sees it before the watch brings it
             log.info("created workload claim template", domain=domain.uid, template=domain.template)
         except ApiError as exc:
             if not exc.conflict:

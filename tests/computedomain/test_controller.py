@@ -215,3 +215,59 @@ async def test_standby_controller_takes_over_and_keeps_status_current(world, tmp
         second_stop.set()
         await second_task
         first_stop.set()
+
+
+async def test_member_changes_cost_no_template_create_and_a_deleted_template_comes_back(nats_server, tmp_path):
+    bus = await Bus.connect(nats_server.url, name="test")
+    await bus.provision()
+    async with running_apiserver(tmp_path) as api, api.client() as kube:
+        await install_crds(kube)
+        custom = client.CustomObjectsApi(kube)
+        stopping = asyncio.Event()
+        controller = Controller(kube, bus, deletion_timeout=5.0)
+        run = asyncio.create_task(controller.run(stopping))
+
+        def creates() -> int:
+            return api.server.requests.counts[("CREATE", "resource.k8s.io", "resourceclaimtemplates", "")]
+
+        try:
+            created = await custom.create_namespaced_custom_object(
+                crd.GROUP, crd.VERSION, "ns", crd.PLURAL, cd_body("tpl", "tpl-channel")
+            )
+            await wait_cd(custom, "tpl", lambda o: o and crd.FINALIZER in o["metadata"].get("finalizers", []))
+            await wait_for_object(custom, "resource.k8s.io", "v1", "ns", "resourceclaimtemplates", "tpl-channel", bool)
+            before, writes = creates(), controller.writes
+            cfg = parse_channel_config(
+                {
+                    "apiVersion": "resource.nvidia.com/v1beta1",
+                    "kind": "ComputeDomainChannelConfig",
+                    "domainID": created["metadata"]["uid"],
+                    "allocationMode": "Single",
+                }
+            )
+            async with running_nodes(bus, tmp_path, [GB200_1, GB200_1]) as nodes:
+                await asyncio.gather(
+                    *(n.channels.prepare(ChannelClaim(f"t{i}", "ns", f"t{i}", cfg)) for i, n in enumerate(nodes))
+                )
+                await wait_cd(
+                    custom,
+                    "tpl",
+                    lambda o: o and [n["status"] for n in (o.get("status") or {}).get("nodes", [])] == ["Ready"] * 2,
+                )
+            # members joined and turned Ready: statuses written, the template not created again (nor refused 409)
+            assert controller.writes > writes
+            assert creates() == before
+
+            # a template deleted by hand comes back: its deletion, seen by the controller, syncs the domain
+            await custom.delete_namespaced_custom_object(
+                "resource.k8s.io", "v1", "ns", "resourceclaimtemplates", "tpl-channel"
+            )
+            back = await wait_for_object(
+                custom, "resource.k8s.io", "v1", "ns", "resourceclaimtemplates", "tpl-channel", bool
+            )
+            assert back["metadata"]["labels"][crd.LABEL_DOMAIN] == created["metadata"]["uid"]
+            assert creates() == before + 1
+        finally:
+            stopping.set()
+            await run
+            await bus.close()

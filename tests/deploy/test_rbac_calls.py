@@ -42,6 +42,9 @@ CALLS: dict[tuple[str, str], list[tuple[str, str, set[str]]]] = {
         (RN, "computedomains/status", {"patch"}),
     ],
     ("services/computedomain/controller.py", "get:RESOURCECLAIMTEMPLATES"): [(RK, "resourceclaimtemplates", {"get"})],
+    ("services/computedomain/controller.py", "informer:RESOURCECLAIMTEMPLATES"): [
+        (RK, "resourceclaimtemplates", {"list", "watch"})
+    ],
     ("services/computedomain/controller.py", "create:RESOURCECLAIMTEMPLATES"): [
         (RK, "resourceclaimtemplates", {"create"})
     ],
