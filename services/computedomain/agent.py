@@ -34,8 +34,9 @@ from services.computedomain.config import AgentConfig
 from services.computedomain.daemon import DaemonLaunch, resolve_launch
 from services.computedomain.imex import DaemonSupervisor, ImexSupervisor
 from services.computedomain.imexconfig import DaemonFiles, clear_hosts_block, write_peers, write_static
-from services.computedomain.membership import Membership, MembershipError, token
+from services.computedomain.membership import Membership, MembershipError, MembershipUnavailable, token
 from shared import identity
+from shared.backoff import Backoff
 from shared.bus import Bus, MsgContext
 from shared.events.catalog import (
     CD_AGENT_JOIN,
@@ -361,6 +362,8 @@ class Agent:
             )
             try:
                 member = await self.membership.join(member)
+            except MembershipUnavailable as exc:
+                raise AgentError("unavailable", f"{exc}; kubelet retries") from None
             except MembershipError as exc:
                 raise AgentError("conflict", str(exc)) from None
             domain = _Domain(
@@ -432,32 +435,41 @@ class Agent:
         await domain.supervisor.start()
 
     async def _watch_peers(self, domain: _Domain, replayed: asyncio.Event) -> None:
-        peers: dict[str, DomainMember] = {}
+        """Follow the domain's members: the peers file and the daemon's signals. A watch that fails (a NATS
+        outage, a server too loaded to answer) is watched again after the backoff; its replay brings the
+        peers back as they are then, so none joined or left meanwhile is missed."""
+        backoff = Backoff(initial_s=0.2, cap_s=5.0)
         me = token(self.cfg.node)
-        try:
-            async for _d, node_token, member in self.membership.watch(domain.uid):
-                if node_token == "":
-                    await self._apply_peers(domain, peers, restarted=False)
-                    replayed.set()
-                    continue
-                if node_token == me:
-                    continue
-                restarted = False
-                if member is None:
-                    peers.pop(node_token, None)
-                    domain.peer_status.pop(node_token, None)
-                else:
-                    before = domain.peer_status.get(node_token)
-                    restarted = before == "NotReady" and member.status == "Ready" and node_token in peers
-                    peers[node_token] = member
-                    domain.peer_status[node_token] = member.status
-                if replayed.is_set():
-                    await self._apply_peers(domain, peers, restarted=restarted)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - losing the watch must be visible, not silent
-            log.exception("peer watch failed", domain=domain.uid)
-            replayed.set()
+        while True:
+            peers: dict[str, DomainMember] = {}
+            live = False  # past this watch's replay
+            try:
+                async for _d, node_token, member in self.membership.watch(domain.uid):
+                    if node_token == "":
+                        await self._apply_peers(domain, peers, restarted=False)
+                        live = True
+                        backoff.reset()
+                        replayed.set()
+                        continue
+                    if node_token == me:
+                        continue
+                    restarted = False
+                    if member is None:
+                        peers.pop(node_token, None)
+                        domain.peer_status.pop(node_token, None)
+                    else:
+                        before = domain.peer_status.get(node_token)
+                        restarted = before == "NotReady" and member.status == "Ready" and node_token in peers
+                        peers[node_token] = member
+                        domain.peer_status[node_token] = member.status
+                    if live:
+                        await self._apply_peers(domain, peers, restarted=restarted)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - losing the watch must be visible, not silent, and not final
+                log.exception("peer watch failed; watching again", domain=domain.uid)
+                replayed.set()  # the daemon starts with the peers known so far; the next replay adds the rest
+            await asyncio.sleep(backoff.next())
 
     async def _apply_peers(self, domain: _Domain, peers: dict[str, DomainMember], *, restarted: bool) -> None:
         wanted = {

@@ -52,6 +52,10 @@ class MembershipError(RuntimeError):
     """A node could not join (clique full, bad name); the message says what to do."""
 
 
+class MembershipUnavailable(MembershipError):
+    """NATS did not answer a membership read in time (a loaded server): the join may be tried again."""
+
+
 def token(text: str) -> str:
     """`text` as one KV-key / subject token (dots and other unsafe characters become `_`)."""
     return as_token(text)
@@ -118,7 +122,7 @@ class Membership:
         try:
             info = await self.bus.js.stream_info(f"KV_{CD_MEMBERS_BUCKET.name}", subjects_filter=prefix + pattern)
         except nats.errors.TimeoutError as exc:
-            raise MembershipError(f"KV {CD_MEMBERS_BUCKET.name} did not answer listing {pattern}") from exc
+            raise MembershipUnavailable(f"KV {CD_MEMBERS_BUCKET.name} did not answer listing {pattern}") from exc
 
         async def read(key: str) -> tuple[str, bytes, int] | None:
             try:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 
+import nats.errors
 import pytest
 
 from services.computedomain.channelcore import (
@@ -100,6 +101,49 @@ async def test_killed_daemon_is_restarted_and_its_peers_are_told(bus, tmp_path):
         # a new claim on the restarted node is served at once
         again = await nodes[1].channels.prepare(claim("k1b", "cd-k"))
         assert again.index == first[1].index  # the restart kept the node's DNS index
+
+
+async def test_a_join_whose_membership_listing_times_out_is_retryable_and_the_retry_joins(bus, tmp_path, monkeypatch):
+    await announce(bus, "cd-t")
+    async with running_nodes(bus, tmp_path, [GB200]) as nodes:
+        answering = bus.js.stream_info
+
+        async def loaded(name, *args, **kwargs):  # a server too loaded to answer a listing in time
+            if kwargs.get("subjects_filter"):
+                raise nats.errors.TimeoutError
+            return await answering(name, *args, **kwargs)
+
+        monkeypatch.setattr(bus.js, "stream_info", loaded)
+        with pytest.raises(ChannelNotReady, match="did not answer listing .*kubelet retries"):
+            await nodes[0].channels.prepare(claim("t0", "cd-t"))
+        monkeypatch.setattr(bus.js, "stream_info", answering)
+        assert nodes[0].agent.domain is None and await Membership(bus).members("cd-t") == {}
+        edits = await nodes[0].channels.prepare(claim("t0", "cd-t"))
+        assert edits.index == 0 and nodes[0].agent.domain is not None
+
+
+async def test_a_failed_peer_watch_is_watched_again_and_the_next_peer_is_not_missed(bus, tmp_path, monkeypatch):
+    await announce(bus, "cd-w")
+    async with running_nodes(bus, tmp_path, [GB200] * 2) as nodes:
+        membership = nodes[0].agent.membership
+        following = membership.watch
+        watches = 0
+
+        async def breaks_after_its_replay(uid=None):  # a NATS outage right after the first replay
+            nonlocal watches
+            watches += 1
+            async for item in following(uid):
+                yield item
+                if watches == 1 and item[1] == "":
+                    raise nats.errors.TimeoutError
+
+        monkeypatch.setattr(membership, "watch", breaks_after_its_replay)
+        await nodes[0].channels.prepare(claim("w0", "cd-w"))
+        signalled = nodes[0].daemon.reloads
+        await nodes[1].channels.prepare(claim("w1", "cd-w"))
+        # node 0 watched again, learnt of node 1 and told its daemon
+        await asyncio.wait_for(nodes[0].daemon.wait_signalled(signalled), 10)
+        assert watches >= 2 and sorted(nodes[0].domain.peers.values()) == sorted([node_ip(0), node_ip(1)])
 
 
 async def test_all_mode_gives_every_channel_and_non_fabric_nodes_get_none(bus, tmp_path):
