@@ -35,7 +35,7 @@ from nats.js.kv import KeyValue
 from opentelemetry import trace
 
 from shared import identity
-from shared.bus import Bus, MsgContext, TypedKV, encode, retry_jetstream
+from shared.bus import Bus, BusError, MsgContext, TypedKV, encode, retry_jetstream
 from shared.events.base import now_unix
 from shared.events.catalog import CD_MEMBER, CD_MEMBER_LEFT, CD_MEMBERS_BUCKET, as_token
 from shared.events.computedomain import DomainMember, MemberLeft, MemberStatus
@@ -172,6 +172,9 @@ class Membership:
         me = token(member.node)
         for _pass in range(self.max_per_clique):
             taken = await self.holders(member.domain_uid, member.clique_id)
+            ours = sorted(index for index, node in taken.items() if node == me)
+            if ours:  # a join cut short (a timeout) after its bid won: that index is ours
+                return ours[0]
             if len(taken) >= self.max_per_clique:
                 break
             skip = 0
@@ -196,7 +199,17 @@ class Membership:
         )
 
     async def join(self, member: DomainMember) -> DomainMember:
-        """Write this node's membership with an index (kept from an earlier join when still ours)."""
+        """Write this node's membership with an index (kept from an earlier join when still ours).
+        MembershipUnavailable when NATS does not answer in time: a join tried again keeps what this one
+        got as far as (its bid holds its index, `_reserve`)."""
+        try:
+            return await self._join(member)
+        except (nats.errors.TimeoutError, BusError) as exc:
+            raise MembershipUnavailable(
+                f"KV {CD_MEMBERS_BUCKET.name} did not answer node {member.node}'s join: {exc}"
+            ) from exc
+
+    async def _join(self, member: DomainMember) -> DomainMember:
         typed, _ = await self._kv()
         if member.clique_id == "":
             index = -1

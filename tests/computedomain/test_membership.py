@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from services.computedomain.membership import Membership, MembershipError, index_key, member_key, wait_for_status
@@ -155,3 +156,17 @@ async def test_a_wait_for_ready_is_woken_by_the_member_event_and_holds_no_consum
     # already Ready: the first read answers; never Ready: None after the timeout
     assert await wait_for_status(Membership(buses[2]), "uid-1", "a", "Ready", timeout=5) is not None
     assert await wait_for_status(Membership(buses[2]), "uid-1", "a", "NotReady", timeout=0.2) is None
+
+
+async def test_a_join_tried_again_after_a_timeout_keeps_the_index_its_bid_won(buses):
+    ms = Membership(buses[0])
+    assert (await ms.join(member("a"))).index == 0
+    # node b's first join bid for index 1, won it, and timed out before it wrote its membership
+    raw = await buses[1].js.key_value(CD_MEMBERS_BUCKET.name)
+    bid = DomainMember(**{**msgspec.structs.asdict(member("b")), "index": 1})
+    await raw.put(index_key("uid-1", CLIQUE_A, 1, "b"), msgspec.json.encode(bid))
+    assert (await ms.join(member("c"))).index == 2
+    again = await Membership(buses[1]).join(member("b"))  # the kubelet's retry
+    assert again.index == 1
+    assert await ms.holders("uid-1", CLIQUE_A) == {0: "a", 1: "b", 2: "c"}
+    assert [k for k in await raw.keys() if ".idx." in k and k.endswith(".b")] == [index_key("uid-1", CLIQUE_A, 1, "b")]
