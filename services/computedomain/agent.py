@@ -54,6 +54,7 @@ from shared.events.computedomain import (
     JoinRequest,
     LeaveReply,
     LeaveRequest,
+    MemberStatus,
 )
 from shared.events.inventory import NodeInventory
 from shared.logs import get_logger
@@ -103,11 +104,12 @@ class _Domain:
     watcher: asyncio.Task[None] | None = None
     peers: dict[int, str] = field(default_factory=dict)
     peer_status: dict[str, str] = field(default_factory=dict)
+    wanted_status: MemberStatus = "NotReady"  # as the daemon last reported it (`Agent._report_status`)
+    reporter: asyncio.Task[None] | None = None
 
     async def stop_daemon(self) -> None:
-        """Stop watching the peers, then the IMEX daemon (the membership is the caller's)."""
-        if self.watcher is not None:
-            await cancel_and_wait([self.watcher])
+        """Stop watching the peers and reporting, then the IMEX daemon (the membership is the caller's)."""
+        await cancel_and_wait([t for t in (self.watcher, self.reporter) if t is not None])
         if self.supervisor is not None:
             await self.supervisor.stop()
 
@@ -417,7 +419,9 @@ class Agent:
 
         async def on_ready(ready: bool) -> None:
             if self.domain is domain:
-                domain.member = await self.membership.set_status(domain.member, "Ready" if ready else "NotReady")
+                domain.wanted_status = "Ready" if ready else "NotReady"
+                if domain.reporter is None or domain.reporter.done():
+                    domain.reporter = asyncio.create_task(self._report_status(domain), name=f"status-{domain.uid}")
 
         domain.supervisor = self._supervisor(
             name=f"{domain.uid}@{self.cfg.node}",
@@ -433,6 +437,20 @@ class Agent:
             pid_file=domain.files.pid,
         )
         await domain.supervisor.start()
+
+    async def _report_status(self, domain: _Domain) -> None:
+        """Write the member status the daemon last reported until KV has it: a write that NATS does not take
+        (an outage, a server too loaded to answer) is tried again after the backoff, and a report that comes
+        while one is written is written next. Before, a failed write was logged and lost: the member stayed
+        NotReady, and its domain never Ready, until the daemon's readiness changed again."""
+        backoff = Backoff(initial_s=0.2, cap_s=5.0)
+        while self.domain is domain and domain.member.status != domain.wanted_status:
+            wanted = domain.wanted_status
+            try:
+                domain.member = await self.membership.set_status(domain.member, wanted)
+            except Exception as exc:  # noqa: BLE001 - retried: the status must reach KV
+                log.warning("member status not written; trying again", domain=domain.uid, status=wanted, error=str(exc))
+                await asyncio.sleep(backoff.next())
 
     async def _watch_peers(self, domain: _Domain, replayed: asyncio.Event) -> None:
         """Follow the domain's members: the peers file and the daemon's signals. A watch that fails (a NATS

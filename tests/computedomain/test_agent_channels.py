@@ -19,6 +19,7 @@ from services.computedomain.channelcore import (
     parse_channel_config,
 )
 from services.computedomain.membership import Membership
+from shared.bus import BusError
 from tests.computedomain.helpers import announce, node_ip, running_nodes
 
 GB200 = "gb200x4:clique=1"
@@ -114,7 +115,7 @@ async def test_a_join_whose_membership_listing_times_out_is_retryable_and_the_re
             return await answering(name, *args, **kwargs)
 
         monkeypatch.setattr(bus.js, "stream_info", loaded)
-        with pytest.raises(ChannelNotReady, match="did not answer listing .*kubelet retries"):
+        with pytest.raises(ChannelNotReady, match=r"did not answer listing .*kubelet retries"):
             await nodes[0].channels.prepare(claim("t0", "cd-t"))
         monkeypatch.setattr(bus.js, "stream_info", answering)
         assert nodes[0].agent.domain is None and await Membership(bus).members("cd-t") == {}
@@ -144,6 +145,25 @@ async def test_a_failed_peer_watch_is_watched_again_and_the_next_peer_is_not_mis
         # node 0 watched again, learnt of node 1 and told its daemon
         await asyncio.wait_for(nodes[0].daemon.wait_signalled(signalled), 10)
         assert watches >= 2 and sorted(nodes[0].domain.peers.values()) == sorted([node_ip(0), node_ip(1)])
+
+
+async def test_a_ready_report_that_nats_does_not_take_is_written_again(bus, tmp_path, monkeypatch):
+    await announce(bus, "cd-r")
+    async with running_nodes(bus, tmp_path, [GB200], ready_timeout=10) as nodes:
+        membership = nodes[0].agent.membership
+        writing = membership.set_status
+        refused: list[str] = []
+
+        async def refused_once(member, status):  # a NATS outage as the daemon turns Ready
+            if not refused:
+                refused.append(status)
+                raise BusError("KV put dra-cd-members failed 3 times over 30s (TimeoutError: nats: timeout)")
+            return await writing(member, status)
+
+        monkeypatch.setattr(membership, "set_status", refused_once)
+        await nodes[0].channels.prepare(claim("r0", "cd-r"))  # answers once the member is Ready in KV
+        assert refused == ["Ready"]
+        assert (await Membership(bus).members("cd-r"))["node-0"].status == "Ready"
 
 
 async def test_all_mode_gives_every_channel_and_non_fabric_nodes_get_none(bus, tmp_path):
