@@ -217,7 +217,13 @@ class ChannelPreparer:
             if reply.error_code == "unavailable":
                 raise ChannelNotReady(reply.error)
             raise ChannelError(reply.error or f"agent refused the claim ({reply.error_code})")
-        member = await wait_for_status(self.membership, config.domain_id, self.node, "Ready", self.ready_timeout)
+        try:
+            member = await wait_for_status(self.membership, config.domain_id, self.node, "Ready", self.ready_timeout)
+        except BusError as exc:
+            raise ChannelNotReady(
+                f"NATS did not answer while node {self.node} waited for its ComputeDomain membership: {exc}; "
+                "kubelet retries"
+            ) from None
         if member is None:
             raise ChannelNotReady(
                 f"error asserting ComputeDomain Ready: node {self.node} not ready in ComputeDomain "

@@ -166,6 +166,22 @@ async def test_a_ready_report_that_nats_does_not_take_is_written_again(bus, tmp_
         assert (await Membership(bus).members("cd-r"))["node-0"].status == "Ready"
 
 
+async def test_a_membership_read_nats_does_not_answer_is_not_ready_and_retried(bus, tmp_path, monkeypatch):
+    await announce(bus, "cd-m")
+    async with running_nodes(bus, tmp_path, [GB200]) as nodes:
+        channels = nodes[0].channels
+        reading = channels.membership.member
+
+        async def unanswered(*args, **kwargs):
+            raise BusError("open KV bucket dra-cd-members failed 4 times over 30s (TimeoutError: nats: timeout)")
+
+        monkeypatch.setattr(channels.membership, "member", unanswered)
+        with pytest.raises(ChannelNotReady, match=r"NATS did not answer .*kubelet retries"):
+            await channels.prepare(claim("m0", "cd-m"))
+        monkeypatch.setattr(channels.membership, "member", reading)
+        assert (await channels.prepare(claim("m0", "cd-m"))).index == 0
+
+
 async def test_all_mode_gives_every_channel_and_non_fabric_nodes_get_none(bus, tmp_path):
     await announce(bus, "cd-all")
     await announce(bus, "cd-plain")
