@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubernetes_asyncio import client, watch  # noqa: E402
 
-from bench.computedomain_sim import InProcessDaemon, daemon_startup_ms  # noqa: E402
+from bench.computedomain_sim import GATE, InProcessDaemon, daemon_startup_ms  # noqa: E402
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
 from embedded.harness.discovery import running_discovery  # noqa: E402
 from services.computedomain import crd  # noqa: E402
@@ -99,10 +99,33 @@ class Timeline(logging.Handler):
             logging.getLogger(name).addHandler(self)
 
 
+async def settle(quiet_ms: float = 5.0, needed: int = 20, limit_s: float = 60.0) -> float:
+    """Wait until this process's event loop is quiet: `needed` successive 20 ms sleeps each overshooting by
+    less than `quiet_ms` (or `limit_s` passes). Returns the median overshoot of the last `needed` sleeps, ms."""
+    lags: list[float] = []
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        before = time.perf_counter()
+        await asyncio.sleep(0.02)
+        lags = [*lags[-(needed - 1) :], (time.perf_counter() - before - 0.02) * 1000]
+        if len(lags) == needed and max(lags) < quiet_ms:
+            break
+    return round(statistics.median(lags), 2)
+
+
 async def one_round(
-    custom: Any, bus: Bus, controller: Controller, nodes: list[ChannelPreparer], per: int, tag: str, tl: Timeline
+    custom: Any,
+    bus: Bus,
+    controller: Controller,
+    nodes: list[ChannelPreparer],
+    per: int,
+    tag: str,
+    tl: Timeline,
+    hold_last: bool = False,
 ) -> dict[str, Any]:
     names = [f"cd-{tag}-{d}" for d in range(len(nodes) // per)]
+    held = {nodes[(d + 1) * per - 1].node for d in range(len(names))} if hold_last else set()
+    others_ready = asyncio.Event()  # every member Ready in KV but the held ones
     announced: dict[str, asyncio.Event] = {}
     ready_event: dict[str, float] = {}
     status_seen: dict[str, float] = {}
@@ -139,6 +162,8 @@ async def one_round(
                 tl.mark(m.domain_uid, m.node, "daemon_ready", m.observed_at)
                 tl.mark(m.domain_uid, m.node, "member_ready_seen")
                 member_ready.setdefault(f"{m.domain_uid}/{m.node}", time.time())
+                if len(member_ready) >= len(nodes) - len(held):
+                    others_ready.set()
 
     sub = await bus.subscribe(CD_STATUS, on_status)
     tasks = [asyncio.create_task(follow_crs()), asyncio.create_task(follow_members())]
@@ -178,8 +203,31 @@ async def one_round(
         tl.mark(uid, p.node, "prepared")
 
     retried: list[str] = []
+    GATE.hold(held)
     start = time.time()
-    await asyncio.gather(*(prepare(p, names[i // per], i) for i, p in enumerate(nodes)))
+    prepared = asyncio.gather(*(prepare(p, names[i // per], i) for i, p in enumerate(nodes)))
+    held_figures: dict[str, float] = {}
+    if held:
+        # every domain up but its last daemon, whose Ready waits at the gate; then a quiet loop, then all at once
+        await asyncio.wait_for(others_ready.wait(), 600)
+        while GATE.waiting != held:
+            GATE.changed.clear()
+            await asyncio.wait_for(GATE.changed.wait(), 60)
+        held_figures["held_s"] = round(time.time() - start, 1)
+        held_figures["loop_lag_at_open_ms"] = await settle()
+        opened = time.time()
+        GATE.open()
+        await asyncio.wait_for(all_ready.wait(), 120)
+        held_figures["opened_to_all_ready_ms"] = round((max(status_seen.values()) - opened) * 1000, 2)
+        held_marks = [m for (u, n), m in tl.marks.items() if n in held and u in uids.values()]
+        for phase in ("daemon_ready", "member_ready_seen"):  # the agents' Ready writes, and the bench seeing them
+            at = [m[phase] for m in held_marks if phase in m]
+            held_figures[f"opened_to_held_{phase}_ms"] = [
+                round((min(at) - opened) * 1000, 1),
+                round((max(at) - opened) * 1000, 1),
+            ]
+        print(f"round {tag}: {json.dumps(held_figures)}", flush=True)  # kept if the round fails after
+    await prepared
     await asyncio.wait_for(all_ready.wait(), 120)
     consumers_at_ready = await consumers_per_stream(bus)
     while len(ready_event) < len(names):
@@ -219,6 +267,7 @@ async def one_round(
         "consumers_at_all_ready": consumers_at_ready,
         "prepares_retried": len(retried),
         "timeline": timeline,
+        **held_figures,
     }
     # tear down and check that nothing is left
     for name in names:
@@ -263,7 +312,7 @@ def node_address(d: int, i: int) -> str:
     return f"127.{99 + d // 250}.{d % 250}.{i + 1}"
 
 
-async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict[str, Any]:
+async def main_async(nodes: int, rounds: int, domains: int, daemon: str, hold_last: bool = False) -> dict[str, Any]:
     tl = Timeline()
     tl.install()
     with tempfile.TemporaryDirectory(prefix="cd-bench-") as tmp:
@@ -307,6 +356,11 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict
                                     node_name(d, i),
                                     simulate=f"gb200x4:clique={1 + (i * 2) // nodes}",
                                     root=root / "sim",
+                                    # what real nodes do on their own CPUs, not this process's: no utilisation
+                                    # samples, and the health thread's NVML wait at the service's 1 s (the
+                                    # harness's 100 ms is 11,520 wake-ups a second at 64 x 18 nodes)
+                                    telemetry_interval=0,
+                                    event_timeout_ms=1000,
                                 )
                             )
                             for i in range(nodes)
@@ -340,7 +394,8 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict
                 consumers_idle = await consumers_per_stream(bus)
                 custom = client.CustomObjectsApi(kube)
                 results = [
-                    await one_round(custom, bus, controller, preparers, nodes, str(r), tl) for r in range(rounds)
+                    await one_round(custom, bus, controller, preparers, nodes, str(r), tl, hold_last)
+                    for r in range(rounds)
                 ]
                 used = resources(nats)
                 stopping.set()
@@ -360,6 +415,7 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict
         "rounds": rounds,
         "domains": domains,
         "daemon": daemon,
+        "hold_last": hold_last,
         "median_last_daemon_ready_to_domain_ready_status_ms": med("last_ready_to_status_ms"),
         "median_last_daemon_ready_to_status_event_ms": med("last_ready_to_event_ms"),
         "max_last_daemon_ready_to_domain_ready_status_ms": round(max(r["last_ready_to_status_ms"] for r in results), 2),
@@ -370,6 +426,15 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str) -> dict
             phase: {k: round(statistics.median(r["timeline"][phase][k] for r in results), 1) for k in marks}
             for phase, marks in results[0]["timeline"].items()
         },
+        **(
+            {
+                "median_opened_to_all_ready_ms": med("opened_to_all_ready_ms"),
+                "max_opened_to_all_ready_ms": max(r["opened_to_all_ready_ms"] for r in results),
+                "median_loop_lag_at_open_ms": med("loop_lag_at_open_ms"),
+            }
+            if hold_last
+            else {}
+        ),
         "simulated_daemon_startup_ms": startup,
         # per stream: after set-up (every node's discovery and agent running, no domain), and when all domains
         # turned Ready (the last round); per node: their sum over the streams, divided by the node count
@@ -397,11 +462,19 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--domains", type=int, default=1)
     parser.add_argument("--daemon", choices=["subprocess", "in-process"], default="subprocess")
+    parser.add_argument(
+        "--hold-last",
+        action="store_true",
+        help="in-process daemons: hold each domain's last daemon at its Ready until the rest are up and the "
+        "process is quiet, then let them all turn Ready at once (bench/computedomain_sim.py, ReadyGate)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results file (merged: other runs' keys stay)")
     parser.add_argument("--key", default="", help="store the figures under this key of the results file")
     args = parser.parse_args()
     setup_logging("bench", "warning")
-    figures = asyncio.run(main_async(args.nodes, args.rounds, args.domains, args.daemon))
+    if args.hold_last and args.daemon != "in-process":
+        parser.error("--hold-last holds in-process daemons only (--daemon in-process)")
+    figures = asyncio.run(main_async(args.nodes, args.rounds, args.domains, args.daemon, args.hold_last))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     existing = json.loads(args.out.read_text()) if args.out.exists() else {}
     existing.update({args.key: figures} if args.key else figures)
