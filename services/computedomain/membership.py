@@ -53,7 +53,7 @@ class MembershipError(RuntimeError):
 
 
 class MembershipUnavailable(MembershipError):
-    """NATS did not answer a membership read in time (a loaded server): the join may be tried again."""
+    """NATS did not answer a join's read or write in time (a loaded server): the join may be tried again."""
 
 
 def token(text: str) -> str:
