@@ -75,6 +75,7 @@ class InProcessDaemon:
         self._check = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._config: ImexConfig | None = None
+        self._resolved: tuple[tuple[str, str], list[str]] | None = None  # the files' texts and their peers
 
     async def start(self) -> None:
         self._read()
@@ -106,7 +107,13 @@ class InProcessDaemon:
             if self._config is None:
                 self._config = load_config(self.config)
                 self.address = self._config.bind_ip
-            self.peers = _peers(self._config)
+            # parsed again only when the nodes or hosts file's text changed: a peer's first Ready makes the agent
+            # signal a reload with the same files (its redial), and 1,152 daemons' parsing in this one process is
+            # time real daemons spend on their own nodes
+            texts = (_text(self._config.nodes_file), _text(self._config.hosts_file))
+            if self._resolved is None or self._resolved[0] != texts:
+                self._resolved = (texts, resolve_peers(self._config))
+            self.peers = list(self._resolved[1])
         except ImexConfigError:
             self.peers = []
 
@@ -123,27 +130,12 @@ class InProcessDaemon:
                 await self._on_ready(ready)
 
 
-_RESOLVED: dict[tuple[str, str], tuple[tuple[str, str], list[str]]] = {}  # the last resolve per node
-
-
 def _text(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
     except OSError:
         return "\0"  # missing: never equal to a text read
-
-
-def _peers(config: ImexConfig) -> list[str]:
-    """`resolve_peers`, parsed again only when the nodes or hosts file's text changed since this node's
-    last resolve: a peer's restart makes the agent signal a reload with the same files (its redial), and
-    1,152 daemons' parsing in this one process is time real daemons spend on their own nodes."""
-    texts = (_text(config.nodes_file), _text(config.hosts_file))
-    key = (config.nodes_file, config.bind_ip)
-    known = _RESOLVED.get(key)
-    if known is None or known[0] != texts:
-        known = _RESOLVED[key] = (texts, resolve_peers(config))
-    return list(known[1])
 
 
 def _everyone_check() -> None:
