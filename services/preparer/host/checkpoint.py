@@ -284,9 +284,13 @@ class Checkpoint:
         cached = self._encoded.get(uid)
         if cached is not None and cached[0] is record:
             return cached[1]
-        merged = dict(self._raw_claims.get(uid, {}))
-        merged.update(msgspec.to_builtins(record))
-        data = msgspec.json.encode(merged)
+        raw = self._raw_claims.get(uid)
+        if raw is None:  # a claim this process recorded: nothing of a newer version's to keep
+            data = msgspec.json.encode(record)
+        else:
+            merged = dict(raw)
+            merged.update(msgspec.to_builtins(record))
+            data = msgspec.json.encode(merged)
         self._encoded[uid] = (record, data)
         return data
 
@@ -445,13 +449,11 @@ class Checkpoint:
     def holds(self, device: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
         """One holder of `device` (other than `exclude`) for each way (`Hold`) other claims hold it: all that
         decides whether one more claim may, whatever the number of holders (a GPU of 48 MPS shares: one)."""
-        return self._one_per_hold(self._index.device_holds, device, exclude, lambda dev: dev.device == device)
+        return self._one_per_hold(self._index.device_holds, device, exclude)
 
     def gpu_holds(self, gpu_uuid: str, *, exclude: str = "") -> list[tuple[str, ClaimRecord, PreparedDevice]]:
         """`holds` of the GPU `gpu_uuid`'s devices: itself and its MIG devices."""
-        return self._one_per_hold(
-            self._index.gpu_holds, gpu_uuid, exclude, lambda dev: gpu_uuid in (dev.uuid, dev.parent_uuid)
-        )
+        return self._one_per_hold(self._index.gpu_holds, gpu_uuid, exclude)
 
     def _named(
         self, index: dict[str, dict[str, None]], key: str, exclude: str, match: Callable[[PreparedDevice], bool]
@@ -466,18 +468,16 @@ class Checkpoint:
         )
 
     def _one_per_hold(
-        self,
-        index: dict[str, dict[Hold, dict[str, None]]],
-        key: str,
-        exclude: str,
-        match: Callable[[PreparedDevice], bool],
+        self, index: dict[str, dict[Hold, dict[str, int]]], key: str, exclude: str
     ) -> list[tuple[str, ClaimRecord, PreparedDevice]]:
+        """Per hold of `key`, its first holder other than `exclude`, with the device the index names."""
         out: list[tuple[str, ClaimRecord, PreparedDevice]] = []
-        for hold, uids in index.get(key, {}).items():
-            uid = next((u for u in uids if u != exclude), None)
-            if uid is not None:
-                record = self._claims[uid]
-                out.extend((uid, record, dev) for dev in record.devices if match(dev) and hold_of(dev) == hold)
+        for holders in index.get(key, {}).values():
+            for uid, position in holders.items():
+                if uid != exclude:
+                    record = self._claims[uid]
+                    out.append((uid, record, record.devices[position]))
+                    break
         return out
 
     def by_state(self, state: ClaimState) -> dict[str, ClaimRecord]:
@@ -489,16 +489,16 @@ _Keys = tuple[str, str, str, str, Hold]  # a device's name, UUID, parent UUID, d
 
 class _Index:
     """Which claims' records name a device, a GPU (a device's UUID or its parent's) or a shared MPS daemon, and
-    which hold a device or a GPU each way (`Hold`): the guard and the daemon's reference count look up a
-    device's claims, not walk every record. Per key the claims in the order they came to name it (the records'
-    order, as a walk would find them)."""
+    which hold a device or a GPU each way (`Hold`), with the position in the record of the first device that
+    holds it so: the guard and the daemon's reference count look up a device's claims, not walk every record.
+    Per key the claims in the order they came to name it (the records' order, as a walk would find them)."""
 
     def __init__(self) -> None:
         self.devices: dict[str, dict[str, None]] = {}
         self.gpus: dict[str, dict[str, None]] = {}
         self.daemons: dict[str, dict[str, None]] = {}
-        self.device_holds: dict[str, dict[Hold, dict[str, None]]] = {}
-        self.gpu_holds: dict[str, dict[Hold, dict[str, None]]] = {}
+        self.device_holds: dict[str, dict[Hold, dict[str, int]]] = {}
+        self.gpu_holds: dict[str, dict[Hold, dict[str, int]]] = {}
         self._keys: dict[str, tuple[_Keys, ...]] = {}  # uid -> what its devices name
 
     def update(self, uid: str, record: ClaimRecord | None) -> None:
@@ -524,25 +524,34 @@ class _Index:
             for key in came - gone:
                 index.setdefault(key, {})[uid] = None
         for holds, gone_held, came_held in zip((self.device_holds, self.gpu_holds), old[3:], new[3:], strict=True):
-            for key, hold in gone_held - came_held:
+            for key, hold in gone_held.keys() - came_held.keys():
                 users = holds[key][hold]
                 del users[uid]
                 if not users:
                     del holds[key][hold]
                     if not holds[key]:
                         del holds[key]
-            for key, hold in came_held - gone_held:
-                holds.setdefault(key, {}).setdefault(hold, {})[uid] = None
+            for (key, hold), position in came_held.items():
+                if gone_held.get((key, hold)) != position:  # new, or its device moved in the record
+                    holds.setdefault(key, {}).setdefault(hold, {})[uid] = position
 
 
 def _named(
     keys: tuple[_Keys, ...],
-) -> tuple[set[str], set[str], set[str], set[tuple[str, Hold]], set[tuple[str, Hold]]]:
-    """The devices, GPUs and daemons a record's keys name, and the (device, hold) and (GPU, hold) pairs."""
+) -> tuple[set[str], set[str], set[str], dict[tuple[str, Hold], int], dict[tuple[str, Hold], int]]:
+    """The devices, GPUs and daemons a record's keys name, and the (device, hold) and (GPU, hold) pairs with
+    the position of the first device of each."""
+    device_holds: dict[tuple[str, Hold], int] = {}
+    gpu_holds: dict[tuple[str, Hold], int] = {}
+    for position, k in enumerate(keys):
+        device_holds.setdefault((k[0], k[4]), position)
+        for u in k[1:3]:
+            if u:
+                gpu_holds.setdefault((u, k[4]), position)
     return (
         {k[0] for k in keys},
         {u for k in keys for u in k[1:3] if u},
         {k[3] for k in keys if k[3]},
-        {(k[0], k[4]) for k in keys},
-        {(u, k[4]) for k in keys for u in k[1:3] if u},
+        device_holds,
+        gpu_holds,
     )
