@@ -525,9 +525,9 @@ class _Index:
                 index.setdefault(key, {})[uid] = None
         for holds, gone_held, came_held in zip((self.device_holds, self.gpu_holds), old[3:], new[3:], strict=True):
             for key, hold in gone_held.keys() - came_held.keys():
-                users = holds[key][hold]
-                del users[uid]
-                if not users:
+                holders = holds[key][hold]
+                del holders[uid]
+                if not holders:
                     del holds[key][hold]
                     if not holds[key]:
                         del holds[key]
