@@ -94,7 +94,9 @@ async def until(run: Run, check: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-async def pod_life(api: Api, run: Run, name: str, template: str, hold: float, pod_timeout: float) -> None:
+async def pod_life(
+    api: Api, run: Run, name: str, template: str, hold: float, pod_timeout: float, progress: asyncio.Condition
+) -> None:
     async def create(k: Kube) -> None:
         try:
             await k.create(PODS, NS, pod_body(name, template))
@@ -103,7 +105,9 @@ async def pod_life(api: Api, run: Run, name: str, template: str, hold: float, po
                 raise
 
     await api.call(create)
-    run.created += 1
+    async with progress:  # the count and its notice together: a waiter never misses the last pods' creates
+        run.created += 1
+        progress.notify_all()
     if await until(run, lambda: name in run.seen and is_running(run.seen[name]), pod_timeout):
         run.succeeded.add(name)
         pod = run.seen[name]
@@ -140,15 +144,13 @@ async def churn(api: Api, run: Run, concurrency: int, pod_timeout: float, progre
     async def one(i: int) -> None:
         try:
             template = SHARED_CLAIM if i % 5 == 4 else "chaos-ts-gpu" if i % 3 == 2 else "chaos-gpu"
-            await pod_life(api, run, f"chaos-{i}", template, rng.uniform(0, 0.3), pod_timeout)
+            await pod_life(api, run, f"chaos-{i}", template, rng.uniform(0, 0.3), pod_timeout, progress)
         finally:
             slots.release()
 
     for i in range(run.pods):
         await slots.acquire()
         tasks.append(asyncio.create_task(one(i)))
-        async with progress:
-            progress.notify_all()
         if (i + 1) % 50 == 0:
             log(f"{i + 1}/{run.pods} pods started, {len(run.succeeded)} ran, {len(run.kills)} kills")
     await asyncio.gather(*tasks)
