@@ -47,6 +47,7 @@ class LedgerService:
         ack_wait_s: float = 30.0,
         batch: int = 256,
         fetch_timeout_s: float = 1.0,
+        ack_timeout_s: float = 10.0,
         after_persist: Callable[[list[Msg]], Awaitable[None]] | None = None,
         credentials: str | None = None,
         inbox_prefix: str | None = None,
@@ -61,6 +62,7 @@ class LedgerService:
         self.ack_wait_s = ack_wait_s
         self.batch = batch
         self.fetch_timeout_s = fetch_timeout_s
+        self.ack_timeout_s = ack_timeout_s  # how long the server may take to confirm a batch's acks
         self.idle_fetches = 0  # fetches that found nothing new (the stream was idle)
         self.after_persist = after_persist  # test seam: runs between the write and the acks
         self.ledger = Ledger(contract.retention_s)
@@ -166,10 +168,15 @@ class LedgerService:
         await store.save(self.state_path, self.ledger)
         if self.after_persist is not None:
             await self.after_persist(msgs)
-        for msg in msgs:
+        # One connection's messages are handled in order: the server's answer to the last ack confirms them all.
+        for msg in msgs[:-1]:
             await msg.ack()
-        if self.nc is not None:
-            await self.nc.flush()
+        try:
+            await msgs[-1].ack_sync(timeout=self.ack_timeout_s)
+        except nats.errors.TimeoutError:
+            # NATS stalled or restarting: the acks go out once it is back, and any that are lost bring the
+            # batch again after ack_wait, whose events the ledger then skips as applied already
+            log.warning("acks not confirmed within %.1f s; NATS away? going on", self.ack_timeout_s)
         pending = msgs[-1].metadata.num_pending
         if pending == 0:
             log.info("caught up: %d applied, %d duplicates, %d rejected", self.ledger.stats.applied,
