@@ -10,6 +10,7 @@ The full run (1,000 pods, two kills each) is `bench/chaos.py`.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -26,10 +27,13 @@ async def test_a_churn_with_every_service_killed_leaves_nothing_stuck_leaked_dou
     out = await chaos(
         pods=20, seed=seed, nodes=1, gpus="h100x4", kills_each=1, pod_timeout=60, data_dir=tmp_path / "cluster"
     )
-    problems = {
-        k: out[k]
-        for k in ("stuck", "double_samples", "event_problems", "nodes_with_pods", "nodes_empty", "ledger_stats")
-    }
+    problems = json.dumps(  # a string: a failure shows all of it (pytest cuts a long dict short)
+        {
+            k: out[k]
+            for k in ("stuck", "double_samples", "event_problems", "nodes_with_pods", "nodes_empty", "ledger_stats")
+        },
+        default=str,
+    )
     assert out["kills"] == {t: 1 for t in (*CLUSTER_TARGETS, *NODE_TARGETS)}, out["kills"]
     assert out["pods_created"] == out["pods_succeeded"] == 21 and out["pods_stuck"] == 0, problems
     assert out["leaks"] == 0 and out["claims_left"] == 0, problems
