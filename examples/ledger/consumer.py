@@ -64,6 +64,7 @@ class LedgerService:
         self.fetch_timeout_s = fetch_timeout_s
         self.ack_timeout_s = ack_timeout_s  # how long the server may take to confirm a batch's acks
         self.idle_fetches = 0  # fetches that found nothing new (the stream was idle)
+        self.unconfirmed_batches = 0  # batches whose acks the server did not confirm within ack_timeout_s
         self.after_persist = after_persist  # test seam: runs between the write and the acks
         self.ledger = Ledger(contract.retention_s)
         self.nc: Client | None = None
@@ -176,6 +177,7 @@ class LedgerService:
         except nats.errors.TimeoutError:
             # NATS stalled or restarting: the acks go out once it is back, and any that are lost bring the
             # batch again after ack_wait, whose events the ledger then skips as applied already
+            self.unconfirmed_batches += 1
             log.warning("acks not confirmed within %.1f s; NATS away? going on", self.ack_timeout_s)
         pending = msgs[-1].metadata.num_pending
         if pending == 0:
