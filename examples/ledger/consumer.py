@@ -112,7 +112,12 @@ class LedgerService:
         """Consume until cancelled; an idle stream is waited out, not an error."""
         if self._sub is None:
             raise RuntimeError("call start() first")
+        task = asyncio.current_task()
         while True:
+            if task is not None and task.cancelling():
+                # cancelled, but an inner wait_for (nats-py's fetch and request use it) returned its result
+                # instead of raising: Python 3.11 can drop a cancellation that way
+                raise asyncio.CancelledError
             try:
                 msgs = await self._sub.fetch(self.batch, timeout=self.fetch_timeout_s)
             except (TimeoutError, nats.errors.TimeoutError):

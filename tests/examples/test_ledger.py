@@ -332,6 +332,40 @@ async def test_a_nats_stalled_before_a_batchs_acks_are_confirmed_is_waited_out_n
         await svc.close()
 
 
+async def test_a_cancellation_that_a_fetch_swallowed_still_ends_the_ledger(
+    nats_server, bus: Bus, schemas: Path, tmp_path: Path
+) -> None:
+    """Python 3.11's wait_for can return its result to a task that was cancelled meanwhile, dropping the
+    cancellation (nats-py's fetch waits that way): the ledger's loop still ends, so whoever cancelled it
+    (a SIGTERM, a test's teardown) is not left waiting for ever."""
+    svc = service(nats_server, schemas, tmp_path / "ledger.json")
+    await svc.start()
+    real = svc._sub
+    fetching = asyncio.Event()
+
+    class Swallowing:  # a fetch that is cancelled as it returns: it returns (nothing), as wait_for may
+        async def fetch(self, batch: int, timeout: float) -> list:
+            fetching.set()
+            try:
+                await asyncio.sleep(timeout)
+            except asyncio.CancelledError:
+                return []
+            return []
+
+    svc._sub = Swallowing()
+    task = asyncio.create_task(svc.run())
+    try:
+        await fetching.wait()
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=10)
+        assert task in done and task.cancelled()
+    finally:
+        svc._sub = real
+        task.cancel()
+        await asyncio.wait([task], timeout=5)  # the code before never ends here: not waited for ever
+        await svc.close()
+
+
 def await_load(state: Path) -> Ledger:
     return Ledger.from_json(json.loads(state.read_text()), 7 * 24 * 3600)
 
