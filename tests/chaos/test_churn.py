@@ -11,9 +11,13 @@ from bench.chaos_churn import Run, churn, killer
 
 
 class SlowCreates:
-    """The API as the churn uses it: pod creates land only once `landed` is set, deletes at once."""
+    """The API as the churn uses it: pod creates land only once `landed` is set (`held` is set once `pods` of them
+    wait), deletes at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, pods: int) -> None:
+        self.pods = pods
+        self.waiting = 0
+        self.held = asyncio.Event()
         self.landed = asyncio.Event()
         self.created: list[str] = []
 
@@ -21,6 +25,9 @@ class SlowCreates:
         return await what(self)
 
     async def create(self, _plural: Any, _ns: str, body: dict[str, Any]) -> None:
+        self.waiting += 1
+        if self.waiting == self.pods:
+            self.held.set()
         await self.landed.wait()
         self.created.append(body["metadata"]["name"])
 
@@ -42,13 +49,12 @@ async def test_a_kill_due_at_the_last_pods_is_carried_out_when_their_creates_lan
     victim = await asyncio.create_subprocess_exec("sleep", "60")
     try:
         run = Run(pods=2, seed=1, nodes=["n"])
-        api = SlowCreates()
+        api = SlowCreates(run.pods)
         progress = asyncio.Condition()
         # due once 1.7 pods exist: only the second create lets it go
         kill = asyncio.create_task(killer(OneProcess(victim.pid), run, [(0.85, "preparer", "n")], progress))  # type: ignore[arg-type]
         churning = asyncio.create_task(churn(api, run, 2, 0.05, progress))  # type: ignore[arg-type]
-        await asyncio.sleep(0)  # the churn starts both pods; their creates wait
-        await asyncio.sleep(0)
+        await asyncio.wait_for(api.held.wait(), 10)  # the churn has started both pods; their creates wait
         assert not kill.done() and run.created == 0
         api.landed.set()
         async with asyncio.timeout(10):
