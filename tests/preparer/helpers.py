@@ -148,12 +148,14 @@ def node_config(root: Path, node: str = "n1", **overrides: Any) -> PreparerConfi
     if not boot.exists():
         boot.write_text(str(uuidlib.uuid4()) + "\n")
     return PreparerConfig(
-        node=node,
-        registry_dir=str(root / "reg"),
-        plugins_dir=str(root / "plugins"),
-        cdi_dir=str(root / "cdi"),
-        boot_id_path=str(boot),
-        **overrides,
+        **{
+            "node": node,
+            "registry_dir": str(root / "reg"),
+            "plugins_dir": str(root / "plugins"),
+            "cdi_dir": str(root / "cdi"),
+            "boot_id_path": str(boot),
+            **overrides,
+        }
     )
 
 

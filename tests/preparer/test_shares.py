@@ -67,13 +67,16 @@ def share_doc(
 
 
 def spec_of(cdi_dir: Path, uid: str) -> dict[str, Any]:
-    return json.loads((cdi_dir / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
+    """The spec the claim's checkpoint record names (its own, or one its shares use with other claims')."""
+    return json.loads((cdi_dir / checkpoint(cdi_dir.parent)[uid]["cdi_spec"]).read_text())
 
 
 def edits_of(cdi_dir: Path, uid: str) -> tuple[dict[str, str], dict[str, str]]:
     """The claim's one device's env (name -> value) and mounts (container path -> host path), less the device
     metadata file's (tests/preparer/test_device_metadata.py)."""
     [dev] = spec_of(cdi_dir, uid)["devices"]
+    [[cdi_id]] = [d["cdi_device_ids"] for d in checkpoint(cdi_dir.parent)[uid]["devices"]][:1]
+    assert cdi_id.endswith(f"={dev['name']}"), (cdi_id, dev["name"])
     edits = without_metadata(dev["containerEdits"])
     env = dict(e.split("=", 1) for e in edits["env"])
     return env, {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
@@ -115,6 +118,8 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_
             and gpu_of(real_discovery, "gpu-0").sharing.mps_daemon == pipe.parent.name
         )
         pid = int((pipe / PID_FILE).read_text())
+        specs = {c.uid: node.service.checkpoint.claims[c.uid].cdi_spec for c in tenants}
+        assert node.cdi_files() == sorted(set(specs.values())) and len(set(specs.values())) == 8, "one per limits"
         for i, c in enumerate(tenants):
             env, mounts = edits_of(node.cdi_dir, c.uid)
             assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
@@ -136,7 +141,7 @@ async def test_eight_tenants_share_one_gpu_through_one_mps_daemon_stopped_after_
         assert not wait_gone(pid, timeout=0.2), "the daemon serves the last share"
         assert "quit\n" not in [c.get("stdin") for c in fake.calls("nvidia-cuda-mps-control")]
         assert mps_dirs(real_discovery) == [pipe.parent.name]
-        assert node.cdi_files() == [f"k8s.gpu.nvidia.com-claim_{tenants[7].uid}.json"]
+        assert node.cdi_files() == [specs[tenants[7].uid]]
 
         assert await node.plugin.unprepare(tenants[7:]) == {tenants[7].uid: ""}
         assert wait_gone(pid, timeout=2.0), "the last share's unprepare stopped the daemon"
@@ -375,9 +380,9 @@ async def test_kill_9_during_the_fifth_shares_prepare_keeps_every_share_and_the_
             assert daemon_starts(fake) == [start] and int((pipe / PID_FILE).read_text()) == pid, "one daemon"
             assert mps_dirs(real_discovery) == [pipe.parent.name]
             cdi_dir = root / "cdi"
-            assert sorted(p.name for p in cdi_dir.iterdir() if not p.name.startswith(".")) == sorted(
-                f"k8s.gpu.nvidia.com-claim_{c.uid}.json" for c in tenants
-            ), "no leaked spec"
+            [spec] = {e["cdi_spec"] for e in entries.values()}  # the same limits: one spec they all use
+            assert spec.startswith("k8s.gpu.nvidia.com-share_")
+            assert [p.name for p in cdi_dir.iterdir() if not p.name.startswith(".")] == [spec], "no leaked spec"
             for c in tenants:
                 env, _ = edits_of(cdi_dir, c.uid)
                 assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
@@ -465,7 +470,8 @@ async def test_two_shares_of_one_gpu_in_one_claim_reach_it_once_with_their_limit
         assert sorted((d.request_names[0], d.share_id) for d in prepared.devices) == sorted(
             (r["request"], r["shareID"]) for r in results
         )
-        assert {tuple(d.cdi_device_ids) for d in prepared.devices} == {(f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-0",)}
+        [[cdi_id]] = {tuple(d.cdi_device_ids) for d in prepared.devices}  # one CDI device for both
+        assert cdi_id.startswith("k8s.gpu.nvidia.com/share=") and cdi_id.endswith("-gpu-0"), cdi_id
         env, _ = edits_of(node.cdi_dir, claim.uid)
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=30720M"
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"

@@ -402,6 +402,7 @@ class GpuDriver:
             devices,
             common,
             [MetadataSource(p.request, d, p.resolved.gpu) for p, d in zip(planned, record.devices, strict=True)],
+            shared=all(p.share_id for p in planned),  # a share's edits: its device's, its daemon's, its limits
         )
 
     async def _start_share_daemon(self, uid: str, dev: PreparedDevice) -> AsyncGenerator[Record, None]:

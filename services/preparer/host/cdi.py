@@ -17,6 +17,11 @@ renames it to its claim's name: no file created or freed per claim (each costs a
 transaction). At start, `sweep` removes the specs (and temp and spare files) of claims the checkpoint
 does not hold: a spec is written after its claim's `PrepareStarted` entry and removed before the
 entry is, so such a spec belongs to no claim (one left by a reboot, or torn by a power loss).
+
+Shares (claims that hold every device as a KEP-5075 share) get edits that no claim of their own changes: the
+device's nodes, its MPS daemon's pipe and the share's limits. Claims with the same edits use one spec,
+`k8s.gpu.nvidia.com/share` (file `<vendor>-share_<digest>.json`, device names `<digest>-<device>`), named by a
+digest of its content, so a name never stands for two contents (`shared_spec`; `sharedspecs` keeps its users).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -38,6 +44,7 @@ from shared.files import fill_in_place
 
 VENDOR = "k8s.gpu.nvidia.com"
 CLASS = "claim"
+SHARE_CLASS = "share"  # the specs shares use together (module doc)
 KIND = f"{VENDOR}/{CLASS}"
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"  # noqa: S108 - the path CUDA's MPS client looks in
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
@@ -205,6 +212,18 @@ def build_spec(
     return _document(cdi_kind, named, common)
 
 
+def shared_spec(devices: list[CdiDevice], common: ContainerEdits, cdi_kind: CdiKind) -> tuple[str, dict[str, Any]]:
+    """The spec of edits that every claim holding `devices` the same way gets (module doc), and its digest: of the
+    document with the devices under their own names, which then become `<digest>-<device>`."""
+    if not devices:
+        raise CdiError("no devices for a CDI spec")
+    spec = _document(cdi_kind, devices, common)
+    digest = hashlib.blake2b(msgspec.json.encode(spec), digest_size=10).hexdigest()
+    for dev in spec["devices"]:
+        dev["name"] = device_name(digest, dev["name"])
+    return digest, spec
+
+
 def build_node_spec(devices: list[CdiDevice], common: ContainerEdits, cdi_kind: CdiKind = NODE_CDI) -> dict[str, Any]:
     """A node-wide spec whose device names are used as given (`0`, `GPU-<uuid>`, `0:1`, `all`)."""
     if not devices:
@@ -243,39 +262,54 @@ def _document(cdi_kind: CdiKind, devices: list[CdiDevice], common: ContainerEdit
 
 
 class CdiWriter:
-    """Writes and removes per-claim specs in one CDI directory."""
+    """Writes and removes per-claim specs, and the specs shares use together, in one CDI directory."""
 
     def __init__(self, cdi_dir: Path, cdi_kind: CdiKind = GPU_CDI, *, durable: bool = True) -> None:
         self.dir = Path(cdi_dir)
         self._dir = str(self.dir)
         self.cdi_kind = cdi_kind
+        self.share_kind = CdiKind(cdi_kind.vendor, SHARE_CLASS)
         self.durable = durable  # False where the checkpoint's boot id makes a power loss moot (module doc)
         self._spares: list[Path] = []  # files of removed specs, refilled in place by the next writes
+        self._prefixes = {  # file name prefix -> whether its specs are shared ones (the sweep's)
+            spec_file_name("", cdi_kind)[: -len(".json")]: False,
+            spec_file_name("", self.share_kind)[: -len(".json")]: True,
+        }
         prefix = spec_file_name("", cdi_kind)[: -len(".json")]  # the sweep's: it removes spares left by a crash
         self._spare_names = [self.dir / f".{prefix}spare-{n}.tmp" for n in range(SPARES)]  # free ones: bounded
 
     def path_for(self, claim_uid: str) -> Path:
         return Path(self._file(claim_uid))
 
-    def _file(self, claim_uid: str) -> str:
-        """The claim's spec file, as a str: pathlib interns each part of a path it parses (`sys.intern`),
-        and a name per claim through it grows the interpreter's table of interned strings, which resizes
-        (by ~1-2 MB) after some thousands of claims."""
-        return os.path.join(self._dir, spec_file_name(claim_uid, self.cdi_kind))
+    def _file(self, claim_uid: str, cdi_kind: CdiKind | None = None) -> str:
+        """The claim's spec file (or, with the share kind, a shared spec's by digest), as a str: pathlib interns
+        each part of a path it parses (`sys.intern`), and a name per claim through it grows the interpreter's
+        table of interned strings, which resizes (by ~1-2 MB) after some thousands of claims."""
+        return os.path.join(self._dir, spec_file_name(claim_uid, cdi_kind or self.cdi_kind))
 
     def device_id(self, claim_uid: str, device: str) -> str:
         return device_id(claim_uid, device, self.cdi_kind)
 
-    def _write_sync(self, claim_uid: str, spec: dict[str, Any]) -> str:
+    def shared_device_id(self, digest: str, device: str) -> str:
+        return device_id(digest, device, self.share_kind)
+
+    def shared_file_name(self, digest: str) -> str:
+        return spec_file_name(digest, self.share_kind)
+
+    def shared_digest(self, file_name: str) -> str:
+        """The digest of a shared spec's file name (a record's `cdi_spec`); "" for any other name."""
+        prefix = spec_file_name("", self.share_kind)[: -len(".json")]
+        return file_name[len(prefix) : -len(".json")] if file_name.startswith(prefix) else ""
+
+    def _write_sync(self, path: str, spec: dict[str, Any]) -> str:
         data = msgspec.json.format(msgspec.json.encode(spec), indent=2)
         try:
-            return self._place(claim_uid, data)
+            return self._place(path, data)
         except FileNotFoundError:  # no CDI dir yet (or removed): made here, not checked on every write
             self.dir.mkdir(parents=True, exist_ok=True)
-            return self._place(claim_uid, data)
+            return self._place(path, data)
 
-    def _place(self, claim_uid: str, data: bytes) -> str:
-        path = self._file(claim_uid)
+    def _place(self, path: str, data: bytes) -> str:
         while not self.durable and self._spares:
             spare = self._spares.pop()
             try:
@@ -295,15 +329,21 @@ class CdiWriter:
     async def write(self, claim_uid: str, spec: dict[str, Any]) -> str:
         """Write the claim's spec; its file name in the CDI directory. Without fsync (`durable` False) it is a few KB
         into the page cache, a bounded step done on the event loop: cheaper than the hop to a worker thread and back."""
+        return await self._write(self._file(claim_uid), spec, f"claim {claim_uid}")
+
+    async def write_shared(self, digest: str, spec: dict[str, Any]) -> str:
+        """Write a shared spec (`shared_spec`) as `write` does a claim's; its file name."""
+        return await self._write(self._file(digest, self.share_kind), spec, f"shares ({digest})")
+
+    async def _write(self, path: str, spec: dict[str, Any], what: str) -> str:
         try:
             if self.durable:
-                return await asyncio.to_thread(self._write_sync, claim_uid, spec)
-            return self._write_sync(claim_uid, spec)
+                return await asyncio.to_thread(self._write_sync, path, spec)
+            return self._write_sync(path, spec)
         except OSError as exc:
-            raise CdiError(f"cannot write CDI spec for claim {claim_uid} in {self.dir}: {exc}") from exc
+            raise CdiError(f"cannot write CDI spec for {what} in {self.dir}: {exc}") from exc
 
-    def _remove_sync(self, claim_uid: str) -> bool:
-        path = self._file(claim_uid)
+    def _remove_sync(self, path: str) -> bool:
         with contextlib.suppress(FileNotFoundError):
             if self.durable or not self._spare_names:
                 os.unlink(path)
@@ -318,28 +358,33 @@ class CdiWriter:
             return True
         return False
 
-    def _sweep_sync(self, keep: set[str]) -> list[str]:
-        prefix = spec_file_name("", self.cdi_kind)[: -len(".json")]
+    def _sweep_sync(self, keep: set[str], keep_shared: frozenset[str] | set[str]) -> list[str]:
         removed = []
-        for path in self.dir.glob(f"*{prefix}*"):
-            name = path.name
-            if name.startswith(prefix) and name.endswith(".json"):
-                uid = name[len(prefix) : -len(".json")]
-            elif name.startswith(f".{prefix}") and name.endswith(".tmp"):
-                uid = ""  # a temp file a crash left mid-write
-            else:
-                continue
-            if uid in keep:
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                removed.append(name)
+        for prefix, shared in self._prefixes.items():
+            for path in self.dir.glob(f"*{prefix}*"):
+                name = path.name
+                if name.startswith(prefix) and name.endswith(".json"):
+                    key = name[len(prefix) : -len(".json")]
+                elif name.startswith(f".{prefix}") and name.endswith(".tmp"):
+                    key = ""  # a temp file a crash left mid-write
+                else:
+                    continue
+                if key in (keep_shared if shared else keep):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed.append(name)
         return removed
 
-    async def sweep(self, keep: set[str]) -> list[str]:
-        """At start: remove this kind's specs of claims not in `keep` (the checkpoint's) and temp files."""
-        return await asyncio.to_thread(self._sweep_sync, keep)
+    async def sweep(self, keep: set[str], keep_shared: frozenset[str] | set[str] = frozenset()) -> list[str]:
+        """At start: remove this kind's specs of claims not in `keep` (the checkpoint's), the shared specs whose
+        digests are not in `keep_shared` (those its claims use), and temp files."""
+        return await asyncio.to_thread(self._sweep_sync, keep, keep_shared)
 
     async def remove(self, claim_uid: str) -> bool:
         """Delete the claim's spec; an absent spec is fine. One unlink: bounded, done on the event loop."""
-        return self._remove_sync(claim_uid)
+        return self._remove_sync(self._file(claim_uid))
+
+    def remove_shared(self, digest: str) -> bool:
+        """Delete a shared spec, at once (no await: `sharedspecs` decides and removes in one step)."""
+        return self._remove_sync(self._file(digest, self.share_kind))

@@ -3,7 +3,8 @@ device metadata files and lifecycle events; a driver (`host.port.DriverPort`) pl
 
 Owns, for one driver on one node: per-claim serialisation; idempotency (a `PrepareCompleted` claim returns
 its checkpointed devices); the prepare (the `PrepareStarted` record from the driver's plan, written or
-staged; written again at each `RECORD` the driver yields; the spec; `PrepareCompleted`); unprepare (undo,
+staged; written again at each `RECORD` the driver yields; the spec, the claim's own or one its shares use
+together with other claims (`sharedspecs`); `PrepareCompleted`); unprepare (undo,
 then forget); rollback of partial prepares (at start, when the kubelet abandons a prepare, soon after a
 failed rollback, for stale claims); the claim fetch and the checks every driver makes (same UID, allocated,
 pinned to this node, in this node's pool); a span per prepare and unprepare in the claim's trace; and
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from opentelemetry import context as otel_context
@@ -45,6 +47,7 @@ from services.preparer.host.port import (
     SpecEdits,
     failure_reason,
 )
+from services.preparer.host.sharedspecs import SharedSpecs
 from shared.backoff import Backoff
 from shared.events.claims import ClaimEventKind, FailureReason, PreparedDeviceRef
 from shared.keyedlocks import KeyedLocks
@@ -92,6 +95,7 @@ class ClaimPreparer:
         self.cdi = cdi
         self.metadata = metadata  # the device metadata files each claim's spec mounts; None: off
         self.checkpoint = checkpoint
+        self.shared_specs = SharedSpecs(cdi, lambda: checkpoint.claims)
         self.events = events
         metrics.track_prepared(node, driver, checkpoint)  # gpu_dra_prepared_devices, counted when scraped
         if checkpoint.journal is None:
@@ -219,14 +223,20 @@ class ClaimPreparer:
 
     async def _complete(self, ref: ClaimRef, claim: ResourceClaim, record: ClaimRecord, edits: SpecEdits) -> None:
         """The metadata files, then the spec that mounts them, then `PrepareCompleted` with its event."""
+        cdi_id: Callable[[str], str] | None = None  # a device's CDI id
         with leaf_span(tracer, "cdi.write"):
-            if self.metadata is not None and edits.metadata:
-                await self.metadata.add_to(claim, edits.metadata, edits.devices)
-            if edits.devices:
+            metadata = self.metadata if edits.metadata else None  # a spec that mounts them is the claim's own
+            if metadata is not None:
+                await metadata.add_to(claim, edits.metadata, edits.devices)
+            if edits.devices and edits.shared and metadata is None:
+                digest = await self.shared_specs.use(ref.uid, record, edits.devices, edits.common)
+                cdi_id = functools.partial(self.cdi.shared_device_id, digest)
+            elif edits.devices:
                 spec = build_spec(ref.uid, edits.devices, edits.common, self.cdi.cdi_kind)
                 record.cdi_spec = await self.cdi.write(ref.uid, spec)
+                cdi_id = functools.partial(self.cdi.device_id, ref.uid)
         for dev in record.devices:
-            dev.cdi_device_ids = [self.cdi.device_id(ref.uid, dev.device)] if edits.devices else []
+            dev.cdi_device_ids = [cdi_id(dev.device)] if cdi_id else []
         record.state = "PrepareCompleted"
         record.completed_at = time.time()
         await self.checkpoint.put(ref.uid, record, events=[self._event("prepared", ref, record)])
@@ -411,9 +421,11 @@ class ClaimPreparer:
 
     # -- unprepare and rollback ------------------------------------------------------------
     async def _undo(self, uid: str, record: ClaimRecord) -> None:
-        """The driver's undo, then the claim's spec, then its metadata files (idempotent)."""
+        """The driver's undo, then the claim's spec (a shared one: its use of it), then its metadata files
+        (idempotent)."""
         await self.port.undo(uid, record)
-        await self.cdi.remove(uid)  # a rename on the loop: no span of its own
+        if not self.shared_specs.release(uid, record.cdi_spec):
+            await self.cdi.remove(uid)  # a rename on the loop: no span of its own
         if self.metadata is not None:
             await self.metadata.remove(uid, [r for d in record.devices for r in d.requests])  # after the spec
 
@@ -492,7 +504,7 @@ class ClaimPreparer:
     async def sweep_specs(self) -> int:
         """At start, after `recover`: remove the CDI specs, then the metadata files, of claims the checkpoint does not
         hold (cdi module doc)."""
-        removed = await self.cdi.sweep(set(self.checkpoint.claims))
+        removed = await self.cdi.sweep(set(self.checkpoint.claims), self.shared_specs.in_use())
         if removed:
             log.info(
                 "CDI specs of claims not prepared here removed (left by a reboot or a crash)",

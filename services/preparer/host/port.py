@@ -85,11 +85,14 @@ RECORD = Record()
 @dataclass
 class SpecEdits:
     """A claim's CDI edits, yielded last by `apply`: one `CdiDevice` each (none: no spec), the spec-level
-    edits, and the devices whose metadata files the spec mounts (KEP-5304; written when the host has them)."""
+    edits, and the devices whose metadata files the spec mounts (KEP-5304; written when the host has them).
+    `shared`: the edits are the same for every claim that holds these devices this way (shares), so the host
+    serves them from one spec those claims use together (`sharedspecs`) unless the spec mounts metadata files."""
 
     devices: list[CdiDevice]
     common: ContainerEdits = field(default_factory=ContainerEdits)
     metadata: list[MetadataSource] = field(default_factory=list)
+    shared: bool = False
 
 
 class ClaimRecords(Protocol):
