@@ -131,14 +131,34 @@ async def test_with_device_metadata_a_share_gets_a_spec_of_its_own(
 
 def test_a_spec_name_stands_for_one_content() -> None:
     """The digest covers every edit: two limits, two names; the same edits, the same name."""
-    from services.preparer.host.cdi import GPU_CDI, CdiDevice, CdiKind, ContainerEdits, DeviceNode, shared_spec
+    from services.preparer.host.cdi import (
+        GPU_CDI,
+        CdiDevice,
+        CdiKind,
+        ContainerEdits,
+        DeviceNode,
+        Mount,
+        build_spec,
+        common_digest,
+        spec_digest,
+    )
 
     kind = CdiKind(GPU_CDI.vendor, "share")
     nodes = [DeviceNode("/dev/nvidia0", "/dev/nvidia0")]
-    ten = shared_spec([CdiDevice("gpu-0", nodes, ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10"])], ContainerEdits(), kind)
-    again = shared_spec([CdiDevice("gpu-0", nodes, ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10"])], ContainerEdits(), kind)
-    twenty = shared_spec([CdiDevice("gpu-0", nodes, ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20"])], ContainerEdits(), kind)
-    common = ContainerEdits(env=[f"X={uuidlib.uuid4()}"])
-    other_common = shared_spec([CdiDevice("gpu-0", nodes, ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10"])], common, kind)
-    assert ten == again and ten[0] != twenty[0] and ten[0] != other_common[0]
-    assert ten[1]["kind"] == "k8s.gpu.nvidia.com/share" and ten[1]["devices"][0]["name"] == f"{ten[0]}-gpu-0"
+    empty = common_digest(ContainerEdits())
+
+    def share(compute: int, pipe: str = "/run/mps/a") -> list[CdiDevice]:
+        env = [f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={compute}"]
+        return [CdiDevice("gpu-0", nodes, env, [Mount(pipe, "/tmp/nvidia-mps")])]
+
+    ten = spec_digest(share(10), empty, kind)
+    assert ten == spec_digest(share(10), common_digest(ContainerEdits()), kind)
+    others = {
+        spec_digest(share(20), empty, kind),
+        spec_digest(share(10, "/run/mps/b"), empty, kind),  # another daemon's pipe
+        spec_digest(share(10), common_digest(ContainerEdits(env=[f"X={uuidlib.uuid4()}"])), kind),
+        spec_digest(share(10), empty, CdiKind("k8s.compute-domain.nvidia.com", "share")),
+    }
+    assert ten not in others and len(others) == 4
+    spec = build_spec(ten, share(10), ContainerEdits(), kind)
+    assert spec["kind"] == "k8s.gpu.nvidia.com/share" and spec["devices"][0]["name"] == f"{ten}-gpu-0"

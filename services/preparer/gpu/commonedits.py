@@ -274,6 +274,7 @@ class CommonEdits:
         self.root = DriverRoot.of(*self.settings)
         self.files = NO_DRIVER
         self._nodes: dict[str, list[DeviceNode]] = {}
+        self._edits: dict[str, tuple[DriverFiles, list[DeviceNode], ContainerEdits]] = {}  # per dev root, as built
         self._checked_at = 0.0
         self._lock = asyncio.Lock()
 
@@ -351,7 +352,9 @@ class CommonEdits:
             return True
 
     async def get(self, dev_root: str = "") -> ContainerEdits:
-        """The edits for a claim spec; `dev_root` is discovery's, used when the settings name none."""
+        """The edits for a claim spec; `dev_root` is discovery's, used when the settings name none. The same
+        object while the driver's files and control nodes are (callers read it, never change it): shares' specs
+        are named by its digest, computed again only for another object (`sharedspecs`)."""
         if time.monotonic() - self._checked_at >= self.check_interval:
             await self.refresh()
         root = self.root if self.configured else DriverRoot.of("", "", dev_root or "/")
@@ -359,7 +362,10 @@ class CommonEdits:
         if nodes is None:
             nodes = await asyncio.to_thread(control_nodes, root)
             self._nodes[root.dev_root] = nodes
-        return edits_of(self.files, nodes)
+        built = self._edits.get(root.dev_root)
+        if built is None or built[0] is not self.files or built[1] is not nodes:
+            built = self._edits[root.dev_root] = (self.files, nodes, edits_of(self.files, nodes))
+        return built[2]
 
 
 __all__ = ["DEFAULT_CDI_HOOK", "CommonEdits", "DriverFiles", "build_driver_files", "control_nodes", "edits_of"]

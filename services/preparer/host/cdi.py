@@ -21,7 +21,7 @@ entry is, so such a spec belongs to no claim (one left by a reboot, or torn by a
 Shares (claims that hold every device as a KEP-5075 share) get edits that no claim of their own changes: the
 device's nodes, its MPS daemon's pipe and the share's limits. Claims with the same edits use one spec,
 `k8s.gpu.nvidia.com/share` (file `<vendor>-share_<digest>.json`, device names `<digest>-<device>`), named by a
-digest of its content, so a name never stands for two contents (`shared_spec`; `sharedspecs` keeps its users).
+digest of its content, so a name never stands for two contents (`spec_digest`; `sharedspecs` keeps its users).
 """
 
 from __future__ import annotations
@@ -212,16 +212,18 @@ def build_spec(
     return _document(cdi_kind, named, common)
 
 
-def shared_spec(devices: list[CdiDevice], common: ContainerEdits, cdi_kind: CdiKind) -> tuple[str, dict[str, Any]]:
-    """The spec of edits that every claim holding `devices` the same way gets (module doc), and its digest: of the
-    document with the devices under their own names, which then become `<digest>-<device>`."""
-    if not devices:
-        raise CdiError("no devices for a CDI spec")
-    spec = _document(cdi_kind, devices, common)
-    digest = hashlib.blake2b(msgspec.json.encode(spec), digest_size=10).hexdigest()
-    for dev in spec["devices"]:
-        dev["name"] = device_name(digest, dev["name"])
-    return digest, spec
+def common_digest(common: ContainerEdits) -> bytes:
+    """A digest of spec-level edits, for `spec_digest` (kept by the caller while they are the same object)."""
+    return hashlib.blake2b(msgspec.json.encode(common.to_json()), digest_size=16).digest()
+
+
+def spec_digest(devices: list[CdiDevice], common: bytes, cdi_kind: CdiKind) -> str:
+    """The name of the spec of `devices` with the spec-level edits of digest `common` (module doc): a digest of
+    all that decides the spec's content (`build_spec(<digest>, devices, common edits, cdi_kind)`)."""
+    h = hashlib.blake2b(cdi_kind.kind.encode(), digest_size=10)
+    h.update(common)
+    h.update(msgspec.json.encode([(d.device, _edits(d.nodes, d.env, d.mounts)) for d in devices]))
+    return h.hexdigest()
 
 
 def build_node_spec(devices: list[CdiDevice], common: ContainerEdits, cdi_kind: CdiKind = NODE_CDI) -> dict[str, Any]:
@@ -332,7 +334,7 @@ class CdiWriter:
         return await self._write(self._file(claim_uid), spec, f"claim {claim_uid}")
 
     async def write_shared(self, digest: str, spec: dict[str, Any]) -> str:
-        """Write a shared spec (`shared_spec`) as `write` does a claim's; its file name."""
+        """Write a shared spec (`spec_digest`) as `write` does a claim's; its file name."""
         return await self._write(self._file(digest, self.share_kind), spec, f"shares ({digest})")
 
     async def _write(self, path: str, spec: dict[str, Any], what: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 
-from services.preparer.host.cdi import CdiDevice, CdiWriter, ContainerEdits, shared_spec
+from services.preparer.host.cdi import CdiDevice, CdiWriter, ContainerEdits, build_spec, common_digest, spec_digest
 from services.preparer.host.checkpoint import ClaimRecord
 from shared.keyedlocks import KeyedLocks
 
@@ -29,6 +29,7 @@ class SharedSpecs:
         self._users: dict[str, set[str]] | None = None  # digest -> claim uids; read from the checkpoint once
         self._written: set[str] = set()  # digests this process wrote (and has not removed since)
         self._writes: KeyedLocks[str] = KeyedLocks()  # one write of a spec at a time (they share a temp file)
+        self._common: tuple[ContainerEdits | None, bytes] = (None, b"")  # the last spec-level edits, their digest
 
     def users(self) -> dict[str, set[str]]:
         if self._users is None:
@@ -41,13 +42,15 @@ class SharedSpecs:
 
     async def use(self, uid: str, record: ClaimRecord, devices: list[CdiDevice], common: ContainerEdits) -> str:
         """Make the claim a user of the spec of these edits, written if this process has not yet; its digest."""
-        digest, spec = shared_spec(devices, common, self.cdi.share_kind)
+        if self._common[0] is not common:  # the driver's common edits: one object while they are unchanged
+            self._common = (common, common_digest(common))
+        digest = spec_digest(devices, self._common[1], self.cdi.share_kind)
         record.cdi_spec = self.cdi.shared_file_name(digest)
         self.users().setdefault(digest, set()).add(uid)  # before the write's await (module doc)
         if digest not in self._written:
             async with self._writes.hold(digest):
                 if digest not in self._written:
-                    await self.cdi.write_shared(digest, spec)
+                    await self.cdi.write_shared(digest, build_spec(digest, devices, common, self.cdi.share_kind))
                     self._written.add(digest)
         return digest
 
