@@ -1,7 +1,7 @@
 """Share benchmark: prepare (and unprepare) of one more share of a GPU already shared vs of a whole GPU.
 
     .venv/bin/python bench/share_bench.py [--cycles 200] [--warmup 20] [--runs 1] [--residents 1]
-        [--out bench/results/share.json]
+        [--own-limits] [--out bench/results/share.json]
 
 The harness of tests/preparer/test_shares.py: the preparer on its real unix sockets (gRPC from the kubelet
 emulator), discovery in-process on simulated H100s running a fake driver root's binaries (tests/fakedriver.py)
@@ -11,7 +11,9 @@ prepares and unprepares one more share of gpu-0 (a new claim each time), each `w
 gpu-1. Each cycle runs both kinds, in an order drawn from a seeded generator (the machine is noisy: medians of
 interleaved cycles compare, and so does the median of each cycle's share/whole pair). Not a strict
 alternation: its period (8 RPCs) divides the preparer's heap trim period (64 RPCs, host/server.py), so every
-trim fell on the same kind of call, adding ~0.8 points to the ratio. Prints p50/p90 of each and the ratios;
+trim fell on the same kind of call, adding ~0.8 points to the ratio. Each share asks the residents' limits, so it
+uses the CDI spec they use (services/preparer/host/sharedspecs.py); with --own-limits it asks limits of its own,
+and so writes a spec at its prepare and removes it at its unprepare. Prints p50/p90 of each and the ratios;
 writes them to --out (with --runs N, the last run's figures, each run's ratios, and their median and range
 over the runs: a run's ratio moves by about a point from one run to the next).
 """
@@ -55,7 +57,7 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-async def run(cycles: int, warmup: int, residents: int = 1) -> dict[str, Any]:
+async def run(cycles: int, warmup: int, residents: int = 1, own_limits: bool = False) -> dict[str, Any]:
     root = short_root()
     nats = EmbeddedNats(store_dir=root / "nats")
     await nats.start()
@@ -84,7 +86,7 @@ async def run(cycles: int, warmup: int, residents: int = 1) -> dict[str, Any]:
             for i in range(warmup + cycles):
                 for kind in order.sample(("share", "whole"), 2):
                     doc = (
-                        share_doc(f"s-{i}", f"tenant-{i % 8}")
+                        share_doc(f"s-{i}", f"tenant-{i % 8}", compute="20" if own_limits else "10")
                         if kind == "share"
                         else share_doc(f"w-{i}", f"tenant-{i % 8}", device="gpu-1", share=False)
                     )
@@ -122,6 +124,7 @@ async def run(cycles: int, warmup: int, residents: int = 1) -> dict[str, Any]:
         out[f"paired_ratio_{phase}_p50"] = round(statistics.median(pairs), 3)
     out["mps_start_requests_per_share_cycle"] = round(mps_starts / (warmup + cycles), 3)
     out["cycles"], out["warmup"], out["residents"], out["cpus"] = cycles, warmup, residents, os.cpu_count()
+    out["own_limits"] = own_limits
     return out
 
 
@@ -148,11 +151,12 @@ def main() -> None:
         "--residents", type=int, default=1, help="shares gpu-0 holds all along (7: eight tenants on one GPU)"
     )
     ap.add_argument("--runs", type=int, default=1, help="whole runs (a fresh node each), for the ratios' spread")
+    ap.add_argument("--own-limits", action="store_true", help="shares ask limits no resident has (module doc)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "share.json"))
     args = ap.parse_args()
     results = []
     for _ in range(args.runs):
-        result = asyncio.run(run(args.cycles, args.warmup, args.residents))
+        result = asyncio.run(run(args.cycles, args.warmup, args.residents, args.own_limits))
         results.append(result)
         for kind in ("share", "whole"):
             p, u = result[kind]["prepare"], result[kind]["unprepare"]
