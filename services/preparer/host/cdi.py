@@ -32,7 +32,7 @@ import functools
 import hashlib
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,11 +273,9 @@ class CdiWriter:
         self.share_kind = CdiKind(cdi_kind.vendor, SHARE_CLASS)
         self.durable = durable  # False where the checkpoint's boot id makes a power loss moot (module doc)
         self._spares: list[Path] = []  # files of removed specs, refilled in place by the next writes
-        self._prefixes = {  # file name prefix -> whether its specs are shared ones (the sweep's)
-            spec_file_name("", cdi_kind)[: -len(".json")]: False,
-            spec_file_name("", self.share_kind)[: -len(".json")]: True,
-        }
         prefix = spec_file_name("", cdi_kind)[: -len(".json")]  # the sweep's: it removes spares left by a crash
+        self._shared_prefix = spec_file_name("", self.share_kind)[: -len(".json")]
+        self._prefixes = {prefix: False, self._shared_prefix: True}  # -> whether its specs are shared (the sweep's)
         self._spare_names = [self.dir / f".{prefix}spare-{n}.tmp" for n in range(SPARES)]  # free ones: bounded
 
     def path_for(self, claim_uid: str) -> Path:
@@ -300,7 +298,7 @@ class CdiWriter:
 
     def shared_digest(self, file_name: str) -> str:
         """The digest of a shared spec's file name (a record's `cdi_spec`); "" for any other name."""
-        prefix = spec_file_name("", self.share_kind)[: -len(".json")]
+        prefix = self._shared_prefix
         return file_name[len(prefix) : -len(".json")] if file_name.startswith(prefix) else ""
 
     def _write_sync(self, path: str, spec: dict[str, Any]) -> str:
@@ -360,7 +358,7 @@ class CdiWriter:
             return True
         return False
 
-    def _sweep_sync(self, keep: set[str], keep_shared: frozenset[str] | set[str]) -> list[str]:
+    def _sweep_sync(self, keep: Set[str], keep_shared: Set[str]) -> list[str]:
         removed = []
         for prefix, shared in self._prefixes.items():
             for path in self.dir.glob(f"*{prefix}*"):
@@ -378,7 +376,7 @@ class CdiWriter:
                     removed.append(name)
         return removed
 
-    async def sweep(self, keep: set[str], keep_shared: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    async def sweep(self, keep: Set[str], keep_shared: Set[str] = frozenset()) -> list[str]:
         """At start: remove this kind's specs of claims not in `keep` (the checkpoint's), the shared specs whose
         digests are not in `keep_shared` (those its claims use), and temp files."""
         return await asyncio.to_thread(self._sweep_sync, keep, keep_shared)

@@ -12,7 +12,6 @@ claim's `PrepareCompleted` leaves a spec no record names: the start's sweep remo
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 
 from services.preparer.host.cdi import CdiDevice, CdiWriter, ContainerEdits, build_spec, common_digest, spec_digest
@@ -31,13 +30,12 @@ class SharedSpecs:
         self._writes: KeyedLocks[str] = KeyedLocks()  # one write of a spec at a time (they share a temp file)
         self._common: tuple[ContainerEdits | None, bytes] = (None, b"")  # the last spec-level edits, their digest
 
-    def users(self) -> dict[str, set[str]]:
+    def _users_of(self) -> dict[str, set[str]]:
         if self._users is None:
-            users: dict[str, set[str]] = defaultdict(set)
+            self._users = {}
             for uid, record in self._claims().items():
                 if digest := self.cdi.shared_digest(record.cdi_spec):
-                    users[digest].add(uid)
-            self._users = users
+                    self._users.setdefault(digest, set()).add(uid)
         return self._users
 
     async def use(self, uid: str, record: ClaimRecord, devices: list[CdiDevice], common: ContainerEdits) -> str:
@@ -46,7 +44,7 @@ class SharedSpecs:
             self._common = (common, common_digest(common))
         digest = spec_digest(devices, self._common[1], self.cdi.share_kind)
         record.cdi_spec = self.cdi.shared_file_name(digest)
-        self.users().setdefault(digest, set()).add(uid)  # before the write's await (module doc)
+        self._users_of().setdefault(digest, set()).add(uid)  # before the write's await (module doc)
         if digest not in self._written:
             async with self._writes.hold(digest):
                 if digest not in self._written:
@@ -60,7 +58,7 @@ class SharedSpecs:
         digest = self.cdi.shared_digest(file_name)
         if not digest:
             return False
-        users = self.users()
+        users = self._users_of()
         holders = users.get(digest)
         if holders is not None:
             holders.discard(uid)
@@ -73,4 +71,4 @@ class SharedSpecs:
 
     def in_use(self) -> set[str]:
         """The digests of the specs some claim uses (the sweep keeps them)."""
-        return set(self.users())
+        return set(self._users_of())
