@@ -16,6 +16,17 @@ from typing import Any
 
 from embedded.harness.discovery import RunningDiscovery
 from embedded.nodeagent.cdi_resolve import load_specs, resolve
+from services.preparer.host.cdi import (
+    GPU_CDI,
+    CdiDevice,
+    CdiKind,
+    ContainerEdits,
+    DeviceNode,
+    Mount,
+    build_spec,
+    common_digest,
+    spec_digest,
+)
 from shared.bus import Bus
 from tests.fakedriver import FakeDriver
 from tests.preparer.helpers import MemoryClaims, running_node
@@ -35,7 +46,7 @@ async def test_shares_with_the_same_limits_use_one_spec_removed_after_its_last_u
     small = [claims.add(share_doc(f"small-{i}", f"tenant-{i}", compute="10")) for i in range(3)]
     large = claims.add(share_doc("large", "tenant-9", memory="20Gi", compute="30"))
     async with running_node(claims, root, bus=bus) as node:
-        prepared = await node.plugin.prepare([*small, large])  # concurrently: the first writes, the others wait
+        prepared = await node.plugin.prepare([*small, large])  # concurrently: one write per limits
         assert all(p.error == "" for p in prepared.values()), prepared
         ids = {uid: p.devices[0].cdi_device_ids for uid, p in prepared.items()}
         assert len({tuple(ids[c.uid]) for c in small}) == 1 and ids[large.uid] != ids[small[0].uid]
@@ -131,18 +142,6 @@ async def test_with_device_metadata_a_share_gets_a_spec_of_its_own(
 
 def test_a_spec_name_stands_for_one_content() -> None:
     """The digest covers every edit: two limits, two names; the same edits, the same name."""
-    from services.preparer.host.cdi import (
-        GPU_CDI,
-        CdiDevice,
-        CdiKind,
-        ContainerEdits,
-        DeviceNode,
-        Mount,
-        build_spec,
-        common_digest,
-        spec_digest,
-    )
-
     kind = CdiKind(GPU_CDI.vendor, "share")
     nodes = [DeviceNode("/dev/nvidia0", "/dev/nvidia0")]
     empty = common_digest(ContainerEdits())

@@ -74,9 +74,10 @@ def spec_of(cdi_dir: Path, uid: str) -> dict[str, Any]:
 def edits_of(cdi_dir: Path, uid: str) -> tuple[dict[str, str], dict[str, str]]:
     """The claim's one device's env (name -> value) and mounts (container path -> host path), less the device
     metadata file's (tests/preparer/test_device_metadata.py)."""
-    [dev] = spec_of(cdi_dir, uid)["devices"]
-    [[cdi_id]] = [d["cdi_device_ids"] for d in checkpoint(cdi_dir.parent)[uid]["devices"]][:1]
-    assert cdi_id.endswith(f"={dev['name']}"), (cdi_id, dev["name"])
+    entry = checkpoint(cdi_dir.parent)[uid]
+    [dev] = json.loads((cdi_dir / entry["cdi_spec"]).read_text())["devices"]
+    cdi_id = entry["devices"][0]["cdi_device_ids"][0]
+    assert cdi_id.endswith(f"={dev['name']}"), (cdi_id, dev["name"])  # the id names the spec's device
     edits = without_metadata(dev["containerEdits"])
     env = dict(e.split("=", 1) for e in edits["env"])
     return env, {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
