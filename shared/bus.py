@@ -62,7 +62,7 @@ from shared.events.catalog import (
     stream_of,
 )
 from shared.events.deadletter import DeadLetter
-from shared.jetstream import PUBLISH_RETRY_S, BusJetStream, ordered_since, publish_with_retry, retry_jetstream
+from shared.jetstream import PUBLISH_RETRY_S, BusJetStream, ordered_consumer, publish_with_retry, retry_jetstream
 from shared.logs import get_logger
 from shared.natsconn import (
     BusError,
@@ -433,7 +433,7 @@ class Bus:
 
         `durable`: a JetStream durable consumer of that name (replays what it has not acked,
         survives restarts); `since` (a unix time): one ordered consumer of the entry's stream from then on
-        (shared.jetstream.ordered_since), what the stream held when it was made first (`ctx.replayed`), then
+        (shared.jetstream.ordered_consumer), what the stream held when it was made first (`ctx.replayed`), then
         every new message, each once and in order; neither: a core NATS subscription (live messages only).
         """
         decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(entry.message)
@@ -490,7 +490,7 @@ class Bus:
             stream = stream_of(entry.subject)
             if stream is None or queue:
                 raise ValueError(f"{entry.name}: no stream keeps it, or a queue group was asked of a replay")
-            sub = await ordered_since(self.nc, self.js, stream.name, subject, since, on_message)
+            sub, _ = await ordered_consumer(self.nc, self.js, stream.name, subject, on_message, since=since)
         else:
             sub = await self.nc.subscribe(subject, queue=queue or "", cb=on_message)
         self._subs.append(sub)

@@ -210,37 +210,51 @@ class BusJetStream(_FilterInCreateSubject, JetStreamContext):
         return _FilterInCreateSubject(conn=self._nc, prefix=self._prefix, timeout=self._timeout)
 
 
-async def ordered_since(
+async def ordered_consumer(
     nc: NatsClient,
     js: JetStreamContext,
     stream: str,
     subject: str,
-    since: float,
     cb: Callable[[Msg, bool], Awaitable[None]],
-) -> JetStreamContext.PushSubscription:
-    """`await cb(msg, replayed)` for each message of `subject` on `stream` from the unix time `since` on, through
-    one ordered consumer; `replayed`: the stream held it when the consumer was made (the create's answer says
-    how many it held: that many first, the past, then the new ones).
+    *,
+    since: float | None = None,
+    last_per_subject: bool = False,
+    headers_only: bool = False,
+) -> tuple[JetStreamContext.PushSubscription, int]:
+    """`await cb(msg, replayed)` for each message of `subject` on `stream` through one ordered consumer: from the
+    unix time `since` on, or each subject's last message first (`last_per_subject`: a KV watch), or all.
+
+    Returns the subscription and its replay: how many messages the stream held for it when it was made, read from
+    the create's answer. Those come first (`replayed` true), then the new ones. The count is exact: nothing is
+    delivered before the answer, so no message can be in flight when it is read (a count read from the consumer's
+    info after the subscription, as nats-py's KV watch does, misses deliveries already on the wire).
 
     nats-py's ordered consumer, made here rather than by `js.subscribe(ordered_consumer=True)` only to read that
     answer: ephemeral, in memory, one replica, no acks, flow control and idle heartbeats; after a gap or two
     missed heartbeats nats-py makes it again from the stream sequence after the last delivered, so each message
-    comes once, in stream order, and none is skipped while the stream keeps it."""
+    comes once, in stream order, and none is skipped while the stream keeps it. `headers_only`: bodies left out."""
+    policy = DeliverPolicy.ALL
+    if since is not None:
+        policy = DeliverPolicy.BY_START_TIME
+    elif last_per_subject:
+        policy = DeliverPolicy.LAST_PER_SUBJECT
     config = ConsumerConfig(
         filter_subject=subject,
         deliver_subject=nc.new_inbox(),
-        deliver_policy=DeliverPolicy.BY_START_TIME,
-        opt_start_time=datetime.datetime.fromtimestamp(since, datetime.UTC),
+        deliver_policy=policy,
+        opt_start_time=None if since is None else datetime.datetime.fromtimestamp(since, datetime.UTC),
         ack_policy=AckPolicy.NONE,
         max_deliver=1,
         flow_control=True,
         idle_heartbeat=ORDERED_HEARTBEAT_S,
+        headers_only=headers_only or None,
         num_replicas=1,
         mem_storage=True,
         inactive_threshold=WATCH_INACTIVE_S,
     )
     info = await retry_jetstream(lambda: js.add_consumer(stream, config), f"ordered consumer of {subject}")
-    backlog = info.num_pending or 0
+    replay = info.num_pending or 0
+    backlog = replay
 
     async def deliver(msg: Msg) -> None:
         nonlocal backlog
@@ -248,4 +262,5 @@ async def ordered_since(
         backlog -= int(replayed)
         await cb(msg, replayed)
 
-    return await js.subscribe_bind(stream, config, info.name, cb=deliver, ordered_consumer=True)
+    sub = await js.subscribe_bind(stream, config, info.name, cb=deliver, ordered_consumer=True)
+    return sub, replay

@@ -5,15 +5,17 @@ codec (`encode`, `decode_body`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 import nats
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
@@ -26,10 +28,10 @@ from shared.events.base import Message
 from shared.events.catalog import (
     Bucket,
 )
-from shared.jetstream import WATCH_INACTIVE_S, publish_with_retry, retry_jetstream
+from shared.jetstream import publish_with_retry, retry_jetstream
+from shared.kvwatch import KvWatch
 from shared.logs import get_logger
 from shared.natsconn import BusError
-from shared.tasks import raise_if_cancelling
 from shared.telemetry import get_tracer, inject_headers, traceparent_context
 
 
@@ -37,6 +39,7 @@ class KVHost(Protocol):
     """What a typed bucket needs of the bus that opened it (shared.bus.Bus)."""
 
     name: str
+    nc: NatsClient
     js: JetStreamContext
 
     def spawn(self, coro: Awaitable[None]) -> Any: ...
@@ -55,7 +58,7 @@ tracer = get_tracer(__name__)
 M = TypeVar("M", bound=Message)
 _ENCODER = msgspec.json.Encoder()
 # How long a key listing waits for its watch's next key or the end of the values before it fails (its caller
-# retries): nats-py's watcher iteration waits for ever, and a listing that never ends would stall its caller.
+# retries): a listing whose last value the stream lost before sending it would otherwise wait for the next write.
 KEYS_WAIT_S = 5.0
 
 
@@ -84,8 +87,8 @@ def decode_body(decoder: msgspec.json.Decoder[Any], data: bytes) -> tuple[Any, s
 
 class _KeepingContext:
     """The bus's JetStream context as one bucket's KeyValue uses it, keeping the `traceparent` of every
-    value it reads by key: nats-py's KV entries drop the headers. A get's is kept at once; a watch's is
-    held per (key, revision) until its entry is read (`read`), so a second write of a key that arrives
+    value it reads by key: nats-py's KV entries drop the headers. A get's is kept at once; a watch's
+    (`arrived`) is held per (key, revision) until its entry is read (`read`), so a second write of a key that arrives
     before the first is acted on does not lend the first its trace."""
 
     MAX_KEYS = 100_000  # bounded: one short string a key; cleared if a bucket ever holds more
@@ -142,33 +145,14 @@ class _KeepingContext:
             self._keep(key, (msg.headers or {}).get("traceparent", ""))
         return msg
 
-    async def subscribe(self, *args: Any, cb: Callable[[Msg], Awaitable[None]] | None = None, **kwargs: Any) -> Any:
-        subscribe: Any = self._js.subscribe
-        if cb is None:
-            return await subscribe(*args, **kwargs)
-        delivered = cb
-        listing = bool(kwargs.get("headers_only"))  # keys(): a one-off listing, not a consumer to watch
-
-        async def keeping(msg: Msg) -> None:
-            key = self._key(msg.subject)
-            if key is not None and not listing:
-                with contextlib.suppress(nats.errors.NotJSMessageError):
-                    self._arrive(key, msg.metadata.sequence.stream, msg.headers or {})
-                note_pending(self._consumer, msg)
-            await delivered(msg)
-
-        return await subscribe(*args, cb=keeping, **kwargs)
-
-
-async def kv_updates(watcher: Any) -> AsyncIterator[Any]:
-    """A KV watcher's entries (None: the end of the initial values), however long each takes."""
-    while True:
-        try:
-            entry = await watcher.updates(timeout=3600)
-        except nats.errors.TimeoutError:
-            continue
-        raise_if_cancelling()  # updates() is a wait_for, which can drop a cancellation
-        yield entry
+    def arrived(self, msg: Msg) -> None:
+        """A watch's delivery (shared.kvwatch): its writer's context held until its entry is read."""
+        key = self._key(msg.subject)
+        if key is None:
+            return
+        with contextlib.suppress(nats.errors.NotJSMessageError):
+            self._arrive(key, msg.metadata.sequence.stream, msg.headers or {})
+        note_pending(self._consumer, msg)
 
 
 class TypedKV(Generic[M]):
@@ -212,10 +196,23 @@ class TypedKV(Generic[M]):
             self._bus.spawn(self._bus.refuse(mismatch, raw, self._bus.name))
         return None
 
-    async def updates(self, watcher: Any) -> AsyncIterator[Any]:
-        """kv_updates() of a watch on this bucket (`raw.watch`), each entry's writer context kept for
-        consume() as it is handed on."""
-        async for entry in kv_updates(watcher):
+    async def open_watch(self, pattern: str = ">", *, listing: bool = False) -> KvWatch:
+        """A watch of this bucket's keys that match `pattern` (shared.kvwatch): read it through `updates`, end it
+        with its `stop`. `listing`: keys only, deletes skipped, no writer context held (a one-off listing)."""
+        return await KvWatch.start(
+            self._bus.nc,
+            self._bus.js,
+            self.bucket.name,
+            pattern,
+            meta_only=listing,
+            ignore_deletes=listing,
+            arrived=None if listing else self._js.arrived,
+        )
+
+    async def updates(self, watch: KvWatch) -> AsyncIterator[KeyValue.Entry | None]:
+        """A watch's entries (None: the end of the replay), each entry's writer context kept for consume() as
+        it is handed on."""
+        async for entry in watch:
             if entry is not None:
                 self._js.read(entry.key, int(entry.revision or 0))
             yield entry
@@ -258,22 +255,15 @@ class TypedKV(Generic[M]):
             return
 
     async def keys(self, pattern: str = ">") -> list[str]:
-        """Keys matching `pattern` (a node user may list only its own node's keys)."""
-        try:
-            watcher = await retry_jetstream(
-                lambda: self._kv.watch(
-                    pattern, ignore_deletes=True, meta_only=True, inactive_threshold=WATCH_INACTIVE_S
-                ),
-                f"KV keys of {self.bucket.name}",
-            )
-        except nats.js.errors.NoKeysError:
-            return []
+        """Keys matching `pattern` (a node user may list only its own node's keys), as the bucket held them."""
+        watch = await self.open_watch(pattern, listing=True)
         keys: list[str] = []
         try:
             while True:
                 try:
-                    entry = await watcher.updates(timeout=KEYS_WAIT_S)  # type: ignore[no-untyped-call]
-                except nats.errors.TimeoutError:
+                    async with asyncio.timeout(KEYS_WAIT_S):
+                        entry = await watch.next()
+                except TimeoutError:
                     raise BusError(
                         f"KV keys of {self.bucket.name}: the listing did not end within {KEYS_WAIT_S:.0f}s"
                     ) from None
@@ -281,7 +271,7 @@ class TypedKV(Generic[M]):
                     break
                 keys.append(entry.key)
         finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+            await watch.stop()
         return keys
 
     async def items(self, pattern: str = ">") -> dict[str, M]:
@@ -304,11 +294,9 @@ class TypedKV(Generic[M]):
         decode, names another identity, or was stored by the server relaying someone's answer onto the
         key (shared.natsorigin) is refused and skipped: it never replaces the last good value. The key's
         owner, which restores what it wrote, asks to see it as None (`refused_as_none`)."""
-        watcher = await retry_jetstream(
-            lambda: self._kv.watch(keys, inactive_threshold=WATCH_INACTIVE_S), f"KV watch {self.bucket.name}/{keys}"
-        )
+        watch = await self.open_watch(keys)
         try:
-            async for entry in self.updates(watcher):
+            async for entry in self.updates(watch):
                 if entry is None:
                     yield "", None
                     continue
@@ -319,7 +307,7 @@ class TypedKV(Generic[M]):
                 if value is not None or refused_as_none:
                     yield entry.key, value
         finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+            await watch.stop()
 
     def accepted(self, key: str, raw: bytes | None, revision: int) -> M | None:
         """A watched value, or None when it is refused (relayed here by the server, undecodable, or

@@ -38,20 +38,20 @@ class RunningDiscovery:
 
     async def overwrite_key(self, bus: Bus, garbage: bytes) -> NodeInventory:
         """Write `garbage` over this node's inventory key as `bus`'s identity, then return the first
-        value stored after it: the one this service wrote back. Ordered by revision, not by a watch's
-        end-of-initial-values marker, which nats-py can hand out before the current value."""
+        value stored after it: the one this service wrote back (ordered by revision)."""
         kv = await bus.kv(catalog.INVENTORY_BUCKET)
         node = self.config.node
-        watcher = await kv.raw.watch(node)
+        watcher = await kv.open_watch(node)
         try:
             written = (await bus.js.publish(f"$KV.{catalog.INVENTORY_BUCKET.name}.{node}", garbage)).seq
             async for entry in kv.updates(watcher):
-                if entry is not None and entry.revision > written:
-                    value: NodeInventory | None = kv.decode(node, entry.value, entry.revision)
+                revision = 0 if entry is None else int(entry.revision or 0)
+                if entry is not None and revision > written:
+                    value: NodeInventory | None = kv.decode(node, entry.value, revision)
                     assert value is not None, f"{node}'s key was rewritten with {entry.value!r}"
                     return value
         finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+            await watcher.stop()
         raise AssertionError("the watch ended")
 
 

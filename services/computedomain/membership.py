@@ -39,7 +39,6 @@ from shared.bus import Bus, BusError, MsgContext, TypedKV, encode, retry_jetstre
 from shared.events.base import now_unix
 from shared.events.catalog import CD_MEMBER, CD_MEMBER_LEFT, CD_MEMBERS_BUCKET, as_token
 from shared.events.computedomain import DomainMember, MemberLeft, MemberStatus
-from shared.jetstream import WATCH_INACTIVE_S
 from shared.logs import get_logger
 from shared.numbers import decimal_int
 
@@ -115,8 +114,7 @@ class Membership:
     async def _listing(self, pattern: str) -> dict[str, tuple[bytes, int]]:
         """(value, revision) of the live (non-deleted) keys matching `pattern`.
 
-        The subjects come from the bucket stream's state (exact, unlike a watcher's end-of-replay
-        marker, which can arrive before the last buffered entry); the values are then read, all at once."""
+        The subjects come from the bucket stream's state, in one answer; the values are then read, all at once."""
         _, raw = await self._kv()
         prefix = f"$KV.{CD_MEMBERS_BUCKET.name}."
         try:
@@ -363,10 +361,7 @@ class Membership:
         shown: set[tuple[str, str]] = set()
         replayed = False
         pattern = f"{token(domain_uid)}.>" if domain_uid else ">"
-        watcher = await retry_jetstream(
-            lambda: typed.raw.watch(pattern, inactive_threshold=WATCH_INACTIVE_S),  # typed's: trace contexts kept
-            f"KV watch {CD_MEMBERS_BUCKET.name}/{pattern}",
-        )
+        watcher = await typed.open_watch(pattern)
         try:
             async for entry in typed.updates(watcher):
                 if entry is None:
@@ -415,7 +410,7 @@ class Membership:
                 else:
                     await self._refuse_unassigned(entry.key, member)
         finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+            await watcher.stop()
 
     def consume(self, domain_token: str, node_token: str) -> contextlib.AbstractContextManager[trace.Span]:
         """A consumer span for a member change that watch() yielded: the child of the agent's write of it."""

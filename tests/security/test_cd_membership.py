@@ -182,12 +182,12 @@ async def test_an_agent_cannot_join_a_domain_not_assigned_to_its_node(
 
 async def _assignment_changes(bus: Bus) -> AsyncGenerator[tuple[set[str], str], None]:
     """(nodes the domain is assigned to, what changed) at each change of its assignment keys."""
-    bucket = await bus.js.key_value(catalog.CD_MEMBERS_BUCKET.name)
-    watcher = await bucket.watch(f"{token(UID)}.assign.*")
+    bucket = await bus.kv(catalog.CD_MEMBERS_BUCKET)
+    watcher = await bucket.open_watch(f"{token(UID)}.assign.*")
     nodes: set[str] = set()
     try:
         while True:
-            entry = await watcher.updates(timeout=10)
+            entry = await asyncio.wait_for(watcher.next(), 10)
             if entry is None:
                 yield set(nodes), "replayed"
                 continue
