@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -50,7 +49,7 @@ class KvWatch:
         self._replay = 0  # deliveries that make the replay (the create's count)
         self._taken = 0  # deliveries the reader has taken
         self._replayed = False  # the marker was handed out
-        self._sub: Any = None
+        self._sub: JetStreamContext.PushSubscription | None = None
 
     @classmethod
     async def start(
@@ -126,6 +125,7 @@ class KvWatch:
     async def stop(self) -> None:
         """End the watch: its consumer goes, what was queued is dropped, and iteration ends. Stopping twice, or
         once the connection is closed (which ended the subscription), is no error."""
+        assert self._sub is not None, "stop() of a watch that start() did not make"
         with contextlib.suppress(
             nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError, nats.errors.BadSubscriptionError
         ):

@@ -45,11 +45,11 @@ class RunningDiscovery:
         try:
             written = (await bus.js.publish(f"$KV.{catalog.INVENTORY_BUCKET.name}.{node}", garbage)).seq
             async for entry in kv.updates(watcher):
-                revision = 0 if entry is None else int(entry.revision or 0)
-                if entry is not None and revision > written:
-                    value: NodeInventory | None = kv.decode(node, entry.value, revision)
-                    assert value is not None, f"{node}'s key was rewritten with {entry.value!r}"
-                    return value
+                if entry is None or int(entry.revision or 0) <= written:
+                    continue
+                value: NodeInventory | None = kv.decode(node, entry.value, int(entry.revision or 0))
+                assert value is not None, f"{node}'s key was rewritten with {entry.value!r}"
+                return value
         finally:
             await watcher.stop()
         raise AssertionError("the watch ended")
