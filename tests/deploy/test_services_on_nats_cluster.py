@@ -32,7 +32,6 @@ import grpc
 import nats.errors
 import pytest
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
 
 from embedded.cluster.processes import ProcessFailed, Supervisor, gpu_dra
 from embedded.harness.publisher import ensure_node
@@ -42,6 +41,7 @@ from services.publisher.ownership import REPLICAS_BUCKET
 from shared.bus import PUBLISH_RETRY_S, Bus, BusError
 from shared.events import catalog
 from shared.events.devices import InjectXidRequest
+from shared.jetstream import ordered_consumer, retry_jetstream
 from shared.kube import rest as kube
 from shared.kube.client import kube_api_client
 from shared.ports import free_port
@@ -169,19 +169,27 @@ async def _follow_preparer(node: str, socket: Path, world: World) -> None:
 
 
 async def _stored_ids(bus: Bus, stream: str, subject: str, wanted: set[str]) -> Counter[str]:
-    """Nats-Msg-Id -> how often it is stored in `stream` under `subject`, read with an ordered consumer from
-    the first message on until every `wanted` id has arrived and the stream's last sequence is read.
+    """Nats-Msg-Id -> how often it is stored in `stream` under `subject`, read with an ordered consumer (the bus's
+    replay, shared.jetstream.ordered_consumer) from the first message on until every `wanted` id has arrived and
+    the stream's last sequence is read.
 
     A producer still retrying through the leader change (a reply can come before its event is stored, and
-    one try may wait out nats-py's 5 s timeout) is waited for, not counted as a loss."""
-    sub = await bus.js.subscribe(subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+    one try may wait out nats-py's 5 s timeout) is waited for, not counted as a loss; so is this reader's own
+    JetStream call that times out while the stream elects its leader."""
+    arrived: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def deliver(msg: Msg, _replayed: bool) -> None:
+        await arrived.put(msg)
+
+    sub, _ = await ordered_consumer(bus.nc, bus.js, stream, subject, deliver)
     ids: Counter[str] = Counter()
     try:
         while True:
-            msg = await sub.next_msg(timeout=PUBLISH_RETRY_S + 15)
+            msg = await arrived.get()
             ids[(msg.headers or {}).get("Nats-Msg-Id", "")] += 1
             if msg.metadata.num_pending == 0 and wanted <= ids.keys():
-                if msg.metadata.sequence.stream >= (await bus.js.stream_info(stream)).state.last_seq:
+                info = await retry_jetstream(lambda: bus.js.stream_info(stream), f"stream info of {stream}")
+                if msg.metadata.sequence.stream >= info.state.last_seq:
                     return ids
     finally:
         await sub.unsubscribe()
