@@ -29,8 +29,8 @@ from shared.events.devices import MigCreateReply, MigCreateRequest
 from shared.kube.resources import Kube
 from shared.natsserver import EmbeddedNats
 from tests.nodeagent.test_kubelet import Cluster
-from tests.preparer.helpers import ApiClaims, claim_doc, cleanup, short_root
-from tests.preparer.test_crash import checkpoint, start_preparer, wait_for_socket
+from tests.preparer.helpers import ApiClaims, checkpoint, claim_doc, cleanup, short_root
+from tests.preparer.test_crash import start_preparer, wait_for_socket
 from tests.preparer.test_crash_sharing import start_ready_preparer, stop
 
 MIG = "gpu-1-mig-2g20gb-14-2"

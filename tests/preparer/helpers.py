@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import tempfile
 import uuid as uuidlib
@@ -124,6 +125,20 @@ class MemoryClaims:
         if doc is None:
             raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found")
         return msgspec.convert(doc, ResourceClaim)
+
+
+def checkpoint(root: Path) -> dict[str, Any]:
+    """The claims the preparer of `root` (node_config's layout) has prepared: its checkpoint's records by UID."""
+    prepared: dict[str, Any] = json.loads((root / "plugins" / "gpu.nvidia.com" / "checkpoint.json").read_text())[
+        "preparedClaims"
+    ]
+    return prepared
+
+
+def spec_of(cdi_dir: Path, uid: str) -> dict[str, Any]:
+    """The CDI spec a prepared claim's checkpoint record names: its own, or one its shares use with other claims."""
+    spec: dict[str, Any] = json.loads((cdi_dir / checkpoint(cdi_dir.parent)[uid]["cdi_spec"]).read_text())
+    return spec
 
 
 @dataclass

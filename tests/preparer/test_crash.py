@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -23,7 +22,7 @@ from shared.events import catalog
 from shared.events.claims import ClaimLifecycle
 from shared.events.devices import MigCreateReply, MigCreateRequest
 from shared.natsserver import EmbeddedNats
-from tests.preparer.helpers import ApiClaims, claim_doc, node_config
+from tests.preparer.helpers import ApiClaims, checkpoint, claim_doc, node_config
 
 REPO = Path(__file__).resolve().parents[2]
 MIG = "gpu-1-mig-2g20gb-14-2"
@@ -117,10 +116,6 @@ async def prepare_until_created(plugin: Any, claims: list[Any], created: asyncio
             reached.cancel()
             assert any(r.error for r in prepare.result().values()), "prepared without the MIG create"
             await asyncio.sleep(0.2)
-
-
-def checkpoint(root: Path) -> dict:
-    return json.loads((root / "plugins" / "gpu.nvidia.com" / "checkpoint.json").read_text())["preparedClaims"]
 
 
 @dataclass

@@ -20,8 +20,8 @@ from shared.events.claims import ClaimLifecycle
 from shared.events.devices import MpsStartReply, MpsStartRequest
 from shared.natsserver import EmbeddedNats
 from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
-from tests.preparer.helpers import ApiClaims, claim_doc, gpu_config
-from tests.preparer.test_crash import checkpoint, start_preparer, wait_for_socket
+from tests.preparer.helpers import ApiClaims, checkpoint, claim_doc, gpu_config
+from tests.preparer.test_crash import start_preparer, wait_for_socket
 
 
 @contextlib.asynccontextmanager

@@ -19,13 +19,9 @@ from shared.driverroot import DriverRoot
 from tests.fakedriver import make_driver_root
 from tests.preparer.cdischema import spec_errors
 from tests.preparer.driverfiles import EXPECTED_LIBRARIES, expected_hook_args, upgrade
-from tests.preparer.helpers import MemoryClaims, Node, claim_doc, gpu_config, running_node
+from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node, spec_of
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def spec_of(node: Node, uid: str) -> dict:
-    return json.loads((node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
 
 
 def expected_common(driver: Path) -> dict:
@@ -42,7 +38,7 @@ async def test_a_full_gpu_claim_gets_the_driver_userspace_without_nats(claims: M
     ) as node:
         result = (await node.plugin.prepare([claim]))[claim.uid]
         assert result.error == ""
-        spec = spec_of(node, claim.uid)
+        spec = spec_of(node.cdi_dir, claim.uid)
     assert spec_errors(spec) == []
     common = spec["containerEdits"]
     assert common == expected_common(fake.root)
@@ -70,7 +66,7 @@ async def test_a_container_driver_root_gives_host_paths_and_finds_the_gpu_withou
     ) as node:
         result = (await node.plugin.prepare([claim]))[claim.uid]  # no inventory yet: /dev/nvidia1 is looked at here
         assert result.error == ""
-        spec = spec_of(node, claim.uid)
+        spec = spec_of(node.cdi_dir, claim.uid)
     assert spec_errors(spec) == []
     assert str(root) not in json.dumps(spec)
     assert {m["hostPath"] for m in spec["containerEdits"]["mounts"]} >= {
@@ -104,7 +100,7 @@ async def test_every_gpu_claim_kind_carries_the_common_edits(
     ) as node:
         results = await node.plugin.prepare(list(refs.values()))
         assert all(r.error == "" for r in results.values()), results
-        specs = {kind: spec_of(node, ref.uid) for kind, ref in refs.items()}
+        specs = {kind: spec_of(node.cdi_dir, ref.uid) for kind, ref in refs.items()}
         await node.plugin.unprepare(list(refs.values()))
     for kind, spec in specs.items():
         assert spec_errors(spec) == [], kind
@@ -134,7 +130,7 @@ async def test_a_missing_hook_is_one_warning_at_start_and_prepares_still_work(
             claims, root, driver_root=str(fake.root), cdi_hook_path=f"{fake.root}/usr/bin/nvidia-cdi-hook"
         ) as node:
             assert (await node.plugin.prepare([claim]))[claim.uid].error == ""
-            spec = spec_of(node, claim.uid)
+            spec = spec_of(node.cdi_dir, claim.uid)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "nvidia-cdi-hook is not at" in warnings[0]
     assert "hooks" not in spec["containerEdits"] and spec["containerEdits"]["mounts"]

@@ -18,8 +18,7 @@ from shared.bus import Bus
 from shared.natsserver import EmbeddedNats
 from tests.fabricmanager import fake_fabric_manager
 from tests.fakedriver import FakeDriver, wait_gone
-from tests.preparer.helpers import ApiClaims, claim_doc, gpu_config
-from tests.preparer.test_crash import checkpoint
+from tests.preparer.helpers import ApiClaims, checkpoint, claim_doc, gpu_config
 from tests.preparer.test_crash_sharing import (
     kill_9,
     restart_and_wait_rollback,

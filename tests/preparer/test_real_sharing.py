@@ -4,13 +4,12 @@ nats-server. The stubs record every command: the tests check them, their order a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from embedded.harness.discovery import RunningDiscovery
 from shared.bus import Bus
 from tests.fakedriver import FakeDriver, wait_gone
-from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node, without_metadata
+from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node, spec_of, without_metadata
 
 
 def gpu(disc: RunningDiscovery, name: str):
@@ -69,10 +68,6 @@ async def test_a_failed_policy_call_fails_the_prepare_and_resets_the_gpu(
         assert gpu(real_discovery, "gpu-1").sharing.timeslice == "Default"
 
 
-def spec_of(root: Path, uid: str) -> dict:
-    return json.loads((root / "cdi" / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
-
-
 async def test_mps_claim_runs_a_daemon_that_unprepare_stops(
     claims: MemoryClaims, root: Path, bus: Bus, fake: FakeDriver, real_discovery: RunningDiscovery
 ) -> None:
@@ -111,7 +106,7 @@ async def test_mps_claim_runs_a_daemon_that_unprepare_stops(
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids) and pipe.parent.name == daemon
         assert Path(env["CUDA_MPS_LOG_DIRECTORY"]) == pipe.parent / "log"
         pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
-        for dev in spec_of(root, claim.uid)["devices"]:
+        for dev in spec_of(root / "cdi", claim.uid)["devices"]:
             mounts = {m["containerPath"]: m["hostPath"] for m in without_metadata(dev["containerEdits"])["mounts"]}
             assert mounts == {"/tmp/nvidia-mps": str(pipe), "/dev/shm": str(pipe.parent / "shm")}
         assert await node.plugin.unprepare([claim]) == {claim.uid: ""}

@@ -32,8 +32,14 @@ from shared.events.claims import ClaimLifecycle
 from shared.events.devices import MpsStartReply, MpsStartRequest, MpsStopRequest
 from shared.natsserver import EmbeddedNats
 from tests.fakedriver import FakeDriver, wait_gone
-from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node, without_metadata
-from tests.preparer.test_crash import checkpoint
+from tests.preparer.helpers import (
+    MemoryClaims,
+    checkpoint,
+    claim_doc,
+    gpu_config,
+    running_node,
+    without_metadata,
+)
 from tests.preparer.test_crash_sharing import (
     kill_9,
     node_parts,
@@ -64,11 +70,6 @@ def share_doc(
         result["shareID"] = str(uuidlib.uuid4())
         result["consumedCapacity"] = {"memory": memory, "compute": compute}
     return doc
-
-
-def spec_of(cdi_dir: Path, uid: str) -> dict[str, Any]:
-    """The spec the claim's checkpoint record names (its own, or one its shares use with other claims')."""
-    return json.loads((cdi_dir / checkpoint(cdi_dir.parent)[uid]["cdi_spec"]).read_text())
 
 
 def edits_of(cdi_dir: Path, uid: str) -> tuple[dict[str, str], dict[str, str]]:

@@ -19,10 +19,9 @@ from shared.events import catalog
 from shared.events.claims import ClaimLifecycle
 from shared.natsserver import EmbeddedNats
 from tests.fakedriver import FakeDriver, wait_gone
-from tests.preparer.helpers import MemoryClaims, Node, claim_doc, running_node
+from tests.preparer.helpers import MemoryClaims, Node, checkpoint, claim_doc, running_node
 from tests.preparer.test_crash import (
     HungMigCreates,
-    checkpoint,
     crash_rig,
     prepare_until_created,
 )

@@ -16,8 +16,8 @@ from services.preparer.host.devices import DeviceOps
 from shared.bus import Bus
 from shared.events.inventory import MigDevice
 from tests.fakedriver import FakeDriver, wait_gone
-from tests.preparer.helpers import MemoryClaims, gpu_config, running_node
-from tests.preparer.test_shares import PID_FILE, daemon_starts, edits_of, gpu_of, mps_dirs, share_doc, spec_of
+from tests.preparer.helpers import MemoryClaims, gpu_config, running_node, spec_of
+from tests.preparer.test_shares import PID_FILE, daemon_starts, edits_of, gpu_of, mps_dirs, share_doc
 
 
 async def static_mig(bus: Bus, real_discovery: RunningDiscovery, gpu: str, profile: str, nth: int = 0) -> MigDevice:

@@ -3,7 +3,6 @@ discovery in-process on a simulated H100 node, device operations over a real nat
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,15 +10,11 @@ from embedded.harness.discovery import RunningDiscovery
 from services.preparer.host.devices import DeviceOps
 from shared.bus import Bus
 from shared.events.inventory import MigPlacement
-from tests.preparer.helpers import MemoryClaims, Node, claim_doc, gpu_config, running_node, without_metadata
+from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node, spec_of, without_metadata
 
 
 def gpu(disc: RunningDiscovery, name: str):
     return next(g for g in disc.inventory.gpus if g.name == name)
-
-
-def spec_of(node: Node, uid: str) -> dict:
-    return json.loads((node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
 
 
 async def test_time_slicing_is_applied_and_reset(
@@ -70,7 +65,7 @@ async def test_mps_daemon_started_mounted_and_stopped(
         daemon = node.service.checkpoint.claims[claim.uid].mps_daemon_id
         assert daemon.startswith(claim.uid + "-")
         assert gpu(discovery, "gpu-1").sharing.mps_daemon == daemon == gpu(discovery, "gpu-2").sharing.mps_daemon
-        for dev in spec_of(node, claim.uid)["devices"]:
+        for dev in spec_of(node.cdi_dir, claim.uid)["devices"]:
             edits = without_metadata(dev["containerEdits"])
             assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
             assert {m["containerPath"] for m in edits["mounts"]} == {"/tmp/nvidia-mps", "/dev/shm"}
@@ -93,7 +88,7 @@ async def test_static_mig_device_is_used_as_is(
     async with running_node(claims, root, bus=bus) as node:
         result = (await node.plugin.prepare([claim]))[claim.uid]
         assert result.error == "", result.error
-        [dev] = spec_of(node, claim.uid)["devices"]
+        [dev] = spec_of(node.cdi_dir, claim.uid)["devices"]
         paths = [n["path"] for n in dev["containerEdits"]["deviceNodes"]]
         assert paths[0] == "/dev/nvidia3"
         assert sorted(paths[1:]) == sorted(made.device.device_path_caps) and len(paths) == 3
@@ -115,7 +110,7 @@ async def test_dynamic_mig_is_created_on_prepare_and_destroyed_on_unprepare(
         assert live.name == name
         record = node.service.checkpoint.claims[claim.uid]
         assert record.devices[0].dynamic_mig and record.devices[0].uuid == live.uuid
-        [dev] = spec_of(node, claim.uid)["devices"]
+        [dev] = spec_of(node.cdi_dir, claim.uid)["devices"]
         assert len(dev["containerEdits"]["deviceNodes"]) == 3
         # a second claim for the same MIG device is refused while the first holds it
         other = claims.add(claim_doc(name="dyn2", results=[("mig", name)]))

@@ -21,8 +21,7 @@ from services.discovery import simpci
 from services.preparer.gpu.pcisysfs import PciSysfs, normal_bdf
 from shared.bus import Bus
 from tests.polling import eventually
-from tests.preparer.helpers import DRIVER, MemoryClaims, Node, claim_doc, running_node
-from tests.preparer.test_crash import checkpoint
+from tests.preparer.helpers import DRIVER, MemoryClaims, Node, checkpoint, claim_doc, running_node
 
 
 def vfio_config(requests: list[str], **iommu: Any) -> dict[str, Any]:

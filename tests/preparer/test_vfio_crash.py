@@ -26,8 +26,8 @@ from services.discovery import simpci
 from services.preparer.gpu.pcisysfs import PciSysfs
 from shared.bus import Bus
 from shared.natsserver import EmbeddedNats
-from tests.preparer.helpers import ApiClaims, claim_doc
-from tests.preparer.test_crash import checkpoint, start_preparer, wait_for_socket
+from tests.preparer.helpers import ApiClaims, checkpoint, claim_doc
+from tests.preparer.test_crash import start_preparer, wait_for_socket
 
 VFIO = "gpu-vfio-1"
 VFIO_CONFIG = {
