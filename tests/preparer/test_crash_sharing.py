@@ -147,7 +147,8 @@ async def test_kill_9_during_the_timeslice_call_leaves_no_policy_after_restart(
 async def test_a_prepare_abandoned_by_the_kubelet_is_rolled_back_at_once(root: Path, nats_server: EmbeddedNats) -> None:
     """The kubelet's deadline passes while the time-slice call still runs: the preparer finishes that step
     (discovery kills the hung nvidia-smi at its timeout), resets the GPU and drops the PrepareStarted entry
-    within 2 s of the cancellation, not at the 10-minute sweep; the next claim gets the GPU at Default."""
+    on its own path (its event says "abandoned"; a failed rollback's retry or the 10-minute sweep says otherwise),
+    seconds after the cancellation; the next claim gets the GPU at Default."""
     async with node_parts(root, nats_server, tool_timeout=1.5) as (bus, api, claims, disc, fake):
         uuid = disc.inventory.gpus[0].uuid
         claim = await claims.add(
@@ -172,7 +173,7 @@ async def test_a_prepare_abandoned_by_the_kubelet_is_rolled_back_at_once(root: P
                 raise AssertionError("the prepare finished before the kubelet's deadline")
             except PluginError as exc:
                 assert "DEADLINE_EXCEEDED" in str(exc)
-            async with asyncio.timeout(2.0):
+            async with asyncio.timeout(10.0):  # a bound on a loaded machine, not a figure: the reason tells the path
                 event = await rolled_back
             assert "abandoned" in event.error
             assert claim.uid not in checkpoint(root)
