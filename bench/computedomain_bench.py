@@ -2,7 +2,8 @@
 
 Runs a real nats-server, the embedded API server, the controller, and `--domains` x `--nodes` simulated
 GB200 nodes (discovery + agent each, each agent supervising a simulated IMEX daemon on its own loopback
-address; two cliques per domain). Each round creates the domains, waits for the controller to announce
+address; two cliques per domain), in this process or in `--node-processes` processes of their own
+(bench/computedomain_nodes.py). Each round creates the domains, waits for the controller to announce
 them (what lets the scheduler allocate their channel claims), prepares one channel claim per node, all
 at once, through the channel preparer core, and records on one clock in this process:
   last_ready -> status   the domain's last member Ready (KV watch) to the CR watch showing `status: Ready`
@@ -21,6 +22,7 @@ figure is the control plane's (last daemon Ready -> all domains Ready), which do
 daemon is started; its bring-up is not a daemon's.
 
     .venv/bin/python bench/computedomain_bench.py [--nodes 18] [--rounds 5] [--domains 1] [--daemon subprocess]
+        [--hold-last] [--node-processes 0]
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import statistics
 import sys
 import tempfile
@@ -41,19 +42,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubernetes_asyncio import client, watch  # noqa: E402
 
-from bench.computedomain_sim import GATE, InProcessDaemon, daemon_startup_ms  # noqa: E402
-from embedded.apiserver.testing import running_apiserver  # noqa: E402
-from embedded.harness.discovery import running_discovery  # noqa: E402
-from services.computedomain import crd  # noqa: E402
-from services.computedomain.agent import Agent  # noqa: E402
-from services.computedomain.channelcore import (  # noqa: E402
-    ChannelClaim,
-    ChannelNotReady,
-    ChannelPreparer,
-    channel_config,
-    parse_channel_config,
+from bench.computedomain_nodes import (  # noqa: E402
+    NS,
+    LocalNodes,
+    NodeProcess,
+    NodesSpec,
+    Timeline,
+    settle,
 )
-from services.computedomain.config import AgentConfig  # noqa: E402
+from bench.computedomain_sim import daemon_startup_ms  # noqa: E402
+from embedded.apiserver.testing import running_apiserver  # noqa: E402
+from services.computedomain import crd  # noqa: E402
 from services.computedomain.controller import Controller  # noqa: E402
 from services.computedomain.membership import Membership  # noqa: E402
 from shared.bus import Bus  # noqa: E402
@@ -63,68 +62,23 @@ from shared.natsserver import EmbeddedNats  # noqa: E402
 from shared.ports import free_port  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "computedomain.json"
-NS = "bench"
-# (logger, message) -> timeline mark: what the components already log, with the record's wall-clock time
-LOGGED = {
-    ("services.computedomain.membership", "joined compute domain"): "joined",
-    ("services.computedomain.imex", "IMEX daemon started"): "spawned",
-}
 PHASES = ["prepare_called", "joined", "spawned", "daemon_ready", "member_ready_seen", "prepared"]
-
-
-class Timeline(logging.Handler):
-    """Wall-clock marks per (domain uid, node), first occurrence of each."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.marks: dict[tuple[str, str], dict[str, float]] = {}
-
-    def mark(self, uid: str, node: str, what: str, at: float | None = None) -> None:
-        self.marks.setdefault((uid, node), {}).setdefault(what, time.time() if at is None else at)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        what = LOGGED.get((record.name, record.getMessage()))
-        fields = getattr(record, "structured_fields", None) or {}
-        if what == "joined":
-            self.mark(fields["domain"], fields["node"], what, record.created)
-        elif what == "spawned":
-            uid, _, node = str(fields["daemon"]).rpartition("@")
-            self.mark(uid, node, what, record.created)
-
-    def install(self) -> None:
-        """Take the INFO lines those loggers already write; the console handler keeps showing warnings only."""
-        logging.getLogger().handlers[0].setLevel(logging.WARNING)
-        for name, _msg in LOGGED:
-            logging.getLogger(name).setLevel(logging.INFO)
-            logging.getLogger(name).addHandler(self)
-
-
-async def settle(quiet_ms: float = 5.0, needed: int = 20, limit_s: float = 60.0) -> float:
-    """Wait until this process's event loop is quiet: `needed` successive 20 ms sleeps each overshooting by
-    less than `quiet_ms` (or `limit_s` passes). Returns the median overshoot of the last `needed` sleeps, ms."""
-    lags: list[float] = []
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        before = time.perf_counter()
-        await asyncio.sleep(0.02)
-        lags = [*lags[-(needed - 1) :], (time.perf_counter() - before - 0.02) * 1000]
-        if len(lags) == needed and max(lags) < quiet_ms:
-            break
-    return round(statistics.median(lags), 2)
+Nodes = LocalNodes | NodeProcess
 
 
 async def one_round(
     custom: Any,
     bus: Bus,
     controller: Controller,
-    nodes: list[ChannelPreparer],
+    groups: list[Nodes],
     per: int,
     tag: str,
     tl: Timeline,
     hold_last: bool = False,
 ) -> dict[str, Any]:
+    nodes = [node for g in groups for node in g.nodes]
     names = [f"cd-{tag}-{d}" for d in range(len(nodes) // per)]
-    held = {nodes[(d + 1) * per - 1].node for d in range(len(names))} if hold_last else set()
+    held = {nodes[(d + 1) * per - 1] for d in range(len(names))} if hold_last else set()
     others_ready = asyncio.Event()  # every member Ready in KV but the held ones
     announced: dict[str, asyncio.Event] = {}
     ready_event: dict[str, float] = {}
@@ -187,36 +141,21 @@ async def one_round(
     # the controller's first announcement: until then an agent cannot look the domain up (kubelet would retry)
     await asyncio.wait_for(asyncio.gather(*(announced[n].wait() for n in names)), 60)
 
-    async def prepare(p: ChannelPreparer, name: str, i: int) -> None:
-        uid = uids[name]
-        tl.mark(uid, p.node, "prepare_called")
-        cfg = parse_channel_config(channel_config(uid))
-        for attempt in range(5):  # kubelet retries a prepare that answers "not ready" (its backoff: 1 s, doubling)
-            try:
-                await p.prepare(ChannelClaim(f"{name}-{i}", NS, f"{name}-{i}", cfg))
-                break
-            except ChannelNotReady:
-                if attempt == 4:
-                    raise
-                retried.append(p.node)
-                await asyncio.sleep(2**attempt)
-        tl.mark(uid, p.node, "prepared")
-
-    retried: list[str] = []
-    GATE.hold(held)
+    for g in groups:
+        g.hold(held)
     start = time.time()
-    prepared = asyncio.gather(*(prepare(p, names[i // per], i) for i, p in enumerate(nodes)))
-    held_figures: dict[str, float] = {}
+    prepared = asyncio.gather(*(g.prepare(uids) for g in groups))
+    held_figures: dict[str, Any] = {}
     if held:
-        # every domain up but its last daemon, whose Ready waits at the gate; then a quiet loop, then all at once
+        # every domain up but its last daemon, whose Ready waits at the gate; then quiet loops, then all at once
         await asyncio.wait_for(others_ready.wait(), 600)
-        while GATE.waiting != held:
-            GATE.changed.clear()
-            await asyncio.wait_for(GATE.changed.wait(), 60)
+        lags = await asyncio.gather(*(g.gate_full() for g in groups))
         held_figures["held_s"] = round(time.time() - start, 1)
         held_figures["loop_lag_at_open_ms"] = await settle()
+        held_figures["node_loops_lag_at_open_ms"] = max(lags)
         opened = time.time()
-        GATE.open()
+        for g in groups:
+            g.open()
         await asyncio.wait_for(all_ready.wait(), 120)
         held_figures["opened_to_all_ready_ms"] = round((max(status_seen.values()) - opened) * 1000, 2)
         held_marks = [m for (u, n), m in tl.marks.items() if n in held and u in uids.values()]
@@ -227,7 +166,12 @@ async def one_round(
                 round((max(at) - opened) * 1000, 1),
             ]
         print(f"round {tag}: {json.dumps(held_figures)}", flush=True)  # kept if the round fails after
-    await prepared
+    retried: list[str] = []
+    for reported in await prepared:
+        retried += reported.retried
+        for uid, node, marks in reported.marks:
+            for what, when in marks.items():
+                tl.mark(uid, node, what, when)
     await asyncio.wait_for(all_ready.wait(), 120)
     consumers_at_ready = await consumers_per_stream(bus)
     while len(ready_event) < len(names):
@@ -240,7 +184,7 @@ async def one_round(
     for name in names:
         uid = uids[name]
         last = max(v for k, v in member_ready.items() if k.startswith(uid + "/"))
-        first = min(tl.marks[(uid, p.node)]["prepare_called"] for p in nodes if (uid, p.node) in tl.marks)
+        first = min(tl.marks[(uid, node)]["prepare_called"] for node in nodes if (uid, node) in tl.marks)
         per_domain.append(
             {
                 "last_ready_to_status_ms": (status_seen[name] - last) * 1000,
@@ -290,7 +234,7 @@ async def consumers_per_stream(bus: Bus) -> dict[str, int]:
     return {name: int((await bus.js.stream_info(name)).state.consumer_count or 0) for name in names}
 
 
-def resources(nats: EmbeddedNats) -> dict[str, float]:
+def resources(nats: EmbeddedNats) -> dict[str, Any]:
     """This process's and nats-server's resident memory (MiB) and open file descriptors."""
 
     def rss_mib(pid: int | str) -> float:
@@ -308,11 +252,9 @@ def resources(nats: EmbeddedNats) -> dict[str, float]:
     }
 
 
-def node_address(d: int, i: int) -> str:
-    return f"127.{99 + d // 250}.{d % 250}.{i + 1}"
-
-
-async def main_async(nodes: int, rounds: int, domains: int, daemon: str, hold_last: bool = False) -> dict[str, Any]:
+async def main_async(
+    nodes: int, rounds: int, domains: int, daemon: str, hold_last: bool = False, node_processes: int = 0
+) -> dict[str, Any]:
     tl = Timeline()
     tl.install()
     with tempfile.TemporaryDirectory(prefix="cd-bench-") as tmp:
@@ -330,74 +272,30 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str, hold_la
                 await client.CoreV1Api(kube).create_namespace({"metadata": {"name": NS}})
                 controller = Controller(kube, bus)
                 tasks = [asyncio.create_task(controller.run(stopping))]
-                port = free_port()
-                preparers = []
-                agents = []
                 set_up_from = time.monotonic()
-
-                def node_name(d: int, i: int) -> str:
-                    return f"gb200-{d:02d}-{i:02d}" if domains > 1 else f"gb200-{i:02d}"
-
-                node_stacks: list[contextlib.AsyncExitStack] = []
-
-                async def stop_discoveries() -> None:  # all at once: one after another took 0.6 s a node
-                    await asyncio.gather(*(s.aclose() for s in node_stacks), return_exceptions=True)
-
-                stack.push_async_callback(stop_discoveries)
-                for d in range(domains):
-                    # a domain's nodes' discovery at once (two cliques per domain): set-up is not measured
-                    opened = [contextlib.AsyncExitStack() for _ in range(nodes)]
-                    node_stacks += opened
-                    await asyncio.gather(
-                        *(
-                            opened[i].enter_async_context(
-                                running_discovery(
-                                    bus,
-                                    node_name(d, i),
-                                    simulate=f"gb200x4:clique={1 + (i * 2) // nodes}",
-                                    root=root / "sim",
-                                    # what real nodes do on their own CPUs, not this process's: no utilisation
-                                    # samples, and the health thread's NVML wait at the service's 1 s (the
-                                    # harness's 100 ms is 11,520 wake-ups a second at 64 x 18 nodes)
-                                    telemetry_interval=0,
-                                    event_timeout_ms=1000,
-                                )
-                            )
-                            for i in range(nodes)
-                        )
-                    )
-                    for i in range(nodes):
-                        node = node_name(d, i)
-                        cfg = AgentConfig(
-                            node=node,
-                            ip_address=node_address(d, i),
-                            state_dir=str(root / "agents" / node),
-                            imex_server_port=port,
-                            imex_cmd_port=port + 1,
-                            imex_daemon="simulated",
-                        ).resolved()
-                        agent = Agent(cfg, bus, supervisor=InProcessDaemon if daemon == "in-process" else None)
-                        agents.append(agent)
-                        tasks.append(asyncio.create_task(agent.run(stopping)))
-                        preparers.append(
-                            ChannelPreparer(
-                                bus,
-                                node=node,
-                                dev_root=str(root / "sim" / node),
-                                ready_timeout=120,
-                                request_timeout=120,
-                                simulated=True,
-                            )
-                        )
-                await asyncio.gather(*(a.ready.wait() for a in agents))
+                # the domains split as evenly as they go among the node processes (none: all in this one)
+                shares = [
+                    domains // max(1, node_processes) + (k < domains % node_processes) for k in range(node_processes)
+                ]
+                specs, first = [], 0
+                for count in [c for c in shares if c] or [domains]:
+                    specs.append(NodesSpec(nats.url, str(root), first, count, nodes, daemon, domains > 1, free_port()))
+                    first += count
+                groups: list[Nodes] = (
+                    [NodeProcess(spec) for spec in specs] if node_processes else [LocalNodes(specs[0], bus, tl)]
+                )
+                for g in groups:
+                    stack.push_async_callback(g.stop)
+                await asyncio.gather(*(g.start() for g in groups))
                 set_up_s = round(time.monotonic() - set_up_from, 1)
                 consumers_idle = await consumers_per_stream(bus)
                 custom = client.CustomObjectsApi(kube)
                 results = [
-                    await one_round(custom, bus, controller, preparers, nodes, str(r), tl, hold_last)
+                    await one_round(custom, bus, controller, groups, nodes, str(r), tl, hold_last)
                     for r in range(rounds)
                 ]
                 used = resources(nats)
+                used["node_processes_rss_mib"] = [g.rss_mib() for g in groups if isinstance(g, NodeProcess)]
                 stopping.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
@@ -416,6 +314,7 @@ async def main_async(nodes: int, rounds: int, domains: int, daemon: str, hold_la
         "domains": domains,
         "daemon": daemon,
         "hold_last": hold_last,
+        "node_processes": node_processes,
         "median_last_daemon_ready_to_domain_ready_status_ms": med("last_ready_to_status_ms"),
         "median_last_daemon_ready_to_status_event_ms": med("last_ready_to_event_ms"),
         "max_last_daemon_ready_to_domain_ready_status_ms": round(max(r["last_ready_to_status_ms"] for r in results), 2),
@@ -468,13 +367,22 @@ def main() -> int:
         help="in-process daemons: hold each domain's last daemon at its Ready until the rest are up and the "
         "process is quiet, then let them all turn Ready at once (bench/computedomain_sim.py, ReadyGate)",
     )
+    parser.add_argument(
+        "--node-processes",
+        type=int,
+        default=0,
+        help="run the nodes in this many processes of their own, each with its own NATS connection, the domains "
+        "split among them (0: in the bench process, with the controller)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results file (merged: other runs' keys stay)")
     parser.add_argument("--key", default="", help="store the figures under this key of the results file")
     args = parser.parse_args()
     setup_logging("bench", "warning")
     if args.hold_last and args.daemon != "in-process":
         parser.error("--hold-last holds in-process daemons only (--daemon in-process)")
-    figures = asyncio.run(main_async(args.nodes, args.rounds, args.domains, args.daemon, args.hold_last))
+    figures = asyncio.run(
+        main_async(args.nodes, args.rounds, args.domains, args.daemon, args.hold_last, args.node_processes)
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     existing = json.loads(args.out.read_text()) if args.out.exists() else {}
     existing.update({args.key: figures} if args.key else figures)
