@@ -55,8 +55,10 @@ typecheck: $(STAMP)
 
 # Two workers, a test file each at a time (its module fixtures stay in one process): alone, the suite keeps
 # 2 cores about 40% busy, since its tests mostly wait on the processes they start.
+# A worker that dies (the watchdog of tests/watchdog.py ends one whose test hangs) ends the run: xdist would
+# replace it and hand the new one the same file, whose hang then came back at each of its 8 restarts.
 unit: $(STAMP) sandbox browser bytecode
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --max-worker-restart 0
 
 test: lint typecheck unit
 

@@ -5,6 +5,9 @@ every asyncio task's stack.
 
 pytest-timeout stops its timer as soon as a test fails (its `pytest_exception_interact` hook), so a
 teardown that then hangs (a task that will not end when its event loop is closed) would hang CI.
+
+Under xdist the watchdog ends its worker; `make unit` runs with `--max-worker-restart 0`, so that ends the run
+with the crash reported, where a replaced worker was given the hanging file again, at each of xdist's restarts.
 """
 
 from __future__ import annotations
