@@ -3,29 +3,18 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchrun import run_bench
 
 
 def test_two_domains_in_node_processes_turn_ready_when_their_held_daemons_do(tmp_path: Path) -> None:
-    out = tmp_path / "computedomain.json"
-    subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "computedomain_bench.py"),
-            *("--nodes", "4", "--domains", "2", "--rounds", "1", "--daemon", "in-process", "--hold-last"),
-            *("--node-processes", "2", "--out", str(out)),
-        ],
-        check=True,
-        cwd=REPO,
-        capture_output=True,
-        timeout=120,
+    got = run_bench(
+        "computedomain_bench.py",
+        tmp_path / "computedomain.json",
+        *("--nodes", "4", "--domains", "2", "--rounds", "1", "--daemon", "in-process", "--hold-last"),
+        *("--node-processes", "2"),
     )
-    got = json.loads(out.read_text())
     (only,) = got["rounds_detail"]
     assert got["node_processes"] == 2
     assert len(got["resources_at_end"]["node_processes_rss_mib"]) == 2

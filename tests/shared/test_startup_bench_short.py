@@ -4,29 +4,18 @@ one again), the figures and their ratio written (bench/startup_bench.py; its ful
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchrun import REPO, run_bench
 
 
 def test_one_start_of_a_command_is_timed_in_both_checkouts(tmp_path: Path) -> None:
-    out = tmp_path / "startup.json"
-    subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "startup_bench.py"),
-            *("--rounds", "1", "--commands", "apiserver", "--up-rounds", "0"),
-            *("--compare-repo", str(REPO), "--out", str(out)),
-        ],
-        check=True,
-        cwd=REPO,
-        capture_output=True,
-        timeout=120,
+    got = run_bench(
+        "startup_bench.py",
+        tmp_path / "startup.json",
+        *("--rounds", "1", "--commands", "apiserver", "--up-rounds", "0"),
+        *("--compare-repo", str(REPO)),
     )
-    got = json.loads(out.read_text())
     this, other = got["this"]["start_cpu_ms"]["apiserver"], got["compare"]["start_cpu_ms"]["apiserver"]
     assert 0 < this < 10_000 and 0 < other < 10_000  # a start's own CPU, in ms
     assert got["ratio_this_over_compare"] == {"apiserver": round(this / other, 2)}
