@@ -16,8 +16,9 @@ lines and KV entries. Then deletes the domains and checks that nothing is left. 
 the goal is 1 s.
 
 `--daemon subprocess` (default) runs `python -m services.computedomain.imexd` per node, the agent's own
-simulated daemon. `--daemon in-process` (bench only) runs the same simulator's code (imexd.Daemon, real TCP
-between peers) inside this process, for domain counts whose subprocesses this machine cannot hold: its
+simulated daemon. `--daemon in-process` (bench only) runs a socket-less stand-in (bench/computedomain_sim.py: the
+simulator's own config parsers, Ready once every peer it resolves runs) in the nodes' process, for domain counts
+whose daemon processes this machine cannot hold: its
 figure is the control plane's (last daemon Ready -> all domains Ready), which does not depend on how a
 daemon is started; its bring-up is not a daemon's.
 
