@@ -66,9 +66,25 @@ def get_logger(name: str) -> StructuredLogger:
     return StructuredLogger(logging.getLogger(name), {})
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to sys.stderr as it is when a record comes: a command run in-process (tests, embedding programs) may
+    see its caller replace and close the stream that was sys.stderr when logging was set up."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass  # StreamHandler's own assignment: the stream is always the current sys.stderr
+
+
 def setup_logging(service: str, level: str = "info", fmt: str = "text") -> None:
     """Configure the root logger once per process: to stderr, JSON or text, with trace ids."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(_Formatter(fmt, service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
