@@ -51,7 +51,7 @@ async def test_a_sigkilled_gpu_dra_nats_takes_its_server_with_it(tmp_path: Path)
 
         proc.kill()
         await proc.wait()
-        assert await asyncio.to_thread(wait_gone, server, 10), "nats-server outlived the SIGKILLed gpu-dra nats"
+        assert await asyncio.to_thread(wait_gone, server, 30), "nats-server outlived the SIGKILLed gpu-dra nats"
         host, port = url.removeprefix("nats://").split(":")
         with pytest.raises(OSError):
             await asyncio.open_connection(host, int(port))
