@@ -49,6 +49,7 @@ from bench.computedomain_nodes import (  # noqa: E402
     NodeProcess,
     NodesSpec,
     Timeline,
+    rss_mib,
     settle,
 )
 from bench.computedomain_sim import daemon_startup_ms  # noqa: E402
@@ -241,13 +242,6 @@ async def consumers_per_stream(bus: Bus) -> dict[str, int]:
 
 def resources(nats: EmbeddedNats) -> dict[str, Any]:
     """This process's and nats-server's resident memory (MiB) and open file descriptors."""
-
-    def rss_mib(pid: int | str) -> float:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-        return 0.0
-
     server = nats.proc.pid if nats.proc is not None else 0
     return {
         "bench_rss_mib": rss_mib("self"),

@@ -88,6 +88,14 @@ async def settle(quiet_ms: float = 5.0, needed: int = 20, limit_s: float = 60.0)
     return round(statistics.median(lags), 2)
 
 
+def rss_mib(pid: int | str) -> float:
+    """A process's resident memory, MiB (`pid` "self" for this one)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
 def node_name(d: int, i: int, many: bool) -> str:
     return f"gb200-{d:02d}-{i:02d}" if many else f"gb200-{i:02d}"
 
@@ -237,9 +245,7 @@ class NodeProcess:
         self.spec = spec
         self.nodes = spec.names()
         self.proc: asyncio.subprocess.Process | None = None
-        self._answers: dict[str, asyncio.Queue[Any]] = {
-            k: asyncio.Queue() for k in ("started", "gate_full", "prepared")
-        }
+        self._answers: dict[str, asyncio.Queue[Any]] = {k: asyncio.Queue() for k in ("started", "gate_full", "prepare")}
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -295,15 +301,12 @@ class NodeProcess:
 
     async def prepare(self, uids: dict[str, str]) -> RoundResult:
         self._tell("prepare", uids)
-        marks, retried = await self._answer("prepared")
+        marks, retried = await self._answer("prepare")
         return RoundResult([(u, n, m) for u, n, m in marks], retried)
 
     def rss_mib(self) -> float:
         assert self.proc is not None
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-        return 0.0
+        return rss_mib(self.proc.pid)
 
 
 async def serve(spec: NodesSpec) -> None:
@@ -342,7 +345,7 @@ async def serve(spec: NodesSpec) -> None:
                 nodes.open()
             elif command in ("gate_full", "prepare"):
                 work = nodes.gate_full() if command == "gate_full" else nodes.prepare(args[0])
-                task = asyncio.create_task(answered("prepared" if command == "prepare" else command, work))
+                task = asyncio.create_task(answered(command, work))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
     finally:
