@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import statistics
 import sys
@@ -32,6 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.procstats import cpu_s  # noqa: E402
 from embedded.cluster.local import ClusterConfig, LocalCluster  # noqa: E402
 from shared.kube.resources import PODS, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, Kube  # noqa: E402
 from shared.kube.rest import request  # noqa: E402
@@ -71,15 +71,14 @@ async def request_counts(api: Any) -> dict[str, int]:
 
 def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
     """CPU seconds (user + system) the cluster's processes used so far, by service (the nodes' summed)."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for child in cluster.supervisor.children if cluster.supervisor else []:
         try:
-            fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            used = cpu_s(child.pid)
         except (OSError, IndexError):
             continue
         service = re.sub(r"^gpu-node-\d+-", "", child.name)
-        out[service] = out.get(service, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[service] = out.get(service, 0.0) + used
     return out
 
 

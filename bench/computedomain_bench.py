@@ -49,10 +49,10 @@ from bench.computedomain_nodes import (  # noqa: E402
     NodeProcess,
     NodesSpec,
     Timeline,
-    rss_mib,
     settle,
 )
 from bench.computedomain_sim import daemon_startup_ms  # noqa: E402
+from bench.procstats import memory_mib  # noqa: E402
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
 from services.computedomain import crd  # noqa: E402
 from services.computedomain.controller import Controller  # noqa: E402
@@ -244,9 +244,9 @@ def resources(nats: EmbeddedNats) -> dict[str, Any]:
     """This process's and nats-server's resident memory (MiB) and open file descriptors."""
     server = nats.proc.pid if nats.proc is not None else 0
     return {
-        "bench_rss_mib": rss_mib("self"),
+        "bench_rss_mib": memory_mib("self")[0],
         "bench_fds": len(list(Path("/proc/self/fd").iterdir())),
-        "nats_server_rss_mib": rss_mib(server) if server else 0.0,
+        "nats_server_rss_mib": memory_mib(server)[0] if server else 0.0,
         "nats_server_fds": len(list(Path(f"/proc/{server}/fd").iterdir())) if server else 0,
     }
 

@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.computedomain_sim import GATE, InProcessDaemon  # noqa: E402
+from bench.procstats import memory_mib  # noqa: E402
 from embedded.harness.discovery import running_discovery  # noqa: E402
 from services.computedomain.agent import Agent  # noqa: E402
 from services.computedomain.channelcore import (  # noqa: E402
@@ -86,14 +87,6 @@ async def settle(quiet_ms: float = 5.0, needed: int = 20, limit_s: float = 60.0)
         if len(lags) == needed and max(lags) < quiet_ms:
             break
     return round(statistics.median(lags), 2)
-
-
-def rss_mib(pid: int | str) -> float:
-    """A process's resident memory, MiB (`pid` "self" for this one)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
 
 
 def node_name(d: int, i: int, many: bool) -> str:
@@ -306,7 +299,7 @@ class NodeProcess:
 
     def rss_mib(self) -> float:
         assert self.proc is not None
-        return rss_mib(self.proc.pid)
+        return memory_mib(self.proc.pid)[0]
 
 
 async def serve(spec: NodesSpec) -> None:

@@ -43,6 +43,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.procstats import memory_mib  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.events.catalog import TELEMETRY  # noqa: E402
 from shared.events.telemetry import DeviceSample, NodeTelemetry  # noqa: E402
@@ -161,16 +162,6 @@ async def start(
 async def drain(stream: asyncio.StreamReader) -> None:
     while await stream.readline():
         pass
-
-
-def rss_mb(pid: int) -> tuple[float, float]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    got = {
-        k: int(v.split()[0]) / 1024
-        for k, v in (line.split(":", 1) for line in status.splitlines())
-        if k in ("VmRSS", "VmHWM")
-    }
-    return round(got["VmRSS"], 1), round(got["VmHWM"], 1)
 
 
 SCROLL_STEPS = """(async () => {
@@ -353,7 +344,7 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool, with_telemet
             f'document.querySelector(\'[data-device="{node}/{device}"][data-claim="team-0/bench-live"]\')', timeout=10
         )
         live_ms = (time.perf_counter() - written) * 1000
-        rss, peak = rss_mb(dash.pid)
+        rss, peak = memory_mib(dash.pid)
         return {
             "nodes": nodes,
             "gpus_per_node": gpus,

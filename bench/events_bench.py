@@ -44,6 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.events_consumer import ConsumerSpec, consume  # noqa: E402
+from bench.procstats import cpu_s  # noqa: E402
 from embedded.cluster.natsidentities import ADMIN, issue_identities  # noqa: E402
 from services.preparer.host.lifecycle import SEND_WINDOW, LifecycleEvents  # noqa: E402
 from shared.bus import Bus, NatsTLS  # noqa: E402
@@ -146,12 +147,6 @@ async def publish(spec: PublisherSpec, ready: Callable[[], None], _total: object
 def _cpu() -> float:
     times = os.times()
     return times.user + times.system
-
-
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of another process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---- running a role in-process (the suite) or as a process of its own (the bench) ---------------------------
@@ -316,7 +311,7 @@ async def _measure(
     ]
     assert server.proc is not None
     await asyncio.gather(*(p.start() for p in pubs))
-    server_cpu0, started = _proc_cpu(server.proc.pid), time.time()
+    server_cpu0, started = cpu_s(server.proc.pid), time.time()
     peaks = dict.fromkeys(names, 0)
     watching = asyncio.create_task(_watch_lag(admin, stream, names, peaks))
     published = [await p.result() for p in pubs]
@@ -324,7 +319,7 @@ async def _measure(
     total = sum(p["stored"] for p in published)
     for consumer in consumers:
         consumer.tell(total)
-    server_cpu_publishing = _proc_cpu(server.proc.pid) - server_cpu0
+    server_cpu_publishing = cpu_s(server.proc.pid) - server_cpu0
     lag_at_end = dict(zip(names, await _lags(admin, stream, names), strict=True))
     results = {name: await c.result() for name, c in zip(names, consumers, strict=True) if name != "slow"}
     lag_fast_done = dict(zip(names, await _lags(admin, stream, names), strict=True))
@@ -349,7 +344,7 @@ async def _measure(
         "stream_max_bytes": info.config.max_bytes,
         "nats_server_cpu_s": {
             "while_publishing": round(server_cpu_publishing, 1),
-            "all": round(_proc_cpu(server.proc.pid) - server_cpu0, 1),
+            "all": round(cpu_s(server.proc.pid) - server_cpu0, 1),
         },
         "publishing_s": round(ended - started, 2),
     }

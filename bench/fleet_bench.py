@@ -36,6 +36,7 @@ import msgspec
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.procstats import cpu_s, memory_mib  # noqa: E402
 from bench.recording_apiserver import kubeconfig  # noqa: E402
 from embedded.harness.discovery import running_discovery  # noqa: E402
 from services.publisher.ownership import owner_of  # noqa: E402
@@ -59,13 +60,7 @@ def node_name(i: int) -> str:
 
 def proc_figures(pid: int) -> tuple[float, float]:
     """(peak RSS MiB, CPU seconds) of a live process, from /proc."""
-    rss = 0.0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            rss = int(line.split()[1]) / 1024
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return rss, cpu
+    return memory_mib(pid)[1], cpu_s(pid)
 
 
 @contextlib.asynccontextmanager

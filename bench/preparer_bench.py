@@ -40,6 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.procstats import cpu_s, memory_mib  # noqa: E402
 from embedded.apiserver.testing import running_apiserver  # noqa: E402
 from embedded.kubelet.client import Claim, DraPlugin, register  # noqa: E402
 from shared.kube.client import kube_api_client  # noqa: E402
@@ -86,14 +87,12 @@ class Variant:
     fsyncs: dict[str, float] = field(default_factory=dict)
 
     def rss_mb(self) -> float:
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+        return memory_mib(self.proc.pid)[0]
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) the preparer process has used so far: a figure the machine's
         load does not inflate the way it does wall-clock latency."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(self.proc.pid)
 
     def fsync_total(self) -> float | None:
         """The preparer's fsyncs so far (None: a preparer that does not count them, or serves no metrics)."""
