@@ -237,6 +237,9 @@ async def main(nodes: int, gpus: int, runs: int, docs_images: bool, with_telemet
     tmp = Path(tempfile.mkdtemp(prefix="dashboard-bench-"))
     nats = EmbeddedNats(store_dir=tmp / "nats")
     await nats.start()
+    admin = await Bus.connect(nats.url, name="bench-provision")
+    await admin.provision()  # the streams and buckets the dashboard reads, as `gpu-dra up` makes them
+    await admin.close()
     kubeconfig = tmp / "kubeconfig"
     apiserver, _ = await start(
         ["apiserver", "--port", "0", "--kubeconfig", str(kubeconfig), "--log-level", "warning"], r"listening on"
@@ -399,9 +402,9 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--docs-images", action="store_true", help="also write a small PNG to docs/images/")
     parser.add_argument("--telemetry", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "dashboard.json")
     args = parser.parse_args()
     result = asyncio.run(main(args.nodes, args.gpus, args.runs, args.docs_images, args.telemetry))
     print(json.dumps(result, indent=2))
-    out = ROOT / "bench" / "results" / "dashboard.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
