@@ -28,11 +28,9 @@ in its stdin).
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -463,20 +461,3 @@ def make_driver_root(
             _bind_socket(root / socket_path.lstrip("/"))
     (root / ".fake").mkdir(exist_ok=True)
     return FakeDriver(root=root, version=version, lib_dir=lib_dir)
-
-
-def wait_gone(pid: int, timeout: float = 5.0) -> bool:
-    """True once process `pid` has exited (a bounded poll: another process's exit has no event to await)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return True
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-                return True
-        except OSError:
-            return True
-        time.sleep(0.02)
-    return False

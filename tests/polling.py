@@ -1,6 +1,7 @@
-"""The one poll-until helper of the tests, for state that nothing pushes (an Event list, a file a process
-writes, a status another process sets): `probe` is called (and awaited when it returns an awaitable) until
-its answer is truthy, which is returned; an AssertionError naming `what` after `timeout` seconds."""
+"""The tests' poll-until helpers, for state that nothing pushes. `eventually`: an Event list, a file a process
+writes, a status another process sets: `probe` is called (and awaited when it returns an awaitable) until
+its answer is truthy, which is returned; an AssertionError naming `what` after `timeout` seconds. `wait_gone` and
+`gone`: the exit of a process that is not our child (no event to await), told by /proc."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -25,3 +27,27 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
         await asyncio.sleep(every)
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_gone(pid: int, timeout: float = 5.0) -> bool:
+    """True once process `pid` has exited (looked at once at least), False if it still runs after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while running(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def gone(pids: list[int], timeout: float = 30) -> list[int]:
+    """Those of `pids` still running after `timeout` (one deadline for all)."""
+    deadline = time.monotonic() + timeout
+    return [p for p in pids if not wait_gone(p, deadline - time.monotonic())]

@@ -327,24 +327,6 @@ class Up:
             self.proc.wait()
 
 
-def gone(pids: list[int], timeout: float = 30) -> list[int]:
-    """Those of `pids` still alive (not zombies) after `timeout`; they are not our children to wait for."""
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = [p for p in pids if _alive(p)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def metric(url: str, name: str, **labels: str) -> float | None:
     """One sample of a Prometheus endpoint (real HTTP), or None when it is not there."""
     import urllib.request

@@ -12,7 +12,7 @@ import pytest
 
 from embedded.cluster.processes import ProcessFailed, Supervisor
 from shared.backoff import Backoff
-from tests.cluster.helpers import gone
+from tests.polling import gone
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)"]
 

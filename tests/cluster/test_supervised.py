@@ -27,7 +27,8 @@ import pytest
 
 from shared.events import catalog
 from shared.natsjwt import Creds
-from tests.cluster.helpers import Up, gone, metric, metrics_base, pod_manifest
+from tests.cluster.helpers import Up, metric, metrics_base, pod_manifest
+from tests.polling import gone
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")]
 

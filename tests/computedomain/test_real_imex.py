@@ -38,7 +38,8 @@ from tests.computedomain.helpers import (
     running_nodes,
     spawn_computedomain,
 )
-from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
+from tests.fakedriver import FakeDriver, make_driver_root
+from tests.polling import wait_gone
 
 GB200 = "gb200x4:clique=1"
 HOSTS_BEFORE = "127.0.0.1\tlocalhost\n10.9.9.9\tgpu-dra-node-abcde\n"  # what the kubelet wrote

@@ -16,7 +16,8 @@ from services.discovery import config
 from shared.bus import Bus
 from shared.events import catalog
 from shared.events.devices import MpsStartRequest, MpsStopRequest, SetSharingRequest
-from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
+from tests.fakedriver import FakeDriver, make_driver_root
+from tests.polling import wait_gone
 
 GIB = 1024**3
 

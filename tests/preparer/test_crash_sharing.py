@@ -19,7 +19,8 @@ from shared.events import catalog
 from shared.events.claims import ClaimLifecycle
 from shared.events.devices import MpsStartReply, MpsStartRequest
 from shared.natsserver import EmbeddedNats
-from tests.fakedriver import FakeDriver, make_driver_root, wait_gone
+from tests.fakedriver import FakeDriver, make_driver_root
+from tests.polling import wait_gone
 from tests.preparer.helpers import ApiClaims, checkpoint, claim_doc, gpu_config
 from tests.preparer.test_crash import start_preparer, wait_for_socket
 

@@ -17,7 +17,8 @@ from embedded.kubelet.client import register
 from shared.bus import Bus
 from shared.natsserver import EmbeddedNats
 from tests.fabricmanager import fake_fabric_manager
-from tests.fakedriver import FakeDriver, wait_gone
+from tests.fakedriver import FakeDriver
+from tests.polling import wait_gone
 from tests.preparer.helpers import ApiClaims, checkpoint, claim_doc, gpu_config
 from tests.preparer.test_crash_sharing import (
     kill_9,

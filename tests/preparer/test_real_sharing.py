@@ -8,7 +8,8 @@ from pathlib import Path
 
 from embedded.harness.discovery import RunningDiscovery
 from shared.bus import Bus
-from tests.fakedriver import FakeDriver, wait_gone
+from tests.fakedriver import FakeDriver
+from tests.polling import wait_gone
 from tests.preparer.helpers import MemoryClaims, claim_doc, gpu_config, running_node, spec_of, without_metadata
 
 

@@ -31,7 +31,8 @@ from shared.events import catalog
 from shared.events.claims import ClaimLifecycle
 from shared.events.devices import MpsStartReply, MpsStartRequest, MpsStopRequest
 from shared.natsserver import EmbeddedNats
-from tests.fakedriver import FakeDriver, wait_gone
+from tests.fakedriver import FakeDriver
+from tests.polling import wait_gone
 from tests.preparer.helpers import (
     MemoryClaims,
     checkpoint,

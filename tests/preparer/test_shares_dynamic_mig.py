@@ -18,7 +18,8 @@ from shared.bus import Bus
 from shared.events import catalog
 from shared.events.claims import ClaimLifecycle
 from shared.natsserver import EmbeddedNats
-from tests.fakedriver import FakeDriver, wait_gone
+from tests.fakedriver import FakeDriver
+from tests.polling import wait_gone
 from tests.preparer.helpers import MemoryClaims, Node, checkpoint, claim_doc, running_node
 from tests.preparer.test_crash import (
     HungMigCreates,

@@ -15,7 +15,8 @@ from embedded.harness.discovery import RunningDiscovery
 from services.preparer.host.devices import DeviceOps
 from shared.bus import Bus
 from shared.events.inventory import MigDevice
-from tests.fakedriver import FakeDriver, wait_gone
+from tests.fakedriver import FakeDriver
+from tests.polling import wait_gone
 from tests.preparer.helpers import MemoryClaims, gpu_config, running_node, spec_of
 from tests.preparer.test_shares import PID_FILE, daemon_starts, edits_of, gpu_of, mps_dirs, share_doc
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from shared.drivertools import DriverTools, ToolError, read_interp
-from tests.fakedriver import make_driver_root, wait_gone
+from tests.fakedriver import make_driver_root
+from tests.polling import wait_gone
 
 LOADER = "/usr/lib64/ld-linux-x86-64.so.2"  # under usr/ so the recording stub finds the fake root
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from tests.fakedriver import wait_gone
+from tests.polling import wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 
