@@ -29,6 +29,7 @@ from shared.bus import Bus
 from shared.events import catalog
 from shared.events.claims import ClaimLifecycle, PreparedDeviceRef, claim_event_id
 from shared.events.schema import write_schemas
+from tests.polling import wait_stopped
 
 REPO = Path(__file__).resolve().parents[2]
 LEDGER_DIR = REPO / "examples" / "ledger"
@@ -311,6 +312,8 @@ async def test_a_nats_stalled_before_a_batchs_acks_are_confirmed_is_waited_out_n
         if not stalled:
             stalled.append(True)
             os.kill(nats_server.proc.pid, signal.SIGSTOP)
+            # stopped before the acks go: a thread still running could confirm them (1 run in ~30 did)
+            assert await asyncio.to_thread(wait_stopped, nats_server.proc.pid), "nats-server did not stop"
 
     svc = service(nats_server, schemas, state, ack_wait_s=1.0, ack_timeout_s=0.5, after_persist=stall_nats)
     await svc.start()
