@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench.procstats import cpu_s, memory_mib  # noqa: E402
 from bench.recording_apiserver import kubeconfig  # noqa: E402
 from embedded.harness.discovery import running_discovery  # noqa: E402
+from services.publisher.config import PublisherConfig  # noqa: E402
 from services.publisher.ownership import owner_of  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.events import catalog  # noqa: E402
@@ -124,6 +125,8 @@ async def start_replica(
             str(args.heartbeat),
             "--lease-seconds",
             str(args.lease),
+            "--probe-seconds",
+            str(args.probe),
             "--log-level",
             args.log_level,
             cwd=str(ROOT),
@@ -292,6 +295,9 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return result
 
 
+SPREAD = ("publish_all_s", "change_to_slice_ms_p99", "takeover_first_written_s", "takeover_all_written_s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=10000)
@@ -301,8 +307,14 @@ def main() -> None:
     parser.add_argument("--kill", action="store_true", help="SIGKILL one replica after the cold publish")
     parser.add_argument("--kill-sample", type=int, default=200, help="its nodes changed right after the kill")
     parser.add_argument("--kill-timeout", type=float, default=30.0)
-    parser.add_argument("--heartbeat", type=float, default=0.5, help="each replica's --heartbeat-seconds")
-    parser.add_argument("--lease", type=float, default=3.0, help="each replica's --lease-seconds")
+    defaults = PublisherConfig()
+    parser.add_argument(
+        "--heartbeat", type=float, default=defaults.heartbeat_seconds, help="each replica's --heartbeat-seconds"
+    )
+    parser.add_argument("--lease", type=float, default=defaults.lease_seconds, help="each replica's --lease-seconds")
+    parser.add_argument(
+        "--probe", type=float, default=defaults.probe_seconds, help="each replica's --probe-seconds (0: lease only)"
+    )
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--logs", type=Path, default=None, help="a folder: keep each replica's log in it")
     parser.add_argument("--timeout", type=float, default=900.0)
@@ -310,12 +322,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--profile", type=Path, default=None, help="a folder: cProfile each replica into it")
     args = parser.parse_args()
-    runs = [asyncio.run(run(args)) for _ in range(args.runs)]
+    runs = []
+    logs = args.logs
+    for index in range(args.runs):
+        if logs is not None and args.runs > 1:
+            args.logs = logs / f"run-{index + 1}"  # each run's replica logs of their own
+        runs.append(asyncio.run(run(args)))
     figures: dict[str, Any] = {"runs": args.runs, "cores": os.cpu_count()}
     for key, first in runs[0].items():
         values = [r[key] for r in runs]
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
         figures[key] = statistics.median(values) if numeric else first
+        if numeric and args.runs > 1 and key in SPREAD:
+            figures[f"{key}_runs"] = values  # each run's, where one outlier would hide behind the median
     for key, value in figures.items():
         print(f"{key:>38}: {value}")
     out = args.out or ROOT / "bench" / "results" / f"fleet-{args.nodes}x{args.replicas}.json"

@@ -42,6 +42,7 @@ from shared.events.catalog import (
     INVENTORY_BUCKET,
     INVENTORY_WITHDRAWN,
     NODE_ROLES,
+    PUBLISHER_PRESENCE_SUBJECT,
     STREAMS,
     TELEMETRY,
     Entry,
@@ -265,8 +266,11 @@ def cluster_permissions(role: str) -> Permissions:
                 # a withdrawn node's last values are removed by the publisher
                 f"$KV.{INVENTORY_BUCKET.name}.*",
                 f"$KV.{HEALTH_BUCKET.name}.>",
+                # replicas probe one another's presence and answer into one another's inbox (one identity)
+                f"{PUBLISHER_PRESENCE_SUBJECT}.*",
+                inbox,
             ],
-            subscribe=[*_events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH)), inbox],
+            subscribe=[*_events((INVENTORY, INVENTORY_WITHDRAWN, HEALTH)), f"{PUBLISHER_PRESENCE_SUBJECT}.*", inbox],
         )
     if role == "controller":
         members = CD_MEMBERS_BUCKET.name

@@ -70,6 +70,13 @@ class PublisherConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
     replica_id: Annotated[str, _help("this replica's name among publishers; default <host>-<pid>")] = ""
     heartbeat_seconds: Annotated[float, _help("how often a replica renews its membership")] = 1.0
     lease_seconds: Annotated[float, _help("a replica silent this long is gone; its nodes move")] = 5.0
+    probe_seconds: Annotated[
+        float,
+        _help(
+            "how often a replica asks NATS whether each peer is still connected; a peer whose connection is gone "
+            "twice in a row is gone at once, before its lease (0: the lease only)"
+        ),
+    ] = 0.5
     resync_seconds: Annotated[float, _help("full re-read of KV and slices (writes only what differs)")] = 60.0
     node_gone_grace: Annotated[
         float,
@@ -104,6 +111,8 @@ def check(cfg: PublisherConfig) -> None:
             f"--lease-seconds ({cfg.lease_seconds}) must exceed --heartbeat-seconds ({cfg.heartbeat_seconds}), "
             "or replicas would expire between heartbeats"
         )
+    if cfg.probe_seconds < 0:
+        raise ConfigError(f"--probe-seconds must be >= 0 (got {cfg.probe_seconds}; 0 turns the probes off)")
     if cfg.kubeconfig and cfg.api_url:
         raise ConfigError("give either --kubeconfig or --api-url, not both")
     if cfg.api_token and not cfg.api_url:

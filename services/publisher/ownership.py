@@ -4,8 +4,12 @@ Each replica puts a heartbeat under its id every `heartbeat_s`; every replica wa
 and counts a peer as live while its last heartbeat is younger than `lease_s` by the watcher's own
 monotonic clock (no clock skew between hosts matters). A node belongs to the live replica with the
 highest hash of (node, replica), so a membership change moves only the nodes it must. A replica
-that stops cleanly deletes its key, and its nodes move at once; one that dies moves them after
-`lease_s`. The last values stay in KV, so the new owner converges without a replay (no gap).
+that stops cleanly deletes its key, and its nodes move at once. One that dies is seen gone when
+its NATS connection is: every replica answers on its presence subject and probes its peers' every
+`probe_s` (shared.presence), and a peer the server twice in a row says nobody answers for is gone,
+long before its lease runs out. A peer that is slow or paused still answers or times out; it keeps
+its nodes until `lease_s` passes without a heartbeat. The last values stay in KV, so the new owner
+converges without a replay (no gap).
 Two replicas may briefly both act on a node while views differ; writes carry resourceVersion
 preconditions and content hashes, so the overlap costs a conflict, not a wrong slice.
 """
@@ -19,11 +23,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
+from shared import presence
 from shared.bus import Bus, TypedKV
 from shared.events.base import Message
-from shared.events.catalog import Bucket
+from shared.events.catalog import PUBLISHER_PRESENCE_SUBJECT, Bucket
 from shared.logs import get_logger
 from shared.tasks import cancel_and_wait
 
@@ -31,6 +36,12 @@ log = get_logger(__name__)
 LIVE_REPLICAS = Gauge(
     "gpu_dra_publisher_live_replicas", "Publisher replicas this one sees alive (they share the nodes)"
 )
+REPLICAS_LOST = Counter(
+    "gpu_dra_publisher_replicas_lost",
+    "Peer replicas this one took for gone: their connection gone (a probe) or their lease run out",
+    ["seen_by"],
+)
+PROBE_MISSES = 2  # no-responder answers in a row that make a peer gone (one could race a server's interest update)
 
 
 class ReplicaHeartbeat(Message, kw_only=True):
@@ -66,15 +77,23 @@ class Membership:
         *,
         heartbeat_s: float = 1.0,
         lease_s: float = 5.0,
+        probe_s: float = 0.5,
         on_change: Callable[[frozenset[str], frozenset[str]], None] | None = None,
     ) -> None:
         self.bus = bus
         self.replica = replica
         self.heartbeat_s = heartbeat_s
         self.lease_s = lease_s
+        self.probe_s = probe_s  # 0: no probes, a dead peer is gone after its lease only
         self.on_change = on_change
         self.live: frozenset[str] = frozenset({replica})
         self._seen: dict[str, float] = {}
+        self._misses: dict[str, int] = {}  # peer -> no-responder answers in a row
+        # peer -> when (monotonic) a probe found it gone: its heartbeats still on their way are not counted
+        # until a probe finds it connected again
+        self._gone: dict[str, float] = {}
+        self._probes_from = 0.0  # (monotonic) no probe counts before: peers may still be reconnecting
+        self._answering: Any = None  # this replica's presence subscription
         self._tasks: list[asyncio.Task[None]] = []
         self._started = time.time()
         self._seq = 0
@@ -144,6 +163,9 @@ class Membership:
     async def start(self) -> None:
         """Beat once, read the current members, then keep beating and watching."""
         self._kv = await self.bus.kv(REPLICAS_BUCKET)
+        # answering before the first heartbeat: whoever sees the heartbeat finds the answer there
+        self._answering = await presence.answer(self.bus.nc, presence_subject(self.replica))
+        self.bus.on_reconnect(self._reconnected)
         await self._beat()
         self._seen[self.replica] = time.monotonic()
         self._tasks = [
@@ -151,6 +173,8 @@ class Membership:
             asyncio.create_task(self._watch_loop(), name=f"members-{self.replica}"),
             asyncio.create_task(self._expire_loop(), name=f"expire-{self.replica}"),
         ]
+        if self.probe_s > 0:
+            self._tasks.append(asyncio.create_task(self._probe_loop(), name=f"probe-{self.replica}"))
         await self._synced.wait()
         self._recompute()
 
@@ -161,6 +185,10 @@ class Membership:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
+        if self._answering is not None:  # a stopped replica is gone to its peers' probes too
+            with contextlib.suppress(Exception):
+                await self._answering.unsubscribe()
+            self._answering = None
         if clean and self._kv is not None:
             with contextlib.suppress(Exception):
                 await self._kv.delete(self.replica)
@@ -191,6 +219,7 @@ class Membership:
                     elif value is None:
                         if key != self.replica:
                             self._seen.pop(key, None)
+                            self._gone.pop(key, None)
                             self._recompute()
                     else:
                         self._observe(key, value)
@@ -207,10 +236,58 @@ class Membership:
             if age > 10 * self.lease_s and self._kv is not None:
                 self.bus.spawn(self._kv.delete(key))
             return
+        if key in self._gone:
+            return  # a probe found its connection gone: only a probe that finds it again brings it back
         fresh = key not in self._seen
         self._seen[key] = time.monotonic()
         if fresh:
             self._recompute()
+
+    def _reconnected(self) -> None:
+        # peers reconnect after this replica does, each at its own time: until a lease has passed, a probe
+        # nobody answers may be a peer still on its way back, not a dead one
+        self._probes_from = time.monotonic() + self.lease_s
+        self._misses.clear()
+
+    async def _probe_loop(self) -> None:
+        nc = self.bus.nc
+        while True:
+            await asyncio.sleep(self.probe_s)
+            peers = [r for r in self._seen if r != self.replica] + list(self._gone)
+            if not peers or not nc.is_connected or time.monotonic() < self._probes_from:
+                self._misses.clear()
+                continue
+            answers = await asyncio.gather(
+                *(presence.probe(nc, presence_subject(peer), self.probe_s) for peer in peers)
+            )
+            if time.monotonic() < self._probes_from:
+                continue  # reconnected while the probes were out
+            self._probed(dict(zip(peers, answers, strict=True)))
+
+    def _probed(self, answers: dict[str, bool | None]) -> None:
+        now = time.monotonic()
+        lost = []
+        for peer, present in answers.items():
+            if peer in self._gone:
+                if present:  # connected again (a false alarm, or it reconnected): its heartbeats count again
+                    del self._gone[peer]
+                    self._seen[peer] = now
+                    log.info("publisher replica answers again", replica=self.replica, peer=peer)
+                elif now - self._gone[peer] > self.lease_s:
+                    del self._gone[peer]  # its last heartbeat is older than a lease by now
+            elif present is False:
+                self._misses[peer] = misses = self._misses.get(peer, 0) + 1
+                if misses >= PROBE_MISSES:
+                    lost.append(peer)
+            else:
+                self._misses.pop(peer, None)
+        for peer in lost:
+            self._misses.pop(peer, None)
+            self._seen.pop(peer, None)
+            self._gone[peer] = now
+            REPLICAS_LOST.labels("connection").inc()
+            log.info("publisher replica's connection is gone; its nodes move", replica=self.replica, peer=peer)
+        self._recompute()
 
     async def _expire_loop(self) -> None:
         while True:
@@ -223,6 +300,7 @@ class Membership:
         live = frozenset(r for r, seen in self._seen.items() if now - seen < self.lease_s)
         for gone in set(self._seen) - live:
             self._seen.pop(gone, None)
+            REPLICAS_LOST.labels("lease").inc()
         if live != self.live:
             self._previous = self._owners if self._owners[0] is self.live else (self.live, {})
             before, self.live = self.live, live
@@ -233,3 +311,8 @@ class Membership:
                 self.on_change(before, live)
             changed, self._changed = self._changed, asyncio.Event()
             changed.set()
+
+
+def presence_subject(replica: str) -> str:
+    """Where `replica` answers its peers' probes while its NATS connection lasts."""
+    return presence.subject_of(PUBLISHER_PRESENCE_SUBJECT, replica)

@@ -109,6 +109,7 @@ class Publisher:
             cfg.replica_id,
             heartbeat_s=cfg.heartbeat_seconds,
             lease_s=cfg.lease_seconds,
+            probe_s=cfg.probe_seconds,
             on_change=self._members_changed,
         )
         self.latencies: list[float] = []

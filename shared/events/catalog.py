@@ -53,6 +53,10 @@ GATE_SUBJECT = "dra.v1.gate"
 """The state gate's requests (services/stategate): `dra.v1.gate.<node>.<role>.<JetStream API call>` asks it to
 make that `$JS.API.` call, `dra.v1.gate.<node>.<role>.PUB.<subject>` to store a message on `<subject>`;
 the answer is the server's, sent to the asker's inbox only. Outside every stream's subjects."""
+PUBLISHER_PRESENCE_SUBJECT = "dra.v1.presence.publisher"
+"""Each publisher replica answers empty requests on `dra.v1.presence.publisher.<replica>` while its NATS
+connection lasts; its peers probe there (shared.presence) to see a killed replica gone before its lease runs
+out. Core NATS, empty bodies, outside every stream's subjects; only the publisher's identity may use it."""
 
 
 def gate_prefix(node: str, role: str) -> str:

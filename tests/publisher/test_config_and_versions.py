@@ -11,6 +11,9 @@ from shared.config import ConfigError
 def test_bad_settings_name_the_setting():
     with pytest.raises(ConfigError, match="--lease-seconds"):
         config.parse(["--lease-seconds", "0.5", "--heartbeat-seconds", "1"])
+    with pytest.raises(ConfigError, match="--probe-seconds must be >= 0"):
+        config.parse(["--probe-seconds", "-1"])
+    assert config.parse(["--probe-seconds", "0"]).probe_seconds == 0
     with pytest.raises(ConfigError, match=r"--mig-mode"):
         config.parse(["--mig-mode", "sometimes"])
     with pytest.raises(ConfigError, match="--api-token needs --api-url"):

@@ -350,7 +350,10 @@ async def test_a_crashed_replica_hands_its_nodes_over(bus, api, nats_server, tmp
         await kv.put(node, msgspec.structs.replace(seed, node=node))
     url, kubeconfig = nats_server.url, str(api.kubeconfig_path)
     lease = 2.0  # the changes below reach a well before it counts b as gone
-    async with running_publisher(url, kubeconfig, replica_id="a", compute_domains=False, lease_seconds=lease) as a:
+    # a takes b for gone by its lease alone (no presence probes, which would see b's stop at once)
+    async with running_publisher(
+        url, kubeconfig, replica_id="a", compute_domains=False, lease_seconds=lease, probe_seconds=0
+    ) as a:
         async with running_publisher(
             url, kubeconfig, replica_id="b", compute_domains=False, clean_stop=False, lease_seconds=lease
         ) as b:

@@ -18,6 +18,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 
+from shared import presence
 from shared.bus import Bus, MsgContext
 from shared.events import catalog
 from shared.events.claims import ClaimLifecycle
@@ -540,3 +541,27 @@ async def test_a_preparer_follows_its_own_nodes_member_events_only(server: Embed
         await own.unsubscribe()
     finally:
         await node_a.nc.close()
+
+
+async def test_only_publisher_replicas_answer_for_or_probe_a_replicas_presence(server: EmbeddedNats) -> None:
+    """A node that could answer on a publisher replica's presence subject would keep a dead replica's nodes
+    unwritten until its lease ran out; one that could probe there would learn the replicas. Both are refused;
+    the publisher's own identity answers and probes, and finds a replica nobody answers for gone."""
+    subject = f"{catalog.PUBLISHER_PRESENCE_SUBJECT}.pub-1"
+    answering = await _connect(server, "publisher", inbox="_INBOX_publisher")
+    prober = await _connect(server, "publisher", inbox="_INBOX_publisher")
+    node = await _connect(server, "discovery.gpu-a", inbox="_INBOX_discovery_gpu-a")
+    try:
+        assert await presence.probe(prober.nc, subject, WAIT) is False  # nobody answers for pub-1 yet
+        await node.nc.subscribe(subject)
+        await node.nc.flush()
+        await node.refused("subscription", subject)
+        assert await presence.probe(prober.nc, subject, WAIT) is False  # the refused subscription answers nothing
+        await node.request_refused(subject)
+        await presence.answer(answering.nc, subject)
+        await answering.nc.flush()
+        assert await presence.probe(prober.nc, subject, WAIT) is True
+        assert answering.errors.empty() and prober.errors.empty()
+    finally:
+        for conn in (answering, prober, node):
+            await conn.nc.close()
