@@ -74,7 +74,7 @@ class PublisherConfig(CommonConfig, kw_only=True, forbid_unknown_fields=True):
         float,
         _help(
             "how often a replica asks NATS whether each peer is still connected; a peer whose connection is gone "
-            "twice in a row is gone at once, before its lease (0: the lease only)"
+            "on two probes is gone at once, before its lease (0: the lease only)"
         ),
     ] = 0.5
     resync_seconds: Annotated[float, _help("full re-read of KV and slices (writes only what differs)")] = 60.0

@@ -6,8 +6,8 @@ monotonic clock (no clock skew between hosts matters). A node belongs to the liv
 highest hash of (node, replica), so a membership change moves only the nodes it must. A replica
 that stops cleanly deletes its key, and its nodes move at once. One that dies is seen gone when
 its NATS connection is: every replica answers on its presence subject and probes its peers' every
-`probe_s` (shared.presence), and a peer the server twice in a row says nobody answers for is gone,
-long before its lease runs out. A peer that is slow or paused still answers or times out; it keeps
+`probe_s` (shared.presence); a peer the server twice says nobody answers for, with no answer from
+it between, is gone long before its lease runs out. A peer that is slow or paused still answers or times out; it keeps
 its nodes until `lease_s` passes without a heartbeat. The last values stay in KV, so the new owner
 converges without a replay (no gap).
 Two replicas may briefly both act on a node while views differ; writes carry resourceVersion
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Iterable
@@ -41,7 +42,9 @@ REPLICAS_LOST = Counter(
     "Peer replicas this one took for gone: their connection gone (a probe) or their lease run out",
     ["seen_by"],
 )
-PROBE_MISSES = 2  # no-responder answers in a row that make a peer gone (one could race a server's interest update)
+PROBE_MISSES = (
+    2  # no-responder answers with no answer between that make a peer gone (one could race an interest update)
+)
 
 
 class ReplicaHeartbeat(Message, kw_only=True):
@@ -88,10 +91,11 @@ class Membership:
         self.on_change = on_change
         self.live: frozenset[str] = frozenset({replica})
         self._seen: dict[str, float] = {}
-        self._misses: dict[str, int] = {}  # peer -> no-responder answers in a row
+        self._misses: dict[str, int] = {}  # peer -> no-responder answers since its last answer
         # peer -> when (monotonic) a probe found it gone: its heartbeats still on their way are not counted
         # until a probe finds it connected again
         self._gone: dict[str, float] = {}
+        self._asking: dict[str, set[asyncio.Future[bool | None]]] = {}  # peer -> its probes still out
         self._probes_from = 0.0  # (monotonic) no probe counts before: peers may still be reconnecting
         self._answering: Any = None  # this replica's presence subscription
         self._tasks: list[asyncio.Task[None]] = []
@@ -250,19 +254,39 @@ class Membership:
         self._misses.clear()
 
     async def _probe_loop(self) -> None:
+        """Every `probe_s`, ask each peer again, whatever is still out. Each answer is taken as it comes. A probe
+        waits up to a lease: one read late on a busy loop still tells no-responders from a timeout. A probe
+        the peer took and never answered (it was paused, then killed) delays nothing: the next one asks anew."""
         nc = self.bus.nc
-        while True:
-            await asyncio.sleep(self.probe_s)
-            peers = [r for r in self._seen if r != self.replica] + list(self._gone)
-            if not peers or not nc.is_connected or time.monotonic() < self._probes_from:
-                self._misses.clear()
-                continue
-            answers = await asyncio.gather(
-                *(presence.probe(nc, presence_subject(peer), self.probe_s) for peer in peers)
-            )
-            if time.monotonic() < self._probes_from:
-                continue  # reconnected while the probes were out
-            self._probed(dict(zip(peers, answers, strict=True)))
+        most = max(1, round(self.lease_s / self.probe_s))  # out at once per peer: a paused one's, for a lease
+        try:
+            while True:
+                await asyncio.sleep(self.probe_s)
+                if not nc.is_connected or time.monotonic() < self._probes_from:
+                    continue
+                for peer in [r for r in self._seen if r != self.replica] + list(self._gone):
+                    out = self._asking.setdefault(peer, set())
+                    if len(out) < most:
+                        asked = asyncio.ensure_future(presence.probe(nc, presence_subject(peer), self.lease_s))
+                        asked.add_done_callback(functools.partial(self._answered, peer))
+                        out.add(asked)
+        finally:
+            for out in self._asking.values():
+                for pending in out:
+                    pending.cancel()
+            self._asking.clear()
+
+    def _answered(self, peer: str, probe: asyncio.Future[bool | None]) -> None:
+        out = self._asking.get(peer)
+        if out is not None:
+            out.discard(probe)
+            if not out:
+                del self._asking[peer]
+        # a probe waits at most a lease, as long as probes count for nothing after a reconnect: one that ends
+        # after that was asked after the reconnect
+        if probe.cancelled() or probe.exception() is not None or time.monotonic() < self._probes_from:
+            return
+        self._probed({peer: probe.result()})
 
     def _probed(self, answers: dict[str, bool | None]) -> None:
         now = time.monotonic()
@@ -279,8 +303,8 @@ class Membership:
                 self._misses[peer] = misses = self._misses.get(peer, 0) + 1
                 if misses >= PROBE_MISSES:
                     lost.append(peer)
-            else:
-                self._misses.pop(peer, None)
+            elif present:
+                self._misses.pop(peer, None)  # a timeout (None) says nothing either way
         for peer in lost:
             self._misses.pop(peer, None)
             self._seen.pop(peer, None)

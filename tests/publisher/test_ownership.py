@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from services.publisher.ownership import REPLICAS_LOST, Membership, owner_of, presence_subject
 from shared import presence
 from shared.bus import Bus
+from tests.polling import eventually
 
 NODES = [f"node-{i}" for i in range(200)]
 
@@ -160,6 +162,58 @@ async def test_a_killed_replica_is_gone_once_its_connection_is_long_before_its_l
             assert loop.time() - killed < 5.0  # a sixth of the lease: no heartbeat ran out
             assert _lost("connection") == by_connection + 1
             assert all(a.owns(n) for n in NODES)
+    finally:
+        await a.stop()
+        await bus_a.close()
+
+
+async def test_a_replica_on_a_busy_loop_still_sees_a_killed_peer_gone_before_its_lease(nats_server):
+    """A survivor starved of CPU (its loop blocked 0.3 s at a time, three probe periods) reads the server's
+    no-responders answer late; late, it is still no answer from the peer, not a timeout."""
+    lease = 30.0
+    bus_a, a = await _member(nats_server.url, "a", lease_s=lease, probe_s=0.1)
+
+    async def hog() -> None:
+        while True:
+            time.sleep(0.3)  # noqa: ASYNC251 - blocking on purpose: a loop with no time to spare
+            await asyncio.sleep(0)
+
+    try:
+        async with _replica_process(nats_server.url, "b", lease) as b:
+            await asyncio.wait_for(a.wait_for({"a", "b"}), 10)
+            busy = asyncio.create_task(hog())
+            try:
+                loop = asyncio.get_running_loop()
+                killed = loop.time()
+                b.send_signal(signal.SIGKILL)
+                await asyncio.wait_for(a.wait_for({"a"}), 20)
+                assert loop.time() - killed < 10.0  # a third of the lease
+            finally:
+                busy.cancel()
+    finally:
+        await a.stop()
+        await bus_a.close()
+
+
+async def test_a_replica_killed_while_paused_is_gone_before_the_probes_it_never_answered_time_out(nats_server):
+    """Probes sent while the peer is paused wait (up to a lease) for an answer that never comes; once it is killed,
+    the next probes get the server's no-responders and it is gone long before those time out."""
+    lease = 30.0
+    bus_a, a = await _member(nats_server.url, "a", lease_s=lease, probe_s=0.1)
+    try:
+        async with _replica_process(nats_server.url, "b", lease) as b:
+            await asyncio.wait_for(a.wait_for({"a", "b"}), 10)
+            os.kill(b.pid, signal.SIGSTOP)
+
+            async def unanswered() -> bool:  # probes out for longer than a probe period: b took them, answers none
+                return len(a._asking.get("b", ())) >= 3  # noqa: SLF001
+
+            await eventually(unanswered, "probes b holds unanswered", timeout=10)
+            loop = asyncio.get_running_loop()
+            killed = loop.time()
+            b.send_signal(signal.SIGKILL)
+            await asyncio.wait_for(a.wait_for({"a"}), 20)
+            assert loop.time() - killed < 10.0  # a third of the lease those first probes wait
     finally:
         await a.stop()
         await bus_a.close()
