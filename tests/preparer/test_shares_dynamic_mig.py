@@ -200,6 +200,15 @@ async def test_mps_shares_of_a_dynamic_mig_device_meet_in_one_daemon_stopped_bef
     assert len(daemon_starts(fake)) == 2
 
 
+async def inventory_known(plugin: Any, whole_gpu: Any) -> None:
+    """Prepare a whole-GPU claim as the kubelet does (again while it fails fast), then unprepare it: the preparer
+    has discovery's inventory from then on."""
+    async with asyncio.timeout(20):
+        while (await plugin.prepare([whole_gpu]))[whole_gpu.uid].error:
+            await asyncio.sleep(0.2)
+    assert await plugin.unprepare([whole_gpu]) == {whole_gpu.uid: ""}
+
+
 async def test_kill_9_while_two_shares_wait_on_the_devices_create_then_restart_leaves_nothing_and_retries_make_it_once(
     root: Path, nats_server: EmbeddedNats
 ) -> None:
@@ -215,6 +224,9 @@ async def test_kill_9_while_two_shares_wait_on_the_devices_create_then_restart_l
         hung = await HungMigCreates(rig.disc, rig.bus).start()
         proc = await rig.start()
         plugin = await register(rig.reg_socket)
+        # Until the preparer has discovery's inventory, a share's prepare fails at once: had one share failed so and
+        # the other reached the create, the kubelet's one call would wait on the second and never retry the first.
+        await inventory_known(plugin, await rig.claims.add(claim_doc(name="whole-gpu", results=[("gpu", "gpu-0")])))
         prepare = await prepare_until_created(plugin, shares, hung.created)
         await started.wait_for({c.uid for c in shares})  # each record on disk: the second waits for the device
         assert {checkpoint(root)[c.uid]["state"] for c in shares} == {"PrepareStarted"}
