@@ -136,6 +136,11 @@ async def pod_life(
         run.never_gone.add(name)
 
 
+def claim_source(i: int) -> str:
+    """Where the churn's i-th pod's claim comes from: the standalone SHARED_CLAIM or a template."""
+    return SHARED_CLAIM if i % 5 == 4 else "chaos-ts-gpu" if i % 3 == 2 else "chaos-gpu"
+
+
 async def churn(api: Api, run: Run, concurrency: int, pod_timeout: float, progress: asyncio.Condition) -> None:
     rng = random.Random(run.seed)
     slots = asyncio.Semaphore(concurrency)
@@ -143,8 +148,7 @@ async def churn(api: Api, run: Run, concurrency: int, pod_timeout: float, progre
 
     async def one(i: int) -> None:
         try:
-            template = SHARED_CLAIM if i % 5 == 4 else "chaos-ts-gpu" if i % 3 == 2 else "chaos-gpu"
-            await pod_life(api, run, f"chaos-{i}", template, rng.uniform(0, 0.3), pod_timeout, progress)
+            await pod_life(api, run, f"chaos-{i}", claim_source(i), rng.uniform(0, 0.3), pod_timeout, progress)
         finally:
             slots.release()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos import chaos
+from bench.chaos_churn import SHARED_CLAIM, claim_source
 from bench.chaos_cluster import CLUSTER_TARGETS, NODE_TARGETS
 
 pytestmark = pytest.mark.timeout(240)
@@ -43,7 +44,10 @@ async def test_a_churn_with_every_service_killed_leaves_nothing_stuck_leaked_dou
     assert out["doubles"] == 0, problems
     assert out["duplicate_events"] == 0 and out["lost_events"] == 0, problems
     assert out["pods_checked_for_events"] >= 19, "nearly every pod's claim is looked up in the stream"
-    assert out["preparations"] >= 21 and out["events"] >= 3 * 21, out
+    # each pod on a template's claim is a preparation of its own, and so is the final pod; pods on the standalone
+    # claim share one while they run at once (a kill can make one outlive the slot the next one takes)
+    own = sum(1 for i in range(20) if claim_source(i) != SHARED_CLAIM) + 1
+    assert out["preparations"] >= own + 1 and out["events"] >= 3 * (own + 1), out
     assert out["ledger_missing"] == 0 and out["ledger_extra"] == 0 and out["ledger_open_uses"] == 0, problems
     assert out["preparer_recovery_s"]["measured"] == 1, out["preparer_recovery_s"]
     assert out["ok"]
