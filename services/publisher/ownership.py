@@ -7,9 +7,9 @@ highest hash of (node, replica), so a membership change moves only the nodes it 
 that stops cleanly deletes its key, and its nodes move at once. One that dies is seen gone when
 its NATS connection is: every replica answers on its presence subject and probes its peers' every
 `probe_s` (shared.presence); a peer the server twice says nobody answers for, with no answer from
-it between, is gone long before its lease runs out. A peer that is slow or paused still answers or times out; it keeps
-its nodes until `lease_s` passes without a heartbeat. The last values stay in KV, so the new owner
-converges without a replay (no gap).
+it between, is gone long before its lease runs out. A peer that is slow or paused still answers or
+times out; it keeps its nodes until `lease_s` passes without a heartbeat. The last values stay in
+KV, so the new owner converges without a replay (no gap).
 Two replicas may briefly both act on a node while views differ; writes carry resourceVersion
 preconditions and content hashes, so the overlap costs a conflict, not a wrong slice.
 """
@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from nats.aio.subscription import Subscription
 from prometheus_client import Counter, Gauge
 
 from shared import presence
@@ -42,9 +43,8 @@ REPLICAS_LOST = Counter(
     "Peer replicas this one took for gone: their connection gone (a probe) or their lease run out",
     ["seen_by"],
 )
-PROBE_MISSES = (
-    2  # no-responder answers with no answer between that make a peer gone (one could race an interest update)
-)
+# no-responder answers, with no answer between, that make a peer gone (one could race an interest update)
+PROBE_MISSES = 2
 
 
 class ReplicaHeartbeat(Message, kw_only=True):
@@ -97,7 +97,7 @@ class Membership:
         self._gone: dict[str, float] = {}
         self._asking: dict[str, set[asyncio.Future[bool | None]]] = {}  # peer -> its probes still out
         self._probes_from = 0.0  # (monotonic) no probe counts before: peers may still be reconnecting
-        self._answering: Any = None  # this replica's presence subscription
+        self._answering: Subscription | None = None  # this replica's presence subscription
         self._tasks: list[asyncio.Task[None]] = []
         self._started = time.time()
         self._seq = 0
@@ -286,32 +286,30 @@ class Membership:
         # after that was asked after the reconnect
         if probe.cancelled() or probe.exception() is not None or time.monotonic() < self._probes_from:
             return
-        self._probed({peer: probe.result()})
+        self._probed(peer, probe.result())
 
-    def _probed(self, answers: dict[str, bool | None]) -> None:
+    def _probed(self, peer: str, present: bool | None) -> None:
         now = time.monotonic()
-        lost = []
-        for peer, present in answers.items():
-            if peer in self._gone:
-                if present:  # connected again (a false alarm, or it reconnected): its heartbeats count again
-                    del self._gone[peer]
-                    self._seen[peer] = now
-                    log.info("publisher replica answers again", replica=self.replica, peer=peer)
-                elif now - self._gone[peer] > self.lease_s:
-                    del self._gone[peer]  # its last heartbeat is older than a lease by now
-            elif present is False:
-                self._misses[peer] = misses = self._misses.get(peer, 0) + 1
-                if misses >= PROBE_MISSES:
-                    lost.append(peer)
-            elif present:
-                self._misses.pop(peer, None)  # a timeout (None) says nothing either way
-        for peer in lost:
+        if peer in self._gone:
+            if present:  # connected again (a false alarm, or it reconnected): its heartbeats count again
+                del self._gone[peer]
+                self._seen[peer] = now
+                log.info("publisher replica answers again", replica=self.replica, peer=peer)
+                self._recompute()
+            elif now - self._gone[peer] > self.lease_s:
+                del self._gone[peer]  # its last heartbeat is older than a lease by now
+        elif present:
             self._misses.pop(peer, None)
-            self._seen.pop(peer, None)
-            self._gone[peer] = now
-            REPLICAS_LOST.labels("connection").inc()
-            log.info("publisher replica's connection is gone; its nodes move", replica=self.replica, peer=peer)
-        self._recompute()
+        elif present is False:
+            self._misses[peer] = misses = self._misses.get(peer, 0) + 1
+            if misses >= PROBE_MISSES:
+                del self._misses[peer]
+                self._seen.pop(peer, None)
+                self._gone[peer] = now
+                REPLICAS_LOST.labels("connection").inc()
+                log.info("publisher replica's connection is gone; its nodes move", replica=self.replica, peer=peer)
+                self._recompute()
+        # None: a timeout, which says nothing either way
 
     async def _expire_loop(self) -> None:
         while True:

@@ -267,7 +267,9 @@ async def test_a_peer_taken_for_gone_comes_back_only_once_it_answers_again(nats_
     bus_b, b = await _member(nats_server.url, "b", lease_s=30.0, probe_s=0)
     try:
         await asyncio.wait_for(a.wait_for({"a", "b"}), 10)
-        await b._answering.unsubscribe()  # noqa: SLF001 - what a lost connection does to it
+        answering = b._answering  # noqa: SLF001
+        assert answering is not None
+        await answering.unsubscribe()  # what a lost connection does to it
         await asyncio.wait_for(a.wait_for({"a"}), 10)
         observe, beats_seen = a._observe, asyncio.Queue[str]()  # noqa: SLF001 - a's KV watch hands it each beat
 
