@@ -21,12 +21,13 @@ from bench.chaos_churn import SHARED_CLAIM, claim_source
 from bench.chaos_cluster import CLUSTER_TARGETS, NODE_TARGETS
 
 pytestmark = pytest.mark.timeout(240)
+PODS = 20  # churned; one more, the final pod, runs after them
 
 
 async def test_a_churn_with_every_service_killed_leaves_nothing_stuck_leaked_doubled_or_lost(tmp_path: Path) -> None:
     seed = int(os.environ.get("GPU_DRA_CHAOS_SEED", "7"))  # the schedule is seeded: a failure can be replayed
     out = await chaos(
-        pods=20, seed=seed, nodes=1, gpus="h100x4", kills_each=1, pod_timeout=60, data_dir=tmp_path / "cluster"
+        pods=PODS, seed=seed, nodes=1, gpus="h100x4", kills_each=1, pod_timeout=60, data_dir=tmp_path / "cluster"
     )
     problems = json.dumps(  # a string: a failure shows all of it (pytest cuts a long dict short)
         {
@@ -36,7 +37,7 @@ async def test_a_churn_with_every_service_killed_leaves_nothing_stuck_leaked_dou
         default=str,
     )
     assert out["kills"] == {t: 1 for t in (*CLUSTER_TARGETS, *NODE_TARGETS)}, out["kills"]
-    assert out["pods_created"] == out["pods_succeeded"] == 21 and out["pods_stuck"] == 0, problems
+    assert out["pods_created"] == out["pods_succeeded"] == PODS + 1 and out["pods_stuck"] == 0, problems
     assert out["leaks"] == 0 and out["claims_left"] == 0, problems
     node = out["nodes_with_pods"]["gpu-node-0"]
     assert node["checkpoint"] == node["cdi_specs"] == node["prepared_claims"] == 1, node
@@ -46,7 +47,7 @@ async def test_a_churn_with_every_service_killed_leaves_nothing_stuck_leaked_dou
     assert out["pods_checked_for_events"] >= 19, "nearly every pod's claim is looked up in the stream"
     # each pod on a template's claim is a preparation of its own, and so is the final pod; pods on the standalone
     # claim share one while they run at once (a kill can make one outlive the slot the next one takes)
-    own = sum(1 for i in range(20) if claim_source(i) != SHARED_CLAIM) + 1
+    own = sum(1 for i in range(PODS) if claim_source(i) != SHARED_CLAIM) + 1
     assert out["preparations"] >= own + 1 and out["events"] >= 3 * (own + 1), out
     assert out["ledger_missing"] == 0 and out["ledger_extra"] == 0 and out["ledger_open_uses"] == 0, problems
     assert out["preparer_recovery_s"]["measured"] == 1, out["preparer_recovery_s"]
